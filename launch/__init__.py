@@ -1,0 +1,1 @@
+"""Launcher helpers: rank/world resolution from torchrun, DeepSpeed, SLURM and Open MPI."""

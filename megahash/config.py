@@ -1,0 +1,376 @@
+"""The typed config tree of megahash: YAML files plus dotted ``a.b.c=value`` overrides.
+
+One tree for every stage (model, embedding, attention, data, train, eval, parallel, logging).
+YAML files may ``include:`` other YAML files (paths relative to the including file, or to
+``configs/``); later files and overrides win. Unknown keys and wrong types raise
+:class:`ConfigError` naming the key and the closest valid one. Every run writes the resolved
+tree (``resolved_config.yaml``) beside its checkpoints.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from megahash.errors import ConfigError
+
+CONFIG_ROOT = Path(__file__).resolve().parent.parent / "configs"
+
+
+@dataclass
+class EmbeddingConfig:
+    """Options of the hash embeddings (thesis ch. 2, seeds 001-002). Unused by ``vocab``."""
+
+    hash_spec: str = "md5"  # side shard the embedding reads: md5, lsh128, md5-bucket50000, rolling3 ...
+    num_buckets: int = 0  # hash-emb: N rows (0 = from the hash spec)
+    num_bits: int = 128  # T: bits of the code (pool/add/proj)
+    pool_bits: int = 10  # k: bits per chunk for pool (eq. 2.1)
+    projections: int = 5  # P: bert-hash projections (seed 002)
+    rolling_ngram: int = 3  # n: largest i-gram of the rolling embedding (seed 001)
+    rolling_buckets: int = 1_000_000_007  # b of seed 001
+    rolling_seed: int = 42
+    rolling_dim: int = 0  # width of the rolling features before the optional Linear (0 = hidden)
+    rolling_linear: bool = True  # Linear(rolling_dim -> hidden)
+
+
+@dataclass
+class AttentionConfig:
+    """Options of the attention kinds (thesis ch. 3-4)."""
+
+    fixed_text: str = ""  # fixedseqqk: path of the fixed text
+    fixed_seq_length: int = 2048
+    random_seed: int = 1234  # rndembqk: seed of the fixed random input
+    skip_nonstandard: bool = False  # `skip` evaluation mode (thesis 4.5)
+
+
+@dataclass
+class ModelConfig:
+    """Architecture: Qwen2.5-style decoder (default) or BERT-style encoder (thesis Table 4.10)."""
+
+    arch: str = "decoder"  # decoder | encoder
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    num_query_groups: int = 0  # 0 = num_heads (MHA); fewer = GQA/MQA
+    ffn_hidden_size: int = 256
+    vocab_size: int = 0  # 0 = from the tokenizer / shard meta
+    make_vocab_size_divisible_by: int = 128
+    max_position_embeddings: int = 2048
+    rotary_base: int = 1_000_000
+    tie_embeddings: bool = True
+    qkv_bias: bool = True
+    norm_eps: float = 1e-6
+    init_std: float = 0.02
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    embedding: str = "vocab"
+    schedule: str = "uniform:mha"
+    embed: EmbeddingConfig = field(default_factory=EmbeddingConfig)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+
+
+@dataclass
+class DataConfig:
+    prefix: list[str] = field(default_factory=list)  # shard prefixes (PREFIX_text_document ...) or "weight prefix" pairs
+    tokenizer: str = ""  # sentencepiece .model (or "words")
+    seq_length: int = 128
+    split: str = "98,2,0"
+    seed: int = 1234
+    cache_dir: str = ""  # index cache (default: <save_dir>/data_cache)
+    num_workers: int = 0
+
+
+@dataclass
+class TrainConfig:
+    objective: str = "clm"  # clm | mlm | sr
+    steps: int = 100
+    micro_batch_size: int = 4
+    global_batch_size: int = 8
+    lr: float = 4e-4
+    min_lr: float = 4e-5
+    warmup_steps: int = 10
+    decay: str = "cosine"  # cosine | linear | constant
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.9999
+    eps: float = 1e-8
+    clip_grad: float = 1.0
+    seed: int = 1234
+    zero_stage: int = 1
+    deepspeed_config: str = ""  # path of a DeepSpeed JSON; "" = configs/deepspeed/zero{stage}.json
+    precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
+    save_dir: str = "runs/default"
+    save_interval: int = 0  # 0 = only at the end
+    keep_last: int = 2
+    resume: str = "auto"  # auto | none | PATH
+    eval_interval: int = 50
+    eval_iters: int = 4
+    log_interval: int = 10
+    recompute: str = "none"  # none | selective | full
+    exit_signal_handler: bool = True  # SIGUSR1/SIGTERM -> checkpoint at next step, exit for requeue
+    stop_after: int = 0  # stop (as if interrupted) after this many steps; 0 = off. For tests and budget runs
+
+
+@dataclass
+class ParallelConfig:
+    tensor: int = 1
+    sequence: bool = False
+
+
+@dataclass
+class EvalConfig:
+    tasks: list[str] = field(default_factory=list)
+    tasks_dir: str = ""
+    batch_size: int = 8
+    at_end: bool = False
+
+
+@dataclass
+class LoggingConfig:
+    tensorboard: bool = True
+    wandb: bool = False
+    wandb_project: str = "megahash"
+    wandb_mode: str = "offline"  # offline | online | disabled
+    run_name: str = ""
+    plot: bool = True  # write loss_curve.png at the end
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+# --------------------------------------------------------------------------------------- loading
+
+
+def _resolve_include(name: str, base_dir: Path) -> Path:
+    for cand in (base_dir / name, CONFIG_ROOT / name, Path(name)):
+        if cand.is_file():
+            return cand
+    raise ConfigError(f"included config {name!r} not found (looked in {base_dir} and {CONFIG_ROOT})")
+
+
+def _load_yaml_tree(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+    """Read a YAML file, merging its ``include:`` list first (depth-first, later wins)."""
+    path = path.resolve()
+    if path in seen:
+        raise ConfigError(f"config include cycle at {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(path)!r} does not exist") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at top level")
+    includes = data.pop("include", []) or []
+    if isinstance(includes, str):
+        includes = [includes]
+    merged: dict = {}
+    for inc in includes:
+        _deep_merge(merged, _load_yaml_tree(_resolve_include(inc, path.parent), seen + (path,)))
+    _deep_merge(merged, data)
+    return merged
+
+
+def _deep_merge(dst: dict, src: dict) -> dict:
+    for k, v in src.items():
+        if isinstance(v, dict) and isinstance(dst.get(k), dict):
+            _deep_merge(dst[k], v)
+        else:
+            dst[k] = v
+    return dst
+
+
+def _suggest(key: str, options) -> str:
+    close = difflib.get_close_matches(key, list(options), n=1, cutoff=0.5)
+    return f" (did you mean {close[0]!r}?)" if close else f" (valid: {', '.join(sorted(options))})"
+
+
+def _coerce(value: Any, typ: Any, dotted: str) -> Any:
+    """Check/convert a YAML value to a dataclass field type; one-line error otherwise."""
+    origin = typing.get_origin(typ)
+    if origin is list:
+        (inner,) = typing.get_args(typ)
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v] if "," in value or value else []
+        if not isinstance(value, list):
+            value = [value]
+        return [_coerce(v, inner, dotted) for v in value]
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(typ) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(value, args[0], dotted)
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"config key {dotted!r} must be true/false, got {value!r}")
+    if typ is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"config key {dotted!r} must be an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(float(value)) if value.replace(".", "", 1).replace("e", "", 1).isdigit() else int(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"config key {dotted!r} must be an integer, got {value!r}")
+    if typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"config key {dotted!r} must be a number, got {value!r}")
+    if typ is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"config key {dotted!r} must be a string, got {value!r}")
+        return "" if value is None else str(value)
+    return value
+
+
+def _build(cls, data: dict, prefix: str):
+    if not isinstance(data, dict):
+        raise ConfigError(f"config key {prefix.rstrip('.')!r} must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        dotted = prefix + key
+        if key not in names:
+            raise ConfigError(f"unknown config key {dotted!r}{_suggest(key, names)}")
+        typ = hints[key]
+        if dataclasses.is_dataclass(typ):
+            kwargs[key] = _build(typ, value or {}, dotted + ".")
+        else:
+            kwargs[key] = _coerce(value, typ, dotted)
+    return cls(**kwargs)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``a.b.c=value`` -> (["a","b","c"], yaml-parsed value)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like key.sub=value")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip().split("."), value
+
+
+def apply_overrides(tree: dict, overrides: list[str]) -> dict:
+    for ov in overrides:
+        keys, value = parse_override(ov)
+        node = tree
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {ov!r}: {k!r} is not a section")
+        node[keys[-1]] = value
+    return tree
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> Config:
+    """YAML file (with includes) + dotted overrides -> validated :class:`Config`.
+
+    ``model.size=NAME`` (override or YAML) merges ``configs/model/NAME.yaml`` under the model keys
+    given explicitly.
+    """
+    tree: dict = _load_yaml_tree(Path(path)) if path else {}
+    tree = apply_overrides(tree, list(overrides or []))
+    size = (tree.get("model") or {}).pop("size", None)
+    if size:
+        size_file = CONFIG_ROOT / "model" / f"{size}.yaml"
+        if not size_file.is_file():
+            names = [p.stem for p in (CONFIG_ROOT / "model").glob("*.yaml")]
+            raise ConfigError(f"unknown model size {size!r}{_suggest(str(size), names)}")
+        base = _load_yaml_tree(size_file)
+        tree = _deep_merge(base, tree)
+    cfg = _build(Config, tree, "")
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Cross-field checks that do not need the model or the data (one-line errors)."""
+    m, p = cfg.model, cfg.parallel
+    if m.arch not in ("decoder", "encoder"):
+        raise ConfigError(f"model.arch must be decoder or encoder, got {m.arch!r}")
+    if m.hidden_size % m.num_heads:
+        raise ConfigError(
+            f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}"
+        )
+    groups = m.num_query_groups or m.num_heads
+    if m.num_heads % groups:
+        raise ConfigError(f"model.num_heads={m.num_heads} is not divisible by model.num_query_groups={groups}")
+    if p.tensor < 1:
+        raise ConfigError(f"parallel.tensor must be >= 1, got {p.tensor}")
+    if m.num_heads % p.tensor:
+        raise ConfigError(
+            f"parallel.tensor={p.tensor} does not divide model.num_heads={m.num_heads}; "
+            f"choose a tensor size among {[d for d in range(1, m.num_heads + 1) if m.num_heads % d == 0]}"
+        )
+    if groups % p.tensor and groups >= p.tensor:
+        raise ConfigError(f"parallel.tensor={p.tensor} does not divide model.num_query_groups={groups}")
+    if m.ffn_hidden_size % p.tensor:
+        raise ConfigError(f"parallel.tensor={p.tensor} does not divide model.ffn_hidden_size={m.ffn_hidden_size}")
+    if p.sequence and p.tensor == 1:
+        raise ConfigError("parallel.sequence=true needs parallel.tensor >= 2 (sequence parallelism splits over the TP group)")
+    if cfg.data.seq_length > m.max_position_embeddings:
+        raise ConfigError(
+            f"data.seq_length={cfg.data.seq_length} exceeds model.max_position_embeddings="
+            f"{m.max_position_embeddings}; lower data.seq_length or raise the position limit"
+        )
+    if p.sequence and cfg.data.seq_length % p.tensor:
+        raise ConfigError(f"data.seq_length={cfg.data.seq_length} must be divisible by parallel.tensor={p.tensor} under sequence parallelism")
+    t = cfg.train
+    if t.objective not in ("clm", "mlm", "sr"):
+        raise ConfigError(f"train.objective must be clm, mlm or sr, got {t.objective!r}")
+    if t.decay not in ("cosine", "linear", "constant"):
+        raise ConfigError(f"train.decay must be cosine, linear or constant, got {t.decay!r}")
+    if t.precision not in ("auto", "fp32", "bf16"):
+        raise ConfigError(f"train.precision must be auto, fp32 or bf16, got {t.precision!r}")
+    if t.zero_stage not in (0, 1, 2, 3):
+        raise ConfigError(f"train.zero_stage must be 0-3, got {t.zero_stage}")
+    if t.recompute not in ("none", "selective", "full"):
+        raise ConfigError(f"train.recompute must be none, selective or full, got {t.recompute!r}")
+
+
+def save_config(cfg: Config, path: str | os.PathLike) -> None:
+    """Atomically write the resolved tree as YAML."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    tmp.write_text(cfg.to_yaml())
+    os.replace(tmp, path)
+
+
+def config_from_dict(tree: dict) -> Config:
+    return _build(Config, tree, "")

@@ -1,0 +1,1 @@
+"""Model layer: megatron-core ModuleSpec registry, attention kinds, embeddings, heads."""

@@ -1,0 +1,1 @@
+"""Attention kinds. Each is one module plus one registry line (megahash.models.registry)."""

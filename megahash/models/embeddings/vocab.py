@@ -1,0 +1,42 @@
+"""Baseline vocabulary embedding: a ``VocabParallelEmbedding`` table of V x h (rows split over TP)."""
+from __future__ import annotations
+
+import torch
+from megatron.core import tensor_parallel
+from megatron.core.transformer.module import MegatronModule
+
+from megahash.models.registry import register_embedding
+
+
+class EmbeddingOutput(MegatronModule):
+    """Shared tail of every embedding: [b, s, h] -> [s, b, h], SP scatter, dropout."""
+
+    def finish(self, emb: torch.Tensor) -> torch.Tensor:
+        emb = emb.transpose(0, 1).contiguous()
+        if self.config.sequence_parallel:
+            emb = tensor_parallel.scatter_to_sequence_parallel_region(emb)
+            with tensor_parallel.get_cuda_rng_tracker().fork():
+                return self.dropout(emb)
+        return self.dropout(emb)
+
+
+@register_embedding("vocab")
+class VocabEmbedding(EmbeddingOutput):
+    """e = E[token] (V x h table); the table can be tied to the LM head."""
+
+    tieable = True
+
+    def __init__(self, config, cfg, vocab_size: int):
+        super().__init__(config=config)
+        self.word_embeddings = tensor_parallel.VocabParallelEmbedding(
+            num_embeddings=vocab_size, embedding_dim=config.hidden_size,
+            init_method=config.init_method, config=config,
+        )
+        self.dropout = torch.nn.Dropout(config.hidden_dropout)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.word_embeddings.weight
+
+    def forward(self, tokens: torch.Tensor, hash_codes=None) -> torch.Tensor:
+        return self.finish(self.word_embeddings(tokens))

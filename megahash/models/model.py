@@ -1,0 +1,177 @@
+"""The megahash language model: decoder (Qwen2.5-style) or encoder (BERT-style) on megatron-core parts.
+
+Built from megatron-core's ``TransformerBlock`` (per-layer specs from the registry),
+``RotaryEmbedding``, ``VocabParallelEmbedding``/hash embeddings and a ``ColumnParallelLinear``
+LM head with vocab-parallel cross-entropy. We do not subclass ``GPTModel``: it hard-codes its
+embedding and its inference path, while megahash needs pluggable embeddings that read
+``hash_codes`` from the batch, encoder masks, and its own decoding caches per attention kind.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.transformer_block import TransformerBlock
+from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.utils import init_method_normal, scaled_init_method_normal
+
+from megahash.errors import ConfigError
+from megahash.models import registry
+
+
+def padded_vocab_size(vocab: int, divisible_by: int, tp: int) -> int:
+    """Megatron's padding: round the vocabulary up to a multiple of divisible_by x TP."""
+    mult = divisible_by * tp
+    return ((vocab + mult - 1) // mult) * mult
+
+
+def transformer_config(cfg, dtype: torch.dtype = torch.float32) -> TransformerConfig:
+    """megatron-core TransformerConfig of a megahash config (RMSNorm + SwiGLU for the decoder)."""
+    m, p, t = cfg.model, cfg.parallel, cfg.train
+    decoder = m.arch == "decoder"
+    recompute = {"none": None, "selective": "selective", "full": "full"}[t.recompute]
+    return TransformerConfig(
+        num_layers=m.num_layers,
+        hidden_size=m.hidden_size,
+        num_attention_heads=m.num_heads,
+        num_query_groups=m.num_query_groups or m.num_heads,
+        ffn_hidden_size=m.ffn_hidden_size,
+        kv_channels=m.hidden_size // m.num_heads,
+        hidden_dropout=m.hidden_dropout,
+        attention_dropout=m.attention_dropout,
+        normalization="RMSNorm" if decoder else "LayerNorm",
+        layernorm_epsilon=m.norm_eps,
+        gated_linear_unit=decoder,
+        activation_func=F.silu if decoder else F.gelu,
+        add_bias_linear=not decoder,
+        add_qkv_bias=m.qkv_bias,
+        tensor_model_parallel_size=p.tensor,
+        sequence_parallel=p.sequence,
+        use_cpu_initialization=True,
+        perform_initialization=True,
+        init_method_std=m.init_std,
+        params_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        pipeline_dtype=dtype,
+        recompute_granularity=recompute,
+        recompute_method="uniform" if recompute == "full" else None,
+        recompute_num_layers=1 if recompute == "full" else None,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+    )
+
+
+class MegahashLM(MegatronModule):
+    """Embedding -> TransformerBlock -> final norm (in the block) -> LM head.
+
+    forward(tokens [b, s], hash_codes [b, s, w] or None, labels [b, s] or None, padding_mask [b, s])
+    returns the per-token loss [b, s] when labels are given, else logits [b, s, V/TP] (vocab-parallel).
+    """
+
+    def __init__(self, cfg, vocab_size: int, dtype: torch.dtype = torch.float32):
+        config = transformer_config(cfg, dtype)
+        super().__init__(config=config)
+        registry._load_variants()
+        self.cfg = cfg
+        m = cfg.model
+        self.vocab_size = vocab_size
+        self.decoder_only = m.arch == "decoder"
+        if m.embedding not in registry.EMBEDDINGS:
+            raise ConfigError(
+                f"unknown model.embedding {m.embedding!r} (known: {', '.join(sorted(registry.EMBEDDINGS))})"
+            )
+        config.init_method = init_method_normal(m.init_std)
+        config.output_layer_init_method = scaled_init_method_normal(m.init_std, m.num_layers)
+        self.embedding = registry.EMBEDDINGS[m.embedding](config, cfg, vocab_size)
+        self.layer_kinds = registry.schedule_kinds(cfg)
+        self.rotary_pos_emb = RotaryEmbedding(
+            kv_channels=config.kv_channels, rotary_percent=1.0, rotary_base=m.rotary_base,
+            use_cpu_initialization=True,
+        )
+        self.decoder = TransformerBlock(config=config, spec=registry.block_spec(cfg))
+        self.tie = m.tie_embeddings and getattr(self.embedding, "tieable", False)
+        self.output_layer = tensor_parallel.ColumnParallelLinear(
+            config.hidden_size, vocab_size, config=config, init_method=config.init_method, bias=False,
+            skip_bias_add=False, gather_output=False, skip_weight_param_allocation=self.tie,
+        )
+
+    def attention_modules(self):
+        """The ``self_attention`` module of every layer, in layer order."""
+        return [layer.self_attention for layer in self.decoder.layers]
+
+    def _set_context(self, context: dict | None) -> None:
+        """Hand the per-forward context to every attention module as ``module.model_context``.
+
+        Keys: ``embeddings`` (layer-0 embeddings [s, b, h], for StaticEmbQK), ``offset`` (position
+        of the first token, > 0 while decoding), ``decode`` (a :class:`DecodeState` or None),
+        ``layer_caches`` (list, one dict per layer, for KV caches / recurrent states while decoding).
+        """
+        for i, module in enumerate(self.attention_modules()):
+            module.model_context = context
+            module.decode_cache = None if context is None or context.get("decode") is None else context["decode"].layer(i)
+
+    def hidden_states(self, tokens, hash_codes=None, padding_mask=None, decode_state=None):
+        """[b, s] tokens -> final hidden states [s(/TP under SP), b, h].
+
+        With ``decode_state`` (incremental decoding), ``tokens`` are the new tokens only; their
+        positions start at ``decode_state.offset`` and every attention kind reads/extends its cache.
+        """
+        emb = self.embedding(tokens, hash_codes)
+        seq_len = tokens.shape[1]
+        offset = decode_state.offset if decode_state is not None else 0
+        rotary = self.rotary_pos_emb(offset + seq_len)[offset:]
+        mask = None
+        if not self.decoder_only:
+            pm = padding_mask if padding_mask is not None else torch.ones_like(tokens, dtype=torch.bool)
+            mask = ~pm[:, None, None, :].bool()  # megatron: True = masked out, [b, 1, 1, s]
+        self._set_context({"embeddings": emb, "offset": offset, "decode": decode_state, "tokens": tokens})
+        try:
+            out = self.decoder(hidden_states=emb, attention_mask=mask, rotary_pos_emb=rotary)
+        finally:
+            self._set_context(None)
+        if decode_state is not None:
+            decode_state.offset += seq_len
+        return out
+
+    def logits(self, hidden):
+        weight = self.embedding.weight if self.tie else None
+        logits, _ = self.output_layer(hidden, weight=weight)
+        return logits  # [s, b, V/TP]
+
+    def forward(self, tokens, hash_codes=None, labels=None, padding_mask=None, decode_state=None):
+        logits = self.logits(self.hidden_states(tokens, hash_codes, padding_mask, decode_state))
+        if labels is None:
+            return logits.transpose(0, 1).contiguous()
+        loss = tensor_parallel.vocab_parallel_cross_entropy(logits.float(), labels.transpose(0, 1).contiguous())
+        return loss.transpose(0, 1).contiguous()  # [b, s]
+
+    def gather_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """[b, s, V/TP] vocab-parallel logits -> full [b, s, V] on every TP rank."""
+        if parallel_state.get_tensor_model_parallel_world_size() == 1:
+            return logits
+        return tensor_parallel.gather_from_tensor_model_parallel_region(logits)
+
+
+class DecodeState:
+    """Incremental-decoding state: the position offset and one cache dict per layer
+    (each attention kind stores what it needs there: keys/values, recurrent sums, cached maps)."""
+
+    def __init__(self, num_layers: int):
+        self.offset = 0
+        self.caches = [dict() for _ in range(num_layers)]
+
+    def layer(self, i: int) -> dict:
+        return self.caches[i]
+
+
+def build_model(cfg, vocab_size: int, dtype: torch.dtype = torch.float32) -> MegahashLM:
+    """Build the model of a config with the vocabulary padded for TP (call after init_distributed)."""
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    padded = padded_vocab_size(vocab_size, cfg.model.make_vocab_size_divisible_by, tp)
+    return MegahashLM(cfg, padded, dtype)

@@ -1,0 +1,43 @@
+"""RMSNorm/LayerNorm for the local (non-TransformerEngine) spec that works under sequence parallelism.
+
+megatron-core's ``WrappedTorchNorm`` asserts ``not sequence_parallel``. Under SP every TP rank
+holds a slice of the sequence, so the norm weights see only part of the gradient. We mark them
+``sequence_parallel=True`` (as Megatron-LM does) and sum their gradients over the TP group with a
+tensor hook during backward, which runs before DeepSpeed's ZeRO 0-2 reduction hooks
+(Megatron-LM does the same after backward in ``_allreduce_layernorm_grads``).
+"""
+from __future__ import annotations
+
+import torch
+
+
+def _tp_allreduce_grad(grad: torch.Tensor) -> torch.Tensor:
+    from megatron.core import parallel_state
+
+    grad = grad.clone()
+    torch.distributed.all_reduce(grad, group=parallel_state.get_tensor_model_parallel_group())
+    return grad
+
+
+def mark_sequence_parallel(params, enabled: bool) -> None:
+    """Tag parameters replicated across TP whose inputs are sequence-split, and sum their grads."""
+    from megatron.core import parallel_state
+
+    for p in params:
+        setattr(p, "sequence_parallel", bool(enabled))
+        if enabled and parallel_state.get_tensor_model_parallel_world_size() > 1:
+            p.register_hook(_tp_allreduce_grad)
+
+
+class Norm:
+    """The norm of the layer spec: torch RMSNorm (Qwen2.5) or LayerNorm (BERT), SP-aware.
+
+    A class (built through ``__new__`` like megatron's ``WrappedTorchNorm``) because
+    ``build_module`` returns plain functions uncalled.
+    """
+
+    def __new__(cls, config, hidden_size: int, eps: float = 1e-5, **_ignored) -> torch.nn.Module:
+        norm_cls = torch.nn.RMSNorm if config.normalization == "RMSNorm" else torch.nn.LayerNorm
+        norm = norm_cls(hidden_size, eps=eps, dtype=config.params_dtype)
+        mark_sequence_parallel(norm.parameters(), config.sequence_parallel)
+        return norm

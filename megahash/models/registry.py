@@ -1,0 +1,110 @@
+"""Name -> ModuleSpec registry, and the per-layer block spec built from a schedule.
+
+Every attention kind is a function ``cfg -> ModuleSpec`` for the ``self_attention`` slot of a
+megatron-core ``TransformerLayer``; every embedding kind is a module class. A new variant is one
+file plus one line here. ``block_spec`` turns ``model.schedule`` into
+``TransformerBlockSubmodules(layer_specs=[...])`` so layers may differ in attention kind.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
+from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.identity_op import IdentityOp
+from megatron.core.transformer.mlp import MLP, MLPSubmodules
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
+
+from megahash.models.attention.sdpa import SDPACoreAttention
+from megahash.models.norm import Norm
+from megahash.models.schedules import layer_kinds
+
+
+def mask_type(cfg) -> AttnMaskType:
+    """Causal for decoders, padding (bidirectional) for encoders."""
+    return AttnMaskType.causal if cfg.model.arch == "decoder" else AttnMaskType.padding
+
+
+def _standard_attention(cfg) -> ModuleSpec:
+    """Standard multi-head (or grouped-query, via model.num_query_groups) softmax attention."""
+    return ModuleSpec(
+        module=SelfAttention,
+        params={"attn_mask_type": mask_type(cfg)},
+        submodules=SelfAttentionSubmodules(
+            linear_qkv=ColumnParallelLinear,
+            core_attention=SDPACoreAttention,
+            linear_proj=RowParallelLinear,
+            q_layernorm=IdentityOp,
+            k_layernorm=IdentityOp,
+        ),
+    )
+
+
+# name -> (cfg -> ModuleSpec of the self_attention slot)
+ATTENTION: dict[str, Callable] = {
+    "mha": _standard_attention,
+}
+
+# name -> embedding module class (constructor(config, cfg, vocab_size))
+EMBEDDINGS: dict[str, type] = {}
+
+
+def register_attention(name: str):
+    def deco(fn):
+        ATTENTION[name] = fn
+        return fn
+    return deco
+
+
+def register_embedding(name: str):
+    def deco(cls):
+        EMBEDDINGS[name] = cls
+        return cls
+    return deco
+
+
+def mlp_spec() -> ModuleSpec:
+    """SwiGLU MLP (gated_linear_unit + SiLU in the TransformerConfig), TP-split."""
+    return ModuleSpec(module=MLP, submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear))
+
+
+def layer_spec(cfg, kind: str) -> ModuleSpec:
+    return ModuleSpec(
+        module=TransformerLayer,
+        submodules=TransformerLayerSubmodules(
+            input_layernorm=Norm,
+            self_attention=ATTENTION[kind](cfg),
+            self_attn_bda=get_bias_dropout_add,
+            pre_mlp_layernorm=Norm,
+            mlp=mlp_spec(),
+            mlp_bda=get_bias_dropout_add,
+        ),
+    )
+
+
+def schedule_kinds(cfg) -> list[str]:
+    _load_variants()
+    return layer_kinds(cfg.model.schedule, cfg.model.num_layers, set(ATTENTION))
+
+
+def block_spec(cfg) -> TransformerBlockSubmodules:
+    """One ModuleSpec per layer from ``model.schedule``, plus the final norm."""
+    kinds = schedule_kinds(cfg)
+    return TransformerBlockSubmodules(layer_specs=[layer_spec(cfg, k) for k in kinds], layer_norm=Norm)
+
+
+def _load_variants() -> None:
+    """Import the variant modules so their ``register_*`` lines run (idempotent)."""
+    import importlib
+    import pkgutil
+
+    import megahash.models.attention as att_pkg
+    import megahash.models.embeddings as emb_pkg
+
+    for pkg in (att_pkg, emb_pkg):
+        for info in pkgutil.iter_modules(pkg.__path__):
+            importlib.import_module(f"{pkg.__name__}.{info.name}")

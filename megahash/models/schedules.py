@@ -1,0 +1,97 @@
+"""Layer schedules: a schedule string -> one attention kind per layer (thesis sec. 4.5, Table 4.11).
+
+Forms:
+- ``uniform:KIND`` every layer uses KIND.
+- ``hybrid:KIND:PRESET`` layers of PRESET keep standard attention (``mha``), the others use KIND.
+  Presets (1-based layer ids that keep standard attention, L = number of layers):
+  even {2,4,..}, odd {1,3,..}, top {1..L/2}, middle {1..L/4, 3L/4+1..L} (the middle half is
+  replaced), bottom {L/2+1..L}, 25% {4,8,..} (every fourth layer), first {1}, last {L},
+  bilateral {1, L}. ``hybrid:KIND:1,5,9`` gives the standard layers explicitly.
+- ``list:K1,K2,...`` an explicit kind per layer (length L); ``K*n`` repeats (``list:mha*2,mlp*2``).
+- ``hybrid:KIND:PRESET:STANDARD`` uses STANDARD instead of ``mha`` for the kept layers.
+
+The thesis's 500M hybrid (RndEmbQK in odd layers, standard in even) is ``hybrid:rndembqk:even``.
+"""
+from __future__ import annotations
+
+from megahash.errors import ConfigError
+
+PRESETS = ("even", "odd", "top", "middle", "bottom", "25%", "first", "last", "bilateral")
+
+
+def standard_layers(preset: str, num_layers: int) -> set[int]:
+    """1-based ids of the layers a hybrid preset keeps standard (Table 4.11, generalised to any L)."""
+    L = num_layers
+    half, quarter = L // 2, L // 4
+    table = {
+        "even": set(range(2, L + 1, 2)),
+        "odd": set(range(1, L + 1, 2)),
+        "top": set(range(1, half + 1)),
+        "middle": set(range(1, quarter + 1)) | set(range(L - quarter + 1, L + 1)),
+        "bottom": set(range(half + 1, L + 1)),
+        "25%": set(range(4, L + 1, 4)),
+        "first": {1},
+        "last": {L},
+        "bilateral": {1, L},
+    }
+    if preset in table:
+        return table[preset]
+    try:
+        ids = {int(x) for x in preset.split(",") if x.strip()}
+    except ValueError:
+        raise ConfigError(
+            f"unknown hybrid preset {preset!r}; use one of {', '.join(PRESETS)} or a list of layer ids like 1,4,8"
+        ) from None
+    bad = sorted(i for i in ids if not 1 <= i <= L)
+    if bad:
+        raise ConfigError(f"hybrid layer ids {bad} are outside 1..{L}")
+    return ids
+
+
+def _expand_list(items: str) -> list[str]:
+    out: list[str] = []
+    for item in items.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if "*" in item:
+            kind, n = item.rsplit("*", 1)
+            out.extend([kind] * int(n))
+        else:
+            out.append(item)
+    return out
+
+
+def layer_kinds(schedule: str, num_layers: int, known: set[str] | None = None) -> list[str]:
+    """Parse a schedule into ``num_layers`` attention kind names (validated against ``known``)."""
+    parts = schedule.split(":")
+    form = parts[0]
+    if form == "uniform" and len(parts) == 2:
+        kinds = [parts[1]] * num_layers
+    elif form == "hybrid" and len(parts) in (3, 4):
+        kind, preset = parts[1], parts[2]
+        std = parts[3] if len(parts) == 4 else "mha"
+        keep = standard_layers(preset, num_layers)
+        kinds = [std if i in keep else kind for i in range(1, num_layers + 1)]
+    elif form == "list" and len(parts) == 2:
+        kinds = _expand_list(parts[1])
+        if len(kinds) != num_layers:
+            raise ConfigError(f"schedule {schedule!r} lists {len(kinds)} layers but model.num_layers={num_layers}")
+    else:
+        raise ConfigError(
+            f"bad schedule {schedule!r}; use uniform:KIND, hybrid:KIND:PRESET or list:K1,K2,..."
+        )
+    if known is not None:
+        for k in kinds:
+            if k not in known:
+                import difflib
+
+                close = difflib.get_close_matches(k, sorted(known), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(sorted(known))})"
+                raise ConfigError(f"unknown attention kind {k!r} in schedule {schedule!r}{hint}")
+    return kinds
+
+
+def skip_mask(kinds: list[str], standard: str = "mha") -> list[bool]:
+    """`skip` evaluation mode: True for layers to drop (every non-standard layer)."""
+    return [k != standard for k in kinds]

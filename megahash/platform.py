@@ -1,0 +1,257 @@
+"""The only module that knows CPU from GPU.
+
+Backend (nccl/gloo), device, dtype, the megatron-core CPU shims (DESIGN.md "Running on CPU"),
+DeepSpeed's ``mpu`` adapter over ``parallel_state``, process-group set-up and clean teardown.
+No other megahash module checks for CUDA.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import random
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+_SHIMS_APPLIED = False
+
+
+def has_gpu() -> bool:
+    return torch.cuda.is_available()
+
+
+def device() -> torch.device:
+    if has_gpu():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def backend() -> str:
+    return "nccl" if has_gpu() else "gloo"
+
+
+def train_dtype(precision: str) -> torch.dtype:
+    """``auto``: bf16 on GPU, fp32 on CPU."""
+    if precision == "bf16":
+        return torch.bfloat16
+    if precision == "fp32":
+        return torch.float32
+    return torch.bfloat16 if has_gpu() else torch.float32
+
+
+def peak_flops(dtype: torch.dtype) -> float:
+    """Dense peak FLOP/s of the device for MFU (H100/H200 SXM bf16 989 TFLOP/s); 0 if unknown."""
+    if not has_gpu():
+        return 0.0
+    name = torch.cuda.get_device_name()
+    table = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
+    for key, value in table.items():
+        if key in name:
+            return value if dtype in (torch.bfloat16, torch.float16) else value / 2
+    return 0.0
+
+
+# ------------------------------------------------------------------------------ CPU shims
+
+
+class _CPURNGStatesTracker:
+    """megatron-core's CudaRNGStatesTracker with CPU generator states (add / fork / get / set)."""
+
+    def __init__(self, *args, **kwargs):
+        self.reset()
+
+    def is_initialized(self):
+        return self._is_initialized
+
+    def reset(self):
+        self._is_initialized = False
+        self.states_ = {}
+        self.seeds_ = set()
+
+    def get_states(self):
+        return {k: v.clone() for k, v in self.states_.items()}
+
+    def set_states(self, states):
+        self._is_initialized = True
+        self.states_ = {k: v.clone() for k, v in states.items()}
+
+    def add(self, name, seed):
+        self._is_initialized = True
+        if seed in self.seeds_:
+            raise Exception(f"seed {seed} already exists")
+        self.seeds_.add(seed)
+        if name in self.states_:
+            raise Exception(f"rng state {name} already exists")
+        orig = torch.get_rng_state()
+        torch.manual_seed(seed)
+        self.states_[name] = torch.get_rng_state()
+        torch.set_rng_state(orig)
+
+    @contextlib.contextmanager
+    def fork(self, name="model-parallel-rng"):
+        if name not in self.states_:
+            raise Exception(f"rng state {name} is not added")
+        orig = torch.get_rng_state()
+        torch.set_rng_state(self.states_[name])
+        try:
+            yield
+        finally:
+            self.states_[name] = torch.get_rng_state()
+            torch.set_rng_state(orig)
+
+
+def apply_cpu_shims() -> None:
+    """Make megatron-core 0.16 run on CPU (idempotent; a no-op on GPU machines).
+
+    1. ``torch.cuda.current_device`` returns the CPU device (megatron allocates on it).
+    2. The CUDA RNG tracker is replaced by one that keeps CPU generator states, and the
+       module-level get/set state helpers used by activation recompute read the CPU state.
+    3. ``torch.cuda.synchronize`` is a no-op (dist checkpointing calls it).
+    4. ``torch.cuda.manual_seed`` is harmless already (lazy); nothing else needs patching because
+       training uses DeepSpeed's engine, not megatron-core's DDP/optimizer (which hard-code cuda).
+    """
+    global _SHIMS_APPLIED
+    if _SHIMS_APPLIED or has_gpu():
+        return
+    torch.cuda.current_device = lambda: torch.device("cpu")
+    torch.cuda.synchronize = lambda *a, **k: None
+
+    from megatron.core.tensor_parallel import random as mrandom
+
+    class CPUTracker(_CPURNGStatesTracker, mrandom.CudaRNGStatesTracker):
+        pass
+
+    mrandom.CudaRNGStatesTracker = CPUTracker
+    mrandom._CUDA_RNG_STATE_TRACKER = CPUTracker()
+    mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    mrandom._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
+    mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
+    _SHIMS_APPLIED = True
+
+
+# ------------------------------------------------------------------------------ process groups
+
+
+def dist_env() -> tuple[int, int, int]:
+    """(rank, world_size, local_rank) from the launcher's environment (torchrun/deepspeed set
+    RANK/WORLD_SIZE/LOCAL_RANK; ``launch.env`` maps SLURM and Open MPI variables to these)."""
+    from launch.env import resolve_env
+
+    info = resolve_env()
+    return info.rank, info.world_size, info.local_rank
+
+
+def init_distributed(tensor_parallel: int = 1, sequence_parallel: bool = False, timeout_s: int = 600):
+    """Start the process group (a 1-rank gloo group for plain ``python``) and megatron's model
+    parallel state. Returns (rank, world_size)."""
+    apply_cpu_shims()
+    from megatron.core import parallel_state
+
+    from megahash.errors import ConfigError
+
+    if not dist.is_initialized():
+        rank, world, local_rank = dist_env()
+        if has_gpu():
+            torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        dist.init_process_group(
+            backend=backend(), rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s)
+        )
+    world = dist.get_world_size()
+    if world % tensor_parallel:
+        raise ConfigError(
+            f"parallel.tensor={tensor_parallel} does not divide the world size {world}; "
+            f"launch a multiple of {tensor_parallel} ranks or lower parallel.tensor"
+        )
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel)
+    return dist.get_rank(), world
+
+
+def seed_all(seed: int) -> None:
+    """Seed python, numpy, torch and megatron's tracker (data-parallel / tensor-parallel streams
+    as in ``model_parallel_cuda_manual_seed``)."""
+    from megatron.core import parallel_state, tensor_parallel
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if has_gpu():
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+        return
+    tracker = tensor_parallel.get_cuda_rng_tracker()
+    tracker.reset()
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    tracker.add("data-parallel-rng", seed)
+    tracker.add("model-parallel-rng", seed + 2718 + tp_rank)
+    tracker.add("expert-parallel-rng", seed + 1024)
+
+
+def rng_state() -> dict:
+    """Every RNG state of this rank (python, numpy, torch, cuda, megatron tracker)."""
+    from megatron.core import tensor_parallel
+
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "tracker": tensor_parallel.get_cuda_rng_tracker().get_states(),
+    }
+    if has_gpu():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    from megatron.core import tensor_parallel
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
+    if has_gpu() and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+class DeepSpeedMPU:
+    """DeepSpeed's ``mpu`` interface over megatron-core ``parallel_state`` (model parallel = TP)."""
+
+    def __getattr__(self, name):
+        from megatron.core import parallel_state as ps
+
+        mapping = {
+            "get_model_parallel_rank": ps.get_tensor_model_parallel_rank,
+            "get_model_parallel_world_size": ps.get_tensor_model_parallel_world_size,
+            "get_model_parallel_group": ps.get_tensor_model_parallel_group,
+            "get_data_parallel_rank": ps.get_data_parallel_rank,
+            "get_data_parallel_world_size": ps.get_data_parallel_world_size,
+            "get_data_parallel_group": ps.get_data_parallel_group,
+            "get_tensor_model_parallel_rank": ps.get_tensor_model_parallel_rank,
+            "get_tensor_model_parallel_world_size": ps.get_tensor_model_parallel_world_size,
+            "get_tensor_model_parallel_group": ps.get_tensor_model_parallel_group,
+            "get_pipeline_model_parallel_rank": lambda: 0,
+            "get_pipeline_model_parallel_world_size": lambda: 1,
+        }
+        if name in mapping:
+            return mapping[name]
+        raise AttributeError(name)
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def teardown() -> None:
+    """Barrier, destroy megatron state and the process group (avoids rare aborts at exit)."""
+    from megatron.core import parallel_state
+
+    if dist.is_initialized():
+        try:
+            dist.barrier()
+        finally:
+            if parallel_state.model_parallel_is_initialized():
+                parallel_state.destroy_model_parallel()
+            dist.destroy_process_group()
