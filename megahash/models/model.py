@@ -74,8 +74,9 @@ class MegahashLM(MegatronModule):
     returns the per-token loss [b, s] when labels are given, else logits [b, s, V/TP] (vocab-parallel).
     """
 
-    def __init__(self, cfg, vocab_size: int, dtype: torch.dtype = torch.float32):
+    def __init__(self, cfg, vocab_size: int, dtype: torch.dtype = torch.float32, init: bool = True):
         config = transformer_config(cfg, dtype)
+        config.perform_initialization = init
         super().__init__(config=config)
         registry._load_variants()
         self.cfg = cfg
@@ -170,8 +171,9 @@ class DecodeState:
         return self.caches[i]
 
 
-def build_model(cfg, vocab_size: int, dtype: torch.dtype = torch.float32) -> MegahashLM:
-    """Build the model of a config with the vocabulary padded for TP (call after init_distributed)."""
+def build_model(cfg, vocab_size: int, dtype: torch.dtype = torch.float32, init: bool = True) -> MegahashLM:
+    """Build the model of a config with the vocabulary padded for TP (call after init_distributed).
+    ``init=False`` skips weight initialisation (meta-device accounting, loading a checkpoint)."""
     tp = parallel_state.get_tensor_model_parallel_world_size()
     padded = padded_vocab_size(vocab_size, cfg.model.make_vocab_size_divisible_by, tp)
-    return MegahashLM(cfg, padded, dtype)
+    return MegahashLM(cfg, padded, dtype, init)

@@ -1,0 +1,5 @@
+import sys
+
+from megahash.cli import main
+
+sys.exit(main())

@@ -1,0 +1,70 @@
+"""The ``megahash`` command (also ``python -m megahash``).
+
+Subcommands: ``pretrain`` (same as megahash/pretrain.py), ``params`` (parameter accounting);
+later stages add ``eval``, ``indicators``, ``report``, ``export-hf``, ``import-hf`` via SUBCOMMANDS.
+Every user-facing error is one line ``error: ...`` with exit status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+from megahash.errors import MegahashError
+
+# name -> "module:function" taking argv (list[str]) and returning an exit status
+SUBCOMMANDS = {
+    "pretrain": "megahash.pretrain:main",
+    "params": "megahash.cli:params_main",
+}
+
+
+def run_guarded(fn) -> int:
+    """Run ``fn`` and turn megahash errors (and missing files) into one line + exit status 2."""
+    try:
+        status = fn()
+        return int(status or 0)
+    except MegahashError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as e:
+        print(f"error: {e.strerror}: {e.filename}", file=sys.stderr)
+        return 2
+
+
+def params_main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="megahash params", description="Parameter accounting of a config.")
+    p.add_argument("--config", default=None)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--vocab-size", type=int, default=0, help="vocabulary (default: model.vocab_size or 50304)")
+    p.add_argument("overrides", nargs="*")
+    args = p.parse_args(argv)
+
+    def run():
+        from megahash.config import load_config
+        from megahash.models.accounting import count_parameters, format_report
+
+        cfg = load_config(args.config, args.overrides)
+        report = count_parameters(cfg, args.vocab_size or cfg.model.vocab_size or 50304)
+        print(json.dumps(report, indent=1) if args.json else format_report(report))
+        return 0
+
+    return run_guarded(run)
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in SUBCOMMANDS:
+        names = ", ".join(SUBCOMMANDS)
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"error: unknown subcommand {argv[0]!r} (choose from {names})", file=sys.stderr)
+            return 2
+        print(f"usage: megahash {{{names}}} [args]\n\n{__doc__}")
+        return 0
+    module, func = SUBCOMMANDS[argv[0]].split(":")
+    return getattr(importlib.import_module(module), func)(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

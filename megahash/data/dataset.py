@@ -1,0 +1,245 @@
+"""Training samples from data-stage shards: megatron-core ``GPTDataset`` plus aligned hash codes.
+
+Token shards (``PREFIX_text_document.bin/.idx``) go through megatron-core's
+``BlendedMegatronDatasetBuilder`` + ``GPTDataset`` unchanged (train/valid/test split, document,
+sample and shuffle indices, blending). :class:`HashGPTDataset` reuses those very indices to cut the
+same spans out of the word-hash side shards (``PREFIX_hash_{spec}.bin/.idx``), so a sample's
+``hash_codes[t]`` always belongs to ``tokens[t]``.
+
+Sampling is a pure function of (seed, consumed samples): a run resumed at step k reads exactly the
+batches the uninterrupted run read (Megatron's ``MegatronPretrainingSampler`` scheme).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+from megahash.errors import DataError
+
+TOKEN_SUFFIX = "_text_document"
+
+
+def token_path(prefix: str) -> str:
+    """Shard prefix (as given to preprocess_data --output-prefix) -> megatron dataset path."""
+    return prefix if prefix.endswith(TOKEN_SUFFIX) else prefix + TOKEN_SUFFIX
+
+
+def base_prefix(path: str) -> str:
+    return path[: -len(TOKEN_SUFFIX)] if path.endswith(TOKEN_SUFFIX) else path
+
+
+def read_meta(prefix: str) -> dict:
+    """``PREFIX_meta.json`` written by the data stage ({} if absent)."""
+    p = Path(base_prefix(prefix) + "_meta.json")
+    if not p.is_file():
+        return {}
+    try:
+        return json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise DataError(f"{p} is not valid JSON ({e.msg}); re-run data_tools/preprocess_data.py") from None
+
+
+def check_prefix(prefix: str) -> None:
+    path = token_path(prefix)
+    for ext in (".bin", ".idx"):
+        if not os.path.isfile(path + ext):
+            raise DataError(
+                f"data shard {path + ext} does not exist; build it with "
+                f"`python data_tools/preprocess_data.py --output-prefix {base_prefix(prefix)} ...` or fix data.prefix"
+            )
+
+
+def side_path(prefix: str, spec: str) -> str:
+    return f"{base_prefix(prefix)}_hash_{spec}"
+
+
+class _Tokenizer:
+    """The three facts GPTDataset needs of a tokenizer (specials of the data stage: pad=1, eod=2)."""
+
+    def __init__(self, vocab_size: int, eod: int = 2, pad: int = 1):
+        self.vocab_size = vocab_size
+        self.eod = eod
+        self.pad = pad
+        # part of the dataset cache key (megatron hashes the config's identifiers)
+        self.unique_identifiers = {"class": "megahash", "vocab_size": vocab_size, "eod": eod, "pad": pad}
+
+
+class HashGPTDataset(GPTDataset):
+    """GPTDataset whose samples also carry the hash codes of their tokens (when configured)."""
+
+    hash_spec: str | None = None  # set by build_datasets before building
+    hash_width: int = 0
+
+    def _spans(self, idx: int) -> list[tuple[int, int, int | None]]:
+        """(document id, offset, length or None=to end) pieces of sample ``idx`` — the same walk
+        as ``GPTDataset._query_document_sample_shuffle_indices``."""
+        if self.shuffle_index is None:
+            self._query_document_sample_shuffle_indices(0)  # lazily memory-maps the indices
+        idx = self.shuffle_index[idx]
+        beg, beg_off = self.sample_index[idx]
+        end, end_off = self.sample_index[idx + 1]
+        extra = self.config.add_extra_token_to_sequence
+        if beg == end:
+            return [(int(self.document_index[beg]), int(beg_off), int(end_off - beg_off + extra))]
+        spans = []
+        for i in range(beg, end + 1):
+            offset = 0 if i > beg else int(beg_off)
+            length = None if i < end else int(end_off + extra)
+            spans.append((int(self.document_index[i]), offset, length))
+        return spans
+
+    def _side(self) -> IndexedDataset:
+        if getattr(self, "_side_ds", None) is None:
+            self._side_ds = IndexedDataset(side_path(self.dataset_path, self.hash_spec))
+        return self._side_ds
+
+    def __getitem__(self, idx):
+        spans = self._spans(idx)
+        text = np.concatenate([self.dataset.get(d, offset=o, length=n) for d, o, n in spans]).astype(np.int64)
+        need = self.config.sequence_length + 1
+        pad = need - len(text)
+        if pad > 0:
+            text = np.concatenate([text, np.full(pad, self._pad_token_id, dtype=np.int64)])
+        loss_mask = np.ones(self.config.sequence_length, dtype=np.float32)
+        if pad > 0:
+            loss_mask[len(loss_mask) - pad:] = 0.0
+        sample = {
+            "tokens": torch.from_numpy(text[:-1].copy()),
+            "labels": torch.from_numpy(text[1:].copy()),
+            "loss_mask": torch.from_numpy(loss_mask),
+        }
+        if self.hash_spec:
+            w = self.hash_width
+            side = self._side()
+            parts = []
+            for d, o, n in spans:
+                flat = side.get(d, offset=o * w, length=None if n is None else n * w)
+                parts.append(flat.reshape(-1, w))
+            codes = np.concatenate(parts)
+            if pad > 0:
+                codes = np.concatenate([codes, np.zeros((pad, w), dtype=codes.dtype)])
+            codes = torch.from_numpy(codes.astype(np.int64 if codes.dtype != np.uint8 else np.uint8))
+            sample["hash_codes"] = codes[:-1].contiguous()
+            sample["label_codes"] = codes[1:].contiguous()
+        return sample
+
+
+@dataclass
+class Datasets:
+    train: object
+    valid: object | None
+    vocab_size: int
+    meta: dict
+
+
+def _vocab_size(cfg, meta: dict) -> int:
+    if cfg.model.vocab_size:
+        return cfg.model.vocab_size
+    tok = meta.get("tokenizer", {}) if isinstance(meta.get("tokenizer"), dict) else {}
+    if tok.get("vocab_size"):
+        return int(tok["vocab_size"])
+    if cfg.data.tokenizer and cfg.data.tokenizer.endswith(".model") and os.path.isfile(cfg.data.tokenizer):
+        import sentencepiece as spm
+
+        return spm.SentencePieceProcessor(model_file=cfg.data.tokenizer).get_piece_size()
+    raise DataError("cannot tell the vocabulary size: set model.vocab_size or data.tokenizer, or rebuild the shards with meta.json")
+
+
+def _blend(prefixes: list[str]) -> tuple[list[str], list[float] | None]:
+    """``[p1, p2]`` or ``[w1, p1, w2, p2]`` (Megatron's --data-path form) -> (paths, weights)."""
+    try:
+        weights = [float(x) for x in prefixes[0::2]]
+        paths = prefixes[1::2]
+        if len(weights) == len(paths) and paths:
+            return [token_path(p) for p in paths], weights
+    except ValueError:
+        pass
+    return [token_path(p) for p in prefixes], None
+
+
+def build_datasets(cfg, train_samples: int, valid_samples: int, cache_dir: str | None) -> Datasets:
+    """Train/valid datasets of ``cfg.data`` with megatron-core's builder (cache under cache_dir)."""
+    if not cfg.data.prefix:
+        raise DataError("data.prefix is empty; point it at shards made by data_tools/preprocess_data.py")
+    paths, weights = _blend(list(cfg.data.prefix))
+    for p in paths:
+        check_prefix(p)
+    meta = read_meta(paths[0])
+    spec = cfg.model.embed.hash_spec if cfg.model.embedding not in ("vocab", "bert-hash") else None
+    width = 0
+    if spec:
+        specs = {s["name"]: s for s in meta.get("hash_specs", [])}
+        for p in paths:
+            sp = side_path(p, spec)
+            if not (os.path.isfile(sp + ".bin") and os.path.isfile(sp + ".idx")):
+                raise DataError(
+                    f"model.embedding={cfg.model.embedding} reads hash spec {spec!r} but {sp}.bin/.idx does not exist; "
+                    f"re-run preprocess_data.py with --word-hashes {spec} or set model.embed.hash_spec to one of {sorted(specs) or 'none'}"
+                )
+        width = int(specs[spec]["width"]) if spec in specs else _width_from_shards(paths[0], spec)
+    vocab = _vocab_size(cfg, meta)
+    ds_cfg = GPTDatasetConfig(
+        random_seed=cfg.data.seed,
+        sequence_length=cfg.data.seq_length,
+        blend=(paths, weights),
+        split=cfg.data.split,
+        path_to_cache=cache_dir,
+        tokenizer=_Tokenizer(vocab),
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        create_attention_mask=False,
+        mid_level_dataset_surplus=0.005,
+    )
+    HashGPTDataset.hash_spec = spec
+    HashGPTDataset.hash_width = width
+    try:
+        train, valid, _ = BlendedMegatronDatasetBuilder(
+            HashGPTDataset, [train_samples, valid_samples, 0], lambda: True, ds_cfg
+        ).build()
+    except (AssertionError, ValueError, IndexError) as e:
+        raise DataError(f"cannot build datasets from {paths}: {e or type(e).__name__}") from None
+    if train is None:
+        raise DataError(f"data.split={cfg.data.split!r} leaves no training documents")
+    return Datasets(train, valid, vocab, meta)
+
+
+def _width_from_shards(path: str, spec: str) -> int:
+    tok = IndexedDataset(token_path(path))
+    side = IndexedDataset(side_path(path, spec))
+    n_tok, n_side = int(tok.sequence_lengths.sum()), int(side.sequence_lengths.sum())
+    if n_tok == 0 or n_side % n_tok:
+        raise DataError(f"side shard {side_path(path, spec)} does not align with {token_path(path)}")
+    return n_side // n_tok
+
+
+class ResumableBatchSampler(torch.utils.data.Sampler):
+    """Megatron's pretraining sampler: global sample ids in order from ``consumed``, each DP rank
+    taking its contiguous micro-batch slice of every global batch."""
+
+    def __init__(self, total: int, consumed: int, micro_batch: int, dp_rank: int, dp_size: int):
+        self.total, self.consumed = total, consumed
+        self.mb, self.rank, self.size = micro_batch, dp_rank, dp_size
+
+    def __len__(self):
+        return (self.total - self.consumed) // (self.mb * self.size)
+
+    def __iter__(self):
+        stride = self.mb * self.size
+        for start in range(self.consumed, self.total - stride + 1, stride):
+            lo = start + self.rank * self.mb
+            yield list(range(lo, lo + self.mb))
+
+
+def make_loader(dataset, consumed: int, micro_batch: int, dp_rank: int, dp_size: int, num_workers: int = 0):
+    sampler = ResumableBatchSampler(len(dataset), consumed, micro_batch, dp_rank, dp_size)
+    return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers,
+                                       pin_memory=torch.cuda.is_available(), persistent_workers=False)

@@ -1,0 +1,75 @@
+"""Parameter accounting of a config (``megahash params``): total, embedding, head, and per layer
+attention ``qkv`` (all attention parameters but the output projection) and ``out``, MLP and norms.
+
+The model is built on the ``meta`` device at TP=1, so even the 1.7B config costs no memory.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def _n(module) -> int:
+    return sum(p.numel() for p in module.parameters()) if module is not None else 0
+
+
+def count_parameters(cfg, vocab_size: int) -> dict:
+    from megahash import platform
+    from megahash.models.model import build_model
+
+    cfg.parallel.tensor, cfg.parallel.sequence = 1, False
+    platform.init_distributed(1)
+    with torch.device("meta"):
+        model = build_model(cfg, vocab_size, init=False)
+    layers = []
+    for kind, layer in zip(model.layer_kinds, model.decoder.layers):
+        att = layer.self_attention
+        out = _n(getattr(att, "linear_proj", None))
+        layers.append({
+            "kind": kind,
+            "attention": {"qkv": _n(att) - out, "out": out},
+            "mlp": _n(layer.mlp),
+            "norm": _n(layer.input_layernorm) + _n(layer.pre_mlp_layernorm),
+        })
+    emb_report = getattr(model.embedding, "param_report", None)
+    emb = emb_report() if callable(emb_report) else {"embedding": _n(model.embedding)}
+    head = _n(model.output_layer) + _n(getattr(model, "head", None))
+    report = {
+        "total": _n(model),
+        "embedding": emb.get("embedding", _n(model.embedding)),
+        **{f"embedding_{k}": v for k, v in emb.items() if k != "embedding"},
+        "head": head,
+        "tied_head": bool(model.tie),
+        "final_norm": _n(getattr(model.decoder, "final_layernorm", None)),
+        "vocab_size": model.vocab_size,
+        "layers": layers,
+    }
+    costs = _costs(cfg)
+    if costs:
+        report["costs"] = costs
+    return report
+
+
+def _costs(cfg) -> dict | None:
+    try:
+        from megahash.models import costs
+    except ImportError:
+        return None
+    fn = getattr(costs, "config_costs", None)
+    return fn(cfg) if callable(fn) else None
+
+
+def format_report(r: dict) -> str:
+    lines = [
+        f"total parameters   {r['total']:>15,}",
+        f"embedding          {r['embedding']:>15,}",
+    ]
+    for k, v in r.items():
+        if k.startswith("embedding_") and isinstance(v, int):
+            lines.append(f"  {k[10:]:<17}{v:>15,}")
+    lines += [f"head               {r['head']:>15,}{'  (tied to the embedding)' if r['tied_head'] else ''}",
+              f"final norm         {r['final_norm']:>15,}", "",
+              f"{'layer':>5} {'kind':<12} {'attn qkv':>12} {'attn out':>12} {'mlp':>12} {'norm':>8}"]
+    for i, L in enumerate(r["layers"], 1):
+        lines.append(f"{i:>5} {L['kind']:<12} {L['attention']['qkv']:>12,} {L['attention']['out']:>12,} "
+                     f"{L['mlp']:>12,} {L['norm']:>8,}")
+    return "\n".join(lines)

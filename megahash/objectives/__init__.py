@@ -1,0 +1,41 @@
+"""Training objectives: causal LM (``clm``), masked LM (``mlm``) and Shuffle+Random (``sr``,
+thesis sec. 2.3.6). The trainer calls ``objective.set_step(step, dp_rank)`` before each optimizer
+step and ``objective.prepare(batch)`` on each micro-batch; corruption randomness comes from a
+generator seeded by (seed, step, rank), so a resumed run corrupts exactly as the uninterrupted one.
+"""
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from megahash.errors import ConfigError
+
+# objective name -> module holding ``corrupt(tokens, hash_codes, generator, **kw) -> dict``
+CORRUPTIONS = {"mlm": "megahash.objectives.mlm", "sr": "megahash.objectives.shuffle_random"}
+
+
+class Objective:
+    def __init__(self, name: str, seed: int):
+        self.name = name
+        self.seed = seed
+        self.generator = torch.Generator()
+        self._corrupt = None
+        if name in CORRUPTIONS:
+            self._corrupt = importlib.import_module(CORRUPTIONS[name]).corrupt
+        elif name != "clm":
+            raise ConfigError(f"unknown train.objective {name!r} (clm, mlm, sr)")
+
+    def set_step(self, step: int, rank: int) -> None:
+        self.generator.manual_seed((self.seed * 1_000_003 + step * 4099 + rank) % (2**63))
+
+    def prepare(self, batch: dict) -> dict:
+        """CLM: the dataset's shifted labels. MLM/S+R: corrupt the inputs, labels per token."""
+        if self._corrupt is None:
+            return batch
+        out = self._corrupt(batch["tokens"], batch.get("hash_codes"), generator=self.generator)
+        return {**batch, **out}
+
+
+def build_objective(cfg, data=None) -> Objective:
+    return Objective(cfg.train.objective, cfg.train.seed)

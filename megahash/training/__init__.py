@@ -1,0 +1,1 @@
+"""Training: DeepSpeed engine, LR schedule, checkpoints, signals, logging, the loop."""

@@ -1,0 +1,193 @@
+"""Checkpoints: DeepSpeed engine state (model, optimizer/ZeRO partitions, LR scheduler) plus
+megahash state (step, consumed samples, per-rank RNG, resolved config).
+
+Layout of ``train.save_dir``::
+
+    step_00000100/            one complete checkpoint (DeepSpeed files + megahash files)
+        mp_rank_00_model_states.pt, *_optim_states.pt    (DeepSpeed)
+        megahash_state.json   step, consumed samples, model signature: written last = complete
+        rng_rank00000.json    RNG states of each rank
+        resolved_config.yaml
+    latest                    name of the newest complete checkpoint (written last, atomically)
+
+A checkpoint is written under ``step_N.tmp`` and renamed when every rank has finished, so an
+interrupted save never replaces or damages the previous checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from megahash import platform
+from megahash.config import Config, save_config
+from megahash.errors import CheckpointError
+
+STATE_FILE = "megahash_state.json"
+TAG_RE = re.compile(r"^step_(\d{8})$")
+
+
+def tag_for(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _to_jsonable(x):
+    if isinstance(x, torch.Tensor):
+        return {"__tensor__": x.tolist(), "dtype": str(x.dtype).replace("torch.", "")}
+    if isinstance(x, np.ndarray):
+        return {"__ndarray__": x.tolist(), "dtype": str(x.dtype)}
+    if isinstance(x, dict):
+        return {k: _to_jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return {"__tuple__": [_to_jsonable(v) for v in x]} if isinstance(x, tuple) else [_to_jsonable(v) for v in x]
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (np.floating,)):
+        return float(x)
+    return x
+
+
+def _from_jsonable(x):
+    if isinstance(x, dict):
+        if "__tensor__" in x:
+            return torch.tensor(x["__tensor__"], dtype=getattr(torch, x["dtype"]))
+        if "__ndarray__" in x:
+            return np.array(x["__ndarray__"], dtype=x["dtype"])
+        if "__tuple__" in x:
+            return tuple(_from_jsonable(v) for v in x["__tuple__"])
+        return {k: _from_jsonable(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_from_jsonable(v) for v in x]
+    return x
+
+
+def model_signature(cfg: Config) -> dict:
+    """What must match for a checkpoint to be loaded into a model: the model tree and TP size."""
+    return {"model": cfg.to_dict()["model"], "tensor_parallel": cfg.parallel.tensor}
+
+
+def complete_checkpoints(save_dir: str | Path) -> list[Path]:
+    """Complete checkpoints (renamed, with a state file), oldest first."""
+    root = Path(save_dir)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if TAG_RE.match(p.name) and (p / STATE_FILE).is_file()]
+    return sorted(found, key=lambda p: p.name)
+
+
+def find_resume(save_dir: str | Path) -> Path | None:
+    """The checkpoint ``train.resume=auto`` picks: ``latest`` if complete, else the newest complete."""
+    root = Path(save_dir)
+    latest = root / "latest"
+    if latest.is_file():
+        cand = root / latest.read_text().strip()
+        if (cand / STATE_FILE).is_file():
+            return cand
+    done = complete_checkpoints(root)
+    return done[-1] if done else None
+
+
+def read_state(ckpt: Path) -> dict:
+    try:
+        return json.loads((ckpt / STATE_FILE).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"checkpoint {ckpt} has no readable {STATE_FILE} ({e}); it is incomplete") from None
+
+
+def check_compatible(ckpt: Path, cfg: Config) -> dict:
+    """Raise a one-line CheckpointError if ``ckpt`` was made by another model or TP layout."""
+    state = read_state(ckpt)
+    saved, now = state.get("signature", {}), model_signature(cfg)
+    if saved.get("tensor_parallel") != now["tensor_parallel"]:
+        raise CheckpointError(
+            f"checkpoint {ckpt} was saved with parallel.tensor={saved.get('tensor_parallel')}, this run uses "
+            f"{now['tensor_parallel']}; resume with the same TP size (or convert via export-hf/import-hf)"
+        )
+    diffs = _diff(saved.get("model", {}), now["model"], "model")
+    if diffs:
+        raise CheckpointError(
+            f"checkpoint {ckpt} is from another model ({diffs[0]}); use the same model config, "
+            f"train.resume=none or another train.save_dir"
+        )
+    return state
+
+
+def _diff(a, b, path):
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b)):
+            out += _diff(a.get(k), b.get(k), f"{path}.{k}")
+        return out
+    return [] if a == b else [f"{path}: checkpoint {a!r} vs config {b!r}"]
+
+
+def save(engine, cfg: Config, step: int, consumed: int, extra: dict | None = None) -> Path:
+    """Save a complete checkpoint of every rank under ``train.save_dir`` (collective)."""
+    root = Path(cfg.train.save_dir)
+    tag = tag_for(step)
+    tmp_tag = tag + ".tmp"
+    if _rank() == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(root / tmp_tag, ignore_errors=True)
+    platform.barrier()
+    engine.save_checkpoint(str(root), tag=tmp_tag, client_state={"megahash_step": step}, save_latest=False)
+    tmp = root / tmp_tag
+    _atomic_write(tmp / f"rng_rank{_rank():05d}.json", json.dumps(_to_jsonable(platform.rng_state())))
+    platform.barrier()
+    if os.environ.get("MEGAHASH_TEST_FAIL_IN_SAVE") == str(step):
+        raise RuntimeError(f"injected failure while saving step {step} (MEGAHASH_TEST_FAIL_IN_SAVE)")
+    if _rank() == 0:
+        save_config(cfg, tmp / "resolved_config.yaml")
+        state = {"step": step, "consumed_samples": consumed, "signature": model_signature(cfg),
+                 "world_size": dist.get_world_size() if dist.is_initialized() else 1, **(extra or {})}
+        _atomic_write(tmp / STATE_FILE, json.dumps(state, indent=1))
+        final = root / tag
+        if final.exists():  # re-saving the same step: move the old one aside first
+            old = root / (tag + ".old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+        _atomic_write(root / "latest", tag)
+        prune(root, cfg.train.keep_last)
+    platform.barrier()
+    return root / tag
+
+
+def prune(root: Path, keep_last: int) -> None:
+    """Delete all but the newest ``keep_last`` complete checkpoints (0 keeps all)."""
+    if keep_last <= 0:
+        return
+    for old in complete_checkpoints(root)[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def load(engine, ckpt: Path, cfg: Config) -> dict:
+    """Load model, optimizer, scheduler and this rank's RNG from ``ckpt``; return the state dict."""
+    state = check_compatible(ckpt, cfg)
+    path, _client = engine.load_checkpoint(str(ckpt.parent), tag=ckpt.name, load_optimizer_states=True,
+                                           load_lr_scheduler_states=True)
+    if path is None:
+        raise CheckpointError(f"DeepSpeed could not load checkpoint {ckpt}; its files are missing or corrupt")
+    rng_file = ckpt / f"rng_rank{_rank():05d}.json"
+    if rng_file.is_file():
+        platform.set_rng_state(_from_jsonable(json.loads(rng_file.read_text())))
+    return state

@@ -1,0 +1,100 @@
+"""Run logging: stdout lines, ``metrics.jsonl``, TensorBoard and wandb (offline unless configured),
+and the loss-curve PNG at the end."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+
+class RunLogger:
+    """Rank 0 writes; other ranks no-op."""
+
+    def __init__(self, cfg, rank: int):
+        self.active = rank == 0
+        self.dir = Path(cfg.train.save_dir)
+        self.cfg = cfg
+        self.tb = None
+        self.wandb = None
+        if not self.active:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.jsonl = open(self.dir / "metrics.jsonl", "a")
+        lg = cfg.logging
+        if lg.tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(self.dir / "tensorboard"))
+            except Exception as e:  # tensorboard missing: keep going with the other sinks
+                print(f"warning: tensorboard disabled ({e})")
+        if lg.wandb and lg.wandb_mode != "disabled":
+            os.environ.setdefault("WANDB_SILENT", "true")
+            import wandb
+
+            self.wandb = wandb.init(project=lg.wandb_project, name=lg.run_name or self.dir.name,
+                                    mode=lg.wandb_mode, dir=str(self.dir), config=cfg.to_dict(), resume="allow")
+
+    def log(self, step: int, metrics: dict, prefix: str = "train", echo: bool = True) -> None:
+        if not self.active:
+            return
+        rec = {"step": step, "split": prefix, "time": time.time(), **metrics}
+        self.jsonl.write(json.dumps(rec) + "\n")
+        self.jsonl.flush()
+        if self.tb:
+            for k, v in metrics.items():
+                if isinstance(v, (int, float)):
+                    self.tb.add_scalar(f"{prefix}/{k}", v, step)
+        if self.wandb:
+            self.wandb.log({f"{prefix}/{k}": v for k, v in metrics.items()}, step=step)
+        if not echo:
+            return
+        parts = " ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
+        print(f"[{prefix}] step {step} {parts}", flush=True)
+
+    def close(self) -> None:
+        if not self.active:
+            return
+        self.jsonl.close()
+        if self.tb:
+            self.tb.close()
+        if self.wandb:
+            self.wandb.finish()
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot_loss(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Train and validation loss against step -> ``loss_curve.png`` (last record of a step wins,
+    so resumed runs plot once)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recs = read_metrics(run_dir)
+    series: dict[str, dict[int, float]] = {"train": {}, "valid": {}}
+    for r in recs:
+        if r.get("split") in series and "loss" in r:
+            series[r["split"]][r["step"]] = r["loss"]
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    for name, pts in series.items():
+        if pts:
+            xs = sorted(pts)
+            ax.plot(xs, [pts[x] for x in xs], marker="o" if name == "valid" else None, label=name)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats/token)")
+    ax.set_title(Path(run_dir).name)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    out = Path(out) if out else Path(run_dir) / "loss_curve.png"
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+    return out
