@@ -1,0 +1,72 @@
+"""Shared fixtures: real-text shards built once per session with the data tools, and a runner
+for megahash entry points in fresh processes (deepspeed launcher for 2 gloo ranks)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def child_env(**extra) -> dict:
+    env = dict(os.environ)
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled",
+                "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run(args: list[str], timeout: int = 600, **env) -> subprocess.CompletedProcess:
+    """Run a command from the repository root, capturing output."""
+    return subprocess.run(args, cwd=ROOT, env=child_env(**env), capture_output=True, text=True, timeout=timeout)
+
+
+def pretrain(overrides: list[str], ranks: int = 1, config: str | None = None, timeout: int = 600, **env):
+    """Launch megahash/pretrain.py on ``ranks`` CPU processes (DeepSpeed launcher for > 1)."""
+    cfg = ["--config", config] if config else []
+    if ranks == 1:
+        cmd = [sys.executable, "megahash/pretrain.py", *cfg, *overrides]
+    else:
+        cmd = ["deepspeed", "--num_gpus", str(ranks), "--master_port", str(_free_port()),
+               "megahash/pretrain.py", *cfg, *overrides]
+    return run(cmd, timeout=timeout, **env)
+
+
+def _free_port() -> int:
+    from launch.env import free_port
+
+    return free_port()
+
+
+def train_losses(run_dir, split: str = "train") -> dict[int, float]:
+    """step -> loss of a run's metrics.jsonl (last record of a step wins)."""
+    out = {}
+    for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec["split"] == split:
+            out[rec["step"]] = rec["loss"]
+    return out
+
+
+@pytest.fixture(scope="session")
+def shakespeare_shards(tmp_path_factory) -> dict:
+    """A sentencepiece BPE model and token shards (md5 + lsh128 side shards) of real Shakespeare
+    text, built with the real data tools."""
+    d = tmp_path_factory.mktemp("shards")
+    spm = d / "spm"
+    r = run([sys.executable, "data_tools/train_tokenizer.py", "--input", "shakespeare", "--output", str(spm),
+             "--vocab-size", "1000", "--max-docs", "200"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    prefix = d / "shakespeare"
+    r = run([sys.executable, "data_tools/preprocess_data.py", "--input", "shakespeare", "--output-prefix", str(prefix),
+             "--tokenizer", f"{spm}.model", "--word-hashes", "md5,lsh128", "--workers", "2", "--max-docs", "400",
+             "--quiet"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    return {"prefix": str(prefix), "tokenizer": f"{spm}.model", "dir": d}

@@ -1,0 +1,111 @@
+"""Training core on real text: TP/SP parity, exact resume, interrupted saves, one-line errors,
+loss decreasing. Multi-rank runs use the real DeepSpeed launcher with 2 CPU (gloo) ranks."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import pretrain, run, train_losses
+
+TINY = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=128",
+        "data.seq_length=64", "train.micro_batch_size=4", "train.global_batch_size=8", "train.lr=2e-3",
+        "train.warmup_steps=2", "train.log_interval=100", "logging.plot=false", "logging.tensorboard=false"]
+
+
+def base(shards, save_dir, steps, *extra):
+    return [f"data.prefix=[{shards['prefix']}]", f"data.tokenizer={shards['tokenizer']}", *TINY,
+            f"train.steps={steps}", f"train.save_dir={save_dir}", *extra]
+
+
+def test_tp_and_sp_parity(shakespeare_shards, tmp_path):
+    """TP=1, TP=2 and TP=2+SP give the same per-step losses (dropout 0, fp32) to 1e-4."""
+    runs = {"tp1": (1, []), "tp2": (2, ["parallel.tensor=2"]),
+            "tp2sp": (2, ["parallel.tensor=2", "parallel.sequence=true"])}
+    losses = {}
+    for name, (ranks, extra) in runs.items():
+        r = pretrain(base(shakespeare_shards, tmp_path / name, 6, "train.eval_interval=0", *extra), ranks=ranks)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        losses[name] = train_losses(tmp_path / name)
+    assert len(losses["tp1"]) == 6
+    for name in ("tp2", "tp2sp"):
+        for step, loss in losses["tp1"].items():
+            assert abs(losses[name][step] - loss) < 1e-4, (name, step, loss, losses[name][step])
+    assert losses["tp1"][6] < losses["tp1"][1]
+
+
+def test_resume_reproduces_uninterrupted_run(shakespeare_shards, tmp_path):
+    """20 straight steps == 10 steps, stop, resume for 10 (2 data-parallel ranks, ZeRO-1)."""
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    common = ["train.eval_interval=5", "train.zero_stage=1"]
+    r = pretrain(base(shakespeare_shards, straight, 20, *common), ranks=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = pretrain(base(shakespeare_shards, split, 20, *common, "train.stop_after=10"), ranks=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (split / "latest").read_text() == "step_00000010"
+    assert not (split / "step_00000020").exists()
+    r = pretrain(base(shakespeare_shards, split, 20, *common), ranks=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resumed from" in r.stdout
+    a, b = train_losses(straight), train_losses(split)
+    assert sorted(a) == sorted(b) == list(range(1, 21))
+    assert [a[s] for s in range(1, 21)] == [b[s] for s in range(1, 21)]  # bit-identical
+    assert train_losses(straight, "valid") == train_losses(split, "valid")
+    cfg = (split / "step_00000020" / "resolved_config.yaml").read_text()
+    assert "stop_after: 0" in cfg and f"save_dir: {split}" in cfg
+
+
+def test_interrupted_save_keeps_previous_checkpoint(shakespeare_shards, tmp_path):
+    run_dir = tmp_path / "run"
+    args = base(shakespeare_shards, run_dir, 8, "train.save_interval=4", "train.eval_interval=0")
+    r = pretrain(args, MEGAHASH_TEST_FAIL_IN_SAVE="8")
+    assert r.returncode != 0 and "injected failure" in r.stderr
+    assert (run_dir / "latest").read_text() == "step_00000004"
+    assert not (run_dir / "step_00000008").exists()  # only the .tmp, never under the final name
+    r = pretrain(args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"resumed from {run_dir}/step_00000004" in r.stdout
+    assert (run_dir / "latest").read_text() == "step_00000008"
+
+
+def test_checkpoint_from_another_model_is_refused(shakespeare_shards, tmp_path):
+    run_dir = tmp_path / "run"
+    r = pretrain(base(shakespeare_shards, run_dir, 2, "train.eval_interval=0"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = pretrain(base(shakespeare_shards, run_dir, 4, "train.eval_interval=0", "model.hidden_size=128"))
+    assert r.returncode == 2
+    err = r.stderr.strip().splitlines()
+    assert err[-1].startswith("error: checkpoint") and "model.hidden_size" in err[-1]
+
+
+@pytest.mark.parametrize("override, expect", [
+    ("data.prefix=[/nonexistent/corpus]", "does not exist"),
+    ("parallel.tensor=3", "does not divide model.num_heads"),
+    ("data.seq_length=100000", "exceeds model.max_position_embeddings"),
+    ("train.lerning_rate=1", "unknown config key"),
+])
+def test_entry_point_one_line_errors(shakespeare_shards, tmp_path, override, expect):
+    r = pretrain(base(shakespeare_shards, tmp_path / "x", 2) + [override])
+    assert r.returncode == 2
+    lines = [l for l in r.stderr.strip().splitlines() if l.startswith("error:")]
+    assert len(lines) == 1 and expect in lines[0], r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+
+
+def test_tp_must_divide_world_size(shakespeare_shards, tmp_path):
+    r = pretrain(base(shakespeare_shards, tmp_path / "x", 2, "parallel.tensor=2"))
+    assert r.returncode == 2 and "does not divide the world size 1" in r.stderr
+
+
+def test_loss_decreases_on_real_text(shakespeare_shards, tmp_path):
+    """Quickstart recipe (shortened): validation loss falls well below its start and a PNG is written."""
+    run_dir = tmp_path / "qs"
+    r = pretrain([f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}",
+                  "train.steps=60", f"train.save_dir={run_dir}", "train.eval_interval=20", "train.save_interval=0",
+                  "data.seq_length=64", "train.micro_batch_size=8"],
+                 ranks=2, config="configs/quickstart.yaml")
+    assert r.returncode == 0, r.stderr[-3000:]
+    valid = train_losses(run_dir, "valid")
+    assert valid[60] < valid[20] - 0.3, valid
+    assert (run_dir / "loss_curve.png").stat().st_size > 1000
+    assert json.loads((run_dir / "step_00000060" / "megahash_state.json").read_text())["step"] == 60
