@@ -19,16 +19,18 @@ def base(shards, save_dir, steps, *extra):
 
 
 def test_tp_and_sp_parity(shakespeare_shards, tmp_path):
-    """TP=1, TP=2 and TP=2+SP give the same per-step losses (dropout 0, fp32) to 1e-4."""
+    """TP=1, TP=2, TP=2+SP and 2 data-parallel ranks under ZeRO-3 give the same per-step losses
+    (dropout 0, fp32) to 1e-4."""
     runs = {"tp1": (1, []), "tp2": (2, ["parallel.tensor=2"]),
-            "tp2sp": (2, ["parallel.tensor=2", "parallel.sequence=true"])}
+            "tp2sp": (2, ["parallel.tensor=2", "parallel.sequence=true"]),
+            "dp2_zero3": (2, ["train.zero_stage=3"])}
     losses = {}
     for name, (ranks, extra) in runs.items():
         r = pretrain(base(shakespeare_shards, tmp_path / name, 6, "train.eval_interval=0", *extra), ranks=ranks)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         losses[name] = train_losses(tmp_path / name)
     assert len(losses["tp1"]) == 6
-    for name in ("tp2", "tp2sp"):
+    for name in ("tp2", "tp2sp", "dp2_zero3"):
         for step, loss in losses["tp1"].items():
             assert abs(losses[name][step] - loss) < 1e-4, (name, step, loss, losses[name][step])
     assert losses["tp1"][6] < losses["tp1"][1]

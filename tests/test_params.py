@@ -1,0 +1,38 @@
+"""`megahash params`: totals and per-layer splits equal the closed-form count of the architecture."""
+import json
+import subprocess
+import sys
+
+from conftest import ROOT, child_env
+
+
+def params_json(*args):
+    r = subprocess.run([sys.executable, "-m", "megahash", "params", "--json", *args], cwd=ROOT, env=child_env(),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout)
+
+
+def decoder_count(V, h, ffn, L, tied=True):
+    """Qwen2.5-style decoder: QKV with bias (3h^2 + 3h), output projection h^2, SwiGLU 3 h ffn,
+    two RMSNorms per layer, final RMSNorm, V x h embedding (+ V x h head when untied)."""
+    layer = (3 * h * h + 3 * h) + h * h + 3 * h * ffn + 2 * h
+    return V * h * (1 if tied else 2) + L * layer + h
+
+
+def test_500m_table_4_10_counts():
+    r = params_json("--config", "configs/model/500m.yaml")
+    assert r["total"] == decoder_count(50304, 896, 4864, 24) == 436_037_504  # DESIGN.md: ~436M tied
+    assert r["embedding"] == 50304 * 896 and r["head"] == 0 and r["tied_head"]
+    assert len(r["layers"]) == 24
+    layer = r["layers"][0]
+    assert layer["attention"] == {"qkv": 3 * 896 * 896 + 3 * 896, "out": 896 * 896}
+    assert layer["mlp"] == 3 * 896 * 4864 and layer["norm"] == 2 * 896
+    untied = params_json("--config", "configs/model/500m.yaml", "model.tie_embeddings=false")
+    assert untied["total"] == decoder_count(50304, 896, 4864, 24, tied=False) == 481_109_888
+
+
+def test_params_bad_override_is_one_line():
+    r = subprocess.run([sys.executable, "-m", "megahash", "params", "model.num_heds=3"], cwd=ROOT, env=child_env(),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and r.stderr.strip() == "error: unknown config key 'model.num_heds' (did you mean 'num_heads'?)"
