@@ -34,6 +34,22 @@ def test_tp_and_sp_parity(shakespeare_shards, tmp_path):
         for step, loss in losses["tp1"].items():
             assert abs(losses[name][step] - loss) < 1e-4, (name, step, loss, losses[name][step])
     assert losses["tp1"][6] < losses["tp1"][1]
+    # the weights of every layout load into one TP=1 model and agree (megatron dist checkpoint)
+    script = (
+        "import sys, torch\n"
+        "from megahash import platform\n"
+        "from megahash.training.weights import load_for_inference\n"
+        "ref = None\n"
+        "for d in sys.argv[1:]:\n"
+        "    _, m, _ = load_for_inference(d)\n"
+        "    sd = {k: v.clone() for k, v in m.state_dict().items() if torch.is_tensor(v) and torch.is_floating_point(v)}\n"
+        "    ref = ref or sd\n"
+        "    print(max((sd[k] - ref[k]).abs().max().item() for k in ref))\n"
+        "    platform.teardown()\n")
+    r = run([sys.executable, "-c", script, *(str(tmp_path / n) for n in runs)])
+    assert r.returncode == 0, r.stderr[-3000:]
+    diffs = [float(x) for x in r.stdout.split()]
+    assert len(diffs) == 4 and max(diffs) < 1e-5, diffs
 
 
 def test_resume_reproduces_uninterrupted_run(shakespeare_shards, tmp_path):

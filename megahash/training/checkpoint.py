@@ -148,6 +148,9 @@ def save(engine, cfg: Config, step: int, consumed: int, extra: dict | None = Non
     platform.barrier()
     engine.save_checkpoint(str(root), tag=tmp_tag, client_state={"megahash_step": step}, save_latest=False)
     tmp = root / tmp_tag
+    from megahash.training.weights import WEIGHTS_DIR, save_weights
+
+    save_weights(engine.module, tmp / WEIGHTS_DIR, cfg.train.zero_stage)
     _atomic_write(tmp / f"rng_rank{_rank():05d}.json", json.dumps(_to_jsonable(platform.rng_state())))
     platform.barrier()
     if os.environ.get("MEGAHASH_TEST_FAIL_IN_SAVE") == str(step):
@@ -155,6 +158,7 @@ def save(engine, cfg: Config, step: int, consumed: int, extra: dict | None = Non
     if _rank() == 0:
         save_config(cfg, tmp / "resolved_config.yaml")
         state = {"step": step, "consumed_samples": consumed, "signature": model_signature(cfg),
+                 "padded_vocab_size": int(engine.module.vocab_size),
                  "world_size": dist.get_world_size() if dist.is_initialized() else 1, **(extra or {})}
         _atomic_write(tmp / STATE_FILE, json.dumps(state, indent=1))
         final = root / tag

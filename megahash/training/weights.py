@@ -1,0 +1,95 @@
+"""TP- and ZeRO-independent model weights: a megatron-core dist checkpoint inside every checkpoint.
+
+``save_weights`` writes ``step_N/model/`` from the model's ``sharded_state_dict()`` (megatron
+knows how each TP shard maps into the full tensor, including the interleaved SwiGLU ``fc1``), so
+a checkpoint trained at any TP size and ZeRO stage loads into a model of any other TP size.
+``load_for_inference`` builds the TP=1 model of a checkpoint's resolved config in this process and
+loads those weights: evaluation and Hugging Face export start from it.
+"""
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import torch
+
+from megahash.errors import CheckpointError
+
+WEIGHTS_DIR = "model"
+
+
+def _gathered(module, zero_stage: int):
+    """Under ZeRO-3 parameters are partitioned: gather them for the duration of the save."""
+    if zero_stage == 3:
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None)
+    return contextlib.nullcontext()
+
+
+def save_weights(module: torch.nn.Module, directory: Path, zero_stage: int = 0) -> None:
+    """Collective: every rank contributes its shards to ``directory`` (created, must be new)."""
+    from megatron.core import dist_checkpointing
+
+    directory.mkdir(parents=True, exist_ok=True)
+    with _gathered(module, zero_stage):
+        dist_checkpointing.save(module.sharded_state_dict(), str(directory))
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A run directory (its ``latest``) or a ``step_N`` directory -> the complete checkpoint."""
+    from megahash.training import checkpoint
+
+    p = Path(path)
+    if (p / checkpoint.STATE_FILE).is_file():
+        ckpt = p
+    elif p.is_dir():
+        ckpt = checkpoint.find_resume(p)
+        if ckpt is None:
+            raise CheckpointError(f"{p} holds no complete megahash checkpoint (no step_N with {checkpoint.STATE_FILE})")
+    else:
+        raise CheckpointError(f"checkpoint {p} does not exist")
+    if not (ckpt / WEIGHTS_DIR).is_dir():
+        raise CheckpointError(f"checkpoint {ckpt} has no {WEIGHTS_DIR}/ weights (saved by an older megahash?)")
+    return ckpt
+
+
+def checkpoint_config(ckpt: Path, overrides: list[str] | None = None):
+    """The resolved config saved with a checkpoint, at TP=1 without sequence parallelism."""
+    import yaml
+
+    from megahash.config import apply_overrides, config_from_dict
+
+    tree = yaml.safe_load((ckpt / "resolved_config.yaml").read_text())
+    tree = apply_overrides(tree, list(overrides or []))
+    tree["parallel"] = {"tensor": 1, "sequence": False}
+    return config_from_dict(tree)
+
+
+def load_for_inference(path: str | Path, overrides: list[str] | None = None, dtype=torch.float32):
+    """(cfg, model at TP=1 in eval mode, checkpoint dir) of a megahash checkpoint, in this process."""
+    from megatron.core import dist_checkpointing
+
+    from megahash import platform
+    from megahash.models.model import MegahashLM
+    from megahash.training import checkpoint
+
+    ckpt = resolve_checkpoint(path)
+    cfg = checkpoint_config(ckpt, overrides)
+    state = checkpoint.read_state(ckpt)
+    platform.init_distributed(1)
+    platform.seed_all(cfg.train.seed)
+    vocab = int(state.get("padded_vocab_size") or 0)
+    if not vocab:
+        raise CheckpointError(f"checkpoint {ckpt} does not record its vocabulary size")
+    model = MegahashLM(cfg, vocab, dtype, init=False)
+    try:
+        loaded = dist_checkpointing.load(model.sharded_state_dict(), str(ckpt / WEIGHTS_DIR))
+    except Exception as e:  # megatron raises several kinds for mismatched checkpoints
+        raise CheckpointError(f"weights in {ckpt / WEIGHTS_DIR} do not fit the model of its config: {str(e).splitlines()[0][:300]}") from None
+    missing, unexpected = model.load_state_dict(loaded, strict=False)
+    missing = [k for k in missing if not k.endswith("_extra_state")]
+    if missing:
+        raise CheckpointError(f"checkpoint {ckpt} lacks weights for {missing[:3]}; it is from another model")
+    model.eval()
+    return cfg, model, ckpt
