@@ -1,0 +1,43 @@
+"""Shared CLI plumbing: one-line user errors (``error: ...`` on stderr, exit 2) and sha256 helpers."""
+from __future__ import annotations
+
+import hashlib
+import sys
+from typing import Callable, Optional, Sequence
+
+from megahash.errors import DataError, MegahashError
+
+__all__ = ["DataError", "InputError", "cli", "sha256_file"]
+
+
+class InputError(DataError):
+    """Bad input reaching the user as one line: missing file, bad JSON key, existing output, ..."""
+
+
+def sha256_file(path, bufsize: int = 1 << 20) -> str:
+    """Hex sha256 of a file."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(bufsize), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def one_line(text: str) -> str:
+    """First non-empty line of ``text`` (for wrapping third-party exception messages)."""
+    for line in str(text).splitlines():
+        if line.strip():
+            return line.strip()
+    return str(text).strip()
+
+
+def cli(run: Callable[[Optional[Sequence[str]]], int], argv: Optional[Sequence[str]] = None) -> int:
+    """Run ``run(argv)``; user errors become ``error: <one line>`` and exit code 2, Ctrl-C exit 130."""
+    try:
+        return run(argv)
+    except (MegahashError, ValueError) as e:
+        print(f"error: {one_line(str(e))}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,459 @@
+#!/usr/bin/env python
+"""Preprocess a corpus into megatron-core token shards plus one word-hash side shard per hash spec.
+
+    python data_tools/preprocess_data.py --input shakespeare --output-prefix data/shk/shk \\
+        --tokenizer data/tok/shk8k.model --word-hashes md5,lsh128 --workers 2
+
+Outputs (all written under temp names ``NAME.tmp-<pid>`` and renamed at the end, meta.json last):
+
+* ``PREFIX_text_document.bin/.idx``: megatron-core ``IndexedDataset``, one sequence per document,
+  EOS (id 2) appended unless ``--no-append-eos``; uint16 ids if the vocabulary has < 65,500 entries,
+  else int32 (always int32 for ``--tokenizer words``).
+* ``PREFIX_hash_{spec}.bin/.idx``: an ``IndexedDataset`` per hash spec with the same documents in the
+  same order; sequence length = width x token count; uint8 for bit codes, int32 for bucket ids and
+  rolling rows. Row of token t = ``dataset.get(doc, t*width, width)``. Special tokens get zeros.
+* ``PREFIX_lsh.npz`` (with lsh specs): n-gram vocabulary + hyperplanes + circulant vectors.
+* ``PREFIX_words.tsv`` (``--tokenizer words``): ``id word count``; ids 0-4 are the specials, other
+  words by first occurrence in document order.
+* ``PREFIX_meta.json``: inputs, tokenizer, stream, hash specs, counts, sha256 of every other file.
+
+Token streams: sentencepiece subword ids, or ``words``: vocabulary-free HashFormers words (lowercase,
+``\\w+|[^\\w\\s]+``). For subword streams ``--hash-unit`` picks the hashed string: ``word`` (default,
+the HashFormers word the piece belongs to: all pieces of "playing" share the code of "playing") or
+``subword`` (the piece, leading "▁" stripped); see megahash/hashing/tokens.py.
+
+LSH n-gram vocabulary: a streaming first pass counts the words of the selected documents (all of
+them, or the first ``--lsh-sample-docs``) before the encoding pass. Document selection
+(``--doc-range``, ``--skip-docs``, ``--max-docs``) counts every source document, empty ones included.
+Outputs are byte-identical for any ``--workers`` (no timestamps; ordered results).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Iterable, Iterator, Optional, Sequence
+
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+import megahash  # noqa: E402
+from data_tools.common import DataError, InputError, cli, sha256_file  # noqa: E402
+from data_tools.encoding import (  # noqa: E402
+    WORDS,
+    ChunkEncoder,
+    ChunkResult,
+    EncoderConfig,
+    count_words,
+    resolve_tokenizer,
+)
+from data_tools.indexed_writer import IndexedShardWriter, optimal_token_dtype  # noqa: E402
+from data_tools.ordered_pool import OrderedPool  # noqa: E402
+from data_tools.sources import open_source, parse_doc_range, select_documents  # noqa: E402
+from megahash.hashing.lsh import DEFAULT_NGRAM_VOCAB, NGRAM_ORDERS, LSHModel  # noqa: E402
+from megahash.hashing.md5 import DEFAULT_KEY  # noqa: E402
+from megahash.hashing.specs import parse_hash_specs  # noqa: E402
+from megahash.hashing.tokens import HASH_UNITS  # noqa: E402
+from megahash.hashing.words import EOS_ID, NUM_SPECIAL, SPECIAL_TOKENS, WORD_PATTERN  # noqa: E402
+
+FORMAT_VERSION = 1
+FAIL_ENV = "MEGAHASH_PREPROCESS_FAIL_AFTER_DOCS"  # test hook: raise after writing this many documents
+
+
+class InjectedFailure(DataError):
+    """Raised by the ``MEGAHASH_PREPROCESS_FAIL_AFTER_DOCS`` test hook."""
+
+
+# -- output names -----------------------------------------------------------------------------
+def shard_names(prefix: str, spec_names: Sequence[str]) -> dict[str, str]:
+    """Shard prefixes: ``tokens`` -> PREFIX_text_document, spec name -> PREFIX_hash_{spec}."""
+    out = {"tokens": f"{prefix}_text_document"}
+    out.update({name: f"{prefix}_hash_{name}" for name in spec_names})
+    return out
+
+
+class AtomicOutputs:
+    """Temp files ``FINAL.tmp-<pid>``, renamed to their final names by ``commit`` (in order, the
+    meta last), all removed by ``cleanup`` when anything fails."""
+
+    def __init__(self):
+        self.pending: dict[str, str] = {}  # final -> tmp
+        self.suffix = f".tmp-{os.getpid()}"
+
+    def tmp(self, final: str) -> str:
+        self.pending[final] = final + self.suffix
+        return self.pending[final]
+
+    def commit(self, last: str) -> None:
+        order = [f for f in self.pending if f != last] + [last]
+        for final in order:
+            os.replace(self.pending[final], final)
+        self.pending.clear()
+
+    def cleanup(self) -> None:
+        for tmp in self.pending.values():
+            try:
+                os.remove(tmp)
+            except FileNotFoundError:
+                pass
+        self.pending.clear()
+
+
+# -- parallel map -----------------------------------------------------------------------------
+_STATE: dict = {}
+
+
+def _init_encoder(cfg: EncoderConfig, lsh: Optional[LSHModel]) -> None:
+    _STATE["encoder"] = ChunkEncoder(cfg, lsh)
+
+
+def _encode_chunk(docs: list[str]) -> ChunkResult:
+    return _STATE["encoder"].encode(docs)
+
+
+def _count_chunk(docs: list[str]) -> tuple[int, Counter]:
+    return len(docs), count_words(docs)
+
+
+# -- documents --------------------------------------------------------------------------------
+class DocStats:
+    def __init__(self):
+        self.read = 0
+        self.empty = 0
+
+
+def chunked(docs: Iterable[str], stats: DocStats, max_docs: int, max_chars: int) -> Iterator[list[str]]:
+    """Non-empty documents in lists of <= ``max_docs`` documents / about ``max_chars`` characters."""
+    chunk: list[str] = []
+    size = 0
+    for doc in docs:
+        stats.read += 1
+        if not doc.strip():
+            stats.empty += 1
+            continue
+        chunk.append(doc)
+        size += len(doc)
+        if len(chunk) >= max_docs or size >= max_chars:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+class Progress:
+    """tqdm bar on stderr (docs/s, tokens/s); off with --quiet or when stderr is not a tty."""
+
+    def __init__(self, desc: str, quiet: bool):
+        self.bar = None
+        self.tokens = 0
+        self.t0 = time.perf_counter()
+        if not quiet and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            tqdm.monitor_interval = 0  # no monitor thread (we fork worker processes)
+            self.bar = tqdm(desc=desc, unit="doc", file=sys.stderr, dynamic_ncols=True, mininterval=0.5)
+
+    def update(self, docs: int, tokens: int) -> None:
+        self.tokens += tokens
+        if self.bar is not None:
+            self.bar.update(docs)
+            rate = self.tokens / max(time.perf_counter() - self.t0, 1e-9)
+            self.bar.set_postfix_str(f"{rate:,.0f} tok/s", refresh=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# -- CLI --------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--input", required=True, help="SRC: file/dir/glob of .txt/.jsonl/.parquet, hf:NAME[:CONFIG]:SPLIT, shakespeare, bible-kjv")
+    p.add_argument("--output-prefix", required=True)
+    p.add_argument("--tokenizer", required=True, help="sentencepiece PREFIX.model, or 'words' (vocabulary-free)")
+    p.add_argument("--word-hashes", default="", help="comma-separated hash specs: md5, md5-bucketN, lshT, lsh-bucketN, rollingN[-lenL]")
+    p.add_argument("--hash-unit", choices=HASH_UNITS, default="word", help="subword streams: hash the whole word (default) or the piece")
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--json-key", default="text", help="text key of .jsonl/.parquet/hf rows")
+    p.add_argument("--txt-mode", choices=["blocks", "lines"], default="blocks")
+    p.add_argument("--append-eos", dest="append_eos", action="store_true", default=True, help="append </s> (id 2) to every document (default)")
+    p.add_argument("--no-append-eos", dest="append_eos", action="store_false")
+    p.add_argument("--doc-range", default=None, help="START:END source document indices (half-open)")
+    p.add_argument("--skip-docs", type=int, default=0)
+    p.add_argument("--max-docs", type=int, default=None)
+    p.add_argument("--seed", type=int, default=1234, help="seed of the LSH hyperplanes")
+    p.add_argument("--md5-key", default=DEFAULT_KEY.decode(), help="HMAC key of md5 specs (default 'en')")
+    p.add_argument("--lsh-vocab-size", type=int, default=DEFAULT_NGRAM_VOCAB, help="top-K character n-grams (default 50,000)")
+    p.add_argument("--lsh-sample-docs", type=int, default=0, help="count n-grams over the first M selected documents only (0 = all)")
+    p.add_argument("--shakespeare-chunk-chars", type=int, default=4000)
+    p.add_argument("--chunk-docs", type=int, default=64, help="documents per worker task")
+    p.add_argument("--chunk-chars", type=int, default=1 << 19, help="characters per worker task")
+    p.add_argument("--encode-threads", type=int, default=1, help="sentencepiece threads per worker (batch encode)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output prefix")
+    p.add_argument("--quiet", action="store_true")
+    return p
+
+
+def _check_args(args) -> None:
+    if args.workers < 1:
+        raise InputError(f"--workers must be >= 1, got {args.workers}")
+    if args.lsh_vocab_size < 1:
+        raise InputError(f"--lsh-vocab-size must be >= 1, got {args.lsh_vocab_size}")
+    if args.lsh_sample_docs < 0:
+        raise InputError("--lsh-sample-docs must be >= 0")
+    if args.chunk_docs < 1 or args.chunk_chars < 1 or args.encode_threads < 1:
+        raise InputError("--chunk-docs, --chunk-chars and --encode-threads must be >= 1")
+
+
+def _existing_outputs(prefix: str, finals: Iterable[str]) -> list[str]:
+    meta = f"{prefix}_meta.json"
+    return [f for f in [meta, *finals] if os.path.exists(f)]
+
+
+def run(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    _check_args(args)
+    specs = parse_hash_specs(args.word_hashes)
+    source = open_source(args.input, txt_mode=args.txt_mode, json_key=args.json_key,
+                         shakespeare_chunk_chars=args.shakespeare_chunk_chars)
+    start, end = parse_doc_range(args.doc_range, args.skip_docs, args.max_docs)
+    tok = resolve_tokenizer(args.tokenizer)
+    words_mode = tok.kind == WORDS
+    token_dtype = np.dtype(np.int32) if words_mode else optimal_token_dtype(tok.vocab_size)
+    key = args.md5_key.encode("utf-8")
+    lsh_specs = [s for s in specs if s.kind in ("lsh", "lsh-bucket")]
+
+    prefix = args.output_prefix
+    shards = shard_names(prefix, [s.name for s in specs])
+    lsh_path = f"{prefix}_lsh.npz" if lsh_specs else None
+    words_path = f"{prefix}_words.tsv" if words_mode else None
+    meta_path = f"{prefix}_meta.json"
+    finals = [p + ext for p in shards.values() for ext in (".bin", ".idx")] + [p for p in (lsh_path, words_path) if p]
+    existing = _existing_outputs(prefix, finals)
+    if existing and not args.overwrite:
+        raise InputError(f"output prefix {prefix!r} already exists ({existing[0]}); pass --overwrite to replace it")
+    old_meta = _read_json(meta_path) if args.overwrite and os.path.exists(meta_path) else None
+    Path(prefix).parent.mkdir(parents=True, exist_ok=True)
+
+    outputs = AtomicOutputs()
+    writers: dict[str, IndexedShardWriter] = {}
+    progress = None
+    previous_handler = None
+    if threading.current_thread() is threading.main_thread():
+        previous_handler = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        lsh_info = None
+        lsh = None
+        if lsh_specs:
+            progress = Progress("counting words (LSH n-grams)", args.quiet)
+            lsh, lsh_info = _build_lsh(args, source, start, end, progress)
+            progress.close()
+            lsh.save(outputs.tmp(lsh_path), bits=[s.params["bits"] for s in specs if s.kind == "lsh"],
+                     buckets=[s.params["buckets"] for s in specs if s.kind == "lsh-bucket"])
+            lsh_info["file"] = os.path.basename(lsh_path)
+        for name, shard in shards.items():
+            dtype = token_dtype if name == "tokens" else next(s.dtype for s in specs if s.name == name)
+            writers[name] = IndexedShardWriter(outputs.tmp(shard + ".bin"), outputs.tmp(shard + ".idx"), dtype)
+
+        cfg = EncoderConfig(
+            tokenizer=tok.path or WORDS, specs=specs, hash_unit=args.hash_unit, append_eos=args.append_eos,
+            key=key, token_dtype=token_dtype.name, encode_threads=args.encode_threads,
+        )
+        stats = DocStats()
+        progress = Progress("encoding", args.quiet)
+        counts = _encode_all(args, cfg, lsh, source, start, end, stats, writers, specs, words_mode, progress)
+        progress.close()
+        progress = None
+        if counts["documents"] == 0:
+            raise InputError(f"no non-empty documents in {args.input!r} (document range {start}:{'' if end is None else end})")
+        for w in writers.values():
+            w.finalize()
+
+        files = {}
+        for name, shard in shards.items():
+            w = writers[name]
+            files[os.path.basename(shard) + ".bin"] = {"sha256": w.bin_sha256, "bytes": os.path.getsize(w.bin_path)}
+            files[os.path.basename(shard) + ".idx"] = {"sha256": w.idx_sha256, "bytes": os.path.getsize(w.idx_path)}
+        if words_mode:
+            table = counts.pop("_word_table")
+            sha, size = _write_word_table(outputs.tmp(words_path), *table)
+            files[os.path.basename(words_path)] = {"sha256": sha, "bytes": size}
+            tok.vocab_size = len(table[0])
+        if lsh_path:
+            files[os.path.basename(lsh_path)] = {"sha256": sha256_file(outputs.pending[lsh_path]),
+                                                 "bytes": os.path.getsize(outputs.pending[lsh_path])}
+        counts["skipped_empty_documents"] = stats.empty + counts.pop("_empty_tokenized")
+        counts["source_documents_read"] = stats.read
+        counts["replaced_invalid_utf8_chars"] = source.replaced_chars
+        meta = _meta(args, source, start, end, tok, token_dtype, specs, key, shards, lsh_info, words_path, counts, files)
+        with open(outputs.tmp(meta_path), "w", encoding="utf-8") as f:
+            json.dump(meta, f, indent=2)
+            f.write("\n")
+        outputs.commit(last=meta_path)
+        _remove_stale(old_meta, prefix, set(files) | {os.path.basename(meta_path)})
+    except BaseException:
+        for w in writers.values():
+            w.close()
+        outputs.cleanup()
+        raise
+    finally:
+        if progress is not None:
+            progress.close()
+        if previous_handler is not None:
+            signal.signal(signal.SIGTERM, previous_handler)
+    if not args.quiet:
+        print(f"wrote {counts['documents']:,} documents, {counts['tokens']:,} tokens -> {prefix}_* "
+              f"(hashes: {', '.join(s.name for s in specs) or 'none'})", file=sys.stderr)
+    return 0
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _read_json(path: str) -> Optional[dict]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _remove_stale(old_meta: Optional[dict], prefix: str, keep: set) -> None:
+    """After --overwrite: delete files of the previous run that this run did not write."""
+    if not old_meta:
+        return
+    base = os.path.dirname(prefix)
+    for name in old_meta.get("files", {}):
+        if name not in keep and os.path.basename(name) == name and name.startswith(os.path.basename(prefix) + "_"):
+            try:
+                os.remove(os.path.join(base, name))
+            except FileNotFoundError:
+                pass
+
+
+def _build_lsh(args, source, start, end, progress) -> tuple[LSHModel, dict]:
+    """First pass: word counts of the selected documents (or the first --lsh-sample-docs)."""
+    sample_end = end
+    if args.lsh_sample_docs:
+        sample_end = start + args.lsh_sample_docs if end is None else min(end, start + args.lsh_sample_docs)
+    stats = DocStats()
+    counts: Counter = Counter()
+    chunks = chunked(select_documents(source, start, sample_end), stats, args.chunk_docs, args.chunk_chars)
+    with OrderedPool(args.workers) as pool:
+        for n_docs, c in pool.map(_count_chunk, chunks):
+            counts.update(c)
+            progress.update(n_docs, sum(c.values()))
+    model = LSHModel.from_word_counts(counts, args.lsh_vocab_size, args.seed, NGRAM_ORDERS)
+    info = {
+        "ngram_orders": list(NGRAM_ORDERS),
+        "ngram_vocab_size_requested": args.lsh_vocab_size,
+        "ngram_vocab_size": model.vocab_size,
+        "seed": args.seed,
+        "counted_documents": stats.read - stats.empty,
+        "counted_words": sum(counts.values()),
+        "distinct_words": len(counts),
+        "sample_docs": args.lsh_sample_docs,
+        "counting": "streaming first pass over the selected documents" if not args.lsh_sample_docs
+        else f"first {args.lsh_sample_docs} selected documents",
+    }
+    return model, info
+
+
+def _encode_all(args, cfg, lsh, source, start, end, stats, writers, specs, words_mode, progress) -> dict:
+    fail_after = int(os.environ[FAIL_ENV]) if os.environ.get(FAIL_ENV) else None
+    docs_written = tokens_written = empty_tokenized = 0
+    word_ids: dict[str, int] = {w: i for i, w in enumerate(SPECIAL_TOKENS)}
+    word_list: list[str] = list(SPECIAL_TOKENS)
+    word_counts = np.zeros(1024, np.int64)
+    chunks = chunked(select_documents(source, start, end), stats, args.chunk_docs, args.chunk_chars)
+    with OrderedPool(args.workers, _init_encoder, (cfg, lsh)) as pool:
+        for res in pool.map(_encode_chunk, chunks):
+            tokens = res.tokens
+            if words_mode:
+                gids = np.empty(len(res.words), np.int64)
+                gids[0] = EOS_ID
+                for i, w in enumerate(res.words[1:], start=1):
+                    g = word_ids.get(w)
+                    if g is None:
+                        g = word_ids[w] = len(word_list)
+                        word_list.append(w)
+                    gids[i] = g
+                if len(word_list) > len(word_counts):
+                    word_counts = np.concatenate([word_counts, np.zeros(max(len(word_list), 2 * len(word_counts)) - len(word_counts), np.int64)])
+                np.add.at(word_counts, gids, np.bincount(tokens, minlength=len(gids)))
+                tokens = gids.astype(np.int32)[tokens]
+            writers["tokens"].add_documents(tokens, res.lengths)
+            for s in specs:
+                writers[s.name].add_documents(res.codes[s.name], res.lengths * s.width)
+            n_docs, n_tok = len(res.lengths), int(res.lengths.sum())
+            docs_written += n_docs
+            tokens_written += n_tok
+            empty_tokenized += res.empty
+            progress.update(n_docs, n_tok)
+            if fail_after is not None and docs_written >= fail_after:
+                raise InjectedFailure(f"injected failure after {docs_written} documents ({FAIL_ENV}={fail_after})")
+    counts = {"documents": docs_written, "tokens": tokens_written, "_empty_tokenized": empty_tokenized}
+    if words_mode:
+        counts["_word_table"] = (word_list, word_counts[: len(word_list)])
+        counts["word_table_size"] = len(word_list)
+    return counts
+
+
+def _write_word_table(path: str, words: list[str], counts: np.ndarray) -> tuple[str, int]:
+    lines = ["id\tword\tcount\n"] + [f"{i}\t{w}\t{int(c)}\n" for i, (w, c) in enumerate(zip(words, counts))]
+    data = "".join(lines).encode("utf-8", "surrogatepass")
+    with open(path, "wb") as f:
+        f.write(data)
+    return hashlib.sha256(data).hexdigest(), len(data)
+
+
+def _meta(args, source, start, end, tok, token_dtype, specs, key, shards, lsh_info, words_path, counts, files) -> dict:
+    hash_specs = []
+    for s in specs:
+        d = s.to_meta()
+        d["file"] = os.path.basename(shards[s.name])
+        if s.kind in ("md5", "md5-bucket"):
+            d["key"] = key.decode("utf-8", "replace")
+        if s.kind in ("lsh", "lsh-bucket"):
+            d["seed"] = args.seed
+        hash_specs.append(d)
+    return {
+        "format_version": FORMAT_VERSION,
+        "megahash_version": megahash.__version__,
+        "inputs": {**source.describe(), "doc_range": [start, end]},
+        "tokenizer": tok.to_meta(),
+        "stream": {
+            "kind": "words" if tok.kind == WORDS else "subword",
+            "file": os.path.basename(shards["tokens"]),
+            "dtype": token_dtype.name,
+            "append_eos": args.append_eos,
+            "eos_id": EOS_ID,
+            "num_special": NUM_SPECIAL,
+            "hash_unit": "word" if tok.kind == WORDS else args.hash_unit,
+            "word_pattern": WORD_PATTERN,
+            "word_table": os.path.basename(words_path) if words_path else None,
+        },
+        "hash_specs": hash_specs,
+        "lsh": lsh_info,
+        "counts": counts,
+        "files": files,
+    }
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """CLI entry point: 0 on success, 2 with ``error: ...`` on bad input, 130 on interrupt."""
+    return cli(run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

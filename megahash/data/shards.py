@@ -1,0 +1,234 @@
+"""Reader of preprocessed shards: the token ``IndexedDataset``, one side ``IndexedDataset`` per hash
+spec (same documents, ``width`` elements per token), and ``PREFIX_meta.json`` (see docs/data.md).
+
+    shards = ShardSet.open("data/shk/shk")
+    ids = shards.tokens.get(doc, offset, length)                   # token ids
+    codes = shards.hash_codes("md5", doc, offset, length)          # uint8 [length, 16]
+
+megatron-core's ``IndexedDataset`` is imported when a ShardSet is opened, not at module import.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from megahash.errors import DataError
+from megahash.hashing.codes import CodeTable
+from megahash.hashing.lsh import LSHModel
+from megahash.hashing.specs import HashSpec, parse_hash_spec
+from megahash.hashing.tokens import SubwordCoder, word_stream_row_ids
+from megahash.hashing.words import NUM_SPECIAL
+
+TOKENS_SUFFIX = "_text_document"
+META_SUFFIX = "_meta.json"
+SUPPORTED_FORMAT = 1
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_word_table(path: str) -> list[str]:
+    """Words of a ``PREFIX_words.tsv`` in id order."""
+    words: list[str] = []
+    with open(path, encoding="utf-8") as f:
+        next(f, None)  # header
+        for i, line in enumerate(f):
+            ident, word, _ = line.rstrip("\n").split("\t")
+            if int(ident) != i:
+                raise DataError(f"{path}: word table ids are not 0..n-1 at line {i + 2}")
+            words.append(word)
+    return words
+
+
+@dataclass
+class ShardSet:
+    """Token shard + hash side shards of one preprocessing run."""
+
+    prefix: str
+    tokens: Any  # megatron.core.datasets.indexed_dataset.IndexedDataset
+    meta: dict
+    side: dict  # spec name -> (IndexedDataset, HashSpec)
+
+    @classmethod
+    def open(cls, prefix: str, specs: Optional[Sequence[str]] = None) -> "ShardSet":
+        """Open ``PREFIX`` (``PREFIX_text_document`` also accepted); ``specs`` limits the side shards."""
+        if prefix.endswith(TOKENS_SUFFIX):
+            prefix = prefix[: -len(TOKENS_SUFFIX)]
+        meta_path = prefix + META_SUFFIX
+        try:
+            with open(meta_path, encoding="utf-8") as f:
+                meta = json.load(f)
+        except FileNotFoundError:
+            raise DataError(f"no shards at prefix {prefix!r} ({meta_path} not found)") from None
+        except ValueError as e:
+            raise DataError(f"corrupt shard meta {meta_path}: {e}") from None
+        if meta.get("format_version") != SUPPORTED_FORMAT:
+            raise DataError(f"{meta_path}: shard format {meta.get('format_version')!r}, this reader reads {SUPPORTED_FORMAT}")
+        with warnings.catch_warnings():  # megatron-core warns about optional CUDA extensions on import
+            warnings.simplefilter("ignore")
+            from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+        def load(path_prefix: str):
+            for ext in (".bin", ".idx"):
+                if not os.path.exists(path_prefix + ext):
+                    raise DataError(f"missing shard file {path_prefix + ext}")
+            return IndexedDataset(path_prefix)
+
+        tokens = load(prefix + TOKENS_SUFFIX)
+        known = {d["name"]: d for d in meta.get("hash_specs", [])}
+        wanted = list(known) if specs is None else list(specs)
+        side = {}
+        for name in wanted:
+            if name not in known:
+                raise DataError(f"hash spec {name!r} not in shards {prefix!r} (have: {', '.join(known) or 'none'})")
+            spec = parse_hash_spec(name)
+            d = known[name]
+            if d["width"] != spec.width or d["dtype"] != spec.dtype.name:
+                raise DataError(f"{meta_path}: spec {name!r} has width/dtype {d['width']}/{d['dtype']}, expected {spec.width}/{spec.dtype.name}")
+            side[name] = (load(f"{prefix}_hash_{name}"), spec)
+        return cls(prefix, tokens, meta, side)
+
+    # basic facts ------------------------------------------------------------------------------
+    @property
+    def num_documents(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.tokens.sequence_lengths.sum())
+
+    @property
+    def stream_kind(self) -> str:
+        """``subword`` (sentencepiece ids) or ``words`` (word-table ids)."""
+        return self.meta["stream"]["kind"]
+
+    def spec(self, name: str) -> HashSpec:
+        return self._side(name)[1]
+
+    def _side(self, name: str):
+        try:
+            return self.side[name]
+        except KeyError:
+            raise DataError(f"hash spec {name!r} not opened (have: {', '.join(self.side) or 'none'})") from None
+
+    def hash_codes(self, spec_name: str, doc_id: int, offset: int = 0, length: Optional[int] = None) -> np.ndarray:
+        """Codes of tokens ``[offset, offset + length)`` of document ``doc_id``: ``[length, width]``."""
+        dataset, spec = self._side(spec_name)
+        if length is None:
+            length = int(self.tokens.sequence_lengths[doc_id]) - offset
+        flat = dataset.get(doc_id, offset * spec.width, length * spec.width)
+        return flat.reshape(length, spec.width)
+
+    def word_table(self) -> list[str]:
+        """Id -> word of a words stream (``PREFIX_words.tsv``)."""
+        name = self.meta["stream"].get("word_table")
+        if not name:
+            raise DataError(f"shards {self.prefix!r} are a {self.stream_kind} stream without a word table")
+        return read_word_table(os.path.join(os.path.dirname(self.prefix), name))
+
+    def tokenizer_path(self, override: Optional[str] = None) -> str:
+        """The sentencepiece model of a subword stream (``override`` wins over the meta's path)."""
+        path = override or self.meta["tokenizer"]["path"]
+        if path and not os.path.isfile(path) and os.path.isfile(path + ".model"):
+            path += ".model"
+        if not path or not os.path.isfile(path):
+            raise DataError(f"tokenizer model {path!r} not found (pass the .model used for these shards)")
+        return path
+
+    def lsh_model(self) -> Optional[LSHModel]:
+        """The LSH n-gram vocabulary and planes saved with the shards (None without lsh specs)."""
+        info = self.meta.get("lsh")
+        if not info:
+            return None
+        return LSHModel.load(os.path.join(os.path.dirname(self.prefix), info["file"]))
+
+    def decode(self, doc_id: int, tokenizer: Optional[str] = None, max_tokens: Optional[int] = None) -> str:
+        """Text of a document: sentencepiece decode, or the words joined by spaces."""
+        length = None if max_tokens is None else min(max_tokens, int(self.tokens.sequence_lengths[doc_id]))
+        ids = self.tokens.get(doc_id, 0, length)
+        if self.stream_kind == "words":
+            words = self.word_table()
+            return " ".join(words[int(i)] for i in ids)
+        import sentencepiece as spm
+
+        sp = spm.SentencePieceProcessor(model_file=self.tokenizer_path(tokenizer))
+        return sp.decode([int(i) for i in ids])
+
+    # verification -----------------------------------------------------------------------------
+    def verify(self, sample_docs: int = 8, checksums: bool = True, tokenizer: Optional[str] = None) -> dict:
+        """Check checksums, side-shard alignment and recomputed codes of ``sample_docs`` documents.
+        Raises ``DataError`` (one line) on the first mismatch; returns a summary dict."""
+        base = os.path.dirname(self.prefix)
+        if checksums:
+            for name, info in self.meta.get("files", {}).items():
+                path = os.path.join(base, name)
+                if not os.path.exists(path):
+                    raise DataError(f"verify: file {path} listed in the meta is missing")
+                if os.path.getsize(path) != info["bytes"]:
+                    raise DataError(f"verify: {path} has {os.path.getsize(path)} bytes, meta says {info['bytes']}")
+                if _sha256(path) != info["sha256"]:
+                    raise DataError(f"verify: sha256 of {path} does not match the meta")
+        n = self.num_documents
+        lengths = np.asarray(self.tokens.sequence_lengths, dtype=np.int64)
+        counts = self.meta["counts"]
+        if n != counts["documents"] or int(lengths.sum()) != counts["tokens"]:
+            raise DataError(f"verify: token shard has {n} documents / {int(lengths.sum())} tokens, meta says {counts['documents']} / {counts['tokens']}")
+        if not np.array_equal(self.tokens.document_indices, np.arange(n + 1)):
+            raise DataError("verify: token shard is not one sequence per document")
+        for name, (ds, spec) in self.side.items():
+            if len(ds) != n or not np.array_equal(ds.document_indices, self.tokens.document_indices):
+                raise DataError(f"verify: side shard {name!r} has {len(ds)} sequences, token shard {n}")
+            if np.dtype(ds.index.dtype) != spec.dtype:
+                raise DataError(f"verify: side shard {name!r} has dtype {np.dtype(ds.index.dtype).name}, expected {spec.dtype.name}")
+            if not np.array_equal(np.asarray(ds.sequence_lengths, np.int64), lengths * spec.width):
+                bad = int(np.flatnonzero(np.asarray(ds.sequence_lengths, np.int64) != lengths * spec.width)[0])
+                raise DataError(f"verify: side shard {name!r} document {bad}: length {int(ds.sequence_lengths[bad])} != {spec.width} x {int(lengths[bad])} tokens")
+        docs = np.unique(np.linspace(0, n - 1, num=min(sample_docs, n)).astype(np.int64)).tolist() if sample_docs > 0 else []
+        checked_tokens = self._verify_codes(docs, tokenizer) if self.side and docs else 0
+        return {"documents": n, "tokens": int(lengths.sum()), "checked_files": len(self.meta.get("files", {})) if checksums else 0,
+                "checked_documents": len(docs) if self.side else 0, "checked_tokens": checked_tokens, "side_shards": list(self.side)}
+
+    def _verify_codes(self, docs: list[int], tokenizer: Optional[str]) -> int:
+        specs = [spec for _, spec in self.side.values()]
+        key = next((d.get("key") for d in self.meta["hash_specs"] if "key" in d), "en")
+        table = CodeTable(specs, key=key.encode("utf-8"), lsh=self.lsh_model())
+        if self.stream_kind == "words":
+            words = self.word_table()
+            rows_of = lambda toks: word_stream_row_ids(table, toks, words)  # noqa: E731
+        else:
+            import sentencepiece as spm
+
+            path = self.tokenizer_path(tokenizer)
+            want = self.meta["tokenizer"].get("sha256")
+            if want and _sha256(path) != want:
+                raise DataError(f"verify: tokenizer {path} is not the one these shards were made with (sha256 differs)")
+            coder = SubwordCoder(spm.SentencePieceProcessor(model_file=path), table, self.meta["stream"]["hash_unit"])
+            rows_of = lambda toks: coder.row_ids(toks, [0])  # noqa: E731
+        total = 0
+        eos = self.meta["stream"]["eos_id"] if self.meta["stream"].get("append_eos") else None
+        for d in docs:
+            toks = np.asarray(self.tokens.get(d), dtype=np.int64)
+            if eos is not None and (len(toks) == 0 or toks[-1] != eos):
+                raise DataError(f"verify: document {d} does not end with EOS id {eos}")
+            if self.stream_kind == "words" and np.any(toks[:-1] < NUM_SPECIAL) and eos is not None:
+                raise DataError(f"verify: document {d} has a special id inside a words stream")
+            rows = rows_of(toks)
+            for name, (_, spec) in self.side.items():
+                want = table.rows(name, rows)
+                got = self.hash_codes(name, d, 0, len(toks))
+                if not np.array_equal(want, got):
+                    t = int(np.flatnonzero(np.any(want != got, axis=1))[0])
+                    raise DataError(f"verify: {name!r} codes of document {d} token {t} do not match the recomputed hash")
+            total += len(toks)
+        return total

