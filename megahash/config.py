@@ -48,6 +48,8 @@ class AttentionConfig:
     fixed_seq_length: int = 2048
     random_seed: int = 1234  # rndembqk: seed of the fixed random input
     skip_nonstandard: bool = False  # `skip` evaluation mode (thesis 4.5)
+    random_std: float = 0.0  # rndembqk: std of the fixed random input (0 = model.init_std, like the embeddings)
+    chunk_size: int = 0  # approx/nonapprox: chunk length of the chunked parallel form (0 = auto)
 
 
 @dataclass
@@ -71,6 +73,7 @@ class ModelConfig:
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
     embedding: str = "vocab"
+    head: str = "vocab"  # output head for clm/mlm: vocab | hash-bits | hash-bucket (megahash/models/heads.py; sr uses its 3-way head)
     schedule: str = "uniform:mha"
     embed: EmbeddingConfig = field(default_factory=EmbeddingConfig)
     attention: AttentionConfig = field(default_factory=AttentionConfig)

@@ -173,7 +173,8 @@ def build_datasets(cfg, train_samples: int, valid_samples: int, cache_dir: str |
     for p in paths:
         check_prefix(p)
     meta = read_meta(paths[0])
-    spec = cfg.model.embed.hash_spec if cfg.model.embedding not in ("vocab", "bert-hash") else None
+    reads_codes = cfg.model.embedding not in ("vocab", "bert-hash") or cfg.model.head != "vocab"
+    spec = cfg.model.embed.hash_spec if reads_codes else None
     width = 0
     if spec:
         specs = {s["name"]: s for s in meta.get("hash_specs", [])}

@@ -18,7 +18,8 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import init_method_normal, scaled_init_method_normal
 
 from megahash.errors import ConfigError
-from megahash.models import registry
+from megahash.models import heads, registry
+from megahash.models.norm import hook_sequence_parallel_params
 
 
 def padded_vocab_size(vocab: int, divisible_by: int, tp: int) -> int:
@@ -96,11 +97,18 @@ class MegahashLM(MegatronModule):
             use_cpu_initialization=True,
         )
         self.decoder = TransformerBlock(config=config, spec=registry.block_spec(cfg))
+        from megahash.models.attention import fixed_qk
+
+        self.fixed_qk = fixed_qk.build(self, cfg)  # rndembqk/fixedseqqk: the fixed input (None otherwise)
         self.tie = m.tie_embeddings and getattr(self.embedding, "tieable", False)
         self.output_layer = tensor_parallel.ColumnParallelLinear(
             config.hidden_size, vocab_size, config=config, init_method=config.init_method, bias=False,
             skip_bias_add=False, gather_output=False, skip_weight_param_allocation=self.tie,
         )
+        self.head = heads.build_head(cfg, config, vocab_size)  # train.objective x model.head (heads.py)
+        if not self.head.uses_output_layer:
+            self.output_layer = None  # S+R / hash-code heads replace the vocabulary projection
+        hook_sequence_parallel_params(self)  # e.g. RowParallelLinear biases under SP
 
     def attention_modules(self):
         """The ``self_attention`` module of every layer, in layer order."""
@@ -131,6 +139,9 @@ class MegahashLM(MegatronModule):
         if not self.decoder_only:
             pm = padding_mask if padding_mask is not None else torch.ones_like(tokens, dtype=torch.bool)
             mask = ~pm[:, None, None, :].bool()  # megatron: True = masked out, [b, 1, 1, s]
+        batch = emb.shape[1]
+        if self.fixed_qk is not None:  # rndembqk/fixedseqqk: the fixed input rides as one more sequence
+            emb, mask = self.fixed_qk.append(self, emb, mask, offset, seq_len)
         self._set_context({"embeddings": emb, "offset": offset, "decode": decode_state, "tokens": tokens})
         try:
             out = self.decoder(hidden_states=emb, attention_mask=mask, rotary_pos_emb=rotary)
@@ -138,6 +149,8 @@ class MegahashLM(MegatronModule):
             self._set_context(None)
         if decode_state is not None:
             decode_state.offset += seq_len
+        if out.shape[1] != batch:
+            out = out[:, :batch].contiguous()  # drop the fixed sequence
         return out
 
     def logits(self, hidden):
@@ -145,12 +158,11 @@ class MegahashLM(MegatronModule):
         logits, _ = self.output_layer(hidden, weight=weight)
         return logits  # [s, b, V/TP]
 
-    def forward(self, tokens, hash_codes=None, labels=None, padding_mask=None, decode_state=None):
-        logits = self.logits(self.hidden_states(tokens, hash_codes, padding_mask, decode_state))
-        if labels is None:
-            return logits.transpose(0, 1).contiguous()
-        loss = tensor_parallel.vocab_parallel_cross_entropy(logits.float(), labels.transpose(0, 1).contiguous())
-        return loss.transpose(0, 1).contiguous()  # [b, s]
+    def forward(self, tokens, hash_codes=None, labels=None, padding_mask=None, decode_state=None, label_codes=None):
+        """Per-token loss [b, s] of the head (0 where labels < 0) when labels are given, else the
+        head's logits [b, s, ...]; ``label_codes`` [b, s, w] are the targets of hash-code heads."""
+        hidden = self.hidden_states(tokens, hash_codes, padding_mask, decode_state)
+        return self.head(self, hidden, labels, label_codes=label_codes, hash_codes=hash_codes)
 
     def gather_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """[b, s, V/TP] vocab-parallel logits -> full [b, s, V] on every TP rank."""

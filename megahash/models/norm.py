@@ -19,14 +19,29 @@ def _tp_allreduce_grad(grad: torch.Tensor) -> torch.Tensor:
     return grad
 
 
-def mark_sequence_parallel(params, enabled: bool) -> None:
-    """Tag parameters replicated across TP whose inputs are sequence-split, and sum their grads."""
+def sum_grad_over_tp(p: torch.nn.Parameter) -> None:
+    """Sum ``p``'s gradient over the TP group during backward (once per parameter; no-op at TP=1)."""
     from megatron.core import parallel_state
 
+    if parallel_state.get_tensor_model_parallel_world_size() > 1 and not getattr(p, "_tp_grad_summed", False):
+        p.register_hook(_tp_allreduce_grad)
+        p._tp_grad_summed = True
+
+
+def mark_sequence_parallel(params, enabled: bool) -> None:
+    """Tag parameters replicated across TP whose inputs are sequence-split, and sum their grads."""
     for p in params:
         setattr(p, "sequence_parallel", bool(enabled))
-        if enabled and parallel_state.get_tensor_model_parallel_world_size() > 1:
-            p.register_hook(_tp_allreduce_grad)
+        if enabled:
+            sum_grad_over_tp(p)
+
+
+def hook_sequence_parallel_params(module: torch.nn.Module) -> None:
+    """Sum the gradients of every parameter megatron-core tagged ``sequence_parallel`` (e.g. the
+    bias of a ``RowParallelLinear`` under SP, which Megatron-LM's DDP all-reduces)."""
+    for p in module.parameters():
+        if getattr(p, "sequence_parallel", False):
+            sum_grad_over_tp(p)
 
 
 class Norm:

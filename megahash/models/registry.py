@@ -21,7 +21,7 @@ from megatron.core.transformer.transformer_layer import TransformerLayer, Transf
 
 from megahash.models.attention.sdpa import SDPACoreAttention
 from megahash.models.norm import Norm
-from megahash.models.schedules import layer_kinds
+from megahash.models.schedules import layer_kinds, skip_mask, standard_kind
 
 
 def mask_type(cfg) -> AttnMaskType:
@@ -30,7 +30,10 @@ def mask_type(cfg) -> AttnMaskType:
 
 
 def _standard_attention(cfg) -> ModuleSpec:
-    """Standard multi-head (or grouped-query, via model.num_query_groups) softmax attention."""
+    """megatron-core's own ``SelfAttention`` with the SDPA core (kind ``mha-megatron``).
+
+    Reference only (tests compare megahash's ``mha`` against it): it has no ``decode_cache``
+    support, so incremental decoding with it is not available."""
     return ModuleSpec(
         module=SelfAttention,
         params={"attn_mask_type": mask_type(cfg)},
@@ -46,7 +49,7 @@ def _standard_attention(cfg) -> ModuleSpec:
 
 # name -> (cfg -> ModuleSpec of the self_attention slot)
 ATTENTION: dict[str, Callable] = {
-    "mha": _standard_attention,
+    "mha-megatron": _standard_attention,  # the megahash kinds (mha, sha, ...) register from models/attention/
 }
 
 # name -> embedding module class (constructor(config, cfg, vocab_size))
@@ -72,9 +75,18 @@ def mlp_spec() -> ModuleSpec:
     return ModuleSpec(module=MLP, submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear))
 
 
-def layer_spec(cfg, kind: str) -> ModuleSpec:
+class SkippedLayer(TransformerLayer):
+    """`skip` evaluation mode (thesis sec. 4.5, Table 4.1 "HYBRID SKIP"): the whole layer (attention
+    and MLP) is an identity, so information flows only through the residual stream. Its parameters
+    are still built, so a hybrid checkpoint loads unchanged."""
+
+    def forward(self, hidden_states=None, *args, context=None, **kwargs):
+        return hidden_states, context
+
+
+def layer_spec(cfg, kind: str, skip: bool = False) -> ModuleSpec:
     return ModuleSpec(
-        module=TransformerLayer,
+        module=SkippedLayer if skip else TransformerLayer,
         submodules=TransformerLayerSubmodules(
             input_layernorm=Norm,
             self_attention=ATTENTION[kind](cfg),
@@ -91,10 +103,21 @@ def schedule_kinds(cfg) -> list[str]:
     return layer_kinds(cfg.model.schedule, cfg.model.num_layers, set(ATTENTION))
 
 
+def skipped_layers(cfg, kinds: list[str] | None = None) -> list[bool]:
+    """Per layer: dropped by ``model.attention.skip_nonstandard`` (every non-standard layer)."""
+    kinds = kinds if kinds is not None else schedule_kinds(cfg)
+    if not cfg.model.attention.skip_nonstandard:
+        return [False] * len(kinds)
+    return skip_mask(kinds, standard_kind(cfg.model.schedule))
+
+
 def block_spec(cfg) -> TransformerBlockSubmodules:
     """One ModuleSpec per layer from ``model.schedule``, plus the final norm."""
     kinds = schedule_kinds(cfg)
-    return TransformerBlockSubmodules(layer_specs=[layer_spec(cfg, k) for k in kinds], layer_norm=Norm)
+    skip = skipped_layers(cfg, kinds)
+    return TransformerBlockSubmodules(
+        layer_specs=[layer_spec(cfg, k, s) for k, s in zip(kinds, skip)], layer_norm=Norm
+    )
 
 
 def _load_variants() -> None:

@@ -11,6 +11,8 @@ Forms:
 - ``hybrid:KIND:PRESET:STANDARD`` uses STANDARD instead of ``mha`` for the kept layers.
 
 The thesis's 500M hybrid (RndEmbQK in odd layers, standard in even) is ``hybrid:rndembqk:even``.
+``model.attention.skip_nonstandard=true`` evaluates a hybrid with its non-standard layers dropped
+(`skip`, see :func:`skip_mask`).
 """
 from __future__ import annotations
 
@@ -92,6 +94,17 @@ def layer_kinds(schedule: str, num_layers: int, known: set[str] | None = None) -
     return kinds
 
 
+def standard_kind(schedule: str) -> str:
+    """The kind a schedule counts as standard: STANDARD of ``hybrid:KIND:PRESET:STANDARD``, else ``mha``."""
+    parts = schedule.split(":")
+    if parts[0] == "hybrid" and len(parts) == 4:
+        return parts[3]
+    return "mha"
+
+
 def skip_mask(kinds: list[str], standard: str = "mha") -> list[bool]:
-    """`skip` evaluation mode: True for layers to drop (every non-standard layer)."""
+    """`skip` evaluation mode (thesis sec. 4.4.2/4.5, Table 4.1 "HYBRID SKIP"): True for the layers
+    to drop, i.e. every non-standard layer. The model drops a skipped layer whole (attention and
+    MLP become an identity, ``registry.SkippedLayer``): the thesis removes the odd (non-standard)
+    layers of a pre-trained hybrid so information flows only through the residual connections."""
     return [k != standard for k in kinds]

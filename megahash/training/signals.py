@@ -3,9 +3,13 @@
 The handler only raises a flag; the trainer all-reduces it across ranks at each step boundary
 (every rank stops at the same step). A second signal during the save only sets the flag again,
 so the save in progress completes (checkpoints are written to a temp name and renamed anyway).
+Saves run inside ``StopFlag.deferred()``: helper processes a save starts (megatron
+dist-checkpointing spawns a multiprocessing manager) inherit the signals blocked, so a signal sent
+to the whole process tree, as SLURM does for a job step, cannot kill them mid-save.
 """
 from __future__ import annotations
 
+import contextlib
 import signal
 
 EXIT_REQUEUE = 3  # exit status after a signal-triggered checkpoint (slurm scripts requeue on it)
@@ -18,7 +22,24 @@ class StopFlag:
     def install(self, signals=(signal.SIGUSR1, signal.SIGTERM)) -> "StopFlag":
         for s in signals:
             signal.signal(s, self._handle)
+        self.signals = tuple(signals)
         return self
+
+    @contextlib.contextmanager
+    def deferred(self):
+        """Block the installed signals in this thread while the body runs (a checkpoint save).
+        Processes started meanwhile inherit the block (a spawned Python has no handler and would
+        die of the default action); a signal arriving meanwhile still sets the flag (another thread
+        takes it, or it is delivered when the block ends), so none is lost."""
+        sigs = getattr(self, "signals", ())
+        if not sigs:
+            yield
+            return
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
     def _handle(self, signum, frame):
         self.received = signum

@@ -47,7 +47,7 @@ def batch_loss(engine, batch: dict, objective) -> torch.Tensor:
     batch = {k: v.to(dev) for k, v in batch.items()}
     batch = objective.prepare(batch)
     per_token = engine(batch["tokens"], hash_codes=batch.get("hash_codes"), labels=batch["labels"],
-                       padding_mask=batch.get("padding_mask"))
+                       padding_mask=batch.get("padding_mask"), label_codes=batch.get("label_codes"))
     mask = batch["loss_mask"].float()
     return (per_token.float() * mask).sum() / mask.sum().clamp(min=1.0)
 
@@ -164,10 +164,14 @@ def train(cfg: Config) -> int:
             log.log(step, metrics, "train", echo=(step % t.log_interval == 0 or step == 1))
             if t.eval_interval and (step % t.eval_interval == 0 or step == t.steps) and data.valid is not None:
                 vloss = evaluate(engine, valid_loader, t.eval_iters, objective)
-                log.log(step, {"loss": vloss, "ppl": math.exp(min(vloss, 50.0))}, "valid")
+                vmetrics = {"loss": vloss}
+                if cfg.model.head == "vocab" and t.objective in ("clm", "mlm"):  # nats per token
+                    vmetrics["ppl"] = math.exp(min(vloss, 50.0))
+                log.log(step, vmetrics, "valid")
             stopping = any_rank(stop.set) or (t.stop_after and step == t.stop_after)
             if step == t.steps or stopping or (t.save_interval and step % t.save_interval == 0):
-                checkpoint.save(engine, cfg, step, step * gbs)
+                with stop.deferred():  # helpers the save spawns must survive a signal to the whole step
+                    checkpoint.save(engine, cfg, step, step * gbs)
             if stopping:
                 if rank == 0:
                     why = f"signal {stop.received}" if stop.set else f"train.stop_after={t.stop_after}"

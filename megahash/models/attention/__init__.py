@@ -1,1 +1,14 @@
-"""Attention kinds. Each is one module plus one registry line (megahash.models.registry)."""
+"""Attention kinds. Each is one module plus one ``@register_attention`` line (megahash.models.registry).
+
+Registered names (``model.schedule``):
+
+- MHA family (thesis ch. 3, Table 3.4): ``mha`` (model.num_query_groups gives GQA), ``gqa``,
+  ``mqa``, ``sha``, ``skv``, ``el-att``, ``mhe-add``, ``mhe-mul``;
+- deconstructed attention (ch. 4, sec. 4.3): ``mlp``, ``approx``, ``nonapprox``, ``rndembqk``,
+  ``fixedseqqk``, ``staticembqk`` (parameter-matched to ``mha``);
+- ``mha-megatron``: megatron-core's own SelfAttention (reference for tests; no decoding cache).
+
+Shared plumbing: :mod:`.base` (TP/SP helpers, KV-cache helpers, ``qkv_parameters``), :mod:`.sdpa`
+(softmax core); the fixed input of rndembqk/fixedseqqk lives in :mod:`.fixed_qk`. Analytic costs:
+:mod:`megahash.models.costs`.
+"""

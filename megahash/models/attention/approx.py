@@ -1,0 +1,176 @@
+"""``approx``: second-order Taylor approximation of softmax attention (thesis sec. 4.3.3, eq. 4.6).
+
+A ~ Taylor(Q K^T / sqrt(d_h)) following Based (Arora et al. 2024): the kernel
+k(q, k) = 1 + q.k/sqrt(d) + (q.k)^2/(2d) replaces exp(q.k/sqrt(d)), with ONE shared denominator,
+
+    o_i = sum_{j<=i} k(q_i, k_j) v_j / sum_{j<=i} k(q_i, k_j),
+
+and k(q, k) = phi(q).phi(k) for the feature map phi(x) = [1, x/d^(1/4), vec(x x^T)/(sqrt2 sqrt d)]
+(dimension D = 1 + d + d^2), so it is linear attention with the recurrent form
+S_i = S_{i-1} + phi(k_i) v_i^T, z_i = z_{i-1} + phi(k_i), o_i = phi(q_i) S_i / phi(q_i) z_i.
+The kernel is always positive (1 + x + x^2/2 > 0), so the denominator is too.
+Q, K, V = H W^{Q,K,V} (eq. 4.3) with RoPE on Q and K; the full head dimension d = d_h is used.
+
+Forms (all equal, tested to 1e-10 in fp64):
+- parallel: the causal masked kernel matrix (quadratic in L, like softmax attention);
+- chunked: masked kernel matrix inside chunks of C tokens + the feature-map state between chunks
+  (linear in L); ``model.attention.chunk_size`` (0 = auto: one chunk, i.e. the parallel form, up
+  to L = 2D tokens, where it is cheaper than the features, then chunks of 1024);
+- recurrent (:func:`approx_recurrent`, and decoding): the state (S, z) above, stored in
+  ``decode_cache`` as ``S`` [b, g, 1, D, d] and ``z`` [b, g, 1, D] per key/value group.
+Encoders use the non-causal sums over the non-padded keys.
+
+Note on the thesis: Appendix I (eq. 4.14-4.17) writes a different recurrence that normalises the
+zeroth, first and second order terms separately and uses element-wise squares q^2, k^2; the
+thesis's cost tables (Table 4.6-4.8: cache 6Bd + 4Bd^2/h bytes, i.e. three d-vectors and two
+d_h x d_h matrices per head) describe that form's state. Its predictive results follow Based's
+implementation, which is the shared-denominator form implemented here; ``megahash.models.costs``
+gives both the thesis's table values and this implementation's cache sizes.
+Attention dropout is not applied (there is no probability matrix to drop from in the linear form).
+Parameters equal ``mha`` exactly (``linear_q``, ``linear_kv``, ``linear_proj``).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from megatron.core.transformer.spec_utils import ModuleSpec
+
+from megahash.models.attention.base import AttentionBase, rope
+from megahash.models.attention.mha import GroupedKV
+from megahash.models.registry import mask_type, register_attention
+
+
+def feature_dim(d: int) -> int:
+    return 1 + d + d * d
+
+
+def taylor_features(x: torch.Tensor) -> torch.Tensor:
+    """phi(x) = [1, x/d^(1/4), vec(x x^T)/(sqrt2 sqrt d)]: [..., d] -> [..., 1 + d + d^2]."""
+    d = x.shape[-1]
+    x2 = (x.unsqueeze(-1) * x.unsqueeze(-2)).flatten(-2) / (math.sqrt(2.0) * math.sqrt(d))
+    return torch.cat([torch.ones_like(x[..., :1]), x / d ** 0.25, x2], dim=-1)
+
+
+def taylor_kernel(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """1 + s + s^2/2 with s = q k^T / sqrt(d): [..., L, d] x [..., T, d] -> [..., L, T]."""
+    s = q @ k.transpose(-1, -2) * (1.0 / math.sqrt(q.shape[-1]))
+    return 1 + s + 0.5 * s.square()  # autograd keeps one L x T map (s) besides the kernel
+
+
+def auto_chunk(length: int, d: int, chunk_size: int = 0) -> int:
+    if chunk_size > 0:
+        return chunk_size
+    return length if length <= 2 * feature_dim(d) else 1024
+
+
+def approx_causal(q, k, v, chunk: int, state=None, need_state: bool = False):
+    """Causal Taylor attention, chunked. q [..., L, d], k/v [..., L, d] (leading dims broadcast,
+    e.g. q [b, g, rep, L, d] with k, v [b, g, 1, L, d]). ``state`` = (S [..., D, dv], z [..., D])
+    of the keys before this call. Returns (out [..., L, dv], state or None)."""
+    L = q.shape[-2]
+    outs = []
+    for start in range(0, L, chunk):
+        qc, kc, vc = q[..., start:start + chunk, :], k[..., start:start + chunk, :], v[..., start:start + chunk, :]
+        c = qc.shape[-2]
+        a = taylor_kernel(qc, kc)
+        a = a * torch.ones(c, c, dtype=torch.bool, device=a.device).tril()
+        num = a @ vc
+        den = a.sum(-1)
+        if state is not None:
+            fq = taylor_features(qc)
+            num = num + fq @ state[0]
+            den = den + (fq @ state[1].unsqueeze(-1)).squeeze(-1)
+        outs.append(num / den.unsqueeze(-1))
+        if start + chunk < L or need_state:
+            fk = taylor_features(kc)
+            s_new, z_new = fk.transpose(-1, -2) @ vc, fk.sum(-2)
+            state = (s_new, z_new) if state is None else (state[0] + s_new, state[1] + z_new)
+    return torch.cat(outs, dim=-2), (state if need_state else None)
+
+
+def approx_bidirectional(q, k, v, key_mask=None):
+    """Non-causal Taylor attention over the valid keys (key_mask [..., T] True = valid, broadcast)."""
+    d, T = q.shape[-1], k.shape[-2]
+    if T <= 2 * feature_dim(d):
+        a = taylor_kernel(q, k)
+        if key_mask is not None:
+            a = a * key_mask.unsqueeze(-2).to(a.dtype)
+        return (a @ v) / a.sum(-1, keepdim=True)
+    fk = taylor_features(k)
+    if key_mask is not None:
+        fk = fk * key_mask.unsqueeze(-1).to(fk.dtype)
+    fq = taylor_features(q)
+    return (fq @ (fk.transpose(-1, -2) @ v)) / (fq @ fk.sum(-2).unsqueeze(-1))
+
+
+def approx_recurrent(q, k, v, state=None):
+    """Token-by-token recurrence (reference / decoding): returns (out, (S, z))."""
+    outs = []
+    for t in range(q.shape[-2]):
+        fk = taylor_features(k[..., t, :])
+        s_t = fk.unsqueeze(-1) * v[..., t, :].unsqueeze(-2)
+        state = (s_t, fk) if state is None else (state[0] + s_t, state[1] + fk)
+        fq = taylor_features(q[..., t, :])
+        num = (fq.unsqueeze(-2) @ state[0]).squeeze(-2)
+        den = (fq * state[1]).sum(-1, keepdim=True)
+        outs.append(num / den)
+    return torch.stack(outs, dim=-2), state
+
+
+def compute_dtype(t: torch.Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+class LinearAttentionBase(GroupedKV, AttentionBase):
+    """Q, K, V as ``mha`` (grouped); subclasses implement :meth:`attend` on [b, g, rep, s, d]."""
+
+    def __init__(self, config, layer_number, attn_mask_type, cfg=None, groups: int | None = None, **kw):
+        super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
+        self.build_grouped_qkv(groups or config.num_query_groups or self.n)
+        self.build_proj(self.n * self.d_h)
+        self.chunk_size = cfg.model.attention.chunk_size if cfg is not None else 0
+
+    def qkv(self, x, rotary_pos_emb):
+        q = self.grouped_q(x)
+        k, v = self.local_kv(*self.grouped_kv(x))
+        return q, k, v
+
+    def mix(self, x, attention_mask, rotary_pos_emb):
+        q, k, v = self.qkv(x, rotary_pos_emb)
+        s, b, n_l, d = q.shape
+        g = k.shape[2]
+        dt = compute_dtype(q)
+        qh = q.permute(1, 2, 0, 3).reshape(b, g, n_l // g, s, d).to(dt)
+        kh = k.permute(1, 2, 0, 3).unsqueeze(2).to(dt)
+        vh = v.permute(1, 2, 0, 3).unsqueeze(2).to(dt)
+        out = self.attend(qh, kh, vh, attention_mask)  # [b, g, rep, s, d]
+        return out.reshape(b, n_l, s, d).permute(2, 0, 1, 3).reshape(s, b, n_l * d).to(x.dtype)
+
+
+class ApproxAttention(LinearAttentionBase):
+    kind = "approx"
+
+    def qkv(self, x, rotary_pos_emb):
+        q, k, v = super().qkv(x, rotary_pos_emb)
+        return rope(q, rotary_pos_emb, self.config), rope(k, rotary_pos_emb, self.config), v
+
+    def attend(self, q, k, v, attention_mask):
+        if not self.causal:
+            key_mask = self.key_padding(attention_mask, q.shape[0])
+            key_mask = None if key_mask is None else key_mask[:, None, None, :]
+            return approx_bidirectional(q, k, v, key_mask)
+        cache = self.cache()
+        state = None
+        if cache is not None and "S" in cache:
+            state = (cache["S"], cache["z"])
+        chunk = auto_chunk(q.shape[-2], q.shape[-1], self.chunk_size)
+        out, state = approx_causal(q, k, v, chunk, state, need_state=cache is not None)
+        if cache is not None:
+            cache["S"], cache["z"] = state
+        return out
+
+
+@register_attention("approx")
+def approx_spec(cfg) -> ModuleSpec:
+    return ModuleSpec(module=ApproxAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})

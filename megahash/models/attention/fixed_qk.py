@@ -1,0 +1,286 @@
+"""``rndembqk`` / ``fixedseqqk``: Q and K from a FIXED input run through the stack (thesis sec. 4.3.4).
+
+RndEmbQK (eq. 4.9-4.10): X = TransformerBlock^(l)(eps), eps ~ N(0, sigma^2 I) fixed; Q, K = X W^{Q,K};
+V = H W^V. FixedSeqQK (eq. 4.11-4.12): the same with X = TransformerBlock^(l)(Emb(t^s)) for a fixed
+text t^s of up to 2,048 tokens. Attention maps A = softmax(Q K^T / sqrt(d_h)) (causal) do not
+depend on the input; only the values do.
+
+How the fixed input reaches layer l: :class:`FixedInput` (built by ``MegahashLM`` when the schedule
+has one of these kinds) appends the fixed input as ONE extra sequence to the batch
+(``MegahashLM.hidden_states`` drops it again after the block). Every layer processes it like any
+other sequence, so each fixed-kind layer sees its X as the last batch element: it takes Q, K from
+that element, V from every element, and multiplies ONE attention map [1, heads, L, L] with the
+values of the whole batch (the map is shared, Table 4.7's batch-independent 2L^2h term). On the
+fixed sequence itself the layer is standard attention (Q, K, V all from X), exactly the
+TransformerBlock^(l)(eps) of eq. 4.9. This keeps training, TP/SP, activation recompute and
+incremental decoding (the fixed sequence is decoded alongside) free of special cases;
+it costs one more sequence per batch.
+
+Frozen maps (evaluation): :meth:`FixedInput.freeze` runs the fixed input through the stack once
+and stores every fixed-kind layer's Q, K for positions 0..length-1 (``module.frozen_qk``); later
+forwards and decoding then do not carry the extra sequence and read Q, K from the store (decode
+cache: V only, plus the shared K: the thesis's (B + 1)Ld cache, Table 4.8). ``model.train()``
+drops the store. Freeze before a decoding session, not during one.
+
+The fixed input: ``rndembqk`` draws eps [max(fixed_seq_length, max_position_embeddings), h] from
+``torch.Generator().manual_seed(model.attention.random_seed)`` with std
+``model.attention.random_std`` (0 = model.init_std, the scale of the token embeddings); it is a
+persistent buffer ``fixed_qk.epsilon`` of the model. ``fixedseqqk`` stores the token ids as the
+persistent buffer ``fixed_qk.tokens`` (-1 padded to ``fixed_seq_length``), loaded from
+``model.attention.fixed_text`` (a file of token ids: whitespace-separated integers or ``.npy``)
+or set with :func:`set_fixed_tokens` (the caller tokenises the text); checkpoints carry it.
+Both need the training sequence length <= the fixed input's length.
+
+Parameters: ``linear_q`` (n*d_h), ``linear_k`` and ``linear_v`` (g*d_h each, model.num_query_groups),
+``linear_proj``: exactly the count of ``mha``.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from megatron.core import tensor_parallel
+from megatron.core.transformer.spec_utils import ModuleSpec
+
+from megahash.errors import ConfigError
+from megahash.models.attention.base import AttentionBase, append_cache, column, heads, rope
+from megahash.models.registry import mask_type, register_attention
+
+FIXED_KINDS = {"rndembqk": "random", "fixedseqqk": "text"}
+
+
+class SeparateQKVAttention(AttentionBase):
+    """``linear_q``, ``linear_k`` (Q, K from one input) and ``linear_v`` (V from the hidden states)."""
+
+    def __init__(self, config, layer_number, attn_mask_type, cfg=None, groups: int | None = None, **kw):
+        super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
+        g = groups or config.num_query_groups or self.n
+        if self.n % g or g % self.tp:
+            raise ConfigError(f"{self.kind}: num_query_groups={g} must divide num_heads={self.n} and be divisible "
+                              f"by parallel.tensor={self.tp}")
+        self.groups, self.g_local = g, g // self.tp
+        self.linear_q = column(self.d_m, self.n * self.d_h, config, self.qkv_bias)
+        self.linear_k = column(self.d_m, g * self.d_h, config, self.qkv_bias)
+        self.linear_v = column(self.d_m, g * self.d_h, config, self.qkv_bias)
+        self.build_proj(self.n * self.d_h)
+        self.scale = 1.0 / math.sqrt(self.d_h)
+
+    def qk(self, x, rotary_pos_emb):
+        q = rope(heads(self.linear_q(x)[0], self.n_local), rotary_pos_emb, self.config)
+        k = rope(heads(self.linear_k(x)[0], self.g_local), rotary_pos_emb, self.config)
+        return q, k
+
+    def attend(self, q, k, v, attention_mask):
+        """q [s, 1, n_l, d], k [sk, 1, g_l, d] (the fixed sequence), v [sk, b, g_l, d] -> [s, b, n_l*d].
+
+        ONE attention map [g, rep, s, sk] for the whole batch: the values of all sequences are laid
+        side by side ([g, sk, b*d]) so the map is never expanded over the batch."""
+        s, _, n_l, d = q.shape
+        sk, b, g = v.shape[0], v.shape[1], v.shape[2]
+        rep = n_l // g
+        qh = q[:, 0].permute(1, 0, 2).reshape(g, rep, s, d)
+        kh = k[:, 0].permute(1, 0, 2).unsqueeze(1)  # [g, 1, sk, d]
+        scores = (qh @ kh.transpose(-1, -2)) * self.scale  # [g, rep, s, sk]
+        if self.causal:
+            keep = torch.ones(s, sk, dtype=torch.bool, device=q.device).tril(sk - s)
+            scores = scores.masked_fill(~keep, float("-inf"))
+        probs = torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1).to(v.dtype)
+        if self.training and self.config.attention_dropout > 0:
+            with tensor_parallel.get_cuda_rng_tracker().fork():
+                probs = F.dropout(probs, self.config.attention_dropout)
+        vh = v.permute(2, 0, 1, 3).reshape(g, 1, sk, b * d)
+        key_mask = self.key_padding(attention_mask, b)
+        if key_mask is None:
+            out = probs @ vh
+        else:  # a shared map with per-sequence padding: renormalise over each sequence's valid keys
+            m = key_mask.t().to(v.dtype)  # [sk, b]
+            out = (probs @ (vh.view(g, 1, sk, b, d) * m[:, :, None]).view(g, 1, sk, b * d))
+            out = out.view(g, rep, s, b, d) / (probs @ m).view(g, rep, s, b, 1)
+        out = out.reshape(g, rep, s, b, d).permute(2, 3, 0, 1, 4)  # [s, b, g, rep, d]
+        return out.reshape(s, b, n_l * d)
+
+
+class FixedQKAttention(SeparateQKVAttention):
+    """Q, K from the fixed sequence (the last batch element, or the frozen store), V from every sequence."""
+
+    def __init__(self, config, layer_number, attn_mask_type, cfg=None, kind: str = "rndembqk", **kw):
+        self.kind = kind
+        super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
+        self.frozen_qk = None  # (q [L, 1, n_l, d], k [L, 1, g_l, d]) after FixedInput.freeze
+        self.capture = False
+
+    def mix(self, x, attention_mask, rotary_pos_emb):
+        v = heads(self.linear_v(x)[0], self.g_local)
+        if self.frozen_qk is not None:
+            off, s = self.context().get("offset", 0), v.shape[0]
+            if off + s > self.frozen_qk[0].shape[0]:
+                raise ConfigError(f"{self.kind}: positions up to {off + s} exceed the frozen fixed input "
+                                  f"({self.frozen_qk[0].shape[0]}); freeze with a larger length")
+            q, k = self.frozen_qk[0][off:off + s], self.frozen_qk[1][off:off + s]
+        else:
+            q, k = self.qk(x[:, -1:], rotary_pos_emb)  # the fixed sequence rides as the last element
+            if self.capture:
+                self.frozen_qk = (q.detach(), k.detach())
+        cache = self.cache()
+        k = append_cache(cache, "k", k)
+        v = append_cache(cache, "v", v)
+        return self.attend(q, k, v, attention_mask)
+
+
+def _spec(cfg, kind):
+    return ModuleSpec(module=FixedQKAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg, "kind": kind})
+
+
+@register_attention("rndembqk")
+def rndembqk_spec(cfg) -> ModuleSpec:
+    return _spec(cfg, "rndembqk")
+
+
+@register_attention("fixedseqqk")
+def fixedseqqk_spec(cfg) -> ModuleSpec:
+    return _spec(cfg, "fixedseqqk")
+
+
+# ----------------------------------------------------------------------------- the fixed input
+
+
+def read_token_ids(path: str) -> list[int]:
+    """Token ids from a ``.npy`` file or a text file of whitespace-separated integers."""
+    if path.endswith(".npy"):
+        return [int(t) for t in np.load(path).reshape(-1)]
+    with open(path) as f:
+        words = f.read().split()
+    try:
+        return [int(w) for w in words]
+    except ValueError:
+        raise ConfigError(
+            f"model.attention.fixed_text={path!r} must hold token ids (whitespace-separated integers or .npy); "
+            "tokenise the text first or call megahash.models.attention.fixed_qk.set_fixed_tokens(model, ids)"
+        ) from None
+
+
+class FixedInput(torch.nn.Module):
+    """The fixed input of rndembqk/fixedseqqk layers and the code that feeds it (see module docstring)."""
+
+    def __init__(self, cfg, config, kind: str, modules: list):
+        super().__init__()
+        a = cfg.model.attention
+        self.kind = kind
+        self.source = FIXED_KINDS[kind]
+        object.__setattr__(self, "_attention", list(modules))  # not registered: they belong to the layers
+        if self.source == "random":
+            length = max(a.fixed_seq_length, cfg.model.max_position_embeddings)
+            std = a.random_std or cfg.model.init_std
+            gen = torch.Generator(device="cpu").manual_seed(a.random_seed)
+            eps = torch.randn(length, config.hidden_size, generator=gen, device="cpu", dtype=torch.float32) * std
+            self.register_buffer("epsilon", eps.to(config.params_dtype))
+        else:
+            self.register_buffer("tokens", torch.full((a.fixed_seq_length,), -1, dtype=torch.long, device="cpu"))
+            if a.fixed_text:
+                self.set_tokens(read_token_ids(a.fixed_text))
+
+    # -- the fixed sequence ---------------------------------------------------------------
+    def set_tokens(self, ids) -> None:
+        ids = torch.as_tensor(list(ids), dtype=torch.long)[: self.tokens.numel()]
+        with torch.no_grad():
+            self.tokens.fill_(-1)
+            self.tokens[: ids.numel()] = ids.to(self.tokens.device)
+
+    def length(self) -> int:
+        if self.source == "random":
+            return self.epsilon.shape[0]
+        return int((self.tokens >= 0).sum())
+
+    def embeddings(self, model, offset: int, seq_len: int) -> torch.Tensor:
+        """The fixed input at positions offset..offset+seq_len-1 as a [s(/tp), 1, h] sequence."""
+        if offset + seq_len > self.length():
+            what = "fixed random input" if self.source == "random" else "fixed text"
+            raise ConfigError(
+                f"{self.kind}: positions up to {offset + seq_len} exceed the {what} ({self.length()} tokens)"
+                + ("; set model.attention.fixed_text or call set_fixed_tokens" if self.length() == 0 else "")
+            )
+        if self.source == "random":
+            emb = self.epsilon[offset:offset + seq_len].unsqueeze(1).to(model.config.params_dtype)
+            if model.config.sequence_parallel:
+                emb = tensor_parallel.scatter_to_sequence_parallel_region(emb)
+            return emb
+        tokens = self.tokens[offset:offset + seq_len].unsqueeze(0)
+        try:
+            return model.embedding(tokens, None)
+        except Exception as e:  # hash embeddings read codes from the batch
+            raise ConfigError(f"fixedseqqk needs an embedding that works from token ids alone "
+                              f"(model.embedding={model.cfg.model.embedding!r}): {e}") from e
+
+    def active(self) -> bool:
+        """False when every fixed-kind layer is dropped (`skip` mode): nothing to carry."""
+        return bool(self._attention)
+
+    def append(self, model, emb, mask, offset: int, seq_len: int):
+        """Append the fixed sequence to the batch (no-op once frozen or inactive); returns (emb, mask)."""
+        if self.frozen() or not self.active():
+            return emb, mask
+        fixed = self.embeddings(model, offset, seq_len).to(emb.dtype)
+        emb = torch.cat([emb, fixed], dim=1)
+        if mask is not None:
+            mask = torch.cat([mask, torch.zeros_like(mask[:1])], dim=0)
+        return emb, mask
+
+    # -- frozen maps ----------------------------------------------------------------------
+    def frozen(self) -> bool:
+        return any(m.frozen_qk is not None for m in self._attention)
+
+    @torch.no_grad()
+    def freeze(self, model, length: int | None = None) -> None:
+        """Store every fixed-kind layer's Q, K for positions 0..length-1 (default: the whole input)."""
+        self.unfreeze()
+        length = length or self.length()
+        emb = self.embeddings(model, 0, length)
+        rotary = model.rotary_pos_emb(length)
+        for m in self._attention:
+            m.capture = True
+        model._set_context({"embeddings": emb, "offset": 0, "decode": None, "tokens": None})
+        try:
+            model.decoder(hidden_states=emb, attention_mask=None, rotary_pos_emb=rotary)
+        finally:
+            model._set_context(None)
+            for m in self._attention:
+                m.capture = False
+
+    def unfreeze(self) -> None:
+        for m in self._attention:
+            m.frozen_qk = None
+
+    def train(self, mode: bool = True):
+        if mode:
+            self.unfreeze()
+        return super().train(mode)
+
+
+def build(model, cfg):
+    """The :class:`FixedInput` of a model whose schedule has rndembqk/fixedseqqk layers, else None.
+
+    In `skip` mode (those layers dropped) it is still built, inactive, so that the fixed input's
+    buffer of a hybrid checkpoint loads."""
+    from megahash.models import registry
+
+    kinds = model.layer_kinds
+    skipped = registry.skipped_layers(cfg, kinds)
+    present = {k for k in kinds if k in FIXED_KINDS}
+    if not present:
+        return None
+    if len(present) > 1:
+        raise ConfigError("a schedule cannot mix rndembqk and fixedseqqk layers (one fixed input per model)")
+    kind = present.pop()
+    modules = [layer.self_attention for layer, k, s in zip(model.decoder.layers, kinds, skipped)
+               if k == kind and not s]
+    return FixedInput(cfg, model.config, kind, modules)
+
+
+def set_fixed_tokens(model, ids) -> None:
+    """Give a fixedseqqk model its fixed text as token ids (e.g. the first 2,048 tokens of a corpus)."""
+    fixed = getattr(model, "fixed_qk", None)
+    if fixed is None or fixed.source != "text":
+        raise ConfigError("set_fixed_tokens: the model has no fixedseqqk layers")
+    fixed.set_tokens(ids)

@@ -1,0 +1,57 @@
+"""Multi-head embedding attention ``mhe-add`` / ``mhe-mul`` (thesis ch. 3, sec. 3.3).
+
+One shared ("seed") projection W^Q, W^K, W^V in R^{d_m x d_h} for all heads (eq. 3.4) and one
+head embedding per head e_i^Q, e_i^K, e_i^V in R^{d_h}; head i attends with
+Q~_i, K~_i, V~_i = psi(Q; K; V, e_i^{Q,K,V}) (eq. 3.5-3.6), where
+
+- MHE-ADD: psi(A, b) = A + 1 b^T
+- MHE-MUL: psi(A, b) = A (.) 1 (b + 1)^T   (the +1 keeps the heads near the seed at init)
+
+Table 3.4 count 3 d^2 n + 3 d n (biases of the seed projection, if model.qkv_bias, add 3d).
+TP: the seed projection ``linear_qkv`` (rows ``[q, k, v]``, d_h each) is replicated on every
+rank (gradients summed over TP); the head embeddings ``emb_q/emb_k/emb_v`` ([n, d_h]) are split
+by head, so each TP rank owns its heads. RoPE is applied to Q~_i, K~_i (after psi); the KV cache
+holds the per-head K~ (rotated) and V~.
+"""
+from __future__ import annotations
+
+from megatron.core.transformer.spec_utils import ModuleSpec
+
+from megahash.models.attention.base import PerHeadParameter, ReplicatedLinear, gather_input
+from megahash.models.attention.mha import SoftmaxAttentionBase
+from megahash.models.registry import mask_type, register_attention
+
+
+class MultiHeadEmbeddingAttention(SoftmaxAttentionBase):
+    def __init__(self, config, layer_number, attn_mask_type, cfg=None, mode: str = "mul", **kw):
+        super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
+        assert mode in ("add", "mul")
+        self.mode = mode
+        self.kind = f"mhe-{mode}"
+        self.linear_qkv = ReplicatedLinear(self.d_m, 3 * self.d_h, config, self.qkv_bias)
+        self.emb_q = PerHeadParameter(config, self.n, self.d_h)
+        self.emb_k = PerHeadParameter(config, self.n, self.d_h)
+        self.emb_v = PerHeadParameter(config, self.n, self.d_h)
+        self.build_proj(self.n * self.d_h)
+
+    def psi(self, a, e):
+        """a [s, b, d_h] seed projection, e [n_local, d_h] head embeddings -> [s, b, n_local, d_h]."""
+        a = a.unsqueeze(2)
+        return a + e if self.mode == "add" else a * (e + 1)
+
+    def project(self, x):
+        qkv = self.linear_qkv(gather_input(x, self.config))
+        q, k, v = qkv.chunk(3, dim=-1)
+        return self.psi(q, self.emb_q.weight), self.psi(k, self.emb_k.weight), self.psi(v, self.emb_v.weight)
+
+
+@register_attention("mhe-add")
+def mhe_add_spec(cfg) -> ModuleSpec:
+    return ModuleSpec(module=MultiHeadEmbeddingAttention,
+                      params={"attn_mask_type": mask_type(cfg), "cfg": cfg, "mode": "add"})
+
+
+@register_attention("mhe-mul")
+def mhe_mul_spec(cfg) -> ModuleSpec:
+    return ModuleSpec(module=MultiHeadEmbeddingAttention,
+                      params={"attn_mask_type": mask_type(cfg), "cfg": cfg, "mode": "mul"})

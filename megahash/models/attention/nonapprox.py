@@ -1,0 +1,122 @@
+"""``nonapprox``: element-wise self-gating instead of pairwise similarity (thesis sec. 4.3.3).
+
+Eq. 4.7-4.8: Q = SiLU(H W^Q); K, V = H W^{K,V}; A = Softmax((Q (.) K) 1^T / sqrt(d_h)) normalised
+across time steps. Each key position j gets ONE score per head from its own query and key,
+
+    s_j = (q_j (.) k_j) . 1 / sqrt(d_h) = q_j . k_j / sqrt(d_h),
+
+and, causally, o_i = sum_{j<=i} e^{s_j} v_j / sum_{j<=i} e^{s_j} (recurrent form eq. 4.18: the
+numerator and the denominator are running sums, so the denominator grows with i). Computed
+stably with a running maximum m_i = max_{j<=i} s_j:
+num_i = e^{m_{i-1} - m_i} num_{i-1} + e^{s_i - m_i} v_i, den_i likewise, o_i = num_i / den_i.
+RoPE is not applied: it would not change q_j . k_j (same position). With grouped-query attention
+(model.num_query_groups) each query head uses its group's key.
+
+Forms (all equal, tested to 1e-10 in fp64):
+- parallel/chunked: inside a chunk of C tokens the masked matrix W[t, u] = e^{s_u - M_t} (u <= t,
+  M_t the running maximum including the carried state); between chunks the carried
+  (m, num, den); ``model.attention.chunk_size`` (0 = 128); chunk = L is the fully parallel
+  masked-matrix form, chunk = 1 the recurrence;
+- recurrent (:func:`nonapprox_recurrent`, and decoding): ``decode_cache`` holds ``m`` [b, g, rep],
+  ``num`` [b, g, rep, d_h] and ``den`` [b, g, rep] per head: Bd + 2Bh numbers, the thesis's
+  Table 4.8 cache of 2Bd + 4Bh bytes at 16 bit.
+Encoders: o_i = sum_j softmax(s)_j v_j over all non-padded keys (the same vector for every i).
+Attention dropout is not applied. Parameters equal ``mha`` exactly.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from megatron.core.transformer.spec_utils import ModuleSpec
+
+from megahash.models.attention.approx import LinearAttentionBase
+from megahash.models.registry import mask_type, register_attention
+
+
+def nonapprox_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """s = (q (.) k) 1 / sqrt(d): [..., L, d] -> [..., L]."""
+    return (q * k).sum(-1) / math.sqrt(q.shape[-1])
+
+
+def nonapprox_causal(s, v, chunk: int, state=None, need_state: bool = False):
+    """Causal running-softmax over time. s [..., L] scores, v [..., L, d] (leading dims broadcast:
+    s [b, g, rep, L], v [b, g, 1, L, d]). state = (m [...], num [..., d], den [...]).
+    Returns (out [..., L, d], state or None)."""
+    L = s.shape[-1]
+    outs = []
+    for start in range(0, L, chunk):
+        sc, vc = s[..., start:start + chunk], v[..., start:start + chunk, :]
+        c = sc.shape[-1]
+        run_max = torch.cummax(sc.detach(), dim=-1).values
+        if state is not None:
+            run_max = torch.maximum(run_max, state[0].unsqueeze(-1))
+        logits = sc.unsqueeze(-2) - run_max.unsqueeze(-1)  # [..., t, u] = s_u - M_t
+        causal = torch.ones(c, c, dtype=torch.bool, device=s.device).tril()
+        w = torch.exp(logits.masked_fill(~causal, float("-inf")))
+        num = w @ vc
+        den = w.sum(-1)
+        if state is not None:
+            carry = torch.exp(state[0].unsqueeze(-1) - run_max)  # [..., t]
+            num = num + carry.unsqueeze(-1) * state[1].unsqueeze(-2)
+            den = den + carry * state[2].unsqueeze(-1)
+        outs.append(num / den.unsqueeze(-1))
+        if start + chunk < L or need_state:
+            state = (run_max[..., -1], num[..., -1, :], den[..., -1])
+    return torch.cat(outs, dim=-2), (state if need_state else None)
+
+
+def nonapprox_recurrent(s, v, state=None):
+    """Eq. 4.18 token by token with a running maximum: returns (out, (m, num, den))."""
+    outs = []
+    for t in range(s.shape[-1]):
+        s_t, v_t = s[..., t], v[..., t, :]
+        if state is None:
+            m, num, den = s_t, v_t.expand(*s_t.shape, v_t.shape[-1]), torch.ones_like(s_t)
+        else:
+            m_prev, num_prev, den_prev = state
+            m = torch.maximum(m_prev, s_t)
+            a, e = torch.exp(m_prev - m), torch.exp(s_t - m)
+            num = a.unsqueeze(-1) * num_prev + e.unsqueeze(-1) * v_t
+            den = a * den_prev + e
+        state = (m, num, den)
+        outs.append(num / den.unsqueeze(-1))
+    return torch.stack(outs, dim=-2), state
+
+
+def nonapprox_bidirectional(s, v, key_mask=None):
+    """Encoder form: softmax over the valid keys, the same output at every position."""
+    if key_mask is not None:
+        s = s.masked_fill(~key_mask, float("-inf"))
+    w = torch.softmax(s, dim=-1)
+    o = (w.unsqueeze(-2) @ v).squeeze(-2)  # [..., d]
+    return o.unsqueeze(-2).expand(*o.shape[:-1], s.shape[-1], o.shape[-1])
+
+
+class NonApproxAttention(LinearAttentionBase):
+    kind = "nonapprox"
+
+    def qkv(self, x, rotary_pos_emb):
+        q, k, v = super().qkv(x, rotary_pos_emb)
+        return F.silu(q), k, v  # eq. 4.8; no RoPE (q_j . k_j is position-invariant)
+
+    def attend(self, q, k, v, attention_mask):
+        s = nonapprox_scores(q, k)  # [b, g, rep, L]
+        if not self.causal:
+            key_mask = self.key_padding(attention_mask, q.shape[0])
+            key_mask = None if key_mask is None else key_mask[:, None, None, :]
+            return nonapprox_bidirectional(s, v, key_mask)
+        cache = self.cache()
+        state = None
+        if cache is not None and "m" in cache:
+            state = (cache["m"], cache["num"], cache["den"])
+        out, state = nonapprox_causal(s, v, self.chunk_size or 128, state, need_state=cache is not None)
+        if cache is not None:
+            cache["m"], cache["num"], cache["den"] = state
+        return out
+
+
+@register_attention("nonapprox")
+def nonapprox_spec(cfg) -> ModuleSpec:
+    return ModuleSpec(module=NonApproxAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})

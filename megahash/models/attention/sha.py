@@ -1,0 +1,45 @@
+"""Single-head attention ``sha``: one head of the head dimension d = d_m / n (thesis sec. 3.4.1).
+
+Q, K, V = X W^{Q,K,V} with W^{Q,K,V} in R^{d_m x d} (eq. 3.1-3.3 with one head); Table 3.4 count
+3 d^2 n (output projection d -> d_m excluded). The one head cannot be split over TP, so its
+projection ``linear_qkv`` (rows ``[q (d), k (d), v (d)]``) is replicated on every TP rank (same
+master draw as megatron's CPU init; gradients summed over TP) and each rank feeds its slice
+d/tp of the head output to the RowParallel ``linear_proj`` (d -> d_m): together the ranks compute
+the full projection. KV cache: one head of keys and values.
+"""
+from __future__ import annotations
+
+from megatron.core.transformer.spec_utils import ModuleSpec
+
+from megahash.errors import ConfigError
+from megahash.models.attention.base import ReplicatedLinear, gather_input, tp_rank
+from megahash.models.attention.mha import SoftmaxAttentionBase
+from megahash.models.registry import mask_type, register_attention
+
+
+class SingleHeadAttention(SoftmaxAttentionBase):
+    kind = "sha"
+    replicated_heads = True
+
+    def __init__(self, config, layer_number, attn_mask_type, cfg=None, **kw):
+        super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
+        if self.d_h % self.tp:
+            raise ConfigError(f"sha: parallel.tensor={self.tp} must divide the head dimension {self.d_h}")
+        self.linear_qkv = ReplicatedLinear(self.d_m, 3 * self.d_h, config, self.qkv_bias)
+        self.build_proj(self.d_h)
+
+    def project(self, x):
+        qkv = self.linear_qkv(gather_input(x, self.config))
+        s, b = qkv.shape[:2]
+        qkv = qkv.view(s, b, 3, 1, self.d_h)
+        return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+
+    def select_output(self, out):
+        part = self.d_h // self.tp
+        r = tp_rank()
+        return out[..., r * part:(r + 1) * part]
+
+
+@register_attention("sha")
+def sha_spec(cfg) -> ModuleSpec:
+    return ModuleSpec(module=SingleHeadAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})

@@ -1,0 +1,35 @@
+"""Shared key-value attention ``skv``: keys and values share one projection per head.
+
+K_i = V_i = X W_i^{KV} (thesis sec. 3.4.1, "SKV ... enforces keys and values to share the same
+projection matrix", after Kitaev et al. 2020), Q_i = X W_i^Q; softmax attention otherwise
+(eq. 3.3). Table 3.4 count 2 d^2 n^2. ``linear_q`` and ``linear_kv`` are ColumnParallel (n*d rows
+each, head-major); RoPE rotates the keys only, so the KV cache stores the rotated keys and the
+values (which are the unrotated shared projection).
+"""
+from __future__ import annotations
+
+from megatron.core.transformer.spec_utils import ModuleSpec
+
+from megahash.models.attention.base import column, heads
+from megahash.models.attention.mha import SoftmaxAttentionBase
+from megahash.models.registry import mask_type, register_attention
+
+
+class SharedKVAttention(SoftmaxAttentionBase):
+    kind = "skv"
+
+    def __init__(self, config, layer_number, attn_mask_type, cfg=None, **kw):
+        super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
+        self.linear_q = column(self.d_m, self.n * self.d_h, config, self.qkv_bias)
+        self.linear_kv = column(self.d_m, self.n * self.d_h, config, self.qkv_bias)
+        self.build_proj(self.n * self.d_h)
+
+    def project(self, x):
+        q = heads(self.linear_q(x)[0], self.n_local)
+        kv = heads(self.linear_kv(x)[0], self.n_local)
+        return q, kv, kv
+
+
+@register_attention("skv")
+def skv_spec(cfg) -> ModuleSpec:
+    return ModuleSpec(module=SharedKVAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})

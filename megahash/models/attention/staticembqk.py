@@ -1,0 +1,56 @@
+"""``staticembqk``: Q and K from the static (layer-0) token embeddings (thesis sec. 4.3.5, eq. 4.13).
+
+Q, K = e W^{Q,K}; V = H W^V; e = Emb(t): the attention map depends on the input sequence but not
+on the evolving hidden states (the "Current QK" principle is relaxed). ``e`` is the embedding
+output the model hands every layer as ``model_context["embeddings"]`` ([s(/tp under SP), b, h],
+the same tensor the first layer receives, no norm applied, as in eq. 4.13); RoPE on Q and K;
+causal softmax with a KV cache (keys from e, values from H) while decoding.
+
+Parameters: ``linear_q`` (n*d_h), ``linear_k``, ``linear_v`` (g*d_h each), ``linear_proj``: exactly
+the count of ``mha``.
+
+Limitation: the embeddings reach the layer through the model context, not through the layer's
+inputs, so megatron's full activation recompute (``train.recompute=full``), which re-runs the
+layer after the forward pass has ended, cannot replay it; the module refuses that setting
+(selective recompute and none are fine).
+"""
+from __future__ import annotations
+
+from megatron.core import tensor_parallel
+from megatron.core.transformer.spec_utils import ModuleSpec
+
+from megahash.errors import ConfigError
+from megahash.models.attention.base import append_cache, heads
+from megahash.models.attention.fixed_qk import SeparateQKVAttention
+from megahash.models.attention.sdpa import SDPACoreAttention
+from megahash.models.registry import mask_type, register_attention
+
+
+class StaticEmbQKAttention(SeparateQKVAttention):
+    kind = "staticembqk"
+
+    def __init__(self, config, layer_number, attn_mask_type, cfg=None, **kw):
+        super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
+        if config.recompute_granularity == "full":
+            raise ConfigError("staticembqk reads the layer-0 embeddings from the model context, which full activation "
+                              "recompute cannot replay; use train.recompute=none or selective")
+        self.core_attention = SDPACoreAttention(config, layer_number, attn_mask_type)
+
+    def mix(self, x, attention_mask, rotary_pos_emb):
+        emb = self.context().get("embeddings")
+        if emb is None:
+            raise ConfigError("staticembqk needs the layer-0 embeddings in model_context (run it inside MegahashLM)")
+        q, k = self.qk(emb, rotary_pos_emb)
+        v = heads(self.linear_v(x)[0], self.g_local)
+        cache = self.cache()
+        k = append_cache(cache, "k", k)
+        v = append_cache(cache, "v", v)
+        if self.training and self.config.attention_dropout > 0:
+            with tensor_parallel.get_cuda_rng_tracker().fork():
+                return self.core_attention(q, k, v, attention_mask)
+        return self.core_attention(q, k, v, attention_mask)
+
+
+@register_attention("staticembqk")
+def staticembqk_spec(cfg) -> ModuleSpec:
+    return ModuleSpec(module=StaticEmbQKAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})

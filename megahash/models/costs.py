@@ -1,0 +1,263 @@
+"""Analytic costs of the attention kinds, from the thesis's tables (pure python, no torch).
+
+- :func:`attention_param_count` — Table 3.4: parameters of one attention sublayer's Q/K/V part
+  (d = head dimension, n = heads, d_m = nd, output projection and biases excluded).
+- :func:`memory_usage` — Table 3.13's memory model per attention block (weights, gradients, Adam
+  states, activations; mixed-precision bytes) and :func:`memory_saving_ratio` against MHA.
+- :func:`time_complexity` (Table 4.5), :func:`flops` / :func:`flops_per_token` (Table 4.6, GEMMs of
+  one attention sublayer per iteration with the cache enabled; prefill and decode),
+  :func:`activation_memory` (Table 4.7, 16-bit training with sequence parallelism over t ranks),
+  :func:`cache_bytes` (Table 4.8, 16-bit inference cache per layer). B = batch, L = sequence /
+  context length, d = hidden size (d = h * d_h), h = heads, t = tensor-parallel size.
+  Kinds of chapter 4 use the thesis's formulas verbatim ("mha" is the "Standard" row); the
+  chapter-3 kinds (sha, mqa, gqa, skv, el-att, mhe-*) get the Standard row generalised by their
+  projection sizes (marked as such below; not in the thesis).
+- :func:`cache_elements` — the decode cache THIS implementation keeps per layer (numbers, all TP
+  ranks together), which tests compare with the modules' real caches. For ``approx`` it differs
+  from Table 4.8: the thesis's cache (6Bd + 4Bd^2/h bytes) is the state of Appendix I's
+  separately normalised element-wise form (eq. 4.14-4.17), megahash implements Based's
+  shared-denominator feature map (state (1 + d_h + d_h^2) x (d_h + 1) per key/value head).
+- :func:`layer_costs` — everything above for one layer of a megahash config.
+"""
+from __future__ import annotations
+
+CH3_KINDS = ("sha", "mha", "el-att", "mqa", "skv", "mhe-add", "mhe-mul")
+CH4_KINDS = ("mha", "mlp", "approx", "nonapprox", "rndembqk", "fixedseqqk", "staticembqk")
+THESIS_NAMES = {
+    "mha": "Standard", "mlp": "MLP", "approx": "Approx.", "nonapprox": "Non-apx.", "rndembqk": "RndEmbQK",
+    "fixedseqqk": "FixedSeqQK", "staticembqk": "StaticEmbQK", "sha": "SHA", "el-att": "EL-ATT", "mqa": "MQA",
+    "skv": "SKV", "mhe-add": "MHE-ADD", "mhe-mul": "MHE-MUL", "gqa": "GQA",
+}
+# kinds whose Q/K/V projections have the standard size (parameter-matched in chapter 4)
+_STANDARD_SIZED = ("mha", "approx", "nonapprox", "rndembqk", "fixedseqqk", "staticembqk")
+
+
+# ----------------------------------------------------------------------------- Table 3.4
+
+
+def attention_param_count(kind: str, n: int, d: int, groups: int | None = None) -> int:
+    """Table 3.4: Q/K/V parameters of one attention sublayer (d = head dim, n = heads, d_m = nd).
+
+    SHA 3d^2n, MHA 3d^2n^2, EL-ATT d^2n^2, MQA d^2n^2 + 2d^2n, SKV 2d^2n^2, MHE 3d^2n + 3dn.
+    ``gqa`` (not in Table 3.4): d^2n^2 + 2d^2n*g; chapter-4 kinds with standard Q/K/V sizes count
+    as MHA (``groups`` g makes them GQA-sized)."""
+    if kind in ("gqa",) or (kind in _STANDARD_SIZED and groups not in (None, n)):
+        g = groups if groups is not None else n
+        return d * d * n * n + 2 * d * d * n * g
+    table = {
+        "sha": 3 * d * d * n,
+        "mha": 3 * d * d * n * n,
+        "el-att": d * d * n * n,
+        "mqa": d * d * n * n + 2 * d * d * n,
+        "skv": 2 * d * d * n * n,
+        "mhe-add": 3 * d * d * n + 3 * d * n,
+        "mhe-mul": 3 * d * d * n + 3 * d * n,
+    }
+    if kind in _STANDARD_SIZED:
+        return table["mha"]
+    if kind not in table:
+        raise KeyError(f"no Table 3.4 parameter formula for attention kind {kind!r}")
+    return table[kind]
+
+
+def extra_params_over_sha(kind: str, n: int, d: int) -> int:
+    """Table 3.4's last column: parameters beyond single-head attention."""
+    return attention_param_count(kind, n, d) - attention_param_count("sha", n, d)
+
+
+def block_params(kind: str, n: int, d: int) -> int:
+    """Q/K/V parameters plus the d_m x d_m output projection (the per-block counts behind Tables
+    3.1-3.3 and 3.13, e.g. 28.32M for 12 BERT-base MHA blocks)."""
+    return attention_param_count(kind, n, d) + (n * d) ** 2
+
+
+# ----------------------------------------------------------------------------- Table 3.13
+
+
+def memory_usage(kind: str, n: int = 12, d: int = 64, batch: int = 32, seq: int = 512) -> dict:
+    """Table 3.13's memory model of one attention block in fp16 mixed-precision training (bytes):
+    weights = #params*(2+4), gradients = #params*(2+4), Adam states = #params*(4+4),
+    activations = batch*seq*hidden*2 (hidden = n*d). Defaults: BERT-base, batch 32, sequence 512."""
+    p = block_params(kind, n, d)
+    out = {
+        "params": p,
+        "weights": p * (2 + 4),
+        "gradients": p * (2 + 4),
+        "adam": p * (4 + 4),
+        "activations": batch * seq * n * d * 2,
+    }
+    out["total"] = out["weights"] + out["gradients"] + out["adam"] + out["activations"]
+    return out
+
+
+def memory_saving_ratio(kind: str, n: int = 12, d: int = 64, batch: int = 32, seq: int = 512) -> float:
+    """Table 3.13's last column: 100 * (1 - total(kind) / total(MHA))."""
+    return 100.0 * (1 - memory_usage(kind, n, d, batch, seq)["total"] / memory_usage("mha", n, d, batch, seq)["total"])
+
+
+# ----------------------------------------------------------------------------- Tables 4.5-4.8
+
+
+def _kind(kind: str) -> str:
+    k = kind.lower()
+    return {"standard": "mha"}.get(k, k)
+
+
+def _proj_params(kind: str, d: int, h: int, groups: int | None = None) -> int:
+    """Q/K/V projection parameters for the generalised (chapter-3) rows, d_m = d."""
+    return attention_param_count(kind, h, d // h, groups)
+
+
+def _attn_width(kind: str, d: int, h: int) -> int:
+    return d // h if kind == "sha" else d
+
+
+def time_complexity(kind: str, B: int, L: int, d: int) -> int:
+    """Table 4.5: leading terms of one forward pass without caching (O(.) value)."""
+    k = _kind(kind)
+    if k in ("mlp", "approx", "nonapprox"):
+        return B * L * d * d
+    return B * L * L * d + B * L * d * d
+
+
+def flops(kind: str, phase: str, B: int, L: int, d: int, h: int | None = None, precomputed: bool = False,
+          groups: int | None = None) -> int:
+    """Table 4.6: GEMM FLOPs per iteration of one attention sublayer with the cache enabled.
+
+    phase ``prefill`` (B sequences of L tokens) or ``decode`` (one new token per sequence with L
+    tokens of context). ``precomputed`` (RndEmbQK/FixedSeqQK, sec. 4.13): global attention scores
+    cached, prefill 2L^2d + 2BLd^2, decode 2BLd + 2d^2. Chapter-3 kinds (generalised, not in
+    the thesis): 2*tokens*qkv_params + 4*B*L^2*w (prefill), 2*B*qkv_params + 4*B*L*w (decode),
+    w = attention width (d, or d/h for SHA); needs ``h``."""
+    k = _kind(kind)
+    if phase not in ("prefill", "decode"):
+        raise ValueError(f"phase must be prefill or decode, got {phase!r}")
+    pre = phase == "prefill"
+    if k in ("rndembqk", "fixedseqqk") and precomputed:
+        return 2 * L * L * d + 2 * B * L * d * d if pre else 2 * B * L * d + 2 * d * d
+    fixed = (2 * L * L * d + 2 * B * L * L * d + 6 * B * L * d * d, 2 * L * d + 2 * B * L * d + 6 * B * d * d)
+    table = {
+        "mha": (4 * B * L * L * d + 6 * B * L * d * d, 6 * B * d * d + 4 * B * L * d),
+        "mlp": (6 * B * L * d * d, 6 * B * d * d),
+        "approx": (14 * B * L * d * d, 10 * B * d * d),
+        "nonapprox": (6 * B * L * d * d, 6 * B * d * d),
+        "rndembqk": fixed,
+        "fixedseqqk": fixed,
+        "staticembqk": (4 * B * L * L * d + 6 * B * L * d * d, 6 * B * d * d + 4 * B * L * d),
+    }
+    if k == "mha" and groups not in (None, h):
+        k = "gqa"
+    if k in table:
+        return table[k][0 if pre else 1]
+    if h is None:
+        raise ValueError(f"flops of {kind!r} (a generalised chapter-3 row) need the number of heads h")
+    p, w = _proj_params(k, d, h, groups), _attn_width(k, d, h)
+    return 2 * B * L * p + 4 * B * L * L * w if pre else 2 * B * p + 4 * B * L * w
+
+
+def flops_per_token(kind: str, phase: str, B: int, L: int, d: int, h: int | None = None,
+                    precomputed: bool = False, groups: int | None = None) -> float:
+    """Table 4.6 divided by the tokens of the iteration (B*L for prefill, B for decode)."""
+    tokens = B * L if phase == "prefill" else B
+    return flops(kind, phase, B, L, d, h, precomputed, groups) / tokens
+
+
+def activation_memory(kind: str, B: int, L: int, d: int, h: int, t: int = 1) -> float:
+    """Table 4.7: activation memory (bytes, 16-bit, sequence parallel over t) of one attention
+    sublayer, attention dropout ignored. Chapter-3 kinds use the Standard row with their number
+    of attention maps (1 for SHA; generalised)."""
+    k = _kind(kind)
+    table = {
+        "mha": (8 * B * L * d + 2 * B * L * L * h) / t,
+        "mlp": 8 * B * L * d / t,
+        "approx": 11 * B * L * d / t + 3 * B * d * d / (h * t),
+        "nonapprox": (8 * B * L * d + 4 * B * L * h) / t,
+        "rndembqk": (4 * B * L * d + 8 * L * d + 2 * L * L * h) / t,
+        "fixedseqqk": (4 * B * L * d + 8 * L * d + 2 * L * L * h) / t,
+        "staticembqk": (8 * B * L * d + 2 * B * L * L * h) / t,
+    }
+    if k in table:
+        return table[k]
+    maps = 1 if k == "sha" else h
+    return (8 * B * L * d + 2 * B * L * L * maps) / t
+
+
+def cache_bytes(kind: str, B: int, L: int, d: int, h: int, groups: int | None = None) -> float:
+    """Table 4.8: inference cache per layer in bytes (16-bit). Chapter-3 kinds (generalised): keys
+    and values of their key/value heads, 2 bytes x 2 x B x L x width."""
+    k = _kind(kind)
+    table = {
+        "mha": 4 * B * L * d,
+        "mlp": 0,
+        "approx": 6 * B * d + 4 * B * d * d / h,
+        "nonapprox": 2 * B * d + 4 * B * h,
+        "rndembqk": 2 * (B + 1) * L * d,
+        "fixedseqqk": 2 * (B + 1) * L * d,
+        "staticembqk": 4 * B * L * d,
+    }
+    if k == "mha" and groups not in (None, h):
+        k = "gqa"
+    if k in table:
+        return table[k]
+    d_h = d // h
+    width = {"sha": d_h, "mqa": d_h, "gqa": (groups or h) * d_h}.get(k, d)
+    return 4 * B * L * width
+
+
+def taylor_feature_dim(d_h: int) -> int:
+    return 1 + d_h + d_h * d_h
+
+
+def cache_elements(kind: str, B: int, L: int, n: int, d_h: int, groups: int | None = None,
+                   frozen: bool = True) -> int:
+    """Numbers this implementation keeps in ``decode_cache`` per layer (all TP ranks together)
+    after L tokens of B sequences. ``frozen`` (rndembqk/fixedseqqk): maps frozen with
+    ``FixedInput.freeze`` -> values plus the shared fixed keys, (B + 1)Lgd_h, as Table 4.8;
+    otherwise the fixed sequence is decoded alongside (keys L*g*d_h, values (B + 1)L*g*d_h)."""
+    k = _kind(kind)
+    g = groups if groups is not None else n
+    if k == "mqa":
+        g = 1
+    if k == "gqa" and groups is None:
+        raise ValueError("cache_elements('gqa') needs groups")
+    if k in ("mha", "mqa", "gqa", "staticembqk"):
+        return 2 * B * L * g * d_h
+    if k == "sha":
+        return 2 * B * L * d_h
+    if k in ("skv", "el-att", "mhe-add", "mhe-mul"):
+        return 2 * B * L * n * d_h
+    if k == "mlp":
+        return 0
+    if k == "approx":
+        return B * g * taylor_feature_dim(d_h) * (d_h + 1)
+    if k == "nonapprox":
+        return B * n * (d_h + 2)
+    if k in ("rndembqk", "fixedseqqk"):
+        return (B + 1) * L * g * d_h if frozen else (B + 2) * L * g * d_h
+    raise KeyError(f"unknown attention kind {kind!r}")
+
+
+def layer_costs(cfg, kind: str, batch: int, seq: int) -> dict:
+    """All table values for one layer of kind ``kind`` under a megahash config (``cfg.model``)."""
+    m = cfg.model
+    n, d = m.num_heads, m.hidden_size
+    d_h = d // n
+    g = m.num_query_groups or n
+    t = cfg.parallel.tensor
+    out = {
+        "kind": kind,
+        "thesis_name": THESIS_NAMES.get(kind, kind),
+        "time_complexity": time_complexity(kind, batch, seq, d),
+        "prefill_flops": flops(kind, "prefill", batch, seq, d, n, groups=g),
+        "decode_flops": flops(kind, "decode", batch, seq, d, n, groups=g),
+        "prefill_flops_per_token": flops_per_token(kind, "prefill", batch, seq, d, n, groups=g),
+        "decode_flops_per_token": flops_per_token(kind, "decode", batch, seq, d, n, groups=g),
+        "activation_bytes": activation_memory(kind, batch, seq, d, n, t),
+        "cache_bytes": cache_bytes(kind, batch, seq, d, n, groups=g),
+        "cache_elements_impl": cache_elements(kind, batch, seq, n, d_h, groups=g),
+    }
+    try:
+        out["qkv_params"] = attention_param_count(kind, n, d_h, g)
+    except KeyError:
+        out["qkv_params"] = None
+    return out

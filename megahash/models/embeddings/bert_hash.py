@@ -1,0 +1,42 @@
+"""BERT-Hash (seed 002, neuml "BERT Hash Nano"): the vocabulary projected to P dims, then re-encoded.
+
+    e = L( H[token] ),   H in R^{|V| x P},  L: Linear(P -> d) without bias
+
+Parameters |V| x P + P x d (seed 002: 30,522 x 5 + 5 x 768 = 156,450; "projections = 5 is like a
+160-bit hash"). Reads token ids (not hash codes), so it needs a tokenizer vocabulary like ``vocab``;
+``model.embed.projections`` is P. The five special ids use the shared special table like every
+hash embedding (their H rows are kept so the count is seed 002's formula).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from megahash.models.embeddings.base import HashEmbeddingBase
+from megahash.models.registry import register_embedding
+
+
+@register_embedding("bert-hash")
+class BertHashEmbedding(HashEmbeddingBase):
+    """e = Linear_{P->d}(H[token]) with H [|V|, P] (seed 002)."""
+
+    def __init__(self, config, cfg, vocab_size: int):
+        super().__init__(config, cfg)
+        p = int(cfg.model.embed.projections)
+        if p < 1:
+            from megahash.errors import ConfigError
+
+            raise ConfigError(f"model.embed.projections must be >= 1, got {p}")
+        self.projections = p
+        self.vocab_size = vocab_size
+        self.hash_table = torch.nn.Parameter(torch.empty(vocab_size, p, dtype=config.params_dtype))
+        self.proj = torch.nn.Parameter(torch.empty(config.hidden_size, p, dtype=config.params_dtype))
+        self._init(self.hash_table, 1.0)
+        self._init(self.proj, cfg.model.init_std / math.sqrt(p))  # e has std init_std at init
+        self._finish_init()
+
+    def embed_words(self, tok, codes, word):
+        x = F.embedding(tok, self.hash_table) * word.unsqueeze(-1).to(self.hash_table.dtype)
+        return F.linear(x, self.proj)

@@ -1,0 +1,141 @@
+"""EELBERT dynamic hash embedding (seed 001, arXiv 2310.20144): rolling hashes of character i-grams.
+
+For i = 1..n and the i-grams g of the word (code points, words cut to ``max_len`` characters), the
+data stage stores the polynomial rolling hashes H(g) = sum_k g[k] p^(i-1-k) mod m (p = 31,
+m = 1e9+7; :mod:`megahash.hashing.rolling`). With seeded random multipliers h in [0, 2^32)^(d/P x P),
+P = n(n+1)/2 (``megahash.hashing.rolling.rolling_seeds``), partition i of the embedding is
+
+    q = outer(H(g), h[:, run:run+i].flatten()) mod b          (b = model.embed.rolling_buckets)
+    q = q - [q > b/2] b ;   q = q / (b/2)                      (map to [-1, 1])
+    e[run d/P : (run+i) d/P] = mean over the i-grams g of q    (run = 1 + 2 + ... + (i-1))
+
+(seed 001's ``hash_embedding``, partition scheme included; an i with no i-grams leaves zeros; dims
+beyond P * floor(d/P) stay zero). No trainable embedding table: the features are a fixed function
+of the codes, computed under no_grad in exact int64 arithmetic (H < 2^31, h < 2^32) once per
+*distinct* i-gram hash and averaged once per *distinct* word of the batch. ``model.embed.rolling_dim`` (0 = hidden) is the feature width d and
+``model.embed.rolling_linear`` adds a trainable Linear(d -> hidden) (bias-free), the only
+non-special parameters. ``megahash.hashing.rolling.rolling_embedding_from_codes`` is the numpy
+reference this layer is tested against.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from megahash.errors import ConfigError
+from megahash.models.embeddings.base import HashEmbeddingBase, check_codes, parse_spec
+from megahash.models.registry import register_embedding
+
+_CHUNK_ELEMS = 1 << 22  # int64 elements of one [i-gram hashes, d_i] block
+
+
+def rolling_features(codes: torch.Tensor, seeds: torch.Tensor, parts, b: int, dim: int) -> torch.Tensor:
+    """Code rows int [M, W] -> float32 features [M, dim] (seed 001's embedding, see module doc).
+
+    The value of an i-gram, map((H(g) * h_i) mod b) in [-1, 1]^(d/P * i), depends only on its hash,
+    so it is computed once per distinct i-gram hash of the batch (exact int64 residues, mapped in
+    float64) and each word's partition i is the mean over its i-grams: one ``embedding_bag`` with
+    weights valid/count (padding slots -1 weigh 0; a word with no i-gram of length i gets zeros)."""
+    codes = codes.long()
+    per = seeds.shape[0]
+    half = b // 2  # q > b/2  <=>  q > b // 2 for integer q
+    out = torch.zeros(codes.shape[0], dim, dtype=torch.float32, device=codes.device)
+    run = 0
+    for i, (start, size) in enumerate(parts, start=1):
+        if size > 0 and codes.shape[0] > 0:
+            s = codes[:, start:start + size]
+            valid = s >= 0
+            weights = valid.float() / valid.sum(dim=1, keepdim=True).clamp_min(1).float()
+            uniq, inverse = torch.unique(s.clamp_min(0), return_inverse=True)
+            hs = seeds[:, run:run + i].reshape(-1)  # [per * i], row-major like the reference
+            values = torch.empty(uniq.numel(), hs.numel(), dtype=torch.float32, device=codes.device)
+            step = max(1, _CHUNK_ELEMS // hs.numel())
+            for a in range(0, uniq.numel(), step):
+                q = torch.remainder(uniq[a:a + step].unsqueeze(-1) * hs, b)  # exact: < 2^31 * 2^32
+                q = torch.where(q > half, q - b, q)
+                values[a:a + step] = (q.double() * (2.0 / b)).float()
+            out[:, run * per:(run + i) * per] = F.embedding_bag(
+                inverse.reshape(s.shape), values, per_sample_weights=weights, mode="sum"
+            )
+        run += i
+    return out
+
+
+_ROW_MIX = None
+
+
+def unique_rows(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.unique(flat, dim=0, return_inverse=True)`` via a 64-bit row hash (1-D unique, much
+    faster on CPU), verified exactly; falls back to the 2-D unique on a (never seen) collision."""
+    global _ROW_MIX
+    if _ROW_MIX is None or _ROW_MIX.numel() < flat.shape[1]:
+        g = torch.Generator().manual_seed(0x5EED)
+        _ROW_MIX = torch.randint(1, 2**62, (max(64, flat.shape[1]),), generator=g) * 2 + 1  # odd
+    mix = _ROW_MIX[: flat.shape[1]].to(flat.device)
+    key = (flat.long() * mix).sum(dim=1)  # wraps mod 2^64
+    _, first, inverse = _unique_first(key)
+    uniq = flat[first]
+    if bool((uniq[inverse] == flat).all()):
+        return uniq, inverse
+    return torch.unique(flat, dim=0, return_inverse=True)
+
+
+def _unique_first(key: torch.Tensor):
+    uniq, inverse = torch.unique(key, return_inverse=True)
+    first = torch.full((uniq.numel(),), key.numel(), dtype=torch.long, device=key.device)
+    first.scatter_reduce_(0, inverse, torch.arange(key.numel(), device=key.device), reduce="amin")
+    return uniq, first, inverse
+
+
+@register_embedding("rolling")
+class RollingEmbedding(HashEmbeddingBase):
+    """EELBERT: fixed rolling-hash features (seed 001), optional Linear(rolling_dim -> hidden)."""
+
+    def __init__(self, config, cfg, vocab_size: int):
+        super().__init__(config, cfg)
+        from megahash.hashing.rolling import rolling_partitions, rolling_seeds
+
+        e = cfg.model.embed
+        spec = parse_spec(cfg, "rolling")
+        if spec.kind != "rolling":
+            raise ConfigError(f"model.embedding=rolling needs model.embed.hash_spec rollingN, got {spec.name!r}")
+        self.n, self.max_len = int(spec.params["n"]), int(spec.params["max_len"])
+        if e.rolling_ngram != self.n:
+            raise ConfigError(
+                f"model.embed.rolling_ngram={e.rolling_ngram} but model.embed.hash_spec={spec.name} holds "
+                f"i-grams up to {self.n}; set model.embed.rolling_ngram={self.n}"
+            )
+        self.width = spec.width
+        self.parts = rolling_partitions(self.n, self.max_len)
+        self.buckets = int(e.rolling_buckets)
+        if not 2 <= self.buckets < 2**31:
+            raise ConfigError(f"model.embed.rolling_buckets must be in [2, 2^31), got {self.buckets}")
+        self.dim = int(e.rolling_dim) or config.hidden_size
+        if self.dim < self.n * (self.n + 1) // 2:
+            raise ConfigError(f"model.embed.rolling_dim={self.dim} is smaller than n(n+1)/2 partitions")
+        if not e.rolling_linear and self.dim != config.hidden_size:
+            raise ConfigError(
+                f"model.embed.rolling_dim={self.dim} != hidden {config.hidden_size} needs model.embed.rolling_linear=true"
+            )
+        seeds = torch.from_numpy(rolling_seeds(self.dim, self.n, int(e.rolling_seed)))
+        self.register_buffer("seeds", seeds.clone())  # persistent: checkpoints carry the exact multipliers
+        self.linear = None
+        if e.rolling_linear:
+            self.linear = torch.nn.Parameter(torch.empty(config.hidden_size, self.dim, dtype=config.params_dtype))
+            self._init(self.linear)
+        self._finish_init()
+
+    @torch.no_grad()
+    def features(self, codes: torch.Tensor) -> torch.Tensor:
+        """Code rows [..., W] -> float32 [..., rolling_dim], computed once per distinct row."""
+        flat = codes.reshape(-1, codes.shape[-1])
+        uniq, inverse = unique_rows(flat)
+        feats = rolling_features(uniq, self.seeds, self.parts, self.buckets, self.dim)
+        return feats[inverse].view(*codes.shape[:-1], self.dim)
+
+    def embed_words(self, tok, codes, word):
+        check_codes(codes, self.width, "rolling")
+        x = self.features(codes) * word.unsqueeze(-1)
+        if self.linear is None:
+            return x.to(self.out_dtype)
+        return F.linear(x.to(self.linear.dtype), self.linear)

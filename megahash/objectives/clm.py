@@ -1,0 +1,29 @@
+"""Causal LM: next-token prediction. Nothing is corrupted; ``corrupt`` only shifts a window.
+
+megahash's dataset already yields shifted ``tokens``/``labels`` (and ``hash_codes``/``label_codes``),
+so the trainer uses its batches as they are; :func:`corrupt` is the same shift for callers holding an
+unshifted window of s + 1 tokens (tests, notebooks), with the interface of the other objectives.
+"""
+from __future__ import annotations
+
+import torch
+
+from megahash.objectives.common import PAD_ID
+
+
+def corrupt(tokens: torch.Tensor, hash_codes: torch.Tensor | None = None, generator: torch.Generator | None = None) -> dict:
+    """tokens [b, s + 1] (codes [b, s + 1, w]) -> inputs/labels [b, s]; ``generator`` is unused.
+
+    Returns dict(tokens, hash_codes, labels, label_codes, loss_mask): labels[t] = tokens[t + 1],
+    label_codes[t] = hash_codes[t + 1] (targets of the hash-code heads), loss_mask 0 where the label
+    is ``<pad>``."""
+    labels = tokens[:, 1:].contiguous()
+    out = {
+        "tokens": tokens[:, :-1].contiguous(),
+        "hash_codes": None if hash_codes is None else hash_codes[:, :-1].contiguous(),
+        "labels": labels,
+        "loss_mask": (labels != PAD_ID).float(),
+    }
+    if hash_codes is not None:
+        out["label_codes"] = hash_codes[:, 1:].contiguous()
+    return out

@@ -1,0 +1,98 @@
+"""One rank of the TP parity check of tests/test_attention.py (run as 2 gloo processes).
+
+For every case: build the model from the same seed at TP=1, TP=2 and TP=2 + sequence parallel,
+run the same batch in float64, and record the mean loss and the global gradient norm^2 (TP-split
+parameters summed over ranks, replicated ones counted once). Rank 0 writes a JSON file.
+Usage: RANK=r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=p python attention_tp_worker.py OUT CASES
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from megahash import platform  # noqa: E402
+from megahash.config import load_config  # noqa: E402
+
+VOCAB, SEQ, BATCH = 256, 16, 2
+
+
+def case_config(case: str, tp: int, sp: bool):
+    """case = KIND[@encoder][@gN] or a schedule (contains ':')."""
+    parts = case.split("@")
+    kind, opts = parts[0], parts[1:]
+    schedule = kind if ":" in kind else f"uniform:{kind}"
+    over = [
+        "model.hidden_size=32", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=64",
+        f"model.schedule={schedule}", f"data.seq_length={SEQ}", "model.max_position_embeddings=64",
+        "model.attention.fixed_seq_length=64", f"parallel.tensor={tp}", f"parallel.sequence={str(sp).lower()}",
+    ]
+    for o in opts:
+        if o == "encoder":
+            over += ["model.arch=encoder"]
+        elif o.startswith("g"):
+            over += [f"model.num_query_groups={int(o[1:])}"]
+        elif o == "chunk":
+            over += ["model.attention.chunk_size=4"]
+    return load_config(None, over)
+
+
+def run_case(case: str, tp: int, sp: bool) -> dict:
+    from megatron.core import parallel_state, tensor_parallel
+
+    from megahash.models.attention import fixed_qk
+    from megahash.models.model import build_model
+
+    cfg = case_config(case, tp, sp)
+    platform.seed_all(7)
+    model = build_model(cfg, VOCAB, dtype=torch.float64)
+    if model.fixed_qk is not None and model.fixed_qk.source == "text":
+        fixed_qk.set_fixed_tokens(model, [(11 * i + 3) % VOCAB for i in range(64)])
+    gen = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen)
+    labels = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen)
+    padding = torch.ones(BATCH, SEQ, dtype=torch.bool)
+    padding[1, SEQ - 5:] = False
+    hidden = model.hidden_states(tokens, padding_mask=None if model.decoder_only else padding)
+    logits = model.logits(hidden)  # [s, b, V/tp]
+    loss = tensor_parallel.vocab_parallel_cross_entropy(logits, labels.transpose(0, 1).contiguous())
+    loss = loss.mean()
+    loss.backward()
+    sq = torch.zeros((), dtype=torch.float64)
+    sq_attn = torch.zeros((), dtype=torch.float64)
+    group = parallel_state.get_tensor_model_parallel_group()
+    for name, p in model.named_parameters():
+        if p.grad is None:
+            continue
+        s = p.grad.double().pow(2).sum()
+        if getattr(p, "tensor_model_parallel", False) and tp > 1:
+            dist.all_reduce(s, group=group)
+        sq = sq + s
+        if ".self_attention." in name:
+            sq_attn = sq_attn + s
+    return {"loss": loss.item(), "grad_sq": sq.item(), "attn_grad_sq": sq_attn.item()}
+
+
+def main():
+    out_path, cases = sys.argv[1], sys.argv[2].split(",")
+    results = {case: {} for case in cases}
+    for tp in (1, 2):  # one model-parallel set-up per TP size (creating groups is the slow part)
+        platform.init_distributed(tp)
+        for case in cases:
+            for sp in ((False,) if tp == 1 else (False, True)):
+                results[case][f"tp{tp}{'sp' if sp else ''}"] = run_case(case, tp, sp)
+    if dist.get_rank() == 0:
+        with open(out_path, "w") as f:
+            json.dump(results, f)
+    platform.teardown()
+
+
+if __name__ == "__main__":
+    main()
