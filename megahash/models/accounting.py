@@ -72,4 +72,10 @@ def format_report(r: dict) -> str:
     for i, L in enumerate(r["layers"], 1):
         lines.append(f"{i:>5} {L['kind']:<12} {L['attention']['qkv']:>12,} {L['attention']['out']:>12,} "
                      f"{L['mlp']:>12,} {L['norm']:>8,}")
+    c = r.get("costs")
+    if c:
+        lines += ["", f"at sequence {c['seq_length']} (batch {c['batch']}): training {c['train_flops_per_token']:.4g} "
+                  f"FLOPs/token, attention prefill {c['prefill_flops_per_token']:.4g} / decode "
+                  f"{c['decode_flops_per_token']:.4g} FLOPs/token, inference cache {c['cache_bytes'] / 2**20:.2f} MiB "
+                  f"(16-bit, thesis Tables 4.6 and 4.8)"]
     return "\n".join(lines)

@@ -261,3 +261,46 @@ def layer_costs(cfg, kind: str, batch: int, seq: int) -> dict:
     except KeyError:
         out["qkv_params"] = None
     return out
+
+
+def train_flops_per_token(cfg, vocab_size: int, seq: int | None = None) -> float:
+    """Model FLOPs of one trained token (forward + backward = 3 x forward) for MFU.
+
+    Per layer and token: the attention sublayer's Table 4.6 prefill GEMMs (by kind; B = 1 sequence
+    of ``seq`` tokens) + the output projection 2d^2 + the MLP 2 * (3 if SwiGLU else 2) * d * ffn;
+    plus the LM head 2 d V. Embedding lookups and norms are not counted (Megatron's convention).
+    """
+    from megahash.models.schedules import layer_kinds
+
+    m = cfg.model
+    L = seq or cfg.data.seq_length
+    d, n, g = m.hidden_size, m.num_heads, m.num_query_groups or m.num_heads
+    mlp_mats = 3 if m.arch == "decoder" else 2
+    kinds = layer_kinds(m.schedule, m.num_layers)
+    per_token = 0.0
+    for kind in kinds:
+        attn = flops_per_token(kind, "prefill", 1, L, d, n, groups=g) if kind != "mlp" else 6 * d * d
+        per_token += attn + 2 * d * d + 2 * mlp_mats * d * m.ffn_hidden_size
+    per_token += 2 * d * vocab_size
+    return 3.0 * per_token
+
+
+def config_costs(cfg, batch: int = 1) -> dict:
+    """Per-layer costs of a config (``megahash params`` shows them): Table 4.5-4.8 values at the
+    config's sequence length, and the model's training FLOPs per token."""
+    from megahash.models.schedules import layer_kinds
+
+    seq = cfg.data.seq_length
+    kinds = layer_kinds(cfg.model.schedule, cfg.model.num_layers)
+    layers = [layer_costs(cfg, k, batch, seq) for k in kinds]
+    vocab = cfg.model.vocab_size or 50304
+    return {
+        "seq_length": seq,
+        "batch": batch,
+        "train_flops_per_token": train_flops_per_token(cfg, vocab, seq),
+        "prefill_flops_per_token": sum(x["prefill_flops_per_token"] for x in layers),
+        "decode_flops_per_token": sum(x["decode_flops_per_token"] for x in layers),
+        "cache_bytes": sum(x["cache_bytes"] for x in layers),
+        "activation_bytes": sum(x["activation_bytes"] for x in layers),
+        "layers": layers,
+    }

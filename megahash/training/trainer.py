@@ -34,13 +34,6 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def training_flops_per_token(cfg: Config, n_params: int, n_embedding: int) -> float:
-    """Model FLOPs per trained token: 6 N (non-embedding matmuls, fwd+bwd) + 12 L h s (attention
-    scores and values, fwd+bwd) + 6 h V (LM head) — Kaplan et al./Megatron MFU convention."""
-    m = cfg.model
-    return 6.0 * (n_params - n_embedding) + 12.0 * m.num_layers * m.hidden_size * cfg.data.seq_length
-
-
 def batch_loss(engine, batch: dict, objective) -> torch.Tensor:
     """Mean loss of a micro-batch over its loss mask."""
     dev = engine.device
@@ -138,7 +131,9 @@ def train(cfg: Config) -> int:
         if t.exit_signal_handler:
             stop.install()
         gas = engine.gradient_accumulation_steps()
-        flops_tok = training_flops_per_token(cfg, n_params, n_emb)
+        from megahash.models.costs import train_flops_per_token
+
+        flops_tok = train_flops_per_token(cfg, data.vocab_size)
         peak = platform.peak_flops(dtype) * world
         tokens_per_step = gbs * cfg.data.seq_length
         exit_status = 0
