@@ -28,7 +28,7 @@ task                        like                    item / metrics
 Each task is ``DIR/NAME_x.yaml`` (``dataset_path: json``, ``dataset_kwargs.data_files`` = the
 absolute path of ``DIR/NAME_x.jsonl``, ``test_split: test``) plus its JSONL; all carry the tag
 ``NAME_suite``. Run them offline with ``megahash eval --tasks-dir DIR --tasks NAME_suite`` (or a
-list of task names). ``DIR/manifest.json`` records the source, document range, seed and counts.
+list of task names). ``DIR/NAME_manifest.json`` records the source, document range, seed and counts.
 Output is a pure function of (source, range, --n, --seed, ...): sentences come from a fixed
 regex split, every random choice from ``random.Random(seed)``.
 
@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import re
 import sys
@@ -87,16 +86,20 @@ def build_items(docs: list[list[str]], pages: list[str], n: int, ppl_docs: int, 
         by_len.setdefault(n_words(s), []).append((d, s))
 
     def distractors(doc: int, gold: str, k: int) -> Optional[list[str]]:
+        """k distinct sentences of other documents as long as ``gold``: the word count widens from
+        exact until 3k candidates exist, then k are drawn among the 3k closest in characters (so
+        neither acc, which sums log-probabilities, nor acc_norm favours the gold by length)."""
         L = n_words(gold)
-        cands = [s for m in range(max(4, int(L * 0.7)), int(L * 1.4) + 2) for d, s in by_len.get(m, []) if d != doc and s != gold]
-        if len(set(cands)) < k:
+        cands: set = set()
+        for width in range(0, L):
+            for m in {L - width, L + width}:
+                cands.update(s for d, s in by_len.get(m, []) if d != doc and s != gold)
+            if len(cands) >= 3 * k:
+                break
+        if len(cands) < k:
             return None
-        picked: list[str] = []
-        while len(picked) < k:
-            c = rng.choice(cands)
-            if c not in picked:
-                picked.append(c)
-        return picked
+        closest = sorted(cands, key=lambda s: (abs(len(s) - len(gold)), s))[: 3 * k]
+        return rng.sample(closest, k)
 
     # next sentence (HellaSwag-like)
     nxt, order, lastword = [], [], []
@@ -138,7 +141,7 @@ def build_items(docs: list[list[str]], pages: list[str], n: int, ppl_docs: int, 
     for d, sents in enumerate(docs):
         for end in range(1, len(sents)):
             last = sents[end].rstrip(" .,;:!?'\")]")
-            m = re.search(r"([A-Za-z]{3,})$", last)
+            m = re.search(r"(?:^|\s)([A-Za-z]{3,})$", last)  # the last space-separated token is a plain word
             if not m:
                 continue
             start = end
@@ -262,7 +265,7 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     manifest = {"source": args.source, "held_out_docs": [start, end], "documents": len(docs), "seed": args.seed,
                 "n": args.n, "ppl_docs": args.ppl_docs, "max_doc_chars": args.max_doc_chars, "tag": tag,
                 "tasks": counts}
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    (out / f"{name}_manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     print(f"wrote {len(counts)} tasks (tag {tag}) to {out}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     return 0
 

@@ -177,6 +177,11 @@ def train(cfg: Config) -> int:
         log.close()
         if rank == 0 and cfg.logging.plot and step == t.steps:
             print(f"megahash: loss curve {plot_loss(save_dir)}", flush=True)
+        if rank == 0 and cfg.eval.at_end and step == t.steps and exit_status == 0:
+            from megahash.eval.run import evaluate_checkpoint
+
+            evaluate_checkpoint(save_dir, cfg.eval.tasks or None, cfg.eval.tasks_dir or None, None,
+                                batch_size=cfg.eval.batch_size)
         return exit_status
     finally:
         platform.teardown()

@@ -85,8 +85,12 @@ def load_for_inference(path: str | Path, overrides: list[str] | None = None, dty
     model = MegahashLM(cfg, vocab, dtype, init=False)
     try:
         loaded = dist_checkpointing.load(model.sharded_state_dict(), str(ckpt / WEIGHTS_DIR))
-    except Exception as e:  # megatron raises several kinds for mismatched checkpoints
-        raise CheckpointError(f"weights in {ckpt / WEIGHTS_DIR} do not fit the model of its config: {str(e).splitlines()[0][:300]}") from None
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # megatron/torch raise several kinds; torch's CheckpointException is a BaseException
+        lines = [l.strip() for l in str(e).splitlines() if "Exception:" in l or "Error:" in l or "mismatch" in l]
+        detail = (lines[-1] if lines else (str(e).splitlines() or [type(e).__name__])[0])[:300]
+        raise CheckpointError(f"weights in {ckpt / WEIGHTS_DIR} do not fit the model of its config: {detail}") from None
     missing, unexpected = model.load_state_dict(loaded, strict=False)
     missing = [k for k in missing if not k.endswith("_extra_state")]
     if missing:

@@ -1,0 +1,226 @@
+"""``megahash report``: one markdown table of size, efficiency and scores across runs.
+
+    megahash report --runs runs/a runs/b ... [--baseline runs/a] [--lower-bound runs/sha]
+                    [--peop-params attention|total|embedding] [--out report.md]
+
+Per run (a run directory or a ``step_N`` checkpoint; the latest complete checkpoint is used):
+
+- parameters from the checkpoint's resolved config (:func:`megahash.models.accounting.count_parameters`
+  at the checkpoint's vocabulary): total, embedding (thesis sec. 2.8 counting), attention (every
+  attention sublayer with its output projection);
+- against ``--baseline`` (default: the first run): PCR_All, PCR_Emb (eq. 2.5-2.6), and PoEP
+  (eq. 2.7) of the run itself;
+- attention costs from :mod:`megahash.models.costs` (thesis Tables 4.6 and 4.8), summed over the
+  layers at batch 1 and the run's ``data.seq_length``: prefill FLOPs per token, decode FLOPs per
+  token, inference cache bytes (16-bit) at that context;
+- eval scores from the ``megahash eval`` JSON files in ``RUN_DIR/eval/`` (newest step wins per
+  task); each task is summarised by its main metric (acc, exact_match, word_perplexity,
+  perplexity, bits_per_byte, in that order of preference), with PRR against the baseline
+  (sec. 3.4.6: inverse form for lower-is-better metrics) averaged over the tasks both runs have,
+  and PEoP against ``--lower-bound`` (default: the baseline) with the ``--peop-params`` count
+  (default attention, as in Tables 3.1-3.3; undefined when the counts are equal).
+
+The table goes to stdout and ``--out`` (markdown), the numbers to ``--out`` with ``.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from megahash.eval import efficiency
+from megahash.errors import ConfigError
+
+
+def read_evals(run_dir: Path) -> dict:
+    """task -> {"metric", "value", "higher_is_better", "step", "file"} from RUN_DIR/eval/*.json."""
+    found: dict = {}
+    files = sorted((run_dir / "eval").glob("*.json")) if (run_dir / "eval").is_dir() else []
+    from megahash.eval.run import main_metric
+
+    for f in files:
+        try:
+            rec = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(rec, dict) or not rec.get("megahash_eval"):
+            continue
+        step = rec.get("step") or 0
+        for task, metrics in (rec.get("results") or {}).items():
+            m = main_metric(metrics)
+            if m is None:
+                continue
+            if task in found and found[task]["step"] > step:
+                continue
+            hib = (rec.get("higher_is_better") or {}).get(task, {}).get(m)
+            if hib is None:
+                hib = not ("perplexity" in m or m == "bits_per_byte")
+            found[task] = {"metric": m, "value": metrics[m], "higher_is_better": bool(hib), "step": step, "file": str(f)}
+    return found
+
+
+def describe_run(path: str) -> dict:
+    """Parameters, costs and eval scores of one run (see the module docstring)."""
+    from megahash.models.accounting import count_parameters
+    from megahash.training import checkpoint as ckpt_mod
+    from megahash.training.weights import checkpoint_config, resolve_checkpoint
+
+    ckpt = resolve_checkpoint(path)
+    cfg = checkpoint_config(ckpt)
+    state = ckpt_mod.read_state(ckpt)
+    vocab = int(state.get("padded_vocab_size") or cfg.model.vocab_size or 0)
+    report = count_parameters(cfg, vocab)
+    attention = sum(L["attention"]["qkv"] + L["attention"]["out"] for L in report["layers"])
+    run_dir = ckpt.parent
+    out = {
+        "run": run_dir.name, "run_dir": str(run_dir), "checkpoint": str(ckpt), "step": state.get("step"),
+        "schedule": cfg.model.schedule, "embedding_kind": cfg.model.embedding,
+        "params": {"total": report["total"], "embedding": report["embedding"], "attention": attention},
+        "costs": _costs(cfg, report["layers"]),
+        "scores": read_evals(run_dir),
+    }
+    out["poep"] = efficiency.poep(report["embedding"], report["total"])
+    return out
+
+
+def _costs(cfg, layers) -> Optional[dict]:
+    try:
+        from megahash.models import costs, registry
+    except ImportError:
+        return None
+    fn = getattr(costs, "layer_costs", None)
+    if fn is None:
+        return None
+    seq = cfg.data.seq_length
+    skipped = registry.skipped_layers(cfg, [L["kind"] for L in layers])
+    total = {"prefill_flops_per_token": 0.0, "decode_flops_per_token": 0.0, "cache_bytes": 0.0}
+    try:
+        for L, skip in zip(layers, skipped):
+            if skip:
+                continue
+            c = fn(cfg, L["kind"], 1, seq)
+            for k in total:
+                total[k] += float(c[k])
+    except (KeyError, ValueError):
+        return None
+    total["context"] = seq
+    return total
+
+
+def compare(runs: list[dict], baseline: dict, lower: dict, peop_params: str) -> None:
+    """Add pcr_all, pcr_emb, prr (per task + mean), peop (per task + mean) to every run (in place)."""
+    for r in runs:
+        p, b = r["params"], baseline["params"]
+        r["pcr_all"] = efficiency.pcr_all(p["total"], b["total"])
+        r["pcr_emb"] = efficiency.pcr_emb(p["embedding"], b["embedding"])
+        r["prr"], r["peop"] = {}, {}
+        for task, s in r["scores"].items():
+            bs, ls = baseline["scores"].get(task), lower["scores"].get(task)
+            if bs and bs["metric"] == s["metric"]:
+                r["prr"][task] = efficiency.prr(s["value"], bs["value"], s["higher_is_better"])
+            if ls and ls["metric"] == s["metric"]:
+                r["peop"][task] = efficiency.peop(s["value"], ls["value"], p[peop_params], lower["params"][peop_params],
+                                                  s["higher_is_better"])
+        vals = [v for v in r["prr"].values() if v is not None]
+        r["prr_mean"] = sum(vals) / len(vals) if vals else None
+        vals = [v for v in r["peop"].values() if v is not None]
+        r["peop_mean"] = sum(vals) / len(vals) if vals else None
+
+
+def _num(v, pct=False, digits=1) -> str:
+    if v is None:
+        return "–"
+    if pct:
+        return f"{100 * v:.{digits}f}"
+    if isinstance(v, int) or float(v).is_integer():
+        v = int(v)
+        return f"{v / 1e6:.2f}M" if v >= 1e6 else f"{v / 1e3:.1f}K" if v >= 1e4 else str(v)
+    return f"{v:.4g}"
+
+
+def markdown(runs: list[dict], baseline: dict, lower: dict, peop_params: str) -> str:
+    tasks = sorted({t for r in runs for t in r["scores"]})
+    metric = {t: next(r["scores"][t]["metric"] for r in runs if t in r["scores"]) for t in tasks}
+    arrow = {t: "↑" if next(r["scores"][t]["higher_is_better"] for r in runs if t in r["scores"]) else "↓" for t in tasks}
+    head = ["run", "schedule", "embedding", "#params", "#emb", "#attn", "PCR_All %", "PCR_Emb %", "PoEP %",
+            "attn FLOPs/tok (prefill)", "attn FLOPs/tok (decode)", "cache bytes"]
+    head += [f"{t} {metric[t]} {arrow[t]}" for t in tasks] + ["PRR %", f"PEoP ({peop_params})"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join([" --- "] * 3 + [" ---: "] * (len(head) - 3)) + "|"]
+    for r in runs:
+        c = r["costs"] or {}
+        row = [r["run"] + (" (baseline)" if r is baseline else "") + (" (lower bound)" if r is lower and r is not baseline else ""),
+               r["schedule"], r["embedding_kind"], _num(r["params"]["total"]), _num(r["params"]["embedding"]),
+               _num(r["params"]["attention"]), _num(r["pcr_all"], True), _num(r["pcr_emb"], True), _num(r["poep"], True, 2),
+               _num(c.get("prefill_flops_per_token")), _num(c.get("decode_flops_per_token")), _num(c.get("cache_bytes"))]
+        for t in tasks:
+            s = r["scores"].get(t)
+            row.append("–" if s is None or s["value"] is None else f"{s['value']:.4g}")
+        row += [_num(r["prr_mean"], True), _num(r["peop_mean"], digits=2) if r["peop_mean"] is not None else "–"]
+        lines.append("| " + " | ".join(row) + " |")
+    ctx = next((r["costs"]["context"] for r in runs if r.get("costs")), None)
+    notes = [f"Baseline for PCR/PRR: {baseline['run']}; lower bound for PEoP: {lower['run']} ({peop_params} parameters).",
+             "PRR: mean over tasks of eq. 2.4 (inverse form of sec. 3.4.6 for ↓ metrics); PCR/PoEP: eq. 2.5-2.7."]
+    if ctx:
+        notes.append("Attention costs: thesis Tables 4.6/4.8 (megahash.models.costs), batch 1, context = each run's data.seq_length, summed over layers.")
+    return "\n".join(lines + [""] + notes)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="megahash report", description="Size, efficiency and eval scores of runs.")
+    p.add_argument("--runs", nargs="+", required=True, help="run directories (or step_N checkpoints)")
+    p.add_argument("--baseline", default=None, help="run for PCR/PRR (default: the first of --runs)")
+    p.add_argument("--lower-bound", default=None, help="run for PEoP (default: the baseline)")
+    p.add_argument("--peop-params", default="attention", choices=["attention", "total", "embedding"])
+    p.add_argument("--out", default=None, help="markdown file (numbers beside it as .json)")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from megahash.cli import run_guarded
+
+    args = build_parser().parse_args(argv)
+
+    def run():
+        import warnings
+
+        warnings.filterwarnings("ignore")
+        runs = [describe_run(p) for p in args.runs]
+        by_path = {}
+        for p, r in zip(args.runs, runs):
+            by_path[str(Path(p).resolve())] = r
+            by_path[str(Path(r["run_dir"]).resolve())] = r
+            by_path[str(Path(r["checkpoint"]).resolve())] = r
+
+        def pick(path):
+            if path is None:
+                return None
+            key = str(Path(path).resolve())
+            if key in by_path:
+                return by_path[key]
+            extra = describe_run(path)
+            compare([extra], extra, extra, args.peop_params)
+            return extra
+
+        baseline = pick(args.baseline) or runs[0]
+        lower = pick(args.lower_bound) or baseline
+        if args.peop_params not in baseline["params"]:
+            raise ConfigError(f"--peop-params {args.peop_params!r} is not a parameter count")
+        compare(runs, baseline, lower, args.peop_params)
+        table = markdown(runs, baseline, lower, args.peop_params)
+        print(table)
+        if args.out:
+            out = Path(args.out)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(table + "\n")
+            out.with_suffix(".json").write_text(json.dumps({"runs": runs, "baseline": baseline["run"],
+                                                            "lower_bound": lower["run"]}, indent=1, default=str) + "\n")
+            print(f"\nwrote {out} and {out.with_suffix('.json')}")
+        return 0
+
+    return run_guarded(run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,334 @@
+"""``megahash eval``: lm-eval-harness tasks on a megahash checkpoint; results as JSON + markdown.
+
+    megahash eval --checkpoint runs/quickstart [--tasks arc_easy,boolq,...] [--tasks-dir DIR]
+                  [--out FILE.json] [--limit N] [--batch-size B] [--max-length L] [--tokenizer PATH]
+                  [--override key=value ...] [--no-incremental]
+
+Tasks: lm-eval task (or tag/group) names, comma-separated. Default: the nine of thesis Table 4.1
+(``DEFAULT_TASKS``: ARC-E, BoolQ, COPA, PIQA, SciQ, RTE, HellaSwag, WikiText, LAMBADA OpenAI),
+which lm-eval downloads from the Hugging Face Hub (a networked machine). Offline: local task
+YAMLs (``data_tools/make_eval_tasks.py`` writes a suite) under ``--tasks-dir``; when every requested
+name is defined there, lm-eval's ~200 built-in task folders are not indexed at all
+(``TaskManager(include_path=DIR, include_defaults=False)``, ~8 s saved). An unknown task name is a
+one-line error naming the closest known one.
+
+Output: ``--out`` (default ``RUN_DIR/eval/STEP.json``, RUN_DIR the checkpoint's run directory) gets
+``{"megahash_eval": 1, "checkpoint", "step", "tasks", "results": {task: {metric: value}}, "higher_is_better",
+"n_samples", "config", ...}`` and the markdown table goes to the same path with ``.md``; the table
+is also printed. ``megahash report`` reads these files from ``RUN_DIR/eval/``.
+
+The trainer's end-of-run hook is :func:`evaluate_checkpoint` (``cfg.eval.at_end``).
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from megahash.errors import ConfigError, DataError
+
+DEFAULT_TASKS = ["arc_easy", "boolq", "copa", "piqa", "sciq", "rte", "hellaswag", "wikitext", "lambada_openai"]
+# the metric each task type is summarised by (first match wins), and whether higher is better
+MAIN_METRICS = ["acc", "exact_match", "word_perplexity", "perplexity", "bits_per_byte", "acc_norm"]
+
+
+def _offline_env(tasks: Optional[list[str]] = None, tasks_dir: Optional[str] = None) -> None:
+    """When every requested task is a local YAML, datasets/huggingface_hub must never try the Hub
+    (HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 unless already set); hub tasks keep the environment.
+    Call before lm-eval/datasets are imported (they read these variables at import)."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if tasks is None or (tasks_dir and Path(tasks_dir).is_dir() and set(tasks) <= local_task_names(tasks_dir)):
+        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def split_tasks(tasks) -> list[str]:
+    if tasks is None:
+        return list(DEFAULT_TASKS)
+    if isinstance(tasks, str):
+        tasks = [tasks]
+    out = []
+    for t in tasks:
+        out += [x.strip() for x in str(t).split(",") if x.strip()]
+    return out or list(DEFAULT_TASKS)
+
+
+def local_task_names(tasks_dir: str) -> set[str]:
+    """Task, tag and group names defined by the YAML files under ``tasks_dir`` (no lm-eval import)."""
+    import yaml
+
+    loader = _yaml_loader()
+    names: set[str] = set()
+    for path in sorted(Path(tasks_dir).rglob("*.yaml")):
+        try:
+            data = yaml.load(path.read_text(), Loader=loader) or {}
+        except Exception:
+            continue
+        if not isinstance(data, dict):
+            continue
+        for key in ("task", "group"):
+            v = data.get(key)
+            if isinstance(v, str):
+                names.add(v)
+        tags = data.get("tag") or []
+        names.update([tags] if isinstance(tags, str) else [t for t in tags if isinstance(t, str)])
+    return names
+
+
+def _yaml_loader():
+    """A safe YAML loader that tolerates lm-eval's ``!function`` tags."""
+    import yaml
+
+    class L(yaml.SafeLoader):
+        pass
+
+    L.add_multi_constructor("!", lambda loader, suffix, node: None)
+    return L
+
+
+def task_manager(tasks: list[str], tasks_dir: Optional[str]):
+    """A TaskManager that knows ``tasks`` (one-line ConfigError for unknown names)."""
+    from lm_eval.tasks import TaskManager
+
+    if tasks_dir and not Path(tasks_dir).is_dir():
+        raise ConfigError(f"--tasks-dir {tasks_dir} is not a directory")
+    local = local_task_names(tasks_dir) if tasks_dir else set()
+    all_local = bool(tasks_dir) and all(t in local for t in tasks)
+    tm = TaskManager(include_path=tasks_dir or None, include_defaults=not all_local)
+    known = set(tm.all_tasks)
+    for t in tasks:
+        if t not in known:
+            close = difflib.get_close_matches(t, sorted(known | local), n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            where = f" in {tasks_dir} or lm-eval's tasks" if tasks_dir else " among lm-eval's tasks (offline: pass --tasks-dir)"
+            raise ConfigError(f"unknown task {t!r}{hint}: not found{where}")
+    return tm
+
+
+def _clean(v):
+    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+        return None
+    return v
+
+
+def summarise(results: dict) -> dict:
+    """lm-eval's ``simple_evaluate`` output -> the JSON megahash writes (metrics without filters)."""
+    res, hib = {}, {}
+    for task, metrics in (results.get("results") or {}).items():
+        row = {}
+        for key, value in metrics.items():
+            if key in ("alias", "sample_len", "sample_count") or not isinstance(value, (int, float)):
+                continue
+            name, _, filt = key.partition(",")
+            if name.endswith("_stderr"):
+                row[name] = _clean(float(value)) if value != "N/A" else None
+                continue
+            row[name] = _clean(float(value))
+        res[task] = row
+        hib[task] = {m: bool(v) for m, v in (results.get("higher_is_better") or {}).get(task, {}).items()}
+    n = {t: (v.get("effective") if isinstance(v, dict) else v) for t, v in (results.get("n-samples") or {}).items()}
+    return {"results": res, "higher_is_better": hib, "n_samples": n, "versions": results.get("versions", {})}
+
+
+def main_metric(task_results: dict) -> Optional[str]:
+    for m in MAIN_METRICS:
+        if m in task_results and task_results[m] is not None:
+            return m
+    return None
+
+
+def markdown_table(summary: dict, title: str = "") -> str:
+    """One row per task: every metric (± stderr where lm-eval gives one)."""
+    lines = [f"### {title}", ""] if title else []
+    lines += ["| task | metric | value | ± stderr | n |", "| --- | --- | ---: | ---: | ---: |"]
+    for task in sorted(summary["results"]):
+        row = summary["results"][task]
+        n = summary.get("n_samples", {}).get(task, "")
+        for metric in sorted(k for k in row if not k.endswith("_stderr")):
+            v, se = row[metric], row.get(metric + "_stderr")
+            arrow = {True: " ↑", False: " ↓"}.get(summary.get("higher_is_better", {}).get(task, {}).get(metric), "")
+            vs = "n/a" if v is None else (f"{v:.4f}" if abs(v) < 1000 else f"{v:.4g}")
+            ss = "" if se is None else f"{se:.4f}"
+            lines.append(f"| {task} | {metric}{arrow} | {vs} | {ss} | {n} |")
+    return "\n".join(lines)
+
+
+def default_out(ckpt: Path) -> Path:
+    return ckpt.parent / "eval" / f"{ckpt.name}.json"
+
+
+def evaluate(lm, tasks: list[str], tasks_dir: Optional[str] = None, limit: Optional[float] = None,
+             seed: int = 1234, log_samples: bool = False) -> dict:
+    """Run lm-eval on an already-built ``MegahashEvalLM``; returns lm-eval's raw results dict."""
+    _offline_env(tasks, tasks_dir)
+    import lm_eval
+
+    tm = task_manager(tasks, tasks_dir)
+    try:
+        return lm_eval.simple_evaluate(
+            model=lm, tasks=tasks, task_manager=tm, limit=limit, log_samples=log_samples, bootstrap_iters=100,
+            random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
+            batch_size=lm.batch_size,
+        )
+    except (ConnectionError, OSError) as e:  # datasets cannot reach the Hub / a data file is missing
+        first = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        raise DataError(
+            f"cannot load the data of {', '.join(tasks)}: {first[:300]}; offline, evaluate local tasks "
+            f"(data_tools/make_eval_tasks.py, --tasks-dir)"
+        ) from None
+
+
+_LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                  "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_PROCID",
+                  "SLURM_STEP_ID", "SLURM_LOCALID")
+
+
+def _in_distributed_job() -> bool:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            return True
+    except ImportError:  # pragma: no cover
+        pass
+    return int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
+
+
+def evaluate_checkpoint(ckpt_dir, tasks=None, tasks_dir: Optional[str] = None, out=None, limit=None,
+                        batch_size: int = 8, max_length: Optional[int] = None, tokenizer: Optional[str] = None,
+                        overrides: Optional[list[str]] = None, incremental: bool = True, quiet: bool = False,
+                        isolated: Optional[bool] = None) -> dict:
+    """Evaluate one checkpoint (run dir or step dir) on ``tasks``; write JSON (+ .md) to ``out``
+    (default ``RUN_DIR/eval/STEP.json``) and return the written record.
+
+    The trainer's end-of-run hook (``cfg.eval.at_end``, with ``cfg.eval.tasks``/``tasks_dir``/
+    ``batch_size``): call it on ONE rank after training. ``isolated`` (default: True inside a
+    multi-process job, i.e. WORLD_SIZE > 1 or a live process group of several ranks) runs ``megahash eval`` in a
+    fresh process without the launcher's rank variables, so the 1-rank group of
+    ``load_for_inference`` never meets the training job's group; False runs in this process."""
+    tasks = split_tasks(tasks)
+    _offline_env(tasks, tasks_dir)
+    if isolated is None:
+        isolated = _in_distributed_job()
+    if isolated:
+        return _evaluate_in_subprocess(ckpt_dir, tasks, tasks_dir, out, limit, batch_size, max_length, tokenizer,
+                                       overrides, incremental, quiet)
+    from megahash.eval.lm import MegahashEvalLM
+    from megahash.training.weights import resolve_checkpoint
+
+    ckpt = resolve_checkpoint(ckpt_dir)
+    task_manager(tasks, tasks_dir)  # unknown names fail before the model is loaded
+    t0 = time.time()
+    lm = MegahashEvalLM(checkpoint=str(ckpt), batch_size=batch_size, max_length=max_length, tokenizer=tokenizer,
+                        overrides=overrides, incremental=incremental)
+    raw = evaluate(lm, tasks, tasks_dir, limit)
+    summary = summarise(raw)
+    step = None
+    try:
+        step = json.loads((ckpt / "megahash_state.json").read_text()).get("step")
+    except (OSError, ValueError):
+        pass
+    record = {
+        "megahash_eval": 1,
+        "checkpoint": str(ckpt),
+        "step": step,
+        "tasks": tasks,
+        "tasks_dir": tasks_dir,
+        "limit": limit,
+        **summary,
+        "model_args": {"batch_size": lm.batch_size, "max_length": lm.max_length, "decode_mode": lm.decode_mode,
+                       "codec": lm.codec.description},
+        "seconds": round(time.time() - t0, 2),
+    }
+    out = Path(out) if out else default_out(ckpt)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1, default=str) + "\n")
+    table = markdown_table(summary, title=f"{ckpt} (step {step})")
+    out.with_suffix(".md").write_text(table + "\n")
+    if not quiet:
+        print(table)
+        print(f"\nwrote {out} and {out.with_suffix('.md')}")
+    return record
+
+
+def _evaluate_in_subprocess(ckpt_dir, tasks, tasks_dir, out, limit, batch_size, max_length, tokenizer, overrides,
+                            incremental, quiet) -> dict:
+    import subprocess
+
+    from megahash.training.weights import resolve_checkpoint
+
+    ckpt = resolve_checkpoint(ckpt_dir)
+    out = Path(out) if out else default_out(ckpt)
+    argv = [sys.executable, "-m", "megahash", "eval", "--checkpoint", str(ckpt), "--tasks", ",".join(tasks),
+            "--out", str(out), "--batch-size", str(batch_size)]
+    for flag, value in (("--tasks-dir", tasks_dir), ("--limit", limit), ("--max-length", max_length),
+                        ("--tokenizer", tokenizer)):
+        if value is not None:
+            argv += [flag, str(value)]
+    for o in overrides or []:
+        argv += ["--override", o]
+    if not incremental:
+        argv.append("--no-incremental")
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
+    root = str(Path(__file__).resolve().parent.parent.parent)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    r = subprocess.run(argv, env=env, capture_output=True, text=True)
+    if not quiet and r.stdout:
+        print(r.stdout, end="")
+    if r.returncode != 0:
+        lines = [line for line in r.stderr.splitlines() if line.strip()]
+        msg = next((line[len("error: "):] for line in reversed(lines) if line.startswith("error: ")),
+                   lines[-1] if lines else f"exit status {r.returncode}")
+        raise DataError(f"megahash eval of {ckpt} failed: {msg}")
+    return json.loads(out.read_text())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="megahash eval", description="lm-eval-harness tasks on a megahash checkpoint.")
+    p.add_argument("--checkpoint", required=True, help="run directory (its latest checkpoint) or a step_N directory")
+    p.add_argument("--tasks", default=None, help=f"comma-separated task/tag names (default: {','.join(DEFAULT_TASKS)})")
+    p.add_argument("--tasks-dir", default=None, help="directory of local task YAMLs (offline suite)")
+    p.add_argument("--out", default=None, help="results JSON (default RUN_DIR/eval/STEP.json); markdown beside it (.md)")
+    p.add_argument("--limit", type=float, default=None, help="documents per task (or a fraction < 1)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--max-length", type=int, default=None, help="context window in tokens (default data.seq_length)")
+    p.add_argument("--tokenizer", default=None, help="sentencepiece model (default: data.tokenizer of the run)")
+    p.add_argument("--override", action="append", default=[], help="config override key=value (repeatable)")
+    p.add_argument("--no-incremental", action="store_true", help="recompute the whole sequence per generated token")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from megahash.cli import run_guarded
+
+    args = build_parser().parse_args(argv)
+
+    def run():
+        if args.limit is not None and args.limit <= 0:
+            raise ConfigError("--limit must be > 0")
+        limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
+        _quiet_logs()
+        evaluate_checkpoint(args.checkpoint, args.tasks, args.tasks_dir, args.out, limit, args.batch_size,
+                            args.max_length, args.tokenizer, args.override, not args.no_incremental)
+        return 0
+
+    return run_guarded(run)
+
+
+def _quiet_logs() -> None:
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    for name in ("lm_eval", "lm-eval", "datasets", "huggingface_hub", "fsspec", "filelock"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

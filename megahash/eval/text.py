@@ -1,0 +1,259 @@
+"""Raw text -> the token ids and word-hash codes a megahash checkpoint reads.
+
+A checkpoint's resolved config names its data (``data.prefix``) and tokenizer (``data.tokenizer``);
+the data stage wrote ``PREFIX_meta.json`` beside the shards with the tokenizer path, the stream
+kind (sentencepiece subwords or vocabulary-free words), the hash unit and, per hash spec, the MD5
+key or LSH seed; LSH specs also need ``PREFIX_lsh.npz`` (n-gram vocabulary and planes) and word
+streams ``PREFIX_words.tsv`` (id -> word). :func:`load_codec` reads all of that, so evaluation
+hashes text exactly as the shards were hashed:
+
+- subword streams: sentencepiece ids; codes via :class:`megahash.hashing.SubwordCoder` over the
+  whole token sequence (the ``word`` hash unit gives every piece the code of the HashFormers word
+  it belongs to, so a code can depend on the neighbouring pieces);
+- word streams (``data.tokenizer=words``): ``split_words`` (lowercase, ``\\w+|[^\\w\\s]+``); ids from
+  the word table (unknown words -> ``<unk>`` = 3), codes from the word strings themselves, so a
+  hash embedding still sees unseen words as themselves;
+- special tokens (the ``</s>`` = 2 prefix that stands for "start of a document", padding ``<pad>``
+  = 1) get all-zero codes, as in the shards.
+
+Codes are only computed when the model reads them (``model.embedding`` other than ``vocab``, or a
+hash-code head); their spec is ``model.embed.hash_spec``.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from megahash.errors import CheckpointError, ConfigError, DataError
+
+BOS_ID, PAD_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+NUM_SPECIAL = 5
+
+
+@dataclass
+class Encoded:
+    """Token ids (and, for word streams, the word string of every token)."""
+
+    ids: list[int]
+    words: Optional[list[str]] = None
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __add__(self, other: "Encoded") -> "Encoded":
+        words = None if self.words is None or other.words is None else self.words + other.words
+        return Encoded(self.ids + other.ids, words)
+
+    def __getitem__(self, sl: slice) -> "Encoded":
+        return Encoded(self.ids[sl], None if self.words is None else self.words[sl])
+
+
+def first_prefix(prefixes: Sequence[str]) -> Optional[str]:
+    """The first shard prefix of ``data.prefix`` (entries may be ``"weight prefix"`` pairs or a
+    flat ``[w1, p1, w2, p2]`` list)."""
+    for entry in prefixes or []:
+        parts = str(entry).split()
+        for p in parts:
+            try:
+                float(p)
+            except ValueError:
+                return p
+    return None
+
+
+def read_meta(prefix: Optional[str]) -> dict:
+    if not prefix:
+        return {}
+    base = prefix[: -len("_text_document")] if prefix.endswith("_text_document") else prefix
+    p = Path(base + "_meta.json")
+    if not p.is_file():
+        return {}
+    try:
+        return json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise DataError(f"{p} is not valid JSON ({e.msg})") from None
+
+
+def _base(prefix: str) -> str:
+    return prefix[: -len("_text_document")] if prefix.endswith("_text_document") else prefix
+
+
+def needs_codes(cfg) -> bool:
+    """True when the model reads word-hash codes (hash embedding or hash-code head)."""
+    return cfg.model.embedding != "vocab" or cfg.model.head != "vocab"
+
+
+@dataclass
+class TextCodec:
+    """Tokenizer + hasher of one checkpoint (see the module docstring)."""
+
+    kind: str  # "sentencepiece" | "words"
+    vocab_size: int  # real (unpadded) vocabulary: pieces, or the word table size
+    sp: object = None  # SentencePieceProcessor
+    word_list: Optional[list[str]] = None
+    spec: object = None  # HashSpec or None
+    table: object = None  # CodeTable or None
+    coder: object = None  # SubwordCoder or None
+    description: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.word_index = {w: i for i, w in enumerate(self.word_list)} if self.word_list else None
+
+    # ------------------------------------------------------------------ text <-> tokens
+    def encode(self, text: str) -> Encoded:
+        if self.kind == "words":
+            from megahash.hashing.words import split_words
+
+            words = split_words(text)
+            return Encoded([UNK_ID if w in _SPECIAL_WORDS else self.word_index.get(w, UNK_ID) for w in words], words)
+        return Encoded(list(self.sp.encode(text)))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        if self.kind == "words":
+            return " ".join(self.word_list[i] for i in ids if NUM_SPECIAL <= i < len(self.word_list))
+        return self.sp.decode([int(i) for i in ids if 0 <= i < self.vocab_size])
+
+    def special(self, token_id: int, n: int = 1) -> Encoded:
+        """``n`` copies of a special token (zero codes)."""
+        return Encoded([token_id] * n, None if self.kind != "words" else [""] * n)
+
+    def token_word(self, token_id: int) -> str:
+        """Word string of a generated word-stream token ("" for specials)."""
+        if self.kind != "words" or token_id < NUM_SPECIAL or token_id >= len(self.word_list):
+            return ""
+        return self.word_list[token_id]
+
+    # ------------------------------------------------------------------ hash codes
+    @property
+    def code_width(self) -> int:
+        return self.spec.width if self.spec is not None else 0
+
+    def codes(self, enc: Encoded) -> Optional[np.ndarray]:
+        """Codes [n, width] of a token sequence (None when the model reads none). Special ids
+        (< 5) get zero codes."""
+        if self.spec is None:
+            return None
+        ids = np.asarray(enc.ids, dtype=np.int64)
+        if len(ids) == 0:
+            return np.zeros((0, self.spec.width), self.spec.dtype)
+        self.table.maybe_reset()
+        if self.kind == "words":
+            words = enc.words if enc.words is not None else [self.token_word(int(i)) for i in ids]
+            rows = np.zeros(len(ids), np.int64)
+            real = [i for i, w in enumerate(words) if w]
+            if real:
+                rows[real] = self.table.lookup([words[i] for i in real])
+        else:
+            rows = self.coder.row_ids(ids, [0])
+            rows[ids < NUM_SPECIAL] = 0
+        return self.table.rows(self.spec.name, rows)
+
+
+_SPECIAL_WORDS = {"<s>", "<pad>", "</s>", "<unk>", "<mask>"}
+
+
+def _resolve_path(path: str, ckpt_dir: Optional[Path]) -> Optional[str]:
+    """A path as written in the config, tried as given, relative to the run directory, and with
+    ``.model`` appended."""
+    cands = [path]
+    if ckpt_dir is not None and not os.path.isabs(path):
+        cands += [str(ckpt_dir.parent / path), str(ckpt_dir / path)]
+    for c in cands:
+        for cand in (c, c + ".model"):
+            if os.path.isfile(cand):
+                return cand
+    return None
+
+
+def load_codec(cfg, ckpt_dir: Optional[Path] = None, tokenizer: Optional[str] = None,
+               model_vocab: Optional[int] = None) -> TextCodec:
+    """The :class:`TextCodec` of a checkpoint's config (``tokenizer`` overrides ``data.tokenizer``)."""
+    prefix = first_prefix(cfg.data.prefix)
+    meta = read_meta(prefix)
+    tok = tokenizer or cfg.data.tokenizer or (meta.get("tokenizer") or {}).get("path") or ""
+    if not tok and (meta.get("stream") or {}).get("kind") == "words":
+        tok = "words"
+    desc = {"tokenizer": tok, "prefix": prefix, "meta": bool(meta)}
+    word_list = sp = None
+    if tok == "words":
+        kind = "words"
+        name = (meta.get("stream") or {}).get("word_table")
+        if not prefix or not name:
+            raise DataError(
+                f"a word-stream checkpoint needs its word table (PREFIX_words.tsv beside data.prefix "
+                f"{prefix!r}); none found"
+            )
+        path = os.path.join(os.path.dirname(_base(prefix)), name)
+        if not os.path.isfile(path):
+            raise DataError(f"word table {path} not found (written by data_tools/preprocess_data.py --tokenizer words)")
+        from megahash.data.shards import read_word_table
+
+        word_list = read_word_table(path)
+        vocab = len(word_list)
+        desc["word_table"] = path
+    else:
+        if not tok:
+            raise ConfigError("the checkpoint's config names no tokenizer (data.tokenizer); pass --tokenizer")
+        path = _resolve_path(tok, ckpt_dir)
+        if path is None:
+            raise DataError(f"tokenizer model {tok!r} not found; pass --tokenizer PATH.model")
+        import sentencepiece as spm
+
+        try:
+            sp = spm.SentencePieceProcessor(model_file=path)
+        except (OSError, RuntimeError) as e:
+            raise DataError(f"cannot load sentencepiece model {path!r}: {str(e).splitlines()[0] if str(e) else e}") from None
+        kind, vocab = "sentencepiece", sp.get_piece_size()
+        desc["tokenizer"] = path
+    if model_vocab is not None and vocab > model_vocab:
+        raise CheckpointError(
+            f"the tokenizer has {vocab} entries but the checkpoint's vocabulary has {model_vocab}: "
+            f"checkpoint and tokenizer/config do not match"
+        )
+    spec = table = coder = None
+    if needs_codes(cfg):
+        from megahash.hashing.codes import CodeTable
+        from megahash.hashing.specs import parse_hash_spec
+
+        try:
+            spec = parse_hash_spec(cfg.model.embed.hash_spec)
+        except ValueError as e:
+            raise ConfigError(f"model.embed.hash_spec: {e}") from None
+        entry = next((s for s in meta.get("hash_specs", []) if s.get("name") == spec.name), {})
+        key = str(entry.get("key", "en")).encode("utf-8")
+        lsh = None
+        if spec.kind in ("lsh", "lsh-bucket"):
+            info = meta.get("lsh") or {}
+            if not prefix or not info.get("file"):
+                raise DataError(
+                    f"hash spec {spec.name} needs the LSH planes of the shards (PREFIX_lsh.npz and PREFIX_meta.json "
+                    f"beside data.prefix {prefix!r})"
+                )
+            from megahash.hashing.lsh import LSHModel
+
+            lsh_path = os.path.join(os.path.dirname(_base(prefix)), info["file"])
+            if not os.path.isfile(lsh_path):
+                raise DataError(f"LSH planes {lsh_path} not found")
+            lsh = LSHModel.load(lsh_path)
+            desc["lsh"] = lsh_path
+        table = CodeTable([spec], key=key, lsh=lsh)
+        if kind == "sentencepiece":
+            from megahash.hashing.tokens import SubwordCoder
+
+            unit = (meta.get("stream") or {}).get("hash_unit", "word")
+            coder = SubwordCoder(sp, table, unit)
+            desc["hash_unit"] = unit
+        desc.update({"hash_spec": spec.name, "md5_key": key.decode("utf-8", "replace")})
+    return TextCodec(kind, vocab, sp=sp, word_list=word_list, spec=spec, table=table, coder=coder, description=desc)
+
+
+def load_model(path, overrides: Optional[list[str]] = None):
+    """:func:`megahash.training.weights.load_for_inference` (one-line CheckpointError on bad weights)."""
+    from megahash.training.weights import load_for_inference
+
+    return load_for_inference(path, list(overrides or []))
