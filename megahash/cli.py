@@ -17,6 +17,11 @@ from megahash.errors import MegahashError
 SUBCOMMANDS = {
     "pretrain": "megahash.pretrain:main",
     "params": "megahash.cli:params_main",
+    "eval": "megahash.eval.run:main",
+    "indicators": "megahash.eval.indicators:main",
+    "report": "megahash.eval.report:main",
+    "export-hf": "megahash.convert.export:main",
+    "import-hf": "megahash.convert.importer:main",
 }
 
 
