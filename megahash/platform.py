@@ -244,13 +244,17 @@ def barrier() -> None:
         dist.barrier()
 
 
-def teardown() -> None:
-    """Barrier, destroy megatron state and the process group (avoids rare aborts at exit)."""
+def teardown(barrier: bool = True) -> None:
+    """Barrier, destroy megatron state and the process group (avoids rare aborts at exit).
+
+    ``barrier=False`` on an error path: a rank that failed must not wait for ranks that will never
+    reach the barrier (the launcher then stops the others)."""
     from megatron.core import parallel_state
 
     if dist.is_initialized():
         try:
-            dist.barrier()
+            if barrier:
+                dist.barrier()
         finally:
             if parallel_state.model_parallel_is_initialized():
                 parallel_state.destroy_model_parallel()

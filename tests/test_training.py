@@ -73,6 +73,35 @@ def test_resume_reproduces_uninterrupted_run(shakespeare_shards, tmp_path):
     assert "stop_after: 0" in cfg and f"save_dir: {split}" in cfg
 
 
+def test_hybrid_schedule_checkpoints_resume_and_load_at_tp1(shakespeare_shards, tmp_path):
+    """A schedule whose layers differ in parameters (RndEmbQK layers have no linear_qkv) saves at
+    TP=2 (one key per layer in the dist checkpoint), resumes bit-exactly and loads at TP=1."""
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    common = ["train.eval_interval=0", "model.num_layers=4", "model.schedule=list:mha,rndembqk,mhe-mul,mqa",
+              "parallel.tensor=2"]
+    r = pretrain(base(shakespeare_shards, straight, 6, *common), ranks=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = pretrain(base(shakespeare_shards, split, 6, *common, "train.stop_after=3"), ranks=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = pretrain(base(shakespeare_shards, split, 6, *common), ranks=2)
+    assert r.returncode == 0 and "resumed from" in r.stdout, r.stderr[-3000:]
+    a, b = train_losses(straight), train_losses(split)
+    assert [a[s] for s in range(1, 7)] == [b[s] for s in range(1, 7)]
+    script = ("import sys\n"
+              "from megahash.training.weights import load_for_inference\n"
+              "_, m, _ = load_for_inference(sys.argv[1])\n"
+              "print(sorted(type(l.self_attention).__name__ for l in m.decoder.layers))\n")
+    r = run([sys.executable, "-c", script, str(straight)])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert len(set(eval(r.stdout.strip().splitlines()[-1]))) >= 3
+    # a model with fewer layers is refused with the layers it does not have, not loaded partially
+    script = ("import sys\n"
+              "from megahash.training.weights import load_for_inference\n"
+              "load_for_inference(sys.argv[1], ['model.num_layers=3', 'model.schedule=list:mha,rndembqk,mhe-mul'])\n")
+    r = run([sys.executable, "-c", script, str(straight)])
+    assert r.returncode != 0 and "the model has no ['decoder.layers.3." in r.stderr, r.stderr[-3000:]
+
+
 def test_interrupted_save_keeps_previous_checkpoint(shakespeare_shards, tmp_path):
     run_dir = tmp_path / "run"
     args = base(shakespeare_shards, run_dir, 8, "train.save_interval=4", "train.eval_interval=0")

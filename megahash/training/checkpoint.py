@@ -114,7 +114,7 @@ def check_compatible(ckpt: Path, cfg: Config) -> dict:
     """Raise a one-line CheckpointError if ``ckpt`` was made by another model or TP layout."""
     state = read_state(ckpt)
     saved, now = state.get("signature", {}), model_signature(cfg)
-    if saved.get("tensor_parallel") != now["tensor_parallel"]:
+    if saved.get("tensor_parallel") != now["tensor_parallel"] and not state.get("weights_only"):
         raise CheckpointError(
             f"checkpoint {ckpt} was saved with parallel.tensor={saved.get('tensor_parallel')}, this run uses "
             f"{now['tensor_parallel']}; resume with the same TP size (or convert via export-hf/import-hf)"
@@ -187,6 +187,8 @@ def prune(root: Path, keep_last: int) -> None:
 def load(engine, ckpt: Path, cfg: Config) -> dict:
     """Load model, optimizer, scheduler and this rank's RNG from ``ckpt``; return the state dict."""
     state = check_compatible(ckpt, cfg)
+    if state.get("weights_only"):
+        return _load_weights_only(engine, ckpt, cfg, state)
     path, _client = engine.load_checkpoint(str(ckpt.parent), tag=ckpt.name, load_optimizer_states=True,
                                            load_lr_scheduler_states=True)
     if path is None:
@@ -194,4 +196,34 @@ def load(engine, ckpt: Path, cfg: Config) -> dict:
     rng_file = ckpt / f"rng_rank{_rank():05d}.json"
     if rng_file.is_file():
         platform.set_rng_state(_from_jsonable(json.loads(rng_file.read_text())))
+    return state
+
+
+def _load_weights_only(engine, ckpt: Path, cfg: Config, state: dict) -> dict:
+    """A checkpoint holding only model weights (``megahash import-hf``, marked ``weights_only``):
+    load them from its megatron dist checkpoint at this run's TP size; the optimizer starts fresh
+    (its fp32 master copies are refreshed from the loaded weights) and the LR scheduler is
+    fast-forwarded to the checkpoint's step."""
+    import contextlib
+    import warnings
+
+    from megahash.training.weights import WEIGHTS_DIR, load_weights
+
+    module = engine.module
+    gathered = contextlib.nullcontext()
+    if cfg.train.zero_stage == 3:
+        import deepspeed
+
+        gathered = deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=0)
+    with gathered:
+        load_weights(module, ckpt / WEIGHTS_DIR)
+    refresh = getattr(engine.optimizer, "refresh_fp32_params", None)
+    if refresh is not None:
+        refresh()
+    scheduler = getattr(engine, "lr_scheduler", None)
+    if scheduler is not None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for _ in range(int(state.get("step", 0))):
+                scheduler.step()
     return state

@@ -74,6 +74,7 @@ def train(cfg: Config) -> int:
     from megahash.objectives import build_objective
 
     rank, world = platform.init_distributed(cfg.parallel.tensor, cfg.parallel.sequence)
+    completed = False
     try:
         dp_size = parallel_state.get_data_parallel_world_size()
         dp_rank = parallel_state.get_data_parallel_rank()
@@ -182,9 +183,10 @@ def train(cfg: Config) -> int:
 
             evaluate_checkpoint(save_dir, cfg.eval.tasks or None, cfg.eval.tasks_dir or None, None,
                                 batch_size=cfg.eval.batch_size)
+        completed = True
         return exit_status
     finally:
-        platform.teardown()
+        platform.teardown(barrier=completed)
 
 
 def scheduler_lr(engine) -> float:

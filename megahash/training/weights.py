@@ -5,6 +5,14 @@ knows how each TP shard maps into the full tensor, including the interleaved Swi
 a checkpoint trained at any TP size and ZeRO stage loads into a model of any other TP size.
 ``load_for_inference`` builds the TP=1 model of a checkpoint's resolved config in this process and
 loads those weights: evaluation and Hugging Face export start from it.
+
+Layer layouts: megatron-core's ``TransformerBlock.sharded_state_dict`` stacks the tensors of all
+layers under one key per parameter name (a layer axis) unless told the layers are not homogeneous.
+A schedule that mixes attention kinds (``hybrid:rndembqk:even``: ``linear_kv`` in some layers,
+``linear_k``/``linear_v`` in others) leaves holes in the stacked keys and ``dist_checkpointing.save``
+refuses them ("Invalid access pattern"), so such models are saved with
+``metadata={"non_homogeneous_layers": True}`` (one key per layer, ``decoder.layers.N.*``);
+homogeneous models keep the stacked layout. Loading tries the model's own layout, then the other.
 """
 from __future__ import annotations
 
@@ -27,13 +35,64 @@ def _gathered(module, zero_stage: int):
     return contextlib.nullcontext()
 
 
+def homogeneous(model) -> bool:
+    """True when every layer has the same parameter names and shapes (megatron's stacked layout works)."""
+    names = [tuple(sorted((n, tuple(p.shape)) for n, p in layer.named_parameters())) for layer in model.decoder.layers]
+    return len(set(names)) <= 1
+
+
+def sharded_metadata(model) -> dict | None:
+    """``sharded_state_dict`` metadata of the layer layout this model is saved in (module docstring)."""
+    return None if homogeneous(model) else {"non_homogeneous_layers": True}
+
+
 def save_weights(module: torch.nn.Module, directory: Path, zero_stage: int = 0) -> None:
     """Collective: every rank contributes its shards to ``directory`` (created, must be new)."""
     from megatron.core import dist_checkpointing
 
+    directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     with _gathered(module, zero_stage):
-        dist_checkpointing.save(module.sharded_state_dict(), str(directory))
+        dist_checkpointing.save(module.sharded_state_dict(metadata=sharded_metadata(module)), str(directory))
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [l.strip() for l in str(e).splitlines() if "Exception:" in l or "Error:" in l or "mismatch" in l]
+    return (lines[-1] if lines else (str(e).strip().splitlines() or [type(e).__name__])[0])[:300]
+
+
+def load_weights(model: torch.nn.Module, directory: Path) -> None:
+    """Collective: load the dist checkpoint in ``directory`` into ``model`` (any TP size, either layer
+    layout). CheckpointError naming the mismatch when the weights are from another model."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.validation import StrictHandling
+
+    first = sharded_metadata(model)
+    errors = []
+    for metadata in (first, None if first else {"non_homogeneous_layers": True}):
+        try:
+            # RETURN_ALL: keys the model asks for that the checkpoint lacks ("unexpected" in megatron's
+            # words) and checkpoint keys the model does not ask for ("missing") come back instead of
+            # failing the load. Only ``_extra_state`` may differ (None for megatron's local linears; a
+            # replicated K/V projection, e.g. MQA at TP=2, has none)
+            loaded, extra, lacking = dist_checkpointing.load(model.sharded_state_dict(metadata=metadata),
+                                                             str(directory), strict=StrictHandling.RETURN_ALL)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # megatron/torch raise several kinds; torch's CheckpointException is a BaseException
+            errors.append(_first_line(e))
+            continue
+        lacking = sorted(k for k in lacking if "_extra_state" not in k)
+        extra = sorted(k for k in extra if "_extra_state" not in k)
+        if lacking or extra:
+            errors.append(f"the checkpoint lacks {lacking[:3]}" if lacking else f"the model has no {extra[:3]}")
+            continue
+        missing, _unexpected = model.load_state_dict(loaded, strict=False)
+        missing = [k for k in missing if not k.endswith("_extra_state")]
+        if missing:
+            raise CheckpointError(f"checkpoint {directory} lacks weights for {missing[:3]}; it is from another model")
+        return
+    raise CheckpointError(f"weights in {directory} do not fit the model of its config: {errors[0]}")
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -68,8 +127,6 @@ def checkpoint_config(ckpt: Path, overrides: list[str] | None = None):
 
 def load_for_inference(path: str | Path, overrides: list[str] | None = None, dtype=torch.float32):
     """(cfg, model at TP=1 in eval mode, checkpoint dir) of a megahash checkpoint, in this process."""
-    from megatron.core import dist_checkpointing
-
     from megahash import platform
     from megahash.models.model import MegahashLM
     from megahash.training import checkpoint
@@ -83,17 +140,6 @@ def load_for_inference(path: str | Path, overrides: list[str] | None = None, dty
     if not vocab:
         raise CheckpointError(f"checkpoint {ckpt} does not record its vocabulary size")
     model = MegahashLM(cfg, vocab, dtype, init=False)
-    try:
-        loaded = dist_checkpointing.load(model.sharded_state_dict(), str(ckpt / WEIGHTS_DIR))
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except BaseException as e:  # megatron/torch raise several kinds; torch's CheckpointException is a BaseException
-        lines = [l.strip() for l in str(e).splitlines() if "Exception:" in l or "Error:" in l or "mismatch" in l]
-        detail = (lines[-1] if lines else (str(e).splitlines() or [type(e).__name__])[0])[:300]
-        raise CheckpointError(f"weights in {ckpt / WEIGHTS_DIR} do not fit the model of its config: {detail}") from None
-    missing, unexpected = model.load_state_dict(loaded, strict=False)
-    missing = [k for k in missing if not k.endswith("_extra_state")]
-    if missing:
-        raise CheckpointError(f"checkpoint {ckpt} lacks weights for {missing[:3]}; it is from another model")
+    load_weights(model, ckpt / WEIGHTS_DIR)
     model.eval()
     return cfg, model, ckpt

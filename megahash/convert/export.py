@@ -1,0 +1,330 @@
+"""``megahash export-hf``: a megahash checkpoint -> a Hugging Face model folder.
+
+    megahash export-hf --checkpoint RUN_OR_STEP_DIR --output HFDIR [--dtype float32|bfloat16]
+                       [--format auto|megahash|qwen2] [--tokenizer PATH] [--no-verify]
+
+The checkpoint (any TP size / ZeRO stage: its megatron dist checkpoint ``step_N/model/`` is loaded
+at TP=1 by :func:`megahash.training.weights.load_for_inference`) becomes:
+
+``--format megahash`` (every model): ``model.safetensors`` (megahash's TP=1 parameter names under
+``model.``/``output_layer``/``head``; the fixed input of rndembqk/fixedseqqk and the rolling seeds as
+buffers), ``config.json`` (``model_type: megahash``, ``auto_map`` for AutoConfig /
+AutoModelForCausalLM (decoders) or AutoModelForMaskedLM (encoders) / AutoModel, per-layer specs, and
+the full resolved megahash config under ``megahash_config``), the remote code
+``configuration_megahash.py``, ``modeling_megahash.py``, ``hashing_megahash.py`` (torch +
+transformers + numpy only), ``generation_config.json``, the tokenizer files
+(:mod:`megahash.convert.tokenizer`) and, for hash embeddings, ``megahash_hashing.json`` with the
+files raw text needs (sentencepiece pieces or the word table, ``megahash_lsh.npz``).
+
+``--format qwen2``: decoders with only standard attention (``mha``/``gqa``/``mqa`` with one group
+count), a vocabulary embedding and head and the clm objective, as a native ``Qwen2ForCausalLM``
+(no remote code; :mod:`megahash.convert.qwen2`). ``auto`` (default) picks qwen2 when eligible.
+
+Logits are over the real vocabulary (the tokenizer's); the rows megatron added to make the table
+divisible by 128 x TP are kept in ``model.safetensors`` (megahash format) or
+``megahash_extra.safetensors`` (qwen2) so that ``megahash import-hf`` restores them exactly.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+from megahash.errors import CheckpointError, ConfigError, MegahashError
+
+HF_DIR = Path(__file__).resolve().parent / "hf"
+REMOTE_FILES = ["configuration_megahash.py", "modeling_megahash.py", "hashing_megahash.py"]
+WEIGHTS_FILE = "model.safetensors"
+EXTRA_FILE = "megahash_extra.safetensors"
+HASHING_FILE = "megahash_hashing.json"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SPECIAL_IDS = {"bos_token_id": 0, "pad_token_id": 1, "eos_token_id": 2}
+# megahash parameter prefixes that live in the base model (``model.``) of the HF classes
+BASE_PREFIXES = ("embedding.", "decoder.", "fixed_qk.")
+
+
+# ----------------------------------------------------------------------------------- state dicts
+
+def megahash_state(model) -> dict:
+    """TP=1 tensors of a MegahashLM (parameters and persistent buffers; no ``_extra_state``)."""
+    out = {}
+    for k, v in model.state_dict().items():
+        if k.endswith("_extra_state") or not torch.is_tensor(v):
+            continue
+        out[k] = v.detach()
+    return out
+
+
+def to_hf_names(state: dict) -> dict:
+    return {("model." + k if k.startswith(BASE_PREFIXES) else k): v for k, v in state.items()}
+
+
+def from_hf_names(state: dict) -> dict:
+    return {(k[len("model."):] if k.startswith("model.") else k): v for k, v in state.items()}
+
+
+def cast(state: dict, dtype: torch.dtype) -> dict:
+    """Floating tensors to ``dtype`` (contiguous, cloned); integer buffers unchanged."""
+    return {k: (v.to(dtype) if v.is_floating_point() else v).contiguous().clone() for k, v in state.items()}
+
+
+# ----------------------------------------------------------------------------------- config
+
+def layer_specs(model) -> list[dict]:
+    """Per layer: attention kind and what the HF model needs to build it."""
+    from megahash.models import registry
+
+    cfg = model.cfg
+    kinds = model.layer_kinds
+    skipped = registry.skipped_layers(cfg, kinds)
+    specs = []
+    for layer, kind, skip in zip(model.decoder.layers, kinds, skipped):
+        att = layer.self_attention
+        if kind == "mha-megatron":
+            raise ConfigError("attention kind mha-megatron (the megatron reference) has no Hugging Face export; "
+                              "use mha")
+        spec = {"kind": kind, "groups": int(getattr(att, "groups", 0) or cfg.model.num_heads), "skip": bool(skip)}
+        if kind == "mlp":
+            spec["width"] = int(att.width)
+        if kind in ("approx", "nonapprox"):
+            spec["chunk_size"] = int(getattr(att, "chunk_size", 0) or 0)
+        specs.append(spec)
+    return specs
+
+
+def embed_meta(model) -> dict:
+    """What the HF embedding / head classes need beyond the sizes."""
+    cfg, emb = model.cfg, model.embedding
+    e = cfg.model.embed
+    kind = cfg.model.embedding
+    meta: dict = {}
+    if kind == "hash-emb":
+        meta.update(num_rows=emb.num_rows, mode=emb.mode, padded_rows=emb.padded_rows)
+    elif kind == "pool":
+        meta.update(num_bits=emb.num_bits, pool_bits=emb.k)
+    elif kind in ("add", "proj"):
+        meta.update(num_bits=emb.num_bits)
+    elif kind == "bert-hash":
+        meta.update(projections=emb.projections)
+    elif kind == "rolling":
+        meta.update(rolling_ngram=emb.n, max_len=emb.max_len, width=emb.width, rolling_buckets=emb.buckets,
+                    rolling_dim=emb.dim, rolling_linear=emb.linear is not None, rolling_seed=e.rolling_seed)
+    head = getattr(model, "head", None)
+    if head is not None and hasattr(head, "padded"):
+        meta["head_padded_rows"] = int(head.padded)
+    return meta
+
+
+def hf_config_dict(cfg, model, vocab_size: int, step: int) -> dict:
+    """Fields of ``MegahashConfig`` for a loaded megahash model."""
+    from megahash.eval.text import needs_codes
+    from megahash.models.embeddings.base import parse_spec
+
+    m = cfg.model
+    spec = parse_spec(cfg, m.embedding) if needs_codes(cfg) else None
+    fixed = None
+    if model.fixed_qk is not None:
+        f = model.fixed_qk
+        buf = f.epsilon if f.source == "random" else f.tokens
+        fixed = {"kind": f.kind, "source": f.source, "length": int(buf.shape[0]), "active": bool(f.active())}
+    num_buckets = 0
+    if m.head == "hash-bucket":
+        num_buckets = int(model.head.num_buckets)
+    tree = cfg.to_dict()
+    return dict(
+        megahash_config=tree, vocab_size=int(vocab_size), padded_vocab_size=int(model.vocab_size),
+        hidden_size=m.hidden_size, num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads,
+        num_key_value_heads=m.num_query_groups or m.num_heads, intermediate_size=m.ffn_hidden_size,
+        max_position_embeddings=m.max_position_embeddings, rope_theta=float(m.rotary_base), norm_eps=m.norm_eps,
+        arch=m.arch, objective=cfg.train.objective, embedding=m.embedding, head=m.head,
+        tie_embeddings=bool(model.tie), qkv_bias=bool(m.qkv_bias), layer_specs=layer_specs(model),
+        embed=embed_meta(model), fixed_qk=fixed, hash_spec=spec.name if spec is not None else None,
+        code_width=spec.width if spec is not None else 0, num_buckets=num_buckets, megahash_step=int(step),
+        **SPECIAL_IDS,
+    )
+
+
+# ----------------------------------------------------------------------------------- files
+
+def write_hashing_files(out: Path, codec, cfg) -> list[str]:
+    """``megahash_hashing.json`` (+ pieces / word table / LSH planes) for raw text -> ids, codes."""
+    files = [HASHING_FILE]
+    meta = {"kind": "words" if codec.kind == "words" else "sentencepiece",
+            "hash_spec": codec.spec.name if codec.spec is not None else None,
+            "md5_key": codec.description.get("md5_key", "en"), "hash_unit": codec.description.get("hash_unit", "word")}
+    if codec.kind == "words":
+        (out / "megahash_words.json").write_text(json.dumps(codec.word_list, ensure_ascii=False))
+        meta["words_file"] = "megahash_words.json"
+        files.append("megahash_words.json")
+    else:
+        sp = codec.sp
+        from megahash.hashing.words import SPECIAL_TOKENS
+
+        pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+        special = [bool(sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i) or sp.is_byte(i)
+                        or pieces[i] in SPECIAL_TOKENS) for i in range(len(pieces))]
+        (out / "megahash_pieces.json").write_text(json.dumps({"pieces": pieces, "special": special}, ensure_ascii=False))
+        meta.update(pieces_file="megahash_pieces.json", sp_model="tokenizer.model")
+        files.append("megahash_pieces.json")
+    if codec.spec is not None and codec.spec.kind in ("lsh", "lsh-bucket"):
+        shutil.copyfile(codec.description["lsh"], out / "megahash_lsh.npz")
+        meta["lsh_file"] = "megahash_lsh.npz"
+        files.append("megahash_lsh.npz")
+    (out / HASHING_FILE).write_text(json.dumps(meta, indent=1))
+    return files
+
+
+def generation_config(out: Path, max_length: int) -> None:
+    (out / "generation_config.json").write_text(json.dumps(
+        {**SPECIAL_IDS, "do_sample": False}, indent=1))
+
+
+def save_tensors(path: Path, tensors: dict, meta: dict | None = None) -> None:
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path), metadata={"format": "pt", **(meta or {})})
+
+
+# ----------------------------------------------------------------------------------- export
+
+def load_checkpoint(checkpoint, tokenizer: str | None = None):
+    """(cfg, TP=1 model, checkpoint dir, codec or None, step) of a megahash checkpoint."""
+    from megahash.eval.text import load_codec
+    from megahash.training import checkpoint as ckpt_mod
+    from megahash.training.weights import load_for_inference
+
+    cfg, model, ckpt = load_for_inference(checkpoint)
+    step = int(ckpt_mod.read_state(ckpt).get("step", 0))
+    try:
+        codec = load_codec(cfg, ckpt, tokenizer, model_vocab=model.vocab_size)
+    except MegahashError as e:
+        print(f"megahash export-hf: warning: no tokenizer/hashing files ({e})", file=sys.stderr)
+        codec = None
+    return cfg, model, ckpt, codec, step
+
+
+def export_model(cfg, model, output, codec=None, step: int = 0, dtype: str = "float32", fmt: str = "auto",
+                 vocab_size: int | None = None) -> dict:
+    """Write the HF folder of an in-memory TP=1 megahash model; returns a summary dict."""
+    from megahash.convert import qwen2
+
+    if dtype not in DTYPES:
+        raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if fmt not in ("auto", "megahash", "qwen2"):
+        raise ConfigError(f"--format must be auto, megahash or qwen2, got {fmt!r}")
+    why = qwen2.ineligible(cfg, model)
+    if fmt == "qwen2" and why:
+        raise ConfigError(f"--format qwen2 needs a decoder with only standard attention and a vocabulary embedding "
+                          f"and head: {why}; use --format megahash")
+    fmt = "qwen2" if fmt == "qwen2" or (fmt == "auto" and not why) else "megahash"
+    vocab = int(vocab_size or (codec.vocab_size if codec is not None else 0) or cfg.model.vocab_size or model.vocab_size)
+    if vocab > model.vocab_size:
+        raise CheckpointError(f"vocabulary {vocab} exceeds the checkpoint's {model.vocab_size} rows")
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in (WEIGHTS_FILE, EXTRA_FILE, HASHING_FILE, "megahash_lsh.npz", "megahash_pieces.json",
+                  "megahash_words.json", "tokenization_megahash.py", *REMOTE_FILES):
+        (out / stale).unlink(missing_ok=True)
+    torch_dtype = DTYPES[dtype]
+    state = megahash_state(model)
+    fields = hf_config_dict(cfg, model, vocab, step)
+    files = []
+    if fmt == "qwen2":
+        files += qwen2.write(out, cfg, model, state, fields, torch_dtype)
+    else:
+        from megahash.convert.hf.configuration_megahash import MegahashConfig
+
+        save_tensors(out / WEIGHTS_FILE, cast(to_hf_names(state), torch_dtype))
+        for name in REMOTE_FILES:
+            shutil.copyfile(HF_DIR / name, out / name)
+        encoder = cfg.model.arch == "encoder"
+        head_cls = "MegahashForMaskedLM" if encoder else "MegahashForCausalLM"
+        auto_map = {"AutoConfig": "configuration_megahash.MegahashConfig",
+                    "AutoModel": "modeling_megahash.MegahashModel",
+                    ("AutoModelForMaskedLM" if encoder else "AutoModelForCausalLM"): f"modeling_megahash.{head_cls}"}
+        config = MegahashConfig(**fields, auto_map=auto_map, architectures=[head_cls], dtype=dtype)
+        config.save_pretrained(str(out))
+        files += [WEIGHTS_FILE, "config.json", *REMOTE_FILES]
+    generation_config(out, cfg.model.max_position_embeddings)
+    files.append("generation_config.json")
+    tok_info = {"mismatches": None}
+    if codec is not None:
+        from megahash.convert.tokenizer import write_tokenizer
+
+        tok_info = write_tokenizer(out, codec, cfg.model.max_position_embeddings)
+        files += tok_info["files"]
+        files += write_hashing_files(out, codec, cfg)
+        if tok_info["mismatches"]:
+            print(f"megahash export-hf: warning: tokenizer.json differs from the run's tokenizer on "
+                  f"{tok_info['mismatches']} probe texts; use model.encode_text for exact ids", file=sys.stderr)
+    return {"output": str(out), "format": fmt, "dtype": dtype, "vocab_size": vocab,
+            "padded_vocab_size": int(model.vocab_size), "step": int(step), "files": sorted(set(files)),
+            "tokenizer_mismatches": tok_info["mismatches"], "qwen2_ineligible": why or None}
+
+
+def export_hf(checkpoint, output, dtype: str = "float32", fmt: str = "auto", tokenizer: str | None = None,
+              vocab_size: int | None = None, verify: bool = False) -> dict:
+    """Export a megahash checkpoint (run dir or step dir) to ``output``; see the module docstring."""
+    cfg, model, ckpt, codec, step = load_checkpoint(checkpoint, tokenizer)
+    summary = export_model(cfg, model, output, codec, step, dtype, fmt, vocab_size)
+    summary["checkpoint"] = str(ckpt)
+    if verify:
+        from megahash.convert.verify import verify_export
+
+        summary["verify"] = verify_export(cfg, model, output, codec)
+    return summary
+
+
+def main(argv=None) -> int:
+    from megahash.cli import run_guarded
+
+    p = argparse.ArgumentParser(prog="megahash export-hf", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", required=True, help="run directory (its latest) or step_N directory")
+    p.add_argument("--output", required=True, help="Hugging Face folder to write")
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    p.add_argument("--format", default="auto", choices=["auto", "megahash", "qwen2"])
+    p.add_argument("--tokenizer", default=None, help="override data.tokenizer of the run")
+    p.add_argument("--vocab-size", type=int, default=None, help="real vocabulary (default: the tokenizer's)")
+    p.add_argument("--no-verify", action="store_true", help="skip loading the export and comparing logits")
+    args = p.parse_args(argv)
+
+    def run():
+        import os
+
+        import torch.distributed as dist
+
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+        owned = not dist.is_initialized()
+        try:
+            s = export_hf(args.checkpoint, args.output, args.dtype, args.format, args.tokenizer, args.vocab_size,
+                          verify=not args.no_verify)
+        finally:
+            if owned:
+                _teardown()
+        print(f"megahash export-hf: {s['checkpoint']} -> {s['output']} ({s['format']} format, {s['dtype']}, "
+              f"vocabulary {s['vocab_size']}, step {s['step']})")
+        if "verify" in s:
+            v = s["verify"]
+            print(f"megahash export-hf: verified: max |logit difference| {v['max_abs_diff']:.3g} on {v['tokens']} tokens")
+        return 0
+
+    return run_guarded(run)
+
+
+def _teardown() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        from megahash import platform
+
+        platform.teardown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""``megahash import-hf``: a Hugging Face folder written by ``export-hf`` -> a megahash checkpoint.
+
+    megahash import-hf --hf HFDIR --output RUN_DIR [--step N]
+
+Reads the full megahash config stored in ``config.json`` (``megahash_config``), builds the TP=1
+``MegahashLM`` of it, loads the weights (``model.safetensors`` of the megahash format, or the
+renamed Qwen2 tensors plus ``megahash_extra.safetensors``; safetensors only) and writes a complete
+checkpoint ``RUN_DIR/step_N/`` (``model/`` megatron dist checkpoint, ``resolved_config.yaml``,
+``megahash_state.json`` marked ``weights_only``) plus ``RUN_DIR/latest``. N is the step the export
+was made at (``--step`` overrides).
+
+Continue pretraining with ``train.save_dir=RUN_DIR train.resume=auto`` (any TP size: the weights
+are a dist checkpoint; the trainer starts a fresh optimizer and LR scheduler, fast-forwarded to
+step N, for a ``weights_only`` checkpoint). ``resolved_config.yaml`` is the exported run's config
+(data paths included); ``python megahash/pretrain.py --config RUN_DIR/resolved_config.yaml
+train.save_dir=RUN_DIR ...`` continues it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+from megahash.errors import CheckpointError, ConfigError
+
+
+def read_hf(folder) -> dict:
+    """{"tree", "format", "state" (megahash TP=1 names, float32), "padded", "step"} of an export."""
+    from safetensors.torch import load_file
+
+    from megahash.convert.export import EXTRA_FILE, WEIGHTS_FILE, from_hf_names
+
+    folder = Path(folder)
+    cfg_path = folder / "config.json"
+    if not cfg_path.is_file():
+        raise CheckpointError(f"{folder} is not a Hugging Face model folder (no config.json)")
+    data = json.loads(cfg_path.read_text())
+    tree = data.get("megahash_config")
+    if not tree:
+        raise CheckpointError(f"{cfg_path} has no megahash_config: it was not written by megahash export-hf")
+    if not (folder / WEIGHTS_FILE).is_file():
+        raise CheckpointError(f"{folder} has no {WEIGHTS_FILE}")
+    tensors = load_file(str(folder / WEIGHTS_FILE))
+    fmt = data.get("model_type")
+    if fmt == "megahash":
+        state, padded = from_hf_names(tensors), int(data["padded_vocab_size"])
+    elif fmt == "qwen2":
+        from megahash.config import config_from_dict
+        from megahash.convert import qwen2
+
+        extra = load_file(str(folder / EXTRA_FILE)) if (folder / EXTRA_FILE).is_file() else {}
+        padded = int(data.get("megahash_padded_vocab_size") or data["vocab_size"])
+        state = qwen2.from_qwen2(tensors, extra, config_from_dict(_tp1(tree)), int(data["megahash_kv_groups"]), padded)
+    else:
+        raise CheckpointError(f"{cfg_path}: model_type {fmt!r} is neither megahash nor qwen2")
+    state = {k: (v.float() if v.is_floating_point() else v) for k, v in state.items()}
+    return {"tree": tree, "format": fmt, "state": state, "padded": padded, "step": int(data.get("megahash_step", 0))}
+
+
+def _tp1(tree: dict) -> dict:
+    tree = json.loads(json.dumps(tree))
+    tree["parallel"] = {"tensor": 1, "sequence": False}
+    return tree
+
+
+def build_model(tree: dict, padded: int, save_dir=None):
+    """(cfg, TP=1 MegahashLM without initialisation) of a resolved config tree."""
+    from megahash import platform
+    from megahash.config import config_from_dict
+    from megahash.models.model import MegahashLM
+
+    tree = _tp1(tree)
+    att = tree.get("model", {}).get("attention", {})
+    if att.get("fixed_text") and not os.path.isfile(att["fixed_text"]):
+        att["fixed_text"] = ""  # the fixed tokens come with the weights (fixed_qk.tokens)
+    if save_dir is not None:
+        tree.setdefault("train", {})["save_dir"] = str(save_dir)
+    cfg = config_from_dict(tree)
+    platform.init_distributed(1)
+    platform.seed_all(cfg.train.seed)
+    return cfg, MegahashLM(cfg, padded, torch.float32, init=False)
+
+
+def load_state(model, state: dict) -> None:
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.endswith("_extra_state")]
+    if missing or unexpected:
+        raise CheckpointError(f"the weights do not fit the model of megahash_config: missing {missing[:3]}, "
+                              f"unexpected {list(unexpected)[:3]}")
+
+
+def write_weights_checkpoint(model, cfg, save_dir, step: int, extra: dict | None = None) -> Path:
+    """A complete, weights-only megahash checkpoint ``save_dir/step_N`` (+ ``latest``) of a TP=1 model."""
+    from megahash.config import save_config
+    from megahash.training import checkpoint
+    from megahash.training.weights import WEIGHTS_DIR, save_weights
+
+    root = Path(save_dir)
+    if checkpoint.complete_checkpoints(root):
+        raise CheckpointError(f"{root} already holds megahash checkpoints; import into a new directory")
+    root.mkdir(parents=True, exist_ok=True)
+    tag = checkpoint.tag_for(step)
+    tmp = root / (tag + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_weights(model, tmp / WEIGHTS_DIR)
+    save_config(cfg, tmp / "resolved_config.yaml")
+    state = {"step": int(step), "consumed_samples": int(step) * cfg.train.global_batch_size,
+             "signature": checkpoint.model_signature(cfg), "padded_vocab_size": int(model.vocab_size),
+             "world_size": 1, "weights_only": True, **(extra or {})}
+    (tmp / checkpoint.STATE_FILE).write_text(json.dumps(state, indent=1))
+    os.replace(tmp, root / tag)
+    (root / "latest").write_text(tag)
+    save_config(cfg, root / "resolved_config.yaml")
+    return root / tag
+
+
+def import_hf(hf_dir, output, step: int | None = None) -> dict:
+    got = read_hf(hf_dir)
+    cfg, model = build_model(got["tree"], got["padded"], save_dir=output)
+    load_state(model, got["state"])
+    n = got["step"] if step is None else int(step)
+    ckpt = write_weights_checkpoint(model, cfg, output, n, {"imported_from": str(Path(hf_dir).resolve()),
+                                                              "imported_format": got["format"]})
+    return {"checkpoint": str(ckpt), "step": n, "format": got["format"]}
+
+
+def main(argv=None) -> int:
+    from megahash.cli import run_guarded
+
+    p = argparse.ArgumentParser(prog="megahash import-hf", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hf", required=True, help="folder written by megahash export-hf")
+    p.add_argument("--output", required=True, help="new run directory for the checkpoint")
+    p.add_argument("--step", type=int, default=None, help="step number of the checkpoint (default: the export's)")
+    args = p.parse_args(argv)
+
+    def run():
+        if args.step is not None and args.step < 0:
+            raise ConfigError(f"--step must be >= 0, got {args.step}")
+        import torch.distributed as dist
+
+        owned = not dist.is_initialized()
+        try:
+            s = import_hf(args.hf, args.output, args.step)
+        finally:
+            from megahash.convert.export import _teardown
+
+            if owned:
+                _teardown()
+        print(f"megahash import-hf: {args.hf} ({s['format']}) -> {s['checkpoint']} (weights only; resume with "
+              f"train.save_dir={args.output} train.resume=auto)")
+        return 0
+
+    return run_guarded(run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

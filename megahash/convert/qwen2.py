@@ -1,0 +1,171 @@
+"""Native ``Qwen2ForCausalLM`` export (no remote code) of standard-attention megahash decoders.
+
+Eligible: ``model.arch=decoder``, ``train.objective=clm``, ``model.embedding=vocab``, ``model.head=vocab``,
+every layer ``mha``/``gqa``/``mqa`` with the same number of key/value groups and none dropped by
+`skip` mode. megahash's decoder is Qwen2.5's block (RMSNorm, SwiGLU, RoPE, QKV bias), so the
+mapping is a renaming:
+
+=========================================================  ==============================================
+megahash (TP=1)                                            Qwen2
+=========================================================  ==============================================
+``embedding.word_embeddings.weight`` (rows < vocab)        ``model.embed_tokens.weight``
+``decoder.layers.N.input_layernorm.weight``                ``model.layers.N.input_layernorm.weight``
+``...self_attention.linear_q.{weight,bias}``               ``...self_attn.q_proj.{weight,bias}``
+``...self_attention.linear_kv`` rows ``[g][k (d), v (d)]``  ``...self_attn.k_proj`` / ``v_proj`` (group-major)
+``...self_attention.linear_proj.weight``                   ``...self_attn.o_proj.weight``
+``...pre_mlp_layernorm.weight``                            ``...post_attention_layernorm.weight``
+``...mlp.linear_fc1.weight`` rows ``[gate (f); up (f)]``    ``...mlp.gate_proj`` / ``mlp.up_proj``
+``...mlp.linear_fc2.weight``                               ``...mlp.down_proj.weight``
+``decoder.final_layernorm.weight``                         ``model.norm.weight``
+``output_layer.weight`` (rows < vocab; absent when tied)   ``lm_head.weight`` (``tie_word_embeddings``)
+=========================================================  ==============================================
+
+RoPE: megatron's non-interleaved rotary is Hugging Face's ``rotate_half`` (same inv_freq with
+``rope_theta = model.rotary_base``); ``rms_norm_eps = model.norm_eps``; Qwen2 always has q/k/v biases
+(zeros when ``model.qkv_bias=false``). The TP padding rows of the vocabulary tables go to
+``megahash_extra.safetensors`` (``import-hf`` restores them) since Qwen2's tables have the real
+vocabulary's size.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+STANDARD = ("mha", "gqa", "mqa")
+
+
+def ineligible(cfg, model) -> str:
+    """"" if the model exports to Qwen2, else why not (one phrase)."""
+    m = cfg.model
+    if m.arch != "decoder":
+        return f"model.arch={m.arch}"
+    if cfg.train.objective != "clm":
+        return f"train.objective={cfg.train.objective}"
+    if m.embedding != "vocab":
+        return f"model.embedding={m.embedding}"
+    if m.head != "vocab":
+        return f"model.head={m.head}"
+    kinds = set(model.layer_kinds)
+    if not kinds <= set(STANDARD):
+        return f"attention kinds {sorted(kinds - set(STANDARD))}"
+    groups = {int(layer.self_attention.groups) for layer in model.decoder.layers}
+    if len(groups) != 1:
+        return f"layers with different key/value group counts {sorted(groups)}"
+    from megahash.models import registry
+
+    if any(registry.skipped_layers(cfg, model.layer_kinds)):
+        return "layers dropped by skip mode"
+    return ""
+
+
+def to_qwen2(state: dict, cfg, groups: int, vocab: int) -> tuple[dict, dict]:
+    """(Qwen2 tensors, extra tensors: the padding rows) from megahash TP=1 tensors."""
+    m = cfg.model
+    n, h = m.num_heads, m.hidden_size
+    d, f = h // n, m.ffn_hidden_size
+    out, extra = {}, {}
+    emb = state["embedding.word_embeddings.weight"]
+    out["model.embed_tokens.weight"] = emb[:vocab]
+    extra["embedding.word_embeddings.weight.padding"] = emb[vocab:]
+    if "output_layer.weight" in state:
+        out["lm_head.weight"] = state["output_layer.weight"][:vocab]
+        extra["output_layer.weight.padding"] = state["output_layer.weight"][vocab:]
+    out["model.norm.weight"] = state["decoder.final_layernorm.weight"]
+    for i in range(m.num_layers):
+        src, dst = f"decoder.layers.{i}.", f"model.layers.{i}."
+        a = src + "self_attention."
+        out[dst + "input_layernorm.weight"] = state[src + "input_layernorm.weight"]
+        out[dst + "post_attention_layernorm.weight"] = state[src + "pre_mlp_layernorm.weight"]
+        out[dst + "self_attn.q_proj.weight"] = state[a + "linear_q.weight"]
+        kv = state[a + "linear_kv.weight"].view(groups, 2, d, h)
+        out[dst + "self_attn.k_proj.weight"] = kv[:, 0].reshape(groups * d, h)
+        out[dst + "self_attn.v_proj.weight"] = kv[:, 1].reshape(groups * d, h)
+        if a + "linear_q.bias" in state:
+            out[dst + "self_attn.q_proj.bias"] = state[a + "linear_q.bias"]
+            kvb = state[a + "linear_kv.bias"].view(groups, 2, d)
+            out[dst + "self_attn.k_proj.bias"] = kvb[:, 0].reshape(-1)
+            out[dst + "self_attn.v_proj.bias"] = kvb[:, 1].reshape(-1)
+        else:
+            z = torch.zeros(n * d, dtype=emb.dtype)
+            out[dst + "self_attn.q_proj.bias"] = z
+            out[dst + "self_attn.k_proj.bias"] = torch.zeros(groups * d, dtype=emb.dtype)
+            out[dst + "self_attn.v_proj.bias"] = torch.zeros(groups * d, dtype=emb.dtype)
+        out[dst + "self_attn.o_proj.weight"] = state[a + "linear_proj.weight"]
+        fc1 = state[src + "mlp.linear_fc1.weight"]
+        out[dst + "mlp.gate_proj.weight"] = fc1[:f]
+        out[dst + "mlp.up_proj.weight"] = fc1[f:]
+        out[dst + "mlp.down_proj.weight"] = state[src + "mlp.linear_fc2.weight"]
+    return out, extra
+
+
+def from_qwen2(tensors: dict, extra: dict, cfg, groups: int, padded: int) -> dict:
+    """megahash TP=1 tensors from Qwen2 tensors (+ the padding rows; zeros if absent)."""
+    m = cfg.model
+    n, h = m.num_heads, m.hidden_size
+    d = h // n
+    state = {}
+
+    def padded_rows(t, key):
+        pad = extra.get(key)
+        if pad is None:
+            pad = torch.zeros(padded - t.shape[0], t.shape[1], dtype=t.dtype)
+        return torch.cat([t, pad.to(t.dtype)], dim=0)
+
+    state["embedding.word_embeddings.weight"] = padded_rows(tensors["model.embed_tokens.weight"],
+                                                            "embedding.word_embeddings.weight.padding")
+    if "lm_head.weight" in tensors:
+        state["output_layer.weight"] = padded_rows(tensors["lm_head.weight"], "output_layer.weight.padding")
+    state["decoder.final_layernorm.weight"] = tensors["model.norm.weight"]
+    for i in range(m.num_layers):
+        src, dst = f"model.layers.{i}.", f"decoder.layers.{i}."
+        a = dst + "self_attention."
+        state[dst + "input_layernorm.weight"] = tensors[src + "input_layernorm.weight"]
+        state[dst + "pre_mlp_layernorm.weight"] = tensors[src + "post_attention_layernorm.weight"]
+        state[a + "linear_q.weight"] = tensors[src + "self_attn.q_proj.weight"]
+        k = tensors[src + "self_attn.k_proj.weight"].view(groups, 1, d, h)
+        v = tensors[src + "self_attn.v_proj.weight"].view(groups, 1, d, h)
+        state[a + "linear_kv.weight"] = torch.cat([k, v], dim=1).reshape(2 * groups * d, h)
+        if m.qkv_bias:
+            state[a + "linear_q.bias"] = tensors[src + "self_attn.q_proj.bias"]
+            kb = tensors[src + "self_attn.k_proj.bias"].view(groups, 1, d)
+            vb = tensors[src + "self_attn.v_proj.bias"].view(groups, 1, d)
+            state[a + "linear_kv.bias"] = torch.cat([kb, vb], dim=1).reshape(-1)
+        state[a + "linear_proj.weight"] = tensors[src + "self_attn.o_proj.weight"]
+        state[dst + "mlp.linear_fc1.weight"] = torch.cat([tensors[src + "mlp.gate_proj.weight"],
+                                                         tensors[src + "mlp.up_proj.weight"]], dim=0)
+        state[dst + "mlp.linear_fc2.weight"] = tensors[src + "mlp.down_proj.weight"]
+    return state
+
+
+def write(out: Path, cfg, model, state: dict, fields: dict, dtype: torch.dtype) -> list[str]:
+    """Write ``model.safetensors`` (+ extra) and a Qwen2 ``config.json`` into ``out``."""
+    from transformers import Qwen2Config
+
+    from megahash.convert.export import EXTRA_FILE, SPECIAL_IDS, WEIGHTS_FILE, cast, save_tensors
+
+    m = cfg.model
+    groups = int(model.decoder.layers[0].self_attention.groups)
+    vocab = fields["vocab_size"]
+    tensors, extra = to_qwen2(state, cfg, groups, vocab)
+    save_tensors(out / WEIGHTS_FILE, cast(tensors, dtype))
+    save_tensors(out / EXTRA_FILE, cast(extra, dtype))
+    config = Qwen2Config(
+        vocab_size=vocab, hidden_size=m.hidden_size, intermediate_size=m.ffn_hidden_size,
+        num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads, num_key_value_heads=groups,
+        hidden_act="silu", max_position_embeddings=m.max_position_embeddings, initializer_range=m.init_std,
+        rms_norm_eps=m.norm_eps, use_cache=True, tie_word_embeddings=bool(model.tie),
+        rope_parameters={"rope_type": "default", "rope_theta": float(m.rotary_base)},
+        use_sliding_window=False, attention_dropout=0.0, **SPECIAL_IDS,
+    )
+    config.architectures = ["Qwen2ForCausalLM"]
+    config.dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
+    config.save_pretrained(str(out))
+    # megahash extras (ignored by Qwen2): the resolved config and what import-hf needs
+    path = out / "config.json"
+    data = json.loads(path.read_text())
+    data.update(megahash_config=fields["megahash_config"], megahash_padded_vocab_size=fields["padded_vocab_size"],
+                megahash_step=fields["megahash_step"], megahash_kv_groups=groups)
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    return [WEIGHTS_FILE, EXTRA_FILE, "config.json"]

@@ -1,0 +1,103 @@
+"""Tokenizer files of an exported folder, loadable by ``AutoTokenizer`` without remote code.
+
+sentencepiece streams: ``tokenizer.model`` (the run's sentencepiece model, copied) plus a
+``tokenizer.json`` built from it (BPE with the model's merges, or Unigram with its scores; the
+sentencepiece normaliser's precompiled character map, whitespace stripping and collapsing,
+"\u2581" prefix), checked on probe text to give exactly ``SentencePieceProcessor.encode``'s ids.
+Word streams (``data.tokenizer=words``): a WordLevel ``tokenizer.json`` over the word table
+(lowercase, split with ``\\w+|[^\\w\\s]+``, unknown words -> ``<unk>``). Special tokens keep the
+megahash ids ``<s>``=0 ``<pad>``=1 ``</s>``=2 ``<unk>``=3 ``<mask>``=4; nothing is added around a
+text (megahash neither prepends ``<s>`` nor appends ``</s>``).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+SPECIALS = {"bos_token": "<s>", "pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>", "mask_token": "<mask>"}
+PROBES = ["KING. My lord, the queen is dead.  How now?", "  leading and trailing  ", "tab\there\nnew line",
+          "é ü ñ Æ ﬁ x\u00a0y", "Hello <mask> world", "zzzqqq \u2603 \u4e2d\u6587 1234", ""]
+
+
+def sentencepiece_tokenizer(sp_model: str):
+    """A ``tokenizers.Tokenizer`` equivalent to the sentencepiece model's ``encode``."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from transformers.convert_slow_tokenizer import import_protobuf
+    from transformers.tokenization_utils_base import generate_merges
+
+    pb = import_protobuf()
+    proto = pb.ModelProto()
+    proto.ParseFromString(Path(sp_model).read_bytes())
+    spec, norm = proto.trainer_spec, proto.normalizer_spec
+    vocab_scores = [(p.piece, p.score) for p in proto.pieces]
+    byte_fallback = bool(spec.byte_fallback)
+    if spec.model_type == 2:  # BPE
+        vocab = {piece: i for i, (piece, _) in enumerate(vocab_scores)}
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=generate_merges(vocab, vocab_scores), unk_token=spec.unk_piece,
+                                   fuse_unk=True, byte_fallback=byte_fallback))
+    elif spec.model_type == 1:  # Unigram
+        tok = Tokenizer(models.Unigram(vocab_scores, unk_id=spec.unk_id, byte_fallback=byte_fallback))
+    else:
+        raise ValueError(f"sentencepiece model type {spec.model_type} (neither BPE nor Unigram)")
+    norms = []
+    if norm.precompiled_charsmap:
+        norms.append(normalizers.Precompiled(norm.precompiled_charsmap))
+    if norm.remove_extra_whitespaces:
+        norms += [normalizers.Strip(left=True, right=True), normalizers.Replace(Regex(" {2,}"), " ")]
+    if norms:
+        tok.normalizer = normalizers.Sequence(norms)
+    scheme = "always" if norm.add_dummy_prefix else "never"
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=scheme, split=False)
+    dec = [decoders.Metaspace(replacement="\u2581", prepend_scheme=scheme)]
+    if byte_fallback:
+        dec = [decoders.ByteFallback(), decoders.Fuse()] + dec
+    tok.decoder = decoders.Sequence(dec)
+    # user-defined symbols (<mask>) are matched in the text like sentencepiece does; control pieces are specials
+    tok.add_tokens([AddedToken(p.piece, normalized=True, special=False) for p in proto.pieces if p.type == 4])
+    tok.add_special_tokens([AddedToken(p.piece, normalized=False, special=True) for p in proto.pieces if p.type == 3])
+    return tok
+
+
+def word_tokenizer(words: list[str]):
+    """WordLevel tokenizer over a word table (id = position)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    vocab = {}
+    for i, w in enumerate(words):
+        vocab.setdefault(w, i)
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
+                                                 pre_tokenizers.Split(Regex(r"\w+|[^\w\s]+"), "isolated")])
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in SPECIALS.values()])
+    return tok
+
+
+def write_tokenizer(out: Path, codec, max_length: int) -> dict:
+    """Write the tokenizer files of ``codec`` (a megahash.eval.text.TextCodec) to ``out``.
+    Returns {"files": [...], "mismatches": n} (n = probe texts whose ids differ from megahash's)."""
+    from transformers import PreTrainedTokenizerFast
+
+    files = []
+    if codec.kind == "words":
+        tok = word_tokenizer(codec.word_list)
+    else:
+        sp_path = codec.description["tokenizer"]
+        shutil.copyfile(sp_path, out / "tokenizer.model")
+        files.append("tokenizer.model")
+        tok = sentencepiece_tokenizer(sp_path)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=max_length, clean_up_tokenization_spaces=False,
+                                   **SPECIALS)
+    fast.save_pretrained(str(out))
+    # name the remote subclass in auto_map: transformers would otherwise map some model types
+    # (qwen2) to their own tokenizer class; without trust_remote_code it loads tokenizer.json as is
+    shutil.copyfile(Path(__file__).resolve().parent / "hf" / "tokenization_megahash.py", out / "tokenization_megahash.py")
+    tc_path = out / "tokenizer_config.json"
+    tc = json.loads(tc_path.read_text())
+    tc["auto_map"] = {"AutoTokenizer": [None, "tokenization_megahash.MegahashTokenizerFast"]}
+    tc_path.write_text(json.dumps(tc, indent=2) + "\n")
+    files += ["tokenizer.json", "tokenizer_config.json", "tokenization_megahash.py"]
+    mismatches = sum(fast.encode(t, add_special_tokens=False) != codec.encode(t).ids for t in PROBES)
+    return {"files": files, "mismatches": mismatches}
