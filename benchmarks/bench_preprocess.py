@@ -8,8 +8,9 @@ Baseline: the corpus read by the same source reader, each document encoded with
 ``SentencePieceProcessor.encode`` (per document, like megatron's tools/preprocess_data.py), EOS
 appended, written with megatron-core's ``IndexedDatasetBuilder`` (``add_document``); with
 ``--workers N > 1`` the encoding runs in a pool of N processes (``imap`` over 32-document chunks).
-Ours: ``preprocess_data.main`` (LSH first pass, batched encode, hashing, token + side shards,
-checksums, meta). Runs alternate; the best of ``--repeats`` of each is reported. Prints both rates
+Ours: ``preprocess_data.main`` (one pass: tokenisation, hashing, token + side shards and word
+counts; then the LSH vocabulary and LSH side shards; checksums, meta). Runs alternate; the best of
+``--repeats`` of each is reported. Prints both rates
 and ``ratio = ours / baseline`` (1.0 = hashing costs nothing), by wall clock and by CPU time
 (user + system of this process and its joined workers: robust on a shared machine).
 """

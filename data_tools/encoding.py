@@ -2,16 +2,21 @@
 
 One ``ChunkEncoder`` lives in each worker process (or in the main process with ``--workers 1``)
 and keeps its ``CodeTable`` cache across chunks, so each distinct word is hashed about once per
-worker. Outputs depend only on the documents, never on chunking or worker count: codes are pure
+worker. With a sentencepiece BPE model that allows it (``SentencePieceSegments``), a
+``SegmentEncoder`` also encodes each distinct whitespace token once and assembles documents from
+its per-token pieces and row ids (documents it cannot reproduce exactly are encoded whole). Specs
+in ``EncoderConfig.deferred`` (LSH) are not hashed here: the result carries CodeTable row ids and
+the worker's new strings, and the worker counts the words the LSH vocabulary needs (``finish``).
+Outputs depend only on the documents, never on chunking or worker count: codes are pure
 functions of strings, and word-table ids are assigned by the main process in document order.
 """
 from __future__ import annotations
 
 import os
 from collections import Counter
-from itertools import chain
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from itertools import chain
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -19,7 +24,7 @@ from data_tools.common import InputError, sha256_file
 from megahash.hashing.codes import ZERO_ROW, CodeTable
 from megahash.hashing.lsh import LSHModel
 from megahash.hashing.specs import HashSpec
-from megahash.hashing.tokens import SubwordCoder
+from megahash.hashing.tokens import _MIXED, _SPACE, _SPECIAL, SP_SPACE, SubwordCoder
 from megahash.hashing.words import EOS_ID, SPECIAL_TOKENS, WORD_RE, split_words
 
 WORDS = "words"
@@ -71,8 +76,11 @@ class EncoderConfig:
     append_eos: bool = True
     key: Optional[bytes] = b"en"
     token_dtype: str = "uint16"
-    cache_entries: int = 1 << 21
+    cache_entries: int = 1 << 21  # CodeTable strings (and half as many SegmentEncoder tokens) per worker
     encode_threads: int = 1
+    deferred: tuple = ()  # names of specs whose codes the main process computes after the pass (LSH)
+    count_words: bool = False  # collect word counts of each task's first ``n_count`` documents
+    segment_cache: bool = True  # sentencepiece: encode each distinct whitespace token once (when exact)
 
 
 @dataclass
@@ -84,6 +92,403 @@ class ChunkResult:
     codes: dict[str, np.ndarray] = field(default_factory=dict)  # spec name -> [tokens, width]
     words: Optional[list[str]] = None
     empty: int = 0  # documents with no tokens (skipped)
+    # deferred specs, subword streams: per-token CodeTable row ids (0 = special) of this worker, and
+    # the strings of the rows the worker added since its previous result (rows len(seen)+1, ...)
+    rows: Optional[np.ndarray] = None
+    new_strings: Optional[list[str]] = None
+    worker: int = 0  # id of the worker process (its pid)
+    generation: int = 0  # CodeTable generation of ``rows`` (a new one restarts the row numbering)
+    counted: int = 0  # leading documents of the task whose words are counted (set by the caller)
+
+
+# -- sentencepiece: encode each distinct whitespace token once ---------------------------------
+def _proto_fields(buf: bytes):
+    """``(field number, wire type, value, start, end)`` of the fields of a serialized protobuf
+    message (value: int for varints, bytes for length-delimited fields, else None; ``buf[start:end]``
+    is the whole field)."""
+    pos, n = 0, len(buf)
+
+    def varint():
+        nonlocal pos
+        shift = out = 0
+        while True:
+            b = buf[pos]
+            pos += 1
+            out |= (b & 0x7F) << shift
+            shift += 7
+            if b < 0x80:
+                return out
+
+    while pos < n:
+        start = pos
+        key = varint()
+        num, wire = key >> 3, key & 7
+        if wire == 0:
+            value = varint()
+        elif wire == 1:
+            pos, value = pos + 8, None
+        elif wire == 2:
+            size = varint()
+            value = buf[pos : pos + size]
+            if len(value) != size:
+                raise ValueError("truncated protobuf field")
+            pos += size
+        elif wire == 5:
+            pos, value = pos + 4, None
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire}")
+        yield num, wire, value, start, pos
+
+
+def _field(buf: bytes, *path: int):
+    """The last value of the (nested, length-delimited except the last) field ``path``, or None."""
+    found = None
+    for num, _, value, _, _ in _proto_fields(buf):
+        if num == path[0]:
+            found = value
+    if found is None or len(path) == 1:
+        return found
+    return _field(found, *path[1:]) if isinstance(found, bytes) else None
+
+
+def sentencepiece_model_type(path: str) -> int:
+    """``TrainerSpec.model_type`` of a .model file (1 unigram, 2 BPE, 3 word, 4 char; 0 if unreadable)."""
+    try:
+        with open(path, "rb") as f:
+            buf = f.read()
+        trainer = _field(buf, 2)  # ModelProto.trainer_spec
+        model_type = _field(trainer, 3) if trainer is not None else None  # TrainerSpec.model_type
+        return 1 if model_type is None else int(model_type)  # proto default: UNIGRAM
+    except (OSError, ValueError, IndexError, TypeError):
+        return 0
+
+
+def _identity_normalizer_model(buf: bytes, fields=None) -> bytes:
+    """The model with its normalizer replaced by the identity (no character map, no dummy prefix,
+    whitespace kept): ``encode`` then runs the model on the input as it is. ``fields``: the
+    ``_proto_fields`` of ``buf`` if already parsed."""
+    spec = b"\x0a\x08identity" + b"\x18\x00" + b"\x20\x00" + b"\x28\x01"  # name, add_dummy_prefix, remove_extra_ws, escape_ws
+    fields = _proto_fields(buf) if fields is None else fields
+    kept = b"".join(buf[start:end] for num, _, _, start, end in fields if num != 3)  # ModelProto.normalizer_spec = 3
+    return kept + bytes([0x1A, len(spec)]) + spec
+
+
+def _darts_ascii_keys(blob: bytes) -> Optional[list[bytes]]:
+    """Keys made only of ASCII bytes in a sentencepiece precompiled character map (a darts-clone
+    double array after a little-endian uint32 size; unit: bit 8 has-leaf, label in bits 0-7 (and
+    31), offset ``(u >> 10) << ((u & 512) >> 6)``), or None if the blob cannot be read."""
+    if not blob:
+        return []
+    if len(blob) < 4:
+        return None
+    size = int.from_bytes(blob[:4], "little")
+    if size % 4 or size + 4 > len(blob):
+        return None
+    units = np.frombuffer(blob[4 : 4 + size], "<u4").astype(np.int64)
+    if not len(units):
+        return None
+
+    def offset(u: int) -> int:
+        return (u >> 10) << ((u & (1 << 9)) >> 6)
+
+    keys: list[bytes] = []
+    stack = [(offset(int(units[0])), b"")]
+    seen = 0
+    while stack:
+        pos, prefix = stack.pop()
+        seen += 1
+        if seen > 100_000 or len(prefix) > 64:
+            return None
+        for b in range(1, 128):
+            child = pos ^ b
+            if child >= len(units):
+                continue
+            u = int(units[child])
+            if (u & ((1 << 31) | 0xFF)) != b:
+                continue
+            if (u >> 8) & 1:
+                keys.append(prefix + bytes([b]))
+            stack.append((child ^ offset(u), prefix + bytes([b])))
+    return keys
+
+
+class SentencePieceSegments:
+    """Whether and how a sentencepiece model may encode each whitespace token of a document on its
+    own (``available``), which documents need no normalization check (``plain``), and the
+    identity-normalizer processor that encodes a token ("▁" + token) exactly as the model sees it
+    inside a document (``raw``).
+
+    Why per-token encoding is exact: sentencepiece encodes ``model(normalize(doc))``. For a BPE
+    model whose pieces contain "▁" only as their first character, BPE only ever merges two adjacent
+    symbols into a piece of the vocabulary, so no symbol spans a "▁" that is not its first
+    character: the merges inside each "▁"-delimited segment of the normalized text do not depend
+    on the other segments (the agenda orders pairs by score, then position, which keeps the order
+    inside a segment); and with "▁" an ordinary piece, no unknown piece precedes a segment's
+    leading "▁" piece, so sentencepiece's merging of adjacent unknown pieces never crosses a
+    segment either. Hence ``model("▁a▁b") == model("▁a") + model("▁b")``. A document may be
+    encoded per token when ``normalize(doc) == "▁" + "▁".join(doc.split())``: checked with
+    ``normalize`` unless the document is ``plain`` (ASCII, only characters that the model's
+    character map provably leaves alone or maps to a space, there being no multi-character ASCII
+    rule); other documents are encoded whole. Unigram models are excluded: their Viterbi search
+    sums float32 scores along the whole document, so a segment's best path can depend on what
+    precedes it."""
+
+    def __init__(self, sp, path: str, pieces: Optional[list[str]] = None):
+        self.available = False
+        self.raw = None
+        self._plain = None
+        try:
+            with open(path, "rb") as f:
+                buf = f.read()
+            parsed = list(_proto_fields(buf))
+            fields = {num: value for num, _, value, _, _ in parsed if num in (2, 3)}
+            trainer, normalizer = fields.get(2, b""), fields.get(3, b"")  # trainer_spec, normalizer_spec
+            model_type = _field(trainer, 3) if trainer else None
+            if not hasattr(sp, "normalize") or (1 if model_type is None else model_type) != 2:
+                return
+            space = sp.piece_to_id(SP_SPACE)
+            if sp.id_to_piece(space) != SP_SPACE or any(f(space) for f in (sp.is_unknown, sp.is_control, sp.is_byte, sp.is_unused)):
+                return
+            pieces = pieces if pieces is not None else [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+            for i, piece in enumerate(pieces):  # pieces that BPE can produce: "▁" first only, no whitespace
+                if (SP_SPACE in piece[1:] or piece.split() != [piece]) and not (sp.is_control(i) or sp.is_unknown(i) or sp.is_byte(i)):
+                    return
+            if sp.normalize("a") != SP_SPACE + "a" or sp.normalize("  a \t b \n") != SP_SPACE + "a" + SP_SPACE + "b":
+                return
+            import sentencepiece as spm
+
+            self.raw = spm.SentencePieceProcessor(model_proto=_identity_normalizer_model(buf, parsed))
+            probe = ["hello", "a" + SP_SPACE + "b", "x"]
+            if [self.raw.encode(SP_SPACE + w) for w in probe] != [sp.encode(w) for w in probe]:
+                return
+            self.available = True
+            self._plain = self._plain_pattern(sp, (_field(normalizer, 2) if normalizer else None) or b"")
+        except (OSError, ValueError, IndexError, TypeError, RuntimeError):
+            self.available = False
+
+    @staticmethod
+    def _plain_pattern(sp, charsmap: bytes) -> Optional[bytes]:
+        """The ASCII characters that need no ``normalize`` check (each maps to itself, or is
+        whitespace for both ``str.split`` and the model), if the model's character map has no rule
+        for a sequence of several ASCII characters; else None."""
+        keys = _darts_ascii_keys(charsmap)
+        if keys is None or any(len(k) > 1 for k in keys):
+            return None
+        allowed = []
+        for c in map(chr, range(1, 128)):
+            want = "a" + SP_SPACE + "b" if c.isspace() else "a" + c + "b"
+            if sp.normalize("a" + c + "b") == SP_SPACE + want:
+                allowed.append(c)
+        return "".join(allowed).encode("ascii") if allowed else None
+
+    def plain(self, doc: str) -> bool:
+        """True if ``normalize(doc) == "▁" + "▁".join(doc.split())`` is known without calling it:
+        ``doc`` is ASCII and deleting the allowed characters leaves nothing."""
+        return self._plain is not None and doc.isascii() and not doc.encode("ascii").translate(None, self._plain)
+
+
+class GrowArray:
+    """Append-only numpy array with amortised growth."""
+
+    def __init__(self, dtype, size: int = 0):
+        self.data = np.zeros(max(1024, size), dtype)
+        self.size = 0
+
+    def extend(self, values: np.ndarray) -> None:
+        end = self.size + len(values)
+        if end > len(self.data):
+            grown = np.zeros(max(end, 2 * len(self.data)), self.data.dtype)
+            grown[: self.size] = self.data[: self.size]
+            self.data = grown
+        self.data[self.size : end] = values
+        self.size = end
+
+    def view(self) -> np.ndarray:
+        return self.data[: self.size]
+
+
+class _Index(dict):
+    """``str -> id`` (1, 2, ...) that gives unseen keys the next id on lookup and records them."""
+
+    def __init__(self):
+        super().__init__()
+        self.new: list[str] = []
+
+    def __missing__(self, key: str) -> int:
+        value = self[key] = len(self) + 1
+        self.new.append(key)
+        return value
+
+
+class SegmentEncoder:
+    """Sentencepiece ids and CodeTable row ids per whitespace token, each distinct token encoded
+    (by ``SentencePieceSegments.raw``) and hashed once per worker; entry 0 is EOS. Also counts the
+    tokens of the documents it is told to count (``word_counts``)."""
+
+    def __init__(self, info: SentencePieceSegments, coder: Optional[SubwordCoder], token_dtype: np.dtype,
+                 encode_threads: int):
+        self.info, self.coder, self.threads = info, coder, encode_threads
+        self.token_dtype = token_dtype
+        self.flushed: Counter = Counter()  # word counts of entries dropped by clear()
+        self.index = _Index()
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget all entries (their counts are kept); call before the CodeTable is cleared."""
+        if self.index:
+            self.flushed.update(self._current_word_counts())
+        self.index = _Index()
+        self.pieces = GrowArray(self.token_dtype)
+        self.rows = GrowArray(np.int32)  # CodeTable row ids (< 2**31: the table holds at most cache_entries)
+        self.off = GrowArray(np.int64)
+        self.len = GrowArray(np.int64)
+        self.counts = GrowArray(np.int64)
+        self.simple = GrowArray(bool)  # word counts readable from the row ids (see word_counts)
+        self.pieces.extend(np.array([EOS_ID], self.token_dtype))
+        self.rows.extend(np.array([ZERO_ROW], np.int32))
+        self.off.extend(np.zeros(1, np.int64))
+        self.len.extend(np.ones(1, np.int64))
+        self.counts.extend(np.zeros(1, np.int64))
+        self.simple.extend(np.zeros(1, bool))
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def _add(self, strings: list[str]) -> None:
+        encoded = self.info.raw.encode([SP_SPACE + s for s in strings], num_threads=self.threads)
+        lens = np.fromiter(map(len, encoded), np.int64, count=len(encoded))
+        flat = np.fromiter(chain.from_iterable(encoded), np.int64, count=int(lens.sum()))
+        offs = np.zeros(len(lens), np.int64)
+        np.cumsum(lens[:-1], out=offs[1:])
+        simple = np.zeros(len(strings), bool)
+        if self.coder is not None:
+            self.rows.extend(self._rows(strings, flat, lens, offs, simple))
+        self.off.extend(offs + self.pieces.size)
+        self.pieces.extend(flat.astype(self.token_dtype))
+        self.len.extend(lens)
+        self.counts.extend(np.zeros(len(strings), np.int64))
+        self.simple.extend(simple)
+
+    def _rows(self, strings: list[str], flat: np.ndarray, lens: np.ndarray, offs: np.ndarray,
+              simple: np.ndarray) -> np.ndarray:
+        """CodeTable row ids of the pieces ``flat`` of new entries (``SubwordCoder.row_ids`` with every
+        entry a document: its first piece starts with "▁", so it starts a group in any document).
+
+        Word unit, ``simple`` entries (set here): ASCII tokens whose pieces are word or punctuation
+        pieces plus maybe a leading "▁" piece. Their groups are the whole token and split into runs
+        of word pieces and of punctuation pieces (a leading "▁" piece joins the first run); a run's
+        hash string is its lowercased text, which for such a token is exactly the sequence of regex
+        words of the lowercased token. So all their strings come from one regex pass over the
+        tokens, in order, one per run."""
+        if not len(flat):
+            return np.zeros(0, np.int64)
+        coder = self.coder
+        if coder.unit != "word":
+            return coder.row_ids(flat, offs[lens > 0])
+        cls = coder.cls[flat]
+        entry = np.repeat(np.arange(len(lens)), lens)
+        first = np.zeros(len(flat), bool)
+        first[offs[lens > 0]] = True
+        bad = (cls == _MIXED) | (cls == _SPECIAL) | ((cls == _SPACE) & ~first)
+        simple[:] = (np.bincount(entry, weights=bad, minlength=len(lens)) == 0) & (lens > 0)
+        simple &= np.fromiter(map(str.isascii, strings), bool, count=len(strings))
+        rows = np.zeros(len(flat), np.int64)
+        mine = simple[entry]
+        if simple.any():
+            run = first.copy()  # run starts (SubwordCoder.row_ids: a class change not after a "▁" piece)
+            run[1:] |= (cls[:-1] != _SPACE) & (cls[1:] != cls[:-1])
+            starts = np.flatnonzero(run & mine)  # a run ends at the next run start or at its entry's end
+            ends = np.minimum(np.append(starts[1:], len(flat)), (offs + lens)[entry[starts]])
+            texts = [strings[i] for i in np.flatnonzero(simple).tolist()]
+            words = WORD_RE.findall("\n".join(texts).lower())
+            if len(words) == len(starts):
+                rows[mine] = np.repeat(coder.table.lookup(words), ends - starts)
+            else:  # pragma: no cover - cannot happen (see the docstring); stay exact anyway
+                simple[:] = False
+                mine[:] = False
+        if not mine.all():
+            rest = ~mine
+            sub_lens = np.where(simple, 0, lens)
+            sub_offs = np.zeros(len(lens), np.int64)
+            np.cumsum(sub_lens[:-1], out=sub_offs[1:])
+            rows[rest] = coder.row_ids(flat[rest], sub_offs[sub_lens > 0])
+        return rows
+
+    def ids(self, tokens: Iterable[str], count: int) -> np.ndarray:
+        """Entry ids of ``count`` whitespace tokens (adding new ones)."""
+        ids = np.fromiter(map(self.index.__getitem__, tokens), np.int64, count=count)
+        if self.index.new:  # they got ids len(index) - len(new) + 1, ... in this order
+            new, self.index.new = self.index.new, []
+            self._add(new)
+        return ids
+
+    def count(self, ids: np.ndarray) -> None:
+        n = self.counts.size
+        self.counts.data[:n] += np.bincount(ids, minlength=n)
+
+    def gather(self, sel: np.ndarray) -> tuple[np.ndarray, Optional[np.ndarray], np.ndarray]:
+        """Token ids, row ids (None without a coder) and piece counts of the entries ``sel``."""
+        lens = self.len.data[sel]
+        ends = np.cumsum(lens)
+        total = int(ends[-1]) if len(ends) else 0
+        idx = np.repeat(self.off.data[sel] - (ends - lens), lens) + np.arange(total, dtype=np.int64)
+        rows = self.rows.data[idx] if self.coder is not None else None
+        return self.pieces.data[idx], rows, lens
+
+    def word_counts(self) -> Counter:
+        """HashFormers word counts of the tokens counted so far (``count_words`` of the counted
+        documents). A ``simple`` entry -- an ASCII token whose pieces are word or punctuation pieces
+        (and a leading "▁" piece), hashed with the word unit -- has as its words exactly the hash
+        strings of its runs of pieces (a run's string is its lowercased text, and for such a token
+        the runs are the regex matches), so its words are read off the row ids: one per change of
+        row. Other entries are lowercased and split (``words_of_tokens``)."""
+        out = self._current_word_counts()
+        out.update(self.flushed)
+        return out
+
+    def _current_word_counts(self) -> Counter:
+        counts = self.counts.view()
+        used = counts > 0
+        out: Counter = Counter()
+        fast = self.simple.view() & used
+        if fast.any():
+            lens = self.len.view()
+            entry = np.repeat(np.arange(len(lens)), lens)
+            rows = self.rows.view()
+            start = np.ones(len(rows), bool)
+            start[1:] = rows[1:] != rows[:-1]
+            start[self.off.view()] = True
+            pick = start & fast[entry]
+            totals = np.zeros(int(rows.max()) + 1, np.int64)
+            np.add.at(totals, rows[pick], counts[entry[pick]])
+            strings = self.coder.table.strings_from(0)
+            hit = np.flatnonzero(totals)
+            out.update(dict(zip([strings[i] for i in hit.tolist()], totals[hit].tolist())))
+        slow = np.flatnonzero(used & ~self.simple.view())
+        if len(slow):
+            strings = list(self.index)  # entry i <-> strings[i - 1]
+            out.update(words_of_tokens([strings[i - 1] for i in slow.tolist()], counts[slow].tolist()))
+        return out
+
+
+def words_of_tokens(tokens: Sequence[str], counts: Sequence[int]) -> Counter:
+    """HashFormers word counts from whitespace-token counts, each distinct token lowercased and split
+    once. Same as ``count_words`` of the documents: lowercasing never creates or removes whitespace
+    and Python's final-sigma rule never looks across whitespace, so lowercasing each token (here all
+    of them at once, joined by newlines) equals lowercasing the document."""
+    lowered = "\n".join(tokens).lower().split("\n")
+    if len(lowered) != len(tokens):  # pragma: no cover - see the docstring
+        lowered = [t.lower() for t in tokens]
+    words: dict[str, int] = {}
+    get = words.get
+    findall = WORD_RE.findall
+    for t, n in zip(lowered, counts):
+        if t.isalnum():  # one \w+ word
+            words[t] = get(t, 0) + n
+        else:
+            for w in findall(t):
+                words[w] = get(w, 0) + n
+    return Counter(words)
 
 
 class ChunkEncoder:
@@ -91,20 +496,64 @@ class ChunkEncoder:
 
     def __init__(self, cfg: EncoderConfig, lsh: Optional[LSHModel] = None):
         self.cfg = cfg
-        self.table = CodeTable(cfg.specs, key=cfg.key, lsh=lsh, max_entries=cfg.cache_entries)
+        deferred = set(cfg.deferred)
+        self.specs = [s for s in cfg.specs if s.name not in deferred]  # hashed here
+        self.deferred = [s for s in cfg.specs if s.name in deferred]  # row ids + strings to the main process
+        self.table = CodeTable(self.specs, key=cfg.key, lsh=lsh, max_entries=cfg.cache_entries)
         self.sp = None
+        self.segments = None
+        self.worker = os.getpid()
+        self._reported = 1  # table rows below this were reported to the main process
+        self._generation = self.table.generation
+        self.word_counts: Counter = Counter()  # words streams
+        self.token_dtype = np.dtype(cfg.token_dtype)
         if cfg.tokenizer != WORDS:
             path = cfg.tokenizer if os.path.isfile(cfg.tokenizer) else cfg.tokenizer + ".model"
             self.sp = load_sentencepiece(path)
             self.coder = SubwordCoder(self.sp, self.table, cfg.hash_unit)
-        self.token_dtype = np.dtype(cfg.token_dtype)
+            if cfg.segment_cache:
+                info = SentencePieceSegments(self.sp, path, self.coder.pieces)
+                if info.available:
+                    self.segments = SegmentEncoder(info, self.coder if cfg.specs else None, self.token_dtype,
+                                                   cfg.encode_threads)
 
-    def encode(self, docs: Sequence[str]) -> ChunkResult:
+    def encode(self, docs: Sequence[str], n_count: int = 0) -> ChunkResult:
+        """Encode ``docs``; with ``cfg.count_words``, count the words of the first ``n_count``."""
+        if self.segments is not None and (self.table.full() or len(self.segments) > self.cfg.cache_entries // 2):
+            self.segments.clear()  # before the table: its counts are read through the table's strings
         self.table.maybe_reset()
-        return self._encode_words(docs) if self.sp is None else self._encode_subwords(docs)
+        if self.sp is None:
+            res = self._encode_words(docs)
+        elif self.segments is not None:
+            res = self._encode_segments(docs, n_count if self.cfg.count_words else 0)
+        else:
+            res = self._encode_subwords(docs)
+            if self.cfg.count_words and n_count:
+                self.word_counts.update(count_words(docs[:n_count]))
+        res.worker = self.worker
+        if self.deferred and self.sp is not None:
+            if self._generation != self.table.generation:
+                self._generation, self._reported = self.table.generation, 1
+            res.generation = self._generation
+            res.new_strings = self.table.strings_from(self._reported)
+            self._reported += len(res.new_strings)
+        return res
+
+    def finish(self) -> Counter:
+        """Word counts of everything counted (subword streams; words streams count in the main process)."""
+        if self.segments is not None:
+            self.word_counts.update(self.segments.word_counts())
+        return self.word_counts
 
     def _codes(self, row_ids: np.ndarray) -> dict[str, np.ndarray]:
-        return {s.name: self.table.rows(s.name, row_ids) for s in self.cfg.specs}
+        return {s.name: self.table.rows(s.name, row_ids) for s in self.specs}
+
+    def _result(self, lengths, tokens, rows, empty) -> ChunkResult:
+        codes = self._codes(rows) if self.specs else {}
+        res = ChunkResult(lengths, tokens.astype(self.token_dtype, copy=False), codes, empty=empty)
+        if self.deferred:
+            res.rows = rows.astype(np.int32, copy=False)
+        return res
 
     def _encode_subwords(self, docs: Sequence[str]) -> ChunkResult:
         id_lists = self.sp.encode(list(docs), num_threads=self.cfg.encode_threads)
@@ -114,8 +563,62 @@ class ChunkEncoder:
         tokens = np.fromiter(chain.from_iterable(kept), dtype=np.int64, count=int(lengths.sum()))
         starts = np.zeros(len(kept), np.int64)
         np.cumsum(lengths[:-1], out=starts[1:])
-        codes = self._codes(self.coder.row_ids(tokens, starts)) if self.cfg.specs else {}
-        return ChunkResult(lengths, tokens.astype(self.token_dtype), codes, empty=len(id_lists) - len(kept))
+        rows = self.coder.row_ids(tokens, starts) if self.cfg.specs else None
+        return self._result(lengths, tokens, rows, len(id_lists) - len(kept))
+
+    def _encode_segments(self, docs: Sequence[str], n_count: int) -> ChunkResult:
+        """Like ``_encode_subwords``, from the per-token cache (documents it cannot reproduce
+        exactly are encoded whole)."""
+        seg = self.segments
+        toks = [d.split() for d in docs]
+        ntok = np.fromiter(map(len, toks), np.int64, count=len(toks))
+        ids = seg.ids(chain.from_iterable(toks), int(ntok.sum()))
+        if n_count:
+            seg.count(ids[: int(ntok[:n_count].sum())])
+        plain = seg.info.plain
+        good = np.fromiter(map(plain, docs), bool, count=len(docs))
+        check = np.flatnonzero(~good).tolist()
+        if check:  # normalize(doc) must be "▁" + the whitespace tokens joined by "▁"
+            join = SP_SPACE.join
+            normalized = self.sp.normalize([docs[i] for i in check])
+            good[check] = [n == SP_SPACE + join(toks[i]) for i, n in zip(check, normalized)]
+        good &= ntok > 0
+        starts = np.zeros(len(toks), np.int64)
+        np.cumsum(ntok[:-1], out=starts[1:])
+        eos = self.cfg.append_eos
+        if good.all():
+            sel = np.insert(ids, starts[1:], 0) if eos else ids
+            if eos:
+                sel = np.append(sel, 0)
+            tokens, rows, lens = seg.gather(sel)
+            doc_starts = starts + np.arange(len(starts)) if eos else starts
+            lengths = np.add.reduceat(lens, doc_starts) if len(doc_starts) else np.zeros(0, np.int64)
+            return self._result(lengths, tokens, rows, 0)
+        # some documents encoded whole: assemble document by document
+        bad = np.flatnonzero(~good).tolist()
+        whole = dict(zip(bad, self.sp.encode([docs[i] for i in bad], num_threads=self.cfg.encode_threads)))
+        parts_t, parts_r, lengths = [], [], []
+        empty = 0
+        for d in range(len(docs)):
+            if d in whole:
+                t = np.array(whole[d], np.int64)
+                if not len(t):
+                    empty += 1
+                    continue
+                r = self.coder.row_ids(t, [0]) if seg.coder is not None else None
+                if eos:
+                    t = np.append(t, EOS_ID)
+                    r = np.append(r, ZERO_ROW) if r is not None else None
+            else:
+                sel = ids[starts[d] : starts[d] + ntok[d]]
+                t, r, _ = seg.gather(np.append(sel, 0) if eos else sel)
+            parts_t.append(t.astype(self.token_dtype, copy=False))
+            if r is not None:
+                parts_r.append(r)
+            lengths.append(len(t))
+        tokens = np.concatenate(parts_t) if parts_t else np.zeros(0, self.token_dtype)
+        rows = (np.concatenate(parts_r) if parts_r else np.zeros(0, np.int64)) if seg.coder is not None else None
+        return self._result(np.array(lengths, np.int64), tokens, rows, empty)
 
     def _encode_words(self, docs: Sequence[str]) -> ChunkResult:
         local: dict[str, int] = {SPECIAL_TOKENS[EOS_ID]: 0}  # split_words never yields "</s>"
@@ -135,7 +638,7 @@ class ChunkEncoder:
         uniq = list(local)
         local_ids = np.array(ids, dtype=np.int32)
         codes = {}
-        if self.cfg.specs:
+        if self.specs:
             rows = np.empty(len(uniq), np.int64)
             rows[0] = ZERO_ROW
             rows[1:] = self.table.lookup(uniq[1:])

@@ -7,6 +7,7 @@ a large task can never block each other, and memory stays bounded (unlike ``Pool
 drains its input). The next item is read before waiting, so workers idle only for a pipe round
 trip. There are no locks shared between processes, so ``terminate`` (on errors, Ctrl-C, SIGTERM)
 can kill the workers at any moment without hanging. ``n <= 1`` runs everything in-process.
+``broadcast(fn)`` runs ``fn`` once in every worker (e.g. to collect per-worker totals at the end).
 """
 from __future__ import annotations
 
@@ -100,6 +101,15 @@ class OrderedPool:
                 self.tasks[w].send((fn, upcoming))
                 pending.append(w)
             yield out
+
+    def broadcast(self, fn: Callable) -> list:
+        """``fn(None)`` once in every worker (in-process: once), results in worker order; for
+        collecting per-worker state after ``map`` is exhausted (no task may be in flight)."""
+        if not self.procs:
+            return [fn(None)]
+        for w in range(self.workers):
+            self.tasks[w].send((fn, None))
+        return [self._receive(w) for w in range(self.workers)]
 
     def _receive(self, w: int) -> Any:
         try:

@@ -406,3 +406,43 @@ def test_group_cache_key_collisions_fall_back_to_exact_keys(tok, monkeypatch):
     monkeypatch.setattr(tokens_mod, "row_hash", lambda keys: np.zeros(len(keys), np.uint64))
     fresh_table = CodeTable(specs)
     assert np.array_equal(codes(SubwordCoder(sp, fresh_table, "word"), fresh_table, 0, len(toks)), want)
+
+
+# -- per-token sentencepiece cache (data_tools/encoding.py SegmentEncoder) -----------------------
+TRICKY_DOCS = [
+    "Café naïve — “quoted” words… and ＦＵＬＬＷＩＤＴＨ ｔｅｘｔ",  # NFKC maps these: encoded whole
+    "tabs\tand\u00a0no-break\u2003spaces  and\n\nnewlines",
+    "ALL CAPS, MiXeD cAsE; punctuation!!! ?? ... -- 'apostrophes' don't",
+    "numbers 12,345.67 and 1st 2nd 3rd; emoji 🙂 and CJK 漢字",
+    "", "   ", "x",
+]
+
+
+@pytest.mark.parametrize("hash_unit", ["word", "subword"])
+def test_segment_cache_equals_whole_document_encoding(tok, hash_unit):
+    """Encoding each distinct whitespace token once (BPE, exact by construction) gives the same
+    token ids, lengths, codes and word counts as sentencepiece on whole documents, across chunks
+    and with a cache small enough to be cleared mid-corpus."""
+    from data_tools.encoding import ChunkEncoder, EncoderConfig
+    from megahash.hashing.specs import parse_hash_specs
+
+    docs = shakespeare_docs(60) + TRICKY_DOCS
+    chunks = [docs[i:i + 9] for i in range(0, len(docs), 9)]
+    outs = {}
+    for cached in (True, False):
+        cfg = EncoderConfig(tokenizer=tok, specs=parse_hash_specs("md5,md5-bucket1000,rolling3"), hash_unit=hash_unit,
+                            cache_entries=256, count_words=True, segment_cache=cached)
+        enc = ChunkEncoder(cfg)
+        assert (enc.segments is not None) == cached  # the BPE model qualifies; the test is not vacuous
+        results = [enc.encode(c, n_count=len(c)) for c in chunks]
+        outs[cached] = (results, enc.finish())
+    (a, counts_a), (b, counts_b) = outs[True], outs[False]
+    for ra, rb in zip(a, b):
+        np.testing.assert_array_equal(ra.lengths, rb.lengths)
+        np.testing.assert_array_equal(ra.tokens, rb.tokens)
+        assert ra.empty == rb.empty
+        assert sorted(ra.codes) == sorted(rb.codes) == ["md5", "md5-bucket1000", "rolling3"]
+        for name in ra.codes:
+            np.testing.assert_array_equal(ra.codes[name], rb.codes[name])
+    assert counts_a == counts_b and sum(counts_a.values()) > 1000
+    assert sum(r.empty for r in a) == 2  # "" and "   "

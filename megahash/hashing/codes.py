@@ -7,12 +7,15 @@ model embeds specials with its own small table), hashes all strings it has not s
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
+from itertools import repeat
 from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
 from megahash.hashing.lsh import LSHModel
-from megahash.hashing.md5 import DEFAULT_KEY, md5_bits, md5_buckets
+from megahash.hashing.md5 import DEFAULT_KEY, MD5_BYTES
 from megahash.hashing.rolling import rolling_codes
 from megahash.hashing.specs import HashSpec
 
@@ -27,9 +30,10 @@ def hash_words(
     if kind in ("lsh", "lsh-bucket") and lsh is None:
         raise ValueError(f"hash spec {spec.name!r} needs an LSH model (n-gram vocabulary + planes)")
     if kind == "md5":
-        out = md5_bits(words, key)
+        out = np.frombuffer(md5_digests_batch(words, key), dtype=np.uint8).reshape(len(words), MD5_BYTES)
     elif kind == "md5-bucket":
-        out = md5_buckets(words, p["buckets"], key)
+        buf, n, frm = md5_digests_batch(words, key), p["buckets"], int.from_bytes
+        out = np.array([frm(buf[i : i + MD5_BYTES], "big") % n for i in range(0, len(buf), MD5_BYTES)], np.int64)
     elif kind == "lsh":
         out = lsh.bits(words, p["bits"])
     elif kind == "lsh-bucket":
@@ -39,6 +43,21 @@ def hash_words(
     else:  # pragma: no cover - specs are validated by parse_hash_spec
         raise ValueError(f"unknown hash kind {kind!r}")
     return np.ascontiguousarray(out.reshape(len(words), spec.width), dtype=spec.dtype)
+
+
+def md5_digests_batch(words: Sequence[str], key: Optional[bytes] = DEFAULT_KEY) -> bytes:
+    """``megahash.hashing.md5.md5_digests``: concatenated HMAC-MD5(key, UTF-8 of word) (plain MD5
+    for ``key=None``), computed by copying one keyed state per word, which is several times faster
+    than a one-shot ``hmac.digest`` per word (that sets the key up each time)."""
+    base = hashlib.md5() if key is None else hmac.new(key, digestmod="md5")
+    copy = base.copy
+    out = []
+    append = out.append
+    for w in words:
+        h = copy()
+        h.update(w.encode("utf-8", "surrogatepass"))
+        append(h.digest())
+    return b"".join(out)
 
 
 class CodeTable:
@@ -61,13 +80,18 @@ class CodeTable:
     def clear(self) -> None:
         """Forget every string (row ids handed out before are invalid afterwards)."""
         self._index: dict[str, int] = {}
+        self._strings: list[str] = [""]  # row id -> string (row 0: specials)
         self._rows = {s.name: np.zeros((1024, s.width), s.dtype) for s in self.specs}
         self._size = 1
         self.generation += 1
 
+    def full(self) -> bool:
+        """True when ``maybe_reset`` would clear the cache."""
+        return self._size > self.max_entries
+
     def maybe_reset(self) -> bool:
         """Clear the cache when it holds more than ``max_entries`` strings; call between batches."""
-        if self._size > self.max_entries:
+        if self.full():
             self.clear()
             return True
         return False
@@ -78,10 +102,13 @@ class CodeTable:
     def lookup(self, strings: Sequence[str]) -> np.ndarray:
         """Row ids ``int64 [len(strings)]``; unseen strings are hashed together in one batch."""
         index = self._index
-        missing = [s for s in dict.fromkeys(strings) if s not in index]
-        if missing:
-            self._add(missing)
-        return np.fromiter((index[s] for s in strings), dtype=np.int64, count=len(strings))
+        ids = np.fromiter(map(index.get, strings, repeat(-1)), dtype=np.int64, count=len(strings))
+        miss = np.flatnonzero(ids < 0)
+        if len(miss):
+            missing = [strings[i] for i in miss.tolist()]
+            self._add(list(dict.fromkeys(missing)))  # in order of first occurrence
+            ids[miss] = np.fromiter(map(index.__getitem__, missing), dtype=np.int64, count=len(missing))
+        return ids
 
     def _add(self, strings: list[str]) -> None:
         start, end = self._size, self._size + len(strings)
@@ -92,9 +119,13 @@ class CodeTable:
                 grown[:start] = rows[:start]
                 self._rows[spec.name] = rows = grown
             rows[start:end] = hash_words(spec, strings, self.key, self.lsh)
-        for i, s in enumerate(strings):
-            self._index[s] = start + i
+        self._index.update(zip(strings, range(start, end)))
+        self._strings.extend(strings)
         self._size = end
+
+    def strings_from(self, row: int) -> list[str]:
+        """Strings of rows ``row, row + 1, ...`` (in row order) of the current generation."""
+        return self._strings[row:]
 
     def rows(self, name: str, ids: np.ndarray) -> np.ndarray:
         """Gather code rows ``[len(ids), width]`` of spec ``name`` for row ids ``ids``."""

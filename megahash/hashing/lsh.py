@@ -57,6 +57,161 @@ def _flat_ngrams(words: Sequence[str], orders: Sequence[int]) -> tuple[list[str]
     return grams, np.asarray(per, dtype=np.int64)
 
 
+class _NgramKeys:
+    """Vectorised n-grams: every character n-gram of a batch of words as one int64 key, in
+    ``word_ngrams`` order. A key holds the n-gram's characters as base-``B`` digits (digit = rank of
+    the code point in ``alphabet`` + 1, most significant first, 0-padded to the longest order), so
+    keys are equal iff the n-grams are, and compare like the strings (code point order, a prefix
+    first). ``None`` from ``build`` when that does not fit (``B ** max(orders) >= 2**63``, a NUL
+    character, or orders outside 1..8); callers then use the per-string Python code."""
+
+    __slots__ = ("alphabet", "base", "width", "lut", "keys", "per")
+
+    @staticmethod
+    def codepoints(words: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Code points of ``"".join(words)`` (``uint32``) and the length of each word."""
+        cps = np.frombuffer("".join(words).encode("utf-32-le", "surrogatepass"), dtype="<u4")
+        lengths = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
+        return cps, lengths
+
+    @classmethod
+    def build(cls, cps: np.ndarray, lengths: np.ndarray, orders: Sequence[int], extra_cps=None, ordered: bool = True):
+        """Keys of all n-grams of the words with code points ``cps`` (concatenated) and ``lengths``;
+        ``ordered=False`` leaves them grouped by order (``keys``) with their word indices (``per``
+        then holds the word index of each key) instead of in ``word_ngrams`` order."""
+        orders = [int(n) for n in orders]
+        if not orders or min(orders) < 1 or max(orders) > 8:
+            return None
+        width = max(orders)
+        extra = np.zeros(0, np.uint32) if extra_cps is None else np.asarray(extra_cps, np.uint32)
+        top = max(int(cps.max()) if len(cps) else 0, int(extra.max()) if len(extra) else 0)
+        present = np.zeros(top + 1, bool)
+        present[cps] = True
+        present[extra] = True
+        if present[0]:
+            return None
+        alphabet = np.flatnonzero(present).astype(np.uint32)
+        base = len(alphabet) + 1
+        if base ** width >= 2**63:
+            return None
+        self = cls()
+        self.alphabet, self.base, self.width = alphabet, base, width
+        self.lut = np.zeros(top + 1, np.int64)  # code point -> digit (0 for NUL / padding)
+        self.lut[alphabet] = np.arange(1, base, dtype=np.int64)
+        digits = np.zeros(len(cps) + width, np.int64)
+        digits[: len(cps)] = self.lut[cps]
+        n_words = len(lengths)
+        starts = np.zeros(n_words, np.int64)
+        if n_words > 1:
+            np.cumsum(lengths[:-1], out=starts[1:])
+        word_of = np.repeat(np.arange(n_words), lengths)
+        local = np.arange(len(cps), dtype=np.int64) - starts[word_of]  # position inside the word
+        remain = lengths[word_of] - local  # characters from here to the end of the word
+        prefix = [None] * (width + 1)  # prefix[n][p]: key of the n-gram starting at p
+        acc = np.zeros(len(cps), np.int64)
+        for j in range(width):
+            acc = acc + digits[j : j + len(cps)] * base ** (width - 1 - j)
+            prefix[j + 1] = acc
+        if not ordered:
+            sel = [np.flatnonzero(remain >= n) for n in orders]
+            self.keys = np.concatenate([prefix[n][p] for n, p in zip(orders, sel)])
+            self.per = word_of[np.concatenate(sel)]
+            return self
+        counts = [np.maximum(lengths - n + 1, 0) for n in orders]
+        per = np.zeros(n_words, np.int64)
+        for c in counts:
+            per += c
+        offs = np.zeros(n_words, np.int64)
+        if n_words > 1:
+            np.cumsum(per[:-1], out=offs[1:])
+        keys = np.empty(int(per.sum()), np.int64)
+        block = offs.copy()  # where the next order's n-grams of each word go
+        for n, c in zip(orders, counts):
+            pos = np.flatnonzero(remain >= n)
+            w = word_of[pos]
+            keys[block[w] + local[pos]] = prefix[n][pos]
+            block += c
+        self.keys, self.per = keys, per
+        return self
+
+    def encode_codepoints(self, cps: np.ndarray) -> np.ndarray:
+        """Keys of n-grams given as ``uint32 [k, width]`` code points (0-padded, characters in ``alphabet``)."""
+        key = np.zeros(len(cps), np.int64)
+        for j in range(self.width):
+            key = key * self.base + self.lut[cps[:, j]]
+        return key
+
+    def decode(self, keys: np.ndarray) -> list[str]:
+        """The n-gram strings of ``keys``."""
+        keys = np.asarray(keys, np.int64)
+        cps = np.zeros((len(keys), self.width), "<u4")
+        for j in range(self.width):
+            d = (keys // self.base ** (self.width - 1 - j)) % self.base
+            cps[:, j] = np.where(d > 0, self.alphabet[np.maximum(d - 1, 0)], 0)
+        return cps.view(f"<U{self.width}").reshape(len(keys)).tolist()
+
+
+def _sort_with_index(keys: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
+    """``keys`` sorted (ties by position) and the positions they came from; packs ``key * n +
+    position`` into one int64 sort when ``limit * n < 2**63`` (keys are in ``[0, limit)``)."""
+    n = len(keys)
+    if n and limit * n < 2**63:
+        packed = np.sort(keys * n + np.arange(n, dtype=np.int64))
+        sk = packed // n
+        return sk, packed - sk * n
+    order = np.argsort(keys, kind="stable")
+    return keys[order], order
+
+
+_BLOCK_CHARS = 1 << 22  # characters of words per block of n-gram keys (bounds the memory)
+
+
+def _word_blocks(lengths: np.ndarray, block_chars: int) -> list[tuple[int, int]]:
+    """``[start, end)`` word ranges of about ``block_chars`` characters each."""
+    ends = np.cumsum(lengths)
+    bounds, start = [], 0
+    while start < len(lengths):
+        done = int(ends[start - 1]) if start else 0
+        end = max(int(np.searchsorted(ends, done + block_chars, side="right")), start + 1)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+def _top_ngrams_fast(words: Sequence[str], weights: np.ndarray, size: int, orders: Sequence[int],
+                     block_chars: int = _BLOCK_CHARS):
+    """``top_ngrams(count_ngrams(dict(zip(words, weights))), size)`` with numpy; None if the
+    n-grams do not fit int64 keys (see ``_NgramKeys``). Words are taken in blocks of about
+    ``block_chars`` characters, all keyed with one alphabet, and the per-block totals merged."""
+    weights = np.asarray(weights, np.int64)
+    blocks = _word_blocks(np.fromiter(map(len, words), np.int64, count=len(words)), block_chars)
+    alphabet = None
+    if len(blocks) > 1:  # one alphabet for all blocks, so that their keys agree
+        parts = [np.unique(_NgramKeys.codepoints(words[a:b])[0]) for a, b in blocks]
+        alphabet = np.unique(np.concatenate(parts)).astype(np.uint32)
+    uniqs, totals, nk = [], [], None
+    for a, b in blocks:
+        cps, lengths = _NgramKeys.codepoints(words[a:b])
+        nk = _NgramKeys.build(cps, lengths, orders, extra_cps=alphabet, ordered=False)
+        if nk is None:
+            return None
+        if not len(nk.keys):
+            continue
+        ks, pos = _sort_with_index(nk.keys, nk.base**nk.width)
+        first = np.flatnonzero(np.concatenate([[True], ks[1:] != ks[:-1]]))
+        uniqs.append(ks[first])
+        totals.append(np.add.reduceat(weights[a:b][nk.per[pos]], first))  # exact int64 sums
+    if not uniqs:
+        return []
+    uniq, total = uniqs[0], totals[0]
+    if len(uniqs) > 1:
+        ks, pos = _sort_with_index(np.concatenate(uniqs), nk.base**nk.width)
+        first = np.flatnonzero(np.concatenate([[True], ks[1:] != ks[:-1]]))
+        uniq, total = ks[first], np.add.reduceat(np.concatenate(totals)[pos], first)
+    top = np.lexsort((uniq, -total))[:size]  # count descending, then the n-gram string
+    return nk.decode(uniq[top])
+
+
 def count_ngrams(
     word_counts: Union[Mapping[str, int], Iterable[tuple[str, int]]],
     orders: Sequence[int] = NGRAM_ORDERS,
@@ -106,6 +261,7 @@ class LSHModel:
             raise ValueError("duplicate n-grams in the LSH vocabulary")
         self._planes: dict[int, np.ndarray] = {}  # T -> [K + 1, T] (last row zero, for padding)
         self._etas: dict[int, np.ndarray] = {}  # N -> [L]
+        self._vocab_cache = None  # see _vocab_arrays
 
     # construction / persistence -------------------------------------------------------------
     @classmethod
@@ -117,7 +273,24 @@ class LSHModel:
         orders: Sequence[int] = NGRAM_ORDERS,
     ) -> "LSHModel":
         """Build the top-``vocab_size`` n-gram vocabulary from corpus word counts."""
-        return cls(top_ngrams(count_ngrams(word_counts, orders), vocab_size), seed, orders)
+        if isinstance(word_counts, Mapping):
+            pairs, words, values, distinct = word_counts, list(word_counts), word_counts.values(), True
+        else:  # (word, count) pairs: a repeated word counts once per pair
+            pairs = list(word_counts)
+            words, values = [w for w, _ in pairs], [c for _, c in pairs]
+            distinct = len(set(words)) == len(words)
+        try:
+            weights = np.fromiter(values, np.int64, count=len(words)) if distinct else None
+        except (OverflowError, TypeError, ValueError):
+            weights = None
+        longest = max(map(len, words), default=0)
+        # numpy path when all n-gram totals are exact in int64 (else, and for unusual characters, the
+        # per-string path; both give the same vocabulary)
+        if weights is not None and float(np.abs(weights.astype(np.float64)).sum()) * (longest + 1) < 2.0**62:
+            fast = _top_ngrams_fast(words, weights, vocab_size, orders)
+            if fast is not None:
+                return cls(fast, seed, orders)
+        return cls(top_ngrams(count_ngrams(pairs, orders), vocab_size), seed, orders)
 
     @property
     def vocab_size(self) -> int:
@@ -135,8 +308,10 @@ class LSHModel:
 
     def _planes_ext(self, num_bits: int) -> np.ndarray:
         if num_bits not in self._planes:
-            r = make_hyperplanes(self.vocab_size, num_bits, self.seed)
-            self._planes[num_bits] = np.vstack([r, np.zeros((1, num_bits), np.float32)])
+            planes = np.zeros((self.vocab_size + 1, num_bits), np.float32)  # last row zero (padding)
+            rng = np.random.Generator(np.random.PCG64(self.seed))  # = make_hyperplanes, written in place
+            rng.standard_normal((self.vocab_size, num_bits), dtype=np.float32, out=planes[:-1])
+            self._planes[num_bits] = planes
         return self._planes[num_bits]
 
     def save(self, path, bits: Sequence[int] = (), buckets: Sequence[int] = ()) -> None:
@@ -174,27 +349,84 @@ class LSHModel:
         """Vocabulary ids of every n-gram occurrence of every word, in ``word_ngrams`` order
         (an n-gram occurring c times appears c times: the frequency weighting of x), with K for
         n-grams outside the vocabulary; and the number of n-grams per word."""
+        fast = self._flat_ids_fast(words)
+        if fast is not None:
+            return fast
         grams, per = _flat_ngrams(words, self.orders)
         get, pad = self.index.get, self.vocab_size
         return np.fromiter((get(g, pad) for g in grams), dtype=np.int64, count=len(grams)), per
 
-    def project(self, words: Sequence[str], num_bits: int, block: int = 16384) -> np.ndarray:
+    def _vocab_arrays(self):
+        """Vocabulary n-grams usable as keys: (code points [k, width], their vocabulary ids), or
+        None when a vocabulary string holds a NUL (the key encoding cannot represent it)."""
+        if self._vocab_cache is None:
+            width = max(self.orders) if self.orders else 0
+            lengths = set(self.orders)
+            ok = [i for i, g in enumerate(self.ngrams) if len(g) in lengths]
+            if any("\0" in self.ngrams[i] for i in ok) or not width:
+                self._vocab_cache = (None,)
+            else:
+                arr = np.array([self.ngrams[i] for i in ok], dtype=f"<U{width}")
+                cps = arr.view("<u4").reshape(len(ok), width)
+                self._vocab_cache = (cps, np.array(ok, np.int64))
+        return None if self._vocab_cache[0] is None else self._vocab_cache
+
+    def _flat_ids_fast(self, words: Sequence[str]):
+        vocab = self._vocab_arrays()
+        if vocab is None:
+            return None
+        vcps, vids = vocab
+        cps, lengths = _NgramKeys.codepoints(words)
+        nk = _NgramKeys.build(cps, lengths, self.orders, extra_cps=vcps[vcps > 0])
+        if nk is None:
+            return None
+        pad = self.vocab_size
+        if not len(vids):
+            return np.full(len(nk.keys), pad, np.int64), nk.per
+        vkeys = nk.encode_codepoints(vcps)
+        order = np.argsort(vkeys, kind="stable")
+        vk, vid = vkeys[order], vids[order]
+        ids = np.full(len(nk.keys), pad, np.int64)
+        if len(nk.keys):  # look up each distinct n-gram once (a sort beats a binary search per occurrence)
+            ks, pos = _sort_with_index(nk.keys, nk.base**nk.width)
+            first = np.flatnonzero(np.concatenate([[True], ks[1:] != ks[:-1]]))
+            uniq = ks[first]
+            j = np.minimum(np.searchsorted(vk, uniq), len(vk) - 1)
+            found = np.where(vk[j] == uniq, vid[j], pad)
+            ids[pos] = np.repeat(found, np.diff(np.append(first, len(ks))))
+        return ids, nk.per
+
+    def project(self, words: Sequence[str], num_bits: int, block: int = 2048) -> np.ndarray:
         """``float32 [B, T]`` dot products ``x . r_j``, each the float32 sum of ``r_j[g]`` over the
         word's n-gram occurrences in order (out-of-vocabulary ones add the zero row): element-wise
         numpy adds, so a word's value does not depend on the batch it is hashed in."""
+        if len(words) <= 65536:
+            return self.project_ids(*self.flat_ids(words), num_bits, block=block)
+        return np.concatenate([self.project(words[s : s + 65536], num_bits, block)
+                               for s in range(0, len(words), 65536)])
+
+    def project_ids(self, ids: np.ndarray, per: np.ndarray, num_bits: int, block: int = 2048) -> np.ndarray:
+        """``project`` from ``flat_ids`` output."""
         planes = self._planes_ext(num_bits)
-        out = np.zeros((len(words), num_bits), dtype=np.float32)
-        for s in range(0, len(words), block):
-            ids, per = self.flat_ids(words[s : s + block])
-            offs = np.zeros(len(per), np.int64)
-            np.cumsum(per[:-1], out=offs[1:])
-            order = np.argsort(-per, kind="stable")  # longest first: step k touches a prefix
-            offs, per_sorted = offs[order], per[order]
-            acc = np.zeros((len(per), num_bits), dtype=np.float32)
-            for k in range(int(per_sorted[0]) if len(per) else 0):
-                n_k = int(np.searchsorted(-per_sorted, -k, side="left"))  # words with more than k n-grams
-                acc[:n_k] += planes[ids[offs[:n_k] + k]]
-            out[s + order] = acc
+        out = np.zeros((len(per), num_bits), dtype=np.float32)
+        if not len(per):
+            return out
+        offs = np.zeros(len(per), np.int64)
+        np.cumsum(per[:-1], out=offs[1:])
+        order = np.argsort(-per, kind="stable")  # longest first: step k touches a prefix
+        acc = np.zeros((min(block, len(per)), num_bits), dtype=np.float32)
+        tmp = np.empty_like(acc)
+        for s in range(0, len(per), block):  # blocks of words keep the accumulator in cache
+            sel = order[s : s + block]
+            p, o = per[sel], offs[sel]
+            m = len(sel)
+            acc[:m] = 0
+            neg = -p
+            for k in range(int(p[0])):
+                n_k = int(np.searchsorted(neg, -k, side="left"))  # words with more than k n-grams
+                np.take(planes, ids[o[:n_k] + k], axis=0, out=tmp[:n_k])
+                np.add(acc[:n_k], tmp[:n_k], out=acc[:n_k])
+            out[sel] = acc[:m]
         return out
 
     def bits(self, words: Sequence[str], num_bits: int) -> np.ndarray:
@@ -206,14 +438,17 @@ class LSHModel:
     def buckets(self, words: Sequence[str], num_buckets: int) -> np.ndarray:
         """Circulant-LSH bucket ids ``int64 [B]`` = argmax_b x . r^b (one word at a time: the
         N-wide sums over its n-gram occurrences use contiguous slices of [eta, eta])."""
+        return self.buckets_ids(*self.flat_ids(words), num_buckets)
+
+    def buckets_ids(self, ids: np.ndarray, per: np.ndarray, num_buckets: int) -> np.ndarray:
+        """``buckets`` from ``flat_ids`` output."""
         eta = self.eta(num_buckets)
         eta2 = np.concatenate([eta, eta])
         proj = np.empty(num_buckets, np.float32)
-        out = np.zeros(len(words), dtype=np.int64)
-        ids, per = self.flat_ids(words)
+        out = np.zeros(len(per), dtype=np.int64)
         offs = np.concatenate([[0], np.cumsum(per)]).tolist()
         pad = self.vocab_size
-        for b in range(len(words)):
+        for b in range(len(per)):
             proj.fill(0)
             for j in ids[offs[b] : offs[b + 1]].tolist():
                 if j != pad:

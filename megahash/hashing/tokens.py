@@ -191,12 +191,19 @@ class SubwordCoder:
 
     def _run_words(self, runs: list[list[int]]) -> list[list[str]]:
         """Hash strings of runs of word (or punctuation) pieces: their joined text, lowercased."""
-        bodies = self.bodies
-        out = []
-        for run in runs:
-            word = "".join([bodies[i] for i in run]).lower() or SP_SPACE
-            out.append([word] * len(run))
-        return out
+        return [[word] * len(run) for word, run in zip(self._run_strings(runs), runs)]
+
+    def _run_strings(self, runs: list[list[int]]) -> list[str]:
+        """The hash string of each run (``_run_words`` without the repetition per piece). Run texts
+        hold no whitespace (word and punctuation piece bodies), so they are lowercased together,
+        joined by newlines (lowercasing never creates or removes whitespace, and the final-sigma
+        rule does not look across it)."""
+        get = self.bodies.__getitem__
+        texts = ["".join(map(get, run)) for run in runs]
+        lowered = "\n".join(texts).lower().split("\n")
+        if len(lowered) != len(texts):  # pragma: no cover - guarded by the comment above
+            lowered = [t.lower() for t in texts]
+        return [w or SP_SPACE for w in lowered]
 
     def _multi_rows(self, tokens: np.ndarray, gstart: np.ndarray, glen: np.ndarray, words_of) -> np.ndarray:
         """Row ids of the tokens of multi-piece runs/groups (in token order); ``words_of(list of
@@ -227,8 +234,14 @@ class SubwordCoder:
                 return self._multi_rows_exact(keys, glen, sel, pos, words_of)
         new = np.flatnonzero(~found)
         if len(new):
-            groups = [ukeys[u, : ulen[u]].tolist() for u in new.tolist()]
-            rows = self.table.lookup([w for words in words_of(groups) for w in words])
+            nl = ulen[new]
+            flat = ukeys[new][np.arange(width) < nl[:, None]].tolist()  # row-major: the pieces of each group
+            ends = np.cumsum(nl).tolist()
+            groups = [flat[e - n : e] for e, n in zip(ends, nl.tolist())]
+            if words_of == self._run_words:  # one word per run: look it up once, repeat per piece
+                rows = np.repeat(self.table.lookup(self._run_strings(groups)), ulen[new])
+            else:
+                rows = self.table.lookup([w for words in words_of(groups) for w in words])
             start = self._gsize
             self._reserve(start + len(new), width)
             self._gkeys[start : start + len(new), :width] = ukeys[new]
