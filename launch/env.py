@@ -1,14 +1,29 @@
 """Resolve rank, local rank, world size, master address and port from the launcher's environment.
 
-Order: torchrun / deepspeed (RANK, WORLD_SIZE, LOCAL_RANK), Open MPI (OMPI_COMM_WORLD_*),
-SLURM (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, first host of SLURM_JOB_NODELIST), else a
-single process. The result is also written back as RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/
-MASTER_PORT so torch.distributed's env:// rendezvous sees one convention.
+Order (the first that matches wins):
+
+1. torchrun / deepspeed / anything setting ``RANK`` and ``WORLD_SIZE`` (+ ``LOCAL_RANK``);
+2. Open MPI ``mpirun``: ``OMPI_COMM_WORLD_RANK/_SIZE/_LOCAL_RANK``;
+3. a SLURM job step (``srun``; ``SLURM_STEP_ID`` set): ``SLURM_PROCID``, ``SLURM_STEP_NUM_TASKS``
+   (or ``SLURM_NTASKS``), ``SLURM_LOCALID``. A batch script or ``salloc`` shell outside ``srun``
+   is *not* a step: a plain ``python`` there is one process, not rank 0 of ``SLURM_NTASKS``;
+4. otherwise a single process.
+
+Master address: ``MASTER_ADDR`` if set, else inside a SLURM job the first host of the node list
+(``SLURM_STEP_NODELIST`` / ``SLURM_JOB_NODELIST``; if that name does not resolve, its ``NodeAddr``
+from ``scontrol``), else 127.0.0.1. Master port: ``MASTER_PORT`` if set, else inside a SLURM job
+``20000 + SLURM_JOB_ID % 20000`` (the same for every task and for a requeued job, different for
+concurrent jobs), else 29500 (a free port for a single process).
+
+``resolve_env()`` writes the result back as RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT so
+``torch.distributed``'s ``env://`` rendezvous sees one convention.
 """
 from __future__ import annotations
 
 import os
 import re
+import socket
+import subprocess
 from dataclasses import dataclass
 
 
@@ -19,67 +34,158 @@ class DistEnv:
     local_rank: int
     master_addr: str
     master_port: int
-    source: str
+    source: str  # torchrun | openmpi | slurm | single
+
+
+class NodeListError(ValueError):
+    pass
+
+
+def _split_top(text: str) -> list[str]:
+    """Split at commas outside brackets: ``a[1,2],b`` -> ``a[1,2]``, ``b``."""
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise NodeListError(f"unbalanced ']' in node list {text!r}")
+        if ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if depth:
+        raise NodeListError(f"unbalanced '[' in node list {text!r}")
+    out.append(cur)
+    return [s.strip() for s in out if s.strip()]
+
+
+def _expand_range(body: str, full: str) -> list[str]:
+    vals: list[str] = []
+    for part in body.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "-" in part:
+            a, b = part.split("-", 1)
+            if not (a.isdigit() and b.isdigit()) or int(b) < int(a):
+                raise NodeListError(f"bad range {part!r} in node list {full!r}")
+            width = len(a) if a.startswith("0") else 0
+            vals.extend(f"{i:0{width}d}" for i in range(int(a), int(b) + 1))
+        else:
+            if not part.isdigit():
+                raise NodeListError(f"bad index {part!r} in node list {full!r}")
+            vals.append(part)
+    return vals
+
+
+def _expand_host(token: str, full: str) -> list[str]:
+    """``rack[1-2]-n[01-02]`` -> rack1-n01 rack1-n02 rack2-n01 rack2-n02 (SLURM's order)."""
+    m = re.search(r"\[([^\[\]]*)\]", token)
+    if not m:
+        return [token]
+    head, tail = token[: m.start()], token[m.end():]
+    return [h for v in _expand_range(m.group(1), full) for h in _expand_host(head + v + tail, full)]
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """All hostnames of a SLURM node list, in order (like ``scontrol show hostnames``).
+
+    ``n[1-3,5]`` -> n1 n2 n3 n5; ``gpu[01-02],cpu7`` -> gpu01 gpu02 cpu7. Raises NodeListError on
+    a malformed list."""
+    hosts: list[str] = []
+    for token in _split_top(nodelist.strip()):
+        hosts.extend(_expand_host(token, nodelist))
+    return hosts
 
 
 def first_host(nodelist: str) -> str:
     """First hostname of a SLURM node list (``n[1-3,5],gpu7`` -> ``n1``)."""
-    nodelist = nodelist.strip()
-    m = re.match(r"([^,\[]+)(\[([^\]]+)\])?", nodelist)
-    if not m:
-        return nodelist
-    prefix, _, ranges = m.groups()
-    if not ranges:
-        return prefix
-    first = ranges.split(",")[0].split("-")[0]
-    return prefix + first
-
-
-def expand_nodelist(nodelist: str) -> list[str]:
-    """All hostnames of a SLURM node list (``n[1-2],g[01-02]`` -> n1 n2 g01 g02)."""
-    hosts: list[str] = []
-    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist):
-        prefix, ranges = m.group(1), m.group(2)
-        if not ranges:
-            hosts.append(prefix)
-            continue
-        for part in ranges.split(","):
-            if "-" in part:
-                a, b = part.split("-")
-                width = len(a)
-                hosts.extend(f"{prefix}{i:0{width}d}" for i in range(int(a), int(b) + 1))
-            else:
-                hosts.append(prefix + part)
-    return hosts
+    hosts = expand_nodelist(nodelist)
+    if not hosts:
+        raise NodeListError(f"empty node list {nodelist!r}")
+    return hosts[0]
 
 
 def free_port() -> int:
     """An unused TCP port on localhost (for single-process runs, which need a rendezvous too)."""
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+def slurm_port(job_id: str | int) -> int:
+    """Deterministic rendezvous port of a SLURM job: 20000 + job_id % 20000 (stays below the
+    usual ephemeral range 32768+)."""
+    return 20000 + int(str(job_id).split("_")[0]) % 20000
+
+
+def _resolves(host: str) -> bool:
+    try:
+        socket.getaddrinfo(host, None)
+        return True
+    except (socket.gaierror, UnicodeError):
+        return False
+
+
+def node_addr(host: str) -> str:
+    """An address for SLURM node ``host``: the name itself if it resolves, else the node's
+    ``NodeAddr`` from ``scontrol show node`` (emulated or renamed nodes), else the name."""
+    if _resolves(host):
+        return host
+    try:
+        out = subprocess.run(["scontrol", "-o", "show", "node", host], capture_output=True, text=True,
+                             timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return host
+    m = re.search(r"\bNodeAddr=(\S+)", out)
+    return m.group(1) if m else host
+
+
+def slurm_master_addr(environ=None) -> str:
+    env = os.environ if environ is None else environ
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not nodelist:
+        return "127.0.0.1"
+    return node_addr(first_host(nodelist))
+
+
+def in_slurm_step(environ=None) -> bool:
+    env = os.environ if environ is None else environ
+    return "SLURM_PROCID" in env and "SLURM_STEP_ID" in env and (
+        "SLURM_STEP_NUM_TASKS" in env or "SLURM_NTASKS" in env)
+
+
+def _master(env) -> tuple[str, int]:
+    """(MASTER_ADDR, MASTER_PORT) of a multi-process run: the variables if set, else SLURM-derived
+    inside a job, else 127.0.0.1:29500."""
+    in_job = "SLURM_JOB_ID" in env and ("SLURM_JOB_NODELIST" in env or "SLURM_NODELIST" in env)
+    addr = env.get("MASTER_ADDR") or (slurm_master_addr(env) if in_job else "127.0.0.1")
+    if env.get("MASTER_PORT"):
+        return addr, int(env["MASTER_PORT"])
+    return addr, slurm_port(env["SLURM_JOB_ID"]) if in_job else 29500
+
+
 def resolve_env(environ: dict | None = None, write_back: bool = True) -> DistEnv:
     env = os.environ if environ is None else environ
-    port = int(env.get("MASTER_PORT", "29500"))
     if "RANK" in env and "WORLD_SIZE" in env:
-        info = DistEnv(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", "0")),
-                       env.get("MASTER_ADDR", "127.0.0.1"), port, "torchrun")
-    elif "OMPI_COMM_WORLD_RANK" in env:
+        addr, port = _master(env)
+        info = DistEnv(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", "0")), addr, port,
+                       "torchrun")
+    elif "OMPI_COMM_WORLD_RANK" in env and "OMPI_COMM_WORLD_SIZE" in env:
+        addr, port = _master(env)
         info = DistEnv(int(env["OMPI_COMM_WORLD_RANK"]), int(env["OMPI_COMM_WORLD_SIZE"]),
-                       int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")),
-                       env.get("MASTER_ADDR", "127.0.0.1"), port, "openmpi")
-    elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
-        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "127.0.0.1")
-        info = DistEnv(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", "0")),
-                       env.get("MASTER_ADDR") or first_host(nodelist), port, "slurm")
+                       int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")), addr, port, "openmpi")
+    elif in_slurm_step(env):
+        addr, port = _master(env)
+        world = env.get("SLURM_STEP_NUM_TASKS") or env["SLURM_NTASKS"]
+        info = DistEnv(int(env["SLURM_PROCID"]), int(world), int(env.get("SLURM_LOCALID", "0")), addr, port, "slurm")
     else:
-        if "MASTER_PORT" not in env:
-            port = free_port()
-        info = DistEnv(0, 1, 0, env.get("MASTER_ADDR", "127.0.0.1"), port, "single")
+        addr = env.get("MASTER_ADDR", "127.0.0.1")
+        port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT") else free_port()
+        info = DistEnv(0, 1, 0, addr, port, "single")
     if write_back and environ is None:
         os.environ.update({"RANK": str(info.rank), "WORLD_SIZE": str(info.world_size),
                            "LOCAL_RANK": str(info.local_rank), "MASTER_ADDR": info.master_addr,

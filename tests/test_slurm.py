@@ -1,0 +1,259 @@
+"""Multi-node launching on a real SLURM (Debian 22.05) brought up on localhost with two emulated
+nodes (launch/local_slurm.py): the real slurm/pretrain_500m_hybrid.sh submitted with sbatch and
+tiny-model overrides on 2 nodes x 1 rank; SIGUSR1 -> checkpoint -> requeue -> resumed run with the
+uninterrupted run's losses; torchrun per node under srun; mpirun and torchrun outside SLURM
+starting the same training; one-line errors outside SLURM and for a wrong node count.
+
+Needs root and the Debian packages of launch/install_cluster_tools.sh (.ci/run installs them; this
+module installs them itself when they are missing and skips only if that is impossible)."""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, child_env, train_losses
+from test_launch import signal_during_save, wait_for_step
+
+SCRIPT = "slurm/pretrain_500m_hybrid.sh"
+STEPS = 60
+TINY = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=128",
+        "model.vocab_size=0", "data.seq_length=64", "train.micro_batch_size=4", "train.global_batch_size=8",
+        f"train.steps={STEPS}", "train.precision=fp32", "train.warmup_steps=2", "train.lr=2e-3",
+        "train.eval_interval=20", "train.eval_iters=2", "train.save_interval=0", "train.log_interval=10",
+        "logging.plot=false", "logging.tensorboard=false"]
+# 2 emulated nodes x 1 rank; the header's --cpus-per-task=8 and 8 GPUs do not fit the local nodes
+SBATCH = ["--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=1", "--cpus-per-task=1", "--time=20"]
+FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
+
+_install_note = ""
+
+
+def _ensure_cluster_tools() -> None:
+    global _install_note
+    from launch.local_slurm import missing_programs
+
+    if missing_programs() or shutil.which("mpirun") is None:
+        r = subprocess.run(["bash", "launch/install_cluster_tools.sh"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=900)
+        _install_note = (r.stderr.strip().splitlines() or [""])[-1]
+    missing = missing_programs()
+    if missing:
+        pytest.skip(f"SLURM is not installed and could not be installed ({', '.join(missing)} missing): "
+                    f"{_install_note or 'see launch/install_cluster_tools.sh'}")
+
+
+def clean_env(**extra) -> dict:
+    """The test environment without the SLURM/Open MPI variables of any outer job."""
+    env = child_env(PYTHON=sys.executable)
+    for k in [k for k in env if k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "OMPI_", "PMIX_"))]:
+        env.pop(k)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    _ensure_cluster_tools()
+    if os.geteuid() != 0:
+        pytest.skip("a local SLURM needs root (slurmd runs jobs as their user)")
+    from launch.local_slurm import LocalSlurm, SlurmUnavailable
+
+    c = LocalSlurm(tmp_path_factory.mktemp("slurm"), nodes=2, cpus_per_node=2, gpus_per_node=1)
+    try:
+        c.start()
+    except SlurmUnavailable as e:
+        logs = c.logs()
+        c.stop()
+        pytest.fail(f"the local SLURM did not come up: {e}\n{logs}")
+    yield c
+    c.stop()
+
+
+def submit(cluster, out: Path, overrides: list[str], script: str = SCRIPT, sbatch: list[str] = SBATCH, **env) -> str:
+    r = subprocess.run(["sbatch", "--parsable", *sbatch, "-o", str(out), script, *overrides], cwd=ROOT,
+                       env=cluster.env(clean_env(**env)), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip().split(";")[0]
+
+
+def job_info(cluster, job: str) -> dict:
+    r = subprocess.run(["scontrol", "-o", "show", "job", job], env=cluster.env(clean_env()), capture_output=True,
+                       text=True, timeout=30)
+    return dict(re.findall(r"(\w+)=(\S*)", r.stdout))
+
+
+def wait_job(cluster, job: str, out: Path, timeout: float = 300) -> dict:
+    deadline = time.time() + timeout
+    info = {}
+    while time.time() < deadline:
+        info = job_info(cluster, job)
+        if info.get("JobState") in FINAL:
+            return info
+        time.sleep(0.5)
+    subprocess.run(["scancel", job], env=cluster.env(clean_env()), timeout=30)
+    text = out.read_text() if out.exists() else ""
+    raise AssertionError(f"job {job} not done after {timeout}s: {info.get('JobState')}\n{text[-3000:]}\n"
+                         f"{cluster.logs()}")
+
+
+def rank_pids(run_dir: Path) -> list[int]:
+    """PIDs of the training ranks of ``run_dir`` (python processes, not srun, on this machine)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if (len(argv) > 1 and "python" in Path(argv[0]).name and any(a.endswith("megahash/pretrain.py") for a in argv)
+                and f"train.save_dir={run_dir}" in argv):
+            pids.append(int(proc.name))
+    return pids
+
+
+@pytest.fixture(scope="module")
+def runs(cluster, shakespeare_shards, tmp_path_factory):
+    """Side by side on the two emulated nodes: the uninterrupted reference (the real 500M script
+    with tiny overrides, 2 nodes x 1 rank, default launcher srun = one task per rank) and a short
+    1-node job of the 70M size wrapper."""
+    d = tmp_path_factory.mktemp("slurm_runs")
+    data = dict(DATA_PREFIX=shakespeare_shards["prefix"], TOKENIZER=shakespeare_shards["tokenizer"])
+    jobs = {"srun": (d / "srun", d / "srun.out", {}, SCRIPT, SBATCH, TINY, {"NODES": 2}),
+            "70m": (d / "70m", d / "70m.out", {}, "slurm/pretrain_70m.sh", ["--nodes=1", *SBATCH[1:]],
+                    ["model.num_layers=1", "model.hidden_size=64", "model.num_heads=4", "model.ffn_hidden_size=128",
+                     "model.vocab_size=0", "data.seq_length=32", "train.micro_batch_size=2",
+                     "train.global_batch_size=4", "train.precision=fp32", "train.eval_interval=0",
+                     "logging.plot=false", "logging.tensorboard=false"], {"STEPS": 2})}
+    submitted = {name: submit(cluster, out, overrides, script=script, sbatch=sbatch, SAVE_DIR=run_dir, **data, **env)
+                 for name, (run_dir, out, _, script, sbatch, overrides, env) in jobs.items()}
+    result = {"data": data}
+    for name, job in submitted.items():
+        run_dir, out = jobs[name][:2]
+        info = wait_job(cluster, job, out)
+        result[name] = {"job": job, "dir": run_dir, "out": out.read_text(), "info": info}
+    return result
+
+
+def test_sbatch_500m_script_two_nodes(runs):
+    r = runs["srun"]
+    assert r["info"]["JobState"] == "COMPLETED" and r["info"]["ExitCode"] == "0:0", r["out"][-4000:]
+    out = r["out"]
+    assert f"job {r['job']} restart 0: 2 node(s) n[1-2], 2 rank(s), config configs/pretrain_500m_hybrid.yaml" in out
+    port = 20000 + int(r["job"]) % 20000
+    assert f"+ MASTER_ADDR=127.0.0.1 MASTER_PORT={port} srun " in out  # n1 -> its NodeAddr
+    assert "world 2 (tp 1, dp 2)" in out and "ZeRO-1" in out and "ranks exited with status 0" in out
+    assert (r["dir"] / "latest").read_text() == f"step_{STEPS:08d}"
+    assert (r["dir"] / f"step_{STEPS:08d}" / "megahash_state.json").is_file()
+    cfg = (r["dir"] / "resolved_config.yaml").read_text()
+    assert "lr: 0.002" in cfg and "zero_stage: 1" in cfg and "beta2: 0.9999" in cfg  # 500M recipe + overrides
+    assert "schedule: hybrid:rndembqk:even" in cfg
+    losses = train_losses(r["dir"])
+    assert sorted(losses) == list(range(1, STEPS + 1)) and losses[STEPS] < losses[1]
+
+
+def test_usr1_checkpoints_requeues_and_resumes_exactly(cluster, runs, tmp_path):
+    """Two jobs side by side, LAUNCHER=srun (default) and LAUNCHER=torchrun (one torchrun per node
+    under srun, c10d rendezvous on the first node), each sent `scancel --signal=USR1 --batch`
+    mid-run: the batch shell forwards it, the ranks checkpoint at the next step and exit 3, the
+    script requeues the job, the requeued job resumes from that checkpoint and ends with the
+    uninterrupted run's per-step losses. In the srun job a second SIGUSR1 reaches every process
+    of the ranks (as SLURM signals a step) while the checkpoint is being written: it stays intact."""
+    jobs = {}
+    for launcher in ("torchrun", "srun"):
+        run_dir, out = tmp_path / launcher, tmp_path / f"{launcher}.out"
+        jobs[launcher] = (submit(cluster, out, TINY, SAVE_DIR=run_dir, LAUNCHER=launcher, **runs["data"]),
+                          run_dir, out)
+    during = False
+    for launcher, (job, run_dir, out) in jobs.items():
+        wait_for_step(run_dir, 3, lambda: job_info(cluster, job).get("JobState") not in FINAL)
+        r = subprocess.run(["scancel", "--signal=USR1", "--batch", job], env=cluster.env(clean_env()),
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        if launcher == "srun":
+            during = signal_during_save(run_dir, lambda: rank_pids(run_dir))
+    ref = runs["srun"]["dir"]
+    for launcher, (job, run_dir, out) in jobs.items():
+        info = wait_job(cluster, job, out)
+        text = out.read_text()
+        assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", text[-5000:]
+        m = re.search(r"megahash: stopped at step (\d+) \(signal 10\)", text)
+        assert m, text[-5000:]
+        stop = int(m.group(1))
+        assert 3 <= stop < STEPS
+        assert "received SIGUSR1: forwarding to the ranks" in text
+        assert re.search(r"ranks exited with status \d+ after SIGUSR1", text) and f"requeueing job {job}" in text
+        assert f"job {job} restart 1:" in text and f"resumed from {run_dir}/step_{stop:08d}" in text
+        assert (run_dir / "latest").read_text() == f"step_{STEPS:08d}" and not list(run_dir.glob("*.tmp"))
+        assert train_losses(run_dir) == train_losses(ref), launcher
+        assert train_losses(run_dir, "valid") == train_losses(ref, "valid"), launcher
+        if launcher == "torchrun":
+            assert "--rdzv_backend=c10d" in text and "--ntasks-per-node=1" in text
+        else:
+            assert "ranks exited with status 3 after SIGUSR1" in text
+    assert during, "the second SIGUSR1 did not land while the checkpoint was being written"
+
+
+def test_mpirun_and_torchrun_start_the_same_training(runs, tmp_path):
+    """Outside SLURM: `python -m launch --launcher mpirun|torchrun --nproc-per-node 2` (mpirun -np 2,
+    ranks from OMPI_COMM_WORLD_*; torchrun --nproc_per_node 2) give the srun job's losses."""
+    if shutil.which("mpirun") is None:
+        pytest.skip(f"Open MPI could not be installed: {_install_note or 'mpirun missing'}")
+    data = runs["data"]
+    common = ["--config", "configs/pretrain_500m_hybrid.yaml", f"data.prefix=[{data['DATA_PREFIX']}]",
+              f"data.tokenizer={data['TOKENIZER']}", *TINY]
+    procs = {}
+    for name in ("mpirun", "torchrun"):
+        cmd = [sys.executable, "-m", "launch", "--launcher", name, "--nproc-per-node", "2", *common,
+               f"train.save_dir={tmp_path / name}"]
+        procs[name] = subprocess.Popen(cmd, cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, text=True)
+    outs = {name: p.communicate(timeout=600)[0] for name, p in procs.items()}
+    for name, p in procs.items():
+        assert p.returncode == 0, outs[name][-4000:]
+    assert re.search(r"^\+ .*mpirun -np 2 ", outs["mpirun"], re.M), outs["mpirun"][:2000]
+    assert re.search(r"^\+ .*torchrun --nproc_per_node=2 ", outs["torchrun"], re.M), outs["torchrun"][:2000]
+    ref = train_losses(runs["srun"]["dir"])
+    assert train_losses(tmp_path / "mpirun") == ref
+    assert train_losses(tmp_path / "torchrun") == ref
+
+
+@pytest.mark.parametrize("script", ["slurm/pretrain_500m_hybrid.sh", "slurm/pretrain_70m.sh", "slurm/pretrain_160m.sh",
+                                    "slurm/pretrain_1.7b.sh", "slurm/eval.sh", "slurm/convert_hf.sh"])
+def test_script_outside_slurm_is_one_line_error(script):
+    r = subprocess.run(["bash", script, "train.steps=1"], cwd=ROOT, env=clean_env(), capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {script} must run inside a SLURM job"), r.stderr
+
+
+def test_wrong_node_count_is_one_line_error(cluster, tmp_path):
+    out = tmp_path / "job.out"
+    job = submit(cluster, out, ["train.steps=1"], NODES=3, SAVE_DIR=tmp_path / "run")
+    info = wait_job(cluster, job, out, timeout=120)
+    assert info["JobState"] == "FAILED" and info["ExitCode"] == "2:0"
+    lines = out.read_text().strip().splitlines()
+    assert lines == [f"error: NODES=3 but job {job} has 2 node(s) (n[1-2]); submit with 'sbatch --nodes=3 ...' "
+                     "or set NODES=2"]
+    # more nodes than the cluster has: sbatch itself refuses (EnforcePartLimits=ALL), one line
+    r = subprocess.run(["sbatch", "--parsable", "--nodes=3", *SBATCH[1:], SCRIPT], cwd=ROOT,
+                       env=cluster.env(clean_env()), capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert r.stderr.strip().splitlines() == ["sbatch: error: Batch job submission failed: Node count specification invalid"]
+
+
+def test_size_wrapper_recipe(runs):
+    """slurm/pretrain_70m.sh: the 500M recipe at 70M size (generated include config), overrides on top."""
+    r = runs["70m"]
+    assert r["info"]["JobState"] == "COMPLETED", r["out"][-4000:]
+    run_dir = r["dir"]
+    assert "include: [pretrain_500m_hybrid.yaml, model/70m.yaml]" in (run_dir / "slurm_recipe_70m.yaml").read_text()
+    cfg = (run_dir / "resolved_config.yaml").read_text()
+    assert "schedule: uniform:mha" in cfg and "max_position_embeddings: 2048" in cfg and "steps: 2" in cfg
+    assert "warmup_steps: 2000" in cfg and (run_dir / "latest").read_text() == "step_00000002"
