@@ -3,14 +3,16 @@
 model of the same size measured in the same run.
 
     python benchmarks/bench_training.py [--sizes tiny,70m] [--schedules uniform:mha,hybrid:rndembqk:even,...]
-                                        [--seq 256] [--batch 4] [--steps 5] [--dtype auto]
+                                        [--seq 256] [--batch 4] [--steps 5] [--dtype auto] [--compile off|on|both]
 
 One rank, the model of ``megahash.models.model`` (the same code DeepSpeed wraps) with torch AdamW:
 forward + backward + optimizer step. Reports the median step time over ``--steps`` (after one
 warm-up), tokens/s, achieved model FLOP/s (``megahash.models.costs.train_flops_per_token``), MFU
 where the device's peak is known (GPUs), and the ratio of tokens/s to ``uniform:mha`` of the same
 size. Embedding kinds can be compared with ``--embeddings vocab,proj,...`` (hash codes are random
-bit patterns of the right shape).
+bit patterns of the right shape). ``--compile both`` measures every row eagerly and with
+``train.compile`` (``torch.compile`` of each transformer layer; compile time is excluded: the
+warm-up steps compile).
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ def fake_codes(cfg, batch, seq, torch):
     return torch.randint(0, high, (batch, seq, spec.width), dtype=torch.int64)
 
 
-def measure(size: str, schedule: str, embedding: str, args) -> dict:
+def measure(size: str, schedule: str, embedding: str, args, compiled: bool = False) -> dict:
     import torch
 
     from megahash import platform
@@ -52,6 +54,10 @@ def measure(size: str, schedule: str, embedding: str, args) -> dict:
     platform.seed_all(1)
     dev = platform.device()
     model = build_model(cfg, cfg.model.vocab_size or 50304, dtype).to(dev)
+    if compiled:
+        from megahash.training.trainer import compile_layers
+
+        compile_layers(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     vocab = model.vocab_size
     tokens = torch.randint(5, vocab, (args.batch, args.seq), device=dev)
@@ -74,7 +80,7 @@ def measure(size: str, schedule: str, embedding: str, args) -> dict:
     flops = train_flops_per_token(cfg, vocab, args.seq) * tok_s
     peak = platform.peak_flops(dtype)
     platform.teardown()
-    return {"size": size, "schedule": schedule, "embedding": embedding, "step_s": step, "tokens_per_s": tok_s,
+    return {"size": size, "schedule": schedule, "embedding": embedding, "compiled": compiled, "step_s": step, "tokens_per_s": tok_s,
             "tflops": flops / 1e12, "mfu": flops / peak if peak else None,
             "params": sum(p.numel() for p in model.parameters())}
 
@@ -88,21 +94,20 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"])
+    ap.add_argument("--compile", default="off", choices=["off", "on", "both"])
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
-    rows = []
-    for size in args.sizes.split(","):
-        base = None
-        for emb in args.embeddings.split(","):
-            for sched in args.schedules.split(","):
-                r = measure(size, sched, emb, args)
-                if base is None:
-                    base = r["tokens_per_s"]
-                r["ratio"] = r["tokens_per_s"] / base
-                rows.append(r)
-                mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
-                print(f"| {size} | {emb} | {sched} | {r['params'] / 1e6:.1f}M | {r['step_s'] * 1e3:.1f} ms | "
-                      f"{r['tokens_per_s']:,.0f} | {r['tflops']:.3f} | {mfu} | {r['ratio']:.2f} |", flush=True)
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
+    runs = [(size, emb, sched, compiled) for size in args.sizes.split(",") for emb in args.embeddings.split(",")
+            for sched in args.schedules.split(",") for compiled in modes]
+    base = {}
+    for size, emb, sched, compiled in runs:
+        r = measure(size, sched, emb, args, compiled)
+        r["ratio"] = r["tokens_per_s"] / base.setdefault(size, r["tokens_per_s"])
+        mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
+        name = sched + (" (compiled)" if compiled else "")
+        print(f"| {size} | {emb} | {name} | {r['params'] / 1e6:.1f}M | {r['step_s'] * 1e3:.1f} ms | "
+              f"{r['tokens_per_s']:,.0f} | {r['tflops']:.3f} | {mfu} | {r['ratio']:.2f} |", flush=True)
     return 0
 
 

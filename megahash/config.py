@@ -117,6 +117,7 @@ class TrainConfig:
     eval_iters: int = 4
     log_interval: int = 10
     recompute: str = "none"  # none | selective | full
+    compile: bool = False  # torch.compile each transformer layer (regional compilation; for GPUs)
     exit_signal_handler: bool = True  # SIGUSR1/SIGTERM -> checkpoint at next step, exit for requeue
     stop_after: int = 0  # stop (as if interrupted) after this many steps; 0 = off. For tests and budget runs
 

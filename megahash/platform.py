@@ -131,6 +131,31 @@ def apply_cpu_shims() -> None:
     _SHIMS_APPLIED = True
 
 
+def apply_megatron_fixes() -> None:
+    """Fixes for megatron-core 0.16.1 needed on every device (idempotent).
+
+    ``RowParallelLinear.forward`` calls ``linear_with_grad_accumulation_and_async_allreduce`` with
+    ``tp_group=None``, so ``get_tensor_model_parallel_group_if_none`` issues a Python warning on
+    rank 0 at every forward of every output projection and MLP. Besides the cost, under
+    ``torch.compile`` (``train.compile``) that warning is a graph break in every layer on rank 0
+    only. The replacement returns the default TP group silently (what megatron does after warning).
+    """
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import layers
+
+    original = layers.get_tensor_model_parallel_group_if_none
+    if getattr(original, "_megahash_fixed", False):
+        return
+
+    def tp_group_or_default(tp_group, is_expert=False, check_initialized=True):
+        if tp_group is None and dist.is_initialized() and parallel_state.is_initialized() and not is_expert:
+            return parallel_state.get_tensor_model_parallel_group(check_initialized=check_initialized)
+        return original(tp_group, is_expert=is_expert, check_initialized=check_initialized)
+
+    tp_group_or_default._megahash_fixed = True
+    layers.get_tensor_model_parallel_group_if_none = tp_group_or_default
+
+
 # ------------------------------------------------------------------------------ process groups
 
 
@@ -147,6 +172,7 @@ def init_distributed(tensor_parallel: int = 1, sequence_parallel: bool = False, 
     """Start the process group (a 1-rank gloo group for plain ``python``) and megatron's model
     parallel state. Returns (rank, world_size)."""
     apply_cpu_shims()
+    apply_megatron_fixes()
     from megatron.core import parallel_state
 
     from megahash.errors import ConfigError

@@ -23,6 +23,16 @@ def child_env(**extra) -> dict:
     return env
 
 
+@pytest.fixture(scope="module")
+def dist():
+    """This process as a one-rank megatron/torch.distributed world for in-process model tests."""
+    from megahash import platform
+
+    platform.init_distributed(1)
+    yield
+    platform.teardown()
+
+
 def run(args: list[str], timeout: int = 600, **env) -> subprocess.CompletedProcess:
     """Run a command from the repository root, capturing output."""
     return subprocess.run(args, cwd=ROOT, env=child_env(**env), capture_output=True, text=True, timeout=timeout)

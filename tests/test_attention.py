@@ -25,10 +25,7 @@ MIXING_KINDS = [k for k in DECODER_KINDS if k != "mlp"]
 VOCAB = 128
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _dist():
-    platform.init_distributed(1)
-    yield
+pytestmark = pytest.mark.usefixtures("dist")  # one-rank world (conftest)
 
 
 def make_cfg(schedule="uniform:mha", *extra, hidden=32, heads=4, layers=2):

@@ -21,12 +21,7 @@ import _emb_helpers as H  # noqa: E402
 torch.set_num_threads(1)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def dist1():
-    from megahash import platform
-
-    platform.init_distributed(1)
-    yield
+pytestmark = pytest.mark.usefixtures("dist")  # one-rank world (conftest)
 
 
 def build_emb(kind, overrides=(), vocab=50304, hidden=768, seed=0):

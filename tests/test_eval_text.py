@@ -71,14 +71,6 @@ def test_word_stream_ids_and_codes_equal_the_shards(word_shards):
     assert codec.decode(ids[:5].tolist()) == " ".join(table[i] for i in ids[:5])
 
 
-@pytest.fixture(scope="module")
-def dist():
-    from megahash import platform
-
-    platform.init_distributed(1)
-    yield
-    platform.teardown()
-
 
 def _req(kind, *args):
     from lm_eval.api.instance import Instance

@@ -53,14 +53,6 @@ def _kinds():
     return sorted(registry.ATTENTION)
 
 
-@pytest.fixture(scope="module")
-def dist():
-    from megahash import platform
-
-    platform.init_distributed(1)
-    yield
-    platform.teardown()
-
 
 @pytest.mark.parametrize("kind", _kinds())
 def test_capture_reproduces_every_kinds_attention(dist, kind):

@@ -17,12 +17,7 @@ import _emb_helpers as H  # noqa: E402
 torch.set_num_threads(1)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def dist1():
-    from megahash import platform
-
-    platform.init_distributed(1)
-    yield
+pytestmark = pytest.mark.usefixtures("dist")  # one-rank world (conftest)
 
 
 def corpus_batches(n=60, b=8, s=64, spec="md5"):

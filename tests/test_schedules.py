@@ -27,10 +27,7 @@ TABLE_4_11 = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _dist():
-    platform.init_distributed(1)
-    yield
+pytestmark = pytest.mark.usefixtures("dist")  # one-rank world (conftest)
 
 
 def test_presets_equal_table_4_11():

@@ -367,6 +367,16 @@ def compute(model, codec, text: str, max_tokens: int, windows: int = 1) -> tuple
 
 
 # ============================================================================ plots
+def _save(fig, path: Path) -> str:
+    """Lay out, write (110 dpi) and close a matplotlib figure; its path."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
 def plot(records: list[dict], out_dir: Path, title: str = "") -> list[str]:
     import matplotlib
 
@@ -400,11 +410,7 @@ def plot(records: list[dict], out_dir: Path, title: str = "") -> list[str]:
                 ax.set_yticks(range(n_heads), [str(h + 1) for h in range(n_heads)], fontsize=7)
             fig.colorbar(im, ax=ax, fraction=0.046)
         fig.suptitle(f"Attention indicators per layer and head {title}".strip())
-        fig.tight_layout()
-        p = out_dir / "indicators_heads.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        written.append(str(p))
+        written.append(_save(fig, out_dir / "indicators_heads.png"))
 
         # layer summary (Figure 4.1's quantities; footnote 5 normalisation)
         rows = ["entropy", "conc", "head_div", "sink", "locfoc_0", "locfoc_1", "locfoc_2", "locfoc_3"]
@@ -430,11 +436,7 @@ def plot(records: list[dict], out_dir: Path, title: str = "") -> list[str]:
                         color="white" if shown[k, c] < 0.6 else "black")
         fig.colorbar(im, ax=ax, fraction=0.03)
         ax.set_title(f"Layer-wise attention indicators (head means) {title}".strip())
-        fig.tight_layout()
-        p = out_dir / "indicators_layers.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        written.append(str(p))
+        written.append(_save(fig, out_dir / "indicators_layers.png"))
 
     with_logits = [r for r in records if r.get("logits")]
     if with_logits:
@@ -456,11 +458,7 @@ def plot(records: list[dict], out_dir: Path, title: str = "") -> list[str]:
         ax2.set_ylabel("max |logit|")
         ax2.set_title("Largest activation per layer")
         fig.suptitle(title)
-        fig.tight_layout()
-        p = out_dir / "logits.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        written.append(str(p))
+        written.append(_save(fig, out_dir / "logits.png"))
     return written
 
 

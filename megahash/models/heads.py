@@ -63,7 +63,7 @@ def build_head(cfg, config, vocab_size: int) -> torch.nn.Module:
 def _full_sequence(hidden: torch.Tensor, config) -> torch.Tensor:
     """[s/TP, b, h] -> [s, b, h] under SP for a replicated head (backward: split, not reduce-scatter)."""
     if config.sequence_parallel and parallel_state.get_tensor_model_parallel_world_size() > 1:
-        return tensor_parallel.gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
+        return tensor_parallel.gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False, group=parallel_state.get_tensor_model_parallel_group())
     return hidden
 
 
@@ -74,6 +74,18 @@ def _shifted_codes(hash_codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     valid = torch.ones(hash_codes.shape[:2], dtype=torch.bool, device=hash_codes.device)
     valid[:, -1] = False
     return target, valid
+
+
+def _target_codes(head: str, labels, label_codes, hash_codes) -> tuple[torch.Tensor, torch.Tensor]:
+    """(target codes [b, s, w], valid [b, s]) of a hash-code head: the batch's ``label_codes``, or the
+    next position's input codes (clm) when it has none."""
+    valid = labels >= 0
+    if label_codes is None:
+        if hash_codes is None:
+            raise ValueError(f"model.head={head} needs label_codes (or hash_codes to shift) in the batch")
+        label_codes, shift_valid = _shifted_codes(hash_codes)
+        valid = valid & shift_valid
+    return label_codes, valid
 
 
 class VocabHead(torch.nn.Module):
@@ -148,12 +160,7 @@ class HashBitsHead(torch.nn.Module):
         logits = self.linear(_full_sequence(hidden, self.config)).transpose(0, 1)  # [b, s, T]
         if labels is None:
             return logits.contiguous()
-        valid = labels >= 0
-        if label_codes is None:
-            if hash_codes is None:
-                raise ValueError("model.head=hash-bits needs label_codes (or hash_codes to shift) in the batch")
-            label_codes, shift_valid = _shifted_codes(hash_codes)
-            valid = valid & shift_valid
+        label_codes, valid = _target_codes("hash-bits", labels, label_codes, hash_codes)
         target = self.targets(label_codes)
         loss = F.binary_cross_entropy_with_logits(logits.float(), target, reduction="none").sum(dim=-1)
         return loss * valid
@@ -194,12 +201,7 @@ class HashBucketHead(torch.nn.Module):
             logits = logits.masked_fill(col >= self.num_buckets, -1e4)
         if labels is None:
             return logits.transpose(0, 1).contiguous()
-        valid = labels >= 0
-        if label_codes is None:
-            if hash_codes is None:
-                raise ValueError("model.head=hash-bucket needs label_codes (or hash_codes to shift) in the batch")
-            label_codes, shift_valid = _shifted_codes(hash_codes)
-            valid = valid & shift_valid
+        label_codes, valid = _target_codes("hash-bucket", labels, label_codes, hash_codes)
         target = self.bucket_ids(label_codes).transpose(0, 1).contiguous()
         loss = tensor_parallel.vocab_parallel_cross_entropy(logits.float(), target).transpose(0, 1)
         return loss * valid

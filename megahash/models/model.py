@@ -168,7 +168,7 @@ class MegahashLM(MegatronModule):
         """[b, s, V/TP] vocab-parallel logits -> full [b, s, V] on every TP rank."""
         if parallel_state.get_tensor_model_parallel_world_size() == 1:
             return logits
-        return tensor_parallel.gather_from_tensor_model_parallel_region(logits)
+        return tensor_parallel.gather_from_tensor_model_parallel_region(logits, group=parallel_state.get_tensor_model_parallel_group())
 
 
 class DecodeState:

@@ -26,3 +26,13 @@ def draw_from_batch(tokens, hash_codes, pool_mask, count: int, generator: torch.
     toks = tokens.reshape(-1)[pick]
     codes = None if hash_codes is None else hash_codes.reshape(-1, hash_codes.shape[-1])[pick]
     return toks, codes
+
+
+def replace_with_drawn(new_tokens, new_codes, tokens, hash_codes, pool_mask, where, generator: torch.Generator) -> None:
+    """In place: the positions ``where`` of ``new_tokens`` (and ``new_codes``) get (token, codes)
+    pairs drawn by :func:`draw_from_batch` from the original batch, so codes move with their words."""
+    toks, codes = draw_from_batch(tokens, hash_codes, pool_mask, int(where.sum()), generator)
+    if toks is not None:
+        new_tokens[where] = toks
+        if new_codes is not None:
+            new_codes[where] = codes

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from megahash.objectives.common import MASK_ID, PAD_ID, bernoulli, draw_from_batch, special_mask
+from megahash.objectives.common import MASK_ID, PAD_ID, bernoulli, replace_with_drawn, special_mask
 
 MASK_PROB = 0.15
 MASK_TOKEN_FRAC = 0.8
@@ -44,11 +44,7 @@ def corrupt(
     new_tokens[to_mask] = MASK_ID
     if new_codes is not None:
         new_codes[to_mask] = 0
-    toks, codes = draw_from_batch(tokens, hash_codes, word, int(to_random.sum()), generator)
-    if toks is not None:
-        new_tokens[to_random] = toks
-        if new_codes is not None:
-            new_codes[to_random] = codes
+    replace_with_drawn(new_tokens, new_codes, tokens, hash_codes, word, to_random, generator)
     labels = torch.where(selected, tokens, torch.full_like(tokens, -100)).long()
     out = {
         "tokens": new_tokens,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from megahash.objectives.common import PAD_ID, bernoulli, draw_from_batch, special_mask
+from megahash.objectives.common import PAD_ID, bernoulli, replace_with_drawn, special_mask
 
 SHUFFLE_PROB = 0.1
 RANDOM_PROB = 0.1
@@ -66,11 +66,7 @@ def corrupt(
     if new_codes is not None:
         w = hash_codes.shape[-1]
         new_codes.view(-1, w)[dst] = hash_codes.reshape(-1, w)[src]
-    toks, codes = draw_from_batch(tokens, hash_codes, word, int(random.sum()), generator)
-    if toks is not None:
-        new_tokens[random] = toks
-        if new_codes is not None:
-            new_codes[random] = codes
+    replace_with_drawn(new_tokens, new_codes, tokens, hash_codes, word, random, generator)
     labels = torch.full_like(tokens, ORIGINAL, dtype=torch.long)
     labels[shuffled] = SHUFFLED
     labels[random] = RANDOM

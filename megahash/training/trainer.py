@@ -102,6 +102,8 @@ def train(cfg: Config) -> int:
         n_params = sum(p.numel() for p in model.parameters())
         n_params = _sum_over_tp(n_params, model)
         n_emb = _embedding_params(model)
+        if t.compile:
+            compile_layers(model)
         optimizer = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr,
                                       betas=(t.beta1, t.beta2), eps=t.eps)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda_for(t))
@@ -187,6 +189,14 @@ def train(cfg: Config) -> int:
         return exit_status
     finally:
         platform.teardown(barrier=completed)
+
+
+def compile_layers(model) -> None:
+    """``torch.compile`` every transformer layer in place (regional compilation, as torchtitan does:
+    one compiled graph reused by every layer of the same kind, a short compile, and parameter names
+    unchanged so checkpoints do not depend on it). Decoding and evaluation run the same modules."""
+    for layer in model.decoder.layers:
+        layer.compile(dynamic=False)
 
 
 def scheduler_lr(engine) -> float:

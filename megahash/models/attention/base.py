@@ -67,8 +67,8 @@ def gather_input(x: torch.Tensor, config) -> torch.Tensor:
     if tp_size() == 1:
         return x
     if config.sequence_parallel:
-        return tensor_parallel.gather_from_sequence_parallel_region(x, tensor_parallel_output_grad=True)
-    return tensor_parallel.copy_to_tensor_model_parallel_region(x)
+        return tensor_parallel.gather_from_sequence_parallel_region(x, tensor_parallel_output_grad=True, group=parallel_state.get_tensor_model_parallel_group())
+    return tensor_parallel.copy_to_tensor_model_parallel_region(x, group=parallel_state.get_tensor_model_parallel_group())
 
 
 class ReplicatedLinear(torch.nn.Module):

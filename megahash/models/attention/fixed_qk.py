@@ -41,7 +41,7 @@ import math
 import numpy as np
 import torch
 import torch.nn.functional as F
-from megatron.core import tensor_parallel
+from megatron.core import parallel_state, tensor_parallel
 from megatron.core.transformer.spec_utils import ModuleSpec
 
 from megahash.errors import ConfigError
@@ -204,7 +204,7 @@ class FixedInput(torch.nn.Module):
         if self.source == "random":
             emb = self.epsilon[offset:offset + seq_len].unsqueeze(1).to(model.config.params_dtype)
             if model.config.sequence_parallel:
-                emb = tensor_parallel.scatter_to_sequence_parallel_region(emb)
+                emb = tensor_parallel.scatter_to_sequence_parallel_region(emb, group=parallel_state.get_tensor_model_parallel_group())
             return emb
         tokens = self.tokens[offset:offset + seq_len].unsqueeze(0)
         try:

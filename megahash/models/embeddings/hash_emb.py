@@ -104,6 +104,6 @@ class HashEmbedding(HashEmbeddingBase):
             return out
         out = out.view(s, b, -1)
         if self.config.sequence_parallel:
-            return tensor_parallel.reduce_scatter_to_sequence_parallel_region(out)  # [s/TP, b, h], fresh
+            return tensor_parallel.reduce_scatter_to_sequence_parallel_region(out, group=parallel_state.get_tensor_model_parallel_group())  # [s/TP, b, h], fresh
         # the all-reduce returns its input as a view: the base copies it before writing the specials
-        return tensor_parallel.reduce_from_tensor_model_parallel_region(out)
+        return tensor_parallel.reduce_from_tensor_model_parallel_region(out, group=parallel_state.get_tensor_model_parallel_group())

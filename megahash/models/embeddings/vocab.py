@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import torch
-from megatron.core import tensor_parallel
+from megatron.core import parallel_state, tensor_parallel
 from megatron.core.transformer.module import MegatronModule
 
 from megahash.models.registry import register_embedding
@@ -14,7 +14,7 @@ class EmbeddingOutput(MegatronModule):
     def finish(self, emb: torch.Tensor) -> torch.Tensor:
         emb = emb.transpose(0, 1).contiguous()
         if self.config.sequence_parallel:
-            emb = tensor_parallel.scatter_to_sequence_parallel_region(emb)
+            emb = tensor_parallel.scatter_to_sequence_parallel_region(emb, group=parallel_state.get_tensor_model_parallel_group())
             with tensor_parallel.get_cuda_rng_tracker().fork():
                 return self.dropout(emb)
         return self.dropout(emb)
