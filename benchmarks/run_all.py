@@ -26,7 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCHES = {
     "data stage (tokens/s vs tokenise+IndexedDatasetBuilder)": (
         ["bench_preprocess.py", "--hashes", "md5,lsh128", "--workers", "2"],
-        ["bench_preprocess.py", "--hashes", "md5,lsh128", "--workers", "1", "--repeats", "1", "--max-docs", "300"]),
+        ["bench_preprocess.py", "--hashes", "md5,lsh128", "--workers", "2", "--repeats", "1", "--max-docs", "1000"]),
+    "data stage, one worker": (
+        ["bench_preprocess.py", "--hashes", "md5,lsh128", "--workers", "1"],
+        ["bench_preprocess.py", "--hashes", "md5,lsh128", "--workers", "1", "--repeats", "1", "--max-docs", "1000"]),
     "embeddings (fwd+bwd time and memory vs vocab)": (
         ["bench_embeddings.py"],
         ["bench_embeddings.py", "--tokens", "2048", "--iters", "3", "--no-memory"]),
@@ -35,7 +38,7 @@ BENCHES = {
         ["bench_attention.py", "--seqs", "256", "--contexts", "128,512", "--reps", "1", "--steps", "2"]),
     "training step (tokens/s, MFU vs the standard model)": (
         ["bench_training.py", "--sizes", "tiny,70m,160m,500m"],
-        ["bench_training.py", "--sizes", "tiny", "--steps", "2", "--seq", "128"]),
+        ["bench_training.py", "--sizes", "tiny", "--steps", "3", "--seq", "128", "--compile", "both"]),
 }
 
 

@@ -143,9 +143,12 @@ def train(cfg: Config) -> int:
         while step < t.steps:
             t0 = time.perf_counter()
             objective.set_step(step, dp_rank)
-            loss_sum = 0.0
+            loss_sum, wait = 0.0, 0.0
             for _ in range(gas):
-                loss = batch_loss(engine, next(batches), objective)
+                tw = time.perf_counter()
+                batch = next(batches)
+                wait += time.perf_counter() - tw
+                loss = batch_loss(engine, batch, objective)
                 engine.backward(loss)
                 engine.step()
                 loss_sum += loss.item()
@@ -154,7 +157,7 @@ def train(cfg: Config) -> int:
             loss_avg = _dp_mean(loss_sum / gas)
             tok_s = tokens_per_step / dt
             metrics = {"loss": loss_avg, "lr": scheduler_lr(engine), "grad_norm": _grad_norm(engine),
-                       "tokens_per_s": tok_s, "step_time_s": dt}
+                       "tokens_per_s": tok_s, "step_time_s": dt, "data_wait_s": wait}
             if peak > 0:
                 metrics["mfu"] = flops_tok * tok_s / peak
             if not math.isfinite(loss_avg):
