@@ -57,6 +57,19 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores; {gpu}; torch {torch.__version__}; Python {pyplatform.python_version()}"
 
 
+def merge_sections(old: str, new: str) -> str:
+    """The old report with each ``## title`` section that ``new`` has replaced by the new one
+    (sections new to the report are appended; the header and machine line are the new ones)."""
+    def split(text):
+        head, *rest = text.split("\n## ")
+        return head, {sec.split("\n", 1)[0]: "## " + sec for sec in rest}
+
+    _, old_secs = split(old)
+    head, new_secs = split(new)
+    merged = {**old_secs, **new_secs}
+    return head + "\n" + "".join(sec if sec.endswith("\n") else sec + "\n" for sec in merged.values())
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
@@ -83,8 +96,11 @@ def main(argv=None) -> int:
         body = r.stdout.strip() if r.returncode == 0 else (r.stdout + r.stderr)[-3000:]
         parts += [f"## {title}", "", f"`{' '.join(cmd[1:]).replace(str(ROOT) + '/', '')}` ({took:.0f} s)", "",
                   body, ""]
+    text = "\n".join(parts) + "\n"
+    if args.only and out.is_file():  # keep the sections of the day's report that were not rerun
+        text = merge_sections(out.read_text(), text)
     tmp = out.with_suffix(".tmp")
-    tmp.write_text("\n".join(parts) + "\n")
+    tmp.write_text(text)
     os.replace(tmp, out)
     print(f"report: {out}")
     return status

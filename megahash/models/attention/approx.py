@@ -64,6 +64,49 @@ def auto_chunk(length: int, d: int, chunk_size: int = 0) -> int:
     return length if length <= 2 * feature_dim(d) else 1024
 
 
+def _sum_to(grad: torch.Tensor, shape) -> torch.Tensor:
+    """Reduce a gradient over the dimensions its input was broadcast along (size 1 in ``shape``)."""
+    dims = [i for i, (g, n) in enumerate(zip(grad.shape, shape)) if n == 1 and g != 1]
+    return grad.sum(dims, keepdim=True) if dims else grad
+
+
+def _masked_taylor(q, k):
+    """(s, tril(1 + s + s^2/2)) for one chunk, s = q k^T / sqrt(d) (in place: one L x L buffer besides s)."""
+    s = q @ k.transpose(-1, -2) * (1.0 / math.sqrt(q.shape[-1]))
+    c = s.shape[-1]
+    future = torch.ones(c, c, dtype=torch.bool, device=s.device).triu(1)
+    return s, s.square().mul_(0.5).add_(s).add_(1).masked_fill_(future, 0), future
+
+
+class CausalTaylorChunk(torch.autograd.Function):
+    """(num, den) = (A v, A 1) with A = tril(1 + s + s^2/2), s = q k^T / sqrt(d) (eq. 4.6 within one
+    chunk). Backward recomputes A from q, k (as flash attention does): no L x L map is kept from
+    forward to backward, so a layer's saved activations are O(L d) like SDPA's. Gradients:
+    dA = dnum v^T + dden 1^T, dv = A^T dnum, ds = tril(dA * (1 + s)), dq = ds k / sqrt(d),
+    dk = ds^T q / sqrt(d) (summed over broadcast query groups)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        _, a, _ = _masked_taylor(q, k)
+        ctx.save_for_backward(q, k, v)
+        return a @ v, a.sum(-1)
+
+    @staticmethod
+    def backward(ctx, d_num, d_den):
+        q, k, v = ctx.saved_tensors
+        s, a, future = _masked_taylor(q, k)
+        if d_num is None:
+            d_num = torch.zeros(a.shape[:-1] + v.shape[-1:], dtype=a.dtype, device=a.device)
+        dv = a.transpose(-1, -2) @ d_num
+        ds = d_num @ v.transpose(-1, -2)
+        if d_den is not None:
+            ds = ds + d_den.unsqueeze(-1)
+        ds = ds.mul_(s.add_(1)).masked_fill_(future, 0).mul_(1.0 / math.sqrt(q.shape[-1]))
+        dq = ds @ k
+        dk = ds.transpose(-1, -2) @ q
+        return _sum_to(dq, q.shape), _sum_to(dk, k.shape), _sum_to(dv, v.shape)
+
+
 def approx_causal(q, k, v, chunk: int, state=None, need_state: bool = False):
     """Causal Taylor attention, chunked. q [..., L, d], k/v [..., L, d] (leading dims broadcast,
     e.g. q [b, g, rep, L, d] with k, v [b, g, 1, L, d]). ``state`` = (S [..., D, dv], z [..., D])
@@ -72,11 +115,7 @@ def approx_causal(q, k, v, chunk: int, state=None, need_state: bool = False):
     outs = []
     for start in range(0, L, chunk):
         qc, kc, vc = q[..., start:start + chunk, :], k[..., start:start + chunk, :], v[..., start:start + chunk, :]
-        c = qc.shape[-2]
-        a = taylor_kernel(qc, kc)
-        a = a * torch.ones(c, c, dtype=torch.bool, device=a.device).tril()
-        num = a @ vc
-        den = a.sum(-1)
+        num, den = CausalTaylorChunk.apply(qc, kc, vc)
         if state is not None:
             fq = taylor_features(qc)
             num = num + fq @ state[0]
