@@ -204,19 +204,12 @@ def _load_weights_only(engine, ckpt: Path, cfg: Config, state: dict) -> dict:
     load them from its megatron dist checkpoint at this run's TP size; the optimizer starts fresh
     (its fp32 master copies are refreshed from the loaded weights) and the LR scheduler is
     fast-forwarded to the checkpoint's step."""
-    import contextlib
     import warnings
 
-    from megahash.training.weights import WEIGHTS_DIR, load_weights
+    from megahash.training.weights import WEIGHTS_DIR, gathered, load_weights
 
-    module = engine.module
-    gathered = contextlib.nullcontext()
-    if cfg.train.zero_stage == 3:
-        import deepspeed
-
-        gathered = deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=0)
-    with gathered:
-        load_weights(module, ckpt / WEIGHTS_DIR)
+    with gathered(engine.module, cfg.train.zero_stage, modifier_rank=0):
+        load_weights(engine.module, ckpt / WEIGHTS_DIR)
     refresh = getattr(engine.optimizer, "refresh_fp32_params", None)
     if refresh is not None:
         refresh()

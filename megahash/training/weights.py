@@ -26,12 +26,13 @@ from megahash.errors import CheckpointError
 WEIGHTS_DIR = "model"
 
 
-def _gathered(module, zero_stage: int):
-    """Under ZeRO-3 parameters are partitioned: gather them for the duration of the save."""
+def gathered(module, zero_stage: int, modifier_rank: int | None = None):
+    """Under ZeRO-3 parameters are partitioned: gather them for the duration of the block (a save
+    reads them; with ``modifier_rank`` set, that rank's changes, e.g. loaded weights, are kept)."""
     if zero_stage == 3:
         import deepspeed
 
-        return deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None)
+        return deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=modifier_rank)
     return contextlib.nullcontext()
 
 
@@ -52,7 +53,7 @@ def save_weights(module: torch.nn.Module, directory: Path, zero_stage: int = 0) 
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    with _gathered(module, zero_stage):
+    with gathered(module, zero_stage):
         dist_checkpointing.save(module.sharded_state_dict(metadata=sharded_metadata(module)), str(directory))
 
 
