@@ -50,6 +50,7 @@ class AttentionConfig:
     skip_nonstandard: bool = False  # `skip` evaluation mode (thesis 4.5)
     random_std: float = 0.0  # rndembqk: std of the fixed random input (0 = model.init_std, like the embeddings)
     chunk_size: int = 0  # approx/nonapprox: chunk length of the chunked parallel form (0 = auto)
+    feature_dim: int = 0  # approx: Based's projected feature dim d' of q, k before the Taylor map (0 = d_h)
 
 
 @dataclass

@@ -20,7 +20,8 @@ from megahash import platform  # noqa: E402
 from megahash.config import load_config  # noqa: E402
 
 DECODER_KINDS = ["mha", "gqa", "mqa", "sha", "skv", "el-att", "mhe-add", "mhe-mul",
-                 "mlp", "approx", "nonapprox", "rndembqk", "fixedseqqk", "staticembqk"]
+                 "mlp", "approx", "nonapprox", "rndembqk", "fixedseqqk", "staticembqk",
+                 "approx-thesis"]
 MIXING_KINDS = [k for k in DECODER_KINDS if k != "mlp"]
 VOCAB = 128
 
@@ -405,8 +406,8 @@ def test_unknown_kind_error_names_the_close_match():
 # ------------------------------------------------------------------------ tensor parallel
 
 
-TP_CASES = DECODER_KINDS + ["mha@g2", "approx@chunk", "hybrid:rndembqk:even",
-                            "mha@encoder", "approx@encoder", "nonapprox@encoder", "rndembqk@encoder"]
+TP_CASES = DECODER_KINDS + ["mha@g2", "approx@chunk", "approx-thesis@chunk", "approx@f4", "hybrid:rndembqk:even",
+                            "mha@encoder", "approx@encoder", "approx-thesis@encoder", "nonapprox@encoder", "rndembqk@encoder"]
 
 
 def test_tp2_parity_all_kinds(tmp_path):
@@ -431,7 +432,8 @@ def test_tp2_parity_all_kinds(tmp_path):
         ref = r["tp1"]
         for setting in ("tp2", "tp2sp"):
             got = r[setting]
-            assert abs(got["loss"] - ref["loss"]) < 1e-9, (case, setting, got, ref)
+            # megatron's vocab_parallel_cross_entropy computes in fp32: allow one fp32 ulp
+            assert abs(got["loss"] - ref["loss"]) <= 1.2e-7 * abs(ref["loss"]), (case, setting, got, ref)
             for key in ("grad_sq", "attn_grad_sq"):
                 assert abs(got[key] - ref[key]) < 1e-7 * ref[key], (case, setting, key, got, ref)
 

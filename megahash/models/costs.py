@@ -41,6 +41,7 @@ def attention_param_count(kind: str, n: int, d: int, groups: int | None = None) 
     SHA 3d^2n, MHA 3d^2n^2, EL-ATT d^2n^2, MQA d^2n^2 + 2d^2n, SKV 2d^2n^2, MHE 3d^2n + 3dn.
     ``gqa`` (not in Table 3.4): d^2n^2 + 2d^2n*g; chapter-4 kinds with standard Q/K/V sizes count
     as MHA (``groups`` g makes them GQA-sized)."""
+    kind = _kind(kind)
     if kind in ("gqa",) or (kind in _STANDARD_SIZED and groups not in (None, n)):
         g = groups if groups is not None else n
         return d * d * n * n + 2 * d * d * n * g
@@ -99,8 +100,14 @@ def memory_saving_ratio(kind: str, n: int = 12, d: int = 64, batch: int = 32, se
 
 
 def _kind(kind: str) -> str:
+    """Table row of a kind: "standard" -> mha; a kind may name its row (``thesis_row`` of its
+    registered costs, e.g. approx-thesis -> the Approx. row)."""
     k = kind.lower()
-    return {"standard": "mha"}.get(k, k)
+    k = {"standard": "mha"}.get(k, k)
+    if k in THESIS_NAMES:
+        return k
+    own = _registered(k)
+    return getattr(own, "thesis_row", k) if own is not None else k
 
 
 def _proj_params(kind: str, d: int, h: int, groups: int | None = None) -> int:
@@ -204,18 +211,30 @@ def cache_bytes(kind: str, B: int, L: int, d: int, h: int, groups: int | None = 
     return 4 * B * L * width
 
 
+def _registered(kind: str):
+    """The cost formulas a kind registers in its own file (registry.COSTS), or None."""
+    from megahash.models import registry
+
+    registry._load_variants()
+    return registry.COSTS.get(kind)
+
+
 def taylor_feature_dim(d_h: int) -> int:
     return 1 + d_h + d_h * d_h
 
 
 def cache_elements(kind: str, B: int, L: int, n: int, d_h: int, groups: int | None = None,
-                   frozen: bool = True) -> int:
+                   frozen: bool = True, **opts) -> int:
     """Numbers this implementation keeps in ``decode_cache`` per layer (all TP ranks together)
     after L tokens of B sequences. ``frozen`` (rndembqk/fixedseqqk): maps frozen with
     ``FixedInput.freeze`` -> values plus the shared fixed keys, (B + 1)Lgd_h, as Table 4.8;
-    otherwise the fixed sequence is decoded alongside (keys L*g*d_h, values (B + 1)L*g*d_h)."""
-    k = _kind(kind)
+    otherwise the fixed sequence is decoded alongside (keys L*g*d_h, values (B + 1)L*g*d_h).
+    ``opts`` (e.g. ``feature_dim``) go to a kind's own registered formula."""
     g = groups if groups is not None else n
+    own = _registered(kind.lower())
+    if own is not None and hasattr(own, "cache_elements"):
+        return own.cache_elements(B, L, n, d_h, g, **opts)
+    k = _kind(kind)
     if k == "mqa":
         g = 1
     if k == "gqa" and groups is None:

@@ -56,6 +56,18 @@ ATTENTION: dict[str, Callable] = {
 EMBEDDINGS: dict[str, type] = {}
 
 
+# name -> the kind's own cost formulas as implemented (a class with static methods such as
+# ``cache_elements(B, L, n, d_h, g)``; megahash.models.costs asks it, "n/a" when a kind has none)
+COSTS: dict[str, type] = {}
+
+
+def register_costs(name: str):
+    def deco(obj):
+        COSTS[name] = obj
+        return obj
+    return deco
+
+
 def register_attention(name: str):
     def deco(fn):
         ATTENTION[name] = fn

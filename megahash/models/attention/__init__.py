@@ -4,7 +4,8 @@ Registered names (``model.schedule``):
 
 - MHA family (thesis ch. 3, Table 3.4): ``mha`` (model.num_query_groups gives GQA), ``gqa``,
   ``mqa``, ``sha``, ``skv``, ``el-att``, ``mhe-add``, ``mhe-mul``;
-- deconstructed attention (ch. 4, sec. 4.3): ``mlp``, ``approx``, ``nonapprox``, ``rndembqk``,
+- deconstructed attention (ch. 4, sec. 4.3): ``mlp``, ``approx`` (Based's kernel), ``approx-thesis``
+  (Appendix I, eq. 4.14-4.17), ``nonapprox``, ``rndembqk``,
   ``fixedseqqk``, ``staticembqk`` (parameter-matched to ``mha``);
 - ``mha-megatron``: megatron-core's own SelfAttention (reference for tests; no decoding cache).
 

@@ -26,8 +26,13 @@ thesis's cost tables (Table 4.6-4.8: cache 6Bd + 4Bd^2/h bytes, i.e. three d-vec
 d_h x d_h matrices per head) describe that form's state. Its predictive results follow Based's
 implementation, which is the shared-denominator form implemented here; ``megahash.models.costs``
 gives both the thesis's table values and this implementation's cache sizes.
+Based's projected feature dimension: ``model.attention.feature_dim`` d' (Based's default 16)
+projects q, k to d' dims per head before the Taylor map (see :meth:`ApproxAttention.build_grouped_qkv`).
+Which form reproduces what: the thesis's cost tables (Tables 4.5-4.8, "Approx.") describe
+``approx-thesis`` (Appendix I's recurrence); ``approx`` is the Based kernel.
 Attention dropout is not applied (there is no probability matrix to drop from in the linear form).
-Parameters equal ``mha`` exactly (``linear_q``, ``linear_kv``, ``linear_proj``).
+Parameters equal ``mha`` exactly (``linear_q``, ``linear_kv``, ``linear_proj``) unless
+``model.attention.feature_dim`` is set.
 """
 from __future__ import annotations
 
@@ -36,9 +41,10 @@ import math
 import torch
 from megatron.core.transformer.spec_utils import ModuleSpec
 
-from megahash.models.attention.base import AttentionBase, rope
+from megahash.errors import ConfigError
+from megahash.models.attention.base import AttentionBase, column, rope
 from megahash.models.attention.mha import GroupedKV
-from megahash.models.registry import mask_type, register_attention
+from megahash.models.registry import mask_type, register_attention, register_costs
 
 
 def feature_dim(d: int) -> int:
@@ -183,15 +189,55 @@ class LinearAttentionBase(GroupedKV, AttentionBase):
         qh = q.permute(1, 2, 0, 3).reshape(b, g, n_l // g, s, d).to(dt)
         kh = k.permute(1, 2, 0, 3).unsqueeze(2).to(dt)
         vh = v.permute(1, 2, 0, 3).unsqueeze(2).to(dt)
-        out = self.attend(qh, kh, vh, attention_mask)  # [b, g, rep, s, d]
-        return out.reshape(b, n_l, s, d).permute(2, 0, 1, 3).reshape(s, b, n_l * d).to(x.dtype)
+        out = self.attend(qh, kh, vh, attention_mask)  # [b, g, rep, s, d_v]
+        d_v = out.shape[-1]
+        return out.reshape(b, n_l, s, d_v).permute(2, 0, 1, 3).reshape(s, b, n_l * d_v).to(x.dtype)
+
+
+def rope_prefix(freqs, dim: int):
+    """RoPE frequencies of a d_h-dim head restricted to ``dim`` < d_h dims: megatron's layout is
+    [f_0..f_{d/2-1}, f_0..f_{d/2-1}] (pairs (i, i + d/2)); keep the first dim/2 pairs."""
+    if freqs is None:
+        return None
+    freqs = freqs[0] if isinstance(freqs, tuple) else freqs
+    half = freqs.shape[-1] // 2
+    return torch.cat([freqs[..., :dim // 2], freqs[..., half:half + dim // 2]], dim=-1)
 
 
 class ApproxAttention(LinearAttentionBase):
     kind = "approx"
 
+    def build_grouped_qkv(self, groups: int) -> None:
+        """``model.attention.feature_dim`` d' > 0 (Based's ``feature_dim``, Arora et al. 2024): Q and
+        K are projected to d' dims per head (``linear_q`` n*d' rows, ``linear_kv`` rows
+        ``[g][k (d'), v (d_h)]``) and the Taylor map has 1 + d' + d'^2 features instead of
+        1 + d_h + d_h^2: the state shrinks to (1 + d' + d'^2)(d_h + 1) per key/value head and the
+        sublayer has (n + g)(d_h - d') d_m fewer parameters than ``mha`` (not parameter-matched).
+        RoPE rotates the d' dims with the head's first d'/2 frequency pairs."""
+        fd = self.cfg.model.attention.feature_dim if self.cfg is not None else 0
+        self.feature_dim = fd or self.d_h
+        if not fd or fd == self.d_h:
+            return super().build_grouped_qkv(groups)
+        if fd < 0 or fd % 2:
+            raise ConfigError(f"model.attention.feature_dim={fd} must be a positive even number (0 = head dim)")
+        if groups < 1 or self.n % groups or groups % self.tp:
+            raise ConfigError(f"approx with model.attention.feature_dim: {groups} key/value groups must divide "
+                              f"model.num_heads={self.n} and be divisible by parallel.tensor={self.tp}")
+        self.groups, self.kv_split, self.g_local = groups, True, groups // self.tp
+        self.linear_q = column(self.d_m, self.n * fd, self.config, self.qkv_bias)
+        self.linear_kv = column(self.d_m, groups * (fd + self.d_h), self.config, self.qkv_bias)
+
+    def grouped_kv(self, x):
+        if self.feature_dim == self.d_h:
+            return super().grouped_kv(x)
+        kv = self.linear_kv(x)[0]
+        kv = kv.view(kv.shape[0], kv.shape[1], self.g_local, self.feature_dim + self.d_h)
+        return kv[..., :self.feature_dim], kv[..., self.feature_dim:]
+
     def qkv(self, x, rotary_pos_emb):
         q, k, v = super().qkv(x, rotary_pos_emb)
+        if self.feature_dim != self.d_h:
+            rotary_pos_emb = rope_prefix(rotary_pos_emb, self.feature_dim)
         return rope(q, rotary_pos_emb, self.config), rope(k, rotary_pos_emb, self.config), v
 
     def attend(self, q, k, v, attention_mask):
@@ -213,3 +259,17 @@ class ApproxAttention(LinearAttentionBase):
 @register_attention("approx")
 def approx_spec(cfg) -> ModuleSpec:
     return ModuleSpec(module=ApproxAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})
+
+
+@register_costs("approx")
+class ApproxCosts:
+    """This implementation's costs (megahash.models.costs asks these). The thesis's Approx. rows
+    (Tables 4.5-4.8) describe ``approx-thesis``, not this kernel."""
+
+    thesis_row = "approx"
+
+    @staticmethod
+    def cache_elements(B, L, n, d_h, g, feature_dim=0, **_):
+        """Decode state: S [D, d_h] and z [D] per key/value head, D = 1 + d' + d'^2 (d' = d_h by default)."""
+        f = feature_dim or d_h
+        return B * g * (1 + f + f * f) * (d_h + 1)

@@ -1,0 +1,175 @@
+"""``approx-thesis``: the thesis's Approximate attention in its Appendix I form (eq. 4.6, 4.14-4.17).
+
+The second-order Taylor expansion of softmax (eq. 4.6, A ~ Taylor(Q K^T / sqrt(d_h))) written as
+the recurrence of Appendix I, where the zeroth, first and second order terms are each normalised
+by their OWN denominator and the second order uses element-wise squares (d_h features, not the
+d_h^2 outer products of Based's shared-denominator kernel, kind ``approx``):
+
+    o_i    = o_0i + o_1i + o_2i                                                          (4.14)
+    o_0i   = (sum_{j<=i} v_j) / i                                                        (4.15)
+    o_1i   = q_i (sum_{j<=i} k_j^T v_j) / q_i (sum_{j<=i} k_j^T)                          (4.16)
+    o_2i   = (q_i^2/sqrt2) (sum_{j<=i} (k_j^2/sqrt2)^T v_j) / (q_i^2/sqrt2) (sum_{j<=i} (k_j^2/sqrt2)^T)   (4.17)
+
+q, k are the RoPE-rotated heads of Q, K = H W^{Q,K} (eq. 4.3) scaled by d_h^(-1/4), so q.k is the
+s = q.k/sqrt(d_h) of eq. 4.6 (each term is a ratio homogeneous in q and in k, so the scale only
+matters numerically). The first-order denominator q_i . sum k_j has no sign: a denominator with
+|den| < 1e-6 is replaced by +-1e-6 (keeping its sign), the only deviation from the equations.
+
+State (per key/value head, after i tokens): s0 = sum v_j [d_h], s1 = sum k_j^T v_j [d_h, d_h],
+z1 = sum k_j [d_h], s2 = sum (k_j^2/sqrt2)^T v_j [d_h, d_h], z2 = sum k_j^2/sqrt2 [d_h]: 2 d_h^2 + 3 d_h
+numbers per head (the count i is the decoding position), i.e. 3Bd + 2Bd^2/h numbers = the
+6Bd + 4Bd^2/h bytes of Table 4.8 at 16 bit. This is the form the thesis's cost tables
+(Tables 4.5-4.8, "Approx.") describe; ``approx`` is Based's kernel (one shared denominator, the
+form Arora et al. 2024 train), whose state is (1 + d_h + d_h^2)(d_h + 1) per head.
+
+Forms (equal, tested to 1e-10 in fp64 against a loop written from eq. 4.14-4.17):
+- parallel: chunk = L, the causal masked matrices tril(q k^T) and tril(q^2 k^2^T / 2) (quadratic);
+- chunked (training default): masked matrices inside chunks of C tokens plus the state between
+  chunks, O(L C d + L d^2/h) time, linear in L; ``model.attention.chunk_size`` (0 = 128);
+- recurrent (:func:`thesis_recurrent`, and decoding): the state above in ``decode_cache``
+  (``s0``, ``s1``, ``z1``, ``s2``, ``z2``, each [b, g, 1, ...]).
+Encoders use the non-causal sums over the non-padded keys. No attention dropout. Parameters equal
+``mha`` exactly (``linear_q``, ``linear_kv``, ``linear_proj``).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from megatron.core.transformer.spec_utils import ModuleSpec
+
+from megahash.models.attention.approx import LinearAttentionBase
+from megahash.models.attention.base import rope
+from megahash.models.registry import mask_type, register_attention, register_costs
+
+EPS = 1e-6
+STATE_KEYS = ("s0", "s1", "z1", "s2", "z2")
+
+
+def safe_den(den: torch.Tensor) -> torch.Tensor:
+    """den with |den| >= EPS, keeping its sign (0 -> +EPS)."""
+    return torch.where(den >= 0, den.clamp_min(EPS), den.clamp_max(-EPS))
+
+
+def scaled(q: torch.Tensor, k: torch.Tensor):
+    s = q.shape[-1] ** -0.25
+    return q * s, k * s
+
+
+def sq(x: torch.Tensor) -> torch.Tensor:
+    """x^2 / sqrt2 element-wise (eq. 4.17's second-order feature)."""
+    return x.square() * (1.0 / math.sqrt(2.0))
+
+
+def _combine(num0, cnt, num1, den1, num2, den2):
+    return num0 / cnt.unsqueeze(-1) + num1 / safe_den(den1).unsqueeze(-1) + num2 / safe_den(den2).unsqueeze(-1)
+
+
+def _new_state(k, v):
+    k2 = sq(k)
+    kt, k2t = k.transpose(-1, -2), k2.transpose(-1, -2)
+    return [v.sum(-2), kt @ v, k.sum(-2), k2t @ v, k2.sum(-2)]
+
+
+def thesis_causal(q, k, v, chunk: int, state=None, offset: int = 0, need_state: bool = False):
+    """Causal eq. 4.14-4.17, chunked. q [..., L, d], k [..., L, d], v [..., L, dv] (leading dims
+    broadcast, e.g. q [b, g, rep, L, d] with k, v [b, g, 1, L, d]); ``state`` = (s0, s1, z1, s2, z2)
+    of the ``offset`` tokens before. Returns (out [..., L, dv], state or None)."""
+    q, k = scaled(q, k)
+    L = q.shape[-2]
+    outs = []
+    state = list(state) if state is not None else None
+    for start in range(0, L, chunk):
+        qc, kc, vc = q[..., start:start + chunk, :], k[..., start:start + chunk, :], v[..., start:start + chunk, :]
+        c = qc.shape[-2]
+        mask = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+        q2, k2 = sq(qc), sq(kc)
+        a1 = (qc @ kc.transpose(-1, -2)).masked_fill(~mask, 0)
+        a2 = (q2 @ k2.transpose(-1, -2)).masked_fill(~mask, 0)
+        num0, num1, den1, num2, den2 = vc.cumsum(-2), a1 @ vc, a1.sum(-1), a2 @ vc, a2.sum(-1)
+        if state is not None:
+            s0, s1, z1, s2, z2 = state
+            num0 = num0 + s0.unsqueeze(-2)
+            num1, den1 = num1 + qc @ s1, den1 + (qc @ z1.unsqueeze(-1)).squeeze(-1)
+            num2, den2 = num2 + q2 @ s2, den2 + (q2 @ z2.unsqueeze(-1)).squeeze(-1)
+        cnt = torch.arange(offset + start + 1, offset + start + c + 1, dtype=q.dtype, device=q.device)
+        outs.append(_combine(num0, cnt, num1, den1, num2, den2))
+        if start + chunk < L or need_state:
+            new = _new_state(kc, vc)
+            state = new if state is None else [a + b for a, b in zip(state, new)]
+    return torch.cat(outs, dim=-2), (tuple(state) if need_state else None)
+
+
+def thesis_recurrent(q, k, v, state=None, offset: int = 0):
+    """Eq. 4.14-4.17 token by token (reference / decoding): returns (out, state)."""
+    q, k = scaled(q, k)
+    outs = []
+    for t in range(q.shape[-2]):
+        new = _new_state(k[..., t:t + 1, :], v[..., t:t + 1, :])
+        state = new if state is None else [a + b for a, b in zip(state, new)]
+        s0, s1, z1, s2, z2 = state
+        qt = q[..., t:t + 1, :]
+        q2 = sq(qt)
+        cnt = torch.full((1,), float(offset + t + 1), dtype=q.dtype, device=q.device)
+        out = _combine(s0.unsqueeze(-2), cnt, qt @ s1, (qt @ z1.unsqueeze(-1)).squeeze(-1),
+                       q2 @ s2, (q2 @ z2.unsqueeze(-1)).squeeze(-1))
+        outs.append(out)
+    return torch.cat(outs, dim=-2), tuple(state)
+
+
+def thesis_bidirectional(q, k, v, key_mask=None):
+    """Encoder form: the sums of eq. 4.15-4.17 over all valid keys (key_mask [..., T], True = valid)."""
+    q, k = scaled(q, k)
+    if key_mask is not None:
+        w = key_mask.unsqueeze(-1).to(k.dtype)
+        k, v = k * w, v * w
+        cnt = w.sum(-2)  # [..., 1]
+    else:
+        cnt = torch.full((1,), float(k.shape[-2]), dtype=k.dtype, device=k.device)
+    s0, s1, z1, s2, z2 = _new_state(k, v)
+    q2 = sq(q)
+    o0 = (s0 / cnt).unsqueeze(-2)
+    o1 = (q @ s1) / safe_den((q @ z1.unsqueeze(-1)).squeeze(-1)).unsqueeze(-1)
+    o2 = (q2 @ s2) / safe_den((q2 @ z2.unsqueeze(-1)).squeeze(-1)).unsqueeze(-1)
+    return o0 + o1 + o2
+
+
+class ApproxThesisAttention(LinearAttentionBase):
+    kind = "approx-thesis"
+
+    def qkv(self, x, rotary_pos_emb):
+        q, k, v = super().qkv(x, rotary_pos_emb)
+        return rope(q, rotary_pos_emb, self.config), rope(k, rotary_pos_emb, self.config), v
+
+    def attend(self, q, k, v, attention_mask):
+        if not self.causal:
+            key_mask = self.key_padding(attention_mask, q.shape[0])
+            key_mask = None if key_mask is None else key_mask[:, None, None, :]
+            return thesis_bidirectional(q, k, v, key_mask)
+        cache = self.cache()
+        state, offset = None, 0
+        if cache is not None and "s0" in cache:
+            state = tuple(cache[key] for key in STATE_KEYS)
+            offset = int(self.context().get("offset", 0))
+        out, state = thesis_causal(q, k, v, self.chunk_size or 128, state, offset, need_state=cache is not None)
+        if cache is not None:
+            cache.update(zip(STATE_KEYS, state))
+        return out
+
+
+@register_attention("approx-thesis")
+def approx_thesis_spec(cfg) -> ModuleSpec:
+    return ModuleSpec(module=ApproxThesisAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})
+
+
+@register_costs("approx-thesis")
+class ApproxThesisCosts:
+    """This implementation's costs (megahash.models.costs asks these; the thesis's Approx. rows of
+    Tables 4.5-4.8 describe this form)."""
+
+    thesis_row = "approx"
+
+    @staticmethod
+    def cache_elements(B, L, n, d_h, g, **_):
+        """Decode state numbers per layer: g key/value heads x (2 d_h^2 + 3 d_h) per sequence."""
+        return B * g * (2 * d_h * d_h + 3 * d_h)

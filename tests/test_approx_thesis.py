@@ -1,0 +1,155 @@
+"""``approx-thesis`` (thesis Appendix I, eq. 4.14-4.17): parallel = chunked = recurrent = a naive
+loop written here from the equations; decode state = Table 4.8; model-level decoding and TP parity
+(the TP case runs in tests/test_attention.py::test_tp2_parity_all_kinds)."""
+from __future__ import annotations
+
+import math
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from megahash import platform  # noqa: E402
+from megahash.config import load_config  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("dist")
+VOCAB = 128
+
+
+def naive_eq_4_14(q, k, v):
+    """Eq. 4.14-4.17 for one head, literally: q, k [L, d] (already scaled), v [L, dv] -> [L, dv]."""
+    L = q.shape[0]
+    out = torch.zeros(L, v.shape[1], dtype=q.dtype)
+    for i in range(L):
+        o0 = sum(v[j] for j in range(i + 1)) / (i + 1)                                    # (4.15)
+        num1 = q[i] @ sum(torch.outer(k[j], v[j]) for j in range(i + 1))                   # (4.16)
+        den1 = q[i] @ sum(k[j] for j in range(i + 1))
+        q2 = q[i] ** 2 / math.sqrt(2)
+        num2 = q2 @ sum(torch.outer(k[j] ** 2 / math.sqrt(2), v[j]) for j in range(i + 1))  # (4.17)
+        den2 = q2 @ sum(k[j] ** 2 / math.sqrt(2) for j in range(i + 1))
+        out[i] = o0 + num1 / den1 + num2 / den2                                           # (4.14)
+    return out
+
+
+def test_parallel_chunked_recurrent_equal_naive_loop():
+    from megahash.models.attention.approx_thesis import thesis_causal, thesis_recurrent
+
+    g = torch.Generator().manual_seed(0)
+    L, d, dv = 13, 6, 5
+    q = torch.randn(2, 2, 3, L, d, dtype=torch.float64, generator=g)  # [b, groups, rep, L, d]
+    k = torch.randn(2, 2, 1, L, d, dtype=torch.float64, generator=g)
+    v = torch.randn(2, 2, 1, L, dv, dtype=torch.float64, generator=g)
+    s = d ** -0.25  # eq. 4.6: q.k / sqrt(d_h)
+    want = torch.stack([torch.stack([torch.stack([naive_eq_4_14(q[b, h, r] * s, k[b, h, 0] * s, v[b, h, 0])
+                                                  for r in range(3)]) for h in range(2)]) for b in range(2)])
+    par, _ = thesis_causal(q, k, v, chunk=L)
+    rec, rstate = thesis_recurrent(q, k, v)
+    torch.testing.assert_close(par, want, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(rec, want, rtol=1e-10, atol=1e-10)
+    for chunk in (1, 4, 5):
+        out, state = thesis_causal(q, k, v, chunk=chunk, need_state=True)
+        torch.testing.assert_close(out, want, rtol=1e-10, atol=1e-10)
+        for a, b in zip(state, rstate):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    # a carried state (prefill, then continue at an offset) gives the same outputs
+    out1, st = thesis_causal(q[..., :7, :], k[..., :7, :], v[..., :7, :], 3, need_state=True)
+    out2, _ = thesis_causal(q[..., 7:, :], k[..., 7:, :], v[..., 7:, :], 4, state=st, offset=7)
+    torch.testing.assert_close(torch.cat([out1, out2], -2), want, rtol=1e-10, atol=1e-10)
+    # gradients of the chunked form equal those of the recurrence
+    qs, ks, vs = (t.clone().requires_grad_(True) for t in (q, k, v))
+    thesis_causal(qs, ks, vs, chunk=4)[0].sum().backward()
+    qr, kr, vr = (t.clone().requires_grad_(True) for t in (q, k, v))
+    thesis_recurrent(qr, kr, vr)[0].sum().backward()
+    for a, b in ((qs, qr), (ks, kr), (vs, vr)):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-9, atol=1e-10)
+
+
+def test_bidirectional_form_is_the_sum_over_all_valid_keys():
+    from megahash.models.attention.approx_thesis import thesis_bidirectional, thesis_causal
+
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(1, 1, 2, 9, 4, dtype=torch.float64, generator=g)
+    k = torch.randn(1, 1, 1, 9, 4, dtype=torch.float64, generator=g)
+    v = torch.randn(1, 1, 1, 9, 3, dtype=torch.float64, generator=g)
+    mask = torch.ones(1, 1, 1, 9, dtype=torch.bool)
+    mask[..., 6:] = False
+    got = thesis_bidirectional(q, k, v, mask)
+    # the last causal position over the 6 valid keys sees exactly all of them: query the last one
+    for i in range(9):
+        qq = torch.cat([q[..., :5, :], q[..., i:i + 1, :]], -2)
+        want = thesis_causal(qq, k[..., :6, :], v[..., :6, :], chunk=6)[0][..., -1, :]
+        torch.testing.assert_close(got[..., i, :], want, rtol=1e-10, atol=1e-12)
+
+
+def make_cfg(*extra):
+    return load_config(None, [
+        "model.hidden_size=32", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=64",
+        "model.schedule=uniform:approx-thesis", "data.seq_length=16", "model.max_position_embeddings=64",
+        *extra,
+    ])
+
+
+@pytest.mark.parametrize("extra", [(), ("model.num_query_groups=2",)])
+def test_decode_state_is_table_4_8(extra):
+    """Decoding (prefill 5 tokens, then one at a time) equals the full forward (chunks of 4), and
+    the decode state per layer is 2 bytes x (3Bd + 2Bd^2/h) = Table 4.8's 6Bd + 4Bd^2/h for MHA
+    (g/h of it with g key/value groups), independent of the context length."""
+    from megahash.models import costs
+    from megahash.models.model import DecodeState, build_model
+
+    cfg = make_cfg("model.attention.chunk_size=4", *extra)
+    platform.seed_all(0)
+    model = build_model(cfg, VOCAB, dtype=torch.float64).eval()
+    tok = torch.randint(0, VOCAB, (3, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        full = model.hidden_states(tok)
+        state = DecodeState(2)
+        parts = [model.hidden_states(tok[:, :5], decode_state=state)]
+        parts += [model.hidden_states(tok[:, i:i + 1], decode_state=state) for i in range(5, 12)]
+    torch.testing.assert_close(torch.cat(parts), full, rtol=0, atol=1e-10)
+    B, L, n, d = 3, 12, 4, 32
+    g = cfg.model.num_query_groups or n
+    for c in state.caches:
+        numbers = sum(t.numel() for t in c.values())
+        assert 2 * numbers * n == g * costs.cache_bytes("approx", B, L, d, n)  # Table 4.8 "Approx."
+        assert numbers == costs.cache_elements("approx-thesis", B, L, n, d // n, g)
+    assert costs.cache_bytes("approx", B, L, d, n) == 6 * B * d + 4 * B * d * d / n
+
+
+def test_parameters_equal_mha():
+    from megahash.models.model import build_model
+
+    platform.seed_all(0)
+    a = sum(p.numel() for p in build_model(make_cfg(), VOCAB).parameters())
+    b = sum(p.numel() for p in build_model(make_cfg("model.schedule=uniform:mha"), VOCAB).parameters())
+    assert a == b
+
+
+def test_approx_projected_feature_dim():
+    """``approx`` with Based's feature_dim d' = 4 (< d_h = 8): q, k have d' dims per head, chunked =
+    parallel = incremental decoding, state (1 + d' + d'^2)(d_h + 1) per head, and the sublayer has
+    (n + g)(d_h - d')(d_m + 1) fewer parameters than mha (weights and q/k biases)."""
+    from megahash.models import costs
+    from megahash.models.model import DecodeState, build_model
+
+    def model(*extra):
+        platform.seed_all(0)
+        return build_model(make_cfg("model.schedule=uniform:approx", *extra), VOCAB, dtype=torch.float64).eval()
+
+    tok = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
+    a, b = model("model.attention.feature_dim=4"), model("model.attention.feature_dim=4", "model.attention.chunk_size=5")
+    att = a.attention_modules()[0]
+    assert att.linear_q.weight.shape == (4 * 4, 32) and att.linear_kv.weight.shape == (4 * (4 + 8), 32)
+    with torch.no_grad():
+        full = a.hidden_states(tok)
+        torch.testing.assert_close(b.hidden_states(tok), full, rtol=0, atol=1e-10)
+        state = DecodeState(2)
+        parts = [a.hidden_states(tok[:, :5], decode_state=state)]
+        parts += [a.hidden_states(tok[:, i:i + 1], decode_state=state) for i in range(5, 12)]
+    torch.testing.assert_close(torch.cat(parts), full, rtol=0, atol=1e-10)
+    numbers = sum(t.numel() for t in state.caches[0].values())
+    assert numbers == 2 * 4 * (1 + 4 + 16) * (8 + 1) == costs.cache_elements("approx", 2, 12, 4, 8, feature_dim=4)
+    ref = sum(p.numel() for p in model().attention_modules()[0].parameters())
+    assert ref - sum(p.numel() for p in att.parameters()) == (4 + 4) * (8 - 4) * (32 + 1)
