@@ -69,6 +69,7 @@ class ModelConfig:
     rotary_base: int = 1_000_000
     tie_embeddings: bool = True
     qkv_bias: bool = True
+    qk_norm: bool = False  # Qwen3 QK-norm: RMSNorm (LayerNorm in encoders) over each head of q and k, before RoPE
     norm_eps: float = 1e-6
     init_std: float = 0.02
     hidden_dropout: float = 0.0

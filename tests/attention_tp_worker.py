@@ -41,6 +41,8 @@ def case_config(case: str, tp: int, sp: bool):
             over += [f"model.num_query_groups={int(o[1:])}"]
         elif o == "chunk":
             over += ["model.attention.chunk_size=4"]
+        elif o == "qknorm":
+            over += ["model.qk_norm=true"]
         elif o.startswith("f"):
             over += [f"model.attention.feature_dim={int(o[1:])}"]
     return load_config(None, over)

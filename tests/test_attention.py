@@ -406,7 +406,7 @@ def test_unknown_kind_error_names_the_close_match():
 # ------------------------------------------------------------------------ tensor parallel
 
 
-TP_CASES = DECODER_KINDS + ["mha@g2", "approx@chunk", "approx-thesis@chunk", "approx@f4", "hybrid:rndembqk:even",
+TP_CASES = DECODER_KINDS + ["mha@g2", "approx@chunk", "approx-thesis@chunk", "approx@f4", "mha@qknorm", "nonapprox@qknorm", "hybrid:rndembqk:even",
                             "mha@encoder", "approx@encoder", "approx-thesis@encoder", "nonapprox@encoder", "rndembqk@encoder"]
 
 

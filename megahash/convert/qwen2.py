@@ -47,6 +47,8 @@ def ineligible(cfg, model) -> str:
         return f"model.embedding={m.embedding}"
     if m.head != "vocab":
         return f"model.head={m.head}"
+    if getattr(m, "qk_norm", False):
+        return "model.qk_norm=true (Qwen3 QK-norm; Qwen2 has none)"
     kinds = set(model.layer_kinds)
     if not kinds <= set(STANDARD):
         return f"attention kinds {sorted(kinds - set(STANDARD))}"

@@ -48,6 +48,7 @@ def transformer_config(cfg, dtype: torch.dtype = torch.float32) -> TransformerCo
         activation_func=F.silu if decoder else F.gelu,
         add_bias_linear=not decoder,
         add_qkv_bias=m.qkv_bias,
+        qk_layernorm=m.qk_norm,
         tensor_model_parallel_size=p.tensor,
         sequence_parallel=p.sequence,
         use_cpu_initialization=True,

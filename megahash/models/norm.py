@@ -44,6 +44,20 @@ def hook_sequence_parallel_params(module: torch.nn.Module) -> None:
             sum_grad_over_tp(p)
 
 
+class HeadNorm:
+    """QK-norm (Qwen3; megatron-core's ``qk_layernorm``): the layer's norm over one head's d_h
+    features, shared by all heads. Each TP rank applies it to its own heads only, so its gradient
+    is summed over the TP group (as Megatron-LM's ``_allreduce_layernorm_grads`` does)."""
+
+    def __new__(cls, config, hidden_size: int, eps: float = 1e-5, **_ignored) -> torch.nn.Module:
+        norm_cls = torch.nn.RMSNorm if config.normalization == "RMSNorm" else torch.nn.LayerNorm
+        norm = norm_cls(hidden_size, eps=eps, dtype=config.params_dtype)
+        for p in norm.parameters():
+            setattr(p, "sequence_parallel", bool(config.sequence_parallel))
+            sum_grad_over_tp(p)
+        return norm
+
+
 class Norm:
     """The norm of the layer spec: torch RMSNorm (Qwen2.5) or LayerNorm (BERT), SP-aware.
 

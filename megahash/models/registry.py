@@ -20,7 +20,7 @@ from megatron.core.transformer.transformer_block import TransformerBlockSubmodul
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
 
 from megahash.models.attention.sdpa import SDPACoreAttention
-from megahash.models.norm import Norm
+from megahash.models.norm import HeadNorm, Norm
 from megahash.models.schedules import layer_kinds, skip_mask, standard_kind
 
 
@@ -41,8 +41,8 @@ def _standard_attention(cfg) -> ModuleSpec:
             linear_qkv=ColumnParallelLinear,
             core_attention=SDPACoreAttention,
             linear_proj=RowParallelLinear,
-            q_layernorm=IdentityOp,
-            k_layernorm=IdentityOp,
+            q_layernorm=HeadNorm if cfg.model.qk_norm else IdentityOp,
+            k_layernorm=HeadNorm if cfg.model.qk_norm else IdentityOp,
         ),
     )
 

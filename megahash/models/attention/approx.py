@@ -179,6 +179,7 @@ class LinearAttentionBase(GroupedKV, AttentionBase):
     def qkv(self, x, rotary_pos_emb):
         q = self.grouped_q(x)
         k, v = self.local_kv(*self.grouped_kv(x))
+        q, k = self.norm_qk(q, k)
         return q, k, v
 
     def mix(self, x, attention_mask, rotary_pos_emb):
@@ -226,6 +227,8 @@ class ApproxAttention(LinearAttentionBase):
         self.groups, self.kv_split, self.g_local = groups, True, groups // self.tp
         self.linear_q = column(self.d_m, self.n * fd, self.config, self.qkv_bias)
         self.linear_kv = column(self.d_m, groups * (fd + self.d_h), self.config, self.qkv_bias)
+        if getattr(self, "q_layernorm", None) is not None:
+            self.build_qk_norm(fd)
 
     def grouped_kv(self, x):
         if self.feature_dim == self.d_h:

@@ -34,7 +34,7 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
 from megahash.errors import ConfigError
-from megahash.models.norm import mark_sequence_parallel, sum_grad_over_tp
+from megahash.models.norm import HeadNorm, mark_sequence_parallel, sum_grad_over_tp
 
 
 def tp_size() -> int:
@@ -158,6 +158,8 @@ class AttentionBase(MegatronModule):
             raise ConfigError(f"parallel.tensor={self.tp} does not divide model.num_heads={self.n}")
         self.n_local = self.n // self.tp
         self.qkv_bias = bool(config.add_qkv_bias)
+        if cfg is not None and cfg.model.qk_norm:  # Qwen3 QK-norm over each head of q and k
+            self.build_qk_norm(self.d_h)
         self.model_context = None
         self.decode_cache = None
 
@@ -169,6 +171,17 @@ class AttentionBase(MegatronModule):
         )
         if self.linear_proj.bias is not None:  # added after the reduce-scatter: partial grads under SP
             mark_sequence_parallel([self.linear_proj.bias], self.config.sequence_parallel)
+
+    def build_qk_norm(self, dim: int) -> None:
+        """``model.qk_norm``: ``q_layernorm``/``k_layernorm`` (megatron-core's names) over ``dim``."""
+        self.q_layernorm = HeadNorm(self.config, dim, eps=self.config.layernorm_epsilon)
+        self.k_layernorm = HeadNorm(self.config, dim, eps=self.config.layernorm_epsilon)
+
+    def norm_qk(self, q, k):
+        """QK-norm of per-head q, k [..., d] (identity without ``model.qk_norm``); before RoPE."""
+        if getattr(self, "q_layernorm", None) is None:
+            return q, k
+        return self.q_layernorm(q), self.k_layernorm(k)
 
     def context(self) -> dict:
         return getattr(self, "model_context", None) or {}

@@ -68,8 +68,8 @@ class SeparateQKVAttention(AttentionBase):
         self.scale = 1.0 / math.sqrt(self.d_h)
 
     def qk(self, x, rotary_pos_emb):
-        q = rope(heads(self.linear_q(x)[0], self.n_local), rotary_pos_emb, self.config)
-        k = rope(heads(self.linear_k(x)[0], self.g_local), rotary_pos_emb, self.config)
+        q, k = self.norm_qk(heads(self.linear_q(x)[0], self.n_local), heads(self.linear_k(x)[0], self.g_local))
+        q, k = rope(q, rotary_pos_emb, self.config), rope(k, rotary_pos_emb, self.config)
         return q, k
 
     def attend(self, q, k, v, attention_mask):

@@ -98,6 +98,7 @@ class SoftmaxAttentionBase(AttentionBase):
 
     def mix(self, x, attention_mask, rotary_pos_emb):
         q, k, v = self.project(x)
+        q, k = self.norm_qk(q, k)
         q = rope(q, rotary_pos_emb, self.config)
         k = rope(k, rotary_pos_emb, self.config)
         cache = self.cache()
