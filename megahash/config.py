@@ -44,7 +44,7 @@ class EmbeddingConfig:
 class AttentionConfig:
     """Options of the attention kinds (thesis ch. 3-4)."""
 
-    fixed_text: str = ""  # fixedseqqk: path of the fixed text
+    fixed_text: str = "shakespeare"  # fixedseqqk: "shakespeare" (stand-in for the thesis's FineWeb sample), a .txt or token-id file (megahash/data/fixed_text.py)
     fixed_seq_length: int = 2048
     random_seed: int = 1234  # rndembqk: seed of the fixed random input
     skip_nonstandard: bool = False  # `skip` evaluation mode (thesis 4.5)

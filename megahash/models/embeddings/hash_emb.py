@@ -2,7 +2,8 @@
 
     i = H(t) % N  (MD5, sec. 2.3.2)   or   i = argmax(x R)  (circulant LSH, sec. 2.3.3),   e = E_i,  E in R^{N x d}
 
-Parameters N x d (eq. 2.12; Emb(50K) = 38.4M, Emb(1K) = 768K at d = 768). Codes: an ``md5-bucketN`` or
+Parameters N x d (eq. 2.12). Table 2.2's Emb(50K) = 38.6M and Emb(1K) = 797.2K at d = 768 are
+N = 50,260 and N = 1,038 rows (the shipped ``configs/embeddings/*-emb-{50k,1k}.yaml``). Codes: an ``md5-bucketN`` or
 ``lsh-bucketN`` side shard (int bucket ids, width 1), or the 128-bit ``md5`` shard together with
 ``model.embed.num_buckets = N`` (the bucket is then the big-endian digest modulo N, computed here;
 same value as ``megahash.hashing.md5.md5_buckets``). N comes from the spec, or from
