@@ -95,6 +95,7 @@ class DataConfig:
 @dataclass
 class TrainConfig:
     objective: str = "clm"  # clm | mlm | sr
+    sr_random: str = "codes"  # sr random replacements: codes (the authors' collators: random bits/codeword/bucket/id) | batch (words of the batch)
     steps: int = 100
     micro_batch_size: int = 4
     global_batch_size: int = 8
@@ -359,6 +360,8 @@ def validate(cfg: Config) -> None:
     t = cfg.train
     if t.objective not in ("clm", "mlm", "sr"):
         raise ConfigError(f"train.objective must be clm, mlm or sr, got {t.objective!r}")
+    if t.sr_random not in ("codes", "batch"):
+        raise ConfigError(f"train.sr_random must be codes or batch, got {t.sr_random!r}")
     if t.decay not in ("cosine", "linear", "constant"):
         raise ConfigError(f"train.decay must be cosine, linear or constant, got {t.decay!r}")
     if t.precision not in ("auto", "fp32", "bf16"):

@@ -21,6 +21,7 @@ class Objective:
         self.seed = seed
         self.generator = torch.Generator()
         self._corrupt = None
+        self.options: dict = {}  # extra corrupt() arguments (S+R random replacements, from the config)
         if name in CORRUPTIONS:
             self._corrupt = importlib.import_module(CORRUPTIONS[name]).corrupt
         elif name != "clm":
@@ -33,9 +34,14 @@ class Objective:
         """CLM: the dataset's shifted labels. MLM/S+R: corrupt the inputs, labels per token."""
         if self._corrupt is None:
             return batch
-        out = self._corrupt(batch["tokens"], batch.get("hash_codes"), generator=self.generator)
+        out = self._corrupt(batch["tokens"], batch.get("hash_codes"), generator=self.generator, **self.options)
         return {**batch, **out}
 
 
 def build_objective(cfg, data=None) -> Objective:
-    return Objective(cfg.train.objective, cfg.train.seed)
+    obj = Objective(cfg.train.objective, cfg.train.seed)
+    if obj._corrupt is not None:
+        options = getattr(importlib.import_module(CORRUPTIONS[obj.name]), "random_options", None)
+        if options is not None:
+            obj.options = options(cfg, getattr(data, "vocab_size", None) or cfg.model.vocab_size or None)
+    return obj
