@@ -58,6 +58,8 @@ class ModelConfig:
     """Architecture: Qwen2.5-style decoder (default) or BERT-style encoder (thesis Table 4.10)."""
 
     arch: str = "decoder"  # decoder | encoder
+    layout: str = "prenorm"  # prenorm (pre-norm blocks, RoPE) | roberta (encoders: post-LN, learned positions, embedding LayerNorm, token types; megahash/models/roberta.py)
+    type_vocab_size: int = 1  # roberta layout: token-type rows (RoBERTa-base 1, BERT 2)
     hidden_size: int = 64
     num_layers: int = 2
     num_heads: int = 4
@@ -330,6 +332,10 @@ def validate(cfg: Config) -> None:
     m, p = cfg.model, cfg.parallel
     if m.arch not in ("decoder", "encoder"):
         raise ConfigError(f"model.arch must be decoder or encoder, got {m.arch!r}")
+    if m.layout not in ("prenorm", "roberta"):
+        raise ConfigError(f"model.layout must be prenorm or roberta, got {m.layout!r}")
+    if m.layout == "roberta" and m.arch != "encoder":
+        raise ConfigError("model.layout=roberta is an encoder layout; set model.arch=encoder or model.layout=prenorm")
     if m.hidden_size % m.num_heads:
         raise ConfigError(
             f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}"

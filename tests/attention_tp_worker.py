@@ -41,6 +41,8 @@ def case_config(case: str, tp: int, sp: bool):
             over += [f"model.num_query_groups={int(o[1:])}"]
         elif o == "chunk":
             over += ["model.attention.chunk_size=4"]
+        elif o == "roberta":
+            over += ["model.arch=encoder", "model.layout=roberta", "model.hidden_dropout=0.0"]
         elif o == "qknorm":
             over += ["model.qk_norm=true"]
         elif o.startswith("f"):

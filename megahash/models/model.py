@@ -92,6 +92,9 @@ class MegahashLM(MegatronModule):
         config.init_method = init_method_normal(m.init_std)
         config.output_layer_init_method = scaled_init_method_normal(m.init_std, m.num_layers)
         self.embedding = registry.EMBEDDINGS[m.embedding](config, cfg, vocab_size)
+        from megahash.models import roberta
+
+        self.embedding_extras = roberta.build_embedding_extras(config, cfg)  # layout=roberta: positions, types, LN
         self.layer_kinds = registry.schedule_kinds(cfg)
         self.rotary_pos_emb = RotaryEmbedding(
             kv_channels=config.kv_channels, rotary_percent=1.0, rotary_base=m.rotary_base,
@@ -136,6 +139,8 @@ class MegahashLM(MegatronModule):
         seq_len = tokens.shape[1]
         offset = decode_state.offset if decode_state is not None else 0
         rotary = self.rotary_pos_emb(offset + seq_len)[offset:]
+        if self.embedding_extras is not None:  # learned absolute positions instead of RoPE
+            emb, rotary = self.embedding_extras(emb, padding_mask), None
         mask = None
         if not self.decoder_only:
             pm = padding_mask if padding_mask is not None else torch.ones_like(tokens, dtype=torch.bool)

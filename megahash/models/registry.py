@@ -97,8 +97,11 @@ class SkippedLayer(TransformerLayer):
 
 
 def layer_spec(cfg, kind: str, skip: bool = False) -> ModuleSpec:
+    from megahash.models.roberta import PostNormLayer  # model.layout=roberta: post-LN layers
+
+    layer = PostNormLayer if cfg.model.layout == "roberta" else TransformerLayer
     return ModuleSpec(
-        module=SkippedLayer if skip else TransformerLayer,
+        module=SkippedLayer if skip else layer,
         submodules=TransformerLayerSubmodules(
             input_layernorm=Norm,
             self_attention=ATTENTION[kind](cfg),
@@ -128,7 +131,8 @@ def block_spec(cfg) -> TransformerBlockSubmodules:
     kinds = schedule_kinds(cfg)
     skip = skipped_layers(cfg, kinds)
     return TransformerBlockSubmodules(
-        layer_specs=[layer_spec(cfg, k, s) for k, s in zip(kinds, skip)], layer_norm=Norm
+        layer_specs=[layer_spec(cfg, k, s) for k, s in zip(kinds, skip)],
+        layer_norm=None if cfg.model.layout == "roberta" else Norm,  # post-LN layers end normalised
     )
 
 

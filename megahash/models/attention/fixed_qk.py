@@ -193,7 +193,9 @@ class FixedInput(torch.nn.Module):
             return emb
         tokens = self.tokens[offset:offset + seq_len].unsqueeze(0)
         try:
-            return model.embedding(tokens, None)
+            emb = model.embedding(tokens, None)
+            extras = getattr(model, "embedding_extras", None)  # layout=roberta: positions, types, LN
+            return emb if extras is None else extras(emb)
         except Exception as e:  # hash embeddings read codes from the batch
             raise ConfigError(f"fixedseqqk needs an embedding that works from token ids alone "
                               f"(model.embedding={model.cfg.model.embedding!r}): {e}") from e
@@ -222,7 +224,7 @@ class FixedInput(torch.nn.Module):
         self.unfreeze()
         length = length or self.length()
         emb = self.embeddings(model, 0, length)
-        rotary = model.rotary_pos_emb(length)
+        rotary = None if getattr(model, "embedding_extras", None) is not None else model.rotary_pos_emb(length)
         for m in self._attention:
             m.capture = True
         model._set_context({"embeddings": emb, "offset": 0, "decode": None, "tokens": None})
