@@ -48,6 +48,9 @@ VARIANTS = {
     "encoder-mlm": ("list:mha,approx,nonapprox,rndembqk", "vocab", "md5", ["model.arch=encoder", "train.objective=mlm"]),
     "encoder-sr": ("list:mhe-mul,staticembqk,fixedseqqk,sha", "vocab", "md5", ["model.arch=encoder", "train.objective=sr"]),
     "encoder-proj": ("list:el-att,skv,mlp,gqa", "proj", "lsh128", ["model.arch=encoder", "train.objective=mlm"]),
+    "encoder-roberta-sr": ("list:mhe-mul,approx-thesis,rndembqk,mha", "proj", "lsh128",
+                           ["model.arch=encoder", "model.layout=roberta", "train.objective=sr"]),
+    "approx-thesis-qk-norm": ("list:approx-thesis,mha", "vocab", "md5", ["model.qk_norm=true", "model.qkv_bias=false"]),
     "qwen2-gqa-tied": ("uniform:mha", "vocab", "md5", ["model.num_query_groups=2"]),
     "qwen2-mqa-untied-nobias": ("uniform:mqa", "vocab", "md5", ["model.tie_embeddings=false", "model.qkv_bias=false"]),
 }

@@ -130,6 +130,74 @@ def _append(cache: Optional[dict], key: str, t: torch.Tensor, dim: int = 2) -> t
 
 # =============================================================================== helpers
 
+def megahash_option(config, section: str, key: str, default=None):
+    """A field of the resolved megahash config tree carried by the export (``config.megahash_config``)."""
+    tree = getattr(config, "megahash_config", None) or {}
+    node = tree.get(section) or {}
+    if "." in key:
+        outer, key = key.split(".", 1)
+        node = node.get(outer) or {}
+    return node.get(key, default)
+
+
+def is_roberta(config) -> bool:
+    """``model.layout=roberta``: post-LN layers, learned positions, token types, embedding LayerNorm."""
+    return megahash_option(config, "model", "layout", "prenorm") == "roberta"
+
+
+def thesis_sq(x):
+    return x.square() * (1.0 / math.sqrt(2.0))
+
+
+def thesis_den(den):
+    return torch.where(den >= 0, den.clamp_min(1e-6), den.clamp_max(-1e-6))
+
+
+def thesis_state(k, v):
+    k2 = thesis_sq(k)
+    return [v.sum(-2), k.transpose(-1, -2) @ v, k.sum(-2), k2.transpose(-1, -2) @ v, k2.sum(-2)]
+
+
+def thesis_causal(q, k, v, chunk: int, state=None, offset: int = 0, need_state: bool = False):
+    """``approx-thesis``: eq. 4.14-4.17 (separately normalised orders, element-wise squares), chunked."""
+    s = q.shape[-1] ** -0.25
+    q, k = q * s, k * s
+    L, outs = q.shape[-2], []
+    state = list(state) if state is not None else None
+    for start in range(0, L, chunk):
+        qc, kc, vc = q[..., start:start + chunk, :], k[..., start:start + chunk, :], v[..., start:start + chunk, :]
+        c = qc.shape[-2]
+        mask = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+        q2, k2 = thesis_sq(qc), thesis_sq(kc)
+        a1 = (qc @ kc.transpose(-1, -2)).masked_fill(~mask, 0)
+        a2 = (q2 @ k2.transpose(-1, -2)).masked_fill(~mask, 0)
+        num0, num1, den1, num2, den2 = vc.cumsum(-2), a1 @ vc, a1.sum(-1), a2 @ vc, a2.sum(-1)
+        if state is not None:
+            s0, s1, z1, s2, z2 = state
+            num0 = num0 + s0.unsqueeze(-2)
+            num1, den1 = num1 + qc @ s1, den1 + (qc @ z1.unsqueeze(-1)).squeeze(-1)
+            num2, den2 = num2 + q2 @ s2, den2 + (q2 @ z2.unsqueeze(-1)).squeeze(-1)
+        cnt = torch.arange(offset + start + 1, offset + start + c + 1, dtype=q.dtype, device=q.device)
+        outs.append(num0 / cnt.unsqueeze(-1) + num1 / thesis_den(den1).unsqueeze(-1) + num2 / thesis_den(den2).unsqueeze(-1))
+        if start + chunk < L or need_state:
+            new = thesis_state(kc, vc)
+            state = new if state is None else [a + b for a, b in zip(state, new)]
+    return torch.cat(outs, dim=-2), (tuple(state) if need_state else None)
+
+
+def thesis_bidirectional(q, k, v, key_mask=None):
+    s = q.shape[-1] ** -0.25
+    q, k = q * s, k * s
+    if key_mask is not None:
+        w = key_mask.unsqueeze(-1).to(k.dtype)
+        k, v, cnt = k * w, v * w, w.sum(-2)
+    else:
+        cnt = torch.full((1,), float(k.shape[-2]), dtype=k.dtype, device=k.device)
+    s0, s1, z1, s2, z2 = thesis_state(k, v)
+    q2 = thesis_sq(q)
+    return ((s0 / cnt).unsqueeze(-2) + (q @ s1) / thesis_den((q @ z1.unsqueeze(-1)).squeeze(-1)).unsqueeze(-1)
+            + (q2 @ s2) / thesis_den((q2 @ z2.unsqueeze(-1)).squeeze(-1)).unsqueeze(-1))
+
 def rope_cos_sin(offset: int, length: int, dim: int, base: float, device) -> tuple:
     """cos/sin [length, dim] of megatron's RotaryEmbedding (non-interleaved) at positions offset.."""
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim))
@@ -288,6 +356,13 @@ class AttentionBase(nn.Module):
         self.qkv_bias = bool(config.qkv_bias)
         self.chunk_size = int(spec.get("chunk_size", 0) or 0)
         self.linear_proj = nn.Linear(proj_in or self.n * self.d, self.d_m, bias=config.arch != "decoder")
+        if megahash_option(config, "model", "qk_norm", False) and self.kind != "mlp":  # Qwen3 QK-norm
+            self.q_layernorm, self.k_layernorm = make_norm(config, self.d), make_norm(config, self.d)
+
+    def norm_qk(self, q, k):
+        if getattr(self, "q_layernorm", None) is None:
+            return q, k
+        return self.q_layernorm(q), self.k_layernorm(k)
 
     def forward(self, x, ctx, cache):
         return self.linear_proj(self.mix(x, ctx, cache))
@@ -345,6 +420,7 @@ class SoftmaxAttention(AttentionBase):
 
     def mix(self, x, ctx, cache):
         q, k, v = self.project(x)
+        q, k = self.norm_qk(q, k)
         q = apply_rope(q, ctx["cos"], ctx["sin"])
         k = apply_rope(k, ctx["cos"], ctx["sin"])
         k = _append(cache, "k", k)
@@ -379,7 +455,8 @@ class LinearAttention(AttentionBase):
         q = _heads(self.linear_q(x), n)
         kv = self.linear_kv(x).view(b, s, g, 2, d)
         k, v = kv[:, :, :, 0].transpose(1, 2), kv[:, :, :, 1].transpose(1, 2)
-        if self.kind == "approx":
+        q, k = self.norm_qk(q, k)
+        if self.kind in ("approx", "approx-thesis"):
             q = apply_rope(q, ctx["cos"], ctx["sin"])
             k = apply_rope(k, ctx["cos"], ctx["sin"])
         else:
@@ -389,7 +466,17 @@ class LinearAttention(AttentionBase):
         kh, vh = k.unsqueeze(2).to(dt), v.unsqueeze(2).to(dt)
         key_mask = ctx.get("key_mask")
         km = None if key_mask is None else key_mask[:, None, None, :].bool()
-        if self.kind == "approx":
+        if self.kind == "approx-thesis":
+            if not self.causal:
+                out = thesis_bidirectional(qh, kh, vh, km)
+            else:
+                keys = ("s0", "s1", "z1", "s2", "z2")
+                state = tuple(cache[k_] for k_ in keys) if cache is not None and "s0" in cache else None
+                out, state = thesis_causal(qh, kh, vh, self.chunk_size or 128, state, ctx.get("offset", 0) if state else 0,
+                                           cache is not None)
+                if cache is not None:
+                    cache.update(zip(keys, state))
+        elif self.kind == "approx":
             if not self.causal:
                 out = approx_bidirectional(qh, kh, vh, km)
             else:
@@ -418,7 +505,8 @@ class SeparateQKV(AttentionBase):
         self.linear_v = nn.Linear(self.d_m, g * self.d, bias=self.qkv_bias)
 
     def qk(self, x, cos, sin):
-        return apply_rope(_heads(self.linear_q(x), self.n), cos, sin), apply_rope(_heads(self.linear_k(x), self.groups), cos, sin)
+        q, k = self.norm_qk(_heads(self.linear_q(x), self.n), _heads(self.linear_k(x), self.groups))
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
 
 class StaticEmbQK(SeparateQKV):
@@ -477,7 +565,7 @@ def build_attention(config, spec):
         return SoftmaxAttention(config, spec)
     if kind == "mlp":
         return GatedMLPMixer(config, spec)
-    if kind in ("approx", "nonapprox"):
+    if kind in ("approx", "nonapprox", "approx-thesis"):
         return LinearAttention(config, spec)
     if kind == "staticembqk":
         return StaticEmbQK(config, spec)
@@ -508,10 +596,10 @@ class MLP(nn.Module):
         return self.linear_fc2(y)
 
 
-def make_norm(config):
+def make_norm(config, size: Optional[int] = None):
     if config.arch == "decoder":
-        return nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
-    return nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
+        return nn.RMSNorm(size or config.hidden_size, eps=config.norm_eps)
+    return nn.LayerNorm(size or config.hidden_size, eps=config.norm_eps)
 
 
 class Layer(nn.Module):
@@ -523,10 +611,14 @@ class Layer(nn.Module):
         self.self_attention = build_attention(config, spec)
         self.pre_mlp_layernorm = make_norm(config)
         self.mlp = MLP(config)
+        self.post_norm = is_roberta(config)
 
     def forward(self, x, ctx, cache):
         if self.skip:  # `skip` mode: the whole layer is an identity
             return x
+        if self.post_norm:  # model.layout=roberta: post-LN (input_layernorm after attention, pre_mlp_layernorm after MLP)
+            x = self.input_layernorm(x + self.self_attention(x, ctx, cache))
+            return self.pre_mlp_layernorm(x + self.mlp(x))
         x = x + self.self_attention(self.input_layernorm(x), ctx, cache)
         return x + self.mlp(self.pre_mlp_layernorm(x))
 
@@ -535,7 +627,26 @@ class Decoder(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.layers = nn.ModuleList([Layer(config, spec) for spec in config.layer_specs])
-        self.final_layernorm = make_norm(config)
+        self.final_layernorm = None if is_roberta(config) else make_norm(config)
+
+
+class RobertaEmbeddingExtras(nn.Module):
+    """``model.layout=roberta``: LayerNorm(emb + P[pos] + T[0]), positions 2.. for real tokens, 1 for padding."""
+
+    def __init__(self, config):
+        super().__init__()
+        h = config.hidden_size
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings + 2, h)
+        self.token_type_embeddings = nn.Embedding(max(1, int(megahash_option(config, "model", "type_vocab_size", 1))), h)
+        self.layernorm = nn.LayerNorm(h, eps=config.norm_eps)
+
+    def forward(self, emb, key_mask=None):
+        b, s = emb.shape[:2]
+        idx = torch.arange(s, device=emb.device).unsqueeze(0).expand(b, s) + 2
+        if key_mask is not None:
+            idx = torch.where(key_mask.bool(), idx, torch.ones_like(idx))
+        extra = self.position_embeddings(idx) + self.token_type_embeddings(torch.zeros_like(idx))
+        return self.layernorm(emb + extra.to(emb.dtype))
 
 
 # =============================================================================== embeddings
@@ -894,6 +1005,7 @@ class MegahashModel(MegahashPreTrainedModel):
         super().__init__(config)
         self.embedding = EMBEDDINGS[config.embedding](config)
         self.decoder = Decoder(config)
+        self.embedding_extras = RobertaEmbeddingExtras(config) if is_roberta(config) else None
         self.fixed_qk = FixedInput(config) if config.fixed_qk else None
         self._fixed_cache = None
         self.post_init()
@@ -925,8 +1037,12 @@ class MegahashModel(MegahashPreTrainedModel):
                 emb = fixed.epsilon[:length].unsqueeze(0).to(param.dtype)
             else:
                 emb = self.embedding(fixed.tokens[:length].unsqueeze(0), None)
+                if self.embedding_extras is not None:
+                    emb = self.embedding_extras(emb)
             cos, sin = rope_cos_sin(0, length, self.config.hidden_size // self.config.num_attention_heads,
                                     self.config.rope_theta, emb.device)
+            if self.embedding_extras is not None:  # no RoPE: the identity rotation
+                cos, sin = torch.ones_like(cos), torch.zeros_like(sin)
             capture: dict = {}
             ctx = {"offset": 0, "cos": cos, "sin": sin, "embeddings": emb, "capture": capture, "key_mask": None}
             last = max(self._fixed_layers())
@@ -964,6 +1080,9 @@ class MegahashModel(MegahashPreTrainedModel):
         emb = self.embedding(input_ids, hash_codes)
         cos, sin = rope_cos_sin(offset, s, self.config.hidden_size // self.config.num_attention_heads,
                                 self.config.rope_theta, emb.device)
+        if self.embedding_extras is not None:  # model.layout=roberta: learned positions, no RoPE
+            emb = self.embedding_extras(emb, key_mask)
+            cos, sin = torch.ones_like(cos), torch.zeros_like(sin)
         fixed = None
         if self.fixed_qk is not None and self._fixed_layers():
             fixed = self.fixed_maps(offset + s)
@@ -975,7 +1094,8 @@ class MegahashModel(MegahashPreTrainedModel):
                 hidden.append(x)
             ctx["layer"] = i
             x = layer(x, ctx, None if cache is None else cache.states[i])
-        x = self.decoder.final_layernorm(x)
+        if self.decoder.final_layernorm is not None:
+            x = self.decoder.final_layernorm(x)
         if hidden is not None:
             hidden.append(x)
         if cache is not None:
