@@ -95,14 +95,16 @@ def _costs(cfg, layers) -> Optional[dict]:
         return None
     seq = cfg.data.seq_length
     skipped = registry.skipped_layers(cfg, [L["kind"] for L in layers])
-    total = {"prefill_flops_per_token": 0.0, "decode_flops_per_token": 0.0, "cache_bytes": 0.0}
+    keys = ("prefill_flops_per_token", "decode_flops_per_token", "cache_bytes")
+    total = {k: 0.0 for k in keys + tuple(f"impl_{k}" for k in keys)}  # thesis tables, and implemented (impl_)
     try:
         for L, skip in zip(layers, skipped):
             if skip:
                 continue
             c = fn(cfg, L["kind"], 1, seq)
-            for k in total:
-                total[k] += float(c[k])
+            for k in total:  # a kind without a value makes the sum "n/a"
+                v = c.get(k, "n/a")
+                total[k] = total[k] + v if isinstance(v, (int, float)) and isinstance(total[k], float) else "n/a"
     except (KeyError, ValueError):
         return None
     total["context"] = seq
@@ -132,6 +134,8 @@ def compare(runs: list[dict], baseline: dict, lower: dict, peop_params: str) -> 
 def _num(v, pct=False, digits=1) -> str:
     if v is None:
         return "–"
+    if isinstance(v, str):  # "n/a"
+        return v
     if pct:
         return f"{100 * v:.{digits}f}"
     if isinstance(v, int) or float(v).is_integer():
@@ -145,7 +149,8 @@ def markdown(runs: list[dict], baseline: dict, lower: dict, peop_params: str) ->
     metric = {t: next(r["scores"][t]["metric"] for r in runs if t in r["scores"]) for t in tasks}
     arrow = {t: "↑" if next(r["scores"][t]["higher_is_better"] for r in runs if t in r["scores"]) else "↓" for t in tasks}
     head = ["run", "schedule", "embedding", "#params", "#emb", "#attn", "PCR_All %", "PCR_Emb %", "PoEP %",
-            "attn FLOPs/tok (prefill)", "attn FLOPs/tok (decode)", "cache bytes"]
+            "attn FLOPs/tok prefill (impl / thesis)", "attn FLOPs/tok decode (impl / thesis)",
+            "cache bytes (impl / thesis)"]
     head += [f"{t} {metric[t]} {arrow[t]}" for t in tasks] + ["PRR %", f"PEoP ({peop_params})"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join([" --- "] * 3 + [" ---: "] * (len(head) - 3)) + "|"]
     for r in runs:
@@ -153,7 +158,8 @@ def markdown(runs: list[dict], baseline: dict, lower: dict, peop_params: str) ->
         row = [r["run"] + (" (baseline)" if r is baseline else "") + (" (lower bound)" if r is lower and r is not baseline else ""),
                r["schedule"], r["embedding_kind"], _num(r["params"]["total"]), _num(r["params"]["embedding"]),
                _num(r["params"]["attention"]), _num(r["pcr_all"], True), _num(r["pcr_emb"], True), _num(r["poep"], True, 2),
-               _num(c.get("prefill_flops_per_token")), _num(c.get("decode_flops_per_token")), _num(c.get("cache_bytes"))]
+               *[f"{_num(c.get('impl_' + k))} / {_num(c.get(k))}"
+                 for k in ("prefill_flops_per_token", "decode_flops_per_token", "cache_bytes")]]
         for t in tasks:
             s = r["scores"].get(t)
             row.append("–" if s is None or s["value"] is None else f"{s['value']:.4g}")
@@ -163,7 +169,9 @@ def markdown(runs: list[dict], baseline: dict, lower: dict, peop_params: str) ->
     notes = [f"Baseline for PCR/PRR: {baseline['run']}; lower bound for PEoP: {lower['run']} ({peop_params} parameters).",
              "PRR: mean over tasks of eq. 2.4 (inverse form of sec. 3.4.6 for ↓ metrics); PCR/PoEP: eq. 2.5-2.7."]
     if ctx:
-        notes.append("Attention costs: thesis Tables 4.6/4.8 (megahash.models.costs), batch 1, context = each run's data.seq_length, summed over layers.")
+        notes.append("Attention costs: implemented (measured GEMM FLOPs and decode cache of megahash's code, "
+                     "megahash.models.measured_costs) / thesis Tables 4.6/4.8 (megahash.models.costs), batch 1, "
+                     "context = each run's data.seq_length, summed over layers.")
     return "\n".join(lines + [""] + notes)
 
 

@@ -75,7 +75,37 @@ def format_report(r: dict) -> str:
     c = r.get("costs")
     if c:
         lines += ["", f"at sequence {c['seq_length']} (batch {c['batch']}): training {c['train_flops_per_token']:.4g} "
-                  f"FLOPs/token, attention prefill {c['prefill_flops_per_token']:.4g} / decode "
-                  f"{c['decode_flops_per_token']:.4g} FLOPs/token, inference cache {c['cache_bytes'] / 2**20:.2f} MiB "
-                  f"(16-bit, thesis Tables 4.6 and 4.8)"]
+                  f"FLOPs/token (implemented attention GEMMs), summed over the layers:"]
+        lines += cost_rows(c)
     return "\n".join(lines)
+
+
+def _fmt(v, scale: float = 1.0, unit: str = "") -> str:
+    return f"{v / scale:.4g}{unit}" if isinstance(v, (int, float)) else str(v)
+
+
+def cost_rows(c: dict) -> list[str]:
+    """Implemented vs thesis-table costs, model totals then one block per attention kind (labelled;
+    '*' marks where the two differ)."""
+    quantities = (("prefill_flops_per_token", "attention prefill FLOPs/token", 1, ""),
+                  ("decode_flops_per_token", "attention decode FLOPs/token", 1, ""),
+                  ("cache_bytes", "inference cache (16-bit)", 2**20, " MiB"),
+                  ("activation_bytes", "saved activations (16-bit)", 2**20, " MiB"))
+    rows = [f"  {'':<34} {'implemented':>16} {'thesis table':>16}"]
+    for key, label, scale, unit in quantities:
+        rows.append(f"  {label:<34} {_fmt(c.get('impl_' + key), scale, unit):>16} {_fmt(c.get(key), scale, unit):>16}")
+    seen = {}
+    for L in c.get("layers", []):
+        seen.setdefault(L["kind"], L)
+    rows += ["", "  per layer of each kind (thesis row in brackets; * = implementation differs from the table):"]
+    for kind, L in seen.items():
+        rows.append(f"  {kind} [{L.get('thesis_name', 'n/a')}]")
+        for key, label, scale, unit in quantities:
+            if key.endswith("per_token"):
+                impl, thesis = L.get("impl_" + key), L.get(key)
+                mark = "*" if key.replace("_per_token", "") in L.get("differs", []) else " "
+            else:
+                impl, thesis = L.get("impl_" + key), L.get(key)
+                mark = "*" if key in L.get("differs", []) else " "
+            rows.append(f"   {mark}{label:<32} {_fmt(impl, scale, unit):>16} {_fmt(thesis, scale, unit):>16}")
+    return rows

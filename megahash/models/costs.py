@@ -17,7 +17,12 @@
   from Table 4.8: the thesis's cache (6Bd + 4Bd^2/h bytes) is the state of Appendix I's
   separately normalised element-wise form (eq. 4.14-4.17), megahash implements Based's
   shared-denominator feature map (state (1 + d_h + d_h^2) x (d_h + 1) per key/value head).
-- :func:`layer_costs` — everything above for one layer of a megahash config.
+- :func:`layer_costs` — everything above for one layer of a megahash config, and beside it (keys
+  ``impl_*``) the costs of megahash's implementation of the kind, measured on the meta device
+  (:mod:`megahash.models.measured_costs`: GEMM FLOPs, decode cache, saved activations). Where the
+  thesis's table and the implementation differ both are shown, labelled (``megahash params``,
+  ``megahash report``); MFU uses the implemented FLOPs. A kind without a table row or that cannot
+  be measured gets "n/a", never an error.
 """
 from __future__ import annotations
 
@@ -256,8 +261,52 @@ def cache_elements(kind: str, B: int, L: int, n: int, d_h: int, groups: int | No
     raise KeyError(f"unknown attention kind {kind!r}")
 
 
-def layer_costs(cfg, kind: str, batch: int, seq: int) -> dict:
-    """All table values for one layer of kind ``kind`` under a megahash config (``cfg.model``)."""
+NA = "n/a"
+IMPL_KEYS = ("prefill_flops", "decode_flops", "prefill_flops_per_token", "decode_flops_per_token",
+             "cache_bytes", "activation_bytes")
+_IMPL_MEMO: dict = {}
+
+
+def _na(fn, *args, **kw):
+    """fn(...) or "n/a" for a kind the formula does not know."""
+    try:
+        return fn(*args, **kw)
+    except (KeyError, ValueError, TypeError, ZeroDivisionError):
+        return NA
+
+
+def implemented_costs(cfg, kind: str, batch: int, seq: int) -> dict:
+    """Costs of megahash's implementation of ``kind`` (measured; values "n/a" when not measurable):
+    prefill/decode GEMM FLOPs (and per token), decode cache bytes at 16 bit, saved activation bytes
+    (16-bit training), one attention sublayer, output projection excluded (as Tables 4.6-4.8)."""
+    key = (cfg.to_yaml(), kind, batch, seq)
+    if key in _IMPL_MEMO:
+        return dict(_IMPL_MEMO[key])
+    try:
+        from megahash.models.measured_costs import measure_kind
+
+        m = measure_kind(cfg, kind, batch, seq)
+    except Exception:
+        m = {}
+    num = lambda v: isinstance(v, (int, float))  # noqa: E731
+    out = {k: NA for k in IMPL_KEYS}
+    for k in ("prefill_flops", "decode_flops", "activation_bytes"):
+        if num(m.get(k)):
+            out[k] = m[k]
+    if num(out["prefill_flops"]):
+        out["prefill_flops_per_token"] = out["prefill_flops"] / (batch * seq)
+    if num(out["decode_flops"]):
+        out["decode_flops_per_token"] = out["decode_flops"] / batch
+    if num(m.get("cache_elements")):
+        out["cache_bytes"] = 2 * m["cache_elements"]
+    _IMPL_MEMO[key] = dict(out)
+    return out
+
+
+def layer_costs(cfg, kind: str, batch: int, seq: int, measure: bool = True) -> dict:
+    """All table values for one layer of kind ``kind`` under a megahash config (``cfg.model``), the
+    implementation's measured values (``impl_*``; ``measure=False`` skips them) and ``differs``: the
+    quantities where the thesis's table and the implementation disagree (beyond 0.5%)."""
     m = cfg.model
     n, d = m.num_heads, m.hidden_size
     d_h = d // n
@@ -265,28 +314,44 @@ def layer_costs(cfg, kind: str, batch: int, seq: int) -> dict:
     t = cfg.parallel.tensor
     out = {
         "kind": kind,
-        "thesis_name": THESIS_NAMES.get(kind, kind),
-        "time_complexity": time_complexity(kind, batch, seq, d),
-        "prefill_flops": flops(kind, "prefill", batch, seq, d, n, groups=g),
-        "decode_flops": flops(kind, "decode", batch, seq, d, n, groups=g),
-        "prefill_flops_per_token": flops_per_token(kind, "prefill", batch, seq, d, n, groups=g),
-        "decode_flops_per_token": flops_per_token(kind, "decode", batch, seq, d, n, groups=g),
-        "activation_bytes": activation_memory(kind, batch, seq, d, n, t),
-        "cache_bytes": cache_bytes(kind, batch, seq, d, n, groups=g),
-        "cache_elements_impl": cache_elements(kind, batch, seq, n, d_h, groups=g),
+        "thesis_name": THESIS_NAMES.get(_kind(kind), kind) if _kind(kind) in THESIS_NAMES else NA,
+        "time_complexity": _na(time_complexity, kind, batch, seq, d),
+        "prefill_flops": _na(flops, kind, "prefill", batch, seq, d, n, groups=g),
+        "decode_flops": _na(flops, kind, "decode", batch, seq, d, n, groups=g),
+        "prefill_flops_per_token": _na(flops_per_token, kind, "prefill", batch, seq, d, n, groups=g),
+        "decode_flops_per_token": _na(flops_per_token, kind, "decode", batch, seq, d, n, groups=g),
+        "activation_bytes": _na(activation_memory, kind, batch, seq, d, n, t),
+        "cache_bytes": _na(cache_bytes, kind, batch, seq, d, n, groups=g),
+        "cache_elements_impl": _na(cache_elements, kind, batch, seq, n, d_h, groups=g),
     }
+    if out["thesis_name"] == NA:  # no row of the thesis's tables: the generalised values are not the thesis's
+        for k in ("time_complexity", "prefill_flops", "decode_flops", "prefill_flops_per_token",
+                  "decode_flops_per_token", "activation_bytes", "cache_bytes"):
+            out[k] = NA if kind not in CH3_KINDS + ("gqa",) else out[k]
     try:
         out["qkv_params"] = attention_param_count(kind, n, d_h, g)
     except KeyError:
         out["qkv_params"] = None
+    if measure:
+        impl = implemented_costs(cfg, kind, batch, seq)
+        out.update({f"impl_{k}": v for k, v in impl.items()})
+        out["differs"] = [k for k in ("prefill_flops", "decode_flops", "cache_bytes", "activation_bytes")
+                          if _differ(out[k], impl[k])]
     return out
 
 
-def train_flops_per_token(cfg, vocab_size: int, seq: int | None = None) -> float:
+def _differ(a, b) -> bool:
+    if not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
+        return a != b
+    return abs(a - b) > 0.005 * max(abs(a), abs(b), 1)
+
+
+def train_flops_per_token(cfg, vocab_size: int, seq: int | None = None, measure: bool = True) -> float:
     """Model FLOPs of one trained token (forward + backward = 3 x forward) for MFU.
 
-    Per layer and token: the attention sublayer's Table 4.6 prefill GEMMs (by kind; B = 1 sequence
-    of ``seq`` tokens) + the output projection 2d^2 + the MLP 2 * (3 if SwiGLU else 2) * d * ffn;
+    Per layer and token: the attention sublayer's implemented prefill GEMMs (measured,
+    :func:`implemented_costs`; the Table 4.6 row where not measurable or ``measure=False``; B = 1
+    sequence of ``seq`` tokens) + the output projection 2d^2 + the MLP 2 * (3 if SwiGLU else 2) * d * ffn;
     plus the LM head 2 d V. Embedding lookups and norms are not counted (Megatron's convention).
     """
     from megahash.models.schedules import layer_kinds
@@ -298,7 +363,11 @@ def train_flops_per_token(cfg, vocab_size: int, seq: int | None = None) -> float
     kinds = layer_kinds(m.schedule, m.num_layers)
     per_token = 0.0
     for kind in kinds:
-        attn = flops_per_token(kind, "prefill", 1, L, d, n, groups=g) if kind != "mlp" else 6 * d * d
+        attn = implemented_costs(cfg, kind, 1, L)["prefill_flops_per_token"] if measure else NA
+        if not isinstance(attn, (int, float)):  # not measurable: the thesis's table row (Standard if none)
+            attn = _na(flops_per_token, kind, "prefill", 1, L, d, n, groups=g) if kind != "mlp" else 6 * d * d
+            if not isinstance(attn, (int, float)):
+                attn = flops_per_token("mha", "prefill", 1, L, d, n, groups=g)
         per_token += attn + 2 * d * d + 2 * mlp_mats * d * m.ffn_hidden_size
     per_token += 2 * d * vocab_size
     return 3.0 * per_token
@@ -313,13 +382,14 @@ def config_costs(cfg, batch: int = 1) -> dict:
     kinds = layer_kinds(cfg.model.schedule, cfg.model.num_layers)
     layers = [layer_costs(cfg, k, batch, seq) for k in kinds]
     vocab = cfg.model.vocab_size or 50304
-    return {
-        "seq_length": seq,
-        "batch": batch,
-        "train_flops_per_token": train_flops_per_token(cfg, vocab, seq),
-        "prefill_flops_per_token": sum(x["prefill_flops_per_token"] for x in layers),
-        "decode_flops_per_token": sum(x["decode_flops_per_token"] for x in layers),
-        "cache_bytes": sum(x["cache_bytes"] for x in layers),
-        "activation_bytes": sum(x["activation_bytes"] for x in layers),
-        "layers": layers,
-    }
+
+    def total(key):
+        vals = [x[key] for x in layers]
+        return sum(vals) if all(isinstance(v, (int, float)) for v in vals) else NA
+
+    out = {"seq_length": seq, "batch": batch, "train_flops_per_token": train_flops_per_token(cfg, vocab, seq)}
+    for key in ("prefill_flops_per_token", "decode_flops_per_token", "cache_bytes", "activation_bytes"):
+        out[key] = total(key)  # the thesis's tables
+        out[f"impl_{key}"] = total(f"impl_{key}")  # this implementation
+    out["layers"] = layers
+    return out

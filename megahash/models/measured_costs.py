@@ -1,0 +1,112 @@
+"""Costs of an attention kind AS IMPLEMENTED, measured on the ``meta`` device (no memory, no compute).
+
+The thesis's Tables 4.5-4.8 (``megahash.models.costs``) describe the thesis's implementations; this
+module measures megahash's own code, whatever the kind (a kind needs no cost formula to be listed):
+one attention sublayer of the config is built on ``meta`` in 16-bit and run with the config's
+shapes (``batch`` sequences of ``seq`` tokens, plus the fixed sequence rndembqk/fixedseqqk carry):
+
+- ``prefill_flops``: GEMM FLOPs of the forward (torch's ``FlopCounterMode``: matmuls and SDPA, as
+  Table 4.6 counts GEMMs), output projection excluded as in Table 4.6;
+- ``decode_flops``: the same for one new token per sequence after ``seq`` tokens of context
+  (``decode_cache`` filled by an inference prefill);
+- ``cache_elements``: numbers in the layer's decode cache after ``seq`` tokens (bytes at 16 bit = 2x);
+- ``activation_bytes``: bytes of the tensors the forward saves for backward (saved-tensor hooks,
+  parameters excluded, each storage once). SDPA on ``meta`` follows the math path (the L x L map is
+  saved); flash kernels on GPUs keep O(L) instead.
+
+Measured per TP rank and multiplied by the TP size (TP = 1 in ``megahash params``/``report``).
+Anything that cannot be measured (e.g. ``mha-megatron``, which has no ``mix``) is reported as "n/a".
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+NA = "n/a"
+
+
+def _build(cfg, kind: str, dtype=torch.bfloat16):
+    from megatron.core.transformer.spec_utils import build_module
+    from megatron.core.utils import init_method_normal, scaled_init_method_normal
+
+    from megahash.models import registry
+    from megahash.models.model import transformer_config
+
+    registry._load_variants()
+    cfg = copy.deepcopy(cfg)
+    cfg.parallel.sequence = False
+    config = transformer_config(cfg, dtype)
+    config.perform_initialization = False
+    config.init_method = init_method_normal(cfg.model.init_std)
+    config.output_layer_init_method = scaled_init_method_normal(cfg.model.init_std, cfg.model.num_layers)
+    with torch.device("meta"):
+        return build_module(registry.ATTENTION[kind](cfg), config=config, layer_number=1)
+
+
+def _flops(fn) -> int:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return int(counter.get_total_flops())
+
+
+def measure_kind(cfg, kind: str, batch: int, seq: int) -> dict:
+    """{"prefill_flops", "decode_flops", "cache_elements", "activation_bytes"} of one ``kind`` layer
+    (values "n/a" where a measurement is not possible)."""
+    from megatron.core import parallel_state
+
+    out = {"prefill_flops": NA, "decode_flops": NA, "cache_elements": NA, "activation_bytes": NA}
+    try:
+        module = _build(cfg, kind)
+    except Exception:
+        return out
+    if not hasattr(module, "mix"):
+        return out
+    tp = parallel_state.get_tensor_model_parallel_world_size() if parallel_state.model_parallel_is_initialized() else 1
+    rows = batch + (1 if kind in ("rndembqk", "fixedseqqk") else 0)  # the fixed sequence rides along
+    h = cfg.model.hidden_size
+    encoder = cfg.model.arch == "encoder"
+    mask = torch.zeros(rows, 1, 1, seq, dtype=torch.bool, device="meta") if encoder else None
+    params = {p.untyped_storage()._cdata for p in module.parameters()}
+
+    def x_of(length, grad=False):
+        return torch.empty(length, rows, h, device="meta", dtype=torch.bfloat16, requires_grad=grad)
+
+    try:  # training forward: FLOPs and saved activations
+        saved: dict = {}
+
+        def pack(t):
+            key = t.untyped_storage()._cdata
+            if key not in params:
+                saved[key] = t.untyped_storage().nbytes()
+            return t
+
+        x = x_of(seq, grad=True)
+        module.train()
+        module.model_context, module.decode_cache = {"embeddings": x, "offset": 0}, None
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out["prefill_flops"] = tp * _flops(lambda: module.mix(x, mask, None))
+        out["activation_bytes"] = tp * sum(saved.values())
+    except Exception:
+        pass
+    if encoder:
+        out["decode_flops"], out["cache_elements"] = NA, NA
+        return out
+    try:  # inference: prefill into the cache, then one token
+        module.eval()
+        cache: dict = {}
+        with torch.no_grad():
+            x = x_of(seq)
+            module.model_context, module.decode_cache = {"embeddings": x, "offset": 0}, cache
+            module.mix(x, None, None)
+            out["cache_elements"] = tp * sum(t.numel() for t in cache.values())
+            y = x_of(1)
+            module.model_context = {"embeddings": y, "offset": seq}
+            out["decode_flops"] = tp * _flops(lambda: module.mix(y, None, None))
+    except Exception:
+        pass
+    finally:
+        module.model_context, module.decode_cache = None, None
+    return out
