@@ -50,7 +50,8 @@ VARIANTS = {
     "encoder-proj": ("list:el-att,skv,mlp,gqa", "proj", "lsh128", ["model.arch=encoder", "train.objective=mlm"]),
     "encoder-roberta-sr": ("list:mhe-mul,approx-thesis,rndembqk,mha", "proj", "lsh128",
                            ["model.arch=encoder", "model.layout=roberta", "train.objective=sr"]),
-    "approx-thesis-qk-norm": ("list:approx-thesis,mha", "vocab", "md5", ["model.qk_norm=true", "model.qkv_bias=false"]),
+    "approx-thesis-qk-norm": ("list:approx-thesis,approx", "vocab", "md5", ["model.qk_norm=true", "model.qkv_bias=false",
+                                                                    "model.attention.feature_dim=4"]),
     "qwen2-gqa-tied": ("uniform:mha", "vocab", "md5", ["model.num_query_groups=2"]),
     "qwen2-mqa-untied-nobias": ("uniform:mqa", "vocab", "md5", ["model.tie_embeddings=false", "model.qkv_bias=false"]),
 }

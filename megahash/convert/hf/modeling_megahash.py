@@ -446,23 +446,38 @@ class LinearAttention(AttentionBase):
 
     def __init__(self, config, spec):
         super().__init__(config, spec)
-        self.linear_q = nn.Linear(self.d_m, self.n * self.d, bias=self.qkv_bias)
-        self.linear_kv = nn.Linear(self.d_m, 2 * self.groups * self.d, bias=self.qkv_bias)
+        fd = int(megahash_option(config, "model", "attention.feature_dim", 0) or 0) if self.kind == "approx" else 0
+        self.fd = fd if fd and fd != self.d else 0  # Based's projected feature dim d' of q, k
+        self.linear_q = nn.Linear(self.d_m, self.n * (self.fd or self.d), bias=self.qkv_bias)
+        if self.fd:  # rows [g][k (d'), v (d_h)]
+            self.linear_kv = nn.Linear(self.d_m, self.groups * (self.fd + self.d), bias=self.qkv_bias)
+            if getattr(self, "q_layernorm", None) is not None:
+                self.q_layernorm, self.k_layernorm = make_norm(config, self.fd), make_norm(config, self.fd)
+        else:
+            self.linear_kv = nn.Linear(self.d_m, 2 * self.groups * self.d, bias=self.qkv_bias)
 
     def mix(self, x, ctx, cache):
         b, s, _ = x.shape
         n, g, d = self.n, self.groups, self.d
         q = _heads(self.linear_q(x), n)
-        kv = self.linear_kv(x).view(b, s, g, 2, d)
-        k, v = kv[:, :, :, 0].transpose(1, 2), kv[:, :, :, 1].transpose(1, 2)
+        cos, sin = ctx["cos"], ctx["sin"]
+        if self.fd:
+            kv = self.linear_kv(x).view(b, s, g, self.fd + d)
+            k, v = kv[..., :self.fd].transpose(1, 2), kv[..., self.fd:].transpose(1, 2)
+            h, f2 = d // 2, self.fd // 2  # RoPE with the head's first d'/2 frequency pairs
+            cos = torch.cat([cos[..., :f2], cos[..., h:h + f2]], -1)
+            sin = torch.cat([sin[..., :f2], sin[..., h:h + f2]], -1)
+        else:
+            kv = self.linear_kv(x).view(b, s, g, 2, d)
+            k, v = kv[:, :, :, 0].transpose(1, 2), kv[:, :, :, 1].transpose(1, 2)
         q, k = self.norm_qk(q, k)
         if self.kind in ("approx", "approx-thesis"):
-            q = apply_rope(q, ctx["cos"], ctx["sin"])
-            k = apply_rope(k, ctx["cos"], ctx["sin"])
+            q = apply_rope(q, cos, sin)
+            k = apply_rope(k, cos, sin)
         else:
             q = F.silu(q)
         dt = torch.float64 if q.dtype == torch.float64 else torch.float32
-        qh = q.reshape(b, g, n // g, s, d).to(dt)
+        qh = q.reshape(b, g, n // g, s, q.shape[-1]).to(dt)
         kh, vh = k.unsqueeze(2).to(dt), v.unsqueeze(2).to(dt)
         key_mask = ctx.get("key_mask")
         km = None if key_mask is None else key_mask[:, None, None, :].bool()
@@ -481,7 +496,7 @@ class LinearAttention(AttentionBase):
                 out = approx_bidirectional(qh, kh, vh, km)
             else:
                 state = (cache["S"], cache["z"]) if cache is not None and "S" in cache else None
-                out, state = approx_causal(qh, kh, vh, auto_chunk(s, d, self.chunk_size), state, cache is not None)
+                out, state = approx_causal(qh, kh, vh, auto_chunk(s, qh.shape[-1], self.chunk_size), state, cache is not None)
                 if cache is not None:
                     cache["S"], cache["z"] = state
         else:
