@@ -37,10 +37,10 @@ from typing import Optional, Sequence
 from megahash.errors import ConfigError
 
 # the default tiny budget: a kind trains in a few seconds on 2 CPU cores (measured in docs/experiments.md)
-MODEL_DEFAULTS = ["model.arch=decoder", "model.hidden_size=64", "model.num_layers=2", "model.num_heads=4",
-                  "model.ffn_hidden_size=128", "model.embedding=vocab", "model.head=vocab", "train.objective=clm",
+MODEL_DEFAULTS = ["model.arch=decoder", "model.hidden_size=128", "model.num_layers=2", "model.num_heads=2",
+                  "model.ffn_hidden_size=256", "model.embedding=vocab", "model.head=vocab", "train.objective=clm",
                   "model.max_position_embeddings=128", "model.make_vocab_size_divisible_by=8"]
-STEPS, BATCH, LR, EVAL_SAMPLES = 300, 64, 3e-3, 512
+STEPS, BATCH, LR, EVAL_SAMPLES = 600, 64, 1e-3, 512
 TASKS = ("mqar", "copy")
 IGNORE = -100
 
@@ -49,10 +49,10 @@ IGNORE = -100
 class MQAR:
     """Multi-query associative recall (Zoology): token 0 unused, keys 1..K, values K+1..K+V."""
 
-    pairs: int = 8
-    queries: int = 8
-    keys: int = 32
-    values: int = 32
+    pairs: int = 4
+    queries: int = 4
+    keys: int = 8
+    values: int = 8
     name: str = "mqar"
 
     @property
@@ -89,7 +89,7 @@ class Copy:
     """Copy: ``length`` tokens from 1..V, separator V+1, the same tokens again."""
 
     length: int = 16
-    values: int = 32
+    values: int = 8
     name: str = "copy"
 
     @property
@@ -295,12 +295,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=LR)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--eval-samples", type=int, default=EVAL_SAMPLES)
-    p.add_argument("--mqar-pairs", type=int, default=8)
+    p.add_argument("--mqar-pairs", type=int, default=4)
     p.add_argument("--mqar-queries", type=int, default=0, help="queries per sequence (default: = pairs)")
-    p.add_argument("--keys", type=int, default=32, help="mqar key vocabulary")
-    p.add_argument("--values", type=int, default=32, help="value vocabulary (mqar values, copy tokens)")
+    p.add_argument("--keys", type=int, default=8, help="mqar key vocabulary")
+    p.add_argument("--values", type=int, default=8, help="value vocabulary (mqar values, copy tokens)")
     p.add_argument("--copy-length", type=int, default=16)
-    p.add_argument("--config", default=None, help="model config YAML (default: a 2-layer h64 decoder)")
+    p.add_argument("--config", default=None, help="model config YAML (default: a 2-layer h128 decoder, 2 heads)")
     p.add_argument("--out", default=None, help="JSON results (markdown beside it as .md)")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("overrides", nargs="*", help="config overrides key=value")

@@ -386,8 +386,17 @@ def run_local(grid: Grid, quiet: bool = False) -> int:
             continue
         print(f"sweep: cell {cell.index} {cell.name}: training ({' '.join(cell.overrides[len(grid.overrides):-1])})",
               flush=True)
-        with open(cell.dir / "sweep.log", "a") as log:
-            r = subprocess.run(train_command(grid, cell), cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT)
+        for attempt in range(3):
+            start = (cell.dir / "sweep.log").stat().st_size if (cell.dir / "sweep.log").exists() else 0
+            with open(cell.dir / "sweep.log", "a") as log:
+                r = subprocess.run(train_command(grid, cell), cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT)
+            with open(cell.dir / "sweep.log", "rb") as log:
+                log.seek(start)
+                new = log.read().decode(errors="replace")
+            # another job took the rendezvous port between its choice and its use: start again (resumes)
+            if r.returncode == 0 or "address already in use" not in new.lower():
+                break
+            print(f"sweep: cell {cell.name}: rendezvous port taken by another process; retrying", flush=True)
         if r.returncode == 3:
             print(f"sweep: cell {cell.name} stopped on a signal after checkpointing; rerun the sweep to resume",
                   flush=True)
