@@ -171,3 +171,11 @@ def test_bad_grid_is_one_line_error(grid, tmp_path, capsys, edit, message):
     cap = capsys.readouterr()
     lines = cap.err.strip().splitlines()
     assert cap.out == "" and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], cap.err
+
+
+def test_array_script_outside_slurm_is_one_line_error():
+    r = subprocess.run(["bash", "slurm/sweep_array.sh"], cwd=ROOT, env=clean_env(), capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: slurm/sweep_array.sh must run inside a SLURM job"), r.stderr
