@@ -179,3 +179,24 @@ def test_array_script_outside_slurm_is_one_line_error():
     assert r.returncode == 2 and r.stdout == ""
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: slurm/sweep_array.sh must run inside a SLURM job"), r.stderr
+
+
+@pytest.mark.parametrize("name, cells", [("table4_1", 19), ("table4_1_tiny", 8), ("table2_1", 33), ("table2_1_tiny", 6),
+                                         ("table3_2", 35), ("table3_2_tiny", 7)])
+def test_shipped_grids_resolve(name, cells, tmp_path):
+    """Every shipped grid resolves to valid cell configs; variants with a config snippet get its keys."""
+    from megahash.experiments.sweep import cell_config, load_grid
+
+    grid = load_grid(str(ROOT / "configs" / "grids" / f"{name}.yaml"), out=str(tmp_path))
+    assert len(grid.cells) == cells and any(all(c.values.get(k) == v for k, v in grid.standard.items())
+                                            for c in grid.cells)
+    cfgs = {c.label: cell_config(grid, c) for c in grid.cells if not c.seed or c.seed == grid.cells[0].seed}
+    if name.startswith("table2_1"):
+        pool = cfgs["MD5 Pool"]
+        assert (pool.model.embedding, pool.model.embed.hash_spec, pool.model.embed.pool_bits) == ("pool", "md5", 10)
+        assert {c.train.objective for c in cfgs.values()} == {"sr"} and {c.model.arch for c in cfgs.values()} == {"encoder"}
+    if name.startswith("table4_1"):
+        skip = [c for label, c in cfgs.items() if label.startswith("skip")]
+        assert skip and all(c.model.attention.skip_nonstandard and c.model.schedule.startswith("hybrid:") for c in skip)
+    if name == "table3_2":
+        assert {c.model.hidden_size for c in cfgs.values()} == {768} and len(cfgs) == 7
