@@ -152,7 +152,10 @@ def seed_table(rows: list[dict], cols) -> list[str]:
         if not vals:
             return "–"
         sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
-        return f"{statistics.fmean(vals):.{digits}f} ± {sd:.{digits}f}"
+        mean = statistics.fmean(vals)
+        if abs(mean) >= 1e4:
+            return f"{mean:.2E} ± {sd:.1E}"
+        return f"{mean:.{digits}f} ± {sd:.{digits}f}"
 
     for label, rs in groups.items():
         cells = [label, str(len(rs))] + [ms([r["display"].get(t) for r in rs], 1 if m in PERCENT else 2) for t, m, _ in cols]
