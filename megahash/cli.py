@@ -22,6 +22,8 @@ SUBCOMMANDS = {
     "report": "megahash.eval.report:main",
     "export-hf": "megahash.convert.export:main",
     "import-hf": "megahash.convert.importer:main",
+    "sweep": "megahash.experiments.sweep:main",
+    "diagnose": "megahash.experiments.diagnose:main",
 }
 
 

@@ -148,6 +148,12 @@ mh_pretrain() {
   local status=$?
   trap - USR1 TERM
   mh_log "ranks exited with status $status${MH_SIGNALLED:+ after SIG$MH_SIGNALLED}"
+  # a wrapper may define mh_after_pretrain (e.g. slurm/sweep_array.sh: evaluate the cell); it runs
+  # only after a complete, unsignalled training and its status becomes the job's
+  if [ "$status" -eq 0 ] && [ -z "$MH_SIGNALLED" ] && declare -F mh_after_pretrain >/dev/null; then
+    mh_after_pretrain
+    status=$?
+  fi
   # requeue: the ranks stopped on a signal after checkpointing (3), or this shell forwarded SIGUSR1
   # and the launcher did not report 0 (torchrun/deepspeed report their own status, not the ranks' 3).
   # Never after SIGTERM to this shell: that is scancel or the time limit ending the job.

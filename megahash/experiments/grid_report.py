@@ -1,0 +1,248 @@
+"""The report of a finished ``megahash sweep`` in the thesis's layout (Table 4.1; also Tables 2.1, 3.2).
+
+Rows = cells (variant, and seed when the grid repeats seeds), in grid order; the standard row(s)
+are marked. Columns: parameter counts (total, embedding, attention) and attention costs
+(:func:`megahash.eval.report.describe_run`: ``megahash.models.accounting`` and ``megahash.models.costs``,
+prefill/decode FLOPs per token and cache bytes at the run's context), then one column per task with
+its main metric (accuracies in %, as the thesis prints them) and the delta against the standard
+row of the same seed, the average over the higher-is-better tasks ("Avg.", the thesis's NLU
+average) and the final validation loss. With several seeds a second table gives mean ± standard
+deviation per variant.
+
+Files: ``OUT/report.md``, ``OUT/report.json``, ``OUT/loss_curves.png`` (training loss of every cell,
+validation loss as markers, overlaid) and ``OUT/scores.png`` (bars per task and Avg.; validation
+loss when the grid has no tasks). Everything is written under a temporary name, then renamed.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+from pathlib import Path
+
+PERCENT = ("acc", "acc_norm", "exact_match")
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    try:
+        return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+def _display(metric: str, value):
+    if value is None:
+        return None
+    return 100.0 * value if metric in PERCENT else value
+
+
+def collect(grid) -> list[dict]:
+    """One record per finished cell: describe_run + loss curves + displayed task scores."""
+    from megahash.eval.report import describe_run
+    from megahash.experiments.sweep import is_done
+
+    rows = []
+    for cell in grid.cells:
+        if not is_done(cell):
+            continue
+        rec = describe_run(str(cell.dir))
+        recs = _metrics(cell.dir)
+        train = {}
+        valid = {}
+        for m in recs:
+            (train if m.get("split") == "train" else valid if m.get("split") == "valid" else {})[m["step"]] = m["loss"]
+        rec.update({"cell": cell.name, "index": cell.index, "label": cell.label, "seed": cell.seed,
+                    "values": cell.values, "train_curve": sorted(train.items()), "valid_curve": sorted(valid.items()),
+                    "valid_loss": valid[max(valid)] if valid else None,
+                    "standard": all(cell.values.get(k) == v for k, v in grid.standard.items())})
+        rec["display"] = {t: _display(s["metric"], s["value"]) for t, s in rec["scores"].items()}
+        hib = [rec["display"][t] for t, s in rec["scores"].items() if s["higher_is_better"] and rec["display"][t] is not None]
+        rec["avg"] = sum(hib) / len(hib) if hib else None
+        rows.append(rec)
+    # deltas against the standard row of the same seed (else the first standard row)
+    standards = [r for r in rows if r["standard"]]
+    for r in rows:
+        ref = next((s for s in standards if s["seed"] == r["seed"]), standards[0] if standards else None)
+        r["standard_cell"] = ref["cell"] if ref else None
+        r["delta"] = {}
+        for t, v in r["display"].items():
+            rv = ref["display"].get(t) if ref else None
+            r["delta"][t] = None if v is None or rv is None else v - rv
+        r["delta_avg"] = None if ref is None or r["avg"] is None or ref["avg"] is None else r["avg"] - ref["avg"]
+        r["delta_valid_loss"] = (None if ref is None or r["valid_loss"] is None or ref["valid_loss"] is None
+                                 else r["valid_loss"] - ref["valid_loss"])
+    return rows
+
+
+def _fmt(v, delta=None, digits=1) -> str:
+    if v is None:
+        return "–"
+    big = abs(v) >= 1e4
+    text = f"{v:.1E}" if big else f"{v:.{digits}f}"
+    if delta is not None:
+        text += f" ({delta:+.1E})" if big else f" ({delta:+.{digits}f})"
+    return text
+
+
+def _num(v) -> str:
+    if v is None:
+        return "–"
+    v = float(v)
+    for div, unit in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if abs(v) >= div:
+            return f"{v / div:.2f}{unit}"
+    return f"{v:.0f}"
+
+
+def task_columns(rows: list[dict]) -> list[tuple[str, str, bool]]:
+    """(task, metric, higher_is_better), accuracies first then the rest, each group sorted."""
+    seen = {}
+    for r in rows:
+        for t, s in r["scores"].items():
+            seen.setdefault(t, (s["metric"], s["higher_is_better"]))
+    cols = [(t, m, h) for t, (m, h) in seen.items()]
+    return sorted(cols, key=lambda c: (not c[2], c[0]))
+
+
+def markdown(grid, rows: list[dict]) -> str:
+    cols = task_columns(rows)
+    seeds = any(r["seed"] for r in rows)
+    head = ["", "variant"] + (["seed"] if seeds else []) + ["#params", "#emb", "#attn", "attn FLOPs/tok prefill",
+                                                          "attn FLOPs/tok decode", "cache bytes"]
+    head += [f"{t} {m}{' %' if m in PERCENT else ''} {'↑' if h else '↓'}" for t, m, h in cols]
+    if any(h for _, _, h in cols):
+        head.append("Avg. ↑")
+    head.append("valid loss ↓")
+    lines = [f"### {grid.name}", "", "| " + " | ".join(head) + " |",
+             "| " + " | ".join(["---"] * (2 + seeds) + ["---:"] * (len(head) - 2 - seeds)) + " |"]
+    for r in rows:
+        c = r["costs"] or {}
+        std = r["standard"]
+        cells = [str(r["index"]), r["label"] + (" (standard)" if std else "")] + ([r["seed"]] if seeds else [])
+        cells += [_num(r["params"]["total"]), _num(r["params"]["embedding"]), _num(r["params"]["attention"]),
+                  _num(c.get("prefill_flops_per_token")), _num(c.get("decode_flops_per_token")), _num(c.get("cache_bytes"))]
+        for t, m, h in cols:
+            d = None if std else r["delta"].get(t)
+            cells.append(_fmt(r["display"].get(t), d, 1 if m in PERCENT else 2))
+        if any(h for _, _, h in cols):
+            cells.append(_fmt(r["avg"], None if std else r["delta_avg"]))
+        cells.append(_fmt(r["valid_loss"], None if std else r["delta_valid_loss"], 3))
+        lines.append("| " + " | ".join(cells) + " |")
+    notes = ["", "Deltas in parentheses: against the standard row "
+             f"({', '.join(f'{k}={v}' for k, v in grid.standard.items())}) of the same seed. Accuracies in %; "
+             "Avg. = mean of the ↑ tasks (the thesis's NLU average). Attention costs: megahash.models.costs at batch 1 "
+             "and each cell's data.seq_length, summed over layers; parameters: megahash.models.accounting."]
+    if seeds and len({r["seed"] for r in rows}) > 1:
+        notes += ["", "#### Mean ± std over seeds", "", *seed_table(rows, cols)]
+    if grid.expected:
+        notes += ["", "Expected ordering (docs/experiments.md): " + " ".join(grid.expected.split())]
+    return "\n".join(lines + notes)
+
+
+def seed_table(rows: list[dict], cols) -> list[str]:
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(r["label"], []).append(r)
+    head = ["variant", "n"] + [t for t, _, _ in cols] + (["Avg."] if any(h for _, _, h in cols) else []) + ["valid loss"]
+    out = ["| " + " | ".join(head) + " |", "| --- | ---: |" + " ---: |" * (len(head) - 2)]
+
+    def ms(vals, digits):
+        vals = [v for v in vals if v is not None]
+        if not vals:
+            return "–"
+        sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
+        mean = statistics.fmean(vals)
+        if abs(mean) >= 1e4:
+            return f"{mean:.2E} ± {sd:.1E}"
+        return f"{mean:.{digits}f} ± {sd:.{digits}f}"
+
+    for label, rs in groups.items():
+        cells = [label, str(len(rs))] + [ms([r["display"].get(t) for r in rs], 1 if m in PERCENT else 2) for t, m, _ in cols]
+        if any(h for _, _, h in cols):
+            cells.append(ms([r["avg"] for r in rs], 1))
+        cells.append(ms([r["valid_loss"] for r in rs], 3))
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
+def plots(grid, rows: list[dict]) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = []
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for r in rows:
+        name = r["label"] + (f" s{r['seed']}" if r["seed"] else "")
+        if r["train_curve"]:
+            steps, losses = zip(*r["train_curve"])
+            # exponential moving average for readability (raw values are in metrics.jsonl)
+            sm, acc = [], None
+            for v in losses:
+                acc = v if acc is None else 0.9 * acc + 0.1 * v
+                sm.append(acc)
+            (line,) = ax.plot(steps, sm, label=name, lw=1.2)
+            if r["valid_curve"]:
+                vs, vl = zip(*r["valid_curve"])
+                ax.plot(vs, vl, "o", color=line.get_color(), ms=4)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (train EMA; dots: validation)")
+    ax.set_title(f"{grid.name}: loss curves")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    out.append(_savefig(fig, grid.out / "loss_curves.png"))
+    plt.close(fig)
+
+    cols = task_columns(rows)
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * (len(cols) + 1) * max(1, len(rows)) / 3), 4.5))
+    if cols:
+        names = [t for t, _, _ in cols] + (["Avg."] if any(h for _, _, h in cols) else [])
+        width = 0.8 / max(1, len(rows))
+        for i, r in enumerate(rows):
+            vals = [r["display"].get(t) for t, _, _ in cols] + ([r["avg"]] if len(names) > len(cols) else [])
+            xs = [j + i * width for j in range(len(names))]
+            ax.bar(xs, [v if v is not None and math.isfinite(v) else 0 for v in vals], width,
+                   label=r["label"] + (f" s{r['seed']}" if r["seed"] else ""))
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))])
+        ax.set_xticklabels(names, rotation=20, fontsize=8)
+        ax.set_ylabel("score (accuracies in %)")
+    else:
+        labels = [r["label"] + (f" s{r['seed']}" if r["seed"] else "") for r in rows]
+        ax.bar(range(len(rows)), [r["valid_loss"] or 0 for r in rows])
+        ax.set_xticks(range(len(rows)))
+        ax.set_xticklabels(labels, rotation=20, fontsize=8)
+        ax.set_ylabel("final validation loss")
+    ax.set_title(f"{grid.name}: scores")
+    if cols:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    out.append(_savefig(fig, grid.out / "scores.png"))
+    plt.close(fig)
+    return out
+
+
+def _savefig(fig, path: Path) -> Path:
+    tmp = path.with_name(path.stem + f".tmp-{os.getpid()}.png")
+    fig.savefig(tmp, dpi=110)
+    os.replace(tmp, path)
+    return path
+
+
+def write_report(grid) -> list[Path]:
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    from megahash.experiments.sweep import _atomic
+
+    rows = collect(grid)
+    md = markdown(grid, rows)
+    _atomic(grid.out / "report.md", md + "\n")
+    missing = [c.name for c in grid.cells if c.name not in {r["cell"] for r in rows}]
+    _atomic(grid.out / "report.json", json.dumps({"megahash_sweep_report": 1, "grid": grid.to_json(), "rows": rows,
+                                                  "missing": missing}, indent=1, default=str) + "\n")
+    paths = [grid.out / "report.md", grid.out / "report.json"] + plots(grid, rows)
+    print(md)
+    return paths

@@ -1,0 +1,202 @@
+"""``megahash sweep``: a 2x2 grid (uniform:mha / uniform:mlp x seeds 1, 2) of tiny decoders on the
+Shakespeare shards, run end to end locally and as a job array on a real local SLURM (two emulated
+nodes, launch/local_slurm.py); reruns skip finished cells; the report has one row per cell, its
+parameter counts equal the trained models' own counts, and the SLURM cells train exactly as the
+local ones (same losses). Plus dry-run and one-line errors of bad grids.
+
+The SLURM test needs root and the Debian SLURM packages (tests/test_slurm.py installs them); run it
+under ``flock /tmp/slurm.lock`` on a shared machine."""
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import ROOT, child_env, train_losses
+from test_slurm import clean_env, cluster  # noqa: F401  (the module-scoped local SLURM fixture)
+
+TINY = {"model.hidden_size": 64, "model.num_layers": 2, "model.num_heads": 4, "model.ffn_hidden_size": 128,
+        "model.vocab_size": 0, "data.seq_length": 64, "train.steps": 12, "train.micro_batch_size": 4,
+        "train.global_batch_size": 4, "train.precision": "fp32", "train.warmup_steps": 2, "train.lr": 2e-3,
+        "train.eval_interval": 6, "train.eval_iters": 2, "train.save_interval": 0, "train.log_interval": 6,
+        "logging.plot": False, "logging.tensorboard": False}
+SCHEDULES = ["uniform:mha", "uniform:mlp"]
+SEEDS = [1, 2]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def grid(shakespeare_shards, tmp_path_factory):
+    d = tmp_path_factory.mktemp("sweep")
+    from data_tools import make_eval_tasks
+
+    assert make_eval_tasks.main(["--source", "shakespeare", "--out", str(d / "tasks"), "--held-out-docs", "1100:",
+                                 "--n", "20", "--ppl-docs", "2", "--seed", "7"]) == 0
+    spec = {"name": "t2x2", "config": "quickstart.yaml",
+            "overrides": {**TINY, "data.prefix": [shakespeare_shards["prefix"]],
+                          "data.tokenizer": shakespeare_shards["tokenizer"]},
+            "axes": {"model.schedule": SCHEDULES, "train.seed": SEEDS},
+            "standard": {"model.schedule": "uniform:mha"},
+            "eval": {"tasks_dir": str(d / "tasks"), "tasks": ["shk_next", "shk_ppl"], "limit": 10, "batch_size": 8}}
+    path = d / "grid.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return {"path": path, "dir": d}
+
+
+def sweep(args, env=None, timeout=900):
+    return subprocess.run([sys.executable, "-m", "megahash", "sweep", *args], cwd=ROOT, env=env or child_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def check_report(out_dir):
+    """One row per cell in grid order; deltas against the standard row of the same seed."""
+    rep = json.loads((out_dir / "report.json").read_text())
+    rows = rep["rows"]
+    assert [(r["values"]["model.schedule"], r["values"]["train.seed"]) for r in rows] == \
+        [(s, seed) for s in SCHEDULES for seed in SEEDS]
+    assert rep["missing"] == []
+    md = (out_dir / "report.md").read_text().splitlines()
+    table = [line for line in md if re.match(r"\| \d+ \| ", line)]
+    assert len(table) == 4
+    assert "shk_next acc % ↑" in md[2] and "shk_ppl word_perplexity ↓" in md[2] and "Avg. ↑" in md[2]
+    assert "#params" in md[2] and "attn FLOPs/tok decode" in md[2] and "cache bytes" in md[2]
+    assert [line.split(" | ")[1] for line in table] == ["uniform:mha (standard)"] * 2 + ["uniform:mlp"] * 2
+    by = {(r["values"]["model.schedule"], r["values"]["train.seed"]): r for r in rows}
+    for seed in SEEDS:
+        std, mlp = by["uniform:mha", seed], by["uniform:mlp", seed]
+        assert std["standard"] and not mlp["standard"] and mlp["standard_cell"] == std["cell"]
+        assert mlp["display"]["shk_next"] == pytest.approx(100 * mlp["scores"]["shk_next"]["value"])
+        assert mlp["delta"]["shk_next"] == pytest.approx(mlp["display"]["shk_next"] - std["display"]["shk_next"])
+        assert mlp["delta"]["shk_ppl"] == pytest.approx(mlp["scores"]["shk_ppl"]["value"] - std["scores"]["shk_ppl"]["value"])
+        assert mlp["costs"]["cache_bytes"] == 0 < std["costs"]["cache_bytes"]  # no KV cache without attention
+    for png in ("loss_curves.png", "scores.png"):
+        assert (out_dir / png).read_bytes()[:8] == PNG
+    return rows
+
+
+@pytest.fixture(scope="module")
+def local(grid):
+    out = grid["dir"] / "local"
+    r = sweep(["--grid", str(grid["path"]), "--out", str(out)])
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    return {"out": out, "stdout": r.stdout}
+
+
+def test_local_sweep_runs_every_cell_and_reports_one_row_per_cell(local):
+    out = local["out"]
+    rows = check_report(out)
+    cells = sorted((out / "cells").iterdir())
+    assert len(cells) == 4 and all((c / "sweep_cell.json").is_file() for c in cells)
+    cfgs = [yaml.safe_load((c / "resolved_config.yaml").read_text()) for c in cells]
+    assert all(c["data"] == cfgs[0]["data"] for c in cfgs)  # same data and budget in every cell
+    assert {c["train"]["steps"] for c in cfgs} == {12} and {c["train"]["global_batch_size"] for c in cfgs} == {4}
+    assert [c["train"]["seed"] for c in cfgs] == SEEDS * 2
+    for c, row in zip(cells, rows):
+        # the report's parameter count (accounting from the config) = the trained model's own count
+        m = re.search(r"megahash: ([\d,]+) parameters \(([\d,]+) embedding\)", (c / "sweep.log").read_text())
+        assert row["params"]["total"] == int(m.group(1).replace(",", ""))
+        assert row["params"]["embedding"] == int(m.group(2).replace(",", ""))
+        assert sorted(train_losses(c)) == list(range(1, 13))
+        ev = json.loads((c / "eval" / "step_00000012.json").read_text())
+        assert ev["step"] == 12 and set(ev["results"]) == {"shk_next", "shk_ppl"}
+    # same schedule, different seed: different runs
+    assert train_losses(cells[0]) != train_losses(cells[1])
+
+
+def test_local_rerun_skips_finished_cells(grid, local):
+    out = local["out"]
+    before = {c.name: (c / "metrics.jsonl").stat().st_mtime_ns for c in (out / "cells").iterdir()}
+    r = sweep(["--grid", str(grid["path"]), "--out", str(out)])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("already done, skipped") == 4 and "training" not in r.stdout
+    assert {c.name: (c / "metrics.jsonl").stat().st_mtime_ns for c in (out / "cells").iterdir()} == before
+    check_report(out)
+
+
+def test_slurm_array_sweep_matches_local_and_rerun_submits_nothing(cluster, grid, local):  # noqa: F811
+    out = grid["dir"] / "slurm"
+    env = cluster.env(clean_env())
+    sbatch = ["--sbatch=--cpus-per-task=1", "--sbatch=--time=20"]
+    r = sweep(["--grid", str(grid["path"]), "--launcher", "slurm", "--wait", "--out", str(out), *sbatch], env=env)
+    logs = "\n".join(p.read_text() for p in sorted((out / "slurm").glob("*.out"))) if (out / "slurm").is_dir() else ""
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:], logs[-5000:])
+    job = re.search(r"submitted job array (\d+) \(4 cells\)", r.stdout).group(1)
+    outs = sorted((out / "slurm").glob(f"{job}_*.out"))
+    assert len(outs) == 4
+    for i, p in enumerate(sorted(outs, key=lambda p: int(p.stem.split("_")[1]))):
+        text = p.read_text()
+        assert f"array task {i}: cell " in text and "ranks exited with status 0" in text, text[-3000:]
+        assert "trained; evaluating" in text and "done (step 12)" in text, text[-3000:]
+    check_report(out)
+    for c in (out / "cells").iterdir():  # the array tasks train exactly as the local runs
+        assert train_losses(c) == train_losses(local["out"] / "cells" / c.name), c.name
+    r = sweep(["--grid", str(grid["path"]), "--launcher", "slurm", "--wait", "--out", str(out), *sbatch], env=env)
+    assert r.returncode == 0 and "every cell is done; nothing submitted" in r.stdout, r.stderr[-2000:]
+
+
+def test_dry_run_prints_cells_and_commands(grid, capsys):
+    from megahash.experiments import sweep as sw
+
+    out = grid["dir"] / "dry"
+    assert sw.main(["--grid", str(grid["path"]), "--out", str(out), "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert "grid t2x2: 4 cells" in text and text.count("  train: ") == 4 and text.count("  eval:  ") == 4
+    assert "model.schedule=uniform:mlp train.seed=2" in text and not out.exists()
+    assert sw.main(["--grid", str(grid["path"]), "--out", str(out), "--dry-run", "--launcher", "slurm"]) == 0
+    assert "--array=0-3" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"axs": {"model.schedule": ["uniform:mha"]}}, "unknown grid key 'axs' in"),
+    ({"axes": {"model.schedul": ["uniform:mha"]}}, "unknown config key 'model.schedul' (did you mean 'schedule'?)"),
+    ({"axes": {"model.schedule": ["uniform:mha", "uniform:nosuch"]}}, "unknown attention kind 'nosuch'"),
+    ({"variants": [{"name": "a", "overrides": {}}, {"name": "b", "overrides": {"train.steps": 7}}]},
+     "changes train.steps (12 -> 7) without an axis"),
+    ({"standard": {"train.lr": 1.0}}, "standard names 'train.lr', which is not an axis"),
+])
+def test_bad_grid_is_one_line_error(grid, tmp_path, capsys, edit, message):
+    spec = yaml.safe_load(grid["path"].read_text())
+    if "standard" not in edit:
+        spec.pop("standard")
+    spec.update(edit)
+    if "variants" in edit:
+        spec["axes"] = {}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    from megahash.experiments import sweep as sw
+
+    assert sw.main(["--grid", str(path), "--dry-run"]) == 2
+    cap = capsys.readouterr()
+    lines = cap.err.strip().splitlines()
+    assert cap.out == "" and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], cap.err
+
+
+def test_array_script_outside_slurm_is_one_line_error():
+    r = subprocess.run(["bash", "slurm/sweep_array.sh"], cwd=ROOT, env=clean_env(), capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: slurm/sweep_array.sh must run inside a SLURM job"), r.stderr
+
+
+@pytest.mark.parametrize("name, cells", [("table4_1", 19), ("table4_1_tiny", 8), ("table2_1", 33), ("table2_1_tiny", 6),
+                                         ("table3_2", 35), ("table3_2_tiny", 7)])
+def test_shipped_grids_resolve(name, cells, tmp_path):
+    """Every shipped grid resolves to valid cell configs; variants with a config snippet get its keys."""
+    from megahash.experiments.sweep import cell_config, load_grid
+
+    grid = load_grid(str(ROOT / "configs" / "grids" / f"{name}.yaml"), out=str(tmp_path))
+    assert len(grid.cells) == cells and any(all(c.values.get(k) == v for k, v in grid.standard.items())
+                                            for c in grid.cells)
+    cfgs = {c.label: cell_config(grid, c) for c in grid.cells if not c.seed or c.seed == grid.cells[0].seed}
+    if name.startswith("table2_1"):
+        pool = cfgs["MD5 Pool"]
+        assert (pool.model.embedding, pool.model.embed.hash_spec, pool.model.embed.pool_bits) == ("pool", "md5", 10)
+        assert {c.train.objective for c in cfgs.values()} == {"sr"} and {c.model.arch for c in cfgs.values()} == {"encoder"}
+    if name.startswith("table4_1"):
+        skip = [c for label, c in cfgs.items() if label.startswith("skip")]
+        assert skip and all(c.model.attention.skip_nonstandard and c.model.schedule.startswith("hybrid:") for c in skip)
+    if name == "table3_2":
+        assert {c.model.hidden_size for c in cfgs.values()} == {768} and len(cfgs) == 7
