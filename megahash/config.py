@@ -97,9 +97,13 @@ class TrainConfig:
     micro_batch_size: int = 4
     global_batch_size: int = 8
     lr: float = 4e-4
-    min_lr: float = 4e-5
+    min_lr: float = 4e-5  # floor the decay ends at (0 = decay to zero)
     warmup_steps: int = 10
-    decay: str = "cosine"  # cosine | linear | constant
+    warmup_fraction: float = 0.0  # > 0: warmup = this fraction of the decay length (Megatron's lr-warmup-fraction)
+    decay: str = "cosine"  # cosine | linear | wsd (warmup-stable-decay) | constant
+    decay_steps: int = 0  # decay length (Megatron's lr-decay-iters); 0 = train.steps; min_lr after it
+    decay_fraction: float = 0.1  # wsd: the last fraction of decay_steps that anneals lr -> min_lr
+    wsd_decay_style: str = "linear"  # wsd anneal shape: linear | cosine | 1-sqrt
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.9999
@@ -357,8 +361,16 @@ def validate(cfg: Config) -> None:
     t = cfg.train
     if t.objective not in ("clm", "mlm", "sr"):
         raise ConfigError(f"train.objective must be clm, mlm or sr, got {t.objective!r}")
-    if t.decay not in ("cosine", "linear", "constant"):
-        raise ConfigError(f"train.decay must be cosine, linear or constant, got {t.decay!r}")
+    if t.decay not in ("cosine", "linear", "wsd", "constant"):
+        raise ConfigError(f"train.decay must be cosine, linear, wsd or constant, got {t.decay!r}")
+    if t.wsd_decay_style not in ("linear", "cosine", "1-sqrt"):
+        raise ConfigError(f"train.wsd_decay_style must be linear, cosine or 1-sqrt, got {t.wsd_decay_style!r}")
+    if not 0.0 < t.decay_fraction <= 1.0:
+        raise ConfigError(f"train.decay_fraction must be in (0, 1], got {t.decay_fraction}")
+    if not 0.0 <= t.warmup_fraction < 1.0:
+        raise ConfigError(f"train.warmup_fraction must be in [0, 1), got {t.warmup_fraction}")
+    if t.min_lr > t.lr:
+        raise ConfigError(f"train.min_lr={t.min_lr} exceeds train.lr={t.lr}; the decay ends at min_lr (0 decays to zero)")
     if t.precision not in ("auto", "fp32", "bf16"):
         raise ConfigError(f"train.precision must be auto, fp32 or bf16, got {t.precision!r}")
     if t.zero_stage not in (0, 1, 2, 3):

@@ -143,6 +143,7 @@ def train(cfg: Config) -> int:
         while step < t.steps:
             t0 = time.perf_counter()
             objective.set_step(step, dp_rank)
+            lr_used = scheduler_lr(engine)  # engine.step() advances the scheduler: read the LR this step uses
             loss_sum, wait = 0.0, 0.0
             for _ in range(gas):
                 tw = time.perf_counter()
@@ -156,7 +157,7 @@ def train(cfg: Config) -> int:
             dt = time.perf_counter() - t0
             loss_avg = _dp_mean(loss_sum / gas)
             tok_s = tokens_per_step / dt
-            metrics = {"loss": loss_avg, "lr": scheduler_lr(engine), "grad_norm": _grad_norm(engine),
+            metrics = {"loss": loss_avg, "lr": lr_used, "grad_norm": _grad_norm(engine),
                        "tokens_per_s": tok_s, "step_time_s": dt, "data_wait_s": wait}
             if peak > 0:
                 metrics["mfu"] = flops_tok * tok_s / peak
