@@ -87,6 +87,8 @@ class DataConfig:
     split: str = "98,2,0"
     seed: int = 1234
     cache_dir: str = ""  # index cache (default: <save_dir>/data_cache)
+    valid_samples: int = 64  # validation set: the first N sequences of the validation split (megahash/data/validation.py)
+    valid_micro_batch: int = 8  # validation chunk size (fixed, so mlm/sr corruption does not depend on the DP size)
     num_workers: int = 0
 
 
@@ -118,7 +120,7 @@ class TrainConfig:
     keep_last: int = 2
     resume: str = "auto"  # auto | none | PATH
     eval_interval: int = 50
-    eval_iters: int = 4
+    eval_iters: int = 4  # unused since the validation set is fixed by data.valid_samples (kept so old configs load)
     log_interval: int = 10
     recompute: str = "none"  # none | selective | full
     compile: bool = False  # torch.compile each transformer layer (regional compilation; for GPUs)
@@ -359,6 +361,9 @@ def validate(cfg: Config) -> None:
     if p.sequence and cfg.data.seq_length % p.tensor:
         raise ConfigError(f"data.seq_length={cfg.data.seq_length} must be divisible by parallel.tensor={p.tensor} under sequence parallelism")
     t = cfg.train
+    if cfg.data.valid_samples < 1 or cfg.data.valid_micro_batch < 1:
+        raise ConfigError(f"data.valid_samples and data.valid_micro_batch must be >= 1, got "
+                          f"{cfg.data.valid_samples} and {cfg.data.valid_micro_batch}; disable validation with train.eval_interval=0")
     if t.objective not in ("clm", "mlm", "sr"):
         raise ConfigError(f"train.objective must be clm, mlm or sr, got {t.objective!r}")
     if t.decay not in ("cosine", "linear", "wsd", "constant"):

@@ -45,23 +45,30 @@ def batch_loss(engine, batch: dict, objective) -> torch.Tensor:
     return (per_token.float() * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def evaluate(engine, loader_fn, iters: int, objective) -> float:
-    """Mean validation loss over ``iters`` micro-batches, averaged over data-parallel ranks."""
+def evaluate(engine, batches, objective) -> tuple[float, int, int]:
+    """Token-weighted mean validation loss over the fixed validation set (megahash/data/validation.py):
+    ``batches`` yields this rank's (chunk index, batch); sums are all-reduced over data-parallel
+    ranks. Returns (loss, loss tokens, sequences)."""
     from megatron.core import parallel_state
 
     engine.eval()
-    total, n = 0.0, 0
+    loss_sum, tokens, seqs = 0.0, 0.0, 0.0
+    dev = engine.device
     with torch.no_grad():
-        for i, batch in enumerate(loader_fn()):
-            if i >= iters:
-                break
-            total += batch_loss(engine, batch, objective).item()
-            n += 1
+        for chunk, batch in batches:
+            objective.set_step(-1 - chunk, 0)  # corruption seeded by the chunk, never by rank or step
+            batch = objective.prepare({k: v.to(dev) for k, v in batch.items()})
+            per_token = engine(batch["tokens"], hash_codes=batch.get("hash_codes"), labels=batch["labels"],
+                               padding_mask=batch.get("padding_mask"), label_codes=batch.get("label_codes"))
+            mask = batch["loss_mask"].float()
+            loss_sum += (per_token.float() * mask).sum().item()
+            tokens += mask.sum().item()
+            seqs += batch["tokens"].shape[0]
     engine.train()
-    t = torch.tensor([total, float(n)], dtype=torch.float64, device=engine.device)
+    t = torch.tensor([loss_sum, tokens, seqs], dtype=torch.float64, device=dev)
     if torch.distributed.is_initialized():
         torch.distributed.all_reduce(t, group=parallel_state.get_data_parallel_group())
-    return (t[0] / t[1].clamp(min=1)).item()
+    return (t[0] / t[1].clamp(min=1)).item(), int(t[1].item()), int(t[2].item())
 
 
 def train(cfg: Config) -> int:
@@ -70,6 +77,7 @@ def train(cfg: Config) -> int:
     from megatron.core import parallel_state
 
     from megahash.data.dataset import build_datasets, make_loader
+    from megahash.data.validation import validation_batches
     from megahash.models.model import build_model
     from megahash.objectives import build_objective
 
@@ -93,9 +101,9 @@ def train(cfg: Config) -> int:
             checkpoint.check_compatible(resume_from, cfg)
 
         gbs = t.global_batch_size
-        valid_samples = (t.steps // max(1, t.eval_interval) + 2) * t.eval_iters * t.micro_batch_size * dp_size
         cache = cfg.data.cache_dir or str(save_dir / "data_cache")
-        data = build_datasets(cfg, train_samples=t.steps * gbs, valid_samples=valid_samples, cache_dir=cache)
+        # the validation set depends on the data config alone (megahash/data/validation.py)
+        data = build_datasets(cfg, train_samples=t.steps * gbs, valid_samples=cfg.data.valid_samples, cache_dir=cache)
 
         platform.seed_all(t.seed)
         model = build_model(cfg, data.vocab_size)
@@ -127,8 +135,8 @@ def train(cfg: Config) -> int:
         loader = make_loader(data.train, step * gbs, t.micro_batch_size, dp_rank, dp_size, cfg.data.num_workers)
         batches = iter(loader)
 
-        def valid_loader():
-            return iter(make_loader(data.valid, 0, t.micro_batch_size, dp_rank, dp_size)) if data.valid else iter(())
+        def valid_batches():
+            return validation_batches(data.valid, cfg.data, dp_rank, dp_size)
 
         stop = StopFlag()
         if t.exit_signal_handler:
@@ -165,8 +173,8 @@ def train(cfg: Config) -> int:
                 raise FloatingPointError(f"loss is {loss_avg} at step {step}; lower train.lr or check the data")
             log.log(step, metrics, "train", echo=(step % t.log_interval == 0 or step == 1))
             if t.eval_interval and (step % t.eval_interval == 0 or step == t.steps) and data.valid is not None:
-                vloss = evaluate(engine, valid_loader, t.eval_iters, objective)
-                vmetrics = {"loss": vloss}
+                vloss, vtokens, vseqs = evaluate(engine, valid_batches(), objective)
+                vmetrics = {"loss": vloss, "tokens": vtokens, "sequences": vseqs}
                 if cfg.model.head == "vocab" and t.objective in ("clm", "mlm"):  # nats per token
                     vmetrics["ppl"] = math.exp(min(vloss, 50.0))
                 log.log(step, vmetrics, "valid")
