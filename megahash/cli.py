@@ -40,7 +40,7 @@ def run_guarded(fn) -> int:
 
 def params_main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="megahash params", description="Parameter accounting of a config.")
-    p.add_argument("--config", default=None)
+    p.add_argument("--config", action="append", default=None, help="YAML config; repeat to merge left to right")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--vocab-size", type=int, default=0, help="vocabulary (default: model.vocab_size or 50304)")
     p.add_argument("overrides", nargs="*")

@@ -307,13 +307,18 @@ def apply_overrides(tree: dict, overrides: list[str]) -> dict:
     return tree
 
 
-def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> Config:
-    """YAML file (with includes) + dotted overrides -> validated :class:`Config`.
+def load_config(path: str | os.PathLike | list | tuple | None = None, overrides: list[str] | None = None) -> Config:
+    """YAML file(s) (with includes) + dotted overrides -> validated :class:`Config`.
+
+    Several files merge left to right (later files win, mappings merged key by key), as
+    ``--config A --config B`` does.
 
     ``model.size=NAME`` (override or YAML) merges ``configs/model/NAME.yaml`` under the model keys
     given explicitly.
     """
-    tree: dict = _load_yaml_tree(Path(path)) if path else {}
+    tree: dict = {}
+    for p in [p for p in ([path] if isinstance(path, (str, os.PathLike)) else list(path or [])) if p]:
+        _deep_merge(tree, _load_yaml_tree(Path(p)))
     tree = apply_overrides(tree, list(overrides or []))
     size = (tree.get("model") or {}).pop("size", None)
     if size:
