@@ -48,10 +48,17 @@ def params_main(argv=None) -> int:
 
     def run():
         from megahash.config import load_config
-        from megahash.models.accounting import count_parameters, format_report
+        from megahash.models.light import closed_form_report
 
         cfg = load_config(args.config, args.overrides)
-        report = count_parameters(cfg, args.vocab_size or cfg.model.vocab_size or 50304)
+        vocab = args.vocab_size or cfg.model.vocab_size or 50304
+        report = closed_form_report(cfg, vocab)  # pure Python for the standard decoder (< 1 s)
+        if report is None:  # other variants: count a meta-device model (imports megatron-core)
+            from megahash.models.accounting import count_parameters
+
+            report = count_parameters(cfg, vocab)
+        from megahash.models.accounting import format_report
+
         print(json.dumps(report, indent=1) if args.json else format_report(report))
         return 0
 

@@ -60,6 +60,9 @@ def main(argv=None) -> int:
 
         cfg = load_config(args.config, args.overrides)  # all checks that need no model, data or torch
         check_early(cfg)
+        from megahash.models.light import check_kinds
+
+        check_kinds(cfg)  # misspelt schedules/embeddings fail before the imports below
         from megahash.training.trainer import train
 
         return train(cfg)
