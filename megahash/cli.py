@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 
 from megahash.errors import MegahashError
@@ -25,16 +26,31 @@ SUBCOMMANDS = {
 }
 
 
+def launch_rank() -> int:
+    """This process's global rank as the launchers set it (0 outside a launcher)."""
+    for var in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
 def run_guarded(fn) -> int:
-    """Run ``fn`` and turn megahash errors (and missing files) into one line + exit status 2."""
+    """Run ``fn`` and turn megahash errors (and missing files) into one line + exit status 2.
+
+    Bad input fails the same way on every rank, so only rank 0 prints the line (the others exit 2
+    silently); set MEGAHASH_ERRORS_ALL_RANKS=1 to see every rank's."""
+    def say(msg):
+        if launch_rank() == 0 or os.environ.get("MEGAHASH_ERRORS_ALL_RANKS") == "1":
+            print(msg, file=sys.stderr)
+
     try:
         status = fn()
         return int(status or 0)
     except MegahashError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say(f"error: {e}")
         return 2
     except FileNotFoundError as e:
-        print(f"error: {e.strerror}: {e.filename}", file=sys.stderr)
+        say(f"error: {e.strerror}: {e.filename}")
         return 2
 
 
@@ -66,6 +82,9 @@ def params_main(argv=None) -> int:
 
 
 def main(argv=None) -> int:
+    from megahash import known_warnings
+
+    known_warnings.install()  # before any library import (megahash/known_warnings.py lists them)
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in SUBCOMMANDS:
         names = ", ".join(SUBCOMMANDS)

@@ -150,6 +150,7 @@ class LoggingConfig:
     wandb_mode: str = "offline"  # offline | online | disabled
     run_name: str = ""
     plot: bool = True  # write loss_curve.png at the end
+    x_axis: str = "step"  # TensorBoard/wandb x-axis: step | tokens | samples (consumed, logged every step)
 
 
 @dataclass
@@ -385,6 +386,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"train.precision must be auto, fp32 or bf16, got {t.precision!r}")
     if t.zero_stage not in (0, 1, 2, 3):
         raise ConfigError(f"train.zero_stage must be 0-3, got {t.zero_stage}")
+    if cfg.logging.x_axis not in ("step", "tokens", "samples"):
+        raise ConfigError(f"logging.x_axis must be step, tokens or samples, got {cfg.logging.x_axis!r}")
     if t.recompute not in ("none", "selective", "full"):
         raise ConfigError(f"train.recompute must be none, selective or full, got {t.recompute!r}")
 

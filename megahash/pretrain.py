@@ -50,7 +50,10 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
+    from megahash import known_warnings
     from megahash.cli import run_guarded
+
+    known_warnings.install()  # before any library import (megahash/known_warnings.py lists them)
 
     args = parse_args(argv)
 

@@ -10,7 +10,7 @@ from megahash.data.validation import chunks_for_rank
 
 COMMON = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=128",
           "data.seq_length=64", "train.global_batch_size=8", "train.lr=2e-3", "train.min_lr=2e-4",
-          "train.warmup_steps=4", "train.decay_steps=40", "train.eval_interval=10", "train.log_interval=100",
+          "train.warmup_steps=4", "train.decay_steps=40", "train.eval_interval=10", "train.log_interval=10",
           "logging.plot=false", "logging.tensorboard=false", "data.valid_samples=40", "data.valid_micro_batch=8"]
 
 
@@ -34,11 +34,11 @@ def test_validation_fixed_across_dp_steps_and_batch(shakespeare_shards, tmp_path
     steps): same validation loss at steps 10 and 20, on the same number of tokens, same weights."""
     data = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}"]
     a, b = tmp_path / "dp1_20", tmp_path / "dp2_40"
-    r = pretrain(data + COMMON + ["train.steps=20", "train.micro_batch_size=4", f"train.save_dir={a}"])
-    assert r.returncode == 0, r.stderr[-3000:]
-    r = pretrain(data + COMMON + ["train.steps=40", "train.micro_batch_size=2", "train.save_interval=20",
-                                  f"train.save_dir={b}"], ranks=2)
-    assert r.returncode == 0, r.stderr[-3000:]
+    ra = pretrain(data + COMMON + ["train.steps=20", "train.micro_batch_size=4", f"train.save_dir={a}"])
+    assert ra.returncode == 0, ra.stderr[-3000:]
+    rb = pretrain(data + COMMON + ["train.steps=40", "train.micro_batch_size=2", "train.save_interval=20",
+                                   f"train.save_dir={b}"], ranks=2)
+    assert rb.returncode == 0, rb.stderr[-3000:]
     va, vb = _records(a, "valid"), _records(b, "valid")
     assert sorted(va) == [10, 20] and sorted(vb) == [10, 20, 30, 40]
     for step in (10, 20):
@@ -52,6 +52,17 @@ def test_validation_fixed_across_dp_steps_and_batch(shakespeare_shards, tmp_path
     assert abs(lrs[1] - 2e-3 / 4) < 1e-12 and abs(lrs[4] - 2e-3) < 1e-12
     assert abs(lrs[23] - (2e-4 + 1.8e-3 * 0.5)) < 1e-12  # cosine half way: 0-based step 22 = (4 + 40) / 2
     assert lrs[40] > 2e-4 and _records(a, "train")[20]["lr"] == lrs[20]  # decay length 40, not train.steps
+    # progress and logging (same runs): step/total + ETA lines from rank 0 only (no TTY here),
+    # consumed tokens/samples every step, parameter norm and peak memory at log intervals
+    assert sum(l.startswith("[train] step 10/40 ") for l in rb.stdout.splitlines()) == 1, rb.stdout[-2000:]
+    assert " eta " in next(l for l in rb.stdout.splitlines() if l.startswith("[train] step 10/40 "))
+    assert "[valid] step 10/20 loss" in ra.stdout and "Transformer Engine and Apex" not in rb.stdout + rb.stderr
+    tra, trb = _records(a, "train"), _records(b, "train")
+    assert trb[7]["consumed_samples"] == 7 * 8 and trb[7]["consumed_tokens"] == 7 * 8 * 64
+    assert "param_norm" not in trb[7] and trb[10]["peak_memory_mib"] > 50
+    for step in (10, 20):  # the same parameters give the same norm at DP 1 and 2
+        assert abs(tra[step]["param_norm"] - trb[step]["param_norm"]) < 1e-4 * trb[step]["param_norm"]
+    assert vb[20]["consumed_tokens"] == 20 * 8 * 64
     script = (
         "import sys, torch\n"
         "from megahash import platform\n"

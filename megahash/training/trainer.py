@@ -76,6 +76,10 @@ def train(cfg: Config) -> int:
     import deepspeed
     from megatron.core import parallel_state
 
+    from megahash.known_warnings import quiet_deepspeed_logger
+
+    quiet_deepspeed_logger()
+
     from megahash.data.dataset import build_datasets, make_loader
     from megahash.data.validation import validation_batches
     from megahash.models.model import build_model
@@ -144,6 +148,10 @@ def train(cfg: Config) -> int:
         gas = engine.gradient_accumulation_steps()
         from megahash.models.costs import train_flops_per_token
 
+        from megahash.training.progress import Progress, format_line
+        from megahash.training.stats import param_norm
+
+        progress = Progress(t.steps, step, rank)
         flops_tok = train_flops_per_token(cfg, data.vocab_size)
         peak = platform.peak_flops(dtype) * world
         tokens_per_step = gbs * cfg.data.seq_length
@@ -166,18 +174,26 @@ def train(cfg: Config) -> int:
             loss_avg = _dp_mean(loss_sum / gas)
             tok_s = tokens_per_step / dt
             metrics = {"loss": loss_avg, "lr": lr_used, "grad_norm": _grad_norm(engine),
-                       "tokens_per_s": tok_s, "step_time_s": dt, "data_wait_s": wait}
+                       "tokens_per_s": tok_s, "step_time_s": dt, "data_wait_s": wait,
+                       "consumed_samples": step * gbs, "consumed_tokens": step * tokens_per_step}
             if peak > 0:
                 metrics["mfu"] = flops_tok * tok_s / peak
+            echo = step % t.log_interval == 0 or step == 1 or step == t.steps
+            if echo:  # host-syncing statistics at log intervals only, off the step's hot path
+                metrics["param_norm"] = param_norm(engine.module, t.zero_stage)
+                metrics["peak_memory_mib"] = platform.peak_memory_bytes() / 2**20
             if not math.isfinite(loss_avg):
                 raise FloatingPointError(f"loss is {loss_avg} at step {step}; lower train.lr or check the data")
-            log.log(step, metrics, "train", echo=(step % t.log_interval == 0 or step == 1))
+            log.log(step, metrics, "train", echo=False)
+            progress.update(step, metrics, echo)
             if t.eval_interval and (step % t.eval_interval == 0 or step == t.steps) and data.valid is not None:
                 vloss, vtokens, vseqs = evaluate(engine, valid_batches(), objective)
                 vmetrics = {"loss": vloss, "tokens": vtokens, "sequences": vseqs}
+                vmetrics.update(consumed_samples=step * gbs, consumed_tokens=step * tokens_per_step)
                 if cfg.model.head == "vocab" and t.objective in ("clm", "mlm"):  # nats per token
                     vmetrics["ppl"] = math.exp(min(vloss, 50.0))
-                log.log(step, vmetrics, "valid")
+                log.log(step, vmetrics, "valid", echo=False)
+                progress.write(format_line("valid", step, t.steps, vmetrics))
             stopping = any_rank(stop.set) or (t.stop_after and step == t.stop_after)
             if step == t.steps or stopping or (t.save_interval and step % t.save_interval == 0):
                 with stop.deferred():  # helpers the save spawns must survive a signal to the whole step
@@ -189,6 +205,7 @@ def train(cfg: Config) -> int:
                           flush=True)
                 exit_status = EXIT_REQUEUE if stop.set else 0
                 break
+        progress.close()
         log.close()
         if rank == 0 and cfg.logging.plot and step == t.steps:
             print(f"megahash: loss curve {plot_loss(save_dir)}", flush=True)
