@@ -13,8 +13,11 @@ libraries are imported. Listed here, each with why it is harmless:
 - DeepSpeed's INFO log lines (config dumps, "Using client Optimizer", ZeRO setup): set to
   WARNING; megahash prints its own one-line summary of the run.
 - "pkg_resources is deprecated" (setuptools, imported by older dependencies).
+- torch "`torch.distributed.all_gather_into_tensor` is deprecated" (FutureWarning, per ZeRO step
+  in DeepSpeed): the name's deprecation, the collective is what DeepSpeed needs.
 
-Every other warning is shown once per message (``"once"``), not once per call site and rank step.
+Every other user/future/runtime warning is shown once per message (``"once"``), not once per call
+site and step; DeprecationWarnings stay hidden as Python hides them by default.
 ``MEGAHASH_SHOW_WARNINGS=1`` turns all of this off.
 """
 from __future__ import annotations
@@ -32,6 +35,13 @@ KNOWN_HARMLESS = [
     (r".*No device id is provided", UserWarning),
     (r"pkg_resources is deprecated", UserWarning),
     (r".*torch\.cuda\.amp\..* is deprecated", FutureWarning),
+    # DeepSpeed ZeRO calls torch's all_gather_into_tensor (deprecation of the name only)
+    (r".*torch\.distributed\.all_gather_into_tensor. is deprecated", FutureWarning),
+    # DeprecationWarnings are hidden by Python's default filters; these two are listed so they
+    # stay hidden under `python -W default` too: torch.jit in an import, megatron-core's specs
+    (r".*torch\.jit\.script_method. is deprecated", DeprecationWarning),
+    (r"MLP requires ffn_hidden_size", DeprecationWarning),
+    (r"The following imports from .dynamic_context\.py.", DeprecationWarning),
 ]
 QUIET_LOGGERS = ("DeepSpeed", "deepspeed")
 
@@ -44,7 +54,8 @@ def install() -> None:
     if _installed or os.environ.get("MEGAHASH_SHOW_WARNINGS") == "1":
         return
     _installed = True
-    warnings.filterwarnings("once")
+    for category in (UserWarning, FutureWarning, RuntimeWarning):  # Python's defaults keep hiding the rest
+        warnings.filterwarnings("once", category=category)
     for message, category in KNOWN_HARMLESS:
         warnings.filterwarnings("ignore", message=message, category=category)
     for name in QUIET_LOGGERS:

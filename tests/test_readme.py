@@ -16,8 +16,8 @@ SHORT_TRAIN = ["train.steps=2"]
 # command prefix -> arguments appended (shortening only)
 RULES = [
     ("bash launch/quickstart.sh", ["train.steps=4", "train.eval_interval=2"]),
-    ("python data_tools/train_tokenizer.py", ["--max-docs", "200", "--vocab-size", "1000"]),
-    ("python data_tools/preprocess_data.py", ["--max-docs", "300", "--quiet"]),
+    ("python data_tools/train_tokenizer.py", ["--doc-range", "0:200", "--vocab-size", "1000"]),
+    ("python data_tools/preprocess_data.py", ["--doc-range", "0:300", "--quiet"]),
     ("python data_tools/inspect_shards.py", []),
     ("deepspeed --num_gpus 2 megahash/pretrain.py", SHORT_TRAIN),
     ("torchrun --nproc_per_node 2 megahash/pretrain.py", SHORT_TRAIN),
