@@ -91,7 +91,7 @@ def test_readme_commands_run_in_order(shakespeare_shards, tmp_path):
         r = subprocess.run(["bash", "-c", full], cwd=repo, env=env, capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, f"{full}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
         ran.append((cmd, r))
-    assert len(skipped) == len(SKIP) and len(ran) >= 15
+    assert {p for p in SKIP if any(c.startswith(p) for c in skipped)} == set(SKIP) and len(ran) >= 15
     out = dict((c, r.stdout) for c, r in ran)
     qs = out["bash launch/quickstart.sh"]
     assert "after 4 steps" in qs and "quickstart: [6/6]" in qs
