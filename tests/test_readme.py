@@ -71,7 +71,19 @@ def test_readme_commands_run_in_order(shakespeare_shards, tmp_path):
     shutil.copy2(shakespeare_shards["tokenizer"], data / "spm.model")
     for f in Path(shakespeare_shards["dir"]).glob("shakespeare_*"):
         shutil.copy2(f, data / f.name)
+    # launchers default to port 29500: give each launch a free port (as a cluster's launcher would),
+    # so the test does not collide with other jobs on the machine; the commands stay as written
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    for name, flag in (("deepspeed", "--master_port"), ("torchrun", "--master-port")):
+        real = shutil.which(name)
+        (shims / name).write_text(
+            "#!/usr/bin/env bash\n"
+            f"port=$({sys.executable} -c 'import socket; s=socket.socket(); s.bind((\"\", 0)); print(s.getsockname()[1])')\n"
+            f'exec {real} {flag} "$port" "$@"\n')
+        (shims / name).chmod(0o755)
     env = child_env(PYTHONPATH=str(repo))
+    env["PATH"] = f"{shims}:{env['PATH']}"
     r = subprocess.run([sys.executable, "data_tools/make_eval_tasks.py", "--source", "shakespeare", "--held-out-docs",
                         "1100:", "--out", "data/eval_tasks", "--n", "10", "--ppl-docs", "3"], cwd=repo, env=env,
                        capture_output=True, text=True, timeout=300)
