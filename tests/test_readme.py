@@ -100,7 +100,7 @@ def test_readme_commands_run_in_order(shakespeare_shards, tmp_path):
         extra = next((args for p, args in RULES if cmd.startswith(p)), None)
         assert extra is not None, f"README command without a rule in tests/test_readme.py: {cmd}"
         full = cmd + "".join(" " + shlex.quote(a) for a in extra)
-        r = subprocess.run(["bash", "-c", full], cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+        r = subprocess.run(["bash", "-c", full], cwd=repo, env=env, capture_output=True, text=True, timeout=1200)
         assert r.returncode == 0, f"{full}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
         ran.append((cmd, r))
     assert {p for p in SKIP if any(c.startswith(p) for c in skipped)} == set(SKIP) and len(ran) >= 15
