@@ -28,7 +28,8 @@ task                        like                    item / metrics
 Each task is ``DIR/NAME_x.yaml`` (``dataset_path: json``, ``dataset_kwargs.data_files`` = the
 absolute path of ``DIR/NAME_x.jsonl``, ``test_split: test``) plus its JSONL; all carry the tag
 ``NAME_suite``. Run them offline with ``megahash eval --tasks-dir DIR --tasks NAME_suite`` (or a
-list of task names). ``DIR/NAME_manifest.json`` records the source, document range, seed and counts.
+list of task names). ``DIR/NAME_manifest.json`` records the source, document range, seed and counts;
+``DIR/NAME_held_out.txt`` holds the held-out text (first pages of the documents) for ``megahash indicators --text``.
 Output is a pure function of (source, range, --n, --seed, ...): sentences come from a fixed
 regex split, every random choice from ``random.Random(seed)``.
 
@@ -262,11 +263,17 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
         (out / f"{task}.yaml").write_text(yaml.safe_dump(task_yaml(task, kind, str(data), tag), sort_keys=False,
                                                           allow_unicode=True))
         counts[task] = len(rows)
+    # the held-out text itself, for `megahash indicators --text` (first pages of the held-out documents)
+    held = out / f"{name}_held_out.txt"
+    tmp = held.with_name(held.name + ".tmp")
+    tmp.write_text("\n\n".join(pages) + "\n", encoding="utf-8")
+    tmp.replace(held)
     manifest = {"source": args.source, "held_out_docs": [start, end], "documents": len(docs), "seed": args.seed,
-                "n": args.n, "ppl_docs": args.ppl_docs, "max_doc_chars": args.max_doc_chars, "tag": tag,
+                "held_out_text": held.name, "n": args.n, "ppl_docs": args.ppl_docs, "max_doc_chars": args.max_doc_chars, "tag": tag,
                 "tasks": counts}
     (out / f"{name}_manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-    print(f"wrote {len(counts)} tasks (tag {tag}) to {out}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    print(f"wrote {len(counts)} tasks (tag {tag}) to {out}: " + ", ".join(f"{k} {v}" for k, v in counts.items())
+          + f"; held-out text {held}")
     return 0
 
 

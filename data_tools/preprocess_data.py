@@ -194,6 +194,8 @@ class Progress:
         self.bar = None
         self.tokens = 0
         self.t0 = time.perf_counter()
+        if not quiet and not sys.stderr.isatty():  # logs: say what runs (the bar says it on a terminal)
+            print(f"{desc}: tokenizing and hashing ...", file=sys.stderr, flush=True)
         if not quiet and sys.stderr.isatty():
             from tqdm import tqdm
 

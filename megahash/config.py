@@ -91,6 +91,8 @@ class DataConfig:
     split: str = "98,2,0"
     seed: int = 1234
     cache_dir: str = ""  # index cache (default: <save_dir>/data_cache)
+    valid_samples: int = 64  # validation set: the first N sequences of the validation split (megahash/data/validation.py)
+    valid_micro_batch: int = 8  # validation chunk size (fixed, so mlm/sr corruption does not depend on the DP size)
     num_workers: int = 0
 
 
@@ -102,9 +104,13 @@ class TrainConfig:
     micro_batch_size: int = 4
     global_batch_size: int = 8
     lr: float = 4e-4
-    min_lr: float = 4e-5
+    min_lr: float = 4e-5  # floor the decay ends at (0 = decay to zero)
     warmup_steps: int = 10
-    decay: str = "cosine"  # cosine | linear | constant
+    warmup_fraction: float = 0.0  # > 0: warmup = this fraction of the decay length (Megatron's lr-warmup-fraction)
+    decay: str = "cosine"  # cosine | linear | wsd (warmup-stable-decay) | constant
+    decay_steps: int = 0  # decay length (Megatron's lr-decay-iters); 0 = train.steps; min_lr after it
+    decay_fraction: float = 0.1  # wsd: the last fraction of decay_steps that anneals lr -> min_lr
+    wsd_decay_style: str = "linear"  # wsd anneal shape: linear | cosine | 1-sqrt
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.9999
@@ -119,7 +125,7 @@ class TrainConfig:
     keep_last: int = 2
     resume: str = "auto"  # auto | none | PATH
     eval_interval: int = 50
-    eval_iters: int = 4
+    eval_iters: int = 4  # unused since the validation set is fixed by data.valid_samples (kept so old configs load)
     log_interval: int = 10
     recompute: str = "none"  # none | selective | full
     compile: bool = False  # torch.compile each transformer layer (regional compilation; for GPUs)
@@ -149,6 +155,7 @@ class LoggingConfig:
     wandb_mode: str = "offline"  # offline | online | disabled
     run_name: str = ""
     plot: bool = True  # write loss_curve.png at the end
+    x_axis: str = "step"  # TensorBoard/wandb x-axis: step | tokens | samples (consumed, logged every step)
 
 
 @dataclass
@@ -306,13 +313,18 @@ def apply_overrides(tree: dict, overrides: list[str]) -> dict:
     return tree
 
 
-def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> Config:
-    """YAML file (with includes) + dotted overrides -> validated :class:`Config`.
+def load_config(path: str | os.PathLike | list | tuple | None = None, overrides: list[str] | None = None) -> Config:
+    """YAML file(s) (with includes) + dotted overrides -> validated :class:`Config`.
+
+    Several files merge left to right (later files win, mappings merged key by key), as
+    ``--config A --config B`` does.
 
     ``model.size=NAME`` (override or YAML) merges ``configs/model/NAME.yaml`` under the model keys
     given explicitly.
     """
-    tree: dict = _load_yaml_tree(Path(path)) if path else {}
+    tree: dict = {}
+    for p in [p for p in ([path] if isinstance(path, (str, os.PathLike)) else list(path or [])) if p]:
+        _deep_merge(tree, _load_yaml_tree(Path(p)))
     tree = apply_overrides(tree, list(overrides or []))
     size = (tree.get("model") or {}).pop("size", None)
     if size:
@@ -364,16 +376,29 @@ def validate(cfg: Config) -> None:
     if p.sequence and cfg.data.seq_length % p.tensor:
         raise ConfigError(f"data.seq_length={cfg.data.seq_length} must be divisible by parallel.tensor={p.tensor} under sequence parallelism")
     t = cfg.train
+    if cfg.data.valid_samples < 1 or cfg.data.valid_micro_batch < 1:
+        raise ConfigError(f"data.valid_samples and data.valid_micro_batch must be >= 1, got "
+                          f"{cfg.data.valid_samples} and {cfg.data.valid_micro_batch}; disable validation with train.eval_interval=0")
     if t.objective not in ("clm", "mlm", "sr"):
         raise ConfigError(f"train.objective must be clm, mlm or sr, got {t.objective!r}")
     if t.sr_random not in ("codes", "batch"):
         raise ConfigError(f"train.sr_random must be codes or batch, got {t.sr_random!r}")
-    if t.decay not in ("cosine", "linear", "constant"):
-        raise ConfigError(f"train.decay must be cosine, linear or constant, got {t.decay!r}")
+    if t.decay not in ("cosine", "linear", "wsd", "constant"):
+        raise ConfigError(f"train.decay must be cosine, linear, wsd or constant, got {t.decay!r}")
+    if t.wsd_decay_style not in ("linear", "cosine", "1-sqrt"):
+        raise ConfigError(f"train.wsd_decay_style must be linear, cosine or 1-sqrt, got {t.wsd_decay_style!r}")
+    if not 0.0 < t.decay_fraction <= 1.0:
+        raise ConfigError(f"train.decay_fraction must be in (0, 1], got {t.decay_fraction}")
+    if not 0.0 <= t.warmup_fraction < 1.0:
+        raise ConfigError(f"train.warmup_fraction must be in [0, 1), got {t.warmup_fraction}")
+    if t.min_lr > t.lr:
+        raise ConfigError(f"train.min_lr={t.min_lr} exceeds train.lr={t.lr}; the decay ends at min_lr (0 decays to zero)")
     if t.precision not in ("auto", "fp32", "bf16"):
         raise ConfigError(f"train.precision must be auto, fp32 or bf16, got {t.precision!r}")
     if t.zero_stage not in (0, 1, 2, 3):
         raise ConfigError(f"train.zero_stage must be 0-3, got {t.zero_stage}")
+    if cfg.logging.x_axis not in ("step", "tokens", "samples"):
+        raise ConfigError(f"logging.x_axis must be step, tokens or samples, got {cfg.logging.x_axis!r}")
     if t.recompute not in ("none", "selective", "full"):
         raise ConfigError(f"train.recompute must be none, selective or full, got {t.recompute!r}")
 

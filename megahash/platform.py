@@ -102,6 +102,17 @@ class _CPURNGStatesTracker:
             torch.set_rng_state(orig)
 
 
+def peak_memory_bytes() -> int:
+    """Peak memory of this process: max allocated on the GPU, else the peak RSS (``ru_maxrss``)."""
+    if has_gpu():
+        return int(torch.cuda.max_memory_allocated())
+    import resource
+    import sys
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)  # bytes on macOS, KiB on Linux
+
+
 def apply_cpu_shims() -> None:
     """Make megatron-core 0.16 run on CPU (idempotent; a no-op on GPU machines).
 

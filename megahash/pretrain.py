@@ -1,6 +1,7 @@
 """Pretraining entry point.
 
     deepspeed --num_gpus N megahash/pretrain.py --config configs/quickstart.yaml [key=value ...]
+    deepspeed --num_gpus N megahash/pretrain.py --config A.yaml --config B.yaml --deepspeed --deepspeed_config ds.json
     torchrun --nproc_per_node N megahash/pretrain.py --config ... [key=value ...]
     python megahash/pretrain.py --config ... [key=value ...]          (one rank)
 
@@ -26,22 +27,47 @@ import argparse  # noqa: E402
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="megahash-pretrain", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default=None, help="YAML config (configs/...)")
+    p.add_argument("--config", action="append", default=None,
+                   help="YAML config (configs/...); repeat to merge several, left to right (later files win)")
+    p.add_argument("--deepspeed", nargs="?", const=True, default=None,
+                   help="DeepSpeed's flag (always on); `--deepspeed FILE` (Hugging Face style) = --deepspeed_config FILE")
+    p.add_argument("--deepspeed_config", "--deepspeed-config", default=None,
+                   help="a DeepSpeed JSON (= train.deepspeed_config); merged with megahash's keys, "
+                        "conflicts refused in one line (megahash/training/ds_config.py)")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=100 parallel.tensor=2")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if isinstance(args.deepspeed, str):
+        if "=" in args.deepspeed and not args.deepspeed.endswith(".json"):
+            args.overrides.insert(0, args.deepspeed)  # `--deepspeed key=value`: the flag, then an override
+        elif args.deepspeed_config and args.deepspeed_config != args.deepspeed:
+            p.error(f"--deepspeed {args.deepspeed} and --deepspeed_config {args.deepspeed_config} name two files")
+        else:
+            args.deepspeed_config = args.deepspeed
+    if args.deepspeed_config:
+        args.overrides.insert(0, f"train.deepspeed_config={args.deepspeed_config}")
+    return args
 
 
 def main(argv=None) -> int:
+    from megahash import known_warnings
     from megahash.cli import run_guarded
+
+    known_warnings.install()  # before any library import (megahash/known_warnings.py lists them)
 
     args = parse_args(argv)
 
     def run():
         from megahash.config import load_config
+        from megahash.training.ds_config import check_early
+
+        cfg = load_config(args.config, args.overrides)  # all checks that need no model, data or torch
+        check_early(cfg)
+        from megahash.models.light import check_kinds
+
+        check_kinds(cfg)  # misspelt schedules/embeddings fail before the imports below
         from megahash.training.trainer import train
 
-        cfg = load_config(args.config, args.overrides)
         return train(cfg)
 
     return run_guarded(run)

@@ -78,3 +78,18 @@ def test_report_compares_runs_against_baseline_and_lower_bound():
     assert "wiki word_perplexity ↓" in lines[0]
     assert lines[2].startswith("| mha (baseline) |") and lines[3].startswith("| sha (lower bound) |")
     assert "| 99.7 |" in lines[4]  # PCR_Emb of the hashed-embedding run
+
+
+def test_report_says_why_a_cell_is_empty():
+    from megahash.eval.report import compare, markdown
+
+    base = _run("base", 1_000_000, 100_000, 50_000, {"glue": ("acc", 0.8, True)})
+    noeval = _run("noeval", 900_000, 100_000, 40_000, {})
+    other = _run("other", 900_000, 100_000, 50_000, {"wiki": ("word_perplexity", 50.0, False)})
+    compare([base, noeval, other], base, base, "attention")
+    notes = markdown([base, noeval, other], base, base, "attention").split("\n\n", 1)[1]
+    assert "Empty scores, PRR and PEoP of noeval: no `megahash eval` results in noeval/eval/" in notes
+    assert "Empty glue of other: not evaluated" in notes and "Empty wiki of base: not evaluated" in notes
+    assert "Empty PRR of other: no task scored with the same metric by the baseline base." in notes
+    assert "Empty PEoP of base: it is the lower bound." in notes
+    assert "Empty PEoP of other: same attention parameter count as the lower bound base" in notes

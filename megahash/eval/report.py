@@ -172,7 +172,38 @@ def markdown(runs: list[dict], baseline: dict, lower: dict, peop_params: str) ->
         notes.append("Attention costs: implemented (measured GEMM FLOPs and decode cache of megahash's code, "
                      "megahash.models.measured_costs) / thesis Tables 4.6/4.8 (megahash.models.costs), batch 1, "
                      "context = each run's data.seq_length, summed over layers.")
+    notes += empty_reasons(runs, baseline, lower, tasks, peop_params)
     return "\n".join(lines + [""] + notes)
+
+
+def empty_reasons(runs: list[dict], baseline: dict, lower: dict, tasks: list[str], peop_params: str) -> list[str]:
+    """One note per empty ("–") cell kind and run: why it is empty and what fills it."""
+    notes = []
+    for r in runs:
+        name = r["run"]
+        if not r["scores"]:
+            notes.append(f"Empty scores, PRR and PEoP of {name}: no `megahash eval` results in {r['run_dir']}/eval/ "
+                         f"(run `megahash eval --checkpoint {r['run_dir']} --tasks-dir DIR --tasks SUITE`).")
+            continue
+        missing = [t for t in tasks if t not in r["scores"]]
+        if missing:
+            notes.append(f"Empty {', '.join(missing)} of {name}: not evaluated in {r['run_dir']}/eval/ "
+                         f"(`megahash eval --checkpoint {r['run_dir']} --tasks {','.join(missing)}`).")
+        if r["prr_mean"] is None:
+            notes.append(f"Empty PRR of {name}: no task scored with the same metric by the baseline {baseline['run']}.")
+        if r["peop_mean"] is None:
+            why = (f"it is the lower bound" if r is lower else
+                   f"same {peop_params} parameter count as the lower bound {lower['run']} (eq. 2.7 divides by the difference; "
+                   f"pick another --lower-bound or --peop-params)"
+                   if r["params"][peop_params] == lower["params"][peop_params]
+                   else f"no task scored with the same metric by the lower bound {lower['run']}")
+            notes.append(f"Empty PEoP of {name}: {why}.")
+        if not r.get("costs"):
+            notes.append(f"Empty attention costs of {name}: a layer kind of {r['schedule']} has no Table 4.6/4.8 formula.")
+        for key, label in (("pcr_all", "PCR_All"), ("pcr_emb", "PCR_Emb"), ("poep", "PoEP")):
+            if r.get(key) is None:
+                notes.append(f"Empty {label} of {name}: undefined for its parameter counts (a zero denominator).")
+    return notes
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -225,6 +225,9 @@ def evaluate_checkpoint(ckpt_dir, tasks=None, tasks_dir: Optional[str] = None, o
     ckpt = resolve_checkpoint(ckpt_dir)
     task_manager(tasks, tasks_dir)  # unknown names fail before the model is loaded
     t0 = time.time()
+    if not quiet:
+        print(f"megahash eval: {ckpt} on {', '.join(tasks) if tasks else 'default tasks'}"
+              f"{' from ' + str(tasks_dir) if tasks_dir else ''} (lm-eval; loading the model)", file=sys.stderr, flush=True)
     lm = MegahashEvalLM(checkpoint=str(ckpt), batch_size=batch_size, max_length=max_length, tokenizer=tokenizer,
                         overrides=overrides, incremental=incremental)
     raw = evaluate(lm, tasks, tasks_dir, limit)

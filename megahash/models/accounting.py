@@ -5,14 +5,14 @@ The model is built on the ``meta`` device at TP=1, so even the 1.7B config costs
 """
 from __future__ import annotations
 
-import torch
-
 
 def _n(module) -> int:
     return sum(p.numel() for p in module.parameters()) if module is not None else 0
 
 
 def count_parameters(cfg, vocab_size: int) -> dict:
+    import torch  # here, not at the top: format_report and megahash/models/light.py stay torch-free
+
     from megahash import platform
     from megahash.models.model import build_model
 

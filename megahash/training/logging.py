@@ -33,8 +33,13 @@ class RunLogger:
             os.environ.setdefault("WANDB_SILENT", "true")
             import wandb
 
+            # a requeued/resumed run continues the same wandb run: its id lives in the run directory
             self.wandb = wandb.init(project=lg.wandb_project, name=lg.run_name or self.dir.name,
-                                    mode=lg.wandb_mode, dir=str(self.dir), config=cfg.to_dict(), resume="allow")
+                                    mode=lg.wandb_mode, dir=str(self.dir), config=cfg.to_dict(), resume="allow",
+                                    id=wandb_run_id(self.dir))
+            x = X_AXIS_KEYS.get(getattr(lg, "x_axis", "step"))
+            if x:
+                self.wandb.define_metric("*", step_metric=f"train/{x}")
 
     def log(self, step: int, metrics: dict, prefix: str = "train", echo: bool = True) -> None:
         if not self.active:
@@ -43,9 +48,10 @@ class RunLogger:
         self.jsonl.write(json.dumps(rec) + "\n")
         self.jsonl.flush()
         if self.tb:
+            x = int(metrics.get(X_AXIS_KEYS.get(getattr(self.cfg.logging, "x_axis", "step")) or "", step))
             for k, v in metrics.items():
                 if isinstance(v, (int, float)):
-                    self.tb.add_scalar(f"{prefix}/{k}", v, step)
+                    self.tb.add_scalar(f"{prefix}/{k}", v, x)
         if self.wandb:
             self.wandb.log({f"{prefix}/{k}": v for k, v in metrics.items()}, step=step)
         if not echo:
@@ -61,6 +67,24 @@ class RunLogger:
             self.tb.close()
         if self.wandb:
             self.wandb.finish()
+
+
+# logging.x_axis -> the metric TensorBoard/wandb plot against (step when absent)
+X_AXIS_KEYS = {"step": None, "tokens": "consumed_tokens", "samples": "consumed_samples"}
+
+
+def wandb_run_id(run_dir: str | Path) -> str:
+    """The run's wandb id, created once and stored in ``RUN_DIR/wandb_run_id`` (atomic write)."""
+    path = Path(run_dir) / "wandb_run_id"
+    if path.is_file() and path.read_text().strip():
+        return path.read_text().strip()
+    import secrets
+
+    run_id = secrets.token_hex(4)
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    tmp.write_text(run_id + "\n")
+    os.replace(tmp, path)
+    return run_id
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:

@@ -45,23 +45,30 @@ def batch_loss(engine, batch: dict, objective) -> torch.Tensor:
     return (per_token.float() * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def evaluate(engine, loader_fn, iters: int, objective) -> float:
-    """Mean validation loss over ``iters`` micro-batches, averaged over data-parallel ranks."""
+def evaluate(engine, batches, objective) -> tuple[float, int, int]:
+    """Token-weighted mean validation loss over the fixed validation set (megahash/data/validation.py):
+    ``batches`` yields this rank's (chunk index, batch); sums are all-reduced over data-parallel
+    ranks. Returns (loss, loss tokens, sequences)."""
     from megatron.core import parallel_state
 
     engine.eval()
-    total, n = 0.0, 0
+    loss_sum, tokens, seqs = 0.0, 0.0, 0.0
+    dev = engine.device
     with torch.no_grad():
-        for i, batch in enumerate(loader_fn()):
-            if i >= iters:
-                break
-            total += batch_loss(engine, batch, objective).item()
-            n += 1
+        for chunk, batch in batches:
+            objective.set_step(-1 - chunk, 0)  # corruption seeded by the chunk, never by rank or step
+            batch = objective.prepare({k: v.to(dev) for k, v in batch.items()})
+            per_token = engine(batch["tokens"], hash_codes=batch.get("hash_codes"), labels=batch["labels"],
+                               padding_mask=batch.get("padding_mask"), label_codes=batch.get("label_codes"))
+            mask = batch["loss_mask"].float()
+            loss_sum += (per_token.float() * mask).sum().item()
+            tokens += mask.sum().item()
+            seqs += batch["tokens"].shape[0]
     engine.train()
-    t = torch.tensor([total, float(n)], dtype=torch.float64, device=engine.device)
+    t = torch.tensor([loss_sum, tokens, seqs], dtype=torch.float64, device=dev)
     if torch.distributed.is_initialized():
         torch.distributed.all_reduce(t, group=parallel_state.get_data_parallel_group())
-    return (t[0] / t[1].clamp(min=1)).item()
+    return (t[0] / t[1].clamp(min=1)).item(), int(t[1].item()), int(t[2].item())
 
 
 def train(cfg: Config) -> int:
@@ -69,7 +76,12 @@ def train(cfg: Config) -> int:
     import deepspeed
     from megatron.core import parallel_state
 
+    from megahash.known_warnings import quiet_deepspeed_logger
+
+    quiet_deepspeed_logger()
+
     from megahash.data.dataset import build_datasets, make_loader
+    from megahash.data.validation import validation_batches
     from megahash.models.model import build_model
     from megahash.objectives import build_objective
 
@@ -93,9 +105,9 @@ def train(cfg: Config) -> int:
             checkpoint.check_compatible(resume_from, cfg)
 
         gbs = t.global_batch_size
-        valid_samples = (t.steps // max(1, t.eval_interval) + 2) * t.eval_iters * t.micro_batch_size * dp_size
         cache = cfg.data.cache_dir or str(save_dir / "data_cache")
-        data = build_datasets(cfg, train_samples=t.steps * gbs, valid_samples=valid_samples, cache_dir=cache)
+        # the validation set depends on the data config alone (megahash/data/validation.py)
+        data = build_datasets(cfg, train_samples=t.steps * gbs, valid_samples=cfg.data.valid_samples, cache_dir=cache)
 
         platform.seed_all(t.seed)
         model = build_model(cfg, data.vocab_size)
@@ -132,8 +144,8 @@ def train(cfg: Config) -> int:
         loader = make_loader(data.train, step * gbs, t.micro_batch_size, dp_rank, dp_size, cfg.data.num_workers)
         batches = iter(loader)
 
-        def valid_loader():
-            return iter(make_loader(data.valid, 0, t.micro_batch_size, dp_rank, dp_size)) if data.valid else iter(())
+        def valid_batches():
+            return validation_batches(data.valid, cfg.data, dp_rank, dp_size)
 
         stop = StopFlag()
         if t.exit_signal_handler:
@@ -141,6 +153,10 @@ def train(cfg: Config) -> int:
         gas = engine.gradient_accumulation_steps()
         from megahash.models.costs import train_flops_per_token
 
+        from megahash.training.progress import Progress, format_line
+        from megahash.training.stats import param_norm
+
+        progress = Progress(t.steps, step, rank)
         flops_tok = train_flops_per_token(cfg, data.vocab_size)
         peak = platform.peak_flops(dtype) * world
         tokens_per_step = gbs * cfg.data.seq_length
@@ -148,6 +164,7 @@ def train(cfg: Config) -> int:
         while step < t.steps:
             t0 = time.perf_counter()
             objective.set_step(step, dp_rank)
+            lr_used = scheduler_lr(engine)  # engine.step() advances the scheduler: read the LR this step uses
             loss_sum, wait = 0.0, 0.0
             for _ in range(gas):
                 tw = time.perf_counter()
@@ -161,19 +178,27 @@ def train(cfg: Config) -> int:
             dt = time.perf_counter() - t0
             loss_avg = _dp_mean(loss_sum / gas)
             tok_s = tokens_per_step / dt
-            metrics = {"loss": loss_avg, "lr": scheduler_lr(engine), "grad_norm": _grad_norm(engine),
-                       "tokens_per_s": tok_s, "step_time_s": dt, "data_wait_s": wait}
+            metrics = {"loss": loss_avg, "lr": lr_used, "grad_norm": _grad_norm(engine),
+                       "tokens_per_s": tok_s, "step_time_s": dt, "data_wait_s": wait,
+                       "consumed_samples": step * gbs, "consumed_tokens": step * tokens_per_step}
             if peak > 0:
                 metrics["mfu"] = flops_tok * tok_s / peak
+            echo = step % t.log_interval == 0 or step == 1 or step == t.steps
+            if echo:  # host-syncing statistics at log intervals only, off the step's hot path
+                metrics["param_norm"] = param_norm(engine.module, t.zero_stage)
+                metrics["peak_memory_mib"] = platform.peak_memory_bytes() / 2**20
             if not math.isfinite(loss_avg):
                 raise FloatingPointError(f"loss is {loss_avg} at step {step}; lower train.lr or check the data")
-            log.log(step, metrics, "train", echo=(step % t.log_interval == 0 or step == 1))
+            log.log(step, metrics, "train", echo=False)
+            progress.update(step, metrics, echo)
             if t.eval_interval and (step % t.eval_interval == 0 or step == t.steps) and data.valid is not None:
-                vloss = evaluate(engine, valid_loader, t.eval_iters, objective)
-                vmetrics = {"loss": vloss}
+                vloss, vtokens, vseqs = evaluate(engine, valid_batches(), objective)
+                vmetrics = {"loss": vloss, "tokens": vtokens, "sequences": vseqs}
+                vmetrics.update(consumed_samples=step * gbs, consumed_tokens=step * tokens_per_step)
                 if cfg.model.head == "vocab" and t.objective in ("clm", "mlm"):  # nats per token
                     vmetrics["ppl"] = math.exp(min(vloss, 50.0))
-                log.log(step, vmetrics, "valid")
+                log.log(step, vmetrics, "valid", echo=False)
+                progress.write(format_line("valid", step, t.steps, vmetrics))
             stopping = any_rank(stop.set) or (t.stop_after and step == t.stop_after)
             if step == t.steps or stopping or (t.save_interval and step % t.save_interval == 0):
                 with stop.deferred():  # helpers the save spawns must survive a signal to the whole step
@@ -185,6 +210,7 @@ def train(cfg: Config) -> int:
                           flush=True)
                 exit_status = EXIT_REQUEUE if stop.set else 0
                 break
+        progress.close()
         log.close()
         if rank == 0 and cfg.logging.plot and step == t.steps:
             print(f"megahash: loss curve {plot_loss(save_dir)}", flush=True)

@@ -1,0 +1,41 @@
+"""The validation set: fixed by the data config alone, so validation losses of runs are comparable.
+
+The set is the first ``data.valid_samples`` sequences of the validation split, in the order of
+megatron-core's ``GPTDataset`` for that split (built with ``num_samples = data.valid_samples``, so
+its document/sample/shuffle indices depend on the data config only: prefixes, split, seed,
+sequence length). It does not depend on the number of data-parallel ranks, ``train.steps``,
+the batch sizes or the tensor-parallel size:
+
+- the sequences are cut into fixed chunks of ``data.valid_micro_batch`` consecutive samples; chunk
+  ``c`` is evaluated by data-parallel rank ``c % dp_size`` (a partition of the same set);
+- the loss is the token-weighted mean over the whole set (sum of per-token losses / number of
+  loss tokens, all-reduced), not a mean of per-batch means, so the partition does not change it;
+- corrupting objectives (mlm, sr) seed each chunk from its index, never from the rank or step.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def chunks_for_rank(n_samples: int, chunk: int, dp_rank: int, dp_size: int) -> list[tuple[int, list[int]]]:
+    """(chunk index, sample ids) of the validation chunks that ``dp_rank`` evaluates."""
+    chunk = max(1, int(chunk))
+    out = []
+    for c, lo in enumerate(range(0, n_samples, chunk)):
+        if c % dp_size == dp_rank:
+            out.append((c, list(range(lo, min(lo + chunk, n_samples)))))
+    return out
+
+
+def validation_size(dataset, data_cfg) -> int:
+    """Sequences the validation set covers: ``data.valid_samples`` (at most the split's length)."""
+    if dataset is None:
+        return 0
+    return min(int(data_cfg.valid_samples), len(dataset))
+
+
+def validation_batches(dataset, data_cfg, dp_rank: int, dp_size: int):
+    """Yield (chunk index, collated batch) of this rank's share of the validation set."""
+    n = validation_size(dataset, data_cfg)
+    for c, ids in chunks_for_rank(n, data_cfg.valid_micro_batch, dp_rank, dp_size):
+        yield c, torch.utils.data.default_collate([dataset[i] for i in ids])

@@ -1,0 +1,73 @@
+"""The one place that silences library warnings known to be harmless for megahash.
+
+:func:`install` runs first in every entry point (``megahash``, ``megahash/pretrain.py``), before the
+libraries are imported. Listed here, each with why it is harmless:
+
+- megatron-core "Transformer Engine and Apex are not installed. Falling back to ..." (4 per import):
+  megahash uses megatron-core's local (torch) implementations on purpose (CPU, no TE wheel).
+- megatron-core "full scope is deprecated" (TransformerConfig's cuda_graph_scope default): no
+  CUDA graphs are used.
+- torch "TypedStorage is deprecated": raised inside DeepSpeed/megatron checkpoint code.
+- torch.distributed "barrier(): using the device under current context" / "No device id is
+  provided": the gloo/CPU backend has no device to bind.
+- DeepSpeed's INFO log lines (config dumps, "Using client Optimizer", ZeRO setup): set to
+  WARNING; megahash prints its own one-line summary of the run.
+- "pkg_resources is deprecated" (setuptools, imported by older dependencies).
+- torch "`torch.distributed.all_gather_into_tensor` is deprecated" (FutureWarning, per ZeRO step
+  in DeepSpeed): the name's deprecation, the collective is what DeepSpeed needs.
+
+Every other user/future/runtime warning is shown once per message (``"once"``), not once per call
+site and step; DeprecationWarnings stay hidden as Python hides them by default.
+``MEGAHASH_SHOW_WARNINGS=1`` turns all of this off.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+
+KNOWN_HARMLESS = [
+    # (message regex, category)
+    (r"Transformer Engine and Apex are not installed", UserWarning),
+    (r"full scope is deprecated", UserWarning),
+    (r".*TypedStorage is deprecated", UserWarning),
+    (r".*barrier\(\): using the device under current context", UserWarning),
+    (r".*No device id is provided", UserWarning),
+    (r"pkg_resources is deprecated", UserWarning),
+    (r".*torch\.cuda\.amp\..* is deprecated", FutureWarning),
+    # DeepSpeed ZeRO calls torch's all_gather_into_tensor (deprecation of the name only)
+    (r".*torch\.distributed\.all_gather_into_tensor. is deprecated", FutureWarning),
+    # DeprecationWarnings are hidden by Python's default filters; these two are listed so they
+    # stay hidden under `python -W default` too: torch.jit in an import, megatron-core's specs
+    (r".*torch\.jit\.script_method. is deprecated", DeprecationWarning),
+    (r"MLP requires ffn_hidden_size", DeprecationWarning),
+    (r"The following imports from .dynamic_context\.py.", DeprecationWarning),
+]
+QUIET_LOGGERS = ("DeepSpeed", "deepspeed")
+
+_installed = False
+
+
+def install() -> None:
+    """Filters above + "once" for the rest (idempotent)."""
+    global _installed
+    if _installed or os.environ.get("MEGAHASH_SHOW_WARNINGS") == "1":
+        return
+    _installed = True
+    for category in (UserWarning, FutureWarning, RuntimeWarning):  # Python's defaults keep hiding the rest
+        warnings.filterwarnings("once", category=category)
+    for message, category in KNOWN_HARMLESS:
+        warnings.filterwarnings("ignore", message=message, category=category)
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def quiet_deepspeed_logger() -> None:
+    """DeepSpeed sets its logger's level when imported: lower it again afterwards."""
+    if os.environ.get("MEGAHASH_SHOW_WARNINGS") == "1":
+        return
+    try:
+        from deepspeed.utils import logger
+    except ImportError:
+        return
+    logger.setLevel(logging.WARNING)

@@ -1,0 +1,38 @@
+"""What a researcher sees: a bad config on 2 ranks prints ONE error line (not one per rank), and a
+requeued run continues the same wandb run (offline mode, real wandb)."""
+import json
+import sys
+
+from conftest import pretrain, run
+
+
+def test_error_printed_once_for_all_ranks(tmp_path):
+    r = pretrain(["train.decay=cosin", f"train.save_dir={tmp_path}"], ranks=2, config="configs/quickstart.yaml")
+    assert r.returncode != 0
+    lines = [l for l in (r.stdout + r.stderr).splitlines() if "error: " in l and "train.decay" in l]
+    assert len(lines) == 1 and lines[0].startswith("error: train.decay must be"), r.stdout[-2000:] + r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+
+
+WANDB = r"""
+import json, sys
+from megahash.config import load_config
+from megahash.training.logging import RunLogger
+cfg = load_config(None, ["logging.wandb=true", "logging.wandb_mode=offline", "logging.tensorboard=false",
+                         f"train.save_dir={sys.argv[1]}"])
+ids = []
+for attempt in range(2):  # the first job, then its requeue
+    log = RunLogger(cfg, 0)
+    log.log(attempt + 1, {"loss": 1.0 / (attempt + 1), "consumed_tokens": 64 * (attempt + 1)})
+    ids.append(log.wandb.id)
+    log.close()
+print(json.dumps(ids))
+"""
+
+
+def test_wandb_resumes_the_same_run_id(tmp_path):
+    r = run([sys.executable, "-c", WANDB, str(tmp_path)], WANDB_MODE="offline")
+    assert r.returncode == 0, r.stderr[-3000:]
+    ids = json.loads(r.stdout.strip().splitlines()[-1])
+    assert ids[0] == ids[1] == (tmp_path / "wandb_run_id").read_text().strip()
+    assert len(list((tmp_path / "wandb").glob(f"offline-run-*-{ids[0]}"))) == 2  # two attempts, one run id

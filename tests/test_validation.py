@@ -1,0 +1,78 @@
+"""Comparable numbers: the validation set is fixed by the data config alone (same sequences,
+same loss for the same weights whatever the DP size, train.steps or micro-batch size), and the
+logged LR is the LR the step used (closed form of the schedule)."""
+import json
+import sys
+
+from conftest import pretrain, run, train_losses
+
+from megahash.data.validation import chunks_for_rank
+
+COMMON = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=128",
+          "data.seq_length=64", "train.global_batch_size=8", "train.lr=2e-3", "train.min_lr=2e-4",
+          "train.warmup_steps=4", "train.decay_steps=40", "train.eval_interval=10", "train.log_interval=10",
+          "logging.plot=false", "logging.tensorboard=false", "data.valid_samples=40", "data.valid_micro_batch=8"]
+
+
+def _records(run_dir, split):
+    out = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec["split"] == split:
+            out[rec["step"]] = rec
+    return out
+
+
+def test_chunks_partition_the_same_set():
+    for dp in (1, 2, 3, 4):
+        ids = sorted(i for r in range(dp) for _, c in chunks_for_rank(37, 8, r, dp) for i in c)
+        assert ids == list(range(37))
+
+
+def test_validation_fixed_across_dp_steps_and_batch(shakespeare_shards, tmp_path):
+    """1 rank x 20 steps (micro-batch 4) and 2 ranks x 40 steps (micro-batch 2, 2 accumulation
+    steps): same validation loss at steps 10 and 20, on the same number of tokens, same weights."""
+    data = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}"]
+    a, b = tmp_path / "dp1_20", tmp_path / "dp2_40"
+    ra = pretrain(data + COMMON + ["train.steps=20", "train.micro_batch_size=4", f"train.save_dir={a}"])
+    assert ra.returncode == 0, ra.stderr[-3000:]
+    rb = pretrain(data + COMMON + ["train.steps=40", "train.micro_batch_size=2", "train.save_interval=20",
+                                   f"train.save_dir={b}"], ranks=2)
+    assert rb.returncode == 0, rb.stderr[-3000:]
+    va, vb = _records(a, "valid"), _records(b, "valid")
+    assert sorted(va) == [10, 20] and sorted(vb) == [10, 20, 30, 40]
+    for step in (10, 20):
+        assert abs(va[step]["loss"] - vb[step]["loss"]) < 2e-5, (step, va[step], vb[step])
+        assert va[step]["sequences"] == vb[step]["sequences"] == 40
+        assert va[step]["tokens"] == vb[step]["tokens"] == 40 * 64  # every position of 40 full sequences
+    ta, tb = train_losses(a), train_losses(b)
+    assert all(abs(ta[s] - tb[s]) < 1e-4 for s in range(1, 21))
+    # the logged LR is the one the step used: step s (1-based) ran with the schedule's LR of s - 1
+    lrs = {s: rec["lr"] for s, rec in _records(b, "train").items()}
+    assert abs(lrs[1] - 2e-3 / 4) < 1e-12 and abs(lrs[4] - 2e-3) < 1e-12
+    assert abs(lrs[23] - (2e-4 + 1.8e-3 * 0.5)) < 1e-12  # cosine half way: 0-based step 22 = (4 + 40) / 2
+    assert lrs[40] > 2e-4 and _records(a, "train")[20]["lr"] == lrs[20]  # decay length 40, not train.steps
+    # progress and logging (same runs): step/total + ETA lines from rank 0 only (no TTY here),
+    # consumed tokens/samples every step, parameter norm and peak memory at log intervals
+    assert sum(l.startswith("[train] step 10/40 ") for l in rb.stdout.splitlines()) == 1, rb.stdout[-2000:]
+    assert " eta " in next(l for l in rb.stdout.splitlines() if l.startswith("[train] step 10/40 "))
+    assert "[valid] step 10/20 loss" in ra.stdout and "Transformer Engine and Apex" not in rb.stdout + rb.stderr
+    tra, trb = _records(a, "train"), _records(b, "train")
+    assert trb[7]["consumed_samples"] == 7 * 8 and trb[7]["consumed_tokens"] == 7 * 8 * 64
+    assert "param_norm" not in trb[7] and trb[10]["peak_memory_mib"] > 50
+    for step in (10, 20):  # the same parameters give the same norm at DP 1 and 2
+        assert abs(tra[step]["param_norm"] - trb[step]["param_norm"]) < 1e-4 * trb[step]["param_norm"]
+    assert vb[20]["consumed_tokens"] == 20 * 8 * 64
+    script = (
+        "import sys, torch\n"
+        "from megahash import platform\n"
+        "from megahash.training.weights import load_for_inference\n"
+        "sds = []\n"
+        "for d in sys.argv[1:]:\n"
+        "    _, m, _ = load_for_inference(d)\n"
+        "    sds.append({k: v.clone() for k, v in m.state_dict().items() if torch.is_tensor(v) and torch.is_floating_point(v)})\n"
+        "    platform.teardown()\n"
+        "print(max((sds[0][k] - sds[1][k]).abs().max().item() for k in sds[0]))\n")
+    r = run([sys.executable, "-c", script, str(a / "step_00000020"), str(b / "step_00000020")])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert float(r.stdout.split()[-1]) < 5e-5  # fp32 sums in another order (2 ranks, 2 accumulation steps), through Adam
