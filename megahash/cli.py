@@ -61,6 +61,8 @@ def params_main(argv=None) -> int:
     p.add_argument("--config", action="append", default=None, help="YAML config; repeat to merge left to right")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--vocab-size", type=int, default=0, help="vocabulary (default: model.vocab_size or 50304)")
+    p.add_argument("--measure", action="store_true",
+                   help="also measure the implementation's attention costs on a meta-device model (imports torch, megatron-core)")
     p.add_argument("overrides", nargs="*")
     args = p.parse_args(argv)
 
@@ -70,8 +72,9 @@ def params_main(argv=None) -> int:
 
         cfg = load_config(args.config, args.overrides)
         vocab = args.vocab_size or cfg.model.vocab_size or 50304
-        report = closed_form_report(cfg, vocab)  # pure Python for the standard decoder (< 1 s)
-        if report is None:  # other variants: count a meta-device model (imports megatron-core)
+        # pure Python for the standard decoder (< 1 s); other variants and --measure: a meta-device model
+        report = None if args.measure else closed_form_report(cfg, vocab)
+        if report is None:  # (imports torch and megatron-core)
             from megahash.models.accounting import count_parameters
 
             report = count_parameters(cfg, vocab)

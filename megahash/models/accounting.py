@@ -74,14 +74,18 @@ def format_report(r: dict) -> str:
                      f"{L['mlp']:>12,} {L['norm']:>8,}")
     c = r.get("costs")
     if c:
+        basis = "implemented attention GEMMs" if c.get("measured", True) else "thesis-table attention rows"
         lines += ["", f"at sequence {c['seq_length']} (batch {c['batch']}): training {c['train_flops_per_token']:.4g} "
-                  f"FLOPs/token (implemented attention GEMMs), summed over the layers:"]
+                  f"FLOPs/token ({basis}), summed over the layers:"]
         lines += cost_rows(c)
+        if not c.get("measured", True):
+            lines.append("  (implemented costs are measured on a meta-device model: add --measure; "
+                         "pretrain's MFU and `megahash report` always measure)")
     return "\n".join(lines)
 
 
 def _fmt(v, scale: float = 1.0, unit: str = "") -> str:
-    return f"{v / scale:.4g}{unit}" if isinstance(v, (int, float)) else str(v)
+    return f"{v / scale:.4g}{unit}" if isinstance(v, (int, float)) else "not measured" if v is None else str(v)
 
 
 def cost_rows(c: dict) -> list[str]:

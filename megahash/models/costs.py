@@ -262,6 +262,7 @@ def cache_elements(kind: str, B: int, L: int, n: int, d_h: int, groups: int | No
 
 
 NA = "n/a"
+NOT_MEASURED = "not measured"  # config_costs(measure=False); `megahash params --measure` measures
 IMPL_KEYS = ("prefill_flops", "decode_flops", "prefill_flops_per_token", "decode_flops_per_token",
              "cache_bytes", "activation_bytes")
 _IMPL_MEMO: dict = {}
@@ -322,8 +323,9 @@ def layer_costs(cfg, kind: str, batch: int, seq: int, measure: bool = True) -> d
         "decode_flops_per_token": _na(flops_per_token, kind, "decode", batch, seq, d, n, groups=g),
         "activation_bytes": _na(activation_memory, kind, batch, seq, d, n, t),
         "cache_bytes": _na(cache_bytes, kind, batch, seq, d, n, groups=g),
-        "cache_elements_impl": _na(cache_elements, kind, batch, seq, n, d_h, groups=g),
     }
+    if measure:  # the kind's own registered formula (imports the kind files: torch, megatron-core)
+        out["cache_elements_impl"] = _na(cache_elements, kind, batch, seq, n, d_h, groups=g)
     if out["thesis_name"] == NA:  # no row of the thesis's tables: the generalised values are not the thesis's
         for k in ("time_complexity", "prefill_flops", "decode_flops", "prefill_flops_per_token",
                   "decode_flops_per_token", "activation_bytes", "cache_bytes"):
@@ -373,21 +375,23 @@ def train_flops_per_token(cfg, vocab_size: int, seq: int | None = None, measure:
     return 3.0 * per_token
 
 
-def config_costs(cfg, batch: int = 1) -> dict:
+def config_costs(cfg, batch: int = 1, measure: bool = True) -> dict:
     """Per-layer costs of a config (``megahash params`` shows them): Table 4.5-4.8 values at the
-    config's sequence length, and the model's training FLOPs per token."""
+    config's sequence length, and the model's training FLOPs per token. ``measure=False`` leaves out
+    the implementation's measured values (which import torch and megatron-core) and marks them so."""
     from megahash.models.schedules import layer_kinds
 
     seq = cfg.data.seq_length
     kinds = layer_kinds(cfg.model.schedule, cfg.model.num_layers)
-    layers = [layer_costs(cfg, k, batch, seq) for k in kinds]
+    layers = [layer_costs(cfg, k, batch, seq, measure=measure) for k in kinds]
     vocab = cfg.model.vocab_size or 50304
 
     def total(key):
-        vals = [x[key] for x in layers]
-        return sum(vals) if all(isinstance(v, (int, float)) for v in vals) else NA
+        vals = [x.get(key, NOT_MEASURED) for x in layers]
+        return sum(vals) if all(isinstance(v, (int, float)) for v in vals) else vals[0] if vals else NA
 
-    out = {"seq_length": seq, "batch": batch, "train_flops_per_token": train_flops_per_token(cfg, vocab, seq)}
+    out = {"seq_length": seq, "batch": batch, "measured": measure,
+           "train_flops_per_token": train_flops_per_token(cfg, vocab, seq, measure=measure)}
     for key in ("prefill_flops_per_token", "decode_flops_per_token", "cache_bytes", "activation_bytes"):
         out[key] = total(key)  # the thesis's tables
         out[f"impl_{key}"] = total(f"impl_{key}")  # this implementation
