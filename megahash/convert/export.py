@@ -42,7 +42,18 @@ WEIGHTS_FILE = "model.safetensors"
 EXTRA_FILE = "megahash_extra.safetensors"
 HASHING_FILE = "megahash_hashing.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-SPECIAL_IDS = {"bos_token_id": 0, "pad_token_id": 1, "eos_token_id": 2}
+SPECIAL_IDS = {"bos_token_id": 0, "pad_token_id": 1, "eos_token_id": 2}  # the word tokenizer's (default)
+
+
+def special_token_ids(cfg) -> dict:
+    """bos/pad/eos token ids of the run's tokenizer (``data.special_ids``; the word ids 0-4 if the
+    run recorded none). A missing pad is the eos id (padding is never scored)."""
+    from megahash.tokenization import special_ids_of
+
+    ids = special_ids_of(getattr(cfg.data, "special_ids", None))
+    eos = ids.get("eos")
+    return {"bos_token_id": ids.get("bos") if ids.get("bos") is not None else eos,
+            "pad_token_id": ids.get("pad") if ids.get("pad") is not None else eos, "eos_token_id": eos}
 # megahash parameter prefixes that live in the base model (``model.``) of the HF classes
 BASE_PREFIXES = ("embedding.", "decoder.", "fixed_qk.")
 
@@ -144,7 +155,7 @@ def hf_config_dict(cfg, model, vocab_size: int, step: int) -> dict:
         tie_embeddings=bool(model.tie), qkv_bias=bool(m.qkv_bias), layer_specs=layer_specs(model),
         embed=embed_meta(model), fixed_qk=fixed, hash_spec=spec.name if spec is not None else None,
         code_width=spec.width if spec is not None else 0, num_buckets=num_buckets, megahash_step=int(step),
-        **SPECIAL_IDS,
+        **special_token_ids(cfg),
     )
 
 
@@ -153,7 +164,7 @@ def hf_config_dict(cfg, model, vocab_size: int, step: int) -> dict:
 def write_hashing_files(out: Path, codec, cfg) -> list[str]:
     """``megahash_hashing.json`` (+ pieces / word table / LSH planes) for raw text -> ids, codes."""
     files = [HASHING_FILE]
-    meta = {"kind": "words" if codec.kind == "words" else "sentencepiece",
+    meta = {"kind": "words" if codec.kind == "words" else codec.kind,
             "hash_spec": codec.spec.name if codec.spec is not None else None,
             "md5_key": codec.description.get("md5_key", "en"), "hash_unit": codec.description.get("hash_unit", "word")}
     if codec.kind == "words":
@@ -161,14 +172,14 @@ def write_hashing_files(out: Path, codec, cfg) -> list[str]:
         meta["words_file"] = "megahash_words.json"
         files.append("megahash_words.json")
     else:
-        sp = codec.sp
-        from megahash.hashing.words import SPECIAL_TOKENS
-
-        pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
-        special = [bool(sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i) or sp.is_byte(i)
-                        or pieces[i] in SPECIAL_TOKENS) for i in range(len(pieces))]
+        pieces = list(codec.coder.pieces) if codec.coder is not None else list(codec.sp.hash_pieces)
+        special = (codec.coder.special if codec.coder is not None else codec.special_flags).tolist()
         (out / "megahash_pieces.json").write_text(json.dumps({"pieces": pieces, "special": special}, ensure_ascii=False))
-        meta.update(pieces_file="megahash_pieces.json", sp_model="tokenizer.model")
+        meta.update(pieces_file="megahash_pieces.json")
+        if codec.kind == "sentencepiece":
+            meta["sp_model"] = "tokenizer.model"
+        else:
+            meta["tokenizer_json"] = "tokenizer.json"
         files.append("megahash_pieces.json")
     if codec.spec is not None and codec.spec.kind in ("lsh", "lsh-bucket"):
         shutil.copyfile(codec.description["lsh"], out / "megahash_lsh.npz")
@@ -178,9 +189,10 @@ def write_hashing_files(out: Path, codec, cfg) -> list[str]:
     return files
 
 
-def generation_config(out: Path, max_length: int) -> None:
+def generation_config(out: Path, max_length: int, cfg=None) -> None:
+    ids = special_token_ids(cfg) if cfg is not None else SPECIAL_IDS
     (out / "generation_config.json").write_text(json.dumps(
-        {**SPECIAL_IDS, "do_sample": False}, indent=1))
+        {**ids, "do_sample": False}, indent=1))
 
 
 def save_tensors(path: Path, tensors: dict, meta: dict | None = None) -> None:
@@ -249,7 +261,7 @@ def export_model(cfg, model, output, codec=None, step: int = 0, dtype: str = "fl
         config = MegahashConfig(**fields, auto_map=auto_map, architectures=[head_cls], dtype=dtype)
         config.save_pretrained(str(out))
         files += [WEIGHTS_FILE, "config.json", *REMOTE_FILES]
-    generation_config(out, cfg.model.max_position_embeddings)
+    generation_config(out, cfg.model.max_position_embeddings, cfg)
     files.append("generation_config.json")
     tok_info = {"mismatches": None}
     if codec is not None:

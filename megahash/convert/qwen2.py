@@ -143,7 +143,7 @@ def write(out: Path, cfg, model, state: dict, fields: dict, dtype: torch.dtype) 
     """Write ``model.safetensors`` (+ extra) and a Qwen2 ``config.json`` into ``out``."""
     from transformers import Qwen2Config
 
-    from megahash.convert.export import EXTRA_FILE, SPECIAL_IDS, WEIGHTS_FILE, cast, save_tensors
+    from megahash.convert.export import EXTRA_FILE, WEIGHTS_FILE, cast, save_tensors, special_token_ids
 
     m = cfg.model
     groups = int(model.decoder.layers[0].self_attention.groups)
@@ -157,7 +157,7 @@ def write(out: Path, cfg, model, state: dict, fields: dict, dtype: torch.dtype) 
         hidden_act="silu", max_position_embeddings=m.max_position_embeddings, initializer_range=m.init_std,
         rms_norm_eps=m.norm_eps, use_cache=True, tie_word_embeddings=bool(model.tie),
         rope_parameters={"rope_type": "default", "rope_theta": float(m.rotary_base)},
-        use_sliding_window=False, attention_dropout=0.0, **SPECIAL_IDS,
+        use_sliding_window=False, attention_dropout=0.0, **special_token_ids(cfg),
     )
     config.architectures = ["Qwen2ForCausalLM"]
     config.dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]

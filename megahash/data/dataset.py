@@ -107,7 +107,8 @@ class HashGPTDataset(GPTDataset):
         need = self.config.sequence_length + 1
         pad = need - len(text)
         if pad > 0:
-            text = np.concatenate([text, np.full(pad, self._pad_token_id, dtype=np.int64)])
+            fill = self._pad_token_id if self._pad_token_id >= 0 else self.config.tokenizer.eod
+            text = np.concatenate([text, np.full(pad, fill, dtype=np.int64)])
         loss_mask = np.ones(self.config.sequence_length, dtype=np.float32)
         if pad > 0:
             loss_mask[len(loss_mask) - pad:] = 0.0
@@ -187,13 +188,16 @@ def build_datasets(cfg, train_samples: int, valid_samples: int, cache_dir: str |
                 )
         width = int(specs[spec]["width"]) if spec in specs else _width_from_shards(paths[0], spec)
     vocab = _vocab_size(cfg, meta)
+    special = record_special_ids(cfg, meta)
+    eod = special.get("eos") if special.get("eos") is not None else 2
+    pad = special.get("pad") if special.get("pad") is not None else -1  # megatron's "no pad token"
     ds_cfg = GPTDatasetConfig(
         random_seed=cfg.data.seed,
         sequence_length=cfg.data.seq_length,
         blend=(paths, weights),
         split=cfg.data.split,
         path_to_cache=cache_dir,
-        tokenizer=_Tokenizer(vocab),
+        tokenizer=_Tokenizer(vocab, eod=eod, pad=pad),
         reset_position_ids=False,
         reset_attention_mask=False,
         eod_mask_loss=False,
@@ -211,6 +215,17 @@ def build_datasets(cfg, train_samples: int, valid_samples: int, cache_dir: str |
     if train is None:
         raise DataError(f"data.split={cfg.data.split!r} leaves no training documents")
     return Datasets(train, valid, vocab, meta)
+
+
+def record_special_ids(cfg, meta: dict) -> dict:
+    """The tokenizer's special ids by role, from the shard meta into ``cfg.data.special_ids`` (so
+    the resolved config of the checkpoint records them); an explicit config value wins."""
+    from megahash.tokenization import special_ids_of
+
+    tok = meta.get("tokenizer") if isinstance(meta.get("tokenizer"), dict) else {}
+    if not cfg.data.special_ids and tok.get("special_ids"):
+        cfg.data.special_ids = special_ids_of(tok["special_ids"])
+    return special_ids_of(cfg.data.special_ids)
 
 
 def _width_from_shards(path: str, spec: str) -> int:

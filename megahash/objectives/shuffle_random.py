@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from megahash.objectives.common import PAD_ID, bernoulli, replace_with_drawn, special_mask
+from megahash.objectives.common import pad_of, role_id, PAD_ID, bernoulli, replace_with_drawn, special_mask
 
 SHUFFLE_PROB = 0.1
 RANDOM_PROB = 0.1
@@ -43,6 +43,7 @@ def corrupt(
     tokens: torch.Tensor,
     hash_codes: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
+    special_ids: dict | None = None,
     shuffle_prob: float = SHUFFLE_PROB,
     random_prob: float = RANDOM_PROB,
 ) -> dict:
@@ -51,7 +52,7 @@ def corrupt(
     if generator is None:
         generator = torch.Generator().manual_seed(0)
     dev = tokens.device
-    special = special_mask(tokens)
+    special = special_mask(tokens, special_ids)
     word = ~special
     shuffled = bernoulli(tokens.shape, shuffle_prob, generator, dev) & word
     single = shuffled.sum(dim=1, keepdim=True) < 2  # nothing to swap with
@@ -76,5 +77,5 @@ def corrupt(
         "hash_codes": new_codes,
         "labels": labels,
         "loss_mask": word.float(),
-        "padding_mask": tokens != PAD_ID,
+        "padding_mask": tokens != pad_of(special_ids),
     }

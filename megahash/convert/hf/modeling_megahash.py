@@ -592,11 +592,36 @@ class HashEmbeddingBase(nn.Module):
         if codes.shape[-1] != width:
             raise ValueError(f"hash_codes width {codes.shape[-1]} != {width} ({self.config.hash_spec})")
 
+    def special_rows(self, tokens):
+        """Row of ``special`` of each token, by role (bos pad eos unk mask = rows 0-4; the ids are
+        the tokenizer's, ``megahash_config.data.special_ids``; default the word ids 0-4); -1 else."""
+        return special_rows(tokens, self.config)
+
     def forward(self, tokens, codes=None):
-        word = tokens >= NUM_SPECIAL
+        rows = self.special_rows(tokens)
+        word = rows < 0
         emb = self.embed_words(tokens, codes, word)
-        special = self.special[tokens.clamp(0, NUM_SPECIAL - 1)].to(emb.dtype)
+        special = self.special[rows.clamp(0, NUM_SPECIAL - 1)].to(emb.dtype)
         return torch.where(word.unsqueeze(-1), emb, special)
+
+
+SPECIAL_ROLES = ("bos", "pad", "eos", "unk", "mask")
+
+
+def special_ids(config) -> list:
+    """The tokenizer's id of each special role (-1 if absent) from the exported megahash config."""
+    ids = ((getattr(config, "megahash_config", None) or {}).get("data") or {}).get("special_ids") or {}
+    if not ids:
+        return list(range(NUM_SPECIAL))
+    return [-1 if ids.get(r) is None else int(ids[r]) for r in SPECIAL_ROLES]
+
+
+def special_rows(tokens, config):
+    rows = torch.full_like(tokens, -1)
+    for r, i in reversed(list(enumerate(special_ids(config)))):
+        if i >= 0:
+            rows = torch.where(tokens == i, torch.full_like(tokens, r), rows)
+    return rows
 
 
 class HashBucketEmbedding(HashEmbeddingBase):

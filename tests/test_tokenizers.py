@@ -1,0 +1,218 @@
+"""Any tokenizer, one tokenizer everywhere (issue 13).
+
+Two tokenizers: the sentencepiece BPE model of the session fixture (ids 0-4 = <s> <pad> </s> <unk>
+<mask>) and a GPT-2/Pythia-style byte-level BPE ``tokenizer.json`` trained here with the
+``tokenizers`` library, whose only specials ``<|endoftext|>`` / ``<|padding|>`` have ids 700/701.
+For each: preprocess (the real data tool) -> 20 training steps -> ``megahash eval`` -> export ->
+``AutoTokenizer``/``AutoModelForCausalLM``; and a property test over generated texts (special-token
+strings, control characters, whitespace runs, mixed scripts) comparing the ids and hash codes of
+every path: the data stage's shards, ``megahash.eval.text``, the exported Hugging Face tokenizer
+and the export's remote-code text coder.
+"""
+import json
+import os
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, child_env, run
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+TINY = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=64",
+        "data.seq_length=64", "model.max_position_embeddings=128", "train.micro_batch_size=4",
+        "train.global_batch_size=4", "train.warmup_steps=2", "train.eval_interval=0", "train.lr=3e-3",
+        "train.log_interval=10", "logging.plot=false", "logging.tensorboard=false", "data.split=100,0,0"]
+SPECIAL_STRINGS = ["<s>", "</s>", "<unk>", "<pad>", "<mask>", "<|endoftext|>", "<|padding|>"]
+PIECES = ["KING.", "lord", " ", "  ", "\t", "\n", "\n\n", "    ", "\u4e2d\u6587", "\u00e9t\u00e9", "\u0416\u0438\u0437\u043d\u044c",
+          "\u2603", "x\u00a0y", "\x00", "\x07", "\x1b[0m", "1234", "play", "ing", "'s", "--", "\U0001F600", "\r\n"]
+
+
+def gen_texts(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        parts = [rng.choice(PIECES + SPECIAL_STRINGS) for _ in range(rng.randint(1, 25))]
+        out.append("".join(parts))
+    out += ["<s>", "</s>", "<mask>", "a<mask>b", "<|endoftext|>x", " " * 40 + "end", "\t\t\n\n  x  \n"]
+    return out
+
+
+def make_bpe(path, docs) -> None:
+    """Byte-level BPE (GPT-2 style) with the specials at the end of the vocabulary."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tr = trainers.BpeTrainer(vocab_size=700, special_tokens=[], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                             show_progress=False)
+    tok.train_from_iterator(docs, tr)
+    tok.add_special_tokens([AddedToken("<|endoftext|>", special=True), AddedToken("<|padding|>", special=True)])
+    tok.save(str(path))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """60 Shakespeare documents with special-token strings and odd whitespace spliced in, as jsonl."""
+    from data_tools.sources import open_source, select_documents
+
+    d = tmp_path_factory.mktemp("tok_corpus")
+    docs = list(select_documents(open_source("shakespeare"), 0, 60))
+    extra = gen_texts(40, seed=1)
+    rng = random.Random(3)
+    docs = [doc[:1500] + rng.choice(extra) + doc[1500:3000] for doc in docs]
+    path = d / "corpus.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
+    make_bpe(d / "bpe.json", docs)
+    return {"dir": d, "jsonl": path, "docs": docs, "bpe": d / "bpe.json"}
+
+
+def _tokenizers(corpus, shakespeare_shards):
+    return {"sp": shakespeare_shards["tokenizer"], "bpe": str(corpus["bpe"])}
+
+
+@pytest.fixture(scope="module", params=["sp", "bpe"])
+def pipeline(request, corpus, shakespeare_shards, tmp_path_factory):
+    """preprocess -> 20 steps -> export, once per tokenizer kind."""
+    kind = request.param
+    tok = _tokenizers(corpus, shakespeare_shards)[kind]
+    d = tmp_path_factory.mktemp(f"pipe_{kind}")
+    prefix = d / "shards"
+    if kind == "bpe":  # Megatron-LM's spellings
+        args = ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", tok, "--json-keys", "text", "--append-eod"]
+    else:
+        args = ["--tokenizer", tok]
+    r = run([sys.executable, "data_tools/preprocess_data.py", "--input", str(corpus["jsonl"]), "--output-prefix",
+             str(prefix), "--word-hashes", "md5", "--quiet", *args])
+    assert r.returncode == 0, r.stderr[-2000:]
+    save = d / "run"
+    r = run([sys.executable, "megahash/pretrain.py", f"data.prefix=[{prefix}]", f"data.tokenizer={tok}", *TINY,
+             "train.steps=20", f"train.save_dir={save}"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    hf = d / "hf"
+    r = run([sys.executable, "-m", "megahash", "export-hf", "--checkpoint", str(save), "--output", str(hf)])
+    assert r.returncode == 0, r.stderr[-3000:]
+    return {"kind": kind, "tokenizer": tok, "prefix": str(prefix), "run": save, "hf": hf, "dir": d}
+
+
+def test_special_ids_come_from_the_tokenizer(pipeline):
+    meta = json.loads(open(pipeline["prefix"] + "_meta.json").read())
+    ids = meta["tokenizer"]["special_ids"]
+    import yaml
+
+    cfg = yaml.safe_load((pipeline["run"] / "resolved_config.yaml").read_text())
+    assert cfg["data"]["special_ids"] == ids  # recorded in the checkpoint
+    if pipeline["kind"] == "bpe":
+        assert ids == {"bos": 700, "pad": 701, "eos": 700, "unk": None, "mask": None}
+        assert meta["stream"]["eos_id"] == 700
+    else:
+        assert ids == {"bos": 0, "pad": 1, "eos": 2, "unk": 3, "mask": 4}
+    from megahash.data.shards import ShardSet
+
+    s = ShardSet.open(pipeline["prefix"])
+    last = [int(s.tokens.get(d)[-1]) for d in range(3)]
+    assert last == [ids["eos"]] * 3  # documents end with the tokenizer's own eos
+
+
+def test_eval_export_and_transformers(pipeline, corpus):
+    """megahash eval runs; the export loads with AutoTokenizer/AutoModelForCausalLM (no remote code
+    for the qwen2 format), its tokenizer gives the data stage's ids, its logits equal megahash's."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from megahash.eval.text import load_codec
+    from megahash.training.weights import load_for_inference
+
+    cfg_json = json.loads((pipeline["hf"] / "config.json").read_text())
+    assert cfg_json["model_type"] == "qwen2"
+    special = cfg_json["megahash_config"]["data"]["special_ids"]
+    assert cfg_json["eos_token_id"] == special["eos"]
+    gen = json.loads((pipeline["hf"] / "generation_config.json").read_text())
+    assert gen["eos_token_id"] == special["eos"]
+    tok = AutoTokenizer.from_pretrained(str(pipeline["hf"]))
+    model = AutoModelForCausalLM.from_pretrained(str(pipeline["hf"])).eval()
+    cfg, mh, ckpt = load_for_inference(str(pipeline["run"]))
+    codec = load_codec(cfg, ckpt)
+    text = corpus["docs"][0][:400] + " <s> </s> <mask> <|endoftext|>\t\t  x"
+    ids = tok(text, add_special_tokens=False).input_ids
+    assert ids == codec.encode(text).ids
+    assert tok(text).input_ids == ids  # nothing added around a text
+    with torch.no_grad():
+        hf_logits = model(torch.tensor([ids[:60]])).logits[0]
+        mh_logits = mh(torch.tensor([ids[:60]]))[0, :, : codec.vocab_size]
+    torch.testing.assert_close(hf_logits, mh_logits.float(), atol=1e-4, rtol=1e-4)
+    out = subprocess.run([sys.executable, "-m", "megahash", "eval", "--checkpoint", str(pipeline["run"]), "--tasks-dir",
+                          str(_ppl_task(pipeline["dir"], corpus)), "--tasks", "tok_ppl", "--out",
+                          str(pipeline["dir"] / "eval.json")], cwd=ROOT, env=child_env(), capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads((pipeline["dir"] / "eval.json").read_text())["results"]["tok_ppl"]
+    assert np.isfinite(res["word_perplexity,none"])
+
+
+def _ppl_task(d, corpus):
+    tasks = d / "tasks"
+    tasks.mkdir(exist_ok=True)
+    data = tasks / "tok_ppl.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in corpus["docs"][:2]))
+    (tasks / "tok_ppl.yaml").write_text(
+        "task: tok_ppl\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: " + str(data) + "\n"
+        "test_split: test\noutput_type: loglikelihood_rolling\ndoc_to_text: ''\ndoc_to_target: '{{text}}'\n"
+        "metric_list:\n  - metric: word_perplexity\n  - metric: bits_per_byte\n")
+    return tasks
+
+
+@pytest.mark.parametrize("kind", ["sp", "bpe"])
+def test_one_tokenizer_everywhere(kind, corpus, shakespeare_shards, tmp_path):
+    """Generated texts: data stage == megahash.eval.text == exported HF tokenizer == remote text coder
+    (ids), and the data stage's md5 codes == eval's == the remote coder's."""
+    from transformers import AutoTokenizer
+
+    from megahash.config import Config
+    from megahash.convert.export import write_hashing_files
+    from megahash.convert.hf.hashing_megahash import TextCoder
+    from megahash.convert.tokenizer import write_tokenizer
+    from megahash.data.shards import ShardSet
+    from megahash.eval.text import load_codec
+
+    tok = _tokenizers(corpus, shakespeare_shards)[kind]
+    texts = [t for t in gen_texts(150, seed=11) if t.strip()]
+    jsonl = tmp_path / "gen.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    prefix = tmp_path / "gen"
+    r = run([sys.executable, "data_tools/preprocess_data.py", "--input", str(jsonl), "--output-prefix", str(prefix),
+             "--tokenizer", tok, "--word-hashes", "md5", "--no-append-eos", "--quiet"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    shards = ShardSet.open(str(prefix))
+    cfg = Config()
+    cfg.data.prefix = [str(prefix)]
+    cfg.data.tokenizer = tok
+    cfg.model.embedding = "hash-emb"
+    cfg.model.embed.hash_spec = "md5"
+    codec = load_codec(cfg)
+    out = tmp_path / "hf"
+    out.mkdir()
+    info = write_tokenizer(out, codec, 1024)
+    assert info["mismatches"] == 0
+    write_hashing_files(out, codec, cfg)
+    hf_tok = AutoTokenizer.from_pretrained(str(out))
+    coder = TextCoder.from_pretrained(str(out))
+    texts = [t for t in texts if codec.encode(t).ids]  # the data stage skips texts without tokens
+    assert len(shards.tokens) == len(texts)
+    for d, text in enumerate(texts):
+        stage = shards.tokens.get(d).astype(np.int64).tolist()
+        enc = codec.encode(text)
+        assert enc.ids == stage, (text, enc.ids, stage)
+        assert hf_tok(text, add_special_tokens=False).input_ids == stage, text
+        assert coder.encode(text)[0] == stage, text
+        stage_codes = shards.hash_codes("md5", d, 0, len(stage))
+        np.testing.assert_array_equal(codec.codes(enc), stage_codes)
+        np.testing.assert_array_equal(coder.codes(stage), stage_codes)
+    special = set(i for r, i in codec.special_ids.items() if i is not None and r != "unk")  # unk: unknown characters
+    all_ids = set(np.concatenate([shards.tokens.get(d) for d in range(len(texts))]).tolist())
+    assert not (all_ids & special)  # special strings in text are text, never the special ids
