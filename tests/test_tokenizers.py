@@ -146,13 +146,52 @@ def test_eval_export_and_transformers(pipeline, corpus):
         hf_logits = model(torch.tensor([ids[:60]])).logits[0]
         mh_logits = mh(torch.tensor([ids[:60]]))[0, :, : codec.vocab_size]
     torch.testing.assert_close(hf_logits, mh_logits.float(), atol=1e-4, rtol=1e-4)
+
+
+def test_same_score_on_every_path(pipeline, corpus):
+    """Rolling log-likelihoods of documents ~15x longer than the 64-token context, containing
+    special-token strings: ``megahash eval`` (CLI), the lm-eval ``megahash`` model and lm-eval's
+    ``hf`` model on the export agree to 1e-4 relative, with no window argument anywhere (the window
+    is the trained sequence length on every path); for the BPE run also lm-eval's own CLI with
+    ``--model megahash`` in a fresh process (megahash-lm-eval)."""
+    import re
+
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    from megahash.eval.lm import MegahashEvalLM
+
+    docs = corpus["docs"][:2]
+    assert any(t in "".join(docs) for t in SPECIAL_STRINGS)
+    reqs = [Instance(request_type="loglikelihood_rolling", doc={}, arguments=(d,), idx=i) for i, d in enumerate(docs)]
+    mh = MegahashEvalLM(checkpoint=str(pipeline["run"]), batch_size=4)
+    hf = HFLM(pretrained=str(pipeline["hf"]), batch_size=4, device="cpu")
+    assert mh.max_length == hf.max_length == 64
+    assert len(mh.codec.encode(docs[0])) > 10 * 64  # many windows
+    a = np.array(mh.loglikelihood_rolling(reqs))
+    b = np.array(hf.loglikelihood_rolling(reqs))
+    np.testing.assert_allclose(a, b, rtol=1e-4)
+    words = sum(len(re.split(r"\s+", d)) for d in docs)
+    expect = float(np.exp(-a.sum() / words))
+    tasks = _ppl_task(pipeline["dir"], corpus)
     out = subprocess.run([sys.executable, "-m", "megahash", "eval", "--checkpoint", str(pipeline["run"]), "--tasks-dir",
-                          str(_ppl_task(pipeline["dir"], corpus)), "--tasks", "tok_ppl", "--out",
-                          str(pipeline["dir"] / "eval.json")], cwd=ROOT, env=child_env(), capture_output=True, text=True,
-                         timeout=600)
+                          str(tasks), "--tasks", "tok_ppl", "--out", str(pipeline["dir"] / "eval.json")],
+                         cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     res = json.loads((pipeline["dir"] / "eval.json").read_text())["results"]["tok_ppl"]
-    assert np.isfinite(res["word_perplexity,none"])
+    assert abs(res["word_perplexity"] / expect - 1) < 1e-4
+    if pipeline["kind"] != "bpe":
+        return
+    lm_out = pipeline["dir"] / "lm_eval_out"
+    out = subprocess.run([sys.executable, "-m", "megahash.eval.lm_eval_cli", "--model", "megahash", "--model_args",
+                          f"checkpoint={pipeline['run']}", "--batch_size", "4", "--tasks", "tok_ppl", "--include_path", str(tasks),
+                          "--output_path", str(lm_out)], cwd=ROOT, env=child_env(), capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = [json.loads(p.read_text()) for p in lm_out.rglob("results*.json")]
+    assert found, out.stdout[-2000:]
+    got = found[0]["results"]["tok_ppl"]["word_perplexity,none"]
+    assert abs(got / expect - 1) < 1e-4
 
 
 def _ppl_task(d, corpus):

@@ -155,7 +155,7 @@ def hf_config_dict(cfg, model, vocab_size: int, step: int) -> dict:
         tie_embeddings=bool(model.tie), qkv_bias=bool(m.qkv_bias), layer_specs=layer_specs(model),
         embed=embed_meta(model), fixed_qk=fixed, hash_spec=spec.name if spec is not None else None,
         code_width=spec.width if spec is not None else 0, num_buckets=num_buckets, megahash_step=int(step),
-        **special_token_ids(cfg),
+        **special_token_ids(cfg), n_positions=int(cfg.data.seq_length),
     )
 
 

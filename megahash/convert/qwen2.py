@@ -165,7 +165,9 @@ def write(out: Path, cfg, model, state: dict, fields: dict, dtype: torch.dtype) 
     # megahash extras (ignored by Qwen2): the resolved config and what import-hf needs
     path = out / "config.json"
     data = json.loads(path.read_text())
+    # n_positions: the context megahash trained and evaluates with (lm-eval's hf model reads it first)
     data.update(megahash_config=fields["megahash_config"], megahash_padded_vocab_size=fields["padded_vocab_size"],
+                n_positions=fields["n_positions"],
                 megahash_step=fields["megahash_step"], megahash_kv_groups=groups)
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     return [WEIGHTS_FILE, EXTRA_FILE, "config.json"]

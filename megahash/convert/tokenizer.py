@@ -80,6 +80,15 @@ def word_tokenizer(words: list[str]):
     return tok
 
 
+def export_specials(tok) -> dict:
+    """``{role}_token`` strings of the exported tokenizer. No ``bos_token`` unless it is the eos:
+    megahash never puts a BOS before a document (a document starts after the previous one's eos), so
+    lm-eval's ``hf`` model, which prefixes scored text with the BOS when there is one and with the eos
+    otherwise, conditions on the eos exactly as ``megahash eval`` does (docs/eval.md, window policy)."""
+    out = {f"{r}_token": t for r, t in tok.special_tokens.items() if t is not None and r != "bos"}
+    return out
+
+
 def write_tokenizer(out: Path, codec, max_length: int) -> dict:
     """Write the tokenizer files of ``codec`` (a megahash.eval.text.TextCodec) to ``out``.
     Returns {"files": [...], "mismatches": n} (n = probe texts whose ids differ from megahash's)."""
@@ -96,25 +105,27 @@ def write_tokenizer(out: Path, codec, max_length: int) -> dict:
         (out / "tokenizer.model").write_bytes(codec.sp.model_bytes)
         files.append("tokenizer.model")
         tok = sentencepiece_tokenizer(codec.sp.model_bytes)
-        specials = {f"{r}_token": t for r, t in codec.sp.special_tokens.items() if t is not None}
+        specials = export_specials(codec.sp)
     else:  # tokenizer.json of the run (nothing added around a text)
         tok = Tokenizer.from_str(codec.sp.export_json())
-        specials = {f"{r}_token": t for r, t in codec.sp.special_tokens.items() if t is not None}
+        specials = export_specials(codec.sp)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=max_length, clean_up_tokenization_spaces=False,
                                    split_special_tokens=True, **specials)
     fast.save_pretrained(str(out))
-    # a plain fast tokenizer on transformers 4.x and 5.x, no remote code (transformers would otherwise
-    # map some model types, e.g. qwen2, to their own tokenizer class); special-token strings in a text
-    # are ordinary text (split_special_tokens), as on every other megahash path
-    (out / "tokenization_megahash.py").unlink(missing_ok=True)
+    # a plain fast tokenizer (tokenizer.json as it is) on transformers 4.x and 5.x without remote code:
+    # ``tokenizer_class`` is what 4.x reads; 5.x maps some model types (qwen2) to their own tokenizer
+    # class whatever tokenizer_config says, unless an ``auto_map`` is present, which it skips without
+    # trust_remote_code and then uses ``tokenizer_class``. Special-token strings in a text are ordinary
+    # text (split_special_tokens), as on every other megahash path.
+    shutil.copyfile(Path(__file__).resolve().parent / "hf" / "tokenization_megahash.py", out / "tokenization_megahash.py")
     tc_path = out / "tokenizer_config.json"
     tc = json.loads(tc_path.read_text())
-    tc.pop("auto_map", None)
     tc.update(tokenizer_class="PreTrainedTokenizerFast", split_special_tokens=True, clean_up_tokenization_spaces=False,
               model_max_length=int(max_length))
+    tc["auto_map"] = {"AutoTokenizer": [None, "tokenization_megahash.MegahashTokenizerFast"]}
     tc.pop("backend", None)
     tc_path.write_text(json.dumps(tc, indent=2, ensure_ascii=False) + "\n")
-    files += ["tokenizer.json", "tokenizer_config.json"]
+    files += ["tokenizer.json", "tokenizer_config.json", "tokenization_megahash.py"]
     for extra in ("special_tokens_map.json",):
         if (out / extra).is_file():
             files.append(extra)
