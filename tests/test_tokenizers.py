@@ -69,11 +69,14 @@ def corpus(tmp_path_factory):
     path = d / "corpus.jsonl"
     path.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
     make_bpe(d / "bpe.json", docs)
-    return {"dir": d, "jsonl": path, "docs": docs, "bpe": d / "bpe.json"}
+    r = run([sys.executable, "data_tools/train_tokenizer.py", "--input", str(path), "--output", str(d / "lossless"),
+             "--vocab-size", "600", "--quiet"])  # the default: lossless
+    assert r.returncode == 0, r.stderr[-2000:]
+    return {"dir": d, "jsonl": path, "docs": docs, "bpe": d / "bpe.json", "lossless": f"{d / 'lossless'}.model"}
 
 
 def _tokenizers(corpus, shakespeare_shards):
-    return {"sp": shakespeare_shards["tokenizer"], "bpe": str(corpus["bpe"])}
+    return {"sp": shakespeare_shards["tokenizer"], "bpe": str(corpus["bpe"]), "lossless": corpus["lossless"]}
 
 
 @pytest.fixture(scope="module", params=["sp", "bpe"])
@@ -206,7 +209,7 @@ def _ppl_task(d, corpus):
     return tasks
 
 
-@pytest.mark.parametrize("kind", ["sp", "bpe"])
+@pytest.mark.parametrize("kind", ["sp", "bpe", "lossless"])
 def test_one_tokenizer_everywhere(kind, corpus, shakespeare_shards, tmp_path):
     """Generated texts: data stage == megahash.eval.text == exported HF tokenizer == remote text coder
     (ids), and the data stage's md5 codes == eval's == the remote coder's."""
@@ -255,3 +258,32 @@ def test_one_tokenizer_everywhere(kind, corpus, shakespeare_shards, tmp_path):
     special = set(i for r, i in codec.special_ids.items() if i is not None and r != "unk")  # unk: unknown characters
     all_ids = set(np.concatenate([shards.tokens.get(d) for d in range(len(texts))]).tolist())
     assert not (all_ids & special)  # special strings in text are text, never the special ids
+
+
+def test_default_tokenizer_is_lossless(corpus, tmp_path):
+    """train_tokenizer.py's default model round-trips arbitrary text (newlines, tabs, space runs, any
+    script, control characters, special-token strings), through sentencepiece and through the
+    exported Hugging Face tokenizer; --lossy keeps sentencepiece's folding normaliser."""
+    from megahash.config import Config
+    from megahash.convert.tokenizer import write_tokenizer
+    from megahash.eval.text import load_codec
+
+    cfg = Config()
+    cfg.data.tokenizer = corpus["lossless"]
+    codec = load_codec(cfg)
+    write_tokenizer(tmp_path, codec, 1024)
+    from transformers import AutoTokenizer
+
+    hf_tok = AutoTokenizer.from_pretrained(str(tmp_path))
+    texts = gen_texts(200, seed=5) + [corpus["docs"][0], "def f(x):\n\treturn  x\n\n\n    # done\n"]
+    for t in texts:
+        ids = codec.encode(t).ids
+        assert codec.decode(ids) == t
+        assert hf_tok.decode(ids) == t
+    r = run([sys.executable, "data_tools/train_tokenizer.py", "--input", str(corpus["jsonl"]), "--output",
+             str(tmp_path / "lossy"), "--vocab-size", "300", "--lossy", "--quiet"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    import sentencepiece as spm
+
+    lossy = spm.SentencePieceProcessor(model_file=str(tmp_path / "lossy.model"))
+    assert lossy.decode(lossy.encode("a  b\n\tc")) == "a b c"

@@ -50,13 +50,18 @@ def sentencepiece_tokenizer(sp_model):
         norms.append(normalizers.Precompiled(norm.precompiled_charsmap))
     if norm.remove_extra_whitespaces:
         norms += [normalizers.Strip(left=True, right=True), normalizers.Replace(Regex(" {2,}"), " ")]
-    if norms:
-        tok.normalizer = normalizers.Sequence(norms)
+    # sentencepiece adds its dummy "\u2581" even before a leading space ("  a" -> "\u2581\u2581\u2581a"); the
+    # Metaspace pre-tokenizer would not (it skips texts starting with one), so prefix in the normaliser
+    if norm.add_dummy_prefix:
+        norms.append(normalizers.Prepend("\u2581"))
+    norms.append(normalizers.Replace(" ", "\u2581"))
+    tok.normalizer = normalizers.Sequence(norms)
     scheme = "always" if norm.add_dummy_prefix else "never"
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=scheme, split=False)
-    dec = [decoders.Metaspace(replacement="\u2581", prepend_scheme=scheme)]
-    if byte_fallback:
-        dec = [decoders.ByteFallback(), decoders.Fuse()] + dec
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="never", split=False)
+    # as transformers' Llama converter: "\u2581" -> " ", bytes -> text, drop the dummy prefix's space
+    dec = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if scheme == "always":
+        dec.append(decoders.Strip(content=" ", left=1, right=0))
     tok.decoder = decoders.Sequence(dec)
     # user-defined symbols (<mask>) are matched in the text like sentencepiece does; control pieces are specials
     tok.add_tokens([AddedToken(p.piece, normalized=True, special=False) for p in proto.pieces if p.type == 4])

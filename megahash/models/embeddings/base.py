@@ -210,7 +210,7 @@ class HashEmbeddingBase(EmbeddingOutput):
             local_rows = self._local(rows)
             local_word = local_rows < 0
         emb = self._put_specials(emb, local_rows, local_word)
-        return self._dropout(emb.view(*local_tok.shape, self.hidden_size))
+        return self._dropout(emb.view(*local_rows.shape, self.hidden_size))
 
     def padding_rows(self) -> int:
         """Rows allocated only to make a TP-split table divisible (not counted)."""
