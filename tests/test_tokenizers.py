@@ -287,3 +287,22 @@ def test_default_tokenizer_is_lossless(corpus, tmp_path):
 
     lossy = spm.SentencePieceProcessor(model_file=str(tmp_path / "lossy.model"))
     assert lossy.decode(lossy.encode("a  b\n\tc")) == "a b c"
+
+
+def test_small_corpus_split_is_a_one_line_error(tmp_path, shakespeare_shards):
+    """10 documents with the default 98,2,0 split: megatron-core would search for validation tokens
+    for ever; megahash says what to change instead. 90,10,0 gives both splits documents."""
+    from megahash.data.dataset import check_split_sizes
+    from megahash.errors import DataError
+
+    r = run([sys.executable, "data_tools/preprocess_data.py", "--input", "shakespeare", "--max-docs", "10",
+             "--output-prefix", str(tmp_path / "s"), "--tokenizer", shakespeare_shards["tokenizer"], "--quiet"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    path = str(tmp_path / "s_text_document")
+    with pytest.raises(DataError, match=r"data.split=98,2,0 leaves the validation split no documents of the 10 .*"
+                                        r"data.split=90,10,0"):
+        check_split_sizes("98,2,0", [path], {"train": 8, "validation": 4})
+    check_split_sizes("90,10,0", [path], {"train": 8, "validation": 4})
+    check_split_sizes("98,2,0", [path], {"train": 8, "validation": 0})  # no validation wanted
+    with pytest.raises(DataError, match="train split no documents"):
+        check_split_sizes("1,99,0", [path], {"train": 8, "validation": 4})

@@ -206,6 +206,7 @@ def build_datasets(cfg, train_samples: int, valid_samples: int, cache_dir: str |
     )
     HashGPTDataset.hash_spec = spec
     HashGPTDataset.hash_width = width
+    check_split_sizes(cfg.data.split, paths, {"train": train_samples, "validation": valid_samples})
     try:
         train, valid, _ = BlendedMegatronDatasetBuilder(
             HashGPTDataset, [train_samples, valid_samples, 0], lambda: True, ds_cfg
@@ -215,6 +216,34 @@ def build_datasets(cfg, train_samples: int, valid_samples: int, cache_dir: str |
     if train is None:
         raise DataError(f"data.split={cfg.data.split!r} leaves no training documents")
     return Datasets(train, valid, vocab, meta)
+
+
+def check_split_sizes(split: str, paths: list[str], samples: dict) -> None:
+    """One-line DataError when ``data.split`` gives a split that must yield samples no document of
+    a shard (megatron-core would then loop for ever looking for tokens). Documents are divided as
+    ``BlendedMegatronDatasetBuilder`` does: split i of N documents is ``round(b_i N) : round(e_i N)``."""
+    from megahash.errors import DataError
+    from megatron.core.datasets.blended_megatron_dataset_config import (
+        convert_split_vector_to_split_matrix, parse_and_normalize_split)
+
+    try:
+        matrix = convert_split_vector_to_split_matrix(parse_and_normalize_split(split))
+    except (AssertionError, ValueError) as e:
+        raise DataError(f"data.split={split!r} is not a valid split (three weights, e.g. 98,2,0): {e}") from None
+    for path in paths:
+        n = len(IndexedDataset(path).sequence_lengths)
+        for (name, want), bounds in zip(samples.items(), matrix):
+            if not want or bounds is None:
+                continue
+            docs = int(round(bounds[1] * n)) - int(round(bounds[0] * n))
+            if docs <= 0:
+                share = max(1, -(-100 // n))
+                if name == "validation" and share < 50:
+                    fix = f"give the {name} split at least {share}% (e.g. data.split={100 - share},{share},0)"
+                else:
+                    fix = "use a larger corpus" if name == "validation" else "use a larger corpus or a larger train share"
+                raise DataError(f"data.split={split} leaves the {name} split no documents of the {n} in {path}: "
+                                f"{fix}, or data.split=100,0,0 to train without validation")
 
 
 def record_special_ids(cfg, meta: dict) -> dict:
