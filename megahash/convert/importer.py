@@ -41,12 +41,27 @@ def read_hf(folder) -> dict:
         raise CheckpointError(f"{folder} is not a Hugging Face model folder (no config.json)")
     data = json.loads(cfg_path.read_text())
     tree = data.get("megahash_config")
-    if not tree:
-        raise CheckpointError(f"{cfg_path} has no megahash_config: it was not written by megahash export-hf")
-    if not (folder / WEIGHTS_FILE).is_file():
-        raise CheckpointError(f"{folder} has no {WEIGHTS_FILE}")
-    tensors = load_file(str(folder / WEIGHTS_FILE))
     fmt = data.get("model_type")
+    if not tree and fmt == "qwen2":  # a standard Qwen2ForCausalLM folder (not a megahash export)
+        from megahash.convert import qwen2
+        from megahash.config import config_from_dict
+
+        tree = qwen2.megahash_tree(data, folder)
+        cfg = config_from_dict(_tp1(tree))
+        vocab, mult = cfg.model.vocab_size, cfg.model.make_vocab_size_divisible_by
+        padded = -(-vocab // mult) * mult
+        kv = cfg.model.num_query_groups or cfg.model.num_heads
+        state = qwen2.from_qwen2(qwen2.load_hf_tensors(folder), {}, cfg, kv, padded)
+        state = {k: (v.float() if v.is_floating_point() else v) for k, v in state.items()}
+        return {"tree": tree, "format": "qwen2-hf", "state": state, "padded": padded, "step": 0}
+    if not tree:
+        raise CheckpointError(f"{cfg_path} has no megahash_config and model_type {fmt!r}: import-hf reads megahash "
+                              f"exports and standard Qwen2ForCausalLM folders")
+    if not (folder / WEIGHTS_FILE).is_file() and not (folder / "model.safetensors.index.json").is_file():
+        raise CheckpointError(f"{folder} has no {WEIGHTS_FILE}")
+    from megahash.convert.qwen2 import load_hf_tensors
+
+    tensors = load_hf_tensors(folder)
     if fmt == "megahash":
         state, padded = from_hf_names(tensors), int(data["padded_vocab_size"])
     elif fmt == "qwen2":
