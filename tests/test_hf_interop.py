@@ -16,13 +16,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 TF4 = "transformers==4.46.3 tokenizers==0.20.3 huggingface_hub==0.26.5"
 
 
-def random_qwen2(path, tie: bool, shard: str | None = None):
+def random_qwen2(path, tie: bool, shard: str | None = None, vocab: int = 300):
     """A randomly initialised transformers Qwen2 (GQA, rope_theta 50000, a vocabulary that is not a
     multiple of 128) saved to ``path``."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+    cfg = Qwen2Config(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
                       rope_parameters={"rope_type": "default", "rope_theta": 50000.0}, rms_norm_eps=1e-6,
                       tie_word_embeddings=tie, use_sliding_window=False)
@@ -55,3 +55,87 @@ def test_import_standard_qwen2_folder(tie, tmp_path, dist):
         want = hf(ids).logits
         got = model(ids)[..., :300].float()
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.fixture(scope="session")
+def tf4_path():
+    """transformers 4.46.3 (+ the tokenizers / huggingface_hub it needs) installed once with pip into
+    a cache directory, imported only by subprocesses (PYTHONPATH): a 4.x beside the 5.x under test."""
+    from pathlib import Path
+
+    d = Path(os.environ.get("MEGAHASH_TF4_DIR", Path.home() / ".cache" / "megahash" / "transformers-4.46.3"))
+    if not (d / "transformers" / "__init__.py").is_file():
+        r = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(d),
+                            *TF4.split()], capture_output=True, text=True, timeout=600)
+        if r.returncode:
+            pytest.skip(f"cannot pip install {TF4} (PyPI unreachable?): {r.stderr.strip().splitlines()[-1:]}")
+    return d
+
+
+TF4_SCRIPT = r"""
+import json, sys, torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer
+hf, text = sys.argv[1], sys.argv[2]
+tok = AutoTokenizer.from_pretrained(hf)
+model = AutoModelForCausalLM.from_pretrained(hf).eval()
+ids = tok(text, add_special_tokens=False).input_ids
+with torch.no_grad():
+    logits = model(torch.tensor([ids])).logits[0]
+print(json.dumps({"version": transformers.__version__, "rope_theta": model.config.rope_theta, "ids": ids,
+                  "logits": logits.tolist(), "n_positions": model.config.n_positions}))
+"""
+
+
+def test_qwen2_export_is_publishable_on_transformers_4_and_5(tmp_path, dist, tf4_path):
+    """Import a Qwen2 folder that carries a byte-level BPE tokenizer (specials 700/701), export it
+    again in shards: model card, generation config, index, no local path in any file; transformers
+    4.46 (side install) and 5.x load it without remote code and agree on rope_theta, the tokenizer's
+    ids (special strings as text) and the logits."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from megahash.convert.export import export_model
+    from megahash.convert.importer import import_hf
+    from megahash.eval.text import load_codec
+    from megahash.training.weights import load_for_inference
+    from test_tokenizers import make_bpe
+
+    src = tmp_path / "src"
+    random_qwen2(src, tie=False, vocab=702)
+    from data_tools.sources import open_source, select_documents
+
+    make_bpe(src / "tokenizer.json", list(select_documents(open_source("shakespeare"), 0, 20)))
+    import_hf(src, tmp_path / "run")
+    cfg, model, ckpt = load_for_inference(str(tmp_path / "run"))
+    codec = load_codec(cfg, ckpt)
+    out = tmp_path / "export"
+    summary = export_model(cfg, model, out, codec, step=0, fmt="qwen2", max_shard_size="200KB", run_dir=ckpt.parent)
+    files = set(summary["files"])
+    assert {"README.md", "generation_config.json", "model.safetensors.index.json", "tokenizer.json"} <= files
+    assert sum(f.startswith("model-") for f in files) >= 2
+    card = (out / "README.md").read_text()
+    assert f"{sum(p.numel() for p in model.parameters()):,} total" in card
+    for f in out.iterdir():  # no path of this machine anywhere
+        if f.suffix in (".json", ".md", ".py", ".txt"):
+            text = f.read_text()
+            assert str(tmp_path) not in text and "/tmp/" not in text and os.path.expanduser("~") not in text, f.name
+    gen = json.loads((out / "generation_config.json").read_text())
+    assert gen["eos_token_id"] == 700 and gen["pad_token_id"] == 701
+    text = "KING. My lord <|endoftext|> <s>\t\t  x"
+    tok5 = AutoTokenizer.from_pretrained(str(out))
+    m5 = AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    ids = tok5(text, add_special_tokens=False).input_ids
+    assert ids == codec.encode(text).ids and 700 not in ids
+    env = child_env(PYTHONPATH=str(tf4_path))
+    r = subprocess.run([sys.executable, "-c", TF4_SCRIPT, str(out), text], cwd=str(tmp_path), env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["version"] == "4.46.3"
+    assert got["rope_theta"] == 50000.0 and got["n_positions"] == cfg.data.seq_length
+    assert got["ids"] == ids
+    with torch.no_grad():
+        want = m5(torch.tensor([ids])).logits[0]
+        mh = model(torch.tensor([ids]))[0, :, :702].float()
+    torch.testing.assert_close(torch.tensor(got["logits"]), want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(want, mh, atol=1e-4, rtol=1e-4)

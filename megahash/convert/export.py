@@ -145,7 +145,9 @@ def hf_config_dict(cfg, model, vocab_size: int, step: int) -> dict:
     num_buckets = 0
     if m.head == "hash-bucket":
         num_buckets = int(model.head.num_buckets)
-    tree = cfg.to_dict()
+    from megahash.convert.model_card import portable_tree
+
+    tree = portable_tree(cfg.to_dict())  # no local paths in an export
     return dict(
         megahash_config=tree, vocab_size=int(vocab_size), padded_vocab_size=int(model.vocab_size),
         hidden_size=m.hidden_size, num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads,
@@ -195,6 +197,21 @@ def generation_config(out: Path, max_length: int, cfg=None) -> None:
         {**ids, "do_sample": False}, indent=1))
 
 
+MAX_SHARD_SIZE = "2GB"
+
+
+def save_weights(out: Path, tensors: dict, max_shard_size=MAX_SHARD_SIZE) -> list[str]:
+    """``model.safetensors``, or above ``max_shard_size`` shards ``model-0000K-of-0000N.safetensors``
+    with ``model.safetensors.index.json`` (huggingface_hub's layout, which transformers loads)."""
+    from huggingface_hub import save_torch_state_dict
+
+    save_torch_state_dict(tensors, out, max_shard_size=max_shard_size, metadata={"format": "pt"})
+    if (out / "model.safetensors.index.json").is_file():
+        index = json.loads((out / "model.safetensors.index.json").read_text())
+        return ["model.safetensors.index.json", *sorted(set(index["weight_map"].values()))]
+    return [WEIGHTS_FILE]
+
+
 def save_tensors(path: Path, tensors: dict, meta: dict | None = None) -> None:
     from safetensors.torch import save_file
 
@@ -220,7 +237,7 @@ def load_checkpoint(checkpoint, tokenizer: str | None = None):
 
 
 def export_model(cfg, model, output, codec=None, step: int = 0, dtype: str = "float32", fmt: str = "auto",
-                 vocab_size: int | None = None) -> dict:
+                 vocab_size: int | None = None, max_shard_size=MAX_SHARD_SIZE, run_dir=None) -> dict:
     """Write the HF folder of an in-memory TP=1 megahash model; returns a summary dict."""
     from megahash.convert import qwen2
 
@@ -239,18 +256,20 @@ def export_model(cfg, model, output, codec=None, step: int = 0, dtype: str = "fl
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     for stale in (WEIGHTS_FILE, EXTRA_FILE, HASHING_FILE, "megahash_lsh.npz", "megahash_pieces.json",
-                  "megahash_words.json", "tokenization_megahash.py", *REMOTE_FILES):
+                  "megahash_words.json", "tokenization_megahash.py", "model.safetensors.index.json", *REMOTE_FILES):
         (out / stale).unlink(missing_ok=True)
+    for stale in out.glob("model-*-of-*.safetensors"):
+        stale.unlink()
     torch_dtype = DTYPES[dtype]
     state = megahash_state(model)
     fields = hf_config_dict(cfg, model, vocab, step)
     files = []
     if fmt == "qwen2":
-        files += qwen2.write(out, cfg, model, state, fields, torch_dtype)
+        files += qwen2.write(out, cfg, model, state, fields, torch_dtype, max_shard_size)
     else:
         from megahash.convert.hf.configuration_megahash import MegahashConfig
 
-        save_tensors(out / WEIGHTS_FILE, cast(to_hf_names(state), torch_dtype))
+        files += save_weights(out, cast(to_hf_names(state), torch_dtype), max_shard_size)
         for name in REMOTE_FILES:
             shutil.copyfile(HF_DIR / name, out / name)
         encoder = cfg.model.arch == "encoder"
@@ -260,9 +279,12 @@ def export_model(cfg, model, output, codec=None, step: int = 0, dtype: str = "fl
                     ("AutoModelForMaskedLM" if encoder else "AutoModelForCausalLM"): f"modeling_megahash.{head_cls}"}
         config = MegahashConfig(**fields, auto_map=auto_map, architectures=[head_cls], dtype=dtype)
         config.save_pretrained(str(out))
-        files += [WEIGHTS_FILE, "config.json", *REMOTE_FILES]
+        files += ["config.json", *REMOTE_FILES]
     generation_config(out, cfg.model.max_position_embeddings, cfg)
     files.append("generation_config.json")
+    from megahash.convert.model_card import write_model_card
+
+    files.append(write_model_card(out, cfg, model, fmt, step, run_dir))
     tok_info = {"mismatches": None}
     if codec is not None:
         from megahash.convert.tokenizer import write_tokenizer
@@ -279,10 +301,11 @@ def export_model(cfg, model, output, codec=None, step: int = 0, dtype: str = "fl
 
 
 def export_hf(checkpoint, output, dtype: str = "float32", fmt: str = "auto", tokenizer: str | None = None,
-              vocab_size: int | None = None, verify: bool = False) -> dict:
+              vocab_size: int | None = None, verify: bool = False, max_shard_size=MAX_SHARD_SIZE) -> dict:
     """Export a megahash checkpoint (run dir or step dir) to ``output``; see the module docstring."""
     cfg, model, ckpt, codec, step = load_checkpoint(checkpoint, tokenizer)
-    summary = export_model(cfg, model, output, codec, step, dtype, fmt, vocab_size)
+    summary = export_model(cfg, model, output, codec, step, dtype, fmt, vocab_size, max_shard_size,
+                           run_dir=Path(ckpt).parent)
     summary["checkpoint"] = str(ckpt)
     if verify:
         from megahash.convert.verify import verify_export
@@ -303,6 +326,8 @@ def main(argv=None) -> int:
     p.add_argument("--tokenizer", default=None, help="override data.tokenizer of the run")
     p.add_argument("--vocab-size", type=int, default=None, help="real vocabulary (default: the tokenizer's)")
     p.add_argument("--no-verify", action="store_true", help="skip loading the export and comparing logits")
+    p.add_argument("--max-shard-size", default=MAX_SHARD_SIZE, help="split model.safetensors above this size "
+                   "(e.g. 500MB; default 2GB) into shards with model.safetensors.index.json")
     args = p.parse_args(argv)
 
     def run():
@@ -315,7 +340,7 @@ def main(argv=None) -> int:
         owned = not dist.is_initialized()
         try:
             s = export_hf(args.checkpoint, args.output, args.dtype, args.format, args.tokenizer, args.vocab_size,
-                          verify=not args.no_verify)
+                          verify=not args.no_verify, max_shard_size=args.max_shard_size)
         finally:
             if owned:
                 _teardown()

@@ -139,17 +139,17 @@ def from_qwen2(tensors: dict, extra: dict, cfg, groups: int, padded: int) -> dic
     return state
 
 
-def write(out: Path, cfg, model, state: dict, fields: dict, dtype: torch.dtype) -> list[str]:
+def write(out: Path, cfg, model, state: dict, fields: dict, dtype: torch.dtype, max_shard_size="2GB") -> list[str]:
     """Write ``model.safetensors`` (+ extra) and a Qwen2 ``config.json`` into ``out``."""
     from transformers import Qwen2Config
 
-    from megahash.convert.export import EXTRA_FILE, WEIGHTS_FILE, cast, save_tensors, special_token_ids
+    from megahash.convert.export import EXTRA_FILE, cast, save_tensors, save_weights, special_token_ids
 
     m = cfg.model
     groups = int(model.decoder.layers[0].self_attention.groups)
     vocab = fields["vocab_size"]
     tensors, extra = to_qwen2(state, cfg, groups, vocab)
-    save_tensors(out / WEIGHTS_FILE, cast(tensors, dtype))
+    weights = save_weights(out, cast(tensors, dtype), max_shard_size)
     save_tensors(out / EXTRA_FILE, cast(extra, dtype))
     config = Qwen2Config(
         vocab_size=vocab, hidden_size=m.hidden_size, intermediate_size=m.ffn_hidden_size,
@@ -168,9 +168,11 @@ def write(out: Path, cfg, model, state: dict, fields: dict, dtype: torch.dtype) 
     # n_positions: the context megahash trained and evaluates with (lm-eval's hf model reads it first)
     data.update(megahash_config=fields["megahash_config"], megahash_padded_vocab_size=fields["padded_vocab_size"],
                 n_positions=fields["n_positions"],
+                # transformers 4.x reads rope_theta (else it silently uses 10000); 5.x rope_parameters
+                rope_theta=float(m.rotary_base),
                 megahash_step=fields["megahash_step"], megahash_kv_groups=groups)
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    return [WEIGHTS_FILE, EXTRA_FILE, "config.json"]
+    return [*weights, EXTRA_FILE, "config.json"]
 
 
 # ----------------------------------------------------------------------------------- import of any Qwen2 folder
