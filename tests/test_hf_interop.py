@@ -139,3 +139,32 @@ def test_qwen2_export_is_publishable_on_transformers_4_and_5(tmp_path, dist, tf4
         mh = model(torch.tensor([ids]))[0, :, :702].float()
     torch.testing.assert_close(torch.tensor(got["logits"]), want, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(want, mh, atol=1e-4, rtol=1e-4)
+
+
+def test_remote_code_batched_left_padded_generate(shakespeare_shards, dist, tmp_path):
+    """generate() on a left-padded batch (transformers' padding for generation) equals generating
+    each prompt alone, for a hash-embedding model with a recurrent attention kind."""
+    from transformers import AutoModelForCausalLM
+
+    from megahash.convert.export import export_model
+    from test_convert import _build, _cfg
+
+    cfg = _cfg(shakespeare_shards, "hash-emb-bucket")  # list:mha,approx with a hash embedding
+    from megahash.eval.text import load_codec
+
+    model = _build(cfg)
+    export_model(cfg, model, tmp_path / "hf", load_codec(cfg), fmt="megahash")
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), trust_remote_code=True).eval()
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(5, 1000, (n,), generator=g) for n in (3, 9, 6)]
+    pad = hf.generation_config.pad_token_id
+    batch = torch.full((3, 9), pad, dtype=torch.long)
+    mask = torch.zeros((3, 9), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        batch[i, 9 - len(p):] = p
+        mask[i, 9 - len(p):] = 1
+    out = hf.generate(batch, attention_mask=mask, max_new_tokens=6, do_sample=False)
+    assert out.shape == (3, 15) and torch.equal(out[:, :9], batch)
+    for i, p in enumerate(prompts):
+        alone = hf.generate(p[None], max_new_tokens=6, do_sample=False)[0, len(p):]
+        assert torch.equal(out[i, 9:9 + len(alone)], alone)
