@@ -1,4 +1,5 @@
-"""``megahash import-hf``: a Hugging Face folder written by ``export-hf`` -> a megahash checkpoint.
+"""``megahash import-hf``: a Hugging Face folder written by ``export-hf``, or a standard
+``Qwen2ForCausalLM`` folder (:func:`megahash.convert.qwen2.megahash_tree`) -> a megahash checkpoint.
 
     megahash import-hf --hf HFDIR --output RUN_DIR [--step N]
 
@@ -149,7 +150,7 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(prog="megahash import-hf", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--hf", required=True, help="folder written by megahash export-hf")
+    p.add_argument("--hf", required=True, help="folder written by megahash export-hf, or a Qwen2ForCausalLM folder")
     p.add_argument("--output", required=True, help="new run directory for the checkpoint")
     p.add_argument("--step", type=int, default=None, help="step number of the checkpoint (default: the export's)")
     args = p.parse_args(argv)
