@@ -102,7 +102,7 @@ def write_tokenizer(out: Path, codec, max_length: int) -> dict:
     from tokenizers import Tokenizer
 
     files = []
-    specials = dict(SPECIALS)
+    specials = {k: v for k, v in SPECIALS.items() if k != "bos_token"}  # see export_specials
     if codec.kind == "words":
         tok = word_tokenizer(codec.word_list)
     elif codec.kind == "sentencepiece":
