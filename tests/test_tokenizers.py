@@ -306,3 +306,33 @@ def test_small_corpus_split_is_a_one_line_error(tmp_path, shakespeare_shards):
     check_split_sizes("98,2,0", [path], {"train": 8, "validation": 0})  # no validation wanted
     with pytest.raises(DataError, match="train split no documents"):
         check_split_sizes("1,99,0", [path], {"train": 8, "validation": 4})
+
+
+def test_zst_input_and_offline_hub_name(corpus, shakespeare_shards, tmp_path):
+    """A .jsonl.zst corpus gives the same shards as the plain .jsonl; an HF tokenizer name offline is
+    one line naming what to pass instead (exit 2)."""
+    import shutil
+
+    zst = tmp_path / "corpus.jsonl.zst"
+    try:
+        import zstandard
+
+        zst.write_bytes(zstandard.ZstdCompressor().compress(corpus["jsonl"].read_bytes()))
+    except ImportError:
+        if shutil.which("zstd") is None:
+            pytest.skip("neither the zstandard package nor the zstd command is installed")
+        subprocess.run(["zstd", "-q", "-o", str(zst), str(corpus["jsonl"])], check=True)
+    outs = {}
+    for name, src in (("plain", corpus["jsonl"]), ("zst", zst)):
+        r = run([sys.executable, "data_tools/preprocess_data.py", "--input", str(src), "--output-prefix",
+                 str(tmp_path / name), "--tokenizer", str(corpus["bpe"]), "--quiet"])
+        assert r.returncode == 0, r.stderr[-2000:]
+        outs[name] = (tmp_path / f"{name}_text_document.bin").read_bytes()
+    assert outs["plain"] == outs["zst"] and len(outs["plain"]) > 1000
+    r = run([sys.executable, "data_tools/preprocess_data.py", "--input", str(corpus["jsonl"]), "--output-prefix",
+             str(tmp_path / "hub"), "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
+             "EleutherAI/pythia-160m-nonexistent-offline"])
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: cannot load Hugging Face tokenizer"), r.stderr
+    assert "tokenizer.json" in lines[0]
