@@ -168,3 +168,32 @@ def test_remote_code_batched_left_padded_generate(shakespeare_shards, dist, tmp_
     for i, p in enumerate(prompts):
         alone = hf.generate(p[None], max_new_tokens=6, do_sample=False)[0, len(p):]
         assert torch.equal(out[i, 9:9 + len(alone)], alone)
+
+
+def test_hash_embedding_special_rows_follow_roles(shakespeare_shards, dist, tmp_path):
+    """With special ids that are not 0-4 (data.special_ids), a hash embedding gives the special rows
+    to those ids by role (row 0 bos, 1 pad, 2 eos) and treats ids 0-4 as ordinary tokens; the
+    remote-code export agrees (logits equal on a sequence containing the specials)."""
+    from transformers import AutoModelForCausalLM
+
+    from megahash.convert.export import export_model
+    from megahash.eval.text import load_codec
+    from test_convert import _build, _cfg
+
+    cfg = _cfg(shakespeare_shards, "hash-emb-bucket")
+    cfg.data.special_ids = {"bos": 700, "pad": 701, "eos": 700, "unk": None, "mask": None}
+    model = _build(cfg)
+    emb = model.embedding
+    tok = torch.tensor([[700, 701, 3, 42]])
+    codes = torch.zeros((1, 4, 1), dtype=torch.long)  # md5-bucket64: one bucket id per token
+    out = emb(tok, codes)[:, 0]  # [s, h]
+    torch.testing.assert_close(out[0], emb.special[0])  # bos/eos id 700 -> the bos row
+    torch.testing.assert_close(out[1], emb.special[1])  # pad
+    assert not torch.allclose(out[2], emb.special[3])  # id 3 is an ordinary token here
+    export_model(cfg, model, tmp_path / "hf", load_codec(cfg), fmt="megahash")
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), trust_remote_code=True).eval()
+    ids = torch.tensor([[700, 17, 3, 0, 701, 250, 700, 4, 9]])
+    with torch.no_grad():
+        want = model(ids, hash_codes=hf.model.codes_for_ids(ids))[..., :1000].float()
+        got = hf(ids).logits
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
