@@ -410,7 +410,9 @@ def test_import_then_resume_training(runs, dist, tmp_path):
     assert (run_dir / "latest").read_text() == "step_00000004"
     r = run(["deepspeed", "--num_gpus", "2", "--master_port", str(_reserve_ports(1)[0]), "megahash/pretrain.py",
              "--config", str(run_dir / "resolved_config.yaml"), f"train.save_dir={run_dir}", "train.steps=5",
-             "train.lr=1e-30", "train.min_lr=0", "parallel.tensor=2"])
+             "train.lr=1e-30", "train.min_lr=0", "parallel.tensor=2",
+             # an export holds no local paths: point the data at this machine's shards (docs/convert.md)
+             f"data.prefix=[{runs.shards['prefix']}]", f"data.tokenizer={runs.shards['tokenizer']}"])
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert f"resumed from {run_dir}/step_00000004" in r.stdout
     export_hf(run_dir, tmp_path / "hf2")

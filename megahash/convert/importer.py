@@ -75,6 +75,10 @@ def read_hf(folder) -> dict:
     else:
         raise CheckpointError(f"{cfg_path}: model_type {fmt!r} is neither megahash nor qwen2")
     state = {k: (v.float() if v.is_floating_point() else v) for k, v in state.items()}
+    if not (tree.get("model") or {}).get("vocab_size") and data.get("vocab_size"):
+        # the real vocabulary, which the run's tokenizer gave (an export names no local tokenizer path)
+        tree = json.loads(json.dumps(tree))
+        tree.setdefault("model", {})["vocab_size"] = int(data["vocab_size"])
     return {"tree": tree, "format": fmt, "state": state, "padded": padded, "step": int(data.get("megahash_step", 0))}
 
 
