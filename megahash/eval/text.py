@@ -219,6 +219,9 @@ def load_codec(cfg, ckpt_dir: Optional[Path] = None, tokenizer: Optional[str] = 
         try:
             sp = load_tokenizer(tok, bases)
         except TokenizerError as e:
+            if str(e).startswith("tokenizer not found"):
+                raise DataError(f"tokenizer model {tok!r} not found; pass --tokenizer PATH (a sentencepiece .model, "
+                                f"tokenizer.json, Hugging Face tokenizer folder or name)") from None
             raise DataError(f"{e}; pass --tokenizer PATH") from None
         kind, vocab = sp.kind, sp.vocab_size
         desc["tokenizer"] = sp.path
