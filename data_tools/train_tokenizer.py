@@ -4,7 +4,16 @@
     python data_tools/train_tokenizer.py --input shakespeare --output data/tok/shk8k --vocab-size 8000
 
 Writes PREFIX.model and PREFIX.vocab (atomically, via temp names). Ids: ``<s>``=0 ``<pad>``=1 ``</s>``=2
-``<unk>``=3, ``<mask>``=4 (user-defined symbol). Input: any SRC of ``data_tools/sources.py``, streamed
+``<unk>``=3, ``<mask>``=4 (user-defined symbol).
+
+Lossless by default: ``decode(encode(text)) == text`` for any UTF-8 text (newlines, tabs, runs of
+spaces, indentation, any script, control characters): the identity normaliser
+(``normalization_rule_name=identity``: no NFKC), ``remove_extra_whitespaces=False``,
+``allow_whitespace_only_pieces=True`` (runs of spaces become pieces) and ``byte_fallback=True``
+(characters outside the vocabulary, and "\n"/"\t", which sentencepiece never puts in pieces
+because it trains on lines, become UTF-8 byte pieces ``<0x0A>``). ``--lossy`` restores
+sentencepiece's default normaliser (NFKC, whitespace runs folded and stripped, unknown characters
+-> ``<unk>`` unless ``--byte-fallback``). Input: any SRC of ``data_tools/sources.py``, streamed
 into ``SentencePieceTrainer`` through ``sentence_iterator``: every non-blank line of every document
 is a sentence (lines longer than ``--max-sentence-length`` bytes are cut at spaces), at most
 ``--input-sentence-size`` of them are sampled by sentencepiece.
@@ -25,6 +34,11 @@ from data_tools.sources import open_source, parse_doc_range, select_documents  #
 from megahash.hashing.words import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID  # noqa: E402
 
 
+# sentencepiece trainer options of the default (lossless) tokenizer
+LOSSLESS = {"normalization_rule_name": "identity", "remove_extra_whitespaces": False,
+            "allow_whitespace_only_pieces": True, "split_digits": False}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--input", required=True, help="SRC: file/dir/glob of .txt/.jsonl/.parquet, hf:NAME[:CONFIG]:SPLIT, shakespeare, bible-kjv")
@@ -34,7 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--character-coverage", type=float, default=0.9995)
     p.add_argument("--input-sentence-size", type=int, default=2_000_000, help="sentences sampled for training")
     p.add_argument("--max-sentence-length", type=int, default=4192, help="bytes; longer lines are cut at spaces")
-    p.add_argument("--byte-fallback", action="store_true", help="encode unknown characters as byte pieces")
+    p.add_argument("--byte-fallback", action="store_true", help="with --lossy: encode unknown characters as byte pieces")
+    p.add_argument("--lossy", action="store_true", help="sentencepiece's default normaliser (NFKC, whitespace folded); "
+                   "default: lossless (identity normaliser, whitespace kept, byte fallback)")
     p.add_argument("--txt-mode", choices=["blocks", "lines"], default="blocks")
     p.add_argument("--json-key", default="text")
     p.add_argument("--doc-range", default=None, help="START:END source document indices")
@@ -64,12 +80,18 @@ def _cut(line: str, limit: int) -> Iterator[str]:
         yield " ".join(piece)
 
 
-def sentences(documents, max_len: int) -> Iterator[str]:
-    """Non-blank lines of the documents, each at most ``max_len`` UTF-8 bytes."""
+def sentences(documents, max_len: int, keep_whitespace: bool = False) -> Iterator[str]:
+    """Non-blank lines of the documents, each at most ``max_len`` UTF-8 bytes (stripped, unless
+    ``keep_whitespace``: lossless tokenizers learn indentation and space runs as pieces)."""
     for doc in documents:
         for line in doc.splitlines():
-            line = line.strip()
-            if line:
+            if not line.strip():
+                continue
+            if not keep_whitespace:
+                yield from _cut(line.strip(), max_len)
+            elif len(line.encode("utf-8")) <= max_len:
+                yield line
+            else:
                 yield from _cut(line, max_len)
 
 
@@ -77,6 +99,10 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if args.vocab_size <= len(SPECIAL_TOKENS):
         raise InputError(f"--vocab-size must be > {len(SPECIAL_TOKENS)}, got {args.vocab_size}")
+    byte_fallback = args.byte_fallback or not args.lossy
+    if byte_fallback and args.vocab_size <= len(SPECIAL_TOKENS) + 256:
+        raise InputError(f"--vocab-size must be > {len(SPECIAL_TOKENS) + 256} with byte fallback (256 byte pieces), "
+                         f"got {args.vocab_size}; raise it or pass --lossy")
     final = {ext: args.output + ext for ext in (".model", ".vocab")}
     if not args.overwrite:
         for path in final.values():
@@ -91,7 +117,7 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     counted = {"sentences": 0}
 
     def feed() -> Iterator[str]:
-        for s in sentences(select_documents(source, start, end), args.max_sentence_length):
+        for s in sentences(select_documents(source, start, end), args.max_sentence_length, keep_whitespace=not args.lossy):
             counted["sentences"] += 1
             yield s
 
@@ -116,7 +142,8 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
                 eos_piece=SPECIAL_TOKENS[EOS_ID],
                 unk_piece=SPECIAL_TOKENS[UNK_ID],
                 user_defined_symbols=[SPECIAL_TOKENS[4]],
-                byte_fallback=args.byte_fallback,
+                byte_fallback=byte_fallback,
+                **({} if args.lossy else LOSSLESS),
                 num_threads=max(1, args.threads),
                 minloglevel=2 if args.quiet else 0,
             )

@@ -86,7 +86,8 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     prefix: list[str] = field(default_factory=list)  # shard prefixes (PREFIX_text_document ...) or "weight prefix" pairs
-    tokenizer: str = ""  # sentencepiece .model (or "words")
+    tokenizer: str = ""  # sentencepiece .model, tokenizer.json, HF tokenizer folder/name (or "words")
+    special_ids: dict = field(default_factory=dict)  # role -> id (bos pad eos unk mask); filled from the shard meta; {} = 0-4
     seq_length: int = 128
     split: str = "98,2,0"
     seed: int = 1234

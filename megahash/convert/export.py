@@ -42,7 +42,18 @@ WEIGHTS_FILE = "model.safetensors"
 EXTRA_FILE = "megahash_extra.safetensors"
 HASHING_FILE = "megahash_hashing.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-SPECIAL_IDS = {"bos_token_id": 0, "pad_token_id": 1, "eos_token_id": 2}
+SPECIAL_IDS = {"bos_token_id": 0, "pad_token_id": 1, "eos_token_id": 2}  # the word tokenizer's (default)
+
+
+def special_token_ids(cfg) -> dict:
+    """bos/pad/eos token ids of the run's tokenizer (``data.special_ids``; the word ids 0-4 if the
+    run recorded none). A missing pad is the eos id (padding is never scored)."""
+    from megahash.tokenization import special_ids_of
+
+    ids = special_ids_of(getattr(cfg.data, "special_ids", None))
+    eos = ids.get("eos")
+    return {"bos_token_id": ids.get("bos") if ids.get("bos") is not None else eos,
+            "pad_token_id": ids.get("pad") if ids.get("pad") is not None else eos, "eos_token_id": eos}
 # megahash parameter prefixes that live in the base model (``model.``) of the HF classes
 BASE_PREFIXES = ("embedding.", "decoder.", "fixed_qk.")
 
@@ -134,7 +145,9 @@ def hf_config_dict(cfg, model, vocab_size: int, step: int) -> dict:
     num_buckets = 0
     if m.head == "hash-bucket":
         num_buckets = int(model.head.num_buckets)
-    tree = cfg.to_dict()
+    from megahash.convert.model_card import portable_tree
+
+    tree = portable_tree(cfg.to_dict())  # no local paths in an export
     return dict(
         megahash_config=tree, vocab_size=int(vocab_size), padded_vocab_size=int(model.vocab_size),
         hidden_size=m.hidden_size, num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads,
@@ -144,7 +157,7 @@ def hf_config_dict(cfg, model, vocab_size: int, step: int) -> dict:
         tie_embeddings=bool(model.tie), qkv_bias=bool(m.qkv_bias), layer_specs=layer_specs(model),
         embed=embed_meta(model), fixed_qk=fixed, hash_spec=spec.name if spec is not None else None,
         code_width=spec.width if spec is not None else 0, num_buckets=num_buckets, megahash_step=int(step),
-        **SPECIAL_IDS,
+        **special_token_ids(cfg), n_positions=int(cfg.data.seq_length),
     )
 
 
@@ -153,7 +166,7 @@ def hf_config_dict(cfg, model, vocab_size: int, step: int) -> dict:
 def write_hashing_files(out: Path, codec, cfg) -> list[str]:
     """``megahash_hashing.json`` (+ pieces / word table / LSH planes) for raw text -> ids, codes."""
     files = [HASHING_FILE]
-    meta = {"kind": "words" if codec.kind == "words" else "sentencepiece",
+    meta = {"kind": "words" if codec.kind == "words" else codec.kind,
             "hash_spec": codec.spec.name if codec.spec is not None else None,
             "md5_key": codec.description.get("md5_key", "en"), "hash_unit": codec.description.get("hash_unit", "word")}
     if codec.kind == "words":
@@ -161,14 +174,14 @@ def write_hashing_files(out: Path, codec, cfg) -> list[str]:
         meta["words_file"] = "megahash_words.json"
         files.append("megahash_words.json")
     else:
-        sp = codec.sp
-        from megahash.hashing.words import SPECIAL_TOKENS
-
-        pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
-        special = [bool(sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i) or sp.is_byte(i)
-                        or pieces[i] in SPECIAL_TOKENS) for i in range(len(pieces))]
+        pieces = list(codec.coder.pieces) if codec.coder is not None else list(codec.sp.hash_pieces)
+        special = (codec.coder.special if codec.coder is not None else codec.special_flags).tolist()
         (out / "megahash_pieces.json").write_text(json.dumps({"pieces": pieces, "special": special}, ensure_ascii=False))
-        meta.update(pieces_file="megahash_pieces.json", sp_model="tokenizer.model")
+        meta.update(pieces_file="megahash_pieces.json")
+        if codec.kind == "sentencepiece":
+            meta["sp_model"] = "tokenizer.model"
+        else:
+            meta["tokenizer_json"] = "tokenizer.json"
         files.append("megahash_pieces.json")
     if codec.spec is not None and codec.spec.kind in ("lsh", "lsh-bucket"):
         shutil.copyfile(codec.description["lsh"], out / "megahash_lsh.npz")
@@ -178,9 +191,25 @@ def write_hashing_files(out: Path, codec, cfg) -> list[str]:
     return files
 
 
-def generation_config(out: Path, max_length: int) -> None:
+def generation_config(out: Path, max_length: int, cfg=None) -> None:
+    ids = special_token_ids(cfg) if cfg is not None else SPECIAL_IDS
     (out / "generation_config.json").write_text(json.dumps(
-        {**SPECIAL_IDS, "do_sample": False}, indent=1))
+        {**ids, "do_sample": False}, indent=1))
+
+
+MAX_SHARD_SIZE = "2GB"
+
+
+def save_weights(out: Path, tensors: dict, max_shard_size=MAX_SHARD_SIZE) -> list[str]:
+    """``model.safetensors``, or above ``max_shard_size`` shards ``model-0000K-of-0000N.safetensors``
+    with ``model.safetensors.index.json`` (huggingface_hub's layout, which transformers loads)."""
+    from huggingface_hub import save_torch_state_dict
+
+    save_torch_state_dict(tensors, out, max_shard_size=max_shard_size, metadata={"format": "pt"})
+    if (out / "model.safetensors.index.json").is_file():
+        index = json.loads((out / "model.safetensors.index.json").read_text())
+        return ["model.safetensors.index.json", *sorted(set(index["weight_map"].values()))]
+    return [WEIGHTS_FILE]
 
 
 def save_tensors(path: Path, tensors: dict, meta: dict | None = None) -> None:
@@ -208,7 +237,7 @@ def load_checkpoint(checkpoint, tokenizer: str | None = None):
 
 
 def export_model(cfg, model, output, codec=None, step: int = 0, dtype: str = "float32", fmt: str = "auto",
-                 vocab_size: int | None = None) -> dict:
+                 vocab_size: int | None = None, max_shard_size=MAX_SHARD_SIZE, run_dir=None) -> dict:
     """Write the HF folder of an in-memory TP=1 megahash model; returns a summary dict."""
     from megahash.convert import qwen2
 
@@ -227,18 +256,20 @@ def export_model(cfg, model, output, codec=None, step: int = 0, dtype: str = "fl
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     for stale in (WEIGHTS_FILE, EXTRA_FILE, HASHING_FILE, "megahash_lsh.npz", "megahash_pieces.json",
-                  "megahash_words.json", "tokenization_megahash.py", *REMOTE_FILES):
+                  "megahash_words.json", "tokenization_megahash.py", "model.safetensors.index.json", *REMOTE_FILES):
         (out / stale).unlink(missing_ok=True)
+    for stale in out.glob("model-*-of-*.safetensors"):
+        stale.unlink()
     torch_dtype = DTYPES[dtype]
     state = megahash_state(model)
     fields = hf_config_dict(cfg, model, vocab, step)
     files = []
     if fmt == "qwen2":
-        files += qwen2.write(out, cfg, model, state, fields, torch_dtype)
+        files += qwen2.write(out, cfg, model, state, fields, torch_dtype, max_shard_size)
     else:
         from megahash.convert.hf.configuration_megahash import MegahashConfig
 
-        save_tensors(out / WEIGHTS_FILE, cast(to_hf_names(state), torch_dtype))
+        files += save_weights(out, cast(to_hf_names(state), torch_dtype), max_shard_size)
         for name in REMOTE_FILES:
             shutil.copyfile(HF_DIR / name, out / name)
         encoder = cfg.model.arch == "encoder"
@@ -248,9 +279,12 @@ def export_model(cfg, model, output, codec=None, step: int = 0, dtype: str = "fl
                     ("AutoModelForMaskedLM" if encoder else "AutoModelForCausalLM"): f"modeling_megahash.{head_cls}"}
         config = MegahashConfig(**fields, auto_map=auto_map, architectures=[head_cls], dtype=dtype)
         config.save_pretrained(str(out))
-        files += [WEIGHTS_FILE, "config.json", *REMOTE_FILES]
-    generation_config(out, cfg.model.max_position_embeddings)
+        files += ["config.json", *REMOTE_FILES]
+    generation_config(out, cfg.model.max_position_embeddings, cfg)
     files.append("generation_config.json")
+    from megahash.convert.model_card import write_model_card
+
+    files.append(write_model_card(out, cfg, model, fmt, step, run_dir))
     tok_info = {"mismatches": None}
     if codec is not None:
         from megahash.convert.tokenizer import write_tokenizer
@@ -267,10 +301,11 @@ def export_model(cfg, model, output, codec=None, step: int = 0, dtype: str = "fl
 
 
 def export_hf(checkpoint, output, dtype: str = "float32", fmt: str = "auto", tokenizer: str | None = None,
-              vocab_size: int | None = None, verify: bool = False) -> dict:
+              vocab_size: int | None = None, verify: bool = False, max_shard_size=MAX_SHARD_SIZE) -> dict:
     """Export a megahash checkpoint (run dir or step dir) to ``output``; see the module docstring."""
     cfg, model, ckpt, codec, step = load_checkpoint(checkpoint, tokenizer)
-    summary = export_model(cfg, model, output, codec, step, dtype, fmt, vocab_size)
+    summary = export_model(cfg, model, output, codec, step, dtype, fmt, vocab_size, max_shard_size,
+                           run_dir=Path(ckpt).parent)
     summary["checkpoint"] = str(ckpt)
     if verify:
         from megahash.convert.verify import verify_export
@@ -291,6 +326,8 @@ def main(argv=None) -> int:
     p.add_argument("--tokenizer", default=None, help="override data.tokenizer of the run")
     p.add_argument("--vocab-size", type=int, default=None, help="real vocabulary (default: the tokenizer's)")
     p.add_argument("--no-verify", action="store_true", help="skip loading the export and comparing logits")
+    p.add_argument("--max-shard-size", default=MAX_SHARD_SIZE, help="split model.safetensors above this size "
+                   "(e.g. 500MB; default 2GB) into shards with model.safetensors.index.json")
     args = p.parse_args(argv)
 
     def run():
@@ -303,7 +340,7 @@ def main(argv=None) -> int:
         owned = not dist.is_initialized()
         try:
             s = export_hf(args.checkpoint, args.output, args.dtype, args.format, args.tokenizer, args.vocab_size,
-                          verify=not args.no_verify)
+                          verify=not args.no_verify, max_shard_size=args.max_shard_size)
         finally:
             if owned:
                 _teardown()

@@ -1,4 +1,5 @@
-"""``megahash import-hf``: a Hugging Face folder written by ``export-hf`` -> a megahash checkpoint.
+"""``megahash import-hf``: a Hugging Face folder written by ``export-hf``, or a standard
+``Qwen2ForCausalLM`` folder (:func:`megahash.convert.qwen2.megahash_tree`) -> a megahash checkpoint.
 
     megahash import-hf --hf HFDIR --output RUN_DIR [--step N]
 
@@ -41,12 +42,27 @@ def read_hf(folder) -> dict:
         raise CheckpointError(f"{folder} is not a Hugging Face model folder (no config.json)")
     data = json.loads(cfg_path.read_text())
     tree = data.get("megahash_config")
-    if not tree:
-        raise CheckpointError(f"{cfg_path} has no megahash_config: it was not written by megahash export-hf")
-    if not (folder / WEIGHTS_FILE).is_file():
-        raise CheckpointError(f"{folder} has no {WEIGHTS_FILE}")
-    tensors = load_file(str(folder / WEIGHTS_FILE))
     fmt = data.get("model_type")
+    if not tree and fmt == "qwen2":  # a standard Qwen2ForCausalLM folder (not a megahash export)
+        from megahash.convert import qwen2
+        from megahash.config import config_from_dict
+
+        tree = qwen2.megahash_tree(data, folder)
+        cfg = config_from_dict(_tp1(tree))
+        vocab, mult = cfg.model.vocab_size, cfg.model.make_vocab_size_divisible_by
+        padded = -(-vocab // mult) * mult
+        kv = cfg.model.num_query_groups or cfg.model.num_heads
+        state = qwen2.from_qwen2(qwen2.load_hf_tensors(folder), {}, cfg, kv, padded)
+        state = {k: (v.float() if v.is_floating_point() else v) for k, v in state.items()}
+        return {"tree": tree, "format": "qwen2-hf", "state": state, "padded": padded, "step": 0}
+    if not tree:
+        raise CheckpointError(f"{cfg_path} has no megahash_config and model_type {fmt!r}: import-hf reads megahash "
+                              f"exports and standard Qwen2ForCausalLM folders")
+    if not (folder / WEIGHTS_FILE).is_file() and not (folder / "model.safetensors.index.json").is_file():
+        raise CheckpointError(f"{folder} has no {WEIGHTS_FILE}")
+    from megahash.convert.qwen2 import load_hf_tensors
+
+    tensors = load_hf_tensors(folder)
     if fmt == "megahash":
         state, padded = from_hf_names(tensors), int(data["padded_vocab_size"])
     elif fmt == "qwen2":
@@ -59,6 +75,10 @@ def read_hf(folder) -> dict:
     else:
         raise CheckpointError(f"{cfg_path}: model_type {fmt!r} is neither megahash nor qwen2")
     state = {k: (v.float() if v.is_floating_point() else v) for k, v in state.items()}
+    if not (tree.get("model") or {}).get("vocab_size") and data.get("vocab_size"):
+        # the real vocabulary, which the run's tokenizer gave (an export names no local tokenizer path)
+        tree = json.loads(json.dumps(tree))
+        tree.setdefault("model", {})["vocab_size"] = int(data["vocab_size"])
     return {"tree": tree, "format": fmt, "state": state, "padded": padded, "step": int(data.get("megahash_step", 0))}
 
 
@@ -134,7 +154,7 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(prog="megahash import-hf", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--hf", required=True, help="folder written by megahash export-hf")
+    p.add_argument("--hf", required=True, help="folder written by megahash export-hf, or a Qwen2ForCausalLM folder")
     p.add_argument("--output", required=True, help="new run directory for the checkpoint")
     p.add_argument("--step", type=int, default=None, help="step number of the checkpoint (default: the export's)")
     args = p.parse_args(argv)

@@ -141,17 +141,17 @@ def from_qwen2(tensors: dict, extra: dict, cfg, groups: int, padded: int) -> dic
     return state
 
 
-def write(out: Path, cfg, model, state: dict, fields: dict, dtype: torch.dtype) -> list[str]:
+def write(out: Path, cfg, model, state: dict, fields: dict, dtype: torch.dtype, max_shard_size="2GB") -> list[str]:
     """Write ``model.safetensors`` (+ extra) and a Qwen2 ``config.json`` into ``out``."""
     from transformers import Qwen2Config
 
-    from megahash.convert.export import EXTRA_FILE, SPECIAL_IDS, WEIGHTS_FILE, cast, save_tensors
+    from megahash.convert.export import EXTRA_FILE, cast, save_tensors, save_weights, special_token_ids
 
     m = cfg.model
     groups = int(model.decoder.layers[0].self_attention.groups)
     vocab = fields["vocab_size"]
     tensors, extra = to_qwen2(state, cfg, groups, vocab)
-    save_tensors(out / WEIGHTS_FILE, cast(tensors, dtype))
+    weights = save_weights(out, cast(tensors, dtype), max_shard_size)
     save_tensors(out / EXTRA_FILE, cast(extra, dtype))
     config = Qwen2Config(
         vocab_size=vocab, hidden_size=m.hidden_size, intermediate_size=m.ffn_hidden_size,
@@ -159,7 +159,7 @@ def write(out: Path, cfg, model, state: dict, fields: dict, dtype: torch.dtype) 
         hidden_act="silu", max_position_embeddings=m.max_position_embeddings, initializer_range=m.init_std,
         rms_norm_eps=m.norm_eps, use_cache=True, tie_word_embeddings=bool(model.tie),
         rope_parameters={"rope_type": "default", "rope_theta": float(m.rotary_base)},
-        use_sliding_window=False, attention_dropout=0.0, **SPECIAL_IDS,
+        use_sliding_window=False, attention_dropout=0.0, **special_token_ids(cfg),
     )
     config.architectures = ["Qwen2ForCausalLM"]
     config.dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
@@ -167,7 +167,77 @@ def write(out: Path, cfg, model, state: dict, fields: dict, dtype: torch.dtype) 
     # megahash extras (ignored by Qwen2): the resolved config and what import-hf needs
     path = out / "config.json"
     data = json.loads(path.read_text())
+    # n_positions: the context megahash trained and evaluates with (lm-eval's hf model reads it first)
     data.update(megahash_config=fields["megahash_config"], megahash_padded_vocab_size=fields["padded_vocab_size"],
+                n_positions=fields["n_positions"],
+                # transformers 4.x reads rope_theta (else it silently uses 10000); 5.x rope_parameters
+                rope_theta=float(m.rotary_base),
                 megahash_step=fields["megahash_step"], megahash_kv_groups=groups)
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    return [WEIGHTS_FILE, EXTRA_FILE, "config.json"]
+    return [*weights, EXTRA_FILE, "config.json"]
+
+
+# ----------------------------------------------------------------------------------- import of any Qwen2 folder
+
+def load_hf_tensors(folder) -> dict:
+    """Tensors of a Hugging Face folder: ``model.safetensors`` or the shards named by
+    ``model.safetensors.index.json`` (safetensors only)."""
+    from safetensors.torch import load_file
+
+    from megahash.errors import CheckpointError
+
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    if (folder / "model.safetensors").is_file():
+        return load_file(str(folder / "model.safetensors"))
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        out = {}
+        for name in names:
+            out.update(load_file(str(folder / name)))
+        return out
+    raise CheckpointError(f"{folder} has neither model.safetensors nor model.safetensors.index.json "
+                          f"(only safetensors weights are read)")
+
+
+def megahash_tree(data: dict, folder) -> dict:
+    """A megahash config tree for a standard ``Qwen2ForCausalLM`` config.json (any Qwen2/Qwen2.5
+    decoder without sliding windows or RoPE scaling): megahash's decoder block with ``mha`` in every
+    layer, ``model.num_query_groups`` = its key/value heads, QKV biases, ``rotary_base = rope_theta``
+    (transformers 4.x ``rope_theta`` or 5.x ``rope_parameters``). The folder's tokenizer, if any,
+    becomes ``data.tokenizer`` with its special ids."""
+    from megahash.errors import ConfigError
+
+    def need(ok, what):
+        if not ok:
+            raise ConfigError(f"cannot import this Qwen2 model into megahash's decoder: {what}")
+
+    need(data.get("hidden_act", "silu") == "silu", f"hidden_act={data.get('hidden_act')!r} (SwiGLU needs silu)")
+    need(not data.get("use_sliding_window"), "use_sliding_window=true")
+    rope = data.get("rope_parameters") or data.get("rope_scaling") or {}
+    need(rope.get("rope_type", rope.get("type", "default")) in ("default", None), f"RoPE scaling {rope}")
+    theta = float(data.get("rope_theta") or rope.get("rope_theta") or 10000.0)
+    need(theta.is_integer(), f"rope_theta={theta} (megahash's model.rotary_base is an integer)")
+    h, n = int(data["hidden_size"]), int(data["num_attention_heads"])
+    kv = int(data.get("num_key_value_heads") or n)
+    need(h % n == 0 and (data.get("head_dim") in (None, h // n)), f"head_dim={data.get('head_dim')} != hidden/heads")
+    need(n % kv == 0, f"{n} heads not divisible into {kv} key/value groups")
+    max_pos = int(data.get("max_position_embeddings") or 2048)
+    tree = {
+        "model": {"arch": "decoder", "hidden_size": h, "num_layers": int(data["num_hidden_layers"]), "num_heads": n,
+                  "num_query_groups": 0 if kv == n else kv, "ffn_hidden_size": int(data["intermediate_size"]),
+                  "vocab_size": int(data["vocab_size"]), "max_position_embeddings": max_pos,
+                  "rotary_base": int(theta), "tie_embeddings": bool(data.get("tie_word_embeddings", False)),
+                  "qkv_bias": True, "norm_eps": float(data.get("rms_norm_eps", 1e-6)),
+                  "init_std": float(data.get("initializer_range", 0.02)), "embedding": "vocab", "head": "vocab",
+                  "schedule": "uniform:mha"},
+        "train": {"objective": "clm"},
+        "data": {"seq_length": min(max_pos, 2048)},
+    }
+    folder = Path(folder)
+    if (folder / "tokenizer.json").is_file() or (folder / "tokenizer.model").is_file():
+        from megahash.tokenization import load_tokenizer
+
+        tok = load_tokenizer(str(folder.resolve()))
+        tree["data"].update(tokenizer=str(folder.resolve()), special_ids=dict(tok.special_ids))
+    return tree

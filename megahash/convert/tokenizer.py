@@ -17,24 +17,29 @@ from pathlib import Path
 
 SPECIALS = {"bos_token": "<s>", "pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>", "mask_token": "<mask>"}
 PROBES = ["KING. My lord, the queen is dead.  How now?", "  leading and trailing  ", "tab\there\nnew line",
-          "é ü ñ Æ ﬁ x\u00a0y", "Hello <mask> world", "zzzqqq \u2603 \u4e2d\u6587 1234", ""]
+          "é ü ñ Æ ﬁ x\u00a0y", "Hello <mask> world", "zzzqqq \u2603 \u4e2d\u6587 1234", "",
+          "<s> a </s><unk><pad> <|endoftext|>\x00\x07\t\t   \n\n<mask>"]
 
 
-def sentencepiece_tokenizer(sp_model: str):
-    """A ``tokenizers.Tokenizer`` equivalent to the sentencepiece model's ``encode``."""
+def sentencepiece_tokenizer(sp_model):
+    """A ``tokenizers.Tokenizer`` equivalent to the sentencepiece model's ``encode`` (``sp_model``:
+    a path or the serialized model)."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
     from transformers.convert_slow_tokenizer import import_protobuf
     from transformers.tokenization_utils_base import generate_merges
 
     pb = import_protobuf()
     proto = pb.ModelProto()
-    proto.ParseFromString(Path(sp_model).read_bytes())
+    proto.ParseFromString(sp_model if isinstance(sp_model, bytes) else Path(sp_model).read_bytes())
     spec, norm = proto.trainer_spec, proto.normalizer_spec
     vocab_scores = [(p.piece, p.score) for p in proto.pieces]
     byte_fallback = bool(spec.byte_fallback)
     if spec.model_type == 2:  # BPE
         vocab = {piece: i for i, (piece, _) in enumerate(vocab_scores)}
-        tok = Tokenizer(models.BPE(vocab=vocab, merges=generate_merges(vocab, vocab_scores), unk_token=spec.unk_piece,
+        # sentencepiece's BPE never produces control/user-defined/byte pieces by merging: keep them out of the merges
+        mergeable = {p.piece: i for i, p in enumerate(proto.pieces) if p.type in (1, 2)}
+        merges = generate_merges(mergeable, [(p.piece, p.score) for p in proto.pieces if p.type in (1, 2)])
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=spec.unk_piece,
                                    fuse_unk=True, byte_fallback=byte_fallback))
     elif spec.model_type == 1:  # Unigram
         tok = Tokenizer(models.Unigram(vocab_scores, unk_id=spec.unk_id, byte_fallback=byte_fallback))
@@ -45,13 +50,18 @@ def sentencepiece_tokenizer(sp_model: str):
         norms.append(normalizers.Precompiled(norm.precompiled_charsmap))
     if norm.remove_extra_whitespaces:
         norms += [normalizers.Strip(left=True, right=True), normalizers.Replace(Regex(" {2,}"), " ")]
-    if norms:
-        tok.normalizer = normalizers.Sequence(norms)
+    # sentencepiece adds its dummy "\u2581" even before a leading space ("  a" -> "\u2581\u2581\u2581a"); the
+    # Metaspace pre-tokenizer would not (it skips texts starting with one), so prefix in the normaliser
+    if norm.add_dummy_prefix:
+        norms.append(normalizers.Prepend("\u2581"))
+    norms.append(normalizers.Replace(" ", "\u2581"))
+    tok.normalizer = normalizers.Sequence(norms)
     scheme = "always" if norm.add_dummy_prefix else "never"
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=scheme, split=False)
-    dec = [decoders.Metaspace(replacement="\u2581", prepend_scheme=scheme)]
-    if byte_fallback:
-        dec = [decoders.ByteFallback(), decoders.Fuse()] + dec
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="never", split=False)
+    # as transformers' Llama converter: "\u2581" -> " ", bytes -> text, drop the dummy prefix's space
+    dec = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if scheme == "always":
+        dec.append(decoders.Strip(content=" ", left=1, right=0))
     tok.decoder = decoders.Sequence(dec)
     # user-defined symbols (<mask>) are matched in the text like sentencepiece does; control pieces are specials
     tok.add_tokens([AddedToken(p.piece, normalized=True, special=False) for p in proto.pieces if p.type == 4])
@@ -75,29 +85,54 @@ def word_tokenizer(words: list[str]):
     return tok
 
 
+def export_specials(tok) -> dict:
+    """``{role}_token`` strings of the exported tokenizer. No ``bos_token`` unless it is the eos:
+    megahash never puts a BOS before a document (a document starts after the previous one's eos), so
+    lm-eval's ``hf`` model, which prefixes scored text with the BOS when there is one and with the eos
+    otherwise, conditions on the eos exactly as ``megahash eval`` does (docs/eval.md, window policy)."""
+    out = {f"{r}_token": t for r, t in tok.special_tokens.items() if t is not None and r != "bos"}
+    return out
+
+
 def write_tokenizer(out: Path, codec, max_length: int) -> dict:
     """Write the tokenizer files of ``codec`` (a megahash.eval.text.TextCodec) to ``out``.
     Returns {"files": [...], "mismatches": n} (n = probe texts whose ids differ from megahash's)."""
     from transformers import PreTrainedTokenizerFast
 
+    from tokenizers import Tokenizer
+
     files = []
+    specials = {k: v for k, v in SPECIALS.items() if k != "bos_token"}  # see export_specials
     if codec.kind == "words":
         tok = word_tokenizer(codec.word_list)
-    else:
-        sp_path = codec.description["tokenizer"]
-        shutil.copyfile(sp_path, out / "tokenizer.model")
+    elif codec.kind == "sentencepiece":
+        # the run's model with its special user-defined pieces made control pieces (megahash.tokenization)
+        (out / "tokenizer.model").write_bytes(codec.sp.model_bytes)
         files.append("tokenizer.model")
-        tok = sentencepiece_tokenizer(sp_path)
+        tok = sentencepiece_tokenizer(codec.sp.model_bytes)
+        specials = export_specials(codec.sp)
+    else:  # tokenizer.json of the run (nothing added around a text)
+        tok = Tokenizer.from_str(codec.sp.export_json())
+        specials = export_specials(codec.sp)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=max_length, clean_up_tokenization_spaces=False,
-                                   **SPECIALS)
+                                   split_special_tokens=True, **specials)
     fast.save_pretrained(str(out))
-    # name the remote subclass in auto_map: transformers would otherwise map some model types
-    # (qwen2) to their own tokenizer class; without trust_remote_code it loads tokenizer.json as is
+    # a plain fast tokenizer (tokenizer.json as it is) on transformers 4.x and 5.x without remote code:
+    # ``tokenizer_class`` is what 4.x reads; 5.x maps some model types (qwen2) to their own tokenizer
+    # class whatever tokenizer_config says, unless an ``auto_map`` is present, which it skips without
+    # trust_remote_code and then uses ``tokenizer_class``. Special-token strings in a text are ordinary
+    # text (split_special_tokens), as on every other megahash path.
     shutil.copyfile(Path(__file__).resolve().parent / "hf" / "tokenization_megahash.py", out / "tokenization_megahash.py")
     tc_path = out / "tokenizer_config.json"
     tc = json.loads(tc_path.read_text())
+    tc.update(tokenizer_class="PreTrainedTokenizerFast", split_special_tokens=True, clean_up_tokenization_spaces=False,
+              model_max_length=int(max_length))
     tc["auto_map"] = {"AutoTokenizer": [None, "tokenization_megahash.MegahashTokenizerFast"]}
-    tc_path.write_text(json.dumps(tc, indent=2) + "\n")
+    tc.pop("backend", None)
+    tc_path.write_text(json.dumps(tc, indent=2, ensure_ascii=False) + "\n")
     files += ["tokenizer.json", "tokenizer_config.json", "tokenization_megahash.py"]
+    for extra in ("special_tokens_map.json",):
+        if (out / extra).is_file():
+            files.append(extra)
     mismatches = sum(fast.encode(t, add_special_tokens=False) != codec.encode(t).ids for t in PROBES)
     return {"files": files, "mismatches": mismatches}

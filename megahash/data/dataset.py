@@ -107,7 +107,8 @@ class HashGPTDataset(GPTDataset):
         need = self.config.sequence_length + 1
         pad = need - len(text)
         if pad > 0:
-            text = np.concatenate([text, np.full(pad, self._pad_token_id, dtype=np.int64)])
+            fill = self._pad_token_id if self._pad_token_id >= 0 else self.config.tokenizer.eod
+            text = np.concatenate([text, np.full(pad, fill, dtype=np.int64)])
         loss_mask = np.ones(self.config.sequence_length, dtype=np.float32)
         if pad > 0:
             loss_mask[len(loss_mask) - pad:] = 0.0
@@ -187,13 +188,16 @@ def build_datasets(cfg, train_samples: int, valid_samples: int, cache_dir: str |
                 )
         width = int(specs[spec]["width"]) if spec in specs else _width_from_shards(paths[0], spec)
     vocab = _vocab_size(cfg, meta)
+    special = record_special_ids(cfg, meta)
+    eod = special.get("eos") if special.get("eos") is not None else 2
+    pad = special.get("pad") if special.get("pad") is not None else -1  # megatron's "no pad token"
     ds_cfg = GPTDatasetConfig(
         random_seed=cfg.data.seed,
         sequence_length=cfg.data.seq_length,
         blend=(paths, weights),
         split=cfg.data.split,
         path_to_cache=cache_dir,
-        tokenizer=_Tokenizer(vocab),
+        tokenizer=_Tokenizer(vocab, eod=eod, pad=pad),
         reset_position_ids=False,
         reset_attention_mask=False,
         eod_mask_loss=False,
@@ -202,6 +206,7 @@ def build_datasets(cfg, train_samples: int, valid_samples: int, cache_dir: str |
     )
     HashGPTDataset.hash_spec = spec
     HashGPTDataset.hash_width = width
+    check_split_sizes(cfg.data.split, paths, {"train": train_samples, "validation": valid_samples})
     try:
         train, valid, _ = BlendedMegatronDatasetBuilder(
             HashGPTDataset, [train_samples, valid_samples, 0], lambda: True, ds_cfg
@@ -211,6 +216,45 @@ def build_datasets(cfg, train_samples: int, valid_samples: int, cache_dir: str |
     if train is None:
         raise DataError(f"data.split={cfg.data.split!r} leaves no training documents")
     return Datasets(train, valid, vocab, meta)
+
+
+def check_split_sizes(split: str, paths: list[str], samples: dict) -> None:
+    """One-line DataError when ``data.split`` gives a split that must yield samples no document of
+    a shard (megatron-core would then loop for ever looking for tokens). Documents are divided as
+    ``BlendedMegatronDatasetBuilder`` does: split i of N documents is ``round(b_i N) : round(e_i N)``."""
+    from megahash.errors import DataError
+    from megatron.core.datasets.blended_megatron_dataset_config import (
+        convert_split_vector_to_split_matrix, parse_and_normalize_split)
+
+    try:
+        matrix = convert_split_vector_to_split_matrix(parse_and_normalize_split(split))
+    except (AssertionError, ValueError) as e:
+        raise DataError(f"data.split={split!r} is not a valid split (three weights, e.g. 98,2,0): {e}") from None
+    for path in paths:
+        n = len(IndexedDataset(path).sequence_lengths)
+        for (name, want), bounds in zip(samples.items(), matrix):
+            if not want or bounds is None:
+                continue
+            docs = int(round(bounds[1] * n)) - int(round(bounds[0] * n))
+            if docs <= 0:
+                share = max(1, -(-100 // n))
+                if name == "validation" and share < 50:
+                    fix = f"give the {name} split at least {share}% (e.g. data.split={100 - share},{share},0)"
+                else:
+                    fix = "use a larger corpus" if name == "validation" else "use a larger corpus or a larger train share"
+                raise DataError(f"data.split={split} leaves the {name} split no documents of the {n} in {path}: "
+                                f"{fix}, or data.split=100,0,0 to train without validation")
+
+
+def record_special_ids(cfg, meta: dict) -> dict:
+    """The tokenizer's special ids by role, from the shard meta into ``cfg.data.special_ids`` (so
+    the resolved config of the checkpoint records them); an explicit config value wins."""
+    from megahash.tokenization import special_ids_of
+
+    tok = meta.get("tokenizer") if isinstance(meta.get("tokenizer"), dict) else {}
+    if not cfg.data.special_ids and tok.get("special_ids"):
+        cfg.data.special_ids = special_ids_of(tok["special_ids"])
+    return special_ids_of(cfg.data.special_ids)
 
 
 def _width_from_shards(path: str, spec: str) -> int:

@@ -333,9 +333,8 @@ def compute(model, codec, text: str, max_tokens: int, windows: int = 1) -> tuple
     """Indicators of ``windows`` consecutive windows of ``max_tokens`` tokens of ``text``; returns
     (layer records, info) with the pre-softmax logit statistics in each layer record."""
     from megahash.errors import DataError
-    from megahash.eval.text import EOS_ID
 
-    enc = codec.special(EOS_ID) + codec.encode(text)
+    enc = codec.special(codec.eos_id) + codec.encode(text)
     if len(enc) < 4:
         raise DataError("the text gives fewer than 3 tokens; give a longer --text")
     per_window, logits = [], {}

@@ -52,7 +52,7 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
 from megahash.errors import ConfigError
-from megahash.eval.text import EOS_ID, NUM_SPECIAL, PAD_ID, Encoded, TextCodec, load_codec
+from megahash.eval.text import NUM_SPECIAL, Encoded, TextCodec, load_codec
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ class MegahashEvalLM(LM):
     def _inputs(self, encs: list[Encoded], codes: list[Optional[np.ndarray]], length: int):
         """Right-padded tokens [B, length] and codes [B, length, w] (or None)."""
         B = len(encs)
-        tok = torch.full((B, length), PAD_ID, dtype=torch.long, device=self._dev)
+        tok = torch.full((B, length), self.codec.pad_id, dtype=torch.long, device=self._dev)
         cod = None
         if codes[0] is not None:
             cod = self._code_tensor(np.zeros((B, length, codes[0].shape[1]), codes[0].dtype))
@@ -224,12 +224,12 @@ class MegahashEvalLM(LM):
             context = context[:-n_spaces]
         if not context:
             cont = self.codec.encode(continuation)
-            return self.codec.special(EOS_ID) + cont, len(cont)
+            return self.codec.special(self.codec.eos_id) + cont, len(cont)
         whole = self.codec.encode(context + continuation)
         ctx_len = len(self.codec.encode(context))
         ctx_len = min(ctx_len, len(whole) - 1) if len(whole) > 1 else 0
         if ctx_len == 0:
-            return self.codec.special(EOS_ID) + whole, len(whole)
+            return self.codec.special(self.codec.eos_id) + whole, len(whole)
         return whole, len(whole) - ctx_len
 
     def loglikelihood(self, requests, disable_tqdm: bool = False):
@@ -241,7 +241,7 @@ class MegahashEvalLM(LM):
         text cut per window (codes of the word hash unit depend on neighbouring pieces)."""
         from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-        full = self.codec.special(EOS_ID) + enc  # index 0 = the prefix
+        full = self.codec.special(self.codec.eos_id) + enc  # index 0 = the prefix
         codes = self.codec.codes(full)
         windows = []
         for ctx, pred in map(make_disjoint_window, get_rolling_token_windows(
@@ -348,7 +348,7 @@ class MegahashEvalLM(LM):
             for i in range(B):
                 if done[i]:
                     continue
-                if nxt[i] == EOS_ID:
+                if nxt[i] == self.codec.eos_id:
                     done[i] = True
                     continue
                 gens[i].append(nxt[i])
@@ -381,7 +381,7 @@ class MegahashEvalLM(LM):
             max_gen = int(kwargs.get("max_gen_toks", 256))
             keep = max(self.max_length - max_gen, self.max_length // 2, 1)
             enc = self.codec.encode(context) if context else Encoded([])
-            enc = self.codec.special(EOS_ID) + enc if len(enc) == 0 else enc
+            enc = self.codec.special(self.codec.eos_id) + enc if len(enc) == 0 else enc
             enc = enc[max(0, len(enc) - keep):]
             prepared.append((k, enc, tuple(until), max_gen))
         groups: dict = {}

@@ -301,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=float, default=None, help="documents per task (or a fraction < 1)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--max-length", type=int, default=None, help="context window in tokens (default data.seq_length)")
-    p.add_argument("--tokenizer", default=None, help="sentencepiece model (default: data.tokenizer of the run)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer: sentencepiece model, tokenizer.json, HF folder or name (default: data.tokenizer of the run)")
     p.add_argument("--override", action="append", default=[], help="config override key=value (repeatable)")
     p.add_argument("--no-incremental", action="store_true", help="recompute the whole sequence per generated token")
     return p

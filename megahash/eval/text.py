@@ -92,9 +92,9 @@ def needs_codes(cfg) -> bool:
 class TextCodec:
     """Tokenizer + hasher of one checkpoint (see the module docstring)."""
 
-    kind: str  # "sentencepiece" | "words"
+    kind: str  # "sentencepiece" | "hf" | "words"
     vocab_size: int  # real (unpadded) vocabulary: pieces, or the word table size
-    sp: object = None  # SentencePieceProcessor
+    sp: object = None  # megahash.tokenization.MegahashTokenizer (any subword kind)
     word_list: Optional[list[str]] = None
     spec: object = None  # HashSpec or None
     table: object = None  # CodeTable or None
@@ -103,6 +103,15 @@ class TextCodec:
 
     def __post_init__(self):
         self.word_index = {w: i for i, w in enumerate(self.word_list)} if self.word_list else None
+        if self.sp is not None:
+            self.special_ids = dict(self.sp.special_ids)
+            self.eos_id = self.sp.eos_id if self.sp.eos_id is not None else EOS_ID
+            self.pad_id = self.sp.pad_id
+            self.special_flags = np.asarray(self.sp.special_flags, dtype=bool)
+        else:
+            self.special_ids = {"bos": BOS_ID, "pad": PAD_ID, "eos": EOS_ID, "unk": UNK_ID, "mask": 4}
+            self.eos_id, self.pad_id = EOS_ID, PAD_ID
+            self.special_flags = None
 
     # ------------------------------------------------------------------ text <-> tokens
     def encode(self, text: str) -> Encoded:
@@ -117,6 +126,11 @@ class TextCodec:
         if self.kind == "words":
             return " ".join(self.word_list[i] for i in ids if NUM_SPECIAL <= i < len(self.word_list))
         return self.sp.decode([int(i) for i in ids if 0 <= i < self.vocab_size])
+
+    def is_special(self, token_id: int) -> bool:
+        if self.special_flags is None:
+            return token_id < NUM_SPECIAL
+        return 0 <= token_id < len(self.special_flags) and bool(self.special_flags[token_id])
 
     def special(self, token_id: int, n: int = 1) -> Encoded:
         """``n`` copies of a special token (zero codes)."""
@@ -150,7 +164,7 @@ class TextCodec:
                 rows[real] = self.table.lookup([words[i] for i in real])
         else:
             rows = self.coder.row_ids(ids, [0])
-            rows[ids < NUM_SPECIAL] = 0
+            rows[self.coder.special[np.clip(ids, 0, len(self.coder.special) - 1)] | (ids < 0)] = 0
         return self.table.rows(self.spec.name, rows)
 
 
@@ -199,17 +213,19 @@ def load_codec(cfg, ckpt_dir: Optional[Path] = None, tokenizer: Optional[str] = 
     else:
         if not tok:
             raise ConfigError("the checkpoint's config names no tokenizer (data.tokenizer); pass --tokenizer")
-        path = _resolve_path(tok, ckpt_dir)
-        if path is None:
-            raise DataError(f"tokenizer model {tok!r} not found; pass --tokenizer PATH.model")
-        import sentencepiece as spm
+        from megahash.tokenization import TokenizerError, load_tokenizer
 
+        bases = [] if ckpt_dir is None else [ckpt_dir.parent, ckpt_dir]
         try:
-            sp = spm.SentencePieceProcessor(model_file=path)
-        except (OSError, RuntimeError) as e:
-            raise DataError(f"cannot load sentencepiece model {path!r}: {str(e).splitlines()[0] if str(e) else e}") from None
-        kind, vocab = "sentencepiece", sp.get_piece_size()
-        desc["tokenizer"] = path
+            sp = load_tokenizer(tok, bases)
+        except TokenizerError as e:
+            if str(e).startswith("tokenizer not found"):
+                raise DataError(f"tokenizer model {tok!r} not found; pass --tokenizer PATH (a sentencepiece .model, "
+                                f"tokenizer.json, Hugging Face tokenizer folder or name)") from None
+            raise DataError(f"{e}; pass --tokenizer PATH") from None
+        kind, vocab = sp.kind, sp.vocab_size
+        desc["tokenizer"] = sp.path
+        desc["tokenizer_kind"] = sp.kind
     if model_vocab is not None and vocab > model_vocab:
         raise CheckpointError(
             f"the tokenizer has {vocab} entries but the checkpoint's vocabulary has {model_vocab}: "
@@ -242,7 +258,7 @@ def load_codec(cfg, ckpt_dir: Optional[Path] = None, tokenizer: Optional[str] = 
             lsh = LSHModel.load(lsh_path)
             desc["lsh"] = lsh_path
         table = CodeTable([spec], key=key, lsh=lsh)
-        if kind == "sentencepiece":
+        if kind != "words":
             from megahash.hashing.tokens import SubwordCoder
 
             unit = (meta.get("stream") or {}).get("hash_unit", "word")

@@ -112,18 +112,26 @@ def _piece_class(body: str) -> int:
 
 
 class SubwordCoder:
-    """Row ids for sentencepiece token ids (``sp`` is a ``SentencePieceProcessor``)."""
+    """Row ids for subword token ids (``sp``: a ``SentencePieceProcessor``, or any
+    :class:`megahash.tokenization.MegahashTokenizer`, whose ``hash_pieces`` spell every token in
+    sentencepiece style: byte-level BPE's "Ġ" or WordPiece's missing "##" become a leading "▁")."""
 
     def __init__(self, sp, table: CodeTable, unit: str = "word"):
         if unit not in HASH_UNITS:
             raise ValueError(f"hash unit must be one of {HASH_UNITS}, got {unit!r}")
         self.table, self.unit = table, unit
-        size = sp.get_piece_size()
-        self.pieces = [sp.id_to_piece(i) for i in range(size)]
-        special = [
-            sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i) or sp.is_byte(i) or self.pieces[i] in SPECIAL_TOKENS
-            for i in range(size)
-        ]
+        if hasattr(sp, "hash_pieces"):  # a megahash.tokenization tokenizer (any kind): its pieces and specials
+            self.pieces = list(sp.hash_pieces)
+            special = np.asarray(sp.special_flags, dtype=bool).tolist()
+            if getattr(sp, "kind", "") == "sentencepiece":
+                special = [f or p in SPECIAL_TOKENS for f, p in zip(special, self.pieces)]
+        else:
+            size = sp.get_piece_size()
+            self.pieces = [sp.id_to_piece(i) for i in range(size)]
+            special = [
+                sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i) or sp.is_byte(i) or self.pieces[i] in SPECIAL_TOKENS
+                for i in range(size)
+            ]
         self.special = np.array(special, dtype=bool)
         self.starts = self.special | np.array([p.startswith(SP_SPACE) for p in self.pieces], dtype=bool)
         self.bodies = [p.replace(SP_SPACE, " ").lstrip(" ") for p in self.pieces]

@@ -16,8 +16,9 @@ CORRUPTIONS = {"mlm": "megahash.objectives.mlm", "sr": "megahash.objectives.shuf
 
 
 class Objective:
-    def __init__(self, name: str, seed: int):
+    def __init__(self, name: str, seed: int, special_ids: dict | None = None):
         self.name = name
+        self.special_ids = dict(special_ids or {}) or None  # role -> id (None: the word ids 0-4)
         self.seed = seed
         self.generator = torch.Generator()
         self._corrupt = None
@@ -34,12 +35,13 @@ class Objective:
         """CLM: the dataset's shifted labels. MLM/S+R: corrupt the inputs, labels per token."""
         if self._corrupt is None:
             return batch
-        out = self._corrupt(batch["tokens"], batch.get("hash_codes"), generator=self.generator, **self.options)
+        out = self._corrupt(batch["tokens"], batch.get("hash_codes"), generator=self.generator,
+                            special_ids=self.special_ids, **self.options)
         return {**batch, **out}
 
 
 def build_objective(cfg, data=None) -> Objective:
-    obj = Objective(cfg.train.objective, cfg.train.seed)
+    obj = Objective(cfg.train.objective, cfg.train.seed, getattr(cfg.data, "special_ids", None))
     if obj._corrupt is not None:
         options = getattr(importlib.import_module(CORRUPTIONS[obj.name]), "random_options", None)
         if options is not None:

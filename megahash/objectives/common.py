@@ -7,8 +7,22 @@ NUM_SPECIAL = 5  # <s>=0 <pad>=1 </s>=2 <unk>=3 <mask>=4 (megahash.hashing.words
 PAD_ID, MASK_ID = 1, 4
 
 
-def special_mask(tokens: torch.Tensor) -> torch.Tensor:
-    return tokens < NUM_SPECIAL
+def special_mask(tokens: torch.Tensor, special_ids: dict | None = None) -> torch.Tensor:
+    """Positions of special tokens: the tokenizer's special ids by role (``data.special_ids``), or
+    the word ids 0-4 when none are given."""
+    if not special_ids:
+        return tokens < NUM_SPECIAL
+    ids = [int(i) for i in special_ids.values() if i is not None]
+    return torch.isin(tokens, torch.tensor(ids, dtype=tokens.dtype, device=tokens.device))
+
+
+def role_id(special_ids: dict | None, role: str, default: int) -> int:
+    """The id of a special role (``default``: the word id) ; one-line error if the tokenizer lacks it."""
+    if not special_ids:
+        return default
+    if special_ids.get(role) is None:
+        raise ValueError(f"the tokenizer has no {role} token, which this objective needs; use a tokenizer with one")
+    return int(special_ids[role])
 
 
 def bernoulli(shape, p: float, generator: torch.Generator, device) -> torch.Tensor:
@@ -36,3 +50,10 @@ def replace_with_drawn(new_tokens, new_codes, tokens, hash_codes, pool_mask, whe
         new_tokens[where] = toks
         if new_codes is not None:
             new_codes[where] = codes
+
+
+def pad_of(special_ids: dict | None) -> int:
+    """The padding id (-1, matching nothing, when the tokenizer has no pad token)."""
+    if not special_ids:
+        return PAD_ID
+    return -1 if special_ids.get("pad") is None else int(special_ids["pad"])

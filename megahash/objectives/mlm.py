@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from megahash.objectives.common import MASK_ID, PAD_ID, bernoulli, replace_with_drawn, special_mask
+from megahash.objectives.common import pad_of, role_id, MASK_ID, PAD_ID, bernoulli, replace_with_drawn, special_mask
 
 MASK_PROB = 0.15
 MASK_TOKEN_FRAC = 0.8
@@ -22,6 +22,7 @@ def corrupt(
     tokens: torch.Tensor,
     hash_codes: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
+    special_ids: dict | None = None,
     mask_prob: float = MASK_PROB,
     mask_token_frac: float = MASK_TOKEN_FRAC,
     random_frac: float = RANDOM_FRAC,
@@ -32,7 +33,7 @@ def corrupt(
     if generator is None:
         generator = torch.Generator().manual_seed(0)
     dev = tokens.device
-    special = special_mask(tokens)
+    special = special_mask(tokens, special_ids)
     word = ~special
     selected = bernoulli(tokens.shape, mask_prob, generator, dev) & word
     split = torch.rand(tokens.shape, generator=generator).to(dev)
@@ -41,7 +42,7 @@ def corrupt(
 
     new_tokens = tokens.clone()
     new_codes = None if hash_codes is None else hash_codes.clone()
-    new_tokens[to_mask] = MASK_ID
+    new_tokens[to_mask] = role_id(special_ids, "mask", MASK_ID)
     if new_codes is not None:
         new_codes[to_mask] = 0
     replace_with_drawn(new_tokens, new_codes, tokens, hash_codes, word, to_random, generator)
@@ -51,7 +52,7 @@ def corrupt(
         "hash_codes": new_codes,
         "labels": labels,
         "loss_mask": selected.float(),
-        "padding_mask": tokens != PAD_ID,
+        "padding_mask": tokens != pad_of(special_ids),
     }
     if hash_codes is not None:
         out["label_codes"] = hash_codes

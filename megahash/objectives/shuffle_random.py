@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from megahash.objectives.common import NUM_SPECIAL, PAD_ID, bernoulli, replace_with_drawn, special_mask
+from megahash.objectives.common import NUM_SPECIAL, bernoulli, pad_of, replace_with_drawn, special_mask
 
 SHUFFLE_PROB = 0.1
 RANDOM_PROB = 0.1
@@ -105,13 +105,29 @@ def random_ids(original: torch.Tensor, low: int, high: int, generator: torch.Gen
     return draw + (inside & (draw >= original)).to(draw.dtype)
 
 
+def random_word_ids(original: torch.Tensor, vocab_size: int, special_ids: dict | None,
+                    generator: torch.Generator) -> torch.Tensor:
+    """Uniform ordinary ids (never a special id of the tokenizer, never ``original``): the word ids
+    5.. without ``special_ids``; otherwise draws over [0, vocab) with the special ids redrawn."""
+    if not special_ids:
+        return random_ids(original, NUM_SPECIAL, vocab_size, generator)
+    specials = torch.tensor(sorted({int(i) for i in special_ids.values() if i is not None}), dtype=original.dtype)
+    out = random_ids(original, 0, vocab_size, generator)
+    for _ in range(100):  # each redraw hits a special with probability |specials| / vocab
+        bad = torch.isin(out, specials.to(out.device))
+        if not bad.any():
+            return out
+        out[bad] = random_ids(original[bad], 0, vocab_size, generator)
+    raise ValueError(f"cannot draw ordinary ids from a vocabulary of {vocab_size} with {len(specials)} special ids")
+
+
 def replace_random(new_tokens, new_codes, where, random: str, generator, vocab_size=None, num_buckets=None,
-                   num_bits=None) -> None:
+                   num_bits=None, special_ids: dict | None = None) -> None:
     """In place: the positions ``where`` get the random inputs of mode ``random`` (not ``batch``)."""
     if not where.any():
         return
     if random == "token":
-        new_tokens[where] = random_ids(new_tokens[where], NUM_SPECIAL, int(vocab_size), generator)
+        new_tokens[where] = random_word_ids(new_tokens[where], int(vocab_size), special_ids, generator)
         return
     if new_codes is None:
         raise ValueError(f"S+R random={random!r} needs hash codes in the batch")
@@ -129,6 +145,7 @@ def corrupt(
     tokens: torch.Tensor,
     hash_codes: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
+    special_ids: dict | None = None,
     shuffle_prob: float = SHUFFLE_PROB,
     random_prob: float = RANDOM_PROB,
     random: str = "batch",
@@ -142,7 +159,7 @@ def corrupt(
     if generator is None:
         generator = torch.Generator().manual_seed(0)
     dev = tokens.device
-    special = special_mask(tokens)
+    special = special_mask(tokens, special_ids)
     word = ~special
     shuffled = bernoulli(tokens.shape, shuffle_prob, generator, dev) & word
     single = shuffled.sum(dim=1, keepdim=True) < 2  # nothing to swap with
@@ -161,7 +178,7 @@ def corrupt(
     if mode == "batch":
         replace_with_drawn(new_tokens, new_codes, tokens, hash_codes, word, random, generator)
     else:
-        replace_random(new_tokens, new_codes, random, mode, generator, vocab_size, num_buckets, num_bits)
+        replace_random(new_tokens, new_codes, random, mode, generator, vocab_size, num_buckets, num_bits, special_ids)
     labels = torch.full_like(tokens, ORIGINAL, dtype=torch.long)
     labels[shuffled] = SHUFFLED
     labels[random] = RANDOM
@@ -171,5 +188,5 @@ def corrupt(
         "hash_codes": new_codes,
         "labels": labels,
         "loss_mask": word.float(),
-        "padding_mask": tokens != PAD_ID,
+        "padding_mask": tokens != pad_of(special_ids),
     }

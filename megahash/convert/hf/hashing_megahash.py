@@ -267,12 +267,14 @@ class TextCoder:
     ``spec`` None: the model reads no codes."""
 
     def __init__(self, kind: str, spec: Optional[dict] = None, key: Optional[bytes] = b"en", lsh: Optional[LSH] = None,
-                 pieces=None, special=None, unit: str = "word", words=None, sp_model: Optional[str] = None):
+                 pieces=None, special=None, unit: str = "word", words=None, sp_model: Optional[str] = None,
+                 tokenizer_json: Optional[str] = None):
         self.kind, self.spec, self.key, self.lsh = kind, spec, key, lsh
         self.pieces, self.special, self.unit = pieces, special, unit
         self.words = words
         self.word_index = {w: i for i, w in enumerate(words)} if words is not None else None
         self.sp_model = sp_model
+        self.tokenizer_json = tokenizer_json  # kind "hf": the tokenizers file (special strings are text)
         self._sp = None
         self._cache: dict = {}
 
@@ -292,8 +294,9 @@ class TextCoder:
             with open(os.path.join(folder, meta["words_file"]), encoding="utf-8") as f:
                 words = json.load(f)
         sp_model = os.path.join(folder, meta["sp_model"]) if meta.get("sp_model") else None
+        tok_json = os.path.join(folder, meta["tokenizer_json"]) if meta.get("tokenizer_json") else None
         return cls(meta["kind"], spec, None if key is None else key.encode("utf-8"), lsh, pieces, special,
-                   meta.get("hash_unit", "word"), words, sp_model)
+                   meta.get("hash_unit", "word"), words, sp_model, tok_json)
 
     @property
     def width(self) -> int:
@@ -306,6 +309,13 @@ class TextCoder:
             ws = split_words(text)
             ids = [UNK_ID if w in SPECIAL_TOKENS else self.word_index.get(w, UNK_ID) for w in ws]
             return ids, ws
+        if self.tokenizer_json is not None:
+            if self._sp is None:
+                from tokenizers import Tokenizer
+
+                self._sp = Tokenizer.from_file(self.tokenizer_json)
+                self._sp.encode_special_tokens = True
+            return list(self._sp.encode(text, add_special_tokens=False).ids), None
         if self._sp is None:
             import sentencepiece as spm  # only for encoding text; codes of ids need no tokenizer
 

@@ -718,11 +718,36 @@ class HashEmbeddingBase(nn.Module):
         if codes.shape[-1] != width:
             raise ValueError(f"hash_codes width {codes.shape[-1]} != {width} ({self.config.hash_spec})")
 
+    def special_rows(self, tokens):
+        """Row of ``special`` of each token, by role (bos pad eos unk mask = rows 0-4; the ids are
+        the tokenizer's, ``megahash_config.data.special_ids``; default the word ids 0-4); -1 else."""
+        return special_rows(tokens, self.config)
+
     def forward(self, tokens, codes=None):
-        word = tokens >= NUM_SPECIAL
+        rows = self.special_rows(tokens)
+        word = rows < 0
         emb = self.embed_words(tokens, codes, word)
-        special = self.special[tokens.clamp(0, NUM_SPECIAL - 1)].to(emb.dtype)
+        special = self.special[rows.clamp(0, NUM_SPECIAL - 1)].to(emb.dtype)
         return torch.where(word.unsqueeze(-1), emb, special)
+
+
+SPECIAL_ROLES = ("bos", "pad", "eos", "unk", "mask")
+
+
+def special_ids(config) -> list:
+    """The tokenizer's id of each special role (-1 if absent) from the exported megahash config."""
+    ids = ((getattr(config, "megahash_config", None) or {}).get("data") or {}).get("special_ids") or {}
+    if not ids:
+        return list(range(NUM_SPECIAL))
+    return [-1 if ids.get(r) is None else int(ids[r]) for r in SPECIAL_ROLES]
+
+
+def special_rows(tokens, config):
+    rows = torch.full_like(tokens, -1)
+    for r, i in reversed(list(enumerate(special_ids(config)))):
+        if i >= 0:
+            rows = torch.where(tokens == i, torch.full_like(tokens, r), rows)
+    return rows
 
 
 class HashBucketEmbedding(HashEmbeddingBase):
@@ -1192,6 +1217,11 @@ class MegahashForCausalLM(MegahashPreTrainedModel, GenerationMixin):
         if self.head is not None or self.config.arch != "decoder":
             raise ValueError("generate() needs a decoder with the vocabulary head; this model's head predicts "
                              f"{'word-hash codes' if self.head is not None else 'masked tokens'} (use its logits)")
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        mask = kwargs.get("attention_mask")
+        if torch.is_tensor(input_ids) and torch.is_tensor(mask) and input_ids.shape[0] > 1 and not bool(mask.bool().all()):
+            return generate_left_padded(self, super().generate, input_ids, mask,
+                                        {k: v for k, v in kwargs.items() if k not in ("input_ids", "attention_mask")})
         return super().generate(*args, **kwargs)
 
     def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None, hash_codes=None,
@@ -1205,6 +1235,36 @@ class MegahashForCausalLM(MegahashPreTrainedModel, GenerationMixin):
         else:
             inputs.pop("hash_codes", None)
         return inputs
+
+
+def generate_left_padded(model, generate, input_ids, mask, kwargs):
+    """Batched ``generate()`` of padded prompts (left padding, as transformers pads for generation; or
+    right): each prompt is generated without its padding (exactly the unbatched result, for every
+    attention kind, including the recurrent and fixed-input ones whose states padding would
+    disturb), and the rows are put back in the batch layout transformers returns: the prompts as
+    given, then the new tokens, rows that stopped early filled with ``pad_token_id``."""
+    if kwargs.get("return_dict_in_generate"):
+        raise ValueError("padded batches: generate() returns token ids here (return_dict_in_generate=False)")
+    gen_cfg = kwargs.get("generation_config") or model.generation_config
+    pad = kwargs.get("pad_token_id", getattr(gen_cfg, "pad_token_id", None))
+    if pad is None:
+        pad = getattr(gen_cfg, "eos_token_id", None)
+        pad = pad[0] if isinstance(pad, (list, tuple)) else (pad if pad is not None else 0)
+    codes = kwargs.pop("hash_codes", None)
+    rows = []
+    for i in range(input_ids.shape[0]):
+        keep = mask[i].bool()
+        row_kwargs = dict(kwargs)
+        if codes is not None:
+            row_kwargs["hash_codes"] = codes[i:i + 1, keep]
+        row = input_ids[i:i + 1, keep]
+        out = generate(row, attention_mask=torch.ones_like(row), **row_kwargs)
+        rows.append(out[0, row.shape[1]:])
+    width = max(r.shape[0] for r in rows)
+    new = torch.full((len(rows), width), int(pad), dtype=input_ids.dtype, device=input_ids.device)
+    for i, r in enumerate(rows):
+        new[i, : r.shape[0]] = r
+    return torch.cat([input_ids, new], dim=1)
 
 
 class MegahashForMaskedLM(MegahashForCausalLM):

@@ -99,6 +99,14 @@ def check_codes(codes, width: int, name: str) -> None:
         )
 
 
+def special_id_tensor(cfg) -> torch.Tensor:
+    """Long [5]: the tokenizer's id of each role of ``special`` (``data.special_ids``; -1 absent)."""
+    from megahash.tokenization import ROLES, special_ids_of
+
+    ids = special_ids_of(getattr(getattr(cfg, "data", None), "special_ids", None))
+    return torch.tensor([-1 if ids.get(r) is None else int(ids[r]) for r in ROLES], dtype=torch.long)
+
+
 class HashEmbeddingBase(EmbeddingOutput):
     """Base of every hash embedding: special table, SP slicing, in-place specials, dropout.
 
@@ -122,6 +130,9 @@ class HashEmbeddingBase(EmbeddingOutput):
         self.hidden_size = config.hidden_size
         self.special = torch.nn.Parameter(torch.empty(NUM_SPECIAL, config.hidden_size, dtype=config.params_dtype))
         self._init(self.special)
+        # row r of ``special`` belongs to role r of megahash.tokenization.ROLES (bos pad eos unk mask):
+        # the tokenizer's id of that role (data.special_ids; the word ids 0-4 by default), -1 if absent
+        self.register_buffer("special_ids", special_id_tensor(cfg), persistent=False)
         self.dropout = torch.nn.Dropout(config.hidden_dropout)
 
     # ------------------------------------------------------------------ helpers for subclasses
@@ -152,8 +163,22 @@ class HashEmbeddingBase(EmbeddingOutput):
         r = parallel_state.get_tensor_model_parallel_rank()
         return x[r * n:(r + 1) * n]
 
+    def _special_rows(self, tok: torch.Tensor) -> torch.Tensor:
+        """Row of ``special`` of each token (its role), -1 for ordinary tokens."""
+        ids = self.special_ids
+        if ids.device != tok.device:
+            ids = ids.to(tok.device)
+        if bool((ids == torch.arange(NUM_SPECIAL, device=ids.device)).all()):  # the word ids 0-4
+            return torch.where(tok < NUM_SPECIAL, tok, torch.full_like(tok, -1))
+        rows = torch.full_like(tok, -1)
+        for r in range(NUM_SPECIAL - 1, -1, -1):  # a token holding several roles takes the first role's row
+            if int(ids[r]) >= 0:
+                rows = torch.where(tok == ids[r], torch.full_like(tok, r), rows)
+        return rows
+
     def _put_specials(self, emb: torch.Tensor, tok: torch.Tensor, word: torch.Tensor) -> torch.Tensor:
-        """Write ``special[tok]`` at the special positions of ``emb`` ([s', b, h] or [s' * b, h]) in place."""
+        """Write ``special[tok]`` at the special positions of ``emb`` ([s', b, h] or [s' * b, h]) in
+        place (``tok``: the special rows of :meth:`_special_rows`)."""
         pos = (~word).reshape(-1).nonzero(as_tuple=True)[0]
         if emb._is_view():  # in-place on a view would make autograd clone the whole gradient
             emb = emb.clone()
@@ -176,15 +201,16 @@ class HashEmbeddingBase(EmbeddingOutput):
         codes = hash_codes.transpose(0, 1) if hash_codes is not None else None
         if self.sequence_local:
             tok, codes = self._local(tok), self._local(codes)
-        word = tok >= NUM_SPECIAL
+        rows = self._special_rows(tok)
+        word = rows < 0
         emb = self.embed_words(tok, codes, word)
         if self.sequence_local or not self.config.sequence_parallel:
-            local_tok, local_word = tok, word
+            local_rows, local_word = rows, word
         else:
-            local_tok = self._local(tok)
-            local_word = local_tok >= NUM_SPECIAL
-        emb = self._put_specials(emb, local_tok, local_word)
-        return self._dropout(emb.view(*local_tok.shape, self.hidden_size))
+            local_rows = self._local(rows)
+            local_word = local_rows < 0
+        emb = self._put_specials(emb, local_rows, local_word)
+        return self._dropout(emb.view(*local_rows.shape, self.hidden_size))
 
     def padding_rows(self) -> int:
         """Rows allocated only to make a TP-split table divisible (not counted)."""

@@ -1,0 +1,357 @@
+"""One tokenizer for every path: the data stage, training, ``megahash eval`` and the HF export.
+
+:func:`load_tokenizer` accepts
+
+* a sentencepiece model (``PATH.model``, or ``PATH`` with ``.model`` appended),
+* a Hugging Face ``tokenizer.json`` (any ``tokenizers`` model: byte-level BPE as GPT-2/Pythia,
+  Metaspace BPE/Unigram, WordPiece) or a tokenizer folder holding one (its
+  ``tokenizer_config.json``/``special_tokens_map.json`` name the special tokens),
+* a Hugging Face tokenizer name (``EleutherAI/pythia-160m``): loaded with
+  ``AutoTokenizer.from_pretrained`` on a networked machine (or from the local HF cache); offline
+  it fails with one line saying what to pass instead.
+
+Every path encodes text the same way (:meth:`MegahashTokenizer.encode`):
+
+* nothing is added around a text (no BOS/EOS/post-processor);
+* **special-token strings in a text are ordinary text**: ``"<s>"``, ``"</s>"``, ``"<mask>"``,
+  ``"<|endoftext|>"`` written in a document are split into ordinary pieces, never mapped to the
+  special ids (sentencepiece: the special pieces of user-defined type, e.g. ``<mask>`` of
+  ``data_tools/train_tokenizer.py``, are turned into control pieces, which sentencepiece never
+  matches in text; ``tokenizers``: ``encode_special_tokens = True``; the export writes
+  ``split_special_tokens: true`` in ``tokenizer_config.json``, which transformers passes on).
+
+Special ids are the tokenizer's own, by role (``ROLES``: bos, pad, eos, unk, mask; a role the
+tokenizer lacks is ``None``). They are recorded in the shard meta (``tokenizer.special_ids``) and in
+the checkpoint (``data.special_ids``); nothing else may assume the word-tokenizer ids 0-4.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from megahash.errors import DataError
+
+#: the roles of special tokens, in the row order of the hash embeddings' special table (= the
+#: HashFormers word ids 0-4)
+ROLES = ("bos", "pad", "eos", "unk", "mask")
+SP_SPACE = "\u2581"
+WORDS = "words"
+
+# names tried for a role when a tokenizer file does not say (first match among its special tokens)
+_ROLE_CANDIDATES = {
+    "bos": ["<s>", "<|begin_of_text|>", "<|startoftext|>", "<bos>", "[CLS]", "<|endoftext|>"],
+    "pad": ["<pad>", "<|pad|>", "[PAD]", "<|padding|>"],
+    "eos": ["</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "[SEP]"],
+    "unk": ["<unk>", "[UNK]", "<|unk|>"],
+    "mask": ["<mask>", "[MASK]", "<|mask|>"],
+}
+_HF_NAME = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
+
+
+class TokenizerError(DataError):
+    """A tokenizer cannot be found or loaded (one line, names the fix)."""
+
+
+def _one_line(e) -> str:
+    for line in str(e).splitlines():
+        if line.strip():
+            return line.strip()
+    return type(e).__name__
+
+
+class MegahashTokenizer:
+    """Common interface over sentencepiece and ``tokenizers`` (see the module docstring).
+
+    Attributes: ``kind`` ("sentencepiece" | "hf"), ``spec`` (as given), ``path`` (the resolved
+    file, or the HF name), ``vocab_size``, ``special_ids`` {role: id or None}, ``special_tokens``
+    {role: string or None}, ``hash_pieces`` (each id's surface text in sentencepiece spelling:
+    "\u2581" stands for a preceding space; used by the word-hash coder), ``special_flags`` (bool
+    [vocab]: ids that get zero hash codes and their own embedding rows)."""
+
+    kind: str
+
+    # ------------------------------------------------------------------ common helpers
+    def role_id(self, role: str, default: Optional[int] = None) -> Optional[int]:
+        v = self.special_ids.get(role)
+        return default if v is None else v
+
+    @property
+    def eos_id(self) -> Optional[int]:
+        return self.special_ids.get("eos")
+
+    @property
+    def pad_id(self) -> Optional[int]:
+        """Padding id: the pad token, else eos (padding positions are never scored)."""
+        return self.role_id("pad", self.eos_id if self.eos_id is not None else 0)
+
+    def to_meta(self) -> dict:
+        return {"kind": self.kind, "path": self.spec, "file": self.path, "sha256": self.sha256,
+                "vocab_size": self.vocab_size, "special_ids": dict(self.special_ids),
+                "special_tokens": dict(self.special_tokens)}
+
+    def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+
+# ---------------------------------------------------------------------------------- sentencepiece
+def _sp_protobuf():
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    return pb
+
+
+class SentencePieceTokenizer(MegahashTokenizer):
+    """A sentencepiece model whose special user-defined pieces are made control pieces (so the
+    strings never match in text); ``model_bytes`` is that model, ``sp`` its processor."""
+
+    kind = "sentencepiece"
+
+    def __init__(self, path: str, spec: Optional[str] = None):
+        import sentencepiece as spm
+
+        self.spec, self.path = spec or path, path
+        try:
+            raw = Path(path).read_bytes()
+            pb = _sp_protobuf()
+            proto = pb.ModelProto()
+            proto.ParseFromString(raw)
+            if not len(proto.pieces):
+                raise ValueError("no pieces")
+        except Exception as e:  # noqa: BLE001 - protobuf raises its own DecodeError
+            raise TokenizerError(f"cannot load sentencepiece model {path!r}: {_one_line(e)}") from None
+        self.sha256 = hashlib.sha256(raw).hexdigest()
+        specials = {p.piece for p in proto.pieces if p.type == 3}
+        specials |= {c for cands in _ROLE_CANDIDATES.values() for c in cands}
+        for p in proto.pieces:
+            if p.type == 4 and p.piece in specials:  # USER_DEFINED special -> CONTROL
+                p.type = 3
+        self.model_bytes = proto.SerializeToString()
+        try:
+            self.sp = spm.SentencePieceProcessor(model_proto=self.model_bytes)
+        except (OSError, RuntimeError) as e:
+            raise TokenizerError(f"cannot load sentencepiece model {path!r}: {_one_line(e)}") from None
+        sp = self.sp
+        self.vocab_size = sp.get_piece_size()
+        ids = {"bos": sp.bos_id(), "pad": sp.pad_id(), "eos": sp.eos_id(), "unk": sp.unk_id()}
+        m = sp.piece_to_id("<mask>")
+        ids["mask"] = m if sp.id_to_piece(m) == "<mask>" and not sp.is_unknown(m) else -1
+        self.special_ids = {r: (int(ids[r]) if ids[r] is not None and ids[r] >= 0 else None) for r in ROLES}
+        self.special_tokens = {r: (sp.id_to_piece(i) if i is not None else None) for r, i in self.special_ids.items()}
+        self.hash_pieces = [sp.id_to_piece(i) for i in range(self.vocab_size)]
+        flags = [sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i) or sp.is_byte(i) for i in range(self.vocab_size)]
+        self.special_flags = np.array(flags, dtype=bool)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.sp.encode(text))
+
+    def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
+        return self.sp.encode(list(texts), num_threads=num_threads)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.sp.decode([int(i) for i in ids if 0 <= i < self.vocab_size])
+
+
+# ---------------------------------------------------------------------------------- tokenizers
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict:
+    """GPT-2's byte <-> printable character map, inverted (character -> byte)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + list(range(ord("\xae"), ord("\xff") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def _types(node) -> set:
+    """Every ``"type"`` value in a tokenizer.json subtree."""
+    out = set()
+    if isinstance(node, dict):
+        if isinstance(node.get("type"), str):
+            out.add(node["type"])
+        for v in node.values():
+            out |= _types(v)
+    elif isinstance(node, list):
+        for v in node:
+            out |= _types(v)
+    return out
+
+
+def _token_content(v) -> Optional[str]:
+    if isinstance(v, dict):
+        v = v.get("content")
+    return v if isinstance(v, str) and v else None
+
+
+class HFTokenizer(MegahashTokenizer):
+    """A ``tokenizers.Tokenizer`` (tokenizer.json) with ``encode_special_tokens = True``."""
+
+    kind = "hf"
+
+    def __init__(self, json_text: str, spec: str, path: str, config: Optional[dict] = None):
+        from tokenizers import Tokenizer
+
+        self.spec, self.path = spec, path
+        try:
+            self.json = json.loads(json_text)
+            self.tok = Tokenizer.from_str(json_text)
+        except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exception
+            raise TokenizerError(f"cannot load tokenizer {path!r}: {_one_line(e)}") from None
+        self.tok.encode_special_tokens = True
+        self.sha256 = hashlib.sha256(json_text.encode("utf-8")).hexdigest()
+        self.vocab_size = int(self.tok.get_vocab_size(with_added_tokens=True))
+        added = self.json.get("added_tokens") or []
+        special_added = {a["content"]: int(a["id"]) for a in added if a.get("special")}
+        config = config or {}
+        self.special_ids, self.special_tokens = {}, {}
+        for role in ROLES:
+            name = _token_content(config.get(f"{role}_token"))
+            if name is None:
+                name = next((c for c in _ROLE_CANDIDATES[role] if c in special_added), None)
+            if name is None and role == "unk":
+                unk = (self.json.get("model") or {}).get("unk_token")
+                name = unk if isinstance(unk, str) else None
+            tid = self.tok.token_to_id(name) if name is not None else None
+            self.special_ids[role] = int(tid) if tid is not None else None
+            self.special_tokens[role] = name if tid is not None else None
+        types = _types(self.json.get("pre_tokenizer")) | _types(self.json.get("decoder"))
+        model_type = (self.json.get("model") or {}).get("type")
+        vocab = self.tok.get_vocab(with_added_tokens=True)
+        inv = [""] * self.vocab_size
+        for t, i in vocab.items():
+            if 0 <= i < self.vocab_size:
+                inv[i] = t
+        added_ids = {int(a["id"]) for a in added}
+        flags = np.zeros(self.vocab_size, dtype=bool)
+        flags[list(special_added.values())] = True
+        for i in self.special_ids.values():
+            if i is not None:
+                flags[i] = True
+        byte_piece = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
+        pieces = []
+        bd = _byte_decoder()
+        for i, t in enumerate(inv):
+            if i in added_ids:
+                pieces.append(t)
+            elif "ByteLevel" in types:
+                raw = bytes(bd.get(c, 0x3F) for c in t)
+                pieces.append(raw.decode("utf-8", "replace").replace(" ", SP_SPACE))
+            elif model_type == "WordPiece":
+                pieces.append(t[2:] if t.startswith("##") else SP_SPACE + t)
+            else:  # Metaspace (sentencepiece-style) tokenizers spell spaces as "\u2581" already
+                if byte_piece.match(t):
+                    flags[i] = True
+                pieces.append(t)
+        self.hash_pieces = pieces
+        self.special_flags = flags
+
+    @classmethod
+    def from_folder(cls, folder: str, spec: str) -> "HFTokenizer":
+        path = str(Path(folder) / "tokenizer.json")
+        return cls(Path(path).read_text(encoding="utf-8"), spec, path, _folder_config(folder))
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tok.encode(text, add_special_tokens=False).ids)
+
+    def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
+        return [list(e.ids) for e in self.tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tok.decode([int(i) for i in ids if 0 <= i < self.vocab_size], skip_special_tokens=True)
+
+    def export_json(self) -> str:
+        """tokenizer.json for the HF export: the same model, nothing added around a text."""
+        d = dict(self.json)
+        d["post_processor"] = None
+        d["truncation"] = None
+        d["padding"] = None
+        return json.dumps(d, ensure_ascii=False)
+
+
+# ---------------------------------------------------------------------------------- resolution
+def _folder_config(folder: str) -> dict:
+    """``*_token`` entries of a folder's special_tokens_map.json / tokenizer_config.json."""
+    config = {}
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+        p = Path(folder) / name
+        if p.is_file():
+            try:
+                config.update({k: v for k, v in json.loads(p.read_text()).items() if k.endswith("_token")})
+            except (OSError, ValueError):
+                pass
+    return config
+
+
+def _hf_from_name(name: str) -> HFTokenizer:
+    try:
+        from transformers import AutoTokenizer
+
+        t = AutoTokenizer.from_pretrained(name)
+        backend = t.backend_tokenizer
+    except Exception as e:  # noqa: BLE001 - hub/network errors come in many types
+        raise TokenizerError(
+            f"cannot load Hugging Face tokenizer {name!r} ({_one_line(e)[:160]}); offline, pass its tokenizer.json, "
+            f"a tokenizer folder or a sentencepiece .model instead") from None
+    config = {f"{r}_token": getattr(t, f"{r}_token", None) for r in ROLES}
+    return HFTokenizer(backend.to_str(), name, name, {k: v for k, v in config.items() if v})
+
+
+def resolve(spec: str, base_dirs: Sequence = ()) -> Optional[tuple[str, str]]:
+    """(kind, path) of a tokenizer spec, tried as given and relative to ``base_dirs``; kinds:
+    "sentencepiece", "hf-file", "hf-folder"; None if nothing local matches."""
+    cands = [spec]
+    if not os.path.isabs(spec):
+        cands += [str(Path(b) / spec) for b in base_dirs]
+    for c in cands:
+        if os.path.isdir(c):
+            if os.path.isfile(os.path.join(c, "tokenizer.json")):
+                return "hf-folder", c
+            if os.path.isfile(os.path.join(c, "tokenizer.model")):
+                return "sentencepiece", os.path.join(c, "tokenizer.model")
+        if os.path.isfile(c):
+            return ("hf-file" if c.endswith(".json") else "sentencepiece"), c
+        if os.path.isfile(c + ".model"):
+            return "sentencepiece", c + ".model"
+    return None
+
+
+def load_tokenizer(spec: str, base_dirs: Sequence = ()) -> MegahashTokenizer:
+    """The tokenizer of ``spec`` (see the module docstring); one-line ``TokenizerError`` otherwise."""
+    if not spec or spec == WORDS:
+        raise TokenizerError(f"no subword tokenizer given ({spec!r})")
+    found = resolve(spec, base_dirs)
+    if found is not None:
+        kind, path = found
+        if kind == "sentencepiece":
+            return SentencePieceTokenizer(path, spec)
+        if kind == "hf-folder":
+            return HFTokenizer.from_folder(path, spec)
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise TokenizerError(f"cannot read tokenizer {path!r}: {_one_line(e)}") from None
+        return HFTokenizer(text, spec, path, _folder_config(os.path.dirname(path) or "."))
+    if _HF_NAME.match(spec) and not spec.endswith((".model", ".json")):
+        return _hf_from_name(spec)
+    raise TokenizerError(
+        f"tokenizer not found: {spec!r} (give a sentencepiece .model, a tokenizer.json, a Hugging Face tokenizer "
+        f"folder or name, or 'words')")
+
+
+def special_ids_of(meta_or_cfg) -> dict:
+    """{role: id} recorded in a shard meta's ``tokenizer`` entry or a config's ``data.special_ids``
+    (empty: the HashFormers word ids 0-4)."""
+    ids = dict(meta_or_cfg or {})
+    if not ids:
+        return {r: i for i, r in enumerate(ROLES)}
+    return {r: (None if ids.get(r) is None else int(ids[r])) for r in ROLES}

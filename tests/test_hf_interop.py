@@ -1,0 +1,199 @@
+"""Hugging Face interop (issue 13): import of a standard Qwen2ForCausalLM folder, publishable exports
+(model card, no local paths, generation config, sharded weights) and the Qwen2 export on
+transformers 4.x (a side install, see ``tf4_path``) against 5.x."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT, child_env
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+TF4 = "transformers==4.46.3 tokenizers==0.20.3 huggingface_hub==0.26.5"
+
+
+def random_qwen2(path, tie: bool, shard: str | None = None, vocab: int = 300):
+    """A randomly initialised transformers Qwen2 (GQA, rope_theta 50000, a vocabulary that is not a
+    multiple of 128) saved to ``path``."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                      rope_parameters={"rope_type": "default", "rope_theta": 50000.0}, rms_norm_eps=1e-6,
+                      tie_word_embeddings=tie, use_sliding_window=False)
+    model = Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():  # biases are zero-initialised: make them count
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.5)
+    kw = {"max_shard_size": shard} if shard else {}
+    model.save_pretrained(str(path), **kw)
+    return model
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_import_standard_qwen2_folder(tie, tmp_path, dist):
+    """megahash import-hf on a transformers Qwen2 folder (sharded when untied): the imported
+    checkpoint's logits equal transformers'."""
+    from megahash.convert.importer import import_hf
+    from megahash.training.weights import load_for_inference
+
+    hf = random_qwen2(tmp_path / "hf", tie, shard=None if tie else "100KB")
+    if not tie:
+        assert (tmp_path / "hf" / "model.safetensors.index.json").is_file()
+    res = import_hf(tmp_path / "hf", tmp_path / "run")
+    assert res["format"] == "qwen2-hf" and res["step"] == 0
+    cfg, model, _ = load_for_inference(str(tmp_path / "run"))
+    assert cfg.model.rotary_base == 50000 and cfg.model.num_query_groups == 2 and cfg.model.tie_embeddings == tie
+    ids = torch.randint(0, 300, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = hf(ids).logits
+        got = model(ids)[..., :300].float()
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.fixture(scope="session")
+def tf4_path():
+    """transformers 4.46.3 (+ the tokenizers / huggingface_hub it needs) installed once with pip into
+    a cache directory, imported only by subprocesses (PYTHONPATH): a 4.x beside the 5.x under test."""
+    from pathlib import Path
+
+    d = Path(os.environ.get("MEGAHASH_TF4_DIR", Path.home() / ".cache" / "megahash" / "transformers-4.46.3"))
+    if not (d / "transformers" / "__init__.py").is_file():
+        r = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(d),
+                            *TF4.split()], capture_output=True, text=True, timeout=600)
+        if r.returncode:
+            pytest.skip(f"cannot pip install {TF4} (PyPI unreachable?): {r.stderr.strip().splitlines()[-1:]}")
+    return d
+
+
+TF4_SCRIPT = r"""
+import json, sys, torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer
+hf, text = sys.argv[1], sys.argv[2]
+tok = AutoTokenizer.from_pretrained(hf)
+model = AutoModelForCausalLM.from_pretrained(hf).eval()
+ids = tok(text, add_special_tokens=False).input_ids
+with torch.no_grad():
+    logits = model(torch.tensor([ids])).logits[0]
+print(json.dumps({"version": transformers.__version__, "rope_theta": model.config.rope_theta, "ids": ids,
+                  "logits": logits.tolist(), "n_positions": model.config.n_positions}))
+"""
+
+
+def test_qwen2_export_is_publishable_on_transformers_4_and_5(tmp_path, dist, tf4_path):
+    """Import a Qwen2 folder that carries a byte-level BPE tokenizer (specials 700/701), export it
+    again in shards: model card, generation config, index, no local path in any file; transformers
+    4.46 (side install) and 5.x load it without remote code and agree on rope_theta, the tokenizer's
+    ids (special strings as text) and the logits."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from megahash.convert.export import export_model
+    from megahash.convert.importer import import_hf
+    from megahash.eval.text import load_codec
+    from megahash.training.weights import load_for_inference
+    from test_tokenizers import make_bpe
+
+    src = tmp_path / "src"
+    random_qwen2(src, tie=False, vocab=702)
+    from data_tools.sources import open_source, select_documents
+
+    make_bpe(src / "tokenizer.json", list(select_documents(open_source("shakespeare"), 0, 20)))
+    import_hf(src, tmp_path / "run")
+    cfg, model, ckpt = load_for_inference(str(tmp_path / "run"))
+    codec = load_codec(cfg, ckpt)
+    out = tmp_path / "export"
+    summary = export_model(cfg, model, out, codec, step=0, fmt="qwen2", max_shard_size="200KB", run_dir=ckpt.parent)
+    files = set(summary["files"])
+    assert {"README.md", "generation_config.json", "model.safetensors.index.json", "tokenizer.json"} <= files
+    assert sum(f.startswith("model-") for f in files) >= 2
+    card = (out / "README.md").read_text()
+    assert f"{sum(p.numel() for p in model.parameters()):,} total" in card
+    for f in out.iterdir():  # no path of this machine anywhere
+        if f.suffix in (".json", ".md", ".py", ".txt"):
+            text = f.read_text()
+            assert str(tmp_path) not in text and "/tmp/" not in text and os.path.expanduser("~") not in text, f.name
+    gen = json.loads((out / "generation_config.json").read_text())
+    assert gen["eos_token_id"] == 700 and gen["pad_token_id"] == 701
+    text = "KING. My lord <|endoftext|> <s>\t\t  x"
+    tok5 = AutoTokenizer.from_pretrained(str(out))
+    m5 = AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    ids = tok5(text, add_special_tokens=False).input_ids
+    assert ids == codec.encode(text).ids and 700 not in ids
+    env = child_env(PYTHONPATH=str(tf4_path))
+    r = subprocess.run([sys.executable, "-c", TF4_SCRIPT, str(out), text], cwd=str(tmp_path), env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["version"] == "4.46.3"
+    assert got["rope_theta"] == 50000.0 and got["n_positions"] == cfg.data.seq_length
+    assert got["ids"] == ids
+    with torch.no_grad():
+        want = m5(torch.tensor([ids])).logits[0]
+        mh = model(torch.tensor([ids]))[0, :, :702].float()
+    torch.testing.assert_close(torch.tensor(got["logits"]), want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(want, mh, atol=1e-4, rtol=1e-4)
+
+
+def test_remote_code_batched_left_padded_generate(shakespeare_shards, dist, tmp_path):
+    """generate() on a left-padded batch (transformers' padding for generation) equals generating
+    each prompt alone, for a hash-embedding model with a recurrent attention kind."""
+    from transformers import AutoModelForCausalLM
+
+    from megahash.convert.export import export_model
+    from test_convert import _build, _cfg
+
+    cfg = _cfg(shakespeare_shards, "hash-emb-bucket")  # list:mha,approx with a hash embedding
+    from megahash.eval.text import load_codec
+
+    model = _build(cfg)
+    export_model(cfg, model, tmp_path / "hf", load_codec(cfg), fmt="megahash")
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), trust_remote_code=True).eval()
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(5, 1000, (n,), generator=g) for n in (3, 9, 6)]
+    pad = hf.generation_config.pad_token_id
+    batch = torch.full((3, 9), pad, dtype=torch.long)
+    mask = torch.zeros((3, 9), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        batch[i, 9 - len(p):] = p
+        mask[i, 9 - len(p):] = 1
+    out = hf.generate(batch, attention_mask=mask, max_new_tokens=6, do_sample=False)
+    assert out.shape == (3, 15) and torch.equal(out[:, :9], batch)
+    for i, p in enumerate(prompts):
+        alone = hf.generate(p[None], max_new_tokens=6, do_sample=False)[0, len(p):]
+        assert torch.equal(out[i, 9:9 + len(alone)], alone)
+
+
+def test_hash_embedding_special_rows_follow_roles(shakespeare_shards, dist, tmp_path):
+    """With special ids that are not 0-4 (data.special_ids), a hash embedding gives the special rows
+    to those ids by role (row 0 bos, 1 pad, 2 eos) and treats ids 0-4 as ordinary tokens; the
+    remote-code export agrees (logits equal on a sequence containing the specials)."""
+    from transformers import AutoModelForCausalLM
+
+    from megahash.convert.export import export_model
+    from megahash.eval.text import load_codec
+    from test_convert import _build, _cfg
+
+    cfg = _cfg(shakespeare_shards, "hash-emb-bucket")
+    cfg.data.special_ids = {"bos": 700, "pad": 701, "eos": 700, "unk": None, "mask": None}
+    model = _build(cfg)
+    emb = model.embedding
+    tok = torch.tensor([[700, 701, 3, 42]])
+    codes = torch.zeros((1, 4, 1), dtype=torch.long)  # md5-bucket64: one bucket id per token
+    out = emb(tok, codes)[:, 0]  # [s, h]
+    torch.testing.assert_close(out[0], emb.special[0])  # bos/eos id 700 -> the bos row
+    torch.testing.assert_close(out[1], emb.special[1])  # pad
+    assert not torch.allclose(out[2], emb.special[3])  # id 3 is an ordinary token here
+    export_model(cfg, model, tmp_path / "hf", load_codec(cfg), fmt="megahash")
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), trust_remote_code=True).eval()
+    ids = torch.tensor([[700, 17, 3, 0, 701, 250, 700, 4, 9]])
+    with torch.no_grad():
+        want = model(ids, hash_codes=hf.model.codes_for_ids(ids))[..., :1000].float()
+        got = hf(ids).logits
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

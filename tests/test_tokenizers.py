@@ -1,0 +1,338 @@
+"""Any tokenizer, one tokenizer everywhere (issue 13).
+
+Two tokenizers: the sentencepiece BPE model of the session fixture (ids 0-4 = <s> <pad> </s> <unk>
+<mask>) and a GPT-2/Pythia-style byte-level BPE ``tokenizer.json`` trained here with the
+``tokenizers`` library, whose only specials ``<|endoftext|>`` / ``<|padding|>`` have ids 700/701.
+For each: preprocess (the real data tool) -> 20 training steps -> ``megahash eval`` -> export ->
+``AutoTokenizer``/``AutoModelForCausalLM``; and a property test over generated texts (special-token
+strings, control characters, whitespace runs, mixed scripts) comparing the ids and hash codes of
+every path: the data stage's shards, ``megahash.eval.text``, the exported Hugging Face tokenizer
+and the export's remote-code text coder.
+"""
+import json
+import os
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, child_env, run
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+TINY = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=64",
+        "data.seq_length=64", "model.max_position_embeddings=128", "train.micro_batch_size=4",
+        "train.global_batch_size=4", "train.warmup_steps=2", "train.eval_interval=0", "train.lr=3e-3",
+        "train.log_interval=10", "logging.plot=false", "logging.tensorboard=false", "data.split=100,0,0"]
+SPECIAL_STRINGS = ["<s>", "</s>", "<unk>", "<pad>", "<mask>", "<|endoftext|>", "<|padding|>"]
+PIECES = ["KING.", "lord", " ", "  ", "\t", "\n", "\n\n", "    ", "\u4e2d\u6587", "\u00e9t\u00e9", "\u0416\u0438\u0437\u043d\u044c",
+          "\u2603", "x\u00a0y", "\x00", "\x07", "\x1b[0m", "1234", "play", "ing", "'s", "--", "\U0001F600", "\r\n"]
+
+
+def gen_texts(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        parts = [rng.choice(PIECES + SPECIAL_STRINGS) for _ in range(rng.randint(1, 25))]
+        out.append("".join(parts))
+    out += ["<s>", "</s>", "<mask>", "a<mask>b", "<|endoftext|>x", " " * 40 + "end", "\t\t\n\n  x  \n"]
+    return out
+
+
+def make_bpe(path, docs) -> None:
+    """Byte-level BPE (GPT-2 style) with the specials at the end of the vocabulary."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tr = trainers.BpeTrainer(vocab_size=700, special_tokens=[], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                             show_progress=False)
+    tok.train_from_iterator(docs, tr)
+    tok.add_special_tokens([AddedToken("<|endoftext|>", special=True), AddedToken("<|padding|>", special=True)])
+    tok.save(str(path))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """60 Shakespeare documents with special-token strings and odd whitespace spliced in, as jsonl."""
+    from data_tools.sources import open_source, select_documents
+
+    d = tmp_path_factory.mktemp("tok_corpus")
+    docs = list(select_documents(open_source("shakespeare"), 0, 60))
+    extra = gen_texts(40, seed=1)
+    rng = random.Random(3)
+    docs = [doc[:1500] + rng.choice(extra) + doc[1500:3000] for doc in docs]
+    path = d / "corpus.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
+    make_bpe(d / "bpe.json", docs)
+    r = run([sys.executable, "data_tools/train_tokenizer.py", "--input", str(path), "--output", str(d / "lossless"),
+             "--vocab-size", "600", "--quiet"])  # the default: lossless
+    assert r.returncode == 0, r.stderr[-2000:]
+    return {"dir": d, "jsonl": path, "docs": docs, "bpe": d / "bpe.json", "lossless": f"{d / 'lossless'}.model"}
+
+
+def _tokenizers(corpus, shakespeare_shards):
+    return {"sp": shakespeare_shards["tokenizer"], "bpe": str(corpus["bpe"]), "lossless": corpus["lossless"]}
+
+
+@pytest.fixture(scope="module", params=["sp", "bpe"])
+def pipeline(request, corpus, shakespeare_shards, tmp_path_factory):
+    """preprocess -> 20 steps -> export, once per tokenizer kind."""
+    kind = request.param
+    tok = _tokenizers(corpus, shakespeare_shards)[kind]
+    d = tmp_path_factory.mktemp(f"pipe_{kind}")
+    prefix = d / "shards"
+    if kind == "bpe":  # Megatron-LM's spellings
+        args = ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", tok, "--json-keys", "text", "--append-eod"]
+    else:
+        args = ["--tokenizer", tok]
+    r = run([sys.executable, "data_tools/preprocess_data.py", "--input", str(corpus["jsonl"]), "--output-prefix",
+             str(prefix), "--word-hashes", "md5", "--quiet", *args])
+    assert r.returncode == 0, r.stderr[-2000:]
+    save = d / "run"
+    r = run([sys.executable, "megahash/pretrain.py", f"data.prefix=[{prefix}]", f"data.tokenizer={tok}", *TINY,
+             "train.steps=20", f"train.save_dir={save}"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    hf = d / "hf"
+    r = run([sys.executable, "-m", "megahash", "export-hf", "--checkpoint", str(save), "--output", str(hf)])
+    assert r.returncode == 0, r.stderr[-3000:]
+    return {"kind": kind, "tokenizer": tok, "prefix": str(prefix), "run": save, "hf": hf, "dir": d}
+
+
+def test_special_ids_come_from_the_tokenizer(pipeline):
+    meta = json.loads(open(pipeline["prefix"] + "_meta.json").read())
+    ids = meta["tokenizer"]["special_ids"]
+    import yaml
+
+    cfg = yaml.safe_load((pipeline["run"] / "resolved_config.yaml").read_text())
+    assert cfg["data"]["special_ids"] == ids  # recorded in the checkpoint
+    if pipeline["kind"] == "bpe":
+        assert ids == {"bos": 700, "pad": 701, "eos": 700, "unk": None, "mask": None}
+        assert meta["stream"]["eos_id"] == 700
+    else:
+        assert ids == {"bos": 0, "pad": 1, "eos": 2, "unk": 3, "mask": 4}
+    from megahash.data.shards import ShardSet
+
+    s = ShardSet.open(pipeline["prefix"])
+    last = [int(s.tokens.get(d)[-1]) for d in range(3)]
+    assert last == [ids["eos"]] * 3  # documents end with the tokenizer's own eos
+
+
+def test_eval_export_and_transformers(pipeline, corpus):
+    """megahash eval runs; the export loads with AutoTokenizer/AutoModelForCausalLM (no remote code
+    for the qwen2 format), its tokenizer gives the data stage's ids, its logits equal megahash's."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from megahash.eval.text import load_codec
+    from megahash.training.weights import load_for_inference
+
+    cfg_json = json.loads((pipeline["hf"] / "config.json").read_text())
+    assert cfg_json["model_type"] == "qwen2"
+    special = cfg_json["megahash_config"]["data"]["special_ids"]
+    assert cfg_json["eos_token_id"] == special["eos"]
+    gen = json.loads((pipeline["hf"] / "generation_config.json").read_text())
+    assert gen["eos_token_id"] == special["eos"]
+    tok = AutoTokenizer.from_pretrained(str(pipeline["hf"]))
+    model = AutoModelForCausalLM.from_pretrained(str(pipeline["hf"])).eval()
+    cfg, mh, ckpt = load_for_inference(str(pipeline["run"]))
+    codec = load_codec(cfg, ckpt)
+    text = corpus["docs"][0][:400] + " <s> </s> <mask> <|endoftext|>\t\t  x"
+    ids = tok(text, add_special_tokens=False).input_ids
+    assert ids == codec.encode(text).ids
+    assert tok(text).input_ids == ids  # nothing added around a text
+    with torch.no_grad():
+        hf_logits = model(torch.tensor([ids[:60]])).logits[0]
+        mh_logits = mh(torch.tensor([ids[:60]]))[0, :, : codec.vocab_size]
+    torch.testing.assert_close(hf_logits, mh_logits.float(), atol=1e-4, rtol=1e-4)
+
+
+def test_same_score_on_every_path(pipeline, corpus):
+    """Rolling log-likelihoods of documents ~15x longer than the 64-token context, containing
+    special-token strings: ``megahash eval`` (CLI), the lm-eval ``megahash`` model and lm-eval's
+    ``hf`` model on the export agree to 1e-4 relative, with no window argument anywhere (the window
+    is the trained sequence length on every path); for the BPE run also lm-eval's own CLI with
+    ``--model megahash`` in a fresh process (megahash-lm-eval)."""
+    import re
+
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    from megahash.eval.lm import MegahashEvalLM
+
+    docs = corpus["docs"][:2]
+    assert any(t in "".join(docs) for t in SPECIAL_STRINGS)
+    reqs = [Instance(request_type="loglikelihood_rolling", doc={}, arguments=(d,), idx=i) for i, d in enumerate(docs)]
+    mh = MegahashEvalLM(checkpoint=str(pipeline["run"]), batch_size=4)
+    hf = HFLM(pretrained=str(pipeline["hf"]), batch_size=4, device="cpu")
+    assert mh.max_length == hf.max_length == 64
+    assert len(mh.codec.encode(docs[0])) > 10 * 64  # many windows
+    a = np.array(mh.loglikelihood_rolling(reqs))
+    b = np.array(hf.loglikelihood_rolling(reqs))
+    np.testing.assert_allclose(a, b, rtol=1e-4)
+    words = sum(len(re.split(r"\s+", d)) for d in docs)
+    expect = float(np.exp(-a.sum() / words))
+    tasks = _ppl_task(pipeline["dir"], corpus)
+    out = subprocess.run([sys.executable, "-m", "megahash", "eval", "--checkpoint", str(pipeline["run"]), "--tasks-dir",
+                          str(tasks), "--tasks", "tok_ppl", "--out", str(pipeline["dir"] / "eval.json")],
+                         cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads((pipeline["dir"] / "eval.json").read_text())["results"]["tok_ppl"]
+    assert abs(res["word_perplexity"] / expect - 1) < 1e-4
+    if pipeline["kind"] != "bpe":
+        return
+    lm_out = pipeline["dir"] / "lm_eval_out"
+    out = subprocess.run([sys.executable, "-m", "megahash.eval.lm_eval_cli", "--model", "megahash", "--model_args",
+                          f"checkpoint={pipeline['run']}", "--batch_size", "4", "--tasks", "tok_ppl", "--include_path", str(tasks),
+                          "--output_path", str(lm_out)], cwd=ROOT, env=child_env(), capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = [json.loads(p.read_text()) for p in lm_out.rglob("results*.json")]
+    assert found, out.stdout[-2000:]
+    got = found[0]["results"]["tok_ppl"]["word_perplexity,none"]
+    assert abs(got / expect - 1) < 1e-4
+
+
+def _ppl_task(d, corpus):
+    tasks = d / "tasks"
+    tasks.mkdir(exist_ok=True)
+    data = tasks / "tok_ppl.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in corpus["docs"][:2]))
+    (tasks / "tok_ppl.yaml").write_text(
+        "task: tok_ppl\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: " + str(data) + "\n"
+        "test_split: test\noutput_type: loglikelihood_rolling\ndoc_to_text: ''\ndoc_to_target: '{{text}}'\n"
+        "metric_list:\n  - metric: word_perplexity\n  - metric: bits_per_byte\n")
+    return tasks
+
+
+@pytest.mark.parametrize("kind", ["sp", "bpe", "lossless"])
+def test_one_tokenizer_everywhere(kind, corpus, shakespeare_shards, tmp_path):
+    """Generated texts: data stage == megahash.eval.text == exported HF tokenizer == remote text coder
+    (ids), and the data stage's md5 codes == eval's == the remote coder's."""
+    from transformers import AutoTokenizer
+
+    from megahash.config import Config
+    from megahash.convert.export import write_hashing_files
+    from megahash.convert.hf.hashing_megahash import TextCoder
+    from megahash.convert.tokenizer import write_tokenizer
+    from megahash.data.shards import ShardSet
+    from megahash.eval.text import load_codec
+
+    tok = _tokenizers(corpus, shakespeare_shards)[kind]
+    texts = [t for t in gen_texts(150, seed=11) if t.strip()]
+    jsonl = tmp_path / "gen.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    prefix = tmp_path / "gen"
+    r = run([sys.executable, "data_tools/preprocess_data.py", "--input", str(jsonl), "--output-prefix", str(prefix),
+             "--tokenizer", tok, "--word-hashes", "md5", "--no-append-eos", "--quiet"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    shards = ShardSet.open(str(prefix))
+    cfg = Config()
+    cfg.data.prefix = [str(prefix)]
+    cfg.data.tokenizer = tok
+    cfg.model.embedding = "hash-emb"
+    cfg.model.embed.hash_spec = "md5"
+    codec = load_codec(cfg)
+    out = tmp_path / "hf"
+    out.mkdir()
+    info = write_tokenizer(out, codec, 1024)
+    assert info["mismatches"] == 0
+    write_hashing_files(out, codec, cfg)
+    hf_tok = AutoTokenizer.from_pretrained(str(out))
+    coder = TextCoder.from_pretrained(str(out))
+    texts = [t for t in texts if codec.encode(t).ids]  # the data stage skips texts without tokens
+    assert len(shards.tokens) == len(texts)
+    for d, text in enumerate(texts):
+        stage = shards.tokens.get(d).astype(np.int64).tolist()
+        enc = codec.encode(text)
+        assert enc.ids == stage, (text, enc.ids, stage)
+        assert hf_tok(text, add_special_tokens=False).input_ids == stage, text
+        assert coder.encode(text)[0] == stage, text
+        stage_codes = shards.hash_codes("md5", d, 0, len(stage))
+        np.testing.assert_array_equal(codec.codes(enc), stage_codes)
+        np.testing.assert_array_equal(coder.codes(stage), stage_codes)
+    special = set(i for r, i in codec.special_ids.items() if i is not None and r != "unk")  # unk: unknown characters
+    all_ids = set(np.concatenate([shards.tokens.get(d) for d in range(len(texts))]).tolist())
+    assert not (all_ids & special)  # special strings in text are text, never the special ids
+
+
+def test_default_tokenizer_is_lossless(corpus, tmp_path):
+    """train_tokenizer.py's default model round-trips arbitrary text (newlines, tabs, space runs, any
+    script, control characters, special-token strings), through sentencepiece and through the
+    exported Hugging Face tokenizer; --lossy keeps sentencepiece's folding normaliser."""
+    from megahash.config import Config
+    from megahash.convert.tokenizer import write_tokenizer
+    from megahash.eval.text import load_codec
+
+    cfg = Config()
+    cfg.data.tokenizer = corpus["lossless"]
+    codec = load_codec(cfg)
+    write_tokenizer(tmp_path, codec, 1024)
+    from transformers import AutoTokenizer
+
+    hf_tok = AutoTokenizer.from_pretrained(str(tmp_path))
+    texts = gen_texts(200, seed=5) + [corpus["docs"][0], "def f(x):\n\treturn  x\n\n\n    # done\n"]
+    for t in texts:
+        ids = codec.encode(t).ids
+        assert codec.decode(ids) == t
+        assert hf_tok.decode(ids) == t
+    r = run([sys.executable, "data_tools/train_tokenizer.py", "--input", str(corpus["jsonl"]), "--output",
+             str(tmp_path / "lossy"), "--vocab-size", "300", "--lossy", "--quiet"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    import sentencepiece as spm
+
+    lossy = spm.SentencePieceProcessor(model_file=str(tmp_path / "lossy.model"))
+    assert lossy.decode(lossy.encode("a  b\n\tc")) == "a b c"
+
+
+def test_small_corpus_split_is_a_one_line_error(tmp_path, shakespeare_shards):
+    """10 documents with the default 98,2,0 split: megatron-core would search for validation tokens
+    for ever; megahash says what to change instead. 90,10,0 gives both splits documents."""
+    from megahash.data.dataset import check_split_sizes
+    from megahash.errors import DataError
+
+    r = run([sys.executable, "data_tools/preprocess_data.py", "--input", "shakespeare", "--max-docs", "10",
+             "--output-prefix", str(tmp_path / "s"), "--tokenizer", shakespeare_shards["tokenizer"], "--quiet"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    path = str(tmp_path / "s_text_document")
+    with pytest.raises(DataError, match=r"data.split=98,2,0 leaves the validation split no documents of the 10 .*"
+                                        r"data.split=90,10,0"):
+        check_split_sizes("98,2,0", [path], {"train": 8, "validation": 4})
+    check_split_sizes("90,10,0", [path], {"train": 8, "validation": 4})
+    check_split_sizes("98,2,0", [path], {"train": 8, "validation": 0})  # no validation wanted
+    with pytest.raises(DataError, match="train split no documents"):
+        check_split_sizes("1,99,0", [path], {"train": 8, "validation": 4})
+
+
+def test_zst_input_and_offline_hub_name(corpus, shakespeare_shards, tmp_path):
+    """A .jsonl.zst corpus gives the same shards as the plain .jsonl; an HF tokenizer name offline is
+    one line naming what to pass instead (exit 2)."""
+    import shutil
+
+    zst = tmp_path / "corpus.jsonl.zst"
+    try:
+        import zstandard
+
+        zst.write_bytes(zstandard.ZstdCompressor().compress(corpus["jsonl"].read_bytes()))
+    except ImportError:
+        if shutil.which("zstd") is None:
+            pytest.skip("neither the zstandard package nor the zstd command is installed")
+        subprocess.run(["zstd", "-q", "-o", str(zst), str(corpus["jsonl"])], check=True)
+    outs = {}
+    for name, src in (("plain", corpus["jsonl"]), ("zst", zst)):
+        r = run([sys.executable, "data_tools/preprocess_data.py", "--input", str(src), "--output-prefix",
+                 str(tmp_path / name), "--tokenizer", str(corpus["bpe"]), "--quiet"])
+        assert r.returncode == 0, r.stderr[-2000:]
+        outs[name] = (tmp_path / f"{name}_text_document.bin").read_bytes()
+    assert outs["plain"] == outs["zst"] and len(outs["plain"]) > 1000
+    r = run([sys.executable, "data_tools/preprocess_data.py", "--input", str(corpus["jsonl"]), "--output-prefix",
+             str(tmp_path / "hub"), "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
+             "EleutherAI/pythia-160m-nonexistent-offline"])
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: cannot load Hugging Face tokenizer"), r.stderr
+    assert "tokenizer.json" in lines[0]
