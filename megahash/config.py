@@ -324,6 +324,9 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
 
 def validate(cfg: Config) -> None:
     """Cross-field checks that do not need the model or the data (one-line errors)."""
+    from megahash.config_checks import check_ranges
+
+    check_ranges(cfg)  # every number inside its range first (megahash/config_checks.py)
     m, p = cfg.model, cfg.parallel
     if m.arch not in ("decoder", "encoder"):
         raise ConfigError(f"model.arch must be decoder or encoder, got {m.arch!r}")
