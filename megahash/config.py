@@ -88,6 +88,7 @@ class DataConfig:
     seed: int = 1234
     cache_dir: str = ""  # index cache (default: <save_dir>/data_cache)
     num_workers: int = 0
+    verify: str = "cheap"  # shard checks before step 1: cheap (sizes, headers, counts) | full (+ sha256) | none
 
 
 @dataclass

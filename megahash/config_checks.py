@@ -139,6 +139,8 @@ def check_ranges(cfg) -> None:
     if t.min_lr > t.lr:
         raise ConfigError(f"train.min_lr={t.min_lr} must be <= train.lr={t.lr}")
     _check_split(d.split)
+    if d.verify not in ("cheap", "full", "none"):
+        raise ConfigError(f"config key 'data.verify' must be cheap, full or none, got {d.verify!r}")
 
 
 def _check_split(split: str) -> None:
