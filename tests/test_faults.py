@@ -105,3 +105,124 @@ def test_intact_shards_pass_cheap_and_full(shakespeare_shards):
         assert info["side_shards"] == ["md5", "lsh128"] and info["documents"] > 0
     meta = json.loads(Path(shakespeare_shards["prefix"] + "_meta.json").read_text())
     assert info["checked_files"] == len(meta["files"]) and info["tokens"] == meta["counts"]["tokens"]
+
+
+# -- checkpoint faults --------------------------------------------------------------------------
+def test_damaged_newest_checkpoint_falls_back_and_dead_saves_are_cleaned(shakespeare_shards, tmp_path):
+    """6 steps saving every 2; then the newest checkpoint is truncated, a newer step folder without a
+    state file and leftovers of dead saves appear. The rerun (8 steps) warns about both damaged
+    checkpoints, removes the leftovers, resumes from step 4 and repeats steps 5-6 bit-identically."""
+    from conftest import pretrain, train_losses
+
+    run_dir = tmp_path / "run"
+    r = pretrain(base(shakespeare_shards, run_dir, 6, "train.save_interval=2", "train.eval_interval=0",
+                      "train.keep_last=0"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    first = train_losses(run_dir)
+    optim = next((run_dir / "step_00000006").glob("*optim_states.pt"))
+    _truncate(optim, 0.6)
+    (run_dir / "step_00000007" / "model").mkdir(parents=True)  # renamed but never finished (no state file)
+    (run_dir / "step_00000008.tmp").mkdir()  # a save killed in flight
+    (run_dir / "latest.tmp-4242").write_text("step_00000008")
+    r = pretrain(base(shakespeare_shards, run_dir, 8, "train.save_interval=2", "train.eval_interval=0",
+                      "train.keep_last=0"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    warnings = [l for l in r.stderr.splitlines() if l.startswith("warning: checkpoint")]
+    assert len(warnings) == 2 and "step_00000007" in warnings[0] and "step_00000006" in warnings[1], warnings
+    assert "optim_states.pt has" in warnings[1] and "resuming from the older step_00000004" in warnings[1]
+    assert f"resumed from {run_dir}/step_00000004" in r.stdout
+    assert not (run_dir / "step_00000008.tmp").exists() and not (run_dir / "latest.tmp-4242").exists()
+    again = train_losses(run_dir)  # metrics.jsonl: the last record of a step wins
+    assert [again[s] for s in (5, 6)] == [first[s] for s in (5, 6)]
+    assert (run_dir / "latest").read_text() == "step_00000008"
+    from megahash.training.checkpoint_faults import damage
+
+    assert damage(run_dir / "step_00000008") is None and damage(run_dir / "step_00000006") is None  # re-saved
+
+
+def test_only_damaged_checkpoints_is_one_line_not_a_fresh_start(tmp_path):
+    from megahash.errors import CheckpointError
+    from megahash.training.checkpoint import find_resume
+
+    (tmp_path / "step_00000004").mkdir()
+    (tmp_path / "step_00000004" / "megahash_state.json").write_text("{\"step\": ")
+    with pytest.raises(CheckpointError) as e:
+        find_resume(tmp_path)
+    assert "no intact checkpoint" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_disk_full_during_save_is_one_line_and_keeps_the_previous(shakespeare_shards, tmp_path):
+    """A real full disk: the save folder is a 5 MB tmpfs that holds one checkpoint (3.1 MB) but not two."""
+    import subprocess
+
+    from conftest import pretrain
+
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=5m", "tmpfs", str(mnt)],
+                                           capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        run_dir = mnt / "run"
+        r = pretrain(base(shakespeare_shards, run_dir, 4, "train.save_interval=2", "train.eval_interval=0",
+                          f"data.cache_dir={tmp_path / 'cache'}"))
+        assert r.returncode == 2, r.stderr[-3000:]
+        err = [l for l in r.stderr.strip().splitlines() if l.startswith("error:")]
+        assert len(err) == 1 and "saving checkpoint step_00000004" in err[0] and "disk full" in err[0], r.stderr[-3000:]
+        assert "Traceback" not in r.stderr
+        assert "the previous checkpoint step_00000002 is intact" in err[0]
+        assert sorted(p.name for p in run_dir.iterdir() if p.name.startswith("step_")) == ["step_00000002"]
+        assert (run_dir / "latest").read_text() == "step_00000002"
+        assert not [p for p in run_dir.rglob("*") if ".tmp" in p.name]
+        from megahash.training.checkpoint_faults import damage
+
+        assert damage(run_dir / "step_00000002") is None
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+def _payload_metadata(model_dir: Path, marker: Path) -> None:
+    """Rewrite a real dist-checkpoint ``.metadata`` so that unpickling it runs a shell command."""
+    import pickle
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    meta = pickle.loads((model_dir / ".metadata").read_bytes())
+    meta.storage_meta = Payload()
+    (model_dir / ".metadata").write_bytes(pickle.dumps(meta))
+    manifest = model_dir.parent / "manifest.json"  # a forger fixes the sizes too (sizes catch accidents only)
+    m = json.loads(manifest.read_text())
+    m["files"]["model/.metadata"] = (model_dir / ".metadata").stat().st_size
+    manifest.write_text(json.dumps(m))
+
+
+def test_export_hf_never_unpickles_code(shakespeare_shards, tmp_path):
+    """The weights of a checkpoint load through a data-only unpickler: the real ``.metadata`` loads,
+    one carrying a command is refused with one line, and the command never runs."""
+    import io
+    import pickle
+    import sys
+
+    from conftest import pretrain, run
+    from megahash.errors import CheckpointError
+    from megahash.training.safe_unpickle import RestrictedUnpickler
+
+    run_dir = tmp_path / "run"
+    r = pretrain(base(shakespeare_shards, run_dir, 1, "train.eval_interval=0"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    model_dir = run_dir / "step_00000001" / "model"
+    real = (model_dir / ".metadata").read_bytes()
+    assert RestrictedUnpickler(io.BytesIO(real)).load() is not None
+    marker = tmp_path / "PWNED"
+    _payload_metadata(model_dir, marker)
+    with pytest.raises(CheckpointError):
+        RestrictedUnpickler(io.BytesIO((model_dir / ".metadata").read_bytes())).load()
+    assert not marker.exists()
+    assert pickle.loads(real) is not None  # (plain pickle of the intact file works: the check is the only gate)
+    r = run([sys.executable, "-m", "megahash", "export-hf", "--checkpoint", str(run_dir), "--output", str(tmp_path / "hf")])
+    assert r.returncode == 2 and not marker.exists(), r.stderr[-3000:]
+    err = [l for l in r.stderr.strip().splitlines() if l.startswith("error:")]
+    assert len(err) == 1 and "posix.system: refused" in err[0], r.stderr[-3000:]
+    assert not (tmp_path / "hf").exists()

@@ -83,6 +83,10 @@ def train(cfg: Config) -> int:
         save_dir = Path(t.save_dir)
 
         resume_from = None
+        if rank == 0:  # leftovers of saves killed in flight (checkpoint_faults.clean_stale)
+            from megahash.training.checkpoint_faults import clean_stale
+
+            clean_stale(save_dir)
         if t.resume == "auto":
             resume_from = checkpoint.find_resume(save_dir)
         elif t.resume not in ("none", ""):
