@@ -226,3 +226,75 @@ def test_export_hf_never_unpickles_code(shakespeare_shards, tmp_path):
     err = [l for l in r.stderr.strip().splitlines() if l.startswith("error:")]
     assert len(err) == 1 and "posix.system: refused" in err[0], r.stderr[-3000:]
     assert not (tmp_path / "hf").exists()
+
+
+# -- signals to the whole process group under the real launchers ----------------------------------
+def _launch_and_kill_group(launcher: str, args: list[str], run_dir: Path, after_save: int, kill_at: int):
+    """Start 2 ranks under ``launcher`` in their own process group; once checkpoint ``after_save``
+    is complete and step ``kill_at`` is logged, SIGTERM the whole group (what scancel, a time limit
+    and most schedulers do). Returns the combined output."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import ROOT, _free_port, child_env, train_losses
+
+    port = str(_free_port())
+    cmd = (["deepspeed", "--num_gpus", "2", "--master_port", port] if launcher == "deepspeed" else
+           [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port])
+    p = subprocess.Popen([*cmd, "megahash/pretrain.py", *args], cwd=ROOT, env=child_env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and p.poll() is None:
+            if (run_dir / f"step_{after_save:08d}" / "megahash_state.json").is_file():
+                try:
+                    if max(train_losses(run_dir), default=0) >= kill_at:
+                        break
+                except (OSError, ValueError):
+                    pass
+            time.sleep(0.02)
+        assert p.poll() is None, f"{launcher} run ended before step {kill_at}"
+        os.killpg(p.pid, signal.SIGTERM)
+        out, _ = p.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    return out
+
+
+def test_sigterm_to_process_group_under_deepspeed_and_torchrun_resumes_bit_exactly(shakespeare_shards, tmp_path):
+    """2 ranks, a periodic save every 4 steps. SIGTERM to the deepspeed launcher's whole process
+    group after the first save; the run resumes under torchrun and its group gets SIGTERM after the
+    next save; the last resume (deepspeed) finishes. Every stop checkpoints all ranks at one step
+    boundary (no step_N.tmp left, the helpers of the first save survive), and the losses of the
+    3-piece run equal the uninterrupted run's bit for bit."""
+    import re
+
+    from conftest import pretrain, train_losses
+
+    steps = 24
+    common = ["train.save_interval=4", "train.eval_interval=0", "train.keep_last=0"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    r = pretrain(base(shakespeare_shards, straight, steps, *common), ranks=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    stops = []
+    for launcher, after_save in (("deepspeed", 4), ("torchrun", 12)):
+        kill_at = after_save + 2
+        out = _launch_and_kill_group(launcher, base(shakespeare_shards, split, steps, *common), split, after_save, kill_at)
+        m = re.search(r"stopped at step (\d+) \(signal 15\); checkpoint saved", out)
+        assert m, out[-4000:]
+        stop = int(m.group(1))
+        assert stop >= kill_at and (split / "latest").read_text() == f"step_{stop:08d}", out[-3000:]
+        assert "BrokenPipeError" not in out and "Traceback (most recent call last)" not in out.split("stopped at")[0]
+        assert not list(split.glob("*.tmp"))
+        state = json.loads((split / f"step_{stop:08d}" / "megahash_state.json").read_text())
+        assert state["step"] == stop and state["world_size"] == 2
+        stops.append(stop)
+    assert stops[0] < 12 <= stops[1] < steps
+    r = pretrain(base(shakespeare_shards, split, steps, *common), ranks=2)
+    assert r.returncode == 0 and f"resumed from {split}/step_{stops[1]:08d}" in r.stdout, r.stderr[-3000:]
+    a, b = train_losses(straight), train_losses(split)
+    assert sorted(b) == list(range(1, steps + 1))
+    assert [a[s] for s in range(1, steps + 1)] == [b[s] for s in range(1, steps + 1)]
