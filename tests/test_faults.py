@@ -298,3 +298,84 @@ def test_sigterm_to_process_group_under_deepspeed_and_torchrun_resumes_bit_exact
     a, b = train_losses(straight), train_losses(split)
     assert sorted(b) == list(range(1, steps + 1))
     assert [a[s] for s in range(1, steps + 1)] == [b[s] for s in range(1, steps + 1)]
+
+
+# -- interrupted preprocess -----------------------------------------------------------------------
+def _preprocess_cmd(shards, prefix, *extra):
+    import sys
+
+    return [sys.executable, "data_tools/preprocess_data.py", "--input", "shakespeare", "--output-prefix", str(prefix),
+            "--tokenizer", shards["tokenizer"], "--word-hashes", "md5,lsh128", "--quiet", *extra]
+
+
+def test_killed_preprocess_takes_its_workers_along(shakespeare_shards, tmp_path):
+    """SIGKILL to the main process of a 2-worker preprocess: the workers exit too (they used to keep
+    running), and nothing is published under the prefix."""
+    import signal
+    import subprocess
+    import time
+
+    from conftest import ROOT, child_env
+    from test_launch import descendants
+
+    prefix = tmp_path / "shk"
+    p = subprocess.Popen(_preprocess_cmd(shakespeare_shards, prefix, "--workers", "2"), cwd=ROOT, env=child_env(),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        workers = []
+        while time.time() < deadline and p.poll() is None and len(workers) < 2:
+            workers = [w for w in descendants([p.pid]) if w != p.pid]
+            time.sleep(0.05)
+        assert len(workers) >= 2 and p.poll() is None, p.stderr.read() if p.poll() is not None else workers
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=30)
+        deadline = time.time() + 30
+        while time.time() < deadline and any(Path(f"/proc/{w}").exists() and "Z" not in _state(w) for w in workers):
+            time.sleep(0.1)
+        assert not [w for w in workers if Path(f"/proc/{w}").exists() and "Z" not in _state(w)], "workers survived"
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert not Path(str(prefix) + "_meta.json").exists()
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
+
+
+def test_set_without_meta_is_refused_and_rerun_needs_no_overwrite(shakespeare_shards, tmp_path):
+    """A kill during the final renames leaves shards without their meta (and a temp file): readers
+    refuse the set in one line; the same command rerun without --overwrite rebuilds it, byte for byte."""
+    import subprocess
+
+    from conftest import ROOT, child_env
+    from megahash.data.verify import sha256_file
+    from megahash.errors import DataError
+
+    prefix = tmp_path / "shk"
+    cmd = _preprocess_cmd(shakespeare_shards, prefix, "--workers", "1", "--max-docs", "60")
+    r = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    meta = json.loads(Path(str(prefix) + "_meta.json").read_text())
+    # what a kill between the renames leaves: some shards published, one still a temp file, no meta
+    Path(str(prefix) + "_meta.json").unlink()
+    os.replace(str(prefix) + "_hash_md5.bin", str(prefix) + "_hash_md5.bin.tmp-999999")
+    from megahash.data.shards import ShardSet
+
+    with pytest.raises(DataError) as e:
+        ShardSet.open(str(prefix))
+    assert "no shk_meta.json: it is incomplete" in str(e.value) and "\n" not in str(e.value)
+    r = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    again = json.loads(Path(str(prefix) + "_meta.json").read_text())
+    assert again["files"] == meta["files"]
+    for name, info in meta["files"].items():
+        assert sha256_file(str(tmp_path / name)) == info["sha256"]
+    assert not list(tmp_path.glob("*.tmp-*"))
+    # a complete set still needs --overwrite
+    r = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "--overwrite" in r.stderr
