@@ -114,6 +114,7 @@ class TrainConfig:
     save_interval: int = 0  # 0 = only at the end
     keep_last: int = 2
     resume: str = "auto"  # auto | none | PATH
+    resume_weights_only: bool = False  # on a layout change: weights only, fresh optimizer (docs/resume.md)
     eval_interval: int = 50
     eval_iters: int = 4
     log_interval: int = 10

@@ -379,3 +379,42 @@ def test_set_without_meta_is_refused_and_rerun_needs_no_overwrite(shakespeare_sh
     # a complete set still needs --overwrite
     r = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "--overwrite" in r.stderr
+
+
+# -- another layout -----------------------------------------------------------------------------
+def test_layout_change_is_one_line_then_weights_only_continues_the_data_order(shakespeare_shards, tmp_path, capsys):
+    """2 ranks ZeRO-1 -> 1 rank ZeRO-3 -> 2 ranks TP=2. Without train.resume_weights_only the layout
+    change is one line before DeepSpeed loads anything; with it each resume continues from the saved
+    step, every checkpoint's consumed samples are step x global batch (the same global samples at any
+    DP size), and the first resumed step's loss is the uninterrupted run's to 1e-4."""
+    from conftest import pretrain, train_losses
+    from megahash.pretrain import main
+
+    steps, gbs = 12, 8
+    common = ["train.eval_interval=0", "train.keep_last=0"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    r = pretrain(base(shakespeare_shards, straight, steps, *common, "train.zero_stage=1"), ranks=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = pretrain(base(shakespeare_shards, split, steps, *common, "train.zero_stage=1", "train.stop_after=4"), ranks=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    before = sorted(p.name for p in split.rglob("*"))
+    status = main(base(shakespeare_shards, split, steps, *common, "train.zero_stage=3", "train.stop_after=8"))
+    err = [l for l in capsys.readouterr().err.strip().splitlines() if l.startswith("error:")]
+    assert status == 2 and len(err) == 1, err
+    assert "data parallel 2 -> 1, zero stage 1 -> 3" in err[0] and "train.resume_weights_only=true" in err[0]
+    assert sorted(p.name for p in split.rglob("*")) == before  # nothing written
+    r = pretrain(base(shakespeare_shards, split, steps, *common, "train.zero_stage=3", "train.stop_after=8",
+                      "train.resume_weights_only=true"))
+    assert r.returncode == 0 and f"resumed from {split}/step_00000004" in r.stdout, r.stderr[-3000:]
+    r = pretrain(base(shakespeare_shards, split, steps, *common, "train.zero_stage=1", "parallel.tensor=2",
+                      "train.resume_weights_only=true"), ranks=2)
+    assert r.returncode == 0 and f"resumed from {split}/step_00000008" in r.stdout, r.stderr[-3000:]
+    a, b = train_losses(straight), train_losses(split)
+    assert sorted(b) == list(range(1, steps + 1))
+    assert [a[s] for s in range(1, 5)] == [b[s] for s in range(1, 5)]
+    for first in (5, 9):
+        assert abs(a[first] - b[first]) < 1e-4, (first, a[first], b[first])
+    for step, (world, zero, tp) in {4: (2, 1, 1), 8: (1, 3, 1), 12: (2, 1, 2)}.items():
+        st = json.loads((split / f"step_{step:08d}" / "megahash_state.json").read_text())
+        assert st["consumed_samples"] == step * gbs and st["world_size"] == world and st["zero_stage"] == zero
+        assert st["signature"]["tensor_parallel"] == tp

@@ -110,11 +110,16 @@ def check_compatible(ckpt: Path, cfg: Config) -> dict:
     """Raise a one-line CheckpointError if ``ckpt`` was made by another model or TP layout."""
     state = read_state(ckpt)
     saved, now = state.get("signature", {}), model_signature(cfg)
-    if saved.get("tensor_parallel") != now["tensor_parallel"] and not state.get("weights_only"):
+    if saved.get("tensor_parallel") != now["tensor_parallel"] and not state.get("weights_only") \
+            and not cfg.train.resume_weights_only:
         raise CheckpointError(
             f"checkpoint {ckpt} was saved with parallel.tensor={saved.get('tensor_parallel')}, this run uses "
-            f"{now['tensor_parallel']}; resume with the same TP size (or convert via export-hf/import-hf)"
+            f"{now['tensor_parallel']}; optimizer state cannot follow a layout change: resume with the same TP "
+            f"size, or continue from its weights with train.resume_weights_only=true (docs/resume.md)"
         )
+    from megahash.training.elastic import check_layout
+
+    check_layout(ckpt, state, cfg, dist.get_world_size() if dist.is_initialized() else 1)  # one line if impossible
     diffs = _diff(saved.get("model", {}), now["model"], "model")
     if diffs:
         raise CheckpointError(
@@ -171,7 +176,8 @@ def save(engine, cfg: Config, step: int, consumed: int, extra: dict | None = Non
             checkpoint_faults.write_manifest(tmp)
             state = {"step": step, "consumed_samples": consumed, "signature": model_signature(cfg),
                      "padded_vocab_size": int(engine.module.vocab_size),
-                     "world_size": dist.get_world_size() if dist.is_initialized() else 1, **(extra or {})}
+                     "world_size": dist.get_world_size() if dist.is_initialized() else 1,
+                 "zero_stage": cfg.train.zero_stage, **(extra or {})}
             _atomic_write(tmp / STATE_FILE, json.dumps(state, indent=1))
             final = root / tag
             if final.exists():  # re-saving the same step: move the old one aside first
@@ -214,6 +220,12 @@ def load(engine, ckpt: Path, cfg: Config) -> dict:
     """Load model, optimizer, scheduler and this rank's RNG from ``ckpt``; return the state dict."""
     state = check_compatible(ckpt, cfg)
     if state.get("weights_only"):
+        return _load_weights_only(engine, ckpt, cfg, state)
+    from megahash.training import elastic
+
+    if elastic.check_layout(ckpt, state, cfg, dist.get_world_size() if dist.is_initialized() else 1):
+        # another DP size / ZeRO stage / TP size with train.resume_weights_only=true (checked before
+        # DeepSpeed loads anything): the weights at this layout, a fresh optimizer, the LR schedule at the step
         return _load_weights_only(engine, ckpt, cfg, state)
     path, _client = engine.load_checkpoint(str(ckpt.parent), tag=ckpt.name, load_optimizer_states=True,
                                            load_lr_scheduler_states=True)
