@@ -403,18 +403,20 @@ def test_layout_change_is_one_line_then_weights_only_continues_the_data_order(sh
     assert status == 2 and len(err) == 1, err
     assert "data parallel 2 -> 1, zero stage 1 -> 3" in err[0] and "train.resume_weights_only=true" in err[0]
     assert sorted(p.name for p in split.rglob("*")) == before  # nothing written
-    r = pretrain(base(shakespeare_shards, split, steps, *common, "train.zero_stage=3", "train.stop_after=8",
-                      "train.resume_weights_only=true"))
+    # the ZeRO-3 leg runs one step past its checkpoint at 8, so the TP=2 leg's first step has a reference
+    r = pretrain(base(shakespeare_shards, split, steps, *common, "train.zero_stage=3", "train.stop_after=9",
+                      "train.save_interval=8", "train.resume_weights_only=true"))
     assert r.returncode == 0 and f"resumed from {split}/step_00000004" in r.stdout, r.stderr[-3000:]
+    leg2 = train_losses(split)
     r = pretrain(base(shakespeare_shards, split, steps, *common, "train.zero_stage=1", "parallel.tensor=2",
-                      "train.resume_weights_only=true"), ranks=2)
+                      "train.resume_weights_only=true", f"train.resume={split / 'step_00000008'}"), ranks=2)
     assert r.returncode == 0 and f"resumed from {split}/step_00000008" in r.stdout, r.stderr[-3000:]
     a, b = train_losses(straight), train_losses(split)
     assert sorted(b) == list(range(1, steps + 1))
     assert [a[s] for s in range(1, 5)] == [b[s] for s in range(1, 5)]
-    for first in (5, 9):
-        assert abs(a[first] - b[first]) < 1e-4, (first, a[first], b[first])
-    for step, (world, zero, tp) in {4: (2, 1, 1), 8: (1, 3, 1), 12: (2, 1, 2)}.items():
+    assert abs(a[5] - b[5]) < 1e-4, (a[5], b[5])  # same weights after step 4, same global samples of step 5
+    assert abs(leg2[9] - b[9]) < 1e-4, (leg2[9], b[9])  # same weights after step 8 (ZeRO-3 -> TP=2)
+    for step, (world, zero, tp) in {4: (2, 1, 1), 8: (1, 3, 1), 9: (1, 3, 1), 12: (2, 1, 2)}.items():
         st = json.loads((split / f"step_{step:08d}" / "megahash_state.json").read_text())
         assert st["consumed_samples"] == step * gbs and st["world_size"] == world and st["zero_stage"] == zero
         assert st["signature"]["tensor_parallel"] == tp
