@@ -12,6 +12,7 @@ can kill the workers at any moment without hanging. ``n <= 1`` runs everything i
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import signal
 from collections import deque
 from typing import Any, Callable, Iterable, Iterator, Optional
@@ -25,7 +26,11 @@ def _noop() -> None:
     pass
 
 
-def _worker(tasks, results, initializer: Callable, initargs: tuple) -> None:
+def _worker(tasks, results, initializer: Callable, initargs: tuple, parent_pid: Optional[int] = None) -> None:
+    if parent_pid is not None:  # killed with the main process, even by SIGKILL (data_tools/publish.py)
+        from data_tools.publish import die_with_parent
+
+        die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is handled by the main process
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
@@ -72,7 +77,7 @@ class OrderedPool:
         for _ in range(self.workers):
             task_r, task_w = ctx.Pipe(duplex=False)
             res_r, res_w = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_worker, args=(task_r, res_w, initializer, initargs), daemon=True)
+            p = ctx.Process(target=_worker, args=(task_r, res_w, initializer, initargs, os.getpid()), daemon=True)
             p.start()
             task_r.close()
             res_w.close()

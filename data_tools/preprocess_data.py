@@ -111,10 +111,10 @@ class AtomicOutputs:
         return self.pending[final]
 
     def commit(self, last: str) -> None:
+        from data_tools.publish import publish
+
         self.remove_scratch()
-        order = [f for f in self.pending if f != last] + [last]
-        for final in order:
-            os.replace(self.pending[final], final)
+        publish(self.pending, last)  # old meta removed first, shards, then the meta (data_tools/publish.py)
         self.pending.clear()
 
     def cleanup(self) -> None:
@@ -306,6 +306,10 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     words_path = f"{prefix}_words.tsv" if words_mode else None
     meta_path = f"{prefix}_meta.json"
     finals = [p + ext for p in shards.values() for ext in (".bin", ".idx")] + [p for p in (lsh_path, words_path) if p]
+    from data_tools.publish import leftovers, remove
+
+    stale = leftovers(prefix, finals)  # an unpublished set (no meta) or temp files of dead runs: replaced
+    remove(stale)
     existing = _existing_outputs(prefix, finals)
     if existing and not args.overwrite:
         raise InputError(f"output prefix {prefix!r} already exists ({existing[0]}); pass --overwrite to replace it")

@@ -95,6 +95,7 @@ class DataConfig:
     valid_samples: int = 64  # validation set: the first N sequences of the validation split (megahash/data/validation.py)
     valid_micro_batch: int = 8  # validation chunk size (fixed, so mlm/sr corruption does not depend on the DP size)
     num_workers: int = 0
+    verify: str = "cheap"  # shard checks before step 1: cheap (sizes, headers, counts) | full (+ sha256) | none
 
 
 @dataclass
@@ -125,6 +126,7 @@ class TrainConfig:
     save_interval: int = 0  # 0 = only at the end
     keep_last: int = 2
     resume: str = "auto"  # auto | none | PATH
+    resume_weights_only: bool = False  # on a layout change: weights only, fresh optimizer (docs/resume.md)
     eval_interval: int = 50
     eval_iters: int = 4  # unused since the validation set is fixed by data.valid_samples (kept so old configs load)
     log_interval: int = 10
@@ -342,6 +344,9 @@ def load_config(path: str | os.PathLike | list | tuple | None = None, overrides:
 
 def validate(cfg: Config) -> None:
     """Cross-field checks that do not need the model or the data (one-line errors)."""
+    from megahash.config_checks import check_ranges
+
+    check_ranges(cfg)  # every number inside its range first (megahash/config_checks.py)
     m, p = cfg.model, cfg.parallel
     if m.arch not in ("decoder", "encoder"):
         raise ConfigError(f"model.arch must be decoder or encoder, got {m.arch!r}")

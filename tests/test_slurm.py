@@ -257,3 +257,33 @@ def test_size_wrapper_recipe(runs):
     cfg = (run_dir / "resolved_config.yaml").read_text()
     assert "schedule: uniform:mha" in cfg and "max_position_embeddings: 2048" in cfg and "steps: 2" in cfg
     assert "warmup_steps: 2000" in cfg and (run_dir / "latest").read_text() == "step_00000002"
+
+
+def test_scancel_term_requeues_and_resumes_exactly(cluster, runs, tmp_path):
+    """Issue 14: `scancel --signal=TERM JOBID` (SIGTERM to every process of the job's steps, the
+    helpers started by the first periodic save included) after the first periodic save -> the ranks
+    checkpoint at one step boundary and exit 3, the script requeues, and the requeued run finishes
+    with the uninterrupted run's per-step losses."""
+    run_dir, out = tmp_path / "run", tmp_path / "run.out"
+    overrides = [o for o in TINY if not o.startswith("train.save_interval")] + ["train.save_interval=10"]
+    job = submit(cluster, out, overrides, SAVE_DIR=run_dir, **runs["data"])
+    alive = lambda: job_info(cluster, job).get("JobState") not in FINAL  # noqa: E731
+    deadline = time.time() + 300
+    while not (run_dir / "step_00000010" / "megahash_state.json").is_file():
+        assert time.time() < deadline and alive(), out.read_text()[-3000:] if out.exists() else "no output"
+        time.sleep(0.05)
+    wait_for_step(run_dir, 12, alive)
+    r = subprocess.run(["scancel", "--signal=TERM", job], env=cluster.env(clean_env()), capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    info = wait_job(cluster, job, out, timeout=600)
+    text = out.read_text()
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", text[-5000:]
+    first = re.search(r"megahash: stopped at step (\d+) \(signal 15\)", text)
+    assert first and 12 <= int(first.group(1)) < STEPS, text[-5000:]
+    stop = int(first.group(1))
+    assert "ranks exited with status 3" in text and f"requeueing job {job}" in text
+    assert f"job {job} restart 1:" in text and f"resumed from {run_dir}/step_{stop:08d}" in text
+    assert "BrokenPipeError" not in text
+    assert (run_dir / "latest").read_text() == f"step_{STEPS:08d}" and not list(run_dir.glob("*.tmp"))
+    assert train_losses(run_dir) == train_losses(runs["srun"]["dir"])

@@ -173,6 +173,10 @@ def build_datasets(cfg, train_samples: int, valid_samples: int, cache_dir: str |
     paths, weights = _blend(list(cfg.data.prefix))
     for p in paths:
         check_prefix(p)
+    from megahash.data.verify import verify_set
+
+    for p in paths:  # sizes, headers and counts of every shard against its meta before step 1 (data.verify)
+        verify_set(p, cfg.data.verify)
     meta = read_meta(paths[0])
     reads_codes = cfg.model.embedding not in ("vocab", "bert-hash") or cfg.model.head != "vocab"
     spec = cfg.model.embed.hash_spec if reads_codes else None

@@ -66,15 +66,9 @@ class ShardSet:
         if prefix.endswith(TOKENS_SUFFIX):
             prefix = prefix[: -len(TOKENS_SUFFIX)]
         meta_path = prefix + META_SUFFIX
-        try:
-            with open(meta_path, encoding="utf-8") as f:
-                meta = json.load(f)
-        except FileNotFoundError:
-            raise DataError(f"no shards at prefix {prefix!r} ({meta_path} not found)") from None
-        except ValueError as e:
-            raise DataError(f"corrupt shard meta {meta_path}: {e}") from None
-        if meta.get("format_version") != SUPPORTED_FORMAT:
-            raise DataError(f"{meta_path}: shard format {meta.get('format_version')!r}, this reader reads {SUPPORTED_FORMAT}")
+        from megahash.data.verify import read_meta
+
+        meta = read_meta(prefix)  # one line if missing (an incomplete set), corrupt or of another format
         with warnings.catch_warnings():  # megatron-core warns about optional CUDA extensions on import
             warnings.simplefilter("ignore")
             from megatron.core.datasets.indexed_dataset import IndexedDataset
@@ -169,31 +163,14 @@ class ShardSet:
     def verify(self, sample_docs: int = 8, checksums: bool = True, tokenizer: Optional[str] = None) -> dict:
         """Check checksums, side-shard alignment and recomputed codes of ``sample_docs`` documents.
         Raises ``DataError`` (one line) on the first mismatch; returns a summary dict."""
-        base = os.path.dirname(self.prefix)
-        if checksums:
-            for name, info in self.meta.get("files", {}).items():
-                path = os.path.join(base, name)
-                if not os.path.exists(path):
-                    raise DataError(f"verify: file {path} listed in the meta is missing")
-                if os.path.getsize(path) != info["bytes"]:
-                    raise DataError(f"verify: {path} has {os.path.getsize(path)} bytes, meta says {info['bytes']}")
-                if _sha256(path) != info["sha256"]:
-                    raise DataError(f"verify: sha256 of {path} does not match the meta")
+        from megahash.data.verify import verify_set
+
+        try:  # files, sizes, checksums, headers, counts and side-shard alignment: megahash/data/verify.py
+            verify_set(self.prefix, "full" if checksums else "cheap", specs=list(self.side), meta=self.meta)
+        except DataError as e:
+            raise DataError(f"verify: {e}") from None
         n = self.num_documents
         lengths = np.asarray(self.tokens.sequence_lengths, dtype=np.int64)
-        counts = self.meta["counts"]
-        if n != counts["documents"] or int(lengths.sum()) != counts["tokens"]:
-            raise DataError(f"verify: token shard has {n} documents / {int(lengths.sum())} tokens, meta says {counts['documents']} / {counts['tokens']}")
-        if not np.array_equal(self.tokens.document_indices, np.arange(n + 1)):
-            raise DataError("verify: token shard is not one sequence per document")
-        for name, (ds, spec) in self.side.items():
-            if len(ds) != n or not np.array_equal(ds.document_indices, self.tokens.document_indices):
-                raise DataError(f"verify: side shard {name!r} has {len(ds)} sequences, token shard {n}")
-            if np.dtype(ds.index.dtype) != spec.dtype:
-                raise DataError(f"verify: side shard {name!r} has dtype {np.dtype(ds.index.dtype).name}, expected {spec.dtype.name}")
-            if not np.array_equal(np.asarray(ds.sequence_lengths, np.int64), lengths * spec.width):
-                bad = int(np.flatnonzero(np.asarray(ds.sequence_lengths, np.int64) != lengths * spec.width)[0])
-                raise DataError(f"verify: side shard {name!r} document {bad}: length {int(ds.sequence_lengths[bad])} != {spec.width} x {int(lengths[bad])} tokens")
         docs = np.unique(np.linspace(0, n - 1, num=min(sample_docs, n)).astype(np.int64)).tolist() if sample_docs > 0 else []
         checked_tokens = self._verify_codes(docs, tokenizer) if self.side and docs else 0
         return {"documents": n, "tokens": int(lengths.sum()), "checked_files": len(self.meta.get("files", {})) if checksums else 0,

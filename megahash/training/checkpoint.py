@@ -92,15 +92,11 @@ def complete_checkpoints(save_dir: str | Path) -> list[Path]:
 
 
 def find_resume(save_dir: str | Path) -> Path | None:
-    """The checkpoint ``train.resume=auto`` picks: ``latest`` if complete, else the newest complete."""
-    root = Path(save_dir)
-    latest = root / "latest"
-    if latest.is_file():
-        cand = root / latest.read_text().strip()
-        if (cand / STATE_FILE).is_file():
-            return cand
-    done = complete_checkpoints(root)
-    return done[-1] if done else None
+    """The checkpoint ``train.resume=auto`` picks: the newest verified one; damaged newer ones are named
+    in a warning, and only damaged ones is an error (megahash/training/checkpoint_faults.py)."""
+    from megahash.training.checkpoint_faults import choose_resume
+
+    return choose_resume(save_dir, warn=_rank() == 0)
 
 
 def read_state(ckpt: Path) -> dict:
@@ -114,11 +110,16 @@ def check_compatible(ckpt: Path, cfg: Config) -> dict:
     """Raise a one-line CheckpointError if ``ckpt`` was made by another model or TP layout."""
     state = read_state(ckpt)
     saved, now = state.get("signature", {}), model_signature(cfg)
-    if saved.get("tensor_parallel") != now["tensor_parallel"] and not state.get("weights_only"):
+    if saved.get("tensor_parallel") != now["tensor_parallel"] and not state.get("weights_only") \
+            and not cfg.train.resume_weights_only:
         raise CheckpointError(
             f"checkpoint {ckpt} was saved with parallel.tensor={saved.get('tensor_parallel')}, this run uses "
-            f"{now['tensor_parallel']}; resume with the same TP size (or convert via export-hf/import-hf)"
+            f"{now['tensor_parallel']}; optimizer state cannot follow a layout change: resume with the same TP "
+            f"size, or continue from its weights with train.resume_weights_only=true (docs/resume.md)"
         )
+    from megahash.training.elastic import check_layout
+
+    check_layout(ckpt, state, cfg, dist.get_world_size() if dist.is_initialized() else 1)  # one line if impossible
     diffs = _diff(saved.get("model", {}), now["model"], "model")
     if diffs:
         raise CheckpointError(
@@ -138,42 +139,73 @@ def _diff(a, b, path):
 
 
 def save(engine, cfg: Config, step: int, consumed: int, extra: dict | None = None) -> Path:
-    """Save a complete checkpoint of every rank under ``train.save_dir`` (collective)."""
+    """Save a complete checkpoint of every rank under ``train.save_dir`` (collective). A failure
+    (disk full) on any rank removes the partial ``step_N.tmp`` and raises one CheckpointError on
+    every rank; the previous checkpoint is untouched (megahash/training/checkpoint_faults.py)."""
+    from megahash.training import checkpoint_faults
+    from megahash.training.signals import any_rank
+
     root = Path(cfg.train.save_dir)
     tag = tag_for(step)
     tmp_tag = tag + ".tmp"
-    if _rank() == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(root / tmp_tag, ignore_errors=True)
-    platform.barrier()
-    engine.save_checkpoint(str(root), tag=tmp_tag, client_state={"megahash_step": step}, save_latest=False)
     tmp = root / tmp_tag
-    from megahash.training.weights import WEIGHTS_DIR, save_weights
+    error = None
+    try:
+        if _rank() == 0:
+            root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(root / tmp_tag, ignore_errors=True)
+    except Exception as e:  # noqa: BLE001 - reported below on every rank
+        error = e
+    platform.barrier()
+    try:
+        engine.save_checkpoint(str(root), tag=tmp_tag, client_state={"megahash_step": step}, save_latest=False)
+        from megahash.training.weights import WEIGHTS_DIR, save_weights
 
-    save_weights(engine.module, tmp / WEIGHTS_DIR, cfg.train.zero_stage)
-    _atomic_write(tmp / f"rng_rank{_rank():05d}.json", json.dumps(_to_jsonable(platform.rng_state())))
-    platform.barrier()
-    if os.environ.get("MEGAHASH_TEST_FAIL_IN_SAVE") == str(step):
-        raise RuntimeError(f"injected failure while saving step {step} (MEGAHASH_TEST_FAIL_IN_SAVE)")
-    if _rank() == 0:
-        save_config(cfg, tmp / "resolved_config.yaml")
-        state = {"step": step, "consumed_samples": consumed, "signature": model_signature(cfg),
-                 "padded_vocab_size": int(engine.module.vocab_size),
-                 "world_size": dist.get_world_size() if dist.is_initialized() else 1, **(extra or {})}
-        _atomic_write(tmp / STATE_FILE, json.dumps(state, indent=1))
-        final = root / tag
-        if final.exists():  # re-saving the same step: move the old one aside first
-            old = root / (tag + ".old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
-        _atomic_write(root / "latest", tag)
-        prune(root, cfg.train.keep_last)
-    platform.barrier()
+        save_weights(engine.module, tmp / WEIGHTS_DIR, cfg.train.zero_stage)
+        _atomic_write(tmp / f"rng_rank{_rank():05d}.json", json.dumps(_to_jsonable(platform.rng_state())))
+    except Exception as e:  # noqa: BLE001
+        error = error or e
+    if any_rank(error is not None) or os.environ.get("MEGAHASH_TEST_FAIL_IN_SAVE") == str(step):
+        error = error or RuntimeError(f"injected failure while saving step {step} (MEGAHASH_TEST_FAIL_IN_SAVE)")
+        note = checkpoint_faults.disk_note(root, error)
+        _abandon(tmp)
+        raise checkpoint_faults.save_failed(root, tag, note) from None
+    try:
+        if _rank() == 0:
+            save_config(cfg, tmp / "resolved_config.yaml")
+            checkpoint_faults.write_manifest(tmp)
+            state = {"step": step, "consumed_samples": consumed, "signature": model_signature(cfg),
+                     "padded_vocab_size": int(engine.module.vocab_size),
+                     "world_size": dist.get_world_size() if dist.is_initialized() else 1,
+                 "zero_stage": cfg.train.zero_stage, **(extra or {})}
+            _atomic_write(tmp / STATE_FILE, json.dumps(state, indent=1))
+            final = root / tag
+            if final.exists():  # re-saving the same step: move the old one aside first
+                old = root / (tag + ".old")
+                shutil.rmtree(old, ignore_errors=True)
+                os.replace(final, old)
+                os.replace(tmp, final)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, final)
+            _atomic_write(root / "latest", tag)
+            prune(root, cfg.train.keep_last)
+    except Exception as e:  # noqa: BLE001
+        error = e
+    if any_rank(error is not None):
+        note = checkpoint_faults.disk_note(root, error or RuntimeError("rank 0 could not finish the save"))
+        _abandon(tmp)
+        raise checkpoint_faults.save_failed(root, tag, note) from None
     return root / tag
+
+
+def _abandon(tmp: Path) -> None:
+    """Remove a partial save (rank 0), then wait for every rank."""
+    if _rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        for p in tmp.parent.glob("*.tmp-*") if tmp.parent.is_dir() else ():
+            p.unlink(missing_ok=True)
+    platform.barrier()
 
 
 def prune(root: Path, keep_last: int) -> None:
@@ -188,6 +220,12 @@ def load(engine, ckpt: Path, cfg: Config) -> dict:
     """Load model, optimizer, scheduler and this rank's RNG from ``ckpt``; return the state dict."""
     state = check_compatible(ckpt, cfg)
     if state.get("weights_only"):
+        return _load_weights_only(engine, ckpt, cfg, state)
+    from megahash.training import elastic
+
+    if elastic.check_layout(ckpt, state, cfg, dist.get_world_size() if dist.is_initialized() else 1):
+        # another DP size / ZeRO stage / TP size with train.resume_weights_only=true (checked before
+        # DeepSpeed loads anything): the weights at this layout, a fresh optimizer, the LR schedule at the step
         return _load_weights_only(engine, ckpt, cfg, state)
     path, _client = engine.load_checkpoint(str(ckpt.parent), tag=ckpt.name, load_optimizer_states=True,
                                            load_lr_scheduler_states=True)

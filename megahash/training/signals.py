@@ -32,14 +32,8 @@ class StopFlag:
         die of the default action); a signal arriving meanwhile still sets the flag (another thread
         takes it, or it is delivered when the block ends), so none is lost."""
         sigs = getattr(self, "signals", ())
-        if not sigs:
+        with immune_children(sigs):
             yield
-            return
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
-        try:
-            yield
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
     def _handle(self, signum, frame):
         self.received = signum
@@ -47,6 +41,33 @@ class StopFlag:
     @property
     def set(self) -> bool:
         return self.received is not None
+
+
+@contextlib.contextmanager
+def immune_children(sigs=(signal.SIGUSR1, signal.SIGTERM)):
+    """Block ``sigs`` in this thread while the body runs: processes it starts (megatron's
+    multiprocessing manager, DataLoader workers) inherit the block and survive a signal sent to the
+    whole process group or tree; this process still receives it when the block ends.
+
+    The multiprocessing resource tracker is started inside the block first: Python starts it on the
+    first spawn and then *unblocks* SIGINT/SIGTERM in the calling thread (``ensure_running``), which
+    let a manager spawned by the first checkpoint save take the SIGTERM meant for the trainer
+    (``BrokenPipeError`` in the next save)."""
+    if not sigs:
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    try:
+        try:
+            from multiprocessing import resource_tracker
+
+            resource_tracker.ensure_running()
+        except Exception:  # noqa: BLE001 - no tracker on this platform: nothing to protect
+            pass
+        signal.pthread_sigmask(signal.SIG_BLOCK, sigs)  # ensure_running may have unblocked SIGTERM
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def any_rank(flag: bool) -> bool:

@@ -95,6 +95,10 @@ def train(cfg: Config) -> int:
         save_dir = Path(t.save_dir)
 
         resume_from = None
+        if rank == 0:  # leftovers of saves killed in flight (checkpoint_faults.clean_stale)
+            from megahash.training.checkpoint_faults import clean_stale
+
+            clean_stale(save_dir)
         if t.resume == "auto":
             resume_from = checkpoint.find_resume(save_dir)
         elif t.resume not in ("none", ""):
@@ -128,6 +132,9 @@ def train(cfg: Config) -> int:
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                                config=ds_cfg, mpu=platform.DeepSpeedMPU(),
                                                dist_init_required=False)
+        from megahash.training.grad_norm import keep_zero0_grad_norm
+
+        keep_zero0_grad_norm(engine)  # ZeRO-0 drops the norm it computes (grad_norm.py)
         objective = build_objective(cfg, data)
         step = 0
         if resume_from is not None:
@@ -142,7 +149,10 @@ def train(cfg: Config) -> int:
                   f"(tp {cfg.parallel.tensor}, dp {dp_size}), {dtype}, ZeRO-{t.zero_stage}, {where}", flush=True)
 
         loader = make_loader(data.train, step * gbs, t.micro_batch_size, dp_rank, dp_size, cfg.data.num_workers)
-        batches = iter(loader)
+        from megahash.training.signals import immune_children
+
+        with immune_children():  # loader workers must not die of a signal sent to the whole process tree
+            batches = iter(loader)
 
         def valid_batches():
             return validation_batches(data.valid, cfg.data, dp_rank, dp_size)
@@ -199,16 +209,18 @@ def train(cfg: Config) -> int:
                     vmetrics["ppl"] = math.exp(min(vloss, 50.0))
                 log.log(step, vmetrics, "valid", echo=False)
                 progress.write(format_line("valid", step, t.steps, vmetrics))
-            stopping = any_rank(stop.set) or (t.stop_after and step == t.stop_after)
+            signalled = any_rank(stop.set)  # a signal to any rank stops every rank at this step
+            stopping = signalled or (t.stop_after and step == t.stop_after)
             if step == t.steps or stopping or (t.save_interval and step % t.save_interval == 0):
                 with stop.deferred():  # helpers the save spawns must survive a signal to the whole step
                     checkpoint.save(engine, cfg, step, step * gbs)
             if stopping:
                 if rank == 0:
-                    why = f"signal {stop.received}" if stop.set else f"train.stop_after={t.stop_after}"
+                    why = (f"signal {stop.received}" if stop.set else "a signal to another rank") if signalled \
+                        else f"train.stop_after={t.stop_after}"
                     print(f"megahash: stopped at step {step} ({why}); checkpoint saved, resume with train.resume=auto",
                           flush=True)
-                exit_status = EXIT_REQUEUE if stop.set else 0
+                exit_status = EXIT_REQUEUE if signalled else 0
                 break
         progress.close()
         log.close()
@@ -238,7 +250,9 @@ def scheduler_lr(engine) -> float:
 
 
 def _grad_norm(engine) -> float:
-    g = engine.get_global_grad_norm()
+    from megahash.training.grad_norm import grad_norm
+
+    g = grad_norm(engine)
     return float(g) if g is not None else float("nan")
 
 

@@ -1,0 +1,155 @@
+"""Allowed range of every number in the config tree, checked when a config is loaded.
+
+Pure Python (no torch, no megatron): ``megahash.config.validate`` calls :func:`check_ranges` first,
+before any cross-field arithmetic (``hidden_size % num_heads`` with ``num_heads=0`` would divide by
+zero) and before anything is imported or written. A value outside its range is one line naming the
+key, the value and the allowed range::
+
+    config key 'train.steps' must be >= 1 (the number of optimizer steps), got -5
+
+``RANGES`` maps the dotted key of every int/float field to ``(low, high, low_open, high_open,
+meaning)``; ``None`` bounds are unbounded. tests/test_config.py checks that every numeric field of
+the tree has an entry, so a new field cannot skip validation.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+
+from megahash.errors import ConfigError
+
+INF = None  # an unbounded side
+
+# key: (low, high, low_open, high_open, meaning)
+RANGES: dict[str, tuple] = {
+    # model.embed (thesis ch. 2)
+    "model.embed.num_buckets": (0, INF, False, False, "hash-emb rows; 0 = from the hash spec"),
+    "model.embed.num_bits": (1, 128, False, False, "bits of the hash code"),
+    "model.embed.pool_bits": (1, 24, False, False, "bits per pool chunk; the codebook has 2^k rows"),
+    "model.embed.projections": (1, INF, False, False, "bert-hash projections"),
+    "model.embed.rolling_ngram": (1, INF, False, False, "largest i-gram of the rolling hash"),
+    "model.embed.rolling_buckets": (2, INF, False, False, "rolling-hash buckets b"),
+    "model.embed.rolling_seed": (0, 2**32 - 1, False, False, "seed"),
+    "model.embed.rolling_dim": (0, INF, False, False, "rolling feature width; 0 = hidden size"),
+    # model.attention (thesis ch. 3-4)
+    "model.attention.fixed_seq_length": (1, INF, False, False, "fixed-text length"),
+    "model.attention.random_seed": (0, 2**32 - 1, False, False, "seed"),
+    "model.attention.random_std": (0.0, INF, False, False, "std of the fixed random input; 0 = init_std"),
+    "model.attention.chunk_size": (0, INF, False, False, "chunk length; 0 = auto"),
+    # model
+    "model.hidden_size": (1, INF, False, False, "hidden width"),
+    "model.num_layers": (1, INF, False, False, "transformer layers"),
+    "model.num_heads": (1, INF, False, False, "attention heads"),
+    "model.num_query_groups": (0, INF, False, False, "K/V groups; 0 = num_heads"),
+    "model.ffn_hidden_size": (1, INF, False, False, "MLP width"),
+    "model.vocab_size": (0, INF, False, False, "vocabulary; 0 = from the tokenizer"),
+    "model.make_vocab_size_divisible_by": (1, INF, False, False, "vocabulary padding multiple"),
+    "model.max_position_embeddings": (1, INF, False, False, "longest sequence"),
+    "model.rotary_base": (1, INF, False, False, "RoPE base"),
+    "model.norm_eps": (0.0, 1.0, True, False, "norm epsilon"),
+    "model.init_std": (0.0, INF, True, False, "init standard deviation"),
+    "model.hidden_dropout": (0.0, 1.0, False, True, "dropout probability"),
+    "model.attention_dropout": (0.0, 1.0, False, True, "dropout probability"),
+    # data
+    "data.seq_length": (1, INF, False, False, "tokens per sample"),
+    "data.seed": (0, 2**32 - 1, False, False, "seed"),
+    "data.num_workers": (0, INF, False, False, "loader processes"),
+    # train
+    "train.steps": (1, INF, False, False, "the number of optimizer steps"),
+    "train.micro_batch_size": (1, INF, False, False, "sequences per rank per micro-batch"),
+    "train.global_batch_size": (1, INF, False, False, "sequences per optimizer step"),
+    "train.lr": (0.0, INF, True, False, "peak learning rate"),
+    "train.min_lr": (0.0, INF, False, False, "final learning rate"),
+    "train.warmup_steps": (0, INF, False, False, "warmup steps"),
+    "train.weight_decay": (0.0, INF, False, False, "AdamW weight decay"),
+    "train.beta1": (0.0, 1.0, False, True, "Adam beta1"),
+    "train.beta2": (0.0, 1.0, False, True, "Adam beta2"),
+    "train.eps": (0.0, INF, True, False, "Adam epsilon"),
+    "train.clip_grad": (0.0, INF, False, False, "gradient clipping norm; 0 = off"),
+    "train.seed": (0, 2**32 - 1, False, False, "seed"),
+    "train.zero_stage": (0, 3, False, False, "DeepSpeed ZeRO stage"),
+    "train.save_interval": (0, INF, False, False, "steps between checkpoints; 0 = only at the end"),
+    "train.keep_last": (0, INF, False, False, "checkpoints kept; 0 = all"),
+    "train.eval_interval": (0, INF, False, False, "steps between validations; 0 = off"),
+    "train.eval_iters": (1, INF, False, False, "validation micro-batches"),
+    "train.log_interval": (1, INF, False, False, "steps between printed lines"),
+    "train.stop_after": (0, INF, False, False, "stop after this step; 0 = off"),
+    # parallel, eval
+    "parallel.tensor": (1, INF, False, False, "tensor-parallel size"),
+    "eval.batch_size": (1, INF, False, False, "evaluation batch size"),
+}
+
+
+def _range_text(low, high, low_open, high_open) -> str:
+    if high is None:
+        return f"{'>' if low_open else '>='} {low}"
+    if low is None:
+        return f"{'<' if high_open else '<='} {high}"
+    return f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+
+
+def check_value(key: str, value) -> None:
+    """Raise a one-line ConfigError if ``value`` is outside the range of ``key`` (unknown keys pass)."""
+    rule = RANGES.get(key)
+    if rule is None or value is None:
+        return
+    low, high, low_open, high_open, meaning = rule
+    bad = isinstance(value, float) and not math.isfinite(value)
+    if not bad and low is not None:
+        bad = value <= low if low_open else value < low
+    if not bad and high is not None:
+        bad = value >= high if high_open else value > high
+    if bad:
+        raise ConfigError(f"config key {key!r} must be {_range_text(low, high, low_open, high_open)} ({meaning}), "
+                          f"got {value!r}")
+
+
+def numeric_fields(cls, prefix: str = "") -> list[str]:
+    """Dotted keys of every int/float field of the dataclass tree ``cls``."""
+    out = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        typ = hints[f.name]
+        if dataclasses.is_dataclass(typ):
+            out += numeric_fields(typ, prefix + f.name + ".")
+        elif typ in (int, float):
+            out.append(prefix + f.name)
+    return out
+
+
+def _walk(obj, prefix: str = ""):
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if dataclasses.is_dataclass(v):
+            yield from _walk(v, prefix + f.name + ".")
+        else:
+            yield prefix + f.name, v
+
+
+def check_ranges(cfg) -> None:
+    """Every number of the tree inside its range, plus the relations between numbers that need no
+    model, data or world size (one-line ConfigError)."""
+    for key, value in _walk(cfg):
+        check_value(key, value)
+    t, d = cfg.train, cfg.data
+    if t.global_batch_size % t.micro_batch_size:
+        raise ConfigError(f"train.global_batch_size={t.global_batch_size} must be a multiple of "
+                          f"train.micro_batch_size={t.micro_batch_size}")
+    if t.min_lr > t.lr:
+        raise ConfigError(f"train.min_lr={t.min_lr} must be <= train.lr={t.lr}")
+    _check_split(d.split)
+    if d.verify not in ("cheap", "full", "none"):
+        raise ConfigError(f"config key 'data.verify' must be cheap, full or none, got {d.verify!r}")
+
+
+def _check_split(split: str) -> None:
+    """``data.split``: up to three non-negative numbers (train, valid, test weights), train > 0."""
+    parts = [p.strip() for p in str(split).replace("/", ",").split(",") if p.strip()]
+    try:
+        nums = [float(p) for p in parts]
+    except ValueError:
+        nums = []
+    if not 1 <= len(nums) <= 3 or any(not math.isfinite(x) or x < 0 for x in nums) or nums[0] <= 0:
+        raise ConfigError(f"config key 'data.split' must be up to three non-negative weights train,valid,test with "
+                          f"train > 0 (e.g. 98,2,0), got {split!r}")

@@ -1,0 +1,422 @@
+"""Faults (issue 14): damaged inputs refused before step 1, checkpoint faults, signals, elastic resume.
+
+Damaged inputs run in-process through the pretrain entry point (a 1-rank gloo world): each case is
+one damaged copy of the real Shakespeare shards (symlinks to the intact files), exit status 2, one
+``error:`` line naming the file, nothing written under ``train.save_dir``."""
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+TINY = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=128",
+        "data.seq_length=64", "train.micro_batch_size=4", "train.global_batch_size=8", "train.lr=2e-3",
+        "train.warmup_steps=2", "train.log_interval=100", "logging.plot=false", "logging.tensorboard=false"]
+
+
+def base(shards, save_dir, steps, *extra, prefix=None):
+    return [f"data.prefix=[{prefix or shards['prefix']}]", f"data.tokenizer={shards['tokenizer']}", *TINY,
+            f"train.steps={steps}", f"train.save_dir={save_dir}", *extra]
+
+
+def _foreign_shard(path_prefix: str, docs: int, dtype, width: int = 1) -> None:
+    """A shard written by the data stage's writer from other documents (another build)."""
+    from data_tools.indexed_writer import IndexedShardWriter
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(5, 50, size=docs) * width
+    w = IndexedShardWriter(path_prefix + ".bin", path_prefix + ".idx", dtype)
+    w.add_documents(rng.integers(5, 200, size=int(lengths.sum())), lengths)
+    w.finalize()
+
+
+def _truncate(p: Path, keep: float = 0.5) -> None:
+    data = p.read_bytes()
+    p.write_bytes(data[: int(len(data) * keep)])
+
+
+def _flip(p: Path) -> None:  # same size, other content: only the checksum sees it
+    data = bytearray(p.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    p.write_bytes(bytes(data))
+
+
+def _foreign_side_with_sizes_in_meta(d: Path) -> None:
+    """A side shard of another document count whose sizes were also copied into the meta (only the
+    index header/count checks can tell)."""
+    _foreign_shard(str(d / "shakespeare_hash_md5"), 37, np.uint8, 16)
+    meta_path = d / "shakespeare_meta.json"
+    meta = json.loads(meta_path.read_text())
+    for ext in (".bin", ".idx"):
+        meta["files"]["shakespeare_hash_md5" + ext]["bytes"] = (d / f"shakespeare_hash_md5{ext}").stat().st_size
+    meta_path.write_text(json.dumps(meta))
+
+
+DAMAGE = {
+    "truncated_token_bin": (lambda d: _truncate(d / "shakespeare_text_document.bin"), [], "shakespeare_text_document.bin"),
+    "truncated_token_idx": (lambda d: _truncate(d / "shakespeare_text_document.idx", 0.9), [], "shakespeare_text_document.idx"),
+    "foreign_token_bin": (lambda d: _foreign_shard(str(d / "shakespeare_text_document"), 400, np.uint16), [],
+                          "shakespeare_text_document"),
+    "foreign_side_shard_doc_count": (lambda d: _foreign_shard(str(d / "shakespeare_hash_md5"), 37, np.uint8, 16), [],
+                                     "shakespeare_hash_md5"),
+    "foreign_side_shard_meta_sizes": (_foreign_side_with_sizes_in_meta, [], ("shakespeare_hash_md5", "shakespeare_meta")),
+    "foreign_idx_same_size_bin": (lambda d: _flip(d / "shakespeare_hash_lsh128.idx"), [], "shakespeare_hash_lsh128.idx"),
+    "flipped_bin_byte_full_verify": (lambda d: _flip(d / "shakespeare_hash_md5.bin"), ["data.verify=full"],
+                                     "shakespeare_hash_md5.bin"),
+    "missing_meta": (lambda d: (d / "shakespeare_meta.json").unlink(), [], "shakespeare_meta.json"),
+    "corrupt_meta": (lambda d: (d / "shakespeare_meta.json").write_text("{\"format_version\": 1,"), [],
+                     "shakespeare_meta.json"),
+}
+
+
+@pytest.mark.parametrize("case", list(DAMAGE))
+def test_damaged_input_refused_before_step_1(shakespeare_shards, tmp_path, capsys, case):
+    damage, extra, names = DAMAGE[case]
+    names = (names,) if isinstance(names, str) else names
+    src = Path(shakespeare_shards["prefix"]).parent
+    d = tmp_path / "shards"
+    d.mkdir()
+    for p in src.iterdir():
+        if p.name.startswith("shakespeare"):
+            (d / p.name).symlink_to(p)
+    for p in d.iterdir():  # the files a case damages become private copies
+        if p.name.startswith(names):
+            p.unlink()
+            shutil.copy(src / p.name, p)
+    damage(d)
+    from megahash.pretrain import main
+
+    save = tmp_path / "run"
+    status = main(base(shakespeare_shards, save, 2, *extra, prefix=str(d / "shakespeare")))
+    err = [l for l in capsys.readouterr().err.strip().splitlines() if l.strip()]
+    assert status == 2, err
+    assert len(err) == 1 and err[0].startswith("error: ") and any(n in err[0] for n in names), err
+    assert "preprocess_data.py" in err[0]  # the fix
+    assert not save.exists()
+
+
+def test_intact_shards_pass_cheap_and_full(shakespeare_shards):
+    from megahash.data.verify import verify_set
+
+    for level in ("cheap", "full"):
+        info = verify_set(shakespeare_shards["prefix"], level)
+        assert info["side_shards"] == ["md5", "lsh128"] and info["documents"] > 0
+    meta = json.loads(Path(shakespeare_shards["prefix"] + "_meta.json").read_text())
+    assert info["checked_files"] == len(meta["files"]) and info["tokens"] == meta["counts"]["tokens"]
+
+
+# -- checkpoint faults --------------------------------------------------------------------------
+def test_damaged_newest_checkpoint_falls_back_and_dead_saves_are_cleaned(shakespeare_shards, tmp_path):
+    """6 steps saving every 2; then the newest checkpoint is truncated, a newer step folder without a
+    state file and leftovers of dead saves appear. The rerun (8 steps) warns about both damaged
+    checkpoints, removes the leftovers, resumes from step 4 and repeats steps 5-6 bit-identically."""
+    from conftest import pretrain, train_losses
+
+    run_dir = tmp_path / "run"
+    r = pretrain(base(shakespeare_shards, run_dir, 6, "train.save_interval=2", "train.eval_interval=0",
+                      "train.keep_last=0"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    first = train_losses(run_dir)
+    optim = next((run_dir / "step_00000006").glob("*optim_states.pt"))
+    _truncate(optim, 0.6)
+    (run_dir / "step_00000007" / "model").mkdir(parents=True)  # renamed but never finished (no state file)
+    (run_dir / "step_00000008.tmp").mkdir()  # a save killed in flight
+    (run_dir / "latest.tmp-4242").write_text("step_00000008")
+    r = pretrain(base(shakespeare_shards, run_dir, 8, "train.save_interval=2", "train.eval_interval=0",
+                      "train.keep_last=0"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    warnings = [l for l in r.stderr.splitlines() if l.startswith("warning: checkpoint")]
+    assert len(warnings) == 2 and "step_00000007" in warnings[0] and "step_00000006" in warnings[1], warnings
+    assert "optim_states.pt has" in warnings[1] and "resuming from the older step_00000004" in warnings[1]
+    assert f"resumed from {run_dir}/step_00000004" in r.stdout
+    assert not (run_dir / "step_00000008.tmp").exists() and not (run_dir / "latest.tmp-4242").exists()
+    again = train_losses(run_dir)  # metrics.jsonl: the last record of a step wins
+    assert [again[s] for s in (5, 6)] == [first[s] for s in (5, 6)]
+    assert (run_dir / "latest").read_text() == "step_00000008"
+    from megahash.training.checkpoint_faults import damage
+
+    assert damage(run_dir / "step_00000008") is None and damage(run_dir / "step_00000006") is None  # re-saved
+
+
+def test_only_damaged_checkpoints_is_one_line_not_a_fresh_start(tmp_path):
+    from megahash.errors import CheckpointError
+    from megahash.training.checkpoint import find_resume
+
+    (tmp_path / "step_00000004").mkdir()
+    (tmp_path / "step_00000004" / "megahash_state.json").write_text("{\"step\": ")
+    with pytest.raises(CheckpointError) as e:
+        find_resume(tmp_path)
+    assert "no intact checkpoint" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_disk_full_during_save_is_one_line_and_keeps_the_previous(shakespeare_shards, tmp_path):
+    """A real full disk: the save folder is a 5 MB tmpfs that holds one checkpoint (3.1 MB) but not two."""
+    import subprocess
+
+    from conftest import pretrain
+
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=5m", "tmpfs", str(mnt)],
+                                           capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        run_dir = mnt / "run"
+        r = pretrain(base(shakespeare_shards, run_dir, 4, "train.save_interval=2", "train.eval_interval=0",
+                          f"data.cache_dir={tmp_path / 'cache'}"))
+        assert r.returncode == 2, r.stderr[-3000:]
+        err = [l for l in r.stderr.strip().splitlines() if l.startswith("error:")]
+        assert len(err) == 1 and "saving checkpoint step_00000004" in err[0] and "disk full" in err[0], r.stderr[-3000:]
+        assert "Traceback" not in r.stderr
+        assert "the previous checkpoint step_00000002 is intact" in err[0]
+        assert sorted(p.name for p in run_dir.iterdir() if p.name.startswith("step_")) == ["step_00000002"]
+        assert (run_dir / "latest").read_text() == "step_00000002"
+        assert not [p for p in run_dir.rglob("*") if ".tmp" in p.name]
+        from megahash.training.checkpoint_faults import damage
+
+        assert damage(run_dir / "step_00000002") is None
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+def _payload_metadata(model_dir: Path, marker: Path) -> None:
+    """Rewrite a real dist-checkpoint ``.metadata`` so that unpickling it runs a shell command."""
+    import pickle
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    meta = pickle.loads((model_dir / ".metadata").read_bytes())
+    meta.storage_meta = Payload()
+    (model_dir / ".metadata").write_bytes(pickle.dumps(meta))
+    manifest = model_dir.parent / "manifest.json"  # a forger fixes the sizes too (sizes catch accidents only)
+    m = json.loads(manifest.read_text())
+    m["files"]["model/.metadata"] = (model_dir / ".metadata").stat().st_size
+    manifest.write_text(json.dumps(m))
+
+
+def test_export_hf_never_unpickles_code(shakespeare_shards, tmp_path):
+    """The weights of a checkpoint load through a data-only unpickler: the real ``.metadata`` loads,
+    one carrying a command is refused with one line, and the command never runs."""
+    import io
+    import pickle
+    import sys
+
+    from conftest import pretrain, run
+    from megahash.errors import CheckpointError
+    from megahash.training.safe_unpickle import RestrictedUnpickler
+
+    run_dir = tmp_path / "run"
+    r = pretrain(base(shakespeare_shards, run_dir, 1, "train.eval_interval=0"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    model_dir = run_dir / "step_00000001" / "model"
+    real = (model_dir / ".metadata").read_bytes()
+    assert RestrictedUnpickler(io.BytesIO(real)).load() is not None
+    marker = tmp_path / "PWNED"
+    _payload_metadata(model_dir, marker)
+    with pytest.raises(CheckpointError):
+        RestrictedUnpickler(io.BytesIO((model_dir / ".metadata").read_bytes())).load()
+    assert not marker.exists()
+    assert pickle.loads(real) is not None  # (plain pickle of the intact file works: the check is the only gate)
+    r = run([sys.executable, "-m", "megahash", "export-hf", "--checkpoint", str(run_dir), "--output", str(tmp_path / "hf")])
+    assert r.returncode == 2 and not marker.exists(), r.stderr[-3000:]
+    err = [l for l in r.stderr.strip().splitlines() if l.startswith("error:")]
+    assert len(err) == 1 and "posix.system: refused" in err[0], r.stderr[-3000:]
+    assert not (tmp_path / "hf").exists()
+
+
+# -- signals to the whole process group under the real launchers ----------------------------------
+def _launch_and_kill_group(launcher: str, args: list[str], run_dir: Path, after_save: int, kill_at: int):
+    """Start 2 ranks under ``launcher`` in their own process group; once checkpoint ``after_save``
+    is complete and step ``kill_at`` is logged, SIGTERM the whole group (what scancel, a time limit
+    and most schedulers do). Returns the combined output."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import ROOT, _free_port, child_env, train_losses
+
+    port = str(_free_port())
+    cmd = (["deepspeed", "--num_gpus", "2", "--master_port", port] if launcher == "deepspeed" else
+           [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port])
+    p = subprocess.Popen([*cmd, "megahash/pretrain.py", *args], cwd=ROOT, env=child_env(), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and p.poll() is None:
+            if (run_dir / f"step_{after_save:08d}" / "megahash_state.json").is_file():
+                try:
+                    if max(train_losses(run_dir), default=0) >= kill_at:
+                        break
+                except (OSError, ValueError):
+                    pass
+            time.sleep(0.02)
+        assert p.poll() is None, f"{launcher} run ended before step {kill_at}"
+        os.killpg(p.pid, signal.SIGTERM)
+        out, _ = p.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    return out
+
+
+def test_sigterm_to_process_group_under_deepspeed_and_torchrun_resumes_bit_exactly(shakespeare_shards, tmp_path):
+    """2 ranks, a periodic save every 4 steps. SIGTERM to the deepspeed launcher's whole process
+    group after the first save; the run resumes under torchrun and its group gets SIGTERM after the
+    next save; the last resume (deepspeed) finishes. Every stop checkpoints all ranks at one step
+    boundary (no step_N.tmp left, the helpers of the first save survive), and the losses of the
+    3-piece run equal the uninterrupted run's bit for bit."""
+    import re
+
+    from conftest import pretrain, train_losses
+
+    steps = 24
+    common = ["train.save_interval=4", "train.eval_interval=0", "train.keep_last=0"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    r = pretrain(base(shakespeare_shards, straight, steps, *common), ranks=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    stops = []
+    for launcher, after_save in (("deepspeed", 4), ("torchrun", 12)):
+        kill_at = after_save + 2
+        out = _launch_and_kill_group(launcher, base(shakespeare_shards, split, steps, *common), split, after_save, kill_at)
+        m = re.search(r"stopped at step (\d+) \(signal 15\); checkpoint saved", out)
+        assert m, out[-4000:]
+        stop = int(m.group(1))
+        assert stop >= kill_at and (split / "latest").read_text() == f"step_{stop:08d}", out[-3000:]
+        assert "BrokenPipeError" not in out and "Traceback (most recent call last)" not in out.split("stopped at")[0]
+        assert not list(split.glob("*.tmp"))
+        state = json.loads((split / f"step_{stop:08d}" / "megahash_state.json").read_text())
+        assert state["step"] == stop and state["world_size"] == 2
+        stops.append(stop)
+    assert stops[0] < 12 <= stops[1] < steps
+    r = pretrain(base(shakespeare_shards, split, steps, *common), ranks=2)
+    assert r.returncode == 0 and f"resumed from {split}/step_{stops[1]:08d}" in r.stdout, r.stderr[-3000:]
+    a, b = train_losses(straight), train_losses(split)
+    assert sorted(b) == list(range(1, steps + 1))
+    assert [a[s] for s in range(1, steps + 1)] == [b[s] for s in range(1, steps + 1)]
+
+
+# -- interrupted preprocess -----------------------------------------------------------------------
+def _preprocess_cmd(shards, prefix, *extra):
+    import sys
+
+    return [sys.executable, "data_tools/preprocess_data.py", "--input", "shakespeare", "--output-prefix", str(prefix),
+            "--tokenizer", shards["tokenizer"], "--word-hashes", "md5,lsh128", "--quiet", *extra]
+
+
+def test_killed_preprocess_takes_its_workers_along(shakespeare_shards, tmp_path):
+    """SIGKILL to the main process of a 2-worker preprocess: the workers exit too (they used to keep
+    running), and nothing is published under the prefix."""
+    import signal
+    import subprocess
+    import time
+
+    from conftest import ROOT, child_env
+    from test_launch import descendants
+
+    prefix = tmp_path / "shk"
+    p = subprocess.Popen(_preprocess_cmd(shakespeare_shards, prefix, "--workers", "2"), cwd=ROOT, env=child_env(),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        workers = []
+        while time.time() < deadline and p.poll() is None and len(workers) < 2:
+            workers = [w for w in descendants([p.pid]) if w != p.pid]
+            time.sleep(0.05)
+        assert len(workers) >= 2 and p.poll() is None, p.stderr.read() if p.poll() is not None else workers
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=30)
+        deadline = time.time() + 30
+        while time.time() < deadline and any(Path(f"/proc/{w}").exists() and "Z" not in _state(w) for w in workers):
+            time.sleep(0.1)
+        assert not [w for w in workers if Path(f"/proc/{w}").exists() and "Z" not in _state(w)], "workers survived"
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert not Path(str(prefix) + "_meta.json").exists()
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
+
+
+def test_set_without_meta_is_refused_and_rerun_needs_no_overwrite(shakespeare_shards, tmp_path):
+    """A kill during the final renames leaves shards without their meta (and a temp file): readers
+    refuse the set in one line; the same command rerun without --overwrite rebuilds it, byte for byte."""
+    import subprocess
+
+    from conftest import ROOT, child_env
+    from megahash.data.verify import sha256_file
+    from megahash.errors import DataError
+
+    prefix = tmp_path / "shk"
+    cmd = _preprocess_cmd(shakespeare_shards, prefix, "--workers", "1", "--max-docs", "60")
+    r = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    meta = json.loads(Path(str(prefix) + "_meta.json").read_text())
+    # what a kill between the renames leaves: some shards published, one still a temp file, no meta
+    Path(str(prefix) + "_meta.json").unlink()
+    os.replace(str(prefix) + "_hash_md5.bin", str(prefix) + "_hash_md5.bin.tmp-999999")
+    from megahash.data.shards import ShardSet
+
+    with pytest.raises(DataError) as e:
+        ShardSet.open(str(prefix))
+    assert "no shk_meta.json: it is incomplete" in str(e.value) and "\n" not in str(e.value)
+    r = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    again = json.loads(Path(str(prefix) + "_meta.json").read_text())
+    assert again["files"] == meta["files"]
+    for name, info in meta["files"].items():
+        assert sha256_file(str(tmp_path / name)) == info["sha256"]
+    assert not list(tmp_path.glob("*.tmp-*"))
+    # a complete set still needs --overwrite
+    r = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "--overwrite" in r.stderr
+
+
+# -- another layout -----------------------------------------------------------------------------
+def test_layout_change_is_one_line_then_weights_only_continues_the_data_order(shakespeare_shards, tmp_path, capsys):
+    """2 ranks ZeRO-1 -> 1 rank ZeRO-3 -> 2 ranks TP=2. Without train.resume_weights_only the layout
+    change is one line before DeepSpeed loads anything; with it each resume continues from the saved
+    step, every checkpoint's consumed samples are step x global batch (the same global samples at any
+    DP size), and the first resumed step's loss is the uninterrupted run's to 1e-4."""
+    from conftest import pretrain, train_losses
+    from megahash.pretrain import main
+
+    steps, gbs = 12, 8
+    common = ["train.eval_interval=0", "train.keep_last=0"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    r = pretrain(base(shakespeare_shards, straight, steps, *common, "train.zero_stage=1"), ranks=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = pretrain(base(shakespeare_shards, split, steps, *common, "train.zero_stage=1", "train.stop_after=4"), ranks=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    before = sorted(p.name for p in split.rglob("*"))
+    status = main(base(shakespeare_shards, split, steps, *common, "train.zero_stage=3", "train.stop_after=8"))
+    err = [l for l in capsys.readouterr().err.strip().splitlines() if l.startswith("error:")]
+    assert status == 2 and len(err) == 1, err
+    assert "data parallel 2 -> 1, zero stage 1 -> 3" in err[0] and "train.resume_weights_only=true" in err[0]
+    assert sorted(p.name for p in split.rglob("*")) == before  # nothing written
+    # the ZeRO-3 leg runs one step past its checkpoint at 8, so the TP=2 leg's first step has a reference
+    r = pretrain(base(shakespeare_shards, split, steps, *common, "train.zero_stage=3", "train.stop_after=9",
+                      "train.save_interval=8", "train.resume_weights_only=true"))
+    assert r.returncode == 0 and f"resumed from {split}/step_00000004" in r.stdout, r.stderr[-3000:]
+    leg2 = train_losses(split)
+    r = pretrain(base(shakespeare_shards, split, steps, *common, "train.zero_stage=1", "parallel.tensor=2",
+                      "train.resume_weights_only=true", f"train.resume={split / 'step_00000008'}"), ranks=2)
+    assert r.returncode == 0 and f"resumed from {split}/step_00000008" in r.stdout, r.stderr[-3000:]
+    a, b = train_losses(straight), train_losses(split)
+    assert sorted(b) == list(range(1, steps + 1))
+    assert [a[s] for s in range(1, 5)] == [b[s] for s in range(1, 5)]
+    assert abs(a[5] - b[5]) < 1e-4, (a[5], b[5])  # same weights after step 4, same global samples of step 5
+    assert abs(leg2[9] - b[9]) < 1e-4, (leg2[9], b[9])  # same weights after step 8 (ZeRO-3 -> TP=2)
+    for step, (world, zero, tp) in {4: (2, 1, 1), 8: (1, 3, 1), 9: (1, 3, 1), 12: (2, 1, 2)}.items():
+        st = json.loads((split / f"step_{step:08d}" / "megahash_state.json").read_text())
+        assert st["consumed_samples"] == step * gbs and st["world_size"] == world and st["zero_stage"] == zero
+        assert st["signature"]["tensor_parallel"] == tp
