@@ -382,9 +382,6 @@ def validate(cfg: Config) -> None:
     if p.sequence and cfg.data.seq_length % p.tensor:
         raise ConfigError(f"data.seq_length={cfg.data.seq_length} must be divisible by parallel.tensor={p.tensor} under sequence parallelism")
     t = cfg.train
-    if cfg.data.valid_samples < 1 or cfg.data.valid_micro_batch < 1:
-        raise ConfigError(f"data.valid_samples and data.valid_micro_batch must be >= 1, got "
-                          f"{cfg.data.valid_samples} and {cfg.data.valid_micro_batch}; disable validation with train.eval_interval=0")
     if t.objective not in ("clm", "mlm", "sr"):
         raise ConfigError(f"train.objective must be clm, mlm or sr, got {t.objective!r}")
     if t.sr_random not in ("codes", "batch"):
@@ -393,10 +390,6 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"train.decay must be cosine, linear, wsd or constant, got {t.decay!r}")
     if t.wsd_decay_style not in ("linear", "cosine", "1-sqrt"):
         raise ConfigError(f"train.wsd_decay_style must be linear, cosine or 1-sqrt, got {t.wsd_decay_style!r}")
-    if not 0.0 < t.decay_fraction <= 1.0:
-        raise ConfigError(f"train.decay_fraction must be in (0, 1], got {t.decay_fraction}")
-    if not 0.0 <= t.warmup_fraction < 1.0:
-        raise ConfigError(f"train.warmup_fraction must be in [0, 1), got {t.warmup_fraction}")
     if t.min_lr > t.lr:
         raise ConfigError(f"train.min_lr={t.min_lr} exceeds train.lr={t.lr}; the decay ends at min_lr (0 decays to zero)")
     if t.precision not in ("auto", "fp32", "bf16"):

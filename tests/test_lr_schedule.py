@@ -79,7 +79,7 @@ def test_lambda_lr_gives_the_schedule_to_the_optimizer():
 @pytest.mark.parametrize("override, expect", [
     ("train.decay=wsdd", "must be cosine, linear, wsd or constant"),
     ("train.wsd_decay_style=sqrt", "must be linear, cosine or 1-sqrt"),
-    ("train.decay_fraction=0", "train.decay_fraction must be in (0, 1]"),
+    ("train.decay_fraction=0", "'train.decay_fraction' must be in (0.0, 1.0]"),
     ("train.min_lr=1", "exceeds train.lr"),
 ])
 def test_schedule_config_errors(override, expect):
