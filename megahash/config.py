@@ -390,8 +390,6 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"train.decay must be cosine, linear, wsd or constant, got {t.decay!r}")
     if t.wsd_decay_style not in ("linear", "cosine", "1-sqrt"):
         raise ConfigError(f"train.wsd_decay_style must be linear, cosine or 1-sqrt, got {t.wsd_decay_style!r}")
-    if t.min_lr > t.lr:
-        raise ConfigError(f"train.min_lr={t.min_lr} exceeds train.lr={t.lr}; the decay ends at min_lr (0 decays to zero)")
     if t.precision not in ("auto", "fp32", "bf16"):
         raise ConfigError(f"train.precision must be auto, fp32 or bf16, got {t.precision!r}")
     if t.zero_stage not in (0, 1, 2, 3):

@@ -80,7 +80,7 @@ def test_lambda_lr_gives_the_schedule_to_the_optimizer():
     ("train.decay=wsdd", "must be cosine, linear, wsd or constant"),
     ("train.wsd_decay_style=sqrt", "must be linear, cosine or 1-sqrt"),
     ("train.decay_fraction=0", "'train.decay_fraction' must be in (0.0, 1.0]"),
-    ("train.min_lr=1", "exceeds train.lr"),
+    ("train.min_lr=1", "must be <= train.lr"),
 ])
 def test_schedule_config_errors(override, expect):
     with pytest.raises(ConfigError) as e:
