@@ -25,9 +25,40 @@ def deepspeed_config(cfg, dp_size: int, bf16: bool) -> dict:
     ds["train_micro_batch_size_per_gpu"] = t.micro_batch_size
     ds["gradient_accumulation_steps"] = t.global_batch_size // per_step
     ds["gradient_clipping"] = t.clip_grad
-    ds.setdefault("zero_optimization", {})["stage"] = t.zero_stage
+    ds.setdefault("zero_optimization", {})["stage"] = effective_zero_stage(t.zero_stage, dp_size, bf16)
     ds["bf16"] = {"enabled": bool(bf16)}
     ds["fp16"] = {"enabled": False}
     ds["steps_per_print"] = 10**9  # megahash logs itself
     ds["wall_clock_breakdown"] = False
     return ds
+
+
+def effective_zero_stage(stage: int, dp_size: int, bf16: bool) -> int:
+    """ZeRO stages 1 and 2 partition optimizer states and gradients over the data-parallel ranks; at
+    one data-parallel rank they partition nothing and only add copies (flat fp32 groups, gradient
+    buckets, the copy back into the parameters). There, in fp32, the engine runs the optimizer
+    itself (stage 0). bf16 keeps the configured stage (its fp32 master weights live in the ZeRO
+    optimizer), and stage 3 is kept (its parameters are gathered for saving)."""
+    if dp_size == 1 and not bf16 and stage in (1, 2):
+        return 0
+    return stage
+
+
+def tune_engine(engine, dp_size: int) -> None:
+    """Per-run settings of a DeepSpeed engine that its JSON config cannot express.
+
+    At ZeRO stage 0 in fp32: (1) one data-parallel rank has nothing to all-reduce, so the
+    engine's backward all-reduce (flatten every gradient, reduce over a 1-rank group, copy back)
+    is switched off; (2) the engine clips gradients with DeepSpeed's TP-aware ``clip_grad_norm_``
+    but keeps no norm for ``get_global_grad_norm`` (ZeRO optimizers do): record it."""
+    if engine.zero_optimization_stage() != 0 or engine.bfloat16_enabled() or engine.fp16_enabled():
+        return
+    if dp_size == 1:
+        engine.enable_backward_allreduce = False
+    from deepspeed.runtime.utils import clip_grad_norm_
+
+    def clip_and_record():
+        engine.optimizer._global_grad_norm = clip_grad_norm_(
+            parameters=engine.module.parameters(), max_norm=engine.gradient_clipping(), mpu=engine.mpu)
+
+    engine.clip_fp32_gradients = clip_and_record
