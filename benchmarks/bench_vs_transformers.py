@@ -158,8 +158,11 @@ def run_shape(name: str, shape: dict, args, prefix: str, tokenizer: str) -> dict
                     times[k][0].append(w)
                     times[k][1].append(c)
             med = {k: statistics.median(v[0]) for k, v in times.items()}
+            cpu = {k: statistics.median(v[1]) for k, v in times.items()}
             print(f"  round {r + 1}: megahash {med['megahash'] * 1e3:.0f} ms, transformers "
-                  f"{med['transformers'] * 1e3:.0f} ms per step (medians so far)", flush=True)
+                  f"{med['transformers'] * 1e3:.0f} ms per step (medians of {len(times['megahash'][0])} steps so far;"
+                  f" ratio {med['transformers'] / med['megahash']:.2f}x wall, "
+                  f"{cpu['transformers'] / cpu['megahash']:.2f}x CPU time)", flush=True)
     finally:
         platform.teardown()
     tok = shape["seq"] * shape["batch"]

@@ -38,7 +38,7 @@ def effective_zero_stage(stage: int, dp_size: int, bf16: bool) -> int:
     one data-parallel rank they partition nothing and only add copies (flat fp32 groups, gradient
     buckets, the copy back into the parameters). There, in fp32, the engine runs the optimizer
     itself (stage 0). bf16 keeps the configured stage (its fp32 master weights live in the ZeRO
-    optimizer), and stage 3 is kept (its parameters are gathered for saving)."""
+    optimizer), and so does stage 3 (parameter partitioning and offload are asked for explicitly)."""
     if dp_size == 1 and not bf16 and stage in (1, 2):
         return 0
     return stage
@@ -50,15 +50,25 @@ def tune_engine(engine, dp_size: int) -> None:
     At ZeRO stage 0 in fp32: (1) one data-parallel rank has nothing to all-reduce, so the
     engine's backward all-reduce (flatten every gradient, reduce over a 1-rank group, copy back)
     is switched off; (2) the engine clips gradients with DeepSpeed's TP-aware ``clip_grad_norm_``
-    but keeps no norm for ``get_global_grad_norm`` (ZeRO optimizers do): record it."""
+    but keeps no norm for ``get_global_grad_norm`` (ZeRO optimizers do): record it; at one rank
+    in all (TP 1, DP 1) torch's ``clip_grad_norm_`` does the same without two all-reduces over
+    one-rank groups."""
     if engine.zero_optimization_stage() != 0 or engine.bfloat16_enabled() or engine.fp16_enabled():
         return
+    import torch
+    from deepspeed.runtime.utils import clip_grad_norm_
+    from megatron.core import parallel_state
+
     if dp_size == 1:
         engine.enable_backward_allreduce = False
-    from deepspeed.runtime.utils import clip_grad_norm_
+    one_rank = dp_size == 1 and parallel_state.get_tensor_model_parallel_world_size() == 1
 
     def clip_and_record():
-        engine.optimizer._global_grad_norm = clip_grad_norm_(
-            parameters=engine.module.parameters(), max_norm=engine.gradient_clipping(), mpu=engine.mpu)
+        params = engine.module.parameters()
+        if one_rank:  # the same clipping (coefficient max / (norm + 1e-6)) without collectives over 1-rank groups
+            norm = torch.nn.utils.clip_grad_norm_(params, engine.gradient_clipping())
+        else:
+            norm = clip_grad_norm_(parameters=params, max_norm=engine.gradient_clipping(), mpu=engine.mpu)
+        engine.optimizer._global_grad_norm = norm
 
     engine.clip_fp32_gradients = clip_and_record
