@@ -39,6 +39,9 @@ BENCHES = {
     "training step (tokens/s, MFU vs the standard model)": (
         ["bench_training.py", "--sizes", "tiny,70m,160m,500m"],
         ["bench_training.py", "--sizes", "tiny", "--steps", "3", "--seq", "128", "--compile", "both"]),
+    "training step vs the plain transformers loop (tokens/s ratio)": (
+        ["bench_vs_transformers.py"],
+        ["bench_vs_transformers.py", "--shapes", "small", "--rounds", "2", "--steps", "3", "--warmup", "1"]),
 }
 
 

@@ -53,6 +53,15 @@ def peak_flops(dtype: torch.dtype) -> float:
     return 0.0
 
 
+def adamw_options() -> dict:
+    """Keyword arguments of ``torch.optim.AdamW`` for this device: the fused kernel (one pass over
+    each parameter instead of a dozen element-wise ops) where torch has it, on CPU (torch >= 2.4)
+    and on CUDA."""
+    from torch.optim.optimizer import _get_fused_kernels_supported_devices
+
+    return {"fused": True} if device().type in _get_fused_kernels_supported_devices() else {}
+
+
 # ------------------------------------------------------------------------------ CPU shims
 
 

@@ -88,6 +88,39 @@ def _target_codes(head: str, labels, label_codes, hash_codes) -> tuple[torch.Ten
     return label_codes, valid
 
 
+class _OneRankCrossEntropy(torch.autograd.Function):
+    """megatron-core's vocab-parallel cross-entropy at TP=1, step for step (its own
+    ``VocabParallelCrossEntropy`` helpers: max, shift, exp, sum, log - target logit; gradient
+    softmax - one-hot), without the three all-reduces over a one-rank TP group (each a wait on the
+    gloo worker thread). Same values and gradients as ``tensor_parallel.vocab_parallel_cross_entropy``."""
+
+    @staticmethod
+    def forward(ctx, logits, target):
+        from megatron.core.tensor_parallel.cross_entropy import VocabParallelCrossEntropy as V
+
+        logits, logits_max = V.calculate_logits_max(logits)
+        target_mask, masked_target_1d, predicted, sum_exp, exp_logits = V.calculate_predicted_logits(
+            logits, target, logits_max, 0, logits.size(-1))
+        softmax, loss = V.calculate_cross_entropy_loss(exp_logits, predicted, sum_exp)
+        ctx.save_for_backward(softmax, target_mask, masked_target_1d)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        from megatron.core.tensor_parallel.cross_entropy import VocabParallelCrossEntropy as V
+
+        softmax, target_mask, masked_target_1d = ctx.saved_tensors
+        grad_2d, arange_1d, update, grad_input = V.prepare_gradient_calculation_operands(softmax, target_mask)
+        return V.calculate_gradients(grad_2d, arange_1d, masked_target_1d, update, grad_input, grad_output), None
+
+
+def vocab_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Per-token cross-entropy of vocab-parallel logits [s, b, V/TP] against target ids [s, b]."""
+    if parallel_state.get_tensor_model_parallel_world_size() == 1:
+        return _OneRankCrossEntropy.apply(logits, target)
+    return tensor_parallel.vocab_parallel_cross_entropy(logits, target)
+
+
 class VocabHead(torch.nn.Module):
     """LM / MLM head: ``model.logits`` (vocab-parallel ``output_layer``) + vocab-parallel CE."""
 
@@ -99,7 +132,7 @@ class VocabHead(torch.nn.Module):
             return logits.transpose(0, 1).contiguous()
         lab = labels.transpose(0, 1).contiguous()
         ignore = lab < 0
-        loss = tensor_parallel.vocab_parallel_cross_entropy(logits.float(), lab.clamp(min=0))
+        loss = vocab_cross_entropy(logits.float(), lab.clamp(min=0))
         return loss.masked_fill(ignore, 0.0).transpose(0, 1).contiguous()  # [b, s]
 
 
@@ -203,7 +236,7 @@ class HashBucketHead(torch.nn.Module):
             return logits.transpose(0, 1).contiguous()
         label_codes, valid = _target_codes("hash-bucket", labels, label_codes, hash_codes)
         target = self.bucket_ids(label_codes).transpose(0, 1).contiguous()
-        loss = tensor_parallel.vocab_parallel_cross_entropy(logits.float(), target).transpose(0, 1)
+        loss = vocab_cross_entropy(logits.float(), target).transpose(0, 1)
         return loss * valid
 
 

@@ -154,7 +154,7 @@ def deepspeed_config(cfg, dp_size: int, bf16: bool) -> dict:
     ds["train_micro_batch_size_per_gpu"] = t.micro_batch_size
     ds["gradient_accumulation_steps"] = t.global_batch_size // per_step
     ds["gradient_clipping"] = t.clip_grad
-    ds.setdefault("zero_optimization", {})["stage"] = t.zero_stage
+    ds.setdefault("zero_optimization", {})["stage"] = effective_zero_stage(t.zero_stage, dp_size, bf16)
     ds["bf16"] = {**(ds.get("bf16") or {}), "enabled": bool(bf16)}
     ds["fp16"] = {**(ds.get("fp16") or {}), "enabled": False}
     if not user or "steps_per_print" not in ds:
@@ -163,3 +163,32 @@ def deepspeed_config(cfg, dp_size: int, bf16: bool) -> dict:
         ds["wall_clock_breakdown"] = False
     ds.setdefault("zero_allow_untested_optimizer", True)  # megahash's AdamW is a torch optimizer
     return ds
+
+
+def effective_zero_stage(stage: int, dp_size: int, bf16: bool) -> int:
+    """ZeRO stages 1 and 2 partition optimizer states and gradients over the data-parallel ranks; at
+    one data-parallel rank they partition nothing and only add copies (flat fp32 groups, gradient
+    buckets, the copy back into the parameters). There, in fp32, the engine runs the optimizer
+    itself (stage 0). bf16 keeps the configured stage (its fp32 master weights live in the ZeRO
+    optimizer), and so does stage 3 (parameter partitioning and offload are asked for explicitly)."""
+    if dp_size == 1 and not bf16 and stage in (1, 2):
+        return 0
+    return stage
+
+
+def tune_engine(engine, dp_size: int) -> None:
+    """Per-run settings of a DeepSpeed engine that its JSON config cannot express.
+
+    At ZeRO stage 0 in fp32: (1) one data-parallel rank has nothing to all-reduce, so the
+    engine's backward all-reduce (flatten every gradient, reduce over a 1-rank group, copy back)
+    is switched off; (2) the gradient norm the engine computes while clipping is kept
+    (:func:`megahash.training.grad_norm.keep_zero0_grad_norm`; at one rank in all, without collectives)."""
+    if engine.zero_optimization_stage() != 0 or engine.bfloat16_enabled() or engine.fp16_enabled():
+        return
+    from megatron.core import parallel_state
+
+    from megahash.training.grad_norm import keep_zero0_grad_norm
+
+    if dp_size == 1:
+        engine.enable_backward_allreduce = False
+    keep_zero0_grad_norm(engine, one_rank=dp_size == 1 and parallel_state.get_tensor_model_parallel_world_size() == 1)

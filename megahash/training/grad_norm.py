@@ -10,15 +10,23 @@ clipping off it computes the same norm with DeepSpeed's ``get_flattened_grad_nor
 from __future__ import annotations
 
 
-def keep_zero0_grad_norm(engine) -> None:
-    """Make ``grad_norm(engine)`` return the step's gradient norm under ZeRO-0 too."""
+def keep_zero0_grad_norm(engine, one_rank: bool = False) -> None:
+    """Make ``grad_norm(engine)`` (and ``engine.get_global_grad_norm()``) return the step's gradient
+    norm under ZeRO-0 too. ``one_rank`` (TP 1, DP 1): torch's ``clip_grad_norm_`` clips the same way
+    (coefficient max / (norm + 1e-6)) without DeepSpeed's all-reduces over one-rank groups."""
     if engine.zero_optimization_stage() != 0:
         return
+    import torch
     from deepspeed.runtime.utils import clip_grad_norm_, get_flattened_grad_norm
 
     def clip_and_keep():
-        engine._megahash_grad_norm = clip_grad_norm_(parameters=engine.module.parameters(),
-                                                     max_norm=engine.gradient_clipping(), mpu=engine.mpu)
+        if one_rank:
+            norm = torch.nn.utils.clip_grad_norm_(engine.module.parameters(), engine.gradient_clipping())
+        else:
+            norm = clip_grad_norm_(parameters=engine.module.parameters(), max_norm=engine.gradient_clipping(),
+                                   mpu=engine.mpu)
+        engine._megahash_grad_norm = norm
+        engine.optimizer._global_grad_norm = norm  # DeepSpeed's engine copies it after the optimizer step
 
     engine.clip_fp32_gradients = clip_and_keep
     if engine.gradient_clipping() <= 0.0:

@@ -18,7 +18,7 @@ from megahash import platform
 from megahash.config import Config, save_config
 from megahash.errors import CheckpointError
 from megahash.training import checkpoint
-from megahash.training.ds_config import deepspeed_config
+from megahash.training.ds_config import deepspeed_config, tune_engine
 from megahash.training.logging import RunLogger, plot_loss
 from megahash.training.lr_schedule import lambda_for
 from megahash.training.signals import EXIT_REQUEUE, StopFlag, any_rank
@@ -43,6 +43,39 @@ def batch_loss(engine, batch: dict, objective) -> torch.Tensor:
                        padding_mask=batch.get("padding_mask"), label_codes=batch.get("label_codes"))
     mask = batch["loss_mask"].float()
     return (per_token.float() * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def build_engine(cfg: Config, model: torch.nn.Module, dp_size: int, dtype: torch.dtype):
+    """(DeepSpeed engine, LR scheduler) around ``model``: AdamW (no decay on 1-D parameters), the
+    warmup/decay schedule and the DeepSpeed config of ``train.zero_stage``."""
+    import deepspeed
+
+    t = cfg.train
+    optimizer = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr,
+                                  betas=(t.beta1, t.beta2), eps=t.eps, **platform.adamw_options())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda_for(t))
+    ds_cfg = deepspeed_config(cfg, dp_size, bf16=dtype == torch.bfloat16)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                           config=ds_cfg, mpu=platform.DeepSpeedMPU(),
+                                           dist_init_required=False)
+    tune_engine(engine, dp_size)
+    return engine, scheduler
+
+
+def train_step(engine, batches, objective, gas: int) -> tuple[float, float]:
+    """One optimizer step of ``gas`` micro-batches from the iterator ``batches``: (sum of the
+    micro-batch losses, seconds spent waiting for batches). One host sync per step."""
+    loss_sum, wait = None, 0.0
+    for _ in range(gas):
+        tw = time.perf_counter()
+        batch = next(batches)
+        wait += time.perf_counter() - tw
+        loss = batch_loss(engine, batch, objective)
+        engine.backward(loss)
+        engine.step()
+        l = loss.detach().double()  # summed like Python floats, as before
+        loss_sum = l if loss_sum is None else loss_sum + l
+    return loss_sum.item(), wait
 
 
 def evaluate(engine, batches, objective) -> tuple[float, int, int]:
@@ -73,7 +106,6 @@ def evaluate(engine, batches, objective) -> tuple[float, int, int]:
 
 def train(cfg: Config) -> int:
     """Run (or resume) pretraining; returns the process exit status."""
-    import deepspeed
     from megatron.core import parallel_state
 
     from megahash.known_warnings import quiet_deepspeed_logger
@@ -125,16 +157,7 @@ def train(cfg: Config) -> int:
         n_emb = _embedding_params(model)
         if t.compile:
             compile_layers(model)
-        optimizer = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr,
-                                      betas=(t.beta1, t.beta2), eps=t.eps)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda_for(t))
-        ds_cfg = deepspeed_config(cfg, dp_size, bf16=dtype == torch.bfloat16)
-        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
-                                               config=ds_cfg, mpu=platform.DeepSpeedMPU(),
-                                               dist_init_required=False)
-        from megahash.training.grad_norm import keep_zero0_grad_norm
-
-        keep_zero0_grad_norm(engine)  # ZeRO-0 drops the norm it computes (grad_norm.py)
+        engine, scheduler = build_engine(cfg, model, dp_size, dtype)
         objective = build_objective(cfg, data)
         step = 0
         if resume_from is not None:
@@ -175,15 +198,7 @@ def train(cfg: Config) -> int:
             t0 = time.perf_counter()
             objective.set_step(step, dp_rank)
             lr_used = scheduler_lr(engine)  # engine.step() advances the scheduler: read the LR this step uses
-            loss_sum, wait = 0.0, 0.0
-            for _ in range(gas):
-                tw = time.perf_counter()
-                batch = next(batches)
-                wait += time.perf_counter() - tw
-                loss = batch_loss(engine, batch, objective)
-                engine.backward(loss)
-                engine.step()
-                loss_sum += loss.item()
+            loss_sum, wait = train_step(engine, batches, objective, gas)
             step += 1
             dt = time.perf_counter() - t0
             loss_avg = _dp_mean(loss_sum / gas)
@@ -259,7 +274,7 @@ def _grad_norm(engine) -> float:
 def _dp_mean(value: float) -> float:
     from megatron.core import parallel_state
 
-    if not torch.distributed.is_initialized():
+    if not torch.distributed.is_initialized() or parallel_state.get_data_parallel_world_size() == 1:
         return value
     t = torch.tensor([value], dtype=torch.float64, device=platform.device())
     torch.distributed.all_reduce(t, group=parallel_state.get_data_parallel_group())

@@ -113,11 +113,22 @@ def column(in_f: int, out_f: int, config, bias: bool) -> ColumnParallelLinear:
 
 
 def rope(t: torch.Tensor, rotary_pos_emb, config) -> torch.Tensor:
-    """RoPE on [s, b, heads, d] with the (already position-sliced) frequencies of the layer."""
+    """RoPE on [s, b, heads, d] with the (already position-sliced) frequencies of the layer.
+
+    The rotation covers all of d here (rotary_percent 1, not interleaved, unfused): then this is
+    megatron-core's ``_apply_rotary_pos_emb_bshd`` term for term, t cos + rotate_half(t) sin (Su et
+    al. 2021, eq. 34), without its ``mscale`` products and the copy that re-appends an empty
+    pass-through slice (bit-identical results, one full-size copy fewer per call). Other layouts go
+    to megatron-core's ``apply_rotary_pos_emb``."""
     if rotary_pos_emb is None:
         return t
     freqs = rotary_pos_emb[0] if isinstance(rotary_pos_emb, tuple) else rotary_pos_emb
-    return apply_rotary_pos_emb(t, freqs, config)
+    if (freqs.shape[-1] != t.shape[-1] or config.apply_rope_fusion or config.rotary_interleaved
+            or getattr(config, "multi_latent_attention", False) or getattr(config, "context_parallel_size", 1) > 1):
+        return apply_rotary_pos_emb(t, freqs, config)
+    cos, sin = torch.cos(freqs).to(t.dtype), torch.sin(freqs).to(t.dtype)
+    x1, x2 = torch.chunk(t, 2, dim=-1)
+    return t * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
 def append_cache(cache: dict | None, key: str, t: torch.Tensor) -> torch.Tensor:

@@ -69,7 +69,7 @@ class GroupedKV:
             kv = self.linear_kv(gather_input(x, self.config))
         s, b = kv.shape[:2]
         kv = kv.view(s, b, self.g_local, 2, self.d_h)
-        return kv[:, :, :, 0], kv[:, :, :, 1]
+        return kv.unbind(3)  # backward stacks the two gradients (indexing would zero-fill and copy twice)
 
     def local_kv(self, k, v):
         """Replicated groups -> one K/V per local query head (so SDPA sees matching groups)."""

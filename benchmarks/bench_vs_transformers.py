@@ -1,0 +1,208 @@
+#!/usr/bin/env python
+"""megahash's training step against the plain transformers loop a user would write instead.
+
+    python benchmarks/bench_vs_transformers.py [--shapes small,70m-shape,70m] [--rounds 3] [--steps 9]
+                                              [--warmup 2] [--threads 2] [--prefix PREFIX --tokenizer SPM]
+
+megahash side: the step ``megahash/pretrain.py`` runs (``trainer.build_engine`` + ``trainer.train_step``
+through ``megahash.training.profiling.TrainHarness``: DeepSpeed engine of ``train.zero_stage`` (default
+1), megatron-core model, megatron-core ``GPTDataset`` over real shards built by the data tools, the
+resumable loader, clipping 1.0, the LR schedule), one rank, fp32.
+
+transformers side: ``Qwen2ForCausalLM`` (sdpa attention) of the same shape (hidden, layers, heads, ffn,
+QKV bias, tied head, vocabulary = megahash's padded vocabulary, RoPE base, RMSNorm eps; parameter
+counts printed and checked equal) with ``torch.optim.AdamW(model.parameters())`` (its defaults),
+``clip_grad_norm_(1.0)`` and the same ``LambdaLR`` schedule, on the same token batches (the batches
+megahash's loader yields, in the same order), cross-entropy of the logits against the same labels.
+
+Both sides warm up, then alternate in rounds (``--rounds`` x ``--steps`` steps per side; the side
+that starts alternates), so machine noise hits both alike. Reported: median tokens/s over all
+measured steps (wall clock), the median from process CPU time, and megahash / transformers ratios.
+Shapes: ``small`` (h256, 4L, 4 heads, ffn 1024, seq 256, batch 8), ``70m-shape`` (h512, 6L, 8 heads,
+ffn 2048, seq 512, batch 4; tokenizer vocabulary) and ``70m`` (the same with configs/model/70m.yaml's
+50,304-token vocabulary).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SHAPES = {
+    "small": dict(hidden=256, layers=4, heads=4, ffn=1024, seq=256, batch=8, vocab=0),
+    "70m-shape": dict(hidden=512, layers=6, heads=8, ffn=2048, seq=512, batch=4, vocab=0),
+    "70m": dict(hidden=512, layers=6, heads=8, ffn=2048, seq=512, batch=4, vocab=50304),
+}
+
+
+def build_shards(work: Path) -> tuple[str, str]:
+    """A 4,000-piece BPE tokenizer and token shards of the Shakespeare corpus (the real data tools)."""
+    work.mkdir(parents=True, exist_ok=True)
+    spm, prefix = work / "spm", work / "shakespeare"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if not Path(f"{spm}.model").is_file():
+        subprocess.run([sys.executable, "data_tools/train_tokenizer.py", "--input", "shakespeare", "--output", str(spm),
+                        "--vocab-size", "4000"], cwd=ROOT, env=env, check=True, capture_output=True)
+    if not Path(f"{prefix}_text_document.idx").is_file():
+        subprocess.run([sys.executable, "data_tools/preprocess_data.py", "--input", "shakespeare", "--output-prefix",
+                        str(prefix), "--tokenizer", f"{spm}.model", "--workers", "1", "--quiet"],
+                       cwd=ROOT, env=env, check=True, capture_output=True)
+    return str(prefix), f"{spm}.model"
+
+
+def megahash_config(shape: dict, prefix: str, tokenizer: str, cache: str):
+    from megahash.config import load_config
+
+    over = [f"model.hidden_size={shape['hidden']}", f"model.num_layers={shape['layers']}",
+            f"model.num_heads={shape['heads']}", f"model.ffn_hidden_size={shape['ffn']}",
+            f"model.vocab_size={shape['vocab']}", f"model.max_position_embeddings={max(2048, shape['seq'])}",
+            f"data.seq_length={shape['seq']}", f"data.prefix=[{prefix}]", f"data.tokenizer={tokenizer}",
+            f"data.cache_dir={cache}", f"train.micro_batch_size={shape['batch']}",
+            f"train.global_batch_size={shape['batch']}", "train.precision=fp32", "train.warmup_steps=2"]
+    return load_config(None, over)
+
+
+class HFLoop:
+    """The plain loop: Qwen2ForCausalLM + torch AdamW + clip + LambdaLR over given batches."""
+
+    def __init__(self, cfg, vocab: int, batches: list[dict]):
+        import torch
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        from megahash.training.lr_schedule import lambda_for
+
+        m, t = cfg.model, cfg.train
+        hf_cfg = Qwen2Config(vocab_size=vocab, hidden_size=m.hidden_size, intermediate_size=m.ffn_hidden_size,
+                             num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads,
+                             num_key_value_heads=m.num_query_groups or m.num_heads,
+                             max_position_embeddings=m.max_position_embeddings, rms_norm_eps=m.norm_eps,
+                             rope_theta=float(m.rotary_base), tie_word_embeddings=m.tie_embeddings,
+                             attention_dropout=0.0, use_cache=False, initializer_range=m.init_std)
+        hf_cfg._attn_implementation = "sdpa"
+        torch.manual_seed(t.seed)
+        self.model = Qwen2ForCausalLM(hf_cfg).train()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
+                                     weight_decay=t.weight_decay)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda_for(t))
+        self.clip = t.clip_grad
+        self.batches = batches
+        self.i = 0
+        self.vocab = vocab
+
+    @property
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    def step(self) -> float:
+        import torch
+        import torch.nn.functional as F
+
+        b = self.batches[self.i % len(self.batches)]
+        self.i += 1
+        logits = self.model(input_ids=b["tokens"]).logits
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), b["labels"].reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+
+def timed(fn) -> tuple[float, float]:
+    w, c = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - w, time.process_time() - c
+
+
+def run_shape(name: str, shape: dict, args, prefix: str, tokenizer: str) -> dict:
+    import torch
+
+    from megahash import platform
+    from megahash.data.dataset import make_loader
+    from megahash.training.profiling import TrainHarness
+
+    cfg = megahash_config(shape, prefix, tokenizer, str(Path(args.work) / "cache"))
+    total = args.warmup + args.rounds * args.steps
+    platform.init_distributed(1)
+    try:
+        mh = TrainHarness(cfg, total + 1)
+        loader = make_loader(mh.data.train, 0, cfg.train.micro_batch_size, 0, 1)
+        batches = [b for _, b in zip(range(total), loader)]
+        hf = HFLoop(cfg, mh.model.vocab_size, batches)
+        same = mh.num_params == hf.num_params
+        print(f"# {name}: h{shape['hidden']} {shape['layers']}L {shape['heads']} heads ffn {shape['ffn']} "
+              f"seq {shape['seq']} batch {shape['batch']} vocab {mh.model.vocab_size} (tied head); parameters "
+              f"megahash {mh.num_params:,} transformers {hf.num_params:,}{'' if same else '  MISMATCH'}; "
+              f"megahash optimizer {type(mh.engine.optimizer).__name__} (ZeRO-{cfg.train.zero_stage} configured)",
+              flush=True)
+        if not same:
+            raise SystemExit(f"{name}: the two models differ in size")
+        sides = {"megahash": mh.step, "transformers": hf.step}
+        for _ in range(args.warmup):
+            for fn in sides.values():
+                fn()
+        times = {k: ([], []) for k in sides}
+        for r in range(args.rounds):
+            order = list(sides) if r % 2 == 0 else list(sides)[::-1]
+            for k in order:
+                for _ in range(args.steps):
+                    w, c = timed(sides[k])
+                    times[k][0].append(w)
+                    times[k][1].append(c)
+            med = {k: statistics.median(v[0]) for k, v in times.items()}
+            cpu = {k: statistics.median(v[1]) for k, v in times.items()}
+            print(f"  round {r + 1}: megahash {med['megahash'] * 1e3:.0f} ms, transformers "
+                  f"{med['transformers'] * 1e3:.0f} ms per step (medians of {len(times['megahash'][0])} steps so far;"
+                  f" ratio {med['transformers'] / med['megahash']:.2f}x wall, "
+                  f"{cpu['transformers'] / cpu['megahash']:.2f}x CPU time)", flush=True)
+    finally:
+        platform.teardown()
+    tok = shape["seq"] * shape["batch"]
+    res = {"name": name, "params": mh.num_params, "vocab": mh.model.vocab_size, "n": len(times["megahash"][0])}
+    for k, (w, c) in times.items():
+        res[k] = (tok / statistics.median(w), tok / statistics.median(c))
+    res["ratio"] = res["megahash"][0] / res["transformers"][0]
+    res["ratio_cpu"] = res["megahash"][1] / res["transformers"][1]
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="small,70m-shape,70m")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=9, help="measured steps per side per round")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--work", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "megahash_bench_vs_hf"))
+    ap.add_argument("--prefix", default="", help="existing shard prefix (default: build Shakespeare shards in --work)")
+    ap.add_argument("--tokenizer", default="")
+    args = ap.parse_args(argv)
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    prefix, tokenizer = (args.prefix, args.tokenizer) if args.prefix else build_shards(Path(args.work))
+    import transformers
+
+    print(f"threads {torch.get_num_threads()}, fp32, 1 rank; torch {torch.__version__}, transformers "
+          f"{transformers.__version__}; {args.rounds} rounds x {args.steps} steps per side after {args.warmup} warm-up")
+    rows = [run_shape(n, SHAPES[n], args, prefix, tokenizer) for n in args.shapes.split(",")]
+    print()
+    print("| shape | params | vocab | steps | megahash tokens/s | transformers tokens/s | ratio | ratio (CPU time) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['name']} | {r['params'] / 1e6:.1f}M | {r['vocab']:,} | {r['n']} | {r['megahash'][0]:,.0f} | "
+              f"{r['transformers'][0]:,.0f} | {r['ratio']:.2f}x | {r['ratio_cpu']:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
