@@ -9,8 +9,6 @@ megatron-core's ``IndexedDataset`` is imported when a ShardSet is opened, not at
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import warnings
 from dataclasses import dataclass
@@ -28,14 +26,6 @@ from megahash.hashing.words import NUM_SPECIAL
 TOKENS_SUFFIX = "_text_document"
 META_SUFFIX = "_meta.json"
 SUPPORTED_FORMAT = 1
-
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_word_table(path: str) -> list[str]:
@@ -188,7 +178,9 @@ class ShardSet:
 
             path = self.tokenizer_path(tokenizer)
             want = self.meta["tokenizer"].get("sha256")
-            if want and _sha256(path) != want:
+            from megahash.data.verify import sha256_file
+
+            if want and sha256_file(path) != want:
                 raise DataError(f"verify: tokenizer {path} is not the one these shards were made with (sha256 differs)")
             coder = SubwordCoder(spm.SentencePieceProcessor(model_file=path), table, self.meta["stream"]["hash_unit"])
             rows_of = lambda toks: coder.row_ids(toks, [0])  # noqa: E731

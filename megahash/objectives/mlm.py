@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from megahash.objectives.common import pad_of, role_id, MASK_ID, PAD_ID, bernoulli, replace_with_drawn, special_mask
+from megahash.objectives.common import pad_of, role_id, MASK_ID, bernoulli, replace_with_drawn, special_mask
 
 MASK_PROB = 0.15
 MASK_TOKEN_FRAC = 0.8

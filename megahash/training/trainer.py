@@ -8,7 +8,6 @@ cleanly on SIGUSR1/SIGTERM (checkpoint, exit status ``EXIT_REQUEUE``).
 from __future__ import annotations
 
 import math
-import os
 import time
 from pathlib import Path
 
