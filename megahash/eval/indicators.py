@@ -243,6 +243,32 @@ class AttentionCapture:
                 if self.verify:
                     self._check(i, ((probs @ v.double()) - out.double()).abs().max().cpu())
                 return out
+        elif kind == "approx-thesis":
+            def wrapped(q, k, v, attention_mask, _o=original, i=i, kind=kind, m=m):
+                from megahash.models.attention.approx_thesis import safe_den, scaled, sq
+
+                qs, ks = scaled(q.double(), k.double())  # eq. 4.14-4.17: o_i = sum_j 3 A_ij v_j
+                L = qs.shape[-2]
+                valid = torch.ones(L, L, dtype=torch.bool, device=qs.device)
+                valid = valid.tril() if m.causal else valid
+                a1 = (qs @ ks.transpose(-1, -2)) * valid
+                a2 = (sq(qs) @ sq(ks).transpose(-1, -2)) * valid
+                a0 = valid / valid.sum(-1, keepdim=True)
+                probs = (a0 + a1 / safe_den(a1.sum(-1, keepdim=True)) + a2 / safe_den(a2.sum(-1, keepdim=True))) / 3
+                s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+                b = probs.shape[0]
+                self._store(i, kind, "(1/i + first-order/its sum + second-order/its sum)/3 of eq. 4.14-4.17 "
+                            "(rows sum to 1; the first-order term can be negative)",
+                            probs.reshape(b, -1, L, L), s.expand_as(probs).reshape(b, -1, L, L), valid, m.causal)
+                out = _o(q, k, v, attention_mask)
+                if self.verify:  # against the kind's own function in fp64: its first-order denominator
+                    # q.sum(k) can be near 0, which amplifies the fp32 round-off of ``out`` itself
+                    from megahash.models.attention.approx_thesis import thesis_bidirectional, thesis_causal
+
+                    qd, kd, vd = q.double(), k.double(), v.double()
+                    ref = thesis_causal(qd, kd, vd, L)[0] if m.causal else thesis_bidirectional(qd, kd, vd)
+                    self._check(i, ((3 * probs @ vd) - ref).abs().max().cpu())
+                return out
         elif kind == "nonapprox":
             def wrapped(q, k, v, attention_mask, _o=original, i=i, kind=kind, m=m):
                 s = (q.double() * k.double()).sum(-1) / math.sqrt(q.shape[-1])  # [b, g, rep, L]
