@@ -195,7 +195,7 @@ class Progress:
         self.tokens = 0
         self.t0 = time.perf_counter()
         if not quiet and not sys.stderr.isatty():  # logs: say what runs (the bar says it on a terminal)
-            print(f"{desc}: tokenizing and hashing ...", file=sys.stderr, flush=True)
+            print(f"{desc}: tokenizing and hashing ...", flush=True)  # stdout: stderr is kept for the one-line error
         if not quiet and sys.stderr.isatty():
             from tqdm import tqdm
 
