@@ -30,6 +30,8 @@ RULES = [
     ("python -m launch --dry-run", []),
     ("megahash export-hf", []),
     ("megahash import-hf", []),
+    ("megahash sweep --grid configs/grids/table4_1_tiny.yaml --dry-run", []),
+    ("megahash diagnose", ["--steps", "3", "--eval-samples", "8"]),
 ]
 SKIP = {
     "bash .ci/run": "it is this test suite",
@@ -37,6 +39,8 @@ SKIP = {
     "sbatch": "needs a SLURM allocation of GPU nodes (the scripts are tested on a local SLURM in tests/test_slurm.py)",
     "DATA_PREFIX=": "needs a SLURM allocation and the Pile (tests/test_slurm.py runs the script on a local SLURM)",
     "deepspeed --hostfile": "needs two hosts with 8 GPUs",
+    "megahash sweep --grid configs/grids/table4_1_tiny.yaml --launcher local":
+        "trains all 8 cells (minutes each); tests/test_sweep.py runs a 2x2 tiny grid end to end, locally and on SLURM",
 }
 
 
