@@ -153,16 +153,23 @@ def test_only_damaged_checkpoints_is_one_line_not_a_fresh_start(tmp_path):
 
 
 def test_disk_full_during_save_is_one_line_and_keeps_the_previous(shakespeare_shards, tmp_path):
-    """A real full disk: the save folder is a 5 MB tmpfs that holds one checkpoint (3.1 MB) but not two."""
+    """A real full disk: the save folder is a tmpfs that holds one checkpoint but not two (sized from a
+    checkpoint of the same run written elsewhere first)."""
     import subprocess
 
     from conftest import pretrain
 
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    probe = tmp_path / "probe"
+    r = pretrain(base(shakespeare_shards, probe, 2, "train.eval_interval=0", f"data.cache_dir={tmp_path / 'cache'}"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    one = sum(f.stat().st_size for f in probe.rglob("*") if f.is_file())  # one checkpoint + the run's logs
     mnt = tmp_path / "small"
     mnt.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=5m", "tmpfs", str(mnt)],
-                                           capture_output=True).returncode:
-        pytest.skip("mounting a small tmpfs needs root")
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={int(one * 1.6) // 1024 + 64}k", "tmpfs", str(mnt)],
+                      capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs failed")
     try:
         run_dir = mnt / "run"
         r = pretrain(base(shakespeare_shards, run_dir, 4, "train.save_interval=2", "train.eval_interval=0",
