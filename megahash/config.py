@@ -187,19 +187,26 @@ def _resolve_include(name: str, base_dir: Path) -> Path:
     raise ConfigError(f"included config {name!r} not found (looked in {base_dir} and {CONFIG_ROOT})")
 
 
+def read_yaml_mapping(path, what: str) -> dict:
+    """The mapping a YAML file holds; a missing file, bad YAML or a non-mapping is one line
+    naming ``what`` file it is (config, grid)."""
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{what} file {str(path)!r} does not exist") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{what} file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what} file {path} must hold a mapping at top level")
+    return data
+
+
 def _load_yaml_tree(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     """Read a YAML file, merging its ``include:`` list first (depth-first, later wins)."""
     path = path.resolve()
     if path in seen:
         raise ConfigError(f"config include cycle at {path}")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"config file {str(path)!r} does not exist") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping at top level")
+    data = read_yaml_mapping(path, "config")
     includes = data.pop("include", []) or []
     if isinstance(includes, str):
         includes = [includes]

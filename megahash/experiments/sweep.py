@@ -169,15 +169,10 @@ def _resolve_base(name: Optional[str], grid_dir: Path) -> Optional[str]:
 
 def load_grid(path: str, extra: Sequence[str] = (), out: Optional[str] = None) -> Grid:
     """Read a grid YAML into its cells (each cell's config is resolved and checked)."""
+    from megahash.config import read_yaml_mapping
+
     p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"grid file {path!r} does not exist") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"grid file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"grid file {path} must hold a mapping")
+    data = read_yaml_mapping(path, "grid")
     unknown = sorted(set(data) - GRID_KEYS)
     if unknown:
         import difflib
