@@ -15,13 +15,15 @@ def test_error_printed_once_for_all_ranks(tmp_path):
 
 
 WANDB = r"""
-import json, sys
+import json, sys, time
 from megahash.config import load_config
 from megahash.training.logging import RunLogger
 cfg = load_config(None, ["logging.wandb=true", "logging.wandb_mode=offline", "logging.tensorboard=false",
                          f"train.save_dir={sys.argv[1]}"])
 ids = []
 for attempt in range(2):  # the first job, then its requeue
+    if attempt:  # wandb names a run's folder by the second it started: a real requeue is never within it
+        time.sleep(1.1)
     log = RunLogger(cfg, 0)
     log.log(attempt + 1, {"loss": 1.0 / (attempt + 1), "consumed_tokens": 64 * (attempt + 1)})
     ids.append(log.wandb.id)
