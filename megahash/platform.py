@@ -22,6 +22,19 @@ def has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+def split_glu_gemms() -> bool:
+    """Run SwiGLU's gate and up projections as two GEMMs (as transformers does) instead of
+    megatron's one fused ``fc1`` GEMM (megahash.models.feedforward), at one TP rank.
+
+    On CPU: glibc serves every allocation of 32 MiB or more (the ceiling of its mmap threshold)
+    with fresh pages and unmaps them on free, so the fused [s, b, 2 ffn] output and its gradient
+    (exactly 32 MiB at h512, ffn 2048, seq 512, batch 4) were page-faulted in again at every step:
+    126,552 minor faults per step against 2,032 for the same model in transformers (2-core AMD
+    EPYC; benchmarks/results/). The halves stay under the threshold up to twice the width. On GPUs the fused GEMM
+    is kept (one larger GEMM uses the device better; the caching allocator has no such cost)."""
+    return not has_gpu()
+
+
 def device() -> torch.device:
     if has_gpu():
         return torch.device("cuda", torch.cuda.current_device())
