@@ -44,8 +44,14 @@ def pretrain(overrides: list[str], ranks: int = 1, config: str | None = None, ti
     if ranks == 1:
         cmd = [sys.executable, "megahash/pretrain.py", *cfg, *overrides]
     else:
-        cmd = ["deepspeed", "--num_gpus", str(ranks), "--master_port", str(_free_port()),
-               "megahash/pretrain.py", *cfg, *overrides]
+        port = _free_port()
+        cmd = ["deepspeed", "--num_gpus", str(ranks), "--master_port", str(port), "megahash/pretrain.py", *cfg,
+               *overrides]
+        r = run(cmd, timeout=timeout, **env)
+        # DeepSpeed's CPU all-reduce buffers (/dev/shm, 69 MB a rank) must not outlive a finished run
+        left = list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))
+        assert r.returncode != 0 or not left, f"leaked shared memory: {left}"
+        return r
     return run(cmd, timeout=timeout, **env)
 
 

@@ -57,6 +57,7 @@ def build_engine(cfg: Config, model: torch.nn.Module, dp_size: int, dtype: torch
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=ds_cfg, mpu=platform.DeepSpeedMPU(),
                                            dist_init_required=False)
+    platform.release_deepspeed_shm()
     tune_engine(engine, dp_size)
     return engine, scheduler
 
