@@ -67,6 +67,7 @@ class EmbeddingCaps:
     standard: bool = False  # the default ``model.embedding``
     qwen2: bool = False  # a plain token table (Qwen2 import/export, closed-form params)
     sr_random: str = "batch"  # Shuffle+Random replacements: token | bits-density | bits-uniform | batch
+    example_hash_spec: str = "md5"  # a model.embed.hash_spec it works with (tests and examples)
 
 
 @dataclass(frozen=True)

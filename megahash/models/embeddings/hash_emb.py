@@ -52,7 +52,7 @@ def num_buckets(cfg) -> tuple[int, str]:
     )
 
 
-@register_embedding("hash-emb", caps=EmbeddingCaps(sr_random="bits-uniform"),
+@register_embedding("hash-emb", caps=EmbeddingCaps(sr_random="bits-uniform", example_hash_spec="md5-bucket64"),
                     export_meta=lambda emb, cfg: {"num_rows": emb.num_rows, "mode": emb.mode, "padded_rows": emb.padded_rows})
 class HashEmbedding(HashEmbeddingBase):
     """e = E[bucket] over an N x d table (eq. 2.12), row-split over TP."""

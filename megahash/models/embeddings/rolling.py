@@ -87,7 +87,7 @@ def _unique_first(key: torch.Tensor):
     return uniq, first, inverse
 
 
-@register_embedding("rolling", caps=EmbeddingCaps(sr_random="batch"), export_meta=lambda emb, cfg: {
+@register_embedding("rolling", caps=EmbeddingCaps(sr_random="batch", example_hash_spec="rolling3"), export_meta=lambda emb, cfg: {
     "rolling_ngram": emb.n, "max_len": emb.max_len, "width": emb.width, "rolling_buckets": emb.buckets,
     "rolling_dim": emb.dim, "rolling_linear": emb.linear is not None, "rolling_seed": cfg.model.embed.rolling_seed})
 class RollingEmbedding(HashEmbeddingBase):
