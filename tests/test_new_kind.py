@@ -230,12 +230,16 @@ def test_one_step_pretrain_with_the_new_kinds(plugin, shakespeare_shards, tmp_pa
     run_dir = tmp_path / "run"
     r = pretrain([f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}",
                   f"model.schedule=list:{ATTENTION},mha-megatron", "model.num_layers=2", f"model.embedding={EMBEDDING}",
-                  "train.steps=1", f"train.save_dir={run_dir}", "train.eval_interval=0", "train.save_interval=0",
+                  "train.steps=1", f"train.save_dir={run_dir}", "train.eval_interval=1", "train.save_interval=0",
+                  "data.valid_samples=4", "data.valid_micro_batch=2",
                   "data.seq_length=32", "train.micro_batch_size=2", "train.global_batch_size=2"],
                  config="configs/quickstart.yaml", **plugin["env"])
     assert r.returncode == 0, r.stderr[-3000:]
     losses = train_losses(run_dir)
     assert list(losses) == [1] and losses[1] == losses[1] and losses[1] > 0
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    valid = [rec for rec in records if rec["split"] == "valid"]
+    assert valid and "ppl" in valid[-1], records  # the vocabulary head's loss is nats per token
     assert (r.stdout + r.stderr).count("MFU n/a") == 1
 
 
