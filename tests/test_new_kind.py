@@ -126,7 +126,33 @@ def plugin(tmp_path_factory):
         d.pop(EMBEDDING, None)
     for m in [m for m in sys.modules if m.split(".")[0] == PACKAGE]:
         del sys.modules[m]
+    catalog._config_plugins.clear()
     catalog._scan.cache_clear()
+
+
+def test_config_names_plugins_too(plugin, monkeypatch):
+    """``model.plugins`` finds the same package without the environment variable (config checks,
+    torch-free); an unknown plugin is a one-line ConfigError. (First in this file: once a process
+    has imported a plugin its kinds stay registered there.)"""
+    from megahash.config import load_config
+    from megahash.errors import ConfigError
+    from megahash.models import catalog
+    from megahash.models.light import check_kinds
+
+    monkeypatch.delenv(catalog.PLUGINS_ENV)
+    catalog._scan.cache_clear()
+    try:
+        cfg = load_config(None, [f"model.schedule=uniform:{ATTENTION}", "model.num_layers=2"])
+        with pytest.raises(ConfigError, match=f"unknown attention kind '{ATTENTION}'"):
+            check_kinds(cfg)
+        cfg = load_config(None, [f"model.plugins=[{PACKAGE}]", f"model.schedule=uniform:{ATTENTION}",
+                                 "model.num_layers=2", f"model.embedding={EMBEDDING}"])
+        assert check_kinds(cfg) == [ATTENTION, ATTENTION]
+        with pytest.raises(ConfigError, match="plugin 'no_such_plugin_pkg' cannot be found"):
+            check_kinds(load_config(None, ["model.plugins=[no_such_plugin_pkg]"]))
+    finally:
+        catalog._config_plugins.clear()
+        catalog._scan.cache_clear()
 
 
 def test_registry_discovers_the_plugin_kinds(plugin, dist):
