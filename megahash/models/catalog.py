@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import importlib.util
 import math
 import os
@@ -241,7 +242,7 @@ def _entries_of_file(path: Path) -> list[Entry]:
     return out
 
 
-@__import__("functools").lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)
 def _scan() -> dict:
     """{group: {name: Entry}} from the source of the library's kind files and the plugins'."""
     out: dict = {g: {} for g in GROUPS}
