@@ -53,6 +53,12 @@ class AttentionConfig:
     feature_dim: int = 0  # approx: Based's projected feature dim d' of q, k before the Taylor map (0 = d_h)
 
 
+def _standard_kind(group: str) -> str:
+    from megahash.models import catalog
+
+    return catalog.standard(group)
+
+
 @dataclass
 class ModelConfig:
     """Architecture: Qwen2.5-style decoder (default) or BERT-style encoder (thesis Table 4.10)."""
@@ -76,9 +82,11 @@ class ModelConfig:
     init_std: float = 0.02
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
-    embedding: str = "vocab"
-    head: str = "vocab"  # output head for clm/mlm: vocab | hash-bits | hash-bucket (megahash/models/heads.py; sr uses its 3-way head)
-    schedule: str = "uniform:mha"
+    # defaults: the kinds registered as standard (caps.standard; megahash.models.catalog)
+    embedding: str = field(default_factory=lambda: _standard_kind("embedding"))
+    head: str = field(default_factory=lambda: _standard_kind("head"))  # output head for clm/mlm (megahash/models/heads/; sr uses its 3-way head)
+    schedule: str = field(default_factory=lambda: f"uniform:{_standard_kind('attention')}")
+    plugins: list[str] = field(default_factory=list)  # modules with more kinds (also MEGAHASH_PLUGINS, entry points megahash.kinds)
     embed: EmbeddingConfig = field(default_factory=EmbeddingConfig)
     attention: AttentionConfig = field(default_factory=AttentionConfig)
 

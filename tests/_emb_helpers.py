@@ -9,16 +9,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-# every embedding kind with a hash spec that suits it (and extra overrides)
-KINDS = {
-    "vocab": ("md5", []),
-    "hash-emb": ("md5-bucket64", []),
-    "pool": ("md5", ["model.embed.pool_bits=6"]),
-    "add": ("lsh128", []),
-    "proj": ("md5", []),
-    "bert-hash": ("md5", []),
-    "rolling": ("rolling3", ["model.embed.rolling_dim=48"]),
-}
+# every registered embedding kind with a hash spec that suits it (its caps.example_hash_spec) and
+# extra overrides that make the tests faster (a newly registered embedding joins with none)
+_FASTER = {"pool": ["model.embed.pool_bits=6"], "rolling": ["model.embed.rolling_dim=48"]}
+
+
+def _registered_embeddings() -> dict:
+    from megahash.models import catalog
+
+    return {k: (catalog.caps("embedding", k).example_hash_spec, _FASTER.get(k, []))
+            for k in sorted(catalog.names("embedding"))}
+
+
+KINDS = _registered_embeddings()
 
 
 @functools.lru_cache(maxsize=1)

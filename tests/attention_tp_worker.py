@@ -25,7 +25,7 @@ VOCAB, SEQ, BATCH = 256, 16, 2
 
 
 def case_config(case: str, tp: int, sp: bool):
-    """case = KIND[@encoder][@gN] or a schedule (contains ':')."""
+    """case = KIND[@encoder][@gN][@emb=EMBEDDING] or a schedule (contains ':')."""
     parts = case.split("@")
     kind, opts = parts[0], parts[1:]
     schedule = kind if ":" in kind else f"uniform:{kind}"
@@ -47,6 +47,8 @@ def case_config(case: str, tp: int, sp: bool):
             over += ["model.qk_norm=true"]
         elif o.startswith("f"):
             over += [f"model.attention.feature_dim={int(o[1:])}"]
+        elif o.startswith("emb="):  # an embedding kind that reads token ids (no hash codes here)
+            over += [f"model.embedding={o[4:]}"]
     return load_config(None, over)
 
 

@@ -19,10 +19,12 @@ import torch  # noqa: E402
 from megahash import platform  # noqa: E402
 from megahash.config import load_config  # noqa: E402
 
-DECODER_KINDS = ["mha", "gqa", "mqa", "sha", "skv", "el-att", "mhe-add", "mhe-mul",
-                 "mlp", "approx", "nonapprox", "rndembqk", "fixedseqqk", "staticembqk",
-                 "approx-thesis"]
-MIXING_KINDS = [k for k in DECODER_KINDS if k != "mlp"]
+import _kinds  # noqa: E402
+from megahash.models import catalog  # noqa: E402
+
+# from the registry: every kind that decodes incrementally / mixes tokens (a new kind joins by registering)
+DECODER_KINDS = _kinds.attention(decodes=True)
+MIXING_KINDS = _kinds.attention(decodes=True, mixes_tokens=True)
 VOCAB = 128
 
 
@@ -73,20 +75,18 @@ def tokens(b=2, s=12, seed=0):
 
 
 @pytest.mark.parametrize("n,d", [(4, 8), (2, 16), (8, 4), (12, 4)])
-@pytest.mark.parametrize("kind", ["sha", "mha", "el-att", "mqa", "skv", "mhe-add", "mhe-mul", "gqa"])
+@pytest.mark.parametrize("kind", _kinds.with_formula("qkv_params"))
 def test_table_3_4_parameter_counts(kind, n, d):
-    """Q/K/V parameters of the built module (everything but linear_proj, no biases) = Table 3.4."""
-    from megahash.models.attention.mha import default_gqa_groups
+    """Q/K/V parameters of the built module (everything but linear_proj, no biases) = the kind's own
+    Table 3.4 formula (registered in its file; every kind with a ``qkv_params`` formula)."""
     from megahash.models.costs import attention_param_count
 
     cfg = make_cfg(kind, "model.qkv_bias=false", hidden=n * d, heads=n)
     module = build_attention(cfg)
-    groups = default_gqa_groups(n) if kind == "gqa" else None
-    assert module.num_qkv_parameters() == attention_param_count(kind, n, d, groups)
+    assert module.num_qkv_parameters() == attention_param_count(kind, n, d), kind
     names = {name.split(".")[0] for name, _ in module.named_parameters()}
     assert "linear_proj" in names  # the excluded output projection exists, d_m x (heads * d)
-    proj_in = d if kind == "sha" else n * d
-    assert module.linear_proj.weight.numel() == n * d * proj_in
+    assert module.linear_proj.weight.shape[0] == n * d
 
 
 def test_table_3_4_counts_with_bias_and_gqa():
@@ -140,16 +140,15 @@ def test_no_future_leakage_and_incremental_decoding(schedule):
         full = model.hidden_states(tok)
         other = model.hidden_states(changed)
         assert torch.equal(full[:t + 1], other[:t + 1])
-        if schedule != "mlp":
+        if ":" in schedule or catalog.caps("attention", schedule).mixes_tokens:
             assert (full[t + 1:] - other[t + 1:]).abs().max() > 1e-3
         state = DecodeState(len(model.decoder.layers))
         parts = [model.hidden_states(tok[:, :5], decode_state=state)]
         parts += [model.hidden_states(tok[:, i:i + 1], decode_state=state) for i in range(5, tok.shape[1])]
     torch.testing.assert_close(torch.cat(parts), full, rtol=0, atol=1e-10)
-    if ":" not in schedule and schedule not in ("rndembqk", "fixedseqqk"):
+    if ":" not in schedule and not catalog.caps("attention", schedule).fixed_input:
         n, d_h, b, L = 4, 8, tok.shape[0], tok.shape[1]
-        groups = 1 if schedule == "gqa" else None  # default_gqa_groups(4) = 1
-        expected = costs.cache_elements(schedule, b, L, n, d_h, groups)
+        expected = costs.cache_elements(schedule, b, L, n, d_h)  # the kind's own formula (groups: its own)
         assert all(sum(v.numel() for v in c.values()) == expected for c in state.caches)
 
 
@@ -199,7 +198,7 @@ def test_fixed_qk_gets_gradients_through_the_fixed_pass():
             assert lin.weight.grad is not None and lin.weight.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("kind", DECODER_KINDS)
+@pytest.mark.parametrize("kind", _kinds.attention(encoder=True, decodes=True))
 def test_encoder_padding_and_bidirectional(kind):
     """Encoders: padded tokens do not change valid positions; mixing kinds see later tokens."""
     model = build(make_cfg(kind, "model.arch=encoder")).eval()
@@ -216,7 +215,7 @@ def test_encoder_padding_and_bidirectional(kind):
         h_later = model.hidden_states(later, padding_mask=pad)
     torch.testing.assert_close(h_pad[:8, 1], h[:8, 1], rtol=0, atol=1e-10)
     torch.testing.assert_close(h_pad[:, 0], h[:, 0], rtol=0, atol=1e-10)
-    if kind != "mlp":
+    if catalog.caps("attention", kind).mixes_tokens:
         assert (h_later[0] - h[0]).abs().max() > 1e-4  # position 0 sees position 7
 
 

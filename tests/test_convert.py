@@ -55,6 +55,33 @@ VARIANTS = {
     "qwen2-gqa-tied": ("uniform:mha", "vocab", "md5", ["model.num_query_groups=2"]),
     "qwen2-mqa-untied-nobias": ("uniform:mqa", "vocab", "md5", ["model.tie_embeddings=false", "model.qkv_bias=false"]),
 }
+
+
+def _registry_variants() -> dict:
+    """A variant for every registered exportable attention kind and every embedding kind that no
+    hand-written variant above covers (a newly registered kind is exported and reloaded too)."""
+    from megahash.models import catalog
+
+    std = catalog.standard("attention")
+
+    def named(schedule):
+        form, rest = schedule.split(":", 1)
+        if form == "list":
+            return set(rest.split(","))
+        return {rest.split(":")[0], std}
+
+    kinds = set().union(*(named(v[0]) for v in VARIANTS.values()))
+    embs = {v[1] for v in VARIANTS.values()}
+    out = {f"registry-{k}": (f"list:{k},{std}", catalog.standard("embedding"), "md5", [])
+           for k in sorted(catalog.names("attention")) if catalog.caps("attention", k).exportable and k not in kinds}
+    out.update({f"registry-{e}": (f"uniform:{std}", e, catalog.caps("embedding", e).example_hash_spec, [])
+                for e in sorted(catalog.names("embedding")) if e not in embs})
+    return out
+
+
+VARIANTS.update(_registry_variants())
+
+
 ROUND_TRIP = {"mha-family", "mhe-mlp-linear-static", "fixedseqqk-hybrid", "rolling", "hash-bucket-head", "encoder-sr",
               "qwen2-mqa-untied-nobias"}
 

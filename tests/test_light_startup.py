@@ -58,7 +58,7 @@ print(json.dumps(out))
 
 def test_closed_form_equals_meta_model():
     variants = [[], ["model.tie_embeddings=false"], ["model.num_query_groups=2"], ["model.qkv_bias=false"],
-                ["model.schedule=list:mha,mqa,mqa,mha"], ["model.size=500m", "model.num_layers=2", "model.tie_embeddings=false"]]
+                ["model.schedule=list:mha,mqa,mqa,mha"], ["model.schedule=list:gqa,mqa,gqa,mha"], ["model.size=500m", "model.num_layers=2", "model.tie_embeddings=false"]]
     r = subprocess.run([sys.executable, "-c", CHECK, json.dumps(variants)], cwd=ROOT, env=child_env(),
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]

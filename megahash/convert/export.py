@@ -87,7 +87,7 @@ def cast(state: dict, dtype: torch.dtype) -> dict:
 
 def layer_specs(model) -> list[dict]:
     """Per layer: attention kind and what the HF model needs to build it."""
-    from megahash.models import registry
+    from megahash.models import catalog, registry
 
     cfg = model.cfg
     kinds = model.layer_kinds
@@ -95,35 +95,26 @@ def layer_specs(model) -> list[dict]:
     specs = []
     for layer, kind, skip in zip(model.decoder.layers, kinds, skipped):
         att = layer.self_attention
-        if kind == "mha-megatron":
-            raise ConfigError("attention kind mha-megatron (the megatron reference) has no Hugging Face export; "
-                              "use mha")
+        if not registry.CAPS["attention"][kind].exportable:
+            raise ConfigError(f"attention kind {kind} has no Hugging Face export; use {catalog.standard('attention')}")
         spec = {"kind": kind, "groups": int(getattr(att, "groups", 0) or cfg.model.num_heads), "skip": bool(skip)}
-        if kind == "mlp":
-            spec["width"] = int(att.width)
-        if kind in ("approx", "nonapprox"):
-            spec["chunk_size"] = int(getattr(att, "chunk_size", 0) or 0)
+        extra = registry.EXPORT_SPEC.get(kind)
+        if extra is not None:  # what the kind's HF layer needs beyond kind and groups (its own file says)
+            spec.update(extra(att))
         specs.append(spec)
     return specs
 
 
 def embed_meta(model) -> dict:
     """What the HF embedding / head classes need beyond the sizes."""
+    from megahash.models import registry
+
     cfg, emb = model.cfg, model.embedding
-    e = cfg.model.embed
-    kind = cfg.model.embedding
+
     meta: dict = {}
-    if kind == "hash-emb":
-        meta.update(num_rows=emb.num_rows, mode=emb.mode, padded_rows=emb.padded_rows)
-    elif kind == "pool":
-        meta.update(num_bits=emb.num_bits, pool_bits=emb.k)
-    elif kind in ("add", "proj"):
-        meta.update(num_bits=emb.num_bits)
-    elif kind == "bert-hash":
-        meta.update(projections=emb.projections)
-    elif kind == "rolling":
-        meta.update(rolling_ngram=emb.n, max_len=emb.max_len, width=emb.width, rolling_buckets=emb.buckets,
-                    rolling_dim=emb.dim, rolling_linear=emb.linear is not None, rolling_seed=e.rolling_seed)
+    extra = registry.EXPORT_META.get(cfg.model.embedding)
+    if extra is not None:  # the embedding kind's own file says what its HF module needs
+        meta.update(extra(emb, cfg))
     head = getattr(model, "head", None)
     if head is not None and hasattr(head, "padded"):
         meta["head_padded_rows"] = int(head.padded)
@@ -142,9 +133,7 @@ def hf_config_dict(cfg, model, vocab_size: int, step: int) -> dict:
         f = model.fixed_qk
         buf = f.epsilon if f.source == "random" else f.tokens
         fixed = {"kind": f.kind, "source": f.source, "length": int(buf.shape[0]), "active": bool(f.active())}
-    num_buckets = 0
-    if m.head == "hash-bucket":
-        num_buckets = int(model.head.num_buckets)
+    num_buckets = int(getattr(model.head, "num_buckets", 0) or 0)  # heads over word-hash buckets
     from megahash.convert.model_card import portable_tree
 
     tree = portable_tree(cfg.to_dict())  # no local paths in an export

@@ -33,7 +33,13 @@ from pathlib import Path
 
 import torch
 
-STANDARD = ("mha", "gqa", "mqa")
+
+
+def _qwen2(group: str, name: str) -> bool:
+    """Does the kind register itself as a plain Qwen2 part (``caps.qwen2``)?"""
+    from megahash.models import catalog
+
+    return bool(catalog.caps(group, name).qwen2)
 
 
 def ineligible(cfg, model) -> str:
@@ -43,15 +49,15 @@ def ineligible(cfg, model) -> str:
         return f"model.arch={m.arch}"
     if cfg.train.objective != "clm":
         return f"train.objective={cfg.train.objective}"
-    if m.embedding != "vocab":
+    if not _qwen2("embedding", m.embedding):
         return f"model.embedding={m.embedding}"
-    if m.head != "vocab":
+    if not _qwen2("head", m.head):
         return f"model.head={m.head}"
     if getattr(m, "qk_norm", False):
         return "model.qk_norm=true (Qwen3 QK-norm; Qwen2 has none)"
-    kinds = set(model.layer_kinds)
-    if not kinds <= set(STANDARD):
-        return f"attention kinds {sorted(kinds - set(STANDARD))}"
+    other = sorted({k for k in model.layer_kinds if not _qwen2("attention", k)})
+    if other:
+        return f"attention kinds {other}"
     groups = {int(layer.self_attention.groups) for layer in model.decoder.layers}
     if len(groups) != 1:
         return f"layers with different key/value group counts {sorted(groups)}"
@@ -223,14 +229,16 @@ def megahash_tree(data: dict, folder) -> dict:
     need(h % n == 0 and (data.get("head_dim") in (None, h // n)), f"head_dim={data.get('head_dim')} != hidden/heads")
     need(n % kv == 0, f"{n} heads not divisible into {kv} key/value groups")
     max_pos = int(data.get("max_position_embeddings") or 2048)
+    from megahash.models import catalog
+
     tree = {
         "model": {"arch": "decoder", "hidden_size": h, "num_layers": int(data["num_hidden_layers"]), "num_heads": n,
                   "num_query_groups": 0 if kv == n else kv, "ffn_hidden_size": int(data["intermediate_size"]),
                   "vocab_size": int(data["vocab_size"]), "max_position_embeddings": max_pos,
                   "rotary_base": int(theta), "tie_embeddings": bool(data.get("tie_word_embeddings", False)),
                   "qkv_bias": True, "norm_eps": float(data.get("rms_norm_eps", 1e-6)),
-                  "init_std": float(data.get("initializer_range", 0.02)), "embedding": "vocab", "head": "vocab",
-                  "schedule": "uniform:mha"},
+                  "init_std": float(data.get("initializer_range", 0.02)), "embedding": catalog.standard("embedding"),
+                  "head": catalog.standard("head"), "schedule": f"uniform:{catalog.standard('attention')}"},
         "train": {"objective": "clm"},
         "data": {"seq_length": min(max_pos, 2048)},
     }

@@ -125,6 +125,18 @@ def head_indicators(A) -> dict[str, list[float]]:
 
 
 # ============================================================================ capture
+def _caps(kind: str):
+    from megahash.models import catalog
+
+    return catalog.caps("attention", kind)
+
+
+def _registered_maps(kind: str):
+    from megahash.models import registry
+
+    return registry.MAPS.get(kind)
+
+
 def _softmax_maps(q, k, scale: float, causal: bool, mask=None):
     """q [sq, b, n, d], k [sk, b, g, d] -> (A [b, n, sq, sk], logits [b, n, sq, sk], valid [sq, sk])."""
     qh = q.permute(1, 2, 0, 3).double()
@@ -214,7 +226,7 @@ class AttentionCapture:
             self._handles.append(core.register_forward_hook(hook, with_kwargs=True))
             return
         attend = getattr(m, "attend", None)
-        if kind == "mlp" or (attend is None and hasattr(m, "linear_gate")):
+        if not _caps(kind).mixes_tokens or (attend is None and hasattr(m, "linear_gate")):
             def ident_hook(mod, args, output, i=i, kind=kind):
                 x = args[0]
                 L, b = x.shape[0], self.batch or x.shape[1]
@@ -227,65 +239,19 @@ class AttentionCapture:
             self.layers[i] = {"kind": kind, "source": "unavailable", "probs": None, "logits": None, "causal": True}
             return
         original = attend
-        if kind == "approx":
-            def wrapped(q, k, v, attention_mask, _o=original, i=i, kind=kind, m=m):
-                s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(q.shape[-1])  # [b, g, rep, L, L]
-                ker = 1 + s + 0.5 * s.square()
-                L = s.shape[-1]
-                valid = torch.ones(L, L, dtype=torch.bool, device=s.device)
-                valid = valid.tril() if m.causal else valid
-                ker = ker * valid
-                probs = ker / ker.sum(-1, keepdim=True)
-                b = probs.shape[0]
-                self._store(i, kind, "normalised Taylor kernel (1 + s + s^2/2), s = q.k/sqrt(d_h)",
-                            probs.reshape(b, -1, L, L), s.reshape(b, -1, L, L), valid, m.causal)
+        maps = _registered_maps(kind)
+        if maps is not None:  # the kind's own capture (its file registers it: register_attention(maps=...))
+            def wrapped(q, k, v, attention_mask, _o=original, i=i, kind=kind, m=m, maps=maps):
+                r = maps(m, q, k, v, attention_mask)
+                self._store(i, kind, r["source"], r["probs"], r.get("logits"), r.get("valid"), m.causal)
+                if r.get("logit_values") is not None:  # logits not of the map's shape (one per key)
+                    lv = r["logit_values"]
+                    self.layers[i]["logits"] = lv[: self.batch or lv.shape[0]].reshape(-1).float().cpu()
                 out = _o(q, k, v, attention_mask)
                 if self.verify:
-                    self._check(i, ((probs @ v.double()) - out.double()).abs().max().cpu())
+                    self._check(i, r["check"](out))
                 return out
-        elif kind == "approx-thesis":
-            def wrapped(q, k, v, attention_mask, _o=original, i=i, kind=kind, m=m):
-                from megahash.models.attention.approx_thesis import safe_den, scaled, sq
-
-                qs, ks = scaled(q.double(), k.double())  # eq. 4.14-4.17: o_i = sum_j 3 A_ij v_j
-                L = qs.shape[-2]
-                valid = torch.ones(L, L, dtype=torch.bool, device=qs.device)
-                valid = valid.tril() if m.causal else valid
-                a1 = (qs @ ks.transpose(-1, -2)) * valid
-                a2 = (sq(qs) @ sq(ks).transpose(-1, -2)) * valid
-                a0 = valid / valid.sum(-1, keepdim=True)
-                probs = (a0 + a1 / safe_den(a1.sum(-1, keepdim=True)) + a2 / safe_den(a2.sum(-1, keepdim=True))) / 3
-                s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(q.shape[-1])
-                b = probs.shape[0]
-                self._store(i, kind, "(1/i + first-order/its sum + second-order/its sum)/3 of eq. 4.14-4.17 "
-                            "(rows sum to 1; the first-order term can be negative)",
-                            probs.reshape(b, -1, L, L), s.expand_as(probs).reshape(b, -1, L, L), valid, m.causal)
-                out = _o(q, k, v, attention_mask)
-                if self.verify:  # against the kind's own function in fp64: its first-order denominator
-                    # q.sum(k) can be near 0, which amplifies the fp32 round-off of ``out`` itself
-                    from megahash.models.attention.approx_thesis import thesis_bidirectional, thesis_causal
-
-                    qd, kd, vd = q.double(), k.double(), v.double()
-                    ref = thesis_causal(qd, kd, vd, L)[0] if m.causal else thesis_bidirectional(qd, kd, vd)
-                    self._check(i, ((3 * probs @ vd) - ref).abs().max().cpu())
-                return out
-        elif kind == "nonapprox":
-            def wrapped(q, k, v, attention_mask, _o=original, i=i, kind=kind, m=m):
-                s = (q.double() * k.double()).sum(-1) / math.sqrt(q.shape[-1])  # [b, g, rep, L]
-                L = s.shape[-1]
-                valid = torch.ones(L, L, dtype=torch.bool, device=s.device)
-                valid = valid.tril() if m.causal else valid
-                logits = s.unsqueeze(-2).expand(*s.shape[:-1], L, L)
-                probs = torch.softmax(logits.masked_fill(~valid, float("-inf")), dim=-1)
-                b = probs.shape[0]
-                self._store(i, kind, "running softmax over keys e^{s_j}/sum_{u<=i} e^{s_u}, s_j = q_j.k_j/sqrt(d_h)",
-                            probs.reshape(b, -1, L, L), None, None, m.causal)
-                self.layers[i]["logits"] = s[: self.batch or b].reshape(-1).float().cpu()
-                out = _o(q, k, v, attention_mask)
-                if self.verify:
-                    self._check(i, ((probs @ v.double()) - out.double()).abs().max().cpu())
-                return out
-        else:  # rndembqk / fixedseqqk (SeparateQKVAttention.attend: q [s, 1, n, d], k [sk, 1, g, d])
+        else:  # softmax over attend's q, k (the fixed-input kinds' SeparateQKVAttention.attend: q [s, 1, n, d], k [sk, 1, g, d])
             def wrapped(q, k, v, attention_mask, _o=original, i=i, kind=kind, m=m):
                 scale = getattr(m, "scale", 1.0 / math.sqrt(q.shape[-1]))
                 probs, logits, valid = _softmax_maps(q, k, scale, m.causal)

@@ -123,7 +123,9 @@ class MegahashEvalLM(LM):
         self.max_length = int(max_length or cfg.data.seq_length)
         self.max_positions = max(self.max_length, int(cfg.model.max_position_embeddings))
         self.incremental = _as_bool(incremental)
-        self.hash_head = cfg.model.head != "vocab"
+        from megahash.models import catalog
+
+        self.hash_head = catalog.caps("head", cfg.model.head).reads_hash_codes
         self.num_layers = len(model.decoder.layers)
         self.decode_mode: Optional[str] = None
         self._word_scores_cache = None

@@ -84,8 +84,11 @@ def _base(prefix: str) -> str:
 
 
 def needs_codes(cfg) -> bool:
-    """True when the model reads word-hash codes (hash embedding or hash-code head)."""
-    return cfg.model.embedding != "vocab" or cfg.model.head != "vocab"
+    """True when the model reads word-hash codes (hash embedding or hash-code head); the registry's
+    capability (:func:`megahash.models.catalog.reads_hash_codes`) is the one owner of the fact."""
+    from megahash.models import catalog
+
+    return catalog.reads_hash_codes(cfg)
 
 
 @dataclass

@@ -75,13 +75,26 @@ def format_report(r: dict) -> str:
     c = r.get("costs")
     if c:
         basis = "implemented attention GEMMs" if c.get("measured", True) else "thesis-table attention rows"
-        lines += ["", f"at sequence {c['seq_length']} (batch {c['batch']}): training {c['train_flops_per_token']:.4g} "
-                  f"FLOPs/token ({basis}), summed over the layers:"]
+        tf = c["train_flops_per_token"]
+        tf = f"{tf:.4g} FLOPs/token ({basis})" if isinstance(tf, (int, float)) else "n/a FLOPs/token (MFU n/a)"
+        lines += ["", f"at sequence {c['seq_length']} (batch {c['batch']}): training {tf}, summed over the layers:"]
+        lines += [f"  attention kind {k}: no cost model and not measurable: its costs are n/a"
+                  for k in unmodelled_kinds(c)]
         lines += cost_rows(c)
         if not c.get("measured", True):
             lines.append("  (implemented costs are measured on a meta-device model: add --measure; "
                          "pretrain's MFU and `megahash report` always measure)")
     return "\n".join(lines)
+
+
+def unmodelled_kinds(c: dict) -> list[str]:
+    """Kinds of a config_costs() result with neither a cost formula nor a measurement."""
+    out = []
+    for L in c.get("layers", []):
+        measured = isinstance(L.get("impl_prefill_flops"), (int, float))
+        if not L.get("has_formulas", True) and not measured and L["kind"] not in out:
+            out.append(L["kind"])
+    return out
 
 
 def _fmt(v, scale: float = 1.0, unit: str = "") -> str:

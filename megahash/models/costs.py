@@ -9,9 +9,10 @@
   :func:`activation_memory` (Table 4.7, 16-bit training with sequence parallelism over t ranks),
   :func:`cache_bytes` (Table 4.8, 16-bit inference cache per layer). B = batch, L = sequence /
   context length, d = hidden size (d = h * d_h), h = heads, t = tensor-parallel size.
-  Kinds of chapter 4 use the thesis's formulas verbatim ("mha" is the "Standard" row); the
-  chapter-3 kinds (sha, mqa, gqa, skv, el-att, mhe-*) get the Standard row generalised by their
-  projection sizes (marked as such below; not in the thesis).
+  Every formula is the kind's own (its cost class, registered in its file; see "formula bases"
+  below): chapter-4 kinds use the thesis's rows verbatim, chapter-3 kinds the Standard row
+  generalised by their projection sizes (:class:`GeneralisedRow`; not in the thesis). A kind
+  registered with ``costs=None`` is "measured only".
 - :func:`cache_elements` — the decode cache THIS implementation keeps per layer (numbers, all TP
   ranks together), which tests compare with the modules' real caches. For ``approx`` it differs
   from Table 4.8: the thesis's cache (6Bd + 4Bd^2/h bytes) is the state of Appendix I's
@@ -26,49 +27,125 @@
 """
 from __future__ import annotations
 
-CH3_KINDS = ("sha", "mha", "el-att", "mqa", "skv", "mhe-add", "mhe-mul")
-CH4_KINDS = ("mha", "mlp", "approx", "nonapprox", "rndembqk", "fixedseqqk", "staticembqk")
-THESIS_NAMES = {
-    "mha": "Standard", "mlp": "MLP", "approx": "Approx.", "nonapprox": "Non-apx.", "rndembqk": "RndEmbQK",
-    "fixedseqqk": "FixedSeqQK", "staticembqk": "StaticEmbQK", "sha": "SHA", "el-att": "EL-ATT", "mqa": "MQA",
-    "skv": "SKV", "mhe-add": "MHE-ADD", "mhe-mul": "MHE-MUL", "gqa": "GQA",
-}
-# kinds whose Q/K/V projections have the standard size (parameter-matched in chapter 4)
-_STANDARD_SIZED = ("mha", "approx", "nonapprox", "rndembqk", "fixedseqqk", "staticembqk")
+from megahash.models import catalog
+
+
+# ----------------------------------------------------------------------------- formula bases
+# A kind's cost class (registered with ``register_attention(name, costs=...)`` in the kind's own
+# file) holds its formulas as static/class methods, each optional ("n/a" where absent):
+#   qkv_params(n, d, g)                      Table 3.4 (d = head dim, g = key/value heads)
+#   time_complexity(B, L, d)                 Table 4.5
+#   flops(phase, B, L, d, h, g, precomputed) Table 4.6 (phase prefill | decode)
+#   activation_bytes(B, L, d, h, t)          Table 4.7
+#   cache_bytes(B, L, d, h, g)               Table 4.8
+#   cache_elements(B, L, n, d_h, g, **opts)  this implementation's decode cache (numbers)
+#   groups(n, g)                             key/value heads of the kind under model.num_query_groups=g
+# The bases below are the generic machinery the kinds build on.
+
+
+class StandardQKV:
+    """Q/K/V of the standard sublayer (Table 3.4's MHA row, GQA-sized with g key/value heads):
+    d^2 n^2 + 2 d^2 n g (= 3 d^2 n^2 at g = n). Chapter-4 kinds are parameter-matched to it."""
+
+    @staticmethod
+    def qkv_params(n, d, g):
+        return d * d * n * n + 2 * d * d * n * g
+
+    @staticmethod
+    def groups(n, g):
+        return g or n
+
+
+class GeneralisedRow(StandardQKV):
+    """Table 4.5-4.8's Standard row generalised by a kind's projection sizes (chapter-3 kinds; NOT in
+    the thesis): prefill FLOPs 2*B*L*p + 4*B*L^2*w, decode 2*B*p + 4*B*L*w (p = Q/K/V parameters,
+    w = attention width ``width``), activations (8BLd + 2BL^2 * maps)/t, cache 4*B*L*kv_width bytes.
+    With the standard projections it is exactly the Standard row."""
+
+    @staticmethod
+    def width(d, h):
+        return d
+
+    @staticmethod
+    def maps(h):
+        return h
+
+    @staticmethod
+    def kv_width(d, h, g):
+        return g * (d // h)
+
+    @staticmethod
+    def time_complexity(B, L, d):
+        return B * L * L * d + B * L * d * d
+
+    @classmethod
+    def flops(cls, phase, B, L, d, h=None, g=None, precomputed=False):
+        if h is None:
+            raise ValueError("the generalised Standard row needs the number of heads h")
+        p, w = cls.qkv_params(h, d // h, g or h), cls.width(d, h)
+        return 2 * B * L * p + 4 * B * L * L * w if phase == "prefill" else 2 * B * p + 4 * B * L * w
+
+    @classmethod
+    def activation_bytes(cls, B, L, d, h, t=1):
+        return (8 * B * L * d + 2 * B * L * L * cls.maps(h)) / t
+
+    @classmethod
+    def cache_bytes(cls, B, L, d, h, g=None):
+        return 4 * B * L * cls.kv_width(d, h, g or h)
+
+
+# ----------------------------------------------------------------------------- lookup
+
+
+def _resolve(kind: str) -> str:
+    k = kind.lower()
+    return catalog.standard("attention") if k == "standard" else k
+
+
+def _own(kind: str):
+    """The cost class a kind registers in its own file, or None ("measured only" / unknown)."""
+    return catalog.costs(_resolve(kind))
+
+
+def _formula(kind: str, name: str):
+    own = _own(kind)
+    fn = getattr(own, name, None) if own is not None else None
+    if fn is None:
+        raise KeyError(f"attention kind {kind!r} has no {name} formula")
+    return fn
+
+
+def _groups(kind: str, n: int, groups: int | None) -> int:
+    own = _own(kind)
+    g = getattr(own, "groups", None) if own is not None else None
+    return g(n, groups) if g is not None else (groups or n)
+
+
+def thesis_name(kind: str):
+    """Row name in the thesis's tables ("Standard", "MLP", "SHA", ...) or None."""
+    return catalog.caps("attention", _resolve(kind)).thesis_name
+
+
+def chapter_kinds(chapter: int) -> list[str]:
+    """Kinds listed in a chapter's tables (3: Table 3.4; 4: Tables 4.5-4.8)."""
+    return catalog.thesis_kinds(chapter)
 
 
 # ----------------------------------------------------------------------------- Table 3.4
 
 
 def attention_param_count(kind: str, n: int, d: int, groups: int | None = None) -> int:
-    """Table 3.4: Q/K/V parameters of one attention sublayer (d = head dim, n = heads, d_m = nd).
-
-    SHA 3d^2n, MHA 3d^2n^2, EL-ATT d^2n^2, MQA d^2n^2 + 2d^2n, SKV 2d^2n^2, MHE 3d^2n + 3dn.
-    ``gqa`` (not in Table 3.4): d^2n^2 + 2d^2n*g; chapter-4 kinds with standard Q/K/V sizes count
-    as MHA (``groups`` g makes them GQA-sized)."""
-    kind = _kind(kind)
-    if kind in ("gqa",) or (kind in _STANDARD_SIZED and groups not in (None, n)):
-        g = groups if groups is not None else n
-        return d * d * n * n + 2 * d * d * n * g
-    table = {
-        "sha": 3 * d * d * n,
-        "mha": 3 * d * d * n * n,
-        "el-att": d * d * n * n,
-        "mqa": d * d * n * n + 2 * d * d * n,
-        "skv": 2 * d * d * n * n,
-        "mhe-add": 3 * d * d * n + 3 * d * n,
-        "mhe-mul": 3 * d * d * n + 3 * d * n,
-    }
-    if kind in _STANDARD_SIZED:
-        return table["mha"]
-    if kind not in table:
-        raise KeyError(f"no Table 3.4 parameter formula for attention kind {kind!r}")
-    return table[kind]
+    """Table 3.4: Q/K/V parameters of one attention sublayer (d = head dim, n = heads, d_m = nd),
+    the kind's own ``qkv_params`` (e.g. SHA 3d^2n, MHA 3d^2n^2, MHE 3d^2n + 3dn)."""
+    return _formula(kind, "qkv_params")(n, d, _groups(kind, n, groups))
 
 
 def extra_params_over_sha(kind: str, n: int, d: int) -> int:
-    """Table 3.4's last column: parameters beyond single-head attention."""
-    return attention_param_count(kind, n, d) - attention_param_count("sha", n, d)
+    """Table 3.4's last column: parameters beyond single-head attention (the "SHA" row)."""
+    sha = catalog.by_thesis_name("SHA")
+    if sha is None:
+        raise KeyError("no attention kind registers the SHA row of Table 3.4")
+    return attention_param_count(kind, n, d) - attention_param_count(sha, n, d)
 
 
 def block_params(kind: str, n: int, d: int) -> int:
@@ -97,39 +174,17 @@ def memory_usage(kind: str, n: int = 12, d: int = 64, batch: int = 32, seq: int 
 
 
 def memory_saving_ratio(kind: str, n: int = 12, d: int = 64, batch: int = 32, seq: int = 512) -> float:
-    """Table 3.13's last column: 100 * (1 - total(kind) / total(MHA))."""
-    return 100.0 * (1 - memory_usage(kind, n, d, batch, seq)["total"] / memory_usage("mha", n, d, batch, seq)["total"])
+    """Table 3.13's last column: 100 * (1 - total(kind) / total(standard attention))."""
+    std = catalog.standard("attention")
+    return 100.0 * (1 - memory_usage(kind, n, d, batch, seq)["total"] / memory_usage(std, n, d, batch, seq)["total"])
 
 
 # ----------------------------------------------------------------------------- Tables 4.5-4.8
 
 
-def _kind(kind: str) -> str:
-    """Table row of a kind: "standard" -> mha; a kind may name its row (``thesis_row`` of its
-    registered costs, e.g. approx-thesis -> the Approx. row)."""
-    k = kind.lower()
-    k = {"standard": "mha"}.get(k, k)
-    if k in THESIS_NAMES:
-        return k
-    own = _registered(k)
-    return getattr(own, "thesis_row", k) if own is not None else k
-
-
-def _proj_params(kind: str, d: int, h: int, groups: int | None = None) -> int:
-    """Q/K/V projection parameters for the generalised (chapter-3) rows, d_m = d."""
-    return attention_param_count(kind, h, d // h, groups)
-
-
-def _attn_width(kind: str, d: int, h: int) -> int:
-    return d // h if kind == "sha" else d
-
-
 def time_complexity(kind: str, B: int, L: int, d: int) -> int:
     """Table 4.5: leading terms of one forward pass without caching (O(.) value)."""
-    k = _kind(kind)
-    if k in ("mlp", "approx", "nonapprox"):
-        return B * L * d * d
-    return B * L * L * d + B * L * d * d
+    return _formula(kind, "time_complexity")(B, L, d)
 
 
 def flops(kind: str, phase: str, B: int, L: int, d: int, h: int | None = None, precomputed: bool = False,
@@ -137,34 +192,12 @@ def flops(kind: str, phase: str, B: int, L: int, d: int, h: int | None = None, p
     """Table 4.6: GEMM FLOPs per iteration of one attention sublayer with the cache enabled.
 
     phase ``prefill`` (B sequences of L tokens) or ``decode`` (one new token per sequence with L
-    tokens of context). ``precomputed`` (RndEmbQK/FixedSeqQK, sec. 4.13): global attention scores
-    cached, prefill 2L^2d + 2BLd^2, decode 2BLd + 2d^2. Chapter-3 kinds (generalised, not in
-    the thesis): 2*tokens*qkv_params + 4*B*L^2*w (prefill), 2*B*qkv_params + 4*B*L*w (decode),
-    w = attention width (d, or d/h for SHA); needs ``h``."""
-    k = _kind(kind)
+    tokens of context). ``precomputed``: global attention scores cached (sec. 4.13, kinds with a
+    fixed input). Generalised rows (:class:`GeneralisedRow`) need ``h``."""
     if phase not in ("prefill", "decode"):
         raise ValueError(f"phase must be prefill or decode, got {phase!r}")
-    pre = phase == "prefill"
-    if k in ("rndembqk", "fixedseqqk") and precomputed:
-        return 2 * L * L * d + 2 * B * L * d * d if pre else 2 * B * L * d + 2 * d * d
-    fixed = (2 * L * L * d + 2 * B * L * L * d + 6 * B * L * d * d, 2 * L * d + 2 * B * L * d + 6 * B * d * d)
-    table = {
-        "mha": (4 * B * L * L * d + 6 * B * L * d * d, 6 * B * d * d + 4 * B * L * d),
-        "mlp": (6 * B * L * d * d, 6 * B * d * d),
-        "approx": (14 * B * L * d * d, 10 * B * d * d),
-        "nonapprox": (6 * B * L * d * d, 6 * B * d * d),
-        "rndembqk": fixed,
-        "fixedseqqk": fixed,
-        "staticembqk": (4 * B * L * L * d + 6 * B * L * d * d, 6 * B * d * d + 4 * B * L * d),
-    }
-    if k == "mha" and groups not in (None, h):
-        k = "gqa"
-    if k in table:
-        return table[k][0 if pre else 1]
-    if h is None:
-        raise ValueError(f"flops of {kind!r} (a generalised chapter-3 row) need the number of heads h")
-    p, w = _proj_params(k, d, h, groups), _attn_width(k, d, h)
-    return 2 * B * L * p + 4 * B * L * L * w if pre else 2 * B * p + 4 * B * L * w
+    g = _groups(kind, h, groups) if h is not None else groups
+    return _formula(kind, "flops")(phase, B, L, d, h, g, precomputed)
 
 
 def flops_per_token(kind: str, phase: str, B: int, L: int, d: int, h: int | None = None,
@@ -176,52 +209,13 @@ def flops_per_token(kind: str, phase: str, B: int, L: int, d: int, h: int | None
 
 def activation_memory(kind: str, B: int, L: int, d: int, h: int, t: int = 1) -> float:
     """Table 4.7: activation memory (bytes, 16-bit, sequence parallel over t) of one attention
-    sublayer, attention dropout ignored. Chapter-3 kinds use the Standard row with their number
-    of attention maps (1 for SHA; generalised)."""
-    k = _kind(kind)
-    table = {
-        "mha": (8 * B * L * d + 2 * B * L * L * h) / t,
-        "mlp": 8 * B * L * d / t,
-        "approx": 11 * B * L * d / t + 3 * B * d * d / (h * t),
-        "nonapprox": (8 * B * L * d + 4 * B * L * h) / t,
-        "rndembqk": (4 * B * L * d + 8 * L * d + 2 * L * L * h) / t,
-        "fixedseqqk": (4 * B * L * d + 8 * L * d + 2 * L * L * h) / t,
-        "staticembqk": (8 * B * L * d + 2 * B * L * L * h) / t,
-    }
-    if k in table:
-        return table[k]
-    maps = 1 if k == "sha" else h
-    return (8 * B * L * d + 2 * B * L * L * maps) / t
+    sublayer, attention dropout ignored."""
+    return _formula(kind, "activation_bytes")(B, L, d, h, t)
 
 
 def cache_bytes(kind: str, B: int, L: int, d: int, h: int, groups: int | None = None) -> float:
-    """Table 4.8: inference cache per layer in bytes (16-bit). Chapter-3 kinds (generalised): keys
-    and values of their key/value heads, 2 bytes x 2 x B x L x width."""
-    k = _kind(kind)
-    table = {
-        "mha": 4 * B * L * d,
-        "mlp": 0,
-        "approx": 6 * B * d + 4 * B * d * d / h,
-        "nonapprox": 2 * B * d + 4 * B * h,
-        "rndembqk": 2 * (B + 1) * L * d,
-        "fixedseqqk": 2 * (B + 1) * L * d,
-        "staticembqk": 4 * B * L * d,
-    }
-    if k == "mha" and groups not in (None, h):
-        k = "gqa"
-    if k in table:
-        return table[k]
-    d_h = d // h
-    width = {"sha": d_h, "mqa": d_h, "gqa": (groups or h) * d_h}.get(k, d)
-    return 4 * B * L * width
-
-
-def _registered(kind: str):
-    """The cost formulas a kind registers in its own file (registry.COSTS), or None."""
-    from megahash.models import registry
-
-    registry._load_variants()
-    return registry.COSTS.get(kind)
+    """Table 4.8: inference cache per layer in bytes (16-bit)."""
+    return _formula(kind, "cache_bytes")(B, L, d, h, _groups(kind, h, groups))
 
 
 def taylor_feature_dim(d_h: int) -> int:
@@ -231,34 +225,9 @@ def taylor_feature_dim(d_h: int) -> int:
 def cache_elements(kind: str, B: int, L: int, n: int, d_h: int, groups: int | None = None,
                    frozen: bool = True, **opts) -> int:
     """Numbers this implementation keeps in ``decode_cache`` per layer (all TP ranks together)
-    after L tokens of B sequences. ``frozen`` (rndembqk/fixedseqqk): maps frozen with
-    ``FixedInput.freeze`` -> values plus the shared fixed keys, (B + 1)Lgd_h, as Table 4.8;
-    otherwise the fixed sequence is decoded alongside (keys L*g*d_h, values (B + 1)L*g*d_h).
-    ``opts`` (e.g. ``feature_dim``) go to a kind's own registered formula."""
-    g = groups if groups is not None else n
-    own = _registered(kind.lower())
-    if own is not None and hasattr(own, "cache_elements"):
-        return own.cache_elements(B, L, n, d_h, g, **opts)
-    k = _kind(kind)
-    if k == "mqa":
-        g = 1
-    if k == "gqa" and groups is None:
-        raise ValueError("cache_elements('gqa') needs groups")
-    if k in ("mha", "mqa", "gqa", "staticembqk"):
-        return 2 * B * L * g * d_h
-    if k == "sha":
-        return 2 * B * L * d_h
-    if k in ("skv", "el-att", "mhe-add", "mhe-mul"):
-        return 2 * B * L * n * d_h
-    if k == "mlp":
-        return 0
-    if k == "approx":
-        return B * g * taylor_feature_dim(d_h) * (d_h + 1)
-    if k == "nonapprox":
-        return B * n * (d_h + 2)
-    if k in ("rndembqk", "fixedseqqk"):
-        return (B + 1) * L * g * d_h if frozen else (B + 2) * L * g * d_h
-    raise KeyError(f"unknown attention kind {kind!r}")
+    after L tokens of B sequences: the kind's own ``cache_elements``. ``frozen`` (kinds with a
+    fixed input: maps frozen with ``FixedInput.freeze``) and ``opts`` (e.g. ``feature_dim``) go to it."""
+    return _formula(kind, "cache_elements")(B, L, n, d_h, _groups(kind, n, groups), frozen=frozen, **opts)
 
 
 NA = "n/a"
@@ -311,11 +280,13 @@ def layer_costs(cfg, kind: str, batch: int, seq: int, measure: bool = True) -> d
     m = cfg.model
     n, d = m.num_heads, m.hidden_size
     d_h = d // n
-    g = m.num_query_groups or n
+    g = m.num_query_groups or None  # the kind's own ``groups`` turns it into its key/value heads
     t = cfg.parallel.tensor
+    name = thesis_name(kind)
     out = {
         "kind": kind,
-        "thesis_name": THESIS_NAMES.get(_kind(kind), kind) if _kind(kind) in THESIS_NAMES else NA,
+        "thesis_name": name if name else NA,
+        "has_formulas": _own(kind) is not None,  # False: "measured only"
         "time_complexity": _na(time_complexity, kind, batch, seq, d),
         "prefill_flops": _na(flops, kind, "prefill", batch, seq, d, n, groups=g),
         "decode_flops": _na(flops, kind, "decode", batch, seq, d, n, groups=g),
@@ -324,15 +295,11 @@ def layer_costs(cfg, kind: str, batch: int, seq: int, measure: bool = True) -> d
         "activation_bytes": _na(activation_memory, kind, batch, seq, d, n, t),
         "cache_bytes": _na(cache_bytes, kind, batch, seq, d, n, groups=g),
     }
-    if measure:  # the kind's own registered formula (imports the kind files: torch, megatron-core)
+    if measure:  # the kind's own formula of its implementation's cache
         out["cache_elements_impl"] = _na(cache_elements, kind, batch, seq, n, d_h, groups=g)
-    if out["thesis_name"] == NA:  # no row of the thesis's tables: the generalised values are not the thesis's
-        for k in ("time_complexity", "prefill_flops", "decode_flops", "prefill_flops_per_token",
-                  "decode_flops_per_token", "activation_bytes", "cache_bytes"):
-            out[k] = NA if kind not in CH3_KINDS + ("gqa",) else out[k]
     try:
         out["qkv_params"] = attention_param_count(kind, n, d_h, g)
-    except KeyError:
+    except (KeyError, ValueError, TypeError):
         out["qkv_params"] = None
     if measure:
         impl = implemented_costs(cfg, kind, batch, seq)
@@ -355,21 +322,22 @@ def train_flops_per_token(cfg, vocab_size: int, seq: int | None = None, measure:
     :func:`implemented_costs`; the Table 4.6 row where not measurable or ``measure=False``; B = 1
     sequence of ``seq`` tokens) + the output projection 2d^2 + the MLP 2 * (3 if SwiGLU else 2) * d * ffn;
     plus the LM head 2 d V. Embedding lookups and norms are not counted (Megatron's convention).
+    "n/a" when a layer's kind has no cost formula and cannot be measured (MFU is then not shown).
     """
     from megahash.models.schedules import layer_kinds
 
     m = cfg.model
     L = seq or cfg.data.seq_length
-    d, n, g = m.hidden_size, m.num_heads, m.num_query_groups or m.num_heads
+    d, n, g = m.hidden_size, m.num_heads, m.num_query_groups or None
     mlp_mats = 3 if m.arch == "decoder" else 2
     kinds = layer_kinds(m.schedule, m.num_layers)
     per_token = 0.0
     for kind in kinds:
         attn = implemented_costs(cfg, kind, 1, L)["prefill_flops_per_token"] if measure else NA
-        if not isinstance(attn, (int, float)):  # not measurable: the thesis's table row (Standard if none)
-            attn = _na(flops_per_token, kind, "prefill", 1, L, d, n, groups=g) if kind != "mlp" else 6 * d * d
-            if not isinstance(attn, (int, float)):
-                attn = flops_per_token("mha", "prefill", 1, L, d, n, groups=g)
+        if not isinstance(attn, (int, float)):  # not measurable: the kind's own Table 4.6 formula
+            attn = _na(flops_per_token, kind, "prefill", 1, L, d, n, groups=g)
+            if not isinstance(attn, (int, float)):  # no cost model and not measurable: no MFU
+                return NA
         per_token += attn + 2 * d * d + 2 * mlp_mats * d * m.ffn_hidden_size
     per_token += 2 * d * vocab_size
     return 3.0 * per_token

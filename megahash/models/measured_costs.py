@@ -65,7 +65,9 @@ def measure_kind(cfg, kind: str, batch: int, seq: int) -> dict:
     if not hasattr(module, "mix"):
         return out
     tp = parallel_state.get_tensor_model_parallel_world_size() if parallel_state.model_parallel_is_initialized() else 1
-    rows = batch + (1 if kind in ("rndembqk", "fixedseqqk") else 0)  # the fixed sequence rides along
+    from megahash.models import catalog
+
+    rows = batch + (1 if catalog.caps("attention", kind).fixed_input else 0)  # the fixed sequence rides along
     h = cfg.model.hidden_size
     encoder = cfg.model.arch == "encoder"
     mask = torch.zeros(rows, 1, 1, seq, dtype=torch.bool, device="meta") if encoder else None

@@ -109,7 +109,7 @@ class MegahashLM(MegatronModule):
             config.hidden_size, vocab_size, config=config, init_method=config.init_method, bias=False,
             skip_bias_add=False, gather_output=False, skip_weight_param_allocation=self.tie,
         )
-        self.head = heads.build_head(cfg, config, vocab_size)  # train.objective x model.head (heads.py)
+        self.head = heads.build_head(cfg, config, vocab_size)  # train.objective x model.head (models/heads/)
         if not self.head.uses_output_layer:
             self.output_layer = None  # S+R / hash-code heads replace the vocabulary projection
         hook_sequence_parallel_params(self)  # e.g. RowParallelLinear biases under SP

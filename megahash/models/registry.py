@@ -1,8 +1,10 @@
 """Name -> ModuleSpec registry, and the per-layer block spec built from a schedule.
 
 Every attention kind is a function ``cfg -> ModuleSpec`` for the ``self_attention`` slot of a
-megatron-core ``TransformerLayer``; every embedding kind is a module class. A new variant is one
-file plus one line here. ``block_spec`` turns ``model.schedule`` into
+megatron-core ``TransformerLayer``; every embedding kind and head is a module class. A new variant is one
+file (its ``register_*`` line with its costs and capabilities, :mod:`megahash.models.catalog`);
+plugins outside the package are discovered from ``MEGAHASH_PLUGINS``, ``model.plugins`` and the
+``megahash.kinds`` entry-point group. ``block_spec`` turns ``model.schedule`` into
 ``TransformerBlockSubmodules(layer_specs=[...])`` so layers may differ in attention kind.
 """
 from __future__ import annotations
@@ -19,7 +21,9 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
 
+from megahash.models import catalog
 from megahash.models.attention.sdpa import SDPACoreAttention
+from megahash.models.catalog import AttentionCaps, EmbeddingCaps, HeadCaps  # noqa: F401 - the kind files import them from here
 from megahash.models.norm import HeadNorm, Norm
 from megahash.models.schedules import layer_kinds, skip_mask, standard_kind
 
@@ -29,11 +33,95 @@ def mask_type(cfg) -> AttnMaskType:
     return AttnMaskType.causal if cfg.model.arch == "decoder" else AttnMaskType.padding
 
 
-def _standard_attention(cfg) -> ModuleSpec:
-    """megatron-core's own ``SelfAttention`` with the SDPA core (kind ``mha-megatron``).
+# name -> (cfg -> ModuleSpec of the self_attention slot); the kinds register from models/attention/
+ATTENTION: dict[str, Callable] = {}
 
-    Reference only (tests compare megahash's ``mha`` against it): it has no ``decode_cache``
-    support, so incremental decoding with it is not available."""
+# name -> embedding module class (constructor(config, cfg, vocab_size))
+EMBEDDINGS: dict[str, type] = {}
+
+# name -> head module class (constructor(config, cfg, vocab_size)); the heads register from models/heads/
+HEADS: dict[str, type] = {}
+
+# name -> the kind's own cost formulas as implemented (a class of static methods such as
+# ``cache_elements(B, L, n, d_h, g)``; megahash.models.costs asks it, "n/a" when a kind has none)
+COSTS: dict[str, type] = {}
+
+# group -> name -> capability record (megahash.models.catalog: AttentionCaps, EmbeddingCaps, HeadCaps)
+CAPS: dict[str, dict] = {"attention": {}, "embedding": {}, "head": {}}
+
+# name -> what the Hugging Face export needs of a layer / an embedding (megahash.convert.export asks)
+EXPORT_SPEC: dict[str, Callable | None] = {}
+EXPORT_META: dict[str, Callable | None] = {}
+
+# name -> the kind's attention-map capture for the indicators (megahash.eval.indicators asks it)
+MAPS: dict[str, Callable] = {}
+
+
+def register_costs(name: str):
+    def deco(obj):
+        COSTS[name] = obj
+        return obj
+    return deco
+
+
+def _check_caps(group: str, name: str, caps):
+    want = catalog.CAPS[group]
+    if caps is None:
+        return want()
+    if not isinstance(caps, want):
+        raise TypeError(f"register of {group} kind {name!r}: caps must be a {want.__name__}, got {type(caps).__name__}")
+    return caps
+
+
+def register_attention(name: str, costs=None, caps=None, maps=None, export_spec=None):
+    """Register an attention kind: ``fn(cfg) -> ModuleSpec`` of the self_attention slot.
+
+    ``costs``: a class of static formulas (Table 3.4 ``qkv_params``, Table 4.5-4.8 ``time_complexity``,
+    ``flops``, ``activation_bytes``, ``cache_bytes``, the implementation's ``cache_elements``; see
+    megahash.models.costs), or None: "measured only". ``caps``: an :class:`AttentionCaps` of literals.
+    ``maps``: the indicators' attention-map capture (megahash.eval.indicators). ``export_spec(module)
+    -> dict``: what the Hugging Face export needs of a layer beyond kind and groups."""
+    def deco(fn):
+        ATTENTION[name] = fn
+        EXPORT_SPEC[name] = export_spec
+        CAPS["attention"][name] = _check_caps("attention", name, caps)
+        if costs is not None:
+            COSTS[name] = costs
+        if maps is not None:
+            MAPS[name] = maps
+        return fn
+    return deco
+
+
+def register_embedding(name: str, caps=None, export_meta=None):
+    """Register an embedding kind (a module class ``(config, cfg, vocab_size)``) and its
+    :class:`EmbeddingCaps`; ``export_meta(emb, cfg) -> dict``: what the Hugging Face export needs
+    beyond the sizes."""
+    def deco(cls):
+        EMBEDDINGS[name] = cls
+        CAPS["embedding"][name] = _check_caps("embedding", name, caps)
+        EXPORT_META[name] = export_meta
+        return cls
+    return deco
+
+
+def register_head(name: str, caps=None):
+    """Register an output head (a module class ``(config, cfg, vocab_size)``, ``model.head``) and its
+    :class:`HeadCaps`."""
+    def deco(cls):
+        HEADS[name] = cls
+        CAPS["head"][name] = _check_caps("head", name, caps)
+        return cls
+    return deco
+
+
+@register_attention("mha-megatron", costs=None, caps=AttentionCaps(decodes=False, exportable=False))
+def _standard_attention(cfg) -> ModuleSpec:
+    """megatron-core's own ``SelfAttention`` with the SDPA core.
+
+    Reference only (tests compare megahash's standard attention against it): it has no ``decode_cache``
+    support, so incremental decoding with it is not available; no cost model ("measured only",
+    and its module has no ``mix`` to measure: "n/a")."""
     return ModuleSpec(
         module=SelfAttention,
         params={"attn_mask_type": mask_type(cfg)},
@@ -45,41 +133,6 @@ def _standard_attention(cfg) -> ModuleSpec:
             k_layernorm=HeadNorm if cfg.model.qk_norm else IdentityOp,
         ),
     )
-
-
-# name -> (cfg -> ModuleSpec of the self_attention slot)
-ATTENTION: dict[str, Callable] = {
-    "mha-megatron": _standard_attention,  # the megahash kinds (mha, sha, ...) register from models/attention/
-}
-
-# name -> embedding module class (constructor(config, cfg, vocab_size))
-EMBEDDINGS: dict[str, type] = {}
-
-
-# name -> the kind's own cost formulas as implemented (a class with static methods such as
-# ``cache_elements(B, L, n, d_h, g)``; megahash.models.costs asks it, "n/a" when a kind has none)
-COSTS: dict[str, type] = {}
-
-
-def register_costs(name: str):
-    def deco(obj):
-        COSTS[name] = obj
-        return obj
-    return deco
-
-
-def register_attention(name: str):
-    def deco(fn):
-        ATTENTION[name] = fn
-        return fn
-    return deco
-
-
-def register_embedding(name: str):
-    def deco(cls):
-        EMBEDDINGS[name] = cls
-        return cls
-    return deco
 
 
 def mlp_spec() -> ModuleSpec:
@@ -116,6 +169,7 @@ def layer_spec(cfg, kind: str, skip: bool = False) -> ModuleSpec:
 
 
 def schedule_kinds(cfg) -> list[str]:
+    catalog.add_plugins(getattr(cfg.model, "plugins", None))
     _load_variants()
     return layer_kinds(cfg.model.schedule, cfg.model.num_layers, set(ATTENTION))
 
@@ -145,7 +199,10 @@ def _load_variants() -> None:
 
     import megahash.models.attention as att_pkg
     import megahash.models.embeddings as emb_pkg
+    import megahash.models.heads as head_pkg
 
-    for pkg in (att_pkg, emb_pkg):
+    for pkg in (att_pkg, emb_pkg, head_pkg):
         for info in pkgutil.iter_modules(pkg.__path__):
             importlib.import_module(f"{pkg.__name__}.{info.name}")
+    for name in catalog.plugin_import_names():  # MEGAHASH_PLUGINS, model.plugins, entry points
+        importlib.import_module(name)

@@ -2,13 +2,14 @@
 
 Forms:
 - ``uniform:KIND`` every layer uses KIND.
-- ``hybrid:KIND:PRESET`` layers of PRESET keep standard attention (``mha``), the others use KIND.
+- ``hybrid:KIND:PRESET`` layers of PRESET keep the standard attention (the kind
+  registered with ``AttentionCaps(standard=True)``), the others use KIND.
   Presets (1-based layer ids that keep standard attention, L = number of layers):
   even {2,4,..}, odd {1,3,..}, top {1..L/2}, middle {1..L/4, 3L/4+1..L} (the middle half is
   replaced), bottom {L/2+1..L}, 25% {4,8,..} (every fourth layer), first {1}, last {L},
   bilateral {1, L}. ``hybrid:KIND:1,5,9`` gives the standard layers explicitly.
 - ``list:K1,K2,...`` an explicit kind per layer (length L); ``K*n`` repeats (``list:mha*2,mlp*2``).
-- ``hybrid:KIND:PRESET:STANDARD`` uses STANDARD instead of ``mha`` for the kept layers.
+- ``hybrid:KIND:PRESET:STANDARD`` uses STANDARD instead of the standard kind for the kept layers.
 
 The thesis's 500M hybrid (RndEmbQK in odd layers, standard in even) is ``hybrid:rndembqk:even``.
 ``model.attention.skip_nonstandard=true`` evaluates a hybrid with its non-standard layers dropped
@@ -72,7 +73,7 @@ def layer_kinds(schedule: str, num_layers: int, known: set[str] | None = None) -
         kinds = [parts[1]] * num_layers
     elif form == "hybrid" and len(parts) in (3, 4):
         kind, preset = parts[1], parts[2]
-        std = parts[3] if len(parts) == 4 else "mha"
+        std = parts[3] if len(parts) == 4 else _standard()
         keep = standard_layers(preset, num_layers)
         kinds = [std if i in keep else kind for i in range(1, num_layers + 1)]
     elif form == "list" and len(parts) == 2:
@@ -99,12 +100,20 @@ def standard_kind(schedule: str) -> str:
     parts = schedule.split(":")
     if parts[0] == "hybrid" and len(parts) == 4:
         return parts[3]
-    return "mha"
+    return _standard()
 
 
-def skip_mask(kinds: list[str], standard: str = "mha") -> list[bool]:
+def _standard() -> str:
+    """The registered standard attention kind (``AttentionCaps(standard=True)``)."""
+    from megahash.models import catalog
+
+    return catalog.standard("attention")
+
+
+def skip_mask(kinds: list[str], standard: str | None = None) -> list[bool]:
     """`skip` evaluation mode (thesis sec. 4.4.2/4.5, Table 4.1 "HYBRID SKIP"): True for the layers
     to drop, i.e. every non-standard layer. The model drops a skipped layer whole (attention and
     MLP become an identity, ``registry.SkippedLayer``): the thesis removes the odd (non-standard)
     layers of a pre-trained hybrid so information flows only through the residual connections."""
+    standard = standard or _standard()
     return [k != standard for k in kinds]

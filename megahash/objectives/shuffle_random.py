@@ -56,17 +56,19 @@ def random_options(cfg, vocab_size: int | None = None) -> dict:
 
     if cfg.train.sr_random == "batch":
         return {"random": "batch"}
-    emb = cfg.model.embedding
-    if emb in ("vocab", "bert-hash"):
+    from megahash.models import catalog
+
+    how = catalog.caps("embedding", cfg.model.embedding).sr_random  # the embedding kind's own file says
+    if how == "token":
         return {"random": "token", "vocab_size": vocab_size} if vocab_size else {"random": "batch"}
-    if emb not in ("proj", "add", "pool", "hash-emb"):
+    if how not in ("bits-density", "bits-uniform"):
         return {"random": "batch"}
     spec = parse_hash_spec(cfg.model.embed.hash_spec)
     if spec.kind in ("md5-bucket", "lsh-bucket"):
         return {"random": "bucket", "num_buckets": int(spec.params["buckets"])}
     if not spec.is_bits:
         return {"random": "batch"}
-    return {"random": "bits-density" if emb in ("proj", "add") else "bits-uniform", "num_bits": spec.num_bits}
+    return {"random": how, "num_bits": spec.num_bits}
 
 
 def _pack_bits(bits: torch.Tensor, width: int) -> torch.Tensor:

@@ -184,6 +184,7 @@ def train(cfg: Config) -> int:
         if t.exit_signal_handler:
             stop.install()
         gas = engine.gradient_accumulation_steps()
+        from megahash.models import catalog
         from megahash.models.costs import train_flops_per_token
 
         from megahash.training.progress import Progress, format_line
@@ -191,6 +192,8 @@ def train(cfg: Config) -> int:
 
         progress = Progress(t.steps, step, rank)
         flops_tok = train_flops_per_token(cfg, data.vocab_size)
+        if not isinstance(flops_tok, (int, float)) and rank == 0:
+            print("MFU n/a: an attention kind of model.schedule has no cost model and cannot be measured", flush=True)
         peak = platform.peak_flops(dtype) * world
         tokens_per_step = gbs * cfg.data.seq_length
         exit_status = 0
@@ -206,7 +209,7 @@ def train(cfg: Config) -> int:
             metrics = {"loss": loss_avg, "lr": lr_used, "grad_norm": _grad_norm(engine),
                        "tokens_per_s": tok_s, "step_time_s": dt, "data_wait_s": wait,
                        "consumed_samples": step * gbs, "consumed_tokens": step * tokens_per_step}
-            if peak > 0:
+            if peak > 0 and isinstance(flops_tok, (int, float)):  # "n/a": a kind with no cost model
                 metrics["mfu"] = flops_tok * tok_s / peak
             echo = step % t.log_interval == 0 or step == 1 or step == t.steps
             if echo:  # host-syncing statistics at log intervals only, off the step's hot path
@@ -220,7 +223,7 @@ def train(cfg: Config) -> int:
                 vloss, vtokens, vseqs = evaluate(engine, valid_batches(), objective)
                 vmetrics = {"loss": vloss, "tokens": vtokens, "sequences": vseqs}
                 vmetrics.update(consumed_samples=step * gbs, consumed_tokens=step * tokens_per_step)
-                if cfg.model.head == "vocab" and t.objective in ("clm", "mlm"):  # nats per token
+                if catalog.caps("head", cfg.model.head).token_loss and t.objective in ("clm", "mlm"):  # nats/token
                     vmetrics["ppl"] = math.exp(min(vloss, 50.0))
                 log.log(step, vmetrics, "valid", echo=False)
                 progress.write(format_line("valid", step, t.steps, vmetrics))

@@ -1,4 +1,5 @@
-"""Attention kinds. Each is one module plus one ``@register_attention`` line (megahash.models.registry).
+"""Attention kinds. Each is one self-describing file: its module and, in its ``@register_attention``
+line (megahash.models.registry), its cost formulas and capabilities (megahash.models.catalog).
 
 Registered names (``model.schedule``):
 
@@ -10,6 +11,6 @@ Registered names (``model.schedule``):
 - ``mha-megatron``: megatron-core's own SelfAttention (reference for tests; no decoding cache).
 
 Shared plumbing: :mod:`.base` (TP/SP helpers, KV-cache helpers, ``qkv_parameters``), :mod:`.sdpa`
-(softmax core); the fixed input of rndembqk/fixedseqqk lives in :mod:`.fixed_qk`. Analytic costs:
-:mod:`megahash.models.costs`.
+(softmax core); the fixed input of rndembqk/fixedseqqk lives in :mod:`.fixed_qk`. The generic cost
+machinery (which asks each kind's own formulas): :mod:`megahash.models.costs`.
 """

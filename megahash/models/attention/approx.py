@@ -44,7 +44,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megahash.errors import ConfigError
 from megahash.models.attention.base import AttentionBase, column, rope
 from megahash.models.attention.mha import GroupedKV
-from megahash.models.registry import mask_type, register_attention, register_costs
+from megahash.models.registry import mask_type, register_attention
 
 
 def feature_dim(d: int) -> int:
@@ -259,20 +259,59 @@ class ApproxAttention(LinearAttentionBase):
         return out
 
 
-@register_attention("approx")
-def approx_spec(cfg) -> ModuleSpec:
-    return ModuleSpec(module=ApproxAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})
+# ----------------------------------------------------------------------------- self-description
+# (megahash.models.registry / catalog: costs and capabilities; nothing else in the library names the kind)
+
+from megahash.models.costs import StandardQKV  # noqa: E402
+from megahash.models.registry import AttentionCaps  # noqa: E402
 
 
-@register_costs("approx")
-class ApproxCosts:
-    """This implementation's costs (megahash.models.costs asks these). The thesis's Approx. rows
-    (Tables 4.5-4.8) describe ``approx-thesis``, not this kernel."""
+class ApproxCosts(StandardQKV):
+    """Thesis Tables 4.5-4.8, Approx. row: O(BLd^2); FLOPs 14BLd^2 (prefill), 10Bd^2 (decode);
+    activations 11BLd/t + 3Bd^2/(ht); cache 6Bd + 4Bd^2/h bytes. The row describes Appendix I's
+    form (the ``approx-thesis`` kind); this kernel (Based's shared denominator) keeps the decode
+    state S [D, d_h] and z [D] per key/value head, D = 1 + d' + d'^2 (d' = d_h by default)."""
 
-    thesis_row = "approx"
+    @staticmethod
+    def time_complexity(B, L, d):
+        return B * L * d * d
+
+    @staticmethod
+    def flops(phase, B, L, d, h=None, g=None, precomputed=False):
+        return 14 * B * L * d * d if phase == "prefill" else 10 * B * d * d
+
+    @staticmethod
+    def activation_bytes(B, L, d, h, t=1):
+        return 11 * B * L * d / t + 3 * B * d * d / (h * t)
+
+    @staticmethod
+    def cache_bytes(B, L, d, h, g=None):
+        return 6 * B * d + 4 * B * d * d / h
 
     @staticmethod
     def cache_elements(B, L, n, d_h, g, feature_dim=0, **_):
-        """Decode state: S [D, d_h] and z [D] per key/value head, D = 1 + d' + d'^2 (d' = d_h by default)."""
         f = feature_dim or d_h
         return B * g * (1 + f + f * f) * (d_h + 1)
+
+
+def approx_maps(m, q, k, v, attention_mask) -> dict:
+    """Indicators (megahash.eval.indicators): the normalised equivalent attention matrix
+    A_ij = k(q_i, k_j) / sum_{u<=i} k(q_i, k_u), Taylor kernel k = 1 + s + s^2/2, s = q.k/sqrt(d_h)
+    (exactly what multiplies V); logits = s."""
+    s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(q.shape[-1])  # [b, g, rep, L, L]
+    ker = 1 + s + 0.5 * s.square()
+    L = s.shape[-1]
+    valid = torch.ones(L, L, dtype=torch.bool, device=s.device)
+    valid = valid.tril() if m.causal else valid
+    ker = ker * valid
+    probs = ker / ker.sum(-1, keepdim=True)
+    b = probs.shape[0]
+    return {"source": "normalised Taylor kernel (1 + s + s^2/2), s = q.k/sqrt(d_h)",
+            "probs": probs.reshape(b, -1, L, L), "logits": s.reshape(b, -1, L, L), "valid": valid,
+            "check": lambda out: ((probs @ v.double()) - out.double()).abs().max().cpu()}
+
+
+@register_attention("approx", costs=ApproxCosts, maps=approx_maps, caps=AttentionCaps(thesis_name="Approx.", chapters=(4,)),
+                    export_spec=lambda att: {"chunk_size": int(getattr(att, "chunk_size", 0) or 0)})
+def approx_spec(cfg) -> ModuleSpec:
+    return ModuleSpec(module=ApproxAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})

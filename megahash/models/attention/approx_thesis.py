@@ -40,7 +40,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 
 from megahash.models.attention.approx import LinearAttentionBase
 from megahash.models.attention.base import rope
-from megahash.models.registry import mask_type, register_attention, register_costs
+from megahash.models.registry import mask_type, register_attention
 
 EPS = 1e-6
 STATE_KEYS = ("s0", "s1", "z1", "s2", "z2")
@@ -157,19 +157,49 @@ class ApproxThesisAttention(LinearAttentionBase):
         return out
 
 
-@register_attention("approx-thesis")
-def approx_thesis_spec(cfg) -> ModuleSpec:
-    return ModuleSpec(module=ApproxThesisAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})
+# ----------------------------------------------------------------------------- self-description
+# (megahash.models.registry / catalog: costs and capabilities; nothing else in the library names the kind)
+
+from megahash.models.attention.approx import ApproxCosts  # noqa: E402
+from megahash.models.registry import AttentionCaps  # noqa: E402
 
 
-@register_costs("approx-thesis")
-class ApproxThesisCosts:
-    """This implementation's costs (megahash.models.costs asks these; the thesis's Approx. rows of
-    Tables 4.5-4.8 describe this form)."""
-
-    thesis_row = "approx"
+class ApproxThesisCosts(ApproxCosts):
+    """The thesis's Approx. rows of Tables 4.5-4.8 (this is the form they describe); decode state
+    numbers per layer: g key/value heads x (2 d_h^2 + 3 d_h) per sequence."""
 
     @staticmethod
     def cache_elements(B, L, n, d_h, g, **_):
-        """Decode state numbers per layer: g key/value heads x (2 d_h^2 + 3 d_h) per sequence."""
         return B * g * (2 * d_h * d_h + 3 * d_h)
+
+
+def approx_thesis_maps(m, q, k, v, attention_mask) -> dict:
+    """Indicators: (1/i + first-order/its sum + second-order/its sum)/3 of eq. 4.14-4.17 (rows sum
+    to 1; the first-order term can be negative); checked against the kind's own function in fp64
+    (its first-order denominator q.sum(k) can be near 0, which amplifies the fp32 round-off)."""
+    qs, ks = scaled(q.double(), k.double())  # eq. 4.14-4.17: o_i = sum_j 3 A_ij v_j
+    L = qs.shape[-2]
+    valid = torch.ones(L, L, dtype=torch.bool, device=qs.device)
+    valid = valid.tril() if m.causal else valid
+    a1 = (qs @ ks.transpose(-1, -2)) * valid
+    a2 = (sq(qs) @ sq(ks).transpose(-1, -2)) * valid
+    a0 = valid / valid.sum(-1, keepdim=True)
+    probs = (a0 + a1 / safe_den(a1.sum(-1, keepdim=True)) + a2 / safe_den(a2.sum(-1, keepdim=True))) / 3
+    s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    b = probs.shape[0]
+
+    def check(out):
+        qd, kd, vd = q.double(), k.double(), v.double()
+        ref = thesis_causal(qd, kd, vd, L)[0] if m.causal else thesis_bidirectional(qd, kd, vd)
+        return ((3 * probs @ vd) - ref).abs().max().cpu()
+
+    return {"source": "(1/i + first-order/its sum + second-order/its sum)/3 of eq. 4.14-4.17 "
+                      "(rows sum to 1; the first-order term can be negative)",
+            "probs": probs.reshape(b, -1, L, L), "logits": s.expand_as(probs).reshape(b, -1, L, L), "valid": valid,
+            "check": check}
+
+
+@register_attention("approx-thesis", costs=ApproxThesisCosts, caps=AttentionCaps(thesis_name="Approx."),
+                    maps=approx_thesis_maps)
+def approx_thesis_spec(cfg) -> ModuleSpec:
+    return ModuleSpec(module=ApproxThesisAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})

@@ -33,6 +33,29 @@ class ELAttention(SoftmaxAttentionBase):
         return q, kv, kv
 
 
-@register_attention("el-att")
+# ----------------------------------------------------------------------------- self-description
+# (megahash.models.registry / catalog: costs and capabilities; nothing else in the library names the kind)
+
+from megahash.models.costs import GeneralisedRow  # noqa: E402
+from megahash.models.registry import AttentionCaps  # noqa: E402
+
+
+class ELAttCosts(GeneralisedRow):
+    """Table 3.4 EL-ATT: d^2n^2 (generalised Standard row); cache 2BLnd_h numbers."""
+
+    @staticmethod
+    def qkv_params(n, d, g):
+        return d * d * n * n
+
+    @staticmethod
+    def kv_width(d, h, g):
+        return d
+
+    @staticmethod
+    def cache_elements(B, L, n, d_h, g, **_):
+        return 2 * B * L * n * d_h
+
+
+@register_attention("el-att", costs=ELAttCosts, caps=AttentionCaps(thesis_name="EL-ATT", chapters=(3,)))
 def elatt_spec(cfg) -> ModuleSpec:
     return ModuleSpec(module=ELAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})

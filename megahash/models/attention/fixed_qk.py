@@ -133,12 +133,52 @@ def _spec(cfg, kind):
     return ModuleSpec(module=FixedQKAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg, "kind": kind})
 
 
-@register_attention("rndembqk")
+# ----------------------------------------------------------------------------- self-description
+# (megahash.models.registry / catalog: costs and capabilities; nothing else in the library names the kind)
+
+from megahash.models.costs import StandardQKV  # noqa: E402
+from megahash.models.registry import AttentionCaps  # noqa: E402
+
+
+class FixedQKCosts(StandardQKV):
+    """Thesis Tables 4.5-4.8, RndEmbQK/FixedSeqQK rows: O(BL^2d + BLd^2); FLOPs 2L^2d + 2BL^2d +
+    6BLd^2 (prefill), 2Ld + 2BLd + 6Bd^2 (decode); with the global scores pre-computed (sec. 4.13)
+    2L^2d + 2BLd^2 / 2BLd + 2d^2; activations (4BLd + 8Ld + 2L^2h)/t; cache 2(B + 1)Ld bytes.
+    Implementation: maps frozen -> values plus the shared keys (B + 1)Lgd_h numbers, else the fixed
+    sequence is decoded alongside ((B + 2)Lgd_h)."""
+
+    @staticmethod
+    def time_complexity(B, L, d):
+        return B * L * L * d + B * L * d * d
+
+    @staticmethod
+    def flops(phase, B, L, d, h=None, g=None, precomputed=False):
+        pre = phase == "prefill"
+        if precomputed:
+            return 2 * L * L * d + 2 * B * L * d * d if pre else 2 * B * L * d + 2 * d * d
+        return 2 * L * L * d + 2 * B * L * L * d + 6 * B * L * d * d if pre else 2 * L * d + 2 * B * L * d + 6 * B * d * d
+
+    @staticmethod
+    def activation_bytes(B, L, d, h, t=1):
+        return (4 * B * L * d + 8 * L * d + 2 * L * L * h) / t
+
+    @staticmethod
+    def cache_bytes(B, L, d, h, g=None):
+        return 2 * (B + 1) * L * d
+
+    @staticmethod
+    def cache_elements(B, L, n, d_h, g, frozen=True, **_):
+        return (B + 1) * L * g * d_h if frozen else (B + 2) * L * g * d_h
+
+
+@register_attention("rndembqk", costs=FixedQKCosts,
+                    caps=AttentionCaps(fixed_input=True, thesis_name="RndEmbQK", chapters=(4,)))
 def rndembqk_spec(cfg) -> ModuleSpec:
     return _spec(cfg, "rndembqk")
 
 
-@register_attention("fixedseqqk")
+@register_attention("fixedseqqk", costs=FixedQKCosts,
+                    caps=AttentionCaps(fixed_input=True, thesis_name="FixedSeqQK", chapters=(4,)))
 def fixedseqqk_spec(cfg) -> ModuleSpec:
     return _spec(cfg, "fixedseqqk")
 

@@ -138,17 +138,58 @@ def _spec(cfg, kind: str, groups: int | None) -> ModuleSpec:
                       params={"attn_mask_type": mask_type(cfg), "cfg": cfg, "groups": groups, "kind": kind})
 
 
-@register_attention("mha")
+# ----------------------------------------------------------------------------- self-description
+# (megahash.models.registry / catalog: costs and capabilities; nothing else in the library names the kind)
+
+from megahash.models.costs import GeneralisedRow  # noqa: E402
+from megahash.models.registry import AttentionCaps  # noqa: E402
+
+
+class MHACosts(GeneralisedRow):
+    """The "Standard" row: Table 3.4 Q/K/V 3d^2n^2 (GQA-sized d^2n^2 + 2d^2ng with
+    model.num_query_groups g), Tables 4.5-4.8 (prefill 4BL^2d + 6BLd^2, decode 6Bd^2 + 4BLd,
+    activations (8BLd + 2BL^2h)/t, cache 4BLd bytes); decode cache K and V: 2BLgd_h numbers."""
+
+    @classmethod
+    def flops(cls, phase, B, L, d, h=None, g=None, precomputed=False):
+        if h is None:  # the Standard row itself (full heads)
+            return 4 * B * L * L * d + 6 * B * L * d * d if phase == "prefill" else 6 * B * d * d + 4 * B * L * d
+        return super().flops(phase, B, L, d, h, g, precomputed)
+
+    @staticmethod
+    def cache_elements(B, L, n, d_h, g, **_):
+        return 2 * B * L * g * d_h
+
+
+class GQACosts(MHACosts):
+    """GQA (not in Table 3.4): d^2n^2 + 2d^2ng, the Standard row generalised by its K/V size."""
+
+    @staticmethod
+    def groups(n, g):
+        """model.num_query_groups, else the spec's default: the largest divisor of n at most n/4."""
+        return g or max(x for x in range(1, max(1, n // 4) + 1) if n % x == 0)
+
+
+class MQACosts(MHACosts):
+    """MQA (Table 3.4): d^2n^2 + 2d^2n; one key/value head (cache 2BLd_h numbers)."""
+
+    @staticmethod
+    def groups(n, g):
+        return 1
+
+
+@register_attention("mha", costs=MHACosts, caps=AttentionCaps(standard=True, qwen2=True, thesis_name="Standard",
+                                                               chapters=(3, 4)))
 def mha_spec(cfg) -> ModuleSpec:
     return _spec(cfg, "mha", cfg.model.num_query_groups or cfg.model.num_heads)
 
 
-@register_attention("gqa")
+@register_attention("gqa", costs=GQACosts, caps=AttentionCaps(qwen2=True, thesis_name="GQA"))
 def gqa_spec(cfg) -> ModuleSpec:
     n, g = cfg.model.num_heads, cfg.model.num_query_groups
     return _spec(cfg, "gqa", g if 0 < g < n else default_gqa_groups(n))
 
 
-@register_attention("mqa")
+@register_attention("mqa", costs=MQACosts, caps=AttentionCaps(qwen2=True, thesis_name="MQA", chapters=(3,)))
 def mqa_spec(cfg) -> ModuleSpec:
     return _spec(cfg, "mqa", 1)

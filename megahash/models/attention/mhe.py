@@ -45,13 +45,37 @@ class MultiHeadEmbeddingAttention(SoftmaxAttentionBase):
         return self.psi(q, self.emb_q.weight), self.psi(k, self.emb_k.weight), self.psi(v, self.emb_v.weight)
 
 
-@register_attention("mhe-add")
+# ----------------------------------------------------------------------------- self-description
+# (megahash.models.registry / catalog: costs and capabilities; nothing else in the library names the kind)
+
+from megahash.models.costs import GeneralisedRow  # noqa: E402
+from megahash.models.registry import AttentionCaps  # noqa: E402
+
+
+class MHECosts(GeneralisedRow):
+    """Table 3.4 MHE: 3d^2n + 3dn (shared projections + head embeddings; generalised Standard
+    row); cache 2BLnd_h numbers (n heads of keys and values)."""
+
+    @staticmethod
+    def qkv_params(n, d, g):
+        return 3 * d * d * n + 3 * d * n
+
+    @staticmethod
+    def kv_width(d, h, g):
+        return d
+
+    @staticmethod
+    def cache_elements(B, L, n, d_h, g, **_):
+        return 2 * B * L * n * d_h
+
+
+@register_attention("mhe-add", costs=MHECosts, caps=AttentionCaps(thesis_name="MHE-ADD", chapters=(3,)))
 def mhe_add_spec(cfg) -> ModuleSpec:
     return ModuleSpec(module=MultiHeadEmbeddingAttention,
                       params={"attn_mask_type": mask_type(cfg), "cfg": cfg, "mode": "add"})
 
 
-@register_attention("mhe-mul")
+@register_attention("mhe-mul", costs=MHECosts, caps=AttentionCaps(thesis_name="MHE-MUL", chapters=(3,)))
 def mhe_mul_spec(cfg) -> ModuleSpec:
     return ModuleSpec(module=MultiHeadEmbeddingAttention,
                       params={"attn_mask_type": mask_type(cfg), "cfg": cfg, "mode": "mul"})

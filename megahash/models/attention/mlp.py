@@ -56,6 +56,38 @@ class GatedMLPMixer(AttentionBase):
         return F.silu(self.linear_gate(x)[0]) * self.linear_up(x)[0]
 
 
-@register_attention("mlp")
+# ----------------------------------------------------------------------------- self-description
+# (megahash.models.registry / catalog: costs and capabilities; nothing else in the library names the kind)
+
+from megahash.models.registry import AttentionCaps  # noqa: E402
+
+
+class MLPCosts:
+    """Thesis Tables 4.5-4.8, MLP row: O(BLd^2); FLOPs 6BLd^2 (prefill), 6Bd^2 (decode);
+    activations 8BLd/t; no cache. No Table 3.4 row (parameter-matched gated MLP)."""
+
+    @staticmethod
+    def time_complexity(B, L, d):
+        return B * L * d * d
+
+    @staticmethod
+    def flops(phase, B, L, d, h=None, g=None, precomputed=False):
+        return 6 * B * L * d * d if phase == "prefill" else 6 * B * d * d
+
+    @staticmethod
+    def activation_bytes(B, L, d, h, t=1):
+        return 8 * B * L * d / t
+
+    @staticmethod
+    def cache_bytes(B, L, d, h, g=None):
+        return 0
+
+    @staticmethod
+    def cache_elements(B, L, n, d_h, g, **_):
+        return 0
+
+
+@register_attention("mlp", costs=MLPCosts, caps=AttentionCaps(mixes_tokens=False, thesis_name="MLP", chapters=(4,)),
+                    export_spec=lambda att: {"width": int(att.width)})
 def mlp_spec(cfg) -> ModuleSpec:
     return ModuleSpec(module=GatedMLPMixer, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})

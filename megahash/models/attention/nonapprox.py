@@ -117,6 +117,54 @@ class NonApproxAttention(LinearAttentionBase):
         return out
 
 
-@register_attention("nonapprox")
+# ----------------------------------------------------------------------------- self-description
+# (megahash.models.registry / catalog: costs and capabilities; nothing else in the library names the kind)
+
+from megahash.models.costs import StandardQKV  # noqa: E402
+from megahash.models.registry import AttentionCaps  # noqa: E402
+
+
+class NonApproxCosts(StandardQKV):
+    """Thesis Tables 4.5-4.8, Non-apx. row: O(BLd^2); FLOPs 6BLd^2 / 6Bd^2; activations
+    (8BLd + 4BLh)/t; cache 2Bd + 4Bh bytes. Implementation: running sums, Bn(d_h + 2) numbers."""
+
+    @staticmethod
+    def time_complexity(B, L, d):
+        return B * L * d * d
+
+    @staticmethod
+    def flops(phase, B, L, d, h=None, g=None, precomputed=False):
+        return 6 * B * L * d * d if phase == "prefill" else 6 * B * d * d
+
+    @staticmethod
+    def activation_bytes(B, L, d, h, t=1):
+        return (8 * B * L * d + 4 * B * L * h) / t
+
+    @staticmethod
+    def cache_bytes(B, L, d, h, g=None):
+        return 2 * B * d + 4 * B * h
+
+    @staticmethod
+    def cache_elements(B, L, n, d_h, g, **_):
+        return B * n * (d_h + 2)
+
+
+def nonapprox_maps(m, q, k, v, attention_mask) -> dict:
+    """Indicators: A_ij = e^{s_j} / sum_{u<=i} e^{s_u} (j <= i), s_j = q_j.k_j / sqrt(d_h)
+    (eq. 4.7-4.8, 4.18); logits = s_j, one per key."""
+    s = (q.double() * k.double()).sum(-1) / math.sqrt(q.shape[-1])  # [b, g, rep, L]
+    L = s.shape[-1]
+    valid = torch.ones(L, L, dtype=torch.bool, device=s.device)
+    valid = valid.tril() if m.causal else valid
+    logits = s.unsqueeze(-2).expand(*s.shape[:-1], L, L)
+    probs = torch.softmax(logits.masked_fill(~valid, float("-inf")), dim=-1)
+    b = probs.shape[0]
+    return {"source": "running softmax over keys e^{s_j}/sum_{u<=i} e^{s_u}, s_j = q_j.k_j/sqrt(d_h)",
+            "probs": probs.reshape(b, -1, L, L), "logit_values": s,
+            "check": lambda out: ((probs @ v.double()) - out.double()).abs().max().cpu()}
+
+
+@register_attention("nonapprox", costs=NonApproxCosts, maps=nonapprox_maps, caps=AttentionCaps(thesis_name="Non-apx.", chapters=(4,)),
+                    export_spec=lambda att: {"chunk_size": int(getattr(att, "chunk_size", 0) or 0)})
 def nonapprox_spec(cfg) -> ModuleSpec:
     return ModuleSpec(module=NonApproxAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})

@@ -40,6 +40,37 @@ class SingleHeadAttention(SoftmaxAttentionBase):
         return out[..., r * part:(r + 1) * part]
 
 
-@register_attention("sha")
+# ----------------------------------------------------------------------------- self-description
+# (megahash.models.registry / catalog: costs and capabilities; nothing else in the library names the kind)
+
+from megahash.models.costs import GeneralisedRow  # noqa: E402
+from megahash.models.registry import AttentionCaps  # noqa: E402
+
+
+class SHACosts(GeneralisedRow):
+    """Table 3.4 SHA: 3d^2n; one attention map of width d_h (generalised Standard row); cache 2BLd_h."""
+
+    @staticmethod
+    def qkv_params(n, d, g):
+        return 3 * d * d * n
+
+    @staticmethod
+    def width(d, h):
+        return d // h
+
+    @staticmethod
+    def maps(h):
+        return 1
+
+    @staticmethod
+    def kv_width(d, h, g):
+        return d // h
+
+    @staticmethod
+    def cache_elements(B, L, n, d_h, g, **_):
+        return 2 * B * L * d_h
+
+
+@register_attention("sha", costs=SHACosts, caps=AttentionCaps(thesis_name="SHA", chapters=(3,)))
 def sha_spec(cfg) -> ModuleSpec:
     return ModuleSpec(module=SingleHeadAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})

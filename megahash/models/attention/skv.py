@@ -30,6 +30,29 @@ class SharedKVAttention(SoftmaxAttentionBase):
         return q, kv, kv
 
 
-@register_attention("skv")
+# ----------------------------------------------------------------------------- self-description
+# (megahash.models.registry / catalog: costs and capabilities; nothing else in the library names the kind)
+
+from megahash.models.costs import GeneralisedRow  # noqa: E402
+from megahash.models.registry import AttentionCaps  # noqa: E402
+
+
+class SKVCosts(GeneralisedRow):
+    """Table 3.4 SKV: 2d^2n^2 (generalised Standard row); cache keys = values: 2BLnd_h numbers."""
+
+    @staticmethod
+    def qkv_params(n, d, g):
+        return 2 * d * d * n * n
+
+    @staticmethod
+    def kv_width(d, h, g):
+        return d
+
+    @staticmethod
+    def cache_elements(B, L, n, d_h, g, **_):
+        return 2 * B * L * n * d_h
+
+
+@register_attention("skv", costs=SKVCosts, caps=AttentionCaps(thesis_name="SKV", chapters=(3,)))
 def skv_spec(cfg) -> ModuleSpec:
     return ModuleSpec(module=SharedKVAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})

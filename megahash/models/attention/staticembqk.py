@@ -51,6 +51,39 @@ class StaticEmbQKAttention(SeparateQKVAttention):
         return self.core_attention(q, k, v, attention_mask)
 
 
-@register_attention("staticembqk")
+# ----------------------------------------------------------------------------- self-description
+# (megahash.models.registry / catalog: costs and capabilities; nothing else in the library names the kind)
+
+from megahash.models.costs import StandardQKV  # noqa: E402
+from megahash.models.registry import AttentionCaps  # noqa: E402
+
+
+class StaticEmbQKCosts(StandardQKV):
+    """Thesis Tables 4.5-4.8, StaticEmbQK row (= Standard: prefill 4BL^2d + 6BLd^2, decode
+    6Bd^2 + 4BLd, activations (8BLd + 2BL^2h)/t, cache 4BLd bytes); cache 2BLgd_h numbers."""
+
+    @staticmethod
+    def time_complexity(B, L, d):
+        return B * L * L * d + B * L * d * d
+
+    @staticmethod
+    def flops(phase, B, L, d, h=None, g=None, precomputed=False):
+        return 4 * B * L * L * d + 6 * B * L * d * d if phase == "prefill" else 6 * B * d * d + 4 * B * L * d
+
+    @staticmethod
+    def activation_bytes(B, L, d, h, t=1):
+        return (8 * B * L * d + 2 * B * L * L * h) / t
+
+    @staticmethod
+    def cache_bytes(B, L, d, h, g=None):
+        return 4 * B * L * d
+
+    @staticmethod
+    def cache_elements(B, L, n, d_h, g, **_):
+        return 2 * B * L * g * d_h
+
+
+@register_attention("staticembqk", costs=StaticEmbQKCosts,
+                    caps=AttentionCaps(thesis_name="StaticEmbQK", chapters=(4,)))
 def staticembqk_spec(cfg) -> ModuleSpec:
     return ModuleSpec(module=StaticEmbQKAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})

@@ -19,10 +19,11 @@ import math
 import torch
 
 from megahash.models.embeddings.base import HashEmbeddingBase, bit_shifts, bit_spec, check_codes, unpack_bits
-from megahash.models.registry import register_embedding
+from megahash.models.registry import EmbeddingCaps, register_embedding
 
 
-@register_embedding("add")
+@register_embedding("add", caps=EmbeddingCaps(sr_random="bits-density", example_hash_spec="lsh128"),
+                    export_meta=lambda emb, cfg: {"num_bits": emb.num_bits})
 class AddEmbedding(HashEmbeddingBase):
     """e = sum_j B^j[tau_j] / sqrt(T) (eq. 2.2); codebooks [T, 2, d] (row 0 = bit 0, row 1 = bit 1)."""
 

@@ -15,10 +15,11 @@ import torch
 import torch.nn.functional as F
 
 from megahash.models.embeddings.base import HashEmbeddingBase
-from megahash.models.registry import register_embedding
+from megahash.models.registry import EmbeddingCaps, register_embedding
 
 
-@register_embedding("bert-hash")
+@register_embedding("bert-hash", caps=EmbeddingCaps(reads_hash_codes=False, sr_random="token"),
+                    export_meta=lambda emb, cfg: {"projections": emb.projections})
 class BertHashEmbedding(HashEmbeddingBase):
     """e = Linear_{P->d}(H[token]) with H [|V|, P] (seed 002)."""
 

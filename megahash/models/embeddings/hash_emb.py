@@ -24,7 +24,7 @@ from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attri
 
 from megahash.errors import ConfigError
 from megahash.models.embeddings.base import HashEmbeddingBase, check_codes, md5_mod, parse_spec
-from megahash.models.registry import register_embedding
+from megahash.models.registry import EmbeddingCaps, register_embedding
 
 
 def num_buckets(cfg) -> tuple[int, str]:
@@ -52,7 +52,8 @@ def num_buckets(cfg) -> tuple[int, str]:
     )
 
 
-@register_embedding("hash-emb")
+@register_embedding("hash-emb", caps=EmbeddingCaps(sr_random="bits-uniform", example_hash_spec="md5-bucket64"),
+                    export_meta=lambda emb, cfg: {"num_rows": emb.num_rows, "mode": emb.mode, "padded_rows": emb.padded_rows})
 class HashEmbedding(HashEmbeddingBase):
     """e = E[bucket] over an N x d table (eq. 2.12), row-split over TP."""
 

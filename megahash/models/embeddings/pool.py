@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from megahash.models.embeddings.base import HashEmbeddingBase, bit_shifts, bit_spec, check_codes, unpack_bits
-from megahash.models.registry import register_embedding
+from megahash.models.registry import EmbeddingCaps, register_embedding
 
 
 def chunk_weights(num_bits: int, k: int) -> torch.Tensor:
@@ -35,7 +35,8 @@ def chunk_weights(num_bits: int, k: int) -> torch.Tensor:
     return w
 
 
-@register_embedding("pool")
+@register_embedding("pool", caps=EmbeddingCaps(sr_random="bits-uniform"),
+                    export_meta=lambda emb, cfg: {"num_bits": emb.num_bits, "pool_bits": emb.k})
 class PoolEmbedding(HashEmbeddingBase):
     """e = sum_i softmax(W)_i (.) B[c_i] (eq. 2.1); codebook [2^k, d], chunk weights W [ceil(T/k), d]."""
 

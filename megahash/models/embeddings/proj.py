@@ -18,10 +18,11 @@ from __future__ import annotations
 import torch
 
 from megahash.models.embeddings.base import HashEmbeddingBase, bit_shifts, bit_spec, check_codes, rsqrt_or_zero, unpack_bits
-from megahash.models.registry import register_embedding
+from megahash.models.registry import EmbeddingCaps, register_embedding
 
 
-@register_embedding("proj")
+@register_embedding("proj", caps=EmbeddingCaps(sr_random="bits-density"),
+                    export_meta=lambda emb, cfg: {"num_bits": emb.num_bits})
 class ProjEmbedding(HashEmbeddingBase):
     """e = PCC(tau, w^j) for j = 1..d (eq. 2.3); weight [d, T] like a Linear(T -> d)."""
 

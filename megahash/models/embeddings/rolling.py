@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from megahash.errors import ConfigError
 from megahash.models.embeddings.base import HashEmbeddingBase, check_codes, parse_spec
-from megahash.models.registry import register_embedding
+from megahash.models.registry import EmbeddingCaps, register_embedding
 
 _CHUNK_ELEMS = 1 << 22  # int64 elements of one [i-gram hashes, d_i] block
 
@@ -87,7 +87,9 @@ def _unique_first(key: torch.Tensor):
     return uniq, first, inverse
 
 
-@register_embedding("rolling")
+@register_embedding("rolling", caps=EmbeddingCaps(sr_random="batch", example_hash_spec="rolling3"), export_meta=lambda emb, cfg: {
+    "rolling_ngram": emb.n, "max_len": emb.max_len, "width": emb.width, "rolling_buckets": emb.buckets,
+    "rolling_dim": emb.dim, "rolling_linear": emb.linear is not None, "rolling_seed": cfg.model.embed.rolling_seed})
 class RollingEmbedding(HashEmbeddingBase):
     """EELBERT: fixed rolling-hash features (seed 001), optional Linear(rolling_dim -> hidden)."""
 

@@ -5,7 +5,7 @@ import torch
 from megatron.core import parallel_state, tensor_parallel
 from megatron.core.transformer.module import MegatronModule
 
-from megahash.models.registry import register_embedding
+from megahash.models.registry import EmbeddingCaps, register_embedding
 
 
 class EmbeddingOutput(MegatronModule):
@@ -20,7 +20,7 @@ class EmbeddingOutput(MegatronModule):
         return self.dropout(emb)
 
 
-@register_embedding("vocab")
+@register_embedding("vocab", caps=EmbeddingCaps(reads_hash_codes=False, standard=True, qwen2=True, sr_random="token"))
 class VocabEmbedding(EmbeddingOutput):
     """e = E[token] (V x h table); the table can be tied to the LM head."""
 

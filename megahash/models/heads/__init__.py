@@ -1,4 +1,6 @@
-"""Output heads of MegahashLM, chosen by ``train.objective`` and ``model.head``.
+"""Output heads of MegahashLM, chosen by ``train.objective`` and ``model.head``; each head is one file
+of this package registered with ``@register_head(name, caps=HeadCaps(...))``; this module holds what
+they share (cross-entropy, sequence gathering, code targets) and :func:`score_continuation`.
 
 =============  ===============  ==========================================================================
 objective      model.head       head
@@ -32,35 +34,39 @@ their parameters get identical gradients on all TP ranks.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from megatron.core import parallel_state, tensor_parallel
 
 from megahash.errors import ConfigError
 
-HEADS = ("vocab", "hash-bits", "hash-bucket")
 WORD_TOKEN = 5  # any id >= 5 is an ordinary word to the hash embeddings (ids 0-4 are specials)
 
 
 def build_head(cfg, config, vocab_size: int) -> torch.nn.Module:
-    """The head of ``train.objective`` x ``model.head`` (table in the module docstring)."""
+    """The head of ``train.objective`` x ``model.head``: the registered head named by ``model.head``
+    (megahash.models.registry.HEADS), unless the objective has a head of its own (a head registered
+    with ``HeadCaps(objectives=(objective,), selectable=False)``, e.g. Shuffle+Random), which then
+    needs the standard ``model.head``."""
+    from megahash.models import catalog, registry
+
+    registry._load_variants()
     head, objective = cfg.model.head, cfg.train.objective
-    if head not in HEADS:
-        raise ConfigError(f"model.head must be one of {', '.join(HEADS)}, got {head!r}")
-    if objective == "sr":
-        if head != "vocab":
+    selectable = sorted(n for n in registry.HEADS if registry.CAPS["head"][n].selectable)
+    if head not in selectable:
+        raise ConfigError(f"model.head must be one of {', '.join(selectable)}, got {head!r}")
+    own = [n for n in registry.HEADS if not registry.CAPS["head"][n].selectable
+           and objective in registry.CAPS["head"][n].objectives]
+    if own:
+        std = catalog.standard("head")
+        if head != std:
             raise ConfigError(
-                f"train.objective=sr trains the 3-way Shuffle+Random head; model.head={head} applies to "
-                f"clm/mlm only (leave model.head=vocab)"
+                f"train.objective={objective} trains its own head ({own[0]}); model.head={head} applies to "
+                f"{'/'.join(registry.CAPS['head'][head].objectives)} only (leave model.head={std})"
             )
-        return ShuffleRandomHead(config)
-    if head == "vocab":
-        return VocabHead()
-    if head == "hash-bits":
-        return HashBitsHead(config, cfg)
-    return HashBucketHead(config, cfg)
+        head = own[0]
+    return registry.HEADS[head](config, cfg, vocab_size)
 
 
-def _full_sequence(hidden: torch.Tensor, config) -> torch.Tensor:
+def full_sequence(hidden: torch.Tensor, config) -> torch.Tensor:
     """[s/TP, b, h] -> [s, b, h] under SP for a replicated head (backward: split, not reduce-scatter)."""
     if config.sequence_parallel and parallel_state.get_tensor_model_parallel_world_size() > 1:
         return tensor_parallel.gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False, group=parallel_state.get_tensor_model_parallel_group())
@@ -76,7 +82,7 @@ def _shifted_codes(hash_codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return target, valid
 
 
-def _target_codes(head: str, labels, label_codes, hash_codes) -> tuple[torch.Tensor, torch.Tensor]:
+def target_codes(head: str, labels, label_codes, hash_codes) -> tuple[torch.Tensor, torch.Tensor]:
     """(target codes [b, s, w], valid [b, s]) of a hash-code head: the batch's ``label_codes``, or the
     next position's input codes (clm) when it has none."""
     valid = labels >= 0
@@ -119,125 +125,6 @@ def vocab_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Ten
     if parallel_state.get_tensor_model_parallel_world_size() == 1:
         return _OneRankCrossEntropy.apply(logits, target)
     return tensor_parallel.vocab_parallel_cross_entropy(logits, target)
-
-
-class VocabHead(torch.nn.Module):
-    """LM / MLM head: ``model.logits`` (vocab-parallel ``output_layer``) + vocab-parallel CE."""
-
-    uses_output_layer = True
-
-    def forward(self, model, hidden, labels=None, label_codes=None, hash_codes=None):
-        logits = model.logits(hidden)  # [s, b, V/TP]
-        if labels is None:
-            return logits.transpose(0, 1).contiguous()
-        lab = labels.transpose(0, 1).contiguous()
-        ignore = lab < 0
-        loss = vocab_cross_entropy(logits.float(), lab.clamp(min=0))
-        return loss.masked_fill(ignore, 0.0).transpose(0, 1).contiguous()  # [b, s]
-
-
-class ShuffleRandomHead(torch.nn.Module):
-    """Shuffle+Random (thesis sec. 2.3.6, Yamaguchi et al. 2021): Linear(h, 3) + CE; labels
-    0 original, 1 shuffled, 2 random, -100 ignored (specials)."""
-
-    uses_output_layer = False
-
-    def __init__(self, config):
-        super().__init__()
-        self.config = config
-        self.linear = torch.nn.Linear(config.hidden_size, 3, dtype=config.params_dtype)
-        if config.perform_initialization and not self.linear.weight.is_meta:
-            with torch.no_grad():
-                config.init_method(self.linear.weight)
-                self.linear.bias.zero_()
-
-    def forward(self, model, hidden, labels=None, label_codes=None, hash_codes=None):
-        logits = self.linear(_full_sequence(hidden, self.config)).transpose(0, 1)  # [b, s, 3]
-        if labels is None:
-            return logits.contiguous()
-        loss = F.cross_entropy(logits.float().reshape(-1, 3), labels.reshape(-1).long(), ignore_index=-100, reduction="none")
-        return loss.view(labels.shape)
-
-
-class HashBitsHead(torch.nn.Module):
-    """Predict the target word's T hash bits: logits Linear(h -> T), loss sum_bits BCE
-    (= -sum_bits log sigmoid(+-logit) = -log p(code))."""
-
-    uses_output_layer = False
-
-    def __init__(self, config, cfg):
-        super().__init__()
-        from megahash.models.embeddings.base import bit_shifts, parse_spec
-
-        spec = parse_spec(cfg, "hash-bits head")
-        if not spec.is_bits:
-            raise ConfigError(
-                f"model.head=hash-bits needs bit codes (model.embed.hash_spec md5 or lshT), got {spec.name!r}; "
-                f"use model.head=hash-bucket for bucket codes"
-            )
-        self.config = config
-        self.num_bits = spec.num_bits
-        self.linear = torch.nn.Linear(config.hidden_size, self.num_bits, dtype=config.params_dtype)
-        if config.perform_initialization and not self.linear.weight.is_meta:
-            with torch.no_grad():
-                config.init_method(self.linear.weight)
-                self.linear.bias.zero_()
-        self.register_buffer("shifts", bit_shifts(), persistent=False)
-
-    def targets(self, codes: torch.Tensor) -> torch.Tensor:
-        from megahash.models.embeddings.base import unpack_bits
-
-        return unpack_bits(codes, self.shifts).float()
-
-    def forward(self, model, hidden, labels=None, label_codes=None, hash_codes=None):
-        logits = self.linear(_full_sequence(hidden, self.config)).transpose(0, 1)  # [b, s, T]
-        if labels is None:
-            return logits.contiguous()
-        label_codes, valid = _target_codes("hash-bits", labels, label_codes, hash_codes)
-        target = self.targets(label_codes)
-        loss = F.binary_cross_entropy_with_logits(logits.float(), target, reduction="none").sum(dim=-1)
-        return loss * valid
-
-
-class HashBucketHead(torch.nn.Module):
-    """Predict the target word's bucket: vocab-parallel Linear(h -> N) + softmax CE
-    (N from the bucket spec or model.embed.num_buckets; padding columns to a TP multiple are masked)."""
-
-    uses_output_layer = False
-
-    def __init__(self, config, cfg):
-        super().__init__()
-        from megahash.models.embeddings.hash_emb import num_buckets
-
-        self.config = config
-        try:
-            self.num_buckets, self.mode = num_buckets(cfg)
-        except ConfigError as e:
-            raise ConfigError(f"model.head=hash-bucket: {e}") from None
-        tp = parallel_state.get_tensor_model_parallel_world_size()
-        self.padded = -(-self.num_buckets // tp) * tp
-        self.linear = tensor_parallel.ColumnParallelLinear(
-            config.hidden_size, self.padded, config=config, init_method=config.init_method, bias=False,
-            skip_bias_add=False, gather_output=False,
-        )
-
-    def bucket_ids(self, codes: torch.Tensor) -> torch.Tensor:
-        from megahash.models.embeddings.base import md5_mod
-
-        return md5_mod(codes, self.num_buckets) if self.mode == "md5" else codes[..., 0].long()
-
-    def forward(self, model, hidden, labels=None, label_codes=None, hash_codes=None):
-        logits, _ = self.linear(hidden)  # [s, b, padded/TP]
-        if self.padded != self.num_buckets:
-            per = logits.shape[-1]
-            col = torch.arange(per, device=logits.device) + parallel_state.get_tensor_model_parallel_rank() * per
-            logits = logits.masked_fill(col >= self.num_buckets, -1e4)
-        if labels is None:
-            return logits.transpose(0, 1).contiguous()
-        label_codes, valid = _target_codes("hash-bucket", labels, label_codes, hash_codes)
-        target = self.bucket_ids(label_codes).transpose(0, 1).contiguous()
-        loss = vocab_cross_entropy(logits.float(), target).transpose(0, 1)
-        return loss * valid
 
 
 @torch.no_grad()

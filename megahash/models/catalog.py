@@ -1,0 +1,345 @@
+"""What the registered kinds say about themselves, readable without importing torch.
+
+Every attention kind, embedding kind and head registers itself in its own file with
+``@register_attention(name, costs=..., caps=AttentionCaps(...))`` (``register_embedding`` /
+``register_head`` alike, :mod:`megahash.models.registry`). This module holds the capability records
+(plain dataclasses) and answers questions about kinds for the rest of the library (costs,
+accounting, data loading, evaluation, export): nothing outside a kind's own file names the kind.
+
+Two readers of the same declarations:
+
+- the live registry (:mod:`megahash.models.registry`, filled by importing the kind files: torch and
+  megatron-core), used whenever it is loaded;
+- the kind files' source, read with :mod:`ast` (the decorator's literal ``caps=`` keywords, and the
+  ``costs=`` class, executed alone with :mod:`math`), so that config checks and ``megahash params``
+  of the standard decoder stay free of heavy imports. Hence: ``caps`` keywords are literals and a
+  cost class uses only arithmetic, :mod:`math` and cost classes it imports from megahash
+  (``tests/test_registry.py`` checks both readers agree for every kind).
+
+Plugins (kinds outside the package, e.g. a research repo's new attention): module or package names
+from the ``megahash.kinds`` entry-point group, the ``MEGAHASH_PLUGINS`` environment variable
+(comma-separated) and the config's ``model.plugins`` list. A plugin is one file per kind, written
+exactly like the kinds under ``megahash/models/attention`` and ``megahash/models/embeddings``.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import importlib.util
+import math
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from megahash.errors import ConfigError
+
+_MODELS = Path(__file__).resolve().parent
+GROUPS = {"attention": "register_attention", "embedding": "register_embedding", "head": "register_head"}
+ENTRY_POINT_GROUP = "megahash.kinds"
+PLUGINS_ENV = "MEGAHASH_PLUGINS"
+
+
+# ----------------------------------------------------------------------------- capability records
+
+
+@dataclass(frozen=True)
+class AttentionCaps:
+    """What an attention kind can do (the literal ``caps=`` of its ``register_attention``)."""
+
+    decoder: bool = True  # causal, in a decoder
+    encoder: bool = True  # bidirectional, in an encoder (padding mask)
+    decodes: bool = True  # incremental decoding (decode_cache) equals the full forward
+    fixed_input: bool = False  # reads the model's fixed input, which rides as one more sequence
+    exportable: bool = True  # Hugging Face export
+    standard: bool = False  # THE standard attention: default schedule, kept layers of a hybrid
+    qwen2: bool = False  # a plain Qwen2 attention layer (Qwen2 import/export, closed-form params)
+    mixes_tokens: bool = True  # False: each output reads only its own token (attention map = I)
+    thesis_name: str | None = None  # row of the thesis's tables (Tables 3.4, 4.5-4.8), None: not there
+    chapters: tuple = ()  # thesis chapters whose tables list it
+
+
+@dataclass(frozen=True)
+class EmbeddingCaps:
+    """What an embedding kind needs and offers (``caps=`` of ``register_embedding``)."""
+
+    reads_hash_codes: bool = True  # reads the batch's word-hash codes (needs hash side shards)
+    standard: bool = False  # the default ``model.embedding``
+    qwen2: bool = False  # a plain token table (Qwen2 import/export, closed-form params)
+    sr_random: str = "batch"  # Shuffle+Random replacements: token | bits-density | bits-uniform | batch
+    example_hash_spec: str = "md5"  # a model.embed.hash_spec it works with (tests and examples)
+
+
+@dataclass(frozen=True)
+class HeadCaps:
+    """What an output head needs and offers (``caps=`` of ``register_head``)."""
+
+    reads_hash_codes: bool = False  # targets are word-hash codes
+    standard: bool = False  # the default ``model.head``
+    qwen2: bool = False  # the vocabulary LM head (Qwen2 import/export, closed-form params)
+    token_loss: bool = True  # its loss is nats per vocabulary token (perplexity; clm/mlm)
+    objectives: tuple = ("clm", "mlm")  # train.objective values it serves
+    selectable: bool = True  # chosen by model.head; False: the head of its objectives (e.g. sr)
+
+
+CAPS = {"attention": AttentionCaps, "embedding": EmbeddingCaps, "head": HeadCaps}
+
+
+@dataclass
+class Entry:
+    name: str
+    group: str
+    file: str  # source file that registers it
+    caps: object  # an *Caps record
+    costs: object = None  # cost class (static formulas) or None ("measured only")
+
+
+# ----------------------------------------------------------------------------- plugins
+
+_config_plugins: list[str] = []
+
+
+def add_plugins(names) -> None:
+    """Plugins named by a config (``model.plugins``): discovered from now on, in this process."""
+    new = [n for n in (names or ()) if n and n not in _config_plugins]
+    if new:
+        _config_plugins.extend(new)
+        _scan.cache_clear()
+
+
+def plugin_modules() -> list[str]:
+    """Plugin module names: entry points ``megahash.kinds``, then ``MEGAHASH_PLUGINS``, then configs."""
+    names: list[str] = []
+    try:
+        from importlib.metadata import entry_points
+
+        names += [ep.value.split(":")[0] for ep in entry_points(group=ENTRY_POINT_GROUP)]
+    except Exception:  # noqa: BLE001 - broken metadata of an unrelated distribution
+        pass
+    names += [n.strip() for n in os.environ.get(PLUGINS_ENV, "").split(",") if n.strip()]
+    names += _config_plugins
+    return list(dict.fromkeys(names))
+
+
+def _plugin_files(name: str) -> list[Path]:
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError) as e:
+        raise ConfigError(f"plugin {name!r} cannot be found ({e}); check {PLUGINS_ENV}/model.plugins and PYTHONPATH") from None
+    if spec is None or not spec.origin:
+        raise ConfigError(f"plugin {name!r} cannot be found; check {PLUGINS_ENV}/model.plugins and PYTHONPATH")
+    if spec.submodule_search_locations:
+        return sorted(p for loc in spec.submodule_search_locations for p in Path(loc).rglob("*.py"))
+    return [Path(spec.origin)]
+
+
+def plugin_import_names() -> list[str]:
+    """Every module to import for the plugins' ``register_*`` lines (packages: all submodules)."""
+    out = []
+    for name in plugin_modules():
+        spec = importlib.util.find_spec(name)
+        out.append(name)
+        if spec is not None and spec.submodule_search_locations:
+            import pkgutil
+
+            out += [info.name for info in pkgutil.walk_packages(spec.submodule_search_locations, prefix=name + ".")]
+    return out
+
+
+# ----------------------------------------------------------------------------- the source reader
+
+
+def _library_files() -> list[Path]:
+    return sorted(p for p in _MODELS.rglob("*.py") if p.name != "catalog.py")
+
+
+def _module_file(module: str) -> Path | None:
+    if module.startswith("megahash."):
+        base = _MODELS.parent.parent / Path(*module.split("."))
+        for cand in (base.with_suffix(".py"), base / "__init__.py"):
+            if cand.is_file():
+                return cand
+        return None
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    return Path(spec.origin) if spec is not None and spec.origin else None
+
+
+_CLASS_MEMO: dict = {}
+
+
+def _exec_class(path: Path, name: str, depth: int = 0):
+    """Execute the class ``name`` of a source file alone (its bases from the same file, from the
+    modules it imports them from, or from :mod:`megahash.models.costs`) with :mod:`math`."""
+    key = (str(path), name)
+    if key in _CLASS_MEMO:
+        return _CLASS_MEMO[key]
+    if depth > 8:
+        raise ConfigError(f"cost class {name} of {path}: inheritance too deep")
+    tree = ast.parse(path.read_text(), str(path))
+    node = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name), None)
+    if node is None:
+        for n in tree.body:  # imported by name from another module
+            if isinstance(n, ast.ImportFrom) and n.module and any((a.asname or a.name) == name for a in n.names):
+                src = next(a.name for a in n.names if (a.asname or a.name) == name)
+                other = _module_file(n.module)
+                if other is not None:
+                    cls = _exec_class(other, src, depth + 1)
+                    _CLASS_MEMO[key] = cls
+                    return cls
+        from megahash.models import costs
+
+        if hasattr(costs, name):
+            return getattr(costs, name)
+        raise ConfigError(f"cost class {name} not found in {path}")
+    from megahash.models import costs
+
+    env = {"__builtins__": __builtins__, "math": math, "__name__": f"megahash_catalog_{path.stem}"}
+    env.update({k: v for k, v in vars(costs).items() if not k.startswith("__")})
+    for base in node.bases:
+        if isinstance(base, ast.Name):
+            env[base.id] = _exec_class(path, base.id, depth + 1)
+    exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec"), env)  # noqa: S102
+    cls = env[name]
+    _CLASS_MEMO[key] = cls
+    return cls
+
+
+def _literal_caps(group: str, call, path: Path):
+    fields = {f.name for f in dataclasses.fields(CAPS[group])}
+    kw = {}
+    if isinstance(call, ast.Call):
+        for k in call.keywords:
+            if k.arg in fields:
+                try:
+                    kw[k.arg] = ast.literal_eval(k.value)
+                except ValueError:
+                    raise ConfigError(f"{path}: caps keyword {k.arg} must be a literal") from None
+    return CAPS[group](**kw)
+
+
+def _entries_of_file(path: Path) -> list[Entry]:
+    src = path.read_text()
+    if "register_" not in src:
+        return []
+    out = []
+    for node in ast.walk(ast.parse(src, str(path))):
+        calls = [d for d in getattr(node, "decorator_list", []) if isinstance(d, ast.Call)]
+        calls += [node.value] if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) else []
+        for dec in calls:
+            fn = getattr(dec.func, "id", None) or getattr(dec.func, "attr", None)
+            group = next((g for g, d in GROUPS.items() if d == fn), None)
+            if group is None or not dec.args or not isinstance(dec.args[0], ast.Constant):
+                continue
+            kws = {k.arg: k.value for k in dec.keywords}
+            caps = _literal_caps(group, kws.get("caps"), path)
+            costs = kws.get("costs")
+            out.append(Entry(dec.args[0].value, group, str(path), caps,
+                             costs.id if isinstance(costs, ast.Name) else None))
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _scan() -> dict:
+    """{group: {name: Entry}} from the source of the library's kind files and the plugins'."""
+    out: dict = {g: {} for g in GROUPS}
+    files = _library_files() + [p for name in plugin_modules() for p in _plugin_files(name)]
+    for path in files:
+        for e in _entries_of_file(path):
+            out[e.group][e.name] = e
+    return out
+
+
+def _live(group: str):
+    reg = sys.modules.get("megahash.models.registry")
+    if reg is None:
+        return None
+    return {"attention": reg.ATTENTION, "embedding": reg.EMBEDDINGS, "head": reg.HEADS}[group], reg
+
+
+# ----------------------------------------------------------------------------- questions
+
+
+def names(group: str) -> frozenset:
+    """Registered names of a group (attention, embedding, head)."""
+    live = _live(group)
+    found = set(_scan()[group])
+    if live is not None:
+        found |= set(live[0])
+    return frozenset(found)
+
+
+def caps(group: str, name: str):
+    """The capability record of a kind (defaults for an unknown kind)."""
+    live = _live(group)
+    if live is not None and name in live[1].CAPS[group]:
+        return live[1].CAPS[group][name]
+    e = _scan()[group].get(name)
+    return e.caps if e is not None else CAPS[group]()
+
+
+def costs(name: str):
+    """The cost class an attention kind registers (static formulas), or None ("measured only")."""
+    live = _live("attention")
+    if live is not None and name in live[1].ATTENTION:
+        return live[1].COSTS.get(name)
+    e = _scan()["attention"].get(name)
+    if e is None or e.costs is None:
+        return None
+    return _exec_class(Path(e.file), e.costs)
+
+
+def source_file(group: str, name: str) -> str | None:
+    e = _scan()[group].get(name)
+    return e.file if e is not None else None
+
+
+def entries(group: str) -> dict:
+    return dict(_scan()[group])
+
+
+def with_cap(group: str, cap: str, value=True) -> list[str]:
+    """Registered names of a group whose capability ``cap`` equals ``value`` (sorted)."""
+    return sorted(n for n in names(group) if getattr(caps(group, n), cap) == value)
+
+
+def standard(group: str) -> str:
+    """THE standard kind of a group (``caps.standard``): the config default, hybrids' kept layers."""
+    found = with_cap(group, "standard")
+    if len(found) != 1:
+        raise ConfigError(f"exactly one {group} kind must register caps.standard=True, found {found}")
+    return found[0]
+
+
+def reads_hash_codes(cfg) -> bool:
+    """Does this model read word-hash codes (its embedding or its head)? The one owner of the fact."""
+    m = cfg.model
+    return bool(caps("embedding", m.embedding).reads_hash_codes or caps("head", m.head).reads_hash_codes)
+
+
+def is_qwen2(cfg) -> bool:
+    """A plain Qwen2 model: decoder, clm, Qwen2-type embedding, head and every attention layer."""
+    from megahash.models.schedules import layer_kinds
+
+    m = cfg.model
+    if m.arch != "decoder" or cfg.train.objective != "clm":
+        return False
+    if not (caps("embedding", m.embedding).qwen2 and caps("head", m.head).qwen2):
+        return False
+    return all(caps("attention", k).qwen2 for k in layer_kinds(m.schedule, m.num_layers))
+
+
+def thesis_kinds(chapter: int) -> list[str]:
+    """Attention kinds listed in the tables of a thesis chapter (3: Table 3.4, 4: Tables 4.5-4.8)."""
+    return sorted(n for n in names("attention") if chapter in caps("attention", n).chapters)
+
+
+def by_thesis_name(thesis_name: str) -> str | None:
+    """The attention kind whose thesis table row is ``thesis_name`` (e.g. "SHA"), or None."""
+    for n in sorted(names("attention")):
+        if (caps("attention", n).thesis_name or "").lower() == thesis_name.lower():
+            return n
+    return None

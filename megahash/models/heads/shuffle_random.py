@@ -1,0 +1,33 @@
+"""Shuffle+Random head (thesis sec. 2.3.6): Linear(h -> 3), cross-entropy over original / shuffled /
+random; labels -100 cost 0. Trained by ``train.objective=sr`` (not selected by ``model.head``)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from megahash.models.heads import full_sequence
+from megahash.models.registry import HeadCaps, register_head
+
+
+@register_head("shuffle-random", caps=HeadCaps(selectable=False, token_loss=False, objectives=("sr",)))
+class ShuffleRandomHead(torch.nn.Module):
+    """Shuffle+Random (thesis sec. 2.3.6, Yamaguchi et al. 2021): Linear(h, 3) + CE; labels
+    0 original, 1 shuffled, 2 random, -100 ignored (specials)."""
+
+    uses_output_layer = False
+
+    def __init__(self, config, cfg=None, vocab_size=None):
+        super().__init__()
+        self.config = config
+        self.linear = torch.nn.Linear(config.hidden_size, 3, dtype=config.params_dtype)
+        if config.perform_initialization and not self.linear.weight.is_meta:
+            with torch.no_grad():
+                config.init_method(self.linear.weight)
+                self.linear.bias.zero_()
+
+    def forward(self, model, hidden, labels=None, label_codes=None, hash_codes=None):
+        logits = self.linear(full_sequence(hidden, self.config)).transpose(0, 1)  # [b, s, 3]
+        if labels is None:
+            return logits.contiguous()
+        loss = F.cross_entropy(logits.float().reshape(-1, 3), labels.reshape(-1).long(), ignore_index=-100, reduction="none")
+        return loss.view(labels.shape)
