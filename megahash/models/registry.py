@@ -147,3 +147,16 @@ def _load_variants() -> None:
     for pkg in (att_pkg, emb_pkg):
         for info in pkgutil.iter_modules(pkg.__path__):
             importlib.import_module(f"{pkg.__name__}.{info.name}")
+
+
+# name -> the kind's plain-torch reference module (megatron-free, the parameter names of the HF
+# export): the TP=1 reference of the parity tests and the kind's code in the HF remote-code folder
+# (megahash.convert.remote_code). Heads register as ``head:NAME`` / ``objective:NAME``.
+REFERENCES: dict[str, type] = {}
+
+
+def register_reference(name: str):
+    def deco(cls):
+        REFERENCES[name] = cls
+        return cls
+    return deco

@@ -1,0 +1,124 @@
+"""The model exists once (issue 19, item 2): each kind's plain-torch reference lives in the kind's own
+file, the HF remote-code folder is assembled from the library's torch-only code, and the references
+are the TP=1 reference of the library model (embeddings and heads here; attention kinds in
+tests/test_attention.py::test_tp2_parity_all_kinds, export + transformers reload in tests/test_convert.py).
+"""
+from __future__ import annotations
+
+import ast
+import inspect
+import os
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import _emb_helpers as H  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("dist")  # one-rank world (conftest)
+
+
+def _batch(cfg, kind):
+    tok, codes = H.word_batches(H.KINDS[kind][0], 2, 17, 1, vocab_size=120)[0]
+    tok, codes = tok[:, :16], codes[:, :16]
+    padding = None
+    if cfg.model.arch == "encoder":
+        padding = torch.ones(tok.shape, dtype=torch.bool)
+        padding[1, -5:] = False
+    return tok, codes, padding
+
+
+@pytest.mark.parametrize("case", range(len(H.PARITY_CASES)),
+                         ids=[f"{k}{'+' + '+'.join(e) if e else ''}" for k, e in H.PARITY_CASES])
+def test_reference_equals_library_at_tp1(case):
+    """Every embedding kind and head (decoder and encoder; hash heads; Shuffle+Random): the plain-torch
+    reference (the HF export's model, weights through the export's name map) gives the library's
+    logits and the same gradient for every parameter, in float64."""
+    from megahash import platform
+    from megahash.convert.export import to_hf_names
+    from megahash.convert.remote_code import reference_model
+    from megahash.models.model import build_model
+
+    kind, extra = H.PARITY_CASES[case]
+    cfg = H.tiny_cfg(kind, list(extra), seq=16)
+    platform.seed_all(1234)
+    model = build_model(cfg, 200, dtype=torch.float64)
+    with torch.no_grad():  # zero-initialised rows (word_row, special, biases) must matter too
+        g = torch.Generator().manual_seed(5)
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.05)
+    ref = reference_model(cfg, model)
+    tok, codes, padding = _batch(cfg, kind)
+    codes = codes if codes.dtype == torch.uint8 else codes.long()
+    a = model(tok, hash_codes=codes, padding_mask=padding)
+    b = ref(input_ids=tok, hash_codes=codes, attention_mask=None if padding is None else padding.long()).logits
+    keep = padding if padding is not None else torch.ones(tok.shape, dtype=torch.bool)
+    assert a.shape == b.shape
+    assert (a - b)[keep].abs().max().item() < 1e-9
+    w = torch.randn(a[keep].shape, generator=torch.Generator().manual_seed(9), dtype=a.dtype)
+    (a[keep] * w).sum().backward()
+    (b[keep] * w).sum().backward()
+    params = dict(ref.named_parameters())
+    checked = 0
+    for name, p in model.named_parameters():
+        if p.grad is None:
+            continue
+        q = params[next(iter(to_hf_names({name: None})))]
+        rel = ((q.grad - p.grad).abs().max() / p.grad.abs().max().clamp_min(1e-30)).item()
+        assert rel < 1e-5, (name, rel)  # float64 models; proj/rolling compute their features in float32
+        checked += 1
+    assert checked == sum(1 for p in model.parameters() if p.grad is not None) > 0
+
+
+def test_export_names_a_kind_without_reference_before_writing(tmp_path, monkeypatch):
+    """A kind with no @register_reference: export-hf fails with one line naming the kind, and writes nothing."""
+    from megahash.config import load_config
+    from megahash.convert.export import export_model
+    from megahash.errors import ConfigError
+    from megahash.models import registry
+    from megahash.models.model import build_model
+
+    cfg = load_config(None, ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4",
+                             "model.ffn_hidden_size=64", "model.schedule=list:mha,nonapprox", "data.seq_length=16"])
+    model = build_model(cfg, 200)
+    registry._load_variants()
+    monkeypatch.delitem(registry.REFERENCES, "nonapprox")
+    out = tmp_path / "hf"
+    with pytest.raises(ConfigError) as e:
+        export_model(cfg, model, out, fmt="megahash")
+    assert "nonapprox" in str(e.value) and "mha" not in str(e.value).replace("megahash", "")
+    assert "\n" not in str(e.value)
+    assert not out.exists()
+
+
+def test_folder_is_assembled_from_the_library_code():
+    """The remote code is the library's: the shell/wrapper/ops modules verbatim up to import lines, and
+    each kind's reference class exactly its source in the kind's own file (decorators stripped);
+    nothing under megahash/convert/ defines a model module of its own."""
+    from megahash.convert import remote_code
+
+    table = remote_code.references()
+    folder = remote_code.assemble(sorted(table))
+    back = {f: m for m, f in remote_code.LIBRARY_FILES.items()} | {"megahash_references": "megahash.models.reference_table"}
+    for module, name in remote_code.LIBRARY_FILES.items():
+        lib = ast.parse(Path(inspect.getsourcefile(__import__(module, fromlist=["x"]))).read_text())
+        got = ast.parse(folder[name + ".py"])
+        for node in ast.walk(got):  # the folder's relative imports, mapped back to the library's modules
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                node.module, node.level = back[node.module], 0
+        assert ast.dump(got) == ast.dump(lib), name  # the same module, statement for statement
+    for kind, cls in table.items():
+        text = folder[remote_code.kind_module_file(cls.__module__) + ".py"]
+        src = inspect.getsource(cls).split("\n")
+        body = "\n".join(line for line in src if not line.startswith("@register_reference"))
+        assert body in text, kind
+        assert "megatron" not in text and "register_reference" not in text
+    assert "megahash_references.py" in folder and all(f"{k!r}:" in folder["megahash_references.py"] for k in table)
+    for f in sorted((ROOT / "megahash" / "convert").rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases = {ast.unparse(b) for b in node.bases}
+                assert not bases & {"nn.Module", "torch.nn.Module", "PreTrainedModel"}, (f, node.name)
