@@ -75,8 +75,7 @@ def reference_case(case: str) -> dict:
     padding mask) and the gradients of the same masked cross-entropy, parameter by parameter."""
     import torch.nn.functional as F
 
-    from megahash.convert.export import to_hf_names
-    from megahash.convert.remote_code import reference_model
+    from megahash.convert.remote_code import reference_model, reference_names
 
     cfg, model, tokens, labels, padding = setup(case, 1, False)
     ref = reference_model(cfg, model)
@@ -87,11 +86,12 @@ def reference_case(case: str) -> dict:
     F.cross_entropy(a[keep], labels[keep]).backward()
     F.cross_entropy(b[keep], labels[keep]).backward()
     ref_params = dict(ref.named_parameters())
+    names = reference_names(model, ref)
     grad_rel, n = 0.0, 0
     for name, p in model.named_parameters():
         if p.grad is None:
             continue
-        g = ref_params[next(iter(to_hf_names({name: None})))].grad
+        g = ref_params[names[name]].grad
         grad_rel = max(grad_rel, ((p.grad - g).abs().max() / p.grad.abs().max().clamp_min(1e-30)).item())
         n += 1
     return {"logit_diff": (a - b)[keep].abs().max().item(), "grad_rel": grad_rel, "params": n}
