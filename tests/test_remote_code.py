@@ -122,3 +122,86 @@ def test_folder_is_assembled_from_the_library_code():
             if isinstance(node, ast.ClassDef):
                 bases = {ast.unparse(b) for b in node.bases}
                 assert not bases & {"nn.Module", "torch.nn.Module", "PreTrainedModel"}, (f, node.name)
+
+
+PLUGIN = '''"""A test kind outside the package: mha with doubled queries (its reference reuses mha's)."""
+from __future__ import annotations
+
+from megahash.models.attention.mha import GroupedQueryReference
+from megahash.models.registry import register_reference
+
+
+@register_reference("tmp-doubled-q")
+class DoubledQueryReference(GroupedQueryReference):
+    """softmax(2 Q K^T / sqrt(d_h)) V."""
+
+    def project(self, x):
+        q, k, v = super().project(x)
+        return 2 * q, k, v
+
+
+# ---- megatron-core implementation
+from megatron.core import parallel_state  # noqa: E402,F401  (not torch-only: never copied)
+'''
+
+BAD_PLUGIN = '''from __future__ import annotations
+
+from megahash.models.attention.mha import GroupedQueryReference
+from megahash.models.registry import register_reference
+
+
+@register_reference("tmp-bad")
+class BadReference(GroupedQueryReference):
+    def project(self, x):
+        return helper(super().project(x))
+
+
+def helper(t):
+    return t
+'''
+
+
+def test_plugin_kind_outside_the_package_is_assembled(tmp_path, monkeypatch):
+    """A kind file outside megahash whose reference subclasses another kind's: the folder gets both
+    modules (relative imports), loads as a package and computes what the library's reference does;
+    a reference that uses a name from outside its section is refused, naming the name."""
+    import importlib
+    import sys
+
+    from megahash.convert import remote_code
+    from megahash.errors import ConfigError
+    from megahash.models import registry, torch_hf
+    from megahash.models.hf_config import MegahashConfig
+
+    remote_code.references()
+    monkeypatch.setattr(registry, "REFERENCES", dict(registry.REFERENCES))
+    (tmp_path / "tmp_plugin_kind.py").write_text(PLUGIN)
+    (tmp_path / "tmp_bad_plugin_kind.py").write_text(BAD_PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("tmp_plugin_kind")
+    importlib.import_module("tmp_bad_plugin_kind")
+    with pytest.raises(ConfigError, match="helper"):
+        remote_code.assemble(["tmp-bad"])
+    files = remote_code.assemble(["tmp-doubled-q", "vocab"])
+    assert {"megahash_tmp_plugin_kind.py", "megahash_attention_mha.py"} <= set(files)
+    assert "megatron" not in files["megahash_tmp_plugin_kind.py"] and "tmp-bad" not in files["megahash_references.py"]
+    pkg = tmp_path / "exported_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    folder = importlib.import_module("exported_pkg.modeling_megahash")
+    fields = dict(vocab_size=50, padded_vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                  intermediate_size=64, embedding="vocab", head="vocab", qkv_bias=True,
+                  layer_specs=[{"kind": "tmp-doubled-q", "groups": 4}, {"kind": "tmp-doubled-q", "groups": 2}])
+    config_cls = importlib.import_module("exported_pkg.configuration_megahash").MegahashConfig
+    torch.manual_seed(0)
+    a = folder.MegahashForCausalLM(config_cls(**fields)).eval()
+    b = torch_hf.MegahashForCausalLM(MegahashConfig(**fields)).eval()
+    b.load_state_dict(a.state_dict())
+    ids = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(a(input_ids=ids).logits, b(input_ids=ids).logits)
+    assert type(a.model.decoder.layers[0].self_attention).__module__ == "exported_pkg.megahash_tmp_plugin_kind"
+    for name in [m for m in sys.modules if m.startswith(("exported_pkg", "tmp_plugin_kind", "tmp_bad_plugin_kind"))]:
+        del sys.modules[name]
