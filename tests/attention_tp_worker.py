@@ -3,7 +3,7 @@
 For every case: build the model from the same seed at TP=1, TP=2 and TP=2 + sequence parallel,
 run the same batch in float64, and record the mean loss and the global gradient norm^2 (TP-split
 parameters summed over ranks, replicated ones counted once). At TP=1 the case also runs through
-the kinds' plain-torch references (``remote_code.reference_model``: the HF export's model, weights
+the kinds' plain-torch references (``megahash.convert.reference.reference_model``: the HF export's model, weights
 through the export's name map): largest logit and per-parameter gradient differences. Rank 0
 writes a JSON file.
 Usage: RANK=r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=p python attention_tp_worker.py OUT CASES
@@ -75,7 +75,7 @@ def reference_case(case: str) -> dict:
     padding mask) and the gradients of the same masked cross-entropy, parameter by parameter."""
     import torch.nn.functional as F
 
-    from megahash.convert.remote_code import reference_model, reference_names
+    from megahash.convert.reference import reference_model, reference_names
 
     cfg, model, tokens, labels, padding = setup(case, 1, False)
     ref = reference_model(cfg, model)

@@ -38,7 +38,7 @@ def test_reference_equals_library_at_tp1(case):
     reference (the HF export's model, weights through the export's name map) gives the library's
     logits and the same gradient for every parameter, in float64."""
     from megahash import platform
-    from megahash.convert.remote_code import reference_model, reference_names
+    from megahash.convert.reference import reference_model, reference_names
     from megahash.models.model import build_model
 
     kind, extra = H.PARITY_CASES[case]
