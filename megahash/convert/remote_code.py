@@ -205,7 +205,7 @@ def needed_kinds(cfg, model) -> list[str]:
     if head is not None and not getattr(head, "uses_output_layer", False):
         table = references()
         keys = head_keys(cfg)
-        kinds.append(next((k for k in keys if k in table), keys[-1]))
+        kinds.append(next((k for k in keys if k in table), " or ".join(keys)))  # none: named as missing
     return kinds
 
 
