@@ -2,7 +2,10 @@
 
 For every case: build the model from the same seed at TP=1, TP=2 and TP=2 + sequence parallel,
 run the same batch in float64, and record the mean loss and the global gradient norm^2 (TP-split
-parameters summed over ranks, replicated ones counted once). Rank 0 writes a JSON file.
+parameters summed over ranks, replicated ones counted once). At TP=1 the case also runs through
+the kinds' plain-torch references (``megahash.convert.reference.reference_model``: the HF export's model, weights
+through the export's name map): largest logit and per-parameter gradient differences. Rank 0
+writes a JSON file.
 Usage: RANK=r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=p python attention_tp_worker.py OUT CASES
 """
 from __future__ import annotations
@@ -52,9 +55,7 @@ def case_config(case: str, tp: int, sp: bool):
     return load_config(None, over)
 
 
-def run_case(case: str, tp: int, sp: bool) -> dict:
-    from megatron.core import parallel_state, tensor_parallel
-
+def setup(case: str, tp: int, sp: bool):
     from megahash.models.attention import fixed_qk
     from megahash.models.model import build_model
 
@@ -68,6 +69,40 @@ def run_case(case: str, tp: int, sp: bool) -> dict:
     labels = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen)
     padding = torch.ones(BATCH, SEQ, dtype=torch.bool)
     padding[1, SEQ - 5:] = False
+    return cfg, model, tokens, labels, padding
+
+
+def reference_case(case: str) -> dict:
+    """TP=1 model vs the kinds' plain-torch references: logits on the kept positions (encoders: the
+    padding mask) and the gradients of the same masked cross-entropy, parameter by parameter."""
+    import torch.nn.functional as F
+
+    from megahash.convert.reference import reference_model, reference_names
+
+    cfg, model, tokens, labels, padding = setup(case, 1, False)
+    ref = reference_model(cfg, model)
+    keep = torch.ones_like(padding) if model.decoder_only else padding
+    mask = None if model.decoder_only else padding
+    a = model.logits(model.hidden_states(tokens, padding_mask=mask)).transpose(0, 1)
+    b = ref(input_ids=tokens, attention_mask=None if mask is None else mask.long()).logits
+    F.cross_entropy(a[keep], labels[keep]).backward()
+    F.cross_entropy(b[keep], labels[keep]).backward()
+    ref_params = dict(ref.named_parameters())
+    names = reference_names(model, ref)
+    grad_rel, n = 0.0, 0
+    for name, p in model.named_parameters():
+        if p.grad is None:
+            continue
+        g = ref_params[names[name]].grad
+        grad_rel = max(grad_rel, ((p.grad - g).abs().max() / p.grad.abs().max().clamp_min(1e-30)).item())
+        n += 1
+    return {"logit_diff": (a - b)[keep].abs().max().item(), "grad_rel": grad_rel, "params": n}
+
+
+def run_case(case: str, tp: int, sp: bool) -> dict:
+    from megatron.core import parallel_state, tensor_parallel
+
+    cfg, model, tokens, labels, padding = setup(case, tp, sp)
     hidden = model.hidden_states(tokens, padding_mask=None if model.decoder_only else padding)
     logits = model.logits(hidden)  # [s, b, V/tp]
     loss = tensor_parallel.vocab_parallel_cross_entropy(logits, labels.transpose(0, 1).contiguous())
@@ -96,6 +131,8 @@ def main():
         for case in cases:
             for sp in ((False,) if tp == 1 else (False, True)):
                 results[case][f"tp{tp}{'sp' if sp else ''}"] = run_case(case, tp, sp)
+            if tp == 1:
+                results[case]["reference"] = reference_case(case)
     if dist.get_rank() == 0:
         with open(out_path, "w") as f:
             json.dump(results, f)

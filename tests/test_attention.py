@@ -413,7 +413,8 @@ TP_CASES = DECODER_KINDS + ["mha@g2", "approx@chunk", "approx-thesis@chunk", "ap
 def test_tp2_parity_all_kinds(tmp_path):
     """TP=1 vs TP=2 vs TP=2+SP, same seed (megatron's CPU init draws the master weight, ours too):
     equal loss and global gradient norm for every kind (fp64), encoders included (megatron's MLP
-    linear_fc2 bias under SP gets its gradient summed over TP by the model)."""
+    linear_fc2 bias under SP gets its gradient summed over TP by the model). The TP=1 model equals
+    the kinds' plain-torch references (the code of the HF export): logits and every gradient."""
     from launch.env import free_port
 
     out = tmp_path / "tp.json"
@@ -436,6 +437,8 @@ def test_tp2_parity_all_kinds(tmp_path):
             assert abs(got["loss"] - ref["loss"]) <= 1.2e-7 * abs(ref["loss"]), (case, setting, got, ref)
             for key in ("grad_sq", "attn_grad_sq"):
                 assert abs(got[key] - ref[key]) < 1e-7 * ref[key], (case, setting, key, got, ref)
+        plain = r["reference"]
+        assert plain["params"] > 0 and plain["logit_diff"] < 1e-10 and plain["grad_rel"] < 1e-8, (case, plain)
 
 
 @pytest.mark.parametrize("schedule", ["list:rndembqk,approx,nonapprox,mhe-mul", "list:mqa,sha,el-att,mlp"])

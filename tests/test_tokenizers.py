@@ -217,7 +217,7 @@ def test_one_tokenizer_everywhere(kind, corpus, shakespeare_shards, tmp_path):
 
     from megahash.config import Config
     from megahash.convert.export import write_hashing_files
-    from megahash.convert.hf.hashing_megahash import TextCoder
+    from megahash.hashing.text_coder import TextCoder
     from megahash.convert.tokenizer import write_tokenizer
     from megahash.data.shards import ShardSet
     from megahash.eval.text import load_codec

@@ -10,9 +10,10 @@ at TP=1 by :func:`megahash.training.weights.load_for_inference`) becomes:
 ``model.``/``output_layer``/``head``; the fixed input of rndembqk/fixedseqqk and the rolling seeds as
 buffers), ``config.json`` (``model_type: megahash``, ``auto_map`` for AutoConfig /
 AutoModelForCausalLM (decoders) or AutoModelForMaskedLM (encoders) / AutoModel, per-layer specs, and
-the full resolved megahash config under ``megahash_config``), the remote code
-``configuration_megahash.py``, ``modeling_megahash.py``, ``hashing_megahash.py`` (torch +
-transformers + numpy only), ``generation_config.json``, the tokenizer files
+the full resolved megahash config under ``megahash_config``), the remote code assembled from the
+library's own torch-only code by :mod:`megahash.convert.remote_code` (``configuration_megahash.py``,
+``modeling_megahash.py``, ``hashing_megahash.py``, ``megahash_*.py``: torch + transformers + numpy
+only), ``generation_config.json``, the tokenizer files
 (:mod:`megahash.convert.tokenizer`) and, for hash embeddings, ``megahash_hashing.json`` with the
 files raw text needs (sentencepiece pieces or the word table, ``megahash_lsh.npz``).
 
@@ -36,8 +37,7 @@ import torch
 
 from megahash.errors import CheckpointError, ConfigError, MegahashError
 
-HF_DIR = Path(__file__).resolve().parent / "hf"
-REMOTE_FILES = ["configuration_megahash.py", "modeling_megahash.py", "hashing_megahash.py"]
+REMOTE_FILES = ["configuration_megahash.py", "modeling_megahash.py", "hashing_megahash.py"]  # + megahash_*.py
 WEIGHTS_FILE = "model.safetensors"
 EXTRA_FILE = "megahash_extra.safetensors"
 HASHING_FILE = "megahash_hashing.json"
@@ -228,7 +228,7 @@ def load_checkpoint(checkpoint, tokenizer: str | None = None):
 def export_model(cfg, model, output, codec=None, step: int = 0, dtype: str = "float32", fmt: str = "auto",
                  vocab_size: int | None = None, max_shard_size=MAX_SHARD_SIZE, run_dir=None) -> dict:
     """Write the HF folder of an in-memory TP=1 megahash model; returns a summary dict."""
-    from megahash.convert import qwen2
+    from megahash.convert import qwen2, remote_code
 
     if dtype not in DTYPES:
         raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -239,6 +239,8 @@ def export_model(cfg, model, output, codec=None, step: int = 0, dtype: str = "fl
         raise ConfigError(f"--format qwen2 needs a decoder with only standard attention and a vocabulary embedding "
                           f"and head: {why}; use --format megahash")
     fmt = "qwen2" if fmt == "qwen2" or (fmt == "auto" and not why) else "megahash"
+    if fmt == "megahash":
+        remote_code.check_references(cfg, model)  # a kind without a plain-torch reference: before writing anything
     vocab = int(vocab_size or (codec.vocab_size if codec is not None else 0) or cfg.model.vocab_size or model.vocab_size)
     if vocab > model.vocab_size:
         raise CheckpointError(f"vocabulary {vocab} exceeds the checkpoint's {model.vocab_size} rows")
@@ -247,7 +249,7 @@ def export_model(cfg, model, output, codec=None, step: int = 0, dtype: str = "fl
     for stale in (WEIGHTS_FILE, EXTRA_FILE, HASHING_FILE, "megahash_lsh.npz", "megahash_pieces.json",
                   "megahash_words.json", "tokenization_megahash.py", "model.safetensors.index.json", *REMOTE_FILES):
         (out / stale).unlink(missing_ok=True)
-    for stale in out.glob("model-*-of-*.safetensors"):
+    for stale in [*out.glob("model-*-of-*.safetensors"), *remote_code.stale_files(out)]:
         stale.unlink()
     torch_dtype = DTYPES[dtype]
     state = megahash_state(model)
@@ -256,19 +258,18 @@ def export_model(cfg, model, output, codec=None, step: int = 0, dtype: str = "fl
     if fmt == "qwen2":
         files += qwen2.write(out, cfg, model, state, fields, torch_dtype, max_shard_size)
     else:
-        from megahash.convert.hf.configuration_megahash import MegahashConfig
+        from megahash.models.hf_config import MegahashConfig
 
         files += save_weights(out, cast(to_hf_names(state), torch_dtype), max_shard_size)
-        for name in REMOTE_FILES:
-            shutil.copyfile(HF_DIR / name, out / name)
+        remote = remote_code.write(out, remote_code.needed_kinds(cfg, model))
         encoder = cfg.model.arch == "encoder"
         head_cls = "MegahashForMaskedLM" if encoder else "MegahashForCausalLM"
-        auto_map = {"AutoConfig": "configuration_megahash.MegahashConfig",
-                    "AutoModel": "modeling_megahash.MegahashModel",
-                    ("AutoModelForMaskedLM" if encoder else "AutoModelForCausalLM"): f"modeling_megahash.{head_cls}"}
+        modeling = remote_code.MODELING_MODULE
+        auto_map = {"AutoConfig": f"{remote_code.CONFIG_MODULE}.MegahashConfig", "AutoModel": f"{modeling}.MegahashModel",
+                    ("AutoModelForMaskedLM" if encoder else "AutoModelForCausalLM"): f"{modeling}.{head_cls}"}
         config = MegahashConfig(**fields, auto_map=auto_map, architectures=[head_cls], dtype=dtype)
         config.save_pretrained(str(out))
-        files += ["config.json", *REMOTE_FILES]
+        files += ["config.json", *remote]
     generation_config(out, cfg.model.max_position_embeddings, cfg)
     files.append("generation_config.json")
     from megahash.convert.model_card import write_model_card

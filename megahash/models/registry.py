@@ -206,3 +206,16 @@ def _load_variants() -> None:
             importlib.import_module(f"{pkg.__name__}.{info.name}")
     for name in catalog.plugin_import_names():  # MEGAHASH_PLUGINS, model.plugins, entry points
         importlib.import_module(name)
+
+
+# name -> the kind's plain-torch reference module (megatron-free, the parameter names of the HF
+# export): the TP=1 reference of the parity tests and the kind's code in the HF remote-code folder
+# (megahash.convert.remote_code). Heads register as ``head:NAME`` / ``objective:NAME``.
+REFERENCES: dict[str, type] = {}
+
+
+def register_reference(name: str):
+    def deco(cls):
+        REFERENCES[name] = cls
+        return cls
+    return deco

@@ -36,6 +36,30 @@ Parameters equal ``mha`` exactly (``linear_q``, ``linear_kv``, ``linear_proj``) 
 """
 from __future__ import annotations
 
+# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
+from megahash.models.registry import register_reference
+from megahash.models.torch_model import LinearAttention
+from megahash.models.torch_ops import taylor_bidirectional, taylor_causal, taylor_chunk
+
+
+@register_reference("approx")
+class TaylorReference(LinearAttention):
+    """Based's 2nd-order Taylor softmax (eq. 4.6, shared denominator) with RoPE; decoding state (S, z)."""
+
+    projected_features = True
+
+    def kernel(self, qh, kh, vh, km, cache, ctx):
+        if not self.causal:
+            return taylor_bidirectional(qh, kh, vh, km)
+        state = (cache["S"], cache["z"]) if cache is not None and "S" in cache else None
+        out, state = taylor_causal(qh, kh, vh, taylor_chunk(qh.shape[-2], qh.shape[-1], self.chunk_size), state,
+                                   cache is not None)
+        if cache is not None:
+            cache["S"], cache["z"] = state
+        return out
+
+
+# ---- megatron-core implementation
 import math
 
 import torch

@@ -33,6 +33,30 @@ Encoders use the non-causal sums over the non-padded keys. No attention dropout.
 """
 from __future__ import annotations
 
+# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
+from megahash.models.registry import register_reference
+from megahash.models.torch_model import LinearAttention
+from megahash.models.torch_ops import orders_bidirectional, orders_causal
+
+
+@register_reference("approx-thesis")
+class ThesisTaylorReference(LinearAttention):
+    """Appendix I (eq. 4.14-4.17): the three orders normalised separately, element-wise squares, RoPE;
+    decoding state (s0, s1, z1, s2, z2)."""
+
+    def kernel(self, qh, kh, vh, km, cache, ctx):
+        if not self.causal:
+            return orders_bidirectional(qh, kh, vh, km)
+        keys = ("s0", "s1", "z1", "s2", "z2")
+        state = tuple(cache[k_] for k_ in keys) if cache is not None and "s0" in cache else None
+        out, state = orders_causal(qh, kh, vh, self.chunk_size or 128, state, ctx.get("offset", 0) if state else 0,
+                                   cache is not None)
+        if cache is not None:
+            cache.update(zip(keys, state))
+        return out
+
+
+# ---- megatron-core implementation
 import math
 
 import torch

@@ -9,6 +9,28 @@ TP by the gather). RoPE rotates the keys, so the KV cache holds rotated keys and
 """
 from __future__ import annotations
 
+# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
+import torch.nn as nn
+
+from megahash.models.registry import register_reference
+from megahash.models.torch_model import SoftmaxAttention
+from megahash.models.torch_ops import split_heads
+
+
+@register_reference("el-att")
+class ELAttentionReference(SoftmaxAttention):
+    """EL-ATT: K = V = X (split into heads), Q = X W^Q."""
+
+    def __init__(self, config, spec):
+        super().__init__(config, spec)
+        self.linear_q = nn.Linear(self.d_m, self.n * self.d, bias=self.qkv_bias)
+
+    def project(self, x):
+        kv = split_heads(x, self.n)
+        return split_heads(self.linear_q(x), self.n), kv, kv
+
+
+# ---- megatron-core implementation
 from megatron.core.transformer.spec_utils import ModuleSpec
 
 from megahash.models.attention.base import column, gather_input, heads, tp_rank

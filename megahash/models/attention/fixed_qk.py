@@ -37,6 +37,61 @@ Parameters: ``linear_q`` (n*d_h), ``linear_k`` and ``linear_v`` (g*d_h each, mod
 """
 from __future__ import annotations
 
+# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
+import math
+
+import torch
+
+from megahash.models.registry import register_reference
+from megahash.models.torch_model import SeparateQKV
+from megahash.models.torch_ops import append_state, split_heads
+
+
+@register_reference("rndembqk")
+@register_reference("fixedseqqk")
+class FixedQKReference(SeparateQKV):
+    """ONE attention map from the fixed input's Q, K (eq. 4.9-4.12; random epsilon or a fixed text run
+    through the stack, kept by the model as cached maps), values of every sequence; the decoding
+    cache holds the values only."""
+
+    reads_fixed_input = True
+
+    def shared_attend(self, q, k, v, key_mask=None):
+        """q [n, s, d], k [g, sk, d] (batch-shared), v [b, g, sk, d] -> [b, s, n*d]."""
+        n, s, d = q.shape
+        g, sk = k.shape[0], k.shape[1]
+        b = v.shape[0]
+        rep = n // g
+        qh = q.reshape(g, rep, s, d)
+        scores = (qh @ k.unsqueeze(1).transpose(-1, -2)) * (1.0 / math.sqrt(d))  # [g, rep, s, sk]
+        if self.causal:
+            keep = torch.ones(s, sk, dtype=torch.bool, device=q.device).tril(sk - s)
+            scores = scores.masked_fill(~keep, float("-inf"))
+        probs = torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1).to(v.dtype)
+        if key_mask is None:
+            out = torch.einsum("grst,bgtd->bgrsd", probs, v)
+        else:
+            m = key_mask.to(v.dtype)  # [b, sk]
+            out = torch.einsum("grst,bgtd->bgrsd", probs, v * m[:, None, :, None])
+            out = out / torch.einsum("grst,bt->bgrs", probs, m).unsqueeze(-1)
+        return out.reshape(b, n, s, d).transpose(1, 2).reshape(b, s, n * d)
+
+    def mix(self, x, ctx, cache):
+        capture = ctx.get("capture")
+        v = split_heads(self.linear_v(x), self.groups)
+        if capture is not None:  # the fixed input's own pass: standard attention, Q and K recorded
+            q, k = self.qk(x, ctx["cos"], ctx["sin"])
+            capture[ctx["layer"]] = (q[0], k[0])
+            return self.shared_attend(q[0], k[0], v)
+        q_all, k_all = ctx["fixed"][ctx["layer"]]
+        off, s = ctx["offset"], x.shape[1]
+        if off + s > q_all.shape[1]:
+            raise ValueError(f"{self.kind}: positions up to {off + s} exceed the fixed input ({q_all.shape[1]} positions)")
+        v = append_state(cache, "v", v)
+        return self.shared_attend(q_all[:, off:off + s], k_all[:, :off + s], v, ctx.get("key_mask"))
+
+
+# ---- megatron-core implementation
 import math
 
 import torch

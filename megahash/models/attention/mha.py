@@ -18,6 +18,34 @@ projection is ``linear_proj`` (RowParallel).
 """
 from __future__ import annotations
 
+# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
+import torch.nn as nn
+
+from megahash.models.registry import register_reference
+from megahash.models.torch_model import SoftmaxAttention
+from megahash.models.torch_ops import split_heads
+
+
+@register_reference("mha")
+@register_reference("gqa")
+@register_reference("mqa")
+class GroupedQueryReference(SoftmaxAttention):
+    """softmax(Q_i K_g(i)^T / sqrt(d_h)) V_g(i) (eq. 3.1-3.3): ``linear_q`` (n heads) and ``linear_kv``
+    (g groups of the layer spec, rows ``[g][k (d_h), v (d_h)]``); g = n (mha), g < n (gqa), g = 1 (mqa)."""
+
+    def __init__(self, config, spec):
+        super().__init__(config, spec)
+        self.linear_q = nn.Linear(self.d_m, self.n * self.d, bias=self.qkv_bias)
+        self.linear_kv = nn.Linear(self.d_m, 2 * self.groups * self.d, bias=self.qkv_bias)
+
+    def project(self, x):
+        b, s, _ = x.shape
+        q = split_heads(self.linear_q(x), self.n)
+        kv = self.linear_kv(x).view(b, s, self.groups, 2, self.d)
+        return q, kv[:, :, :, 0].transpose(1, 2), kv[:, :, :, 1].transpose(1, 2)
+
+
+# ---- megatron-core implementation
 import torch
 from megatron.core import tensor_parallel
 from megatron.core.transformer.spec_utils import ModuleSpec

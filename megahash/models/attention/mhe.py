@@ -15,6 +15,39 @@ holds the per-head K~ (rotated) and V~.
 """
 from __future__ import annotations
 
+# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
+import torch.nn as nn
+
+from megahash.models.registry import register_reference
+from megahash.models.torch_model import SoftmaxAttention
+from megahash.models.torch_ops import PerHeadWeight
+
+
+@register_reference("mhe-add")
+@register_reference("mhe-mul")
+class MultiHeadEmbeddingReference(SoftmaxAttention):
+    """MHE (eq. 3.5): one shared ``linear_qkv`` (rows ``[q, k, v]`` of d each) and head embeddings
+    ``emb_{q,k,v}`` [n, d]: ADD A + 1 e_i^T, MUL A * 1 (e_i + 1)^T."""
+
+    def __init__(self, config, spec):
+        super().__init__(config, spec)
+        self.multiplicative = self.kind.endswith("mul")
+        self.linear_qkv = nn.Linear(self.d_m, 3 * self.d, bias=self.qkv_bias)
+        self.emb_q, self.emb_k, self.emb_v = (PerHeadWeight(self.n, self.d), PerHeadWeight(self.n, self.d),
+                                              PerHeadWeight(self.n, self.d))
+
+    def psi(self, a, e):
+        """[b, s, d] x [n, d] -> [b, n, s, d]."""
+        a = a.unsqueeze(2)
+        out = a * (e + 1) if self.multiplicative else a + e
+        return out.transpose(1, 2)
+
+    def project(self, x):
+        q, k, v = self.linear_qkv(x).chunk(3, dim=-1)
+        return self.psi(q, self.emb_q.weight), self.psi(k, self.emb_k.weight), self.psi(v, self.emb_v.weight)
+
+
+# ---- megatron-core implementation
 from megatron.core.transformer.spec_utils import ModuleSpec
 
 from megahash.models.attention.base import PerHeadParameter, ReplicatedLinear, gather_input

@@ -16,6 +16,31 @@ No decoding cache: tokens are independent.
 """
 from __future__ import annotations
 
+# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
+import torch.nn as nn
+import torch.nn.functional as F
+
+from megahash.models.registry import register_reference
+from megahash.models.torch_model import TorchAttention
+
+
+@register_reference("mlp")
+class GatedMLPReference(TorchAttention):
+    """``linear_proj(SiLU(linear_gate(x)) * linear_up(x))`` of the spec's width; no token mixing, no cache."""
+
+    qk_norm = False
+
+    def __init__(self, config, spec):
+        width = int(spec["width"])
+        super().__init__(config, spec, proj_in=width)
+        self.linear_gate = nn.Linear(self.d_m, width, bias=self.qkv_bias)
+        self.linear_up = nn.Linear(self.d_m, width, bias=self.qkv_bias)
+
+    def mix(self, x, ctx, cache):
+        return F.silu(self.linear_gate(x)) * self.linear_up(x)
+
+
+# ---- megatron-core implementation
 import torch.nn.functional as F
 from megatron.core.transformer.spec_utils import ModuleSpec
 

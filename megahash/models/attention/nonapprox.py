@@ -25,6 +25,36 @@ Attention dropout is not applied. Parameters equal ``mha`` exactly.
 """
 from __future__ import annotations
 
+# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
+import math
+
+import torch.nn.functional as F
+
+from megahash.models.registry import register_reference
+from megahash.models.torch_model import LinearAttention
+from megahash.models.torch_ops import running_softmax_bidirectional, running_softmax_causal
+
+
+@register_reference("nonapprox")
+class NonApproxReference(LinearAttention):
+    """Q = SiLU(H W^Q), s_j = (q_j * k_j) . 1 / sqrt(d_h), o_i = sum_{j<=i} e^{s_j} v_j / sum_{j<=i} e^{s_j}
+    (eq. 4.7-4.8, 4.18); decoding state (running max, numerator, denominator)."""
+
+    def transform_qk(self, q, k, cos, sin):
+        return F.silu(q), k
+
+    def kernel(self, qh, kh, vh, km, cache, ctx):
+        sc = (qh * kh).sum(-1) / math.sqrt(self.d)
+        if not self.causal:
+            return running_softmax_bidirectional(sc, vh, km)
+        state = (cache["m"], cache["num"], cache["den"]) if cache is not None and "m" in cache else None
+        out, state = running_softmax_causal(sc, vh, self.chunk_size or 128, state, cache is not None)
+        if cache is not None:
+            cache["m"], cache["num"], cache["den"] = state
+        return out
+
+
+# ---- megatron-core implementation
 import math
 
 import torch

@@ -9,6 +9,28 @@ the full projection. KV cache: one head of keys and values.
 """
 from __future__ import annotations
 
+# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
+import torch.nn as nn
+
+from megahash.models.registry import register_reference
+from megahash.models.torch_model import SoftmaxAttention
+
+
+@register_reference("sha")
+class SingleHeadReference(SoftmaxAttention):
+    """One head of d = d_m / n: ``linear_qkv`` rows ``[q (d), k (d), v (d)]``, ``linear_proj`` d -> d_m."""
+
+    def __init__(self, config, spec):
+        super().__init__(config, spec, proj_in=config.hidden_size // config.num_attention_heads)
+        self.linear_qkv = nn.Linear(self.d_m, 3 * self.d, bias=self.qkv_bias)
+
+    def project(self, x):
+        b, s, _ = x.shape
+        qkv = self.linear_qkv(x).view(b, s, 3, 1, self.d)
+        return tuple(qkv[:, :, i].transpose(1, 2) for i in range(3))
+
+
+# ---- megatron-core implementation
 from megatron.core.transformer.spec_utils import ModuleSpec
 
 from megahash.errors import ConfigError

@@ -16,6 +16,25 @@ layer after the forward pass has ended, cannot replay it; the module refuses tha
 """
 from __future__ import annotations
 
+# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
+from megahash.models.registry import register_reference
+from megahash.models.torch_model import SeparateQKV
+from megahash.models.torch_ops import append_state, softmax_attention, split_heads
+
+
+@register_reference("staticembqk")
+class StaticEmbQKReference(SeparateQKV):
+    """Q, K from the layer-0 token embeddings (RoPE), V from the hidden states; KV cache."""
+
+    def mix(self, x, ctx, cache):
+        q, k = self.qk(ctx["embeddings"], ctx["cos"], ctx["sin"])
+        v = split_heads(self.linear_v(x), self.groups)
+        k = append_state(cache, "k", k)
+        v = append_state(cache, "v", v)
+        return softmax_attention(q, k, v, self.causal, ctx.get("key_mask"))
+
+
+# ---- megatron-core implementation
 from megatron.core import tensor_parallel
 from megatron.core.transformer.spec_utils import ModuleSpec
 

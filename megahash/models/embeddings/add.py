@@ -14,6 +14,40 @@ plus the word row is one more matmul row selected by the "is a word" column (zer
 """
 from __future__ import annotations
 
+# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
+import math
+
+import torch
+import torch.nn as nn
+
+from megahash.models.registry import register_reference
+from megahash.models.torch_model import TorchHashEmbedding
+from megahash.models.torch_ops import unpack_code_bits
+
+
+@register_reference("add")
+class AddReference(TorchHashEmbedding):
+    """Add (eq. 2.2): e = sum_j B^j[tau_j] / sqrt(T), + the word row."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.num_bits = int(config.embed["num_bits"])
+        self.codebooks = nn.Parameter(torch.zeros(self.num_bits, 2, config.hidden_size))
+        self.word_row = nn.Parameter(torch.zeros(config.hidden_size))
+
+    def embed_words(self, tok, codes, word):
+        self.check(codes, self.num_bits // 8)
+        dtype = self.codebooks.dtype
+        g = 1.0 / math.sqrt(self.num_bits)
+        b0, b1 = self.codebooks[:, 0], self.codebooks[:, 1]
+        const = b0.sum(dim=0) * g + self.word_row
+        a = torch.cat([(b1 - b0) * g, const.unsqueeze(0)], dim=0)
+        bits = unpack_code_bits(codes) * word.unsqueeze(-1)
+        x = torch.cat([bits, word.unsqueeze(-1)], dim=-1).to(dtype)
+        return torch.matmul(x, a)
+
+
+# ---- megatron-core implementation
 import math
 
 import torch

@@ -9,6 +9,33 @@ hash embedding (their H rows are kept so the count is seed 002's formula).
 """
 from __future__ import annotations
 
+# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from megahash.models.registry import register_reference
+from megahash.models.torch_model import TorchHashEmbedding
+
+
+@register_reference("bert-hash")
+class BertHashReference(TorchHashEmbedding):
+    """BERT-Hash (seed 002): ``hash_table`` [vocab, P] then ``proj`` P -> h."""
+
+    needs_codes = False
+
+    def __init__(self, config):
+        super().__init__(config)
+        p = int(config.embed["projections"])
+        self.hash_table = nn.Parameter(torch.zeros(config.padded_vocab_size, p))
+        self.proj = nn.Parameter(torch.zeros(config.hidden_size, p))
+
+    def embed_words(self, tok, codes, word):
+        x = F.embedding(tok, self.hash_table) * word.unsqueeze(-1).to(self.hash_table.dtype)
+        return F.linear(x, self.proj)
+
+
+# ---- megatron-core implementation
 import math
 
 import torch

@@ -17,6 +17,35 @@ the partial sums are all-reduced (or reduce-scattered to the sequence-parallel s
 """
 from __future__ import annotations
 
+# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
+import torch.nn as nn
+
+from megahash.models.registry import register_reference
+from megahash.models.torch_model import TorchHashEmbedding
+from megahash.models.torch_ops import md5_code_mod
+
+
+@register_reference("hash-emb")
+class HashEmbReference(TorchHashEmbedding):
+    """HashFormer-Emb (eq. 2.12): row ``md5 % N`` (or the bucket code) of ``table``; specials from ``special``."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        e = config.embed
+        self.num_rows, self.mode, self.padded_rows = int(e["num_rows"]), e["mode"], int(e["padded_rows"])
+        self.table = nn.Embedding(self.padded_rows, config.hidden_size)
+
+    def embed_words(self, tok, codes, word):
+        if self.mode == "md5":
+            self.check(codes, 16)
+            ids = md5_code_mod(codes, self.num_rows)
+        else:
+            self.check(codes, 1)
+            ids = codes[..., 0].long()
+        return self.table(ids * word)
+
+
+# ---- megatron-core implementation
 import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state, tensor_parallel

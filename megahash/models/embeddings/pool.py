@@ -17,6 +17,48 @@ a ceil(T/k) 2^k x d gradient table.
 """
 from __future__ import annotations
 
+# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
+import torch
+import torch.nn as nn
+
+from megahash.models.registry import register_reference
+from megahash.models.torch_model import TorchHashEmbedding
+from megahash.models.torch_ops import unpack_code_bits
+
+
+@register_reference("pool")
+class PoolReference(TorchHashEmbedding):
+    """Pool (eq. 2.1): softmax(W)-weighted sum of the k-bit chunks' codebook rows, + the word row."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        e, h = config.embed, config.hidden_size
+        self.num_bits, self.k = int(e["num_bits"]), int(e["pool_bits"])
+        self.num_chunks = -(-self.num_bits // self.k)
+        self.codebook = nn.Parameter(torch.zeros(2 ** self.k, h))
+        self.chunk_logits = nn.Parameter(torch.zeros(self.num_chunks, h))
+        self.word_row = nn.Parameter(torch.zeros(h))
+
+    def chunk_weights(self, device):
+        w = torch.zeros(self.num_bits, self.num_chunks, device=device)
+        for t in range(self.num_bits):
+            i, m = divmod(t, self.k)
+            length = min(self.k, self.num_bits - i * self.k)
+            w[t, i] = float(2 ** (length - 1 - m))
+        return w
+
+    def embed_words(self, tok, codes, word):
+        self.check(codes, self.num_bits // 8)
+        w_hat = torch.softmax(self.chunk_logits.float(), dim=0).to(self.codebook.dtype)
+        c = torch.matmul(unpack_code_bits(codes).float(), self.chunk_weights(codes.device)).round_().long()
+        out = self.codebook[c[..., 0]] * w_hat[0]
+        for i in range(1, self.num_chunks):
+            out = out + self.codebook[c[..., i]] * w_hat[i]
+        out = out + self.word_row
+        return out * word.unsqueeze(-1).to(out.dtype)
+
+
+# ---- megatron-core implementation
 import torch
 import torch.nn.functional as F
 

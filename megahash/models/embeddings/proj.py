@@ -15,6 +15,40 @@ column of the matmul. A constant bit vector (k = 0 or T) has no correlation: its
 """
 from __future__ import annotations
 
+# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
+import torch
+import torch.nn as nn
+
+from megahash.models.registry import register_reference
+from megahash.models.torch_model import TorchHashEmbedding
+from megahash.models.torch_ops import safe_rsqrt, unpack_code_bits
+
+
+@register_reference("proj")
+class ProjReference(TorchHashEmbedding):
+    """Proj (eq. 2.3): e_j = Pearson correlation of the centred bits with w^j, + the word row."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.num_bits = int(config.embed["num_bits"])
+        self.weight = nn.Parameter(torch.zeros(config.hidden_size, self.num_bits))
+        self.word_row = nn.Parameter(torch.zeros(config.hidden_size))
+
+    def embed_words(self, tok, codes, word):
+        self.check(codes, self.num_bits // 8)
+        t = self.num_bits
+        bits = unpack_code_bits(codes).float()
+        k = bits.sum(dim=-1, keepdim=True)
+        scale = safe_rsqrt(k * (t - k) / t) * word.unsqueeze(-1)
+        x = torch.cat([bits * scale, word.unsqueeze(-1).float()], dim=-1)
+        w = self.weight.float()
+        w = w - w.mean(dim=1, keepdim=True)
+        w = w * safe_rsqrt(w.pow(2).sum(dim=1, keepdim=True))
+        a = torch.cat([w.t(), self.word_row.float().unsqueeze(0)], dim=0)
+        return torch.matmul(x, a).to(self.special.dtype)
+
+
+# ---- megatron-core implementation
 import torch
 
 from megahash.models.embeddings.base import HashEmbeddingBase, bit_shifts, bit_spec, check_codes, rsqrt_or_zero, unpack_bits

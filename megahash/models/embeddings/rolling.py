@@ -19,6 +19,47 @@ reference this layer is tested against.
 """
 from __future__ import annotations
 
+# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from megahash.models.registry import register_reference
+from megahash.models.torch_model import TorchHashEmbedding
+from megahash.models.torch_ops import rolling_code_features
+
+
+@register_reference("rolling")
+class RollingReference(TorchHashEmbedding):
+    """EELBERT rolling hash (seed 001, arXiv 2310.20144): features of the word's i-gram hashes, optional ``linear``."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        e = config.embed
+        self.n, self.max_len, self.width = int(e["rolling_ngram"]), int(e["max_len"]), int(e["width"])
+        self.buckets, self.dim = int(e["rolling_buckets"]), int(e["rolling_dim"])
+        parts, start = [], 0
+        for i in range(1, self.n + 1):
+            size = max(0, self.max_len - i + 1)
+            parts.append((start, size))
+            start += size
+        self.parts = parts
+        p = self.n * (self.n + 1) // 2
+        self.register_buffer("seeds", torch.zeros(self.dim // p, p, dtype=torch.long))
+        self.linear = nn.Parameter(torch.zeros(config.hidden_size, self.dim)) if e.get("rolling_linear") else None
+
+    def embed_words(self, tok, codes, word):
+        self.check(codes, self.width)
+        with torch.no_grad():
+            flat = codes.reshape(-1, codes.shape[-1])
+            feats = rolling_code_features(flat, self.seeds, self.parts, self.buckets, self.dim)
+        x = feats.view(*codes.shape[:-1], self.dim) * word.unsqueeze(-1)
+        if self.linear is None:
+            return x.to(self.special.dtype)
+        return F.linear(x.to(self.linear.dtype), self.linear)
+
+
+# ---- megatron-core implementation
 import torch
 import torch.nn.functional as F
 

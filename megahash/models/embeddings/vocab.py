@@ -1,6 +1,31 @@
 """Baseline vocabulary embedding: a ``VocabParallelEmbedding`` table of V x h (rows split over TP)."""
 from __future__ import annotations
 
+# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
+import torch.nn as nn
+
+from megahash.models.registry import register_reference
+
+
+@register_reference("vocab")
+class VocabReference(nn.Module):
+    """The vocabulary table ``word_embeddings`` [padded vocab, h] (tieable with the output layer)."""
+
+    tieable = True
+
+    def __init__(self, config):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.padded_vocab_size, config.hidden_size)
+
+    @property
+    def weight(self):
+        return self.word_embeddings.weight
+
+    def forward(self, tokens, codes=None):
+        return self.word_embeddings(tokens)
+
+
+# ---- megatron-core implementation
 import torch
 from megatron.core import parallel_state, tensor_parallel
 from megatron.core.transformer.module import MegatronModule

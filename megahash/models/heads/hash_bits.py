@@ -2,6 +2,29 @@
 sum over bits of the binary cross-entropy = -log p(code) under independent Bernoulli bits."""
 from __future__ import annotations
 
+# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
+import torch
+import torch.nn as nn
+
+from megahash.models.registry import register_reference
+
+
+@register_reference("head:hash-bits")
+class HashBitsReference(nn.Module):
+    """Linear(h -> T): logits of the target word's T hash bits."""
+
+    reads_codes = True
+
+    def __init__(self, config):
+        super().__init__()
+        self.linear = nn.Linear(config.hidden_size, int(config.code_width) * 8)
+
+    def forward(self, hidden):
+        return self.linear(hidden)
+
+
+# ---- megatron-core implementation
+
 import torch
 import torch.nn.functional as F
 

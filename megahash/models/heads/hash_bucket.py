@@ -2,6 +2,35 @@
 lsh-bucketN codes, or md5 % num_buckets), softmax cross-entropy."""
 from __future__ import annotations
 
+# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
+import torch
+import torch.nn as nn
+
+from megahash.models.registry import register_reference
+
+
+@register_reference("head:hash-bucket")
+class HashBucketReference(nn.Module):
+    """Linear(h -> N) over the word's bucket (TP padding columns scored -1e4)."""
+
+    reads_codes = True
+
+    def __init__(self, config):
+        super().__init__()
+        self.num_buckets = int(config.num_buckets)
+        self.padded = int(config.embed.get("head_padded_rows") or self.num_buckets)
+        self.linear = nn.Linear(config.hidden_size, self.padded, bias=False)
+
+    def forward(self, hidden):
+        logits = self.linear(hidden)
+        if self.padded != self.num_buckets:
+            col = torch.arange(self.padded, device=logits.device)
+            logits = logits.masked_fill(col >= self.num_buckets, -1e4)
+        return logits
+
+
+# ---- megatron-core implementation
+
 import torch
 from megatron.core import parallel_state, tensor_parallel
 

@@ -2,6 +2,29 @@
 random; labels -100 cost 0. Trained by ``train.objective=sr`` (not selected by ``model.head``)."""
 from __future__ import annotations
 
+# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
+import torch
+import torch.nn as nn
+
+from megahash.models.registry import register_reference
+
+
+@register_reference("objective:sr")
+class ShuffleRandomReference(nn.Module):
+    """Linear(h -> 3): original / shuffled / random (thesis sec. 2.3.6); cross-entropy over 3 classes."""
+
+    token_classes = 3
+
+    def __init__(self, config):
+        super().__init__()
+        self.linear = nn.Linear(config.hidden_size, 3)
+
+    def forward(self, hidden):
+        return self.linear(hidden)
+
+
+# ---- megatron-core implementation
+
 import torch
 import torch.nn.functional as F
 

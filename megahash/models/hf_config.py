@@ -39,7 +39,7 @@ class MegahashConfig(_Base):
         self.head = head
         self.tie_embeddings = tie_embeddings
         self.qkv_bias = qkv_bias
-        self.layer_specs = layer_specs or [{"kind": "mha", "groups": self.num_key_value_heads}] * num_hidden_layers
+        self.layer_specs = layer_specs or []  # one {"kind", "groups", ...} per layer (written by the export)
         self.embed = embed or {}
         self.fixed_qk = fixed_qk  # None or {"kind", "source": random|text, "length"}
         self.hash_spec = hash_spec
@@ -47,3 +47,12 @@ class MegahashConfig(_Base):
         self.num_buckets = num_buckets
         self.megahash_step = megahash_step
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
+
+    def kind_references(self) -> dict:
+        """{kind name: plain-torch reference class} the model is built from. (In an export this is the
+        folder's own table, so transformers' hash of this module covers the whole remote code: two
+        exports with different kinds never share a cached config class, which transformers maps to
+        the model class of the first one loaded.)"""
+        from megahash.models.reference_table import references
+
+        return references()

@@ -1,0 +1,271 @@
+"""The Hugging Face remote-code folder, assembled at export time from the library's own torch-only code.
+
+The model exists once (issue 19): ``megahash export-hf`` writes no hand-written second copy of any
+kind. The folder holds
+
+* the torch-only library modules (:data:`LIBRARY_FILES`: the shared ops, the model shell, the
+  ``PreTrainedModel`` wrapper, the config class; the numpy-only text coder and every module of
+  :mod:`megahash.hashing`) copied verbatim, each
+  ``from megahash.x import y`` rewritten to the folder's relative import (transformers loads remote
+  code as one flat package: ``dynamic_module_utils.get_relative_import_files`` follows
+  ``from .name import ...`` to ``name.py`` next to the module);
+* one module per kind file the model uses: its torch-only imports and the definitions marked with
+  ``@register_reference`` (decorators stripped), extracted with :mod:`ast` from the kind's own file;
+* ``megahash_references.py``: the table {kind name: reference class} the shell builds layers,
+  embedding and head from.
+
+A kind with no reference makes :func:`missing_references` name it (the export checks it before
+writing anything).
+"""
+from __future__ import annotations
+
+import ast
+import builtins
+import importlib
+import inspect
+from pathlib import Path
+
+from megahash.errors import ConfigError
+
+MODELING_MODULE = "modeling_megahash"
+CONFIG_MODULE = "configuration_megahash"
+TABLE_MODULE = "megahash_references"
+SECTION_END = "# ---- megatron-core implementation"  # where a kind file's plain-torch section ends
+
+# library module -> its file in the folder (without .py); copied verbatim, imports made relative
+LIBRARY_FILES = {
+    "megahash.models.hf_config": CONFIG_MODULE,
+    "megahash.models.torch_ops": "megahash_torch_ops",
+    "megahash.models.torch_model": "megahash_torch_model",
+    "megahash.models.torch_hf": MODELING_MODULE,
+    "megahash.hashing.text_coder": "hashing_megahash",
+}
+# megahash/hashing (numpy only) verbatim: megahash.hashing.codes -> megahash_hashing_codes.py, ...
+LIBRARY_FILES.update({f"megahash.hashing.{p.stem}": f"megahash_hashing_{p.stem}"
+                      for p in sorted((Path(__file__).resolve().parents[1] / "hashing").glob("*.py"))
+                      if p.stem not in ("__init__", "text_coder")})
+GENERATED = {"megahash.models.reference_table": TABLE_MODULE}
+# what a kind's reference section may import besides the torch-only library modules
+ALLOWED_TOP = {"__future__", "torch", "math", "typing"}
+DROPPED = {"megahash.models.registry"}  # the decorator's home: not part of the reference
+
+
+def kind_module_file(module: str) -> str:
+    """``megahash.models.attention.mha`` -> ``megahash_attention_mha``."""
+    tail = module[len("megahash.models."):] if module.startswith("megahash.models.") else module
+    return "megahash_" + tail.replace(".", "_")
+
+
+def _reference_names(module: str) -> set:
+    """Names of the reference classes a module defines (another kind's section may import them)."""
+    return {cls.__name__ for cls in references().values() if cls.__module__ == module}
+
+
+def _has_references(module: str) -> bool:
+    return bool(module) and bool(_reference_names(module))
+
+
+def _import_target(module: str) -> str:
+    if module in LIBRARY_FILES:
+        return LIBRARY_FILES[module]
+    if module in GENERATED:
+        return GENERATED[module]
+    if _has_references(module):
+        return kind_module_file(module)
+    raise ConfigError(f"remote code: {module} is not a torch-only library module the export can copy "
+                      f"(megahash.convert.remote_code.LIBRARY_FILES)")
+
+
+def _relative(node: ast.ImportFrom) -> str:
+    names = ", ".join(a.name + (f" as {a.asname}" if a.asname else "") for a in node.names)
+    return f"from .{_import_target(node.module)} import {names}"
+
+
+def rewrite_imports(source: str, where: str) -> str:
+    """``from megahash.x import y`` (any depth) -> ``from .file import y``; the rest verbatim."""
+    lines = source.split("\n")
+    edits = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "megahash" for a in node.names):
+            raise ConfigError(f"remote code: {where} line {node.lineno}: use 'from megahash.x import y' "
+                              "(the export rewrites it to a relative import)")
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "megahash":
+            edits.append(node)
+    for node in sorted(edits, key=lambda n: n.lineno, reverse=True):
+        first = lines[node.lineno - 1]
+        indent = first[: len(first) - len(first.lstrip())]
+        lines[node.lineno - 1:node.end_lineno] = [indent + _relative(node)]
+    return "\n".join(lines)
+
+
+def _is_reference_decorator(d: ast.expr) -> bool:
+    f = d.func if isinstance(d, ast.Call) else d
+    return (isinstance(f, ast.Name) and f.id == "register_reference") or (
+        isinstance(f, ast.Attribute) and f.attr == "register_reference")
+
+
+def _bound_names(nodes) -> set:
+    out = set()
+    for n in nodes:
+        if isinstance(n, (ast.Import, ast.ImportFrom)):
+            out.update((a.asname or a.name).split(".")[0] for a in n.names)
+        elif isinstance(n, (ast.ClassDef, ast.FunctionDef)):
+            out.add(n.name)
+    return out
+
+
+def _free_globals(node) -> set:
+    """Names a definition loads that none of its own scopes binds (a coarse check: any binding
+    anywhere inside the definition counts)."""
+    loaded, bound = set(), set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name):
+            (loaded if isinstance(n.ctx, ast.Load) else bound).add(n.id)
+        elif isinstance(n, ast.arg):
+            bound.add(n.arg)
+        elif isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef, ast.Lambda)):
+            bound.add(getattr(n, "name", ""))
+        elif isinstance(n, ast.alias):
+            bound.add((n.asname or n.name).split(".")[0])
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            bound.add(n.name)
+    return loaded - bound
+
+
+def extract_references(module: str) -> tuple[str, list[str]]:
+    """(source of the folder module, kind modules it imports) from a kind file: the torch-only
+    imports of its plain-torch section and the ``@register_reference`` definitions (decorators
+    stripped). The section may import another kind file's references (that file's module joins
+    the folder)."""
+    path = Path(inspect.getsourcefile(importlib.import_module(module)))
+    source = path.read_text()
+    lines = source.split("\n")
+    end = next((i + 1 for i, line in enumerate(lines) if line.startswith(SECTION_END)), len(lines) + 1)
+    tree = ast.parse(source)
+    imports, defs, deps, dropped = [], [], [], {}
+    for node in tree.body:
+        if node.lineno >= end:
+            break
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            if isinstance(node, ast.ImportFrom) and node.module in DROPPED:
+                continue
+            if (isinstance(node, ast.ImportFrom) and node.module != module and _has_references(node.module or "")
+                    and {a.name for a in node.names} <= _reference_names(node.module)):
+                deps.append(node.module)
+                imports.append(node)
+                continue
+            if all(m.split(".")[0] in ALLOWED_TOP or m in LIBRARY_FILES for m in mods):
+                imports.append(node)
+            else:  # not torch-only (megatron, the megahash library): not part of the reference
+                dropped.update({(a.asname or a.name).split(".")[0]: mods[0] for a in node.names})
+        elif isinstance(node, (ast.ClassDef, ast.FunctionDef)) and any(map(_is_reference_decorator,
+                                                                            node.decorator_list)):
+            defs.append(node)
+    if not defs:
+        raise ConfigError(f"{path.name}: no @register_reference definition above '{SECTION_END}'")
+    known = _bound_names(imports + defs) | set(dir(builtins)) | {"__name__", "__class__", "register_reference"}
+    out = []
+    for node in imports:
+        text = "\n".join(lines[node.lineno - 1:node.end_lineno])
+        megahash_module = isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "megahash"
+        out.append(_relative(node) if megahash_module or getattr(node, "module", None) in deps else text)
+    out.append("")
+    for node in defs:
+        free = _free_globals(node) - known
+        if free:
+            where = ", ".join(f"{n} (from {dropped[n]}: not torch-only)" if n in dropped else n for n in sorted(free))
+            raise ConfigError(f"{path.name}: reference {node.name} uses {where} outside its plain-torch section; "
+                              "import it from torch, math, typing or a torch-only megahash module "
+                              "(megahash.convert.remote_code.LIBRARY_FILES), or define it with @register_reference")
+        out.append("\n" + "\n".join(lines[node.lineno - 1:node.end_lineno]) + "\n")
+    doc = (f'"""Plain-torch reference of {module} (extracted by megahash export-hf from the library\'s '
+           f'{path.name}; do not edit)."""\n')
+    return doc + "\n".join(out).rstrip("\n") + "\n", deps
+
+
+def references() -> dict:
+    from megahash.models.reference_table import references as table
+
+    return table()
+
+
+def head_keys(cfg) -> list[str]:
+    return [f"objective:{cfg.train.objective}", f"head:{cfg.model.head}"]
+
+
+def needed_kinds(cfg, model) -> list[str]:
+    """Reference names the model needs: its layers' attention kinds, its embedding kind and, unless
+    its head is the vocabulary head over ``output_layer``, the head (``objective:NAME`` or ``head:NAME``)."""
+    from megahash.models import registry
+
+    kinds = list(dict.fromkeys(model.layer_kinds if hasattr(model, "layer_kinds") else registry.schedule_kinds(cfg)))
+    kinds.append(cfg.model.embedding)
+    head = getattr(model, "head", None)
+    if head is not None and not getattr(head, "uses_output_layer", False):
+        table = references()
+        keys = head_keys(cfg)
+        kinds.append(next((k for k in keys if k in table), " or ".join(keys)))  # none: named as missing
+    return kinds
+
+
+def missing_references(cfg, model) -> list[str]:
+    table = references()
+    return [k for k in needed_kinds(cfg, model) if k not in table]
+
+
+def check_references(cfg, model) -> None:
+    """One-line error naming every kind of the model that has no plain-torch reference."""
+    missing = missing_references(cfg, model)
+    if missing:
+        raise ConfigError(f"export-hf: no plain-torch reference (@register_reference) for kind(s) "
+                          f"{', '.join(missing)}; add one to the kind's file or use --format qwen2 where eligible")
+
+
+def assemble(kinds) -> dict:
+    """{file name: text} of the remote code for the reference names ``kinds``."""
+    table = references()
+    missing = [k for k in kinds if k not in table]
+    if missing:
+        raise ConfigError(f"export-hf: no plain-torch reference (@register_reference) for kind(s) {', '.join(missing)}")
+    files = {}
+    for module, name in LIBRARY_FILES.items():
+        path = Path(inspect.getsourcefile(importlib.import_module(module)))
+        files[name + ".py"] = rewrite_imports(path.read_text(), path.name)
+    entries, modules = [], {}
+    for kind in kinds:
+        cls = table[kind]
+        modules.setdefault(cls.__module__, None)
+        entries.append((kind, kind_module_file(cls.__module__), cls.__name__))
+    todo = list(modules)
+    while todo:
+        module = todo.pop()
+        if kind_module_file(module) + ".py" in files:
+            continue
+        text, deps = extract_references(module)
+        files[kind_module_file(module) + ".py"] = text
+        todo += deps
+    imports = sorted({(f, c) for _, f, c in entries})
+    body = "".join(f"from .{f} import {c}\n" for f, c in imports)
+    rows = "".join(f"    {k!r}: {c},\n" for k, _, c in entries)
+    files[TABLE_MODULE + ".py"] = (
+        '"""{kind name: plain-torch reference class} of this model (written by megahash export-hf)."""\n'
+        f"{body}\n_TABLE = {{\n{rows}}}\n\n\ndef references() -> dict:\n    return _TABLE\n")
+    return files
+
+
+def write(out: Path, kinds) -> list[str]:
+    """Write the remote code for ``kinds`` into ``out``; returns the file names."""
+    files = assemble(kinds)
+    for name, text in files.items():
+        tmp = out / (name + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(out / name)
+    return sorted(files)
+
+
+def stale_files(out: Path) -> list[Path]:
+    """Remote-code files an earlier export may have left in ``out``."""
+    names = {*(n + ".py" for n in LIBRARY_FILES.values()), TABLE_MODULE + ".py"}
+    return [p for p in out.glob("*.py") if p.name in names or p.name.startswith("megahash_")]
+

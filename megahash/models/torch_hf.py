@@ -1,0 +1,435 @@
+"""Megahash language models in transformers: the ``PreTrainedModel`` wrapper around the plain-torch
+shell (:mod:`megahash.models.torch_model`), written as ``modeling_megahash.py`` by ``megahash
+export-hf`` (:mod:`megahash.convert.remote_code` assembles the folder from the library's own
+torch-only modules and each kind's ``@register_reference`` class).
+
+Self-contained in the export: torch + transformers (+ numpy through the hashing module for raw
+text), no megatron-core or DeepSpeed. Parameter names are megahash's TP=1 names
+(``model.embedding.*``, ``model.decoder.layers.N.self_attention.linear_q.weight``, ...,
+``output_layer.weight``, ``head.linear.*``), so the export is a plain copy of the weights and the
+import its inverse.
+
+Architecture (``MegahashLM`` of megahash/models/model.py): embedding (the embedding kind's reference,
+special-token table) -> layers (one attention kind per layer from the config's ``layer_specs``,
+`skip` layers as identities) -> final norm -> head (vocab logits, tied or not; or the head kind's
+reference). RoPE is megatron's non-interleaved rotary (rotate_half), base ``rope_theta``.
+
+``generate()`` caches (:class:`MegahashCache`, one dict per layer, batch first): each attention
+reference keeps what it needs (softmax kinds keys/values, linear kinds their recurrent state, the
+fixed-Q/K kinds the values only: their Q, K come from the fixed input run once through the stack
+and kept as cached maps, recomputed in training mode or after
+:meth:`MegahashPreTrainedModel.reset_fixed_maps`).
+
+Hash embeddings read ``hash_codes`` [b, s, width] (the data stage's side-shard codes); the model's
+``encode_text(text)`` computes ids and codes with the hashing module's ``TextCoder`` (files of the
+exported folder), and ``generate()`` computes the codes of generated tokens the same way.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast, MaskedLMOutput
+
+try:
+    from transformers import GenerationMixin
+except ImportError:  # pragma: no cover - very old transformers
+    GenerationMixin = object
+try:
+    from transformers.cache_utils import Cache as _CacheBase
+except ImportError:  # pragma: no cover
+    _CacheBase = object
+
+from megahash.models.hf_config import MegahashConfig
+from megahash.models.torch_model import (
+    Decoder, FixedInput, RobertaEmbeddingExtras, build_embedding, build_head,
+)
+from megahash.models.torch_ops import is_roberta, rope_cos_sin
+
+
+# =============================================================================== cache
+
+class MegahashCache(_CacheBase):
+    """Decoding state of every layer (dicts of batch-first tensors) and the number of tokens seen."""
+
+    is_compileable = False
+
+    def __init__(self, num_layers: int):
+        try:
+            super().__init__(layers=[])
+        except TypeError:  # pragma: no cover - other Cache signatures
+            pass
+        self.states = [dict() for _ in range(num_layers)]
+        self.offset = 0
+
+    def __len__(self):
+        return len(self.states)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.offset
+
+    def get_max_length(self, layer_idx=None) -> int:
+        return -1
+
+    def get_max_cache_shape(self, layer_idx: int = 0) -> int:
+        return -1
+
+    def get_query_offset(self, layer_idx: int = 0) -> int:
+        return self.offset
+
+    @property
+    def is_croppable(self) -> bool:
+        return False
+
+    @property
+    def is_initialized(self) -> bool:
+        return self.offset > 0
+
+    @property
+    def batch_size(self) -> int:
+        for st in self.states:
+            for v in st.values():
+                return v.shape[0]
+        return -1
+
+    def reset(self):
+        self.states = [dict() for _ in self.states]
+        self.offset = 0
+
+    def _map(self, fn):
+        for st in self.states:
+            for k in list(st):
+                st[k] = fn(st[k])
+
+    def reorder_cache(self, beam_idx):
+        self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_select_indices(self, indices):
+        self._map(lambda t: t[indices])
+
+    def batch_repeat_interleave(self, repeats: int):
+        self._map(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove:
+            raise NotImplementedError("MegahashCache cannot be cropped (recurrent states of linear attention kinds)")
+
+
+# =============================================================================== models
+
+class MegahashPreTrainedModel(PreTrainedModel):
+    config_class = MegahashConfig
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = False
+    _no_split_modules = ["Layer"]
+    _supports_sdpa = True
+
+    def _init_weights(self, module):
+        std = float((self.config.megahash_config.get("model") or {}).get("init_std", 0.02))
+        if isinstance(module, nn.Linear):
+            module.weight.data.normal_(0.0, std)
+            if module.bias is not None:
+                module.bias.data.zero_()
+        elif isinstance(module, nn.Embedding):
+            module.weight.data.normal_(0.0, std)
+
+    # -- text helpers -------------------------------------------------------------------------
+    def set_text_coder(self, coder) -> None:
+        """Use ``coder`` (a ``hashing_megahash.TextCoder``) for ``encode_text`` and generation."""
+        self._text_coder = coder
+        if isinstance(getattr(self, "model", None), MegahashPreTrainedModel):
+            self.model._text_coder = coder
+
+    def codes_for_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Word-hash codes [b, s, width] of token id rows (each row one text from its start), computed
+        by the text coder; word streams: from the word table (an <unk> token gets zero codes, while
+        ``encode_text`` hashes unknown words themselves)."""
+        coder = self.text_coder
+        rows = [torch.from_numpy(coder.codes(row)) for row in input_ids.tolist()]
+        codes = torch.stack(rows).to(input_ids.device)
+        return codes if codes.dtype == torch.uint8 else codes.long()
+
+    @property
+    def text_coder(self):
+        coder = getattr(self, "_text_coder", None)
+        if coder is None:
+            from megahash.hashing.text_coder import HASHING_FILE, TextCoder
+
+            folder = getattr(self.config, "_name_or_path", "") or ""
+            if folder and not os.path.isdir(folder):  # a Hub repository id: fetch the hashing files
+                try:
+                    from huggingface_hub import snapshot_download
+
+                    folder = snapshot_download(folder, allow_patterns=["megahash_*", "tokenizer.model"])
+                except Exception:  # offline / no such repository: reported below
+                    pass
+            if not os.path.isfile(os.path.join(folder, HASHING_FILE)):
+                raise ValueError(f"no {HASHING_FILE} in {folder!r}: load the model from its exported folder or call "
+                                 "model.set_text_coder(TextCoder.from_pretrained(folder))")
+            coder = self._text_coder = TextCoder.from_pretrained(folder)
+        return coder
+
+    def needs_codes(self) -> bool:
+        base = self.model if isinstance(getattr(self, "model", None), MegahashPreTrainedModel) else self
+        head = getattr(self, "head", None)
+        return bool(self.config.hash_spec) and (base.embedding_needs_codes()
+                                                or bool(getattr(head, "reads_codes", False)))
+
+    def embedding_needs_codes(self) -> bool:
+        base = self.model if isinstance(getattr(self, "model", None), MegahashPreTrainedModel) else self
+        return bool(getattr(base.embedding, "needs_codes", False))
+
+    def encode_text(self, text: str, return_tensors: bool = True):
+        """Raw text -> (input_ids [1, n], hash_codes [1, n, width] or None), as megahash's data stage
+        and evaluation tokenise and hash it."""
+        coder = self.text_coder
+        ids, words = coder.encode(text)
+        codes = coder.codes(ids, words) if self.needs_codes() else None
+        if not return_tensors:
+            return ids, codes
+        tid = torch.tensor([ids], dtype=torch.long, device=self.device)
+        if codes is None:
+            return tid, None
+        t = torch.from_numpy(codes)
+        t = t if t.dtype == torch.uint8 else t.long()
+        return tid, t.unsqueeze(0).to(self.device)
+
+    def reset_fixed_maps(self) -> None:
+        """Forget the cached fixed-input Q/K maps (call after changing weights in eval mode)."""
+        base = self.model if hasattr(self, "model") else self
+        base._fixed_cache = None
+
+
+class MegahashModel(MegahashPreTrainedModel):
+    """Embedding -> layers -> final norm; returns the last hidden states [b, s, h]."""
+
+    def __init__(self, config: MegahashConfig):
+        super().__init__(config)
+        self.embedding = build_embedding(config)
+        self.decoder = Decoder(config)
+        self.embedding_extras = RobertaEmbeddingExtras(config) if is_roberta(config) else None
+        self.fixed_qk = FixedInput(config) if config.fixed_qk else None
+        self._fixed_cache = None
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return getattr(self.embedding, "word_embeddings", None)
+
+    def _fixed_layers(self):
+        return [i for i, layer in enumerate(self.decoder.layers)
+                if getattr(layer.self_attention, "reads_fixed_input", False) and not layer.skip]
+
+    def fixed_maps(self, needed: int):
+        """{layer: (q [n, L, d], k [g, L, d])} of the fixed input (eq. 4.9-4.12), computed by running the
+        fixed input through the stack (cached in eval mode; recomputed with gradients in training)."""
+        fixed = self.fixed_qk
+        total = fixed.length()
+        if needed > total:
+            raise ValueError(f"{fixed.kind}: positions up to {needed} exceed the fixed input ({total} positions)")
+        param = next(self.parameters())
+        causal = self.config.arch == "decoder"
+        # causal: position t of the fixed pass sees positions <= t only, so one pass over the whole
+        # input serves every length; bidirectional (encoders): the pass has the batch's length
+        length = needed if (self.training or not causal) else total
+        key = (param.dtype, param.device, length)
+        if not self.training and self._fixed_cache is not None and self._fixed_cache[0] == key:
+            return self._fixed_cache[1]
+        with torch.set_grad_enabled(self.training and torch.is_grad_enabled()):
+            if fixed.source == "random":
+                emb = fixed.epsilon[:length].unsqueeze(0).to(param.dtype)
+            else:
+                emb = self.embedding(fixed.tokens[:length].unsqueeze(0), None)
+                if self.embedding_extras is not None:
+                    emb = self.embedding_extras(emb)
+            cos, sin = rope_cos_sin(0, length, self.config.hidden_size // self.config.num_attention_heads,
+                                    self.config.rope_theta, emb.device)
+            if self.embedding_extras is not None:  # no RoPE: the identity rotation
+                cos, sin = torch.ones_like(cos), torch.zeros_like(sin)
+            capture: dict = {}
+            ctx = {"offset": 0, "cos": cos, "sin": sin, "embeddings": emb, "capture": capture, "key_mask": None}
+            last = max(self._fixed_layers())
+            x = emb
+            for i, layer in enumerate(self.decoder.layers[:last + 1]):
+                ctx["layer"] = i
+                x = layer(x, ctx, None)
+        if not self.training:
+            self._fixed_cache = (key, capture)
+        return capture
+
+    def forward(self, input_ids=None, hash_codes=None, attention_mask=None, past_key_values=None, use_cache=None,
+                output_hidden_states=False, return_dict=True, **kwargs):
+        b, s = input_ids.shape
+        decoder = self.config.arch == "decoder"
+        cache = past_key_values if isinstance(past_key_values, MegahashCache) else None
+        if cache is None and use_cache and decoder:
+            cache = MegahashCache(len(self.decoder.layers))
+        offset = cache.offset if cache is not None else 0
+        key_mask = None
+        if attention_mask is not None and attention_mask.dim() == 2:
+            am = attention_mask[:, -s:].bool() if decoder else attention_mask.bool()
+            if not decoder:
+                key_mask = am
+            elif not bool(am.all()):
+                # causal model: right padding changes nothing before it; left padding would
+                if bool((am[:, 1:] & ~am[:, :-1]).any()) or not bool(am[:, 0].all()):
+                    raise ValueError("megahash decoders support right padding only; generate prompts of "
+                                     "different lengths one at a time (or with batch_size=1)")
+        if hash_codes is None and getattr(self.embedding, "needs_codes", False):
+            if offset:
+                raise ValueError("pass hash_codes for the new tokens when decoding with a cache "
+                                 "(generate() computes them)")
+            hash_codes = self.codes_for_ids(input_ids)  # e.g. lm-eval's hf model passes ids only
+        emb = self.embedding(input_ids, hash_codes)
+        cos, sin = rope_cos_sin(offset, s, self.config.hidden_size // self.config.num_attention_heads,
+                                self.config.rope_theta, emb.device)
+        if self.embedding_extras is not None:  # model.layout=roberta: learned positions, no RoPE
+            emb = self.embedding_extras(emb, key_mask)
+            cos, sin = torch.ones_like(cos), torch.zeros_like(sin)
+        fixed = None
+        if self.fixed_qk is not None and self._fixed_layers():
+            fixed = self.fixed_maps(offset + s)
+        ctx = {"offset": offset, "cos": cos, "sin": sin, "embeddings": emb, "key_mask": key_mask, "fixed": fixed}
+        hidden = [] if output_hidden_states else None
+        x = emb
+        for i, layer in enumerate(self.decoder.layers):
+            if hidden is not None:
+                hidden.append(x)
+            ctx["layer"] = i
+            x = layer(x, ctx, None if cache is None else cache.states[i])
+        if self.decoder.final_layernorm is not None:
+            x = self.decoder.final_layernorm(x)
+        if hidden is not None:
+            hidden.append(x)
+        if cache is not None:
+            cache.offset += s
+        return BaseModelOutputWithPast(last_hidden_state=x, past_key_values=cache,
+                                       hidden_states=tuple(hidden) if hidden is not None else None)
+
+
+class MegahashForCausalLM(MegahashPreTrainedModel, GenerationMixin):
+    """Decoder with its head: vocab logits [b, s, vocab_size] (the real vocabulary; TP padding rows are
+    kept in the weights but not scored), or the logits of the head kind's reference."""
+
+    def __init__(self, config: MegahashConfig):
+        super().__init__(config)
+        self.model = MegahashModel(config)
+        self.tied = bool(config.tie_embeddings) and getattr(self.model.embedding, "tieable", False)
+        self.head = build_head(config)
+        self.output_layer = (nn.Linear(config.hidden_size, config.padded_vocab_size, bias=False)
+                             if self.head is None and not self.tied else None)
+        self.post_init()
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # the model creates its own MegahashCache
+
+    def get_input_embeddings(self):
+        return self.model.get_input_embeddings()
+
+    def get_output_embeddings(self):
+        return self.output_layer
+
+    def head_logits(self, hidden):
+        if self.head is not None:
+            return self.head(hidden)
+        weight = self.model.embedding.weight if self.tied else self.output_layer.weight
+        return F.linear(hidden, weight[: self.config.vocab_size])
+
+    def forward(self, input_ids=None, hash_codes=None, attention_mask=None, past_key_values=None, use_cache=None,
+                labels=None, output_hidden_states=False, return_dict=True, logits_to_keep=0, **kwargs):
+        out = self.model(input_ids=input_ids, hash_codes=hash_codes, attention_mask=attention_mask,
+                         past_key_values=past_key_values, use_cache=use_cache,
+                         output_hidden_states=output_hidden_states)
+        hidden = out.last_hidden_state
+        if logits_to_keep:
+            hidden = hidden[:, -logits_to_keep:]
+        logits = self.head_logits(hidden)
+        loss = None
+        if labels is not None:
+            if self.head is None:  # causal LM: position t predicts labels[t + 1]
+                shift = logits[:, :-1] if self.config.arch == "decoder" else logits
+                tgt = labels[:, 1:] if self.config.arch == "decoder" else labels
+                loss = F.cross_entropy(shift.float().reshape(-1, shift.shape[-1]), tgt.reshape(-1), ignore_index=-100)
+            elif getattr(self.head, "token_classes", 0):  # a per-token classification head (Shuffle+Random)
+                loss = F.cross_entropy(logits.float().reshape(-1, self.head.token_classes), labels.reshape(-1),
+                                       ignore_index=-100)
+        cls = CausalLMOutputWithPast if self.config.arch == "decoder" else MaskedLMOutput
+        if cls is MaskedLMOutput:
+            return cls(loss=loss, logits=logits, hidden_states=out.hidden_states)
+        return cls(loss=loss, logits=logits, past_key_values=out.past_key_values, hidden_states=out.hidden_states)
+
+    # -- generation -------------------------------------------------------------------------
+    def _generation_codes(self, input_ids, given):
+        """Codes of the whole sequence so far: the given prompt codes, then the text coder's codes
+        of the generated tokens (computed over the full sequence, as megahash's evaluation does)."""
+        if given is not None and given.shape[1] >= input_ids.shape[1]:
+            return given[:, : input_ids.shape[1]]
+        codes = self.codes_for_ids(input_ids)
+        if given is not None:
+            codes[:, : given.shape[1]] = given.to(codes.dtype)
+        return codes
+
+    def generate(self, *args, **kwargs):
+        if self.head is not None or self.config.arch != "decoder":
+            raise ValueError("generate() needs a decoder with the vocabulary head; this model's head predicts "
+                             f"{'word-hash codes' if self.head is not None else 'masked tokens'} (use its logits)")
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        mask = kwargs.get("attention_mask")
+        if torch.is_tensor(input_ids) and torch.is_tensor(mask) and input_ids.shape[0] > 1 and not bool(mask.bool().all()):
+            return generate_left_padded(self, super().generate, input_ids, mask,
+                                        {k: v for k, v in kwargs.items() if k not in ("input_ids", "attention_mask")})
+        return super().generate(*args, **kwargs)
+
+    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None, hash_codes=None,
+                                      **kwargs):
+        inputs = super().prepare_inputs_for_generation(input_ids, past_key_values=past_key_values,
+                                                       attention_mask=attention_mask, **kwargs)
+        inputs.pop("position_ids", None)
+        if self.needs_codes() and self.embedding_needs_codes():
+            n = inputs["input_ids"].shape[1]
+            inputs["hash_codes"] = self._generation_codes(input_ids, hash_codes)[:, -n:]
+        else:
+            inputs.pop("hash_codes", None)
+        return inputs
+
+
+def generate_left_padded(model, generate, input_ids, mask, kwargs):
+    """Batched ``generate()`` of padded prompts (left padding, as transformers pads for generation; or
+    right): each prompt is generated without its padding (exactly the unbatched result, for every
+    attention kind, including the recurrent and fixed-input ones whose states padding would
+    disturb), and the rows are put back in the batch layout transformers returns: the prompts as
+    given, then the new tokens, rows that stopped early filled with ``pad_token_id``."""
+    if kwargs.get("return_dict_in_generate"):
+        raise ValueError("padded batches: generate() returns token ids here (return_dict_in_generate=False)")
+    gen_cfg = kwargs.get("generation_config") or model.generation_config
+    pad = kwargs.get("pad_token_id", getattr(gen_cfg, "pad_token_id", None))
+    if pad is None:
+        pad = getattr(gen_cfg, "eos_token_id", None)
+        pad = pad[0] if isinstance(pad, (list, tuple)) else (pad if pad is not None else 0)
+    codes = kwargs.pop("hash_codes", None)
+    rows = []
+    for i in range(input_ids.shape[0]):
+        keep = mask[i].bool()
+        row_kwargs = dict(kwargs)
+        if codes is not None:
+            row_kwargs["hash_codes"] = codes[i:i + 1, keep]
+        row = input_ids[i:i + 1, keep]
+        out = generate(row, attention_mask=torch.ones_like(row), **row_kwargs)
+        rows.append(out[0, row.shape[1]:])
+    width = max(r.shape[0] for r in rows)
+    new = torch.full((len(rows), width), int(pad), dtype=input_ids.dtype, device=input_ids.device)
+    for i, r in enumerate(rows):
+        new[i, : r.shape[0]] = r
+    return torch.cat([input_ids, new], dim=1)
+
+
+class MegahashForMaskedLM(MegahashForCausalLM):
+    """Encoders (``model.arch=encoder``): bidirectional, ``attention_mask`` is the padding mask;
+    logits of the MLM vocabulary head, or of the Shuffle+Random 3-way head."""
+
+
+__all__ = ["MegahashCache", "MegahashForCausalLM", "MegahashForMaskedLM", "MegahashModel", "MegahashPreTrainedModel"]

@@ -1,0 +1,207 @@
+"""The model exists once (issue 19, item 2): each kind's plain-torch reference lives in the kind's own
+file, the HF remote-code folder is assembled from the library's torch-only code, and the references
+are the TP=1 reference of the library model (embeddings and heads here; attention kinds in
+tests/test_attention.py::test_tp2_parity_all_kinds, export + transformers reload in tests/test_convert.py).
+"""
+from __future__ import annotations
+
+import ast
+import inspect
+import os
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import _emb_helpers as H  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("dist")  # one-rank world (conftest)
+
+
+def _batch(cfg, kind):
+    tok, codes = H.word_batches(H.KINDS[kind][0], 2, 17, 1, vocab_size=120)[0]
+    tok, codes = tok[:, :16], codes[:, :16]
+    padding = None
+    if cfg.model.arch == "encoder":
+        padding = torch.ones(tok.shape, dtype=torch.bool)
+        padding[1, -5:] = False
+    return tok, codes, padding
+
+
+@pytest.mark.parametrize("case", range(len(H.PARITY_CASES)),
+                         ids=[f"{k}{'+' + '+'.join(e) if e else ''}" for k, e in H.PARITY_CASES])
+def test_reference_equals_library_at_tp1(case):
+    """Every embedding kind and head (decoder and encoder; hash heads; Shuffle+Random): the plain-torch
+    reference (the HF export's model, weights through the export's name map) gives the library's
+    logits and the same gradient for every parameter, in float64."""
+    from megahash import platform
+    from megahash.convert.reference import reference_model, reference_names
+    from megahash.models.model import build_model
+
+    kind, extra = H.PARITY_CASES[case]
+    cfg = H.tiny_cfg(kind, list(extra), seq=16)
+    platform.seed_all(1234)
+    model = build_model(cfg, 200, dtype=torch.float64)
+    with torch.no_grad():  # zero-initialised rows (word_row, special, biases) must matter too
+        g = torch.Generator().manual_seed(5)
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.05)
+    ref = reference_model(cfg, model)
+    tok, codes, padding = _batch(cfg, kind)
+    codes = codes if codes.dtype == torch.uint8 else codes.long()
+    a = model(tok, hash_codes=codes, padding_mask=padding)
+    b = ref(input_ids=tok, hash_codes=codes, attention_mask=None if padding is None else padding.long()).logits
+    keep = padding if padding is not None else torch.ones(tok.shape, dtype=torch.bool)
+    assert a.shape == b.shape
+    assert (a - b)[keep].abs().max().item() < 1e-9
+    w = torch.randn(a[keep].shape, generator=torch.Generator().manual_seed(9), dtype=a.dtype)
+    (a[keep] * w).sum().backward()
+    (b[keep] * w).sum().backward()
+    params = dict(ref.named_parameters())
+    names = reference_names(model, ref)
+    checked = 0
+    for name, p in model.named_parameters():
+        if p.grad is None:
+            continue
+        q = params[names[name]]
+        rel = ((q.grad - p.grad).abs().max() / p.grad.abs().max().clamp_min(1e-30)).item()
+        assert rel < 1e-5, (name, rel)  # float64 models; proj/rolling compute their features in float32
+        checked += 1
+    assert checked == sum(1 for p in model.parameters() if p.grad is not None) > 0
+
+
+def test_export_names_a_kind_without_reference_before_writing(tmp_path, monkeypatch):
+    """A kind with no @register_reference: export-hf fails with one line naming the kind, and writes nothing."""
+    from megahash.config import load_config
+    from megahash.convert.export import export_model
+    from megahash.errors import ConfigError
+    from megahash.models import registry
+    from megahash.models.model import build_model
+
+    cfg = load_config(None, ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4",
+                             "model.ffn_hidden_size=64", "model.schedule=list:mha,nonapprox", "data.seq_length=16"])
+    model = build_model(cfg, 200)
+    registry._load_variants()
+    monkeypatch.delitem(registry.REFERENCES, "nonapprox")
+    out = tmp_path / "hf"
+    with pytest.raises(ConfigError) as e:
+        export_model(cfg, model, out, fmt="megahash")
+    assert "nonapprox" in str(e.value) and "mha" not in str(e.value).replace("megahash", "")
+    assert "\n" not in str(e.value)
+    assert not out.exists()
+
+
+def test_folder_is_assembled_from_the_library_code():
+    """The remote code is the library's: the shell/wrapper/ops modules verbatim up to import lines, and
+    each kind's reference class exactly its source in the kind's own file (decorators stripped);
+    nothing under megahash/convert/ defines a model module of its own."""
+    from megahash.convert import remote_code
+
+    table = remote_code.references()
+    folder = remote_code.assemble(sorted(table))
+    back = {f: m for m, f in remote_code.LIBRARY_FILES.items()} | {"megahash_references": "megahash.models.reference_table"}
+    for module, name in remote_code.LIBRARY_FILES.items():
+        lib = ast.parse(Path(inspect.getsourcefile(__import__(module, fromlist=["x"]))).read_text())
+        got = ast.parse(folder[name + ".py"])
+        for node in ast.walk(got):  # the folder's relative imports, mapped back to the library's modules
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                node.module, node.level = back[node.module], 0
+        assert ast.dump(got) == ast.dump(lib), name  # the same module, statement for statement
+    for kind, cls in table.items():
+        text = folder[remote_code.kind_module_file(cls.__module__) + ".py"]
+        src = inspect.getsource(cls).split("\n")
+        body = "\n".join(line for line in src if not line.startswith("@register_reference"))
+        assert body in text, kind
+        assert "megatron" not in text and "register_reference" not in text
+    assert "megahash_references.py" in folder and all(f"{k!r}:" in folder["megahash_references.py"] for k in table)
+    for f in sorted((ROOT / "megahash" / "convert").rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases = {ast.unparse(b) for b in node.bases}
+                assert not bases & {"nn.Module", "torch.nn.Module", "PreTrainedModel"}, (f, node.name)
+
+
+PLUGIN = '''"""A test kind outside the package: mha with doubled queries (its reference reuses mha's)."""
+from __future__ import annotations
+
+from megahash.models.attention.mha import GroupedQueryReference
+from megahash.models.registry import register_reference
+
+
+@register_reference("tmp-doubled-q")
+class DoubledQueryReference(GroupedQueryReference):
+    """softmax(2 Q K^T / sqrt(d_h)) V."""
+
+    def project(self, x):
+        q, k, v = super().project(x)
+        return 2 * q, k, v
+
+
+# ---- megatron-core implementation
+from megatron.core import parallel_state  # noqa: E402,F401  (not torch-only: never copied)
+'''
+
+BAD_PLUGIN = '''from __future__ import annotations
+
+from megahash.models.attention.mha import GroupedQueryReference
+from megahash.models.registry import register_reference
+
+
+@register_reference("tmp-bad")
+class BadReference(GroupedQueryReference):
+    def project(self, x):
+        return helper(super().project(x))
+
+
+def helper(t):
+    return t
+'''
+
+
+def test_plugin_kind_outside_the_package_is_assembled(tmp_path, monkeypatch):
+    """A kind file outside megahash whose reference subclasses another kind's: the folder gets both
+    modules (relative imports), loads as a package and computes what the library's reference does;
+    a reference that uses a name from outside its section is refused, naming the name."""
+    import importlib
+    import sys
+
+    from megahash.convert import remote_code
+    from megahash.errors import ConfigError
+    from megahash.models import registry, torch_hf
+    from megahash.models.hf_config import MegahashConfig
+
+    remote_code.references()
+    monkeypatch.setattr(registry, "REFERENCES", dict(registry.REFERENCES))
+    (tmp_path / "tmp_plugin_kind.py").write_text(PLUGIN)
+    (tmp_path / "tmp_bad_plugin_kind.py").write_text(BAD_PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("tmp_plugin_kind")
+    importlib.import_module("tmp_bad_plugin_kind")
+    with pytest.raises(ConfigError, match="helper"):
+        remote_code.assemble(["tmp-bad"])
+    files = remote_code.assemble(["tmp-doubled-q", "vocab"])
+    assert {"megahash_tmp_plugin_kind.py", "megahash_attention_mha.py"} <= set(files)
+    assert "megatron" not in files["megahash_tmp_plugin_kind.py"] and "tmp-bad" not in files["megahash_references.py"]
+    pkg = tmp_path / "exported_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    folder = importlib.import_module("exported_pkg.modeling_megahash")
+    fields = dict(vocab_size=50, padded_vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                  intermediate_size=64, embedding="vocab", head="vocab", qkv_bias=True,
+                  layer_specs=[{"kind": "tmp-doubled-q", "groups": 4}, {"kind": "tmp-doubled-q", "groups": 2}])
+    config_cls = importlib.import_module("exported_pkg.configuration_megahash").MegahashConfig
+    torch.manual_seed(0)
+    a = folder.MegahashForCausalLM(config_cls(**fields)).eval()
+    b = torch_hf.MegahashForCausalLM(MegahashConfig(**fields)).eval()
+    b.load_state_dict(a.state_dict())
+    ids = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(a(input_ids=ids).logits, b(input_ids=ids).logits)
+    assert type(a.model.decoder.layers[0].self_attention).__module__ == "exported_pkg.megahash_tmp_plugin_kind"
+    for name in [m for m in sys.modules if m.startswith(("exported_pkg", "tmp_plugin_kind", "tmp_bad_plugin_kind"))]:
+        del sys.modules[name]
