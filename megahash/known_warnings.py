@@ -13,6 +13,9 @@ libraries are imported. Listed here, each with why it is harmless:
 - DeepSpeed's INFO log lines (config dumps, "Using client Optimizer", ZeRO setup): set to
   WARNING; megahash prints its own one-line summary of the run.
 - "pkg_resources is deprecated" (setuptools, imported by older dependencies).
+- megatron-core's log line "Unknown MLP type ... Using default kwargs" (one per layer): TransformerLayer
+  says it of any MLP subclass (megahash's FeedForward, models/feedforward.py) and then passes no
+  ``tp_group``, so the MLP takes the default tensor-parallel group: the one it would have been given.
 - torch "`torch.distributed.all_gather_into_tensor` is deprecated" (FutureWarning, per ZeRO step
   in DeepSpeed): the name's deprecation, the collective is what DeepSpeed needs.
 
@@ -44,6 +47,17 @@ KNOWN_HARMLESS = [
     (r"The following imports from .dynamic_context\.py.", DeprecationWarning),
 ]
 QUIET_LOGGERS = ("DeepSpeed", "deepspeed")
+# logger -> messages (prefixes) dropped from it
+QUIET_MESSAGES = {"megatron.core.transformer.transformer_layer": ("Unknown MLP type",)}
+
+
+class _DropMessages(logging.Filter):
+    def __init__(self, prefixes):
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefixes)
 
 _installed = False
 
@@ -60,6 +74,8 @@ def install() -> None:
         warnings.filterwarnings("ignore", message=message, category=category)
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+    for name, prefixes in QUIET_MESSAGES.items():
+        logging.getLogger(name).addFilter(_DropMessages(prefixes))
 
 
 def quiet_deepspeed_logger() -> None:

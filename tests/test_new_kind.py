@@ -28,6 +28,27 @@ ATTENTION, EMBEDDING = "tiedqk", "scaled-vocab"
 ATTENTION_FILE = '''
 """Tied query-key attention ``tiedqk`` (a test kind): Q_i = K_i = X W_i^{QK}, V_i = X W_i^V, softmax
 attention otherwise. Q/K/V parameters 2 d^2 n^2 (d = head dim, n = heads); decode cache K and V."""
+# ---- plain-torch reference (the Hugging Face export's code of this kind)
+import torch.nn as nn
+
+from megahash.models.registry import register_reference
+from megahash.models.torch_model import SoftmaxAttention
+from megahash.models.torch_ops import split_heads
+
+
+@register_reference("tiedqk")
+class TiedQKReference(SoftmaxAttention):
+    def __init__(self, config, spec):
+        super().__init__(config, spec)
+        self.linear_qk = nn.Linear(self.d_m, self.n * self.d, bias=self.qkv_bias)
+        self.linear_v = nn.Linear(self.d_m, self.n * self.d, bias=self.qkv_bias)
+
+    def project(self, x):
+        qk = split_heads(self.linear_qk(x), self.n)
+        return qk, qk, split_heads(self.linear_v(x), self.n)
+
+
+# ---- megatron-core implementation
 from megatron.core.transformer.spec_utils import ModuleSpec
 
 from megahash.models.attention.base import column, heads
@@ -73,6 +94,27 @@ def tiedqk_spec(cfg) -> ModuleSpec:
 
 EMBEDDING_FILE = '''
 """Scaled vocabulary embedding ``scaled-vocab`` (a test kind): e = (1 + a) E[token], a learned gain a."""
+# ---- plain-torch reference (the Hugging Face export's code of this kind)
+import torch
+import torch.nn as nn
+
+from megahash.models.registry import register_reference
+
+
+@register_reference("scaled-vocab")
+class ScaledVocabReference(nn.Module):
+    tieable = False
+
+    def __init__(self, config):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.padded_vocab_size, config.hidden_size)
+        self.gain = nn.Parameter(torch.zeros(1))
+
+    def forward(self, tokens, codes=None):
+        return self.word_embeddings(tokens) * (1 + self.gain)
+
+
+# ---- megatron-core implementation
 import torch
 from megatron.core import tensor_parallel
 
@@ -269,11 +311,31 @@ def test_one_step_pretrain_with_the_new_kinds(plugin, shakespeare_shards, tmp_pa
     assert (r.stdout + r.stderr).count("MFU n/a") == 1
 
 
-@pytest.mark.skip(reason="TODO(lead, issue 19 item 2): export + transformers reload of the plugin kinds, once the "
-                         "remote-code assembler (branch task-remote) merges: export a 2-layer model with "
-                         f"{ATTENTION} + {EMBEDDING} and compare AutoModel logits with megahash's")
-def test_export_and_transformers_reload_of_the_new_kinds(plugin):
-    pass
+def test_export_and_transformers_reload_of_the_new_kinds(plugin, dist, tmp_path):
+    """export-hf assembles the new kinds' plain-torch sections from their own files: transformers
+    (trust_remote_code, offline) loads the folder and its logits equal megahash's."""
+    from megahash import platform
+    from megahash.config import load_config
+    from megahash.convert.export import export_model
+    from megahash.convert.verify import load_hf
+    from megahash.models.model import build_model
+
+    cfg = load_config(None, ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=64",
+                             f"model.schedule=list:{ATTENTION},mha", f"model.embedding={EMBEDDING}",
+                             "data.seq_length=16", "model.tie_embeddings=false"])
+    platform.seed_all(0)
+    model = build_model(cfg, 120).eval()
+    with torch.no_grad():
+        model.embedding.gain.fill_(0.5)  # the gain must reach the export
+    export_model(cfg, model, tmp_path / "hf", vocab_size=120)
+    code = [f.read_text() for f in (tmp_path / "hf").glob("*tiedqk.py")]
+    assert len(code) == 1 and "TiedQKReference" in code[0] and "megatron" not in code[0]  # its file's torch-only section, nothing else
+    hf = load_hf(tmp_path / "hf")
+    tok = torch.randint(0, 120, (2, 11), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours = model(tok)[..., :120].float()
+        theirs = hf(input_ids=tok).logits.float()
+    torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-4)
 
 
 # -------------------------------------------------------------------------- no other file names a kind
@@ -285,8 +347,6 @@ HOMONYMS = {
     ("rolling", "megahash/hashing/"): "the rolling hash-spec family (hashing knows no model kinds)",
     ("add", "megahash/models/attention/mhe.py"): "MHE's add/mul head-embedding mode (eq. 3.5)",
 }
-# TODO(lead): drop once the remote-code branch removes the hand-written second implementation
-PENDING = ("megahash/convert/hf/",)
 
 
 def _constants(path: Path):
@@ -313,8 +373,6 @@ def test_no_library_file_but_its_own_names_a_kind():
     found: dict[str, set] = {name: set() for name in own}
     for path in sorted((ROOT / "megahash").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        if rel.startswith(PENDING):
-            continue
         for node in _constants(path):
             if node.value in own and path.resolve() not in own[node.value]:
                 if not any(node.value == n and rel.startswith(p) for n, p in HOMONYMS):

@@ -19,8 +19,8 @@ class MegahashConfig(_Base):
 
     def __init__(self, megahash_config=None, vocab_size=0, padded_vocab_size=0, hidden_size=64, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=None, intermediate_size=256, max_position_embeddings=2048,
-                 rope_theta=1_000_000.0, norm_eps=1e-6, arch="decoder", objective="clm", embedding="vocab",
-                 head="vocab", tie_embeddings=False, qkv_bias=True, layer_specs=None, embed=None, fixed_qk=None,
+                 rope_theta=1_000_000.0, norm_eps=1e-6, arch="decoder", objective="clm", embedding=None,
+                 head=None, tie_embeddings=False, qkv_bias=True, layer_specs=None, embed=None, fixed_qk=None,
                  hash_spec=None, code_width=0, num_buckets=0, megahash_step=0, tie_word_embeddings=False, **kwargs):
         self.megahash_config = megahash_config or {}
         self.vocab_size = vocab_size  # real vocabulary (tokenizer); logits have this width
@@ -35,7 +35,7 @@ class MegahashConfig(_Base):
         self.norm_eps = norm_eps
         self.arch = arch
         self.objective = objective
-        self.embedding = embedding
+        self.embedding = embedding  # kind names: written by the export (no default kind here)
         self.head = head
         self.tie_embeddings = tie_embeddings
         self.qkv_bias = qkv_bias
