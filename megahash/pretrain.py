@@ -15,7 +15,7 @@ import sys
 
 if __package__ in (None, ""):
     # Run as a script (deepspeed/torchrun megahash/pretrain.py): Python put megahash/ itself first on
-    # sys.path, where megahash/platform.py would shadow the stdlib ``platform``. Put the repository
+    # sys.path, where its modules would shadow top-level names (``config``, ``data``). Put the repository
     # root there instead.
     _here = os.path.dirname(os.path.abspath(__file__))
     sys.path = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]

@@ -16,7 +16,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from megahash import platform  # noqa: E402
+from megahash import accelerator  # noqa: E402
 from megahash.config import load_config  # noqa: E402
 
 DECODER_KINDS = ["mha", "gqa", "mqa", "sha", "skv", "el-att", "mhe-add", "mhe-mul",
@@ -43,7 +43,7 @@ def build(cfg, dtype=torch.float64, seed=0):
     from megahash.models.attention import fixed_qk
     from megahash.models.model import build_model
 
-    platform.seed_all(seed)
+    accelerator.seed_all(seed)
     model = build_model(cfg, VOCAB, dtype=dtype)
     if model.fixed_qk is not None and model.fixed_qk.source == "text":
         fixed_qk.set_fixed_tokens(model, [(7 * i + 5) % VOCAB for i in range(64)])

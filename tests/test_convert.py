@@ -128,13 +128,13 @@ def runs(shakespeare_shards, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def dist():
-    from megahash import platform
+    from megahash import accelerator
 
     saved = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")}
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(_reserve_ports(1)[0])
-    platform.init_distributed(1)
+    accelerator.init_distributed(1)
     yield
-    platform.teardown()
+    accelerator.teardown()
     for k, v in saved.items():
         if v is None:
             os.environ.pop(k, None)
@@ -154,11 +154,11 @@ def _cfg(shards, name):
 
 def _build(cfg, seed: int = 0):
     """A MegahashLM at TP=1 with random weights (+ noise on every parameter)."""
-    from megahash import platform
+    from megahash import accelerator
     from megahash.models.attention import fixed_qk
     from megahash.models.model import build_model
 
-    platform.seed_all(seed)
+    accelerator.seed_all(seed)
     model = build_model(cfg, 1000).eval()
     with torch.no_grad():
         g = torch.Generator().manual_seed(seed + 1)
@@ -356,10 +356,10 @@ def test_word_stream_export(shakespeare_shards, dist, tmp_path):
     cfg = load_config(None, [*SMALL, "model.num_layers=2", "model.schedule=list:mha,approx", "model.embedding=proj",
                              "model.embed.hash_spec=md5", f"data.prefix=[{prefix}]", "data.tokenizer=words"])
     codec = load_codec(cfg, None)
-    from megahash import platform
+    from megahash import accelerator
     from megahash.models.model import build_model
 
-    platform.seed_all(0)
+    accelerator.seed_all(0)
     model = build_model(cfg, codec.vocab_size).eval()
     write_weights_checkpoint(model, cfg, tmp_path / "ckpt", 1)
     export_hf(tmp_path / "ckpt", tmp_path / "hf")

@@ -45,12 +45,12 @@ def runs(shakespeare_shards, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lms(runs):
-    from megahash import platform
+    from megahash import accelerator
     from megahash.eval.lm import MegahashEvalLM
 
     out = {name: MegahashEvalLM(checkpoint=str(runs[name]), batch_size=8) for name in ("trained", "untrained")}
     yield out
-    platform.teardown()
+    accelerator.teardown()
 
 
 def _req(kind, *args):

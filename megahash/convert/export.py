@@ -358,9 +358,9 @@ def _teardown() -> None:
     import torch.distributed as dist
 
     if dist.is_initialized():
-        from megahash import platform
+        from megahash import accelerator
 
-        platform.teardown()
+        accelerator.teardown()
 
 
 if __name__ == "__main__":

@@ -90,7 +90,7 @@ def _tp1(tree: dict) -> dict:
 
 def build_model(tree: dict, padded: int, save_dir=None):
     """(cfg, TP=1 MegahashLM without initialisation) of a resolved config tree."""
-    from megahash import platform
+    from megahash import accelerator
     from megahash.config import config_from_dict
     from megahash.models.model import MegahashLM
 
@@ -101,8 +101,8 @@ def build_model(tree: dict, padded: int, save_dir=None):
     if save_dir is not None:
         tree.setdefault("train", {})["save_dir"] = str(save_dir)
     cfg = config_from_dict(tree)
-    platform.init_distributed(1)
-    platform.seed_all(cfg.train.seed)
+    accelerator.init_distributed(1)
+    accelerator.seed_all(cfg.train.seed)
     return cfg, MegahashLM(cfg, padded, torch.float32, init=False)
 
 

@@ -340,7 +340,7 @@ def evaluate_cell(grid: Grid, cell: Cell, out: Path) -> None:
     same code as ``eval_command``; one model load, no extra interpreter start per cell)."""
     import warnings
 
-    from megahash import platform
+    from megahash import accelerator
     from megahash.eval.run import _quiet_logs, evaluate_checkpoint
 
     warnings.filterwarnings("ignore")
@@ -352,7 +352,7 @@ def evaluate_cell(grid: Grid, cell: Cell, out: Path) -> None:
         evaluate_checkpoint(cell.dir, ev["tasks"], ev.get("tasks_dir"), out, limit, ev["batch_size"], quiet=True,
                             isolated=False)
     finally:
-        platform.teardown(barrier=False)
+        accelerator.teardown(barrier=False)
 
 
 def finish_cell(grid: Grid, cell: Cell, quiet: bool = False) -> dict:

@@ -131,15 +131,15 @@ def checkpoint_config(ckpt: Path, overrides: list[str] | None = None):
 
 def load_for_inference(path: str | Path, overrides: list[str] | None = None, dtype=torch.float32):
     """(cfg, model at TP=1 in eval mode, checkpoint dir) of a megahash checkpoint, in this process."""
-    from megahash import platform
+    from megahash import accelerator
     from megahash.models.model import MegahashLM
     from megahash.training import checkpoint
 
     ckpt = resolve_checkpoint(path)
     cfg = checkpoint_config(ckpt, overrides)
     state = checkpoint.read_state(ckpt)
-    platform.init_distributed(1)
-    platform.seed_all(cfg.train.seed)
+    accelerator.init_distributed(1)
+    accelerator.seed_all(cfg.train.seed)
     vocab = int(state.get("padded_vocab_size") or 0)
     if not vocab:
         raise CheckpointError(f"checkpoint {ckpt} does not record its vocabulary size")
