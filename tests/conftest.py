@@ -50,7 +50,7 @@ def pretrain(overrides: list[str], ranks: int = 1, config: str | None = None, ti
 
 
 def _free_port() -> int:
-    from launch.env import free_port
+    from megahash.launching.env import free_port
 
     return free_port()
 

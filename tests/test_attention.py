@@ -415,7 +415,7 @@ def test_tp2_parity_all_kinds(tmp_path):
     """TP=1 vs TP=2 vs TP=2+SP, same seed (megatron's CPU init draws the master weight, ours too):
     equal loss and global gradient norm for every kind (fp64), encoders included (megatron's MLP
     linear_fc2 bias under SP gets its gradient summed over TP by the model)."""
-    from launch.env import free_port
+    from megahash.launching.env import free_port
 
     out = tmp_path / "tp.json"
     worker = os.path.join(os.path.dirname(__file__), "attention_tp_worker.py")

@@ -71,7 +71,7 @@ _RESERVED: set = set()
 
 def _reserve_ports(n: int) -> list:
     """Free ports distinct from the ones handed out before (background runs bind theirs late)."""
-    from launch.env import free_port
+    from megahash.launching.env import free_port
 
     out = []
     while len(out) < n:

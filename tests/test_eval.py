@@ -212,7 +212,7 @@ def test_report_table_across_runs(runs, capsys):
 def test_indicators_cli_on_checkpoint(runs, capsys):
     from megahash.cli import main
 
-    from data_tools.sources import open_source, select_documents
+    from megahash.data_stage.sources import open_source, select_documents
 
     text = runs["dir"] / "held_out.txt"
     text.write_text("\n\n".join(select_documents(open_source("shakespeare"), 1150, 1152)))

@@ -1,6 +1,6 @@
 """``megahash sweep``: a 2x2 grid (uniform:mha / uniform:mlp x seeds 1, 2) of tiny decoders on the
 Shakespeare shards, run end to end locally and as a job array on a real local SLURM (two emulated
-nodes, launch/local_slurm.py); reruns skip finished cells; the report has one row per cell, its
+nodes, megahash/launching/local_slurm.py); reruns skip finished cells; the report has one row per cell, its
 parameter counts equal the trained models' own counts, and the SLURM cells train exactly as the
 local ones (same losses). Plus dry-run and one-line errors of bad grids.
 

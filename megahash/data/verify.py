@@ -12,7 +12,7 @@ Two levels (``data.verify``):
 - ``full``: the above plus the sha256 of every file listed in the meta.
 
 Every mismatch is one line (:class:`DataError`) naming the file and the fix. Pure numpy: the
-``.idx`` layout is the one ``data_tools/indexed_writer.py`` writes (megatron-core's).
+``.idx`` layout is the one ``megahash/data_stage/indexed_writer.py`` writes (megatron-core's).
 """
 from __future__ import annotations
 
@@ -46,6 +46,7 @@ def _fix(prefix: str) -> str:
 
 
 def sha256_file(path: str) -> str:
+    """Hex sha256 of a file (the one implementation: shard metas, the data stage, checkpoints)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

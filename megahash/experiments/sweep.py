@@ -54,10 +54,10 @@ from typing import Optional, Sequence
 
 import yaml
 
+from megahash.config_files import CONFIG_ROOT
 from megahash.errors import ConfigError, MegahashError
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-CONFIG_ROOT = ROOT / "configs"
 DONE_FILE = "sweep_cell.json"
 CELL_CONFIG = "cell_config.yaml"
 GRID_KEYS = {"name", "config", "overrides", "axes", "variants", "standard", "eval", "launch", "slurm", "out",
