@@ -411,6 +411,7 @@ TP_CASES = DECODER_KINDS + ["mha@g2", "approx@chunk", "approx-thesis@chunk", "ap
                             "mha@roberta", "mhe-mul@roberta", "approx-thesis@roberta"]
 
 
+@pytest.mark.multiprocess
 def test_tp2_parity_all_kinds(tmp_path):
     """TP=1 vs TP=2 vs TP=2+SP, same seed (megatron's CPU init draws the master weight, ours too):
     equal loss and global gradient norm for every kind (fp64), encoders included (megatron's MLP

@@ -188,6 +188,7 @@ def _assert_bitwise_equal(a: dict, b: dict):
 
 # ----------------------------------------------------------------------------------- tests
 
+@pytest.mark.multiprocess
 def test_hashing_helper_equals_megahash_hashing(shakespeare_shards, runs):
     """hashing_megahash.py (shipped in every export, numpy only) gives exactly megahash.hashing's codes."""
     import numpy as np
@@ -375,6 +376,7 @@ def test_word_stream_export(shakespeare_shards, dist, tmp_path):
     assert (ref - hf_logits(hf, ids, codes)).abs().max() < 1e-4
 
 
+@pytest.mark.multiprocess
 def test_tp2_export_equals_tp1_and_load_for_inference(runs, dist, tmp_path):
     """A TP=2 checkpoint exports (CLI, with its logit check) to the same tensors as the TP=1 run of the
     same seed (~1e-5), and its HF logits and greedy decoding equal load_for_inference's model."""
@@ -402,6 +404,8 @@ def test_tp2_export_equals_tp1_and_load_for_inference(runs, dist, tmp_path):
     assert out[0, ids.shape[1]:].tolist() == want
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_import_then_resume_training(runs, dist, tmp_path):
     """import-hf (CLI) writes a checkpoint that train.resume=auto continues, here at another TP size (2):
     with lr 1e-30 the weights after one more step equal the imported ones exactly (the optimizer's
@@ -424,6 +428,7 @@ def test_import_then_resume_training(runs, dist, tmp_path):
     _assert_bitwise_equal(_tensors(runs.hf("tp1")), _tensors(tmp_path / "hf2"))
 
 
+@pytest.mark.multiprocess
 def test_lm_eval_hf_matches_megahash(runs, dist, tmp_path):
     """lm_eval's ``hf`` model on the export (trust_remote_code) gives the same per-choice
     log-likelihoods as the ``megahash`` model on the checkpoint (offline local task)."""
@@ -466,6 +471,7 @@ def test_lm_eval_hf_matches_megahash(runs, dist, tmp_path):
     (["import-hf", "--hf", "/nonexistent/hf", "--output", "OUT"], "is not a Hugging Face model folder"),
     (["import-hf", "--hf", "TP1", "--output", "OUT"], "is not a Hugging Face model folder"),
 ])
+@pytest.mark.multiprocess
 def test_cli_errors_are_one_line(runs, dist, tmp_path, capsys, argv, expect):
     from megahash.cli import main
 

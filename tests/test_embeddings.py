@@ -281,6 +281,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.multiprocess
 def test_tp_sp_parity_every_embedding(tmp_path):
     """One 2-rank gloo launch: every embedding (and the S+R / hash heads) at TP=1, TP=2, TP=2+SP:
     same loss, same global gradients of the embedding and head parameters, and replicated

@@ -4,6 +4,8 @@ logged LR is the LR the step used (closed form of the schedule)."""
 import json
 import sys
 
+import pytest
+
 from conftest import pretrain, run, train_losses
 
 from megahash.data.validation import chunks_for_rank
@@ -29,6 +31,8 @@ def test_chunks_partition_the_same_set():
         assert ids == list(range(37))
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_validation_fixed_across_dp_steps_and_batch(shakespeare_shards, tmp_path):
     """1 rank x 20 steps (micro-batch 4) and 2 ranks x 40 steps (micro-batch 2, 2 accumulation
     steps): same validation loss at steps 10 and 20, on the same number of tokens, same weights."""

@@ -34,7 +34,8 @@ def read_hf(folder) -> dict:
     """{"tree", "format", "state" (megahash TP=1 names, float32), "padded", "step"} of an export."""
     from safetensors.torch import load_file
 
-    from megahash.convert.export import EXTRA_FILE, WEIGHTS_FILE, from_hf_names
+    from megahash.convert.export import from_hf_names
+    from megahash.convert.hf_folder import EXTRA_FILE, WEIGHTS_FILE
 
     folder = Path(folder)
     cfg_path = folder / "config.json"
@@ -150,7 +151,7 @@ def import_hf(hf_dir, output, step: int | None = None) -> dict:
 
 
 def main(argv=None) -> int:
-    from megahash.cli import run_guarded
+    from megahash.guarded import run_guarded
 
     p = argparse.ArgumentParser(prog="megahash import-hf", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

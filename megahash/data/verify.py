@@ -54,15 +54,21 @@ def sha256_file(path: str) -> str:
     return h.hexdigest()
 
 
-def read_meta(prefix: str) -> dict:
-    """The meta of a shard set; a set without one is refused (preprocess writes it last, so its
-    absence means the set is incomplete or not a megahash set)."""
+def read_meta(prefix: str | None, required: bool = True) -> dict:
+    """The meta of a shard set (the one reader of ``PREFIX_meta.json``). A set without one is refused
+    (preprocess writes it last, so its absence means the set is incomplete or not a megahash set);
+    ``required=False``: {} without a prefix or a meta (callers looking up optional facts: the
+    tokenizer, the stream), a meta that exists is still checked."""
+    if not prefix and not required:
+        return {}
     prefix = base_prefix(prefix)
     path = prefix + META_SUFFIX
     try:
         with open(path, encoding="utf-8") as f:
             meta = json.load(f)
     except FileNotFoundError:
+        if not required:
+            return {}
         if os.path.exists(prefix + TOKENS_SUFFIX + ".bin"):
             raise DataError(f"shard set {prefix} has no {os.path.basename(path)}: it is incomplete (an interrupted "
                             f"preprocess?); re-run data_tools/preprocess_data.py with the same arguments") from None

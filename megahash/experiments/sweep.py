@@ -54,6 +54,7 @@ from typing import Optional, Sequence
 
 import yaml
 
+from megahash.atomic_write import write_text_atomic
 from megahash.config_files import CONFIG_ROOT
 from megahash.errors import ConfigError, MegahashError
 
@@ -75,6 +76,11 @@ class Cell:
     values: dict  # dotted key (or "variant") -> value
     overrides: list[str]
     dir: Path
+
+    @property
+    def done(self) -> bool:
+        """Trained (and evaluated): its DONE_FILE exists."""
+        return (self.dir / DONE_FILE).is_file()
 
 
 @dataclass
@@ -275,7 +281,7 @@ def check_cells(grid: Grid, axis_keys: set) -> None:
 
 
 def is_done(cell: Cell) -> bool:
-    return (cell.dir / DONE_FILE).is_file()
+    return cell.done
 
 
 def trained_step(cell: Cell) -> int:
@@ -299,11 +305,7 @@ def write_plan(grid: Grid) -> None:
     _atomic(grid.out / "cells.txt", "".join(c.name + "\n" for c in grid.cells))
 
 
-def _atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+_atomic = write_text_atomic
 
 
 def train_command(grid: Grid, cell: Cell) -> list[str]:
@@ -495,7 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from megahash.cli import run_guarded
+    from megahash.guarded import run_guarded
 
     args = build_parser().parse_args(argv)
 

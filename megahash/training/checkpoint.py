@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from pathlib import Path
 
@@ -28,9 +27,7 @@ import torch.distributed as dist
 from megahash import accelerator
 from megahash.config import Config, save_config
 from megahash.errors import CheckpointError
-
-STATE_FILE = "megahash_state.json"
-TAG_RE = re.compile(r"^step_(\d{8})$")
+from megahash.training.checkpoint_files import STATE_FILE, TAG_RE, read_state  # noqa: F401 (re-exported)
 
 
 def tag_for(step: int) -> str:
@@ -97,13 +94,6 @@ def find_resume(save_dir: str | Path) -> Path | None:
     from megahash.training.checkpoint_faults import choose_resume
 
     return choose_resume(save_dir, warn=_rank() == 0)
-
-
-def read_state(ckpt: Path) -> dict:
-    try:
-        return json.loads((ckpt / STATE_FILE).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"checkpoint {ckpt} has no readable {STATE_FILE} ({e}); it is incomplete") from None
 
 
 def check_compatible(ckpt: Path, cfg: Config) -> dict:

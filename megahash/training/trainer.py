@@ -103,8 +103,9 @@ def evaluate(engine, batches, objective) -> tuple[float, int, int]:
     return (t[0] / t[1].clamp(min=1)).item(), int(t[1].item()), int(t[2].item())
 
 
-def train(cfg: Config) -> int:
-    """Run (or resume) pretraining; returns the process exit status."""
+def train(cfg: Config, at_end=None) -> int:
+    """Run (or resume) pretraining; returns the process exit status. ``at_end(save_dir)`` runs on rank 0
+    after the last step (the entry point's end-of-run evaluation, megahash/pretrain.py)."""
     from megatron.core import parallel_state
 
     from megahash.known_warnings import quiet_deepspeed_logger
@@ -240,11 +241,8 @@ def train(cfg: Config) -> int:
         log.close()
         if rank == 0 and cfg.logging.plot and step == t.steps:
             print(f"megahash: loss curve {plot_loss(save_dir)}", flush=True)
-        if rank == 0 and cfg.eval.at_end and step == t.steps and exit_status == 0:
-            from megahash.eval.run import evaluate_checkpoint
-
-            evaluate_checkpoint(save_dir, cfg.eval.tasks or None, cfg.eval.tasks_dir or None, None,
-                                batch_size=cfg.eval.batch_size)
+        if rank == 0 and at_end is not None and step == t.steps and exit_status == 0:
+            at_end(save_dir)  # training imports no eval (house rule: no import cycles)
         completed = True
         return exit_status
     finally:
