@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from megahash import platform  # noqa: E402
+from megahash import accelerator  # noqa: E402
 from megahash.config import load_config  # noqa: E402
 
 KINDS = ["mha", "gqa", "mqa", "sha", "skv", "el-att", "mhe-add", "mhe-mul",
@@ -46,15 +46,15 @@ def build(kind: str, args):
         f"model.max_position_embeddings={longest}", f"model.attention.fixed_seq_length={longest}",
         f"data.seq_length={max(args.seqs)}",
     ])
-    platform.seed_all(0)
-    model = build_model(cfg, VOCAB).to(platform.device())
+    accelerator.seed_all(0)
+    model = build_model(cfg, VOCAB).to(accelerator.device())
     if model.fixed_qk is not None and model.fixed_qk.source == "text":
         fixed_qk.set_fixed_tokens(model, [(31 * i + 7) % VOCAB for i in range(longest)])
     return model
 
 
 def sync():
-    if platform.has_gpu():
+    if accelerator.has_gpu():
         torch.cuda.synchronize()
 
 
@@ -76,7 +76,7 @@ def train_step(model, seq: int, reps: int) -> tuple[float, float]:
     """Seconds of forward+backward (fastest of ``reps``) and memory in bytes (peak CUDA / saved activations on CPU)."""
     from megatron.core import tensor_parallel
 
-    dev = platform.device()
+    dev = accelerator.device()
     tok = torch.randint(0, VOCAB, (1, seq), generator=torch.Generator().manual_seed(seq)).to(dev)
 
     def step():
@@ -87,7 +87,7 @@ def train_step(model, seq: int, reps: int) -> tuple[float, float]:
 
     model.train()
     step()  # warm-up
-    if platform.has_gpu():
+    if accelerator.has_gpu():
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     times = []
@@ -98,7 +98,7 @@ def train_step(model, seq: int, reps: int) -> tuple[float, float]:
         sync()
         times.append(time.perf_counter() - t0)
     elapsed = min(times)
-    if platform.has_gpu():
+    if accelerator.has_gpu():
         mem = torch.cuda.max_memory_allocated() - base
     else:
         seen, hooks = saved_bytes_hooks(model)
@@ -114,7 +114,7 @@ def decode_step(model, context: int, steps: int) -> float:
     """Median seconds of one single-token decoding step after a prefill of ``context`` tokens."""
     from megahash.models.model import DecodeState
 
-    dev = platform.device()
+    dev = accelerator.device()
     model.eval()
     tok = torch.randint(0, VOCAB, (1, context + steps), generator=torch.Generator().manual_seed(context)).to(dev)
     state = DecodeState(len(model.decoder.layers))
@@ -156,9 +156,9 @@ def main(argv=None):
     if "mha" not in kinds:
         kinds = ["mha"] + kinds
 
-    platform.init_distributed(1)
-    print(f"device={platform.device()} hidden={args.hidden} heads={args.heads} layers={args.layers} "
-          f"threads={torch.get_num_threads()} memory={'peak CUDA' if platform.has_gpu() else 'saved activations'}",
+    accelerator.init_distributed(1)
+    print(f"device={accelerator.device()} hidden={args.hidden} heads={args.heads} layers={args.layers} "
+          f"threads={torch.get_num_threads()} memory={'peak CUDA' if accelerator.has_gpu() else 'saved activations'}",
           flush=True)
     rows = {}
     t_start = time.perf_counter()
@@ -185,7 +185,7 @@ def main(argv=None):
         cells += [fmt(row[("decode", c)], ref[("decode", c)], "ms") for c in args.contexts]
         print("  ".join(cell.ljust(w) for cell, w in zip(cells, widths)))
     print(f"total {time.perf_counter() - t_start:.0f}s")
-    platform.teardown()
+    accelerator.teardown()
 
 
 if __name__ == "__main__":

@@ -150,15 +150,15 @@ def main(argv=None) -> int:
 
     from megatron.core.utils import init_method_normal
 
-    from megahash import platform
+    from megahash import accelerator
     from megahash.config import load_config
     from megahash.models import registry
     from megahash.models.model import transformer_config
 
-    platform.init_distributed(1)
-    platform.seed_all(0)
+    accelerator.init_distributed(1)
+    accelerator.seed_all(0)
     registry._load_variants()
-    dev = platform.device()
+    dev = accelerator.device()
     b = max(1, args.tokens // args.seq)
     s = args.tokens // b
     ws = words(b * s)
@@ -213,7 +213,7 @@ def main(argv=None) -> int:
         peak_s = f"{peak:.1f}" if peak is not None else "n/a"
         print(f"{label:<14}{n_params:>12,}{ms:>9.1f}{ratio_ms:>9.2f}{act:>9.1f}{ratio(act, 'act'):>9}"
               f"{peak_s:>9}{ratio(peak, 'peak'):>9}", flush=True)
-    platform.teardown()
+    accelerator.teardown()
     return 0
 
 

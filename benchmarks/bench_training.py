@@ -42,17 +42,17 @@ def fake_codes(cfg, batch, seq, torch):
 def measure(size: str, schedule: str, embedding: str, args, compiled: bool = False) -> dict:
     import torch
 
-    from megahash import platform
+    from megahash import accelerator
     from megahash.config import load_config
     from megahash.models.costs import train_flops_per_token
     from megahash.models.model import build_model
 
     cfg = load_config(None, [f"model.size={size}", f"model.schedule={schedule}", f"model.embedding={embedding}",
                              f"data.seq_length={args.seq}", f"model.max_position_embeddings={max(args.seq, 2048)}"])
-    dtype = platform.train_dtype(args.dtype)
-    platform.init_distributed(1)
-    platform.seed_all(1)
-    dev = platform.device()
+    dtype = accelerator.train_dtype(args.dtype)
+    accelerator.init_distributed(1)
+    accelerator.seed_all(1)
+    dev = accelerator.device()
     model = build_model(cfg, cfg.model.vocab_size or 50304, dtype).to(dev)
     if compiled:
         from megahash.training.trainer import compile_layers
@@ -78,8 +78,8 @@ def measure(size: str, schedule: str, embedding: str, args, compiled: bool = Fal
     step = statistics.median(times)
     tok_s = args.batch * args.seq / step
     flops = train_flops_per_token(cfg, vocab, args.seq) * tok_s
-    peak = platform.peak_flops(dtype)
-    platform.teardown()
+    peak = accelerator.peak_flops(dtype)
+    accelerator.teardown()
     return {"size": size, "schedule": schedule, "embedding": embedding, "compiled": compiled, "step_s": step, "tokens_per_s": tok_s,
             "tflops": flops / 1e12, "mfu": flops / peak if peak else None,
             "params": sum(p.numel() for p in model.parameters())}

@@ -125,13 +125,13 @@ def timed(fn) -> tuple[float, float]:
 def run_shape(name: str, shape: dict, args, prefix: str, tokenizer: str) -> dict:
     import torch
 
-    from megahash import platform
+    from megahash import accelerator
     from megahash.data.dataset import make_loader
     from megahash.training.profiling import TrainHarness
 
     cfg = megahash_config(shape, prefix, tokenizer, str(Path(args.work) / "cache"))
     total = args.warmup + args.rounds * args.steps
-    platform.init_distributed(1)
+    accelerator.init_distributed(1)
     try:
         mh = TrainHarness(cfg, total + 1)
         loader = make_loader(mh.data.train, 0, cfg.train.micro_batch_size, 0, 1)
@@ -164,7 +164,7 @@ def run_shape(name: str, shape: dict, args, prefix: str, tokenizer: str) -> dict
                   f" ratio {med['transformers'] / med['megahash']:.2f}x wall, "
                   f"{cpu['transformers'] / cpu['megahash']:.2f}x CPU time)", flush=True)
     finally:
-        platform.teardown()
+        accelerator.teardown()
     tok = shape["seq"] * shape["batch"]
     res = {"name": name, "params": mh.num_params, "vocab": mh.model.vocab_size, "n": len(times["megahash"][0])}
     for k, (w, c) in times.items():

@@ -22,7 +22,7 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 
 import numpy as np  # noqa: E402
 
-from data_tools.common import cli, one_line  # noqa: E402
+from megahash.data_stage.common import cli, one_line  # noqa: E402
 from megahash.errors import DataError  # noqa: E402
 
 

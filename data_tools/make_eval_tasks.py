@@ -51,8 +51,8 @@ from typing import Optional, Sequence
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from data_tools.common import InputError, cli  # noqa: E402
-from data_tools.sources import open_source, parse_doc_range, select_documents  # noqa: E402
+from megahash.data_stage.common import InputError, cli  # noqa: E402
+from megahash.data_stage.sources import open_source, parse_doc_range, select_documents  # noqa: E402
 
 DEFAULT_RANGES = {"shakespeare": "1100:", "bible-kjv": "0:", "bible": "0:"}
 DEFAULT_NAMES = {"shakespeare": "shk", "bible-kjv": "kjv", "bible": "kjv"}

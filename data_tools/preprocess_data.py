@@ -49,8 +49,9 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 import numpy as np  # noqa: E402
 
 import megahash  # noqa: E402
-from data_tools.common import DataError, InputError, cli, sha256_file  # noqa: E402
-from data_tools.encoding import (  # noqa: E402
+from megahash.data.verify import sha256_file  # noqa: E402
+from megahash.data_stage.common import DataError, InputError, cli  # noqa: E402
+from megahash.data_stage.encoding import (  # noqa: E402
     WORDS,
     ChunkEncoder,
     ChunkResult,
@@ -58,9 +59,9 @@ from data_tools.encoding import (  # noqa: E402
     GrowArray,
     resolve_tokenizer,
 )
-from data_tools.indexed_writer import IndexedShardWriter, optimal_token_dtype  # noqa: E402
-from data_tools.ordered_pool import OrderedPool  # noqa: E402
-from data_tools.sources import open_source, parse_doc_range, select_documents  # noqa: E402
+from megahash.data_stage.indexed_writer import IndexedShardWriter, optimal_token_dtype  # noqa: E402
+from megahash.data_stage.ordered_pool import OrderedPool  # noqa: E402
+from megahash.data_stage.sources import open_source, parse_doc_range, select_documents  # noqa: E402
 from megahash.hashing.codes import hash_words  # noqa: E402
 from megahash.hashing.lsh import DEFAULT_NGRAM_VOCAB, NGRAM_ORDERS, LSHModel  # noqa: E402
 from megahash.hashing.md5 import DEFAULT_KEY  # noqa: E402
@@ -111,10 +112,10 @@ class AtomicOutputs:
         return self.pending[final]
 
     def commit(self, last: str) -> None:
-        from data_tools.publish import publish
+        from megahash.data_stage.publish import publish
 
         self.remove_scratch()
-        publish(self.pending, last)  # old meta removed first, shards, then the meta (data_tools/publish.py)
+        publish(self.pending, last)  # old meta removed first, shards, then the meta (megahash/data_stage/publish.py)
         self.pending.clear()
 
     def cleanup(self) -> None:
@@ -306,7 +307,7 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     words_path = f"{prefix}_words.tsv" if words_mode else None
     meta_path = f"{prefix}_meta.json"
     finals = [p + ext for p in shards.values() for ext in (".bin", ".idx")] + [p for p in (lsh_path, words_path) if p]
-    from data_tools.publish import leftovers, remove
+    from megahash.data_stage.publish import leftovers, remove
 
     stale = leftovers(prefix, finals)  # an unpublished set (no meta) or temp files of dead runs: replaced
     remove(stale)

@@ -13,7 +13,7 @@ spaces, indentation, any script, control characters): the identity normaliser
 (characters outside the vocabulary, and "\n"/"\t", which sentencepiece never puts in pieces
 because it trains on lines, become UTF-8 byte pieces ``<0x0A>``). ``--lossy`` restores
 sentencepiece's default normaliser (NFKC, whitespace runs folded and stripped, unknown characters
--> ``<unk>`` unless ``--byte-fallback``). Input: any SRC of ``data_tools/sources.py``, streamed
+-> ``<unk>`` unless ``--byte-fallback``). Input: any SRC of ``megahash/data_stage/sources.py``, streamed
 into ``SentencePieceTrainer`` through ``sentence_iterator``: every non-blank line of every document
 is a sentence (lines longer than ``--max-sentence-length`` bytes are cut at spaces), at most
 ``--input-sentence-size`` of them are sampled by sentencepiece.
@@ -29,8 +29,8 @@ from typing import Iterator, Optional, Sequence
 if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from data_tools.common import InputError, cli, one_line  # noqa: E402
-from data_tools.sources import open_source, parse_doc_range, select_documents  # noqa: E402
+from megahash.data_stage.common import InputError, cli, one_line  # noqa: E402
+from megahash.data_stage.sources import open_source, parse_doc_range, select_documents  # noqa: E402
 from megahash.hashing.words import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID  # noqa: E402
 
 

@@ -18,7 +18,7 @@ import sys
 if __package__ in (None, ""):  # python launch/hostfile.py: make ``launch`` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from launch.env import NodeListError, expand_nodelist  # noqa: E402
+from megahash.launching.env import NodeListError, expand_nodelist  # noqa: E402
 
 
 def hostfile_from_slurm(nodelist: str, slots: int) -> str:

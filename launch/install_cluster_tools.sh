@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install the cluster tools the launch tests (tests/test_slurm.py) and mpirun launches use, when missing:
-#   Debian: slurmctld slurmd slurm-client (SLURM 22.05, run locally by launch/local_slurm.py),
+#   Debian: slurmctld slurmd slurm-client (SLURM 22.05, run locally by megahash/launching/local_slurm.py),
 #           openmpi-bin libopenmpi-dev (mpirun), bible-kjv (the offline `bible-kjv` corpus source);
 #   PyPI:   mpi4py (the `mpi` extra), with the CPU constraints file.
 # Needs root and apt-get for the Debian part. If anything cannot be installed this prints why and

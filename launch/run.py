@@ -9,7 +9,7 @@ Launchers (``--launcher``, default ``auto``):
   srun       inside a SLURM allocation: ``srun`` starts one task per rank (SLURM_NTASKS, i.e.
              ``--nodes`` x ``--ntasks-per-node``); every task runs ``python megahash/pretrain.py``
              and maps SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID to rank/world/local rank
-             (``launch/env.py``); MASTER_ADDR = first node, MASTER_PORT = 20000 + job id % 20000.
+             (``megahash/launching/env.py``); MASTER_ADDR = first node, MASTER_PORT = 20000 + job id % 20000.
              Signals sent to srun (SIGUSR1, SIGTERM) are forwarded to every task.
   torchrun   ``torchrun --nproc_per_node N``; inside a SLURM allocation one torchrun per node
              (``srun --ntasks-per-node=1``) with c10d rendezvous on the first node; the agent runs
@@ -38,7 +38,7 @@ import tempfile
 if __package__ in (None, ""):  # python launch/run.py: make ``launch`` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from launch.env import NodeListError, free_port, in_slurm_step, slurm_master_addr, slurm_port  # noqa: E402
+from megahash.launching.env import NodeListError, free_port, in_slurm_step, slurm_master_addr, slurm_port  # noqa: E402
 from launch.hostfile import hostfile_from_slurm, slots_from_slurm  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

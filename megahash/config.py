@@ -19,9 +19,8 @@ from typing import Any
 
 import yaml
 
+from megahash.config_files import CONFIG_ROOT, find_config  # shipped configs (package data)
 from megahash.errors import ConfigError
-
-CONFIG_ROOT = Path(__file__).resolve().parent.parent / "configs"
 
 
 @dataclass
@@ -342,7 +341,7 @@ def load_config(path: str | os.PathLike | list | tuple | None = None, overrides:
     """
     tree: dict = {}
     for p in [p for p in ([path] if isinstance(path, (str, os.PathLike)) else list(path or [])) if p]:
-        _deep_merge(tree, _load_yaml_tree(Path(p)))
+        _deep_merge(tree, _load_yaml_tree(find_config(p)))
     tree = apply_overrides(tree, list(overrides or []))
     size = (tree.get("model") or {}).pop("size", None)
     if size:

@@ -15,7 +15,7 @@ import sys
 
 if __package__ in (None, ""):
     # Run as a script (deepspeed/torchrun megahash/pretrain.py): Python put megahash/ itself first on
-    # sys.path, where megahash/platform.py would shadow the stdlib ``platform``. Put the repository
+    # sys.path, where its modules would shadow top-level names (``config``, ``data``). Put the repository
     # root there instead.
     _here = os.path.dirname(os.path.abspath(__file__))
     sys.path = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
@@ -51,7 +51,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     from megahash import known_warnings
-    from megahash.cli import run_guarded
+    from megahash.guarded import run_guarded
 
     known_warnings.install()  # before any library import (megahash/known_warnings.py lists them)
 
@@ -68,7 +68,13 @@ def main(argv=None) -> int:
         check_kinds(cfg)  # misspelt schedules/embeddings fail before the imports below
         from megahash.training.trainer import train
 
-        return train(cfg)
+        def evaluate_at_end(save_dir):  # cfg.eval.at_end: lm-eval on the final checkpoint, rank 0
+            from megahash.eval.run import evaluate_checkpoint
+
+            evaluate_checkpoint(save_dir, cfg.eval.tasks or None, cfg.eval.tasks_dir or None, None,
+                                batch_size=cfg.eval.batch_size)
+
+        return train(cfg, at_end=evaluate_at_end if cfg.eval.at_end else None)
 
     return run_guarded(run)
 

@@ -21,7 +21,7 @@ import torch.distributed as dist  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megahash import platform  # noqa: E402
+from megahash import accelerator  # noqa: E402
 from megahash.config import load_config  # noqa: E402
 
 VOCAB, SEQ, BATCH = 256, 16, 2
@@ -60,7 +60,7 @@ def setup(case: str, tp: int, sp: bool):
     from megahash.models.model import build_model
 
     cfg = case_config(case, tp, sp)
-    platform.seed_all(7)
+    accelerator.seed_all(7)
     model = build_model(cfg, VOCAB, dtype=torch.float64)
     if model.fixed_qk is not None and model.fixed_qk.source == "text":
         fixed_qk.set_fixed_tokens(model, [(11 * i + 3) % VOCAB for i in range(64)])
@@ -127,7 +127,7 @@ def main():
     out_path, cases = sys.argv[1], sys.argv[2].split(",")
     results = {case: {} for case in cases}
     for tp in (1, 2):  # one model-parallel set-up per TP size (creating groups is the slow part)
-        platform.init_distributed(tp)
+        accelerator.init_distributed(tp)
         for case in cases:
             for sp in ((False,) if tp == 1 else (False, True)):
                 results[case][f"tp{tp}{'sp' if sp else ''}"] = run_case(case, tp, sp)
@@ -136,7 +136,7 @@ def main():
     if dist.get_rank() == 0:
         with open(out_path, "w") as f:
             json.dump(results, f)
-    platform.teardown()
+    accelerator.teardown()
 
 
 if __name__ == "__main__":

@@ -26,11 +26,11 @@ def child_env(**extra) -> dict:
 @pytest.fixture(scope="module")
 def dist():
     """This process as a one-rank megatron/torch.distributed world for in-process model tests."""
-    from megahash import platform
+    from megahash import accelerator
 
-    platform.init_distributed(1)
+    accelerator.init_distributed(1)
     yield
-    platform.teardown()
+    accelerator.teardown()
 
 
 def run(args: list[str], timeout: int = 600, **env) -> subprocess.CompletedProcess:
@@ -56,7 +56,7 @@ def pretrain(overrides: list[str], ranks: int = 1, config: str | None = None, ti
 
 
 def _free_port() -> int:
-    from launch.env import free_port
+    from megahash.launching.env import free_port
 
     return free_port()
 

@@ -11,7 +11,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from megahash import platform  # noqa: E402
+from megahash import accelerator  # noqa: E402
 from megahash.config import load_config  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("dist")
@@ -100,7 +100,7 @@ def test_decode_state_is_table_4_8(extra):
     from megahash.models.model import DecodeState, build_model
 
     cfg = make_cfg("model.attention.chunk_size=4", *extra)
-    platform.seed_all(0)
+    accelerator.seed_all(0)
     model = build_model(cfg, VOCAB, dtype=torch.float64).eval()
     tok = torch.randint(0, VOCAB, (3, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -121,7 +121,7 @@ def test_decode_state_is_table_4_8(extra):
 def test_parameters_equal_mha():
     from megahash.models.model import build_model
 
-    platform.seed_all(0)
+    accelerator.seed_all(0)
     a = sum(p.numel() for p in build_model(make_cfg(), VOCAB).parameters())
     b = sum(p.numel() for p in build_model(make_cfg("model.schedule=uniform:mha"), VOCAB).parameters())
     assert a == b
@@ -135,7 +135,7 @@ def test_approx_projected_feature_dim():
     from megahash.models.model import DecodeState, build_model
 
     def model(*extra):
-        platform.seed_all(0)
+        accelerator.seed_all(0)
         return build_model(make_cfg("model.schedule=uniform:approx", *extra), VOCAB, dtype=torch.float64).eval()
 
     tok = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))

@@ -16,7 +16,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from megahash import platform  # noqa: E402
+from megahash import accelerator  # noqa: E402
 from megahash.config import load_config  # noqa: E402
 
 import _kinds  # noqa: E402
@@ -45,7 +45,7 @@ def build(cfg, dtype=torch.float64, seed=0):
     from megahash.models.attention import fixed_qk
     from megahash.models.model import build_model
 
-    platform.seed_all(seed)
+    accelerator.seed_all(seed)
     model = build_model(cfg, VOCAB, dtype=dtype)
     if model.fixed_qk is not None and model.fixed_qk.source == "text":
         fixed_qk.set_fixed_tokens(model, [(7 * i + 5) % VOCAB for i in range(64)])
@@ -410,12 +410,13 @@ TP_CASES = DECODER_KINDS + ["mha@g2", "approx@chunk", "approx-thesis@chunk", "ap
                             "mha@roberta", "mhe-mul@roberta", "approx-thesis@roberta"]
 
 
+@pytest.mark.multiprocess
 def test_tp2_parity_all_kinds(tmp_path):
     """TP=1 vs TP=2 vs TP=2+SP, same seed (megatron's CPU init draws the master weight, ours too):
     equal loss and global gradient norm for every kind (fp64), encoders included (megatron's MLP
     linear_fc2 bias under SP gets its gradient summed over TP by the model). The TP=1 model equals
     the kinds' plain-torch references (the code of the HF export): logits and every gradient."""
-    from launch.env import free_port
+    from megahash.launching.env import free_port
 
     out = tmp_path / "tp.json"
     worker = os.path.join(os.path.dirname(__file__), "attention_tp_worker.py")

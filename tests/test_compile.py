@@ -1,6 +1,6 @@
 """``train.compile``: torch.compile of each transformer layer (regional compilation) gives the
 eager model's loss and gradients, without graph breaks in the layers (megatron-core 0.16.1's
-RowParallelLinear warning, removed by ``platform.apply_megatron_fixes``, was one on rank 0)."""
+RowParallelLinear warning, removed by ``accelerator.apply_megatron_fixes``, was one on rank 0)."""
 from __future__ import annotations
 
 import os
@@ -10,7 +10,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from megahash import platform  # noqa: E402
+from megahash import accelerator  # noqa: E402
 from megahash.config import load_config  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("dist")
@@ -32,7 +32,7 @@ def test_compiled_layers_match_eager_without_graph_breaks(schedule):
     torch._dynamo.reset()
     counters.clear()
     for compiled in (False, True):
-        platform.seed_all(0)
+        accelerator.seed_all(0)
         model = build_model(cfg, 128, dtype=torch.float32)
         if compiled:
             compile_layers(model)

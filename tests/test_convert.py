@@ -98,7 +98,7 @@ _RESERVED: set = set()
 
 def _reserve_ports(n: int) -> list:
     """Free ports distinct from the ones handed out before (background runs bind theirs late)."""
-    from launch.env import free_port
+    from megahash.launching.env import free_port
 
     out = []
     while len(out) < n:
@@ -155,13 +155,13 @@ def runs(shakespeare_shards, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def dist():
-    from megahash import platform
+    from megahash import accelerator
 
     saved = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")}
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(_reserve_ports(1)[0])
-    platform.init_distributed(1)
+    accelerator.init_distributed(1)
     yield
-    platform.teardown()
+    accelerator.teardown()
     for k, v in saved.items():
         if v is None:
             os.environ.pop(k, None)
@@ -181,11 +181,11 @@ def _cfg(shards, name):
 
 def _build(cfg, seed: int = 0):
     """A MegahashLM at TP=1 with random weights (+ noise on every parameter)."""
-    from megahash import platform
+    from megahash import accelerator
     from megahash.models.attention import fixed_qk
     from megahash.models.model import build_model
 
-    platform.seed_all(seed)
+    accelerator.seed_all(seed)
     model = build_model(cfg, 1000).eval()
     with torch.no_grad():
         g = torch.Generator().manual_seed(seed + 1)
@@ -215,6 +215,7 @@ def _assert_bitwise_equal(a: dict, b: dict):
 
 # ----------------------------------------------------------------------------------- tests
 
+@pytest.mark.multiprocess
 def test_hashing_helper_equals_megahash_hashing(shakespeare_shards, runs):
     """megahash.hashing.text_coder (shipped in every export as hashing_megahash.py with megahash/hashing
     itself, numpy only) gives exactly the data stage's codes of sentencepiece streams."""
@@ -371,10 +372,10 @@ def test_word_stream_export(shakespeare_shards, dist, tmp_path):
     cfg = load_config(None, [*SMALL, "model.num_layers=2", "model.schedule=list:mha,approx", "model.embedding=proj",
                              "model.embed.hash_spec=md5", f"data.prefix=[{prefix}]", "data.tokenizer=words"])
     codec = load_codec(cfg, None)
-    from megahash import platform
+    from megahash import accelerator
     from megahash.models.model import build_model
 
-    platform.seed_all(0)
+    accelerator.seed_all(0)
     model = build_model(cfg, codec.vocab_size).eval()
     write_weights_checkpoint(model, cfg, tmp_path / "ckpt", 1)
     export_hf(tmp_path / "ckpt", tmp_path / "hf")
@@ -390,6 +391,7 @@ def test_word_stream_export(shakespeare_shards, dist, tmp_path):
     assert (ref - hf_logits(hf, ids, codes)).abs().max() < 1e-4
 
 
+@pytest.mark.multiprocess
 def test_tp2_export_equals_tp1_and_load_for_inference(runs, dist, tmp_path):
     """A TP=2 checkpoint exports (CLI, with its logit check) to the same tensors as the TP=1 run of the
     same seed (~1e-5), and its HF logits and greedy decoding equal load_for_inference's model."""
@@ -417,6 +419,8 @@ def test_tp2_export_equals_tp1_and_load_for_inference(runs, dist, tmp_path):
     assert out[0, ids.shape[1]:].tolist() == want
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_import_then_resume_training(runs, dist, tmp_path):
     """import-hf (CLI) writes a checkpoint that train.resume=auto continues, here at another TP size (2):
     with lr 1e-30 the weights after one more step equal the imported ones exactly (the optimizer's
@@ -439,6 +443,7 @@ def test_import_then_resume_training(runs, dist, tmp_path):
     _assert_bitwise_equal(_tensors(runs.hf("tp1")), _tensors(tmp_path / "hf2"))
 
 
+@pytest.mark.multiprocess
 def test_lm_eval_hf_matches_megahash(runs, dist, tmp_path):
     """lm_eval's ``hf`` model on the export (trust_remote_code) gives the same per-choice
     log-likelihoods as the ``megahash`` model on the checkpoint (offline local task)."""
@@ -481,6 +486,7 @@ def test_lm_eval_hf_matches_megahash(runs, dist, tmp_path):
     (["import-hf", "--hf", "/nonexistent/hf", "--output", "OUT"], "is not a Hugging Face model folder"),
     (["import-hf", "--hf", "TP1", "--output", "OUT"], "is not a Hugging Face model folder"),
 ])
+@pytest.mark.multiprocess
 def test_cli_errors_are_one_line(runs, dist, tmp_path, capsys, argv, expect):
     from megahash.cli import main
 

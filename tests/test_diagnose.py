@@ -38,6 +38,7 @@ def test_mqar_and_copy_sequences_are_well_formed():
         assert lab[5:10] == t[:5] and all(y == IGNORE for y in lab[:5] + lab[10:])
 
 
+@pytest.mark.slow
 def test_default_budget_separates_attention_from_no_mixing(tmp_path):
     out = tmp_path / "diag.json"
     r = subprocess.run([sys.executable, "-m", "megahash", "diagnose", "--kinds", "mha,mlp", "--tasks", "mqar",

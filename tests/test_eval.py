@@ -45,12 +45,12 @@ def runs(shakespeare_shards, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lms(runs):
-    from megahash import platform
+    from megahash import accelerator
     from megahash.eval.lm import MegahashEvalLM
 
     out = {name: MegahashEvalLM(checkpoint=str(runs[name]), batch_size=8) for name in ("trained", "untrained")}
     yield out
-    platform.teardown()
+    accelerator.teardown()
 
 
 def _req(kind, *args):
@@ -212,7 +212,7 @@ def test_report_table_across_runs(runs, capsys):
 def test_indicators_cli_on_checkpoint(runs, capsys):
     from megahash.cli import main
 
-    from data_tools.sources import open_source, select_documents
+    from megahash.data_stage.sources import open_source, select_documents
 
     text = runs["dir"] / "held_out.txt"
     text.write_text("\n\n".join(select_documents(open_source("shakespeare"), 1150, 1152)))

@@ -23,7 +23,7 @@ def _cfg(prefix, tokenizer, *extra):
 
 
 def _doc(i):
-    from data_tools.sources import open_source, select_documents
+    from megahash.data_stage.sources import open_source, select_documents
 
     return next(iter(select_documents(open_source("shakespeare"), i, i + 1)))
 
@@ -84,14 +84,14 @@ def test_hash_models_are_scored_through_their_codes(dist, word_shards, head, emb
     """Word stream + hash embedding, with the vocabulary head or a hash-code head (the hashed-word
     decoder): loglikelihood equals the head's own per-token loss on the codes; greedy generation
     picks words of the word table."""
-    from megahash import platform
+    from megahash import accelerator
     from megahash.eval.lm import MegahashEvalLM
     from megahash.eval.text import load_codec
     from megahash.models.model import build_model
 
     cfg = _cfg(word_shards, "words", f"model.embedding={emb}", f"model.embed.hash_spec={spec}", f"model.head={head}")
     codec = load_codec(cfg)
-    platform.seed_all(3)
+    accelerator.seed_all(3)
     model = build_model(cfg, codec.vocab_size).eval()
     lm = MegahashEvalLM.from_model(cfg, model, codec, batch_size=2)
     ctx, cont = "Now is the winter of our", " discontent made glorious"

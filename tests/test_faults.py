@@ -272,6 +272,8 @@ def _launch_and_kill_group(launcher: str, args: list[str], run_dir: Path, after_
     return out
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_sigterm_to_process_group_under_deepspeed_and_torchrun_resumes_bit_exactly(shakespeare_shards, tmp_path):
     """2 ranks, a periodic save every 4 steps. SIGTERM to the deepspeed launcher's whole process
     group after the first save; the run resumes under torchrun and its group gets SIGTERM after the
@@ -390,6 +392,8 @@ def test_set_without_meta_is_refused_and_rerun_needs_no_overwrite(shakespeare_sh
 
 
 # -- another layout -----------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_layout_change_is_one_line_then_weights_only_continues_the_data_order(shakespeare_shards, tmp_path, capsys):
     """2 ranks ZeRO-1 -> 1 rank ZeRO-3 -> 2 ranks TP=2. Without train.resume_weights_only the layout
     change is one line before DeepSpeed loads anything; with it each resume continues from the saved

@@ -58,7 +58,7 @@ def _kinds():
 def test_capture_reproduces_every_kinds_attention(dist, kind):
     """For every kind the captured (equivalent) map is a causal row-stochastic matrix and A V equals
     the attention output of the module; the model output is unchanged by capturing."""
-    from megahash import platform
+    from megahash import accelerator
     from megahash.config import load_config
     from megahash.models.model import build_model
 
@@ -66,7 +66,7 @@ def test_capture_reproduces_every_kinds_attention(dist, kind):
     cfg = load_config(None, ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=64",
                              f"model.schedule={schedule}", "model.max_position_embeddings=64", "data.seq_length=32",
                              "model.attention.fixed_seq_length=64"])
-    platform.seed_all(0)
+    accelerator.seed_all(0)
     model = build_model(cfg, 100).eval()
     if kind == "fixedseqqk":
         from megahash.models.attention.fixed_qk import set_fixed_tokens

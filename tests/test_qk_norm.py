@@ -9,7 +9,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from megahash import platform  # noqa: E402
+from megahash import accelerator  # noqa: E402
 from megahash.config import load_config  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("dist")
@@ -71,7 +71,7 @@ def test_decoder_with_qk_norm_equals_transformers_qwen3():
     from megahash.models.model import build_model
 
     cfg = cfg_of()
-    platform.seed_all(0)
+    accelerator.seed_all(0)
     model = build_model(cfg, VOCAB, dtype=torch.float64).eval()
     state = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
     for i, layer in enumerate(model.decoder.layers):  # non-trivial norm weights

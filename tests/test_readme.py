@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import ROOT, child_env
 
 SHORT_TRAIN = ["train.steps=2"]
@@ -66,6 +68,8 @@ def fresh_copy(dst: Path) -> None:
             shutil.copy2(src, dst / f)
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_readme_commands_run_in_order(shakespeare_shards, tmp_path):
     repo = tmp_path / "clone"
     fresh_copy(repo)

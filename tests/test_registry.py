@@ -95,13 +95,13 @@ def _one_step(overrides, vocab=96, seed=0):
     """Build a tiny model, take one (normalised) gradient step on one batch; return (loss before, loss after, names of
     parameters that got no gradient)."""
     import _emb_helpers as H
-    from megahash import platform
+    from megahash import accelerator
     from megahash.models.model import build_model
 
     cfg = load_config(None, ["model.hidden_size=32", "model.num_heads=4", "model.ffn_hidden_size=64",
                              "data.seq_length=16", "model.max_position_embeddings=64",
                              "model.attention.fixed_seq_length=64", *overrides])
-    platform.seed_all(seed)
+    accelerator.seed_all(seed)
     model = build_model(cfg, vocab, dtype=torch.float64)
     if model.fixed_qk is not None and model.fixed_qk.source == "text":
         from megahash.models.attention import fixed_qk

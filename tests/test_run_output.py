@@ -3,9 +3,12 @@ requeued run continues the same wandb run (offline mode, real wandb)."""
 import json
 import sys
 
+import pytest
+
 from conftest import pretrain, run
 
 
+@pytest.mark.multiprocess
 def test_error_printed_once_for_all_ranks(tmp_path):
     r = pretrain(["train.decay=cosin", f"train.save_dir={tmp_path}"], ranks=2, config="configs/quickstart.yaml")
     assert r.returncode != 0

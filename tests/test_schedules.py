@@ -8,7 +8,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from megahash import platform  # noqa: E402
+from megahash import accelerator  # noqa: E402
 from megahash.config import load_config  # noqa: E402
 from megahash.errors import ConfigError  # noqa: E402
 from megahash.models.schedules import PRESETS, layer_kinds, skip_mask, standard_layers, standard_kind  # noqa: E402
@@ -85,7 +85,7 @@ def _cfg(schedule, *extra, layers=4):
 def _build(cfg, seed=0):
     from megahash.models.model import build_model
 
-    platform.seed_all(seed)
+    accelerator.seed_all(seed)
     return build_model(cfg, 128, dtype=torch.float64)
 
 

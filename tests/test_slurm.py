@@ -140,6 +140,9 @@ def runs(cluster, shakespeare_shards, tmp_path_factory):
     return result
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.slurm
 def test_sbatch_500m_script_two_nodes(runs):
     r = runs["srun"]
     assert r["info"]["JobState"] == "COMPLETED" and r["info"]["ExitCode"] == "0:0", r["out"][-4000:]
@@ -157,6 +160,9 @@ def test_sbatch_500m_script_two_nodes(runs):
     assert sorted(losses) == list(range(1, STEPS + 1)) and losses[STEPS] < losses[1]
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.slurm
 def test_usr1_checkpoints_requeues_and_resumes_exactly(cluster, runs, tmp_path):
     """Two jobs side by side, LAUNCHER=srun (default) and LAUNCHER=torchrun (one torchrun per node
     under srun, c10d rendezvous on the first node), each sent `scancel --signal=USR1 --batch`
@@ -199,6 +205,9 @@ def test_usr1_checkpoints_requeues_and_resumes_exactly(cluster, runs, tmp_path):
     assert during, "the second SIGUSR1 did not land while the checkpoint was being written"
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.slurm
 def test_mpirun_and_torchrun_start_the_same_training(runs, tmp_path):
     """Outside SLURM: `python -m launch --launcher mpirun|torchrun --nproc-per-node 2` (mpirun -np 2,
     ranks from OMPI_COMM_WORLD_*; torchrun --nproc_per_node 2) give the srun job's losses."""
@@ -233,6 +242,7 @@ def test_script_outside_slurm_is_one_line_error(script):
     assert len(lines) == 1 and lines[0].startswith(f"error: {script} must run inside a SLURM job"), r.stderr
 
 
+@pytest.mark.slurm
 def test_wrong_node_count_is_one_line_error(cluster, tmp_path):
     out = tmp_path / "job.out"
     job = submit(cluster, out, ["train.steps=1"], NODES=3, SAVE_DIR=tmp_path / "run")
@@ -248,6 +258,9 @@ def test_wrong_node_count_is_one_line_error(cluster, tmp_path):
     assert r.stderr.strip().splitlines() == ["sbatch: error: Batch job submission failed: Node count specification invalid"]
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.slurm
 def test_size_wrapper_recipe(runs):
     """slurm/pretrain_70m.sh: the 500M recipe at 70M size (generated include config), overrides on top."""
     r = runs["70m"]
@@ -259,6 +272,9 @@ def test_size_wrapper_recipe(runs):
     assert "warmup_steps: 2000" in cfg and (run_dir / "latest").read_text() == "step_00000002"
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.slurm
 def test_scancel_term_requeues_and_resumes_exactly(cluster, runs, tmp_path):
     """Issue 14: `scancel --signal=TERM JOBID` (SIGTERM to every process of the job's steps, the
     helpers started by the first periodic save included) after the first periodic save -> the ranks

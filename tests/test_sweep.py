@@ -1,6 +1,6 @@
 """``megahash sweep``: a 2x2 grid (uniform:mha / uniform:mlp x seeds 1, 2) of tiny decoders on the
 Shakespeare shards, run end to end locally and as a job array on a real local SLURM (two emulated
-nodes, launch/local_slurm.py); reruns skip finished cells; the report has one row per cell, its
+nodes, megahash/launching/local_slurm.py); reruns skip finished cells; the report has one row per cell, its
 parameter counts equal the trained models' own counts, and the SLURM cells train exactly as the
 local ones (same losses). Plus dry-run and one-line errors of bad grids.
 
@@ -84,6 +84,7 @@ def local(grid):
     return {"out": out, "stdout": r.stdout}
 
 
+@pytest.mark.slow
 def test_local_sweep_runs_every_cell_and_reports_one_row_per_cell(local):
     out = local["out"]
     rows = check_report(out)
@@ -105,6 +106,7 @@ def test_local_sweep_runs_every_cell_and_reports_one_row_per_cell(local):
     assert train_losses(cells[0]) != train_losses(cells[1])
 
 
+@pytest.mark.slow
 def test_local_rerun_skips_finished_cells(grid, local):
     out = local["out"]
     before = {c.name: (c / "metrics.jsonl").stat().st_mtime_ns for c in (out / "cells").iterdir()}
@@ -115,6 +117,9 @@ def test_local_rerun_skips_finished_cells(grid, local):
     check_report(out)
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.slurm
 def test_slurm_array_sweep_matches_local_and_rerun_submits_nothing(cluster, grid, local):  # noqa: F811
     out = grid["dir"] / "slurm"
     env = cluster.env(clean_env())

@@ -18,6 +18,8 @@ def base(shards, save_dir, steps, *extra):
             f"train.steps={steps}", f"train.save_dir={save_dir}", *extra]
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_tp_and_sp_parity(shakespeare_shards, tmp_path):
     """TP=1, TP=2, TP=2+SP and 2 data-parallel ranks under ZeRO-3 give the same per-step losses
     (dropout 0, fp32) to 1e-4."""
@@ -37,7 +39,7 @@ def test_tp_and_sp_parity(shakespeare_shards, tmp_path):
     # the weights of every layout load into one TP=1 model and agree (megatron dist checkpoint)
     script = (
         "import sys, torch\n"
-        "from megahash import platform\n"
+        "from megahash import accelerator\n"
         "from megahash.training.weights import load_for_inference\n"
         "ref = None\n"
         "for d in sys.argv[1:]:\n"
@@ -45,13 +47,15 @@ def test_tp_and_sp_parity(shakespeare_shards, tmp_path):
         "    sd = {k: v.clone() for k, v in m.state_dict().items() if torch.is_tensor(v) and torch.is_floating_point(v)}\n"
         "    ref = ref or sd\n"
         "    print(max((sd[k] - ref[k]).abs().max().item() for k in ref))\n"
-        "    platform.teardown()\n")
+        "    accelerator.teardown()\n")
     r = run([sys.executable, "-c", script, *(str(tmp_path / n) for n in runs)])
     assert r.returncode == 0, r.stderr[-3000:]
     diffs = [float(x) for x in r.stdout.split()]
     assert len(diffs) == 4 and max(diffs) < 1e-5, diffs
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_resume_reproduces_uninterrupted_run(shakespeare_shards, tmp_path):
     """20 straight steps == 10 steps, stop, resume for 10 (2 data-parallel ranks, ZeRO-1)."""
     straight, split = tmp_path / "straight", tmp_path / "split"
@@ -73,6 +77,8 @@ def test_resume_reproduces_uninterrupted_run(shakespeare_shards, tmp_path):
     assert "stop_after: 0" in cfg and f"save_dir: {split}" in cfg
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_hybrid_schedule_checkpoints_resume_and_load_at_tp1(shakespeare_shards, tmp_path):
     """A schedule whose layers differ in parameters (RndEmbQK layers have no linear_qkv) saves at
     TP=2 (one key per layer in the dist checkpoint), resumes bit-exactly and loads at TP=1."""
@@ -144,6 +150,7 @@ def test_tp_must_divide_world_size(shakespeare_shards, tmp_path):
     assert r.returncode == 2 and "does not divide the world size 1" in r.stderr
 
 
+@pytest.mark.multiprocess
 def test_loss_decreases_on_real_text(shakespeare_shards, tmp_path):
     """Quickstart recipe (shortened): validation loss falls well below its start and a PNG is written."""
     run_dir = tmp_path / "qs"

@@ -51,7 +51,7 @@ def test_one_rank_cross_entropy_equals_megatron_core(dist):
 def test_one_rank_engine_trains_like_the_plain_torch_loop(shakespeare_shards, tmp_path, dist):
     """ZeRO-1 configured at one data-parallel rank: the engine holds torch's fused AdamW itself, records
     the gradient norm, and 3 steps give the losses, norms and weights of the plain torch loop."""
-    from megahash import platform
+    from megahash import accelerator
     from megahash.config import load_config
     from megahash.data.dataset import make_loader
     from megahash.models.model import build_model
@@ -64,7 +64,7 @@ def test_one_rank_engine_trains_like_the_plain_torch_loop(shakespeare_shards, tm
                              "train.zero_stage=1", *TINY])
     h = TrainHarness(cfg, 3)
     assert type(h.engine.optimizer) is torch.optim.AdamW and h.engine.optimizer.defaults["fused"]
-    platform.seed_all(cfg.train.seed)
+    accelerator.seed_all(cfg.train.seed)
     ref = build_model(cfg, h.data.vocab_size)  # the same initial weights (same seed), outside the engine
     assert all(torch.equal(a, b) for a, b in zip(h.model.parameters(), ref.parameters()))
     t = cfg.train

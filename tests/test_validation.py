@@ -4,6 +4,8 @@ logged LR is the LR the step used (closed form of the schedule)."""
 import json
 import sys
 
+import pytest
+
 from conftest import pretrain, run, train_losses
 
 from megahash.data.validation import chunks_for_rank
@@ -29,6 +31,8 @@ def test_chunks_partition_the_same_set():
         assert ids == list(range(37))
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_validation_fixed_across_dp_steps_and_batch(shakespeare_shards, tmp_path):
     """1 rank x 20 steps (micro-batch 4) and 2 ranks x 40 steps (micro-batch 2, 2 accumulation
     steps): same validation loss at steps 10 and 20, on the same number of tokens, same weights."""
@@ -65,13 +69,13 @@ def test_validation_fixed_across_dp_steps_and_batch(shakespeare_shards, tmp_path
     assert vb[20]["consumed_tokens"] == 20 * 8 * 64
     script = (
         "import sys, torch\n"
-        "from megahash import platform\n"
+        "from megahash import accelerator\n"
         "from megahash.training.weights import load_for_inference\n"
         "sds = []\n"
         "for d in sys.argv[1:]:\n"
         "    _, m, _ = load_for_inference(d)\n"
         "    sds.append({k: v.clone() for k, v in m.state_dict().items() if torch.is_tensor(v) and torch.is_floating_point(v)})\n"
-        "    platform.teardown()\n"
+        "    accelerator.teardown()\n"
         "print(max((sds[0][k] - sds[1][k]).abs().max().item() for k in sds[0]))\n")
     r = run([sys.executable, "-c", script, str(a / "step_00000020"), str(b / "step_00000020")])
     assert r.returncode == 0, r.stderr[-3000:]

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from megahash.convert.hf_folder import EXTRA_FILE, MAX_SHARD_SIZE, WEIGHTS_FILE, cast, save_weights, special_token_ids
 from megahash.errors import CheckpointError, ConfigError, MegahashError
 
 REMOTE_FILES = ["configuration_megahash.py", "modeling_megahash.py", "hashing_megahash.py"]  # + megahash_*.py
@@ -45,15 +46,6 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 SPECIAL_IDS = {"bos_token_id": 0, "pad_token_id": 1, "eos_token_id": 2}  # the word tokenizer's (default)
 
 
-def special_token_ids(cfg) -> dict:
-    """bos/pad/eos token ids of the run's tokenizer (``data.special_ids``; the word ids 0-4 if the
-    run recorded none). A missing pad is the eos id (padding is never scored)."""
-    from megahash.tokenization import special_ids_of
-
-    ids = special_ids_of(getattr(cfg.data, "special_ids", None))
-    eos = ids.get("eos")
-    return {"bos_token_id": ids.get("bos") if ids.get("bos") is not None else eos,
-            "pad_token_id": ids.get("pad") if ids.get("pad") is not None else eos, "eos_token_id": eos}
 # megahash parameter prefixes that live in the base model (``model.``) of the HF classes
 BASE_PREFIXES = ("embedding.", "decoder.", "fixed_qk.")
 
@@ -76,11 +68,6 @@ def to_hf_names(state: dict) -> dict:
 
 def from_hf_names(state: dict) -> dict:
     return {(k[len("model."):] if k.startswith("model.") else k): v for k, v in state.items()}
-
-
-def cast(state: dict, dtype: torch.dtype) -> dict:
-    """Floating tensors to ``dtype`` (contiguous, cloned); integer buffers unchanged."""
-    return {k: (v.to(dtype) if v.is_floating_point() else v).contiguous().clone() for k, v in state.items()}
 
 
 # ----------------------------------------------------------------------------------- config
@@ -186,27 +173,6 @@ def generation_config(out: Path, max_length: int, cfg=None) -> None:
         {**ids, "do_sample": False}, indent=1))
 
 
-MAX_SHARD_SIZE = "2GB"
-
-
-def save_weights(out: Path, tensors: dict, max_shard_size=MAX_SHARD_SIZE) -> list[str]:
-    """``model.safetensors``, or above ``max_shard_size`` shards ``model-0000K-of-0000N.safetensors``
-    with ``model.safetensors.index.json`` (huggingface_hub's layout, which transformers loads)."""
-    from huggingface_hub import save_torch_state_dict
-
-    save_torch_state_dict(tensors, out, max_shard_size=max_shard_size, metadata={"format": "pt"})
-    if (out / "model.safetensors.index.json").is_file():
-        index = json.loads((out / "model.safetensors.index.json").read_text())
-        return ["model.safetensors.index.json", *sorted(set(index["weight_map"].values()))]
-    return [WEIGHTS_FILE]
-
-
-def save_tensors(path: Path, tensors: dict, meta: dict | None = None) -> None:
-    from safetensors.torch import save_file
-
-    save_file(tensors, str(path), metadata={"format": "pt", **(meta or {})})
-
-
 # ----------------------------------------------------------------------------------- export
 
 def load_checkpoint(checkpoint, tokenizer: str | None = None):
@@ -305,7 +271,7 @@ def export_hf(checkpoint, output, dtype: str = "float32", fmt: str = "auto", tok
 
 
 def main(argv=None) -> int:
-    from megahash.cli import run_guarded
+    from megahash.guarded import run_guarded
 
     p = argparse.ArgumentParser(prog="megahash export-hf", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -348,9 +314,9 @@ def _teardown() -> None:
     import torch.distributed as dist
 
     if dist.is_initialized():
-        from megahash import platform
+        from megahash import accelerator
 
-        platform.teardown()
+        accelerator.teardown()
 
 
 if __name__ == "__main__":

@@ -34,7 +34,8 @@ def read_hf(folder) -> dict:
     """{"tree", "format", "state" (megahash TP=1 names, float32), "padded", "step"} of an export."""
     from safetensors.torch import load_file
 
-    from megahash.convert.export import EXTRA_FILE, WEIGHTS_FILE, from_hf_names
+    from megahash.convert.export import from_hf_names
+    from megahash.convert.hf_folder import EXTRA_FILE, WEIGHTS_FILE
 
     folder = Path(folder)
     cfg_path = folder / "config.json"
@@ -90,7 +91,7 @@ def _tp1(tree: dict) -> dict:
 
 def build_model(tree: dict, padded: int, save_dir=None):
     """(cfg, TP=1 MegahashLM without initialisation) of a resolved config tree."""
-    from megahash import platform
+    from megahash import accelerator
     from megahash.config import config_from_dict
     from megahash.models.model import MegahashLM
 
@@ -101,8 +102,8 @@ def build_model(tree: dict, padded: int, save_dir=None):
     if save_dir is not None:
         tree.setdefault("train", {})["save_dir"] = str(save_dir)
     cfg = config_from_dict(tree)
-    platform.init_distributed(1)
-    platform.seed_all(cfg.train.seed)
+    accelerator.init_distributed(1)
+    accelerator.seed_all(cfg.train.seed)
     return cfg, MegahashLM(cfg, padded, torch.float32, init=False)
 
 
@@ -150,7 +151,7 @@ def import_hf(hf_dir, output, step: int | None = None) -> dict:
 
 
 def main(argv=None) -> int:
-    from megahash.cli import run_guarded
+    from megahash.guarded import run_guarded
 
     p = argparse.ArgumentParser(prog="megahash import-hf", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -48,12 +48,13 @@ def _eval_rows(run_dir) -> list[tuple[str, str, float]]:
 
 def write_model_card(out: Path, cfg, model, fmt: str, step: int, run_dir=None) -> str:
     """Write ``out/README.md``; returns the file name."""
-    from megahash.eval.text import first_prefix, read_meta
+    from megahash.data.verify import read_meta
+    from megahash.eval.text import first_prefix
 
     m, t = cfg.model, cfg.train
     total = sum(p.numel() for p in model.parameters())
     emb = sum(p.numel() for p in model.embedding.parameters())
-    meta = read_meta(first_prefix(cfg.data.prefix)) if cfg.data.prefix else {}
+    meta = read_meta(first_prefix(cfg.data.prefix), required=False) if cfg.data.prefix else {}
     inputs = meta.get("inputs") or {}
     source = _base(inputs.get("source", "")) or ", ".join(_base(p) for p in cfg.data.prefix) or "unknown"
     tok = meta.get("tokenizer") or {}

@@ -24,7 +24,8 @@ RoPE: megatron's non-interleaved rotary is Hugging Face's ``rotate_half`` (same 
 ``rope_theta = model.rotary_base``); ``rms_norm_eps = model.norm_eps``; Qwen2 always has q/k/v biases
 (zeros when ``model.qkv_bias=false``). The TP padding rows of the vocabulary tables go to
 ``megahash_extra.safetensors`` (``import-hf`` restores them) since Qwen2's tables have the real
-vocabulary's size.
+vocabulary's size. The table above is documentation; the code's one map (both directions) is
+``GLOBAL_RENAMES``/``VOCAB_TABLES``/``LAYER_RENAMES``/``LAYER_SPLITS`` below.
 """
 from __future__ import annotations
 
@@ -68,51 +69,77 @@ def ineligible(cfg, model) -> str:
     return ""
 
 
+# The one megahash <-> Qwen2 name map; both directions (to_qwen2, from_qwen2) read it.
+# Whole-model tensors:
+GLOBAL_RENAMES = {"decoder.final_layernorm.weight": "model.norm.weight"}
+# vocabulary tables: Qwen2 keeps rows < vocab; megahash's TP padding rows go to the extra file
+VOCAB_TABLES = {"embedding.word_embeddings.weight": "model.embed_tokens.weight",
+                "output_layer.weight": "lm_head.weight"}  # absent when tied
+# per layer ("decoder.layers.N." <-> "model.layers.N."), plain renamings:
+LAYER_RENAMES = {
+    "input_layernorm.weight": "input_layernorm.weight",
+    "pre_mlp_layernorm.weight": "post_attention_layernorm.weight",
+    "self_attention.linear_q.weight": "self_attn.q_proj.weight",
+    "self_attention.linear_q.bias": "self_attn.q_proj.bias",
+    "self_attention.linear_proj.weight": "self_attn.o_proj.weight",
+    "mlp.linear_fc2.weight": "mlp.down_proj.weight",
+}
+# per layer, a fused megahash tensor <-> Qwen2 parts: "groups" = rows [group][part][d] (megatron's
+# linear_kv), "stack" = rows [part 0; part 1] (SwiGLU's linear_fc1 = [gate; up])
+LAYER_SPLITS = {
+    "self_attention.linear_kv.weight": (("self_attn.k_proj.weight", "self_attn.v_proj.weight"), "groups"),
+    "self_attention.linear_kv.bias": (("self_attn.k_proj.bias", "self_attn.v_proj.bias"), "groups"),
+    "mlp.linear_fc1.weight": (("mlp.gate_proj.weight", "mlp.up_proj.weight"), "stack"),
+}
+
+
+def _split(t: torch.Tensor, layout: str, groups: int) -> list[torch.Tensor]:
+    if layout == "stack":
+        return list(t.chunk(2, dim=0))
+    rest = t.shape[1:]
+    v = t.reshape(groups, 2, -1, *rest)
+    return [v[:, j].reshape(-1, *rest) for j in range(2)]
+
+
+def _join(parts: list[torch.Tensor], layout: str, groups: int) -> torch.Tensor:
+    if layout == "stack":
+        return torch.cat(parts, dim=0)
+    rest = parts[0].shape[1:]
+    return torch.stack([p.reshape(groups, -1, *rest) for p in parts], dim=1).reshape(-1, *rest)
+
+
 def to_qwen2(state: dict, cfg, groups: int, vocab: int) -> tuple[dict, dict]:
     """(Qwen2 tensors, extra tensors: the padding rows) from megahash TP=1 tensors."""
     m = cfg.model
-    n, h = m.num_heads, m.hidden_size
-    d, f = h // n, m.ffn_hidden_size
+    d = m.hidden_size // m.num_heads
+    dtype = state["embedding.word_embeddings.weight"].dtype
     out, extra = {}, {}
-    emb = state["embedding.word_embeddings.weight"]
-    out["model.embed_tokens.weight"] = emb[:vocab]
-    extra["embedding.word_embeddings.weight.padding"] = emb[vocab:]
-    if "output_layer.weight" in state:
-        out["lm_head.weight"] = state["output_layer.weight"][:vocab]
-        extra["output_layer.weight.padding"] = state["output_layer.weight"][vocab:]
-    out["model.norm.weight"] = state["decoder.final_layernorm.weight"]
+    for ours, theirs in VOCAB_TABLES.items():
+        if ours in state:
+            out[theirs] = state[ours][:vocab]
+            extra[ours + ".padding"] = state[ours][vocab:]
+    for ours, theirs in GLOBAL_RENAMES.items():
+        out[theirs] = state[ours]
+    # Qwen2 always has q/k/v biases: zeros when model.qkv_bias=false
+    zeros = {"self_attention.linear_q.bias": torch.zeros(m.num_heads * d, dtype=dtype),
+             "self_attention.linear_kv.bias": torch.zeros(2 * groups * d, dtype=dtype)}
     for i in range(m.num_layers):
         src, dst = f"decoder.layers.{i}.", f"model.layers.{i}."
-        a = src + "self_attention."
-        out[dst + "input_layernorm.weight"] = state[src + "input_layernorm.weight"]
-        out[dst + "post_attention_layernorm.weight"] = state[src + "pre_mlp_layernorm.weight"]
-        out[dst + "self_attn.q_proj.weight"] = state[a + "linear_q.weight"]
-        kv = state[a + "linear_kv.weight"].view(groups, 2, d, h)
-        out[dst + "self_attn.k_proj.weight"] = kv[:, 0].reshape(groups * d, h)
-        out[dst + "self_attn.v_proj.weight"] = kv[:, 1].reshape(groups * d, h)
-        if a + "linear_q.bias" in state:
-            out[dst + "self_attn.q_proj.bias"] = state[a + "linear_q.bias"]
-            kvb = state[a + "linear_kv.bias"].view(groups, 2, d)
-            out[dst + "self_attn.k_proj.bias"] = kvb[:, 0].reshape(-1)
-            out[dst + "self_attn.v_proj.bias"] = kvb[:, 1].reshape(-1)
-        else:
-            z = torch.zeros(n * d, dtype=emb.dtype)
-            out[dst + "self_attn.q_proj.bias"] = z
-            out[dst + "self_attn.k_proj.bias"] = torch.zeros(groups * d, dtype=emb.dtype)
-            out[dst + "self_attn.v_proj.bias"] = torch.zeros(groups * d, dtype=emb.dtype)
-        out[dst + "self_attn.o_proj.weight"] = state[a + "linear_proj.weight"]
-        fc1 = state[src + "mlp.linear_fc1.weight"]
-        out[dst + "mlp.gate_proj.weight"] = fc1[:f]
-        out[dst + "mlp.up_proj.weight"] = fc1[f:]
-        out[dst + "mlp.down_proj.weight"] = state[src + "mlp.linear_fc2.weight"]
+
+        def ours(name):
+            return state[src + name] if src + name in state else zeros[name]
+
+        for name, theirs in LAYER_RENAMES.items():
+            out[dst + theirs] = ours(name)
+        for name, (parts, layout) in LAYER_SPLITS.items():
+            for theirs, t in zip(parts, _split(ours(name), layout, groups)):
+                out[dst + theirs] = t
     return out, extra
 
 
 def from_qwen2(tensors: dict, extra: dict, cfg, groups: int, padded: int) -> dict:
     """megahash TP=1 tensors from Qwen2 tensors (+ the padding rows; zeros if absent)."""
     m = cfg.model
-    n, h = m.num_heads, m.hidden_size
-    d = h // n
     state = {}
 
     def padded_rows(t, key):
@@ -121,29 +148,20 @@ def from_qwen2(tensors: dict, extra: dict, cfg, groups: int, padded: int) -> dic
             pad = torch.zeros(padded - t.shape[0], t.shape[1], dtype=t.dtype)
         return torch.cat([t, pad.to(t.dtype)], dim=0)
 
-    state["embedding.word_embeddings.weight"] = padded_rows(tensors["model.embed_tokens.weight"],
-                                                            "embedding.word_embeddings.weight.padding")
-    if "lm_head.weight" in tensors:
-        state["output_layer.weight"] = padded_rows(tensors["lm_head.weight"], "output_layer.weight.padding")
-    state["decoder.final_layernorm.weight"] = tensors["model.norm.weight"]
+    for ours, theirs in VOCAB_TABLES.items():
+        if theirs in tensors:
+            state[ours] = padded_rows(tensors[theirs], ours + ".padding")
+    for ours, theirs in GLOBAL_RENAMES.items():
+        state[ours] = tensors[theirs]
+    wanted = (lambda name: True) if m.qkv_bias else (lambda name: not name.endswith(".bias"))
     for i in range(m.num_layers):
         src, dst = f"model.layers.{i}.", f"decoder.layers.{i}."
-        a = dst + "self_attention."
-        state[dst + "input_layernorm.weight"] = tensors[src + "input_layernorm.weight"]
-        state[dst + "pre_mlp_layernorm.weight"] = tensors[src + "post_attention_layernorm.weight"]
-        state[a + "linear_q.weight"] = tensors[src + "self_attn.q_proj.weight"]
-        k = tensors[src + "self_attn.k_proj.weight"].view(groups, 1, d, h)
-        v = tensors[src + "self_attn.v_proj.weight"].view(groups, 1, d, h)
-        state[a + "linear_kv.weight"] = torch.cat([k, v], dim=1).reshape(2 * groups * d, h)
-        if m.qkv_bias:
-            state[a + "linear_q.bias"] = tensors[src + "self_attn.q_proj.bias"]
-            kb = tensors[src + "self_attn.k_proj.bias"].view(groups, 1, d)
-            vb = tensors[src + "self_attn.v_proj.bias"].view(groups, 1, d)
-            state[a + "linear_kv.bias"] = torch.cat([kb, vb], dim=1).reshape(-1)
-        state[a + "linear_proj.weight"] = tensors[src + "self_attn.o_proj.weight"]
-        state[dst + "mlp.linear_fc1.weight"] = torch.cat([tensors[src + "mlp.gate_proj.weight"],
-                                                         tensors[src + "mlp.up_proj.weight"]], dim=0)
-        state[dst + "mlp.linear_fc2.weight"] = tensors[src + "mlp.down_proj.weight"]
+        for name, theirs in LAYER_RENAMES.items():
+            if wanted(name):
+                state[dst + name] = tensors[src + theirs]
+        for name, (parts, layout) in LAYER_SPLITS.items():
+            if wanted(name):
+                state[dst + name] = _join([tensors[src + theirs] for theirs in parts], layout, groups)
     return state
 
 
@@ -151,7 +169,7 @@ def write(out: Path, cfg, model, state: dict, fields: dict, dtype: torch.dtype, 
     """Write ``model.safetensors`` (+ extra) and a Qwen2 ``config.json`` into ``out``."""
     from transformers import Qwen2Config
 
-    from megahash.convert.export import EXTRA_FILE, cast, save_tensors, save_weights, special_token_ids
+    from megahash.convert.hf_folder import EXTRA_FILE, cast, save_tensors, save_weights, special_token_ids
 
     m = cfg.model
     groups = int(model.decoder.layers[0].self_attention.groups)

@@ -11,10 +11,8 @@ batches the uninterrupted run read (Megatron's ``MegatronPretrainingSampler`` sc
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -22,6 +20,8 @@ from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegat
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
+from megahash import accelerator
+from megahash.data.verify import base_prefix, read_meta  # noqa: F401 (one owner; re-exported)
 from megahash.errors import DataError
 
 TOKEN_SUFFIX = "_text_document"
@@ -30,21 +30,6 @@ TOKEN_SUFFIX = "_text_document"
 def token_path(prefix: str) -> str:
     """Shard prefix (as given to preprocess_data --output-prefix) -> megatron dataset path."""
     return prefix if prefix.endswith(TOKEN_SUFFIX) else prefix + TOKEN_SUFFIX
-
-
-def base_prefix(path: str) -> str:
-    return path[: -len(TOKEN_SUFFIX)] if path.endswith(TOKEN_SUFFIX) else path
-
-
-def read_meta(prefix: str) -> dict:
-    """``PREFIX_meta.json`` written by the data stage ({} if absent)."""
-    p = Path(base_prefix(prefix) + "_meta.json")
-    if not p.is_file():
-        return {}
-    try:
-        return json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise DataError(f"{p} is not valid JSON ({e.msg}); re-run data_tools/preprocess_data.py") from None
 
 
 def check_prefix(prefix: str) -> None:
@@ -177,7 +162,7 @@ def build_datasets(cfg, train_samples: int, valid_samples: int, cache_dir: str |
 
     for p in paths:  # sizes, headers and counts of every shard against its meta before step 1 (data.verify)
         verify_set(p, cfg.data.verify)
-    meta = read_meta(paths[0])
+    meta = read_meta(paths[0], required=False)
     from megahash.models import catalog
 
     reads_codes = catalog.reads_hash_codes(cfg)
@@ -293,4 +278,4 @@ class ResumableBatchSampler(torch.utils.data.Sampler):
 def make_loader(dataset, consumed: int, micro_batch: int, dp_rank: int, dp_size: int, num_workers: int = 0):
     sampler = ResumableBatchSampler(len(dataset), consumed, micro_batch, dp_rank, dp_size)
     return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers,
-                                       pin_memory=torch.cuda.is_available(), persistent_workers=False)
+                                       pin_memory=accelerator.has_gpu(), persistent_workers=False)

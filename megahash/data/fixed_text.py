@@ -55,10 +55,10 @@ def read_token_ids(path: str) -> list[int]:
 def _tokenize(text: str, cfg) -> list[int]:
     """Token ids of ``text`` with the run's tokenizer: sentencepiece (data.tokenizer or the shards'
     meta) or the word table of a word stream."""
-    from megahash.data.dataset import base_prefix, read_meta
+    from megahash.data.verify import base_prefix, read_meta
 
     prefixes = [p for p in cfg.data.prefix if not _is_number(p)]
-    meta = read_meta(prefixes[0]) if prefixes else {}
+    meta = read_meta(prefixes[0], required=False) if prefixes else {}
     tok = cfg.data.tokenizer or (meta.get("tokenizer") or {}).get("path", "")
     stream = meta.get("stream") or {}
     if tok == "words" or (not tok and stream.get("word_table")):

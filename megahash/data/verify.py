@@ -12,7 +12,7 @@ Two levels (``data.verify``):
 - ``full``: the above plus the sha256 of every file listed in the meta.
 
 Every mismatch is one line (:class:`DataError`) naming the file and the fix. Pure numpy: the
-``.idx`` layout is the one ``data_tools/indexed_writer.py`` writes (megatron-core's).
+``.idx`` layout is the one ``megahash/data_stage/indexed_writer.py`` writes (megatron-core's).
 """
 from __future__ import annotations
 
@@ -46,6 +46,7 @@ def _fix(prefix: str) -> str:
 
 
 def sha256_file(path: str) -> str:
+    """Hex sha256 of a file (the one implementation: shard metas, the data stage, checkpoints)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -53,15 +54,21 @@ def sha256_file(path: str) -> str:
     return h.hexdigest()
 
 
-def read_meta(prefix: str) -> dict:
-    """The meta of a shard set; a set without one is refused (preprocess writes it last, so its
-    absence means the set is incomplete or not a megahash set)."""
+def read_meta(prefix: str | None, required: bool = True) -> dict:
+    """The meta of a shard set (the one reader of ``PREFIX_meta.json``). A set without one is refused
+    (preprocess writes it last, so its absence means the set is incomplete or not a megahash set);
+    ``required=False``: {} without a prefix or a meta (callers looking up optional facts: the
+    tokenizer, the stream), a meta that exists is still checked."""
+    if not prefix and not required:
+        return {}
     prefix = base_prefix(prefix)
     path = prefix + META_SUFFIX
     try:
         with open(path, encoding="utf-8") as f:
             meta = json.load(f)
     except FileNotFoundError:
+        if not required:
+            return {}
         if os.path.exists(prefix + TOKENS_SUFFIX + ".bin"):
             raise DataError(f"shard set {prefix} has no {os.path.basename(path)}: it is incomplete (an interrupted "
                             f"preprocess?); re-run data_tools/preprocess_data.py with the same arguments") from None

@@ -469,7 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from megahash.cli import run_guarded
+    from megahash.guarded import run_guarded
 
     args = build_parser().parse_args(argv)
 
@@ -485,10 +485,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from megahash.eval.text import load_codec, load_model
 
         cfg, model, ckpt = load_model(args.checkpoint, args.override)
-        from megahash import platform
+        from megahash import accelerator
 
-        if platform.has_gpu():
-            model = model.to(platform.device())
+        if accelerator.has_gpu():
+            model = model.to(accelerator.device())
         codec = load_codec(cfg, ckpt, args.tokenizer, model_vocab=model.vocab_size)
         max_tokens = args.max_tokens or cfg.data.seq_length
         records, info = compute(model, codec, text, max_tokens, args.windows)

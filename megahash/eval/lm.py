@@ -111,10 +111,10 @@ class MegahashEvalLM(LM):
                 f"megahash eval scores causal decoders; this checkpoint is model.arch={cfg.model.arch} "
                 f"train.objective={cfg.train.objective}"
             )
-        from megahash import platform
+        from megahash import accelerator
 
-        if platform.has_gpu() and next(model.parameters()).device.type == "cpu":
-            model = model.to(platform.device())
+        if accelerator.has_gpu() and next(model.parameters()).device.type == "cpu":
+            model = model.to(accelerator.device())
         self._dev = next(model.parameters()).device
         self.cfg, self.model, self.ckpt, self.codec = cfg, model.eval(), ckpt, codec
         if isinstance(batch_size, str):

@@ -21,7 +21,6 @@ hash-code head); their spec is ``model.embed.hash_spec``.
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from megahash.data.verify import base_prefix, read_meta
 from megahash.errors import CheckpointError, ConfigError, DataError
 
 BOS_ID, PAD_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
@@ -64,23 +64,6 @@ def first_prefix(prefixes: Sequence[str]) -> Optional[str]:
             except ValueError:
                 return p
     return None
-
-
-def read_meta(prefix: Optional[str]) -> dict:
-    if not prefix:
-        return {}
-    base = prefix[: -len("_text_document")] if prefix.endswith("_text_document") else prefix
-    p = Path(base + "_meta.json")
-    if not p.is_file():
-        return {}
-    try:
-        return json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise DataError(f"{p} is not valid JSON ({e.msg})") from None
-
-
-def _base(prefix: str) -> str:
-    return prefix[: -len("_text_document")] if prefix.endswith("_text_document") else prefix
 
 
 def needs_codes(cfg) -> bool:
@@ -191,7 +174,7 @@ def load_codec(cfg, ckpt_dir: Optional[Path] = None, tokenizer: Optional[str] = 
                model_vocab: Optional[int] = None) -> TextCodec:
     """The :class:`TextCodec` of a checkpoint's config (``tokenizer`` overrides ``data.tokenizer``)."""
     prefix = first_prefix(cfg.data.prefix)
-    meta = read_meta(prefix)
+    meta = read_meta(prefix, required=False)
     tok = tokenizer or cfg.data.tokenizer or (meta.get("tokenizer") or {}).get("path") or ""
     if not tok and (meta.get("stream") or {}).get("kind") == "words":
         tok = "words"
@@ -205,7 +188,7 @@ def load_codec(cfg, ckpt_dir: Optional[Path] = None, tokenizer: Optional[str] = 
                 f"a word-stream checkpoint needs its word table (PREFIX_words.tsv beside data.prefix "
                 f"{prefix!r}); none found"
             )
-        path = os.path.join(os.path.dirname(_base(prefix)), name)
+        path = os.path.join(os.path.dirname(base_prefix(prefix)), name)
         if not os.path.isfile(path):
             raise DataError(f"word table {path} not found (written by data_tools/preprocess_data.py --tokenizer words)")
         from megahash.data.shards import read_word_table
@@ -255,7 +238,7 @@ def load_codec(cfg, ckpt_dir: Optional[Path] = None, tokenizer: Optional[str] = 
                 )
             from megahash.hashing.lsh import LSHModel
 
-            lsh_path = os.path.join(os.path.dirname(_base(prefix)), info["file"])
+            lsh_path = os.path.join(os.path.dirname(base_prefix(prefix)), info["file"])
             if not os.path.isfile(lsh_path):
                 raise DataError(f"LSH planes {lsh_path} not found")
             lsh = LSHModel.load(lsh_path)

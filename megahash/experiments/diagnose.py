@@ -144,11 +144,11 @@ def train_and_score(cfg, task, steps: int, batch: int, lr: float, seed: int, eva
     """Train a fresh model of ``cfg`` on ``task`` for ``steps`` steps; accuracy on held-out sequences."""
     import torch
 
-    from megahash import platform
+    from megahash import accelerator
     from megahash.models.model import build_model
 
-    dev = platform.device()
-    platform.seed_all(seed)
+    dev = accelerator.device()
+    accelerator.seed_all(seed)
     model = build_model(cfg, task.vocab).to(dev)
     if getattr(model, "fixed_qk", None) is not None and model.fixed_qk.source == "text":
         # fixedseqqk: a fixed token sequence drawn once from the task's vocabulary (same seed for all)
@@ -240,7 +240,7 @@ def markdown(rows: list[dict], tasks: list[str], budget: dict) -> str:
 
 
 def run(args) -> dict:
-    from megahash import platform
+    from megahash import accelerator
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     task_objs = {t: make_task(t, args) for t in tasks}
@@ -254,7 +254,7 @@ def run(args) -> dict:
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        platform.init_distributed(1)
+        accelerator.init_distributed(1)
         own_group = True
     rows = []
     try:
@@ -275,7 +275,7 @@ def run(args) -> dict:
             rows.append(row)
     finally:
         if own_group:
-            platform.teardown(barrier=False)
+            accelerator.teardown(barrier=False)
     budget = {"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
               "eval_samples": args.eval_samples,
               "tasks": {n: {k: v for k, v in vars(t).items()} for n, t in task_objs.items()}}
@@ -308,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from megahash.cli import run_guarded
+    from megahash.guarded import run_guarded
 
     args = build_parser().parse_args(argv)
 

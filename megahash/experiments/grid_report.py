@@ -40,11 +40,10 @@ def _display(metric: str, value):
 def collect(grid) -> list[dict]:
     """One record per finished cell: describe_run + loss curves + displayed task scores."""
     from megahash.eval.report import describe_run
-    from megahash.experiments.sweep import is_done
 
     rows = []
     for cell in grid.cells:
-        if not is_done(cell):
+        if not cell.done:
             continue
         rec = describe_run(str(cell.dir))
         recs = _metrics(cell.dir)
@@ -235,7 +234,7 @@ def write_report(grid) -> list[Path]:
     import warnings
 
     warnings.filterwarnings("ignore")
-    from megahash.experiments.sweep import _atomic
+    from megahash.atomic_write import write_text_atomic as _atomic
 
     rows = collect(grid)
     md = markdown(grid, rows)

@@ -54,10 +54,11 @@ from typing import Optional, Sequence
 
 import yaml
 
+from megahash.atomic_write import write_text_atomic
+from megahash.config_files import CONFIG_ROOT
 from megahash.errors import ConfigError, MegahashError
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-CONFIG_ROOT = ROOT / "configs"
 DONE_FILE = "sweep_cell.json"
 CELL_CONFIG = "cell_config.yaml"
 GRID_KEYS = {"name", "config", "overrides", "axes", "variants", "standard", "eval", "launch", "slurm", "out",
@@ -75,6 +76,11 @@ class Cell:
     values: dict  # dotted key (or "variant") -> value
     overrides: list[str]
     dir: Path
+
+    @property
+    def done(self) -> bool:
+        """Trained (and evaluated): its DONE_FILE exists."""
+        return (self.dir / DONE_FILE).is_file()
 
 
 @dataclass
@@ -275,7 +281,7 @@ def check_cells(grid: Grid, axis_keys: set) -> None:
 
 
 def is_done(cell: Cell) -> bool:
-    return (cell.dir / DONE_FILE).is_file()
+    return cell.done
 
 
 def trained_step(cell: Cell) -> int:
@@ -299,11 +305,7 @@ def write_plan(grid: Grid) -> None:
     _atomic(grid.out / "cells.txt", "".join(c.name + "\n" for c in grid.cells))
 
 
-def _atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+_atomic = write_text_atomic
 
 
 def train_command(grid: Grid, cell: Cell) -> list[str]:
@@ -340,7 +342,7 @@ def evaluate_cell(grid: Grid, cell: Cell, out: Path) -> None:
     same code as ``eval_command``; one model load, no extra interpreter start per cell)."""
     import warnings
 
-    from megahash import platform
+    from megahash import accelerator
     from megahash.eval.run import _quiet_logs, evaluate_checkpoint
 
     warnings.filterwarnings("ignore")
@@ -352,7 +354,7 @@ def evaluate_cell(grid: Grid, cell: Cell, out: Path) -> None:
         evaluate_checkpoint(cell.dir, ev["tasks"], ev.get("tasks_dir"), out, limit, ev["batch_size"], quiet=True,
                             isolated=False)
     finally:
-        platform.teardown(barrier=False)
+        accelerator.teardown(barrier=False)
 
 
 def finish_cell(grid: Grid, cell: Cell, quiet: bool = False) -> dict:
@@ -495,7 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from megahash.cli import run_guarded
+    from megahash.guarded import run_guarded
 
     args = build_parser().parse_args(argv)
 

@@ -13,11 +13,11 @@ def _n(module) -> int:
 def count_parameters(cfg, vocab_size: int) -> dict:
     import torch  # here, not at the top: format_report and megahash/models/light.py stay torch-free
 
-    from megahash import platform
+    from megahash import accelerator
     from megahash.models.model import build_model
 
     cfg.parallel.tensor, cfg.parallel.sequence = 1, False
-    platform.init_distributed(1)
+    accelerator.init_distributed(1)
     with torch.device("meta"):
         model = build_model(cfg, vocab_size, init=False)
     layers = []

@@ -1,6 +1,6 @@
 """The layers' feed-forward sublayer: megatron-core's TP-split ``MLP`` (SwiGLU in decoders,
 GELU in the RoBERTa layout), with the gate and up GEMMs of SwiGLU run as two GEMMs where that is
-faster (``platform.split_glu_gemms``).
+faster (``accelerator.split_glu_gemms``).
 
 SwiGLU: FFN(x) = W_2 (SiLU(x W_g) * (x W_u)) (Shazeer 2020). megatron keeps W_g and W_u as one
 ``linear_fc1`` weight ([W_g; W_u] per TP rank) and computes one GEMM into [s, b, 2 ffn / tp]; the
@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core.transformer.mlp import MLP
 
-from megahash import platform
+from megahash import accelerator
 
 
 class FeedForward(MLP):
@@ -22,7 +22,7 @@ class FeedForward(MLP):
         return (c.gated_linear_unit and c.activation_func is F.silu and not c.add_bias_linear
                 and c.activation_func_clamp_value is None and not c.glu_linear_offset
                 and parallel_state.get_tensor_model_parallel_world_size() == 1
-                and platform.split_glu_gemms())
+                and accelerator.split_glu_gemms())
 
     def forward(self, hidden_states, per_token_scale=None, **kwargs):
         if per_token_scale is not None or not self._split_glu():

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from pathlib import Path
 
@@ -25,12 +24,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from megahash import platform
+from megahash import accelerator
 from megahash.config import Config, save_config
 from megahash.errors import CheckpointError
-
-STATE_FILE = "megahash_state.json"
-TAG_RE = re.compile(r"^step_(\d{8})$")
+from megahash.training.checkpoint_files import STATE_FILE, TAG_RE, read_state  # noqa: F401 (re-exported)
 
 
 def tag_for(step: int) -> str:
@@ -99,13 +96,6 @@ def find_resume(save_dir: str | Path) -> Path | None:
     return choose_resume(save_dir, warn=_rank() == 0)
 
 
-def read_state(ckpt: Path) -> dict:
-    try:
-        return json.loads((ckpt / STATE_FILE).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"checkpoint {ckpt} has no readable {STATE_FILE} ({e}); it is incomplete") from None
-
-
 def check_compatible(ckpt: Path, cfg: Config) -> dict:
     """Raise a one-line CheckpointError if ``ckpt`` was made by another model or TP layout."""
     state = read_state(ckpt)
@@ -156,13 +146,13 @@ def save(engine, cfg: Config, step: int, consumed: int, extra: dict | None = Non
             shutil.rmtree(root / tmp_tag, ignore_errors=True)
     except Exception as e:  # noqa: BLE001 - reported below on every rank
         error = e
-    platform.barrier()
+    accelerator.barrier()
     try:
         engine.save_checkpoint(str(root), tag=tmp_tag, client_state={"megahash_step": step}, save_latest=False)
         from megahash.training.weights import WEIGHTS_DIR, save_weights
 
         save_weights(engine.module, tmp / WEIGHTS_DIR, cfg.train.zero_stage)
-        _atomic_write(tmp / f"rng_rank{_rank():05d}.json", json.dumps(_to_jsonable(platform.rng_state())))
+        _atomic_write(tmp / f"rng_rank{_rank():05d}.json", json.dumps(_to_jsonable(accelerator.rng_state())))
     except Exception as e:  # noqa: BLE001
         error = error or e
     if any_rank(error is not None) or os.environ.get("MEGAHASH_TEST_FAIL_IN_SAVE") == str(step):
@@ -205,7 +195,7 @@ def _abandon(tmp: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
         for p in tmp.parent.glob("*.tmp-*") if tmp.parent.is_dir() else ():
             p.unlink(missing_ok=True)
-    platform.barrier()
+    accelerator.barrier()
 
 
 def prune(root: Path, keep_last: int) -> None:
@@ -233,7 +223,7 @@ def load(engine, ckpt: Path, cfg: Config) -> dict:
         raise CheckpointError(f"DeepSpeed could not load checkpoint {ckpt}; its files are missing or corrupt")
     rng_file = ckpt / f"rng_rank{_rank():05d}.json"
     if rng_file.is_file():
-        platform.set_rng_state(_from_jsonable(json.loads(rng_file.read_text())))
+        accelerator.set_rng_state(_from_jsonable(json.loads(rng_file.read_text())))
     return state
 
 

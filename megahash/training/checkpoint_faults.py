@@ -27,7 +27,7 @@ MANIFEST = "manifest.json"
 
 
 def _tags():
-    from megahash.training.checkpoint import STATE_FILE, TAG_RE
+    from megahash.training.checkpoint_files import STATE_FILE, TAG_RE
 
     return STATE_FILE, TAG_RE
 

@@ -66,7 +66,7 @@ class TrainHarness:
     def __init__(self, cfg, steps: int):
         from megatron.core import parallel_state
 
-        from megahash import platform
+        from megahash import accelerator
         from megahash.data.dataset import build_datasets, make_loader
         from megahash.models.model import build_model
         from megahash.objectives import build_objective
@@ -76,10 +76,10 @@ class TrainHarness:
         self.cfg = cfg
         dp_size = parallel_state.get_data_parallel_world_size()
         self.dp_rank = parallel_state.get_data_parallel_rank()
-        dtype = platform.train_dtype(t.precision)
+        dtype = accelerator.train_dtype(t.precision)
         self.data = build_datasets(cfg, train_samples=steps * t.global_batch_size, valid_samples=0,
                                    cache_dir=cfg.data.cache_dir or None)
-        platform.seed_all(t.seed)
+        accelerator.seed_all(t.seed)
         self.model = build_model(cfg, self.data.vocab_size, dtype)
         self.engine, self.scheduler = build_engine(cfg, self.model, dp_size, dtype)
         self.objective = build_objective(cfg, self.data)
@@ -141,11 +141,11 @@ def main(argv=None) -> int:
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
 
-    from megahash import platform
+    from megahash import accelerator
     from megahash.config import load_config
 
     cfg = load_config(args.config, args.overrides)
-    platform.init_distributed(cfg.parallel.tensor, cfg.parallel.sequence)
+    accelerator.init_distributed(cfg.parallel.tensor, cfg.parallel.sequence)
     try:
         h = TrainHarness(cfg, args.warmup + args.steps * (2 if args.torch_profile else 1))
         print(f"{h.num_params:,} parameters, {h.tokens_per_step} tokens/step, ZeRO-{cfg.train.zero_stage}, "
@@ -166,7 +166,7 @@ def main(argv=None) -> int:
                     h.step()
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
     finally:
-        platform.teardown()
+        accelerator.teardown()
     return 0
 
 

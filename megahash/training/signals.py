@@ -77,8 +77,8 @@ def any_rank(flag: bool) -> bool:
 
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return flag
-    t = torch.tensor([1 if flag else 0], dtype=torch.int32)
-    if dist.get_backend() == "nccl":
-        t = t.cuda()
+    from megahash import accelerator
+
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=accelerator.device())  # nccl: on the GPU
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())

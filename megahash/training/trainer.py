@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from megahash import platform
+from megahash import accelerator
 from megahash.config import Config, save_config
 from megahash.errors import CheckpointError
 from megahash.training import checkpoint
@@ -51,13 +51,13 @@ def build_engine(cfg: Config, model: torch.nn.Module, dp_size: int, dtype: torch
 
     t = cfg.train
     optimizer = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr,
-                                  betas=(t.beta1, t.beta2), eps=t.eps, **platform.adamw_options())
+                                  betas=(t.beta1, t.beta2), eps=t.eps, **accelerator.adamw_options())
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda_for(t))
     ds_cfg = deepspeed_config(cfg, dp_size, bf16=dtype == torch.bfloat16)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
-                                           config=ds_cfg, mpu=platform.DeepSpeedMPU(),
+                                           config=ds_cfg, mpu=accelerator.DeepSpeedMPU(),
                                            dist_init_required=False)
-    platform.release_deepspeed_shm()
+    accelerator.release_deepspeed_shm()
     tune_engine(engine, dp_size)
     return engine, scheduler
 
@@ -104,8 +104,9 @@ def evaluate(engine, batches, objective) -> tuple[float, int, int]:
     return (t[0] / t[1].clamp(min=1)).item(), int(t[1].item()), int(t[2].item())
 
 
-def train(cfg: Config) -> int:
-    """Run (or resume) pretraining; returns the process exit status."""
+def train(cfg: Config, at_end=None) -> int:
+    """Run (or resume) pretraining; returns the process exit status. ``at_end(save_dir)`` runs on rank 0
+    after the last step (the entry point's end-of-run evaluation, megahash/pretrain.py)."""
     from megatron.core import parallel_state
 
     from megahash.known_warnings import quiet_deepspeed_logger
@@ -117,12 +118,12 @@ def train(cfg: Config) -> int:
     from megahash.models.model import build_model
     from megahash.objectives import build_objective
 
-    rank, world = platform.init_distributed(cfg.parallel.tensor, cfg.parallel.sequence)
+    rank, world = accelerator.init_distributed(cfg.parallel.tensor, cfg.parallel.sequence)
     completed = False
     try:
         dp_size = parallel_state.get_data_parallel_world_size()
         dp_rank = parallel_state.get_data_parallel_rank()
-        dtype = platform.train_dtype(cfg.train.precision)
+        dtype = accelerator.train_dtype(cfg.train.precision)
         t = cfg.train
         save_dir = Path(t.save_dir)
 
@@ -145,7 +146,7 @@ def train(cfg: Config) -> int:
         # the validation set depends on the data config alone (megahash/data/validation.py)
         data = build_datasets(cfg, train_samples=t.steps * gbs, valid_samples=cfg.data.valid_samples, cache_dir=cache)
 
-        platform.seed_all(t.seed)
+        accelerator.seed_all(t.seed)
         model = build_model(cfg, data.vocab_size)
         if getattr(model, "fixed_qk", None) is not None and model.fixed_qk.source == "text":
             from megahash.data.fixed_text import fixed_token_ids  # fixedseqqk: the fixed text (models open no files)
@@ -194,7 +195,7 @@ def train(cfg: Config) -> int:
         flops_tok = train_flops_per_token(cfg, data.vocab_size)
         if not isinstance(flops_tok, (int, float)) and rank == 0:
             print("MFU n/a: an attention kind of model.schedule has no cost model and cannot be measured", flush=True)
-        peak = platform.peak_flops(dtype) * world
+        peak = accelerator.peak_flops(dtype) * world
         tokens_per_step = gbs * cfg.data.seq_length
         exit_status = 0
         while step < t.steps:
@@ -214,7 +215,7 @@ def train(cfg: Config) -> int:
             echo = step % t.log_interval == 0 or step == 1 or step == t.steps
             if echo:  # host-syncing statistics at log intervals only, off the step's hot path
                 metrics["param_norm"] = param_norm(engine.module, t.zero_stage)
-                metrics["peak_memory_mib"] = platform.peak_memory_bytes() / 2**20
+                metrics["peak_memory_mib"] = accelerator.peak_memory_bytes() / 2**20
             if not math.isfinite(loss_avg):
                 raise FloatingPointError(f"loss is {loss_avg} at step {step}; lower train.lr or check the data")
             log.log(step, metrics, "train", echo=False)
@@ -244,15 +245,12 @@ def train(cfg: Config) -> int:
         log.close()
         if rank == 0 and cfg.logging.plot and step == t.steps:
             print(f"megahash: loss curve {plot_loss(save_dir)}", flush=True)
-        if rank == 0 and cfg.eval.at_end and step == t.steps and exit_status == 0:
-            from megahash.eval.run import evaluate_checkpoint
-
-            evaluate_checkpoint(save_dir, cfg.eval.tasks or None, cfg.eval.tasks_dir or None, None,
-                                batch_size=cfg.eval.batch_size)
+        if rank == 0 and at_end is not None and step == t.steps and exit_status == 0:
+            at_end(save_dir)  # training imports no eval (house rule: no import cycles)
         completed = True
         return exit_status
     finally:
-        platform.teardown(barrier=completed)
+        accelerator.teardown(barrier=completed)
 
 
 def compile_layers(model) -> None:
@@ -279,7 +277,7 @@ def _dp_mean(value: float) -> float:
 
     if not torch.distributed.is_initialized() or parallel_state.get_data_parallel_world_size() == 1:
         return value
-    t = torch.tensor([value], dtype=torch.float64, device=platform.device())
+    t = torch.tensor([value], dtype=torch.float64, device=accelerator.device())
     torch.distributed.all_reduce(t, group=parallel_state.get_data_parallel_group())
     return (t / parallel_state.get_data_parallel_world_size()).item()
 

@@ -101,15 +101,16 @@ def load_weights(model: torch.nn.Module, directory: Path) -> None:
 
 def resolve_checkpoint(path: str | Path) -> Path:
     """A run directory (its ``latest``) or a ``step_N`` directory -> the complete checkpoint."""
-    from megahash.training import checkpoint
+    from megahash.training.checkpoint_faults import choose_resume
+    from megahash.training.checkpoint_files import STATE_FILE
 
     p = Path(path)
-    if (p / checkpoint.STATE_FILE).is_file():
+    if (p / STATE_FILE).is_file():
         ckpt = p
     elif p.is_dir():
-        ckpt = checkpoint.find_resume(p)
+        ckpt = choose_resume(p)  # = checkpoint.find_resume (this process is one rank)
         if ckpt is None:
-            raise CheckpointError(f"{p} holds no complete megahash checkpoint (no step_N with {checkpoint.STATE_FILE})")
+            raise CheckpointError(f"{p} holds no complete megahash checkpoint (no step_N with {STATE_FILE})")
     else:
         raise CheckpointError(f"checkpoint {p} does not exist")
     if not (ckpt / WEIGHTS_DIR).is_dir():
@@ -131,15 +132,15 @@ def checkpoint_config(ckpt: Path, overrides: list[str] | None = None):
 
 def load_for_inference(path: str | Path, overrides: list[str] | None = None, dtype=torch.float32):
     """(cfg, model at TP=1 in eval mode, checkpoint dir) of a megahash checkpoint, in this process."""
-    from megahash import platform
+    from megahash import accelerator
     from megahash.models.model import MegahashLM
-    from megahash.training import checkpoint
+    from megahash.training.checkpoint_files import read_state
 
     ckpt = resolve_checkpoint(path)
     cfg = checkpoint_config(ckpt, overrides)
-    state = checkpoint.read_state(ckpt)
-    platform.init_distributed(1)
-    platform.seed_all(cfg.train.seed)
+    state = read_state(ckpt)
+    accelerator.init_distributed(1)
+    accelerator.seed_all(cfg.train.seed)
     vocab = int(state.get("padded_vocab_size") or 0)
     if not vocab:
         raise CheckpointError(f"checkpoint {ckpt} does not record its vocabulary size")

@@ -32,7 +32,7 @@ import subprocess
 from pathlib import Path
 from typing import Iterator, Optional
 
-from data_tools.common import InputError, one_line
+from megahash.data_stage.common import InputError, one_line
 
 TXT_EXT = (".txt", ".text")
 JSONL_EXT = (".jsonl", ".json", ".ndjson")

@@ -20,7 +20,8 @@ from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
-from data_tools.common import InputError, sha256_file
+from megahash.data.verify import sha256_file
+from megahash.data_stage.common import InputError
 from megahash.hashing.codes import ZERO_ROW, CodeTable
 from megahash.hashing.lsh import LSHModel
 from megahash.hashing.specs import HashSpec

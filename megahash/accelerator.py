@@ -194,8 +194,8 @@ def apply_megatron_fixes() -> None:
 
 def dist_env() -> tuple[int, int, int]:
     """(rank, world_size, local_rank) from the launcher's environment (torchrun/deepspeed set
-    RANK/WORLD_SIZE/LOCAL_RANK; ``launch.env`` maps SLURM and Open MPI variables to these)."""
-    from launch.env import resolve_env
+    RANK/WORLD_SIZE/LOCAL_RANK; ``megahash.launching.env`` maps SLURM and Open MPI variables to these)."""
+    from megahash.launching.env import resolve_env
 
     info = resolve_env()
     return info.rank, info.world_size, info.local_rank

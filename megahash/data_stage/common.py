@@ -1,26 +1,16 @@
-"""Shared CLI plumbing: one-line user errors (``error: ...`` on stderr, exit 2) and sha256 helpers."""
+"""Shared CLI plumbing of the data stage: one-line user errors (``error: ...`` on stderr, exit 2)."""
 from __future__ import annotations
 
-import hashlib
 import sys
 from typing import Callable, Optional, Sequence
 
 from megahash.errors import DataError, MegahashError
 
-__all__ = ["DataError", "InputError", "cli", "sha256_file"]
+__all__ = ["DataError", "InputError", "cli"]
 
 
 class InputError(DataError):
     """Bad input reaching the user as one line: missing file, bad JSON key, existing output, ..."""
-
-
-def sha256_file(path, bufsize: int = 1 << 20) -> str:
-    """Hex sha256 of a file."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(bufsize), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def one_line(text: str) -> str:

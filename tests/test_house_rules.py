@@ -1,0 +1,133 @@
+"""House rules of the code base (issue 19 item 4), checked on the source:
+
+- import contracts with import-linter (``[tool.importlinter]`` in pyproject.toml): ``megahash.hashing``
+  imports no torch/megatron/DeepSpeed/transformers, even lazily or transitively; no import cycles
+  between sibling modules at any depth; library code never imports the command line
+  (``megahash.cli``, ``megahash.pretrain``);
+- importing the hashing and data-stage packages really loads no torch (preprocessing workers);
+- ``megahash.models`` opens no files (the fixed text of fixedseqqk is read by megahash.data.fixed_text;
+  the model receives token ids);
+- only ``megahash/accelerator.py`` touches CUDA (``.cuda``, ``torch.cuda``, ``"cuda"``/``"nccl"``).
+
+Each rule is also checked to fire on a planted violation, so none of them passes vacuously.
+"""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from conftest import ROOT, child_env
+
+PKG = ROOT / "megahash"
+HEAVY = ("torch", "megatron", "deepspeed", "transformers")
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess:
+    code = ("import sys; from importlinter.cli import lint_imports; "
+            "sys.exit(lint_imports(config_filename='pyproject.toml', no_cache=True, no_logo=True))")
+    return subprocess.run([sys.executable, "-c", code], cwd=root, env=child_env(PYTHONPATH=str(root)),
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_import_contracts_hold():
+    r = lint_imports(ROOT)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert "3 kept, 0 broken" in r.stdout, r.stdout[-2000:]
+
+
+def test_import_contracts_catch_a_cycle_and_torch_in_hashing(tmp_path):
+    """The same contracts on a copy of the package with one planted cycle (hashing -> data -> hashing
+    would be a sibling cycle) and torch imported lazily in hashing: both contracts break."""
+    import shutil
+
+    shutil.copytree(PKG, tmp_path / "megahash", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    with open(tmp_path / "megahash" / "hashing" / "words.py", "a") as f:
+        f.write("\n\ndef _planted():\n    import torch  # noqa: F401\n    from megahash.data import verify  # noqa: F401\n")
+    r = lint_imports(tmp_path)
+    assert r.returncode != 0 and "1 kept, 2 broken" in r.stdout, r.stdout[-3000:]
+    assert "megahash.hashing.words -> torch" in r.stdout and ".hashing -> .data" in r.stdout, r.stdout[-3000:]
+
+
+def test_hashing_and_data_stage_load_no_torch():
+    code = textwrap.dedent(f"""
+        import importlib, pkgutil, sys
+        import megahash.hashing, megahash.data_stage
+        for pkg in (megahash.hashing, megahash.data_stage):
+            for m in pkgutil.iter_modules(pkg.__path__):
+                importlib.import_module(pkg.__name__ + "." + m.name)
+        print(sorted(k for k in sys.modules if k.split(".")[0] in {HEAVY!r}))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=child_env(), capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "[]", r.stdout
+
+
+# ------------------------------------------------------------------------------ source rules (AST)
+
+FILE_CALLS = {"open", "read_text", "read_bytes", "write_text", "write_bytes", "load", "loadtxt", "fromfile",
+              "memmap", "save", "savez", "load_file", "safe_open", "SentencePieceProcessor", "listdir", "scandir",
+              "iterdir", "glob", "rglob"}
+# (file, call): why it may open files. light.py reads the package's own SOURCE (the @register_* names,
+# without importing torch), never data.
+FILE_ALLOWED = {("megahash/models/light.py", "rglob"), ("megahash/models/light.py", "read_text")}
+
+
+def _called_name(node: ast.Call) -> str | None:
+    f = node.func
+    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+
+
+def file_calls(path: Path, src: str | None = None) -> list[str]:
+    tree = ast.parse(path.read_text() if src is None else src)
+    return [f"{_called_name(n)} (line {n.lineno})" for n in ast.walk(tree)
+            if isinstance(n, ast.Call) and _called_name(n) in FILE_CALLS]
+
+
+def cuda_uses(src: str) -> list[str]:
+    out = []
+    for n in ast.walk(ast.parse(src)):
+        if isinstance(n, ast.Attribute) and n.attr == "cuda":
+            out.append(f".cuda (line {n.lineno})")
+        elif isinstance(n, ast.Name) and n.id == "cuda":
+            out.append(f"cuda (line {n.lineno})")
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and (
+                n.value in ("cuda", "nccl") or n.value.startswith("cuda:")):
+            out.append(f"{n.value!r} (line {n.lineno})")
+    return out
+
+
+def _rel(p: Path) -> str:
+    return p.relative_to(ROOT).as_posix()
+
+
+def test_models_open_no_files():
+    bad = {}
+    for path in sorted((PKG / "models").rglob("*.py")):
+        calls = [c for c in file_calls(path) if (_rel(path), c.split(" ")[0]) not in FILE_ALLOWED]
+        if calls:
+            bad[_rel(path)] = calls
+    assert not bad, f"megahash.models opens files (read them in megahash/data or config, pass the values): {bad}"
+    # the rule fires on the loading that used to live in fixed_qk.py
+    planted = "def load(path):\n    with open(path) as f:\n        return f.read().split()\n"
+    assert file_calls(PKG / "models" / "attention" / "fixed_qk.py", planted) == ["open (line 2)"]
+
+
+def test_only_the_accelerator_module_touches_cuda():
+    bad = {}
+    for path in sorted(PKG.rglob("*.py")):
+        if path == PKG / "accelerator.py":
+            continue
+        uses = cuda_uses(path.read_text())
+        if uses:
+            bad[_rel(path)] = uses
+    assert not bad, f"CUDA outside megahash/accelerator.py (ask accelerator.device()/has_gpu()): {bad}"
+    assert cuda_uses((PKG / "accelerator.py").read_text()), "accelerator.py is where CUDA is checked"
+    # what training/signals.py and data/dataset.py did before
+    planted = ("if dist.get_backend() == 'nccl':\n    t = t.cuda()\n"
+               "loader = DataLoader(ds, pin_memory=torch.cuda.is_available())\n")
+    assert len(cuda_uses(planted)) == 3
