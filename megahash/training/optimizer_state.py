@@ -19,8 +19,8 @@ layout (megahash/training/elastic.py) the same sharded dict is built for the new
 (any TP size; data only, never unpickling code), and written into this run's partitions with
 ``safe_set_full_optimizer_state`` (ZeRO-1/2, bf16 optimizer), the local-partition setters under
 ZeRO-3 (DeepSpeed's full-tensor setter does not handle a padded last partition), the torch
-optimizer's state at ZeRO-0 in fp32, or the flat fp32 masters of DeepSpeed's FP16_Optimizer (ZeRO-0
-in bf16). The LR schedule is put at the saved step by the caller.
+optimizer's state at ZeRO-0 in fp32, or the fp32 masters of DeepSpeed's FP16 optimizers (ZeRO-0 in
+bf16). The LR schedule is put at the saved step by the caller.
 
 The cost of a save is one gather of the state per parameter (all-reduce/all-gather over DP) and one
 dist-checkpoint write of twice the model's fp32 size, by the first data-parallel rank of each shard.
@@ -49,10 +49,14 @@ def torch_optimizer(engine):
 
 
 def _flat_slices(engine) -> dict | None:
-    """DeepSpeed's FP16_Optimizer (bf16 at ZeRO-0 with bf16 gradient accumulation) keeps one flat
+    """The fp32 masters of DeepSpeed's FP16 optimizers (bf16 at ZeRO-0 with bf16 gradient
+    accumulation): FP16_UnfusedOptimizer keeps one fp32 copy per parameter, FP16_Optimizer one flat
     fp32 master per group, the group's parameters back to back (``_flatten_dense_tensors``, no
-    padding): id(parameter) -> (flat master, offset). None for any other optimizer."""
+    padding): id(parameter) -> (master, offset of the parameter in it). None for other optimizers."""
     opt = engine.optimizer
+    if type(opt).__name__ == "FP16_UnfusedOptimizer" and hasattr(opt, "fp32_groups"):
+        return {id(p): (m, 0) for g16, g32 in zip(opt.fp16_groups, opt.fp32_groups) for p, m in zip(g16, g32)
+                if m.numel() == p.numel()}
     if type(opt).__name__ != "FP16_Optimizer" or not hasattr(opt, "fp32_groups_flat"):
         return None
     out = {}
@@ -177,7 +181,7 @@ def _flat_view(engine, p, key: str) -> torch.Tensor | None:
         return None
     master, offset = flat[id(p)]
     src = master if key == MASTER else torch_optimizer(engine).state[master][key]
-    return src.narrow(0, offset, p.numel())
+    return src.view(-1).narrow(0, offset, p.numel())
 
 
 def _set(engine, p, key: str, value: torch.Tensor) -> None:
