@@ -162,6 +162,10 @@ def save(engine, cfg: Config, step: int, consumed: int, extra: dict | None = Non
         _atomic_write(tmp / f"rng_rank{_rank():05d}.json", json.dumps(_to_jsonable(platform.rng_state())))
     except Exception as e:  # noqa: BLE001
         error = error or e
+    except BaseException as e:  # torch.distributed.checkpoint's CheckpointException (disk full in model/, optimizer/)
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        error = error or e
     if any_rank(error is not None) or os.environ.get("MEGAHASH_TEST_FAIL_IN_SAVE") == str(step):
         error = error or RuntimeError(f"injected failure while saving step {step} (MEGAHASH_TEST_FAIL_IN_SAVE)")
         note = checkpoint_faults.disk_note(root, error)
