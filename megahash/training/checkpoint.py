@@ -5,6 +5,7 @@ Layout of ``train.save_dir``::
 
     step_00000100/            one complete checkpoint (DeepSpeed files + megahash files)
         mp_rank_00_model_states.pt, *_optim_states.pt    (DeepSpeed)
+        model/, optimizer/    weights and Adam's state as megatron dist checkpoints (any layout)
         megahash_state.json   step, consumed samples, model signature: written last = complete
         rng_rank00000.json    RNG states of each rank
         resolved_config.yaml
@@ -100,14 +101,7 @@ def check_compatible(ckpt: Path, cfg: Config) -> dict:
     """Raise a one-line CheckpointError if ``ckpt`` was made by another model or TP layout."""
     state = read_state(ckpt)
     saved, now = state.get("signature", {}), model_signature(cfg)
-    if saved.get("tensor_parallel") != now["tensor_parallel"] and not state.get("weights_only") \
-            and not cfg.train.resume_weights_only:
-        raise CheckpointError(
-            f"checkpoint {ckpt} was saved with parallel.tensor={saved.get('tensor_parallel')}, this run uses "
-            f"{now['tensor_parallel']}; optimizer state cannot follow a layout change: resume with the same TP "
-            f"size, or continue from its weights with train.resume_weights_only=true (docs/resume.md)"
-        )
-    from megahash.training.elastic import check_layout
+    from megahash.training.elastic import check_layout  # TP size, DP size, ZeRO stage
 
     check_layout(ckpt, state, cfg, dist.get_world_size() if dist.is_initialized() else 1)  # one line if impossible
     diffs = _diff(saved.get("model", {}), now["model"], "model")
@@ -152,8 +146,15 @@ def save(engine, cfg: Config, step: int, consumed: int, extra: dict | None = Non
         from megahash.training.weights import WEIGHTS_DIR, save_weights
 
         save_weights(engine.module, tmp / WEIGHTS_DIR, cfg.train.zero_stage)
+        from megahash.training import optimizer_state  # Adam's state sharded like the weights (elastic resume)
+
+        optimizer_state.save(engine, tmp / optimizer_state.OPTIM_DIR, cfg.train.zero_stage)
         _atomic_write(tmp / f"rng_rank{_rank():05d}.json", json.dumps(_to_jsonable(accelerator.rng_state())))
     except Exception as e:  # noqa: BLE001
+        error = error or e
+    except BaseException as e:  # torch.distributed.checkpoint's CheckpointException (disk full in model/, optimizer/)
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
         error = error or e
     if any_rank(error is not None) or os.environ.get("MEGAHASH_TEST_FAIL_IN_SAVE") == str(step):
         error = error or RuntimeError(f"injected failure while saving step {step} (MEGAHASH_TEST_FAIL_IN_SAVE)")
@@ -213,10 +214,13 @@ def load(engine, ckpt: Path, cfg: Config) -> dict:
         return _load_weights_only(engine, ckpt, cfg, state)
     from megahash.training import elastic
 
-    if elastic.check_layout(ckpt, state, cfg, dist.get_world_size() if dist.is_initialized() else 1):
+    mode = elastic.resume_mode(ckpt, state, cfg, dist.get_world_size() if dist.is_initialized() else 1)
+    if mode == "weights":
         # another DP size / ZeRO stage / TP size with train.resume_weights_only=true (checked before
         # DeepSpeed loads anything): the weights at this layout, a fresh optimizer, the LR schedule at the step
         return _load_weights_only(engine, ckpt, cfg, state)
+    if mode == "elastic":  # another layout: weights and optimizer state from the dist checkpoints
+        return elastic.load_elastic(engine, ckpt, cfg, state)
     path, _client = engine.load_checkpoint(str(ckpt.parent), tag=ckpt.name, load_optimizer_states=True,
                                            load_lr_scheduler_states=True)
     if path is None:

@@ -1,15 +1,22 @@
-"""Resuming at another layout (TP size, data-parallel size, ZeRO stage): detection and the
-weights-only continuation (docs/resume.md).
+"""Resuming at another layout (TP size, data-parallel size, ZeRO stage): detection, the elastic
+resume with optimizer state, and the weights-only continuation (docs/resume.md).
 
 DeepSpeed's own checkpoint files (model states, ZeRO optimizer partitions) load only into the
 layout that wrote them (ZeRO-1 <-> ZeRO-2 at the same sizes excepted); loading them elsewhere ends
-in a long DeepSpeed traceback. :func:`check_layout` compares the layout recorded in
-``megahash_state.json`` with the run's before DeepSpeed loads anything: a change is one line naming
-both layouts and the documented continuation, ``train.resume_weights_only=true``, which loads the
-TP-independent megatron dist checkpoint of the weights (``model/``) at the new layout, starts the
-optimizer afresh and puts the LR schedule at the saved step. The data order continues exactly at
-any DP size: sampling is a pure function of the consumed-sample count (global sample ids in
-order, each DP rank taking its slice of every global batch).
+in a long DeepSpeed traceback. :func:`resume_mode` compares the layout recorded in
+``megahash_state.json`` with the run's before DeepSpeed loads anything:
+
+- same layout: DeepSpeed loads its own files (bit-exact resume);
+- another layout: the weights come from the TP-independent megatron dist checkpoint (``model/``),
+  Adam's moments, step count and (bf16) fp32 masters from the second one (``optimizer/``,
+  megahash/training/optimizer_state.py), the LR schedule is put at the saved step;
+- ``train.resume_weights_only=true``: the weights only, a fresh optimizer;
+- another layout and no movable optimizer state (a checkpoint of an older megahash, an optimizer
+  megahash cannot address per parameter): one line naming both layouts and the reason, offering
+  ``train.resume_weights_only=true``.
+
+The data order continues exactly at any DP size: sampling is a pure function of the consumed-sample
+count (global sample ids in order, each DP rank taking its slice of every global batch).
 """
 from __future__ import annotations
 
@@ -48,18 +55,44 @@ def _same(old: dict, new: dict) -> bool:
             and all(old.get(k) == new[k] for k in ("tensor_parallel", "data_parallel")))
 
 
-def check_layout(ckpt: Path, state: dict, cfg, world: int) -> bool:
-    """False: same layout (DeepSpeed loads its files). True: another layout and
-    ``train.resume_weights_only=true`` (load the weights only). Otherwise one-line CheckpointError."""
+def resume_mode(ckpt: Path, state: dict, cfg, world: int) -> str:
+    """How ``ckpt`` resumes in this run: ``"same"`` (DeepSpeed loads its files), ``"elastic"`` (another
+    layout with the optimizer state of ``optimizer/``) or ``"weights"`` (weights only, fresh optimizer).
+    One-line CheckpointError when the layout changed and no optimizer state can follow."""
     if state.get("weights_only"):
-        return False
+        return "same"  # a weights-only checkpoint (import-hf) loads its weights at any layout
     old, new = saved_layout(state, ckpt), layout(cfg, world)
     if _same(old, new):
-        return False
+        return "same"
     if cfg.train.resume_weights_only:
-        return True
+        return "weights"
+    from megahash.training.optimizer_state import OPTIM_DIR, read_info
+
+    info = read_info(ckpt / OPTIM_DIR)
+    if info.get("complete"):
+        return "elastic"
     diff = ", ".join(f"{k.replace('_', ' ')} {old.get(k)} -> {new[k]}" for k in new if old.get(k) != new[k])
     raise CheckpointError(
-        f"checkpoint {ckpt} was saved at another layout ({diff}); DeepSpeed's optimizer state loads only at its own "
-        f"layout: resume with the saved sizes, or continue from its weights with a fresh optimizer: "
+        f"checkpoint {ckpt} was saved at another layout ({diff}) and its optimizer state cannot follow "
+        f"({info['reason']}): resume with the saved sizes, or continue from its weights with a fresh optimizer: "
         f"train.resume_weights_only=true (docs/resume.md)")
+
+
+def check_layout(ckpt: Path, state: dict, cfg, world: int) -> bool:
+    """True: load the weights only (``train.resume_weights_only=true`` at another layout); False otherwise
+    (same layout, or another one with its optimizer state). One-line CheckpointError if impossible."""
+    return resume_mode(ckpt, state, cfg, world) == "weights"
+
+
+def load_elastic(engine, ckpt: Path, cfg, state: dict) -> dict:
+    """Resume at another layout: weights from ``model/`` and the LR schedule at the saved step (as the
+    weights-only continuation does), then Adam's state from ``optimizer/`` into this run's partitions."""
+    from megahash.training.checkpoint import _load_weights_only
+    from megahash.training.optimizer_state import OPTIM_DIR, load
+
+    _load_weights_only(engine, ckpt, cfg, state)
+    load(engine, ckpt / OPTIM_DIR, cfg.train.zero_stage)
+    step = int(state.get("step", 0))
+    engine.global_steps = step  # DeepSpeed's own counters, as its checkpoint load sets them
+    engine.global_samples = int(state.get("consumed_samples", step * cfg.train.global_batch_size))
+    return state

@@ -1,0 +1,307 @@
+"""Adam's state independent of TP size, data-parallel size and ZeRO stage: a second megatron-core
+dist checkpoint in every checkpoint (``step_N/optimizer/``), sharded exactly like the weights.
+
+DeepSpeed's own optimizer files hold each rank's ZeRO partition of flat fp32 buffers, laid out for
+one TP size, DP size and stage. Here every TP-local parameter's *full* (un-ZeRO'd) state is gathered
+with DeepSpeed's ``safe_get_full_optimizer_state`` / ``safe_get_full_fp32_param`` (collective over
+the data-parallel group; ZeRO-0 in fp32 runs the plain torch optimizer, whose state already is
+per parameter) and wrapped with megatron-core's ``make_sharded_optimizer_tensor`` around the
+parameter's own ``ShardedTensor`` (or ``ShardedTensorFactory``: the interleaved SwiGLU ``fc1``), so
+megatron's dist checkpointing knows where each TP shard lives in the full tensor, as for the weights
+in ``model/`` (megahash/training/weights.py). Saved per parameter:
+
+- ``exp_avg``, ``exp_avg_sq`` (Adam's moments; ``max_exp_avg_sq`` with amsgrad),
+- ``fp32``: the fp32 master copy, only where the trained weights are not fp32 (bf16: the masters
+  differ from the weights; in fp32 they are the weights),
+
+and in ``megahash_optimizer.json`` Adam's step count (bias correction). At a resume on another
+layout (megahash/training/elastic.py) the same sharded dict is built for the new TP shape, loaded
+(any TP size; data only, never unpickling code), and written into this run's partitions with
+``safe_set_full_optimizer_state`` (ZeRO-1/2, bf16 optimizer), the local-partition setters under
+ZeRO-3 (DeepSpeed's full-tensor setter does not handle a padded last partition), the torch
+optimizer's state at ZeRO-0 in fp32, or the fp32 masters of DeepSpeed's FP16 optimizers (ZeRO-0 in
+bf16). The LR schedule is put at the saved step by the caller.
+
+The cost of a save is one gather of the state per parameter (all-reduce/all-gather over DP) and one
+dist-checkpoint write of twice the model's fp32 size, by the first data-parallel rank of each shard.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from megahash.errors import CheckpointError
+
+OPTIM_DIR = "optimizer"
+INFO_FILE = "megahash_optimizer.json"
+FORMAT = 1
+MOMENTS = ("exp_avg", "exp_avg_sq")
+MASTER = "fp32"
+
+
+def torch_optimizer(engine):
+    """The torch optimizer inside DeepSpeed's wrapper (ZeRO, bf16), or the engine's own at ZeRO-0 fp32."""
+    opt = engine.optimizer
+    return opt.optimizer if hasattr(opt, "optimizer") and isinstance(opt.optimizer, torch.optim.Optimizer) else opt
+
+
+def _flat_slices(engine) -> dict | None:
+    """The fp32 masters of DeepSpeed's FP16 optimizers (bf16 at ZeRO-0 with bf16 gradient
+    accumulation): FP16_UnfusedOptimizer keeps one fp32 copy per parameter, FP16_Optimizer one flat
+    fp32 master per group, the group's parameters back to back (``_flatten_dense_tensors``, no
+    padding): id(parameter) -> (master, offset of the parameter in it). None for other optimizers."""
+    opt = engine.optimizer
+    if type(opt).__name__ == "FP16_UnfusedOptimizer" and hasattr(opt, "fp32_groups"):
+        return {id(p): (m, 0) for g16, g32 in zip(opt.fp16_groups, opt.fp32_groups) for p, m in zip(g16, g32)
+                if m.numel() == p.numel()}
+    if type(opt).__name__ != "FP16_Optimizer" or not hasattr(opt, "fp32_groups_flat"):
+        return None
+    out = {}
+    for group, flat in zip(opt.fp16_groups, opt.fp32_groups_flat):
+        offset = 0
+        for p in group:
+            out[id(p)] = (flat, offset)
+            offset += p.numel()
+        if offset != flat.numel():
+            return None
+    return out
+
+
+def unsupported(engine) -> str | None:
+    """Why this engine's optimizer state cannot be written per parameter (None: it can)."""
+    params = [p for p in engine.module.parameters() if p.requires_grad]
+    if any(hasattr(p, "ds_id") or hasattr(p, "_hp_mapping") for p in params):
+        return None  # ZeRO-1/2/3 and DeepSpeed's bf16 optimizer: DeepSpeed's full-state accessors
+    inner = torch_optimizer(engine)
+    if inner is engine.optimizer and all(p.dtype == torch.float32 for p in params):
+        return None  # the torch optimizer itself on fp32 parameters (ZeRO-0 in fp32)
+    flat = _flat_slices(engine)
+    if flat is not None and all(id(p) in flat for p in params):
+        return None  # flat fp32 masters per group (ZeRO-0 in bf16)
+    return (f"DeepSpeed's {type(engine.optimizer).__name__} (ZeRO stage {engine.zero_optimization_stage()}, "
+            f"{'bf16' if engine.bfloat16_enabled() else 'fp16' if engine.fp16_enabled() else 'fp32'}) keeps its "
+            f"state in flat buffers megahash cannot address per parameter")
+
+
+def _state_keys(engine) -> list[str]:
+    inner = torch_optimizer(engine)
+    keys = list(MOMENTS)
+    if any(g.get("amsgrad") for g in inner.param_groups):
+        keys.append("max_exp_avg_sq")
+    if any(p.dtype != torch.float32 for p in engine.module.parameters() if p.requires_grad):
+        keys.append(MASTER)
+    return keys
+
+
+def ensure_state(engine) -> None:
+    """Create Adam's state where torch has not yet (it does so at the first step): zero moments,
+    step 0, exactly what torch would create, and let DeepSpeed link its per-parameter views of it."""
+    inner = torch_optimizer(engine)
+    targets = [(p, group) for group in inner.param_groups for p in group["params"]]
+    flats = getattr(engine.optimizer, "fp32_partitioned_groups_flat", None)
+    if flats is not None:  # ZeRO-3 hands its flat fp32 sub-groups to the torch optimizer only while stepping
+        to_group = engine.optimizer.sub_group_to_group_id
+        targets += [(flat, inner.param_groups[to_group[i]]) for i, flat in enumerate(flats)]
+    for p, group in targets:
+        on_device = bool(group.get("fused") or group.get("capturable"))
+        st = inner.state[p]
+        if st:
+            continue
+        st["step"] = torch.zeros((), dtype=torch.float32, device=p.device if on_device else "cpu")
+        st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        if group.get("amsgrad"):
+            st["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    link = getattr(engine.optimizer, "_lazy_init_hp_params_optimizer_state", None)
+    if link is not None:  # ZeRO-1/2, bf16 optimizer: views of the flat state per parameter. Linked
+        # again: DeepSpeed links every group after stepping the first one, so with two parameter
+        # groups (decay, no decay) the second group's views stay empty
+        engine.optimizer._hp_optimizer_states_linked = False
+        link()
+
+
+def adam_step(engine) -> int:
+    """Adam's step count (every state entry holds the same one)."""
+    steps = {int(float(st["step"])) for st in torch_optimizer(engine).state.values() if "step" in st}
+    if len(steps) > 1:
+        raise CheckpointError(f"the optimizer's parameters are at different Adam steps {sorted(steps)}")
+    return steps.pop() if steps else 0
+
+
+def _set_step(engine, step: int) -> None:
+    for st in torch_optimizer(engine).state.values():
+        if torch.is_tensor(st.get("step")):
+            st["step"].fill_(float(step))
+        elif "step" in st:
+            st["step"] = step
+
+
+def _sharded_params(engine, zero_stage: int):
+    """[(parameter, its ShardedTensor or ShardedTensorFactory, TP-local shape)] of every trained
+    parameter, from the model's ``sharded_state_dict`` (built with ZeRO-3 parameters gathered)."""
+    from megatron.core.dist_checkpointing.optimizer import get_param_id_to_sharded_param_map
+
+    from megahash.training.weights import gathered, sharded_metadata
+
+    model = engine.module
+    params = [p for p in model.parameters() if p.requires_grad]
+    with gathered(model, zero_stage):
+        sd = model.sharded_state_dict(metadata=sharded_metadata(model))
+        shapes = [tuple(p.shape) for p in params]
+    by_index = get_param_id_to_sharded_param_map(sd, params)
+    names = {id(p): n for n, p in model.named_parameters()}
+    lacking = [names.get(id(p), "?") for i, p in enumerate(params) if i not in by_index]
+    if lacking:
+        raise CheckpointError(f"parameters {lacking[:3]} have no entry in the model's sharded_state_dict")
+    return [(p, by_index[i], shapes[i]) for i, p in enumerate(params)]
+
+
+def _get(engine, p, key: str, shape) -> torch.Tensor:
+    """The full TP-local state ``key`` of parameter ``p`` (collective over DP under ZeRO)."""
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+    if hasattr(p, "ds_id") or hasattr(p, "_hp_mapping"):
+        t = safe_get_full_fp32_param(p) if key == MASTER else safe_get_full_optimizer_state(p, key)
+        return t.detach().float().reshape(shape).cpu()
+    view = _flat_view(engine, p, key)
+    if view is not None:
+        return view.detach().float().reshape(shape).cpu()
+    if key == MASTER:
+        return p.detach().float().reshape(shape).cpu()
+    return torch_optimizer(engine).state[p][key].detach().float().reshape(shape).cpu()
+
+
+def _flat_view(engine, p, key: str) -> torch.Tensor | None:
+    """``p``'s slice of a flat fp32 master (or of its state ``key``) under FP16_Optimizer; else None."""
+    flat = _flat_slices(engine)
+    if flat is None or id(p) not in flat:
+        return None
+    master, offset = flat[id(p)]
+    src = master if key == MASTER else torch_optimizer(engine).state[master][key]
+    return src.view(-1).narrow(0, offset, p.numel())
+
+
+def _set(engine, p, key: str, value: torch.Tensor) -> None:
+    """Write the full TP-local ``value`` of state ``key`` into this rank's partition of ``p``."""
+    from deepspeed.utils import (safe_set_full_fp32_param, safe_set_full_optimizer_state,
+                                 safe_set_local_fp32_param, safe_set_local_optimizer_state)
+
+    if hasattr(p, "ds_id"):  # ZeRO-3: this rank's slice of the flattened tensor, zero-padded at the end
+        opt = p._z3_optimizer
+        rank, size = opt._get_param_partition_rank(p), p.partition_numel()
+        flat = value.reshape(-1)
+        local = torch.zeros(size, dtype=torch.float32)
+        piece = flat[rank * size:(rank + 1) * size]
+        local[:piece.numel()] = piece
+        local = local.to(p.ds_tensor.device)
+        safe_set_local_fp32_param(p, local) if key == MASTER else safe_set_local_optimizer_state(p, local, key)
+    elif hasattr(p, "_hp_mapping"):
+        v = value.to(p.device)
+        safe_set_full_fp32_param(p, v) if key == MASTER else safe_set_full_optimizer_state(p, v, key)
+    elif _flat_view(engine, p, key) is not None:
+        view = _flat_view(engine, p, key)
+        view.data.copy_(value.reshape(-1).to(view.device, view.dtype))
+    elif key == MASTER:
+        with torch.no_grad():
+            p.copy_(value.to(p.device, p.dtype))
+    else:
+        st = torch_optimizer(engine).state[p][key]
+        st.copy_(value.to(st.device, st.dtype).reshape(st.shape))
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _write_info(directory: Path, info: dict) -> None:
+    if _rank() == 0:
+        tmp = directory / (INFO_FILE + f".tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(info, indent=1))
+        os.replace(tmp, directory / INFO_FILE)
+
+
+def save(engine, directory: Path, zero_stage: int) -> None:
+    """Collective: write this engine's optimizer state to ``directory`` (module docstring). An
+    optimizer that cannot be addressed per parameter writes only the reason, which a resume at
+    another layout reports in its one-line refusal."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.optimizer import make_sharded_optimizer_tensor
+
+    directory = Path(directory)
+    why = unsupported(engine)
+    if why is not None:
+        if _rank() == 0:
+            directory.mkdir(parents=True, exist_ok=True)
+        _write_info(directory, {"format": FORMAT, "complete": False, "reason": why})
+        return
+    ensure_state(engine)
+    keys = _state_keys(engine)
+    sharded = {}
+    for i, (p, sh, shape) in enumerate(_sharded_params(engine, zero_stage)):
+        for key in keys:  # (stacked layers share a key: the dict is indexed by parameter)
+            sharded[f"{key}.{i}"] = make_sharded_optimizer_tensor(sh, _get(engine, p, key, shape), prefix=key)
+    directory.mkdir(parents=True, exist_ok=True)
+    dist_checkpointing.save(sharded, str(directory))
+    _write_info(directory, {"format": FORMAT, "complete": True, "keys": keys, "adam_step": adam_step(engine),
+                            "saved_zero_stage": engine.zero_optimization_stage()})
+
+
+def read_info(directory: Path) -> dict:
+    """The optimizer state's description; ``complete`` false with a ``reason`` when there is none."""
+    try:
+        info = json.loads((Path(directory) / INFO_FILE).read_text())
+    except FileNotFoundError:
+        return {"complete": False, "reason": f"it has no {OPTIM_DIR}/{INFO_FILE} (saved by an older megahash)"}
+    except (OSError, ValueError) as e:
+        return {"complete": False, "reason": f"its {OPTIM_DIR}/{INFO_FILE} is unreadable ({type(e).__name__})"}
+    if not isinstance(info, dict) or info.get("format") != FORMAT:
+        return {"complete": False, "reason": f"its {OPTIM_DIR}/{INFO_FILE} has an unknown format"}
+    if info.get("complete") and not info.get("keys"):
+        return {"complete": False, "reason": f"its {OPTIM_DIR}/{INFO_FILE} lists no state"}
+    return info
+
+
+def load(engine, directory: Path, zero_stage: int) -> int:
+    """Collective: load the optimizer state in ``directory`` into this engine, at this run's TP size,
+    DP size and ZeRO stage (the weights are already loaded). Returns Adam's step count."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.optimizer import make_sharded_optimizer_tensor
+
+    from megahash.training.safe_unpickle import no_code_unpickling
+    from megahash.training.weights import _first_line
+
+    directory = Path(directory)
+    info = read_info(directory)
+    if not info.get("complete"):
+        raise CheckpointError(f"checkpoint {directory.parent} holds no movable optimizer state: {info['reason']}")
+    why = unsupported(engine)
+    if why is not None:
+        raise CheckpointError(f"this run's optimizer cannot take the optimizer state of {directory.parent}: {why}; "
+                              f"resume at the saved layout, or with train.resume_weights_only=true (docs/resume.md)")
+    # fp32 masters of a bf16 run go into a bf16 run's masters; a fp32 run takes the weights of model/
+    keys = [k for k in info["keys"] if k != MASTER or MASTER in _state_keys(engine)]
+    params = _sharded_params(engine, zero_stage)
+    template = {}
+    for i, (p, sh, shape) in enumerate(params):
+        for key in keys:
+            template[f"{key}.{i}"] = make_sharded_optimizer_tensor(sh, torch.zeros(shape, dtype=torch.float32), prefix=key)
+    try:
+        with no_code_unpickling():  # data only: never run code from a checkpoint file
+            loaded = dist_checkpointing.load(template, str(directory))
+    except (KeyboardInterrupt, SystemExit, CheckpointError):
+        raise
+    except BaseException as e:  # noqa: BLE001 - megatron/torch raise several kinds
+        raise CheckpointError(f"the optimizer state in {directory} does not fit this model ({_first_line(e)}); "
+                              f"resume with train.resume_weights_only=true (docs/resume.md)") from None
+    ensure_state(engine)
+    for i, (p, _sh, _shape) in enumerate(params):
+        for key in keys:
+            _set(engine, p, key, loaded[f"{key}.{i}"])
+    step = int(info.get("adam_step", 0))
+    _set_step(engine, step)
+    return step
