@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from megahash.config_files import CONFIG_ROOT, find_config  # shipped configs (package data)
-from megahash.errors import ConfigError
+from megahash.errors import ConfigError, did_you_mean
 
 
 @dataclass
@@ -233,9 +233,7 @@ def _deep_merge(dst: dict, src: dict) -> dict:
     return dst
 
 
-def _suggest(key: str, options) -> str:
-    close = difflib.get_close_matches(key, list(options), n=1, cutoff=0.5)
-    return f" (did you mean {close[0]!r}?)" if close else f" (valid: {', '.join(sorted(options))})"
+_suggest = did_you_mean
 
 
 def _coerce(value: Any, typ: Any, dotted: str) -> Any:

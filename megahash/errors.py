@@ -1,4 +1,5 @@
 """Errors that reach the user as one line (entry points print ``error: <message>`` and exit 2)."""
+import difflib
 
 
 class MegahashError(Exception):
@@ -15,3 +16,9 @@ class DataError(MegahashError):
 
 class CheckpointError(MegahashError):
     """A checkpoint is missing, incomplete or from another model."""
+
+
+def did_you_mean(key: str, options) -> str:
+    """`` (did you mean 'x'?)`` for the closest option, else `` (valid: a, b, ...)``: the tail of a one-line error."""
+    close = difflib.get_close_matches(key, list(options), n=1, cutoff=0.5)
+    return f" (did you mean {close[0]!r}?)" if close else f" (valid: {', '.join(sorted(options))})"

@@ -166,6 +166,8 @@ def plugin(tmp_path_factory):
         d.pop(ATTENTION, None)
     for d in (registry.EMBEDDINGS, registry.EXPORT_META, registry.CAPS["embedding"]):
         d.pop(EMBEDDING, None)
+    for name in (ATTENTION, EMBEDDING):
+        registry.REFERENCES.pop(name, None)
     for m in [m for m in sys.modules if m.split(".")[0] == PACKAGE]:
         del sys.modules[m]
     catalog._config_plugins.clear()

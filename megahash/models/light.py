@@ -27,7 +27,7 @@ def registered_names(decorator: str) -> frozenset:
 
 def check_kinds(cfg) -> list[str]:
     """Layer kinds of ``model.schedule``; unknown kinds, embeddings or heads raise one-line ConfigErrors."""
-    from megahash.config import _suggest
+    from megahash.errors import did_you_mean as _suggest
     from megahash.models import catalog
     from megahash.models.schedules import layer_kinds
 

@@ -210,15 +210,17 @@ def prune(root: Path, keep_last: int) -> None:
 def load(engine, ckpt: Path, cfg: Config) -> dict:
     """Load model, optimizer, scheduler and this rank's RNG from ``ckpt``; return the state dict."""
     state = check_compatible(ckpt, cfg)
+    from megahash.training.weights import load_weights_only
+
     if state.get("weights_only"):
-        return _load_weights_only(engine, ckpt, cfg, state)
+        return load_weights_only(engine, ckpt, cfg, state)
     from megahash.training import elastic
 
     mode = elastic.resume_mode(ckpt, state, cfg, dist.get_world_size() if dist.is_initialized() else 1)
     if mode == "weights":
         # another DP size / ZeRO stage / TP size with train.resume_weights_only=true (checked before
         # DeepSpeed loads anything): the weights at this layout, a fresh optimizer, the LR schedule at the step
-        return _load_weights_only(engine, ckpt, cfg, state)
+        return load_weights_only(engine, ckpt, cfg, state)
     if mode == "elastic":  # another layout: weights and optimizer state from the dist checkpoints
         return elastic.load_elastic(engine, ckpt, cfg, state)
     path, _client = engine.load_checkpoint(str(ckpt.parent), tag=ckpt.name, load_optimizer_states=True,
@@ -228,27 +230,4 @@ def load(engine, ckpt: Path, cfg: Config) -> dict:
     rng_file = ckpt / f"rng_rank{_rank():05d}.json"
     if rng_file.is_file():
         accelerator.set_rng_state(_from_jsonable(json.loads(rng_file.read_text())))
-    return state
-
-
-def _load_weights_only(engine, ckpt: Path, cfg: Config, state: dict) -> dict:
-    """A checkpoint holding only model weights (``megahash import-hf``, marked ``weights_only``):
-    load them from its megatron dist checkpoint at this run's TP size; the optimizer starts fresh
-    (its fp32 master copies are refreshed from the loaded weights) and the LR scheduler is
-    fast-forwarded to the checkpoint's step."""
-    import warnings
-
-    from megahash.training.weights import WEIGHTS_DIR, gathered, load_weights
-
-    with gathered(engine.module, cfg.train.zero_stage, modifier_rank=0):
-        load_weights(engine.module, ckpt / WEIGHTS_DIR)
-    refresh = getattr(engine.optimizer, "refresh_fp32_params", None)
-    if refresh is not None:
-        refresh()
-    scheduler = getattr(engine, "lr_scheduler", None)
-    if scheduler is not None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            for _ in range(int(state.get("step", 0))):
-                scheduler.step()
     return state

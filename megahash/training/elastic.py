@@ -87,10 +87,10 @@ def check_layout(ckpt: Path, state: dict, cfg, world: int) -> bool:
 def load_elastic(engine, ckpt: Path, cfg, state: dict) -> dict:
     """Resume at another layout: weights from ``model/`` and the LR schedule at the saved step (as the
     weights-only continuation does), then Adam's state from ``optimizer/`` into this run's partitions."""
-    from megahash.training.checkpoint import _load_weights_only
+    from megahash.training.weights import load_weights_only
     from megahash.training.optimizer_state import OPTIM_DIR, load
 
-    _load_weights_only(engine, ckpt, cfg, state)
+    load_weights_only(engine, ckpt, cfg, state)
     load(engine, ckpt / OPTIM_DIR, cfg.train.zero_stage)
     step = int(state.get("step", 0))
     engine.global_steps = step  # DeepSpeed's own counters, as its checkpoint load sets them

@@ -148,3 +148,24 @@ def load_for_inference(path: str | Path, overrides: list[str] | None = None, dty
     load_weights(model, ckpt / WEIGHTS_DIR)
     model.eval()
     return cfg, model, ckpt
+
+
+def load_weights_only(engine, ckpt: Path, cfg, state: dict) -> dict:
+    """A checkpoint holding only model weights (``megahash import-hf``, marked ``weights_only``):
+    load them from its megatron dist checkpoint at this run's TP size; the optimizer starts fresh
+    (its fp32 master copies are refreshed from the loaded weights) and the LR scheduler is
+    fast-forwarded to the checkpoint's step."""
+    import warnings
+
+    with gathered(engine.module, cfg.train.zero_stage, modifier_rank=0):
+        load_weights(engine.module, ckpt / WEIGHTS_DIR)
+    refresh = getattr(engine.optimizer, "refresh_fp32_params", None)
+    if refresh is not None:
+        refresh()
+    scheduler = getattr(engine, "lr_scheduler", None)
+    if scheduler is not None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for _ in range(int(state.get("step", 0))):
+                scheduler.step()
+    return state
