@@ -287,3 +287,80 @@ def test_scancel_term_requeues_and_resumes_exactly(cluster, runs, tmp_path):
     assert "BrokenPipeError" not in text
     assert (run_dir / "latest").read_text() == f"step_{STEPS:08d}" and not list(run_dir.glob("*.tmp"))
     assert train_losses(run_dir) == train_losses(runs["srun"]["dir"])
+
+
+def _sig_pending(pid: int, sig: int) -> bool:
+    """``sig`` is pending for the (stopped) process ``pid`` (SigPnd/ShdPnd of /proc/PID/status)."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    masks = [int(line.split()[1], 16) for line in text.splitlines() if line.startswith(("SigPnd:", "ShdPnd:"))]
+    return any(m >> (sig - 1) & 1 for m in masks)
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except OSError:
+        return False
+
+
+def test_time_limit_signal_checkpoints_requeues_and_resumes_exactly(cluster, runs, tmp_path):
+    """Issue 14: two jobs with a 1-minute time limit (SLURM's minimum), one node x 2 ranks each:
+    `--signal=B:USR1@5` (to the batch shell, which forwards it: the scripts' own setting) and
+    `--signal=USR1@5` (SLURM signals the job step's processes itself). SLURM sends the signal up to
+    a minute early (its time-limit check runs every 30 s), so the 60-step run would finish first:
+    its ranks are paused (SIGSTOP) from step 3 until the signal is pending for them (or SLURM
+    continued them), standing in for a longer job. Then each job checkpoints, exits 3, requeues,
+    resumes (again signalled and requeued if its next minute runs out too) and ends with the
+    uninterrupted run's per-step losses."""
+    import signal
+
+    data = runs["data"]
+    jobs = {}
+    for kind in ("B:USR1@5", "USR1@5"):
+        run_dir, out = tmp_path / kind.replace(":", "_").replace("@", "_"), tmp_path / f"{kind}.out"
+        sbatch = ["--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=1", "--cpus-per-task=1", "--time=1",
+                  f"--signal={kind}"]
+        jobs[kind] = (submit(cluster, out, TINY, sbatch=sbatch, SAVE_DIR=run_dir, **data), run_dir, out)
+    paused: dict[str, list[int]] = {}
+    try:
+        for kind, (job, run_dir, out) in jobs.items():
+            alive = lambda job=job: job_info(cluster, job).get("JobState") not in FINAL  # noqa: E731
+            wait_for_step(run_dir, 3, alive)
+            if job_info(cluster, job).get("Restarts") == "0":
+                paused[kind] = rank_pids(run_dir)
+                for pid in paused[kind]:
+                    os.kill(pid, signal.SIGSTOP)
+        deadline = time.time() + 150
+        while paused and time.time() < deadline:
+            for kind, pids in list(paused.items()):
+                if any(_sig_pending(p, signal.SIGUSR1) for p in pids) or not all(_stopped(p) for p in pids):
+                    for pid in pids:
+                        os.kill(pid, signal.SIGCONT)
+                    paused.pop(kind)
+            time.sleep(0.2)
+        assert not paused, f"no time-limit signal reached the ranks of {list(paused)}"
+    finally:
+        for pids in paused.values():
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+    ref = runs["srun"]["dir"]
+    for kind, (job, run_dir, out) in jobs.items():
+        info = wait_job(cluster, job, out, timeout=600)
+        text = out.read_text()
+        assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, text[-5000:]
+        m = re.search(r"megahash: stopped at step (\d+) \(signal 10\)", text)
+        assert m and 3 <= int(m.group(1)) < STEPS, text[-5000:]
+        stop = int(m.group(1))
+        if kind.startswith("B:"):
+            assert "received SIGUSR1: forwarding to the ranks" in text
+        assert "ranks exited with status 3" in text and f"requeueing job {job}" in text
+        assert f"job {job} restart 1:" in text and f"resumed from {run_dir}/step_{stop:08d}" in text
+        assert (run_dir / "latest").read_text() == f"step_{STEPS:08d}" and not list(run_dir.glob("*.tmp"))
+        assert train_losses(run_dir) == train_losses(ref), kind
+        assert train_losses(run_dir, "valid") == train_losses(ref, "valid"), kind
