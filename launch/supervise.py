@@ -21,7 +21,8 @@ with their own status (1, 143, ...), never the ranks' requeue status 3. This pro
   step boundary). The launcher processes are not signalled by it (their own reactions kill ranks);
 - waits for the launcher and every registered rank, then exits with: a rank's status other than 0
   and 3 if there is one (a real failure), else 3 if a rank stopped on a signal after checkpointing
-  (the requeue status, ``EXIT_REQUEUE``), else the launcher's status (128+N if a signal N killed it).
+  (the requeue status, ``EXIT_REQUEUE``), also 3 if a stop signal killed the launcher before any
+  rank started (nothing to save), else the launcher's status (128+N if a signal N killed it).
 
 Forwarding reaches the ranks on this machine (one supervisor per node: ``srun ... python -m
 launch.supervise torchrun ...`` under SLURM). Standard library only: it must start fast.
@@ -41,6 +42,7 @@ STATUS_DIR_ENV = "MEGAHASH_RANK_STATUS_DIR"  # = megahash.training.signals.STATU
 EXIT_REQUEUE = 3  # = megahash.training.signals.EXIT_REQUEUE
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+GRACE = 10.0  # s to wait for ranks a dead launcher's orphans may still start
 
 
 def _log(msg: str) -> None:
@@ -163,11 +165,13 @@ class Supervisor:
         # Ctrl-C reaches the whole foreground group: the launchers handle it; this process waits for them
         signal.signal(signal.SIGINT, lambda *_: None)
         launcher_status = None
+        idle_since = None  # when the launcher had exited and no rank was running
         while True:
+            children = True
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:  # no child left at all
-                pid, status = 0, 0
+            except ChildProcessError:  # no child (nor orphan re-parented here) left at all
+                pid, status, children = 0, 0, False
                 if launcher_status is None:
                     launcher_status = child.returncode if child.returncode is not None else 1
             if pid:
@@ -180,7 +184,13 @@ class Supervisor:
             if launcher_status is not None:
                 running = self.running_ranks()
                 if not running:
-                    break
+                    # done, unless orphans of a dead launcher may still start ranks (a helper that
+                    # outlives its rank does not hold this process for more than GRACE seconds)
+                    idle_since = idle_since or time.monotonic()
+                    if not children or time.monotonic() - idle_since > GRACE:
+                        break
+                else:
+                    idle_since = None
                 unreported = [pid for pid in running if not self.ranks().get(pid)]
                 if unreported:
                     self.request_stop(signal.SIGUSR1, f"the launcher exited (status {launcher_status}) while "
@@ -195,6 +205,10 @@ class Supervisor:
         failed = [s for s in reported if s not in (0, EXIT_REQUEUE)]
         if failed:
             return failed[0]
+        if not self.ranks() and launcher_status in (128 + signal.SIGTERM, 128 + signal.SIGUSR1):
+            _log(f"the launcher died of a stop signal before any rank started (nothing to save); exit status "
+                 f"{EXIT_REQUEUE}: resume with train.resume=auto")
+            return EXIT_REQUEUE
         if EXIT_REQUEUE in reported:
             if launcher_status != EXIT_REQUEUE:
                 _log(f"the ranks stopped on a signal after checkpointing; exit status {EXIT_REQUEUE} "
