@@ -52,7 +52,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     from megahash.training import signals
 
-    signals.install_early()  # first: a stop signal during start-up is honoured at the first step boundary
+    previous = signals.install_early()  # first: a stop signal during start-up is honoured at the first step boundary
     status = 1
     try:
         status = _main(argv)
@@ -61,6 +61,7 @@ def main(argv=None) -> int:
         raise
     finally:
         signals.report_exit(status)  # to launch/supervise.py, if it started this rank
+        signals.restore(previous)
     return status
 
 

@@ -36,13 +36,24 @@ def _remember(signum, frame):
     _pending = signum
 
 
-def install_early(signals=STOP_SIGNALS) -> None:
+def install_early(signals=STOP_SIGNALS) -> dict:
     """Catch the stop signals from the first line of a rank on (before the slow imports and the
     engine build): one that arrives now is kept and honoured at the first step boundary, instead of
-    killing the rank half-initialised. Then register with a supervising launcher, if any."""
-    for s in signals:
-        signal.signal(s, _remember)
+    killing the rank half-initialised. Then register with a supervising launcher, if any. Returns
+    the previous handlers (for ``restore``)."""
+    previous = {s: signal.signal(s, _remember) for s in signals}
     _write_status("")
+    return previous
+
+
+def restore(previous: dict) -> None:
+    """The handlers from before ``install_early`` again (the entry point called in-process, e.g. by
+    tests), except after a stop on a signal: those stay ignored until the process exits."""
+    global _pending
+    _pending = None
+    for s, handler in previous.items():
+        if signal.getsignal(s) is not signal.SIG_IGN and handler is not None:
+            signal.signal(s, handler)
 
 
 def release_early(signals=STOP_SIGNALS) -> None:
