@@ -99,7 +99,8 @@ def test_slurm_batch_shell_is_one_process():
 
 def test_resolve_writes_back(monkeypatch):
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(k, raising=False)
+        monkeypatch.setenv(k, "")  # recorded, so the values resolve_env writes are undone after the test
+        monkeypatch.delenv(k)
     for k, v in {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
                  "MASTER_PORT": "23456"}.items():
         monkeypatch.setenv(k, v)
