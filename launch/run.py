@@ -12,8 +12,9 @@ Launchers (``--launcher``, default ``auto``):
              (``megahash/launching/env.py``); MASTER_ADDR = first node, MASTER_PORT = 20000 + job id % 20000.
              Signals sent to srun (SIGUSR1, SIGTERM) are forwarded to every task.
   torchrun   ``torchrun --nproc_per_node N``; inside a SLURM allocation one torchrun per node
-             (``srun --ntasks-per-node=1``) with c10d rendezvous on the first node; the agent runs
-             with SIGUSR1 ignored so a signal to the step reaches the workers without killing it.
+             (``srun --ntasks-per-node=1``) with c10d rendezvous on the first node. The agent
+             forwards SIGUSR1 too (``PET_SIGNALS_TO_HANDLE``) and waits up to
+             ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` (300 s unless set) for the ranks' checkpoint.
   deepspeed  ``deepspeed --num_gpus N`` on one node; with several nodes ``--hostfile`` (inside SLURM
              written from the node list, ``launch/hostfile.py``) and ``--master_addr``.
   mpirun     Open MPI ``mpirun -np N*nodes`` (``--hostfile`` for several nodes); ranks read
@@ -22,8 +23,12 @@ Launchers (``--launcher``, default ``auto``):
   auto       srun inside a SLURM allocation (outside ``srun``), python when already launched
              (RANK or a SLURM step or OMPI_* set) or for 1 process, else deepspeed.
 
+torchrun and deepspeed run under ``launch/supervise.py`` (one per node): SIGTERM/SIGUSR1 to it, or
+to the launcher process alone, reaches every rank, it waits for their checkpoint and exits 3 (the
+requeue status) where the bare launchers exit 1 or die.
+
 The command is printed (``+ ...`` on stdout) and then replaces this process (``exec``), so signals
-reach the launcher directly. ``--dry-run`` only prints it. Errors are one line ``error: ...``, exit 2.
+reach the launcher (or its supervisor) directly. ``--dry-run`` only prints it. Errors are one line ``error: ...``, exit 2.
 """
 from __future__ import annotations
 
@@ -43,7 +48,10 @@ from launch.hostfile import hostfile_from_slurm, slots_from_slurm  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCHERS = ("auto", "srun", "torchrun", "deepspeed", "mpirun", "python")
-IGNORE_USR1 = 'trap "" USR1; exec "$0" "$@"'  # bash -c IGNORE_USR1 CMD ARGS: run CMD with SIGUSR1 ignored
+SUPERVISE = os.path.join(ROOT, "launch", "supervise.py")  # stop signals -> every rank, exit 3 (see there)
+# torchrun's agent: forward SIGUSR1 like SIGTERM (default: it dies of it, the workers train on)
+TORCHRUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+SHUTDOWN_TIMEOUT = "300"  # s torchrun's agent waits for the ranks' checkpoint after a signal (its default: 30)
 
 
 class LaunchError(Exception):
@@ -148,12 +156,15 @@ def build(args, env=None) -> tuple[list[str], dict]:
             cmd += [f"--nodes={nnodes}", f"--ntasks={nnodes * nproc}", f"--ntasks-per-node={nproc}"]
         cmd += [py, "-u", script, *train]
     elif launcher == "torchrun":
-        trun = _tool("torchrun", "torch.distributed.run", py)
+        trun = [py, "-u", SUPERVISE, *_tool("torchrun", "torch.distributed.run", py)]
+        for var in ("PET_SIGNALS_TO_HANDLE", "TORCHELASTIC_SIGNALS_TO_HANDLE"):
+            extra[var] = env.get(var) or TORCHRUN_SIGNALS
+        if not (env.get("PET_SHUTDOWN_TIMEOUT") or env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")):
+            extra["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = SHUTDOWN_TIMEOUT
         if slurm:
-            # SLURM signals every process of the step; the torchrun agent has no SIGUSR1 handler and
-            # would die of it, so it ignores SIGUSR1 (its workers install their own handler)
+            # one supervised agent per node; SLURM signals every process of the step
             cmd = ["srun", f"--nodes={nnodes}", f"--ntasks={nnodes}", "--ntasks-per-node=1",
-                   f"--wait={args.srun_wait}", "--kill-on-bad-exit=0", "bash", "-c", IGNORE_USR1, *trun,
+                   f"--wait={args.srun_wait}", "--kill-on-bad-exit=0", *trun,
                    f"--nnodes={nnodes}", f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
                    f"--rdzv_endpoint={addr}:{port}", f"--rdzv_id=megahash-{env['SLURM_JOB_ID']}"]
         elif nnodes > 1:
@@ -163,7 +174,7 @@ def build(args, env=None) -> tuple[list[str], dict]:
             cmd = [*trun, f"--nproc_per_node={nproc}", f"--master_addr={addr}", f"--master_port={port}"]
         cmd += [script, *train]
     elif launcher == "deepspeed":
-        cmd = _tool("deepspeed", None, py)
+        cmd = [py, "-u", SUPERVISE, *_tool("deepspeed", None, py)]
         if nnodes > 1:
             hostfile = args.hostfile
             if not hostfile:

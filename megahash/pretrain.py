@@ -50,6 +50,22 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
+    from megahash.training import signals
+
+    previous = signals.install_early()  # first: a stop signal during start-up is honoured at the first step boundary
+    status = 1
+    try:
+        status = _main(argv)
+    except SystemExit as e:  # argparse's usage errors
+        status = e.code if isinstance(e.code, int) else 1
+        raise
+    finally:
+        signals.report_exit(status)  # to launch/supervise.py, if it started this rank
+        signals.restore(previous)
+    return status
+
+
+def _main(argv=None) -> int:
     from megahash import known_warnings
     from megahash.guarded import run_guarded
 

@@ -103,11 +103,14 @@ _mh_forward() {
   mh_log "received SIG$1: forwarding to the ranks (they checkpoint at the next step boundary and exit 3)"
   MH_SIGNALLED=$1
   [ -n "${MH_CHILD:-}" ] || return 0
-  if [ "$1" = USR1 ]; then
-    # srun and mpirun forward it to every rank; deepspeed/torchrun ranks started from this shell get
-    # it directly (the launcher processes run with SIGUSR1 ignored)
+  if [ "$1" = USR1 ] && [ "${LAUNCHER:-srun}" = mpirun ]; then
+    # mpirun runs with SIGUSR1 ignored; its ranks on this node get the signal directly
     kill -s USR1 $(_mh_tree "$MH_CHILD") 2>/dev/null
   else
+    # srun forwards it to every task; launch/supervise.py (LAUNCHER=deepspeed, and torchrun's
+    # per-node agents under srun) to every rank, also to ranks still starting (they keep it and
+    # stop at their first step boundary, so an early time-limit signal cannot requeue a job that
+    # made no progress)
     kill -s "$1" "$MH_CHILD" 2>/dev/null
   fi
   return 0
@@ -141,7 +144,8 @@ mh_pretrain() {
   MH_SIGNALLED=
   trap '_mh_forward USR1' USR1
   trap '_mh_forward TERM' TERM
-  # the launcher runs with SIGUSR1 ignored (ranks install their own handler; srun/mpirun theirs)
+  # started with SIGUSR1 ignored until it installs a handler (srun, launch/supervise.py) or for good
+  # (mpirun); the ranks install theirs first thing (megahash.training.signals.install_early)
   (trap '' USR1; exec "$PYTHON" -m launch --launcher "${LAUNCHER:-srun}" --config "$CONFIG" "${MH_OVERRIDES[@]}" "$@") &
   MH_CHILD=$!
   _mh_wait
@@ -154,8 +158,9 @@ mh_pretrain() {
     mh_after_pretrain
     status=$?
   fi
-  # requeue: the ranks stopped on a signal after checkpointing (3), or this shell forwarded SIGUSR1
-  # and the launcher did not report 0 (torchrun/deepspeed report their own status, not the ranks' 3).
+  # requeue: the ranks stopped on a signal after checkpointing (3: srun and launch/supervise.py report
+  # it), or this shell forwarded SIGUSR1 and the launcher did not report 0 (mpirun; a rank killed
+  # by the signal before its handler existed resumes from the previous checkpoint).
   # Never after SIGTERM to this shell: that is scancel or the time limit ending the job.
   if [ "$MH_SIGNALLED" = TERM ]; then
     mh_log "job $SLURM_JOB_ID is being ended (SIGTERM); not requeueing, resubmit to resume"

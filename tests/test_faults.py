@@ -236,11 +236,25 @@ def test_export_hf_never_unpickles_code(shakespeare_shards, tmp_path):
     assert not (tmp_path / "hf").exists()
 
 
-# -- signals to the whole process group under the real launchers ----------------------------------
-def _launch_and_kill_group(launcher: str, args: list[str], run_dir: Path, after_save: int, kill_at: int):
-    """Start 2 ranks under ``launcher`` in their own process group; once checkpoint ``after_save``
-    is complete and step ``kill_at`` is logged, SIGTERM the whole group (what scancel, a time limit
-    and most schedulers do). Returns the combined output."""
+# -- stop signals under the real launchers -------------------------------------------------------
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def _launch_and_signal(launcher: str, args: list[str], run_dir: Path, kill_at: int, target: str, sig,
+                       after_save: int = 0):
+    """Start 2 ranks with ``python -m launch --launcher LAUNCHER --nproc-per-node 2`` (deepspeed or
+    torchrun under launch/supervise.py) in their own process group. Once step ``kill_at`` is logged
+    (and checkpoint ``after_save`` is complete), send ``sig`` to ``target``: "group" = the whole
+    process group (what scancel, a time limit and most schedulers do), "launcher" = the deepspeed
+    runner or the torchrun agent process alone. Returns (exit status, output)."""
     import signal
     import subprocess
     import sys
@@ -248,15 +262,14 @@ def _launch_and_kill_group(launcher: str, args: list[str], run_dir: Path, after_
 
     from conftest import ROOT, _free_port, child_env, train_losses
 
-    port = str(_free_port())
-    cmd = (["deepspeed", "--num_gpus", "2", "--master_port", port] if launcher == "deepspeed" else
-           [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port])
-    p = subprocess.Popen([*cmd, "megahash/pretrain.py", *args], cwd=ROOT, env=child_env(), stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    cmd = [sys.executable, "-m", "launch", "--launcher", launcher, "--nproc-per-node", "2",
+           "--master-port", str(_free_port()), *args]
+    p = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
     try:
         deadline = time.time() + 300
         while time.time() < deadline and p.poll() is None:
-            if (run_dir / f"step_{after_save:08d}" / "megahash_state.json").is_file():
+            if not after_save or (run_dir / f"step_{after_save:08d}" / "megahash_state.json").is_file():
                 try:
                     if max(train_losses(run_dir), default=0) >= kill_at:
                         break
@@ -264,50 +277,64 @@ def _launch_and_kill_group(launcher: str, args: list[str], run_dir: Path, after_
                     pass
             time.sleep(0.02)
         assert p.poll() is None, f"{launcher} run ended before step {kill_at}"
-        os.killpg(p.pid, signal.SIGTERM)
+        if target == "group":
+            os.killpg(p.pid, sig)
+        else:  # python -m launch exec'd the supervisor; its one child is the launcher
+            (child,) = _children(p.pid)
+            os.kill(child, sig)
         out, _ = p.communicate(timeout=300)
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
-    return out
+    return p.returncode, out
 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_sigterm_to_process_group_under_deepspeed_and_torchrun_resumes_bit_exactly(shakespeare_shards, tmp_path):
-    """2 ranks, a periodic save every 4 steps. SIGTERM to the deepspeed launcher's whole process
-    group after the first save; the run resumes under torchrun and its group gets SIGTERM after the
-    next save; the last resume (deepspeed) finishes. Every stop checkpoints all ranks at one step
-    boundary (no step_N.tmp left, the helpers of the first save survive), and the losses of the
-    3-piece run equal the uninterrupted run's bit for bit."""
+def test_stop_signals_under_deepspeed_and_torchrun_resume_bit_exactly(shakespeare_shards, tmp_path):
+    """2 ranks, a periodic save every 4 steps, one run in 5 pieces under the real launchers (through
+    `python -m launch`, i.e. launch/supervise.py): SIGTERM to the deepspeed launcher's whole process
+    group after a periodic save; SIGUSR1 to the torchrun agent alone; SIGUSR1 to the deepspeed runner
+    alone; SIGTERM to torchrun's process group after a periodic save; SIGTERM to the deepspeed runner
+    alone. Every stop checkpoints all ranks at one step boundary (no step_N.tmp left, the helpers of
+    a save survive), the command exits with the requeue status 3, the next piece resumes from that
+    checkpoint, and the losses of the pieces equal the uninterrupted run's bit for bit. (SIGTERM to
+    the torchrun agent alone takes the agent's path of SIGUSR1: both are in its handled signals.)"""
     import re
+    import signal
 
     from conftest import pretrain, train_losses
 
-    steps = 24
+    steps = 40
     common = ["train.save_interval=4", "train.eval_interval=0", "train.keep_last=0"]
     straight, split = tmp_path / "straight", tmp_path / "split"
     r = pretrain(base(shakespeare_shards, straight, steps, *common), ranks=2)
     assert r.returncode == 0, r.stderr[-3000:]
-    stops = []
-    for launcher, after_save in (("deepspeed", 4), ("torchrun", 12)):
-        kill_at = after_save + 2
-        out = _launch_and_kill_group(launcher, base(shakespeare_shards, split, steps, *common), split, after_save, kill_at)
-        m = re.search(r"stopped at step (\d+) \(signal 15\); checkpoint saved", out)
-        assert m, out[-4000:]
-        stop = int(m.group(1))
-        assert stop >= kill_at and (split / "latest").read_text() == f"step_{stop:08d}", out[-3000:]
+    pieces = [("deepspeed", "group", signal.SIGTERM), ("torchrun", "launcher", signal.SIGUSR1),
+              ("deepspeed", "launcher", signal.SIGUSR1), ("torchrun", "group", signal.SIGTERM),
+              ("deepspeed", "launcher", signal.SIGTERM)]
+    stop = 0
+    for launcher, target, sig in pieces:
+        after_save = (stop // 4 + 1) * 4 if target == "group" else 0  # the helpers of a save in this piece
+        kill_at = max(after_save, stop) + 1
+        status, out = _launch_and_signal(launcher, base(shakespeare_shards, split, steps, *common), split, kill_at,
+                                         target, sig, after_save)
+        what = f"{launcher} {target} {sig.name}"
+        assert not stop or f"resumed from {split}/step_{stop:08d}" in out, f"{what}\n{out[-4000:]}"
+        # the deepspeed runner dies of a signal sent to it alone: launch/supervise.py then sends SIGUSR1
+        want = signal.SIGUSR1 if (launcher, target) == ("deepspeed", "launcher") else sig
+        m = re.search(rf"stopped at step (\d+) \(signal {int(want)}\); checkpoint saved", out)
+        assert m and status == 3, f"{what}: exit {status}\n{out[-4000:]}"
+        new_stop = int(m.group(1))
+        assert new_stop >= kill_at and (split / "latest").read_text() == f"step_{new_stop:08d}", out[-3000:]
         assert "BrokenPipeError" not in out and "Traceback (most recent call last)" not in out.split("stopped at")[0]
-        assert not list(split.glob("*.tmp"))
-        state = json.loads((split / f"step_{stop:08d}" / "megahash_state.json").read_text())
-        assert state["step"] == stop and state["world_size"] == 2
-        stops.append(stop)
-    assert stops[0] < 12 <= stops[1] < steps
-    r = pretrain(base(shakespeare_shards, split, steps, *common), ranks=2)
-    assert r.returncode == 0 and f"resumed from {split}/step_{stops[1]:08d}" in r.stdout, r.stderr[-3000:]
+        assert not list(split.glob("*.tmp")), what
+        state = json.loads((split / f"step_{new_stop:08d}" / "megahash_state.json").read_text())
+        assert state["step"] == new_stop and state["world_size"] == 2
+        stop = new_stop
     a, b = train_losses(straight), train_losses(split)
-    assert sorted(b) == list(range(1, steps + 1))
-    assert [a[s] for s in range(1, steps + 1)] == [b[s] for s in range(1, steps + 1)]
+    assert sorted(a) == list(range(1, steps + 1)) and sorted(b) == list(range(1, stop + 1))
+    assert [a[s] for s in range(1, stop + 1)] == [b[s] for s in range(1, stop + 1)]
 
 
 # -- interrupted preprocess -----------------------------------------------------------------------

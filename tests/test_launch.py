@@ -99,7 +99,8 @@ def test_slurm_batch_shell_is_one_process():
 
 def test_resolve_writes_back(monkeypatch):
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(k, raising=False)
+        monkeypatch.setenv(k, "")  # recorded, so the values resolve_env writes are undone after the test
+        monkeypatch.delenv(k)
     for k, v in {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
                  "MASTER_PORT": "23456"}.items():
         monkeypatch.setenv(k, v)
@@ -145,6 +146,7 @@ def test_launcher_commands_inside_slurm(tmp_path):
     s = " ".join(cmd)
     assert cmd[0] == "srun" and "--ntasks-per-node=1" in cmd and "--nnodes=3" in cmd and "--nproc_per_node=2" in cmd
     assert f"--rdzv_endpoint=localhost:{20000 + 4242}" in s and "--rdzv_backend=c10d" in s
+    assert "launch/supervise.py" in s  # one supervisor per node: its exit status is the ranks' 3
     cmd, _ = _build(["--launcher", "deepspeed"], SLURM_ALLOC)
     hostfile = cmd[cmd.index("--hostfile") + 1]
     assert Path(hostfile).read_text() == "localhost slots=2\ngpu02 slots=2\ngpu03 slots=2\n"
@@ -157,12 +159,14 @@ def test_launcher_commands_inside_slurm(tmp_path):
 
 def test_launcher_commands_outside_slurm(tmp_path):
     env = {"PATH": os.environ["PATH"]}
-    cmd, extra = _build(["--nproc-per-node", "2"], env)  # auto -> deepspeed
-    assert Path(cmd[0]).name == "deepspeed" and "--num_gpus=2" in cmd
+    cmd, extra = _build(["--nproc-per-node", "2"], env)  # auto -> deepspeed, under launch/supervise.py
+    assert cmd[:3] == [sys.executable, "-u", str(Path(ROOT) / "launch" / "supervise.py")]
+    assert Path(cmd[3]).name == "deepspeed" and "--num_gpus=2" in cmd
     cmd, extra = _build([], env)  # auto, one process -> python
     assert cmd[0] == sys.executable and extra == {}
     cmd, extra = _build(["--launcher", "torchrun", "--nproc-per-node", "2", "--master-port", "29123"], env)
     assert "--nproc_per_node=2" in cmd and "--master_port=29123" in cmd and extra["MASTER_PORT"] == "29123"
+    assert cmd[2].endswith("launch/supervise.py") and extra["PET_SIGNALS_TO_HANDLE"].endswith(",SIGUSR1")
     hf = tmp_path / "hostfile"
     hf.write_text("h1 slots=4\nh2 slots=4  # comment\n")
     cmd, extra = _build(["--launcher", "deepspeed", "--hostfile", str(hf)], env)

@@ -20,7 +20,7 @@ from megahash.training import checkpoint
 from megahash.training.ds_config import deepspeed_config, tune_engine
 from megahash.training.logging import RunLogger, plot_loss
 from megahash.training.lr_schedule import lambda_for
-from megahash.training.signals import EXIT_REQUEUE, StopFlag, any_rank
+from megahash.training.signals import EXIT_REQUEUE, StopFlag, any_rank, release_early
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -183,7 +183,9 @@ def train(cfg: Config, at_end=None) -> int:
 
         stop = StopFlag()
         if t.exit_signal_handler:
-            stop.install()
+            stop.install()  # adopts a signal that came during start-up (signals.install_early)
+        else:
+            release_early()
         gas = engine.gradient_accumulation_steps()
         from megahash.models import catalog
         from megahash.models.costs import train_flops_per_token
@@ -240,6 +242,8 @@ def train(cfg: Config, at_end=None) -> int:
                     print(f"megahash: stopped at step {step} ({why}); checkpoint saved, resume with train.resume=auto",
                           flush=True)
                 exit_status = EXIT_REQUEUE if signalled else 0
+                if signalled:
+                    stop.stop_listening()  # later copies of the signal must not kill the exit
                 break
         progress.close()
         log.close()
