@@ -60,7 +60,7 @@ def main(argv=None) -> int:
         status = e.code if isinstance(e.code, int) else 1
         raise
     finally:
-        signals.report_exit(status)  # to launch/supervise.py, if it started this rank
+        signals.report_exit(status)  # to megahash/launching/supervise.py, if it started this rank
         signals.restore(previous)
     return status
 

@@ -13,7 +13,7 @@ rank is still starting is remembered and honoured at the first step boundary (``
 adopts it), so a SLURM time-limit signal that comes early cannot kill a half-initialised rank
 (which requeued a job that never progressed), and every run makes at least one step.
 
-Supervision: under ``launch/supervise.py`` (``python -m launch`` for deepspeed and torchrun) each
+Supervision: under ``megahash/launching/supervise.py`` (``python -m launch`` for deepspeed and torchrun) each
 rank registers itself in ``$MEGAHASH_RANK_STATUS_DIR`` when its early handler is in place and
 writes its exit status there at the end; the supervisor forwards stop signals to registered ranks
 only and exits with the requeue status when they stopped on a signal.
@@ -26,7 +26,7 @@ import signal
 
 EXIT_REQUEUE = 3  # exit status after a signal-triggered checkpoint (slurm scripts requeue on it)
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
-STATUS_DIR_ENV = "MEGAHASH_RANK_STATUS_DIR"  # set by launch/supervise.py: ranks register and report there
+STATUS_DIR_ENV = "MEGAHASH_RANK_STATUS_DIR"  # set by megahash/launching/supervise.py: ranks register and report there
 
 _pending: int | None = None  # a stop signal received before the trainer's StopFlag exists
 
@@ -68,7 +68,7 @@ def release_early(signals=STOP_SIGNALS) -> None:
 
 
 def report_exit(status: int) -> None:
-    """Tell a supervising launcher (launch/supervise.py) this rank's exit status: deepspeed and
+    """Tell a supervising launcher (megahash/launching/supervise.py) this rank's exit status: deepspeed and
     torchrun report their own, not the ranks' requeue status 3."""
     _write_status(str(int(status)))
 
