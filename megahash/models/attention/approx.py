@@ -158,19 +158,7 @@ def approx_causal(q, k, v, chunk: int, state=None, need_state: bool = False):
     return torch.cat(outs, dim=-2), (state if need_state else None)
 
 
-def approx_bidirectional(q, k, v, key_mask=None):
-    """Non-causal Taylor attention over the valid keys (key_mask [..., T] True = valid, broadcast)."""
-    d, T = q.shape[-1], k.shape[-2]
-    if T <= 2 * feature_dim(d):
-        a = taylor_kernel(q, k)
-        if key_mask is not None:
-            a = a * key_mask.unsqueeze(-2).to(a.dtype)
-        return (a @ v) / a.sum(-1, keepdim=True)
-    fk = taylor_features(k)
-    if key_mask is not None:
-        fk = fk * key_mask.unsqueeze(-1).to(fk.dtype)
-    fq = taylor_features(q)
-    return (fq @ (fk.transpose(-1, -2) @ v)) / (fq @ fk.sum(-2).unsqueeze(-1))
+from megahash.models.torch_ops import taylor_bidirectional as approx_bidirectional  # one copy: the reference's kernel
 
 
 def approx_recurrent(q, k, v, state=None):

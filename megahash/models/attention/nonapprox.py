@@ -70,31 +70,7 @@ def nonapprox_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return (q * k).sum(-1) / math.sqrt(q.shape[-1])
 
 
-def nonapprox_causal(s, v, chunk: int, state=None, need_state: bool = False):
-    """Causal running-softmax over time. s [..., L] scores, v [..., L, d] (leading dims broadcast:
-    s [b, g, rep, L], v [b, g, 1, L, d]). state = (m [...], num [..., d], den [...]).
-    Returns (out [..., L, d], state or None)."""
-    L = s.shape[-1]
-    outs = []
-    for start in range(0, L, chunk):
-        sc, vc = s[..., start:start + chunk], v[..., start:start + chunk, :]
-        c = sc.shape[-1]
-        run_max = torch.cummax(sc.detach(), dim=-1).values
-        if state is not None:
-            run_max = torch.maximum(run_max, state[0].unsqueeze(-1))
-        logits = sc.unsqueeze(-2) - run_max.unsqueeze(-1)  # [..., t, u] = s_u - M_t
-        causal = torch.ones(c, c, dtype=torch.bool, device=s.device).tril()
-        w = torch.exp(logits.masked_fill(~causal, float("-inf")))
-        num = w @ vc
-        den = w.sum(-1)
-        if state is not None:
-            carry = torch.exp(state[0].unsqueeze(-1) - run_max)  # [..., t]
-            num = num + carry.unsqueeze(-1) * state[1].unsqueeze(-2)
-            den = den + carry * state[2].unsqueeze(-1)
-        outs.append(num / den.unsqueeze(-1))
-        if start + chunk < L or need_state:
-            state = (run_max[..., -1], num[..., -1, :], den[..., -1])
-    return torch.cat(outs, dim=-2), (state if need_state else None)
+from megahash.models.torch_ops import running_softmax_causal as nonapprox_causal  # one copy: the reference's kernel
 
 
 def nonapprox_recurrent(s, v, state=None):
@@ -115,13 +91,7 @@ def nonapprox_recurrent(s, v, state=None):
     return torch.stack(outs, dim=-2), state
 
 
-def nonapprox_bidirectional(s, v, key_mask=None):
-    """Encoder form: softmax over the valid keys, the same output at every position."""
-    if key_mask is not None:
-        s = s.masked_fill(~key_mask, float("-inf"))
-    w = torch.softmax(s, dim=-1)
-    o = (w.unsqueeze(-2) @ v).squeeze(-2)  # [..., d]
-    return o.unsqueeze(-2).expand(*o.shape[:-1], s.shape[-1], o.shape[-1])
+from megahash.models.torch_ops import running_softmax_bidirectional as nonapprox_bidirectional  # (the same)
 
 
 class NonApproxAttention(LinearAttentionBase):
