@@ -65,14 +65,12 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megahash.models.attention.approx import LinearAttentionBase
 from megahash.models.attention.base import rope
 from megahash.models.registry import mask_type, register_attention
+# one copy of the kernels of eq. 4.14-4.17: the plain-torch reference's (causal, chunked; encoder form)
+from megahash.models.torch_ops import orders_bidirectional as thesis_bidirectional
+from megahash.models.torch_ops import orders_causal as thesis_causal
+from megahash.models.torch_ops import thesis_den as safe_den, thesis_sq as sq, thesis_state as _new_state
 
-EPS = 1e-6
 STATE_KEYS = ("s0", "s1", "z1", "s2", "z2")
-
-
-def safe_den(den: torch.Tensor) -> torch.Tensor:
-    """den with |den| >= EPS, keeping its sign (0 -> +EPS)."""
-    return torch.where(den >= 0, den.clamp_min(EPS), den.clamp_max(-EPS))
 
 
 def scaled(q: torch.Tensor, k: torch.Tensor):
@@ -80,48 +78,8 @@ def scaled(q: torch.Tensor, k: torch.Tensor):
     return q * s, k * s
 
 
-def sq(x: torch.Tensor) -> torch.Tensor:
-    """x^2 / sqrt2 element-wise (eq. 4.17's second-order feature)."""
-    return x.square() * (1.0 / math.sqrt(2.0))
-
-
 def _combine(num0, cnt, num1, den1, num2, den2):
     return num0 / cnt.unsqueeze(-1) + num1 / safe_den(den1).unsqueeze(-1) + num2 / safe_den(den2).unsqueeze(-1)
-
-
-def _new_state(k, v):
-    k2 = sq(k)
-    kt, k2t = k.transpose(-1, -2), k2.transpose(-1, -2)
-    return [v.sum(-2), kt @ v, k.sum(-2), k2t @ v, k2.sum(-2)]
-
-
-def thesis_causal(q, k, v, chunk: int, state=None, offset: int = 0, need_state: bool = False):
-    """Causal eq. 4.14-4.17, chunked. q [..., L, d], k [..., L, d], v [..., L, dv] (leading dims
-    broadcast, e.g. q [b, g, rep, L, d] with k, v [b, g, 1, L, d]); ``state`` = (s0, s1, z1, s2, z2)
-    of the ``offset`` tokens before. Returns (out [..., L, dv], state or None)."""
-    q, k = scaled(q, k)
-    L = q.shape[-2]
-    outs = []
-    state = list(state) if state is not None else None
-    for start in range(0, L, chunk):
-        qc, kc, vc = q[..., start:start + chunk, :], k[..., start:start + chunk, :], v[..., start:start + chunk, :]
-        c = qc.shape[-2]
-        mask = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-        q2, k2 = sq(qc), sq(kc)
-        a1 = (qc @ kc.transpose(-1, -2)).masked_fill(~mask, 0)
-        a2 = (q2 @ k2.transpose(-1, -2)).masked_fill(~mask, 0)
-        num0, num1, den1, num2, den2 = vc.cumsum(-2), a1 @ vc, a1.sum(-1), a2 @ vc, a2.sum(-1)
-        if state is not None:
-            s0, s1, z1, s2, z2 = state
-            num0 = num0 + s0.unsqueeze(-2)
-            num1, den1 = num1 + qc @ s1, den1 + (qc @ z1.unsqueeze(-1)).squeeze(-1)
-            num2, den2 = num2 + q2 @ s2, den2 + (q2 @ z2.unsqueeze(-1)).squeeze(-1)
-        cnt = torch.arange(offset + start + 1, offset + start + c + 1, dtype=q.dtype, device=q.device)
-        outs.append(_combine(num0, cnt, num1, den1, num2, den2))
-        if start + chunk < L or need_state:
-            new = _new_state(kc, vc)
-            state = new if state is None else [a + b for a, b in zip(state, new)]
-    return torch.cat(outs, dim=-2), (tuple(state) if need_state else None)
 
 
 def thesis_recurrent(q, k, v, state=None, offset: int = 0):
@@ -139,23 +97,6 @@ def thesis_recurrent(q, k, v, state=None, offset: int = 0):
                        q2 @ s2, (q2 @ z2.unsqueeze(-1)).squeeze(-1))
         outs.append(out)
     return torch.cat(outs, dim=-2), tuple(state)
-
-
-def thesis_bidirectional(q, k, v, key_mask=None):
-    """Encoder form: the sums of eq. 4.15-4.17 over all valid keys (key_mask [..., T], True = valid)."""
-    q, k = scaled(q, k)
-    if key_mask is not None:
-        w = key_mask.unsqueeze(-1).to(k.dtype)
-        k, v = k * w, v * w
-        cnt = w.sum(-2)  # [..., 1]
-    else:
-        cnt = torch.full((1,), float(k.shape[-2]), dtype=k.dtype, device=k.device)
-    s0, s1, z1, s2, z2 = _new_state(k, v)
-    q2 = sq(q)
-    o0 = (s0 / cnt).unsqueeze(-2)
-    o1 = (q @ s1) / safe_den((q @ z1.unsqueeze(-1)).squeeze(-1)).unsqueeze(-1)
-    o2 = (q2 @ s2) / safe_den((q2 @ z2.unsqueeze(-1)).squeeze(-1)).unsqueeze(-1)
-    return o0 + o1 + o2
 
 
 class ApproxThesisAttention(LinearAttentionBase):
