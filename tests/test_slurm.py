@@ -329,7 +329,7 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes_exactly(cluster, run
     job step's processes itself). SLURM's time-limit check runs every 30 s: the signal comes 25-55 s
     after the start, the kill at the limit at least 30 s later (a 1-minute limit left too little time
     for a start on this loaded machine). The 60-step run takes seconds, so from step 1 until
-    the signal its ranks run 10 ms in every 200 ms (SIGSTOP/SIGCONT), standing in for a longer job.
+    the signal its ranks run 10 ms in every second (SIGSTOP/SIGCONT), standing in for a longer job.
     A signal that comes while the ranks are still starting is kept and honoured after their first
     step. Each job checkpoints, exits 3 and requeues; the requeued job (given 5 minutes by `scontrol
     update`, as a user extends a job) resumes and ends with the uninterrupted run's per-step losses."""
@@ -346,7 +346,8 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes_exactly(cluster, run
                   f"--signal={kind}"]
         jobs[kind] = (submit(cluster, out, TINY, script=script, sbatch=sbatch, SAVE_DIR=run_dir, **data), run_dir, out)
     # throttle each job's ranks from step 1 until the signal has come (pending while they are stopped,
-    # or the batch shell says so) or a checkpoint is being written: run 10 ms, stopped 190 ms
+    # or the batch shell says so) or a checkpoint is being written: run 10 ms, stopped 990 ms (at
+    # 190 ms a loaded run once reached its last step before the signal: ~2 slices make a tiny step)
     throttled: dict[str, list[int]] = {}
     todo = dict(jobs)
     try:
@@ -373,7 +374,7 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes_exactly(cluster, run
             for pids in throttled.values():
                 for pid in pids:
                     _kill(pid, signal.SIGSTOP)
-            time.sleep(0.19)
+            time.sleep(0.99)
         assert not todo, f"jobs {list(todo)} did not stop on a signal in time"
     finally:
         for pids in throttled.values():

@@ -229,8 +229,9 @@ def save(engine, directory: Path, zero_stage: int) -> None:
     """Collective: write this engine's optimizer state to ``directory`` (module docstring). An
     optimizer that cannot be addressed per parameter writes only the reason, which a resume at
     another layout reports in its one-line refusal."""
-    from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.optimizer import make_sharded_optimizer_tensor
+
+    from megahash.training.weights import dist_save
 
     directory = Path(directory)
     why = unsupported(engine)
@@ -246,7 +247,7 @@ def save(engine, directory: Path, zero_stage: int) -> None:
         for key in keys:  # (stacked layers share a key: the dict is indexed by parameter)
             sharded[f"{key}.{i}"] = make_sharded_optimizer_tensor(sh, _get(engine, p, key, shape), prefix=key)
     directory.mkdir(parents=True, exist_ok=True)
-    dist_checkpointing.save(sharded, str(directory))
+    dist_save(sharded, directory)
     _write_info(directory, {"format": FORMAT, "complete": True, "keys": keys, "adam_step": adam_step(engine),
                             "saved_zero_stage": engine.zero_optimization_stage()})
 

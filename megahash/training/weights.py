@@ -47,14 +47,33 @@ def sharded_metadata(model) -> dict | None:
     return None if homogeneous(model) else {"non_homogeneous_layers": True}
 
 
+def dist_save(sharded_state_dict: dict, directory: Path) -> None:
+    """Collective: megatron-core ``dist_checkpointing.save`` (its default ``torch_dist`` strategy),
+    synchronously, with the writer's results handed back within this process.
+
+    megatron's ``FileSystemWriterAsync`` returns its write workers' results through a queue of a
+    ``multiprocessing`` Manager: a spawned server process that imports torch to unpickle them, i.e.
+    about 2.4 s (2 CPU seconds) at the first save of every process (measured on the 2-core CI
+    machine; the cost is per process, not per save). A synchronous save runs the writer in this
+    process, so a plain in-process queue carries the results. An asynchronous save (megatron's
+    persistent worker) would need the cross-process queue: megahash does not save asynchronously.
+    """
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if getattr(filesystem_async, "_results_queue", ...) is None:  # megatron creates it on first use
+        import queue
+
+        filesystem_async._results_queue = queue.Queue()
+    dist_checkpointing.save(sharded_state_dict, str(directory))
+
+
 def save_weights(module: torch.nn.Module, directory: Path, zero_stage: int = 0) -> None:
     """Collective: every rank contributes its shards to ``directory`` (created, must be new)."""
-    from megatron.core import dist_checkpointing
-
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     with gathered(module, zero_stage):
-        dist_checkpointing.save(module.sharded_state_dict(metadata=sharded_metadata(module)), str(directory))
+        dist_save(module.sharded_state_dict(metadata=sharded_metadata(module)), directory)
 
 
 def _first_line(e: BaseException) -> str:
