@@ -166,7 +166,8 @@ def apply_cpu_shims() -> None:
 
 
 def tune_host_allocator() -> bool:
-    """CPU training: glibc keeps freed memory for reuse instead of handing it back to the kernel.
+    """CPU training: glibc keeps freed memory for reuse instead of handing it back to the kernel
+    (called by the trainer and the profiling harness before they build anything).
 
     glibc serves allocations at or above its mmap threshold (dynamic, at most 32 MiB) with fresh
     mappings and trims the top of its heap once enough of it is free, so a training step's large
@@ -175,8 +176,11 @@ def tune_host_allocator() -> bool:
     the allocation history. With chunk mmaps off (``M_MMAP_MAX`` 0) and the heap trimmed only above
     1 GiB free (``M_TRIM_THRESHOLD``) a step takes none after the first, the resident set stays at
     its peak (2.3 GB against 2.2 GB with the defaults) and the step is 3-6% faster (measured in
-    ``benchmarks/bench_vs_transformers.py``; results in benchmarks/results/). It applies to the
-    whole process from the call on. Not applied on GPU hosts, with a C library other than glibc,
+    ``benchmarks/bench_vs_transformers.py``; results in benchmarks/results/). The price: without
+    chunk mmaps a freed block is reused only by a request that fits it with its alignment padding,
+    so the heap settles above the live peak after the first steps (tests/test_host_allocator.py);
+    short-lived processes (evaluation, export) keep glibc's defaults. It applies to the whole
+    process from the call on. Not applied on GPU hosts, with a C library other than glibc,
     or when ``MEGAHASH_MALLOC_TUNING=0``. Returns whether it was applied (idempotent)."""
     global _MALLOC_TUNED
     if _MALLOC_TUNED is not None:
@@ -237,7 +241,6 @@ def dist_env() -> tuple[int, int, int]:
 def init_distributed(tensor_parallel: int = 1, sequence_parallel: bool = False, timeout_s: int = 600):
     """Start the process group (a 1-rank gloo group for plain ``python``) and megatron's model
     parallel state. Returns (rank, world_size)."""
-    tune_host_allocator()
     apply_cpu_shims()
     apply_megatron_fixes()
     from megatron.core import parallel_state

@@ -73,6 +73,7 @@ class TrainHarness:
         from megahash.training.trainer import build_engine
 
         t = cfg.train
+        accelerator.tune_host_allocator()  # as trainer.train
         self.cfg = cfg
         dp_size = parallel_state.get_data_parallel_world_size()
         self.dp_rank = parallel_state.get_data_parallel_rank()

@@ -118,6 +118,7 @@ def train(cfg: Config, at_end=None) -> int:
     from megahash.models.model import build_model
     from megahash.objectives import build_objective
 
+    accelerator.tune_host_allocator()
     rank, world = accelerator.init_distributed(cfg.parallel.tensor, cfg.parallel.sequence)
     completed = False
     try:
