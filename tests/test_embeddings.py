@@ -6,7 +6,6 @@ import hashlib
 import hmac
 import math
 import os
-import socket
 import warnings
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -276,9 +275,9 @@ def test_state_dict_roundtrip_every_embedding():
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from megahash.launching.env import free_port as below_ephemeral
+
+    return below_ephemeral()
 
 
 @pytest.mark.multiprocess

@@ -307,3 +307,19 @@ def test_sigusr1_checkpoints_and_exits_3_and_second_signal_is_harmless(shakespea
     a, b = train_losses(straight), train_losses(split)
     assert sorted(b) == list(range(1, 41))
     assert [a[s] for s in range(1, 41)] == [b[s] for s in range(1, 41)]
+
+
+def test_rendezvous_ports_are_outside_the_ephemeral_range():
+    """A rendezvous port drawn from the kernel's ephemeral range can be taken by another process's
+    outgoing connection before the store binds it (seen under two test workers)."""
+    import socket
+    from pathlib import Path
+
+    from megahash.launching.env import free_port
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {free_port() for _ in range(20)}
+    assert all(1024 <= p < low for p in ports) and len(ports) > 1, ports
+    for p in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))

@@ -87,7 +87,7 @@ def test_readme_commands_run_in_order(shakespeare_shards, tmp_path):
         real = shutil.which(name)
         (shims / name).write_text(
             "#!/usr/bin/env bash\n"
-            f"port=$({sys.executable} -c 'import socket; s=socket.socket(); s.bind((\"\", 0)); print(s.getsockname()[1])')\n"
+            f"port=$({sys.executable} -c 'from megahash.launching.env import free_port; print(free_port())')\n"
             f'exec {real} {flag} "$port" "$@"\n')
         (shims / name).chmod(0o755)
     env = child_env(PYTHONPATH=str(repo))

@@ -109,8 +109,25 @@ def first_host(nodelist: str) -> str:
     return hosts[0]
 
 
-def free_port() -> int:
-    """An unused TCP port on localhost (for single-process runs, which need a rendezvous too)."""
+def free_port(low: int = 10000, high: int = 20000) -> int:
+    """An unused TCP port on localhost for a rendezvous (single-process runs need one too).
+
+    Drawn at random from [low, high), below the kernel's ephemeral range (32768-60999 by default)
+    and below ``slurm_port``'s: a port the kernel hands out for ``bind(0)`` is also the pool every
+    outgoing connection takes its local port from, so on a busy machine (gloo opens many) another
+    process's connection could take it before the rendezvous server binds it. Falls back to the
+    kernel's choice when 200 draws find nothing free."""
+    import random
+
+    rng = random.Random()  # not the training seed's stream
+    for _ in range(200):
+        port = rng.randrange(low, high)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -39,14 +39,14 @@ def missing_programs() -> list[str]:
 
 
 def _free_ports(n: int) -> list[int]:
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
+    """n distinct free ports for the daemons (``free_port``: below the ephemeral range)."""
+    from megahash.launching.env import free_port
+
+    ports: list[int] = []
+    while len(ports) < n:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
     return ports
 
 
