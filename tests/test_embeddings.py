@@ -16,6 +16,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import _emb_helpers as H  # noqa: E402
+from megahash.launching.env import free_port  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -272,12 +273,6 @@ def test_state_dict_roundtrip_every_embedding():
 
 
 # ------------------------------------------------------------------------------ TP / SP parity
-
-
-def free_port() -> int:
-    from megahash.launching.env import free_port as below_ephemeral
-
-    return below_ephemeral()
 
 
 @pytest.mark.multiprocess
