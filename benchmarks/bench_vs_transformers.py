@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """megahash's training step against the plain transformers loop a user would write instead.
 
-    python benchmarks/bench_vs_transformers.py [--shapes small,70m-shape,70m] [--rounds 3] [--steps 9]
+    python benchmarks/bench_vs_transformers.py [--shapes small,70m-shape,70m] [--rounds 5] [--steps 5]
                                               [--warmup 2] [--threads 2] [--prefix PREFIX --tokenizer SPM]
 
 megahash side: the step ``megahash/pretrain.py`` runs (``trainer.build_engine`` + ``trainer.train_step``
@@ -15,8 +15,13 @@ counts printed and checked equal) with ``torch.optim.AdamW(model.parameters())``
 ``clip_grad_norm_(1.0)`` and the same ``LambdaLR`` schedule, on the same token batches (the batches
 megahash's loader yields, in the same order), cross-entropy of the logits against the same labels.
 
-Both sides warm up, then alternate in rounds (``--rounds`` x ``--steps`` steps per side; the side
-that starts alternates), so machine noise hits both alike. Reported: median tokens/s over all
+Each side runs in its own worker process of this script (``--worker``), as each would in real use:
+sharing one process would share one heap, and each side's allocations would change the other's
+page faults (with glibc's defaults a step's large tensors are page-faulted in again when the heap
+was trimmed or they were mmapped). The megahash worker writes the batches its loader yields to
+``--work``; the transformers worker reads them. Both warm up, then alternate in rounds
+(``--rounds`` x ``--steps`` steps per side, only one side running at a time; the side that starts
+alternates), so machine noise hits both alike. Reported: median tokens/s over all
 measured steps (wall clock), the median from process CPU time, and megahash / transformers ratios.
 Shapes: ``small`` (h256, 4L, 4 heads, ffn 1024, seq 256, batch 8), ``70m-shape`` (h512, 6L, 8 heads,
 ffn 2048, seq 512, batch 4; tokenizer vocabulary) and ``70m`` (the same with configs/model/70m.yaml's
@@ -25,6 +30,7 @@ ffn 2048, seq 512, batch 4; tokenizer vocabulary) and ``70m`` (the same with con
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -116,45 +122,98 @@ class HFLoop:
         return loss.item()
 
 
+REPLY = "@bench-worker "  # the prefix of a worker's replies on its stdout (libraries print there too)
+
+
 def timed(fn) -> tuple[float, float]:
     w, c = time.perf_counter(), time.process_time()
     fn()
     return time.perf_counter() - w, time.process_time() - c
 
 
-def run_shape(name: str, shape: dict, args, prefix: str, tokenizer: str) -> dict:
+def worker(args) -> int:
+    """One side in its own process: build, warm up, then run ``N`` timed steps per ``run N`` line read
+    from stdin and answer each with one JSON line of (wall, CPU) seconds per step."""
     import torch
 
     from megahash import accelerator
-    from megahash.data.dataset import make_loader
-    from megahash.training.profiling import TrainHarness
 
-    cfg = megahash_config(shape, prefix, tokenizer, str(Path(args.work) / "cache"))
+    shape = SHAPES[args.shape]
+    cfg = megahash_config(shape, args.prefix, args.tokenizer, str(Path(args.work) / "cache"))
     total = args.warmup + args.rounds * args.steps
-    accelerator.init_distributed(1)
-    try:
+    batches_file = Path(args.work) / f"batches_{args.shape}.pt"
+    if args.worker == "megahash":
+        from megahash.data.dataset import make_loader
+        from megahash.training.profiling import TrainHarness
+
+        accelerator.init_distributed(1)
         mh = TrainHarness(cfg, total + 1)
         loader = make_loader(mh.data.train, 0, cfg.train.micro_batch_size, 0, 1)
-        batches = [b for _, b in zip(range(total), loader)]
-        hf = HFLoop(cfg, mh.model.vocab_size, batches)
-        same = mh.num_params == hf.num_params
-        print(f"# {name}: h{shape['hidden']} {shape['layers']}L {shape['heads']} heads ffn {shape['ffn']} "
-              f"seq {shape['seq']} batch {shape['batch']} vocab {mh.model.vocab_size} (tied head); parameters "
-              f"megahash {mh.num_params:,} transformers {hf.num_params:,}{'' if same else '  MISMATCH'}; "
-              f"megahash optimizer {type(mh.engine.optimizer).__name__} (ZeRO-{cfg.train.zero_stage} configured)",
-              flush=True)
+        tmp = batches_file.with_suffix(".tmp")
+        torch.save([b for _, b in zip(range(total), loader)], tmp)
+        tmp.replace(batches_file)
+        step, info = mh.step, dict(params=mh.num_params, vocab=mh.model.vocab_size,
+                                   optimizer=type(mh.engine.optimizer).__name__)
+    else:
+        hf = HFLoop(cfg, args.vocab, torch.load(batches_file))
+        step, info = hf.step, dict(params=hf.num_params, vocab=args.vocab, optimizer=type(hf.opt).__name__)
+    for _ in range(args.warmup):
+        step()
+    print(REPLY + json.dumps(info), flush=True)
+    for line in sys.stdin:
+        if not line.startswith("run "):
+            break
+        print(REPLY + json.dumps([timed(step) for _ in range(int(line.split()[1]))]), flush=True)
+    if args.worker == "megahash":
+        accelerator.teardown()
+    return 0
+
+
+class Side:
+    """A worker process of this script running one side."""
+
+    def __init__(self, name: str, shape: str, args, extra: list[str]):
+        cmd = [sys.executable, __file__, "--worker", name, "--shape", shape, "--work", args.work, "--prefix",
+               args.prefix, "--tokenizer", args.tokenizer, "--rounds", str(args.rounds), "--steps",
+               str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads), *extra]
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self.info = self._read()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            if line.startswith(REPLY):
+                return json.loads(line[len(REPLY):])
+            sys.stderr.write(line)  # a library's own print
+        raise SystemExit(f"a benchmark worker exited with status {self.proc.wait()} (its error is above)")
+
+    def run(self, n: int) -> list[tuple[float, float]]:
+        self.proc.stdin.write(f"run {n}\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def run_shape(name: str, shape: dict, args) -> dict:
+    sides = {"megahash": Side("megahash", name, args, [])}
+    sides["transformers"] = Side("transformers", name, args, ["--vocab", str(sides["megahash"].info["vocab"])])
+    mh, hf = sides["megahash"].info, sides["transformers"].info
+    same = mh["params"] == hf["params"]
+    print(f"# {name}: h{shape['hidden']} {shape['layers']}L {shape['heads']} heads ffn {shape['ffn']} "
+          f"seq {shape['seq']} batch {shape['batch']} vocab {mh['vocab']} (tied head); parameters "
+          f"megahash {mh['params']:,} transformers {hf['params']:,}{'' if same else '  MISMATCH'}; "
+          f"megahash optimizer {mh['optimizer']}", flush=True)
+    try:
         if not same:
             raise SystemExit(f"{name}: the two models differ in size")
-        sides = {"megahash": mh.step, "transformers": hf.step}
-        for _ in range(args.warmup):
-            for fn in sides.values():
-                fn()
         times = {k: ([], []) for k in sides}
         for r in range(args.rounds):
             order = list(sides) if r % 2 == 0 else list(sides)[::-1]
             for k in order:
-                for _ in range(args.steps):
-                    w, c = timed(sides[k])
+                for w, c in sides[k].run(args.steps):
                     times[k][0].append(w)
                     times[k][1].append(c)
             med = {k: statistics.median(v[0]) for k, v in times.items()}
@@ -164,9 +223,10 @@ def run_shape(name: str, shape: dict, args, prefix: str, tokenizer: str) -> dict
                   f" ratio {med['transformers'] / med['megahash']:.2f}x wall, "
                   f"{cpu['transformers'] / cpu['megahash']:.2f}x CPU time)", flush=True)
     finally:
-        accelerator.teardown()
+        for side in sides.values():
+            side.close()
     tok = shape["seq"] * shape["batch"]
-    res = {"name": name, "params": mh.num_params, "vocab": mh.model.vocab_size, "n": len(times["megahash"][0])}
+    res = {"name": name, "params": mh["params"], "vocab": mh["vocab"], "n": len(times["megahash"][0])}
     for k, (w, c) in times.items():
         res[k] = (tok / statistics.median(w), tok / statistics.median(c))
     res["ratio"] = res["megahash"][0] / res["transformers"][0]
@@ -177,24 +237,32 @@ def run_shape(name: str, shape: dict, args, prefix: str, tokenizer: str) -> dict
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="small,70m-shape,70m")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=9, help="measured steps per side per round")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=5, help="measured steps per side per round")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--work", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "megahash_bench_vs_hf"))
     ap.add_argument("--prefix", default="", help="existing shard prefix (default: build Shakespeare shards in --work)")
     ap.add_argument("--tokenizer", default="")
+    ap.add_argument("--worker", choices=("megahash", "transformers"), help=argparse.SUPPRESS)
+    ap.add_argument("--shape", choices=tuple(SHAPES), help=argparse.SUPPRESS)
+    ap.add_argument("--vocab", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     import torch
 
     torch.set_num_threads(args.threads)
-    prefix, tokenizer = (args.prefix, args.tokenizer) if args.prefix else build_shards(Path(args.work))
+    if args.worker:
+        return worker(args)
+    if not args.prefix:
+        args.prefix, args.tokenizer = build_shards(Path(args.work))
     import transformers
 
-    print(f"threads {torch.get_num_threads()}, fp32, 1 rank; torch {torch.__version__}, transformers "
-          f"{transformers.__version__}; {args.rounds} rounds x {args.steps} steps per side after {args.warmup} warm-up")
-    rows = [run_shape(n, SHAPES[n], args, prefix, tokenizer) for n in args.shapes.split(",")]
+    print(f"threads {torch.get_num_threads()}, fp32, 1 rank per side, each side in its own process "
+          f"(MEGAHASH_MALLOC_TUNING={os.environ.get('MEGAHASH_MALLOC_TUNING', 'unset')}); torch "
+          f"{torch.__version__}, transformers {transformers.__version__}; {args.rounds} rounds x {args.steps} "
+          f"steps per side after {args.warmup} warm-up")
+    rows = [run_shape(n, SHAPES[n], args) for n in args.shapes.split(",")]
     print()
     print("| shape | params | vocab | steps | megahash tokens/s | transformers tokens/s | ratio | ratio (CPU time) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")

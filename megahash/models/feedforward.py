@@ -14,6 +14,7 @@ from megatron.core import parallel_state
 from megatron.core.transformer.mlp import MLP
 
 from megahash import accelerator
+from megahash.models import cpu_linear
 
 
 class FeedForward(MLP):
@@ -29,5 +30,5 @@ class FeedForward(MLP):
             return super().forward(hidden_states, per_token_scale=per_token_scale, **kwargs)
         w = self.linear_fc1.weight
         f = w.shape[0] // 2
-        inner = F.silu(F.linear(hidden_states, w[:f])) * F.linear(hidden_states, w[f:])
+        inner = F.silu(cpu_linear.linear(hidden_states, w[:f])) * cpu_linear.linear(hidden_states, w[f:])
         return self.linear_fc2(inner)

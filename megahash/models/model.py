@@ -18,7 +18,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import init_method_normal, scaled_init_method_normal
 
 from megahash.errors import ConfigError
-from megahash.models import heads, registry
+from megahash.models import cpu_linear, heads, registry
 from megahash.models.norm import hook_sequence_parallel_params
 
 
@@ -113,6 +113,7 @@ class MegahashLM(MegatronModule):
         if not self.head.uses_output_layer:
             self.output_layer = None  # S+R / hash-code heads replace the vocabulary projection
         hook_sequence_parallel_params(self)  # e.g. RowParallelLinear biases under SP
+        cpu_linear.install(self)  # oneDNN GEMMs for the linear layers on CPU (accelerator.onednn_linear)
 
     def attention_modules(self):
         """The ``self_attention`` module of every layer, in layer order."""
