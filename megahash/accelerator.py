@@ -189,8 +189,9 @@ def tune_host_allocator() -> bool:
     25,000-57,000 minor faults per step at h512, seq 512, batch 4 (2-core AMD EPYC), varying with
     the allocation history. With chunk mmaps off (``M_MMAP_MAX`` 0) and the heap trimmed only above
     1 GiB free (``M_TRIM_THRESHOLD``) a step takes none after the first two, the resident set
-    stays at its peak (2.3 GB against 2.2 GB) and the step is about 3% faster
-    (``benchmarks/bench_vs_transformers.py``; benchmarks/results/). Off by default: without chunk
+    stays at its peak (2.3 GB against 2.2 GB). In a process of its own, the megahash step measured
+    no faster for it (3,388 against 3,293 ms at h512, alternating A/B; benchmarks/results/
+    2026-11-23_cpu_vs_transformers_onednn.md). Off by default: without chunk
     mmaps a freed block is reused only by a request that fits it with its alignment padding, so
     the heap grows until it settles (tests/test_host_allocator.py), and for short runs that costs
     more than it saves: the test suite, hundreds of runs of a few steps, took 24% more CPU time
