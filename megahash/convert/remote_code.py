@@ -23,6 +23,7 @@ import ast
 import builtins
 import importlib
 import inspect
+import re
 from pathlib import Path
 
 from megahash.errors import ConfigError
@@ -81,11 +82,21 @@ def _relative(node: ast.ImportFrom) -> str:
     return f"from .{_import_target(node.module)} import {names}"
 
 
+def _deferred(node: ast.ImportFrom) -> str:
+    """A function-local import, as an ``importlib`` call transformers' import scan does not follow (the
+    folder's visible import graph stays acyclic; the entry modules name what it reaches)."""
+    mod = f'__import__("importlib").import_module(".{_import_target(node.module)}", __package__)'
+    return "; ".join(f"{a.asname or a.name} = {mod}.{a.name}" for a in node.names)
+
+
 def rewrite_imports(source: str, where: str) -> str:
-    """``from megahash.x import y`` (any depth) -> ``from .file import y``; the rest verbatim."""
+    """``from megahash.x import y`` -> ``from .file import y`` at module level, an ``importlib`` call
+    inside functions (:func:`_deferred`); the rest verbatim."""
     lines = source.split("\n")
+    tree = ast.parse(source)
+    top = {id(node) for node in tree.body}
     edits = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "megahash" for a in node.names):
             raise ConfigError(f"remote code: {where} line {node.lineno}: use 'from megahash.x import y' "
                               "(the export rewrites it to a relative import)")
@@ -94,7 +105,7 @@ def rewrite_imports(source: str, where: str) -> str:
     for node in sorted(edits, key=lambda n: n.lineno, reverse=True):
         first = lines[node.lineno - 1]
         indent = first[: len(first) - len(first.lstrip())]
-        lines[node.lineno - 1:node.end_lineno] = [indent + _relative(node)]
+        lines[node.lineno - 1:node.end_lineno] = [indent + (_relative(node) if id(node) in top else _deferred(node))]
     return "\n".join(lines)
 
 
@@ -251,7 +262,64 @@ def assemble(kinds) -> dict:
     files[TABLE_MODULE + ".py"] = (
         '"""{kind name: plain-torch reference class} of this model (written by megahash export-hf)."""\n'
         f"{body}\n_TABLE = {{\n{rows}}}\n\n\ndef references() -> dict:\n    return _TABLE\n")
-    return files
+    return name_closure_in_entries(files, (CONFIG_MODULE, MODELING_MODULE))
+
+
+_VISIBLE = re.compile(r"^\s*from\s+\.(\w+)\s+import", re.MULTILINE)  # what transformers' loader follows
+_DEFERRED = re.compile(r'import_module\("\.(\w+)", __package__\)')
+
+
+def name_closure_in_entries(files: dict, entries) -> dict:
+    """The ``auto_map`` entry modules import, at their end, every folder module they reach (through
+    deferred imports too): transformers 4.x-5.0 copy only an entry module's *direct* relative imports
+    into their module cache, and scan the rest with a loop that never ends on an import cycle before
+    4.56 (huggingface/transformers#40326); the visible import graph must stay acyclic."""
+    visible = {n[:-3]: set(_VISIBLE.findall(t)) for n, t in files.items()}
+    every = {m: deps | set(_DEFERRED.findall(files[m + ".py"])) for m, deps in visible.items()}
+    out = dict(files)
+    for entry in entries:
+        seen, todo = set(), list(every[entry])
+        while todo:
+            m = todo.pop()
+            if m not in seen and m in every:
+                seen.add(m)
+                todo += every[m]
+        extra = sorted(seen - visible[entry] - {entry})
+        if extra:
+            out[entry + ".py"] = out[entry + ".py"].rstrip("\n") + (
+                "\n\n\n# every folder module this one reaches (transformers 4.x copies direct imports only)\n"
+                + "".join(f"from .{m} import __name__ as _folder_{m}  # noqa: E402,F401\n" for m in extra))
+            visible[entry] |= set(extra)
+    cycle = _find_cycle(visible)
+    if cycle:
+        raise ConfigError(f"remote code: module-level import cycle {' -> '.join(cycle)} (import inside a function)")
+    return out
+
+
+def _find_cycle(graph: dict) -> list:
+    """One cycle of ``graph`` ({node: successors}) as a path, or []."""
+    state, stack = {}, []
+
+    def visit(n):
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == 1:
+                return stack[stack.index(m):] + [m]
+            if m in graph and not state.get(m):
+                found = visit(m)
+                if found:
+                    return found
+        state[n] = 2
+        stack.pop()
+        return []
+
+    for n in sorted(graph):
+        if not state.get(n):
+            found = visit(n)
+            if found:
+                return found
+    return []
 
 
 def write(out: Path, kinds) -> list[str]:

@@ -49,6 +49,16 @@ from megahash.models.torch_model import (
 )
 from megahash.models.torch_ops import is_roberta, rope_cos_sin
 
+# transformers renamed the cache argument and output field ``past_key_values`` -> ``cache`` (5.2x, the old
+# name deprecated): the model takes either name and answers under the name this transformers reads.
+CACHE_FIELD = "cache" if "cache" in getattr(CausalLMOutputWithPast, "__dataclass_fields__", {}) else "past_key_values"
+
+
+def _given_cache(past_key_values, kwargs):
+    """The cache passed under either name (``cache`` or the older ``past_key_values``)."""
+    given = kwargs.pop("cache", None)
+    return given if given is not None else past_key_values
+
 
 # =============================================================================== cache
 
@@ -264,7 +274,8 @@ class MegahashModel(MegahashPreTrainedModel):
                 output_hidden_states=False, return_dict=True, **kwargs):
         b, s = input_ids.shape
         decoder = self.config.arch == "decoder"
-        cache = past_key_values if isinstance(past_key_values, MegahashCache) else None
+        given = _given_cache(past_key_values, kwargs)
+        cache = given if isinstance(given, MegahashCache) else None
         if cache is None and use_cache and decoder:
             cache = MegahashCache(len(self.decoder.layers))
         offset = cache.offset if cache is not None else 0
@@ -306,8 +317,8 @@ class MegahashModel(MegahashPreTrainedModel):
             hidden.append(x)
         if cache is not None:
             cache.offset += s
-        return BaseModelOutputWithPast(last_hidden_state=x, past_key_values=cache,
-                                       hidden_states=tuple(hidden) if hidden is not None else None)
+        return BaseModelOutputWithPast(last_hidden_state=x, hidden_states=tuple(hidden) if hidden is not None else None,
+                                       **{CACHE_FIELD: cache})
 
 
 class MegahashForCausalLM(MegahashPreTrainedModel, GenerationMixin):
@@ -342,7 +353,7 @@ class MegahashForCausalLM(MegahashPreTrainedModel, GenerationMixin):
     def forward(self, input_ids=None, hash_codes=None, attention_mask=None, past_key_values=None, use_cache=None,
                 labels=None, output_hidden_states=False, return_dict=True, logits_to_keep=0, **kwargs):
         out = self.model(input_ids=input_ids, hash_codes=hash_codes, attention_mask=attention_mask,
-                         past_key_values=past_key_values, use_cache=use_cache,
+                         past_key_values=_given_cache(past_key_values, kwargs), use_cache=use_cache,
                          output_hidden_states=output_hidden_states)
         hidden = out.last_hidden_state
         if logits_to_keep:
@@ -360,7 +371,7 @@ class MegahashForCausalLM(MegahashPreTrainedModel, GenerationMixin):
         cls = CausalLMOutputWithPast if self.config.arch == "decoder" else MaskedLMOutput
         if cls is MaskedLMOutput:
             return cls(loss=loss, logits=logits, hidden_states=out.hidden_states)
-        return cls(loss=loss, logits=logits, past_key_values=out.past_key_values, hidden_states=out.hidden_states)
+        return cls(loss=loss, logits=logits, hidden_states=out.hidden_states, **{CACHE_FIELD: getattr(out, CACHE_FIELD)})
 
     # -- generation -------------------------------------------------------------------------
     def _generation_codes(self, input_ids, given):
@@ -386,8 +397,9 @@ class MegahashForCausalLM(MegahashPreTrainedModel, GenerationMixin):
 
     def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None, hash_codes=None,
                                       **kwargs):
-        inputs = super().prepare_inputs_for_generation(input_ids, past_key_values=past_key_values,
-                                                       attention_mask=attention_mask, **kwargs)
+        cache = _given_cache(past_key_values, kwargs)
+        inputs = super().prepare_inputs_for_generation(input_ids, attention_mask=attention_mask,
+                                                       **{CACHE_FIELD: cache}, **kwargs)
         inputs.pop("position_ids", None)
         if self.needs_codes() and self.embedding_needs_codes():
             n = inputs["input_ids"].shape[1]
