@@ -13,28 +13,21 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-# Under pytest-xdist (.ci/run: ``-n 2 --dist loadgroup --no-loadscope-reorder``) a test module is
-# one unit of work, so its module fixtures are built once; the modules that start the local SLURM
-# share one unit, so one cluster runs at a time. Units go out longest first (measured on the 2-core
-# machine), so the two workers finish together; the SLURM unit, mostly waiting on the scheduler,
-# overlaps the CPU-bound ones. Without xdist this only orders the run.
-LONGEST_FIRST = ["slurm", "test_training", "test_faults", "test_readme", "test_convert", "test_diagnose",
+# Under pytest-xdist (.ci/run: ``-n 2 --dist loadscope --no-loadscope-reorder``) a test module is one
+# unit of work (loadscope's own rule, no marker needed), so its module fixtures are built once. Units go
+# out in this order, longest first (measured on the 2-core machine), so the two workers finish together.
+# The two modules that start a local SLURM take turns through LocalSlurm's machine-wide lock; test_sweep
+# goes last so that it never waits on test_slurm's cluster while the other worker idles.
+LONGEST_FIRST = ["test_slurm", "test_training", "test_faults", "test_readme", "test_convert", "test_diagnose",
                  "test_tokenizers", "test_eval", "test_validation", "test_launch", "test_new_kind", "test_attention",
                  "test_embeddings"]
-SLURM_MODULES = {"test_slurm", "test_sweep"}
+LAST = ["test_sweep"]
 
 
-def _unit(item) -> str:
-    module = item.path.stem
-    return "slurm" if module in SLURM_MODULES else module
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_unit(item)))
     order = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: order.get(_unit(item), len(order)))  # stable: file order within a unit
+    order.update({unit: len(order) + 1 + i for i, unit in enumerate(LAST)})
+    items.sort(key=lambda item: order.get(item.path.stem, len(LONGEST_FIRST)))  # stable: file order within a module
 
 
 def child_env(**extra) -> dict:

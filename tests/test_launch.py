@@ -51,6 +51,31 @@ def test_expand_nodelist_matches_scontrol(tmp_path):
         assert expand_nodelist(nodelist) == out.stdout.split(), nodelist
 
 
+def test_one_local_slurm_per_machine_at_a_time(tmp_path, monkeypatch):
+    """Two local SLURM clusters on one machine would give their first jobs the same id, so the same
+    rendezvous port (as two pytest workers once did): the second waits for the first's lock, gives up
+    after its wait with a one-line reason, and takes the lock once the first one stops."""
+    import threading
+
+    from launch.local_slurm import LocalSlurm, SlurmUnavailable
+
+    monkeypatch.setenv("MEGAHASH_LOCAL_SLURM_LOCK", str(tmp_path / "slurm.lock"))
+    first, second = LocalSlurm(tmp_path / "a"), LocalSlurm(tmp_path / "b")
+    first._take_machine_lock(wait=1)
+    with pytest.raises(SlurmUnavailable, match="another local SLURM held .*slurm.lock for over 1s"):
+        second._take_machine_lock(wait=1)
+    timer = threading.Timer(1.0, first.stop)  # stop() ends no daemon here (none started) and frees the lock
+    timer.start()
+    second._take_machine_lock(wait=30)  # returns once the first has stopped
+    timer.join()
+    assert first._lock is None
+    with pytest.raises(SlurmUnavailable):
+        first._take_machine_lock(wait=0)
+    second.stop()
+    first._take_machine_lock(wait=0)
+    first.stop()
+
+
 def test_resolve_torchrun():
     env = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "h0", "MASTER_PORT": "1234",
            "OMPI_COMM_WORLD_RANK": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_STEP_ID": "0"}

@@ -18,6 +18,7 @@ seconds (set to 5 here; SLURM's default is 120) before they start again.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import shutil
 import signal
@@ -32,6 +33,10 @@ DAEMONS = ("slurmctld", "slurmd", "sinfo", "sbatch", "srun", "scontrol", "squeue
 
 class SlurmUnavailable(RuntimeError):
     """The SLURM programs are missing or the cluster did not come up."""
+
+
+# machine-wide: one local SLURM at a time (LocalSlurm.start); MEGAHASH_LOCAL_SLURM_LOCK names another file
+LOCK_FILE = "/tmp/megahash-local-slurm.lock"
 
 
 def missing_programs() -> list[str]:
@@ -145,23 +150,53 @@ class LocalSlurm:
         return env
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self, timeout: float = 60.0) -> "LocalSlurm":
+    def _take_machine_lock(self, wait: float) -> None:
+        """One local SLURM per machine at a time (``LOCK_FILE``, held until :meth:`stop`): two would
+        number their first jobs alike, so their jobs' rendezvous ports (derived from the job id)
+        collide, and each one's clean-up could end the other's job processes."""
+        lock_file = os.environ.get("MEGAHASH_LOCAL_SLURM_LOCK", LOCK_FILE)
+        self._lock = open(lock_file, "a+")
+        deadline, said = time.time() + wait, False
+        while True:
+            try:
+                fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.time() > deadline:
+                    self._lock.close()
+                    self._lock = None
+                    raise SlurmUnavailable(f"another local SLURM held {lock_file} for over {wait:.0f}s")
+                if not said:
+                    print(f"local_slurm: waiting for another local SLURM on this machine ({lock_file})",
+                          file=sys.stderr, flush=True)
+                    said = True
+                time.sleep(1.0)
+
+    def _release_machine_lock(self) -> None:
+        if getattr(self, "_lock", None) is not None:
+            self._lock.close()  # closing the file releases the flock
+            self._lock = None
+
+    def start(self, timeout: float = 60.0, lock_wait: float = 3600.0) -> "LocalSlurm":
         if os.geteuid() != 0:
             raise SlurmUnavailable("a local SLURM needs root (slurmd runs jobs as their user)")
+        self._take_machine_lock(lock_wait)
         self.write_config()
         env = self.env()
         logs = self.root / "log"
-        self._spawn("slurmctld", [_exe("slurmctld"), "-D", "-i", "-f", str(self.conf)], logs / "slurmctld.out", env)
+        # slurmctld inherits the lock's descriptor: the lock lasts as long as the cluster, also after `up` exits
+        self._spawn("slurmctld", [_exe("slurmctld"), "-D", "-i", "-f", str(self.conf)], logs / "slurmctld.out", env,
+                    keep_fds=(self._lock.fileno(),))
         for n in self.nodes:
             self._spawn(f"slurmd-{n}", [_exe("slurmd"), "-D", "-N", n, "-f", str(self.conf)],
                         logs / f"slurmd-{n}.out", env)
         self.wait_idle(timeout)
         return self
 
-    def _spawn(self, name, cmd, log, env):
+    def _spawn(self, name, cmd, log, env, keep_fds=()):
         with open(log, "ab") as out:
             self.procs[name] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                                start_new_session=True, cwd=self.root)
+                                                start_new_session=True, cwd=self.root, pass_fds=keep_fds)
         (self.root / "run" / f"{name}.popen.pid").write_text(str(self.procs[name].pid))
 
     def sinfo(self) -> str:
@@ -223,6 +258,7 @@ class LocalSlurm:
             f.unlink()
         self.procs.clear()
         self._kill_leftovers()
+        self._release_machine_lock()
 
     def _kill_leftovers(self) -> None:
         """SIGKILL slurmstepd daemons and job processes (SLURM_JOB_ID set) whose environment names
