@@ -323,3 +323,18 @@ def test_rendezvous_ports_are_outside_the_ephemeral_range():
     for p in ports:
         with socket.socket() as s:
             s.bind(("127.0.0.1", p))
+
+
+@pytest.mark.parametrize("typo, message", [
+    ("train.stpes=5", "unknown config key 'train.stpes'"),
+    ("model.schedule=uniform:mhaa", "unknown attention kind 'mhaa'"),
+])
+def test_quickstart_passes_config_errors_through_as_one_line(typo, message):
+    """A config typo given to launch/quickstart.sh: its one-line error, exit 2, before any data step or
+    the deepspeed launcher (issue 29: an 11-line traceback, exit 1, before)."""
+    r = subprocess.run(["bash", "launch/quickstart.sh", typo], cwd=ROOT, env=child_env(), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 2, (r.stdout[-2000:], r.stderr[-2000:])
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.stderr
+    assert "[2/6]" not in r.stdout and "[5/6]" not in r.stdout
