@@ -102,3 +102,36 @@ def test_missing_or_wrong_inputs_fail_before_heavy_imports(shakespeare_shards, t
     assert "train.resume=/nonexistent/step_00000004 is not a complete megahash checkpoint" in errs[3]
     assert "eval.tasks_dir /nonexistent/tasks does not exist" in errs[4]
     assert res["out"] == "/nonexistent/run\n"
+
+
+CLI_PROBE = r"""
+import contextlib, io, json, sys
+from megahash.cli import main as cli
+from megahash.experiments.diagnose import main as diagnose
+calls = [["eval", "--checkpoint", "/nonexistent/run", "--tasks", "shk_ppl"],
+         ["eval", "--checkpoint", ".", "--tasks-dir", "/nonexistent/tasks", "--tasks", "shk_ppl"],
+         ["indicators", "--checkpoint", "/nonexistent/run", "--text", "README.md"],
+         ["indicators", "--checkpoint", ".", "--text=/nonexistent.txt"],
+         ["report", "--runs", ".", "/nonexistent/run2", "--out", "/tmp/r.md"],
+         ["export-hf", "--checkpoint", "/nonexistent/run", "--output", "/nonexistent/hf"],
+         ["import-hf", "--hf", "/nonexistent/hf", "--output", "/nonexistent/run"],
+         ["diagnose", "--config", "/nonexistent/model.yaml", "--kinds", "mha"]]
+err = io.StringIO()
+with contextlib.redirect_stderr(err):
+    codes = [cli(c) for c in calls]
+heavy = sorted({m.split(".")[0] for m in sys.modules} & set(sys.argv[1:]))
+print(json.dumps({"codes": codes, "heavy": heavy, "err": err.getvalue()}))
+"""
+
+
+def test_missing_paths_of_subcommands_fail_before_heavy_imports():
+    r = subprocess.run([sys.executable, "-c", CLI_PROBE, *HEAVY], cwd=ROOT, env=child_env(), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(r.stdout)
+    assert res["heavy"] == [] and res["codes"] == [2] * 8, res
+    assert res["err"].strip().splitlines() == [
+        "error: checkpoint /nonexistent/run does not exist", "error: --tasks-dir /nonexistent/tasks does not exist",
+        "error: checkpoint /nonexistent/run does not exist", "error: --text /nonexistent.txt does not exist",
+        "error: checkpoint /nonexistent/run2 does not exist", "error: checkpoint /nonexistent/run does not exist",
+        "error: --hf /nonexistent/hf does not exist", "error: config file '/nonexistent/model.yaml' does not exist"]
