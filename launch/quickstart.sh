@@ -45,4 +45,4 @@ else:
     print(f"quickstart: no validation records in {run}/metrics.jsonl (train.eval_interval=0?)")
 PY
 echo "quickstart: [6/6] evaluate $SAVE_DIR with lm-eval on data/eval_tasks (shk_suite)"
-python3 -m megahash eval --checkpoint "$SAVE_DIR" --tasks-dir data/eval_tasks --tasks shk_suite
+python3 -m megahash eval --checkpoint "$SAVE_DIR" --tasks-dir data/eval_tasks --tasks shk_suite --overwrite
