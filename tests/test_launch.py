@@ -338,3 +338,15 @@ def test_quickstart_passes_config_errors_through_as_one_line(typo, message):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.stderr
     assert "[2/6]" not in r.stdout and "[5/6]" not in r.stdout
+
+
+def test_python_m_launch_checks_the_config_before_the_launcher():
+    """`python -m launch` runs pretrain.py's torch-free checks once before exec'ing the launcher: a typo
+    is one line, exit 2, and no launcher starts (under deepspeed it was one line per rank among the
+    launcher's own)."""
+    r = subprocess.run([sys.executable, "-m", "launch", "--launcher", "deepspeed", "--nproc-per-node", "2",
+                        "--config", "configs/quickstart.yaml", "model.schedule=uniform:mhaa"], cwd=ROOT,
+                       env=child_env(), capture_output=True, text=True, timeout=120)
+    assert (r.returncode, r.stdout) == (2, ""), (r.stdout[-2000:], r.stderr[-2000:])
+    assert r.stderr.strip().splitlines() == ["error: unknown attention kind 'mhaa' in schedule 'uniform:mhaa' "
+                                             "(did you mean 'mha'?)"]
