@@ -346,7 +346,7 @@ def test_python_m_launch_checks_the_config_before_the_launcher():
     launcher's own)."""
     r = subprocess.run([sys.executable, "-m", "launch", "--launcher", "deepspeed", "--nproc-per-node", "2",
                         "--config", "configs/quickstart.yaml", "model.schedule=uniform:mhaa"], cwd=ROOT,
-                       env=child_env(), capture_output=True, text=True, timeout=120)
+                       env=child_env(), capture_output=True, text=True, timeout=300)
     assert (r.returncode, r.stdout) == (2, ""), (r.stdout[-2000:], r.stderr[-2000:])
     assert r.stderr.strip().splitlines() == ["error: unknown attention kind 'mhaa' in schedule 'uniform:mhaa' "
                                              "(did you mean 'mha'?)"]
