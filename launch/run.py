@@ -240,7 +240,7 @@ def parse_args(argv=None):
 def check_inputs(args) -> int:
     """megahash/pretrain.py's checks without torch (config, kinds, shards, tokenizer, resume path), here
     and once: a mistake is one line and exit 2, not a line per rank buried in the launcher's output."""
-    if os.path.abspath(args.script) != os.path.join(ROOT, "megahash", "pretrain.py"):
+    if os.path.normpath(os.path.join(ROOT, args.script)) != os.path.join(ROOT, "megahash", "pretrain.py"):
         return 0
     from megahash import pretrain
     from megahash.guarded import run_guarded
