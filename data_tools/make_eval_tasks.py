@@ -31,7 +31,8 @@ absolute path of ``DIR/NAME_x.jsonl``, ``test_split: test``) plus its JSONL; all
 list of task names). ``DIR/NAME_manifest.json`` records the source, document range, seed and counts;
 ``DIR/NAME_held_out.txt`` holds the held-out text (first pages of the documents) for ``megahash indicators --text``.
 Output is a pure function of (source, range, --n, --seed, ...): sentences come from a fixed
-regex split, every random choice from ``random.Random(seed)``.
+regex split, every random choice from ``random.Random(seed)``. An ``--out`` that already holds
+``NAME_*`` files is refused in one line (exit 2) unless ``--overwrite`` is given.
 
 NAME defaults to ``shk`` (shakespeare), ``kjv`` (bible-kjv) or the file's stem. Default held-out
 ranges: shakespeare ``1100:`` (its last 103 of 1,203 documents: the quickstart trains on all of
@@ -51,6 +52,7 @@ from typing import Optional, Sequence
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from megahash.atomic_write import write_text_atomic  # noqa: E402
 from megahash.data_stage.common import InputError, cli  # noqa: E402
 from megahash.data_stage.sources import open_source, parse_doc_range, select_documents  # noqa: E402
 
@@ -221,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default=None, help="task name prefix (default: shk, kjv or the file stem)")
     p.add_argument("--json-key", default="text")
     p.add_argument("--txt-mode", default="blocks", choices=["blocks", "lines"])
+    p.add_argument("--overwrite", action="store_true", help="replace the NAME_* files of an earlier run in --out")
     return p
 
 
@@ -232,6 +235,11 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     rng_spec = args.held_out_docs or DEFAULT_RANGES.get(args.source, "0:")
     start, end = parse_doc_range(rng_spec)
     name = _slug(args.name or DEFAULT_NAMES.get(args.source) or Path(args.source.rstrip("/")).stem)
+    out = Path(args.out).resolve()
+    existing = sorted(p.name for p in out.glob(f"{name}_*") if p.is_file()) if out.is_dir() else []
+    if existing and not args.overwrite:
+        raise InputError(f"output {str(out)!r} already holds the {name} tasks ({existing[0]}); pass --overwrite to "
+                         f"replace them (or --name for another suite beside them)")
     docs, pages = [], []
     for doc in select_documents(source, start, end):
         sents = sentences(doc)
@@ -248,7 +256,6 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     if len(docs) < 2:
         raise InputError(f"--held-out-docs {rng_spec} of {args.source!r} selects {len(docs)} non-empty documents; need >= 2")
     items = build_items(docs, pages, args.n, args.ppl_docs, args.seed)
-    out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     import yaml
 
@@ -259,19 +266,17 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
             raise InputError(f"no items for task {name}_{kind}: the held-out documents are too few or too short")
         task = f"{name}_{kind}"
         data = out / f"{task}.jsonl"
-        data.write_text("".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows), encoding="utf-8")
-        (out / f"{task}.yaml").write_text(yaml.safe_dump(task_yaml(task, kind, str(data), tag), sort_keys=False,
-                                                          allow_unicode=True))
+        write_text_atomic(data, "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows))
+        write_text_atomic(out / f"{task}.yaml", yaml.safe_dump(task_yaml(task, kind, str(data), tag), sort_keys=False,
+                                                               allow_unicode=True))
         counts[task] = len(rows)
     # the held-out text itself, for `megahash indicators --text` (first pages of the held-out documents)
     held = out / f"{name}_held_out.txt"
-    tmp = held.with_name(held.name + ".tmp")
-    tmp.write_text("\n\n".join(pages) + "\n", encoding="utf-8")
-    tmp.replace(held)
+    write_text_atomic(held, "\n\n".join(pages) + "\n")
     manifest = {"source": args.source, "held_out_docs": [start, end], "documents": len(docs), "seed": args.seed,
                 "held_out_text": held.name, "n": args.n, "ppl_docs": args.ppl_docs, "max_doc_chars": args.max_doc_chars, "tag": tag,
                 "tasks": counts}
-    (out / f"{name}_manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    write_text_atomic(out / f"{name}_manifest.json", json.dumps(manifest, indent=1) + "\n")
     print(f"wrote {len(counts)} tasks (tag {tag}) to {out}: " + ", ".join(f"{k} {v}" for k, v in counts.items())
           + f"; held-out text {held}")
     return 0

@@ -11,8 +11,8 @@ cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} WANDB_MODE=${WANDB_MODE:-offline}
 echo "quickstart: [1/6] install (launch/install_cpu.sh)"
 bash launch/install_cpu.sh
-# the run directory and length come from the config + overrides (pure Python, no torch import)
-SAVE_DIR=$(python3 -c 'import sys; from megahash.config import load_config; print(load_config("configs/quickstart.yaml", sys.argv[1:]).train.save_dir)' "$@")
+# the config + overrides checked (pure Python, no torch import; a typo is one line, exit 2) and the run directory
+SAVE_DIR=$(python3 megahash/pretrain.py --check config --config configs/quickstart.yaml "$@")
 DATA=data/shakespeare
 mkdir -p "$DATA"
 if [ ! -f "$DATA/spm.model" ]; then
@@ -30,7 +30,10 @@ if [ ! -f data/eval_tasks/shk_manifest.json ] || [ ! -f data/eval_tasks/shk_held
   python3 data_tools/make_eval_tasks.py --source shakespeare --held-out-docs 1100: --out data/eval_tasks --n 200
 fi
 echo "quickstart: [5/6] pretrain on 2 DeepSpeed CPU ranks -> $SAVE_DIR"
-deepspeed --num_gpus 2 megahash/pretrain.py --config configs/quickstart.yaml "$@"
+# shards, tokenizer and resume path checked before the launcher, whose output would bury the error line
+python3 megahash/pretrain.py --check inputs --config configs/quickstart.yaml "$@" >/dev/null
+# --log_level warning: the launcher's INFO lines (on CPU: "Setting CUDA_VISIBLE_DEVICES=0,1") stay out
+deepspeed --log_level warning --num_gpus 2 megahash/pretrain.py --config configs/quickstart.yaml "$@"
 python3 - "$SAVE_DIR" <<'PY'
 import json, math, sys
 run = sys.argv[1]
@@ -43,4 +46,4 @@ else:
     print(f"quickstart: no validation records in {run}/metrics.jsonl (train.eval_interval=0?)")
 PY
 echo "quickstart: [6/6] evaluate $SAVE_DIR with lm-eval on data/eval_tasks (shk_suite)"
-python3 -m megahash eval --checkpoint "$SAVE_DIR" --tasks-dir data/eval_tasks --tasks shk_suite
+python3 -m megahash eval --checkpoint "$SAVE_DIR" --tasks-dir data/eval_tasks --tasks shk_suite --overwrite

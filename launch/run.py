@@ -237,6 +237,18 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def check_inputs(args) -> int:
+    """megahash/pretrain.py's checks without torch (config, kinds, shards, tokenizer, resume path), here
+    and once: a mistake is one line and exit 2, not a line per rank buried in the launcher's output."""
+    if os.path.normpath(os.path.join(ROOT, args.script)) != os.path.join(ROOT, "megahash", "pretrain.py"):
+        return 0
+    from megahash import pretrain
+    from megahash.guarded import run_guarded
+
+    argv = (["--config", args.config] if args.config else []) + list(args.overrides)
+    return run_guarded(lambda: pretrain.check(pretrain.parse_args(argv)) and None)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     bad = [o for o in args.overrides if "=" not in o]
@@ -248,6 +260,9 @@ def main(argv=None) -> int:
     except (LaunchError, NodeListError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    status = 0 if args.dry_run else check_inputs(args)
+    if status:
+        return status
     shown = " ".join(f"{k}={shlex.quote(v)}" for k, v in extra.items())
     print(f"+ {shown + ' ' if shown else ''}{shlex.join(cmd)}", flush=True)
     if args.dry_run:

@@ -158,10 +158,13 @@ def apply_cpu_shims() -> None:
     3. ``torch.cuda.synchronize`` is a no-op (dist checkpointing calls it).
     4. ``torch.cuda.manual_seed`` is harmless already (lazy); nothing else needs patching because
        training uses DeepSpeed's engine, not megatron-core's DDP/optimizer (which hard-code cuda).
+    5. ``CUDA_DEVICE_MAX_CONNECTIONS=1`` (unless set): megatron-core warns at TP >= 2 when it is not 1
+       (a CUDA stream setting for overlapping TP communication; no CUDA stream exists here).
     """
     global _SHIMS_APPLIED
     if _SHIMS_APPLIED or has_gpu():
         return
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     torch.cuda.current_device = lambda: torch.device("cpu")
     torch.cuda.synchronize = lambda *a, **k: None
 
@@ -225,9 +228,20 @@ def apply_megatron_fixes() -> None:
     rank 0 at every forward of every output projection and MLP. Besides the cost, under
     ``torch.compile`` (``train.compile``) that warning is a graph break in every layer on rank 0
     only. The replacement returns the default TP group silently (what megatron does after warning).
+
+    megatron-core calls ``torch.distributed.reduce_scatter_tensor`` / ``all_gather_into_tensor``, which
+    torch 2.13 deprecates (a FutureWarning at TP=2 with sequence parallelism) for the same collectives
+    renamed ``reduce_scatter_single`` / ``all_gather_single``: megatron's references point to those.
     """
     from megatron.core import parallel_state
-    from megatron.core.tensor_parallel import layers
+    from megatron.core.tensor_parallel import layers, mappings
+
+    for module in (layers, mappings):
+        for name, new in (("dist_reduce_scatter_func", "reduce_scatter_single"),
+                          ("dist_all_gather_func", "all_gather_single")):
+            if hasattr(dist, new) and getattr(module, name, None) in (dist.reduce_scatter_tensor,
+                                                                       dist.all_gather_into_tensor):
+                setattr(module, name, getattr(dist, new))
 
     original = layers.get_tensor_model_parallel_group_if_none
     if getattr(original, "_megahash_fixed", False):

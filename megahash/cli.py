@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 
 from megahash.guarded import run_guarded
@@ -25,6 +26,40 @@ SUBCOMMANDS = {
     "sweep": "megahash.experiments.sweep:main",
     "diagnose": "megahash.experiments.diagnose:main",
 }
+
+# subcommand -> (option, what it names): inputs that must exist, checked before the subcommand's
+# module is imported (several import torch, megatron-core or lm-eval: 10-40 s before a typo is seen)
+INPUTS = {
+    "eval": (("--checkpoint", "checkpoint"), ("--tasks-dir", "--tasks-dir")),
+    "indicators": (("--checkpoint", "checkpoint"), ("--text", "--text")),
+    "report": (("--runs", "checkpoint"), ("--baseline", "checkpoint"), ("--lower-bound", "checkpoint")),
+    "export-hf": (("--checkpoint", "checkpoint"),),
+    "import-hf": (("--hf", "--hf"),),
+}
+
+
+def option_values(argv: list[str], option: str) -> list[str]:
+    """Values given to ``option`` in ``argv`` (``--opt V``, ``--opt=V``, ``--opt V1 V2`` up to the next option)."""
+    values = []
+    for i, a in enumerate(argv):
+        if a.startswith(option + "="):
+            values.append(a.split("=", 1)[1])
+        elif a == option:
+            for v in argv[i + 1:]:
+                if v.startswith("-"):
+                    break
+                values.append(v)
+    return values
+
+
+def check_inputs(name: str, argv: list[str]) -> None:
+    """One-line error for the first missing input of :data:`INPUTS` (the subcommand re-checks the rest)."""
+    from megahash.errors import MegahashError
+
+    for option, what in INPUTS.get(name, ()):
+        for value in option_values(argv, option):
+            if not os.path.exists(value):
+                raise MegahashError(f"{what} {value} does not exist")
 
 
 def params_main(argv=None) -> int:
@@ -69,6 +104,8 @@ def main(argv=None) -> int:
             return 2
         print(f"usage: megahash {{{names}}} [args]\n\n{__doc__}")
         return 0
+    if argv[0] in INPUTS and run_guarded(lambda: check_inputs(argv[0], argv[1:])):
+        return 2  # before the subcommand's imports
     module, func = SUBCOMMANDS[argv[0]].split(":")
     return getattr(importlib.import_module(module), func)(argv[1:])
 

@@ -1,6 +1,8 @@
 """Running a command guarded (every entry point: ``megahash ...``, megahash/pretrain.py): megahash
 errors and missing files become ONE line ``error: ...`` on stderr and exit status 2 (house rule; the
-error classes are in :mod:`megahash.errors`)."""
+error classes are in :mod:`megahash.errors`). A reader that stops early (``megahash params --json |
+head``) ends the command quietly with status 141, as a SIGPIPE would, instead of a BrokenPipeError
+traceback (Python's recipe: stdout is pointed at /dev/null so the exit flush cannot fail again)."""
 from __future__ import annotations
 
 import os
@@ -28,6 +30,7 @@ def run_guarded(fn) -> int:
 
     try:
         status = fn()
+        sys.stdout.flush()  # here, so a closed pipe is caught below, not at exit
         return int(status or 0)
     except MegahashError as e:
         say(f"error: {e}")
@@ -35,3 +38,7 @@ def run_guarded(fn) -> int:
     except FileNotFoundError as e:
         say(f"error: {e.strerror}: {e.filename}")
         return 2
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE: what the shell reports for `yes | head`

@@ -22,9 +22,18 @@ libraries are imported. Listed here, each with why it is harmless:
 Every other user/future/runtime warning is shown once per message (``"once"``), not once per call
 site and step; DeprecationWarnings stay hidden as Python hides them by default.
 ``MEGAHASH_SHOW_WARNINGS=1`` turns all of this off.
+
+Warnings of one call site are silenced only around that call (:func:`silenced`), not process-wide:
+
+- :data:`DIST_CHECKPOINT_LOAD` (``megahash.training.weights.load_weights``: ``megahash eval``,
+  ``indicators``, ``export-hf``, a resume at another layout): megatron-core's ``torch_dist`` load calls
+  torch's deprecated ``checkpoint.load_state_dict`` name, and torch's planner warns of the
+  ShardedTensors megatron-core builds its dist checkpoints from (megatron-core's format, not ours to
+  change); the loaded values are checked (tests/test_training.py, tests/test_convert.py).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import warnings
@@ -45,6 +54,10 @@ KNOWN_HARMLESS = [
     (r".*torch\.jit\.script_method. is deprecated", DeprecationWarning),
     (r"MLP requires ffn_hidden_size", DeprecationWarning),
     (r"The following imports from .dynamic_context\.py.", DeprecationWarning),
+]
+DIST_CHECKPOINT_LOAD = [
+    (r"`load_state_dict` is deprecated", FutureWarning),
+    (r"Please use DTensor instead and we are deprecating ShardedTensor", FutureWarning),
 ]
 QUIET_LOGGERS = ("DeepSpeed", "deepspeed")
 # logger -> messages (prefixes) dropped from it
@@ -87,3 +100,13 @@ def quiet_deepspeed_logger() -> None:
     except ImportError:
         return
     logger.setLevel(logging.WARNING)
+
+
+@contextlib.contextmanager
+def silenced(known):
+    """Ignore the ``(message regex, category)`` warnings of ``known`` inside the block only."""
+    with warnings.catch_warnings():
+        if os.environ.get("MEGAHASH_SHOW_WARNINGS") != "1":
+            for message, category in known:
+                warnings.filterwarnings("ignore", message=message, category=category)
+        yield

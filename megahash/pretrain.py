@@ -4,6 +4,7 @@
     deepspeed --num_gpus N megahash/pretrain.py --config A.yaml --config B.yaml --deepspeed --deepspeed_config ds.json
     torchrun --nproc_per_node N megahash/pretrain.py --config ... [key=value ...]
     python megahash/pretrain.py --config ... [key=value ...]          (one rank)
+    python megahash/pretrain.py --check inputs --config ... [key=value ...]   (check only: prints train.save_dir)
 
 Exit status: 0 done, 2 bad input (one-line ``error:`` message), 3 stopped by SIGUSR1/SIGTERM
 after checkpointing (SLURM scripts requeue on it).
@@ -34,6 +35,10 @@ def parse_args(argv=None):
     p.add_argument("--deepspeed_config", "--deepspeed-config", default=None,
                    help="a DeepSpeed JSON (= train.deepspeed_config); merged with megahash's keys, "
                         "conflicts refused in one line (megahash/training/ds_config.py)")
+    p.add_argument("--check", choices=("config", "inputs"), default=None,
+                   help="check without training (no torch import) and print train.save_dir: `config` the config, "
+                        "schedule, embeddings and DeepSpeed JSON; `inputs` also the shards, tokenizer and resume path "
+                        "(launch/quickstart.sh runs it before its launcher, whose output would bury the error line)")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=100 parallel.tensor=2")
     args = p.parse_args(argv)
@@ -65,6 +70,24 @@ def main(argv=None) -> int:
     return status
 
 
+def check(args, inputs: bool = True):
+    """The config of ``args`` after every check that needs no torch, megatron-core or DeepSpeed:
+    config values, DeepSpeed JSON, layer kinds and embeddings, and (``inputs``) the files it names
+    (megahash/inputs.py: shards, tokenizer, resume checkpoint)."""
+    from megahash.config import load_config
+    from megahash.models.light import check_kinds
+    from megahash.training.ds_config import check_early
+
+    cfg = load_config(args.config, args.overrides)
+    check_early(cfg)
+    check_kinds(cfg)  # misspelt schedules/embeddings fail before the heavy imports
+    if inputs:
+        from megahash.inputs import check_training_inputs
+
+        check_training_inputs(cfg)  # a missing/foreign tokenizer or damaged shard: before torch and step 1
+    return cfg
+
+
 def _main(argv=None) -> int:
     from megahash import known_warnings
     from megahash.guarded import run_guarded
@@ -74,14 +97,10 @@ def _main(argv=None) -> int:
     args = parse_args(argv)
 
     def run():
-        from megahash.config import load_config
-        from megahash.training.ds_config import check_early
-
-        cfg = load_config(args.config, args.overrides)  # all checks that need no model, data or torch
-        check_early(cfg)
-        from megahash.models.light import check_kinds
-
-        check_kinds(cfg)  # misspelt schedules/embeddings fail before the imports below
+        cfg = check(args, inputs=args.check != "config")
+        if args.check:
+            print(cfg.train.save_dir)
+            return 0
         from megahash.training.trainer import train
 
         def evaluate_at_end(save_dir):  # cfg.eval.at_end: lm-eval on the final checkpoint, rank 0

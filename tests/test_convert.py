@@ -263,6 +263,32 @@ def test_hashing_helper_equals_megahash_hashing(shakespeare_shards, runs):
         assert np.array_equal(coder.codes(ids), ref_rows), unit
 
 
+def _modes(folder: Path) -> set:
+    return {p.stat().st_mode & 0o777 for p in folder.iterdir() if p.is_file()}
+
+
+def _plain_mode(tmp_path: Path) -> int:
+    """The mode an ordinary open() gives a new file here (0666 less the umask)."""
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x")
+    return plain.stat().st_mode & 0o777
+
+
+def test_weight_files_get_the_mode_of_an_ordinary_file(tmp_path):
+    """safetensors writes 0600; an export's weights (one file or shards + index) and extra tensors
+    get what the umask gives any other file of the folder (issue 29: model.safetensors was 0600)."""
+    from megahash.convert.hf_folder import save_tensors, save_weights
+
+    tensors = {f"w{i}": torch.full((256,), float(i)) for i in range(4)}
+    for sub, size in (("one", "2GB"), ("sharded", 1500)):
+        out = tmp_path / sub
+        out.mkdir()
+        files = save_weights(out, tensors, size)
+        save_tensors(out / "extra.safetensors", {"e": torch.zeros(2)})
+        assert len(files) == (1 if sub == "one" else 5), files
+        assert _modes(out) == {_plain_mode(tmp_path)}
+
+
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_export_matches_megahash(name, shakespeare_shards, dist, tmp_path):
     """Export from a checkpoint on disk, load with AutoModel*(trust_remote_code) offline: logits equal
@@ -278,6 +304,7 @@ def test_export_matches_megahash(name, shakespeare_shards, dist, tmp_path):
     write_weights_checkpoint(model, cfg, tmp_path / "ckpt", 3)
     summary = export_hf(tmp_path / "ckpt", tmp_path / "hf")
     assert summary["format"] == ("qwen2" if name.startswith("qwen2") else "megahash")
+    assert _modes(tmp_path / "hf") == {_plain_mode(tmp_path)}  # the weights too: readable as the rest
     if name.startswith("qwen2"):  # native: no remote code needed
         from transformers import AutoModelForCausalLM
 

@@ -63,3 +63,15 @@ def test_unknown_kind_is_one_line_error(capsys):
     lines = cap.err.strip().splitlines()
     assert cap.out == "" and len(lines) == 1, cap.err
     assert lines[0].startswith("error: unknown attention kind 'softmaxx' (known: approx, ") and "mlp" in lines[0]
+
+
+def test_one_progress_line_per_kind_before_it_trains(capsys):
+    """Each kind says it is training before its minutes of training (issue 29: silent until done)."""
+    from megahash.experiments import diagnose
+
+    assert diagnose.main(["--kinds", "mha,mlp", "--tasks", "copy", "--steps", "2", "--eval-samples", "4",
+                          "--copy-length", "4"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("diagnose: ")]
+    assert [line.split()[1:3] for line in lines] == [["[1/2]", "uniform:mha:"], ["uniform:mha", "copy"],
+                                                    ["[2/2]", "uniform:mlp:"], ["uniform:mlp", "copy"]], lines
+    assert lines[0].endswith("training on copy (2 steps each)")

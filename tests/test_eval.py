@@ -231,6 +231,41 @@ def test_indicators_cli_on_checkpoint(runs, capsys):
     assert "| 1 | mha |" in capsys.readouterr().out
 
 
+def test_task_suite_refuses_to_overwrite_without_the_flag(tmp_path, capsys):
+    """make_eval_tasks into a folder that holds a suite of the same name: one line, exit 2, nothing
+    touched; --overwrite replaces it; another --name sits beside it (issue 29: overwrote silently)."""
+    from data_tools import make_eval_tasks
+
+    args = ["--source", "shakespeare", "--out", str(tmp_path), "--held-out-docs", "1100:", "--n", "10", "--ppl-docs", "3"]
+    assert make_eval_tasks.main(args) == 0
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    capsys.readouterr()
+    assert make_eval_tasks.main(args + ["--seed", "9"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "pass --overwrite" in err[0], err
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    assert make_eval_tasks.main(args + ["--seed", "9", "--overwrite"]) == 0
+    assert (tmp_path / "shk_next.jsonl").read_bytes() != before["shk_next.jsonl"]
+    assert make_eval_tasks.main(args + ["--name", "other"]) == 0 and (tmp_path / "other_manifest.json").is_file()
+
+
+def test_eval_refuses_to_overwrite_without_the_flag(runs, capsys):
+    from megahash.cli import main
+
+    out = runs["dir"] / "overwrite" / "res.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text("earlier results\n")
+    argv = ["eval", "--checkpoint", str(runs["trained"]), "--tasks", "shk_order", "--tasks-dir", str(runs["tasks"]),
+            "--limit", "4", "--out", str(out)]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {out} already exists; pass --overwrite to replace it (or --out for another file)"], err
+    assert out.read_text() == "earlier results\n"
+    assert main(argv + ["--overwrite"]) == 0
+    assert json.loads(out.read_text())["n_samples"]["shk_order"] == 4
+
+
 @pytest.mark.parametrize("argv, expect", [
     (["eval", "--checkpoint", "/nonexistent/run", "--tasks", "shk_ppl"], "checkpoint /nonexistent/run does not exist"),
     (["eval", "--checkpoint", "TRAINED", "--tasks", "shk_pple", "--tasks-dir", "TASKS"], "unknown task 'shk_pple' (did you mean 'shk_ppl'?)"),

@@ -348,3 +348,30 @@ def test_rendezvous_ports_are_outside_the_ephemeral_range():
     for p in ports:
         with socket.socket() as s:
             s.bind(("127.0.0.1", p))
+
+
+@pytest.mark.parametrize("typo, message", [
+    ("train.stpes=5", "unknown config key 'train.stpes'"),
+    ("model.schedule=uniform:mhaa", "unknown attention kind 'mhaa'"),
+])
+def test_quickstart_passes_config_errors_through_as_one_line(typo, message):
+    """A config typo given to launch/quickstart.sh: its one-line error, exit 2, before any data step or
+    the deepspeed launcher (issue 29: an 11-line traceback, exit 1, before)."""
+    r = subprocess.run(["bash", "launch/quickstart.sh", typo], cwd=ROOT, env=child_env(), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 2, (r.stdout[-2000:], r.stderr[-2000:])
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.stderr
+    assert "[2/6]" not in r.stdout and "[5/6]" not in r.stdout
+
+
+def test_python_m_launch_checks_the_config_before_the_launcher():
+    """`python -m launch` runs pretrain.py's torch-free checks once before exec'ing the launcher: a typo
+    is one line, exit 2, and no launcher starts (under deepspeed it was one line per rank among the
+    launcher's own)."""
+    r = subprocess.run([sys.executable, "-m", "launch", "--launcher", "deepspeed", "--nproc-per-node", "2",
+                        "--config", "configs/quickstart.yaml", "model.schedule=uniform:mhaa"], cwd=ROOT,
+                       env=child_env(), capture_output=True, text=True, timeout=300)
+    assert (r.returncode, r.stdout) == (2, ""), (r.stdout[-2000:], r.stderr[-2000:])
+    assert r.stderr.strip().splitlines() == ["error: unknown attention kind 'mhaa' in schedule 'uniform:mhaa' "
+                                             "(did you mean 'mha'?)"]

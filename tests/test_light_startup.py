@@ -63,3 +63,85 @@ def test_closed_form_equals_meta_model():
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads(r.stdout.strip().splitlines()[-1]) == [True] * len(variants)
+
+
+INPUTS_PROBE = r"""
+import contextlib, io, json, sys
+from megahash.pretrain import main as pretrain
+prefix, tok, text, small, other, heavy_names = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6:]
+base = ["--config", "configs/quickstart.yaml", f"data.prefix=[{prefix}]", "train.save_dir=/nonexistent/run"]
+cases = [[f"data.tokenizer={text}"], ["data.tokenizer=/nonexistent/spm.model"], [f"data.tokenizer={tok}", "data.prefix=[/nonexistent/shk]"],
+         [f"data.tokenizer={tok}", "train.resume=/nonexistent/step_00000004"],
+         [f"data.tokenizer={tok}", "eval.at_end=true", "eval.tasks_dir=/nonexistent/tasks"],
+         [f"data.tokenizer={small}"], [f"data.tokenizer={other}"]]
+out, err = io.StringIO(), io.StringIO()
+with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    codes = [pretrain(base + c) for c in cases]
+    codes.append(pretrain(["--check", "inputs", *base, f"data.tokenizer={tok}"]))
+heavy = sorted({m.split(".")[0] for m in sys.modules} & set(heavy_names))
+print(json.dumps({"codes": codes, "heavy": heavy, "out": out.getvalue(), "err": err.getvalue()}))
+"""
+
+
+def test_missing_or_wrong_inputs_fail_before_heavy_imports(shakespeare_shards, tmp_path):
+    """data.tokenizer that is a text file or no file, a missing shard prefix, a resume path that is no
+    checkpoint, a missing eval.tasks_dir: one line each, exit 2, before torch is imported (issue 29);
+    `--check inputs` on good inputs prints train.save_dir."""
+    from data_tools import train_tokenizer
+
+    text = tmp_path / "notes.txt"
+    text.write_text("these are notes, not a tokenizer\n" * 50)
+    # real tokenizers, not the shards' one: a smaller vocabulary, and the same size from other documents
+    for name, vocab, docs in (("small", "500", "0:100"), ("other", "1000", "300:500")):
+        assert train_tokenizer.main(["--input", "shakespeare", "--doc-range", docs, "--output", str(tmp_path / name),
+                                     "--vocab-size", vocab, "--quiet"]) == 0
+    r = subprocess.run([sys.executable, "-c", INPUTS_PROBE, shakespeare_shards["prefix"], shakespeare_shards["tokenizer"],
+                        str(text), str(tmp_path / "small.model"), str(tmp_path / "other.model"), *HEAVY], cwd=ROOT,
+                       env=child_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(r.stdout)
+    assert res["heavy"] == [] and res["codes"] == [2, 2, 2, 2, 2, 2, 2, 0], res
+    errs = res["err"].strip().splitlines()
+    assert len(errs) == 7 and all(e.startswith("error: ") for e in errs), errs
+    assert "small.model' has 500 entries, the shards' tokenizer 1000" in errs[5]
+    assert "other.model' is not the tokenizer the shards were made with (sha256 differs)" in errs[6]
+    assert f"data.tokenizer: cannot load sentencepiece model {str(text)!r}" in errs[0]
+    assert "tokenizer not found: '/nonexistent/spm.model'" in errs[1]
+    assert shakespeare_shards["tokenizer"] in errs[0] and shakespeare_shards["tokenizer"] in errs[1]  # the shards' own
+    assert "data shard /nonexistent/shk_text_document.bin does not exist" in errs[2]
+    assert "train.resume=/nonexistent/step_00000004 is not a complete megahash checkpoint" in errs[3]
+    assert "eval.tasks_dir /nonexistent/tasks does not exist" in errs[4]
+    assert res["out"] == "/nonexistent/run\n"
+
+
+CLI_PROBE = r"""
+import contextlib, io, json, sys
+from megahash.cli import main as cli
+from megahash.experiments.diagnose import main as diagnose
+calls = [["eval", "--checkpoint", "/nonexistent/run", "--tasks", "shk_ppl"],
+         ["eval", "--checkpoint", ".", "--tasks-dir", "/nonexistent/tasks", "--tasks", "shk_ppl"],
+         ["indicators", "--checkpoint", "/nonexistent/run", "--text", "README.md"],
+         ["indicators", "--checkpoint", ".", "--text=/nonexistent.txt"],
+         ["report", "--runs", ".", "/nonexistent/run2", "--out", "/tmp/r.md"],
+         ["export-hf", "--checkpoint", "/nonexistent/run", "--output", "/nonexistent/hf"],
+         ["import-hf", "--hf", "/nonexistent/hf", "--output", "/nonexistent/run"],
+         ["diagnose", "--config", "/nonexistent/model.yaml", "--kinds", "mha"]]
+err = io.StringIO()
+with contextlib.redirect_stderr(err):
+    codes = [cli(c) for c in calls]
+heavy = sorted({m.split(".")[0] for m in sys.modules} & set(sys.argv[1:]))
+print(json.dumps({"codes": codes, "heavy": heavy, "err": err.getvalue()}))
+"""
+
+
+def test_missing_paths_of_subcommands_fail_before_heavy_imports():
+    r = subprocess.run([sys.executable, "-c", CLI_PROBE, *HEAVY], cwd=ROOT, env=child_env(), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(r.stdout)
+    assert res["heavy"] == [] and res["codes"] == [2] * 8, res
+    assert res["err"].strip().splitlines() == [
+        "error: checkpoint /nonexistent/run does not exist", "error: --tasks-dir /nonexistent/tasks does not exist",
+        "error: checkpoint /nonexistent/run does not exist", "error: --text /nonexistent.txt does not exist",
+        "error: checkpoint /nonexistent/run2 does not exist", "error: checkpoint /nonexistent/run does not exist",
+        "error: --hf /nonexistent/hf does not exist", "error: config file '/nonexistent/model.yaml' does not exist"]

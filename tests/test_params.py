@@ -36,3 +36,19 @@ def test_params_bad_override_is_one_line():
     r = subprocess.run([sys.executable, "-m", "megahash", "params", "model.num_heds=3"], cwd=ROOT, env=child_env(),
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and r.stderr.strip() == "error: unknown config key 'model.num_heds' (did you mean 'num_heads'?)"
+
+
+def test_reader_that_stops_early_gets_no_traceback():
+    """`megahash params --json | head`: stdout's reader is gone; the command ends quietly with 141
+    (as a SIGPIPE death reads in the shell), without a BrokenPipeError traceback (issue 29)."""
+    import os
+
+    for args in (["--json"], []):
+        r, w = os.pipe()
+        os.close(r)  # the reader has already gone: every write gets EPIPE
+        try:
+            p = subprocess.run([sys.executable, "-m", "megahash", "params", "--config", "configs/model/500m.yaml", *args],
+                               cwd=ROOT, env=child_env(), stdout=w, stderr=subprocess.PIPE, text=True, timeout=120)
+        finally:
+            os.close(w)
+        assert (p.returncode, p.stderr) == (141, ""), p.stderr[-2000:]

@@ -19,6 +19,7 @@ import pytest
 
 from data_tools import inspect_shards, preprocess_data, train_tokenizer
 from megahash.data_stage.indexed_writer import IndexedShardWriter
+from megahash.errors import DataError
 from megahash.data_stage.sources import open_source, select_documents
 from megahash.hashing import SPECIAL_TOKENS, split_words
 
@@ -245,11 +246,28 @@ def test_inspect_and_verify(shards, tmp_path, capsys):
     data = bytearray(bad.read_bytes())
     data[3] ^= 0xFF
     bad.write_bytes(bytes(data))
-    assert inspect_shards.main([str(tmp_path / "shk"), "--verify"]) == 1
+    assert inspect_shards.main([str(tmp_path / "shk"), "--verify"]) == 2
     assert "sha256" in one_line_error(capsys.readouterr().err)
-    assert inspect_shards.main([str(tmp_path / "shk"), "--verify", "--no-checksums"]) == 1
+    assert inspect_shards.main([str(tmp_path / "shk"), "--verify", "--no-checksums"]) == 2
     assert "'lsh128' codes of document 0" in one_line_error(capsys.readouterr().err)
     assert inspect_shards.main([str(tmp_path / "nothing")]) == 2
+
+
+def test_verify_of_truncated_shard_is_the_training_line(shards, tmp_path):
+    """A truncated .bin: `inspect_shards --verify` prints the one line (exit 2) that training's
+    data.verify gives for the same set, and no statistics before it."""
+    from megahash.data.verify import verify_set
+
+    for p in Path(shards).parent.iterdir():
+        shutil.copy(p, tmp_path / p.name)
+    bad = tmp_path / "shk_text_document.bin"
+    bad.write_bytes(bad.read_bytes()[:-10])
+    with pytest.raises(DataError) as training:
+        verify_set(str(tmp_path / "shk"), "cheap")
+    r = script("inspect_shards", str(tmp_path / "shk"), "--verify")
+    assert r.returncode == 2 and r.stdout == "", r.stdout[-2000:]
+    assert r.stderr.strip().splitlines() == [f"error: verify: {training.value}"]
+    assert "truncated" in r.stderr
 
 
 def test_writer_is_byte_identical_to_megatron_builder(tmp_path):

@@ -6,6 +6,7 @@ token ids of config.json / generation_config.json, and dtype casting. Shared by 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -41,11 +42,33 @@ def save_weights(out: Path, tensors: dict, max_shard_size=MAX_SHARD_SIZE) -> lis
     save_torch_state_dict(tensors, out, max_shard_size=max_shard_size, metadata={"format": "pt"})
     if (out / "model.safetensors.index.json").is_file():
         index = json.loads((out / "model.safetensors.index.json").read_text())
-        return ["model.safetensors.index.json", *sorted(set(index["weight_map"].values()))]
-    return [WEIGHTS_FILE]
+        files = ["model.safetensors.index.json", *sorted(set(index["weight_map"].values()))]
+    else:
+        files = [WEIGHTS_FILE]
+    for name in files:
+        umask_mode(out / name)
+    return files
 
 
 def save_tensors(path: Path, tensors: dict, meta: dict | None = None) -> None:
     from safetensors.torch import save_file
 
     save_file(tensors, str(path), metadata={"format": "pt", **(meta or {})})
+    umask_mode(path)
+
+
+def _umask() -> int:
+    try:  # Linux >= 4.7 reports it without changing it
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError):
+        mask = os.umask(0o022)
+        os.umask(mask)
+        return mask
+
+
+def umask_mode(path: Path) -> None:
+    """Give a file the mode ``open()`` would have given it (0666 less the umask): safetensors writes a
+    private 0600 temp file and renames it, so the weights of an export were unreadable to the
+    group/others that can read the rest of the folder."""
+    os.chmod(path, 0o666 & ~_umask())

@@ -21,26 +21,8 @@ from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 from megahash import accelerator
-from megahash.data.verify import base_prefix, read_meta  # noqa: F401 (one owner; re-exported)
+from megahash.data.verify import base_prefix, blend_paths, check_prefix, read_meta, token_path  # noqa: F401 (one owner; re-exported)
 from megahash.errors import DataError
-
-TOKEN_SUFFIX = "_text_document"
-
-
-def token_path(prefix: str) -> str:
-    """Shard prefix (as given to preprocess_data --output-prefix) -> megatron dataset path."""
-    return prefix if prefix.endswith(TOKEN_SUFFIX) else prefix + TOKEN_SUFFIX
-
-
-def check_prefix(prefix: str) -> None:
-    path = token_path(prefix)
-    for ext in (".bin", ".idx"):
-        if not os.path.isfile(path + ext):
-            raise DataError(
-                f"data shard {path + ext} does not exist; build it with "
-                f"`python data_tools/preprocess_data.py --output-prefix {base_prefix(prefix)} ...` or fix data.prefix"
-            )
-
 
 def side_path(prefix: str, spec: str) -> str:
     return f"{base_prefix(prefix)}_hash_{spec}"
@@ -139,23 +121,11 @@ def _vocab_size(cfg, meta: dict) -> int:
     raise DataError("cannot tell the vocabulary size: set model.vocab_size or data.tokenizer, or rebuild the shards with meta.json")
 
 
-def _blend(prefixes: list[str]) -> tuple[list[str], list[float] | None]:
-    """``[p1, p2]`` or ``[w1, p1, w2, p2]`` (Megatron's --data-path form) -> (paths, weights)."""
-    try:
-        weights = [float(x) for x in prefixes[0::2]]
-        paths = prefixes[1::2]
-        if len(weights) == len(paths) and paths:
-            return [token_path(p) for p in paths], weights
-    except ValueError:
-        pass
-    return [token_path(p) for p in prefixes], None
-
-
 def build_datasets(cfg, train_samples: int, valid_samples: int, cache_dir: str | None) -> Datasets:
     """Train/valid datasets of ``cfg.data`` with megatron-core's builder (cache under cache_dir)."""
     if not cfg.data.prefix:
         raise DataError("data.prefix is empty; point it at shards made by data_tools/preprocess_data.py")
-    paths, weights = _blend(list(cfg.data.prefix))
+    paths, weights = blend_paths(list(cfg.data.prefix))
     for p in paths:
         check_prefix(p)
     from megahash.data.verify import verify_set

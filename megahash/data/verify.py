@@ -40,6 +40,34 @@ def base_prefix(prefix: str) -> str:
     return prefix[: -len(TOKENS_SUFFIX)] if prefix.endswith(TOKENS_SUFFIX) else prefix
 
 
+def token_path(prefix: str) -> str:
+    """Shard prefix (as given to preprocess_data --output-prefix) -> megatron dataset path."""
+    return prefix if prefix.endswith(TOKENS_SUFFIX) else prefix + TOKENS_SUFFIX
+
+
+def blend_paths(prefixes: list[str]) -> tuple[list[str], list[float] | None]:
+    """``data.prefix``: ``[p1, p2]`` or ``[w1, p1, w2, p2]`` (Megatron's --data-path form) -> (paths, weights)."""
+    try:
+        weights = [float(x) for x in prefixes[0::2]]
+        paths = prefixes[1::2]
+        if len(weights) == len(paths) and paths:
+            return [token_path(p) for p in paths], weights
+    except ValueError:
+        pass
+    return [token_path(p) for p in prefixes], None
+
+
+def check_prefix(prefix: str) -> None:
+    """The token shard's ``.bin``/``.idx`` exist (one line naming the command that builds them)."""
+    path = token_path(prefix)
+    for ext in (".bin", ".idx"):
+        if not os.path.isfile(path + ext):
+            raise DataError(
+                f"data shard {path + ext} does not exist; build it with "
+                f"`python data_tools/preprocess_data.py --output-prefix {base_prefix(prefix)} ...` or fix data.prefix"
+            )
+
+
 def _fix(prefix: str) -> str:
     return (f"rebuild the set with `python data_tools/preprocess_data.py --output-prefix {prefix} ...` "
             f"(or restore the file from where it came)")

@@ -12,7 +12,8 @@ name is defined there, lm-eval's ~200 built-in task folders are not indexed at a
 (``TaskManager(include_path=DIR, include_defaults=False)``, ~8 s saved). An unknown task name is a
 one-line error naming the closest known one.
 
-Output: ``--out`` (default ``RUN_DIR/eval/STEP.json``, RUN_DIR the checkpoint's run directory) gets
+Output (refused in one line if it exists, unless ``--overwrite``): ``--out`` (default
+``RUN_DIR/eval/STEP.json``, RUN_DIR the checkpoint's run directory) gets
 ``{"megahash_eval": 1, "checkpoint", "step", "tasks", "results": {task: {metric: value}}, "higher_is_better",
 "n_samples", "config", ...}`` and the markdown table goes to the same path with ``.md``; the table
 is also printed. ``megahash report`` reads these files from ``RUN_DIR/eval/``.
@@ -203,7 +204,7 @@ def _in_distributed_job() -> bool:
 def evaluate_checkpoint(ckpt_dir, tasks=None, tasks_dir: Optional[str] = None, out=None, limit=None,
                         batch_size: int = 8, max_length: Optional[int] = None, tokenizer: Optional[str] = None,
                         overrides: Optional[list[str]] = None, incremental: bool = True, quiet: bool = False,
-                        isolated: Optional[bool] = None) -> dict:
+                        isolated: Optional[bool] = None, overwrite: bool = True) -> dict:
     """Evaluate one checkpoint (run dir or step dir) on ``tasks``; write JSON (+ .md) to ``out``
     (default ``RUN_DIR/eval/STEP.json``) and return the written record.
 
@@ -211,18 +212,23 @@ def evaluate_checkpoint(ckpt_dir, tasks=None, tasks_dir: Optional[str] = None, o
     ``batch_size``): call it on ONE rank after training. ``isolated`` (default: True inside a
     multi-process job, i.e. WORLD_SIZE > 1 or a live process group of several ranks) runs ``megahash eval`` in a
     fresh process without the launcher's rank variables, so the 1-rank group of
-    ``load_for_inference`` never meets the training job's group; False runs in this process."""
+    ``load_for_inference`` never meets the training job's group; False runs in this process.
+    ``overwrite=False`` (``megahash eval`` without ``--overwrite``) refuses an existing ``out`` before the
+    model is loaded."""
     tasks = split_tasks(tasks)
     _offline_env(tasks, tasks_dir)
     if isolated is None:
         isolated = _in_distributed_job()
     if isolated:
         return _evaluate_in_subprocess(ckpt_dir, tasks, tasks_dir, out, limit, batch_size, max_length, tokenizer,
-                                       overrides, incremental, quiet)
-    from megahash.eval.lm import MegahashEvalLM
+                                       overrides, incremental, quiet, overwrite)
     from megahash.training.weights import resolve_checkpoint
 
     ckpt = resolve_checkpoint(ckpt_dir)
+    out = Path(out) if out else default_out(ckpt)
+    refuse_existing(out, overwrite)
+    from megahash.eval.lm import MegahashEvalLM
+
     task_manager(tasks, tasks_dir)  # unknown names fail before the model is loaded
     t0 = time.time()
     if not quiet:
@@ -249,19 +255,27 @@ def evaluate_checkpoint(ckpt_dir, tasks=None, tasks_dir: Optional[str] = None, o
                        "codec": lm.codec.description},
         "seconds": round(time.time() - t0, 2),
     }
-    out = Path(out) if out else default_out(ckpt)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1, default=str) + "\n")
+    from megahash.atomic_write import write_text_atomic
+
+    write_text_atomic(out, json.dumps(record, indent=1, default=str) + "\n")
     table = markdown_table(summary, title=f"{ckpt} (step {step})")
-    out.with_suffix(".md").write_text(table + "\n")
+    write_text_atomic(out.with_suffix(".md"), table + "\n")
     if not quiet:
         print(table)
         print(f"\nwrote {out} and {out.with_suffix('.md')}")
     return record
 
 
+def refuse_existing(out: Path, overwrite: bool) -> None:
+    """One line for an existing results file (or its markdown) unless ``overwrite``."""
+    if not overwrite:
+        for path in (out, out.with_suffix(".md")):
+            if path.exists():
+                raise ConfigError(f"{path} already exists; pass --overwrite to replace it (or --out for another file)")
+
+
 def _evaluate_in_subprocess(ckpt_dir, tasks, tasks_dir, out, limit, batch_size, max_length, tokenizer, overrides,
-                            incremental, quiet) -> dict:
+                            incremental, quiet, overwrite=True) -> dict:
     import subprocess
 
     from megahash.training.weights import resolve_checkpoint
@@ -278,6 +292,8 @@ def _evaluate_in_subprocess(ckpt_dir, tasks, tasks_dir, out, limit, batch_size, 
         argv += ["--override", o]
     if not incremental:
         argv.append("--no-incremental")
+    if overwrite:
+        argv.append("--overwrite")
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
     root = str(Path(__file__).resolve().parent.parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -304,6 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", default=None, help="tokenizer: sentencepiece model, tokenizer.json, HF folder or name (default: data.tokenizer of the run)")
     p.add_argument("--override", action="append", default=[], help="config override key=value (repeatable)")
     p.add_argument("--no-incremental", action="store_true", help="recompute the whole sequence per generated token")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file (refused otherwise)")
     return p
 
 
@@ -318,7 +335,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
         _quiet_logs()
         evaluate_checkpoint(args.checkpoint, args.tasks, args.tasks_dir, args.out, limit, args.batch_size,
-                            args.max_length, args.tokenizer, args.override, not args.no_incremental)
+                            args.max_length, args.tokenizer, args.override, not args.no_incremental,
+                            overwrite=args.overwrite)
         return 0
 
     return run_guarded(run)

@@ -199,11 +199,11 @@ def train_and_score(cfg, task, steps: int, batch: int, lr: float, seed: int, eva
 
 
 def all_kinds() -> list[str]:
-    """Every registered attention kind (the registry is the source of truth; new kinds appear here)."""
-    from megahash.models import registry
+    """Every registered attention kind (the registry's names, read by the torch-free catalog: new kinds
+    appear here, and a misspelt one fails before the heavy imports)."""
+    from megahash.models import catalog
 
-    registry._load_variants()
-    return sorted(registry.ATTENTION)
+    return sorted(catalog.names("attention"))
 
 
 def variants(kinds: Optional[str], schedules: Optional[str]) -> list[str]:
@@ -240,8 +240,6 @@ def markdown(rows: list[dict], tasks: list[str], budget: dict) -> str:
 
 
 def run(args) -> dict:
-    from megahash import accelerator
-
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     task_objs = {t: make_task(t, args) for t in tasks}
     scheds = variants(args.kinds or (None if args.schedules else "all"), args.schedules)
@@ -250,6 +248,8 @@ def run(args) -> dict:
     for s in scheds:  # every variant's config is checked before anything trains
         for t in task_objs.values():
             variant_config(args.config, args.overrides, s, t)
+    from megahash import accelerator
+
     own_group = False
     import torch.distributed as dist
 
@@ -258,7 +258,10 @@ def run(args) -> dict:
         own_group = True
     rows = []
     try:
-        for s in scheds:
+        for i, s in enumerate(scheds, 1):
+            if not args.quiet:  # a kind trains for minutes at the default budget: say which one
+                print(f"diagnose: [{i}/{len(scheds)}] {s}: training on {', '.join(tasks)} ({args.steps} steps each)",
+                      flush=True)
             row = {"schedule": s, "tasks": {}}
             for name, task in task_objs.items():
                 cfg = variant_config(args.config, args.overrides, s, task)

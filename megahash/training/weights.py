@@ -87,6 +87,7 @@ def load_weights(model: torch.nn.Module, directory: Path) -> None:
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.validation import StrictHandling
 
+    from megahash.known_warnings import DIST_CHECKPOINT_LOAD, silenced
     from megahash.training.safe_unpickle import no_code_unpickling
 
     first = sharded_metadata(model)
@@ -97,7 +98,7 @@ def load_weights(model: torch.nn.Module, directory: Path) -> None:
             # words) and checkpoint keys the model does not ask for ("missing") come back instead of
             # failing the load. Only ``_extra_state`` may differ (None for megatron's local linears; a
             # replicated K/V projection, e.g. MQA at TP=2, has none)
-            with no_code_unpickling():  # data only: never run code from a checkpoint file
+            with no_code_unpickling(), silenced(DIST_CHECKPOINT_LOAD):  # data only: never run code from a checkpoint file
                 loaded, extra, lacking = dist_checkpointing.load(model.sharded_state_dict(metadata=metadata),
                                                                  str(directory), strict=StrictHandling.RETURN_ALL)
         except (KeyboardInterrupt, SystemExit, CheckpointError):

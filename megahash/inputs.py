@@ -1,0 +1,72 @@
+"""The files a training config names, checked before the heavy imports (torch, megatron-core and
+DeepSpeed take 20-30 s to import on a cold machine; a wrong path should not wait for them).
+
+:func:`check_training_inputs` (megahash/pretrain.py, every rank, before step 1 and before torch):
+
+- ``data.prefix``: every shard set exists and passes ``data.verify``'s cheap level
+  (:mod:`megahash.data.verify`, the same one-line errors training gives; ``full`` adds its sha256
+  pass later, in the data loader's build);
+- ``data.tokenizer``: loads (:func:`megahash.tokenization.load_tokenizer`, the loader preprocess and
+  eval use, so a text file or a missing path is refused as they refuse it) and is the tokenizer the
+  shards were made with (vocabulary size and sha256 of the shard meta); the export copies it;
+- ``train.resume=PATH``: a complete checkpoint; ``eval.tasks_dir`` (with ``eval.at_end``): a folder.
+
+Each problem is one :class:`~megahash.errors.MegahashError` line naming the key and the fix.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from megahash.errors import CheckpointError, ConfigError, DataError
+
+
+def check_training_inputs(cfg) -> None:
+    meta = check_shards(cfg)
+    check_tokenizer(cfg, meta)
+    t = cfg.train
+    if t.resume not in ("auto", "none", ""):
+        from megahash.training.checkpoint_files import STATE_FILE
+
+        if not (Path(t.resume) / STATE_FILE).is_file():
+            raise CheckpointError(f"train.resume={t.resume} is not a complete megahash checkpoint")
+    if cfg.eval.at_end and cfg.eval.tasks_dir and not os.path.isdir(cfg.eval.tasks_dir):
+        raise ConfigError(f"eval.tasks_dir {cfg.eval.tasks_dir} does not exist; build it with "
+                          f"`python data_tools/make_eval_tasks.py --out {cfg.eval.tasks_dir} ...` or fix eval.tasks_dir")
+
+
+def check_shards(cfg) -> dict:
+    """Every ``data.prefix`` set exists and passes the cheap verification; returns the first set's meta."""
+    from megahash.data.verify import blend_paths, check_prefix, read_meta, verify_set
+
+    if not cfg.data.prefix:
+        raise DataError("data.prefix is empty; point it at shards made by data_tools/preprocess_data.py")
+    paths, _ = blend_paths(list(cfg.data.prefix))
+    for p in paths:
+        check_prefix(p)
+    for p in paths:
+        verify_set(p, "none" if cfg.data.verify == "none" else "cheap")
+    return read_meta(paths[0], required=False)
+
+
+def check_tokenizer(cfg, meta: dict):
+    """``data.tokenizer`` loads and matches the shard meta's tokenizer; returns it (None: none named
+    or a word stream, whose table comes with the shards)."""
+    from megahash.tokenization import WORDS, TokenizerError, load_tokenizer
+
+    spec = cfg.data.tokenizer
+    if not spec or spec == WORDS:
+        return None
+    made = meta.get("tokenizer") if isinstance(meta.get("tokenizer"), dict) else {}
+    hint = f" (the shards were made with {made['path']})" if made.get("path") else ""
+    try:
+        tok = load_tokenizer(spec)
+    except TokenizerError as e:
+        raise DataError(f"data.tokenizer: {e}; set data.tokenizer to the tokenizer of the shards{hint}") from None
+    if made.get("vocab_size") and int(made["vocab_size"]) != tok.vocab_size:
+        raise DataError(f"data.tokenizer {spec!r} has {tok.vocab_size} entries, the shards' tokenizer "
+                        f"{made['vocab_size']}; set data.tokenizer to the tokenizer of the shards{hint}")
+    if made.get("sha256") and made.get("kind") == tok.kind and made["sha256"] != tok.sha256:
+        raise DataError(f"data.tokenizer {spec!r} is not the tokenizer the shards were made with (sha256 differs); "
+                        f"set data.tokenizer to the tokenizer of the shards{hint}")
+    return tok
