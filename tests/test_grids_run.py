@@ -35,19 +35,37 @@ SHRINK = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "mo
 @pytest.fixture(scope="module")
 def workdir(shakespeare_shards, tmp_path_factory):
     """A working directory with README step 4's offline tasks (data/eval_tasks) and a word-level shard
-    set carrying every side shard the full Table 2.1 grid names (its header)."""
+    set carrying every side shard the cells of the word-level grids (Table 2.1) read."""
     d = tmp_path_factory.mktemp("grids")
     from data_tools import make_eval_tasks
 
     assert make_eval_tasks.main(["--source", "shakespeare", "--out", str(d / "data" / "eval_tasks"), "--held-out-docs",
                                  "1100:", "--n", "8", "--ppl-docs", "1", "--seed", "7"]) == 0
     words = d / "words" / "shk"
-    specs = "md5,lsh128,md5-bucket50000,md5-bucket1000,lsh-bucket50000,lsh-bucket1000"
+    specs = ",".join(_word_specs())
     r = subprocess.run([sys.executable, "data_tools/preprocess_data.py", "--input", "shakespeare", "--output-prefix",
                         str(words), "--tokenizer", "words", "--word-hashes", specs, "--workers", "1", "--max-docs", "60",
                         "--quiet"], cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     return {"dir": d, "words": str(words), "shards": shakespeare_shards}
+
+
+def _word_specs() -> list[str]:
+    """The hash specs of every cell of the word-level grids (their headers list them)."""
+    from megahash.experiments.sweep import cell_config, load_grid
+    from megahash.models import catalog
+
+    specs = set()
+    for path in GRIDS:
+        grid = load_grid(str(path), ["data.prefix=[unused]"])
+        for cell in grid.cells:
+            cfg = cell_config(grid, cell)
+            if cfg.data.tokenizer == "words" and catalog.reads_hash_codes(cfg):
+                specs.add(cfg.model.embed.hash_spec)
+    text = {p.stem: p.read_text() for p in GRIDS}
+    for spec in specs:  # the grid file's header names every side shard its cells need
+        assert any(spec in t for t in text.values()), f"no grid header names the side shard {spec}"
+    return sorted(specs)
 
 
 def _data(path: Path, workdir) -> list[str]:
