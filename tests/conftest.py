@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # share one unit, so one cluster runs at a time. Units go out longest first (measured on the 2-core
 # machine), so the two workers finish together; the SLURM unit, mostly waiting on the scheduler,
 # overlaps the CPU-bound ones. Without xdist this only orders the run.
-LONGEST_FIRST = ["slurm", "test_training", "test_faults", "test_grids_run", "test_resume_every_config", "test_readme", "test_convert", "test_diagnose",
+LONGEST_FIRST = ["slurm", "test_training", "test_faults", "test_grids_run", "test_resume_every_config", "test_readme",
+                 "test_convert", "test_diagnose",
                  "test_tokenizers", "test_eval", "test_validation", "test_launch", "test_new_kind", "test_attention",
                  "test_embeddings"]
 SLURM_MODULES = {"test_slurm", "test_sweep"}
