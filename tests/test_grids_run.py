@@ -1,7 +1,7 @@
 """The README's grids run (issue 28 item 3), cheaply enough for CI:
 
 - every cell of every shipped grid (configs/grids/*.yaml, tiny and full), shrunk by command-line
-  overrides to a tiny model and 2 steps with a save after step 1, trains from the very
+  overrides to a tiny model and 2 steps ending in a save, trains from the very
   ``cell_config.yaml`` the sweep writes and runs (``megahash sweep`` plans the grid, then each cell
   runs through the pretraining entry point in this process: a fresh interpreter per cell would cost
   ~8 CPU-s of imports each). Cells whose resolved configs are equal but for ``train.seed`` and
@@ -27,7 +27,7 @@ GRIDS = sorted((ROOT / "configs" / "grids").glob("*.yaml"))
 SHRINK = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=128",
           "model.num_query_groups=0", "model.vocab_size=0", "model.max_position_embeddings=128",
           "model.attention.fixed_seq_length=64", "data.seq_length=64", "data.valid_samples=8",
-          "train.steps=2", "train.save_interval=1", "train.eval_interval=2", "train.eval_iters=1",
+          "train.steps=2", "train.save_interval=0", "train.eval_interval=2", "train.eval_iters=1",
           "train.micro_batch_size=2", "train.global_batch_size=2", "train.warmup_steps=1", "train.log_interval=1",
           "train.precision=fp32", "logging.plot=false", "logging.tensorboard=false"]
 
@@ -111,7 +111,7 @@ def test_every_cell_of_every_shipped_grid_trains_and_saves(workdir, tmp_path, ca
     for grid, cell in cells:
         status = main(["--config", str(cell.dir / CELL_CONFIG)])
         cap = capsys.readouterr()
-        ok = status == 0 and (cell.dir / "latest").read_text() == "step_00000002" and (cell.dir / "step_00000001").is_dir()
+        ok = status == 0 and (cell.dir / "latest").read_text() == "step_00000002"
         if not ok:
             failed.append(f"{grid} {cell.name}: exit {status}: {(cap.err.strip().splitlines() or ['?'])[-1]}")
     assert not failed, "\n".join(failed)
