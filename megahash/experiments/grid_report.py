@@ -7,7 +7,8 @@ prefill/decode FLOPs per token and cache bytes at the run's context), then one c
 its main metric (accuracies in %, as the thesis prints them) and the delta against the standard
 row of the same seed, the average over the higher-is-better tasks ("Avg.", the thesis's NLU
 average) and the final validation loss. With several seeds a second table gives mean ± standard
-deviation per variant.
+deviation per variant. Cells without a result are listed after the table, each failed one with its
+exit status and one-line error (also ``not_done`` in report.json).
 
 Files: ``OUT/report.md``, ``OUT/report.json``, ``OUT/loss_curves.png`` (training loss of every cell,
 validation loss as markers, overlaid) and ``OUT/scores.png`` (bars per task and Avg.; validation
@@ -134,9 +135,29 @@ def markdown(grid, rows: list[dict]) -> str:
              "and each cell's data.seq_length, summed over layers; parameters: megahash.models.accounting."]
     if seeds and len({r["seed"] for r in rows}) > 1:
         notes += ["", "#### Mean ± std over seeds", "", *seed_table(rows, cols)]
+    left = not_done(grid)
+    if left:
+        notes += ["", f"#### Cells not done ({len(left)} of {len(grid.cells)})", ""]
+        notes += [f"- {c['index']} {c['cell']}: " + (f"failed (exit {c['exit']}): {c['error']}" if c.get("error")
+                                                   else "not run yet or still running") for c in left]
     if grid.expected:
         notes += ["", "Expected ordering (docs/experiments.md): " + " ".join(grid.expected.split())]
     return "\n".join(lines + notes)
+
+
+def not_done(grid) -> list[dict]:
+    """Every cell without a result: its index, name and, when it failed, its exit status and one-line
+    error (``sweep_failed.json``, megahash.experiments.sweep.record_failure)."""
+    from megahash.experiments.cell_failures import failure
+
+    out = []
+    for cell in grid.cells:
+        if cell.done:
+            continue
+        why = failure(cell) or {}
+        out.append({"index": cell.index, "cell": cell.name, "label": cell.label, "exit": why.get("exit"),
+                    "error": why.get("error")})
+    return out
 
 
 def seed_table(rows: list[dict], cols) -> list[str]:
@@ -241,7 +262,8 @@ def write_report(grid) -> list[Path]:
     _atomic(grid.out / "report.md", md + "\n")
     missing = [c.name for c in grid.cells if c.name not in {r["cell"] for r in rows}]
     _atomic(grid.out / "report.json", json.dumps({"megahash_sweep_report": 1, "grid": grid.to_json(), "rows": rows,
-                                                  "missing": missing}, indent=1, default=str) + "\n")
+                                                  "missing": missing, "not_done": not_done(grid)},
+                                                 indent=1, default=str) + "\n")
     paths = [grid.out / "report.md", grid.out / "report.json"] + plots(grid, rows)
     print(md)
     return paths

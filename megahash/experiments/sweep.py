@@ -1,7 +1,8 @@
 """``megahash sweep``: a grid of configs run, evaluated and reported as one reproducible unit.
 
     megahash sweep --grid configs/grids/table4_1_tiny.yaml [--launcher local|slurm] [--dry-run]
-                   [--out DIR] [--wait] [--report-only] [--sbatch=--time=4:00:00 ...] [key=value ...]
+                   [--out DIR] [--wait] [--report-only] [--sbatch=--time=4:00:00 ...] [--cells 0-3,7]
+                   [--tasks T1,T2|none] [--tasks-dir DIR] [--limit N] [key=value ...]
 
 A grid file (YAML) is a base config plus axes::
 
@@ -26,13 +27,19 @@ axis are refused). The resolved config is written to ``OUT/cells/CELL/cell_confi
 
 - ``--launcher local`` (default): cells run one after another through the normal pretraining entry
   (``megahash/pretrain.py``, resumable: ``train.resume=auto``), then ``megahash eval`` on the grid's
-  tasks; a finished cell has ``OUT/cells/CELL/sweep_cell.json`` and is skipped on rerun.
+  tasks, one progress line as each cell starts and ends (elapsed time, status); a finished cell has
+  ``OUT/cells/CELL/sweep_cell.json`` and is skipped on rerun. A failed cell does not stop the sweep:
+  its exit status and one-line error go to ``OUT/cells/CELL/sweep_failed.json``, the end of the
+  sweep lists every failed cell with its error, and so does the report (exit status 1).
 - ``--launcher slurm``: one SLURM job array (``slurm/sweep_array.sh``, one task per cell): each task
   is a normal megahash SLURM training (slurm/_common.sh: signal -> checkpoint -> requeue -> resume),
   then evaluates its cell; finished cells exit at once. ``--wait`` waits for the array and writes
   the report; otherwise rerun with ``--report-only`` (or rerun the sweep locally: it skips finished
   cells) when the array is done.
 - ``--dry-run`` prints the cells and the commands without running anything.
+- ``--cells 0-3,7`` runs only those cells (indices as ``--dry-run`` prints them); the others keep
+  their state. ``--tasks``/``--tasks-dir``/``--limit`` replace the grid's evaluation (``--tasks none``:
+  validation loss only), e.g. the offline task suite on a machine without the Hugging Face Hub.
 
 When cells are finished, ``OUT/report.{md,json}`` (thesis Table 4.1 layout: rows = cells, columns =
 tasks + average with deltas against the standard row, parameter and cost columns) and
@@ -57,6 +64,7 @@ import yaml
 from megahash.atomic_write import write_text_atomic
 from megahash.config_files import CONFIG_ROOT
 from megahash.errors import ConfigError, MegahashError
+from megahash.experiments.cell_failures import FAILED_FILE, error_line, failure, record_failure
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 DONE_FILE = "sweep_cell.json"
@@ -284,6 +292,33 @@ def is_done(cell: Cell) -> bool:
     return cell.done
 
 
+def select_cells(grid: Grid, spec: Optional[str]) -> list[Cell]:
+    """The cells of ``--cells`` (``0-3,7``: indices and ranges); every cell without one."""
+    if not spec:
+        return list(grid.cells)
+    chosen = set()
+    for part in str(spec).split(","):
+        try:
+            lo, _, hi = part.strip().partition("-")
+            chosen.update(range(int(lo), int(hi or lo) + 1))
+        except ValueError:
+            raise ConfigError(f"--cells {spec!r}: use cell indices and ranges like 0-3,7") from None
+    bad = sorted(i for i in chosen if not 0 <= i < len(grid.cells))
+    if bad:
+        raise ConfigError(f"--cells {spec!r}: grid {grid.name} has cells 0-{len(grid.cells) - 1}, not {bad[0]}")
+    return [c for c in grid.cells if c.index in chosen]
+
+
+def override_eval(grid: Grid, tasks: Optional[str], tasks_dir: Optional[str], limit: Optional[float]) -> None:
+    """``--tasks``/``--tasks-dir``/``--limit`` in place of the grid's ``eval`` (``--tasks none``: none)."""
+    if tasks is not None:
+        grid.eval["tasks"] = [] if tasks.strip().lower() == "none" else [t for t in tasks.split(",") if t.strip()]
+    if tasks_dir is not None:
+        grid.eval["tasks_dir"] = str(Path(tasks_dir).resolve())
+    if limit is not None:
+        grid.eval["limit"] = limit
+
+
 def trained_step(cell: Cell) -> int:
     latest = cell.dir / "latest"
     try:
@@ -379,14 +414,25 @@ def finish_cell(grid: Grid, cell: Cell, quiet: bool = False) -> dict:
     return record
 
 
-def run_local(grid: Grid, quiet: bool = False) -> int:
+def _elapsed(seconds: float) -> str:
+    m, sec = divmod(int(round(seconds)), 60)
+    return f"{m}m{sec:02d}s" if m else f"{sec}s"
+
+
+def run_local(grid: Grid, quiet: bool = False, cells: Optional[list] = None) -> int:
+    """Train and evaluate every unfinished cell in turn, one progress line as each starts and ends
+    (elapsed, status). A failed cell is recorded (``FAILED_FILE``: exit status and its one-line
+    error), the sweep goes on with the next cell, and the failures are listed at the end."""
     failed = []
-    for cell in grid.cells:
+    cells = grid.cells if cells is None else cells
+    n = len(cells)
+    for i, cell in enumerate(cells):
+        tag = f"sweep: [{i + 1}/{n}] cell {cell.name}"
         if is_done(cell):
             print(f"sweep: cell {cell.index} {cell.name} already done, skipped", flush=True)
             continue
-        print(f"sweep: cell {cell.index} {cell.name}: training ({' '.join(cell.overrides[len(grid.overrides):-1])})",
-              flush=True)
+        print(f"{tag}: training ({' '.join(cell.overrides[len(grid.overrides):-1])})", flush=True)
+        t0 = time.time()
         for attempt in range(3):
             start = (cell.dir / "sweep.log").stat().st_size if (cell.dir / "sweep.log").exists() else 0
             with open(cell.dir / "sweep.log", "a") as log:
@@ -397,22 +443,34 @@ def run_local(grid: Grid, quiet: bool = False) -> int:
             # another job took the rendezvous port between its choice and its use: start again (resumes)
             if r.returncode == 0 or "address already in use" not in new.lower():
                 break
-            print(f"sweep: cell {cell.name}: rendezvous port taken by another process; retrying", flush=True)
+            print(f"{tag}: rendezvous port taken by another process; retrying", flush=True)
         if r.returncode == 3:
-            print(f"sweep: cell {cell.name} stopped on a signal after checkpointing; rerun the sweep to resume",
-                  flush=True)
+            print(f"{tag}: stopped on a signal after checkpointing ({_elapsed(time.time() - t0)}); rerun the sweep "
+                  f"to resume", flush=True)
             return 3
         if r.returncode != 0:
-            tail = (cell.dir / "sweep.log").read_text(errors="replace").strip().splitlines()[-1:]
-            print(f"sweep: cell {cell.name} failed (exit {r.returncode}): {tail[0] if tail else ''}; "
+            error = error_line(new)
+            record_failure(cell, r.returncode, error)
+            print(f"{tag}: FAILED after {_elapsed(time.time() - t0)} (exit {r.returncode}): {error}; "
                   f"log {cell.dir / 'sweep.log'}", file=sys.stderr, flush=True)
-            failed.append(cell.name)
+            failed.append(cell)
             continue
+        trained = time.time() - t0
+        if grid.eval["tasks"]:
+            print(f"{tag}: trained in {_elapsed(trained)}; evaluating", flush=True)
         try:
-            finish_cell(grid, cell, quiet)
+            record = finish_cell(grid, cell, quiet=True)
         except MegahashError as e:
-            print(f"sweep: {e}", file=sys.stderr, flush=True)
-            failed.append(cell.name)
+            record_failure(cell, 1, f"error: {e}")
+            print(f"{tag}: FAILED after {_elapsed(time.time() - t0)}: {e}", file=sys.stderr, flush=True)
+            failed.append(cell)
+            continue
+        (cell.dir / FAILED_FILE).unlink(missing_ok=True)
+        print(f"{tag}: done (step {record['step']}) in {_elapsed(time.time() - t0)}", flush=True)
+    if failed:
+        print(f"sweep: {len(failed)} of {n} cell(s) failed:", file=sys.stderr, flush=True)
+        for cell in failed:
+            print(f"  cell {cell.name}: {failure(cell)['error']}", file=sys.stderr, flush=True)
     return 1 if failed else 0
 
 
@@ -423,23 +481,25 @@ FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
          "PREEMPTED")
 
 
-def sbatch_command(grid: Grid, extra: Sequence[str] = ()) -> list[str]:
+def sbatch_command(grid: Grid, extra: Sequence[str] = (), cells: Optional[list] = None) -> list[str]:
     n = len(grid.cells)
     (grid.out / "slurm").mkdir(parents=True, exist_ok=True)
-    return ["sbatch", "--parsable", f"--array=0-{n - 1}", f"--job-name=megahash-sweep-{grid.name}",
+    array = f"0-{n - 1}" if cells is None or len(cells) == n else ",".join(str(c.index) for c in cells)
+    return ["sbatch", "--parsable", f"--array={array}", f"--job-name=megahash-sweep-{grid.name}",
             "-o", str(grid.out / "slurm" / "%A_%a.out"), *grid.sbatch, *extra, str(ROOT / ARRAY_SCRIPT)]
 
 
-def submit_array(grid: Grid, extra: Sequence[str] = ()) -> str:
+def submit_array(grid: Grid, extra: Sequence[str] = (), cells: Optional[list] = None) -> str:
     env = _env()
     env["SWEEP_DIR"] = str(grid.out)
     env.setdefault("PYTHON", sys.executable)
     env["MEGAHASH_ROOT"] = str(ROOT)
-    r = subprocess.run(sbatch_command(grid, extra), cwd=ROOT, env=env, capture_output=True, text=True)
+    r = subprocess.run(sbatch_command(grid, extra, cells), cwd=ROOT, env=env, capture_output=True, text=True)
     if r.returncode != 0:
         raise MegahashError(f"sbatch refused the sweep array: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
     job = r.stdout.strip().split(";")[0]
-    print(f"sweep: submitted job array {job} ({len(grid.cells)} cells); outputs {grid.out / 'slurm'}", flush=True)
+    print(f"sweep: submitted job array {job} ({len(cells if cells is not None else grid.cells)} cells); outputs "
+          f"{grid.out / 'slurm'}", flush=True)
     return job
 
 
@@ -464,10 +524,12 @@ def wait_array(job: str, poll: float = 2.0, timeout: Optional[float] = None) -> 
 # ------------------------------------------------------------------------------------------ cli
 
 
-def dry_run(grid: Grid, launcher: str, extra_sbatch: Sequence[str]) -> None:
-    print(f"grid {grid.name}: {len(grid.cells)} cells -> {grid.out}")
+def dry_run(grid: Grid, launcher: str, extra_sbatch: Sequence[str], cells: Optional[list] = None) -> None:
+    cells = grid.cells if cells is None else cells
+    print(f"grid {grid.name}: {len(grid.cells)} cells -> {grid.out}"
+          + (f" ({len(cells)} selected)" if len(cells) != len(grid.cells) else ""))
     print(f"standard row: {grid.standard}; eval: {grid.eval['tasks'] or 'none (validation loss only)'}")
-    for cell in grid.cells:
+    for cell in cells:
         state = "done" if is_done(cell) else (f"trained to step {trained_step(cell)}" if trained_step(cell) else "todo")
         print(f"\n[{cell.index}] {cell.name}  ({state})\n  values: {json.dumps(cell.values)}")
         if launcher == "local":
@@ -476,7 +538,8 @@ def dry_run(grid: Grid, launcher: str, extra_sbatch: Sequence[str]) -> None:
             if grid.eval["tasks"]:
                 print("  eval:  " + shlex.join(eval_command(grid, cell)))
     if launcher == "slurm":
-        print("\narray: SWEEP_DIR=" + shlex.quote(str(grid.out)) + " " + shlex.join(sbatch_command(grid, extra_sbatch)))
+        print("\narray: SWEEP_DIR=" + shlex.quote(str(grid.out)) + " " + shlex.join(sbatch_command(grid, extra_sbatch,
+                                                                                                 cells)))
         print("  task i: slurm/sweep_array.sh trains cell i (CONFIG=cells/CELL/cell_config.yaml, requeue on "
               "SIGUSR1) then `python -m megahash sweep --finish-cell CELL --out " + str(grid.out) + "`")
 
@@ -491,6 +554,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", action="store_true", help="slurm: wait for the array, then write the report")
     p.add_argument("--report-only", action="store_true", help="only (re)write the report of the finished cells")
     p.add_argument("--sbatch", action="append", default=[], help="extra sbatch option (repeatable)")
+    p.add_argument("--cells", default=None, help="run only these cells: indices and ranges, e.g. 0-3,7")
+    p.add_argument("--tasks", default=None, help="evaluation tasks instead of the grid's (comma-separated; none: none)")
+    p.add_argument("--tasks-dir", default=None, help="offline task folder instead of the grid's eval.tasks_dir")
+    p.add_argument("--limit", type=float, default=None, help="examples per task instead of the grid's eval.limit")
     p.add_argument("--finish-cell", default=None, help=argparse.SUPPRESS)  # used by slurm/sweep_array.sh
     p.add_argument("overrides", nargs="*", help="config overrides key=value for every cell (e.g. data paths)")
     return p
@@ -514,18 +581,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not args.grid:
             raise ConfigError("--grid GRID.yaml is required (grids ship under configs/grids/)")
         grid = load_grid(args.grid, args.overrides, args.out)
+        override_eval(grid, args.tasks, args.tasks_dir, args.limit)
+        chosen = select_cells(grid, args.cells)
         if args.dry_run:
-            dry_run(grid, args.launcher, args.sbatch)
+            dry_run(grid, args.launcher, args.sbatch, chosen)
             return 0
         write_plan(grid)
         status = 0
         if not args.report_only:
             if args.launcher == "local":
-                status = run_local(grid)
+                status = run_local(grid, cells=chosen)
             else:
-                todo = [c for c in grid.cells if not is_done(c)]
+                todo = [c for c in chosen if not is_done(c)]
                 if todo:
-                    job = submit_array(grid, args.sbatch)
+                    job = submit_array(grid, args.sbatch, todo if len(todo) != len(grid.cells) else None)
                     if not args.wait:
                         print(f"sweep: when job {job} is done: megahash sweep --grid {args.grid} --report-only "
                               f"{shlex.join(args.overrides)}".rstrip(), flush=True)
@@ -533,17 +602,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     wait_array(job)
                 else:
                     print("sweep: every cell is done; nothing submitted", flush=True)
-                missing = [c.name for c in grid.cells if not is_done(c)]
+                missing = [c for c in chosen if not is_done(c)]
                 if missing:
-                    print(f"sweep: {len(missing)} cell(s) did not finish: {', '.join(missing)}; see "
-                          f"{grid.out / 'slurm'}", file=sys.stderr, flush=True)
+                    print(f"sweep: {len(missing)} of {len(grid.cells)} cell(s) did not finish (outputs "
+                          f"{grid.out / 'slurm'}):", file=sys.stderr, flush=True)
+                    for c in missing:
+                        out = grid.out / "slurm" / f"{job}_{c.index}.out" if todo else None
+                        if out is not None and out.is_file():
+                            record_failure(c, 1, error_line(out.read_text(errors="replace")))
+                        why = failure(c)
+                        print(f"  cell {c.name}: {why['error'] if why else 'no output'}", file=sys.stderr, flush=True)
                     status = 1
         from megahash.experiments.grid_report import write_report
 
         done = [c for c in grid.cells if is_done(c)]
         if done:
             paths = write_report(grid)
-            print(f"sweep: report of {len(done)}/{len(grid.cells)} cells: {', '.join(str(p) for p in paths)}", flush=True)
+            left = [c.name for c in grid.cells if not is_done(c)]
+            print(f"sweep: report of {len(done)}/{len(grid.cells)} cells: {', '.join(str(p) for p in paths)}"
+                  + (f"; not done: {', '.join(left)}" if left else ""), flush=True)
         return status
 
     return run_guarded(go)

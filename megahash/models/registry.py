@@ -145,7 +145,13 @@ def mlp_spec() -> ModuleSpec:
 class SkippedLayer(TransformerLayer):
     """`skip` evaluation mode (thesis sec. 4.5, Table 4.1 "HYBRID SKIP"): the whole layer (attention
     and MLP) is an identity, so information flows only through the residual stream. Its parameters
-    are still built, so a hybrid checkpoint loads unchanged."""
+    are still built, so a hybrid checkpoint loads unchanged, and frozen: they never get a gradient,
+    so no optimizer holds or touches them (no weight decay under ZeRO) and checkpoints keep them as built."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for p in self.parameters():
+            p.requires_grad_(False)
 
     def forward(self, hidden_states=None, *args, context=None, **kwargs):
         return hidden_states, context

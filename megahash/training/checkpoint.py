@@ -124,8 +124,9 @@ def _diff(a, b, path):
 
 def save(engine, cfg: Config, step: int, consumed: int, extra: dict | None = None) -> Path:
     """Save a complete checkpoint of every rank under ``train.save_dir`` (collective). A failure
-    (disk full) on any rank removes the partial ``step_N.tmp`` and raises one CheckpointError on
-    every rank; the previous checkpoint is untouched (megahash/training/checkpoint_faults.py)."""
+    (disk full, permission, state that cannot be written) on any rank removes the partial
+    ``step_N.tmp`` and raises one CheckpointError on every rank naming the cause and its remedy; the
+    previous checkpoint is untouched (megahash/training/checkpoint_faults.py)."""
     from megahash.training import checkpoint_faults
     from megahash.training.signals import any_rank
 
@@ -157,10 +158,13 @@ def save(engine, cfg: Config, step: int, consumed: int, extra: dict | None = Non
             raise
         error = error or e
     if any_rank(error is not None) or os.environ.get("MEGAHASH_TEST_FAIL_IN_SAVE") == str(step):
-        error = error or RuntimeError(f"injected failure while saving step {step} (MEGAHASH_TEST_FAIL_IN_SAVE)")
+        if error is None:
+            error = (RuntimeError(f"injected failure while saving step {step} (MEGAHASH_TEST_FAIL_IN_SAVE)")
+                     if os.environ.get("MEGAHASH_TEST_FAIL_IN_SAVE") == str(step) else
+                     RuntimeError("another rank failed to write its part; its log names the cause"))
         note = checkpoint_faults.disk_note(root, error)
         _abandon(tmp)
-        raise checkpoint_faults.save_failed(root, tag, note) from None
+        raise checkpoint_faults.save_failed(root, tag, note, error) from None
     try:
         if _rank() == 0:
             save_config(cfg, tmp / "resolved_config.yaml")
@@ -184,9 +188,10 @@ def save(engine, cfg: Config, step: int, consumed: int, extra: dict | None = Non
     except Exception as e:  # noqa: BLE001
         error = e
     if any_rank(error is not None):
-        note = checkpoint_faults.disk_note(root, error or RuntimeError("rank 0 could not finish the save"))
+        error = error or RuntimeError("rank 0 could not finish the save; its log names the cause")
+        note = checkpoint_faults.disk_note(root, error)
         _abandon(tmp)
-        raise checkpoint_faults.save_failed(root, tag, note) from None
+        raise checkpoint_faults.save_failed(root, tag, note, error) from None
     return root / tag
 
 

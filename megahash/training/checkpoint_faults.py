@@ -146,12 +146,26 @@ def disk_note(root: Path, e: BaseException) -> str:
     return first_line(e)
 
 
-def save_failed(root: Path, tag: str, e: BaseException | str) -> CheckpointError:
-    """The one-line error of a failed save (the caller removed ``tag``.tmp; ``e`` or disk_note's text)."""
+def remedy(e: BaseException | str) -> str:
+    """What to do about a failed save, by its cause: a full disk, a file-system error (permission,
+    missing mount) or anything else (the state megahash was writing: not a disk problem)."""
+    text = e if isinstance(e, str) else first_line(e)
+    if text.startswith("disk full"):
+        return "free space on that file system and rerun"
+    if isinstance(e, OSError) or type(e).__name__ == "CheckpointException":  # torch.distributed.checkpoint's
+        return "fix the folder (permissions, mount, space) and rerun"
+    return "this is not a file-system problem: fix the cause named above (or report it) and rerun"
+
+
+def save_failed(root: Path, tag: str, e: BaseException | str, cause: BaseException | None = None) -> CheckpointError:
+    """The one-line error of a failed save (the caller removed ``tag``.tmp; ``e`` or disk_note's text;
+    ``cause``: the exception the text describes, which picks the remedy)."""
     try:
         prev = choose_resume(root, warn=False)
     except CheckpointError:
         prev = None
     kept = f"the previous checkpoint {prev.name} is intact" if prev else "no earlier checkpoint exists"
-    return CheckpointError(f"saving checkpoint {tag} in {root} failed ({e if isinstance(e, str) else first_line(e)}); nothing partial was kept, "
-                           f"{kept}; free space (or fix the folder) and rerun: it resumes with train.resume=auto")
+    what = e if isinstance(e, str) else first_line(e)
+    todo = remedy(what if what.startswith("disk full") or cause is None else cause)
+    return CheckpointError(f"saving checkpoint {tag} in {root} failed ({what}); nothing partial was kept, "
+                           f"{kept}; {todo}: it resumes with train.resume=auto")

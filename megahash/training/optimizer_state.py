@@ -14,13 +14,20 @@ in ``model/`` (megahash/training/weights.py). Saved per parameter:
 - ``fp32``: the fp32 master copy, only where the trained weights are not fp32 (bf16: the masters
   differ from the weights; in fp32 they are the weights),
 
-and in ``megahash_optimizer.json`` Adam's step count (bias correction). At a resume on another
+and in ``megahash_optimizer.json`` Adam's step count (bias correction) of every parameter by name,
+``null`` where it has no state: a parameter that never received a gradient (an unused head, a
+kind's parameter outside the loss) is never stepped by the torch optimizer of ZeRO-0 fp32, whose
+counts are per parameter; DeepSpeed's flat optimizers step every group at every step, so all their
+parameters share one count. (Layers dropped by ``model.attention.skip_nonstandard`` are frozen and
+are in no optimizer at all.) The moments are written under one key per layer (``decoder.layers.N``),
+so layers without trainable parameters leave no holes in megatron's stacked keys. At a resume on another
 layout (megahash/training/elastic.py) the same sharded dict is built for the new TP shape, loaded
 (any TP size; data only, never unpickling code), and written into this run's partitions with
 ``safe_set_full_optimizer_state`` (ZeRO-1/2, bf16 optimizer), the local-partition setters under
 ZeRO-3 (DeepSpeed's full-tensor setter does not handle a padded last partition), the torch
-optimizer's state at ZeRO-0 in fp32, or the fp32 masters of DeepSpeed's FP16 optimizers (ZeRO-0 in
-bf16). The LR schedule is put at the saved step by the caller.
+optimizer's state at ZeRO-0 in fp32 (each parameter at its own count; none where none was saved),
+or the fp32 masters of DeepSpeed's FP16 optimizers (ZeRO-0 in bf16); a flat optimizer takes the
+highest saved count. The LR schedule is put at the saved step by the caller.
 
 The cost of a save is one gather of the state per parameter (all-reduce/all-gather over DP) and one
 dist-checkpoint write of twice the model's fp32 size, by the first data-parallel rank of each shard.
@@ -123,33 +130,70 @@ def ensure_state(engine) -> None:
         link()
 
 
-def adam_step(engine) -> int:
-    """Adam's step count (every state entry holds the same one)."""
-    steps = {int(float(st["step"])) for st in torch_optimizer(engine).state.values() if "step" in st}
-    if len(steps) > 1:
-        raise CheckpointError(f"the optimizer's parameters are at different Adam steps {sorted(steps)}")
-    return steps.pop() if steps else 0
+def per_parameter(engine) -> bool:
+    """True when the torch optimizer itself runs on the parameters (ZeRO-0 in fp32): its state, and
+    Adam's step count, are per parameter, and a parameter without a gradient has none."""
+    params = [p for p in engine.module.parameters() if p.requires_grad]
+    return (torch_optimizer(engine) is engine.optimizer and _flat_slices(engine) is None
+            and not any(hasattr(p, "ds_id") or hasattr(p, "_hp_mapping") for p in params))
 
 
-def _set_step(engine, step: int) -> None:
-    for st in torch_optimizer(engine).state.values():
-        if torch.is_tensor(st.get("step")):
-            st["step"].fill_(float(step))
-        elif "step" in st:
-            st["step"] = step
+def _count(st) -> int | None:
+    """Adam's step count of one state entry; None without state (step 0: what torch creates unstepped)."""
+    n = int(float(st["step"])) if st and "step" in st else 0
+    return n or None
 
 
-def _sharded_params(engine, zero_stage: int):
+def adam_steps(engine, params) -> list[int | None]:
+    """Adam's step count of each of ``params`` (None: no state). Per parameter at ZeRO-0 fp32; DeepSpeed's
+    flat optimizers step every group at every step (zeros for a parameter without a gradient), so
+    every parameter has their count."""
+    inner = torch_optimizer(engine)
+    if per_parameter(engine):
+        return [_count(inner.state.get(p)) for p in params]
+    counts = {_count(st) for st in inner.state.values()} - {None}
+    common = max(counts) if counts else None
+    return [common] * len(params)
+
+
+def _set_steps(engine, params, steps: list[int | None]) -> None:
+    """Put every parameter at its saved count: per parameter (dropping the state of one saved without
+    any), or, for flat optimizers, every group at the highest count."""
+    inner = torch_optimizer(engine)
+    if per_parameter(engine):
+        for p, n in zip(params, steps):
+            if n is None:
+                inner.state.pop(p, None)
+            else:
+                _fill_step(inner.state[p], n)
+        return
+    common = max((n for n in steps if n is not None), default=0)
+    for st in inner.state.values():
+        _fill_step(st, common)
+
+
+def _fill_step(st: dict, n: int) -> None:
+    if torch.is_tensor(st.get("step")):
+        st["step"].fill_(float(n))
+    elif "step" in st:
+        st["step"] = n
+
+
+PER_LAYER = {"non_homogeneous_layers": True}
+
+
+def _sharded_params(engine, zero_stage: int, metadata):
     """[(parameter, its ShardedTensor or ShardedTensorFactory, TP-local shape)] of every trained
-    parameter, from the model's ``sharded_state_dict`` (built with ZeRO-3 parameters gathered)."""
+    parameter, from the model's ``sharded_state_dict(metadata=metadata)`` (built with ZeRO-3
+    parameters gathered)."""
     from megatron.core.dist_checkpointing.optimizer import get_param_id_to_sharded_param_map
 
-    from megahash.training.weights import gathered, sharded_metadata
+    from megahash.training.weights import gathered
 
     model = engine.module
     params = [p for p in model.parameters() if p.requires_grad]
     with gathered(model, zero_stage):
-        sd = model.sharded_state_dict(metadata=sharded_metadata(model))
+        sd = model.sharded_state_dict(metadata=metadata)
         shapes = [tuple(p.shape) for p in params]
     by_index = get_param_id_to_sharded_param_map(sd, params)
     names = {id(p): n for n, p in model.named_parameters()}
@@ -240,16 +284,25 @@ def save(engine, directory: Path, zero_stage: int) -> None:
             directory.mkdir(parents=True, exist_ok=True)
         _write_info(directory, {"format": FORMAT, "complete": False, "reason": why})
         return
+    params = _sharded_params(engine, zero_stage, PER_LAYER)
+    names = _names(engine)
+    steps = adam_steps(engine, [p for p, _, _ in params])  # before ensure_state creates empty entries
     ensure_state(engine)
     keys = _state_keys(engine)
     sharded = {}
-    for i, (p, sh, shape) in enumerate(_sharded_params(engine, zero_stage)):
-        for key in keys:  # (stacked layers share a key: the dict is indexed by parameter)
+    for i, (p, sh, shape) in enumerate(params):
+        for key in keys:  # (the dict is indexed by parameter; a parameter without state writes zeros)
             sharded[f"{key}.{i}"] = make_sharded_optimizer_tensor(sh, _get(engine, p, key, shape), prefix=key)
     directory.mkdir(parents=True, exist_ok=True)
     dist_save(sharded, directory)
-    _write_info(directory, {"format": FORMAT, "complete": True, "keys": keys, "adam_step": adam_step(engine),
-                            "saved_zero_stage": engine.zero_optimization_stage()})
+    _write_info(directory, {"format": FORMAT, "complete": True, "keys": keys,
+                            "adam_step": max((n for n in steps if n is not None), default=0),
+                            "param_steps": {names[id(p)]: n for (p, _, _), n in zip(params, steps)},
+                            "layers": "per_layer", "saved_zero_stage": engine.zero_optimization_stage()})
+
+
+def _names(engine) -> dict:
+    return {id(p): n for n, p in engine.module.named_parameters()}
 
 
 def read_info(directory: Path) -> dict:
@@ -286,7 +339,10 @@ def load(engine, directory: Path, zero_stage: int) -> int:
                               f"resume at the saved layout, or with train.resume_weights_only=true (docs/resume.md)")
     # fp32 masters of a bf16 run go into a bf16 run's masters; a fp32 run takes the weights of model/
     keys = [k for k in info["keys"] if k != MASTER or MASTER in _state_keys(engine)]
-    params = _sharded_params(engine, zero_stage)
+    from megahash.training.weights import sharded_metadata  # older checkpoints: the weights' layer layout
+
+    params = _sharded_params(engine, zero_stage,
+                             PER_LAYER if info.get("layers") == "per_layer" else sharded_metadata(engine.module))
     template = {}
     for i, (p, sh, shape) in enumerate(params):
         for key in keys:
@@ -304,5 +360,8 @@ def load(engine, directory: Path, zero_stage: int) -> int:
         for key in keys:
             _set(engine, p, key, loaded[f"{key}.{i}"])
     step = int(info.get("adam_step", 0))
-    _set_step(engine, step)
+    saved = info.get("param_steps")  # older checkpoints: one count for every parameter
+    names = _names(engine)
+    _set_steps(engine, [p for p, _, _ in params],
+               [saved.get(names[id(p)]) if saved is not None else step for p, _, _ in params])
     return step
