@@ -34,7 +34,8 @@ def naive_eq_4_14(q, k, v):
 
 
 def test_parallel_chunked_recurrent_equal_naive_loop():
-    from megahash.models.attention.approx_thesis import thesis_causal, thesis_recurrent
+    from megahash.ops.orders.chunk import orders_causal as thesis_causal
+    from megahash.ops.orders.recurrent import orders_recurrent as thesis_recurrent
 
     g = torch.Generator().manual_seed(0)
     L, d, dv = 13, 6, 5
@@ -67,7 +68,8 @@ def test_parallel_chunked_recurrent_equal_naive_loop():
 
 
 def test_bidirectional_form_is_the_sum_over_all_valid_keys():
-    from megahash.models.attention.approx_thesis import thesis_bidirectional, thesis_causal
+    from megahash.ops.orders.chunk import orders_bidirectional as thesis_bidirectional
+    from megahash.ops.orders.chunk import orders_causal as thesis_causal
 
     g = torch.Generator().manual_seed(1)
     q = torch.randn(1, 1, 2, 9, 4, dtype=torch.float64, generator=g)

@@ -45,6 +45,7 @@ import torch
 from megahash.models.registry import register_reference
 from megahash.models.torch_model import SeparateQKV
 from megahash.models.torch_ops import append_state, split_heads
+from megahash.ops.shared_map.attend import shared_softmax
 
 
 @register_reference("rndembqk")
@@ -57,23 +58,10 @@ class FixedQKReference(SeparateQKV):
     reads_fixed_input = True
 
     def shared_attend(self, q, k, v, key_mask=None):
-        """q [n, s, d], k [g, sk, d] (batch-shared), v [b, g, sk, d] -> [b, s, n*d]."""
+        """q [n, s, d], k [g, sk, d] (batch-shared), v [b, g, sk, d] -> [b, s, n*d]: ONE map for the batch."""
         n, s, d = q.shape
-        g, sk = k.shape[0], k.shape[1]
-        b = v.shape[0]
-        rep = n // g
-        qh = q.reshape(g, rep, s, d)
-        scores = (qh @ k.unsqueeze(1).transpose(-1, -2)) * (1.0 / math.sqrt(d))  # [g, rep, s, sk]
-        if self.causal:
-            keep = torch.ones(s, sk, dtype=torch.bool, device=q.device).tril(sk - s)
-            scores = scores.masked_fill(~keep, float("-inf"))
-        probs = torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1).to(v.dtype)
-        if key_mask is None:
-            out = torch.einsum("grst,bgtd->bgrsd", probs, v)
-        else:
-            m = key_mask.to(v.dtype)  # [b, sk]
-            out = torch.einsum("grst,bgtd->bgrsd", probs, v * m[:, None, :, None])
-            out = out / torch.einsum("grst,bt->bgrs", probs, m).unsqueeze(-1)
+        b, g = v.shape[0], k.shape[0]
+        out = shared_softmax(q.reshape(g, n // g, s, d), k, v, 1.0 / math.sqrt(d), self.causal, key_mask)
         return out.reshape(b, n, s, d).transpose(1, 2).reshape(b, s, n * d)
 
     def mix(self, x, ctx, cache):
@@ -130,31 +118,20 @@ class SeparateQKVAttention(AttentionBase):
     def attend(self, q, k, v, attention_mask):
         """q [s, 1, n_l, d], k [sk, 1, g_l, d] (the fixed sequence), v [sk, b, g_l, d] -> [s, b, n_l*d].
 
-        ONE attention map [g, rep, s, sk] for the whole batch: the values of all sequences are laid
-        side by side ([g, sk, b*d]) so the map is never expanded over the batch."""
+        ONE attention map [g, rep, s, sk] for the whole batch, the values of all sequences laid side
+        by side (:func:`megahash.ops.shared_map.attend.shared_softmax`: no map kept for backward)."""
         s, _, n_l, d = q.shape
-        sk, b, g = v.shape[0], v.shape[1], v.shape[2]
-        rep = n_l // g
-        qh = q[:, 0].permute(1, 0, 2).reshape(g, rep, s, d)
-        kh = k[:, 0].permute(1, 0, 2).unsqueeze(1)  # [g, 1, sk, d]
-        scores = (qh @ kh.transpose(-1, -2)) * self.scale  # [g, rep, s, sk]
-        if self.causal:
-            keep = torch.ones(s, sk, dtype=torch.bool, device=q.device).tril(sk - s)
-            scores = scores.masked_fill(~keep, float("-inf"))
-        probs = torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1).to(v.dtype)
+        b, g = v.shape[1], v.shape[2]
+        qh = q[:, 0].permute(1, 0, 2).reshape(g, n_l // g, s, d)
+        kh, vh = k[:, 0].permute(1, 0, 2), v.permute(1, 2, 0, 3)  # [g, sk, d], [b, g, sk, d]
+        key_mask = self.key_padding(attention_mask, b)
         if self.training and self.config.attention_dropout > 0:
             with tensor_parallel.get_cuda_rng_tracker().fork():
-                probs = F.dropout(probs, self.config.attention_dropout)
-        vh = v.permute(2, 0, 1, 3).reshape(g, 1, sk, b * d)
-        key_mask = self.key_padding(attention_mask, b)
-        if key_mask is None:
-            out = probs @ vh
-        else:  # a shared map with per-sequence padding: renormalise over each sequence's valid keys
-            m = key_mask.t().to(v.dtype)  # [sk, b]
-            out = (probs @ (vh.view(g, 1, sk, b, d) * m[:, :, None]).view(g, 1, sk, b * d))
-            out = out.view(g, rep, s, b, d) / (probs @ m).view(g, rep, s, b, 1)
-        out = out.reshape(g, rep, s, b, d).permute(2, 3, 0, 1, 4)  # [s, b, g, rep, d]
-        return out.reshape(s, b, n_l * d)
+                out = shared_softmax(qh, kh, vh, self.scale, self.causal, key_mask,
+                                     lambda p: F.dropout(p, self.config.attention_dropout))
+        else:
+            out = shared_softmax(qh, kh, vh, self.scale, self.causal, key_mask)
+        return out.permute(3, 0, 1, 2, 4).reshape(s, b, n_l * d)  # [b, g, rep, s, d] -> [s, b, n_l*d]
 
 
 class FixedQKAttention(SeparateQKVAttention):
