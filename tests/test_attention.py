@@ -198,6 +198,29 @@ def test_fixed_qk_gets_gradients_through_the_fixed_pass():
             assert lin.weight.grad is not None and lin.weight.grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize("schedule", ["uniform:rndembqk", "list:fixedseqqk,mha"])
+def test_separate_fixed_pass_equals_the_fixed_sequence_in_the_batch(schedule, monkeypatch):
+    """Training runs the fixed sequence as its own checkpointed pass (FixedInput.run_alone): loss and
+    every gradient equal those of the fixed sequence riding as one more batch element (fp64)."""
+    from megahash.models.attention.fixed_qk import FixedInput
+
+    results = []
+    for separate in (True, False):
+        model = build(make_cfg(schedule))
+        model.train()
+        if not separate:
+            monkeypatch.setattr(FixedInput, "separate", lambda self, model: False)
+        assert model.fixed_qk.separate(model) is separate
+        out = model.hidden_states(tokens())
+        out.pow(2).mean().backward()
+        results.append((out.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    (o1, g1), (o2, g2) = results
+    torch.testing.assert_close(o1, o2, rtol=0, atol=1e-12)
+    assert sorted(g1) == sorted(g2)
+    for n in g1:
+        torch.testing.assert_close(g1[n], g2[n], rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("kind", _kinds.attention(encoder=True, decodes=True))
 def test_encoder_padding_and_bidirectional(kind):
     """Encoders: padded tokens do not change valid positions; mixing kinds see later tokens."""

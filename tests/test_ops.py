@@ -145,6 +145,8 @@ def test_shared_map_equals_naive_and_keeps_no_map(L, T):
                     keep = keep & key_mask[bi]
                 s = (q @ k.unsqueeze(1).transpose(-1, -2) * 0.4).masked_fill(~keep, float("-inf"))
                 close(got[bi], torch.softmax(s, -1) @ v[bi].unsqueeze(1))
+                if bi == 0 and key_mask is None:  # one sequence: plain SDPA
+                    close(shared_softmax(q, k, v[:1], 0.4, causal)[0], got[0])
     fast = grads(lambda *t: shared_softmax(*t, 0.4, True), q, k, v)
     slow = grads(lambda q, k, v: naive_shared_softmax(q, k.unsqueeze(1), v.permute(1, 2, 0, 3).reshape(2, 1, T, -1),
                                                       0.4, True).reshape(2, 3, L, 3, 5).permute(3, 0, 1, 2, 4), q, k, v)

@@ -14,7 +14,15 @@ values of the whole batch (the map is shared, Table 4.7's batch-independent 2L^2
 fixed sequence itself the layer is standard attention (Q, K, V all from X), exactly the
 TransformerBlock^(l)(eps) of eq. 4.9. This keeps training, TP/SP, activation recompute and
 incremental decoding (the fixed sequence is decoded alongside) free of special cases;
-it costs one more sequence per batch.
+it costs one more sequence per batch. The map is :func:`megahash.ops.shared_map.attend.shared_softmax`
+(computed once for the batch, nothing of size L x L kept for backward).
+
+Training (gradients on, no activation recompute, no dropout): the fixed sequence instead runs through
+the stack by itself under activation checkpointing (:meth:`FixedInput.run_alone`), each fixed-kind
+layer keeps its Q, K (``module.live_qk``, with gradients: W^Q, W^K train through this pass, eq. 4.10),
+then the batch runs alone with them. Only O(L d) of the fixed sequence is saved for backward (the
+extra sequence used to double the saved activations at batch 1); the pass is recomputed in backward
+(one more forward of one sequence). Same loss and gradients (tested).
 
 Frozen maps (evaluation): :meth:`FixedInput.freeze` runs the fixed input through the stack once
 and stores every fixed-kind layer's Q, K for positions 0..length-1 (``module.frozen_qk``); later
@@ -141,7 +149,8 @@ class FixedQKAttention(SeparateQKVAttention):
         self.kind = kind
         super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
         self.frozen_qk = None  # (q [L, 1, n_l, d], k [L, 1, g_l, d]) after FixedInput.freeze
-        self.capture = False
+        self.capture = False  # True: FixedInput.freeze; "live": FixedInput.run_alone (keeps the graph)
+        self.live_qk = None  # (q, k) of this step's fixed pass (FixedInput.run_alone), with gradients
 
     def mix(self, x, attention_mask, rotary_pos_emb):
         v = heads(self.linear_v(x)[0], self.g_local)
@@ -151,9 +160,13 @@ class FixedQKAttention(SeparateQKVAttention):
                 raise ConfigError(f"{self.kind}: positions up to {off + s} exceed the frozen fixed input "
                                   f"({self.frozen_qk[0].shape[0]}); freeze with a larger length")
             q, k = self.frozen_qk[0][off:off + s], self.frozen_qk[1][off:off + s]
+        elif self.live_qk is not None and not self.capture:  # this step's separate fixed pass
+            q, k = self.live_qk
         else:
             q, k = self.qk(x[:, -1:], rotary_pos_emb)  # the fixed sequence rides as the last element
-            if self.capture:
+            if self.capture == "live":
+                self.live_qk = (q, k)
+            elif self.capture:
                 self.frozen_qk = (q.detach(), k.detach())
         cache = self.cache()
         k = append_cache(cache, "k", k)
@@ -285,6 +298,47 @@ class FixedInput(torch.nn.Module):
         if mask is not None:
             mask = torch.cat([mask, torch.zeros_like(mask[:1])], dim=0)
         return emb, mask
+
+    # -- training: the fixed sequence's own checkpointed pass -------------------------------
+    def separate(self, model) -> bool:
+        """Train with the fixed sequence as its own pass (:meth:`run_alone`) instead of one more batch
+        element: with gradients, not frozen, without activation recompute or dropout (which the
+        pass's recomputation would have to replay)."""
+        c = model.config
+        return (torch.is_grad_enabled() and model.training and self.active() and not self.frozen()
+                and c.recompute_granularity is None and not c.hidden_dropout and not c.attention_dropout)
+
+    def run_alone(self, model, offset: int, seq_len: int, rotary) -> None:
+        """Run the fixed sequence through the stack by itself under activation checkpointing and hand
+        every fixed-kind layer its Q, K (with gradients: eq. 4.10 trains W^Q, W^K through this pass).
+
+        Only the fixed input and the layers' Q, K are kept for backward (the pass is recomputed there),
+        so the fixed sequence adds O(L d) to the step's saved activations instead of a whole
+        sequence's (at batch 1 it doubled them)."""
+        from torch.utils.checkpoint import checkpoint
+
+        mods = self._attention
+        emb = self.embeddings(model, offset, seq_len)
+
+        def fixed_pass(emb):
+            for m in mods:
+                m.capture = "live"
+            model._set_context({"embeddings": emb, "offset": offset, "decode": None, "tokens": None})
+            try:
+                model.decoder(hidden_states=emb, attention_mask=None, rotary_pos_emb=rotary)
+                return tuple(t for m in mods for t in m.live_qk)
+            finally:
+                model._set_context(None)
+                for m in mods:
+                    m.capture, m.live_qk = False, None
+
+        qk = checkpoint(fixed_pass, emb, use_reentrant=False)
+        for i, m in enumerate(mods):
+            m.live_qk = (qk[2 * i], qk[2 * i + 1])
+
+    def release(self) -> None:
+        for m in self._attention:
+            m.live_qk = None
 
     # -- frozen maps ----------------------------------------------------------------------
     def frozen(self) -> bool:

@@ -7,12 +7,15 @@ log-sum-exp: nothing of size L x T is kept for backward, only O(L d + T b d).
     dV = P^T dO,  dP = dO V^T,  dS = P (dP - rowsum(dO * O)),  dQ = dS K scale,  dK = dS^T Q scale
 
 The map is formed in float32 at least; P V runs in the values' dtype. Query heads share their
-group's key (q [g, rep, L, d], k [g, 1, T, d])."""
+group's key (q [g, rep, L, d], k [g, 1, T, d]). A batch of one sequence (the fixed sequence's own
+pass, or batch 1) needs no folding: it is plain attention through torch's SDPA (flash kernels on
+CPU and GPU), which keeps no map either."""
 from __future__ import annotations
 
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
 from megahash.ops.shared_map.naive import naive_shared_softmax
 
@@ -48,6 +51,20 @@ class SharedMapAttention(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
+def _sdpa(q, k, v, scale: float, causal: bool):
+    """q [g, rep, L, d], k [g, T, d], v [g, T, e] -> [g, rep, L, e] through torch's SDPA (which keeps no map)."""
+    g, rep, L, d = q.shape
+    T = k.shape[1]
+    kk = k.unsqueeze(1).expand(g, rep, T, d).reshape(1, g * rep, T, d)
+    vv = v.unsqueeze(1).expand(g, rep, T, v.shape[-1]).reshape(1, g * rep, T, v.shape[-1])
+    mask = None
+    if causal and L != T:
+        mask = torch.ones(L, T, dtype=torch.bool, device=q.device).tril(T - L)
+    out = F.scaled_dot_product_attention(q.reshape(1, g * rep, L, d), kk, vv, attn_mask=mask,
+                                         is_causal=causal and L == T, scale=scale)
+    return out.reshape(g, rep, L, -1)
+
+
 def shared_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool = True,
                    key_mask: Optional[torch.Tensor] = None, dropout=None) -> torch.Tensor:
     """q [g, rep, L, d], k [g, T, d] (the batch-shared queries/keys), v [b, g, T, e] -> [b, g, rep, L, e].
@@ -56,6 +73,8 @@ def shared_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
     map (o = P (m v) / P m). ``dropout`` (a function on the map, training with attention dropout)
     takes the naive form (:func:`megahash.ops.shared_map.naive.naive_shared_softmax`), which keeps the map."""
     b, g, T, e = v.shape
+    if b == 1 and key_mask is None and dropout is None:  # one sequence (the fixed pass itself, batch 1):
+        return _sdpa(q, k, v[0], scale, causal).unsqueeze(0)  # plain attention, flash kernels where they exist
     if key_mask is not None:
         m = key_mask.to(v.dtype)[:, None, :, None].expand(b, g, T, 1)
         v = torch.cat([v * m, m], -1)
