@@ -9,8 +9,10 @@ of dim 64, batch 1, fp32) runs forward + backward of one sequence at each length
   length runs a Python loop over the sequence;
 * saved MB: bytes of the tensors autograd saves for backward (``saved_tensors_hooks``, distinct
   storages, parameters excluded): activation memory;
-* CPU s: seconds of one uninstrumented forward + backward (a shared machine adds noise: compare
-  with ``mha`` measured in the same run, and read the load printed beside the table).
+* CPU s: CPU seconds (``time.process_time``, all threads of the process) of one uninstrumented
+  forward + backward, and its wall-clock seconds. On a shared, oversubscribed machine the CPU time
+  is the steadier of the two (it does not count waiting for a core); compare with ``mha`` measured
+  in the same run, and read the load printed beside the table.
 
 ``--extra`` adds variants as ``kind@override,override`` rows (default: Based's projected feature
 dimension, ``approx@model.attention.feature_dim=16``).
@@ -24,29 +26,16 @@ import os
 import subprocess
 import sys
 import time
-from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from megahash import accelerator  # noqa: E402
 from megahash.config import load_config  # noqa: E402
+from megahash.training.op_count import CountOps  # noqa: E402
 
 VOCAB = 1024
-
-
-class CountOps(TorchDispatchMode):
-    """Counts every ATen operator call (forward and the autograd engine's backward)."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.calls[str(func.overloadpacket)] += 1
-        return func(*args, **(kwargs or {}))
 
 
 def kinds_of_registry() -> list[str]:
@@ -95,23 +84,23 @@ def measure(model, seq: int) -> dict:
         logits = model.logits(model.hidden_states(tok))
     saved = sum(seen.values())
     del logits
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     step(model, tok)
-    return {"calls": sum(counter.calls.values()), "saved": saved, "seconds": time.perf_counter() - t0,
-            "top": counter.calls.most_common(3)}
+    return {"calls": counter.total(), "saved": saved, "wall": time.perf_counter() - t0,
+            "seconds": time.process_time() - c0, "top": counter.calls.most_common(3)}
 
 
 def table(rows: dict, seqs: list[int]) -> str:
     lo, hi = seqs[0], seqs[-1]
     head = (f"| kind | ATen calls {' / '.join(map(str, seqs))} | saved MB at {lo} | saved MB at {hi} "
-            f"| CPU s at {lo} | CPU s at {hi} | x mha at {hi} |")
-    out = [head, "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+            f"| CPU s at {lo} | CPU s at {hi} | x mha at {hi} | wall s at {hi} |")
+    out = [head, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     ref = rows.get("mha", {}).get(hi, {}).get("seconds")
     for name, r in rows.items():
         calls = " / ".join(f"{r[s]['calls']:,}" for s in seqs)
         ratio = f"{r[hi]['seconds'] / ref:.2f}" if ref else "n/a"
         out.append(f"| {name} | {calls} | {r[lo]['saved'] / 2 ** 20:,.0f} | {r[hi]['saved'] / 2 ** 20:,.0f} "
-                   f"| {r[lo]['seconds']:.1f} | {r[hi]['seconds']:.1f} | {ratio} |")
+                   f"| {r[lo]['seconds']:.1f} | {r[hi]['seconds']:.1f} | {ratio} | {r[hi]['wall']:.1f} |")
     return "\n".join(out)
 
 

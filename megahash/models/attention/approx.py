@@ -6,7 +6,8 @@ k(q, k) = 1 + q.k/sqrt(d) + (q.k)^2/(2d) replaces exp(q.k/sqrt(d)), with ONE sha
     o_i = sum_{j<=i} k(q_i, k_j) v_j / sum_{j<=i} k(q_i, k_j),
 
 and k(q, k) = phi(q).phi(k) for the feature map phi(x) = [1, x/d^(1/4), vec(x x^T)/(sqrt2 sqrt d)]
-(dimension D = 1 + d + d^2), so it is linear attention with the recurrent form
+(dimension 1 + d + d^2; megahash packs the symmetric x x^T into its upper triangle, D = 1 + d + d(d+1)/2,
+:mod:`megahash.ops.taylor.kernel`), so it is linear attention with the recurrent form
 S_i = S_{i-1} + phi(k_i) v_i^T, z_i = z_{i-1} + phi(k_i), o_i = phi(q_i) S_i / phi(q_i) z_i.
 The kernel is always positive (1 + x + x^2/2 > 0), so the denominator is too.
 Q, K, V = H W^{Q,K,V} (eq. 4.3) with RoPE on Q and K; the full head dimension d = d_h is used.
@@ -131,8 +132,8 @@ class ApproxAttention(LinearAttentionBase):
     def build_grouped_qkv(self, groups: int) -> None:
         """``model.attention.feature_dim`` d' > 0 (Based's ``feature_dim``, Arora et al. 2024): Q and
         K are projected to d' dims per head (``linear_q`` n*d' rows, ``linear_kv`` rows
-        ``[g][k (d'), v (d_h)]``) and the Taylor map has 1 + d' + d'^2 features instead of
-        1 + d_h + d_h^2: the state shrinks to (1 + d' + d'^2)(d_h + 1) per key/value head and the
+        ``[g][k (d'), v (d_h)]``) and the Taylor map has D' = 1 + d' + d'(d'+1)/2 features instead of
+        1 + d_h + d_h(d_h+1)/2: the state shrinks to D'(d_h + 1) per key/value head and the
         sublayer has (n + g)(d_h - d') d_m fewer parameters than ``mha`` (not parameter-matched).
         RoPE rotates the d' dims with the head's first d'/2 frequency pairs."""
         fd = self.cfg.model.attention.feature_dim if self.cfg is not None else 0
@@ -167,7 +168,7 @@ class ApproxAttention(LinearAttentionBase):
 # ----------------------------------------------------------------------------- self-description
 # (megahash.models.registry / catalog: costs and capabilities; nothing else in the library names the kind)
 
-from megahash.models.costs import StandardQKV  # noqa: E402
+from megahash.models.costs import StandardQKV, taylor_feature_dim  # noqa: E402
 from megahash.models.registry import AttentionCaps  # noqa: E402
 
 
@@ -175,7 +176,7 @@ class ApproxCosts(StandardQKV):
     """Thesis Tables 4.5-4.8, Approx. row: O(BLd^2); FLOPs 14BLd^2 (prefill), 10Bd^2 (decode);
     activations 11BLd/t + 3Bd^2/(ht); cache 6Bd + 4Bd^2/h bytes. The row describes Appendix I's
     form (the ``approx-thesis`` kind); this kernel (Based's shared denominator) keeps the decode
-    state S [D, d_h] and z [D] per key/value head, D = 1 + d' + d'^2 (d' = d_h by default)."""
+    state S [D, d_h] and z [D] per key/value head, D = 1 + d' + d'(d'+1)/2 (d' = d_h by default)."""
 
     @staticmethod
     def time_complexity(B, L, d):
@@ -196,7 +197,7 @@ class ApproxCosts(StandardQKV):
     @staticmethod
     def cache_elements(B, L, n, d_h, g, feature_dim=0, **_):
         f = feature_dim or d_h
-        return B * g * (1 + f + f * f) * (d_h + 1)
+        return B * g * taylor_feature_dim(f) * (d_h + 1)
 
 
 def approx_maps(m, q, k, v, attention_mask) -> dict:

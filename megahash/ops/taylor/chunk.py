@@ -1,8 +1,8 @@
 """Chunked form of the Taylor kernel attention (training and prefill; thesis eq. 4.6).
 
 The causal form is :func:`megahash.ops.linear.chunk.chunk_linear` with the Taylor kernel inside
-chunks and the feature map phi (D = 1 + d + d^2) between them. Chunk size (0 = auto): 128 tokens
-for narrow features (Based's d = 16: D = 273), 1024 for the full head width (d = 64: D = 4,161,
+chunks and the feature map phi (D = 1 + d + d(d+1)/2) between them. Chunk size (0 = auto): 128 tokens
+for narrow features (Based's d = 16: D = 153), 1024 for the full head width (d = 64: D = 2,145,
 where the feature state costs 2D d_v FLOPs per token and the chunk's map 2C(d + d_v)); a sequence
 no longer than the chunk is one chunk (the parallel form). Wide features (D > 1024) are recomputed
 in backward (activation checkpointing of the kernel), so a layer saves O(L d) for backward instead

@@ -14,11 +14,10 @@ FLA_FEATURES = 16
 
 def based_kernel():
     """``fla.ops.based.parallel_based`` or None (fla not installed)."""
-    try:
-        from fla.ops.based import parallel_based
-    except Exception:  # optional extra: ImportError, or a Triton that cannot build on this machine
+    try:  # by name: the exported remote code must not list fla among its imports (optional extra)
+        return __import__("fla.ops.based", fromlist=["parallel_based"]).parallel_based
+    except Exception:  # not installed, or a Triton that cannot build on this machine
         return None
-    return parallel_based
 
 
 def fla_taylor(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[torch.Tensor]:
