@@ -48,7 +48,7 @@ class AttentionConfig:
     random_seed: int = 1234  # rndembqk: seed of the fixed random input
     skip_nonstandard: bool = False  # `skip` evaluation mode (thesis 4.5)
     random_std: float = 0.0  # rndembqk: std of the fixed random input (0 = model.init_std, like the embeddings)
-    chunk_size: int = 0  # approx/nonapprox: chunk length of the chunked parallel form (0 = auto)
+    chunk_size: int = 0  # approx/approx-thesis: chunk length of the chunked form (0 = auto; nonapprox is a scan)
     feature_dim: int = 0  # approx: Based's projected feature dim d' of q, k before the Taylor map (0 = d_h)
 
 

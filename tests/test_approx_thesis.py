@@ -34,7 +34,8 @@ def naive_eq_4_14(q, k, v):
 
 
 def test_parallel_chunked_recurrent_equal_naive_loop():
-    from megahash.models.attention.approx_thesis import thesis_causal, thesis_recurrent
+    from megahash.ops.orders.chunk import orders_causal as thesis_causal
+    from megahash.ops.orders.recurrent import orders_recurrent as thesis_recurrent
 
     g = torch.Generator().manual_seed(0)
     L, d, dv = 13, 6, 5
@@ -67,7 +68,8 @@ def test_parallel_chunked_recurrent_equal_naive_loop():
 
 
 def test_bidirectional_form_is_the_sum_over_all_valid_keys():
-    from megahash.models.attention.approx_thesis import thesis_bidirectional, thesis_causal
+    from megahash.ops.orders.chunk import orders_bidirectional as thesis_bidirectional
+    from megahash.ops.orders.chunk import orders_causal as thesis_causal
 
     g = torch.Generator().manual_seed(1)
     q = torch.randn(1, 1, 2, 9, 4, dtype=torch.float64, generator=g)
@@ -129,7 +131,7 @@ def test_parameters_equal_mha():
 
 def test_approx_projected_feature_dim():
     """``approx`` with Based's feature_dim d' = 4 (< d_h = 8): q, k have d' dims per head, chunked =
-    parallel = incremental decoding, state (1 + d' + d'^2)(d_h + 1) per head, and the sublayer has
+    parallel = incremental decoding, state (1 + d' + d'(d'+1)/2)(d_h + 1) per head, and the sublayer has
     (n + g)(d_h - d')(d_m + 1) fewer parameters than mha (weights and q/k biases)."""
     from megahash.models import costs
     from megahash.models.model import DecodeState, build_model
@@ -150,6 +152,6 @@ def test_approx_projected_feature_dim():
         parts += [a.hidden_states(tok[:, i:i + 1], decode_state=state) for i in range(5, 12)]
     torch.testing.assert_close(torch.cat(parts), full, rtol=0, atol=1e-10)
     numbers = sum(t.numel() for t in state.caches[0].values())
-    assert numbers == 2 * 4 * (1 + 4 + 16) * (8 + 1) == costs.cache_elements("approx", 2, 12, 4, 8, feature_dim=4)
+    assert numbers == 2 * 4 * (1 + 4 + 10) * (8 + 1) == costs.cache_elements("approx", 2, 12, 4, 8, feature_dim=4)
     ref = sum(p.numel() for p in model().attention_modules()[0].parameters())
     assert ref - sum(p.numel() for p in att.parameters()) == (4 + 4) * (8 - 4) * (32 + 1)

@@ -198,6 +198,29 @@ def test_fixed_qk_gets_gradients_through_the_fixed_pass():
             assert lin.weight.grad is not None and lin.weight.grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize("schedule", ["uniform:rndembqk", "list:fixedseqqk,mha"])
+def test_separate_fixed_pass_equals_the_fixed_sequence_in_the_batch(schedule, monkeypatch):
+    """Training runs the fixed sequence as its own checkpointed pass (FixedInput.run_alone): loss and
+    every gradient equal those of the fixed sequence riding as one more batch element (fp64)."""
+    from megahash.models.attention.fixed_qk import FixedInput
+
+    results = []
+    for separate in (True, False):
+        model = build(make_cfg(schedule))
+        model.train()
+        if not separate:
+            monkeypatch.setattr(FixedInput, "separate", lambda self, model: False)
+        assert model.fixed_qk.separate(model) is separate
+        out = model.hidden_states(tokens())
+        out.pow(2).mean().backward()
+        results.append((out.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    (o1, g1), (o2, g2) = results
+    torch.testing.assert_close(o1, o2, rtol=0, atol=1e-12)
+    assert sorted(g1) == sorted(g2)
+    for n in g1:
+        torch.testing.assert_close(g1[n], g2[n], rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("kind", _kinds.attention(encoder=True, decodes=True))
 def test_encoder_padding_and_bidirectional(kind):
     """Encoders: padded tokens do not change valid positions; mixing kinds see later tokens."""
@@ -298,10 +321,11 @@ def test_module_matches_formula(kind):
 
 
 def test_approx_chunk_gradients_equal_autograd_of_recurrent_form():
-    """approx's chunk kernel recomputes its L x L map in backward (CausalTaylorChunk): its
-    gradients w.r.t. q, k, v (GQA broadcast, one chunk and several with a carried state) equal
-    plain autograd through the token-by-token recurrence (fp64), and torch.autograd.gradcheck passes."""
-    from megahash.models.attention.approx import CausalTaylorChunk, approx_causal, approx_recurrent
+    """approx's chunked kernel (batched GEMMs, state carried by a cumulative sum over chunks): its
+    gradients w.r.t. q, k, v (GQA broadcast, one chunk, several, a padded last chunk) equal plain
+    autograd through the token-by-token recurrence (fp64), and torch.autograd.gradcheck passes."""
+    from megahash.ops.taylor.chunk import taylor_causal
+    from megahash.ops.taylor.recurrent import taylor_recurrent
 
     g = torch.Generator().manual_seed(1)
     q0 = torch.randn(2, 2, 3, 12, 4, dtype=torch.float64, generator=g)
@@ -314,20 +338,24 @@ def test_approx_chunk_gradients_equal_autograd_of_recurrent_form():
         (fn(q, k, v) * w).sum().backward()
         return q.grad, k.grad, v.grad
 
-    want = grads(lambda q, k, v: approx_recurrent(q, k, v)[0])
-    for chunk in (12, 5):
-        got = grads(lambda q, k, v: approx_causal(q, k, v, chunk)[0])
+    want = grads(lambda q, k, v: taylor_recurrent(q, k, v)[0])
+    for chunk in (12, 5, 4):
+        got = grads(lambda q, k, v: taylor_causal(q, k, v, chunk)[0])
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
     args = tuple(t[:1, :1, :, :6].clone().requires_grad_(True) for t in (q0, k0, v0))
-    assert torch.autograd.gradcheck(CausalTaylorChunk.apply, args)
+    assert torch.autograd.gradcheck(lambda q, k, v: taylor_causal(q, k, v, 4)[0], args)
 
 
 def test_linear_forms_parallel_equals_recurrent():
-    """approx and nonapprox: parallel (masked matrix), chunked and recurrent forms agree (fp64),
+    """approx and nonapprox: parallel (masked matrix), chunked/scan and recurrent forms agree (fp64),
     including GQA broadcasting and a carried state; nonapprox stays finite for huge scores."""
-    from megahash.models.attention.approx import approx_causal, approx_recurrent, taylor_features, taylor_kernel
-    from megahash.models.attention.nonapprox import nonapprox_causal, nonapprox_recurrent
+    from megahash.ops.cumsoftmax.naive import naive_cumsoftmax
+    from megahash.ops.cumsoftmax.recurrent import cumsoftmax_recurrent
+    from megahash.ops.cumsoftmax.scan import cumsoftmax_causal
+    from megahash.ops.taylor.chunk import taylor_causal
+    from megahash.ops.taylor.kernel import taylor_features, taylor_kernel
+    from megahash.ops.taylor.recurrent import taylor_recurrent
 
     g = torch.Generator().manual_seed(0)
     q = torch.randn(2, 2, 3, 20, 6, dtype=torch.float64, generator=g)  # [b, groups, rep, L, d]
@@ -335,33 +363,36 @@ def test_linear_forms_parallel_equals_recurrent():
     v = torch.randn(2, 2, 1, 20, 5, dtype=torch.float64, generator=g)
     # the feature map realises the kernel 1 + s + s^2/2
     torch.testing.assert_close(taylor_features(q) @ taylor_features(k).transpose(-1, -2), taylor_kernel(q, k))
-    par, _ = approx_causal(q, k, v, chunk=20)
-    rec, rstate = approx_recurrent(q, k, v)
+    par, _ = taylor_causal(q, k, v, chunk=20)
+    rec, rstate = taylor_recurrent(q, k, v)
     for chunk in (1, 3, 7):
-        out, state = approx_causal(q, k, v, chunk=chunk, need_state=True)
+        out, state = taylor_causal(q, k, v, chunk=chunk, need_state=True)
         torch.testing.assert_close(out, par, rtol=0, atol=1e-10)
         torch.testing.assert_close(state[0], rstate[0], rtol=0, atol=1e-10)
     torch.testing.assert_close(rec, par, rtol=0, atol=1e-10)
-    out1, st = approx_causal(q[..., :11, :], k[..., :11, :], v[..., :11, :], 4, need_state=True)
-    out2, _ = approx_causal(q[..., 11:, :], k[..., 11:, :], v[..., 11:, :], 4, state=st)
+    out1, st = taylor_causal(q[..., :11, :], k[..., :11, :], v[..., :11, :], 4, need_state=True)
+    out2, _ = taylor_causal(q[..., 11:, :], k[..., 11:, :], v[..., 11:, :], 4, state=st)
     torch.testing.assert_close(torch.cat([out1, out2], -2), par, rtol=0, atol=1e-10)
 
     s = (q * k).sum(-1) / math.sqrt(6)
-    par, _ = nonapprox_causal(s, v, chunk=20)
-    rec, rstate = nonapprox_recurrent(s, v)
+    par = naive_cumsoftmax(s, v)
+    rec, rstate = cumsoftmax_recurrent(s, v)
     torch.testing.assert_close(rec, par, rtol=0, atol=1e-10)
-    for chunk in (1, 4, 7):
-        out, state = nonapprox_causal(s, v, chunk=chunk, need_state=True)
-        torch.testing.assert_close(out, par, rtol=0, atol=1e-10)
-        for a, b in zip(state, rstate):
+    out, state = cumsoftmax_causal(s, v, need_state=True)
+    torch.testing.assert_close(out, par, rtol=0, atol=1e-10)
+    for a, b in zip(state, rstate):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-10)
+    for cut in (1, 7, 19):  # a carried state (prefill, then continue) gives the same outputs and state
+        out1, st = cumsoftmax_causal(s[..., :cut], v[..., :cut, :], need_state=True)
+        out2, st = cumsoftmax_causal(s[..., cut:], v[..., cut:, :], state=st, need_state=True)
+        torch.testing.assert_close(torch.cat([out1, out2], -2), par, rtol=0, atol=1e-10)
+        for a, b in zip(st, rstate):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-10)
     big = s * 400  # e^{s} overflows fp64 without the running maximum
-    ref = torch.softmax(big[..., None, :].expand(*big.shape, 20).masked_fill(
-        torch.ones(20, 20, dtype=torch.bool).triu(1), float("-inf")), -1) @ v
-    out, _ = nonapprox_causal(big, v, chunk=8)
+    out, _ = cumsoftmax_causal(big, v)
     assert torch.isfinite(out).all()
-    torch.testing.assert_close(out, ref, rtol=0, atol=1e-10)
-    out32, _ = nonapprox_causal(big.float(), v.float(), chunk=8)
+    torch.testing.assert_close(out, naive_cumsoftmax(big, v), rtol=0, atol=1e-10)
+    out32, _ = cumsoftmax_causal(big.float(), v.float())
     assert torch.isfinite(out32).all()
 
 

@@ -129,13 +129,14 @@ def test_table_4_8_cache():
 
 def test_implementation_cache_matches_table_4_8_where_the_forms_agree():
     """16-bit bytes of this implementation's decode cache = Table 4.8, except approx (Based's
-    shared-denominator feature map keeps (1 + d_h + d_h^2)(d_h + 1) numbers per head instead of
+    shared-denominator feature map keeps (1 + d_h + d_h(d_h+1)/2)(d_h + 1) numbers per head (x x^T's
+    upper triangle) instead of
     Appendix I's 3 vectors + 2 d_h x d_h matrices)."""
     b, ctx, n, d_h = 3, 50, 14, 64
     d = n * d_h
     for kind in ("mha", "mlp", "nonapprox", "rndembqk", "fixedseqqk", "staticembqk"):
         assert 2 * c.cache_elements(kind, b, ctx, n, d_h) == c.cache_bytes(kind, b, ctx, d, n), kind
-    assert c.cache_elements("approx", b, ctx, n, d_h) == b * n * (1 + d_h + d_h * d_h) * (d_h + 1)
+    assert c.cache_elements("approx", b, ctx, n, d_h) == b * n * (1 + d_h + d_h * (d_h + 1) // 2) * (d_h + 1)
     assert 2 * c.cache_elements("mqa", b, ctx, n, d_h) == c.cache_bytes("mqa", b, ctx, d, n) == 4 * b * ctx * d_h
 
 

@@ -4,8 +4,8 @@ The model exists once (issue 19): ``megahash export-hf`` writes no hand-written 
 kind. The folder holds
 
 * the torch-only library modules (:data:`LIBRARY_FILES`: the shared ops, the model shell, the
-  ``PreTrainedModel`` wrapper, the config class; the numpy-only text coder and every module of
-  :mod:`megahash.hashing`) copied verbatim, each
+  ``PreTrainedModel`` wrapper, the config class, every attention kernel of :mod:`megahash.ops`; the
+  numpy-only text coder and every module of :mod:`megahash.hashing`) copied verbatim, each
   ``from megahash.x import y`` rewritten to the folder's relative import (transformers loads remote
   code as one flat package: ``dynamic_module_utils.get_relative_import_files`` follows
   ``from .name import ...`` to ``name.py`` next to the module);
@@ -45,6 +45,11 @@ LIBRARY_FILES = {
 LIBRARY_FILES.update({f"megahash.hashing.{p.stem}": f"megahash_hashing_{p.stem}"
                       for p in sorted((Path(__file__).resolve().parents[1] / "hashing").glob("*.py"))
                       if p.stem not in ("__init__", "text_coder")})
+# megahash/ops (the attention kernels, torch only) verbatim: megahash.ops.taylor.chunk -> megahash_ops_taylor_chunk.py
+_OPS = Path(__file__).resolve().parents[1] / "ops"
+LIBRARY_FILES.update({"megahash.ops." + ".".join(p.relative_to(_OPS).with_suffix("").parts):
+                      "megahash_ops_" + "_".join(p.relative_to(_OPS).with_suffix("").parts)
+                      for p in sorted(_OPS.rglob("*.py")) if p.name != "__init__.py"})
 GENERATED = {"megahash.models.reference_table": TABLE_MODULE}
 # what a kind's reference section may import besides the torch-only library modules
 ALLOWED_TOP = {"__future__", "torch", "math", "typing"}

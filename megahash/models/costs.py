@@ -17,7 +17,7 @@
   ranks together), which tests compare with the modules' real caches. For ``approx`` it differs
   from Table 4.8: the thesis's cache (6Bd + 4Bd^2/h bytes) is the state of Appendix I's
   separately normalised element-wise form (eq. 4.14-4.17), megahash implements Based's
-  shared-denominator feature map (state (1 + d_h + d_h^2) x (d_h + 1) per key/value head).
+  shared-denominator feature map (state (1 + d_h + d_h(d_h+1)/2) x (d_h + 1) per key/value head).
 - :func:`layer_costs` — everything above for one layer of a megahash config, and beside it (keys
   ``impl_*``) the costs of megahash's implementation of the kind, measured on the meta device
   (:mod:`megahash.models.measured_costs`: GEMM FLOPs, decode cache, saved activations). Where the
@@ -219,7 +219,8 @@ def cache_bytes(kind: str, B: int, L: int, d: int, h: int, groups: int | None = 
 
 
 def taylor_feature_dim(d_h: int) -> int:
-    return 1 + d_h + d_h * d_h
+    """Features of the Taylor map (megahash.ops.taylor.kernel.feature_dim): 1 + d_h + d_h(d_h + 1)/2."""
+    return 1 + d_h + d_h * (d_h + 1) // 2
 
 
 def cache_elements(kind: str, B: int, L: int, n: int, d_h: int, groups: int | None = None,

@@ -147,13 +147,18 @@ class MegahashLM(MegatronModule):
             pm = padding_mask if padding_mask is not None else torch.ones_like(tokens, dtype=torch.bool)
             mask = ~pm[:, None, None, :].bool()  # megatron: True = masked out, [b, 1, 1, s]
         batch = emb.shape[1]
-        if self.fixed_qk is not None:  # rndembqk/fixedseqqk: the fixed input rides as one more sequence
-            emb, mask = self.fixed_qk.append(self, emb, mask, offset, seq_len)
+        if self.fixed_qk is not None:  # rndembqk/fixedseqqk: the fixed input's own checkpointed pass
+            if decode_state is None and self.fixed_qk.separate(self):  # (training), else one more sequence
+                self.fixed_qk.run_alone(self, offset, seq_len, rotary)
+            else:
+                emb, mask = self.fixed_qk.append(self, emb, mask, offset, seq_len)
         self._set_context({"embeddings": emb, "offset": offset, "decode": decode_state, "tokens": tokens})
         try:
             out = self.decoder(hidden_states=emb, attention_mask=mask, rotary_pos_emb=rotary)
         finally:
             self._set_context(None)
+            if self.fixed_qk is not None:
+                self.fixed_qk.release()
         if decode_state is not None:
             decode_state.offset += seq_len
         if out.shape[1] != batch:

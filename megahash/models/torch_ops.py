@@ -2,10 +2,9 @@
 
 The megatron-free ops of every attention, embedding and head reference (``@register_reference`` in
 the kind files) and of the generic shell :mod:`megahash.models.torch_model`: RoPE (megatron's
-non-interleaved rotary, rotate_half), softmax attention over grouped K/V, the chunked/recurrent
-linear-attention kernels (Taylor softmax of Based, eq. 4.6; the Appendix I recurrence, eq.
-4.14-4.17; the running softmax of eq. 4.7-4.8/4.18), the decoding-cache helper, bit unpacking and
-the EELBERT rolling features. ``megahash export-hf`` copies this file verbatim into every
+non-interleaved rotary, rotate_half), softmax attention over grouped K/V, the decoding-cache helper,
+bit unpacking and the EELBERT rolling features. The kernels of the linear and fixed-map kinds are in
+:mod:`megahash.ops` (one package per family, exported the same way). ``megahash export-hf`` copies this file verbatim into every
 Hugging Face folder (:mod:`megahash.convert.remote_code`), so it imports torch, math and typing only.
 """
 from __future__ import annotations
@@ -43,59 +42,6 @@ def is_roberta(config) -> bool:
     """``model.layout=roberta``: post-LN layers, learned positions, token types, embedding LayerNorm."""
     return megahash_option(config, "model", "layout", "prenorm") == "roberta"
 
-
-def thesis_sq(x):
-    return x.square() * (1.0 / math.sqrt(2.0))
-
-
-def thesis_den(den):
-    return torch.where(den >= 0, den.clamp_min(1e-6), den.clamp_max(-1e-6))
-
-
-def thesis_state(k, v):
-    k2 = thesis_sq(k)
-    return [v.sum(-2), k.transpose(-1, -2) @ v, k.sum(-2), k2.transpose(-1, -2) @ v, k2.sum(-2)]
-
-
-def orders_causal(q, k, v, chunk: int, state=None, offset: int = 0, need_state: bool = False):
-    """Appendix I: eq. 4.14-4.17 (separately normalised orders, element-wise squares), chunked."""
-    s = q.shape[-1] ** -0.25
-    q, k = q * s, k * s
-    L, outs = q.shape[-2], []
-    state = list(state) if state is not None else None
-    for start in range(0, L, chunk):
-        qc, kc, vc = q[..., start:start + chunk, :], k[..., start:start + chunk, :], v[..., start:start + chunk, :]
-        c = qc.shape[-2]
-        mask = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-        q2, k2 = thesis_sq(qc), thesis_sq(kc)
-        a1 = (qc @ kc.transpose(-1, -2)).masked_fill(~mask, 0)
-        a2 = (q2 @ k2.transpose(-1, -2)).masked_fill(~mask, 0)
-        num0, num1, den1, num2, den2 = vc.cumsum(-2), a1 @ vc, a1.sum(-1), a2 @ vc, a2.sum(-1)
-        if state is not None:
-            s0, s1, z1, s2, z2 = state
-            num0 = num0 + s0.unsqueeze(-2)
-            num1, den1 = num1 + qc @ s1, den1 + (qc @ z1.unsqueeze(-1)).squeeze(-1)
-            num2, den2 = num2 + q2 @ s2, den2 + (q2 @ z2.unsqueeze(-1)).squeeze(-1)
-        cnt = torch.arange(offset + start + 1, offset + start + c + 1, dtype=q.dtype, device=q.device)
-        outs.append(num0 / cnt.unsqueeze(-1) + num1 / thesis_den(den1).unsqueeze(-1) + num2 / thesis_den(den2).unsqueeze(-1))
-        if start + chunk < L or need_state:
-            new = thesis_state(kc, vc)
-            state = new if state is None else [a + b for a, b in zip(state, new)]
-    return torch.cat(outs, dim=-2), (tuple(state) if need_state else None)
-
-
-def orders_bidirectional(q, k, v, key_mask=None):
-    s = q.shape[-1] ** -0.25
-    q, k = q * s, k * s
-    if key_mask is not None:
-        w = key_mask.unsqueeze(-1).to(k.dtype)
-        k, v, cnt = k * w, v * w, w.sum(-2)
-    else:
-        cnt = torch.full((1,), float(k.shape[-2]), dtype=k.dtype, device=k.device)
-    s0, s1, z1, s2, z2 = thesis_state(k, v)
-    q2 = thesis_sq(q)
-    return ((s0 / cnt).unsqueeze(-2) + (q @ s1) / thesis_den((q @ z1.unsqueeze(-1)).squeeze(-1)).unsqueeze(-1)
-            + (q2 @ s2) / thesis_den((q2 @ z2.unsqueeze(-1)).squeeze(-1)).unsqueeze(-1))
 
 def rope_cos_sin(offset: int, length: int, dim: int, base: float, device) -> tuple:
     """cos/sin [length, dim] of megatron's RotaryEmbedding (non-interleaved) at positions offset.."""
@@ -138,100 +84,6 @@ def split_heads(t: torch.Tensor, n: int) -> torch.Tensor:
     """[b, s, n*d] -> [b, n, s, d]."""
     b, s, _ = t.shape
     return t.view(b, s, n, -1).transpose(1, 2)
-
-
-# ----------------------------------------------------------------- Taylor softmax (eq. 4.6)
-
-def feature_dim(d: int) -> int:
-    return 1 + d + d * d
-
-
-def taylor_features(x: torch.Tensor) -> torch.Tensor:
-    d = x.shape[-1]
-    x2 = (x.unsqueeze(-1) * x.unsqueeze(-2)).flatten(-2) / (math.sqrt(2.0) * math.sqrt(d))
-    return torch.cat([torch.ones_like(x[..., :1]), x / d ** 0.25, x2], dim=-1)
-
-
-def taylor_kernel(q, k):
-    s = q @ k.transpose(-1, -2) * (1.0 / math.sqrt(q.shape[-1]))
-    return 1 + s + 0.5 * s.square()
-
-
-def taylor_chunk(length: int, d: int, chunk_size: int = 0) -> int:
-    if chunk_size > 0:
-        return chunk_size
-    return length if length <= 2 * feature_dim(d) else 1024
-
-
-def taylor_causal(q, k, v, chunk: int, state=None, need_state: bool = False):
-    L = q.shape[-2]
-    outs = []
-    for start in range(0, L, chunk):
-        qc, kc, vc = q[..., start:start + chunk, :], k[..., start:start + chunk, :], v[..., start:start + chunk, :]
-        c = qc.shape[-2]
-        a = taylor_kernel(qc, kc)
-        a = a * torch.ones(c, c, dtype=torch.bool, device=a.device).tril()
-        num = a @ vc
-        den = a.sum(-1)
-        if state is not None:
-            fq = taylor_features(qc)
-            num = num + fq @ state[0]
-            den = den + (fq @ state[1].unsqueeze(-1)).squeeze(-1)
-        outs.append(num / den.unsqueeze(-1))
-        if start + chunk < L or need_state:
-            fk = taylor_features(kc)
-            s_new, z_new = fk.transpose(-1, -2) @ vc, fk.sum(-2)
-            state = (s_new, z_new) if state is None else (state[0] + s_new, state[1] + z_new)
-    return torch.cat(outs, dim=-2), (state if need_state else None)
-
-
-def taylor_bidirectional(q, k, v, key_mask=None):
-    d, T = q.shape[-1], k.shape[-2]
-    if T <= 2 * feature_dim(d):
-        a = taylor_kernel(q, k)
-        if key_mask is not None:
-            a = a * key_mask.unsqueeze(-2).to(a.dtype)
-        return (a @ v) / a.sum(-1, keepdim=True)
-    fk = taylor_features(k)
-    if key_mask is not None:
-        fk = fk * key_mask.unsqueeze(-1).to(fk.dtype)
-    fq = taylor_features(q)
-    return (fq @ (fk.transpose(-1, -2) @ v)) / (fq @ fk.sum(-2).unsqueeze(-1))
-
-
-# ----------------------------------------------------------------- running softmax (eq. 4.7-4.8, 4.18)
-
-def running_softmax_causal(s, v, chunk: int, state=None, need_state: bool = False):
-    L = s.shape[-1]
-    outs = []
-    for start in range(0, L, chunk):
-        sc, vc = s[..., start:start + chunk], v[..., start:start + chunk, :]
-        c = sc.shape[-1]
-        run_max = torch.cummax(sc.detach(), dim=-1).values
-        if state is not None:
-            run_max = torch.maximum(run_max, state[0].unsqueeze(-1))
-        logits = sc.unsqueeze(-2) - run_max.unsqueeze(-1)
-        causal = torch.ones(c, c, dtype=torch.bool, device=s.device).tril()
-        w = torch.exp(logits.masked_fill(~causal, float("-inf")))
-        num = w @ vc
-        den = w.sum(-1)
-        if state is not None:
-            carry = torch.exp(state[0].unsqueeze(-1) - run_max)
-            num = num + carry.unsqueeze(-1) * state[1].unsqueeze(-2)
-            den = den + carry * state[2].unsqueeze(-1)
-        outs.append(num / den.unsqueeze(-1))
-        if start + chunk < L or need_state:
-            state = (run_max[..., -1], num[..., -1, :], den[..., -1])
-    return torch.cat(outs, dim=-2), (state if need_state else None)
-
-
-def running_softmax_bidirectional(s, v, key_mask=None):
-    if key_mask is not None:
-        s = s.masked_fill(~key_mask, float("-inf"))
-    w = torch.softmax(s, dim=-1)
-    o = (w.unsqueeze(-2) @ v).squeeze(-2)
-    return o.unsqueeze(-2).expand(*o.shape[:-1], s.shape[-1], o.shape[-1])
-
 
 
 class PerHeadWeight(nn.Module):

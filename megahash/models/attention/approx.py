@@ -6,18 +6,22 @@ k(q, k) = 1 + q.k/sqrt(d) + (q.k)^2/(2d) replaces exp(q.k/sqrt(d)), with ONE sha
     o_i = sum_{j<=i} k(q_i, k_j) v_j / sum_{j<=i} k(q_i, k_j),
 
 and k(q, k) = phi(q).phi(k) for the feature map phi(x) = [1, x/d^(1/4), vec(x x^T)/(sqrt2 sqrt d)]
-(dimension D = 1 + d + d^2), so it is linear attention with the recurrent form
+(dimension 1 + d + d^2; megahash packs the symmetric x x^T into its upper triangle, D = 1 + d + d(d+1)/2,
+:mod:`megahash.ops.taylor.kernel`), so it is linear attention with the recurrent form
 S_i = S_{i-1} + phi(k_i) v_i^T, z_i = z_{i-1} + phi(k_i), o_i = phi(q_i) S_i / phi(q_i) z_i.
 The kernel is always positive (1 + x + x^2/2 > 0), so the denominator is too.
 Q, K, V = H W^{Q,K,V} (eq. 4.3) with RoPE on Q and K; the full head dimension d = d_h is used.
 
-Forms (all equal, tested to 1e-10 in fp64):
-- parallel: the causal masked kernel matrix (quadratic in L, like softmax attention);
-- chunked: masked kernel matrix inside chunks of C tokens + the feature-map state between chunks
-  (linear in L); ``model.attention.chunk_size`` (0 = auto: one chunk, i.e. the parallel form, up
-  to L = 2D tokens, where it is cheaper than the features, then chunks of 1024);
-- recurrent (:func:`approx_recurrent`, and decoding): the state (S, z) above, stored in
-  ``decode_cache`` as ``S`` [b, g, 1, D, d] and ``z`` [b, g, 1, D] per key/value group.
+Forms (one copy each, :mod:`megahash.ops.taylor`; equal to 1e-10 in fp64):
+- chunked (training, prefill): the Taylor kernel inside chunks of C tokens, the feature-map state
+  between them, carried by a cumulative sum over chunks: batched GEMMs, no Python loop, no L x L
+  map; ``model.attention.chunk_size`` (0 = auto: 128 for narrow features, 1024 at full width; a
+  sequence no longer than the chunk is the parallel masked-matrix form). Full-width features are
+  recomputed in backward. On CUDA with ``feature_dim=16`` and flash-linear-attention installed,
+  fla's Based kernel runs instead;
+- recurrent (decoding: the chunked form on one token with the carried state): ``decode_cache``
+  ``S`` [b, g, 1, D, d] and ``z`` [b, g, 1, D] per key/value group; naive (the masked L x L kernel
+  matrix): the test oracle.
 Encoders use the non-causal sums over the non-padded keys.
 
 Note on the thesis: Appendix I (eq. 4.14-4.17) writes a different recurrence that normalises the
@@ -39,7 +43,7 @@ from __future__ import annotations
 # ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
 from megahash.models.registry import register_reference
 from megahash.models.torch_model import LinearAttention
-from megahash.models.torch_ops import taylor_bidirectional, taylor_causal, taylor_chunk
+from megahash.ops.taylor.chunk import taylor_bidirectional, taylor_causal
 
 
 @register_reference("approx")
@@ -52,8 +56,7 @@ class TaylorReference(LinearAttention):
         if not self.causal:
             return taylor_bidirectional(qh, kh, vh, km)
         state = (cache["S"], cache["z"]) if cache is not None and "S" in cache else None
-        out, state = taylor_causal(qh, kh, vh, taylor_chunk(qh.shape[-2], qh.shape[-1], self.chunk_size), state,
-                                   cache is not None)
+        out, state = taylor_causal(qh, kh, vh, self.chunk_size, state, cache is not None)
         if cache is not None:
             cache["S"], cache["z"] = state
         return out
@@ -69,110 +72,7 @@ from megahash.errors import ConfigError
 from megahash.models.attention.base import AttentionBase, column, rope
 from megahash.models.attention.mha import GroupedKV
 from megahash.models.registry import mask_type, register_attention
-
-
-def feature_dim(d: int) -> int:
-    return 1 + d + d * d
-
-
-def taylor_features(x: torch.Tensor) -> torch.Tensor:
-    """phi(x) = [1, x/d^(1/4), vec(x x^T)/(sqrt2 sqrt d)]: [..., d] -> [..., 1 + d + d^2]."""
-    d = x.shape[-1]
-    x2 = (x.unsqueeze(-1) * x.unsqueeze(-2)).flatten(-2) / (math.sqrt(2.0) * math.sqrt(d))
-    return torch.cat([torch.ones_like(x[..., :1]), x / d ** 0.25, x2], dim=-1)
-
-
-def taylor_kernel(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """1 + s + s^2/2 with s = q k^T / sqrt(d): [..., L, d] x [..., T, d] -> [..., L, T]."""
-    s = q @ k.transpose(-1, -2) * (1.0 / math.sqrt(q.shape[-1]))
-    return 1 + s + 0.5 * s.square()  # autograd keeps one L x T map (s) besides the kernel
-
-
-def auto_chunk(length: int, d: int, chunk_size: int = 0) -> int:
-    if chunk_size > 0:
-        return chunk_size
-    return length if length <= 2 * feature_dim(d) else 1024
-
-
-def _sum_to(grad: torch.Tensor, shape) -> torch.Tensor:
-    """Reduce a gradient over the dimensions its input was broadcast along (size 1 in ``shape``)."""
-    dims = [i for i, (g, n) in enumerate(zip(grad.shape, shape)) if n == 1 and g != 1]
-    return grad.sum(dims, keepdim=True) if dims else grad
-
-
-def _masked_taylor(q, k):
-    """(s, tril(1 + s + s^2/2)) for one chunk, s = q k^T / sqrt(d) (in place: one L x L buffer besides s)."""
-    s = q @ k.transpose(-1, -2) * (1.0 / math.sqrt(q.shape[-1]))
-    c = s.shape[-1]
-    future = torch.ones(c, c, dtype=torch.bool, device=s.device).triu(1)
-    return s, s.square().mul_(0.5).add_(s).add_(1).masked_fill_(future, 0), future
-
-
-class CausalTaylorChunk(torch.autograd.Function):
-    """(num, den) = (A v, A 1) with A = tril(1 + s + s^2/2), s = q k^T / sqrt(d) (eq. 4.6 within one
-    chunk). Backward recomputes A from q, k (as flash attention does): no L x L map is kept from
-    forward to backward, so a layer's saved activations are O(L d) like SDPA's. Gradients:
-    dA = dnum v^T + dden 1^T, dv = A^T dnum, ds = tril(dA * (1 + s)), dq = ds k / sqrt(d),
-    dk = ds^T q / sqrt(d) (summed over broadcast query groups)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v):
-        _, a, _ = _masked_taylor(q, k)
-        ctx.save_for_backward(q, k, v)
-        return a @ v, a.sum(-1)
-
-    @staticmethod
-    def backward(ctx, d_num, d_den):
-        q, k, v = ctx.saved_tensors
-        s, a, future = _masked_taylor(q, k)
-        if d_num is None:
-            d_num = torch.zeros(a.shape[:-1] + v.shape[-1:], dtype=a.dtype, device=a.device)
-        dv = a.transpose(-1, -2) @ d_num
-        ds = d_num @ v.transpose(-1, -2)
-        if d_den is not None:
-            ds = ds + d_den.unsqueeze(-1)
-        ds = ds.mul_(s.add_(1)).masked_fill_(future, 0).mul_(1.0 / math.sqrt(q.shape[-1]))
-        dq = ds @ k
-        dk = ds.transpose(-1, -2) @ q
-        return _sum_to(dq, q.shape), _sum_to(dk, k.shape), _sum_to(dv, v.shape)
-
-
-def approx_causal(q, k, v, chunk: int, state=None, need_state: bool = False):
-    """Causal Taylor attention, chunked. q [..., L, d], k/v [..., L, d] (leading dims broadcast,
-    e.g. q [b, g, rep, L, d] with k, v [b, g, 1, L, d]). ``state`` = (S [..., D, dv], z [..., D])
-    of the keys before this call. Returns (out [..., L, dv], state or None)."""
-    L = q.shape[-2]
-    outs = []
-    for start in range(0, L, chunk):
-        qc, kc, vc = q[..., start:start + chunk, :], k[..., start:start + chunk, :], v[..., start:start + chunk, :]
-        num, den = CausalTaylorChunk.apply(qc, kc, vc)
-        if state is not None:
-            fq = taylor_features(qc)
-            num = num + fq @ state[0]
-            den = den + (fq @ state[1].unsqueeze(-1)).squeeze(-1)
-        outs.append(num / den.unsqueeze(-1))
-        if start + chunk < L or need_state:
-            fk = taylor_features(kc)
-            s_new, z_new = fk.transpose(-1, -2) @ vc, fk.sum(-2)
-            state = (s_new, z_new) if state is None else (state[0] + s_new, state[1] + z_new)
-    return torch.cat(outs, dim=-2), (state if need_state else None)
-
-
-from megahash.models.torch_ops import taylor_bidirectional as approx_bidirectional  # one copy: the reference's kernel
-
-
-def approx_recurrent(q, k, v, state=None):
-    """Token-by-token recurrence (reference / decoding): returns (out, (S, z))."""
-    outs = []
-    for t in range(q.shape[-2]):
-        fk = taylor_features(k[..., t, :])
-        s_t = fk.unsqueeze(-1) * v[..., t, :].unsqueeze(-2)
-        state = (s_t, fk) if state is None else (state[0] + s_t, state[1] + fk)
-        fq = taylor_features(q[..., t, :])
-        num = (fq.unsqueeze(-2) @ state[0]).squeeze(-2)
-        den = (fq * state[1]).sum(-1, keepdim=True)
-        outs.append(num / den)
-    return torch.stack(outs, dim=-2), state
+from megahash.ops.taylor.kernel import taylor_kernel
 
 
 def compute_dtype(t: torch.Tensor) -> torch.dtype:
@@ -180,7 +80,10 @@ def compute_dtype(t: torch.Tensor) -> torch.dtype:
 
 
 class LinearAttentionBase(GroupedKV, AttentionBase):
-    """Q, K, V as ``mha`` (grouped); subclasses implement :meth:`attend` on [b, g, rep, s, d]."""
+    """Q, K, V as ``mha`` (grouped); :meth:`attend` on [b, g, rep, s, d] runs the kind's plain-torch
+    reference ``kernel`` (``reference``: its class), so the kernel and its cache handling exist once."""
+
+    reference = None
 
     def __init__(self, config, layer_number, attn_mask_type, cfg=None, groups: int | None = None, **kw):
         super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
@@ -193,6 +96,11 @@ class LinearAttentionBase(GroupedKV, AttentionBase):
         k, v = self.local_kv(*self.grouped_kv(x))
         q, k = self.norm_qk(q, k)
         return q, k, v
+
+    def attend(self, q, k, v, attention_mask):
+        key_mask = None if self.causal else self.key_padding(attention_mask, q.shape[0])
+        key_mask = None if key_mask is None else key_mask[:, None, None, :]
+        return self.reference.kernel(self, q, k, v, key_mask, self.cache(), self.context())
 
     def mix(self, x, attention_mask, rotary_pos_emb):
         q, k, v = self.qkv(x, rotary_pos_emb)
@@ -219,12 +127,13 @@ def rope_prefix(freqs, dim: int):
 
 class ApproxAttention(LinearAttentionBase):
     kind = "approx"
+    reference = TaylorReference
 
     def build_grouped_qkv(self, groups: int) -> None:
         """``model.attention.feature_dim`` d' > 0 (Based's ``feature_dim``, Arora et al. 2024): Q and
         K are projected to d' dims per head (``linear_q`` n*d' rows, ``linear_kv`` rows
-        ``[g][k (d'), v (d_h)]``) and the Taylor map has 1 + d' + d'^2 features instead of
-        1 + d_h + d_h^2: the state shrinks to (1 + d' + d'^2)(d_h + 1) per key/value head and the
+        ``[g][k (d'), v (d_h)]``) and the Taylor map has D' = 1 + d' + d'(d'+1)/2 features instead of
+        1 + d_h + d_h(d_h+1)/2: the state shrinks to D'(d_h + 1) per key/value head and the
         sublayer has (n + g)(d_h - d') d_m fewer parameters than ``mha`` (not parameter-matched).
         RoPE rotates the d' dims with the head's first d'/2 frequency pairs."""
         fd = self.cfg.model.attention.feature_dim if self.cfg is not None else 0
@@ -255,26 +164,11 @@ class ApproxAttention(LinearAttentionBase):
             rotary_pos_emb = rope_prefix(rotary_pos_emb, self.feature_dim)
         return rope(q, rotary_pos_emb, self.config), rope(k, rotary_pos_emb, self.config), v
 
-    def attend(self, q, k, v, attention_mask):
-        if not self.causal:
-            key_mask = self.key_padding(attention_mask, q.shape[0])
-            key_mask = None if key_mask is None else key_mask[:, None, None, :]
-            return approx_bidirectional(q, k, v, key_mask)
-        cache = self.cache()
-        state = None
-        if cache is not None and "S" in cache:
-            state = (cache["S"], cache["z"])
-        chunk = auto_chunk(q.shape[-2], q.shape[-1], self.chunk_size)
-        out, state = approx_causal(q, k, v, chunk, state, need_state=cache is not None)
-        if cache is not None:
-            cache["S"], cache["z"] = state
-        return out
-
 
 # ----------------------------------------------------------------------------- self-description
 # (megahash.models.registry / catalog: costs and capabilities; nothing else in the library names the kind)
 
-from megahash.models.costs import StandardQKV  # noqa: E402
+from megahash.models.costs import StandardQKV, taylor_feature_dim  # noqa: E402
 from megahash.models.registry import AttentionCaps  # noqa: E402
 
 
@@ -282,7 +176,7 @@ class ApproxCosts(StandardQKV):
     """Thesis Tables 4.5-4.8, Approx. row: O(BLd^2); FLOPs 14BLd^2 (prefill), 10Bd^2 (decode);
     activations 11BLd/t + 3Bd^2/(ht); cache 6Bd + 4Bd^2/h bytes. The row describes Appendix I's
     form (the ``approx-thesis`` kind); this kernel (Based's shared denominator) keeps the decode
-    state S [D, d_h] and z [D] per key/value head, D = 1 + d' + d'^2 (d' = d_h by default)."""
+    state S [D, d_h] and z [D] per key/value head, D = 1 + d' + d'(d'+1)/2 (d' = d_h by default)."""
 
     @staticmethod
     def time_complexity(B, L, d):
@@ -303,7 +197,7 @@ class ApproxCosts(StandardQKV):
     @staticmethod
     def cache_elements(B, L, n, d_h, g, feature_dim=0, **_):
         f = feature_dim or d_h
-        return B * g * (1 + f + f * f) * (d_h + 1)
+        return B * g * taylor_feature_dim(f) * (d_h + 1)
 
 
 def approx_maps(m, q, k, v, attention_mask) -> dict:
@@ -311,7 +205,7 @@ def approx_maps(m, q, k, v, attention_mask) -> dict:
     A_ij = k(q_i, k_j) / sum_{u<=i} k(q_i, k_u), Taylor kernel k = 1 + s + s^2/2, s = q.k/sqrt(d_h)
     (exactly what multiplies V); logits = s."""
     s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(q.shape[-1])  # [b, g, rep, L, L]
-    ker = 1 + s + 0.5 * s.square()
+    ker = taylor_kernel(q.double(), k.double())
     L = s.shape[-1]
     valid = torch.ones(L, L, dtype=torch.bool, device=s.device)
     valid = valid.tril() if m.causal else valid

@@ -22,12 +22,15 @@ numbers per head (the count i is the decoding position), i.e. 3Bd + 2Bd^2/h numb
 (Tables 4.5-4.8, "Approx.") describe; ``approx`` is Based's kernel (one shared denominator, the
 form Arora et al. 2024 train), whose state is (1 + d_h + d_h^2)(d_h + 1) per head.
 
-Forms (equal, tested to 1e-10 in fp64 against a loop written from eq. 4.14-4.17):
-- parallel: chunk = L, the causal masked matrices tril(q k^T) and tril(q^2 k^2^T / 2) (quadratic);
-- chunked (training default): masked matrices inside chunks of C tokens plus the state between
-  chunks, O(L C d + L d^2/h) time, linear in L; ``model.attention.chunk_size`` (0 = 128);
-- recurrent (:func:`thesis_recurrent`, and decoding): the state above in ``decode_cache``
-  (``s0``, ``s1``, ``z1``, ``s2``, ``z2``, each [b, g, 1, ...]).
+Forms (one copy each, :mod:`megahash.ops.orders`; equal to 1e-10 in fp64 to a loop written from
+eq. 4.14-4.17):
+- chunked (training, prefill): the zeroth order is a cumulative sum; the first and second orders
+  are ONE chunked linear-attention call on the two feature maps stacked (masked matrices inside
+  chunks of C tokens, the states between chunks carried by a cumulative sum over chunks: batched
+  GEMMs, no Python loop), ``model.attention.chunk_size`` (0 = 128); chunk >= L is the parallel form;
+- recurrent (decoding: the chunked form on one token with the carried state in ``decode_cache``
+  ``s0``, ``s1``, ``z1``, ``s2``, ``z2``, each [b, g, 1, ...]; token-by-token loop: the oracle);
+- naive: the three masked L x L maps (the indicators' maps, and a test oracle).
 Encoders use the non-causal sums over the non-padded keys. No attention dropout. Parameters equal
 ``mha`` exactly (``linear_q``, ``linear_kv``, ``linear_proj``).
 """
@@ -36,7 +39,7 @@ from __future__ import annotations
 # ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
 from megahash.models.registry import register_reference
 from megahash.models.torch_model import LinearAttention
-from megahash.models.torch_ops import orders_bidirectional, orders_causal
+from megahash.ops.orders.chunk import orders_bidirectional, orders_causal
 
 
 @register_reference("approx-thesis")
@@ -65,61 +68,15 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megahash.models.attention.approx import LinearAttentionBase
 from megahash.models.attention.base import rope
 from megahash.models.registry import mask_type, register_attention
-# one copy of the kernels of eq. 4.14-4.17: the plain-torch reference's (causal, chunked; encoder form)
-from megahash.models.torch_ops import orders_bidirectional as thesis_bidirectional
-from megahash.models.torch_ops import orders_causal as thesis_causal
-from megahash.models.torch_ops import thesis_den as safe_den, thesis_sq as sq, thesis_state as _new_state
-
-STATE_KEYS = ("s0", "s1", "z1", "s2", "z2")
-
-
-def scaled(q: torch.Tensor, k: torch.Tensor):
-    s = q.shape[-1] ** -0.25
-    return q * s, k * s
-
-
-def _combine(num0, cnt, num1, den1, num2, den2):
-    return num0 / cnt.unsqueeze(-1) + num1 / safe_den(den1).unsqueeze(-1) + num2 / safe_den(den2).unsqueeze(-1)
-
-
-def thesis_recurrent(q, k, v, state=None, offset: int = 0):
-    """Eq. 4.14-4.17 token by token (reference / decoding): returns (out, state)."""
-    q, k = scaled(q, k)
-    outs = []
-    for t in range(q.shape[-2]):
-        new = _new_state(k[..., t:t + 1, :], v[..., t:t + 1, :])
-        state = new if state is None else [a + b for a, b in zip(state, new)]
-        s0, s1, z1, s2, z2 = state
-        qt = q[..., t:t + 1, :]
-        q2 = sq(qt)
-        cnt = torch.full((1,), float(offset + t + 1), dtype=q.dtype, device=q.device)
-        out = _combine(s0.unsqueeze(-2), cnt, qt @ s1, (qt @ z1.unsqueeze(-1)).squeeze(-1),
-                       q2 @ s2, (q2 @ z2.unsqueeze(-1)).squeeze(-1))
-        outs.append(out)
-    return torch.cat(outs, dim=-2), tuple(state)
-
+from megahash.ops.orders.naive import orders_maps
 
 class ApproxThesisAttention(LinearAttentionBase):
     kind = "approx-thesis"
+    reference = ThesisTaylorReference
 
     def qkv(self, x, rotary_pos_emb):
         q, k, v = super().qkv(x, rotary_pos_emb)
         return rope(q, rotary_pos_emb, self.config), rope(k, rotary_pos_emb, self.config), v
-
-    def attend(self, q, k, v, attention_mask):
-        if not self.causal:
-            key_mask = self.key_padding(attention_mask, q.shape[0])
-            key_mask = None if key_mask is None else key_mask[:, None, None, :]
-            return thesis_bidirectional(q, k, v, key_mask)
-        cache = self.cache()
-        state, offset = None, 0
-        if cache is not None and "s0" in cache:
-            state = tuple(cache[key] for key in STATE_KEYS)
-            offset = int(self.context().get("offset", 0))
-        out, state = thesis_causal(q, k, v, self.chunk_size or 128, state, offset, need_state=cache is not None)
-        if cache is not None:
-            cache.update(zip(STATE_KEYS, state))
-        return out
 
 
 # ----------------------------------------------------------------------------- self-description
@@ -142,20 +99,16 @@ def approx_thesis_maps(m, q, k, v, attention_mask) -> dict:
     """Indicators: (1/i + first-order/its sum + second-order/its sum)/3 of eq. 4.14-4.17 (rows sum
     to 1; the first-order term can be negative); checked against the kind's own function in fp64
     (its first-order denominator q.sum(k) can be near 0, which amplifies the fp32 round-off)."""
-    qs, ks = scaled(q.double(), k.double())  # eq. 4.14-4.17: o_i = sum_j 3 A_ij v_j
-    L = qs.shape[-2]
-    valid = torch.ones(L, L, dtype=torch.bool, device=qs.device)
-    valid = valid.tril() if m.causal else valid
-    a1 = (qs @ ks.transpose(-1, -2)) * valid
-    a2 = (sq(qs) @ sq(ks).transpose(-1, -2)) * valid
-    a0 = valid / valid.sum(-1, keepdim=True)
-    probs = (a0 + a1 / safe_den(a1.sum(-1, keepdim=True)) + a2 / safe_den(a2.sum(-1, keepdim=True))) / 3
+    a0, a1, a2 = orders_maps(q.double(), k.double(), m.causal)  # eq. 4.14-4.17: o_i = sum_j 3 A_ij v_j
+    L = a0.shape[-1]
+    probs = (a0 + a1 + a2) / 3
+    valid = a0 > 0
     s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(q.shape[-1])
     b = probs.shape[0]
 
     def check(out):
         qd, kd, vd = q.double(), k.double(), v.double()
-        ref = thesis_causal(qd, kd, vd, L)[0] if m.causal else thesis_bidirectional(qd, kd, vd)
+        ref = orders_causal(qd, kd, vd, L)[0] if m.causal else orders_bidirectional(qd, kd, vd)
         return ((3 * probs @ vd) - ref).abs().max().cpu()
 
     return {"source": "(1/i + first-order/its sum + second-order/its sum)/3 of eq. 4.14-4.17 "

@@ -14,7 +14,15 @@ values of the whole batch (the map is shared, Table 4.7's batch-independent 2L^2
 fixed sequence itself the layer is standard attention (Q, K, V all from X), exactly the
 TransformerBlock^(l)(eps) of eq. 4.9. This keeps training, TP/SP, activation recompute and
 incremental decoding (the fixed sequence is decoded alongside) free of special cases;
-it costs one more sequence per batch.
+it costs one more sequence per batch. The map is :func:`megahash.ops.shared_map.attend.shared_softmax`
+(computed once for the batch, nothing of size L x L kept for backward).
+
+Training (gradients on, no activation recompute, no dropout): the fixed sequence instead runs through
+the stack by itself under activation checkpointing (:meth:`FixedInput.run_alone`), each fixed-kind
+layer keeps its Q, K (``module.live_qk``, with gradients: W^Q, W^K train through this pass, eq. 4.10),
+then the batch runs alone with them. Only O(L d) of the fixed sequence is saved for backward (the
+extra sequence used to double the saved activations at batch 1); the pass is recomputed in backward
+(one more forward of one sequence). Same loss and gradients (tested).
 
 Frozen maps (evaluation): :meth:`FixedInput.freeze` runs the fixed input through the stack once
 and stores every fixed-kind layer's Q, K for positions 0..length-1 (``module.frozen_qk``); later
@@ -45,6 +53,7 @@ import torch
 from megahash.models.registry import register_reference
 from megahash.models.torch_model import SeparateQKV
 from megahash.models.torch_ops import append_state, split_heads
+from megahash.ops.shared_map.attend import shared_softmax
 
 
 @register_reference("rndembqk")
@@ -57,23 +66,10 @@ class FixedQKReference(SeparateQKV):
     reads_fixed_input = True
 
     def shared_attend(self, q, k, v, key_mask=None):
-        """q [n, s, d], k [g, sk, d] (batch-shared), v [b, g, sk, d] -> [b, s, n*d]."""
+        """q [n, s, d], k [g, sk, d] (batch-shared), v [b, g, sk, d] -> [b, s, n*d]: ONE map for the batch."""
         n, s, d = q.shape
-        g, sk = k.shape[0], k.shape[1]
-        b = v.shape[0]
-        rep = n // g
-        qh = q.reshape(g, rep, s, d)
-        scores = (qh @ k.unsqueeze(1).transpose(-1, -2)) * (1.0 / math.sqrt(d))  # [g, rep, s, sk]
-        if self.causal:
-            keep = torch.ones(s, sk, dtype=torch.bool, device=q.device).tril(sk - s)
-            scores = scores.masked_fill(~keep, float("-inf"))
-        probs = torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1).to(v.dtype)
-        if key_mask is None:
-            out = torch.einsum("grst,bgtd->bgrsd", probs, v)
-        else:
-            m = key_mask.to(v.dtype)  # [b, sk]
-            out = torch.einsum("grst,bgtd->bgrsd", probs, v * m[:, None, :, None])
-            out = out / torch.einsum("grst,bt->bgrs", probs, m).unsqueeze(-1)
+        b, g = v.shape[0], k.shape[0]
+        out = shared_softmax(q.reshape(g, n // g, s, d), k, v, 1.0 / math.sqrt(d), self.causal, key_mask)
         return out.reshape(b, n, s, d).transpose(1, 2).reshape(b, s, n * d)
 
     def mix(self, x, ctx, cache):
@@ -130,31 +126,20 @@ class SeparateQKVAttention(AttentionBase):
     def attend(self, q, k, v, attention_mask):
         """q [s, 1, n_l, d], k [sk, 1, g_l, d] (the fixed sequence), v [sk, b, g_l, d] -> [s, b, n_l*d].
 
-        ONE attention map [g, rep, s, sk] for the whole batch: the values of all sequences are laid
-        side by side ([g, sk, b*d]) so the map is never expanded over the batch."""
+        ONE attention map [g, rep, s, sk] for the whole batch, the values of all sequences laid side
+        by side (:func:`megahash.ops.shared_map.attend.shared_softmax`: no map kept for backward)."""
         s, _, n_l, d = q.shape
-        sk, b, g = v.shape[0], v.shape[1], v.shape[2]
-        rep = n_l // g
-        qh = q[:, 0].permute(1, 0, 2).reshape(g, rep, s, d)
-        kh = k[:, 0].permute(1, 0, 2).unsqueeze(1)  # [g, 1, sk, d]
-        scores = (qh @ kh.transpose(-1, -2)) * self.scale  # [g, rep, s, sk]
-        if self.causal:
-            keep = torch.ones(s, sk, dtype=torch.bool, device=q.device).tril(sk - s)
-            scores = scores.masked_fill(~keep, float("-inf"))
-        probs = torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1).to(v.dtype)
+        b, g = v.shape[1], v.shape[2]
+        qh = q[:, 0].permute(1, 0, 2).reshape(g, n_l // g, s, d)
+        kh, vh = k[:, 0].permute(1, 0, 2), v.permute(1, 2, 0, 3)  # [g, sk, d], [b, g, sk, d]
+        key_mask = self.key_padding(attention_mask, b)
         if self.training and self.config.attention_dropout > 0:
             with tensor_parallel.get_cuda_rng_tracker().fork():
-                probs = F.dropout(probs, self.config.attention_dropout)
-        vh = v.permute(2, 0, 1, 3).reshape(g, 1, sk, b * d)
-        key_mask = self.key_padding(attention_mask, b)
-        if key_mask is None:
-            out = probs @ vh
-        else:  # a shared map with per-sequence padding: renormalise over each sequence's valid keys
-            m = key_mask.t().to(v.dtype)  # [sk, b]
-            out = (probs @ (vh.view(g, 1, sk, b, d) * m[:, :, None]).view(g, 1, sk, b * d))
-            out = out.view(g, rep, s, b, d) / (probs @ m).view(g, rep, s, b, 1)
-        out = out.reshape(g, rep, s, b, d).permute(2, 3, 0, 1, 4)  # [s, b, g, rep, d]
-        return out.reshape(s, b, n_l * d)
+                out = shared_softmax(qh, kh, vh, self.scale, self.causal, key_mask,
+                                     lambda p: F.dropout(p, self.config.attention_dropout))
+        else:
+            out = shared_softmax(qh, kh, vh, self.scale, self.causal, key_mask)
+        return out.permute(3, 0, 1, 2, 4).reshape(s, b, n_l * d)  # [b, g, rep, s, d] -> [s, b, n_l*d]
 
 
 class FixedQKAttention(SeparateQKVAttention):
@@ -164,7 +149,8 @@ class FixedQKAttention(SeparateQKVAttention):
         self.kind = kind
         super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
         self.frozen_qk = None  # (q [L, 1, n_l, d], k [L, 1, g_l, d]) after FixedInput.freeze
-        self.capture = False
+        self.capture = False  # True: FixedInput.freeze; "live": FixedInput.run_alone (keeps the graph)
+        self.live_qk = None  # (q, k) of this step's fixed pass (FixedInput.run_alone), with gradients
 
     def mix(self, x, attention_mask, rotary_pos_emb):
         v = heads(self.linear_v(x)[0], self.g_local)
@@ -174,9 +160,13 @@ class FixedQKAttention(SeparateQKVAttention):
                 raise ConfigError(f"{self.kind}: positions up to {off + s} exceed the frozen fixed input "
                                   f"({self.frozen_qk[0].shape[0]}); freeze with a larger length")
             q, k = self.frozen_qk[0][off:off + s], self.frozen_qk[1][off:off + s]
+        elif self.live_qk is not None and not self.capture:  # this step's separate fixed pass
+            q, k = self.live_qk
         else:
             q, k = self.qk(x[:, -1:], rotary_pos_emb)  # the fixed sequence rides as the last element
-            if self.capture:
+            if self.capture == "live":
+                self.live_qk = (q, k)
+            elif self.capture:
                 self.frozen_qk = (q.detach(), k.detach())
         cache = self.cache()
         k = append_cache(cache, "k", k)
@@ -308,6 +298,47 @@ class FixedInput(torch.nn.Module):
         if mask is not None:
             mask = torch.cat([mask, torch.zeros_like(mask[:1])], dim=0)
         return emb, mask
+
+    # -- training: the fixed sequence's own checkpointed pass -------------------------------
+    def separate(self, model) -> bool:
+        """Train with the fixed sequence as its own pass (:meth:`run_alone`) instead of one more batch
+        element: with gradients, not frozen, without activation recompute or dropout (which the
+        pass's recomputation would have to replay)."""
+        c = model.config
+        return (torch.is_grad_enabled() and model.training and self.active() and not self.frozen()
+                and c.recompute_granularity is None and not c.hidden_dropout and not c.attention_dropout)
+
+    def run_alone(self, model, offset: int, seq_len: int, rotary) -> None:
+        """Run the fixed sequence through the stack by itself under activation checkpointing and hand
+        every fixed-kind layer its Q, K (with gradients: eq. 4.10 trains W^Q, W^K through this pass).
+
+        Only the fixed input and the layers' Q, K are kept for backward (the pass is recomputed there),
+        so the fixed sequence adds O(L d) to the step's saved activations instead of a whole
+        sequence's (at batch 1 it doubled them)."""
+        from torch.utils.checkpoint import checkpoint
+
+        mods = self._attention
+        emb = self.embeddings(model, offset, seq_len)
+
+        def fixed_pass(emb):
+            for m in mods:
+                m.capture = "live"
+            model._set_context({"embeddings": emb, "offset": offset, "decode": None, "tokens": None})
+            try:
+                model.decoder(hidden_states=emb, attention_mask=None, rotary_pos_emb=rotary)
+                return tuple(t for m in mods for t in m.live_qk)
+            finally:
+                model._set_context(None)
+                for m in mods:
+                    m.capture, m.live_qk = False, None
+
+        qk = checkpoint(fixed_pass, emb, use_reentrant=False)
+        for i, m in enumerate(mods):
+            m.live_qk = (qk[2 * i], qk[2 * i + 1])
+
+    def release(self) -> None:
+        for m in self._attention:
+            m.live_qk = None
 
     # -- frozen maps ----------------------------------------------------------------------
     def frozen(self) -> bool:

@@ -12,14 +12,13 @@ num_i = e^{m_{i-1} - m_i} num_{i-1} + e^{s_i - m_i} v_i, den_i likewise, o_i = n
 RoPE is not applied: it would not change q_j . k_j (same position). With grouped-query attention
 (model.num_query_groups) each query head uses its group's key.
 
-Forms (all equal, tested to 1e-10 in fp64):
-- parallel/chunked: inside a chunk of C tokens the masked matrix W[t, u] = e^{s_u - M_t} (u <= t,
-  M_t the running maximum including the carried state); between chunks the carried
-  (m, num, den); ``model.attention.chunk_size`` (0 = 128); chunk = L is the fully parallel
-  masked-matrix form, chunk = 1 the recurrence;
-- recurrent (:func:`nonapprox_recurrent`, and decoding): ``decode_cache`` holds ``m`` [b, g, rep],
-  ``num`` [b, g, rep, d_h] and ``den`` [b, g, rep] per head: Bd + 2Bh numbers, the thesis's
-  Table 4.8 cache of 2Bd + 4Bh bytes at 16 bit.
+Forms (one copy each, :mod:`megahash.ops.cumsoftmax`; equal to 1e-10 in fp64):
+- scan (training, prefill, decoding): ``logcumsumexp`` prefix sums, O(L d_h) work, no L x L map and
+  no loop over chunks (``model.attention.chunk_size`` does not apply); the carried state is
+  ``decode_cache`` ``m`` [b, g, rep], ``num`` [b, g, rep, d_h], ``den`` [b, g, rep] per head
+  (numerator and denominator relative to e^m): Bd + 2Bh numbers, the thesis's Table 4.8 cache of
+  2Bd + 4Bh bytes at 16 bit;
+- recurrent (token by token with the running maximum) and naive (the masked L x L softmax): oracles.
 Encoders: o_i = sum_j softmax(s)_j v_j over all non-padded keys (the same vector for every i).
 Attention dropout is not applied. Parameters equal ``mha`` exactly.
 """
@@ -32,7 +31,7 @@ import torch.nn.functional as F
 
 from megahash.models.registry import register_reference
 from megahash.models.torch_model import LinearAttention
-from megahash.models.torch_ops import running_softmax_bidirectional, running_softmax_causal
+from megahash.ops.cumsoftmax.scan import cumsoftmax_bidirectional, cumsoftmax_causal
 
 
 @register_reference("nonapprox")
@@ -44,11 +43,11 @@ class NonApproxReference(LinearAttention):
         return F.silu(q), k
 
     def kernel(self, qh, kh, vh, km, cache, ctx):
-        sc = (qh * kh).sum(-1) / math.sqrt(self.d)
+        sc = (qh * kh).sum(-1) / math.sqrt(qh.shape[-1])
         if not self.causal:
-            return running_softmax_bidirectional(sc, vh, km)
+            return cumsoftmax_bidirectional(sc, vh, km)
         state = (cache["m"], cache["num"], cache["den"]) if cache is not None and "m" in cache else None
-        out, state = running_softmax_causal(sc, vh, self.chunk_size or 128, state, cache is not None)
+        out, state = cumsoftmax_causal(sc, vh, state, cache is not None)
         if cache is not None:
             cache["m"], cache["num"], cache["den"] = state
         return out
@@ -63,58 +62,16 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 
 from megahash.models.attention.approx import LinearAttentionBase
 from megahash.models.registry import mask_type, register_attention
-
-
-def nonapprox_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """s = (q (.) k) 1 / sqrt(d): [..., L, d] -> [..., L]."""
-    return (q * k).sum(-1) / math.sqrt(q.shape[-1])
-
-
-from megahash.models.torch_ops import running_softmax_causal as nonapprox_causal  # one copy: the reference's kernel
-
-
-def nonapprox_recurrent(s, v, state=None):
-    """Eq. 4.18 token by token with a running maximum: returns (out, (m, num, den))."""
-    outs = []
-    for t in range(s.shape[-1]):
-        s_t, v_t = s[..., t], v[..., t, :]
-        if state is None:
-            m, num, den = s_t, v_t.expand(*s_t.shape, v_t.shape[-1]), torch.ones_like(s_t)
-        else:
-            m_prev, num_prev, den_prev = state
-            m = torch.maximum(m_prev, s_t)
-            a, e = torch.exp(m_prev - m), torch.exp(s_t - m)
-            num = a.unsqueeze(-1) * num_prev + e.unsqueeze(-1) * v_t
-            den = a * den_prev + e
-        state = (m, num, den)
-        outs.append(num / den.unsqueeze(-1))
-    return torch.stack(outs, dim=-2), state
-
-
-from megahash.models.torch_ops import running_softmax_bidirectional as nonapprox_bidirectional  # (the same)
+from megahash.ops.cumsoftmax.naive import cumsoftmax_map
 
 
 class NonApproxAttention(LinearAttentionBase):
     kind = "nonapprox"
+    reference = NonApproxReference
 
     def qkv(self, x, rotary_pos_emb):
         q, k, v = super().qkv(x, rotary_pos_emb)
         return F.silu(q), k, v  # eq. 4.8; no RoPE (q_j . k_j is position-invariant)
-
-    def attend(self, q, k, v, attention_mask):
-        s = nonapprox_scores(q, k)  # [b, g, rep, L]
-        if not self.causal:
-            key_mask = self.key_padding(attention_mask, q.shape[0])
-            key_mask = None if key_mask is None else key_mask[:, None, None, :]
-            return nonapprox_bidirectional(s, v, key_mask)
-        cache = self.cache()
-        state = None
-        if cache is not None and "m" in cache:
-            state = (cache["m"], cache["num"], cache["den"])
-        out, state = nonapprox_causal(s, v, self.chunk_size or 128, state, need_state=cache is not None)
-        if cache is not None:
-            cache["m"], cache["num"], cache["den"] = state
-        return out
 
 
 # ----------------------------------------------------------------------------- self-description
@@ -154,10 +111,7 @@ def nonapprox_maps(m, q, k, v, attention_mask) -> dict:
     (eq. 4.7-4.8, 4.18); logits = s_j, one per key."""
     s = (q.double() * k.double()).sum(-1) / math.sqrt(q.shape[-1])  # [b, g, rep, L]
     L = s.shape[-1]
-    valid = torch.ones(L, L, dtype=torch.bool, device=s.device)
-    valid = valid.tril() if m.causal else valid
-    logits = s.unsqueeze(-2).expand(*s.shape[:-1], L, L)
-    probs = torch.softmax(logits.masked_fill(~valid, float("-inf")), dim=-1)
+    probs = cumsoftmax_map(s, m.causal)
     b = probs.shape[0]
     return {"source": "running softmax over keys e^{s_j}/sum_{u<=i} e^{s_u}, s_j = q_j.k_j/sqrt(d_h)",
             "probs": probs.reshape(b, -1, L, L), "logit_values": s,

@@ -1,0 +1,1 @@
+"""Causal linear attention with a feature map (chunked, recurrent and naive forms)."""

@@ -1,0 +1,1 @@
+"""The thesis's Appendix I recurrence: three separately normalised orders (eq. 4.14-4.17)."""

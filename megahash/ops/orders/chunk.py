@@ -1,0 +1,86 @@
+"""Appendix I of the thesis (eq. 4.14-4.17): o_i = o_0i + o_1i + o_2i, each order normalised by its
+own denominator; chunked (training and prefill) and bidirectional (encoders) forms.
+
+    o_0i = (sum_{j<=i} v_j) / i                                             (4.15)  a cumulative sum
+    o_1i = q_i (sum_{j<=i} k_j^T v_j) / q_i (sum_{j<=i} k_j^T)               (4.16)
+    o_2i = q2_i (sum_{j<=i} k2_j^T v_j) / q2_i (sum_{j<=i} k2_j^T),  x2 = x^2/sqrt2   (4.17)
+
+q, k are scaled by d^(-1/4) (so q.k is the s = q.k/sqrt(d) of eq. 4.6). Orders 1 and 2 are causal
+linear attention with the identity feature map on (q, k) and (q2, k2): both run as ONE call of
+:func:`megahash.ops.linear.chunk.chunk_linear` on the two stacked along a leading axis. A first- or
+second-order denominator with |den| < 1e-6 is replaced by +-1e-6 (keeping its sign).
+State (per key/value head): s0 = sum v [dv], s1 = sum k^T v [d, dv], z1 = sum k [d],
+s2 = sum k2^T v, z2 = sum k2 (2 d dv + 2 d + dv numbers); the decoding position gives the count."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from megahash.ops.linear.chunk import chunk_linear
+
+
+def thesis_sq(x):
+    """x2 = x^2 / sqrt2 (eq. 4.17)."""
+    return x.square() * (1.0 / math.sqrt(2.0))
+
+
+def thesis_den(den):
+    """den with |den| < 1e-6 replaced by +-1e-6 (sign kept)."""
+    return torch.where(den >= 0, den.clamp_min(1e-6), den.clamp_max(-1e-6))
+
+
+def scaled(q, k):
+    s = q.shape[-1] ** -0.25
+    return q * s, k * s
+
+
+def thesis_state(k, v):
+    """(s0, s1, z1, s2, z2) of the (scaled) keys k [..., L, d] and values v [..., L, dv]."""
+    k2 = thesis_sq(k)
+    return [v.sum(-2), k.transpose(-1, -2) @ v, k.sum(-2), k2.transpose(-1, -2) @ v, k2.sum(-2)]
+
+
+def _dot(a, b):
+    return a @ b.transpose(-1, -2)
+
+
+def _identity(x):
+    return x
+
+
+def orders_causal(q, k, v, chunk: int = 128, state=None, offset: int = 0, need_state: bool = False):
+    """Causal eq. 4.14-4.17: q [..., L, d], k/v [..., L, .] (leading dims broadcast); ``state`` the
+    (s0, s1, z1, s2, z2) of the ``offset`` tokens before. Returns (out [..., L, dv], state or None)."""
+    q, k = scaled(q, k)
+    L = q.shape[-2]
+    qq, kk = torch.stack([q, thesis_sq(q)]), torch.stack([k, thesis_sq(k)])
+    lin_state = None
+    if state is not None:
+        s0, s1, z1, s2, z2 = state
+        lin_state = (torch.stack([s1, s2]), torch.stack([z1, z2]))
+    num, den, lin_state = chunk_linear(qq, kk, v.unsqueeze(0), _identity, _dot, chunk or 128, lin_state, need_state)
+    num0 = torch.cumsum(v, -2)
+    if state is not None:
+        num0 = num0 + s0.unsqueeze(-2)
+    cnt = torch.arange(offset + 1, offset + L + 1, dtype=q.dtype, device=q.device)
+    out = num0 / cnt.unsqueeze(-1) + (num / thesis_den(den).unsqueeze(-1)).sum(0)
+    if not need_state:
+        return out, None
+    s0_new = num0[..., -1, :]
+    (s1, s2), (z1, z2) = lin_state[0].unbind(0), lin_state[1].unbind(0)
+    return out, (s0_new, s1, z1, s2, z2)
+
+
+def orders_bidirectional(q, k, v, key_mask=None):
+    """Encoders: the sums over every (non-padded) key, the same state for every query."""
+    q, k = scaled(q, k)
+    if key_mask is not None:
+        w = key_mask.unsqueeze(-1).to(k.dtype)
+        k, v, cnt = k * w, v * w, w.sum(-2)
+    else:
+        cnt = torch.full((1,), float(k.shape[-2]), dtype=k.dtype, device=k.device)
+    s0, s1, z1, s2, z2 = thesis_state(k, v)
+    q2 = thesis_sq(q)
+    return ((s0 / cnt).unsqueeze(-2) + (q @ s1) / thesis_den((q @ z1.unsqueeze(-1)).squeeze(-1)).unsqueeze(-1)
+            + (q2 @ s2) / thesis_den((q2 @ z2.unsqueeze(-1)).squeeze(-1)).unsqueeze(-1))

@@ -1,0 +1,65 @@
+"""Chunked form of the Taylor kernel attention (training and prefill; thesis eq. 4.6).
+
+The causal form is :func:`megahash.ops.linear.chunk.chunk_linear` with the Taylor kernel inside
+chunks and the feature map phi (D = 1 + d + d(d+1)/2) between them. Chunk size (0 = auto): 128 tokens
+for narrow features (Based's d = 16: D = 153), 1024 for the full head width (d = 64: D = 2,145,
+where the feature state costs 2D d_v FLOPs per token and the chunk's map 2C(d + d_v)); a sequence
+no longer than the chunk is one chunk (the parallel form). Wide features (D > 1024) are recomputed
+in backward (activation checkpointing of the kernel), so a layer saves O(L d) for backward instead
+of the L x D features. On CUDA with Based's 16 features and flash-linear-attention installed,
+training/prefill runs fla's kernel (:mod:`megahash.ops.taylor.fla`)."""
+from __future__ import annotations
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from megahash.ops.linear.chunk import chunk_linear
+from megahash.ops.taylor.fla import fla_taylor
+from megahash.ops.taylor.kernel import feature_dim, taylor_features, taylor_kernel
+
+WIDE = 1024  # features per token above which the kernel recomputes them in backward
+
+
+def taylor_chunk(length: int, d: int, chunk_size: int = 0) -> int:
+    """The chunk size: ``chunk_size`` if > 0, else 128 (D <= 1024) or 1024; at most ``length``."""
+    c = chunk_size if chunk_size > 0 else (1024 if feature_dim(d) > WIDE else 128)
+    return max(1, min(c, length))
+
+
+def _taylor(q, k, v, chunk, state, need_state):
+    num, den, state = chunk_linear(q, k, v, taylor_features, taylor_kernel, chunk, state, need_state)
+    return num / den.unsqueeze(-1), state
+
+
+def _taylor_out(q, k, v, chunk):
+    return _taylor(q, k, v, chunk, None, False)[0]
+
+
+def taylor_causal(q, k, v, chunk: int = 0, state=None, need_state: bool = False):
+    """Causal Taylor attention: q [..., L, d], k [..., L, d], v [..., L, dv] (leading dims broadcast,
+    e.g. q [b, g, rep, L, d] with k, v [b, g, 1, L, .]); ``state`` = (S [..., D, dv], z [..., D])
+    of the keys before this call. Returns (out [..., L, dv], state or None)."""
+    chunk = taylor_chunk(q.shape[-2], q.shape[-1], chunk)
+    if state is None and not need_state:
+        out = fla_taylor(q, k, v) if q.dim() == 5 else None
+        if out is not None:
+            return out, None
+        if feature_dim(q.shape[-1]) > WIDE and torch.is_grad_enabled() and q.shape[-2] > chunk:
+            return checkpoint(_taylor_out, q, k, v, chunk, use_reentrant=False), None
+    return _taylor(q, k, v, chunk, state, need_state)
+
+
+def taylor_bidirectional(q, k, v, key_mask=None):
+    """Encoders: sums over every (non-padded) key, from the kernel matrix when T <= 2D, else from
+    the features (sum_j phi(k_j) v_j^T once)."""
+    d, T = q.shape[-1], k.shape[-2]
+    if T <= 2 * feature_dim(d):
+        a = taylor_kernel(q, k)
+        if key_mask is not None:
+            a = a * key_mask.unsqueeze(-2).to(a.dtype)
+        return (a @ v) / a.sum(-1, keepdim=True)
+    fk = taylor_features(k)
+    if key_mask is not None:
+        fk = fk * key_mask.unsqueeze(-1).to(fk.dtype)
+    fq = taylor_features(q)
+    return (fq @ (fk.transpose(-1, -2) @ v)) / (fq @ fk.sum(-2).unsqueeze(-1))
