@@ -44,16 +44,21 @@ def batch_loss(engine, batch: dict, objective) -> torch.Tensor:
     return (per_token.float() * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def build_engine(cfg: Config, model: torch.nn.Module, dp_size: int, dtype: torch.dtype):
-    """(DeepSpeed engine, LR scheduler) around ``model``: AdamW (no decay on 1-D parameters), the
-    warmup/decay schedule and the DeepSpeed config of ``train.zero_stage``."""
+def build_engine(cfg: Config, model: torch.nn.Module, dp_size: int, dtype: torch.dtype | None = None):
+    """(DeepSpeed engine, LR scheduler) around ``model``: AdamW (no decay on 1-D parameters; fused
+    where the device has it, ``accelerator.adamw_options``), the warmup/decay schedule and the
+    DeepSpeed config of ``train.zero_stage``. ``train.precision`` bf16 runs keep fp32 parameters and
+    compute in bf16 under DeepSpeed's ``torch_autocast`` (``accelerator.autocast_dtype``); a
+    ``dtype`` of bf16 given here instead asks for DeepSpeed's own bf16 mode (bf16 parameters)."""
     import deepspeed
 
     t = cfg.train
     optimizer = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr,
                                   betas=(t.beta1, t.beta2), eps=t.eps, **accelerator.adamw_options())
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda_for(t))
-    ds_cfg = deepspeed_config(cfg, dp_size, bf16=dtype == torch.bfloat16)
+    bf16_params = dtype == torch.bfloat16 or next(model.parameters()).dtype == torch.bfloat16
+    autocast = None if bf16_params else accelerator.autocast_dtype(t.precision)
+    ds_cfg = deepspeed_config(cfg, dp_size, bf16=bf16_params, autocast=autocast)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=ds_cfg, mpu=accelerator.DeepSpeedMPU(),
                                            dist_init_required=False)
@@ -124,7 +129,7 @@ def train(cfg: Config, at_end=None) -> int:
     try:
         dp_size = parallel_state.get_data_parallel_world_size()
         dp_rank = parallel_state.get_data_parallel_rank()
-        dtype = accelerator.train_dtype(cfg.train.precision)
+        dtype = accelerator.train_dtype(cfg.train.precision)  # the compute dtype (bf16: under autocast)
         t = cfg.train
         save_dir = Path(t.save_dir)
 
@@ -157,9 +162,9 @@ def train(cfg: Config, at_end=None) -> int:
         n_params = sum(p.numel() for p in model.parameters())
         n_params = _sum_over_tp(n_params, model)
         n_emb = _embedding_params(model)
-        if t.compile:
+        if accelerator.compile_layers(t.compile):
             compile_layers(model)
-        engine, scheduler = build_engine(cfg, model, dp_size, dtype)
+        engine, scheduler = build_engine(cfg, model, dp_size)
         objective = build_objective(cfg, data)
         step = 0
         if resume_from is not None:
