@@ -26,6 +26,7 @@ def _forward_impl(inner):
         return inner(cast_for_autocast(input, dev), cast_for_autocast(weight, dev), cast_for_autocast(bias, dev),
                      *args, **kwargs)
 
+    impl.__dict__.update(getattr(inner, "__dict__", {}))  # e.g. cpu_linear's megahash_onednn mark
     impl.megahash_autocast = True
     return impl
 
