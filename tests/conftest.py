@@ -31,8 +31,16 @@ def _unit(item) -> str:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
+    gpu_skip = None
+    if any(item.get_closest_marker("gpu") for item in items):
+        from megahash import accelerator
+
+        if not accelerator.has_gpu():
+            gpu_skip = pytest.mark.skip(reason="gpu: no CUDA device on this machine (benchmarks/gpu_check.sh runs these on one)")
     for item in items:
         item.add_marker(pytest.mark.xdist_group(_unit(item)))
+        if gpu_skip is not None and item.get_closest_marker("gpu"):
+            item.add_marker(gpu_skip)
     order = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: order.get(_unit(item), len(order)))  # stable: file order within a unit
 
