@@ -105,6 +105,12 @@ def training_settings(precision: str = "auto", compile_setting: str = "auto",
             "onednn_linear": onednn_linear(dev), "fused_swiglu": True, "chunked_cross_entropy": True}
 
 
+def synchronize() -> None:
+    """Wait for the device's queued work (timing a phase on a GPU); nothing to wait for on CPU."""
+    if has_gpu():
+        torch.cuda.synchronize()
+
+
 def backend() -> str:
     return "nccl" if has_gpu() else "gloo"
 
