@@ -15,7 +15,9 @@ kernels (benchmarks/results/ and the H100 profile of issue 25: ``mul``, ``copy_`
   On CUDA nearly every ATen call is one kernel launch (views and metadata ops are counted too, so
   the figures are an upper bound on launches for both sides alike).
 - **activation memory**: bytes the forward saves for backward
-  (``torch.autograd.graph.saved_tensors_hooks``), distinct storages, parameters excluded, per token.
+  (``torch.autograd.graph.saved_tensors_hooks``), distinct storages, parameters excluded, per token;
+  low-precision copies of weights (autocast's bf16 casts of fp32 parameters, tensors of a weight's
+  shape) are a per-step cost, not a per-token one, and are reported apart in MiB per step.
 
 megahash side: ``megahash.training.profiling.TrainHarness`` (the DeepSpeed engine ``pretrain.py``
 builds, ZeRO-1, one CPU rank): forward = ``trainer.batch_loss``, backward = ``engine.backward``,
@@ -69,9 +71,11 @@ def counting_mode():
 class SavedBytes:
     """Bytes saved for backward inside the context: distinct storages, those of ``exclude`` left out."""
 
-    def __init__(self, exclude_ptrs: set[int]):
+    def __init__(self, exclude_ptrs: set[int], param_shapes: set = frozenset()):
         self.exclude = exclude_ptrs
+        self.param_shapes = param_shapes
         self.storages: dict[int, int] = {}
+        self.copies: dict[int, int] = {}  # low-precision copies of parameters (autocast), per step not per token
         self.by_dtype = Counter()
 
     def pack(self, t):
@@ -80,9 +84,13 @@ class SavedBytes:
             ptr, n = st.data_ptr(), st.nbytes()
         except (RuntimeError, NotImplementedError):
             return t
-        if ptr not in self.exclude and ptr not in self.storages:
-            self.storages[ptr] = n
-            self.by_dtype[str(t.dtype).replace("torch.", "")] += n
+        if ptr in self.exclude or ptr in self.storages or ptr in self.copies:
+            return t
+        if tuple(t.shape) in self.param_shapes or tuple(t.shape[::-1]) in self.param_shapes:
+            self.copies[ptr] = n
+            return t
+        self.storages[ptr] = n
+        self.by_dtype[str(t.dtype).replace("torch.", "")] += n
         return t
 
     def __enter__(self):
@@ -194,7 +202,7 @@ def worker(args) -> dict:
         fn()
     exclude = param_ptrs(model)
     rec = dict(info, layers=args.worker_layers, calls={}, top={}, seconds={})
-    saved = SavedBytes(exclude)
+    saved = SavedBytes(exclude, {tuple(p.shape) for p in model.parameters() if p.dim() == 2})
     for name, fn in zip(PHASES, phases):
         mode = counting_mode()
         t0 = time.perf_counter()
@@ -210,6 +218,7 @@ def worker(args) -> dict:
         rec["top"][name] = mode.calls.most_common(12)
     tokens = args.batch * args.seq
     rec["saved_bytes_per_token"] = saved.total / tokens
+    rec["saved_param_copies_mib"] = sum(saved.copies.values()) / 2**20
     rec["saved_by_dtype_per_token"] = {k: v / tokens for k, v in saved.by_dtype.items()}
     rec["saved_largest_mib"] = sorted((n / 2**20 for n in saved.storages.values()), reverse=True)[:6]
     if args.worker == "megahash":
@@ -246,15 +255,16 @@ def report(rows: dict, args) -> str:
            f"seq {args.seq}, micro-batch {args.batch}, {args.dtype}; torch {torch.__version__}, transformers "
            f"{transformers.__version__}; overrides: {' '.join(args.overrides) or 'none'}", ""]
     out.append("| side | layers | params | optimizer | fwd calls | bwd calls | opt calls | fwd+bwd non-view | "
-               "saved B/token | saved by dtype (B/token) | fwd s | bwd s | opt s |")
-    out.append("|" + " --- |" * 13)
+               "saved B/token | saved by dtype (B/token) | saved weight copies (MiB/step) | fwd s | bwd s | opt s |")
+    out.append("|" + " --- |" * 14)
     for s in sides:
         for L, r in sorted(rows[s].items()):
             c = r["calls"]
             dt = ", ".join(f"{k} {v:,.0f}" for k, v in sorted(r["saved_by_dtype_per_token"].items()))
             out.append(f"| {s} | {L} | {r['params'] / 1e6:.1f}M | {r['optimizer']} ({r['inner']}) | {c['forward']} | "
                        f"{c['backward']} | {c['optimizer']} | {c['forward_nonview'] + c['backward_nonview']} | "
-                       f"{r['saved_bytes_per_token']:,.0f} | {dt} | {r['seconds']['forward']:.2f} | "
+                       f"{r['saved_bytes_per_token']:,.0f} | {dt} | {r.get('saved_param_copies_mib', 0):.1f} | "
+                       f"{r['seconds']['forward']:.2f} | "
                        f"{r['seconds']['backward']:.2f} | {r['seconds']['optimizer']:.2f} |")
     out += ["", "| side | fwd calls/layer | bwd calls/layer | fwd+bwd calls/layer | fwd+bwd non-view/layer | "
             "opt calls/layer | saved B/token/layer |", "| --- | --- | --- | --- | --- | --- | --- |"]
