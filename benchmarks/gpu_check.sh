@@ -61,12 +61,12 @@ else
   SKIPPED+=("the gpu-marked tests (no CUDA device: skipped by tests/conftest.py)")
   SKIPPED+=("bench_vs_transformers.py on the 500M shape (item 1's ratios need a GPU)")
   SKIPPED+=("bench_training.py at 500M/seq 2048 (GPU only; on CPU it is run by benchmarks/run_all.py at small sizes)")
+  SKIPPED+=("the transformers side of the CPU proxy (bf16 on this CPU takes tens of minutes; see the committed results)")
   {
     echo; echo "## CPU proxy instead (benchmarks/bench_step_proxy.py, megahash side, 1 layer, seq 64: ATen calls per phase"
     echo "## and saved bytes per token; the full comparison with transformers: benchmarks/results/2026-11-25_step_proxy_*.md)"
     timeout 1800 python3 benchmarks/bench_step_proxy.py --layers 1 --seq 64 --sides megahash 2>&1 \
       | grep -v "^megahash \|^transformers \|Warn" | grep "^|\|^-" | head -12
-    SKIPPED+=("the transformers side of the CPU proxy (bf16 on this CPU takes tens of minutes; see the committed results)")
   } | tee -a "$TMP"
 fi
 {
