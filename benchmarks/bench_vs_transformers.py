@@ -25,7 +25,12 @@ alternates), so machine noise hits both alike. Reported: median tokens/s over al
 measured steps (wall clock), the median from process CPU time, and megahash / transformers ratios.
 Shapes: ``small`` (h256, 4L, 4 heads, ffn 1024, seq 256, batch 8), ``70m-shape`` (h512, 6L, 8 heads,
 ffn 2048, seq 512, batch 4; tokenizer vocabulary) and ``70m`` (the same with configs/model/70m.yaml's
-50,304-token vocabulary).
+50,304-token vocabulary); for GPUs ``500m`` (configs/model/500m.yaml, seq 2048, batch 8) and ``500m-4l``.
+
+On a GPU both sides run there: megahash with ``--precision``/``--compile`` (default auto: bf16 compute
+over fp32 parameters, compiled layers), transformers in bf16 with fused AdamW, eager and, with
+``--hf-compiled``, under ``torch.compile`` (a third worker); timings synchronise the device, and each
+worker reports its peak GPU memory. ``benchmarks/gpu_check.sh`` runs it.
 """
 from __future__ import annotations
 
@@ -45,6 +50,9 @@ SHAPES = {
     "small": dict(hidden=256, layers=4, heads=4, ffn=1024, seq=256, batch=8, vocab=0),
     "70m-shape": dict(hidden=512, layers=6, heads=8, ffn=2048, seq=512, batch=4, vocab=0),
     "70m": dict(hidden=512, layers=6, heads=8, ffn=2048, seq=512, batch=4, vocab=50304),
+    # GPU shapes (configs/model/500m.yaml, seq 2048): the whole 500M and a 4-layer slice of it
+    "500m": dict(hidden=896, layers=24, heads=14, ffn=4864, seq=2048, batch=8, vocab=50304),
+    "500m-4l": dict(hidden=896, layers=4, heads=14, ffn=4864, seq=2048, batch=8, vocab=50304),
 }
 
 
@@ -63,7 +71,8 @@ def build_shards(work: Path) -> tuple[str, str]:
     return str(prefix), f"{spm}.model"
 
 
-def megahash_config(shape: dict, prefix: str, tokenizer: str, cache: str):
+def megahash_config(shape: dict, prefix: str, tokenizer: str, cache: str, precision: str = "auto",
+                    compile_setting: str = "auto"):
     from megahash.config import load_config
 
     over = [f"model.hidden_size={shape['hidden']}", f"model.num_layers={shape['layers']}",
@@ -71,15 +80,18 @@ def megahash_config(shape: dict, prefix: str, tokenizer: str, cache: str):
             f"model.vocab_size={shape['vocab']}", f"model.max_position_embeddings={max(2048, shape['seq'])}",
             f"data.seq_length={shape['seq']}", f"data.prefix=[{prefix}]", f"data.tokenizer={tokenizer}",
             f"data.cache_dir={cache}", f"train.micro_batch_size={shape['batch']}",
-            f"train.global_batch_size={shape['batch']}", "train.precision=fp32", "train.warmup_steps=2"]
+            f"train.global_batch_size={shape['batch']}", f"train.precision={precision}", "train.warmup_steps=2",
+            f"train.compile={compile_setting}"]
     return load_config(None, over)
 
 
 class HFLoop:
     """The plain loop: Qwen2ForCausalLM + torch AdamW + clip + LambdaLR over given batches."""
 
-    def __init__(self, cfg, vocab: int, batches: list[dict]):
+    def __init__(self, cfg, vocab: int, batches: list[dict], compiled: bool = False):
         import torch
+
+        from megahash import accelerator
         from transformers import Qwen2Config, Qwen2ForCausalLM
 
         from megahash.training.lr_schedule import lambda_for
@@ -93,18 +105,19 @@ class HFLoop:
                              attention_dropout=0.0, use_cache=False, initializer_range=m.init_std)
         hf_cfg._attn_implementation = "sdpa"
         torch.manual_seed(t.seed)
-        self.model = Qwen2ForCausalLM(hf_cfg).train()
+        dev = accelerator.device()
+        self.model = Qwen2ForCausalLM(hf_cfg).to(dev, accelerator.train_dtype(t.precision)).train()
+        self.num_params = sum(p.numel() for p in self.model.parameters())
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
-                                     weight_decay=t.weight_decay)
+                                     weight_decay=t.weight_decay, **({"fused": True} if dev.type == "cuda" else {}))
+        if compiled:
+            self.model = torch.compile(self.model)
+        batches = [{k: v.to(dev) for k, v in b.items()} for b in batches]
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda_for(t))
         self.clip = t.clip_grad
         self.batches = batches
         self.i = 0
         self.vocab = vocab
-
-    @property
-    def num_params(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
 
     def step(self) -> float:
         import torch
@@ -125,9 +138,18 @@ class HFLoop:
 REPLY = "@bench-worker "  # the prefix of a worker's replies on its stdout (libraries print there too)
 
 
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def timed(fn) -> tuple[float, float]:
+    _sync()
     w, c = time.perf_counter(), time.process_time()
     fn()
+    _sync()
     return time.perf_counter() - w, time.process_time() - c
 
 
@@ -139,7 +161,8 @@ def worker(args) -> int:
     from megahash import accelerator
 
     shape = SHAPES[args.shape]
-    cfg = megahash_config(shape, args.prefix, args.tokenizer, str(Path(args.work) / "cache"))
+    cfg = megahash_config(shape, args.prefix, args.tokenizer, str(Path(args.work) / "cache"), args.precision,
+                          args.compile)
     total = args.warmup + args.rounds * args.steps
     batches_file = Path(args.work) / f"batches_{args.shape}.pt"
     if args.worker == "megahash":
@@ -155,15 +178,21 @@ def worker(args) -> int:
         step, info = mh.step, dict(params=mh.num_params, vocab=mh.model.vocab_size,
                                    optimizer=type(mh.engine.optimizer).__name__)
     else:
-        hf = HFLoop(cfg, args.vocab, torch.load(batches_file))
+        hf = HFLoop(cfg, args.vocab, torch.load(batches_file), compiled=args.worker == "transformers-compiled")
         step, info = hf.step, dict(params=hf.num_params, vocab=args.vocab, optimizer=type(hf.opt).__name__)
     for _ in range(args.warmup):
         step()
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        info["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     print(REPLY + json.dumps(info), flush=True)
     for line in sys.stdin:
         if not line.startswith("run "):
             break
         print(REPLY + json.dumps([timed(step) for _ in range(int(line.split()[1]))]), flush=True)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # the sides take turns on one GPU
     if args.worker == "megahash":
         accelerator.teardown()
     return 0
@@ -199,7 +228,10 @@ class Side:
 
 def run_shape(name: str, shape: dict, args) -> dict:
     sides = {"megahash": Side("megahash", name, args, [])}
-    sides["transformers"] = Side("transformers", name, args, ["--vocab", str(sides["megahash"].info["vocab"])])
+    vocab = ["--vocab", str(sides["megahash"].info["vocab"])]
+    sides["transformers"] = Side("transformers", name, args, vocab)
+    if args.hf_compiled:
+        sides["transformers-compiled"] = Side("transformers-compiled", name, args, vocab)
     mh, hf = sides["megahash"].info, sides["transformers"].info
     same = mh["params"] == hf["params"]
     print(f"# {name}: h{shape['hidden']} {shape['layers']}L {shape['heads']} heads ffn {shape['ffn']} "
@@ -231,6 +263,11 @@ def run_shape(name: str, shape: dict, args) -> dict:
         res[k] = (tok / statistics.median(w), tok / statistics.median(c))
     res["ratio"] = res["megahash"][0] / res["transformers"][0]
     res["ratio_cpu"] = res["megahash"][1] / res["transformers"][1]
+    if "transformers-compiled" in res:
+        res["ratio_compiled"] = res["megahash"][0] / res["transformers-compiled"][0]
+    res["peak_gib"] = {k: side_info.get("peak_gib") for k, side_info in
+                       (("megahash", mh), ("transformers", hf))}
+    res["optimizer"] = mh["optimizer"]
     return res
 
 
@@ -244,7 +281,10 @@ def main(argv=None) -> int:
     ap.add_argument("--work", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "megahash_bench_vs_hf"))
     ap.add_argument("--prefix", default="", help="existing shard prefix (default: build Shakespeare shards in --work)")
     ap.add_argument("--tokenizer", default="")
-    ap.add_argument("--worker", choices=("megahash", "transformers"), help=argparse.SUPPRESS)
+    ap.add_argument("--precision", default="auto", help="megahash train.precision (auto: bf16 on GPUs, fp32 on CPU)")
+    ap.add_argument("--compile", default="auto", help="megahash train.compile (auto: on for GPUs)")
+    ap.add_argument("--hf-compiled", action="store_true", help="also time transformers under torch.compile")
+    ap.add_argument("--worker", choices=("megahash", "transformers", "transformers-compiled"), help=argparse.SUPPRESS)
     ap.add_argument("--shape", choices=tuple(SHAPES), help=argparse.SUPPRESS)
     ap.add_argument("--vocab", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -258,17 +298,27 @@ def main(argv=None) -> int:
         args.prefix, args.tokenizer = build_shards(Path(args.work))
     import transformers
 
-    print(f"threads {torch.get_num_threads()}, fp32, 1 rank per side, each side in its own process "
+    from megahash import accelerator
+
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    print(f"device {accelerator.device()} ({gpu}, CUDA {torch.version.cuda}), precision {args.precision} -> "
+          f"{accelerator.train_dtype(args.precision)}, megahash compile {args.compile} -> "
+          f"{accelerator.compile_layers(args.compile)}; "
+          f"threads {torch.get_num_threads()}, 1 rank per side, each side in its own process "
           f"(MEGAHASH_MALLOC_TUNING={os.environ.get('MEGAHASH_MALLOC_TUNING', 'unset')}); torch "
           f"{torch.__version__}, transformers {transformers.__version__}; {args.rounds} rounds x {args.steps} "
           f"steps per side after {args.warmup} warm-up")
     rows = [run_shape(n, SHAPES[n], args) for n in args.shapes.split(",")]
     print()
-    print("| shape | params | vocab | steps | megahash tokens/s | transformers tokens/s | ratio | ratio (CPU time) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| shape | params | vocab | steps | megahash tokens/s | transformers tokens/s | ratio | ratio (CPU time) | "
+          "transformers compiled tokens/s | ratio vs compiled | peak GiB megahash / transformers |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
+        comp = (f"{r['transformers-compiled'][0]:,.0f} | {r['ratio_compiled']:.2f}x" if "ratio_compiled" in r
+                else "not run | n/a")
+        peak = " / ".join("n/a" if v is None else f"{v:.1f}" for v in r["peak_gib"].values())
         print(f"| {r['name']} | {r['params'] / 1e6:.1f}M | {r['vocab']:,} | {r['n']} | {r['megahash'][0]:,.0f} | "
-              f"{r['transformers'][0]:,.0f} | {r['ratio']:.2f}x | {r['ratio_cpu']:.2f}x |")
+              f"{r['transformers'][0]:,.0f} | {r['ratio']:.2f}x | {r['ratio_cpu']:.2f}x | {comp} | {peak} |")
     return 0
 
 

@@ -23,7 +23,7 @@ def has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-def split_glu_gemms() -> bool:
+def split_glu_gemms(dev: torch.device | str | None = None) -> bool:
     """Run SwiGLU's gate and up projections as two GEMMs (as transformers does) instead of
     megatron's one fused ``fc1`` GEMM (megahash.models.feedforward), at one TP rank.
 
@@ -33,10 +33,10 @@ def split_glu_gemms() -> bool:
     126,552 minor faults per step against 2,032 for the same model in transformers (2-core AMD
     EPYC; benchmarks/results/). The halves stay under the threshold up to twice the width. On GPUs the fused GEMM
     is kept (one larger GEMM uses the device better; the caching allocator has no such cost)."""
-    return not has_gpu()
+    return _device_type(dev) == "cpu"
 
 
-def onednn_linear() -> bool:
+def onednn_linear(dev: torch.device | str | None = None) -> bool:
     """Run the linear layers' forward and input-gradient GEMMs through oneDNN on CPU
     (megahash.models.cpu_linear; fp32, one TP rank).
 
@@ -45,7 +45,7 @@ def onednn_linear() -> bool:
     forward and input-gradient GEMMs 25-30% faster, weight-gradient GEMMs no faster (kept on the
     BLAS). ``MEGAHASH_ONEDNN_LINEAR=0`` turns it off. Never on GPUs (cuBLAS) or where torch has no
     oneDNN."""
-    return (not has_gpu() and os.environ.get("MEGAHASH_ONEDNN_LINEAR", "1") != "0"
+    return (_device_type(dev) == "cpu" and os.environ.get("MEGAHASH_ONEDNN_LINEAR", "1") != "0"
             and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
@@ -55,17 +55,73 @@ def device() -> torch.device:
     return torch.device("cpu")
 
 
+def _device_type(dev: torch.device | str | None) -> str:
+    """The type ("cuda", "cpu") of a named device, or of this process's device when None."""
+    if dev is None:
+        return device().type
+    return torch.device(dev).type
+
+
+def autocast_dtype(precision: str, dev: torch.device | str | None = None) -> torch.dtype | None:
+    """The compute dtype of ``torch.autocast`` for a run (None: no autocast, compute in the
+    parameters' dtype).
+
+    bf16 training keeps fp32 parameters (the master weights, updated in place by one fused AdamW
+    pass) and computes in bf16 under autocast, as torchtitan does (FSDP2 ``MixedPrecisionPolicy``:
+    fp32 parameters, bf16 compute) and DeepSpeed's ``torch_autocast`` section provides. DeepSpeed's
+    own bf16 mode instead keeps bf16 parameters with fp32 copies in its ZeRO optimizer, which on an
+    H100 took 63 ms of a 260 ms step (436M parameters; per-parameter inf checks, norms and copies
+    between flat buffers: ../shared/gpu/h100-2026-11-24.md) and added per-parameter copies to
+    backward; the fused AdamW pass over fp32 weights is a few ms (memory-bound: 16 bytes read and
+    12 written per parameter at 3 TB/s). ``benchmarks/bench_step_proxy.py`` counts both."""
+    if train_dtype(precision, dev) == torch.bfloat16:
+        return torch.bfloat16
+    return None
+
+
+def param_dtype(precision: str, dev: torch.device | str | None = None) -> torch.dtype:
+    """The dtype of the trained parameters: fp32 (bf16 runs compute under :func:`autocast_dtype`)."""
+    return torch.float32
+
+
+def compile_layers(setting: str, dev: torch.device | str | None = None) -> bool:
+    """``train.compile``: true / false, or auto = on for CUDA devices (regional ``torch.compile`` of
+    each transformer layer fuses the element-wise chains between GEMMs; bench_training on the
+    H100: 123K against 87K tokens/s), off on CPU (compile time dominates short CPU runs)."""
+    setting = str(setting).lower()
+    if setting == "auto":
+        return _device_type(dev) == "cuda"
+    return setting == "true"
+
+
+def training_settings(precision: str = "auto", compile_setting: str = "auto",
+                      dev: torch.device | str | None = None) -> dict:
+    """What the trainer picks for a device (a named one, e.g. ``"cuda"``, or this process's):
+    parameter and compute dtypes, the AdamW options, compilation and the fused ops. For reports and
+    tests; the trainer asks the functions named here."""
+    return {"device": _device_type(dev), "param_dtype": param_dtype(precision, dev),
+            "autocast_dtype": autocast_dtype(precision, dev), "adamw": adamw_options(dev),
+            "compile": compile_layers(compile_setting, dev), "split_glu_gemms": split_glu_gemms(dev),
+            "onednn_linear": onednn_linear(dev), "fused_swiglu": True, "chunked_cross_entropy": True}
+
+
+def synchronize() -> None:
+    """Wait for the device's queued work (timing a phase on a GPU); nothing to wait for on CPU."""
+    if has_gpu():
+        torch.cuda.synchronize()
+
+
 def backend() -> str:
     return "nccl" if has_gpu() else "gloo"
 
 
-def train_dtype(precision: str) -> torch.dtype:
-    """``auto``: bf16 on GPU, fp32 on CPU."""
+def train_dtype(precision: str, dev: torch.device | str | None = None) -> torch.dtype:
+    """The compute dtype of ``train.precision``; ``auto``: bf16 on GPU, fp32 on CPU."""
     if precision == "bf16":
         return torch.bfloat16
     if precision == "fp32":
         return torch.float32
-    return torch.bfloat16 if has_gpu() else torch.float32
+    return torch.bfloat16 if _device_type(dev) == "cuda" else torch.float32
 
 
 def peak_flops(dtype: torch.dtype) -> float:
@@ -80,13 +136,13 @@ def peak_flops(dtype: torch.dtype) -> float:
     return 0.0
 
 
-def adamw_options() -> dict:
-    """Keyword arguments of ``torch.optim.AdamW`` for this device: the fused kernel (one pass over
-    each parameter instead of a dozen element-wise ops) where torch has it, on CPU (torch >= 2.4)
-    and on CUDA."""
+def adamw_options(dev: torch.device | str | None = None) -> dict:
+    """Keyword arguments of ``torch.optim.AdamW`` for a device: the fused kernel (one multi-tensor
+    pass over all parameters instead of a dozen element-wise ops per parameter) where torch has it,
+    on CPU (torch >= 2.4) and on CUDA; else the multi-tensor (``foreach``) implementation."""
     from torch.optim.optimizer import _get_fused_kernels_supported_devices
 
-    return {"fused": True} if device().type in _get_fused_kernels_supported_devices() else {}
+    return {"fused": True} if _device_type(dev) in _get_fused_kernels_supported_devices() else {"foreach": True}
 
 
 # ------------------------------------------------------------------------------ CPU shims
@@ -279,10 +335,12 @@ def init_distributed(tensor_parallel: int = 1, sequence_parallel: bool = False, 
 
     if not dist.is_initialized():
         rank, world, local_rank = dist_env()
-        if has_gpu():
+        bound = {}
+        if has_gpu():  # bind the group to this rank's GPU (NCCL would otherwise guess it: "Guessing device ID")
             torch.cuda.set_device(local_rank % torch.cuda.device_count())
+            bound["device_id"] = device()
         dist.init_process_group(
-            backend=backend(), rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s)
+            backend=backend(), rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s), **bound
         )
     world = dist.get_world_size()
     if world % tensor_parallel:

@@ -138,7 +138,7 @@ class TrainConfig:
     eval_iters: int = 4  # unused since the validation set is fixed by data.valid_samples (kept so old configs load)
     log_interval: int = 10
     recompute: str = "none"  # none | selective | full
-    compile: bool = False  # torch.compile each transformer layer (regional compilation; for GPUs)
+    compile: str = "auto"  # torch.compile each transformer layer (regional compilation): auto (on for GPUs) | true | false
     exit_signal_handler: bool = True  # SIGUSR1/SIGTERM -> checkpoint at next step, exit for requeue
     stop_after: int = 0  # stop (as if interrupted) after this many steps; 0 = off. For tests and budget runs
 
@@ -404,6 +404,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"train.wsd_decay_style must be linear, cosine or 1-sqrt, got {t.wsd_decay_style!r}")
     if t.precision not in ("auto", "fp32", "bf16"):
         raise ConfigError(f"train.precision must be auto, fp32 or bf16, got {t.precision!r}")
+    t.compile = str(t.compile).lower()
+    if t.compile not in ("auto", "true", "false"):
+        raise ConfigError(f"train.compile must be auto, true or false, got {t.compile!r}")
     if t.zero_stage not in (0, 1, 2, 3):
         raise ConfigError(f"train.zero_stage must be 0-3, got {t.zero_stage}")
     if cfg.logging.x_axis not in ("step", "tokens", "samples"):

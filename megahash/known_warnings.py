@@ -14,8 +14,8 @@ libraries are imported. Listed here, each with why it is harmless:
   WARNING; megahash prints its own one-line summary of the run.
 - "pkg_resources is deprecated" (setuptools, imported by older dependencies).
 - megatron-core's log line "Unknown MLP type ... Using default kwargs" (one per layer): TransformerLayer
-  says it of any MLP subclass (megahash's FeedForward, models/feedforward.py) and then passes no
-  ``tp_group``, so the MLP takes the default tensor-parallel group: the one it would have been given.
+  says it of a ModuleSpec of any MLP subclass; megahash's layer spec now names the FeedForward class
+  itself (models/registry.py ``mlp_spec``), so it is no longer logged; the filter stays for plugins.
 - torch "`torch.distributed.all_gather_into_tensor` is deprecated" (FutureWarning, per ZeRO step
   in DeepSpeed): the name's deprecation, the collective is what DeepSpeed needs.
 

@@ -11,6 +11,8 @@ after checkpointing (SLURM scripts requeue on it).
 """
 from __future__ import annotations
 
+import gc
+
 import os
 import sys
 
@@ -67,6 +69,9 @@ def main(argv=None) -> int:
     finally:
         signals.report_exit(status)  # to megahash/launching/supervise.py, if it started this rank
         signals.restore(previous)
+        # the run's engine and optimizer sit in reference cycles that hold its destroyed gloo groups and
+        # their threads: free them now, so in-process callers (sweeps, tests) do not pile up threads
+        gc.collect()
     return status
 
 

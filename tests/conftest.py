@@ -26,6 +26,15 @@ LAST = ["test_sweep"]
 
 
 def pytest_collection_modifyitems(config, items):
+    gpu_skip = None
+    if any(item.get_closest_marker("gpu") for item in items):
+        from megahash import accelerator
+
+        if not accelerator.has_gpu():
+            gpu_skip = pytest.mark.skip(reason="gpu: no CUDA device on this machine (benchmarks/gpu_check.sh runs these on one)")
+    for item in items:
+        if gpu_skip is not None and item.get_closest_marker("gpu"):
+            item.add_marker(gpu_skip)
     order = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
     order.update({unit: len(order) + 1 + i for i, unit in enumerate(LAST)})
     items.sort(key=lambda item: order.get(item.path.stem, len(LONGEST_FIRST)))  # stable: file order within a module

@@ -18,7 +18,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import init_method_normal, scaled_init_method_normal
 
 from megahash.errors import ConfigError
-from megahash.models import cpu_linear, heads, registry
+from megahash.models import autocast_linear, cpu_linear, heads, registry
 from megahash.models.norm import hook_sequence_parallel_params
 
 
@@ -69,6 +69,38 @@ def transformer_config(cfg, dtype: torch.dtype = torch.float32) -> TransformerCo
     )
 
 
+class Rotary(RotaryEmbedding):
+    """megatron-core's ``RotaryEmbedding`` with its table on the module's own device.
+
+    megatron moves ``inv_freq`` (a plain attribute, not a buffer) to ``torch.cuda.current_device()``
+    whenever it finds it on the CPU, so on a GPU machine a model kept on the CPU (the export check,
+    evaluation, indicators) got CUDA tables against CPU activations ("Expected all tensors to be on
+    the same device", issue 25). Here an empty non-persistent buffer follows ``.to(device)`` with the
+    model, and the table is built on its device (the one the accelerator module moved the model to);
+    one cached table per (length, offset, device) instead of megatron's ``lru_cache``."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register_buffer("anchor", torch.empty(0), persistent=False)
+        self._table = (None, None)
+
+    def get_emb(self, max_seq_len: int, offset: int = 0) -> torch.Tensor:
+        if self.inv_freq.device != self.anchor.device:
+            self.inv_freq = self.inv_freq.to(self.anchor.device)
+        freqs = self.get_freqs_non_repeated(max_seq_len, offset)
+        if self.rotary_interleaved:
+            emb = torch.stack((freqs.view(-1, 1), freqs.view(-1, 1)), dim=-1).view(freqs.shape[0], -1)
+        else:
+            emb = torch.cat((freqs, freqs), dim=-1)
+        return emb[:, None, None, :]  # [s, 1, 1, d]
+
+    def forward(self, max_seq_len: int, offset: int = 0, packed_seq: bool = False, cp_group=None) -> torch.Tensor:
+        key = (max_seq_len, offset, self.anchor.device)
+        if self._table[0] != key:
+            self._table = (key, self.get_emb(max_seq_len, offset))
+        return self._table[1]
+
+
 class MegahashLM(MegatronModule):
     """Embedding -> TransformerBlock -> final norm (in the block) -> LM head.
 
@@ -96,7 +128,7 @@ class MegahashLM(MegatronModule):
 
         self.embedding_extras = roberta.build_embedding_extras(config, cfg)  # layout=roberta: positions, types, LN
         self.layer_kinds = registry.schedule_kinds(cfg)
-        self.rotary_pos_emb = RotaryEmbedding(
+        self.rotary_pos_emb = Rotary(
             kv_channels=config.kv_channels, rotary_percent=1.0, rotary_base=m.rotary_base,
             use_cpu_initialization=True,
         )
@@ -114,6 +146,7 @@ class MegahashLM(MegatronModule):
             self.output_layer = None  # S+R / hash-code heads replace the vocabulary projection
         hook_sequence_parallel_params(self)  # e.g. RowParallelLinear biases under SP
         cpu_linear.install(self)  # oneDNN GEMMs for the linear layers on CPU (accelerator.onednn_linear)
+        autocast_linear.install(self)  # bf16 runs: fp32 parameters, linear layers in the autocast dtype
 
     def attention_modules(self):
         """The ``self_attention`` module of every layer, in layer order."""
@@ -152,6 +185,7 @@ class MegahashLM(MegatronModule):
                 self.fixed_qk.run_alone(self, offset, seq_len, rotary)
             else:
                 emb, mask = self.fixed_qk.append(self, emb, mask, offset, seq_len)
+        emb = autocast_linear.cast_for_autocast(emb, emb.device.type)  # bf16 runs: a bf16 residual stream
         self._set_context({"embeddings": emb, "offset": offset, "decode": decode_state, "tokens": tokens})
         try:
             out = self.decoder(hidden_states=emb, attention_mask=mask, rotary_pos_emb=rotary)
@@ -169,6 +203,10 @@ class MegahashLM(MegatronModule):
         weight = self.embedding.weight if self.tie else None
         logits, _ = self.output_layer(hidden, weight=weight)
         return logits  # [s, b, V/TP]
+
+    def output_weight(self) -> torch.Tensor:
+        """The LM head's weight [V/TP, h] (the embedding's when tied)."""
+        return self.embedding.weight if self.tie else self.output_layer.weight
 
     def forward(self, tokens, hash_codes=None, labels=None, padding_mask=None, decode_state=None, label_codes=None):
         """Per-token loss [b, s] of the head (0 where labels < 0) when labels are given, else the

@@ -44,13 +44,45 @@ def hook_sequence_parallel_params(module: torch.nn.Module) -> None:
             sum_grad_over_tp(p)
 
 
+def _autocast_on(x: torch.Tensor) -> bool:
+    try:
+        return torch.is_autocast_enabled(x.device.type)
+    except RuntimeError:  # a device type autocast does not know (meta)
+        return False
+
+
+class _InputDtype:
+    """Mixin for torch's RMSNorm/LayerNorm: normalise in the input's dtype with the weights cast to it
+    (no autocast inside), so bf16 activations under autocast with fp32 weights stay bf16 (no fp32
+    copy of the layer's activations) and the input and weight dtypes agree, which CUDA's fused
+    ``rms_norm`` kernel needs (torch computes the statistics in fp32 inside either way)."""
+
+    def forward(self, x):
+        w = self.weight
+        if w is None or (x.dtype == w.dtype and not _autocast_on(x)):
+            return super().forward(x)
+        with torch.autocast(x.device.type, enabled=False):
+            if isinstance(self, torch.nn.RMSNorm):
+                return torch.nn.functional.rms_norm(x, self.normalized_shape, w.to(x.dtype), self.eps)
+            b = None if self.bias is None else self.bias.to(x.dtype)
+            return torch.nn.functional.layer_norm(x, self.normalized_shape, w.to(x.dtype), b, self.eps)
+
+
+class RMSNorm(_InputDtype, torch.nn.RMSNorm):
+    pass
+
+
+class LayerNorm(_InputDtype, torch.nn.LayerNorm):
+    pass
+
+
 class HeadNorm:
     """QK-norm (Qwen3; megatron-core's ``qk_layernorm``): the layer's norm over one head's d_h
     features, shared by all heads. Each TP rank applies it to its own heads only, so its gradient
     is summed over the TP group (as Megatron-LM's ``_allreduce_layernorm_grads`` does)."""
 
     def __new__(cls, config, hidden_size: int, eps: float = 1e-5, **_ignored) -> torch.nn.Module:
-        norm_cls = torch.nn.RMSNorm if config.normalization == "RMSNorm" else torch.nn.LayerNorm
+        norm_cls = RMSNorm if config.normalization == "RMSNorm" else LayerNorm
         norm = norm_cls(hidden_size, eps=eps, dtype=config.params_dtype)
         for p in norm.parameters():
             setattr(p, "sequence_parallel", bool(config.sequence_parallel))
@@ -66,7 +98,7 @@ class Norm:
     """
 
     def __new__(cls, config, hidden_size: int, eps: float = 1e-5, **_ignored) -> torch.nn.Module:
-        norm_cls = torch.nn.RMSNorm if config.normalization == "RMSNorm" else torch.nn.LayerNorm
+        norm_cls = RMSNorm if config.normalization == "RMSNorm" else LayerNorm
         norm = norm_cls(hidden_size, eps=eps, dtype=config.params_dtype)
         mark_sequence_parallel(norm.parameters(), config.sequence_parallel)
         return norm

@@ -16,7 +16,6 @@ from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinea
 from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.identity_op import IdentityOp
-from megatron.core.transformer.mlp import MLPSubmodules
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
@@ -135,11 +134,13 @@ def _standard_attention(cfg) -> ModuleSpec:
     )
 
 
-def mlp_spec() -> ModuleSpec:
-    """SwiGLU MLP (gated_linear_unit + SiLU in the TransformerConfig), TP-split."""
+def mlp_spec() -> type:
+    """SwiGLU MLP (gated_linear_unit + SiLU in the TransformerConfig), TP-split: the class itself
+    (its submodules are its defaults), since megatron's TransformerLayer logs "Unknown MLP type" for
+    a ModuleSpec of any MLP subclass and then builds it with the default kwargs anyway."""
     from megahash.models.feedforward import FeedForward
 
-    return ModuleSpec(module=FeedForward, submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear))
+    return FeedForward
 
 
 class SkippedLayer(TransformerLayer):

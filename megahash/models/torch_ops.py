@@ -53,10 +53,13 @@ def rope_cos_sin(offset: int, length: int, dim: int, base: float, device) -> tup
 
 
 def apply_rope(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """t [b, heads, s, d] (or [heads, s, d]); t cos + rotate_half(t) sin."""
-    x1, x2 = torch.chunk(t, 2, dim=-1)
-    rot = torch.cat((-x2, x1), dim=-1)
-    return t * cos.to(t.dtype) + rot * sin.to(t.dtype)
+    """t [b, heads, s, d] (or [heads, s, d]); t cos + rotate_half(t) sin, computed without a ``cat``
+    of the activations: rotate_half(t) sin = roll(t, d/2) sin' with sin' the table with its first
+    half negated (the table repeats its frequencies in both halves; bit for bit the same values)."""
+    h = t.shape[-1] // 2
+    sin = sin.to(t.dtype)
+    sin = torch.cat((-sin[..., :h], sin[..., h:]), dim=-1)  # the [s, d] table only
+    return t * cos.to(t.dtype) + torch.roll(t, h, dims=-1) * sin
 
 
 def softmax_attention(q, k, v, causal: bool, key_mask=None, scale: Optional[float] = None):

@@ -134,7 +134,10 @@ def check_early(cfg) -> None:
         check_user_json(cfg, read_json(path), path)
 
 
-def deepspeed_config(cfg, dp_size: int, bf16: bool) -> dict:
+def deepspeed_config(cfg, dp_size: int, bf16: bool, autocast=None) -> dict:
+    """The engine's JSON. ``bf16``: DeepSpeed's bf16 mode (bf16 parameters, fp32 copies in its
+    optimizer); ``autocast`` (a dtype, e.g. ``torch.bfloat16``): fp32 parameters and DeepSpeed's
+    ``torch_autocast`` section instead (``accelerator.autocast_dtype``), with ``bf16`` off."""
     t = cfg.train
     path = json_path(cfg)
     ds = read_json(path)
@@ -146,7 +149,7 @@ def deepspeed_config(cfg, dp_size: int, bf16: bool) -> dict:
         )
     user = bool(t.deepspeed_config)
     if user:
-        check_user_json(cfg, ds, path, dp_size, bf16)
+        check_user_json(cfg, ds, path, dp_size, None if autocast is not None else bf16)
         # megahash passes its own AdamW and LR scheduler (equal to the JSON's values, checked above)
         ds.pop("optimizer", None)
         ds.pop("scheduler", None)
@@ -156,6 +159,9 @@ def deepspeed_config(cfg, dp_size: int, bf16: bool) -> dict:
     ds["gradient_clipping"] = t.clip_grad
     ds.setdefault("zero_optimization", {})["stage"] = effective_zero_stage(t.zero_stage, dp_size, bf16)
     ds["bf16"] = {**(ds.get("bf16") or {}), "enabled": bool(bf16)}
+    if autocast is not None:
+        ds["torch_autocast"] = {**(ds.get("torch_autocast") or {}), "enabled": True,
+                                "dtype": str(autocast).replace("torch.", "")}
     ds["fp16"] = {**(ds.get("fp16") or {}), "enabled": False}
     if not user or "steps_per_print" not in ds:
         ds["steps_per_print"] = 10**9  # megahash logs itself

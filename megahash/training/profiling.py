@@ -77,12 +77,15 @@ class TrainHarness:
         self.cfg = cfg
         dp_size = parallel_state.get_data_parallel_world_size()
         self.dp_rank = parallel_state.get_data_parallel_rank()
-        dtype = accelerator.train_dtype(t.precision)
         self.data = build_datasets(cfg, train_samples=steps * t.global_batch_size, valid_samples=0,
                                    cache_dir=cfg.data.cache_dir or None)
         accelerator.seed_all(t.seed)
-        self.model = build_model(cfg, self.data.vocab_size, dtype)
-        self.engine, self.scheduler = build_engine(cfg, self.model, dp_size, dtype)
+        self.model = build_model(cfg, self.data.vocab_size, accelerator.param_dtype(t.precision))
+        if accelerator.compile_layers(t.compile):  # as trainer.train
+            from megahash.training.trainer import compile_layers
+
+            compile_layers(self.model)
+        self.engine, self.scheduler = build_engine(cfg, self.model, dp_size)
         self.objective = build_objective(cfg, self.data)
         self.loader = make_loader(self.data.train, 0, t.micro_batch_size, self.dp_rank, dp_size, cfg.data.num_workers)
         self.batches = iter(self.loader)

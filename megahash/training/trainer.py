@@ -44,16 +44,21 @@ def batch_loss(engine, batch: dict, objective) -> torch.Tensor:
     return (per_token.float() * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def build_engine(cfg: Config, model: torch.nn.Module, dp_size: int, dtype: torch.dtype):
-    """(DeepSpeed engine, LR scheduler) around ``model``: AdamW (no decay on 1-D parameters), the
-    warmup/decay schedule and the DeepSpeed config of ``train.zero_stage``."""
+def build_engine(cfg: Config, model: torch.nn.Module, dp_size: int, dtype: torch.dtype | None = None):
+    """(DeepSpeed engine, LR scheduler) around ``model``: AdamW (no decay on 1-D parameters; fused
+    where the device has it, ``accelerator.adamw_options``), the warmup/decay schedule and the
+    DeepSpeed config of ``train.zero_stage``. ``train.precision`` bf16 runs keep fp32 parameters and
+    compute in bf16 under DeepSpeed's ``torch_autocast`` (``accelerator.autocast_dtype``); a
+    ``dtype`` of bf16 given here instead asks for DeepSpeed's own bf16 mode (bf16 parameters)."""
     import deepspeed
 
     t = cfg.train
     optimizer = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr,
                                   betas=(t.beta1, t.beta2), eps=t.eps, **accelerator.adamw_options())
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda_for(t))
-    ds_cfg = deepspeed_config(cfg, dp_size, bf16=dtype == torch.bfloat16)
+    bf16_params = dtype == torch.bfloat16 or next(model.parameters()).dtype == torch.bfloat16
+    autocast = None if bf16_params else accelerator.autocast_dtype(t.precision)
+    ds_cfg = deepspeed_config(cfg, dp_size, bf16=bf16_params, autocast=autocast)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=ds_cfg, mpu=accelerator.DeepSpeedMPU(),
                                            dist_init_required=False)
@@ -62,17 +67,26 @@ def build_engine(cfg: Config, model: torch.nn.Module, dp_size: int, dtype: torch
     return engine, scheduler
 
 
-def train_step(engine, batches, objective, gas: int) -> tuple[float, float]:
+def train_step(engine, batches, objective, gas: int, timings: dict | None = None) -> tuple[float, float]:
     """One optimizer step of ``gas`` micro-batches from the iterator ``batches``: (sum of the
-    micro-batch losses, seconds spent waiting for batches). One host sync per step."""
+    micro-batch losses, seconds spent waiting for batches). One host sync per step; with a
+    ``timings`` dict, also the seconds of the optimizer phase (``engine.step`` of the last
+    micro-batch, between device syncs: ``accelerator.synchronize``) as ``timings["optimizer_s"]``."""
     loss_sum, wait = None, 0.0
-    for _ in range(gas):
+    for i in range(gas):
         tw = time.perf_counter()
         batch = next(batches)
         wait += time.perf_counter() - tw
         loss = batch_loss(engine, batch, objective)
         engine.backward(loss)
+        last = timings is not None and i == gas - 1
+        if last:
+            accelerator.synchronize()
+            to = time.perf_counter()
         engine.step()
+        if last:
+            accelerator.synchronize()
+            timings["optimizer_s"] = time.perf_counter() - to
         l = loss.detach().double()  # summed like Python floats, as before
         loss_sum = l if loss_sum is None else loss_sum + l
     return loss_sum.item(), wait
@@ -124,7 +138,7 @@ def train(cfg: Config, at_end=None) -> int:
     try:
         dp_size = parallel_state.get_data_parallel_world_size()
         dp_rank = parallel_state.get_data_parallel_rank()
-        dtype = accelerator.train_dtype(cfg.train.precision)
+        dtype = accelerator.train_dtype(cfg.train.precision)  # the compute dtype (bf16: under autocast)
         t = cfg.train
         save_dir = Path(t.save_dir)
 
@@ -157,9 +171,9 @@ def train(cfg: Config, at_end=None) -> int:
         n_params = sum(p.numel() for p in model.parameters())
         n_params = _sum_over_tp(n_params, model)
         n_emb = _embedding_params(model)
-        if t.compile:
+        if accelerator.compile_layers(t.compile):
             compile_layers(model)
-        engine, scheduler = build_engine(cfg, model, dp_size, dtype)
+        engine, scheduler = build_engine(cfg, model, dp_size)
         objective = build_objective(cfg, data)
         step = 0
         if resume_from is not None:
@@ -205,7 +219,9 @@ def train(cfg: Config, at_end=None) -> int:
             t0 = time.perf_counter()
             objective.set_step(step, dp_rank)
             lr_used = scheduler_lr(engine)  # engine.step() advances the scheduler: read the LR this step uses
-            loss_sum, wait = train_step(engine, batches, objective, gas)
+            echo = (step + 1) % t.log_interval == 0 or step == 0 or step + 1 == t.steps
+            timings = {} if echo else None  # the optimizer phase, timed on the steps the progress line shows
+            loss_sum, wait = train_step(engine, batches, objective, gas, timings)
             step += 1
             dt = time.perf_counter() - t0
             loss_avg = _dp_mean(loss_sum / gas)
@@ -215,8 +231,8 @@ def train(cfg: Config, at_end=None) -> int:
                        "consumed_samples": step * gbs, "consumed_tokens": step * tokens_per_step}
             if peak > 0 and isinstance(flops_tok, (int, float)):  # "n/a": a kind with no cost model
                 metrics["mfu"] = flops_tok * tok_s / peak
-            echo = step % t.log_interval == 0 or step == 1 or step == t.steps
             if echo:  # host-syncing statistics at log intervals only, off the step's hot path
+                metrics["optimizer_s"] = timings["optimizer_s"]
                 metrics["param_norm"] = param_norm(engine.module, t.zero_stage)
                 metrics["peak_memory_mib"] = accelerator.peak_memory_bytes() / 2**20
             if not math.isfinite(loss_avg):

@@ -117,18 +117,36 @@ def rope(t: torch.Tensor, rotary_pos_emb, config) -> torch.Tensor:
 
     The rotation covers all of d here (rotary_percent 1, not interleaved, unfused): then this is
     megatron-core's ``_apply_rotary_pos_emb_bshd`` term for term, t cos + rotate_half(t) sin (Su et
-    al. 2021, eq. 34), without its ``mscale`` products and the copy that re-appends an empty
-    pass-through slice (bit-identical results, one full-size copy fewer per call). Other layouts go
-    to megatron-core's ``apply_rotary_pos_emb``."""
+    al. 2021, eq. 34), bit for bit, without its ``mscale`` products, its ``cat`` of the rotated halves
+    and the copy that re-appends an empty pass-through slice: rotate_half(t) sin = roll(t, d/2) sin'
+    with sin' the table with its first half negated (megatron's tables repeat the frequencies in both
+    halves), so a call is two products, a roll and a sum (backward: two products and a roll). cos and
+    sin' are computed once per table (:func:`rope_tables`) and shared by the layers of a forward.
+    Other layouts go to megatron-core's ``apply_rotary_pos_emb``."""
     if rotary_pos_emb is None:
         return t
     freqs = rotary_pos_emb[0] if isinstance(rotary_pos_emb, tuple) else rotary_pos_emb
     if (freqs.shape[-1] != t.shape[-1] or config.apply_rope_fusion or config.rotary_interleaved
             or getattr(config, "multi_latent_attention", False) or getattr(config, "context_parallel_size", 1) > 1):
         return apply_rotary_pos_emb(t, freqs, config)
-    cos, sin = torch.cos(freqs).to(t.dtype), torch.sin(freqs).to(t.dtype)
-    x1, x2 = torch.chunk(t, 2, dim=-1)
-    return t * cos + torch.cat((-x2, x1), dim=-1) * sin
+    cos, sin = rope_tables(freqs, t.dtype)
+    return t * cos + torch.roll(t, t.shape[-1] // 2, dims=-1) * sin
+
+
+def rope_tables(freqs: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin with its first half negated) of a frequency table, in ``dtype``, on the table's device.
+
+    Cached on the table object in eager mode (every layer of one forward gets the same table), computed
+    afresh under ``torch.compile`` (where they fuse into the layer's kernels)."""
+    cached = None if torch.compiler.is_compiling() else getattr(freqs, "_megahash_rope", None)
+    if cached is not None and cached[0] == dtype:
+        return cached[1], cached[2]
+    cos = torch.cos(freqs).to(dtype)
+    sin = torch.sin(freqs).to(dtype)
+    sin = torch.cat((-sin[..., : sin.shape[-1] // 2], sin[..., sin.shape[-1] // 2:]), dim=-1)  # the table only
+    if not torch.compiler.is_compiling():
+        freqs._megahash_rope = (dtype, cos, sin)
+    return cos, sin
 
 
 def append_cache(cache: dict | None, key: str, t: torch.Tensor) -> torch.Tensor:

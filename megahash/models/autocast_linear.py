@@ -1,0 +1,43 @@
+"""megatron-core's linear layers under ``torch.autocast`` on every device.
+
+bf16 runs keep fp32 parameters and compute under autocast (``accelerator.autocast_dtype``). megatron's
+``LinearWithGradAccumulationAndAsyncCommunication`` re-enters autocast in backward through
+``torch.amp.custom_bwd(device_type="cuda")`` only, so on other devices its backward would multiply
+the bf16 output gradient by the fp32 weight. Casting the weight (and bias) to the autocast dtype
+before the call makes the layer's forward and backward run in that dtype everywhere: the same GEMMs
+autocast runs on CUDA (which casts the weight inside the matmul), the weight gradient flowing back
+through the cast to the fp32 parameter (summed there in fp32). Outside autocast: unchanged.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def cast_for_autocast(t: torch.Tensor | None, device_type: str) -> torch.Tensor | None:
+    """``t`` in the autocast dtype of ``device_type`` (unchanged without autocast, or for non-float tensors)."""
+    if t is None or not t.is_floating_point() or not torch.is_autocast_enabled(device_type):
+        return t
+    return t.to(torch.get_autocast_dtype(device_type))
+
+
+def _forward_impl(inner):
+    def impl(input, weight, bias, *args, **kwargs):
+        dev = input.device.type
+        return inner(cast_for_autocast(input, dev), cast_for_autocast(weight, dev), cast_for_autocast(bias, dev),
+                     *args, **kwargs)
+
+    impl.__dict__.update(getattr(inner, "__dict__", {}))  # e.g. cpu_linear's megahash_onednn mark
+    impl.megahash_autocast = True
+    return impl
+
+
+def install(model: torch.nn.Module) -> int:
+    """Wrap the ``_forward_impl`` of every megatron ``ColumnParallelLinear``/``RowParallelLinear``."""
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+
+    n = 0
+    for m in model.modules():
+        if isinstance(m, (ColumnParallelLinear, RowParallelLinear)) and not getattr(m._forward_impl, "megahash_autocast", False):
+            m._forward_impl = _forward_impl(m._forward_impl)
+            n += 1
+    return n

@@ -1,0 +1,84 @@
+"""The LM head's projection and cross-entropy fused and chunked over tokens, so the [tokens x vocab]
+logits (fp32 or otherwise) are never materialised whole (one TP rank).
+
+loss_i = logsumexp_v(h_i W_v) - h_i W_{y_i} (the vocab-parallel cross-entropy at TP=1, megatron-core's
+``VocabParallelCrossEntropy``, Megatron-LM eq. of Shoeybi et al. 2019 sec. 3). Forward computes the
+logits of ``rows`` tokens at a time in fp32 and keeps the log-sum-exp of each token; it saves only the
+hidden states (and the weight, a parameter). Backward recomputes each chunk's logits and forms
+d logits = (softmax - onehot(y)) * dloss, then dh = d logits W and dW = d logits^T h, accumulated in
+fp32 over chunks. Peak memory of the head: one chunk of fp32 logits (``CHUNK_ELEMENTS``) instead of
+two [tokens x vocab] fp32 tensors (logits and softmax) held from forward to backward; one extra
+head GEMM per step (the recompute). The same idea as Liger-Kernel's fused linear cross-entropy and
+DeepSpeed's ``chunked_cross_entropy`` (which keeps the logits whole in their own dtype).
+"""
+from __future__ import annotations
+
+import torch
+
+from megahash.models import cpu_linear
+
+CHUNK_ELEMENTS = 1 << 26  # fp32 logits per chunk: 256 MiB (1,334 tokens at a 50,304-token vocabulary)
+
+
+def chunk_rows(vocab: int) -> int:
+    return max(1, CHUNK_ELEMENTS // max(1, vocab))
+
+
+def _mm_t(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a [n, k] @ b [m, k]^T (oneDNN on CPU in fp32 where ``cpu_linear`` uses it)."""
+    if cpu_linear.usable(a, b):
+        return cpu_linear._onednn_gemm(a, b)
+    return a @ b.t()
+
+
+class LinearCrossEntropy(torch.autograd.Function):
+    """hidden [N, h], weight [V, h], target [N] (ids in [0, V)) -> per-token loss [N] (fp32; fp64 for fp64)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, target, rows):
+        w = weight.to(hidden.dtype)
+        n, acc = hidden.shape[0], torch.promote_types(hidden.dtype, torch.float32)
+        lse = torch.empty(n, dtype=acc, device=hidden.device)
+        picked = torch.empty(n, dtype=acc, device=hidden.device)
+        for s in range(0, n, rows):
+            e = min(n, s + rows)
+            logits = _mm_t(hidden[s:e], w).to(acc)
+            torch.logsumexp(logits, dim=-1, out=lse[s:e])
+            torch.gather(logits, 1, target[s:e, None], out=picked[s:e, None])
+        ctx.save_for_backward(hidden, weight, target, lse)
+        ctx.rows = rows
+        return lse - picked
+
+    @staticmethod
+    def backward(ctx, grad):
+        hidden, weight, target, lse = ctx.saved_tensors
+        w = weight.to(hidden.dtype)
+        n, rows = hidden.shape[0], ctx.rows
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        dh = torch.empty_like(hidden) if need_h else None
+        dw = None
+        grad = grad.to(lse.dtype)
+        minus_one = torch.full((min(n, rows), 1), -1.0, dtype=lse.dtype, device=hidden.device)
+        for s in range(0, n, rows):
+            e = min(n, s + rows)
+            h = hidden[s:e]
+            p = _mm_t(h, w).to(lse.dtype).sub_(lse[s:e, None]).exp_()  # softmax of the chunk
+            p.scatter_add_(1, target[s:e, None], minus_one[:e - s])  # - onehot(y)
+            p = p.mul_(grad[s:e, None]).to(hidden.dtype)
+            if need_h:
+                torch.mm(p, w, out=dh[s:e])
+            if need_w:
+                part = p.t() @ h
+                dw = part.to(lse.dtype) if dw is None else dw.add_(part)
+        if need_w:
+            dw = dw.to(weight.dtype)
+        return dh, dw, None, None
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                         rows: int | None = None) -> torch.Tensor:
+    """Per-token cross-entropy of ``hidden @ weight^T`` [..., V] against ``target`` [...] (-> [...], fp32)."""
+    shape = target.shape
+    loss = LinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight, target.reshape(-1),
+                                    rows or chunk_rows(weight.shape[0]))
+    return loss.view(shape)

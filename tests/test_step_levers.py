@@ -1,0 +1,184 @@
+"""The GPU step's levers keep the mathematics, checked on CPU against independent references: the
+chunked projection + cross-entropy (megahash.models.chunked_ce) against megatron-core's loss on the
+whole logits, the fused SwiGLU against its autograd form, RoPE without ``cat`` against the
+``rotate_half`` form; and what the accelerator module picks for a named CUDA device (configuration,
+not speed), the rotary table's device following the model, and bf16 training under autocast."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+
+def saved_storages(fn, *args) -> int:
+    """Bytes of the distinct storages ``fn`` saves for backward (inputs excluded)."""
+    inputs = {a.untyped_storage().data_ptr() for a in args}
+    seen = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in inputs:
+            seen[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(*args)
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("rows", [5, 1000])
+def test_chunked_cross_entropy_equals_megatron_loss_on_whole_logits(dist, rows):
+    from megahash.models.chunked_ce import linear_cross_entropy
+    from megahash.models.heads import vocab_cross_entropy
+
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(9, 2, 16, generator=g, requires_grad=True)
+    weight = (torch.randn(37, 16, generator=g) * 0.5).requires_grad_()
+    target = torch.randint(0, 37, (9, 2), generator=g)
+    w_out = torch.rand(9, 2, generator=g)
+    ours = linear_cross_entropy(hidden, weight, target, rows=rows)
+    dh, dw = torch.autograd.grad(ours, (hidden, weight), w_out)
+    ref = vocab_cross_entropy(F.linear(hidden, weight).float(), target)
+    rh, rw = torch.autograd.grad(ref, (hidden, weight), w_out)
+    assert torch.allclose(ours, ref, atol=1e-5) and torch.allclose(dh, rh, atol=1e-5) and torch.allclose(dw, rw, atol=1e-5)
+    full = F.cross_entropy(F.linear(hidden, weight).reshape(-1, 37), target.reshape(-1), reduction="none")
+    assert torch.allclose(ours.detach().reshape(-1), full, atol=1e-5)
+
+
+def test_chunked_cross_entropy_gradcheck_and_keeps_no_logits():
+    from megahash.models.chunked_ce import linear_cross_entropy
+
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(7, 6, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(11, 6, dtype=torch.float64, generator=g, requires_grad=True)
+    t = torch.randint(0, 11, (7,), generator=g)
+    assert torch.autograd.gradcheck(lambda a, b: linear_cross_entropy(a, b, t, rows=3), (h, w))
+    big_h, big_w = torch.randn(64, 8, requires_grad=True), torch.randn(500, 8, requires_grad=True)
+    tt = torch.randint(0, 500, (64,))
+    kept = saved_storages(lambda a, b: linear_cross_entropy(a, b, tt, rows=16), big_h, big_w)
+    assert kept < 64 * 500 * 4 / 10  # the log-sum-exp per token and the targets, not [64 x 500] logits
+    assert saved_storages(lambda a, b: F.cross_entropy(F.linear(a, b), tt), big_h, big_w) >= 64 * 500 * 4
+
+
+def test_vocab_head_loss_equals_the_logits_path(dist):
+    """The model's TP=1 head (chunked) gives the loss and gradients of its logits + megatron's CE."""
+    from megahash import accelerator
+    from megahash.config import load_config
+    from megahash.models.heads import vocab_cross_entropy
+    from megahash.models.model import build_model
+
+    cfg = load_config(None, ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",
+                             "model.ffn_hidden_size=64", "data.seq_length=16", "train.precision=fp32"])
+    accelerator.seed_all(0)
+    model = build_model(cfg, 200)
+    tokens = torch.randint(5, 200, (2, 16))
+    labels = tokens.clone()
+    labels[0, :3] = -100
+    loss = model(tokens, labels=labels)
+    ga = torch.autograd.grad(loss.sum(), model.embedding.weight)[0]
+    hidden = model.hidden_states(tokens)
+    lab = labels.transpose(0, 1).contiguous()
+    ref = vocab_cross_entropy(model.logits(hidden).float(), lab.clamp(min=0)).masked_fill(lab < 0, 0).transpose(0, 1)
+    gb = torch.autograd.grad(ref.sum(), model.embedding.weight)[0]
+    assert torch.allclose(loss, ref, atol=1e-5) and torch.allclose(ga, gb, atol=1e-5)
+    assert (loss[0, :3] == 0).all()
+
+
+def test_fused_swiglu_equals_autograd_form_and_saves_less():
+    from megahash.models.feedforward import SwiGLU, SwiGLUPair
+
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(5, 3, 32, generator=g, requires_grad=True)
+    dy = torch.randn(5, 3, 16, generator=g)
+    ours = SwiGLU.apply(x)
+    (dx,) = torch.autograd.grad(ours, x, dy)
+
+    def unfused(t):
+        a, b = torch.chunk(t, 2, dim=-1)
+        return F.silu(a) * b
+
+    ref = unfused(x)
+    (rx,) = torch.autograd.grad(ref, x, dy)
+    assert torch.equal(ours, ref) and torch.equal(dx, rx)
+    a, b = x.detach()[..., :16].clone().requires_grad_(), x.detach()[..., 16:].clone().requires_grad_()
+    pa, pb = torch.autograd.grad(SwiGLUPair.apply(a, b), (a, b), dy)
+    assert torch.equal(pa, rx[..., :16]) and torch.equal(pb, rx[..., 16:])
+    assert saved_storages(SwiGLU.apply, x) == 0  # only its input (the fc1 output)
+    assert saved_storages(unfused, x) == 5 * 3 * 16 * 4  # plus SiLU(gate)
+    assert torch.autograd.gradcheck(SwiGLU.apply, (x.detach().double().requires_grad_(),))
+
+
+def test_reference_rope_without_cat_equals_rotate_half_form():
+    from megahash.models.torch_ops import apply_rope, rope_cos_sin
+
+    cos, sin = rope_cos_sin(3, 11, 16, 10000.0, "cpu")
+    t = torch.randn(2, 4, 11, 16)
+    x1, x2 = torch.chunk(t, 2, dim=-1)
+    assert torch.equal(apply_rope(t, cos, sin), t * cos + torch.cat((-x2, x1), dim=-1) * sin)
+
+
+def test_accelerator_settings_for_a_named_cuda_device():
+    """Asked for "cuda", the accelerator module picks the fused AdamW, bf16 compute under autocast
+    over fp32 parameters, compiled layers and the fused GEMM of SwiGLU; for "cpu" its CPU choices."""
+    from megahash import accelerator
+
+    gpu = accelerator.training_settings("auto", "auto", "cuda")
+    assert gpu["adamw"] == {"fused": True} and gpu["param_dtype"] == torch.float32
+    assert gpu["autocast_dtype"] == torch.bfloat16 and gpu["compile"] is True
+    assert gpu["split_glu_gemms"] is False and gpu["onednn_linear"] is False
+    assert gpu["fused_swiglu"] and gpu["chunked_cross_entropy"]
+    cpu = accelerator.training_settings("auto", "auto", "cpu")
+    assert cpu["autocast_dtype"] is None and cpu["compile"] is False and cpu["split_glu_gemms"] is True
+    assert cpu["adamw"] == {"fused": True}  # torch >= 2.4 has the fused CPU kernel
+    assert accelerator.training_settings("fp32", "true", "cuda")["autocast_dtype"] is None
+    assert accelerator.compile_layers("false", "cuda") is False and accelerator.compile_layers("true", "cpu") is True
+
+
+def test_deepspeed_json_for_bf16_autocast(tmp_path):
+    from megahash.config import load_config
+    from megahash.training.ds_config import deepspeed_config
+
+    cfg = load_config(None, ["train.precision=bf16", "train.zero_stage=1", "train.global_batch_size=4",
+                             "train.micro_batch_size=4"])
+    ds = deepspeed_config(cfg, dp_size=1, bf16=False, autocast=torch.bfloat16)
+    assert ds["bf16"]["enabled"] is False and ds["torch_autocast"] == {"enabled": True, "dtype": "bfloat16"}
+    assert ds["zero_optimization"]["stage"] == 0  # one data-parallel rank, fp32 parameters: the engine steps AdamW itself
+
+
+def test_rotary_table_follows_the_model_device(dist):
+    """The table is built on the device of the module's own buffer (moved with the model), never on
+    megatron's ``torch.cuda.current_device()``: a meta-device model gets meta tables."""
+    from megahash.config import load_config
+    from megahash.models.model import build_model
+
+    cfg = load_config(None, ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",
+                             "model.ffn_hidden_size=64", "data.seq_length=16"])
+    model = build_model(cfg, 100)
+    assert model.rotary_pos_emb(8).device.type == "cpu"
+    model.to("meta")
+    table = model.rotary_pos_emb(8)
+    assert table.device.type == "meta" and table.shape == (8, 1, 1, 16)
+    assert "rotary_pos_emb.anchor" not in model.state_dict()
+
+
+def test_bf16_autocast_training_step(shakespeare_shards, dist):
+    """precision=bf16 on CPU: fp32 parameters, bf16 activations, the engine's own fused AdamW (the
+    path the accelerator picks for CUDA); the loss falls over a few steps and the grad norm is kept."""
+    from megahash.config import load_config
+    from megahash.training.profiling import TrainHarness
+
+    prefix, tok = shakespeare_shards["prefix"], shakespeare_shards["tokenizer"]
+    cfg = load_config(None, ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4",
+                             "model.ffn_hidden_size=128", "data.seq_length=64", f"data.prefix=[{prefix}]",
+                             f"data.tokenizer={tok}", f"data.cache_dir={shakespeare_shards['dir'] / 'cache'}", "train.micro_batch_size=4", "train.global_batch_size=4",
+                             "train.precision=bf16", "train.warmup_steps=1", "train.lr=3e-3"])
+    h = TrainHarness(cfg, 10)
+    assert h.engine.torch_autocast_enabled() and not h.engine.bfloat16_enabled()
+    assert type(h.engine.optimizer).__name__ == "AdamW" and all(p.dtype == torch.float32 for p in h.model.parameters())
+    dtypes = set()
+    hook = h.model.decoder.layers[0].register_forward_hook(lambda m, i, o: dtypes.add(o[0].dtype))
+    losses = [h.step() for _ in range(8)]
+    hook.remove()
+    assert dtypes == {torch.bfloat16}
+    assert losses[-1] < losses[0] - 0.2
+    from megahash.training.grad_norm import grad_norm
+
+    assert float(grad_norm(h.engine)) > 0
