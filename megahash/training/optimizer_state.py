@@ -348,7 +348,9 @@ def load(engine, directory: Path, zero_stage: int) -> int:
         for key in keys:
             template[f"{key}.{i}"] = make_sharded_optimizer_tensor(sh, torch.zeros(shape, dtype=torch.float32), prefix=key)
     try:
-        with no_code_unpickling():  # data only: never run code from a checkpoint file
+        from megahash.known_warnings import DIST_CHECKPOINT_LOAD, silenced
+
+        with no_code_unpickling(), silenced(DIST_CHECKPOINT_LOAD):  # data only: never run code from a checkpoint file
             loaded = dist_checkpointing.load(template, str(directory))
     except (KeyboardInterrupt, SystemExit, CheckpointError):
         raise
