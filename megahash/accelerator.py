@@ -276,6 +276,32 @@ def tune_host_allocator() -> bool:
     return _MALLOC_TUNED
 
 
+def deepspeed_collectives_by_current_names() -> None:
+    """DeepSpeed's torch backend picks ``reduce_scatter_tensor`` / ``all_gather_into_tensor`` when it is
+    created: make it pick torch's current names for the same collectives (same signatures). Called
+    before ``deepspeed.initialize`` (importing DeepSpeed elsewhere would slow every tool's start)."""
+    try:
+        from deepspeed.comm import comm as ds_comm
+        from deepspeed.comm.torch import TorchBackend
+    except ImportError:  # pragma: no cover - DeepSpeed is a dependency
+        return
+    pairs = (("get_reduce_scatter_function", "reduce_scatter_function", "reduce_scatter_single"),
+             ("get_all_gather_function", "all_gather_function", "all_gather_single"))
+    for getter, attr, new in pairs:
+        if not hasattr(dist, new) or getattr(getattr(TorchBackend, getter), "_megahash_current", False):
+            continue
+        current = getattr(dist, new)
+
+        def pick(cls, _current=current):
+            return _current
+
+        pick._megahash_current = True
+        setattr(TorchBackend, getter, classmethod(pick))
+        backend = getattr(ds_comm, "cdb", None)  # already created: point it there too
+        if isinstance(backend, TorchBackend) and getattr(backend, attr, None) is not None:
+            setattr(backend, attr, current)
+
+
 def apply_megatron_fixes() -> None:
     """Fixes for megatron-core 0.16.1 needed on every device (idempotent).
 
@@ -287,7 +313,8 @@ def apply_megatron_fixes() -> None:
 
     megatron-core calls ``torch.distributed.reduce_scatter_tensor`` / ``all_gather_into_tensor``, which
     torch 2.13 deprecates (a FutureWarning at TP=2 with sequence parallelism) for the same collectives
-    renamed ``reduce_scatter_single`` / ``all_gather_single``: megatron's references point to those.
+    renamed ``reduce_scatter_single`` / ``all_gather_single``: megatron's references point to those
+    (DeepSpeed's: :func:`deepspeed_collectives_by_current_names`).
     """
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import layers, mappings

@@ -33,11 +33,6 @@ def _forward_impl(inner):
 
 def install(model: torch.nn.Module) -> int:
     """Wrap the ``_forward_impl`` of every megatron ``ColumnParallelLinear``/``RowParallelLinear``."""
-    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+    from megahash.models.linear_layers import wrap_forward_impls
 
-    n = 0
-    for m in model.modules():
-        if isinstance(m, (ColumnParallelLinear, RowParallelLinear)) and not getattr(m._forward_impl, "megahash_autocast", False):
-            m._forward_impl = _forward_impl(m._forward_impl)
-            n += 1
-    return n
+    return wrap_forward_impls(model, _forward_impl, "megahash_autocast")

@@ -90,13 +90,9 @@ def install(model: torch.nn.Module) -> int:
     """Route every TP=1 megatron linear layer of ``model`` through :func:`onednn_linear` on CPU;
     returns how many layers were routed (0 where ``accelerator.onednn_linear()`` is False)."""
     from megatron.core import parallel_state
-    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+
+    from megahash.models.linear_layers import wrap_forward_impls
 
     if not accelerator.onednn_linear() or parallel_state.get_tensor_model_parallel_world_size() != 1:
         return 0
-    n = 0
-    for m in model.modules():
-        if isinstance(m, (ColumnParallelLinear, RowParallelLinear)) and not getattr(m._forward_impl, "megahash_onednn", False):
-            m._forward_impl = _forward_impl(m._forward_impl)
-            n += 1
-    return n
+    return wrap_forward_impls(model, _forward_impl, "megahash_onednn")

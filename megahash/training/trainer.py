@@ -52,6 +52,7 @@ def build_engine(cfg: Config, model: torch.nn.Module, dp_size: int, dtype: torch
     ``dtype`` of bf16 given here instead asks for DeepSpeed's own bf16 mode (bf16 parameters)."""
     import deepspeed
 
+    accelerator.deepspeed_collectives_by_current_names()  # ZeRO-3's collectives without deprecation warnings
     t = cfg.train
     optimizer = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr,
                                   betas=(t.beta1, t.beta2), eps=t.eps, **accelerator.adamw_options())
