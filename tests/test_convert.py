@@ -510,7 +510,7 @@ def test_lm_eval_hf_matches_megahash(runs, dist, tmp_path):
 @pytest.mark.parametrize("argv, expect", [
     (["export-hf", "--checkpoint", "/nonexistent/run", "--output", "OUT"], "checkpoint /nonexistent/run does not exist"),
     (["export-hf", "--checkpoint", "TP1", "--output", "OUT", "--format", "qwen2"], "--format qwen2 needs a decoder"),
-    (["import-hf", "--hf", "/nonexistent/hf", "--output", "OUT"], "is not a Hugging Face model folder"),
+    (["import-hf", "--hf", "/nonexistent/hf", "--output", "OUT"], "--hf /nonexistent/hf does not exist"),
     (["import-hf", "--hf", "TP1", "--output", "OUT"], "is not a Hugging Face model folder"),
 ])
 @pytest.mark.multiprocess

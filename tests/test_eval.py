@@ -268,12 +268,12 @@ def test_eval_refuses_to_overwrite_without_the_flag(runs, capsys):
 
 @pytest.mark.parametrize("argv, expect", [
     (["eval", "--checkpoint", "/nonexistent/run", "--tasks", "shk_ppl"], "checkpoint /nonexistent/run does not exist"),
-    (["eval", "--checkpoint", "TRAINED", "--tasks", "shk_pple", "--tasks-dir", "TASKS"], "unknown task 'shk_pple' (did you mean 'shk_ppl'?)"),
-    (["eval", "--checkpoint", "TRAINED", "--tasks", "shk_ppl", "--tasks-dir", "TASKS", "--override", "model.hidden_size=128"],
+    (["eval", "--checkpoint", "TRAINED", "--overwrite", "--tasks", "shk_pple", "--tasks-dir", "TASKS"], "unknown task 'shk_pple' (did you mean 'shk_ppl'?)"),
+    (["eval", "--checkpoint", "TRAINED", "--overwrite", "--tasks", "shk_ppl", "--tasks-dir", "TASKS", "--override", "model.hidden_size=128"],
      "do not fit the model of its config"),
-    (["eval", "--checkpoint", "TRAINED", "--tasks", "shk_ppl", "--tasks-dir", "TASKS", "--tokenizer", "/nonexistent/x.model"],
+    (["eval", "--checkpoint", "TRAINED", "--overwrite", "--tasks", "shk_ppl", "--tasks-dir", "TASKS", "--tokenizer", "/nonexistent/x.model"],
      "tokenizer model '/nonexistent/x.model' not found"),
-    (["eval", "--checkpoint", "TRAINED", "--tasks", "hub_task", "--tasks-dir", "HUBDIR", "--limit", "2"],
+    (["eval", "--checkpoint", "TRAINED", "--overwrite", "--tasks", "hub_task", "--tasks-dir", "HUBDIR", "--limit", "2"],
      "offline, evaluate local tasks"),
     (["indicators", "--checkpoint", "TRAINED", "--text", "/nonexistent.txt"], "--text /nonexistent.txt does not exist"),
     (["indicators", "--checkpoint", "/nonexistent/run", "--text", "TASKS/shk_manifest.json"], "does not exist"),
