@@ -76,7 +76,7 @@ def main(argv=None):
     rows = {}
     for name, kind, over in variants:
         model = build(kind, over, args)
-        shares_map = model.fixed_qk is not None
+        shares_map = getattr(model, "fixed_qk", None) is not None
         rows[name] = {}
         for c in contexts:
             if shares_map and args.piece * c * args.heads * 4 > args.max_map_gb * 2 ** 30:

@@ -58,7 +58,7 @@ def build(kind: str, overrides: list[str], args):
     ])
     accelerator.seed_all(0)
     model = build_model(cfg, VOCAB, dtype=torch.float32)
-    if model.fixed_qk is not None and model.fixed_qk.source == "text":
+    if getattr(model, "fixed_qk", None) is not None and model.fixed_qk.source == "text":
         fixed_qk.set_fixed_tokens(model, [(31 * i + 7) % VOCAB for i in range(longest)])
     return model.train()
 

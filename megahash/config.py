@@ -23,33 +23,45 @@ from megahash.config_files import CONFIG_ROOT, find_config  # shipped configs (p
 from megahash.errors import ConfigError, did_you_mean
 
 
+class KindOptions(dict):
+    """``model.attention.options`` / ``model.embed.options``: the options the kinds declare in their own
+    files (an options dataclass registered with the kind, :func:`megahash.models.catalog.option_specs`),
+    every declared option present with its default; read as attributes (``options.chunk_size``)."""
+
+    def __getattr__(self, key):
+        try:
+            return self[key]
+        except KeyError:
+            raise AttributeError(f"no kind declares the option {key!r}") from None
+
+    def __setattr__(self, key, value):
+        self[key] = value
+
+
+def _default_options(group: str) -> KindOptions:
+    from megahash.models import catalog
+
+    return KindOptions({name: spec.default for name, spec in sorted(catalog.option_specs(group).items())})
+
+
 @dataclass
 class EmbeddingConfig:
-    """Options of the hash embeddings (thesis ch. 2, seeds 001-002). Unused by ``vocab``."""
+    """The embedding and its word-hash codes (thesis ch. 2). Unused by ``vocab``."""
 
+    OPTION_GROUP: typing.ClassVar[str] = "embedding"
     hash_spec: str = "md5"  # side shard the embedding reads: md5, lsh128, md5-bucket50000, rolling3 ...
-    num_buckets: int = 0  # hash-emb: N rows (0 = from the hash spec)
-    num_bits: int = 128  # T: bits of the code (pool/add/proj)
-    pool_bits: int = 10  # k: bits per chunk for pool (eq. 2.1)
-    projections: int = 5  # P: bert-hash projections (seed 002)
-    rolling_ngram: int = 3  # n: largest i-gram of the rolling embedding (seed 001)
-    rolling_buckets: int = 1_000_000_007  # b of seed 001
-    rolling_seed: int = 42
-    rolling_dim: int = 0  # width of the rolling features before the optional Linear (0 = hidden)
-    rolling_linear: bool = True  # Linear(rolling_dim -> hidden)
+    num_buckets: int = 0  # bucketed codes: N rows (0 = from the hash spec)
+    num_bits: int = 128  # T: bits of the code
+    options: KindOptions = field(default_factory=lambda: _default_options("embedding"))  # declared by the embedding kinds' own files
 
 
 @dataclass
 class AttentionConfig:
-    """Options of the attention kinds (thesis ch. 3-4)."""
+    """Options of the attention layers (thesis ch. 3-4)."""
 
-    fixed_text: str = "shakespeare"  # fixedseqqk: "shakespeare" (stand-in for the thesis's FineWeb sample), a .txt or token-id file (megahash/data/fixed_text.py)
-    fixed_seq_length: int = 2048
-    random_seed: int = 1234  # rndembqk: seed of the fixed random input
+    OPTION_GROUP: typing.ClassVar[str] = "attention"
     skip_nonstandard: bool = False  # `skip` evaluation mode (thesis 4.5)
-    random_std: float = 0.0  # rndembqk: std of the fixed random input (0 = model.init_std, like the embeddings)
-    chunk_size: int = 0  # approx/approx-thesis: chunk length of the chunked form (0 = auto; nonapprox is a scan)
-    feature_dim: int = 0  # approx: Based's projected feature dim d' of q, k before the Taylor map (0 = d_h)
+    options: KindOptions = field(default_factory=lambda: _default_options("attention"))  # declared by the attention kinds' own files
 
 
 def _standard_kind(group: str) -> str:
@@ -178,13 +190,20 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return _plain(dataclasses.asdict(self))
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
 
 # --------------------------------------------------------------------------------------- loading
+
+
+def _plain(tree):
+    """Nested dicts (KindOptions included) as plain dicts, for YAML and JSON."""
+    if isinstance(tree, dict):
+        return {k: _plain(v) for k, v in tree.items()}
+    return tree
 
 
 def _resolve_include(name: str, base_dir: Path) -> Path:
@@ -299,9 +318,66 @@ def _build(cls, data: dict, prefix: str):
         typ = hints[key]
         if dataclasses.is_dataclass(typ):
             kwargs[key] = _build(typ, value or {}, dotted + ".")
+        elif typ is KindOptions:
+            kwargs[key] = _build_options(cls.OPTION_GROUP, value or {}, dotted + ".")
         else:
             kwargs[key] = _coerce(value, typ, dotted)
+    if "options" in names and "options" not in kwargs:
+        kwargs["options"] = _build_options(cls.OPTION_GROUP, {}, prefix + "options.")
     return cls(**kwargs)
+
+
+def _build_options(group: str, data: dict, prefix: str) -> KindOptions:
+    """Every option the ``group``'s kinds declare: given values coerced and range-checked, others at
+    their defaults; a key no kind declares is one line naming the closest."""
+    from megahash.config_checks import check_value
+    from megahash.models import catalog
+
+    if not isinstance(data, dict):
+        raise ConfigError(f"config key {prefix.rstrip('.')!r} must be a mapping, got {data!r}")
+    specs = catalog.option_specs(group)
+    for key in data:
+        if key not in specs:
+            raise ConfigError(f"unknown config key {prefix + key!r}{_suggest(key, specs)} (no {group} kind declares it)")
+    out = KindOptions()
+    for name, spec in sorted(specs.items()):
+        value = _coerce(data[name], spec.type, prefix + name) if name in data else spec.default
+        check_value(prefix + name, value, spec.range)
+        out[name] = value
+    return out
+
+
+# sections whose kinds declare options, and where an old spelling (``model.attention.fixed_text``) goes
+_OPTION_SECTIONS = {("model", "attention"): "attention", ("model", "embed"): "embedding"}
+
+
+def _legacy_option_path(keys: list[str]) -> list[str]:
+    """``model.attention.X`` -> ``model.attention.options.X`` for an option X some kind declares
+    (the keys used before kinds owned their options; still accepted)."""
+    group = _OPTION_SECTIONS.get(tuple(keys[:2]))
+    if group is None or len(keys) != 3:
+        return keys
+    from megahash.models import catalog
+
+    section_fields = {f.name for f in dataclasses.fields(AttentionConfig if group == "attention" else EmbeddingConfig)}
+    if keys[2] not in section_fields and keys[2] in catalog.option_specs(group):
+        return keys[:2] + ["options", keys[2]]
+    return keys
+
+
+def canonical_tree(tree: dict) -> dict:
+    """Move the old spellings of kind options under ``options`` (in place); returns the tree."""
+    for (top, sec) in _OPTION_SECTIONS:
+        node = (tree.get(top) or {}).get(sec) if isinstance(tree.get(top), dict) else None
+        if not isinstance(node, dict):
+            continue
+        for key in list(node):
+            path = _legacy_option_path([top, sec, key])
+            if path[2] == "options":
+                opts = node.setdefault("options", {}) or {}
+                node["options"] = opts
+                opts[key] = node.pop(key)
+    return tree
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -319,6 +395,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 def apply_overrides(tree: dict, overrides: list[str]) -> dict:
     for ov in overrides:
         keys, value = parse_override(ov)
+        keys = _legacy_option_path(keys)
         node = tree
         for k in keys[:-1]:
             node = node.setdefault(k, {})
@@ -339,7 +416,7 @@ def load_config(path: str | os.PathLike | list | tuple | None = None, overrides:
     """
     tree: dict = {}
     for p in [p for p in ([path] if isinstance(path, (str, os.PathLike)) else list(path or [])) if p]:
-        _deep_merge(tree, _load_yaml_tree(find_config(p)))
+        _deep_merge(tree, canonical_tree(_load_yaml_tree(find_config(p))))
     tree = apply_overrides(tree, list(overrides or []))
     size = (tree.get("model") or {}).pop("size", None)
     if size:
@@ -347,7 +424,7 @@ def load_config(path: str | os.PathLike | list | tuple | None = None, overrides:
         if not size_file.is_file():
             names = [p.stem for p in (CONFIG_ROOT / "model").glob("*.yaml")]
             raise ConfigError(f"unknown model size {size!r}{_suggest(str(size), names)}")
-        base = _load_yaml_tree(size_file)
+        base = canonical_tree(_load_yaml_tree(size_file))
         tree = _deep_merge(base, tree)
     cfg = _build(Config, tree, "")
     validate(cfg)
@@ -425,4 +502,6 @@ def save_config(cfg: Config, path: str | os.PathLike) -> None:
 
 
 def config_from_dict(tree: dict) -> Config:
-    return _build(Config, tree, "")
+    import copy
+
+    return _build(Config, canonical_tree(copy.deepcopy(tree)), "")

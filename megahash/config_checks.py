@@ -26,18 +26,6 @@ RANGES: dict[str, tuple] = {
     # model.embed (thesis ch. 2)
     "model.embed.num_buckets": (0, INF, False, False, "hash-emb rows; 0 = from the hash spec"),
     "model.embed.num_bits": (1, 128, False, False, "bits of the hash code"),
-    "model.embed.pool_bits": (1, 24, False, False, "bits per pool chunk; the codebook has 2^k rows"),
-    "model.embed.projections": (1, INF, False, False, "bert-hash projections"),
-    "model.embed.rolling_ngram": (1, INF, False, False, "largest i-gram of the rolling hash"),
-    "model.embed.rolling_buckets": (2, INF, False, False, "rolling-hash buckets b"),
-    "model.embed.rolling_seed": (0, 2**32 - 1, False, False, "seed"),
-    "model.embed.rolling_dim": (0, INF, False, False, "rolling feature width; 0 = hidden size"),
-    # model.attention (thesis ch. 3-4)
-    "model.attention.fixed_seq_length": (1, INF, False, False, "fixed-text length"),
-    "model.attention.random_seed": (0, 2**32 - 1, False, False, "seed"),
-    "model.attention.random_std": (0.0, INF, False, False, "std of the fixed random input; 0 = init_std"),
-    "model.attention.chunk_size": (0, INF, False, False, "chunk length; 0 = auto"),
-    "model.attention.feature_dim": (0, INF, False, False, "approx's projected feature dim d'; 0 = d_h"),
     # model
     "model.hidden_size": (1, INF, False, False, "hidden width"),
     "model.num_layers": (1, INF, False, False, "transformer layers"),
@@ -96,9 +84,10 @@ def _range_text(low, high, low_open, high_open) -> str:
     return f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
 
 
-def check_value(key: str, value) -> None:
-    """Raise a one-line ConfigError if ``value`` is outside the range of ``key`` (unknown keys pass)."""
-    rule = RANGES.get(key)
+def check_value(key: str, value, rule: tuple | None = None) -> None:
+    """Raise a one-line ConfigError if ``value`` is outside the range of ``key`` (``rule``: a kind
+    option's range from its options class; unknown keys pass)."""
+    rule = rule or RANGES.get(key)
     if rule is None or value is None:
         return
     low, high, low_open, high_open, meaning = rule
@@ -139,6 +128,7 @@ def check_ranges(cfg) -> None:
     model, data or world size (one-line ConfigError)."""
     for key, value in _walk(cfg):
         check_value(key, value)
+    _check_options(cfg)
     t, d = cfg.train, cfg.data
     if t.global_batch_size % t.micro_batch_size:
         raise ConfigError(f"train.global_batch_size={t.global_batch_size} must be a multiple of "
@@ -148,6 +138,19 @@ def check_ranges(cfg) -> None:
     _check_split(d.split)
     if d.verify not in ("cheap", "full", "none"):
         raise ConfigError(f"config key 'data.verify' must be cheap, full or none, got {d.verify!r}")
+
+
+def _check_options(cfg) -> None:
+    """The kinds' options (``model.attention.options``, ``model.embed.options``) inside the ranges their
+    options classes declare."""
+    from megahash.models import catalog
+
+    for group, section, dotted in (("attention", cfg.model.attention, "model.attention.options."),
+                                   ("embedding", cfg.model.embed, "model.embed.options.")):
+        specs = catalog.option_specs(group)
+        for key, value in section.options.items():
+            if key in specs:
+                check_value(dotted + key, value, specs[key].range)
 
 
 def _check_split(split: str) -> None:

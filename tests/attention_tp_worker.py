@@ -62,7 +62,7 @@ def setup(case: str, tp: int, sp: bool):
     cfg = case_config(case, tp, sp)
     accelerator.seed_all(7)
     model = build_model(cfg, VOCAB, dtype=torch.float64)
-    if model.fixed_qk is not None and model.fixed_qk.source == "text":
+    if getattr(model, "fixed_qk", None) is not None and model.fixed_qk.source == "text":
         fixed_qk.set_fixed_tokens(model, [(11 * i + 3) % VOCAB for i in range(64)])
     gen = torch.Generator().manual_seed(3)
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen)

@@ -47,7 +47,7 @@ def build(cfg, dtype=torch.float64, seed=0):
 
     accelerator.seed_all(seed)
     model = build_model(cfg, VOCAB, dtype=dtype)
-    if model.fixed_qk is not None and model.fixed_qk.source == "text":
+    if getattr(model, "fixed_qk", None) is not None and model.fixed_qk.source == "text":
         fixed_qk.set_fixed_tokens(model, [(7 * i + 5) % VOCAB for i in range(64)])
     return model
 

@@ -12,7 +12,7 @@ from megahash.config_checks import RANGES, numeric_fields
 
 
 def _bad_value(key):
-    low, high, low_open, high_open, _ = RANGES[key]
+    low, high, low_open, high_open, _ = RANGES[key] if key in RANGES else RANGES_OPT[key]
     is_float = isinstance(low, float) or isinstance(high, float)
     if low is not None:
         return low if low_open else (low - (0.5 if is_float else 1))
@@ -21,12 +21,26 @@ def _bad_value(key):
 
 def test_every_numeric_field_has_a_range():
     fields = numeric_fields(Config)
-    assert "train.steps" in fields and "model.embed.pool_bits" in fields
+    assert "train.steps" in fields and "model.embed.num_bits" in fields
     assert sorted(set(fields) - set(RANGES)) == []  # a new number needs its range in config_checks.RANGES
     assert sorted(set(RANGES) - set(fields)) == []
 
 
-CASES = [(k, _bad_value(k)) for k in sorted(RANGES)] + [
+def _option_cases():
+    """Every kind option with a declared range (its options class's RANGES): one value just outside."""
+    from megahash.models import catalog
+
+    out = []
+    for group, section in (("attention", "model.attention.options."), ("embedding", "model.embed.options.")):
+        for name, spec in sorted(catalog.option_specs(group).items()):
+            if spec.range is not None:
+                RANGES_OPT[section + name] = spec.range
+                out.append((section + name, _bad_value(section + name)))
+    return out
+
+
+RANGES_OPT: dict = {}
+CASES = [(k, _bad_value(k)) for k in sorted(RANGES)] + _option_cases() + [
     ("train.global_batch_size", 6), ("train.min_lr", 1.0), ("data.split", "0,1,1"), ("data.split", "90,x"),
     ("model.norm_eps", "nan"), ("train.lr", "inf")]
 

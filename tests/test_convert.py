@@ -191,7 +191,7 @@ def _build(cfg, seed: int = 0):
         g = torch.Generator().manual_seed(seed + 1)
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    if model.fixed_qk is not None and model.fixed_qk.source == "text":
+    if getattr(model, "fixed_qk", None) is not None and model.fixed_qk.source == "text":
         fixed_qk.set_fixed_tokens(model, [(37 * i + 11) % 1000 for i in range(64)])
     return model
 

@@ -103,7 +103,7 @@ def _one_step(overrides, vocab=96, seed=0):
                              "model.attention.fixed_seq_length=64", *overrides])
     accelerator.seed_all(seed)
     model = build_model(cfg, vocab, dtype=torch.float64)
-    if model.fixed_qk is not None and model.fixed_qk.source == "text":
+    if getattr(model, "fixed_qk", None) is not None and model.fixed_qk.source == "text":
         from megahash.models.attention import fixed_qk
 
         fixed_qk.set_fixed_tokens(model, [(7 * i + 5) % vocab for i in range(64)])

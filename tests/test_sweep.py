@@ -198,7 +198,7 @@ def test_shipped_grids_resolve(name, cells, tmp_path):
     cfgs = {c.label: cell_config(grid, c) for c in grid.cells if not c.seed or c.seed == grid.cells[0].seed}
     if name.startswith("table2_1"):
         pool = cfgs["MD5 Pool"]
-        assert (pool.model.embedding, pool.model.embed.hash_spec, pool.model.embed.pool_bits) == ("pool", "md5", 10)
+        assert (pool.model.embedding, pool.model.embed.hash_spec, pool.model.embed.options.pool_bits) == ("pool", "md5", 10)
         assert {c.train.objective for c in cfgs.values()} == {"sr"} and {c.model.arch for c in cfgs.values()} == {"encoder"}
     if name.startswith("table4_1"):
         skip = [c for label, c in cfgs.items() if label.startswith("skip")]

@@ -51,8 +51,12 @@ def test_fixedseqqk_default_text_is_shakespeare(tmp_path):
     token-id files still work; bad values fail with one line."""
     import sentencepiece as spm
 
-    from megahash.data.fixed_text import fixed_token_ids, shakespeare_text
+    from megahash.data.text_source import shakespeare_text, token_ids
     from megahash.errors import ConfigError
+
+    def fixed_token_ids(cfg, vocab_size=None):  # what the fixedseqqk input's prepare hook reads
+        o = cfg.model.attention.options
+        return token_ids(o.fixed_text, cfg, o.fixed_seq_length, vocab_size, key="model.attention.options.fixed_text")
 
     text = shakespeare_text(max_chars=20_000)
     assert text.startswith("ALL'S WELL THAT ENDS WELL")  # first play in sorted order
@@ -63,14 +67,14 @@ def test_fixedseqqk_default_text_is_shakespeare(tmp_path):
     sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "sp.model"))
     cfg = load_config(None, ["model.schedule=uniform:fixedseqqk", f"data.tokenizer={tmp_path / 'sp.model'}",
                              "model.attention.fixed_seq_length=64"])
-    assert cfg.model.attention.fixed_text == "shakespeare"
+    assert cfg.model.attention.options.fixed_text == "shakespeare"
     ids = fixed_token_ids(cfg, vocab_size=300)
     assert len(ids) == 64 and ids == sp.encode(text)[:64]
     (tmp_path / "ids.tok").write_text(" ".join(map(str, range(10, 80))))
-    cfg.model.attention.fixed_text = str(tmp_path / "ids.tok")
+    cfg.model.attention.options.fixed_text = str(tmp_path / "ids.tok")
     assert fixed_token_ids(cfg) == list(range(10, 74))
     with pytest.raises(ConfigError, match="outside the vocabulary"):
         fixed_token_ids(cfg, vocab_size=20)
-    cfg.model.attention.fixed_text = str(tmp_path / "missing.bin")
+    cfg.model.attention.options.fixed_text = str(tmp_path / "missing.bin")
     with pytest.raises(ConfigError, match="neither 'shakespeare' nor an existing file"):
         fixed_token_ids(cfg)

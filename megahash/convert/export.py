@@ -47,7 +47,7 @@ SPECIAL_IDS = {"bos_token_id": 0, "pad_token_id": 1, "eos_token_id": 2}  # the w
 
 
 # megahash parameter prefixes that live in the base model (``model.``) of the HF classes
-BASE_PREFIXES = ("embedding.", "decoder.", "fixed_qk.")
+BASE_PREFIXES = ("embedding.", "decoder.")  # + the kind inputs' attributes (model.kind_input_attrs)
 
 
 # ----------------------------------------------------------------------------------- state dicts
@@ -62,8 +62,11 @@ def megahash_state(model) -> dict:
     return out
 
 
-def to_hf_names(state: dict) -> dict:
-    return {("model." + k if k.startswith(BASE_PREFIXES) else k): v for k, v in state.items()}
+def to_hf_names(state: dict, kind_inputs=()) -> dict:
+    """HF names: the base model's tensors (``BASE_PREFIXES`` and the model's ``kind_inputs`` attributes)
+    under ``model.``."""
+    base = BASE_PREFIXES + tuple(f"{a}." for a in kind_inputs)
+    return {("model." + k if k.startswith(base) else k): v for k, v in state.items()}
 
 
 def from_hf_names(state: dict) -> dict:
@@ -82,10 +85,10 @@ def layer_specs(model) -> list[dict]:
     specs = []
     for layer, kind, skip in zip(model.decoder.layers, kinds, skipped):
         att = layer.self_attention
-        if not registry.CAPS["attention"][kind].exportable:
+        if not registry.spec("attention", kind).caps.exportable:
             raise ConfigError(f"attention kind {kind} has no Hugging Face export; use {catalog.standard('attention')}")
         spec = {"kind": kind, "groups": int(getattr(att, "groups", 0) or cfg.model.num_heads), "skip": bool(skip)}
-        extra = registry.EXPORT_SPEC.get(kind)
+        extra = registry.spec("attention", kind).export
         if extra is not None:  # what the kind's HF layer needs beyond kind and groups (its own file says)
             spec.update(extra(att))
         specs.append(spec)
@@ -99,7 +102,7 @@ def embed_meta(model) -> dict:
     cfg, emb = model.cfg, model.embedding
 
     meta: dict = {}
-    extra = registry.EXPORT_META.get(cfg.model.embedding)
+    extra = registry.spec("embedding", cfg.model.embedding).export
     if extra is not None:  # the embedding kind's own file says what its HF module needs
         meta.update(extra(emb, cfg))
     head = getattr(model, "head", None)
@@ -115,11 +118,7 @@ def hf_config_dict(cfg, model, vocab_size: int, step: int) -> dict:
 
     m = cfg.model
     spec = parse_spec(cfg, m.embedding) if needs_codes(cfg) else None
-    fixed = None
-    if model.fixed_qk is not None:
-        f = model.fixed_qk
-        buf = f.epsilon if f.source == "random" else f.tokens
-        fixed = {"kind": f.kind, "source": f.source, "length": int(buf.shape[0]), "active": bool(f.active())}
+    kind_inputs = {extra.attr: extra.export_meta() for extra in model.kind_inputs()}  # e.g. a fixed input
     num_buckets = int(getattr(model.head, "num_buckets", 0) or 0)  # heads over word-hash buckets
     from megahash.convert.model_card import portable_tree
 
@@ -131,7 +130,7 @@ def hf_config_dict(cfg, model, vocab_size: int, step: int) -> dict:
         max_position_embeddings=m.max_position_embeddings, rope_theta=float(m.rotary_base), norm_eps=m.norm_eps,
         arch=m.arch, objective=cfg.train.objective, embedding=m.embedding, head=m.head,
         tie_embeddings=bool(model.tie), qkv_bias=bool(m.qkv_bias), layer_specs=layer_specs(model),
-        embed=embed_meta(model), fixed_qk=fixed, hash_spec=spec.name if spec is not None else None,
+        embed=embed_meta(model), kind_inputs=kind_inputs, hash_spec=spec.name if spec is not None else None,
         code_width=spec.width if spec is not None else 0, num_buckets=num_buckets, megahash_step=int(step),
         **special_token_ids(cfg), n_positions=int(cfg.data.seq_length),
     )
@@ -226,7 +225,7 @@ def export_model(cfg, model, output, codec=None, step: int = 0, dtype: str = "fl
     else:
         from megahash.models.hf_config import MegahashConfig
 
-        files += save_weights(out, cast(to_hf_names(state), torch_dtype), max_shard_size)
+        files += save_weights(out, cast(to_hf_names(state, model.kind_input_attrs), torch_dtype), max_shard_size)
         remote = remote_code.write(out, remote_code.needed_kinds(cfg, model))
         encoder = cfg.model.arch == "encoder"
         head_cls = "MegahashForMaskedLM" if encoder else "MegahashForCausalLM"

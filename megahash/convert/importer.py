@@ -96,9 +96,14 @@ def build_model(tree: dict, padded: int, save_dir=None):
     from megahash.models.model import MegahashLM
 
     tree = _tp1(tree)
-    att = tree.get("model", {}).get("attention", {})
-    if att.get("fixed_text") and not os.path.isfile(att["fixed_text"]):
-        att["fixed_text"] = ""  # the fixed tokens come with the weights (fixed_qk.tokens)
+    from megahash.config import canonical_tree
+
+    tree = canonical_tree(tree)  # kind options under model.*.options (also for trees written before)
+    for section in ("attention", "embed"):  # kind options naming files of the exporting machine: the
+        opts = (tree.get("model", {}).get(section) or {}).get("options") or {}  # data they made comes with the weights
+        for key, value in opts.items():
+            if isinstance(value, str) and os.sep in value and not os.path.exists(value):
+                opts[key] = ""
     if save_dir is not None:
         tree.setdefault("train", {})["save_dir"] = str(save_dir)
     cfg = config_from_dict(tree)

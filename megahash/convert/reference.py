@@ -36,7 +36,7 @@ def reference_names(model, ref) -> dict:
     target = set(ref.state_dict())
     out = {}
     for k in megahash_state(model):
-        name = next(iter(to_hf_names({k: None})))
+        name = next(iter(to_hf_names({k: None}, model.kind_input_attrs)))
         out[k] = name if name in target or f"{ref.base_model_prefix}.{name}" not in target else \
             f"{ref.base_model_prefix}.{name}"
     return out

@@ -216,6 +216,7 @@ def needed_kinds(cfg, model) -> list[str]:
     from megahash.models import registry
 
     kinds = list(dict.fromkeys(model.layer_kinds if hasattr(model, "layer_kinds") else registry.schedule_kinds(cfg)))
+    kinds += [f"input:{meta['kind']}" for meta in (e.export_meta() for e in model.kind_inputs())]  # inputs kinds add
     kinds.append(cfg.model.embedding)
     head = getattr(model, "head", None)
     if head is not None and not getattr(head, "uses_output_layer", False):

@@ -134,7 +134,7 @@ def _caps(kind: str):
 def _registered_maps(kind: str):
     from megahash.models import registry
 
-    return registry.MAPS.get(kind)
+    return registry.spec("attention", kind).maps
 
 
 def _softmax_maps(q, k, scale: float, causal: bool, mask=None):

@@ -136,7 +136,6 @@ def variant_config(base_config: Optional[str], overrides: list[str], schedule: s
     cfg.model.vocab_size = task.vocab
     cfg.data.seq_length = task.seq_length
     cfg.model.max_position_embeddings = max(cfg.model.max_position_embeddings, task.seq_length)
-    cfg.model.attention.fixed_seq_length = max(cfg.model.attention.fixed_seq_length, task.seq_length)
     return cfg
 
 
@@ -145,17 +144,14 @@ def train_and_score(cfg, task, steps: int, batch: int, lr: float, seed: int, eva
     import torch
 
     from megahash import accelerator
+    from megahash.data.text_source import RandomTexts
     from megahash.models.model import build_model
 
     dev = accelerator.device()
     accelerator.seed_all(seed)
     model = build_model(cfg, task.vocab).to(dev)
-    if getattr(model, "fixed_qk", None) is not None and model.fixed_qk.source == "text":
-        # fixedseqqk: a fixed token sequence drawn once from the task's vocabulary (same seed for all)
-        from megahash.models.attention.fixed_qk import set_fixed_tokens
-
-        g = torch.Generator().manual_seed(seed + 17)
-        set_fixed_tokens(model, torch.randint(1, task.vocab, (cfg.model.attention.fixed_seq_length,), generator=g))
+    for extra in model.kind_inputs():  # e.g. a fixed text: drawn once from the task's vocabulary (same seed for all)
+        extra.prepare(cfg, task.vocab, RandomTexts(torch.Generator().manual_seed(seed + 17)))
     params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
     warm = max(1, steps // 10)

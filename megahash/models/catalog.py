@@ -93,6 +93,7 @@ class Entry:
     file: str  # source file that registers it
     caps: object  # an *Caps record
     costs: object = None  # cost class (static formulas) or None ("measured only")
+    options: object = None  # name of the kind's options dataclass (``options=`` of its register line) or None
 
 
 # ----------------------------------------------------------------------------- plugins
@@ -106,6 +107,7 @@ def add_plugins(names) -> None:
     if new:
         _config_plugins.extend(new)
         _scan.cache_clear()
+        _option_specs.cache_clear()
 
 
 def plugin_modules() -> list[str]:
@@ -173,7 +175,7 @@ _CLASS_MEMO: dict = {}
 
 def _exec_class(path: Path, name: str, depth: int = 0):
     """Execute the class ``name`` of a source file alone (its bases from the same file, from the
-    modules it imports them from, or from :mod:`megahash.models.costs`) with :mod:`math`."""
+    modules it imports them from, or from :mod:`megahash.models.cost_formulas`) with :mod:`math`."""
     key = (str(path), name)
     if key in _CLASS_MEMO:
         return _CLASS_MEMO[key]
@@ -190,19 +192,20 @@ def _exec_class(path: Path, name: str, depth: int = 0):
                     cls = _exec_class(other, src, depth + 1)
                     _CLASS_MEMO[key] = cls
                     return cls
-        from megahash.models import costs
+        from megahash.models import cost_formulas
 
-        if hasattr(costs, name):
-            return getattr(costs, name)
+        if hasattr(cost_formulas, name):
+            return getattr(cost_formulas, name)
         raise ConfigError(f"cost class {name} not found in {path}")
-    from megahash.models import costs
+    from megahash.models import cost_formulas
 
-    env = {"__builtins__": __builtins__, "math": math, "__name__": f"megahash_catalog_{path.stem}"}
-    env.update({k: v for k, v in vars(costs).items() if not k.startswith("__")})
+    env = {"__builtins__": __builtins__, "math": math, "__name__": f"megahash_catalog_{path.stem}",
+           "dataclass": dataclasses.dataclass, "field": dataclasses.field, "ConfigError": ConfigError}
+    env.update({k: v for k, v in vars(cost_formulas).items() if not k.startswith("__")})
     for base in node.bases:
         if isinstance(base, ast.Name):
             env[base.id] = _exec_class(path, base.id, depth + 1)
-    exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec"), env)  # noqa: S102
+    exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec", dont_inherit=True), env)  # noqa: S102
     cls = env[name]
     _CLASS_MEMO[key] = cls
     return cls
@@ -237,8 +240,10 @@ def _entries_of_file(path: Path) -> list[Entry]:
             kws = {k.arg: k.value for k in dec.keywords}
             caps = _literal_caps(group, kws.get("caps"), path)
             costs = kws.get("costs")
+            options = kws.get("options")
             out.append(Entry(dec.args[0].value, group, str(path), caps,
-                             costs.id if isinstance(costs, ast.Name) else None))
+                             costs.id if isinstance(costs, ast.Name) else None,
+                             options.id if isinstance(options, ast.Name) else None))
     return out
 
 
@@ -292,6 +297,59 @@ def costs(name: str):
     return _exec_class(Path(e.file), e.costs)
 
 
+# ----------------------------------------------------------------------------- kind options
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One option a kind declares: a field of its options dataclass (``model.attention.options.NAME``)."""
+
+    name: str
+    type: type
+    default: object
+    range: tuple | None  # (low, high, low_open, high_open, meaning) of the class's RANGES, or None
+    kinds: tuple  # the kinds that declare it
+
+
+_SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def options_class(group: str, name: str):
+    """The options dataclass a kind registers (``options=``), read from its source alone, or None."""
+    e = _scan()[group].get(name)
+    if e is None or e.options is None:
+        return None
+    return _exec_class(Path(e.file), e.options)
+
+
+@functools.lru_cache(maxsize=None)
+def _option_specs(group: str, plugins: tuple) -> dict:
+    out: dict = {}
+    for name in sorted(_scan()[group]):
+        cls = options_class(group, name)
+        if cls is None:
+            continue
+        ranges = getattr(cls, "RANGES", {}) or {}
+        for f in dataclasses.fields(cls):
+            typ = f.type if isinstance(f.type, type) else _SCALARS.get(str(f.type))
+            if typ not in _SCALARS.values():
+                raise ConfigError(f"{group} kind {name!r}: option {f.name} must be int, float, str or bool, got {f.type}")
+            spec = OptionSpec(f.name, typ, f.default, ranges.get(f.name), (name,))
+            old = out.get(f.name)
+            if old is not None:
+                if (old.type, old.default, old.range) != (spec.type, spec.default, spec.range):
+                    raise ConfigError(f"option {group}.options.{f.name} is declared differently by {old.kinds[0]!r} "
+                                      f"and {name!r} (type, default and range must agree)")
+                spec = dataclasses.replace(old, kinds=old.kinds + (name,))
+            out[f.name] = spec
+    return out
+
+
+def option_specs(group: str) -> dict:
+    """{option name: :class:`OptionSpec`} over every registered kind of ``group`` (plugins included)."""
+    return _option_specs(group, tuple(plugin_modules()))
+
+
 def source_file(group: str, name: str) -> str | None:
     e = _scan()[group].get(name)
     return e.file if e is not None else None
@@ -318,18 +376,6 @@ def reads_hash_codes(cfg) -> bool:
     """Does this model read word-hash codes (its embedding or its head)? The one owner of the fact."""
     m = cfg.model
     return bool(caps("embedding", m.embedding).reads_hash_codes or caps("head", m.head).reads_hash_codes)
-
-
-def is_qwen2(cfg) -> bool:
-    """A plain Qwen2 model: decoder, clm, Qwen2-type embedding, head and every attention layer."""
-    from megahash.models.schedules import layer_kinds
-
-    m = cfg.model
-    if m.arch != "decoder" or cfg.train.objective != "clm":
-        return False
-    if not (caps("embedding", m.embedding).qwen2 and caps("head", m.head).qwen2):
-        return False
-    return all(caps("attention", k).qwen2 for k in layer_kinds(m.schedule, m.num_layers))
 
 
 def thesis_kinds(chapter: int) -> list[str]:

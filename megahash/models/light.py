@@ -54,7 +54,7 @@ def closed_form_report(cfg, vocab_size: int) -> dict | None:
 
     m = cfg.model
     kinds = check_kinds(cfg)
-    if not catalog.is_qwen2(cfg):  # only plain Qwen2 parts (caps.qwen2) have a closed form here
+    if not is_qwen2(cfg):  # only plain Qwen2 parts (caps.qwen2) have a closed form here
         return None
     h, n = m.hidden_size, m.num_heads
     d_h = h // n
@@ -73,3 +73,16 @@ def closed_form_report(cfg, vocab_size: int) -> dict | None:
 
     report["costs"] = config_costs(cfg, measure=False)
     return report
+
+
+def is_qwen2(cfg) -> bool:
+    """A plain Qwen2 model: decoder, clm, Qwen2-type embedding, head and every attention layer."""
+    from megahash.models import catalog
+    from megahash.models.schedules import layer_kinds
+
+    m = cfg.model
+    if m.arch != "decoder" or cfg.train.objective != "clm":
+        return False
+    if not (catalog.caps("embedding", m.embedding).qwen2 and catalog.caps("head", m.head).qwen2):
+        return False
+    return all(catalog.caps("attention", k).qwen2 for k in layer_kinds(m.schedule, m.num_layers))

@@ -41,7 +41,7 @@ def _build(cfg, kind: str, dtype=torch.bfloat16):
     config.init_method = init_method_normal(cfg.model.init_std)
     config.output_layer_init_method = scaled_init_method_normal(cfg.model.init_std, cfg.model.num_layers)
     with torch.device("meta"):
-        return build_module(registry.ATTENTION[kind](cfg), config=config, layer_number=1)
+        return build_module(registry.spec("attention", kind).build(cfg), config=config, layer_number=1)
 
 
 def _flops(fn) -> int:

@@ -117,13 +117,13 @@ class MegahashLM(MegatronModule):
         m = cfg.model
         self.vocab_size = vocab_size
         self.decoder_only = m.arch == "decoder"
-        if m.embedding not in registry.EMBEDDINGS:
+        if m.embedding not in registry.names("embedding"):
             raise ConfigError(
-                f"unknown model.embedding {m.embedding!r} (known: {', '.join(sorted(registry.EMBEDDINGS))})"
+                f"unknown model.embedding {m.embedding!r} (known: {', '.join(registry.names('embedding'))})"
             )
         config.init_method = init_method_normal(m.init_std)
         config.output_layer_init_method = scaled_init_method_normal(m.init_std, m.num_layers)
-        self.embedding = registry.EMBEDDINGS[m.embedding](config, cfg, vocab_size)
+        self.embedding = registry.spec("embedding", m.embedding).build(config, cfg, vocab_size)
         from megahash.models import roberta
 
         self.embedding_extras = roberta.build_embedding_extras(config, cfg)  # layout=roberta: positions, types, LN
@@ -133,9 +133,12 @@ class MegahashLM(MegatronModule):
             use_cpu_initialization=True,
         )
         self.decoder = TransformerBlock(config=config, spec=registry.block_spec(cfg))
-        from megahash.models.attention import fixed_qk
-
-        self.fixed_qk = fixed_qk.build(self, cfg)  # rndembqk/fixedseqqk: the fixed input (None otherwise)
+        self.kind_input_attrs = []  # inputs the layer kinds add (megahash.models.kind_input), as model.<attr>
+        for build in registry.model_inputs(self.layer_kinds):
+            extra = build(self, cfg)
+            if extra is not None:
+                setattr(self, extra.attr, extra)
+                self.kind_input_attrs.append(extra.attr)
         self.tie = m.tie_embeddings and getattr(self.embedding, "tieable", False)
         self.output_layer = tensor_parallel.ColumnParallelLinear(
             config.hidden_size, vocab_size, config=config, init_method=config.init_method, bias=False,
@@ -147,6 +150,10 @@ class MegahashLM(MegatronModule):
         hook_sequence_parallel_params(self)  # e.g. RowParallelLinear biases under SP
         cpu_linear.install(self)  # oneDNN GEMMs for the linear layers on CPU (accelerator.onednn_linear)
         autocast_linear.install(self)  # bf16 runs: fp32 parameters, linear layers in the autocast dtype
+
+    def kind_inputs(self) -> list:
+        """The inputs the layer kinds added (:class:`megahash.models.kind_input.KindInput`)."""
+        return [getattr(self, a) for a in self.kind_input_attrs]
 
     def attention_modules(self):
         """The ``self_attention`` module of every layer, in layer order."""
@@ -180,23 +187,20 @@ class MegahashLM(MegatronModule):
             pm = padding_mask if padding_mask is not None else torch.ones_like(tokens, dtype=torch.bool)
             mask = ~pm[:, None, None, :].bool()  # megatron: True = masked out, [b, 1, 1, s]
         batch = emb.shape[1]
-        if self.fixed_qk is not None:  # rndembqk/fixedseqqk: the fixed input's own checkpointed pass
-            if decode_state is None and self.fixed_qk.separate(self):  # (training), else one more sequence
-                self.fixed_qk.run_alone(self, offset, seq_len, rotary)
-            else:
-                emb, mask = self.fixed_qk.append(self, emb, mask, offset, seq_len)
+        for extra in self.kind_inputs():  # e.g. a fixed sequence run with (or before) the batch
+            emb, mask = extra.enter(self, emb, mask, offset, seq_len, rotary, decode_state is not None)
         emb = autocast_linear.cast_for_autocast(emb, emb.device.type)  # bf16 runs: a bf16 residual stream
         self._set_context({"embeddings": emb, "offset": offset, "decode": decode_state, "tokens": tokens})
         try:
             out = self.decoder(hidden_states=emb, attention_mask=mask, rotary_pos_emb=rotary)
         finally:
             self._set_context(None)
-            if self.fixed_qk is not None:
-                self.fixed_qk.release()
+            for extra in self.kind_inputs():
+                extra.leave()
         if decode_state is not None:
             decode_state.offset += seq_len
         if out.shape[1] != batch:
-            out = out[:, :batch].contiguous()  # drop the fixed sequence
+            out = out[:, :batch].contiguous()  # drop the sequences the kind inputs added
         return out
 
     def logits(self, hidden):

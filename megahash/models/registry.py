@@ -9,21 +9,19 @@ plugins outside the package are discovered from ``MEGAHASH_PLUGINS``, ``model.pl
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
-from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
-from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
 from megatron.core.transformer.enums import AttnMaskType
-from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
 
+from megahash.errors import ConfigError, did_you_mean
 from megahash.models import catalog
-from megahash.models.attention.sdpa import SDPACoreAttention
 from megahash.models.catalog import AttentionCaps, EmbeddingCaps, HeadCaps  # noqa: F401 - the kind files import them from here
-from megahash.models.norm import HeadNorm, Norm
+from megahash.models.norm import Norm
 from megahash.models.schedules import layer_kinds, skip_mask, standard_kind
 
 
@@ -32,33 +30,64 @@ def mask_type(cfg) -> AttnMaskType:
     return AttnMaskType.causal if cfg.model.arch == "decoder" else AttnMaskType.padding
 
 
-# name -> (cfg -> ModuleSpec of the self_attention slot); the kinds register from models/attention/
+@dataclass
+class KindSpec:
+    """Everything about one kind, declared by the register line of its own file: what builds it, what it
+    can do, what it costs, its options and the hooks the rest of the library calls. Nothing outside the
+    kind's file names the kind; the library asks :func:`spec`."""
+
+    name: str
+    group: str  # attention | embedding | head
+    build: Callable  # attention: cfg -> ModuleSpec of the self_attention slot; embedding / head: module class
+    caps: object  # AttentionCaps | EmbeddingCaps | HeadCaps (megahash.models.catalog)
+    costs: type | None = None  # static formulas (megahash.models.costs), None: "measured only"
+    options: type | None = None  # options dataclass (model.attention.options / model.embed.options)
+    maps: Callable | None = None  # the indicators' attention-map capture (megahash.eval.indicators)
+    export: Callable | None = None  # attention: export_spec(module) -> dict; embedding: export_meta(emb, cfg) -> dict
+    model_input: Callable | None = None  # build(model, cfg) -> KindInput | None (megahash.models.kind_input)
+
+
+# group -> name -> KindSpec: the registry itself
+KINDS: dict[str, dict[str, KindSpec]] = {"attention": {}, "embedding": {}, "head": {}}
+
+
+def spec(group: str, name: str) -> KindSpec:
+    """The :class:`KindSpec` of a registered kind (every kind file loaded first)."""
+    _load_variants()
+    try:
+        return KINDS[group][name]
+    except KeyError:
+        raise ConfigError(f"unknown {group} kind {name!r}{did_you_mean(name, KINDS[group])}") from None
+
+
+def names(group: str) -> list[str]:
+    """Registered kinds of a group, sorted (every kind file loaded first)."""
+    _load_variants()
+    return sorted(KINDS[group])
+
+
+# By-name views of KINDS (filled by the same register lines; tests and plugins read them)
 ATTENTION: dict[str, Callable] = {}
-
-# name -> embedding module class (constructor(config, cfg, vocab_size))
 EMBEDDINGS: dict[str, type] = {}
-
-# name -> head module class (constructor(config, cfg, vocab_size)); the heads register from models/heads/
 HEADS: dict[str, type] = {}
-
-# name -> the kind's own cost formulas as implemented (a class of static methods such as
-# ``cache_elements(B, L, n, d_h, g)``; megahash.models.costs asks it, "n/a" when a kind has none)
 COSTS: dict[str, type] = {}
-
-# group -> name -> capability record (megahash.models.catalog: AttentionCaps, EmbeddingCaps, HeadCaps)
 CAPS: dict[str, dict] = {"attention": {}, "embedding": {}, "head": {}}
-
-# name -> what the Hugging Face export needs of a layer / an embedding (megahash.convert.export asks)
 EXPORT_SPEC: dict[str, Callable | None] = {}
 EXPORT_META: dict[str, Callable | None] = {}
-
-# name -> the kind's attention-map capture for the indicators (megahash.eval.indicators asks it)
 MAPS: dict[str, Callable] = {}
+OPTIONS: dict[str, type] = {}
+MODEL_INPUTS: dict[str, Callable] = {}
+
+
+def _add(kind: KindSpec) -> None:
+    KINDS[kind.group][kind.name] = kind
 
 
 def register_costs(name: str):
     def deco(obj):
         COSTS[name] = obj
+        if name in KINDS["attention"]:
+            KINDS["attention"][name].costs = obj
         return obj
     return deco
 
@@ -72,18 +101,26 @@ def _check_caps(group: str, name: str, caps):
     return caps
 
 
-def register_attention(name: str, costs=None, caps=None, maps=None, export_spec=None):
+def register_attention(name: str, costs=None, caps=None, maps=None, export_spec=None, options=None, model_input=None):
     """Register an attention kind: ``fn(cfg) -> ModuleSpec`` of the self_attention slot.
 
     ``costs``: a class of static formulas (Table 3.4 ``qkv_params``, Table 4.5-4.8 ``time_complexity``,
     ``flops``, ``activation_bytes``, ``cache_bytes``, the implementation's ``cache_elements``; see
     megahash.models.costs), or None: "measured only". ``caps``: an :class:`AttentionCaps` of literals.
     ``maps``: the indicators' attention-map capture (megahash.eval.indicators). ``export_spec(module)
-    -> dict``: what the Hugging Face export needs of a layer beyond kind and groups."""
+    -> dict``: what the Hugging Face export needs of a layer beyond kind and groups. ``options``: the
+    kind's options dataclass (``model.attention.options.*``; torch-free, literals only). ``model_input``:
+    ``build(model, cfg) -> KindInput | None`` (megahash.models.kind_input)."""
     def deco(fn):
+        _add(KindSpec(name, "attention", fn, _check_caps("attention", name, caps), costs, options, maps,
+                      export_spec, model_input))
         ATTENTION[name] = fn
+        if options is not None:
+            OPTIONS[name] = options
+        if model_input is not None:
+            MODEL_INPUTS[name] = model_input
         EXPORT_SPEC[name] = export_spec
-        CAPS["attention"][name] = _check_caps("attention", name, caps)
+        CAPS["attention"][name] = KINDS["attention"][name].caps
         if costs is not None:
             COSTS[name] = costs
         if maps is not None:
@@ -92,13 +129,16 @@ def register_attention(name: str, costs=None, caps=None, maps=None, export_spec=
     return deco
 
 
-def register_embedding(name: str, caps=None, export_meta=None):
+def register_embedding(name: str, caps=None, export_meta=None, options=None):
     """Register an embedding kind (a module class ``(config, cfg, vocab_size)``) and its
     :class:`EmbeddingCaps`; ``export_meta(emb, cfg) -> dict``: what the Hugging Face export needs
-    beyond the sizes."""
+    beyond the sizes; ``options``: its options dataclass (``model.embed.options.*``)."""
     def deco(cls):
+        _add(KindSpec(name, "embedding", cls, _check_caps("embedding", name, caps), options=options, export=export_meta))
         EMBEDDINGS[name] = cls
-        CAPS["embedding"][name] = _check_caps("embedding", name, caps)
+        if options is not None:
+            OPTIONS[name] = options
+        CAPS["embedding"][name] = KINDS["embedding"][name].caps
         EXPORT_META[name] = export_meta
         return cls
     return deco
@@ -108,30 +148,11 @@ def register_head(name: str, caps=None):
     """Register an output head (a module class ``(config, cfg, vocab_size)``, ``model.head``) and its
     :class:`HeadCaps`."""
     def deco(cls):
+        _add(KindSpec(name, "head", cls, _check_caps("head", name, caps)))
         HEADS[name] = cls
-        CAPS["head"][name] = _check_caps("head", name, caps)
+        CAPS["head"][name] = KINDS["head"][name].caps
         return cls
     return deco
-
-
-@register_attention("mha-megatron", costs=None, caps=AttentionCaps(decodes=False, exportable=False))
-def _standard_attention(cfg) -> ModuleSpec:
-    """megatron-core's own ``SelfAttention`` with the SDPA core.
-
-    Reference only (tests compare megahash's standard attention against it): it has no ``decode_cache``
-    support, so incremental decoding with it is not available; no cost model ("measured only",
-    and its module has no ``mix`` to measure: "n/a")."""
-    return ModuleSpec(
-        module=SelfAttention,
-        params={"attn_mask_type": mask_type(cfg)},
-        submodules=SelfAttentionSubmodules(
-            linear_qkv=ColumnParallelLinear,
-            core_attention=SDPACoreAttention,
-            linear_proj=RowParallelLinear,
-            q_layernorm=HeadNorm if cfg.model.qk_norm else IdentityOp,
-            k_layernorm=HeadNorm if cfg.model.qk_norm else IdentityOp,
-        ),
-    )
 
 
 def mlp_spec() -> type:
@@ -166,7 +187,7 @@ def layer_spec(cfg, kind: str, skip: bool = False) -> ModuleSpec:
         module=SkippedLayer if skip else layer,
         submodules=TransformerLayerSubmodules(
             input_layernorm=Norm,
-            self_attention=ATTENTION[kind](cfg),
+            self_attention=spec("attention", kind).build(cfg),
             self_attn_bda=get_bias_dropout_add,
             pre_mlp_layernorm=Norm,
             mlp=mlp_spec(),
@@ -189,6 +210,12 @@ def skipped_layers(cfg, kinds: list[str] | None = None) -> list[bool]:
     return skip_mask(kinds, standard_kind(cfg.model.schedule))
 
 
+def model_inputs(kinds) -> list:
+    """The distinct ``model_input`` hooks of the given layer kinds, in layer order."""
+    hooks = [spec("attention", k).model_input for k in kinds if spec("attention", k).model_input is not None]
+    return [h for i, h in enumerate(hooks) if h not in hooks[:i]]
+
+
 def block_spec(cfg) -> TransformerBlockSubmodules:
     """One ModuleSpec per layer from ``model.schedule``, plus the final norm."""
     kinds = schedule_kinds(cfg)
@@ -199,20 +226,27 @@ def block_spec(cfg) -> TransformerBlockSubmodules:
     )
 
 
+KIND_PACKAGES = ("megahash.models.attention", "megahash.models.embeddings", "megahash.models.heads")
+
+
 def _load_variants() -> None:
     """Import the variant modules so their ``register_*`` lines run (idempotent)."""
     import importlib
     import pkgutil
 
-    import megahash.models.attention as att_pkg
-    import megahash.models.embeddings as emb_pkg
-    import megahash.models.heads as head_pkg
-
-    for pkg in (att_pkg, emb_pkg, head_pkg):
+    plugins = tuple(catalog.plugin_modules())
+    if plugins in _LOADED:
+        return
+    for name in KIND_PACKAGES:  # by name: the kinds import this module, never the reverse
+        pkg = importlib.import_module(name)
         for info in pkgutil.iter_modules(pkg.__path__):
-            importlib.import_module(f"{pkg.__name__}.{info.name}")
+            importlib.import_module(f"{name}.{info.name}")
     for name in catalog.plugin_import_names():  # MEGAHASH_PLUGINS, model.plugins, entry points
         importlib.import_module(name)
+    _LOADED.add(plugins)
+
+
+_LOADED: set = set()  # plugin lists already loaded
 
 
 # name -> the kind's plain-torch reference module (megatron-free, the parameter names of the HF

@@ -18,7 +18,8 @@ reference). RoPE is megatron's non-interleaved rotary (rotate_half), base ``rope
 reference keeps what it needs (softmax kinds keys/values, linear kinds their recurrent state, the
 fixed-Q/K kinds the values only: their Q, K come from the fixed input run once through the stack
 and kept as cached maps, recomputed in training mode or after
-:meth:`MegahashPreTrainedModel.reset_fixed_maps`).
+:meth:`MegahashPreTrainedModel.reset_kind_inputs`). Inputs a kind adds (``config.kind_inputs``) are
+built from the kind's ``input:KIND`` reference and asked for their part of each forward's context.
 
 Hash embeddings read ``hash_codes`` [b, s, width] (the data stage's side-shard codes); the model's
 ``encode_text(text)`` computes ids and codes with the hashing module's ``TextCoder`` (files of the
@@ -44,8 +45,9 @@ except ImportError:  # pragma: no cover
     _CacheBase = object
 
 from megahash.models.hf_config import MegahashConfig
+from megahash.models.reference_table import references
 from megahash.models.torch_model import (
-    Decoder, FixedInput, RobertaEmbeddingExtras, build_embedding, build_head,
+    Decoder, RobertaEmbeddingExtras, build_embedding, build_head, build_kind_input,
 )
 from megahash.models.torch_ops import is_roberta, rope_cos_sin
 
@@ -208,10 +210,13 @@ class MegahashPreTrainedModel(PreTrainedModel):
         t = t if t.dtype == torch.uint8 else t.long()
         return tid, t.unsqueeze(0).to(self.device)
 
-    def reset_fixed_maps(self) -> None:
-        """Forget the cached fixed-input Q/K maps (call after changing weights in eval mode)."""
+    def reset_kind_inputs(self) -> None:
+        """Forget what the kind inputs cached (e.g. fixed-input Q/K maps; call after changing weights in eval mode)."""
         base = self.model if hasattr(self, "model") else self
-        base._fixed_cache = None
+        for extra in base.kind_inputs():
+            extra.reset()
+
+    reset_fixed_maps = reset_kind_inputs  # the name before kind inputs were generic
 
 
 class MegahashModel(MegahashPreTrainedModel):
@@ -219,56 +224,19 @@ class MegahashModel(MegahashPreTrainedModel):
 
     def __init__(self, config: MegahashConfig):
         super().__init__(config)
-        self.embedding = build_embedding(config)
-        self.decoder = Decoder(config)
+        self.embedding = build_embedding(config, references())
+        self.decoder = Decoder(config, references())
         self.embedding_extras = RobertaEmbeddingExtras(config) if is_roberta(config) else None
-        self.fixed_qk = FixedInput(config) if config.fixed_qk else None
-        self._fixed_cache = None
+        self.kind_input_attrs = list(config.kind_inputs)  # e.g. a fixed input (its buffers under model.<attr>)
+        for attr, meta in config.kind_inputs.items():
+            setattr(self, attr, build_kind_input(config, meta, references()))
         self.post_init()
+
+    def kind_inputs(self) -> list:
+        return [getattr(self, a) for a in self.kind_input_attrs]
 
     def get_input_embeddings(self):
         return getattr(self.embedding, "word_embeddings", None)
-
-    def _fixed_layers(self):
-        return [i for i, layer in enumerate(self.decoder.layers)
-                if getattr(layer.self_attention, "reads_fixed_input", False) and not layer.skip]
-
-    def fixed_maps(self, needed: int):
-        """{layer: (q [n, L, d], k [g, L, d])} of the fixed input (eq. 4.9-4.12), computed by running the
-        fixed input through the stack (cached in eval mode; recomputed with gradients in training)."""
-        fixed = self.fixed_qk
-        total = fixed.length()
-        if needed > total:
-            raise ValueError(f"{fixed.kind}: positions up to {needed} exceed the fixed input ({total} positions)")
-        param = next(self.parameters())
-        causal = self.config.arch == "decoder"
-        # causal: position t of the fixed pass sees positions <= t only, so one pass over the whole
-        # input serves every length; bidirectional (encoders): the pass has the batch's length
-        length = needed if (self.training or not causal) else total
-        key = (param.dtype, param.device, length)
-        if not self.training and self._fixed_cache is not None and self._fixed_cache[0] == key:
-            return self._fixed_cache[1]
-        with torch.set_grad_enabled(self.training and torch.is_grad_enabled()):
-            if fixed.source == "random":
-                emb = fixed.epsilon[:length].unsqueeze(0).to(param.dtype)
-            else:
-                emb = self.embedding(fixed.tokens[:length].unsqueeze(0), None)
-                if self.embedding_extras is not None:
-                    emb = self.embedding_extras(emb)
-            cos, sin = rope_cos_sin(0, length, self.config.hidden_size // self.config.num_attention_heads,
-                                    self.config.rope_theta, emb.device)
-            if self.embedding_extras is not None:  # no RoPE: the identity rotation
-                cos, sin = torch.ones_like(cos), torch.zeros_like(sin)
-            capture: dict = {}
-            ctx = {"offset": 0, "cos": cos, "sin": sin, "embeddings": emb, "capture": capture, "key_mask": None}
-            last = max(self._fixed_layers())
-            x = emb
-            for i, layer in enumerate(self.decoder.layers[:last + 1]):
-                ctx["layer"] = i
-                x = layer(x, ctx, None)
-        if not self.training:
-            self._fixed_cache = (key, capture)
-        return capture
 
     def forward(self, input_ids=None, hash_codes=None, attention_mask=None, past_key_values=None, use_cache=None,
                 output_hidden_states=False, return_dict=True, **kwargs):
@@ -300,10 +268,9 @@ class MegahashModel(MegahashPreTrainedModel):
         if self.embedding_extras is not None:  # model.layout=roberta: learned positions, no RoPE
             emb = self.embedding_extras(emb, key_mask)
             cos, sin = torch.ones_like(cos), torch.zeros_like(sin)
-        fixed = None
-        if self.fixed_qk is not None and self._fixed_layers():
-            fixed = self.fixed_maps(offset + s)
-        ctx = {"offset": offset, "cos": cos, "sin": sin, "embeddings": emb, "key_mask": key_mask, "fixed": fixed}
+        ctx = {"offset": offset, "cos": cos, "sin": sin, "embeddings": emb, "key_mask": key_mask}
+        for extra in self.kind_inputs():  # e.g. the fixed input's Q/K maps
+            ctx.update(extra.context(self, offset + s))
         hidden = [] if output_hidden_states else None
         x = emb
         for i, layer in enumerate(self.decoder.layers):
@@ -329,7 +296,7 @@ class MegahashForCausalLM(MegahashPreTrainedModel, GenerationMixin):
         super().__init__(config)
         self.model = MegahashModel(config)
         self.tied = bool(config.tie_embeddings) and getattr(self.model.embedding, "tieable", False)
-        self.head = build_head(config)
+        self.head = build_head(config, references())
         self.output_layer = (nn.Linear(config.hidden_size, config.padded_vocab_size, bias=False)
                              if self.head is None and not self.tied else None)
         self.post_init()

@@ -74,13 +74,13 @@ class LinearAttention(TorchAttention):
     """Linear attention over a recurrent state: ``linear_q`` + ``linear_kv`` (g groups), q/k through
     :meth:`transform_qk` (RoPE by default), then the kind's :meth:`kernel` in float32 (float64 kept).
 
-    ``projected_features``: q, k may have Based's projected feature dim d' (``model.attention.feature_dim``)."""
+    ``projected_features``: q, k may have Based's projected feature dim d' (``model.attention.options.feature_dim``)."""
 
     projected_features = False
 
     def __init__(self, config, spec):
         super().__init__(config, spec)
-        fd = int(megahash_option(config, "model", "attention.feature_dim", 0) or 0) if self.projected_features else 0
+        fd = int(megahash_option(config, "model", "attention.options.feature_dim", 0) or 0) if self.projected_features else 0
         self.fd = fd if fd and fd != self.d else 0  # Based's projected feature dim d' of q, k
         self.linear_q = nn.Linear(self.d_m, self.n * (self.fd or self.d), bias=self.qkv_bias)
         if self.fd:  # rows [g][k (d'), v (d_h)]
@@ -137,11 +137,9 @@ class SeparateQKV(TorchAttention):
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
 
-def build_attention(config, spec):
-    """The ``self_attention`` module of one layer: the kind's reference class."""
-    from megahash.models.reference_table import references  # lazy: the kind modules import this one
-
-    table = references()
+def build_attention(config, spec, table: dict):
+    """The ``self_attention`` module of one layer: the kind's reference class (``table``: the
+    references, :func:`megahash.models.reference_table.references`, handed down by the shell)."""
     kind = spec["kind"]
     if kind not in table:
         raise ValueError(f"attention kind {kind!r} has no plain-torch reference (@register_reference)")
@@ -171,12 +169,12 @@ class MLP(nn.Module):
 
 
 class Layer(nn.Module):
-    def __init__(self, config, spec):
+    def __init__(self, config, spec, table: dict):
         super().__init__()
         self.kind = spec["kind"]
         self.skip = bool(spec.get("skip", False))
         self.input_layernorm = make_norm(config)
-        self.self_attention = build_attention(config, spec)
+        self.self_attention = build_attention(config, spec, table)
         self.pre_mlp_layernorm = make_norm(config)
         self.mlp = MLP(config)
         self.post_norm = is_roberta(config)
@@ -192,9 +190,9 @@ class Layer(nn.Module):
 
 
 class Decoder(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, table: dict):
         super().__init__()
-        self.layers = nn.ModuleList([Layer(config, spec) for spec in config.layer_specs])
+        self.layers = nn.ModuleList([Layer(config, spec, table) for spec in config.layer_specs])
         self.final_layernorm = None if is_roberta(config) else make_norm(config)
 
 
@@ -217,21 +215,15 @@ class RobertaEmbeddingExtras(nn.Module):
         return self.layernorm(emb + extra.to(emb.dtype))
 
 
-def build_embedding(config):
-    from megahash.models.reference_table import references  # lazy: the kind modules import this one
-
-    table = references()
+def build_embedding(config, table: dict):
     if config.embedding not in table:
         raise ValueError(f"embedding kind {config.embedding!r} has no plain-torch reference (@register_reference)")
     return table[config.embedding](config)
 
 
-def build_head(config):
+def build_head(config, table: dict):
     """The output head's reference (``objective:NAME`` before ``head:NAME``), or None: the vocabulary
     logits of the model's ``output_layer`` (or tied table)."""
-    from megahash.models.reference_table import references  # lazy: the kind modules import this one
-
-    table = references()
     return next((table[k](config) for k in (f"objective:{config.objective}", f"head:{config.head}") if k in table),
                 None)
 
@@ -288,19 +280,9 @@ def special_rows(tokens, config):
     return rows
 
 
-class FixedInput(nn.Module):
-    """The fixed input of the fixed-Q/K kinds: ``epsilon`` [L, h] or ``tokens`` [L] (-1 padded)."""
-
-    def __init__(self, config):
-        super().__init__()
-        f = config.fixed_qk
-        self.kind, self.source, self.active = f["kind"], f["source"], bool(f.get("active", True))
-        if self.source == "random":
-            self.register_buffer("epsilon", torch.zeros(int(f["length"]), config.hidden_size))
-        else:
-            self.register_buffer("tokens", torch.full((int(f["length"]),), -1, dtype=torch.long))
-
-    def length(self) -> int:
-        if self.source == "random":
-            return self.epsilon.shape[0]
-        return int((self.tokens >= 0).sum())
+def build_kind_input(config, meta: dict, table: dict):
+    """The plain-torch reference of an input a kind adds (``input:KIND``, e.g. the fixed input)."""
+    cls = table.get(f"input:{meta['kind']}")
+    if cls is None:
+        raise ValueError(f"attention kind {meta['kind']!r} adds an input but has no reference for it (@register_reference)")
+    return cls(config, meta)

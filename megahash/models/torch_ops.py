@@ -32,10 +32,12 @@ def megahash_option(config, section: str, key: str, default=None):
     """A field of the resolved megahash config tree carried by the export (``config.megahash_config``)."""
     tree = getattr(config, "megahash_config", None) or {}
     node = tree.get(section) or {}
-    if "." in key:
-        outer, key = key.split(".", 1)
-        node = node.get(outer) or {}
-    return node.get(key, default)
+    *outer, last = key.split(".")
+    for k in outer:
+        if k == "options" and k not in node:  # exported before kinds owned their options
+            continue
+        node = node.get(k) or {}
+    return node.get(last, default)
 
 
 def is_roberta(config) -> bool:

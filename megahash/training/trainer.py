@@ -15,6 +15,7 @@ import torch
 
 from megahash import accelerator
 from megahash.config import Config, save_config
+from megahash.data.text_source import RunTexts
 from megahash.errors import CheckpointError
 from megahash.training import checkpoint
 from megahash.training.ds_config import deepspeed_config, tune_engine
@@ -164,11 +165,8 @@ def train(cfg: Config, at_end=None) -> int:
 
         accelerator.seed_all(t.seed)
         model = build_model(cfg, data.vocab_size)
-        if getattr(model, "fixed_qk", None) is not None and model.fixed_qk.source == "text":
-            from megahash.data.fixed_text import fixed_token_ids  # fixedseqqk: the fixed text (models open no files)
-            from megahash.models.attention.fixed_qk import set_fixed_tokens
-
-            set_fixed_tokens(model, fixed_token_ids(cfg, data.vocab_size))
+        for extra in model.kind_inputs():  # inputs the layer kinds add, e.g. a fixed text (models open no files)
+            extra.prepare(cfg, data.vocab_size, RunTexts(cfg))
         n_params = sum(p.numel() for p in model.parameters())
         n_params = _sum_over_tp(n_params, model)
         n_emb = _embedding_params(model)

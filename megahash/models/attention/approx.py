@@ -15,7 +15,7 @@ Q, K, V = H W^{Q,K,V} (eq. 4.3) with RoPE on Q and K; the full head dimension d 
 Forms (one copy each, :mod:`megahash.ops.taylor`; equal to 1e-10 in fp64):
 - chunked (training, prefill): the Taylor kernel inside chunks of C tokens, the feature-map state
   between them, carried by a cumulative sum over chunks: batched GEMMs, no Python loop, no L x L
-  map; ``model.attention.chunk_size`` (0 = auto: 128 for narrow features, 1024 at full width; a
+  map; ``model.attention.options.chunk_size`` (0 = auto: 128 for narrow features, 1024 at full width; a
   sequence no longer than the chunk is the parallel masked-matrix form). Full-width features are
   recomputed in backward. On CUDA with ``feature_dim=16`` and flash-linear-attention installed,
   fla's Based kernel runs instead;
@@ -30,13 +30,13 @@ thesis's cost tables (Table 4.6-4.8: cache 6Bd + 4Bd^2/h bytes, i.e. three d-vec
 d_h x d_h matrices per head) describe that form's state. Its predictive results follow Based's
 implementation, which is the shared-denominator form implemented here; ``megahash.models.costs``
 gives both the thesis's table values and this implementation's cache sizes.
-Based's projected feature dimension: ``model.attention.feature_dim`` d' (Based's default 16)
+Based's projected feature dimension: ``model.attention.options.feature_dim`` d' (Based's default 16)
 projects q, k to d' dims per head before the Taylor map (see :meth:`ApproxAttention.build_grouped_qkv`).
 Which form reproduces what: the thesis's cost tables (Tables 4.5-4.8, "Approx.") describe
 ``approx-thesis`` (Appendix I's recurrence); ``approx`` is the Based kernel.
 Attention dropout is not applied (there is no probability matrix to drop from in the linear form).
 Parameters equal ``mha`` exactly (``linear_q``, ``linear_kv``, ``linear_proj``) unless
-``model.attention.feature_dim`` is set.
+``model.attention.options.feature_dim`` is set.
 """
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ class LinearAttentionBase(GroupedKV, AttentionBase):
         super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
         self.build_grouped_qkv(groups or config.num_query_groups or self.n)
         self.build_proj(self.n * self.d_h)
-        self.chunk_size = cfg.model.attention.chunk_size if cfg is not None else 0
+        self.chunk_size = cfg.model.attention.options.chunk_size if cfg is not None else 0
 
     def qkv(self, x, rotary_pos_emb):
         q = self.grouped_q(x)
@@ -130,20 +130,20 @@ class ApproxAttention(LinearAttentionBase):
     reference = TaylorReference
 
     def build_grouped_qkv(self, groups: int) -> None:
-        """``model.attention.feature_dim`` d' > 0 (Based's ``feature_dim``, Arora et al. 2024): Q and
+        """``model.attention.options.feature_dim`` d' > 0 (Based's ``feature_dim``, Arora et al. 2024): Q and
         K are projected to d' dims per head (``linear_q`` n*d' rows, ``linear_kv`` rows
         ``[g][k (d'), v (d_h)]``) and the Taylor map has D' = 1 + d' + d'(d'+1)/2 features instead of
         1 + d_h + d_h(d_h+1)/2: the state shrinks to D'(d_h + 1) per key/value head and the
         sublayer has (n + g)(d_h - d') d_m fewer parameters than ``mha`` (not parameter-matched).
         RoPE rotates the d' dims with the head's first d'/2 frequency pairs."""
-        fd = self.cfg.model.attention.feature_dim if self.cfg is not None else 0
+        fd = self.cfg.model.attention.options.feature_dim if self.cfg is not None else 0
         self.feature_dim = fd or self.d_h
         if not fd or fd == self.d_h:
             return super().build_grouped_qkv(groups)
         if fd < 0 or fd % 2:
-            raise ConfigError(f"model.attention.feature_dim={fd} must be a positive even number (0 = head dim)")
+            raise ConfigError(f"model.attention.options.feature_dim={fd} must be a positive even number (0 = head dim)")
         if groups < 1 or self.n % groups or groups % self.tp:
-            raise ConfigError(f"approx with model.attention.feature_dim: {groups} key/value groups must divide "
+            raise ConfigError(f"approx with model.attention.options.feature_dim: {groups} key/value groups must divide "
                               f"model.num_heads={self.n} and be divisible by parallel.tensor={self.tp}")
         self.groups, self.kv_split, self.g_local = groups, True, groups // self.tp
         self.linear_q = column(self.d_m, self.n * fd, self.config, self.qkv_bias)
@@ -168,7 +168,9 @@ class ApproxAttention(LinearAttentionBase):
 # ----------------------------------------------------------------------------- self-description
 # (megahash.models.registry / catalog: costs and capabilities; nothing else in the library names the kind)
 
-from megahash.models.costs import StandardQKV, taylor_feature_dim  # noqa: E402
+from megahash.models.cost_formulas import StandardQKV, taylor_feature_dim  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+
 from megahash.models.registry import AttentionCaps  # noqa: E402
 
 
@@ -217,7 +219,17 @@ def approx_maps(m, q, k, v, attention_mask) -> dict:
             "check": lambda out: ((probs @ v.double()) - out.double()).abs().max().cpu()}
 
 
-@register_attention("approx", costs=ApproxCosts, maps=approx_maps, caps=AttentionCaps(thesis_name="Approx.", chapters=(4,)),
+@dataclass(frozen=True)
+class ApproxOptions:
+    """``model.attention.options`` of approx: the chunked form's chunk length, Based's feature dim d'."""
+
+    chunk_size: int = 0  # chunk length of the chunked form (0 = auto)
+    feature_dim: int = 0  # Based's projected feature dim d' of q, k before the Taylor map (0 = d_h)
+    RANGES = {"chunk_size": (0, None, False, False, "chunk length; 0 = auto"),
+              "feature_dim": (0, None, False, False, "approx's projected feature dim d'; 0 = d_h")}
+
+
+@register_attention("approx", costs=ApproxCosts, options=ApproxOptions, maps=approx_maps, caps=AttentionCaps(thesis_name="Approx.", chapters=(4,)),
                     export_spec=lambda att: {"chunk_size": int(getattr(att, "chunk_size", 0) or 0)})
 def approx_spec(cfg) -> ModuleSpec:
     return ModuleSpec(module=ApproxAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})

@@ -27,7 +27,7 @@ eq. 4.14-4.17):
 - chunked (training, prefill): the zeroth order is a cumulative sum; the first and second orders
   are ONE chunked linear-attention call on the two feature maps stacked (masked matrices inside
   chunks of C tokens, the states between chunks carried by a cumulative sum over chunks: batched
-  GEMMs, no Python loop), ``model.attention.chunk_size`` (0 = 128); chunk >= L is the parallel form;
+  GEMMs, no Python loop), ``model.attention.options.chunk_size`` (0 = 128); chunk >= L is the parallel form;
 - recurrent (decoding: the chunked form on one token with the carried state in ``decode_cache``
   ``s0``, ``s1``, ``z1``, ``s2``, ``z2``, each [b, g, 1, ...]; token-by-token loop: the oracle);
 - naive: the three masked L x L maps (the indicators' maps, and a test oracle).
@@ -83,6 +83,8 @@ class ApproxThesisAttention(LinearAttentionBase):
 # (megahash.models.registry / catalog: costs and capabilities; nothing else in the library names the kind)
 
 from megahash.models.attention.approx import ApproxCosts  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+
 from megahash.models.registry import AttentionCaps  # noqa: E402
 
 
@@ -117,7 +119,15 @@ def approx_thesis_maps(m, q, k, v, attention_mask) -> dict:
             "check": check}
 
 
-@register_attention("approx-thesis", costs=ApproxThesisCosts, caps=AttentionCaps(thesis_name="Approx."),
+@dataclass(frozen=True)
+class ApproxThesisOptions:
+    """``model.attention.options`` of approx-thesis: the chunked form's chunk length."""
+
+    chunk_size: int = 0  # chunk length of the chunked form (0 = auto)
+    RANGES = {"chunk_size": (0, None, False, False, "chunk length; 0 = auto")}
+
+
+@register_attention("approx-thesis", costs=ApproxThesisCosts, options=ApproxThesisOptions, caps=AttentionCaps(thesis_name="Approx."),
                     maps=approx_thesis_maps)
 def approx_thesis_spec(cfg) -> ModuleSpec:
     return ModuleSpec(module=ApproxThesisAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})

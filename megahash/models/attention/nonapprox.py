@@ -14,7 +14,7 @@ RoPE is not applied: it would not change q_j . k_j (same position). With grouped
 
 Forms (one copy each, :mod:`megahash.ops.cumsoftmax`; equal to 1e-10 in fp64):
 - scan (training, prefill, decoding): ``logcumsumexp`` prefix sums, O(L d_h) work, no L x L map and
-  no loop over chunks (``model.attention.chunk_size`` does not apply); the carried state is
+  no loop over chunks (``model.attention.options.chunk_size`` does not apply); the carried state is
   ``decode_cache`` ``m`` [b, g, rep], ``num`` [b, g, rep, d_h], ``den`` [b, g, rep] per head
   (numerator and denominator relative to e^m): Bd + 2Bh numbers, the thesis's Table 4.8 cache of
   2Bd + 4Bh bytes at 16 bit;
@@ -77,7 +77,7 @@ class NonApproxAttention(LinearAttentionBase):
 # ----------------------------------------------------------------------------- self-description
 # (megahash.models.registry / catalog: costs and capabilities; nothing else in the library names the kind)
 
-from megahash.models.costs import StandardQKV  # noqa: E402
+from megahash.models.cost_formulas import StandardQKV  # noqa: E402
 from megahash.models.registry import AttentionCaps  # noqa: E402
 
 

@@ -73,7 +73,7 @@ class StaticEmbQKAttention(SeparateQKVAttention):
 # ----------------------------------------------------------------------------- self-description
 # (megahash.models.registry / catalog: costs and capabilities; nothing else in the library names the kind)
 
-from megahash.models.costs import StandardQKV  # noqa: E402
+from megahash.models.cost_formulas import StandardQKV  # noqa: E402
 from megahash.models.registry import AttentionCaps  # noqa: E402
 
 

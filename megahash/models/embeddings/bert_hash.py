@@ -4,7 +4,7 @@
 
 Parameters |V| x P + P x d (seed 002: 30,522 x 5 + 5 x 768 = 156,450; "projections = 5 is like a
 160-bit hash"). Reads token ids (not hash codes), so it needs a tokenizer vocabulary like ``vocab``;
-``model.embed.projections`` is P. The five special ids use the shared special table like every
+``model.embed.options.projections`` is P. The five special ids use the shared special table like every
 hash embedding (their H rows are kept so the count is seed 002's formula).
 """
 from __future__ import annotations
@@ -42,21 +42,27 @@ import torch
 import torch.nn.functional as F
 
 from megahash.models.embeddings.base import HashEmbeddingBase
+from dataclasses import dataclass
+
 from megahash.models.registry import EmbeddingCaps, register_embedding
 
 
-@register_embedding("bert-hash", caps=EmbeddingCaps(reads_hash_codes=False, sr_random="token"),
+@dataclass(frozen=True)
+class BertHashOptions:
+    """``model.embed.options`` of bert-hash: P, the hash projections per token ([BERTHash])."""
+
+    projections: int = 5
+    RANGES = {"projections": (1, None, False, False, "bert-hash projections")}
+
+
+@register_embedding("bert-hash", caps=EmbeddingCaps(reads_hash_codes=False, sr_random="token"), options=BertHashOptions,
                     export_meta=lambda emb, cfg: {"projections": emb.projections})
 class BertHashEmbedding(HashEmbeddingBase):
     """e = Linear_{P->d}(H[token]) with H [|V|, P] (seed 002)."""
 
     def __init__(self, config, cfg, vocab_size: int):
         super().__init__(config, cfg)
-        p = int(cfg.model.embed.projections)
-        if p < 1:
-            from megahash.errors import ConfigError
-
-            raise ConfigError(f"model.embed.projections must be >= 1, got {p}")
+        p = int(cfg.model.embed.options.projections)  # >= 1 (BertHashOptions.RANGES)
         self.projections = p
         self.vocab_size = vocab_size
         self.hash_table = torch.nn.Parameter(torch.empty(vocab_size, p, dtype=config.params_dtype))

@@ -63,6 +63,8 @@ import torch
 import torch.nn.functional as F
 
 from megahash.models.embeddings.base import HashEmbeddingBase, bit_shifts, bit_spec, check_codes, unpack_bits
+from dataclasses import dataclass
+
 from megahash.models.registry import EmbeddingCaps, register_embedding
 
 
@@ -77,7 +79,15 @@ def chunk_weights(num_bits: int, k: int) -> torch.Tensor:
     return w
 
 
-@register_embedding("pool", caps=EmbeddingCaps(sr_random="bits-uniform"),
+@dataclass(frozen=True)
+class PoolOptions:
+    """``model.embed.options`` of pool: k, the bits per chunk (eq. 2.1; the codebook has 2^k rows)."""
+
+    pool_bits: int = 10
+    RANGES = {"pool_bits": (1, 20, False, False, "bits per pool chunk; the codebook has 2^k rows")}
+
+
+@register_embedding("pool", caps=EmbeddingCaps(sr_random="bits-uniform"), options=PoolOptions,
                     export_meta=lambda emb, cfg: {"num_bits": emb.num_bits, "pool_bits": emb.k})
 class PoolEmbedding(HashEmbeddingBase):
     """e = sum_i softmax(W)_i (.) B[c_i] (eq. 2.1); codebook [2^k, d], chunk weights W [ceil(T/k), d]."""
@@ -85,11 +95,7 @@ class PoolEmbedding(HashEmbeddingBase):
     def __init__(self, config, cfg, vocab_size: int):
         super().__init__(config, cfg)
         self.num_bits = bit_spec(cfg, "pool")
-        self.k = int(cfg.model.embed.pool_bits)
-        if not 1 <= self.k <= 20:
-            from megahash.errors import ConfigError
-
-            raise ConfigError(f"model.embed.pool_bits must be in 1..20, got {self.k}")
+        self.k = int(cfg.model.embed.options.pool_bits)  # 1..20 (PoolOptions.RANGES)
         self.num_chunks = -(-self.num_bits // self.k)
         h = config.hidden_size
         self.codebook = torch.nn.Parameter(torch.empty(2 ** self.k, h, dtype=config.params_dtype))

@@ -5,15 +5,15 @@ data stage stores the polynomial rolling hashes H(g) = sum_k g[k] p^(i-1-k) mod 
 m = 1e9+7; :mod:`megahash.hashing.rolling`). With seeded random multipliers h in [0, 2^32)^(d/P x P),
 P = n(n+1)/2 (``megahash.hashing.rolling.rolling_seeds``), partition i of the embedding is
 
-    q = outer(H(g), h[:, run:run+i].flatten()) mod b          (b = model.embed.rolling_buckets)
+    q = outer(H(g), h[:, run:run+i].flatten()) mod b          (b = model.embed.options.rolling_buckets)
     q = q - [q > b/2] b ;   q = q / (b/2)                      (map to [-1, 1])
     e[run d/P : (run+i) d/P] = mean over the i-grams g of q    (run = 1 + 2 + ... + (i-1))
 
 (seed 001's ``hash_embedding``, partition scheme included; an i with no i-grams leaves zeros; dims
 beyond P * floor(d/P) stay zero). No trainable embedding table: the features are a fixed function
 of the codes, computed under no_grad in exact int64 arithmetic (H < 2^31, h < 2^32) once per
-*distinct* i-gram hash and averaged once per *distinct* word of the batch. ``model.embed.rolling_dim`` (0 = hidden) is the feature width d and
-``model.embed.rolling_linear`` adds a trainable Linear(d -> hidden) (bias-free), the only
+*distinct* i-gram hash and averaged once per *distinct* word of the batch. ``model.embed.options.rolling_dim`` (0 = hidden) is the feature width d and
+``model.embed.options.rolling_linear`` adds a trainable Linear(d -> hidden) (bias-free), the only
 non-special parameters. ``megahash.hashing.rolling.rolling_embedding_from_codes`` is the numpy
 reference this layer is tested against.
 """
@@ -62,6 +62,8 @@ class RollingReference(TorchHashEmbedding):
 # ---- megatron-core implementation
 import torch
 import torch.nn.functional as F
+
+from dataclasses import dataclass
 
 from megahash.errors import ConfigError
 from megahash.models.embeddings.base import HashEmbeddingBase, check_codes, parse_spec
@@ -128,9 +130,24 @@ def _unique_first(key: torch.Tensor):
     return uniq, first, inverse
 
 
-@register_embedding("rolling", caps=EmbeddingCaps(sr_random="batch", example_hash_spec="rolling3"), export_meta=lambda emb, cfg: {
+@dataclass(frozen=True)
+class RollingOptions:
+    """``model.embed.options`` of rolling ([EELBERT]): largest i-gram n, buckets b, seed, feature width."""
+
+    rolling_ngram: int = 3  # n: largest i-gram (must match the hash spec rollingN)
+    rolling_buckets: int = 1_000_000_007  # b
+    rolling_seed: int = 42
+    rolling_dim: int = 0  # width of the rolling features before the optional Linear (0 = hidden)
+    rolling_linear: bool = True  # Linear(rolling_dim -> hidden)
+    RANGES = {"rolling_ngram": (1, None, False, False, "largest i-gram of the rolling hash"),
+              "rolling_buckets": (2, None, False, False, "rolling-hash buckets b"),
+              "rolling_seed": (0, 2**32 - 1, False, False, "seed"),
+              "rolling_dim": (0, None, False, False, "rolling feature width; 0 = hidden size")}
+
+
+@register_embedding("rolling", caps=EmbeddingCaps(sr_random="batch", example_hash_spec="rolling3"), options=RollingOptions, export_meta=lambda emb, cfg: {
     "rolling_ngram": emb.n, "max_len": emb.max_len, "width": emb.width, "rolling_buckets": emb.buckets,
-    "rolling_dim": emb.dim, "rolling_linear": emb.linear is not None, "rolling_seed": cfg.model.embed.rolling_seed})
+    "rolling_dim": emb.dim, "rolling_linear": emb.linear is not None, "rolling_seed": cfg.model.embed.options.rolling_seed})
 class RollingEmbedding(HashEmbeddingBase):
     """EELBERT: fixed rolling-hash features (seed 001), optional Linear(rolling_dim -> hidden)."""
 
@@ -138,27 +155,27 @@ class RollingEmbedding(HashEmbeddingBase):
         super().__init__(config, cfg)
         from megahash.hashing.rolling import rolling_partitions, rolling_seeds
 
-        e = cfg.model.embed
+        e = cfg.model.embed.options
         spec = parse_spec(cfg, "rolling")
         if spec.kind != "rolling":
             raise ConfigError(f"model.embedding=rolling needs model.embed.hash_spec rollingN, got {spec.name!r}")
         self.n, self.max_len = int(spec.params["n"]), int(spec.params["max_len"])
         if e.rolling_ngram != self.n:
             raise ConfigError(
-                f"model.embed.rolling_ngram={e.rolling_ngram} but model.embed.hash_spec={spec.name} holds "
-                f"i-grams up to {self.n}; set model.embed.rolling_ngram={self.n}"
+                f"model.embed.options.rolling_ngram={e.rolling_ngram} but model.embed.hash_spec={spec.name} holds "
+                f"i-grams up to {self.n}; set model.embed.options.rolling_ngram={self.n}"
             )
         self.width = spec.width
         self.parts = rolling_partitions(self.n, self.max_len)
         self.buckets = int(e.rolling_buckets)
         if not 2 <= self.buckets < 2**31:
-            raise ConfigError(f"model.embed.rolling_buckets must be in [2, 2^31), got {self.buckets}")
+            raise ConfigError(f"model.embed.options.rolling_buckets must be in [2, 2^31), got {self.buckets}")
         self.dim = int(e.rolling_dim) or config.hidden_size
         if self.dim < self.n * (self.n + 1) // 2:
-            raise ConfigError(f"model.embed.rolling_dim={self.dim} is smaller than n(n+1)/2 partitions")
+            raise ConfigError(f"model.embed.options.rolling_dim={self.dim} is smaller than n(n+1)/2 partitions")
         if not e.rolling_linear and self.dim != config.hidden_size:
             raise ConfigError(
-                f"model.embed.rolling_dim={self.dim} != hidden {config.hidden_size} needs model.embed.rolling_linear=true"
+                f"model.embed.options.rolling_dim={self.dim} != hidden {config.hidden_size} needs model.embed.options.rolling_linear=true"
             )
         seeds = torch.from_numpy(rolling_seeds(self.dim, self.n, int(e.rolling_seed)))
         self.register_buffer("seeds", seeds.clone())  # persistent: checkpoints carry the exact multipliers

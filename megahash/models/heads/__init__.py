@@ -43,27 +43,27 @@ WORD_TOKEN = 5  # any id >= 5 is an ordinary word to the hash embeddings (ids 0-
 
 def build_head(cfg, config, vocab_size: int) -> torch.nn.Module:
     """The head of ``train.objective`` x ``model.head``: the registered head named by ``model.head``
-    (megahash.models.registry.HEADS), unless the objective has a head of its own (a head registered
+    (megahash.models.registry.spec), unless the objective has a head of its own (a head registered
     with ``HeadCaps(objectives=(objective,), selectable=False)``, e.g. Shuffle+Random), which then
     needs the standard ``model.head``."""
     from megahash.models import catalog, registry
 
     registry._load_variants()
     head, objective = cfg.model.head, cfg.train.objective
-    selectable = sorted(n for n in registry.HEADS if registry.CAPS["head"][n].selectable)
+    heads = {n: registry.spec("head", n) for n in registry.names("head")}
+    selectable = sorted(n for n, h in heads.items() if h.caps.selectable)
     if head not in selectable:
         raise ConfigError(f"model.head must be one of {', '.join(selectable)}, got {head!r}")
-    own = [n for n in registry.HEADS if not registry.CAPS["head"][n].selectable
-           and objective in registry.CAPS["head"][n].objectives]
+    own = [n for n, h in heads.items() if not h.caps.selectable and objective in h.caps.objectives]
     if own:
         std = catalog.standard("head")
         if head != std:
             raise ConfigError(
                 f"train.objective={objective} trains its own head ({own[0]}); model.head={head} applies to "
-                f"{'/'.join(registry.CAPS['head'][head].objectives)} only (leave model.head={std})"
+                f"{'/'.join(heads[head].caps.objectives)} only (leave model.head={std})"
             )
         head = own[0]
-    return registry.HEADS[head](config, cfg, vocab_size)
+    return heads[head].build(config, cfg, vocab_size)
 
 
 def full_sequence(hidden: torch.Tensor, config) -> torch.Tensor:

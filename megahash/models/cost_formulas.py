@@ -1,0 +1,75 @@
+"""The formula bases a kind's cost class builds on ([Xue25] Table 3.4, Tables 4.5-4.8), torch-free and
+importing nothing of megahash: kind files import them, and :mod:`megahash.models.catalog` executes a
+kind's cost class from its source with them (:mod:`megahash.models.costs` asks the kinds).
+"""
+from __future__ import annotations
+
+
+# A kind's cost class (registered with ``register_attention(name, costs=...)`` in the kind's own
+# file) holds its formulas as static/class methods, each optional ("n/a" where absent):
+#   qkv_params(n, d, g)                      Table 3.4 (d = head dim, g = key/value heads)
+#   time_complexity(B, L, d)                 Table 4.5
+#   flops(phase, B, L, d, h, g, precomputed) Table 4.6 (phase prefill | decode)
+#   activation_bytes(B, L, d, h, t)          Table 4.7
+#   cache_bytes(B, L, d, h, g)               Table 4.8
+#   cache_elements(B, L, n, d_h, g, **opts)  this implementation's decode cache (numbers)
+#   groups(n, g)                             key/value heads of the kind under model.num_query_groups=g
+# The bases below are the generic machinery the kinds build on.
+
+
+class StandardQKV:
+    """Q/K/V of the standard sublayer (Table 3.4's MHA row, GQA-sized with g key/value heads):
+    d^2 n^2 + 2 d^2 n g (= 3 d^2 n^2 at g = n). Chapter-4 kinds are parameter-matched to it."""
+
+    @staticmethod
+    def qkv_params(n, d, g):
+        return d * d * n * n + 2 * d * d * n * g
+
+    @staticmethod
+    def groups(n, g):
+        return g or n
+
+
+class GeneralisedRow(StandardQKV):
+    """Table 4.5-4.8's Standard row generalised by a kind's projection sizes (chapter-3 kinds; NOT in
+    the thesis): prefill FLOPs 2*B*L*p + 4*B*L^2*w, decode 2*B*p + 4*B*L*w (p = Q/K/V parameters,
+    w = attention width ``width``), activations (8BLd + 2BL^2 * maps)/t, cache 4*B*L*kv_width bytes.
+    With the standard projections it is exactly the Standard row."""
+
+    @staticmethod
+    def width(d, h):
+        return d
+
+    @staticmethod
+    def maps(h):
+        return h
+
+    @staticmethod
+    def kv_width(d, h, g):
+        return g * (d // h)
+
+    @staticmethod
+    def time_complexity(B, L, d):
+        return B * L * L * d + B * L * d * d
+
+    @classmethod
+    def flops(cls, phase, B, L, d, h=None, g=None, precomputed=False):
+        if h is None:
+            raise ValueError("the generalised Standard row needs the number of heads h")
+        p, w = cls.qkv_params(h, d // h, g or h), cls.width(d, h)
+        return 2 * B * L * p + 4 * B * L * L * w if phase == "prefill" else 2 * B * p + 4 * B * L * w
+
+    @classmethod
+    def activation_bytes(cls, B, L, d, h, t=1):
+        return (8 * B * L * d + 2 * B * L * L * cls.maps(h)) / t
+
+    @classmethod
+    def cache_bytes(cls, B, L, d, h, g=None):
+        return 4 * B * L * cls.kv_width(d, h, g or h)
+
+
+
+
+def taylor_feature_dim(d_h: int) -> int:
+    """Features of the Taylor map (megahash.ops.taylor.kernel.feature_dim): 1 + d_h + d_h(d_h + 1)/2."""
+    return 1 + d_h + d_h * (d_h + 1) // 2

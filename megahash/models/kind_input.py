@@ -1,0 +1,35 @@
+"""The generic hook through which a kind adds an input to the model (e.g. the fixed sequence that
+rndembqk/fixedseqqk layers read their Q, K from, [Xue25] eq. 4.9-4.12).
+
+A kind registers ``model_input=build`` (:func:`megahash.models.registry.register_attention`); ``build(model,
+cfg)`` returns a :class:`KindInput` or None. The model keeps it as ``model.<attr>`` (so its buffers are
+checkpointed and exported under that prefix) and calls it around every pass of the block; the trainer,
+evaluation and diagnostics call :meth:`KindInput.prepare`. Nothing outside the kind's file knows what
+the input is.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class KindInput(torch.nn.Module):
+    """An input a kind adds to the model; every method has a do-nothing default."""
+
+    attr = "kind_input"  # the model attribute (state-dict prefix) it lives under
+
+    def prepare(self, cfg, vocab_size: int | None, texts) -> None:
+        """Data-dependent setup before training or evaluation, given the run's config and vocabulary;
+        ``texts.token_ids(source, length, vocab_size, key)`` reads a text as token ids
+        (:class:`megahash.data.text_source.RunTexts`, or ``RandomTexts`` for synthetic tasks): models
+        open no files."""
+
+    def enter(self, model, emb, mask, offset: int, seq_len: int, rotary, decoding: bool):
+        """Before the block runs on ``emb`` [s, b, h]: returns (emb, mask), e.g. with one more sequence."""
+        return emb, mask
+
+    def leave(self) -> None:
+        """After the block ran (also on errors): drop per-pass state."""
+
+    def export_meta(self) -> dict:
+        """What the Hugging Face reference of the input needs (sizes, its kind), JSON-serialisable."""
+        return {}
