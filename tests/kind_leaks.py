@@ -12,9 +12,11 @@ A kind (attention, embedding, head) is the file that registers it. Its identifie
   an attribute (``model.set_fixed_tokens``), imported from elsewhere (a re-export), defined again
   at the top of another module (a second ``FixedInput``) or read unbound (a ``*`` import);
 - ``config``: the fields of its options dataclass (``options=`` of its ``register_*`` line, or the
-  catalog entry's ``.options``) as an attribute (``cfg.model.attention.fixed_text``), a call keyword,
-  a field of another class (a central config field), or a string: the field or a dotted key ending
-  in it (``"model.attention.fixed_text"``, ``"model.attention.fixed_text=..."``);
+  catalog entry's ``.options``) read through a config section (``attention``, ``embed``, ``head``,
+  ``options``): an attribute (``cfg.model.attention.fixed_text``), a dotted key in a string
+  (``"model.attention.options.seed=3"``), a field of a section's class (``AttentionConfig``); a
+  field of two or more words (``fixed_text``, not ``seed``) anywhere: any attribute, call keyword,
+  class field or string equal to it (a one-word field is too common a word outside a section);
 - ``home``: a kind registered outside the kind directories (its file is then a central one).
 
 "Elsewhere" is every scanned file but the kind's own, including another kind's file. A kind file
@@ -32,6 +34,7 @@ KIND_DIRS = ("megahash/models/attention/", "megahash/models/embeddings/", "megah
 REGISTER = ("register_attention", "register_embedding", "register_head")
 IMPORTERS = ("import_module", "__import__", "find_spec")
 _PARTS = re.compile(r"[./:]")
+SECTIONS = {"attention", "embed", "embedding", "head", "options"}  # where a kind's options are read from
 _DOTTED = re.compile(r"(?<![\w.])(?:[A-Za-z_]\w*\.)+([A-Za-z_]\w*)")  # a dotted key in a string: its last part
 
 
@@ -213,6 +216,14 @@ def _bindings(nodes, here: str, is_package: bool) -> tuple[dict, set]:
     return aliases, bound
 
 
+def _distinctive(field: str) -> bool:
+    return "_" in field.strip("_")
+
+
+def _in_section(chain: str | None) -> bool:
+    return bool(chain) and not SECTIONS.isdisjoint(chain.lower().split("."))
+
+
 def _module_strings(k: Kind) -> set[str]:
     parts = k.module.split(".")
     return {k.module, "/".join(parts) + ".py", "." + parts[-1], ".".join(parts[-2:]), "/".join(parts[-2:]) + ".py"}
@@ -257,14 +268,15 @@ def scan_file(path: Path, root: Path, kinds_, index: _Index | None = None) -> li
     docs = _docstrings(nodes)
     aliases, bound = _bindings(nodes, here, is_package)
     top = {id(n) for n in tree.body}
-    class_fields = {id(s) for c in nodes if isinstance(c, ast.ClassDef) for s in c.body if isinstance(s, ast.AnnAssign)}
+    class_fields = {id(s): any(w in c.name.lower() for w in SECTIONS) for c in nodes if isinstance(c, ast.ClassDef)
+                    for s in c.body if isinstance(s, ast.AnnAssign)}  # -> is it a section's class
     found: set[Leak] = set()
 
     def leak(node, ident, sort, ks):
         for k in ks:
-            ident = k.module if sort == "module" else ident
-            if k.file != path and ident not in mine:
-                found.add(Leak(rel, node.lineno, ident, sort, k.label))
+            what = k.module if sort == "module" else ident
+            if k.file != path and what not in mine:
+                found.add(Leak(rel, node.lineno, what, sort, k.label))
 
     for node in nodes:
         if isinstance(node, ast.Import):
@@ -287,7 +299,8 @@ def scan_file(path: Path, root: Path, kinds_, index: _Index | None = None) -> li
             leak(node, full, "module", hit)  # attention.fixed_qk (through an imported package)
             if not hit:
                 leak(node, node.attr, "name", ix.public.get(node.attr, ()))
-                leak(node, node.attr, "config", ix.fields.get(node.attr, ()))
+                if _distinctive(node.attr) or _in_section(_dotted(node.value)):
+                    leak(node, node.attr, "config", ix.fields.get(node.attr, ()))
         elif isinstance(node, ast.Name):
             if isinstance(node.ctx, ast.Load) and node.id not in bound:
                 leak(node, node.id, "name", ix.public.get(node.id, ()))
@@ -298,10 +311,10 @@ def scan_file(path: Path, root: Path, kinds_, index: _Index | None = None) -> li
             for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
                 if isinstance(t, ast.Name) and id(node) in top:
                     leak(node, t.id, "name", ix.public.get(t.id, ()))
-                if isinstance(t, ast.Name) and id(node) in class_fields:
+                if isinstance(t, ast.Name) and id(node) in class_fields and (class_fields[id(node)] or _distinctive(t.id)):
                     leak(node, t.id, "config", ix.fields.get(t.id, ()))
         elif isinstance(node, ast.keyword):
-            if node.arg:  # a call keyword: an option passed on (a parameter's name is its function's own)
+            if node.arg and _distinctive(node.arg):  # an option passed on (a parameter is its function's own)
                 leak(node.value, node.arg, "config", ix.fields.get(node.arg, ()))
         elif isinstance(node, ast.Call):
             name = _imported_string(node)
@@ -316,9 +329,12 @@ def scan_file(path: Path, root: Path, kinds_, index: _Index | None = None) -> li
             else:
                 for part in set(_PARTS.split(s)) - {s} if ix.stems else ():
                     leak(node, part, "name", ix.stems.get(part, ()))  # "fixed_qk.tokens"
-            leak(node, s, "config", ix.fields.get(s, ()))
+            if _distinctive(s):
+                leak(node, s, "config", ix.fields.get(s, ()))
             for key in _DOTTED.finditer(s) if ix.fields else ():
-                leak(node, key.group(1), "config", ix.fields.get(key.group(1), ()))
+                field = key.group(1)
+                if _distinctive(field) or _in_section(key.group(0).rsplit(".", 1)[0]):
+                    leak(node, field, "config", ix.fields.get(field, ()))
     return sorted(found)
 
 

@@ -202,3 +202,36 @@ def test_the_allow_list_excuses_one_identifier_in_one_file(tmp_path):
     entries = plant(tmp_path, {MODEL: 'KIND = "toyqk"\n', "megahash/data/x.py": 'KIND = "toyqk"\n'})
     allow = {("toyqk", MODEL): "a homonym"}
     assert found(tmp_path, entries, allow) == [("megahash/data/x.py", 1, "toyqk", "string")]
+
+
+def test_a_one_word_field_counts_only_in_a_config_section(tmp_path):
+    """An option ``seed`` is a leak where it is read through a config section (attention, embed, head,
+    options) or declared in a section's class; ``cfg.data.seed``, a ``seed=`` keyword, the string
+    "seed" or "data.seed" are other seeds. (A field of two words, e.g. ``toy_text``, counts anywhere.)"""
+    @dataclasses.dataclass
+    class Options:
+        seed: int = 0
+
+    source = '''
+        import dataclasses
+
+
+        @dataclasses.dataclass
+        class DataConfig:
+            seed: int = 0
+
+
+        @dataclasses.dataclass
+        class AttentionConfig:
+            seed: int = 0
+
+
+        def f(cfg, g):
+            g(seed=cfg.data.seed)
+            keys = ["seed", "data.seed", "model.attention.options.seed=3"]
+            return cfg.model.attention.seed, keys
+        '''
+    entries = plant(tmp_path, {MODEL: source})
+    entries[0] = ("toyqk", SimpleNamespace(file=entries[0][1].file, options=Options))
+    assert found(tmp_path, entries) == [(MODEL, 11, "seed", "config"), (MODEL, 16, "seed", "config"),
+                                        (MODEL, 17, "seed", "config")]
