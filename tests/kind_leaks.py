@@ -10,7 +10,8 @@ A kind (attention, embedding, head) is the file that registers it. Its identifie
 - ``name``: the public top-level names the kind file defines (classes, functions, constants) and its
   module's own name where that is not also a registered name (``fixed_qk``, not ``mlp``), used as
   an attribute (``model.set_fixed_tokens``), imported from elsewhere (a re-export), defined again
-  at the top of another module (a second ``FixedInput``) or read unbound (a ``*`` import);
+  at the top of another module (a second ``FixedInput``), read unbound (a ``*`` import) or as a
+  string (``getattr(model, "fixed_qk")``; the module's own name also as a dotted part: ``"fixed_qk."``);
 - ``config``: the fields of its options dataclass (``options=`` of its ``register_*`` line, or the
   catalog entry's ``.options``) read through a config section (``attention``, ``embed``, ``head``,
   ``options``): an attribute (``cfg.model.attention.fixed_text``), a dotted key in a string
@@ -20,7 +21,11 @@ A kind (attention, embedding, head) is the file that registers it. Its identifie
 - ``home``: a kind registered outside the kind directories (its file is then a central one).
 
 "Elsewhere" is every scanned file but the kind's own, including another kind's file. A kind file
-may import shared modules (``base.py``, ``__init__.py``, anything that registers no kind).
+may import shared modules (``base.py``, ``__init__.py``, anything that registers no kind). Generic
+words that coincide are excused only by an allow-list of (identifier, path prefix) the caller passes.
+
+Use: ``scan(root, catalog_kinds(root), allow=...)`` -> sorted :class:`Leak` records
+(``tests/test_new_kind.py``); ``tests/test_kind_leaks.py`` plants one violation of each sort.
 """
 from __future__ import annotations
 
@@ -362,10 +367,9 @@ def misplaced(kinds_: list[Kind], root: Path) -> list[Leak]:
     for k in kinds_:
         if k.home:
             continue
-        tree = ast.parse(k.file.read_text(), str(k.file))
-        for name, call in _register_calls(tree):
-            if name in k.names:
-                out.append(Leak(k.file.relative_to(root.resolve()).as_posix(), call.lineno, name, "home", k.label))
+        lines = {name: call.lineno for name, call in _register_calls(ast.parse(k.file.read_text(), str(k.file)))}
+        rel = k.file.relative_to(root.resolve()).as_posix()
+        out += [Leak(rel, lines.get(name, 1), name, "home", k.label) for name in sorted(k.names)]
     return sorted(out)
 
 
