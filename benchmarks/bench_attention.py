@@ -43,7 +43,7 @@ def build(kind: str, args):
     cfg = load_config(None, [
         f"model.hidden_size={args.hidden}", f"model.num_heads={args.heads}", f"model.num_layers={args.layers}",
         f"model.ffn_hidden_size={4 * args.hidden}", f"model.schedule=uniform:{kind}",
-        f"model.max_position_embeddings={longest}", f"model.attention.fixed_seq_length={longest}",
+        f"model.max_position_embeddings={longest}", f"model.attention.options.fixed_seq_length={longest}",
         f"data.seq_length={max(args.seqs)}",
     ])
     accelerator.seed_all(0)

@@ -54,7 +54,7 @@ def main(argv=None):
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kinds", default="")
-    ap.add_argument("--extra", default="approx@model.attention.feature_dim=16")
+    ap.add_argument("--extra", default="approx@model.attention.options.feature_dim=16")
     ap.add_argument("--contexts", default="2048,8192,32768")
     ap.add_argument("--steps", type=int, default=9)
     ap.add_argument("--piece", type=int, default=4096)

@@ -47,7 +47,7 @@ KINDS = {
     "pool": ("pool", "md5", []),
     "bert-hash": ("bert-hash", "md5", []),
     "rolling": ("rolling", "rolling3", []),
-    "rolling nolin": ("rolling", "rolling3", ["model.embed.rolling_linear=false"]),
+    "rolling nolin": ("rolling", "rolling3", ["model.embed.options.rolling_linear=false"]),
 }
 
 

@@ -15,7 +15,7 @@ of dim 64, batch 1, fp32) runs forward + backward of one sequence at each length
   in the same run, and read the load printed beside the table.
 
 ``--extra`` adds variants as ``kind@override,override`` rows (default: Based's projected feature
-dimension, ``approx@model.attention.feature_dim=16``).
+dimension, ``approx@model.attention.options.feature_dim=16``).
 
     PYTHONPATH=. python benchmarks/bench_kinds_cpu.py [--kinds mha,approx] [--seqs 2048,8192] [--out FILE.md]
 """
@@ -53,7 +53,7 @@ def build(kind: str, overrides: list[str], args):
     cfg = load_config(None, [
         f"model.hidden_size={args.hidden}", f"model.num_heads={args.heads}", f"model.num_layers={args.layers}",
         f"model.ffn_hidden_size={4 * args.hidden}", f"model.schedule=uniform:{kind}",
-        f"model.max_position_embeddings={longest}", f"model.attention.fixed_seq_length={longest}",
+        f"model.max_position_embeddings={longest}", f"model.attention.options.fixed_seq_length={longest}",
         f"data.seq_length={max(args.seqs)}", *overrides,
     ])
     accelerator.seed_all(0)
@@ -107,7 +107,7 @@ def table(rows: dict, seqs: list[int]) -> str:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kinds", default="", help="comma-separated (default: every registered attention kind)")
-    ap.add_argument("--extra", default="approx@model.attention.feature_dim=16",
+    ap.add_argument("--extra", default="approx@model.attention.options.feature_dim=16",
                     help="';'-separated kind@override,override rows ('' for none)")
     ap.add_argument("--seqs", default="2048,8192")
     ap.add_argument("--hidden", type=int, default=256)

@@ -372,8 +372,7 @@ def canonical_tree(tree: dict) -> dict:
         if not isinstance(node, dict):
             continue
         for key in list(node):
-            path = _legacy_option_path([top, sec, key])
-            if path[2] == "options":
+            if len(_legacy_option_path([top, sec, key])) == 4:  # moved under options
                 opts = node.setdefault("options", {}) or {}
                 node["options"] = opts
                 opts[key] = node.pop(key)

@@ -11,7 +11,7 @@ import torch
 
 # every registered embedding kind with a hash spec that suits it (its caps.example_hash_spec) and
 # extra overrides that make the tests faster (a newly registered embedding joins with none)
-_FASTER = {"pool": ["model.embed.pool_bits=6"], "rolling": ["model.embed.rolling_dim=48"]}
+_FASTER = {"pool": ["model.embed.options.pool_bits=6"], "rolling": ["model.embed.options.rolling_dim=48"]}
 
 
 def _registered_embeddings() -> dict:

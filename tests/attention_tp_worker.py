@@ -35,7 +35,7 @@ def case_config(case: str, tp: int, sp: bool):
     over = [
         "model.hidden_size=32", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=64",
         f"model.schedule={schedule}", f"data.seq_length={SEQ}", "model.max_position_embeddings=64",
-        "model.attention.fixed_seq_length=64", f"parallel.tensor={tp}", f"parallel.sequence={str(sp).lower()}",
+        "model.attention.options.fixed_seq_length=64", f"parallel.tensor={tp}", f"parallel.sequence={str(sp).lower()}",
     ]
     for o in opts:
         if o == "encoder":
@@ -43,13 +43,13 @@ def case_config(case: str, tp: int, sp: bool):
         elif o.startswith("g"):
             over += [f"model.num_query_groups={int(o[1:])}"]
         elif o == "chunk":
-            over += ["model.attention.chunk_size=4"]
+            over += ["model.attention.options.chunk_size=4"]
         elif o == "roberta":
             over += ["model.arch=encoder", "model.layout=roberta", "model.hidden_dropout=0.0"]
         elif o == "qknorm":
             over += ["model.qk_norm=true"]
         elif o.startswith("f"):
-            over += [f"model.attention.feature_dim={int(o[1:])}"]
+            over += [f"model.attention.options.feature_dim={int(o[1:])}"]
         elif o.startswith("emb="):  # an embedding kind that reads token ids (no hash codes here)
             over += [f"model.embedding={o[4:]}"]
     return load_config(None, over)

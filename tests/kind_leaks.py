@@ -14,7 +14,7 @@ A kind (attention, embedding, head) is the file that registers it. Its identifie
   string (``getattr(model, "fixed_qk")``; the module's own name also as a dotted part: ``"fixed_qk."``);
 - ``config``: the fields of its options dataclass (``options=`` of its ``register_*`` line, or the
   catalog entry's ``.options``) read through a config section (``attention``, ``embed``, ``head``,
-  ``options``): an attribute (``cfg.model.attention.fixed_text``), a dotted key in a string
+  ``options``): an attribute (``cfg.model.attention.options.fixed_text``), a dotted key in a string
   (``"model.attention.options.seed=3"``), a field of a section's class (``AttentionConfig``); a
   field of two or more words (``fixed_text``, not ``seed``) anywhere: any attribute, call keyword,
   class field or string equal to it (a one-word field is too common a word outside a section);

@@ -101,7 +101,7 @@ def test_decode_state_is_table_4_8(extra):
     from megahash.models import costs
     from megahash.models.model import DecodeState, build_model
 
-    cfg = make_cfg("model.attention.chunk_size=4", *extra)
+    cfg = make_cfg("model.attention.options.chunk_size=4", *extra)
     accelerator.seed_all(0)
     model = build_model(cfg, VOCAB, dtype=torch.float64).eval()
     tok = torch.randint(0, VOCAB, (3, 12), generator=torch.Generator().manual_seed(0))
@@ -141,7 +141,7 @@ def test_approx_projected_feature_dim():
         return build_model(make_cfg("model.schedule=uniform:approx", *extra), VOCAB, dtype=torch.float64).eval()
 
     tok = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
-    a, b = model("model.attention.feature_dim=4"), model("model.attention.feature_dim=4", "model.attention.chunk_size=5")
+    a, b = model("model.attention.options.feature_dim=4"), model("model.attention.options.feature_dim=4", "model.attention.options.chunk_size=5")
     att = a.attention_modules()[0]
     assert att.linear_q.weight.shape == (4 * 4, 32) and att.linear_kv.weight.shape == (4 * (4 + 8), 32)
     with torch.no_grad():

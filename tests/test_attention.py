@@ -37,7 +37,7 @@ def make_cfg(schedule="uniform:mha", *extra, hidden=32, heads=4, layers=2):
     return load_config(None, [
         f"model.hidden_size={hidden}", f"model.num_layers={layers}", f"model.num_heads={heads}",
         "model.ffn_hidden_size=64", f"model.schedule={schedule}", "data.seq_length=16",
-        "model.max_position_embeddings=64", "model.attention.fixed_seq_length=64", *extra,
+        "model.max_position_embeddings=64", "model.attention.options.fixed_seq_length=64", *extra,
     ])
 
 
@@ -182,7 +182,7 @@ def test_fixed_maps_frozen(kind):
 
 def test_fixed_input_is_deterministic_and_stored():
     a, b = build(make_cfg("rndembqk"), seed=1), build(make_cfg("rndembqk"), seed=2)
-    assert torch.equal(a.fixed_qk.epsilon, b.fixed_qk.epsilon)  # from model.attention.random_seed
+    assert torch.equal(a.fixed_qk.epsilon, b.fixed_qk.epsilon)  # from model.attention.options.random_seed
     assert "fixed_qk.epsilon" in a.state_dict()
     assert abs(a.fixed_qk.epsilon.std().item() - 0.02) < 2e-3  # std = model.init_std
     c = build(make_cfg("fixedseqqk"))
@@ -397,13 +397,13 @@ def test_linear_forms_parallel_equals_recurrent():
 
 
 def test_approx_chunked_module_matches_parallel():
-    """model.attention.chunk_size switches approx to the chunked linear form: same outputs."""
+    """model.attention.options.chunk_size switches approx to the chunked linear form: same outputs."""
     tok = tokens(s=16)
     with torch.no_grad():
         a = build(make_cfg("approx")).eval().hidden_states(tok)
-        b = build(make_cfg("approx", "model.attention.chunk_size=4")).eval().hidden_states(tok)
-        c = build(make_cfg("nonapprox", "model.attention.chunk_size=16")).eval().hidden_states(tok)
-        d = build(make_cfg("nonapprox", "model.attention.chunk_size=3")).eval().hidden_states(tok)
+        b = build(make_cfg("approx", "model.attention.options.chunk_size=4")).eval().hidden_states(tok)
+        c = build(make_cfg("nonapprox", "model.attention.options.chunk_size=16")).eval().hidden_states(tok)
+        d = build(make_cfg("nonapprox", "model.attention.options.chunk_size=3")).eval().hidden_states(tok)
     torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
     torch.testing.assert_close(c, d, rtol=0, atol=1e-10)
 

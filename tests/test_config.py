@@ -35,3 +35,42 @@ def test_config_errors_name_the_key(override, expect):
         load_config("configs/quickstart.yaml", [override])
     msg = str(e.value)
     assert expect in msg and "\n" not in msg
+
+
+def test_kind_options_live_in_the_kind_files_and_old_keys_still_map(tmp_path):
+    """A kind's options are the fields of the options dataclass its own file registers
+    (``model.attention.options.*`` / ``model.embed.options.*``, every declared option present with its
+    default); the keys used before (``model.attention.fixed_text``, ``model.embed.rolling_dim``) are
+    still accepted in YAML, overrides and saved trees, and a later value wins whichever spelling it uses."""
+    import dataclasses
+
+    import yaml
+
+    from megahash.config import AttentionConfig, EmbeddingConfig, config_from_dict, load_config, save_config
+    from megahash.models import catalog
+
+    # no kind-specific field is left in the central config classes
+    central = {f.name for c in (AttentionConfig, EmbeddingConfig) for f in dataclasses.fields(c)}
+    declared = set(catalog.option_specs("attention")) | set(catalog.option_specs("embedding"))
+    assert {"fixed_text", "chunk_size", "feature_dim", "pool_bits", "rolling_dim"} <= declared
+    assert not central & declared
+    # each option's default is its declaring class's default, read torch-free from the kind's source
+    spec = catalog.option_specs("attention")["fixed_seq_length"]
+    assert spec.default == 2048 and set(spec.kinds) == {"rndembqk", "fixedseqqk"}
+    cfg = load_config(None, [])
+    assert cfg.model.attention.options.fixed_seq_length == 2048 and cfg.model.embed.options.pool_bits == 10
+
+    old = tmp_path / "old.yaml"
+    old.write_text("model:\n  attention:\n    fixed_seq_length: 64\n    chunk_size: 32\n  embed:\n    rolling_dim: 24\n")
+    cfg = load_config(str(old), ["model.attention.chunk_size=16", "model.attention.options.fixed_seq_length=128"])
+    o = cfg.model.attention.options
+    assert (o.fixed_seq_length, o.chunk_size, cfg.model.embed.options.rolling_dim) == (128, 16, 24)
+    save_config(cfg, tmp_path / "resolved.yaml")
+    tree = yaml.safe_load((tmp_path / "resolved.yaml").read_text())
+    assert tree["model"]["attention"]["options"]["chunk_size"] == 16 and "chunk_size" not in tree["model"]["attention"]
+    assert config_from_dict(tree).model.attention.options.chunk_size == 16
+    # a tree saved before kinds owned their options (old checkpoints' resolved_config.yaml) loads
+    legacy = {"model": {"attention": {"fixed_text": "x.tok", "skip_nonstandard": True}, "embed": {"pool_bits": 8}}}
+    cfg = config_from_dict(legacy)
+    assert cfg.model.attention.options.fixed_text == "x.tok" and cfg.model.attention.skip_nonstandard
+    assert cfg.model.embed.options.pool_bits == 8

@@ -26,7 +26,7 @@ from conftest import ROOT, child_env, run  # noqa: E402
 
 PROMPT = "KING. My lord, the queen, my lord, is dead. What says the king? Now, good my lord,"
 SMALL = ["model.hidden_size=32", "model.num_heads=4", "model.ffn_hidden_size=64", "model.max_position_embeddings=64",
-         "model.attention.fixed_seq_length=64", "data.seq_length=16"]
+         "model.attention.options.fixed_seq_length=64", "data.seq_length=16"]
 
 # name -> (schedule, embedding, hash spec, extra overrides)
 VARIANTS = {
@@ -38,11 +38,11 @@ VARIANTS = {
     "hash-emb-bucket": ("list:mha,approx", "hash-emb", "md5-bucket64", []),
     "hash-emb-md5": ("list:nonapprox,mha", "hash-emb", "md5", ["model.embed.num_buckets=50"]),
     "hash-emb-lsh-bucket": ("list:mha,mha", "hash-emb", "lsh-bucket40", []),
-    "pool": ("list:mqa,rndembqk", "pool", "md5", ["model.embed.pool_bits=6"]),
+    "pool": ("list:mqa,rndembqk", "pool", "md5", ["model.embed.options.pool_bits=6"]),
     "add": ("list:sha,approx", "add", "lsh128", []),
     "bert-hash": ("list:skv,mhe-mul", "bert-hash", "md5", []),
-    "rolling": ("list:mha,el-att", "rolling", "rolling3", ["model.embed.rolling_dim=48"]),
-    "rolling-no-linear": ("list:gqa,mha", "rolling", "rolling3", ["model.embed.rolling_linear=false"]),
+    "rolling": ("list:mha,el-att", "rolling", "rolling3", ["model.embed.options.rolling_dim=48"]),
+    "rolling-no-linear": ("list:gqa,mha", "rolling", "rolling3", ["model.embed.options.rolling_linear=false"]),
     "proj-hash-bits-head": ("list:mha,nonapprox", "proj", "lsh128", ["model.head=hash-bits"]),
     "hash-bucket-head": ("list:mha,staticembqk", "hash-emb", "md5-bucket64", ["model.head=hash-bucket"]),
     "encoder-mlm": ("list:mha,approx,nonapprox,rndembqk", "vocab", "md5", ["model.arch=encoder", "train.objective=mlm"]),
@@ -51,7 +51,7 @@ VARIANTS = {
     "encoder-roberta-sr": ("list:mhe-mul,approx-thesis,rndembqk,mha", "proj", "lsh128",
                            ["model.arch=encoder", "model.layout=roberta", "train.objective=sr"]),
     "approx-thesis-qk-norm": ("list:approx-thesis,approx", "vocab", "md5", ["model.qk_norm=true", "model.qkv_bias=false",
-                                                                    "model.attention.feature_dim=4"]),
+                                                                    "model.attention.options.feature_dim=4"]),
     "qwen2-gqa-tied": ("uniform:mha", "vocab", "md5", ["model.num_query_groups=2"]),
     "qwen2-mqa-untied-nobias": ("uniform:mqa", "vocab", "md5", ["model.tie_embeddings=false", "model.qkv_bias=false"]),
 }

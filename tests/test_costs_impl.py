@@ -15,7 +15,7 @@ L, B = 256, 2
 def cfg_of(kind, *extra):
     schedule = kind if ":" in kind else f"uniform:{kind}"
     return load_config(None, ["model.size=tiny", f"model.schedule={schedule}", f"data.seq_length={L}",
-                              "model.max_position_embeddings=256", "model.attention.fixed_seq_length=256", *extra])
+                              "model.max_position_embeddings=256", "model.attention.options.fixed_seq_length=256", *extra])
 
 
 def registered_kinds():

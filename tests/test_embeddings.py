@@ -64,7 +64,7 @@ def kilo(n):
 @pytest.mark.parametrize("kind,overrides,paper,table", [
     ("proj", ["model.embed.hash_spec=lsh128"], T * D, "99.1K"),                        # eq. 2.15
     ("add", ["model.embed.hash_spec=md5"], 2 * T * D, "197.4K"),                       # eq. 2.14
-    ("pool", ["model.embed.hash_spec=md5", "model.embed.pool_bits=10"], (math.ceil(T / K) + 2 ** K) * D, "797.2K"),  # eq. 2.13
+    ("pool", ["model.embed.hash_spec=md5", "model.embed.options.pool_bits=10"], (math.ceil(T / K) + 2 ** K) * D, "797.2K"),  # eq. 2.13
 ])
 def test_compressed_counts_match_eq_and_table_2_2(kind, overrides, paper, table):
     from megahash.models.embeddings import embedding_param_report
@@ -93,7 +93,7 @@ def test_hash_emb_count_is_N_times_d(spec, overrides, n):
 def test_bert_hash_count_is_seed_002():
     from megahash.models.embeddings import embedding_param_report
 
-    emb = build_emb("bert-hash", ["model.embed.projections=5"], vocab=30_522)
+    emb = build_emb("bert-hash", ["model.embed.options.projections=5"], vocab=30_522)
     assert embedding_param_report(emb)["embedding"] == 30_522 * 5 + 5 * 768 == 156_450
 
 
@@ -103,7 +103,7 @@ def test_rolling_has_no_table_and_vocab_report():
 
     lin = build_emb("rolling", ["model.embed.hash_spec=rolling3"])
     assert embedding_param_report(lin) == {"embedding": D * D, "special": 5 * D}  # only Linear(d -> h)
-    nolin = build_emb("rolling", ["model.embed.hash_spec=rolling3", "model.embed.rolling_linear=false"])
+    nolin = build_emb("rolling", ["model.embed.hash_spec=rolling3", "model.embed.options.rolling_linear=false"])
     assert embedding_param_report(nolin) == {"embedding": 0, "special": 5 * D}
     cfg = H.tiny_cfg("vocab", seq=16)
     assert embedding_param_report(MegahashLM(cfg, 256)) == {"embedding": 256 * 64, "special": 0}
@@ -170,7 +170,7 @@ def test_add_is_eq_2_2():
 
 
 def test_pool_is_eq_2_1():
-    emb = build_emb("pool", ["model.embed.hash_spec=md5", "model.embed.pool_bits=10"], hidden=32)
+    emb = build_emb("pool", ["model.embed.hash_spec=md5", "model.embed.options.pool_bits=10"], hidden=32)
     codes = random_codes(25, 16)
     out = emb(torch.full((1, 25), 5), codes)[:, 0].double()
     b, w = emb.codebook.detach().double(), emb.chunk_logits.detach().double()
@@ -198,7 +198,7 @@ def test_hash_emb_md5_modulo_equals_bucket_spec():
 def test_rolling_matches_numpy_reference_and_seed_001_layout():
     from megahash.hashing.rolling import rolling_codes, rolling_embedding_from_codes
 
-    emb = build_emb("rolling", ["model.embed.hash_spec=rolling3", "model.embed.rolling_linear=false"], hidden=96)
+    emb = build_emb("rolling", ["model.embed.hash_spec=rolling3", "model.embed.options.rolling_linear=false"], hidden=96)
     words = ["play", "plays", "played", "a", "of", "antidisestablishmentarianism", "naïve", "play"]
     out = embed(emb, words, "rolling3")
     ref = np.stack([rolling_embedding_from_codes(r, 96) for r in rolling_codes(words)])

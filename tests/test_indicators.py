@@ -65,7 +65,7 @@ def test_capture_reproduces_every_kinds_attention(dist, kind):
     schedule = "uniform:mha" if kind == "mha" else f"hybrid:{kind}:even"
     cfg = load_config(None, ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=64",
                              f"model.schedule={schedule}", "model.max_position_embeddings=64", "data.seq_length=32",
-                             "model.attention.fixed_seq_length=64"])
+                             "model.attention.options.fixed_seq_length=64"])
     accelerator.seed_all(0)
     model = build_model(cfg, 100).eval()
     if kind == "fixedseqqk":

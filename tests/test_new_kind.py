@@ -51,8 +51,8 @@ class TiedQKReference(SoftmaxAttention):
 from megatron.core.transformer.spec_utils import ModuleSpec
 
 from megahash.models.attention.base import column, heads
-from megahash.models.attention.mha import SoftmaxAttentionBase
-from megahash.models.costs import GeneralisedRow
+from megahash.models.attention.softmax_base import SoftmaxAttentionBase
+from megahash.models.cost_formulas import GeneralisedRow
 from megahash.models.registry import AttentionCaps, mask_type, register_attention
 
 
@@ -349,12 +349,8 @@ HOMONYMS = {
     ("rolling", "megahash/hashing/"): "the rolling hash-spec family (hashing knows no model kinds)",
     ("add", "megahash/models/attention/mhe.py"): "MHE's add/mul head-embedding mode (eq. 3.5)",
     ("mlp_spec", "megahash/models/registry.py"): "the MLP sublayer's spec, not the mlp attention kind's",
-    ("build", "megahash/hashing/lsh.py"): "_NgramKeys.build (LSH n-gram keys), not fixed_qk.build",
-    ("build", "megahash/data/dataset.py"): "megatron's BlendedMegatronDatasetBuilder.build",
-    ("num_buckets", "megahash/models/heads/hash_bucket.py"): "the head's own column count, not hash_emb.num_buckets()",
-    ("num_buckets", "megahash/models/hf_config.py"): "the HF config's field (the head's column count)",
-    ("num_buckets", "megahash/convert/export.py"): "the head's column count read for the HF config",
-    ("num_buckets", "megahash/objectives/shuffle_random.py"): "the S+R replacement's bucket count",
+    ("random_seed", "megahash/data/dataset.py"): "megatron's dataset-config keyword (the data seed)",
+    ("random_seed", "megahash/eval/run.py"): "lm-eval's simple_evaluate keyword",
 }
 
 

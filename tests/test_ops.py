@@ -178,8 +178,8 @@ def test_operator_count_does_not_grow_with_length(kind):
 
     cfg = load_config(None, ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4",
                              "model.ffn_hidden_size=64", f"model.schedule=uniform:{kind}", "data.seq_length=1024",
-                             "model.max_position_embeddings=1024", "model.attention.fixed_seq_length=1024",
-                             "model.attention.chunk_size=64"])
+                             "model.max_position_embeddings=1024", "model.attention.options.fixed_seq_length=1024",
+                             "model.attention.options.chunk_size=64"])
     accelerator.seed_all(0)
     model = build_model(cfg, 128, dtype=torch.float32).train()
     if getattr(model, "fixed_qk", None) is not None and model.fixed_qk.source == "text":

@@ -100,7 +100,7 @@ def _one_step(overrides, vocab=96, seed=0):
 
     cfg = load_config(None, ["model.hidden_size=32", "model.num_heads=4", "model.ffn_hidden_size=64",
                              "data.seq_length=16", "model.max_position_embeddings=64",
-                             "model.attention.fixed_seq_length=64", *overrides])
+                             "model.attention.options.fixed_seq_length=64", *overrides])
     accelerator.seed_all(seed)
     model = build_model(cfg, vocab, dtype=torch.float64)
     if getattr(model, "fixed_qk", None) is not None and model.fixed_qk.source == "text":

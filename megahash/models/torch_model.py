@@ -39,7 +39,6 @@ class TorchAttention(nn.Module):
         self.groups = int(spec.get("groups") or self.n)
         self.causal = config.arch == "decoder"
         self.qkv_bias = bool(config.qkv_bias)
-        self.chunk_size = int(spec.get("chunk_size", 0) or 0)
         self.linear_proj = nn.Linear(proj_in or self.n * self.d, self.d_m, bias=config.arch != "decoder")
         if megahash_option(config, "model", "qk_norm", False) and self.qk_norm:  # Qwen3 QK-norm
             self.q_layernorm, self.k_layernorm = make_norm(config, self.d), make_norm(config, self.d)
@@ -73,15 +72,17 @@ class SoftmaxAttention(TorchAttention):
 class LinearAttention(TorchAttention):
     """Linear attention over a recurrent state: ``linear_q`` + ``linear_kv`` (g groups), q/k through
     :meth:`transform_qk` (RoPE by default), then the kind's :meth:`kernel` in float32 (float64 kept).
+    A kind whose q, k have another width than the head (Based's projected features) says so in
+    :meth:`qk_features`."""
 
-    ``projected_features``: q, k may have Based's projected feature dim d' (``model.attention.options.feature_dim``)."""
-
-    projected_features = False
+    def qk_features(self, config, spec) -> int:
+        """Width of q, k per head; 0 = the head dim."""
+        return 0
 
     def __init__(self, config, spec):
         super().__init__(config, spec)
-        fd = int(megahash_option(config, "model", "attention.options.feature_dim", 0) or 0) if self.projected_features else 0
-        self.fd = fd if fd and fd != self.d else 0  # Based's projected feature dim d' of q, k
+        fd = self.qk_features(config, spec)
+        self.fd = fd if fd and fd != self.d else 0  # projected feature dim d' of q, k
         self.linear_q = nn.Linear(self.d_m, self.n * (self.fd or self.d), bias=self.qkv_bias)
         if self.fd:  # rows [g][k (d'), v (d_h)]
             self.linear_kv = nn.Linear(self.d_m, self.groups * (self.fd + self.d), bias=self.qkv_bias)

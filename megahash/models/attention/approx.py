@@ -43,6 +43,7 @@ from __future__ import annotations
 # ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
 from megahash.models.registry import register_reference
 from megahash.models.torch_model import LinearAttention
+from megahash.models.torch_ops import megahash_option
 from megahash.ops.taylor.chunk import taylor_bidirectional, taylor_causal
 
 
@@ -50,7 +51,13 @@ from megahash.ops.taylor.chunk import taylor_bidirectional, taylor_causal
 class TaylorReference(LinearAttention):
     """Based's 2nd-order Taylor softmax (eq. 4.6, shared denominator) with RoPE; decoding state (S, z)."""
 
-    projected_features = True
+    def __init__(self, config, spec):
+        super().__init__(config, spec)
+        self.chunk_size = int(spec.get("chunk_size", 0) or 0)
+
+    def qk_features(self, config, spec) -> int:
+        """Based's projected feature dim d' (``model.attention.options.feature_dim``; 0 = d_h)."""
+        return int(spec.get("feature_dim") or megahash_option(config, "model", "attention.options.feature_dim", 0) or 0)
 
     def kernel(self, qh, kh, vh, km, cache, ctx):
         if not self.causal:
@@ -70,7 +77,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 
 from megahash.errors import ConfigError
 from megahash.models.attention.base import AttentionBase, column, rope
-from megahash.models.attention.mha import GroupedKV
+from megahash.models.attention.softmax_base import GroupedKV
 from megahash.models.registry import mask_type, register_attention
 from megahash.ops.taylor.kernel import taylor_kernel
 
@@ -89,7 +96,6 @@ class LinearAttentionBase(GroupedKV, AttentionBase):
         super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
         self.build_grouped_qkv(groups or config.num_query_groups or self.n)
         self.build_proj(self.n * self.d_h)
-        self.chunk_size = cfg.model.attention.options.chunk_size if cfg is not None else 0
 
     def qkv(self, x, rotary_pos_emb):
         q = self.grouped_q(x)
@@ -128,6 +134,10 @@ def rope_prefix(freqs, dim: int):
 class ApproxAttention(LinearAttentionBase):
     kind = "approx"
     reference = TaylorReference
+
+    def __init__(self, config, layer_number, attn_mask_type, cfg=None, **kw):
+        super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
+        self.chunk_size = cfg.model.attention.options.chunk_size if cfg is not None else 0
 
     def build_grouped_qkv(self, groups: int) -> None:
         """``model.attention.options.feature_dim`` d' > 0 (Based's ``feature_dim``, Arora et al. 2024): Q and
@@ -230,6 +240,7 @@ class ApproxOptions:
 
 
 @register_attention("approx", costs=ApproxCosts, options=ApproxOptions, maps=approx_maps, caps=AttentionCaps(thesis_name="Approx.", chapters=(4,)),
-                    export_spec=lambda att: {"chunk_size": int(getattr(att, "chunk_size", 0) or 0)})
+                    export_spec=lambda att: {"chunk_size": int(getattr(att, "chunk_size", 0) or 0),
+                                             "feature_dim": int(att.feature_dim if att.feature_dim != att.d_h else 0)})
 def approx_spec(cfg) -> ModuleSpec:
     return ModuleSpec(module=ApproxAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})

@@ -47,6 +47,10 @@ class ThesisTaylorReference(LinearAttention):
     """Appendix I (eq. 4.14-4.17): the three orders normalised separately, element-wise squares, RoPE;
     decoding state (s0, s1, z1, s2, z2)."""
 
+    def __init__(self, config, spec):
+        super().__init__(config, spec)
+        self.chunk_size = int(spec.get("chunk_size", 0) or 0)
+
     def kernel(self, qh, kh, vh, km, cache, ctx):
         if not self.causal:
             return orders_bidirectional(qh, kh, vh, km)
@@ -73,6 +77,10 @@ from megahash.ops.orders.naive import orders_maps
 class ApproxThesisAttention(LinearAttentionBase):
     kind = "approx-thesis"
     reference = ThesisTaylorReference
+
+    def __init__(self, config, layer_number, attn_mask_type, cfg=None, **kw):
+        super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
+        self.chunk_size = cfg.model.attention.options.chunk_size if cfg is not None else 0
 
     def qkv(self, x, rotary_pos_emb):
         q, k, v = super().qkv(x, rotary_pos_emb)
@@ -128,6 +136,6 @@ class ApproxThesisOptions:
 
 
 @register_attention("approx-thesis", costs=ApproxThesisCosts, options=ApproxThesisOptions, caps=AttentionCaps(thesis_name="Approx."),
-                    maps=approx_thesis_maps)
+                    maps=approx_thesis_maps, export_spec=lambda att: {"chunk_size": int(att.chunk_size or 0)})
 def approx_thesis_spec(cfg) -> ModuleSpec:
     return ModuleSpec(module=ApproxThesisAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})

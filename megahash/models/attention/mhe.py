@@ -51,7 +51,7 @@ class MultiHeadEmbeddingReference(SoftmaxAttention):
 from megatron.core.transformer.spec_utils import ModuleSpec
 
 from megahash.models.attention.base import PerHeadParameter, ReplicatedLinear, gather_input
-from megahash.models.attention.mha import SoftmaxAttentionBase
+from megahash.models.attention.softmax_base import SoftmaxAttentionBase
 from megahash.models.registry import mask_type, register_attention
 
 

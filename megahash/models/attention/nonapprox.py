@@ -118,7 +118,6 @@ def nonapprox_maps(m, q, k, v, attention_mask) -> dict:
             "check": lambda out: ((probs @ v.double()) - out.double()).abs().max().cpu()}
 
 
-@register_attention("nonapprox", costs=NonApproxCosts, maps=nonapprox_maps, caps=AttentionCaps(thesis_name="Non-apx.", chapters=(4,)),
-                    export_spec=lambda att: {"chunk_size": int(getattr(att, "chunk_size", 0) or 0)})
+@register_attention("nonapprox", costs=NonApproxCosts, maps=nonapprox_maps, caps=AttentionCaps(thesis_name="Non-apx.", chapters=(4,)))
 def nonapprox_spec(cfg) -> ModuleSpec:
     return ModuleSpec(module=NonApproxAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})

@@ -35,7 +35,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 
 from megahash.errors import ConfigError
 from megahash.models.attention.base import ReplicatedLinear, gather_input, tp_rank
-from megahash.models.attention.mha import SoftmaxAttentionBase
+from megahash.models.attention.softmax_base import SoftmaxAttentionBase
 from megahash.models.registry import mask_type, register_attention
 
 

@@ -34,7 +34,7 @@ class SharedKVReference(SoftmaxAttention):
 from megatron.core.transformer.spec_utils import ModuleSpec
 
 from megahash.models.attention.base import column, heads
-from megahash.models.attention.mha import SoftmaxAttentionBase
+from megahash.models.attention.softmax_base import SoftmaxAttentionBase
 from megahash.models.registry import mask_type, register_attention
 
 

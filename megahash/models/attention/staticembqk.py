@@ -40,7 +40,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 
 from megahash.errors import ConfigError
 from megahash.models.attention.base import append_cache, heads
-from megahash.models.attention.fixed_qk import SeparateQKVAttention
+from megahash.models.attention.separate_qkv import SeparateQKVAttention
 from megahash.models.attention.sdpa import SDPACoreAttention
 from megahash.models.registry import mask_type, register_attention
 

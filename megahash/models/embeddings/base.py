@@ -41,7 +41,7 @@ import torch
 from megatron.core import parallel_state, tensor_parallel
 
 from megahash.errors import ConfigError
-from megahash.models.embeddings.vocab import EmbeddingOutput
+from megatron.core.transformer.module import MegatronModule
 from megahash.models.norm import mark_sequence_parallel
 
 NUM_SPECIAL = 5  # <s>=0 <pad>=1 </s>=2 <unk>=3 <mask>=4 (megahash.hashing.words)
@@ -55,6 +55,32 @@ def parse_spec(cfg, embedding: str):
         return parse_hash_spec(cfg.model.embed.hash_spec)
     except ValueError as e:
         raise ConfigError(f"model.embed.hash_spec: {e}") from None
+
+
+def bucket_count(cfg, who: str) -> tuple[int, str]:
+    """(N, how) of bucketed word codes (hash-emb rows, hash-bucket head classes): how = "ids" (bucket-id
+    codes) or "md5" (packed MD5 bits, N from ``model.embed.num_buckets``); ``who`` names the user in errors."""
+    spec = parse_spec(cfg, who)
+    n_cfg = int(cfg.model.embed.num_buckets)
+    if spec.kind in ("md5-bucket", "lsh-bucket"):
+        n = int(spec.params["buckets"])
+        if n_cfg and n_cfg != n:
+            raise ConfigError(
+                f"model.embed.num_buckets={n_cfg} disagrees with model.embed.hash_spec={spec.name} (N={n}); "
+                f"set num_buckets=0 or {n}"
+            )
+        return n, "ids"
+    if spec.kind == "md5":
+        if n_cfg <= 0:
+            raise ConfigError(
+                f"{who} with model.embed.hash_spec=md5 needs model.embed.num_buckets=N "
+                "(or use hash_spec md5-bucketN / lsh-bucketN)"
+            )
+        return n_cfg, "md5"
+    raise ConfigError(
+        f"{who} needs bucket codes: model.embed.hash_spec md5-bucketN, lsh-bucketN "
+        f"or md5 with model.embed.num_buckets; got {spec.name!r}"
+    )
 
 
 def bit_spec(cfg, embedding: str) -> int:
@@ -105,6 +131,18 @@ def special_id_tensor(cfg) -> torch.Tensor:
 
     ids = special_ids_of(getattr(getattr(cfg, "data", None), "special_ids", None))
     return torch.tensor([-1 if ids.get(r) is None else int(ids[r]) for r in ROLES], dtype=torch.long)
+
+
+class EmbeddingOutput(MegatronModule):
+    """Shared tail of every embedding: [b, s, h] -> [s, b, h], SP scatter, dropout."""
+
+    def finish(self, emb: torch.Tensor) -> torch.Tensor:
+        emb = emb.transpose(0, 1).contiguous()
+        if self.config.sequence_parallel:
+            emb = tensor_parallel.scatter_to_sequence_parallel_region(emb, group=parallel_state.get_tensor_model_parallel_group())
+            with tensor_parallel.get_cuda_rng_tracker().fork():
+                return self.dropout(emb)
+        return self.dropout(emb)
 
 
 class HashEmbeddingBase(EmbeddingOutput):

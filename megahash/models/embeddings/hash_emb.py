@@ -51,34 +51,8 @@ import torch.nn.functional as F
 from megatron.core import parallel_state, tensor_parallel
 from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
 
-from megahash.errors import ConfigError
-from megahash.models.embeddings.base import HashEmbeddingBase, check_codes, md5_mod, parse_spec
+from megahash.models.embeddings.base import HashEmbeddingBase, bucket_count, check_codes, md5_mod
 from megahash.models.registry import EmbeddingCaps, register_embedding
-
-
-def num_buckets(cfg) -> tuple[int, str]:
-    """(N, how): how = "ids" (bucket-id codes) or "md5" (packed MD5 bits, N from num_buckets)."""
-    spec = parse_spec(cfg, "hash-emb")
-    n_cfg = int(cfg.model.embed.num_buckets)
-    if spec.kind in ("md5-bucket", "lsh-bucket"):
-        n = int(spec.params["buckets"])
-        if n_cfg and n_cfg != n:
-            raise ConfigError(
-                f"model.embed.num_buckets={n_cfg} disagrees with model.embed.hash_spec={spec.name} (N={n}); "
-                f"set num_buckets=0 or {n}"
-            )
-        return n, "ids"
-    if spec.kind == "md5":
-        if n_cfg <= 0:
-            raise ConfigError(
-                "model.embedding=hash-emb with model.embed.hash_spec=md5 needs model.embed.num_buckets=N "
-                "(or use hash_spec md5-bucketN / lsh-bucketN)"
-            )
-        return n_cfg, "md5"
-    raise ConfigError(
-        f"model.embedding=hash-emb needs bucket codes: model.embed.hash_spec md5-bucketN, lsh-bucketN "
-        f"or md5 with model.embed.num_buckets; got {spec.name!r}"
-    )
 
 
 @register_embedding("hash-emb", caps=EmbeddingCaps(sr_random="bits-uniform", example_hash_spec="md5-bucket64"),
@@ -90,7 +64,7 @@ class HashEmbedding(HashEmbeddingBase):
 
     def __init__(self, config, cfg, vocab_size: int):
         super().__init__(config, cfg)
-        self.num_rows, self.mode = num_buckets(cfg)
+        self.num_rows, self.mode = bucket_count(cfg, "model.embedding=hash-emb")
         tp = parallel_state.get_tensor_model_parallel_world_size()
         self.padded_rows = -(-self.num_rows // tp) * tp
         self.table = tensor_parallel.VocabParallelEmbedding(

@@ -27,22 +27,10 @@ class VocabReference(nn.Module):
 
 # ---- megatron-core implementation
 import torch
-from megatron.core import parallel_state, tensor_parallel
-from megatron.core.transformer.module import MegatronModule
+from megatron.core import tensor_parallel
 
+from megahash.models.embeddings.base import EmbeddingOutput
 from megahash.models.registry import EmbeddingCaps, register_embedding
-
-
-class EmbeddingOutput(MegatronModule):
-    """Shared tail of every embedding: [b, s, h] -> [s, b, h], SP scatter, dropout."""
-
-    def finish(self, emb: torch.Tensor) -> torch.Tensor:
-        emb = emb.transpose(0, 1).contiguous()
-        if self.config.sequence_parallel:
-            emb = tensor_parallel.scatter_to_sequence_parallel_region(emb, group=parallel_state.get_tensor_model_parallel_group())
-            with tensor_parallel.get_cuda_rng_tracker().fork():
-                return self.dropout(emb)
-        return self.dropout(emb)
 
 
 @register_embedding("vocab", caps=EmbeddingCaps(reads_hash_codes=False, standard=True, qwen2=True, sr_random="token"))

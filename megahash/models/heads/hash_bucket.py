@@ -34,7 +34,6 @@ class HashBucketReference(nn.Module):
 import torch
 from megatron.core import parallel_state, tensor_parallel
 
-from megahash.errors import ConfigError
 from megahash.models.heads import target_codes, vocab_cross_entropy
 from megahash.models.registry import HeadCaps, register_head
 
@@ -48,13 +47,10 @@ class HashBucketHead(torch.nn.Module):
 
     def __init__(self, config, cfg, vocab_size=None):
         super().__init__()
-        from megahash.models.embeddings.hash_emb import num_buckets
+        from megahash.models.embeddings.base import bucket_count
 
         self.config = config
-        try:
-            self.num_buckets, self.mode = num_buckets(cfg)
-        except ConfigError as e:
-            raise ConfigError(f"model.head=hash-bucket: {e}") from None
+        self.num_buckets, self.mode = bucket_count(cfg, "model.head=hash-bucket")
         tp = parallel_state.get_tensor_model_parallel_world_size()
         self.padded = -(-self.num_buckets // tp) * tp
         self.linear = tensor_parallel.ColumnParallelLinear(
