@@ -137,6 +137,131 @@ class ScaledVocabEmbedding(EmbeddingOutput):
         return self.finish(self.word_embeddings(tokens) * (1 + self.gain))
 '''
 
+ANCHOR, ANCHOR_FILE = "anchorqk", '''
+\"\"\"Anchored query-key attention ``anchorqk`` (a test kind with an option and a model input): Q, K from
+a fixed random input A [L, h] that the kind adds to the model (``model.anchor.rows``, seeded by the
+kind's option ``model.attention.options.anchor_seed``), V from the hidden states; causal softmax, ONE
+map shared by the batch. Decode cache: the values only.\"\"\"
+# ---- plain-torch reference (the Hugging Face export's code of this kind)
+import math
+
+import torch
+import torch.nn as nn
+
+from megahash.models.registry import register_reference
+from megahash.models.torch_model import TorchAttention
+from megahash.models.torch_ops import append_state, split_heads
+
+
+@register_reference("anchorqk")
+class AnchorQKReference(TorchAttention):
+    qk_norm = False
+
+    def __init__(self, config, spec):
+        super().__init__(config, spec)
+        self.linear_q = nn.Linear(self.d_m, self.n * self.d, bias=self.qkv_bias)
+        self.linear_k = nn.Linear(self.d_m, self.n * self.d, bias=self.qkv_bias)
+        self.linear_v = nn.Linear(self.d_m, self.n * self.d, bias=self.qkv_bias)
+
+    def mix(self, x, ctx, cache):
+        b, s, _ = x.shape
+        off, rows = ctx["offset"], ctx["anchor"].to(x.dtype)
+        q = split_heads(self.linear_q(rows[off:off + s]).unsqueeze(0), self.n)  # [1, n, s, d]
+        k = split_heads(self.linear_k(rows[:off + s]).unsqueeze(0), self.n)  # [1, n, off+s, d]
+        v = append_state(cache, "v", split_heads(self.linear_v(x), self.n))  # [b, n, off+s, d]
+        scores = q @ k.transpose(-1, -2) / math.sqrt(self.d)
+        future = torch.ones(s, off + s, dtype=torch.bool, device=x.device).triu(off + 1)
+        probs = scores.masked_fill(future, float("-inf")).softmax(-1)
+        return (probs @ v).transpose(1, 2).reshape(b, s, self.n * self.d)
+
+
+@register_reference("input:anchorqk")
+class AnchorInputReference(nn.Module):
+    def __init__(self, config, meta):
+        super().__init__()
+        self.register_buffer("rows", torch.zeros(int(meta["length"]), config.hidden_size))
+
+    def reset(self):
+        pass
+
+    def context(self, model, needed):
+        return {"anchor": self.rows}
+
+
+# ---- megatron-core implementation
+from dataclasses import dataclass
+
+from megatron.core.transformer.spec_utils import ModuleSpec
+
+from megahash.errors import ConfigError
+from megahash.models.attention.base import AttentionBase, append_cache, column, heads
+from megahash.models.kind_input import KindInput
+from megahash.models.registry import AttentionCaps, mask_type, register_attention
+
+
+class AnchorQKAttention(AttentionBase):
+    kind = "anchorqk"
+
+    def __init__(self, config, layer_number, attn_mask_type, cfg=None, **kw):
+        super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
+        if config.sequence_parallel:
+            raise ConfigError("anchorqk: no sequence parallelism (a test kind)")
+        self.linear_q = column(self.d_m, self.n * self.d_h, config, self.qkv_bias)
+        self.linear_k = column(self.d_m, self.n * self.d_h, config, self.qkv_bias)
+        self.linear_v = column(self.d_m, self.n * self.d_h, config, self.qkv_bias)
+        self.build_proj(self.n * self.d_h)
+
+    def mix(self, x, attention_mask, rotary_pos_emb):
+        s, b = x.shape[:2]
+        off = self.context().get("offset", 0)
+        rows = self.anchor.rows[:off + s].unsqueeze(1).to(x.dtype)  # [off+s, 1, h]
+        q = heads(self.linear_q(rows[off:])[0], self.n_local).permute(1, 2, 0, 3)  # [1, n, s, d]
+        k = heads(self.linear_k(rows)[0], self.n_local).permute(1, 2, 0, 3)  # [1, n, off+s, d]
+        v = append_cache(self.cache(), "v", heads(self.linear_v(x)[0], self.n_local)).permute(1, 2, 0, 3)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_h)
+        future = torch.ones(s, off + s, dtype=torch.bool, device=x.device).triu(off + 1)
+        out = scores.masked_fill(future, float("-inf")).softmax(-1) @ v  # [b, n, s, d]
+        return out.permute(2, 0, 1, 3).reshape(s, b, -1)
+
+
+@dataclass(frozen=True)
+class AnchorOptions:
+    \"\"\"``model.attention.options`` of anchorqk.\"\"\"
+
+    anchor_seed: int = 7  # seed of the anchor rows
+    anchor_length: int = 256  # rows of the anchor (longest sequence)
+    RANGES = {"anchor_length": (1, None, False, False, "anchor rows")}
+
+
+class AnchorInput(KindInput):
+    \"\"\"The anchor rows, a buffer of the model (checkpointed and exported under ``anchor.``).\"\"\"
+
+    attr = "anchor"
+
+    def __init__(self, cfg, config, modules):
+        super().__init__()
+        o = cfg.model.attention.options
+        g = torch.Generator().manual_seed(o.anchor_seed)
+        rows = torch.randn(o.anchor_length, config.hidden_size, generator=g) * cfg.model.init_std
+        self.register_buffer("rows", rows.to(config.params_dtype))
+        for m in modules:
+            object.__setattr__(m, "anchor", self)  # not a submodule of the layers
+
+    def export_meta(self):
+        return {"kind": "anchorqk", "length": int(self.rows.shape[0])}
+
+
+def _anchor_input(model, cfg):
+    mods = [layer.self_attention for layer, k in zip(model.decoder.layers, model.layer_kinds) if k == "anchorqk"]
+    return AnchorInput(cfg, model.config, mods)
+
+
+@register_attention("anchorqk", options=AnchorOptions, model_input=_anchor_input,
+                    caps=AttentionCaps(encoder=False, decodes=True))
+def anchorqk_spec(cfg) -> ModuleSpec:
+    return ModuleSpec(module=AnchorQKAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})
+'''
+
 
 @pytest.fixture(scope="module")
 def plugin(tmp_path_factory):
@@ -150,10 +275,12 @@ def plugin(tmp_path_factory):
     (pkg / "__init__.py").write_text("")
     (pkg / "tiedqk.py").write_text(textwrap.dedent(ATTENTION_FILE))
     (pkg / "scaled_vocab.py").write_text(textwrap.dedent(EMBEDDING_FILE))
+    (pkg / "anchorqk.py").write_text(textwrap.dedent(ANCHOR_FILE))
     old_env = os.environ.get(catalog.PLUGINS_ENV)
     os.environ[catalog.PLUGINS_ENV] = PACKAGE
     sys.path.insert(0, str(root))
     catalog._scan.cache_clear()
+    catalog._option_specs.cache_clear()
     env = {catalog.PLUGINS_ENV: PACKAGE, "PYTHONPATH": f"{ROOT}{os.pathsep}{root}"}
     yield {"root": root, "env": env}
     sys.path.remove(str(root))
@@ -161,16 +288,21 @@ def plugin(tmp_path_factory):
         os.environ.pop(catalog.PLUGINS_ENV, None)
     else:
         os.environ[catalog.PLUGINS_ENV] = old_env
-    for d in (registry.ATTENTION, registry.COSTS, registry.MAPS, registry.EXPORT_SPEC, registry.CAPS["attention"]):
+    for d in (registry.ATTENTION, registry.COSTS, registry.MAPS, registry.EXPORT_SPEC, registry.CAPS["attention"],
+              registry.OPTIONS, registry.MODEL_INPUTS, registry.KINDS["attention"]):
         d.pop(ATTENTION, None)
+        d.pop(ANCHOR, None)
+    registry.KINDS["embedding"].pop(EMBEDDING, None)
+    registry._LOADED.clear()
     for d in (registry.EMBEDDINGS, registry.EXPORT_META, registry.CAPS["embedding"]):
         d.pop(EMBEDDING, None)
-    for name in (ATTENTION, EMBEDDING):
+    for name in (ATTENTION, EMBEDDING, ANCHOR, f"input:{ANCHOR}"):
         registry.REFERENCES.pop(name, None)
     for m in [m for m in sys.modules if m.split(".")[0] == PACKAGE]:
         del sys.modules[m]
     catalog._config_plugins.clear()
     catalog._scan.cache_clear()
+    catalog._option_specs.cache_clear()
 
 
 def test_config_names_plugins_too(plugin, monkeypatch):
@@ -337,6 +469,55 @@ def test_export_and_transformers_reload_of_the_new_kinds(plugin, dist, tmp_path)
         ours = model(tok)[..., :120].float()
         theirs = hf(input_ids=tok).logits.float()
     torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-4)
+
+
+def test_a_kind_with_an_option_and_a_model_input_in_one_file(plugin, shakespeare_shards, dist, tmp_path):
+    """``anchorqk`` (one plugin file) declares an option and adds an input to the model: the option is
+    reached as ``model.attention.options.anchor_seed`` (typed, range-checked, written to the resolved
+    config); ``pretrain`` trains and checkpoints it (the anchor rows ride in the checkpoint); export-hf
+    of that checkpoint loads in transformers with equal logits, and cached decoding equals the full
+    forward in megahash and in transformers."""
+    from megahash.config import load_config
+    from megahash.convert.verify import load_hf
+    from megahash.errors import ConfigError
+    from megahash.models.model import DecodeState
+    from megahash.training.weights import load_for_inference
+
+    with pytest.raises(ConfigError, match="anchor_length"):
+        load_config(None, [f"model.schedule=uniform:{ANCHOR}", "model.attention.options.anchor_length=0"])
+    with pytest.raises(ConfigError, match="anchor_seed"):
+        load_config(None, [f"model.schedule=uniform:{ANCHOR}", "model.attention.options.anchor_seed=x"])
+    run_dir = tmp_path / "run"
+    r = pretrain([f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}",
+                  f"model.schedule=list:{ANCHOR},mha", "model.num_layers=2", "model.attention.options.anchor_seed=11",
+                  "model.attention.options.anchor_length=64", "train.steps=2", f"train.save_dir={run_dir}",
+                  "train.eval_interval=0", "data.seq_length=32", "train.micro_batch_size=2", "train.global_batch_size=2"],
+                 config="configs/quickstart.yaml", **plugin["env"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert list(train_losses(run_dir)) == [1, 2]
+    assert "anchor_seed: 11" in (run_dir / "resolved_config.yaml").read_text()
+    cfg, model, _ = load_for_inference(run_dir)
+    g = torch.Generator().manual_seed(11)
+    assert torch.equal(model.anchor.rows.float(), (torch.randn(64, cfg.model.hidden_size, generator=g) * cfg.model.init_std))
+    out = tmp_path / "hf"
+    r = subprocess.run([sys.executable, "-m", "megahash", "export-hf", "--checkpoint", str(run_dir), "--output", str(out)],
+                       env=child_env(**plugin["env"]), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "verified: max |logit difference|" in r.stdout
+    hf = load_hf(out)
+    tok = torch.randint(5, 200, (2, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours = model(tok)[..., :hf.config.vocab_size].float()
+        theirs = hf(input_ids=tok).logits.float()
+        torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-4)
+        full = model.hidden_states(tok)
+        state = DecodeState(2)
+        parts = [model.hidden_states(tok[:, :7], decode_state=state)]
+        parts += [model.hidden_states(tok[:, i:i + 1], decode_state=state) for i in range(7, 20)]
+        torch.testing.assert_close(torch.cat(parts), full, rtol=1e-5, atol=1e-5)
+        cached = hf.generate(tok[:1, :6], max_new_tokens=8, do_sample=False, use_cache=True)
+        uncached = hf.generate(tok[:1, :6], max_new_tokens=8, do_sample=False, use_cache=False)
+    assert torch.equal(cached, uncached)
 
 
 # -------------------------------------------------------------------------- no other file names a kind

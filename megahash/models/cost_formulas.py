@@ -70,6 +70,29 @@ class GeneralisedRow(StandardQKV):
 
 
 
+class ApproxRow(StandardQKV):
+    """[Xue25] Tables 4.5-4.8, Approx. row (Appendix I's form, the ``approx-thesis`` kind; ``approx``, the
+    Based kernel, shares it): O(BLd^2); FLOPs 14BLd^2 (prefill), 10Bd^2 (decode); activations
+    11BLd/t + 3Bd^2/(ht); cache 6Bd + 4Bd^2/h bytes."""
+
+
+    @staticmethod
+    def time_complexity(B, L, d):
+        return B * L * d * d
+
+    @staticmethod
+    def flops(phase, B, L, d, h=None, g=None, precomputed=False):
+        return 14 * B * L * d * d if phase == "prefill" else 10 * B * d * d
+
+    @staticmethod
+    def activation_bytes(B, L, d, h, t=1):
+        return 11 * B * L * d / t + 3 * B * d * d / (h * t)
+
+    @staticmethod
+    def cache_bytes(B, L, d, h, g=None):
+        return 6 * B * d + 4 * B * d * d / h
+
+
 def taylor_feature_dim(d_h: int) -> int:
     """Features of the Taylor map (megahash.ops.taylor.kernel.feature_dim): 1 + d_h + d_h(d_h + 1)/2."""
     return 1 + d_h + d_h * (d_h + 1) // 2

@@ -76,49 +76,10 @@ import torch
 from megatron.core.transformer.spec_utils import ModuleSpec
 
 from megahash.errors import ConfigError
-from megahash.models.attention.base import AttentionBase, column, rope
-from megahash.models.attention.softmax_base import GroupedKV
+from megahash.models.attention.base import column, rope
+from megahash.models.attention.linear_base import LinearAttentionBase
 from megahash.models.registry import mask_type, register_attention
 from megahash.ops.taylor.kernel import taylor_kernel
-
-
-def compute_dtype(t: torch.Tensor) -> torch.dtype:
-    return torch.float64 if t.dtype == torch.float64 else torch.float32
-
-
-class LinearAttentionBase(GroupedKV, AttentionBase):
-    """Q, K, V as ``mha`` (grouped); :meth:`attend` on [b, g, rep, s, d] runs the kind's plain-torch
-    reference ``kernel`` (``reference``: its class), so the kernel and its cache handling exist once."""
-
-    reference = None
-
-    def __init__(self, config, layer_number, attn_mask_type, cfg=None, groups: int | None = None, **kw):
-        super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
-        self.build_grouped_qkv(groups or config.num_query_groups or self.n)
-        self.build_proj(self.n * self.d_h)
-
-    def qkv(self, x, rotary_pos_emb):
-        q = self.grouped_q(x)
-        k, v = self.local_kv(*self.grouped_kv(x))
-        q, k = self.norm_qk(q, k)
-        return q, k, v
-
-    def attend(self, q, k, v, attention_mask):
-        key_mask = None if self.causal else self.key_padding(attention_mask, q.shape[0])
-        key_mask = None if key_mask is None else key_mask[:, None, None, :]
-        return self.reference.kernel(self, q, k, v, key_mask, self.cache(), self.context())
-
-    def mix(self, x, attention_mask, rotary_pos_emb):
-        q, k, v = self.qkv(x, rotary_pos_emb)
-        s, b, n_l, d = q.shape
-        g = k.shape[2]
-        dt = compute_dtype(q)
-        qh = q.permute(1, 2, 0, 3).reshape(b, g, n_l // g, s, d).to(dt)
-        kh = k.permute(1, 2, 0, 3).unsqueeze(2).to(dt)
-        vh = v.permute(1, 2, 0, 3).unsqueeze(2).to(dt)
-        out = self.attend(qh, kh, vh, attention_mask)  # [b, g, rep, s, d_v]
-        d_v = out.shape[-1]
-        return out.reshape(b, n_l, s, d_v).permute(2, 0, 1, 3).reshape(s, b, n_l * d_v).to(x.dtype)
 
 
 def rope_prefix(freqs, dim: int):
@@ -178,33 +139,16 @@ class ApproxAttention(LinearAttentionBase):
 # ----------------------------------------------------------------------------- self-description
 # (megahash.models.registry / catalog: costs and capabilities; nothing else in the library names the kind)
 
-from megahash.models.cost_formulas import StandardQKV, taylor_feature_dim  # noqa: E402
+from megahash.models.cost_formulas import ApproxRow, taylor_feature_dim  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 
 from megahash.models.registry import AttentionCaps  # noqa: E402
 
 
-class ApproxCosts(StandardQKV):
-    """Thesis Tables 4.5-4.8, Approx. row: O(BLd^2); FLOPs 14BLd^2 (prefill), 10Bd^2 (decode);
-    activations 11BLd/t + 3Bd^2/(ht); cache 6Bd + 4Bd^2/h bytes. The row describes Appendix I's
-    form (the ``approx-thesis`` kind); this kernel (Based's shared denominator) keeps the decode
-    state S [D, d_h] and z [D] per key/value head, D = 1 + d' + d'(d'+1)/2 (d' = d_h by default)."""
-
-    @staticmethod
-    def time_complexity(B, L, d):
-        return B * L * d * d
-
-    @staticmethod
-    def flops(phase, B, L, d, h=None, g=None, precomputed=False):
-        return 14 * B * L * d * d if phase == "prefill" else 10 * B * d * d
-
-    @staticmethod
-    def activation_bytes(B, L, d, h, t=1):
-        return 11 * B * L * d / t + 3 * B * d * d / (h * t)
-
-    @staticmethod
-    def cache_bytes(B, L, d, h, g=None):
-        return 6 * B * d + 4 * B * d * d / h
+class ApproxCosts(ApproxRow):
+    """The thesis's Approx. row (cost_formulas.ApproxRow); this kernel (Based's shared denominator)
+    keeps the decode state S [D, d_h] and z [D] per key/value head, D = 1 + d' + d'(d'+1)/2 (d' = d_h
+    by default)."""
 
     @staticmethod
     def cache_elements(B, L, n, d_h, g, feature_dim=0, **_):

@@ -69,7 +69,7 @@ import math
 import torch
 from megatron.core.transformer.spec_utils import ModuleSpec
 
-from megahash.models.attention.approx import LinearAttentionBase
+from megahash.models.attention.linear_base import LinearAttentionBase
 from megahash.models.attention.base import rope
 from megahash.models.registry import mask_type, register_attention
 from megahash.ops.orders.naive import orders_maps
@@ -90,13 +90,13 @@ class ApproxThesisAttention(LinearAttentionBase):
 # ----------------------------------------------------------------------------- self-description
 # (megahash.models.registry / catalog: costs and capabilities; nothing else in the library names the kind)
 
-from megahash.models.attention.approx import ApproxCosts  # noqa: E402
+from megahash.models.cost_formulas import ApproxRow  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 
 from megahash.models.registry import AttentionCaps  # noqa: E402
 
 
-class ApproxThesisCosts(ApproxCosts):
+class ApproxThesisCosts(ApproxRow):
     """The thesis's Approx. rows of Tables 4.5-4.8 (this is the form they describe); decode state
     numbers per layer: g key/value heads x (2 d_h^2 + 3 d_h) per sequence."""
 

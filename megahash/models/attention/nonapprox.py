@@ -60,7 +60,7 @@ import torch
 import torch.nn.functional as F
 from megatron.core.transformer.spec_utils import ModuleSpec
 
-from megahash.models.attention.approx import LinearAttentionBase
+from megahash.models.attention.linear_base import LinearAttentionBase
 from megahash.models.registry import mask_type, register_attention
 from megahash.ops.cumsoftmax.naive import cumsoftmax_map
 

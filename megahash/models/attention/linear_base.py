@@ -1,0 +1,48 @@
+"""Shared part of the linear-attention kinds (``approx``, ``approx-thesis``, ``nonapprox``): Q, K, V as
+``mha`` (grouped), and the kind's plain-torch reference ``kernel`` run on [b, g, rep, s, d] so each
+kernel and its cache handling exist once (:mod:`megahash.ops`)."""
+from __future__ import annotations
+
+import torch
+
+from megahash.models.attention.base import AttentionBase
+from megahash.models.attention.softmax_base import GroupedKV
+
+
+def compute_dtype(t: torch.Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+class LinearAttentionBase(GroupedKV, AttentionBase):
+    """Q, K, V as ``mha`` (grouped); :meth:`attend` on [b, g, rep, s, d] runs the kind's plain-torch
+    reference ``kernel`` (``reference``: its class), so the kernel and its cache handling exist once."""
+
+    reference = None
+
+    def __init__(self, config, layer_number, attn_mask_type, cfg=None, groups: int | None = None, **kw):
+        super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
+        self.build_grouped_qkv(groups or config.num_query_groups or self.n)
+        self.build_proj(self.n * self.d_h)
+
+    def qkv(self, x, rotary_pos_emb):
+        q = self.grouped_q(x)
+        k, v = self.local_kv(*self.grouped_kv(x))
+        q, k = self.norm_qk(q, k)
+        return q, k, v
+
+    def attend(self, q, k, v, attention_mask):
+        key_mask = None if self.causal else self.key_padding(attention_mask, q.shape[0])
+        key_mask = None if key_mask is None else key_mask[:, None, None, :]
+        return self.reference.kernel(self, q, k, v, key_mask, self.cache(), self.context())
+
+    def mix(self, x, attention_mask, rotary_pos_emb):
+        q, k, v = self.qkv(x, rotary_pos_emb)
+        s, b, n_l, d = q.shape
+        g = k.shape[2]
+        dt = compute_dtype(q)
+        qh = q.permute(1, 2, 0, 3).reshape(b, g, n_l // g, s, d).to(dt)
+        kh = k.permute(1, 2, 0, 3).unsqueeze(2).to(dt)
+        vh = v.permute(1, 2, 0, 3).unsqueeze(2).to(dt)
+        out = self.attend(qh, kh, vh, attention_mask)  # [b, g, rep, s, d_v]
+        d_v = out.shape[-1]
+        return out.reshape(b, n_l, s, d_v).permute(2, 0, 1, 3).reshape(s, b, n_l * d_v).to(x.dtype)
