@@ -15,10 +15,7 @@ import os
 import re
 import sys
 
-if __package__ in (None, ""):  # python launch/hostfile.py: make ``launch`` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from megahash.launching.env import NodeListError, expand_nodelist  # noqa: E402
+from megahash.launching.env import NodeListError, expand_nodelist
 
 
 def hostfile_from_slurm(nodelist: str, slots: int) -> str:

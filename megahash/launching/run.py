@@ -37,16 +37,14 @@ import os
 import re
 import shlex
 import shutil
+import subprocess
 import sys
 import tempfile
 
-if __package__ in (None, ""):  # python launch/run.py: make ``launch`` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from megahash.launching.env import NodeListError, free_port, in_slurm_step, slurm_master_addr, slurm_port
+from megahash.launching.hostfile import hostfile_from_slurm, slots_from_slurm
 
-from megahash.launching.env import NodeListError, free_port, in_slurm_step, slurm_master_addr, slurm_port  # noqa: E402
-from launch.hostfile import hostfile_from_slurm, slots_from_slurm  # noqa: E402
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout: launch/, megahash/
 LAUNCHERS = ("auto", "srun", "torchrun", "deepspeed", "mpirun", "python")
 SUPERVISE = os.path.join(ROOT, "launch", "supervise.py")  # stop signals -> every rank, exit 3 (see there)
 # torchrun's agent: forward SIGUSR1 like SIGTERM (default: it dies of it, the workers train on)
@@ -238,15 +236,15 @@ def parse_args(argv=None):
 
 
 def check_inputs(args) -> int:
-    """megahash/pretrain.py's checks without torch (config, kinds, shards, tokenizer, resume path), here
-    and once: a mistake is one line and exit 2, not a line per rank buried in the launcher's output."""
-    if os.path.normpath(os.path.join(ROOT, args.script)) != os.path.join(ROOT, "megahash", "pretrain.py"):
+    """megahash/pretrain.py's checks without torch (``--check inputs``: config, kinds, shards, tokenizer,
+    resume path), here and once: a mistake is one line and exit 2, not a line per rank buried in the
+    launcher's output. Run as the entry point's own command (like launch/quickstart.sh does), so the
+    launcher library imports no command line."""
+    script = os.path.normpath(os.path.join(ROOT, args.script))
+    if script != os.path.join(ROOT, "megahash", "pretrain.py"):
         return 0
-    from megahash import pretrain
-    from megahash.guarded import run_guarded
-
     argv = (["--config", args.config] if args.config else []) + list(args.overrides)
-    return run_guarded(lambda: pretrain.check(pretrain.parse_args(argv)) and None)
+    return subprocess.run([sys.executable, script, "--check", "inputs", *argv], stdout=subprocess.DEVNULL).returncode
 
 
 def main(argv=None) -> int:

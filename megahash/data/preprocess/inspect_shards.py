@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Inspect (and with --verify, check) shards written by preprocess_data.py.
 
     python data_tools/inspect_shards.py data/shk/shk [--verify] [--json]
@@ -15,16 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Optional, Sequence
 
-if __package__ in (None, ""):  # run as a script: make the repo root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from megahash.data_stage.common import cli, one_line  # noqa: E402
-from megahash.errors import DataError  # noqa: E402
+from megahash.data.preprocess.common import cli, one_line
+from megahash.errors import DataError
 
 
 def build_parser() -> argparse.ArgumentParser:

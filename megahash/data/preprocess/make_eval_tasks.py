@@ -49,12 +49,9 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from megahash.atomic_write import write_text_atomic  # noqa: E402
-from megahash.data_stage.common import InputError, cli  # noqa: E402
-from megahash.data_stage.sources import open_source, parse_doc_range, select_documents  # noqa: E402
+from megahash.atomic_write import write_text_atomic
+from megahash.data.preprocess.common import InputError, cli
+from megahash.data.preprocess.sources import open_source, parse_doc_range, select_documents
 
 DEFAULT_RANGES = {"shakespeare": "1100:", "bible-kjv": "0:", "bible": "0:"}
 DEFAULT_NAMES = {"shakespeare": "shk", "bible-kjv": "kjv", "bible": "kjv"}

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Train a sentencepiece tokenizer whose special ids match the HashFormers words (megahash.hashing.words).
 
     python data_tools/train_tokenizer.py --input shakespeare --output data/tok/shk8k --vocab-size 8000
@@ -13,7 +12,7 @@ spaces, indentation, any script, control characters): the identity normaliser
 (characters outside the vocabulary, and "\n"/"\t", which sentencepiece never puts in pieces
 because it trains on lines, become UTF-8 byte pieces ``<0x0A>``). ``--lossy`` restores
 sentencepiece's default normaliser (NFKC, whitespace runs folded and stripped, unknown characters
--> ``<unk>`` unless ``--byte-fallback``). Input: any SRC of ``megahash/data_stage/sources.py``, streamed
+-> ``<unk>`` unless ``--byte-fallback``). Input: any SRC of ``megahash/data/preprocess/sources.py``, streamed
 into ``SentencePieceTrainer`` through ``sentence_iterator``: every non-blank line of every document
 is a sentence (lines longer than ``--max-sentence-length`` bytes are cut at spaces), at most
 ``--input-sentence-size`` of them are sampled by sentencepiece.
@@ -26,12 +25,9 @@ import sys
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-if __package__ in (None, ""):  # run as a script: make the repo root importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from megahash.data_stage.common import InputError, cli, one_line  # noqa: E402
-from megahash.data_stage.sources import open_source, parse_doc_range, select_documents  # noqa: E402
-from megahash.hashing.words import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID  # noqa: E402
+from megahash.data.preprocess.common import InputError, cli, one_line
+from megahash.data.preprocess.sources import open_source, parse_doc_range, select_documents
+from megahash.hashing.words import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
 
 
 # sentencepiece trainer options of the default (lossless) tokenizer
