@@ -1,6 +1,6 @@
-"""``python -m launch``: see launch/run.py."""
+"""``python -m launch``: the same as ``python launch/run.py``; the code is :mod:`megahash.launching.run`."""
 import sys
 
-from launch.run import main
+from megahash.launching.run import main
 
 sys.exit(main())

@@ -33,7 +33,7 @@ def runs(shakespeare_shards, tmp_path_factory):
     }
     procs = {k: subprocess.Popen([sys.executable, "megahash/pretrain.py", *v], cwd=ROOT, env=child_env(),
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k, v in jobs.items()}
-    from data_tools import make_eval_tasks
+    from megahash.data.preprocess import make_eval_tasks
 
     assert make_eval_tasks.main(["--source", "shakespeare", "--out", str(d / "tasks"), "--held-out-docs", "1100:",
                                  "--n", "100", "--ppl-docs", "8", "--seed", "7"]) == 0
@@ -60,7 +60,7 @@ def _req(kind, *args):
 
 
 def test_task_suite_is_deterministic_and_held_out(runs, tmp_path):
-    from data_tools import make_eval_tasks
+    from megahash.data.preprocess import make_eval_tasks
 
     assert make_eval_tasks.main(["--source", "shakespeare", "--out", str(tmp_path), "--held-out-docs", "1100:",
                                  "--n", "100", "--ppl-docs", "8", "--seed", "7"]) == 0
@@ -212,7 +212,7 @@ def test_report_table_across_runs(runs, capsys):
 def test_indicators_cli_on_checkpoint(runs, capsys):
     from megahash.cli import main
 
-    from megahash.data_stage.sources import open_source, select_documents
+    from megahash.data.preprocess.sources import open_source, select_documents
 
     text = runs["dir"] / "held_out.txt"
     text.write_text("\n\n".join(select_documents(open_source("shakespeare"), 1150, 1152)))
@@ -234,7 +234,7 @@ def test_indicators_cli_on_checkpoint(runs, capsys):
 def test_task_suite_refuses_to_overwrite_without_the_flag(tmp_path, capsys):
     """make_eval_tasks into a folder that holds a suite of the same name: one line, exit 2, nothing
     touched; --overwrite replaces it; another --name sits beside it (issue 29: overwrote silently)."""
-    from data_tools import make_eval_tasks
+    from megahash.data.preprocess import make_eval_tasks
 
     args = ["--source", "shakespeare", "--out", str(tmp_path), "--held-out-docs", "1100:", "--n", "10", "--ppl-docs", "3"]
     assert make_eval_tasks.main(args) == 0

@@ -23,7 +23,7 @@ def _cfg(prefix, tokenizer, *extra):
 
 
 def _doc(i):
-    from megahash.data_stage.sources import open_source, select_documents
+    from megahash.data.preprocess.sources import open_source, select_documents
 
     return next(iter(select_documents(open_source("shakespeare"), i, i + 1)))
 

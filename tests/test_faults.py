@@ -23,7 +23,7 @@ def base(shards, save_dir, steps, *extra, prefix=None):
 
 def _foreign_shard(path_prefix: str, docs: int, dtype, width: int = 1) -> None:
     """A shard written by the data stage's writer from other documents (another build)."""
-    from data_tools.indexed_writer import IndexedShardWriter
+    from megahash.data.preprocess.indexed_writer import IndexedShardWriter
 
     rng = np.random.default_rng(0)
     lengths = rng.integers(5, 50, size=docs) * width

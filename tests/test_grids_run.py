@@ -37,7 +37,7 @@ def workdir(shakespeare_shards, tmp_path_factory):
     """A working directory with README step 4's offline tasks (data/eval_tasks) and a word-level shard
     set carrying every side shard the cells of the word-level grids (Table 2.1) read."""
     d = tmp_path_factory.mktemp("grids")
-    from data_tools import make_eval_tasks
+    from megahash.data.preprocess import make_eval_tasks
 
     assert make_eval_tasks.main(["--source", "shakespeare", "--out", str(d / "data" / "eval_tasks"), "--held-out-docs",
                                  "1100:", "--n", "8", "--ppl-docs", "1", "--seed", "7"]) == 0

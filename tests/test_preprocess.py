@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data_tools import inspect_shards, preprocess_data, train_tokenizer
-from megahash.data_stage.indexed_writer import IndexedShardWriter
+from megahash.data.preprocess import inspect_shards, preprocess_data, train_tokenizer
+from megahash.data.preprocess.indexed_writer import IndexedShardWriter
+from megahash.data.preprocess.sources import open_source, select_documents
 from megahash.errors import DataError
-from megahash.data_stage.sources import open_source, select_documents
 from megahash.hashing import SPECIAL_TOKENS, split_words
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -200,7 +200,7 @@ def test_words_stream(tmp_path):
 def test_first_pass_word_counts_equal_split_words():
     from collections import Counter
 
-    from megahash.data_stage.encoding import count_words
+    from megahash.data.preprocess.encoding import count_words
 
     docs = shakespeare_docs(30) + ["Hello, World!! It's 3pm--ok? \u00fcn\u00efc\u00f6d\u00e9_x a_b\u00a0NBSP\u2028line \u0130stanbul"]
     assert count_words(docs) == Counter(w for d in docs for w in split_words(d))
@@ -428,7 +428,7 @@ def test_group_cache_key_collisions_fall_back_to_exact_keys(tok, monkeypatch):
     assert np.array_equal(codes(SubwordCoder(sp, fresh_table, "word"), fresh_table, 0, len(toks)), want)
 
 
-# -- per-token sentencepiece cache (megahash/data_stage/encoding.py SegmentEncoder) -----------------------
+# -- per-token sentencepiece cache (megahash/data/preprocess/encoding.py SegmentEncoder) -----------------------
 TRICKY_DOCS = [
     "Café naïve — “quoted” words… and ＦＵＬＬＷＩＤＴＨ ｔｅｘｔ",  # NFKC maps these: encoded whole
     "tabs\tand\u00a0no-break\u2003spaces  and\n\nnewlines",
@@ -443,7 +443,7 @@ def test_segment_cache_equals_whole_document_encoding(tok, hash_unit):
     """Encoding each distinct whitespace token once (BPE, exact by construction) gives the same
     token ids, lengths, codes and word counts as sentencepiece on whole documents, across chunks
     and with a cache small enough to be cleared mid-corpus."""
-    from megahash.data_stage.encoding import ChunkEncoder, EncoderConfig
+    from megahash.data.preprocess.encoding import ChunkEncoder, EncoderConfig
     from megahash.hashing.specs import parse_hash_specs
 
     docs = shakespeare_docs(60) + TRICKY_DOCS

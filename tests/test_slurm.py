@@ -35,7 +35,7 @@ _install_note = ""
 
 def _ensure_cluster_tools() -> None:
     global _install_note
-    from launch.local_slurm import missing_programs
+    from megahash.launching.local_slurm import missing_programs
 
     if missing_programs() or shutil.which("mpirun") is None:
         r = subprocess.run(["bash", "launch/install_cluster_tools.sh"], cwd=ROOT, capture_output=True, text=True,
@@ -61,7 +61,7 @@ def cluster(tmp_path_factory):
     _ensure_cluster_tools()
     if os.geteuid() != 0:
         pytest.skip("a local SLURM needs root (slurmd runs jobs as their user)")
-    from launch.local_slurm import LocalSlurm, SlurmUnavailable
+    from megahash.launching.local_slurm import LocalSlurm, SlurmUnavailable
 
     c = LocalSlurm(tmp_path_factory.mktemp("slurm"), nodes=2, cpus_per_node=2, gpus_per_node=1)
     try:

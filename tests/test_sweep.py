@@ -30,7 +30,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture(scope="module")
 def grid(shakespeare_shards, tmp_path_factory):
     d = tmp_path_factory.mktemp("sweep")
-    from data_tools import make_eval_tasks
+    from megahash.data.preprocess import make_eval_tasks
 
     assert make_eval_tasks.main(["--source", "shakespeare", "--out", str(d / "tasks"), "--held-out-docs", "1100:",
                                  "--n", "20", "--ppl-docs", "2", "--seed", "7"]) == 0

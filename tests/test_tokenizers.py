@@ -59,7 +59,7 @@ def make_bpe(path, docs) -> None:
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     """60 Shakespeare documents with special-token strings and odd whitespace spliced in, as jsonl."""
-    from megahash.data_stage.sources import open_source, select_documents
+    from megahash.data.preprocess.sources import open_source, select_documents
 
     d = tmp_path_factory.mktemp("tok_corpus")
     docs = list(select_documents(open_source("shakespeare"), 0, 60))

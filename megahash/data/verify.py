@@ -12,7 +12,7 @@ Two levels (``data.verify``):
 - ``full``: the above plus the sha256 of every file listed in the meta.
 
 Every mismatch is one line (:class:`DataError`) naming the file and the fix. Pure numpy: the
-``.idx`` layout is the one ``megahash/data_stage/indexed_writer.py`` writes (megatron-core's).
+``.idx`` layout is the one ``megahash/data/preprocess/indexed_writer.py`` writes (megatron-core's).
 """
 from __future__ import annotations
 

@@ -1,3 +1,4 @@
-"""Launcher library: rank/world/rendezvous from every launcher's variables (``env``) and a real SLURM
-on localhost with emulated nodes (``local_slurm``). The entry scripts are the repository's
-``launch/`` folder (``python -m launch``, docs/launching.md)."""
+"""Everything about launching (docs/launching.md): the one entry picking a launcher (``run``),
+hostfiles from SLURM node lists (``hostfile``), the supervisor of deepspeed/torchrun (``supervise``),
+rank/world/rendezvous from every launcher's variables (``env``) and a real SLURM on localhost with
+emulated nodes (``local_slurm``). The repository's ``launch/*.py`` are thin shells over these mains."""

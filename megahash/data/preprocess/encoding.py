@@ -20,8 +20,7 @@ from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
-from megahash.data.verify import sha256_file
-from megahash.data_stage.common import InputError
+from megahash.data.preprocess.common import InputError
 from megahash.hashing.codes import ZERO_ROW, CodeTable
 from megahash.hashing.lsh import LSHModel
 from megahash.hashing.specs import HashSpec

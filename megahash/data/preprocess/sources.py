@@ -32,7 +32,7 @@ import subprocess
 from pathlib import Path
 from typing import Iterator, Optional
 
-from megahash.data_stage.common import InputError, one_line
+from megahash.data.preprocess.common import InputError, one_line
 
 TXT_EXT = (".txt", ".text")
 JSONL_EXT = (".jsonl", ".json", ".ndjson")

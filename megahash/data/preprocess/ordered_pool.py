@@ -27,8 +27,8 @@ def _noop() -> None:
 
 
 def _worker(tasks, results, initializer: Callable, initargs: tuple, parent_pid: Optional[int] = None) -> None:
-    if parent_pid is not None:  # killed with the main process, even by SIGKILL (megahash/data_stage/publish.py)
-        from megahash.data_stage.publish import die_with_parent
+    if parent_pid is not None:  # killed with the main process, even by SIGKILL (megahash/data/preprocess/publish.py)
+        from megahash.data.preprocess.publish import die_with_parent
 
         die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is handled by the main process

@@ -18,7 +18,7 @@ import glob
 import os
 import re
 import signal
-from typing import Iterable
+from typing import Iterable, Optional
 
 _TMP = re.compile(r"\.tmp-(\d+)$")
 
@@ -91,3 +91,57 @@ def die_with_parent(parent_pid: int) -> None:
         return
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
+
+
+class AtomicOutputs:
+    """Temp files ``FINAL.tmp-<pid>``, renamed to their final names by ``commit`` (in order, the
+    meta last), all removed by ``cleanup`` when anything fails."""
+
+    def __init__(self):
+        self.pending: dict[str, str] = {}  # final -> tmp
+        self.scratch_files: list[str] = []  # temporary files that are never renamed
+        self.suffix = f".tmp-{os.getpid()}"
+
+    def scratch(self, name: str) -> str:
+        """Path of a temporary work file ``NAME.tmp-<pid>``, removed by ``commit`` and ``cleanup``."""
+        self.scratch_files.append(name + self.suffix)
+        return self.scratch_files[-1]
+
+    def remove_scratch(self) -> None:
+        for tmp in self.scratch_files:
+            try:
+                os.remove(tmp)
+            except FileNotFoundError:
+                pass
+        self.scratch_files.clear()
+
+    def tmp(self, final: str) -> str:
+        self.pending[final] = final + self.suffix
+        return self.pending[final]
+
+    def commit(self, last: str) -> None:
+        self.remove_scratch()
+        publish(self.pending, last)  # old meta removed first, shards, then the meta
+        self.pending.clear()
+
+    def cleanup(self) -> None:
+        self.remove_scratch()
+        for tmp in self.pending.values():
+            try:
+                os.remove(tmp)
+            except FileNotFoundError:
+                pass
+        self.pending.clear()
+
+
+def remove_stale(old_meta: Optional[dict], prefix: str, keep: set) -> None:
+    """After --overwrite: delete files of the previous run that this run did not write."""
+    if not old_meta:
+        return
+    base = os.path.dirname(prefix)
+    for name in old_meta.get("files", {}):
+        if name not in keep and os.path.basename(name) == name and name.startswith(os.path.basename(prefix) + "_"):
+            try:
+                os.remove(os.path.join(base, name))
+            except FileNotFoundError:
+                pass
