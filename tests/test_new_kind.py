@@ -531,6 +531,8 @@ HOMONYMS = {
     ("add", "megahash/models/attention/mhe.py"): "MHE's add/mul head-embedding mode (eq. 3.5)",
     ("mlp_spec", "megahash/models/registry.py"): "the MLP sublayer's spec, not the mlp attention kind's",
     ("random_seed", "megahash/data/dataset.py"): "megatron's dataset-config keyword (the data seed)",
+    ("megahash.models.embeddings.vocab", "megahash/data/preprocess/train_tokenizer.py"): "the '.vocab' file suffix of sentencepiece",
+    ("megahash.models.heads.vocab", "megahash/data/preprocess/train_tokenizer.py"): "the '.vocab' file suffix of sentencepiece",
     ("random_seed", "megahash/eval/run.py"): "lm-eval's simple_evaluate keyword",
 }
 
