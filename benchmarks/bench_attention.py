@@ -37,7 +37,7 @@ VOCAB = 1024
 
 def build(kind: str, args):
     from megahash.models.attention import fixed_qk
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
 
     longest = max(args.seqs + args.contexts) + args.steps + 8
     cfg = load_config(None, [
@@ -112,7 +112,7 @@ def train_step(model, seq: int, reps: int) -> tuple[float, float]:
 @torch.no_grad()
 def decode_step(model, context: int, steps: int) -> float:
     """Median seconds of one single-token decoding step after a prefill of ``context`` tokens."""
-    from megahash.models.model import DecodeState
+    from megahash.models.megatron_model import DecodeState
 
     dev = accelerator.device()
     model.eval()

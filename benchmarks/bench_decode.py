@@ -33,7 +33,7 @@ def cache_bytes(state) -> int:
 def decode(model, context: int, steps: int, piece: int) -> tuple[float, int]:
     """(median seconds of one token step, cache bytes after the context) of one sequence."""
     from bench_kinds_cpu import VOCAB
-    from megahash.models.model import DecodeState
+    from megahash.models.megatron_model import DecodeState
 
     model.eval()
     tok = torch.randint(0, VOCAB, (1, context + steps), generator=torch.Generator().manual_seed(context))

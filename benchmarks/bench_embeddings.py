@@ -153,7 +153,7 @@ def main(argv=None) -> int:
     from megahash import accelerator
     from megahash.config import load_config
     from megahash.models import registry
-    from megahash.models.model import transformer_config
+    from megahash.models.megatron_model import transformer_config
 
     accelerator.init_distributed(1)
     accelerator.seed_all(0)

@@ -39,15 +39,15 @@ VOCAB = 1024
 
 
 def kinds_of_registry() -> list[str]:
-    from megahash.models import catalog
+    from megahash.models import declarations
 
-    names = list(catalog.entries("attention"))
+    names = list(declarations.entries("attention"))
     return ["mha"] + [k for k in names if k != "mha"]
 
 
 def build(kind: str, overrides: list[str], args):
     from megahash.models.attention import fixed_qk
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
 
     longest = max(args.seqs) + 8
     cfg = load_config(None, [

@@ -5,7 +5,7 @@ model of the same size measured in the same run.
     python benchmarks/bench_training.py [--sizes tiny,70m] [--schedules uniform:mha,hybrid:rndembqk:even,...]
                                         [--seq 256] [--batch 4] [--steps 5] [--dtype auto] [--compile off|on|both]
 
-One rank, the model of ``megahash.models.model`` (the same code DeepSpeed wraps) with torch AdamW:
+One rank, the model of ``megahash.models.megatron_model`` (the same code DeepSpeed wraps) with torch AdamW:
 forward + backward + optimizer step. Reports the median step time over ``--steps`` (after one
 warm-up), tokens/s, achieved model FLOP/s (``megahash.models.costs.train_flops_per_token``), MFU
 where the device's peak is known (GPUs), and the ratio of tokens/s to ``uniform:mha`` of the same
@@ -45,7 +45,7 @@ def measure(size: str, schedule: str, embedding: str, args, compiled: bool = Fal
     from megahash import accelerator
     from megahash.config import load_config
     from megahash.models.costs import train_flops_per_token
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
 
     cfg = load_config(None, [f"model.size={size}", f"model.schedule={schedule}", f"model.embedding={embedding}",
                              f"data.seq_length={args.seq}", f"model.max_position_embeddings={max(args.seq, 2048)}"])

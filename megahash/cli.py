@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-from megahash.guarded import run_guarded
+from megahash.command_errors import run_guarded
 
 # name -> "module:function" taking argv (list[str]) and returning an exit status
 SUBCOMMANDS = {
@@ -74,7 +74,7 @@ def params_main(argv=None) -> int:
 
     def run():
         from megahash.config import load_config
-        from megahash.models.light import closed_form_report
+        from megahash.models.closed_form import closed_form_report
 
         cfg = load_config(args.config, args.overrides)
         vocab = args.vocab_size or cfg.model.vocab_size or 50304

@@ -25,7 +25,7 @@ from megahash.errors import ConfigError, did_you_mean
 
 class KindOptions(dict):
     """``model.attention.options`` / ``model.embed.options``: the options the kinds declare in their own
-    files (an options dataclass registered with the kind, :func:`megahash.models.catalog.option_specs`),
+    files (an options dataclass registered with the kind, :func:`megahash.models.declarations.option_specs`),
     every declared option present with its default; read as attributes (``options.chunk_size``)."""
 
     def __getattr__(self, key):
@@ -39,9 +39,9 @@ class KindOptions(dict):
 
 
 def _default_options(group: str) -> KindOptions:
-    from megahash.models import catalog
+    from megahash.models import declarations
 
-    return KindOptions({name: spec.default for name, spec in sorted(catalog.option_specs(group).items())})
+    return KindOptions({name: spec.default for name, spec in sorted(declarations.option_specs(group).items())})
 
 
 @dataclass
@@ -65,9 +65,9 @@ class AttentionConfig:
 
 
 def _standard_kind(group: str) -> str:
-    from megahash.models import catalog
+    from megahash.models import declarations
 
-    return catalog.standard(group)
+    return declarations.standard(group)
 
 
 @dataclass
@@ -93,7 +93,7 @@ class ModelConfig:
     init_std: float = 0.02
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
-    # defaults: the kinds registered as standard (caps.standard; megahash.models.catalog)
+    # defaults: the kinds registered as standard (caps.standard; megahash.models.declarations)
     embedding: str = field(default_factory=lambda: _standard_kind("embedding"))
     head: str = field(default_factory=lambda: _standard_kind("head"))  # output head for clm/mlm (megahash/models/heads/; sr uses its 3-way head)
     schedule: str = field(default_factory=lambda: f"uniform:{_standard_kind('attention')}")
@@ -331,11 +331,11 @@ def _build_options(group: str, data: dict, prefix: str) -> KindOptions:
     """Every option the ``group``'s kinds declare: given values coerced and range-checked, others at
     their defaults; a key no kind declares is one line naming the closest."""
     from megahash.config_checks import check_value
-    from megahash.models import catalog
+    from megahash.models import declarations
 
     if not isinstance(data, dict):
         raise ConfigError(f"config key {prefix.rstrip('.')!r} must be a mapping, got {data!r}")
-    specs = catalog.option_specs(group)
+    specs = declarations.option_specs(group)
     for key in data:
         if key not in specs:
             raise ConfigError(f"unknown config key {prefix + key!r}{_suggest(key, specs)} (no {group} kind declares it)")
@@ -357,10 +357,10 @@ def _legacy_option_path(keys: list[str]) -> list[str]:
     group = _OPTION_SECTIONS.get(tuple(keys[:2]))
     if group is None or len(keys) != 3:
         return keys
-    from megahash.models import catalog
+    from megahash.models import declarations
 
     section_fields = {f.name for f in dataclasses.fields(AttentionConfig if group == "attention" else EmbeddingConfig)}
-    if keys[2] not in section_fields and keys[2] in catalog.option_specs(group):
+    if keys[2] not in section_fields and keys[2] in declarations.option_specs(group):
         return keys[:2] + ["options", keys[2]]
     return keys
 

@@ -143,11 +143,11 @@ def check_ranges(cfg) -> None:
 def _check_options(cfg) -> None:
     """The kinds' options (``model.attention.options``, ``model.embed.options``) inside the ranges their
     options classes declare."""
-    from megahash.models import catalog
+    from megahash.models import declarations
 
     for group, section, dotted in (("attention", cfg.model.attention, "model.attention.options."),
                                    ("embedding", cfg.model.embed, "model.embed.options.")):
-        specs = catalog.option_specs(group)
+        specs = declarations.option_specs(group)
         for key, value in section.options.items():
             if key in specs:
                 check_value(dotted + key, value, specs[key].range)

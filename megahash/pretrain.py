@@ -80,7 +80,7 @@ def check(args, inputs: bool = True):
     config values, DeepSpeed JSON, layer kinds and embeddings, and (``inputs``) the files it names
     (megahash/inputs.py: shards, tokenizer, resume checkpoint)."""
     from megahash.config import load_config
-    from megahash.models.light import check_kinds
+    from megahash.models.schedules import check_kinds
     from megahash.training.ds_config import check_early
 
     cfg = load_config(args.config, args.overrides)
@@ -95,7 +95,7 @@ def check(args, inputs: bool = True):
 
 def _main(argv=None) -> int:
     from megahash import known_warnings
-    from megahash.guarded import run_guarded
+    from megahash.command_errors import run_guarded
 
     known_warnings.install()  # before any library import (megahash/known_warnings.py lists them)
 

@@ -15,10 +15,10 @@ _FASTER = {"pool": ["model.embed.options.pool_bits=6"], "rolling": ["model.embed
 
 
 def _registered_embeddings() -> dict:
-    from megahash.models import catalog
+    from megahash.models import declarations
 
-    return {k: (catalog.caps("embedding", k).example_hash_spec, _FASTER.get(k, []))
-            for k in sorted(catalog.names("embedding"))}
+    return {k: (declarations.caps("embedding", k).example_hash_spec, _FASTER.get(k, []))
+            for k in sorted(declarations.names("embedding"))}
 
 
 KINDS = _registered_embeddings()
@@ -136,7 +136,7 @@ def parity_worker(rank: int, world: int, port: int, out_path: str) -> None:
     from megatron.core import parallel_state
 
     from megahash import accelerator
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
 
     results = {}
     for tp, sp in ((1, False), (2, False), (2, True)):

@@ -57,7 +57,7 @@ def case_config(case: str, tp: int, sp: bool):
 
 def setup(case: str, tp: int, sp: bool):
     from megahash.models.attention import fixed_qk
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
 
     cfg = case_config(case, tp, sp)
     accelerator.seed_all(7)

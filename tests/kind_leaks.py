@@ -13,7 +13,7 @@ A kind (attention, embedding, head) is the file that registers it. Its identifie
   at the top of another module (a second ``FixedInput``), read unbound (a ``*`` import) or as a
   string (``getattr(model, "fixed_qk")``; the module's own name also as a dotted part: ``"fixed_qk."``);
 - ``config``: the fields of its options dataclass (``options=`` of its ``register_*`` line, or the
-  catalog entry's ``.options``) read through a config section (``attention``, ``embed``, ``head``,
+  declarations entry's ``.options``) read through a config section (``attention``, ``embed``, ``head``,
   ``options``): an attribute (``cfg.model.attention.options.fixed_text``), a dotted key in a string
   (``"model.attention.options.seed=3"``), a field of a section's class (``AttentionConfig``); a
   field of two or more words (``fixed_text``, not ``seed``) anywhere: any attribute, call keyword,
@@ -157,10 +157,10 @@ def kinds(entries, root: Path) -> list[Kind]:
 
 
 def catalog_kinds(root: Path) -> list[Kind]:
-    """The kinds megahash registers (:mod:`megahash.models.catalog`: every group, torch-free)."""
-    from megahash.models import catalog
+    """The kinds megahash registers (:mod:`megahash.models.declarations`: every group, torch-free)."""
+    from megahash.models import declarations
 
-    return kinds([(n, e) for g in catalog.GROUPS for n, e in catalog.entries(g).items()], root)
+    return kinds([(n, e) for g in declarations.GROUPS for n, e in declarations.entries(g).items()], root)
 
 
 # ----------------------------------------------------------------------------- one file

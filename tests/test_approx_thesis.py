@@ -99,7 +99,7 @@ def test_decode_state_is_table_4_8(extra):
     the decode state per layer is 2 bytes x (3Bd + 2Bd^2/h) = Table 4.8's 6Bd + 4Bd^2/h for MHA
     (g/h of it with g key/value groups), independent of the context length."""
     from megahash.models import costs
-    from megahash.models.model import DecodeState, build_model
+    from megahash.models.megatron_model import DecodeState, build_model
 
     cfg = make_cfg("model.attention.options.chunk_size=4", *extra)
     accelerator.seed_all(0)
@@ -121,7 +121,7 @@ def test_decode_state_is_table_4_8(extra):
 
 
 def test_parameters_equal_mha():
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
 
     accelerator.seed_all(0)
     a = sum(p.numel() for p in build_model(make_cfg(), VOCAB).parameters())
@@ -134,7 +134,7 @@ def test_approx_projected_feature_dim():
     parallel = incremental decoding, state (1 + d' + d'(d'+1)/2)(d_h + 1) per head, and the sublayer has
     (n + g)(d_h - d')(d_m + 1) fewer parameters than mha (weights and q/k biases)."""
     from megahash.models import costs
-    from megahash.models.model import DecodeState, build_model
+    from megahash.models.megatron_model import DecodeState, build_model
 
     def model(*extra):
         accelerator.seed_all(0)

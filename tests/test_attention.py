@@ -20,7 +20,7 @@ from megahash import accelerator  # noqa: E402
 from megahash.config import load_config  # noqa: E402
 
 import _kinds  # noqa: E402
-from megahash.models import catalog  # noqa: E402
+from megahash.models import declarations  # noqa: E402
 
 # from the registry: every kind that decodes incrementally / mixes tokens (a new kind joins by registering)
 DECODER_KINDS = _kinds.attention(decodes=True)
@@ -43,7 +43,7 @@ def make_cfg(schedule="uniform:mha", *extra, hidden=32, heads=4, layers=2):
 
 def build(cfg, dtype=torch.float64, seed=0):
     from megahash.models.attention import fixed_qk
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
 
     accelerator.seed_all(seed)
     model = build_model(cfg, VOCAB, dtype=dtype)
@@ -56,7 +56,7 @@ def build_attention(cfg, layer_number=1):
     """One attention module of the config's first layer kind, built like TransformerLayer does."""
     from megatron.core.transformer.spec_utils import build_module
     from megahash.models import registry
-    from megahash.models.model import transformer_config
+    from megahash.models.megatron_model import transformer_config
     from megatron.core.utils import init_method_normal, scaled_init_method_normal
 
     registry._load_variants()
@@ -129,7 +129,7 @@ def test_no_future_leakage_and_incremental_decoding(schedule):
     """Through the whole MegahashLM: changing tokens t+1.. leaves positions <= t unchanged; decoding
     (prefill 5 tokens, then one at a time) equals the full forward; caches have the documented size."""
     from megahash.models import costs
-    from megahash.models.model import DecodeState
+    from megahash.models.megatron_model import DecodeState
 
     model = build(make_cfg(schedule)).eval()
     tok = tokens()
@@ -140,13 +140,13 @@ def test_no_future_leakage_and_incremental_decoding(schedule):
         full = model.hidden_states(tok)
         other = model.hidden_states(changed)
         assert torch.equal(full[:t + 1], other[:t + 1])
-        if ":" in schedule or catalog.caps("attention", schedule).mixes_tokens:
+        if ":" in schedule or declarations.caps("attention", schedule).mixes_tokens:
             assert (full[t + 1:] - other[t + 1:]).abs().max() > 1e-3
         state = DecodeState(len(model.decoder.layers))
         parts = [model.hidden_states(tok[:, :5], decode_state=state)]
         parts += [model.hidden_states(tok[:, i:i + 1], decode_state=state) for i in range(5, tok.shape[1])]
     torch.testing.assert_close(torch.cat(parts), full, rtol=0, atol=1e-10)
-    if ":" not in schedule and not catalog.caps("attention", schedule).fixed_input:
+    if ":" not in schedule and not declarations.caps("attention", schedule).fixed_input:
         n, d_h, b, L = 4, 8, tok.shape[0], tok.shape[1]
         expected = costs.cache_elements(schedule, b, L, n, d_h)  # the kind's own formula (groups: its own)
         assert all(sum(v.numel() for v in c.values()) == expected for c in state.caches)
@@ -158,7 +158,7 @@ def test_fixed_maps_frozen(kind):
     the decode cache is the values plus one set of fixed keys shared by the batch: (B + 1) L d, as
     Table 4.8."""
     from megahash.models import costs
-    from megahash.models.model import DecodeState
+    from megahash.models.megatron_model import DecodeState
 
     model = build(make_cfg(kind)).eval()
     tok = tokens()
@@ -238,7 +238,7 @@ def test_encoder_padding_and_bidirectional(kind):
         h_later = model.hidden_states(later, padding_mask=pad)
     torch.testing.assert_close(h_pad[:8, 1], h[:8, 1], rtol=0, atol=1e-10)
     torch.testing.assert_close(h_pad[:, 0], h[:, 0], rtol=0, atol=1e-10)
-    if catalog.caps("attention", kind).mixes_tokens:
+    if declarations.caps("attention", kind).mixes_tokens:
         assert (h_later[0] - h[0]).abs().max() > 1e-4  # position 0 sees position 7
 
 

@@ -21,7 +21,7 @@ def test_compiled_layers_match_eager_without_graph_breaks(schedule):
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
     from megahash.training.trainer import compile_layers
 
     cfg = load_config(None, ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4",

@@ -60,9 +60,9 @@ VARIANTS = {
 def _registry_variants() -> dict:
     """A variant for every registered exportable attention kind and every embedding kind that no
     hand-written variant above covers (a newly registered kind is exported and reloaded too)."""
-    from megahash.models import catalog
+    from megahash.models import declarations
 
-    std = catalog.standard("attention")
+    std = declarations.standard("attention")
 
     def named(schedule):
         form, rest = schedule.split(":", 1)
@@ -72,10 +72,10 @@ def _registry_variants() -> dict:
 
     kinds = set().union(*(named(v[0]) for v in VARIANTS.values()))
     embs = {v[1] for v in VARIANTS.values()}
-    out = {f"registry-{k}": (f"list:{k},{std}", catalog.standard("embedding"), "md5", [])
-           for k in sorted(catalog.names("attention")) if catalog.caps("attention", k).exportable and k not in kinds}
-    out.update({f"registry-{e}": (f"uniform:{std}", e, catalog.caps("embedding", e).example_hash_spec, [])
-                for e in sorted(catalog.names("embedding")) if e not in embs})
+    out = {f"registry-{k}": (f"list:{k},{std}", declarations.standard("embedding"), "md5", [])
+           for k in sorted(declarations.names("attention")) if declarations.caps("attention", k).exportable and k not in kinds}
+    out.update({f"registry-{e}": (f"uniform:{std}", e, declarations.caps("embedding", e).example_hash_spec, [])
+                for e in sorted(declarations.names("embedding")) if e not in embs})
     return out
 
 
@@ -183,7 +183,7 @@ def _build(cfg, seed: int = 0):
     """A MegahashLM at TP=1 with random weights (+ noise on every parameter)."""
     from megahash import accelerator
     from megahash.models.attention import fixed_qk
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
 
     accelerator.seed_all(seed)
     model = build_model(cfg, 1000).eval()
@@ -400,7 +400,7 @@ def test_word_stream_export(shakespeare_shards, dist, tmp_path):
                              "model.embed.hash_spec=md5", f"data.prefix=[{prefix}]", "data.tokenizer=words"])
     codec = load_codec(cfg, None)
     from megahash import accelerator
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
 
     accelerator.seed_all(0)
     model = build_model(cfg, codec.vocab_size).eval()

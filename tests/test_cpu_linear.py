@@ -81,7 +81,7 @@ def test_model_routes_every_linear_and_keeps_loss_and_gradients(dist, monkeypatc
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 
     from megahash.config import load_config
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
 
     cfg = load_config(None, ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4",
                              "model.ffn_hidden_size=128", "data.seq_length=32", "model.max_position_embeddings=64"])

@@ -29,7 +29,7 @@ def build_emb(kind, overrides=(), vocab=50304, hidden=768, seed=0):
 
     from megahash.config import load_config
     from megahash.models import registry
-    from megahash.models.model import transformer_config
+    from megahash.models.megatron_model import transformer_config
 
     cfg = load_config(None, [f"model.hidden_size={hidden}", f"model.num_heads={12 if hidden % 12 == 0 else 4}",
                                  f"model.embedding={kind}", *overrides])
@@ -99,7 +99,7 @@ def test_bert_hash_count_is_seed_002():
 
 def test_rolling_has_no_table_and_vocab_report():
     from megahash.models.embeddings import embedding_param_report
-    from megahash.models.model import MegahashLM
+    from megahash.models.megatron_model import MegahashLM
 
     lin = build_emb("rolling", ["model.embed.hash_spec=rolling3"])
     assert embedding_param_report(lin) == {"embedding": D * D, "special": 5 * D}  # only Linear(d -> h)
@@ -112,7 +112,7 @@ def test_rolling_has_no_table_and_vocab_report():
 def test_bert_base_config_builds_with_every_embedding():
     from megahash.config import load_config
     from megahash.models.embeddings import embedding_param_report
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
 
     for kind, (spec, more) in H.KINDS.items():
         cfg = load_config(None, ["model.size=bert-base", f"model.embedding={kind}", f"model.embed.hash_spec={spec}",
@@ -213,7 +213,7 @@ def test_rolling_matches_numpy_reference_and_seed_001_layout():
 @pytest.mark.parametrize("kind", [k for k in H.KINDS if k != "vocab"])
 def test_specials_use_their_own_rows(kind):
     cfg = H.tiny_cfg(kind, seq=16)
-    from megahash.models.model import MegahashLM
+    from megahash.models.megatron_model import MegahashLM
 
     emb = MegahashLM(cfg, 256).embedding
     spec = H.KINDS[kind][0]
@@ -258,7 +258,7 @@ def test_lsh_keeps_morphological_neighbours_close_at_init(kind):
 
 def test_state_dict_roundtrip_every_embedding():
     from megahash import accelerator
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
 
     for kind, (spec, _) in H.KINDS.items():
         cfg = H.tiny_cfg(kind, seq=16)
@@ -305,7 +305,7 @@ def test_tp_sp_parity_every_embedding(tmp_path):
 def test_every_embedding_learns(arch):
     """30 AdamW steps on 4 batches of Shakespeare words: decoder with CLM, encoder with MLM."""
     from megahash import accelerator
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
     from megahash.objectives import clm, mlm
 
     obj = "clm" if arch == "decoder" else "mlm"

@@ -87,7 +87,7 @@ def test_hash_models_are_scored_through_their_codes(dist, word_shards, head, emb
     from megahash import accelerator
     from megahash.eval.lm import MegahashEvalLM
     from megahash.eval.text import load_codec
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
 
     cfg = _cfg(word_shards, "words", f"model.embedding={emb}", f"model.embed.hash_spec={spec}", f"model.head={head}")
     codec = load_codec(cfg)

@@ -67,7 +67,7 @@ def test_cpu_model_on_a_gpu_machine_gets_cpu_rotary_tables(dist):
     """The export check runs the loaded checkpoint on the CPU: its RoPE tables must stay there
     (megatron's RotaryEmbedding moved them to the current CUDA device)."""
     from megahash.config import load_config
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
 
     cfg = load_config(None, ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4",
                              "model.ffn_hidden_size=128", "model.schedule=hybrid:rndembqk:even", "data.seq_length=16"])

@@ -60,7 +60,7 @@ def test_capture_reproduces_every_kinds_attention(dist, kind):
     the attention output of the module; the model output is unchanged by capturing."""
     from megahash import accelerator
     from megahash.config import load_config
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
 
     schedule = "uniform:mha" if kind == "mha" else f"hybrid:{kind}:even"
     cfg = load_config(None, ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=64",

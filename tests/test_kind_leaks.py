@@ -66,7 +66,7 @@ CLEAN = {
     "megahash/ops/__init__.py": "def kernel(q):\n    return q\n",
     "megahash/models/registry.py": "def register_attention(name, **kw):\n    return lambda f: f\n\n\n"
                                    "def register_embedding(name, **kw):\n    return lambda f: f\n",
-    "megahash/models/model.py": textwrap.dedent('''
+    "megahash/models/megatron_model.py": textwrap.dedent('''
         """The model; the toyqk kind's fixed input is one of its hooks (docstrings may say so)."""
         import importlib
 
@@ -84,7 +84,7 @@ CLEAN = {
 }
 KIND = "megahash/models/attention/toykind.py"
 OTHER = "megahash/models/embeddings/plainemb.py"
-MODEL = "megahash/models/model.py"
+MODEL = "megahash/models/megatron_model.py"
 MODULE = "megahash.models.attention.toykind"
 
 
@@ -186,7 +186,7 @@ def test_names_shared_across_groups_are_each_files_own(tmp_path):
 
 
 def test_the_entrys_options_class_names_the_fields(tmp_path):
-    """``entry.options`` (a dataclass, as the catalog may give it) wins over the register line."""
+    """``entry.options`` (a dataclass, as the declarations may give it) wins over the register line."""
     @dataclasses.dataclass
     class Options:
         window: int = 3

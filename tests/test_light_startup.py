@@ -44,7 +44,7 @@ CHECK = r"""
 import json, sys
 from megahash.config import load_config
 from megahash.models.accounting import count_parameters
-from megahash.models.light import closed_form_report
+from megahash.models.closed_form import closed_form_report
 out = []
 for ov in json.loads(sys.argv[1]):
     cfg = load_config("configs/quickstart.yaml", ov)

@@ -1,6 +1,6 @@
 """A new kind is one file (issue 19): a temporary attention kind and a temporary embedding kind,
 each written as ONE file of a plugin package outside megahash and found through
-``MEGAHASH_PLUGINS`` (megahash.models.catalog), pass `megahash params`, a 1-step `pretrain` on real
+``MEGAHASH_PLUGINS`` (megahash.models.declarations), pass `megahash params`, a 1-step `pretrain` on real
 shards, TP=2 and TP=2+SP parity and incremental decoding, with no other edit. And no library file
 other than a kind's own names it."""
 from __future__ import annotations
@@ -31,8 +31,8 @@ attention otherwise. Q/K/V parameters 2 d^2 n^2 (d = head dim, n = heads); decod
 import torch.nn as nn
 
 from megahash.models.registry import register_reference
-from megahash.models.torch_model import SoftmaxAttention
-from megahash.models.torch_ops import split_heads
+from megahash.models.reference_layers import SoftmaxAttention
+from megahash.models.reference_ops import split_heads
 
 
 @register_reference("tiedqk")
@@ -149,8 +149,8 @@ import torch
 import torch.nn as nn
 
 from megahash.models.registry import register_reference
-from megahash.models.torch_model import TorchAttention
-from megahash.models.torch_ops import append_state, split_heads
+from megahash.models.reference_layers import TorchAttention
+from megahash.models.reference_ops import append_state, split_heads
 
 
 @register_reference("anchorqk")
@@ -267,7 +267,7 @@ def anchorqk_spec(cfg) -> ModuleSpec:
 def plugin(tmp_path_factory):
     """The plugin package (two files, one per kind) on sys.path and in MEGAHASH_PLUGINS; afterwards
     the registry is as before."""
-    from megahash.models import catalog, registry
+    from megahash.models import declarations, registry
 
     root = tmp_path_factory.mktemp("plugin")
     pkg = root / PACKAGE
@@ -276,18 +276,18 @@ def plugin(tmp_path_factory):
     (pkg / "tiedqk.py").write_text(textwrap.dedent(ATTENTION_FILE))
     (pkg / "scaled_vocab.py").write_text(textwrap.dedent(EMBEDDING_FILE))
     (pkg / "anchorqk.py").write_text(textwrap.dedent(ANCHOR_FILE))
-    old_env = os.environ.get(catalog.PLUGINS_ENV)
-    os.environ[catalog.PLUGINS_ENV] = PACKAGE
+    old_env = os.environ.get(declarations.PLUGINS_ENV)
+    os.environ[declarations.PLUGINS_ENV] = PACKAGE
     sys.path.insert(0, str(root))
-    catalog._scan.cache_clear()
-    catalog._option_specs.cache_clear()
-    env = {catalog.PLUGINS_ENV: PACKAGE, "PYTHONPATH": f"{ROOT}{os.pathsep}{root}"}
+    declarations._scan.cache_clear()
+    declarations._option_specs.cache_clear()
+    env = {declarations.PLUGINS_ENV: PACKAGE, "PYTHONPATH": f"{ROOT}{os.pathsep}{root}"}
     yield {"root": root, "env": env}
     sys.path.remove(str(root))
     if old_env is None:
-        os.environ.pop(catalog.PLUGINS_ENV, None)
+        os.environ.pop(declarations.PLUGINS_ENV, None)
     else:
-        os.environ[catalog.PLUGINS_ENV] = old_env
+        os.environ[declarations.PLUGINS_ENV] = old_env
     for d in (registry.ATTENTION, registry.COSTS, registry.MAPS, registry.EXPORT_SPEC, registry.CAPS["attention"],
               registry.OPTIONS, registry.MODEL_INPUTS, registry.KINDS["attention"]):
         d.pop(ATTENTION, None)
@@ -300,9 +300,9 @@ def plugin(tmp_path_factory):
         registry.REFERENCES.pop(name, None)
     for m in [m for m in sys.modules if m.split(".")[0] == PACKAGE]:
         del sys.modules[m]
-    catalog._config_plugins.clear()
-    catalog._scan.cache_clear()
-    catalog._option_specs.cache_clear()
+    declarations._config_plugins.clear()
+    declarations._scan.cache_clear()
+    declarations._option_specs.cache_clear()
 
 
 def test_config_names_plugins_too(plugin, monkeypatch):
@@ -311,11 +311,11 @@ def test_config_names_plugins_too(plugin, monkeypatch):
     has imported a plugin its kinds stay registered there.)"""
     from megahash.config import load_config
     from megahash.errors import ConfigError
-    from megahash.models import catalog
-    from megahash.models.light import check_kinds
+    from megahash.models import declarations
+    from megahash.models.schedules import check_kinds
 
-    monkeypatch.delenv(catalog.PLUGINS_ENV)
-    catalog._scan.cache_clear()
+    monkeypatch.delenv(declarations.PLUGINS_ENV)
+    declarations._scan.cache_clear()
     try:
         cfg = load_config(None, [f"model.schedule=uniform:{ATTENTION}", "model.num_layers=2"])
         with pytest.raises(ConfigError, match=f"unknown attention kind '{ATTENTION}'"):
@@ -326,18 +326,18 @@ def test_config_names_plugins_too(plugin, monkeypatch):
         with pytest.raises(ConfigError, match="plugin 'no_such_plugin_pkg' cannot be found"):
             check_kinds(load_config(None, ["model.plugins=[no_such_plugin_pkg]"]))
     finally:
-        catalog._config_plugins.clear()
-        catalog._scan.cache_clear()
+        declarations._config_plugins.clear()
+        declarations._scan.cache_clear()
 
 
 def test_registry_discovers_the_plugin_kinds(plugin, dist):
-    from megahash.models import catalog, registry
+    from megahash.models import declarations, registry
 
-    assert catalog.source_file("attention", ATTENTION).startswith(str(plugin["root"]))
-    assert catalog.source_file("embedding", EMBEDDING).startswith(str(plugin["root"]))
+    assert declarations.source_file("attention", ATTENTION).startswith(str(plugin["root"]))
+    assert declarations.source_file("embedding", EMBEDDING).startswith(str(plugin["root"]))
     registry._load_variants()
     assert ATTENTION in registry.ATTENTION and EMBEDDING in registry.EMBEDDINGS
-    assert catalog.caps("attention", ATTENTION).decodes and not catalog.caps("embedding", EMBEDDING).reads_hash_codes
+    assert declarations.caps("attention", ATTENTION).decodes and not declarations.caps("embedding", EMBEDDING).reads_hash_codes
 
 
 def _params(argv) -> dict:
@@ -379,7 +379,7 @@ def test_decoding_with_the_new_kinds_equals_the_full_forward(plugin, dist):
     from megahash import accelerator
     from megahash.config import load_config
     from megahash.models import costs
-    from megahash.models.model import DecodeState, build_model
+    from megahash.models.megatron_model import DecodeState, build_model
 
     cfg = load_config(None, ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=64",
                              f"model.schedule=uniform:{ATTENTION}", f"model.embedding={EMBEDDING}", "data.seq_length=16"])
@@ -451,7 +451,7 @@ def test_export_and_transformers_reload_of_the_new_kinds(plugin, dist, tmp_path)
     from megahash.config import load_config
     from megahash.convert.export import export_model
     from megahash.convert.verify import load_hf
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
 
     cfg = load_config(None, ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=64",
                              f"model.schedule=list:{ATTENTION},mha", f"model.embedding={EMBEDDING}",
@@ -480,7 +480,7 @@ def test_a_kind_with_an_option_and_a_model_input_in_one_file(plugin, shakespeare
     from megahash.config import load_config
     from megahash.convert.verify import load_hf
     from megahash.errors import ConfigError
-    from megahash.models.model import DecodeState
+    from megahash.models.megatron_model import DecodeState
     from megahash.training.weights import load_for_inference
 
     with pytest.raises(ConfigError, match="anchor_length"):
@@ -526,7 +526,7 @@ def test_a_kind_with_an_option_and_a_model_input_in_one_file(plugin, shakespeare
 # reports a kind's names, module, public top-level names and options fields used anywhere else)
 HOMONYMS = {
     ("mlp", "megahash/models/accounting.py"): "the MLP sublayer's parameter count in `megahash params`",
-    ("mlp", "megahash/models/light.py"): "the MLP sublayer's parameter count (closed form)",
+    ("mlp", "megahash/models/closed_form.py"): "the MLP sublayer's parameter count (closed form)",
     ("rolling", "megahash/hashing/"): "the rolling hash-spec family (hashing knows no model kinds)",
     ("add", "megahash/models/attention/mhe.py"): "MHE's add/mul head-embedding mode (eq. 3.5)",
     ("mlp_spec", "megahash/models/registry.py"): "the MLP sublayer's spec, not the mlp attention kind's",

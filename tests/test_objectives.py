@@ -159,7 +159,7 @@ def train(model, batches, objective, steps=40, lr=3e-3, seed=0):
 
 def test_shuffle_random_head_learns():
     from megahash import accelerator
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
 
     cfg = H.tiny_cfg("proj", ["model.arch=encoder", "train.objective=sr", "model.embed.hash_spec=lsh128"], seq=64)
     accelerator.seed_all(0)
@@ -172,7 +172,7 @@ def test_shuffle_random_head_learns():
 
 def test_vocab_mlm_head_ignores_unlabelled_positions():
     from megahash import accelerator
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
     from megahash.objectives import mlm
 
     cfg = H.tiny_cfg("add", ["model.arch=encoder", "train.objective=mlm"], seq=64)
@@ -188,7 +188,7 @@ def test_vocab_mlm_head_ignores_unlabelled_positions():
 def test_hash_head_decoder_learns_and_scores_continuations(head, spec):
     from megahash import accelerator
     from megahash.models.heads import score_continuation
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
 
     kind = "proj" if head == "hash-bits" else "hash-emb"
     cfg = H.tiny_cfg(kind, [f"model.head={head}", f"model.embed.hash_spec={spec}"], seq=32)
@@ -223,7 +223,7 @@ def test_hash_head_decoder_learns_and_scores_continuations(head, spec):
 
 def test_head_config_errors():
     from megahash.errors import ConfigError
-    from megahash.models.model import MegahashLM
+    from megahash.models.megatron_model import MegahashLM
 
     with pytest.raises(ConfigError, match="model.head"):
         MegahashLM(H.tiny_cfg("proj", ["train.objective=sr", "model.head=hash-bits"], seq=16), 128)

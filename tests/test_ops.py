@@ -161,9 +161,9 @@ def test_shared_map_equals_naive_and_keeps_no_map(L, T):
 
 
 def _kinds():
-    from megahash.models import catalog
+    from megahash.models import declarations
 
-    return sorted(catalog.entries("attention"))
+    return sorted(declarations.entries("attention"))
 
 
 @pytest.mark.usefixtures("dist")
@@ -173,7 +173,7 @@ def test_operator_count_does_not_grow_with_length(kind):
     of ATen calls (what a GPU pays a launch for) for every kind."""
     from megahash.config import load_config
     from megahash.models.attention import fixed_qk
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
     from megatron.core import tensor_parallel
 
     cfg = load_config(None, ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4",

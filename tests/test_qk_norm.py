@@ -30,7 +30,7 @@ def build_attention(cfg):
     from megatron.core.utils import init_method_normal, scaled_init_method_normal
 
     from megahash.models import registry
-    from megahash.models.model import transformer_config
+    from megahash.models.megatron_model import transformer_config
 
     registry._load_variants()
     config = transformer_config(cfg)
@@ -68,7 +68,7 @@ def test_decoder_with_qk_norm_equals_transformers_qwen3():
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from megahash.convert.qwen2 import to_qwen2
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
 
     cfg = cfg_of()
     accelerator.seed_all(0)

@@ -39,7 +39,7 @@ def test_reference_equals_library_at_tp1(case):
     logits and the same gradient for every parameter, in float64."""
     from megahash import accelerator
     from megahash.convert.reference import reference_model, reference_names
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
 
     kind, extra = H.PARITY_CASES[case]
     cfg = H.tiny_cfg(kind, list(extra), seq=16)
@@ -79,7 +79,7 @@ def test_export_names_a_kind_without_reference_before_writing(tmp_path, monkeypa
     from megahash.convert.export import export_model
     from megahash.errors import ConfigError
     from megahash.models import registry
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
 
     cfg = load_config(None, ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4",
                              "model.ffn_hidden_size=64", "model.schedule=list:mha,nonapprox", "data.seq_length=16"])
@@ -214,7 +214,7 @@ def test_plugin_kind_outside_the_package_is_assembled(tmp_path, monkeypatch):
 
     from megahash.convert import remote_code
     from megahash.errors import ConfigError
-    from megahash.models import registry, torch_hf
+    from megahash.models import registry, hf_model
     from megahash.models.hf_config import MegahashConfig
 
     remote_code.references()
@@ -241,7 +241,7 @@ def test_plugin_kind_outside_the_package_is_assembled(tmp_path, monkeypatch):
     config_cls = importlib.import_module("exported_pkg.configuration_megahash").MegahashConfig
     torch.manual_seed(0)
     a = folder.MegahashForCausalLM(config_cls(**fields)).eval()
-    b = torch_hf.MegahashForCausalLM(MegahashConfig(**fields)).eval()
+    b = hf_model.MegahashForCausalLM(MegahashConfig(**fields)).eval()
     b.load_state_dict(a.state_dict())
     ids = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():

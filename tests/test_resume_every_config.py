@@ -45,9 +45,9 @@ def _arch(objective: str) -> str:
 
 
 def _embedding(kind: str) -> list[str]:
-    from megahash.models import catalog
+    from megahash.models import declarations
 
-    return [f"model.embedding={kind}", f"model.embed.hash_spec={catalog.caps('embedding', kind).example_hash_spec}",
+    return [f"model.embedding={kind}", f"model.embed.hash_spec={declarations.caps('embedding', kind).example_hash_spec}",
             *FASTER.get(kind, [])]
 
 
@@ -56,7 +56,7 @@ def configurations() -> dict[str, list[str]]:
     them, skip_nonstandard on every other one), every objective, every selectable head."""
     from megahash.models.schedules import PRESETS
 
-    from megahash.models import catalog
+    from megahash.models import declarations
 
     kinds = [k for k in _kinds.attention(decoder=True) if k != _kinds.attention(standard=True)[0]]
     todo = _kinds.embeddings()  # embedding kinds not yet in a configuration
@@ -64,8 +64,8 @@ def configurations() -> dict[str, list[str]]:
     for i, preset in enumerate(PRESETS):
         skip, kind = i % 2 == 0, kinds[i % len(kinds)]
         # a kind reading a fixed input (the fixed text) embeds token ids: no hash-code embedding beside it
-        fits = [e for e in todo if not (catalog.caps("attention", kind).fixed_input
-                                        and catalog.caps("embedding", e).reads_hash_codes)]
+        fits = [e for e in todo if not (declarations.caps("attention", kind).fixed_input
+                                        and declarations.caps("embedding", e).reads_hash_codes)]
         emb = fits[0] if fits else _kinds.embeddings(standard=True)[0]
         todo = [e for e in todo if e != emb]
         out[f"{'skip' if skip else 'hybrid'}-{kind}-{preset}-{emb}"] = [
@@ -86,9 +86,9 @@ CONFIGS = configurations()
 @pytest.fixture(scope="module")
 def hashed_shards(shakespeare_shards, tmp_path_factory):
     """Real-text shards with a side shard for the example hash spec of every embedding kind."""
-    from megahash.models import catalog
+    from megahash.models import declarations
 
-    specs = sorted({catalog.caps("embedding", k).example_hash_spec for k in _kinds.embeddings()} | {"md5", "lsh128"})
+    specs = sorted({declarations.caps("embedding", k).example_hash_spec for k in _kinds.embeddings()} | {"md5", "lsh128"})
     prefix = tmp_path_factory.mktemp("hashed") / "shk"
     r = run([sys.executable, "data_tools/preprocess_data.py", "--input", "shakespeare", "--output-prefix", str(prefix),
              "--tokenizer", shakespeare_shards["tokenizer"], "--word-hashes", ",".join(specs), "--workers", "1",
@@ -107,7 +107,7 @@ def _head_spec(shards, head: str) -> str:
     from megahash import accelerator
     from megahash.config import load_config
     from megahash.errors import ConfigError
-    from megahash.models.model import MegahashLM
+    from megahash.models.megatron_model import MegahashLM
 
     accelerator.init_distributed(1)
     try:

@@ -27,7 +27,7 @@ def roberta_base_formula(V=50265, d=768, f=3072, L=12, P=512, T=1):
 def test_parameter_count_is_roberta_base():
     from transformers import RobertaConfig, RobertaModel
 
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
 
     cfg = load_config(None, ["model.size=bert-base", "model.make_vocab_size_divisible_by=1"])
     with torch.device("meta"):
@@ -52,7 +52,7 @@ def test_hidden_states_equal_transformers_roberta():
     positions from 2, padding position 1, token type 0, embedding LayerNorm, GELU)."""
     from transformers import RobertaConfig, RobertaModel
 
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
 
     V = 100
     accelerator.seed_all(0)
@@ -100,7 +100,7 @@ def test_mhe_in_roberta_is_eq_3_5_with_positions():
     """Layer 1's MHE-MUL input is LN(E[tok] + P[pos] + T[0]) and its heads are
     softmax(psi(Q, e_i^Q) psi(K, e_i^K)^T / sqrt(d)) psi(V, e_i^V), psi(A, e) = A (.) 1(e + 1)^T (eq. 3.5),
     with no RoPE: position information enters only through the embeddings, before the head embeddings."""
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
 
     V = 100
     accelerator.seed_all(0)
@@ -136,7 +136,7 @@ def test_hash_embeddings_compose_and_layout_errors():
     """A proj (HashFormers) embedding under the roberta layout trains (finite loss, gradients reach
     the position table); model.layout=roberta on a decoder is a one-line error."""
     from megahash.errors import ConfigError
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
 
     accelerator.seed_all(0)
     model = build_model(tiny("model.embedding=proj", "model.embed.hash_spec=md5", "train.objective=sr"), 100)

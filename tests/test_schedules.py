@@ -83,7 +83,7 @@ def _cfg(schedule, *extra, layers=4):
 
 
 def _build(cfg, seed=0):
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
 
     accelerator.seed_all(seed)
     return build_model(cfg, 128, dtype=torch.float64)
@@ -124,7 +124,7 @@ def test_500m_config_under_every_hybrid_preset(kind):
     model (436,037,504 parameters with the tied head). Only mlp differs at all: its width is
     rounded to a multiple of 14 (-12,852 parameters per replaced layer)."""
     from megahash.models.attention.mlp import mlp_param_residual
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
 
     def size(schedule):
         cfg = load_config(None, ["model.size=500m", f"model.schedule={schedule}"])

@@ -63,7 +63,7 @@ def test_vocab_head_loss_equals_the_logits_path(dist):
     from megahash import accelerator
     from megahash.config import load_config
     from megahash.models.heads import vocab_cross_entropy
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
 
     cfg = load_config(None, ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",
                              "model.ffn_hidden_size=64", "data.seq_length=16", "train.precision=fp32"])
@@ -107,7 +107,7 @@ def test_fused_swiglu_equals_autograd_form_and_saves_less():
 
 
 def test_reference_rope_without_cat_equals_rotate_half_form():
-    from megahash.models.torch_ops import apply_rope, rope_cos_sin
+    from megahash.models.reference_ops import apply_rope, rope_cos_sin
 
     cos, sin = rope_cos_sin(3, 11, 16, 10000.0, "cpu")
     t = torch.randn(2, 4, 11, 16)
@@ -147,7 +147,7 @@ def test_rotary_table_follows_the_model_device(dist):
     """The table is built on the device of the module's own buffer (moved with the model), never on
     megatron's ``torch.cuda.current_device()``: a meta-device model gets meta tables."""
     from megahash.config import load_config
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
 
     cfg = load_config(None, ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",
                              "model.ffn_hidden_size=64", "data.seq_length=16"])

@@ -15,7 +15,7 @@ def test_rope_matches_megatron_core(dist):
 
     from megahash.config import load_config
     from megahash.models.attention.base import rope
-    from megahash.models.model import transformer_config
+    from megahash.models.megatron_model import transformer_config
 
     config = transformer_config(load_config(None, TINY))
     freqs = RotaryEmbedding(kv_channels=16, rotary_percent=1.0, rotary_base=10000, use_cpu_initialization=True)(37)
@@ -54,7 +54,7 @@ def test_one_rank_engine_trains_like_the_plain_torch_loop(shakespeare_shards, tm
     from megahash import accelerator
     from megahash.config import load_config
     from megahash.data.dataset import make_loader
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
     from megahash.training.lr_schedule import lambda_for
     from megahash.training.profiling import TrainHarness
     from megahash.training.trainer import param_groups

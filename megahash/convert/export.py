@@ -77,7 +77,7 @@ def from_hf_names(state: dict) -> dict:
 
 def layer_specs(model) -> list[dict]:
     """Per layer: attention kind and what the HF model needs to build it."""
-    from megahash.models import catalog, registry
+    from megahash.models import declarations, registry
 
     cfg = model.cfg
     kinds = model.layer_kinds
@@ -86,7 +86,7 @@ def layer_specs(model) -> list[dict]:
     for layer, kind, skip in zip(model.decoder.layers, kinds, skipped):
         att = layer.self_attention
         if not registry.spec("attention", kind).caps.exportable:
-            raise ConfigError(f"attention kind {kind} has no Hugging Face export; use {catalog.standard('attention')}")
+            raise ConfigError(f"attention kind {kind} has no Hugging Face export; use {declarations.standard('attention')}")
         spec = {"kind": kind, "groups": int(getattr(att, "groups", 0) or cfg.model.num_heads), "skip": bool(skip)}
         extra = registry.spec("attention", kind).export
         if extra is not None:  # what the kind's HF layer needs beyond kind and groups (its own file says)
@@ -270,7 +270,7 @@ def export_hf(checkpoint, output, dtype: str = "float32", fmt: str = "auto", tok
 
 
 def main(argv=None) -> int:
-    from megahash.guarded import run_guarded
+    from megahash.command_errors import run_guarded
 
     p = argparse.ArgumentParser(prog="megahash export-hf", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -93,7 +93,7 @@ def build_model(tree: dict, padded: int, save_dir=None):
     """(cfg, TP=1 MegahashLM without initialisation) of a resolved config tree."""
     from megahash import accelerator
     from megahash.config import config_from_dict
-    from megahash.models.model import MegahashLM
+    from megahash.models.megatron_model import MegahashLM
 
     tree = _tp1(tree)
     from megahash.config import canonical_tree
@@ -156,7 +156,7 @@ def import_hf(hf_dir, output, step: int | None = None) -> dict:
 
 
 def main(argv=None) -> int:
-    from megahash.guarded import run_guarded
+    from megahash.command_errors import run_guarded
 
     p = argparse.ArgumentParser(prog="megahash import-hf", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

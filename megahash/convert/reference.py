@@ -1,5 +1,5 @@
 """The plain-torch reference of an in-memory TP=1 megahash model: the Hugging Face export's model
-(:mod:`megahash.models.torch_hf` built from the kinds' ``@register_reference`` classes), without the
+(:mod:`megahash.models.hf_model` built from the kinds' ``@register_reference`` classes), without the
 folder. The parity tests use it as the TP=1 reference of every kind (tests/test_attention.py,
 tests/test_remote_code.py)."""
 from __future__ import annotations
@@ -10,16 +10,16 @@ from megahash.convert.remote_code import check_references
 
 def reference_model(cfg, model, vocab_size: int | None = None):
     """The plain-torch reference of an in-memory TP=1 MegahashLM: the transformers classes of
-    :mod:`megahash.models.torch_hf` built from the kinds' references, with the model's weights
+    :mod:`megahash.models.hf_model` built from the kinds' references, with the model's weights
     copied through the export's name map (the HF model of an export, without the folder); same
     dtype, training mode like ``model``."""
     from megahash.errors import CheckpointError
-    from megahash.models import torch_hf
+    from megahash.models import hf_model
     from megahash.models.hf_config import MegahashConfig
 
     check_references(cfg, model)
     config = MegahashConfig(**hf_config_dict(cfg, model, int(vocab_size or model.vocab_size), 0))
-    cls = torch_hf.MegahashForMaskedLM if cfg.model.arch == "encoder" else torch_hf.MegahashForCausalLM
+    cls = hf_model.MegahashForMaskedLM if cfg.model.arch == "encoder" else hf_model.MegahashForCausalLM
     param = next(model.parameters())
     ref = cls(config).to(param.dtype)
     names = reference_names(model, ref)

@@ -36,9 +36,9 @@ SECTION_END = "# ---- megatron-core implementation"  # where a kind file's plain
 # library module -> its file in the folder (without .py); copied verbatim, imports made relative
 LIBRARY_FILES = {
     "megahash.models.hf_config": CONFIG_MODULE,
-    "megahash.models.torch_ops": "megahash_torch_ops",
-    "megahash.models.torch_model": "megahash_torch_model",
-    "megahash.models.torch_hf": MODELING_MODULE,
+    "megahash.models.reference_ops": "megahash_reference_ops",
+    "megahash.models.reference_layers": "megahash_reference_layers",
+    "megahash.models.hf_model": MODELING_MODULE,
     "megahash.hashing.text_coder": "hashing_megahash",
 }
 # megahash/hashing (numpy only) verbatim: megahash.hashing.codes -> megahash_hashing_codes.py, ...

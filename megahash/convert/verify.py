@@ -43,9 +43,9 @@ def code_tensor(codes) -> torch.Tensor | None:
 def megahash_logits(model, tokens, codes=None, padding_mask=None, vocab: int | None = None):
     """Head logits [b, s, ...] of a MegahashLM (vocab heads cut to the real vocabulary)."""
     out = model(tokens, hash_codes=codes, padding_mask=padding_mask)
-    from megahash.models import catalog
+    from megahash.models import declarations
 
-    if catalog.caps("head", model.cfg.model.head).token_loss and model.cfg.train.objective != "sr" and vocab:
+    if declarations.caps("head", model.cfg.model.head).token_loss and model.cfg.train.objective != "sr" and vocab:
         out = out[..., :vocab]
     return out
 
@@ -63,7 +63,7 @@ def megahash_greedy(model, ids, max_new_tokens: int, vocab: int, codes_fn=None, 
     """Greedy continuation (list of new ids, stopping after ``eos_id``) of one prompt by incremental
     decoding. ``codes_fn(ids) -> [n, w]`` gives the codes of a whole sequence (hash embeddings);
     ``prompt_codes`` overrides the prompt's codes."""
-    from megahash.models.model import DecodeState
+    from megahash.models.megatron_model import DecodeState
 
     state = DecodeState(len(model.decoder.layers))
     seq = list(ids)

@@ -126,9 +126,9 @@ def head_indicators(A) -> dict[str, list[float]]:
 
 # ============================================================================ capture
 def _caps(kind: str):
-    from megahash.models import catalog
+    from megahash.models import declarations
 
-    return catalog.caps("attention", kind)
+    return declarations.caps("attention", kind)
 
 
 def _registered_maps(kind: str):
@@ -469,7 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from megahash.guarded import run_guarded
+    from megahash.command_errors import run_guarded
 
     args = build_parser().parse_args(argv)
 

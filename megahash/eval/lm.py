@@ -123,9 +123,9 @@ class MegahashEvalLM(LM):
         self.max_length = int(max_length or cfg.data.seq_length)
         self.max_positions = max(self.max_length, int(cfg.model.max_position_embeddings))
         self.incremental = _as_bool(incremental)
-        from megahash.models import catalog
+        from megahash.models import declarations
 
-        self.hash_head = catalog.caps("head", cfg.model.head).reads_hash_codes
+        self.hash_head = declarations.caps("head", cfg.model.head).reads_hash_codes
         self.num_layers = len(model.decoder.layers)
         self.decode_mode: Optional[str] = None
         self._word_scores_cache = None
@@ -295,7 +295,7 @@ class MegahashEvalLM(LM):
         """'incremental' if DecodeState decoding reproduces a full forward on a probe, else 'recompute'."""
         if not self.incremental:
             return "recompute"
-        from megahash.models.model import DecodeState
+        from megahash.models.megatron_model import DecodeState
 
         try:
             g = torch.Generator().manual_seed(0)
@@ -334,7 +334,7 @@ class MegahashEvalLM(LM):
 
     @torch.no_grad()
     def _generate_group(self, encs: list[Encoded], until: list[str], max_gen: int) -> list[str]:
-        from megahash.models.model import DecodeState
+        from megahash.models.megatron_model import DecodeState
 
         if self.decode_mode is None:
             self.decode_mode = self._check_incremental()

@@ -217,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from megahash.guarded import run_guarded
+    from megahash.command_errors import run_guarded
 
     args = build_parser().parse_args(argv)
 

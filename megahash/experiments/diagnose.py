@@ -145,7 +145,7 @@ def train_and_score(cfg, task, steps: int, batch: int, lr: float, seed: int, eva
 
     from megahash import accelerator
     from megahash.data.text_source import RandomTexts
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
 
     dev = accelerator.device()
     accelerator.seed_all(seed)
@@ -195,11 +195,11 @@ def train_and_score(cfg, task, steps: int, batch: int, lr: float, seed: int, eva
 
 
 def all_kinds() -> list[str]:
-    """Every registered attention kind (the registry's names, read by the torch-free catalog: new kinds
+    """Every registered attention kind (the registry's names, read by the torch-free declarations: new kinds
     appear here, and a misspelt one fails before the heavy imports)."""
-    from megahash.models import catalog
+    from megahash.models import declarations
 
-    return sorted(catalog.names("attention"))
+    return sorted(declarations.names("attention"))
 
 
 def variants(kinds: Optional[str], schedules: Optional[str]) -> list[str]:
@@ -307,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from megahash.guarded import run_guarded
+    from megahash.command_errors import run_guarded
 
     args = build_parser().parse_args(argv)
 

@@ -11,10 +11,10 @@ def _n(module) -> int:
 
 
 def count_parameters(cfg, vocab_size: int) -> dict:
-    import torch  # here, not at the top: format_report and megahash/models/light.py stay torch-free
+    import torch  # here, not at the top: format_report and megahash/models/closed_form.py stay torch-free
 
     from megahash import accelerator
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
 
     cfg.parallel.tensor, cfg.parallel.sequence = 1, False
     accelerator.init_distributed(1)

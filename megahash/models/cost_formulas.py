@@ -1,5 +1,5 @@
 """The formula bases a kind's cost class builds on ([Xue25] Table 3.4, Tables 4.5-4.8), torch-free and
-importing nothing of megahash: kind files import them, and :mod:`megahash.models.catalog` executes a
+importing nothing of megahash: kind files import them, and :mod:`megahash.models.declarations` executes a
 kind's cost class from its source with them (:mod:`megahash.models.costs` asks the kinds).
 """
 from __future__ import annotations

@@ -31,7 +31,7 @@ def _build(cfg, kind: str, dtype=torch.bfloat16):
     from megatron.core.utils import init_method_normal, scaled_init_method_normal
 
     from megahash.models import registry
-    from megahash.models.model import transformer_config
+    from megahash.models.megatron_model import transformer_config
 
     registry._load_variants()
     cfg = copy.deepcopy(cfg)
@@ -65,9 +65,9 @@ def measure_kind(cfg, kind: str, batch: int, seq: int) -> dict:
     if not hasattr(module, "mix"):
         return out
     tp = parallel_state.get_tensor_model_parallel_world_size() if parallel_state.model_parallel_is_initialized() else 1
-    from megahash.models import catalog
+    from megahash.models import declarations
 
-    rows = batch + (1 if catalog.caps("attention", kind).fixed_input else 0)  # the fixed sequence rides along
+    rows = batch + (1 if declarations.caps("attention", kind).fixed_input else 0)  # the fixed sequence rides along
     h = cfg.model.hidden_size
     encoder = cfg.model.arch == "encoder"
     mask = torch.zeros(rows, 1, 1, seq, dtype=torch.bool, device="meta") if encoder else None

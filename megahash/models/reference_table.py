@@ -1,4 +1,4 @@
-"""{kind name: its plain-torch reference class} for :mod:`megahash.models.torch_model`.
+"""{kind name: its plain-torch reference class} for :mod:`megahash.models.reference_layers`.
 
 In the library this is the registry's ``REFERENCES`` (every kind file imported, so every
 ``@register_reference`` line has run). ``megahash export-hf`` does not copy this file: it writes a

@@ -2,7 +2,7 @@
 
 Every attention kind is a function ``cfg -> ModuleSpec`` for the ``self_attention`` slot of a
 megatron-core ``TransformerLayer``; every embedding kind and head is a module class. A new variant is one
-file (its ``register_*`` line with its costs and capabilities, :mod:`megahash.models.catalog`);
+file (its ``register_*`` line with its costs and capabilities, :mod:`megahash.models.declarations`);
 plugins outside the package are discovered from ``MEGAHASH_PLUGINS``, ``model.plugins`` and the
 ``megahash.kinds`` entry-point group. ``block_spec`` turns ``model.schedule`` into
 ``TransformerBlockSubmodules(layer_specs=[...])`` so layers may differ in attention kind.
@@ -19,8 +19,8 @@ from megatron.core.transformer.transformer_block import TransformerBlockSubmodul
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
 
 from megahash.errors import ConfigError, did_you_mean
-from megahash.models import catalog
-from megahash.models.catalog import AttentionCaps, EmbeddingCaps, HeadCaps  # noqa: F401 - the kind files import them from here
+from megahash.models import declarations
+from megahash.models.declarations import AttentionCaps, EmbeddingCaps, HeadCaps  # noqa: F401 - the kind files import them from here
 from megahash.models.norm import Norm
 from megahash.models.schedules import layer_kinds, skip_mask, standard_kind
 
@@ -39,7 +39,7 @@ class KindSpec:
     name: str
     group: str  # attention | embedding | head
     build: Callable  # attention: cfg -> ModuleSpec of the self_attention slot; embedding / head: module class
-    caps: object  # AttentionCaps | EmbeddingCaps | HeadCaps (megahash.models.catalog)
+    caps: object  # AttentionCaps | EmbeddingCaps | HeadCaps (megahash.models.declarations)
     costs: type | None = None  # static formulas (megahash.models.costs), None: "measured only"
     options: type | None = None  # options dataclass (model.attention.options / model.embed.options)
     maps: Callable | None = None  # the indicators' attention-map capture (megahash.eval.indicators)
@@ -93,7 +93,7 @@ def register_costs(name: str):
 
 
 def _check_caps(group: str, name: str, caps):
-    want = catalog.CAPS[group]
+    want = declarations.CAPS[group]
     if caps is None:
         return want()
     if not isinstance(caps, want):
@@ -197,7 +197,7 @@ def layer_spec(cfg, kind: str, skip: bool = False) -> ModuleSpec:
 
 
 def schedule_kinds(cfg) -> list[str]:
-    catalog.add_plugins(getattr(cfg.model, "plugins", None))
+    declarations.add_plugins(getattr(cfg.model, "plugins", None))
     _load_variants()
     return layer_kinds(cfg.model.schedule, cfg.model.num_layers, set(ATTENTION))
 
@@ -234,14 +234,14 @@ def _load_variants() -> None:
     import importlib
     import pkgutil
 
-    plugins = tuple(catalog.plugin_modules())
+    plugins = tuple(declarations.plugin_modules())
     if plugins in _LOADED:
         return
     for name in KIND_PACKAGES:  # by name: the kinds import this module, never the reverse
         pkg = importlib.import_module(name)
         for info in pkgutil.iter_modules(pkg.__path__):
             importlib.import_module(f"{name}.{info.name}")
-    for name in catalog.plugin_import_names():  # MEGAHASH_PLUGINS, model.plugins, entry points
+    for name in declarations.plugin_import_names():  # MEGAHASH_PLUGINS, model.plugins, entry points
         importlib.import_module(name)
     _LOADED.add(plugins)
 

@@ -105,9 +105,9 @@ def standard_kind(schedule: str) -> str:
 
 def _standard() -> str:
     """The registered standard attention kind (``AttentionCaps(standard=True)``)."""
-    from megahash.models import catalog
+    from megahash.models import declarations
 
-    return catalog.standard("attention")
+    return declarations.standard("attention")
 
 
 def skip_mask(kinds: list[str], standard: str | None = None) -> list[bool]:
@@ -117,3 +117,18 @@ def skip_mask(kinds: list[str], standard: str | None = None) -> list[bool]:
     layers of a pre-trained hybrid so information flows only through the residual connections."""
     standard = standard or _standard()
     return [k != standard for k in kinds]
+
+
+def check_kinds(cfg) -> list[str]:
+    """Layer kinds of ``model.schedule``, checked with the kinds' source (milliseconds, no torch): an
+    unknown attention kind or embedding is a one-line ConfigError."""
+    from megahash.errors import did_you_mean
+    from megahash.models import declarations
+
+    m = cfg.model
+    declarations.add_plugins(getattr(m, "plugins", None))
+    kinds = layer_kinds(m.schedule, m.num_layers, known=set(declarations.names("attention")))
+    embeddings = declarations.names("embedding")
+    if m.embedding not in embeddings:
+        raise ConfigError(f"unknown model.embedding {m.embedding!r}{did_you_mean(m.embedding, embeddings)}")
+    return kinds

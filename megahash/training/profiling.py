@@ -68,7 +68,7 @@ class TrainHarness:
 
         from megahash import accelerator
         from megahash.data.dataset import build_datasets, make_loader
-        from megahash.models.model import build_model
+        from megahash.models.megatron_model import build_model
         from megahash.objectives import build_objective
         from megahash.training.trainer import build_engine
 

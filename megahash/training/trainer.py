@@ -131,7 +131,7 @@ def train(cfg: Config, at_end=None) -> int:
 
     from megahash.data.dataset import build_datasets, make_loader
     from megahash.data.validation import validation_batches
-    from megahash.models.model import build_model
+    from megahash.models.megatron_model import build_model
     from megahash.objectives import build_objective
 
     accelerator.tune_host_allocator()
@@ -201,7 +201,7 @@ def train(cfg: Config, at_end=None) -> int:
         else:
             release_early()
         gas = engine.gradient_accumulation_steps()
-        from megahash.models import catalog
+        from megahash.models import declarations
         from megahash.models.costs import train_flops_per_token
 
         from megahash.training.progress import Progress, format_line
@@ -242,7 +242,7 @@ def train(cfg: Config, at_end=None) -> int:
                 vloss, vtokens, vseqs = evaluate(engine, valid_batches(), objective)
                 vmetrics = {"loss": vloss, "tokens": vtokens, "sequences": vseqs}
                 vmetrics.update(consumed_samples=step * gbs, consumed_tokens=step * tokens_per_step)
-                if catalog.caps("head", cfg.model.head).token_loss and t.objective in ("clm", "mlm"):  # nats/token
+                if declarations.caps("head", cfg.model.head).token_loss and t.objective in ("clm", "mlm"):  # nats/token
                     vmetrics["ppl"] = math.exp(min(vloss, 50.0))
                 log.log(step, vmetrics, "valid", echo=False)
                 progress.write(format_line("valid", step, t.steps, vmetrics))

@@ -153,7 +153,7 @@ def checkpoint_config(ckpt: Path, overrides: list[str] | None = None):
 def load_for_inference(path: str | Path, overrides: list[str] | None = None, dtype=torch.float32):
     """(cfg, model at TP=1 in eval mode, checkpoint dir) of a megahash checkpoint, in this process."""
     from megahash import accelerator
-    from megahash.models.model import MegahashLM
+    from megahash.models.megatron_model import MegahashLM
     from megahash.training.checkpoint_files import read_state
 
     ckpt = resolve_checkpoint(path)

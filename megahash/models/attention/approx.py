@@ -42,8 +42,8 @@ from __future__ import annotations
 
 # ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
 from megahash.models.registry import register_reference
-from megahash.models.torch_model import LinearAttention
-from megahash.models.torch_ops import megahash_option
+from megahash.models.reference_layers import LinearAttention
+from megahash.models.reference_ops import megahash_option
 from megahash.ops.taylor.chunk import taylor_bidirectional, taylor_causal
 
 
@@ -137,7 +137,7 @@ class ApproxAttention(LinearAttentionBase):
 
 
 # ----------------------------------------------------------------------------- self-description
-# (megahash.models.registry / catalog: costs and capabilities; nothing else in the library names the kind)
+# (megahash.models.registry / declarations: costs and capabilities; nothing else in the library names the kind)
 
 from megahash.models.cost_formulas import ApproxRow, taylor_feature_dim  # noqa: E402
 from dataclasses import dataclass  # noqa: E402

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 # ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
 from megahash.models.registry import register_reference
-from megahash.models.torch_model import LinearAttention
+from megahash.models.reference_layers import LinearAttention
 from megahash.ops.orders.chunk import orders_bidirectional, orders_causal
 
 
@@ -88,7 +88,7 @@ class ApproxThesisAttention(LinearAttentionBase):
 
 
 # ----------------------------------------------------------------------------- self-description
-# (megahash.models.registry / catalog: costs and capabilities; nothing else in the library names the kind)
+# (megahash.models.registry / declarations: costs and capabilities; nothing else in the library names the kind)
 
 from megahash.models.cost_formulas import ApproxRow  # noqa: E402
 from dataclasses import dataclass  # noqa: E402

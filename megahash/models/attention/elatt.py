@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch.nn as nn
 
 from megahash.models.registry import register_reference
-from megahash.models.torch_model import SoftmaxAttention
-from megahash.models.torch_ops import split_heads
+from megahash.models.reference_layers import SoftmaxAttention
+from megahash.models.reference_ops import split_heads
 
 
 @register_reference("el-att")
@@ -56,7 +56,7 @@ class ELAttention(SoftmaxAttentionBase):
 
 
 # ----------------------------------------------------------------------------- self-description
-# (megahash.models.registry / catalog: costs and capabilities; nothing else in the library names the kind)
+# (megahash.models.registry / declarations: costs and capabilities; nothing else in the library names the kind)
 
 from megahash.models.cost_formulas import GeneralisedRow  # noqa: E402
 from megahash.models.registry import AttentionCaps  # noqa: E402

@@ -55,8 +55,8 @@ import math
 import torch
 
 from megahash.models.registry import register_reference
-from megahash.models.torch_model import SeparateQKV
-from megahash.models.torch_ops import append_state, rope_cos_sin, split_heads
+from megahash.models.reference_layers import SeparateQKV
+from megahash.models.reference_ops import append_state, rope_cos_sin, split_heads
 from megahash.ops.shared_map.attend import shared_softmax
 
 
@@ -206,7 +206,7 @@ def _spec(cfg, kind):
 
 
 # ----------------------------------------------------------------------------- self-description
-# (megahash.models.registry / catalog: costs and capabilities; nothing else in the library names the kind)
+# (megahash.models.registry / declarations: costs and capabilities; nothing else in the library names the kind)
 
 from megahash.models.cost_formulas import StandardQKV  # noqa: E402
 from dataclasses import dataclass  # noqa: E402

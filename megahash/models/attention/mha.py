@@ -22,8 +22,8 @@ from __future__ import annotations
 import torch.nn as nn
 
 from megahash.models.registry import register_reference
-from megahash.models.torch_model import SoftmaxAttention
-from megahash.models.torch_ops import split_heads
+from megahash.models.reference_layers import SoftmaxAttention
+from megahash.models.reference_ops import split_heads
 
 
 @register_reference("mha")
@@ -77,7 +77,7 @@ def _spec(cfg, kind: str, groups: int | None) -> ModuleSpec:
 
 
 # ----------------------------------------------------------------------------- self-description
-# (megahash.models.registry / catalog: costs and capabilities; nothing else in the library names the kind)
+# (megahash.models.registry / declarations: costs and capabilities; nothing else in the library names the kind)
 
 from megahash.models.cost_formulas import GeneralisedRow  # noqa: E402
 from megahash.models.registry import AttentionCaps  # noqa: E402

@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch.nn as nn
 
 from megahash.models.registry import register_reference
-from megahash.models.torch_model import SoftmaxAttention
-from megahash.models.torch_ops import PerHeadWeight
+from megahash.models.reference_layers import SoftmaxAttention
+from megahash.models.reference_ops import PerHeadWeight
 
 
 @register_reference("mhe-add")
@@ -79,7 +79,7 @@ class MultiHeadEmbeddingAttention(SoftmaxAttentionBase):
 
 
 # ----------------------------------------------------------------------------- self-description
-# (megahash.models.registry / catalog: costs and capabilities; nothing else in the library names the kind)
+# (megahash.models.registry / declarations: costs and capabilities; nothing else in the library names the kind)
 
 from megahash.models.cost_formulas import GeneralisedRow  # noqa: E402
 from megahash.models.registry import AttentionCaps  # noqa: E402

@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from megahash.models.registry import register_reference
-from megahash.models.torch_model import TorchAttention
+from megahash.models.reference_layers import TorchAttention
 
 
 @register_reference("mlp")
@@ -82,7 +82,7 @@ class GatedMLPMixer(AttentionBase):
 
 
 # ----------------------------------------------------------------------------- self-description
-# (megahash.models.registry / catalog: costs and capabilities; nothing else in the library names the kind)
+# (megahash.models.registry / declarations: costs and capabilities; nothing else in the library names the kind)
 
 from megahash.models.registry import AttentionCaps  # noqa: E402
 

@@ -30,7 +30,7 @@ import math
 import torch.nn.functional as F
 
 from megahash.models.registry import register_reference
-from megahash.models.torch_model import LinearAttention
+from megahash.models.reference_layers import LinearAttention
 from megahash.ops.cumsoftmax.scan import cumsoftmax_bidirectional, cumsoftmax_causal
 
 
@@ -75,7 +75,7 @@ class NonApproxAttention(LinearAttentionBase):
 
 
 # ----------------------------------------------------------------------------- self-description
-# (megahash.models.registry / catalog: costs and capabilities; nothing else in the library names the kind)
+# (megahash.models.registry / declarations: costs and capabilities; nothing else in the library names the kind)
 
 from megahash.models.cost_formulas import StandardQKV  # noqa: E402
 from megahash.models.registry import AttentionCaps  # noqa: E402

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch.nn as nn
 
 from megahash.models.registry import register_reference
-from megahash.models.torch_model import SoftmaxAttention
-from megahash.models.torch_ops import split_heads
+from megahash.models.reference_layers import SoftmaxAttention
+from megahash.models.reference_ops import split_heads
 
 
 @register_reference("skv")
@@ -54,7 +54,7 @@ class SharedKVAttention(SoftmaxAttentionBase):
 
 
 # ----------------------------------------------------------------------------- self-description
-# (megahash.models.registry / catalog: costs and capabilities; nothing else in the library names the kind)
+# (megahash.models.registry / declarations: costs and capabilities; nothing else in the library names the kind)
 
 from megahash.models.cost_formulas import GeneralisedRow  # noqa: E402
 from megahash.models.registry import AttentionCaps  # noqa: E402

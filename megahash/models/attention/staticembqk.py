@@ -18,8 +18,8 @@ from __future__ import annotations
 
 # ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
 from megahash.models.registry import register_reference
-from megahash.models.torch_model import SeparateQKV
-from megahash.models.torch_ops import append_state, softmax_attention, split_heads
+from megahash.models.reference_layers import SeparateQKV
+from megahash.models.reference_ops import append_state, softmax_attention, split_heads
 
 
 @register_reference("staticembqk")
@@ -71,7 +71,7 @@ class StaticEmbQKAttention(SeparateQKVAttention):
 
 
 # ----------------------------------------------------------------------------- self-description
-# (megahash.models.registry / catalog: costs and capabilities; nothing else in the library names the kind)
+# (megahash.models.registry / declarations: costs and capabilities; nothing else in the library names the kind)
 
 from megahash.models.cost_formulas import StandardQKV  # noqa: E402
 from megahash.models.registry import AttentionCaps  # noqa: E402

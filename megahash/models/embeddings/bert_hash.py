@@ -15,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from megahash.models.registry import register_reference
-from megahash.models.torch_model import TorchHashEmbedding
+from megahash.models.reference_layers import TorchHashEmbedding
 
 
 @register_reference("bert-hash")

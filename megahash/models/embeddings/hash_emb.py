@@ -21,8 +21,8 @@ from __future__ import annotations
 import torch.nn as nn
 
 from megahash.models.registry import register_reference
-from megahash.models.torch_model import TorchHashEmbedding
-from megahash.models.torch_ops import md5_code_mod
+from megahash.models.reference_layers import TorchHashEmbedding
+from megahash.models.reference_ops import md5_code_mod
 
 
 @register_reference("hash-emb")

@@ -22,8 +22,8 @@ import torch
 import torch.nn as nn
 
 from megahash.models.registry import register_reference
-from megahash.models.torch_model import TorchHashEmbedding
-from megahash.models.torch_ops import unpack_code_bits
+from megahash.models.reference_layers import TorchHashEmbedding
+from megahash.models.reference_ops import unpack_code_bits
 
 
 @register_reference("pool")

@@ -25,8 +25,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from megahash.models.registry import register_reference
-from megahash.models.torch_model import TorchHashEmbedding
-from megahash.models.torch_ops import rolling_code_features
+from megahash.models.reference_layers import TorchHashEmbedding
+from megahash.models.reference_ops import rolling_code_features
 
 
 @register_reference("rolling")

@@ -46,7 +46,7 @@ def build_head(cfg, config, vocab_size: int) -> torch.nn.Module:
     (megahash.models.registry.spec), unless the objective has a head of its own (a head registered
     with ``HeadCaps(objectives=(objective,), selectable=False)``, e.g. Shuffle+Random), which then
     needs the standard ``model.head``."""
-    from megahash.models import catalog, registry
+    from megahash.models import declarations, registry
 
     registry._load_variants()
     head, objective = cfg.model.head, cfg.train.objective
@@ -56,7 +56,7 @@ def build_head(cfg, config, vocab_size: int) -> torch.nn.Module:
         raise ConfigError(f"model.head must be one of {', '.join(selectable)}, got {head!r}")
     own = [n for n, h in heads.items() if not h.caps.selectable and objective in h.caps.objectives]
     if own:
-        std = catalog.standard("head")
+        std = declarations.standard("head")
         if head != std:
             raise ConfigError(
                 f"train.objective={objective} trains its own head ({own[0]}); model.head={head} applies to "

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from megahash.models.torch_ops import (
+from megahash.models.reference_ops import (
     NUM_SPECIAL, append_state, apply_rope, is_roberta, make_norm, megahash_option, softmax_attention, split_heads,
 )
 

@@ -1,7 +1,7 @@
 """Plain-torch math shared by the kinds' reference forwards (no megatron-core, no transformers).
 
 The megatron-free ops of every attention, embedding and head reference (``@register_reference`` in
-the kind files) and of the generic shell :mod:`megahash.models.torch_model`: RoPE (megatron's
+the kind files) and of the generic shell :mod:`megahash.models.reference_layers`: RoPE (megatron's
 non-interleaved rotary, rotate_half), softmax attention over grouped K/V, the decoding-cache helper,
 bit unpacking and the EELBERT rolling features. The kernels of the linear and fixed-map kinds are in
 :mod:`megahash.ops` (one package per family, exported the same way). ``megahash export-hf`` copies this file verbatim into every

@@ -153,7 +153,7 @@ def plugin_import_names() -> list[str]:
 
 
 def _library_files() -> list[Path]:
-    return sorted(p for p in _MODELS.rglob("*.py") if p.name != "catalog.py")
+    return sorted(p for p in _MODELS.rglob("*.py") if p.name != "declarations.py")
 
 
 def _module_file(module: str) -> Path | None:

@@ -1,10 +1,5 @@
-"""What can be known of a config without importing torch, megatron-core or DeepSpeed.
+"""``megahash params`` without torch: parameter counts in closed form.
 
-- :func:`registered_names` reads the ``@register_attention("...")`` / ``@register_embedding("...")``
-  decorators of the kind files and plugins with :mod:`ast` (:mod:`megahash.models.catalog`; each
-  kind stays one self-describing file; nothing here names a kind), so a misspelt schedule or
-  embedding fails in milliseconds.
-- :func:`check_kinds` validates ``model.schedule`` and ``model.embedding`` against them.
 - :func:`closed_form_report` is ``megahash params`` for a plain Qwen2 decoder (embedding, head and
   every attention kind registered with ``caps.qwen2``), in closed form: QKV the kind's Table 3.4
   formula ``h (n + 2g) d_h`` (+ ``(n + 2g) d_h`` bias), output ``h^2``, SwiGLU ``3 h ffn``, two RMSNorms ``2h``
@@ -13,32 +8,6 @@
   both agree).
 """
 from __future__ import annotations
-
-from megahash.errors import ConfigError
-
-
-def registered_names(decorator: str) -> frozenset:
-    """Names given to ``@decorator("name")`` in the kind files and plugins (source, not imports)."""
-    from megahash.models import catalog
-
-    group = next(g for g, d in catalog.GROUPS.items() if d == decorator)
-    return catalog.names(group)
-
-
-def check_kinds(cfg) -> list[str]:
-    """Layer kinds of ``model.schedule``; unknown kinds, embeddings or heads raise one-line ConfigErrors."""
-    from megahash.errors import did_you_mean as _suggest
-    from megahash.models import catalog
-    from megahash.models.schedules import layer_kinds
-
-    m = cfg.model
-    catalog.add_plugins(getattr(m, "plugins", None))
-    kinds = layer_kinds(m.schedule, m.num_layers, known=set(catalog.names("attention")))
-    embeddings = catalog.names("embedding")
-    if m.embedding not in embeddings:
-        raise ConfigError(f"unknown model.embedding {m.embedding!r}{_suggest(m.embedding, embeddings)}")
-    return kinds
-
 
 def padded_vocab_size(vocab: int, divisible_by: int, tp: int = 1) -> int:
     """Megatron's padding: round the vocabulary up to a multiple of divisible_by x TP."""
@@ -50,6 +19,8 @@ def closed_form_report(cfg, vocab_size: int) -> dict | None:
     """``megahash params`` report of the standard decoder in closed form (None: not covered); its
     costs are the thesis-table rows (the implementation's are measured by ``megahash params --measure``)."""
     from megahash.models.costs import attention_param_count
+
+    from megahash.models.schedules import check_kinds
 
     m = cfg.model
     kinds = check_kinds(cfg)
@@ -76,12 +47,12 @@ def closed_form_report(cfg, vocab_size: int) -> dict | None:
 
 def is_qwen2(cfg) -> bool:
     """A plain Qwen2 model: decoder, clm, Qwen2-type embedding, head and every attention layer."""
-    from megahash.models import catalog
+    from megahash.models import declarations
     from megahash.models.schedules import layer_kinds
 
     m = cfg.model
     if m.arch != "decoder" or cfg.train.objective != "clm":
         return False
-    if not (catalog.caps("embedding", m.embedding).qwen2 and catalog.caps("head", m.head).qwen2):
+    if not (declarations.caps("embedding", m.embedding).qwen2 and declarations.caps("head", m.head).qwen2):
         return False
-    return all(catalog.caps("attention", k).qwen2 for k in layer_kinds(m.schedule, m.num_layers))
+    return all(declarations.caps("attention", k).qwen2 for k in layer_kinds(m.schedule, m.num_layers))

@@ -1,5 +1,5 @@
 """Megahash language models in transformers: the ``PreTrainedModel`` wrapper around the plain-torch
-shell (:mod:`megahash.models.torch_model`), written as ``modeling_megahash.py`` by ``megahash
+shell (:mod:`megahash.models.reference_layers`), written as ``modeling_megahash.py`` by ``megahash
 export-hf`` (:mod:`megahash.convert.remote_code` assembles the folder from the library's own
 torch-only modules and each kind's ``@register_reference`` class).
 
@@ -9,7 +9,7 @@ text), no megatron-core or DeepSpeed. Parameter names are megahash's TP=1 names
 ``output_layer.weight``, ``head.linear.*``), so the export is a plain copy of the weights and the
 import its inverse.
 
-Architecture (``MegahashLM`` of megahash/models/model.py): embedding (the embedding kind's reference,
+Architecture (``MegahashLM`` of megahash/models/megatron_model.py): embedding (the embedding kind's reference,
 special-token table) -> layers (one attention kind per layer from the config's ``layer_specs``,
 `skip` layers as identities) -> final norm -> head (vocab logits, tied or not; or the head kind's
 reference). RoPE is megatron's non-interleaved rotary (rotate_half), base ``rope_theta``.
@@ -46,10 +46,10 @@ except ImportError:  # pragma: no cover
 
 from megahash.models.hf_config import MegahashConfig
 from megahash.models.reference_table import references
-from megahash.models.torch_model import (
+from megahash.models.reference_layers import (
     Decoder, RobertaEmbeddingExtras, build_embedding, build_head, build_kind_input,
 )
-from megahash.models.torch_ops import is_roberta, rope_cos_sin
+from megahash.models.reference_ops import is_roberta, rope_cos_sin
 
 # transformers renamed the cache argument and output field ``past_key_values`` -> ``cache`` (5.2x, the old
 # name deprecated): the model takes either name and answers under the name this transformers reads.
