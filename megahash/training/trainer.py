@@ -4,6 +4,10 @@ One optimizer step = ``gradient_accumulation_steps`` micro-batches per data-para
 Per step it records loss, LR, grad norm, tokens/s and MFU; every ``eval_interval`` steps the
 validation loss and perplexity; checkpoints every ``save_interval`` steps and at the end; stops
 cleanly on SIGUSR1/SIGTERM (checkpoint, exit status ``EXIT_REQUEUE``).
+
+:func:`train` reads top to bottom: :func:`_set_up` (resume point, data, model and engine, restored
+state, logs, batches, stop flag), :func:`_loop` (step, validate, save or stop), :func:`_finish`;
+a :class:`_Run` carries the state between them.
 """
 from __future__ import annotations
 
