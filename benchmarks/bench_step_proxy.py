@@ -4,6 +4,8 @@ real trainer step against the transformers loop of the same shape.
 
     python benchmarks/bench_step_proxy.py [--layers 2,4] [--dtype bf16] [--seq 2048] [--batch 1]
                                           [--sides megahash,transformers] [--out FILE.md] [key=value ...]
+    python benchmarks/bench_step_proxy.py --recompute none,selective,full [...]   # megahash side only
+    python benchmarks/bench_step_proxy.py --forward-only --batch 8 [...]          # saved bytes only
 
 On a GPU most of the step's time goes to kernel launches and memory traffic of small element-wise
 kernels (benchmarks/results/ and the H100 profile of issue 25: ``mul``, ``copy_``, ``cat``, ``add``,
@@ -27,6 +29,13 @@ labels=...)`` (what ``../shared/gpu/hf_baseline.py`` measured on the H100), ``lo
 ``clip_grad_norm_`` + torch AdamW (``accelerator.adamw_options()``) + the LR scheduler + ``zero_grad``.
 Same dtype on both sides (``--dtype``, default bf16 as on GPUs). Each (side, layers) runs in its own
 worker process. The step counted is the second one (the first builds optimizer state).
+
+``--recompute none,selective,full`` runs the megahash side once per ``train.recompute`` option (one
+worker each, the same run) and adds a table of what each costs against ``none`` at the same layer
+count: bytes saved for backward per token, forward + backward ATen calls and CPU time
+(``time.process_time`` of the worker, steadier than wall time on a shared machine).
+``--forward-only`` measures the saved bytes of one forward and nothing else (no warm-up step, no
+backward): a large micro-batch's activation memory without the cost of its step.
 """
 from __future__ import annotations
 
@@ -198,14 +207,17 @@ def worker(args) -> dict:
         model, info, phases = megahash_side(args, args.worker_layers)
     else:
         model, info, phases = transformers_side(args, args.worker_layers, args.vocab)
-    for fn in phases:  # warm-up step (optimizer state, lazy initialisation)
-        fn()
+    if args.forward_only:
+        phases = phases[:1]
+    else:
+        for fn in phases:  # warm-up step (optimizer state, lazy initialisation)
+            fn()
     exclude = param_ptrs(model)
-    rec = dict(info, layers=args.worker_layers, calls={}, top={}, seconds={})
+    rec = dict(info, layers=args.worker_layers, calls={}, top={}, seconds={}, cpu_seconds={})
     saved = SavedBytes(exclude, {tuple(p.shape) for p in model.parameters() if p.dim() == 2})
     for name, fn in zip(PHASES, phases):
         mode = counting_mode()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         if name == "forward":
             with saved, mode:
                 fn()
@@ -213,6 +225,7 @@ def worker(args) -> dict:
             with mode:
                 fn()
         rec["seconds"][name] = time.perf_counter() - t0
+        rec["cpu_seconds"][name] = time.process_time() - c0
         rec["calls"][name] = sum(mode.calls.values())
         rec["calls"][name + "_nonview"] = sum(v for k, v in mode.calls.items() if k not in VIEW_OPS)
         rec["top"][name] = mode.calls.most_common(12)
@@ -228,10 +241,11 @@ def worker(args) -> dict:
     return rec
 
 
-def run_worker(side: str, layers: int, args, vocab: int) -> dict:
+def run_worker(side: str, layers: int, args, vocab: int, extra: tuple = ()) -> dict:
     cmd = [sys.executable, __file__, "--worker", side, "--worker-layers", str(layers), "--vocab", str(vocab),
            "--dtype", args.dtype, "--seq", str(args.seq), "--batch", str(args.batch), "--threads", str(args.threads),
-           "--work", args.work, "--prefix", args.prefix, "--tokenizer", args.tokenizer, *args.overrides]
+           "--work", args.work, "--prefix", args.prefix, "--tokenizer", args.tokenizer,
+           *(["--forward-only"] if args.forward_only else []), *args.overrides, *extra]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(ROOT)}
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     for line in r.stdout.splitlines():
@@ -246,14 +260,72 @@ def per_layer(rows: dict, side: str, key) -> float:
     return (key(b) - key(a)) / (lb - la) if lb != la else float("nan")
 
 
-def report(rows: dict, args) -> str:
+def title(args) -> str:
     import torch
     import transformers
 
+    return (f"# bench_step_proxy: h{SHAPE['hidden']} {SHAPE['heads']} heads ffn {SHAPE['ffn']} vocab {SHAPE['vocab']}, "
+            f"seq {args.seq}, micro-batch {args.batch}, {args.dtype}; torch {torch.__version__}, transformers "
+            f"{transformers.__version__}; overrides: {' '.join(args.overrides) or 'none'}")
+
+
+def fwd_bwd(r: dict, key: str = "calls", suffix: str = "") -> float:
+    return r[key]["forward" + suffix] + r[key]["backward" + suffix]
+
+
+def recompute_report(rows: dict, args) -> str:
+    """What each ``train.recompute`` option (``rows``: option -> layers -> worker record) costs
+    against ``none`` at the same layer count."""
+    base = rows.get("none") or next(iter(rows.values()))
+    out = [title(args) + "; megahash side, one worker per (train.recompute, layers)", "",
+           "| train.recompute | layers | saved B/token | vs none | fwd+bwd calls | vs none | fwd+bwd non-view | "
+           "fwd+bwd CPU s | vs none | fwd CPU s | bwd CPU s |", "|" + " --- |" * 11]
+    for opt, by_layers in rows.items():
+        for L, r in sorted(by_layers.items()):
+            b = base[L]
+            out.append(f"| {opt} | {L} | {r['saved_bytes_per_token']:,.0f} | "
+                       f"{r['saved_bytes_per_token'] / b['saved_bytes_per_token']:.2f}x | {fwd_bwd(r):.0f} | "
+                       f"{fwd_bwd(r) / fwd_bwd(b):.2f}x | {fwd_bwd(r, suffix='_nonview'):.0f} | "
+                       f"{fwd_bwd(r, 'cpu_seconds'):.1f} | {fwd_bwd(r, 'cpu_seconds') / fwd_bwd(b, 'cpu_seconds'):.2f}x | "
+                       f"{r['cpu_seconds']['forward']:.1f} | {r['cpu_seconds']['backward']:.1f} |")
+    out += ["", "| train.recompute | saved B/token/layer | fwd+bwd calls/layer | fwd+bwd CPU s/layer |",
+            "| --- | --- | --- | --- |"]
+    for opt in rows:
+        m = per_layer(rows, opt, lambda r: r["saved_bytes_per_token"])
+        c = per_layer(rows, opt, fwd_bwd)
+        t = per_layer(rows, opt, lambda r: fwd_bwd(r, "cpu_seconds"))
+        out.append(f"| {opt} | {m:,.0f} | {c:.1f} | {t:.1f} |")
+    out += ["", "Largest saved storages (MiB), largest layer count:"]
+    for opt, by_layers in rows.items():
+        out.append(f"- {opt}: " + ", ".join(f"{x:.1f}" for x in by_layers[max(by_layers)]["saved_largest_mib"]))
+    return "\n".join(out)
+
+
+def memory_report(rows: dict, args) -> str:
+    """Bytes one forward saves for backward, per side and layer count (``--forward-only``)."""
+    out = [title(args) + "; one forward, no step", "",
+           "| side | layers | saved B/token | saved by dtype (B/token) | saved weight copies (MiB/step) | "
+           "largest saved storages (MiB) |", "|" + " --- |" * 6]
+    for s, by_layers in rows.items():
+        for L, r in sorted(by_layers.items()):
+            dt = ", ".join(f"{k} {v:,.0f}" for k, v in sorted(r["saved_by_dtype_per_token"].items()))
+            big = ", ".join(f"{x:.0f}" for x in r["saved_largest_mib"][:4])
+            out.append(f"| {s} | {L} | {r['saved_bytes_per_token']:,.0f} | {dt} | "
+                       f"{r.get('saved_param_copies_mib', 0):.1f} | {big} |")
+    out += ["", "| side | saved B/token/layer |", "| --- | --- |"]
+    for s in rows:
+        out.append(f"| {s} | {per_layer(rows, s, lambda r: r['saved_bytes_per_token']):,.0f} |")
+    if "megahash" in rows and "transformers" in rows:
+        L = max(set(rows["megahash"]) & set(rows["transformers"]))
+        a, b = rows["megahash"][L]["saved_bytes_per_token"], rows["transformers"][L]["saved_bytes_per_token"]
+        out += ["", f"At {L} layers (logits included): megahash {a:,.0f} B/token vs transformers {b:,.0f} "
+                f"({a / b:.2f}x) -> {'MET' if a <= b else 'NOT MET'} (issue 25 item 4: no more than transformers')"]
+    return "\n".join(out)
+
+
+def report(rows: dict, args) -> str:
     sides = list(rows)
-    out = [f"# bench_step_proxy: h{SHAPE['hidden']} {SHAPE['heads']} heads ffn {SHAPE['ffn']} vocab {SHAPE['vocab']}, "
-           f"seq {args.seq}, micro-batch {args.batch}, {args.dtype}; torch {torch.__version__}, transformers "
-           f"{transformers.__version__}; overrides: {' '.join(args.overrides) or 'none'}", ""]
+    out = [title(args), ""]
     out.append("| side | layers | params | optimizer | fwd calls | bwd calls | opt calls | fwd+bwd non-view | "
                "saved B/token | saved by dtype (B/token) | saved weight copies (MiB/step) | fwd s | bwd s | opt s |")
     out.append("|" + " --- |" * 14)
@@ -306,6 +378,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--sides", default="megahash,transformers")
+    ap.add_argument("--recompute", default="", help="train.recompute options to compare, e.g. none,selective,full")
+    ap.add_argument("--forward-only", action="store_true", help="saved bytes of one forward only")
     ap.add_argument("--out", default="", help="also write the report here (a temp name, then renamed)")
     ap.add_argument("--work", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "megahash_bench_vs_hf"))
     ap.add_argument("--prefix", default="")
@@ -325,14 +399,19 @@ def main(argv=None) -> int:
     layers = [int(x) for x in args.layers.split(",")]
     rows: dict[str, dict[int, dict]] = {}
     vocab = 0
-    for side in args.sides.split(","):
+    # (row name, side, extra overrides): one per side, or one per recompute option (megahash only)
+    runs = [(f"{o}", "megahash", (f"train.recompute={o}",)) for o in args.recompute.split(",")] if args.recompute \
+        else [(s, s, ()) for s in args.sides.split(",")]
+    for name, side, extra in runs:
         for L in layers:
-            r = run_worker(side, L, args, vocab or SHAPE["vocab"])
+            r = run_worker(side, L, args, vocab or SHAPE["vocab"], extra)
             if side == "megahash":
                 vocab = r["vocab"]
-            rows.setdefault(side, {})[L] = r
-            print(f"{side} {L} layers: calls {r['calls']}, saved {r['saved_bytes_per_token']:,.0f} B/token", flush=True)
-    text = report(rows, args) + f"\n\nLoad: {os.getloadavg()[0]:.2f} (1-min average at the end)\n"
+            rows.setdefault(name, {})[L] = r
+            print(f"{name} {L} layers: calls {r['calls']}, cpu s {r['cpu_seconds']}, "
+                  f"saved {r['saved_bytes_per_token']:,.0f} B/token", flush=True)
+    make = recompute_report if args.recompute else memory_report if args.forward_only else report
+    text = make(rows, args) + f"\n\nLoad: {os.getloadavg()[0]:.2f} (1-min average at the end)\n"
     print(text)
     if args.out:
         out = Path(args.out)

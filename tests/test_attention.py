@@ -476,13 +476,16 @@ def test_tp2_parity_all_kinds(tmp_path):
 @pytest.mark.parametrize("schedule", ["list:rndembqk,approx,nonapprox,mhe-mul", "list:mqa,sha,el-att,mlp"])
 def test_full_recompute_gives_the_same_gradients(schedule):
     """train.recompute=full re-runs each layer in backward; kinds read nothing from the model context
-    in training (the fixed sequence rides in the batch), so gradients are unchanged."""
+    in training (the fixed sequence rides in the batch), so gradients are unchanged; so does
+    train.recompute=selective."""
     def grads(recompute):
         model = build(make_cfg(schedule, f"train.recompute={recompute}", layers=4))
         model.hidden_states(tokens()).pow(2).mean().backward()
         return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
-    a, b = grads("none"), grads("full")
-    assert a.keys() == b.keys()
-    for name in a:
-        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-12)
+    a = grads("none")
+    for other in ("full", "selective"):  # selective: megatron's core attention only, none of megahash's kinds
+        b = grads(other)
+        assert a.keys() == b.keys()
+        for name in a:
+            torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-12)

@@ -4,12 +4,18 @@ One optimizer step = ``gradient_accumulation_steps`` micro-batches per data-para
 Per step it records loss, LR, grad norm, tokens/s and MFU; every ``eval_interval`` steps the
 validation loss and perplexity; checkpoints every ``save_interval`` steps and at the end; stops
 cleanly on SIGUSR1/SIGTERM (checkpoint, exit status ``EXIT_REQUEUE``).
+
+:func:`train` reads top to bottom: :func:`_set_up` (resume point, data, model and engine, restored
+state, logs, batches, stop flag), :func:`_loop` (step, validate, save or stop), :func:`_finish`;
+a :class:`_Run` carries the state between them.
 """
 from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -120,157 +126,281 @@ def evaluate(engine, batches, objective) -> tuple[float, int, int]:
     return (t[0] / t[1].clamp(min=1)).item(), int(t[1].item()), int(t[2].item())
 
 
+@dataclass
+class _Run:
+    """What one run carries from step to step of :func:`train` (filled by :func:`_set_up`)."""
+
+    cfg: Config
+    rank: int
+    world: int
+    dp_rank: int = 0
+    dp_size: int = 1
+    data: Any = None  # megahash.data.dataset.build_datasets
+    engine: Any = None
+    objective: Any = None
+    step: int = 0  # optimizer steps done
+    log: RunLogger | None = None
+    loader: Any = None
+    batches: Any = None
+    stop: StopFlag | None = None
+    gas: int = 1
+    progress: Any = None  # megahash.training.progress.Progress
+    flops_tok: Any = None  # a number, or "n/a" for a kind with no cost model
+    peak: float = 0.0  # peak FLOP/s of the whole world
+
+    @property
+    def save_dir(self) -> Path:
+        return Path(self.cfg.train.save_dir)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.cfg.train.global_batch_size * self.cfg.data.seq_length
+
+
 def train(cfg: Config, at_end=None) -> int:
     """Run (or resume) pretraining; returns the process exit status. ``at_end(save_dir)`` runs on rank 0
     after the last step (the entry point's end-of-run evaluation, megahash/pretrain.py)."""
-    from megatron.core import parallel_state
-
     from megahash.known_warnings import quiet_deepspeed_logger
 
     quiet_deepspeed_logger()
-
-    from megahash.data.dataset import build_datasets, make_loader
-    from megahash.data.validation import validation_batches
-    from megahash.models.megatron_model import build_model
-    from megahash.objectives import build_objective
-
     accelerator.tune_host_allocator()
     rank, world = accelerator.init_distributed(cfg.parallel.tensor, cfg.parallel.sequence)
     completed = False
     try:
-        dp_size = parallel_state.get_data_parallel_world_size()
-        dp_rank = parallel_state.get_data_parallel_rank()
-        dtype = accelerator.train_dtype(cfg.train.precision)  # the compute dtype (bf16: under autocast)
-        t = cfg.train
-        save_dir = Path(t.save_dir)
-
-        resume_from = None
-        if rank == 0:  # leftovers of saves killed in flight (checkpoint_faults.clean_stale)
-            from megahash.training.checkpoint_faults import clean_stale
-
-            clean_stale(save_dir)
-        if t.resume == "auto":
-            resume_from = checkpoint.find_resume(save_dir)
-        elif t.resume not in ("none", ""):
-            resume_from = Path(t.resume)
-            if not (resume_from / checkpoint.STATE_FILE).is_file():
-                raise CheckpointError(f"train.resume={t.resume} is not a complete megahash checkpoint")
-        if resume_from is not None:
-            checkpoint.check_compatible(resume_from, cfg)
-
-        gbs = t.global_batch_size
-        cache = cfg.data.cache_dir or str(save_dir / "data_cache")
-        # the validation set depends on the data config alone (megahash/data/validation.py)
-        data = build_datasets(cfg, train_samples=t.steps * gbs, valid_samples=cfg.data.valid_samples, cache_dir=cache)
-
-        accelerator.seed_all(t.seed)
-        model = build_model(cfg, data.vocab_size)
-        for extra in model.kind_inputs():  # inputs the layer kinds add, e.g. a fixed text (models open no files)
-            extra.prepare(cfg, data.vocab_size, RunTexts(cfg))
-        n_params = sum(p.numel() for p in model.parameters())
-        n_params = _sum_over_tp(n_params, model)
-        n_emb = _embedding_params(model)
-        if accelerator.compile_layers(t.compile):
-            compile_layers(model)
-        engine, scheduler = build_engine(cfg, model, dp_size)
-        objective = build_objective(cfg, data)
-        step = 0
-        if resume_from is not None:
-            state = checkpoint.load(engine, resume_from, cfg)
-            step = int(state["step"])
-        if rank == 0:
-            save_config(cfg, save_dir / "resolved_config.yaml")
-        log = RunLogger(cfg, rank)
-        if rank == 0:
-            where = f"resumed from {resume_from}" if resume_from else "from scratch"
-            print(f"megahash: {n_params:,} parameters ({n_emb:,} embedding), world {world} "
-                  f"(tp {cfg.parallel.tensor}, dp {dp_size}), {dtype}, ZeRO-{t.zero_stage}, {where}", flush=True)
-
-        loader = make_loader(data.train, step * gbs, t.micro_batch_size, dp_rank, dp_size, cfg.data.num_workers)
-        from megahash.training.signals import immune_children
-
-        with immune_children():  # loader workers must not die of a signal sent to the whole process tree
-            batches = iter(loader)
-
-        def valid_batches():
-            return validation_batches(data.valid, cfg.data, dp_rank, dp_size)
-
-        stop = StopFlag()
-        if t.exit_signal_handler:
-            stop.install()  # adopts a signal that came during start-up (signals.install_early)
-        else:
-            release_early()
-        gas = engine.gradient_accumulation_steps()
-        from megahash.models import declarations
-        from megahash.models.costs import train_flops_per_token
-
-        from megahash.training.progress import Progress, format_line
-        from megahash.training.stats import param_norm
-
-        progress = Progress(t.steps, step, rank)
-        flops_tok = train_flops_per_token(cfg, data.vocab_size)
-        if not isinstance(flops_tok, (int, float)) and rank == 0:
-            print("MFU n/a: an attention kind of model.schedule has no cost model and cannot be measured", flush=True)
-        peak = accelerator.peak_flops(dtype) * world
-        tokens_per_step = gbs * cfg.data.seq_length
-        exit_status = 0
-        while step < t.steps:
-            t0 = time.perf_counter()
-            objective.set_step(step, dp_rank)
-            lr_used = scheduler_lr(engine)  # engine.step() advances the scheduler: read the LR this step uses
-            echo = (step + 1) % t.log_interval == 0 or step == 0 or step + 1 == t.steps
-            timings = {} if echo else None  # the optimizer phase, timed on the steps the progress line shows
-            loss_sum, wait = train_step(engine, batches, objective, gas, timings)
-            step += 1
-            dt = time.perf_counter() - t0
-            loss_avg = _dp_mean(loss_sum / gas)
-            tok_s = tokens_per_step / dt
-            metrics = {"loss": loss_avg, "lr": lr_used, "grad_norm": _grad_norm(engine),
-                       "tokens_per_s": tok_s, "step_time_s": dt, "data_wait_s": wait,
-                       "consumed_samples": step * gbs, "consumed_tokens": step * tokens_per_step}
-            if peak > 0 and isinstance(flops_tok, (int, float)):  # "n/a": a kind with no cost model
-                metrics["mfu"] = flops_tok * tok_s / peak
-            if echo:  # host-syncing statistics at log intervals only, off the step's hot path
-                metrics["optimizer_s"] = timings["optimizer_s"]
-                metrics["param_norm"] = param_norm(engine.module, t.zero_stage)
-                metrics["peak_memory_mib"] = accelerator.peak_memory_bytes() / 2**20
-            if not math.isfinite(loss_avg):
-                raise FloatingPointError(f"loss is {loss_avg} at step {step}; lower train.lr or check the data")
-            log.log(step, metrics, "train", echo=False)
-            progress.update(step, metrics, echo)
-            if t.eval_interval and (step % t.eval_interval == 0 or step == t.steps) and data.valid is not None:
-                vloss, vtokens, vseqs = evaluate(engine, valid_batches(), objective)
-                vmetrics = {"loss": vloss, "tokens": vtokens, "sequences": vseqs}
-                vmetrics.update(consumed_samples=step * gbs, consumed_tokens=step * tokens_per_step)
-                if declarations.caps("head", cfg.model.head).token_loss and t.objective in ("clm", "mlm"):  # nats/token
-                    vmetrics["ppl"] = math.exp(min(vloss, 50.0))
-                log.log(step, vmetrics, "valid", echo=False)
-                progress.write(format_line("valid", step, t.steps, vmetrics))
-            signalled = any_rank(stop.set)  # a signal to any rank stops every rank at this step
-            stopping = signalled or (t.stop_after and step == t.stop_after)
-            if step == t.steps or stopping or (t.save_interval and step % t.save_interval == 0):
-                with stop.deferred():  # helpers the save spawns must survive a signal to the whole step
-                    checkpoint.save(engine, cfg, step, step * gbs)
-            if stopping:
-                if rank == 0:
-                    why = (f"signal {stop.received}" if stop.set else "a signal to another rank") if signalled \
-                        else f"train.stop_after={t.stop_after}"
-                    print(f"megahash: stopped at step {step} ({why}); checkpoint saved, resume with train.resume=auto",
-                          flush=True)
-                exit_status = EXIT_REQUEUE if signalled else 0
-                if signalled:
-                    stop.stop_listening()  # later copies of the signal must not kill the exit
-                break
-        progress.close()
-        log.close()
-        if rank == 0 and cfg.logging.plot and step == t.steps:
-            print(f"megahash: loss curve {plot_loss(save_dir)}", flush=True)
-        if rank == 0 and at_end is not None and step == t.steps and exit_status == 0:
-            at_end(save_dir)  # training imports no eval (house rule: no import cycles)
+        run = _set_up(cfg, rank, world)
+        exit_status = _loop(run)
+        _finish(run, exit_status, at_end)
         completed = True
         return exit_status
     finally:
         accelerator.teardown(barrier=completed)
+
+
+# ------------------------------------------------------------------------------------------ set up
+
+def _set_up(cfg: Config, rank: int, world: int) -> _Run:
+    """Set up: the resume point, the datasets, the model and its engine, the restored state, the
+    logs, the batch iterator, the stop flag and the progress meter, in this order."""
+    from megatron.core import parallel_state
+
+    from megahash.objectives import build_objective
+
+    run = _Run(cfg, rank, world, dp_rank=parallel_state.get_data_parallel_rank(),
+               dp_size=parallel_state.get_data_parallel_world_size())
+    resume_from = _resume_point(cfg, rank)
+    run.data = _build_data(cfg)
+    model, n_params, n_emb = _build_model(cfg, run.data)
+    run.engine, _ = build_engine(cfg, model, run.dp_size)
+    run.objective = build_objective(cfg, run.data)
+    if resume_from is not None:
+        run.step = int(checkpoint.load(run.engine, resume_from, cfg)["step"])
+    _open_log(run, resume_from, n_params, n_emb)
+    _open_batches(run)
+    run.stop = _stop_flag(cfg.train)
+    _start_progress(run)
+    return run
+
+
+def _resume_point(cfg: Config, rank: int) -> Path | None:
+    """The checkpoint to resume from (``train.resume``: ``auto``, a checkpoint's path, or none),
+    checked against ``cfg``; rank 0 first clears the leftovers of saves killed in flight
+    (checkpoint_faults.clean_stale)."""
+    t = cfg.train
+    save_dir = Path(t.save_dir)
+    resume_from = None
+    if rank == 0:
+        from megahash.training.checkpoint_faults import clean_stale
+
+        clean_stale(save_dir)
+    if t.resume == "auto":
+        resume_from = checkpoint.find_resume(save_dir)
+    elif t.resume not in ("none", ""):
+        resume_from = Path(t.resume)
+        if not (resume_from / checkpoint.STATE_FILE).is_file():
+            raise CheckpointError(f"train.resume={t.resume} is not a complete megahash checkpoint")
+    if resume_from is not None:
+        checkpoint.check_compatible(resume_from, cfg)
+    return resume_from
+
+
+def _build_data(cfg: Config):
+    """The train and validation datasets (megatron-core, cached under ``data.cache_dir``)."""
+    from megahash.data.dataset import build_datasets
+
+    t = cfg.train
+    cache = cfg.data.cache_dir or str(Path(t.save_dir) / "data_cache")
+    # the validation set depends on the data config alone (megahash/data/validation.py)
+    return build_datasets(cfg, train_samples=t.steps * t.global_batch_size,
+                          valid_samples=cfg.data.valid_samples, cache_dir=cache)
+
+
+def _build_model(cfg: Config, data) -> tuple[torch.nn.Module, int, int]:
+    """(model, parameters, embedding parameters): built from ``train.seed``, its inputs prepared,
+    counted over TP ranks before the engine partitions it, compiled by layer where asked."""
+    from megahash.models.megatron_model import build_model
+
+    accelerator.seed_all(cfg.train.seed)
+    model = build_model(cfg, data.vocab_size)
+    _prepare_model_inputs(model, cfg, data)
+    n_params = _sum_over_tp(sum(p.numel() for p in model.parameters()), model)
+    n_emb = _embedding_params(model)
+    if accelerator.compile_layers(cfg.train.compile):
+        compile_layers(model)
+    return model, n_params, n_emb
+
+
+def _prepare_model_inputs(model, cfg: Config, data) -> None:
+    """The inputs the layer kinds add to the model (megahash.models.kind_input), prepared from the run's
+    data config (e.g. a fixed text read as token ids: models open no files)."""
+    for extra in model.kind_inputs():
+        extra.prepare(cfg, data.vocab_size, RunTexts(cfg))
+
+
+def _open_log(run: _Run, resume_from: Path | None, n_params: int, n_emb: int) -> None:
+    """The resolved config and the metric logs; rank 0 announces the run."""
+    cfg, t = run.cfg, run.cfg.train
+    if run.rank == 0:
+        save_config(cfg, run.save_dir / "resolved_config.yaml")
+    run.log = RunLogger(cfg, run.rank)
+    if run.rank == 0:
+        where = f"resumed from {resume_from}" if resume_from else "from scratch"
+        dtype = accelerator.train_dtype(t.precision)  # the compute dtype (bf16: under autocast)
+        print(f"megahash: {n_params:,} parameters ({n_emb:,} embedding), world {run.world} "
+              f"(tp {cfg.parallel.tensor}, dp {run.dp_size}), {dtype}, ZeRO-{t.zero_stage}, {where}", flush=True)
+
+
+def _open_batches(run: _Run) -> None:
+    """This rank's resumable train loader, from the sample after the last one consumed."""
+    from megahash.data.dataset import make_loader
+    from megahash.training.signals import immune_children
+
+    t = run.cfg.train
+    run.loader = make_loader(run.data.train, run.step * t.global_batch_size, t.micro_batch_size,
+                             run.dp_rank, run.dp_size, run.cfg.data.num_workers)
+    with immune_children():  # loader workers must not die of a signal sent to the whole process tree
+        run.batches = iter(run.loader)
+
+
+def _stop_flag(t) -> StopFlag:
+    stop = StopFlag()
+    if t.exit_signal_handler:
+        stop.install()  # adopts a signal that came during start-up (signals.install_early)
+    else:
+        release_early()
+    return stop
+
+
+def _start_progress(run: _Run) -> None:
+    """The progress meter and what MFU needs (FLOPs per token, the world's peak FLOP/s)."""
+    from megahash.models.costs import train_flops_per_token
+    from megahash.training.progress import Progress
+
+    cfg = run.cfg
+    run.gas = run.engine.gradient_accumulation_steps()
+    run.progress = Progress(cfg.train.steps, run.step, run.rank)
+    run.flops_tok = train_flops_per_token(cfg, run.data.vocab_size)
+    if not isinstance(run.flops_tok, (int, float)) and run.rank == 0:
+        print("MFU n/a: an attention kind of model.schedule has no cost model and cannot be measured", flush=True)
+    run.peak = accelerator.peak_flops(accelerator.train_dtype(cfg.train.precision)) * run.world
+
+
+# -------------------------------------------------------------------------------------------- loop
+
+def _loop(run: _Run) -> int:
+    """Loop: optimizer steps until ``train.steps``, a stop signal or ``train.stop_after``, each
+    logged, validated every ``eval_interval`` and checkpointed when due; the exit status."""
+    t = run.cfg.train
+    while run.step < t.steps:
+        _train_step_logged(run)
+        if t.eval_interval and (run.step % t.eval_interval == 0 or run.step == t.steps) and run.data.valid is not None:
+            _validate(run)
+        exit_status = _save_or_stop(run)
+        if exit_status is not None:
+            return exit_status
+    return 0
+
+
+def _train_step_logged(run: _Run) -> None:
+    """One optimizer step and its metrics (loss, LR, grad norm, tokens/s, MFU; the host-syncing
+    ones on the steps the progress line shows); a non-finite loss stops the run."""
+    from megahash.training.stats import param_norm
+
+    t, step = run.cfg.train, run.step
+    t0 = time.perf_counter()
+    run.objective.set_step(step, run.dp_rank)
+    lr_used = scheduler_lr(run.engine)  # engine.step() advances the scheduler: read the LR this step uses
+    echo = (step + 1) % t.log_interval == 0 or step == 0 or step + 1 == t.steps
+    timings = {} if echo else None  # the optimizer phase, timed on the steps the progress line shows
+    loss_sum, wait = train_step(run.engine, run.batches, run.objective, run.gas, timings)
+    step = run.step = step + 1
+    dt = time.perf_counter() - t0
+    loss_avg = _dp_mean(loss_sum / run.gas)
+    tok_s = run.tokens_per_step / dt
+    metrics = {"loss": loss_avg, "lr": lr_used, "grad_norm": _grad_norm(run.engine),
+               "tokens_per_s": tok_s, "step_time_s": dt, "data_wait_s": wait,
+               "consumed_samples": step * t.global_batch_size, "consumed_tokens": step * run.tokens_per_step}
+    if run.peak > 0 and isinstance(run.flops_tok, (int, float)):  # "n/a": a kind with no cost model
+        metrics["mfu"] = run.flops_tok * tok_s / run.peak
+    if echo:  # host-syncing statistics at log intervals only, off the step's hot path
+        metrics["optimizer_s"] = timings["optimizer_s"]
+        metrics["param_norm"] = param_norm(run.engine.module, t.zero_stage)
+        metrics["peak_memory_mib"] = accelerator.peak_memory_bytes() / 2**20
+    if not math.isfinite(loss_avg):
+        raise FloatingPointError(f"loss is {loss_avg} at step {step}; lower train.lr or check the data")
+    run.log.log(step, metrics, "train", echo=False)
+    run.progress.update(step, metrics, echo)
+
+
+def _validate(run: _Run) -> None:
+    """The validation loss (and perplexity for token-level losses) over the fixed validation set."""
+    from megahash.data.validation import validation_batches
+    from megahash.models import declarations
+    from megahash.training.progress import format_line
+
+    cfg, t, step = run.cfg, run.cfg.train, run.step
+    batches = validation_batches(run.data.valid, cfg.data, run.dp_rank, run.dp_size)
+    vloss, vtokens, vseqs = evaluate(run.engine, batches, run.objective)
+    vmetrics = {"loss": vloss, "tokens": vtokens, "sequences": vseqs}
+    vmetrics.update(consumed_samples=step * t.global_batch_size, consumed_tokens=step * run.tokens_per_step)
+    if declarations.caps("head", cfg.model.head).token_loss and t.objective in ("clm", "mlm"):  # nats/token
+        vmetrics["ppl"] = math.exp(min(vloss, 50.0))
+    run.log.log(step, vmetrics, "valid", echo=False)
+    run.progress.write(format_line("valid", step, t.steps, vmetrics))
+
+
+def _save_or_stop(run: _Run) -> int | None:
+    """Checkpoint when due (``save_interval``, the last step, a stop); on a stop (a signal to any
+    rank, ``train.stop_after``) the exit status (``EXIT_REQUEUE`` after a signal), else None."""
+    t, step, stop = run.cfg.train, run.step, run.stop
+    signalled = any_rank(stop.set)  # a signal to any rank stops every rank at this step
+    stopping = signalled or (t.stop_after and step == t.stop_after)
+    if step == t.steps or stopping or (t.save_interval and step % t.save_interval == 0):
+        with stop.deferred():  # helpers the save spawns must survive a signal to the whole step
+            checkpoint.save(run.engine, run.cfg, step, step * t.global_batch_size)
+    if not stopping:
+        return None
+    if run.rank == 0:
+        why = (f"signal {stop.received}" if stop.set else "a signal to another rank") if signalled \
+            else f"train.stop_after={t.stop_after}"
+        print(f"megahash: stopped at step {step} ({why}); checkpoint saved, resume with train.resume=auto",
+              flush=True)
+    if signalled:
+        stop.stop_listening()  # later copies of the signal must not kill the exit
+    return EXIT_REQUEUE if signalled else 0
+
+
+# -------------------------------------------------------------------------------------------- stop
+
+def _finish(run: _Run, exit_status: int, at_end) -> None:
+    """Stop: close the progress meter and logs; after the last step, rank 0 plots the loss curve
+    and runs ``at_end``."""
+    run.progress.close()
+    run.log.close()
+    done = run.step == run.cfg.train.steps
+    if run.rank == 0 and run.cfg.logging.plot and done:
+        print(f"megahash: loss curve {plot_loss(run.save_dir)}", flush=True)
+    if run.rank == 0 and at_end is not None and done and exit_status == 0:
+        at_end(run.save_dir)  # training imports no eval (house rule: no import cycles)
 
 
 def compile_layers(model) -> None:
