@@ -238,5 +238,26 @@ class AttentionBase(MegatronModule):
     def forward(self, hidden_states, attention_mask=None, inference_context=None, rotary_pos_emb=None,
                 rotary_pos_cos=None, rotary_pos_sin=None, attention_bias=None, packed_seq_params=None,
                 sequence_len_offset=None, **_kw):
-        out = self.mix(hidden_states, attention_mask, rotary_pos_emb)
+        if self.config.recompute_granularity == "selective" and self.training and torch.is_grad_enabled() \
+                and self.cache() is None:
+            out = self._recomputed_mix(hidden_states, attention_mask, rotary_pos_emb)
+        else:
+            out = self.mix(hidden_states, attention_mask, rotary_pos_emb)
         return self.linear_proj(out)
+
+    def _recomputed_mix(self, x, attention_mask, rotary_pos_emb):
+        """``train.recompute=selective``: the token mixing (``mix``: projections, scores, kernel) runs
+        again in backward instead of keeping its activations (megatron's ``tensor_parallel.checkpoint``,
+        RNG states restored), with the forward's model context handed back to it."""
+        context = self.context()
+        keys = [k for k, v in context.items() if torch.is_tensor(v)]  # inputs of the recomputation (gradients flow)
+
+        def run(x, attention_mask, rotary_pos_emb, *tensors):
+            saved = getattr(self, "model_context", None)
+            self.model_context = {**context, **dict(zip(keys, tensors))}
+            try:
+                return self.mix(x, attention_mask, rotary_pos_emb)
+            finally:
+                self.model_context = saved
+
+        return tensor_parallel.checkpoint(run, False, x, attention_mask, rotary_pos_emb, *(context[k] for k in keys))
