@@ -43,6 +43,7 @@ from __future__ import annotations
 # ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
 from megahash.models.registry import register_reference
 from megahash.models.torch_model import LinearAttention
+from megahash.models.torch_ops import cached_state, store_state
 from megahash.ops.taylor.chunk import taylor_bidirectional, taylor_causal
 
 
@@ -55,10 +56,9 @@ class TaylorReference(LinearAttention):
     def kernel(self, qh, kh, vh, km, cache, ctx):
         if not self.causal:
             return taylor_bidirectional(qh, kh, vh, km)
-        state = (cache["S"], cache["z"]) if cache is not None and "S" in cache else None
-        out, state = taylor_causal(qh, kh, vh, self.chunk_size, state, cache is not None)
-        if cache is not None:
-            cache["S"], cache["z"] = state
+        keys = ("S", "z")
+        out, state = taylor_causal(qh, kh, vh, self.chunk_size, cached_state(cache, keys), cache is not None)
+        store_state(cache, keys, state)
         return out
 
 
