@@ -15,9 +15,9 @@ Q, K, V = H W^{Q,K,V} (eq. 4.3) with RoPE on Q and K; the full head dimension d 
 Forms (one copy each, :mod:`megahash.ops.taylor`; equal to 1e-10 in fp64):
 - chunked (training, prefill): the Taylor kernel inside chunks of C tokens, the feature-map state
   between them, carried by a cumulative sum over chunks: batched GEMMs, no Python loop, no L x L
-  map; ``model.attention.chunk_size`` (0 = auto: 128 for narrow features, 1024 at full width; a
-  sequence no longer than the chunk is the parallel masked-matrix form). Full-width features are
-  recomputed in backward. On CUDA with ``feature_dim=16`` and flash-linear-attention installed,
+  map; ``model.attention.chunk_size`` (0 = auto: 128 for narrow features, 256 at full width; a
+  sequence no longer than the chunk is the parallel masked-matrix form). The features are
+  recomputed in backward (fused into their GEMMs). On CUDA with ``feature_dim=16`` and flash-linear-attention installed,
   fla's Based kernel runs instead;
 - recurrent (decoding: the chunked form on one token with the carried state): ``decode_cache``
   ``S`` [b, g, 1, D, d] and ``z`` [b, g, 1, D] per key/value group; naive (the masked L x L kernel
