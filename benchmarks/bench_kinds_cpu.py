@@ -9,13 +9,14 @@ of dim 64, batch 1, fp32) runs forward + backward of one sequence at each length
   length runs a Python loop over the sequence;
 * saved MB: bytes of the tensors autograd saves for backward (``saved_tensors_hooks``, distinct
   storages, parameters excluded): activation memory;
-* CPU s: CPU seconds (``time.process_time``, all threads of the process) of one uninstrumented
-  forward + backward, and its wall-clock seconds. On a shared, oversubscribed machine the CPU time
+* CPU s: CPU seconds (``time.process_time``, all threads of the process) of an uninstrumented
+  forward + backward (the fastest of ``--repeat`` steps), and its wall-clock seconds. On a shared, oversubscribed machine the CPU time
   is the steadier of the two (it does not count waiting for a core); compare with ``mha`` measured
   in the same run, and read the load printed beside the table.
 
 ``--extra`` adds variants as ``kind@override,override`` rows (default: Based's projected feature
-dimension, ``approx@model.attention.options.feature_dim=16``).
+dimension, ``approx@model.attention.options.feature_dim=16``). A kind written as a schedule
+(``hybrid:approx:even``: every other layer of the kind, the others ``mha``) runs that schedule.
 
     PYTHONPATH=. python benchmarks/bench_kinds_cpu.py [--kinds mha,approx] [--seqs 2048,8192] [--out FILE.md]
 """
@@ -45,6 +46,11 @@ def kinds_of_registry() -> list[str]:
     return ["mha"] + [k for k in names if k != "mha"]
 
 
+def schedule_of(kind: str) -> str:
+    """A kind's uniform schedule; a row named as a schedule (``hybrid:approx:even``) runs as given."""
+    return kind if ":" in kind else f"uniform:{kind}"
+
+
 def build(kind: str, overrides: list[str], args):
     from megahash.models.attention import fixed_qk
     from megahash.models.megatron_model import build_model
@@ -52,7 +58,7 @@ def build(kind: str, overrides: list[str], args):
     longest = max(args.seqs) + 8
     cfg = load_config(None, [
         f"model.hidden_size={args.hidden}", f"model.num_heads={args.heads}", f"model.num_layers={args.layers}",
-        f"model.ffn_hidden_size={4 * args.hidden}", f"model.schedule=uniform:{kind}",
+        f"model.ffn_hidden_size={4 * args.hidden}", f"model.schedule={schedule_of(kind)}",
         f"model.max_position_embeddings={longest}", f"model.attention.options.fixed_seq_length={longest}",
         f"data.seq_length={max(args.seqs)}", *overrides,
     ])
@@ -72,7 +78,7 @@ def step(model, tok):
     model.zero_grad(set_to_none=True)
 
 
-def measure(model, seq: int) -> dict:
+def measure(model, seq: int, repeat: int = 1) -> dict:
     from bench_attention import saved_bytes_hooks
 
     tok = torch.randint(0, VOCAB, (1, seq), generator=torch.Generator().manual_seed(seq))
@@ -84,10 +90,14 @@ def measure(model, seq: int) -> dict:
         logits = model.logits(model.hidden_states(tok))
     saved = sum(seen.values())
     del logits
-    t0, c0 = time.perf_counter(), time.process_time()
-    step(model, tok)
-    return {"calls": counter.total(), "saved": saved, "wall": time.perf_counter() - t0,
-            "seconds": time.process_time() - c0, "top": counter.calls.most_common(3)}
+    times = []
+    for _ in range(max(1, repeat)):
+        t0, c0 = time.perf_counter(), time.process_time()
+        step(model, tok)
+        times.append((time.process_time() - c0, time.perf_counter() - t0))
+    seconds, wall = min(times)
+    return {"calls": counter.total(), "saved": saved, "wall": wall,
+            "seconds": seconds, "top": counter.calls.most_common(3)}
 
 
 def table(rows: dict, seqs: list[int]) -> str:
@@ -113,9 +123,14 @@ def main(argv=None):
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="uninstrumented steps per length; the fastest (CPU seconds) is reported (steadier under load)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--out", default="", help="also write the markdown table here (temp name, then rename)")
     args = ap.parse_args(argv)
     args.seqs = [int(x) for x in args.seqs.split(",")]
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     kinds = args.kinds.split(",") if args.kinds else kinds_of_registry()
     variants = [(k, k, []) for k in kinds]
     for item in filter(None, args.extra.split(";")):
@@ -129,7 +144,7 @@ def main(argv=None):
     rows = {}
     for name, kind, over in variants:
         model = build(kind, over, args)
-        rows[name] = {s: measure(model, s) for s in args.seqs}
+        rows[name] = {s: measure(model, s, args.repeat) for s in args.seqs}
         r = rows[name][args.seqs[-1]]
         print(f"  {name}: {r['calls']} calls, {r['saved'] / 2 ** 20:.0f} MB, {r['seconds']:.1f} s, top {r['top']}",
               file=sys.stderr, flush=True)

@@ -66,17 +66,31 @@ def test_taylor_chunked_equals_naive_and_recurrent(L):
             close(a, b, 1e-9)
 
 
-def test_taylor_wide_features_recompute_in_backward():
-    """Full-width features (D > 1024, d = 48) take the checkpointed path: same values and gradients
-    as the oracle, and the saved tensors hold no L x D features."""
-    q, k, v = qkv(40, d=48, dv=4)
-    close(taylor_causal(q, k, v, 8)[0], naive_taylor(q, k, v))
-    for a, b in zip(grads(lambda *t: taylor_causal(*t, 8)[0], q, k, v), grads(naive_taylor, q, k, v)):
-        close(a, b, 1e-9)
-    sizes = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t):
-        taylor_causal(*(t.clone().requires_grad_(True) for t in (q, k, v)), 8)
-    assert max(sizes) <= q.numel()  # q, k, v only: the 1 + 48 + 48*49/2 features are recomputed
+def test_taylor_features_recomputed_in_backward():
+    """Full-width (d = 48, D = 1,225) and narrow (d = 6) features: values and gradients equal the
+    oracle, and no tensor saved for backward holds features (a trailing dimension of D per token)."""
+    from megahash.ops.taylor.kernel import feature_dim
+
+    for d in (48, 6):
+        q, k, v = qkv(40, d=d, dv=4)
+        close(taylor_causal(q, k, v, 8)[0], naive_taylor(q, k, v))
+        for a, b in zip(grads(lambda *t: taylor_causal(*t, 8)[0], q, k, v), grads(naive_taylor, q, k, v)):
+            close(a, b, 1e-9)
+        shapes = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: shapes.append(t.shape) or t, lambda t: t):
+            taylor_causal(*(t.clone().requires_grad_(True) for t in (q, k, v)), 8)
+        assert shapes and all(s[-1] != feature_dim(d) for s in shapes), shapes
+
+
+def test_taylor_features_equal_the_kernel():
+    """phi(q).phi(k) = 1 + s + s^2/2 for odd and even widths (the strided pair layout of the map)."""
+    from megahash.ops.taylor.kernel import feature_dim, taylor_features, taylor_kernel
+
+    for d in (1, 2, 3, 5, 16):
+        q, k, _ = qkv(7, d=d)
+        fq, fk = taylor_features(q), taylor_features(k)
+        assert fq.shape[-1] == feature_dim(d)
+        close(fq @ fk.transpose(-1, -2), taylor_kernel(q, k.expand_as(q)))
 
 
 @pytest.mark.parametrize("L", LENGTHS)

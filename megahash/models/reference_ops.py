@@ -28,6 +28,18 @@ def append_state(cache: Optional[dict], key: str, t: torch.Tensor, dim: int = 2)
     return t
 
 
+def cached_state(cache: Optional[dict], keys: tuple) -> Optional[tuple]:
+    """A recurrent kernel's decoding state stored under ``keys`` in ``cache``; None without a cache
+    or before the first call."""
+    return tuple(cache[k] for k in keys) if cache is not None and keys[0] in cache else None
+
+
+def store_state(cache: Optional[dict], keys: tuple, state) -> None:
+    """Keep a recurrent kernel's new state in ``cache`` (nothing without a cache)."""
+    if cache is not None:
+        cache.update(zip(keys, state))
+
+
 def megahash_option(config, section: str, key: str, default=None):
     """A field of the resolved megahash config tree carried by the export (``config.megahash_config``)."""
     tree = getattr(config, "megahash_config", None) or {}
@@ -124,11 +136,21 @@ def safe_rsqrt(x):
     return torch.where(x > 0, torch.rsqrt(x.clamp_min(1e-30)), torch.zeros_like(x))
 
 
-def rolling_code_features(codes, seeds, parts, b: int, dim: int):
-    """Code rows int [M, W] -> float32 [M, dim] (EELBERT, seed 001; megahash's rolling_code_features)."""
+ROLLING_CHUNK_ELEMS = 1 << 22  # int64 elements of one [i-gram hashes, d_i] block
+
+
+def rolling_code_features(codes: torch.Tensor, seeds: torch.Tensor, parts, b: int, dim: int) -> torch.Tensor:
+    """Code rows int [M, W] -> float32 features [M, dim] (EELBERT, seed 001; the one copy, used by
+    :mod:`megahash.models.embeddings.rolling` and its exported reference).
+
+    The value of an i-gram, map((H(g) * h_i) mod b) in [-1, 1]^(d/P * i), depends only on its hash,
+    so it is computed once per distinct i-gram hash of the batch (exact int64 residues, mapped in
+    float64, in blocks of ``ROLLING_CHUNK_ELEMS``) and each word's partition i is the mean over its
+    i-grams: one ``embedding_bag`` with weights valid/count (padding slots -1 weigh 0; a word with no
+    i-gram of length i gets zeros)."""
     codes = codes.long()
     per = seeds.shape[0]
-    half = b // 2
+    half = b // 2  # q > b/2  <=>  q > b // 2 for integer q
     out = torch.zeros(codes.shape[0], dim, dtype=torch.float32, device=codes.device)
     run = 0
     for i, (start, size) in enumerate(parts, start=1):
@@ -137,10 +159,13 @@ def rolling_code_features(codes, seeds, parts, b: int, dim: int):
             valid = s >= 0
             weights = valid.float() / valid.sum(dim=1, keepdim=True).clamp_min(1).float()
             uniq, inverse = torch.unique(s.clamp_min(0), return_inverse=True)
-            hs = seeds[:, run:run + i].reshape(-1)
-            q = torch.remainder(uniq.unsqueeze(-1) * hs, b)
-            q = torch.where(q > half, q - b, q)
-            values = (q.double() * (2.0 / b)).float()
+            hs = seeds[:, run:run + i].reshape(-1)  # [per * i], row-major like the reference
+            values = torch.empty(uniq.numel(), hs.numel(), dtype=torch.float32, device=codes.device)
+            step = max(1, ROLLING_CHUNK_ELEMS // hs.numel())
+            for a in range(0, uniq.numel(), step):
+                q = torch.remainder(uniq[a:a + step].unsqueeze(-1) * hs, b)  # exact: < 2^31 * 2^32
+                q = torch.where(q > half, q - b, q)
+                values[a:a + step] = (q.double() * (2.0 / b)).float()
             out[:, run * per:(run + i) * per] = F.embedding_bag(
                 inverse.reshape(s.shape), values, per_sample_weights=weights, mode="sum")
         run += i

@@ -15,9 +15,9 @@ Q, K, V = H W^{Q,K,V} (eq. 4.3) with RoPE on Q and K; the full head dimension d 
 Forms (one copy each, :mod:`megahash.ops.taylor`; equal to 1e-10 in fp64):
 - chunked (training, prefill): the Taylor kernel inside chunks of C tokens, the feature-map state
   between them, carried by a cumulative sum over chunks: batched GEMMs, no Python loop, no L x L
-  map; ``model.attention.options.chunk_size`` (0 = auto: 128 for narrow features, 1024 at full width; a
-  sequence no longer than the chunk is the parallel masked-matrix form). Full-width features are
-  recomputed in backward. On CUDA with ``feature_dim=16`` and flash-linear-attention installed,
+  map; ``model.attention.options.chunk_size`` (0 = auto: 128 for narrow features, 256 at full width; a
+  sequence no longer than the chunk is the parallel masked-matrix form). The features are
+  recomputed in backward (fused into their GEMMs). On CUDA with ``feature_dim=16`` and flash-linear-attention installed,
   fla's Based kernel runs instead;
 - recurrent (decoding: the chunked form on one token with the carried state): ``decode_cache``
   ``S`` [b, g, 1, D, d] and ``z`` [b, g, 1, D] per key/value group; naive (the masked L x L kernel
@@ -43,7 +43,7 @@ from __future__ import annotations
 # ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
 from megahash.models.registry import register_reference
 from megahash.models.reference_layers import LinearAttention
-from megahash.models.reference_ops import megahash_option
+from megahash.models.reference_ops import cached_state, megahash_option, store_state
 from megahash.ops.taylor.chunk import taylor_bidirectional, taylor_causal
 
 
@@ -62,10 +62,9 @@ class TaylorReference(LinearAttention):
     def kernel(self, qh, kh, vh, km, cache, ctx):
         if not self.causal:
             return taylor_bidirectional(qh, kh, vh, km)
-        state = (cache["S"], cache["z"]) if cache is not None and "S" in cache else None
-        out, state = taylor_causal(qh, kh, vh, self.chunk_size, state, cache is not None)
-        if cache is not None:
-            cache["S"], cache["z"] = state
+        keys = ("S", "z")
+        out, state = taylor_causal(qh, kh, vh, self.chunk_size, cached_state(cache, keys), cache is not None)
+        store_state(cache, keys, state)
         return out
 
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 # ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
 from megahash.models.registry import register_reference
 from megahash.models.reference_layers import LinearAttention
+from megahash.models.reference_ops import cached_state, store_state
 from megahash.ops.orders.chunk import orders_bidirectional, orders_causal
 
 
@@ -55,11 +56,10 @@ class ThesisTaylorReference(LinearAttention):
         if not self.causal:
             return orders_bidirectional(qh, kh, vh, km)
         keys = ("s0", "s1", "z1", "s2", "z2")
-        state = tuple(cache[k_] for k_ in keys) if cache is not None and "s0" in cache else None
+        state = cached_state(cache, keys)
         out, state = orders_causal(qh, kh, vh, self.chunk_size or 128, state, ctx.get("offset", 0) if state else 0,
                                    cache is not None)
-        if cache is not None:
-            cache.update(zip(keys, state))
+        store_state(cache, keys, state)
         return out
 
 

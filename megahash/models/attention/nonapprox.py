@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from megahash.models.registry import register_reference
 from megahash.models.reference_layers import LinearAttention
+from megahash.models.reference_ops import cached_state, megahash_option, store_state
 from megahash.ops.cumsoftmax.scan import cumsoftmax_bidirectional, cumsoftmax_causal
 
 
@@ -46,10 +47,9 @@ class NonApproxReference(LinearAttention):
         sc = (qh * kh).sum(-1) / math.sqrt(qh.shape[-1])
         if not self.causal:
             return cumsoftmax_bidirectional(sc, vh, km)
-        state = (cache["m"], cache["num"], cache["den"]) if cache is not None and "m" in cache else None
-        out, state = cumsoftmax_causal(sc, vh, state, cache is not None)
-        if cache is not None:
-            cache["m"], cache["num"], cache["den"] = state
+        keys = ("m", "num", "den")
+        out, state = cumsoftmax_causal(sc, vh, cached_state(cache, keys), cache is not None)
+        store_state(cache, keys, state)
         return out
 
 

@@ -69,41 +69,6 @@ from megahash.errors import ConfigError
 from megahash.models.embeddings.base import HashEmbeddingBase, check_codes, parse_spec
 from megahash.models.registry import EmbeddingCaps, register_embedding
 
-_CHUNK_ELEMS = 1 << 22  # int64 elements of one [i-gram hashes, d_i] block
-
-
-def rolling_features(codes: torch.Tensor, seeds: torch.Tensor, parts, b: int, dim: int) -> torch.Tensor:
-    """Code rows int [M, W] -> float32 features [M, dim] (seed 001's embedding, see module doc).
-
-    The value of an i-gram, map((H(g) * h_i) mod b) in [-1, 1]^(d/P * i), depends only on its hash,
-    so it is computed once per distinct i-gram hash of the batch (exact int64 residues, mapped in
-    float64) and each word's partition i is the mean over its i-grams: one ``embedding_bag`` with
-    weights valid/count (padding slots -1 weigh 0; a word with no i-gram of length i gets zeros)."""
-    codes = codes.long()
-    per = seeds.shape[0]
-    half = b // 2  # q > b/2  <=>  q > b // 2 for integer q
-    out = torch.zeros(codes.shape[0], dim, dtype=torch.float32, device=codes.device)
-    run = 0
-    for i, (start, size) in enumerate(parts, start=1):
-        if size > 0 and codes.shape[0] > 0:
-            s = codes[:, start:start + size]
-            valid = s >= 0
-            weights = valid.float() / valid.sum(dim=1, keepdim=True).clamp_min(1).float()
-            uniq, inverse = torch.unique(s.clamp_min(0), return_inverse=True)
-            hs = seeds[:, run:run + i].reshape(-1)  # [per * i], row-major like the reference
-            values = torch.empty(uniq.numel(), hs.numel(), dtype=torch.float32, device=codes.device)
-            step = max(1, _CHUNK_ELEMS // hs.numel())
-            for a in range(0, uniq.numel(), step):
-                q = torch.remainder(uniq[a:a + step].unsqueeze(-1) * hs, b)  # exact: < 2^31 * 2^32
-                q = torch.where(q > half, q - b, q)
-                values[a:a + step] = (q.double() * (2.0 / b)).float()
-            out[:, run * per:(run + i) * per] = F.embedding_bag(
-                inverse.reshape(s.shape), values, per_sample_weights=weights, mode="sum"
-            )
-        run += i
-    return out
-
-
 _ROW_MIX = None
 
 
@@ -190,7 +155,7 @@ class RollingEmbedding(HashEmbeddingBase):
         """Code rows [..., W] -> float32 [..., rolling_dim], computed once per distinct row."""
         flat = codes.reshape(-1, codes.shape[-1])
         uniq, inverse = unique_rows(flat)
-        feats = rolling_features(uniq, self.seeds, self.parts, self.buckets, self.dim)
+        feats = rolling_code_features(uniq, self.seeds, self.parts, self.buckets, self.dim)
         return feats[inverse].view(*codes.shape[:-1], self.dim)
 
     def embed_words(self, tok, codes, word):

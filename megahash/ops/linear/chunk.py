@@ -29,8 +29,42 @@ def to_chunks(x: torch.Tensor, chunk: int) -> torch.Tensor:
 
 def exclusive_cumsum(x: torch.Tensor, dim: int) -> torch.Tensor:
     """Sums of the entries before each one along ``dim`` (the first is 0), without cancellation."""
-    c = torch.cumsum(x, dim)
-    return torch.cat([torch.zeros_like(c.narrow(dim, 0, 1)), c.narrow(dim, 0, c.shape[dim] - 1)], dim)
+    c = torch.cumsum(x.narrow(dim, 0, x.shape[dim] - 1), dim)
+    return torch.cat([torch.zeros_like(x.narrow(dim, 0, 1)), c], dim)
+
+
+class FeatureMatmul(torch.autograd.Function):
+    """phi(x) @ b (or phi(x)^T @ b) with phi recomputed in backward: saves x and b, not the wider
+    features (the feature map fused into the GEMM as far as plain torch allows)."""
+
+    @staticmethod
+    def forward(ctx, x, b, features, transpose):
+        f = features(x)
+        ctx.save_for_backward(x, b)
+        ctx.features, ctx.transpose = features, transpose
+        return (f.transpose(-1, -2) if transpose else f) @ b
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        x, b = ctx.saved_tensors
+        with torch.enable_grad():
+            xd = x.detach().requires_grad_(True)
+            f = ctx.features(xd)
+        if ctx.transpose:  # y = f^T b: dF = b g^T, db = f g
+            grad_f, grad_b = b @ g.transpose(-1, -2), f.detach() @ g
+        else:  # y = f b: dF = g b^T, db = f^T g
+            grad_f, grad_b = g @ b.transpose(-1, -2), f.detach().transpose(-1, -2) @ g
+        grad_x, = torch.autograd.grad(f, xd, grad_f.sum_to_size(f.shape))
+        return grad_x, grad_b.sum_to_size(b.shape), None, None
+
+
+def feature_matmul(features: Callable, x: torch.Tensor, b: torch.Tensor, transpose: bool = False) -> torch.Tensor:
+    """features(x) @ b, or features(x)^T @ b with ``transpose`` (:class:`FeatureMatmul`)."""
+    if torch.is_grad_enabled() and (x.requires_grad or b.requires_grad):
+        return FeatureMatmul.apply(x, b, features, transpose)
+    f = features(x)
+    return (f.transpose(-1, -2) if transpose else f) @ b
 
 
 def chunk_linear(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, features: Callable, kernel: Callable,
@@ -40,31 +74,30 @@ def chunk_linear(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, features: Ca
     q [..., L, f], k [..., L, f], v [..., L, dv] (leading dims broadcast, e.g. q [b, g, rep, L, f]
     with k, v [b, g, 1, L, .]); ``kernel(qc, kc)`` = features(qc) @ features(kc)^T on [..., C, f]
     chunks; ``state`` = (S [..., D, dv], z [..., D]) of the keys before this call; the returned state
-    (with ``need_state``) includes this call's keys. chunk >= L is the parallel (masked matrix) form."""
+    (with ``need_state``) includes this call's keys. chunk >= L is the parallel (masked matrix) form.
+    The denominator rides as a column of ones appended to v (den = A 1, z = phi(K)^T 1), so every
+    GEMM yields numerator and denominator together; the zero padding of that column also drops the
+    padded keys from the states."""
     L = q.shape[-2]
     C = max(1, min(chunk, L))
-    qc, kc, vc = to_chunks(q, C), to_chunks(k, C), to_chunks(v, C)
+    v1 = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # [..., L, dv + 1]
+    qc, kc, vc = to_chunks(q, C), to_chunks(k, C), to_chunks(v1, C)
     n = qc.shape[-3]
-    a = kernel(qc, kc).tril()
-    num, den = a @ vc, a.sum(-1)
+    out = kernel(qc, kc).tril_() @ vc  # [..., n, C, dv + 1]
     new_state = None
     if n > 1 or state is not None or need_state:
-        fk = features(kc)  # [..., n, C, D]
-        if n * C > L:  # padded keys carry phi(0), which need not be 0 (Taylor's constant feature)
-            keep = torch.arange(n * C, device=q.device) < L
-            fk = fk * keep.view(n, C, 1).to(fk.dtype)
-        s_c, z_c = fk.transpose(-1, -2) @ vc, fk.sum(-2)  # per-chunk states [..., n, D, dv], [..., n, D]
+        s_c = feature_matmul(features, kc, vc, transpose=True)  # per-chunk states [..., n, D, dv + 1]
+        s1 = None if state is None else torch.cat([state[0], state[1].unsqueeze(-1)], dim=-1)
         if n > 1 or state is not None:
-            s_prev, z_prev = exclusive_cumsum(s_c, -3), exclusive_cumsum(z_c, -2)
-            if state is not None:
-                s_prev, z_prev = s_prev + state[0].unsqueeze(-3), z_prev + state[1].unsqueeze(-2)
-            fq = features(qc)
-            num = num + fq @ s_prev
-            den = den + (fq @ z_prev.unsqueeze(-1)).squeeze(-1)
+            s_prev = exclusive_cumsum(s_c, -3)
+            if s1 is not None:
+                s_prev = s_prev + s1.unsqueeze(-3)
+            out = out + feature_matmul(features, qc, s_prev)
         if need_state:
-            new_state = (s_c.sum(-3), z_c.sum(-2))
-            if state is not None:
-                new_state = (new_state[0] + state[0], new_state[1] + state[1])
-    num = num.flatten(-3, -2)[..., :L, :]
-    den = den.flatten(-2)[..., :L]
-    return num, den, new_state
+            tot = s_c.sum(-3) if s1 is None else s_c.sum(-3) + s1
+            new_state = (tot[..., :-1], tot[..., -1])
+    out = out.flatten(-3, -2)
+    if out.shape[-2] > L:
+        out = out[..., :L, :]
+    num, den = out.split([out.shape[-1] - 1, 1], dim=-1)  # one backward pass (a cat), not two slices
+    return num, den.squeeze(-1), new_state

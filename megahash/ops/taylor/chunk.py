@@ -1,38 +1,32 @@
 """Chunked form of the Taylor kernel attention (training and prefill; thesis eq. 4.6).
 
 The causal form is :func:`megahash.ops.linear.chunk.chunk_linear` with the Taylor kernel inside
-chunks and the feature map phi (D = 1 + d + d(d+1)/2) between them. Chunk size (0 = auto): 128 tokens
-for narrow features (Based's d = 16: D = 153), 1024 for the full head width (d = 64: D = 2,145,
-where the feature state costs 2D d_v FLOPs per token and the chunk's map 2C(d + d_v)); a sequence
-no longer than the chunk is one chunk (the parallel form). Wide features (D > 1024) are recomputed
-in backward (activation checkpointing of the kernel), so a layer saves O(L d) for backward instead
-of the L x D features. On CUDA with Based's 16 features and flash-linear-attention installed,
+chunks and the feature map phi (D = 1 + d + d(d+1)/2) between them; the features are recomputed in
+backward (:class:`megahash.ops.linear.chunk.FeatureMatmul`), so a layer saves O(L (d + C)) and the
+chunk states for backward, not the L x D features. Chunk size (0 = auto): 128 tokens for narrow
+features (Based's d = 16: D = 153), 256 for the full head width (d = 64: D = 2,145, where the
+feature state costs 2D d_v FLOPs per token and the chunk's map 2C(d + d_v); measured fastest on
+CPU, benchmarks/results/2026-11-25_kinds_cpu_after2.md); a sequence no longer than the chunk is one
+chunk (the parallel form). On CUDA with Based's 16 features and flash-linear-attention installed,
 training/prefill runs fla's kernel (:mod:`megahash.ops.taylor.fla`)."""
 from __future__ import annotations
-
-import torch
-from torch.utils.checkpoint import checkpoint
 
 from megahash.ops.linear.chunk import chunk_linear
 from megahash.ops.taylor.fla import fla_taylor
 from megahash.ops.taylor.kernel import feature_dim, taylor_features, taylor_kernel
 
-WIDE = 1024  # features per token above which the kernel recomputes them in backward
+WIDE = 1024  # features per token above which the auto chunk is 256 tokens instead of 128
 
 
 def taylor_chunk(length: int, d: int, chunk_size: int = 0) -> int:
-    """The chunk size: ``chunk_size`` if > 0, else 128 (D <= 1024) or 1024; at most ``length``."""
-    c = chunk_size if chunk_size > 0 else (1024 if feature_dim(d) > WIDE else 128)
+    """The chunk size: ``chunk_size`` if > 0, else 128 (D <= 1024) or 256; at most ``length``."""
+    c = chunk_size if chunk_size > 0 else (256 if feature_dim(d) > WIDE else 128)
     return max(1, min(c, length))
 
 
 def _taylor(q, k, v, chunk, state, need_state):
     num, den, state = chunk_linear(q, k, v, taylor_features, taylor_kernel, chunk, state, need_state)
     return num / den.unsqueeze(-1), state
-
-
-def _taylor_out(q, k, v, chunk):
-    return _taylor(q, k, v, chunk, None, False)[0]
 
 
 def taylor_causal(q, k, v, chunk: int = 0, state=None, need_state: bool = False):
@@ -44,8 +38,6 @@ def taylor_causal(q, k, v, chunk: int = 0, state=None, need_state: bool = False)
         out = fla_taylor(q, k, v) if q.dim() == 5 else None
         if out is not None:
             return out, None
-        if feature_dim(q.shape[-1]) > WIDE and torch.is_grad_enabled() and q.shape[-2] > chunk:
-            return checkpoint(_taylor_out, q, k, v, chunk, use_reentrant=False), None
     return _taylor(q, k, v, chunk, state, need_state)
 
 

@@ -1,9 +1,9 @@
 """The second-order Taylor kernel of Based (thesis eq. 4.6; Arora et al. 2024) and its feature map.
 
 k(q, k) = 1 + s + s^2/2 with s = q.k/sqrt(d) equals phi(q).phi(k) for
-phi(x) = [1, x/d^(1/4), x_i x_j w_ij (i <= j)] with w_ii = 1/sqrt(2d), w_ij = 1/sqrt(d) (i < j): the
-upper triangle of the symmetric x x^T/(sqrt2 sqrt d), off-diagonal entries counted twice through
-their weight, so D = 1 + d + d(d+1)/2 (2,145 at d = 64 instead of Based's 1 + d + d^2 = 4,161: half
+phi(x) = [1, x/d^(1/4), x_i x_j w_ij (each unordered pair {i, j} once)] with w_ii = 1/sqrt(2d),
+w_ij = 1/sqrt(d) (i != j): the upper triangle of the symmetric x x^T/(sqrt2 sqrt d), off-diagonal
+entries counted twice through their weight, so D = 1 + d + d(d+1)/2 (2,145 at d = 64 instead of Based's 1 + d + d^2 = 4,161: half
 the state and half the feature GEMMs, the same kernel)."""
 from __future__ import annotations
 
@@ -18,15 +18,23 @@ def feature_dim(d: int) -> int:
 
 
 def taylor_features(x: torch.Tensor) -> torch.Tensor:
-    """phi(x): [..., d] -> [..., 1 + d + d(d+1)/2]."""
+    """phi(x): [..., d] -> [..., 1 + d + d(d+1)/2], without a gather: the products x_i x_{i+o mod d}
+    for offsets o = 0..(d-1)//2 are rows of ``x * window`` over a strided view of [x, x[:d//2]]
+    (each unordered pair once), plus, for even d, the half row x_i x_{i+d/2} (i < d/2)."""
     d = x.shape[-1]
-    i, j = torch.triu_indices(d, d, device=x.device)
-    w = torch.where(i == j, x.new_tensor(1.0 / math.sqrt(2.0 * d)), x.new_tensor(1.0 / math.sqrt(d)))
-    x2 = x[..., i] * x[..., j] * w
-    return torch.cat([torch.ones_like(x[..., :1]), x * d ** -0.25, x2], dim=-1)
+    h, rows = d // 2, (d + 1) // 2
+    xs = x * d ** -0.5
+    parts = [torch.ones_like(x[..., :1]), x * d ** -0.25, x * xs * 2 ** -0.5]
+    if rows > 1:  # win[o, i] = x[(i + 1 + o) % d], o = 0..rows-2 (offsets 1..rows-1)
+        win = torch.cat([x[..., 1:], x[..., :rows - 1]], dim=-1).unfold(-1, d, 1)
+        parts.append((xs.unsqueeze(-2) * win).flatten(-2))
+    if d % 2 == 0 and d > 1:
+        parts.append(xs[..., :h] * x[..., h:])
+    return torch.cat(parts, dim=-1)
 
 
 def taylor_kernel(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """1 + s + s^2/2 with s = q k^T / sqrt(d): [..., L, d] x [..., T, d] -> [..., L, T]."""
-    s = q @ k.transpose(-1, -2) * (1.0 / math.sqrt(q.shape[-1]))
-    return torch.addcmul(s + 1, s, s, value=0.5)
+    t = (q * q.shape[-1] ** -0.5) @ k.transpose(-1, -2)
+    t = t.add_(1.0)  # t = 1 + s: k = (t^2 + 1)/2, two passes over the map
+    return torch.addcmul(t.new_tensor(0.5), t, t, value=0.5)
