@@ -9,7 +9,6 @@ tree (``resolved_config.yaml``) beside its checkpoints.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 import types
 import typing

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from megahash.models.registry import register_reference
 from megahash.models.reference_layers import LinearAttention
-from megahash.models.reference_ops import cached_state, megahash_option, store_state
+from megahash.models.reference_ops import cached_state, store_state
 from megahash.ops.cumsoftmax.scan import cumsoftmax_bidirectional, cumsoftmax_causal
 
 

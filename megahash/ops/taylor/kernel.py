@@ -7,8 +7,6 @@ entries counted twice through their weight, so D = 1 + d + d(d+1)/2 (2,145 at d 
 the state and half the feature GEMMs, the same kernel)."""
 from __future__ import annotations
 
-import math
-
 import torch
 
 
