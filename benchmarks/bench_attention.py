@@ -5,7 +5,7 @@ For each kind a small uniform decoder (default: hidden 256, 4 heads of 64, 2 lay
    (peak CUDA memory on a GPU; on CPU the bytes of tensors autograd saves for backward, i.e.
    activation memory, parameters excluded);
 2. decoding: prefill a context of 128..2048 tokens, then time single-token steps (per step).
-Each number is printed with its ratio to ``mha``. Thesis counterparts: Tables 4.5-4.8
+Each number is printed with its ratio to ``mha``. [Xue25] counterparts: Tables 4.5-4.8
 (``megahash.models.costs``). Runs in about 2 minutes on one CPU core; the fastest repetition
 (train) and the median step (decode) are reported, but a shared machine still adds noise.
 

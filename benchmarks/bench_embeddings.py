@@ -11,7 +11,7 @@ fixed random tensor; parameter gradients are freed between iterations, like ``ze
   kind / vocab within the round, which keeps the ratios honest on a loaded machine.
 * ``act MB``: activation memory, i.e. the bytes of the tensors autograd saves for backward plus the
   output, counted once per storage with ``torch.autograd.graph.saved_tensors_hooks`` (parameters
-  and buffers excluded). This is what stays alive between forward and backward (thesis sec. 2.9).
+  and buffers excluded). This is what stays alive between forward and backward ([Xue25] sec. 2.9).
 * ``peak MB``: the peak of live bytes during forward + backward above the level before it, which
   includes transient buffers and the parameter gradients (e.g. the dense V x h gradient of
   ``vocab``). GPU: ``torch.cuda.max_memory_allocated``; CPU: torch.profiler's memory timeline

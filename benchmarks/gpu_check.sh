@@ -8,7 +8,7 @@
 #    (megahash.training.profiling.TrainHarness: the DeepSpeed engine pretrain.py builds; bf16 compute over
 #    fp32 parameters, compiled layers) against transformers Qwen2ForCausalLM eager and torch.compile'd,
 #    in the same run; item 1's ratios (target >= 1.3x the compiled loop) in one table;
-# 3. bench_training.py (model + AdamW, eager and compiled) for the standard and the thesis hybrid schedule.
+# 3. bench_training.py (model + AdamW, eager and compiled) for the standard and [Xue25] hybrid schedule.
 # Budget: under 9 minutes on one H100 (--quick: the 4-layer slice of the 500M shape, fewer steps).
 # Without a CUDA device it runs what it can (the gpu tests are then reported as skipped, and the CPU
 # proxy bench_step_proxy.py instead of the GPU benchmarks) and says what it skipped.

@@ -45,7 +45,7 @@ def _default_options(group: str) -> KindOptions:
 
 @dataclass
 class EmbeddingConfig:
-    """The embedding and its word-hash codes (thesis ch. 2). Unused by ``vocab``."""
+    """The embedding and its word-hash codes ([Xue25] ch. 2). Unused by ``vocab``."""
 
     OPTION_GROUP: typing.ClassVar[str] = "embedding"
     hash_spec: str = "md5"  # side shard the embedding reads: md5, lsh128, md5-bucket50000, rolling3 ...
@@ -56,10 +56,10 @@ class EmbeddingConfig:
 
 @dataclass
 class AttentionConfig:
-    """Options of the attention layers (thesis ch. 3-4)."""
+    """Options of the attention layers ([Xue25] ch. 3-4)."""
 
     OPTION_GROUP: typing.ClassVar[str] = "attention"
-    skip_nonstandard: bool = False  # `skip` evaluation mode (thesis 4.5)
+    skip_nonstandard: bool = False  # `skip` evaluation mode ([Xue25] sec. 4.5)
     options: KindOptions = field(default_factory=lambda: _default_options("attention"))  # declared by the attention kinds' own files
 
 
@@ -71,7 +71,7 @@ def _standard_kind(group: str) -> str:
 
 @dataclass
 class ModelConfig:
-    """Architecture: Qwen2.5-style decoder (default) or BERT-style encoder (thesis Table 4.10)."""
+    """Architecture: Qwen2.5-style decoder (default) or BERT-style encoder ([Xue25] Table 4.10)."""
 
     arch: str = "decoder"  # decoder | encoder
     layout: str = "prenorm"  # prenorm (pre-norm blocks, RoPE) | roberta (encoders: post-LN, learned positions, embedding LayerNorm, token types; megahash/models/roberta.py)

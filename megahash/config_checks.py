@@ -23,7 +23,7 @@ INF = None  # an unbounded side
 
 # key: (low, high, low_open, high_open, meaning)
 RANGES: dict[str, tuple] = {
-    # model.embed (thesis ch. 2)
+    # model.embed ([Xue25] ch. 2)
     "model.embed.num_buckets": (0, INF, False, False, "hash-emb rows; 0 = from the hash spec"),
     "model.embed.num_bits": (1, 128, False, False, "bits of the hash code"),
     # model

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# megahash: the 1.7B decoder of thesis Table 4.10 with standard attention (uniform:mha) and the 500M
+# megahash: the 1.7B decoder of [Xue25] Table 4.10 with standard attention (uniform:mha) and the 500M
 # run's Table 4.9 recipe (configs/pretrain_500m_hybrid.yaml hyperparameters, 15B tokens, ZeRO-1, bf16).
 # Uses configs/pretrain_1.7b.yaml if it exists, else writes SAVE_DIR/slurm_recipe_1.7b.yaml (an include of
 # the 500M recipe and configs/model/1.7b.yaml). Same variables, overrides, signal/requeue protocol as

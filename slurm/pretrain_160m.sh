@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# megahash: the 160M decoder of thesis Table 4.10 with standard attention (uniform:mha) and the 500M
+# megahash: the 160M decoder of [Xue25] Table 4.10 with standard attention (uniform:mha) and the 500M
 # run's Table 4.9 recipe (configs/pretrain_500m_hybrid.yaml hyperparameters, 15B tokens, ZeRO-1, bf16).
 # Uses configs/pretrain_160m.yaml if it exists, else writes SAVE_DIR/slurm_recipe_160m.yaml (an include of
 # the 500M recipe and configs/model/160m.yaml). Same variables, overrides, signal/requeue protocol as

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# megahash: the thesis's 500M hybrid decoder (configs/pretrain_500m_hybrid.yaml: Table 4.10 size,
+# megahash: the [Xue25] 500M hybrid decoder (configs/pretrain_500m_hybrid.yaml: Table 4.10 size,
 # Table 4.9 hyperparameters, schedule hybrid:rndembqk:even = RndEmbQK in odd layers, standard
 # attention in even layers, 15B tokens = 28,610 steps of 256 x 2048, ZeRO-1, bf16), multi-node.
 #

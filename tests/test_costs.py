@@ -1,4 +1,4 @@
-"""megahash.models.costs against numbers printed in the thesis and hand-computed table values."""
+"""megahash.models.costs against numbers printed in [Xue25] and hand-computed table values."""
 from __future__ import annotations
 
 import pytest

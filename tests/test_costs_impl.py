@@ -1,5 +1,5 @@
 """Costs describe the implementation: measured (meta device) FLOPs, decode cache and saved
-activations of every registered kind, shown beside the thesis's Tables 4.6-4.8, labelled; unknown
+activations of every registered kind, shown beside [Xue25] Tables 4.6-4.8, labelled; unknown
 kinds give "n/a", never an error."""
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def test_approx_forms_against_table_4_8_and_unknown_kinds():
 
 def test_mfu_flops_use_the_implementation_and_params_shows_both():
     """train_flops_per_token counts the measured attention GEMMs; `megahash params` prints the
-    implemented and the thesis-table values side by side, labelled."""
+    implemented and the [Xue25] table values side by side, labelled."""
     from megahash.models.accounting import count_parameters, format_report
 
     cfg = cfg_of("approx-thesis")

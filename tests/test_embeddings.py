@@ -1,4 +1,4 @@
-"""Hash embeddings (thesis ch. 2, seeds 001-002): parameter counts against the papers, the equations
+"""Hash embeddings ([Xue25] ch. 2, [Cohn23], [NeuML25]): parameter counts against the papers, the equations
 themselves, special tokens, unseen words, LSH locality, TP/SP parity, and a short training run."""
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def test_compressed_counts_match_eq_and_table_2_2(kind, overrides, paper, table)
     # the equation's parameters ...
     assert sum(p.numel() for n, p in emb.named_parameters() if n not in ("special", "word_row")) == paper
     # ... plus the one h-wide row every ordinary word adds (row 5 of the reference's 6-row special
-    # table; thesis sec. 2.8 counts it and excludes the 5 special rows): Table 2.2 exactly
+    # table; [Xue25] sec. 2.8 counts it and excludes the 5 special rows): Table 2.2 exactly
     assert rep == {"embedding": paper + D, "special": 5 * D}
     assert kilo(rep["embedding"]) == table
 

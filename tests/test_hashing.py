@@ -67,7 +67,7 @@ def test_split_words_regex_and_lowercase():
 
 # -- MD5 --------------------------------------------------------------------------------------
 def test_md5_known_digests():
-    # hashlib's plain MD5 and HMAC-MD5 with the HashFormers key b"en" (the thesis' printed values are neither)
+    # hashlib's plain MD5 and HMAC-MD5 with the HashFormers key b"en" (the [Xue25] printed values are neither)
     assert hashlib.md5(b"play").hexdigest() == "a3b34c0871dc2fd51eec5559b68f709d"
     assert md5_digest("play", key=None).hex() == "a3b34c0871dc2fd51eec5559b68f709d"
     assert md5_digest("play").hex() == "95ea122b0b72902c5a95d7ba740ff838"
@@ -136,7 +136,7 @@ def test_lsh_vocabulary_is_top_k_ngrams():
 
 
 def test_lsh_locality_margin(lsh):
-    """Morphological neighbours share more bits than unrelated words (thesis sec. 2.3.3).
+    """Morphological neighbours share more bits than unrelated words ([Xue25] sec. 2.3.3).
     Measured on 8 plays (T = 128, seeds 1-4 and 1234): neighbours 31-34 bits apart on average,
     unrelated pairs 58-61, a gap of 26-28 bits; the test asks for 15."""
     families = [
@@ -222,7 +222,7 @@ def test_rolling_codes_layout():
 
 
 def _seed001_embedding(word, d, n, seed, b):
-    """Independent transcription of seed 001's hash_embedding (numpy, loops)."""
+    """Independent transcription of [Julian23]'s hash_embedding (numpy, loops)."""
     from megahash.hashing import rolling_seeds
 
     parts = n * (n + 1) // 2

@@ -1,4 +1,4 @@
-"""Attention indicators (thesis sec. 4.4.4) on hand-made matrices, and the capture of attention
+"""Attention indicators ([Xue25] sec. 4.4.4) on hand-made matrices, and the capture of attention
 maps from every attention kind (captured A times V reproduces each module's output)."""
 import math
 

@@ -1,5 +1,5 @@
 """``model.qk_norm`` (Qwen3 QK-norm) against megatron-core's qk_layernorm and transformers' Qwen3,
-and configs/model/1.7b.yaml = Qwen3-1.7B (thesis Tables 4.9-4.10)."""
+and configs/model/1.7b.yaml = Qwen3-1.7B ([Xue25] Tables 4.9-4.10)."""
 from __future__ import annotations
 
 import os

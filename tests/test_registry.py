@@ -34,7 +34,7 @@ def _registry():
 @pytest.mark.parametrize("group,name", ALL, ids=[f"{g}:{n}" for g, n in ALL])
 def test_every_kind_describes_itself(group, name):
     """One file registers the kind, with a capability record; attention kinds name their cost
-    formulas (or costs=None, "measured only"): a kind listed in the thesis's tables has every table
+    formulas (or costs=None, "measured only"): a kind listed in the [Xue25] tables has every table
     formula, and a kind that decodes has its decode-cache formula."""
     reg = _registry()
     files = [e.file for g in declarations.GROUPS for n, e in declarations.entries(g).items() if g == group and n == name]
@@ -88,7 +88,7 @@ def test_reads_hash_codes_has_one_owner():
             cfg = load_config(None, [f"model.embedding={emb}", f"model.head={head}"])
             want = declarations.caps("embedding", emb).reads_hash_codes or declarations.caps("head", head).reads_hash_codes
             assert needs_codes(cfg) == declarations.reads_hash_codes(cfg) == want, (emb, head)
-    assert not declarations.caps("embedding", "bert-hash").reads_hash_codes  # seed 002 indexes token ids
+    assert not declarations.caps("embedding", "bert-hash").reads_hash_codes  # [NeuML25] indexes token ids
 
 
 def _one_step(overrides, vocab=96, seed=0):

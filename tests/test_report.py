@@ -1,4 +1,4 @@
-"""Efficiency formulas of megahash report against the thesis's worked numbers: Table 2.2 (PCR_All,
+"""Efficiency formulas of megahash report against the [Xue25] worked numbers: Table 2.2 (PCR_All,
 PCR_Emb, PoEP), Tables 3.1/3.2 (PRR direct and inverse, PEoP), Table 3.13 (per-block memory of
 BERT-base), and the report table built from run records."""
 import pytest
@@ -35,7 +35,7 @@ def test_table_3_1_and_3_2_retention_and_elasticity():
     assert round(eff.peop(53.8, 62.0, mhe, sha, higher_is_better=False), 2) == 42.32
     assert round(eff.peop(54.0, 62.0, mhe, sha, higher_is_better=False), 2) == 41.29
     assert round(eff.peop(43.0, 62.0, mha, sha, higher_is_better=False), 2) == 0.14
-    assert eff.peop(70.0, 62.0, sha, sha) is None  # equal sizes: undefined (the thesis's "-")
+    assert eff.peop(70.0, 62.0, sha, sha) is None  # equal sizes: undefined (the [Xue25] "-")
 
 
 @pytest.mark.parametrize("kind, weights, total, saving", [

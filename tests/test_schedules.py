@@ -1,4 +1,4 @@
-"""Layer schedules (thesis sec. 4.5-4.6, Table 4.11), `skip` mode, and the 500M hybrids' sizes."""
+"""Layer schedules ([Xue25] sec. 4.5-4.6, Table 4.11), `skip` mode, and the 500M hybrids' sizes."""
 from __future__ import annotations
 
 import os
@@ -53,7 +53,7 @@ def test_presets_generalise(L):
 
 def test_layer_kinds_forms():
     assert layer_kinds("uniform:approx", 3) == ["approx"] * 3
-    kinds = layer_kinds("hybrid:rndembqk:even", 24)  # the thesis's 500M hybrid: RndEmbQK in odd layers
+    kinds = layer_kinds("hybrid:rndembqk:even", 24)  # the [Xue25] 500M hybrid: RndEmbQK in odd layers
     assert [i + 1 for i, k in enumerate(kinds) if k == "mha"] == sorted(TABLE_4_11["even"])
     assert all(k == "rndembqk" for i, k in enumerate(kinds) if (i + 1) % 2 == 1)
     assert layer_kinds("hybrid:mlp:1,3", 4) == ["mha", "mlp", "mha", "mlp"]
@@ -90,7 +90,7 @@ def _build(cfg, seed=0):
 
 
 def test_skip_mode_drops_nonstandard_layers_whole():
-    """skip_nonstandard: every non-standard layer is an identity (attention AND MLP, thesis 4.5 'we
+    """skip_nonstandard: every non-standard layer is an identity (attention AND MLP, [Xue25] sec. 4.5 'we
     remove the odd-numbered layers'), parameters kept so hybrid checkpoints load; the output equals
     running only the standard layers."""
     from megahash.models.registry import SkippedLayer

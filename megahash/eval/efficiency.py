@@ -1,4 +1,4 @@
-"""Memory-efficiency and retention metrics of the thesis (pure Python, no torch).
+"""Memory-efficiency and retention metrics of [Xue25] (pure Python, no torch).
 
 Sec. 2.4.4 (HashFormers, Table 2.2), as fractions (x 100 for the tables' percentages):
 

@@ -1,4 +1,4 @@
-"""Attention pattern indicators (thesis sec. 4.4.4) and pre-softmax logits (Figures 4.1, 4.2).
+"""Attention pattern indicators ([Xue25] sec. 4.4.4) and pre-softmax logits (Figures 4.1, 4.2).
 
     megahash indicators --checkpoint DIR --text FILE [--out DIR] [--max-tokens N] [--windows K]
 
@@ -17,7 +17,7 @@ there (sums over all entries a of the matrix):
   distance N (the N-th sub-diagonal), N in {0, 1, 2, 3}.
 
 The JSON holds raw values per head, their head means per layer, and HeadDiv per layer (averaged
-over ``--windows`` consecutive windows). Footnote 5 of the thesis plots H, Conc and HeadDiv
+over ``--windows`` consecutive windows). Footnote 5 of [Xue25] plots H, Conc and HeadDiv
 min-max normalised across layers and Sink/LocFoc_N as absolute values (LocFoc_N x 2): the layer
 heatmap ``indicators_layers.png`` does the same. ``indicators_heads.png`` shows each indicator per
 layer (x) and head (y); ``logits.png`` the distribution of the pre-softmax logits per layer
@@ -456,7 +456,7 @@ def plot(records: list[dict], out_dir: Path, title: str = "") -> list[str]:
 # ============================================================================ CLI
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="megahash indicators",
-                                description="Attention pattern indicators (thesis sec. 4.4.4) of a checkpoint on a text.")
+                                description="Attention pattern indicators ([Xue25] sec. 4.4.4, docs/references.md) of a checkpoint on a text.")
     p.add_argument("--checkpoint", required=True, help="run directory or step_N directory")
     p.add_argument("--text", required=True, help="UTF-8 text file")
     p.add_argument("--out", default=None, help="output directory (default RUN_DIR/indicators)")

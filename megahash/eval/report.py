@@ -6,11 +6,11 @@
 Per run (a run directory or a ``step_N`` checkpoint; the latest complete checkpoint is used):
 
 - parameters from the checkpoint's resolved config (:func:`megahash.models.accounting.count_parameters`
-  at the checkpoint's vocabulary): total, embedding (thesis sec. 2.8 counting), attention (every
+  at the checkpoint's vocabulary): total, embedding ([Xue25] sec. 2.8 counting), attention (every
   attention sublayer with its output projection);
 - against ``--baseline`` (default: the first run): PCR_All, PCR_Emb (eq. 2.5-2.6), and PoEP
   (eq. 2.7) of the run itself;
-- attention costs from :mod:`megahash.models.costs` (thesis Tables 4.6 and 4.8), summed over the
+- attention costs from :mod:`megahash.models.costs` ([Xue25] Tables 4.6 and 4.8), summed over the
   layers at batch 1 and the run's ``data.seq_length``: prefill FLOPs per token, decode FLOPs per
   token, inference cache bytes (16-bit) at that context;
 - eval scores from the ``megahash eval`` JSON files in ``RUN_DIR/eval/`` (newest step wins per
@@ -96,7 +96,7 @@ def _costs(cfg, layers) -> Optional[dict]:
     seq = cfg.data.seq_length
     skipped = registry.skipped_layers(cfg, [L["kind"] for L in layers])
     keys = ("prefill_flops_per_token", "decode_flops_per_token", "cache_bytes")
-    total = {k: 0.0 for k in keys + tuple(f"impl_{k}" for k in keys)}  # thesis tables, and implemented (impl_)
+    total = {k: 0.0 for k in keys + tuple(f"impl_{k}" for k in keys)}  # [Xue25] tables, and implemented (impl_)
     try:
         for L, skip in zip(layers, skipped):
             if skip:

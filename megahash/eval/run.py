@@ -4,7 +4,7 @@
                   [--out FILE.json] [--limit N] [--batch-size B] [--max-length L] [--tokenizer PATH]
                   [--override key=value ...] [--no-incremental]
 
-Tasks: lm-eval task (or tag/group) names, comma-separated. Default: the nine of thesis Table 4.1
+Tasks: lm-eval task (or tag/group) names, comma-separated. Default: the nine of [Xue25] Table 4.1
 (``DEFAULT_TASKS``: ARC-E, BoolQ, COPA, PIQA, SciQ, RTE, HellaSwag, WikiText, LAMBADA OpenAI),
 which lm-eval downloads from the Hugging Face Hub (a networked machine). Offline: local task
 YAMLs (``data_tools/make_eval_tasks.py`` writes a suite) under ``--tasks-dir``; when every requested

@@ -8,7 +8,7 @@ At tiny scale held-out perplexity barely separates attention kinds (a 4-layer mo
 attention lands within 3% of full attention after 300 steps); recall tasks do. Two tasks, generated
 on the fly from a seed (the same batches for every kind):
 
-- ``mqar``: multi-query associative recall (Arora et al. 2023, "Zoology", sec. 3): a sequence of
+- ``mqar``: multi-query associative recall ([Arora23], "Zoology", sec. 3): a sequence of
   ``pairs`` key-value pairs ``k1 v1 k2 v2 ...`` (distinct keys drawn from ``keys`` ids, values from
   ``values`` ids) followed by ``queries`` of those keys in random order, each followed by its value
   ``q1 a1 q2 a2 ...``; the model is scored on predicting ``a_j`` at the position of ``q_j``.

@@ -1,11 +1,11 @@
-"""The report of a finished ``megahash sweep`` in the thesis's layout (Table 4.1; also Tables 2.1, 3.2).
+"""The report of a finished ``megahash sweep`` in the [Xue25] layout (Table 4.1; also Tables 2.1, 3.2).
 
 Rows = cells (variant, and seed when the grid repeats seeds), in grid order; the standard row(s)
 are marked. Columns: parameter counts (total, embedding, attention) and attention costs
 (:func:`megahash.eval.report.describe_run`: ``megahash.models.accounting`` and ``megahash.models.costs``,
 prefill/decode FLOPs per token and cache bytes at the run's context), then one column per task with
-its main metric (accuracies in %, as the thesis prints them) and the delta against the standard
-row of the same seed, the average over the higher-is-better tasks ("Avg.", the thesis's NLU
+its main metric (accuracies in %, as [Xue25] prints them) and the delta against the standard
+row of the same seed, the average over the higher-is-better tasks ("Avg.", the [Xue25] NLU
 average) and the final validation loss. With several seeds a second table gives mean ± standard
 deviation per variant. Cells without a result are listed after the table, each failed one with its
 exit status and one-line error (also ``not_done`` in report.json).

@@ -41,7 +41,7 @@ axis are refused). The resolved config is written to ``OUT/cells/CELL/cell_confi
   their state. ``--tasks``/``--tasks-dir``/``--limit`` replace the grid's evaluation (``--tasks none``:
   validation loss only), e.g. the offline task suite on a machine without the Hugging Face Hub.
 
-When cells are finished, ``OUT/report.{md,json}`` (thesis Table 4.1 layout: rows = cells, columns =
+When cells are finished, ``OUT/report.{md,json}`` ([Xue25] Table 4.1 layout: rows = cells, columns =
 tasks + average with deltas against the standard row, parameter and cost columns) and
 ``OUT/loss_curves.png`` / ``OUT/scores.png`` are written (:mod:`megahash.experiments.grid_report`).
 """

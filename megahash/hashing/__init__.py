@@ -1,5 +1,5 @@
-"""Words -> hash codes, pure Python/numpy (no torch): HashFormers MD5 and LSH (thesis ch. 2), EELBERT
-rolling hashes (seed 001). Used by data_tools (side shards) and by the Hugging Face export."""
+"""Words -> hash codes, pure Python/numpy (no torch): HashFormers MD5 and LSH ([Xue25] ch. 2), EELBERT
+rolling hashes ([Cohn23]). Used by data_tools (side shards) and by the Hugging Face export."""
 from megahash.hashing.codes import ZERO_ROW, CodeTable, hash_words
 from megahash.hashing.lsh import (
     DEFAULT_NGRAM_VOCAB,

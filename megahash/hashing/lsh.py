@@ -1,4 +1,4 @@
-"""HashFormers-LSH: locality-sensitive word codes from character n-grams (thesis sec. 2.3.3 and 2.3.5).
+"""HashFormers-LSH: locality-sensitive word codes from character n-grams ([Xue25] sec. 2.3.3 and 2.3.5).
 
 Features (sec. 2.3.3, footnote 4): a word is a bag of its character n-grams, n = 1..4, over code
 points, without boundary markers; element ``x_g`` is how often n-gram ``g`` occurs in the word
@@ -9,14 +9,14 @@ in the vocabulary has ``x = 0``: all its bits are 0 and its bucket is 0.
 
 Bits (sec. 2.3.5): T hyperplanes ``r_j`` with i.i.d. N(0, 1) entries,
 ``R = Generator(PCG64(seed)).standard_normal((K, T), dtype=float32)`` (row = n-gram, column = plane);
-bit ``j`` is ``[x . r_j > 0]`` (the thesis' ``sgn(sgn(x . r_j) + 1)`` with a zero dot product
+bit ``j`` is ``[x . r_j > 0]`` (the [Xue25] ``sgn(sgn(x . r_j) + 1)`` with a zero dot product
 mapped to 0), packed T/8 bytes MSB first like the MD5 codes.
 
 Buckets (sec. 2.3.3, circulant hyperplanes): one stored vector ``eta`` of length ``L = max(K, N)``,
 ``Generator(PCG64([seed, 1])).standard_normal(L, dtype=float32)``. Hyperplane ``b`` (b = 0..N-1)
 is ``eta`` cyclically shifted left by ``b + 1``: ``r^b[g] = eta[(g + b + 1) mod L]``; so ``b = 0`` is the
-thesis' ``r^1 = [eta_2, ..., eta_L, eta_1]`` and every plane has the same L2 norm. The bucket is
-``argmax_b x . r^b`` (first index on ties). With N <= K this is exactly the thesis; ``L = max(K, N)``
+[Xue25] ``r^1 = [eta_2, ..., eta_L, eta_1]`` and every plane has the same L2 norm. The bucket is
+``argmax_b x . r^b`` (first index on ties). With N <= K this is exactly [Xue25]; ``L = max(K, N)``
 only keeps the N planes distinct when N > K.
 
 A projection ``x . r`` is computed as the float32 sum of ``r[g]`` over the word's in-vocabulary n-gram

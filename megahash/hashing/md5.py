@@ -1,4 +1,4 @@
-"""HashFormers-MD: 128-bit HMAC-MD5 word codes (thesis sec. 2.3.2 and 2.3.5).
+"""HashFormers-MD: 128-bit HMAC-MD5 word codes ([Xue25] sec. 2.3.2 and 2.3.5).
 
 The code of a word is HMAC-MD5 with a secret key (default ``b"en"``, as in the reference code) over
 the word's UTF-8 bytes. Its 128 bits are read most-significant first: bit ``j`` is

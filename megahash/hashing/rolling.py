@@ -1,11 +1,11 @@
-"""EELBERT dynamic hash embedding inputs: polynomial rolling hashes of character i-grams (seed 001,
+"""EELBERT dynamic hash embedding inputs: polynomial rolling hashes of character i-grams ([Cohn23],
 arXiv 2310.20144).
 
-Hash of a string ``s`` of code points (the equation of seed 001)::
+Hash of a string ``s`` of code points (the equation of [Cohn23])::
 
     H(s) = s[0]·p^(len-1) + s[1]·p^(len-2) + ... + s[len-2]·p + s[len-1]   (mod m),  p = 31, m = 1e9+7
 
-computed by Horner's rule, with ``s[k] = ord(char)``. Seed 001's JAX snippet does not compute this
+computed by Horner's rule, with ``s[k] = ord(char)``. [Julian23]'s JAX snippet does not compute this
 equation: its scan starts from ``value = s[0]``, ``power = len`` and adds ``(s[k] - 96)·power`` with
 ``power *= p``, i.e. ``s[0] + Σ_{k>=1} (s[k]-96)·len·p^(k-1)``. We follow the stated equation (the
 standard polynomial rolling hash), not that snippet.
@@ -15,7 +15,7 @@ Per word, ``rolling_codes`` stores every i-gram hash for i = 1..n of the word tr
 then -1 padding), so the row width is ``Σ_i (max_len - i + 1)`` (45 for n = 3, max_len = 16). All hash
 values are < m < 2^31. The model layer turns a row into the embedding: seeded outer product, mod b,
 map to [-1, 1], mean over the i-grams of each i, partition i of d (``rolling_embedding_from_codes``
-is the numpy reference of that step; ``rolling_embedding`` is seed 001's whole function).
+is the numpy reference of that step; ``rolling_embedding`` is [Julian23]'s whole function).
 """
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def rolling_codes(
 
 
 def rolling_seeds(d: int, n: int = DEFAULT_N, seed: int = 42) -> np.ndarray:
-    """Seeded hash multipliers ``int64 [d // P, P]`` in [0, 2^32), P = n(n+1)/2 (seed 001's ``h``)."""
+    """Seeded hash multipliers ``int64 [d // P, P]`` in [0, 2^32), P = n(n+1)/2 ([Julian23]'s ``h``)."""
     parts = n * (n + 1) // 2
     rng = np.random.Generator(np.random.PCG64(seed))
     return rng.integers(0, 2**32, size=(d // parts, parts), dtype=np.int64)
@@ -95,7 +95,7 @@ def rolling_seeds(d: int, n: int = DEFAULT_N, seed: int = 42) -> np.ndarray:
 def rolling_embedding_from_codes(
     row: np.ndarray, d: int, n: int = DEFAULT_N, max_len: int = DEFAULT_MAX_LEN, seed: int = 42, b: int = ROLLING_M
 ) -> np.ndarray:
-    """Seed 001's embedding from one code row: for each i, outer(hashes_i, h[:, run:run+i]) mod b,
+    """[Julian23]'s embedding from one code row: for each i, outer(hashes_i, h[:, run:run+i]) mod b,
     mapped to (-1, 1] by ``p - [p > b/2]·b`` then ``/(b/2)``, averaged over the i-grams, written to
     dims ``[run·d/P, (run+i)·d/P)``; an i with no i-grams leaves zeros. Returns ``float64 [d]``."""
     h = rolling_seeds(d, n, seed)
@@ -117,6 +117,6 @@ def rolling_embedding_from_codes(
 def rolling_embedding(
     word: str, d: int = 768, n: int = DEFAULT_N, seed: int = 42, b: int = ROLLING_M, max_len: Optional[int] = None
 ) -> np.ndarray:
-    """Seed 001's ``hash_embedding`` in numpy (no truncation unless ``max_len`` is given)."""
+    """[Julian23]'s ``hash_embedding`` in numpy (no truncation unless ``max_len`` is given)."""
     max_len = len(word) if max_len is None else max_len
     return rolling_embedding_from_codes(rolling_codes([word], n, max_len)[0], d, n, max_len, seed, b)

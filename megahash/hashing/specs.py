@@ -1,4 +1,4 @@
-"""Hash spec grammar: which word codes a side shard holds (thesis sec. 2.3; seed 001).
+"""Hash spec grammar: which word codes a side shard holds ([Xue25] sec. 2.3; [Cohn23]).
 
 =================  ==========  =====  =====  ==============================================
 spec               kind        dtype  width  code of one token

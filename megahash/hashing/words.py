@@ -1,4 +1,4 @@
-"""HashFormers word splitter and special tokens (thesis sec. 2.3; reference tokenizer of HUIYINXUE/hashformer).
+"""HashFormers word splitter and special tokens ([Xue25] sec. 2.3; reference tokenizer of HUIYINXUE/hashformer).
 
 A document is lowercased and split with the regex ``\\w+|[^\\w\\s]+``: runs of word characters and runs
 of punctuation; whitespace is dropped. Special tokens keep the ids of the reference code, which the

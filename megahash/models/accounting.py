@@ -102,7 +102,7 @@ def _fmt(v, scale: float = 1.0, unit: str = "") -> str:
 
 
 def cost_rows(c: dict) -> list[str]:
-    """Implemented vs thesis-table costs, model totals then one block per attention kind (labelled;
+    """Implemented vs [Xue25] table costs, model totals then one block per attention kind (labelled;
     '*' marks where the two differ)."""
     quantities = (("prefill_flops_per_token", "attention prefill FLOPs/token", 1, ""),
                   ("decode_flops_per_token", "attention decode FLOPs/token", 1, ""),

@@ -2,7 +2,7 @@
 logits (fp32 or otherwise) are never materialised whole (one TP rank).
 
 loss_i = logsumexp_v(h_i W_v) - h_i W_{y_i} (the vocab-parallel cross-entropy at TP=1, megatron-core's
-``VocabParallelCrossEntropy``, Megatron-LM eq. of Shoeybi et al. 2019 sec. 3). Forward computes the
+``VocabParallelCrossEntropy``, Megatron-LM eq. of [Shoeybi19] sec. 3). Forward computes the
 logits of ``rows`` tokens at a time in fp32 and keeps the log-sum-exp of each token; it saves only the
 hidden states (and the weight, a parameter). Backward recomputes each chunk's logits and forms
 d logits = (softmax - onehot(y)) * dloss, then dh = d logits W and dW = d logits^T h, accumulated in

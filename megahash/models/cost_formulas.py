@@ -32,7 +32,7 @@ class StandardQKV:
 
 class GeneralisedRow(StandardQKV):
     """Table 4.5-4.8's Standard row generalised by a kind's projection sizes (chapter-3 kinds; NOT in
-    the thesis): prefill FLOPs 2*B*L*p + 4*B*L^2*w, decode 2*B*p + 4*B*L*w (p = Q/K/V parameters,
+    [Xue25]): prefill FLOPs 2*B*L*p + 4*B*L^2*w, decode 2*B*p + 4*B*L*w (p = Q/K/V parameters,
     w = attention width ``width``), activations (8BLd + 2BL^2 * maps)/t, cache 4*B*L*kv_width bytes.
     With the standard projections it is exactly the Standard row."""
 

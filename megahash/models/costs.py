@@ -1,4 +1,4 @@
-"""Analytic costs of the attention kinds, from the thesis's tables (pure python, no torch).
+"""Analytic costs of the attention kinds, from the [Xue25] tables (pure python, no torch).
 
 - :func:`attention_param_count` — Table 3.4: parameters of one attention sublayer's Q/K/V part
   (d = head dimension, n = heads, d_m = nd, output projection and biases excluded).
@@ -10,18 +10,18 @@
   :func:`cache_bytes` (Table 4.8, 16-bit inference cache per layer). B = batch, L = sequence /
   context length, d = hidden size (d = h * d_h), h = heads, t = tensor-parallel size.
   Every formula is the kind's own (its cost class, registered in its file; see "formula bases"
-  below): chapter-4 kinds use the thesis's rows verbatim, chapter-3 kinds the Standard row
-  generalised by their projection sizes (:class:`GeneralisedRow`; not in the thesis). A kind
+  below): chapter-4 kinds use the [Xue25] rows verbatim, chapter-3 kinds the Standard row
+  generalised by their projection sizes (:class:`GeneralisedRow`; not in [Xue25]). A kind
   registered with ``costs=None`` is "measured only".
 - :func:`cache_elements` — the decode cache THIS implementation keeps per layer (numbers, all TP
   ranks together), which tests compare with the modules' real caches. For ``approx`` it differs
-  from Table 4.8: the thesis's cache (6Bd + 4Bd^2/h bytes) is the state of Appendix I's
+  from Table 4.8: the [Xue25] cache (6Bd + 4Bd^2/h bytes) is the state of Appendix I's
   separately normalised element-wise form (eq. 4.14-4.17), megahash implements Based's
   shared-denominator feature map (state (1 + d_h + d_h(d_h+1)/2) x (d_h + 1) per key/value head).
 - :func:`layer_costs` — everything above for one layer of a megahash config, and beside it (keys
   ``impl_*``) the costs of megahash's implementation of the kind, measured on the meta device
   (:mod:`megahash.models.measured_costs`: GEMM FLOPs, decode cache, saved activations). Where the
-  thesis's table and the implementation differ both are shown, labelled (``megahash params``,
+  [Xue25] table and the implementation differ both are shown, labelled (``megahash params``,
   ``megahash report``); MFU uses the implemented FLOPs. A kind without a table row or that cannot
   be measured gets "n/a", never an error.
 """
@@ -61,7 +61,7 @@ def _groups(kind: str, n: int, groups: int | None) -> int:
 
 
 def thesis_name(kind: str):
-    """Row name in the thesis's tables ("Standard", "MLP", "SHA", ...) or None."""
+    """Row name in the [Xue25] tables ("Standard", "MLP", "SHA", ...) or None."""
     return declarations.caps("attention", _resolve(kind)).thesis_name
 
 
@@ -211,7 +211,7 @@ def implemented_costs(cfg, kind: str, batch: int, seq: int) -> dict:
 def layer_costs(cfg, kind: str, batch: int, seq: int, measure: bool = True) -> dict:
     """All table values for one layer of kind ``kind`` under a megahash config (``cfg.model``), the
     implementation's measured values (``impl_*``; ``measure=False`` skips them) and ``differs``: the
-    quantities where the thesis's table and the implementation disagree (beyond 0.5%)."""
+    quantities where the [Xue25] table and the implementation disagree (beyond 0.5%)."""
     m = cfg.model
     n, d = m.num_heads, m.hidden_size
     d_h = d // n
@@ -296,7 +296,7 @@ def config_costs(cfg, batch: int = 1, measure: bool = True) -> dict:
     out = {"seq_length": seq, "batch": batch, "measured": measure,
            "train_flops_per_token": train_flops_per_token(cfg, vocab, seq, measure=measure)}
     for key in ("prefill_flops_per_token", "decode_flops_per_token", "cache_bytes", "activation_bytes"):
-        out[key] = total(key)  # the thesis's tables
+        out[key] = total(key)  # the [Xue25] tables
         out[f"impl_{key}"] = total(f"impl_{key}")  # this implementation
     out["layers"] = layers
     return out

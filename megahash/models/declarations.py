@@ -56,8 +56,8 @@ class AttentionCaps:
     standard: bool = False  # THE standard attention: default schedule, kept layers of a hybrid
     qwen2: bool = False  # a plain Qwen2 attention layer (Qwen2 import/export, closed-form params)
     mixes_tokens: bool = True  # False: each output reads only its own token (attention map = I)
-    thesis_name: str | None = None  # row of the thesis's tables (Tables 3.4, 4.5-4.8), None: not there
-    chapters: tuple = ()  # thesis chapters whose tables list it
+    thesis_name: str | None = None  # row of the [Xue25] tables (Tables 3.4, 4.5-4.8), None: not there
+    chapters: tuple = ()  # [Xue25] chapters whose tables list it
 
 
 @dataclass(frozen=True)
@@ -379,12 +379,12 @@ def reads_hash_codes(cfg) -> bool:
 
 
 def thesis_kinds(chapter: int) -> list[str]:
-    """Attention kinds listed in the tables of a thesis chapter (3: Table 3.4, 4: Tables 4.5-4.8)."""
+    """Attention kinds listed in the tables of a [Xue25] chapter (3: Table 3.4, 4: Tables 4.5-4.8)."""
     return sorted(n for n in names("attention") if chapter in caps("attention", n).chapters)
 
 
 def by_thesis_name(thesis_name: str) -> str | None:
-    """The attention kind whose thesis table row is ``thesis_name`` (e.g. "SHA"), or None."""
+    """The attention kind whose [Xue25] table row is ``thesis_name`` (e.g. "SHA"), or None."""
     for n in sorted(names("attention")):
         if (caps("attention", n).thesis_name or "").lower() == thesis_name.lower():
             return n

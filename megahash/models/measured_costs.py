@@ -1,6 +1,6 @@
 """Costs of an attention kind AS IMPLEMENTED, measured on the ``meta`` device (no memory, no compute).
 
-The thesis's Tables 4.5-4.8 (``megahash.models.costs``) describe the thesis's implementations; this
+[Xue25] Tables 4.5-4.8 (``megahash.models.costs``) describe the [Xue25] implementations; this
 module measures megahash's own code, whatever the kind (a kind needs no cost formula to be listed):
 one attention sublayer of the config is built on ``meta`` in 16-bit and run with the config's
 shapes (``batch`` sequences of ``seq`` tokens, plus the fixed sequence rndembqk/fixedseqqk carry):

@@ -140,7 +140,7 @@ ROLLING_CHUNK_ELEMS = 1 << 22  # int64 elements of one [i-gram hashes, d_i] bloc
 
 
 def rolling_code_features(codes: torch.Tensor, seeds: torch.Tensor, parts, b: int, dim: int) -> torch.Tensor:
-    """Code rows int [M, W] -> float32 features [M, dim] (EELBERT, seed 001; the one copy, used by
+    """Code rows int [M, W] -> float32 features [M, dim] (EELBERT, [Cohn23]; the one copy, used by
     :mod:`megahash.models.embeddings.rolling` and its exported reference).
 
     The value of an i-gram, map((H(g) * h_i) mod b) in [-1, 1]^(d/P * i), depends only on its hash,

@@ -165,7 +165,7 @@ def mlp_spec() -> type:
 
 
 class SkippedLayer(TransformerLayer):
-    """`skip` evaluation mode (thesis sec. 4.5, Table 4.1 "HYBRID SKIP"): the whole layer (attention
+    """`skip` evaluation mode ([Xue25] sec. 4.5, Table 4.1 "HYBRID SKIP"): the whole layer (attention
     and MLP) is an identity, so information flows only through the residual stream. Its parameters
     are still built, so a hybrid checkpoint loads unchanged, and frozen: they never get a gradient,
     so no optimizer holds or touches them (no weight decay under ZeRO) and checkpoints keep them as built."""

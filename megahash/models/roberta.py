@@ -1,7 +1,7 @@
-"""The RoBERTa-base-faithful encoder layout (``model.layout=roberta``; thesis ch. 2-3 encoders).
+"""The RoBERTa-base-faithful encoder layout (``model.layout=roberta``; [Xue25] ch. 2-3 encoders).
 
 HashFormers (ch. 2) and MHE (ch. 3) train BERT/RoBERTa-base encoders: post-LN layers, learned
-absolute positions, token-type embeddings and a LayerNorm on the embeddings (Liu et al. 2019,
+absolute positions, token-type embeddings and a LayerNorm on the embeddings ([Liu19],
 transformers' ``RobertaModel``). megahash's other encoder layout (``prenorm``) uses the decoder's
 pre-norm blocks with RoPE. With ``roberta``:
 

@@ -1,4 +1,4 @@
-"""Layer schedules: a schedule string -> one attention kind per layer (thesis sec. 4.5, Table 4.11).
+"""Layer schedules: a schedule string -> one attention kind per layer ([Xue25] sec. 4.5, Table 4.11).
 
 Forms:
 - ``uniform:KIND`` every layer uses KIND.
@@ -11,7 +11,7 @@ Forms:
 - ``list:K1,K2,...`` an explicit kind per layer (length L); ``K*n`` repeats (``list:mha*2,mlp*2``).
 - ``hybrid:KIND:PRESET:STANDARD`` uses STANDARD instead of the standard kind for the kept layers.
 
-The thesis's 500M hybrid (RndEmbQK in odd layers, standard in even) is ``hybrid:rndembqk:even``.
+The [Xue25] 500M hybrid (RndEmbQK in odd layers, standard in even) is ``hybrid:rndembqk:even``.
 ``model.attention.skip_nonstandard=true`` evaluates a hybrid with its non-standard layers dropped
 (`skip`, see :func:`skip_mask`).
 """
@@ -111,9 +111,9 @@ def _standard() -> str:
 
 
 def skip_mask(kinds: list[str], standard: str | None = None) -> list[bool]:
-    """`skip` evaluation mode (thesis sec. 4.4.2/4.5, Table 4.1 "HYBRID SKIP"): True for the layers
+    """`skip` evaluation mode ([Xue25] sec. 4.4.2/4.5, Table 4.1 "HYBRID SKIP"): True for the layers
     to drop, i.e. every non-standard layer. The model drops a skipped layer whole (attention and
-    MLP become an identity, ``registry.SkippedLayer``): the thesis removes the odd (non-standard)
+    MLP become an identity, ``registry.SkippedLayer``): [Xue25] removes the odd (non-standard)
     layers of a pre-trained hybrid so information flows only through the residual connections."""
     standard = standard or _standard()
     return [k != standard for k in kinds]

@@ -1,5 +1,5 @@
 """Training objectives: causal LM (``clm``), masked LM (``mlm``) and Shuffle+Random (``sr``,
-thesis sec. 2.3.6). The trainer calls ``objective.set_step(step, dp_rank)`` before each optimizer
+[Xue25] sec. 2.3.6). The trainer calls ``objective.set_step(step, dp_rank)`` before each optimizer
 step and ``objective.prepare(batch)`` on each micro-batch; corruption randomness comes from a
 generator seeded by (seed, step, rank), so a resumed run corrupts exactly as the uninterrupted one.
 """

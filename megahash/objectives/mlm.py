@@ -1,4 +1,4 @@
-"""Masked language modelling (Devlin et al. 2019), vocabulary-free.
+"""Masked language modelling ([Devlin19]), vocabulary-free.
 
 15% of the ordinary (non-special) tokens are selected; of those 80% become ``<mask>`` (id 4, codes
 zeroed, like every special), 10% a random word and 10% stay. The random words are drawn from the

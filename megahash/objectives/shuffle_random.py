@@ -1,4 +1,4 @@
-"""Shuffle+Random (S+R, thesis sec. 2.3.6; Yamaguchi et al. 2021): a 3-way token classification.
+"""Shuffle+Random (S+R, [Xue25] sec. 2.3.6; [Yamaguchi21]): a 3-way token classification.
 
 Of the ordinary (non-special) tokens, each is selected for shuffling with p = 10%; within each
 sequence the selected tokens are permuted among themselves (a random cyclic order, so every selected

@@ -6,8 +6,8 @@ Families (the kinds that use them name them; a family is math, not a kind):
 
 * :mod:`megahash.ops.linear`: causal linear attention with a feature map, chunked into batched GEMMs
   with the inter-chunk state carried by a cumulative sum (no Python loop over chunks);
-* :mod:`megahash.ops.taylor`: Based's second-order Taylor kernel 1 + s + s^2/2 (thesis eq. 4.6);
-* :mod:`megahash.ops.orders`: Appendix I's separately normalised orders (thesis eq. 4.14-4.17);
+* :mod:`megahash.ops.taylor`: Based's second-order Taylor kernel 1 + s + s^2/2 ([Xue25] eq. 4.6);
+* :mod:`megahash.ops.orders`: Appendix I's separately normalised orders ([Xue25] eq. 4.14-4.17);
 * :mod:`megahash.ops.cumsoftmax`: a causal softmax with one score per key (eq. 4.7-4.8, 4.18) as a
   scan (``logcumsumexp``), O(L d) element-wise work;
 * :mod:`megahash.ops.shared_map`: one softmax map for a whole batch (the fixed-Q/K kinds), with a

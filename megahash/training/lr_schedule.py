@@ -1,5 +1,5 @@
 """Learning-rate schedule: linear warmup, then cosine / linear / WSD decay to ``min_lr`` over
-``decay_steps`` (thesis Table 4.9: peak 4e-4, warmup 2000, cosine).
+``decay_steps`` ([Xue25] Table 4.9: peak 4e-4, warmup 2000, cosine).
 
 The closed forms are Megatron-LM's ``OptimizerParamScheduler`` (``--lr-decay-iters``,
 ``--lr-warmup-iters``/``--lr-warmup-fraction``, ``--lr-decay-style WSD`` with ``--lr-wsd-decay-iters``
@@ -8,7 +8,7 @@ and ``--lr-wsd-decay-style``), with ``s`` the 0-based optimizer step, ``W`` warm
 
 - warmup (s < W): ``lr * (s + 1) / W``
 - cosine: ``min + (lr - min) * 0.5 * (1 + cos(pi * r))``; linear: ``min + (lr - min) * (1 - r)``
-- WSD (warmup-stable-decay, Hu et al. 2024 "MiniCPM"): ``lr`` until the last ``F * D`` steps of the
+- WSD (warmup-stable-decay, [Hu24] "MiniCPM"): ``lr`` until the last ``F * D`` steps of the
   decay length (``F`` = ``train.decay_fraction``), then linear / cosine / 1-sqrt from lr to min over them
 - constant: ``lr``; past ``D`` every decaying schedule stays at ``min_lr``.
 

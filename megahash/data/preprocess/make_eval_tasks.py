@@ -7,7 +7,7 @@
 No benchmark data is copied: every item is built from the SOURCE's documents in
 ``--held-out-docs START:END`` (document indices as ``data_tools/preprocess_data.py --doc-range``
 counts them, so a training run with ``--doc-range 0:START`` never saw them). The tasks have the
-output types and metrics of the thesis's lm-eval tasks (Table 4.1):
+output types and metrics of the [Xue25] lm-eval tasks (Table 4.1):
 
 ==========================  ======================  ====================================================
 task                        like                    item / metrics

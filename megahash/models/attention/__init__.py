@@ -3,7 +3,7 @@ line (megahash.models.registry), its cost formulas and capabilities (megahash.mo
 
 Registered names (``model.schedule``):
 
-- MHA family (thesis ch. 3, Table 3.4): ``mha`` (model.num_query_groups gives GQA), ``gqa``,
+- MHA family ([Xue25] ch. 3, Table 3.4): ``mha`` (model.num_query_groups gives GQA), ``gqa``,
   ``mqa``, ``sha``, ``skv``, ``el-att``, ``mhe-add``, ``mhe-mul``;
 - deconstructed attention (ch. 4, sec. 4.3): ``mlp``, ``approx`` (Based's kernel), ``approx-thesis``
   (Appendix I, eq. 4.14-4.17), ``nonapprox``, ``rndembqk``,

@@ -1,6 +1,6 @@
-"""``approx``: second-order Taylor approximation of softmax attention (thesis sec. 4.3.3, eq. 4.6).
+"""``approx``: second-order Taylor approximation of softmax attention ([Xue25] sec. 4.3.3, eq. 4.6).
 
-A ~ Taylor(Q K^T / sqrt(d_h)) following Based (Arora et al. 2024): the kernel
+A ~ Taylor(Q K^T / sqrt(d_h)) following Based ([Arora24]): the kernel
 k(q, k) = 1 + q.k/sqrt(d) + (q.k)^2/(2d) replaces exp(q.k/sqrt(d)), with ONE shared denominator,
 
     o_i = sum_{j<=i} k(q_i, k_j) v_j / sum_{j<=i} k(q_i, k_j),
@@ -24,15 +24,15 @@ Forms (one copy each, :mod:`megahash.ops.taylor`; equal to 1e-10 in fp64):
   matrix): the test oracle.
 Encoders use the non-causal sums over the non-padded keys.
 
-Note on the thesis: Appendix I (eq. 4.14-4.17) writes a different recurrence that normalises the
+Note on [Xue25]: Appendix I (eq. 4.14-4.17) writes a different recurrence that normalises the
 zeroth, first and second order terms separately and uses element-wise squares q^2, k^2; the
-thesis's cost tables (Table 4.6-4.8: cache 6Bd + 4Bd^2/h bytes, i.e. three d-vectors and two
+[Xue25] cost tables (Table 4.6-4.8: cache 6Bd + 4Bd^2/h bytes, i.e. three d-vectors and two
 d_h x d_h matrices per head) describe that form's state. Its predictive results follow Based's
 implementation, which is the shared-denominator form implemented here; ``megahash.models.costs``
-gives both the thesis's table values and this implementation's cache sizes.
+gives both the [Xue25] table values and this implementation's cache sizes.
 Based's projected feature dimension: ``model.attention.options.feature_dim`` d' (Based's default 16)
 projects q, k to d' dims per head before the Taylor map (see :meth:`ApproxAttention.build_grouped_qkv`).
-Which form reproduces what: the thesis's cost tables (Tables 4.5-4.8, "Approx.") describe
+Which form reproduces what: the [Xue25] cost tables (Tables 4.5-4.8, "Approx.") describe
 ``approx-thesis`` (Appendix I's recurrence); ``approx`` is the Based kernel.
 Attention dropout is not applied (there is no probability matrix to drop from in the linear form).
 Parameters equal ``mha`` exactly (``linear_q``, ``linear_kv``, ``linear_proj``) unless
@@ -100,7 +100,7 @@ class ApproxAttention(LinearAttentionBase):
         self.chunk_size = cfg.model.attention.options.chunk_size if cfg is not None else 0
 
     def build_grouped_qkv(self, groups: int) -> None:
-        """``model.attention.options.feature_dim`` d' > 0 (Based's ``feature_dim``, Arora et al. 2024): Q and
+        """``model.attention.options.feature_dim`` d' > 0 (Based's ``feature_dim``, [Arora24]): Q and
         K are projected to d' dims per head (``linear_q`` n*d' rows, ``linear_kv`` rows
         ``[g][k (d'), v (d_h)]``) and the Taylor map has D' = 1 + d' + d'(d'+1)/2 features instead of
         1 + d_h + d_h(d_h+1)/2: the state shrinks to D'(d_h + 1) per key/value head and the
@@ -145,7 +145,7 @@ from megahash.models.registry import AttentionCaps  # noqa: E402
 
 
 class ApproxCosts(ApproxRow):
-    """The thesis's Approx. row (cost_formulas.ApproxRow); this kernel (Based's shared denominator)
+    """The [Xue25] Approx. row (cost_formulas.ApproxRow); this kernel (Based's shared denominator)
     keeps the decode state S [D, d_h] and z [D] per key/value head, D = 1 + d' + d'(d'+1)/2 (d' = d_h
     by default)."""
 

@@ -1,4 +1,4 @@
-"""``approx-thesis``: the thesis's Approximate attention in its Appendix I form (eq. 4.6, 4.14-4.17).
+"""``approx-thesis``: the [Xue25] Approximate attention in its Appendix I form (eq. 4.6, 4.14-4.17).
 
 The second-order Taylor expansion of softmax (eq. 4.6, A ~ Taylor(Q K^T / sqrt(d_h))) written as
 the recurrence of Appendix I, where the zeroth, first and second order terms are each normalised
@@ -18,9 +18,9 @@ matters numerically). The first-order denominator q_i . sum k_j has no sign: a d
 State (per key/value head, after i tokens): s0 = sum v_j [d_h], s1 = sum k_j^T v_j [d_h, d_h],
 z1 = sum k_j [d_h], s2 = sum (k_j^2/sqrt2)^T v_j [d_h, d_h], z2 = sum k_j^2/sqrt2 [d_h]: 2 d_h^2 + 3 d_h
 numbers per head (the count i is the decoding position), i.e. 3Bd + 2Bd^2/h numbers = the
-6Bd + 4Bd^2/h bytes of Table 4.8 at 16 bit. This is the form the thesis's cost tables
+6Bd + 4Bd^2/h bytes of Table 4.8 at 16 bit. This is the form the [Xue25] cost tables
 (Tables 4.5-4.8, "Approx.") describe; ``approx`` is Based's kernel (one shared denominator, the
-form Arora et al. 2024 train), whose state is (1 + d_h + d_h^2)(d_h + 1) per head.
+form [Arora24] train), whose state is (1 + d_h + d_h^2)(d_h + 1) per head.
 
 Forms (one copy each, :mod:`megahash.ops.orders`; equal to 1e-10 in fp64 to a loop written from
 eq. 4.14-4.17):
@@ -97,7 +97,7 @@ from megahash.models.registry import AttentionCaps  # noqa: E402
 
 
 class ApproxThesisCosts(ApproxRow):
-    """The thesis's Approx. rows of Tables 4.5-4.8 (this is the form they describe); decode state
+    """The [Xue25] Approx. rows of Tables 4.5-4.8 (this is the form they describe); decode state
     numbers per layer: g key/value heads x (2 d_h^2 + 3 d_h) per sequence."""
 
     @staticmethod

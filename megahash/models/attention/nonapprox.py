@@ -1,4 +1,4 @@
-"""``nonapprox``: element-wise self-gating instead of pairwise similarity (thesis sec. 4.3.3).
+"""``nonapprox``: element-wise self-gating instead of pairwise similarity ([Xue25] sec. 4.3.3).
 
 Eq. 4.7-4.8: Q = SiLU(H W^Q); K, V = H W^{K,V}; A = Softmax((Q (.) K) 1^T / sqrt(d_h)) normalised
 across time steps. Each key position j gets ONE score per head from its own query and key,
@@ -16,7 +16,7 @@ Forms (one copy each, :mod:`megahash.ops.cumsoftmax`; equal to 1e-10 in fp64):
 - scan (training, prefill, decoding): ``logcumsumexp`` prefix sums, O(L d_h) work, no L x L map and
   no loop over chunks (``model.attention.options.chunk_size`` does not apply); the carried state is
   ``decode_cache`` ``m`` [b, g, rep], ``num`` [b, g, rep, d_h], ``den`` [b, g, rep] per head
-  (numerator and denominator relative to e^m): Bd + 2Bh numbers, the thesis's Table 4.8 cache of
+  (numerator and denominator relative to e^m): Bd + 2Bh numbers, [Xue25] Table 4.8 cache of
   2Bd + 4Bh bytes at 16 bit;
 - recurrent (token by token with the running maximum) and naive (the masked L x L softmax): oracles.
 Encoders: o_i = sum_j softmax(s)_j v_j over all non-padded keys (the same vector for every i).
@@ -82,7 +82,7 @@ from megahash.models.registry import AttentionCaps  # noqa: E402
 
 
 class NonApproxCosts(StandardQKV):
-    """Thesis Tables 4.5-4.8, Non-apx. row: O(BLd^2); FLOPs 6BLd^2 / 6Bd^2; activations
+    """[Xue25] Tables 4.5-4.8, Non-apx. row: O(BLd^2); FLOPs 6BLd^2 / 6Bd^2; activations
     (8BLd + 4BLh)/t; cache 2Bd + 4Bh bytes. Implementation: running sums, Bn(d_h + 2) numbers."""
 
     @staticmethod

@@ -2,7 +2,7 @@
 
 Drop-in for megatron-core's ``DotProductAttention`` (same constructor and forward signature), so
 softmax kinds get flash / memory-efficient kernels on GPU and the math kernel on CPU.
-softmax(QK^T/sqrt(d_h)) V (Vaswani et al.; thesis eq. 3.1).
+softmax(QK^T/sqrt(d_h)) V ([Vaswani17]; [Xue25] eq. 3.1).
 """
 from __future__ import annotations
 

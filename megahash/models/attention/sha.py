@@ -1,4 +1,4 @@
-"""Single-head attention ``sha``: one head of the head dimension d = d_m / n (thesis sec. 3.4.1).
+"""Single-head attention ``sha``: one head of the head dimension d = d_m / n ([Xue25] sec. 3.4.1).
 
 Q, K, V = X W^{Q,K,V} with W^{Q,K,V} in R^{d_m x d} (eq. 3.1-3.3 with one head); Table 3.4 count
 3 d^2 n (output projection d -> d_m excluded). The one head cannot be split over TP, so its

@@ -1,7 +1,7 @@
 """Shared key-value attention ``skv``: keys and values share one projection per head.
 
-K_i = V_i = X W_i^{KV} (thesis sec. 3.4.1, "SKV ... enforces keys and values to share the same
-projection matrix", after Kitaev et al. 2020), Q_i = X W_i^Q; softmax attention otherwise
+K_i = V_i = X W_i^{KV} ([Xue25] sec. 3.4.1, "SKV ... enforces keys and values to share the same
+projection matrix", after [Kitaev20]), Q_i = X W_i^Q; softmax attention otherwise
 (eq. 3.3). Table 3.4 count 2 d^2 n^2. ``linear_q`` and ``linear_kv`` are ColumnParallel (n*d rows
 each, head-major); RoPE rotates the keys only, so the KV cache stores the rotated keys and the
 values (which are the unrotated shared projection).

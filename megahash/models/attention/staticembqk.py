@@ -1,4 +1,4 @@
-"""``staticembqk``: Q and K from the static (layer-0) token embeddings (thesis sec. 4.3.5, eq. 4.13).
+"""``staticembqk``: Q and K from the static (layer-0) token embeddings ([Xue25] sec. 4.3.5, eq. 4.13).
 
 Q, K = e W^{Q,K}; V = H W^V; e = Emb(t): the attention map depends on the input sequence but not
 on the evolving hidden states (the "Current QK" principle is relaxed). ``e`` is the embedding
@@ -78,7 +78,7 @@ from megahash.models.registry import AttentionCaps  # noqa: E402
 
 
 class StaticEmbQKCosts(StandardQKV):
-    """Thesis Tables 4.5-4.8, StaticEmbQK row (= Standard: prefill 4BL^2d + 6BLd^2, decode
+    """[Xue25] Tables 4.5-4.8, StaticEmbQK row (= Standard: prefill 4BL^2d + 6BLd^2, decode
     6Bd^2 + 4BLd, activations (8BLd + 2BL^2h)/t, cache 4BLd bytes); cache 2BLgd_h numbers."""
 
     @staticmethod

@@ -1,4 +1,4 @@
-"""HashFormer-Add (thesis sec. 2.3.4, eq. 2.2): T two-row codebooks, one per bit, summed.
+"""HashFormer-Add ([Xue25] sec. 2.3.4, eq. 2.2): T two-row codebooks, one per bit, summed.
 
     e = sum_{j=1..T} B^j[tau_j] / gamma,   B^j in R^{2 x d},  gamma = sqrt(T)  (footnote 5)   (2.2)
 

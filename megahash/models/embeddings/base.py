@@ -1,4 +1,4 @@
-"""Shared machinery of the hash embeddings (thesis ch. 2; seeds 001-002).
+"""Shared machinery of the hash embeddings ([Xue25] ch. 2; [Cohn23], [NeuML25]).
 
 Every hash embedding maps the batch's precomputed word codes (``hash_codes`` [b, s, width], see
 :mod:`megahash.hashing.specs`) to [s, b, h] and gives the five special tokens (ids 0-4: ``<s> <pad>
@@ -24,7 +24,7 @@ Specials: the word part of a special token is exactly zero (its bits / weights a
 its row ``special[token]`` is written in place at the (few) special positions, which costs far
 less than a ``torch.where`` over the whole [s, b, h] output.
 
-The extra "word" row of Table 2.2. The thesis's embedding counts (99.1K Proj, 197.4K Add,
+The extra "word" row of Table 2.2. The [Xue25] embedding counts (99.1K Proj, 197.4K Add,
 797.2K Pool) are each one h-wide row above eq. 2.13-2.15 (98,304 / 196,608 / 796,416 for
 d = 768, T = 128, k = 10). Sec. 2.8 counts "parameters which are used for retrieving or generating
 the embeddings of any tokens (excluding those special tokens e.g. <PAD>)"; in the authors' code

@@ -1,11 +1,11 @@
-"""BERT-Hash (seed 002, neuml "BERT Hash Nano"): the vocabulary projected to P dims, then re-encoded.
+"""BERT-Hash ([NeuML25], neuml "BERT Hash Nano"): the vocabulary projected to P dims, then re-encoded.
 
     e = L( H[token] ),   H in R^{|V| x P},  L: Linear(P -> d) without bias
 
-Parameters |V| x P + P x d (seed 002: 30,522 x 5 + 5 x 768 = 156,450; "projections = 5 is like a
+Parameters |V| x P + P x d ([NeuML25]: 30,522 x 5 + 5 x 768 = 156,450; "projections = 5 is like a
 160-bit hash"). Reads token ids (not hash codes), so it needs a tokenizer vocabulary like ``vocab``;
 ``model.embed.options.projections`` is P. The five special ids use the shared special table like every
-hash embedding (their H rows are kept so the count is seed 002's formula).
+hash embedding (their H rows are kept so the count is [NeuML25]'s formula).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from megahash.models.reference_layers import TorchHashEmbedding
 
 @register_reference("bert-hash")
 class BertHashReference(TorchHashEmbedding):
-    """BERT-Hash (seed 002): ``hash_table`` [vocab, P] then ``proj`` P -> h."""
+    """BERT-Hash ([NeuML25]): ``hash_table`` [vocab, P] then ``proj`` P -> h."""
 
     needs_codes = False
 
@@ -58,7 +58,7 @@ class BertHashOptions:
 @register_embedding("bert-hash", caps=EmbeddingCaps(reads_hash_codes=False, sr_random="token"), options=BertHashOptions,
                     export_meta=lambda emb, cfg: {"projections": emb.projections})
 class BertHashEmbedding(HashEmbeddingBase):
-    """e = Linear_{P->d}(H[token]) with H [|V|, P] (seed 002)."""
+    """e = Linear_{P->d}(H[token]) with H [|V|, P] ([NeuML25])."""
 
     def __init__(self, config, cfg, vocab_size: int):
         super().__init__(config, cfg)

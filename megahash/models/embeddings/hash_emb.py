@@ -1,4 +1,4 @@
-"""HashFormer-Emb (thesis sec. 2.3.1-2.3.3, Figure 2.1): an N-row table indexed by a hash bucket.
+"""HashFormer-Emb ([Xue25] sec. 2.3.1-2.3.3, Figure 2.1): an N-row table indexed by a hash bucket.
 
     i = H(t) % N  (MD5, sec. 2.3.2)   or   i = argmax(x R)  (circulant LSH, sec. 2.3.3),   e = E_i,  E in R^{N x d}
 

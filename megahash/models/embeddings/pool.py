@@ -1,4 +1,4 @@
-"""HashFormer-Pool (thesis sec. 2.3.4, eq. 2.1): k-bit codewords into one shared codebook, softmax-pooled.
+"""HashFormer-Pool ([Xue25] sec. 2.3.4, eq. 2.1): k-bit codewords into one shared codebook, softmax-pooled.
 
 The T bits are cut into ceil(T/k) successive k-bit chunks (the last one shorter: 8 bits for T = 128,
 k = 10), each read as an integer c_i (MSB first) and looked up in one codebook B in R^{2^k x d}:
@@ -11,7 +11,7 @@ Parameters (ceil(T/k) + 2^k) x d (eq. 2.13: (13 + 1024) x 768 = 796,416) plus th
 
 Computed as one ``embedding_bag`` (sum) over ceil(T/k) + 1 rows of a per-forward table
 [ (B (.) W-hat_i) for each chunk i ; word_row ] (ceil(T/k) * 2^k + 1 rows), so no [tokens, 13, d]
-tensor is ever materialised (the EmbeddingBag trick of thesis sec. 2.9); specials get bag weight 0.
+tensor is ever materialised (the EmbeddingBag trick of [Xue25] sec. 2.9); specials get bag weight 0.
 The backward (:class:`_PoolBag`) accumulates chunk by chunk into one 2^k x d buffer instead of
 a ceil(T/k) 2^k x d gradient table.
 """

@@ -1,4 +1,4 @@
-"""HashFormer-Proj (thesis sec. 2.3.4, eq. 2.3): Pearson correlation of the bit vector with d learned axes.
+"""HashFormer-Proj ([Xue25] sec. 2.3.4, eq. 2.3): Pearson correlation of the bit vector with d learned axes.
 
     e_j = < tau - mean(tau), w^j - mean(w^j) > / ( ||tau - mean(tau)|| * ||w^j - mean(w^j)|| ),  j = 1..d   (2.3)
 

@@ -1,4 +1,4 @@
-"""EELBERT dynamic hash embedding (seed 001, arXiv 2310.20144): rolling hashes of character i-grams.
+"""EELBERT dynamic hash embedding ([Cohn23]): rolling hashes of character i-grams.
 
 For i = 1..n and the i-grams g of the word (code points, words cut to ``max_len`` characters), the
 data stage stores the polynomial rolling hashes H(g) = sum_k g[k] p^(i-1-k) mod m (p = 31,
@@ -9,7 +9,7 @@ P = n(n+1)/2 (``megahash.hashing.rolling.rolling_seeds``), partition i of the em
     q = q - [q > b/2] b ;   q = q / (b/2)                      (map to [-1, 1])
     e[run d/P : (run+i) d/P] = mean over the i-grams g of q    (run = 1 + 2 + ... + (i-1))
 
-(seed 001's ``hash_embedding``, partition scheme included; an i with no i-grams leaves zeros; dims
+([Julian23]'s ``hash_embedding``, partition scheme included; an i with no i-grams leaves zeros; dims
 beyond P * floor(d/P) stay zero). No trainable embedding table: the features are a fixed function
 of the codes, computed under no_grad in exact int64 arithmetic (H < 2^31, h < 2^32) once per
 *distinct* i-gram hash and averaged once per *distinct* word of the batch. ``model.embed.options.rolling_dim`` (0 = hidden) is the feature width d and
@@ -31,7 +31,7 @@ from megahash.models.reference_ops import rolling_code_features
 
 @register_reference("rolling")
 class RollingReference(TorchHashEmbedding):
-    """EELBERT rolling hash (seed 001, arXiv 2310.20144): features of the word's i-gram hashes, optional ``linear``."""
+    """EELBERT rolling hash ([Cohn23]): features of the word's i-gram hashes, optional ``linear``."""
 
     def __init__(self, config):
         super().__init__(config)
@@ -114,7 +114,7 @@ class RollingOptions:
     "rolling_ngram": emb.n, "max_len": emb.max_len, "width": emb.width, "rolling_buckets": emb.buckets,
     "rolling_dim": emb.dim, "rolling_linear": emb.linear is not None, "rolling_seed": cfg.model.embed.options.rolling_seed})
 class RollingEmbedding(HashEmbeddingBase):
-    """EELBERT: fixed rolling-hash features (seed 001), optional Linear(rolling_dim -> hidden)."""
+    """EELBERT: fixed rolling-hash features ([Cohn23]), optional Linear(rolling_dim -> hidden)."""
 
     def __init__(self, config, cfg, vocab_size: int):
         super().__init__(config, cfg)

@@ -15,7 +15,7 @@ clm / mlm      ``hash-bucket``  :class:`HashBucketHead`: vocab-parallel Linear(h
                                 bucket (md5-bucketN / lsh-bucketN codes, or md5 % num_buckets), softmax
                                 cross-entropy.
 sr             (``vocab``)      :class:`ShuffleRandomHead`: Linear(h -> 3), cross-entropy over
-                                original / shuffled / random (thesis sec. 2.3.6); labels -100 cost 0.
+                                original / shuffled / random ([Xue25] sec. 2.3.6); labels -100 cost 0.
 =============  ===============  ==========================================================================
 
 The hash heads make a decoder (or encoder) vocabulary-free at the output too: the target of

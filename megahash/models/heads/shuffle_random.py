@@ -1,4 +1,4 @@
-"""Shuffle+Random head (thesis sec. 2.3.6): Linear(h -> 3), cross-entropy over original / shuffled /
+"""Shuffle+Random head ([Xue25] sec. 2.3.6): Linear(h -> 3), cross-entropy over original / shuffled /
 random; labels -100 cost 0. Trained by ``train.objective=sr`` (not selected by ``model.head``)."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from megahash.models.registry import register_reference
 
 @register_reference("objective:sr")
 class ShuffleRandomReference(nn.Module):
-    """Linear(h -> 3): original / shuffled / random (thesis sec. 2.3.6); cross-entropy over 3 classes."""
+    """Linear(h -> 3): original / shuffled / random ([Xue25] sec. 2.3.6); cross-entropy over 3 classes."""
 
     token_classes = 3
 
@@ -34,7 +34,7 @@ from megahash.models.registry import HeadCaps, register_head
 
 @register_head("shuffle-random", caps=HeadCaps(selectable=False, token_loss=False, objectives=("sr",)))
 class ShuffleRandomHead(torch.nn.Module):
-    """Shuffle+Random (thesis sec. 2.3.6, Yamaguchi et al. 2021): Linear(h, 3) + CE; labels
+    """Shuffle+Random ([Xue25] sec. 2.3.6, [Yamaguchi21]): Linear(h, 3) + CE; labels
     0 original, 1 shuffled, 2 random, -100 ignored (specials)."""
 
     uses_output_layer = False

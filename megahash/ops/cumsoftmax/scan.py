@@ -1,4 +1,4 @@
-"""A causal softmax with ONE score per key (thesis eq. 4.7-4.8, 4.18) as a scan: O(L d) work.
+"""A causal softmax with ONE score per key ([Xue25] eq. 4.7-4.8, 4.18) as a scan: O(L d) work.
 
 o_i = sum_{j<=i} e^{s_j} v_j / sum_{j<=i} e^{s_j} needs no L x L map: numerator and denominator
 are prefix sums. Computed stably in log space with ``torch.logcumsumexp`` (a running log-sum-exp,

@@ -1,5 +1,5 @@
 """Chunked causal linear attention: batched GEMMs over all chunks at once, the state carried by a
-cumulative sum over chunks (Katharopoulos et al. 2020, eq. 4-6; the chunk form of Yang et al. 2024).
+cumulative sum over chunks ([Katharopoulos20], eq. 4-6; the chunk form of [Yang24]).
 
 For a kernel K(q, k) = phi(q).phi(k) the causal sums are, for a query i in chunk c,
 

@@ -1,4 +1,4 @@
-"""Appendix I of the thesis (eq. 4.14-4.17): o_i = o_0i + o_1i + o_2i, each order normalised by its
+"""Appendix I of [Xue25] (eq. 4.14-4.17): o_i = o_0i + o_1i + o_2i, each order normalised by its
 own denominator; chunked (training and prefill) and bidirectional (encoders) forms.
 
     o_0i = (sum_{j<=i} v_j) / i                                             (4.15)  a cumulative sum

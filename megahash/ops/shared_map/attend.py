@@ -1,6 +1,6 @@
-"""One causal softmax map for a whole batch (the fixed-Q/K kinds, thesis eq. 4.9-4.12), computed once
+"""One causal softmax map for a whole batch (the fixed-Q/K kinds, [Xue25] eq. 4.9-4.12), computed once
 and applied to the values of every sequence laid side by side (V [g, T, b*d]), with a flash-style
-backward (Dao et al. 2022, alg. 2 without tiling) that recomputes the map from Q, K and the rows'
+backward ([Dao22], alg. 2 without tiling) that recomputes the map from Q, K and the rows'
 log-sum-exp: nothing of size L x T is kept for backward, only O(L d + T b d).
 
     P = softmax(Q K^T * scale) (causal: key t visible to query i iff t <= i + T - L),  O = P V

@@ -1,1 +1,1 @@
-"""Based's second-order Taylor kernel (thesis eq. 4.6; Arora et al. 2024)."""
+"""Based's second-order Taylor kernel ([Xue25] eq. 4.6; [Arora24])."""

@@ -1,4 +1,4 @@
-"""Chunked form of the Taylor kernel attention (training and prefill; thesis eq. 4.6).
+"""Chunked form of the Taylor kernel attention (training and prefill; [Xue25] eq. 4.6).
 
 The causal form is :func:`megahash.ops.linear.chunk.chunk_linear` with the Taylor kernel inside
 chunks and the feature map phi (D = 1 + d + d(d+1)/2) between them; the features are recomputed in

@@ -1,4 +1,4 @@
-"""The second-order Taylor kernel of Based (thesis eq. 4.6; Arora et al. 2024) and its feature map.
+"""The second-order Taylor kernel of Based ([Xue25] eq. 4.6; [Arora24]) and its feature map.
 
 k(q, k) = 1 + s + s^2/2 with s = q.k/sqrt(d) equals phi(q).phi(k) for
 phi(x) = [1, x/d^(1/4), x_i x_j w_ij (each unordered pair {i, j} once)] with w_ii = 1/sqrt(2d),
