@@ -288,9 +288,11 @@ def recompute_report(rows: dict, args) -> str:
                        f"{fwd_bwd(r) / fwd_bwd(b):.2f}x | {fwd_bwd(r, suffix='_nonview'):.0f} | "
                        f"{fwd_bwd(r, 'cpu_seconds'):.1f} | {fwd_bwd(r, 'cpu_seconds') / fwd_bwd(b, 'cpu_seconds'):.2f}x | "
                        f"{r['cpu_seconds']['forward']:.1f} | {r['cpu_seconds']['backward']:.1f} |")
-    out += ["", "| train.recompute | saved B/token/layer | fwd+bwd calls/layer | fwd+bwd CPU s/layer |",
-            "| --- | --- | --- | --- |"]
-    for opt in rows:
+    per_layer_rows = [opt for opt in rows if len(rows[opt]) > 1]  # a per-layer slope needs two layer counts
+    if per_layer_rows:
+        out += ["", "| train.recompute | saved B/token/layer | fwd+bwd calls/layer | fwd+bwd CPU s/layer |",
+                "| --- | --- | --- | --- |"]
+    for opt in per_layer_rows:
         m = per_layer(rows, opt, lambda r: r["saved_bytes_per_token"])
         c = per_layer(rows, opt, fwd_bwd)
         t = per_layer(rows, opt, lambda r: fwd_bwd(r, "cpu_seconds"))
