@@ -110,15 +110,20 @@ def add_plugins(names) -> None:
         _option_specs.cache_clear()
 
 
-def plugin_modules() -> list[str]:
-    """Plugin module names: entry points ``megahash.kinds``, then ``MEGAHASH_PLUGINS``, then configs."""
-    names: list[str] = []
+@functools.lru_cache(maxsize=None)
+def _entry_point_plugins() -> tuple:
+    """Module names of the ``megahash.kinds`` entry points (installed distributions; read once a process)."""
     try:
         from importlib.metadata import entry_points
 
-        names += [ep.value.split(":")[0] for ep in entry_points(group=ENTRY_POINT_GROUP)]
+        return tuple(ep.value.split(":")[0] for ep in entry_points(group=ENTRY_POINT_GROUP))
     except Exception:  # noqa: BLE001 - broken metadata of an unrelated distribution
-        pass
+        return ()
+
+
+def plugin_modules() -> list[str]:
+    """Plugin module names: entry points ``megahash.kinds``, then ``MEGAHASH_PLUGINS``, then configs."""
+    names = list(_entry_point_plugins())
     names += [n.strip() for n in os.environ.get(PLUGINS_ENV, "").split(",") if n.strip()]
     names += _config_plugins
     return list(dict.fromkeys(names))

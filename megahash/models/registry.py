@@ -52,8 +52,9 @@ KINDS: dict[str, dict[str, KindSpec]] = {"attention": {}, "embedding": {}, "head
 
 
 def spec(group: str, name: str) -> KindSpec:
-    """The :class:`KindSpec` of a registered kind (every kind file loaded first)."""
-    _load_variants()
+    """The :class:`KindSpec` of a registered kind (the kind files loaded first if it is not yet known)."""
+    if name not in KINDS[group]:
+        _load_variants()
     try:
         return KINDS[group][name]
     except KeyError:
