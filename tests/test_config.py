@@ -74,3 +74,24 @@ def test_kind_options_live_in_the_kind_files_and_old_keys_still_map(tmp_path):
     cfg = config_from_dict(legacy)
     assert cfg.model.attention.options.fixed_text == "x.tok" and cfg.model.attention.skip_nonstandard
     assert cfg.model.embed.options.pool_bits == 8
+
+
+def test_checkpoints_written_before_kinds_owned_their_options_still_match():
+    """A checkpoint's saved model tree from before (kind options at ``model.attention.*`` /
+    ``model.embed.*``, no ``options``) matches the same model today; a changed option value is still
+    a different model, and an option declared after the checkpoint counts at its default."""
+    import copy
+
+    from megahash.training.checkpoint import model_diffs, model_signature
+
+    cfg = load_config(None, ["model.schedule=uniform:fixedseqqk", "model.attention.options.fixed_seq_length=64",
+                             "model.embedding=rolling", "model.embed.hash_spec=rolling3"])
+    saved = copy.deepcopy(model_signature(cfg)["model"])
+    assert model_diffs(saved, cfg) == []
+    old = copy.deepcopy(saved)  # the spelling of checkpoints written before
+    for section in ("attention", "embed"):
+        old[section].update(old[section].pop("options"))
+    del old["attention"]["chunk_size"]  # an option declared after the checkpoint was written: its default
+    assert model_diffs(old, cfg) == []
+    old["attention"]["fixed_seq_length"] = 128
+    assert model_diffs(old, cfg) == ["model.attention.options.fixed_seq_length: checkpoint 128 vs config 64"]

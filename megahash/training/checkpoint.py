@@ -16,6 +16,7 @@ interrupted save never replaces or damages the previous checkpoint.
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -104,13 +105,36 @@ def check_compatible(ckpt: Path, cfg: Config) -> dict:
     from megahash.training.elastic import check_layout  # TP size, DP size, ZeRO stage
 
     check_layout(ckpt, state, cfg, dist.get_world_size() if dist.is_initialized() else 1)  # one line if impossible
-    diffs = _diff(saved.get("model", {}), now["model"], "model")
+    diffs = model_diffs(saved.get("model", {}), cfg)
     if diffs:
         raise CheckpointError(
             f"checkpoint {ckpt} is from another model ({diffs[0]}); use the same model config, "
             f"train.resume=none or another train.save_dir"
         )
     return state
+
+
+def model_diffs(saved_model: dict, cfg: Config) -> list[str]:
+    """Where a checkpoint's model tree differs from ``cfg``'s. The saved tree is read as a config would
+    be (kind options under ``options`` even when written before kinds owned them), and an option no
+    kind declared when it was written counts at its declared default."""
+    from megahash.config import canonical_tree
+    from megahash.models import declarations
+
+    saved_model = canonical_tree({"model": copy.deepcopy(saved_model)})["model"]
+    now = model_signature(cfg)["model"]
+    for section, group in (("attention", "attention"), ("embed", "embedding")):
+        if not isinstance(saved_model.get(section), dict):
+            continue
+        opts = saved_model[section].setdefault("options", {}) or {}
+        specs = declarations.option_specs(group)
+        for key in list(opts):
+            if key not in specs:
+                del opts[key]  # declared by no kind now: the schedule/embedding diff names what changed
+        for key, spec in specs.items():
+            opts.setdefault(key, spec.default)
+        saved_model[section]["options"] = opts
+    return _diff(saved_model, now, "model")
 
 
 def _diff(a, b, path):
