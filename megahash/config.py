@@ -38,9 +38,7 @@ class KindOptions(dict):
 
 
 def _default_options(group: str) -> KindOptions:
-    from megahash.models import declarations
-
-    return KindOptions({name: spec.default for name, spec in sorted(declarations.option_specs(group).items())})
+    return _build_options(group, {}, "")
 
 
 @dataclass
@@ -321,8 +319,6 @@ def _build(cls, data: dict, prefix: str):
             kwargs[key] = _build_options(cls.OPTION_GROUP, value or {}, dotted + ".")
         else:
             kwargs[key] = _coerce(value, typ, dotted)
-    if "options" in names and "options" not in kwargs:
-        kwargs["options"] = _build_options(cls.OPTION_GROUP, {}, prefix + "options.")
     return cls(**kwargs)
 
 
@@ -347,19 +343,19 @@ def _build_options(group: str, data: dict, prefix: str) -> KindOptions:
 
 
 # sections whose kinds declare options, and where an old spelling (``model.attention.fixed_text``) goes
-_OPTION_SECTIONS = {("model", "attention"): "attention", ("model", "embed"): "embedding"}
+_OPTION_SECTIONS = {("model", "attention"): AttentionConfig, ("model", "embed"): EmbeddingConfig}
 
 
 def _legacy_option_path(keys: list[str]) -> list[str]:
     """``model.attention.X`` -> ``model.attention.options.X`` for an option X some kind declares
     (the keys used before kinds owned their options; still accepted)."""
-    group = _OPTION_SECTIONS.get(tuple(keys[:2]))
-    if group is None or len(keys) != 3:
+    section = _OPTION_SECTIONS.get(tuple(keys[:2]))
+    if section is None or len(keys) != 3:
         return keys
     from megahash.models import declarations
 
-    section_fields = {f.name for f in dataclasses.fields(AttentionConfig if group == "attention" else EmbeddingConfig)}
-    if keys[2] not in section_fields and keys[2] in declarations.option_specs(group):
+    fields = {f.name for f in dataclasses.fields(section)}
+    if keys[2] not in fields and keys[2] in declarations.option_specs(section.OPTION_GROUP):
         return keys[:2] + ["options", keys[2]]
     return keys
 

@@ -127,8 +127,7 @@ def check_ranges(cfg) -> None:
     """Every number of the tree inside its range, plus the relations between numbers that need no
     model, data or world size (one-line ConfigError)."""
     for key, value in _walk(cfg):
-        check_value(key, value)
-    _check_options(cfg)
+        check_value(key, value)  # kind options: checked where they are built (config._build_options)
     t, d = cfg.train, cfg.data
     if t.global_batch_size % t.micro_batch_size:
         raise ConfigError(f"train.global_batch_size={t.global_batch_size} must be a multiple of "
@@ -138,19 +137,6 @@ def check_ranges(cfg) -> None:
     _check_split(d.split)
     if d.verify not in ("cheap", "full", "none"):
         raise ConfigError(f"config key 'data.verify' must be cheap, full or none, got {d.verify!r}")
-
-
-def _check_options(cfg) -> None:
-    """The kinds' options (``model.attention.options``, ``model.embed.options``) inside the ranges their
-    options classes declare."""
-    from megahash.models import declarations
-
-    for group, section, dotted in (("attention", cfg.model.attention, "model.attention.options."),
-                                   ("embedding", cfg.model.embed, "model.embed.options.")):
-        specs = declarations.option_specs(group)
-        for key, value in section.options.items():
-            if key in specs:
-                check_value(dotted + key, value, specs[key].range)
 
 
 def _check_split(split: str) -> None:
