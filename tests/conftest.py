@@ -13,18 +13,41 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-# Under pytest-xdist (.ci/run: ``-n 2 --dist loadscope --no-loadscope-reorder``) a test module is one
-# unit of work (loadscope's own rule, no marker needed), so its module fixtures are built once. Units go
-# out in this order, longest first (measured on the 2-core machine), so the two workers finish together.
-# The two modules that start a local SLURM take turns through LocalSlurm's machine-wide lock; test_sweep
-# goes last so that it never waits on test_slurm's cluster while the other worker idles.
-LONGEST_FIRST = ["test_slurm", "test_training", "test_faults", "test_grids_run", "test_resume_every_config", "test_readme",
-                 "test_convert", "test_diagnose",
-                 "test_tokenizers", "test_eval", "test_validation", "test_launch", "test_new_kind", "test_attention",
-                 "test_embeddings"]
-LAST = ["test_sweep"]
+# Scheduling under pytest-xdist (.ci/run: ``-n 3 --dist loadgroup``). A unit of work is a test, or the
+# tests that share a module-scoped fixture (one group per module, so the fixture is built once), or the
+# ``slurm`` group (every test of the modules that start the local SLURM: one cluster, session-scoped, in
+# one worker). Units go out longest first by the durations measured on the 2-core machine
+# (tests/durations.json, written by ``pytest --record-durations tests/durations.json``; a test not in it
+# counts DEFAULT_SECONDS), so the workers finish together (longest-processing-time-first).
+SLURM_MODULES = {"test_slurm", "test_sweep"}
+DURATIONS = Path(__file__).with_name("durations.json")
+DEFAULT_SECONDS = 2.0
+# The quick tier (``pytest -m quick``): every test measured at most QUICK_SECONDS whose unit (a module
+# fixture shared with other tests included) measured at most QUICK_UNIT_SECONDS, none of them slow,
+# multi-process, SLURM or GPU. tests/test_quick_tier.py checks its size, time and package coverage.
+QUICK_SECONDS = 3.0
+QUICK_UNIT_SECONDS = 20.0
+NOT_QUICK = ("slow", "multiprocess", "slurm", "gpu")
 
 
+def pytest_addoption(parser):
+    parser.addoption("--record-durations", metavar="PATH", default=None,
+                     help="write each test's measured seconds (setup + call + teardown) to PATH as JSON")
+
+
+def _unit(item) -> str | None:
+    """The xdist group of ``item``: None when the test can run on any worker by itself."""
+    if item.path.stem in SLURM_MODULES:
+        return "slurm"
+    module = item.nodeid.split("::")[0]
+    defs = getattr(item, "_fixtureinfo", None)
+    for fixturedefs in (defs.name2fixturedefs.values() if defs else ()):
+        if any(d.scope in ("module", "class") and d.baseid == module for d in fixturedefs):
+            return item.path.stem  # a fixture of the module's own, built once per unit
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     gpu_skip = None
     if any(item.get_closest_marker("gpu") for item in items):
@@ -32,12 +55,39 @@ def pytest_collection_modifyitems(config, items):
 
         if not accelerator.has_gpu():
             gpu_skip = pytest.mark.skip(reason="gpu: no CUDA device on this machine (benchmarks/gpu_check.sh runs these on one)")
+    measured = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    cost: dict[str, float] = {}
     for item in items:
         if gpu_skip is not None and item.get_closest_marker("gpu"):
             item.add_marker(gpu_skip)
-    order = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
-    order.update({unit: len(order) + 1 + i for i, unit in enumerate(LAST)})
-    items.sort(key=lambda item: order.get(item.path.stem, len(LONGEST_FIRST)))  # stable: file order within a module
+        unit = _unit(item)
+        if unit is not None:
+            item.add_marker(pytest.mark.xdist_group(unit))
+        key = unit or item.nodeid
+        cost[key] = cost.get(key, 0.0) + measured.get(item.nodeid, DEFAULT_SECONDS)
+    for item in items:
+        seconds = measured.get(item.nodeid)
+        if (seconds is not None and seconds <= QUICK_SECONDS and cost[_unit(item) or item.nodeid] <= QUICK_UNIT_SECONDS
+                and not any(item.get_closest_marker(m) for m in NOT_QUICK)):
+            item.add_marker(pytest.mark.quick)
+    items.sort(key=lambda item: -cost[_unit(item) or item.nodeid])  # stable: file order within a unit
+
+
+class _DurationRecorder:
+    def __init__(self, path: str):
+        self.path, self.seconds = Path(path), {}
+
+    def pytest_runtest_logreport(self, report):
+        self.seconds[report.nodeid.split("@")[0]] = self.seconds.get(report.nodeid.split("@")[0], 0.0) + report.duration
+
+    def pytest_sessionfinish(self, session):
+        self.path.write_text(json.dumps({k: round(v, 2) for k, v in sorted(self.seconds.items())}, indent=0) + "\n")
+
+
+def pytest_configure(config):
+    path = config.getoption("--record-durations", default=None)
+    if path and not hasattr(config, "workerinput"):  # the controller sees every worker's reports
+        config.pluginmanager.register(_DurationRecorder(path), "megahash-durations")
 
 
 def child_env(**extra) -> dict:
@@ -113,3 +163,11 @@ def shakespeare_shards(tmp_path_factory) -> dict:
              "--quiet"])
     assert r.returncode == 0, r.stderr[-2000:]
     return {"prefix": str(prefix), "tokenizer": f"{spm}.model", "dir": d}
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    """A real local SLURM (tests/_slurm.py), brought up once per run by the worker of the ``slurm`` group."""
+    from _slurm import local_cluster
+
+    yield from local_cluster(tmp_path_factory.mktemp("slurm"))

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, child_env, train_losses
+from _slurm import clean_env, install_note
+from conftest import ROOT, train_losses
 from test_launch import signal_during_save, wait_for_step
 
 SCRIPT = "slurm/pretrain_500m_hybrid.sh"
@@ -29,50 +30,6 @@ TINY = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "mode
 # 2 emulated nodes x 1 rank; the header's --cpus-per-task=8 and 8 GPUs do not fit the local nodes
 SBATCH = ["--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=1", "--cpus-per-task=1", "--time=20"]
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
-
-_install_note = ""
-
-
-def _ensure_cluster_tools() -> None:
-    global _install_note
-    from megahash.launching.local_slurm import missing_programs
-
-    if missing_programs() or shutil.which("mpirun") is None:
-        r = subprocess.run(["bash", "launch/install_cluster_tools.sh"], cwd=ROOT, capture_output=True, text=True,
-                           timeout=900)
-        _install_note = (r.stderr.strip().splitlines() or [""])[-1]
-    missing = missing_programs()
-    if missing:
-        pytest.skip(f"SLURM is not installed and could not be installed ({', '.join(missing)} missing): "
-                    f"{_install_note or 'see launch/install_cluster_tools.sh'}")
-
-
-def clean_env(**extra) -> dict:
-    """The test environment without the SLURM/Open MPI variables of any outer job."""
-    env = child_env(PYTHON=sys.executable)
-    for k in [k for k in env if k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "OMPI_", "PMIX_"))]:
-        env.pop(k)
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    _ensure_cluster_tools()
-    if os.geteuid() != 0:
-        pytest.skip("a local SLURM needs root (slurmd runs jobs as their user)")
-    from megahash.launching.local_slurm import LocalSlurm, SlurmUnavailable
-
-    c = LocalSlurm(tmp_path_factory.mktemp("slurm"), nodes=2, cpus_per_node=2, gpus_per_node=1)
-    try:
-        c.start()
-    except SlurmUnavailable as e:
-        logs = c.logs()
-        c.stop()
-        pytest.fail(f"the local SLURM did not come up: {e}\n{logs}")
-    yield c
-    c.stop()
-
 
 def submit(cluster, out: Path, overrides: list[str], script: str = SCRIPT, sbatch: list[str] = SBATCH, **env) -> str:
     r = subprocess.run(["sbatch", "--parsable", *sbatch, "-o", str(out), script, *overrides], cwd=ROOT,
@@ -212,7 +169,7 @@ def test_mpirun_and_torchrun_start_the_same_training(runs, tmp_path):
     """Outside SLURM: `python -m launch --launcher mpirun|torchrun --nproc-per-node 2` (mpirun -np 2,
     ranks from OMPI_COMM_WORLD_*; torchrun --nproc_per_node 2) give the srun job's losses."""
     if shutil.which("mpirun") is None:
-        pytest.skip(f"Open MPI could not be installed: {_install_note or 'mpirun missing'}")
+        pytest.skip(f"Open MPI could not be installed: {install_note() or 'mpirun missing'}")
     data = runs["data"]
     common = ["--config", "configs/pretrain_500m_hybrid.yaml", f"data.prefix=[{data['DATA_PREFIX']}]",
               f"data.tokenizer={data['TOKENIZER']}", *TINY]

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, child_env, train_losses
-from test_slurm import clean_env, cluster  # noqa: F401  (the module-scoped local SLURM fixture)
+from _slurm import clean_env
 
 TINY = {"model.hidden_size": 64, "model.num_layers": 2, "model.num_heads": 4, "model.ffn_hidden_size": 128,
         "model.vocab_size": 0, "data.seq_length": 64, "train.steps": 12, "train.micro_batch_size": 4,
@@ -120,7 +120,7 @@ def test_local_rerun_skips_finished_cells(grid, local):
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.slurm
-def test_slurm_array_sweep_matches_local_and_rerun_submits_nothing(cluster, grid, local):  # noqa: F811
+def test_slurm_array_sweep_matches_local_and_rerun_submits_nothing(cluster, grid, local):
     out = grid["dir"] / "slurm"
     env = cluster.env(clean_env())
     sbatch = ["--sbatch=--cpus-per-task=1", "--sbatch=--time=20"]
