@@ -198,3 +198,27 @@ def test_shards_of_a_hugging_face_tokenizer_decode_verify_and_size(tokenizers_, 
     cfg = Config()
     cfg.data.tokenizer = spec
     assert _vocab_size(cfg, {}) == tok.vocab_size
+
+
+def test_fixed_text_of_a_word_stream_is_its_word_table_ids(tmp_path):
+    """A word stream (``--tokenizer words``, no data.tokenizer): the fixed text gets the word-table
+    ids the data stage wrote for the same text (megahash.tokenization.WordTable; unseen words <unk>)."""
+    from megahash.data.preprocess.preprocess_data import run
+    from megahash.data.shards import ShardSet
+    from megahash.data.text_source import token_ids
+    from megahash.hashing.words import UNK_ID
+
+    play = "\n".join(line for line in _shakespeare(3_000).splitlines() if line.strip())  # no blank line: 2 documents
+    docs = [play[:1200] + " <s> </s> <mask>", play[1200:2400]]
+    (tmp_path / "docs.txt").write_text("\n\n".join(docs))
+    assert run(["--input", str(tmp_path / "docs.txt"), "--output-prefix", str(tmp_path / "w"), "--tokenizer", "words",
+                "--workers", "1", "--quiet", "--no-append-eos"]) == 0
+    shards = ShardSet.open(str(tmp_path / "w"))
+    (tmp_path / "fixed.txt").write_text(docs[0])
+    cfg = _cfg("", str(tmp_path / "fixed.txt"))
+    cfg.data.prefix = [str(tmp_path / "w")]
+    ids = token_ids(str(tmp_path / "fixed.txt"), cfg, 10_000, None, "model.attention.options.fixed_text")
+    assert ids == shards.tokens.get(0).astype("int64").tolist()
+    (tmp_path / "fixed.txt").write_text("zyzzyva " + " ".join(docs[0].split()[:8]))  # whole words of doc 0
+    ids = token_ids(str(tmp_path / "fixed.txt"), cfg, 10_000, None, "model.attention.options.fixed_text")
+    assert ids[0] == UNK_ID and ids[1:] == shards.tokens.get(0).astype("int64").tolist()[:len(ids) - 1]
