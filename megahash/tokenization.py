@@ -10,6 +10,13 @@
   ``AutoTokenizer.from_pretrained`` on a networked machine (or from the local HF cache); offline
   it fails with one line saying what to pass instead.
 
+A word stream's text -> ids is :class:`WordTable` (the shards' word table). This module is the only
+one of the package that encodes text with sentencepiece, ``tokenizers`` or ``AutoTokenizer``
+(tests/test_house_rules.py; the exceptions, tokenizer training and the export's standalone files,
+are listed there with their reasons): the data stage, the fixed text of fixed-input attention kinds
+(:mod:`megahash.data.text_source`), shard verification and decoding, training and evaluation all
+load their tokenizer here.
+
 Every path encodes text the same way (:meth:`MegahashTokenizer.encode`):
 
 * nothing is added around a text (no BOS/EOS/post-processor);
@@ -156,6 +163,25 @@ class SentencePieceTokenizer(MegahashTokenizer):
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.sp.decode([int(i) for i in ids if 0 <= i < self.vocab_size])
+
+    def model_proto(self):
+        """A ``ModelProto`` of the model (a copy: trainer/normalizer specs, pieces)."""
+        return _sp_protobuf().ModelProto.FromString(self.model_bytes)
+
+    def unnormalized(self):
+        """A processor of the same model (specials as above) with the identity normaliser: no character
+        map, no dummy "\u2581" prefix, whitespace kept and escaped as "\u2581". It encodes a string
+        exactly as the model sees it after normalisation (the data stage's per-whitespace-token cache,
+        :class:`megahash.data.preprocess.encoding.SentencePieceSegments`)."""
+        import sentencepiece as spm
+
+        proto = self.model_proto()
+        proto.normalizer_spec.Clear()
+        proto.normalizer_spec.name = "identity"
+        proto.normalizer_spec.add_dummy_prefix = False
+        proto.normalizer_spec.remove_extra_whitespaces = False
+        proto.normalizer_spec.escape_whitespaces = True
+        return spm.SentencePieceProcessor(model_proto=proto.SerializeToString())
 
 
 # ---------------------------------------------------------------------------------- tokenizers
@@ -346,6 +372,34 @@ def load_tokenizer(spec: str, base_dirs: Sequence = ()) -> MegahashTokenizer:
     raise TokenizerError(
         f"tokenizer not found: {spec!r} (give a sentencepiece .model, a tokenizer.json, a Hugging Face tokenizer "
         f"folder or name, or 'words')")
+
+
+class WordTable:
+    """Text -> ids of a vocabulary-free word stream (``words``, [Xue25] sec. 2.3): the HashFormers
+    words of the text (:func:`megahash.hashing.words.split_words`: lowercase, ``\\w+|[^\\w\\s]+``),
+    each the id of its entry in the shards' word table (``PREFIX_words.tsv``), else ``<unk>``. Ids
+    0-4 are the specials, which no word maps to (the splitter never yields ``"<s>"``: special-token
+    strings are text here too)."""
+
+    kind = WORDS
+
+    def __init__(self, words: Sequence[str]):
+        from megahash.hashing.words import NUM_SPECIAL, UNK_ID
+
+        self.words, self.unk_id = list(words), UNK_ID
+        self.index = {w: i for i, w in enumerate(self.words) if i >= NUM_SPECIAL}
+
+    @staticmethod
+    def split(text: str) -> list[str]:
+        from megahash.hashing.words import split_words
+
+        return split_words(text)
+
+    def ids(self, words: Sequence[str]) -> list[int]:
+        return [self.index.get(w, self.unk_id) for w in words]
+
+    def encode(self, text: str) -> list[int]:
+        return self.ids(self.split(text))
 
 
 def special_ids_of(meta_or_cfg) -> dict:

@@ -8,6 +8,9 @@
 - ``megahash.models`` opens no files (the fixed text of fixedseqqk is read by megahash.data.fixed_text;
   the model receives token ids);
 - only ``megahash/accelerator.py`` touches CUDA (``.cuda``, ``torch.cuda``, ``"cuda"``/``"nccl"``);
+- only ``megahash/tokenization.py`` imports a tokenizer library (sentencepiece, ``tokenizers``,
+  transformers' tokenizer classes) to turn text into ids: every other path loads its tokenizer there
+  (:data:`TOKENIZER_ALLOWED` lists the exceptions and why);
 - ``data_tools/*.py`` and ``launch/*.py`` are thin shells over ``megahash.data.preprocess`` and
   ``megahash.launching`` (one home for the code of each stage).
 
@@ -16,6 +19,7 @@ Each rule is also checked to fire on a planted violation, so none of them passes
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import textwrap
@@ -176,3 +180,66 @@ def test_entry_scripts_are_thin_shells():
     assert sorted(shell_problems(planted, "megahash.data.preprocess")) == [
         "36 lines > 30", "defines AtomicOutputs (line 5)", "imports numpy (line 1)"]
     assert shell_problems("from launch.run import main\n", "megahash.launching") == ["imports launch.run (line 1)"]
+
+
+# ------------------------------------------------------------------------------ one tokenizer
+
+TOKENIZER_LIBS = {"sentencepiece", "tokenizers"}
+TOKENIZER_NAME = re.compile(r"Tokenizer|^tokenization")  # transformers' AutoTokenizer, PreTrainedTokenizer*, tokenization_*
+TOKENIZER_ATTRS = {"AutoTokenizer", "PreTrainedTokenizer", "PreTrainedTokenizerFast", "SentencePieceProcessor",
+                   "SentencePieceTrainer"}
+# file -> why it may use a tokenizer library itself; everything else loads its tokenizer with
+# megahash.tokenization.load_tokenizer (the data stage, fixed texts, shards, training, eval, export)
+TOKENIZER_ALLOWED = {
+    "megahash/tokenization.py": "the one home: loads and encodes with every tokenizer kind",
+    "megahash/data/preprocess/train_tokenizer.py": "trains a sentencepiece model (SentencePieceTrainer), "
+                                                   "then checks the trained model's special pieces",
+    "megahash/convert/tokenizer.py": "builds the export's tokenizer.json / PreTrainedTokenizerFast from the run's "
+                                     "tokenizer object and checks its ids against megahash's",
+    "megahash/convert/hf/tokenization_megahash.py": "the export's AutoTokenizer class: remote code, runs without megahash",
+    "megahash/hashing/text_coder.py": "copied verbatim into the export as hashing_megahash.py (remote code): "
+                                      "encodes with the exported files, without megahash",
+}
+
+
+def tokenizer_uses(src: str) -> list[str]:
+    """Imports of sentencepiece/tokenizers (any form), of transformers' tokenizer classes or
+    ``tokenization_*`` modules, and attribute uses of those classes (``transformers.AutoTokenizer``)."""
+    out = []
+
+    def flagged(module: str, names=()) -> bool:
+        parts = module.split(".")
+        if parts[0] in TOKENIZER_LIBS:
+            return True
+        return parts[0] == "transformers" and any(TOKENIZER_NAME.search(x) for x in [*parts[1:], *names])
+
+    for n in ast.walk(ast.parse(src)):
+        if isinstance(n, ast.Import):
+            out += [f"import {a.name} (line {n.lineno})" for a in n.names if flagged(a.name)]
+        elif isinstance(n, ast.ImportFrom) and n.module and flagged(n.module, [a.name for a in n.names]):
+            out.append(f"from {n.module} import {', '.join(a.name for a in n.names)} (line {n.lineno})")
+        elif isinstance(n, ast.Attribute) and n.attr in TOKENIZER_ATTRS:
+            out.append(f".{n.attr} (line {n.lineno})")
+    return out
+
+
+def test_only_the_tokenization_module_encodes_text():
+    """Every path that turns text into ids goes through megahash/tokenization.py (issue 33: the fixed
+    text of fixedseqqk, the shard tools and the dataset read every tokenizer as sentencepiece)."""
+    bad, used = {}, set()
+    for path in sorted([*PKG.rglob("*.py"), *(ROOT / "data_tools").glob("*.py")]):
+        uses = tokenizer_uses(path.read_text())
+        if uses and _rel(path) in TOKENIZER_ALLOWED:
+            used.add(_rel(path))
+        elif uses:
+            bad[_rel(path)] = uses
+    assert not bad, f"tokenizer libraries used outside megahash/tokenization.py (load_tokenizer(spec).encode): {bad}"
+    assert used == set(TOKENIZER_ALLOWED), f"stale allow-list entries: {set(TOKENIZER_ALLOWED) - used}"
+    # the rule fires on what megahash/data/text_source.py and data/shards.py did before
+    planted = ("def _tokenize(text, tok):\n    import sentencepiece as spm\n"
+               "    return list(spm.SentencePieceProcessor(model_file=tok).encode(text))\n"
+               "from tokenizers import Tokenizer\nfrom transformers import AutoTokenizer, AutoModel\n"
+               "import transformers\nt = transformers.PreTrainedTokenizerFast\nfrom transformers import AutoConfig\n")
+    assert sorted(tokenizer_uses(planted)) == [
+        ".PreTrainedTokenizerFast (line 7)", ".SentencePieceProcessor (line 3)", "from tokenizers import Tokenizer (line 4)",
+        "from transformers import AutoTokenizer, AutoModel (line 5)", "import sentencepiece (line 2)"]

@@ -114,10 +114,10 @@ def _vocab_size(cfg, meta: dict) -> int:
     tok = meta.get("tokenizer", {}) if isinstance(meta.get("tokenizer"), dict) else {}
     if tok.get("vocab_size"):
         return int(tok["vocab_size"])
-    if cfg.data.tokenizer and cfg.data.tokenizer.endswith(".model") and os.path.isfile(cfg.data.tokenizer):
-        import sentencepiece as spm
+    from megahash.tokenization import WORDS, load_tokenizer
 
-        return spm.SentencePieceProcessor(model_file=cfg.data.tokenizer).get_piece_size()
+    if cfg.data.tokenizer and cfg.data.tokenizer != WORDS:  # any kind megahash.tokenization loads
+        return load_tokenizer(cfg.data.tokenizer).vocab_size
     raise DataError("cannot tell the vocabulary size: set model.vocab_size or data.tokenizer, or rebuild the shards with meta.json")
 
 

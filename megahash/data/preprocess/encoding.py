@@ -57,16 +57,6 @@ class TokenizerInfo:
         return out
 
 
-def load_sentencepiece(path: str):
-    """``SentencePieceProcessor`` for ``path`` (one-line error if missing/corrupt)."""
-    import sentencepiece as spm
-
-    try:
-        return spm.SentencePieceProcessor(model_file=path)
-    except (OSError, RuntimeError) as e:
-        raise InputError(f"cannot load sentencepiece model {path!r}: {str(e).splitlines()[0] if str(e) else e}") from None
-
-
 def resolve_tokenizer(spec: str) -> TokenizerInfo:
     """``words``, or any tokenizer of :func:`megahash.tokenization.load_tokenizer` (a sentencepiece
     ``PREFIX``/``PREFIX.model``, a tokenizer.json, an HF tokenizer folder or name)."""
@@ -113,77 +103,6 @@ class ChunkResult:
 
 
 # -- sentencepiece: encode each distinct whitespace token once ---------------------------------
-def _proto_fields(buf: bytes):
-    """``(field number, wire type, value, start, end)`` of the fields of a serialized protobuf
-    message (value: int for varints, bytes for length-delimited fields, else None; ``buf[start:end]``
-    is the whole field)."""
-    pos, n = 0, len(buf)
-
-    def varint():
-        nonlocal pos
-        shift = out = 0
-        while True:
-            b = buf[pos]
-            pos += 1
-            out |= (b & 0x7F) << shift
-            shift += 7
-            if b < 0x80:
-                return out
-
-    while pos < n:
-        start = pos
-        key = varint()
-        num, wire = key >> 3, key & 7
-        if wire == 0:
-            value = varint()
-        elif wire == 1:
-            pos, value = pos + 8, None
-        elif wire == 2:
-            size = varint()
-            value = buf[pos : pos + size]
-            if len(value) != size:
-                raise ValueError("truncated protobuf field")
-            pos += size
-        elif wire == 5:
-            pos, value = pos + 4, None
-        else:
-            raise ValueError(f"unsupported protobuf wire type {wire}")
-        yield num, wire, value, start, pos
-
-
-def _field(buf: bytes, *path: int):
-    """The last value of the (nested, length-delimited except the last) field ``path``, or None."""
-    found = None
-    for num, _, value, _, _ in _proto_fields(buf):
-        if num == path[0]:
-            found = value
-    if found is None or len(path) == 1:
-        return found
-    return _field(found, *path[1:]) if isinstance(found, bytes) else None
-
-
-def sentencepiece_model_type(path: str) -> int:
-    """``TrainerSpec.model_type`` of a .model file (1 unigram, 2 BPE, 3 word, 4 char; 0 if unreadable)."""
-    try:
-        with open(path, "rb") as f:
-            buf = f.read()
-        trainer = _field(buf, 2)  # ModelProto.trainer_spec
-        model_type = _field(trainer, 3) if trainer is not None else None  # TrainerSpec.model_type
-        return 1 if model_type is None else int(model_type)  # proto default: UNIGRAM
-    except (OSError, ValueError, IndexError, TypeError):
-        return 0
-
-
-def _identity_normalizer_model(buf: bytes, fields=None) -> bytes:
-    """The model with its normalizer replaced by the identity (no character map, no dummy prefix,
-    whitespace kept): ``encode`` then runs the model on the input as it is. ``fields``: the
-    ``_proto_fields`` of ``buf`` if already parsed."""
-    spec = b"\x0a\x08identity" + b"\x18\x00" + b"\x20\x00" + b"\x28\x01"  # name, add_dummy_prefix, remove_extra_ws, escape_ws
-    fields = _proto_fields(buf) if fields is None else fields
-    kept = b"".join(buf[start:end] for num, _, _, start, end in fields if num != 3)  # ModelProto.normalizer_spec = 3
-    return kept + bytes([0x1A, len(spec)]) + spec
-
-
 def _darts_ascii_keys(blob: bytes) -> Optional[list[bytes]]:
     """Keys made only of ASCII bytes in a sentencepiece precompiled character map (a darts-clone
     double array after a little-endian uint32 size; unit: bit 8 has-leaf, label in bits 0-7 (and
@@ -227,7 +146,7 @@ class SentencePieceSegments:
     """Whether and how a sentencepiece model may encode each whitespace token of a document on its
     own (``available``), which documents need no normalization check (``plain``), and the
     identity-normalizer processor that encodes a token ("▁" + token) exactly as the model sees it
-    inside a document (``raw``).
+    inside a document (``raw``: :meth:`megahash.tokenization.SentencePieceTokenizer.unnormalized`).
 
     Why per-token encoding is exact: sentencepiece encodes ``model(normalize(doc))``. For a BPE
     model whose pieces contain "▁" only as their first character, BPE only ever merges two adjacent
@@ -244,19 +163,14 @@ class SentencePieceSegments:
     sums float32 scores along the whole document, so a segment's best path can depend on what
     precedes it."""
 
-    def __init__(self, sp, path: str, pieces: Optional[list[str]] = None, buf: Optional[bytes] = None):
+    def __init__(self, tok, pieces: Optional[list[str]] = None):
         self.available = False
         self.raw = None
         self._plain = None
+        sp = tok.sp  # a megahash.tokenization.SentencePieceTokenizer: its processor and model
         try:
-            if buf is None:
-                with open(path, "rb") as f:
-                    buf = f.read()
-            parsed = list(_proto_fields(buf))
-            fields = {num: value for num, _, value, _, _ in parsed if num in (2, 3)}
-            trainer, normalizer = fields.get(2, b""), fields.get(3, b"")  # trainer_spec, normalizer_spec
-            model_type = _field(trainer, 3) if trainer else None
-            if not hasattr(sp, "normalize") or (1 if model_type is None else model_type) != 2:
+            proto = tok.model_proto()
+            if not hasattr(sp, "normalize") or proto.trainer_spec.model_type != proto.trainer_spec.BPE:
                 return
             space = sp.piece_to_id(SP_SPACE)
             if sp.id_to_piece(space) != SP_SPACE or any(f(space) for f in (sp.is_unknown, sp.is_control, sp.is_byte, sp.is_unused)):
@@ -267,14 +181,12 @@ class SentencePieceSegments:
                     return
             if sp.normalize("a") != SP_SPACE + "a" or sp.normalize("  a \t b \n") != SP_SPACE + "a" + SP_SPACE + "b":
                 return
-            import sentencepiece as spm
-
-            self.raw = spm.SentencePieceProcessor(model_proto=_identity_normalizer_model(buf, parsed))
+            self.raw = tok.unnormalized()
             probe = ["hello", "a" + SP_SPACE + "b", "x"]
             if [self.raw.encode(SP_SPACE + w) for w in probe] != [sp.encode(w) for w in probe]:
                 return
             self.available = True
-            self._plain = self._plain_pattern(sp, (_field(normalizer, 2) if normalizer else None) or b"")
+            self._plain = self._plain_pattern(sp, proto.normalizer_spec.precompiled_charsmap)
         except (OSError, ValueError, IndexError, TypeError, RuntimeError):
             self.available = False
 
@@ -528,7 +440,7 @@ class ChunkEncoder:
                 raise InputError(f"tokenizer {cfg.tokenizer!r} has no end-of-document token; pass --no-append-eos")
             self.coder = SubwordCoder(self.sp, self.table, cfg.hash_unit)
             if cfg.segment_cache and self.sp.kind == "sentencepiece":
-                info = SentencePieceSegments(self.sp.sp, self.sp.path, self.coder.pieces, self.sp.model_bytes)
+                info = SentencePieceSegments(self.sp, self.coder.pieces)
                 if info.available:
                     self.segments = SegmentEncoder(info, self.coder if cfg.specs else None, self.token_dtype,
                                                    cfg.encode_threads, self.eos if self.eos is not None else EOS_ID)

@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--sample-doc", type=int, default=0, help="document to decode")
     p.add_argument("--sample-chars", type=int, default=400)
-    p.add_argument("--tokenizer", default=None, help="sentencepiece model, if moved since preprocessing")
+    p.add_argument("--tokenizer", default=None, help="the shards' tokenizer (.model, tokenizer.json, HF folder or name), if moved since preprocessing")
     return p
 
 
