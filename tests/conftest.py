@@ -73,15 +73,46 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: -cost[_unit(item) or item.nodeid])  # stable: file order within a unit
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """CPU seconds of the test, its fixtures and every child process it waited for (user + system)."""
+    import resource
+
+    def cpu():
+        me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+    start = cpu()
+    item.user_properties.append(("cpu_start", start))
+    yield
+
+
+def pytest_runtest_makereport(item, call):
+    if call.when == "teardown":
+        import resource
+
+        me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = dict(item.user_properties).get("cpu_start", 0.0)
+        item.user_properties.append(("cpu_s", me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime - start))
+
+
 class _DurationRecorder:
+    """Wall seconds per test (setup + call + teardown) into PATH; CPU seconds into PATH's ``.cpu.json`` twin."""
+
     def __init__(self, path: str):
-        self.path, self.seconds = Path(path), {}
+        self.path, self.seconds, self.cpu = Path(path), {}, {}
 
     def pytest_runtest_logreport(self, report):
-        self.seconds[report.nodeid.split("@")[0]] = self.seconds.get(report.nodeid.split("@")[0], 0.0) + report.duration
+        key = report.nodeid.split("@")[0]
+        self.seconds[key] = self.seconds.get(key, 0.0) + report.duration
+        cpu = dict(report.user_properties).get("cpu_s")
+        if report.when == "teardown" and cpu is not None:
+            self.cpu[key] = cpu
 
     def pytest_sessionfinish(self, session):
         self.path.write_text(json.dumps({k: round(v, 2) for k, v in sorted(self.seconds.items())}, indent=0) + "\n")
+        self.path.with_suffix(".cpu.json").write_text(
+            json.dumps({k: round(v, 2) for k, v in sorted(self.cpu.items())}, indent=0) + "\n")
 
 
 def pytest_configure(config):
