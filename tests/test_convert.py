@@ -209,6 +209,7 @@ def _assert_bitwise_equal(a: dict, b: dict):
     assert sorted(a) == sorted(b)
     for k in a:
         assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
+        # bit-exact: export -> import -> export copies the tensors, computes nothing
         assert torch.equal(a[k].view(torch.uint8) if a[k].dtype == torch.bfloat16 else a[k],
                            b[k].view(torch.uint8) if b[k].dtype == torch.bfloat16 else b[k]), k
 
@@ -260,7 +261,7 @@ def test_hashing_helper_equals_megahash_hashing(shakespeare_shards, runs):
         table = CodeTable([parse_hash_spec("md5")])
         ref_rows = table.rows("md5", SubwordCoder(sp, table, unit).row_ids(np.array(ids), [0]))
         coder = hm.TextCoder("sentencepiece", parse_hash_spec("md5"), pieces=pieces, special=special, unit=unit)
-        assert np.array_equal(coder.codes(ids), ref_rows), unit
+        assert np.array_equal(coder.codes(ids), ref_rows), unit  # bit-exact: integer codes
 
 
 def _modes(folder: Path) -> set:
@@ -335,8 +336,9 @@ def test_export_matches_megahash(name, shakespeare_shards, dist, tmp_path):
     assert (ref - got)[keep].abs().max().item() < 1e-4
     if not name.startswith("qwen2") and codec.spec is not None and hf.needs_codes():
         ids_t, codes_t = hf.encode_text(PROMPT)  # raw text -> ids and codes inside transformers
-        assert ids_t[0].tolist() == enc.ids and torch.equal(codes_t[0], codes)
+        assert ids_t[0].tolist() == enc.ids and torch.equal(codes_t[0], codes)  # bit-exact: integer ids and codes
         if not encoder and cfg.model.embedding not in ("vocab", "bert-hash"):  # ids only: the model hashes them
+            # bit-exact: one path: the same model on the same [1, L] batch, codes hashed inside instead of given
             assert torch.equal(hf_logits(hf, tok[:1]), got[:1])
     from transformers import AutoTokenizer
 
@@ -410,7 +412,7 @@ def test_word_stream_export(shakespeare_shards, dist, tmp_path):
     text = PROMPT + " zyzzyvaunknownword!"
     enc = codec.encode(text)
     ids, codes = hf.encode_text(text)
-    assert ids[0].tolist() == enc.ids and torch.equal(codes[0], code_tensor(codec.codes(enc)))
+    assert ids[0].tolist() == enc.ids and torch.equal(codes[0], code_tensor(codec.codes(enc)))  # bit-exact: integer ids and codes
     from transformers import AutoTokenizer
 
     assert AutoTokenizer.from_pretrained(str(tmp_path / "hf"), trust_remote_code=True)(text)["input_ids"] == enc.ids

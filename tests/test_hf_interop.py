@@ -164,10 +164,10 @@ def test_remote_code_batched_left_padded_generate(shakespeare_shards, dist, tmp_
         batch[i, 9 - len(p):] = p
         mask[i, 9 - len(p):] = 1
     out = hf.generate(batch, attention_mask=mask, max_new_tokens=6, do_sample=False)
-    assert out.shape == (3, 15) and torch.equal(out[:, :9], batch)
+    assert out.shape == (3, 15) and torch.equal(out[:, :9], batch)  # bit-exact: token ids
     for i, p in enumerate(prompts):
         alone = hf.generate(p[None], max_new_tokens=6, do_sample=False)[0, len(p):]
-        assert torch.equal(out[i, 9:9 + len(alone)], alone)
+        assert torch.equal(out[i, 9:9 + len(alone)], alone)  # bit-exact: token ids
 
 
 def test_hash_embedding_special_rows_follow_roles(shakespeare_shards, dist, tmp_path):

@@ -74,6 +74,7 @@ def test_resume_reproduces_uninterrupted_run(shakespeare_shards, tmp_path):
     assert "resumed from" in r.stdout
     a, b = train_losses(straight), train_losses(split)
     assert sorted(a) == sorted(b) == list(range(1, 21))
+    # bit-exact: resume is the promise (same ranks, threads and kernels on this machine)
     assert [a[s] for s in range(1, 21)] == [b[s] for s in range(1, 21)]  # bit-identical
     assert train_losses(straight, "valid") == train_losses(split, "valid")
     cfg = (split / "step_00000020" / "resolved_config.yaml").read_text()
