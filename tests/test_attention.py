@@ -28,7 +28,7 @@ MIXING_KINDS = _kinds.attention(decodes=True, mixes_tokens=True)
 VOCAB = 128
 
 
-pytestmark = pytest.mark.usefixtures("dist")  # one-rank world (conftest)
+pytestmark = [pytest.mark.usefixtures("dist"), pytest.mark.numerics]  # one-rank world (conftest)
 
 
 def make_cfg(schedule="uniform:mha", *extra, hidden=32, heads=4, layers=2):

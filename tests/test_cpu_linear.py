@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from megahash import accelerator
 from megahash.models import cpu_linear
 
-pytestmark = pytest.mark.skipif(not accelerator.onednn_linear(), reason="torch without oneDNN, or a GPU host")
+pytestmark = [pytest.mark.skipif(not accelerator.onednn_linear(), reason="torch without oneDNN, or a GPU host"), pytest.mark.numerics]
 
 
 def _grads(fn, x, w, b, g):

@@ -21,7 +21,7 @@ from megahash.launching.env import free_port  # noqa: E402
 torch.set_num_threads(1)
 
 
-pytestmark = pytest.mark.usefixtures("dist")  # one-rank world (conftest)
+pytestmark = [pytest.mark.usefixtures("dist"), pytest.mark.numerics]  # one-rank world (conftest)
 
 
 def build_emb(kind, overrides=(), vocab=50304, hidden=768, seed=0):

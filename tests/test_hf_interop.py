@@ -37,6 +37,7 @@ def random_qwen2(path, tie: bool, shard: str | None = None, vocab: int = 300):
 
 
 @pytest.mark.parametrize("tie", [True, False])
+@pytest.mark.numerics  # in process: floating-point logits of two implementations
 def test_import_standard_qwen2_folder(tie, tmp_path, dist):
     """megahash import-hf on a transformers Qwen2 folder (sharded when untied): the imported
     checkpoint's logits equal transformers'."""
@@ -141,6 +142,7 @@ def test_qwen2_export_is_publishable_on_transformers_4_and_5(tmp_path, dist, tf4
     torch.testing.assert_close(want, mh, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.numerics  # in process: floating-point logits of two implementations
 def test_remote_code_batched_left_padded_generate(shakespeare_shards, dist, tmp_path):
     """generate() on a left-padded batch (transformers' padding for generation) equals generating
     each prompt alone, for a hash-embedding model with a recurrent attention kind."""
@@ -170,6 +172,7 @@ def test_remote_code_batched_left_padded_generate(shakespeare_shards, dist, tmp_
         assert torch.equal(out[i, 9:9 + len(alone)], alone)  # bit-exact: token ids
 
 
+@pytest.mark.numerics  # in process: floating-point logits of two implementations
 def test_hash_embedding_special_rows_follow_roles(shakespeare_shards, dist, tmp_path):
     """With special ids that are not 0-4 (data.special_ids), a hash embedding gives the special rows
     to those ids by role (row 0 bos, 1 pad, 2 eos) and treats ids 0-4 as ordinary tokens; the

@@ -7,6 +7,8 @@ import torch
 
 from megahash.eval import indicators as ind
 
+pytestmark = pytest.mark.numerics  # compares floating-point results (see tests/numerics.py)
+
 # two heads, L = 3: head 1 attends to itself only, head 2 is uniform over the causal prefix
 EYE = torch.eye(3, dtype=torch.float64)
 UNI = torch.tensor([[1, 0, 0], [1 / 2, 1 / 2, 0], [1 / 3, 1 / 3, 1 / 3]], dtype=torch.float64)

@@ -9,8 +9,11 @@ run on planted violations, so it cannot pass vacuously.
 from __future__ import annotations
 
 import ast
+import os
 import re
 from pathlib import Path
+
+import pytest
 
 TESTS = Path(__file__).resolve().parent
 BIT_EXACT = {"equal", "array_equal", "array_equiv", "assert_array_equal", "assert_equal"}
@@ -79,3 +82,14 @@ def test_x(pa, rx, a, b):
                            b[k])  # bit-exact: copied, not computed
 '''
     assert unjustified(planted) == [6, 7, 8, 11, 12, 19]
+
+
+@pytest.mark.numerics
+def test_the_requested_cpu_capability_is_in_force():
+    """Under tests/run_numerics_capabilities.sh (ATEN_CPU_CAPABILITY=default|avx2) ATen really runs
+    those kernels, so the re-run is not vacuous."""
+    import torch
+
+    want = os.environ.get("ATEN_CPU_CAPABILITY")
+    got = torch.backends.cpu.get_cpu_capability()
+    assert want is None or got == want.upper(), (want, got)

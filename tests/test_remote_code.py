@@ -18,7 +18,7 @@ import torch  # noqa: E402
 import _emb_helpers as H  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.usefixtures("dist")  # one-rank world (conftest)
+pytestmark = [pytest.mark.usefixtures("dist"), pytest.mark.numerics]  # one-rank world (conftest)
 
 
 def _batch(cfg, kind):

@@ -9,6 +9,8 @@ import torch.nn.functional as F
 
 from numerics import ulp_tol
 
+pytestmark = pytest.mark.numerics  # compares floating-point results (see tests/numerics.py)
+
 
 def saved_storages(fn, *args) -> int:
     """Bytes of the distinct storages ``fn`` saves for backward (inputs excluded)."""
