@@ -157,6 +157,7 @@ def test_every_configuration_saves_and_resumes_exactly(hashed_shards, tmp_path, 
     assert status == 0 and f"resumed from {straight}/step_00000002" in out, out[-3000:]
     a, b = _records(straight), _records(resumed)
     assert sorted(a) == [1, 2, 3, 4] and sorted(b) == [3, 4], (a, b)
+    # bit-exact: resume is the promise (the same configuration in process, same machine)
     assert [a[3], a[4]] == [b[3], b[4]]  # bit-identical, as the uninterrupted run
     saved, again = _optim_info(straight / "step_00000004"), _optim_info(resumed / "step_00000004")
     assert saved["param_steps"] == again["param_steps"] and saved["adam_step"] == 4
