@@ -209,6 +209,7 @@ def _assert_bitwise_equal(a: dict, b: dict):
     assert sorted(a) == sorted(b)
     for k in a:
         assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
+        # bit-exact: export -> import -> export copies the tensors, computes nothing
         assert torch.equal(a[k].view(torch.uint8) if a[k].dtype == torch.bfloat16 else a[k],
                            b[k].view(torch.uint8) if b[k].dtype == torch.bfloat16 else b[k]), k
 
@@ -260,7 +261,7 @@ def test_hashing_helper_equals_megahash_hashing(shakespeare_shards, runs):
         table = CodeTable([parse_hash_spec("md5")])
         ref_rows = table.rows("md5", SubwordCoder(sp, table, unit).row_ids(np.array(ids), [0]))
         coder = hm.TextCoder("sentencepiece", parse_hash_spec("md5"), pieces=pieces, special=special, unit=unit)
-        assert np.array_equal(coder.codes(ids), ref_rows), unit
+        assert np.array_equal(coder.codes(ids), ref_rows), unit  # bit-exact: integer codes
 
 
 def _modes(folder: Path) -> set:
@@ -335,8 +336,9 @@ def test_export_matches_megahash(name, shakespeare_shards, dist, tmp_path):
     assert (ref - got)[keep].abs().max().item() < 1e-4
     if not name.startswith("qwen2") and codec.spec is not None and hf.needs_codes():
         ids_t, codes_t = hf.encode_text(PROMPT)  # raw text -> ids and codes inside transformers
-        assert ids_t[0].tolist() == enc.ids and torch.equal(codes_t[0], codes)
+        assert ids_t[0].tolist() == enc.ids and torch.equal(codes_t[0], codes)  # bit-exact: integer ids and codes
         if not encoder and cfg.model.embedding not in ("vocab", "bert-hash"):  # ids only: the model hashes them
+            # bit-exact: one path: the same model on the same [1, L] batch, codes hashed inside instead of given
             assert torch.equal(hf_logits(hf, tok[:1]), got[:1])
     from transformers import AutoTokenizer
 
@@ -351,6 +353,8 @@ def test_export_matches_megahash(name, shakespeare_shards, dist, tmp_path):
         want = megahash_greedy(model, enc.ids[:n_prompt], 8, vocab, codes_fn)
         kw = {} if prompt_codes is None or not getattr(hf, "needs_codes", lambda: False)() else {"hash_codes": prompt_codes}
         out = hf.generate(tok[:, :n_prompt], max_new_tokens=8, do_sample=False, **kw)
+        # greedy token ids of two implementations (logits within 1e-4): fixed seeds, no near-tie;
+        # passes under ATEN_CPU_CAPABILITY=default/avx2/avx512
         assert out[0, n_prompt:].tolist() == want
     elif not name.startswith("qwen2"):
         with pytest.raises(ValueError, match="generate"):
@@ -410,7 +414,7 @@ def test_word_stream_export(shakespeare_shards, dist, tmp_path):
     text = PROMPT + " zyzzyvaunknownword!"
     enc = codec.encode(text)
     ids, codes = hf.encode_text(text)
-    assert ids[0].tolist() == enc.ids and torch.equal(codes[0], code_tensor(codec.codes(enc)))
+    assert ids[0].tolist() == enc.ids and torch.equal(codes[0], code_tensor(codec.codes(enc)))  # bit-exact: integer ids and codes
     from transformers import AutoTokenizer
 
     assert AutoTokenizer.from_pretrained(str(tmp_path / "hf"), trust_remote_code=True)(text)["input_ids"] == enc.ids
@@ -443,6 +447,7 @@ def test_tp2_export_equals_tp1_and_load_for_inference(runs, dist, tmp_path):
     assert (megahash_logits(model, ids, vocab=1000) - hf_logits(hf, ids)).abs().max() < 1e-4
     want = megahash_greedy(model, ids[0].tolist(), 12, 1000)
     out = hf.generate(ids, max_new_tokens=12, do_sample=False)
+    # greedy token ids of two implementations (logits within 1e-4): fixed seeds, no near-tie at them
     assert out[0, ids.shape[1]:].tolist() == want
 
 

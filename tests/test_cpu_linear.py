@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from megahash import accelerator
 from megahash.models import cpu_linear
 
-pytestmark = pytest.mark.skipif(not accelerator.onednn_linear(), reason="torch without oneDNN, or a GPU host")
+pytestmark = [pytest.mark.skipif(not accelerator.onednn_linear(), reason="torch without oneDNN, or a GPU host"), pytest.mark.numerics]
 
 
 def _grads(fn, x, w, b, g):
@@ -71,10 +71,10 @@ def test_output_can_be_changed_in_place():
 
 def test_other_dtypes_and_off_switch_keep_f_linear(monkeypatch):
     x, w = torch.randn(5, 7, dtype=torch.float64), torch.randn(3, 7, dtype=torch.float64)
-    assert torch.equal(cpu_linear.linear(x, w), F.linear(x, w))  # fp64 (TP parity tests): torch's BLAS
+    assert torch.equal(cpu_linear.linear(x, w), F.linear(x, w))  # bit-exact: outside fp32 linear() is F.linear itself (one path); fp64 (TP parity tests): torch's BLAS
     monkeypatch.setenv("MEGAHASH_ONEDNN_LINEAR", "0")
     x, w = x.float(), w.float()
-    assert not accelerator.onednn_linear() and torch.equal(cpu_linear.linear(x, w), F.linear(x, w))
+    assert not accelerator.onednn_linear() and torch.equal(cpu_linear.linear(x, w), F.linear(x, w))  # bit-exact: switched off, linear() is F.linear itself
 
 
 def test_model_routes_every_linear_and_keeps_loss_and_gradients(dist, monkeypatch):

@@ -21,7 +21,7 @@ from megahash.launching.env import free_port  # noqa: E402
 torch.set_num_threads(1)
 
 
-pytestmark = pytest.mark.usefixtures("dist")  # one-rank world (conftest)
+pytestmark = [pytest.mark.usefixtures("dist"), pytest.mark.numerics]  # one-rank world (conftest)
 
 
 def build_emb(kind, overrides=(), vocab=50304, hidden=768, seed=0):
@@ -182,6 +182,7 @@ def test_pool_is_eq_2_1():
         assert len(chunks) == 13 and chunks[-1] < 256
         expect.append(sum(b[c] * w_hat[i] for i, c in enumerate(chunks)))  # (2.1b)
     assert torch.allclose(out, torch.stack(expect), atol=1e-6)
+    # bit-exact: integer chunk ids
     assert torch.equal(emb.codewords(codes[0]), torch.tensor([[int("".join(format(int(x), "08b") for x in r)[i:i + 10], 2)
                                                                for i in range(0, 128, 10)] for r in codes[0].numpy()]))
 
@@ -190,9 +191,9 @@ def test_hash_emb_md5_modulo_equals_bucket_spec():
     words = H.corpus_words()[:300]
     a = build_emb("hash-emb", ["model.embed.hash_spec=md5-bucket997"], hidden=16, seed=3)
     b = build_emb("hash-emb", ["model.embed.hash_spec=md5", "model.embed.num_buckets=997"], hidden=16, seed=3)
-    assert torch.equal(embed(a, words, "md5-bucket997"), embed(b, words, "md5"))
+    assert torch.equal(embed(a, words, "md5-bucket997"), embed(b, words, "md5"))  # bit-exact: row gathers (copied, not computed)
     ids = torch.from_numpy(H.codes_for(words, "md5-bucket997")[:, 0]).long()
-    assert torch.equal(embed(a, words, "md5-bucket997"), a.weight.detach().double()[ids])
+    assert torch.equal(embed(a, words, "md5-bucket997"), a.weight.detach().double()[ids])  # bit-exact: a row gather
 
 
 def test_rolling_matches_numpy_reference_and_seed_001_layout():
@@ -203,8 +204,8 @@ def test_rolling_matches_numpy_reference_and_seed_001_layout():
     out = embed(emb, words, "rolling3")
     ref = np.stack([rolling_embedding_from_codes(r, 96) for r in rolling_codes(words)])
     assert np.abs(out.numpy() - ref).max() < 1e-6
-    assert out.abs().max() <= 1 and torch.equal(out[0], out[-1])
-    assert torch.equal(out[3, 16:], torch.zeros(80, dtype=out.dtype))  # "a": no 2-/3-grams -> zero partitions
+    assert out.abs().max() <= 1 and torch.equal(out[0], out[-1])  # bit-exact: features computed once per distinct word, then copied
+    assert torch.equal(out[3, 16:], torch.zeros(80, dtype=out.dtype))  # bit-exact: exact zeros (nothing summed); "a": no 2-/3-grams -> zero partitions
 
 
 # ------------------------------------------------------------------------------ specials, unseen words
@@ -222,8 +223,8 @@ def test_specials_use_their_own_rows(kind):
     garbage = codes.clone()
     garbage[0, [0, 3, 5]] = (torch.arange(codes.shape[-1], dtype=torch.int64) % 7 + 1).to(codes.dtype)  # any code
     out = emb(tokens, garbage)[:, 0]
-    assert torch.equal(out[[0, 3, 5]], emb.special.detach()[[0, 4, 2]])
-    assert torch.equal(out[[1, 2, 4]], emb(tokens, codes)[:, 0][[1, 2, 4]])
+    assert torch.equal(out[[0, 3, 5]], emb.special.detach()[[0, 4, 2]])  # bit-exact: the special rows, copied
+    assert torch.equal(out[[1, 2, 4]], emb(tokens, codes)[:, 0][[1, 2, 4]])  # bit-exact: one path (same call, same shapes): other rows' codes must not leak
     emb.zero_grad()
     out[[1, 2, 4]].sum().backward()
     assert emb.special.grad.abs().sum() == 0  # ordinary words never touch the special table
@@ -240,7 +241,7 @@ def test_unseen_word_gets_its_own_embedding(kind, spec):
     e_new = embed(emb, [new], spec)[0]
     assert not torch.allclose(e_new, emb.special.detach().double()[3])  # not <unk>
     if kind == "hash-emb":  # Emb(N) is many-to-one by design: the word gets the row of its own bucket
-        assert torch.equal(e_new, emb.weight.detach().double()[int.from_bytes(digest, "big") % 50_000])
+        assert torch.equal(e_new, emb.weight.detach().double()[int.from_bytes(digest, "big") % 50_000])  # bit-exact: a row gather
         return
     e_seen = embed(emb, seen[:3000], spec)
     assert (e_seen - e_new).abs().max(dim=1).values.min() > 1e-4  # distinct from every seen word
@@ -269,7 +270,7 @@ def test_state_dict_roundtrip_every_embedding():
         models[1].load_state_dict(models[0].state_dict())
         tok, codes = H.word_batches(spec, 2, 16, 1, vocab_size=200)[0]
         with torch.no_grad():
-            assert torch.equal(models[0](tok, codes), models[1](tok, codes)), kind
+            assert torch.equal(models[0](tok, codes), models[1](tok, codes)), kind  # bit-exact: the same weights through the same path
 
 
 # ------------------------------------------------------------------------------ TP / SP parity

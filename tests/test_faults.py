@@ -134,6 +134,7 @@ def test_damaged_newest_checkpoint_falls_back_and_dead_saves_are_cleaned(shakesp
     assert f"resumed from {run_dir}/step_00000004" in r.stdout
     assert not (run_dir / "step_00000008.tmp").exists() and not (run_dir / "latest.tmp-4242").exists()
     again = train_losses(run_dir)  # metrics.jsonl: the last record of a step wins
+    # bit-exact: resume is the promise (same config and machine: one path)
     assert [again[s] for s in (5, 6)] == [first[s] for s in (5, 6)]
     assert (run_dir / "latest").read_text() == "step_00000008"
     from megahash.training.checkpoint_faults import damage
@@ -334,6 +335,7 @@ def test_stop_signals_under_deepspeed_and_torchrun_resume_bit_exactly(shakespear
         stop = new_stop
     a, b = train_losses(straight), train_losses(split)
     assert sorted(a) == list(range(1, steps + 1)) and sorted(b) == list(range(1, stop + 1))
+    # bit-exact: resume after a signal is the promise (same ranks, OMP_NUM_THREADS=1, same machine)
     assert [a[s] for s in range(1, stop + 1)] == [b[s] for s in range(1, stop + 1)]
 
 
@@ -477,6 +479,7 @@ def test_layout_change_carries_optimizer_state_and_the_data_order(shakespeare_sh
     assert r.returncode == 0 and f"resumed from {split}/step_00000004" in r.stdout, r.stderr[-3000:]
     a, b, w = train_losses(straight), train_losses(split), train_losses(fresh)
     assert sorted(b) == list(range(1, steps + 1)) and sorted(w) == [5, 6, 7]
+    # bit-exact: steps 1-4 are the same 2-rank ZeRO-1 run in both (one path); the other layouts after: TOL
     assert [a[s] for s in range(1, 5)] == [b[s] for s in range(1, 5)]
     off = {s: abs(a[s] - b[s]) for s in range(5, steps + 1)}
     off[9] = max(off[9], abs(leg2[9] - a[9]))  # ZeRO-3's own step 9 and TP=2's first step (both from step 8)

@@ -158,6 +158,7 @@ def test_lsh_bits_are_batch_independent_and_match_definition(lsh):
     words = ["play", "zzzz", "honourable", "a", "x" * 30, "ünïcödé"]
     together = lsh.bits(words, 128)
     alone = np.stack([lsh.bits([w], 128)[0] for w in words[::-1]])[::-1]
+    # bit-exact: packed bits; by design each word's projection is element-wise adds in n-gram order, whatever the batch
     assert np.array_equal(together, alone)
     planes = lsh.hyperplanes(128)
     x = np.zeros(lsh.vocab_size)
@@ -195,10 +196,10 @@ def test_lsh_save_load_regenerate(tmp_path, lsh):
     assert a.read_bytes() == b.read_bytes()  # deterministic archive (no timestamps)
     loaded = LSHModel.load(a)
     assert loaded.ngrams == lsh.ngrams and loaded.seed == 1234
-    assert np.array_equal(loaded.hyperplanes(128), make_hyperplanes(lsh.vocab_size, 128, 1234))
+    assert np.array_equal(loaded.hyperplanes(128), make_hyperplanes(lsh.vocab_size, 128, 1234))  # bit-exact: stored planes, copied
     words = ["play", "plays", "kingdom"]
-    assert np.array_equal(loaded.bits(words, 128), lsh.bits(words, 128))
-    assert np.array_equal(loaded.buckets(words, 500), lsh.buckets(words, 500))
+    assert np.array_equal(loaded.bits(words, 128), lsh.bits(words, 128))  # bit-exact: packed bits (integers)
+    assert np.array_equal(loaded.buckets(words, 500), lsh.buckets(words, 500))  # bit-exact: bucket ids (integers)
 
 
 # -- rolling hash -----------------------------------------------------------------------------
@@ -268,7 +269,7 @@ def test_code_table_hashes_each_word_once(monkeypatch):
     assert ids[0] == ids[2] and ids2[0] == ids[3] and 0 not in ids
     rows = table.rows("md5", np.array([0, ids[0]]))
     assert not rows[0].any() and rows[1].tobytes() == md5_digest("a")
-    assert np.array_equal(table.rows("rolling3", ids2), hash_words(specs[1], ["c", "a", "d"]))
+    assert np.array_equal(table.rows("rolling3", ids2), hash_words(specs[1], ["c", "a", "d"]))  # bit-exact: integer codes
 
 
 def test_subword_hash_strings():

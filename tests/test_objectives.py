@@ -53,9 +53,9 @@ def test_clm_shift():
 
     tok, codes = corpus_batches(1)[0]
     out = clm.corrupt(tok, codes)
-    assert torch.equal(out["tokens"], tok[:, :-1]) and torch.equal(out["labels"], tok[:, 1:])
-    assert torch.equal(out["hash_codes"], codes[:, :-1]) and torch.equal(out["label_codes"], codes[:, 1:])
-    assert torch.equal(out["loss_mask"], (tok[:, 1:] != 1).float())
+    assert torch.equal(out["tokens"], tok[:, :-1]) and torch.equal(out["labels"], tok[:, 1:])  # bit-exact: ids, codes, 0/1 masks
+    assert torch.equal(out["hash_codes"], codes[:, :-1]) and torch.equal(out["label_codes"], codes[:, 1:])  # bit-exact: ids, codes, 0/1 masks
+    assert torch.equal(out["loss_mask"], (tok[:, 1:] != 1).float())  # bit-exact: ids, codes, 0/1 masks
 
 
 # ------------------------------------------------------------------------------ MLM
@@ -71,10 +71,10 @@ def test_mlm_rates_specials_and_codes():
         word = tok >= 5
         sel = out["labels"] != -100
         assert not (sel & ~word).any()  # specials never selected
-        assert torch.equal(out["tokens"][~word], tok[~word]) and torch.equal(out["hash_codes"][~word], codes[~word])
-        assert torch.equal(out["labels"][sel], tok[sel]) and torch.equal(out["loss_mask"], sel.float())
-        assert torch.equal(out["tokens"][~sel], tok[~sel])
-        assert torch.equal(out["label_codes"], codes) and torch.equal(out["padding_mask"], tok != 1)
+        assert torch.equal(out["tokens"][~word], tok[~word]) and torch.equal(out["hash_codes"][~word], codes[~word])  # bit-exact: ids, codes, 0/1 masks
+        assert torch.equal(out["labels"][sel], tok[sel]) and torch.equal(out["loss_mask"], sel.float())  # bit-exact: ids, codes, 0/1 masks
+        assert torch.equal(out["tokens"][~sel], tok[~sel])  # bit-exact: ids, codes, 0/1 masks
+        assert torch.equal(out["label_codes"], codes) and torch.equal(out["padding_mask"], tok != 1)  # bit-exact: ids, codes, 0/1 masks
         masked = sel & (out["tokens"] == 4)
         assert not out["hash_codes"][masked].any()  # <mask> has the zero codes of a special
         changed = sel & (out["tokens"] != 4) & (out["tokens"] != tok)
@@ -104,10 +104,10 @@ def test_shuffle_random_rates_specials_and_codes():
         out = sr.corrupt(tok, codes, gen)
         lab, new = out["labels"], out["tokens"]
         word = tok >= 5
-        assert torch.equal(lab == -100, ~word)  # specials: ignored ...
-        assert torch.equal(new[~word], tok[~word]) and torch.equal(out["hash_codes"][~word], codes[~word])  # ... untouched
-        assert torch.equal(out["loss_mask"], word.float())
-        assert torch.equal(new[lab == 0], tok[lab == 0])  # originals stay
+        assert torch.equal(lab == -100, ~word)  # bit-exact: ids, codes, 0/1 masks; specials: ignored ...
+        assert torch.equal(new[~word], tok[~word]) and torch.equal(out["hash_codes"][~word], codes[~word])  # bit-exact: ids, codes, 0/1 masks; ... untouched
+        assert torch.equal(out["loss_mask"], word.float())  # bit-exact: ids, codes, 0/1 masks
+        assert torch.equal(new[lab == 0], tok[lab == 0])  # bit-exact: ids, codes, 0/1 masks; originals stay
         for r in range(tok.shape[0]):  # shuffled: a permutation of the row's selected tokens
             pos = lab[r] == 1
             assert sorted(new[r][pos].tolist()) == sorted(tok[r][pos].tolist())
@@ -128,8 +128,8 @@ def test_corruption_is_deterministic_in_the_generator():
         a = mod.corrupt(tok, codes, torch.Generator().manual_seed(5))
         b = mod.corrupt(tok, codes, torch.Generator().manual_seed(5))
         c = mod.corrupt(tok, codes, torch.Generator().manual_seed(6))
-        assert all(torch.equal(a[k], b[k]) for k in ("tokens", "hash_codes", "labels"))
-        assert not torch.equal(a["labels"], c["labels"])
+        assert all(torch.equal(a[k], b[k]) for k in ("tokens", "hash_codes", "labels"))  # bit-exact: ids, codes, 0/1 masks
+        assert not torch.equal(a["labels"], c["labels"])  # bit-exact: ids, codes, 0/1 masks
     out = shuffle_random.corrupt(tok, None, torch.Generator().manual_seed(5))  # codes are optional
     assert out["hash_codes"] is None and (out["labels"] == 1).any()
 
@@ -181,7 +181,7 @@ def test_vocab_mlm_head_ignores_unlabelled_positions():
     tok, codes = corpus_batches(1)[0]
     b = mlm.corrupt(tok, codes, torch.Generator().manual_seed(0))
     per = model(b["tokens"], b["hash_codes"], labels=b["labels"], padding_mask=b["padding_mask"])
-    assert torch.equal(per == 0, b["labels"] == -100)
+    assert torch.equal(per == 0, b["labels"] == -100)  # bit-exact: boolean masks (ignored positions: a loss of exactly 0)
 
 
 @pytest.mark.parametrize("head,spec", [("hash-bits", "md5"), ("hash-bucket", "md5-bucket512")])

@@ -27,6 +27,8 @@ from megahash.ops.taylor.naive import naive_taylor  # noqa: E402
 from megahash.ops.taylor.recurrent import taylor_recurrent  # noqa: E402
 from megahash.training.op_count import CountOps  # noqa: E402
 
+pytestmark = pytest.mark.numerics  # compares floating-point results (see tests/numerics.py)
+
 LENGTHS = (1, 5, 16, 33)
 CHUNKS = (1, 3, 8, 64)
 TOL_ORDERS = 1e-6

@@ -127,12 +127,12 @@ def test_side_shards_align_and_are_megatron_readable(shards, tok):
     for name, (ds, spec) in s.side.items():
         mc = read_dataset(f"{shards}_hash_{name}")  # megatron-core reads side shards as they are
         assert len(mc) == len(tokens)
-        assert np.array_equal(mc.document_indices, tokens.document_indices)
-        assert np.array_equal(mc.sequence_lengths.astype(np.int64), tokens.sequence_lengths.astype(np.int64) * spec.width)
+        assert np.array_equal(mc.document_indices, tokens.document_indices)  # bit-exact: integer ids, lengths, codes
+        assert np.array_equal(mc.sequence_lengths.astype(np.int64), tokens.sequence_lengths.astype(np.int64) * spec.width)  # bit-exact: integer ids, lengths, codes
         assert mc.index.dtype == spec.dtype
         codes = s.hash_codes(name, 3, 5, 7)
         assert codes.shape == (7, spec.width)
-        assert np.array_equal(codes.reshape(-1), mc.get(3, 5 * spec.width, 7 * spec.width))
+        assert np.array_equal(codes.reshape(-1), mc.get(3, 5 * spec.width, 7 * spec.width))  # bit-exact: integer ids, lengths, codes
     eos_rows = s.hash_codes("md5", 0, len(tokens[0]) - 1, 1)
     assert not eos_rows.any()  # special tokens: all-zero codes
     # word hash unit: every md5 code of a document is the HMAC of a word of its decoded text (or of
@@ -191,7 +191,7 @@ def test_words_stream(tmp_path):
     ids = s.tokens[4].tolist()
     assert all(r.tobytes() == hmac_md5(table[t]) for t, r in zip(ids[:-1], rows[:-1]))
     assert not rows[-1].any()
-    assert np.array_equal(s.hash_codes("rolling3", 4)[:-1], rolling_codes([table[t] for t in ids[:-1]]))
+    assert np.array_equal(s.hash_codes("rolling3", 4)[:-1], rolling_codes([table[t] for t in ids[:-1]]))  # bit-exact: integer ids, lengths, codes
     counts = {ln.split("\t")[1]: int(ln.split("\t")[2]) for ln in Path(prefix + "_words.tsv").read_text().splitlines()[1:]}
     assert counts["</s>"] == 20 and counts["the"] == sum(split_words(d).count("the") for d in docs)
     assert s.verify(sample_docs=4)["checked_tokens"] > 0
@@ -420,12 +420,12 @@ def test_group_cache_key_collisions_fall_back_to_exact_keys(tok, monkeypatch):
     monkeypatch.setattr(tokens_mod, "row_hash", lambda keys: np.arange(len(keys), dtype=np.uint64))
     table = CodeTable(specs)
     coder = SubwordCoder(sp, table, "word")
-    assert np.array_equal(codes(coder, table, 0, half), want[:half])
-    assert np.array_equal(codes(coder, table, half, len(toks)), want[half:])
+    assert np.array_equal(codes(coder, table, 0, half), want[:half])  # bit-exact: integer ids, lengths, codes
+    assert np.array_equal(codes(coder, table, half, len(toks)), want[half:])  # bit-exact: integer ids, lengths, codes
     # all keys equal: collisions inside one call
     monkeypatch.setattr(tokens_mod, "row_hash", lambda keys: np.zeros(len(keys), np.uint64))
     fresh_table = CodeTable(specs)
-    assert np.array_equal(codes(SubwordCoder(sp, fresh_table, "word"), fresh_table, 0, len(toks)), want)
+    assert np.array_equal(codes(SubwordCoder(sp, fresh_table, "word"), fresh_table, 0, len(toks)), want)  # bit-exact: integer ids, lengths, codes
 
 
 # -- per-token sentencepiece cache (megahash/data/preprocess/encoding.py SegmentEncoder) -----------------------
@@ -458,11 +458,11 @@ def test_segment_cache_equals_whole_document_encoding(tok, hash_unit):
         outs[cached] = (results, enc.finish())
     (a, counts_a), (b, counts_b) = outs[True], outs[False]
     for ra, rb in zip(a, b):
-        np.testing.assert_array_equal(ra.lengths, rb.lengths)
-        np.testing.assert_array_equal(ra.tokens, rb.tokens)
+        np.testing.assert_array_equal(ra.lengths, rb.lengths)  # bit-exact: integer ids, lengths, codes
+        np.testing.assert_array_equal(ra.tokens, rb.tokens)  # bit-exact: integer ids, lengths, codes
         assert ra.empty == rb.empty
         assert sorted(ra.codes) == sorted(rb.codes) == ["md5", "md5-bucket1000", "rolling3"]
         for name in ra.codes:
-            np.testing.assert_array_equal(ra.codes[name], rb.codes[name])
+            np.testing.assert_array_equal(ra.codes[name], rb.codes[name])  # bit-exact: integer ids, lengths, codes
     assert counts_a == counts_b and sum(counts_a.values()) > 1000
     assert sum(r.empty for r in a) == 2  # "" and "   "

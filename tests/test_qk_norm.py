@@ -12,7 +12,7 @@ import torch  # noqa: E402
 from megahash import accelerator  # noqa: E402
 from megahash.config import load_config  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("dist")
+pytestmark = [pytest.mark.usefixtures("dist"), pytest.mark.numerics]
 VOCAB = 128
 
 

@@ -15,7 +15,7 @@ import torch  # noqa: E402
 from megahash import accelerator  # noqa: E402
 from megahash.config import load_config  # noqa: E402
 
-pytestmark = pytest.mark.usefixtures("dist")
+pytestmark = [pytest.mark.usefixtures("dist"), pytest.mark.numerics]
 
 
 def roberta_base_formula(V=50265, d=768, f=3072, L=12, P=512, T=1):

@@ -153,6 +153,7 @@ def test_usr1_checkpoints_requeues_and_resumes_exactly(cluster, runs, tmp_path):
         assert re.search(r"ranks exited with status \d+ after SIGUSR1", text) and f"requeueing job {job}" in text
         assert f"job {job} restart 1:" in text and f"resumed from {run_dir}/step_{stop:08d}" in text
         assert (run_dir / "latest").read_text() == f"step_{STEPS:08d}" and not list(run_dir.glob("*.tmp"))
+        # bit-exact: requeue/resume is the promise (same ranks, OMP_NUM_THREADS=1, same machine)
         assert train_losses(run_dir) == train_losses(ref), launcher
         assert train_losses(run_dir, "valid") == train_losses(ref, "valid"), launcher
         if launcher == "torchrun":
@@ -185,6 +186,7 @@ def test_mpirun_and_torchrun_start_the_same_training(runs, tmp_path):
     assert re.search(r"^\+ .*mpirun -np 2 ", outs["mpirun"], re.M), outs["mpirun"][:2000]
     assert re.search(r"^\+ .*torchrun --nproc_per_node=2 ", outs["torchrun"], re.M), outs["torchrun"][:2000]
     ref = train_losses(runs["srun"]["dir"])
+    # bit-exact: one path (the same 2 ranks, OMP_NUM_THREADS=1, same machine): the launcher changes nothing
     assert train_losses(tmp_path / "mpirun") == ref
     assert train_losses(tmp_path / "torchrun") == ref
 
@@ -259,6 +261,7 @@ def test_scancel_term_requeues_and_resumes_exactly(cluster, runs, tmp_path):
     assert f"job {job} restart 1:" in text and f"resumed from {run_dir}/step_{stop:08d}" in text
     assert "BrokenPipeError" not in text
     assert (run_dir / "latest").read_text() == f"step_{STEPS:08d}" and not list(run_dir.glob("*.tmp"))
+    # bit-exact: requeue/resume is the promise (same ranks, OMP_NUM_THREADS=1, same machine)
     assert train_losses(run_dir) == train_losses(runs["srun"]["dir"])
 
 
@@ -361,5 +364,6 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes_exactly(cluster, run
         assert "ranks exited with status 3" in text and f"requeueing job {job}" in text
         assert f"job {job} restart 1:" in text and f"resumed from {run_dir}/step_{stop:08d}" in text
         assert (run_dir / "latest").read_text() == f"step_{STEPS:08d}" and not list(run_dir.glob("*.tmp"))
+        # bit-exact: requeue/resume is the promise (same ranks, OMP_NUM_THREADS=1, same machine)
         assert train_losses(run_dir) == train_losses(ref), kind
         assert train_losses(run_dir, "valid") == train_losses(ref, "valid"), kind

@@ -33,9 +33,9 @@ def run(mode, spec="md5", **kw):
         out = sr.corrupt(tok, codes, gen, random=mode, **kw)
         lab = out["labels"]
         rnd = lab == 2
-        assert torch.equal(lab == -100, tok < 5)  # specials ignored and untouched
-        assert torch.equal(out["tokens"][tok < 5], tok[tok < 5])
-        assert torch.equal(out["tokens"][lab == 0], tok[lab == 0]) and torch.equal(out["hash_codes"][lab == 0], codes[lab == 0])
+        assert torch.equal(lab == -100, tok < 5)  # bit-exact: ids, codes, masks; specials ignored and untouched
+        assert torch.equal(out["tokens"][tok < 5], tok[tok < 5])  # bit-exact: ids, codes, masks
+        assert torch.equal(out["tokens"][lab == 0], tok[lab == 0]) and torch.equal(out["hash_codes"][lab == 0], codes[lab == 0])  # bit-exact: ids, codes, masks
         yield tok, codes, out, rnd
 
 
@@ -49,7 +49,7 @@ def test_random_bit_arrays(mode):
         assert rnd.any()
         new, old = out["hash_codes"][rnd], codes[rnd]
         assert not (new == old).all(-1).any()  # never identical
-        assert torch.equal(out["tokens"][rnd], tok[rnd])  # the collators keep input_ids
+        assert torch.equal(out["tokens"][rnd], tok[rnd])  # bit-exact: ids, codes, masks; the collators keep input_ids
         fractions += unpack(new, 128).mean(-1).tolist()
     f = np.array(fractions)
     assert abs(f.mean() - 0.5) < 0.03

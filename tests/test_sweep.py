@@ -136,6 +136,7 @@ def test_slurm_array_sweep_matches_local_and_rerun_submits_nothing(cluster, grid
         assert "trained; evaluating" in text and "done (step 12)" in text, text[-3000:]
     check_report(out)
     for c in (out / "cells").iterdir():  # the array tasks train exactly as the local runs
+        # bit-exact: one path (the same cell, ranks and threads on this machine): the launcher changes nothing
         assert train_losses(c) == train_losses(local["out"] / "cells" / c.name), c.name
     r = sweep(["--grid", str(grid["path"]), "--launcher", "slurm", "--wait", "--out", str(out), *sbatch], env=env)
     assert r.returncode == 0 and "every cell is done; nothing submitted" in r.stdout, r.stderr[-2000:]

@@ -74,6 +74,7 @@ def test_resume_reproduces_uninterrupted_run(shakespeare_shards, tmp_path):
     assert "resumed from" in r.stdout
     a, b = train_losses(straight), train_losses(split)
     assert sorted(a) == sorted(b) == list(range(1, 21))
+    # bit-exact: resume is the promise (same ranks, threads and kernels on this machine)
     assert [a[s] for s in range(1, 21)] == [b[s] for s in range(1, 21)]  # bit-identical
     assert train_losses(straight, "valid") == train_losses(split, "valid")
     cfg = (split / "step_00000020" / "resolved_config.yaml").read_text()
@@ -95,6 +96,7 @@ def test_hybrid_schedule_checkpoints_resume_and_load_at_tp1(shakespeare_shards, 
     r = pretrain(base(shakespeare_shards, split, 6, *common), ranks=2)
     assert r.returncode == 0 and "resumed from" in r.stdout, r.stderr[-3000:]
     a, b = train_losses(straight), train_losses(split)
+    # bit-exact: resume is the promise (same ranks and layout, same machine)
     assert [a[s] for s in range(1, 7)] == [b[s] for s in range(1, 7)]
     script = ("import sys\n"
               "from megahash.training.weights import load_for_inference\n"
@@ -133,6 +135,7 @@ def test_bf16_on_two_data_parallel_ranks_matches_one_rank_and_resumes_exactly(sh
     for step in (2, 3, 4):  # then bf16 gradients reduced over 2 ranks instead of accumulated on one
         assert abs(a[step] - b[step]) < 2e-2, (step, a, b)
     assert a[4] < a[1] and b[4] < b[1]
+    # bit-exact: resume is the promise (2 ranks both, same machine); 1 vs 2 ranks above: tolerances
     assert [b[3], b[4]] == [c[3], c[4]]  # bit-identical
     state = json.loads((two / "step_00000002" / "megahash_state.json").read_text())
     assert state["world_size"] == 2 and state["step"] == 2

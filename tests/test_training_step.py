@@ -4,6 +4,8 @@ like the plain torch loop (clip_grad_norm_ + AdamW + LambdaLR) on the same model
 import pytest
 import torch
 
+pytestmark = pytest.mark.numerics  # compares floating-point results (see tests/numerics.py)
+
 TINY = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=128",
         "data.seq_length=64", "train.micro_batch_size=4", "train.global_batch_size=4", "train.lr=2e-3",
         "train.warmup_steps=2", "train.precision=fp32"]
@@ -25,6 +27,7 @@ def test_rope_matches_megatron_core(dist):
     (ga,) = torch.autograd.grad(ours, t, g)
     ref = apply_rotary_pos_emb(t, freqs, config)
     (gb,) = torch.autograd.grad(ref, t, g)
+    # bit-exact: the same correctly rounded element-wise products and sum as megatron's (x (-s) = -(x s)), no reduction
     assert torch.equal(ours, ref) and torch.equal(ga, gb)
 
 
@@ -43,6 +46,7 @@ def test_one_rank_cross_entropy_equals_megatron_core(dist):
     ref = tensor_parallel.vocab_parallel_cross_entropy(b * 1.0, target)
     ours.backward(g)
     ref.backward(g)
+    # bit-exact: megatron's own VocabParallelCrossEntropy steps on the same tensors (one path, its no-op all-reduces skipped)
     assert torch.equal(ours, ref) and torch.equal(a.grad, b.grad)
     expected = torch.nn.functional.cross_entropy(logits.reshape(-1, 101), target.reshape(-1), reduction="none")
     assert torch.allclose(ours.detach().reshape(-1), expected, atol=1e-5)
@@ -66,7 +70,7 @@ def test_one_rank_engine_trains_like_the_plain_torch_loop(shakespeare_shards, tm
     assert type(h.engine.optimizer) is torch.optim.AdamW and h.engine.optimizer.defaults["fused"]
     accelerator.seed_all(cfg.train.seed)
     ref = build_model(cfg, h.data.vocab_size)  # the same initial weights (same seed), outside the engine
-    assert all(torch.equal(a, b) for a, b in zip(h.model.parameters(), ref.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(h.model.parameters(), ref.parameters()))  # bit-exact: the same seed builds the same weights (one path)
     t = cfg.train
     opt = torch.optim.AdamW(param_groups(ref, t.weight_decay), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
                             fused=True)
