@@ -10,7 +10,9 @@ the worst single parameter's gradient, and whether anything was non-finite; "x m
 error over mha's in the same run.
 
 Weights (``--weights``): ``init`` (model.init_std 0.02) or ``trained`` (weights perturbed to the
-scales trained LMs reach, :func:`trained_like`).
+scales trained LMs reach, :func:`trained_like`). ``--checkpoints DIR,DIR`` measures trained megahash
+checkpoints instead (their own config; ``--tokens PREFIX``: the last L tokens of a shard set, e.g.
+held-out text, else random tokens).
 
     PYTHONPATH=. python benchmarks/bench_numerics.py [--kinds mha,approx] [--seqs 2048,8192] \
         [--weights init,trained] [--out FILE.md]
@@ -94,21 +96,47 @@ def run(model, tok, autocast: torch.dtype | None):
     labels = tok.roll(-1, 1).t().contiguous()
     with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
         logits = model.logits(model.hidden_states(tok))
+    out = logits.detach().double().clone()  # megatron's cross-entropy shifts fp32 logits in place
     dt = torch.float64 if logits.dtype == torch.float64 else torch.float32
     loss = tensor_parallel.vocab_parallel_cross_entropy(logits.to(dt), labels).mean()
     loss.backward()
     grads = {n: p.grad.detach().double() for n, p in model.named_parameters() if p.grad is not None}
-    return logits.detach().double(), grads
+    return out, grads
 
 
 def rel(a, b) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-300))
 
 
-def compare(cfg, seq: int, weights: str = "init", autocast=torch.bfloat16, seed: int = 0) -> dict:
+def checkpoint_pair(path: str, seq: int):
+    """(fp32 model, fp64 model) of a trained checkpoint, positions extended to ``seq``."""
+    from megahash.models.megatron_model import MegahashLM
+    from megahash.training.weights import load_for_inference
+
+    cfg, m32, _ = load_for_inference(path, [f"model.max_position_embeddings={seq + 8}", f"data.seq_length={seq}"])
+    m64 = MegahashLM(cfg, m32.output_weight().shape[0], torch.float64, init=False)
+    m64.load_state_dict(m32.state_dict())
+    return m32.eval(), m64.eval()
+
+
+def shard_tokens(prefix: str, seq: int) -> torch.Tensor:
+    """[1, seq] of the last ``seq`` tokens of a Megatron shard set (its last documents)."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    ds, parts, n = IndexedDataset(prefix), [], 0
+    for i in range(len(ds) - 1, -1, -1):
+        parts.insert(0, torch.as_tensor(ds[i].astype("int64")))
+        n += parts[0].numel()
+        if n >= seq:
+            break
+    return torch.cat(parts)[-seq:].unsqueeze(0)
+
+
+def compare(cfg, seq: int, weights: str = "init", autocast=torch.bfloat16, seed: int = 0, pair=None, tok=None) -> dict:
     """Relative errors of logits and gradients (module docstring) for one config and length."""
-    m32, m64 = build_pair(cfg, weights)
-    tok = torch.randint(0, VOCAB, (1, seq), generator=torch.Generator().manual_seed(seed))
+    m32, m64 = pair or build_pair(cfg, weights)
+    if tok is None:
+        tok = torch.randint(0, VOCAB, (1, seq), generator=torch.Generator().manual_seed(seed))
     lo, go = run(m32, tok, autocast)
     lr, gr = run(m64, tok, None)
     finite = bool(torch.isfinite(lo).all()) and all(bool(torch.isfinite(g).all()) for g in go.values())
@@ -120,6 +148,34 @@ def compare(cfg, seq: int, weights: str = "init", autocast=torch.bfloat16, seed:
             "finite": finite}
 
 
+def checkpoints_table(a) -> int:
+    auto = None if a.fp32 else torch.bfloat16
+    lines = [f"`python benchmarks/bench_numerics.py {' '.join(sys.argv[1:])}` (trained checkpoints, "
+             f"{'fp32' if a.fp32 else 'bf16 autocast'} vs fp64, batch 1)", ""]
+    for seq in map(int, a.seqs.split(",")):
+        lines += [f"### trained checkpoints, L={seq}", "",
+                  "| checkpoint | logits rel. err | grads rel. err | worst param grad rel. err | finite |",
+                  "| --- | ---: | ---: | ---: | --- |"]
+        for path in a.checkpoints.split(","):
+            pair = checkpoint_pair(path, seq)
+            tok = shard_tokens(a.tokens, seq) if a.tokens else None
+            if tok is None:
+                tok = torch.randint(0, pair[0].output_weight().shape[0], (1, seq),
+                                    generator=torch.Generator().manual_seed(0))
+            r = compare(None, seq, autocast=auto, pair=pair, tok=tok)
+            lines.append(f"| {path} | {r['logits']:.2e} | {r['grads']:.2e} | {r['worst']:.2e} "
+                         f"({r['worst_name'].split('.', 2)[-1][:40]}) | {r['finite']} |")
+            print(lines[-1], flush=True)
+        lines.append("")
+    text = "\n".join(lines)
+    print(text)
+    if a.out:
+        with open(a.out, "a") as f:
+            f.write(text + "\n")
+    accelerator.teardown()
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--kinds", default="", help="comma-separated (default: every registered kind)")
@@ -129,9 +185,13 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--fp32", action="store_true", help="plain fp32 instead of bf16 autocast")
     p.add_argument("--extra", default="", help="kind@override,override rows added to the kinds")
+    p.add_argument("--checkpoints", default="", help="comma-separated megahash checkpoints (rows) instead of kinds")
+    p.add_argument("--tokens", default="", help="with --checkpoints: a shard prefix whose last L tokens are the input")
     p.add_argument("--out", default="")
     a = p.parse_args(argv)
     accelerator.init_distributed(1)
+    if a.checkpoints:
+        return checkpoints_table(a)
     kinds = a.kinds.split(",") if a.kinds else kinds_of_registry()
     kinds += [e for e in a.extra.split(";") if e]
     auto = None if a.fp32 else torch.bfloat16

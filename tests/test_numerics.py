@@ -64,11 +64,12 @@ def _step(model, tok, autocast: bool):
 
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         logits = model.logits(model.hidden_states(tok))
+    out = logits.detach().double().clone()  # megatron's cross-entropy shifts fp32 logits in place
     loss = tensor_parallel.vocab_parallel_cross_entropy(logits.double() if not autocast else logits.float(),
                                                         tok.roll(-1, 1).t().contiguous()).mean()
     loss.backward()
     grads = torch.cat([p.grad.double().flatten() for p in model.parameters() if p.grad is not None])
-    return logits.detach().double(), grads
+    return out, grads
 
 
 @functools.lru_cache(maxsize=None)
