@@ -239,3 +239,23 @@ def test_positive_denominator_model_is_causal_and_decodes():
     torch.testing.assert_close(torch.cat(parts), full, rtol=0, atol=1e-10)
     with pytest.raises(ConfigError, match="denominator"):
         build_model(make_cfg("model.attention.options.denominator=abs"), VOCAB)
+
+
+def test_positive_denominator_reaches_the_export():
+    """The HF export's plain-torch reference reads ``denominator`` from the kind's export spec: its
+    logits equal the library's (fp64) for ``positive``, and differ from a literal model's."""
+    from megahash.convert.reference import reference_model
+    from megahash.models.megatron_model import build_model
+
+    tok = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
+    out = {}
+    for den in ("literal", "positive"):
+        cfg = make_cfg("model.attention.options.chunk_size=4", f"model.attention.options.denominator={den}")
+        accelerator.seed_all(0)
+        model = build_model(cfg, VOCAB, dtype=torch.float64).eval()
+        with torch.no_grad():
+            a = model(tok)
+            b = reference_model(cfg, model)(input_ids=tok).logits
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-9)  # fp64, the same kernels
+        out[den] = a
+    assert (out["literal"] - out["positive"]).abs().max() > 1e-3
