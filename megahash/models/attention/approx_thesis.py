@@ -15,6 +15,16 @@ s = q.k/sqrt(d_h) of eq. 4.6 (each term is a ratio homogeneous in q and in k, so
 matters numerically). The first-order denominator q_i . sum k_j has no sign: a denominator with
 |den| < 1e-6 is replaced by +-1e-6 (keeping its sign), the only deviation from the equations.
 
+Conditioning (docs/attention.md "Numerics"): with no sign, eq. 4.16's denominator crosses 0 and the
+literal form is ill-conditioned (random unit-variance inputs at L=4096: max |o| ~4e4, median 1.1;
+rounding q, k to bf16 moves the output by ~1.5 relative in exact arithmetic), and it is not a Taylor
+expansion of softmax (its second order is sum_a q_a^2 k_a^2, not (q.k)^2). It stays the default
+(``model.attention.options.denominator=literal``: what the thesis ran).
+``denominator=positive`` is the stabilised option: the first order on the positive feature map
+phi(x) = elu(x) + 1 of [Katharopoulos20] (eq. 7; the positive kernels of Based and other
+linear-attention work), so each order is a convex combination of the values and |o_i| <= 3 max |v_j|.
+The kernels accumulate in fp32 inside autocast (:mod:`megahash.ops.linear.fp32`).
+
 State (per key/value head, after i tokens): s0 = sum v_j [d_h], s1 = sum k_j^T v_j [d_h, d_h],
 z1 = sum k_j [d_h], s2 = sum (k_j^2/sqrt2)^T v_j [d_h, d_h], z2 = sum k_j^2/sqrt2 [d_h]: 2 d_h^2 + 3 d_h
 numbers per head (the count i is the decoding position), i.e. 3Bd + 2Bd^2/h numbers = the
@@ -51,14 +61,15 @@ class ThesisTaylorReference(LinearAttention):
     def __init__(self, config, spec):
         super().__init__(config, spec)
         self.chunk_size = int(spec.get("chunk_size", 0) or 0)
+        self.positive = spec.get("denominator", "literal") == "positive"
 
     def kernel(self, qh, kh, vh, km, cache, ctx):
         if not self.causal:
-            return orders_bidirectional(qh, kh, vh, km)
+            return orders_bidirectional(qh, kh, vh, km, positive=self.positive)
         keys = ("s0", "s1", "z1", "s2", "z2")
         state = cached_state(cache, keys)
         out, state = orders_causal(qh, kh, vh, self.chunk_size or 128, state, ctx.get("offset", 0) if state else 0,
-                                   cache is not None)
+                                   cache is not None, positive=self.positive)
         store_state(cache, keys, state)
         return out
 
@@ -71,8 +82,12 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 
 from megahash.models.attention.linear_base import LinearAttentionBase
 from megahash.models.attention.base import rope
+from megahash.errors import ConfigError
 from megahash.models.registry import mask_type, register_attention
 from megahash.ops.orders.naive import orders_maps
+
+DENOMINATORS = ("literal", "positive")
+
 
 class ApproxThesisAttention(LinearAttentionBase):
     kind = "approx-thesis"
@@ -80,7 +95,13 @@ class ApproxThesisAttention(LinearAttentionBase):
 
     def __init__(self, config, layer_number, attn_mask_type, cfg=None, **kw):
         super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
-        self.chunk_size = cfg.model.attention.options.chunk_size if cfg is not None else 0
+        opts = cfg.model.attention.options if cfg is not None else None
+        self.chunk_size = opts.chunk_size if opts is not None else 0
+        self.denominator = opts.denominator if opts is not None else "literal"
+        if self.denominator not in DENOMINATORS:
+            raise ConfigError(f"model.attention.options.denominator={self.denominator!r}: expected one of "
+                              f"{', '.join(DENOMINATORS)}")
+        self.positive = self.denominator == "positive"
 
     def qkv(self, x, rotary_pos_emb):
         q, k, v = super().qkv(x, rotary_pos_emb)
@@ -109,7 +130,7 @@ def approx_thesis_maps(m, q, k, v, attention_mask) -> dict:
     """Indicators: (1/i + first-order/its sum + second-order/its sum)/3 of eq. 4.14-4.17 (rows sum
     to 1; the first-order term can be negative); checked against the kind's own function in fp64
     (its first-order denominator q.sum(k) can be near 0, which amplifies the fp32 round-off)."""
-    a0, a1, a2 = orders_maps(q.double(), k.double(), m.causal)  # eq. 4.14-4.17: o_i = sum_j 3 A_ij v_j
+    a0, a1, a2 = orders_maps(q.double(), k.double(), m.causal, m.positive)  # eq. 4.14-4.17: o_i = sum_j 3 A_ij v_j
     L = a0.shape[-1]
     probs = (a0 + a1 + a2) / 3
     valid = a0 > 0
@@ -118,7 +139,8 @@ def approx_thesis_maps(m, q, k, v, attention_mask) -> dict:
 
     def check(out):
         qd, kd, vd = q.double(), k.double(), v.double()
-        ref = orders_causal(qd, kd, vd, L)[0] if m.causal else orders_bidirectional(qd, kd, vd)
+        ref = (orders_causal(qd, kd, vd, L, positive=m.positive)[0] if m.causal
+               else orders_bidirectional(qd, kd, vd, positive=m.positive))
         return ((3 * probs @ vd) - ref).abs().max().cpu()
 
     return {"source": "(1/i + first-order/its sum + second-order/its sum)/3 of eq. 4.14-4.17 "
@@ -129,13 +151,16 @@ def approx_thesis_maps(m, q, k, v, attention_mask) -> dict:
 
 @dataclass(frozen=True)
 class ApproxThesisOptions:
-    """``model.attention.options`` of approx-thesis: the chunked form's chunk length."""
+    """``model.attention.options`` of approx-thesis: the chunked form's chunk length; the first-order
+    denominator: ``literal`` (eq. 4.16 as the thesis ran it, no sign) or ``positive`` (elu + 1 features,
+    [Katharopoulos20]; bounded)."""
 
     chunk_size: int = 0  # chunk length of the chunked form (0 = auto)
+    denominator: str = "literal"  # literal (eq. 4.16) | positive (elu(x) + 1 first-order features)
     RANGES = {"chunk_size": (0, None, False, False, "chunk length; 0 = auto")}
 
 
 @register_attention("approx-thesis", costs=ApproxThesisCosts, options=ApproxThesisOptions, caps=AttentionCaps(thesis_name="Approx."),
-                    maps=approx_thesis_maps, export_spec=lambda att: {"chunk_size": int(att.chunk_size or 0)})
+                    maps=approx_thesis_maps, export_spec=lambda att: {"chunk_size": int(att.chunk_size or 0), "denominator": att.denominator})
 def approx_thesis_spec(cfg) -> ModuleSpec:
     return ModuleSpec(module=ApproxThesisAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})

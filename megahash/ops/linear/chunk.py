@@ -18,6 +18,8 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
+from megahash.ops.linear.fp32 import autocast_off
+
 
 def to_chunks(x: torch.Tensor, chunk: int) -> torch.Tensor:
     """[..., L, f] -> [..., n, C, f], zero-padded at the end to n*C >= L."""
@@ -48,6 +50,11 @@ class FeatureMatmul(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, g):
         x, b = ctx.saved_tensors
+        with autocast_off(g.device.type):  # a backward called inside autocast: still fp32 GEMMs
+            return FeatureMatmul._backward(ctx, x, b, g)
+
+    @staticmethod
+    def _backward(ctx, x, b, g):
         with torch.enable_grad():
             xd = x.detach().requires_grad_(True)
             f = ctx.features(xd)

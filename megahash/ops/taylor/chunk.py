@@ -12,6 +12,7 @@ training/prefill runs fla's kernel (:mod:`megahash.ops.taylor.fla`)."""
 from __future__ import annotations
 
 from megahash.ops.linear.chunk import chunk_linear
+from megahash.ops.linear.fp32 import fp32_kernel
 from megahash.ops.taylor.fla import fla_taylor
 from megahash.ops.taylor.kernel import feature_dim, taylor_features, taylor_kernel
 
@@ -29,10 +30,12 @@ def _taylor(q, k, v, chunk, state, need_state):
     return num / den.unsqueeze(-1), state
 
 
+@fp32_kernel
 def taylor_causal(q, k, v, chunk: int = 0, state=None, need_state: bool = False):
     """Causal Taylor attention: q [..., L, d], k [..., L, d], v [..., L, dv] (leading dims broadcast,
     e.g. q [b, g, rep, L, d] with k, v [b, g, 1, L, .]); ``state`` = (S [..., D, dv], z [..., D])
-    of the keys before this call. Returns (out [..., L, dv], state or None)."""
+    of the keys before this call. Returns (out [..., L, dv] in q's dtype, accumulated in fp32 under
+    autocast (:func:`megahash.ops.linear.fp32.fp32_kernel`), state or None)."""
     chunk = taylor_chunk(q.shape[-2], q.shape[-1], chunk)
     if state is None and not need_state:
         out = fla_taylor(q, k, v) if q.dim() == 5 else None
@@ -41,6 +44,7 @@ def taylor_causal(q, k, v, chunk: int = 0, state=None, need_state: bool = False)
     return _taylor(q, k, v, chunk, state, need_state)
 
 
+@fp32_kernel
 def taylor_bidirectional(q, k, v, key_mask=None):
     """Encoders: sums over every (non-padded) key, from the kernel matrix when T <= 2D, else from
     the features (sum_j phi(k_j) v_j^T once)."""
