@@ -17,7 +17,7 @@ Encoders (``key_mask``): padding is masked BEFORE the exponentials: each sequenc
 softmax over its own valid keys (row maximum over those keys only), so no score gap between a
 padded and a valid key can underflow the valid ones (the former folded form P (m v) / P m gave
 0/0 = NaN from a gap of ~104 in fp32); a row with no valid key gives 0. These maps are per
-sequence ([b, g, rep, L, T] while the forward or backward runs, as mha's), still none is kept for
+sequence ([b, g, rep, L, T] while the forward or backward runs, as standard attention's), still none is kept for
 backward. A batch of one sequence without padding (the fixed sequence's own pass, or batch 1)
 needs no folding: it is plain attention through torch's SDPA (flash kernels on CPU and GPU, their
 accuracy), which keeps no map either."""
