@@ -308,3 +308,34 @@ def test_encoder_row_independent_of_batch_padding(kind, training):
     torch.testing.assert_close(padded[:1, :20], alone, rtol=0, atol=1e-10)  # fp64, same operations
     torch.testing.assert_close(r_padded[:1, :20], r_alone, rtol=0, atol=1e-10)
     torch.testing.assert_close(r_alone, alone, rtol=0, atol=1e-9)  # reference = library
+
+
+@pytest.mark.usefixtures("dist")
+def test_encoder_fixed_pass_with_activation_recompute_same_gradients():
+    """Encoders run the fixed input's pass by itself; with train.recompute=full or selective it runs
+    un-checkpointed (recompute off for that pass): the same loss and gradients as without recompute
+    (W^Q, W^K of the fixed kind included; fp64)."""
+    from megahash import accelerator
+    from megahash.config import load_config
+    from megahash.models.megatron_model import build_model
+
+    def grads(recompute):
+        cfg = load_config(None, ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4",
+                                 "model.ffn_hidden_size=64", "model.schedule=list:mha,rndembqk", "data.seq_length=24",
+                                 "model.max_position_embeddings=24", "model.attention.options.fixed_seq_length=24",
+                                 "model.arch=encoder", "train.objective=mlm", f"train.recompute={recompute}"])
+        accelerator.seed_all(0)
+        model = build_model(cfg, 128, dtype=torch.float64).train()
+        tok = torch.randint(0, 128, (2, 16), generator=gen(40))
+        pad = torch.ones(2, 16, dtype=torch.bool)
+        pad[1, 9:] = False
+        model.hidden_states(tok, padding_mask=pad).pow(2).mean().backward()
+        return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    a = grads("none")
+    assert any("linear_q" in n and a[n].abs().sum() > 0 for n in a)  # W^Q of the fixed kind trains
+    for other in ("full", "selective"):
+        b = grads(other)
+        assert a.keys() == b.keys(), other
+        for name in a:
+            torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-12)  # fp64, same operations

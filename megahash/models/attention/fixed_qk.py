@@ -317,8 +317,7 @@ class FixedInput(KindInput):
         """Training: the fixed sequence's own checkpointed pass; encoders: always a pass of its own
         over the whole fixed input (:meth:`bidirectional_pass`); otherwise one more batch element."""
         if self.bidirectional() and self.active() and not self.frozen():
-            self.bidirectional_pass(model, seq_len)
-            return emb, mask
+            return self.bidirectional_pass(model, emb, seq_len), mask
         if not decoding and self.separate(model):
             self.run_alone(model, offset, seq_len, rotary)
             return emb, mask
@@ -382,19 +381,32 @@ class FixedInput(KindInput):
     def bidirectional(self) -> bool:
         return bool(self._attention) and not self._attention[0].causal
 
-    def bidirectional_pass(self, model, seq_len: int) -> None:
+    def bidirectional_pass(self, model, emb, seq_len: int):
         """Encoders: in a bidirectional pass every position of the fixed input sees all the others,
         so a pass with the batch's length would give a row Q, K (and outputs) that depend on how
         far its batch is padded. The pass always runs over the WHOLE fixed input (the length a
         frozen map has too) and the batch uses its first ``seq_len`` positions: a row's output is
-        that of the row alone. Checkpointed as in training when :meth:`separate` allows it, else
-        run plainly (activation recompute switched off for this one pass, so W^Q, W^K still get
-        their gradients)."""
+        that of the row alone. Checkpointed as in training when :meth:`separate` allows it.
+
+        With activation recompute (training), the pass runs plainly (recompute off for it) and the
+        layers get its Q, K as detached leaves that outlive the forward (the recomputed layers read
+        them in backward); :class:`_FixedPassGrads` on the block's input hands the gradients they
+        gathered to the pass once every layer's backward has run, so W^Q, W^K train as without
+        recompute. Returns the block's input."""
         n = self.length()
         if seq_len > n:
             self.embeddings(model, 0, seq_len)  # raises: the batch is longer than the fixed input
         rotary = None if getattr(model, "embedding_extras", None) is not None else model.rotary_pos_emb(n)
-        self.run_alone(model, 0, n, rotary, checkpointed=self.separate(model) or not torch.is_grad_enabled())
+        plain = torch.is_grad_enabled() and not self.separate(model)
+        self.run_alone(model, 0, n, rotary, checkpointed=not plain)
+        self._hold = plain and model.training and model.config.recompute_granularity is not None
+        if not self._hold:
+            return emb
+        graph = [t for m in self._attention for t in m.live_qk]
+        leaves = [t.detach().requires_grad_(t.requires_grad) for t in graph]
+        for i, m in enumerate(self._attention):
+            m.live_qk = (leaves[2 * i], leaves[2 * i + 1])
+        return _FixedPassGrads.apply(emb, leaves, *graph)
 
     # -- training: the fixed sequence's own checkpointed pass -------------------------------
     def separate(self, model) -> bool:
@@ -442,6 +454,8 @@ class FixedInput(KindInput):
             m.live_qk = (qk[2 * i], qk[2 * i + 1])
 
     def release(self) -> None:
+        if getattr(self, "_hold", False):  # recomputed layers read them in backward; the next enter replaces them
+            return
         for m in self._attention:
             m.live_qk = None
 
@@ -474,6 +488,20 @@ class FixedInput(KindInput):
         if mode:
             self.unfreeze()
         return super().train(mode)
+
+
+class _FixedPassGrads(torch.autograd.Function):
+    """Identity on the block's input; in backward (after every layer's, recomputed ones included)
+    it returns, for the fixed pass's Q, K, the gradients their detached leaves gathered."""
+
+    @staticmethod
+    def forward(ctx, emb, leaves, *graph):
+        ctx.leaves = leaves
+        return emb.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (grad, None, *(leaf.grad for leaf in ctx.leaves))
 
 
 def _build_fixed_input(model, cfg):
