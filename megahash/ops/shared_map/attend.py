@@ -83,7 +83,7 @@ def shared_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
     ``key_mask`` [b, T] (True = valid, encoders): each sequence's softmax over its valid keys, masked
     before the exponentials. ``dropout`` (a function on the map, training with attention dropout)
     takes the naive form (:func:`megahash.ops.shared_map.naive.naive_shared_softmax`), which keeps the map."""
-    b, g, T, e = v.shape
+    b, g, T, _ = v.shape
     if b == 1 and key_mask is None and dropout is None:  # one sequence (the fixed pass itself, batch 1):
         return _sdpa(q, k, v[0], scale, causal).unsqueeze(0)  # plain attention, flash kernels where they exist
     if key_mask is not None:  # one map per sequence: [b, g, 1, T, e] -> [b, g, rep, L, e]
