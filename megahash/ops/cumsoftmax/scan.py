@@ -1,51 +1,98 @@
-"""A causal softmax with ONE score per key ([Xue25] eq. 4.7-4.8, 4.18) as a scan: O(L d) work.
+"""A causal softmax with ONE score per key ([Xue25] eq. 4.7-4.8, 4.18) without an L x L map.
 
-o_i = sum_{j<=i} e^{s_j} v_j / sum_{j<=i} e^{s_j} needs no L x L map: numerator and denominator
-are prefix sums. Computed stably in log space with ``torch.logcumsumexp`` (a running log-sum-exp,
-i.e. cumulative sums with a running maximum); signed values through v = sinh(asinh v) =
-(e^{asinh v} - e^{-asinh v})/2, two positive parts whose logs are +-asinh v:
+o_i = sum_{j<=i} e^{s_j} v_j / sum_{j<=i} e^{s_j}: numerator and denominator are prefix sums, kept
+(as online-softmax / flash kernels do, [Mil18], [Dao22]) relative to a running maximum, in linear
+space: a state (m, num, den) means num = sum e^{s_j - m} v_j, den = sum e^{s_j - m}, and two states
+combine exactly by rescaling to the larger maximum,
 
-    o_i = ( exp(P_i - Z_i) - exp(N_i - Z_i) ) / 2,   P = lcse(s + asinh v), N = lcse(s - asinh v), Z = lcse(s)
+    (m1, n1, d1) + (m2, n2, d2) = (m, e^{m1-m} n1 + e^{m2-m} n2, e^{m1-m} d1 + e^{m2-m} d2),  m = max(m1, m2).
 
-(lcse: ``logcumsumexp`` along the sequence); each term is at most |v| + 1, so nothing overflows
-and a position never depends on later ones. No Python loop:
-the operator count does not depend on L. A carried state (m, num, den) (numerator and denominator
-relative to e^m, the decoding cache) enters as one virtual key of score m + log den and value
-num/den placed before the sequence."""
+Two fixed levels (no Python loop: the operator count does not depend on L):
+
+1. inside each chunk of C positions, position i's state over the chunk's keys j <= i from the
+   C x C weights e^{s_j - M_i} (M_i: the chunk's running maximum, ``cummax``), masked before the
+   exponential;
+2. across the nb = L / C chunks, chunk c's state over the chunks before it from the nb x nb
+   weights e^{m_c' - P_c} (m_c': a chunk's maximum, P_c: the largest of those before c);
+
+then each position combines the two (and a carried state, the decoding cache). Every exponent is
+a difference of two input scores (or maxima of them) and every weight is <= 1, so the fp32 error is
+a plain masked softmax's whatever the scores' magnitude or the values' scale (the former
+``logcumsumexp`` form lost |s| eps in the exponent and eps/|v| in the values). Work
+O(L (C + nb) d), C = max(64, L^(1/3)). Runs with autocast disabled in the inputs' dtype (the module
+passes fp32 or fp64), so its matrix products stay in that dtype."""
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
+
+CHUNK = 64
+
+
+def _no_autocast(t: torch.Tensor):
+    return torch.autocast(device_type=t.device.type, enabled=False)
+
+
+def _chunk_size(L: int) -> int:
+    return max(1, min(L, max(CHUNK, math.ceil(L ** (1 / 3)))))
+
+
+def combine(m1, n1, d1, m2, n2, d2):
+    """Two (max, numerator, denominator) states of disjoint key sets -> their union's (exact rescale)."""
+    m = torch.maximum(m1, m2)
+    a1, a2 = torch.exp(m1 - m), torch.exp(m2 - m)
+    return m, a1.unsqueeze(-1) * n1 + a2.unsqueeze(-1) * n2, a1 * d1 + a2 * d2
+
+
+def _causal_states(s, v):
+    """s [..., L], v [..., L, dv] -> per position i the state (m, num, den) of the keys j <= i:
+    m [..., L] (detached), num [..., L, dv], den [..., L]."""
+    L = s.shape[-1]
+    C = _chunk_size(L)
+    nb = -(-L // C)
+    pad = nb * C - L  # padded keys come after every real one: they reach no real position
+    s = F.pad(s, (0, pad)).unflatten(-1, (nb, C))  # [..., nb, C]
+    v = F.pad(v, (0, 0, 0, pad)).unflatten(-2, (nb, C))  # [..., nb, C, dv]
+    sd = s.detach()  # the maxima are shifts that cancel in num/den: constants for autograd
+    run = sd.cummax(-1).values  # [..., nb, C] running maximum inside the chunk
+    later = torch.ones(C, C, dtype=torch.bool, device=s.device).triu(1)
+    w = torch.exp((s.unsqueeze(-2) - run.unsqueeze(-1)).masked_fill(later, float("-inf")))  # [.., nb, C, C], <= 1
+    num_in, den_in = w @ v, w.sum(-1)  # [..., nb, C, dv], [..., nb, C]
+    mc = run[..., -1]  # [..., nb] each chunk's maximum
+    # the largest maximum of the chunks before c; chunk 0 has none: its first score (<= its running max)
+    prev = torch.cat([run[..., :1, 0], mc.cummax(-1).values[..., :-1]], -1)
+    before = torch.ones(nb, nb, dtype=torch.bool, device=s.device).triu(0)
+    w2 = torch.exp((mc.unsqueeze(-2) - prev.unsqueeze(-1)).masked_fill(before, float("-inf")))  # [..., nb, nb]
+    num_pre = w2 @ num_in[..., -1, :]  # [..., nb, dv]: the chunks before c, relative to e^prev
+    den_pre = (w2 * den_in[..., -1].unsqueeze(-2)).sum(-1)  # [..., nb]
+    m, num, den = combine(prev.unsqueeze(-1), num_pre.unsqueeze(-2), den_pre.unsqueeze(-1), run, num_in, den_in)
+    return m.flatten(-2)[..., :L], num.flatten(-3, -2)[..., :L, :], den.flatten(-2)[..., :L]
 
 
 def cumsoftmax_causal(s: torch.Tensor, v: torch.Tensor, state=None, need_state: bool = False):
     """s [..., L] scores, v [..., L, dv] (leading dims broadcast: s [b, g, rep, L], v [b, g, 1, L, dv]);
-    ``state`` = (m [...], num [..., dv], den [...]) of the keys before. Returns (out [..., L, dv], state or None)."""
-    m = s.detach().amax(-1)
-    if state is not None:
-        m0, num0, den0 = state
-        m = torch.maximum(m, m0)
-        lead = torch.broadcast_shapes(s.shape[:-1], v.shape[:-2])
-        s = torch.cat([(m0 + torch.log(den0)).unsqueeze(-1).expand(*lead, 1), s.expand(*lead, s.shape[-1])], -1)
-        v = torch.cat([(num0 / den0.unsqueeze(-1)).unsqueeze(-2).expand(*lead, 1, v.shape[-1]),
-                       v.expand(*lead, *v.shape[-2:])], -2)
-    a = torch.asinh(v)
-    z = torch.logcumsumexp(s, -1).unsqueeze(-1)
-    pn = torch.logcumsumexp(torch.cat([s.unsqueeze(-1) + a, s.unsqueeze(-1) - a], -1), -2)
-    e = torch.exp(pn - z)
-    dv = v.shape[-1]
-    out = (e[..., :dv] - e[..., dv:]) * 0.5
-    if state is not None:
-        out = out[..., 1:, :]
-    if not need_state:
-        return out, None
-    den = torch.exp(z[..., -1, 0] - m)
-    return out, (m, out[..., -1, :] * den.unsqueeze(-1), den)
+    ``state`` = (m [...], num [..., dv], den [...]) of the keys before (num, den relative to e^m).
+    Returns (out [..., L, dv], state of all keys or None). Eq. 4.18 with a running maximum."""
+    with _no_autocast(s):
+        v = v.to(s.dtype)
+        m, num, den = _causal_states(s, v)
+        if state is not None:
+            m0, num0, den0 = (t.to(s.dtype) for t in state)
+            m, num, den = combine(m0.unsqueeze(-1), num0.unsqueeze(-2), den0.unsqueeze(-1), m, num, den)
+        out = num / den.unsqueeze(-1)
+        if not need_state:
+            return out, None
+        return out, (m[..., -1], num[..., -1, :], den[..., -1])
 
 
 def cumsoftmax_bidirectional(s, v, key_mask=None):
-    """Encoders: o = sum_j softmax(s)_j v_j over the non-padded keys, the same vector for every query."""
-    if key_mask is not None:
-        s = s.masked_fill(~key_mask, float("-inf"))
-    w = torch.softmax(s, dim=-1)
-    o = (w.unsqueeze(-2) @ v).squeeze(-2)
-    return o.unsqueeze(-2).expand(*o.shape[:-1], s.shape[-1], o.shape[-1])
+    """Encoders: o = sum_j softmax(s)_j v_j over the non-padded keys (masked before the
+    exponential), the same vector for every query; autocast disabled, the inputs' dtype."""
+    with _no_autocast(s):
+        if key_mask is not None:
+            s = s.masked_fill(~key_mask, float("-inf"))
+        w = torch.softmax(s, dim=-1)
+        o = (w.unsqueeze(-2) @ v.to(w.dtype)).squeeze(-2)
+        return o.unsqueeze(-2).expand(*o.shape[:-1], s.shape[-1], o.shape[-1])

@@ -6,10 +6,21 @@ log-sum-exp: nothing of size L x T is kept for backward, only O(L d + T b d).
     P = softmax(Q K^T * scale) (causal: key t visible to query i iff t <= i + T - L),  O = P V
     dV = P^T dO,  dP = dO V^T,  dS = P (dP - rowsum(dO * O)),  dQ = dS K scale,  dK = dS^T Q scale
 
-The map is formed in float32 at least; P V runs in the values' dtype. Query heads share their
-group's key (q [g, rep, L, d], k [g, 1, T, d]). A batch of one sequence (the fixed sequence's own
-pass, or batch 1) needs no folding: it is plain attention through torch's SDPA (flash kernels on
-CPU and GPU), which keeps no map either."""
+Precision (as flash attention's kernels): autocast is disabled inside; the scores S = Q K^T and dP
+are formed in float32 (float64 kept) from the inputs upcast, so bf16 inputs are never rounded to
+bf16 scores; the softmax, its log-sum-exp and dS are float32; P (and P^T for dV) is cast to the
+values' dtype for the products with V and dO, which accumulate in float32 inside the GEMM; dQ, dK
+are float32 products cast back. The output has the values' dtype. Query heads share their group's
+key (q [g, rep, L, d], k [g, 1, T, d]).
+
+Encoders (``key_mask``): padding is masked BEFORE the exponentials: each sequence's map is the
+softmax over its own valid keys (row maximum over those keys only), so no score gap between a
+padded and a valid key can underflow the valid ones (the former folded form P (m v) / P m gave
+0/0 = NaN from a gap of ~104 in fp32); a row with no valid key gives 0. These maps are per
+sequence ([b, g, rep, L, T] while the forward or backward runs, as standard attention's), still none is kept for
+backward. A batch of one sequence without padding (the fixed sequence's own pass, or batch 1)
+needs no folding: it is plain attention through torch's SDPA (flash kernels on CPU and GPU, their
+accuracy), which keeps no map either."""
 from __future__ import annotations
 
 from typing import Optional
@@ -17,38 +28,38 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from megahash.ops.shared_map.naive import naive_shared_softmax
-
-
-def _scores(q, k, scale: float, causal: bool):
-    s = (q @ k.transpose(-1, -2)).to(torch.promote_types(q.dtype, torch.float32)).mul_(scale)
-    if causal:
-        L, T = s.shape[-2], s.shape[-1]
-        s = s.masked_fill_(torch.ones(L, T, dtype=torch.bool, device=s.device).triu(T - L + 1), float("-inf"))
-    return s
+from megahash.ops.shared_map.naive import naive_shared_softmax, no_autocast, scores
 
 
 class SharedMapAttention(torch.autograd.Function):
+    """q [g, rep, L, d], k [g, 1, T, d], v [g, 1, T, e] (one map), or v [b, g, 1, T, e] with
+    ``key_mask`` [b, T] (one map per sequence) -> [(b,) g, rep, L, e] in v's dtype."""
+
     @staticmethod
-    def forward(ctx, q, k, v, scale: float, causal: bool):
-        s = _scores(q, k, scale, causal)
-        lse = torch.logsumexp(s, -1, keepdim=True)
-        p = s.sub_(lse).exp_().to(v.dtype)
-        out = p @ v
-        ctx.save_for_backward(q, k, v, out, lse)
+    def forward(ctx, q, k, v, scale: float, causal: bool, key_mask=None):
+        with no_autocast(q):
+            s = scores(q, k, scale, causal, key_mask)
+            lse = torch.logsumexp(s, -1, keepdim=True)
+            lse = lse.masked_fill(torch.isneginf(lse), 0.0)  # no valid key: P = 0, output 0
+            out = s.sub_(lse).exp_().to(v.dtype) @ v
+        ctx.save_for_backward(q, k, v, out, lse, key_mask)
         ctx.scale, ctx.causal = scale, causal
         return out
 
     @staticmethod
     def backward(ctx, d_out):
-        q, k, v, out, lse = ctx.saved_tensors
-        p = _scores(q, k, ctx.scale, ctx.causal).sub_(lse).exp_()
-        dv = (p.to(v.dtype).transpose(-1, -2) @ d_out).sum(1, keepdim=True)
-        dp = (d_out @ v.transpose(-1, -2)).to(p.dtype)
-        ds = p.mul_(dp.sub_((d_out * out).sum(-1, keepdim=True).to(p.dtype))).mul_(ctx.scale).to(q.dtype)
-        dq = ds @ k
-        dk = (ds.transpose(-1, -2) @ q).sum(1, keepdim=True)
-        return dq, dk, dv, None, None
+        q, k, v, out, lse, key_mask = ctx.saved_tensors
+        with no_autocast(q):
+            p = scores(q, k, ctx.scale, ctx.causal, key_mask).sub_(lse).exp_()
+            dv = (p.to(v.dtype).transpose(-1, -2) @ d_out.to(v.dtype)).sum(-3, keepdim=True)
+            dt = p.dtype
+            dp = d_out.to(dt) @ v.to(dt).transpose(-1, -2)
+            ds = p.mul_(dp.sub_((d_out.to(dt) * out.to(dt)).sum(-1, keepdim=True))).mul_(ctx.scale)
+            if key_mask is not None:  # Q, K are shared by the batch
+                ds = ds.sum(0)
+            dq = (ds @ k.to(dt)).to(q.dtype)
+            dk = (ds.transpose(-1, -2) @ q.to(dt)).sum(1, keepdim=True).to(k.dtype)
+        return dq, dk, dv, None, None, None
 
 
 def _sdpa(q, k, v, scale: float, causal: bool):
@@ -69,21 +80,21 @@ def shared_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
                    key_mask: Optional[torch.Tensor] = None, dropout=None) -> torch.Tensor:
     """q [g, rep, L, d], k [g, T, d] (the batch-shared queries/keys), v [b, g, T, e] -> [b, g, rep, L, e].
 
-    ``key_mask`` [b, T] (True = valid, encoders): each sequence's values and its mask column share the
-    map (o = P (m v) / P m). ``dropout`` (a function on the map, training with attention dropout)
+    ``key_mask`` [b, T] (True = valid, encoders): each sequence's softmax over its valid keys, masked
+    before the exponentials. ``dropout`` (a function on the map, training with attention dropout)
     takes the naive form (:func:`megahash.ops.shared_map.naive.naive_shared_softmax`), which keeps the map."""
-    b, g, T, e = v.shape
+    b, g, T, _ = v.shape
     if b == 1 and key_mask is None and dropout is None:  # one sequence (the fixed pass itself, batch 1):
         return _sdpa(q, k, v[0], scale, causal).unsqueeze(0)  # plain attention, flash kernels where they exist
-    if key_mask is not None:
-        m = key_mask.to(v.dtype)[:, None, :, None].expand(b, g, T, 1)
-        v = torch.cat([v * m, m], -1)
-    folded = v.permute(1, 2, 0, 3).reshape(g, 1, T, -1)  # [g, 1, T, b*e']
+    if key_mask is not None:  # one map per sequence: [b, g, 1, T, e] -> [b, g, rep, L, e]
+        key_mask = key_mask.bool()
+        vb = v.unsqueeze(2)
+        if dropout is not None:
+            return naive_shared_softmax(q, k.unsqueeze(1), vb, scale, causal, dropout, key_mask)
+        return SharedMapAttention.apply(q, k.unsqueeze(1), vb, scale, causal, key_mask)
+    folded = v.permute(1, 2, 0, 3).reshape(g, 1, T, -1)  # [g, 1, T, b*e]
     if dropout is not None:
         out = naive_shared_softmax(q, k.unsqueeze(1), folded, scale, causal, dropout)
     else:
         out = SharedMapAttention.apply(q, k.unsqueeze(1), folded, scale, causal)
-    out = out.reshape(g, q.shape[1], q.shape[2], b, -1).permute(3, 0, 1, 2, 4)  # [b, g, rep, L, e']
-    if key_mask is not None:
-        out = out[..., :e] / out[..., e:]
-    return out
+    return out.reshape(g, q.shape[1], q.shape[2], b, -1).permute(3, 0, 1, 2, 4)  # [b, g, rep, L, e]
