@@ -556,7 +556,8 @@ def _drop_deepspeed_world_default() -> None:
 
     backend = getattr(sys.modules.get("deepspeed.comm.torch"), "TorchBackend", None)
     for name in ("barrier", "monitored_barrier"):
-        fn = inspect.unwrap(getattr(backend, name, None) or (lambda: None))
-        defaults = fn.__defaults__ or ()
+        fn = getattr(backend, name, None)
+        fn = inspect.unwrap(fn) if fn is not None else None
+        defaults = getattr(fn, "__defaults__", None) or ()
         if defaults and isinstance(defaults[0], dist.ProcessGroup):
             fn.__defaults__ = (None, *defaults[1:])
