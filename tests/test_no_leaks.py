@@ -11,6 +11,7 @@ argument of DeepSpeed's ``TorchBackend.barrier`` and by the autograd graph of th
 (a reference cycle gc cannot see); see megahash/accelerator.py ``teardown``."""
 from __future__ import annotations
 
+import gc
 import os
 import tempfile
 import threading
@@ -56,7 +57,11 @@ def _warm_up() -> None:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc (Linux)")
-def test_in_process_pretrain_leaves_no_threads_groups_or_files(shakespeare_shards, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("outcome", ["done", "failed"])
+def test_in_process_pretrain_leaves_no_threads_groups_or_files(shakespeare_shards, tmp_path, monkeypatch, capsys,
+                                                              outcome):
+    """``failed``: a learning rate that makes the loss non-finite at step 2 (FloatingPointError out of
+    ``main``); its logs must be closed all the same (TensorBoard's writer thread left one a run)."""
     import torch.distributed as dist
 
     from megahash import accelerator
@@ -78,11 +83,17 @@ def test_in_process_pretrain_leaves_no_threads_groups_or_files(shakespeare_shard
     threads, tids, files = set(threading.enumerate()), _os_threads(), set(os.listdir(tmp))
     shm = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 
-    status = main([f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}",
-                   *TINY, f"train.save_dir={tmp_path / 'run'}"])
-    out = capsys.readouterr()
-    assert status == 0, out.err[-3000:]
-    assert (tmp_path / "run" / "latest").is_file()  # it did train and save
+    args = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}",
+            *TINY, "logging.tensorboard=true", f"train.save_dir={tmp_path / 'run'}"]
+    if outcome == "done":
+        status = main(args)
+        assert status == 0, capsys.readouterr().err[-3000:]
+        assert (tmp_path / "run" / "latest").is_file()  # it did train and save
+    else:
+        with pytest.raises(FloatingPointError, match="at step 2"):
+            main([*args, "train.lr=1e30", "train.warmup_steps=0"])
+        gc.collect()  # the traceback's frames held the run's engine (and the groups it keeps) until here
+    capsys.readouterr()
 
     assert not dist.is_initialized()
     new_tids = _os_threads() - tids
