@@ -81,7 +81,8 @@ def test_in_process_pretrain_leaves_no_threads_groups_or_files(shakespeare_shard
     _warm_up()
     env = {k: os.environ.get(k) for k in LAUNCHER_VARS}
     threads, tids, files = set(threading.enumerate()), _os_threads(), set(os.listdir(tmp))
-    shm = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    has_shm = os.path.isdir("/dev/shm")
+    shm = set(os.listdir("/dev/shm")) if has_shm else set()
 
     args = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}",
             *TINY, "logging.tensorboard=true", f"train.save_dir={tmp_path / 'run'}"]
@@ -103,6 +104,41 @@ def test_in_process_pretrain_leaves_no_threads_groups_or_files(shakespeare_shard
     # torch's compile cache (torchinductor_<user>) is kept across runs by design
     left = {f for f in set(os.listdir(tmp)) - files if not f.startswith("torchinductor_")}
     assert not left, left
-    pid = str(os.getpid())
-    shm_left = {f for f in set(os.listdir("/dev/shm")) - shm if pid in f or f"_{port}_" in f} if shm else set()
+    # this process's (torch_<pid>_...) and this run's (DeepSpeed's ..._<port>_<rank>); other workers make theirs
+    mine = (f"_{os.getpid()}_", f"_{port}_")
+    shm_left = {f for f in set(os.listdir("/dev/shm")) - shm if any(m in f for m in mine)} if has_shm else set()
     assert not shm_left, shm_left
+
+
+GROUP_THREADS = ("pt_gloo_runloop", "gloo_tcp_loop", "pt_tcpstore_uv")  # a gloo group's threads, its store's
+
+
+def test_in_process_evaluation_releases_its_group(shakespeare_shards, tmp_path, monkeypatch, capsys):
+    """``evaluate_checkpoint`` in this process (as ``megahash eval``, sweeps and tests call it) loads the
+    model into a 1-rank group of its own: when it returns, the group and its threads are gone and the
+    launcher variables are as before (it left the group up, with four threads, before). Only the
+    group's own threads are counted: lm-eval's first run starts pools it keeps (pyarrow, tqdm)."""
+    import torch.distributed as dist
+
+    from megahash import accelerator
+    from megahash.data.preprocess import make_eval_tasks
+    from megahash.eval.run import evaluate_checkpoint
+    from megahash.pretrain import main
+
+    if dist.is_initialized():
+        accelerator.release_group()
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    for var in LAUNCHER_VARS:
+        monkeypatch.delenv(var, raising=False)
+    assert main([f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}",
+                 *TINY, "train.steps=1", "logging.tensorboard=false", f"train.save_dir={tmp_path / 'run'}"]) == 0
+    assert make_eval_tasks.main(["--source", "shakespeare", "--out", str(tmp_path / "tasks"), "--held-out-docs", "1100:",
+                                 "--n", "8", "--ppl-docs", "1", "--seed", "7"]) == 0
+    capsys.readouterr()
+    rec = evaluate_checkpoint(tmp_path / "run", "shk_order", str(tmp_path / "tasks"), tmp_path / "eval.json", limit=4,
+                              batch_size=4, quiet=True)
+    assert rec["results"]["shk_order"]  # it did evaluate
+    assert not dist.is_initialized()
+    left = [n for n in _thread_names(_os_threads()) if n in GROUP_THREADS]
+    assert not left, left
+    assert not any(var in os.environ for var in LAUNCHER_VARS)
