@@ -1,7 +1,8 @@
 """No leaks (issue 36): an in-process pretrain (megahash/pretrain.py's ``main``, as tests, grids and
 sweeps call it) leaves its process as it found it: no OS thread and no Python thread it started is
 still alive, no process group is up, the launcher variables it wrote (RANK, MASTER_PORT, ...) are
-gone, and it left no new file in the temporary directory or in /dev/shm.
+gone, and it left no new file in the temporary directory or in /dev/shm; after a run that fails too.
+An in-process evaluation releases the group it loaded its model into.
 
 What leaked before (a worker of the suite held 921 threads): each run's gloo groups, three
 threads each (two ``pt_gloo_runloop``, one ``gloo_tcp_loop``) plus the world group's TCPStore
