@@ -28,6 +28,7 @@ def run_guarded(fn) -> int:
         if launch_rank() == 0 or os.environ.get("MEGAHASH_ERRORS_ALL_RANKS") == "1":
             print(msg, file=sys.stderr)
 
+    fresh = not _group_initialized()
     try:
         status = fn()
         sys.stdout.flush()  # here, so a closed pipe is caught below, not at exit
@@ -42,3 +43,14 @@ def run_guarded(fn) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141  # 128 + SIGPIPE: what the shell reports for `yes | head`
+    finally:
+        if fresh and _group_initialized():  # a process group the command started and left (eval, indicators,
+            from megahash import accelerator  # export...): released, so in-process callers keep no gloo threads
+
+            accelerator.release_group()
+
+
+def _group_initialized() -> bool:
+    """Whether a torch.distributed process group is up (torch is not imported to find out)."""
+    d = sys.modules.get("torch.distributed")
+    return d is not None and d.is_available() and d.is_initialized()

@@ -234,9 +234,15 @@ def evaluate_checkpoint(ckpt_dir, tasks=None, tasks_dir: Optional[str] = None, o
     if not quiet:
         print(f"megahash eval: {ckpt} on {', '.join(tasks) if tasks else 'default tasks'}"
               f"{' from ' + str(tasks_dir) if tasks_dir else ''} (lm-eval; loading the model)", file=sys.stderr, flush=True)
-    lm = MegahashEvalLM(checkpoint=str(ckpt), batch_size=batch_size, max_length=max_length, tokenizer=tokenizer,
-                        overrides=overrides, incremental=incremental)
-    raw = evaluate(lm, tasks, tasks_dir, limit)
+    from megahash import accelerator
+
+    with accelerator.releasing_group():  # the model's 1-rank group goes with it (unless a caller's group was up)
+        lm = MegahashEvalLM(checkpoint=str(ckpt), batch_size=batch_size, max_length=max_length, tokenizer=tokenizer,
+                            overrides=overrides, incremental=incremental)
+        raw = evaluate(lm, tasks, tasks_dir, limit)
+        model_args = {"batch_size": lm.batch_size, "max_length": lm.max_length, "decode_mode": lm.decode_mode,
+                      "codec": lm.codec.description}
+        del lm  # before the group goes: nothing of the model outlives it
     summary = summarise(raw)
     step = None
     try:
@@ -251,8 +257,7 @@ def evaluate_checkpoint(ckpt_dir, tasks=None, tasks_dir: Optional[str] = None, o
         "tasks_dir": tasks_dir,
         "limit": limit,
         **summary,
-        "model_args": {"batch_size": lm.batch_size, "max_length": lm.max_length, "decode_mode": lm.decode_mode,
-                       "codec": lm.codec.description},
+        "model_args": model_args,
         "seconds": round(time.time() - t0, 2),
     }
     from megahash.atomic_write import write_text_atomic

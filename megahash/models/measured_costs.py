@@ -83,7 +83,10 @@ def measure_kind(cfg, kind: str, batch: int, seq: int) -> dict:
             key = t.untyped_storage()._cdata
             if key not in params:
                 saved[key] = t.untyped_storage().nbytes()
-            return t
+            # not ``t``: a node saving its own output would hold it, and through its grad_fn itself, in
+            # a cycle Python's gc cannot see; the graph and the process group that megatron's autograd
+            # functions keep in it then lived as long as the process (three gloo threads a run)
+            return t.detach()
 
         x = x_of(seq, grad=True)
         module.train()

@@ -192,8 +192,8 @@ def _sharded_params(engine, zero_stage: int, metadata):
 
     model = engine.module
     params = [p for p in model.parameters() if p.requires_grad]
-    with gathered(model, zero_stage):
-        sd = model.sharded_state_dict(metadata=metadata)
+    with gathered(model, zero_stage):  # a copy: megatron adds this run's dp_cp_group to the dict it is given
+        sd = model.sharded_state_dict(metadata=dict(metadata))
         shapes = [tuple(p.shape) for p in params]
     by_index = get_param_id_to_sharded_param_map(sd, params)
     names = {id(p): n for n, p in model.named_parameters()}

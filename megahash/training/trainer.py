@@ -165,29 +165,30 @@ def train(cfg: Config, at_end=None) -> int:
     quiet_deepspeed_logger()
     accelerator.tune_host_allocator()
     rank, world = accelerator.init_distributed(cfg.parallel.tensor, cfg.parallel.sequence)
-    completed = False
+    run, completed = _Run(cfg, rank, world), False
     try:
-        run = _set_up(cfg, rank, world)
+        _set_up(run)
         exit_status = _loop(run)
         _finish(run, exit_status, at_end)
         completed = True
         return exit_status
     finally:
+        _close(run)  # after an error too: log files, TensorBoard's writer thread, wandb, loader workers
         accelerator.teardown(barrier=completed)
 
 
 # ------------------------------------------------------------------------------------------ set up
 
-def _set_up(cfg: Config, rank: int, world: int) -> _Run:
+def _set_up(run: _Run) -> None:
     """Set up: the resume point, the datasets, the model and its engine, the restored state, the
     logs, the batch iterator, the stop flag and the progress meter, in this order."""
     from megatron.core import parallel_state
 
     from megahash.objectives import build_objective
 
-    run = _Run(cfg, rank, world, dp_rank=parallel_state.get_data_parallel_rank(),
-               dp_size=parallel_state.get_data_parallel_world_size())
-    resume_from = _resume_point(cfg, rank)
+    cfg = run.cfg
+    run.dp_rank, run.dp_size = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
+    resume_from = _resume_point(cfg, run.rank)
     run.data = _build_data(cfg)
     model, n_params, n_emb = _build_model(cfg, run.data)
     run.engine, _ = build_engine(cfg, model, run.dp_size)
@@ -198,7 +199,6 @@ def _set_up(cfg: Config, rank: int, world: int) -> _Run:
     _open_batches(run)
     run.stop = _stop_flag(cfg.train)
     _start_progress(run)
-    return run
 
 
 def _resume_point(cfg: Config, rank: int) -> Path | None:
@@ -394,13 +394,21 @@ def _save_or_stop(run: _Run) -> int | None:
 def _finish(run: _Run, exit_status: int, at_end) -> None:
     """Stop: close the progress meter and logs; after the last step, rank 0 plots the loss curve
     and runs ``at_end``."""
-    run.progress.close()
-    run.log.close()
+    _close(run)
     done = run.step == run.cfg.train.steps
     if run.rank == 0 and run.cfg.logging.plot and done:
         print(f"megahash: loss curve {plot_loss(run.save_dir)}", flush=True)
     if run.rank == 0 and at_end is not None and done and exit_status == 0:
         at_end(run.save_dir)  # training imports no eval (house rule: no import cycles)
+
+
+def _close(run: _Run) -> None:
+    """Close the progress meter and the logs and drop the batch iterator (its loader workers), once."""
+    if run.progress is not None:
+        run.progress.close()
+    if run.log is not None:
+        run.log.close()
+    run.log = run.batches = run.loader = None
 
 
 def compile_layers(model) -> None:
