@@ -252,6 +252,7 @@ def evaluate_checkpoint(ckpt_dir, tasks=None, tasks_dir: Optional[str] = None, o
         "limit": limit,
         **summary,
         "model_args": {"batch_size": lm.batch_size, "max_length": lm.max_length, "decode_mode": lm.decode_mode,
+                       "precision": lm.precision,
                        "codec": lm.codec.description},
         "seconds": round(time.time() - t0, 2),
     }
