@@ -201,7 +201,8 @@ def test_bf16_checkpoint_evaluates_decodes_and_exports(hashed_shards, straight_r
     """A bf16 run's checkpoint: the lm-eval model scores and generates in the run's compute dtype (bf16
     autocast, ``accelerator.compute_context``), its log-likelihoods within a bf16 tolerance of the same
     weights in fp32 (``train.precision=fp32`` override), and ``export-hf`` verifies the fp32 master weights'
-    probe logits within 1e-3 (a bf16 export's within ``convert.verify.export_tolerance``)."""
+    probe logits within 1e-3 (a bf16 export's within ``convert.verify.export_tolerance``); ``import-hf`` of
+    the export continues in bf16 through a step and a validation."""
     from megahash import accelerator
     from megahash.convert.export import export_hf
     from megahash.eval.lm import MegahashEvalLM
@@ -225,6 +226,22 @@ def test_bf16_checkpoint_evaluates_decodes_and_exports(hashed_shards, straight_r
     assert summary["verify"]["max_abs_diff"] <= 1e-3 and summary["verify"]["tokens"] > 0
     # bf16 weights: within 8 bf16 epsilons of the fp32 logits' scale (convert.verify.export_tolerance)
     assert 0 < half["verify"]["max_abs_diff"] <= half["verify"]["tolerance"]
+    # import-hf of the export, then one more bf16 step (weights-only resume: fresh fp32 Adam state) and its validation
+    from megahash.convert.importer import import_hf
+
+    try:
+        import_hf(tmp_path / "hf", tmp_path / "imported")
+    finally:
+        accelerator.teardown()
+    import yaml
+
+    imported = tmp_path / "imported" / "step_00000004"
+    vocab = yaml.safe_load((imported / "resolved_config.yaml").read_text())["model"]["vocab_size"]  # fixed by the import
+    status, out = _main(_base(hashed_shards, tmp_path / "continued", *_overrides(hashed_shards, name), *BF16,
+                              "train.steps=5", f"model.vocab_size={vocab}", f"train.resume={imported}"), capsys)
+    assert status == 0 and "torch.bfloat16" in out, out[-3000:]
+    valid = _records(tmp_path / "continued", "valid")
+    assert list(valid) == [5] and math.isfinite(valid[5]["loss"]), valid
 
 
 # approx-thesis under bf16 autocast: issue 33 item 1 (its kernel's products drop to bf16; deliverable 2)
