@@ -295,6 +295,45 @@ def test_bf16_validation_loss_is_within_tolerance_of_fp32(hashed_shards, straigh
         assert abs(bf16[step]["loss"] - fp32[step]["loss"]) < 0.02, (step, bf16, fp32)
 
 
+def test_cpu_linear_shim_passes_megatron_arguments_on_unchanged():
+    """The root cause of the validation crash: the oneDNN shim re-passed megatron's arguments by position
+    (and a ``wgrad_deferral_limit`` of 0), which ``linear_with_frozen_weight`` reads in another order."""
+    from megahash.models import cpu_linear
+
+    seen = {}
+
+    def fallback(input, weight, bias=None, **kwargs):
+        seen.update(kwargs)
+        return "fallback"
+
+    x, w = torch.randn(2, 3, dtype=torch.bfloat16), torch.randn(4, 3, dtype=torch.bfloat16)  # bf16: not oneDNN's
+    given = {"gradient_accumulation_fusion": False, "allreduce_dgrad": False, "sequence_parallel": False,
+             "grad_output_buffer": None, "wgrad_deferral_limit": None, "tp_group": None}
+    assert cpu_linear._forward_impl(fallback)(input=x, weight=w, bias=None, **given) == "fallback" and seen == given
+
+
+@pytest.mark.parametrize("onednn", ["1", "0"])
+def test_no_grad_bf16_forward_through_megatron_linears(dist, monkeypatch, onednn):
+    """Validation's case in the model: under ``torch.no_grad`` and bf16 autocast the linear layers take
+    megatron's frozen-weight path, with the CPU shim (``1``) and without it (``0``: the route CUDA takes),
+    and give the same logits as the grad-enabled path."""
+    from megahash import accelerator
+    from megahash.config import load_config
+    from megahash.models.megatron_model import build_model
+
+    monkeypatch.setenv("MEGAHASH_ONEDNN_LINEAR", onednn)
+    cfg = load_config(None, ["model.hidden_size=32", "model.num_heads=2", "model.ffn_hidden_size=64",
+                             "model.num_layers=1", "data.seq_length=16"])
+    accelerator.seed_all(0)
+    model = build_model(cfg, 256)
+    tok = torch.randint(5, 256, (2, 8), generator=torch.Generator().manual_seed(0))
+    with accelerator.compute_context("bf16", "cpu"):
+        with torch.no_grad():
+            frozen = model(tok)
+        trained = model(tok)
+    assert torch.equal(frozen, trained.detach())  # the same bf16 GEMMs, with and without weight gradients
+
+
 def test_accelerator_picks_cuda_autocast_for_a_cuda_device():
     """The decision, without a GPU: bf16 under autocast on the CUDA device for ``auto`` and ``bf16``,
     CPU autocast for ``bf16`` on CPU, none for fp32 (and ``auto`` on CPU)."""
