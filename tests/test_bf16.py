@@ -6,7 +6,7 @@ embedding kind, head and objective the registry offers (tests/_kinds.py), on CPU
 In this process with the tiniest model where the subprocess is not the point: one 4-step run per
 configuration (validation at steps 2 and 4, a checkpoint at step 2) and a run resumed from step 2 that
 logs steps 3-4 and the step-4 validation bit for bit. Every attention kind rides in a ``list:``
-schedule of a few models (one fixed input per model), so the whole matrix is 11 configurations. One
+schedule of a few models (one fixed input per model), so the whole matrix is a dozen configurations. One
 real ``pretrain.py`` launch covers the subprocess path (stop, resume at another ZeRO stage,
 ``megahash eval``, ``megahash export-hf``). The ``gpu`` twin runs the same matrix on CUDA."""
 from __future__ import annotations
@@ -156,6 +156,9 @@ def _straight(shards, runs, name: str, capsys, precision=BF16) -> Path:
 
 
 def _matrix_trains_validates_and_resumes(shards, runs, tmp_path, capsys, name: str, device: str) -> None:
+    from megahash import accelerator
+
+    assert accelerator.device().type == device and accelerator.autocast_args("bf16")["device_type"] == device
     straight = _straight(shards, runs, name, capsys)
     valid = _records(straight, "valid")
     assert sorted(valid) == [2, 4] and all(math.isfinite(v["loss"]) and v["tokens"] > 0 for v in valid.values()), valid
@@ -166,7 +169,6 @@ def _matrix_trains_validates_and_resumes(shards, runs, tmp_path, capsys, name: s
     a, b = _records(straight, "train"), _records(resumed, "train")
     assert sorted(b) == [3, 4] and [a[3], a[4]] == [b[3], b[4]]  # bit-identical, as the uninterrupted run
     assert _records(resumed, "valid") == {4: valid[4]}
-    from megahash import accelerator
     from megahash.training.weights import load_for_inference
 
     try:
