@@ -228,6 +228,13 @@ def test_bf16_checkpoint_evaluates_decodes_and_exports(hashed_shards, straight_r
     assert summary["verify"]["max_abs_diff"] <= 1e-3 and summary["verify"]["tokens"] > 0
     # bf16 weights: within 8 bf16 epsilons of the fp32 logits' scale (convert.verify.export_tolerance)
     assert 0 < half["verify"]["max_abs_diff"] <= half["verify"]["tolerance"]
+    from megahash.convert.verify import load_hf
+
+    hf = load_hf(tmp_path / "hf16", dtype=torch.bfloat16)  # transformers' generate() on the bf16 export
+    prompt = torch.randint(5, 200, (1, 6), generator=torch.Generator().manual_seed(0))
+    new = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=4, do_sample=False,
+                      min_new_tokens=4, pad_token_id=0)
+    assert new.shape == (1, 10) and torch.equal(new[:, :6], prompt)
     # import-hf of the export, then one more bf16 step (weights-only resume: fresh fp32 Adam state) and its validation
     from megahash.convert.importer import import_hf
 
