@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # The two modules that start a local SLURM take turns through LocalSlurm's machine-wide lock; test_sweep
 # goes last so that it never waits on test_slurm's cluster while the other worker idles.
 LONGEST_FIRST = ["test_slurm", "test_training", "test_faults", "test_grids_run", "test_resume_every_config", "test_readme",
-                 "test_convert", "test_diagnose",
+                 "test_convert", "test_bf16", "test_diagnose",
                  "test_tokenizers", "test_eval", "test_validation", "test_launch", "test_new_kind", "test_attention",
                  "test_embeddings"]
 LAST = ["test_sweep"]
