@@ -87,9 +87,9 @@ def autocast_args(precision: str, dev: torch.device | str | None = None) -> dict
 
 
 def compute_context(precision: str, dev: torch.device | str | None = None):
-    """The context a forward outside the DeepSpeed engine runs under (evaluation, decoding, the
-    indicators): ``torch.autocast`` of :func:`autocast_args`, so a bf16 run is evaluated and decodes in
-    the dtype it trained and validated in; a null context for fp32."""
+    """The context a forward outside the DeepSpeed engine runs under (lm-eval scoring and decoding,
+    megahash.eval.lm): ``torch.autocast`` of :func:`autocast_args`, so a bf16 run is evaluated and
+    decodes in the dtype it trained and validated in; a null context for fp32."""
     args = autocast_args(precision, dev)
     return contextlib.nullcontext() if args is None else torch.autocast(**args)
 
