@@ -81,6 +81,32 @@ def autocast_dtype(precision: str, dev: torch.device | str | None = None) -> tor
     return None
 
 
+def autocast_args(precision: str, dev: torch.device | str | None = None) -> dict | None:
+    """``torch.autocast(**args)`` of a run's compute on a device (``device_type``, ``dtype``): what the
+    DeepSpeed engine's ``torch_autocast`` applies in training and validation; None for fp32 compute."""
+    dtype = autocast_dtype(precision, dev)
+    return None if dtype is None else {"device_type": _device_type(dev), "dtype": dtype}
+
+
+def compute_context(precision: str, dev: torch.device | str | None = None):
+    """The context a forward outside the DeepSpeed engine runs under (lm-eval scoring and decoding,
+    megahash.eval.lm): ``torch.autocast`` of :func:`autocast_args`, so a bf16 run is evaluated and
+    decodes in the dtype it trained and validated in; a null context for fp32."""
+    args = autocast_args(precision, dev)
+    return contextlib.nullcontext() if args is None else torch.autocast(**args)
+
+
+def compute_tolerance(precision: str, dev: torch.device | str | None = None) -> float:
+    """Tolerance, relative to the logits' scale, between two evaluation orders of one forward in a run's
+    compute dtype (incremental decoding against a full forward): 1e-3 in fp32, two bf16 epsilons
+    (2 x 2^-7 = 0.0156) under bf16 autocast, where every GEMM rounds its output to 8 significant bits
+    and the two orders round different partial sums (measured on tiny models, init std 0.02: 0 for the
+    kinds whose decoding repeats the full forward's products, 2.7e-3 for approx's chunked vs
+    recurrent sums; bf16 against fp32 logits 3-7e-3)."""
+    dtype = autocast_dtype(precision, dev)
+    return 1e-3 if dtype is None else 2 * torch.finfo(dtype).eps
+
+
 def param_dtype(precision: str, dev: torch.device | str | None = None) -> torch.dtype:
     """The dtype of the trained parameters: fp32 (bf16 runs compute under :func:`autocast_dtype`)."""
     return torch.float32
@@ -102,7 +128,8 @@ def training_settings(precision: str = "auto", compile_setting: str = "auto",
     parameter and compute dtypes, the AdamW options, compilation and the fused ops. For reports and
     tests; the trainer asks the functions named here."""
     return {"device": _device_type(dev), "param_dtype": param_dtype(precision, dev),
-            "autocast_dtype": autocast_dtype(precision, dev), "adamw": adamw_options(dev),
+            "autocast_dtype": autocast_dtype(precision, dev), "autocast": autocast_args(precision, dev),
+            "adamw": adamw_options(dev),
             "compile": compile_layers(compile_setting, dev), "split_glu_gemms": split_glu_gemms(dev),
             "onednn_linear": onednn_linear(dev), "fused_swiglu": True, "chunked_cross_entropy": True}
 

@@ -303,7 +303,8 @@ def main(argv=None) -> int:
               f"vocabulary {s['vocab_size']}, step {s['step']})")
         if "verify" in s:
             v = s["verify"]
-            print(f"megahash export-hf: verified: max |logit difference| {v['max_abs_diff']:.3g} on {v['tokens']} tokens")
+            tol = f" (tolerance {v['tolerance']:.3g})" if "tolerance" in v else ""
+            print(f"megahash export-hf: verified: max |logit difference| {v['max_abs_diff']:.3g} on {v['tokens']} tokens{tol}")
         return 0
 
     return run_guarded(run)

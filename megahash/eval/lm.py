@@ -126,6 +126,7 @@ class MegahashEvalLM(LM):
         from megahash.models import declarations
 
         self.hash_head = declarations.caps("head", cfg.model.head).reads_hash_codes
+        self.precision = cfg.train.precision  # the run's compute dtype (overrides: train.precision=fp32)
         self.num_layers = len(model.decoder.layers)
         self.decode_mode: Optional[str] = None
         self._word_scores_cache = None
@@ -167,7 +168,8 @@ class MegahashEvalLM(LM):
         for start in range(0, len(order), self.batch_size):
             idx = order[start:start + self.batch_size]
             batch = [prepared[i] for i in idx]
-            scores = self._hash_head_scores(batch) if self.hash_head else self._vocab_scores(batch)
+            with self._compute():
+                scores = self._hash_head_scores(batch) if self.hash_head else self._vocab_scores(batch)
             for i, s in zip(idx, scores):
                 out[i] = s
         return out
@@ -290,36 +292,50 @@ class MegahashEvalLM(LM):
         out = self.model(tok, hash_codes=cod, decode_state=state) if state is not None else self.model(tok, hash_codes=cod)
         return out[:, -1]
 
+    def _compute(self):
+        """The run's compute context (``accelerator.compute_context``: bf16 autocast for a bf16 run)."""
+        from megahash import accelerator
+
+        return accelerator.compute_context(self.precision, self._dev)
+
     @torch.no_grad()
     def _check_incremental(self) -> str:
-        """'incremental' if DecodeState decoding reproduces a full forward on a probe, else 'recompute'."""
+        """'incremental' if DecodeState decoding reproduces a full forward on a probe (within the
+        compute dtype's tolerance, ``accelerator.compute_tolerance``), else 'recompute'."""
         if not self.incremental:
             return "recompute"
+        from megahash import accelerator
         from megahash.models.megatron_model import DecodeState
 
         try:
-            g = torch.Generator().manual_seed(0)
-            ids = torch.randint(5, max(6, self.codec.vocab_size), (1, 7), generator=g).tolist()[0]
-            if self.codec.kind == "words":
-                enc = Encoded(ids, [self.codec.token_word(i) for i in ids])
-            else:
-                enc = Encoded(ids)
-            codes = self.codec.codes(enc)  # the same codes for both paths: only the attention differs
-            tok, cod = self._inputs([enc], [codes], len(enc))
-            full = self.model(tok, hash_codes=cod)[:, -1]
-            st = DecodeState(self.num_layers)
-            self.model(tok[:, :4], hash_codes=None if cod is None else cod[:, :4], decode_state=st)
-            out = None
-            for k in range(4, 7):
-                out = self.model(tok[:, k:k + 1], hash_codes=None if cod is None else cod[:, k:k + 1],
-                                 decode_state=st)[:, -1]
-            ok = torch.allclose(out.float(), full.float(), atol=1e-3, rtol=1e-3)
-            if not ok:
-                log.warning("megahash: incremental decoding differs from a full forward; recomputing instead")
-            return "incremental" if ok else "recompute"
+            with self._compute():
+                return self._incremental_matches(DecodeState, accelerator.compute_tolerance(self.precision, self._dev))
         except Exception as e:  # a kind without decoding support
             log.warning("megahash: incremental decoding unavailable (%s); recomputing instead", str(e).splitlines()[0][:200])
             return "recompute"
+
+    def _incremental_matches(self, DecodeState, tol: float) -> str:
+        """Decode a 7-token probe (4 tokens, then 3 one at a time) and compare its last logits with a full forward."""
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(5, max(6, self.codec.vocab_size), (1, 7), generator=g).tolist()[0]
+        if self.codec.kind == "words":
+            enc = Encoded(ids, [self.codec.token_word(i) for i in ids])
+        else:
+            enc = Encoded(ids)
+        codes = self.codec.codes(enc)  # the same codes for both paths: only the attention differs
+        tok, cod = self._inputs([enc], [codes], len(enc))
+        full = self.model(tok, hash_codes=cod)[:, -1]
+        st = DecodeState(self.num_layers)
+        self.model(tok[:, :4], hash_codes=None if cod is None else cod[:, :4], decode_state=st)
+        out = None
+        for k in range(4, 7):
+            out = self.model(tok[:, k:k + 1], hash_codes=None if cod is None else cod[:, k:k + 1],
+                             decode_state=st)[:, -1]
+        scale = max(1.0, float(full.float().abs().max()))  # relative to the logits' scale
+        ok = torch.allclose(out.float(), full.float(), atol=tol * scale, rtol=tol)
+        if not ok:
+            log.warning("megahash: incremental decoding differs from a full forward; recomputing instead")
+        return "incremental" if ok else "recompute"
 
     def _append(self, enc: Encoded, token: int) -> Encoded:
         words = None if enc.words is None else [self.codec.token_word(token)]
@@ -334,10 +350,14 @@ class MegahashEvalLM(LM):
 
     @torch.no_grad()
     def _generate_group(self, encs: list[Encoded], until: list[str], max_gen: int) -> list[str]:
-        from megahash.models.megatron_model import DecodeState
-
         if self.decode_mode is None:
             self.decode_mode = self._check_incremental()
+        with self._compute():
+            return self._greedy_group(encs, until, max_gen)
+
+    def _greedy_group(self, encs: list[Encoded], until: list[str], max_gen: int) -> list[str]:
+        from megahash.models.megatron_model import DecodeState
+
         B = len(encs)
         seqs = list(encs)
         gens: list[list[int]] = [[] for _ in range(B)]

@@ -241,7 +241,7 @@ def evaluate_checkpoint(ckpt_dir, tasks=None, tasks_dir: Optional[str] = None, o
                             overrides=overrides, incremental=incremental)
         raw = evaluate(lm, tasks, tasks_dir, limit)
         model_args = {"batch_size": lm.batch_size, "max_length": lm.max_length, "decode_mode": lm.decode_mode,
-                      "codec": lm.codec.description}
+                      "precision": lm.precision, "codec": lm.codec.description}
         del lm  # before the group goes: nothing of the model outlives it
     summary = summarise(raw)
     step = None

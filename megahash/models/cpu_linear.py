@@ -72,14 +72,21 @@ def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def _forward_impl(fallback):
     """A ``_forward_impl`` for a megatron ``ColumnParallelLinear``/``RowParallelLinear``: this module's
-    linear where nothing needs communication or megatron's gradient fusions, ``fallback`` otherwise."""
+    linear where nothing needs communication or megatron's gradient fusions, ``fallback`` otherwise.
 
-    def impl(input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad, sequence_parallel,
-             grad_output_buffer=None, wgrad_deferral_limit=0, async_grad_allreduce=None, tp_group=None):
-        if (allreduce_dgrad or sequence_parallel or gradient_accumulation_fusion or grad_output_buffer is not None
+    The arguments go on to ``fallback`` exactly as the layer passed them (megatron passes them by
+    keyword): megatron's ``_forward_impl`` sends a weight that does not require grad (autocast's bf16
+    copy under ``torch.no_grad``, a frozen weight) to ``linear_with_frozen_weight``, whose parameters
+    are in another order (``tp_group`` seventh) and which refuses any ``grad_output_buffer`` or
+    ``wgrad_deferral_limit`` but None; re-passing them by position (and a default of 0) made every
+    bf16 validation fail with "grad_output_buffer kwarg is only supported with ..."."""
+
+    def impl(input, weight, bias=None, **kwargs):
+        tp_group = kwargs.get("tp_group")
+        if (kwargs.get("allreduce_dgrad") or kwargs.get("sequence_parallel")
+                or kwargs.get("gradient_accumulation_fusion") or kwargs.get("grad_output_buffer") is not None
                 or (tp_group is not None and tp_group.size() > 1) or not usable(input, weight)):
-            return fallback(input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad, sequence_parallel,
-                            grad_output_buffer, wgrad_deferral_limit, async_grad_allreduce, tp_group)
+            return fallback(input, weight, bias, **kwargs)
         return onednn_linear(input, weight, bias)
 
     impl.megahash_onednn = True
