@@ -267,11 +267,7 @@ def test_bf16_checkpoint_evaluates_decodes_and_exports(hashed_shards, straight_r
 
 
 # approx-thesis under bf16 autocast: issue 33 item 1 (its kernel's products drop to bf16; deliverable 2)
-BF16_UNSOUND = {"approx-thesis": "issue 33 item 1: the approx-thesis kernel loses fp32 accumulation under autocast"}
-
-
-@pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.xfail(reason=BF16_UNSOUND[k], strict=False))
-                                  if k in BF16_UNSOUND else k for k in _kinds.attention(decodes=True)])
+@pytest.mark.parametrize("kind", _kinds.attention(decodes=True))
 def test_bf16_incremental_decoding_equals_the_full_forward(one_rank, kind):
     """Under bf16 autocast (``accelerator.compute_context``) the incremental logits of every kind that
     decodes are within ``accelerator.compute_tolerance`` (two bf16 epsilons of the logits' scale) of the
