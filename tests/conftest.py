@@ -2,6 +2,7 @@
 for megahash entry points in fresh processes (deepspeed launcher for 2 gloo ranks)."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -13,12 +14,15 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-# Scheduling under pytest-xdist (.ci/run: ``-n 3 --dist loadgroup``). A unit of work is a test, or the
-# tests that share a module-scoped fixture (one group per module, so the fixture is built once), or the
-# ``slurm`` group (every test of the modules that start the local SLURM: one cluster, session-scoped, in
-# one worker). Units go out longest first by the durations measured on the 2-core machine
+# Scheduling under pytest-xdist (.ci/run: ``-n 3 --dist loadgroup --no-loadscope-reorder``). A unit of work
+# is one test; or every test of a module that defines a module- or class-scoped fixture (so the fixture
+# is built once); or the ``slurm`` unit (the modules that start the local SLURM: one cluster, session-scoped,
+# in one worker). Units go out longest first by the durations measured on the 2-core machine
 # (tests/durations.json, written by ``pytest --record-durations tests/durations.json``; a test not in it
 # counts DEFAULT_SECONDS), so the workers finish together (longest-processing-time-first).
+# The scheduler is xdist's LoadScopeScheduling with megahash's units (pytest_xdist_make_scheduler):
+# xdist 3.8's own loadgroup does not group under pytest 9.2 (it renames ``item._nodeid``, which pytest
+# 9 no longer reads), so ``xdist_group`` marks would be ignored.
 SLURM_MODULES = {"test_slurm", "test_sweep"}
 DURATIONS = Path(__file__).with_name("durations.json")
 DEFAULT_SECONDS = 2.0
@@ -35,19 +39,45 @@ def pytest_addoption(parser):
                      help="write each test's measured seconds (setup + call + teardown) to PATH as JSON")
 
 
-def _unit(item) -> str | None:
-    """The xdist group of ``item``: None when the test can run on any worker by itself."""
-    if item.path.stem in SLURM_MODULES:
+@functools.lru_cache(maxsize=None)
+def _shares_a_fixture(module: str) -> bool:
+    """``module`` (tests/test_x.py) defines a module- or class-scoped fixture (read from its source)."""
+    import ast
+
+    try:
+        tree = ast.parse((ROOT / module).read_text())
+    except (OSError, SyntaxError):
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef):
+            for dec in node.decorator_list:
+                if isinstance(dec, ast.Call) and any(
+                        k.arg == "scope" and isinstance(k.value, ast.Constant) and k.value.value in ("module", "class")
+                        for k in dec.keywords):
+                    return True
+    return False
+
+
+def unit_of(nodeid: str) -> str:
+    """The xdist work unit of a test id: ``slurm``, its module, or the test itself."""
+    module = nodeid.split("::")[0]
+    if Path(module).stem in SLURM_MODULES:
         return "slurm"
-    module = item.nodeid.split("::")[0]
-    defs = getattr(item, "_fixtureinfo", None)
-    for fixturedefs in (defs.name2fixturedefs.values() if defs else ()):
-        if any(d.scope in ("module", "class") and d.baseid == module for d in fixturedefs):
-            return item.path.stem  # a fixture of the module's own, built once per unit
-    return None
+    return module if _shares_a_fixture(module) else nodeid
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    return UnitScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     gpu_skip = None
     if any(item.get_closest_marker("gpu") for item in items):
@@ -60,17 +90,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if gpu_skip is not None and item.get_closest_marker("gpu"):
             item.add_marker(gpu_skip)
-        unit = _unit(item)
-        if unit is not None:
-            item.add_marker(pytest.mark.xdist_group(unit))
-        key = unit or item.nodeid
-        cost[key] = cost.get(key, 0.0) + measured.get(item.nodeid, DEFAULT_SECONDS)
+        unit = unit_of(item.nodeid)
+        cost[unit] = cost.get(unit, 0.0) + measured.get(item.nodeid, DEFAULT_SECONDS)
     for item in items:
         seconds = measured.get(item.nodeid)
-        if (seconds is not None and seconds <= QUICK_SECONDS and cost[_unit(item) or item.nodeid] <= QUICK_UNIT_SECONDS
+        if (seconds is not None and seconds <= QUICK_SECONDS and cost[unit_of(item.nodeid)] <= QUICK_UNIT_SECONDS
                 and not any(item.get_closest_marker(m) for m in NOT_QUICK)):
             item.add_marker(pytest.mark.quick)
-    items.sort(key=lambda item: -cost[_unit(item) or item.nodeid])  # stable: file order within a unit
+    items.sort(key=lambda item: -cost[unit_of(item.nodeid)])  # stable: file order within a unit
 
 
 @pytest.hookimpl(hookwrapper=True)
