@@ -23,6 +23,12 @@ def has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+def deepspeed_accelerator() -> str:
+    """DeepSpeed's name of this machine's accelerator (``DS_ACCELERATOR``): named, DeepSpeed's
+    launcher does not warn that it fell back to CPU (``python -m megahash.accelerator`` prints it)."""
+    return "cuda" if has_gpu() else "cpu"
+
+
 def split_glu_gemms(dev: torch.device | str | None = None) -> bool:
     """Run SwiGLU's gate and up projections as two GEMMs (as transformers does) instead of
     megatron's one fused ``fc1`` GEMM (megahash.models.feedforward), at one TP rank.
@@ -487,3 +493,7 @@ def teardown(barrier: bool = True) -> None:
             if parallel_state.model_parallel_is_initialized():
                 parallel_state.destroy_model_parallel()
             dist.destroy_process_group()
+
+
+if __name__ == "__main__":  # launch/quickstart.sh: DS_ACCELERATOR for the DeepSpeed launcher
+    print(deepspeed_accelerator())
