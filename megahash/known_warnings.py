@@ -23,7 +23,8 @@ libraries are imported. Listed here, each with why it is harmless:
   process that imports it): CPU is megahash's own choice when torch sees no GPU (megahash/accelerator.py);
   launch/quickstart.sh names the accelerator (``DS_ACCELERATOR``) so its launcher does not say it either.
 - DeepSpeed's ``print`` "DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully" (once per
-  rank, its CPU shared-memory all-reduce): a build that fails still raises.
+  rank, its CPU shared-memory all-reduce): a build that fails still raises; lm-eval's "bootstrapping for
+  stddev: METRIC" (``megahash eval``): the stderr is in the table (:func:`dropped_prints`).
 - progress bars (tqdm: lm-eval's requests, datasets' "Generating test split") when stderr is not a
   terminal: a log file gets a line per update; on a terminal they stay (``TQDM_DISABLE``,
   ``HF_DATASETS_DISABLE_PROGRESS_BARS``, set only where the user has not set them).
@@ -76,8 +77,9 @@ QUIET_LOGGERS = ("DeepSpeed", "deepspeed")
 # logger -> messages (prefixes) dropped from it
 QUIET_MESSAGES = {"megatron.core.transformer.transformer_layer": ("Unknown MLP type",),
                   "DeepSpeed": ("Setting accelerator to CPU",)}
-# lines DeepSpeed prints (stdout) while building its CPU communication op
-QUIET_PRINTS = ("DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully",)
+# lines libraries print (stdout): DeepSpeed building its CPU communication op, lm-eval per bootstrapped metric
+SHM_BUILD_PRINTS = ("DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully",)
+LM_EVAL_PRINTS = ("bootstrapping for stddev:",)
 # progress bars off when stderr is not a terminal (environment variables the libraries read at import)
 NO_PROGRESS_BARS = ("TQDM_DISABLE", "HF_DATASETS_DISABLE_PROGRESS_BARS")
 
@@ -155,15 +157,47 @@ def quiet_deepspeed_logger() -> None:
         return
 
     def build_quietly():
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            op = build()
-        sys.stdout.write("".join(line for line in out.getvalue().splitlines(True)
-                                 if not line.startswith(QUIET_PRINTS)))
-        return op
+        with dropped_prints(SHM_BUILD_PRINTS):
+            return build()
 
     build_quietly.megahash_quiet = True
     ds_torch.build_shm_op = build_quietly
+
+
+class _DropLines(io.TextIOBase):
+    """stdout that passes every line but those starting with ``prefixes`` (whole lines, in order)."""
+
+    def __init__(self, target, prefixes):
+        self.target, self.prefixes, self.part = target, prefixes, ""
+
+    def write(self, text: str) -> int:
+        *lines, self.part = (self.part + text).split("\n")
+        for line in lines:
+            if not line.startswith(self.prefixes):
+                self.target.write(line + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        self.target.flush()
+
+    def close_part(self) -> None:
+        if self.part and not self.part.startswith(self.prefixes):
+            self.target.write(self.part)
+        self.part = ""
+
+
+@contextlib.contextmanager
+def dropped_prints(prefixes):
+    """Lines a library ``print``s that start with ``prefixes`` are dropped inside the block (stdout)."""
+    if os.environ.get("MEGAHASH_SHOW_WARNINGS") == "1":
+        yield
+        return
+    out = _DropLines(sys.stdout, tuple(prefixes))
+    try:
+        with contextlib.redirect_stdout(out):
+            yield
+    finally:
+        out.close_part()
 
 
 @contextlib.contextmanager
