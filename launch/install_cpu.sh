@@ -29,7 +29,11 @@ elif [ -x "$PY" ]; then
   say "into the virtual environment $VENV"
 else
   say "into a new virtual environment $VENV ($BASE -m venv; MEGAHASH_VENV=PATH names another)"
-  run "$BASE" -m venv "$VENV" || {
+  # Debian's python3 without python3-venv has no ensurepip: then a venv without pip, given pip by the base pip
+  run "$BASE" -m venv "$VENV" 2>/dev/null || {
+    say "      $BASE has no ensurepip: a venv without pip, pip installed into it by $BASE's pip"
+    run "$BASE" -m venv --without-pip "$VENV" && run "$BASE" -m pip --python "$VENV/bin/python3" install -q pip
+  } || {
     say "cannot create $VENV: install the venv module (Debian: apt-get install python3-venv), or name an environment with MEGAHASH_VENV=PATH (MEGAHASH_VENV=none: the current Python)" >&2
     exit 1
   }
