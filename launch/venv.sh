@@ -5,9 +5,13 @@
 # use_venv puts VENV's bin/ first on PATH (what `source VENV/bin/activate` does, without the prompt),
 # so python3, pip, deepspeed, torchrun and megahash are the environment's; PATH is left as it is
 # when its python3 already is the environment's (an activated venv, or tests' shims in front of it).
+# (Folders are compared, not the python3 files: a venv's python3 is a link to the base interpreter.)
 VENV=${MEGAHASH_VENV:-${VIRTUAL_ENV:-$PWD/.venv}}
+_venv_dir() { (cd "$1" 2>/dev/null && pwd -P); }
 use_venv() {
-  if [ "$VENV" != none ] && ! [ "$(command -v python3)" -ef "$VENV/bin/python3" ]; then
+  local on_path
+  on_path=$(command -v python3 || true)
+  if [ "$VENV" != none ] && [ "$(_venv_dir "${on_path%/*}")" != "$(_venv_dir "$VENV/bin")" ]; then
     export VIRTUAL_ENV="$VENV" PATH="$VENV/bin:$PATH"
   fi
 }

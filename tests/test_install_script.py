@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 from conftest import ROOT, child_env
 
@@ -74,3 +75,20 @@ def test_environment_with_the_locked_set_is_kept_in_seconds(tmp_path):
         "install_cpu: everything already installed at the versions of constraints/cpu-lock.txt (INSTALL_FORCE=1 reinstalls)",
         f"install_cpu: activate it for the README's commands: source {env}/bin/activate"], out
     assert took < 30, took  # ~3 s on the 2-core machine; an install would take minutes
+
+
+def test_use_venv_puts_the_environment_first_once(tmp_path):
+    """launch/venv.sh's use_venv (quickstart.sh, .ci/run): the environment's bin/ first on PATH, where
+    its python3 (a link to the base interpreter, as in a real venv) is not already the first python3."""
+    env = tmp_path / "env"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python3").symlink_to(sys.executable)
+    probe = '. launch/venv.sh; use_venv; command -v python3; use_venv; echo "$PATH"'
+    base = child_env(MEGAHASH_VENV=str(env))
+    base["PATH"] = f"{Path(sys.executable).parent}:{base['PATH']}"  # the base interpreter first, as without a venv
+    r = subprocess.run(["bash", "-c", probe], cwd=ROOT, env=base, capture_output=True, text=True, timeout=60)
+    first, path = r.stdout.splitlines()
+    assert first == f"{env}/bin/python3" and path == f"{env}/bin:{base['PATH']}", r.stdout + r.stderr
+    none = subprocess.run(["bash", "-c", probe], cwd=ROOT, env=child_env(MEGAHASH_VENV="none"), capture_output=True,
+                          text=True, timeout=60)
+    assert none.stdout.splitlines()[1] == child_env()["PATH"]
