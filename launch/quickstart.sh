@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# megahash quickstart on CPU (2 cores, < 10 min): install, build a BPE tokenizer and shards of the
+# megahash quickstart on CPU (2 cores, < 10 min): install (into .venv: launch/install_cpu.sh), build a BPE tokenizer and shards of the
 # offline Shakespeare corpus (with MD5 and LSH word-hash side shards; documents 1100+ held out),
 # pretrain the tiny decoder on 2 DeepSpeed ranks, report validation perplexity, write
 # SAVE_DIR/loss_curve.png, and evaluate with lm-eval on tasks built from the held-out part.
@@ -11,6 +11,7 @@ cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} WANDB_MODE=${WANDB_MODE:-offline}
 echo "quickstart: [1/6] install (launch/install_cpu.sh)"
 bash launch/install_cpu.sh
+. launch/venv.sh && use_venv  # python3 and deepspeed below are those of the environment it installed into
 # the config + overrides checked (pure Python, no torch import; a typo is one line, exit 2) and the run directory
 SAVE_DIR=$(python3 megahash/pretrain.py --check config --config configs/quickstart.yaml "$@")
 DATA=data/shakespeare
@@ -32,8 +33,10 @@ fi
 echo "quickstart: [5/6] pretrain on 2 DeepSpeed CPU ranks -> $SAVE_DIR"
 # shards, tokenizer and resume path checked before the launcher, whose output would bury the error line
 python3 megahash/pretrain.py --check inputs --config configs/quickstart.yaml "$@" >/dev/null
-# --log_level warning: the launcher's INFO lines (on CPU: "Setting CUDA_VISIBLE_DEVICES=0,1") stay out
-deepspeed --log_level warning --num_gpus 2 megahash/pretrain.py --config configs/quickstart.yaml "$@"
+# the launcher's own lines stay out: its INFO and "Unable to find hostfile" (--log_level error; the ranks'
+# errors still show) and "Setting accelerator to CPU" (the accelerator named: DS_ACCELERATOR, megahash/accelerator.py)
+export DS_ACCELERATOR=${DS_ACCELERATOR:-$(python3 -m megahash.accelerator)}
+deepspeed --log_level error --num_gpus 2 megahash/pretrain.py --config configs/quickstart.yaml "$@"
 python3 - "$SAVE_DIR" <<'PY'
 import json, math, sys
 run = sys.argv[1]

@@ -25,6 +25,12 @@ def has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+def deepspeed_accelerator() -> str:
+    """DeepSpeed's name of this machine's accelerator (``DS_ACCELERATOR``): named, DeepSpeed's
+    launcher does not warn that it fell back to CPU (``python -m megahash.accelerator`` prints it)."""
+    return "cuda" if has_gpu() else "cpu"
+
+
 def split_glu_gemms(dev: torch.device | str | None = None) -> bool:
     """Run SwiGLU's gate and up projections as two GEMMs (as transformers does) instead of
     megatron's one fused ``fc1`` GEMM (megahash.models.feedforward), at one TP rank.
@@ -588,3 +594,7 @@ def _drop_deepspeed_world_default() -> None:
         defaults = getattr(fn, "__defaults__", None) or ()
         if defaults and isinstance(defaults[0], dist.ProcessGroup):
             fn.__defaults__ = (None, *defaults[1:])
+
+
+if __name__ == "__main__":  # launch/quickstart.sh: DS_ACCELERATOR for the DeepSpeed launcher
+    print(deepspeed_accelerator())

@@ -2,7 +2,8 @@
 
 Subcommands: ``pretrain`` (same as megahash/pretrain.py), ``params`` (parameter accounting);
 later stages add ``eval``, ``indicators``, ``report``, ``export-hf``, ``import-hf`` via SUBCOMMANDS.
-Every user-facing error is one line ``error: ...`` with exit status 2.
+Every user-facing error is one line ``error: ...`` with exit status 2. ``--verbose`` (any subcommand)
+shows what megahash/known_warnings.py silences.
 """
 from __future__ import annotations
 
@@ -97,6 +98,9 @@ def main(argv=None) -> int:
 
     known_warnings.install()  # before any library import (megahash/known_warnings.py lists them)
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--verbose" in argv[1:]:  # any subcommand: the libraries' warnings, logs and progress bars too
+        argv.remove("--verbose")
+        known_warnings.show_all()
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in SUBCOMMANDS:
         names = ", ".join(SUBCOMMANDS)
         if argv and argv[0] not in ("-h", "--help"):

@@ -175,6 +175,7 @@ class LoggingConfig:
     run_name: str = ""
     plot: bool = True  # write loss_curve.png at the end
     x_axis: str = "step"  # TensorBoard/wandb x-axis: step | tokens | samples (consumed, logged every step)
+    verbose: bool = False  # = pretrain.py --verbose: the libraries' warnings, logs and progress bars too (known_warnings.py)
 
 
 @dataclass

@@ -41,6 +41,8 @@ def parse_args(argv=None):
                    help="check without training (no torch import) and print train.save_dir: `config` the config, "
                         "schedule, embeddings and DeepSpeed JSON; `inputs` also the shards, tokenizer and resume path "
                         "(launch/quickstart.sh runs it before its launcher, whose output would bury the error line)")
+    p.add_argument("--verbose", action="store_true",
+                   help="= logging.verbose=true: also the libraries' known-harmless warnings, logs and progress bars")
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=100 parallel.tensor=2")
     args = p.parse_args(argv)
@@ -53,6 +55,8 @@ def parse_args(argv=None):
             args.deepspeed_config = args.deepspeed
     if args.deepspeed_config:
         args.overrides.insert(0, f"train.deepspeed_config={args.deepspeed_config}")
+    if args.verbose:
+        args.overrides.append("logging.verbose=true")
     return args
 
 
@@ -84,6 +88,10 @@ def check(args, inputs: bool = True):
     from megahash.training.ds_config import check_early
 
     cfg = load_config(args.config, args.overrides)
+    if cfg.logging.verbose:  # before any library import, like known_warnings.install
+        from megahash import known_warnings
+
+        known_warnings.show_all()
     check_early(cfg)
     check_kinds(cfg)  # misspelt schedules/embeddings fail before the heavy imports
     if inputs:

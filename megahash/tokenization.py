@@ -7,8 +7,13 @@
   Metaspace BPE/Unigram, WordPiece) or a tokenizer folder holding one (its
   ``tokenizer_config.json``/``special_tokens_map.json`` name the special tokens),
 * a Hugging Face tokenizer name (``EleutherAI/pythia-160m``): loaded with
-  ``AutoTokenizer.from_pretrained`` on a networked machine (or from the local HF cache); offline
-  it fails with one line saying what to pass instead.
+  ``AutoTokenizer.from_pretrained`` from the local HF cache, or from the hub when it answers; offline
+  (``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE``, or the hub unreachable within 3 s) and not cached it
+  fails at once with one line saying what to pass instead (no minute of hub retries).
+
+A value that can only be a path (starts with ``.``, ``~`` or ``/``, ends with a tokenizer file suffix,
+has two ``/``, or its first component is a local folder: ``data/stage1/spm``) and does not exist is
+"tokenizer not found" at once; it is never looked up on the hub.
 
 A word stream's text -> ids is :class:`WordTable` (the shards' word table). This module is the only
 one of the package that encodes text with sentencepiece, ``tokenizers`` or ``AutoTokenizer``
@@ -318,11 +323,48 @@ def _folder_config(folder: str) -> dict:
     return config
 
 
+_FILE_SUFFIXES = (".model", ".json", ".vocab", ".txt", ".spm", ".bin")
+HUB_TIMEOUT_S = 3.0
+
+
+def _path_like(spec: str) -> bool:
+    """A spec that names a local file or folder, never a hub repository (see the module docstring)."""
+    head, sep, _ = spec.partition("/")
+    return (spec.startswith((".", "~", "/")) or spec.endswith(_FILE_SUFFIXES) or spec.count("/") > 1
+            or bool(sep and os.path.isdir(head)))
+
+
+def _hub_source(name: str) -> str:
+    """Where ``name`` can be loaded from now: "hub" (it answers within HUB_TIMEOUT_S) or "cache" (offline:
+    ``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE``, or unreachable, and cached); a one-line TokenizerError
+    otherwise, at once, instead of huggingface_hub's minute of retries."""
+    from huggingface_hub import constants, get_session, try_to_load_from_cache
+
+    try:
+        cached = any(isinstance(try_to_load_from_cache(name, f), str) for f in ("tokenizer_config.json", "tokenizer.json"))
+    except ValueError as e:  # huggingface_hub's HFValidationError: not a valid repository name either
+        raise TokenizerError(f"tokenizer not found: {name!r} (no such file, and {_one_line(e)[:120]})") from None
+    why = "offline (HF_HUB_OFFLINE)"
+    if not constants.HF_HUB_OFFLINE:
+        try:
+            get_session().head(constants.ENDPOINT, timeout=HUB_TIMEOUT_S)
+            return "hub"
+        except Exception as e:  # noqa: BLE001 - DNS, connection and timeout errors of the HTTP client
+            why = f"{constants.ENDPOINT} is unreachable ({_one_line(e)[:80]})"
+    if cached:
+        return "cache"
+    raise TokenizerError(
+        f"cannot load Hugging Face tokenizer {name!r}: no such local file, and {why} with no copy in the local "
+        f"Hugging Face cache; download it where the hub answers (`hf download {name}`), or pass its tokenizer.json, "
+        f"a tokenizer folder or a sentencepiece .model")
+
+
 def _hf_from_name(name: str) -> HFTokenizer:
+    local = _hub_source(name) == "cache"
     try:
         from transformers import AutoTokenizer
 
-        t = AutoTokenizer.from_pretrained(name)
+        t = AutoTokenizer.from_pretrained(name, local_files_only=local)
         backend = t.backend_tokenizer
     except Exception as e:  # noqa: BLE001 - hub/network errors come in many types
         raise TokenizerError(
@@ -335,6 +377,7 @@ def _hf_from_name(name: str) -> HFTokenizer:
 def resolve(spec: str, base_dirs: Sequence = ()) -> Optional[tuple[str, str]]:
     """(kind, path) of a tokenizer spec, tried as given and relative to ``base_dirs``; kinds:
     "sentencepiece", "hf-file", "hf-folder"; None if nothing local matches."""
+    spec = os.path.expanduser(spec)
     cands = [spec]
     if not os.path.isabs(spec):
         cands += [str(Path(b) / spec) for b in base_dirs]
@@ -367,7 +410,7 @@ def load_tokenizer(spec: str, base_dirs: Sequence = ()) -> MegahashTokenizer:
         except (OSError, UnicodeDecodeError) as e:
             raise TokenizerError(f"cannot read tokenizer {path!r}: {_one_line(e)}") from None
         return HFTokenizer(text, spec, path, _folder_config(os.path.dirname(path) or "."))
-    if _HF_NAME.match(spec) and not spec.endswith((".model", ".json")):
+    if _HF_NAME.match(spec) and not _path_like(spec):
         return _hf_from_name(spec)
     raise TokenizerError(
         f"tokenizer not found: {spec!r} (give a sentencepiece .model, a tokenizer.json, a Hugging Face tokenizer "

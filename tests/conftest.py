@@ -154,6 +154,9 @@ def child_env(**extra) -> dict:
                 "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
+    # launch/install_cpu.sh and quickstart.sh (tests/test_readme.py, test_launch.py) use the tests' own Python:
+    # its virtual environment, or the Python itself (none) when it is not one; never a new .venv in a copy
+    env.setdefault("MEGAHASH_VENV", sys.prefix if sys.prefix != sys.base_prefix else "none")
     env.update({k: str(v) for k, v in extra.items()})
     return env
 

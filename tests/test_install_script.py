@@ -1,15 +1,23 @@
 """launch/install_cpu.sh: torch from PyTorch's CPU wheel index (TORCH_INDEX_URL), the configured
-index when that one is unreachable, and its steps printed (dry run: the commands it would run)."""
+index when that one is unreachable, and its steps printed (dry run: the commands it would run);
+everything goes into a virtual environment (.venv, MEGAHASH_VENV or the active one), never into the
+Python that runs the script unless MEGAHASH_VENV=none says so."""
 import functools
 import http.server
 import subprocess
+import sys
 import threading
+import time
+from pathlib import Path
 
 from conftest import ROOT, child_env
 
 
-def _install(url):
-    env = child_env(INSTALL_DRY_RUN="1", INSTALL_FORCE="1", TORCH_INDEX_URL=url)
+def _install(url, force="1", **extra):
+    env = child_env(INSTALL_DRY_RUN="1", INSTALL_FORCE=force, TORCH_INDEX_URL=url, **extra)
+    for k, v in extra.items():
+        if v is None:
+            env.pop(k)
     r = subprocess.run(["bash", "launch/install_cpu.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     return r.stdout
@@ -30,3 +38,57 @@ def test_cpu_index_used_when_reachable_else_configured_index(tmp_path):
     out = _install("http://127.0.0.1:9/whl/cpu")  # nothing listens on the discard port
     assert "is unreachable: using pip's configured index" in out
     assert "-m pip install -q torch==2.13.0" in out and "--index-url" not in out
+
+
+def test_installs_into_a_virtual_environment(tmp_path):
+    """A new environment is created (torch's CPU wheel still first) and named with how to activate it;
+    MEGAHASH_VENV unset: the active VIRTUAL_ENV, else .venv of the repository."""
+    unreachable = "http://127.0.0.1:9/whl/cpu"
+    env = tmp_path / "env"
+    out = _install(unreachable, MEGAHASH_VENV=str(env))
+    lines = out.splitlines()
+    assert lines[0] == f"install_cpu: into a new virtual environment {env} (python3 -m venv; MEGAHASH_VENV=PATH names another)"
+    assert lines[1] == f"+ python3 -m venv {env}"
+    pips = [l for l in lines if " -m pip " in l]
+    assert len(pips) == 3 and all(l.startswith(f"+ {env}/bin/python3 -m pip install") for l in pips), pips
+    assert "torch==2.13.0" in pips[0] and "-c constraints/cpu-lock.txt" in pips[1]
+    assert lines[-1] == f"install_cpu: activate it for the README's commands: source {env}/bin/activate"
+    active = _install(unreachable, MEGAHASH_VENV=None, VIRTUAL_ENV=str(tmp_path / "active"))
+    assert f"+ {tmp_path}/active/bin/python3 -m pip install -q torch==2.13.0" in active
+    default = _install(unreachable, MEGAHASH_VENV=None, VIRTUAL_ENV=None)
+    assert f"{ROOT}/.venv/bin/python3 -m pip install -q torch==2.13.0" in default
+    assert f"+ {sys.executable} " not in default and "+ python3 -m pip" not in default  # never the running Python
+
+
+def test_environment_with_the_locked_set_is_kept_in_seconds(tmp_path):
+    """An existing environment that holds the locked working set (here: one whose python3 is this test's
+    Python, which holds it) is used as it is: nothing installed, nothing created, a few seconds."""
+    env = tmp_path / "env"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    (env / "bin" / "python3").chmod(0o755)
+    t0 = time.monotonic()
+    out = _install("http://127.0.0.1:9/whl/cpu", force="0", MEGAHASH_VENV=str(env))
+    took = time.monotonic() - t0
+    assert out.splitlines() == [
+        f"install_cpu: into the virtual environment {env}",
+        "install_cpu: everything already installed at the versions of constraints/cpu-lock.txt (INSTALL_FORCE=1 reinstalls)",
+        f"install_cpu: activate it for the README's commands: source {env}/bin/activate"], out
+    assert took < 30, took  # ~3 s on the 2-core machine; an install would take minutes
+
+
+def test_use_venv_puts_the_environment_first_once(tmp_path):
+    """launch/venv.sh's use_venv (quickstart.sh, .ci/run): the environment's bin/ first on PATH, where
+    its python3 (a link to the base interpreter, as in a real venv) is not already the first python3."""
+    env = tmp_path / "env"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python3").symlink_to(sys.executable)
+    probe = '. launch/venv.sh; use_venv; command -v python3; use_venv; echo "$PATH"'
+    base = child_env(MEGAHASH_VENV=str(env))
+    base["PATH"] = f"{Path(sys.executable).parent}:{base['PATH']}"  # the base interpreter first, as without a venv
+    r = subprocess.run(["bash", "-c", probe], cwd=ROOT, env=base, capture_output=True, text=True, timeout=60)
+    first, path = r.stdout.splitlines()
+    assert first == f"{env}/bin/python3" and path == f"{env}/bin:{base['PATH']}", r.stdout + r.stderr
+    none = subprocess.run(["bash", "-c", probe], cwd=ROOT, env=child_env(MEGAHASH_VENV="none"), capture_output=True,
+                          text=True, timeout=60)
+    assert none.stdout.splitlines()[1] == child_env()["PATH"]

@@ -52,3 +52,16 @@ def test_reader_that_stops_early_gets_no_traceback():
         finally:
             os.close(w)
         assert (p.returncode, p.stderr) == (141, ""), p.stderr[-2000:]
+
+
+def test_text_report_says_how_to_measure_instead_of_not_measured_cells():
+    """Without --measure (closed form, no torch: the README's example) the cost table has the thesis rows
+    only and one line naming --measure, not a column of "not measured" (issue 36)."""
+    r = subprocess.run([sys.executable, "-m", "megahash", "params", "--config", "configs/model/500m.yaml"], cwd=ROOT,
+                       env=child_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stderr == "", r.stderr[-2000:]
+    assert "not measured" not in r.stdout and "implemented" not in r.stdout
+    assert [l for l in r.stdout.splitlines() if "--measure" in l] == [
+        "  the implementation's costs: add --measure (a meta-device model: imports torch and megatron-core, ~6 s of CPU; "
+        "pretrain's MFU and `megahash report` always measure)"]
+    assert "  attention prefill FLOPs/token             1.266e+08" in r.stdout  # 24 x 5.276e6, [Xue25] Standard row

@@ -466,3 +466,23 @@ def test_segment_cache_equals_whole_document_encoding(tok, hash_unit):
             np.testing.assert_array_equal(ra.codes[name], rb.codes[name])  # bit-exact: integer ids, lengths, codes
     assert counts_a == counts_b and sum(counts_a.values()) > 1000
     assert sum(r.empty for r in a) == 2  # "" and "   "
+
+
+def test_tokenizer_command_prints_one_line_unless_verbose(tmp_path):
+    """README's tokenizer command: one line naming what it wrote, not sentencepiece's ~330-line log
+    (issue 36); --verbose brings sentencepiece's log back, --quiet leaves nothing."""
+    from conftest import ROOT, child_env
+
+    def tokenizer(name, *flags):
+        r = subprocess.run([sys.executable, "data_tools/train_tokenizer.py", "--input", "shakespeare", "--doc-range",
+                            "0:40", "--output", str(tmp_path / name), "--vocab-size", "400", *flags], cwd=ROOT,
+                           env=child_env(), capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return (r.stdout + r.stderr).splitlines()
+
+    lines = tokenizer("plain")
+    assert len(lines) == 1 and lines[0].startswith(f"wrote {tmp_path / 'plain.model'} (400 pieces, "), lines
+    assert tokenizer("quiet", "--quiet") == []
+    verbose = tokenizer("verbose", "--verbose")
+    assert len(verbose) > 50 and sum("trainer_interface.cc" in line for line in verbose) > 5, verbose[:5]
+    assert verbose[-1] == lines[0].replace("plain", "verbose")

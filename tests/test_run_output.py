@@ -41,3 +41,30 @@ def test_wandb_resumes_the_same_run_id(tmp_path):
     ids = json.loads(r.stdout.strip().splitlines()[-1])
     assert ids[0] == ids[1] == (tmp_path / "wandb_run_id").read_text().strip()
     assert len(list((tmp_path / "wandb").glob(f"offline-run-*-{ids[0]}"))) == 2  # two attempts, one run id
+
+
+BARS = r"""
+import sys
+from megahash import known_warnings
+known_warnings.install()  # as every entry point does first
+import datasets
+from tqdm import tqdm
+for _ in tqdm(range(3), desc="requests"):
+    pass
+datasets.load_dataset("json", data_files={"test": sys.argv[1]}, cache_dir=sys.argv[2])
+"""
+
+
+def test_progress_bars_stay_out_of_logs_unless_verbose(tmp_path):
+    """stderr that is no terminal (a log file, a pipe) gets no tqdm bars and no datasets "Generating test
+    split" lines (issue 36); MEGAHASH_SHOW_WARNINGS=1 (what --verbose sets) shows them."""
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "a"}\n{"text": "b"}\n')
+    outs = {}
+    for verbose in ("0", "1"):
+        r = run([sys.executable, "-c", BARS, str(data), str(tmp_path / f"cache{verbose}")], timeout=300,
+                MEGAHASH_SHOW_WARNINGS=verbose)
+        assert r.returncode == 0, r.stderr[-3000:]
+        outs[verbose] = r.stdout + r.stderr
+    assert "requests" not in outs["0"] and "Generating test split" not in outs["0"] and "it/s" not in outs["0"], outs["0"]
+    assert "requests: 100%" in outs["1"] and "Generating test split" in outs["1"], outs["1"]

@@ -336,3 +336,33 @@ def test_zst_input_and_offline_hub_name(corpus, shakespeare_shards, tmp_path):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: cannot load Hugging Face tokenizer"), r.stderr
     assert "tokenizer.json" in lines[0]
+
+
+def test_missing_tokenizer_fails_at_once_without_hub_retries(shakespeare_shards, tmp_path):
+    """`--check inputs` with a data.tokenizer that names nothing: one line, exit 2, in seconds (issue 36:
+    64 s of Hugging Face hub retries before): a path-like value is never looked up on the hub, with
+    HF_HUB_OFFLINE unset too; a hub name is tried only when it can be (offline or unreachable and not
+    in the local cache: the line says how to get it)."""
+    import time
+
+    (tmp_path / "data").mkdir()  # "data/spm" is a path here: its first component is a local folder
+    cases = [("data/spm", {}, "tokenizer not found: 'data/spm'"),
+             ("./spm", {}, "tokenizer not found: './spm'"),
+             ("no-such-org/no-such-tok", {"HF_ENDPOINT": "http://127.0.0.1:9"}, "http://127.0.0.1:9 is unreachable"),
+             ("no-such-org/no-such-tok", {"HF_HUB_OFFLINE": "1"}, "offline (HF_HUB_OFFLINE) with no copy in the local")]
+    for spec, extra, want in cases:
+        env = child_env(HF_HUB_CACHE=tmp_path / "hub", **extra)  # an empty cache: nothing is cached
+        if "HF_HUB_OFFLINE" not in extra:
+            env.pop("HF_HUB_OFFLINE")
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, str(ROOT / "megahash/pretrain.py"), "--check", "inputs", "--config",
+                            str(ROOT / "configs/quickstart.yaml"), f"data.prefix=[{shakespeare_shards['prefix']}]",
+                            f"data.tokenizer={spec}"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=60)
+        took = time.monotonic() - t0
+        lines = (r.stdout + r.stderr).strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: data.tokenizer: "), r.stdout + r.stderr
+        assert want in lines[0], lines[0]
+        assert took < 20, (spec, took)  # 1-2 s on the 2-core machine (the hub's retries took 64 s)
+        hub_name = spec == "no-such-org/no-such-tok"
+        assert ("`hf download no-such-org/no-such-tok`" in lines[0]) == hub_name, lines[0]

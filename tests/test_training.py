@@ -1,6 +1,7 @@
 """Training core on real text: TP/SP parity, exact resume, interrupted saves, one-line errors,
 loss decreasing. Multi-rank runs use the real DeepSpeed launcher with 2 CPU (gloo) ranks."""
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -155,13 +156,19 @@ def test_interrupted_save_keeps_previous_checkpoint(shakespeare_shards, tmp_path
 
 
 def test_checkpoint_from_another_model_is_refused(shakespeare_shards, tmp_path):
+    """... and a run prints megahash's lines only (issue 36: DeepSpeed's "Setting accelerator to CPU" and
+    "shm_comm_op built successfully", megatron-core's fallback warnings, progress bars are dropped);
+    --verbose shows the libraries' lines again."""
     run_dir = tmp_path / "run"
     r = pretrain(base(shakespeare_shards, run_dir, 2, "train.eval_interval=0"))
     assert r.returncode == 0, r.stderr[-3000:]
-    r = pretrain(base(shakespeare_shards, run_dir, 4, "train.eval_interval=0", "model.hidden_size=128"))
+    lines = (r.stdout + r.stderr).splitlines()
+    assert lines and all(re.match(r"megahash: |\[train\] ", line) for line in lines), lines
+    r = pretrain(["--verbose", *base(shakespeare_shards, run_dir, 4, "train.eval_interval=0", "model.hidden_size=128")])
     assert r.returncode == 2
     err = r.stderr.strip().splitlines()
     assert err[-1].startswith("error: checkpoint") and "model.hidden_size" in err[-1]
+    assert "Transformer Engine and Apex are not installed" in r.stderr  # megatron-core's, shown with --verbose
 
 
 @pytest.mark.parametrize("override, expect", [

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+from megahash import known_warnings
 from megahash.errors import ConfigError, DataError
 
 DEFAULT_TASKS = ["arc_easy", "boolq", "copa", "piqa", "sciq", "rte", "hellaswag", "wikitext", "lambada_openai"]
@@ -172,11 +173,12 @@ def evaluate(lm, tasks: list[str], tasks_dir: Optional[str] = None, limit: Optio
 
     tm = task_manager(tasks, tasks_dir)
     try:
-        return lm_eval.simple_evaluate(
-            model=lm, tasks=tasks, task_manager=tm, limit=limit, log_samples=log_samples, bootstrap_iters=100,
-            random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
-            batch_size=lm.batch_size,
-        )
+        with known_warnings.dropped_prints(known_warnings.LM_EVAL_PRINTS):
+            return lm_eval.simple_evaluate(
+                model=lm, tasks=tasks, task_manager=tm, limit=limit, log_samples=log_samples, bootstrap_iters=100,
+                random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
+                batch_size=lm.batch_size,
+            )
     except (ConnectionError, OSError) as e:  # datasets cannot reach the Hub / a data file is missing
         first = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
         raise DataError(

@@ -78,12 +78,12 @@ def format_report(r: dict) -> str:
         tf = c["train_flops_per_token"]
         tf = f"{tf:.4g} FLOPs/token ({basis})" if isinstance(tf, (int, float)) else "n/a FLOPs/token (MFU n/a)"
         lines += ["", f"at sequence {c['seq_length']} (batch {c['batch']}): training {tf}, summed over the layers:"]
+        if not c.get("measured", True):  # closed form: the table rows only, and how to get the implemented ones
+            lines.append("  the implementation's costs: add --measure (a meta-device model: imports torch and "
+                         "megatron-core, ~6 s of CPU; pretrain's MFU and `megahash report` always measure)")
         lines += [f"  attention kind {k}: no cost model and not measurable: its costs are n/a"
                   for k in unmodelled_kinds(c)]
         lines += cost_rows(c)
-        if not c.get("measured", True):
-            lines.append("  (implemented costs are measured on a meta-device model: add --measure; "
-                         "pretrain's MFU and `megahash report` always measure)")
     return "\n".join(lines)
 
 
@@ -108,13 +108,17 @@ def cost_rows(c: dict) -> list[str]:
                   ("decode_flops_per_token", "attention decode FLOPs/token", 1, ""),
                   ("cache_bytes", "inference cache (16-bit)", 2**20, " MiB"),
                   ("activation_bytes", "saved activations (16-bit)", 2**20, " MiB"))
-    rows = [f"  {'':<34} {'implemented':>16} {'thesis table':>16}"]
+    measured = c.get("measured", True)  # False: no "implemented" column (format_report says how to measure)
+    impl_head = f"{'implemented':>16} " if measured else ""
+    rows = [f"  {'':<34} {impl_head}{'thesis table':>16}"]
     for key, label, scale, unit in quantities:
-        rows.append(f"  {label:<34} {_fmt(c.get('impl_' + key), scale, unit):>16} {_fmt(c.get(key), scale, unit):>16}")
+        impl = f"{_fmt(c.get('impl_' + key), scale, unit):>16} " if measured else ""
+        rows.append(f"  {label:<34} {impl}{_fmt(c.get(key), scale, unit):>16}")
     seen = {}
     for L in c.get("layers", []):
         seen.setdefault(L["kind"], L)
-    rows += ["", "  per layer of each kind (thesis row in brackets; * = implementation differs from the table):"]
+    rows += ["", "  per layer of each kind (thesis row in brackets" + ("; * = implementation differs from the table):"
+                                                                   if measured else "):")]
     for kind, L in seen.items():
         rows.append(f"  {kind} [{L.get('thesis_name', 'n/a')}]")
         for key, label, scale, unit in quantities:
@@ -124,5 +128,6 @@ def cost_rows(c: dict) -> list[str]:
             else:
                 impl, thesis = L.get("impl_" + key), L.get(key)
                 mark = "*" if key in L.get("differs", []) else " "
-            rows.append(f"   {mark}{label:<32} {_fmt(impl, scale, unit):>16} {_fmt(thesis, scale, unit):>16}")
+            impl = f"{_fmt(impl, scale, unit):>16} " if measured else ""
+            rows.append(f"   {mark}{label:<32} {impl}{_fmt(thesis, scale, unit):>16}")
     return rows

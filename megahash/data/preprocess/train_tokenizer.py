@@ -55,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1234, help="sentencepiece sampling seed")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--overwrite", action="store_true")
-    p.add_argument("--quiet", action="store_true", help="silence sentencepiece's log")
+    p.add_argument("--quiet", action="store_true", help="not even the one line naming what was written")
+    p.add_argument("--verbose", action="store_true", help="sentencepiece's own log too (hundreds of lines)")
     return p
 
 
@@ -141,7 +142,7 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
                 byte_fallback=byte_fallback,
                 **({} if args.lossy else LOSSLESS),
                 num_threads=max(1, args.threads),
-                minloglevel=2 if args.quiet else 0,
+                minloglevel=0 if args.verbose else 2,  # 2: errors only (its INFO log is ~330 lines)
             )
         except RuntimeError as e:
             raise InputError(f"sentencepiece training failed: {one_line(e)}") from None
