@@ -167,10 +167,15 @@ def checkpoints_table(a) -> int:
                          f"({r['worst_name'].split('.', 2)[-1][:40]}) | {r['finite']} |")
             print(lines[-1], flush=True)
         lines.append("")
+    return _report(lines, a.out)
+
+
+def _report(lines: list[str], out: str) -> int:
+    """Print the table, append it to ``out`` when given, and release the one-rank world."""
     text = "\n".join(lines)
     print(text)
-    if a.out:
-        with open(a.out, "a") as f:
+    if out:
+        with open(out, "a") as f:
             f.write(text + "\n")
     accelerator.teardown()
     return 0
@@ -219,13 +224,7 @@ def main(argv=None) -> int:
                              f"({r['worst_name'].split('.', 2)[-1][:40]}) | {r['finite']} | {time.perf_counter() - t0:.0f} |")
                 print(lines[-1], flush=True)
             lines.append("")
-    text = "\n".join(lines)
-    print(text)
-    if a.out:
-        with open(a.out, "a") as f:
-            f.write(text + "\n")
-    accelerator.teardown()
-    return 0
+    return _report(lines, a.out)
 
 
 if __name__ == "__main__":

@@ -232,3 +232,18 @@ def cluster(tmp_path_factory):
     from _slurm import local_cluster
 
     yield from local_cluster(tmp_path_factory.mktemp("slurm"))
+
+
+@pytest.fixture(scope="session")
+def hashed_shards(shakespeare_shards, tmp_path_factory):
+    """Real-text shards with a side shard for the example hash spec of every embedding kind."""
+    import _kinds
+    from megahash.models import declarations
+
+    specs = sorted({declarations.caps("embedding", k).example_hash_spec for k in _kinds.embeddings()} | {"md5", "lsh128"})
+    prefix = tmp_path_factory.mktemp("hashed") / "shk"
+    r = run([sys.executable, "data_tools/preprocess_data.py", "--input", "shakespeare", "--output-prefix", str(prefix),
+             "--tokenizer", shakespeare_shards["tokenizer"], "--word-hashes", ",".join(specs), "--workers", "1",
+             "--max-docs", "120", "--quiet"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    return {"prefix": str(prefix), "tokenizer": shakespeare_shards["tokenizer"], "specs": specs}

@@ -80,20 +80,6 @@ CONFIGS = configurations()
 
 
 @pytest.fixture(scope="module")
-def hashed_shards(shakespeare_shards, tmp_path_factory):
-    """Real-text shards with a side shard for the example hash spec of every embedding kind."""
-    from megahash.models import declarations
-
-    specs = sorted({declarations.caps("embedding", k).example_hash_spec for k in _kinds.embeddings()} | {"md5", "lsh128"})
-    prefix = tmp_path_factory.mktemp("bf16_hashed") / "shk"
-    r = run([sys.executable, "data_tools/preprocess_data.py", "--input", "shakespeare", "--output-prefix", str(prefix),
-             "--tokenizer", shakespeare_shards["tokenizer"], "--word-hashes", ",".join(specs), "--workers", "1",
-             "--max-docs", "80", "--quiet"])
-    assert r.returncode == 0, r.stderr[-2000:]
-    return {"prefix": str(prefix), "tokenizer": shakespeare_shards["tokenizer"], "specs": specs}
-
-
-@pytest.fixture(scope="module")
 def straight_runs(tmp_path_factory):
     """name -> the run directory of a configuration's 4-step bf16 run (made once, by the first test asking)."""
     return {"root": tmp_path_factory.mktemp("bf16_runs")}

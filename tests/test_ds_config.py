@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import pretrain, run
+from conftest import run
 from megahash.config import load_config
 from megahash.errors import ConfigError
 from megahash.training.ds_config import deepspeed_config

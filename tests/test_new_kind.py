@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 

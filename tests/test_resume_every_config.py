@@ -14,13 +14,12 @@ its real cause."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 import _kinds
-from conftest import ROOT, run
+from conftest import ROOT
 
 TINY = ["model.hidden_size=64", "model.num_layers=4", "model.num_heads=4", "model.ffn_hidden_size=128",
         "model.vocab_size=0", "model.attention.options.fixed_seq_length=64", "data.seq_length=64",
@@ -81,20 +80,6 @@ def configurations() -> dict[str, list[str]]:
 
 
 CONFIGS = configurations()
-
-
-@pytest.fixture(scope="module")
-def hashed_shards(shakespeare_shards, tmp_path_factory):
-    """Real-text shards with a side shard for the example hash spec of every embedding kind."""
-    from megahash.models import declarations
-
-    specs = sorted({declarations.caps("embedding", k).example_hash_spec for k in _kinds.embeddings()} | {"md5", "lsh128"})
-    prefix = tmp_path_factory.mktemp("hashed") / "shk"
-    r = run([sys.executable, "data_tools/preprocess_data.py", "--input", "shakespeare", "--output-prefix", str(prefix),
-             "--tokenizer", shakespeare_shards["tokenizer"], "--word-hashes", ",".join(specs), "--workers", "1",
-             "--max-docs", "120", "--quiet"])
-    assert r.returncode == 0, r.stderr[-2000:]
-    return {"prefix": str(prefix), "tokenizer": shakespeare_shards["tokenizer"], "specs": specs}
 
 
 def _base(shards, save_dir, *extra) -> list[str]:

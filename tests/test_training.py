@@ -3,7 +3,6 @@ loss decreasing. Multi-rank runs use the real DeepSpeed launcher with 2 CPU (glo
 import json
 import re
 import sys
-from pathlib import Path
 
 import pytest
 
