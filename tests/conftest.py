@@ -66,6 +66,7 @@ def unit_of(nodeid: str) -> str:
     return module if _shares_a_fixture(module) else nodeid
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, absent under -p no:xdist
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadgroup":
         return None

@@ -233,6 +233,7 @@ def test_bf16_checkpoint_evaluates_decodes_and_exports(hashed_shards, straight_r
     prompt = torch.randint(5, 200, (1, 6), generator=torch.Generator().manual_seed(0))
     new = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=4, do_sample=False,
                       min_new_tokens=4, pad_token_id=0)
+    # bit-exact: generate() returns the prompt ids unchanged (integers)
     assert new.shape == (1, 10) and torch.equal(new[:, :6], prompt)
     # import-hf of the export, then one more bf16 step (weights-only resume: fresh fp32 Adam state) and its validation
     from megahash.convert.importer import import_hf
@@ -336,6 +337,7 @@ def test_no_grad_bf16_forward_through_megatron_linears(one_rank, monkeypatch, on
         with torch.no_grad():
             frozen = model(tok)
         trained = model(tok)
+    # bit-exact: one path, the same bf16 GEMMs on the same inputs with and without weight gradients
     assert torch.equal(frozen, trained.detach())  # the same bf16 GEMMs, with and without weight gradients
 
 

@@ -118,6 +118,7 @@ def test_scan_is_causal_by_perturbation_and_grads_match_fp64():
     s2[..., t + 1:] += 300.0  # a later key that would dominate every sum
     v2[..., t + 1:, :] *= -7
     a, b = cumsoftmax_causal(s, v)[0], cumsoftmax_causal(s2, v2)[0]
+    # bit-exact: causality; the same ops on the same inputs for positions <= t, later keys never enter them
     assert torch.equal(a[..., :t + 1, :], b[..., :t + 1, :])
     assert (a[..., t + 1:, :] - b[..., t + 1:, :]).abs().max() > 1e-2
     w = torch.randn(2, 2, L, 4, generator=gen(10), dtype=torch.float64)
@@ -239,6 +240,7 @@ def test_shared_map_padding_masked_before_the_exponentials(gap):
     mask[2] = False  # nothing valid
     out = shared_softmax(q, k, v, 1.0, False, mask)
     assert torch.isfinite(out).all()
+    # bit-exact: a row with no valid key is defined as exactly 0
     assert torch.equal(out[2], torch.zeros_like(out[2]))
     want = ref_shared_map(q, k, v[:2], 1.0, False, mask[:2])
     assert rel(out[:2], want) < 64 * EPS32

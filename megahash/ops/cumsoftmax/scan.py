@@ -28,11 +28,13 @@ import math
 import torch
 import torch.nn.functional as F
 
+from megahash.ops.linear.fp32 import autocast_off
+
 CHUNK = 64
 
 
 def _no_autocast(t: torch.Tensor):
-    return torch.autocast(device_type=t.device.type, enabled=False)
+    return autocast_off(t.device.type)
 
 
 def _chunk_size(L: int) -> int:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import torch
 
+from megahash.ops.linear.fp32 import autocast_off
+
 
 def no_autocast(t: torch.Tensor):
     """An autocast-disabled region for ``t``'s device type (what runs inside keeps its dtypes)."""
-    return torch.autocast(device_type=t.device.type, enabled=False)
+    return autocast_off(t.device.type)
 
 
 def scores(q, k, scale: float, causal: bool, key_mask=None):
