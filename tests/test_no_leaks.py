@@ -128,6 +128,7 @@ def test_in_process_evaluation_releases_its_group(shakespeare_shards, tmp_path, 
 
     if dist.is_initialized():
         accelerator.release_group()
+    before = sorted(n for n in _thread_names(_os_threads()) if n in GROUP_THREADS)
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     for var in LAUNCHER_VARS:
         monkeypatch.delenv(var, raising=False)
@@ -140,6 +141,6 @@ def test_in_process_evaluation_releases_its_group(shakespeare_shards, tmp_path, 
                               batch_size=4, quiet=True)
     assert rec["results"]["shk_order"]  # it did evaluate
     assert not dist.is_initialized()
-    left = [n for n in _thread_names(_os_threads()) if n in GROUP_THREADS]
-    assert not left, left
+    left = sorted(n for n in _thread_names(_os_threads()) if n in GROUP_THREADS)
+    assert left == before, (left, before)  # threads of groups other tests of this worker left are not ours
     assert not any(var in os.environ for var in LAUNCHER_VARS)
