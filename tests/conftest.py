@@ -144,6 +144,14 @@ class _DurationRecorder:
 
 
 def pytest_configure(config):
+    if hasattr(config, "workerinput"):
+        # an xdist worker is one of several test streams on the machine's cores: torch's intra-op pool would
+        # only oversubscribe them (OpenMP threads spinning against each other), as the launched ranks'
+        # OMP_NUM_THREADS=1 (child_env) already avoids
+        import torch
+
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
     path = config.getoption("--record-durations", default=None)
     if path and not hasattr(config, "workerinput"):  # the controller sees every worker's reports
         config.pluginmanager.register(_DurationRecorder(path), "megahash-durations")
