@@ -534,6 +534,8 @@ HOMONYMS = {
     ("megahash.models.embeddings.vocab", "megahash/data/preprocess/train_tokenizer.py"): "the '.vocab' file suffix of sentencepiece",
     ("megahash.models.heads.vocab", "megahash/data/preprocess/train_tokenizer.py"): "the '.vocab' file suffix of sentencepiece",
     ("random_seed", "megahash/eval/run.py"): "lm-eval's simple_evaluate keyword",
+    ("megahash.models.embeddings.vocab", "megahash/tokenization.py"): "the '.vocab' file suffix of sentencepiece (path-like tokenizer values)",
+    ("megahash.models.heads.vocab", "megahash/tokenization.py"): "the '.vocab' file suffix of sentencepiece (path-like tokenizer values)",
 }
 
 

@@ -1,11 +1,13 @@
 """What a researcher sees: a bad config on 2 ranks prints ONE error line (not one per rank), and a
 requeued run continues the same wandb run (offline mode, real wandb)."""
 import json
+import subprocess
 import sys
 
 import pytest
 
-from conftest import pretrain, run
+from conftest import ROOT, child_env, pretrain, run
+from megahash import known_warnings
 
 
 @pytest.mark.multiprocess
@@ -62,8 +64,11 @@ def test_progress_bars_stay_out_of_logs_unless_verbose(tmp_path):
     data.write_text('{"text": "a"}\n{"text": "b"}\n')
     outs = {}
     for verbose in ("0", "1"):
-        r = run([sys.executable, "-c", BARS, str(data), str(tmp_path / f"cache{verbose}")], timeout=300,
-                MEGAHASH_SHOW_WARNINGS=verbose)
+        env = child_env(MEGAHASH_SHOW_WARNINGS=verbose)
+        for var in known_warnings.NO_PROGRESS_BARS:  # set in this worker by an earlier in-process entry point
+            env.pop(var, None)
+        r = subprocess.run([sys.executable, "-c", BARS, str(data), str(tmp_path / f"cache{verbose}")], cwd=ROOT,
+                           env=env, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr[-3000:]
         outs[verbose] = r.stdout + r.stderr
     assert "requests" not in outs["0"] and "Generating test split" not in outs["0"] and "it/s" not in outs["0"], outs["0"]

@@ -10,6 +10,7 @@ the output returned in the first input's dtype. The decode state it returns stay
 sum of up to L terms)."""
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -30,18 +31,8 @@ def autocast_off(device_type: str):
         on = torch.is_autocast_enabled(device_type)
     except RuntimeError:  # a device type autocast does not know (meta)
         on = False
-    return torch.autocast(device_type, enabled=False) if on else _NULL
-
-
-class _Null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
-_NULL = _Null()
+    # contextlib.nullcontext: a no-op context torch.compile traces without a graph break
+    return torch.autocast(device_type, enabled=False) if on else contextlib.nullcontext()
 
 
 def fp32_kernel(fn):
