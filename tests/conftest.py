@@ -101,27 +101,24 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: -cost[unit_of(item.nodeid)])  # stable: file order within a unit
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    """CPU seconds of the test, its fixtures and every child process it waited for (user + system)."""
+def _cpu_seconds() -> float:
+    """User + system seconds of this process and of every child process it has waited for."""
     import resource
 
-    def cpu():
-        me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-        return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
-    start = cpu()
-    item.user_properties.append(("cpu_start", start))
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Mark the CPU clock before the test's setup (its fixtures count too)."""
+    item.user_properties.append(("cpu_start", _cpu_seconds()))
     yield
 
 
 def pytest_runtest_makereport(item, call):
     if call.when == "teardown":
-        import resource
-
-        me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-        start = dict(item.user_properties).get("cpu_start", 0.0)
-        item.user_properties.append(("cpu_s", me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime - start))
+        item.user_properties.append(("cpu_s", _cpu_seconds() - dict(item.user_properties)["cpu_start"]))
 
 
 class _DurationRecorder:
@@ -131,11 +128,10 @@ class _DurationRecorder:
         self.path, self.seconds, self.cpu = Path(path), {}, {}
 
     def pytest_runtest_logreport(self, report):
-        key = report.nodeid.split("@")[0]
-        self.seconds[key] = self.seconds.get(key, 0.0) + report.duration
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
         cpu = dict(report.user_properties).get("cpu_s")
-        if report.when == "teardown" and cpu is not None:
-            self.cpu[key] = cpu
+        if cpu is not None:
+            self.cpu[report.nodeid] = cpu
 
     def pytest_sessionfinish(self, session):
         self.path.write_text(json.dumps({k: round(v, 2) for k, v in sorted(self.seconds.items())}, indent=0) + "\n")
