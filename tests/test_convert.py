@@ -236,7 +236,7 @@ def test_hashing_helper_equals_megahash_hashing(shakespeare_shards, runs):
     import ast
 
     allowed = {"torch", "transformers", "tokenizers", "huggingface_hub", "numpy", "sentencepiece", "__future__", "math", "os", "typing",
-               "re", "json", "hashlib", "hmac", "io", "zipfile", "collections", "itertools", "dataclasses", "functools"}
+               "re", "json", "contextlib", "hashlib", "hmac", "io", "zipfile", "collections", "itertools", "dataclasses", "functools"}
     from megahash.convert import remote_code
 
     folder = remote_code.assemble(sorted(remote_code.references()))  # every kind's reference
