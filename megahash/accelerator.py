@@ -10,6 +10,7 @@ import contextlib
 import datetime
 import os
 import random
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -391,6 +392,8 @@ def init_distributed(tensor_parallel: int = 1, sequence_parallel: bool = False, 
     parallel state. Returns (rank, world_size)."""
     apply_cpu_shims()
     apply_megatron_fixes()
+    if not has_gpu():
+        prepare_deepspeed_extensions()
     from megatron.core import parallel_state
 
     from megahash.errors import ConfigError
@@ -418,6 +421,48 @@ def init_distributed(tensor_parallel: int = 1, sequence_parallel: bool = False, 
         parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel)
     return dist.get_rank(), world
+
+
+STALE_BUILD_LOCK_S = 600  # a JIT build of DeepSpeed's CPU op takes about a minute on 2 cores
+
+
+def prepare_deepspeed_extensions() -> Path:
+    """Where DeepSpeed's JIT-built CPU ops live, made safe to use; returns that folder.
+
+    On CPU, DeepSpeed builds its shared-memory all-reduce op (``deepspeed_shm_comm``) with torch's
+    ``cpp_extension`` under ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``), guarded by a
+    ``lock`` file. Two hazards met here: a build killed in flight leaves the lock and every later launch
+    waits on it forever, silently; two Pythons sharing the folder rebuild the op in turn (their include
+    paths differ). So a virtual environment keeps its own (``<venv>/torch_extensions``, unless
+    ``TORCH_EXTENSIONS_DIR`` is set) and a lock older than :data:`STALE_BUILD_LOCK_S` is removed, in one line."""
+    import sys
+    import time
+
+    if "TORCH_EXTENSIONS_DIR" not in os.environ and sys.prefix != sys.base_prefix:
+        os.environ["TORCH_EXTENSIONS_DIR"] = str(Path(sys.prefix) / "torch_extensions")
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+    for lock in [*root.glob("*/lock"), *root.glob("*/*/lock")] if root.is_dir() else ():
+        age = time.time() - lock.stat().st_mtime
+        if age > STALE_BUILD_LOCK_S:
+            with contextlib.suppress(FileNotFoundError):
+                lock.unlink()
+            print(f"megahash: removed {lock}, left {age / 60:.0f} min ago by a build that was killed "
+                  "(torch would wait on it forever)", flush=True)
+    return root
+
+
+def build_deepspeed_ops() -> None:
+    """Build DeepSpeed's CPU ops now (launch/install_cpu.sh does), so no run JIT-builds them."""
+    prepare_deepspeed_extensions()
+    if has_gpu():
+        return
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is not None and builder.is_compatible():
+        builder.load(verbose=False)
 
 
 def release_deepspeed_shm() -> None:

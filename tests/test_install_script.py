@@ -34,7 +34,7 @@ def test_cpu_index_used_when_reachable_else_configured_index(tmp_path):
     finally:
         server.shutdown()
     assert f"-m pip install -q --index-url {url} torch==2.13.0" in out
-    assert "[1/3]" in out and "[2/3]" in out and "[3/3]" in out and "-c constraints/cpu-lock.txt" in out
+    assert "[1/4]" in out and "[2/4]" in out and "[3/4]" in out and "[4/4]" in out and "-c constraints/cpu-lock.txt" in out
     out = _install("http://127.0.0.1:9/whl/cpu")  # nothing listens on the discard port
     assert "is unreachable: using pip's configured index" in out
     assert "-m pip install -q torch==2.13.0" in out and "--index-url" not in out

@@ -1,0 +1,34 @@
+"""DeepSpeed's JIT-built CPU op (accelerator.prepare_deepspeed_extensions): a lock left by a build
+that was killed does not make every later launch wait forever; a virtual environment keeps its own
+build folder."""
+import os
+import sys
+import time
+
+from megahash import accelerator
+
+
+def test_stale_build_lock_is_removed_and_a_live_one_kept(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    stale, live = tmp_path / "deepspeed_shm_comm" / "lock", tmp_path / "other_op" / "lock"
+    for lock in (stale, live):
+        lock.parent.mkdir()
+        lock.touch()
+    old = time.time() - accelerator.STALE_BUILD_LOCK_S - 60
+    os.utime(stale, (old, old))
+    assert accelerator.prepare_deepspeed_extensions() == tmp_path
+    assert not stale.exists() and live.exists()  # a build in progress (a fresh lock) is waited for, as torch does
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and str(stale) in out[0] and "killed" in out[0]
+
+
+def test_a_virtual_environment_builds_into_its_own_folder(tmp_path, monkeypatch):
+    """Two Pythons sharing ~/.cache/torch_extensions rebuilt the op in turn (their include paths differ)."""
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "venv"))  # what a virtual environment's Python says
+    monkeypatch.setattr(sys, "base_prefix", str(tmp_path / "base"))
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "unset below; restored after the test")
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR")
+    assert accelerator.prepare_deepspeed_extensions() == tmp_path / "venv" / "torch_extensions"
+    assert os.environ["TORCH_EXTENSIONS_DIR"] == str(tmp_path / "venv" / "torch_extensions")  # the ranks' builds
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "named"))
+    assert accelerator.prepare_deepspeed_extensions() == tmp_path / "named"  # a folder the user names wins
