@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -119,10 +120,11 @@ class Runs:
         self.procs = {
             "tp1": subprocess.Popen([sys.executable, "megahash/pretrain.py", *common, f"train.save_dir={d / 'tp1'}"],
                                     cwd=ROOT, env=child_env(MASTER_PORT=ports[0]), stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True),
+                                    stderr=subprocess.PIPE, text=True, start_new_session=True),
             "tp2": subprocess.Popen(["deepspeed", "--num_gpus", "2", "--master_port", str(ports[1]),
                                      "megahash/pretrain.py", *common, "parallel.tensor=2", f"train.save_dir={d / 'tp2'}"],
-                                    cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+                                    cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    start_new_session=True),
         }
         self.done = False
 
@@ -149,8 +151,9 @@ def runs(shakespeare_shards, tmp_path_factory):
     r = Runs(shakespeare_shards, tmp_path_factory.mktemp("convert_runs"))
     yield r
     for p in r.procs.values():
-        if p.poll() is None:
-            p.kill()
+        if p.poll() is None:  # the launcher and its ranks: a rank left behind could hold DeepSpeed's build lock
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
 
 
 @pytest.fixture(scope="module")
