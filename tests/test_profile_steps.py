@@ -37,15 +37,16 @@ def test_profiled_window_of_a_real_run(shakespeare_shards, tmp_path, capsys):
     trace = json.loads((save / "profile" / "steps_2-3" / "rank0.pt.trace.json").read_text())
     names = {e.get("name") for e in trace["traceEvents"]}
     assert names & {"aten::mm", "aten::addmm"}, sorted(names)[:50]
-    assert {"megahash/step#2", "megahash/step#3"} <= names
-    assert not names & {"megahash/step#1", "megahash/step#4"}
-    steps = [(e["ts"], e["ts"] + e["dur"]) for n in (2, 3) for e in _events(trace, f"megahash/step#{n}")]
+    assert {"ProfilerStep#2", "ProfilerStep#3"} <= names
+    assert not names & {"ProfilerStep#1", "ProfilerStep#4"}
+    steps = [(e["ts"], e["ts"] + e["dur"]) for n in (2, 3) for e in _events(trace, f"ProfilerStep#{n}")]
     assert len(steps) == 2
     for p in ("data", "forward", "backward", "optimizer"):
         ranges = _events(trace, f"megahash/{p}")
         assert len(ranges) == 4, p  # 2 steps x 2 micro-batches
         assert all(any(a <= e["ts"] and e["ts"] + e["dur"] <= b for a, b in steps) for e in ranges), p
     assert "megahash: profiled 2 step(s)" in out and "| forward |" in out and "| step |" in out
+    assert "| step | 0.0 |" not in out and "| step |" in out.split("| optimizer |")[1], out[-3000:]
     assert "| aten::" in out, out[-3000:]
     assert not torch.autograd._profiler_enabled()
     assert len((save / "metrics.jsonl").read_text().splitlines()) == 4

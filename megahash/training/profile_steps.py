@@ -8,10 +8,11 @@ Chrome-trace JSON that Perfetto, ``chrome://tracing`` and TensorBoard's profile 
 
     SAVE_DIR/profile/steps_START-END/rank{R}.pt.trace.json
 
-Inside a traced step the ranges ``megahash/step#N`` and, per micro-batch, ``megahash/data``,
-``megahash/forward``, ``megahash/backward``, ``megahash/optimizer`` (:func:`phase`, the phases of
-``megahash.training.profiling``; ``logging`` is the rest of the step) mark the phases; at the end of
-the window rank 0 prints their time per step and the top operators by self time. On a CUDA device
+A traced step is the range ``ProfilerStep#N`` (torch.profiler's name of a step, by which TensorBoard's
+profile plugin splits a trace; N is the run's step) holding, per micro-batch, the
+ranges ``megahash/data``, ``megahash/forward``, ``megahash/backward``, ``megahash/optimizer``
+(:func:`phase`; :data:`PHASES`, also the profiling harness's; ``logging`` is the rest of the step).
+At the end of the window rank 0 prints their time per step and the top operators by self time. On a CUDA device
 the caching allocator's history is recorded over the window and dumped beside the trace
 (``rank{R}.memory.pickle``, https://pytorch.org/memory_viz), and an out-of-memory error in any step
 dumps the allocator's state to ``SAVE_DIR/profile/oom_step_N/rank{R}.memory.pickle`` before it is
@@ -28,6 +29,7 @@ from megahash import accelerator
 
 PHASES = ("data", "forward", "backward", "optimizer", "logging")  # of a step (also megahash.training.profiling's)
 PREFIX = "megahash/"
+STEP = "ProfilerStep#"  # what torch.profiler's own step() names a step (key_averages() merges them as "ProfilerStep*")
 TOP_OPS = 10
 _NULL = contextlib.nullcontext()
 
@@ -68,7 +70,7 @@ class StepProfiler:
         if n == self.start:
             self._open()
         try:
-            with torch.profiler.record_function(f"{PREFIX}step#{n}") if self.prof is not None else _NULL:
+            with torch.profiler.record_function(f"{STEP}{n}") if self.prof is not None else _NULL:
                 yield
         except torch.OutOfMemoryError:
             self._dump_oom(n)
@@ -115,8 +117,8 @@ class StepProfiler:
 def phase_seconds(averages, steps: int) -> dict[str, float]:
     """Seconds per step of each phase (host time of the ``megahash/`` ranges; ``logging`` = the step
     minus the other phases) and of the whole step, from ``key_averages()`` of ``steps`` steps."""
-    total = {e.key: e.cpu_time_total * 1e-6 for e in averages if e.key.startswith(PREFIX)}
-    step = sum(v for k, v in total.items() if k.startswith(PREFIX + "step#")) / steps
+    total = {e.key: e.cpu_time_total * 1e-6 for e in averages if e.key.startswith((PREFIX, STEP[:-1]))}
+    step = sum(v for k, v in total.items() if k.startswith(STEP[:-1])) / steps
     out = {p: total.get(PREFIX + p, 0.0) / steps for p in PHASES if p != "logging"}
     out["logging"] = max(step - sum(out.values()), 0.0)
     out["step"] = step
@@ -124,8 +126,8 @@ def phase_seconds(averages, steps: int) -> dict[str, float]:
 
 
 def top_ops(averages, steps: int, rows: int = TOP_OPS) -> str:
-    """The operators with the most self time per step (device time where a device was traced)."""
-    ops = [e for e in averages if not e.key.startswith((PREFIX, "ProfilerStep"))]
+    """Table of the operators with the most self time per step (device time where a device was traced)."""
+    ops = [e for e in averages if not e.key.startswith((PREFIX, STEP[:-1]))]
     device = any(e.self_device_time_total > 0 for e in ops)
     key = (lambda e: e.self_device_time_total) if device else (lambda e: e.self_cpu_time_total)
     lines = ["| op | self CPU ms/step | self device ms/step | calls/step |" if device else
@@ -140,4 +142,5 @@ def top_ops(averages, steps: int, rows: int = TOP_OPS) -> str:
 def summary(averages, steps: int, where: Path) -> str:
     """Rank 0's report of a profiled window: where the traces are, the phases, the top operators."""
     return (f"megahash: profiled {steps} step(s), traces in {where}/ (rank R: rankR.pt.trace.json)\n"
-            f"{phase_table(phase_seconds(averages, steps), 'ms/step')}\n{top_ops(averages, steps)}")
+            f"{phase_table(phase_seconds(averages, steps), 'ms/step')}\n"
+            f"top operators by self time:\n{top_ops(averages, steps)}")
