@@ -48,7 +48,7 @@ def test_profiled_window_of_a_real_run(shakespeare_shards, tmp_path, capsys):
     assert "megahash: profiled 2 step(s)" in out and "| forward |" in out and "| step |" in out
     assert "| step | 0.0 |" not in out and "| step |" in out.split("| optimizer |")[1], out[-3000:]
     assert "| aten::" in out, out[-3000:]
-    assert not torch.autograd._profiler_enabled()
+    assert not torch.autograd._profiler_enabled() and profile_steps.phase("forward") is profile_steps._NULL
     assert len((save / "metrics.jsonl").read_text().splitlines()) == 4
 
 
