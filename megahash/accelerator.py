@@ -147,6 +147,43 @@ def synchronize() -> None:
         torch.cuda.synchronize()
 
 
+def profiler_activities(dev: torch.device | str | None = None) -> list:
+    """``torch.profiler``'s activities for a device (megahash.training.profile_steps): the CPU's
+    operators, plus on a CUDA device its kernels and copies (Kineto's CUPTI tracer)."""
+    from torch.profiler import ProfilerActivity
+
+    acts = [ProfilerActivity.CPU]
+    if _device_type(dev) == "cuda":
+        acts.append(ProfilerActivity.CUDA)
+    return acts
+
+
+MEMORY_HISTORY_ENTRIES = 100_000  # allocation events kept (ring buffer; torchtitan's and PyTorch's docs' value)
+
+
+def record_memory_history(on: bool, dev: torch.device | str | None = None) -> bool:
+    """Start (``on``) or stop recording the CUDA caching allocator's allocations and frees with their
+    stacks (``torch.cuda.memory._record_memory_history``), what a snapshot dumped meanwhile
+    (:func:`dump_memory_snapshot`) shows at https://pytorch.org/memory_viz. Nothing to record on
+    CPU; returns whether it did."""
+    if _device_type(dev) != "cuda":
+        return False
+    torch.cuda.memory._record_memory_history(enabled="all" if on else None, max_entries=MEMORY_HISTORY_ENTRIES)
+    return True
+
+
+def dump_memory_snapshot(path, dev: torch.device | str | None = None) -> bool:
+    """Pickle the CUDA caching allocator's state (segments, blocks, and the recorded history if any)
+    to ``path`` (``torch.cuda.memory._dump_snapshot``); nothing on CPU. Returns whether it wrote."""
+    if _device_type(dev) != "cuda":
+        return False
+    from pathlib import Path
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    torch.cuda.memory._dump_snapshot(str(path))
+    return True
+
+
 def backend() -> str:
     return "nccl" if has_gpu() else "gloo"
 

@@ -150,6 +150,9 @@ class TrainConfig:
     compile: str = "auto"  # torch.compile each transformer layer (regional compilation): auto (on for GPUs) | true | false
     exit_signal_handler: bool = True  # SIGUSR1/SIGTERM -> checkpoint at next step, exit for requeue
     stop_after: int = 0  # stop (as if interrupted) after this many steps; 0 = off. For tests and budget runs
+    # [START, END]: torch.profiler traces of steps START..END of the run under save_dir/profile/ (and on CUDA a
+    # memory snapshot); [] = off (megahash/training/profile_steps.py, docs/long_runs.md)
+    profile_steps: list[int] = field(default_factory=list)
 
 
 @dataclass

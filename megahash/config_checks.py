@@ -135,8 +135,20 @@ def check_ranges(cfg) -> None:
     if t.min_lr > t.lr:
         raise ConfigError(f"train.min_lr={t.min_lr} must be <= train.lr={t.lr}")
     _check_split(d.split)
+    _check_profile_steps(t.profile_steps, t.steps)
     if d.verify not in ("cheap", "full", "none"):
         raise ConfigError(f"config key 'data.verify' must be cheap, full or none, got {d.verify!r}")
+
+
+def _check_profile_steps(steps: list, total: int) -> None:
+    """``train.profile_steps``: [] (off) or [START, END] with 1 <= START <= END <= train.steps."""
+    if not steps:
+        return
+    why = ("must be two step numbers [start, end] ([] = off)" if len(steps) != 2 else
+           f"must lie within 1..train.steps={total}" if not (1 <= steps[0] <= total and 1 <= steps[1] <= total) else
+           "must have end >= start" if steps[1] < steps[0] else None)
+    if why:
+        raise ConfigError(f"config key 'train.profile_steps' {why}, got {steps!r}")
 
 
 def _check_split(split: str) -> None:

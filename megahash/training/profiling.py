@@ -20,7 +20,7 @@ from collections import defaultdict
 
 import torch
 
-PHASES = ("data", "forward", "backward", "optimizer", "logging")
+from megahash.training.profile_steps import PHASES, phase_table  # the phases of the trainer's step
 
 
 class PhaseTimer:
@@ -51,13 +51,7 @@ class PhaseTimer:
         return {k: statistics.median(v) for k, v in self.times.items() if v}
 
     def table(self) -> str:
-        med = self.medians()
-        total = med.get("step", 0.0) or 1.0
-        lines = ["| phase | median ms | share |", "| --- | --- | --- |"]
-        for k in (*PHASES, "step"):
-            if k in med:
-                lines.append(f"| {k} | {med[k] * 1e3:.1f} | {100 * med[k] / total:.0f}% |")
-        return "\n".join(lines)
+        return phase_table(self.medians(), "median ms")
 
 
 class TrainHarness:

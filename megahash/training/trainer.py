@@ -27,6 +27,7 @@ from megahash.training import checkpoint
 from megahash.training.ds_config import deepspeed_config, tune_engine
 from megahash.training.logging import RunLogger, plot_loss
 from megahash.training.lr_schedule import lambda_for
+from megahash.training.profile_steps import StepProfiler, phase
 from megahash.training.signals import EXIT_REQUEUE, StopFlag, any_rank, release_early
 
 
@@ -81,17 +82,21 @@ def train_step(engine, batches, objective, gas: int, timings: dict | None = None
     ``timings`` dict, also the seconds of the optimizer phase (``engine.step`` of the last
     micro-batch, between device syncs: ``accelerator.synchronize``) as ``timings["optimizer_s"]``."""
     loss_sum, wait = None, 0.0
-    for i in range(gas):
+    for i in range(gas):  # phase(): the profiler's ranges in a profiled step (train.profile_steps)
         tw = time.perf_counter()
-        batch = next(batches)
+        with phase("data"):
+            batch = next(batches)
         wait += time.perf_counter() - tw
-        loss = batch_loss(engine, batch, objective)
-        engine.backward(loss)
+        with phase("forward"):
+            loss = batch_loss(engine, batch, objective)
+        with phase("backward"):
+            engine.backward(loss)
         last = timings is not None and i == gas - 1
         if last:
             accelerator.synchronize()
             to = time.perf_counter()
-        engine.step()
+        with phase("optimizer"):
+            engine.step()
         if last:
             accelerator.synchronize()
             timings["optimizer_s"] = time.perf_counter() - to
@@ -145,6 +150,7 @@ class _Run:
     stop: StopFlag | None = None
     gas: int = 1
     progress: Any = None  # megahash.training.progress.Progress
+    profiler: StepProfiler | None = None  # train.profile_steps
     flops_tok: Any = None  # a number, or "n/a" for a kind with no cost model
     peak: float = 0.0  # peak FLOP/s of the whole world
 
@@ -199,6 +205,7 @@ def _set_up(run: _Run) -> None:
     _open_batches(run)
     run.stop = _stop_flag(cfg.train)
     _start_progress(run)
+    run.profiler = StepProfiler(cfg, run.rank, run.progress.write)
 
 
 def _resume_point(cfg: Config, rank: int) -> Path | None:
@@ -311,7 +318,8 @@ def _loop(run: _Run) -> int:
     logged, validated every ``eval_interval`` and checkpointed when due; the exit status."""
     t = run.cfg.train
     while run.step < t.steps:
-        _train_step_logged(run)
+        with run.profiler.step(run.step + 1):  # traced in train.profile_steps; memory snapshot on OOM
+            _train_step_logged(run)
         if t.eval_interval and (run.step % t.eval_interval == 0 or run.step == t.steps) and run.data.valid is not None:
             _validate(run)
         exit_status = _save_or_stop(run)
@@ -403,7 +411,9 @@ def _finish(run: _Run, exit_status: int, at_end) -> None:
 
 
 def _close(run: _Run) -> None:
-    """Close the progress meter and the logs and drop the batch iterator (its loader workers), once."""
+    """Close the profiler, the progress meter and the logs and drop the batch iterator (its loader workers), once."""
+    if run.profiler is not None:
+        run.profiler.close()  # a run stopped inside the profiled window: the steps it traced
     if run.progress is not None:
         run.progress.close()
     if run.log is not None:
