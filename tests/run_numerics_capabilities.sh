@@ -11,12 +11,25 @@ caps=(default)
 case "$have" in AVX512*) caps+=(avx2) ;; esac
 # only the files that carry the marker: collecting all of tests/ imports every module (~10 s a run here)
 mapfile -t files < <(grep -l "mark\.numerics" tests/test_*.py)
-status=0
+# the capabilities run side by side (each run is one process, mostly single-threaded), outputs printed in turn
+tmp=$(mktemp -d)
+pids=()
 for cap in "${caps[@]}"; do
-  echo "numerics: ATEN_CPU_CAPABILITY=$cap (this CPU: $have)"
-  start=$SECONDS
-  ATEN_CPU_CAPABILITY=$cap python3 -m pytest -q -m "numerics and not multiprocess and not slow" -p no:cacheprovider \
-    "${files[@]}" "$@" || status=1
-  echo "numerics: ATEN_CPU_CAPABILITY=$cap took $((SECONDS - start)) s"
+  (
+    start=$SECONDS
+    echo "numerics: ATEN_CPU_CAPABILITY=$cap (this CPU: $have)"
+    ATEN_CPU_CAPABILITY=$cap OMP_NUM_THREADS=1 python3 -m pytest -q -m "numerics and not multiprocess and not slow" \
+      -p no:cacheprovider "${files[@]}" "$@"
+    rc=$?
+    echo "numerics: ATEN_CPU_CAPABILITY=$cap took $((SECONDS - start)) s"
+    exit $rc
+  ) >"$tmp/$cap.log" 2>&1 &
+  pids+=($!)
 done
+status=0
+for i in "${!caps[@]}"; do
+  wait "${pids[$i]}" || status=1
+  cat "$tmp/${caps[$i]}.log"
+done
+rm -rf "$tmp"
 exit $status
