@@ -150,6 +150,11 @@ class TrainConfig:
     compile: str = "auto"  # torch.compile each transformer layer (regional compilation): auto (on for GPUs) | true | false
     exit_signal_handler: bool = True  # SIGUSR1/SIGTERM -> checkpoint at next step, exit for requeue
     stop_after: int = 0  # stop (as if interrupted) after this many steps; 0 = off. For tests and budget runs
+    # hang watchdog (megahash/training/watchdog.py, docs/long_runs.md): a step past the limit dumps the
+    # rank's stacks to save_dir/hang/ and exits 3 (requeue); the collective timeout of the process group
+    hang_timeout_s: float = 0.0  # a step (or validation/save) longer than this hangs; 0 = off
+    hang_factor: float = 0.0  # a step longer than this x the median step time hangs (after 3 steps); 0 = off
+    distributed_timeout_s: int = 600  # torch.distributed timeout of collectives (Megatron's --distributed-timeout-minutes)
 
 
 @dataclass
