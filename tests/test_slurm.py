@@ -383,7 +383,7 @@ def _slurm_rank(pid: int) -> int | None:
 @pytest.mark.slurm
 def test_hung_rank_is_dumped_requeued_and_resumed(cluster, runs, tmp_path):
     """Issue 35, the hang watchdog (megahash/training/watchdog.py): the 500M script on 2 nodes x 1 rank
-    with train.hang_timeout_s=20 and a checkpoint every 10 steps; after step 12 rank 1 is stopped
+    with train.hang_timeout_s=30 and a checkpoint every 10 steps; after step 12 rank 1 is stopped
     (SIGSTOP: a real hang, nothing of it runs, its own watchdog included). Rank 0, blocked in a
     collective with it, passes the limit: its watchdog writes its stacks to hang/rank0.txt and stderr,
     prints one line and exits 3; srun ends the stopped rank after --srun-wait (5 s here, passed to the
@@ -394,7 +394,7 @@ def test_hung_rank_is_dumped_requeued_and_resumed(cluster, runs, tmp_path):
 
     run_dir, out = tmp_path / "run", tmp_path / "run.out"
     overrides = [o for o in TINY if not o.startswith("train.save_interval")]
-    job = submit(cluster, out, [*overrides, "train.save_interval=10", "train.hang_timeout_s=20", "--srun-wait=5"],
+    job = submit(cluster, out, [*overrides, "train.save_interval=10", "train.hang_timeout_s=30", "--srun-wait=5"],
                  SAVE_DIR=run_dir, **runs["data"])
     alive = lambda: job_info(cluster, job).get("JobState") not in FINAL  # noqa: E731
     wait_for_step(run_dir, 12, alive)
@@ -408,9 +408,9 @@ def test_hung_rank_is_dumped_requeued_and_resumed(cluster, runs, tmp_path):
     text = out.read_text()
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", text[-5000:]
     report = run_dir / "hang" / "rank0.txt"
-    m = re.search(rf"megahash: rank 0 hung at step (\d+) for ([\d.]+) s \(train.hang_timeout_s=20\); stacks in "
+    m = re.search(rf"megahash: rank 0 hung at step (\d+) for ([\d.]+) s \(train.hang_timeout_s=30\); stacks in "
                   rf"{re.escape(str(report))}; exiting for requeue", text)
-    assert m and 12 <= int(m.group(1)) < STEPS and 20 < float(m.group(2)) < 60, text[-5000:]
+    assert m and 12 <= int(m.group(1)) < STEPS and 30 < float(m.group(2)) < 90, text[-5000:]
     stacks = report.read_text()
     assert "in _loop" in stacks and "in fire" in stacks and stacks.splitlines()[1] in text  # the dump, on stderr too
     assert not (run_dir / "hang" / "rank1.txt").exists()  # the stopped rank never ran again
