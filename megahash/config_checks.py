@@ -139,7 +139,8 @@ def check_ranges(cfg) -> None:
         raise ConfigError(f"train.min_lr={t.min_lr} must be <= train.lr={t.lr}")
     _check_split(d.split)
     if t.hang_factor and t.hang_factor <= 1:
-        raise ConfigError(f"train.hang_factor={t.hang_factor} must be > 1 (a multiple of the median step time) or 0 (off)")
+        raise ConfigError(f"train.hang_factor={t.hang_factor} must be > 1 (a multiple of the median step time) "
+                          f"or 0 (off)")
     if t.hang_timeout_s and t.hang_timeout_s >= t.distributed_timeout_s:
         raise ConfigError(f"train.hang_timeout_s={t.hang_timeout_s:g} must be below train.distributed_timeout_s="
                           f"{t.distributed_timeout_s} (a collective timing out first ends the rank as a failure, "

@@ -185,7 +185,7 @@ def train(cfg: Config, at_end=None) -> int:
 
 def _set_up(run: _Run) -> None:
     """Set up: the resume point, the datasets, the model and its engine, the restored state, the
-    logs, the batch iterator, the stop flag and the progress meter, in this order."""
+    logs, the batch iterator, the stop flag, the progress meter and the hang watchdog, in this order."""
     from megatron.core import parallel_state
 
     from megahash.objectives import build_objective

@@ -62,7 +62,7 @@ class HangWatchdog:
     def enabled(self) -> bool:
         return self.timeout_s > 0 or self.factor > 0
 
-    def start(self) -> "HangWatchdog":
+    def start(self) -> HangWatchdog:
         if self.enabled and self._thread is None:
             self._thread = threading.Thread(target=self._run, name="megahash-hang-watchdog", daemon=True)
             self._thread.start()
