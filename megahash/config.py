@@ -153,6 +153,11 @@ class TrainConfig:
     # [START, END]: torch.profiler traces of steps START..END of the run under save_dir/profile/ (and on CUDA a
     # memory snapshot); [] = off (megahash/training/profile_steps.py, docs/long_runs.md)
     profile_steps: list[int] = field(default_factory=list)
+    # hang watchdog (megahash/training/watchdog.py, docs/long_runs.md): a step past the limit dumps the
+    # rank's stacks to save_dir/hang/ and exits 3 (requeue); the collective timeout of the process group
+    hang_timeout_s: float = 0.0  # a step (or validation/save) longer than this hangs; 0 = off
+    hang_factor: float = 0.0  # a step longer than this x the median step time hangs (after 3 steps); 0 = off
+    distributed_timeout_s: int = 600  # torch.distributed timeout of collectives (Megatron's --distributed-timeout-minutes)
 
 
 @dataclass

@@ -70,6 +70,9 @@ RANGES: dict[str, tuple] = {
     "train.eval_iters": (1, INF, False, False, "validation micro-batches"),
     "train.log_interval": (1, INF, False, False, "steps between printed lines"),
     "train.stop_after": (0, INF, False, False, "stop after this step; 0 = off"),
+    "train.hang_timeout_s": (0.0, INF, False, False, "seconds a step may take before the watchdog fires; 0 = off"),
+    "train.hang_factor": (0.0, INF, False, False, "multiple of the median step time that counts as a hang; 0 = off"),
+    "train.distributed_timeout_s": (1, INF, False, False, "seconds a collective may wait"),
     # parallel, eval
     "parallel.tensor": (1, INF, False, False, "tensor-parallel size"),
     "eval.batch_size": (1, INF, False, False, "evaluation batch size"),
@@ -136,6 +139,13 @@ def check_ranges(cfg) -> None:
         raise ConfigError(f"train.min_lr={t.min_lr} must be <= train.lr={t.lr}")
     _check_split(d.split)
     _check_profile_steps(t.profile_steps, t.steps)
+    if t.hang_factor and t.hang_factor <= 1:
+        raise ConfigError(f"train.hang_factor={t.hang_factor} must be > 1 (a multiple of the median step time) "
+                          f"or 0 (off)")
+    if t.hang_timeout_s and t.hang_timeout_s >= t.distributed_timeout_s:
+        raise ConfigError(f"train.hang_timeout_s={t.hang_timeout_s:g} must be below train.distributed_timeout_s="
+                          f"{t.distributed_timeout_s} (a collective timing out first ends the rank as a failure, "
+                          f"not for requeue)")
     if d.verify not in ("cheap", "full", "none"):
         raise ConfigError(f"config key 'data.verify' must be cheap, full or none, got {d.verify!r}")
 

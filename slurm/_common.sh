@@ -129,6 +129,21 @@ _mh_wait() {
   done
 }
 
+# A hang report of this job's ranks (train.hang_timeout_s / hang_factor, megahash/training/watchdog.py):
+# the first SAVE_DIR/hang/rank*.txt written since MH_STARTED, if any. The rank whose watchdog fired
+# exits 3, but a rank that could not run its own (stopped, stuck in the kernel) is killed by srun
+# after --wait and srun then reports 137: the report says it was a hang, so the job is requeued.
+mh_hang_report() {
+  local a dir overrides=()
+  for a in "$@"; do  # the key=value overrides (not launcher options such as --srun-wait=N)
+    [[ "$a" =~ ^[A-Za-z_][A-Za-z0-9_.]*= ]] && overrides+=("$a")
+  done
+  dir=$("$PYTHON" megahash/pretrain.py --check config --config "$CONFIG" "${MH_OVERRIDES[@]}" "${overrides[@]}" \
+        2>/dev/null | tail -n 1) || return 0
+  [ -d "$dir/hang" ] && find "$dir/hang" -maxdepth 1 -name 'rank*.txt' -newermt "@$MH_STARTED" 2>/dev/null | head -n 1
+  return 0
+}
+
 mh_pretrain() {
   mh_require_slurm "without SLURM: python -m launch --config CONFIG key=value ..., see docs/launching.md"
   cd "$MH_ROOT" || mh_fail "cannot cd to $MH_ROOT"
@@ -142,6 +157,7 @@ mh_pretrain() {
   mh_env_overrides
   mh_log "job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0}: ${SLURM_JOB_NUM_NODES:-1} node(s) ${SLURM_JOB_NODELIST:-}, ${SLURM_NTASKS:-1} rank(s), config $CONFIG, $(date -u +%FT%TZ)"
   MH_SIGNALLED=
+  MH_STARTED=$(date +%s)
   trap '_mh_forward USR1' USR1
   trap '_mh_forward TERM' TERM
   # started with SIGUSR1 ignored until it installs a handler (srun, launch/supervise.py) or for good
@@ -152,6 +168,14 @@ mh_pretrain() {
   local status=$?
   trap - USR1 TERM
   mh_log "ranks exited with status $status${MH_SIGNALLED:+ after SIG$MH_SIGNALLED}"
+  if [ "$status" -ne 0 ] && [ "$status" -ne 3 ] && [ -z "$MH_SIGNALLED" ]; then
+    local hung
+    hung=$(mh_hang_report "$@")
+    if [ -n "$hung" ]; then
+      mh_log "a rank's hang watchdog fired ($hung; the ranks left behind were ended): status 3"
+      status=3
+    fi
+  fi
   # a wrapper may define mh_after_pretrain (e.g. slurm/sweep_array.sh: evaluate the cell); it runs
   # only after a complete, unsignalled training and its status becomes the job's
   if [ "$status" -eq 0 ] && [ -z "$MH_SIGNALLED" ] && declare -F mh_after_pretrain >/dev/null; then

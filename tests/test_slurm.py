@@ -367,3 +367,58 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes_exactly(cluster, run
         # bit-exact: requeue/resume is the promise (same ranks, OMP_NUM_THREADS=1, same machine)
         assert train_losses(run_dir) == train_losses(ref), kind
         assert train_losses(run_dir, "valid") == train_losses(ref, "valid"), kind
+
+
+def _slurm_rank(pid: int) -> int | None:
+    """SLURM_PROCID of process ``pid`` (its environment)."""
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return next((int(v.split(b"=", 1)[1]) for v in env if v.startswith(b"SLURM_PROCID=")), None)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.slurm
+def test_hung_rank_is_dumped_requeued_and_resumed(cluster, runs, tmp_path):
+    """Issue 35, the hang watchdog (megahash/training/watchdog.py): the 500M script on 2 nodes x 1 rank
+    with train.hang_timeout_s=30 and a checkpoint every 10 steps; after step 12 rank 1 is stopped
+    (SIGSTOP: a real hang, nothing of it runs, its own watchdog included). Rank 0, blocked in a
+    collective with it, passes the limit: its watchdog writes its stacks to hang/rank0.txt and stderr,
+    prints one line and exits 3; srun ends the stopped rank after --srun-wait (5 s here, passed to the
+    launcher as the script's last argument) and reports 137; the script sees this job's hang report,
+    requeues, and the requeued job resumes from the last checkpoint and ends with the uninterrupted
+    run's per-step losses."""
+    import signal
+
+    run_dir, out = tmp_path / "run", tmp_path / "run.out"
+    overrides = [o for o in TINY if not o.startswith("train.save_interval")]
+    job = submit(cluster, out, [*overrides, "train.save_interval=10", "train.hang_timeout_s=30", "--srun-wait=5"],
+                 SAVE_DIR=run_dir, **runs["data"])
+    alive = lambda: job_info(cluster, job).get("JobState") not in FINAL  # noqa: E731
+    wait_for_step(run_dir, 12, alive)
+    stopped = [pid for pid in rank_pids(run_dir) if _slurm_rank(pid) == 1]
+    assert len(stopped) == 1, rank_pids(run_dir)
+    os.kill(stopped[0], signal.SIGSTOP)
+    try:
+        info = wait_job(cluster, job, out, timeout=600)
+    finally:
+        _kill(stopped[0], signal.SIGCONT)
+    text = out.read_text()
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", text[-5000:]
+    report = run_dir / "hang" / "rank0.txt"
+    m = re.search(rf"megahash: rank 0 hung at step (\d+) for ([\d.]+) s \(train.hang_timeout_s=30\); stacks in "
+                  rf"{re.escape(str(report))}; exiting for requeue", text)
+    assert m and 12 <= int(m.group(1)) < STEPS and 30 < float(m.group(2)) < 90, text[-5000:]
+    stacks = report.read_text()
+    assert "in _loop" in stacks and "in fire" in stacks and stacks.splitlines()[1] in text  # the dump, on stderr too
+    assert not (run_dir / "hang" / "rank1.txt").exists()  # the stopped rank never ran again
+    # srun reports the killed rank's 137; the script finds this job's hang report and makes it 3
+    assert "ranks exited with status 137" in text and f"a rank's hang watchdog fired ({report};" in text
+    assert f"requeueing job {job}" in text
+    resume = 10 * ((int(m.group(1)) - 1) // 10)  # the last checkpoint completed before the step in flight
+    assert f"job {job} restart 1:" in text and f"resumed from {run_dir}/step_{resume:08d}" in text, text[-5000:]
+    assert (run_dir / "latest").read_text() == f"step_{STEPS:08d}"
+    # bit-exact: requeue/resume is the promise (same ranks, OMP_NUM_THREADS=1, same machine)
+    assert train_losses(run_dir) == train_losses(runs["srun"]["dir"])

@@ -29,6 +29,7 @@ from megahash.training.logging import RunLogger, plot_loss
 from megahash.training.lr_schedule import lambda_for
 from megahash.training.profile_steps import StepProfiler, phase
 from megahash.training.signals import EXIT_REQUEUE, StopFlag, any_rank, release_early
+from megahash.training.watchdog import watchdog_for
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -153,6 +154,7 @@ class _Run:
     profiler: StepProfiler | None = None  # train.profile_steps
     flops_tok: Any = None  # a number, or "n/a" for a kind with no cost model
     peak: float = 0.0  # peak FLOP/s of the whole world
+    watch: Any = None  # megahash.training.watchdog.HangWatchdog
 
     @property
     def save_dir(self) -> Path:
@@ -170,11 +172,13 @@ def train(cfg: Config, at_end=None) -> int:
 
     quiet_deepspeed_logger()
     accelerator.tune_host_allocator()
-    rank, world = accelerator.init_distributed(cfg.parallel.tensor, cfg.parallel.sequence)
+    rank, world = accelerator.init_distributed(cfg.parallel.tensor, cfg.parallel.sequence,
+                                               timeout_s=cfg.train.distributed_timeout_s)
     run, completed = _Run(cfg, rank, world), False
     try:
         _set_up(run)
-        exit_status = _loop(run)
+        with run.watch.requeue_after_peer_hang():  # a collective broken by a peer's hang watchdog: requeue
+            exit_status = _loop(run)
         _finish(run, exit_status, at_end)
         completed = True
         return exit_status
@@ -187,7 +191,7 @@ def train(cfg: Config, at_end=None) -> int:
 
 def _set_up(run: _Run) -> None:
     """Set up: the resume point, the datasets, the model and its engine, the restored state, the
-    logs, the batch iterator, the stop flag and the progress meter, in this order."""
+    logs, the batch iterator, the stop flag, the progress meter and the hang watchdog, in this order."""
     from megatron.core import parallel_state
 
     from megahash.objectives import build_objective
@@ -206,6 +210,7 @@ def _set_up(run: _Run) -> None:
     run.stop = _stop_flag(cfg.train)
     _start_progress(run)
     run.profiler = StepProfiler(cfg, run.rank, run.progress.write)
+    run.watch = watchdog_for(cfg.train, run.rank)  # train.hang_timeout_s / hang_factor (training/watchdog.py)
 
 
 def _resume_point(cfg: Config, rank: int) -> Path | None:
@@ -318,8 +323,10 @@ def _loop(run: _Run) -> int:
     logged, validated every ``eval_interval`` and checkpointed when due; the exit status."""
     t = run.cfg.train
     while run.step < t.steps:
+        run.watch.step_started(run.step)
         with run.profiler.step(run.step + 1):  # traced in train.profile_steps; memory snapshot on OOM
             _train_step_logged(run)
+        run.watch.step_ended()  # validation and saves: held to train.hang_timeout_s alone
         if t.eval_interval and (run.step % t.eval_interval == 0 or run.step == t.steps) and run.data.valid is not None:
             _validate(run)
         exit_status = _save_or_stop(run)
@@ -418,7 +425,9 @@ def _close(run: _Run) -> None:
         run.progress.close()
     if run.log is not None:
         run.log.close()
-    run.log = run.batches = run.loader = None
+    if run.watch is not None:
+        run.watch.close()
+    run.log = run.batches = run.loader = run.watch = None
 
 
 def compile_layers(model) -> None:
