@@ -150,6 +150,9 @@ class TrainConfig:
     compile: str = "auto"  # torch.compile each transformer layer (regional compilation): auto (on for GPUs) | true | false
     exit_signal_handler: bool = True  # SIGUSR1/SIGTERM -> checkpoint at next step, exit for requeue
     stop_after: int = 0  # stop (as if interrupted) after this many steps; 0 = off. For tests and budget runs
+    # batch-size ramp (Megatron's --rampup-batch-size START INCREMENT SAMPLES; [] = off): the global batch grows
+    # from START by INCREMENT over SAMPLES consumed samples to global_batch_size; LR schedule then in samples
+    batch_ramp: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -13,6 +13,12 @@ and ``--lr-wsd-decay-style``), with ``s`` the 0-based optimizer step, ``W`` warm
 - constant: ``lr``; past ``D`` every decaying schedule stays at ``min_lr``.
 
 Decoupling ``D`` from ``train.steps`` means extending a run (more steps) does not reshape the curve.
+
+Under a batch-size ramp (``train.batch_ramp``) the schedule runs in samples, as Megatron's does (its
+iteration-based lengths times the global batch ``G``: ``W x G`` warmup and ``D x G`` decay samples,
+advanced by each step's batch): with ``c_s`` the samples consumed before step ``s`` and ``b_s`` its batch
+(megahash/training/batch_ramp.py), warmup (``c_s < W G``) is ``lr * min(1, (c_s + b_s) / (W G))`` and
+after it the formulas above at ``s -> c_s / G``. Without a ramp ``c_s = s G`` and this is the step form.
 """
 from __future__ import annotations
 
@@ -66,9 +72,23 @@ def lr_at(step: int, lr: float, min_lr: float, warmup: int, total: int, decay: s
 
 
 def lr_for_step(train_cfg, step: int) -> float:
-    """LR of 0-based optimizer step ``step`` under the config's schedule."""
+    """LR of 0-based optimizer step ``step`` under the config's schedule (in samples under a batch ramp)."""
     t = train_cfg
+    if getattr(t, "batch_ramp", None):
+        return _lr_in_samples(t, step)
     return lr_at(step, t.lr, t.min_lr, warmup_steps_of(t), decay_steps_of(t), t.decay,
+                 getattr(t, "decay_fraction", 0.1), getattr(t, "wsd_decay_style", "linear"))
+
+
+def _lr_in_samples(t, step: int) -> float:
+    """The schedule in samples (module docstring): ``c_s / G`` for the step, warmup ``(c_s + b_s) / (W G)``."""
+    from megahash.training.batch_ramp import consumed_samples
+
+    g, warmup = t.global_batch_size, warmup_steps_of(t)
+    before, after = consumed_samples(t, step), consumed_samples(t, step + 1)
+    if warmup > 0 and before < warmup * g:
+        return t.lr * min(1.0, after / (warmup * g))
+    return lr_at(before / g, t.lr, t.min_lr, warmup, decay_steps_of(t), t.decay,
                  getattr(t, "decay_fraction", 0.1), getattr(t, "wsd_decay_style", "linear"))
 
 
