@@ -42,13 +42,13 @@ def expected_consumed(steps: int) -> list[int]:
     return out
 
 
-def lr_in_samples(step: int, lr=2e-3, min_lr=2e-4, warmup=2, decay=9, gbs=8) -> float:
-    """fp64 closed form: warmup lr min(1, (c_s + b_s) / (W G)), then cosine over (c_s - W G) / ((D - W) G)."""
-    c = expected_consumed(step + 1)
-    before, after = c[step], c[step + 1]
-    if before < warmup * gbs:
-        return lr * min(1.0, after / (warmup * gbs))
-    ratio = min(1.0, (before - warmup * gbs) / ((decay - warmup) * gbs))
+def lr_in_samples(step: int, lr=2e-3, min_lr=2e-4, warmup=2, decay=9) -> float:
+    """fp64 closed form, lengths in samples (c_W, c_D: the samples of the first W, D steps): warmup
+    lr c_{s+1} / c_W, then cosine over (c_s - c_W) / (c_D - c_W), min_lr past c_D."""
+    c = expected_consumed(max(step + 1, decay))
+    if step < warmup:
+        return lr * c[step + 1] / c[warmup]
+    ratio = min(1.0, (c[step] - c[warmup]) / (c[decay] - c[warmup]))
     return min_lr + (lr - min_lr) * 0.5 * (1 + math.cos(math.pi * ratio))
 
 
@@ -62,17 +62,18 @@ def test_batches_and_lr_follow_the_ramp_formula_and_megatron():
     assert [step_batch(t, s) for s in range(10)] == [2, 2, 2, 2, 4, 4, 6, 6, 8, 8]
     assert [consumed_samples(t, s) for s in range(41)] == expected_consumed(40)
     assert all(lr_for_step(t, s) == pytest.approx(lr_in_samples(s), rel=1e-12) for s in range(40))
-    # Megatron counts the schedule in samples (lengths x G) and advances it by each step's batch; its LR at
-    # num_steps = c_s is ours of step s after warmup, at c_s + b_s in warmup (megahash's (s + 1) / W rule)
+    # Megatron under a ramp counts the schedule in samples (lengths c_W = 4, c_D = 36 here) and advances it by
+    # each step's batch; its LR at num_steps = c_s is ours of step s after warmup, at c_{s+1} in warmup
+    # (megahash's (s + 1) / W rule)
+    assert consumed_samples(t, 2) == 4 and consumed_samples(t, 9) == 36
     opt = types.SimpleNamespace(param_groups=[{}])
-    ref = OptimizerParamScheduler(opt, init_lr=0.0, max_lr=2e-3, min_lr=2e-4, lr_warmup_steps=2 * 8,
-                                  lr_decay_steps=9 * 8, lr_decay_style="cosine", start_wd=0.1, end_wd=0.1,
-                                  wd_incr_steps=9 * 8, wd_incr_style="constant")
+    ref = OptimizerParamScheduler(opt, init_lr=0.0, max_lr=2e-3, min_lr=2e-4, lr_warmup_steps=4,
+                                  lr_decay_steps=36, lr_decay_style="cosine", start_wd=0.1, end_wd=0.1,
+                                  wd_incr_steps=36, wd_incr_style="constant")
     for s in range(40):
         before = opt.param_groups[0]["lr"]
         ref.step(step_batch(t, s))
-        in_warmup = consumed_samples(t, s + 1) <= 2 * 8
-        assert lr_for_step(t, s) == pytest.approx(opt.param_groups[0]["lr"] if in_warmup else before, rel=1e-12), s
+        assert lr_for_step(t, s) == pytest.approx(opt.param_groups[0]["lr"] if s < 2 else before, rel=1e-12), s
     # without a ramp the step schedule is unchanged
     plain = load_config(None, [*SCHEDULE, "train.steps=40"]).train
     assert consumed_samples(plain, 7) == 7 * plain.global_batch_size and lr_for_step(plain, 0) == 2e-3 / 2

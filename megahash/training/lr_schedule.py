@@ -14,11 +14,12 @@ and ``--lr-wsd-decay-style``), with ``s`` the 0-based optimizer step, ``W`` warm
 
 Decoupling ``D`` from ``train.steps`` means extending a run (more steps) does not reshape the curve.
 
-Under a batch-size ramp (``train.batch_ramp``) the schedule runs in samples, as Megatron's does (its
-iteration-based lengths times the global batch ``G``: ``W x G`` warmup and ``D x G`` decay samples,
-advanced by each step's batch): with ``c_s`` the samples consumed before step ``s`` and ``b_s`` its batch
-(megahash/training/batch_ramp.py), warmup (``c_s < W G``) is ``lr * min(1, (c_s + b_s) / (W G))`` and
-after it the formulas above at ``s -> c_s / G``. Without a ramp ``c_s = s G`` and this is the step form.
+Under a batch-size ramp (``train.batch_ramp``) the schedule runs in samples, as Megatron's does with a
+ramp (sample-based lengths, advanced by each step's batch): with ``c_s`` the samples consumed before step
+``s`` (megahash/training/batch_ramp.py), the lengths are the samples of the first ``W`` and ``D`` steps,
+``c_W`` and ``c_D``; warmup (``s < W``) is ``lr * c_{s+1} / c_W``, after it the formulas above with
+``s -> c_s``, ``W -> c_W``, ``D -> c_D`` (WSD anneals over the last ``F * c_D`` samples). Warmup and decay
+still end at steps ``W`` and ``D``; without a ramp ``c_s = s G`` and this is the step form.
 """
 from __future__ import annotations
 
@@ -81,14 +82,15 @@ def lr_for_step(train_cfg, step: int) -> float:
 
 
 def _lr_in_samples(t, step: int) -> float:
-    """The schedule in samples (module docstring): ``c_s / G`` for the step, warmup ``(c_s + b_s) / (W G)``."""
+    """The schedule in samples (module docstring): warmup ``lr * c_{s+1} / c_W``, then ``s -> c_s``,
+    ``W -> c_W``, ``D -> c_D``."""
     from megahash.training.batch_ramp import consumed_samples
 
-    g, warmup = t.global_batch_size, warmup_steps_of(t)
-    before, after = consumed_samples(t, step), consumed_samples(t, step + 1)
-    if warmup > 0 and before < warmup * g:
-        return t.lr * min(1.0, after / (warmup * g))
-    return lr_at(before / g, t.lr, t.min_lr, warmup, decay_steps_of(t), t.decay,
+    warmup = warmup_steps_of(t)
+    c_w, c_d = consumed_samples(t, warmup), consumed_samples(t, decay_steps_of(t))
+    if step < warmup:
+        return t.lr * consumed_samples(t, step + 1) / c_w
+    return lr_at(consumed_samples(t, step), t.lr, t.min_lr, c_w, c_d, t.decay,
                  getattr(t, "decay_fraction", 0.1), getattr(t, "wsd_decay_style", "linear"))
 
 
