@@ -167,3 +167,29 @@ def test_resume_inside_the_ramp_equals_the_uninterrupted_run(shakespeare_shards,
     assert status == 2, out[-3000:]
     line = [l for l in out.splitlines() if l.startswith("error:")]
     assert len(line) == 1 and "consumed 12 samples in 5 steps" in line[0] and "give 24" in line[0], out[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_two_data_parallel_ranks_ramp_like_one(shakespeare_shards, tmp_path, capsys):
+    """Ramp [4,4,16] to 8 at micro-batch 2: 2 ranks under ZeRO-1 (partitioned optimizer; 1 then 2
+    accumulation steps) and 1 rank (2 then 4) take the same samples per step: same consumed samples,
+    batches and LR, losses within 1e-5 (fp32; the DP all-reduce sums in another order; measured 2.4e-7),
+    and DeepSpeed counts the same steps and samples."""
+    from conftest import pretrain
+
+    common = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}",
+              *TINY, "train.micro_batch_size=2", "train.global_batch_size=8", "train.batch_ramp=[4,4,16]",
+              *SCHEDULE, "train.steps=6", "train.zero_stage=1"]
+    one, two = tmp_path / "dp1", tmp_path / "dp2"
+    status, out = _main([*common, f"train.save_dir={one}"], capsys)
+    assert status == 0, out[-3000:]
+    r = pretrain([*common, f"train.save_dir={two}"], ranks=2)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    a, b = _records(one), _records(two)
+    assert [a[s]["global_batch"] for s in range(1, 7)] == [b[s]["global_batch"] for s in range(1, 7)] == [4] * 4 + [8] * 2
+    for s in range(1, 7):
+        assert a[s]["consumed_samples"] == b[s]["consumed_samples"] and a[s]["lr"] == b[s]["lr"], s
+        assert abs(a[s]["loss"] - b[s]["loss"]) < 1e-5, (s, a[s]["loss"], b[s]["loss"])
+    ds1, ds2 = _ds_state(one / "step_00000006"), _ds_state(two / "step_00000006")
+    assert ds1["global_steps"] == ds2["global_steps"] == 6 and ds1["global_samples"] == ds2["global_samples"] == 32
