@@ -1,6 +1,7 @@
 """The pretraining loop: DeepSpeed engine around a megahash model over megatron-core datasets.
 
-One optimizer step = ``gradient_accumulation_steps`` micro-batches per data-parallel rank.
+One optimizer step = ``gradient_accumulation_steps`` micro-batches per data-parallel rank (set per step
+under ``train.batch_ramp``: megahash/training/batch_ramp.py).
 Per step it records loss, LR, grad norm, tokens/s and MFU; every ``eval_interval`` steps the
 validation loss and perplexity; checkpoints every ``save_interval`` steps and at the end; stops
 cleanly on SIGUSR1/SIGTERM (checkpoint, exit status ``EXIT_REQUEUE``).
