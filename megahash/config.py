@@ -158,6 +158,9 @@ class TrainConfig:
     hang_timeout_s: float = 0.0  # a step (or validation/save) longer than this hangs; 0 = off
     hang_factor: float = 0.0  # a step longer than this x the median step time hangs (after 3 steps); 0 = off
     distributed_timeout_s: int = 600  # torch.distributed timeout of collectives (Megatron's --distributed-timeout-minutes)
+    # batch-size ramp (Megatron's --rampup-batch-size START INCREMENT SAMPLES; [] = off): the global batch grows
+    # from START by INCREMENT over SAMPLES consumed samples to global_batch_size; LR schedule then in samples
+    batch_ramp: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -137,6 +137,7 @@ def check_ranges(cfg) -> None:
                           f"train.micro_batch_size={t.micro_batch_size}")
     if t.min_lr > t.lr:
         raise ConfigError(f"train.min_lr={t.min_lr} must be <= train.lr={t.lr}")
+    check_batch_ramp(t)
     _check_split(d.split)
     _check_profile_steps(t.profile_steps, t.steps)
     if t.hang_factor and t.hang_factor <= 1:
@@ -159,6 +160,33 @@ def _check_profile_steps(steps: list, total: int) -> None:
            "must have end >= start" if steps[1] < steps[0] else None)
     if why:
         raise ConfigError(f"config key 'train.profile_steps' {why}, got {steps!r}")
+
+
+def check_batch_ramp(t, dp_size: int = 1) -> None:
+    """``train.batch_ramp`` = [START, INCREMENT, SAMPLES] (Megatron's ``--rampup-batch-size``) or []: the
+    assertions of megatron-core's ``RampupBatchsizeNumMicroBatchesCalculator`` (and the divisions by zero
+    it leaves: START = global batch, SAMPLES = 0) as one-line errors; ``dp_size`` once the world is known."""
+    ramp = t.batch_ramp
+    if not ramp:
+        return
+    if len(ramp) != 3:
+        raise ConfigError(f"train.batch_ramp must be [START, INCREMENT, SAMPLES] (Megatron's --rampup-batch-size) "
+                          f"or [] (off), got {ramp}")
+    start, inc, samples = ramp
+    if start < 1 or inc < 1 or samples < 1:
+        raise ConfigError(f"train.batch_ramp={ramp}: START and INCREMENT (sequences) and SAMPLES must be >= 1")
+    gbs, per = t.global_batch_size, t.micro_batch_size * dp_size
+    where = f"train.micro_batch_size x data-parallel size = {t.micro_batch_size} x {dp_size}"
+    for name, v in (("START", start), ("INCREMENT", inc)):
+        if v % per:
+            raise ConfigError(f"train.batch_ramp {name} {v} is not a multiple of {where}; pick a multiple of {per}")
+    if start >= gbs:
+        raise ConfigError(f"train.batch_ramp START {start} must be below train.global_batch_size={gbs} (the batch "
+                          f"it ramps to); lower START or set train.batch_ramp=[]")
+    if (gbs - start) % inc:
+        fits = [d for d in range(per, gbs - start + 1, per) if (gbs - start) % d == 0]
+        raise ConfigError(f"train.batch_ramp INCREMENT {inc} does not divide train.global_batch_size - START = "
+                          f"{gbs} - {start} = {gbs - start}; pick INCREMENT among {fits}")
 
 
 def _check_split(split: str) -> None:

@@ -135,7 +135,9 @@ def write_weights_checkpoint(model, cfg, save_dir, step: int, extra: dict | None
     shutil.rmtree(tmp, ignore_errors=True)
     save_weights(model, tmp / WEIGHTS_DIR)
     save_config(cfg, tmp / "resolved_config.yaml")
-    state = {"step": int(step), "consumed_samples": int(step) * cfg.train.global_batch_size,
+    from megahash.training.batch_ramp import consumed_samples
+
+    state = {"step": int(step), "consumed_samples": consumed_samples(cfg.train, int(step)),
              "signature": checkpoint.model_signature(cfg), "padded_vocab_size": int(model.vocab_size),
              "world_size": 1, "weights_only": True, **(extra or {})}
     (tmp / checkpoint.STATE_FILE).write_text(json.dumps(state, indent=1))

@@ -58,7 +58,12 @@ def write_model_card(out: Path, cfg, model, fmt: str, step: int, run_dir=None) -
     inputs = meta.get("inputs") or {}
     source = _base(inputs.get("source", "")) or ", ".join(_base(p) for p in cfg.data.prefix) or "unknown"
     tok = meta.get("tokenizer") or {}
-    tokens = int(step) * t.global_batch_size * cfg.data.seq_length
+    from megahash.training.batch_ramp import consumed_samples
+
+    samples = consumed_samples(t, int(step))  # step x global batch, or the sum of a batch ramp's batches
+    tokens = samples * cfg.data.seq_length
+    batch = (f"{step:,} steps x {t.global_batch_size} sequences" if not t.batch_ramp else
+             f"{step:,} steps, {samples:,} sequences (batch ramped from {t.batch_ramp[0]} to {t.global_batch_size})")
     variant = f"{m.schedule} attention, {m.embedding} embedding, {m.head} head, {t.objective}"
     use = ("AutoModelForCausalLM.from_pretrained(path)" if fmt == "qwen2"
            else "AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)")
@@ -73,7 +78,7 @@ def write_model_card(out: Path, cfg, model, fmt: str, step: int, run_dir=None) -
         f"{m.num_query_groups or m.num_heads} key/value groups, FFN {m.ffn_hidden_size}, RoPE base {m.rotary_base} |",
         f"| vocabulary | {tok.get('vocab_size') or m.vocab_size or model.vocab_size} ({tok.get('kind', 'unknown')} tokenizer) |",
         f"| context | {cfg.data.seq_length} tokens (trained; lm-eval reads `n_positions`) |",
-        f"| training | {step:,} steps x {t.global_batch_size} sequences x {cfg.data.seq_length} tokens = {tokens:,} tokens, "
+        f"| training | {batch} x {cfg.data.seq_length} tokens = {tokens:,} tokens, "
         f"lr {t.lr}, objective {t.objective} |",
         f"| training data | {source} ({(meta.get('counts') or {}).get('documents', '?')} documents, "
         f"{(meta.get('counts') or {}).get('tokens', '?')} tokens) |",

@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 from megahash.config import CONFIG_ROOT
+from megahash.config_checks import check_batch_ramp
 from megahash.errors import ConfigError
 
 # DeepSpeed key (dotted) -> megahash key it must agree with
@@ -147,6 +148,7 @@ def deepspeed_config(cfg, dp_size: int, bf16: bool, autocast=None) -> dict:
             f"train.global_batch_size={t.global_batch_size} is not a multiple of micro_batch_size x data-parallel "
             f"size = {t.micro_batch_size} x {dp_size}; pick a multiple of {per_step}"
         )
+    check_batch_ramp(t, dp_size)  # its START and INCREMENT too (megahash/training/batch_ramp.py)
     user = bool(t.deepspeed_config)
     if user:
         check_user_json(cfg, ds, path, dp_size, None if autocast is not None else bf16)

@@ -94,5 +94,7 @@ def load_elastic(engine, ckpt: Path, cfg, state: dict) -> dict:
     load(engine, ckpt / OPTIM_DIR, cfg.train.zero_stage)
     step = int(state.get("step", 0))
     engine.global_steps = step  # DeepSpeed's own counters, as its checkpoint load sets them
-    engine.global_samples = int(state.get("consumed_samples", step * cfg.train.global_batch_size))
+    from megahash.training.batch_ramp import consumed_samples
+
+    engine.global_samples = int(state.get("consumed_samples", consumed_samples(cfg.train, step)))
     return state

@@ -13,6 +13,13 @@ and ``--lr-wsd-decay-style``), with ``s`` the 0-based optimizer step, ``W`` warm
 - constant: ``lr``; past ``D`` every decaying schedule stays at ``min_lr``.
 
 Decoupling ``D`` from ``train.steps`` means extending a run (more steps) does not reshape the curve.
+
+Under a batch-size ramp (``train.batch_ramp``) the schedule runs in samples, as Megatron's does with a
+ramp (sample-based lengths, advanced by each step's batch): with ``c_s`` the samples consumed before step
+``s`` (megahash/training/batch_ramp.py), the lengths are the samples of the first ``W`` and ``D`` steps,
+``c_W`` and ``c_D``; warmup (``s < W``) is ``lr * c_{s+1} / c_W``, after it the formulas above with
+``s -> c_s``, ``W -> c_W``, ``D -> c_D`` (WSD anneals over the last ``F * c_D`` samples). Warmup and decay
+still end at steps ``W`` and ``D``; without a ramp ``c_s = s G`` and this is the step form.
 """
 from __future__ import annotations
 
@@ -66,9 +73,24 @@ def lr_at(step: int, lr: float, min_lr: float, warmup: int, total: int, decay: s
 
 
 def lr_for_step(train_cfg, step: int) -> float:
-    """LR of 0-based optimizer step ``step`` under the config's schedule."""
+    """LR of 0-based optimizer step ``step`` under the config's schedule (in samples under a batch ramp)."""
     t = train_cfg
+    if getattr(t, "batch_ramp", None):
+        return _lr_in_samples(t, step)
     return lr_at(step, t.lr, t.min_lr, warmup_steps_of(t), decay_steps_of(t), t.decay,
+                 getattr(t, "decay_fraction", 0.1), getattr(t, "wsd_decay_style", "linear"))
+
+
+def _lr_in_samples(t, step: int) -> float:
+    """The schedule in samples (module docstring): warmup ``lr * c_{s+1} / c_W``, then ``s -> c_s``,
+    ``W -> c_W``, ``D -> c_D``."""
+    from megahash.training.batch_ramp import consumed_samples
+
+    warmup = warmup_steps_of(t)
+    c_w, c_d = consumed_samples(t, warmup), consumed_samples(t, decay_steps_of(t))
+    if step < warmup:
+        return t.lr * consumed_samples(t, step + 1) / c_w
+    return lr_at(consumed_samples(t, step), t.lr, t.min_lr, c_w, c_d, t.decay,
                  getattr(t, "decay_fraction", 0.1), getattr(t, "wsd_decay_style", "linear"))
 
 

@@ -1,6 +1,7 @@
 """The pretraining loop: DeepSpeed engine around a megahash model over megatron-core datasets.
 
-One optimizer step = ``gradient_accumulation_steps`` micro-batches per data-parallel rank.
+One optimizer step = ``gradient_accumulation_steps`` micro-batches per data-parallel rank (set per step
+under ``train.batch_ramp``: megahash/training/batch_ramp.py).
 Per step it records loss, LR, grad norm, tokens/s and MFU; every ``eval_interval`` steps the
 validation loss and perplexity; checkpoints every ``save_interval`` steps and at the end; stops
 cleanly on SIGUSR1/SIGTERM (checkpoint, exit status ``EXIT_REQUEUE``).
@@ -24,6 +25,7 @@ from megahash.config import Config, save_config
 from megahash.data.text_source import RunTexts
 from megahash.errors import CheckpointError
 from megahash.training import checkpoint
+from megahash.training.batch_ramp import check_resume, consumed_samples, ramp_metrics, set_step_batch, step_batch
 from megahash.training.ds_config import deepspeed_config, tune_engine
 from megahash.training.logging import RunLogger, plot_loss
 from megahash.training.lr_schedule import lambda_for
@@ -162,7 +164,12 @@ class _Run:
 
     @property
     def tokens_per_step(self) -> int:
-        return self.cfg.train.global_batch_size * self.cfg.data.seq_length
+        """Tokens of the last step taken (its batch under ``train.batch_ramp``)."""
+        return step_batch(self.cfg.train, max(self.step - 1, 0)) * self.cfg.data.seq_length
+
+    def consumed(self, step: int) -> int:
+        """Samples consumed by the first ``step`` steps (the one source: batch_ramp.consumed_samples)."""
+        return consumed_samples(self.cfg.train, step)
 
 
 def train(cfg: Config, at_end=None) -> int:
@@ -231,7 +238,8 @@ def _resume_point(cfg: Config, rank: int) -> Path | None:
         if not (resume_from / checkpoint.STATE_FILE).is_file():
             raise CheckpointError(f"train.resume={t.resume} is not a complete megahash checkpoint")
     if resume_from is not None:
-        checkpoint.check_compatible(resume_from, cfg)
+        state = checkpoint.check_compatible(resume_from, cfg)
+        check_resume(resume_from, state, cfg)  # its consumed samples are this config's (train.batch_ramp)
     return resume_from
 
 
@@ -242,7 +250,7 @@ def _build_data(cfg: Config):
     t = cfg.train
     cache = cfg.data.cache_dir or str(Path(t.save_dir) / "data_cache")
     # the validation set depends on the data config alone (megahash/data/validation.py)
-    return build_datasets(cfg, train_samples=t.steps * t.global_batch_size,
+    return build_datasets(cfg, train_samples=consumed_samples(t, t.steps),
                           valid_samples=cfg.data.valid_samples, cache_dir=cache)
 
 
@@ -287,7 +295,7 @@ def _open_batches(run: _Run) -> None:
     from megahash.training.signals import immune_children
 
     t = run.cfg.train
-    run.loader = make_loader(run.data.train, run.step * t.global_batch_size, t.micro_batch_size,
+    run.loader = make_loader(run.data.train, run.consumed(run.step), t.micro_batch_size,
                              run.dp_rank, run.dp_size, run.cfg.data.num_workers)
     with immune_children():  # loader workers must not die of a signal sent to the whole process tree
         run.batches = iter(run.loader)
@@ -346,6 +354,7 @@ def _train_step_logged(run: _Run) -> None:
     lr_used = scheduler_lr(run.engine)  # engine.step() advances the scheduler: read the LR this step uses
     echo = (step + 1) % t.log_interval == 0 or step == 0 or step + 1 == t.steps
     timings = {} if echo else None  # the optimizer phase, timed on the steps the progress line shows
+    run.gas = set_step_batch(run.engine, t, step)  # the step's global batch (train.batch_ramp) as accumulation steps
     loss_sum, wait = train_step(run.engine, run.batches, run.objective, run.gas, timings)
     step = run.step = step + 1
     dt = time.perf_counter() - t0
@@ -353,7 +362,8 @@ def _train_step_logged(run: _Run) -> None:
     tok_s = run.tokens_per_step / dt
     metrics = {"loss": loss_avg, "lr": lr_used, "grad_norm": _grad_norm(run.engine),
                "tokens_per_s": tok_s, "step_time_s": dt, "data_wait_s": wait,
-               "consumed_samples": step * t.global_batch_size, "consumed_tokens": step * run.tokens_per_step}
+               "consumed_samples": run.consumed(step), "consumed_tokens": run.consumed(step) * run.cfg.data.seq_length}
+    metrics.update(ramp_metrics(t, step - 1))  # the step's global batch under train.batch_ramp
     if run.peak > 0 and isinstance(run.flops_tok, (int, float)):  # "n/a": a kind with no cost model
         metrics["mfu"] = run.flops_tok * tok_s / run.peak
     if echo:  # host-syncing statistics at log intervals only, off the step's hot path
@@ -376,7 +386,7 @@ def _validate(run: _Run) -> None:
     batches = validation_batches(run.data.valid, cfg.data, run.dp_rank, run.dp_size)
     vloss, vtokens, vseqs = evaluate(run.engine, batches, run.objective)
     vmetrics = {"loss": vloss, "tokens": vtokens, "sequences": vseqs}
-    vmetrics.update(consumed_samples=step * t.global_batch_size, consumed_tokens=step * run.tokens_per_step)
+    vmetrics.update(consumed_samples=run.consumed(step), consumed_tokens=run.consumed(step) * cfg.data.seq_length)
     if declarations.caps("head", cfg.model.head).token_loss and t.objective in ("clm", "mlm"):  # nats/token
         vmetrics["ppl"] = math.exp(min(vloss, 50.0))
     run.log.log(step, vmetrics, "valid", echo=False)
@@ -391,7 +401,7 @@ def _save_or_stop(run: _Run) -> int | None:
     stopping = signalled or (t.stop_after and step == t.stop_after)
     if step == t.steps or stopping or (t.save_interval and step % t.save_interval == 0):
         with stop.deferred():  # helpers the save spawns must survive a signal to the whole step
-            checkpoint.save(run.engine, run.cfg, step, step * t.global_batch_size)
+            checkpoint.save(run.engine, run.cfg, step, run.consumed(step))
     if not stopping:
         return None
     if run.rank == 0:
