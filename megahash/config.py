@@ -150,6 +150,13 @@ class TrainConfig:
     compile: str = "auto"  # torch.compile each transformer layer (regional compilation): auto (on for GPUs) | true | false
     exit_signal_handler: bool = True  # SIGUSR1/SIGTERM -> checkpoint at next step, exit for requeue
     stop_after: int = 0  # stop (as if interrupted) after this many steps; 0 = off. For tests and budget runs
+    # bad steps (megahash/training/step_guard.py): skip the update of a step whose loss or gradient norm is
+    # non-finite, or whose loss exceeds spike_factor x the median loss of the last spike_window applied steps
+    # (0 = no spike rule); stop after max_skips consecutive skipped steps (0 = never)
+    skip_nonfinite: bool = False
+    spike_factor: float = 0.0
+    spike_window: int = 100
+    max_skips: int = 10
 
 
 @dataclass

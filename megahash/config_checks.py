@@ -70,6 +70,9 @@ RANGES: dict[str, tuple] = {
     "train.eval_iters": (1, INF, False, False, "validation micro-batches"),
     "train.log_interval": (1, INF, False, False, "steps between printed lines"),
     "train.stop_after": (0, INF, False, False, "stop after this step; 0 = off"),
+    "train.spike_factor": (0.0, INF, False, False, "skip a loss above this x the running median; 0 = off"),
+    "train.spike_window": (1, INF, False, False, "losses in the spike rule's running median"),
+    "train.max_skips": (0, INF, False, False, "consecutive skipped steps that stop the run; 0 = never"),
     # parallel, eval
     "parallel.tensor": (1, INF, False, False, "tensor-parallel size"),
     "eval.batch_size": (1, INF, False, False, "evaluation batch size"),
@@ -134,6 +137,9 @@ def check_ranges(cfg) -> None:
                           f"train.micro_batch_size={t.micro_batch_size}")
     if t.min_lr > t.lr:
         raise ConfigError(f"train.min_lr={t.min_lr} must be <= train.lr={t.lr}")
+    if 0 < t.spike_factor <= 1:
+        raise ConfigError(f"train.spike_factor={t.spike_factor} must be 0 (off) or > 1 (a spike is a loss above "
+                          f"that many times the running median)")
     _check_split(d.split)
     if d.verify not in ("cheap", "full", "none"):
         raise ConfigError(f"config key 'data.verify' must be cheap, full or none, got {d.verify!r}")
