@@ -59,6 +59,7 @@ def _launch(tmp_path, poison_at: str, overrides: list[str]):
     return [p.returncode for p in procs], outs
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("zero_stage", [0, 1])
 def test_nan_gradient_on_one_rank_skips_the_step_on_both(shakespeare_shards, tmp_path, zero_stage):
