@@ -1,7 +1,13 @@
 """Skipped steps (issue 35, megahash/training/step_guard.py): a NaN gradient on ONE of two ranks skips
 the update on both, parameters keep their bit pattern across it, training goes on with finite losses,
 the skips are logged, and ``train.max_skips`` consecutive skips stop the run in one line (exit 2).
-Also the spike rule against its formula."""
+Also the spike rule against its formula.
+
+The NaN is injected by tests/nonfinite_worker.py: a tensor hook on one weight, registered by the test's
+wrapper around the trainer's model builder, NaNs one gradient element on rank 1 at chosen steps. The
+library has no test-only code path for it; a poisoned data sample cannot do it (samples are token ids,
+integers: a bad one is a valid token or an index error, never a NaN), and the forward pass and the loss
+stay finite, so only the gradient rule can catch it."""
 import json
 import math
 import os

@@ -137,12 +137,12 @@ class StepGuard:
         self.reason = self.decide()
         if self.reason is None:
             original(lr_kwargs)
-            if not engine._step_applied:  # DeepSpeed's optimizer found a non-finite global gradient norm
+            if not _applied(engine):  # DeepSpeed's optimizer found a non-finite global gradient norm
                 self.reason = "non-finite gradient norm"
             return
         with _nothing_applied(engine):
             original(lr_kwargs)
-        if engine._step_applied:  # DeepSpeed stepped (a no-op): count the skip as its overflow path does
+        if _applied(engine):  # DeepSpeed stepped (a no-op): count the skip as its overflow path does
             engine._step_applied = False
             engine.skipped_steps += 1
 
@@ -173,6 +173,11 @@ class StepGuard:
             f"{self.consecutive} consecutive optimizer steps skipped (train.max_skips={self.max_skips}); the last, "
             f"step {step} ({self.reason}), read global samples {first}-{last} of the train dataset; lower train.lr, "
             f"inspect those samples, or raise train.max_skips")
+
+
+def _applied(engine) -> bool:
+    """Whether DeepSpeed's last ``_take_model_step`` applied its update (not its overflow path)."""
+    return getattr(engine, "_step_applied", not getattr(engine.optimizer, "overflow", False))
 
 
 @contextlib.contextmanager
