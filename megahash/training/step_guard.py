@@ -30,8 +30,9 @@ checkpoints the scheduler and ``skipped_steps``, so a resume continues both. (fl
 ``skip_nan_inf`` steps the scheduler anyway; megahash follows Megatron.)
 
 After ``max_skips`` consecutive skips the run stops with one line (:class:`SkippedStepsError`, exit 2)
-naming the step and its global sample indices. The spike window and the consecutive count are not
-checkpointed: a resumed run refills the window.
+naming the step and its global sample indices. The spike window and the consecutive count are saved
+with DeepSpeed's checkpoint (``client_state``), so a resume decides as the uninterrupted run; an elastic
+or weights-only resume (another layout) starts them empty.
 """
 from __future__ import annotations
 
@@ -146,6 +147,13 @@ class StepGuard:
             engine._step_applied = False
             engine.skipped_steps += 1
 
+    def state_dict(self) -> dict:
+        return {"window": list(self.spike.window), "consecutive": self.consecutive}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.spike.window.extend(float(x) for x in state.get("window", ()))
+        self.consecutive = int(state.get("consecutive", 0))
+
     # ------------------------------------------------------------------------- after the step (trainer)
 
     def account(self, step: int, metrics: dict, progress) -> bool:
@@ -215,4 +223,26 @@ def install(engine, train_cfg) -> StepGuard | None:
 
     engine.backward = guarded_backward
     engine._take_model_step = lambda lr_kwargs=None: guard.take_model_step(take_step, lr_kwargs)
+    _checkpointed(engine, guard)
     return guard
+
+
+def _checkpointed(engine, guard: StepGuard) -> None:
+    """The spike window and the consecutive count travel in DeepSpeed's ``client_state`` (the same on
+    every rank): a resume from a DeepSpeed checkpoint decides as the uninterrupted run would."""
+    save, load = engine.save_checkpoint, engine.load_checkpoint
+
+    def save_with_guard(*args, **kwargs):
+        kwargs["client_state"] = {**(kwargs.get("client_state") or {}), _STATE_KEY: guard.state_dict()}
+        return save(*args, **kwargs)
+
+    def load_with_guard(*args, **kwargs):
+        path, client = load(*args, **kwargs)
+        if path is not None and isinstance(client, dict) and _STATE_KEY in client:
+            guard.load_state_dict(client[_STATE_KEY])
+        return path, client
+
+    engine.save_checkpoint, engine.load_checkpoint = save_with_guard, load_with_guard
+
+
+_STATE_KEY = "megahash_step_guard"
