@@ -14,10 +14,8 @@ import os
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, child_env
 
 TINY = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=128",
