@@ -65,20 +65,25 @@ def _launch(tmp_path, poison_at: str, overrides: list[str]):
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("zero_stage", [0, 1])
-def test_nan_gradient_on_one_rank_skips_the_step_on_both(shakespeare_shards, tmp_path, zero_stage):
-    """2 data-parallel ranks, NaN in one gradient element of rank 1 at steps 2, 4 and 5,
-    train.max_skips=2: step 2 is skipped on both ranks (parameters bit-identical to after step 1, the LR
-    schedule held), step 3 trains, steps 4-5 are two consecutive skips: one error line naming step 5 and
-    its global samples 32-39, exit 2 on both ranks. ZeRO-0: megahash's gradient check decides; ZeRO-1:
-    DeepSpeed's optimizer finds the non-finite global norm before it steps, and the guard counts it."""
+@pytest.mark.parametrize("layout", ["dp2_zero1", "tp2"])
+def test_nan_gradient_on_one_rank_skips_the_step_on_both(shakespeare_shards, tmp_path, layout):
+    """2 ranks, NaN in one gradient element of rank 1 at steps 2, 4 and 5, train.max_skips=2: step 2 is
+    skipped on both ranks (parameters bit-identical to after step 1, the LR schedule held), step 3
+    trains, steps 4-5 are two consecutive skips: one error line naming step 5 and its global samples
+    32-39, exit 2 on both ranks. ``dp2_zero1`` (2 data-parallel ranks, ZeRO-1): the NaN reaches both
+    ranks' reduced gradients and DeepSpeed's optimizer finds the non-finite global norm before it steps;
+    the guard counts the skip. ``tp2`` (tensor parallel, the engine steps torch's AdamW): only rank 1's
+    weight shard holds the NaN, rank 0's gradients are finite, and only the guard's all-reduced flag
+    makes rank 0 skip too."""
     import torch
 
     save_dir = tmp_path / "run"
-    codes, outs = _launch(tmp_path, "2,4,5", [
+    # backward passes to poison: one micro-batch a step at dp 2, two at tp 2 (the last of each step)
+    passes, extra = {"dp2_zero1": ("2,4,5", ["train.zero_stage=1"]),
+                     "tp2": ("4,8,10", ["parallel.tensor=2"])}[layout]
+    codes, outs = _launch(tmp_path, passes, [
         f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}", *TINY,
-        "train.steps=6", f"train.save_dir={save_dir}", f"train.zero_stage={zero_stage}", "train.skip_nonfinite=true",
-        "train.max_skips=2"])
+        "train.steps=6", f"train.save_dir={save_dir}", *extra, "train.skip_nonfinite=true", "train.max_skips=2"])
     log = "\n".join(o + e for o, e in outs)
     assert codes == [2, 2], log[-4000:]
     errors = [line for line in outs[0][1].splitlines() if line.startswith("error: ")]
@@ -103,8 +108,8 @@ def test_nan_gradient_on_one_rank_skips_the_step_on_both(shakespeare_shards, tmp
             assert all(torch.equal(params[(r, s)][n], prev[n]) for n in prev), (r, s)
         assert any(not torch.equal(params[(r, 3)][n], params[(r, 2)][n]) for n in params[(r, 2)])  # step 3 trains
         assert all(torch.isfinite(p).all() for s in range(1, 6) for p in params[(r, s)].values())
-    # the data-parallel replicas stay identical (same reduced gradients, same decision)
-    assert all(torch.equal(params[(0, s)][n], params[(1, s)][n]) for s in range(1, 6) for n in params[(0, s)])
+    if layout == "dp2_zero1":  # the data-parallel replicas stay identical (same reduced gradients, same decision)
+        assert all(torch.equal(params[(0, s)][n], params[(1, s)][n]) for s in range(1, 6) for n in params[(0, s)])
 
 
 def test_spike_skips_resume_exactly(shakespeare_shards, tmp_path, capsys):
