@@ -8,7 +8,9 @@ the instance as :mod:`megahash.training.grad_norm` does), ONE all-reduce over th
 the same mean loss and the same flag and takes the same decision. A step is skipped when
 
 - ``skip_nonfinite`` and the mean loss or the gradient norm is non-finite; the gradient part is
-  checked on this rank's ``.grad`` where the engine steps torch's optimizer itself (ZeRO-0 in fp32);
+  checked on this rank's ``.grad`` where the engine steps torch's optimizer itself (ZeRO-0 in fp32;
+  under tensor parallelism a rank sees only its shards, and the all-reduced flag makes a rank whose
+  shards are finite skip too: tested, without it the ranks diverge);
   DeepSpeed's ZeRO 1-3 and bf16 optimizers compute the global gradient norm over the data- and
   tensor-parallel groups before they step and take their overflow path on a non-finite one (bf16
   ZeRO 1-2 only with ``check_grad_overflow``, which :func:`install` turns on): nothing applied, no
