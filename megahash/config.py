@@ -161,6 +161,13 @@ class TrainConfig:
     # batch-size ramp (Megatron's --rampup-batch-size START INCREMENT SAMPLES; [] = off): the global batch grows
     # from START by INCREMENT over SAMPLES consumed samples to global_batch_size; LR schedule then in samples
     batch_ramp: list[int] = field(default_factory=list)
+    # bad steps (megahash/training/step_guard.py): skip the update of a step whose loss or gradient norm is
+    # non-finite, or whose loss exceeds spike_factor x the median loss of the last spike_window applied steps
+    # (0 = no spike rule); stop after max_skips consecutive skipped steps (0 = never)
+    skip_nonfinite: bool = False
+    spike_factor: float = 0.0
+    spike_window: int = 100
+    max_skips: int = 10
 
 
 @dataclass

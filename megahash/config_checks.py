@@ -73,6 +73,9 @@ RANGES: dict[str, tuple] = {
     "train.hang_timeout_s": (0.0, INF, False, False, "seconds a step may take before the watchdog fires; 0 = off"),
     "train.hang_factor": (0.0, INF, False, False, "multiple of the median step time that counts as a hang; 0 = off"),
     "train.distributed_timeout_s": (1, INF, False, False, "seconds a collective may wait"),
+    "train.spike_factor": (0.0, INF, False, False, "skip a loss above this x the running median; 0 = off"),
+    "train.spike_window": (1, INF, False, False, "losses in the spike rule's running median"),
+    "train.max_skips": (0, INF, False, False, "consecutive skipped steps that stop the run; 0 = never"),
     # parallel, eval
     "parallel.tensor": (1, INF, False, False, "tensor-parallel size"),
     "eval.batch_size": (1, INF, False, False, "evaluation batch size"),
@@ -138,6 +141,9 @@ def check_ranges(cfg) -> None:
     if t.min_lr > t.lr:
         raise ConfigError(f"train.min_lr={t.min_lr} must be <= train.lr={t.lr}")
     check_batch_ramp(t)
+    if 0 < t.spike_factor <= 1:
+        raise ConfigError(f"train.spike_factor={t.spike_factor} must be 0 (off) or > 1 (a spike is a loss above "
+                          f"that many times the running median)")
     _check_split(d.split)
     _check_profile_steps(t.profile_steps, t.steps)
     if t.hang_factor and t.hang_factor <= 1:

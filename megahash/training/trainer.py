@@ -24,7 +24,7 @@ from megahash import accelerator
 from megahash.config import Config, save_config
 from megahash.data.text_source import RunTexts
 from megahash.errors import CheckpointError
-from megahash.training import checkpoint
+from megahash.training import checkpoint, step_guard
 from megahash.training.batch_ramp import check_resume, consumed_samples, ramp_metrics, set_step_batch, step_batch
 from megahash.training.ds_config import deepspeed_config, tune_engine
 from megahash.training.logging import RunLogger, plot_loss
@@ -157,6 +157,7 @@ class _Run:
     flops_tok: Any = None  # a number, or "n/a" for a kind with no cost model
     peak: float = 0.0  # peak FLOP/s of the whole world
     watch: Any = None  # megahash.training.watchdog.HangWatchdog
+    guard: Any = None  # megahash.training.step_guard.StepGuard (train.skip_nonfinite, train.spike_factor)
 
     @property
     def save_dir(self) -> Path:
@@ -209,6 +210,7 @@ def _set_up(run: _Run) -> None:
     run.data = _build_data(cfg)
     model, n_params, n_emb = _build_model(cfg, run.data)
     run.engine, _ = build_engine(cfg, model, run.dp_size)
+    run.guard = step_guard.install(run.engine, cfg.train)
     run.objective = build_objective(cfg, run.data)
     if resume_from is not None:
         run.step = int(checkpoint.load(run.engine, resume_from, cfg)["step"])
@@ -345,7 +347,8 @@ def _loop(run: _Run) -> int:
 
 def _train_step_logged(run: _Run) -> None:
     """One optimizer step and its metrics (loss, LR, grad norm, tokens/s, MFU; the host-syncing
-    ones on the steps the progress line shows); a non-finite loss stops the run."""
+    ones on the steps the progress line shows); a non-finite loss stops the run unless the step was
+    skipped (megahash/training/step_guard.py)."""
     from megahash.training.stats import param_norm
 
     t, step = run.cfg.train, run.step
@@ -370,10 +373,13 @@ def _train_step_logged(run: _Run) -> None:
         metrics["optimizer_s"] = timings["optimizer_s"]
         metrics["param_norm"] = param_norm(run.engine.module, t.zero_stage)
         metrics["peak_memory_mib"] = accelerator.peak_memory_bytes() / 2**20
-    if not math.isfinite(loss_avg):
+    skipped = run.guard is not None and run.guard.account(step, metrics, run.progress)
+    if not skipped and not math.isfinite(loss_avg):
         raise FloatingPointError(f"loss is {loss_avg} at step {step}; lower train.lr or check the data")
     run.log.log(step, metrics, "train", echo=False)
-    run.progress.update(step, metrics, echo)
+    run.progress.update(step, metrics, echo or skipped)
+    if skipped:
+        run.guard.stop_if_stuck(step, (run.consumed(step - 1), run.consumed(step)))
 
 
 def _validate(run: _Run) -> None:

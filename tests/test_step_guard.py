@@ -1,0 +1,142 @@
+"""Skipped steps (issue 35, megahash/training/step_guard.py): a NaN gradient on ONE of two ranks skips
+the update on both, parameters keep their bit pattern across it, training goes on with finite losses,
+the skips are logged, and ``train.max_skips`` consecutive skips stop the run in one line (exit 2).
+Also the spike rule against its formula.
+
+The NaN is injected by tests/nonfinite_worker.py: a tensor hook on one weight, registered by the test's
+wrapper around the trainer's model builder, NaNs one gradient element on rank 1 at chosen steps. The
+library has no test-only code path for it; a poisoned data sample cannot do it (samples are token ids,
+integers: a bad one is a valid token or an index error, never a NaN), and the forward pass and the loss
+stay finite, so only the gradient rule can catch it."""
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, child_env
+
+TINY = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=128",
+        "data.seq_length=64", "train.micro_batch_size=4", "train.global_batch_size=8", "train.lr=2e-3",
+        "train.warmup_steps=2", "train.log_interval=100", "logging.plot=false", "logging.tensorboard=false",
+        "train.eval_interval=0", "train.save_interval=0", "train.precision=fp32"]
+
+
+def test_spike_rule_is_k_times_the_running_median():
+    """L_s is a spike iff the window of the last W applied losses is full and L_s > k * median(window);
+    skipped (spike) losses do not enter the window; non-finite losses are no spikes."""
+    from megahash.training.step_guard import SpikeRule
+
+    k, w = 2.0, 4
+    rule = SpikeRule(k, w)
+    losses = [5.0, 4.0, 6.0, 3.0, 9.5, 10.5, 3.5, 100.0, float("nan"), float("inf"), 7.1]
+    window, flagged = [], []
+    for loss in losses:
+        # the formula, written out: median of the last W accepted losses (even W: mean of the middle two)
+        full = len(window) == w
+        ref = full and math.isfinite(loss) and loss > k * statistics.median(window[-w:])
+        spike = rule.is_spike(loss)
+        assert spike == ref, (loss, window)
+        flagged.append(spike)
+        if not spike and math.isfinite(loss):
+            rule.record(loss)
+            window = (window + [loss])[-w:]
+    # window [5,4,6,3] -> median 4.5: 9.5 > 9 is a spike; 10.5 too; then 3.5 enters ([4,6,3,3.5], median 3.75)
+    assert flagged == [False, False, False, False, True, True, False, True, False, False, False]
+    assert list(rule.window) == [6.0, 3.0, 3.5, 7.1]
+    assert not SpikeRule(0.0, 4).is_spike(1e30)  # factor 0: off
+
+
+def _launch(tmp_path, poison_at: str, overrides: list[str]):
+    """Two gloo ranks of tests/nonfinite_worker.py (the pretrain entry point; NaN gradient on rank 1)."""
+    from megahash.launching.env import free_port
+
+    worker = os.path.join(os.path.dirname(__file__), "nonfinite_worker.py")
+    port, procs = free_port(), []
+    for rank in range(2):
+        env = child_env(RANK=rank, WORLD_SIZE=2, LOCAL_RANK=rank, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        procs.append(subprocess.Popen([sys.executable, worker, str(tmp_path), "1", poison_at, *overrides], cwd=ROOT,
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=600) for p in procs]
+    return [p.returncode for p in procs], outs
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("layout", ["dp2_zero1", "tp2"])
+def test_nan_gradient_on_one_rank_skips_the_step_on_both(shakespeare_shards, tmp_path, layout):
+    """2 ranks, NaN in one gradient element of rank 1 at steps 2, 4 and 5, train.max_skips=2: step 2 is
+    skipped on both ranks (parameters bit-identical to after step 1, the LR schedule held), step 3
+    trains, steps 4-5 are two consecutive skips: one error line naming step 5 and its global samples
+    32-39, exit 2 on both ranks. ``dp2_zero1`` (2 data-parallel ranks, ZeRO-1): the NaN reaches both
+    ranks' reduced gradients and DeepSpeed's optimizer finds the non-finite global norm before it steps;
+    the guard counts the skip. ``tp2`` (tensor parallel, the engine steps torch's AdamW): only rank 1's
+    weight shard holds the NaN, rank 0's gradients are finite, and only the guard's all-reduced flag
+    makes rank 0 skip too."""
+    import torch
+
+    save_dir = tmp_path / "run"
+    # backward passes to poison: one micro-batch a step at dp 2, two at tp 2 (the last of each step)
+    passes, extra = {"dp2_zero1": ("2,4,5", ["train.zero_stage=1"]),
+                     "tp2": ("4,8,10", ["parallel.tensor=2"])}[layout]
+    codes, outs = _launch(tmp_path, passes, [
+        f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}", *TINY,
+        "train.steps=6", f"train.save_dir={save_dir}", *extra, "train.skip_nonfinite=true", "train.max_skips=2"])
+    log = "\n".join(o + e for o, e in outs)
+    assert codes == [2, 2], log[-4000:]
+    errors = [line for line in outs[0][1].splitlines() if line.startswith("error: ")]
+    assert errors == [errors[0]] and "step 5" in errors[0] and "global samples 32-39" in errors[0], log[-4000:]
+    assert "Traceback" not in log and not any(line.startswith("error: ") for line in outs[1][1].splitlines())
+    assert "step 2 skipped (non-finite gradient norm)" in outs[0][0], outs[0][0][-3000:]
+
+    recs = {r["step"]: r for r in map(json.loads, (save_dir / "metrics.jsonl").read_text().splitlines())
+            if r["split"] == "train"}
+    assert sorted(recs) == [1, 2, 3, 4, 5]
+    assert [recs[s]["skipped"] for s in range(1, 6)] == [0, 1, 0, 1, 1]
+    assert [recs[s]["skipped_steps"] for s in range(1, 6)] == [0, 1, 1, 2, 3]
+    assert all(math.isfinite(recs[s]["loss"]) for s in recs)  # the NaN is in a gradient, never in the loss
+    # Megatron's rule: a skipped step does not advance the LR schedule (warmup 2: step 1 at lr/2, step 2 at lr)
+    assert recs[1]["lr"] < recs[2]["lr"] == recs[3]["lr"] and recs[4]["lr"] == recs[5]["lr"]
+
+    params = {(r, s): torch.load(tmp_path / f"params_rank{r}_step{s}.pt") for r in (0, 1) for s in range(1, 6)}
+    for r in (0, 1):
+        # bit-exact: a skipped step applies nothing, so every parameter keeps its bit pattern (the promise)
+        for s in (2, 5):
+            prev = params[(r, s - 1)]
+            assert all(torch.equal(params[(r, s)][n], prev[n]) for n in prev), (r, s)
+        assert any(not torch.equal(params[(r, 3)][n], params[(r, 2)][n]) for n in params[(r, 2)])  # step 3 trains
+        assert all(torch.isfinite(p).all() for s in range(1, 6) for p in params[(r, s)].values())
+    if layout == "dp2_zero1":  # the data-parallel replicas stay identical (same reduced gradients, same decision)
+        assert all(torch.equal(params[(0, s)][n], params[(1, s)][n]) for s in range(1, 6) for n in params[(0, s)])
+
+
+def test_spike_skips_resume_exactly(shakespeare_shards, tmp_path, capsys):
+    """One rank, in-process, spike rule k=1.0001 over a window of 1 (any rise of the loss is a spike): the
+    run stopped just before its first skipped step and resumed skips it too (the window travels in the
+    checkpoint) and reproduces the uninterrupted run bit for bit: losses, skips, LR held by each skip."""
+    from megahash.pretrain import main
+
+    def run(save_dir, *extra):
+        status = main([f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}",
+                       *TINY, "train.steps=15", f"train.save_dir={save_dir}", "train.spike_factor=1.0001",
+                       "train.spike_window=1", "train.max_skips=0", *extra])
+        assert status == 0, capsys.readouterr().err[-3000:]
+        recs = {}
+        for line in (save_dir / "metrics.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            if r["split"] == "train":
+                recs[r["step"]] = (r["loss"], r["skipped"], r["skipped_steps"], r["lr"])
+        return recs
+
+    straight = run(tmp_path / "straight")
+    skipped = [s for s, r in sorted(straight.items()) if r[1]]
+    assert skipped and skipped[0] > 2, straight  # the real loss rises at least once after the window fills
+    for s in skipped:  # each skip holds the LR schedule: the next step uses the skipped step's LR
+        assert straight[s][0] > 1.0001 * straight[s - 1][0] or straight[s - 1][1]
+        if s + 1 in straight:
+            assert straight[s + 1][3] == straight[s][3]
+    split = tmp_path / "split"
+    run(split, f"train.stop_after={skipped[0] - 1}")
+    assert run(split) == straight
