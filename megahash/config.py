@@ -150,6 +150,9 @@ class TrainConfig:
     compile: str = "auto"  # torch.compile each transformer layer (regional compilation): auto (on for GPUs) | true | false
     exit_signal_handler: bool = True  # SIGUSR1/SIGTERM -> checkpoint at next step, exit for requeue
     stop_after: int = 0  # stop (as if interrupted) after this many steps; 0 = off. For tests and budget runs
+    # issue 35: checkpoints written by a background writer (megatron-core async dist checkpointing;
+    # latest published when it finishes; no DeepSpeed-native copy): megahash/training/async_save.py
+    async_save: bool = False
 
 
 @dataclass

@@ -23,7 +23,7 @@ from megahash import accelerator
 from megahash.config import Config, save_config
 from megahash.data.text_source import RunTexts
 from megahash.errors import CheckpointError
-from megahash.training import checkpoint
+from megahash.training import async_save, checkpoint
 from megahash.training.ds_config import deepspeed_config, tune_engine
 from megahash.training.logging import RunLogger, plot_loss
 from megahash.training.lr_schedule import lambda_for
@@ -147,6 +147,7 @@ class _Run:
     progress: Any = None  # megahash.training.progress.Progress
     flops_tok: Any = None  # a number, or "n/a" for a kind with no cost model
     peak: float = 0.0  # peak FLOP/s of the whole world
+    saver: Any = None  # megahash.training.async_save.AsyncSaver (train.async_save), None: synchronous saves
 
     @property
     def save_dir(self) -> Path:
@@ -199,6 +200,7 @@ def _set_up(run: _Run) -> None:
     _open_batches(run)
     run.stop = _stop_flag(cfg.train)
     _start_progress(run)
+    run.saver = async_save.start(cfg, run.log)
 
 
 def _resume_point(cfg: Config, rank: int) -> Path | None:
@@ -374,9 +376,10 @@ def _save_or_stop(run: _Run) -> int | None:
     t, step, stop = run.cfg.train, run.step, run.stop
     signalled = any_rank(stop.set)  # a signal to any rank stops every rank at this step
     stopping = signalled or (t.stop_after and step == t.stop_after)
+    async_save.poll(run)  # publishes a background save whose writers are done (train.async_save)
     if step == t.steps or stopping or (t.save_interval and step % t.save_interval == 0):
         with stop.deferred():  # helpers the save spawns must survive a signal to the whole step
-            checkpoint.save(run.engine, run.cfg, step, step * t.global_batch_size)
+            async_save.save(run, step, wait=step == t.steps or bool(stopping))
     if not stopping:
         return None
     if run.rank == 0:
@@ -404,6 +407,7 @@ def _finish(run: _Run, exit_status: int, at_end) -> None:
 
 def _close(run: _Run) -> None:
     """Close the progress meter and the logs and drop the batch iterator (its loader workers), once."""
+    async_save.close(run)  # after an error: a pending background save is abandoned (the previous one stays)
     if run.progress is not None:
         run.progress.close()
     if run.log is not None:
