@@ -42,20 +42,25 @@ import os
 import time
 from pathlib import Path
 
-from megahash.training import checkpoint
-
 DELAY_ENV = "MEGAHASH_TEST_ASYNC_WRITE_DELAY"  # tests: "STEP:SECONDS", the writer of that step sleeps first
 
 
-def _in_writer(fn, step: int, *args, **kwargs):
-    """The body of a forked writer: die with the trainer (a killed trainer leaves no orphan writing
-    into ``step_N.tmp``), then megatron's write."""
+def _die_with_parent() -> None:
+    """In a helper process (writer, results manager): SIGKILL when the trainer dies, so a killed
+    trainer leaves no orphan (Linux's PR_SET_PDEATHSIG; elsewhere nothing). Imports nothing heavy:
+    it is also the manager's initializer, run before the manager reports its address."""
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL (Linux)
+        ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG = 1, SIGKILL = 9
     except (OSError, AttributeError):
         pass
+
+
+def _in_writer(fn, step: int, *args, **kwargs):
+    """The body of a forked writer: die with the trainer (no orphan writing into ``step_N.tmp``), then
+    megatron's write."""
+    _die_with_parent()
     at, _, secs = os.environ.get(DELAY_ENV, "").partition(":")
     if at == str(step):
         time.sleep(float(secs))
@@ -101,11 +106,13 @@ class AsyncSaver:
     def __init__(self, cfg, log=None):
         import multiprocessing
         import threading
+        from multiprocessing.managers import SyncManager
 
         from megahash.training.signals import immune_children
 
         with immune_children():  # the manager must outlive a stop signal to the process group
-            self.manager = multiprocessing.get_context("spawn").Manager()
+            self.manager = SyncManager(ctx=multiprocessing.get_context("spawn"))
+            self.manager.start(_die_with_parent)
         self.cfg, self.log, self.queue, self.pending = cfg, log, _Queue(self.manager), None
         self.warm = threading.Thread(target=_warm, args=(self.manager,), name="megahash-async-save-warm-up")
         self.warm.start()
@@ -113,7 +120,7 @@ class AsyncSaver:
     def save(self, engine, step: int, consumed: int, wait: bool) -> float:
         """Collective: start the save of ``step`` (after finishing the pending one); with ``wait``,
         finish it too. Returns the seconds the caller was blocked."""
-        from megahash.training import optimizer_state
+        from megahash.training import checkpoint, optimizer_state
         from megahash.training.weights import WEIGHTS_DIR, save_weights
 
         t0 = time.perf_counter()
@@ -145,6 +152,8 @@ class AsyncSaver:
     def finish(self, blocking: bool) -> float:
         """Collective: finalize the pending save if every rank's writer is done (``blocking``: wait
         for them), then publish it. Returns the seconds this took."""
+        from megahash.training import checkpoint
+
         t0 = time.perf_counter()
         p = self.pending
         if p is None:
@@ -194,6 +203,8 @@ def start(cfg, log=None) -> AsyncSaver | None:
 def save(run, step: int, wait: bool) -> None:
     """Collective: the checkpoint of ``step``, asynchronously with ``run.saver`` (``wait``: finished
     before returning), else synchronously with its stall logged (split ``checkpoint``)."""
+    from megahash.training import checkpoint
+
     consumed = step * run.cfg.train.global_batch_size
     if run.saver is not None:
         run.saver.save(run.engine, step, consumed, wait)
@@ -222,6 +233,7 @@ def load(engine, ckpt: Path, cfg, state: dict) -> dict:
     import json
 
     from megahash import accelerator
+    from megahash.training import checkpoint
     from megahash.training.elastic import load_elastic
 
     state = load_elastic(engine, ckpt, cfg, state)
