@@ -21,7 +21,8 @@ of a run and the save of a stop (signal, ``train.stop_after``) are waited for be
 DeepSpeed's native files are not written by an asynchronous save: the megatron pair (``model/``,
 ``optimizer/``) holds the weights, Adam's moments and step counts, and resumes at any layout
 (docs/resume.md); at the saved layout it is loaded the same way plus each rank's RNG state
-(:func:`load`), which makes the resume bit-exact (tests/test_async_save.py). An optimizer that
+(checkpoint.load, ``deepspeed_files: false`` in the state file), which makes the resume bit-exact
+(tests/test_async_save.py). An optimizer that
 megahash cannot address per parameter (none that megahash builds) keeps the synchronous DeepSpeed copy.
 
 Why the forking caller and not megatron's persistent worker (``AsyncCallsQueue(persistent=True)``),
@@ -225,19 +226,3 @@ def close(run) -> None:
     saver, run.saver = run.saver, None
     if saver is not None:
         saver.close(abort=True)
-
-
-def load(engine, ckpt: Path, cfg, state: dict) -> dict:
-    """Resume from a checkpoint without DeepSpeed's files at its own layout: the megatron pair (weights,
-    Adam's state, the LR schedule at the step; megahash/training/elastic.py) and this rank's RNG state."""
-    import json
-
-    from megahash import accelerator
-    from megahash.training import checkpoint
-    from megahash.training.elastic import load_elastic
-
-    state = load_elastic(engine, ckpt, cfg, state)
-    rng_file = ckpt / f"rng_rank{checkpoint._rank():05d}.json"
-    if rng_file.is_file():
-        accelerator.set_rng_state(checkpoint._from_jsonable(json.loads(rng_file.read_text())))
-    return state

@@ -274,14 +274,13 @@ def load(engine, ckpt: Path, cfg: Config) -> dict:
         return load_weights_only(engine, ckpt, cfg, state)
     if mode == "elastic":  # another layout: weights and optimizer state from the dist checkpoints
         return elastic.load_elastic(engine, ckpt, cfg, state)
-    if state.get("deepspeed_files") is False:  # an asynchronous save: the megatron pair and the RNG states
-        from megahash.training import async_save
-
-        return async_save.load(engine, ckpt, cfg, state)
-    path, _client = engine.load_checkpoint(str(ckpt.parent), tag=ckpt.name, load_optimizer_states=True,
-                                           load_lr_scheduler_states=True)
-    if path is None:
-        raise CheckpointError(f"DeepSpeed could not load checkpoint {ckpt}; its files are missing or corrupt")
+    if state.get("deepspeed_files") is False:  # an asynchronous save (train.async_save): no DeepSpeed files
+        elastic.load_elastic(engine, ckpt, cfg, state)  # the megatron pair at this (the saved) layout
+    else:
+        path, _client = engine.load_checkpoint(str(ckpt.parent), tag=ckpt.name, load_optimizer_states=True,
+                                               load_lr_scheduler_states=True)
+        if path is None:
+            raise CheckpointError(f"DeepSpeed could not load checkpoint {ckpt}; its files are missing or corrupt")
     rng_file = ckpt / f"rng_rank{_rank():05d}.json"
     if rng_file.is_file():
         accelerator.set_rng_state(_from_jsonable(json.loads(rng_file.read_text())))
