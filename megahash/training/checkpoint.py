@@ -12,7 +12,9 @@ Layout of ``train.save_dir``::
     latest                    name of the newest complete checkpoint (written last, atomically)
 
 A checkpoint is written under ``step_N.tmp`` and renamed when every rank has finished, so an
-interrupted save never replaces or damages the previous checkpoint.
+interrupted save never replaces or damages the previous checkpoint. :func:`save` is synchronous;
+``train.async_save`` (megahash/training/async_save.py) uses :func:`begin`, :func:`fail_if_any` and
+:func:`publish` around background writers and writes no DeepSpeed files (``deepspeed_files: false``).
 """
 from __future__ import annotations
 
