@@ -89,6 +89,13 @@ class _Queue:
             request = request._replace(async_fn=functools.partial(_in_writer, request.async_fn, self.step))
         self.calls.schedule_async_request(request)
 
+    def abort(self) -> None:
+        """Kill the writers of every unfinalized request (``AsyncCallsQueue.close(abort=True)`` kills
+        only a persistent worker) and forget the requests."""
+        for call in self.calls.async_calls:
+            call.async_caller.close(abort=True)
+        self.calls.async_calls.clear()
+
 
 def _warm(manager) -> None:
     """The manager process unpickles the writers' results, importing torch at the first one (about
@@ -141,8 +148,7 @@ class AsyncSaver:
         except BaseException as e:  # noqa: BLE001 - torch's CheckpointException is a BaseException
             error = error or e
         if error is not None:
-            self.queue.calls.close(abort=True)  # kill what was scheduled before the failure
-            self.queue = _Queue(self.manager)
+            self.queue.abort()  # what was scheduled before the failure
         checkpoint.fail_if_any(root, tag, tmp, error)
         self.pending = {"tmp": tmp, "step": step, "consumed": consumed, "native": native, "engine": engine,
                         "started": time.perf_counter(), "stall": time.perf_counter() - t0 - stall}
@@ -168,6 +174,8 @@ class AsyncSaver:
             error = e
         if error is None and self.queue.calls.get_num_unfinalized_calls():
             return time.perf_counter() - t0
+        if error is not None:
+            self.queue.abort()
         self.pending = None
         root, tag = p["tmp"].parent, p["tmp"].name[:-len(".tmp")]
         checkpoint.fail_if_any(root, tag, p["tmp"], error)
@@ -186,7 +194,7 @@ class AsyncSaver:
 
         try:
             if abort:
-                self.queue.calls.close(abort=True)
+                self.queue.abort()
             else:
                 self.finish(blocking=True)
         finally:
