@@ -91,3 +91,30 @@ def _records(run_dir: Path) -> dict[int, tuple]:
         if rec["split"] == "train":
             out[rec["step"]] = (rec["loss"], rec["grad_norm"])
     return out
+
+
+def test_a_failed_background_write_is_one_line_and_keeps_the_previous_checkpoint(shakespeare_shards, tmp_path):
+    """The folder of step 4's save disappears while its writer is held (5 s): the run's last save fails on
+    publication with one line naming the file, exit 2, ``step_00000004.tmp`` removed, ``latest`` still
+    step 2 (megahash/training/checkpoint_faults.py's message and remedy, as a synchronous save's)."""
+    import shutil
+
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "megahash/pretrain.py", *_args(shakespeare_shards, run_dir),
+                             "train.steps=4"], cwd=ROOT, env=child_env(MEGAHASH_TEST_ASYNC_WRITE_DELAY="4:5"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_step(run_dir, 4, proc)
+        deadline = time.time() + 60
+        while not (run_dir / "step_00000004.tmp" / "optimizer").is_dir() and time.time() < deadline:
+            time.sleep(0.05)
+        shutil.rmtree(run_dir / "step_00000004.tmp" / "model")
+        _out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 2, err[-3000:]
+    lines = [l for l in err.splitlines() if l.startswith("error:")]
+    assert len(lines) == 1 and "No such file or directory" in lines[0], err[-3000:]
+    assert "the previous checkpoint step_00000002 is intact" in lines[0] and "fix the folder" in lines[0]
+    assert (run_dir / "latest").read_text() == "step_00000002" and not (run_dir / "step_00000004.tmp").exists()

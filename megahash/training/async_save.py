@@ -108,6 +108,22 @@ def _warm(manager) -> None:
     q.get()
 
 
+def _cause(e: BaseException) -> BaseException:
+    """The writer's own error inside torch's ``CheckpointException`` (``failures``: rank -> (exception,
+    traceback)), whose message only lists the ranks. The writer's exception crossed processes as text
+    ("Worker failure: [Errno 28] ..."): an errno in it is an OSError again, so that the one-line error
+    names the file and the remedy fits (disk full, fix the folder; checkpoint_faults.remedy)."""
+    import re
+
+    failures = getattr(e, "failures", None)
+    if not isinstance(failures, dict) or not failures:
+        return e
+    inner = next(iter(failures.values()))
+    inner = inner[0] if isinstance(inner, tuple) else inner
+    m = re.search(r"\[Errno (\d+)\] ([^:']+)(?:: '([^']*)')?", str(inner))
+    return OSError(int(m[1]), m[2].strip(), m[3]) if m else inner
+
+
 class AsyncSaver:
     """The run's background checkpoint writer (one save in flight at most)."""
 
@@ -171,7 +187,7 @@ class AsyncSaver:
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as e:  # noqa: BLE001 - a writer failed (disk full): CheckpointException on every rank
-            error = e
+            error = _cause(e)
         if error is None and self.queue.calls.get_num_unfinalized_calls():
             return time.perf_counter() - t0
         if error is not None:
