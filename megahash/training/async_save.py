@@ -138,6 +138,7 @@ class AsyncSaver:
             self.manager = SyncManager(ctx=multiprocessing.get_context("spawn"))
             self.manager.start(_die_with_parent)
         self.cfg, self.log, self.queue, self.pending = cfg, log, _Queue(self.manager), None
+        self.now = 0  # the step the loop is at (the step of a publication's record)
         self.warm = threading.Thread(target=_warm, args=(self.manager,), name="megahash-async-save-warm-up")
         self.warm.start()
 
@@ -152,7 +153,7 @@ class AsyncSaver:
         cfg, root, tag = self.cfg, Path(self.cfg.train.save_dir), checkpoint.tag_for(step)
         tmp = root / (tag + ".tmp")
         error, native = checkpoint.begin(root, tmp), optimizer_state.unsupported(engine) is not None
-        self.queue.step = step
+        self.queue.step = self.now = step
         try:
             if native:  # no per-parameter optimizer state: DeepSpeed's own copy, synchronously
                 engine.save_checkpoint(str(root), tag=tmp.name, client_state={"megahash_step": step}, save_latest=False)
@@ -198,8 +199,8 @@ class AsyncSaver:
         checkpoint.publish(p["engine"], self.cfg, p["tmp"], p["step"], p["consumed"],
                            None if p["native"] else {"deepspeed_files": False})
         p["stall"] += time.perf_counter() - t0
-        if self.log is not None:  # the loop's stall for this save in all; write_s: scheduled -> published
-            self.log.log(p["step"], {"saved_step": p["step"], "stall_s": p["stall"], "async": 1,
+        if self.log is not None:  # at the current step (wandb's steps only increase); stall_s: the loop's stall
+            self.log.log(self.now, {"saved_step": p["step"], "stall_s": p["stall"], "async": 1,
                                      "write_s": time.perf_counter() - p["started"]}, "checkpoint", echo=False)
         return time.perf_counter() - t0
 
@@ -242,6 +243,7 @@ def save(run, step: int, wait: bool) -> None:
 def poll(run) -> None:
     """Collective, every step: publish the pending save if every rank's writer is done."""
     if run.saver is not None:
+        run.saver.now = run.step
         run.saver.finish(blocking=False)
 
 
