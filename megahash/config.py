@@ -168,6 +168,9 @@ class TrainConfig:
     spike_factor: float = 0.0
     spike_window: int = 100
     max_skips: int = 10
+    # issue 35: checkpoints written by a background writer (megatron-core async dist checkpointing;
+    # latest published when it finishes; no DeepSpeed-native copy): megahash/training/async_save.py
+    async_save: bool = False
 
 
 @dataclass

@@ -12,7 +12,9 @@ Layout of ``train.save_dir``::
     latest                    name of the newest complete checkpoint (written last, atomically)
 
 A checkpoint is written under ``step_N.tmp`` and renamed when every rank has finished, so an
-interrupted save never replaces or damages the previous checkpoint.
+interrupted save never replaces or damages the previous checkpoint. :func:`save` is synchronous;
+``train.async_save`` (megahash/training/async_save.py) uses :func:`begin`, :func:`fail_if_any` and
+:func:`publish` around background writers and writes no DeepSpeed files (``deepspeed_files: false``).
 """
 from __future__ import annotations
 
@@ -151,52 +153,75 @@ def save(engine, cfg: Config, step: int, consumed: int, extra: dict | None = Non
     (disk full, permission, state that cannot be written) on any rank removes the partial
     ``step_N.tmp`` and raises one CheckpointError on every rank naming the cause and its remedy; the
     previous checkpoint is untouched (megahash/training/checkpoint_faults.py)."""
-    from megahash.training import checkpoint_faults
-    from megahash.training.signals import any_rank
-
-    root = Path(cfg.train.save_dir)
-    tag = tag_for(step)
-    tmp_tag = tag + ".tmp"
-    tmp = root / tmp_tag
-    error = None
+    root, tag = Path(cfg.train.save_dir), tag_for(step)
+    tmp = root / (tag + ".tmp")
+    error = begin(root, tmp)
     try:
-        if _rank() == 0:
-            root.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(root / tmp_tag, ignore_errors=True)
-    except Exception as e:  # noqa: BLE001 - reported below on every rank
-        error = e
-    accelerator.barrier()
-    try:
-        engine.save_checkpoint(str(root), tag=tmp_tag, client_state={"megahash_step": step}, save_latest=False)
+        engine.save_checkpoint(str(root), tag=tmp.name, client_state={"megahash_step": step}, save_latest=False)
         from megahash.training.weights import WEIGHTS_DIR, save_weights
 
         save_weights(engine.module, tmp / WEIGHTS_DIR, cfg.train.zero_stage)
         from megahash.training import optimizer_state  # Adam's state sharded like the weights (elastic resume)
 
         optimizer_state.save(engine, tmp / optimizer_state.OPTIM_DIR, cfg.train.zero_stage)
-        _atomic_write(tmp / f"rng_rank{_rank():05d}.json", json.dumps(_to_jsonable(accelerator.rng_state())))
+        write_rng(tmp)
     except Exception as e:  # noqa: BLE001
         error = error or e
     except BaseException as e:  # torch.distributed.checkpoint's CheckpointException (disk full in model/, optimizer/)
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
         error = error or e
-    if any_rank(error is not None) or os.environ.get("MEGAHASH_TEST_FAIL_IN_SAVE") == str(step):
-        if error is None:
-            error = (RuntimeError(f"injected failure while saving step {step} (MEGAHASH_TEST_FAIL_IN_SAVE)")
-                     if os.environ.get("MEGAHASH_TEST_FAIL_IN_SAVE") == str(step) else
-                     RuntimeError("another rank failed to write its part; its log names the cause"))
+    if os.environ.get("MEGAHASH_TEST_FAIL_IN_SAVE") == str(step) and error is None:
+        error = RuntimeError(f"injected failure while saving step {step} (MEGAHASH_TEST_FAIL_IN_SAVE)")
+    fail_if_any(root, tag, tmp, error)
+    publish(engine, cfg, tmp, step, consumed, extra)
+    return root / tag
+
+
+def begin(root: Path, tmp: Path) -> BaseException | None:
+    """Collective: rank 0 makes ``root`` and clears a leftover ``tmp``; the error, if any (for
+    :func:`fail_if_any`)."""
+    error = None
+    try:
+        if _rank() == 0:
+            root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+    except Exception as e:  # noqa: BLE001 - reported by fail_if_any on every rank
+        error = e
+    accelerator.barrier()
+    return error
+
+
+def write_rng(tmp: Path) -> None:
+    _atomic_write(tmp / f"rng_rank{_rank():05d}.json", json.dumps(_to_jsonable(accelerator.rng_state())))
+
+
+def fail_if_any(root: Path, tag: str, tmp: Path, error: BaseException | None) -> None:
+    """Collective: if any rank failed, remove ``tmp`` and raise one CheckpointError on every rank."""
+    from megahash.training import checkpoint_faults
+    from megahash.training.signals import any_rank
+
+    if any_rank(error is not None):
+        error = error or RuntimeError("another rank failed to write its part; its log names the cause")
         note = checkpoint_faults.disk_note(root, error)
         _abandon(tmp)
         raise checkpoint_faults.save_failed(root, tag, note, error) from None
+
+
+def publish(engine, cfg: Config, tmp: Path, step: int, consumed: int, extra: dict | None = None) -> None:
+    """Collective, after every rank has written its part of ``tmp``: rank 0 writes the config, the
+    manifest and the state file, renames ``tmp`` to ``step_N``, points ``latest`` at it and prunes."""
+    root, tag, error = tmp.parent, tag_for(step), None
     try:
         if _rank() == 0:
+            from megahash.training import checkpoint_faults
+
             save_config(cfg, tmp / "resolved_config.yaml")
             checkpoint_faults.write_manifest(tmp)
             state = {"step": step, "consumed_samples": consumed, "signature": model_signature(cfg),
                      "padded_vocab_size": int(engine.module.vocab_size),
                      "world_size": dist.get_world_size() if dist.is_initialized() else 1,
-                 "zero_stage": cfg.train.zero_stage, **(extra or {})}
+                     "zero_stage": cfg.train.zero_stage, **(extra or {})}
             _atomic_write(tmp / STATE_FILE, json.dumps(state, indent=1))
             final = root / tag
             if final.exists():  # re-saving the same step: move the old one aside first
@@ -211,12 +236,11 @@ def save(engine, cfg: Config, step: int, consumed: int, extra: dict | None = Non
             prune(root, cfg.train.keep_last)
     except Exception as e:  # noqa: BLE001
         error = e
+    from megahash.training.signals import any_rank
+
     if any_rank(error is not None):
         error = error or RuntimeError("rank 0 could not finish the save; its log names the cause")
-        note = checkpoint_faults.disk_note(root, error)
-        _abandon(tmp)
-        raise checkpoint_faults.save_failed(root, tag, note, error) from None
-    return root / tag
+        fail_if_any(root, tag, tmp, error)
 
 
 def _abandon(tmp: Path) -> None:
@@ -252,10 +276,13 @@ def load(engine, ckpt: Path, cfg: Config) -> dict:
         return load_weights_only(engine, ckpt, cfg, state)
     if mode == "elastic":  # another layout: weights and optimizer state from the dist checkpoints
         return elastic.load_elastic(engine, ckpt, cfg, state)
-    path, _client = engine.load_checkpoint(str(ckpt.parent), tag=ckpt.name, load_optimizer_states=True,
-                                           load_lr_scheduler_states=True)
-    if path is None:
-        raise CheckpointError(f"DeepSpeed could not load checkpoint {ckpt}; its files are missing or corrupt")
+    if state.get("deepspeed_files") is False:  # an asynchronous save (train.async_save): no DeepSpeed files
+        elastic.load_elastic(engine, ckpt, cfg, state)  # the megatron pair at this (the saved) layout
+    else:
+        path, _client = engine.load_checkpoint(str(ckpt.parent), tag=ckpt.name, load_optimizer_states=True,
+                                               load_lr_scheduler_states=True)
+        if path is None:
+            raise CheckpointError(f"DeepSpeed could not load checkpoint {ckpt}; its files are missing or corrupt")
     rng_file = ckpt / f"rng_rank{_rank():05d}.json"
     if rng_file.is_file():
         accelerator.set_rng_state(_from_jsonable(json.loads(rng_file.read_text())))

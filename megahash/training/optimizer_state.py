@@ -269,10 +269,11 @@ def _write_info(directory: Path, info: dict) -> None:
         os.replace(tmp, directory / INFO_FILE)
 
 
-def save(engine, directory: Path, zero_stage: int) -> None:
-    """Collective: write this engine's optimizer state to ``directory`` (module docstring). An
-    optimizer that cannot be addressed per parameter writes only the reason, which a resume at
-    another layout reports in its one-line refusal."""
+def save(engine, directory: Path, zero_stage: int, async_queue=None) -> None:
+    """Collective: write this engine's optimizer state to ``directory`` (module docstring; with an
+    ``async_queue`` the tensor write is scheduled there, weights.dist_save). An optimizer that cannot
+    be addressed per parameter writes only the reason, which a resume at another layout reports in
+    its one-line refusal."""
     from megatron.core.dist_checkpointing.optimizer import make_sharded_optimizer_tensor
 
     from megahash.training.weights import dist_save
@@ -294,7 +295,7 @@ def save(engine, directory: Path, zero_stage: int) -> None:
         for key in keys:  # (the dict is indexed by parameter; a parameter without state writes zeros)
             sharded[f"{key}.{i}"] = make_sharded_optimizer_tensor(sh, _get(engine, p, key, shape), prefix=key)
     directory.mkdir(parents=True, exist_ok=True)
-    dist_save(sharded, directory)
+    dist_save(sharded, directory, async_queue)
     _write_info(directory, {"format": FORMAT, "complete": True, "keys": keys,
                             "adam_step": max((n for n in steps if n is not None), default=0),
                             "param_steps": {names[id(p)]: n for (p, _, _), n in zip(params, steps)},

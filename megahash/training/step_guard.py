@@ -33,8 +33,8 @@ checkpoints the scheduler and ``skipped_steps``, so a resume continues both. (fl
 
 After ``max_skips`` consecutive skips the run stops with one line (:class:`SkippedStepsError`, exit 2)
 naming the step and its global sample indices. The spike window and the consecutive count are saved
-with DeepSpeed's checkpoint (``client_state``), so a resume decides as the uninterrupted run; an elastic
-or weights-only resume (another layout) starts them empty.
+in the checkpoint's state file (:func:`checkpoint_extra`, synchronous and asynchronous saves alike), so
+a resume, at this layout or another, decides as the uninterrupted run.
 """
 from __future__ import annotations
 
@@ -225,26 +225,20 @@ def install(engine, train_cfg) -> StepGuard | None:
 
     engine.backward = guarded_backward
     engine._take_model_step = lambda lr_kwargs=None: guard.take_model_step(take_step, lr_kwargs)
-    _checkpointed(engine, guard)
     return guard
 
 
-def _checkpointed(engine, guard: StepGuard) -> None:
-    """The spike window and the consecutive count travel in DeepSpeed's ``client_state`` (the same on
-    every rank): a resume from a DeepSpeed checkpoint decides as the uninterrupted run would."""
-    save, load = engine.save_checkpoint, engine.load_checkpoint
-
-    def save_with_guard(*args, **kwargs):
-        kwargs["client_state"] = {**(kwargs.get("client_state") or {}), _STATE_KEY: guard.state_dict()}
-        return save(*args, **kwargs)
-
-    def load_with_guard(*args, **kwargs):
-        path, client = load(*args, **kwargs)
-        if path is not None and isinstance(client, dict) and _STATE_KEY in client:
-            guard.load_state_dict(client[_STATE_KEY])
-        return path, client
-
-    engine.save_checkpoint, engine.load_checkpoint = save_with_guard, load_with_guard
+def checkpoint_extra(guard: StepGuard | None) -> dict:
+    """What a checkpoint's state file (``megahash_state.json``, the same on every rank) keeps of the
+    guard: the spike window and the consecutive count, so a resume at any layout, from a synchronous
+    or an asynchronous save, decides as the uninterrupted run would."""
+    return {_STATE_KEY: guard.state_dict()} if guard is not None else {}
 
 
-_STATE_KEY = "megahash_step_guard"
+def restore(guard: StepGuard | None, state: dict) -> None:
+    """The guard's state from a checkpoint's state file (nothing when it was saved without one)."""
+    if guard is not None and _STATE_KEY in state:
+        guard.load_state_dict(state[_STATE_KEY])
+
+
+_STATE_KEY = "step_guard"

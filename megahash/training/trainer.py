@@ -24,7 +24,7 @@ from megahash import accelerator
 from megahash.config import Config, save_config
 from megahash.data.text_source import RunTexts
 from megahash.errors import CheckpointError
-from megahash.training import checkpoint, step_guard
+from megahash.training import async_save, checkpoint, step_guard
 from megahash.training.batch_ramp import check_resume, consumed_samples, ramp_metrics, set_step_batch, step_batch
 from megahash.training.ds_config import deepspeed_config, tune_engine
 from megahash.training.logging import RunLogger, plot_loss
@@ -158,6 +158,7 @@ class _Run:
     peak: float = 0.0  # peak FLOP/s of the whole world
     watch: Any = None  # megahash.training.watchdog.HangWatchdog
     guard: Any = None  # megahash.training.step_guard.StepGuard (train.skip_nonfinite, train.spike_factor)
+    saver: Any = None  # megahash.training.async_save.AsyncSaver (train.async_save), None: synchronous saves
 
     @property
     def save_dir(self) -> Path:
@@ -213,13 +214,16 @@ def _set_up(run: _Run) -> None:
     run.guard = step_guard.install(run.engine, cfg.train)
     run.objective = build_objective(cfg, run.data)
     if resume_from is not None:
-        run.step = int(checkpoint.load(run.engine, resume_from, cfg)["step"])
+        state = checkpoint.load(run.engine, resume_from, cfg)
+        run.step = int(state["step"])
+        step_guard.restore(run.guard, state)  # the spike window and skip count (train.spike_factor)
     _open_log(run, resume_from, n_params, n_emb)
     _open_batches(run)
     run.stop = _stop_flag(cfg.train)
     _start_progress(run)
     run.profiler = StepProfiler(cfg, run.rank, run.progress.write)
     run.watch = watchdog_for(cfg.train, run.rank)  # train.hang_timeout_s / hang_factor (training/watchdog.py)
+    run.saver = async_save.start(cfg, run.log)
 
 
 def _resume_point(cfg: Config, rank: int) -> Path | None:
@@ -405,9 +409,10 @@ def _save_or_stop(run: _Run) -> int | None:
     t, step, stop = run.cfg.train, run.step, run.stop
     signalled = any_rank(stop.set)  # a signal to any rank stops every rank at this step
     stopping = signalled or (t.stop_after and step == t.stop_after)
+    async_save.poll(run)  # publishes a background save whose writers are done (train.async_save)
     if step == t.steps or stopping or (t.save_interval and step % t.save_interval == 0):
         with stop.deferred():  # helpers the save spawns must survive a signal to the whole step
-            checkpoint.save(run.engine, run.cfg, step, run.consumed(step))
+            async_save.save(run, step, wait=step == t.steps or bool(stopping))  # synchronous unless train.async_save
     if not stopping:
         return None
     if run.rank == 0:
@@ -434,7 +439,9 @@ def _finish(run: _Run, exit_status: int, at_end) -> None:
 
 
 def _close(run: _Run) -> None:
-    """Close the profiler, the progress meter and the logs and drop the batch iterator (its loader workers), once."""
+    """Close a pending background save, the profiler, the progress meter and the logs and drop the batch
+    iterator (its loader workers), once."""
+    async_save.close(run)  # after an error: a pending background save is abandoned (the previous one stays)
     if run.profiler is not None:
         run.profiler.close()  # a run stopped inside the profiled window: the steps it traced
     if run.progress is not None:

@@ -47,20 +47,22 @@ def sharded_metadata(model) -> dict | None:
     return None if homogeneous(model) else {"non_homogeneous_layers": True}
 
 
-def dist_save(sharded_state_dict: dict, directory: Path) -> None:
-    """Collective: megatron-core ``dist_checkpointing.save`` (its default ``torch_dist`` strategy),
-    synchronously, with the writer's results handed back within this process.
+def dist_save(sharded_state_dict: dict, directory: Path, async_queue=None) -> None:
+    """Collective: megatron-core ``dist_checkpointing.save`` (its default ``torch_dist`` strategy).
 
-    megatron's ``FileSystemWriterAsync`` returns its write workers' results through a queue of a
-    ``multiprocessing`` Manager: a spawned server process that imports torch to unpickle them, i.e.
-    about 2.4 s (2 CPU seconds) at the first save of every process (measured on the 2-core CI
-    machine; the cost is per process, not per save). A synchronous save runs the writer in this
-    process, so a plain in-process queue carries the results. An asynchronous save (megatron's
-    persistent worker) would need the cross-process queue: megahash does not save asynchronously.
+    Synchronously (``async_queue`` None) the writer runs in this process and hands its results back
+    through a plain in-process queue: megatron's ``FileSystemWriterAsync`` would otherwise create a
+    ``multiprocessing`` Manager (a spawned server process that imports torch to unpickle them, about
+    2.4 s, 2 CPU seconds, at the first save of every process on the 2-core CI machine). With an
+    ``async_queue`` (``train.async_save``: megahash/training/async_save.py) the save is planned here
+    and its write handed to a background writer; the caller finalizes it.
     """
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
+    if async_queue is not None:
+        async_queue.save(sharded_state_dict, directory)
+        return
     if getattr(filesystem_async, "_results_queue", ...) is None:  # megatron creates it on first use
         import queue
 
@@ -68,12 +70,13 @@ def dist_save(sharded_state_dict: dict, directory: Path) -> None:
     dist_checkpointing.save(sharded_state_dict, str(directory))
 
 
-def save_weights(module: torch.nn.Module, directory: Path, zero_stage: int = 0) -> None:
-    """Collective: every rank contributes its shards to ``directory`` (created, must be new)."""
+def save_weights(module: torch.nn.Module, directory: Path, zero_stage: int = 0, async_queue=None) -> None:
+    """Collective: every rank contributes its shards to ``directory`` (created, must be new); with an
+    ``async_queue`` the write is scheduled while the ZeRO-3 parameters are still gathered (dist_save)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     with gathered(module, zero_stage):
-        dist_save(module.sharded_state_dict(metadata=sharded_metadata(module)), directory)
+        dist_save(module.sharded_state_dict(metadata=sharded_metadata(module)), directory, async_queue)
 
 
 def _first_line(e: BaseException) -> str:

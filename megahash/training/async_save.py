@@ -1,0 +1,256 @@
+"""``train.async_save``: checkpoints written by a background writer while training goes on.
+
+A save is planned on every rank in the step loop (the collective parts: the optimizer state
+gathered per parameter, megatron-core's sharded-state validation and save plan, the RNG file) and
+its tensor writes are handed to megatron-core's asynchronous dist checkpointing:
+``dist_checkpointing.save(..., async_sharded_save=True)`` returns an ``AsyncRequest`` for
+``model/`` and one for ``optimizer/``, scheduled on an ``AsyncCallsQueue`` (Megatron-LM's
+``--async-save``). Its ``TemporalAsyncCaller`` forks a writer process per request: the fork is the
+snapshot (copy-on-write pages, after the device-to-host copy on a GPU), so the next optimizer steps
+may change the parameters at once. Every step polls the queue (one all-reduce while a save is in
+flight, as Megatron-LM's ``maybe_finalize_async_save``); when every rank's writer has finished, the
+queue finalizes the requests on all ranks (each dist checkpoint's ``.metadata`` and
+``metadata.json``) and only then does rank 0 publish the checkpoint: manifest, state file, rename of
+``step_N.tmp`` to ``step_N``, ``latest``, ``train.keep_last`` pruning (megahash/training/checkpoint.py
+``publish``). Until then ``latest`` and the manifest name the previous checkpoint, so a crash (kill -9)
+mid-write leaves it as the resume point (the next start removes ``step_N.tmp``), and pruning, which
+only happens at a publish and only sees published ``step_N`` folders, never removes the one being
+written. At most one save is in flight: a new save first waits for the pending one. The last save
+of a run and the save of a stop (signal, ``train.stop_after``) are waited for before the run exits.
+
+DeepSpeed's native files are not written by an asynchronous save: the megatron pair (``model/``,
+``optimizer/``) holds the weights, Adam's moments and step counts, and resumes at any layout
+(docs/resume.md); at the saved layout it is loaded the same way plus each rank's RNG state
+(checkpoint.load, ``deepspeed_files: false`` in the state file), which makes the resume bit-exact
+(tests/test_async_save.py). An optimizer that
+megahash cannot address per parameter (none that megahash builds) keeps the synchronous DeepSpeed copy.
+
+Why the forking caller and not megatron's persistent worker (``AsyncCallsQueue(persistent=True)``),
+read from megatron-core 0.16.1: the persistent worker is a *spawned* process whose loop first calls
+``torch.cuda.set_device(rank % torch.cuda.device_count())`` (a ZeroDivisionError without a GPU; the
+CPU shims of megahash/accelerator.py do not reach a spawned interpreter), and it receives the request
+pickled through torch's multiprocessing, which moves CPU tensors into shared memory *in place*: on a
+CPU the writer would read the live parameters while training changes them. The forking caller needs
+only ``torch.cuda.synchronize`` and ``torch.cuda.current_device`` (its all-reduces), which the CPU
+shims provide; its write results come back through megatron's cross-process queue (a
+``multiprocessing`` Manager, started once per run here and shut down at its end; a pipe-backed queue
+could block a writer whose results outgrow the pipe buffer).
+"""
+from __future__ import annotations
+
+import functools
+import os
+import time
+from pathlib import Path
+
+DELAY_ENV = "MEGAHASH_TEST_ASYNC_WRITE_DELAY"  # tests: "STEP:SECONDS", the writer of that step sleeps first
+
+
+def _die_with_parent() -> None:
+    """In a helper process (writer, results manager): SIGKILL when the trainer dies, so a killed
+    trainer leaves no orphan (Linux's PR_SET_PDEATHSIG; elsewhere nothing). Imports nothing heavy:
+    it is also the manager's initializer, run before the manager reports its address."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG = 1, SIGKILL = 9
+    except (OSError, AttributeError):
+        pass
+
+
+def _in_writer(fn, step: int, *args, **kwargs):
+    """The body of a forked writer: die with the trainer (no orphan writing into ``step_N.tmp``), then
+    megatron's write."""
+    _die_with_parent()
+    at, _, secs = os.environ.get(DELAY_ENV, "").partition(":")
+    if at == str(step):
+        time.sleep(float(secs))
+    return fn(*args, **kwargs)
+
+
+class _Queue:
+    """megatron-core's ``AsyncCallsQueue`` (forking caller), each request with its own results queue."""
+
+    def __init__(self, manager):
+        from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+
+        self.calls, self.manager, self.step = AsyncCallsQueue(persistent=False), manager, 0
+
+    def save(self, sharded_state_dict: dict, directory: Path) -> None:
+        """Collective: plan the dist checkpoint of ``directory`` and schedule its write. megatron's
+        writer takes the module's results queue when it is planned; one queue for every request
+        would let a request's finalization read another's results (megatron has one in flight)."""
+        from megatron.core import dist_checkpointing
+        from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+        filesystem_async._results_queue = self.manager.Queue()
+        request = dist_checkpointing.save(sharded_state_dict, str(directory), async_sharded_save=True)
+        if request.async_fn is not None:
+            request = request._replace(async_fn=functools.partial(_in_writer, request.async_fn, self.step))
+        self.calls.schedule_async_request(request)
+
+    def abort(self) -> None:
+        """Kill the writers of every unfinalized request (``AsyncCallsQueue.close(abort=True)`` kills
+        only a persistent worker) and forget the requests."""
+        for call in self.calls.async_calls:
+            call.async_caller.close(abort=True)
+        self.calls.async_calls.clear()
+
+
+def _warm(manager) -> None:
+    """The manager process unpickles the writers' results, importing torch at the first one (about
+    2 s): done here, in a thread at the start of the run, instead of in the first save's write."""
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+    from torch.distributed.checkpoint.storage import WriteResult
+
+    q = manager.Queue()
+    q.put(WriteResult(index=MetadataIndex("warm-up"), size_in_bytes=0, storage_data=None))
+    q.get()
+
+
+def _cause(e: BaseException) -> BaseException:
+    """The writer's own error inside torch's ``CheckpointException`` (``failures``: rank -> (exception,
+    traceback)), whose message only lists the ranks. The writer's exception crossed processes as text
+    ("Worker failure: [Errno 28] ..."): an errno in it is an OSError again, so that the one-line error
+    names the file and the remedy fits (disk full, fix the folder; checkpoint_faults.remedy)."""
+    import re
+
+    failures = getattr(e, "failures", None)
+    if not isinstance(failures, dict) or not failures:
+        return e
+    inner = next(iter(failures.values()))
+    inner = inner[0] if isinstance(inner, tuple) else inner
+    m = re.search(r"\[Errno (\d+)\] ([^:']+)(?:: '([^']*)')?", str(inner))
+    return OSError(int(m[1]), m[2].strip(), m[3]) if m else inner
+
+
+class AsyncSaver:
+    """The run's background checkpoint writer (one save in flight at most)."""
+
+    def __init__(self, cfg, log=None):
+        import multiprocessing
+        import threading
+        from multiprocessing.managers import SyncManager
+
+        from megahash.training.signals import immune_children
+
+        with immune_children():  # the manager must outlive a stop signal to the process group
+            self.manager = SyncManager(ctx=multiprocessing.get_context("spawn"))
+            self.manager.start(_die_with_parent)
+        self.cfg, self.log, self.queue, self.pending = cfg, log, _Queue(self.manager), None
+        self.now = 0  # the step the loop is at (the step of a publication's record)
+        self.warm = threading.Thread(target=_warm, args=(self.manager,), name="megahash-async-save-warm-up")
+        self.warm.start()
+
+    def save(self, engine, step: int, consumed: int, wait: bool, extra: dict | None = None) -> float:
+        """Collective: start the save of ``step`` (after finishing the pending one); with ``wait``,
+        finish it too. Returns the seconds the caller was blocked."""
+        from megahash.training import checkpoint, optimizer_state
+        from megahash.training.weights import WEIGHTS_DIR, save_weights
+
+        t0 = time.perf_counter()
+        stall = self.finish(blocking=True)
+        cfg, root, tag = self.cfg, Path(self.cfg.train.save_dir), checkpoint.tag_for(step)
+        tmp = root / (tag + ".tmp")
+        error, native = checkpoint.begin(root, tmp), optimizer_state.unsupported(engine) is not None
+        self.queue.step = self.now = step
+        try:
+            if native:  # no per-parameter optimizer state: DeepSpeed's own copy, synchronously
+                engine.save_checkpoint(str(root), tag=tmp.name, client_state={"megahash_step": step}, save_latest=False)
+            save_weights(engine.module, tmp / WEIGHTS_DIR, cfg.train.zero_stage, self.queue)
+            optimizer_state.save(engine, tmp / optimizer_state.OPTIM_DIR, cfg.train.zero_stage, self.queue)
+            checkpoint.write_rng(tmp)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # noqa: BLE001 - torch's CheckpointException is a BaseException
+            error = error or e
+        if error is not None:
+            self.queue.abort()  # what was scheduled before the failure
+        checkpoint.fail_if_any(root, tag, tmp, error)
+        self.pending = {"tmp": tmp, "step": step, "consumed": consumed, "native": native, "engine": engine,
+                        "extra": extra or {},
+                        "started": time.perf_counter(), "stall": time.perf_counter() - t0 - stall}
+        if wait:
+            self.finish(blocking=True)
+        return time.perf_counter() - t0
+
+    def finish(self, blocking: bool) -> float:
+        """Collective: finalize the pending save if every rank's writer is done (``blocking``: wait
+        for them), then publish it. Returns the seconds this took."""
+        from megahash.training import checkpoint
+
+        t0 = time.perf_counter()
+        p = self.pending
+        if p is None:
+            return 0.0
+        try:
+            self.queue.calls.maybe_finalize_async_calls(blocking=blocking)
+            error = None
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # noqa: BLE001 - a writer failed (disk full): CheckpointException on every rank
+            error = _cause(e)
+        if error is None and self.queue.calls.get_num_unfinalized_calls():
+            return time.perf_counter() - t0
+        if error is not None:
+            self.queue.abort()
+        self.pending = None
+        root, tag = p["tmp"].parent, p["tmp"].name[:-len(".tmp")]
+        checkpoint.fail_if_any(root, tag, p["tmp"], error)
+        checkpoint.publish(p["engine"], self.cfg, p["tmp"], p["step"], p["consumed"],
+                           {**p["extra"], **({} if p["native"] else {"deepspeed_files": False})})
+        p["stall"] += time.perf_counter() - t0
+        if self.log is not None:  # at the current step (wandb's steps only increase); stall_s: the loop's stall
+            self.log.log(self.now, {"saved_step": p["step"], "stall_s": p["stall"], "async": 1,
+                                     "write_s": time.perf_counter() - p["started"]}, "checkpoint", echo=False)
+        return time.perf_counter() - t0
+
+    def close(self, abort: bool) -> None:
+        """Finish the pending save (``abort``: kill its writers, leaving ``step_N.tmp`` for the next
+        start to remove) and stop the results manager."""
+        from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+        try:
+            if abort:
+                self.queue.abort()
+            else:
+                self.finish(blocking=True)
+        finally:
+            self.pending = None
+            filesystem_async._results_queue = None
+            self.warm.join()
+            self.manager.shutdown()
+
+
+def start(cfg, log=None) -> AsyncSaver | None:
+    """The run's writer when ``train.async_save`` is on (None: saves are synchronous)."""
+    return AsyncSaver(cfg, log) if cfg.train.async_save else None
+
+
+def save(run, step: int, wait: bool) -> None:
+    """Collective: the checkpoint of ``step``, asynchronously with ``run.saver`` (``wait``: finished
+    before returning), else synchronously with its stall logged (split ``checkpoint``)."""
+    from megahash.training import checkpoint, step_guard
+
+    consumed = run.consumed(step)  # batch_ramp.consumed_samples: the one source
+    extra = step_guard.checkpoint_extra(run.guard)  # the bad-step guard's window (train.spike_factor)
+    if run.saver is not None:
+        run.saver.save(run.engine, step, consumed, wait, extra)
+        return
+    t0 = time.perf_counter()
+    checkpoint.save(run.engine, run.cfg, step, consumed, extra)
+    run.log.log(step, {"saved_step": step, "stall_s": time.perf_counter() - t0, "async": 0}, "checkpoint", echo=False)
+
+
+def poll(run) -> None:
+    """Collective, every step: publish the pending save if every rank's writer is done."""
+    if run.saver is not None:
+        run.saver.now = run.step
+        run.saver.finish(blocking=False)
+
+
+def close(run) -> None:
+    """At the end of a run (its last save was waited for) or after an error (the writers are killed)."""
+    saver, run.saver = run.saver, None
+    if saver is not None:
+        saver.close(abort=True)

@@ -1,0 +1,120 @@
+"""``train.async_save`` (issue 35 item 1, megahash/training/async_save.py) through the real DeepSpeed
+engine on one CPU rank: training goes on while a checkpoint is written in the background; ``latest``
+and the manifest name the previous checkpoint until the writer has finished; a kill -9 mid-write
+leaves that previous checkpoint as the resume point; ``train.keep_last`` keeps it meanwhile; the save
+of a stop is finished before the process exits; the async checkpoints (no DeepSpeed-native files)
+resume bit-exactly."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, child_env, pretrain, train_losses
+
+TINY = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=128",
+        "data.seq_length=64", "train.micro_batch_size=4", "train.global_batch_size=8", "train.lr=2e-3",
+        "train.warmup_steps=2", "train.log_interval=100", "train.eval_interval=0", "logging.plot=false",
+        "logging.tensorboard=false", "train.async_save=true", "train.save_interval=2", "train.keep_last=1"]
+
+
+def _args(shards, run_dir: Path, *extra) -> list[str]:
+    return [f"data.prefix=[{shards['prefix']}]", f"data.tokenizer={shards['tokenizer']}", *TINY, "train.steps=6",
+            f"train.save_dir={run_dir}", *extra]
+
+
+def _wait_for_step(run_dir: Path, step: int, proc, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, f"the run ended before step {step}: {proc.communicate()[1][-3000:]}"
+        try:
+            if max(train_losses(run_dir), default=0) >= step:
+                return
+        except (FileNotFoundError, ValueError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"no step {step} in {run_dir} after {timeout} s")
+
+
+@pytest.mark.slow
+def test_kill_during_async_write_resumes_from_the_previous_checkpoint_bit_exactly(shakespeare_shards, tmp_path):
+    """6 steps saving every 2 with the writer of step 4 held for a minute: steps 5 and 6 train while
+    it writes (``latest`` still step 2, ``step_00000004.tmp`` unpublished, step 2 not pruned by
+    keep_last=1); kill -9 then. The rerun resumes from step 2, stops after step 4 (its save finished
+    before exit, DeepSpeed's native files absent, step 2 pruned), and a third run resumes from step 4:
+    steps 3-6 equal the killed run's bit for bit (loss and gradient norm)."""
+    from megahash.training.checkpoint_faults import damage
+
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "megahash/pretrain.py", *_args(shakespeare_shards, run_dir)], cwd=ROOT,
+                            env=child_env(MEGAHASH_TEST_ASYNC_WRITE_DELAY="4:120"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_step(run_dir, 6, proc)  # the last step waits for the held writer of step 4
+        assert (run_dir / "latest").read_text() == "step_00000002"
+        assert (run_dir / "step_00000004.tmp" / "model").is_dir() and not (run_dir / "step_00000004").exists()
+        assert damage(run_dir / "step_00000002") is None  # complete, manifest-verified, not pruned
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    killed = {s: rec for s, rec in _records(run_dir).items()}
+    assert sorted(killed) == [1, 2, 3, 4, 5, 6]
+
+    r = pretrain(_args(shakespeare_shards, run_dir, "train.stop_after=4"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"resumed from {run_dir}/step_00000002" in r.stdout and "stopped at step 4" in r.stdout
+    assert (run_dir / "latest").read_text() == "step_00000004" and damage(run_dir / "step_00000004") is None
+    assert not (run_dir / "step_00000002").exists() and not (run_dir / "step_00000004.tmp").exists()
+    assert not list((run_dir / "step_00000004").glob("*.pt"))  # no DeepSpeed-native copy
+    assert json.loads((run_dir / "step_00000004" / "megahash_state.json").read_text())["deepspeed_files"] is False
+
+    r = pretrain(_args(shakespeare_shards, run_dir))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"resumed from {run_dir}/step_00000004" in r.stdout
+    resumed = _records(run_dir)  # the last record of a step wins
+    # bit-exact: resuming is the promise (one machine, one code path)
+    assert {s: resumed[s] for s in (3, 4, 5, 6)} == {s: killed[s] for s in (3, 4, 5, 6)}
+    saves = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if '"checkpoint"' in l]
+    assert [rec["saved_step"] for rec in saves] == [2, 4, 6] and all(rec["async"] == 1 for rec in saves)
+
+
+def _records(run_dir: Path) -> dict[int, tuple]:
+    out = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec["split"] == "train":
+            out[rec["step"]] = (rec["loss"], rec["grad_norm"])
+    return out
+
+
+def test_a_failed_background_write_is_one_line_and_keeps_the_previous_checkpoint(shakespeare_shards, tmp_path):
+    """The folder of step 4's save disappears while its writer is held (5 s): the run's last save fails on
+    publication with one line naming the file, exit 2, ``step_00000004.tmp`` removed, ``latest`` still
+    step 2 (megahash/training/checkpoint_faults.py's message and remedy, as a synchronous save's)."""
+    import shutil
+
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "megahash/pretrain.py", *_args(shakespeare_shards, run_dir),
+                             "train.steps=4"], cwd=ROOT, env=child_env(MEGAHASH_TEST_ASYNC_WRITE_DELAY="4:5"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_step(run_dir, 4, proc)
+        deadline = time.time() + 60
+        while not (run_dir / "step_00000004.tmp" / "optimizer").is_dir() and time.time() < deadline:
+            time.sleep(0.05)
+        shutil.rmtree(run_dir / "step_00000004.tmp" / "model")
+        _out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 2, err[-3000:]
+    lines = [l for l in err.splitlines() if l.startswith("error:")]
+    assert len(lines) == 1 and "No such file or directory" in lines[0], err[-3000:]
+    assert "the previous checkpoint step_00000002 is intact" in lines[0] and "fix the folder" in lines[0]
+    assert (run_dir / "latest").read_text() == "step_00000002" and not (run_dir / "step_00000004.tmp").exists()
