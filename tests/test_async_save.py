@@ -63,6 +63,7 @@ def test_kill_during_async_write_resumes_from_the_previous_checkpoint_bit_exactl
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.communicate()
+    assert _survivors(run_dir) == []  # the held writer died with the trainer (no orphan writes into step 4)
     killed = {s: rec for s, rec in _records(run_dir).items()}
     assert sorted(killed) == [1, 2, 3, 4, 5, 6]
 
@@ -82,6 +83,23 @@ def test_kill_during_async_write_resumes_from_the_previous_checkpoint_bit_exactl
     assert {s: resumed[s] for s in (3, 4, 5, 6)} == {s: killed[s] for s in (3, 4, 5, 6)}
     saves = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines() if '"checkpoint"' in l]
     assert [rec["saved_step"] for rec in saves] == [2, 4, 6] and all(rec["async"] == 1 for rec in saves)
+
+
+def _survivors(run_dir: Path, wait: float = 10.0) -> list[int]:
+    """Processes whose command line names ``run_dir`` (the trainer's forks: writers, file writers) still
+    alive after ``wait`` seconds: none may outlive a killed or failed trainer."""
+    deadline = time.time() + wait
+    while True:
+        alive = []
+        for d in Path("/proc").iterdir():
+            try:
+                if d.name.isdigit() and str(run_dir).encode() in (d / "cmdline").read_bytes():
+                    alive.append(int(d.name))
+            except OSError:
+                pass
+        if not alive or time.time() > deadline:
+            return alive
+        time.sleep(0.1)
 
 
 def _records(run_dir: Path) -> dict[int, tuple]:
@@ -114,6 +132,7 @@ def test_a_failed_background_write_is_one_line_and_keeps_the_previous_checkpoint
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
     assert proc.returncode == 2, err[-3000:]
+    assert _survivors(run_dir) == []  # the killed writer's file writers died with it (they used to hang)
     lines = [l for l in err.splitlines() if l.startswith("error:")]
     assert len(lines) == 1 and "No such file or directory" in lines[0], err[-3000:]
     assert "the previous checkpoint step_00000002 is intact" in lines[0] and "fix the folder" in lines[0]

@@ -46,22 +46,36 @@ from pathlib import Path
 DELAY_ENV = "MEGAHASH_TEST_ASYNC_WRITE_DELAY"  # tests: "STEP:SECONDS", the writer of that step sleeps first
 
 
-def _die_with_parent() -> None:
-    """In a helper process (writer, results manager): SIGKILL when the trainer dies, so a killed
-    trainer leaves no orphan (Linux's PR_SET_PDEATHSIG; elsewhere nothing). Imports nothing heavy:
-    it is also the manager's initializer, run before the manager reports its address."""
+def _die_with_parent(parent: int) -> None:
+    """In a helper process (writer, its file writers, the results manager): SIGKILL when its parent
+    ``parent`` dies (Linux's PR_SET_PDEATHSIG; elsewhere nothing), so a killed trainer, or a writer
+    killed by :meth:`_Queue.abort`, leaves no orphan: megatron's file writers would otherwise wait
+    forever in ``JoinableQueue.task_done`` for their dead parent, holding the trainer's stdout. If the
+    parent died before the call, exit at once. Imports nothing heavy: it is also the manager's
+    initializer, run before the manager reports its address."""
     try:
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG = 1, SIGKILL = 9
     except (OSError, AttributeError):
-        pass
+        return
+    if os.getppid() != parent:
+        os._exit(1)
 
 
-def _in_writer(fn, step: int, *args, **kwargs):
-    """The body of a forked writer: die with the trainer (no orphan writing into ``step_N.tmp``), then
-    megatron's write."""
-    _die_with_parent()
+def _dying_with(parent: int, fn, *args, **kwargs):
+    _die_with_parent(parent)
+    return fn(*args, **kwargs)
+
+
+def _in_writer(fn, step: int, trainer: int, *args, **kwargs):
+    """The body of a forked writer: die with the trainer, make megatron's file writers (forked from
+    here) die with this writer, then megatron's write."""
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
+
+    _die_with_parent(trainer)
+    own = FileSystemWriterAsync.write_preloaded_data  # patched in this forked process only
+    FileSystemWriterAsync.write_preloaded_data = staticmethod(functools.partial(_dying_with, os.getpid(), own))
     at, _, secs = os.environ.get(DELAY_ENV, "").partition(":")
     if at == str(step):
         time.sleep(float(secs))
@@ -86,7 +100,8 @@ class _Queue:
         filesystem_async._results_queue = self.manager.Queue()
         request = dist_checkpointing.save(sharded_state_dict, str(directory), async_sharded_save=True)
         if request.async_fn is not None:
-            request = request._replace(async_fn=functools.partial(_in_writer, request.async_fn, self.step))
+            request = request._replace(async_fn=functools.partial(_in_writer, request.async_fn, self.step,
+                                                                  os.getpid()))
         self.calls.schedule_async_request(request)
 
     def abort(self) -> None:
@@ -136,7 +151,7 @@ class AsyncSaver:
 
         with immune_children():  # the manager must outlive a stop signal to the process group
             self.manager = SyncManager(ctx=multiprocessing.get_context("spawn"))
-            self.manager.start(_die_with_parent)
+            self.manager.start(_die_with_parent, (os.getpid(),))
         self.cfg, self.log, self.queue, self.pending = cfg, log, _Queue(self.manager), None
         self.now = 0  # the step the loop is at (the step of a publication's record)
         self.warm = threading.Thread(target=_warm, args=(self.manager,), name="megahash-async-save-warm-up")
