@@ -105,10 +105,12 @@ def test_nan_gradient_on_one_rank_skips_the_step_on_both(shakespeare_shards, tmp
         # bit-exact: a skipped step applies nothing, so every parameter keeps its bit pattern (the promise)
         for s in (2, 5):
             prev = params[(r, s - 1)]
-            assert all(torch.equal(params[(r, s)][n], prev[n]) for n in prev), (r, s)
+            assert all(torch.equal(params[(r, s)][n], prev[n]) for n in prev), (r, s)  # bit-exact: nothing applied
+        # bit-exact: any changed bit shows that step 3 applied its update
         assert any(not torch.equal(params[(r, 3)][n], params[(r, 2)][n]) for n in params[(r, 2)])  # step 3 trains
         assert all(torch.isfinite(p).all() for s in range(1, 6) for p in params[(r, s)].values())
     if layout == "dp2_zero1":  # the data-parallel replicas stay identical (same reduced gradients, same decision)
+        # bit-exact: replicas of one data-parallel group take the same update (rank-count independence)
         assert all(torch.equal(params[(0, s)][n], params[(1, s)][n]) for s in range(1, 6) for n in params[(0, s)])
 
 

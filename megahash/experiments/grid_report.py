@@ -50,8 +50,10 @@ def collect(grid) -> list[dict]:
         recs = _metrics(cell.dir)
         train = {}
         valid = {}
-        for m in recs:
-            (train if m.get("split") == "train" else valid if m.get("split") == "valid" else {})[m["step"]] = m["loss"]
+        for m in recs:  # train and valid records (metrics.jsonl also holds checkpoint records: no loss)
+            curve = {"train": train, "valid": valid}.get(m.get("split"))
+            if curve is not None and "loss" in m:
+                curve[m["step"]] = m["loss"]
         rec.update({"cell": cell.name, "index": cell.index, "label": cell.label, "seed": cell.seed,
                     "values": cell.values, "train_curve": sorted(train.items()), "valid_curve": sorted(valid.items()),
                     "valid_loss": valid[max(valid)] if valid else None,
