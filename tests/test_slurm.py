@@ -293,8 +293,44 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes_exactly(cluster, run
     A signal that comes while the ranks are still starting is kept and honoured after their first
     step. Each job checkpoints, exits 3 and requeues; the requeued job (given 5 minutes by `scontrol
     update`, as a user extends a job) resumes and ends with the uninterrupted run's per-step losses."""
+    jobs = _time_limit_jobs(cluster, runs, tmp_path / "try1")
+    missed = [kind for kind, (job, run_dir, out) in jobs.items() if _ran_out_before_the_signal(cluster, job, out)]
+    if missed:
+        # a timing miss, not a stop that failed: SLURM's time-limit check (every 30 s) signalled after the
+        # throttled run had already made its 60 steps (the log says "exited with status 0 after SIGUSR1"
+        # and nothing was stopped); seen once in three CI runs on the loaded 2-core machine. Once more.
+        jobs = _time_limit_jobs(cluster, runs, tmp_path / "try2")
+    ref = runs["srun"]["dir"]
+    for kind, (job, run_dir, out) in jobs.items():
+        info = wait_job(cluster, job, out, timeout=600)
+        text = out.read_text()
+        assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, text[-5000:]
+        m = re.search(r"megahash: stopped at step (\d+) \(signal 10\)", text)
+        assert m and 1 <= int(m.group(1)) < STEPS, text[-5000:]
+        stop = int(m.group(1))
+        assert ("received SIGUSR1: forwarding to the ranks" in text) == kind.startswith("B:"), text[-5000:]
+        assert "ranks exited with status 3" in text and f"requeueing job {job}" in text
+        assert f"job {job} restart 1:" in text and f"resumed from {run_dir}/step_{stop:08d}" in text
+        assert (run_dir / "latest").read_text() == f"step_{STEPS:08d}" and not list(run_dir.glob("*.tmp"))
+        # bit-exact: requeue/resume is the promise (same ranks, OMP_NUM_THREADS=1, same machine)
+        assert train_losses(run_dir) == train_losses(ref), kind
+        assert train_losses(run_dir, "valid") == train_losses(ref, "valid"), kind
+
+
+def _ran_out_before_the_signal(cluster, job: str, out: Path) -> bool:
+    """The job ended its run before any stop: completed, never requeued, no "stopped at step" line."""
+    info = wait_job(cluster, job, out, timeout=600)
+    text = out.read_text() if out.exists() else ""
+    return (info.get("JobState") == "COMPLETED" and info.get("Restarts", "0") == "0"
+            and "stopped at step" not in text and "ranks exited with status 0" in text)
+
+
+def _time_limit_jobs(cluster, runs, tmp_path: Path) -> dict:
+    """The two time-limited jobs of the test above, throttled until their signal, their requeued runs
+    given 5 minutes: {kind: (job, run_dir, out)}."""
     import signal
 
+    tmp_path.mkdir(parents=True, exist_ok=True)
     data = runs["data"]
     nosig = tmp_path / "pretrain_nosignal.sh"  # a user's script without the header's B:USR1@120
     nosig.write_text("".join(line for line in (Path(ROOT) / SCRIPT).read_text().splitlines(keepends=True)
@@ -352,22 +388,7 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes_exactly(cluster, run
                                capture_output=True, text=True, timeout=30)
                 extended.add(kind)
         time.sleep(0.5)
-    ref = runs["srun"]["dir"]
-    for kind, (job, run_dir, out) in jobs.items():
-        info = wait_job(cluster, job, out, timeout=600)
-        text = out.read_text()
-        assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, text[-5000:]
-        m = re.search(r"megahash: stopped at step (\d+) \(signal 10\)", text)
-        assert m and 1 <= int(m.group(1)) < STEPS, text[-5000:]
-        stop = int(m.group(1))
-        assert ("received SIGUSR1: forwarding to the ranks" in text) == kind.startswith("B:"), text[-5000:]
-        assert "ranks exited with status 3" in text and f"requeueing job {job}" in text
-        assert f"job {job} restart 1:" in text and f"resumed from {run_dir}/step_{stop:08d}" in text
-        assert (run_dir / "latest").read_text() == f"step_{STEPS:08d}" and not list(run_dir.glob("*.tmp"))
-        # bit-exact: requeue/resume is the promise (same ranks, OMP_NUM_THREADS=1, same machine)
-        assert train_losses(run_dir) == train_losses(ref), kind
-        assert train_losses(run_dir, "valid") == train_losses(ref, "valid"), kind
-
+    return jobs
 
 def _slurm_rank(pid: int) -> int | None:
     """SLURM_PROCID of process ``pid`` (its environment)."""
