@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, child_env, pretrain, train_losses
+from conftest import ROOT, child_env, pretrain
+from test_launch import wait_for_step
 
 TINY = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=128",
         "data.seq_length=64", "train.micro_batch_size=4", "train.global_batch_size=8", "train.lr=2e-3",
@@ -30,16 +31,7 @@ def _args(shards, run_dir: Path, *extra) -> list[str]:
 
 
 def _wait_for_step(run_dir: Path, step: int, proc, timeout: float = 300) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        assert proc.poll() is None, f"the run ended before step {step}: {proc.communicate()[1][-3000:]}"
-        try:
-            if max(train_losses(run_dir), default=0) >= step:
-                return
-        except (FileNotFoundError, ValueError):
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"no step {step} in {run_dir} after {timeout} s")
+    wait_for_step(run_dir, step, lambda: proc.poll() is None, timeout)
 
 
 @pytest.mark.slow

@@ -142,5 +142,9 @@ def test_in_process_evaluation_releases_its_group(shakespeare_shards, tmp_path, 
     assert rec["results"]["shk_order"]  # it did evaluate
     assert not dist.is_initialized()
     left = sorted(n for n in _thread_names(_os_threads()) if n in GROUP_THREADS)
-    assert left == before, (left, before)  # threads of groups other tests of this worker left are not ours
+    # no group thread more than before; fewer is fine: a group another test of this worker left behind
+    # may be collected meanwhile (seen in a CI run: 4 fewer)
+    from collections import Counter
+
+    assert not Counter(left) - Counter(before), (left, before)
     assert not any(var in os.environ for var in LAUNCHER_VARS)
