@@ -25,14 +25,33 @@ SPLIT_NAME = "valid"  # the data.split set's name in the logs (kept from before 
 
 def check_valid_shards(cfg) -> None:
     """Every named set's token shards exist and pass ``data.verify``'s cheap level (before torch)."""
-    from megahash.data.verify import check_prefix, verify_set
+    from megahash.data.verify import base_prefix, check_prefix, read_meta, verify_set
+    from megahash.models import declarations
 
+    spec = cfg.model.embed.hash_spec if declarations.reads_hash_codes(cfg) else None
     for name, prefix in parse_valid(cfg.data.valid):
         try:
             check_prefix(prefix)
             verify_set(prefix, "none" if cfg.data.verify == "none" else "cheap")
         except DataError as e:
             raise DataError(f"data.valid set {name!r}: {e}") from None
+        if spec:
+            _refuse_missing_side(name, f"{base_prefix(prefix)}_hash_{spec}")
+        tokens = (read_meta(prefix, required=False).get("counts") or {}).get("tokens")
+        if tokens is not None:
+            _refuse_short(name, prefix, int(tokens), cfg.data.seq_length)
+
+
+def _refuse_missing_side(name: str, side: str) -> None:
+    if not (os.path.isfile(side + ".bin") and os.path.isfile(side + ".idx")):
+        raise DataError(f"data.valid set {name!r}: the model reads hash codes but {side}.bin/.idx does not "
+                        f"exist; preprocess the set with the training set's --word-hashes")
+
+
+def _refuse_short(name: str, path: str, tokens: int, seq_length: int) -> None:
+    if tokens < seq_length + 1:
+        raise DataError(f"data.valid set {name!r} ({path}) holds {tokens} tokens, fewer than one sequence "
+                        f"(data.seq_length + 1 = {seq_length + 1}); use a larger set or a shorter data.seq_length")
 
 
 def _check_length(name: str, path: str, seq_length: int) -> None:
@@ -40,9 +59,7 @@ def _check_length(name: str, path: str, seq_length: int) -> None:
 
     index = IndexedDataset(path)  # kept alive while its memory-mapped lengths are read
     tokens = int(index.sequence_lengths.sum())
-    if tokens < seq_length + 1:
-        raise DataError(f"data.valid set {name!r} ({path}) holds {tokens} tokens, fewer than one sequence "
-                        f"(data.seq_length + 1 = {seq_length + 1}); use a larger set or a shorter data.seq_length")
+    _refuse_short(name, path, tokens, seq_length)
 
 
 def build_valid_sets(cfg, ds_config, dataset_cls, side_paths=lambda path: []) -> dict:
@@ -67,9 +84,7 @@ def build_valid_sets(cfg, ds_config, dataset_cls, side_paths=lambda path: []) ->
         except DataError as e:
             raise DataError(f"data.valid set {name!r}: {e}") from None
         for side in side_paths(path):
-            if not (os.path.isfile(side + ".bin") and os.path.isfile(side + ".idx")):
-                raise DataError(f"data.valid set {name!r}: the model reads hash codes but {side}.bin/.idx does not "
-                                f"exist; preprocess the set with the training set's --word-hashes")
+            _refuse_missing_side(name, side)
         _check_length(name, path, cfg.data.seq_length)
     fields = {f.name: getattr(ds_config, f.name) for f in dataclasses.fields(GPTDatasetConfig) if f.init}
     fields.update(blend=None, split=None, blend_per_split=[None, (paths, None), None],
