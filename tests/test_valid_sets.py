@@ -81,6 +81,9 @@ def test_named_sets_are_reported_by_name(shakespeare_shards, held, tmp_path, cap
     if precision == "bf16":
         assert "torch.bfloat16" in out
         return
+    from megahash.training.logging import plot_loss
+
+    assert plot_loss(out_dir).stat().st_size > 0  # the curve of every set
     # megahash eval --text on the checkpoint: bytes of the text, bits per byte (test_bits_per_byte.py: = lm-eval's)
     from megahash.eval.run import main as eval_main
 

@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from megahash.errors import ConfigError
+
 
 class _Request:
     """The one field lm-eval's ``Instance`` gives ``loglikelihood_rolling``: ``args = (text,)``."""
@@ -66,12 +68,12 @@ def evaluate_text(ckpt_dir, src: str, out=None, limit=None, batch_size: int = 8,
     """Score ``src`` with the checkpoint; write the JSON record and print one line."""
     from megahash import accelerator
     from megahash.atomic_write import write_text_atomic
-    from megahash.eval.run import refuse_existing
     from megahash.training.weights import resolve_checkpoint
 
     ckpt = resolve_checkpoint(ckpt_dir)
     out = Path(out) if out else ckpt.parent / "eval" / f"{ckpt.name}_text.json"
-    refuse_existing(out, overwrite)
+    if out.exists() and not overwrite:  # as megahash eval's task results (eval/run.py refuse_existing)
+        raise ConfigError(f"{out} already exists; pass --overwrite to replace it (or --out for another file)")
     docs = documents(src, limit)
     t0 = time.time()
     from megahash.eval.lm import MegahashEvalLM
