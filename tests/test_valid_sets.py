@@ -17,8 +17,8 @@ TINY = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "mode
         "data.valid_samples=40", "data.valid_micro_batch=8", "logging.plot=false", "logging.tensorboard=true",
         "eval.at_end=false"]
 # held-out documents: accents, CJK, an emoji and special-token strings written in the text
-DOCS = [f"Held-out page {i}: Über naïve café, </s> and <s> are only text. 日本語 😀 " + "Now is the winter. " * (2 + i % 4)
-        for i in range(24)]
+DOCS = [f"Held-out page {i}: Über naïve café, </s> and <s> are only text. 日本語 😀 "
+        + "Now is the winter. " * (2 + i % 4) for i in range(24)]
 
 
 @pytest.fixture(scope="module")

@@ -113,7 +113,8 @@ def token_bytes_for(cfg, meta: dict | None = None) -> TokenBytes | None:
     from megahash.tokenization import WORDS, load_tokenizer
 
     meta = meta or {}
-    spec = cfg.data.tokenizer or ((meta.get("tokenizer") or {}).get("path") if isinstance(meta.get("tokenizer"), dict) else "")
+    made = meta.get("tokenizer") if isinstance(meta.get("tokenizer"), dict) else {}
+    spec = cfg.data.tokenizer or made.get("path") or ""
     if not spec or spec == WORDS:
         return None
     try:

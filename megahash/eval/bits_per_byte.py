@@ -84,7 +84,8 @@ def evaluate_text(ckpt_dir, src: str, out=None, limit=None, batch_size: int = 8,
         metrics = text_metrics(lm, docs)
         max_len = lm.max_length
         del lm
-    step = json.loads((ckpt / "megahash_state.json").read_text()).get("step") if (ckpt / "megahash_state.json").is_file() else None
+    state = ckpt / "megahash_state.json"
+    step = json.loads(state.read_text()).get("step") if state.is_file() else None
     record = {"megahash_eval_text": 1, "checkpoint": str(ckpt), "step": step, "text": src, "limit": limit,
               "max_length": max_len, **metrics, "seconds": round(time.time() - t0, 2)}
     write_text_atomic(out, json.dumps(record, indent=1) + "\n")

@@ -3,8 +3,9 @@
 One optimizer step = ``gradient_accumulation_steps`` micro-batches per data-parallel rank (set per step
 under ``train.batch_ramp``: megahash/training/batch_ramp.py).
 Per step it records loss, LR, grad norm, tokens/s and MFU; every ``eval_interval`` steps the
-validation loss, perplexity and bits per byte of every validation set; checkpoints every ``save_interval`` steps and at the end; stops
-cleanly on SIGUSR1/SIGTERM (checkpoint, exit status ``EXIT_REQUEUE``).
+validation loss, perplexity and bits per byte of every validation set (megahash/training/valid_sets.py);
+checkpoints every ``save_interval`` steps and at the end; stops cleanly on SIGUSR1/SIGTERM (checkpoint,
+exit status ``EXIT_REQUEUE``).
 
 :func:`train` reads top to bottom: :func:`_set_up` (resume point, data, model and engine, restored
 state, logs, batches, stop flag), :func:`_loop` (step, validate, save or stop), :func:`_finish`;
