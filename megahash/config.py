@@ -112,6 +112,9 @@ class DataConfig:
     valid_micro_batch: int = 8  # validation chunk size (fixed, so mlm/sr corruption does not depend on the DP size)
     num_workers: int = 0
     verify: str = "cheap"  # shard checks before step 1: cheap (sizes, headers, counts) | full (+ sha256) | none
+    # named held-out validation sets, NAME=PREFIX each (megahash/data/valid_sets.py); reported by name beside
+    # the data.split set ("valid")
+    valid: list[str] = field(default_factory=list)
 
 
 @dataclass

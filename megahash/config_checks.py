@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import typing
 
 from megahash.errors import ConfigError
@@ -145,6 +146,7 @@ def check_ranges(cfg) -> None:
         raise ConfigError(f"train.spike_factor={t.spike_factor} must be 0 (off) or > 1 (a spike is a loss above "
                           f"that many times the running median)")
     _check_split(d.split)
+    parse_valid(d.valid)  # data.valid: NAME=PREFIX entries, names unique
     _check_profile_steps(t.profile_steps, t.steps)
     if t.hang_factor and t.hang_factor <= 1:
         raise ConfigError(f"train.hang_factor={t.hang_factor} must be > 1 (a multiple of the median step time) "
@@ -193,6 +195,28 @@ def check_batch_ramp(t, dp_size: int = 1) -> None:
         fits = [d for d in range(per, gbs - start + 1, per) if (gbs - start) % d == 0]
         raise ConfigError(f"train.batch_ramp INCREMENT {inc} does not divide train.global_batch_size - START = "
                           f"{gbs} - {start} = {gbs - start}; pick INCREMENT among {fits}")
+
+
+# data.valid (megahash/data/valid_sets.py)
+VALID_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def parse_valid(entries) -> list[tuple[str, str]]:
+    """``data.valid`` -> [(name, prefix)] in the given order (one-line ConfigError on bad entries)."""
+    out, seen = [], set()
+    for entry in entries or []:
+        name, eq, prefix = str(entry).partition("=")
+        name, prefix = name.strip(), prefix.strip()
+        if not eq or not prefix:
+            raise ConfigError(f"data.valid entry {entry!r} must be NAME=PREFIX (e.g. data.valid=[wiki=data/wiki/wiki])")
+        if not VALID_NAME.match(name) or name == "valid":
+            raise ConfigError(f"data.valid name {name!r} must be letters, digits, _ . - and not 'valid' "
+                              f"(the data.split set's name)")
+        if name in seen:
+            raise ConfigError(f"data.valid names {name!r} twice; give each set its own name")
+        seen.add(name)
+        out.append((name, prefix))
+    return out
 
 
 def _check_split(split: str) -> None:

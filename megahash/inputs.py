@@ -24,6 +24,9 @@ from megahash.errors import CheckpointError, ConfigError, DataError
 def check_training_inputs(cfg) -> None:
     meta = check_shards(cfg)
     check_tokenizer(cfg, meta)
+    from megahash.data.valid_sets import check_valid_shards
+
+    check_valid_shards(cfg)  # data.valid: every named set's shards
     t = cfg.train
     if t.resume not in ("auto", "none", ""):
         from megahash.training.checkpoint_files import STATE_FILE

@@ -12,7 +12,7 @@ batches the uninterrupted run read (Megatron's ``MegatronPretrainingSampler`` sc
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -106,6 +106,8 @@ class Datasets:
     valid: object | None
     vocab_size: int
     meta: dict
+    valid_sets: dict = field(default_factory=dict)  # data.valid: {name: dataset} (megahash/data/valid_sets.py)
+    token_bytes: object = None  # bytes per token of the tokenizer, for bits per byte (megahash/data/text_bytes.py)
 
 
 def _vocab_size(cfg, meta: dict) -> int:
@@ -176,7 +178,13 @@ def build_datasets(cfg, train_samples: int, valid_samples: int, cache_dir: str |
         raise DataError(f"cannot build datasets from {paths}: {e or type(e).__name__}") from None
     if train is None:
         raise DataError(f"data.split={cfg.data.split!r} leaves no training documents")
-    return Datasets(train, valid, vocab, meta)
+    from megahash.data.valid_sets import build_valid_sets
+
+    sides = (lambda path: [side_path(path, spec)]) if spec else (lambda path: [])
+    from megahash.data.text_bytes import token_bytes_for
+
+    return Datasets(train, valid, vocab, meta, build_valid_sets(cfg, ds_cfg, HashGPTDataset, sides),
+                    token_bytes_for(cfg, meta))
 
 
 def check_split_sizes(split: str, paths: list[str], samples: dict) -> None:

@@ -3,6 +3,7 @@
     megahash eval --checkpoint runs/quickstart [--tasks arc_easy,boolq,...] [--tasks-dir DIR]
                   [--out FILE.json] [--limit N] [--batch-size B] [--max-length L] [--tokenizer PATH]
                   [--override key=value ...] [--no-incremental]
+    megahash eval --checkpoint runs/quickstart --text held_out.jsonl   # loss, ppl, bits per byte of raw text
 
 Tasks: lm-eval task (or tag/group) names, comma-separated. Default: the nine of [Xue25] Table 4.1
 (``DEFAULT_TASKS``: ARC-E, BoolQ, COPA, PIQA, SciQ, RTE, HellaSwag, WikiText, LAMBADA OpenAI),
@@ -328,6 +329,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--override", action="append", default=[], help="config override key=value (repeatable)")
     p.add_argument("--no-incremental", action="store_true", help="recompute the whole sequence per generated token")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out file (refused otherwise)")
+    p.add_argument("--text", default=None, help="score raw text instead of tasks: loss, perplexity and bits per byte of "
+                   "a data-stage SRC (.txt/.jsonl/folder/hf:...; megahash/eval/bits_per_byte.py)")
     return p
 
 
@@ -341,6 +344,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise ConfigError("--limit must be > 0")
         limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
         _quiet_logs()
+        if args.text:  # loss, perplexity and bits per byte of raw text (megahash/eval/bits_per_byte.py)
+            from megahash.eval.bits_per_byte import evaluate_text
+
+            evaluate_text(args.checkpoint, args.text, args.out, limit, args.batch_size, args.max_length,
+                          args.tokenizer, args.override, overwrite=args.overwrite)
+            return 0
         evaluate_checkpoint(args.checkpoint, args.tasks, args.tasks_dir, args.out, limit, args.batch_size,
                             args.max_length, args.tokenizer, args.override, not args.no_incremental,
                             overwrite=args.overwrite)

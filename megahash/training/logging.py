@@ -95,7 +95,7 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
 
 
 def plot_loss(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Train and validation loss against step -> ``loss_curve.png`` (last record of a step wins,
+    """Train and validation loss (every set) against step -> ``loss_curve.png`` (last record of a step wins,
     so resumed runs plot once)."""
     import matplotlib
 
@@ -104,14 +104,15 @@ def plot_loss(run_dir: str | Path, out: str | Path | None = None) -> Path:
 
     recs = read_metrics(run_dir)
     series: dict[str, dict[int, float]] = {"train": {}, "valid": {}}
-    for r in recs:
-        if r.get("split") in series and "loss" in r:
-            series[r["split"]][r["step"]] = r["loss"]
+    for r in recs:  # every validation set by name (valid/NAME: data.valid) too
+        split = r.get("split")
+        if (split in series or str(split).startswith("valid/")) and "loss" in r:
+            series.setdefault(split, {})[r["step"]] = r["loss"]
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     for name, pts in series.items():
         if pts:
             xs = sorted(pts)
-            ax.plot(xs, [pts[x] for x in xs], marker="o" if name == "valid" else None, label=name)
+            ax.plot(xs, [pts[x] for x in xs], marker="o" if name.startswith("valid") else None, label=name)
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats/token)")
     ax.set_title(Path(run_dir).name)

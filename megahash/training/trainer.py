@@ -3,8 +3,9 @@
 One optimizer step = ``gradient_accumulation_steps`` micro-batches per data-parallel rank (set per step
 under ``train.batch_ramp``: megahash/training/batch_ramp.py).
 Per step it records loss, LR, grad norm, tokens/s and MFU; every ``eval_interval`` steps the
-validation loss and perplexity; checkpoints every ``save_interval`` steps and at the end; stops
-cleanly on SIGUSR1/SIGTERM (checkpoint, exit status ``EXIT_REQUEUE``).
+validation loss, perplexity and bits per byte of every validation set (megahash/training/valid_sets.py);
+checkpoints every ``save_interval`` steps and at the end; stops cleanly on SIGUSR1/SIGTERM (checkpoint,
+exit status ``EXIT_REQUEUE``).
 
 :func:`train` reads top to bottom: :func:`_set_up` (resume point, data, model and engine, restored
 state, logs, batches, stop flag), :func:`_loop` (step, validate, save or stop), :func:`_finish`;
@@ -106,32 +107,6 @@ def train_step(engine, batches, objective, gas: int, timings: dict | None = None
         l = loss.detach().double()  # summed like Python floats, as before
         loss_sum = l if loss_sum is None else loss_sum + l
     return loss_sum.item(), wait
-
-
-def evaluate(engine, batches, objective) -> tuple[float, int, int]:
-    """Token-weighted mean validation loss over the fixed validation set (megahash/data/validation.py):
-    ``batches`` yields this rank's (chunk index, batch); sums are all-reduced over data-parallel
-    ranks. Returns (loss, loss tokens, sequences)."""
-    from megatron.core import parallel_state
-
-    engine.eval()
-    loss_sum, tokens, seqs = 0.0, 0.0, 0.0
-    dev = engine.device
-    with torch.no_grad():
-        for chunk, batch in batches:
-            objective.set_step(-1 - chunk, 0)  # corruption seeded by the chunk, never by rank or step
-            batch = objective.prepare({k: v.to(dev) for k, v in batch.items()})
-            per_token = engine(batch["tokens"], hash_codes=batch.get("hash_codes"), labels=batch["labels"],
-                               padding_mask=batch.get("padding_mask"), label_codes=batch.get("label_codes"))
-            mask = batch["loss_mask"].float()
-            loss_sum += (per_token.float() * mask).sum().item()
-            tokens += mask.sum().item()
-            seqs += batch["tokens"].shape[0]
-    engine.train()
-    t = torch.tensor([loss_sum, tokens, seqs], dtype=torch.float64, device=dev)
-    if torch.distributed.is_initialized():
-        torch.distributed.all_reduce(t, group=parallel_state.get_data_parallel_group())
-    return (t[0] / t[1].clamp(min=1)).item(), int(t[1].item()), int(t[2].item())
 
 
 @dataclass
@@ -341,7 +316,7 @@ def _loop(run: _Run) -> int:
         with run.profiler.step(run.step + 1):  # traced in train.profile_steps; memory snapshot on OOM
             _train_step_logged(run)
         run.watch.step_ended()  # validation and saves: held to train.hang_timeout_s alone
-        if t.eval_interval and (run.step % t.eval_interval == 0 or run.step == t.steps) and run.data.valid is not None:
+        if t.eval_interval and (run.step % t.eval_interval == 0 or run.step == t.steps) and _has_valid(run.data):
             _validate(run)
         exit_status = _save_or_stop(run)
         if exit_status is not None:
@@ -387,20 +362,16 @@ def _train_step_logged(run: _Run) -> None:
 
 
 def _validate(run: _Run) -> None:
-    """The validation loss (and perplexity for token-level losses) over the fixed validation set."""
-    from megahash.data.validation import validation_batches
-    from megahash.models import declarations
-    from megahash.training.progress import format_line
+    """Loss, perplexity and bits per byte of every validation set, by name (megahash/training/valid_sets.py)."""
+    from megahash.training import valid_sets
 
-    cfg, t, step = run.cfg, run.cfg.train, run.step
-    batches = validation_batches(run.data.valid, cfg.data, run.dp_rank, run.dp_size)
-    vloss, vtokens, vseqs = evaluate(run.engine, batches, run.objective)
-    vmetrics = {"loss": vloss, "tokens": vtokens, "sequences": vseqs}
-    vmetrics.update(consumed_samples=run.consumed(step), consumed_tokens=run.consumed(step) * cfg.data.seq_length)
-    if declarations.caps("head", cfg.model.head).token_loss and t.objective in ("clm", "mlm"):  # nats/token
-        vmetrics["ppl"] = math.exp(min(vloss, 50.0))
-    run.log.log(step, vmetrics, "valid", echo=False)
-    run.progress.write(format_line("valid", step, t.steps, vmetrics))
+    valid_sets.report(run.log, run.progress, run.step, run.cfg.train.steps, valid_sets.validate(run))
+
+
+def _has_valid(data) -> bool:
+    from megahash.training.valid_sets import sets_of
+
+    return bool(sets_of(data))
 
 
 def _save_or_stop(run: _Run) -> int | None:

@@ -1,0 +1,96 @@
+"""``megahash eval --text SRC``: loss, perplexity and bits per byte of a checkpoint on raw text.
+
+    megahash eval --checkpoint runs/quickstart --text held_out.jsonl [--limit DOCS] [--out FILE.json]
+
+SRC is any input of the data stage (megahash/data/preprocess/sources.py: ``.txt`` blank-line blocks,
+``.jsonl``, ``.parquet``, a folder or glob, ``hf:NAME:SPLIT``, ``shakespeare``); every document is
+scored as lm-eval's ``loglikelihood_rolling`` scores it (megahash/eval/lm.py: disjoint windows of
+``--max-length`` tokens after a ``</s>`` prefix, every token once), and
+
+    bpb = sum of token NLL (nats) / (ln 2 * bytes)                     (lm-eval's ``bits_per_byte``)
+
+with the bytes counted per token as in training's validation (megahash/data/text_bytes.py; equal to
+``len(text.encode())`` for a lossless tokenizer, tested against lm-eval's own count and metric); a
+word stream counts ``len(text.encode())``. Written to ``--out`` (default ``RUN_DIR/eval/STEP_text.json``).
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+from megahash.errors import ConfigError
+
+
+class _Request:
+    """The one field lm-eval's ``Instance`` gives ``loglikelihood_rolling``: ``args = (text,)``."""
+
+    def __init__(self, text: str):
+        self.args = (text,)
+
+
+def documents(src: str, limit=None) -> list[str]:
+    """The documents of a data-stage SRC (the first ``limit`` when given; one-line error when empty)."""
+    from megahash.data.preprocess.sources import open_source
+    from megahash.errors import DataError
+
+    docs = []
+    for doc in open_source(src).documents():
+        if limit is not None and len(docs) >= limit:
+            break
+        docs.append(doc)
+    if not docs:
+        raise DataError(f"--text {src} holds no documents")
+    return docs
+
+
+def text_metrics(lm, docs: list[str]) -> dict:
+    """Sums and metrics of ``docs`` through a ``MegahashEvalLM``: NLL, tokens, bytes, loss, ppl, bpb."""
+    from megahash.data.text_bytes import TokenBytes, bits_per_byte
+
+    nll = -sum(lm.loglikelihood_rolling([_Request(d) for d in docs]))
+    encoded = [lm.codec.encode(d).ids for d in docs]
+    tokens = sum(len(ids) for ids in encoded)
+    if lm.codec.sp is not None:
+        counter = TokenBytes(lm.codec.sp)
+        n_bytes = sum(counter.count(ids) for ids in encoded)
+    else:  # a word stream: the text itself
+        n_bytes = sum(len(d.encode("utf-8")) for d in docs)
+    loss = nll / max(tokens, 1)
+    return {"documents": len(docs), "tokens": tokens, "bytes": n_bytes, "nll": nll, "loss": loss,
+            "ppl": math.exp(min(loss, 50.0)), "bpb": bits_per_byte(nll, n_bytes)}
+
+
+def evaluate_text(ckpt_dir, src: str, out=None, limit=None, batch_size: int = 8, max_length=None, tokenizer=None,
+                  overrides=None, overwrite: bool = True, quiet: bool = False) -> dict:
+    """Score ``src`` with the checkpoint; write the JSON record and print one line."""
+    from megahash import accelerator
+    from megahash.atomic_write import write_text_atomic
+    from megahash.training.weights import resolve_checkpoint
+
+    ckpt = resolve_checkpoint(ckpt_dir)
+    out = Path(out) if out else ckpt.parent / "eval" / f"{ckpt.name}_text.json"
+    if out.exists() and not overwrite:  # as megahash eval's task results (eval/run.py refuse_existing)
+        raise ConfigError(f"{out} already exists; pass --overwrite to replace it (or --out for another file)")
+    docs = documents(src, limit)
+    t0 = time.time()
+    from megahash.eval.lm import MegahashEvalLM
+
+    with accelerator.releasing_group():
+        lm = MegahashEvalLM(checkpoint=str(ckpt), batch_size=batch_size, max_length=max_length, tokenizer=tokenizer,
+                            overrides=overrides)
+        metrics = text_metrics(lm, docs)
+        max_len = lm.max_length
+        del lm
+    state = ckpt / "megahash_state.json"
+    step = json.loads(state.read_text()).get("step") if state.is_file() else None
+    record = {"megahash_eval_text": 1, "checkpoint": str(ckpt), "step": step, "text": src, "limit": limit,
+              "max_length": max_len, **metrics, "seconds": round(time.time() - t0, 2)}
+    write_text_atomic(out, json.dumps(record, indent=1) + "\n")
+    if not quiet:
+        print(f"{src}: {metrics['documents']} documents, {metrics['tokens']} tokens, {metrics['bytes']} bytes: "
+              f"loss {metrics['loss']:.4f} nats/token, ppl {metrics['ppl']:.4g}, bpb {metrics['bpb']:.4f}")
+        print(f"wrote {out}", file=sys.stderr)
+    return record

@@ -1,0 +1,99 @@
+"""Validation of every set by name: the ``data.split`` set (``valid``) and the ``data.valid`` sets.
+
+Each set is fixed by the data config (megahash/data/validation.py, megahash/data/valid_sets.py) and
+gives a loss (token-weighted mean, nats/token), the perplexity ``exp(loss)`` for token losses (clm, mlm)
+and the bits per byte of its text for clm (``bpb = sum NLL / (ln 2 * bytes)``, lm-eval's
+``bits_per_byte``; bytes counted per predicted token, megahash/data/text_bytes.py). Objectives whose
+loss is not a next-token NLL (mlm: masked tokens only; sr; hash-code heads) report no bpb.
+
+:func:`report` logs a dict of metrics per set name: the ``valid`` set as before (``[valid]`` line, jsonl
+split ``valid``, TensorBoard/W&B ``valid/loss``), a named set ``NAME`` as ``valid/NAME`` (``[valid/NAME]``,
+``valid/NAME/loss``, ``valid/NAME/bpb``).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from megahash.data.text_bytes import bits_per_byte
+from megahash.data.valid_sets import SPLIT_NAME
+
+
+def log_name(name: str) -> str:
+    """The log prefix of a set: ``valid`` for the data.split set, ``valid/NAME`` for a named one."""
+    return SPLIT_NAME if name == SPLIT_NAME else f"{SPLIT_NAME}/{name}"
+
+
+def sets_of(data) -> dict:
+    """{name: dataset} of every validation set of the run (the split's first, then data.valid's)."""
+    sets = {SPLIT_NAME: data.valid} if data.valid is not None else {}
+    sets.update(getattr(data, "valid_sets", None) or {})
+    return sets
+
+
+def evaluate(engine, batches, objective, token_bytes=None) -> dict:
+    """Sums over this rank's (chunk index, batch) of a fixed set, all-reduced over data-parallel ranks:
+    {"nll": nats, "tokens": loss tokens, "sequences", "bytes": text bytes of the loss tokens (with
+    ``token_bytes``)}. Corruption (mlm, sr) is seeded by the chunk, never by rank or step."""
+    from megatron.core import parallel_state
+
+    engine.eval()
+    dev = engine.device
+    sums = torch.zeros(4, dtype=torch.float64, device=dev)
+    with torch.no_grad():
+        for chunk, batch in batches:
+            objective.set_step(-1 - chunk, 0)
+            batch = objective.prepare({k: v.to(dev) for k, v in batch.items()})
+            per_token = engine(batch["tokens"], hash_codes=batch.get("hash_codes"), labels=batch["labels"],
+                               padding_mask=batch.get("padding_mask"), label_codes=batch.get("label_codes"))
+            mask = batch["loss_mask"].double()
+            nbytes = (token_bytes.label_bytes(batch["tokens"], batch["labels"]) * mask).sum() if token_bytes else 0.0
+            sums += torch.stack([(per_token.double() * mask).sum(), mask.sum(),
+                                 torch.tensor(float(batch["tokens"].shape[0]), dtype=torch.float64, device=dev),
+                                 torch.as_tensor(nbytes, dtype=torch.float64, device=dev)])
+    engine.train()
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(sums, group=parallel_state.get_data_parallel_group())
+    nll, tokens, seqs, nbytes = sums.tolist()
+    return {"nll": nll, "tokens": int(tokens), "sequences": int(seqs), "bytes": int(nbytes)}
+
+
+def set_metrics(sums: dict, token_loss: bool, defined_bpb: bool) -> dict:
+    """Loss (nats/token), perplexity (token losses) and bits per byte (clm) of a set's sums."""
+    loss = sums["nll"] / max(sums["tokens"], 1)
+    out = {"loss": loss, "tokens": sums["tokens"], "sequences": sums["sequences"]}
+    if token_loss:
+        out["ppl"] = math.exp(min(loss, 50.0))
+    if defined_bpb and sums["bytes"] > 0:
+        out["bpb"] = bits_per_byte(sums["nll"], sums["bytes"])
+        out["bytes"] = sums["bytes"]
+    return out
+
+
+def validate(run) -> dict:
+    """{set name: metrics} of every validation set of a training run (megahash/training/trainer.py's _Run)."""
+    from megahash.data.validation import validation_batches
+    from megahash.models import declarations
+
+    cfg, step = run.cfg, run.step
+    token_loss = declarations.caps("head", cfg.model.head).token_loss and cfg.train.objective in ("clm", "mlm")
+    clm = token_loss and cfg.train.objective == "clm"
+    token_bytes = getattr(run.data, "token_bytes", None) if clm else None
+    results = {}
+    for name, dataset in sets_of(run.data).items():
+        sums = evaluate(run.engine, validation_batches(dataset, cfg.data, run.dp_rank, run.dp_size), run.objective,
+                        token_bytes)
+        metrics = set_metrics(sums, token_loss, token_bytes is not None)
+        metrics.update(consumed_samples=run.consumed(step), consumed_tokens=run.consumed(step) * cfg.data.seq_length)
+        results[name] = metrics
+    return results
+
+
+def report(log, progress, step: int, total: int, results: dict) -> None:
+    """Log ``{set name: metrics}`` at ``step``: jsonl, TensorBoard, W&B (RunLogger) and one progress line a set."""
+    from megahash.training.progress import format_line
+
+    for name, metrics in results.items():
+        log.log(step, metrics, log_name(name), echo=False)
+        progress.write(format_line(log_name(name), step, total, metrics))

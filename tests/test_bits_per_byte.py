@@ -1,0 +1,105 @@
+"""Bits per byte (megahash/data/text_bytes.py, megahash/eval/bits_per_byte.py) against lm-eval's own
+definition: the bytes megahash counts per token are ``len(text.encode())`` of the text (special-token
+strings and non-ASCII included, sentencepiece and byte-level BPE), and megahash's bits per byte of a text
+equals lm-eval's ``bits_per_byte`` of a wikitext-style ``loglikelihood_rolling`` task on the same
+documents through megahash's lm-eval model."""
+import json
+import math
+
+import pytest
+import torch
+
+import os  # noqa: E402
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# special-token strings of both tokenizers, a tab, newlines, runs of spaces, accents, CJK, an emoji
+TEXTS = ["Über naïve café: <s> and </s> are text, so are <pad>, <mask>, <unk> and <|endoftext|>.\n\tIndented  "
+         "twice,   日本語のテキスト 😀 end.",
+         " a text that starts with a space", "\nand one with a newline", "plain", "ß"]
+
+
+def _byte_level_tokenizer(tmp_path):
+    """A byte-level BPE tokenizer.json (GPT-2's scheme) trained here on a few lines."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>", "<pad>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(TEXTS * 20 + ["To be or not to be, that is the question."] * 20, trainer)
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    return str(path)
+
+
+def test_bytes_per_token_are_the_texts_utf8_bytes(shakespeare_shards, tmp_path):
+    from megahash.data.text_bytes import TokenBytes
+    from megahash.tokenization import load_tokenizer
+
+    for spec in (shakespeare_shards["tokenizer"], _byte_level_tokenizer(tmp_path)):
+        tok = load_tokenizer(spec)
+        counter = TokenBytes(tok)
+        eos = tok.eos_id if tok.eos_id is not None else tok.special_ids["bos"]
+        for text in TEXTS:
+            ids = tok.encode(text)
+            assert tok.decode(ids) == text  # lossless: the byte count's premise
+            assert counter.count(ids) == len(text.encode("utf-8")), (spec, text)
+        # the training path: a packed stream (documents after end-of-document ids), bytes per label
+        stream = [eos]
+        for text in TEXTS:
+            stream += tok.encode(text) + [eos]
+        s = torch.tensor(stream)
+        got = int(counter.label_bytes(s[:-1], s[1:]).sum())
+        assert got == sum(len(t.encode("utf-8")) for t in TEXTS), spec
+
+
+def _task(tmp_path, docs):
+    """A wikitext-style local task (make_eval_tasks.py's ``ppl`` kind): rolling log-likelihood of ``page``."""
+    import yaml
+
+    data = tmp_path / "pages.jsonl"
+    data.write_text("".join(json.dumps({"page": d}) + "\n" for d in docs))
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "pages.yaml").write_text(yaml.safe_dump({
+        "task": "bpb_pages", "dataset_path": "json", "dataset_name": None,
+        "dataset_kwargs": {"data_files": {"test": str(data)}}, "test_split": "test",
+        "output_type": "loglikelihood_rolling", "doc_to_text": "", "doc_to_target": "{{page}}",
+        "metric_list": [{"metric": "bits_per_byte"}, {"metric": "byte_perplexity"}]}))
+    return str(tmp_path / "tasks")
+
+
+def test_bits_per_byte_equals_lm_eval(dist, shakespeare_shards, tmp_path):
+    """Documents longer than the window (several rolling windows each) on a tiny untrained model."""
+    from lm_eval.api.metrics import bits_per_byte as lm_eval_bpb
+
+    from megahash import accelerator
+    from megahash.config import load_config
+    from megahash.eval.bits_per_byte import text_metrics
+    from megahash.eval.lm import MegahashEvalLM
+    from megahash.eval.run import evaluate, summarise
+    from megahash.eval.text import load_codec
+    from megahash.models.megatron_model import build_model
+
+    cfg = load_config(None, [f"data.prefix=[{shakespeare_shards['prefix']}]",
+                             f"data.tokenizer={shakespeare_shards['tokenizer']}", "model.hidden_size=32",
+                             "model.num_layers=1", "model.num_heads=2", "model.ffn_hidden_size=64",
+                             "data.seq_length=32", "model.max_position_embeddings=64"])
+    codec = load_codec(cfg)
+    accelerator.seed_all(5)
+    model = build_model(cfg, codec.vocab_size).eval()
+    lm = MegahashEvalLM.from_model(cfg, model, codec, batch_size=4, max_length=32)
+    docs = [TEXTS[0] * 2, "To be, or not to be: that is the question. " * 3, TEXTS[1]]
+    ours = text_metrics(lm, docs)
+    assert ours["bytes"] == sum(len(d.encode("utf-8")) for d in docs)
+    # lm-eval's metric on lm-eval's items: (log-likelihood, bytes of the document text)
+    lls = lm.loglikelihood_rolling([type("R", (), {"args": (d,)})() for d in docs])
+    items = [(ll, len(d.encode("utf-8"))) for ll, d in zip(lls, docs)]
+    # the same fp32 log-likelihoods summed in another order: fp64 rounding only
+    assert ours["bpb"] == pytest.approx(lm_eval_bpb(items), rel=1e-9)
+    # and lm-eval's own task: its requests, its byte count, its aggregation
+    res = summarise(evaluate(lm, ["bpb_pages"], _task(tmp_path, docs)))["results"]["bpb_pages"]
+    assert ours["bpb"] == pytest.approx(res["bits_per_byte"], rel=1e-9)
+    assert res["byte_perplexity"] == pytest.approx(2 ** ours["bpb"], rel=1e-9)
+    assert ours["ppl"] == pytest.approx(math.exp(ours["nll"] / ours["tokens"]), rel=1e-12)
