@@ -103,7 +103,8 @@ class MuonAdamW(torch.optim.Optimizer):
             g.setdefault("eps", _muon.EPS)
         adam = [g for g in groups if not g["use_muon"]]
         self._adamw = torch.optim.AdamW(adam, lr=lr, betas=betas, eps=eps, **adamw_options) if adam else None
-        super().__init__(muon + (self._adamw.param_groups if adam else []), {})
+        # AdamW's groups first: the logged lr (the first group's) stays train.lr's schedule
+        super().__init__((self._adamw.param_groups if adam else []) + muon, {})
 
     def state_keys_of(self, p: torch.Tensor, adam_keys: list[str]) -> list[str]:
         """The state saved for ``p`` (megahash/training/optimizer_state.py): Muon's momentum, or Adam's."""
