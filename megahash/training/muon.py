@@ -5,7 +5,7 @@ Muon [Jordan24] (``torch.optim.Muon``'s algorithm): per hidden matrix W with gra
     B <- mu B + (1 - mu) G                      (momentum, ``lerp``)
     U <- (1 - mu) G + mu B   (Nesterov)  or  B
     O <- NS_k(U)                                (k quintic Newton-Schulz steps: U's orthogonal polar factor, roughly)
-    W <- (1 - lr wd) W - AdjustLR(lr, shape) O  (original: sqrt(max(1, A/B)); match_rms_adamw: 0.2 sqrt(max(A, B)))
+    W <- (1 - lr wd) W - AdjustLR(lr, shape) O  (original: sqrt(max(1, A/B)); match_rms_adamw [Liu25]: 0.2 sqrt(max(A, B)))
 
 computed with torch's own pieces (``torch.optim._muon._zeropower_via_newtonschulz``, ``_adjust_lr``), so
 one step equals ``torch.optim.Muon`` (tests/test_muon.py). Every other parameter takes ``torch.optim.AdamW``.
