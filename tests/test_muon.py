@@ -170,3 +170,31 @@ def test_elastic_resume_carries_the_momentum(shakespeare_shards, tmp_path, dist)
                 muon += key == "momentum_buffer"
     assert muon == 2 * 5
     h.step()  # and it trains on
+
+
+@pytest.mark.multiprocess
+def test_tensor_parallel_matrices_are_orthogonalized_whole(tmp_path):
+    """parallel.tensor=2 (2 gloo processes, tests/muon_tp_worker.py): every routed matrix of the TP model, column-
+    and row-parallel, gets its shard of NS(full matrix) bit for bit; NS of the shard alone differs."""
+    import os
+    import subprocess
+    import sys
+
+    from megahash.launching.env import free_port
+
+    out = tmp_path / "tp.json"
+    worker = os.path.join(os.path.dirname(__file__), "muon_tp_worker.py")
+    port, procs = free_port(), []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, worker, str(out)], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
+    result = json.loads(out.read_text())
+    assert len(result) == 5 and {r["dim"] for r in result.values()} == {0, 1}
+    for name, r in result.items():
+        # bit-exact: the gathered full matrix is the same tensor, NS the same operations on it (one path)
+        assert r["full_shape"] and r["equal"], (name, r)
+        assert r["alone_diff"] > 1e-2, (name, r)  # the shard alone is another matrix: another polar factor
