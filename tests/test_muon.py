@@ -139,6 +139,9 @@ def test_bf16_stop_and_resume_is_bit_exact_and_logs_the_optimizer_phase(shakespe
     # bit-exact: resume is the promise (same configuration in process, same machine)
     assert [[a[s][k] for k in ("loss", "grad_norm")] for s in a] == [[b[s][k] for k in ("loss", "grad_norm")] for s in b]
     assert a[4]["optimizer_s"] > 0
+    # AdamW cannot take Muon's state: one line naming the fix (the layout records train.optimizer)
+    status, out = _main([*common, f"train.save_dir={split}", "train.optimizer=adamw", "train.steps=5"], capsys)
+    assert status == 2 and "train.resume_weights_only=true" in out, out[-3000:]
 
 
 @pytest.mark.slow

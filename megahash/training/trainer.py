@@ -28,8 +28,8 @@ from megahash.training import async_save, checkpoint, step_guard
 from megahash.training.batch_ramp import check_resume, consumed_samples, ramp_metrics, set_step_batch, step_batch
 from megahash.training.ds_config import deepspeed_config, tune_engine
 from megahash.training.logging import RunLogger, plot_loss
-from megahash.training.muon import build_optimizer
 from megahash.training.lr_schedule import lambda_for
+from megahash.training.muon import build_optimizer
 from megahash.training.profile_steps import StepProfiler, phase
 from megahash.training.signals import EXIT_REQUEUE, StopFlag, any_rank, release_early
 from megahash.training.watchdog import watchdog_for
