@@ -5,8 +5,9 @@ Muon [Jordan24] (``torch.optim.Muon``'s algorithm): per hidden matrix W with gra
     B <- mu B + (1 - mu) G                      (momentum, ``lerp``)
     U <- (1 - mu) G + mu B   (Nesterov)  or  B
     O <- NS_k(U)                                (k quintic Newton-Schulz steps: U's orthogonal polar factor, roughly)
-    W <- (1 - lr wd) W - AdjustLR(lr, shape) O  (original: sqrt(max(1, A/B)); match_rms_adamw [Liu25]: 0.2 sqrt(max(A, B)))
+    W <- (1 - lr wd) W - AdjustLR(lr, shape) O
 
+with AdjustLR = lr sqrt(max(1, A/B)) (original) or lr 0.2 sqrt(max(A, B)) (match_rms_adamw [Liu25]),
 computed with torch's own pieces (``torch.optim._muon._zeropower_via_newtonschulz``, ``_adjust_lr``), so
 one step equals ``torch.optim.Muon`` (tests/test_muon.py). Every other parameter takes ``torch.optim.AdamW``.
 
@@ -20,8 +21,8 @@ orthogonalized whole and cut back (megatron-core's ``TensorParallelMuon``, mode 
 matrix is a row/column permutation of the logical one for interleaved SwiGLU/QKV, and NS commutes with
 permutations). DeepSpeed ZeRO stages that partition optimizer state (1 and 2 over several data-parallel
 ranks, 3 always) hand the optimizer flat 1-D slices, and DeepSpeed's bf16 optimizer flat masters: those are
-refused in one line (``megahash.config_checks.check_muon_layout``); ZeRO stage 0 (and 1/2 at one data-parallel rank in fp32, which
-megahash runs as stage 0) steps whole fp32 matrices on every rank after the gradient all-reduce.
+refused in one line (``megahash.config_checks.check_muon_layout``); ZeRO stage 0 (and 1/2 at one data-parallel
+rank in fp32, which megahash runs as stage 0) steps whole fp32 matrices on every rank after the gradient all-reduce.
 """
 from __future__ import annotations
 
