@@ -174,6 +174,15 @@ class TrainConfig:
     # issue 35: checkpoints written by a background writer (megatron-core async dist checkpointing;
     # latest published when it finishes; no DeepSpeed-native copy): megahash/training/async_save.py
     async_save: bool = False
+    # issue 37: the optimizer (megahash/training/muon.py, docs/compact_models.md): adamw | muon. Muon takes the
+    # 2-D matrices of the transformer layers at muon_lr (torch.optim.Muon's algorithm), AdamW the rest at train.lr;
+    # the LR schedule scales both. muon_adjust_lr: original (sqrt(max(1, rows/cols))) | match_rms_adamw (0.2 sqrt(max))
+    optimizer: str = "adamw"
+    muon_lr: float = 0.02
+    muon_momentum: float = 0.95
+    muon_nesterov: bool = True
+    muon_ns_steps: int = 5
+    muon_adjust_lr: str = "original"
 
 
 @dataclass

@@ -77,6 +77,9 @@ RANGES: dict[str, tuple] = {
     "train.spike_factor": (0.0, INF, False, False, "skip a loss above this x the running median; 0 = off"),
     "train.spike_window": (1, INF, False, False, "losses in the spike rule's running median"),
     "train.max_skips": (0, INF, False, False, "consecutive skipped steps that stop the run; 0 = never"),
+    "train.muon_lr": (0.0, INF, True, False, "Muon's peak learning rate (hidden matrices)"),
+    "train.muon_momentum": (0.0, 1.0, False, True, "Muon's momentum"),
+    "train.muon_ns_steps": (1, 99, False, False, "Newton-Schulz steps (torch.optim.Muon: < 100)"),
     # parallel, eval
     "parallel.tensor": (1, INF, False, False, "tensor-parallel size"),
     "eval.batch_size": (1, INF, False, False, "evaluation batch size"),
@@ -155,8 +158,36 @@ def check_ranges(cfg) -> None:
         raise ConfigError(f"train.hang_timeout_s={t.hang_timeout_s:g} must be below train.distributed_timeout_s="
                           f"{t.distributed_timeout_s} (a collective timing out first ends the rank as a failure, "
                           f"not for requeue)")
+    _check_optimizer(t)
     if d.verify not in ("cheap", "full", "none"):
         raise ConfigError(f"config key 'data.verify' must be cheap, full or none, got {d.verify!r}")
+
+
+def _check_optimizer(t) -> None:
+    """``train.optimizer`` and Muon's choices (megahash/training/muon.py; its layouts: muon.check_layout)."""
+    if t.optimizer not in ("adamw", "muon"):
+        raise ConfigError(f"config key 'train.optimizer' must be adamw or muon, got {t.optimizer!r}")
+    if t.muon_adjust_lr not in ("original", "match_rms_adamw"):
+        raise ConfigError(f"config key 'train.muon_adjust_lr' must be original or match_rms_adamw, "
+                          f"got {t.muon_adjust_lr!r}")
+    if t.optimizer == "muon" and t.zero_stage == 3:
+        raise ConfigError("train.optimizer=muon orthogonalizes whole matrices and ZeRO stage 3 partitions them into "
+                          "flat slices; set train.zero_stage=0 (or train.optimizer=adamw)")
+
+
+def check_muon_layout(t, stage: int, bf16_params: bool) -> None:
+    """``train.optimizer=muon`` once the DeepSpeed stage is known (megahash/training/ds_config.py): refused in
+    one line where the optimizer would not see whole fp32 matrices (megahash/training/muon.py)."""
+    if t.optimizer != "muon":
+        return
+    if stage > 0:
+        raise ConfigError(
+            f"train.optimizer=muon orthogonalizes whole matrices and ZeRO stage {stage} partitions them into flat "
+            f"slices over the data-parallel ranks; set train.zero_stage=0 (gradients all-reduced, Muon's one "
+            f"momentum buffer per matrix on every rank) or train.optimizer=adamw")
+    if bf16_params:
+        raise ConfigError("train.optimizer=muon needs fp32 parameters (DeepSpeed's bf16 optimizer keeps flat "
+                          "masters); use train.precision=bf16 (autocast over fp32 parameters)")
 
 
 def _check_profile_steps(steps: list, total: int) -> None:

@@ -221,7 +221,8 @@ def publish(engine, cfg: Config, tmp: Path, step: int, consumed: int, extra: dic
             state = {"step": step, "consumed_samples": consumed, "signature": model_signature(cfg),
                      "padded_vocab_size": int(engine.module.vocab_size),
                      "world_size": dist.get_world_size() if dist.is_initialized() else 1,
-                     "zero_stage": cfg.train.zero_stage, **(extra or {})}
+                     "zero_stage": cfg.train.zero_stage,
+                     "optimizer": cfg.train.optimizer, **(extra or {})}
             _atomic_write(tmp / STATE_FILE, json.dumps(state, indent=1))
             final = root / tag
             if final.exists():  # re-saving the same step: move the old one aside first

@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 
 from megahash.config import CONFIG_ROOT
-from megahash.config_checks import check_batch_ramp
+from megahash.config_checks import check_batch_ramp, check_muon_layout
 from megahash.errors import ConfigError
 
 # DeepSpeed key (dotted) -> megahash key it must agree with
@@ -160,6 +160,7 @@ def deepspeed_config(cfg, dp_size: int, bf16: bool, autocast=None) -> dict:
     ds["gradient_accumulation_steps"] = t.global_batch_size // per_step
     ds["gradient_clipping"] = t.clip_grad
     ds.setdefault("zero_optimization", {})["stage"] = effective_zero_stage(t.zero_stage, dp_size, bf16)
+    check_muon_layout(t, ds["zero_optimization"]["stage"], bool(bf16))  # train.optimizer=muon: whole matrices only
     ds["bf16"] = {**(ds.get("bf16") or {}), "enabled": bool(bf16)}
     if autocast is not None:
         ds["torch_autocast"] = {**(ds.get("torch_autocast") or {}), "enabled": True,

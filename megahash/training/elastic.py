@@ -26,9 +26,10 @@ from megahash.errors import CheckpointError
 
 
 def layout(cfg, world: int) -> dict:
-    """The checkpoint layout of a run: TP size, DP size, ZeRO stage."""
+    """The checkpoint layout of a run: TP size, DP size, ZeRO stage, optimizer (train.optimizer: another one's
+    state is not DeepSpeed's to load; megahash/training/muon.py)."""
     return {"tensor_parallel": cfg.parallel.tensor, "data_parallel": world // cfg.parallel.tensor,
-            "zero_stage": cfg.train.zero_stage}
+            "zero_stage": cfg.train.zero_stage, "optimizer": cfg.train.optimizer}
 
 
 def saved_layout(state: dict, ckpt: Path) -> dict:
@@ -44,6 +45,7 @@ def saved_layout(state: dict, ckpt: Path) -> dict:
             out["zero_stage"] = int(yaml.safe_load((ckpt / "resolved_config.yaml").read_text())["train"]["zero_stage"])
         except (OSError, KeyError, TypeError, ValueError):
             out["zero_stage"] = None
+    out["optimizer"] = state.get("optimizer", "adamw")  # checkpoints before train.optimizer: AdamW
     return out
 
 
@@ -52,7 +54,7 @@ def _same(old: dict, new: dict) -> bool:
         return True
     # DeepSpeed loads ZeRO-1 and ZeRO-2 partitions into each other at the same sizes
     return ({old.get("zero_stage"), new["zero_stage"]} <= {1, 2}
-            and all(old.get(k) == new[k] for k in ("tensor_parallel", "data_parallel")))
+            and all(old.get(k) == new[k] for k in ("tensor_parallel", "data_parallel", "optimizer")))
 
 
 def resume_mode(ckpt: Path, state: dict, cfg, world: int) -> str:

@@ -93,6 +93,18 @@ def unsupported(engine) -> str | None:
             f"state in flat buffers megahash cannot address per parameter")
 
 
+def _keys_of(engine, p, keys: list[str]) -> list[str]:
+    """The state keys of parameter ``p``: ``keys`` (Adam's), or the optimizer's own for it (Muon's momentum
+    under train.optimizer=muon: megahash/training/muon.py)."""
+    own = getattr(torch_optimizer(engine), "state_keys_of", None)
+    return own(p, keys) if own is not None else keys
+
+
+def _stateless_adam(engine, p) -> bool:
+    """``p`` is stepped without Adam's state and count (a Muon matrix)."""
+    return _keys_of(engine, p, list(MOMENTS)) != list(MOMENTS)
+
+
 def _state_keys(engine) -> list[str]:
     inner = torch_optimizer(engine)
     keys = list(MOMENTS)
@@ -116,6 +128,9 @@ def ensure_state(engine) -> None:
         on_device = bool(group.get("fused") or group.get("capturable"))
         st = inner.state[p]
         if st:
+            continue
+        if group.get("use_muon"):  # Muon's one buffer (torch.optim.Muon creates it at the first step)
+            st["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             continue
         st["step"] = torch.zeros((), dtype=torch.float32, device=p.device if on_device else "cpu")
         st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
@@ -162,6 +177,8 @@ def _set_steps(engine, params, steps: list[int | None]) -> None:
     inner = torch_optimizer(engine)
     if per_parameter(engine):
         for p, n in zip(params, steps):
+            if _stateless_adam(engine, p):
+                continue
             if n is None:
                 inner.state.pop(p, None)
             else:
@@ -292,7 +309,7 @@ def save(engine, directory: Path, zero_stage: int, async_queue=None) -> None:
     keys = _state_keys(engine)
     sharded = {}
     for i, (p, sh, shape) in enumerate(params):
-        for key in keys:  # (the dict is indexed by parameter; a parameter without state writes zeros)
+        for key in _keys_of(engine, p, keys):  # (indexed by parameter; a parameter without state writes zeros)
             sharded[f"{key}.{i}"] = make_sharded_optimizer_tensor(sh, _get(engine, p, key, shape), prefix=key)
     directory.mkdir(parents=True, exist_ok=True)
     dist_save(sharded, directory, async_queue)
@@ -346,7 +363,7 @@ def load(engine, directory: Path, zero_stage: int) -> int:
                              PER_LAYER if info.get("layers") == "per_layer" else sharded_metadata(engine.module))
     template = {}
     for i, (p, sh, shape) in enumerate(params):
-        for key in keys:
+        for key in _keys_of(engine, p, keys):
             template[f"{key}.{i}"] = make_sharded_optimizer_tensor(sh, torch.zeros(shape, dtype=torch.float32), prefix=key)
     try:
         from megahash.known_warnings import DIST_CHECKPOINT_LOAD, silenced
@@ -360,7 +377,7 @@ def load(engine, directory: Path, zero_stage: int) -> int:
                               f"resume with train.resume_weights_only=true (docs/resume.md)") from None
     ensure_state(engine)
     for i, (p, _sh, _shape) in enumerate(params):
-        for key in keys:
+        for key in _keys_of(engine, p, keys):
             _set(engine, p, key, loaded[f"{key}.{i}"])
     step = int(info.get("adam_step", 0))
     saved = info.get("param_steps")  # older checkpoints: one count for every parameter

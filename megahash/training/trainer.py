@@ -30,6 +30,7 @@ from megahash.training.batch_ramp import check_resume, consumed_samples, ramp_me
 from megahash.training.ds_config import deepspeed_config, tune_engine
 from megahash.training.logging import RunLogger, plot_loss
 from megahash.training.lr_schedule import lambda_for
+from megahash.training.muon import build_optimizer
 from megahash.training.profile_steps import StepProfiler, phase
 from megahash.training.signals import EXIT_REQUEUE, StopFlag, any_rank, release_early
 from megahash.training.watchdog import watchdog_for
@@ -66,8 +67,7 @@ def build_engine(cfg: Config, model: torch.nn.Module, dp_size: int, dtype: torch
 
     accelerator.deepspeed_collectives_by_current_names()  # ZeRO-3's collectives without deprecation warnings
     t = cfg.train
-    optimizer = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr,
-                                  betas=(t.beta1, t.beta2), eps=t.eps, **accelerator.adamw_options())
+    optimizer = build_optimizer(model, t, param_groups(model, t.weight_decay), accelerator.adamw_options())  # train.optimizer
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda_for(t))
     bf16_params = dtype == torch.bfloat16 or next(model.parameters()).dtype == torch.bfloat16
     autocast = None if bf16_params else accelerator.autocast_dtype(t.precision)

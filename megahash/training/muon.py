@@ -1,0 +1,156 @@
+"""Muon for the hidden matrices, AdamW for the rest (``train.optimizer=muon``; docs/compact_models.md).
+
+Muon [Jordan24] (``torch.optim.Muon``'s algorithm): per hidden matrix W with gradient G,
+
+    B <- mu B + (1 - mu) G                      (momentum, ``lerp``)
+    U <- (1 - mu) G + mu B   (Nesterov)  or  B
+    O <- NS_k(U)                                (k quintic Newton-Schulz steps: U's orthogonal polar factor, roughly)
+    W <- (1 - lr wd) W - AdjustLR(lr, shape) O
+
+with AdjustLR = lr sqrt(max(1, A/B)) (original) or lr 0.2 sqrt(max(A, B)) (match_rms_adamw [Liu25]),
+computed with torch's own pieces (``torch.optim._muon._zeropower_via_newtonschulz``, ``_adjust_lr``), so
+one step equals ``torch.optim.Muon`` (tests/test_muon.py). Every other parameter takes ``torch.optim.AdamW``.
+
+Routing (:func:`routes_to_muon`) is decided once, from each parameter's role in the megahash model before
+DeepSpeed sees it: a 2-D weight of a transformer layer (``decoder.layers.*``: attention and MLP projections)
+takes Muon; embeddings (vocabulary and hash tables, any ``nn.Embedding``-like module), the output layer and
+heads, norms and biases take AdamW, as torchtitan, megatron-core (``optimizer/muon.py``) and DeepSpeed route them.
+
+Layouts: Muon needs each matrix whole. Under tensor parallelism the shards are gathered over the TP group,
+orthogonalized whole and cut back (megatron-core's ``TensorParallelMuon``, mode "duplicated"; the gathered
+matrix is a row/column permutation of the logical one for interleaved SwiGLU/QKV, and NS commutes with
+permutations). DeepSpeed ZeRO stages that partition optimizer state (1 and 2 over several data-parallel
+ranks, 3 always) hand the optimizer flat 1-D slices, and DeepSpeed's bf16 optimizer flat masters: those are
+refused in one line (``megahash.config_checks.check_muon_layout``); ZeRO stage 0 (and 1/2 at one data-parallel
+rank in fp32, which megahash runs as stage 0) steps whole fp32 matrices on every rank after the gradient all-reduce.
+"""
+from __future__ import annotations
+
+import torch
+
+OPTIMIZERS = ("adamw", "muon")
+ADJUST_LR = ("original", "match_rms_adamw")
+MOMENTUM = "momentum_buffer"  # torch.optim.Muon's state key
+
+
+def _is_embedding(module) -> bool:
+    return isinstance(module, torch.nn.Embedding) or "Embedding" in type(module).__name__
+
+
+def routes_to_muon(model: torch.nn.Module) -> dict[str, bool]:
+    """Parameter name -> True where Muon takes it: a 2-D weight of a module inside a transformer layer
+    (``decoder.layers``) that is not an embedding table; False for everything else (embeddings and hash
+    tables, output layer and heads, norms, biases). Decided by role, before any ZeRO flattening."""
+    out = {}
+    for mname, module in model.named_modules():
+        for pname, p in module.named_parameters(recurse=False):
+            name = f"{mname}.{pname}" if mname else pname
+            out[name] = (p.requires_grad and p.ndim == 2 and name.startswith("decoder.layers.")
+                         and not _is_embedding(module))
+    return out
+
+
+def param_groups(model: torch.nn.Module, t) -> list[dict]:
+    """Groups of :class:`MuonAdamW`: the Muon matrices (``train.muon_*``, ``train.weight_decay``), AdamW's
+    2-D rest with decay and its 1-D rest without (Megatron's rule), each tagged ``use_muon``."""
+    route = routes_to_muon(model)
+    muon, decay, no_decay = [], [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (muon if route[name] else decay if p.ndim >= 2 else no_decay).append(p)
+    muon_group = {"params": muon, "use_muon": True, "lr": t.muon_lr, "weight_decay": t.weight_decay,
+                  "momentum": t.muon_momentum, "nesterov": t.muon_nesterov, "ns_steps": t.muon_ns_steps,
+                  "adjust_lr_fn": t.muon_adjust_lr}
+    return [g for g in (muon_group, {"params": decay, "weight_decay": t.weight_decay, "use_muon": False},
+                        {"params": no_decay, "weight_decay": 0.0, "use_muon": False}) if g["params"]]
+
+
+def newton_schulz(update: torch.Tensor, steps: int, coefficients, eps: float) -> torch.Tensor:
+    """NS_k of one whole matrix: ``torch.optim.Muon``'s quintic iteration (in bf16, as torch runs it)."""
+    from torch.optim._muon import _zeropower_via_newtonschulz
+
+    return _zeropower_via_newtonschulz(update, coefficients, steps, eps)
+
+
+def _orthogonalize(p: torch.Tensor, update: torch.Tensor, group: dict) -> tuple[torch.Tensor, tuple]:
+    """NS of ``p``'s whole matrix (its TP shards gathered and cut back); (local result, full shape)."""
+    args = (group["ns_steps"], group["ns_coefficients"], group["eps"])
+    dim = getattr(p, "partition_dim", -1) if getattr(p, "tensor_model_parallel", False) else -1
+    if dim not in (0, 1) or not torch.distributed.is_initialized():
+        return newton_schulz(update, *args), tuple(p.shape)
+    from megatron.core import parallel_state
+
+    tp_group = parallel_state.get_tensor_model_parallel_group()
+    tp = torch.distributed.get_world_size(tp_group)
+    if tp == 1:
+        return newton_schulz(update, *args), tuple(p.shape)
+    parts = [torch.empty_like(update) for _ in range(tp)]
+    torch.distributed.all_gather(parts, update.contiguous(), group=tp_group)
+    full = newton_schulz(torch.cat(parts, dim=dim), *args)
+    rank = torch.distributed.get_rank(tp_group)
+    return full.chunk(tp, dim=dim)[rank], tuple(full.shape)
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """One torch optimizer (DeepSpeed takes one): groups tagged ``use_muon`` step as ``torch.optim.Muon``
+    (:meth:`_muon_step`), the others through a ``torch.optim.AdamW`` sharing this optimizer's groups and state."""
+
+    def __init__(self, groups: list[dict], lr: float, betas, eps: float, **adamw_options):
+        from torch.optim import _muon
+
+        muon = [g for g in groups if g["use_muon"]]
+        for g in muon:  # torch.optim.Muon's defaults
+            g.setdefault("ns_coefficients", (_muon.DEFAULT_A, _muon.DEFAULT_B, _muon.DEFAULT_C))
+            g.setdefault("eps", _muon.EPS)
+        adam = [g for g in groups if not g["use_muon"]]
+        self._adamw = torch.optim.AdamW(adam, lr=lr, betas=betas, eps=eps, **adamw_options) if adam else None
+        # AdamW's groups first: the logged lr (the first group's) stays train.lr's schedule
+        super().__init__((self._adamw.param_groups if adam else []) + muon, {})
+
+    def state_keys_of(self, p: torch.Tensor, adam_keys: list[str]) -> list[str]:
+        """The state saved for ``p`` (megahash/training/optimizer_state.py): Muon's momentum, or Adam's."""
+        return [MOMENTUM] if self.is_muon(p) else adam_keys
+
+    def is_muon(self, p: torch.Tensor) -> bool:
+        return any(g["use_muon"] and any(q is p for q in g["params"]) for g in self.param_groups)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            if group["use_muon"]:
+                self._muon_step(group)
+        if self._adamw is not None:  # the groups and state of load_state_dict, shared
+            self._adamw.param_groups = [g for g in self.param_groups if not g["use_muon"]]
+            self._adamw.state = self.state
+            self._adamw.step()
+        return loss
+
+    def _muon_step(self, group: dict) -> None:
+        """``torch.optim._muon._single_tensor_muon`` for one group (module docstring's equations)."""
+        from torch.optim._muon import _adjust_lr
+
+        lr, wd, mu = float(group["lr"]), group["weight_decay"], group["momentum"]
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            grad = p.grad
+            state = self.state[p]
+            if MOMENTUM not in state:
+                state[MOMENTUM] = torch.zeros_like(grad, memory_format=torch.preserve_format)
+            buf = state[MOMENTUM]
+            buf.lerp_(grad, 1 - mu)
+            update = grad.lerp(buf, mu) if group["nesterov"] else buf
+            update, shape = _orthogonalize(p, update, group)
+            p.mul_(1 - lr * wd)
+            p.add_(update, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], shape))
+
+
+def build_optimizer(model: torch.nn.Module, t, adamw_groups: list[dict], adamw_options: dict):
+    """The run's optimizer (``train.optimizer``): AdamW over ``adamw_groups``, or :class:`MuonAdamW`."""
+    if t.optimizer == "muon":
+        return MuonAdamW(param_groups(model, t), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, **adamw_options)
+    return torch.optim.AdamW(adamw_groups, lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, **adamw_options)
