@@ -171,6 +171,9 @@ class TrainConfig:
     # issue 35: checkpoints written by a background writer (megatron-core async dist checkpointing;
     # latest published when it finishes; no DeepSpeed-native copy): megahash/training/async_save.py
     async_save: bool = False
+    # issue 37: exponential moving average of the weights, updated after every optimizer step
+    # (megahash/training/ema.py, docs/compact_models.md); 0 = off
+    ema_decay: float = 0.0
 
 
 @dataclass

@@ -76,6 +76,7 @@ RANGES: dict[str, tuple] = {
     "train.spike_factor": (0.0, INF, False, False, "skip a loss above this x the running median; 0 = off"),
     "train.spike_window": (1, INF, False, False, "losses in the spike rule's running median"),
     "train.max_skips": (0, INF, False, False, "consecutive skipped steps that stop the run; 0 = never"),
+    "train.ema_decay": (0.0, 1.0, False, True, "decay of the weight average; 0 = off"),
     # parallel, eval
     "parallel.tensor": (1, INF, False, False, "tensor-parallel size"),
     "eval.batch_size": (1, INF, False, False, "evaluation batch size"),
@@ -153,6 +154,9 @@ def check_ranges(cfg) -> None:
         raise ConfigError(f"train.hang_timeout_s={t.hang_timeout_s:g} must be below train.distributed_timeout_s="
                           f"{t.distributed_timeout_s} (a collective timing out first ends the rank as a failure, "
                           f"not for requeue)")
+    if t.ema_decay and t.zero_stage == 3:
+        raise ConfigError("train.ema_decay needs train.zero_stage 0, 1 or 2 (ZeRO-3 partitions the weights "
+                          "the average is kept over)")
     if d.verify not in ("cheap", "full", "none"):
         raise ConfigError(f"config key 'data.verify' must be cheap, full or none, got {d.verify!r}")
 

@@ -24,7 +24,7 @@ from megahash import accelerator
 from megahash.config import Config, save_config
 from megahash.data.text_source import RunTexts
 from megahash.errors import CheckpointError
-from megahash.training import async_save, checkpoint, step_guard
+from megahash.training import async_save, checkpoint, ema, step_guard
 from megahash.training.batch_ramp import check_resume, consumed_samples, ramp_metrics, set_step_batch, step_batch
 from megahash.training.ds_config import deepspeed_config, tune_engine
 from megahash.training.logging import RunLogger, plot_loss
@@ -159,6 +159,7 @@ class _Run:
     watch: Any = None  # megahash.training.watchdog.HangWatchdog
     guard: Any = None  # megahash.training.step_guard.StepGuard (train.skip_nonfinite, train.spike_factor)
     saver: Any = None  # megahash.training.async_save.AsyncSaver (train.async_save), None: synchronous saves
+    ema: Any = None  # megahash.training.ema.WeightEMA (train.ema_decay), None: off
 
     @property
     def save_dir(self) -> Path:
@@ -212,11 +213,13 @@ def _set_up(run: _Run) -> None:
     model, n_params, n_emb = _build_model(cfg, run.data)
     run.engine, _ = build_engine(cfg, model, run.dp_size)
     run.guard = step_guard.install(run.engine, cfg.train)
+    run.ema = ema.install(run.engine, cfg.train)  # the weight average (train.ema_decay)
     run.objective = build_objective(cfg, run.data)
     if resume_from is not None:
         state = checkpoint.load(run.engine, resume_from, cfg)
         run.step = int(state["step"])
         step_guard.restore(run.guard, state)  # the spike window and skip count (train.spike_factor)
+        ema.restore(run, resume_from)
     _open_log(run, resume_from, n_params, n_emb)
     _open_batches(run)
     run.stop = _stop_flag(cfg.train)
@@ -363,6 +366,7 @@ def _train_step_logged(run: _Run) -> None:
     timings = {} if echo else None  # the optimizer phase, timed on the steps the progress line shows
     run.gas = set_step_batch(run.engine, t, step)  # the step's global batch (train.batch_ramp) as accumulation steps
     loss_sum, wait = train_step(run.engine, run.batches, run.objective, run.gas, timings)
+    ema.update(run)  # train.ema_decay
     step = run.step = step + 1
     dt = time.perf_counter() - t0
     loss_avg = _dp_mean(loss_sum / run.gas)
@@ -399,6 +403,9 @@ def _validate(run: _Run) -> None:
     vmetrics.update(consumed_samples=run.consumed(step), consumed_tokens=run.consumed(step) * cfg.data.seq_length)
     if declarations.caps("head", cfg.model.head).token_loss and t.objective in ("clm", "mlm"):  # nats/token
         vmetrics["ppl"] = math.exp(min(vloss, 50.0))
+    again = lambda: evaluate(run.engine, validation_batches(run.data.valid, cfg.data, run.dp_rank, run.dp_size),
+                             run.objective)[0]  # noqa: E731
+    vmetrics.update(ema.metrics(run, again, "ppl" in vmetrics))  # the averaged weights (train.ema_decay): ema_loss
     run.log.log(step, vmetrics, "valid", echo=False)
     run.progress.write(format_line("valid", step, t.steps, vmetrics))
 

@@ -153,8 +153,27 @@ def checkpoint_config(ckpt: Path, overrides: list[str] | None = None):
     return config_from_dict(tree)
 
 
-def load_for_inference(path: str | Path, overrides: list[str] | None = None, dtype=torch.float32):
-    """(cfg, model at TP=1 in eval mode, checkpoint dir) of a megahash checkpoint, in this process."""
+def load_chosen(model: torch.nn.Module, ckpt: Path, weights: str = "live") -> None:
+    """Load the weights ``weights`` names: ``live`` (``model/``), ``ema`` (``ema/``, the average of
+    train.ema_decay) or the path of a quantized artifact (``megahash export --quantize``, round-tripped)."""
+    if weights == "live":
+        return load_weights(model, ckpt / WEIGHTS_DIR)
+    if weights == "ema":
+        from megahash.training.ema import EMA_DIR
+
+        if not (ckpt / EMA_DIR).is_dir():
+            raise CheckpointError(f"checkpoint {ckpt} has no weight average ({EMA_DIR}/): it was trained without "
+                                  f"train.ema_decay; use --weights live")
+        return load_weights(model, ckpt / EMA_DIR)
+    from megahash.models.quantized import load_artifact_into
+
+    load_artifact_into(model, Path(weights))
+
+
+def load_for_inference(path: str | Path, overrides: list[str] | None = None, dtype=torch.float32,
+                       weights: str = "live"):
+    """(cfg, model at TP=1 in eval mode, checkpoint dir) of a megahash checkpoint, in this process;
+    ``weights``: which weights (:func:`load_chosen`)."""
     from megahash import accelerator
     from megahash.models.megatron_model import MegahashLM
     from megahash.training.checkpoint_files import read_state
@@ -168,7 +187,7 @@ def load_for_inference(path: str | Path, overrides: list[str] | None = None, dty
     if not vocab:
         raise CheckpointError(f"checkpoint {ckpt} does not record its vocabulary size")
     model = MegahashLM(cfg, vocab, dtype, init=False)
-    load_weights(model, ckpt / WEIGHTS_DIR)
+    load_chosen(model, ckpt, weights)
     model.eval()
     return cfg, model, ckpt
 

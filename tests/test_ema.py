@@ -1,0 +1,105 @@
+"""``train.ema_decay`` (issue 37 item 3, megahash/training/ema.py): the average after k steps equals its
+closed form over the recorded weights, validation reports it (``ema_loss``), a stop + resume from an
+asynchronous checkpoint continues it bit-exactly, evaluation and export read it with ``--weights ema``,
+and asking a checkpoint without one is a one-line error. One tiny run under ``train.precision=bf16``."""
+import json
+import shutil
+
+import pytest
+import torch
+from test_batch_ramp import TINY, _main
+
+DECAY, STEPS = 0.6, 4
+
+
+def _params(ckpt, weights="live") -> dict:
+    from megahash import accelerator
+    from megahash.training.weights import load_for_inference
+
+    _, model, _ = load_for_inference(ckpt, weights=weights)
+    out = {n: p.detach().double().clone() for n, p in model.named_parameters()}
+    accelerator.teardown()
+    return out
+
+
+def _initial(ckpt) -> dict:
+    """w_0: the model the trainer builds from train.seed before the first step (trainer._build_model)."""
+    from megahash import accelerator
+    from megahash.models.megatron_model import MegahashLM
+    from megahash.training.checkpoint_files import read_state
+    from megahash.training.weights import checkpoint_config
+
+    cfg = checkpoint_config(ckpt)
+    accelerator.init_distributed(1)
+    accelerator.seed_all(cfg.train.seed)
+    model = MegahashLM(cfg, int(read_state(ckpt)["padded_vocab_size"]), torch.float32, True)
+    out = {n: p.detach().double().clone() for n, p in model.named_parameters()}
+    accelerator.teardown()
+    return out
+
+
+def test_ema_formula_validation_resume_eval_export(shakespeare_shards, tmp_path, capsys):
+    data = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}"]
+    common = [*data, *TINY, "train.precision=bf16", f"train.ema_decay={DECAY}", f"train.steps={STEPS}",
+              "train.eval_interval=2", "data.valid_samples=4", "train.lr=3e-3", "train.warmup_steps=0"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    status, out = _main([*common, f"train.save_dir={straight}", "train.save_interval=1"], capsys)
+    assert status == 0 and "ema_loss" in out, out[-3000:]
+    valid = [json.loads(l) for l in (straight / "metrics.jsonl").read_text().splitlines()]
+    valid = [r for r in valid if r["split"] == "valid"]
+    assert [r["step"] for r in valid] == [2, 4] and all(r["ema_loss"] != r["loss"] for r in valid)
+
+    # the closed form over the recorded weights: ema_k = d^k w_0 + (1-d) sum_i d^(k-i) w_i, in fp64
+    ckpts = [straight / f"step_{k:08d}" for k in range(1, STEPS + 1)]
+    w = [_initial(ckpts[0])] + [_params(c) for c in ckpts]
+    ema = _params(ckpts[-1], "ema")
+    assert set(ema) == set(w[0])
+    for name, got in ema.items():
+        want = DECAY ** STEPS * w[0][name] + sum((1 - DECAY) * DECAY ** (STEPS - i) * w[i][name]
+                                                 for i in range(1, STEPS + 1))
+        # fp32 updates: 2 roundings a step (|rel| <= 2^-24 each) over STEPS steps, on values of the weights' size
+        tol = 4 * STEPS * 2.0 ** -24 * max(float(want.abs().max()), 1.0)
+        assert float((got - want).abs().max()) <= tol, name
+    moved = max(float((ema[n] - w[-1][n]).abs().max()) for n in ema)
+    assert moved > 1e-4  # the average is not the live weights
+
+    # stop at step 2 (asynchronous save) and resume: the same average and weights, bit for bit (the promise)
+    async_ = [*common, f"train.save_dir={split}", "train.async_save=true"]
+    status, out = _main([*async_, "train.stop_after=2"], capsys)
+    assert status == 0 and "stopped at step 2" in out, out[-3000:]
+    assert (split / "step_00000002" / "ema").is_dir()
+    status, out = _main(async_, capsys)
+    assert status == 0 and "resumed from" in out, out[-3000:]
+    last = split / f"step_{STEPS:08d}"
+    for weights in ("live", "ema"):
+        a, b = _params(ckpts[-1], weights), _params(last, weights)
+        assert all(torch.equal(a[n], b[n]) for n in a), weights
+
+    # evaluation and export read the average; a checkpoint without one is a one-line error, exit 2
+    from megahash import accelerator
+    from megahash.convert.export import main as export_main
+    from megahash.eval.lm import MegahashEvalLM
+
+    lm = MegahashEvalLM(checkpoint=str(last), weights="ema", batch_size=2)
+    got = dict(lm.model.named_parameters())
+    assert all(torch.equal(got[n].detach().double(), ema[n]) for n in ema)
+    del lm
+    accelerator.teardown()
+    assert export_main(["--checkpoint", str(last), "--output", str(tmp_path / "hf"), "--weights", "ema",
+                        "--no-verify"]) == 0
+    assert "(ema weights)" in capsys.readouterr().out
+    bare = tmp_path / "bare" / "step_00000004"
+    shutil.copytree(last, bare)
+    shutil.rmtree(bare / "ema")
+    capsys.readouterr()
+    assert export_main(["--checkpoint", str(bare), "--output", str(tmp_path / "hf2"), "--weights", "ema"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "train.ema_decay" in err[0], err
+
+
+def test_ema_refuses_zero3():
+    from megahash.config import load_config
+    from megahash.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="ema_decay needs train.zero_stage"):
+        load_config(None, ["train.ema_decay=0.9", "train.zero_stage=3"])
