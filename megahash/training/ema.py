@@ -28,7 +28,8 @@ from pathlib import Path
 
 import torch
 
-EMA_DIR = "ema"
+from megahash.training.weights import EMA_DIR, load_weights, save_weights
+
 ATTR = "_megahash_ema"  # the engine attribute the checkpoint hooks read
 
 
@@ -91,8 +92,6 @@ def save(engine, directory: Path, zero_stage: int, async_queue=None) -> None:
     ema = getattr(engine, ATTR, None)
     if ema is None:
         return
-    from megahash.training.weights import save_weights
-
     with ema.swapped_in():
         save_weights(engine.module, Path(directory) / EMA_DIR, zero_stage, async_queue)
 
@@ -107,8 +106,6 @@ def restore(run, ckpt: Path | None) -> None:
         if run.rank == 0:
             print(f"megahash: {ckpt} has no {EMA_DIR}/; the weight average starts from the resumed weights", flush=True)
         return
-    from megahash.training.weights import load_weights
-
     with ema.swapped_in():
         load_weights(run.engine.module, Path(ckpt) / EMA_DIR)
         ema.take_from_module()

@@ -24,6 +24,7 @@ import torch
 from megahash.errors import CheckpointError
 
 WEIGHTS_DIR = "model"
+EMA_DIR = "ema"  # the weight average of train.ema_decay (megahash/training/ema.py)
 
 
 def gathered(module, zero_stage: int, modifier_rank: int | None = None):
@@ -159,8 +160,6 @@ def load_chosen(model: torch.nn.Module, ckpt: Path, weights: str = "live") -> No
     if weights == "live":
         return load_weights(model, ckpt / WEIGHTS_DIR)
     if weights == "ema":
-        from megahash.training.ema import EMA_DIR
-
         if not (ckpt / EMA_DIR).is_dir():
             raise CheckpointError(f"checkpoint {ckpt} has no weight average ({EMA_DIR}/): it was trained without "
                                   f"train.ema_decay; use --weights live")
