@@ -77,6 +77,8 @@ RANGES: dict[str, tuple] = {
     "train.spike_window": (1, INF, False, False, "losses in the spike rule's running median"),
     "train.max_skips": (0, INF, False, False, "consecutive skipped steps that stop the run; 0 = never"),
     "train.ema_decay": (0.0, 1.0, False, True, "decay of the weight average; 0 = off"),
+    "train.qat_bits": (0, 8, False, False, "bits of the fake quantization; 0 = off"),
+    "train.qat_fraction": (0.0, 1.0, True, False, "the last fraction of the steps trained with fake quantization"),
     # parallel, eval
     "parallel.tensor": (1, INF, False, False, "tensor-parallel size"),
     "eval.batch_size": (1, INF, False, False, "evaluation batch size"),
@@ -157,6 +159,11 @@ def check_ranges(cfg) -> None:
     if t.ema_decay and t.zero_stage == 3:
         raise ConfigError("train.ema_decay needs train.zero_stage 0, 1 or 2 (ZeRO-3 partitions the weights "
                           "the average is kept over)")
+    if t.qat_bits not in (0, 4, 6, 8):
+        raise ConfigError(f"train.qat_bits must be 0 (off), 4, 6 or 8, got {t.qat_bits}")
+    if t.qat_bits and t.zero_stage == 3:
+        raise ConfigError("train.qat_bits needs train.zero_stage 0, 1 or 2 (ZeRO-3 partitions the weights "
+                          "it fake-quantizes)")
     if d.verify not in ("cheap", "full", "none"):
         raise ConfigError(f"config key 'data.verify' must be cheap, full or none, got {d.verify!r}")
 

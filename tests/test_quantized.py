@@ -41,7 +41,9 @@ def test_export_artifact_bytes_bound_and_eval(shakespeare_shards, tmp_path, caps
     data = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}"]
     run = tmp_path / "run"
     shape = ["model.hidden_size=64", "model.ffn_hidden_size=128"]  # matrices above KEEP_NUMEL are quantized
-    status, out = _main([*data, *TINY, *shape, "train.steps=3", "train.lr=3e-3", f"train.save_dir={run}"], capsys)
+    qat = ["train.qat_bits=8", "train.qat_fraction=0.34"]  # the trainer's QAT path: the last step fake-quantized
+    status, out = _main([*data, *TINY, *shape, *qat, "train.steps=3", "train.lr=3e-3", f"train.save_dir={run}"],
+                        capsys)
     assert status == 0, out[-3000:]
     with accelerator.releasing_group():
         _, live, _ = load_for_inference(run)
@@ -83,3 +85,33 @@ def test_export_artifact_bytes_bound_and_eval(shakespeare_shards, tmp_path, caps
     assert eval_main(["--checkpoint", str(run), "--artifact", str(path), "--weights", "ema"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(l.startswith("error: ") for l in err), err
+
+
+def test_qat_straight_through_gradient():
+    """Inside ``applied()`` the forward sees q(w) (the artifact's round trip, from its formula) and the
+    gradient is the one at q(w) (dq/dw := 1); the live weights come back untouched."""
+    from types import SimpleNamespace
+
+    from megahash.training import qat
+
+    torch.manual_seed(0)
+    m = torch.nn.Module()
+    m.decoder = torch.nn.Linear(128, 64)  # 8,192 > KEEP_NUMEL elements: a hidden matrix
+    w0 = m.decoder.weight.detach().clone()
+    fq = qat.FakeQuant(m, SimpleNamespace(qat_bits=4, qat_fraction=0.5, steps=10))
+    assert fq.start == 5 and fq.params == [m.decoder.weight]
+    x, c = torch.randn(3, 128), torch.randn(3, 64)
+    xr, xq = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    s = (w0.abs().amax(1) / 7 * (1 + 2.0 ** -10)).half().float()  # the rule, written out
+    q = (torch.round(w0 / s[:, None]).clamp(-7, 7) * s[:, None]).requires_grad_(True)
+    ((xr @ q.T + m.decoder.bias.detach()) * c).sum().backward()
+    fq.active = True
+    with fq.applied():
+        y = m.decoder(xq)
+        (y * c).sum().backward()
+    assert torch.equal(m.decoder.weight.detach(), w0)
+    # the same products in the same order: float32 results agree to a few ulps of their size
+    torch.testing.assert_close(y.detach(), x @ q.detach().T + m.decoder.bias.detach(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(m.decoder.weight.grad, q.grad, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(xq.grad, xr.grad, rtol=1e-6, atol=1e-6)  # backward through q(w), not w
+    assert float((xq.grad - c @ w0).abs().max()) > 1e-3
