@@ -36,7 +36,7 @@ def test_export_artifact_bytes_bound_and_eval(shakespeare_shards, tmp_path, caps
     from megahash import accelerator
     from megahash.cli import main as cli
     from megahash.eval.run import main as eval_main
-    from megahash.training.weights import load_for_inference
+    from megahash.training.weights import load_for_inference, read_artifact
 
     data = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}"]
     run = tmp_path / "run"
@@ -60,7 +60,7 @@ def test_export_artifact_bytes_bound_and_eval(shakespeare_shards, tmp_path, caps
         printed = int(re.search(r"; (\d+) bytes", capsys.readouterr().out)[1])
         assert printed == os.path.getsize(path)
         sizes[fmt] = printed
-        back, rec = qz.read_artifact(path)
+        back, rec = read_artifact(path)
         assert rec["format"] == fmt and rec["meta"]["weights"] == "live"
         n_quantized = 0
         for name, w in state.items():

@@ -14,10 +14,10 @@ from pathlib import Path
 def export_artifact(checkpoint, output, fmt: str = "int8", codec: str = "zstd", weights: str = "live") -> dict:
     """Write the artifact of a checkpoint's ``weights`` (live or ema); a summary with its ``bytes``."""
     from megahash import accelerator
-    from megahash.models.quantized import quantized, write_artifact
-    from megahash.training.checkpoint_files import read_state
+    from megahash.models.quantized import quantized
     from megahash.training.checkpoint import model_signature
-    from megahash.training.weights import load_for_inference
+    from megahash.training.checkpoint_files import read_state
+    from megahash.training.weights import load_for_inference, write_artifact
 
     with accelerator.releasing_group():
         cfg, model, ckpt = load_for_inference(checkpoint, weights=weights)

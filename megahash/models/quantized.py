@@ -7,7 +7,7 @@ rest flattened) symmetrically to ``bits`` (8, 6, 4): scale ``s = max|row| / qmax
 so ``|w - q s| <= s / 2`` per element (the round-trip bound the tests check). int8 stores one byte a
 value; int6 packs four values into three bytes, int4 two values into a byte (offset binary). Other
 floating tensors are kept: 1-D ones (norms, biases, gains) in fp32, small matrices in fp16; integer
-buffers as they are. The whole is ``torch.save``d (no pickled code: ``torch.load(weights_only=True)``)
+buffers as they are. The whole is ``torch.save``d (megahash/training/weights.py ``write_artifact``: models open no files) (no pickled code: ``torch.load(weights_only=True)``)
 and compressed with zstandard (level 19; the package megahash already needs for .jsonl.zst corpora)
 or the standard library's zlib (level 9). torchao's quantization primitives are not installed here, and
 torch's own ``quantize_per_channel`` covers int8 only, so the few lines below do it for every width.
@@ -16,9 +16,7 @@ QAT (``train.qat_bits``) would fake-quantize the same rows with the same rule; n
 """
 from __future__ import annotations
 
-import io
 import zlib
-from pathlib import Path
 
 import torch
 
@@ -124,44 +122,14 @@ def decompress(blob: bytes) -> bytes:
     return zlib.decompress(blob)
 
 
-def write_artifact(state: dict, path: Path, fmt: str, codec: str, meta: dict) -> int:
-    """Write the artifact of ``state`` to ``path`` (temporary name, renamed); its exact size in bytes."""
-    bits = FORMATS[fmt]
-    buf = io.BytesIO()
-    torch.save({"megahash_artifact": 1, "format": fmt, "bits": bits, "meta": meta,
-                "tensors": encode(state, bits)}, buf)
-    blob = compress(buf.getvalue(), codec)
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(blob)
-    tmp.replace(path)
-    return len(blob)
-
-
-def read_artifact(path: Path) -> tuple[dict, dict]:
-    """(round-tripped state dict, artifact record without its tensors)."""
+def load_state_into(model: torch.nn.Module, state: dict, name: str = "artifact") -> None:
+    """Load a round-tripped state dict into ``model`` (TP=1); one-line error if it does not fit."""
     from megahash.errors import CheckpointError
 
-    try:
-        rec = torch.load(io.BytesIO(decompress(Path(path).read_bytes())), map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - zlib/zstd/torch errors: one line
-        raise CheckpointError(f"{path} is not a megahash quantized artifact ({type(e).__name__}: {e})") from None
-    if not isinstance(rec, dict) or rec.get("megahash_artifact") != 1:
-        raise CheckpointError(f"{path} is not a megahash quantized artifact")
-    state = decode(rec.pop("tensors"), rec["bits"])
-    return state, rec
-
-
-def load_artifact_into(model: torch.nn.Module, path: Path) -> dict:
-    """Load an artifact's round-tripped weights into ``model`` (TP=1); one-line error if it does not fit."""
-    from megahash.errors import CheckpointError
-
-    state, rec = read_artifact(path)
     own = model.state_dict()
     lacking = sorted(k for k in own if k not in state and not k.endswith("_extra_state"))
     bad = sorted(k for k in state if k in own and tuple(own[k].shape) != tuple(state[k].shape))
     if lacking or bad:
-        raise CheckpointError(f"artifact {path} does not fit the checkpoint's model "
+        raise CheckpointError(f"{name} does not fit the checkpoint's model "
                               f"({'it lacks ' + str(lacking[:3]) if lacking else 'shapes of ' + str(bad[:3])})")
     model.load_state_dict({k: v for k, v in state.items() if k in own}, strict=False)
-    return rec

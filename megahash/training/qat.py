@@ -25,7 +25,7 @@ ATTR = "_megahash_qat"
 
 def start_step(t) -> int:
     """The first step (0-based) trained with fake quantization."""
-    return int(round((1.0 - t.qat_fraction) * t.steps))
+    return round((1.0 - t.qat_fraction) * t.steps)
 
 
 def round_trip(w: torch.Tensor, bits: int) -> torch.Tensor:

@@ -407,7 +407,7 @@ def _validate(run: _Run) -> None:
     if declarations.caps("head", cfg.model.head).token_loss and t.objective in ("clm", "mlm"):  # nats/token
         vmetrics["ppl"] = math.exp(min(vloss, 50.0))
     again = lambda: evaluate(run.engine, validation_batches(run.data.valid, cfg.data, run.dp_rank, run.dp_size),
-                             run.objective)[0]  # noqa: E731
+                             run.objective)[0]
     vmetrics.update(ema.metrics(run, again, "ppl" in vmetrics))  # the averaged weights (train.ema_decay): ema_loss
     run.log.log(step, vmetrics, "valid", echo=False)
     run.progress.write(format_line("valid", step, t.steps, vmetrics))
