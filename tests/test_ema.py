@@ -38,6 +38,7 @@ def _initial(ckpt) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_ema_formula_validation_resume_eval_export(shakespeare_shards, tmp_path, capsys):
     data = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}"]
     common = [*data, *TINY, "train.precision=bf16", f"train.ema_decay={DECAY}", f"train.steps={STEPS}",
