@@ -156,9 +156,6 @@ def check_ranges(cfg) -> None:
         raise ConfigError(f"train.hang_timeout_s={t.hang_timeout_s:g} must be below train.distributed_timeout_s="
                           f"{t.distributed_timeout_s} (a collective timing out first ends the rank as a failure, "
                           f"not for requeue)")
-    if t.ema_decay and t.zero_stage == 3:
-        raise ConfigError("train.ema_decay needs train.zero_stage 0, 1 or 2 (ZeRO-3 partitions the weights "
-                          "the average is kept over)")
     if t.qat_bits not in (0, 4, 6, 8):
         raise ConfigError(f"train.qat_bits must be 0 (off), 4, 6 or 8, got {t.qat_bits}")
     if t.qat_bits and t.zero_stage == 3:

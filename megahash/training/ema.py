@@ -10,10 +10,11 @@ No warmup correction (timm's ``min(d, (1 + n) / (10 + n))``) is applied: with th
 hundreds of steps a decay near 1 leaves w_0 a weight d^k, so choose d with 1/(1-d) well below the steps.
 A skipped step (train.skip_nonfinite) still updates the average (towards unchanged weights).
 
-Where it lives: over the module parameters each rank holds (its tensor-parallel shard; under ZeRO 1/2
-the module parameters are complete on every rank, so the average costs one fp32 copy of the rank's
-model: 4 bytes per parameter / TP size, like the fp32 master copy of ZeRO-0). ZeRO-3 partitions the
-module parameters themselves and is refused (config_checks: use ZeRO 0-2).
+Where it lives: over what each rank holds of every trainable parameter. Under ZeRO 0-2 that is the
+module parameter (its tensor-parallel shard, complete on every data-parallel rank): the average costs
+one fp32 copy of the rank's model, 4 bytes per parameter / TP size. Under ZeRO-3 it is the rank's
+partition ``p.ds_tensor``: 4 bytes per parameter / (TP x DP size); saving, loading and validating gather
+the partitions like the live weights' save does (``weights.gathered``).
 
 Checkpoint: ``step_N/ema/``, a megatron dist checkpoint written from the model's own
 ``sharded_state_dict`` with the averages in place of the weights (so it loads at any TP size like
@@ -28,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from megahash.training.weights import EMA_DIR, load_weights, save_weights
+from megahash.training.weights import EMA_DIR, gathered, load_weights, save_weights
 
 ATTR = "_megahash_ema"  # the engine attribute the checkpoint hooks read
 
@@ -38,7 +39,8 @@ class WeightEMA:
 
     def __init__(self, module: torch.nn.Module, decay: float):
         self.decay = float(decay)
-        self.params = [p for p in module.parameters() if p.requires_grad]
+        # this rank's part: the parameter, or its ZeRO-3 partition
+        self.params = [getattr(p, "ds_tensor", p) for p in module.parameters() if p.requires_grad]
         self.avg = [p.detach().float().clone() for p in self.params]
 
     @torch.no_grad()
@@ -107,7 +109,8 @@ def restore(run, ckpt: Path | None) -> None:
             print(f"megahash: {ckpt} has no {EMA_DIR}/; the weight average starts from the resumed weights", flush=True)
         return
     with ema.swapped_in():
-        load_weights(run.engine.module, Path(ckpt) / EMA_DIR)
+        with gathered(run.engine.module, run.cfg.train.zero_stage, modifier_rank=0):  # ZeRO-3: re-partitioned after
+            load_weights(run.engine.module, Path(ckpt) / EMA_DIR)
         ema.take_from_module()
 
 
