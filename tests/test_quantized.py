@@ -115,3 +115,13 @@ def test_qat_straight_through_gradient():
     torch.testing.assert_close(m.decoder.weight.grad, q.grad, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(xq.grad, xr.grad, rtol=1e-6, atol=1e-6)  # backward through q(w), not w
     assert float((xq.grad - c @ w0).abs().max()) > 1e-3
+
+
+@pytest.mark.parametrize("overrides, expect", [(["train.qat_bits=5"], "train.qat_bits must be 0 (off), 4, 6 or 8"),
+                                               (["train.qat_bits=4", "train.zero_stage=3"], "qat_bits needs train.zero_stage")])
+def test_qat_config_errors(overrides, expect):
+    from megahash.config import load_config
+    from megahash.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(expect)):
+        load_config(None, overrides)
