@@ -93,6 +93,15 @@ def test_ema_formula_validation_resume_eval_export(shakespeare_shards, tmp_path,
     assert export_main(["--checkpoint", str(last), "--output", str(tmp_path / "hf"), "--weights", "ema",
                         "--no-verify"]) == 0
     assert "(ema weights)" in capsys.readouterr().out
+    from megahash.cli import main as cli
+    from megahash.training.weights import read_artifact
+
+    assert cli(["export", "--checkpoint", str(last), "--output", str(tmp_path / "q"), "--weights", "ema"]) == 0
+    back, rec = read_artifact(tmp_path / "q")  # int8 + zstd of the average: within half a step of it per row
+    assert rec["meta"]["weights"] == "ema" and rec["format"] == "int8"
+    for n, v in back.items():
+        if n in ema:
+            assert float((v.double() - ema[n]).abs().max()) <= float(ema[n].abs().max()) / 127 / 2 * 1.001 + 1e-12, n
     bare = tmp_path / "bare" / "step_00000004"
     shutil.copytree(last, bare)
     shutil.rmtree(bare / "ema")

@@ -41,7 +41,8 @@ def test_export_artifact_bytes_bound_and_eval(shakespeare_shards, tmp_path, caps
     data = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}"]
     run = tmp_path / "run"
     shape = ["model.hidden_size=64", "model.ffn_hidden_size=128"]  # matrices above KEEP_NUMEL are quantized
-    qat = ["train.qat_bits=8", "train.qat_fraction=0.34"]  # the trainer's QAT path: the last step fake-quantized
+    # the trainer's QAT path under bf16 autocast: the last step fake-quantized
+    qat = ["train.qat_bits=8", "train.qat_fraction=0.34", "train.precision=bf16"]
     status, out = _main([*data, *TINY, *shape, *qat, "train.steps=3", "train.lr=3e-3", f"train.save_dir={run}"],
                         capsys)
     assert status == 0, out[-3000:]
