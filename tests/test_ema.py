@@ -3,6 +3,7 @@ closed form over the recorded weights, validation reports it (``ema_loss``), a s
 asynchronous checkpoint continues it bit-exactly, evaluation and export read it with ``--weights ema``,
 and asking a checkpoint without one is a one-line error. One tiny run under ``train.precision=bf16``."""
 import json
+import math
 import shutil
 
 import pytest
@@ -127,3 +128,24 @@ def test_ema_on_zero3_partitions(shakespeare_shards, tmp_path, capsys):
     for weights in ("live", "ema"):
         x, y = _params(a / "step_00000002", weights), _params(b / "step_00000002", weights)
         assert all(torch.equal(x[n], y[n]) for n in x), weights
+
+
+def test_ema_warmup_correction_against_its_closed_form():
+    """timm's correction d_n = min(d, (1 + n) / (10 + n)): ema_k = (prod d_j) w_0 + sum_i (1 - d_i) prod_{j>i} d_j w_i."""
+    torch.manual_seed(0)
+    from megahash.training.ema import WeightEMA
+
+    m = torch.nn.Linear(5, 3)
+    ema = WeightEMA(m, 0.95, warmup=True)
+    assert [ema.decay_at(n) for n in (0, 1, 90, 1000)] == [0.1, 2 / 11, 0.91, 0.95]
+    ws = [m.weight.detach().double().clone()]
+    for n in range(6):
+        with torch.no_grad():
+            m.weight.add_(torch.randn(3, 5))
+        ws.append(m.weight.detach().double().clone())
+        ema.update(n)
+    d = [min(0.95, (1 + n) / (10 + n)) for n in range(6)]
+    want = math.prod(d) * ws[0] + sum((1 - d[i]) * math.prod(d[i + 1:]) * ws[i + 1] for i in range(6))
+    # fp32: 2 roundings per update (|rel| <= 2^-24 each) on values of the weights' size
+    tol = 4 * 6 * 2.0 ** -24 * max(max(float(w.abs().max()) for w in ws), 1.0)
+    assert float((ema.avg[0].double() - want).abs().max()) <= tol

@@ -6,8 +6,10 @@ After every optimizer step ``ema = d * ema + (1 - d) * w`` (fp32, two roundings:
 
     ema_k = d^k w_0 + (1 - d) * sum_{i=1..k} d^(k-i) w_i                                    (closed form)
 
-No warmup correction (timm's ``min(d, (1 + n) / (10 + n))``) is applied: with the quickstart's
-hundreds of steps a decay near 1 leaves w_0 a weight d^k, so choose d with 1/(1-d) well below the steps.
+``train.ema_warmup=true`` uses timm's warmup correction (``ModelEmaV2``/``ModelEmaV3``'s
+``min(d, (1 + n) / (10 + n))``, n = the optimizer steps before this one; torchtitan has none): the
+decay of step k is d_k, and ema_k = (prod_j d_j) w_0 + sum_i (1 - d_i) (prod_{j>i} d_j) w_i. Without it
+w_0 keeps a weight d^k, so choose d with 1/(1-d) well below the steps.
 A skipped step (train.skip_nonfinite) still updates the average (towards unchanged weights).
 
 Where it lives: over what each rank holds of every trainable parameter. Under ZeRO 0-2 that is the
@@ -37,17 +39,22 @@ ATTR = "_megahash_ema"  # the engine attribute the checkpoint hooks read
 class WeightEMA:
     """The fp32 averages of ``module``'s trainable parameters (this rank's shards)."""
 
-    def __init__(self, module: torch.nn.Module, decay: float):
-        self.decay = float(decay)
+    def __init__(self, module: torch.nn.Module, decay: float, warmup: bool = False):
+        self.decay, self.warmup = float(decay), bool(warmup)
         # this rank's part: the parameter, or its ZeRO-3 partition
         self.params = [getattr(p, "ds_tensor", p) for p in module.parameters() if p.requires_grad]
         self.avg = [p.detach().float().clone() for p in self.params]
 
+    def decay_at(self, n: int) -> float:
+        """d, or with the warmup correction min(d, (1 + n) / (10 + n)) after n updates."""
+        return min(self.decay, (1.0 + n) / (10.0 + n)) if self.warmup else self.decay
+
     @torch.no_grad()
-    def update(self) -> None:
-        """ema = d * ema + (1 - d) * w (module docstring)."""
-        torch._foreach_mul_(self.avg, self.decay)
-        torch._foreach_add_(self.avg, [p.detach().float() for p in self.params], alpha=1.0 - self.decay)
+    def update(self, n: int = 0) -> None:
+        """ema = d_n * ema + (1 - d_n) * w (module docstring); ``n``: the optimizer steps before this one."""
+        d = self.decay_at(n)
+        torch._foreach_mul_(self.avg, d)
+        torch._foreach_add_(self.avg, [p.detach().float() for p in self.params], alpha=1.0 - d)
 
     @torch.no_grad()
     def reset(self) -> None:
@@ -77,15 +84,15 @@ class WeightEMA:
 
 def install(engine, t) -> WeightEMA | None:
     """The run's average when ``train.ema_decay`` > 0 (kept on the engine for the checkpoint hooks)."""
-    ema = WeightEMA(engine.module, t.ema_decay) if t.ema_decay > 0 else None
+    ema = WeightEMA(engine.module, t.ema_decay, t.ema_warmup) if t.ema_decay > 0 else None
     setattr(engine, ATTR, ema)
     return ema
 
 
 def update(run) -> None:
-    """After each optimizer step."""
+    """After each optimizer step (``run.step``: the steps before it, restored on resume)."""
     if run.ema is not None:
-        run.ema.update()
+        run.ema.update(run.step)
 
 
 def save(engine, directory: Path, zero_stage: int, async_queue=None) -> None:
