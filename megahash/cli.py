@@ -23,6 +23,7 @@ SUBCOMMANDS = {
     "indicators": "megahash.eval.indicators:main",
     "report": "megahash.eval.report:main",
     "export-hf": "megahash.convert.export:main",
+    "export": "megahash.convert.artifact:main",  # a quantized artifact (issue 37)
     "import-hf": "megahash.convert.importer:main",
     "sweep": "megahash.experiments.sweep:main",
     "diagnose": "megahash.experiments.diagnose:main",
@@ -35,6 +36,7 @@ INPUTS = {
     "indicators": (("--checkpoint", "checkpoint"), ("--text", "--text")),
     "report": (("--runs", "checkpoint"), ("--baseline", "checkpoint"), ("--lower-bound", "checkpoint")),
     "export-hf": (("--checkpoint", "checkpoint"),),
+    "export": (("--checkpoint", "checkpoint"),),
     "import-hf": (("--hf", "--hf"),),
 }
 

@@ -183,6 +183,15 @@ class TrainConfig:
     muon_nesterov: bool = True
     muon_ns_steps: int = 5
     muon_adjust_lr: str = "original"
+    # issue 37: exponential moving average of the weights, updated after every optimizer step
+    # (megahash/training/ema.py, docs/compact_models.md); 0 = off
+    ema_decay: float = 0.0
+    ema_warmup: bool = False  # timm's warmup correction: decay min(ema_decay, (1 + n) / (10 + n)) after n steps
+    # issue 37: quantization-aware training of the last qat_fraction of the steps: the hidden matrices
+    # fake-quantized per row to qat_bits (8 | 6 | 4; 0 = off) with a straight-through estimator
+    # (megahash/training/qat.py, docs/compact_models.md)
+    qat_bits: int = 0
+    qat_fraction: float = 0.1
 
 
 @dataclass

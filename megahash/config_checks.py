@@ -80,6 +80,9 @@ RANGES: dict[str, tuple] = {
     "train.muon_lr": (0.0, INF, True, False, "Muon's peak learning rate (hidden matrices)"),
     "train.muon_momentum": (0.0, 1.0, False, True, "Muon's momentum"),
     "train.muon_ns_steps": (1, 99, False, False, "Newton-Schulz steps (torch.optim.Muon: < 100)"),
+    "train.ema_decay": (0.0, 1.0, False, True, "decay of the weight average; 0 = off"),
+    "train.qat_bits": (0, 8, False, False, "bits of the fake quantization; 0 = off"),
+    "train.qat_fraction": (0.0, 1.0, True, False, "the last fraction of the steps trained with fake quantization"),
     # parallel, eval
     "parallel.tensor": (1, INF, False, False, "tensor-parallel size"),
     "eval.batch_size": (1, INF, False, False, "evaluation batch size"),
@@ -159,6 +162,11 @@ def check_ranges(cfg) -> None:
                           f"{t.distributed_timeout_s} (a collective timing out first ends the rank as a failure, "
                           f"not for requeue)")
     _check_optimizer(t)
+    if t.qat_bits not in (0, 4, 6, 8):
+        raise ConfigError(f"train.qat_bits must be 0 (off), 4, 6 or 8, got {t.qat_bits}")
+    if t.qat_bits and t.zero_stage == 3:
+        raise ConfigError("train.qat_bits needs train.zero_stage 0, 1 or 2 (ZeRO-3 partitions the weights "
+                          "it fake-quantizes)")
     if d.verify not in ("cheap", "full", "none"):
         raise ConfigError(f"config key 'data.verify' must be cheap, full or none, got {d.verify!r}")
 

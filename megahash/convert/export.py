@@ -174,13 +174,14 @@ def generation_config(out: Path, max_length: int, cfg=None) -> None:
 
 # ----------------------------------------------------------------------------------- export
 
-def load_checkpoint(checkpoint, tokenizer: str | None = None):
-    """(cfg, TP=1 model, checkpoint dir, codec or None, step) of a megahash checkpoint."""
+def load_checkpoint(checkpoint, tokenizer: str | None = None, weights: str = "live"):
+    """(cfg, TP=1 model, checkpoint dir, codec or None, step) of a megahash checkpoint; ``weights``: live
+    or ema (the average of train.ema_decay)."""
     from megahash.eval.text import load_codec
     from megahash.training import checkpoint as ckpt_mod
     from megahash.training.weights import load_for_inference
 
-    cfg, model, ckpt = load_for_inference(checkpoint)
+    cfg, model, ckpt = load_for_inference(checkpoint, weights=weights)
     step = int(ckpt_mod.read_state(ckpt).get("step", 0))
     try:
         codec = load_codec(cfg, ckpt, tokenizer, model_vocab=model.vocab_size)
@@ -256,12 +257,13 @@ def export_model(cfg, model, output, codec=None, step: int = 0, dtype: str = "fl
 
 
 def export_hf(checkpoint, output, dtype: str = "float32", fmt: str = "auto", tokenizer: str | None = None,
-              vocab_size: int | None = None, verify: bool = False, max_shard_size=MAX_SHARD_SIZE) -> dict:
+              vocab_size: int | None = None, verify: bool = False, max_shard_size=MAX_SHARD_SIZE,
+              weights: str = "live") -> dict:
     """Export a megahash checkpoint (run dir or step dir) to ``output``; see the module docstring."""
-    cfg, model, ckpt, codec, step = load_checkpoint(checkpoint, tokenizer)
+    cfg, model, ckpt, codec, step = load_checkpoint(checkpoint, tokenizer, weights)
     summary = export_model(cfg, model, output, codec, step, dtype, fmt, vocab_size, max_shard_size,
                            run_dir=Path(ckpt).parent)
-    summary["checkpoint"] = str(ckpt)
+    summary["checkpoint"], summary["weights"] = str(ckpt), weights
     if verify:
         from megahash.convert.verify import verify_export
 
@@ -283,6 +285,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-verify", action="store_true", help="skip loading the export and comparing logits")
     p.add_argument("--max-shard-size", default=MAX_SHARD_SIZE, help="split model.safetensors above this size "
                    "(e.g. 500MB; default 2GB) into shards with model.safetensors.index.json")
+    p.add_argument("--weights", default="live", choices=["live", "ema"],
+                   help="the trained weights (live) or their average (ema, a run with train.ema_decay)")
     args = p.parse_args(argv)
 
     def run():
@@ -295,11 +299,11 @@ def main(argv=None) -> int:
         owned = not dist.is_initialized()
         try:
             s = export_hf(args.checkpoint, args.output, args.dtype, args.format, args.tokenizer, args.vocab_size,
-                          verify=not args.no_verify, max_shard_size=args.max_shard_size)
+                          verify=not args.no_verify, max_shard_size=args.max_shard_size, weights=args.weights)
         finally:
             if owned:
                 _teardown()
-        print(f"megahash export-hf: {s['checkpoint']} -> {s['output']} ({s['format']} format, {s['dtype']}, "
+        print(f"megahash export-hf: {s['checkpoint']} ({s['weights']} weights) -> {s['output']} ({s['format']} format, {s['dtype']}, "
               f"vocabulary {s['vocab_size']}, step {s['step']})")
         if "verify" in s:
             v = s["verify"]

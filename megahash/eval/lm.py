@@ -70,12 +70,12 @@ class MegahashEvalLM(LM):
     model_args: ``checkpoint`` (or ``pretrained``) DIR, ``batch_size`` (8), ``max_length``
     (default ``data.seq_length`` of the run: the context the model was trained on),
     ``incremental`` (true), ``tokenizer`` (override ``data.tokenizer``), ``overrides``
-    (config overrides ``a.b=c`` separated by ``|``).
+    (config overrides ``a.b=c`` separated by ``|``), ``weights`` (live, ema or a quantized artifact's path).
     """
 
     def __init__(self, checkpoint: Optional[str] = None, pretrained: Optional[str] = None, batch_size=8,
                  max_length=None, incremental=True, tokenizer: Optional[str] = None, overrides=None,
-                 max_batch_size=None, device=None, _loaded=None, **_kw):
+                 max_batch_size=None, device=None, _loaded=None, weights: str = "live", **_kw):
         super().__init__()
         if _loaded is not None:
             cfg, model, ckpt, codec = _loaded
@@ -87,7 +87,7 @@ class MegahashEvalLM(LM):
 
             if isinstance(overrides, str):
                 overrides = [o for o in overrides.split("|") if o]
-            cfg, model, ckpt = load_model(path, list(overrides or []))
+            cfg, model, ckpt = load_model(path, list(overrides or []), weights)
             codec = load_codec(cfg, ckpt, tokenizer, model_vocab=model.vocab_size)
         self._setup(cfg, model, ckpt, codec, batch_size, max_length, incremental)
 

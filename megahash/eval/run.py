@@ -207,7 +207,7 @@ def _in_distributed_job() -> bool:
 def evaluate_checkpoint(ckpt_dir, tasks=None, tasks_dir: Optional[str] = None, out=None, limit=None,
                         batch_size: int = 8, max_length: Optional[int] = None, tokenizer: Optional[str] = None,
                         overrides: Optional[list[str]] = None, incremental: bool = True, quiet: bool = False,
-                        isolated: Optional[bool] = None, overwrite: bool = True) -> dict:
+                        isolated: Optional[bool] = None, overwrite: bool = True, weights: str = "live") -> dict:
     """Evaluate one checkpoint (run dir or step dir) on ``tasks``; write JSON (+ .md) to ``out``
     (default ``RUN_DIR/eval/STEP.json``) and return the written record.
 
@@ -217,18 +217,18 @@ def evaluate_checkpoint(ckpt_dir, tasks=None, tasks_dir: Optional[str] = None, o
     fresh process without the launcher's rank variables, so the 1-rank group of
     ``load_for_inference`` never meets the training job's group; False runs in this process.
     ``overwrite=False`` (``megahash eval`` without ``--overwrite``) refuses an existing ``out`` before the
-    model is loaded."""
+    model is loaded. ``weights``: live, ema (train.ema_decay's average) or a quantized artifact's path."""
     tasks = split_tasks(tasks)
     _offline_env(tasks, tasks_dir)
     if isolated is None:
         isolated = _in_distributed_job()
     if isolated:
         return _evaluate_in_subprocess(ckpt_dir, tasks, tasks_dir, out, limit, batch_size, max_length, tokenizer,
-                                       overrides, incremental, quiet, overwrite)
+                                       overrides, incremental, quiet, overwrite, weights)
     from megahash.training.weights import resolve_checkpoint
 
     ckpt = resolve_checkpoint(ckpt_dir)
-    out = Path(out) if out else default_out(ckpt)
+    out = Path(out) if out else _weights_out(default_out(ckpt), weights)
     refuse_existing(out, overwrite)
     from megahash.eval.lm import MegahashEvalLM
 
@@ -241,7 +241,7 @@ def evaluate_checkpoint(ckpt_dir, tasks=None, tasks_dir: Optional[str] = None, o
 
     with accelerator.releasing_group():  # the model's 1-rank group goes with it (unless a caller's group was up)
         lm = MegahashEvalLM(checkpoint=str(ckpt), batch_size=batch_size, max_length=max_length, tokenizer=tokenizer,
-                            overrides=overrides, incremental=incremental)
+                            overrides=overrides, incremental=incremental, weights=weights)
         raw = evaluate(lm, tasks, tasks_dir, limit)
         model_args = {"batch_size": lm.batch_size, "max_length": lm.max_length, "decode_mode": lm.decode_mode,
                       "precision": lm.precision, "codec": lm.codec.description}
@@ -259,6 +259,7 @@ def evaluate_checkpoint(ckpt_dir, tasks=None, tasks_dir: Optional[str] = None, o
         "tasks": tasks,
         "tasks_dir": tasks_dir,
         "limit": limit,
+        "weights": weights,
         **summary,
         "model_args": model_args,
         "seconds": round(time.time() - t0, 2),
@@ -274,6 +275,14 @@ def evaluate_checkpoint(ckpt_dir, tasks=None, tasks_dir: Optional[str] = None, o
     return record
 
 
+def _weights_out(out: Path, weights: str) -> Path:
+    """The default results file of ``weights``: STEP.json (live), STEP_ema.json, STEP_<artifact name>.json."""
+    if weights == "live":
+        return out
+    tag = "ema" if weights == "ema" else Path(weights).name.replace(".", "_")
+    return out.with_name(f"{out.stem}_{tag}{out.suffix}")
+
+
 def refuse_existing(out: Path, overwrite: bool) -> None:
     """One line for an existing results file (or its markdown) unless ``overwrite``."""
     if not overwrite:
@@ -283,13 +292,13 @@ def refuse_existing(out: Path, overwrite: bool) -> None:
 
 
 def _evaluate_in_subprocess(ckpt_dir, tasks, tasks_dir, out, limit, batch_size, max_length, tokenizer, overrides,
-                            incremental, quiet, overwrite=True) -> dict:
+                            incremental, quiet, overwrite=True, weights="live") -> dict:
     import subprocess
 
     from megahash.training.weights import resolve_checkpoint
 
     ckpt = resolve_checkpoint(ckpt_dir)
-    out = Path(out) if out else default_out(ckpt)
+    out = Path(out) if out else _weights_out(default_out(ckpt), weights)
     argv = [sys.executable, "-m", "megahash", "eval", "--checkpoint", str(ckpt), "--tasks", ",".join(tasks),
             "--out", str(out), "--batch-size", str(batch_size)]
     for flag, value in (("--tasks-dir", tasks_dir), ("--limit", limit), ("--max-length", max_length),
@@ -300,6 +309,7 @@ def _evaluate_in_subprocess(ckpt_dir, tasks, tasks_dir, out, limit, batch_size, 
         argv += ["--override", o]
     if not incremental:
         argv.append("--no-incremental")
+    argv += ["--artifact", weights] if weights not in ("live", "ema") else ["--weights", weights]
     if overwrite:
         argv.append("--overwrite")
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
@@ -331,6 +341,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out file (refused otherwise)")
     p.add_argument("--text", default=None, help="score raw text instead of tasks: loss, perplexity and bits per byte of "
                    "a data-stage SRC (.txt/.jsonl/folder/hf:...; megahash/eval/bits_per_byte.py)")
+    p.add_argument("--weights", default="live", choices=["live", "ema"],
+                   help="the trained weights (live) or their average (ema, a run with train.ema_decay)")
+    p.add_argument("--artifact", default=None,
+                   help="evaluate the round-tripped weights of this quantized artifact (megahash export --quantize)")
     return p
 
 
@@ -352,10 +366,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 0
         evaluate_checkpoint(args.checkpoint, args.tasks, args.tasks_dir, args.out, limit, args.batch_size,
                             args.max_length, args.tokenizer, args.override, not args.no_incremental,
-                            overwrite=args.overwrite)
+                            overwrite=args.overwrite, weights=_weights(args))
         return 0
 
     return run_guarded(run)
+
+
+def _weights(args) -> str:
+    """``--weights`` or ``--artifact`` (one-line error when both name weights or the artifact is missing)."""
+    if args.artifact is None:
+        return args.weights
+    if args.weights != "live":
+        raise ConfigError("--artifact and --weights ema exclude each other (the artifact holds one set of weights)")
+    if not os.path.isfile(args.artifact):
+        raise ConfigError(f"--artifact {args.artifact} does not exist")
+    return args.artifact
 
 
 def _quiet_logs() -> None:

@@ -255,8 +255,9 @@ def load_codec(cfg, ckpt_dir: Optional[Path] = None, tokenizer: Optional[str] = 
     return TextCodec(kind, vocab, sp=sp, word_list=word_list, spec=spec, table=table, coder=coder, description=desc)
 
 
-def load_model(path, overrides: Optional[list[str]] = None):
-    """:func:`megahash.training.weights.load_for_inference` (one-line CheckpointError on bad weights)."""
+def load_model(path, overrides: Optional[list[str]] = None, weights: str = "live"):
+    """:func:`megahash.training.weights.load_for_inference` (one-line CheckpointError on bad weights);
+    ``weights``: live, ema or a quantized artifact's path (``load_chosen``)."""
     from megahash.training.weights import load_for_inference
 
-    return load_for_inference(path, list(overrides or []))
+    return load_for_inference(path, list(overrides or []), weights=weights)

@@ -173,6 +173,9 @@ class AsyncSaver:
             if native:  # no per-parameter optimizer state: DeepSpeed's own copy, synchronously
                 engine.save_checkpoint(str(root), tag=tmp.name, client_state={"megahash_step": step}, save_latest=False)
             save_weights(engine.module, tmp / WEIGHTS_DIR, cfg.train.zero_stage, self.queue)
+            from megahash.training import ema
+
+            ema.save(engine, tmp, cfg.train.zero_stage, self.queue)  # the weight average (train.ema_decay)
             optimizer_state.save(engine, tmp / optimizer_state.OPTIM_DIR, cfg.train.zero_stage, self.queue)
             checkpoint.write_rng(tmp)
         except (KeyboardInterrupt, SystemExit):

@@ -161,7 +161,9 @@ def save(engine, cfg: Config, step: int, consumed: int, extra: dict | None = Non
         from megahash.training.weights import WEIGHTS_DIR, save_weights
 
         save_weights(engine.module, tmp / WEIGHTS_DIR, cfg.train.zero_stage)
-        from megahash.training import optimizer_state  # Adam's state sharded like the weights (elastic resume)
+        from megahash.training import ema, optimizer_state  # Adam's state sharded like the weights (elastic resume)
+
+        ema.save(engine, tmp, cfg.train.zero_stage)  # the weight average (train.ema_decay)
 
         optimizer_state.save(engine, tmp / optimizer_state.OPTIM_DIR, cfg.train.zero_stage)
         write_rng(tmp)

@@ -25,7 +25,7 @@ from megahash import accelerator
 from megahash.config import Config, save_config
 from megahash.data.text_source import RunTexts
 from megahash.errors import CheckpointError
-from megahash.training import async_save, checkpoint, step_guard
+from megahash.training import async_save, checkpoint, ema, qat, step_guard
 from megahash.training.batch_ramp import check_resume, consumed_samples, ramp_metrics, set_step_batch, step_batch
 from megahash.training.ds_config import deepspeed_config, tune_engine
 from megahash.training.logging import RunLogger, plot_loss
@@ -91,10 +91,11 @@ def train_step(engine, batches, objective, gas: int, timings: dict | None = None
         with phase("data"):
             batch = next(batches)
         wait += time.perf_counter() - tw
-        with phase("forward"):
-            loss = batch_loss(engine, batch, objective)
-        with phase("backward"):
-            engine.backward(loss)
+        with qat.applied(engine):  # train.qat_bits: the hidden matrices fake-quantized (straight-through)
+            with phase("forward"):
+                loss = batch_loss(engine, batch, objective)
+            with phase("backward"):
+                engine.backward(loss)
         last = timings is not None and i == gas - 1
         if last:
             accelerator.synchronize()
@@ -134,6 +135,7 @@ class _Run:
     watch: Any = None  # megahash.training.watchdog.HangWatchdog
     guard: Any = None  # megahash.training.step_guard.StepGuard (train.skip_nonfinite, train.spike_factor)
     saver: Any = None  # megahash.training.async_save.AsyncSaver (train.async_save), None: synchronous saves
+    ema: Any = None  # megahash.training.ema.WeightEMA (train.ema_decay), None: off
 
     @property
     def save_dir(self) -> Path:
@@ -187,11 +189,14 @@ def _set_up(run: _Run) -> None:
     model, n_params, n_emb = _build_model(cfg, run.data)
     run.engine, _ = build_engine(cfg, model, run.dp_size)
     run.guard = step_guard.install(run.engine, cfg.train)
+    run.ema = ema.install(run.engine, cfg.train)  # the weight average (train.ema_decay)
+    qat.install(run.engine, cfg.train)  # fake quantization of the last steps (train.qat_bits)
     run.objective = build_objective(cfg, run.data)
     if resume_from is not None:
         state = checkpoint.load(run.engine, resume_from, cfg)
         run.step = int(state["step"])
         step_guard.restore(run.guard, state)  # the spike window and skip count (train.spike_factor)
+        ema.restore(run, resume_from)
     _open_log(run, resume_from, n_params, n_emb)
     _open_batches(run)
     run.stop = _stop_flag(cfg.train)
@@ -337,7 +342,9 @@ def _train_step_logged(run: _Run) -> None:
     echo = (step + 1) % t.log_interval == 0 or step == 0 or step + 1 == t.steps
     timings = {} if echo else None  # the optimizer phase, timed on the steps the progress line shows
     run.gas = set_step_batch(run.engine, t, step)  # the step's global batch (train.batch_ramp) as accumulation steps
+    qat.set_step(run.engine, step)  # train.qat_fraction
     loss_sum, wait = train_step(run.engine, run.batches, run.objective, run.gas, timings)
+    ema.update(run)  # train.ema_decay
     step = run.step = step + 1
     dt = time.perf_counter() - t0
     loss_avg = _dp_mean(loss_sum / run.gas)

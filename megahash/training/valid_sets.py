@@ -75,6 +75,7 @@ def validate(run) -> dict:
     """{set name: metrics} of every validation set of a training run (megahash/training/trainer.py's _Run)."""
     from megahash.data.validation import validation_batches
     from megahash.models import declarations
+    from megahash.training import ema
 
     cfg, step = run.cfg, run.step
     token_loss = declarations.caps("head", cfg.model.head).token_loss and cfg.train.objective in ("clm", "mlm")
@@ -85,9 +86,17 @@ def validate(run) -> dict:
         sums = evaluate(run.engine, validation_batches(dataset, cfg.data, run.dp_rank, run.dp_size), run.objective,
                         token_bytes)
         metrics = set_metrics(sums, token_loss, token_bytes is not None)
+        metrics.update(ema.metrics(run, lambda: _headline(set_metrics(evaluate(
+            run.engine, validation_batches(dataset, cfg.data, run.dp_rank, run.dp_size), run.objective, token_bytes),
+            token_loss, token_bytes is not None)), False))  # the averaged weights (train.ema_decay): ema_loss, ...
         metrics.update(consumed_samples=run.consumed(step), consumed_tokens=run.consumed(step) * cfg.data.seq_length)
         results[name] = metrics
     return results
+
+
+def _headline(metrics: dict) -> dict:
+    """The metrics of a second pass over a set worth a column of their own (loss, ppl, bpb)."""
+    return {k: v for k, v in metrics.items() if k in ("loss", "ppl", "bpb")}
 
 
 def report(log, progress, step: int, total: int, results: dict) -> None:

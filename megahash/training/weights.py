@@ -24,6 +24,7 @@ import torch
 from megahash.errors import CheckpointError
 
 WEIGHTS_DIR = "model"
+EMA_DIR = "ema"  # the weight average of train.ema_decay (megahash/training/ema.py)
 
 
 def gathered(module, zero_stage: int, modifier_rank: int | None = None):
@@ -153,8 +154,66 @@ def checkpoint_config(ckpt: Path, overrides: list[str] | None = None):
     return config_from_dict(tree)
 
 
-def load_for_inference(path: str | Path, overrides: list[str] | None = None, dtype=torch.float32):
-    """(cfg, model at TP=1 in eval mode, checkpoint dir) of a megahash checkpoint, in this process."""
+def load_chosen(model: torch.nn.Module, ckpt: Path, weights: str = "live") -> None:
+    """Load the weights ``weights`` names: ``live`` (``model/``), ``ema`` (``ema/``, the average of
+    train.ema_decay) or the path of a quantized artifact (``megahash export --quantize``, round-tripped)."""
+    if weights == "live":
+        return load_weights(model, ckpt / WEIGHTS_DIR)
+    if weights == "ema":
+        if not (ckpt / EMA_DIR).is_dir():
+            raise CheckpointError(f"checkpoint {ckpt} has no weight average ({EMA_DIR}/): it was trained without "
+                                  f"train.ema_decay; use --weights live")
+        return load_weights(model, ckpt / EMA_DIR)
+    load_artifact_into(model, Path(weights))
+
+
+def write_artifact(state: dict, path: Path, fmt: str, codec: str, meta: dict) -> int:
+    """Write the quantized artifact of ``state`` (megahash/models/quantized.py) to ``path`` (temporary
+    name, renamed); its exact size in bytes."""
+    import io
+
+    from megahash.models.quantized import FORMATS, compress, encode
+
+    buf = io.BytesIO()
+    torch.save({"megahash_artifact": 1, "format": fmt, "bits": FORMATS[fmt], "meta": meta,
+                "tensors": encode(state, FORMATS[fmt])}, buf)
+    blob = compress(buf.getvalue(), codec)
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(blob)
+    tmp.replace(path)
+    return len(blob)
+
+
+def read_artifact(path: Path) -> tuple[dict, dict]:
+    """(round-tripped state dict, artifact record without its tensors) of a quantized artifact file;
+    nothing but tensors and plain data is unpickled (``weights_only``)."""
+    import io
+
+    from megahash.models.quantized import decode, decompress
+
+    try:
+        rec = torch.load(io.BytesIO(decompress(Path(path).read_bytes())), map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - zlib/zstd/torch errors: one line
+        raise CheckpointError(f"{path} is not a megahash quantized artifact ({type(e).__name__}: {e})") from None
+    if not isinstance(rec, dict) or rec.get("megahash_artifact") != 1:
+        raise CheckpointError(f"{path} is not a megahash quantized artifact")
+    return decode(rec.pop("tensors"), rec["bits"]), rec
+
+
+def load_artifact_into(model: torch.nn.Module, path: Path) -> dict:
+    """Load a quantized artifact's round-tripped weights into ``model`` (TP=1); its record."""
+    from megahash.models.quantized import load_state_into
+
+    state, rec = read_artifact(path)
+    load_state_into(model, state, f"artifact {path}")
+    return rec
+
+
+def load_for_inference(path: str | Path, overrides: list[str] | None = None, dtype=torch.float32,
+                       weights: str = "live"):
+    """(cfg, model at TP=1 in eval mode, checkpoint dir) of a megahash checkpoint, in this process;
+    ``weights``: which weights (:func:`load_chosen`)."""
     from megahash import accelerator
     from megahash.models.megatron_model import MegahashLM
     from megahash.training.checkpoint_files import read_state
@@ -168,7 +227,7 @@ def load_for_inference(path: str | Path, overrides: list[str] | None = None, dty
     if not vocab:
         raise CheckpointError(f"checkpoint {ckpt} does not record its vocabulary size")
     model = MegahashLM(cfg, vocab, dtype, init=False)
-    load_weights(model, ckpt / WEIGHTS_DIR)
+    load_chosen(model, ckpt, weights)
     model.eval()
     return cfg, model, ckpt
 

@@ -1,0 +1,135 @@
+"""Quantized artifacts (issue 37 item 5): one file with a model's weights quantized per row, compressed.
+
+Format (as Parameter Golf's int8 + zlib baseline): every floating tensor of the TP=1 state dict with
+at least 2 dimensions and more than :data:`KEEP_NUMEL` elements is quantized **per row** (dim 0, the
+rest flattened) symmetrically to ``bits`` (8, 6, 4): scale ``s = max|row| / qmax`` (qmax = 2^(bits-1) - 1:
+127, 31, 7) stored in fp16, rounded *up* to an fp16 value so that no value clips, ``q = round(w / s)``;
+so ``|w - q s| <= s / 2`` per element (the round-trip bound the tests check). int8 stores one byte a
+value; int6 packs four values into three bytes, int4 two values into a byte (offset binary). Other
+floating tensors are kept: 1-D ones (norms, biases, gains) in fp32, small matrices in fp16; integer
+buffers as they are. The whole is ``torch.save``d (megahash/training/weights.py ``write_artifact``: models open no files) (no pickled code: ``torch.load(weights_only=True)``)
+and compressed with zstandard (level 19; the package megahash already needs for .jsonl.zst corpora)
+or the standard library's zlib (level 9). torchao's quantization primitives are not installed here, and
+torch's own ``quantize_per_channel`` covers int8 only, so the few lines below do it for every width.
+
+QAT (``train.qat_bits``, megahash/training/qat.py) trains through this same round trip.
+"""
+from __future__ import annotations
+
+import zlib
+
+import torch
+
+KEEP_NUMEL = 4096  # tensors with at most this many elements stay in floating point
+FORMATS = {"int8": 8, "int6": 6, "int4": 4}
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def qmax(bits: int) -> int:
+    return 2 ** (bits - 1) - 1
+
+
+def quantize_rows(w: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 values in [-qmax, qmax], fp16 scale per row) of ``w`` viewed as (rows, -1):
+    s = max|row| / qmax rounded up to fp16 (never below 2^-14, fp16's smallest normal), q = round(w / s)."""
+    rows = w.detach().float().reshape(w.shape[0], -1)
+    s = (rows.abs().amax(dim=1) / qmax(bits)).clamp(min=2.0 ** -14)
+    s16 = (s * (1 + 2.0 ** -10)).to(torch.float16)  # fp16 rounding is within 2^-11: s16 >= s, no clipping
+    q = torch.round(rows / s16.float()[:, None]).clamp(-qmax(bits), qmax(bits)).to(torch.int8)
+    return q, s16
+
+
+def dequantize_rows(q: torch.Tensor, s16: torch.Tensor, shape) -> torch.Tensor:
+    return (q.float() * s16.float()[:, None]).reshape(shape)
+
+
+def pack(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """uint8 bytes of the values ``q`` (offset binary): int8 as is, int6 4 values in 3 bytes, int4 2 in 1."""
+    u = (q.reshape(-1).to(torch.int16) + (qmax(bits) + 1)).to(torch.uint8)
+    if bits == 8:
+        return u
+    per = 4 if bits == 6 else 2
+    u = torch.cat([u, u.new_zeros((-u.numel()) % per)]).reshape(-1, per).to(torch.int32)
+    if bits == 4:
+        return (u[:, 0] | (u[:, 1] << 4)).to(torch.uint8)
+    word = u[:, 0] | (u[:, 1] << 6) | (u[:, 2] << 12) | (u[:, 3] << 18)  # 24 bits
+    return torch.stack([word & 255, (word >> 8) & 255, (word >> 16) & 255], 1).reshape(-1).to(torch.uint8)
+
+
+def unpack(b: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    """The ``n`` int8 values :func:`pack` wrote into ``b``."""
+    b = b.to(torch.int32)
+    if bits == 8:
+        u = b
+    elif bits == 4:
+        u = torch.stack([b & 15, b >> 4], 1).reshape(-1)
+    else:
+        t = b.reshape(-1, 3)
+        word = t[:, 0] | (t[:, 1] << 8) | (t[:, 2] << 16)
+        u = torch.stack([(word >> (6 * i)) & 63 for i in range(4)], 1).reshape(-1)
+    return (u[:n] - (qmax(bits) + 1)).to(torch.int8)
+
+
+def quantized(name: str, t: torch.Tensor) -> bool:
+    """The rule of the module docstring: floating, at least 2-D, more than KEEP_NUMEL elements."""
+    return t.is_floating_point() and t.ndim >= 2 and t.numel() > KEEP_NUMEL
+
+
+def encode(state: dict, bits: int) -> dict:
+    """The artifact's tensors of a state dict."""
+    out = {}
+    for name, t in state.items():
+        if not isinstance(t, torch.Tensor):
+            continue
+        t = t.detach().cpu()
+        if quantized(name, t):
+            q, s16 = quantize_rows(t, bits)
+            out[name] = {"packed": pack(q, bits), "scale": s16, "shape": list(t.shape), "dtype": str(t.dtype)[6:]}
+        elif t.is_floating_point():
+            out[name] = {"value": t.float() if t.ndim <= 1 else t.half(), "dtype": str(t.dtype)[6:]}
+        else:
+            out[name] = {"value": t.clone()}
+    return out
+
+
+def decode(tensors: dict, bits: int) -> dict:
+    """The round-tripped state dict of :func:`encode`'s output."""
+    out = {}
+    for name, e in tensors.items():
+        if "packed" in e:
+            shape = torch.Size(e["shape"])
+            q = unpack(e["packed"], bits, shape.numel()).reshape(shape[0], -1)
+            out[name] = dequantize_rows(q, e["scale"], shape).to(getattr(torch, e["dtype"]))
+        else:
+            v = e["value"]
+            out[name] = v.to(getattr(torch, e["dtype"])) if "dtype" in e else v
+    return out
+
+
+def compress(raw: bytes, codec: str) -> bytes:
+    if codec == "zstd":
+        import zstandard
+
+        return zstandard.ZstdCompressor(level=19).compress(raw)
+    return zlib.compress(raw, 9)
+
+
+def decompress(blob: bytes) -> bytes:
+    if blob[:4] == ZSTD_MAGIC:
+        import zstandard
+
+        return zstandard.ZstdDecompressor().decompress(blob)
+    return zlib.decompress(blob)
+
+
+def load_state_into(model: torch.nn.Module, state: dict, name: str = "artifact") -> None:
+    """Load a round-tripped state dict into ``model`` (TP=1); one-line error if it does not fit."""
+    from megahash.errors import CheckpointError
+
+    own = model.state_dict()
+    lacking = sorted(k for k in own if k not in state and not k.endswith("_extra_state"))
+    bad = sorted(k for k in state if k in own and tuple(own[k].shape) != tuple(state[k].shape))
+    if lacking or bad:
+        raise CheckpointError(f"{name} does not fit the checkpoint's model "
+                              f"({'it lacks ' + str(lacking[:3]) if lacking else 'shapes of ' + str(bad[:3])})")
+    model.load_state_dict({k: v for k, v in state.items() if k in own}, strict=False)
