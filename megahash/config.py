@@ -112,6 +112,11 @@ class DataConfig:
     valid_micro_batch: int = 8  # validation chunk size (fixed, so mlm/sr corruption does not depend on the DP size)
     num_workers: int = 0
     verify: str = "cheap"  # shard checks before step 1: cheap (sizes, headers, counts) | full (+ sha256) | none
+    # issue 34: packed documents (Megatron's flags; megahash/data/documents.py, docs/data.md#packed-documents):
+    # positions restart at each document, attention stays inside its document, no loss at EOD inputs
+    reset_position_ids: bool = False
+    reset_attention_mask: bool = False
+    eod_mask_loss: bool = False
 
 
 @dataclass

@@ -22,6 +22,7 @@ import torch
 
 from megahash import accelerator
 from megahash.config import Config, save_config
+from megahash.data import documents
 from megahash.data.text_source import RunTexts
 from megahash.errors import CheckpointError
 from megahash.training import async_save, checkpoint, step_guard
@@ -50,7 +51,8 @@ def batch_loss(engine, batch: dict, objective) -> torch.Tensor:
     batch = {k: v.to(dev) for k, v in batch.items()}
     batch = objective.prepare(batch)
     per_token = engine(batch["tokens"], hash_codes=batch.get("hash_codes"), labels=batch["labels"],
-                       padding_mask=batch.get("padding_mask"), label_codes=batch.get("label_codes"))
+                       padding_mask=batch.get("padding_mask"), label_codes=batch.get("label_codes"),
+                       **documents.forward_kwargs(batch))
     mask = batch["loss_mask"].float()
     return (per_token.float() * mask).sum() / mask.sum().clamp(min=1.0)
 
@@ -122,7 +124,8 @@ def evaluate(engine, batches, objective) -> tuple[float, int, int]:
             objective.set_step(-1 - chunk, 0)  # corruption seeded by the chunk, never by rank or step
             batch = objective.prepare({k: v.to(dev) for k, v in batch.items()})
             per_token = engine(batch["tokens"], hash_codes=batch.get("hash_codes"), labels=batch["labels"],
-                               padding_mask=batch.get("padding_mask"), label_codes=batch.get("label_codes"))
+                               padding_mask=batch.get("padding_mask"), label_codes=batch.get("label_codes"),
+                               **documents.forward_kwargs(batch))
             mask = batch["loss_mask"].float()
             loss_sum += (per_token.float() * mask).sum().item()
             tokens += mask.sum().item()
