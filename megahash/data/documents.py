@@ -63,7 +63,3 @@ def eod_id(special_ids: dict | None) -> int:
     eos = (special_ids or {}).get("eos")
     return 2 if eos is None else int(eos)
 
-
-def rows_of(docs: list[list[int]], eod: int) -> torch.Tensor:
-    """Test/benchmark helper: documents (each ending in ``eod``) packed into one row [1, sum of lengths]."""
-    return torch.tensor([[t for d in docs for t in d]], dtype=torch.long)
