@@ -200,10 +200,19 @@ def test_config_flags_and_kind_refusal(monkeypatch):
         check_documents(cfg, ["mha", "x"], lambda k: AttentionCaps(documents=k != "x"))
 
 
+@pytest.mark.parametrize("kind", ["mha", "mha-megatron"])
+def test_selective_recompute_keeps_the_documents(kind):
+    """``train.recompute=selective`` re-runs the token mixing in backward (megahash's and megatron-core's own
+    recomputation): the recomputed attention keeps to the documents, so gradients still equal each document's."""
+    model = build(make_cfg(kind, *FLAGS, "train.recompute=selective"), dtype=torch.float32)
+    outs, grads = _packed_vs_alone(model, _docs())
+    _assert_same(outs, grads, 1e-5)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_training_with_all_flags_through_deepspeed(precision, shakespeare_shards, tmp_path, capsys):
-    """The real DeepSpeed engine (1 rank, in process) trains and validates with the three flags on; the dataset's
+    """(Last in this file: the in-process run tears down the module's one-rank world.) The real DeepSpeed engine (1 rank, in process) trains and validates with the three flags on; the dataset's
     samples carry document ids / positions / the EOD loss mask the model consumes."""
     import json
 
@@ -222,3 +231,4 @@ def test_training_with_all_flags_through_deepspeed(precision, shakespeare_shards
 
     cfg = HashGPTDataset.documents[0]
     assert cfg.reset_attention_mask and cfg.reset_position_ids and cfg.eod_mask_loss
+
