@@ -209,6 +209,24 @@ def test_selective_recompute_keeps_the_documents(kind):
     _assert_same(outs, grads, 1e-5)
 
 
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_packed_row_on_cuda_with_flex_attention(precision):
+    """On CUDA the kernel is compiled FlexAttention with a BlockMask: a packed row's logits and gradients = each
+    document alone (fp32 within 1e-5 of the scale; bf16 autocast within accelerator.compute_tolerance)."""
+    import contextlib
+
+    assert accelerator.document_attention_kernel("cuda") == "flex"
+    model = build(make_cfg("mha", *FLAGS), dtype=torch.float32).cuda()
+    docs = [d.cuda() for d in _docs()]
+    ctx = (torch.autocast(**accelerator.autocast_args("bf16", "cuda")) if precision == "bf16"
+           else contextlib.nullcontext())
+    with ctx:
+        outs, grads = _packed_vs_alone(model, docs)
+    tol = 1e-5 if precision == "fp32" else accelerator.compute_tolerance("bf16", "cuda")
+    _assert_same(tuple(o.float() for o in outs), grads, tol)
+
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_training_with_all_flags_through_deepspeed(precision, shakespeare_shards, tmp_path, capsys):

@@ -49,8 +49,9 @@ def boolean_mask(document_ids: torch.Tensor, b: int, causal: bool, keep: torch.T
     return mask[:, None]
 
 
-def block_mask(document_ids: torch.Tensor, b: int, causal: bool, keep: torch.Tensor | None):
-    """FlexAttention ``BlockMask`` of the same rule (built from the ids; blocks without a visible key skipped)."""
+def block_mask(document_ids: torch.Tensor, b: int, causal: bool, keep: torch.Tensor | None, compiled: bool = False):
+    """FlexAttention ``BlockMask`` of the same rule (built from the ids; blocks without a visible key skipped);
+    ``compiled``: built by a compiled kernel, block by block (eager, torch evaluates the rule on all [b, s, s])."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     doc = _rows(document_ids, b)
@@ -64,7 +65,7 @@ def block_mask(document_ids: torch.Tensor, b: int, causal: bool, keep: torch.Ten
             ok = (ok & keep[bi, ki]) | (qi == ki)
         return ok
 
-    return create_block_mask(mask_mod, b, None, s, s, device=doc.device)
+    return create_block_mask(mask_mod, b, None, s, s, device=doc.device, _compile=compiled)
 
 
 def attend(q, k, v, document_ids, causal: bool, keep=None, scale=None, dropout_p: float = 0.0):
@@ -73,7 +74,7 @@ def attend(q, k, v, document_ids, causal: bool, keep=None, scale=None, dropout_p
     keep = None if keep is None else keep.bool()
     if accelerator.document_attention_kernel(q.device, dropout_p > 0) == "flex":
         bm = _cached(document_ids, ("flex", b, causal, keep is not None),
-                     lambda: block_mask(document_ids, b, causal, keep))
+                     lambda: block_mask(document_ids, b, causal, keep, compiled=True))
         return accelerator.flex_attention(q.device)(q, k, v, block_mask=bm, scale=scale)
     mask = _cached(document_ids, ("sdpa", b, causal, keep is not None),
                    lambda: boolean_mask(document_ids, b, causal, keep))
