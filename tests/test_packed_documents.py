@@ -228,23 +228,42 @@ def test_packed_row_on_cuda_with_flex_attention(precision):
     _assert_same(tuple(o.float() for o in outs), grads, tol)
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_training_with_all_flags_through_deepspeed(precision, shakespeare_shards, tmp_path, capsys):
-    """(Last in this file: the in-process run tears down the module's one-rank world.) The real DeepSpeed engine (1 rank, in process) trains and validates with the three flags on; the dataset's
-    samples carry document ids / positions / the EOD loss mask the model consumes."""
+@pytest.mark.parametrize("precision,model", [("fp32", []), ("bf16", []),
+                                             ("bf16", ["model.arch=encoder", "train.objective=sr"])],
+                         ids=["fp32", "bf16", "bf16-encoder-sr"])
+def test_training_with_all_flags_through_deepspeed(precision, model, shakespeare_shards, tmp_path, capsys,
+                                                   monkeypatch):
+    """(Last in this file: the in-process run tears down the module's one-rank world.) The real DeepSpeed engine
+    (1 rank, in process) trains and validates with the three flags on (a decoder in fp32 and bf16; an S+R encoder,
+    whose corruption gets the batch's document ids); the dataset's samples carry what the model consumes."""
     import json
 
+    import functools
+
+    from megahash.objectives import shuffle_random
     from test_batch_ramp import TINY, _main
+
+    seen = []
+    real = shuffle_random.corrupt
+
+    @functools.wraps(real)
+    def corrupt(*a, **kw):
+        seen.append(kw.get("document_ids"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(shuffle_random, "corrupt", corrupt)
 
     data = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}"]
     args = [*data, *TINY, *FLAGS, "train.steps=2", "train.micro_batch_size=2", "train.global_batch_size=2",
-            "data.seq_length=128", "data.valid_samples=4", "train.eval_interval=2", f"train.precision={precision}",
+            "data.seq_length=128", "data.valid_samples=4", "train.eval_interval=2", f"train.precision={precision}", *model,
             f"train.save_dir={tmp_path / 'run'}"]
     status, out = _main(args, capsys)
     assert status == 0, out[-3000:]
     recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert {r["split"] for r in recs} >= {"train", "valid"}
     assert all(math.isfinite(r["loss"]) for r in recs if "loss" in r)
+    if "train.objective=sr" in model:  # every corrupted micro-batch (train and valid) kept to its documents
+        assert seen and all(d is not None and d.shape[-1] == 128 for d in seen)
     from megahash.data.dataset import HashGPTDataset
 
     cfg = HashGPTDataset.documents[0]
