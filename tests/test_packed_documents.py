@@ -210,6 +210,26 @@ def test_selective_recompute_keeps_the_documents(kind):
 
 
 
+
+@pytest.mark.parametrize("kind,extra", [("mha", []), ("mhe-mul", []), ("mha", ["model.arch=encoder",
+                                                                             "model.layout=roberta"])],
+                         ids=["mha", "mhe-mul", "roberta-encoder"])
+def test_exported_model_honours_the_saved_flags(kind, extra):
+    """The Hugging Face export's model reads the flags from the run's config it carries (``megahash_config``):
+    its logits of a packed row = the library's with the batch's document ids = each document alone (fp64)."""
+    from megahash.convert.reference import reference_model
+
+    model = build(make_cfg(kind, *FLAGS, *extra)).eval()
+    ref = reference_model(model.cfg, model).eval()
+    docs = _docs()
+    row = torch.cat(docs)[None]
+    with torch.no_grad():
+        ours = model(row, **_doc_inputs(row))
+        hf = ref(input_ids=row).logits
+        alone = torch.cat([ref(input_ids=d[None]).logits for d in docs], 1)
+    torch.testing.assert_close(hf, ours, rtol=0, atol=1e-9)  # float64 models: the parity tests' bound
+    torch.testing.assert_close(hf, alone, rtol=0, atol=1e-9)
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_packed_row_on_cuda_with_flex_attention(precision):
