@@ -114,6 +114,33 @@ def compute_tolerance(precision: str, dev: torch.device | str | None = None) -> 
     return 1e-3 if dtype is None else 2 * torch.finfo(dtype).eps
 
 
+def document_attention_kernel(dev: torch.device | str | None = None, dropout: bool = False) -> str:
+    """The kernel of softmax attention inside packed documents (``data.reset_attention_mask``,
+    megahash/models/attention/document_mask.py): ``"flex"`` on CUDA (FlexAttention compiled, with a
+    ``BlockMask`` from the document ids: no [s, s] tensor, fully masked blocks skipped), ``"sdpa"``
+    elsewhere and with attention dropout (FlexAttention has none): SDPA (on CPU its flash kernel) with
+    a [b, 1, s, s] mask built once per forward. On CPU FlexAttention only runs compiled (eager it materialises the
+    scores and its block mask took seconds to build here), and megahash compiles nothing on CPU by
+    default (:func:`compile_layers`)."""
+    return "flex" if _device_type(dev) == "cuda" and not dropout else "sdpa"
+
+
+def flex_attention(dev: torch.device | str | None = None):
+    """FlexAttention as a document kernel runs it on a device: compiled on CUDA (one compilation per
+    shape), eager elsewhere (tests on CPU: the same mask and result, unfused)."""
+    from torch.nn.attention.flex_attention import flex_attention as flex
+
+    if _device_type(dev) != "cuda":
+        return flex
+    global _FLEX
+    if _FLEX is None:
+        _FLEX = torch.compile(flex, dynamic=False)
+    return _FLEX
+
+
+_FLEX = None
+
+
 def param_dtype(precision: str, dev: torch.device | str | None = None) -> torch.dtype:
     """The dtype of the trained parameters: fp32 (bf16 runs compute under :func:`autocast_dtype`)."""
     return torch.float32

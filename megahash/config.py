@@ -115,6 +115,11 @@ class DataConfig:
     # named held-out validation sets, NAME=PREFIX each (megahash/data/valid_sets.py); reported by name beside
     # the data.split set ("valid")
     valid: list[str] = field(default_factory=list)
+    # issue 34: packed documents (Megatron's flags; megahash/data/documents.py, docs/data.md#packed-documents):
+    # positions restart at each document, attention stays inside its document, no loss at EOD inputs
+    reset_position_ids: bool = False
+    reset_attention_mask: bool = False
+    eod_mask_loss: bool = False
 
 
 @dataclass

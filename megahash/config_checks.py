@@ -268,3 +268,14 @@ def _check_split(split: str) -> None:
     if not 1 <= len(nums) <= 3 or any(not math.isfinite(x) or x < 0 for x in nums) or nums[0] <= 0:
         raise ConfigError(f"config key 'data.split' must be up to three non-negative weights train,valid,test with "
                           f"train > 0 (e.g. 98,2,0), got {split!r}")
+
+
+def check_documents(cfg, kinds: list[str], caps_of) -> None:
+    """``data.reset_attention_mask``: every layer kind keeps attention inside its document
+    (``AttentionCaps.documents``); otherwise one line naming the kind (docs/data.md#packed-documents)."""
+    if not cfg.data.reset_attention_mask:
+        return
+    for kind in dict.fromkeys(kinds):
+        if not getattr(caps_of(kind), "documents", True):
+            raise ConfigError(f"data.reset_attention_mask=true: attention kind {kind!r} cannot keep attention inside "
+                              f"documents; use another model.schedule or data.reset_attention_mask=false")

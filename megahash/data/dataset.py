@@ -21,6 +21,7 @@ from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 from megahash import accelerator
+from megahash.data import documents
 from megahash.data.verify import base_prefix, blend_paths, check_prefix, read_meta, token_path  # noqa: F401 (one owner; re-exported)
 from megahash.errors import DataError
 
@@ -44,6 +45,7 @@ class HashGPTDataset(GPTDataset):
 
     hash_spec: str | None = None  # set by build_datasets before building
     hash_width: int = 0
+    documents = None  # (data config, eod id) when a packed-document flag is on (megahash/data/documents.py)
 
     def _spans(self, idx: int) -> list[tuple[int, int, int | None]]:
         """(document id, offset, length or None=to end) pieces of sample ``idx`` — the same walk
@@ -84,6 +86,8 @@ class HashGPTDataset(GPTDataset):
             "labels": torch.from_numpy(text[1:].copy()),
             "loss_mask": torch.from_numpy(loss_mask),
         }
+        if self.documents is not None:  # boundaries from the tokens, no [s, s] mask (megatron's would materialise it)
+            sample.update(documents.sample_fields(sample["tokens"], sample["loss_mask"], *self.documents))
         if self.hash_spec:
             w = self.hash_width
             side = self._side()
@@ -169,6 +173,7 @@ def build_datasets(cfg, train_samples: int, valid_samples: int, cache_dir: str |
     )
     HashGPTDataset.hash_spec = spec
     HashGPTDataset.hash_width = width
+    HashGPTDataset.documents = (cfg.data, eod) if documents.enabled(cfg.data) else None
     check_split_sizes(cfg.data.split, paths, {"train": train_samples, "validation": valid_samples})
     try:
         train, valid, _ = BlendedMegatronDatasetBuilder(

@@ -58,6 +58,7 @@ class AttentionCaps:
     mixes_tokens: bool = True  # False: each output reads only its own token (attention map = I)
     thesis_name: str | None = None  # row of the [Xue25] tables (Tables 3.4, 4.5-4.8), None: not there
     chapters: tuple = ()  # [Xue25] chapters whose tables list it
+    documents: bool = True  # keeps attention (and state) inside packed documents (data.reset_attention_mask)
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ from megahash.models.reference_table import references
 from megahash.models.reference_layers import (
     Decoder, RobertaEmbeddingExtras, build_embedding, build_head, build_kind_input,
 )
-from megahash.models.reference_ops import is_roberta, rope_cos_sin
+from megahash.models.reference_ops import is_roberta, packed_documents, rope_cos_sin
 
 # transformers renamed the cache argument and output field ``past_key_values`` -> ``cache`` (5.2x, the old
 # name deprecated): the model takes either name and answers under the name this transformers reads.
@@ -265,10 +265,14 @@ class MegahashModel(MegahashPreTrainedModel):
         emb = self.embedding(input_ids, hash_codes)
         cos, sin = rope_cos_sin(offset, s, self.config.hidden_size // self.config.num_attention_heads,
                                 self.config.rope_theta, emb.device)
+        docs, positions = packed_documents(self.config, input_ids, offset)  # the run's data.reset_* flags
+        if positions is not None:  # [b, 1, s, d]: each token rotated by its position in its document
+            cos, sin = cos[positions][:, None], sin[positions][:, None]
         if self.embedding_extras is not None:  # model.layout=roberta: learned positions, no RoPE
-            emb = self.embedding_extras(emb, key_mask)
+            emb = self.embedding_extras(emb, key_mask, positions)
             cos, sin = torch.ones_like(cos), torch.zeros_like(sin)
-        ctx = {"offset": offset, "cos": cos, "sin": sin, "embeddings": emb, "key_mask": key_mask}
+        ctx = {"offset": offset, "cos": cos, "sin": sin, "embeddings": emb, "key_mask": key_mask,
+               "document_ids": docs}
         for extra in self.kind_inputs():  # e.g. the fixed input's Q/K maps
             ctx.update(extra.context(self, offset + s))
         hidden = [] if output_hidden_states else None

@@ -164,24 +164,35 @@ class MegahashLM(MegatronModule):
 
         Keys: ``embeddings`` (layer-0 embeddings [s, b, h], for StaticEmbQK), ``offset`` (position
         of the first token, > 0 while decoding), ``decode`` (a :class:`DecodeState` or None),
-        ``layer_caches`` (list, one dict per layer, for KV caches / recurrent states while decoding).
+        ``layer_caches`` (list, one dict per layer, for KV caches / recurrent states while decoding),
+        ``document_ids``/``position_ids`` ([b, s] or None: packed documents, megahash/data/documents.py).
+        A ``core_attention`` (e.g. megatron-core's own attention around the SDPA core) keeps the document ids
+        of the last forward, so a recomputation in backward sees them too.
         """
         for i, module in enumerate(self.attention_modules()):
             module.model_context = context
+            core = getattr(module, "core_attention", None)
+            if context is not None and core is not None:
+                core.document_ids = context.get("document_ids")
             module.decode_cache = None if context is None or context.get("decode") is None else context["decode"].layer(i)
 
-    def hidden_states(self, tokens, hash_codes=None, padding_mask=None, decode_state=None):
+    def hidden_states(self, tokens, hash_codes=None, padding_mask=None, decode_state=None, document_ids=None,
+                      position_ids=None):
         """[b, s] tokens -> final hidden states [s(/TP under SP), b, h].
 
         With ``decode_state`` (incremental decoding), ``tokens`` are the new tokens only; their
         positions start at ``decode_state.offset`` and every attention kind reads/extends its cache.
+        Packed documents (megahash/data/documents.py): ``document_ids`` [b, s] keep attention inside each
+        document (``model_context["document_ids"]``), ``position_ids`` [b, s] restart RoPE / learned positions.
         """
         emb = self.embedding(tokens, hash_codes)
         seq_len = tokens.shape[1]
         offset = decode_state.offset if decode_state is not None else 0
         rotary = self.rotary_pos_emb(offset + seq_len)[offset:]
+        if position_ids is not None:  # per-token positions: [s, b, 1, d] rows of the table
+            rotary = self.rotary_pos_emb(seq_len)[:, 0, 0][position_ids.t()].unsqueeze(2)
         if self.embedding_extras is not None:  # learned absolute positions instead of RoPE
-            emb, rotary = self.embedding_extras(emb, padding_mask), None
+            emb, rotary = self.embedding_extras(emb, padding_mask, position_ids=position_ids), None
         mask = None
         if not self.decoder_only:
             pm = padding_mask if padding_mask is not None else torch.ones_like(tokens, dtype=torch.bool)
@@ -190,7 +201,8 @@ class MegahashLM(MegatronModule):
         for extra in self.kind_inputs():  # e.g. a fixed sequence run with (or before) the batch
             emb, mask = extra.enter(self, emb, mask, offset, seq_len, rotary, decode_state is not None)
         emb = autocast_linear.cast_for_autocast(emb, emb.device.type)  # bf16 runs: a bf16 residual stream
-        self._set_context({"embeddings": emb, "offset": offset, "decode": decode_state, "tokens": tokens})
+        self._set_context({"embeddings": emb, "offset": offset, "decode": decode_state, "tokens": tokens,
+                           "document_ids": document_ids, "position_ids": position_ids})
         try:
             out = self.decoder(hidden_states=emb, attention_mask=mask, rotary_pos_emb=rotary)
         finally:
@@ -212,10 +224,12 @@ class MegahashLM(MegatronModule):
         """The LM head's weight [V/TP, h] (the embedding's when tied)."""
         return self.embedding.weight if self.tie else self.output_layer.weight
 
-    def forward(self, tokens, hash_codes=None, labels=None, padding_mask=None, decode_state=None, label_codes=None):
+    def forward(self, tokens, hash_codes=None, labels=None, padding_mask=None, decode_state=None, label_codes=None,
+                document_ids=None, position_ids=None):
         """Per-token loss [b, s] of the head (0 where labels < 0) when labels are given, else the
-        head's logits [b, s, ...]; ``label_codes`` [b, s, w] are the targets of hash-code heads."""
-        hidden = self.hidden_states(tokens, hash_codes, padding_mask, decode_state)
+        head's logits [b, s, ...]; ``label_codes`` [b, s, w] are the targets of hash-code heads;
+        ``document_ids``/``position_ids``: packed documents (:meth:`hidden_states`)."""
+        hidden = self.hidden_states(tokens, hash_codes, padding_mask, decode_state, document_ids, position_ids)
         return self.head(self, hidden, labels, label_codes=label_codes, hash_codes=hash_codes)
 
     def gather_logits(self, logits: torch.Tensor) -> torch.Tensor:

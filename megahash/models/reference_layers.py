@@ -66,7 +66,7 @@ class SoftmaxAttention(TorchAttention):
         k = apply_rope(k, ctx["cos"], ctx["sin"])
         k = append_state(cache, "k", k)
         v = append_state(cache, "v", v)
-        return softmax_attention(q, k, v, self.causal, ctx.get("key_mask"))
+        return softmax_attention(q, k, v, self.causal, ctx.get("key_mask"), document_ids=ctx.get("document_ids"))
 
 
 class LinearAttention(TorchAttention):
@@ -207,9 +207,9 @@ class RobertaEmbeddingExtras(nn.Module):
         self.token_type_embeddings = nn.Embedding(max(1, int(megahash_option(config, "model", "type_vocab_size", 1))), h)
         self.layernorm = nn.LayerNorm(h, eps=config.norm_eps)
 
-    def forward(self, emb, key_mask=None):
+    def forward(self, emb, key_mask=None, positions=None):
         b, s = emb.shape[:2]
-        idx = torch.arange(s, device=emb.device).unsqueeze(0).expand(b, s) + 2
+        idx = (torch.arange(s, device=emb.device).unsqueeze(0).expand(b, s) if positions is None else positions) + 2
         if key_mask is not None:
             idx = torch.where(key_mask.bool(), idx, torch.ones_like(idx))
         extra = self.position_embeddings(idx) + self.token_type_embeddings(torch.zeros_like(idx))

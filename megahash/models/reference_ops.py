@@ -76,8 +76,29 @@ def apply_rope(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return t * cos.to(t.dtype) + torch.roll(t, h, dims=-1) * sin
 
 
-def softmax_attention(q, k, v, causal: bool, key_mask=None, scale: Optional[float] = None):
-    """q [b, n, sq, d], k/v [b, g, sk, d] (query head i uses group i // (n/g)) -> [b, sq, n*d]."""
+def packed_documents(config, input_ids, offset: int) -> tuple:
+    """(document ids, positions) [b, s] of packed rows under the run's ``data.reset_attention_mask`` /
+    ``data.reset_position_ids`` (saved in ``config.megahash_config``), each None when off; a full forward
+    only (offset 0; decoding continues the text as one document). The EOD ends its own document:
+    doc[i] = #EOD before i, positions restart at 0 after each EOD (Megatron-LM's semantics)."""
+    data = (getattr(config, "megahash_config", None) or {}).get("data") or {}
+    if offset or not (data.get("reset_attention_mask") or data.get("reset_position_ids")):
+        return None, None
+    eos = (data.get("special_ids") or {}).get("eos")
+    is_eod = (input_ids == (2 if eos is None else int(eos))).long()
+    doc = is_eod.cumsum(-1) - is_eod
+    pos = None
+    if data.get("reset_position_ids"):
+        idx = torch.arange(doc.shape[-1], device=doc.device).expand_as(doc)
+        start = torch.ones_like(doc, dtype=torch.bool)
+        start[:, 1:] = doc[:, 1:] != doc[:, :-1]
+        pos = idx - torch.cummax(torch.where(start, idx, torch.zeros_like(idx)), dim=-1).values
+    return (doc if data.get("reset_attention_mask") else None), pos
+
+
+def softmax_attention(q, k, v, causal: bool, key_mask=None, scale: Optional[float] = None, document_ids=None):
+    """q [b, n, sq, d], k/v [b, g, sk, d] (query head i uses group i // (n/g)) -> [b, sq, n*d].
+    ``document_ids`` [b, s] (packed documents): attention inside each document (a token always sees itself)."""
     b, n, sq, d = q.shape
     if k.shape[1] != n:
         rep = n // k.shape[1]
@@ -85,7 +106,14 @@ def softmax_attention(q, k, v, causal: bool, key_mask=None, scale: Optional[floa
         v = v.repeat_interleave(rep, dim=1)
     sk = k.shape[2]
     mask, is_causal = None, False
-    if key_mask is not None:
+    if document_ids is not None and sq == sk:
+        mask = document_ids[:, :, None] == document_ids[:, None, :]
+        if causal:
+            mask = mask & torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril()
+        if key_mask is not None:
+            mask = (mask & key_mask[:, None, :].bool()) | torch.eye(sq, dtype=torch.bool, device=q.device)
+        mask = mask[:, None]
+    elif key_mask is not None:
         mask = key_mask[:, None, None, :].bool()
     elif causal:
         if sq == sk:

@@ -68,11 +68,13 @@ class RobertaEmbeddingExtras(MegatronModule):
         self.layernorm = Norm(config, h, eps=config.layernorm_epsilon)
         self.dropout = torch.nn.Dropout(config.hidden_dropout)
 
-    def forward(self, emb, padding_mask=None, token_types=None):
-        """emb [s(/tp under SP), b, h]; padding_mask [b, s] (True = real token) -> [s(/tp), b, h]."""
+    def forward(self, emb, padding_mask=None, token_types=None, position_ids=None):
+        """emb [s(/tp under SP), b, h]; padding_mask [b, s] (True = real token); position_ids [b, s] (packed
+        documents: positions from 0 in each) -> [s(/tp), b, h]."""
         b = emb.shape[1]
         s = emb.shape[0] * (parallel_state.get_tensor_model_parallel_world_size() if self.config.sequence_parallel else 1)
-        idx = torch.arange(s, device=emb.device).unsqueeze(0).expand(b, s) + POSITION_OFFSET
+        idx = torch.arange(s, device=emb.device).unsqueeze(0).expand(b, s) if position_ids is None else position_ids
+        idx = idx + POSITION_OFFSET
         if padding_mask is not None:
             idx = torch.where(padding_mask.bool(), idx, torch.full_like(idx, POSITION_OFFSET - 1))
         types = token_types if token_types is not None else torch.zeros_like(idx)

@@ -131,4 +131,7 @@ def check_kinds(cfg) -> list[str]:
     embeddings = declarations.names("embedding")
     if m.embedding not in embeddings:
         raise ConfigError(f"unknown model.embedding {m.embedding!r}{did_you_mean(m.embedding, embeddings)}")
+    from megahash.config_checks import check_documents
+
+    check_documents(cfg, kinds, lambda k: declarations.caps("attention", k))  # data.reset_attention_mask
     return kinds

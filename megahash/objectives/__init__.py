@@ -6,6 +6,7 @@ generator seeded by (seed, step, rank), so a resumed run corrupts exactly as the
 from __future__ import annotations
 
 import importlib
+import inspect
 
 import torch
 
@@ -35,8 +36,11 @@ class Objective:
         """CLM: the dataset's shifted labels. MLM/S+R: corrupt the inputs, labels per token."""
         if self._corrupt is None:
             return batch
+        docs = {}  # packed documents (data.reset_attention_mask): an objective that takes them (S+R) keeps to them
+        if batch.get("document_ids") is not None and "document_ids" in inspect.signature(self._corrupt).parameters:
+            docs["document_ids"] = batch["document_ids"]
         out = self._corrupt(batch["tokens"], batch.get("hash_codes"), generator=self.generator,
-                            special_ids=self.special_ids, **self.options)
+                            special_ids=self.special_ids, **self.options, **docs)
         return {**batch, **out}
 
 

@@ -32,14 +32,23 @@ RANDOM_PROB = 0.1
 ORIGINAL, SHUFFLED, RANDOM, IGNORE = 0, 1, 2, -100
 
 
-def _cyclic_shuffle_sources(selected: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def _groups(tokens: torch.Tensor, document_ids: torch.Tensor | None) -> torch.Tensor:
+    """[b, s] shuffle group of each position: its row, or (row, document) with packed documents."""
+    b, s = tokens.shape
+    rows = torch.arange(b, device=tokens.device)[:, None].expand(b, s)
+    return rows if document_ids is None else rows * s + document_ids
+
+
+def _cyclic_shuffle_sources(selected: torch.Tensor, generator: torch.Generator,
+                            groups: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """For the selected positions (row-major flat indices ``dst``) the flat index ``src`` of the
-    token each receives: a random cyclic permutation within each row."""
+    token each receives: a random cyclic permutation within each row (each group of ``groups``)."""
     b, s = selected.shape
     dst = selected.reshape(-1).nonzero(as_tuple=True)[0]
     if dst.numel() == 0:
         return dst, dst
-    rows = dst // s
+    rows = dst // s if groups is None else groups.reshape(-1)[dst]
+    b = b if groups is None else b * s
     keys = rows.double() + torch.rand(dst.numel(), generator=generator, dtype=torch.float64).to(dst.device)
     order = dst[torch.argsort(keys)]  # grouped by row, random order inside each row
     counts = torch.bincount(rows, minlength=b)
@@ -154,24 +163,29 @@ def corrupt(
     vocab_size: int | None = None,
     num_buckets: int | None = None,
     num_bits: int | None = None,
+    document_ids: torch.Tensor | None = None,
 ) -> dict:
     """tokens [b, s], hash_codes [b, s, w] or None -> dict(tokens, hash_codes, labels, loss_mask,
     padding_mask); deterministic given the generator's state. ``random`` and its sizes: see the
-    module docstring (:func:`random_options` derives them from a config)."""
+    module docstring (:func:`random_options` derives them from a config). With ``document_ids``
+    (``data.reset_attention_mask``) tokens are shuffled within their document only."""
     if generator is None:
         generator = torch.Generator().manual_seed(0)
     dev = tokens.device
     special = special_mask(tokens, special_ids)
     word = ~special
     shuffled = bernoulli(tokens.shape, shuffle_prob, generator, dev) & word
-    single = shuffled.sum(dim=1, keepdim=True) < 2  # nothing to swap with
+    groups = _groups(tokens, document_ids)
+    counts = torch.zeros(groups.numel(), dtype=torch.long, device=dev).index_add_(
+        0, groups.reshape(-1), shuffled.reshape(-1).long())
+    single = counts[groups] < 2  # nothing to swap with in its row (document)
     shuffled = shuffled & ~single
     mode = random
     random = bernoulli(tokens.shape, random_prob, generator, dev) & word & ~shuffled
 
     new_tokens = tokens.clone()
     new_codes = None if hash_codes is None else hash_codes.clone()
-    dst, src = _cyclic_shuffle_sources(shuffled, generator)
+    dst, src = _cyclic_shuffle_sources(shuffled, generator, None if document_ids is None else groups)
     flat_tok = new_tokens.view(-1)
     flat_tok[dst] = tokens.reshape(-1)[src]
     if new_codes is not None:

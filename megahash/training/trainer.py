@@ -23,6 +23,7 @@ import torch
 
 from megahash import accelerator
 from megahash.config import Config, save_config
+from megahash.data import documents
 from megahash.data.text_source import RunTexts
 from megahash.errors import CheckpointError
 from megahash.training import async_save, checkpoint, ema, qat, step_guard
@@ -52,7 +53,8 @@ def batch_loss(engine, batch: dict, objective) -> torch.Tensor:
     batch = {k: v.to(dev) for k, v in batch.items()}
     batch = objective.prepare(batch)
     per_token = engine(batch["tokens"], hash_codes=batch.get("hash_codes"), labels=batch["labels"],
-                       padding_mask=batch.get("padding_mask"), label_codes=batch.get("label_codes"))
+                       padding_mask=batch.get("padding_mask"), label_codes=batch.get("label_codes"),
+                       **documents.forward_kwargs(batch))
     mask = batch["loss_mask"].float()
     return (per_token.float() * mask).sum() / mask.sum().clamp(min=1.0)
 

@@ -16,6 +16,7 @@ import math
 
 import torch
 
+from megahash.data import documents
 from megahash.data.text_bytes import bits_per_byte
 from megahash.data.valid_sets import SPLIT_NAME
 
@@ -46,7 +47,8 @@ def evaluate(engine, batches, objective, token_bytes=None) -> dict:
             objective.set_step(-1 - chunk, 0)
             batch = objective.prepare({k: v.to(dev) for k, v in batch.items()})
             per_token = engine(batch["tokens"], hash_codes=batch.get("hash_codes"), labels=batch["labels"],
-                               padding_mask=batch.get("padding_mask"), label_codes=batch.get("label_codes"))
+                               padding_mask=batch.get("padding_mask"), label_codes=batch.get("label_codes"),
+                               **documents.forward_kwargs(batch))  # data.reset_* (megahash/data/documents.py)
             mask = batch["loss_mask"].double()
             nbytes = (token_bytes.label_bytes(batch["tokens"], batch["labels"]) * mask).sum() if token_bytes else 0.0
             sums += torch.stack([(per_token.double() * mask).sum(), mask.sum(),

@@ -13,6 +13,8 @@ import torch.nn.functional as F
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 
+from megahash.models.attention import document_mask
+
 
 class SDPACoreAttention(MegatronModule):
     def __init__(self, config, layer_number: int, attn_mask_type: AttnMaskType, attention_type: str = "self",
@@ -23,15 +25,25 @@ class SDPACoreAttention(MegatronModule):
         kv = config.kv_channels or config.hidden_size // config.num_attention_heads
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(kv)
 
+    document_ids = None  # the model's last forward's (MegahashLM._set_context), for callers that do not pass them
+
     def forward(self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None,
-                packed_seq_params=None, **_kw):
-        """query [sq, b, np, hn], key/value [sk, b, ng, hn] -> [sq, b, np*hn]."""
+                packed_seq_params=None, document_ids=None, **_kw):
+        """query [sq, b, np, hn], key/value [sk, b, ng, hn] -> [sq, b, np*hn]. ``document_ids`` [b, s]
+        (packed documents): attention inside each document (megahash/models/attention/document_mask.py)."""
         mask_type = attn_mask_type or self.attn_mask_type
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, hn]
         if k.shape[1] != q.shape[1]:  # GQA/MQA: repeat the key/value groups
             rep = q.shape[1] // k.shape[1]
             k = k.repeat_interleave(rep, dim=1)
             v = v.repeat_interleave(rep, dim=1)
+        document_ids = document_ids if document_ids is not None else self.document_ids
+        if document_ids is not None and q.shape[2] == k.shape[2]:
+            keep = None if attention_mask is None else ~attention_mask.reshape(attention_mask.shape[0], -1)
+            out = document_mask.attend(q, k, v, document_ids, mask_type == AttnMaskType.causal, keep,
+                                       self.softmax_scale, self.dropout_p if self.training else 0.0)
+            b, h, s, d = out.shape
+            return out.permute(2, 0, 1, 3).reshape(s, b, h * d)
         causal = mask_type == AttnMaskType.causal and attention_mask is None
         mask = None
         if attention_mask is not None:

@@ -88,10 +88,11 @@ class SoftmaxAttentionBase(AttentionBase):
         k = append_cache(cache, "k", k)
         v = append_cache(cache, "v", v)
         k, v = self.expand_kv(k, v)
+        docs = self.context().get("document_ids")  # packed documents: attention inside each (None: off, decoding)
         if self.training and self.config.attention_dropout > 0:
             name = "data-parallel-rng" if self.replicated_heads else "model-parallel-rng"
             with tensor_parallel.get_cuda_rng_tracker().fork(name):
-                out = self.core_attention(q, k, v, attention_mask)
+                out = self.core_attention(q, k, v, attention_mask, document_ids=docs)
         else:
-            out = self.core_attention(q, k, v, attention_mask)
+            out = self.core_attention(q, k, v, attention_mask, document_ids=docs)
         return self.select_output(out)
