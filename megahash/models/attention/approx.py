@@ -45,6 +45,7 @@ from __future__ import annotations
 from megahash.models.registry import register_reference
 from megahash.models.reference_layers import LinearAttention
 from megahash.models.reference_ops import cached_state, megahash_option, store_state
+from megahash.ops.linear.documents import document_rows
 from megahash.ops.taylor.chunk import taylor_bidirectional, taylor_causal
 
 
@@ -64,7 +65,8 @@ class TaylorReference(LinearAttention):
         if not self.causal:
             return taylor_bidirectional(qh, kh, vh, km)
         keys = ("S", "z")
-        out, state = taylor_causal(qh, kh, vh, self.chunk_size, cached_state(cache, keys), cache is not None)
+        out, state = taylor_causal(qh, kh, vh, self.chunk_size, cached_state(cache, keys), cache is not None,
+                                   doc=document_rows(ctx, qh))
         store_state(cache, keys, state)
         return out
 

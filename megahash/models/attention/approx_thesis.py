@@ -50,6 +50,7 @@ from __future__ import annotations
 from megahash.models.registry import register_reference
 from megahash.models.reference_layers import LinearAttention
 from megahash.models.reference_ops import cached_state, store_state
+from megahash.ops.linear.documents import document_rows
 from megahash.ops.orders.chunk import orders_bidirectional, orders_causal
 
 
@@ -69,7 +70,7 @@ class ThesisTaylorReference(LinearAttention):
         keys = ("s0", "s1", "z1", "s2", "z2")
         state = cached_state(cache, keys)
         out, state = orders_causal(qh, kh, vh, self.chunk_size or 128, state, ctx.get("offset", 0) if state else 0,
-                                   cache is not None, positive=self.positive)
+                                   cache is not None, positive=self.positive, doc=document_rows(ctx, qh))
         store_state(cache, keys, state)
         return out
 

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from megahash.models.registry import register_reference
 from megahash.models.reference_layers import LinearAttention
 from megahash.models.reference_ops import cached_state, store_state
+from megahash.ops.linear.documents import document_rows
 from megahash.ops.cumsoftmax.scan import cumsoftmax_bidirectional, cumsoftmax_causal
 
 
@@ -50,7 +51,8 @@ class NonApproxReference(LinearAttention):
         if not self.causal:
             return cumsoftmax_bidirectional(sc, vh, km)
         keys = ("m", "num", "den")
-        out, state = cumsoftmax_causal(sc, vh, cached_state(cache, keys), cache is not None)
+        out, state = cumsoftmax_causal(sc, vh, cached_state(cache, keys), cache is not None,
+                                       doc=document_rows(ctx, qh))
         store_state(cache, keys, state)
         return out
 

@@ -25,23 +25,25 @@ def taylor_chunk(length: int, d: int, chunk_size: int = 0) -> int:
     return max(1, min(c, length))
 
 
-def _taylor(q, k, v, chunk, state, need_state):
-    num, den, state = chunk_linear(q, k, v, taylor_features, taylor_kernel, chunk, state, need_state)
+def _taylor(q, k, v, chunk, state, need_state, doc=None):
+    num, den, state = chunk_linear(q, k, v, taylor_features, taylor_kernel, chunk, state, need_state, doc)
     return num / den.unsqueeze(-1), state
 
 
 @fp32_kernel
-def taylor_causal(q, k, v, chunk: int = 0, state=None, need_state: bool = False):
+def taylor_causal(q, k, v, chunk: int = 0, state=None, need_state: bool = False, doc=None):
     """Causal Taylor attention: q [..., L, d], k [..., L, d], v [..., L, dv] (leading dims broadcast,
     e.g. q [b, g, rep, L, d] with k, v [b, g, 1, L, .]); ``state`` = (S [..., D, dv], z [..., D])
-    of the keys before this call. Returns (out [..., L, dv] in q's dtype, accumulated in fp32 under
+    of the keys before this call; ``doc`` [..., L] document ids: the sums restart at each document
+    start (:mod:`megahash.ops.linear.documents`; fla's Based kernel has no ``cu_seqlens``, so packed
+    rows run the chunked form on every device). Returns (out [..., L, dv] in q's dtype, accumulated in fp32 under
     autocast (:func:`megahash.ops.linear.fp32.fp32_kernel`), state or None)."""
     chunk = taylor_chunk(q.shape[-2], q.shape[-1], chunk)
-    if state is None and not need_state:
+    if state is None and not need_state and doc is None:
         out = fla_taylor(q, k, v) if q.dim() == 5 else None
         if out is not None:
             return out, None
-    return _taylor(q, k, v, chunk, state, need_state)
+    return _taylor(q, k, v, chunk, state, need_state, doc)
 
 
 @fp32_kernel
