@@ -159,3 +159,94 @@ def test_aten_calls_do_not_depend_on_documents_per_row(kind, small_scan_chunk):
     one = _count(m, x, document_ids((48,), 2))
     eight = _count(m, x, document_ids((3, 9, 5, 7, 4, 8, 6, 6), 2))
     assert one == eight
+
+
+# ------------------------------------------------------------------ the deconstructed kinds (docs/attention.md)
+
+def _fixed_module(kind, dtype=torch.float32, L=sum(LENGTHS)):
+    """A fixed-Q/K module with random frozen maps (Q, K of the fixed pass at positions 0..L-1)."""
+    m = build_attention(make_cfg(kind, hidden=32, heads=4, layers=1)).to(dtype)
+    g = torch.Generator().manual_seed(3)
+    m.frozen_qk = (torch.randn(L, 1, 4, 8, generator=g).to(dtype), torch.randn(L, 1, 4, 8, generator=g).to(dtype))
+    return m
+
+
+def _run_ctx(m, x, doc):
+    m.model_context = {"offset": 0, **({} if doc is None else {"document_ids": doc})}
+    try:
+        return m.mix(x, None, None)
+    finally:
+        m.model_context = None
+
+
+@pytest.mark.parametrize("kind,dtype", [("mlp", torch.float32), ("rndembqk", torch.float32),
+                                        ("fixedseqqk", torch.float32), ("rndembqk", torch.bfloat16)])
+def test_deconstructed_packed_row_equals_each_document_alone(kind, dtype):
+    """mlp: no token mixing (nothing to reset); rndembqk/fixedseqqk (frozen maps): a document's tokens read the
+    fixed Q, K at their positions within the document and attend inside it."""
+    m = _fixed_module(kind, dtype) if kind != "mlp" else build_attention(make_cfg(kind, hidden=32, heads=4)).to(dtype)
+    x = torch.randn(sum(LENGTHS), 1, 32, generator=torch.Generator().manual_seed(0)).to(dtype)
+    xp = x.clone().requires_grad_(True)
+    packed = _run_ctx(m, xp, document_ids(LENGTHS))
+    packed.square().sum().backward()
+    xa = x.clone().requires_grad_(True)
+    starts = torch.tensor((0,) + LENGTHS).cumsum(0).tolist()
+    alone = torch.cat([_run_ctx(m, xa[a:a + n], None) for a, n in zip(starts, LENGTHS)], 0)
+    alone.square().sum().backward()
+    tol = 1e-5 if dtype == torch.float32 else accelerator.compute_tolerance("bf16")  # see the linear kinds' test
+    for a, b in ((packed, alone), (xp.grad, xa.grad)):
+        scale = 1.0 if dtype == torch.float32 else float(b.float().abs().max())
+        torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol * scale)
+
+
+def test_fixed_sequence_riding_along_keeps_its_own_map():
+    """Training without a separate fixed pass: the fixed sequence is the batch's last row (no document ids of
+    its own: one document); each packed document of row 0 = that document alone beside the fixed row's prefix
+    (the fixed pass is causal: its first n positions do not depend on the later ones)."""
+    m = build_attention(make_cfg("rndembqk", hidden=32, heads=4, layers=1))
+    g = torch.Generator().manual_seed(0)
+    L = sum(LENGTHS)
+    x, fixed = torch.randn(L, 1, 32, generator=g), torch.randn(L, 1, 32, generator=g)
+    with torch.no_grad():
+        out = _run_ctx(m, torch.cat([x, fixed], 1), document_ids(LENGTHS))
+        starts = torch.tensor((0,) + LENGTHS).cumsum(0).tolist()
+        alone = [_run_ctx(m, torch.cat([x[a:a + n], fixed[:n]], 1), None) for a, n in zip(starts, LENGTHS)]
+        fixed_alone = _run_ctx(m, torch.cat([x, fixed], 1), None)[:, 1]
+    torch.testing.assert_close(out[:, 0], torch.cat([a[:, 0] for a in alone]), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out[:, 1], fixed_alone, rtol=1e-5, atol=1e-5)  # the fixed row: its own pass
+
+
+def test_staticembqk_packed_row_equals_each_document_alone():
+    """Q, K from the layer-0 embeddings (positions within the document: RoPE left out here), block-diagonal
+    causal softmax from the SDPA core's document mask (helper docmask's plumbing)."""
+    pytest.importorskip("megahash.models.attention.document_mask", reason="the SDPA core's document mask (docmask)")
+    m = build_attention(make_cfg("staticembqk", hidden=32, heads=4))
+    g = torch.Generator().manual_seed(0)
+    L = sum(LENGTHS)
+    x, e = torch.randn(L, 1, 32, generator=g), torch.randn(L, 1, 32, generator=g)
+    starts = torch.tensor((0,) + LENGTHS).cumsum(0).tolist()
+
+    def run(xx, ee, doc):
+        m.model_context = {"embeddings": ee, **({} if doc is None else {"document_ids": doc})}
+        m.core_attention.document_ids = doc  # as MegahashLM._set_context does (docmask)
+        try:
+            return m.mix(xx, None, None)
+        finally:
+            m.model_context = None
+            m.core_attention.document_ids = None
+
+    with torch.no_grad():
+        packed = run(x, e, document_ids(LENGTHS))
+        alone = torch.cat([run(x[a:a + n], e[a:a + n], None) for a, n in zip(starts, LENGTHS)])
+    torch.testing.assert_close(packed, alone, rtol=1e-5, atol=1e-5)
+
+
+def test_fixed_qk_aten_calls_do_not_depend_on_documents_per_row():
+    m = _fixed_module("rndembqk", L=48)
+    x = torch.randn(48, 2, 32)
+    counts = []
+    for lengths in ((48,), (3, 9, 5, 7, 4, 8, 6, 6)):
+        with torch.no_grad(), OpCounter() as c:
+            _run_ctx(m, x, document_ids(lengths, 2))
+        counts.append(c.calls)
+    assert counts[0] == counts[1]

@@ -49,6 +49,11 @@ def first_index(doc: torch.Tensor) -> torch.Tensor:
     return torch.cummax(torch.where(starts(doc), idx, torch.zeros_like(idx)), dim=-1).values
 
 
+def document_positions(doc: torch.Tensor) -> torch.Tensor:
+    """[..., L] long: the position of each token within its document (0 at every document start)."""
+    return torch.arange(doc.shape[-1], device=doc.device) - first_index(doc)
+
+
 def row_ids(doc: torch.Tensor, lead: int) -> torch.Tensor:
     """document_ids [b, L] -> [b, 1, ..., 1, L] broadcasting against [b, g, rep, L, .] kernels (``lead``
     singleton axes between b and L)."""
