@@ -251,3 +251,22 @@ def test_fixed_qk_aten_calls_do_not_depend_on_documents_per_row():
             _run_ctx(m, x, doc)
         counts.append(c.calls)
     assert counts[0] == counts[1]
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_encoder_packed_row_with_padding_equals_each_document_alone(kind):
+    """Encoders: the bidirectional sums over the keys of the query's document (block-diagonal), with padding
+    at the row's end (its own document: its queries see themselves and stay finite); fp32, 1e-5."""
+    m = build_attention(make_cfg(kind, *KINDS[kind], "model.arch=encoder", hidden=32, heads=4))
+    lengths = (7, 5)
+    x = torch.randn(sum(lengths) + 3, 1, 32, generator=torch.Generator().manual_seed(0))
+    doc = document_ids(lengths + (3,))
+    pad = torch.zeros(1, 1, 1, x.shape[0], dtype=torch.bool)
+    pad[..., -3:] = True  # True = masked (megatron's padding mask)
+    with torch.no_grad():
+        m.model_context = {"document_ids": doc}
+        packed = m.mix(x, pad, None)
+        m.model_context = None
+        alone = torch.cat([m.mix(x[a:a + n], None, None) for a, n in ((0, 7), (7, 5))])
+    assert torch.isfinite(packed).all()
+    torch.testing.assert_close(packed[:12], alone, rtol=1e-5, atol=1e-5)

@@ -63,7 +63,7 @@ class TaylorReference(LinearAttention):
 
     def kernel(self, qh, kh, vh, km, cache, ctx):
         if not self.causal:
-            return taylor_bidirectional(qh, kh, vh, km)
+            return taylor_bidirectional(qh, kh, vh, km, doc=document_rows(ctx, qh))
         keys = ("S", "z")
         out, state = taylor_causal(qh, kh, vh, self.chunk_size, cached_state(cache, keys), cache is not None,
                                    doc=document_rows(ctx, qh))

@@ -66,7 +66,7 @@ class ThesisTaylorReference(LinearAttention):
 
     def kernel(self, qh, kh, vh, km, cache, ctx):
         if not self.causal:
-            return orders_bidirectional(qh, kh, vh, km, positive=self.positive)
+            return orders_bidirectional(qh, kh, vh, km, positive=self.positive, doc=document_rows(ctx, qh))
         keys = ("s0", "s1", "z1", "s2", "z2")
         state = cached_state(cache, keys)
         out, state = orders_causal(qh, kh, vh, self.chunk_size or 128, state, ctx.get("offset", 0) if state else 0,

@@ -49,7 +49,7 @@ class NonApproxReference(LinearAttention):
     def kernel(self, qh, kh, vh, km, cache, ctx):
         sc = (qh * kh).sum(-1) / math.sqrt(qh.shape[-1])
         if not self.causal:
-            return cumsoftmax_bidirectional(sc, vh, km)
+            return cumsoftmax_bidirectional(sc, vh, km, doc=document_rows(ctx, qh))
         keys = ("m", "num", "den")
         out, state = cumsoftmax_causal(sc, vh, cached_state(cache, keys), cache is not None,
                                        doc=document_rows(ctx, qh))

@@ -28,7 +28,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from megahash.ops.linear.documents import carry_matrix, chunk_ids, same_document
+from megahash.ops.linear.documents import carry_matrix, chunk_ids, pair_mask, same_document
 from megahash.ops.linear.fp32 import autocast_off
 
 CHUNK = 64
@@ -131,10 +131,14 @@ def _finish(m, num, den, need_state):
     return out, (m[..., -1], num[..., -1, :], den[..., -1])
 
 
-def cumsoftmax_bidirectional(s, v, key_mask=None):
+def cumsoftmax_bidirectional(s, v, key_mask=None, doc=None):
     """Encoders: o = sum_j softmax(s)_j v_j over the non-padded keys (masked before the
-    exponential), the same vector for every query; autocast disabled, the inputs' dtype."""
+    exponential), the same vector for every query; autocast disabled, the inputs' dtype. ``doc``
+    [..., L]: over the keys of the query's document (an [L, L] masked softmax)."""
     with _no_autocast(s):
+        if doc is not None:
+            logits = s.unsqueeze(-2).masked_fill(~pair_mask(doc, key_mask), float("-inf"))
+            return torch.softmax(logits, dim=-1) @ v.to(s.dtype)
         if key_mask is not None:
             s = s.masked_fill(~key_mask, float("-inf"))
         w = torch.softmax(s, dim=-1)

@@ -38,6 +38,16 @@ def carry_matrix(docc: torch.Tensor) -> torch.Tensor:
     return (start.unsqueeze(-1) == end.unsqueeze(-2)) & before
 
 
+def pair_mask(doc: torch.Tensor, key_mask=None) -> torch.Tensor:
+    """Encoders: [..., L, L] bool, query i sees key j of its document (and a valid key, ``key_mask``
+    [..., L]); a query always sees itself (a padding query stays finite)."""
+    m = same_document(doc)
+    if key_mask is not None:
+        eye = torch.eye(doc.shape[-1], dtype=torch.bool, device=doc.device)
+        m = (m & key_mask.unsqueeze(-2).bool()) | eye
+    return m
+
+
 def starts(doc: torch.Tensor) -> torch.Tensor:
     """[..., L] bool: position i starts a document (i = 0 or doc(i) != doc(i-1))."""
     return F.pad(doc[..., 1:] != doc[..., :-1], (1, 0), value=True)

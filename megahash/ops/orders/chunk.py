@@ -29,7 +29,7 @@ import math
 import torch
 
 from megahash.ops.linear.chunk import chunk_linear
-from megahash.ops.linear.documents import first_index
+from megahash.ops.linear.documents import first_index, pair_mask
 from megahash.ops.linear.fp32 import fp32_kernel
 
 
@@ -125,9 +125,17 @@ def _zeroth_documents(v, doc, s0, offset):
 
 
 @fp32_kernel
-def orders_bidirectional(q, k, v, key_mask=None, positive: bool = False):
-    """Encoders: the sums over every (non-padded) key, the same state for every query."""
+def orders_bidirectional(q, k, v, key_mask=None, positive: bool = False, doc=None):
+    """Encoders: the sums over every (non-padded) key, the same state for every query; ``doc``
+    [..., L]: over the keys of the query's document (the three maps masked block-diagonally)."""
     q, k = scaled(q, k)
+    if doc is not None:
+        valid = pair_mask(doc, key_mask).to(q.dtype)
+        phi = first_order(positive)
+        a1 = (phi(q) @ phi(k).transpose(-1, -2)) * valid
+        a2 = (thesis_sq(q) @ thesis_sq(k).transpose(-1, -2)) * valid
+        return ((valid / valid.sum(-1, keepdim=True)) @ v + (a1 @ v) / thesis_den(a1.sum(-1, keepdim=True))
+                + (a2 @ v) / thesis_den(a2.sum(-1, keepdim=True)))
     if key_mask is not None:
         w = key_mask.unsqueeze(-1).to(k.dtype)
         k, v, cnt = k * w, v * w, w.sum(-2)

@@ -12,6 +12,7 @@ training/prefill runs fla's kernel (:mod:`megahash.ops.taylor.fla`)."""
 from __future__ import annotations
 
 from megahash.ops.linear.chunk import chunk_linear
+from megahash.ops.linear.documents import pair_mask
 from megahash.ops.linear.fp32 import fp32_kernel
 from megahash.ops.taylor.fla import fla_taylor
 from megahash.ops.taylor.kernel import feature_dim, taylor_features, taylor_kernel
@@ -47,10 +48,14 @@ def taylor_causal(q, k, v, chunk: int = 0, state=None, need_state: bool = False,
 
 
 @fp32_kernel
-def taylor_bidirectional(q, k, v, key_mask=None):
+def taylor_bidirectional(q, k, v, key_mask=None, doc=None):
     """Encoders: sums over every (non-padded) key, from the kernel matrix when T <= 2D, else from
-    the features (sum_j phi(k_j) v_j^T once)."""
+    the features (sum_j phi(k_j) v_j^T once); ``doc`` [..., L]: the keys of the query's document
+    only, from the kernel matrix masked block-diagonally (:func:`megahash.ops.linear.documents.pair_mask`)."""
     d, T = q.shape[-1], k.shape[-2]
+    if doc is not None:
+        a = taylor_kernel(q, k) * pair_mask(doc, key_mask).to(q.dtype)
+        return (a @ v) / a.sum(-1, keepdim=True)
     if T <= 2 * feature_dim(d):
         a = taylor_kernel(q, k)
         if key_mask is not None:
