@@ -353,10 +353,19 @@ class FixedInput(KindInput):
         over the whole fixed input (:meth:`bidirectional_pass`); otherwise one more batch element."""
         if self.bidirectional() and self.active() and not self.frozen():
             return self.bidirectional_pass(model, emb, seq_len), mask
-        if not decoding and self.separate(model):
-            self.run_alone(model, offset, seq_len, rotary)
+        if not decoding and (self.separate(model) or (not torch.is_grad_enabled() and self.active() and not self.frozen())):
+            # the fixed input's own positions offset..: the batch's rotary may hold per-document positions
+            # (data.reset_position_ids); without gradients the pass costs what one more batch row costs
+            self.run_alone(model, offset, seq_len, self.fixed_rotary(model, offset, seq_len))
             return emb, mask
         return self.append(model, emb, mask, offset, seq_len)
+
+    @staticmethod
+    def fixed_rotary(model, offset: int, seq_len: int):
+        """RoPE frequencies of the fixed input's positions offset..offset+seq_len-1 (None: learned positions)."""
+        if getattr(model, "embedding_extras", None) is not None:
+            return None
+        return model.rotary_pos_emb(offset + seq_len)[offset:]
 
     def leave(self) -> None:
         self.release()
