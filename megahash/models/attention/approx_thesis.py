@@ -41,7 +41,9 @@ eq. 4.14-4.17):
 - recurrent (decoding: the chunked form on one token with the carried state in ``decode_cache``
   ``s0``, ``s1``, ``z1``, ``s2``, ``z2``, each [b, g, 1, ...]; token-by-token loop: the oracle);
 - naive: the three masked L x L maps (the indicators' maps, and a test oracle).
-Encoders use the non-causal sums over the non-padded keys. No attention dropout. Parameters equal
+Encoders use the non-causal sums over the non-padded keys.
+Packed documents (``model_context["document_ids"]``): the sums restart at each document start in every
+form, without a loop over documents (docs/attention.md "Packed documents: linear and recurrent kinds"). No attention dropout. Parameters equal
 ``mha`` exactly (``linear_q``, ``linear_kv``, ``linear_proj``).
 """
 from __future__ import annotations

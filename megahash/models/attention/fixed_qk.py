@@ -353,7 +353,8 @@ class FixedInput(KindInput):
         over the whole fixed input (:meth:`bidirectional_pass`); otherwise one more batch element."""
         if self.bidirectional() and self.active() and not self.frozen():
             return self.bidirectional_pass(model, emb, seq_len), mask
-        if not decoding and (self.separate(model) or (not torch.is_grad_enabled() and self.active() and not self.frozen())):
+        own_pass = not torch.is_grad_enabled() and self.active() and not self.frozen()
+        if not decoding and (self.separate(model) or own_pass):
             # the fixed input's own positions offset..: the batch's rotary may hold per-document positions
             # (data.reset_position_ids); without gradients the pass costs what one more batch row costs
             self.run_alone(model, offset, seq_len, self.fixed_rotary(model, offset, seq_len))

@@ -22,6 +22,8 @@ Forms (one copy each, :mod:`megahash.ops.cumsoftmax`; equal to 1e-10 in fp64):
   2Bd + 4Bh bytes at 16 bit;
 - recurrent (token by token with the running maximum) and naive (the masked L x L softmax): oracles.
 Encoders: o_i = sum_j softmax(s)_j v_j over all non-padded keys (the same vector for every i).
+Packed documents (``model_context["document_ids"]``): the sums restart at each document start in every
+form, without a loop over documents (docs/attention.md "Packed documents: linear and recurrent kinds").
 Attention dropout is not applied. Parameters equal ``mha`` exactly.
 """
 from __future__ import annotations
