@@ -70,7 +70,7 @@ def _packed_and_alone(m, x, lengths):
 
 
 @pytest.mark.parametrize("kind,dtype", [(k, t) for k in KINDS for t in (torch.float32, torch.bfloat16)]
-                         + [("approx-thesis-literal", torch.float64)])
+                         + [("approx-thesis-literal", torch.float64)], ids=lambda p: str(p).replace("torch.", ""))
 def test_packed_row_equals_each_document_alone(kind, dtype, small_scan_chunk):
     extra = ()
     if kind == "approx-thesis-literal":
@@ -180,7 +180,8 @@ def _run_ctx(m, x, doc):
 
 
 @pytest.mark.parametrize("kind,dtype", [("mlp", torch.float32), ("rndembqk", torch.float32),
-                                        ("fixedseqqk", torch.float32), ("rndembqk", torch.bfloat16)])
+                                        ("fixedseqqk", torch.float32), ("rndembqk", torch.bfloat16)],
+                         ids=lambda p: str(p).replace("torch.", ""))
 def test_deconstructed_packed_row_equals_each_document_alone(kind, dtype):
     """mlp: no token mixing (nothing to reset); rndembqk/fixedseqqk (frozen maps): a document's tokens read the
     fixed Q, K at their positions within the document and attend inside it."""
