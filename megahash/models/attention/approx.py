@@ -22,7 +22,9 @@ Forms (one copy each, :mod:`megahash.ops.taylor`; equal to 1e-10 in fp64):
 - recurrent (decoding: the chunked form on one token with the carried state): ``decode_cache``
   ``S`` [b, g, 1, D, d] and ``z`` [b, g, 1, D] per key/value group; naive (the masked L x L kernel
   matrix): the test oracle.
-Encoders use the non-causal sums over the non-padded keys. Under autocast the kernels accumulate in
+Encoders use the non-causal sums over the non-padded keys.
+Packed documents (``model_context["document_ids"]``): the sums restart at each document start in every
+form, without a loop over documents (docs/attention.md "Packed documents: linear and recurrent kinds"). Under autocast the kernels accumulate in
 fp32 and return the input dtype (:mod:`megahash.ops.linear.fp32`; docs/attention.md "Numerics").
 
 Note on [Xue25]: Appendix I (eq. 4.14-4.17) writes a different recurrence that normalises the
@@ -45,6 +47,7 @@ from __future__ import annotations
 from megahash.models.registry import register_reference
 from megahash.models.reference_layers import LinearAttention
 from megahash.models.reference_ops import cached_state, megahash_option, store_state
+from megahash.ops.linear.documents import document_rows
 from megahash.ops.taylor.chunk import taylor_bidirectional, taylor_causal
 
 
@@ -62,9 +65,10 @@ class TaylorReference(LinearAttention):
 
     def kernel(self, qh, kh, vh, km, cache, ctx):
         if not self.causal:
-            return taylor_bidirectional(qh, kh, vh, km)
+            return taylor_bidirectional(qh, kh, vh, km, doc=document_rows(ctx, qh))
         keys = ("S", "z")
-        out, state = taylor_causal(qh, kh, vh, self.chunk_size, cached_state(cache, keys), cache is not None)
+        out, state = taylor_causal(qh, kh, vh, self.chunk_size, cached_state(cache, keys), cache is not None,
+                                   doc=document_rows(ctx, qh))
         store_state(cache, keys, state)
         return out
 

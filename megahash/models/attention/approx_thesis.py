@@ -41,7 +41,9 @@ eq. 4.14-4.17):
 - recurrent (decoding: the chunked form on one token with the carried state in ``decode_cache``
   ``s0``, ``s1``, ``z1``, ``s2``, ``z2``, each [b, g, 1, ...]; token-by-token loop: the oracle);
 - naive: the three masked L x L maps (the indicators' maps, and a test oracle).
-Encoders use the non-causal sums over the non-padded keys. No attention dropout. Parameters equal
+Encoders use the non-causal sums over the non-padded keys.
+Packed documents (``model_context["document_ids"]``): the sums restart at each document start in every
+form, without a loop over documents (docs/attention.md "Packed documents: linear and recurrent kinds"). No attention dropout. Parameters equal
 ``mha`` exactly (``linear_q``, ``linear_kv``, ``linear_proj``).
 """
 from __future__ import annotations
@@ -50,6 +52,7 @@ from __future__ import annotations
 from megahash.models.registry import register_reference
 from megahash.models.reference_layers import LinearAttention
 from megahash.models.reference_ops import cached_state, store_state
+from megahash.ops.linear.documents import document_rows
 from megahash.ops.orders.chunk import orders_bidirectional, orders_causal
 
 
@@ -65,11 +68,11 @@ class ThesisTaylorReference(LinearAttention):
 
     def kernel(self, qh, kh, vh, km, cache, ctx):
         if not self.causal:
-            return orders_bidirectional(qh, kh, vh, km, positive=self.positive)
+            return orders_bidirectional(qh, kh, vh, km, positive=self.positive, doc=document_rows(ctx, qh))
         keys = ("s0", "s1", "z1", "s2", "z2")
         state = cached_state(cache, keys)
         out, state = orders_causal(qh, kh, vh, self.chunk_size or 128, state, ctx.get("offset", 0) if state else 0,
-                                   cache is not None, positive=self.positive)
+                                   cache is not None, positive=self.positive, doc=document_rows(ctx, qh))
         store_state(cache, keys, state)
         return out
 

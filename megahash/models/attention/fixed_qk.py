@@ -165,7 +165,10 @@ class FixedInputReference(torch.nn.Module):
 
 
 # ---- megatron-core implementation
+import contextlib
+
 import torch
+import torch.nn.functional as F
 from megatron.core import parallel_state, tensor_parallel
 from megatron.core.transformer.spec_utils import ModuleSpec
 
@@ -174,6 +177,7 @@ from megahash.models.attention.base import append_cache, heads
 from megahash.models.attention.separate_qkv import SeparateQKVAttention
 from megahash.models.kind_input import KindInput
 from megahash.models.registry import mask_type, register_attention
+from megahash.ops.linear.documents import document_positions
 
 FIXED_KINDS = {"rndembqk": "random", "fixedseqqk": "text"}
 
@@ -208,7 +212,38 @@ class FixedQKAttention(SeparateQKVAttention):
         cache = self.cache()
         k = append_cache(cache, "k", k)
         v = append_cache(cache, "v", v)
+        doc = self.context().get("document_ids")
+        if doc is not None and k.shape[0] == q.shape[0] == v.shape[0]:
+            return self.attend_documents(q, k, v, attention_mask, doc)
         return self.attend(q, k, v, attention_mask)
+
+    def attend_documents(self, q, k, v, attention_mask, doc):
+        """Packed documents (``model_context["document_ids"]`` [b, s]): token t of a row takes the fixed
+        Q, K of its position p(t) within its document (eq. 4.9-4.12 at positions 0..n-1 of an n-token
+        document) and attends inside its document (block-diagonal, causal in a decoder): each document's
+        map is the fixed map of a sequence of its length, exactly as when it runs alone. The map is then
+        one per row (softmax attention through SDPA with a [b, 1, s, s] mask), not shared by the batch.
+        Rows beyond ``doc``'s (the fixed sequence riding along) are one document."""
+        s, b, n_l, d = q.shape[0], v.shape[1], q.shape[2], q.shape[3]
+        doc = doc.to(v.device)
+        if doc.shape[0] < b:
+            doc = torch.cat([doc, doc.new_zeros(b - doc.shape[0], doc.shape[1])])
+        pos = document_positions(doc)  # [b, s]
+        rep = n_l // k.shape[2]
+        qr = q[:, 0][pos].transpose(1, 2)  # [b, n_l, s, d]
+        kr = k[:, 0][pos].repeat_interleave(rep, dim=2).transpose(1, 2)
+        vr = v.permute(1, 2, 0, 3).repeat_interleave(rep, dim=1)
+        mask = doc[:, :, None] == doc[:, None, :]
+        if self.causal:
+            mask = mask & torch.ones(s, s, dtype=torch.bool, device=doc.device).tril()
+        keep = self.key_padding(attention_mask, b)
+        if keep is not None:
+            mask = (mask & keep[:, None, :]) | torch.eye(s, dtype=torch.bool, device=doc.device)
+        p = self.config.attention_dropout if self.training else 0.0
+        with tensor_parallel.get_cuda_rng_tracker().fork() if p > 0 else contextlib.nullcontext():
+            out = F.scaled_dot_product_attention(qr, kr, vr.to(qr.dtype), attn_mask=mask[:, None], dropout_p=p,
+                                                 scale=self.scale)
+        return out.permute(2, 0, 1, 3).reshape(s, b, n_l * d).to(v.dtype)
 
 
 def _spec(cfg, kind):
@@ -318,10 +353,20 @@ class FixedInput(KindInput):
         over the whole fixed input (:meth:`bidirectional_pass`); otherwise one more batch element."""
         if self.bidirectional() and self.active() and not self.frozen():
             return self.bidirectional_pass(model, emb, seq_len), mask
-        if not decoding and self.separate(model):
-            self.run_alone(model, offset, seq_len, rotary)
+        own_pass = not torch.is_grad_enabled() and self.active() and not self.frozen()
+        if not decoding and (self.separate(model) or own_pass):
+            # the fixed input's own positions offset..: the batch's rotary may hold per-document positions
+            # (data.reset_position_ids); without gradients the pass costs what one more batch row costs
+            self.run_alone(model, offset, seq_len, self.fixed_rotary(model, offset, seq_len))
             return emb, mask
         return self.append(model, emb, mask, offset, seq_len)
+
+    @staticmethod
+    def fixed_rotary(model, offset: int, seq_len: int):
+        """RoPE frequencies of the fixed input's positions offset..offset+seq_len-1 (None: learned positions)."""
+        if getattr(model, "embedding_extras", None) is not None:
+            return None
+        return model.rotary_pos_emb(offset + seq_len)[offset:]
 
     def leave(self) -> None:
         self.release()

@@ -22,6 +22,8 @@ Forms (one copy each, :mod:`megahash.ops.cumsoftmax`; equal to 1e-10 in fp64):
   2Bd + 4Bh bytes at 16 bit;
 - recurrent (token by token with the running maximum) and naive (the masked L x L softmax): oracles.
 Encoders: o_i = sum_j softmax(s)_j v_j over all non-padded keys (the same vector for every i).
+Packed documents (``model_context["document_ids"]``): the sums restart at each document start in every
+form, without a loop over documents (docs/attention.md "Packed documents: linear and recurrent kinds").
 Attention dropout is not applied. Parameters equal ``mha`` exactly.
 """
 from __future__ import annotations
@@ -34,6 +36,7 @@ import torch.nn.functional as F
 from megahash.models.registry import register_reference
 from megahash.models.reference_layers import LinearAttention
 from megahash.models.reference_ops import cached_state, store_state
+from megahash.ops.linear.documents import document_rows
 from megahash.ops.cumsoftmax.scan import cumsoftmax_bidirectional, cumsoftmax_causal
 
 
@@ -48,9 +51,10 @@ class NonApproxReference(LinearAttention):
     def kernel(self, qh, kh, vh, km, cache, ctx):
         sc = (qh * kh).sum(-1) / math.sqrt(qh.shape[-1])
         if not self.causal:
-            return cumsoftmax_bidirectional(sc, vh, km)
+            return cumsoftmax_bidirectional(sc, vh, km, doc=document_rows(ctx, qh))
         keys = ("m", "num", "den")
-        out, state = cumsoftmax_causal(sc, vh, cached_state(cache, keys), cache is not None)
+        out, state = cumsoftmax_causal(sc, vh, cached_state(cache, keys), cache is not None,
+                                       doc=document_rows(ctx, qh))
         store_state(cache, keys, state)
         return out
 

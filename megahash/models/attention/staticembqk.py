@@ -5,6 +5,9 @@ on the evolving hidden states (the "Current QK" principle is relaxed). ``e`` is 
 output the model hands every layer as ``model_context["embeddings"]`` ([s(/tp under SP), b, h],
 the same tensor the first layer receives, no norm applied, as in eq. 4.13); RoPE on Q and K;
 causal softmax with a KV cache (keys from e, values from H) while decoding.
+Packed documents (``model_context["document_ids"]``): the SDPA core attends inside each document
+(block-diagonal causal) and RoPE takes the positions within the document (``data.reset_position_ids``),
+so Q, K of a document's tokens are those it has alone (docs/attention.md "Packed documents").
 
 Parameters: ``linear_q`` (n*d_h), ``linear_k``, ``linear_v`` (g*d_h each), ``linear_proj``: exactly
 the count of ``mha``.
@@ -64,10 +67,11 @@ class StaticEmbQKAttention(SeparateQKVAttention):
         cache = self.cache()
         k = append_cache(cache, "k", k)
         v = append_cache(cache, "v", v)
+        docs = self.context().get("document_ids")  # packed documents: block-diagonal (the SDPA core's mask)
         if self.training and self.config.attention_dropout > 0:
             with tensor_parallel.get_cuda_rng_tracker().fork():
-                return self.core_attention(q, k, v, attention_mask)
-        return self.core_attention(q, k, v, attention_mask)
+                return self.core_attention(q, k, v, attention_mask, document_ids=docs)
+        return self.core_attention(q, k, v, attention_mask, document_ids=docs)
 
 
 # ----------------------------------------------------------------------------- self-description

@@ -6,11 +6,17 @@ from __future__ import annotations
 import torch
 
 
-def cumsoftmax_recurrent(s, v, state=None):
-    """Token by token: (out [..., L, dv], (m, num, den))."""
+def cumsoftmax_recurrent(s, v, state=None, doc=None):
+    """Token by token: (out [..., L, dv], (m, num, den)); ``doc`` [..., L] document ids: the state
+    restarts at each document start."""
     outs = []
     for t in range(s.shape[-1]):
         s_t, v_t = s[..., t], v[..., t, :]
+        if doc is not None and t > 0:  # a document start: the previous document's state weighs 0
+            new = doc[..., t] != doc[..., t - 1]
+            m_prev, num_prev, den_prev = state
+            state = (torch.where(new, s_t, m_prev), num_prev * (~new).to(v.dtype).unsqueeze(-1),
+                     den_prev * (~new).to(v.dtype))
         if state is None:
             m, num, den = s_t, v_t.expand(*s_t.shape, v_t.shape[-1]), torch.ones_like(s_t)
         else:

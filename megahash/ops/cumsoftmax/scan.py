@@ -28,6 +28,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from megahash.ops.linear.documents import carry_matrix, chunk_ids, pair_mask, same_document
 from megahash.ops.linear.fp32 import autocast_off
 
 CHUNK = 64
@@ -73,26 +74,71 @@ def _causal_states(s, v):
     return m.flatten(-2)[..., :L], num.flatten(-3, -2)[..., :L, :], den.flatten(-2)[..., :L]
 
 
-def cumsoftmax_causal(s: torch.Tensor, v: torch.Tensor, state=None, need_state: bool = False):
+def _document_states(s, v, doc):
+    """:func:`_causal_states` restarted at each document start (``doc`` [..., L] nondecreasing ids,
+    :mod:`megahash.ops.linear.documents`): inside a chunk the C x C weights are masked to the same
+    document before the exponential, relative to the maximum over the same keys (masked max, no
+    underflow from another document); chunk c' passes its last position's state (its tail document)
+    to the positions of chunk c > c' with doc == doc_end(c') == doc_start(c) (0/1 matrix W)."""
+    L = s.shape[-1]
+    C = _chunk_size(L)
+    nb = -(-L // C)
+    pad = nb * C - L
+    s = F.pad(s, (0, pad)).unflatten(-1, (nb, C))  # [..., nb, C]
+    v = F.pad(v, (0, 0, 0, pad)).unflatten(-2, (nb, C))
+    docc = chunk_ids(doc, C)  # [..., nb, C]
+    allowed = same_document(docc) & torch.ones(C, C, dtype=torch.bool, device=s.device).tril()
+    logits = s.unsqueeze(-2).masked_fill(~allowed, float("-inf"))  # [..., nb, C, C]
+    run = logits.detach().amax(-1)  # [..., nb, C]: each position's maximum over its keys (finite: j = i)
+    w = torch.exp(logits - run.unsqueeze(-1))
+    num_in, den_in = w @ v, w.sum(-1)
+    mc = run[..., -1]  # [..., nb] each chunk's tail maximum
+    carry = carry_matrix(docc)[..., :-1, :]  # [..., nb, nb]
+    lg = mc.unsqueeze(-2).masked_fill(~carry, float("-inf"))  # [..., nb, nb]
+    prev = lg.amax(-1)  # [..., nb]; -inf where nothing is carried
+    safe = torch.where(torch.isinf(prev), torch.zeros_like(prev), prev)
+    w2 = torch.exp(lg - safe.unsqueeze(-1))
+    num_pre = w2 @ num_in[..., -1, :]
+    den_pre = (w2 * den_in[..., -1].unsqueeze(-2)).sum(-1)
+    gate = (docc == docc[..., :1]) & ~torch.isinf(prev).unsqueeze(-1)  # [..., nb, C]
+    m_pre = torch.where(gate, safe.unsqueeze(-1), torch.full_like(run, float("-inf")))
+    m, num, den = combine(m_pre, num_pre.unsqueeze(-2), den_pre.unsqueeze(-1), run, num_in, den_in)
+    return m.flatten(-2)[..., :L], num.flatten(-3, -2)[..., :L, :], den.flatten(-2)[..., :L]
+
+
+def cumsoftmax_causal(s: torch.Tensor, v: torch.Tensor, state=None, need_state: bool = False, doc=None):
     """s [..., L] scores, v [..., L, dv] (leading dims broadcast: s [b, g, rep, L], v [b, g, 1, L, dv]);
-    ``state`` = (m [...], num [..., dv], den [...]) of the keys before (num, den relative to e^m).
+    ``state`` = (m [...], num [..., dv], den [...]) of the keys before (num, den relative to e^m);
+    ``doc`` [..., L] document ids: the sums restart at each document start (``state`` joins document 0).
     Returns (out [..., L, dv], state of all keys or None). Eq. 4.18 with a running maximum."""
     with _no_autocast(s):
         v = v.to(s.dtype)
-        m, num, den = _causal_states(s, v)
+        m, num, den = _causal_states(s, v) if doc is None else _document_states(s, v, doc)
         if state is not None:
             m0, num0, den0 = (t.to(s.dtype) for t in state)
+            if doc is not None:  # the carried state reaches document 0 only
+                m0 = torch.where(doc == 0, m0.unsqueeze(-1), torch.full_like(m, float("-inf")))
+                m, num, den = combine(m0, num0.unsqueeze(-2), den0.unsqueeze(-1), m, num, den)
+                return _finish(m, num, den, need_state)
             m, num, den = combine(m0.unsqueeze(-1), num0.unsqueeze(-2), den0.unsqueeze(-1), m, num, den)
-        out = num / den.unsqueeze(-1)
-        if not need_state:
-            return out, None
-        return out, (m[..., -1], num[..., -1, :], den[..., -1])
+        return _finish(m, num, den, need_state)
 
 
-def cumsoftmax_bidirectional(s, v, key_mask=None):
+def _finish(m, num, den, need_state):
+    out = num / den.unsqueeze(-1)
+    if not need_state:
+        return out, None
+    return out, (m[..., -1], num[..., -1, :], den[..., -1])
+
+
+def cumsoftmax_bidirectional(s, v, key_mask=None, doc=None):
     """Encoders: o = sum_j softmax(s)_j v_j over the non-padded keys (masked before the
-    exponential), the same vector for every query; autocast disabled, the inputs' dtype."""
+    exponential), the same vector for every query; autocast disabled, the inputs' dtype. ``doc``
+    [..., L]: over the keys of the query's document (an [L, L] masked softmax)."""
     with _no_autocast(s):
+        if doc is not None:
+            logits = s.unsqueeze(-2).masked_fill(~pair_mask(doc, key_mask), float("-inf"))
+            return torch.softmax(logits, dim=-1) @ v.to(s.dtype)
         if key_mask is not None:
             s = s.masked_fill(~key_mask, float("-inf"))
         w = torch.softmax(s, dim=-1)

@@ -18,6 +18,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
+from megahash.ops.linear.documents import carry_matrix, chunk_ids, same_document
 from megahash.ops.linear.fp32 import autocast_off
 
 
@@ -75,7 +76,8 @@ def feature_matmul(features: Callable, x: torch.Tensor, b: torch.Tensor, transpo
 
 
 def chunk_linear(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, features: Callable, kernel: Callable,
-                 chunk: int, state: Optional[tuple] = None, need_state: bool = False):
+                 chunk: int, state: Optional[tuple] = None, need_state: bool = False,
+                 doc: Optional[torch.Tensor] = None):
     """(num [..., L, dv], den [..., L], state) of causal linear attention, chunked (module docstring).
 
     q [..., L, f], k [..., L, f], v [..., L, dv] (leading dims broadcast, e.g. q [b, g, rep, L, f]
@@ -84,7 +86,11 @@ def chunk_linear(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, features: Ca
     (with ``need_state``) includes this call's keys. chunk >= L is the parallel (masked matrix) form.
     The denominator rides as a column of ones appended to v (den = A 1, z = phi(K)^T 1), so every
     GEMM yields numerator and denominator together; the zero padding of that column also drops the
-    padded keys from the states."""
+    padded keys from the states. ``doc`` [..., L] (document ids, broadcasting against q[..., 0]): the
+    sums restart at each document start (:mod:`megahash.ops.linear.documents`); ``state`` then
+    belongs to document 0 and the returned state is the last token's document's."""
+    if doc is not None:
+        return _chunk_documents(q, k, v, features, kernel, chunk, state, need_state, doc)
     L = q.shape[-2]
     C = max(1, min(chunk, L))
     v1 = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # [..., L, dv + 1]
@@ -103,8 +109,40 @@ def chunk_linear(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, features: Ca
         if need_state:
             tot = s_c.sum(-3) if s1 is None else s_c.sum(-3) + s1
             new_state = (tot[..., :-1], tot[..., -1])
+    return _split(out, L) + (new_state,)
+
+
+def _split(out, L):
     out = out.flatten(-3, -2)
     if out.shape[-2] > L:
         out = out[..., :L, :]
     num, den = out.split([out.shape[-1] - 1, 1], dim=-1)  # one backward pass (a cat), not two slices
-    return num, den.squeeze(-1), new_state
+    return num, den.squeeze(-1)
+
+
+def _chunk_documents(q, k, v, features, kernel, chunk, state, need_state, doc):
+    """:func:`chunk_linear` with document resets: intra-chunk maps masked to the same document; chunk
+    c' contributes its tail state (keys of doc_end(c')) to the positions of chunk c > c' with
+    doc == doc_end(c') == doc_start(c), through the 0/1 matrix W (one GEMM over the chunk axis)."""
+    L = q.shape[-2]
+    C = max(1, min(chunk, L))
+    v1 = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
+    qc, kc, vc = to_chunks(q, C), to_chunks(k, C), to_chunks(v1, C)
+    docc = chunk_ids(doc, C)  # [..., n, C]
+    same = same_document(docc)
+    out = (kernel(qc, kc).tril_() * same.to(qc.dtype)) @ vc
+    tail = (docc == docc[..., -1:]).to(vc.dtype).unsqueeze(-1)  # keys of each chunk's last document
+    s_c = feature_matmul(features, kc, vc * tail, transpose=True)  # tail states [..., n, D, dv + 1]
+    w = carry_matrix(docc).to(s_c.dtype)  # [..., n + 1, n]
+    carried = (w @ s_c.flatten(-2)).unflatten(-1, s_c.shape[-2:])  # [..., n + 1, D, dv + 1]
+    if state is not None:
+        s1 = torch.cat([state[0], state[1].unsqueeze(-1)], dim=-1)
+        first = torch.cat([docc[..., :, 0], docc[..., -1:, -1]], dim=-1) == 0  # chunks that begin in document 0
+        carried = carried + first.to(s1.dtype)[..., None, None] * s1.unsqueeze(-3)
+    gate = (docc == docc[..., :1]).to(qc.dtype).unsqueeze(-1)  # positions in their chunk's first document
+    out = out + gate * feature_matmul(features, qc, carried[..., :-1, :, :])
+    new_state = None
+    if need_state:
+        tot = carried[..., -1, :, :]  # row n: every tail of the last token's document
+        new_state = (tot[..., :-1], tot[..., -1])
+    return _split(out, L) + (new_state,)

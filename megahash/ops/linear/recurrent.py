@@ -8,10 +8,14 @@ import torch
 
 
 def recurrent_linear(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, features: Callable,
-                     state: Optional[tuple] = None):
-    """Token by token: (num [..., L, dv], den [..., L], state (S [..., D, dv], z [..., D]))."""
+                     state: Optional[tuple] = None, doc: Optional[torch.Tensor] = None):
+    """Token by token: (num [..., L, dv], den [..., L], state (S [..., D, dv], z [..., D])).
+    ``doc`` [..., L] document ids: the state restarts (is zeroed) at each document start."""
     nums, dens = [], []
     for t in range(q.shape[-2]):
+        if doc is not None and t > 0 and state is not None:
+            keep = (doc[..., t] == doc[..., t - 1]).to(q.dtype)
+            state = (state[0] * keep[..., None, None], state[1] * keep[..., None])
         fk = features(k[..., t, :])
         s_t = fk.unsqueeze(-1) * v[..., t, :].unsqueeze(-2)
         state = (s_t, fk) if state is None else (state[0] + s_t, state[1] + fk)

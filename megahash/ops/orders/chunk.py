@@ -29,6 +29,7 @@ import math
 import torch
 
 from megahash.ops.linear.chunk import chunk_linear
+from megahash.ops.linear.documents import first_index, pair_mask
 from megahash.ops.linear.fp32 import fp32_kernel
 
 
@@ -73,9 +74,11 @@ def _identity(x):
 
 @fp32_kernel
 def orders_causal(q, k, v, chunk: int = 128, state=None, offset: int = 0, need_state: bool = False,
-                  positive: bool = False):
+                  positive: bool = False, doc=None):
     """Causal eq. 4.14-4.17: q [..., L, d], k/v [..., L, .] (leading dims broadcast); ``state`` the
-    (s0, s1, z1, s2, z2) of the ``offset`` tokens before; ``positive``: the stabilised first order.
+    (s0, s1, z1, s2, z2) of the ``offset`` tokens before; ``positive``: the stabilised first order;
+    ``doc`` [..., L] document ids: every order restarts at each document start (the zeroth order's
+    sum and count i run from the document's first token; ``state`` and ``offset`` belong to document 0).
     Returns (out [..., L, dv] in q's dtype, fp32 inside autocast, state or None)."""
     q, k = scaled(q, k)
     L = q.shape[-2]
@@ -85,11 +88,15 @@ def orders_causal(q, k, v, chunk: int = 128, state=None, offset: int = 0, need_s
     if state is not None:
         s0, s1, z1, s2, z2 = state
         lin_state = (torch.stack([s1, s2]), torch.stack([z1, z2]))
-    num, den, lin_state = chunk_linear(qq, kk, v.unsqueeze(0), _identity, _dot, chunk or 128, lin_state, need_state)
-    num0 = torch.cumsum(v, -2)
-    if state is not None:
-        num0 = num0 + s0.unsqueeze(-2)
-    cnt = torch.arange(offset + 1, offset + L + 1, dtype=q.dtype, device=q.device)
+    num, den, lin_state = chunk_linear(qq, kk, v.unsqueeze(0), _identity, _dot, chunk or 128, lin_state, need_state,
+                                       doc)
+    if doc is None:
+        num0 = torch.cumsum(v, -2)
+        if state is not None:
+            num0 = num0 + s0.unsqueeze(-2)
+        cnt = torch.arange(offset + 1, offset + L + 1, dtype=q.dtype, device=q.device)
+    else:
+        num0, cnt = _zeroth_documents(v, doc, s0 if state is not None else None, offset)
     out = num0 / cnt.unsqueeze(-1) + (num / thesis_den(den).unsqueeze(-1)).sum(0)
     if not need_state:
         return out, None
@@ -98,10 +105,37 @@ def orders_causal(q, k, v, chunk: int = 128, state=None, offset: int = 0, need_s
     return out, (s0_new, s1, z1, s2, z2)
 
 
+def _zeroth_documents(v, doc, s0, offset):
+    """Eq. 4.15 per document: (sum of v_j over the document's tokens j <= i [..., L, dv], their count
+    [..., L]) from the row's cumulative sum minus its value before the document's first token
+    (gathered: no loop over documents); ``s0``/``offset`` (a carried state) join document 0."""
+    first = first_index(doc)  # [..., L]
+    ex = torch.cat([torch.zeros_like(v[..., :1, :]), torch.cumsum(v, -2)], -2)  # [..., L + 1, dv]
+    lead = torch.broadcast_shapes(ex.shape[:-2], first.shape[:-1])
+    ex = ex.expand(*lead, *ex.shape[-2:])
+    idx = torch.arange(1, v.shape[-2] + 1, device=v.device)
+    num0 = ex[..., 1:, :] - torch.gather(ex, -2, first.expand(*lead, first.shape[-1]).unsqueeze(-1).expand(
+        *lead, first.shape[-1], ex.shape[-1]))
+    cnt = (idx - first).to(v.dtype)
+    if s0 is not None:
+        in0 = (doc == 0).to(v.dtype)
+        num0 = num0 + in0.unsqueeze(-1) * s0.unsqueeze(-2)
+        cnt = cnt + offset * in0
+    return num0, cnt
+
+
 @fp32_kernel
-def orders_bidirectional(q, k, v, key_mask=None, positive: bool = False):
-    """Encoders: the sums over every (non-padded) key, the same state for every query."""
+def orders_bidirectional(q, k, v, key_mask=None, positive: bool = False, doc=None):
+    """Encoders: the sums over every (non-padded) key, the same state for every query; ``doc``
+    [..., L]: over the keys of the query's document (the three maps masked block-diagonally)."""
     q, k = scaled(q, k)
+    if doc is not None:
+        valid = pair_mask(doc, key_mask).to(q.dtype)
+        phi = first_order(positive)
+        a1 = (phi(q) @ phi(k).transpose(-1, -2)) * valid
+        a2 = (thesis_sq(q) @ thesis_sq(k).transpose(-1, -2)) * valid
+        return ((valid / valid.sum(-1, keepdim=True)) @ v + (a1 @ v) / thesis_den(a1.sum(-1, keepdim=True))
+                + (a2 @ v) / thesis_den(a2.sum(-1, keepdim=True)))
     if key_mask is not None:
         w = key_mask.unsqueeze(-1).to(k.dtype)
         k, v, cnt = k * w, v * w, w.sum(-2)

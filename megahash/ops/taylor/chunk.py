@@ -12,6 +12,7 @@ training/prefill runs fla's kernel (:mod:`megahash.ops.taylor.fla`)."""
 from __future__ import annotations
 
 from megahash.ops.linear.chunk import chunk_linear
+from megahash.ops.linear.documents import pair_mask
 from megahash.ops.linear.fp32 import fp32_kernel
 from megahash.ops.taylor.fla import fla_taylor
 from megahash.ops.taylor.kernel import feature_dim, taylor_features, taylor_kernel
@@ -25,30 +26,36 @@ def taylor_chunk(length: int, d: int, chunk_size: int = 0) -> int:
     return max(1, min(c, length))
 
 
-def _taylor(q, k, v, chunk, state, need_state):
-    num, den, state = chunk_linear(q, k, v, taylor_features, taylor_kernel, chunk, state, need_state)
+def _taylor(q, k, v, chunk, state, need_state, doc=None):
+    num, den, state = chunk_linear(q, k, v, taylor_features, taylor_kernel, chunk, state, need_state, doc)
     return num / den.unsqueeze(-1), state
 
 
 @fp32_kernel
-def taylor_causal(q, k, v, chunk: int = 0, state=None, need_state: bool = False):
+def taylor_causal(q, k, v, chunk: int = 0, state=None, need_state: bool = False, doc=None):
     """Causal Taylor attention: q [..., L, d], k [..., L, d], v [..., L, dv] (leading dims broadcast,
     e.g. q [b, g, rep, L, d] with k, v [b, g, 1, L, .]); ``state`` = (S [..., D, dv], z [..., D])
-    of the keys before this call. Returns (out [..., L, dv] in q's dtype, accumulated in fp32 under
+    of the keys before this call; ``doc`` [..., L] document ids: the sums restart at each document
+    start (:mod:`megahash.ops.linear.documents`; fla's Based kernel has no ``cu_seqlens``, so packed
+    rows run the chunked form on every device). Returns (out [..., L, dv] in q's dtype, accumulated in fp32 under
     autocast (:func:`megahash.ops.linear.fp32.fp32_kernel`), state or None)."""
     chunk = taylor_chunk(q.shape[-2], q.shape[-1], chunk)
-    if state is None and not need_state:
+    if state is None and not need_state and doc is None:
         out = fla_taylor(q, k, v) if q.dim() == 5 else None
         if out is not None:
             return out, None
-    return _taylor(q, k, v, chunk, state, need_state)
+    return _taylor(q, k, v, chunk, state, need_state, doc)
 
 
 @fp32_kernel
-def taylor_bidirectional(q, k, v, key_mask=None):
+def taylor_bidirectional(q, k, v, key_mask=None, doc=None):
     """Encoders: sums over every (non-padded) key, from the kernel matrix when T <= 2D, else from
-    the features (sum_j phi(k_j) v_j^T once)."""
+    the features (sum_j phi(k_j) v_j^T once); ``doc`` [..., L]: the keys of the query's document
+    only, from the kernel matrix masked block-diagonally (:func:`megahash.ops.linear.documents.pair_mask`)."""
     d, T = q.shape[-1], k.shape[-2]
+    if doc is not None:
+        a = taylor_kernel(q, k) * pair_mask(doc, key_mask).to(q.dtype)
+        return (a @ v) / a.sum(-1, keepdim=True)
     if T <= 2 * feature_dim(d):
         a = taylor_kernel(q, k)
         if key_mask is not None:

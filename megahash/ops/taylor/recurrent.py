@@ -5,7 +5,7 @@ from megahash.ops.linear.recurrent import recurrent_linear
 from megahash.ops.taylor.kernel import taylor_features
 
 
-def taylor_recurrent(q, k, v, state=None):
-    """Token by token: (out [..., L, dv], (S, z))."""
-    num, den, state = recurrent_linear(q, k, v, taylor_features, state)
+def taylor_recurrent(q, k, v, state=None, doc=None):
+    """Token by token: (out [..., L, dv], (S, z)); ``doc``: the state restarts at each document start."""
+    num, den, state = recurrent_linear(q, k, v, taylor_features, state, doc)
     return num / den.unsqueeze(-1), state
