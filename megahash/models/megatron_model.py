@@ -188,18 +188,20 @@ class MegahashLM(MegatronModule):
         emb = self.embedding(tokens, hash_codes)
         seq_len = tokens.shape[1]
         offset = decode_state.offset if decode_state is not None else 0
-        rotary = self.rotary_pos_emb(offset + seq_len)[offset:]
+        rotary = plain = self.rotary_pos_emb(offset + seq_len)[offset:]
         if position_ids is not None:  # per-token positions: [s, b, 1, d] rows of the table
             rotary = self.rotary_pos_emb(seq_len)[:, 0, 0][position_ids.t()].unsqueeze(2)
         if self.embedding_extras is not None:  # learned absolute positions instead of RoPE
-            emb, rotary = self.embedding_extras(emb, padding_mask, position_ids=position_ids), None
+            emb, rotary, plain = self.embedding_extras(emb, padding_mask, position_ids=position_ids), None, None
         mask = None
         if not self.decoder_only:
             pm = padding_mask if padding_mask is not None else torch.ones_like(tokens, dtype=torch.bool)
             mask = ~pm[:, None, None, :].bool()  # megatron: True = masked out, [b, 1, 1, s]
         batch = emb.shape[1]
         for extra in self.kind_inputs():  # e.g. a fixed sequence run with (or before) the batch
-            emb, mask = extra.enter(self, emb, mask, offset, seq_len, rotary, decode_state is not None)
+            emb, mask = extra.enter(self, emb, mask, offset, seq_len, plain, decode_state is not None)
+        if rotary is not plain and emb.shape[1] > batch:  # rows a kind input added run at positions offset..
+            rotary = torch.cat([rotary, plain.expand(-1, emb.shape[1] - batch, -1, -1)], dim=1)
         emb = autocast_linear.cast_for_autocast(emb, emb.device.type)  # bf16 runs: a bf16 residual stream
         self._set_context({"embeddings": emb, "offset": offset, "decode": decode_state, "tokens": tokens,
                            "document_ids": document_ids, "position_ids": position_ids})
