@@ -1,0 +1,85 @@
+"""Evaluation during training (``eval.interval``, megahash/training/eval_during.py) through the real
+DeepSpeed engine on CPU, one rank in process, under ``train.precision=bf16``: one 6-step run with
+``eval.interval=2`` and ``train.keep_last=1`` evaluates steps 2, 4 and 6 in ``megahash eval`` child
+processes on a tiny offline task (data_tools/make_eval_tasks.py). The child of step 4 fails (planted,
+``MEGAHASH_TEST_EVAL_FAIL``): one line, and training goes on. The child of step 2 waits until the
+step-6 checkpoint exists (``MEGAHASH_TEST_EVAL_WAIT``), so that keep_last=1 would have pruned step 2
+twice over while it was evaluated: it is there when its evaluation ends, and gone after.
+An unknown task name is refused in one line before the model is built."""
+import json
+
+import pytest
+
+TINY = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.ffn_hidden_size=64",
+        "model.vocab_size=0", "data.seq_length=32", "train.micro_batch_size=2", "train.global_batch_size=4",
+        "train.steps=6", "train.eval_interval=0", "train.log_interval=1", "train.zero_stage=0",
+        "train.save_interval=0", "train.keep_last=1", "train.precision=bf16", "logging.plot=false",
+        "logging.tensorboard=true", "eval.interval=2", "eval.tasks=[shk_order]", "eval.batch_size=8"]
+
+
+@pytest.fixture(scope="module")
+def tasks(shakespeare_shards, tmp_path_factory):
+    from megahash.data.preprocess import make_eval_tasks
+
+    d = tmp_path_factory.mktemp("eval_during_tasks")
+    assert make_eval_tasks.main(["--source", "shakespeare", "--out", str(d), "--held-out-docs", "1100:",
+                                 "--n", "6", "--ppl-docs", "2", "--seed", "3"]) == 0
+    return d
+
+
+def _args(shards, tasks, out_dir):
+    return [f"data.prefix=[{shards['prefix']}]", f"data.tokenizer={shards['tokenizer']}", *TINY,
+            f"eval.tasks_dir={tasks}", f"train.save_dir={out_dir}"]
+
+
+def test_scores_logged_at_their_steps_pins_and_failures(shakespeare_shards, tasks, tmp_path, capsys, monkeypatch):
+    from megahash.pretrain import main
+    from megahash.training import eval_during
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out_dir = tmp_path / "run"
+    monkeypatch.setenv(eval_during.FAIL_ENV, "4")
+    monkeypatch.setenv(eval_during.WAIT_ENV, f"2:{out_dir / 'step_00000006' / 'megahash_state.json'}")
+    seen = {}  # step -> the checkpoints on disk when its evaluation ended
+    done = eval_during.EvalDuring._done
+
+    def spy(self, step, status):
+        seen[step] = sorted(p.name for p in out_dir.glob("step_*"))
+        return done(self, step, status)
+
+    monkeypatch.setattr(eval_during.EvalDuring, "_done", spy)
+    status = main(_args(shakespeare_shards, tasks, out_dir))
+    out = capsys.readouterr().out
+    assert status == 0, out[-3000:]
+    recs = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = {r["step"]: r for r in recs if r["split"] == "eval"}
+    assert sorted(evals) == [2, 6]  # the failed step 4 logs nothing
+    for step, rec in evals.items():  # the scores of the child's results file, at its step
+        res = json.loads((out_dir / "eval" / f"step_{step:08d}.json").read_text())
+        assert res["step"] == step and res["model_args"]["precision"] == "bf16"  # the checkpoint's precision
+        assert rec["shk_order/acc"] == res["results"]["shk_order"]["acc"] and 0 <= rec["shk_order/acc"] <= 1
+        assert rec["consumed_samples"] == 4 * step and rec["eval_s"] > 0
+    # step 2's record comes after the step-6 save: it was logged late, at its own step
+    order = [(r["split"], r.get("saved_step", r["step"])) for r in recs if r["split"] in ("eval", "checkpoint")]
+    assert order.index(("checkpoint", 6)) < order.index(("eval", 2)), order
+    acc = EventAccumulator(str(out_dir / "tensorboard"))
+    acc.Reload()
+    assert {e.step: e.value for e in acc.Scalars("eval/shk_order/acc")} == pytest.approx(
+        {s: evals[s]["shk_order/acc"] for s in (2, 6)}, abs=1e-6)  # stored as fp32
+    # keep_last=1: step 2 stayed while evaluated (steps 4 and 6 saved meanwhile), pruned after
+    assert "step_00000002" in seen[2] and "step_00000006" in seen[2], seen
+    assert sorted(p.name for p in out_dir.glob("step_*")) == ["step_00000006"]
+    assert not list((out_dir / "eval").glob("*.pin"))
+    failed = [line for line in out.splitlines() if "evaluation of step 4" in line]
+    assert len(failed) == 1 and "failed" in failed[0] and "planted failure" in failed[0], out[-3000:]
+    assert "training goes on" in failed[0]
+    assert any(r["split"] == "train" and r["step"] == 6 for r in recs)  # training went on to the end
+
+
+def test_unknown_task_is_refused_before_the_model(shakespeare_shards, tasks, tmp_path, capsys):
+    from megahash.pretrain import main
+
+    status = main(_args(shakespeare_shards, tasks, tmp_path / "bad") + ["eval.tasks=[shk_ordr]"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert status == 2 and len(err) == 1 and "unknown task 'shk_ordr'" in err[0], err
+    assert not (tmp_path / "bad" / "metrics.jsonl").exists()
