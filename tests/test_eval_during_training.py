@@ -48,6 +48,8 @@ def test_scores_logged_at_their_steps_pins_and_failures(shakespeare_shards, task
         return done(self, step, status)
 
     monkeypatch.setattr(eval_during.EvalDuring, "_done", spy)
+    (out_dir / "eval").mkdir(parents=True)
+    (out_dir / "eval" / "step_00000099.pin").write_text("1\n")  # a killed job's pin: removed at the start
     status = main(_args(shakespeare_shards, tasks, out_dir))
     out = capsys.readouterr().out
     assert status == 0, out[-3000:]

@@ -67,7 +67,7 @@ class EvalDuring:
         self.dir = self.root / "eval"
         self.running: dict[int, subprocess.Popen | None] = {}
         self.started: dict[int, float] = {}
-        if self.active and self.dir.is_dir():
+        if rank == 0 and self.dir.is_dir():  # eval.interval off too: a stale pin would block pruning for good
             for stale in self.dir.glob("step_*.pin"):  # a killed job's: its evaluations died with it
                 stale.unlink(missing_ok=True)
 
