@@ -1,7 +1,8 @@
 """Evaluation during training (``eval.interval``, megahash/training/eval_during.py) through the real
-DeepSpeed engine on CPU, one rank in process, under ``train.precision=bf16``: one 6-step run with
-``eval.interval=2`` and ``train.keep_last=1`` evaluates steps 2, 4 and 6 in ``megahash eval`` child
-processes on a tiny offline task (data_tools/make_eval_tasks.py). The child of step 4 fails (planted,
+DeepSpeed engine on CPU, one rank in process, under ``train.precision=bf16`` with asynchronous saves
+(an evaluation starts when its checkpoint is published): one 6-step run with ``eval.interval=2`` and
+``train.keep_last=1`` evaluates steps 2, 4 and 6 in ``megahash eval`` child processes on a tiny offline
+task (data_tools/make_eval_tasks.py). The child of step 4 fails (planted,
 ``MEGAHASH_TEST_EVAL_FAIL``): one line, and training goes on. The child of step 2 waits until the
 step-6 checkpoint exists (``MEGAHASH_TEST_EVAL_WAIT``), so that keep_last=1 would have pruned step 2
 twice over while it was evaluated: it is there when its evaluation ends, and gone after.
@@ -14,7 +15,7 @@ TINY = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "mode
         "model.vocab_size=0", "data.seq_length=32", "train.micro_batch_size=2", "train.global_batch_size=4",
         "train.steps=6", "train.eval_interval=0", "train.log_interval=1", "train.zero_stage=0",
         "train.save_interval=0", "train.keep_last=1", "train.precision=bf16", "logging.plot=false",
-        "logging.tensorboard=true", "eval.interval=2", "eval.tasks=[shk_order]", "eval.batch_size=8"]
+        "logging.tensorboard=true", "train.async_save=true", "eval.interval=2", "eval.tasks=[shk_order]", "eval.batch_size=8"]
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +33,7 @@ def _args(shards, tasks, out_dir):
             f"eval.tasks_dir={tasks}", f"train.save_dir={out_dir}"]
 
 
+@pytest.mark.slow  # ~25 CPU-s with the shards fixture, two lm-eval child processes
 def test_scores_logged_at_their_steps_pins_and_failures(shakespeare_shards, tasks, tmp_path, capsys, monkeypatch):
     from megahash.pretrain import main
     from megahash.training import eval_during
