@@ -35,9 +35,10 @@ def _args(shards, tasks, out_dir):
 
 @pytest.mark.slow  # ~25 CPU-s with the shards fixture, two lm-eval child processes
 def test_scores_logged_at_their_steps_pins_and_failures(shakespeare_shards, tasks, tmp_path, capsys, monkeypatch):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     from megahash.pretrain import main
     from megahash.training import eval_during
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out_dir = tmp_path / "run"
     monkeypatch.setenv(eval_during.FAIL_ENV, "4")

@@ -9,7 +9,8 @@ evaluation's scores AT ITS STEP (split ``eval``, keys ``TASK/METRIC``) to metric
 and W&B (``RunLogger.log(..., late=True)``: W&B's own step only increases, so there the scores are
 plotted against ``eval/step``). A failed child (non-zero exit) is one line on stdout, and training
 goes on. At the end of a completed run the outstanding ones are waited for (``eval.wait_s``, then
-killed); after a stop signal or an error they are killed.
+killed; every rank waits with rank 0 through an all-reduce, :meth:`EvalDuring.finish`); after a stop
+signal or an error they are killed.
 
 Why a child process and not lm-eval inside the job (GPT-NeoX's ``eval_tasks``): the step loop does not
 stall while lm-eval runs, the evaluation's model, lm-eval and datasets never share the training
@@ -131,17 +132,20 @@ class EvalDuring:
         prune(self.root, self.cfg.train.keep_last)
 
     def finish(self, wait: bool) -> None:
-        """End of the run: with ``wait``, start the published ones and wait up to ``eval.wait_s`` for
-        every evaluation; then kill what is left (reported in one line each)."""
-        if not self.active:
+        """Collective, at the end of the run: with ``wait``, every rank waits (one all-reduce per 0.2 s,
+        so no rank's exit barrier times out) while rank 0 starts the published evaluations and polls
+        them, at most ``eval.wait_s``; then rank 0 kills what is left (one line each)."""
+        if not self.cfg.eval.interval:
             return
+        from megahash.training.signals import any_rank
+
         deadline = time.time() + (self.cfg.eval.wait_s if wait else 0.0)
-        if wait and self.running:
+        if self.active and wait and self.running:
             print(f"megahash: waiting for {len(self.running)} evaluation(s) (at most {self.cfg.eval.wait_s:g} s)",
                   flush=True)
-        while wait and self.running and time.time() < deadline:
+        while wait and any_rank(self.active and bool(self.running) and time.time() < deadline):
             self.poll()
-            time.sleep(0.2)
+            time.sleep(0.2 if self.running else 0.0)
         self.close()
 
     def close(self) -> None:

@@ -407,6 +407,7 @@ def _finish(run: _Run, exit_status: int, at_end) -> None:
     and runs ``at_end``."""
     done = run.step == run.cfg.train.steps
     if run.evals is not None:  # evaluations still running: waited for (eval.wait_s) unless stopped by a signal
+        run.watch.close()  # the wait is no step of the hang watchdog's
         run.evals.finish(wait=exit_status == 0)
     _close(run)
     if run.rank == 0 and run.cfg.logging.plot and done:
