@@ -88,3 +88,64 @@ def test_unknown_task_is_refused_before_the_model(shakespeare_shards, tasks, tmp
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert status == 2 and len(err) == 1 and "unknown task 'shk_ordr'" in err[0], err
     assert not (tmp_path / "bad" / "metrics.jsonl").exists()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\nState:\tZ" not in f.read()  # a zombie is dead (reaped by whoever adopted it)
+    except FileNotFoundError:
+        return False
+
+
+def test_the_evaluation_is_killed_at_close_and_dies_with_the_trainer(tmp_path, monkeypatch, capsys):
+    """No training: the child of :meth:`EvalDuring._start` held before it evaluates
+    (``MEGAHASH_TEST_EVAL_WAIT`` on a file that never comes). ``close`` (a stop or an error) kills it
+    and unpins its checkpoint; a trainer killed with SIGKILL takes it along (PR_SET_PDEATHSIG)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    from conftest import ROOT, child_env
+    from megahash.training import eval_during
+
+    monkeypatch.setenv(eval_during.WAIT_ENV, f"2:{tmp_path / 'never'}")
+    setup = textwrap.dedent(f"""
+        import types
+        from megahash.training import eval_during
+        ns = types.SimpleNamespace
+        cfg = ns(eval=ns(interval=2, tasks=["t"], tasks_dir="", batch_size=1, wait_s=0.0),
+                 train=ns(save_dir={str(tmp_path)!r}, keep_last=1), data=ns(seq_length=8))
+        ev = eval_during.EvalDuring(cfg, None, 0, lambda step: step)
+        ev.dir.mkdir(parents=True, exist_ok=True)
+    """)
+    ns = {}
+    exec(setup, ns)
+    ev = ns["ev"]
+    ev.after_save(2)  # due: pinned; the checkpoint is not there (yet): nothing started
+    assert ev.running == {2: None} and eval_during.pin_path(tmp_path, "step_00000002").is_file()
+    (tmp_path / "step_00000002").mkdir()
+    (tmp_path / "step_00000002" / "megahash_state.json").write_text("{}")
+    ev.poll()  # published: started
+    proc = ev.running[2]
+    assert proc is not None and proc.poll() is None
+    ev.close()
+    assert proc.returncode == -signal.SIGKILL and ev.running == {}
+    assert not eval_during.pin_path(tmp_path, "step_00000002").exists()
+    assert "evaluation of step 2 stopped unfinished" in capsys.readouterr().out
+    # a trainer killed with SIGKILL: its evaluation goes too
+    parent = subprocess.Popen([sys.executable, "-c", setup + "print(ev._start(2).pid, flush=True)\n"
+                               "import time; time.sleep(300)\n"], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                              env=child_env(**{eval_during.WAIT_ENV: f"2:{tmp_path / 'never'}"}))
+    child = int(parent.stdout.readline())
+    time.sleep(1.0)  # the child is past its start-up (its PR_SET_PDEATHSIG set, or it sees its parent gone)
+    assert _alive(child)
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    deadline = time.time() + 30
+    while _alive(child) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child), "the evaluation outlived its trainer"
