@@ -211,6 +211,10 @@ class EvalConfig:
     tasks_dir: str = ""
     batch_size: int = 8
     at_end: bool = False
+    # evaluation during training (megahash/training/eval_during.py): every `interval` steps the checkpoint of
+    # that step (a save forced there) is evaluated on `tasks` by a `megahash eval` child process; 0 = off
+    interval: int = 0
+    wait_s: float = 1800.0  # at the end of the run, seconds to wait for the evaluations still running
 
 
 @dataclass

@@ -86,6 +86,8 @@ RANGES: dict[str, tuple] = {
     # parallel, eval
     "parallel.tensor": (1, INF, False, False, "tensor-parallel size"),
     "eval.batch_size": (1, INF, False, False, "evaluation batch size"),
+    "eval.interval": (0, INF, False, False, "steps between evaluations of eval.tasks during training; 0 = off"),
+    "eval.wait_s": (0.0, INF, False, False, "seconds the end of a run waits for evaluations still running"),
 }
 
 

@@ -114,6 +114,10 @@ def _main(argv=None) -> int:
         if args.check:
             print(cfg.train.save_dir)
             return 0
+        if cfg.eval.interval:  # eval.interval: an unknown task name is refused before the model is built
+            from megahash.eval.run import check_tasks
+
+            check_tasks(cfg.eval.tasks or None, cfg.eval.tasks_dir or None)
         from megahash.training.trainer import train
 
         def evaluate_at_end(save_dir):  # cfg.eval.at_end: lm-eval on the final checkpoint, rank 0

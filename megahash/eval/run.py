@@ -35,6 +35,7 @@ from typing import Optional, Sequence
 
 from megahash import known_warnings
 from megahash.errors import ConfigError, DataError
+from megahash.training.eval_during import LAUNCHER_VARS as _LAUNCHER_VARS
 
 DEFAULT_TASKS = ["arc_easy", "boolq", "copa", "piqa", "sciq", "rte", "hellaswag", "wikitext", "lambada_openai"]
 # the metric each task type is summarised by (first match wins), and whether higher is better
@@ -114,6 +115,14 @@ def task_manager(tasks: list[str], tasks_dir: Optional[str]):
     return tm
 
 
+def check_tasks(tasks, tasks_dir: Optional[str]) -> None:
+    """Refuse an unknown task name in one line (ConfigError) before a run that evaluates them
+    (``eval.interval``): instant when every name is a YAML of ``tasks_dir``, else lm-eval's index (seconds)."""
+    tasks = split_tasks(tasks)
+    _offline_env(tasks, tasks_dir)
+    task_manager(tasks, tasks_dir)
+
+
 def _clean(v):
     if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
         return None
@@ -186,11 +195,6 @@ def evaluate(lm, tasks: list[str], tasks_dir: Optional[str] = None, limit: Optio
             f"cannot load the data of {', '.join(tasks)}: {first[:300]}; offline, evaluate local tasks "
             f"(data_tools/make_eval_tasks.py, --tasks-dir)"
         ) from None
-
-
-_LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                  "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_PROCID",
-                  "SLURM_STEP_ID", "SLURM_LOCALID")
 
 
 def _in_distributed_job() -> bool:

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from megahash import accelerator
 from megahash.config import Config, save_config
 from megahash.errors import CheckpointError
-from megahash.training.checkpoint_files import STATE_FILE, TAG_RE, read_state  # noqa: F401 (re-exported)
+from megahash.training.checkpoint_files import STATE_FILE, TAG_RE, pin_path, read_state  # noqa: F401 (re-exported)
 
 
 def tag_for(step: int) -> str:
@@ -256,11 +256,13 @@ def _abandon(tmp: Path) -> None:
 
 
 def prune(root: Path, keep_last: int) -> None:
-    """Delete all but the newest ``keep_last`` complete checkpoints (0 keeps all)."""
+    """Delete all but the newest ``keep_last`` complete checkpoints (0 keeps all), except those still
+    being evaluated (pinned: eval.interval, megahash/training/eval_during.py)."""
     if keep_last <= 0:
         return
     for old in complete_checkpoints(root)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+        if not pin_path(root, old.name).exists():
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def load(engine, ckpt: Path, cfg: Config) -> dict:

@@ -18,3 +18,9 @@ def read_state(ckpt: Path) -> dict:
         return json.loads((ckpt / STATE_FILE).read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise CheckpointError(f"checkpoint {ckpt} has no readable {STATE_FILE} ({e}); it is incomplete") from None
+
+
+def pin_path(root: Path, tag: str) -> Path:
+    """``ROOT/eval/TAG.pin``: present while checkpoint ``TAG`` is evaluated (eval.interval,
+    megahash/training/eval_during.py); ``train.keep_last`` pruning leaves a pinned checkpoint."""
+    return Path(root) / "eval" / f"{tag}.pin"

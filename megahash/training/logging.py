@@ -41,7 +41,9 @@ class RunLogger:
             if x:
                 self.wandb.define_metric("*", step_metric=f"train/{x}")
 
-    def log(self, step: int, metrics: dict, prefix: str = "train", echo: bool = True) -> None:
+    def log(self, step: int, metrics: dict, prefix: str = "train", echo: bool = True, late: bool = False) -> None:
+        """One record at ``step``; ``late``: a step the run has passed (a background evaluation,
+        megahash/training/eval_during.py): W&B's own step only increases, so there it is ``PREFIX/step``."""
         if not self.active:
             return
         rec = {"step": step, "split": prefix, "time": time.time(), **metrics}
@@ -52,7 +54,10 @@ class RunLogger:
             for k, v in metrics.items():
                 if isinstance(v, (int, float)):
                     self.tb.add_scalar(f"{prefix}/{k}", v, x)
-        if self.wandb:
+        if self.wandb and late:
+            self.wandb.define_metric(f"{prefix}/*", step_metric=f"{prefix}/step")
+            self.wandb.log({f"{prefix}/{k}": v for k, v in {**metrics, "step": step}.items()})
+        elif self.wandb:
             self.wandb.log({f"{prefix}/{k}": v for k, v in metrics.items()}, step=step)
         if not echo:
             return

@@ -26,7 +26,7 @@ from megahash.config import Config, save_config
 from megahash.data import documents
 from megahash.data.text_source import RunTexts
 from megahash.errors import CheckpointError
-from megahash.training import async_save, checkpoint, ema, qat, step_guard
+from megahash.training import async_save, checkpoint, ema, eval_during, qat, step_guard
 from megahash.training.batch_ramp import check_resume, consumed_samples, ramp_metrics, set_step_batch, step_batch
 from megahash.training.ds_config import deepspeed_config, tune_engine
 from megahash.training.logging import RunLogger, plot_loss
@@ -138,6 +138,7 @@ class _Run:
     guard: Any = None  # megahash.training.step_guard.StepGuard (train.skip_nonfinite, train.spike_factor)
     saver: Any = None  # megahash.training.async_save.AsyncSaver (train.async_save), None: synchronous saves
     ema: Any = None  # megahash.training.ema.WeightEMA (train.ema_decay), None: off
+    evals: Any = None  # megahash.training.eval_during.EvalDuring (eval.interval)
 
     @property
     def save_dir(self) -> Path:
@@ -206,6 +207,7 @@ def _set_up(run: _Run) -> None:
     run.profiler = StepProfiler(cfg, run.rank, run.progress.write)
     run.watch = watchdog_for(cfg.train, run.rank)  # train.hang_timeout_s / hang_factor (training/watchdog.py)
     run.saver = async_save.start(cfg, run.log)
+    run.evals = eval_during.start(cfg, run.log, run.rank, run.consumed)  # eval.interval: lm-eval children
 
 
 def _resume_point(cfg: Config, rank: int) -> Path | None:
@@ -326,6 +328,7 @@ def _loop(run: _Run) -> int:
         if t.eval_interval and (run.step % t.eval_interval == 0 or run.step == t.steps) and _has_valid(run.data):
             _validate(run)
         exit_status = _save_or_stop(run)
+        run.evals.after_save(run.step)  # eval.interval: pin and evaluate a due step, log finished ones
         if exit_status is not None:
             return exit_status
     return 0
@@ -390,7 +393,8 @@ def _save_or_stop(run: _Run) -> int | None:
     signalled = any_rank(stop.set)  # a signal to any rank stops every rank at this step
     stopping = signalled or (t.stop_after and step == t.stop_after)
     async_save.poll(run)  # publishes a background save whose writers are done (train.async_save)
-    if step == t.steps or stopping or (t.save_interval and step % t.save_interval == 0):
+    due = t.save_interval and step % t.save_interval == 0 or eval_during.due(run.cfg, step)
+    if step == t.steps or stopping or due:
         with stop.deferred():  # helpers the save spawns must survive a signal to the whole step
             async_save.save(run, step, wait=step == t.steps or bool(stopping))  # synchronous unless train.async_save
     if not stopping:
@@ -410,8 +414,11 @@ def _save_or_stop(run: _Run) -> int | None:
 def _finish(run: _Run, exit_status: int, at_end) -> None:
     """Stop: close the progress meter and logs; after the last step, rank 0 plots the loss curve
     and runs ``at_end``."""
-    _close(run)
     done = run.step == run.cfg.train.steps
+    if run.evals is not None:  # evaluations still running: waited for (eval.wait_s) unless stopped by a signal
+        run.watch.close()  # the wait is no step of the hang watchdog's
+        run.evals.finish(wait=exit_status == 0)
+    _close(run)
     if run.rank == 0 and run.cfg.logging.plot and done:
         print(f"megahash: loss curve {plot_loss(run.save_dir)}", flush=True)
     if run.rank == 0 and at_end is not None and done and exit_status == 0:
@@ -422,6 +429,8 @@ def _close(run: _Run) -> None:
     """Close a pending background save, the profiler, the progress meter and the logs and drop the batch
     iterator (its loader workers), once."""
     async_save.close(run)  # after an error: a pending background save is abandoned (the previous one stays)
+    if run.evals is not None:
+        run.evals.close()  # after an error: evaluations still running are killed
     if run.profiler is not None:
         run.profiler.close()  # a run stopped inside the profiled window: the steps it traced
     if run.progress is not None:
