@@ -177,6 +177,8 @@ class MegahashLM(MegatronModule):
         positions start at ``decode_state.offset`` and every attention kind reads/extends its cache.
         """
         emb = self.embedding(tokens, hash_codes)
+        for extra in self.kind_inputs():  # e.g. a token n-gram table added to the embedding
+            emb = extra.embed(tokens, emb, decode_state)
         seq_len = tokens.shape[1]
         offset = decode_state.offset if decode_state is not None else 0
         rotary = self.rotary_pos_emb(offset + seq_len)[offset:]
@@ -232,6 +234,7 @@ class DecodeState:
     def __init__(self, num_layers: int):
         self.offset = 0
         self.caches = [dict() for _ in range(num_layers)]
+        self.inputs: dict = {}  # what the model inputs carry between steps (KindInput.embed), by their attr
 
     def layer(self, i: int) -> dict:
         return self.caches[i]
