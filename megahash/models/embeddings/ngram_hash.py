@@ -50,7 +50,8 @@ class NgramHashReference(nn.Module):
 
     @staticmethod
     def rows(ids, first: int, orders, buckets: int):
-        """Token ids [b, L] at sequence positions first .. first+L-1 -> table rows [b, L, K] (k*B + h_n)."""
+        """Token ids [b, L] at sequence positions first .. first+L-1 -> table rows [b, L, K] (k*B + h_n).
+        Exact where the n-1 previous ids are inside the window (decoding puts the carried ids in front)."""
         ids = ids.long()
         length = ids.shape[1]
         pos = torch.arange(first, first + length, device=ids.device)
