@@ -18,7 +18,7 @@ from megahash.config import load_config  # noqa: E402
 
 SMALL = ["model.hidden_size=32", "model.num_heads=4", "model.ffn_hidden_size=64", "data.seq_length=16",
          "model.max_position_embeddings=64", "model.tie_embeddings=false"]
-NGRAM = ["model.embed.ngram_buckets=64", "model.embed.ngram_dim=8"]  # the old spelling (no .options): accepted
+NGRAM = ["model.embed.ngram_hash_buckets=64", "model.embed.ngram_hash_dim=8"]  # the old spelling (no .options): accepted
 VOCAB = 96
 
 
@@ -92,15 +92,15 @@ def test_bad_orders_are_one_line(one_rank):
     from megahash.errors import ConfigError
     from megahash.models.megatron_model import build_model
 
-    with pytest.raises(ConfigError, match="ngram_orders='2,5'"):
-        build_model(load_config(None, [*SMALL, *NGRAM, "model.embed.ngram_orders=2,5"]), VOCAB)
+    with pytest.raises(ConfigError, match="ngram_hash_orders='2,5'"):
+        build_model(load_config(None, [*SMALL, *NGRAM, "model.embed.ngram_hash_orders=2,5"]), VOCAB)
 
 
 TINY = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.ffn_hidden_size=64",
         "model.vocab_size=0", "data.seq_length=32", "train.log_interval=1", "train.eval_interval=0",
         "train.keep_last=0", "train.zero_stage=1", "logging.plot=false", "logging.tensorboard=false",
         "train.micro_batch_size=2", "train.global_batch_size=2", "train.lr=3e-3", "train.warmup_steps=0",
-        "model.tie_embeddings=false", "model.embed.ngram_buckets=128", "model.embed.ngram_dim=8"]
+        "model.tie_embeddings=false", "model.embed.ngram_hash_buckets=128", "model.embed.ngram_hash_dim=8"]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])

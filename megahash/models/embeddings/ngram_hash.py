@@ -1,21 +1,21 @@
 """Token n-gram hash embeddings (``ngram-hash``): an add-on to ANY embedding kind (vocabulary or word hash),
 the BigramHash of OpenAI's Parameter Golf entries and modded-nanogpt's bigram hash embedding.
 
-For each position i of a sequence of token ids t and each order n of ``model.embed.options.ngram_orders``
+For each position i of a sequence of token ids t and each order n of ``model.embed.options.ngram_hash_orders``
 (2 and/or 3) the ids of the current token and the n-1 before it are hashed into B =
-``model.embed.options.ngram_buckets`` buckets (the Parameter Golf bigram hash, extended by a third
+``model.embed.options.ngram_hash_buckets`` buckets (the Parameter Golf bigram hash, extended by a third
 multiplier; exact integer arithmetic in int64):
 
     h_n(i) = ( XOR_{j=0..n-1} M_j * t_{i-j} ) mod (B - 1),   M = (36313, 27191, 51497)   if i >= n - 1
     h_n(i) = B - 1   (the reserved bucket)                                                 if i <  n - 1
 
 (position i of the sequence, 0-based: the first n-1 positions have no full n-gram). Order k of the list
-owns rows k*B .. k*B + B - 1 of one table T of K*B rows (K orders) and d = ``ngram_dim`` columns, and the
+owns rows k*B .. k*B + B - 1 of one table T of K*B rows (K orders) and d = ``ngram_hash_dim`` columns, and the
 model's input embedding becomes
 
     e'(i) = e(i) + P sum_k T[k*B + h_{n_k}(i)],    T in R^{KB x d} zero-initialised,  P in R^{h x d} ~ N(0, init_std)
 
-so a model with the table starts exactly as the one without it (T = 0). ``ngram_buckets = 0`` (default)
+so a model with the table starts exactly as the one without it (T = 0). ``ngram_hash_buckets = 0`` (default)
 switches it off. Packed documents: the previous ids are those of the training sequence, so the tokens
 before an end-of-document are hashed with the first tokens of the next document (no reset at EOD).
 
@@ -105,13 +105,13 @@ from megahash.models.registry import InputCaps, register_input
 
 @dataclass(frozen=True)
 class NgramHashOptions:
-    """``model.embed.options.*`` (also written ``model.embed.ngram_buckets`` etc.)."""
+    """``model.embed.options.*`` (also written ``model.embed.ngram_hash_buckets`` etc.)."""
 
-    ngram_orders: str = "2,3"  # comma-separated n-gram orders, each 2 or 3
-    ngram_buckets: int = 0  # B: buckets per order (the last one reserved for the first n-1 positions); 0 = off
-    ngram_dim: int = 32  # d: columns of the table (projected to the hidden size)
-    RANGES = {"ngram_buckets": (0, None, False, False, "buckets per order (0 = off)"),
-              "ngram_dim": (1, None, False, False, "n-gram table width")}
+    ngram_hash_orders: str = "2,3"  # comma-separated n-gram orders, each 2 or 3
+    ngram_hash_buckets: int = 0  # B: buckets per order (the last one reserved for the first n-1 positions); 0 = off
+    ngram_hash_dim: int = 32  # d: columns of the table (projected to the hidden size)
+    RANGES = {"ngram_hash_buckets": (0, None, False, False, "buckets per order (0 = off)"),
+              "ngram_hash_dim": (1, None, False, False, "n-gram table width")}
 
 
 class NgramHashCosts:
@@ -120,10 +120,11 @@ class NgramHashCosts:
     @staticmethod
     def params(cfg):
         o = cfg.model.embed.options
-        if not int(o.ngram_buckets):
+        if not int(o.ngram_hash_buckets):
             return {}
-        k = len([x for x in str(o.ngram_orders).split(",") if x.strip()])
-        return {"ngram": k * int(o.ngram_buckets) * int(o.ngram_dim) + int(o.ngram_dim) * cfg.model.hidden_size}
+        k = len([x for x in str(o.ngram_hash_orders).split(",") if x.strip()])
+        d = int(o.ngram_hash_dim)
+        return {"ngram": k * int(o.ngram_hash_buckets) * d + d * cfg.model.hidden_size}
 
 
 def parse_orders(text) -> tuple:
@@ -133,7 +134,7 @@ def parse_orders(text) -> tuple:
     except ValueError:
         orders = ()
     if not orders or any(n not in (2, 3) for n in orders):
-        raise ConfigError(f"model.embed.options.ngram_orders={text!r}: give orders 2 and/or 3, e.g. 2,3")
+        raise ConfigError(f"model.embed.options.ngram_hash_orders={text!r}: give orders 2 and/or 3, e.g. 2,3")
     return orders
 
 
@@ -145,9 +146,10 @@ class NgramHashInput(KindInput):
     def __init__(self, config, cfg):
         super().__init__()
         o = cfg.model.embed.options
-        self.orders, self.buckets, self.dim = parse_orders(o.ngram_orders), int(o.ngram_buckets), int(o.ngram_dim)
+        self.orders, self.buckets = parse_orders(o.ngram_hash_orders), int(o.ngram_hash_buckets)
+        self.dim = int(o.ngram_hash_dim)
         if self.buckets < 2:
-            raise ConfigError(f"model.embed.options.ngram_buckets={self.buckets}: needs at least 2 (or 0 = off)")
+            raise ConfigError(f"model.embed.options.ngram_hash_buckets={self.buckets}: needs at least 2 (or 0 = off)")
         self.sequence_parallel = bool(config.sequence_parallel)
         dtype = config.params_dtype
         self.table = torch.nn.Parameter(torch.zeros(len(self.orders) * self.buckets, self.dim, dtype=dtype))
@@ -183,7 +185,7 @@ class NgramHashInput(KindInput):
 
 @register_input("ngram-hash", caps=InputCaps(section="embedding"), options=NgramHashOptions, costs=NgramHashCosts)
 def build_ngram_hash(model, cfg):
-    """The n-gram table of a model whose config switches it on (``ngram_buckets > 0``), else None."""
-    if not int(cfg.model.embed.options.ngram_buckets):
+    """The n-gram table of a model whose config switches it on (``ngram_hash_buckets > 0``), else None."""
+    if not int(cfg.model.embed.options.ngram_hash_buckets):
         return None
     return NgramHashInput(model.config, cfg)
