@@ -119,6 +119,7 @@ def test_deepspeed_run_trains_checkpoints_and_exports_it(precision, shakespeare_
                    *TINY, "train.steps=3", f"train.precision={precision}", f"train.save_dir={run}"])
     out = capsys.readouterr()
     assert status == 0, (out.out + out.err)[-3000:]
+    assert precision != "bf16" or "torch.bfloat16" in out.out + out.err  # the run's dtype line
     losses = [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()
               if json.loads(line)["split"] == "train"]
     assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses)))
