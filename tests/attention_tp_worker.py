@@ -50,6 +50,8 @@ def case_config(case: str, tp: int, sp: bool):
             over += ["model.qk_norm=true"]
         elif o.startswith("f"):
             over += [f"model.attention.options.feature_dim={int(o[1:])}"]
+        elif o == "ngram":  # the token n-gram hash table added to the embedding (megahash/models/embeddings/ngram_hash.py)
+            over += ["model.embed.ngram_hash_buckets=32", "model.embed.ngram_hash_dim=8"]
         elif o.startswith("emb="):  # an embedding kind that reads token ids (no hash codes here)
             over += [f"model.embedding={o[4:]}"]
     return load_config(None, over)
@@ -64,6 +66,11 @@ def setup(case: str, tp: int, sp: bool):
     model = build_model(cfg, VOCAB, dtype=torch.float64)
     if getattr(model, "fixed_qk", None) is not None and model.fixed_qk.source == "text":
         fixed_qk.set_fixed_tokens(model, [(11 * i + 3) % VOCAB for i in range(64)])
+    with torch.no_grad():  # the inputs a model adds start at zero (an n-gram table): a seeded draw, same on every rank
+        g = torch.Generator().manual_seed(5)
+        for extra in model.kind_inputs():
+            for p in extra.parameters():
+                p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.1)
     gen = torch.Generator().manual_seed(3)
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen)
     labels = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen)

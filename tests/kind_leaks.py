@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 KIND_DIRS = ("megahash/models/attention/", "megahash/models/embeddings/", "megahash/models/heads/")
-REGISTER = ("register_attention", "register_embedding", "register_head")
+REGISTER = ("register_attention", "register_embedding", "register_head", "register_input")
 IMPORTERS = ("import_module", "__import__", "find_spec")
 _PARTS = re.compile(r"[./:]")
 SECTIONS = {"attention", "embed", "embedding", "head", "options"}  # where a kind's options are read from

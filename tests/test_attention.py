@@ -439,7 +439,7 @@ def test_unknown_kind_error_names_the_close_match():
 
 TP_CASES = DECODER_KINDS + ["mha@g2", "approx@chunk", "approx-thesis@chunk", "approx@f4", "mha@qknorm", "nonapprox@qknorm", "hybrid:rndembqk:even",
                             "mha@encoder", "approx@encoder", "approx-thesis@encoder", "nonapprox@encoder", "rndembqk@encoder",
-                            "mha@roberta", "mhe-mul@roberta", "approx-thesis@roberta"]
+                            "mha@roberta", "mhe-mul@roberta", "approx-thesis@roberta", "mha@ngram"]
 
 
 @pytest.mark.multiprocess

@@ -60,7 +60,7 @@ def test_source_reader_agrees_with_the_imported_registry():
     params` of a Qwen2 config); it must see exactly what importing them registers: names, caps,
     and cost formulas giving the same numbers."""
     reg = _registry()
-    live = {"attention": reg.ATTENTION, "embedding": reg.EMBEDDINGS, "head": reg.HEADS}
+    live = {"attention": reg.ATTENTION, "embedding": reg.EMBEDDINGS, "head": reg.HEADS, "input": reg.INPUTS}
     for group, entries in ((g, declarations.entries(g)) for g in declarations.GROUPS):
         assert set(entries) == set(live[group]), f"{group}: source {sorted(entries)} vs imported {sorted(live[group])}"
         for name, e in entries.items():

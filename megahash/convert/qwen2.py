@@ -66,6 +66,8 @@ def ineligible(cfg, model) -> str:
 
     if any(registry.skipped_layers(cfg, model.layer_kinds)):
         return "layers dropped by skip mode"
+    if model.kind_inputs():  # e.g. a token n-gram table: Qwen2 has no place for it
+        return f"model inputs {sorted(model.kind_input_attrs)}"
     return ""
 
 

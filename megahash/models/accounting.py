@@ -37,6 +37,7 @@ def count_parameters(cfg, vocab_size: int) -> dict:
         "total": _n(model),
         "embedding": emb.get("embedding", _n(model.embedding)),
         **{f"embedding_{k}": v for k, v in emb.items() if k != "embedding"},
+        **{k: v for extra in model.kind_inputs() for k, v in extra.param_report().items()},  # e.g. an n-gram table
         "head": head,
         "tied_head": bool(model.tie),
         "final_norm": _n(getattr(model.decoder, "final_layernorm", None)),

@@ -36,8 +36,11 @@ def closed_form_report(cfg, vocab_size: int) -> dict | None:
         layers.append({"kind": kind, "attention": {"qkv": qkv + (width if m.qkv_bias else 0), "out": h * h},
                        "mlp": 3 * h * m.ffn_hidden_size, "norm": 2 * h})
     emb, head = V * h, 0 if m.tie_embeddings else V * h
-    total = emb + head + h + sum(L["attention"]["qkv"] + L["attention"]["out"] + L["mlp"] + L["norm"] for L in layers)
-    report = {"total": total, "embedding": emb, "head": head, "tied_head": bool(m.tie_embeddings), "final_norm": h,
+    from megahash.models import declarations
+
+    extras = {f"embedding_{k}": n for k, n in declarations.input_params(cfg).items()}  # inputs of their own
+    total = sum(extras.values()) + emb + head + h + sum(L["attention"]["qkv"] + L["attention"]["out"] + L["mlp"] + L["norm"] for L in layers)
+    report = {"total": total, "embedding": emb, **extras, "head": head, "tied_head": bool(m.tie_embeddings), "final_norm": h,
               "vocab_size": V, "layers": layers}
     from megahash.models.costs import config_costs
 

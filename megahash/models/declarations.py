@@ -36,7 +36,8 @@ from pathlib import Path
 from megahash.errors import ConfigError
 
 _MODELS = Path(__file__).resolve().parent
-GROUPS = {"attention": "register_attention", "embedding": "register_embedding", "head": "register_head"}
+GROUPS = {"attention": "register_attention", "embedding": "register_embedding", "head": "register_head",
+          "input": "register_input"}
 ENTRY_POINT_GROUP = "megahash.kinds"
 PLUGINS_ENV = "MEGAHASH_PLUGINS"
 
@@ -84,7 +85,15 @@ class HeadCaps:
     selectable: bool = True  # chosen by model.head; False: the head of its objectives (e.g. sr)
 
 
-CAPS = {"attention": AttentionCaps, "embedding": EmbeddingCaps, "head": HeadCaps}
+@dataclass(frozen=True)
+class InputCaps:
+    """What a model input registered on its own (``caps=`` of ``register_input``: an add-on every model may
+    carry, e.g. a table added to the input embedding) declares."""
+
+    section: str = "embedding"  # the config section whose ``options`` hold its options (model.embed.options)
+
+
+CAPS = {"attention": AttentionCaps, "embedding": EmbeddingCaps, "head": HeadCaps, "input": InputCaps}
 
 
 @dataclass
@@ -268,7 +277,7 @@ def _live(group: str):
     reg = sys.modules.get("megahash.models.registry")
     if reg is None:
         return None
-    return {"attention": reg.ATTENTION, "embedding": reg.EMBEDDINGS, "head": reg.HEADS}[group], reg
+    return {"attention": reg.ATTENTION, "embedding": reg.EMBEDDINGS, "head": reg.HEADS, "input": reg.INPUTS}[group], reg
 
 
 # ----------------------------------------------------------------------------- questions
@@ -331,8 +340,10 @@ def options_class(group: str, name: str):
 @functools.lru_cache(maxsize=None)
 def _option_specs(group: str, plugins: tuple) -> dict:
     out: dict = {}
-    for name in sorted(_scan()[group]):
-        cls = options_class(group, name)
+    owners = [(group, name) for name in sorted(_scan()[group])]
+    owners += [("input", name) for name, e in sorted(_scan()["input"].items()) if e.caps.section == group and group != "input"]
+    for owner_group, name in owners:
+        cls = options_class(owner_group, name)
         if cls is None:
             continue
         ranges = getattr(cls, "RANGES", {}) or {}
@@ -348,6 +359,16 @@ def _option_specs(group: str, plugins: tuple) -> dict:
                                       f"and {name!r} (type, default and range must agree)")
                 spec = dataclasses.replace(old, kinds=old.kinds + (name,))
             out[f.name] = spec
+    return out
+
+
+def input_params(cfg) -> dict:
+    """{label: parameters} of the model inputs registered on their own (``register_input``) that ``cfg``
+    switches on, in closed form: each one's cost class ``params(cfg) -> {label: n}`` read from its source."""
+    out: dict = {}
+    for name, e in sorted(_scan()["input"].items()):
+        if e.costs is not None:
+            out.update(_exec_class(Path(e.file), e.costs).params(cfg))
     return out
 
 

@@ -76,6 +76,7 @@ class MegahashCache(_CacheBase):
             pass
         self.states = [dict() for _ in range(num_layers)]
         self.offset = 0
+        self.inputs: dict = {}  # batch-first tensors the kind inputs carry between steps (e.g. previous token ids)
 
     def __len__(self):
         return len(self.states)
@@ -109,10 +110,11 @@ class MegahashCache(_CacheBase):
 
     def reset(self):
         self.states = [dict() for _ in self.states]
+        self.inputs = {}
         self.offset = 0
 
     def _map(self, fn):
-        for st in self.states:
+        for st in self.states + [self.inputs]:
             for k in list(st):
                 st[k] = fn(st[k])
 
@@ -263,6 +265,9 @@ class MegahashModel(MegahashPreTrainedModel):
                                  "(generate() computes them)")
             hash_codes = self.codes_for_ids(input_ids)  # e.g. lm-eval's hf model passes ids only
         emb = self.embedding(input_ids, hash_codes)
+        for extra in self.kind_inputs():  # e.g. a token n-gram table added to the embedding
+            embed = getattr(extra, "embed", None)
+            emb = emb if embed is None else embed(input_ids, emb, cache)
         cos, sin = rope_cos_sin(offset, s, self.config.hidden_size // self.config.num_attention_heads,
                                 self.config.rope_theta, emb.device)
         docs, positions = packed_documents(self.config, input_ids, offset)  # the run's data.reset_* flags

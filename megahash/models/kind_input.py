@@ -23,6 +23,17 @@ class KindInput(torch.nn.Module):
         (:class:`megahash.data.text_source.RunTexts`, or ``RandomTexts`` for synthetic tasks): models
         open no files."""
 
+    def embed(self, tokens, emb, decode_state):
+        """Right after the token embedding: ``tokens`` [b, s] (the new ones while decoding), ``emb`` [s(/TP
+        under SP), b, h]; returns the embedding, e.g. with a term added. ``decode_state``
+        (:class:`megahash.models.megatron_model.DecodeState` or None) keeps what it must carry between
+        decoding steps in ``decode_state.inputs``."""
+        return emb
+
+    def param_report(self) -> dict:
+        """{``embedding_<label>``: global parameter count} for ``megahash params`` (nothing by default)."""
+        return {}
+
     def enter(self, model, emb, mask, offset: int, seq_len: int, rotary, decoding: bool):
         """Before the block runs on ``emb`` [s, b, h]: returns (emb, mask), e.g. with one more sequence."""
         return emb, mask

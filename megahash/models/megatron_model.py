@@ -186,6 +186,8 @@ class MegahashLM(MegatronModule):
         document (``model_context["document_ids"]``), ``position_ids`` [b, s] restart RoPE / learned positions.
         """
         emb = self.embedding(tokens, hash_codes)
+        for extra in self.kind_inputs():  # e.g. a token n-gram table added to the embedding
+            emb = extra.embed(tokens, emb, decode_state)
         seq_len = tokens.shape[1]
         offset = decode_state.offset if decode_state is not None else 0
         rotary = plain = self.rotary_pos_emb(offset + seq_len)[offset:]
@@ -248,6 +250,7 @@ class DecodeState:
     def __init__(self, num_layers: int):
         self.offset = 0
         self.caches = [dict() for _ in range(num_layers)]
+        self.inputs: dict = {}  # what the model inputs carry between steps (KindInput.embed), by their attr
 
     def layer(self, i: int) -> dict:
         return self.caches[i]

@@ -20,7 +20,7 @@ from megatron.core.transformer.transformer_layer import TransformerLayer, Transf
 
 from megahash.errors import ConfigError, did_you_mean
 from megahash.models import declarations
-from megahash.models.declarations import AttentionCaps, EmbeddingCaps, HeadCaps  # noqa: F401 - the kind files import them from here
+from megahash.models.declarations import AttentionCaps, EmbeddingCaps, HeadCaps, InputCaps  # noqa: F401 - the kind files import them from here
 from megahash.models.norm import Norm
 from megahash.models.schedules import layer_kinds, skip_mask, standard_kind
 
@@ -37,8 +37,9 @@ class KindSpec:
     kind's file names the kind; the library asks :func:`spec`."""
 
     name: str
-    group: str  # attention | embedding | head
-    build: Callable  # attention: cfg -> ModuleSpec of the self_attention slot; embedding / head: module class
+    group: str  # attention | embedding | head | input
+    build: Callable  # attention: cfg -> ModuleSpec of the self_attention slot; embedding / head: module class;
+    # input: build(model, cfg) -> KindInput | None
     caps: object  # AttentionCaps | EmbeddingCaps | HeadCaps (megahash.models.declarations)
     costs: type | None = None  # static formulas (megahash.models.costs), None: "measured only"
     options: type | None = None  # options dataclass (model.attention.options / model.embed.options)
@@ -48,7 +49,7 @@ class KindSpec:
 
 
 # group -> name -> KindSpec: the registry itself
-KINDS: dict[str, dict[str, KindSpec]] = {"attention": {}, "embedding": {}, "head": {}}
+KINDS: dict[str, dict[str, KindSpec]] = {"attention": {}, "embedding": {}, "head": {}, "input": {}}
 
 
 def spec(group: str, name: str) -> KindSpec:
@@ -71,8 +72,9 @@ def names(group: str) -> list[str]:
 ATTENTION: dict[str, Callable] = {}
 EMBEDDINGS: dict[str, type] = {}
 HEADS: dict[str, type] = {}
+INPUTS: dict[str, Callable] = {}  # model inputs registered on their own: name -> build(model, cfg)
 COSTS: dict[str, type] = {}
-CAPS: dict[str, dict] = {"attention": {}, "embedding": {}, "head": {}}
+CAPS: dict[str, dict] = {"attention": {}, "embedding": {}, "head": {}, "input": {}}
 EXPORT_SPEC: dict[str, Callable | None] = {}
 EXPORT_META: dict[str, Callable | None] = {}
 MAPS: dict[str, Callable] = {}
@@ -156,6 +158,21 @@ def register_head(name: str, caps=None):
     return deco
 
 
+def register_input(name: str, caps=None, options=None, costs=None):
+    """Register a model input of its own (not an attention kind's): ``build(model, cfg) -> KindInput | None``
+    (None: off in this config), built for every model, e.g. a table added to the input embedding whatever
+    the embedding kind. ``caps``: an :class:`InputCaps` (its options live in ``model.<section>.options``);
+    ``costs``: a class whose ``params(cfg) -> {label: n}`` counts it in closed form (``megahash params``)."""
+    def deco(fn):
+        _add(KindSpec(name, "input", fn, _check_caps("input", name, caps), costs, options, model_input=fn))
+        INPUTS[name] = fn
+        if options is not None:
+            OPTIONS[name] = options
+        CAPS["input"][name] = KINDS["input"][name].caps
+        return fn
+    return deco
+
+
 def mlp_spec() -> type:
     """SwiGLU MLP (gated_linear_unit + SiLU in the TransformerConfig), TP-split: the class itself
     (its submodules are its defaults), since megatron's TransformerLayer logs "Unknown MLP type" for
@@ -212,8 +229,11 @@ def skipped_layers(cfg, kinds: list[str] | None = None) -> list[bool]:
 
 
 def model_inputs(kinds) -> list:
-    """The distinct ``model_input`` hooks of the given layer kinds, in layer order."""
+    """The distinct ``model_input`` hooks of the given layer kinds, in layer order, then those of the inputs
+    registered on their own (:func:`register_input`, by name)."""
     hooks = [spec("attention", k).model_input for k in kinds if spec("attention", k).model_input is not None]
+    _load_variants()
+    hooks += [KINDS["input"][n].model_input for n in sorted(KINDS["input"])]
     return [h for i, h in enumerate(hooks) if h not in hooks[:i]]
 
 
