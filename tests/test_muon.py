@@ -119,31 +119,6 @@ def test_partitioning_stages_are_refused_in_one_line(shakespeare_shards):
         deepspeed_config(load_config(None, [*TINY, "train.zero_stage=0"]), dp_size=1, bf16=True)
 
 
-def test_bf16_stop_and_resume_is_bit_exact_and_logs_the_optimizer_phase(shakespeare_shards, tmp_path, capsys, ns_calls):
-    """train.precision=bf16 (autocast over fp32 weights): 4 steps straight = 2 steps, stop, resume, 2 steps,
-    bit for bit (the momentum buffers come back); the progress line carries optimizer_s."""
-    from test_batch_ramp import _main, _records
-
-    common = [*_data(shakespeare_shards), *TINY, "train.precision=bf16", "train.zero_stage=0", "train.steps=4",
-              "train.log_interval=1"]
-    straight, split = tmp_path / "straight", tmp_path / "split"
-    status, out = _main([*common, f"train.save_dir={straight}"], capsys)
-    assert status == 0 and "torch.bfloat16" in out, out[-3000:]
-    assert len(ns_calls) == 4 * 2 * 5  # every step, every routed matrix
-    assert re.search(r"\[train\] step 4/4 .*optimizer_s \d", out), out[-2000:]
-    status, out = _main([*common, f"train.save_dir={split}", "train.stop_after=2"], capsys)
-    assert status == 0 and "stopped at step 2" in out, out[-3000:]
-    status, out = _main([*common, f"train.save_dir={split}"], capsys)
-    assert status == 0 and f"resumed from {split}/step_00000002" in out, out[-3000:]
-    a, b = _records(straight), _records(split)
-    # bit-exact: resume is the promise (same configuration in process, same machine)
-    assert [[a[s][k] for k in ("loss", "grad_norm")] for s in a] == [[b[s][k] for k in ("loss", "grad_norm")] for s in b]
-    assert a[4]["optimizer_s"] > 0
-    # AdamW cannot take Muon's state: one line naming the fix (the layout records train.optimizer)
-    status, out = _main([*common, f"train.save_dir={split}", "train.optimizer=adamw", "train.steps=5"], capsys)
-    assert status == 2 and "train.resume_weights_only=true" in out, out[-3000:]
-
-
 @pytest.mark.slow
 def test_elastic_resume_carries_the_momentum(shakespeare_shards, tmp_path, dist):
     """2 data-parallel ranks (ZeRO-0) stop at step 2; one rank resumes there (another layout, megahash's movable
@@ -202,3 +177,29 @@ def test_tensor_parallel_matrices_are_orthogonalized_whole(tmp_path):
         # bit-exact: the gathered full matrix is the same tensor, NS the same operations on it (one path)
         assert r["full_shape"] and r["equal"], (name, r)
         assert r["alone_diff"] > 1e-2, (name, r)  # the shard alone is another matrix: another polar factor
+
+
+# last in the file: the in-process pretraining tears down this module's one-rank world (the dist fixture)
+def test_bf16_stop_and_resume_is_bit_exact_and_logs_the_optimizer_phase(shakespeare_shards, tmp_path, capsys, ns_calls):
+    """train.precision=bf16 (autocast over fp32 weights): 4 steps straight = 2 steps, stop, resume, 2 steps,
+    bit for bit (the momentum buffers come back); the progress line carries optimizer_s."""
+    from test_batch_ramp import _main, _records
+
+    common = [*_data(shakespeare_shards), *TINY, "train.precision=bf16", "train.zero_stage=0", "train.steps=4",
+              "train.log_interval=1"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    status, out = _main([*common, f"train.save_dir={straight}"], capsys)
+    assert status == 0 and "torch.bfloat16" in out, out[-3000:]
+    assert len(ns_calls) == 4 * 2 * 5  # every step, every routed matrix
+    assert re.search(r"\[train\] step 4/4 .*optimizer_s \d", out), out[-2000:]
+    status, out = _main([*common, f"train.save_dir={split}", "train.stop_after=2"], capsys)
+    assert status == 0 and "stopped at step 2" in out, out[-3000:]
+    status, out = _main([*common, f"train.save_dir={split}"], capsys)
+    assert status == 0 and f"resumed from {split}/step_00000002" in out, out[-3000:]
+    a, b = _records(straight), _records(split)
+    # bit-exact: resume is the promise (same configuration in process, same machine)
+    assert [[a[s][k] for k in ("loss", "grad_norm")] for s in a] == [[b[s][k] for k in ("loss", "grad_norm")] for s in b]
+    assert a[4]["optimizer_s"] > 0
+    # AdamW cannot take Muon's state: one line naming the fix (the layout records train.optimizer)
+    status, out = _main([*common, f"train.save_dir={split}", "train.optimizer=adamw", "train.steps=5"], capsys)
+    assert status == 2 and "train.resume_weights_only=true" in out, out[-3000:]
