@@ -2,13 +2,14 @@
 """Each compact-model lever alone and together, on held-out text at the same tokens, several seeds.
 
     python benchmarks/bench_compact_recipe.py [--recipes baseline,muon,...] [--seeds 1,2,3]
-        [--steps 300] [--work /tmp/compact] [--out benchmarks/results/DATE_compact_recipe_cpu.md]
+        [--steps N] [--work /tmp/compact] [--out benchmarks/results/DATE_compact_recipe_cpu.md]
 
 Every recipe is ``configs/quickstart.yaml`` plus the overrides in :data:`RECIPES` (``compact`` is
 ``configs/compact.yaml``), trained on one process (the same global batch, so the same tokens as the
 2-rank quickstart), then scored by ``megahash eval`` on ``shk_ppl``: lm-eval's rolling
 log-likelihood over the held-out plays (documents 1100+, never trained on), reported as
-``bits_per_byte`` (tokenizer-independent). The artifact column is the exact size of
+``bits_per_byte`` (tokenizer-independent; a recipe with ``train.ema_decay`` is scored and exported with its
+averaged weights). The artifact column is the exact size of
 ``megahash export --quantize int8 --compress zlib``. Needs the quickstart data (README step 1:
 ``data/shakespeare`` and ``data/eval_tasks``). The table gives mean and sample standard deviation over
 seeds and each recipe's change against ``baseline`` measured in the same run.
@@ -29,8 +30,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # name -> (config files, overrides). Filled with the levers of docs/compact_models.md.
+QS = ["configs/quickstart.yaml"]
 RECIPES: dict[str, tuple[list[str], list[str]]] = {
-    "baseline": (["configs/quickstart.yaml"], []),
+    "baseline": (QS, []),
+    "muon": (QS, ["train.optimizer=muon", "train.muon_lr=0.01"]),
+    # the table at the quickstart's stored parameters: 2 x 2,048 x 32 + 32 x 128, paid for by FFN 512 -> 416
+    "ngram": (QS, ["model.embed.ngram_hash_buckets=2048", "model.ffn_hidden_size=416"]),
+    "ema": (QS, ["train.ema_decay=0.99", "train.ema_warmup=true"]),
+    "schedule": (QS, ["train.global_batch_size=8", "train.steps=600", "train.warmup_steps=60",
+                      "train.eval_interval=100", "train.decay=wsd", "train.decay_fraction=0.3"]),
     "compact": (["configs/compact.yaml"], []),
 }
 
@@ -65,22 +73,23 @@ def one(recipe: str, seed: int, steps: int, work: Path, artifact_too: bool = Tru
     configs, overrides = RECIPES[recipe]
     run_dir = work / f"{recipe}_s{seed}"
     log = work / f"{recipe}_s{seed}.log"
-    sets = [f"train.seed={seed}", f"data.seed={seed}", f"train.steps={steps}", f"train.save_dir={run_dir}",
+    sets = [f"train.seed={seed}", f"data.seed={seed}", *([f"train.steps={steps}"] if steps else []), f"train.save_dir={run_dir}",
             "train.save_interval=0", "logging.plot=false", "logging.tensorboard=false", "train.keep_last=1",
             *overrides]  # a recipe may change the steps with the batch (the same tokens)
     timing = run_dir / "train_seconds.txt"  # each stage is skipped when its output exists (rerun to finish)
     if not timing.exists():
         timing.write_text(str(round(run([sys.executable, "megahash/pretrain.py", *config_args(configs), *sets], log), 1)))
+    weights = ["--weights", "ema"] if any(o.startswith("train.ema_decay=") for o in overrides) else []
     if not list((run_dir / "eval").glob("step_*.json")):
         run([sys.executable, "-m", "megahash", "eval", "--checkpoint", str(run_dir), "--tasks-dir",
-             "data/eval_tasks", "--tasks", "shk_ppl", "--overwrite"], log)
+             "data/eval_tasks", "--tasks", "shk_ppl", "--overwrite", *weights], log)
     bpb = _metric(json.loads(next((run_dir / "eval").glob("step_*.json")).read_text()), "bits_per_byte")
     artifact = run_dir / "artifact_int8.zlib"
     if not artifact_too:
         return None
     if not artifact.exists():
         run([sys.executable, "-m", "megahash", "export", "--checkpoint", str(run_dir), "--quantize", "int8",
-             "--compress", "zlib", "--output", str(artifact)], log)
+             "--compress", "zlib", "--output", str(artifact), *weights], log)
     params = json.loads(subprocess.run(
         [sys.executable, "-m", "megahash", "params", "--json", "--vocab-size", str(vocab_size()),
          *config_args(configs), *sets],
@@ -119,7 +128,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--recipes", default=",".join(RECIPES))
     ap.add_argument("--seeds", default="1,2,3")
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=0, help="override every recipe's train.steps (0: each recipe's own)")
     ap.add_argument("--work", default="/tmp/megahash_compact")
     ap.add_argument("--out", default=str(ROOT / f"benchmarks/results/{datetime.date.today()}_compact_recipe_cpu.md"))
     ap.add_argument("--train-only", action="store_true", help="train and evaluate only (no artifact, no table)")

@@ -15,7 +15,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from megahash.training.op_count import CountOps  # noqa: E402
 
 from megahash import accelerator  # noqa: E402
 from test_attention import build_attention, make_cfg  # noqa: E402
@@ -135,20 +135,10 @@ def test_chunked_equals_recurrent_with_resets(form, small_scan_chunk):
             torch.testing.assert_close(a.expand_as(b), b, rtol=tol, atol=tol)
 
 
-class OpCounter(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.calls = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.calls += 1
-        return func(*args, **(kwargs or {}))
-
-
 def _count(m, x, doc):
-    with torch.no_grad(), OpCounter() as c:
+    with torch.no_grad(), CountOps() as c:
         _run(m, x, doc)
-    return c.calls
+    return c.total()
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
@@ -248,9 +238,9 @@ def test_fixed_qk_aten_calls_do_not_depend_on_documents_per_row():
     counts = []
     for lengths in ((48,), (3, 9, 5, 7, 4, 8, 6, 6)):
         doc = document_ids(lengths, 2)
-        with torch.no_grad(), OpCounter() as c:
+        with torch.no_grad(), CountOps() as c:
             _run_ctx(m, x, doc)
-        counts.append(c.calls)
+        counts.append(c.total())
     assert counts[0] == counts[1]
 
 
