@@ -78,6 +78,7 @@ def test_ema_formula_validation_resume_eval_export(shakespeare_shards, tmp_path,
     last = split / f"step_{STEPS:08d}"
     for weights in ("live", "ema"):
         a, b = _params(straight / f"step_{STEPS:08d}", weights), _params(last, weights)
+        # bit-exact: resume is the promise
         assert all(torch.equal(a[n], b[n]) for n in a), weights
 
     # evaluation and export read the average; a checkpoint without one is a one-line error, exit 2
@@ -88,6 +89,7 @@ def test_ema_formula_validation_resume_eval_export(shakespeare_shards, tmp_path,
     ema = _params(last, "ema")
     lm = MegahashEvalLM(checkpoint=str(last), weights="ema", batch_size=2)
     got = dict(lm.model.named_parameters())
+    # bit-exact: the checkpoint's stored floats loaded back
     assert all(torch.equal(got[n].detach().double(), ema[n]) for n in ema)
     del lm
     accelerator.teardown()
@@ -127,6 +129,7 @@ def test_ema_on_zero3_partitions(shakespeare_shards, tmp_path, capsys):
     assert status == 0 and "resumed from" in out, out[-3000:]
     for weights in ("live", "ema"):
         x, y = _params(a / "step_00000002", weights), _params(b / "step_00000002", weights)
+        # bit-exact: resume is the promise
         assert all(torch.equal(x[n], y[n]) for n in x), weights
 
 

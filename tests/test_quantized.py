@@ -20,6 +20,7 @@ def test_pack_is_lossless_and_rows_within_half_a_step(bits):
     q, s = qz.quantize_rows(w, bits)
     assert q.abs().max() <= qz.qmax(bits) and s.dtype == torch.float16
     for n in (q.numel(), q.numel() - 1, 1, 5):  # sizes that are not multiples of the packing group
+        # bit-exact: integer codes
         assert torch.equal(qz.unpack(qz.pack(q.reshape(-1)[:n], bits), bits, n), q.reshape(-1)[:n])
     # the bound holds exactly in fp64 with the stored fp16 scale (no value clips: s is rounded up)
     err = (w.double().reshape(37, -1) - q.double() * s.double()[:, None]).abs()
@@ -72,7 +73,7 @@ def test_export_artifact_bytes_bound_and_eval(shakespeare_shards, tmp_path, caps
                 bound = s.float()[:, None] * (0.5 + qz.qmax(qz.FORMATS[fmt]) * 2.0 ** -24)
                 assert bool(((w - back[name]).reshape(w.shape[0], -1).abs() <= bound).all()), name
             elif w.is_floating_point() and w.ndim <= 1:
-                assert torch.equal(back[name], w), name  # fp32 kept exactly
+                assert torch.equal(back[name], w), name  # bit-exact: fp32 tensors are kept as they are
         assert n_quantized >= 4
         with accelerator.releasing_group():
             _, model, _ = load_for_inference(run, weights=str(path))
@@ -110,6 +111,7 @@ def test_qat_straight_through_gradient():
     with fq.applied():
         y = m.decoder(xq)
         (y * c).sum().backward()
+    # bit-exact: the stored weight restored by a copy
     assert torch.equal(m.decoder.weight.detach(), w0)
     # the same products in the same order: float32 results agree to a few ulps of their size
     torch.testing.assert_close(y.detach(), x @ q.detach().T + m.decoder.bias.detach(), rtol=1e-6, atol=1e-6)
