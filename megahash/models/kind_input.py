@@ -35,7 +35,9 @@ class KindInput(torch.nn.Module):
         return {}
 
     def enter(self, model, emb, mask, offset: int, seq_len: int, rotary, decoding: bool):
-        """Before the block runs on ``emb`` [s, b, h]: returns (emb, mask), e.g. with one more sequence."""
+        """Before the block runs on ``emb`` [s, b, h]: returns (emb, mask), e.g. with one more sequence.
+        ``rotary``: RoPE frequencies of positions offset..offset+seq_len-1 (the batch's own may restart per
+        document; rows appended here run at these), None with learned positions."""
         return emb, mask
 
     def leave(self) -> None:

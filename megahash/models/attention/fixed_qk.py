@@ -355,18 +355,11 @@ class FixedInput(KindInput):
             return self.bidirectional_pass(model, emb, seq_len), mask
         own_pass = not torch.is_grad_enabled() and self.active() and not self.frozen()
         if not decoding and (self.separate(model) or own_pass):
-            # the fixed input's own positions offset..: the batch's rotary may hold per-document positions
-            # (data.reset_position_ids); without gradients the pass costs what one more batch row costs
-            self.run_alone(model, offset, seq_len, self.fixed_rotary(model, offset, seq_len))
+            # ``rotary`` holds the fixed input's own positions offset.. (KindInput.enter); without gradients
+            # the pass costs what one more batch row costs
+            self.run_alone(model, offset, seq_len, rotary)
             return emb, mask
         return self.append(model, emb, mask, offset, seq_len)
-
-    @staticmethod
-    def fixed_rotary(model, offset: int, seq_len: int):
-        """RoPE frequencies of the fixed input's positions offset..offset+seq_len-1 (None: learned positions)."""
-        if getattr(model, "embedding_extras", None) is not None:
-            return None
-        return model.rotary_pos_emb(offset + seq_len)[offset:]
 
     def leave(self) -> None:
         self.release()
