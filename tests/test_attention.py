@@ -353,9 +353,9 @@ def test_linear_forms_parallel_equals_recurrent():
     including GQA broadcasting and a carried state; nonapprox stays finite for huge scores."""
     from megahash.ops.cumsoftmax.naive import naive_cumsoftmax
     from megahash.ops.cumsoftmax.recurrent import cumsoftmax_recurrent
-    from megahash.ops.cumsoftmax.scan import cumsoftmax_causal
+    from megahash.ops.cumsoftmax.chunk import cumsoftmax_causal
     from megahash.ops.taylor.chunk import taylor_causal
-    from megahash.ops.taylor.kernel import taylor_features, taylor_kernel
+    from megahash.ops.taylor.feature_map import taylor_features, taylor_kernel
     from megahash.ops.taylor.recurrent import taylor_recurrent
 
     g = torch.Generator().manual_seed(0)
