@@ -14,14 +14,14 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from megahash import accelerator  # noqa: E402
+from megahash.ops.cumsoftmax.chunk import cumsoftmax_causal  # noqa: E402
 from megahash.ops.cumsoftmax.naive import naive_cumsoftmax  # noqa: E402
 from megahash.ops.cumsoftmax.recurrent import cumsoftmax_recurrent  # noqa: E402
-from megahash.ops.cumsoftmax.chunk import cumsoftmax_causal  # noqa: E402
 from megahash.ops.orders.chunk import orders_causal  # noqa: E402
 from megahash.ops.orders.naive import naive_orders  # noqa: E402
 from megahash.ops.orders.recurrent import orders_recurrent  # noqa: E402
-from megahash.ops.shared_map.parallel import shared_softmax  # noqa: E402
 from megahash.ops.shared_map.naive import naive_shared_softmax  # noqa: E402
+from megahash.ops.shared_map.parallel import shared_softmax  # noqa: E402
 from megahash.ops.taylor.chunk import taylor_causal  # noqa: E402
 from megahash.ops.taylor.naive import naive_taylor  # noqa: E402
 from megahash.ops.taylor.recurrent import taylor_recurrent  # noqa: E402
@@ -209,6 +209,27 @@ def test_operator_count_does_not_grow_with_length(kind):
             tensor_parallel.vocab_parallel_cross_entropy(logits.float(), tok.t().contiguous()).mean().backward()
         counts[L] = mode.total()
     assert counts[256] == counts[1024], counts
+
+
+def test_each_family_exports_its_forms():
+    """As fla's packages (``fla.ops.linear_attn.__all__``): each family's ``__all__`` names the functions
+    of its form modules (the same objects), and ``megahash.ops.__all__`` is their union."""
+    import importlib
+
+    import megahash.ops
+
+    union = set()
+    for family in ("cumsoftmax", "linear", "orders", "shared_map", "taylor"):
+        pkg = importlib.import_module(f"megahash.ops.{family}")
+        assert pkg.__all__, family
+        for name in pkg.__all__:
+            fn = getattr(pkg, name)
+            assert callable(fn) and fn.__module__.startswith(f"megahash.ops.{family}."), (family, name)
+            assert getattr(importlib.import_module(fn.__module__), name) is fn, (family, name)
+        union |= set(pkg.__all__)
+    assert set(megahash.ops.__all__) == union
+    assert all(getattr(megahash.ops, n) is getattr(importlib.import_module(getattr(megahash.ops, n).__module__), n)
+               for n in union)
 
 
 # ------------------------------------------------------------------------ flash-linear-attention (GPU)

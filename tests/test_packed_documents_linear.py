@@ -96,8 +96,8 @@ def test_packed_rows_are_not_the_unmasked_run():
 
 
 def _oracles():
-    from megahash.ops.cumsoftmax.recurrent import cumsoftmax_recurrent
     from megahash.ops.cumsoftmax.chunk import cumsoftmax_causal
+    from megahash.ops.cumsoftmax.recurrent import cumsoftmax_recurrent
     from megahash.ops.orders.chunk import orders_causal
     from megahash.ops.orders.recurrent import orders_recurrent
     from megahash.ops.taylor.chunk import taylor_causal
