@@ -351,11 +351,11 @@ def test_approx_chunk_gradients_equal_autograd_of_recurrent_form():
 def test_linear_forms_parallel_equals_recurrent():
     """approx and nonapprox: parallel (masked matrix), chunked/scan and recurrent forms agree (fp64),
     including GQA broadcasting and a carried state; nonapprox stays finite for huge scores."""
+    from megahash.ops.cumsoftmax.chunk import cumsoftmax_causal
     from megahash.ops.cumsoftmax.naive import naive_cumsoftmax
     from megahash.ops.cumsoftmax.recurrent import cumsoftmax_recurrent
-    from megahash.ops.cumsoftmax.scan import cumsoftmax_causal
     from megahash.ops.taylor.chunk import taylor_causal
-    from megahash.ops.taylor.kernel import taylor_features, taylor_kernel
+    from megahash.ops.taylor.feature_map import taylor_features, taylor_kernel
     from megahash.ops.taylor.recurrent import taylor_recurrent
 
     g = torch.Generator().manual_seed(0)

@@ -13,8 +13,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from megahash.ops.cumsoftmax.scan import cumsoftmax_bidirectional, cumsoftmax_causal  # noqa: E402
-from megahash.ops.shared_map.attend import shared_softmax  # noqa: E402
+from megahash.ops.cumsoftmax.chunk import cumsoftmax_bidirectional, cumsoftmax_causal  # noqa: E402
+from megahash.ops.shared_map.parallel import shared_softmax  # noqa: E402
 
 pytestmark = pytest.mark.numerics
 

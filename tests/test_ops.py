@@ -14,14 +14,14 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from megahash import accelerator  # noqa: E402
+from megahash.ops.cumsoftmax.chunk import cumsoftmax_causal  # noqa: E402
 from megahash.ops.cumsoftmax.naive import naive_cumsoftmax  # noqa: E402
 from megahash.ops.cumsoftmax.recurrent import cumsoftmax_recurrent  # noqa: E402
-from megahash.ops.cumsoftmax.scan import cumsoftmax_causal  # noqa: E402
 from megahash.ops.orders.chunk import orders_causal  # noqa: E402
 from megahash.ops.orders.naive import naive_orders  # noqa: E402
 from megahash.ops.orders.recurrent import orders_recurrent  # noqa: E402
-from megahash.ops.shared_map.attend import shared_softmax  # noqa: E402
 from megahash.ops.shared_map.naive import naive_shared_softmax  # noqa: E402
+from megahash.ops.shared_map.parallel import shared_softmax  # noqa: E402
 from megahash.ops.taylor.chunk import taylor_causal  # noqa: E402
 from megahash.ops.taylor.naive import naive_taylor  # noqa: E402
 from megahash.ops.taylor.recurrent import taylor_recurrent  # noqa: E402
@@ -71,7 +71,7 @@ def test_taylor_chunked_equals_naive_and_recurrent(L):
 def test_taylor_features_recomputed_in_backward():
     """Full-width (d = 48, D = 1,225) and narrow (d = 6) features: values and gradients equal the
     oracle, and no tensor saved for backward holds features (a trailing dimension of D per token)."""
-    from megahash.ops.taylor.kernel import feature_dim
+    from megahash.ops.taylor.feature_map import feature_dim
 
     for d in (48, 6):
         q, k, v = qkv(40, d=d, dv=4)
@@ -86,7 +86,7 @@ def test_taylor_features_recomputed_in_backward():
 
 def test_taylor_features_equal_the_kernel():
     """phi(q).phi(k) = 1 + s + s^2/2 for odd and even widths (the strided pair layout of the map)."""
-    from megahash.ops.taylor.kernel import feature_dim, taylor_features, taylor_kernel
+    from megahash.ops.taylor.feature_map import feature_dim, taylor_features, taylor_kernel
 
     for d in (1, 2, 3, 5, 16):
         q, k, _ = qkv(7, d=d)
@@ -211,13 +211,34 @@ def test_operator_count_does_not_grow_with_length(kind):
     assert counts[256] == counts[1024], counts
 
 
+def test_each_family_exports_its_forms():
+    """As fla's packages (``fla.ops.linear_attn.__all__``): each family's ``__all__`` names the functions
+    of its form modules (the same objects), and ``megahash.ops.__all__`` is their union."""
+    import importlib
+
+    import megahash.ops
+
+    union = set()
+    for family in ("cumsoftmax", "linear", "orders", "shared_map", "taylor"):
+        pkg = importlib.import_module(f"megahash.ops.{family}")
+        assert pkg.__all__, family
+        for name in pkg.__all__:
+            fn = getattr(pkg, name)
+            assert callable(fn) and fn.__module__.startswith(f"megahash.ops.{family}."), (family, name)
+            assert getattr(importlib.import_module(fn.__module__), name) is fn, (family, name)
+        union |= set(pkg.__all__)
+    assert set(megahash.ops.__all__) == union
+    assert all(getattr(megahash.ops, n) is getattr(importlib.import_module(getattr(megahash.ops, n).__module__), n)
+               for n in union)
+
+
 # ------------------------------------------------------------------------ flash-linear-attention (GPU)
 
 
 @pytest.mark.gpu
 def test_fla_based_kernel_equals_the_oracle():
     """On CUDA with fla installed, Based's 16 features run fla's kernel: equal to the naive form."""
-    from megahash.ops.taylor.fla import based_kernel, fla_taylor
+    from megahash.ops.taylor.fla_based import based_kernel, fla_taylor
 
     if not accelerator.has_gpu() or based_kernel() is None:
         pytest.skip("needs a GPU and flash-linear-attention")

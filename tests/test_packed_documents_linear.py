@@ -41,8 +41,8 @@ def document_ids(lengths, b=1):
 @pytest.fixture
 def small_scan_chunk(monkeypatch):
     """nonapprox's scan chunk (64) down to 5 tokens, so a document spans several chunks."""
-    from megahash.ops.cumsoftmax import scan
-    monkeypatch.setattr(scan, "CHUNK", 5)
+    from megahash.ops.cumsoftmax import chunk
+    monkeypatch.setattr(chunk, "CHUNK", 5)
 
 
 def _module(kind, dtype, *extra):
@@ -96,8 +96,8 @@ def test_packed_rows_are_not_the_unmasked_run():
 
 
 def _oracles():
+    from megahash.ops.cumsoftmax.chunk import cumsoftmax_causal
     from megahash.ops.cumsoftmax.recurrent import cumsoftmax_recurrent
-    from megahash.ops.cumsoftmax.scan import cumsoftmax_causal
     from megahash.ops.orders.chunk import orders_causal
     from megahash.ops.orders.recurrent import orders_recurrent
     from megahash.ops.taylor.chunk import taylor_causal

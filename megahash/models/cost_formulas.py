@@ -94,5 +94,5 @@ class ApproxRow(StandardQKV):
 
 
 def taylor_feature_dim(d_h: int) -> int:
-    """Features of the Taylor map (megahash.ops.taylor.kernel.feature_dim): 1 + d_h + d_h(d_h + 1)/2."""
+    """Features of the Taylor map (megahash.ops.taylor.feature_map.feature_dim): 1 + d_h + d_h(d_h + 1)/2."""
     return 1 + d_h + d_h * (d_h + 1) // 2

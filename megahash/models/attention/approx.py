@@ -7,7 +7,7 @@ k(q, k) = 1 + q.k/sqrt(d) + (q.k)^2/(2d) replaces exp(q.k/sqrt(d)), with ONE sha
 
 and k(q, k) = phi(q).phi(k) for the feature map phi(x) = [1, x/d^(1/4), vec(x x^T)/(sqrt2 sqrt d)]
 (dimension 1 + d + d^2; megahash packs the symmetric x x^T into its upper triangle, D = 1 + d + d(d+1)/2,
-:mod:`megahash.ops.taylor.kernel`), so it is linear attention with the recurrent form
+:mod:`megahash.ops.taylor.feature_map`), so it is linear attention with the recurrent form
 S_i = S_{i-1} + phi(k_i) v_i^T, z_i = z_{i-1} + phi(k_i), o_i = phi(q_i) S_i / phi(q_i) z_i.
 The kernel is always positive (1 + x + x^2/2 > 0), so the denominator is too.
 Q, K, V = H W^{Q,K,V} (eq. 4.3) with RoPE on Q and K; the full head dimension d = d_h is used.
@@ -25,7 +25,7 @@ Forms (one copy each, :mod:`megahash.ops.taylor`; equal to 1e-10 in fp64):
 Encoders use the non-causal sums over the non-padded keys.
 Packed documents (``model_context["document_ids"]``): the sums restart at each document start in every
 form, without a loop over documents (docs/attention.md "Packed documents: linear and recurrent kinds"). Under autocast the kernels accumulate in
-fp32 and return the input dtype (:mod:`megahash.ops.linear.fp32`; docs/attention.md "Numerics").
+fp32 and return the input dtype (:mod:`megahash.ops.utils.fp32`; docs/attention.md "Numerics").
 
 Note on [Xue25]: Appendix I (eq. 4.14-4.17) writes a different recurrence that normalises the
 zeroth, first and second order terms separately and uses element-wise squares q^2, k^2; the
@@ -47,8 +47,8 @@ from __future__ import annotations
 from megahash.models.registry import register_reference
 from megahash.models.reference_layers import LinearAttention
 from megahash.models.reference_ops import cached_state, megahash_option, store_state
-from megahash.ops.linear.documents import document_rows
 from megahash.ops.taylor.chunk import taylor_bidirectional, taylor_causal
+from megahash.ops.utils.documents import document_rows
 
 
 @register_reference("approx")
@@ -83,7 +83,7 @@ from megahash.errors import ConfigError
 from megahash.models.attention.base import column, rope
 from megahash.models.attention.linear_base import LinearAttentionBase
 from megahash.models.registry import mask_type, register_attention
-from megahash.ops.taylor.kernel import taylor_kernel
+from megahash.ops.taylor.feature_map import taylor_kernel
 
 
 def rope_prefix(freqs, dim: int):

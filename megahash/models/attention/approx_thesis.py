@@ -23,7 +23,7 @@ expansion of softmax (its second order is sum_a q_a^2 k_a^2, not (q.k)^2). It st
 ``denominator=positive`` is the stabilised option: the first order on the positive feature map
 phi(x) = elu(x) + 1 of [Katharopoulos20] (eq. 7; the positive kernels of Based and other
 linear-attention work), so each order is a convex combination of the values and |o_i| <= 3 max |v_j|.
-The kernels accumulate in fp32 inside autocast (:mod:`megahash.ops.linear.fp32`).
+The kernels accumulate in fp32 inside autocast (:mod:`megahash.ops.utils.fp32`).
 
 State (per key/value head, after i tokens): s0 = sum v_j [d_h], s1 = sum k_j^T v_j [d_h, d_h],
 z1 = sum k_j [d_h], s2 = sum (k_j^2/sqrt2)^T v_j [d_h, d_h], z2 = sum k_j^2/sqrt2 [d_h]: 2 d_h^2 + 3 d_h
@@ -52,8 +52,8 @@ from __future__ import annotations
 from megahash.models.registry import register_reference
 from megahash.models.reference_layers import LinearAttention
 from megahash.models.reference_ops import cached_state, store_state
-from megahash.ops.linear.documents import document_rows
 from megahash.ops.orders.chunk import orders_bidirectional, orders_causal
+from megahash.ops.utils.documents import document_rows
 
 
 @register_reference("approx-thesis")

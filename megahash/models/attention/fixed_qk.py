@@ -14,7 +14,7 @@ values of the whole batch (the map is shared, Table 4.7's batch-independent 2L^2
 fixed sequence itself the layer is standard attention (Q, K, V all from X), exactly the
 TransformerBlock^(l)(eps) of eq. 4.9. This keeps training, TP/SP, activation recompute and
 incremental decoding (the fixed sequence is decoded alongside) free of special cases;
-it costs one more sequence per batch. The map is :func:`megahash.ops.shared_map.attend.shared_softmax`
+it costs one more sequence per batch. The map is :func:`megahash.ops.shared_map.parallel.shared_softmax`
 (computed once for the batch, nothing of size L x L kept for backward).
 
 Training (gradients on, no activation recompute, no dropout): the fixed sequence instead runs through
@@ -64,7 +64,7 @@ import torch
 from megahash.models.registry import register_reference
 from megahash.models.reference_layers import SeparateQKV
 from megahash.models.reference_ops import append_state, rope_cos_sin, split_heads
-from megahash.ops.shared_map.attend import shared_softmax
+from megahash.ops.shared_map.parallel import shared_softmax
 
 
 @register_reference("rndembqk")
@@ -177,7 +177,7 @@ from megahash.models.attention.base import append_cache, heads
 from megahash.models.attention.separate_qkv import SeparateQKVAttention
 from megahash.models.kind_input import KindInput
 from megahash.models.registry import mask_type, register_attention
-from megahash.ops.linear.documents import document_positions
+from megahash.ops.utils.documents import document_positions
 
 FIXED_KINDS = {"rndembqk": "random", "fixedseqqk": "text"}
 

@@ -14,7 +14,7 @@ RoPE is not applied: it would not change q_j . k_j (same position). With grouped
 
 Forms (one copy each, :mod:`megahash.ops.cumsoftmax`; equal to 1e-10 in fp64):
 - scan (training, prefill, decoding): prefix sums relative to a running maximum in linear space
-  (online softmax in two fixed levels, :mod:`megahash.ops.cumsoftmax.scan`), no L x L map and no
+  (online softmax in two fixed levels, :mod:`megahash.ops.cumsoftmax.chunk`), no L x L map and no
   loop over chunks (``model.attention.options.chunk_size`` does not apply); fp32 (fp64 kept) with
   autocast disabled, error at a masked softmax's (docs/attention.md, Numerics); the carried state is
   ``decode_cache`` ``m`` [b, g, rep], ``num`` [b, g, rep, d_h], ``den`` [b, g, rep] per head
@@ -36,8 +36,8 @@ import torch.nn.functional as F
 from megahash.models.registry import register_reference
 from megahash.models.reference_layers import LinearAttention
 from megahash.models.reference_ops import cached_state, store_state
-from megahash.ops.linear.documents import document_rows
-from megahash.ops.cumsoftmax.scan import cumsoftmax_bidirectional, cumsoftmax_causal
+from megahash.ops.cumsoftmax.chunk import cumsoftmax_bidirectional, cumsoftmax_causal
+from megahash.ops.utils.documents import document_rows
 
 
 @register_reference("nonapprox")

@@ -1,6 +1,6 @@
 """Shared part of the kinds whose Q, K come from another input than V (``rndembqk``/``fixedseqqk``, from
 a fixed input; ``staticembqk``, from the layer-0 embeddings): separate ``linear_q``/``linear_k``/``linear_v``
-and ONE attention map shared by the batch (:func:`megahash.ops.shared_map.attend.shared_softmax`)."""
+and ONE attention map shared by the batch (:func:`megahash.ops.shared_map.parallel.shared_softmax`)."""
 from __future__ import annotations
 
 import math
@@ -10,7 +10,7 @@ from megatron.core import tensor_parallel
 
 from megahash.errors import ConfigError
 from megahash.models.attention.base import AttentionBase, column, heads, rope
-from megahash.ops.shared_map.attend import shared_softmax
+from megahash.ops.shared_map.parallel import shared_softmax
 
 
 class SeparateQKVAttention(AttentionBase):
@@ -38,7 +38,7 @@ class SeparateQKVAttention(AttentionBase):
         """q [s, 1, n_l, d], k [sk, 1, g_l, d] (the fixed sequence), v [sk, b, g_l, d] -> [s, b, n_l*d].
 
         ONE attention map [g, rep, s, sk] for the whole batch, the values of all sequences laid side
-        by side (:func:`megahash.ops.shared_map.attend.shared_softmax`: no map kept for backward)."""
+        by side (:func:`megahash.ops.shared_map.parallel.shared_softmax`: no map kept for backward)."""
         s, _, n_l, d = q.shape
         b, g = v.shape[1], v.shape[2]
         qh = q[:, 0].permute(1, 0, 2).reshape(g, n_l // g, s, d)

@@ -1,6 +1,7 @@
 """Recurrent form of the one-score-per-key softmax (eq. 4.18) with a running maximum m_i:
 num_i = e^{m_{i-1} - m_i} num_{i-1} + e^{s_i - m_i} v_i, den_i likewise, o_i = num_i / den_i
-(decoding oracle; the state is (m, num, den))."""
+(the state is (m, num, den)): the test oracle (decoding runs
+:func:`megahash.ops.cumsoftmax.chunk.cumsoftmax_causal` with the carried state)."""
 from __future__ import annotations
 
 import torch

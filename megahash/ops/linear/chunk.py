@@ -18,8 +18,8 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from megahash.ops.linear.documents import carry_matrix, chunk_ids, same_document
-from megahash.ops.linear.fp32 import autocast_off
+from megahash.ops.utils.documents import carry_matrix, chunk_ids, same_document
+from megahash.ops.utils.fp32 import autocast_off
 
 
 def to_chunks(x: torch.Tensor, chunk: int) -> torch.Tensor:
@@ -87,7 +87,7 @@ def chunk_linear(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, features: Ca
     The denominator rides as a column of ones appended to v (den = A 1, z = phi(K)^T 1), so every
     GEMM yields numerator and denominator together; the zero padding of that column also drops the
     padded keys from the states. ``doc`` [..., L] (document ids, broadcasting against q[..., 0]): the
-    sums restart at each document start (:mod:`megahash.ops.linear.documents`); ``state`` then
+    sums restart at each document start (:mod:`megahash.ops.utils.documents`); ``state`` then
     belongs to document 0 and the returned state is the last token's document's."""
     if doc is not None:
         return _chunk_documents(q, k, v, features, kernel, chunk, state, need_state, doc)

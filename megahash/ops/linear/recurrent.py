@@ -1,5 +1,6 @@
-"""Recurrent form of causal linear attention (decoding, and the oracle of the chunk form):
-S_i = S_{i-1} + phi(k_i)^T v_i, z_i = z_{i-1} + phi(k_i), num_i = phi(q_i) S_i, den_i = phi(q_i) z_i."""
+"""Recurrent form of causal linear attention, the test oracle of the chunked form (decoding runs the
+chunked form with the carried state): S_i = S_{i-1} + phi(k_i)^T v_i, z_i = z_{i-1} + phi(k_i),
+num_i = phi(q_i) S_i, den_i = phi(q_i) z_i."""
 from __future__ import annotations
 
 from typing import Callable, Optional

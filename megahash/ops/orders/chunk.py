@@ -1,5 +1,6 @@
 """Appendix I of [Xue25] (eq. 4.14-4.17): o_i = o_0i + o_1i + o_2i, each order normalised by its
-own denominator; chunked (training and prefill) and bidirectional (encoders) forms.
+own denominator; chunked (training, prefill, and decoding with the carried state) and
+bidirectional (encoders) forms.
 
     o_0i = (sum_{j<=i} v_j) / i                                             (4.15)  a cumulative sum
     o_1i = q_i (sum_{j<=i} k_j^T v_j) / q_i (sum_{j<=i} k_j^T)               (4.16)
@@ -29,8 +30,8 @@ import math
 import torch
 
 from megahash.ops.linear.chunk import chunk_linear
-from megahash.ops.linear.documents import first_index, pair_mask
-from megahash.ops.linear.fp32 import fp32_kernel
+from megahash.ops.utils.documents import first_index, pair_mask
+from megahash.ops.utils.fp32 import fp32_kernel
 
 
 def thesis_sq(x):

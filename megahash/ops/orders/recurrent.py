@@ -1,5 +1,6 @@
-"""Recurrent form of Appendix I (eq. 4.14-4.17): token by token over the state (s0, s1, z1, s2, z2)
-(decoding, and the oracle of the chunked form)."""
+"""Recurrent form of Appendix I (eq. 4.14-4.17): token by token over the state (s0, s1, z1, s2, z2),
+the test oracle of the chunked form (decoding runs :func:`megahash.ops.orders.chunk.orders_causal`
+with the carried state)."""
 from __future__ import annotations
 
 import torch

@@ -1,16 +1,11 @@
 """Naive form of the batch-shared softmax map (autograd keeps the map): the oracle of
-:class:`megahash.ops.shared_map.attend.SharedMapAttention`, and the path with attention dropout.
+:class:`megahash.ops.shared_map.parallel.SharedMapAttention`, and the path with attention dropout.
 Same precision: autocast disabled, scores and softmax in float32 (float64 kept), P V in v's dtype."""
 from __future__ import annotations
 
 import torch
 
-from megahash.ops.linear.fp32 import autocast_off
-
-
-def no_autocast(t: torch.Tensor):
-    """An autocast-disabled region for ``t``'s device type (what runs inside keeps its dtypes)."""
-    return autocast_off(t.device.type)
+from megahash.ops.utils.fp32 import no_autocast
 
 
 def scores(q, k, scale: float, causal: bool, key_mask=None):

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from megahash.ops.linear.naive import naive_linear
-from megahash.ops.taylor.kernel import taylor_kernel
+from megahash.ops.taylor.feature_map import taylor_kernel
 
 
 def naive_taylor(q, k, v, causal: bool = True):

@@ -1,4 +1,5 @@
-"""A causal softmax with ONE score per key ([Xue25] eq. 4.7-4.8, 4.18) without an L x L map.
+"""Chunked form of the causal softmax with ONE score per key ([Xue25] eq. 4.7-4.8, 4.18), without an
+L x L map: training, prefill and decoding (the new tokens with the carried state).
 
 o_i = sum_{j<=i} e^{s_j} v_j / sum_{j<=i} e^{s_j}: numerator and denominator are prefix sums, kept
 (as online-softmax / flash kernels do, [Mil18], [Dao22]) relative to a running maximum, in linear
@@ -28,14 +29,10 @@ import math
 import torch
 import torch.nn.functional as F
 
-from megahash.ops.linear.documents import carry_matrix, chunk_ids, pair_mask, same_document
-from megahash.ops.linear.fp32 import autocast_off
+from megahash.ops.utils.documents import carry_matrix, chunk_ids, pair_mask, same_document
+from megahash.ops.utils.fp32 import no_autocast
 
 CHUNK = 64
-
-
-def _no_autocast(t: torch.Tensor):
-    return autocast_off(t.device.type)
 
 
 def _chunk_size(L: int) -> int:
@@ -76,7 +73,7 @@ def _causal_states(s, v):
 
 def _document_states(s, v, doc):
     """:func:`_causal_states` restarted at each document start (``doc`` [..., L] nondecreasing ids,
-    :mod:`megahash.ops.linear.documents`): inside a chunk the C x C weights are masked to the same
+    :mod:`megahash.ops.utils.documents`): inside a chunk the C x C weights are masked to the same
     document before the exponential, relative to the maximum over the same keys (masked max, no
     underflow from another document); chunk c' passes its last position's state (its tail document)
     to the positions of chunk c > c' with doc == doc_end(c') == doc_start(c) (0/1 matrix W)."""
@@ -111,7 +108,7 @@ def cumsoftmax_causal(s: torch.Tensor, v: torch.Tensor, state=None, need_state: 
     ``state`` = (m [...], num [..., dv], den [...]) of the keys before (num, den relative to e^m);
     ``doc`` [..., L] document ids: the sums restart at each document start (``state`` joins document 0).
     Returns (out [..., L, dv], state of all keys or None). Eq. 4.18 with a running maximum."""
-    with _no_autocast(s):
+    with no_autocast(s):
         v = v.to(s.dtype)
         m, num, den = _causal_states(s, v) if doc is None else _document_states(s, v, doc)
         if state is not None:
@@ -135,7 +132,7 @@ def cumsoftmax_bidirectional(s, v, key_mask=None, doc=None):
     """Encoders: o = sum_j softmax(s)_j v_j over the non-padded keys (masked before the
     exponential), the same vector for every query; autocast disabled, the inputs' dtype. ``doc``
     [..., L]: over the keys of the query's document (an [L, L] masked softmax)."""
-    with _no_autocast(s):
+    with no_autocast(s):
         if doc is not None:
             logits = s.unsqueeze(-2).masked_fill(~pair_mask(doc, key_mask), float("-inf"))
             return torch.softmax(logits, dim=-1) @ v.to(s.dtype)

@@ -1,7 +1,8 @@
-"""One causal softmax map for a whole batch (the fixed-Q/K kinds, [Xue25] eq. 4.9-4.12), computed once
-and applied to the values of every sequence laid side by side (V [g, T, b*d]), with a flash-style
-backward ([Dao22], alg. 2 without tiling) that recomputes the map from Q, K and the rows'
-log-sum-exp: nothing of size L x T is kept for backward, only O(L d + T b d).
+"""Parallel form of the batch-shared softmax map (the fixed-Q/K kinds, [Xue25] eq. 4.9-4.12): one
+causal map for a whole batch, computed once and applied to the values of every sequence laid side
+by side (V [g, T, b*d]), with a flash-style backward ([Dao22], alg. 2 without tiling) that
+recomputes the map from Q, K and the rows' log-sum-exp: nothing of size L x T is kept for
+backward, only O(L d + T b d).
 
     P = softmax(Q K^T * scale) (causal: key t visible to query i iff t <= i + T - L),  O = P V
     dV = P^T dO,  dP = dO V^T,  dS = P (dP - rowsum(dO * O)),  dQ = dS K scale,  dK = dS^T Q scale
@@ -28,7 +29,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from megahash.ops.shared_map.naive import naive_shared_softmax, no_autocast, scores
+from megahash.ops.shared_map.naive import naive_shared_softmax, scores
+from megahash.ops.utils.fp32 import no_autocast
 
 
 class SharedMapAttention(torch.autograd.Function):

@@ -1,4 +1,4 @@
-"""fp32 accumulation for the linear-attention kernels inside ``torch.autocast``.
+"""fp32 accumulation for the attention kernels inside ``torch.autocast``.
 
 Autocast re-casts the inputs of every matmul inside its region to its dtype (bf16), whatever dtype the
 code cast them to, so a kernel that casts q, k, v to fp32 and then multiplies still accumulates its
@@ -33,6 +33,11 @@ def autocast_off(device_type: str):
         on = False
     # contextlib.nullcontext: a no-op context torch.compile traces without a graph break
     return torch.autocast(device_type, enabled=False) if on else contextlib.nullcontext()
+
+
+def no_autocast(t: torch.Tensor):
+    """An autocast-disabled region for ``t``'s device type (what runs inside keeps its dtypes)."""
+    return autocast_off(t.device.type)
 
 
 def fp32_kernel(fn):
