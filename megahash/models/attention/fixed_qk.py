@@ -133,7 +133,7 @@ class FixedInputReference(torch.nn.Module):
         if needed > total:
             raise ValueError(f"{self.kind}: positions up to {needed} exceed the fixed input ({total} positions)")
         param = next(model.parameters())
-        causal = model.config.arch == "decoder"
+        causal = model.arch.causal
         # causal: position t of the fixed pass sees positions <= t only, so a pass over the first
         # `needed` positions equals the whole input's; bidirectional (encoders): every position sees
         # the whole pass, so it always runs over the whole input (a row's Q, K then do not depend
