@@ -19,14 +19,13 @@ PROBE_TEXT = "KING. My lord, the queen, my lord, is dead. What says the king?"
 
 def load_hf(folder, dtype=torch.float32):
     """The exported model (remote code trusted), in eval mode."""
-    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+    import transformers
 
     from megahash.errors import CheckpointError
     from megahash.models.arch import arch_of
 
     cfg = json.loads((Path(folder) / "config.json").read_text())
-    auto = {"AutoModelForCausalLM": AutoModelForCausalLM, "AutoModelForMaskedLM": AutoModelForMaskedLM}[
-        arch_of(cfg.get("arch", "decoder")).hf_auto]
+    auto = getattr(transformers, arch_of(cfg.get("arch", "decoder")).hf_auto)  # AutoModelForCausalLM / ...MaskedLM
     model, info = auto.from_pretrained(str(folder), trust_remote_code=True, dtype=dtype, output_loading_info=True)
     bad = {k: list(v)[:3] for k, v in info.items() if v}
     if bad:
