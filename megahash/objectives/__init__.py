@@ -8,8 +8,14 @@ functions (config checks read their specs without it).
 from __future__ import annotations
 
 import inspect
+import sys
 
 from megahash.objective_spec import objective_spec
+
+
+def _current(fn):
+    """``fn`` as its module holds it now (late-bound like a module attribute: a wrapper put there is used)."""
+    return None if fn is None else getattr(sys.modules[fn.__module__], fn.__name__)
 
 
 class Objective:
@@ -21,7 +27,7 @@ class Objective:
         self.special_ids = dict(special_ids or {}) or None  # role -> id (None: the word ids 0-4)
         self.seed = seed
         self.generator = torch.Generator()
-        self._corrupt = self.spec.corrupt
+        self._corrupt = _current(self.spec.corrupt)
         self.options: dict = {}  # extra corrupt() arguments (S+R random replacements, from the config)
 
     def set_step(self, step: int, rank: int) -> None:
@@ -42,5 +48,5 @@ class Objective:
 def build_objective(cfg, data=None) -> Objective:
     obj = Objective(cfg.train.objective, cfg.train.seed, getattr(cfg.data, "special_ids", None))
     if obj._corrupt is not None and obj.spec.options is not None:
-        obj.options = obj.spec.options(cfg, getattr(data, "vocab_size", None) or cfg.model.vocab_size or None)
+        obj.options = _current(obj.spec.options)(cfg, getattr(data, "vocab_size", None) or cfg.model.vocab_size or None)
     return obj
