@@ -67,6 +67,12 @@ def _standard_kind(group: str) -> str:
     return declarations.standard(group)
 
 
+def _standard_objective() -> str:
+    from megahash.objective_spec import standard
+
+    return standard()
+
+
 @dataclass
 class ModelConfig:
     """Architecture: Qwen2.5-style decoder (default) or BERT-style encoder ([Xue25] Table 4.10)."""
@@ -124,7 +130,7 @@ class DataConfig:
 
 @dataclass
 class TrainConfig:
-    objective: str = "clm"  # clm | mlm | sr
+    objective: str = field(default_factory=_standard_objective)  # megahash/objectives/ (clm | mlm | sr)
     sr_random: str = "codes"  # sr random replacements: codes (the authors' collators: random bits/codeword/bucket/id) | batch (words of the batch)
     steps: int = 100
     micro_batch_size: int = 4
@@ -480,14 +486,16 @@ def load_config(path: str | os.PathLike | list | tuple | None = None, overrides:
 def validate(cfg: Config) -> None:
     """Cross-field checks that do not need the model or the data (one-line errors)."""
     from megahash.config_checks import check_ranges
+    from megahash.models.arch import ARCHS, arch_of
+    from megahash.objective_spec import objective_spec
 
     check_ranges(cfg)  # every number inside its range first (megahash/config_checks.py)
     m, p = cfg.model, cfg.parallel
-    if m.arch not in ("decoder", "encoder"):
-        raise ConfigError(f"model.arch must be decoder or encoder, got {m.arch!r}")
+    if m.arch not in ARCHS:
+        raise ConfigError(f"model.arch must be {' or '.join(ARCHS)}, got {m.arch!r}")
     if m.layout not in ("prenorm", "roberta"):
         raise ConfigError(f"model.layout must be prenorm or roberta, got {m.layout!r}")
-    if m.layout == "roberta" and m.arch != "encoder":
+    if m.layout == "roberta" and arch_of(m.arch).causal:
         raise ConfigError("model.layout=roberta is an encoder layout; set model.arch=encoder or model.layout=prenorm")
     if m.hidden_size % m.num_heads:
         raise ConfigError(
@@ -517,8 +525,7 @@ def validate(cfg: Config) -> None:
     if p.sequence and cfg.data.seq_length % p.tensor:
         raise ConfigError(f"data.seq_length={cfg.data.seq_length} must be divisible by parallel.tensor={p.tensor} under sequence parallelism")
     t = cfg.train
-    if t.objective not in ("clm", "mlm", "sr"):
-        raise ConfigError(f"train.objective must be clm, mlm or sr, got {t.objective!r}")
+    objective_spec(t.objective)  # an unknown one: "train.objective must be clm, mlm or sr, got ..."
     if t.sr_random not in ("codes", "batch"):
         raise ConfigError(f"train.sr_random must be codes or batch, got {t.sr_random!r}")
     if t.decay not in ("cosine", "linear", "wsd", "constant"):

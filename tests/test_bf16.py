@@ -58,7 +58,7 @@ def configurations() -> dict[str, list[str]]:
     """name -> overrides: the kind groups (decoders, clm), every non-standard embedding kind, every
     selectable non-standard head, every corruption objective in an encoder (the first over every kind
     an encoder runs but the further fixed-input kinds, the others over those)."""
-    from megahash.objectives import CORRUPTIONS
+    from megahash.objective_spec import names, objective_spec
 
     out = {}
     for name, kinds in KIND_GROUPS.items():
@@ -69,7 +69,7 @@ def configurations() -> dict[str, list[str]]:
         out[f"head-{head}"] = ["model.num_layers=2", f"model.head={head}"]
     fixed = _kinds.attention(fixed_input=True)
     encoder_kinds = [k for k in _kinds.attention(encoder=True) if k not in fixed[1:]]
-    for i, obj in enumerate(sorted(CORRUPTIONS)):
+    for i, obj in enumerate(n for n in names() if objective_spec(n).corrupt is not None):
         kinds = encoder_kinds if i == 0 else fixed[1:] + _kinds.attention(standard=True)[:1]
         out[f"objective-{obj}"] = [f"train.objective={obj}", "model.arch=encoder", f"model.num_layers={len(kinds)}",
                                    "model.schedule=list:" + ",".join(kinds)]

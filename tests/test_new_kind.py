@@ -6,6 +6,7 @@ other than a kind's own names it."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -536,6 +537,7 @@ HOMONYMS = {
     ("random_seed", "megahash/eval/run.py"): "lm-eval's simple_evaluate keyword",
     ("megahash.models.embeddings.vocab", "megahash/tokenization.py"): "the '.vocab' file suffix of sentencepiece (path-like tokenizer values)",
     ("megahash.models.heads.vocab", "megahash/tokenization.py"): "the '.vocab' file suffix of sentencepiece (path-like tokenizer values)",
+    ("shuffle-random", "megahash/objectives/shuffle_random.py"): "not a homonym: the S+R objective names the head it trains (ObjectiveSpec.head)",
 }
 
 
@@ -563,3 +565,44 @@ def test_every_homonym_is_still_needed():
 
     leaks = kind_leaks.scan(ROOT, kind_leaks.catalog_kinds(ROOT))
     assert [key for key in HOMONYMS if not any(kind_leaks.allowed(leak, {key: ""}) for leak in leaks)] == []
+
+
+# -------------------------------------------------------------------------- no other file names an objective
+
+
+def _objective_files(root) -> list:
+    """kind_leaks records of the objectives (each file of megahash/objectives/ registering an
+    ``ObjectiveSpec("name", ...)``): checked by name (a string constant) and module; their public names
+    (``corrupt``) are common words."""
+    import ast
+
+    import kind_leaks
+
+    out = []
+    for path in sorted((root / "megahash" / "objectives").glob("*.py")):
+        names = {node.args[0].value for node in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "ObjectiveSpec"
+                 and node.args and isinstance(node.args[0], ast.Constant)}
+        if names:
+            module = "megahash.objectives." + path.stem
+            out.append(kind_leaks.Kind(frozenset(names), path.resolve(), module, frozenset(), frozenset(), True))
+    return out
+
+
+def test_no_library_file_but_its_own_names_an_objective(tmp_path):
+    """For every registered objective (clm, mlm, sr): no library file but its own names it (a string
+    constant, docstrings excepted, or an import of its module); the library asks its ObjectiveSpec. A
+    planted comparison is found, so the check is live."""
+    import kind_leaks
+
+    from megahash.objective_spec import names
+
+    objectives = _objective_files(ROOT)
+    assert sorted(n for k in objectives for n in k.names) == names()  # every objective is checked
+    leaks = kind_leaks.scan(ROOT, objectives)
+    assert not leaks, "objective named outside its own file:\n" + "\n".join(map(str, leaks))
+    (tmp_path / "megahash").mkdir()
+    (tmp_path / "megahash" / "planted.py").write_text('def f(cfg):\n    return cfg.train.objective != "sr"\n')
+    sr = next(k for k in objectives if "sr" in k.names)
+    found = kind_leaks.scan(tmp_path, [dataclasses.replace(sr, file=tmp_path / "megahash" / "sr.py")])
+    assert [(f.path, f.line, f.identifier, f.sort) for f in found] == [("megahash/planted.py", 2, "sr", "string")]

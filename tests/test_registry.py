@@ -144,13 +144,16 @@ def _train_cases():
                                 "train.objective=mlm"]) for k in _kinds.attention(encoder=True)]
     for e in _kinds.embeddings():
         cases.append(("embedding", e, [f"model.embedding={e}", f"model.embed.hash_spec={declarations.caps('embedding', e).example_hash_spec}"]))
+    from megahash.objective_spec import names, objective_spec, standard
+
     for h in _kinds.heads():
         caps = declarations.caps("head", h)
         spec = "md5-bucket64" if h == "hash-bucket" else "md5"  # a bucket spec for a bucket head
-        over = [f"model.embed.hash_spec={spec}", f"train.objective={caps.objectives[0]}"]
+        objective = next((n for n in names() if objective_spec(n).head == h), standard())  # the objective training it
+        over = [f"model.embed.hash_spec={spec}", f"train.objective={objective}"]
         over += [f"model.head={h}"] if caps.selectable else []
-        if caps.objectives[0] in ("mlm", "sr"):
-            over += ["model.arch=encoder"]
+        if objective_spec(objective).arch != "decoder":
+            over += [f"model.arch={objective_spec(objective).arch}"]
         cases.append(("head", h, over))
     return cases
 

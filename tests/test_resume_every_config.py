@@ -34,13 +34,15 @@ STAGES = (["train.zero_stage=0"], ["train.zero_stage=3"], ["train.zero_stage=1",
 
 
 def _objectives() -> list[str]:
-    from megahash.objectives import CORRUPTIONS
+    from megahash.objective_spec import names
 
-    return ["clm", *sorted(CORRUPTIONS)]
+    return names()
 
 
 def _arch(objective: str) -> str:
-    return "decoder" if objective == "clm" else "encoder"  # causal LM in a decoder, corruption objectives in encoders
+    from megahash.objective_spec import objective_spec
+
+    return objective_spec(objective).arch  # causal LM in a decoder, corruption objectives in encoders
 
 
 def _embedding(kind: str) -> list[str]:

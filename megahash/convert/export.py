@@ -37,6 +37,8 @@ import torch
 
 from megahash.convert.hf_folder import EXTRA_FILE, MAX_SHARD_SIZE, WEIGHTS_FILE, cast, save_weights, special_token_ids
 from megahash.errors import CheckpointError, ConfigError, MegahashError
+from megahash.models.arch import arch_of
+from megahash.objective_spec import objective_spec
 
 REMOTE_FILES = ["configuration_megahash.py", "modeling_megahash.py", "hashing_megahash.py"]  # + megahash_*.py
 WEIGHTS_FILE = "model.safetensors"
@@ -128,7 +130,7 @@ def hf_config_dict(cfg, model, vocab_size: int, step: int) -> dict:
         hidden_size=m.hidden_size, num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads,
         num_key_value_heads=m.num_query_groups or m.num_heads, intermediate_size=m.ffn_hidden_size,
         max_position_embeddings=m.max_position_embeddings, rope_theta=float(m.rotary_base), norm_eps=m.norm_eps,
-        arch=m.arch, objective=cfg.train.objective, embedding=m.embedding, head=m.head,
+        arch=m.arch, objective=cfg.train.objective, embedding=m.embedding, head=objective_spec(cfg.train.objective).head_name(m.head),
         tie_embeddings=bool(model.tie), qkv_bias=bool(m.qkv_bias), layer_specs=layer_specs(model),
         embed=embed_meta(model), kind_inputs=kind_inputs, hash_spec=spec.name if spec is not None else None,
         code_width=spec.width if spec is not None else 0, num_buckets=num_buckets, megahash_step=int(step),
@@ -228,11 +230,11 @@ def export_model(cfg, model, output, codec=None, step: int = 0, dtype: str = "fl
 
         files += save_weights(out, cast(to_hf_names(state, model.kind_input_attrs), torch_dtype), max_shard_size)
         remote = remote_code.write(out, remote_code.needed_kinds(cfg, model))
-        encoder = cfg.model.arch == "encoder"
-        head_cls = "MegahashForMaskedLM" if encoder else "MegahashForCausalLM"
+        arch = arch_of(cfg.model.arch)
+        head_cls = arch.hf_class
         modeling = remote_code.MODELING_MODULE
         auto_map = {"AutoConfig": f"{remote_code.CONFIG_MODULE}.MegahashConfig", "AutoModel": f"{modeling}.MegahashModel",
-                    ("AutoModelForMaskedLM" if encoder else "AutoModelForCausalLM"): f"{modeling}.{head_cls}"}
+                    arch.hf_auto: f"{modeling}.{head_cls}"}
         config = MegahashConfig(**fields, auto_map=auto_map, architectures=[head_cls], dtype=dtype)
         config.save_pretrained(str(out))
         files += ["config.json", *remote]

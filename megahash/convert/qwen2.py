@@ -45,10 +45,13 @@ def _qwen2(group: str, name: str) -> bool:
 
 def ineligible(cfg, model) -> str:
     """"" if the model exports to Qwen2, else why not (one phrase)."""
+    from megahash.models.arch import arch_of
+    from megahash.objective_spec import objective_spec
+
     m = cfg.model
-    if m.arch != "decoder":
+    if not arch_of(m.arch).causal:
         return f"model.arch={m.arch}"
-    if cfg.train.objective != "clm":
+    if not objective_spec(cfg.train.objective).next_token:
         return f"train.objective={cfg.train.objective}"
     if not _qwen2("embedding", m.embedding):
         return f"model.embedding={m.embedding}"
@@ -250,6 +253,7 @@ def megahash_tree(data: dict, folder) -> dict:
     need(n % kv == 0, f"{n} heads not divisible into {kv} key/value groups")
     max_pos = int(data.get("max_position_embeddings") or 2048)
     from megahash.models import declarations
+    from megahash.objective_spec import standard as standard_objective
 
     tree = {
         "model": {"arch": "decoder", "hidden_size": h, "num_layers": int(data["num_hidden_layers"]), "num_heads": n,
@@ -259,7 +263,7 @@ def megahash_tree(data: dict, folder) -> dict:
                   "qkv_bias": True, "norm_eps": float(data.get("rms_norm_eps", 1e-6)),
                   "init_std": float(data.get("initializer_range", 0.02)), "embedding": declarations.standard("embedding"),
                   "head": declarations.standard("head"), "schedule": f"uniform:{declarations.standard('attention')}"},
-        "train": {"objective": "clm"},
+        "train": {"objective": standard_objective()},
         "data": {"seq_length": min(max_pos, 2048)},
     }
     folder = Path(folder)

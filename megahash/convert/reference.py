@@ -15,11 +15,12 @@ def reference_model(cfg, model, vocab_size: int | None = None):
     dtype, training mode like ``model``."""
     from megahash.errors import CheckpointError
     from megahash.models import hf_model
+    from megahash.models.arch import arch_of
     from megahash.models.hf_config import MegahashConfig
 
     check_references(cfg, model)
     config = MegahashConfig(**hf_config_dict(cfg, model, int(vocab_size or model.vocab_size), 0))
-    cls = hf_model.MegahashForMaskedLM if cfg.model.arch == "encoder" else hf_model.MegahashForCausalLM
+    cls = getattr(hf_model, arch_of(cfg.model.arch).hf_class)
     param = next(model.parameters())
     ref = cls(config).to(param.dtype)
     names = reference_names(model, ref)

@@ -36,6 +36,7 @@ SECTION_END = "# ---- megatron-core implementation"  # where a kind file's plain
 # library module -> its file in the folder (without .py); copied verbatim, imports made relative
 LIBRARY_FILES = {
     "megahash.models.hf_config": CONFIG_MODULE,
+    "megahash.models.arch": "megahash_arch",
     "megahash.models.reference_ops": "megahash_reference_ops",
     "megahash.models.reference_layers": "megahash_reference_layers",
     "megahash.models.hf_model": MODELING_MODULE,
@@ -207,12 +208,15 @@ def references() -> dict:
 
 
 def head_keys(cfg) -> list[str]:
-    return [f"objective:{cfg.train.objective}", f"head:{cfg.model.head}"]
+    from megahash.objective_spec import objective_spec
+
+    return [f"head:{objective_spec(cfg.train.objective).head_name(cfg.model.head)}"]
 
 
 def needed_kinds(cfg, model) -> list[str]:
     """Reference names the model needs: its layers' attention kinds, its embedding kind and, unless
-    its head is the vocabulary head over ``output_layer``, the head (``objective:NAME`` or ``head:NAME``)."""
+    its head is the vocabulary head over ``output_layer``, the head (``head:NAME``: the objective's own head or
+    ``model.head``)."""
     from megahash.models import registry
 
     kinds = list(dict.fromkeys(model.layer_kinds if hasattr(model, "layer_kinds") else registry.schedule_kinds(cfg)))

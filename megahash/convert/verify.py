@@ -19,12 +19,13 @@ PROBE_TEXT = "KING. My lord, the queen, my lord, is dead. What says the king?"
 
 def load_hf(folder, dtype=torch.float32):
     """The exported model (remote code trusted), in eval mode."""
-    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+    import transformers
 
     from megahash.errors import CheckpointError
+    from megahash.models.arch import arch_of
 
     cfg = json.loads((Path(folder) / "config.json").read_text())
-    auto = AutoModelForMaskedLM if cfg.get("arch") == "encoder" else AutoModelForCausalLM
+    auto = getattr(transformers, arch_of(cfg.get("arch", "decoder")).hf_auto)  # AutoModelForCausalLM / ...MaskedLM
     model, info = auto.from_pretrained(str(folder), trust_remote_code=True, dtype=dtype, output_loading_info=True)
     bad = {k: list(v)[:3] for k, v in info.items() if v}
     if bad:
@@ -44,8 +45,9 @@ def megahash_logits(model, tokens, codes=None, padding_mask=None, vocab: int | N
     """Head logits [b, s, ...] of a MegahashLM (vocab heads cut to the real vocabulary)."""
     out = model(tokens, hash_codes=codes, padding_mask=padding_mask)
     from megahash.models import declarations
+    from megahash.objective_spec import objective_spec
 
-    if declarations.caps("head", model.cfg.model.head).token_loss and model.cfg.train.objective != "sr" and vocab:
+    if declarations.caps("head", model.cfg.model.head).token_loss and objective_spec(model.cfg.train.objective).token_loss and vocab:
         out = out[..., :vocab]
     return out
 

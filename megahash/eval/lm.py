@@ -106,7 +106,10 @@ class MegahashEvalLM(LM):
         return cls(**{**extra, **args})
 
     def _setup(self, cfg, model, ckpt, codec, batch_size, max_length, incremental):
-        if cfg.model.arch != "decoder" or cfg.train.objective != "clm":
+        from megahash.models.arch import arch_of
+        from megahash.objective_spec import objective_spec
+
+        if not (arch_of(cfg.model.arch).causal and objective_spec(cfg.train.objective).next_token):
             raise ConfigError(
                 f"megahash eval scores causal decoders; this checkpoint is model.arch={cfg.model.arch} "
                 f"train.objective={cfg.train.objective}"

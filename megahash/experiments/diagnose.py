@@ -128,10 +128,11 @@ def variant_config(base_config: Optional[str], overrides: list[str], schedule: s
     """The config of one variant: defaults (without --config), the user's overrides, the schedule
     and the task's vocabulary/length."""
     from megahash.config import load_config
+    from megahash.models.arch import arch_of
 
     pre = [] if base_config else list(MODEL_DEFAULTS)
     cfg = load_config(base_config, pre + list(overrides) + [f"model.schedule={schedule}"])
-    if cfg.model.arch != "decoder":
+    if not arch_of(cfg.model.arch).causal:
         raise ConfigError(f"megahash diagnose trains causal models; model.arch={cfg.model.arch!r} is not decoder")
     cfg.model.vocab_size = task.vocab
     cfg.data.seq_length = task.seq_length

@@ -51,10 +51,12 @@ def closed_form_report(cfg, vocab_size: int) -> dict | None:
 def is_qwen2(cfg) -> bool:
     """A plain Qwen2 model: decoder, clm, Qwen2-type embedding, head and every attention layer."""
     from megahash.models import declarations
+    from megahash.models.arch import arch_of
     from megahash.models.schedules import layer_kinds
+    from megahash.objective_spec import objective_spec
 
     m = cfg.model
-    if m.arch != "decoder" or cfg.train.objective != "clm":
+    if not (arch_of(m.arch).causal and objective_spec(cfg.train.objective).next_token):
         return False
     if not (declarations.caps("embedding", m.embedding).qwen2 and declarations.caps("head", m.head).qwen2):
         return False

@@ -259,12 +259,13 @@ def train_flops_per_token(cfg, vocab_size: int, seq: int | None = None, measure:
     plus the LM head 2 d V. Embedding lookups and norms are not counted (Megatron's convention).
     "n/a" when a layer's kind has no cost formula and cannot be measured (MFU is then not shown).
     """
+    from megahash.models.arch import arch_of
     from megahash.models.schedules import layer_kinds
 
     m = cfg.model
     L = seq or cfg.data.seq_length
     d, n, g = m.hidden_size, m.num_heads, m.num_query_groups or None
-    mlp_mats = 3 if m.arch == "decoder" else 2
+    mlp_mats = 3 if arch_of(m.arch).swiglu else 2
     kinds = layer_kinds(m.schedule, m.num_layers)
     per_token = 0.0
     for kind in kinds:

@@ -81,8 +81,7 @@ class HeadCaps:
     standard: bool = False  # the default ``model.head``
     qwen2: bool = False  # the vocabulary LM head (Qwen2 import/export, closed-form params)
     token_loss: bool = True  # its loss is nats per vocabulary token (perplexity; clm/mlm)
-    objectives: tuple = ("clm", "mlm")  # train.objective values it serves
-    selectable: bool = True  # chosen by model.head; False: the head of its objectives (e.g. sr)
+    selectable: bool = True  # chosen by model.head; False: the head an objective trains (its ObjectiveSpec.head)
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ try:
 except ImportError:  # pragma: no cover
     _CacheBase = object
 
+from megahash.models.arch import arch_of
 from megahash.models.hf_config import MegahashConfig
 from megahash.models.reference_table import references
 from megahash.models.reference_layers import (
@@ -243,7 +244,7 @@ class MegahashModel(MegahashPreTrainedModel):
     def forward(self, input_ids=None, hash_codes=None, attention_mask=None, past_key_values=None, use_cache=None,
                 output_hidden_states=False, return_dict=True, **kwargs):
         b, s = input_ids.shape
-        decoder = self.config.arch == "decoder"
+        decoder = arch_of(self.config.arch).causal
         given = _given_cache(past_key_values, kwargs)
         cache = given if isinstance(given, MegahashCache) else None
         if cache is None and use_cache and decoder:
@@ -336,15 +337,16 @@ class MegahashForCausalLM(MegahashPreTrainedModel, GenerationMixin):
             hidden = hidden[:, -logits_to_keep:]
         logits = self.head_logits(hidden)
         loss = None
+        causal = arch_of(self.config.arch).causal
         if labels is not None:
             if self.head is None:  # causal LM: position t predicts labels[t + 1]
-                shift = logits[:, :-1] if self.config.arch == "decoder" else logits
-                tgt = labels[:, 1:] if self.config.arch == "decoder" else labels
+                shift = logits[:, :-1] if causal else logits
+                tgt = labels[:, 1:] if causal else labels
                 loss = F.cross_entropy(shift.float().reshape(-1, shift.shape[-1]), tgt.reshape(-1), ignore_index=-100)
             elif getattr(self.head, "token_classes", 0):  # a per-token classification head (Shuffle+Random)
                 loss = F.cross_entropy(logits.float().reshape(-1, self.head.token_classes), labels.reshape(-1),
                                        ignore_index=-100)
-        cls = CausalLMOutputWithPast if self.config.arch == "decoder" else MaskedLMOutput
+        cls = CausalLMOutputWithPast if causal else MaskedLMOutput
         if cls is MaskedLMOutput:
             return cls(loss=loss, logits=logits, hidden_states=out.hidden_states)
         return cls(loss=loss, logits=logits, hidden_states=out.hidden_states, **{CACHE_FIELD: getattr(out, CACHE_FIELD)})
@@ -361,7 +363,7 @@ class MegahashForCausalLM(MegahashPreTrainedModel, GenerationMixin):
         return codes
 
     def generate(self, *args, **kwargs):
-        if self.head is not None or self.config.arch != "decoder":
+        if self.head is not None or not arch_of(self.config.arch).causal:
             raise ValueError("generate() needs a decoder with the vocabulary head; this model's head predicts "
                              f"{'word-hash codes' if self.head is not None else 'masked tokens'} (use its logits)")
         input_ids = kwargs.get("input_ids", args[0] if args else None)

@@ -66,10 +66,11 @@ def measure_kind(cfg, kind: str, batch: int, seq: int) -> dict:
         return out
     tp = parallel_state.get_tensor_model_parallel_world_size() if parallel_state.model_parallel_is_initialized() else 1
     from megahash.models import declarations
+    from megahash.models.arch import arch_of
 
     rows = batch + (1 if declarations.caps("attention", kind).fixed_input else 0)  # the fixed sequence rides along
     h = cfg.model.hidden_size
-    encoder = cfg.model.arch == "encoder"
+    encoder = not arch_of(cfg.model.arch).causal
     mask = torch.zeros(rows, 1, 1, seq, dtype=torch.bool, device="meta") if encoder else None
     params = {p.untyped_storage()._cdata for p in module.parameters()}
 

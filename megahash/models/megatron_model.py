@@ -19,6 +19,7 @@ from megatron.core.utils import init_method_normal, scaled_init_method_normal
 
 from megahash.errors import ConfigError
 from megahash.models import autocast_linear, cpu_linear, heads, registry
+from megahash.models.arch import arch_of
 from megahash.models.norm import hook_sequence_parallel_params
 
 
@@ -31,7 +32,7 @@ def padded_vocab_size(vocab: int, divisible_by: int, tp: int) -> int:
 def transformer_config(cfg, dtype: torch.dtype = torch.float32) -> TransformerConfig:
     """megatron-core TransformerConfig of a megahash config (RMSNorm + SwiGLU for the decoder)."""
     m, p, t = cfg.model, cfg.parallel, cfg.train
-    decoder = m.arch == "decoder"
+    arch = arch_of(m.arch)
     recompute = {"none": None, "selective": "selective", "full": "full"}[t.recompute]
     return TransformerConfig(
         num_layers=m.num_layers,
@@ -42,11 +43,11 @@ def transformer_config(cfg, dtype: torch.dtype = torch.float32) -> TransformerCo
         kv_channels=m.hidden_size // m.num_heads,
         hidden_dropout=m.hidden_dropout,
         attention_dropout=m.attention_dropout,
-        normalization="RMSNorm" if decoder else "LayerNorm",
+        normalization="RMSNorm" if arch.rms_norm else "LayerNorm",
         layernorm_epsilon=m.norm_eps,
-        gated_linear_unit=decoder,
-        activation_func=F.silu if decoder else F.gelu,
-        add_bias_linear=not decoder,
+        gated_linear_unit=arch.swiglu,
+        activation_func=F.silu if arch.swiglu else F.gelu,
+        add_bias_linear=not arch.swiglu,
         add_qkv_bias=m.qkv_bias,
         qk_layernorm=m.qk_norm,
         tensor_model_parallel_size=p.tensor,
@@ -116,7 +117,8 @@ class MegahashLM(MegatronModule):
         self.cfg = cfg
         m = cfg.model
         self.vocab_size = vocab_size
-        self.decoder_only = m.arch == "decoder"
+        self.arch = arch_of(m.arch)  # what model.arch is (megahash.models.arch)
+        self.decoder_only = self.arch.causal
         if m.embedding not in registry.names("embedding"):
             raise ConfigError(
                 f"unknown model.embedding {m.embedding!r} (known: {', '.join(registry.names('embedding'))})"

@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from megahash.models.arch import arch_of
 from megahash.models.reference_ops import (
     NUM_SPECIAL, append_state, apply_rope, is_roberta, make_norm, megahash_option, softmax_attention, split_heads,
 )
@@ -37,9 +38,10 @@ class TorchAttention(nn.Module):
         self.d = config.hidden_size // config.num_attention_heads
         self.d_m = config.hidden_size
         self.groups = int(spec.get("groups") or self.n)
-        self.causal = config.arch == "decoder"
+        arch = arch_of(config.arch)
+        self.causal = arch.causal
         self.qkv_bias = bool(config.qkv_bias)
-        self.linear_proj = nn.Linear(proj_in or self.n * self.d, self.d_m, bias=config.arch != "decoder")
+        self.linear_proj = nn.Linear(proj_in or self.n * self.d, self.d_m, bias=not arch.swiglu)
         if megahash_option(config, "model", "qk_norm", False) and self.qk_norm:  # Qwen3 QK-norm
             self.q_layernorm, self.k_layernorm = make_norm(config, self.d), make_norm(config, self.d)
 
@@ -154,7 +156,7 @@ class MLP(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.gated = config.arch == "decoder"
+        self.gated = arch_of(config.arch).swiglu
         f, h = config.intermediate_size, config.hidden_size
         self.linear_fc1 = nn.Linear(h, 2 * f if self.gated else f, bias=not self.gated)
         self.linear_fc2 = nn.Linear(f, h, bias=not self.gated)
@@ -223,10 +225,10 @@ def build_embedding(config, table: dict):
 
 
 def build_head(config, table: dict):
-    """The output head's reference (``objective:NAME`` before ``head:NAME``), or None: the vocabulary
-    logits of the model's ``output_layer`` (or tied table)."""
-    return next((table[k](config) for k in (f"objective:{config.objective}", f"head:{config.head}") if k in table),
-                None)
+    """The output head's reference (``head:NAME``: the export writes the head the objective trains), or None:
+    the vocabulary logits of the model's ``output_layer`` (or tied table)."""
+    cls = table.get(f"head:{config.head}")
+    return None if cls is None else cls(config)
 
 
 # =============================================================================== embeddings

@@ -16,6 +16,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from megahash.models.arch import arch_of
+
 NUM_SPECIAL = 5
 
 
@@ -140,7 +142,7 @@ class PerHeadWeight(nn.Module):
 
 
 def make_norm(config, size: Optional[int] = None):
-    if config.arch == "decoder":
+    if arch_of(config.arch).rms_norm:
         return nn.RMSNorm(size or config.hidden_size, eps=config.norm_eps)
     return nn.LayerNorm(size or config.hidden_size, eps=config.norm_eps)
 

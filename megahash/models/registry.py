@@ -22,12 +22,13 @@ from megahash.errors import ConfigError, did_you_mean
 from megahash.models import declarations
 from megahash.models.declarations import AttentionCaps, EmbeddingCaps, HeadCaps, InputCaps  # noqa: F401 - the kind files import them from here
 from megahash.models.norm import Norm
+from megahash.models.arch import arch_of
 from megahash.models.schedules import layer_kinds, skip_mask, standard_kind
 
 
 def mask_type(cfg) -> AttnMaskType:
     """Causal for decoders, padding (bidirectional) for encoders."""
-    return AttnMaskType.causal if cfg.model.arch == "decoder" else AttnMaskType.padding
+    return AttnMaskType.causal if arch_of(cfg.model.arch).causal else AttnMaskType.padding
 
 
 @dataclass

@@ -1,39 +1,40 @@
-"""Training objectives: causal LM (``clm``), masked LM (``mlm``) and Shuffle+Random (``sr``,
-[Xue25] sec. 2.3.6). The trainer calls ``objective.set_step(step, dp_rank)`` before each optimizer
-step and ``objective.prepare(batch)`` on each micro-batch; corruption randomness comes from a
-generator seeded by (seed, step, rank), so a resumed run corrupts exactly as the uninterrupted one.
+"""Training objectives, one file each (causal LM ``clm``, masked LM ``mlm``, Shuffle+Random ``sr``,
+[Xue25] sec. 2.3.6), each registering an :class:`~megahash.objective_spec.ObjectiveSpec`. The trainer
+calls ``objective.set_step(step, dp_rank)`` before each optimizer step and ``objective.prepare(batch)``
+on each micro-batch; corruption randomness comes from a generator seeded by (seed, step, rank), so a
+resumed run corrupts exactly as the uninterrupted one. The objective files import torch inside their
+functions (config checks read their specs without it).
 """
 from __future__ import annotations
 
-import importlib
 import inspect
+import sys
 
-import torch
+from megahash.objective_spec import objective_spec
 
-from megahash.errors import ConfigError
 
-# objective name -> module holding ``corrupt(tokens, hash_codes, generator, **kw) -> dict``
-CORRUPTIONS = {"mlm": "megahash.objectives.mlm", "sr": "megahash.objectives.shuffle_random"}
+def _current(fn):
+    """``fn`` as its module holds it now (late-bound like a module attribute: a wrapper put there is used)."""
+    return None if fn is None else getattr(sys.modules[fn.__module__], fn.__name__)
 
 
 class Objective:
     def __init__(self, name: str, seed: int, special_ids: dict | None = None):
+        import torch
+
         self.name = name
+        self.spec = objective_spec(name)
         self.special_ids = dict(special_ids or {}) or None  # role -> id (None: the word ids 0-4)
         self.seed = seed
         self.generator = torch.Generator()
-        self._corrupt = None
+        self._corrupt = _current(self.spec.corrupt)
         self.options: dict = {}  # extra corrupt() arguments (S+R random replacements, from the config)
-        if name in CORRUPTIONS:
-            self._corrupt = importlib.import_module(CORRUPTIONS[name]).corrupt
-        elif name != "clm":
-            raise ConfigError(f"unknown train.objective {name!r} (clm, mlm, sr)")
 
     def set_step(self, step: int, rank: int) -> None:
         self.generator.manual_seed((self.seed * 1_000_003 + step * 4099 + rank) % (2**63))
 
     def prepare(self, batch: dict) -> dict:
-        """CLM: the dataset's shifted labels. MLM/S+R: corrupt the inputs, labels per token."""
+        """No corruption (clm): the dataset's shifted labels. Else corrupt the inputs, labels per token."""
         if self._corrupt is None:
             return batch
         docs = {}  # packed documents (data.reset_attention_mask): an objective that takes them (S+R) keeps to them
@@ -46,8 +47,6 @@ class Objective:
 
 def build_objective(cfg, data=None) -> Objective:
     obj = Objective(cfg.train.objective, cfg.train.seed, getattr(cfg.data, "special_ids", None))
-    if obj._corrupt is not None:
-        options = getattr(importlib.import_module(CORRUPTIONS[obj.name]), "random_options", None)
-        if options is not None:
-            obj.options = options(cfg, getattr(data, "vocab_size", None) or cfg.model.vocab_size or None)
+    if obj._corrupt is not None and obj.spec.options is not None:
+        obj.options = _current(obj.spec.options)(cfg, getattr(data, "vocab_size", None) or cfg.model.vocab_size or None)
     return obj

@@ -6,9 +6,13 @@ unshifted window of s + 1 tokens (tests, notebooks), with the interface of the o
 """
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
+from megahash.objective_spec import ObjectiveSpec, register_objective
 from megahash.objectives.common import PAD_ID
+
+if TYPE_CHECKING:
+    import torch
 
 
 def corrupt(tokens: torch.Tensor, hash_codes: torch.Tensor | None = None, generator: torch.Generator | None = None) -> dict:
@@ -27,3 +31,7 @@ def corrupt(tokens: torch.Tensor, hash_codes: torch.Tensor | None = None, genera
     if hash_codes is not None:
         out["label_codes"] = hash_codes[:, 1:].contiguous()
     return out
+
+
+# the dataset's shifted batch as it is; next-token loss over the vocabulary: perplexity, lm-eval, Qwen2
+register_objective(ObjectiveSpec("clm", token_loss=True, next_token=True, arch="decoder", standard=True))

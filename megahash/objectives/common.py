@@ -1,7 +1,11 @@
-"""Helpers shared by the corruption objectives (MLM, Shuffle+Random)."""
+"""Helpers shared by the corruption objectives (MLM, Shuffle+Random); torch is imported inside the
+functions (the objective files are read by config checks, before torch)."""
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 NUM_SPECIAL = 5  # <s>=0 <pad>=1 </s>=2 <unk>=3 <mask>=4 (megahash.hashing.words): never corrupted
 PAD_ID, MASK_ID = 1, 4
@@ -10,6 +14,8 @@ PAD_ID, MASK_ID = 1, 4
 def special_mask(tokens: torch.Tensor, special_ids: dict | None = None) -> torch.Tensor:
     """Positions of special tokens: the tokenizer's special ids by role (``data.special_ids``), or
     the word ids 0-4 when none are given."""
+    import torch
+
     if not special_ids:
         return tokens < NUM_SPECIAL
     ids = [int(i) for i in special_ids.values() if i is not None]
@@ -27,12 +33,16 @@ def role_id(special_ids: dict | None, role: str, default: int) -> int:
 
 def bernoulli(shape, p: float, generator: torch.Generator, device) -> torch.Tensor:
     """Boolean [shape] with P(True) = p, drawn from ``generator`` (CPU) and moved to ``device``."""
+    import torch
+
     return (torch.rand(shape, generator=generator) < p).to(device)
 
 
 def draw_from_batch(tokens, hash_codes, pool_mask, count: int, generator: torch.Generator):
     """``count`` (token, codes) pairs drawn uniformly with replacement from the positions of
     ``pool_mask`` (the batch's own ordinary words: a vocabulary-free corpus sample)."""
+    import torch
+
     flat_pos = pool_mask.reshape(-1).nonzero(as_tuple=True)[0]
     if count == 0 or flat_pos.numel() == 0:
         return None, None

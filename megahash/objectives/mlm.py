@@ -9,13 +9,17 @@ hash-code heads). Special tokens are never selected.
 """
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
+from megahash.objective_spec import ObjectiveSpec, register_objective
 from megahash.objectives.common import pad_of, role_id, MASK_ID, bernoulli, replace_with_drawn, special_mask
 
 MASK_PROB = 0.15
 MASK_TOKEN_FRAC = 0.8
 RANDOM_FRAC = 0.1
+
+if TYPE_CHECKING:
+    import torch
 
 
 def corrupt(
@@ -30,6 +34,8 @@ def corrupt(
     """tokens [b, s], hash_codes [b, s, w] or None -> dict(tokens, hash_codes, labels, label_codes,
     loss_mask, padding_mask). Deterministic given the generator's state (draws: one uniform per
     position for selection, one per position for the 80/10/10 split, then the random words)."""
+    import torch
+
     if generator is None:
         generator = torch.Generator().manual_seed(0)
     dev = tokens.device
@@ -57,3 +63,7 @@ def corrupt(
     if hash_codes is not None:
         out["label_codes"] = hash_codes
     return out
+
+
+# labels: the original tokens at the selected positions (a vocabulary loss, no perplexity: not next-token)
+register_objective(ObjectiveSpec("mlm", token_loss=True, corrupt=corrupt, arch="encoder"))

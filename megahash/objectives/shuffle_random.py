@@ -23,17 +23,23 @@ The expected fractions of ordinary tokens are therefore ~10% shuffled and 9% (= 
 """
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
+from megahash.objective_spec import ObjectiveSpec, register_objective
 from megahash.objectives.common import NUM_SPECIAL, bernoulli, pad_of, replace_with_drawn, special_mask
 
 SHUFFLE_PROB = 0.1
 RANDOM_PROB = 0.1
 ORIGINAL, SHUFFLED, RANDOM, IGNORE = 0, 1, 2, -100
 
+if TYPE_CHECKING:
+    import torch
+
 
 def _groups(tokens: torch.Tensor, document_ids: torch.Tensor | None) -> torch.Tensor:
     """[b, s] shuffle group of each position: its row, or (row, document) with packed documents."""
+    import torch
+
     b, s = tokens.shape
     rows = torch.arange(b, device=tokens.device)[:, None].expand(b, s)
     return rows if document_ids is None else rows * s + document_ids
@@ -43,6 +49,8 @@ def _cyclic_shuffle_sources(selected: torch.Tensor, generator: torch.Generator,
                             groups: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """For the selected positions (row-major flat indices ``dst``) the flat index ``src`` of the
     token each receives: a random cyclic permutation within each row (each group of ``groups``)."""
+    import torch
+
     b, s = selected.shape
     dst = selected.reshape(-1).nonzero(as_tuple=True)[0]
     if dst.numel() == 0:
@@ -82,6 +90,8 @@ def random_options(cfg, vocab_size: int | None = None) -> dict:
 
 def _pack_bits(bits: torch.Tensor, width: int) -> torch.Tensor:
     """[n, T] 0/1 -> [n, width] uint8, most significant bit first (zero padding bits)."""
+    import torch
+
     n, t = bits.shape
     full = torch.zeros(n, width * 8, dtype=torch.uint8)
     full[:, :t] = bits.to(torch.uint8)
@@ -93,6 +103,8 @@ def random_bits(original: torch.Tensor, num_bits: int, density: bool, generator:
     """Packed random codes [n, width] for the packed ``original`` codes, none equal to its original:
     density=True: p ~ U(0, 1) per row, bits ~ Bernoulli(p) (the collators' ``random_bitarrays``);
     False: uniform bits (uniform codeword ids of every chunk, ``random_indarrays``)."""
+    import torch
+
     n, width = original.shape
     out = torch.empty_like(original, device="cpu")
     todo = torch.arange(n)
@@ -109,6 +121,8 @@ def random_bits(original: torch.Tensor, num_bits: int, density: bool, generator:
 
 def random_ids(original: torch.Tensor, low: int, high: int, generator: torch.Generator) -> torch.Tensor:
     """Uniform ids in [low, high) other than ``original`` (draw from high - low - 1 values, skip it)."""
+    import torch
+
     if high - low < 2:
         raise ValueError(f"cannot draw an id different from the original among {high - low} values")
     draw = torch.randint(low, high - 1, original.shape, generator=generator).to(original.device)
@@ -120,6 +134,8 @@ def random_word_ids(original: torch.Tensor, vocab_size: int, special_ids: dict |
                     generator: torch.Generator) -> torch.Tensor:
     """Uniform ordinary ids (never a special id of the tokenizer, never ``original``): the word ids
     5.. without ``special_ids``; otherwise draws over [0, vocab) with the special ids redrawn."""
+    import torch
+
     if not special_ids:
         return random_ids(original, NUM_SPECIAL, vocab_size, generator)
     specials = torch.tensor(sorted({int(i) for i in special_ids.values() if i is not None}), dtype=original.dtype)
@@ -169,6 +185,8 @@ def corrupt(
     padding_mask); deterministic given the generator's state. ``random`` and its sizes: see the
     module docstring (:func:`random_options` derives them from a config). With ``document_ids``
     (``data.reset_attention_mask``) tokens are shuffled within their document only."""
+    import torch
+
     if generator is None:
         generator = torch.Generator().manual_seed(0)
     dev = tokens.device
@@ -206,3 +224,8 @@ def corrupt(
         "loss_mask": word.float(),
         "padding_mask": tokens != pad_of(special_ids),
     }
+
+
+# a 3-class loss of its own head (not a vocabulary loss), on the S+R head registered in models/heads
+register_objective(ObjectiveSpec("sr", token_loss=False, corrupt=corrupt, options=random_options,
+                                 head="shuffle-random", arch="encoder"))

@@ -77,12 +77,14 @@ def validate(run) -> dict:
     """{set name: metrics} of every validation set of a training run (megahash/training/trainer.py's _Run)."""
     from megahash.data.validation import validation_batches
     from megahash.models import declarations
+    from megahash.objective_spec import objective_spec
     from megahash.training import ema
 
     cfg, step = run.cfg, run.step
-    token_loss = declarations.caps("head", cfg.model.head).token_loss and cfg.train.objective in ("clm", "mlm")
-    clm = token_loss and cfg.train.objective == "clm"
-    token_bytes = getattr(run.data, "token_bytes", None) if clm else None
+    objective = objective_spec(cfg.train.objective)
+    token_loss = declarations.caps("head", cfg.model.head).token_loss and objective.token_loss
+    next_token = token_loss and objective.next_token  # bits per byte of a next-token loss
+    token_bytes = getattr(run.data, "token_bytes", None) if next_token else None
     results = {}
     for name, dataset in sets_of(run.data).items():
         sums = evaluate(run.engine, validation_batches(dataset, cfg.data, run.dp_rank, run.dp_size), run.objective,

@@ -61,6 +61,7 @@ import math
 
 import torch
 
+from megahash.models.arch import arch_of
 from megahash.models.registry import register_reference
 from megahash.models.reference_layers import SeparateQKV
 from megahash.models.reference_ops import append_state, rope_cos_sin, split_heads
@@ -133,7 +134,7 @@ class FixedInputReference(torch.nn.Module):
         if needed > total:
             raise ValueError(f"{self.kind}: positions up to {needed} exceed the fixed input ({total} positions)")
         param = next(model.parameters())
-        causal = model.config.arch == "decoder"
+        causal = arch_of(model.config.arch).causal
         # causal: position t of the fixed pass sees positions <= t only, so a pass over the first
         # `needed` positions equals the whole input's; bidirectional (encoders): every position sees
         # the whole pass, so it always runs over the whole input (a row's Q, K then do not depend

@@ -43,27 +43,27 @@ WORD_TOKEN = 5  # any id >= 5 is an ordinary word to the hash embeddings (ids 0-
 
 def build_head(cfg, config, vocab_size: int) -> torch.nn.Module:
     """The head of ``train.objective`` x ``model.head``: the registered head named by ``model.head``
-    (megahash.models.registry.spec), unless the objective has a head of its own (a head registered
-    with ``HeadCaps(objectives=(objective,), selectable=False)``, e.g. Shuffle+Random), which then
-    needs the standard ``model.head``."""
+    (megahash.models.registry.spec), unless the objective trains a head of its own (its
+    ``ObjectiveSpec.head``, registered with ``HeadCaps(selectable=False)``, e.g. Shuffle+Random), which
+    then needs the standard ``model.head``."""
     from megahash.models import declarations, registry
+    from megahash.objective_spec import names as objectives, objective_spec
 
     registry._load_variants()
-    head, objective = cfg.model.head, cfg.train.objective
+    head, objective = cfg.model.head, objective_spec(cfg.train.objective)
     heads = {n: registry.spec("head", n) for n in registry.names("head")}
     selectable = sorted(n for n, h in heads.items() if h.caps.selectable)
     if head not in selectable:
         raise ConfigError(f"model.head must be one of {', '.join(selectable)}, got {head!r}")
-    own = [n for n, h in heads.items() if not h.caps.selectable and objective in h.caps.objectives]
-    if own:
+    if objective.head is not None:
         std = declarations.standard("head")
         if head != std:
+            plain = "/".join(n for n in objectives() if objective_spec(n).head is None)
             raise ConfigError(
-                f"train.objective={objective} trains its own head ({own[0]}); model.head={head} applies to "
-                f"{'/'.join(heads[head].caps.objectives)} only (leave model.head={std})"
+                f"train.objective={objective.name} trains its own head ({objective.head}); model.head={head} applies to "
+                f"{plain} only (leave model.head={std})"
             )
-        head = own[0]
-    return heads[head].build(config, cfg, vocab_size)
+    return heads[objective.head_name(head)].build(config, cfg, vocab_size)
 
 
 def full_sequence(hidden: torch.Tensor, config) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """Shuffle+Random head ([Xue25] sec. 2.3.6): Linear(h -> 3), cross-entropy over original / shuffled /
-random; labels -100 cost 0. Trained by ``train.objective=sr`` (not selected by ``model.head``)."""
+random; labels -100 cost 0. Trained by the objective that names it as its own head (not selected by
+``model.head``)."""
 from __future__ import annotations
 
 # ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
@@ -9,7 +10,7 @@ import torch.nn as nn
 from megahash.models.registry import register_reference
 
 
-@register_reference("objective:sr")
+@register_reference("head:shuffle-random")
 class ShuffleRandomReference(nn.Module):
     """Linear(h -> 3): original / shuffled / random ([Xue25] sec. 2.3.6); cross-entropy over 3 classes."""
 
@@ -32,7 +33,7 @@ from megahash.models.heads import full_sequence
 from megahash.models.registry import HeadCaps, register_head
 
 
-@register_head("shuffle-random", caps=HeadCaps(selectable=False, token_loss=False, objectives=("sr",)))
+@register_head("shuffle-random", caps=HeadCaps(selectable=False, token_loss=False))
 class ShuffleRandomHead(torch.nn.Module):
     """Shuffle+Random ([Xue25] sec. 2.3.6, [Yamaguchi21]): Linear(h, 3) + CE; labels
     0 original, 1 shuffled, 2 random, -100 ignored (specials)."""
