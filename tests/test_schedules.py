@@ -105,10 +105,10 @@ def test_skip_mode_drops_nonstandard_layers_whole():
     with torch.no_grad():
         x = hybrid.embedding(tok, None)
         rot = hybrid.rotary_pos_emb(10)
-        hybrid._set_context({"embeddings": x, "offset": 0, "decode": None, "tokens": tok})
+        state = ForwardState(embeddings=x, tokens=tok)
         for i in (1, 3):  # layers 2 and 4 keep standard attention
-            x, _ = hybrid.decoder.layers[i](hidden_states=x, attention_mask=None, rotary_pos_emb=rot)
-        hybrid._set_context(None)
+            x, _ = hybrid.decoder.layers[i](hidden_states=x, attention_mask=None, rotary_pos_emb=rot,
+                                            inference_context=state)
         ref = hybrid.decoder.final_layernorm(x)
     torch.testing.assert_close(h.detach(), ref, rtol=0, atol=1e-12)
     h.pow(2).mean().backward()

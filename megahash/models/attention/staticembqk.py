@@ -2,10 +2,10 @@
 
 Q, K = e W^{Q,K}; V = H W^V; e = Emb(t): the attention map depends on the input sequence but not
 on the evolving hidden states (the "Current QK" principle is relaxed). ``e`` is the embedding
-output the model hands every layer as ``model_context["embeddings"]`` ([s(/tp under SP), b, h],
+output the model hands every layer as ``ForwardState.embeddings`` ([s(/tp under SP), b, h],
 the same tensor the first layer receives, no norm applied, as in eq. 4.13); RoPE on Q and K;
 causal softmax with a KV cache (keys from e, values from H) while decoding.
-Packed documents (``model_context["document_ids"]``): the SDPA core attends inside each document
+Packed documents (``ForwardState.document_ids``): the SDPA core attends inside each document
 (block-diagonal causal) and RoPE takes the positions within the document (``data.reset_position_ids``),
 so Q, K of a document's tokens are those it has alone (docs/attention.md "Packed documents").
 
@@ -58,16 +58,16 @@ class StaticEmbQKAttention(SeparateQKVAttention):
                               "recompute cannot replay; use train.recompute=none or selective")
         self.core_attention = SDPACoreAttention(config, layer_number, attn_mask_type)
 
-    def mix(self, x, attention_mask, rotary_pos_emb):
-        emb = self.context().get("embeddings")
+    def mix(self, x, attention_mask, rotary_pos_emb, state):
+        emb = state.embeddings
         if emb is None:
-            raise ConfigError("staticembqk needs the layer-0 embeddings in model_context (run it inside MegahashLM)")
+            raise ConfigError("staticembqk needs the layer-0 embeddings in the forward state (run it inside MegahashLM)")
         q, k = self.qk(emb, rotary_pos_emb)
         v = heads(self.linear_v(x)[0], self.g_local)
-        cache = self.cache()
+        cache = state.cache(self.layer_number)
         k = append_cache(cache, "k", k)
         v = append_cache(cache, "v", v)
-        docs = self.context().get("document_ids")  # packed documents: block-diagonal (the SDPA core's mask)
+        docs = state.document_ids  # packed documents: block-diagonal (the SDPA core's mask)
         if self.training and self.config.attention_dropout > 0:
             with tensor_parallel.get_cuda_rng_tracker().fork():
                 return self.core_attention(q, k, v, attention_mask, document_ids=docs)
