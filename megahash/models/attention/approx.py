@@ -67,7 +67,7 @@ class TaylorReference(LinearAttention):
 
     @staticmethod
     def taylor(qh, kh, vh, km, cache, doc, causal: bool, chunk_size: int):
-        """Based's Taylor attention (eq. 4.6) on [b, g, rep, s, d] (the megatron-core layer's kernel too), the
+        """Based's Taylor attention (eq. 4.6) on [b, g, rep, s, d] (the TP layer runs it too), the
         decoding state (S, z) in ``cache``, sums restarting at the document starts of ``doc``."""
         if not causal:
             return taylor_bidirectional(qh, kh, vh, km, doc=doc)

@@ -70,7 +70,7 @@ class ThesisTaylorReference(LinearAttention):
 
     @staticmethod
     def orders(qh, kh, vh, km, cache, doc, offset: int, causal: bool, chunk_size: int, positive: bool):
-        """eq. 4.14-4.17 on [b, g, rep, s, d] (the megatron-core layer's kernel too), the decoding state
+        """eq. 4.14-4.17 on [b, g, rep, s, d] (the TP layer runs it too), the decoding state
         (s0, s1, z1, s2, z2) in ``cache``, sums restarting at the document starts of ``doc``."""
         if not causal:
             return orders_bidirectional(qh, kh, vh, km, positive=positive, doc=doc)

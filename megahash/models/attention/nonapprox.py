@@ -52,7 +52,7 @@ class NonApproxReference(LinearAttention):
 
     @staticmethod
     def cumulative_softmax(qh, kh, vh, km, cache, doc, causal: bool):
-        """eq. 4.7-4.8 on [b, g, rep, s, d] (the megatron-core layer's kernel too), the decoding state
+        """eq. 4.7-4.8 on [b, g, rep, s, d] (the TP layer runs it too), the decoding state
         (m, num, den) in ``cache``, sums restarting at the document starts of ``doc``."""
         sc = (qh * kh).sum(-1) / math.sqrt(qh.shape[-1])
         if not causal:
