@@ -479,7 +479,7 @@ def test_tp2_parity_all_kinds(tmp_path):
                                       "list:staticembqk,approx-thesis,skv,mhe-add"])
 def test_full_recompute_gives_the_same_gradients(schedule):
     """train.recompute=full re-runs each layer in backward and train.recompute=selective each layer's
-    token mixing (the forward's model context handed back to it): gradients are unchanged."""
+    token mixing (the forward's state handed back to it): gradients are unchanged."""
     def grads(recompute):
         model = build(make_cfg(schedule, f"train.recompute={recompute}", layers=4))
         model.hidden_states(tokens()).pow(2).mean().backward()

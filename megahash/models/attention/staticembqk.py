@@ -12,10 +12,10 @@ so Q, K of a document's tokens are those it has alone (docs/attention.md "Packed
 Parameters: ``linear_q`` (n*d_h), ``linear_k``, ``linear_v`` (g*d_h each), ``linear_proj``: exactly
 the count of ``mha``.
 
-Limitation: the embeddings reach the layer through the model context, not through the layer's
-inputs, so megatron's full activation recompute (``train.recompute=full``), which re-runs the
-layer after the forward pass has ended, cannot replay it; the module refuses that setting
-(selective recompute and none are fine).
+Limitation: the embeddings reach the layer through the forward state, not through the layer's
+inputs, so full activation recompute (``train.recompute=full``), which re-runs the layer after the
+forward pass has ended and backpropagates from there, cannot replay it; the module refuses that
+setting (selective recompute, which takes the state's tensors as its inputs, and none are fine).
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ class StaticEmbQKAttention(SeparateQKVAttention):
     def __init__(self, config, layer_number, attn_mask_type, cfg=None, **kw):
         super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
         if config.recompute_granularity == "full":
-            raise ConfigError("staticembqk reads the layer-0 embeddings from the model context, which full activation "
+            raise ConfigError("staticembqk reads the layer-0 embeddings from the forward state, which full activation "
                               "recompute cannot replay; use train.recompute=none or selective")
         self.core_attention = SDPACoreAttention(config, layer_number, attn_mask_type)
 
