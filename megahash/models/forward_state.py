@@ -24,9 +24,9 @@ class ForwardState(BaseInferenceContext):
 
     A megatron-core ``BaseInferenceContext`` (static batching, decode-only past the prompt) so megatron's own
     layer code accepts it; megatron-core's own attention must not take it for its KV-cache context
-    (the ``mha-megatron`` kind does not pass it on)."""
+    (a kind built on it does not pass the state on)."""
 
-    embeddings: Optional[torch.Tensor] = None  # the block's input [s(/tp under SP), b, h] (StaticEmbQK's Q, K)
+    embeddings: Optional[torch.Tensor] = None  # the block's input [s(/tp under SP), b, h] (Q, K of eq. 4.13)
     offset: int = 0  # position of the first token (> 0 while decoding)
     tokens: Optional[torch.Tensor] = None  # [b, s], the new tokens only while decoding
     document_ids: Optional[torch.Tensor] = None  # [b, s] packed documents (megahash/data/documents.py) or None

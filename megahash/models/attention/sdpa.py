@@ -21,7 +21,7 @@ from megahash.models.attention import document_mask
 @dataclass
 class PackedDocuments(PackedSeqParams):
     """megatron-core's ``packed_seq_params`` carrying the packed documents' ids [b, s] to this core: the
-    argument megatron-core's own ``SelfAttention`` hands its core per forward (``mha-megatron``).
+    argument megatron-core's own ``SelfAttention`` hands its core per forward (a kind built on it).
     ``qkv_format`` stays None: not megatron's ``thd`` layout, the batch keeps its [s, b] shape."""
 
     document_ids: torch.Tensor = None
