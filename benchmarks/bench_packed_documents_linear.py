@@ -20,6 +20,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 import torch  # noqa: E402
+from megahash.models.forward_state import ForwardState  # noqa: E402
 from megahash.training.op_count import CountOps  # noqa: E402
 
 
@@ -31,18 +32,21 @@ def ids(batch, seq, docs):
 
 def module(kind, seq):
     from test_attention import build_attention, make_cfg
+    from megahash.models.attention.fixed_qk import FixedInput
+
     m = build_attention(make_cfg(kind, hidden=128, heads=4, layers=1))
-    if kind in ("rndembqk", "fixedseqqk"):
+    inputs = {}
+    if kind in ("rndembqk", "fixedseqqk"):  # frozen maps, as the fixed input hands them to its layers
         g = torch.Generator().manual_seed(0)
-        m.frozen_qk = (torch.randn(seq, 1, 4, 32, generator=g), torch.randn(seq, 1, 4, 32, generator=g))
-    return m
+        inputs[FixedInput.attr] = {m.layer_number: (torch.randn(seq, 1, 4, 32, generator=g),
+                                                    torch.randn(seq, 1, 4, 32, generator=g))}
+    return m, inputs
 
 
-def step(m, x, doc):
-    m.model_context = {"offset": 0, **({} if doc is None else {"document_ids": doc})}
+def step(module_inputs, x, doc):
+    m, inputs = module_inputs
     xx = x.detach().requires_grad_(True)
-    m.mix(xx, None, None).square().mean().backward()
-    m.model_context = None
+    m.mix(xx, None, None, ForwardState(document_ids=doc, inputs=inputs)).square().mean().backward()
 
 
 def measure(kind, seq, batch, reps):

@@ -18,6 +18,7 @@ import torch  # noqa: E402
 
 from megahash import accelerator  # noqa: E402
 from megahash.config import load_config  # noqa: E402
+from megahash.models.forward_state import ForwardState  # noqa: E402
 
 import _kinds  # noqa: E402
 from megahash.models import declarations  # noqa: E402
@@ -287,7 +288,7 @@ def test_module_matches_formula(kind):
     m = build_attention(cfg).double()
     x = torch.randn(9, 2, 32, dtype=torch.float64)
     n, d = 4, 8
-    got = m.mix(x, None, None)
+    got = m.mix(x, None, None, ForwardState())
     if kind in ("mhe-add", "mhe-mul"):
         q, k, v = (x @ w.T for w in m.linear_qkv.weight.chunk(3, 0))
         es = [m.emb_q.weight, m.emb_k.weight, m.emb_v.weight]
@@ -416,12 +417,12 @@ def test_staticembqk_uses_layer0_embeddings():
     m = build_attention(cfg).double()
     e = torch.randn(7, 2, 32, dtype=torch.float64)
     x = torch.randn(7, 2, 32, dtype=torch.float64)
-    m.model_context = {"embeddings": e}
+    state = ForwardState(embeddings=e)
     with torch.no_grad():
         m.linear_v.weight.zero_()
         m.linear_v.weight[:, :8] = torch.eye(8).repeat(4, 1)  # V = first 8 input dims per head
-        a = m.mix(x, None, None)
-        b = m.mix(torch.cat([x[..., :8], torch.randn(7, 2, 24, dtype=torch.float64)], -1), None, None)
+        a = m.mix(x, None, None, state)
+        b = m.mix(torch.cat([x[..., :8], torch.randn(7, 2, 24, dtype=torch.float64)], -1), None, None, state)
     torch.testing.assert_close(a, b)
 
 
@@ -478,7 +479,7 @@ def test_tp2_parity_all_kinds(tmp_path):
                                       "list:staticembqk,approx-thesis,skv,mhe-add"])
 def test_full_recompute_gives_the_same_gradients(schedule):
     """train.recompute=full re-runs each layer in backward and train.recompute=selective each layer's
-    token mixing (the forward's model context handed back to it): gradients are unchanged."""
+    token mixing (the forward's state handed back to it): gradients are unchanged."""
     def grads(recompute):
         model = build(make_cfg(schedule, f"train.recompute={recompute}", layers=4))
         model.hidden_states(tokens()).pow(2).mean().backward()

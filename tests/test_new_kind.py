@@ -211,13 +211,13 @@ class AnchorQKAttention(AttentionBase):
         self.linear_v = column(self.d_m, self.n * self.d_h, config, self.qkv_bias)
         self.build_proj(self.n * self.d_h)
 
-    def mix(self, x, attention_mask, rotary_pos_emb):
+    def mix(self, x, attention_mask, rotary_pos_emb, state):
         s, b = x.shape[:2]
-        off = self.context().get("offset", 0)
+        off = state.offset
         rows = self.anchor.rows[:off + s].unsqueeze(1).to(x.dtype)  # [off+s, 1, h]
         q = heads(self.linear_q(rows[off:])[0], self.n_local).permute(1, 2, 0, 3)  # [1, n, s, d]
         k = heads(self.linear_k(rows)[0], self.n_local).permute(1, 2, 0, 3)  # [1, n, off+s, d]
-        v = append_cache(self.cache(), "v", heads(self.linear_v(x)[0], self.n_local)).permute(1, 2, 0, 3)
+        v = append_cache(state.cache(self.layer_number), "v", heads(self.linear_v(x)[0], self.n_local)).permute(1, 2, 0, 3)
         scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_h)
         future = torch.ones(s, off + s, dtype=torch.bool, device=x.device).triu(off + 1)
         out = scores.masked_fill(future, float("-inf")).softmax(-1) @ v  # [b, n, s, d]

@@ -207,6 +207,16 @@ def test_selective_recompute_keeps_the_documents(kind):
     _assert_same(outs, grads, 1e-5)
 
 
+@pytest.mark.parametrize("kind", ["mha-megatron", "approx", "nonapprox", "approx-thesis"])
+def test_full_recompute_keeps_the_documents(kind):
+    """``train.recompute=full`` re-runs whole layers in backward: the forward's state (its document ids) reaches
+    the recomputed layers too (megahash's block; megatron-core's own full recompute hands them none), so the
+    gradients of a packed row still equal each document's (fp32, as the selective test)."""
+    model = build(make_cfg(kind, *FLAGS, *KIND_OPTIONS.get(kind, []), "train.recompute=full"), dtype=torch.float32)
+    outs, grads = _packed_vs_alone(model, _docs())
+    _assert_same(outs, grads, 1e-5)
+
+
 
 
 @pytest.mark.parametrize("kind,extra", [("mha", []), ("mhe-mul", []), ("mha", ["model.arch=encoder",

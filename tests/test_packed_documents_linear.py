@@ -1,5 +1,5 @@
 """Packed documents for the linear and recurrent kinds (issue 34 item 1): with
-``model_context["document_ids"]`` (the document-boundary contract, docs/attention.md "Packed documents")
+``ForwardState.document_ids`` (the document-boundary contract, docs/attention.md "Packed documents")
 the state restarts at each document start, in the chunked and the recurrent forms.
 
 The independent facts: a packed row = each of its documents run alone (outputs and input gradients),
@@ -18,6 +18,7 @@ import torch  # noqa: E402
 from megahash.training.op_count import CountOps  # noqa: E402
 
 from megahash import accelerator  # noqa: E402
+from megahash.models.forward_state import ForwardState  # noqa: E402
 from test_attention import build_attention, make_cfg  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("dist"), pytest.mark.numerics]
@@ -50,11 +51,7 @@ def _module(kind, dtype, *extra):
 
 
 def _run(m, x, doc):
-    m.model_context = None if doc is None else {"document_ids": doc}
-    try:
-        return m.mix(x, None, None)
-    finally:
-        m.model_context = None
+    return m.mix(x, None, None, ForwardState(document_ids=doc))
 
 
 def _packed_and_alone(m, x, lengths):
@@ -154,19 +151,18 @@ def test_aten_calls_do_not_depend_on_documents_per_row(kind, small_scan_chunk):
 # ------------------------------------------------------------------ the deconstructed kinds (docs/attention.md)
 
 def _fixed_module(kind, dtype=torch.float32, L=sum(LENGTHS)):
-    """A fixed-Q/K module with random frozen maps (Q, K of the fixed pass at positions 0..L-1)."""
+    """A fixed-Q/K module and random frozen maps (Q, K of the fixed pass at positions 0..L-1) as the fixed
+    input hands them to it (``ForwardState.inputs``)."""
+    from megahash.models.attention.fixed_qk import FixedInput
+
     m = build_attention(make_cfg(kind, hidden=32, heads=4, layers=1)).to(dtype)
     g = torch.Generator().manual_seed(3)
-    m.frozen_qk = (torch.randn(L, 1, 4, 8, generator=g).to(dtype), torch.randn(L, 1, 4, 8, generator=g).to(dtype))
-    return m
+    qk = (torch.randn(L, 1, 4, 8, generator=g).to(dtype), torch.randn(L, 1, 4, 8, generator=g).to(dtype))
+    return m, {FixedInput.attr: {m.layer_number: qk}}
 
 
-def _run_ctx(m, x, doc):
-    m.model_context = {"offset": 0, **({} if doc is None else {"document_ids": doc})}
-    try:
-        return m.mix(x, None, None)
-    finally:
-        m.model_context = None
+def _run_ctx(m, x, doc, inputs=None):
+    return m.mix(x, None, None, ForwardState(offset=0, document_ids=doc, inputs=inputs or {}))
 
 
 @pytest.mark.parametrize("kind,dtype", [("mlp", torch.float32), ("rndembqk", torch.float32),
@@ -175,14 +171,14 @@ def _run_ctx(m, x, doc):
 def test_deconstructed_packed_row_equals_each_document_alone(kind, dtype):
     """mlp: no token mixing (nothing to reset); rndembqk/fixedseqqk (frozen maps): a document's tokens read the
     fixed Q, K at their positions within the document and attend inside it."""
-    m = _fixed_module(kind, dtype) if kind != "mlp" else build_attention(make_cfg(kind, hidden=32, heads=4)).to(dtype)
+    m, inputs = _fixed_module(kind, dtype) if kind != "mlp" else (build_attention(make_cfg(kind, hidden=32, heads=4)).to(dtype), None)
     x = torch.randn(sum(LENGTHS), 1, 32, generator=torch.Generator().manual_seed(0)).to(dtype)
     xp = x.clone().requires_grad_(True)
-    packed = _run_ctx(m, xp, document_ids(LENGTHS))
+    packed = _run_ctx(m, xp, document_ids(LENGTHS), inputs)
     packed.square().sum().backward()
     xa = x.clone().requires_grad_(True)
     starts = torch.tensor((0,) + LENGTHS).cumsum(0).tolist()
-    alone = torch.cat([_run_ctx(m, xa[a:a + n], None) for a, n in zip(starts, LENGTHS)], 0)
+    alone = torch.cat([_run_ctx(m, xa[a:a + n], None, inputs) for a, n in zip(starts, LENGTHS)], 0)
     alone.square().sum().backward()
     tol = 1e-5 if dtype == torch.float32 else accelerator.compute_tolerance("bf16")  # see the linear kinds' test
     for a, b in ((packed, alone), (xp.grad, xa.grad)):
@@ -218,13 +214,7 @@ def test_staticembqk_packed_row_equals_each_document_alone():
     starts = torch.tensor((0,) + LENGTHS).cumsum(0).tolist()
 
     def run(xx, ee, doc):
-        m.model_context = {"embeddings": ee, **({} if doc is None else {"document_ids": doc})}
-        m.core_attention.document_ids = doc  # as MegahashLM._set_context does (docmask)
-        try:
-            return m.mix(xx, None, None)
-        finally:
-            m.model_context = None
-            m.core_attention.document_ids = None
+        return m.mix(xx, None, None, ForwardState(embeddings=ee, document_ids=doc))
 
     with torch.no_grad():
         packed = run(x, e, document_ids(LENGTHS))
@@ -233,13 +223,13 @@ def test_staticembqk_packed_row_equals_each_document_alone():
 
 
 def test_fixed_qk_aten_calls_do_not_depend_on_documents_per_row():
-    m = _fixed_module("rndembqk", L=48)
+    m, inputs = _fixed_module("rndembqk", L=48)
     x = torch.randn(48, 2, 32)
     counts = []
     for lengths in ((48,), (3, 9, 5, 7, 4, 8, 6, 6)):
         doc = document_ids(lengths, 2)
         with torch.no_grad(), CountOps() as c:
-            _run_ctx(m, x, doc)
+            _run_ctx(m, x, doc, inputs)
         counts.append(c.total())
     assert counts[0] == counts[1]
 
@@ -255,9 +245,7 @@ def test_encoder_packed_row_with_padding_equals_each_document_alone(kind):
     pad = torch.zeros(1, 1, 1, x.shape[0], dtype=torch.bool)
     pad[..., -3:] = True  # True = masked (megatron's padding mask)
     with torch.no_grad():
-        m.model_context = {"document_ids": doc}
-        packed = m.mix(x, pad, None)
-        m.model_context = None
-        alone = torch.cat([m.mix(x[a:a + n], None, None) for a, n in ((0, 7), (7, 5))])
+        packed = m.mix(x, pad, None, ForwardState(document_ids=doc))
+        alone = torch.cat([m.mix(x[a:a + n], None, None, ForwardState()) for a, n in ((0, 7), (7, 5))])
     assert torch.isfinite(packed).all()
     torch.testing.assert_close(packed[:12], alone, rtol=1e-5, atol=1e-5)

@@ -11,6 +11,7 @@ import torch  # noqa: E402
 from megahash import accelerator  # noqa: E402
 from megahash.config import load_config  # noqa: E402
 from megahash.errors import ConfigError  # noqa: E402
+from megahash.models.forward_state import ForwardState  # noqa: E402
 from megahash.models.schedules import PRESETS, layer_kinds, skip_mask, standard_layers, standard_kind  # noqa: E402
 
 # Table 4.11 verbatim (24 layers, 1-based ids of the layers that keep standard attention)
@@ -105,10 +106,10 @@ def test_skip_mode_drops_nonstandard_layers_whole():
     with torch.no_grad():
         x = hybrid.embedding(tok, None)
         rot = hybrid.rotary_pos_emb(10)
-        hybrid._set_context({"embeddings": x, "offset": 0, "decode": None, "tokens": tok})
+        state = ForwardState(embeddings=x, tokens=tok)
         for i in (1, 3):  # layers 2 and 4 keep standard attention
-            x, _ = hybrid.decoder.layers[i](hidden_states=x, attention_mask=None, rotary_pos_emb=rot)
-        hybrid._set_context(None)
+            x, _ = hybrid.decoder.layers[i](hidden_states=x, attention_mask=None, rotary_pos_emb=rot,
+                                            inference_context=state)
         ref = hybrid.decoder.final_layernorm(x)
     torch.testing.assert_close(h.detach(), ref, rtol=0, atol=1e-12)
     h.pow(2).mean().backward()

@@ -5,7 +5,7 @@ Boundaries are derived from the tokens, never stored as an L x L mask: the EOD t
 document it ends, so ``doc[i]`` = the number of EOD tokens in ``tokens[:i]`` (strictly before i), and
 the position of token i restarts at 0 at each document start (Megatron's ``_get_ltor_masks_and_position_ids``
 without its [s, s] mask). The model hands ``document_ids`` to every attention module in the per-forward
-context (``model_context["document_ids"]``); softmax kinds attend within a document
+state (``ForwardState.document_ids``); softmax kinds attend within a document
 (:mod:`megahash.models.attention.document_mask`).
 """
 from __future__ import annotations

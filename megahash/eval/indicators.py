@@ -241,13 +241,13 @@ class AttentionCapture:
         original = attend
         maps = _registered_maps(kind)
         if maps is not None:  # the kind's own capture (its file registers it: register_attention(maps=...))
-            def wrapped(q, k, v, attention_mask, _o=original, i=i, kind=kind, m=m, maps=maps):
+            def wrapped(q, k, v, attention_mask, *state, _o=original, i=i, kind=kind, m=m, maps=maps):
                 r = maps(m, q, k, v, attention_mask)
                 self._store(i, kind, r["source"], r["probs"], r.get("logits"), r.get("valid"), m.causal)
                 if r.get("logit_values") is not None:  # logits not of the map's shape (one per key)
                     lv = r["logit_values"]
                     self.layers[i]["logits"] = lv[: self.batch or lv.shape[0]].reshape(-1).float().cpu()
-                out = _o(q, k, v, attention_mask)
+                out = _o(q, k, v, attention_mask, *state)
                 if self.verify:
                     self._check(i, r["check"](out))
                 return out

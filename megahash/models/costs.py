@@ -159,7 +159,7 @@ def cache_bytes(kind: str, B: int, L: int, d: int, h: int, groups: int | None = 
 
 def cache_elements(kind: str, B: int, L: int, n: int, d_h: int, groups: int | None = None,
                    frozen: bool = True, **opts) -> int:
-    """Numbers this implementation keeps in ``decode_cache`` per layer (all TP ranks together)
+    """Numbers this implementation keeps in its decoding cache per layer (all TP ranks together)
     after L tokens of B sequences: the kind's own ``cache_elements``. ``frozen`` (kinds with a
     fixed input: maps frozen with ``FixedInput.freeze``) and ``opts`` (e.g. ``feature_dim``) go to it."""
     return _formula(kind, "cache_elements")(B, L, n, d_h, _groups(kind, n, groups), frozen=frozen, **opts)

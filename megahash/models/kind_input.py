@@ -3,7 +3,8 @@ rndembqk/fixedseqqk layers read their Q, K from, [Xue25] eq. 4.9-4.12).
 
 A kind registers ``model_input=build`` (:func:`megahash.models.registry.register_attention`); ``build(model,
 cfg)`` returns a :class:`KindInput` or None. The model keeps it as ``model.<attr>`` (so its buffers are
-checkpointed and exported under that prefix) and calls it around every pass of the block; the trainer,
+checkpointed and exported under that prefix) and calls it before every pass of the block, where it may hand
+its layers what they need through the forward's state (``ForwardState.inputs``); the trainer,
 evaluation and diagnostics call :meth:`KindInput.prepare`. Nothing outside the kind's file knows what
 the input is.
 """
@@ -34,14 +35,13 @@ class KindInput(torch.nn.Module):
         """{``embedding_<label>``: global parameter count} for ``megahash params`` (nothing by default)."""
         return {}
 
-    def enter(self, model, emb, mask, offset: int, seq_len: int, rotary, decoding: bool):
+    def enter(self, model, state, emb, mask, seq_len: int, rotary):
         """Before the block runs on ``emb`` [s, b, h]: returns (emb, mask), e.g. with one more sequence.
+        ``state``: the forward's :class:`megahash.models.forward_state.ForwardState` (``state.offset``,
+        ``state.decode``; what the input hands its layers goes to ``state.inputs[self.attr]``).
         ``rotary``: RoPE frequencies of positions offset..offset+seq_len-1 (the batch's own may restart per
         document; rows appended here run at these), None with learned positions."""
         return emb, mask
-
-    def leave(self) -> None:
-        """After the block ran (also on errors): drop per-pass state."""
 
     def export_meta(self) -> dict:
         """What the Hugging Face reference of the input needs (sizes, its kind), JSON-serialisable."""

@@ -8,7 +8,7 @@ shapes (``batch`` sequences of ``seq`` tokens, plus the fixed sequence rndembqk/
 - ``prefill_flops``: GEMM FLOPs of the forward (torch's ``FlopCounterMode``: matmuls and SDPA, as
   Table 4.6 counts GEMMs), output projection excluded as in Table 4.6;
 - ``decode_flops``: the same for one new token per sequence after ``seq`` tokens of context
-  (``decode_cache`` filled by an inference prefill);
+  (the layer's decoding cache filled by an inference prefill);
 - ``cache_elements``: numbers in the layer's decode cache after ``seq`` tokens (bytes at 16 bit = 2x);
 - ``activation_bytes``: bytes of the tensors the forward saves for backward (saved-tensor hooks,
   parameters excluded, each storage once). SDPA on ``meta`` follows the math path (the L x L map is
@@ -57,6 +57,9 @@ def measure_kind(cfg, kind: str, batch: int, seq: int) -> dict:
     (values "n/a" where a measurement is not possible)."""
     from megatron.core import parallel_state
 
+    from megahash.models.forward_state import ForwardState
+    from megahash.models.megatron_model import DecodeState
+
     out = {"prefill_flops": NA, "decode_flops": NA, "cache_elements": NA, "activation_bytes": NA}
     try:
         module = _build(cfg, kind)
@@ -91,9 +94,9 @@ def measure_kind(cfg, kind: str, batch: int, seq: int) -> dict:
 
         x = x_of(seq, grad=True)
         module.train()
-        module.model_context, module.decode_cache = {"embeddings": x, "offset": 0}, None
+        state = ForwardState(embeddings=x)
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out["prefill_flops"] = tp * _flops(lambda: module.mix(x, mask, None))
+            out["prefill_flops"] = tp * _flops(lambda: module.mix(x, mask, None, state))
         out["activation_bytes"] = tp * sum(saved.values())
     except Exception:
         pass
@@ -102,17 +105,15 @@ def measure_kind(cfg, kind: str, batch: int, seq: int) -> dict:
         return out
     try:  # inference: prefill into the cache, then one token
         module.eval()
-        cache: dict = {}
+        decode = DecodeState(module.layer_number)
         with torch.no_grad():
             x = x_of(seq)
-            module.model_context, module.decode_cache = {"embeddings": x, "offset": 0}, cache
-            module.mix(x, None, None)
+            module.mix(x, None, None, ForwardState(embeddings=x, decode=decode))
+            cache = decode.layer(module.layer_number - 1)
             out["cache_elements"] = tp * sum(t.numel() for t in cache.values())
             y = x_of(1)
-            module.model_context = {"embeddings": y, "offset": seq}
-            out["decode_flops"] = tp * _flops(lambda: module.mix(y, None, None))
+            state = ForwardState(embeddings=y, offset=seq, decode=decode)
+            out["decode_flops"] = tp * _flops(lambda: module.mix(y, None, None, state))
     except Exception:
         pass
-    finally:
-        module.model_context, module.decode_cache = None, None
     return out

@@ -8,6 +8,8 @@ embedding and its inference path, while megahash needs pluggable embeddings that
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state, tensor_parallel
@@ -15,11 +17,12 @@ from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEm
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_block import TransformerBlock
 from megatron.core.transformer.transformer_config import TransformerConfig
-from megatron.core.utils import init_method_normal, scaled_init_method_normal
+from megatron.core.utils import init_method_normal, make_viewless_tensor, scaled_init_method_normal
 
 from megahash.errors import ConfigError
 from megahash.models import autocast_linear, cpu_linear, heads, registry
 from megahash.models.arch import arch_of
+from megahash.models.forward_state import ForwardState
 from megahash.models.norm import hook_sequence_parallel_params
 
 
@@ -102,6 +105,47 @@ class Rotary(RotaryEmbedding):
         return self._table[1]
 
 
+class Block(TransformerBlock):
+    """megatron-core's ``TransformerBlock`` whose layers get the forward's :class:`ForwardState` (its
+    ``inference_context``) under full activation recompute too.
+
+    megatron-core 0.16's ``_checkpointed_forward`` hands its layers ``inference_context=None`` (it never
+    trains with one), so in training with ``recompute_granularity="full"`` the layers run here under
+    ``tensor_parallel.checkpoint`` as megatron's ``uniform`` method does (``recompute_num_layers`` layers a
+    chunk, what :func:`transformer_config` sets; the same RNG handling, the recomputation in backward),
+    each given the state; a state with ``recompute=False`` (a kind input's plain pass) runs them
+    without checkpoints. Everything else is megatron-core's forward."""
+
+    def forward(self, hidden_states, attention_mask, rotary_pos_emb=None, inference_context=None, **kwargs):
+        state = inference_context
+        if not (self.training and self.config.recompute_granularity == "full") or state is None:
+            return super().forward(hidden_states=hidden_states, attention_mask=attention_mask,
+                                   rotary_pos_emb=rotary_pos_emb, inference_context=state, **kwargs)
+        hidden_states = make_viewless_tensor(inp=hidden_states, requires_grad=True, keep_graph=True)
+        rng = tensor_parallel.get_cuda_rng_tracker().fork() if self.config.sequence_parallel else nullcontext()
+        with rng:
+            hidden_states = self._recomputed_layers(hidden_states, attention_mask, rotary_pos_emb, state)
+        if self.final_layernorm is not None:
+            hidden_states = make_viewless_tensor(inp=self.final_layernorm(hidden_states), requires_grad=True,
+                                                 keep_graph=True)
+        return hidden_states
+
+    def _recomputed_layers(self, hidden_states, attention_mask, rotary_pos_emb, state):
+        step = self.config.recompute_num_layers if state.recompute else len(self.layers)
+        for start in range(0, len(self.layers), step):
+            def chunk(h, mask, rotary, layers=self.layers[start:start + step]):
+                for layer in layers:
+                    h, _ = layer(hidden_states=h, attention_mask=mask, rotary_pos_emb=rotary, inference_context=state)
+                return h
+
+            if state.recompute:
+                hidden_states = tensor_parallel.checkpoint(chunk, self.config.distribute_saved_activations,
+                                                           hidden_states, attention_mask, rotary_pos_emb)
+            else:
+                hidden_states = chunk(hidden_states, attention_mask, rotary_pos_emb)
+        return hidden_states
+
+
 class MegahashLM(MegatronModule):
     """Embedding -> TransformerBlock -> final norm (in the block) -> LM head.
 
@@ -134,7 +178,7 @@ class MegahashLM(MegatronModule):
             kv_channels=config.kv_channels, rotary_percent=1.0, rotary_base=m.rotary_base,
             use_cpu_initialization=True,
         )
-        self.decoder = TransformerBlock(config=config, spec=registry.block_spec(cfg))
+        self.decoder = Block(config=config, spec=registry.block_spec(cfg))
         self.kind_input_attrs = []  # inputs the layer kinds add (megahash.models.kind_input), as model.<attr>
         for build in registry.model_inputs(self.layer_kinds):
             extra = build(self, cfg)
@@ -161,23 +205,6 @@ class MegahashLM(MegatronModule):
         """The ``self_attention`` module of every layer, in layer order."""
         return [layer.self_attention for layer in self.decoder.layers]
 
-    def _set_context(self, context: dict | None) -> None:
-        """Hand the per-forward context to every attention module as ``module.model_context``.
-
-        Keys: ``embeddings`` (layer-0 embeddings [s, b, h], for StaticEmbQK), ``offset`` (position
-        of the first token, > 0 while decoding), ``decode`` (a :class:`DecodeState` or None),
-        ``layer_caches`` (list, one dict per layer, for KV caches / recurrent states while decoding),
-        ``document_ids``/``position_ids`` ([b, s] or None: packed documents, megahash/data/documents.py).
-        A ``core_attention`` (e.g. megatron-core's own attention around the SDPA core) keeps the document ids
-        of the last forward, so a recomputation in backward sees them too.
-        """
-        for i, module in enumerate(self.attention_modules()):
-            module.model_context = context
-            core = getattr(module, "core_attention", None)
-            if context is not None and core is not None:
-                core.document_ids = context.get("document_ids")
-            module.decode_cache = None if context is None or context.get("decode") is None else context["decode"].layer(i)
-
     def hidden_states(self, tokens, hash_codes=None, padding_mask=None, decode_state=None, document_ids=None,
                       position_ids=None):
         """[b, s] tokens -> final hidden states [s(/TP under SP), b, h].
@@ -185,7 +212,8 @@ class MegahashLM(MegatronModule):
         With ``decode_state`` (incremental decoding), ``tokens`` are the new tokens only; their
         positions start at ``decode_state.offset`` and every attention kind reads/extends its cache.
         Packed documents (megahash/data/documents.py): ``document_ids`` [b, s] keep attention inside each
-        document (``model_context["document_ids"]``), ``position_ids`` [b, s] restart RoPE / learned positions.
+        document (``ForwardState.document_ids``), ``position_ids`` [b, s] restart RoPE / learned positions.
+        Every layer gets this forward's :class:`ForwardState` as its ``inference_context``.
         """
         emb = self.embedding(tokens, hash_codes)
         for extra in self.kind_inputs():  # e.g. a token n-gram table added to the embedding
@@ -202,19 +230,15 @@ class MegahashLM(MegatronModule):
             pm = padding_mask if padding_mask is not None else torch.ones_like(tokens, dtype=torch.bool)
             mask = ~pm[:, None, None, :].bool()  # megatron: True = masked out, [b, 1, 1, s]
         batch = emb.shape[1]
+        state = ForwardState(offset=offset, tokens=tokens, document_ids=document_ids, position_ids=position_ids,
+                             decode=decode_state)
         for extra in self.kind_inputs():  # e.g. a fixed sequence run with (or before) the batch
-            emb, mask = extra.enter(self, emb, mask, offset, seq_len, plain, decode_state is not None)
+            emb, mask = extra.enter(self, state, emb, mask, seq_len, plain)
         if rotary is not plain and emb.shape[1] > batch:  # rows a kind input added run at positions offset..
             rotary = torch.cat([rotary, plain.expand(-1, emb.shape[1] - batch, -1, -1)], dim=1)
         emb = autocast_linear.cast_for_autocast(emb, emb.device.type)  # bf16 runs: a bf16 residual stream
-        self._set_context({"embeddings": emb, "offset": offset, "decode": decode_state, "tokens": tokens,
-                           "document_ids": document_ids, "position_ids": position_ids})
-        try:
-            out = self.decoder(hidden_states=emb, attention_mask=mask, rotary_pos_emb=rotary)
-        finally:
-            self._set_context(None)
-            for extra in self.kind_inputs():
-                extra.leave()
+        state.embeddings = emb
+        out = self.decoder(hidden_states=emb, attention_mask=mask, rotary_pos_emb=rotary, inference_context=state)
         if decode_state is not None:
             decode_state.offset += seq_len
         if out.shape[1] != batch:

@@ -22,6 +22,7 @@ from megahash.models.arch import arch_of
 from megahash.models.reference_ops import (
     NUM_SPECIAL, append_state, apply_rope, is_roberta, make_norm, megahash_option, softmax_attention, split_heads,
 )
+from megahash.ops.utils.documents import document_rows
 
 
 # =============================================================================== attention bases
@@ -96,8 +97,9 @@ class LinearAttention(TorchAttention):
     def transform_qk(self, q, k, cos, sin):
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
-    def kernel(self, q, k, v, key_mask, cache, ctx):  # pragma: no cover - abstract
-        """q [b, g, n/g, s, f], k [b, g, 1, s, f], v [b, g, 1, s, d] -> [b, g, n/g, s, d]."""
+    def kernel(self, q, k, v, key_mask, cache, doc, offset):  # pragma: no cover - abstract
+        """q [b, g, n/g, s, f], k [b, g, 1, s, f], v [b, g, 1, s, d] -> [b, g, n/g, s, d]; ``doc``: document
+        ids [b, 1, 1, s] or None; ``offset``: position of the first token."""
         raise NotImplementedError
 
     def mix(self, x, ctx, cache):
@@ -121,7 +123,8 @@ class LinearAttention(TorchAttention):
         kh, vh = k.unsqueeze(2).to(dt), v.unsqueeze(2).to(dt)
         key_mask = ctx.get("key_mask")
         km = None if key_mask is None else key_mask[:, None, None, :].bool()
-        out = self.kernel(qh, kh, vh, km, cache, ctx)
+        doc = document_rows(ctx.get("document_ids"), qh)
+        out = self.kernel(qh, kh, vh, km, cache, doc, ctx.get("offset", 0))
         return out.reshape(b, n, s, d).transpose(1, 2).reshape(b, s, n * d).to(x.dtype)
 
 

@@ -38,8 +38,9 @@ class PostNormLayer(TransformerLayer):
     """Post-LN transformer layer (BERT/RoBERTa): residual add, then LayerNorm, after each sublayer."""
 
     def forward(self, hidden_states=None, attention_mask=None, context=None, context_mask=None,
-                rotary_pos_emb=None, **kwargs):
-        attn = self.self_attention(hidden_states, attention_mask=attention_mask, rotary_pos_emb=rotary_pos_emb)
+                rotary_pos_emb=None, inference_context=None, **kwargs):
+        attn = self.self_attention(hidden_states, attention_mask=attention_mask, inference_context=inference_context,
+                                   rotary_pos_emb=rotary_pos_emb)
         with self.bias_dropout_add_exec_handler():
             h = self.self_attn_bda(self.training, self.config.bias_dropout_fusion)(attn, hidden_states, self.hidden_dropout)
         h = self.input_layernorm(h)

@@ -19,11 +19,11 @@ Forms (one copy each, :mod:`megahash.ops.taylor`; equal to 1e-10 in fp64):
   sequence no longer than the chunk is the parallel masked-matrix form). The features are
   recomputed in backward (fused into their GEMMs). On CUDA with ``feature_dim=16`` and flash-linear-attention installed,
   fla's Based kernel runs instead;
-- recurrent (decoding: the chunked form on one token with the carried state): ``decode_cache``
-  ``S`` [b, g, 1, D, d] and ``z`` [b, g, 1, D] per key/value group; naive (the masked L x L kernel
+- recurrent (decoding: the chunked form on one token with the carried state): the layer's decoding
+  cache ``S`` [b, g, 1, D, d] and ``z`` [b, g, 1, D] per key/value group; naive (the masked L x L kernel
   matrix): the test oracle.
 Encoders use the non-causal sums over the non-padded keys.
-Packed documents (``model_context["document_ids"]``): the sums restart at each document start in every
+Packed documents (``ForwardState.document_ids``): the sums restart at each document start in every
 form, without a loop over documents (docs/attention.md "Packed documents: linear and recurrent kinds"). Under autocast the kernels accumulate in
 fp32 and return the input dtype (:mod:`megahash.ops.utils.fp32`; docs/attention.md "Numerics").
 
@@ -63,12 +63,17 @@ class TaylorReference(LinearAttention):
         """Based's projected feature dim d' (``model.attention.options.feature_dim``; 0 = d_h)."""
         return int(spec.get("feature_dim") or megahash_option(config, "model", "attention.options.feature_dim", 0) or 0)
 
-    def kernel(self, qh, kh, vh, km, cache, ctx):
-        if not self.causal:
-            return taylor_bidirectional(qh, kh, vh, km, doc=document_rows(ctx, qh))
+    def kernel(self, qh, kh, vh, km, cache, doc, offset):
+        return self.taylor(qh, kh, vh, km, cache, doc, self.causal, self.chunk_size)
+
+    @staticmethod
+    def taylor(qh, kh, vh, km, cache, doc, causal: bool, chunk_size: int):
+        """Based's Taylor attention (eq. 4.6) on [b, g, rep, s, d] (the TP layer runs it too), the
+        decoding state (S, z) in ``cache``, sums restarting at the document starts of ``doc``."""
+        if not causal:
+            return taylor_bidirectional(qh, kh, vh, km, doc=doc)
         keys = ("S", "z")
-        out, state = taylor_causal(qh, kh, vh, self.chunk_size, cached_state(cache, keys), cache is not None,
-                                   doc=document_rows(ctx, qh))
+        out, state = taylor_causal(qh, kh, vh, chunk_size, cached_state(cache, keys), cache is not None, doc=doc)
         store_state(cache, keys, state)
         return out
 
@@ -98,11 +103,13 @@ def rope_prefix(freqs, dim: int):
 
 class ApproxAttention(LinearAttentionBase):
     kind = "approx"
-    reference = TaylorReference
 
     def __init__(self, config, layer_number, attn_mask_type, cfg=None, **kw):
         super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
         self.chunk_size = cfg.model.attention.options.chunk_size if cfg is not None else 0
+
+    def kernel(self, qh, kh, vh, km, cache, doc, offset):
+        return TaylorReference.taylor(qh, kh, vh, km, cache, doc, self.causal, self.chunk_size)
 
     def build_grouped_qkv(self, groups: int) -> None:
         """``model.attention.options.feature_dim`` d' > 0 (Based's ``feature_dim``, [Arora24]): Q and

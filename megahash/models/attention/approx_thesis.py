@@ -38,11 +38,11 @@ eq. 4.14-4.17):
   are ONE chunked linear-attention call on the two feature maps stacked (masked matrices inside
   chunks of C tokens, the states between chunks carried by a cumulative sum over chunks: batched
   GEMMs, no Python loop), ``model.attention.options.chunk_size`` (0 = 128); chunk >= L is the parallel form;
-- recurrent (decoding: the chunked form on one token with the carried state in ``decode_cache``
-  ``s0``, ``s1``, ``z1``, ``s2``, ``z2``, each [b, g, 1, ...]; token-by-token loop: the oracle);
+- recurrent (decoding: the chunked form on one token with the carried state in the layer's decoding
+  cache: ``s0``, ``s1``, ``z1``, ``s2``, ``z2``, each [b, g, 1, ...]; token-by-token loop: the oracle);
 - naive: the three masked L x L maps (the indicators' maps, and a test oracle).
 Encoders use the non-causal sums over the non-padded keys.
-Packed documents (``model_context["document_ids"]``): the sums restart at each document start in every
+Packed documents (``ForwardState.document_ids``): the sums restart at each document start in every
 form, without a loop over documents (docs/attention.md "Packed documents: linear and recurrent kinds"). No attention dropout. Parameters equal
 ``mha`` exactly (``linear_q``, ``linear_kv``, ``linear_proj``).
 """
@@ -66,13 +66,19 @@ class ThesisTaylorReference(LinearAttention):
         self.chunk_size = int(spec.get("chunk_size", 0) or 0)
         self.positive = spec.get("denominator", "literal") == "positive"
 
-    def kernel(self, qh, kh, vh, km, cache, ctx):
-        if not self.causal:
-            return orders_bidirectional(qh, kh, vh, km, positive=self.positive, doc=document_rows(ctx, qh))
+    def kernel(self, qh, kh, vh, km, cache, doc, offset):
+        return self.orders(qh, kh, vh, km, cache, doc, offset, self.causal, self.chunk_size, self.positive)
+
+    @staticmethod
+    def orders(qh, kh, vh, km, cache, doc, offset: int, causal: bool, chunk_size: int, positive: bool):
+        """eq. 4.14-4.17 on [b, g, rep, s, d] (the TP layer runs it too), the decoding state
+        (s0, s1, z1, s2, z2) in ``cache``, sums restarting at the document starts of ``doc``."""
+        if not causal:
+            return orders_bidirectional(qh, kh, vh, km, positive=positive, doc=doc)
         keys = ("s0", "s1", "z1", "s2", "z2")
         state = cached_state(cache, keys)
-        out, state = orders_causal(qh, kh, vh, self.chunk_size or 128, state, ctx.get("offset", 0) if state else 0,
-                                   cache is not None, positive=self.positive, doc=document_rows(ctx, qh))
+        out, state = orders_causal(qh, kh, vh, chunk_size or 128, state, offset if state else 0,
+                                   cache is not None, positive=positive, doc=doc)
         store_state(cache, keys, state)
         return out
 
@@ -94,7 +100,6 @@ DENOMINATORS = ("literal", "positive")
 
 class ApproxThesisAttention(LinearAttentionBase):
     kind = "approx-thesis"
-    reference = ThesisTaylorReference
 
     def __init__(self, config, layer_number, attn_mask_type, cfg=None, **kw):
         super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
@@ -109,6 +114,10 @@ class ApproxThesisAttention(LinearAttentionBase):
     def qkv(self, x, rotary_pos_emb):
         q, k, v = super().qkv(x, rotary_pos_emb)
         return rope(q, rotary_pos_emb, self.config), rope(k, rotary_pos_emb, self.config), v
+
+    def kernel(self, qh, kh, vh, km, cache, doc, offset):
+        return ThesisTaylorReference.orders(qh, kh, vh, km, cache, doc, offset, self.causal, self.chunk_size,
+                                            self.positive)
 
 
 # ----------------------------------------------------------------------------- self-description

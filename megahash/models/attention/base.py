@@ -3,8 +3,8 @@
 Every kind is a ``MegatronModule`` built by megatron's ``build_module`` for the ``self_attention``
 slot of ``TransformerLayer`` and follows its contract::
 
-    forward(hidden_states [s(/tp under SP), b, h], attention_mask=None, rotary_pos_emb=None, ...)
-        -> (output [s(/tp), b, h], bias or None)
+    forward(hidden_states [s(/tp under SP), b, h], attention_mask=None, inference_context=None,
+            rotary_pos_emb=None, ...) -> (output [s(/tp), b, h], bias or None)
 
 Tensor/sequence parallelism: per-head projections are megatron ``ColumnParallelLinear`` (each TP
 rank owns ``n/tp`` heads; under SP they all-gather the sequence), the output projection
@@ -15,8 +15,9 @@ weight, drawn from the same master tensor as megatron's CPU initialisation (so a
 same model at any TP size), and its gradient is summed over the TP group by a tensor hook
 (each rank only sees the gradient of its own heads), like the sequence-parallel norms.
 
-Incremental decoding: ``MegahashLM.hidden_states`` sets ``self.decode_cache`` (a per-layer dict,
-None in training) and ``self.model_context`` on every attention module before the block runs;
+Per-forward state: ``inference_context`` is the forward's :class:`megahash.models.forward_state.ForwardState`
+(the model's inputs, packed documents, the decoding session); a kind's ``mix`` gets it as its last argument.
+Incremental decoding: ``state.cache(self.layer_number)`` is the layer's cache dict (None in training);
 each kind stores what it needs there (keys/values, recurrent sums, ...).
 
 Parameter naming: everything except ``linear_proj`` is the "qkv" part of a kind
@@ -34,6 +35,7 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
 from megahash.errors import ConfigError
+from megahash.models.forward_state import ForwardState
 from megahash.models.norm import HeadNorm, mark_sequence_parallel, sum_grad_over_tp
 
 
@@ -167,8 +169,9 @@ def heads(t: torch.Tensor, n: int) -> torch.Tensor:
 class AttentionBase(MegatronModule):
     """Common constructor/forward of the attention kinds; subclasses implement :meth:`mix`.
 
-    ``mix(x, attention_mask, rotary_pos_emb)`` returns the heads' output [s, b, proj_in/tp] that
-    ``linear_proj`` (RowParallelLinear, input split over TP) maps back to the hidden size.
+    ``mix(x, attention_mask, rotary_pos_emb, state)`` returns the heads' output [s, b, proj_in/tp] that
+    ``linear_proj`` (RowParallelLinear, input split over TP) maps back to the hidden size; ``state`` is the
+    forward's :class:`ForwardState` (an empty one when the module runs alone).
     """
 
     kind = "base"
@@ -189,8 +192,6 @@ class AttentionBase(MegatronModule):
         self.qkv_bias = bool(config.add_qkv_bias)
         if cfg is not None and cfg.model.qk_norm:  # Qwen3 QK-norm over each head of q and k
             self.build_qk_norm(self.d_h)
-        self.model_context = None
-        self.decode_cache = None
 
     # -- helpers --------------------------------------------------------------------------
     def build_proj(self, in_features: int) -> None:
@@ -212,12 +213,6 @@ class AttentionBase(MegatronModule):
             return q, k
         return self.q_layernorm(q), self.k_layernorm(k)
 
-    def context(self) -> dict:
-        return getattr(self, "model_context", None) or {}
-
-    def cache(self) -> dict | None:
-        return getattr(self, "decode_cache", None)
-
     def qkv_parameters(self) -> list[torch.nn.Parameter]:
         """All parameters of the sublayer except the output projection (Table 3.4 counts these)."""
         return [p for name, p in self.named_parameters() if not name.startswith("linear_proj.")]
@@ -232,32 +227,29 @@ class AttentionBase(MegatronModule):
         return ~attention_mask.reshape(attention_mask.shape[0], attention_mask.shape[-1]).bool()
 
     # -- forward --------------------------------------------------------------------------
-    def mix(self, x, attention_mask, rotary_pos_emb):  # pragma: no cover - abstract
+    def mix(self, x, attention_mask, rotary_pos_emb, state):  # pragma: no cover - abstract
         raise NotImplementedError
 
     def forward(self, hidden_states, attention_mask=None, inference_context=None, rotary_pos_emb=None,
                 rotary_pos_cos=None, rotary_pos_sin=None, attention_bias=None, packed_seq_params=None,
                 sequence_len_offset=None, **_kw):
-        if self.config.recompute_granularity == "selective" and self.training and torch.is_grad_enabled() \
-                and self.cache() is None:
-            out = self._recomputed_mix(hidden_states, attention_mask, rotary_pos_emb)
+        state = inference_context if inference_context is not None else ForwardState()
+        if self.config.recompute_granularity == "selective" and state.recompute and self.training \
+                and torch.is_grad_enabled() and state.cache(self.layer_number) is None:
+            out = self._recomputed_mix(hidden_states, attention_mask, rotary_pos_emb, state)
         else:
-            out = self.mix(hidden_states, attention_mask, rotary_pos_emb)
+            out = self.mix(hidden_states, attention_mask, rotary_pos_emb, state)
         return self.linear_proj(out)
 
-    def _recomputed_mix(self, x, attention_mask, rotary_pos_emb):
+    def _recomputed_mix(self, x, attention_mask, rotary_pos_emb, state):
         """``train.recompute=selective``: the token mixing (``mix``: projections, scores, kernel) runs
         again in backward instead of keeping its activations (megatron's ``tensor_parallel.checkpoint``,
-        RNG states restored), with the forward's model context handed back to it."""
-        context = self.context()
-        keys = [k for k, v in context.items() if torch.is_tensor(v)]  # inputs of the recomputation (gradients flow)
+        RNG states restored), with the forward's state handed back to it (its tensors as the
+        recomputation's inputs, so gradients flow through them)."""
+        tensors = state.tensors()
+        keys = list(tensors)
 
-        def run(x, attention_mask, rotary_pos_emb, *tensors):
-            saved = getattr(self, "model_context", None)
-            self.model_context = {**context, **dict(zip(keys, tensors))}
-            try:
-                return self.mix(x, attention_mask, rotary_pos_emb)
-            finally:
-                self.model_context = saved
+        def run(x, attention_mask, rotary_pos_emb, *values):
+            return self.mix(x, attention_mask, rotary_pos_emb, state.replace(**dict(zip(keys, values))))
 
-        return tensor_parallel.checkpoint(run, False, x, attention_mask, rotary_pos_emb, *(context[k] for k in keys))
+        return tensor_parallel.checkpoint(run, False, x, attention_mask, rotary_pos_emb, *tensors.values())

@@ -19,13 +19,14 @@ it costs one more sequence per batch. The map is :func:`megahash.ops.shared_map.
 
 Training (gradients on, no activation recompute, no dropout): the fixed sequence instead runs through
 the stack by itself under activation checkpointing (:meth:`FixedInput.run_alone`), each fixed-kind
-layer keeps its Q, K (``module.live_qk``, with gradients: W^Q, W^K train through this pass, eq. 4.10),
-then the batch runs alone with them. Only O(L d) of the fixed sequence is saved for backward (the
+layer records its Q, K in that pass's state (``ForwardState.capture``, with gradients: W^Q, W^K train
+through this pass, eq. 4.10), then the batch runs alone with them (``ForwardState.inputs["fixed_qk"]``,
+{layer number: (q, k)}). Only O(L d) of the fixed sequence is saved for backward (the
 extra sequence used to double the saved activations at batch 1); the pass is recomputed in backward
 (one more forward of one sequence). Same loss and gradients (tested).
 
 Frozen maps (evaluation): :meth:`FixedInput.freeze` runs the fixed input through the stack once
-and stores every fixed-kind layer's Q, K for positions 0..length-1 (``module.frozen_qk``); later
+and keeps every fixed-kind layer's Q, K for positions 0..length-1; later
 forwards and decoding then do not carry the extra sequence and read Q, K from the store (decode
 cache: V only, plus the shared K: the [Xue25] (B + 1)Ld cache, Table 4.8). ``model.train()``
 drops the store. Freeze before a decoding session, not during one.
@@ -176,6 +177,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megahash.errors import ConfigError
 from megahash.models.attention.base import append_cache, heads
 from megahash.models.attention.separate_qkv import SeparateQKVAttention
+from megahash.models.forward_state import ForwardState
 from megahash.models.kind_input import KindInput
 from megahash.models.registry import mask_type, register_attention
 from megahash.ops.utils.documents import document_positions
@@ -184,42 +186,36 @@ FIXED_KINDS = {"rndembqk": "random", "fixedseqqk": "text"}
 
 
 class FixedQKAttention(SeparateQKVAttention):
-    """Q, K from the fixed sequence (the last batch element, or the frozen store), V from every sequence."""
+    """Q, K from the fixed sequence (the last batch element, or those the fixed input hands the layer in the
+    forward state: its own pass's or frozen maps), V from every sequence."""
 
     def __init__(self, config, layer_number, attn_mask_type, cfg=None, kind: str = "rndembqk", **kw):
         self.kind = kind
         super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
-        self.frozen_qk = None  # (q [L, 1, n_l, d], k [L, 1, g_l, d]) after FixedInput.freeze
-        self.capture = False  # True: FixedInput.freeze; "live": FixedInput.run_alone (keeps the graph)
-        self.live_qk = None  # (q, k) of this step's fixed pass (FixedInput.run_alone), with gradients
 
-    def mix(self, x, attention_mask, rotary_pos_emb):
+    def mix(self, x, attention_mask, rotary_pos_emb, state):
         v = heads(self.linear_v(x)[0], self.g_local)
-        if self.frozen_qk is not None:
-            off, s = self.context().get("offset", 0), v.shape[0]
-            if off + s > self.frozen_qk[0].shape[0]:
+        given = state.inputs.get(FixedInput.attr, {}).get(self.layer_number)  # (q [L, 1, n_l, d], k [L, 1, g_l, d])
+        if given is not None:  # positions 0..L-1 of the fixed pass (its own this step, or frozen maps)
+            off, s = state.offset, v.shape[0]  # encoders: a pass over the whole fixed input; the batch's positions
+            if off + s > given[0].shape[0]:
                 raise ConfigError(f"{self.kind}: positions up to {off + s} exceed the frozen fixed input "
-                                  f"({self.frozen_qk[0].shape[0]}); freeze with a larger length")
-            q, k = self.frozen_qk[0][off:off + s], self.frozen_qk[1][off:off + s]
-        elif self.live_qk is not None and not self.capture:  # this step's separate fixed pass
-            s = v.shape[0]  # encoders: the pass ran over the whole fixed input; the batch's positions
-            q, k = self.live_qk[0][:s], self.live_qk[1][:s]
+                                  f"({given[0].shape[0]}); freeze with a larger length")
+            q, k = given[0][off:off + s], given[1][off:off + s]
         else:
             q, k = self.qk(x[:, -1:], rotary_pos_emb)  # the fixed sequence rides as the last element
-            if self.capture == "live":
-                self.live_qk = (q, k)
-            elif self.capture:
-                self.frozen_qk = (q.detach(), k.detach())
-        cache = self.cache()
+            if state.capture is not None:  # the fixed input's own pass (FixedInput.run_alone, freeze)
+                state.capture[self.layer_number] = (q, k)
+        cache = state.cache(self.layer_number)
         k = append_cache(cache, "k", k)
         v = append_cache(cache, "v", v)
-        doc = self.context().get("document_ids")
+        doc = state.document_ids
         if doc is not None and k.shape[0] == q.shape[0] == v.shape[0]:
             return self.attend_documents(q, k, v, attention_mask, doc)
         return self.attend(q, k, v, attention_mask)
 
     def attend_documents(self, q, k, v, attention_mask, doc):
-        """Packed documents (``model_context["document_ids"]`` [b, s]): token t of a row takes the fixed
+        """Packed documents (``ForwardState.document_ids`` [b, s]): token t of a row takes the fixed
         Q, K of its position p(t) within its document (eq. 4.9-4.12 at positions 0..n-1 of an n-token
         document) and attends inside its document (block-diagonal, causal in a decoder): each document's
         map is the fixed map of a sequence of its length, exactly as when it runs alone. The map is then
@@ -330,6 +326,7 @@ class FixedInput(KindInput):
         self.kind = kind
         self.source = FIXED_KINDS[kind]
         object.__setattr__(self, "_attention", list(modules))  # not registered: they belong to the layers
+        self.unfreeze()
         if self.source == "random":
             length = max(a.fixed_seq_length, cfg.model.max_position_embeddings)
             std = a.random_std or cfg.model.init_std
@@ -349,21 +346,22 @@ class FixedInput(KindInput):
             o = cfg.model.attention.options
             self.set_tokens(texts.token_ids(o.fixed_text, o.fixed_seq_length, vocab_size, "model.attention.options.fixed_text"))
 
-    def enter(self, model, emb, mask, offset, seq_len, rotary, decoding):
-        """Training: the fixed sequence's own checkpointed pass; encoders: always a pass of its own
-        over the whole fixed input (:meth:`bidirectional_pass`); otherwise one more batch element."""
-        if self.bidirectional() and self.active() and not self.frozen():
-            return self.bidirectional_pass(model, emb, seq_len), mask
-        own_pass = not torch.is_grad_enabled() and self.active() and not self.frozen()
-        if not decoding and (self.separate(model) or own_pass):
+    def enter(self, model, state, emb, mask, seq_len, rotary):
+        """Frozen maps: handed to the layers (``state.inputs``); training: the fixed sequence's own
+        checkpointed pass; encoders: always a pass of its own over the whole fixed input
+        (:meth:`bidirectional_pass`); otherwise one more batch element."""
+        if self.frozen():
+            state.inputs[self.attr] = self._frozen
+            return emb, mask
+        if self.bidirectional() and self.active():
+            return self.bidirectional_pass(model, state, emb, seq_len), mask
+        own_pass = not torch.is_grad_enabled() and self.active()
+        if state.decode is None and (self.separate(model) or own_pass):
             # ``rotary`` holds the fixed input's own positions offset.. (KindInput.enter); without gradients
             # the pass costs what one more batch row costs
-            self.run_alone(model, offset, seq_len, rotary)
+            state.inputs[self.attr] = self.run_alone(model, state.offset, seq_len, rotary)
             return emb, mask
-        return self.append(model, emb, mask, offset, seq_len)
-
-    def leave(self) -> None:
-        self.release()
+        return self.append(model, emb, mask, state.offset, seq_len)
 
     def export_meta(self) -> dict:
         buf = self.epsilon if self.source == "random" else self.tokens
@@ -420,7 +418,7 @@ class FixedInput(KindInput):
     def bidirectional(self) -> bool:
         return bool(self._attention) and not self._attention[0].causal
 
-    def bidirectional_pass(self, model, emb, seq_len: int):
+    def bidirectional_pass(self, model, state, emb, seq_len: int):
         """Encoders: in a bidirectional pass every position of the fixed input sees all the others,
         so a pass with the batch's length would give a row Q, K (and outputs) that depend on how
         far its batch is padded. The pass always runs over the WHOLE fixed input (the length a
@@ -429,22 +427,21 @@ class FixedInput(KindInput):
 
         With activation recompute (training), the pass runs plainly (recompute off for it) and the
         layers get its Q, K as detached leaves that outlive the forward (the recomputed layers read
-        them in backward); :class:`_FixedPassGrads` on the block's input hands the gradients they
-        gathered to the pass once every layer's backward has run, so W^Q, W^K train as without
-        recompute. Returns the block's input."""
+        them in backward, through the forward state they hold); :class:`_FixedPassGrads` on the block's
+        input hands the gradients they gathered to the pass once every layer's backward has run, so W^Q,
+        W^K train as without recompute. Returns the block's input."""
         n = self.length()
         if seq_len > n:
             self.embeddings(model, 0, seq_len)  # raises: the batch is longer than the fixed input
         rotary = None if getattr(model, "embedding_extras", None) is not None else model.rotary_pos_emb(n)
         plain = torch.is_grad_enabled() and not self.separate(model)
-        self.run_alone(model, 0, n, rotary, checkpointed=not plain)
-        self._hold = plain and model.training and model.config.recompute_granularity is not None
-        if not self._hold:
+        qk = self.run_alone(model, 0, n, rotary, checkpointed=not plain)
+        if not (plain and model.training and model.config.recompute_granularity is not None):
+            state.inputs[self.attr] = qk
             return emb
-        graph = [t for m in self._attention for t in m.live_qk]
+        graph = [t for pair in qk.values() for t in pair]
         leaves = [t.detach().requires_grad_(t.requires_grad) for t in graph]
-        for i, m in enumerate(self._attention):
-            m.live_qk = (leaves[2 * i], leaves[2 * i + 1])
+        state.inputs[self.attr] = {n: (leaves[2 * i], leaves[2 * i + 1]) for i, n in enumerate(qk)}
         return _FixedPassGrads.apply(emb, leaves, *graph)
 
     # -- training: the fixed sequence's own checkpointed pass -------------------------------
@@ -456,72 +453,47 @@ class FixedInput(KindInput):
         return (torch.is_grad_enabled() and model.training and self.active() and not self.frozen()
                 and c.recompute_granularity is None and not c.hidden_dropout and not c.attention_dropout)
 
-    def run_alone(self, model, offset: int, seq_len: int, rotary, checkpointed: bool = True) -> None:
-        """Run the fixed sequence through the stack by itself under activation checkpointing and hand
-        every fixed-kind layer its Q, K (with gradients: eq. 4.10 trains W^Q, W^K through this pass).
+    def run_alone(self, model, offset: int, seq_len: int, rotary, checkpointed: bool = True) -> dict:
+        """Run the fixed sequence through the stack by itself under activation checkpointing and return
+        every fixed-kind layer's Q, K, {layer number: (q, k)} (with gradients: eq. 4.10 trains W^Q, W^K
+        through this pass). ``checkpointed=False``: the pass runs plainly, without activation recompute.
 
         Only the fixed input and the layers' Q, K are kept for backward (the pass is recomputed there),
         so the fixed sequence adds O(L d) to the step's saved activations instead of a whole
         sequence's (at batch 1 it doubled them)."""
         from torch.utils.checkpoint import checkpoint
 
-        mods = self._attention
+        layers = [m.layer_number for m in self._attention]
         emb = self.embeddings(model, offset, seq_len)
 
         def fixed_pass(emb):
-            for m in mods:
-                m.capture = "live"
-            model._set_context({"embeddings": emb, "offset": offset, "decode": None, "tokens": None})
-            try:
-                model.decoder(hidden_states=emb, attention_mask=None, rotary_pos_emb=rotary)
-                return tuple(t for m in mods for t in m.live_qk)
-            finally:
-                model._set_context(None)
-                for m in mods:
-                    m.capture, m.live_qk = False, None
+            own = ForwardState(embeddings=emb, offset=offset, capture={}, recompute=checkpointed)
+            model.decoder(hidden_states=emb, attention_mask=None, rotary_pos_emb=rotary, inference_context=own)
+            return tuple(t for n in layers for t in own.capture[n])
 
-        if checkpointed:
-            qk = checkpoint(fixed_pass, emb, use_reentrant=False) if torch.is_grad_enabled() else fixed_pass(emb)
+        if checkpointed and torch.is_grad_enabled():
+            qk = checkpoint(fixed_pass, emb, use_reentrant=False)
         else:
-            recompute = model.config.recompute_granularity
-            model.config.recompute_granularity = None  # the layers share this config
-            try:
-                qk = fixed_pass(emb)
-            finally:
-                model.config.recompute_granularity = recompute
-        for i, m in enumerate(mods):
-            m.live_qk = (qk[2 * i], qk[2 * i + 1])
-
-    def release(self) -> None:
-        if getattr(self, "_hold", False):  # recomputed layers read them in backward; the next enter replaces them
-            return
-        for m in self._attention:
-            m.live_qk = None
+            qk = fixed_pass(emb)
+        return {n: (qk[2 * i], qk[2 * i + 1]) for i, n in enumerate(layers)}
 
     # -- frozen maps ----------------------------------------------------------------------
     def frozen(self) -> bool:
-        return any(m.frozen_qk is not None for m in self._attention)
+        return bool(self._frozen)
 
     @torch.no_grad()
     def freeze(self, model, length: int | None = None) -> None:
-        """Store every fixed-kind layer's Q, K for positions 0..length-1 (default: the whole input)."""
+        """Keep every fixed-kind layer's Q, K for positions 0..length-1 (default: the whole input)."""
         self.unfreeze()
         length = self.length() if self.bidirectional() else (length or self.length())  # see bidirectional_pass
         emb = self.embeddings(model, 0, length)
         rotary = None if getattr(model, "embedding_extras", None) is not None else model.rotary_pos_emb(length)
-        for m in self._attention:
-            m.capture = True
-        model._set_context({"embeddings": emb, "offset": 0, "decode": None, "tokens": None})
-        try:
-            model.decoder(hidden_states=emb, attention_mask=None, rotary_pos_emb=rotary)
-        finally:
-            model._set_context(None)
-            for m in self._attention:
-                m.capture = False
+        own = ForwardState(embeddings=emb, capture={})
+        model.decoder(hidden_states=emb, attention_mask=None, rotary_pos_emb=rotary, inference_context=own)
+        self._frozen = {n: (q.detach(), k.detach()) for n, (q, k) in own.capture.items()}
 
     def unfreeze(self) -> None:
-        for m in self._attention:
-            m.frozen_qk = None
+        self._frozen = None  # {layer number: (q [L, 1, n_l, d], k [L, 1, g_l, d])} after freeze
 
     def train(self, mode: bool = True):
         if mode:

@@ -1,12 +1,14 @@
 """Shared part of the linear-attention kinds (``approx``, ``approx-thesis``, ``nonapprox``): Q, K, V as
-``mha`` (grouped), and the kind's plain-torch reference ``kernel`` run on [b, g, rep, s, d] so each
-kernel and its cache handling exist once (:mod:`megahash.ops`)."""
+``mha`` (grouped), and the kind's ``kernel`` on [b, g, rep, s, d], which calls the same function as the
+kind's plain-torch reference (a static method of it), so each kernel and its cache handling exist once
+(:mod:`megahash.ops`)."""
 from __future__ import annotations
 
 import torch
 
 from megahash.models.attention.base import AttentionBase
 from megahash.models.attention.softmax_base import GroupedKV
+from megahash.ops.utils.documents import document_rows
 
 
 def compute_dtype(t: torch.Tensor) -> torch.dtype:
@@ -14,10 +16,8 @@ def compute_dtype(t: torch.Tensor) -> torch.dtype:
 
 
 class LinearAttentionBase(GroupedKV, AttentionBase):
-    """Q, K, V as ``mha`` (grouped); :meth:`attend` on [b, g, rep, s, d] runs the kind's plain-torch
-    reference ``kernel`` (``reference``: its class), so the kernel and its cache handling exist once."""
-
-    reference = None
+    """Q, K, V as ``mha`` (grouped); :meth:`attend` on [b, g, rep, s, d] runs the kind's :meth:`kernel`
+    with the layer's decoding cache, the packed documents and the position offset of the forward state."""
 
     def __init__(self, config, layer_number, attn_mask_type, cfg=None, groups: int | None = None, **kw):
         super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
@@ -30,12 +30,18 @@ class LinearAttentionBase(GroupedKV, AttentionBase):
         q, k = self.norm_qk(q, k)
         return q, k, v
 
-    def attend(self, q, k, v, attention_mask):
+    def kernel(self, q, k, v, key_mask, cache, doc, offset: int):  # pragma: no cover - abstract
+        """q [b, g, rep, s, f], k [b, g, 1, s, f], v [b, g, 1, s, d], key_mask [b, 1, 1, s] or None, the
+        layer's decoding cache or None, document ids [b, 1, 1, s] or None -> [b, g, rep, s, d]."""
+        raise NotImplementedError
+
+    def attend(self, q, k, v, attention_mask, state):
         key_mask = None if self.causal else self.key_padding(attention_mask, q.shape[0])
         key_mask = None if key_mask is None else key_mask[:, None, None, :]
-        return self.reference.kernel(self, q, k, v, key_mask, self.cache(), self.context())
+        doc = document_rows(state.document_ids, q)
+        return self.kernel(q, k, v, key_mask, state.cache(self.layer_number), doc, state.offset)
 
-    def mix(self, x, attention_mask, rotary_pos_emb):
+    def mix(self, x, attention_mask, rotary_pos_emb, state):
         q, k, v = self.qkv(x, rotary_pos_emb)
         s, b, n_l, d = q.shape
         g = k.shape[2]
@@ -43,6 +49,6 @@ class LinearAttentionBase(GroupedKV, AttentionBase):
         qh = q.permute(1, 2, 0, 3).reshape(b, g, n_l // g, s, d).to(dt)
         kh = k.permute(1, 2, 0, 3).unsqueeze(2).to(dt)
         vh = v.permute(1, 2, 0, 3).unsqueeze(2).to(dt)
-        out = self.attend(qh, kh, vh, attention_mask)  # [b, g, rep, s, d_v]
+        out = self.attend(qh, kh, vh, attention_mask, state)  # [b, g, rep, s, d_v]
         d_v = out.shape[-1]
         return out.reshape(b, n_l, s, d_v).permute(2, 0, 1, 3).reshape(s, b, n_l * d_v).to(x.dtype)

@@ -1,8 +1,8 @@
 """Standard softmax attention: ``mha``, ``gqa`` and ``mqa`` (and the base of the MHA family).
 
 softmax(Q_i K_i^T / sqrt(d_h)) V_i per head i, Q, K, V = X W^{Q,K,V} ([Xue25] eq. 3.1-3.3 and
-eq. 4.1-4.3). Heads split over TP ranks; RoPE on Q and K; KV cache in ``decode_cache`` while
-decoding (keys after RoPE). Grouped-query attention shares one K/V head among n/g query heads.
+eq. 4.1-4.3). Heads split over TP ranks; RoPE on Q and K; KV cache in the layer's decoding cache
+(``ForwardState.cache``, keys after RoPE). Grouped-query attention shares one K/V head among n/g query heads.
 
 - ``mha``: g = ``model.num_query_groups`` (0 = n heads: full MHA, Table 3.4 count 3d^2n^2; fewer
   groups give GQA, count d^2n^2 + 2d^2ng).

@@ -77,7 +77,7 @@ class GatedMLPMixer(AttentionBase):
         self.linear_up = column(self.d_m, self.width, config, self.qkv_bias)
         self.build_proj(self.width)
 
-    def mix(self, x, attention_mask, rotary_pos_emb):
+    def mix(self, x, attention_mask, rotary_pos_emb, state):
         return F.silu(self.linear_gate(x)[0]) * self.linear_up(x)[0]
 
 

@@ -16,13 +16,13 @@ Forms (one copy each, :mod:`megahash.ops.cumsoftmax`; equal to 1e-10 in fp64):
 - scan (training, prefill, decoding): prefix sums relative to a running maximum in linear space
   (online softmax in two fixed levels, :mod:`megahash.ops.cumsoftmax.chunk`), no L x L map and no
   loop over chunks (``model.attention.options.chunk_size`` does not apply); fp32 (fp64 kept) with
-  autocast disabled, error at a masked softmax's (docs/attention.md, Numerics); the carried state is
-  ``decode_cache`` ``m`` [b, g, rep], ``num`` [b, g, rep, d_h], ``den`` [b, g, rep] per head
+  autocast disabled, error at a masked softmax's (docs/attention.md, Numerics); the carried state is the layer's
+  decoding cache: ``m`` [b, g, rep], ``num`` [b, g, rep, d_h], ``den`` [b, g, rep] per head
   (numerator and denominator relative to e^m): Bd + 2Bh numbers, [Xue25] Table 4.8 cache of
   2Bd + 4Bh bytes at 16 bit;
 - recurrent (token by token with the running maximum) and naive (the masked L x L softmax): oracles.
 Encoders: o_i = sum_j softmax(s)_j v_j over all non-padded keys (the same vector for every i).
-Packed documents (``model_context["document_ids"]``): the sums restart at each document start in every
+Packed documents (``ForwardState.document_ids``): the sums restart at each document start in every
 form, without a loop over documents (docs/attention.md "Packed documents: linear and recurrent kinds").
 Attention dropout is not applied. Parameters equal ``mha`` exactly.
 """
@@ -48,13 +48,18 @@ class NonApproxReference(LinearAttention):
     def transform_qk(self, q, k, cos, sin):
         return F.silu(q), k
 
-    def kernel(self, qh, kh, vh, km, cache, ctx):
+    def kernel(self, qh, kh, vh, km, cache, doc, offset):
+        return self.cumulative_softmax(qh, kh, vh, km, cache, doc, self.causal)
+
+    @staticmethod
+    def cumulative_softmax(qh, kh, vh, km, cache, doc, causal: bool):
+        """eq. 4.7-4.8 on [b, g, rep, s, d] (the TP layer runs it too), the decoding state
+        (m, num, den) in ``cache``, sums restarting at the document starts of ``doc``."""
         sc = (qh * kh).sum(-1) / math.sqrt(qh.shape[-1])
-        if not self.causal:
-            return cumsoftmax_bidirectional(sc, vh, km, doc=document_rows(ctx, qh))
+        if not causal:
+            return cumsoftmax_bidirectional(sc, vh, km, doc=doc)
         keys = ("m", "num", "den")
-        out, state = cumsoftmax_causal(sc, vh, cached_state(cache, keys), cache is not None,
-                                       doc=document_rows(ctx, qh))
+        out, state = cumsoftmax_causal(sc, vh, cached_state(cache, keys), cache is not None, doc=doc)
         store_state(cache, keys, state)
         return out
 
@@ -73,11 +78,13 @@ from megahash.ops.cumsoftmax.naive import cumsoftmax_map
 
 class NonApproxAttention(LinearAttentionBase):
     kind = "nonapprox"
-    reference = NonApproxReference
 
     def qkv(self, x, rotary_pos_emb):
         q, k, v = super().qkv(x, rotary_pos_emb)
         return F.silu(q), k, v  # eq. 4.8; no RoPE (q_j . k_j is position-invariant)
+
+    def kernel(self, qh, kh, vh, km, cache, doc, offset):
+        return NonApproxReference.cumulative_softmax(qh, kh, vh, km, cache, doc, self.causal)
 
 
 # ----------------------------------------------------------------------------- self-description

@@ -7,13 +7,24 @@ softmax(QK^T/sqrt(d_h)) V ([Vaswani17]; [Xue25] eq. 3.1).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 
 from megahash.models.attention import document_mask
+
+
+@dataclass
+class PackedDocuments(PackedSeqParams):
+    """megatron-core's ``packed_seq_params`` carrying the packed documents' ids [b, s] to this core: the
+    argument megatron-core's own ``SelfAttention`` hands its core per forward (a kind built on it).
+    ``qkv_format`` stays None: not megatron's ``thd`` layout, the batch keeps its [s, b] shape."""
+
+    document_ids: torch.Tensor = None
 
 
 class SDPACoreAttention(MegatronModule):
@@ -25,19 +36,19 @@ class SDPACoreAttention(MegatronModule):
         kv = config.kv_channels or config.hidden_size // config.num_attention_heads
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(kv)
 
-    document_ids = None  # the model's last forward's (MegahashLM._set_context), for callers that do not pass them
-
     def forward(self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None, document_ids=None, **_kw):
         """query [sq, b, np, hn], key/value [sk, b, ng, hn] -> [sq, b, np*hn]. ``document_ids`` [b, s]
-        (packed documents): attention inside each document (megahash/models/attention/document_mask.py)."""
+        (packed documents; or those of ``packed_seq_params``, :class:`PackedDocuments`): attention inside each
+        document (megahash/models/attention/document_mask.py)."""
         mask_type = attn_mask_type or self.attn_mask_type
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, hn]
         if k.shape[1] != q.shape[1]:  # GQA/MQA: repeat the key/value groups
             rep = q.shape[1] // k.shape[1]
             k = k.repeat_interleave(rep, dim=1)
             v = v.repeat_interleave(rep, dim=1)
-        document_ids = document_ids if document_ids is not None else self.document_ids
+        if document_ids is None and isinstance(packed_seq_params, PackedDocuments):
+            document_ids = packed_seq_params.document_ids
         if document_ids is not None and q.shape[2] == k.shape[2]:
             keep = None if attention_mask is None else ~attention_mask.reshape(attention_mask.shape[0], -1)
             out = document_mask.attend(q, k, v, document_ids, mask_type == AttnMaskType.causal, keep,

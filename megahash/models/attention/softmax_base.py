@@ -79,16 +79,16 @@ class SoftmaxAttentionBase(AttentionBase):
     def select_output(self, out):
         return out
 
-    def mix(self, x, attention_mask, rotary_pos_emb):
+    def mix(self, x, attention_mask, rotary_pos_emb, state):
         q, k, v = self.project(x)
         q, k = self.norm_qk(q, k)
         q = rope(q, rotary_pos_emb, self.config)
         k = rope(k, rotary_pos_emb, self.config)
-        cache = self.cache()
+        cache = state.cache(self.layer_number)
         k = append_cache(cache, "k", k)
         v = append_cache(cache, "v", v)
         k, v = self.expand_kv(k, v)
-        docs = self.context().get("document_ids")  # packed documents: attention inside each (None: off, decoding)
+        docs = state.document_ids  # packed documents: attention inside each (None: off, decoding)
         if self.training and self.config.attention_dropout > 0:
             name = "data-parallel-rng" if self.replicated_heads else "model-parallel-rng"
             with tensor_parallel.get_cuda_rng_tracker().fork(name):

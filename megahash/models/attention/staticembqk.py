@@ -2,20 +2,20 @@
 
 Q, K = e W^{Q,K}; V = H W^V; e = Emb(t): the attention map depends on the input sequence but not
 on the evolving hidden states (the "Current QK" principle is relaxed). ``e`` is the embedding
-output the model hands every layer as ``model_context["embeddings"]`` ([s(/tp under SP), b, h],
+output the model hands every layer as ``ForwardState.embeddings`` ([s(/tp under SP), b, h],
 the same tensor the first layer receives, no norm applied, as in eq. 4.13); RoPE on Q and K;
 causal softmax with a KV cache (keys from e, values from H) while decoding.
-Packed documents (``model_context["document_ids"]``): the SDPA core attends inside each document
+Packed documents (``ForwardState.document_ids``): the SDPA core attends inside each document
 (block-diagonal causal) and RoPE takes the positions within the document (``data.reset_position_ids``),
 so Q, K of a document's tokens are those it has alone (docs/attention.md "Packed documents").
 
 Parameters: ``linear_q`` (n*d_h), ``linear_k``, ``linear_v`` (g*d_h each), ``linear_proj``: exactly
 the count of ``mha``.
 
-Limitation: the embeddings reach the layer through the model context, not through the layer's
-inputs, so megatron's full activation recompute (``train.recompute=full``), which re-runs the
-layer after the forward pass has ended, cannot replay it; the module refuses that setting
-(selective recompute and none are fine).
+Limitation: the embeddings reach the layer through the forward state, not through the layer's
+inputs, so full activation recompute (``train.recompute=full``), which re-runs the layer after the
+forward pass has ended and backpropagates from there, cannot replay it; the module refuses that
+setting (selective recompute, which takes the state's tensors as its inputs, and none are fine).
 """
 from __future__ import annotations
 
@@ -54,20 +54,20 @@ class StaticEmbQKAttention(SeparateQKVAttention):
     def __init__(self, config, layer_number, attn_mask_type, cfg=None, **kw):
         super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
         if config.recompute_granularity == "full":
-            raise ConfigError("staticembqk reads the layer-0 embeddings from the model context, which full activation "
+            raise ConfigError("staticembqk reads the layer-0 embeddings from the forward state, which full activation "
                               "recompute cannot replay; use train.recompute=none or selective")
         self.core_attention = SDPACoreAttention(config, layer_number, attn_mask_type)
 
-    def mix(self, x, attention_mask, rotary_pos_emb):
-        emb = self.context().get("embeddings")
+    def mix(self, x, attention_mask, rotary_pos_emb, state):
+        emb = state.embeddings
         if emb is None:
-            raise ConfigError("staticembqk needs the layer-0 embeddings in model_context (run it inside MegahashLM)")
+            raise ConfigError("staticembqk needs the layer-0 embeddings in the forward state (run it inside MegahashLM)")
         q, k = self.qk(emb, rotary_pos_emb)
         v = heads(self.linear_v(x)[0], self.g_local)
-        cache = self.cache()
+        cache = state.cache(self.layer_number)
         k = append_cache(cache, "k", k)
         v = append_cache(cache, "v", v)
-        docs = self.context().get("document_ids")  # packed documents: block-diagonal (the SDPA core's mask)
+        docs = state.document_ids  # packed documents: block-diagonal (the SDPA core's mask)
         if self.training and self.config.attention_dropout > 0:
             with tensor_parallel.get_cuda_rng_tracker().fork():
                 return self.core_attention(q, k, v, attention_mask, document_ids=docs)

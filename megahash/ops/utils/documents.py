@@ -1,6 +1,6 @@
 """Document boundaries for the linear and recurrent kernels (packed rows, ``data.reset_attention_mask``).
 
-``doc`` [..., L] are nondecreasing document ids of a row (``model_context["document_ids"]``,
+``doc`` [..., L] are nondecreasing document ids of a row (``ForwardState.document_ids``,
 :mod:`megahash.data.documents`). A key j reaches a query i only when doc(j) == doc(i): the causal sums
 restart at each document start. In a chunked form, because ids never decrease, the keys of an earlier
 chunk c' that share position i's document are exactly that chunk's *tail* (its keys of the document
@@ -70,8 +70,7 @@ def row_ids(doc: torch.Tensor, lead: int) -> torch.Tensor:
     return doc.reshape(doc.shape[0], *([1] * lead), doc.shape[-1])
 
 
-def document_rows(ctx, q: torch.Tensor):
-    """``ctx["document_ids"]`` [b, L] (the per-forward context; absent or None: no resets) as
-    [b, 1, .., 1, L] against the kernels' q [b, g, rep, L, d]; None when absent."""
-    doc = (ctx or {}).get("document_ids")
+def document_rows(doc, q: torch.Tensor):
+    """``doc`` [b, L] (the forward's document ids; None: no resets) as [b, 1, .., 1, L] against the kernels'
+    q [b, g, rep, L, d]; None when ``doc`` is."""
     return None if doc is None else row_ids(doc.to(q.device), q.dim() - 3)
