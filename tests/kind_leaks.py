@@ -157,10 +157,10 @@ def kinds(entries, root: Path) -> list[Kind]:
 
 
 def catalog_kinds(root: Path) -> list[Kind]:
-    """The kinds megahash registers (:mod:`megahash.models.declarations`: every group, torch-free)."""
-    from megahash.models import declarations
+    """The kinds megahash registers (:mod:`megahash.catalog`: every group, torch-free)."""
+    from megahash import catalog
 
-    return kinds([(n, e) for g in declarations.GROUPS for n, e in declarations.entries(g).items()], root)
+    return kinds([(n, e) for g in catalog.GROUPS for n, e in catalog.entries(g).items()], root)
 
 
 # ----------------------------------------------------------------------------- one file

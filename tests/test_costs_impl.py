@@ -21,7 +21,7 @@ def cfg_of(kind, *extra):
 def registered_kinds():
     from megahash.models import registry
 
-    registry._load_variants()
+    registry.load_kinds()
     return sorted(registry.ATTENTION)
 
 

@@ -1,6 +1,6 @@
 """A new kind is one file (issue 19): a temporary attention kind and a temporary embedding kind,
 each written as ONE file of a plugin package outside megahash and found through
-``MEGAHASH_PLUGINS`` (megahash.models.declarations), pass `megahash params`, a 1-step `pretrain` on real
+``MEGAHASH_PLUGINS`` (megahash.catalog), pass `megahash params`, a 1-step `pretrain` on real
 shards, TP=2 and TP=2+SP parity and incremental decoding, with no other edit. And no library file
 other than a kind's own names it."""
 from __future__ import annotations
@@ -266,7 +266,8 @@ def anchorqk_spec(cfg) -> ModuleSpec:
 def plugin(tmp_path_factory):
     """The plugin package (two files, one per kind) on sys.path and in MEGAHASH_PLUGINS; afterwards
     the registry is as before."""
-    from megahash.models import declarations, registry
+    from megahash import catalog
+    from megahash.models import registry
 
     root = tmp_path_factory.mktemp("plugin")
     pkg = root / PACKAGE
@@ -275,18 +276,18 @@ def plugin(tmp_path_factory):
     (pkg / "tiedqk.py").write_text(textwrap.dedent(ATTENTION_FILE))
     (pkg / "scaled_vocab.py").write_text(textwrap.dedent(EMBEDDING_FILE))
     (pkg / "anchorqk.py").write_text(textwrap.dedent(ANCHOR_FILE))
-    old_env = os.environ.get(declarations.PLUGINS_ENV)
-    os.environ[declarations.PLUGINS_ENV] = PACKAGE
+    old_env = os.environ.get(catalog.PLUGINS_ENV)
+    os.environ[catalog.PLUGINS_ENV] = PACKAGE
     sys.path.insert(0, str(root))
-    declarations._scan.cache_clear()
-    declarations._option_specs.cache_clear()
-    env = {declarations.PLUGINS_ENV: PACKAGE, "PYTHONPATH": f"{ROOT}{os.pathsep}{root}"}
+    catalog._scan.cache_clear()
+    catalog._option_specs.cache_clear()
+    env = {catalog.PLUGINS_ENV: PACKAGE, "PYTHONPATH": f"{ROOT}{os.pathsep}{root}"}
     yield {"root": root, "env": env}
     sys.path.remove(str(root))
     if old_env is None:
-        os.environ.pop(declarations.PLUGINS_ENV, None)
+        os.environ.pop(catalog.PLUGINS_ENV, None)
     else:
-        os.environ[declarations.PLUGINS_ENV] = old_env
+        os.environ[catalog.PLUGINS_ENV] = old_env
     for d in (registry.ATTENTION, registry.COSTS, registry.MAPS, registry.EXPORT_SPEC, registry.CAPS["attention"],
               registry.OPTIONS, registry.MODEL_INPUTS, registry.KINDS["attention"]):
         d.pop(ATTENTION, None)
@@ -299,9 +300,9 @@ def plugin(tmp_path_factory):
         registry.REFERENCES.pop(name, None)
     for m in [m for m in sys.modules if m.split(".")[0] == PACKAGE]:
         del sys.modules[m]
-    declarations._config_plugins.clear()
-    declarations._scan.cache_clear()
-    declarations._option_specs.cache_clear()
+    catalog._config_plugins.clear()
+    catalog._scan.cache_clear()
+    catalog._option_specs.cache_clear()
 
 
 def test_config_names_plugins_too(plugin, monkeypatch):
@@ -310,11 +311,11 @@ def test_config_names_plugins_too(plugin, monkeypatch):
     has imported a plugin its kinds stay registered there.)"""
     from megahash.config import load_config
     from megahash.errors import ConfigError
-    from megahash.models import declarations
+    from megahash import catalog
     from megahash.models.schedules import check_kinds
 
-    monkeypatch.delenv(declarations.PLUGINS_ENV)
-    declarations._scan.cache_clear()
+    monkeypatch.delenv(catalog.PLUGINS_ENV)
+    catalog._scan.cache_clear()
     try:
         cfg = load_config(None, [f"model.schedule=uniform:{ATTENTION}", "model.num_layers=2"])
         with pytest.raises(ConfigError, match=f"unknown attention kind '{ATTENTION}'"):
@@ -325,18 +326,19 @@ def test_config_names_plugins_too(plugin, monkeypatch):
         with pytest.raises(ConfigError, match="plugin 'no_such_plugin_pkg' cannot be found"):
             check_kinds(load_config(None, ["model.plugins=[no_such_plugin_pkg]"]))
     finally:
-        declarations._config_plugins.clear()
-        declarations._scan.cache_clear()
+        catalog._config_plugins.clear()
+        catalog._scan.cache_clear()
 
 
 def test_registry_discovers_the_plugin_kinds(plugin, dist):
-    from megahash.models import declarations, registry
+    from megahash import catalog
+    from megahash.models import registry
 
-    assert declarations.source_file("attention", ATTENTION).startswith(str(plugin["root"]))
-    assert declarations.source_file("embedding", EMBEDDING).startswith(str(plugin["root"]))
-    registry._load_variants()
+    assert catalog.source_file("attention", ATTENTION).startswith(str(plugin["root"]))
+    assert catalog.source_file("embedding", EMBEDDING).startswith(str(plugin["root"]))
+    registry.load_kinds()
     assert ATTENTION in registry.ATTENTION and EMBEDDING in registry.EMBEDDINGS
-    assert declarations.caps("attention", ATTENTION).decodes and not declarations.caps("embedding", EMBEDDING).reads_hash_codes
+    assert catalog.caps("attention", ATTENTION).decodes and not catalog.caps("embedding", EMBEDDING).reads_hash_codes
 
 
 def _params(argv) -> dict:

@@ -32,7 +32,7 @@ def build_attention(cfg):
     from megahash.models import registry
     from megahash.models.megatron_model import transformer_config
 
-    registry._load_variants()
+    registry.load_kinds()
     config = transformer_config(cfg)
     config.init_method = init_method_normal(cfg.model.init_std)
     config.output_layer_init_method = scaled_init_method_normal(cfg.model.init_std, cfg.model.num_layers)

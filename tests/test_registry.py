@@ -15,19 +15,19 @@ import torch  # noqa: E402
 
 import _kinds  # noqa: E402
 from megahash.config import load_config  # noqa: E402
-from megahash.models import declarations  # noqa: E402
+from megahash import catalog  # noqa: E402
 
 TABLE_FORMULAS = ("time_complexity", "flops", "activation_bytes", "cache_bytes")
 SAMPLE = {"qkv_params": (4, 8, 2), "time_complexity": (2, 16, 32), "flops": ("prefill", 2, 16, 32, 4, 2, False),
           "activation_bytes": (2, 16, 32, 4, 2), "cache_bytes": (2, 16, 32, 4, 2), "cache_elements": (2, 16, 4, 8, 2),
           "groups": (4, 0)}
-ALL = [(g, n) for g in declarations.GROUPS for n in sorted(declarations.names(g))]
+ALL = [(g, n) for g in catalog.GROUPS for n in sorted(catalog.names(g))]
 
 
 def _registry():
     from megahash.models import registry
 
-    registry._load_variants()
+    registry.load_kinds()
     return registry
 
 
@@ -37,10 +37,10 @@ def test_every_kind_describes_itself(group, name):
     formulas (or costs=None, "measured only"): a kind listed in the [Xue25] tables has every table
     formula, and a kind that decodes has its decode-cache formula."""
     reg = _registry()
-    files = [e.file for g in declarations.GROUPS for n, e in declarations.entries(g).items() if g == group and n == name]
+    files = [e.file for g in catalog.GROUPS for n, e in catalog.entries(g).items() if g == group and n == name]
     assert len(files) == 1, f"{group} kind {name!r} must be registered by exactly one file, found {files}"
     caps = reg.CAPS[group].get(name)
-    assert isinstance(caps, declarations.CAPS[group]), f"{group} kind {name!r} registers no {declarations.CAPS[group].__name__}"
+    assert isinstance(caps, catalog.CAPS[group]), f"{group} kind {name!r} registers no {catalog.CAPS[group].__name__}"
     if group != "attention":
         return
     own = reg.COSTS.get(name)
@@ -56,23 +56,23 @@ def test_every_kind_describes_itself(group, name):
 
 
 def test_source_reader_agrees_with_the_imported_registry():
-    """megahash.models.declarations reads the kind files' source (no torch: config checks, `megahash
+    """megahash.catalog reads the kind files' source (no torch: config checks, `megahash
     params` of a Qwen2 config); it must see exactly what importing them registers: names, caps,
     and cost formulas giving the same numbers."""
     reg = _registry()
     live = {"attention": reg.ATTENTION, "embedding": reg.EMBEDDINGS, "head": reg.HEADS, "input": reg.INPUTS}
-    for group, entries in ((g, declarations.entries(g)) for g in declarations.GROUPS):
+    for group, entries in ((g, catalog.entries(g)) for g in catalog.GROUPS):
         assert set(entries) == set(live[group]), f"{group}: source {sorted(entries)} vs imported {sorted(live[group])}"
         for name, e in entries.items():
             assert e.caps == reg.CAPS[group][name], f"{group} kind {name!r}: caps read from source differ"
-    for name, e in declarations.entries("attention").items():
+    for name, e in catalog.entries("attention").items():
         own = reg.COSTS.get(name)
         assert (e.costs is None) == (own is None), f"attention kind {name!r}: costs= not readable from its source"
         if own is None:
             continue
         from pathlib import Path
 
-        light = declarations._exec_class(Path(e.file), e.costs)
+        light = catalog._exec_class(Path(e.file), e.costs)
         for formula, args in SAMPLE.items():
             fn = getattr(own, formula, None)
             if fn is not None:
@@ -86,9 +86,9 @@ def test_reads_hash_codes_has_one_owner():
     for emb in _kinds.embeddings():
         for head in _kinds.heads(selectable=True):
             cfg = load_config(None, [f"model.embedding={emb}", f"model.head={head}"])
-            want = declarations.caps("embedding", emb).reads_hash_codes or declarations.caps("head", head).reads_hash_codes
-            assert needs_codes(cfg) == declarations.reads_hash_codes(cfg) == want, (emb, head)
-    assert not declarations.caps("embedding", "bert-hash").reads_hash_codes  # [NeuML25] indexes token ids
+            want = catalog.caps("embedding", emb).reads_hash_codes or catalog.caps("head", head).reads_hash_codes
+            assert needs_codes(cfg) == catalog.reads_hash_codes(cfg) == want, (emb, head)
+    assert not catalog.caps("embedding", "bert-hash").reads_hash_codes  # [NeuML25] indexes token ids
 
 
 def _one_step(overrides, vocab=96, seed=0):
@@ -109,7 +109,7 @@ def _one_step(overrides, vocab=96, seed=0):
         fixed_qk.set_fixed_tokens(model, [(7 * i + 5) % vocab for i in range(64)])
     b, s = 2, 16
     codes = label_codes = None
-    if declarations.reads_hash_codes(cfg):
+    if catalog.reads_hash_codes(cfg):
         tok, codes = H.word_batches(cfg.model.embed.hash_spec, b, s + 1, 1, vocab_size=vocab)[0]
         tok, codes, label_codes = tok[:, :s], codes[:, :s], codes[:, 1:]
     else:
@@ -143,9 +143,9 @@ def _train_cases():
     cases += [("attention", k, [f"model.schedule=list:{k},{k}", "model.num_layers=2", "model.arch=encoder",
                                 "train.objective=mlm"]) for k in _kinds.attention(encoder=True)]
     for e in _kinds.embeddings():
-        cases.append(("embedding", e, [f"model.embedding={e}", f"model.embed.hash_spec={declarations.caps('embedding', e).example_hash_spec}"]))
+        cases.append(("embedding", e, [f"model.embedding={e}", f"model.embed.hash_spec={catalog.caps('embedding', e).example_hash_spec}"]))
     for h in _kinds.heads():
-        caps = declarations.caps("head", h)
+        caps = catalog.caps("head", h)
         spec = "md5-bucket64" if h == "hash-bucket" else "md5"  # a bucket spec for a bucket head
         over = [f"model.embed.hash_spec={spec}", f"train.objective={caps.objectives[0]}"]
         over += [f"model.head={h}"] if caps.selectable else []

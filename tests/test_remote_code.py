@@ -84,7 +84,7 @@ def test_export_names_a_kind_without_reference_before_writing(tmp_path, monkeypa
     cfg = load_config(None, ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4",
                              "model.ffn_hidden_size=64", "model.schedule=list:mha,nonapprox", "data.seq_length=16"])
     model = build_model(cfg, 200)
-    registry._load_variants()
+    registry.load_kinds()
     monkeypatch.delitem(registry.REFERENCES, "nonapprox")
     out = tmp_path / "hf"
     with pytest.raises(ConfigError) as e:

@@ -36,9 +36,9 @@ def closed_form_report(cfg, vocab_size: int) -> dict | None:
         layers.append({"kind": kind, "attention": {"qkv": qkv + (width if m.qkv_bias else 0), "out": h * h},
                        "mlp": 3 * h * m.ffn_hidden_size, "norm": 2 * h})
     emb, head = V * h, 0 if m.tie_embeddings else V * h
-    from megahash.models import declarations
+    from megahash import catalog
 
-    extras = {f"embedding_{k}": n for k, n in declarations.input_params(cfg).items()}  # inputs of their own
+    extras = {f"embedding_{k}": n for k, n in catalog.input_params(cfg).items()}  # inputs of their own
     total = sum(extras.values()) + emb + head + h + sum(L["attention"]["qkv"] + L["attention"]["out"] + L["mlp"] + L["norm"] for L in layers)
     report = {"total": total, "embedding": emb, **extras, "head": head, "tied_head": bool(m.tie_embeddings), "final_norm": h,
               "vocab_size": V, "layers": layers}
@@ -50,12 +50,12 @@ def closed_form_report(cfg, vocab_size: int) -> dict | None:
 
 def is_qwen2(cfg) -> bool:
     """A plain Qwen2 model: decoder, clm, Qwen2-type embedding, head and every attention layer."""
-    from megahash.models import declarations
+    from megahash import catalog
     from megahash.models.schedules import layer_kinds
 
     m = cfg.model
     if m.arch != "decoder" or cfg.train.objective != "clm":
         return False
-    if not (declarations.caps("embedding", m.embedding).qwen2 and declarations.caps("head", m.head).qwen2):
+    if not (catalog.caps("embedding", m.embedding).qwen2 and catalog.caps("head", m.head).qwen2):
         return False
-    return all(declarations.caps("attention", k).qwen2 for k in layer_kinds(m.schedule, m.num_layers))
+    return all(catalog.caps("attention", k).qwen2 for k in layer_kinds(m.schedule, m.num_layers))

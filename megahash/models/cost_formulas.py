@@ -1,5 +1,5 @@
 """The formula bases a kind's cost class builds on ([Xue25] Table 3.4, Tables 4.5-4.8), torch-free and
-importing nothing of megahash: kind files import them, and :mod:`megahash.models.declarations` executes a
+importing nothing of megahash: kind files import them, and :mod:`megahash.catalog` executes a
 kind's cost class from its source with them (:mod:`megahash.models.costs` asks the kinds).
 """
 from __future__ import annotations
@@ -91,8 +91,3 @@ class ApproxRow(StandardQKV):
     @staticmethod
     def cache_bytes(B, L, d, h, g=None):
         return 6 * B * d + 4 * B * d * d / h
-
-
-def taylor_feature_dim(d_h: int) -> int:
-    """Features of the Taylor map (megahash.ops.taylor.kernel.feature_dim): 1 + d_h + d_h(d_h + 1)/2."""
-    return 1 + d_h + d_h * (d_h + 1) // 2

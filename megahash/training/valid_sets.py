@@ -76,11 +76,11 @@ def set_metrics(sums: dict, token_loss: bool, defined_bpb: bool) -> dict:
 def validate(run) -> dict:
     """{set name: metrics} of every validation set of a training run (megahash/training/trainer.py's _Run)."""
     from megahash.data.validation import validation_batches
-    from megahash.models import declarations
+    from megahash import catalog
     from megahash.training import ema
 
     cfg, step = run.cfg, run.step
-    token_loss = declarations.caps("head", cfg.model.head).token_loss and cfg.train.objective in ("clm", "mlm")
+    token_loss = catalog.caps("head", cfg.model.head).token_loss and cfg.train.objective in ("clm", "mlm")
     clm = token_loss and cfg.train.objective == "clm"
     token_bytes = getattr(run.data, "token_bytes", None) if clm else None
     results = {}

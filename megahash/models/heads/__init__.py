@@ -46,9 +46,10 @@ def build_head(cfg, config, vocab_size: int) -> torch.nn.Module:
     (megahash.models.registry.spec), unless the objective has a head of its own (a head registered
     with ``HeadCaps(objectives=(objective,), selectable=False)``, e.g. Shuffle+Random), which then
     needs the standard ``model.head``."""
-    from megahash.models import declarations, registry
+    from megahash import catalog
+    from megahash.models import registry
 
-    registry._load_variants()
+    registry.load_kinds()
     head, objective = cfg.model.head, cfg.train.objective
     heads = {n: registry.spec("head", n) for n in registry.names("head")}
     selectable = sorted(n for n, h in heads.items() if h.caps.selectable)
@@ -56,7 +57,7 @@ def build_head(cfg, config, vocab_size: int) -> torch.nn.Module:
         raise ConfigError(f"model.head must be one of {', '.join(selectable)}, got {head!r}")
     own = [n for n, h in heads.items() if not h.caps.selectable and objective in h.caps.objectives]
     if own:
-        std = declarations.standard("head")
+        std = catalog.standard("head")
         if head != std:
             raise ConfigError(
                 f"train.objective={objective} trains its own head ({own[0]}); model.head={head} applies to "
