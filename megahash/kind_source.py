@@ -274,7 +274,7 @@ def _bound_by(node) -> list[str]:
     if isinstance(node, (ast.Import, ast.ImportFrom)):
         return [(a.asname or a.name.split(".")[0]) for a in node.names if a.name != "*"]
     if isinstance(node, ast.Assign):
-        return [n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+        return [n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
     if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
         return [node.target.id]
     return []

@@ -64,7 +64,7 @@ def build_attention(cfg, layer_number=1):
     config.init_method = init_method_normal(cfg.model.init_std)
     config.output_layer_init_method = scaled_init_method_normal(cfg.model.init_std, cfg.model.num_layers)
     kind = registry.schedule_kinds(cfg)[0]
-    return build_module(registry.ATTENTION[kind](cfg), config=config, layer_number=layer_number)
+    return build_module(registry.spec("attention", kind).build(cfg), config=config, layer_number=layer_number)
 
 
 def tokens(b=2, s=12, seed=0):

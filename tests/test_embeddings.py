@@ -37,7 +37,7 @@ def build_emb(kind, overrides=(), vocab=50304, hidden=768, seed=0):
     config.init_method = init_method_normal(cfg.model.init_std)
     registry.load_kinds()
     torch.manual_seed(seed)
-    return registry.EMBEDDINGS[kind](config, cfg, vocab)
+    return registry.spec("embedding", kind).build(config, cfg, vocab)
 
 
 def words_to_batch(words, spec):

@@ -26,12 +26,15 @@ ATTENTION, EMBEDDING = "tiedqk", "scaled-vocab"
 ATTENTION_FILE = '''
 """Tied query-key attention ``tiedqk`` (a test kind): Q_i = K_i = X W_i^{QK}, V_i = X W_i^V, softmax
 attention otherwise. Q/K/V parameters 2 d^2 n^2 (d = head dim, n = heads); decode cache K and V."""
-# ---- plain-torch reference (the Hugging Face export's code of this kind)
 import torch.nn as nn
+from megatron.core.transformer.spec_utils import ModuleSpec
 
-from megahash.models.registry import register_reference
+from megahash.models.attention.base import column, heads
+from megahash.models.attention.softmax_base import SoftmaxAttentionBase
+from megahash.models.cost_formulas import GeneralisedRow
 from megahash.models.reference_layers import SoftmaxAttention
 from megahash.models.reference_ops import split_heads
+from megahash.models.registry import AttentionCaps, mask_type, register_attention, register_reference
 
 
 @register_reference("tiedqk")
@@ -44,15 +47,6 @@ class TiedQKReference(SoftmaxAttention):
     def project(self, x):
         qk = split_heads(self.linear_qk(x), self.n)
         return qk, qk, split_heads(self.linear_v(x), self.n)
-
-
-# ---- megatron-core implementation
-from megatron.core.transformer.spec_utils import ModuleSpec
-
-from megahash.models.attention.base import column, heads
-from megahash.models.attention.softmax_base import SoftmaxAttentionBase
-from megahash.models.cost_formulas import GeneralisedRow
-from megahash.models.registry import AttentionCaps, mask_type, register_attention
 
 
 class TiedQKAttention(SoftmaxAttentionBase):
@@ -92,11 +86,12 @@ def tiedqk_spec(cfg) -> ModuleSpec:
 
 EMBEDDING_FILE = '''
 """Scaled vocabulary embedding ``scaled-vocab`` (a test kind): e = (1 + a) E[token], a learned gain a."""
-# ---- plain-torch reference (the Hugging Face export's code of this kind)
 import torch
 import torch.nn as nn
+from megatron.core import tensor_parallel
 
-from megahash.models.registry import register_reference
+from megahash.models.embeddings.vocab import EmbeddingOutput
+from megahash.models.registry import EmbeddingCaps, register_embedding, register_reference
 
 
 @register_reference("scaled-vocab")
@@ -110,14 +105,6 @@ class ScaledVocabReference(nn.Module):
 
     def forward(self, tokens, codes=None):
         return self.word_embeddings(tokens) * (1 + self.gain)
-
-
-# ---- megatron-core implementation
-import torch
-from megatron.core import tensor_parallel
-
-from megahash.models.embeddings.vocab import EmbeddingOutput
-from megahash.models.registry import EmbeddingCaps, register_embedding
 
 
 @register_embedding("scaled-vocab", caps=EmbeddingCaps(reads_hash_codes=False, sr_random="token"))
@@ -141,15 +128,19 @@ ANCHOR, ANCHOR_FILE = "anchorqk", '''
 a fixed random input A [L, h] that the kind adds to the model (``model.anchor.rows``, seeded by the
 kind's option ``model.attention.options.anchor_seed``), V from the hidden states; causal softmax, ONE
 map shared by the batch. Decode cache: the values only.\"\"\"
-# ---- plain-torch reference (the Hugging Face export's code of this kind)
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+from megatron.core.transformer.spec_utils import ModuleSpec
 
-from megahash.models.registry import register_reference
+from megahash.errors import ConfigError
+from megahash.models.attention.base import AttentionBase, append_cache, column, heads
+from megahash.models.kind_input import KindInput
 from megahash.models.reference_layers import TorchAttention
 from megahash.models.reference_ops import append_state, split_heads
+from megahash.models.registry import AttentionCaps, mask_type, register_attention, register_reference
 
 
 @register_reference("anchorqk")
@@ -185,17 +176,6 @@ class AnchorInputReference(nn.Module):
 
     def context(self, model, needed):
         return {"anchor": self.rows}
-
-
-# ---- megatron-core implementation
-from dataclasses import dataclass
-
-from megatron.core.transformer.spec_utils import ModuleSpec
-
-from megahash.errors import ConfigError
-from megahash.models.attention.base import AttentionBase, append_cache, column, heads
-from megahash.models.kind_input import KindInput
-from megahash.models.registry import AttentionCaps, mask_type, register_attention
 
 
 class AnchorQKAttention(AttentionBase):
@@ -288,16 +268,8 @@ def plugin(tmp_path_factory):
         os.environ.pop(catalog.PLUGINS_ENV, None)
     else:
         os.environ[catalog.PLUGINS_ENV] = old_env
-    for d in (registry.ATTENTION, registry.COSTS, registry.MAPS, registry.EXPORT_SPEC, registry.CAPS["attention"],
-              registry.OPTIONS, registry.MODEL_INPUTS, registry.KINDS["attention"]):
-        d.pop(ATTENTION, None)
-        d.pop(ANCHOR, None)
-    registry.KINDS["embedding"].pop(EMBEDDING, None)
-    registry._LOADED.clear()
-    for d in (registry.EMBEDDINGS, registry.EXPORT_META, registry.CAPS["embedding"]):
-        d.pop(EMBEDDING, None)
-    for name in (ATTENTION, EMBEDDING, ANCHOR, f"input:{ANCHOR}"):
-        registry.REFERENCES.pop(name, None)
+    for group, name in (("attention", ATTENTION), ("attention", ANCHOR), ("embedding", EMBEDDING)):
+        registry.unregister(group, name)
     for m in [m for m in sys.modules if m.split(".")[0] == PACKAGE]:
         del sys.modules[m]
     catalog._config_plugins.clear()
@@ -336,8 +308,7 @@ def test_registry_discovers_the_plugin_kinds(plugin, dist):
 
     assert catalog.source_file("attention", ATTENTION).startswith(str(plugin["root"]))
     assert catalog.source_file("embedding", EMBEDDING).startswith(str(plugin["root"]))
-    registry.load_kinds()
-    assert ATTENTION in registry.ATTENTION and EMBEDDING in registry.EMBEDDINGS
+    assert ATTENTION in registry.names("attention") and EMBEDDING in registry.names("embedding")
     assert catalog.caps("attention", ATTENTION).decodes and not catalog.caps("embedding", EMBEDDING).reads_hash_codes
 
 

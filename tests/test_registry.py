@@ -39,11 +39,12 @@ def test_every_kind_describes_itself(group, name):
     reg = _registry()
     files = [e.file for g in catalog.GROUPS for n, e in catalog.entries(g).items() if g == group and n == name]
     assert len(files) == 1, f"{group} kind {name!r} must be registered by exactly one file, found {files}"
-    caps = reg.CAPS[group].get(name)
+    kind = reg.kinds(group).get(name)
+    caps = kind.caps if kind is not None else None
     assert isinstance(caps, catalog.CAPS[group]), f"{group} kind {name!r} registers no {catalog.CAPS[group].__name__}"
     if group != "attention":
         return
-    own = reg.COSTS.get(name)
+    own = kind.costs
     if own is None:
         assert not caps.chapters, f"attention kind {name!r} is listed in thesis chapters {caps.chapters} but registers costs=None"
         return
@@ -60,13 +61,13 @@ def test_source_reader_agrees_with_the_imported_registry():
     params` of a Qwen2 config); it must see exactly what importing them registers: names, caps,
     and cost formulas giving the same numbers."""
     reg = _registry()
-    live = {"attention": reg.ATTENTION, "embedding": reg.EMBEDDINGS, "head": reg.HEADS, "input": reg.INPUTS}
+    live = {g: reg.kinds(g) for g in catalog.GROUPS}
     for group, entries in ((g, catalog.entries(g)) for g in catalog.GROUPS):
         assert set(entries) == set(live[group]), f"{group}: source {sorted(entries)} vs imported {sorted(live[group])}"
         for name, e in entries.items():
-            assert e.caps == reg.CAPS[group][name], f"{group} kind {name!r}: caps read from source differ"
+            assert e.caps == live[group][name].caps, f"{group} kind {name!r}: caps read from source differ"
     for name, e in catalog.entries("attention").items():
-        own = reg.COSTS.get(name)
+        own = live["attention"][name].costs
         assert (e.costs is None) == (own is None), f"attention kind {name!r}: costs= not readable from its source"
         if own is None:
             continue

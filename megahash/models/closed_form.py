@@ -9,10 +9,7 @@
 """
 from __future__ import annotations
 
-def padded_vocab_size(vocab: int, divisible_by: int, tp: int = 1) -> int:
-    """Megatron's padding: round the vocabulary up to a multiple of divisible_by x TP."""
-    mult = max(1, divisible_by * tp)
-    return ((vocab + mult - 1) // mult) * mult
+from megahash.models.cost_formulas import padded_vocab_size
 
 
 def closed_form_report(cfg, vocab_size: int) -> dict | None:

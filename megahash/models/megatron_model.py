@@ -19,7 +19,7 @@ from megatron.core.utils import init_method_normal, scaled_init_method_normal
 
 from megahash.errors import ConfigError
 from megahash.models import autocast_linear, cpu_linear, heads, registry
-from megahash.models.closed_form import padded_vocab_size
+from megahash.models.cost_formulas import padded_vocab_size
 from megahash.models.norm import hook_sequence_parallel_params
 
 
