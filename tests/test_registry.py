@@ -169,3 +169,78 @@ def test_one_training_step_of_every_kind(dist, group, name, overrides):
     own = [n for n in no_grad if "fixed" not in n]  # the fixed input's random buffer is not trained
     assert not own, f"{group} kind {name!r}: parameters without gradient {own}"
     assert after < before, f"{group} kind {name!r}: one step did not lower the loss ({before} -> {after})"
+
+
+OWN_HELPERS = '''"""A kind file whose cost class and caps use helpers and constants of its own file."""
+from __future__ import annotations
+
+import torch
+
+from megahash.models.cost_formulas import GeneralisedRow
+from megahash.models.registry import AttentionCaps, register_attention
+
+DEFAULT_GROUPS = 3
+CAPS = AttentionCaps(decodes=False, thesis_name="Half")
+
+
+def _half(n):
+    return n // 2
+
+
+class HalfCosts(GeneralisedRow):
+    @staticmethod
+    def groups(n, g):
+        return g or _half(n) or DEFAULT_GROUPS
+
+
+class TorchCosts:
+    @staticmethod
+    def groups(n, g):
+        return int(torch.tensor(n))
+
+
+@register_attention("tmp-half", costs=HalfCosts, caps=CAPS)
+def half_spec(cfg):
+    return None
+'''
+
+
+def test_source_reader_runs_cost_classes_with_their_own_files_helpers(tmp_path):
+    """megahash.kind_source executes a cost class with the helpers, constants and bases of its file (not
+    the file's torch part); caps may be any expression of the file; a cost class that uses torch is a
+    one-line error naming it."""
+    from megahash import kind_source
+    from megahash.errors import ConfigError
+
+    path = tmp_path / "tmp_half_kind.py"
+    path.write_text(OWN_HELPERS)
+    f = kind_source.read(path)
+    assert kind_source.read(path) is f  # parsed once
+    costs = f.value("HalfCosts")
+    assert costs.groups(8, 0) == 4 and costs.groups(1, 0) == 3 and costs.groups(8, 2) == 2
+    assert costs.qkv_params(4, 8, 2) == 8 * 8 * 4 * 4 + 2 * 8 * 8 * 4 * 2  # GeneralisedRow: d^2n^2 + 2d^2ng
+    [reg] = f.registrations()
+    assert (reg.group, reg.name) == ("attention", "tmp-half")
+    assert f.evaluate(reg.keyword("caps")) == catalog.AttentionCaps(decodes=False, thesis_name="Half")
+    with pytest.raises(ConfigError, match="torch"):
+        f.value("TorchCosts")
+
+
+def test_references_live_in_the_kind_specs():
+    """Each @register_reference class sits in its kind's KindSpec (heads, the inputs kinds add, the head of an
+    objective too); registry.unregister forgets a kind in one call."""
+    reg = _registry()
+    table = reg.references()
+    assert table["mha"] is table["gqa"] is reg.spec("attention", "mha").reference is reg.reference("mqa") is not None
+    assert table["input:rndembqk"] is reg.spec("attention", "rndembqk").input_reference is not None
+    sr = next(s for s in reg.kinds("head").values() if "sr" in s.caps.objectives)
+    assert reg.reference("objective:sr") is sr.reference is not None and f"head:{sr.name}" not in table
+    assert all(reg.reference(f"head:{h}") is reg.spec("head", h).reference for h in _kinds.heads(selectable=True))
+
+    @reg.register_embedding("tmp-unregistered")
+    class Tmp:
+        pass
+
+    assert "tmp-unregistered" in reg.names("embedding")
+    reg.unregister("embedding", "tmp-unregistered")
+    assert "tmp-unregistered" not in reg.names("embedding")

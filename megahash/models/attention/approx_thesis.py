@@ -51,7 +51,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
 from megatron.core.transformer.spec_utils import ModuleSpec
 
 from megahash.errors import ConfigError

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import math
 
-import torch
 import torch.nn.functional as F
 from megatron.core.transformer.spec_utils import ModuleSpec
 
