@@ -244,3 +244,22 @@ def test_references_live_in_the_kind_specs():
     assert "tmp-unregistered" in reg.names("embedding")
     reg.unregister("embedding", "tmp-unregistered")
     assert "tmp-unregistered" not in reg.names("embedding")
+
+
+def test_kind_files_are_ordinary_python():
+    """A kind file imports at the top (no import below its first definition, ruff E402) and marks no
+    section with a comment (the HF export finds its reference by the @register_reference definitions)."""
+    import ast
+
+    from megahash import kind_source
+
+    files = sorted({e.file for g in catalog.GROUPS for e in catalog.entries(g).values()})
+    assert files
+    for path in files:
+        f = kind_source.read(path)
+        code = [n for n in f.tree.body if not isinstance(n, (ast.Import, ast.ImportFrom))
+                and not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]  # the docstring
+        late = [n.lineno for n in f.tree.body if isinstance(n, (ast.Import, ast.ImportFrom))
+                and code and n.lineno > code[0].lineno]
+        assert not late, f"{path}: imports below the first definition, lines {late}"
+        assert "# ---- megatron-core implementation" not in f.source, path
