@@ -86,23 +86,21 @@ def unregister(group: str, name: str) -> None:
     _LOADED.clear()
 
 
-def _reference_keys(group: str, name: str) -> tuple[tuple[str, str], ...]:
-    """(key of ``@register_reference``, KindSpec field) a kind's own file may register: attention and
-    embedding kinds by name, their model input as ``input:NAME``, heads as ``head:NAME`` (a head of its
-    objectives, ``selectable=False``: ``objective:NAME`` of each)."""
-    if group == "head":
-        return (("head:" + name, "reference"),)
-    if group == "input":
-        return (("input:" + name, "reference"),)
-    return ((name, "reference"), ("input:" + name, "input_reference"))
+def _reference_keys(kind: KindSpec) -> dict[str, str]:
+    """{key of ``@register_reference``: KindSpec field} a kind's own file may register: attention and
+    embedding kinds by name, their model input as ``input:NAME``, heads as ``head:NAME``, the head of
+    its objectives (``selectable=False``) as ``objective:NAME`` of each."""
+    if kind.group == "head" and not kind.caps.selectable:
+        return {"objective:" + o: "reference" for o in kind.caps.objectives}
+    if kind.group in ("head", "input"):
+        return {f"{kind.group}:{kind.name}": "reference"}
+    return {kind.name: "reference", "input:" + kind.name: "input_reference"}
 
 
 def _attach_references(kind: KindSpec) -> None:
     """The ``@register_reference`` classes of the kind's own module (defined above its register line)."""
     module = sys.modules.get(getattr(kind.build, "__module__", None) or "")
-    keys = dict(_reference_keys(kind.group, kind.name))
-    if kind.group == "head" and not kind.caps.selectable:
-        keys.update({"objective:" + o: "reference" for o in kind.caps.objectives})
+    keys = _reference_keys(kind)
     for obj in list(vars(module).values()) if module is not None else ():
         for key in vars(obj).get(_REFERENCE_KEYS, ()) if isinstance(obj, type) else ():
             if key in keys and obj.__module__ == module.__name__:
@@ -189,16 +187,8 @@ def references() -> dict[str, type]:
     """{reference key: class} of every registered kind (``NAME``, ``input:NAME``, ``head:NAME``,
     ``objective:NAME``): the table the plain-torch model (megahash.models.reference_layers) builds from."""
     load_kinds()
-    out = {}
-    for group, specs in KINDS.items():
-        for name, kind in sorted(specs.items()):
-            for key, field in _reference_keys(group, name):
-                if getattr(kind, field) is not None:
-                    out[key] = getattr(kind, field)
-            if group == "head" and kind.reference is not None and not kind.caps.selectable:
-                out.pop("head:" + name, None)
-                out.update({"objective:" + o: kind.reference for o in kind.caps.objectives})
-    return out
+    return {key: getattr(kind, field) for specs in KINDS.values() for _, kind in sorted(specs.items())
+            for key, field in _reference_keys(kind).items() if getattr(kind, field) is not None}
 
 
 def reference(key: str) -> type | None:
