@@ -150,8 +150,6 @@ class KindFile:
         self.tree = ast.parse(self.source, str(path))
         self.is_package = path.name == "__init__.py"
         self.module = _module_of(path)
-        self.future_annotations = any(isinstance(n, ast.ImportFrom) and n.module == "__future__"
-                                      and any(a.name == "annotations" for a in n.names) for n in self.tree.body)
         self.bindings: dict[str, ast.stmt] = {}  # top-level name -> the (last) statement binding it
         for node in self.tree.body:
             for name in _bound_by(node):
@@ -187,9 +185,16 @@ class KindFile:
 
     # ------------------------------------------------------------------ what a definition needs
 
-    def closure(self, roots) -> tuple[list, dict, dict]:
+    @property
+    def lazy_annotations(self) -> bool:
+        """Does the file say ``from __future__ import annotations`` (its annotations never run)?"""
+        return any(isinstance(n, ast.ImportFrom) and n.module == "__future__" and any(a.name == "annotations" for a in n.names)
+                   for n in self.tree.body)
+
+    def closure(self, roots, annotations: bool = True) -> tuple[list, dict, dict]:
         """(top-level statements ``roots`` need, in file order, ``roots`` included; {name: referrer} of the
-        names they load that the file imports; {name: referrer} of the names bound nowhere in the file)."""
+        names they load that the file imports; {name: referrer} of the names bound nowhere in the file).
+        ``annotations=False``: names used only in annotations do not count."""
         stmts, imported, unbound, seen = {}, {}, {}, set()
         todo = [(r, None) for r in roots]
         while todo:
@@ -199,7 +204,7 @@ class KindFile:
             seen.add(id(node))
             stmts[id(node)] = node
             here = getattr(node, "name", None) or by
-            for name in sorted(free_names(node, not self.future_annotations) - BUILTINS):
+            for name in sorted(free_names(node, annotations) - BUILTINS):
                 dep = self.bindings.get(name)
                 if dep is None:
                     unbound.setdefault(name, here)
@@ -236,11 +241,11 @@ class KindFile:
     def evaluate(self, expr: ast.expr):
         """The value of an expression of the file (e.g. a register line's ``caps=``), torch-free."""
         self._execute([expr])
-        code = compile(ast.Expression(body=expr), str(self.path), "eval")
+        code = compile(ast.Expression(body=expr), str(self.path), "eval", dont_inherit=True)
         return eval(code, self._env)  # noqa: S307
 
     def _execute(self, roots) -> None:
-        stmts, imported, unbound = self.closure(roots)
+        stmts, imported, _ = self.closure(roots)
         for name, by in sorted(imported.items()):
             if name in self._env:
                 continue
@@ -250,12 +255,13 @@ class KindFile:
             if id(node) in self._done or not isinstance(node, ast.stmt) or isinstance(node, (ast.Import, ast.ImportFrom)):
                 continue
             self._done.add(id(node))
+            # annotations evaluated (dataclass fields need no module of their own): they must be torch-free too
             code = compile(ast.Module(body=[node], type_ignores=[]), str(self.path), "exec", dont_inherit=True)
             try:
                 exec(code, self._env)  # noqa: S102
-            except NameError as e:  # a name of the file's heavy part
-                raise ConfigError(f"{self.path.name}: {getattr(node, 'name', 'line %d' % node.lineno)} needs "
-                                  f"{e.name} torch-free ({', '.join(sorted(unbound)) or 'see the file'})") from None
+            except NameError as e:  # a name the file binds nowhere
+                raise ConfigError(f"{self.path.name}: {getattr(node, 'name', 'line %d' % node.lineno)} uses "
+                                  f"{e.name}, which the file does not define") from None
 
     def _import(self, module: str, attr: str | None, name: str, by):
         if is_light(module):

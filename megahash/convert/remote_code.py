@@ -128,7 +128,7 @@ def extract_references(module: str) -> tuple[str, list[str]]:
     defs = f.reference_defs()
     if not defs:
         raise ConfigError(f"{path.name}: no @register_reference definition")
-    stmts, imported, unbound = f.closure(defs)
+    stmts, imported, unbound = f.closure(defs, annotations=not f.lazy_annotations)
     bad = {}
     for name, by in imported.items():
         source, attr = f.import_of(name)
