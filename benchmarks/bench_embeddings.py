@@ -157,7 +157,6 @@ def main(argv=None) -> int:
 
     accelerator.init_distributed(1)
     accelerator.seed_all(0)
-    registry.load_kinds()
     dev = accelerator.device()
     b = max(1, args.tokens // args.seq)
     s = args.tokens // b

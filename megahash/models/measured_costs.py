@@ -33,7 +33,6 @@ def _build(cfg, kind: str, dtype=torch.bfloat16):
     from megahash.models import registry
     from megahash.models.megatron_model import transformer_config
 
-    registry.load_kinds()
     cfg = copy.deepcopy(cfg)
     cfg.parallel.sequence = False
     config = transformer_config(cfg, dtype)

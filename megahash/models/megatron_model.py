@@ -107,7 +107,6 @@ class MegahashLM(MegatronModule):
         config = transformer_config(cfg, dtype)
         config.perform_initialization = init
         super().__init__(config=config)
-        registry.load_kinds()
         self.cfg = cfg
         m = cfg.model
         self.vocab_size = vocab_size

@@ -49,9 +49,8 @@ def build_head(cfg, config, vocab_size: int) -> torch.nn.Module:
     from megahash import catalog
     from megahash.models import registry
 
-    registry.load_kinds()
     head, objective = cfg.model.head, cfg.train.objective
-    heads = {n: registry.spec("head", n) for n in registry.names("head")}
+    heads = registry.kinds("head")
     selectable = sorted(n for n, h in heads.items() if h.caps.selectable)
     if head not in selectable:
         raise ConfigError(f"model.head must be one of {', '.join(selectable)}, got {head!r}")
