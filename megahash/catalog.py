@@ -101,7 +101,7 @@ class Entry:
     group: str
     file: str  # source file that registers it
     caps: object  # an *Caps record
-    costs: object = None  # cost class (static formulas) or None ("measured only")
+    costs: object = None  # name of the cost class (``costs=``, static formulas) or None ("measured only")
     options: object = None  # name of the kind's options dataclass (``options=`` of its register line) or None
 
 
