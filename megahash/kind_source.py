@@ -25,6 +25,7 @@ import builtins
 import functools
 import importlib
 import importlib.util
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -305,8 +306,13 @@ def _read(path: Path, stamp: tuple) -> KindFile:
     return KindFile(path)
 
 
+@functools.lru_cache(maxsize=None)
+def _real(path: str) -> Path:
+    return Path(path).resolve()
+
+
 def read(path) -> KindFile:
     """The parsed file (once per process while the file is unchanged)."""
-    path = Path(path).resolve()
-    st = path.stat()
+    path = _real(str(path))
+    st = os.stat(path)
     return _read(path, (st.st_mtime_ns, st.st_size))
