@@ -157,7 +157,6 @@ def main(argv=None) -> int:
 
     accelerator.init_distributed(1)
     accelerator.seed_all(0)
-    registry._load_variants()
     dev = accelerator.device()
     b = max(1, args.tokens // args.seq)
     s = args.tokens // b
@@ -178,7 +177,7 @@ def main(argv=None) -> int:
                                  f"model.embedding={kind}", f"model.embed.hash_spec={spec}", *extra])
         config = transformer_config(cfg)
         config.init_method = init_method_normal(cfg.model.init_std)
-        emb = registry.EMBEDDINGS[kind](config, cfg, args.vocab).to(dev)
+        emb = registry.spec("embedding", kind).build(config, cfg, args.vocab).to(dev)
         codes = torch.from_numpy(codes_for(ws, spec)).view(b, s, -1)
         codes[tokens < 5] = 0
         steps[label] = make_step(emb, tokens.to(dev), codes.to(dev), grad_out)

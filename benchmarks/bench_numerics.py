@@ -35,9 +35,9 @@ VOCAB = 1024
 
 
 def kinds_of_registry() -> list[str]:
-    from megahash.models import declarations
+    from megahash import catalog
 
-    names = list(declarations.entries("attention"))
+    names = list(catalog.entries("attention"))
     return ["mha"] + [k for k in names if k != "mha"]
 
 

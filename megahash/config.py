@@ -24,7 +24,7 @@ from megahash.errors import ConfigError, did_you_mean
 
 class KindOptions(dict):
     """``model.attention.options`` / ``model.embed.options``: the options the kinds declare in their own
-    files (an options dataclass registered with the kind, :func:`megahash.models.declarations.option_specs`),
+    files (an options dataclass registered with the kind, :func:`megahash.catalog.option_specs`),
     every declared option present with its default; read as attributes (``options.chunk_size``)."""
 
     def __getattr__(self, key):
@@ -62,9 +62,9 @@ class AttentionConfig:
 
 
 def _standard_kind(group: str) -> str:
-    from megahash.models import declarations
+    from megahash import catalog
 
-    return declarations.standard(group)
+    return catalog.standard(group)
 
 
 def _standard_objective() -> str:
@@ -96,7 +96,7 @@ class ModelConfig:
     init_std: float = 0.02
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
-    # defaults: the kinds registered as standard (caps.standard; megahash.models.declarations)
+    # defaults: the kinds registered as standard (caps.standard; megahash.catalog)
     embedding: str = field(default_factory=lambda: _standard_kind("embedding"))
     head: str = field(default_factory=lambda: _standard_kind("head"))  # output head for clm/mlm (megahash/models/heads/; sr uses its 3-way head)
     schedule: str = field(default_factory=lambda: f"uniform:{_standard_kind('attention')}")
@@ -384,11 +384,11 @@ def _build_options(group: str, data: dict, prefix: str) -> KindOptions:
     """Every option the ``group``'s kinds declare: given values coerced and range-checked, others at
     their defaults; a key no kind declares is one line naming the closest."""
     from megahash.config_checks import check_value
-    from megahash.models import declarations
+    from megahash import catalog
 
     if not isinstance(data, dict):
         raise ConfigError(f"config key {prefix.rstrip('.')!r} must be a mapping, got {data!r}")
-    specs = declarations.option_specs(group)
+    specs = catalog.option_specs(group)
     for key in data:
         if key not in specs:
             raise ConfigError(f"unknown config key {prefix + key!r}{_suggest(key, specs)} (no {group} kind declares it)")
@@ -410,10 +410,10 @@ def _legacy_option_path(keys: list[str]) -> list[str]:
     section = _OPTION_SECTIONS.get(tuple(keys[:2]))
     if section is None or len(keys) != 3:
         return keys
-    from megahash.models import declarations
+    from megahash import catalog
 
     fields = {f.name for f in dataclasses.fields(section)}
-    if keys[2] not in fields and keys[2] in declarations.option_specs(section.OPTION_GROUP):
+    if keys[2] not in fields and keys[2] in catalog.option_specs(section.OPTION_GROUP):
         return keys[:2] + ["options", keys[2]]
     return keys
 

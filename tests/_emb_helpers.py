@@ -15,10 +15,10 @@ _FASTER = {"pool": ["model.embed.options.pool_bits=6"], "rolling": ["model.embed
 
 
 def _registered_embeddings() -> dict:
-    from megahash.models import declarations
+    from megahash import catalog
 
-    return {k: (declarations.caps("embedding", k).example_hash_spec, _FASTER.get(k, []))
-            for k in sorted(declarations.names("embedding"))}
+    return {k: (catalog.caps("embedding", k).example_hash_spec, _FASTER.get(k, []))
+            for k in sorted(catalog.names("embedding"))}
 
 
 KINDS = _registered_embeddings()

@@ -257,9 +257,9 @@ def cluster(tmp_path_factory):
 def hashed_shards(shakespeare_shards, tmp_path_factory):
     """Real-text shards with a side shard for the example hash spec of every embedding kind."""
     import _kinds
-    from megahash.models import declarations
+    from megahash import catalog
 
-    specs = sorted({declarations.caps("embedding", k).example_hash_spec for k in _kinds.embeddings()} | {"md5", "lsh128"})
+    specs = sorted({catalog.caps("embedding", k).example_hash_spec for k in _kinds.embeddings()} | {"md5", "lsh128"})
     prefix = tmp_path_factory.mktemp("hashed") / "shk"
     r = run([sys.executable, "data_tools/preprocess_data.py", "--input", "shakespeare", "--output-prefix", str(prefix),
              "--tokenizer", shakespeare_shards["tokenizer"], "--word-hashes", ",".join(specs), "--workers", "1",

@@ -25,7 +25,8 @@ may import shared modules (``base.py``, ``__init__.py``, anything that registers
 words that coincide are excused only by an allow-list of (identifier, path prefix) the caller passes.
 
 Use: ``scan(root, catalog_kinds(root), allow=...)`` -> sorted :class:`Leak` records
-(``tests/test_new_kind.py``); ``tests/test_kind_leaks.py`` plants one violation of each sort.
+(``tests/test_new_kind.py``); ``tests/test_kind_leaks.py`` plants one violation of each sort. Files are
+parsed by the library's one reader of kind files (:mod:`megahash.kind_source`: each file once).
 """
 from __future__ import annotations
 
@@ -35,8 +36,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from megahash import kind_source
+
 KIND_DIRS = ("megahash/models/attention/", "megahash/models/embeddings/", "megahash/models/heads/")
-REGISTER = ("register_attention", "register_embedding", "register_head", "register_input")
 IMPORTERS = ("import_module", "__import__", "find_spec")
 _PARTS = re.compile(r"[./:]")
 SECTIONS = {"attention", "embed", "embedding", "head", "options"}  # where a kind's options are read from
@@ -85,25 +87,9 @@ def _module_name(path: Path, root: Path) -> str | None:
     return ".".join(parts)
 
 
-def _top_level_names(tree: ast.Module) -> set[str]:
-    out = set()
-    for node in tree.body:
-        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            out.add(node.name)
-        elif isinstance(node, ast.Assign):
-            out |= {t.id for t in node.targets if isinstance(t, ast.Name)}
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            out.add(node.target.id)
-    return {n for n in out if not n.startswith("_")}
-
-
-def _register_calls(tree: ast.Module):
+def _register_calls(path: Path):
     """(registered name, call node) of every ``register_*("name", ...)`` in a file."""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
-            fn = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
-            if fn in REGISTER and isinstance(node.args[0].value, str):
-                yield node.args[0].value, node
+    return [(r.name, r.call) for r in kind_source.read(path).registrations()]
 
 
 def _class_fields(tree: ast.Module, name: str) -> set[str]:
@@ -114,19 +100,19 @@ def _class_fields(tree: ast.Module, name: str) -> set[str]:
     return set()
 
 
-def _option_fields(name: str, entry, tree: ast.Module) -> set[str]:
+def _option_fields(name: str, entry, path: Path) -> set[str]:
     """Fields of a kind's options dataclass: the entry's ``.options`` (a class or its name), else the
     ``options=`` keyword of the kind's ``register_*`` line; none without either."""
     opt = getattr(entry, "options", None)
     if opt is None:
-        for reg, call in _register_calls(tree):
+        for reg, call in _register_calls(path):
             kw = next((k.value for k in call.keywords if k.arg == "options"), None)
             if reg == name and isinstance(kw, ast.Name):
                 opt = kw.id
     if opt is None:
         return set()
     if isinstance(opt, str):
-        return _class_fields(tree, opt)
+        return _class_fields(kind_source.read(path).tree, opt)
     if dataclasses.is_dataclass(opt):
         return {f.name for f in dataclasses.fields(opt)}
     return set(getattr(opt, "__annotations__", {}))
@@ -143,24 +129,23 @@ def kinds(entries, root: Path) -> list[Kind]:
     all_names = {n.replace("-", "_") for n, _ in entries}
     out = []
     for path, named in sorted(by_file.items()):
-        tree = ast.parse(path.read_text(), str(path))
         module = _module_name(path, root)
         rel = path.relative_to(root).as_posix() if module is not None else None
         home = rel is None or rel.startswith(KIND_DIRS)
         module = module if home else None  # a central module is imported for other things
-        public = _top_level_names(tree) if home else set()  # a central file's names are not the kind's
+        public = kind_source.read(path).public_names() if home else set()  # a central file's names are not the kind's
         if home and path.stem not in all_names and path.stem != "__init__":
             public.add(path.stem)  # fixed_qk, bert_hash; not mlp, vocab, add (common words, checked as strings)
-        fields = set().union(*(_option_fields(n, e, tree) for n, e in named))
+        fields = set().union(*(_option_fields(n, e, path) for n, e in named))
         out.append(Kind(frozenset(n for n, _ in named), path, module, frozenset(public), frozenset(fields), home))
     return out
 
 
 def catalog_kinds(root: Path) -> list[Kind]:
-    """The kinds megahash registers (:mod:`megahash.models.declarations`: every group, torch-free)."""
-    from megahash.models import declarations
+    """The kinds megahash registers (:mod:`megahash.catalog`: every group, torch-free)."""
+    from megahash import catalog
 
-    return kinds([(n, e) for g in declarations.GROUPS for n, e in declarations.entries(g).items()], root)
+    return kinds([(n, e) for g in catalog.GROUPS for n, e in catalog.entries(g).items()], root)
 
 
 # ----------------------------------------------------------------------------- one file
@@ -173,17 +158,6 @@ def _docstrings(nodes) -> set[int]:
         if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
             docs.add(id(body[0].value))
     return docs
-
-
-def _resolve(module: str | None, level: int, here: str, is_package: bool) -> str:
-    """Absolute module of ``from <level dots><module> import ...`` written in module ``here``."""
-    if not level:
-        return module or ""
-    parts = here.split(".") if here else []
-    if not is_package:
-        parts = parts[:-1]
-    parts = parts[:len(parts) - (level - 1)] if level > 1 else parts
-    return ".".join(parts + ([module] if module else []))
 
 
 def _dotted(node) -> str | None:
@@ -206,7 +180,7 @@ def _bindings(nodes, here: str, is_package: bool) -> tuple[dict, set]:
                 aliases[local] = a.name if a.asname else local
                 bound.add(local)
         elif isinstance(node, ast.ImportFrom):
-            base = _resolve(node.module, node.level, here, is_package)
+            base = kind_source.resolve(node.module, node.level, here, is_package)
             for a in node.names:
                 aliases[a.asname or a.name] = f"{base}.{a.name}"
                 bound.add(a.asname or a.name)
@@ -266,7 +240,7 @@ def scan_file(path: Path, root: Path, kinds_, index: _Index | None = None) -> li
     rel = path.relative_to(root).as_posix()
     here = _module_name(path, root) or ""
     is_package = path.name == "__init__.py"
-    tree = ast.parse(path.read_text(), str(path))
+    tree = kind_source.read(path).tree
     own = [k for k in ix.kinds if k.file == path]
     mine = set().union(*(k.names | k.public | k.fields for k in own)) | {k.module for k in own}
     nodes = list(ast.walk(tree))
@@ -288,7 +262,7 @@ def scan_file(path: Path, root: Path, kinds_, index: _Index | None = None) -> li
             for a in node.names:
                 leak(node, a.name, "module", ix.of_module(a.name))
         elif isinstance(node, ast.ImportFrom):
-            base = _resolve(node.module, node.level, here, is_package)
+            base = kind_source.resolve(node.module, node.level, here, is_package)
             hit = ix.of_module(base)
             leak(node, base, "module", hit)
             for a in node.names if not hit else ():
@@ -354,7 +328,7 @@ def _imported_string(call: ast.Call) -> str | None:
     name = arg.value
     if name.startswith(".") and isinstance(pkg, ast.Constant) and isinstance(pkg.value, str):
         level = len(name) - len(name.lstrip("."))
-        name = _resolve(name[level:] or None, level, pkg.value, True)
+        name = kind_source.resolve(name[level:] or None, level, pkg.value, True)
     return name
 
 
@@ -367,7 +341,7 @@ def misplaced(kinds_: list[Kind], root: Path) -> list[Leak]:
     for k in kinds_:
         if k.home:
             continue
-        lines = {name: call.lineno for name, call in _register_calls(ast.parse(k.file.read_text(), str(k.file)))}
+        lines = {name: call.lineno for name, call in _register_calls(k.file)}
         rel = k.file.relative_to(root.resolve()).as_posix()
         out += [Leak(rel, lines.get(name, 1), name, "home", k.label) for name in sorted(k.names)]
     return sorted(out)

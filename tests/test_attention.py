@@ -21,7 +21,7 @@ from megahash.config import load_config  # noqa: E402
 from megahash.models.forward_state import ForwardState  # noqa: E402
 
 import _kinds  # noqa: E402
-from megahash.models import declarations  # noqa: E402
+from megahash import catalog  # noqa: E402
 
 # from the registry: every kind that decodes incrementally / mixes tokens (a new kind joins by registering)
 DECODER_KINDS = _kinds.attention(decodes=True)
@@ -60,12 +60,12 @@ def build_attention(cfg, layer_number=1):
     from megahash.models.megatron_model import transformer_config
     from megatron.core.utils import init_method_normal, scaled_init_method_normal
 
-    registry._load_variants()
+    registry.load_kinds()
     config = transformer_config(cfg)
     config.init_method = init_method_normal(cfg.model.init_std)
     config.output_layer_init_method = scaled_init_method_normal(cfg.model.init_std, cfg.model.num_layers)
     kind = registry.schedule_kinds(cfg)[0]
-    return build_module(registry.ATTENTION[kind](cfg), config=config, layer_number=layer_number)
+    return build_module(registry.spec("attention", kind).build(cfg), config=config, layer_number=layer_number)
 
 
 def tokens(b=2, s=12, seed=0):
@@ -142,13 +142,13 @@ def test_no_future_leakage_and_incremental_decoding(schedule):
         other = model.hidden_states(changed)
         # bit-exact: one path (same kernels and shapes); masked future positions add exact zeros
         assert torch.equal(full[:t + 1], other[:t + 1])
-        if ":" in schedule or declarations.caps("attention", schedule).mixes_tokens:
+        if ":" in schedule or catalog.caps("attention", schedule).mixes_tokens:
             assert (full[t + 1:] - other[t + 1:]).abs().max() > 1e-3
         state = DecodeState(len(model.decoder.layers))
         parts = [model.hidden_states(tok[:, :5], decode_state=state)]
         parts += [model.hidden_states(tok[:, i:i + 1], decode_state=state) for i in range(5, tok.shape[1])]
     torch.testing.assert_close(torch.cat(parts), full, rtol=0, atol=1e-10)
-    if ":" not in schedule and not declarations.caps("attention", schedule).fixed_input:
+    if ":" not in schedule and not catalog.caps("attention", schedule).fixed_input:
         n, d_h, b, L = 4, 8, tok.shape[0], tok.shape[1]
         expected = costs.cache_elements(schedule, b, L, n, d_h)  # the kind's own formula (groups: its own)
         assert all(sum(v.numel() for v in c.values()) == expected for c in state.caches)
@@ -240,7 +240,7 @@ def test_encoder_padding_and_bidirectional(kind):
         h_later = model.hidden_states(later, padding_mask=pad)
     torch.testing.assert_close(h_pad[:8, 1], h[:8, 1], rtol=0, atol=1e-10)
     torch.testing.assert_close(h_pad[:, 0], h[:, 0], rtol=0, atol=1e-10)
-    if declarations.caps("attention", kind).mixes_tokens:
+    if catalog.caps("attention", kind).mixes_tokens:
         assert (h_later[0] - h[0]).abs().max() > 1e-4  # position 0 sees position 7
 
 
@@ -430,7 +430,7 @@ def test_unknown_kind_error_names_the_close_match():
     from megahash.errors import ConfigError
     from megahash.models import registry
 
-    registry._load_variants()
+    registry.load_kinds()
     with pytest.raises(ConfigError, match="rndembqk"):
         registry.schedule_kinds(make_cfg("hybrid:rndemqk:even"))
 

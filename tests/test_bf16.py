@@ -48,9 +48,9 @@ KIND_GROUPS = {("kinds-" + "+".join(g) if len(g) < 4 else f"kinds-{len(g)}-{g[0]
 
 
 def _embedding(kind: str) -> list[str]:
-    from megahash.models import declarations
+    from megahash import catalog
 
-    return [f"model.embedding={kind}", f"model.embed.hash_spec={declarations.caps('embedding', kind).example_hash_spec}",
+    return [f"model.embedding={kind}", f"model.embed.hash_spec={catalog.caps('embedding', kind).example_hash_spec}",
             *FASTER.get(kind, [])]
 
 

@@ -47,15 +47,15 @@ def test_kind_options_live_in_the_kind_files_and_old_keys_still_map(tmp_path):
     import yaml
 
     from megahash.config import AttentionConfig, EmbeddingConfig, config_from_dict, load_config, save_config
-    from megahash.models import declarations
+    from megahash import catalog
 
     # no kind-specific field is left in the central config classes
     central = {f.name for c in (AttentionConfig, EmbeddingConfig) for f in dataclasses.fields(c)}
-    declared = set(declarations.option_specs("attention")) | set(declarations.option_specs("embedding"))
+    declared = set(catalog.option_specs("attention")) | set(catalog.option_specs("embedding"))
     assert {"fixed_text", "chunk_size", "feature_dim", "pool_bits", "rolling_dim"} <= declared
     assert not central & declared
     # each option's default is its declaring class's default, read torch-free from the kind's source
-    spec = declarations.option_specs("attention")["fixed_seq_length"]
+    spec = catalog.option_specs("attention")["fixed_seq_length"]
     assert spec.default == 2048 and set(spec.kinds) == {"rndembqk", "fixedseqqk"}
     cfg = load_config(None, [])
     assert cfg.model.attention.options.fixed_seq_length == 2048 and cfg.model.embed.options.pool_bits == 10

@@ -28,11 +28,11 @@ def test_every_numeric_field_has_a_range():
 
 def _option_cases():
     """Every kind option with a declared range (its options class's RANGES): one value just outside."""
-    from megahash.models import declarations
+    from megahash import catalog
 
     out = []
     for group, section in (("attention", "model.attention.options."), ("embedding", "model.embed.options.")):
-        for name, spec in sorted(declarations.option_specs(group).items()):
+        for name, spec in sorted(catalog.option_specs(group).items()):
             if spec.range is not None:
                 RANGES_OPT[section + name] = spec.range
                 out.append((section + name, _bad_value(section + name)))

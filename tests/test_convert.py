@@ -61,9 +61,9 @@ VARIANTS = {
 def _registry_variants() -> dict:
     """A variant for every registered exportable attention kind and every embedding kind that no
     hand-written variant above covers (a newly registered kind is exported and reloaded too)."""
-    from megahash.models import declarations
+    from megahash import catalog
 
-    std = declarations.standard("attention")
+    std = catalog.standard("attention")
 
     def named(schedule):
         form, rest = schedule.split(":", 1)
@@ -73,10 +73,10 @@ def _registry_variants() -> dict:
 
     kinds = set().union(*(named(v[0]) for v in VARIANTS.values()))
     embs = {v[1] for v in VARIANTS.values()}
-    out = {f"registry-{k}": (f"list:{k},{std}", declarations.standard("embedding"), "md5", [])
-           for k in sorted(declarations.names("attention")) if declarations.caps("attention", k).exportable and k not in kinds}
-    out.update({f"registry-{e}": (f"uniform:{std}", e, declarations.caps("embedding", e).example_hash_spec, [])
-                for e in sorted(declarations.names("embedding")) if e not in embs})
+    out = {f"registry-{k}": (f"list:{k},{std}", catalog.standard("embedding"), "md5", [])
+           for k in sorted(catalog.names("attention")) if catalog.caps("attention", k).exportable and k not in kinds}
+    out.update({f"registry-{e}": (f"uniform:{std}", e, catalog.caps("embedding", e).example_hash_spec, [])
+                for e in sorted(catalog.names("embedding")) if e not in embs})
     return out
 
 

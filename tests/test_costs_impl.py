@@ -21,8 +21,7 @@ def cfg_of(kind, *extra):
 def registered_kinds():
     from megahash.models import registry
 
-    registry._load_variants()
-    return sorted(registry.ATTENTION)
+    return registry.names("attention")
 
 
 def test_every_registered_kind_has_costs_and_measured_cache_equals_formula():

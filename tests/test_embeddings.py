@@ -35,9 +35,9 @@ def build_emb(kind, overrides=(), vocab=50304, hidden=768, seed=0):
                                  f"model.embedding={kind}", *overrides])
     config = transformer_config(cfg)
     config.init_method = init_method_normal(cfg.model.init_std)
-    registry._load_variants()
+    registry.load_kinds()
     torch.manual_seed(seed)
-    return registry.EMBEDDINGS[kind](config, cfg, vocab)
+    return registry.spec("embedding", kind).build(config, cfg, vocab)
 
 
 def words_to_batch(words, spec):

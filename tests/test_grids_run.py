@@ -53,14 +53,14 @@ def workdir(shakespeare_shards, tmp_path_factory):
 def _word_specs() -> list[str]:
     """The hash specs of every cell of the word-level grids (their headers list them)."""
     from megahash.experiments.sweep import cell_config, load_grid
-    from megahash.models import declarations
+    from megahash import catalog
 
     specs = set()
     for path in GRIDS:
         grid = load_grid(str(path), ["data.prefix=[unused]"])
         for cell in grid.cells:
             cfg = cell_config(grid, cell)
-            if cfg.data.tokenizer == "words" and declarations.reads_hash_codes(cfg):
+            if cfg.data.tokenizer == "words" and catalog.reads_hash_codes(cfg):
                 specs.add(cfg.model.embed.hash_spec)
     text = {p.stem: p.read_text() for p in GRIDS}
     for spec in specs:  # the grid file's header names every side shard its cells need

@@ -51,8 +51,7 @@ def test_indicator_extremes_of_a_uniform_and_a_sink_map():
 def _kinds():
     from megahash.models import registry
 
-    registry._load_variants()
-    return sorted(registry.ATTENTION)
+    return registry.names("attention")
 
 
 

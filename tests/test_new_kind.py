@@ -1,6 +1,6 @@
 """A new kind is one file (issue 19): a temporary attention kind and a temporary embedding kind,
 each written as ONE file of a plugin package outside megahash and found through
-``MEGAHASH_PLUGINS`` (megahash.models.declarations), pass `megahash params`, a 1-step `pretrain` on real
+``MEGAHASH_PLUGINS`` (megahash.catalog), pass `megahash params`, a 1-step `pretrain` on real
 shards, TP=2 and TP=2+SP parity and incremental decoding, with no other edit. And no library file
 other than a kind's own names it."""
 from __future__ import annotations
@@ -27,12 +27,15 @@ ATTENTION, EMBEDDING = "tiedqk", "scaled-vocab"
 ATTENTION_FILE = '''
 """Tied query-key attention ``tiedqk`` (a test kind): Q_i = K_i = X W_i^{QK}, V_i = X W_i^V, softmax
 attention otherwise. Q/K/V parameters 2 d^2 n^2 (d = head dim, n = heads); decode cache K and V."""
-# ---- plain-torch reference (the Hugging Face export's code of this kind)
 import torch.nn as nn
+from megatron.core.transformer.spec_utils import ModuleSpec
 
-from megahash.models.registry import register_reference
+from megahash.models.attention.base import column, heads
+from megahash.models.attention.softmax_base import SoftmaxAttentionBase
+from megahash.models.cost_formulas import GeneralisedRow
 from megahash.models.reference_layers import SoftmaxAttention
 from megahash.models.reference_ops import split_heads
+from megahash.models.registry import AttentionCaps, mask_type, register_attention, register_reference
 
 
 @register_reference("tiedqk")
@@ -45,15 +48,6 @@ class TiedQKReference(SoftmaxAttention):
     def project(self, x):
         qk = split_heads(self.linear_qk(x), self.n)
         return qk, qk, split_heads(self.linear_v(x), self.n)
-
-
-# ---- megatron-core implementation
-from megatron.core.transformer.spec_utils import ModuleSpec
-
-from megahash.models.attention.base import column, heads
-from megahash.models.attention.softmax_base import SoftmaxAttentionBase
-from megahash.models.cost_formulas import GeneralisedRow
-from megahash.models.registry import AttentionCaps, mask_type, register_attention
 
 
 class TiedQKAttention(SoftmaxAttentionBase):
@@ -93,11 +87,12 @@ def tiedqk_spec(cfg) -> ModuleSpec:
 
 EMBEDDING_FILE = '''
 """Scaled vocabulary embedding ``scaled-vocab`` (a test kind): e = (1 + a) E[token], a learned gain a."""
-# ---- plain-torch reference (the Hugging Face export's code of this kind)
 import torch
 import torch.nn as nn
+from megatron.core import tensor_parallel
 
-from megahash.models.registry import register_reference
+from megahash.models.embeddings.vocab import EmbeddingOutput
+from megahash.models.registry import EmbeddingCaps, register_embedding, register_reference
 
 
 @register_reference("scaled-vocab")
@@ -111,14 +106,6 @@ class ScaledVocabReference(nn.Module):
 
     def forward(self, tokens, codes=None):
         return self.word_embeddings(tokens) * (1 + self.gain)
-
-
-# ---- megatron-core implementation
-import torch
-from megatron.core import tensor_parallel
-
-from megahash.models.embeddings.vocab import EmbeddingOutput
-from megahash.models.registry import EmbeddingCaps, register_embedding
 
 
 @register_embedding("scaled-vocab", caps=EmbeddingCaps(reads_hash_codes=False, sr_random="token"))
@@ -142,15 +129,19 @@ ANCHOR, ANCHOR_FILE = "anchorqk", '''
 a fixed random input A [L, h] that the kind adds to the model (``model.anchor.rows``, seeded by the
 kind's option ``model.attention.options.anchor_seed``), V from the hidden states; causal softmax, ONE
 map shared by the batch. Decode cache: the values only.\"\"\"
-# ---- plain-torch reference (the Hugging Face export's code of this kind)
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+from megatron.core.transformer.spec_utils import ModuleSpec
 
-from megahash.models.registry import register_reference
+from megahash.errors import ConfigError
+from megahash.models.attention.base import AttentionBase, append_cache, column, heads
+from megahash.models.kind_input import KindInput
 from megahash.models.reference_layers import TorchAttention
 from megahash.models.reference_ops import append_state, split_heads
+from megahash.models.registry import AttentionCaps, mask_type, register_attention, register_reference
 
 
 @register_reference("anchorqk")
@@ -186,17 +177,6 @@ class AnchorInputReference(nn.Module):
 
     def context(self, model, needed):
         return {"anchor": self.rows}
-
-
-# ---- megatron-core implementation
-from dataclasses import dataclass
-
-from megatron.core.transformer.spec_utils import ModuleSpec
-
-from megahash.errors import ConfigError
-from megahash.models.attention.base import AttentionBase, append_cache, column, heads
-from megahash.models.kind_input import KindInput
-from megahash.models.registry import AttentionCaps, mask_type, register_attention
 
 
 class AnchorQKAttention(AttentionBase):
@@ -267,7 +247,8 @@ def anchorqk_spec(cfg) -> ModuleSpec:
 def plugin(tmp_path_factory):
     """The plugin package (two files, one per kind) on sys.path and in MEGAHASH_PLUGINS; afterwards
     the registry is as before."""
-    from megahash.models import declarations, registry
+    from megahash import catalog
+    from megahash.models import registry
 
     root = tmp_path_factory.mktemp("plugin")
     pkg = root / PACKAGE
@@ -276,33 +257,25 @@ def plugin(tmp_path_factory):
     (pkg / "tiedqk.py").write_text(textwrap.dedent(ATTENTION_FILE))
     (pkg / "scaled_vocab.py").write_text(textwrap.dedent(EMBEDDING_FILE))
     (pkg / "anchorqk.py").write_text(textwrap.dedent(ANCHOR_FILE))
-    old_env = os.environ.get(declarations.PLUGINS_ENV)
-    os.environ[declarations.PLUGINS_ENV] = PACKAGE
+    old_env = os.environ.get(catalog.PLUGINS_ENV)
+    os.environ[catalog.PLUGINS_ENV] = PACKAGE
     sys.path.insert(0, str(root))
-    declarations._scan.cache_clear()
-    declarations._option_specs.cache_clear()
-    env = {declarations.PLUGINS_ENV: PACKAGE, "PYTHONPATH": f"{ROOT}{os.pathsep}{root}"}
+    catalog._scan.cache_clear()
+    catalog._option_specs.cache_clear()
+    env = {catalog.PLUGINS_ENV: PACKAGE, "PYTHONPATH": f"{ROOT}{os.pathsep}{root}"}
     yield {"root": root, "env": env}
     sys.path.remove(str(root))
     if old_env is None:
-        os.environ.pop(declarations.PLUGINS_ENV, None)
+        os.environ.pop(catalog.PLUGINS_ENV, None)
     else:
-        os.environ[declarations.PLUGINS_ENV] = old_env
-    for d in (registry.ATTENTION, registry.COSTS, registry.MAPS, registry.EXPORT_SPEC, registry.CAPS["attention"],
-              registry.OPTIONS, registry.MODEL_INPUTS, registry.KINDS["attention"]):
-        d.pop(ATTENTION, None)
-        d.pop(ANCHOR, None)
-    registry.KINDS["embedding"].pop(EMBEDDING, None)
-    registry._LOADED.clear()
-    for d in (registry.EMBEDDINGS, registry.EXPORT_META, registry.CAPS["embedding"]):
-        d.pop(EMBEDDING, None)
-    for name in (ATTENTION, EMBEDDING, ANCHOR, f"input:{ANCHOR}"):
-        registry.REFERENCES.pop(name, None)
+        os.environ[catalog.PLUGINS_ENV] = old_env
+    for group, name in (("attention", ATTENTION), ("attention", ANCHOR), ("embedding", EMBEDDING)):
+        registry.unregister(group, name)
     for m in [m for m in sys.modules if m.split(".")[0] == PACKAGE]:
         del sys.modules[m]
-    declarations._config_plugins.clear()
-    declarations._scan.cache_clear()
-    declarations._option_specs.cache_clear()
+    catalog._config_plugins.clear()
+    catalog._scan.cache_clear()
+    catalog._option_specs.cache_clear()
 
 
 def test_config_names_plugins_too(plugin, monkeypatch):
@@ -311,11 +284,11 @@ def test_config_names_plugins_too(plugin, monkeypatch):
     has imported a plugin its kinds stay registered there.)"""
     from megahash.config import load_config
     from megahash.errors import ConfigError
-    from megahash.models import declarations
+    from megahash import catalog
     from megahash.models.schedules import check_kinds
 
-    monkeypatch.delenv(declarations.PLUGINS_ENV)
-    declarations._scan.cache_clear()
+    monkeypatch.delenv(catalog.PLUGINS_ENV)
+    catalog._scan.cache_clear()
     try:
         cfg = load_config(None, [f"model.schedule=uniform:{ATTENTION}", "model.num_layers=2"])
         with pytest.raises(ConfigError, match=f"unknown attention kind '{ATTENTION}'"):
@@ -326,18 +299,18 @@ def test_config_names_plugins_too(plugin, monkeypatch):
         with pytest.raises(ConfigError, match="plugin 'no_such_plugin_pkg' cannot be found"):
             check_kinds(load_config(None, ["model.plugins=[no_such_plugin_pkg]"]))
     finally:
-        declarations._config_plugins.clear()
-        declarations._scan.cache_clear()
+        catalog._config_plugins.clear()
+        catalog._scan.cache_clear()
 
 
 def test_registry_discovers_the_plugin_kinds(plugin, dist):
-    from megahash.models import declarations, registry
+    from megahash import catalog
+    from megahash.models import registry
 
-    assert declarations.source_file("attention", ATTENTION).startswith(str(plugin["root"]))
-    assert declarations.source_file("embedding", EMBEDDING).startswith(str(plugin["root"]))
-    registry._load_variants()
-    assert ATTENTION in registry.ATTENTION and EMBEDDING in registry.EMBEDDINGS
-    assert declarations.caps("attention", ATTENTION).decodes and not declarations.caps("embedding", EMBEDDING).reads_hash_codes
+    assert catalog.source_file("attention", ATTENTION).startswith(str(plugin["root"]))
+    assert catalog.source_file("embedding", EMBEDDING).startswith(str(plugin["root"]))
+    assert ATTENTION in registry.names("attention") and EMBEDDING in registry.names("embedding")
+    assert catalog.caps("attention", ATTENTION).decodes and not catalog.caps("embedding", EMBEDDING).reads_hash_codes
 
 
 def _params(argv) -> dict:

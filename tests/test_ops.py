@@ -177,9 +177,9 @@ def test_shared_map_equals_naive_and_keeps_no_map(L, T):
 
 
 def _kinds():
-    from megahash.models import declarations
+    from megahash import catalog
 
-    return sorted(declarations.entries("attention"))
+    return sorted(catalog.entries("attention"))
 
 
 @pytest.mark.usefixtures("dist")

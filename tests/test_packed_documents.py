@@ -188,7 +188,7 @@ def test_config_flags_and_kind_refusal(monkeypatch):
     """Defaults off; a kind whose caps say it cannot keep to documents is refused in one line."""
     from megahash.config_checks import check_documents
     from megahash.errors import ConfigError
-    from megahash.models.declarations import AttentionCaps
+    from megahash.catalog import AttentionCaps
 
     assert not documents.enabled(make_cfg("mha").data)
     cfg = make_cfg("mha", *FLAGS)

@@ -32,11 +32,11 @@ def build_attention(cfg):
     from megahash.models import registry
     from megahash.models.megatron_model import transformer_config
 
-    registry._load_variants()
+    registry.load_kinds()
     config = transformer_config(cfg)
     config.init_method = init_method_normal(cfg.model.init_std)
     config.output_layer_init_method = scaled_init_method_normal(cfg.model.init_std, cfg.model.num_layers)
-    return build_module(registry.ATTENTION[registry.schedule_kinds(cfg)[0]](cfg), config=config, layer_number=1)
+    return build_module(registry.spec("attention", registry.schedule_kinds(cfg)[0]).build(cfg), config=config, layer_number=1)
 
 
 def test_mha_qk_norm_equals_megatron_qk_layernorm():

@@ -15,19 +15,19 @@ import torch  # noqa: E402
 
 import _kinds  # noqa: E402
 from megahash.config import load_config  # noqa: E402
-from megahash.models import declarations  # noqa: E402
+from megahash import catalog  # noqa: E402
 
 TABLE_FORMULAS = ("time_complexity", "flops", "activation_bytes", "cache_bytes")
 SAMPLE = {"qkv_params": (4, 8, 2), "time_complexity": (2, 16, 32), "flops": ("prefill", 2, 16, 32, 4, 2, False),
           "activation_bytes": (2, 16, 32, 4, 2), "cache_bytes": (2, 16, 32, 4, 2), "cache_elements": (2, 16, 4, 8, 2),
           "groups": (4, 0)}
-ALL = [(g, n) for g in declarations.GROUPS for n in sorted(declarations.names(g))]
+ALL = [(g, n) for g in catalog.GROUPS for n in sorted(catalog.names(g))]
 
 
 def _registry():
     from megahash.models import registry
 
-    registry._load_variants()
+    registry.load_kinds()
     return registry
 
 
@@ -37,13 +37,14 @@ def test_every_kind_describes_itself(group, name):
     formulas (or costs=None, "measured only"): a kind listed in the [Xue25] tables has every table
     formula, and a kind that decodes has its decode-cache formula."""
     reg = _registry()
-    files = [e.file for g in declarations.GROUPS for n, e in declarations.entries(g).items() if g == group and n == name]
+    files = [e.file for g in catalog.GROUPS for n, e in catalog.entries(g).items() if g == group and n == name]
     assert len(files) == 1, f"{group} kind {name!r} must be registered by exactly one file, found {files}"
-    caps = reg.CAPS[group].get(name)
-    assert isinstance(caps, declarations.CAPS[group]), f"{group} kind {name!r} registers no {declarations.CAPS[group].__name__}"
+    kind = reg.kinds(group).get(name)
+    caps = kind.caps if kind is not None else None
+    assert isinstance(caps, catalog.CAPS[group]), f"{group} kind {name!r} registers no {catalog.CAPS[group].__name__}"
     if group != "attention":
         return
-    own = reg.COSTS.get(name)
+    own = kind.costs
     if own is None:
         assert not caps.chapters, f"attention kind {name!r} is listed in thesis chapters {caps.chapters} but registers costs=None"
         return
@@ -56,23 +57,23 @@ def test_every_kind_describes_itself(group, name):
 
 
 def test_source_reader_agrees_with_the_imported_registry():
-    """megahash.models.declarations reads the kind files' source (no torch: config checks, `megahash
+    """megahash.catalog reads the kind files' source (no torch: config checks, `megahash
     params` of a Qwen2 config); it must see exactly what importing them registers: names, caps,
     and cost formulas giving the same numbers."""
     reg = _registry()
-    live = {"attention": reg.ATTENTION, "embedding": reg.EMBEDDINGS, "head": reg.HEADS, "input": reg.INPUTS}
-    for group, entries in ((g, declarations.entries(g)) for g in declarations.GROUPS):
+    live = {g: reg.kinds(g) for g in catalog.GROUPS}
+    for group, entries in ((g, catalog.entries(g)) for g in catalog.GROUPS):
         assert set(entries) == set(live[group]), f"{group}: source {sorted(entries)} vs imported {sorted(live[group])}"
         for name, e in entries.items():
-            assert e.caps == reg.CAPS[group][name], f"{group} kind {name!r}: caps read from source differ"
-    for name, e in declarations.entries("attention").items():
-        own = reg.COSTS.get(name)
+            assert e.caps == live[group][name].caps, f"{group} kind {name!r}: caps read from source differ"
+    for name, e in catalog.entries("attention").items():
+        own = live["attention"][name].costs
         assert (e.costs is None) == (own is None), f"attention kind {name!r}: costs= not readable from its source"
         if own is None:
             continue
         from pathlib import Path
 
-        light = declarations._exec_class(Path(e.file), e.costs)
+        light = catalog._exec_class(Path(e.file), e.costs)
         for formula, args in SAMPLE.items():
             fn = getattr(own, formula, None)
             if fn is not None:
@@ -86,9 +87,9 @@ def test_reads_hash_codes_has_one_owner():
     for emb in _kinds.embeddings():
         for head in _kinds.heads(selectable=True):
             cfg = load_config(None, [f"model.embedding={emb}", f"model.head={head}"])
-            want = declarations.caps("embedding", emb).reads_hash_codes or declarations.caps("head", head).reads_hash_codes
-            assert needs_codes(cfg) == declarations.reads_hash_codes(cfg) == want, (emb, head)
-    assert not declarations.caps("embedding", "bert-hash").reads_hash_codes  # [NeuML25] indexes token ids
+            want = catalog.caps("embedding", emb).reads_hash_codes or catalog.caps("head", head).reads_hash_codes
+            assert needs_codes(cfg) == catalog.reads_hash_codes(cfg) == want, (emb, head)
+    assert not catalog.caps("embedding", "bert-hash").reads_hash_codes  # [NeuML25] indexes token ids
 
 
 def _one_step(overrides, vocab=96, seed=0):
@@ -109,7 +110,7 @@ def _one_step(overrides, vocab=96, seed=0):
         fixed_qk.set_fixed_tokens(model, [(7 * i + 5) % vocab for i in range(64)])
     b, s = 2, 16
     codes = label_codes = None
-    if declarations.reads_hash_codes(cfg):
+    if catalog.reads_hash_codes(cfg):
         tok, codes = H.word_batches(cfg.model.embed.hash_spec, b, s + 1, 1, vocab_size=vocab)[0]
         tok, codes, label_codes = tok[:, :s], codes[:, :s], codes[:, 1:]
     else:
@@ -143,11 +144,11 @@ def _train_cases():
     cases += [("attention", k, [f"model.schedule=list:{k},{k}", "model.num_layers=2", "model.arch=encoder",
                                 "train.objective=mlm"]) for k in _kinds.attention(encoder=True)]
     for e in _kinds.embeddings():
-        cases.append(("embedding", e, [f"model.embedding={e}", f"model.embed.hash_spec={declarations.caps('embedding', e).example_hash_spec}"]))
+        cases.append(("embedding", e, [f"model.embedding={e}", f"model.embed.hash_spec={catalog.caps('embedding', e).example_hash_spec}"]))
     from megahash.objective_spec import names, objective_spec, standard
 
     for h in _kinds.heads():
-        caps = declarations.caps("head", h)
+        caps = catalog.caps("head", h)
         spec = "md5-bucket64" if h == "hash-bucket" else "md5"  # a bucket spec for a bucket head
         objective = next((n for n in names() if objective_spec(n).head == h), standard())  # the objective training it
         over = [f"model.embed.hash_spec={spec}", f"train.objective={objective}"]
@@ -171,3 +172,99 @@ def test_one_training_step_of_every_kind(dist, group, name, overrides):
     own = [n for n in no_grad if "fixed" not in n]  # the fixed input's random buffer is not trained
     assert not own, f"{group} kind {name!r}: parameters without gradient {own}"
     assert after < before, f"{group} kind {name!r}: one step did not lower the loss ({before} -> {after})"
+
+
+OWN_HELPERS = '''"""A kind file whose cost class and caps use helpers and constants of its own file."""
+from __future__ import annotations
+
+import torch
+
+from megahash.models.cost_formulas import GeneralisedRow
+from megahash.models.registry import AttentionCaps, register_attention
+
+DEFAULT_GROUPS = 3
+CAPS = AttentionCaps(decodes=False, thesis_name="Half")
+
+
+def _half(n):
+    return n // 2
+
+
+class HalfCosts(GeneralisedRow):
+    @staticmethod
+    def groups(n, g):
+        return g or _half(n) or DEFAULT_GROUPS
+
+
+class TorchCosts:
+    @staticmethod
+    def groups(n, g):
+        return int(torch.tensor(n))
+
+
+@register_attention("tmp-half", costs=HalfCosts, caps=CAPS)
+def half_spec(cfg):
+    return None
+'''
+
+
+def test_source_reader_runs_cost_classes_with_their_own_files_helpers(tmp_path):
+    """megahash.kind_source executes a cost class with the helpers, constants and bases of its file (not
+    the file's torch part); caps may be any expression of the file; a cost class that uses torch is a
+    one-line error naming it."""
+    from megahash import kind_source
+    from megahash.errors import ConfigError
+
+    path = tmp_path / "tmp_half_kind.py"
+    path.write_text(OWN_HELPERS)
+    f = kind_source.read(path)
+    assert kind_source.read(path) is f  # parsed once
+    costs = f.value("HalfCosts")
+    assert costs.groups(8, 0) == 4 and costs.groups(1, 0) == 3 and costs.groups(8, 2) == 2
+    assert costs.qkv_params(4, 8, 2) == 8 * 8 * 4 * 4 + 2 * 8 * 8 * 4 * 2  # GeneralisedRow: d^2n^2 + 2d^2ng
+    [reg] = f.registrations()
+    assert (reg.group, reg.name) == ("attention", "tmp-half")
+    assert f.evaluate(reg.keyword("caps")) == catalog.AttentionCaps(decodes=False, thesis_name="Half")
+    with pytest.raises(ConfigError, match="torch"):
+        f.value("TorchCosts")
+
+
+def test_references_live_in_the_kind_specs():
+    """Each @register_reference class sits in its kind's KindSpec (heads, the inputs kinds add, the head of an
+    objective too); registry.unregister forgets a kind in one call."""
+    reg = _registry()
+    table = reg.references()
+    assert table["mha"] is table["gqa"] is reg.spec("attention", "mha").reference is reg.reference("mqa") is not None
+    assert table["input:rndembqk"] is reg.spec("attention", "rndembqk").input_reference is not None
+    from megahash.objective_spec import objective_spec
+
+    sr = reg.spec("head", objective_spec("sr").head)  # the objective's own head (selectable=False)
+    assert reg.reference(f"head:{sr.name}") is sr.reference is not None and not sr.caps.selectable
+    assert all(reg.reference(f"head:{h}") is reg.spec("head", h).reference for h in _kinds.heads(selectable=True))
+
+    @reg.register_embedding("tmp-unregistered")
+    class Tmp:
+        pass
+
+    assert "tmp-unregistered" in reg.names("embedding")
+    reg.unregister("embedding", "tmp-unregistered")
+    assert "tmp-unregistered" not in reg.names("embedding")
+
+
+def test_kind_files_are_ordinary_python():
+    """A kind file imports at the top (no import below its first definition, ruff E402) and marks no
+    section with a comment (the HF export finds its reference by the @register_reference definitions)."""
+    import ast
+
+    from megahash import kind_source
+
+    files = sorted({e.file for g in catalog.GROUPS for e in catalog.entries(g).values()})
+    assert files
+    for path in files:
+        f = kind_source.read(path)
+        code = [n for n in f.tree.body if not isinstance(n, (ast.Import, ast.ImportFrom))
+                and not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]  # the docstring
+        late = [n.lineno for n in f.tree.body if isinstance(n, (ast.Import, ast.ImportFrom))
+                and code and n.lineno > code[0].lineno]
+        assert not late, f"{path}: imports below the first definition, lines {late}"
+        assert "# ---- megatron-core implementation" not in f.source, path

@@ -84,8 +84,7 @@ def test_export_names_a_kind_without_reference_before_writing(tmp_path, monkeypa
     cfg = load_config(None, ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4",
                              "model.ffn_hidden_size=64", "model.schedule=list:mha,nonapprox", "data.seq_length=16"])
     model = build_model(cfg, 200)
-    registry._load_variants()
-    monkeypatch.delitem(registry.REFERENCES, "nonapprox")
+    monkeypatch.setattr(registry.spec("attention", "nonapprox"), "reference", None)
     out = tmp_path / "hf"
     with pytest.raises(ConfigError) as e:
         export_model(cfg, model, out, fmt="megahash")
@@ -171,8 +170,12 @@ def test_folder_is_assembled_from_the_library_code():
 PLUGIN = '''"""A test kind outside the package: mha with doubled queries (its reference reuses mha's)."""
 from __future__ import annotations
 
+from megatron.core import parallel_state  # noqa: F401  (not torch-only: never copied)
+
 from megahash.models.attention.mha import GroupedQueryReference
-from megahash.models.registry import register_reference
+from megahash.models.registry import register_attention, register_reference, spec
+
+SCALE = 2  # a constant of the file the reference uses: copied with it
 
 
 @register_reference("tmp-doubled-q")
@@ -181,17 +184,20 @@ class DoubledQueryReference(GroupedQueryReference):
 
     def project(self, x):
         q, k, v = super().project(x)
-        return 2 * q, k, v
+        return SCALE * q, k, v
 
 
-# ---- megatron-core implementation
-from megatron.core import parallel_state  # noqa: E402,F401  (not torch-only: never copied)
+@register_attention("tmp-doubled-q")
+def doubled_q_spec(cfg):
+    return spec("attention", "mha").build(cfg)  # (only its reference is exported here)
 '''
 
 BAD_PLUGIN = '''from __future__ import annotations
 
+from megatron.core import parallel_state
+
 from megahash.models.attention.mha import GroupedQueryReference
-from megahash.models.registry import register_reference
+from megahash.models.registry import register_attention, register_reference, spec
 
 
 @register_reference("tmp-bad")
@@ -201,14 +207,20 @@ class BadReference(GroupedQueryReference):
 
 
 def helper(t):
-    return t
+    return t if parallel_state.get_tensor_model_parallel_world_size() == 1 else None
+
+
+@register_attention("tmp-bad")
+def bad_spec(cfg):
+    return spec("attention", "mha").build(cfg)
 '''
 
 
 def test_plugin_kind_outside_the_package_is_assembled(tmp_path, monkeypatch):
     """A kind file outside megahash whose reference subclasses another kind's: the folder gets both
-    modules (relative imports), loads as a package and computes what the library's reference does;
-    a reference that uses a name from outside its section is refused, naming the name."""
+    modules (relative imports, the file's constant it uses), loads as a package and computes what the
+    library's reference does; a reference that uses, through a helper of its file, a name that is not
+    torch-only is refused, naming the helper."""
     import importlib
     import sys
 
@@ -217,8 +229,7 @@ def test_plugin_kind_outside_the_package_is_assembled(tmp_path, monkeypatch):
     from megahash.models import registry, hf_model
     from megahash.models.hf_config import MegahashConfig
 
-    remote_code.references()
-    monkeypatch.setattr(registry, "REFERENCES", dict(registry.REFERENCES))
+    monkeypatch.setitem(registry.KINDS, "attention", registry.kinds("attention"))  # restored afterwards
     (tmp_path / "tmp_plugin_kind.py").write_text(PLUGIN)
     (tmp_path / "tmp_bad_plugin_kind.py").write_text(BAD_PLUGIN)
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -46,9 +46,9 @@ def _arch(objective: str) -> str:
 
 
 def _embedding(kind: str) -> list[str]:
-    from megahash.models import declarations
+    from megahash import catalog
 
-    return [f"model.embedding={kind}", f"model.embed.hash_spec={declarations.caps('embedding', kind).example_hash_spec}",
+    return [f"model.embedding={kind}", f"model.embed.hash_spec={catalog.caps('embedding', kind).example_hash_spec}",
             *FASTER.get(kind, [])]
 
 
@@ -57,7 +57,7 @@ def configurations() -> dict[str, list[str]]:
     them, skip_nonstandard on every other one), every objective, every selectable head."""
     from megahash.models.schedules import PRESETS
 
-    from megahash.models import declarations
+    from megahash import catalog
 
     kinds = [k for k in _kinds.attention(decoder=True) if k != _kinds.attention(standard=True)[0]]
     todo = _kinds.embeddings()  # embedding kinds not yet in a configuration
@@ -65,8 +65,8 @@ def configurations() -> dict[str, list[str]]:
     for i, preset in enumerate(PRESETS):
         skip, kind = i % 2 == 0, kinds[i % len(kinds)]
         # a kind reading a fixed input (the fixed text) embeds token ids: no hash-code embedding beside it
-        fits = [e for e in todo if not (declarations.caps("attention", kind).fixed_input
-                                        and declarations.caps("embedding", e).reads_hash_codes)]
+        fits = [e for e in todo if not (catalog.caps("attention", kind).fixed_input
+                                        and catalog.caps("embedding", e).reads_hash_codes)]
         emb = fits[0] if fits else _kinds.embeddings(standard=True)[0]
         todo = [e for e in todo if e != emb]
         out[f"{'skip' if skip else 'hybrid'}-{kind}-{preset}-{emb}"] = [

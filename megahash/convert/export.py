@@ -79,7 +79,8 @@ def from_hf_names(state: dict) -> dict:
 
 def layer_specs(model) -> list[dict]:
     """Per layer: attention kind and what the HF model needs to build it."""
-    from megahash.models import declarations, registry
+    from megahash import catalog
+    from megahash.models import registry
 
     cfg = model.cfg
     kinds = model.layer_kinds
@@ -88,7 +89,7 @@ def layer_specs(model) -> list[dict]:
     for layer, kind, skip in zip(model.decoder.layers, kinds, skipped):
         att = layer.self_attention
         if not registry.spec("attention", kind).caps.exportable:
-            raise ConfigError(f"attention kind {kind} has no Hugging Face export; use {declarations.standard('attention')}")
+            raise ConfigError(f"attention kind {kind} has no Hugging Face export; use {catalog.standard('attention')}")
         spec = {"kind": kind, "groups": int(getattr(att, "groups", 0) or cfg.model.num_heads), "skip": bool(skip)}
         extra = registry.spec("attention", kind).export
         if extra is not None:  # what the kind's HF layer needs beyond kind and groups (its own file says)

@@ -38,9 +38,9 @@ import torch
 
 def _qwen2(group: str, name: str) -> bool:
     """Does the kind register itself as a plain Qwen2 part (``caps.qwen2``)?"""
-    from megahash.models import declarations
+    from megahash import catalog
 
-    return bool(declarations.caps(group, name).qwen2)
+    return bool(catalog.caps(group, name).qwen2)
 
 
 def ineligible(cfg, model) -> str:
@@ -252,7 +252,7 @@ def megahash_tree(data: dict, folder) -> dict:
     need(h % n == 0 and (data.get("head_dim") in (None, h // n)), f"head_dim={data.get('head_dim')} != hidden/heads")
     need(n % kv == 0, f"{n} heads not divisible into {kv} key/value groups")
     max_pos = int(data.get("max_position_embeddings") or 2048)
-    from megahash.models import declarations
+    from megahash import catalog
     from megahash.objective_spec import standard as standard_objective
 
     tree = {
@@ -261,8 +261,8 @@ def megahash_tree(data: dict, folder) -> dict:
                   "vocab_size": int(data["vocab_size"]), "max_position_embeddings": max_pos,
                   "rotary_base": int(theta), "tie_embeddings": bool(data.get("tie_word_embeddings", False)),
                   "qkv_bias": True, "norm_eps": float(data.get("rms_norm_eps", 1e-6)),
-                  "init_std": float(data.get("initializer_range", 0.02)), "embedding": declarations.standard("embedding"),
-                  "head": declarations.standard("head"), "schedule": f"uniform:{declarations.standard('attention')}"},
+                  "init_std": float(data.get("initializer_range", 0.02)), "embedding": catalog.standard("embedding"),
+                  "head": catalog.standard("head"), "schedule": f"uniform:{catalog.standard('attention')}"},
         "train": {"objective": standard_objective()},
         "data": {"seq_length": min(max_pos, 2048)},
     }

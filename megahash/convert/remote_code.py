@@ -9,8 +9,9 @@ kind. The folder holds
   ``from megahash.x import y`` rewritten to the folder's relative import (transformers loads remote
   code as one flat package: ``dynamic_module_utils.get_relative_import_files`` follows
   ``from .name import ...`` to ``name.py`` next to the module);
-* one module per kind file the model uses: its torch-only imports and the definitions marked with
-  ``@register_reference`` (decorators stripped), extracted with :mod:`ast` from the kind's own file;
+* one module per kind file the model uses: the definitions marked with ``@register_reference``
+  (decorators stripped) and the top-level names they use (torch-only imports, helpers), read from the
+  kind's own file by :mod:`megahash.kind_source`;
 * ``megahash_references.py``: the table {kind name: reference class} the shell builds layers,
   embedding and head from.
 
@@ -20,18 +21,17 @@ writing anything).
 from __future__ import annotations
 
 import ast
-import builtins
 import importlib
 import inspect
 import re
 from pathlib import Path
 
+from megahash import kind_source
 from megahash.errors import ConfigError
 
 MODELING_MODULE = "modeling_megahash"
 CONFIG_MODULE = "configuration_megahash"
 TABLE_MODULE = "megahash_references"
-SECTION_END = "# ---- megatron-core implementation"  # where a kind file's plain-torch section ends
 
 # library module -> its file in the folder (without .py); copied verbatim, imports made relative
 LIBRARY_FILES = {
@@ -54,7 +54,6 @@ LIBRARY_FILES.update({"megahash.ops." + ".".join(p.relative_to(_OPS).with_suffix
 GENERATED = {"megahash.models.reference_table": TABLE_MODULE}
 # what a kind's reference section may import besides the torch-only library modules
 ALLOWED_TOP = {"__future__", "torch", "math", "typing"}
-DROPPED = {"megahash.models.registry"}  # the decorator's home: not part of the reference
 
 
 def kind_module_file(module: str) -> str:
@@ -64,8 +63,9 @@ def kind_module_file(module: str) -> str:
 
 
 def _reference_names(module: str) -> set:
-    """Names of the reference classes a module defines (another kind's section may import them)."""
-    return {cls.__name__ for cls in references().values() if cls.__module__ == module}
+    """Names of the reference classes a module defines (another kind's reference may import them)."""
+    path = kind_source.module_file(module) if module else None
+    return {n.name for n in kind_source.read(path).reference_defs()} if path is not None else set()
 
 
 def _has_references(module: str) -> bool:
@@ -115,87 +115,56 @@ def rewrite_imports(source: str, where: str) -> str:
     return "\n".join(lines)
 
 
-def _is_reference_decorator(d: ast.expr) -> bool:
-    f = d.func if isinstance(d, ast.Call) else d
-    return (isinstance(f, ast.Name) and f.id == "register_reference") or (
-        isinstance(f, ast.Attribute) and f.attr == "register_reference")
-
-
-def _bound_names(nodes) -> set:
-    out = set()
-    for n in nodes:
-        if isinstance(n, (ast.Import, ast.ImportFrom)):
-            out.update((a.asname or a.name).split(".")[0] for a in n.names)
-        elif isinstance(n, (ast.ClassDef, ast.FunctionDef)):
-            out.add(n.name)
-    return out
-
-
-def _free_globals(node) -> set:
-    """Names a definition loads that none of its own scopes binds (a coarse check: any binding
-    anywhere inside the definition counts)."""
-    loaded, bound = set(), set()
-    for n in ast.walk(node):
-        if isinstance(n, ast.Name):
-            (loaded if isinstance(n.ctx, ast.Load) else bound).add(n.id)
-        elif isinstance(n, ast.arg):
-            bound.add(n.arg)
-        elif isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef, ast.Lambda)):
-            bound.add(getattr(n, "name", ""))
-        elif isinstance(n, ast.alias):
-            bound.add((n.asname or n.name).split(".")[0])
-        elif isinstance(n, ast.ExceptHandler) and n.name:
-            bound.add(n.name)
-    return loaded - bound
+def _allowed(module: str) -> bool:
+    return module.split(".")[0] in ALLOWED_TOP or module in LIBRARY_FILES
 
 
 def extract_references(module: str) -> tuple[str, list[str]]:
-    """(source of the folder module, kind modules it imports) from a kind file: the torch-only
-    imports of its plain-torch section and the ``@register_reference`` definitions (decorators
-    stripped). The section may import another kind file's references (that file's module joins
-    the folder)."""
+    """(source of the folder module, kind modules it imports) from a kind file: its ``@register_reference``
+    definitions (decorators stripped) and the top-level names they use (helpers, constants, imports of
+    torch, math, typing and the torch-only library modules). A reference may import another kind file's
+    references (that file's module joins the folder)."""
     path = Path(inspect.getsourcefile(importlib.import_module(module)))
-    source = path.read_text()
-    lines = source.split("\n")
-    end = next((i + 1 for i, line in enumerate(lines) if line.startswith(SECTION_END)), len(lines) + 1)
-    tree = ast.parse(source)
-    imports, defs, deps, dropped = [], [], [], {}
-    for node in tree.body:
-        if node.lineno >= end:
-            break
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-            if isinstance(node, ast.ImportFrom) and node.module in DROPPED:
-                continue
-            if (isinstance(node, ast.ImportFrom) and node.module != module and _has_references(node.module or "")
-                    and {a.name for a in node.names} <= _reference_names(node.module)):
-                deps.append(node.module)
-                imports.append(node)
-                continue
-            if all(m.split(".")[0] in ALLOWED_TOP or m in LIBRARY_FILES for m in mods):
-                imports.append(node)
-            else:  # not torch-only (megatron, the megahash library): not part of the reference
-                dropped.update({(a.asname or a.name).split(".")[0]: mods[0] for a in node.names})
-        elif isinstance(node, (ast.ClassDef, ast.FunctionDef)) and any(map(_is_reference_decorator,
-                                                                            node.decorator_list)):
-            defs.append(node)
+    f = kind_source.read(path)
+    defs = f.reference_defs()
     if not defs:
-        raise ConfigError(f"{path.name}: no @register_reference definition above '{SECTION_END}'")
-    known = _bound_names(imports + defs) | set(dir(builtins)) | {"__name__", "__class__", "register_reference"}
+        raise ConfigError(f"{path.name}: no @register_reference definition")
+    stmts, imported, unbound = f.closure(defs, annotations=not f.lazy_annotations)
+    bad = {}
+    for name, by in imported.items():
+        source, attr = f.import_of(name)
+        if not (_allowed(source) or (attr is not None and attr in _reference_names(source))):
+            bad[name] = (by, source)
+    if unbound or bad:
+        what = sorted([(by, f"{n}") for n, by in unbound.items()]
+                      + [(by, f"{n} (from {src}: not torch-only)") for n, (by, src) in bad.items()])
+        where = ", ".join(f"{n} (in {by})" for by, n in what)
+        raise ConfigError(f"{path.name}: the plain-torch reference uses {where}; import it from torch, math, typing "
+                          "or a torch-only megahash module (megahash.convert.remote_code.LIBRARY_FILES), or define "
+                          "it in the kind's file from those")
+    future = [n for n in f.tree.body if isinstance(n, ast.ImportFrom) and n.module == "__future__"]
+    imports = future + [n for n in stmts if isinstance(n, (ast.Import, ast.ImportFrom)) and n not in future]
+    deps = sorted({f.import_of(a.asname or a.name)[0] for n in imports if isinstance(n, ast.ImportFrom)
+                   for a in n.names if (a.asname or a.name) in imported
+                   and not _allowed(f.import_of(a.asname or a.name)[0])})
     out = []
     for node in imports:
-        text = "\n".join(lines[node.lineno - 1:node.end_lineno])
-        megahash_module = isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "megahash"
-        out.append(_relative(node) if megahash_module or getattr(node, "module", None) in deps else text)
+        if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            base = kind_source.resolve(node.module, node.level, f.module or "", f.is_package)
+            used = [a for a in node.names if (a.asname or a.name) in imported]
+            node = ast.ImportFrom(module=base, names=used, level=0)
+            out.append(_relative(node) if base.split(".")[0] == "megahash" or base in deps else ast.unparse(node))
+        elif isinstance(node, ast.Import):
+            used = [a for a in node.names if (a.asname or a.name.split(".")[0]) in imported]
+            out.append(ast.unparse(ast.Import(names=used)))
+        else:
+            out.append(f.text(node))
     out.append("")
-    for node in defs:
-        free = _free_globals(node) - known
-        if free:
-            where = ", ".join(f"{n} (from {dropped[n]}: not torch-only)" if n in dropped else n for n in sorted(free))
-            raise ConfigError(f"{path.name}: reference {node.name} uses {where} outside its plain-torch section; "
-                              "import it from torch, math, typing or a torch-only megahash module "
-                              "(megahash.convert.remote_code.LIBRARY_FILES), or define it with @register_reference")
-        out.append("\n" + "\n".join(lines[node.lineno - 1:node.end_lineno]) + "\n")
+    for node in stmts:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        first = node.lineno if node in defs else min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        out.append("\n" + "\n".join(f.lines[first - 1:node.end_lineno]) + "\n")  # a reference's decorators stripped
     doc = (f'"""Plain-torch reference of {module} (extracted by megahash export-hf from the library\'s '
            f'{path.name}; do not edit)."""\n')
     return doc + "\n".join(out).rstrip("\n") + "\n", deps

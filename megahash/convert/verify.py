@@ -44,10 +44,10 @@ def code_tensor(codes) -> torch.Tensor | None:
 def megahash_logits(model, tokens, codes=None, padding_mask=None, vocab: int | None = None):
     """Head logits [b, s, ...] of a MegahashLM (vocab heads cut to the real vocabulary)."""
     out = model(tokens, hash_codes=codes, padding_mask=padding_mask)
-    from megahash.models import declarations
+    from megahash import catalog
     from megahash.objective_spec import objective_spec
 
-    if declarations.caps("head", model.cfg.model.head).token_loss and objective_spec(model.cfg.train.objective).token_loss and vocab:
+    if catalog.caps("head", model.cfg.model.head).token_loss and objective_spec(model.cfg.train.objective).token_loss and vocab:
         out = out[..., :vocab]
     return out
 

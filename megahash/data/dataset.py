@@ -139,9 +139,9 @@ def build_datasets(cfg, train_samples: int, valid_samples: int, cache_dir: str |
     for p in paths:  # sizes, headers and counts of every shard against its meta before step 1 (data.verify)
         verify_set(p, cfg.data.verify)
     meta = read_meta(paths[0], required=False)
-    from megahash.models import declarations
+    from megahash import catalog
 
-    reads_codes = declarations.reads_hash_codes(cfg)
+    reads_codes = catalog.reads_hash_codes(cfg)
     spec = cfg.model.embed.hash_spec if reads_codes else None
     width = 0
     if spec:

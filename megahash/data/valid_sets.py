@@ -26,9 +26,9 @@ SPLIT_NAME = "valid"  # the data.split set's name in the logs (kept from before 
 def check_valid_shards(cfg) -> None:
     """Every named set's token shards exist and pass ``data.verify``'s cheap level (before torch)."""
     from megahash.data.verify import base_prefix, check_prefix, read_meta, verify_set
-    from megahash.models import declarations
+    from megahash import catalog
 
-    spec = cfg.model.embed.hash_spec if declarations.reads_hash_codes(cfg) else None
+    spec = cfg.model.embed.hash_spec if catalog.reads_hash_codes(cfg) else None
     for name, prefix in parse_valid(cfg.data.valid):
         try:
             check_prefix(prefix)

@@ -126,9 +126,9 @@ def head_indicators(A) -> dict[str, list[float]]:
 
 # ============================================================================ capture
 def _caps(kind: str):
-    from megahash.models import declarations
+    from megahash import catalog
 
-    return declarations.caps("attention", kind)
+    return catalog.caps("attention", kind)
 
 
 def _registered_maps(kind: str):

@@ -126,9 +126,9 @@ class MegahashEvalLM(LM):
         self.max_length = int(max_length or cfg.data.seq_length)
         self.max_positions = max(self.max_length, int(cfg.model.max_position_embeddings))
         self.incremental = _as_bool(incremental)
-        from megahash.models import declarations
+        from megahash import catalog
 
-        self.hash_head = declarations.caps("head", cfg.model.head).reads_hash_codes
+        self.hash_head = catalog.caps("head", cfg.model.head).reads_hash_codes
         self.precision = cfg.train.precision  # the run's compute dtype (overrides: train.precision=fp32)
         self.num_layers = len(model.decoder.layers)
         self.decode_mode: Optional[str] = None

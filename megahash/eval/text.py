@@ -69,10 +69,10 @@ def first_prefix(prefixes: Sequence[str]) -> Optional[str]:
 
 def needs_codes(cfg) -> bool:
     """True when the model reads word-hash codes (hash embedding or hash-code head); the registry's
-    capability (:func:`megahash.models.declarations.reads_hash_codes`) is the one owner of the fact."""
-    from megahash.models import declarations
+    capability (:func:`megahash.catalog.reads_hash_codes`) is the one owner of the fact."""
+    from megahash import catalog
 
-    return declarations.reads_hash_codes(cfg)
+    return catalog.reads_hash_codes(cfg)
 
 
 @dataclass

@@ -198,9 +198,9 @@ def train_and_score(cfg, task, steps: int, batch: int, lr: float, seed: int, eva
 def all_kinds() -> list[str]:
     """Every registered attention kind (the registry's names, read by the torch-free declarations: new kinds
     appear here, and a misspelt one fails before the heavy imports)."""
-    from megahash.models import declarations
+    from megahash import catalog
 
-    return sorted(declarations.names("attention"))
+    return sorted(catalog.names("attention"))
 
 
 def variants(kinds: Optional[str], schedules: Optional[str]) -> list[str]:

@@ -9,10 +9,7 @@
 """
 from __future__ import annotations
 
-def padded_vocab_size(vocab: int, divisible_by: int, tp: int = 1) -> int:
-    """Megatron's padding: round the vocabulary up to a multiple of divisible_by x TP."""
-    mult = max(1, divisible_by * tp)
-    return ((vocab + mult - 1) // mult) * mult
+from megahash.models.cost_formulas import padded_vocab_size
 
 
 def closed_form_report(cfg, vocab_size: int) -> dict | None:
@@ -36,9 +33,9 @@ def closed_form_report(cfg, vocab_size: int) -> dict | None:
         layers.append({"kind": kind, "attention": {"qkv": qkv + (width if m.qkv_bias else 0), "out": h * h},
                        "mlp": 3 * h * m.ffn_hidden_size, "norm": 2 * h})
     emb, head = V * h, 0 if m.tie_embeddings else V * h
-    from megahash.models import declarations
+    from megahash import catalog
 
-    extras = {f"embedding_{k}": n for k, n in declarations.input_params(cfg).items()}  # inputs of their own
+    extras = {f"embedding_{k}": n for k, n in catalog.input_params(cfg).items()}  # inputs of their own
     total = sum(extras.values()) + emb + head + h + sum(L["attention"]["qkv"] + L["attention"]["out"] + L["mlp"] + L["norm"] for L in layers)
     report = {"total": total, "embedding": emb, **extras, "head": head, "tied_head": bool(m.tie_embeddings), "final_norm": h,
               "vocab_size": V, "layers": layers}
@@ -50,7 +47,7 @@ def closed_form_report(cfg, vocab_size: int) -> dict | None:
 
 def is_qwen2(cfg) -> bool:
     """A plain Qwen2 model: decoder, clm, Qwen2-type embedding, head and every attention layer."""
-    from megahash.models import declarations
+    from megahash import catalog
     from megahash.models.arch import arch_of
     from megahash.models.schedules import layer_kinds
     from megahash.objective_spec import objective_spec
@@ -58,6 +55,6 @@ def is_qwen2(cfg) -> bool:
     m = cfg.model
     if not (arch_of(m.arch).causal and objective_spec(cfg.train.objective).next_token):
         return False
-    if not (declarations.caps("embedding", m.embedding).qwen2 and declarations.caps("head", m.head).qwen2):
+    if not (catalog.caps("embedding", m.embedding).qwen2 and catalog.caps("head", m.head).qwen2):
         return False
-    return all(declarations.caps("attention", k).qwen2 for k in layer_kinds(m.schedule, m.num_layers))
+    return all(catalog.caps("attention", k).qwen2 for k in layer_kinds(m.schedule, m.num_layers))

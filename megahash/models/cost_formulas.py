@@ -1,8 +1,15 @@
-"""The formula bases a kind's cost class builds on ([Xue25] Table 3.4, Tables 4.5-4.8), torch-free and
-importing nothing of megahash: kind files import them, and :mod:`megahash.models.declarations` executes a
-kind's cost class from its source with them (:mod:`megahash.models.costs` asks the kinds).
+"""The formula bases a kind's cost class builds on ([Xue25] Table 3.4, Tables 4.5-4.8), and Megatron's
+padded vocabulary, torch-free and importing nothing of megahash: kind files import them, and
+:mod:`megahash.catalog` executes a kind's cost class from its source with them
+(:mod:`megahash.models.costs` asks the kinds); the model and the closed-form count share the padding.
 """
 from __future__ import annotations
+
+
+def padded_vocab_size(vocab: int, divisible_by: int, tp: int = 1) -> int:
+    """Megatron's padding: round the vocabulary up to a multiple of divisible_by x TP."""
+    mult = max(1, divisible_by * tp)
+    return ((vocab + mult - 1) // mult) * mult
 
 
 # A kind's cost class (registered with ``register_attention(name, costs=...)`` in the kind's own
@@ -91,8 +98,3 @@ class ApproxRow(StandardQKV):
     @staticmethod
     def cache_bytes(B, L, d, h, g=None):
         return 6 * B * d + 4 * B * d * d / h
-
-
-def taylor_feature_dim(d_h: int) -> int:
-    """Features of the Taylor map (megahash.ops.taylor.feature_map.feature_dim): 1 + d_h + d_h(d_h + 1)/2."""
-    return 1 + d_h + d_h * (d_h + 1) // 2

@@ -27,10 +27,10 @@
 """
 from __future__ import annotations
 
-from megahash.models import declarations
+from megahash import catalog
 
 
-from megahash.models.cost_formulas import GeneralisedRow, StandardQKV, taylor_feature_dim  # noqa: F401 - the formula bases
+from megahash.models.cost_formulas import GeneralisedRow, StandardQKV  # noqa: F401 - the formula bases
 
 
 # ----------------------------------------------------------------------------- lookup
@@ -38,12 +38,12 @@ from megahash.models.cost_formulas import GeneralisedRow, StandardQKV, taylor_fe
 
 def _resolve(kind: str) -> str:
     k = kind.lower()
-    return declarations.standard("attention") if k == "standard" else k
+    return catalog.standard("attention") if k == "standard" else k
 
 
 def _own(kind: str):
     """The cost class a kind registers in its own file, or None ("measured only" / unknown)."""
-    return declarations.costs(_resolve(kind))
+    return catalog.costs(_resolve(kind))
 
 
 def _formula(kind: str, name: str):
@@ -62,12 +62,12 @@ def _groups(kind: str, n: int, groups: int | None) -> int:
 
 def thesis_name(kind: str):
     """Row name in the [Xue25] tables ("Standard", "MLP", "SHA", ...) or None."""
-    return declarations.caps("attention", _resolve(kind)).thesis_name
+    return catalog.caps("attention", _resolve(kind)).thesis_name
 
 
 def chapter_kinds(chapter: int) -> list[str]:
     """Kinds listed in a chapter's tables (3: Table 3.4; 4: Tables 4.5-4.8)."""
-    return declarations.thesis_kinds(chapter)
+    return catalog.thesis_kinds(chapter)
 
 
 # ----------------------------------------------------------------------------- Table 3.4
@@ -81,7 +81,7 @@ def attention_param_count(kind: str, n: int, d: int, groups: int | None = None) 
 
 def extra_params_over_sha(kind: str, n: int, d: int) -> int:
     """Table 3.4's last column: parameters beyond single-head attention (the "SHA" row)."""
-    sha = declarations.by_thesis_name("SHA")
+    sha = catalog.by_thesis_name("SHA")
     if sha is None:
         raise KeyError("no attention kind registers the SHA row of Table 3.4")
     return attention_param_count(kind, n, d) - attention_param_count(sha, n, d)
@@ -114,7 +114,7 @@ def memory_usage(kind: str, n: int = 12, d: int = 64, batch: int = 32, seq: int 
 
 def memory_saving_ratio(kind: str, n: int = 12, d: int = 64, batch: int = 32, seq: int = 512) -> float:
     """Table 3.13's last column: 100 * (1 - total(kind) / total(standard attention))."""
-    std = declarations.standard("attention")
+    std = catalog.standard("attention")
     return 100.0 * (1 - memory_usage(kind, n, d, batch, seq)["total"] / memory_usage(std, n, d, batch, seq)["total"])
 
 

@@ -33,7 +33,6 @@ def _build(cfg, kind: str, dtype=torch.bfloat16):
     from megahash.models import registry
     from megahash.models.megatron_model import transformer_config
 
-    registry._load_variants()
     cfg = copy.deepcopy(cfg)
     cfg.parallel.sequence = False
     config = transformer_config(cfg, dtype)
@@ -68,10 +67,10 @@ def measure_kind(cfg, kind: str, batch: int, seq: int) -> dict:
     if not hasattr(module, "mix"):
         return out
     tp = parallel_state.get_tensor_model_parallel_world_size() if parallel_state.model_parallel_is_initialized() else 1
-    from megahash.models import declarations
+    from megahash import catalog
     from megahash.models.arch import arch_of
 
-    rows = batch + (1 if declarations.caps("attention", kind).fixed_input else 0)  # the fixed sequence rides along
+    rows = batch + (1 if catalog.caps("attention", kind).fixed_input else 0)  # the fixed sequence rides along
     h = cfg.model.hidden_size
     encoder = not arch_of(cfg.model.arch).causal
     mask = torch.zeros(rows, 1, 1, seq, dtype=torch.bool, device="meta") if encoder else None

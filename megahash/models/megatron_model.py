@@ -22,14 +22,9 @@ from megatron.core.utils import init_method_normal, make_viewless_tensor, scaled
 from megahash.errors import ConfigError
 from megahash.models import autocast_linear, cpu_linear, heads, registry
 from megahash.models.arch import arch_of
+from megahash.models.cost_formulas import padded_vocab_size
 from megahash.models.forward_state import ForwardState
 from megahash.models.norm import hook_sequence_parallel_params
-
-
-def padded_vocab_size(vocab: int, divisible_by: int, tp: int) -> int:
-    """Megatron's padding: round the vocabulary up to a multiple of divisible_by x TP."""
-    mult = divisible_by * tp
-    return ((vocab + mult - 1) // mult) * mult
 
 
 def transformer_config(cfg, dtype: torch.dtype = torch.float32) -> TransformerConfig:
@@ -157,7 +152,6 @@ class MegahashLM(MegatronModule):
         config = transformer_config(cfg, dtype)
         config.perform_initialization = init
         super().__init__(config=config)
-        registry._load_variants()
         self.cfg = cfg
         m = cfg.model
         self.vocab_size = vocab_size

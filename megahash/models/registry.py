@@ -2,13 +2,17 @@
 
 Every attention kind is a function ``cfg -> ModuleSpec`` for the ``self_attention`` slot of a
 megatron-core ``TransformerLayer``; every embedding kind and head is a module class. A new variant is one
-file (its ``register_*`` line with its costs and capabilities, :mod:`megahash.models.declarations`);
+file (its ``register_*`` line with its costs and capabilities, :mod:`megahash.catalog`);
 plugins outside the package are discovered from ``MEGAHASH_PLUGINS``, ``model.plugins`` and the
-``megahash.kinds`` entry-point group. ``block_spec`` turns ``model.schedule`` into
-``TransformerBlockSubmodules(layer_specs=[...])`` so layers may differ in attention kind.
+``megahash.kinds`` entry-point group. The registry is :data:`KINDS` ({group: {name: KindSpec}}) and
+nothing else; :func:`kinds`, :func:`spec`, :func:`names`, :func:`reference` and :func:`references` are
+views of it (each loads the kind files first: :func:`load_kinds`). ``block_spec`` turns
+``model.schedule`` into ``TransformerBlockSubmodules(layer_specs=[...])`` so layers may differ in
+attention kind.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -18,9 +22,9 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
 
+from megahash import catalog
+from megahash.catalog import AttentionCaps, EmbeddingCaps, HeadCaps, InputCaps  # noqa: F401 - the kind files import them from here
 from megahash.errors import ConfigError, did_you_mean
-from megahash.models import declarations
-from megahash.models.declarations import AttentionCaps, EmbeddingCaps, HeadCaps, InputCaps  # noqa: F401 - the kind files import them from here
 from megahash.models.norm import Norm
 from megahash.models.arch import arch_of
 from megahash.models.schedules import layer_kinds, skip_mask, standard_kind
@@ -33,30 +37,38 @@ def mask_type(cfg) -> AttnMaskType:
 
 @dataclass
 class KindSpec:
-    """Everything about one kind, declared by the register line of its own file: what builds it, what it
-    can do, what it costs, its options and the hooks the rest of the library calls. Nothing outside the
-    kind's file names the kind; the library asks :func:`spec`."""
+    """Everything about one kind, declared by its own file: what builds it, what it can do, what it costs,
+    its options, its plain-torch reference and the hooks the rest of the library calls. Nothing outside
+    the kind's file names the kind; the library asks :func:`spec`."""
 
     name: str
     group: str  # attention | embedding | head | input
     build: Callable  # attention: cfg -> ModuleSpec of the self_attention slot; embedding / head: module class;
     # input: build(model, cfg) -> KindInput | None
-    caps: object  # AttentionCaps | EmbeddingCaps | HeadCaps (megahash.models.declarations)
+    caps: object  # AttentionCaps | EmbeddingCaps | HeadCaps | InputCaps (megahash.catalog)
     costs: type | None = None  # static formulas (megahash.models.costs), None: "measured only"
     options: type | None = None  # options dataclass (model.attention.options / model.embed.options)
     maps: Callable | None = None  # the indicators' attention-map capture (megahash.eval.indicators)
     export: Callable | None = None  # attention: export_spec(module) -> dict; embedding: export_meta(emb, cfg) -> dict
     model_input: Callable | None = None  # build(model, cfg) -> KindInput | None (megahash.models.kind_input)
+    reference: type | None = None  # plain-torch reference (@register_reference; HF export, parity tests)
+    input_reference: type | None = None  # reference of its model input (``input:NAME``), attention kinds
 
 
 # group -> name -> KindSpec: the registry itself
 KINDS: dict[str, dict[str, KindSpec]] = {"attention": {}, "embedding": {}, "head": {}, "input": {}}
 
 
+def kinds(group: str) -> dict[str, KindSpec]:
+    """{name: KindSpec} of a group, every kind file loaded first."""
+    load_kinds()
+    return dict(KINDS[group])
+
+
 def spec(group: str, name: str) -> KindSpec:
     """The :class:`KindSpec` of a registered kind (the kind files loaded first if it is not yet known)."""
     if name not in KINDS[group]:
-        _load_variants()
+        load_kinds()
     try:
         return KINDS[group][name]
     except KeyError:
@@ -65,39 +77,42 @@ def spec(group: str, name: str) -> KindSpec:
 
 def names(group: str) -> list[str]:
     """Registered kinds of a group, sorted (every kind file loaded first)."""
-    _load_variants()
+    load_kinds()
     return sorted(KINDS[group])
 
 
-# By-name views of KINDS (filled by the same register lines; tests and plugins read them)
-ATTENTION: dict[str, Callable] = {}
-EMBEDDINGS: dict[str, type] = {}
-HEADS: dict[str, type] = {}
-INPUTS: dict[str, Callable] = {}  # model inputs registered on their own: name -> build(model, cfg)
-COSTS: dict[str, type] = {}
-CAPS: dict[str, dict] = {"attention": {}, "embedding": {}, "head": {}, "input": {}}
-EXPORT_SPEC: dict[str, Callable | None] = {}
-EXPORT_META: dict[str, Callable | None] = {}
-MAPS: dict[str, Callable] = {}
-OPTIONS: dict[str, type] = {}
-MODEL_INPUTS: dict[str, Callable] = {}
+def unregister(group: str, name: str) -> None:
+    """Forget a kind (tests and plugins: a module imported again registers it again)."""
+    KINDS[group].pop(name, None)
+    _LOADED.clear()
+
+
+def _reference_keys(kind: KindSpec) -> dict[str, str]:
+    """{key of ``@register_reference``: KindSpec field} a kind's own file may register: attention and
+    embedding kinds by name, their model input as ``input:NAME``, heads (an objective's own head too) as
+    ``head:NAME``."""
+    if kind.group in ("head", "input"):
+        return {f"{kind.group}:{kind.name}": "reference"}
+    return {kind.name: "reference", "input:" + kind.name: "input_reference"}
+
+
+def _attach_references(kind: KindSpec) -> None:
+    """The ``@register_reference`` classes of the kind's own module (defined above its register line)."""
+    module = sys.modules.get(getattr(kind.build, "__module__", None) or "")
+    keys = _reference_keys(kind)
+    for obj in list(vars(module).values()) if module is not None else ():
+        for key in vars(obj).get(_REFERENCE_KEYS, ()) if isinstance(obj, type) else ():
+            if key in keys and obj.__module__ == module.__name__:
+                setattr(kind, keys[key], obj)
 
 
 def _add(kind: KindSpec) -> None:
+    _attach_references(kind)
     KINDS[kind.group][kind.name] = kind
 
 
-def register_costs(name: str):
-    def deco(obj):
-        COSTS[name] = obj
-        if name in KINDS["attention"]:
-            KINDS["attention"][name].costs = obj
-        return obj
-    return deco
-
-
 def _check_caps(group: str, name: str, caps):
-    want = declarations.CAPS[group]
+    want = catalog.CAPS[group]
     if caps is None:
         return want()
     if not isinstance(caps, want):
@@ -110,25 +125,15 @@ def register_attention(name: str, costs=None, caps=None, maps=None, export_spec=
 
     ``costs``: a class of static formulas (Table 3.4 ``qkv_params``, Table 4.5-4.8 ``time_complexity``,
     ``flops``, ``activation_bytes``, ``cache_bytes``, the implementation's ``cache_elements``; see
-    megahash.models.costs), or None: "measured only". ``caps``: an :class:`AttentionCaps` of literals.
+    megahash.models.costs), or None: "measured only". ``caps``: an :class:`AttentionCaps`.
     ``maps``: the indicators' attention-map capture (megahash.eval.indicators). ``export_spec(module)
     -> dict``: what the Hugging Face export needs of a layer beyond kind and groups. ``options``: the
-    kind's options dataclass (``model.attention.options.*``; torch-free, literals only). ``model_input``:
+    kind's options dataclass (``model.attention.options.*``). Costs, options and caps are read without
+    torch too (:mod:`megahash.catalog`): they use no torch. ``model_input``:
     ``build(model, cfg) -> KindInput | None`` (megahash.models.kind_input)."""
     def deco(fn):
         _add(KindSpec(name, "attention", fn, _check_caps("attention", name, caps), costs, options, maps,
                       export_spec, model_input))
-        ATTENTION[name] = fn
-        if options is not None:
-            OPTIONS[name] = options
-        if model_input is not None:
-            MODEL_INPUTS[name] = model_input
-        EXPORT_SPEC[name] = export_spec
-        CAPS["attention"][name] = KINDS["attention"][name].caps
-        if costs is not None:
-            COSTS[name] = costs
-        if maps is not None:
-            MAPS[name] = maps
         return fn
     return deco
 
@@ -139,11 +144,6 @@ def register_embedding(name: str, caps=None, export_meta=None, options=None):
     beyond the sizes; ``options``: its options dataclass (``model.embed.options.*``)."""
     def deco(cls):
         _add(KindSpec(name, "embedding", cls, _check_caps("embedding", name, caps), options=options, export=export_meta))
-        EMBEDDINGS[name] = cls
-        if options is not None:
-            OPTIONS[name] = options
-        CAPS["embedding"][name] = KINDS["embedding"][name].caps
-        EXPORT_META[name] = export_meta
         return cls
     return deco
 
@@ -153,8 +153,6 @@ def register_head(name: str, caps=None):
     :class:`HeadCaps`."""
     def deco(cls):
         _add(KindSpec(name, "head", cls, _check_caps("head", name, caps)))
-        HEADS[name] = cls
-        CAPS["head"][name] = KINDS["head"][name].caps
         return cls
     return deco
 
@@ -166,12 +164,35 @@ def register_input(name: str, caps=None, options=None, costs=None):
     ``costs``: a class whose ``params(cfg) -> {label: n}`` counts it in closed form (``megahash params``)."""
     def deco(fn):
         _add(KindSpec(name, "input", fn, _check_caps("input", name, caps), costs, options, model_input=fn))
-        INPUTS[name] = fn
-        if options is not None:
-            OPTIONS[name] = options
-        CAPS["input"][name] = KINDS["input"][name].caps
         return fn
     return deco
+
+
+_REFERENCE_KEYS = "megahash_reference_keys"  # class attribute @register_reference sets
+
+
+def register_reference(key: str):
+    """Mark a class of a kind's file as the kind's plain-torch reference (megatron-free, the parameter
+    names of the HF export; the TP=1 reference of the parity tests, copied into the HF remote-code folder
+    by megahash.convert.remote_code). The kind's register line, below it in the same file, puts it in the
+    kind's :class:`KindSpec` (keys: :func:`_reference_keys`)."""
+    def deco(cls):
+        setattr(cls, _REFERENCE_KEYS, vars(cls).get(_REFERENCE_KEYS, ()) + (key,))
+        return cls
+    return deco
+
+
+def references() -> dict[str, type]:
+    """{reference key: class} of every registered kind (``NAME``, ``input:NAME``, ``head:NAME``):
+    the table the plain-torch model (megahash.models.reference_layers) builds from."""
+    load_kinds()
+    return {key: getattr(kind, field) for specs in KINDS.values() for _, kind in sorted(specs.items())
+            for key, field in _reference_keys(kind).items() if getattr(kind, field) is not None}
+
+
+def reference(key: str) -> type | None:
+    """The plain-torch reference registered under ``key`` (see :func:`references`), or None."""
+    return references().get(key)
 
 
 def mlp_spec() -> type:
@@ -216,9 +237,9 @@ def layer_spec(cfg, kind: str, skip: bool = False) -> ModuleSpec:
 
 
 def schedule_kinds(cfg) -> list[str]:
-    declarations.add_plugins(getattr(cfg.model, "plugins", None))
-    _load_variants()
-    return layer_kinds(cfg.model.schedule, cfg.model.num_layers, set(ATTENTION))
+    catalog.add_plugins(getattr(cfg.model, "plugins", None))
+    load_kinds()
+    return layer_kinds(cfg.model.schedule, cfg.model.num_layers, set(KINDS["attention"]))
 
 
 def skipped_layers(cfg, kinds: list[str] | None = None) -> list[bool]:
@@ -229,12 +250,11 @@ def skipped_layers(cfg, kinds: list[str] | None = None) -> list[bool]:
     return skip_mask(kinds, standard_kind(cfg.model.schedule))
 
 
-def model_inputs(kinds) -> list:
+def model_inputs(layers) -> list:
     """The distinct ``model_input`` hooks of the given layer kinds, in layer order, then those of the inputs
     registered on their own (:func:`register_input`, by name)."""
-    hooks = [spec("attention", k).model_input for k in kinds if spec("attention", k).model_input is not None]
-    _load_variants()
-    hooks += [KINDS["input"][n].model_input for n in sorted(KINDS["input"])]
+    hooks = [spec("attention", k).model_input for k in layers if spec("attention", k).model_input is not None]
+    hooks += [s.model_input for _, s in sorted(kinds("input").items())]
     return [h for i, h in enumerate(hooks) if h not in hooks[:i]]
 
 
@@ -251,34 +271,22 @@ def block_spec(cfg) -> TransformerBlockSubmodules:
 KIND_PACKAGES = ("megahash.models.attention", "megahash.models.embeddings", "megahash.models.heads")
 
 
-def _load_variants() -> None:
-    """Import the variant modules so their ``register_*`` lines run (idempotent)."""
+def load_kinds() -> None:
+    """Import the kind modules (the library's and the plugins') so their ``register_*`` lines run
+    (idempotent; every view of the registry calls it)."""
     import importlib
     import pkgutil
 
-    plugins = tuple(declarations.plugin_modules())
+    plugins = tuple(catalog.plugin_modules())
     if plugins in _LOADED:
         return
     for name in KIND_PACKAGES:  # by name: the kinds import this module, never the reverse
         pkg = importlib.import_module(name)
         for info in pkgutil.iter_modules(pkg.__path__):
             importlib.import_module(f"{name}.{info.name}")
-    for name in declarations.plugin_import_names():  # MEGAHASH_PLUGINS, model.plugins, entry points
+    for name in catalog.plugin_import_names():  # MEGAHASH_PLUGINS, model.plugins, entry points
         importlib.import_module(name)
     _LOADED.add(plugins)
 
 
 _LOADED: set = set()  # plugin lists already loaded
-
-
-# name -> the kind's plain-torch reference module (megatron-free, the parameter names of the HF
-# export): the TP=1 reference of the parity tests and the kind's code in the HF remote-code folder
-# (megahash.convert.remote_code). Heads register as ``head:NAME`` / ``objective:NAME``.
-REFERENCES: dict[str, type] = {}
-
-
-def register_reference(name: str):
-    def deco(cls):
-        REFERENCES[name] = cls
-        return cls
-    return deco

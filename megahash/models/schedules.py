@@ -105,9 +105,9 @@ def standard_kind(schedule: str) -> str:
 
 def _standard() -> str:
     """The registered standard attention kind (``AttentionCaps(standard=True)``)."""
-    from megahash.models import declarations
+    from megahash import catalog
 
-    return declarations.standard("attention")
+    return catalog.standard("attention")
 
 
 def skip_mask(kinds: list[str], standard: str | None = None) -> list[bool]:
@@ -123,15 +123,15 @@ def check_kinds(cfg) -> list[str]:
     """Layer kinds of ``model.schedule``, checked with the kinds' source (milliseconds, no torch): an
     unknown attention kind or embedding is a one-line ConfigError."""
     from megahash.errors import did_you_mean
-    from megahash.models import declarations
+    from megahash import catalog
 
     m = cfg.model
-    declarations.add_plugins(getattr(m, "plugins", None))
-    kinds = layer_kinds(m.schedule, m.num_layers, known=set(declarations.names("attention")))
-    embeddings = declarations.names("embedding")
+    catalog.add_plugins(getattr(m, "plugins", None))
+    kinds = layer_kinds(m.schedule, m.num_layers, known=set(catalog.names("attention")))
+    embeddings = catalog.names("embedding")
     if m.embedding not in embeddings:
         raise ConfigError(f"unknown model.embedding {m.embedding!r}{did_you_mean(m.embedding, embeddings)}")
     from megahash.config_checks import check_documents
 
-    check_documents(cfg, kinds, lambda k: declarations.caps("attention", k))  # data.reset_attention_mask
+    check_documents(cfg, kinds, lambda k: catalog.caps("attention", k))  # data.reset_attention_mask
     return kinds

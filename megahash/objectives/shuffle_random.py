@@ -73,9 +73,9 @@ def random_options(cfg, vocab_size: int | None = None) -> dict:
 
     if cfg.train.sr_random == "batch":
         return {"random": "batch"}
-    from megahash.models import declarations
+    from megahash import catalog
 
-    how = declarations.caps("embedding", cfg.model.embedding).sr_random  # the embedding kind's own file says
+    how = catalog.caps("embedding", cfg.model.embedding).sr_random  # the embedding kind's own file says
     if how == "token":
         return {"random": "token", "vocab_size": vocab_size} if vocab_size else {"random": "batch"}
     if how not in ("bits-density", "bits-uniform"):

@@ -121,7 +121,7 @@ def model_diffs(saved_model: dict, cfg: Config) -> list[str]:
     be (kind options under ``options`` even when written before kinds owned them), and an option no
     kind declared when it was written counts at its declared default."""
     from megahash.config import canonical_tree
-    from megahash.models import declarations
+    from megahash import catalog
 
     saved_model = canonical_tree({"model": copy.deepcopy(saved_model)})["model"]
     now = model_signature(cfg)["model"]
@@ -129,7 +129,7 @@ def model_diffs(saved_model: dict, cfg: Config) -> list[str]:
         if not isinstance(saved_model.get(section), dict):
             continue
         opts = saved_model[section].setdefault("options", {}) or {}
-        specs = declarations.option_specs(group)
+        specs = catalog.option_specs(group)
         for key in list(opts):
             if key not in specs:
                 del opts[key]  # declared by no kind now: the schedule/embedding diff names what changed

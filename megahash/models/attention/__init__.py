@@ -1,5 +1,5 @@
 """Attention kinds. Each is one self-describing file: its module and, in its ``@register_attention``
-line (megahash.models.registry), its cost formulas and capabilities (megahash.models.declarations).
+line (megahash.models.registry), its cost formulas and capabilities (megahash.catalog).
 
 Registered names (``model.schedule``):
 

@@ -43,12 +43,21 @@ Parameters equal ``mha`` exactly (``linear_q``, ``linear_kv``, ``linear_proj``) 
 """
 from __future__ import annotations
 
-# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
-from megahash.models.registry import register_reference
+import math
+from dataclasses import dataclass
+
+import torch
+from megatron.core.transformer.spec_utils import ModuleSpec
+
+from megahash.errors import ConfigError
+from megahash.models.attention.base import column, rope
+from megahash.models.attention.linear_base import LinearAttentionBase
+from megahash.models.cost_formulas import ApproxRow
 from megahash.models.reference_layers import LinearAttention
 from megahash.models.reference_ops import cached_state, megahash_option, store_state
+from megahash.models.registry import AttentionCaps, mask_type, register_attention, register_reference
 from megahash.ops.taylor.chunk import taylor_bidirectional, taylor_causal
-from megahash.ops.utils.documents import document_rows
+from megahash.ops.taylor.feature_map import feature_dim as taylor_feature_dim, taylor_kernel
 
 
 @register_reference("approx")
@@ -76,19 +85,6 @@ class TaylorReference(LinearAttention):
         out, state = taylor_causal(qh, kh, vh, chunk_size, cached_state(cache, keys), cache is not None, doc=doc)
         store_state(cache, keys, state)
         return out
-
-
-# ---- megatron-core implementation
-import math
-
-import torch
-from megatron.core.transformer.spec_utils import ModuleSpec
-
-from megahash.errors import ConfigError
-from megahash.models.attention.base import column, rope
-from megahash.models.attention.linear_base import LinearAttentionBase
-from megahash.models.registry import mask_type, register_attention
-from megahash.ops.taylor.feature_map import taylor_kernel
 
 
 def rope_prefix(freqs, dim: int):
@@ -148,12 +144,7 @@ class ApproxAttention(LinearAttentionBase):
 
 
 # ----------------------------------------------------------------------------- self-description
-# (megahash.models.registry / declarations: costs and capabilities; nothing else in the library names the kind)
-
-from megahash.models.cost_formulas import ApproxRow, taylor_feature_dim  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-
-from megahash.models.registry import AttentionCaps  # noqa: E402
+# (megahash.models.registry / megahash.catalog: costs and capabilities; nothing else in the library names the kind)
 
 
 class ApproxCosts(ApproxRow):

@@ -48,12 +48,20 @@ form, without a loop over documents (docs/attention.md "Packed documents: linear
 """
 from __future__ import annotations
 
-# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
-from megahash.models.registry import register_reference
+import math
+from dataclasses import dataclass
+
+from megatron.core.transformer.spec_utils import ModuleSpec
+
+from megahash.errors import ConfigError
+from megahash.models.attention.base import rope
+from megahash.models.attention.linear_base import LinearAttentionBase
+from megahash.models.cost_formulas import ApproxRow
 from megahash.models.reference_layers import LinearAttention
 from megahash.models.reference_ops import cached_state, store_state
+from megahash.models.registry import AttentionCaps, mask_type, register_attention, register_reference
 from megahash.ops.orders.chunk import orders_bidirectional, orders_causal
-from megahash.ops.utils.documents import document_rows
+from megahash.ops.orders.naive import orders_maps
 
 
 @register_reference("approx-thesis")
@@ -83,18 +91,6 @@ class ThesisTaylorReference(LinearAttention):
         return out
 
 
-# ---- megatron-core implementation
-import math
-
-import torch
-from megatron.core.transformer.spec_utils import ModuleSpec
-
-from megahash.models.attention.linear_base import LinearAttentionBase
-from megahash.models.attention.base import rope
-from megahash.errors import ConfigError
-from megahash.models.registry import mask_type, register_attention
-from megahash.ops.orders.naive import orders_maps
-
 DENOMINATORS = ("literal", "positive")
 
 
@@ -121,12 +117,7 @@ class ApproxThesisAttention(LinearAttentionBase):
 
 
 # ----------------------------------------------------------------------------- self-description
-# (megahash.models.registry / declarations: costs and capabilities; nothing else in the library names the kind)
-
-from megahash.models.cost_formulas import ApproxRow  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-
-from megahash.models.registry import AttentionCaps  # noqa: E402
+# (megahash.models.registry / megahash.catalog: costs and capabilities; nothing else in the library names the kind)
 
 
 class ApproxThesisCosts(ApproxRow):

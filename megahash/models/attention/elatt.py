@@ -9,12 +9,15 @@ TP by the gather). RoPE rotates the keys, so the KV cache holds rotated keys and
 """
 from __future__ import annotations
 
-# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
 import torch.nn as nn
+from megatron.core.transformer.spec_utils import ModuleSpec
 
-from megahash.models.registry import register_reference
+from megahash.models.attention.base import column, gather_input, heads, tp_rank
+from megahash.models.attention.softmax_base import SoftmaxAttentionBase
+from megahash.models.cost_formulas import GeneralisedRow
 from megahash.models.reference_layers import SoftmaxAttention
 from megahash.models.reference_ops import split_heads
+from megahash.models.registry import AttentionCaps, mask_type, register_attention, register_reference
 
 
 @register_reference("el-att")
@@ -28,14 +31,6 @@ class ELAttentionReference(SoftmaxAttention):
     def project(self, x):
         kv = split_heads(x, self.n)
         return split_heads(self.linear_q(x), self.n), kv, kv
-
-
-# ---- megatron-core implementation
-from megatron.core.transformer.spec_utils import ModuleSpec
-
-from megahash.models.attention.base import column, gather_input, heads, tp_rank
-from megahash.models.attention.softmax_base import SoftmaxAttentionBase
-from megahash.models.registry import mask_type, register_attention
 
 
 class ELAttention(SoftmaxAttentionBase):
@@ -56,10 +51,7 @@ class ELAttention(SoftmaxAttentionBase):
 
 
 # ----------------------------------------------------------------------------- self-description
-# (megahash.models.registry / declarations: costs and capabilities; nothing else in the library names the kind)
-
-from megahash.models.cost_formulas import GeneralisedRow  # noqa: E402
-from megahash.models.registry import AttentionCaps  # noqa: E402
+# (megahash.models.registry / megahash.catalog: costs and capabilities; nothing else in the library names the kind)
 
 
 class ELAttCosts(GeneralisedRow):

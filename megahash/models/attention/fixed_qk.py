@@ -57,16 +57,27 @@ Parameters: ``linear_q`` (n*d_h), ``linear_k`` and ``linear_v`` (g*d_h each, mod
 """
 from __future__ import annotations
 
-# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
+import contextlib
 import math
+from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.transformer.spec_utils import ModuleSpec
 
+from megahash.errors import ConfigError
 from megahash.models.arch import arch_of
-from megahash.models.registry import register_reference
+from megahash.models.attention.base import append_cache, heads
+from megahash.models.attention.separate_qkv import SeparateQKVAttention
+from megahash.models.cost_formulas import StandardQKV
+from megahash.models.forward_state import ForwardState
+from megahash.models.kind_input import KindInput
 from megahash.models.reference_layers import SeparateQKV
 from megahash.models.reference_ops import append_state, rope_cos_sin, split_heads
+from megahash.models.registry import AttentionCaps, mask_type, register_attention, register_reference
 from megahash.ops.shared_map.parallel import shared_softmax
+from megahash.ops.utils.documents import document_positions
 
 
 @register_reference("rndembqk")
@@ -166,22 +177,6 @@ class FixedInputReference(torch.nn.Module):
         return capture
 
 
-# ---- megatron-core implementation
-import contextlib
-
-import torch
-import torch.nn.functional as F
-from megatron.core import parallel_state, tensor_parallel
-from megatron.core.transformer.spec_utils import ModuleSpec
-
-from megahash.errors import ConfigError
-from megahash.models.attention.base import append_cache, heads
-from megahash.models.attention.separate_qkv import SeparateQKVAttention
-from megahash.models.forward_state import ForwardState
-from megahash.models.kind_input import KindInput
-from megahash.models.registry import mask_type, register_attention
-from megahash.ops.utils.documents import document_positions
-
 FIXED_KINDS = {"rndembqk": "random", "fixedseqqk": "text"}
 
 
@@ -248,12 +243,7 @@ def _spec(cfg, kind):
 
 
 # ----------------------------------------------------------------------------- self-description
-# (megahash.models.registry / declarations: costs and capabilities; nothing else in the library names the kind)
-
-from megahash.models.cost_formulas import StandardQKV  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-
-from megahash.models.registry import AttentionCaps  # noqa: E402
+# (megahash.models.registry / megahash.catalog: costs and capabilities; nothing else in the library names the kind)
 
 
 @dataclass(frozen=True)

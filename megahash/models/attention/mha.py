@@ -18,12 +18,14 @@ projection is ``linear_proj`` (RowParallel).
 """
 from __future__ import annotations
 
-# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
 import torch.nn as nn
+from megatron.core.transformer.spec_utils import ModuleSpec
 
-from megahash.models.registry import register_reference
+from megahash.models.attention.softmax_base import GroupedKV, SoftmaxAttentionBase, default_gqa_groups
+from megahash.models.cost_formulas import GeneralisedRow
 from megahash.models.reference_layers import SoftmaxAttention
 from megahash.models.reference_ops import split_heads
+from megahash.models.registry import AttentionCaps, mask_type, register_attention, register_reference
 
 
 @register_reference("mha")
@@ -43,13 +45,6 @@ class GroupedQueryReference(SoftmaxAttention):
         q = split_heads(self.linear_q(x), self.n)
         kv = self.linear_kv(x).view(b, s, self.groups, 2, self.d)
         return q, kv[:, :, :, 0].transpose(1, 2), kv[:, :, :, 1].transpose(1, 2)
-
-
-# ---- megatron-core implementation
-from megatron.core.transformer.spec_utils import ModuleSpec
-
-from megahash.models.attention.softmax_base import GroupedKV, SoftmaxAttentionBase, default_gqa_groups
-from megahash.models.registry import mask_type, register_attention
 
 
 class GroupedQueryAttention(GroupedKV, SoftmaxAttentionBase):
@@ -77,10 +72,7 @@ def _spec(cfg, kind: str, groups: int | None) -> ModuleSpec:
 
 
 # ----------------------------------------------------------------------------- self-description
-# (megahash.models.registry / declarations: costs and capabilities; nothing else in the library names the kind)
-
-from megahash.models.cost_formulas import GeneralisedRow  # noqa: E402
-from megahash.models.registry import AttentionCaps  # noqa: E402
+# (megahash.models.registry / megahash.catalog: costs and capabilities; nothing else in the library names the kind)
 
 
 class MHACosts(GeneralisedRow):

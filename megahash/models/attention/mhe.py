@@ -15,12 +15,15 @@ holds the per-head K~ (rotated) and V~.
 """
 from __future__ import annotations
 
-# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
 import torch.nn as nn
+from megatron.core.transformer.spec_utils import ModuleSpec
 
-from megahash.models.registry import register_reference
+from megahash.models.attention.base import PerHeadParameter, ReplicatedLinear, gather_input
+from megahash.models.attention.softmax_base import SoftmaxAttentionBase
+from megahash.models.cost_formulas import GeneralisedRow
 from megahash.models.reference_layers import SoftmaxAttention
 from megahash.models.reference_ops import PerHeadWeight
+from megahash.models.registry import AttentionCaps, mask_type, register_attention, register_reference
 
 
 @register_reference("mhe-add")
@@ -47,14 +50,6 @@ class MultiHeadEmbeddingReference(SoftmaxAttention):
         return self.psi(q, self.emb_q.weight), self.psi(k, self.emb_k.weight), self.psi(v, self.emb_v.weight)
 
 
-# ---- megatron-core implementation
-from megatron.core.transformer.spec_utils import ModuleSpec
-
-from megahash.models.attention.base import PerHeadParameter, ReplicatedLinear, gather_input
-from megahash.models.attention.softmax_base import SoftmaxAttentionBase
-from megahash.models.registry import mask_type, register_attention
-
-
 class MultiHeadEmbeddingAttention(SoftmaxAttentionBase):
     def __init__(self, config, layer_number, attn_mask_type, cfg=None, mode: str = "mul", **kw):
         super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
@@ -79,10 +74,7 @@ class MultiHeadEmbeddingAttention(SoftmaxAttentionBase):
 
 
 # ----------------------------------------------------------------------------- self-description
-# (megahash.models.registry / declarations: costs and capabilities; nothing else in the library names the kind)
-
-from megahash.models.cost_formulas import GeneralisedRow  # noqa: E402
-from megahash.models.registry import AttentionCaps  # noqa: E402
+# (megahash.models.registry / megahash.catalog: costs and capabilities; nothing else in the library names the kind)
 
 
 class MHECosts(GeneralisedRow):

@@ -16,12 +16,13 @@ No decoding cache: tokens are independent.
 """
 from __future__ import annotations
 
-# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
 import torch.nn as nn
 import torch.nn.functional as F
+from megatron.core.transformer.spec_utils import ModuleSpec
 
-from megahash.models.registry import register_reference
+from megahash.models.attention.base import AttentionBase, column
 from megahash.models.reference_layers import TorchAttention
+from megahash.models.registry import AttentionCaps, mask_type, register_attention, register_reference
 
 
 @register_reference("mlp")
@@ -38,14 +39,6 @@ class GatedMLPReference(TorchAttention):
 
     def mix(self, x, ctx, cache):
         return F.silu(self.linear_gate(x)) * self.linear_up(x)
-
-
-# ---- megatron-core implementation
-import torch.nn.functional as F
-from megatron.core.transformer.spec_utils import ModuleSpec
-
-from megahash.models.attention.base import AttentionBase, column
-from megahash.models.registry import mask_type, register_attention
 
 
 def standard_attention_params(d_m: int, n: int, g: int, d_h: int, qkv_bias: bool) -> int:
@@ -82,9 +75,7 @@ class GatedMLPMixer(AttentionBase):
 
 
 # ----------------------------------------------------------------------------- self-description
-# (megahash.models.registry / declarations: costs and capabilities; nothing else in the library names the kind)
-
-from megahash.models.registry import AttentionCaps  # noqa: E402
+# (megahash.models.registry / megahash.catalog: costs and capabilities; nothing else in the library names the kind)
 
 
 class MLPCosts:

@@ -28,16 +28,18 @@ Attention dropout is not applied. Parameters equal ``mha`` exactly.
 """
 from __future__ import annotations
 
-# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
 import math
 
 import torch.nn.functional as F
+from megatron.core.transformer.spec_utils import ModuleSpec
 
-from megahash.models.registry import register_reference
+from megahash.models.attention.linear_base import LinearAttentionBase
+from megahash.models.cost_formulas import StandardQKV
 from megahash.models.reference_layers import LinearAttention
 from megahash.models.reference_ops import cached_state, store_state
+from megahash.models.registry import AttentionCaps, mask_type, register_attention, register_reference
 from megahash.ops.cumsoftmax.chunk import cumsoftmax_bidirectional, cumsoftmax_causal
-from megahash.ops.utils.documents import document_rows
+from megahash.ops.cumsoftmax.naive import cumsoftmax_map
 
 
 @register_reference("nonapprox")
@@ -64,18 +66,6 @@ class NonApproxReference(LinearAttention):
         return out
 
 
-# ---- megatron-core implementation
-import math
-
-import torch
-import torch.nn.functional as F
-from megatron.core.transformer.spec_utils import ModuleSpec
-
-from megahash.models.attention.linear_base import LinearAttentionBase
-from megahash.models.registry import mask_type, register_attention
-from megahash.ops.cumsoftmax.naive import cumsoftmax_map
-
-
 class NonApproxAttention(LinearAttentionBase):
     kind = "nonapprox"
 
@@ -88,10 +78,7 @@ class NonApproxAttention(LinearAttentionBase):
 
 
 # ----------------------------------------------------------------------------- self-description
-# (megahash.models.registry / declarations: costs and capabilities; nothing else in the library names the kind)
-
-from megahash.models.cost_formulas import StandardQKV  # noqa: E402
-from megahash.models.registry import AttentionCaps  # noqa: E402
+# (megahash.models.registry / megahash.catalog: costs and capabilities; nothing else in the library names the kind)
 
 
 class NonApproxCosts(StandardQKV):

@@ -9,11 +9,15 @@ the full projection. KV cache: one head of keys and values.
 """
 from __future__ import annotations
 
-# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
 import torch.nn as nn
+from megatron.core.transformer.spec_utils import ModuleSpec
 
-from megahash.models.registry import register_reference
+from megahash.errors import ConfigError
+from megahash.models.attention.base import ReplicatedLinear, gather_input, tp_rank
+from megahash.models.attention.softmax_base import SoftmaxAttentionBase
+from megahash.models.cost_formulas import GeneralisedRow
 from megahash.models.reference_layers import SoftmaxAttention
+from megahash.models.registry import AttentionCaps, mask_type, register_attention, register_reference
 
 
 @register_reference("sha")
@@ -28,15 +32,6 @@ class SingleHeadReference(SoftmaxAttention):
         b, s, _ = x.shape
         qkv = self.linear_qkv(x).view(b, s, 3, 1, self.d)
         return tuple(qkv[:, :, i].transpose(1, 2) for i in range(3))
-
-
-# ---- megatron-core implementation
-from megatron.core.transformer.spec_utils import ModuleSpec
-
-from megahash.errors import ConfigError
-from megahash.models.attention.base import ReplicatedLinear, gather_input, tp_rank
-from megahash.models.attention.softmax_base import SoftmaxAttentionBase
-from megahash.models.registry import mask_type, register_attention
 
 
 class SingleHeadAttention(SoftmaxAttentionBase):
@@ -63,10 +58,7 @@ class SingleHeadAttention(SoftmaxAttentionBase):
 
 
 # ----------------------------------------------------------------------------- self-description
-# (megahash.models.registry / declarations: costs and capabilities; nothing else in the library names the kind)
-
-from megahash.models.cost_formulas import GeneralisedRow  # noqa: E402
-from megahash.models.registry import AttentionCaps  # noqa: E402
+# (megahash.models.registry / megahash.catalog: costs and capabilities; nothing else in the library names the kind)
 
 
 class SHACosts(GeneralisedRow):

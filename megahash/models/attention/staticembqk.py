@@ -19,10 +19,17 @@ setting (selective recompute, which takes the state's tensors as its inputs, and
 """
 from __future__ import annotations
 
-# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
-from megahash.models.registry import register_reference
+from megatron.core import tensor_parallel
+from megatron.core.transformer.spec_utils import ModuleSpec
+
+from megahash.errors import ConfigError
+from megahash.models.attention.base import append_cache, heads
+from megahash.models.attention.sdpa import SDPACoreAttention
+from megahash.models.attention.separate_qkv import SeparateQKVAttention
+from megahash.models.cost_formulas import StandardQKV
 from megahash.models.reference_layers import SeparateQKV
 from megahash.models.reference_ops import append_state, softmax_attention, split_heads
+from megahash.models.registry import AttentionCaps, mask_type, register_attention, register_reference
 
 
 @register_reference("staticembqk")
@@ -35,17 +42,6 @@ class StaticEmbQKReference(SeparateQKV):
         k = append_state(cache, "k", k)
         v = append_state(cache, "v", v)
         return softmax_attention(q, k, v, self.causal, ctx.get("key_mask"))
-
-
-# ---- megatron-core implementation
-from megatron.core import tensor_parallel
-from megatron.core.transformer.spec_utils import ModuleSpec
-
-from megahash.errors import ConfigError
-from megahash.models.attention.base import append_cache, heads
-from megahash.models.attention.separate_qkv import SeparateQKVAttention
-from megahash.models.attention.sdpa import SDPACoreAttention
-from megahash.models.registry import mask_type, register_attention
 
 
 class StaticEmbQKAttention(SeparateQKVAttention):
@@ -75,10 +71,7 @@ class StaticEmbQKAttention(SeparateQKVAttention):
 
 
 # ----------------------------------------------------------------------------- self-description
-# (megahash.models.registry / declarations: costs and capabilities; nothing else in the library names the kind)
-
-from megahash.models.cost_formulas import StandardQKV  # noqa: E402
-from megahash.models.registry import AttentionCaps  # noqa: E402
+# (megahash.models.registry / megahash.catalog: costs and capabilities; nothing else in the library names the kind)
 
 
 class StaticEmbQKCosts(StandardQKV):

@@ -14,15 +14,15 @@ plus the word row is one more matmul row selected by the "is a word" column (zer
 """
 from __future__ import annotations
 
-# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
 import math
 
 import torch
 import torch.nn as nn
 
-from megahash.models.registry import register_reference
+from megahash.models.embeddings.base import HashEmbeddingBase, bit_shifts, bit_spec, check_codes, unpack_bits
 from megahash.models.reference_layers import TorchHashEmbedding
 from megahash.models.reference_ops import unpack_code_bits
+from megahash.models.registry import EmbeddingCaps, register_embedding, register_reference
 
 
 @register_reference("add")
@@ -45,15 +45,6 @@ class AddReference(TorchHashEmbedding):
         bits = unpack_code_bits(codes) * word.unsqueeze(-1)
         x = torch.cat([bits, word.unsqueeze(-1)], dim=-1).to(dtype)
         return torch.matmul(x, a)
-
-
-# ---- megatron-core implementation
-import math
-
-import torch
-
-from megahash.models.embeddings.base import HashEmbeddingBase, bit_shifts, bit_spec, check_codes, unpack_bits
-from megahash.models.registry import EmbeddingCaps, register_embedding
 
 
 @register_embedding("add", caps=EmbeddingCaps(sr_random="bits-density", example_hash_spec="lsh128"),

@@ -9,13 +9,16 @@ hash embedding (their H rows are kept so the count is [NeuML25]'s formula).
 """
 from __future__ import annotations
 
-# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
+import math
+from dataclasses import dataclass
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from megahash.models.registry import register_reference
+from megahash.models.embeddings.base import HashEmbeddingBase
 from megahash.models.reference_layers import TorchHashEmbedding
+from megahash.models.registry import EmbeddingCaps, register_embedding, register_reference
 
 
 @register_reference("bert-hash")
@@ -33,18 +36,6 @@ class BertHashReference(TorchHashEmbedding):
     def embed_words(self, tok, codes, word):
         x = F.embedding(tok, self.hash_table) * word.unsqueeze(-1).to(self.hash_table.dtype)
         return F.linear(x, self.proj)
-
-
-# ---- megatron-core implementation
-import math
-
-import torch
-import torch.nn.functional as F
-
-from megahash.models.embeddings.base import HashEmbeddingBase
-from dataclasses import dataclass
-
-from megahash.models.registry import EmbeddingCaps, register_embedding
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,16 @@ the partial sums are all-reduced (or reduce-scattered to the sequence-parallel s
 """
 from __future__ import annotations
 
-# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
+import torch
 import torch.nn as nn
+import torch.nn.functional as F
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
 
-from megahash.models.registry import register_reference
+from megahash.models.embeddings.base import HashEmbeddingBase, bucket_count, check_codes, md5_mod
 from megahash.models.reference_layers import TorchHashEmbedding
 from megahash.models.reference_ops import md5_code_mod
+from megahash.models.registry import EmbeddingCaps, register_embedding, register_reference
 
 
 @register_reference("hash-emb")
@@ -43,16 +47,6 @@ class HashEmbReference(TorchHashEmbedding):
             self.check(codes, 1)
             ids = codes[..., 0].long()
         return self.table(ids * word)
-
-
-# ---- megatron-core implementation
-import torch
-import torch.nn.functional as F
-from megatron.core import parallel_state, tensor_parallel
-from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
-
-from megahash.models.embeddings.base import HashEmbeddingBase, bucket_count, check_codes, md5_mod
-from megahash.models.registry import EmbeddingCaps, register_embedding
 
 
 @register_embedding("hash-emb", caps=EmbeddingCaps(sr_random="bits-uniform", example_hash_spec="md5-bucket64"),

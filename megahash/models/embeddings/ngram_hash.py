@@ -28,12 +28,17 @@ The table carries megatron-core's ``is_embedding_or_output_parameter`` marker (a
 """
 from __future__ import annotations
 
-# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
+from dataclasses import dataclass
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from megatron.core import parallel_state
 
-from megahash.models.registry import register_reference
+from megahash.errors import ConfigError
+from megahash.models.kind_input import KindInput
+from megahash.models.norm import mark_sequence_parallel
+from megahash.models.registry import InputCaps, register_input, register_reference
 
 
 @register_reference("input:ngram-hash")
@@ -88,19 +93,6 @@ class NgramHashReference(nn.Module):
         rows = self.rows(full, first, self.orders, self.buckets)[:, full.shape[1] - input_ids.shape[1]:]
         term = F.linear(F.embedding(rows, self.table).sum(dim=-2), self.proj)
         return emb + term.to(emb.dtype)
-
-
-# ---- megatron-core implementation
-from dataclasses import dataclass
-
-import torch
-import torch.nn.functional as F
-from megatron.core import parallel_state
-
-from megahash.errors import ConfigError
-from megahash.models.kind_input import KindInput
-from megahash.models.norm import mark_sequence_parallel
-from megahash.models.registry import InputCaps, register_input
 
 
 @dataclass(frozen=True)

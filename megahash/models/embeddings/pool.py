@@ -17,13 +17,16 @@ a ceil(T/k) 2^k x d gradient table.
 """
 from __future__ import annotations
 
-# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
+from dataclasses import dataclass
+
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
-from megahash.models.registry import register_reference
+from megahash.models.embeddings.base import HashEmbeddingBase, bit_shifts, bit_spec, check_codes, unpack_bits
 from megahash.models.reference_layers import TorchHashEmbedding
 from megahash.models.reference_ops import unpack_code_bits
+from megahash.models.registry import EmbeddingCaps, register_embedding, register_reference
 
 
 @register_reference("pool")
@@ -56,16 +59,6 @@ class PoolReference(TorchHashEmbedding):
             out = out + self.codebook[c[..., i]] * w_hat[i]
         out = out + self.word_row
         return out * word.unsqueeze(-1).to(out.dtype)
-
-
-# ---- megatron-core implementation
-import torch
-import torch.nn.functional as F
-
-from megahash.models.embeddings.base import HashEmbeddingBase, bit_shifts, bit_spec, check_codes, unpack_bits
-from dataclasses import dataclass
-
-from megahash.models.registry import EmbeddingCaps, register_embedding
 
 
 def chunk_weights(num_bits: int, k: int) -> torch.Tensor:

@@ -15,13 +15,20 @@ column of the matmul. A constant bit vector (k = 0 or T) has no correlation: its
 """
 from __future__ import annotations
 
-# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
 import torch
 import torch.nn as nn
 
-from megahash.models.registry import register_reference
+from megahash.models.embeddings.base import (
+    HashEmbeddingBase,
+    bit_shifts,
+    bit_spec,
+    check_codes,
+    rsqrt_or_zero,
+    unpack_bits,
+)
 from megahash.models.reference_layers import TorchHashEmbedding
 from megahash.models.reference_ops import safe_rsqrt, unpack_code_bits
+from megahash.models.registry import EmbeddingCaps, register_embedding, register_reference
 
 
 @register_reference("proj")
@@ -46,13 +53,6 @@ class ProjReference(TorchHashEmbedding):
         w = w * safe_rsqrt(w.pow(2).sum(dim=1, keepdim=True))
         a = torch.cat([w.t(), self.word_row.float().unsqueeze(0)], dim=0)
         return torch.matmul(x, a).to(self.special.dtype)
-
-
-# ---- megatron-core implementation
-import torch
-
-from megahash.models.embeddings.base import HashEmbeddingBase, bit_shifts, bit_spec, check_codes, rsqrt_or_zero, unpack_bits
-from megahash.models.registry import EmbeddingCaps, register_embedding
 
 
 @register_embedding("proj", caps=EmbeddingCaps(sr_random="bits-density"),

@@ -19,14 +19,17 @@ reference this layer is tested against.
 """
 from __future__ import annotations
 
-# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
+from dataclasses import dataclass
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from megahash.models.registry import register_reference
+from megahash.errors import ConfigError
+from megahash.models.embeddings.base import HashEmbeddingBase, check_codes, parse_spec
 from megahash.models.reference_layers import TorchHashEmbedding
 from megahash.models.reference_ops import rolling_code_features
+from megahash.models.registry import EmbeddingCaps, register_embedding, register_reference
 
 
 @register_reference("rolling")
@@ -58,16 +61,6 @@ class RollingReference(TorchHashEmbedding):
             return x.to(self.special.dtype)
         return F.linear(x.to(self.linear.dtype), self.linear)
 
-
-# ---- megatron-core implementation
-import torch
-import torch.nn.functional as F
-
-from dataclasses import dataclass
-
-from megahash.errors import ConfigError
-from megahash.models.embeddings.base import HashEmbeddingBase, check_codes, parse_spec
-from megahash.models.registry import EmbeddingCaps, register_embedding
 
 _ROW_MIX = None
 

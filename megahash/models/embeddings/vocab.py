@@ -1,10 +1,12 @@
 """Baseline vocabulary embedding: a ``VocabParallelEmbedding`` table of V x h (rows split over TP)."""
 from __future__ import annotations
 
-# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
+import torch
 import torch.nn as nn
+from megatron.core import tensor_parallel
 
-from megahash.models.registry import register_reference
+from megahash.models.embeddings.base import EmbeddingOutput
+from megahash.models.registry import EmbeddingCaps, register_embedding, register_reference
 
 
 @register_reference("vocab")
@@ -23,14 +25,6 @@ class VocabReference(nn.Module):
 
     def forward(self, tokens, codes=None):
         return self.word_embeddings(tokens)
-
-
-# ---- megatron-core implementation
-import torch
-from megatron.core import tensor_parallel
-
-from megahash.models.embeddings.base import EmbeddingOutput
-from megahash.models.registry import EmbeddingCaps, register_embedding
 
 
 @register_embedding("vocab", caps=EmbeddingCaps(reads_hash_codes=False, standard=True, qwen2=True, sr_random="token"))

@@ -46,17 +46,17 @@ def build_head(cfg, config, vocab_size: int) -> torch.nn.Module:
     (megahash.models.registry.spec), unless the objective trains a head of its own (its
     ``ObjectiveSpec.head``, registered with ``HeadCaps(selectable=False)``, e.g. Shuffle+Random), which
     then needs the standard ``model.head``."""
-    from megahash.models import declarations, registry
+    from megahash import catalog
+    from megahash.models import registry
     from megahash.objective_spec import names as objectives, objective_spec
 
-    registry._load_variants()
     head, objective = cfg.model.head, objective_spec(cfg.train.objective)
-    heads = {n: registry.spec("head", n) for n in registry.names("head")}
+    heads = registry.kinds("head")
     selectable = sorted(n for n, h in heads.items() if h.caps.selectable)
     if head not in selectable:
         raise ConfigError(f"model.head must be one of {', '.join(selectable)}, got {head!r}")
     if objective.head is not None:
-        std = declarations.standard("head")
+        std = catalog.standard("head")
         if head != std:
             plain = "/".join(n for n in objectives() if objective_spec(n).head is None)
             raise ConfigError(

@@ -2,11 +2,13 @@
 sum over bits of the binary cross-entropy = -log p(code) under independent Bernoulli bits."""
 from __future__ import annotations
 
-# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
-from megahash.models.registry import register_reference
+from megahash.errors import ConfigError
+from megahash.models.heads import full_sequence, target_codes
+from megahash.models.registry import HeadCaps, register_head, register_reference
 
 
 @register_reference("head:hash-bits")
@@ -21,16 +23,6 @@ class HashBitsReference(nn.Module):
 
     def forward(self, hidden):
         return self.linear(hidden)
-
-
-# ---- megatron-core implementation
-
-import torch
-import torch.nn.functional as F
-
-from megahash.errors import ConfigError
-from megahash.models.heads import full_sequence, target_codes
-from megahash.models.registry import HeadCaps, register_head
 
 
 @register_head("hash-bits", caps=HeadCaps(reads_hash_codes=True, token_loss=False))

@@ -2,11 +2,12 @@
 lsh-bucketN codes, or md5 % num_buckets), softmax cross-entropy."""
 from __future__ import annotations
 
-# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
 import torch
 import torch.nn as nn
+from megatron.core import parallel_state, tensor_parallel
 
-from megahash.models.registry import register_reference
+from megahash.models.heads import target_codes, vocab_cross_entropy
+from megahash.models.registry import HeadCaps, register_head, register_reference
 
 
 @register_reference("head:hash-bucket")
@@ -27,15 +28,6 @@ class HashBucketReference(nn.Module):
             col = torch.arange(self.padded, device=logits.device)
             logits = logits.masked_fill(col >= self.num_buckets, -1e4)
         return logits
-
-
-# ---- megatron-core implementation
-
-import torch
-from megatron.core import parallel_state, tensor_parallel
-
-from megahash.models.heads import target_codes, vocab_cross_entropy
-from megahash.models.registry import HeadCaps, register_head
 
 
 @register_head("hash-bucket", caps=HeadCaps(reads_hash_codes=True, token_loss=False))

@@ -3,11 +3,12 @@ random; labels -100 cost 0. Trained by the objective that names it as its own he
 ``model.head``)."""
 from __future__ import annotations
 
-# ---- plain-torch reference (@register_reference; copied into the HF export): torch-only imports above its code
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
-from megahash.models.registry import register_reference
+from megahash.models.heads import full_sequence
+from megahash.models.registry import HeadCaps, register_head, register_reference
 
 
 @register_reference("head:shuffle-random")
@@ -22,15 +23,6 @@ class ShuffleRandomReference(nn.Module):
 
     def forward(self, hidden):
         return self.linear(hidden)
-
-
-# ---- megatron-core implementation
-
-import torch
-import torch.nn.functional as F
-
-from megahash.models.heads import full_sequence
-from megahash.models.registry import HeadCaps, register_head
 
 
 @register_head("shuffle-random", caps=HeadCaps(selectable=False, token_loss=False))

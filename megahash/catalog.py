@@ -1,20 +1,19 @@
-"""What the registered kinds say about themselves, readable without importing torch.
+"""What the kinds declare, torch-free: the one place config, data, training, evaluation and export ask.
 
 Every attention kind, embedding kind and head registers itself in its own file with
 ``@register_attention(name, costs=..., caps=AttentionCaps(...))`` (``register_embedding`` /
-``register_head`` alike, :mod:`megahash.models.registry`). This module holds the capability records
-(plain dataclasses) and answers questions about kinds for the rest of the library (costs,
-accounting, data loading, evaluation, export): nothing outside a kind's own file names the kind.
+``register_head`` / ``register_input`` alike, :mod:`megahash.models.registry`). This module holds the
+capability records (plain dataclasses) and answers questions about kinds for the rest of the library
+(costs, accounting, data loading, evaluation, export): nothing outside a kind's own file names the kind.
 
 Two readers of the same declarations:
 
 - the live registry (:mod:`megahash.models.registry`, filled by importing the kind files: torch and
   megatron-core), used whenever it is loaded;
-- the kind files' source, read with :mod:`ast` (the decorator's literal ``caps=`` keywords, and the
-  ``costs=`` class, executed alone with :mod:`math`), so that config checks and ``megahash params``
-  of the standard decoder stay free of heavy imports. Hence: ``caps`` keywords are literals and a
-  cost class uses only arithmetic, :mod:`math` and cost classes it imports from megahash
-  (``tests/test_registry.py`` checks both readers agree for every kind).
+- the kind files' source (:mod:`megahash.kind_source`: each file parsed once; a register line's
+  ``caps=``, ``costs=`` and ``options=`` executed with only what they need of their own file), so that
+  config checks and ``megahash params`` of the standard decoder stay free of heavy imports. Hence
+  cost, option and caps values use no torch (``tests/test_registry.py`` checks both readers agree).
 
 Plugins (kinds outside the package, e.g. a research repo's new attention): module or package names
 from the ``megahash.kinds`` entry-point group, the ``MEGAHASH_PLUGINS`` environment variable
@@ -27,15 +26,16 @@ import ast
 import dataclasses
 import functools
 import importlib.util
-import math
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from megahash import kind_source
 from megahash.errors import ConfigError
 
-_MODELS = Path(__file__).resolve().parent
+MODELS = kind_source.ROOT / "models"  # where the library's kinds live
 GROUPS = {"attention": "register_attention", "embedding": "register_embedding", "head": "register_head",
           "input": "register_input"}
 ENTRY_POINT_GROUP = "megahash.kinds"
@@ -101,7 +101,7 @@ class Entry:
     group: str
     file: str  # source file that registers it
     caps: object  # an *Caps record
-    costs: object = None  # cost class (static formulas) or None ("measured only")
+    costs: object = None  # name of the cost class (``costs=``, static formulas) or None ("measured only")
     options: object = None  # name of the kind's options dataclass (``options=`` of its register line) or None
 
 
@@ -166,99 +166,32 @@ def plugin_import_names() -> list[str]:
 # ----------------------------------------------------------------------------- the source reader
 
 
+_REGISTER_CALL = re.compile(r"\bregister_(?:" + "|".join(GROUPS) + r")\(")
+
+
 def _library_files() -> list[Path]:
-    return sorted(p for p in _MODELS.rglob("*.py") if p.name != "declarations.py")
-
-
-def _module_file(module: str) -> Path | None:
-    if module.startswith("megahash."):
-        base = _MODELS.parent.parent / Path(*module.split("."))
-        for cand in (base.with_suffix(".py"), base / "__init__.py"):
-            if cand.is_file():
-                return cand
-        return None
-    try:
-        spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        return None
-    return Path(spec.origin) if spec is not None and spec.origin else None
-
-
-_CLASS_MEMO: dict = {}
-
-
-def _exec_class(path: Path, name: str, depth: int = 0):
-    """Execute the class ``name`` of a source file alone (its bases from the same file, from the
-    modules it imports them from, or from :mod:`megahash.models.cost_formulas`) with :mod:`math`."""
-    key = (str(path), name)
-    if key in _CLASS_MEMO:
-        return _CLASS_MEMO[key]
-    if depth > 8:
-        raise ConfigError(f"cost class {name} of {path}: inheritance too deep")
-    tree = ast.parse(path.read_text(), str(path))
-    node = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name), None)
-    if node is None:
-        for n in tree.body:  # imported by name from another module
-            if isinstance(n, ast.ImportFrom) and n.module and any((a.asname or a.name) == name for a in n.names):
-                src = next(a.name for a in n.names if (a.asname or a.name) == name)
-                other = _module_file(n.module)
-                if other is not None:
-                    cls = _exec_class(other, src, depth + 1)
-                    _CLASS_MEMO[key] = cls
-                    return cls
-        from megahash.models import cost_formulas
-
-        if hasattr(cost_formulas, name):
-            return getattr(cost_formulas, name)
-        raise ConfigError(f"cost class {name} not found in {path}")
-    from megahash.models import cost_formulas
-
-    env = {"__builtins__": __builtins__, "math": math, "__name__": f"megahash_catalog_{path.stem}",
-           "dataclass": dataclasses.dataclass, "field": dataclasses.field, "ConfigError": ConfigError}
-    env.update({k: v for k, v in vars(cost_formulas).items() if not k.startswith("__")})
-    for base in node.bases:
-        if isinstance(base, ast.Name):
-            env[base.id] = _exec_class(path, base.id, depth + 1)
-    exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec", dont_inherit=True), env)  # noqa: S102
-    cls = env[name]
-    _CLASS_MEMO[key] = cls
-    return cls
-
-
-def _literal_caps(group: str, call, path: Path):
-    fields = {f.name for f in dataclasses.fields(CAPS[group])}
-    kw = {}
-    if isinstance(call, ast.Call):
-        for k in call.keywords:
-            if k.arg in fields:
-                try:
-                    kw[k.arg] = ast.literal_eval(k.value)
-                except ValueError:
-                    raise ConfigError(f"{path}: caps keyword {k.arg} must be a literal") from None
-    return CAPS[group](**kw)
+    return sorted(MODELS.rglob("*.py"))
 
 
 def _entries_of_file(path: Path) -> list[Entry]:
-    src = path.read_text()
-    if "register_" not in src:
+    if not _REGISTER_CALL.search(path.read_text()):  # most library files: not parsed
         return []
+    f = kind_source.read(path)
     out = []
-    for node in ast.walk(ast.parse(src, str(path))):
-        calls = [d for d in getattr(node, "decorator_list", []) if isinstance(d, ast.Call)]
-        calls += [node.value] if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) else []
-        for dec in calls:
-            fn = getattr(dec.func, "id", None) or getattr(dec.func, "attr", None)
-            group = next((g for g, d in GROUPS.items() if d == fn), None)
-            if group is None or not dec.args or not isinstance(dec.args[0], ast.Constant):
-                continue
-            kws = {k.arg: k.value for k in dec.keywords}
-            caps = _literal_caps(group, kws.get("caps"), path)
-            costs = kws.get("costs")
-            options = kws.get("options")
-            out.append(Entry(dec.args[0].value, group, str(path), caps,
-                             costs.id if isinstance(costs, ast.Name) else None,
-                             options.id if isinstance(options, ast.Name) else None))
+    for r in f.registrations():
+        caps = r.keyword("caps")
+        caps = CAPS[r.group]() if caps is None else f.evaluate(caps)
+        if not isinstance(caps, CAPS[r.group]):
+            raise ConfigError(f"{path}: caps of {r.group} kind {r.name!r} must be a {CAPS[r.group].__name__}")
+        costs, options = r.keyword("costs"), r.keyword("options")
+        out.append(Entry(r.name, r.group, str(path), caps, costs.id if isinstance(costs, ast.Name) else None,
+                         options.id if isinstance(options, ast.Name) else None))
     return out
+
+
+def _exec_class(path: Path, name: str):
+    """A cost or options class of a kind file, executed torch-free (:meth:`megahash.kind_source.KindFile.value`)."""
+    return kind_source.read(path).value(name)
 
 
 @functools.lru_cache(maxsize=None)
@@ -272,11 +205,10 @@ def _scan() -> dict:
     return out
 
 
-def _live(group: str):
+def _live(group: str) -> dict | None:
+    """{name: KindSpec} of the live registry when it is loaded (never imported from here: torch)."""
     reg = sys.modules.get("megahash.models.registry")
-    if reg is None:
-        return None
-    return {"attention": reg.ATTENTION, "embedding": reg.EMBEDDINGS, "head": reg.HEADS, "input": reg.INPUTS}[group], reg
+    return None if reg is None else reg.KINDS[group]
 
 
 # ----------------------------------------------------------------------------- questions
@@ -287,15 +219,15 @@ def names(group: str) -> frozenset:
     live = _live(group)
     found = set(_scan()[group])
     if live is not None:
-        found |= set(live[0])
+        found |= set(live)
     return frozenset(found)
 
 
 def caps(group: str, name: str):
     """The capability record of a kind (defaults for an unknown kind)."""
     live = _live(group)
-    if live is not None and name in live[1].CAPS[group]:
-        return live[1].CAPS[group][name]
+    if live is not None and name in live:
+        return live[name].caps
     e = _scan()[group].get(name)
     return e.caps if e is not None else CAPS[group]()
 
@@ -303,8 +235,8 @@ def caps(group: str, name: str):
 def costs(name: str):
     """The cost class an attention kind registers (static formulas), or None ("measured only")."""
     live = _live("attention")
-    if live is not None and name in live[1].ATTENTION:
-        return live[1].COSTS.get(name)
+    if live is not None and name in live:
+        return live[name].costs
     e = _scan()["attention"].get(name)
     if e is None or e.costs is None:
         return None
