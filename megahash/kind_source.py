@@ -76,23 +76,41 @@ def _top_imports(tree: ast.Module, module: str, is_package: bool) -> list[str]:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+_VISITING: set = set()  # modules whose lightness is being decided (an import cycle decides by its other imports)
+_LIGHT: dict = {}  # module -> decided at the top of a search (inner answers may assume a cycle light)
+
+
 def is_light(module: str) -> bool:
     """Does importing ``module`` stay torch-free? The standard library, or a megahash module (and its
     packages) whose top-level imports are all light; anything else is not."""
+    if module not in _LIGHT:
+        top = not _VISITING
+        light = _is_light(module)
+        if top:
+            _LIGHT[module] = light
+        return light
+    return _LIGHT[module]
+
+
+def _is_light(module: str) -> bool:
     if _stdlib(module):
         return True
     if not (module == "megahash" or module.startswith("megahash.")):
         return False
-    parts = module.split(".")
-    for i in range(1, len(parts) + 1):
-        path = module_file(".".join(parts[:i]))
-        if path is None:
-            return False
-        f = read(path)
-        if any(m != f.module and not is_light(m) for m in _top_imports(f.tree, f.module or "", f.is_package)):
-            return False
-    return True
+    _VISITING.add(module)
+    try:
+        parts = module.split(".")
+        for i in range(1, len(parts) + 1):
+            path = module_file(".".join(parts[:i]))
+            if path is None:
+                return False
+            f = read(path)
+            imports = _top_imports(f.tree, f.module or "", f.is_package)
+            if any(m != f.module and m not in _VISITING and not is_light(m) for m in imports):
+                return False
+        return True
+    finally:
+        _VISITING.discard(module)
 
 
 def resolve(module: str | None, level: int, here: str, is_package: bool) -> str:
