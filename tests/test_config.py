@@ -82,7 +82,7 @@ def test_checkpoints_written_before_kinds_owned_their_options_still_match():
     a different model, and an option declared after the checkpoint counts at its default."""
     import copy
 
-    from megahash.training.checkpoint import model_diffs, model_signature
+    from megahash.checkpoint.signature import model_diffs, model_signature
 
     cfg = load_config(None, ["model.schedule=uniform:fixedseqqk", "model.attention.options.fixed_seq_length=64",
                              "model.embedding=rolling", "model.embed.hash_spec=rolling3"])

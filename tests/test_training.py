@@ -42,7 +42,7 @@ def test_tp_and_sp_parity(shakespeare_shards, tmp_path):
     script = (
         "import sys, torch\n"
         "from megahash import accelerator\n"
-        "from megahash.training.weights import load_for_inference\n"
+        "from megahash.checkpoint.weights import load_for_inference\n"
         "ref = None\n"
         "for d in sys.argv[1:]:\n"
         "    _, m, _ = load_for_inference(d)\n"
@@ -99,7 +99,7 @@ def test_hybrid_schedule_checkpoints_resume_and_load_at_tp1(shakespeare_shards, 
     # bit-exact: resume is the promise (same ranks and layout, same machine)
     assert [a[s] for s in range(1, 7)] == [b[s] for s in range(1, 7)]
     script = ("import sys\n"
-              "from megahash.training.weights import load_for_inference\n"
+              "from megahash.checkpoint.weights import load_for_inference\n"
               "_, m, _ = load_for_inference(sys.argv[1])\n"
               "print(sorted(type(l.self_attention).__name__ for l in m.decoder.layers))\n")
     r = run([sys.executable, "-c", script, str(straight)])
@@ -107,7 +107,7 @@ def test_hybrid_schedule_checkpoints_resume_and_load_at_tp1(shakespeare_shards, 
     assert len(set(eval(r.stdout.strip().splitlines()[-1]))) >= 3
     # a model with fewer layers is refused with the layers it does not have, not loaded partially
     script = ("import sys\n"
-              "from megahash.training.weights import load_for_inference\n"
+              "from megahash.checkpoint.weights import load_for_inference\n"
               "load_for_inference(sys.argv[1], ['model.num_layers=3', 'model.schedule=list:mha,rndembqk,mhe-mul'])\n")
     r = run([sys.executable, "-c", script, str(straight)])
     assert r.returncode != 0 and "the model has no ['decoder.layers.3." in r.stderr, r.stderr[-3000:]

@@ -256,8 +256,8 @@ def load_codec(cfg, ckpt_dir: Optional[Path] = None, tokenizer: Optional[str] = 
 
 
 def load_model(path, overrides: Optional[list[str]] = None, weights: str = "live"):
-    """:func:`megahash.training.weights.load_for_inference` (one-line CheckpointError on bad weights);
+    """:func:`megahash.checkpoint.weights.load_for_inference` (one-line CheckpointError on bad weights);
     ``weights``: live, ema or a quantized artifact's path (``load_chosen``)."""
-    from megahash.training.weights import load_for_inference
+    from megahash.checkpoint.weights import load_for_inference
 
     return load_for_inference(path, list(overrides or []), weights=weights)

@@ -24,10 +24,11 @@ import torch
 from megahash import accelerator
 from megahash.config import Config, save_config
 from megahash.data import documents
+from megahash.data.samples import consumed_samples, step_batch
 from megahash.data.text_source import RunTexts
 from megahash.errors import CheckpointError
 from megahash.training import async_save, checkpoint, ema, eval_during, qat, step_guard
-from megahash.training.batch_ramp import check_resume, consumed_samples, ramp_metrics, set_step_batch, step_batch
+from megahash.training.batch_ramp import check_resume, ramp_metrics, set_step_batch
 from megahash.training.ds_config import deepspeed_config, tune_engine
 from megahash.training.logging import RunLogger, plot_loss
 from megahash.training.lr_schedule import lambda_for
@@ -150,7 +151,7 @@ class _Run:
         return step_batch(self.cfg.train, max(self.step - 1, 0)) * self.cfg.data.seq_length
 
     def consumed(self, step: int) -> int:
-        """Samples consumed by the first ``step`` steps (the one source: batch_ramp.consumed_samples)."""
+        """Samples consumed by the first ``step`` steps (the one source: megahash.data.samples.consumed_samples)."""
         return consumed_samples(self.cfg.train, step)
 
 
