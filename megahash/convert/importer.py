@@ -96,9 +96,6 @@ def build_model(tree: dict, padded: int, save_dir=None):
     from megahash.models.megatron_model import MegahashLM
 
     tree = _tp1(tree)
-    from megahash.config import canonical_tree
-
-    tree = canonical_tree(tree)  # kind options under model.*.options (also for trees written before)
     for section in ("attention", "embed"):  # kind options naming files of the exporting machine: the
         opts = (tree.get("model", {}).get(section) or {}).get("options") or {}  # data they made comes with the weights
         for key, value in opts.items():
