@@ -31,7 +31,7 @@ from megahash.training import async_save, checkpoint, ema, eval_during, qat, ste
 from megahash.training.batch_ramp import check_resume, ramp_metrics, set_step_batch
 from megahash.training.ds_config import deepspeed_config, tune_engine
 from megahash.training.logging import RunLogger, plot_loss
-from megahash.training.lr_schedule import lambda_for
+from megahash.training.lr_schedule import Schedule
 from megahash.training.muon import build_optimizer
 from megahash.training.profile_steps import StepProfiler, phase
 from megahash.training.signals import EXIT_REQUEUE, StopFlag, any_rank, release_early
@@ -71,7 +71,7 @@ def build_engine(cfg: Config, model: torch.nn.Module, dp_size: int, dtype: torch
     accelerator.deepspeed_collectives_by_current_names()  # ZeRO-3's collectives without deprecation warnings
     t = cfg.train
     optimizer = build_optimizer(model, t, param_groups(model, t.weight_decay), accelerator.adamw_options())  # train.optimizer
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda_for(t))
+    scheduler = Schedule(optimizer, t)  # megatron-core's OptimizerParamScheduler, stepped by the engine
     bf16_params = dtype == torch.bfloat16 or next(model.parameters()).dtype == torch.bfloat16
     autocast = None if bf16_params else accelerator.autocast_dtype(t.precision)
     ds_cfg = deepspeed_config(cfg, dp_size, bf16=bf16_params, autocast=autocast)
