@@ -25,8 +25,9 @@ Warmup and decay still end at steps ``W`` and ``D``; without a ramp ``c_s = s G`
 
 Each parameter group keeps its own peak (``train.muon_lr`` for Muon's matrices; floor ``peak * min_lr / lr``)
 and its own constant weight decay (megatron's ``start_wd = end_wd`` per group). DeepSpeed's engine calls
-:meth:`Schedule.step` after every applied optimizer step and checkpoints :meth:`Schedule.state_dict`; at a
-resume the config's schedule continues from the saved step (megatron's ``override_opt_param_scheduler``).
+:meth:`Schedule.step` after every applied optimizer step and checkpoints :meth:`Schedule.state_dict`; a
+resume runs its first step at the saved LRs and the config's schedule from the next (megatron's
+``override_opt_param_scheduler``), as DeepSpeed's restored optimizer groups did with torch's ``LambdaLR``.
 """
 from __future__ import annotations
 
@@ -95,17 +96,21 @@ class Schedule:
         self.go_to(self.last_step + 1)
 
     def state_dict(self) -> dict:
-        return {**self.megatron.state_dict(), "last_step": self.last_step}
+        """megatron's state, the step and each group's LR for it."""
+        return {**self.megatron.state_dict(), "last_step": self.last_step,
+                "lrs": [g["lr"] for g in self.megatron.optimizer.param_groups]}
 
     def load_state_dict(self, state: dict) -> None:
-        """The saved step; the schedule is this config's (megatron's ``override_opt_param_scheduler``).
-        Checkpoints of the releases before this scheduler hold torch's ``LambdaLR`` state: its step count."""
-        if "last_step" not in state:
-            self.go_to(int(state["last_epoch"]))
-            return
-        self.megatron.num_steps = 0  # megatron's load adds the saved count to a fresh scheduler's
-        self.megatron.load_state_dict(state)
-        self.go_to(int(state["last_step"]))
+        """The saved step at the saved LRs; this config's schedule from the next step on (megatron's
+        ``override_opt_param_scheduler``: a run extended past a decay over train.steps bends to the new
+        length). Checkpoints of the releases before this scheduler hold torch's ``LambdaLR`` state (its
+        step count ``last_epoch`` and LRs ``_last_lr``): the same resume."""
+        if "last_step" in state:
+            self.megatron.num_steps = 0  # megatron's load adds the saved count to a fresh scheduler's
+            self.megatron.load_state_dict(state)
+        self.go_to(int(state["last_step"] if "last_step" in state else state["last_epoch"]))
+        for group, lr in zip(self.megatron.optimizer.param_groups, state.get("lrs", state.get("_last_lr", []))):
+            group["lr"] = lr
 
 
 def lr_for_step(train_cfg, step: int) -> float:
