@@ -102,9 +102,9 @@ def main(argv=None):
                 f"sequence; context prefilled in pieces of {args.piece}; median of {args.steps} token steps; "
                 f"{torch.get_num_threads()} torch threads. n/a: the prefill's shared map would exceed "
                 f"{args.max_map_gb} GB.\nLoad: before `{load}`; after `{after}`.\n\n{text}\n")
-        with open(args.out + ".tmp", "w") as f:
-            f.write(body)
-        os.replace(args.out + ".tmp", args.out)
+        from megahash.atomic_write import write_text_atomic
+
+        write_text_atomic(args.out, body)
     accelerator.teardown()
 
 

@@ -160,10 +160,9 @@ def main(argv=None):
                 f"{torch.get_num_threads()} torch threads, torch {torch.__version__}.\n"
                 f"Load: before `{load}`; after `{after}` (2 cores shared with other jobs: CPU seconds are noisy).\n\n"
                 f"{text}\n")
-        tmp = args.out + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(body)
-        os.replace(tmp, args.out)
+        from megahash.atomic_write import write_text_atomic
+
+        write_text_atomic(args.out, body)
     accelerator.teardown()
 
 

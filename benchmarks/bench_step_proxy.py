@@ -416,11 +416,10 @@ def main(argv=None) -> int:
     text = make(rows, args) + f"\n\nLoad: {os.getloadavg()[0]:.2f} (1-min average at the end)\n"
     print(text)
     if args.out:
-        out = Path(args.out)
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(f"Command: python benchmarks/bench_step_proxy.py {' '.join(argv if argv is not None else sys.argv[1:])}\n\n"
-                       + text)
-        tmp.replace(out)
+        from megahash.atomic_write import write_text_atomic
+
+        write_text_atomic(args.out, f"Command: python benchmarks/bench_step_proxy.py "
+                                    f"{' '.join(argv if argv is not None else sys.argv[1:])}\n\n" + text)
     return 0
 
 

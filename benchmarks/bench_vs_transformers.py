@@ -172,9 +172,10 @@ def worker(args) -> int:
         accelerator.init_distributed(1)
         mh = TrainHarness(cfg, total + 1)
         loader = make_loader(mh.data.train, 0, cfg.train.micro_batch_size, 0, 1)
-        tmp = batches_file.with_suffix(".tmp")
-        torch.save([b for _, b in zip(range(total), loader)], tmp)
-        tmp.replace(batches_file)
+        from megahash.atomic_write import atomic_path
+
+        with atomic_path(batches_file) as tmp:
+            torch.save([b for _, b in zip(range(total), loader)], tmp)
         step, info = mh.step, dict(params=mh.num_params, vocab=mh.model.vocab_size,
                                    optimizer=type(mh.engine.optimizer).__name__)
     else:

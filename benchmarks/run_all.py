@@ -102,9 +102,9 @@ def main(argv=None) -> int:
     text = "\n".join(parts) + "\n"
     if args.only and out.is_file():  # keep the sections of the day's report that were not rerun
         text = merge_sections(out.read_text(), text)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, out)
+    from megahash.atomic_write import write_text_atomic
+
+    write_text_atomic(out, text)
     print(f"report: {out}")
     return status
 

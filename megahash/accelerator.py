@@ -615,6 +615,11 @@ class DeepSpeedMPU:
         raise AttributeError(name)
 
 
+def rank() -> int:
+    """This process's rank in the default process group (0 without one)."""
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()

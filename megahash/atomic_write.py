@@ -1,14 +1,36 @@
-"""Writing a text file atomically: a temp name beside it (``NAME.tmp-<pid>``), then a rename, so
-readers see the old file or the new one, never half of one (house rule)."""
+"""Writing a file atomically: a temp name beside it (``NAME.tmp-<pid>``), then a rename, so readers
+see the old file or the new one, never half of one (house rule). :func:`atomic_path` serves writers
+that want a path (``savefig``, ``torch.save``); the temp file goes when the writer fails."""
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 from pathlib import Path
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike):
+    """Yield the temp path to write; on leaving the block it is renamed to ``path`` (parents made)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_json_atomic(path: str | os.PathLike, obj, indent: int | None = 1) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=indent))

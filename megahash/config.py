@@ -158,7 +158,6 @@ class TrainConfig:
     resume: str = "auto"  # auto | none | PATH
     resume_weights_only: bool = False  # on a layout change: weights only, fresh optimizer (docs/resume.md)
     eval_interval: int = 50
-    eval_iters: int = 4  # unused since the validation set is fixed by data.valid_samples (kept so old configs load)
     log_interval: int = 10
     recompute: str = "none"  # none | selective | full
     compile: str = "auto"  # torch.compile each transformer layer (regional compilation): auto (on for GPUs) | true | false
@@ -400,38 +399,6 @@ def _build_options(group: str, data: dict, prefix: str) -> KindOptions:
     return out
 
 
-# sections whose kinds declare options, and where an old spelling (``model.attention.fixed_text``) goes
-_OPTION_SECTIONS = {("model", "attention"): AttentionConfig, ("model", "embed"): EmbeddingConfig}
-
-
-def _legacy_option_path(keys: list[str]) -> list[str]:
-    """``model.attention.X`` -> ``model.attention.options.X`` for an option X some kind declares
-    (the keys used before kinds owned their options; still accepted)."""
-    section = _OPTION_SECTIONS.get(tuple(keys[:2]))
-    if section is None or len(keys) != 3:
-        return keys
-    from megahash import catalog
-
-    fields = {f.name for f in dataclasses.fields(section)}
-    if keys[2] not in fields and keys[2] in catalog.option_specs(section.OPTION_GROUP):
-        return keys[:2] + ["options", keys[2]]
-    return keys
-
-
-def canonical_tree(tree: dict) -> dict:
-    """Move the old spellings of kind options under ``options`` (in place); returns the tree."""
-    for (top, sec) in _OPTION_SECTIONS:
-        node = (tree.get(top) or {}).get(sec) if isinstance(tree.get(top), dict) else None
-        if not isinstance(node, dict):
-            continue
-        for key in list(node):
-            if len(_legacy_option_path([top, sec, key])) == 4:  # moved under options
-                opts = node.setdefault("options", {}) or {}
-                node["options"] = opts
-                opts[key] = node.pop(key)
-    return tree
-
-
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``a.b.c=value`` -> (["a","b","c"], yaml-parsed value)."""
     if "=" not in text:
@@ -447,7 +414,6 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 def apply_overrides(tree: dict, overrides: list[str]) -> dict:
     for ov in overrides:
         keys, value = parse_override(ov)
-        keys = _legacy_option_path(keys)
         node = tree
         for k in keys[:-1]:
             node = node.setdefault(k, {})
@@ -468,7 +434,7 @@ def load_config(path: str | os.PathLike | list | tuple | None = None, overrides:
     """
     tree: dict = {}
     for p in [p for p in ([path] if isinstance(path, (str, os.PathLike)) else list(path or [])) if p]:
-        _deep_merge(tree, canonical_tree(_load_yaml_tree(find_config(p))))
+        _deep_merge(tree, _load_yaml_tree(find_config(p)))
     tree = apply_overrides(tree, list(overrides or []))
     size = (tree.get("model") or {}).pop("size", None)
     if size:
@@ -476,7 +442,7 @@ def load_config(path: str | os.PathLike | list | tuple | None = None, overrides:
         if not size_file.is_file():
             names = [p.stem for p in (CONFIG_ROOT / "model").glob("*.yaml")]
             raise ConfigError(f"unknown model size {size!r}{_suggest(str(size), names)}")
-        base = canonical_tree(_load_yaml_tree(size_file))
+        base = _load_yaml_tree(size_file)
         tree = _deep_merge(base, tree)
     cfg = _build(Config, tree, "")
     validate(cfg)
@@ -547,14 +513,12 @@ def validate(cfg: Config) -> None:
 
 def save_config(cfg: Config, path: str | os.PathLike) -> None:
     """Atomically write the resolved tree as YAML."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    tmp.write_text(cfg.to_yaml())
-    os.replace(tmp, path)
+    from megahash.atomic_write import write_text_atomic
+
+    write_text_atomic(path, cfg.to_yaml())
 
 
 def config_from_dict(tree: dict) -> Config:
     import copy
 
-    return _build(Config, canonical_tree(copy.deepcopy(tree)), "")
+    return _build(Config, copy.deepcopy(tree), "")

@@ -68,7 +68,6 @@ RANGES: dict[str, tuple] = {
     "train.save_interval": (0, INF, False, False, "steps between checkpoints; 0 = only at the end"),
     "train.keep_last": (0, INF, False, False, "checkpoints kept; 0 = all"),
     "train.eval_interval": (0, INF, False, False, "steps between validations; 0 = off"),
-    "train.eval_iters": (1, INF, False, False, "validation micro-batches"),
     "train.log_interval": (1, INF, False, False, "steps between printed lines"),
     "train.stop_after": (0, INF, False, False, "stop after this step; 0 = off"),
     "train.hang_timeout_s": (0.0, INF, False, False, "seconds a step may take before the watchdog fires; 0 = off"),

@@ -29,7 +29,7 @@ def check_training_inputs(cfg) -> None:
     check_valid_shards(cfg)  # data.valid: every named set's shards
     t = cfg.train
     if t.resume not in ("auto", "none", ""):
-        from megahash.training.checkpoint_files import STATE_FILE
+        from megahash.checkpoint.layout import STATE_FILE
 
         if not (Path(t.resume) / STATE_FILE).is_file():
             raise CheckpointError(f"train.resume={t.resume} is not a complete megahash checkpoint")

@@ -36,7 +36,7 @@ site and step; DeprecationWarnings stay hidden as Python hides them by default.
 
 Warnings of one call site are silenced only around that call (:func:`silenced`), not process-wide:
 
-- :data:`DIST_CHECKPOINT_LOAD` (``megahash.training.weights.load_weights``: ``megahash eval``,
+- :data:`DIST_CHECKPOINT_LOAD` (``megahash.checkpoint.weights.load_weights``: ``megahash eval``,
   ``indicators``, ``export-hf``, a resume at another layout): megatron-core's ``torch_dist`` load calls
   torch's deprecated ``checkpoint.load_state_dict`` name, and torch's planner warns of the
   ShardedTensors megatron-core builds its dist checkpoints from (megatron-core's format, not ours to

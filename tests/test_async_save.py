@@ -41,7 +41,7 @@ def test_kill_during_async_write_resumes_from_the_previous_checkpoint_bit_exactl
     keep_last=1); kill -9 then. The rerun resumes from step 2, stops after step 4 (its save finished
     before exit, DeepSpeed's native files absent, step 2 pruned), and a third run resumes from step 4:
     steps 3-6 equal the killed run's bit for bit (loss and gradient norm)."""
-    from megahash.training.checkpoint_faults import damage
+    from megahash.checkpoint.manifest import damage
 
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "megahash/pretrain.py", *_args(shakespeare_shards, run_dir)], cwd=ROOT,

@@ -55,7 +55,7 @@ def lr_in_samples(step: int, lr=2e-3, min_lr=2e-4, warmup=2, decay=9) -> float:
 def test_batches_and_lr_follow_the_ramp_formula_and_megatron():
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-    from megahash.training.batch_ramp import consumed_samples, step_batch
+    from megahash.data.samples import consumed_samples, step_batch
     from megahash.training.lr_schedule import lr_for_step
 
     t = load_config(None, [*RAMP, *SCHEDULE, "train.steps=40"]).train

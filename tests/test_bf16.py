@@ -169,7 +169,7 @@ def _matrix_trains_validates_and_resumes(shards, runs, tmp_path, capsys, name: s
     a, b = _records(straight, "train"), _records(resumed, "train")
     assert sorted(b) == [3, 4] and [a[3], a[4]] == [b[3], b[4]]  # bit-identical, as the uninterrupted run
     assert _records(resumed, "valid") == {4: valid[4]}
-    from megahash.training.weights import load_for_inference
+    from megahash.checkpoint.weights import load_for_inference
 
     try:
         _, model, _ = load_for_inference(straight)  # the saved weights are the fp32 master weights

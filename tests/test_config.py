@@ -37,11 +37,11 @@ def test_config_errors_name_the_key(override, expect):
     assert expect in msg and "\n" not in msg
 
 
-def test_kind_options_live_in_the_kind_files_and_old_keys_still_map(tmp_path):
+def test_kind_options_live_in_the_kind_files(tmp_path):
     """A kind's options are the fields of the options dataclass its own file registers
     (``model.attention.options.*`` / ``model.embed.options.*``, every declared option present with its
-    default); the keys used before (``model.attention.fixed_text``, ``model.embed.rolling_dim``) are
-    still accepted in YAML, overrides and saved trees, and a later value wins whichever spelling it uses."""
+    default); an option spelled outside ``options`` (``model.attention.fixed_text``, as before kinds owned
+    them) is an unknown key in YAML, overrides and saved trees alike."""
     import dataclasses
 
     import yaml
@@ -60,38 +60,38 @@ def test_kind_options_live_in_the_kind_files_and_old_keys_still_map(tmp_path):
     cfg = load_config(None, [])
     assert cfg.model.attention.options.fixed_seq_length == 2048 and cfg.model.embed.options.pool_bits == 10
 
-    old = tmp_path / "old.yaml"
-    old.write_text("model:\n  attention:\n    fixed_seq_length: 64\n    chunk_size: 32\n  embed:\n    rolling_dim: 24\n")
-    cfg = load_config(str(old), ["model.attention.chunk_size=16", "model.attention.options.fixed_seq_length=128"])
+    cfg = load_config(None, ["model.attention.options.chunk_size=16", "model.attention.options.fixed_seq_length=128",
+                             "model.embed.options.rolling_dim=24"])
     o = cfg.model.attention.options
     assert (o.fixed_seq_length, o.chunk_size, cfg.model.embed.options.rolling_dim) == (128, 16, 24)
     save_config(cfg, tmp_path / "resolved.yaml")
     tree = yaml.safe_load((tmp_path / "resolved.yaml").read_text())
     assert tree["model"]["attention"]["options"]["chunk_size"] == 16 and "chunk_size" not in tree["model"]["attention"]
     assert config_from_dict(tree).model.attention.options.chunk_size == 16
-    # a tree saved before kinds owned their options (old checkpoints' resolved_config.yaml) loads
-    legacy = {"model": {"attention": {"fixed_text": "x.tok", "skip_nonstandard": True}, "embed": {"pool_bits": 8}}}
-    cfg = config_from_dict(legacy)
-    assert cfg.model.attention.options.fixed_text == "x.tok" and cfg.model.attention.skip_nonstandard
-    assert cfg.model.embed.options.pool_bits == 8
+    # an option outside ``options`` (the spelling before kinds owned them) is an unknown key: one line
+    old = tmp_path / "old.yaml"
+    old.write_text("model:\n  attention:\n    fixed_seq_length: 64\n")
+    for make in (lambda: load_config(str(old)), lambda: load_config(None, ["model.embed.rolling_dim=24"]),
+                 lambda: config_from_dict({"model": {"attention": {"fixed_text": "x.tok"}}})):
+        with pytest.raises(ConfigError) as e:
+            make()
+        assert str(e.value).startswith("unknown config key 'model.") and "\n" not in str(e.value)
 
 
-def test_checkpoints_written_before_kinds_owned_their_options_still_match():
-    """A checkpoint's saved model tree from before (kind options at ``model.attention.*`` /
-    ``model.embed.*``, no ``options``) matches the same model today; a changed option value is still
-    a different model, and an option declared after the checkpoint counts at its default."""
+def test_checkpoint_model_signature_matches_its_model_only():
+    """A checkpoint's saved model tree matches the same model; a changed option value, or a tree spelled
+    otherwise (kind options outside ``options``), is another model, named by its first difference."""
     import copy
 
-    from megahash.training.checkpoint import model_diffs, model_signature
+    from megahash.checkpoint.signature import model_diffs, model_signature
 
     cfg = load_config(None, ["model.schedule=uniform:fixedseqqk", "model.attention.options.fixed_seq_length=64",
                              "model.embedding=rolling", "model.embed.hash_spec=rolling3"])
     saved = copy.deepcopy(model_signature(cfg)["model"])
     assert model_diffs(saved, cfg) == []
-    old = copy.deepcopy(saved)  # the spelling of checkpoints written before
-    for section in ("attention", "embed"):
-        old[section].update(old[section].pop("options"))
-    del old["attention"]["chunk_size"]  # an option declared after the checkpoint was written: its default
-    assert model_diffs(old, cfg) == []
-    old["attention"]["fixed_seq_length"] = 128
-    assert model_diffs(old, cfg) == ["model.attention.options.fixed_seq_length: checkpoint 128 vs config 64"]
+    changed = copy.deepcopy(saved)
+    changed["attention"]["options"]["fixed_seq_length"] = 128
+    assert model_diffs(changed, cfg) == ["model.attention.options.fixed_seq_length: checkpoint 128 vs config 64"]
+    old = copy.deepcopy(saved)
+    old["attention"].update(old["attention"].pop("options"))
+    assert model_diffs(old, cfg)[0].startswith("model.attention.chunk_size: checkpoint ")

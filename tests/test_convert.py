@@ -440,7 +440,7 @@ def test_tp2_export_equals_tp1_and_load_for_inference(runs, dist, tmp_path):
     assert diff < 1e-4
     from megahash.convert.verify import hf_logits, load_hf, megahash_greedy, megahash_logits
     from megahash.eval.text import load_codec
-    from megahash.training.weights import load_for_inference
+    from megahash.checkpoint.weights import load_for_inference
 
     cfg, model, ckpt = load_for_inference(runs.get("tp2"))
     codec = load_codec(cfg, ckpt, model_vocab=model.vocab_size)

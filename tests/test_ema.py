@@ -15,7 +15,7 @@ DECAY, STEPS = 0.6, 4
 
 def _params(ckpt, weights="live") -> dict:
     from megahash import accelerator
-    from megahash.training.weights import load_for_inference
+    from megahash.checkpoint.weights import load_for_inference
 
     _, model, _ = load_for_inference(ckpt, weights=weights)
     out = {n: p.detach().double().clone() for n, p in model.named_parameters()}
@@ -27,8 +27,8 @@ def _initial(ckpt) -> dict:
     """w_0: the model the trainer builds from train.seed before the first step (trainer._build_model)."""
     from megahash import accelerator
     from megahash.models.megatron_model import MegahashLM
-    from megahash.training.checkpoint_files import read_state
-    from megahash.training.weights import checkpoint_config
+    from megahash.checkpoint.layout import read_state
+    from megahash.checkpoint.resolve import checkpoint_config
 
     cfg = checkpoint_config(ckpt)
     accelerator.init_distributed(1)
@@ -97,7 +97,7 @@ def test_ema_formula_validation_resume_eval_export(shakespeare_shards, tmp_path,
                         "--no-verify"]) == 0
     assert "(ema weights)" in capsys.readouterr().out
     from megahash.cli import main as cli
-    from megahash.training.weights import read_artifact
+    from megahash.checkpoint.artifact import read_artifact
 
     assert cli(["export", "--checkpoint", str(last), "--output", str(tmp_path / "q"), "--weights", "ema"]) == 0
     back, rec = read_artifact(tmp_path / "q")  # int8 + zstd of the average: within half a step of it per row

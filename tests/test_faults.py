@@ -137,7 +137,7 @@ def test_damaged_newest_checkpoint_falls_back_and_dead_saves_are_cleaned(shakesp
     # bit-exact: resume is the promise (same config and machine: one path)
     assert [again[s] for s in (5, 6)] == [first[s] for s in (5, 6)]
     assert (run_dir / "latest").read_text() == "step_00000008"
-    from megahash.training.checkpoint_faults import damage
+    from megahash.checkpoint.manifest import damage
 
     assert damage(run_dir / "step_00000008") is None and damage(run_dir / "step_00000006") is None  # re-saved
 
@@ -183,7 +183,7 @@ def test_disk_full_during_save_is_one_line_and_keeps_the_previous(shakespeare_sh
         assert sorted(p.name for p in run_dir.iterdir() if p.name.startswith("step_")) == ["step_00000002"]
         assert (run_dir / "latest").read_text() == "step_00000002"
         assert not [p for p in run_dir.rglob("*") if ".tmp" in p.name]
-        from megahash.training.checkpoint_faults import damage
+        from megahash.checkpoint.manifest import damage
 
         assert damage(run_dir / "step_00000002") is None
     finally:
@@ -216,7 +216,7 @@ def test_export_hf_never_unpickles_code(shakespeare_shards, tmp_path):
 
     from conftest import pretrain, run
     from megahash.errors import CheckpointError
-    from megahash.training.safe_unpickle import RestrictedUnpickler
+    from megahash.checkpoint.safe_unpickle import RestrictedUnpickler
 
     run_dir = tmp_path / "run"
     r = pretrain(base(shakespeare_shards, run_dir, 1, "train.eval_interval=0"))

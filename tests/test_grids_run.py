@@ -27,7 +27,7 @@ GRIDS = sorted((ROOT / "configs" / "grids").glob("*.yaml"))
 SHRINK = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=128",
           "model.num_query_groups=0", "model.vocab_size=0", "model.max_position_embeddings=128",
           "model.attention.options.fixed_seq_length=64", "data.seq_length=64", "data.valid_samples=8",
-          "train.steps=2", "train.save_interval=0", "train.eval_interval=2", "train.eval_iters=1",
+          "train.steps=2", "train.save_interval=0", "train.eval_interval=2",
           "train.micro_batch_size=2", "train.global_batch_size=2", "train.warmup_steps=1", "train.log_interval=1",
           "train.precision=fp32", "logging.plot=false", "logging.tensorboard=false"]
 

@@ -42,7 +42,7 @@ def test_import_standard_qwen2_folder(tie, tmp_path, dist):
     """megahash import-hf on a transformers Qwen2 folder (sharded when untied): the imported
     checkpoint's logits equal transformers'."""
     from megahash.convert.importer import import_hf
-    from megahash.training.weights import load_for_inference
+    from megahash.checkpoint.weights import load_for_inference
 
     hf = random_qwen2(tmp_path / "hf", tie, shard=None if tie else "100KB")
     if not tie:
@@ -98,7 +98,7 @@ def test_qwen2_export_is_publishable_on_transformers_4_and_5(tmp_path, dist, tf4
     from megahash.convert.export import export_model
     from megahash.convert.importer import import_hf
     from megahash.eval.text import load_codec
-    from megahash.training.weights import load_for_inference
+    from megahash.checkpoint.weights import load_for_inference
     from test_tokenizers import make_bpe
 
     src = tmp_path / "src"

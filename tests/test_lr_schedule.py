@@ -1,5 +1,6 @@
-"""LR schedule against closed forms and against megatron-core's OptimizerParamScheduler
-(the reference implementation of lr-decay-iters, warmup fraction and WSD)."""
+"""LR schedule (megatron-core's OptimizerParamScheduler driven per optimizer step,
+megahash/training/lr_schedule.py) against closed forms written here from the formulas and against a plain
+OptimizerParamScheduler (the reference implementation of lr-decay-iters, warmup fraction and WSD)."""
 import math
 import types
 
@@ -8,7 +9,7 @@ import torch
 
 from megahash.config import load_config
 from megahash.errors import ConfigError
-from megahash.training.lr_schedule import lambda_for, lr_at, lr_for_step, warmup_steps_of
+from megahash.training.lr_schedule import Schedule, lr_for_step, warmup_steps_of
 
 
 def _t(**kw):
@@ -65,15 +66,71 @@ def test_matches_megatron_optimizer_param_scheduler(style, mstyle, wsd):
         assert mine == pytest.approx(opt.param_groups[0]["lr"], rel=1e-12, abs=1e-15), s
 
 
-def test_lambda_lr_gives_the_schedule_to_the_optimizer():
+def _wsd_closed_form(s, lr, min_lr, warmup, total, fraction):
+    """Warmup ``lr (s + 1) / W``, stable ``lr``, linear anneal over the last ``fraction`` of ``total``."""
+    if s < warmup:
+        return lr * (s + 1) / warmup
+    if s >= total:
+        return min_lr
+    n = max(1, round(fraction * total))
+    return lr if s < total - n else min_lr + (lr - min_lr) * (1 - (s - (total - n)) / n)
+
+
+def test_schedule_sets_every_group_and_keeps_their_weight_decay():
+    """The engine's scheduler on a real optimizer: the AdamW groups follow train.lr's schedule, a group of
+    another peak (Muon's train.muon_lr) the same shape scaled to its peak, every group's weight decay stays."""
     t = _t(lr=1e-3, min_lr=1e-4, warmup_steps=3, decay="wsd", decay_fraction=0.5, steps=20)
-    p = torch.nn.Parameter(torch.zeros(1))
-    opt = torch.optim.SGD([p], lr=t.lr)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda_for(t))
+    ps = [torch.nn.Parameter(torch.zeros(1)) for _ in range(3)]
+    opt = torch.optim.SGD([{"params": [ps[0]], "weight_decay": 0.1}, {"params": [ps[1]], "weight_decay": 0.0},
+                           {"params": [ps[2]], "lr": 2e-2, "weight_decay": 0.1}], lr=t.lr)
+    sched = Schedule(opt, t)
     for s in range(25):
-        assert opt.param_groups[0]["lr"] == pytest.approx(lr_at(s, 1e-3, 1e-4, 3, 20, "wsd", 0.5)), s
+        want = _wsd_closed_form(s, 1e-3, 1e-4, 3, 20, 0.5)
+        lrs = [g["lr"] for g in opt.param_groups]
+        assert lrs[0] == lrs[1] == pytest.approx(want, rel=1e-12), s
+        assert lrs[2] == pytest.approx(want * 20, rel=1e-12), s  # floor 2e-2 * min_lr / lr
+        assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0, 0.1]
         opt.step()
         sched.step()
+
+
+def test_decay_ending_within_warmup_warms_up_then_holds_min_lr():
+    """D <= W (megatron's scheduler requires W < D): warmup, then min_lr from step W (constant: lr)."""
+    t = _t(lr=1.0, min_lr=0.1, warmup_steps=10, decay="cosine", steps=20, decay_steps=6)
+    assert [lr_for_step(t, s) for s in (0, 9, 10, 15)] == pytest.approx([0.1, 1.0, 0.1, 0.1], rel=1e-12)
+    c = _t(lr=1.0, min_lr=0.1, warmup_steps=10, decay="constant", steps=20, decay_steps=6)
+    assert [lr_for_step(c, s) for s in (4, 10, 15)] == pytest.approx([0.5, 1.0, 1.0], rel=1e-12)
+
+
+@pytest.mark.parametrize("ramp", [False, True])
+def test_resumed_schedule_continues_bit_exactly(ramp):
+    """A scheduler loaded from another's state_dict at step k (what DeepSpeed's checkpoint holds) gives the
+    uninterrupted run's LRs, bit for bit (resume is the promise), with and without a batch-size ramp."""
+    over = dict(lr=2e-3, min_lr=2e-4, warmup_steps=4, decay="wsd", decay_fraction=0.3, wsd_decay_style="1-sqrt",
+                steps=30)
+    if ramp:
+        over.update(batch_ramp="[2,2,24]", global_batch_size=8, micro_batch_size=2)
+    t = _t(**over)
+
+    def sgd():
+        return torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=t.lr)
+
+    opt = sgd()
+    sched = Schedule(opt, t)
+    straight, state = [], None
+    for s in range(30):
+        straight.append(opt.param_groups[0]["lr"])
+        sched.step()
+        if s == 10:
+            state = sched.state_dict()
+    opt2 = sgd()
+    resumed = Schedule(opt2, t)
+    resumed.load_state_dict(state)
+    after = []
+    for _ in range(11, 30):
+        after.append(opt2.param_groups[0]["lr"])
+        resumed.step()
+    assert after == straight[11:]
 
 
 @pytest.mark.parametrize("override, expect", [

@@ -454,7 +454,7 @@ def test_a_kind_with_an_option_and_a_model_input_in_one_file(plugin, shakespeare
     from megahash.convert.verify import load_hf
     from megahash.errors import ConfigError
     from megahash.models.megatron_model import DecodeState
-    from megahash.training.weights import load_for_inference
+    from megahash.checkpoint.weights import load_for_inference
 
     with pytest.raises(ConfigError, match="anchor_length"):
         load_config(None, [f"model.schedule=uniform:{ANCHOR}", "model.attention.options.anchor_length=0"])

@@ -112,7 +112,7 @@ def test_deepspeed_run_trains_checkpoints_and_exports_it(precision, shakespeare_
     from megahash.convert.export import export_hf
     from megahash.convert.verify import hf_logits, load_hf, megahash_greedy, megahash_logits
     from megahash.pretrain import main
-    from megahash.training.weights import load_for_inference
+    from megahash.checkpoint.weights import load_for_inference
 
     run = tmp_path / "run"
     status = main([f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}",

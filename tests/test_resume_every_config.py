@@ -173,7 +173,7 @@ def test_skipped_layers_move_between_zero_stages_and_stay_as_built(hashed_shards
     import torch
 
     from megahash import accelerator
-    from megahash.training.weights import load_for_inference
+    from megahash.checkpoint.weights import load_for_inference
 
     skip = ["model.schedule=hybrid:rndembqk:even", "model.attention.skip_nonstandard=true", "train.weight_decay=0.1",
             "train.steps=6", "train.save_interval=2"]

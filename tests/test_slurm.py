@@ -25,7 +25,7 @@ STEPS = 60
 TINY = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=128",
         "model.vocab_size=0", "data.seq_length=64", "train.micro_batch_size=4", "train.global_batch_size=8",
         f"train.steps={STEPS}", "train.precision=fp32", "train.warmup_steps=2", "train.lr=2e-3",
-        "train.eval_interval=20", "train.eval_iters=2", "train.save_interval=0", "train.log_interval=10",
+        "train.eval_interval=20", "train.save_interval=0", "train.log_interval=10",
         "logging.plot=false", "logging.tensorboard=false"]
 # 2 emulated nodes x 1 rank; the header's --cpus-per-task=8 and 8 GPUs do not fit the local nodes
 SBATCH = ["--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=1", "--cpus-per-task=1", "--time=20"]

@@ -20,7 +20,7 @@ from _slurm import clean_env
 TINY = {"model.hidden_size": 64, "model.num_layers": 2, "model.num_heads": 4, "model.ffn_hidden_size": 128,
         "model.vocab_size": 0, "data.seq_length": 64, "train.steps": 12, "train.micro_batch_size": 4,
         "train.global_batch_size": 4, "train.precision": "fp32", "train.warmup_steps": 2, "train.lr": 2e-3,
-        "train.eval_interval": 6, "train.eval_iters": 2, "train.save_interval": 0, "train.log_interval": 6,
+        "train.eval_interval": 6, "train.save_interval": 0, "train.log_interval": 6,
         "logging.plot": False, "logging.tensorboard": False}
 SCHEDULES = ["uniform:mha", "uniform:mlp"]
 SEEDS = [1, 2]

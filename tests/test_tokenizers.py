@@ -129,7 +129,7 @@ def test_eval_export_and_transformers(pipeline, corpus):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from megahash.eval.text import load_codec
-    from megahash.training.weights import load_for_inference
+    from megahash.checkpoint.weights import load_for_inference
 
     cfg_json = json.loads((pipeline["hf"] / "config.json").read_text())
     assert cfg_json["model_type"] == "qwen2"

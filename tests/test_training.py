@@ -42,7 +42,7 @@ def test_tp_and_sp_parity(shakespeare_shards, tmp_path):
     script = (
         "import sys, torch\n"
         "from megahash import accelerator\n"
-        "from megahash.training.weights import load_for_inference\n"
+        "from megahash.checkpoint.weights import load_for_inference\n"
         "ref = None\n"
         "for d in sys.argv[1:]:\n"
         "    _, m, _ = load_for_inference(d)\n"
@@ -99,7 +99,7 @@ def test_hybrid_schedule_checkpoints_resume_and_load_at_tp1(shakespeare_shards, 
     # bit-exact: resume is the promise (same ranks and layout, same machine)
     assert [a[s] for s in range(1, 7)] == [b[s] for s in range(1, 7)]
     script = ("import sys\n"
-              "from megahash.training.weights import load_for_inference\n"
+              "from megahash.checkpoint.weights import load_for_inference\n"
               "_, m, _ = load_for_inference(sys.argv[1])\n"
               "print(sorted(type(l.self_attention).__name__ for l in m.decoder.layers))\n")
     r = run([sys.executable, "-c", script, str(straight)])
@@ -107,7 +107,7 @@ def test_hybrid_schedule_checkpoints_resume_and_load_at_tp1(shakespeare_shards, 
     assert len(set(eval(r.stdout.strip().splitlines()[-1]))) >= 3
     # a model with fewer layers is refused with the layers it does not have, not loaded partially
     script = ("import sys\n"
-              "from megahash.training.weights import load_for_inference\n"
+              "from megahash.checkpoint.weights import load_for_inference\n"
               "load_for_inference(sys.argv[1], ['model.num_layers=3', 'model.schedule=list:mha,rndembqk,mhe-mul'])\n")
     r = run([sys.executable, "-c", script, str(straight)])
     assert r.returncode != 0 and "the model has no ['decoder.layers.3." in r.stderr, r.stderr[-3000:]
@@ -152,6 +152,48 @@ def test_interrupted_save_keeps_previous_checkpoint(shakespeare_shards, tmp_path
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"resumed from {run_dir}/step_00000004" in r.stdout
     assert (run_dir / "latest").read_text() == "step_00000008"
+
+
+def test_checkpoint_of_the_previous_release_still_resumes(shakespeare_shards, tmp_path, capsys):
+    """A checkpoint as the release before megatron-core's OptimizerParamScheduler wrote it (DeepSpeed's
+    ``lr_scheduler`` entry a torch ``LambdaLR`` state, ``train.eval_iters`` in its resolved config) resumes
+    in process and continues the uninterrupted run: losses and LRs bit for bit."""
+    import torch
+    import yaml
+    from test_batch_ramp import TINY as SMALL, _main, _records
+
+    from megahash.checkpoint.manifest import write_manifest
+    from megahash.config import load_config
+    from megahash.training.lr_schedule import lambda_for
+
+    common = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}",
+              *SMALL, "train.lr=2e-3", "train.min_lr=2e-4", "train.warmup_steps=2", "train.decay=wsd",
+              "train.decay_fraction=0.5", "train.steps=6"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    for extra in ([f"train.save_dir={straight}"], [f"train.save_dir={split}", "train.stop_after=3"]):
+        status, out = _main([*common, *extra], capsys)
+        assert status == 0, out[-3000:]
+    ckpt = split / "step_00000003"
+    t = load_config(None, common).train
+    groups = [{"params": [torch.nn.Parameter(torch.zeros(1))]} for _ in range(2)]  # AdamW's decay, no decay
+    opt = torch.optim.SGD(groups, lr=t.lr)
+    old = torch.optim.lr_scheduler.LambdaLR(opt, lambda_for(t))  # the scheduler that release built
+    for _ in range(3):
+        opt.step()
+        old.step()
+    ds = torch.load(ckpt / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+    ds["lr_scheduler"] = old.state_dict()
+    torch.save(ds, ckpt / "mp_rank_00_model_states.pt")
+    tree = yaml.safe_load((ckpt / "resolved_config.yaml").read_text())
+    tree["train"]["eval_iters"] = 4
+    (ckpt / "resolved_config.yaml").write_text(yaml.safe_dump(tree))
+    write_manifest(ckpt)  # the sizes that release's manifest recorded for its files
+    status, out = _main([*common, f"train.save_dir={split}"], capsys)
+    assert status == 0 and f"resumed from {ckpt}" in out, out[-3000:]
+    a, b = _records(straight), _records(split)
+    assert sorted(a) == sorted(b) == list(range(1, 7))
+    # bit-exact: resume is the promise (same configuration in process, same machine)
+    assert [(a[s]["loss"], a[s]["lr"]) for s in a] == [(b[s]["loss"], b[s]["lr"]) for s in b]
 
 
 def test_checkpoint_from_another_model_is_refused(shakespeare_shards, tmp_path):

@@ -70,7 +70,7 @@ def test_validation_fixed_across_dp_steps_and_batch(shakespeare_shards, tmp_path
     script = (
         "import sys, torch\n"
         "from megahash import accelerator\n"
-        "from megahash.training.weights import load_for_inference\n"
+        "from megahash.checkpoint.weights import load_for_inference\n"
         "sds = []\n"
         "for d in sys.argv[1:]:\n"
         "    _, m, _ = load_for_inference(d)\n"

@@ -15,9 +15,10 @@ def export_artifact(checkpoint, output, fmt: str = "int8", codec: str = "zstd", 
     """Write the artifact of a checkpoint's ``weights`` (live or ema); a summary with its ``bytes``."""
     from megahash import accelerator
     from megahash.models.quantized import quantized
-    from megahash.training.checkpoint import model_signature
-    from megahash.training.checkpoint_files import read_state
-    from megahash.training.weights import load_for_inference, write_artifact
+    from megahash.checkpoint.artifact import write_artifact
+    from megahash.checkpoint.layout import read_state
+    from megahash.checkpoint.signature import model_signature
+    from megahash.checkpoint.weights import load_for_inference
 
     with accelerator.releasing_group():
         cfg, model, ckpt = load_for_inference(checkpoint, weights=weights)

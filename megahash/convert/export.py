@@ -4,7 +4,7 @@
                        [--format auto|megahash|qwen2] [--tokenizer PATH] [--no-verify]
 
 The checkpoint (any TP size / ZeRO stage: its megatron dist checkpoint ``step_N/model/`` is loaded
-at TP=1 by :func:`megahash.training.weights.load_for_inference`) becomes:
+at TP=1 by :func:`megahash.checkpoint.weights.load_for_inference`) becomes:
 
 ``--format megahash`` (every model): ``model.safetensors`` (megahash's TP=1 parameter names under
 ``model.``/``output_layer``/``head``; the fixed input of rndembqk/fixedseqqk and the rolling seeds as
@@ -181,11 +181,11 @@ def load_checkpoint(checkpoint, tokenizer: str | None = None, weights: str = "li
     """(cfg, TP=1 model, checkpoint dir, codec or None, step) of a megahash checkpoint; ``weights``: live
     or ema (the average of train.ema_decay)."""
     from megahash.eval.text import load_codec
-    from megahash.training import checkpoint as ckpt_mod
-    from megahash.training.weights import load_for_inference
+    from megahash.checkpoint.layout import read_state
+    from megahash.checkpoint.weights import load_for_inference
 
     cfg, model, ckpt = load_for_inference(checkpoint, weights=weights)
-    step = int(ckpt_mod.read_state(ckpt).get("step", 0))
+    step = int(read_state(ckpt).get("step", 0))
     try:
         codec = load_codec(cfg, ckpt, tokenizer, model_vocab=model.vocab_size)
     except MegahashError as e:

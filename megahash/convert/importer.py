@@ -96,9 +96,6 @@ def build_model(tree: dict, padded: int, save_dir=None):
     from megahash.models.megatron_model import MegahashLM
 
     tree = _tp1(tree)
-    from megahash.config import canonical_tree
-
-    tree = canonical_tree(tree)  # kind options under model.*.options (also for trees written before)
     for section in ("attention", "embed"):  # kind options naming files of the exporting machine: the
         opts = (tree.get("model", {}).get(section) or {}).get("options") or {}  # data they made comes with the weights
         for key, value in opts.items():
@@ -122,27 +119,30 @@ def load_state(model, state: dict) -> None:
 
 def write_weights_checkpoint(model, cfg, save_dir, step: int, extra: dict | None = None) -> Path:
     """A complete, weights-only megahash checkpoint ``save_dir/step_N`` (+ ``latest``) of a TP=1 model."""
+    from megahash.atomic_write import write_json_atomic, write_text_atomic
+    from megahash.checkpoint.layout import STATE_FILE, WEIGHTS_DIR, tag_for
+    from megahash.checkpoint.resolve import complete_checkpoints
+    from megahash.checkpoint.signature import model_signature
+    from megahash.checkpoint.weights import save_weights
     from megahash.config import save_config
-    from megahash.training import checkpoint
-    from megahash.training.weights import WEIGHTS_DIR, save_weights
 
     root = Path(save_dir)
-    if checkpoint.complete_checkpoints(root):
+    if complete_checkpoints(root):
         raise CheckpointError(f"{root} already holds megahash checkpoints; import into a new directory")
     root.mkdir(parents=True, exist_ok=True)
-    tag = checkpoint.tag_for(step)
+    tag = tag_for(step)
     tmp = root / (tag + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     save_weights(model, tmp / WEIGHTS_DIR)
     save_config(cfg, tmp / "resolved_config.yaml")
-    from megahash.training.batch_ramp import consumed_samples
+    from megahash.data.samples import consumed_samples
 
     state = {"step": int(step), "consumed_samples": consumed_samples(cfg.train, int(step)),
-             "signature": checkpoint.model_signature(cfg), "padded_vocab_size": int(model.vocab_size),
+             "signature": model_signature(cfg), "padded_vocab_size": int(model.vocab_size),
              "world_size": 1, "weights_only": True, **(extra or {})}
-    (tmp / checkpoint.STATE_FILE).write_text(json.dumps(state, indent=1))
+    write_json_atomic(tmp / STATE_FILE, state)
     os.replace(tmp, root / tag)
-    (root / "latest").write_text(tag)
+    write_text_atomic(root / "latest", tag)
     save_config(cfg, root / "resolved_config.yaml")
     return root / tag
 

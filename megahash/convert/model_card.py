@@ -58,7 +58,7 @@ def write_model_card(out: Path, cfg, model, fmt: str, step: int, run_dir=None) -
     inputs = meta.get("inputs") or {}
     source = _base(inputs.get("source", "")) or ", ".join(_base(p) for p in cfg.data.prefix) or "unknown"
     tok = meta.get("tokenizer") or {}
-    from megahash.training.batch_ramp import consumed_samples
+    from megahash.data.samples import consumed_samples
 
     samples = consumed_samples(t, int(step))  # step x global batch, or the sum of a batch ramp's batches
     tokens = samples * cfg.data.seq_length

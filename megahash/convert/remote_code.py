@@ -303,11 +303,11 @@ def _find_cycle(graph: dict) -> list:
 
 def write(out: Path, kinds) -> list[str]:
     """Write the remote code for ``kinds`` into ``out``; returns the file names."""
+    from megahash.atomic_write import write_text_atomic
+
     files = assemble(kinds)
     for name, text in files.items():
-        tmp = out / (name + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(out / name)
+        write_text_atomic(out / name, text)
     return sorted(files)
 
 

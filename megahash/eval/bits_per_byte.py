@@ -68,7 +68,7 @@ def evaluate_text(ckpt_dir, src: str, out=None, limit=None, batch_size: int = 8,
     """Score ``src`` with the checkpoint; write the JSON record and print one line."""
     from megahash import accelerator
     from megahash.atomic_write import write_text_atomic
-    from megahash.training.weights import resolve_checkpoint
+    from megahash.checkpoint.resolve import resolve_checkpoint
 
     ckpt = resolve_checkpoint(ckpt_dir)
     out = Path(out) if out else ckpt.parent / "eval" / f"{ckpt.name}_text.json"

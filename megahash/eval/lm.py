@@ -5,7 +5,7 @@
 
 or ``megahash eval --checkpoint DIR --tasks ...`` (megahash/eval/run.py). The checkpoint (a run
 directory -> its ``latest``, or a ``step_N`` directory) is loaded at TP=1 in eval mode through
-:func:`megahash.training.weights.load_for_inference`, whatever TP/ZeRO layout it was trained with;
+:func:`megahash.checkpoint.weights.load_for_inference`, whatever TP/ZeRO layout it was trained with;
 text is tokenised and hashed exactly as the shards were (:mod:`megahash.eval.text`).
 
 Requests (lm-eval 0.4 ``LM`` API):

@@ -64,12 +64,12 @@ def read_evals(run_dir: Path) -> dict:
 def describe_run(path: str) -> dict:
     """Parameters, costs and eval scores of one run (see the module docstring)."""
     from megahash.models.accounting import count_parameters
-    from megahash.training import checkpoint as ckpt_mod
-    from megahash.training.weights import checkpoint_config, resolve_checkpoint
+    from megahash.checkpoint.layout import read_state
+    from megahash.checkpoint.resolve import checkpoint_config, resolve_checkpoint
 
     ckpt = resolve_checkpoint(path)
     cfg = checkpoint_config(ckpt)
-    state = ckpt_mod.read_state(ckpt)
+    state = read_state(ckpt)
     vocab = int(state.get("padded_vocab_size") or cfg.model.vocab_size or 0)
     report = count_parameters(cfg, vocab)
     attention = sum(L["attention"]["qkv"] + L["attention"]["out"] for L in report["layers"])

@@ -35,7 +35,7 @@ from typing import Optional, Sequence
 
 from megahash import known_warnings
 from megahash.errors import ConfigError, DataError
-from megahash.training.eval_during import LAUNCHER_VARS as _LAUNCHER_VARS
+from megahash.launching.env import LAUNCHER_VARS
 
 DEFAULT_TASKS = ["arc_easy", "boolq", "copa", "piqa", "sciq", "rte", "hellaswag", "wikitext", "lambada_openai"]
 # the metric each task type is summarised by (first match wins), and whether higher is better
@@ -229,7 +229,7 @@ def evaluate_checkpoint(ckpt_dir, tasks=None, tasks_dir: Optional[str] = None, o
     if isolated:
         return _evaluate_in_subprocess(ckpt_dir, tasks, tasks_dir, out, limit, batch_size, max_length, tokenizer,
                                        overrides, incremental, quiet, overwrite, weights)
-    from megahash.training.weights import resolve_checkpoint
+    from megahash.checkpoint.resolve import resolve_checkpoint
 
     ckpt = resolve_checkpoint(ckpt_dir)
     out = Path(out) if out else _weights_out(default_out(ckpt), weights)
@@ -299,7 +299,7 @@ def _evaluate_in_subprocess(ckpt_dir, tasks, tasks_dir, out, limit, batch_size, 
                             incremental, quiet, overwrite=True, weights="live") -> dict:
     import subprocess
 
-    from megahash.training.weights import resolve_checkpoint
+    from megahash.checkpoint.resolve import resolve_checkpoint
 
     ckpt = resolve_checkpoint(ckpt_dir)
     out = Path(out) if out else _weights_out(default_out(ckpt), weights)
@@ -316,7 +316,7 @@ def _evaluate_in_subprocess(ckpt_dir, tasks, tasks_dir, out, limit, batch_size, 
     argv += ["--artifact", weights] if weights not in ("live", "ema") else ["--weights", weights]
     if overwrite:
         argv.append("--overwrite")
-    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
     root = str(Path(__file__).resolve().parent.parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     r = subprocess.run(argv, env=env, capture_output=True, text=True)

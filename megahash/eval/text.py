@@ -158,19 +158,6 @@ class TextCodec:
         return self.table.rows(self.spec.name, rows)
 
 
-def _resolve_path(path: str, ckpt_dir: Optional[Path]) -> Optional[str]:
-    """A path as written in the config, tried as given, relative to the run directory, and with
-    ``.model`` appended."""
-    cands = [path]
-    if ckpt_dir is not None and not os.path.isabs(path):
-        cands += [str(ckpt_dir.parent / path), str(ckpt_dir / path)]
-    for c in cands:
-        for cand in (c, c + ".model"):
-            if os.path.isfile(cand):
-                return cand
-    return None
-
-
 def load_codec(cfg, ckpt_dir: Optional[Path] = None, tokenizer: Optional[str] = None,
                model_vocab: Optional[int] = None) -> TextCodec:
     """The :class:`TextCodec` of a checkpoint's config (``tokenizer`` overrides ``data.tokenizer``)."""
@@ -256,8 +243,8 @@ def load_codec(cfg, ckpt_dir: Optional[Path] = None, tokenizer: Optional[str] = 
 
 
 def load_model(path, overrides: Optional[list[str]] = None, weights: str = "live"):
-    """:func:`megahash.training.weights.load_for_inference` (one-line CheckpointError on bad weights);
+    """:func:`megahash.checkpoint.weights.load_for_inference` (one-line CheckpointError on bad weights);
     ``weights``: live, ema or a quantized artifact's path (``load_chosen``)."""
-    from megahash.training.weights import load_for_inference
+    from megahash.checkpoint.weights import load_for_inference
 
     return load_for_inference(path, list(overrides or []), weights=weights)

@@ -321,13 +321,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         result = run(args)
         print(result["markdown"])
         if args.out:
+            from megahash.atomic_write import write_text_atomic
+
             out = Path(args.out)
-            out.parent.mkdir(parents=True, exist_ok=True)
             for path, text in ((out, json.dumps({k: v for k, v in result.items() if k != "markdown"}, indent=1) + "\n"),
                                (out.with_suffix(".md"), result["markdown"] + "\n")):
-                tmp = path.with_name(path.name + ".tmp")
-                tmp.write_text(text)
-                tmp.replace(path)
+                write_text_atomic(path, text)
             print(f"\nwrote {out} and {out.with_suffix('.md')}")
         return 0
 

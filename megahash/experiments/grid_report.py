@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 from pathlib import Path
 
@@ -247,9 +246,10 @@ def plots(grid, rows: list[dict]) -> list[Path]:
 
 
 def _savefig(fig, path: Path) -> Path:
-    tmp = path.with_name(path.stem + f".tmp-{os.getpid()}.png")
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, path)
+    from megahash.atomic_write import atomic_path
+
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format=path.suffix[1:])
     return path
 
 

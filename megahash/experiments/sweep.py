@@ -365,9 +365,9 @@ def eval_command(grid: Grid, cell: Cell) -> list[str]:
 def _env() -> dict:
     """Environment of a cell's processes: this one's, without rank/rendezvous variables (an in-process
     evaluation sets them for its 1-rank group, whose port may still be bound)."""
-    from megahash.eval.run import _LAUNCHER_VARS
+    from megahash.launching.env import LAUNCHER_VARS
 
-    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 

@@ -26,6 +26,12 @@ import socket
 import subprocess
 from dataclasses import dataclass
 
+# launcher variables a child process with a 1-rank group of its own must not see (an evaluation of
+# eval.interval, megahash eval in a sweep cell): it would meet the launching job's group
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                 "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_PROCID",
+                 "SLURM_STEP_ID", "SLURM_LOCALID")
+
 
 @dataclass
 class DistEnv:

@@ -7,7 +7,7 @@ rest flattened) symmetrically to ``bits`` (8, 6, 4): scale ``s = max|row| / qmax
 so ``|w - q s| <= s / 2`` per element (the round-trip bound the tests check). int8 stores one byte a
 value; int6 packs four values into three bytes, int4 two values into a byte (offset binary). Other
 floating tensors are kept: 1-D ones (norms, biases, gains) in fp32, small matrices in fp16; integer
-buffers as they are. The whole is ``torch.save``d (megahash/training/weights.py ``write_artifact``: models open no files) (no pickled code: ``torch.load(weights_only=True)``)
+buffers as they are. The whole is ``torch.save``d (megahash/checkpoint/artifact.py ``write_artifact``: models open no files) (no pickled code: ``torch.load(weights_only=True)``)
 and compressed with zstandard (level 19; the package megahash already needs for .jsonl.zst corpora)
 or the standard library's zlib (level 9). torchao's quantization primitives are not installed here, and
 torch's own ``quantize_per_channel`` covers int8 only, so the few lines below do it for every width.

@@ -160,12 +160,15 @@ class AsyncSaver:
     def save(self, engine, step: int, consumed: int, wait: bool, extra: dict | None = None) -> float:
         """Collective: start the save of ``step`` (after finishing the pending one); with ``wait``,
         finish it too. Returns the seconds the caller was blocked."""
-        from megahash.training import checkpoint, optimizer_state
-        from megahash.training.weights import WEIGHTS_DIR, save_weights
+        from megahash.checkpoint import optimizer_state
+        from megahash.checkpoint.layout import WEIGHTS_DIR, tag_for
+        from megahash.checkpoint.rng import write_rng
+        from megahash.checkpoint.weights import save_weights
+        from megahash.training import checkpoint
 
         t0 = time.perf_counter()
         stall = self.finish(blocking=True)
-        cfg, root, tag = self.cfg, Path(self.cfg.train.save_dir), checkpoint.tag_for(step)
+        cfg, root, tag = self.cfg, Path(self.cfg.train.save_dir), tag_for(step)
         tmp = root / (tag + ".tmp")
         error, native = checkpoint.begin(root, tmp), optimizer_state.unsupported(engine) is not None
         self.queue.step = self.now = step
@@ -177,7 +180,7 @@ class AsyncSaver:
 
             ema.save(engine, tmp, cfg.train.zero_stage, self.queue)  # the weight average (train.ema_decay)
             optimizer_state.save(engine, tmp / optimizer_state.OPTIM_DIR, cfg.train.zero_stage, self.queue)
-            checkpoint.write_rng(tmp)
+            write_rng(tmp)
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as e:  # noqa: BLE001 - torch's CheckpointException is a BaseException
@@ -250,7 +253,7 @@ def save(run, step: int, wait: bool) -> None:
     before returning), else synchronously with its stall logged (split ``checkpoint``)."""
     from megahash.training import checkpoint, step_guard
 
-    consumed = run.consumed(step)  # batch_ramp.consumed_samples: the one source
+    consumed = run.consumed(step)  # megahash.data.samples.consumed_samples: the one source
     extra = step_guard.checkpoint_extra(run.guard)  # the bad-step guard's window (train.spike_factor)
     if run.saver is not None:
         run.saver.save(run.engine, step, consumed, wait, extra)

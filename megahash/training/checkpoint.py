@@ -1,15 +1,7 @@
-"""Checkpoints: DeepSpeed engine state (model, optimizer/ZeRO partitions, LR scheduler) plus
-megahash state (step, consumed samples, per-rank RNG, resolved config).
+"""Saving and resuming a training run: DeepSpeed engine state (model, optimizer/ZeRO partitions, LR
+scheduler) plus megahash state (step, consumed samples, per-rank RNG, resolved config).
 
-Layout of ``train.save_dir``::
-
-    step_00000100/            one complete checkpoint (DeepSpeed files + megahash files)
-        mp_rank_00_model_states.pt, *_optim_states.pt    (DeepSpeed)
-        model/, optimizer/    weights and Adam's state as megatron dist checkpoints (any layout)
-        megahash_state.json   step, consumed samples, model signature: written last = complete
-        rng_rank00000.json    RNG states of each rank
-        resolved_config.yaml
-    latest                    name of the newest complete checkpoint (written last, atomically)
+The files of a checkpoint and their formats are megahash/checkpoint/ (layout.py names them).
 
 A checkpoint is written under ``step_N.tmp`` and renamed when every rank has finished, so an
 interrupted save never replaces or damages the previous checkpoint. :func:`save` is synchronous;
@@ -18,86 +10,26 @@ interrupted save never replaces or damages the previous checkpoint. :func:`save`
 """
 from __future__ import annotations
 
-import copy
 import json
 import os
 import shutil
 from pathlib import Path
 
-import numpy as np
-import torch
 import torch.distributed as dist
 
 from megahash import accelerator
+from megahash.atomic_write import write_text_atomic
+from megahash.checkpoint.layout import STATE_FILE, WEIGHTS_DIR, pin_path, read_state, tag_for
+from megahash.checkpoint.resolve import choose_resume, complete_checkpoints
+from megahash.checkpoint.signature import model_diffs, model_signature
 from megahash.config import Config, save_config
 from megahash.errors import CheckpointError
-from megahash.training.checkpoint_files import STATE_FILE, TAG_RE, pin_path, read_state  # noqa: F401 (re-exported)
-
-
-def tag_for(step: int) -> str:
-    return f"step_{step:08d}"
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def _to_jsonable(x):
-    if isinstance(x, torch.Tensor):
-        return {"__tensor__": x.tolist(), "dtype": str(x.dtype).replace("torch.", "")}
-    if isinstance(x, np.ndarray):
-        return {"__ndarray__": x.tolist(), "dtype": str(x.dtype)}
-    if isinstance(x, dict):
-        return {k: _to_jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return {"__tuple__": [_to_jsonable(v) for v in x]} if isinstance(x, tuple) else [_to_jsonable(v) for v in x]
-    if isinstance(x, (np.integer,)):
-        return int(x)
-    if isinstance(x, (np.floating,)):
-        return float(x)
-    return x
-
-
-def _from_jsonable(x):
-    if isinstance(x, dict):
-        if "__tensor__" in x:
-            return torch.tensor(x["__tensor__"], dtype=getattr(torch, x["dtype"]))
-        if "__ndarray__" in x:
-            return np.array(x["__ndarray__"], dtype=x["dtype"])
-        if "__tuple__" in x:
-            return tuple(_from_jsonable(v) for v in x["__tuple__"])
-        return {k: _from_jsonable(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_from_jsonable(v) for v in x]
-    return x
-
-
-def model_signature(cfg: Config) -> dict:
-    """What must match for a checkpoint to be loaded into a model: the model tree and TP size."""
-    return {"model": cfg.to_dict()["model"], "tensor_parallel": cfg.parallel.tensor}
-
-
-def complete_checkpoints(save_dir: str | Path) -> list[Path]:
-    """Complete checkpoints (renamed, with a state file), oldest first."""
-    root = Path(save_dir)
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if TAG_RE.match(p.name) and (p / STATE_FILE).is_file()]
-    return sorted(found, key=lambda p: p.name)
 
 
 def find_resume(save_dir: str | Path) -> Path | None:
     """The checkpoint ``train.resume=auto`` picks: the newest verified one; damaged newer ones are named
-    in a warning, and only damaged ones is an error (megahash/training/checkpoint_faults.py)."""
-    from megahash.training.checkpoint_faults import choose_resume
-
-    return choose_resume(save_dir, warn=_rank() == 0)
+    in a warning, and only damaged ones is an error (megahash/checkpoint/resolve.py)."""
+    return choose_resume(save_dir, warn=accelerator.rank() == 0)
 
 
 def check_compatible(ckpt: Path, cfg: Config) -> dict:
@@ -116,38 +48,6 @@ def check_compatible(ckpt: Path, cfg: Config) -> dict:
     return state
 
 
-def model_diffs(saved_model: dict, cfg: Config) -> list[str]:
-    """Where a checkpoint's model tree differs from ``cfg``'s. The saved tree is read as a config would
-    be (kind options under ``options`` even when written before kinds owned them), and an option no
-    kind declared when it was written counts at its declared default."""
-    from megahash.config import canonical_tree
-    from megahash import catalog
-
-    saved_model = canonical_tree({"model": copy.deepcopy(saved_model)})["model"]
-    now = model_signature(cfg)["model"]
-    for section, group in (("attention", "attention"), ("embed", "embedding")):
-        if not isinstance(saved_model.get(section), dict):
-            continue
-        opts = saved_model[section].setdefault("options", {}) or {}
-        specs = catalog.option_specs(group)
-        for key in list(opts):
-            if key not in specs:
-                del opts[key]  # declared by no kind now: the schedule/embedding diff names what changed
-        for key, spec in specs.items():
-            opts.setdefault(key, spec.default)
-        saved_model[section]["options"] = opts
-    return _diff(saved_model, now, "model")
-
-
-def _diff(a, b, path):
-    if isinstance(a, dict) and isinstance(b, dict):
-        out = []
-        for k in sorted(set(a) | set(b)):
-            out += _diff(a.get(k), b.get(k), f"{path}.{k}")
-        return out
-    return [] if a == b else [f"{path}: checkpoint {a!r} vs config {b!r}"]
-
-
 def save(engine, cfg: Config, step: int, consumed: int, extra: dict | None = None) -> Path:
     """Save a complete checkpoint of every rank under ``train.save_dir`` (collective). A failure
     (disk full, permission, state that cannot be written) on any rank removes the partial
@@ -158,11 +58,12 @@ def save(engine, cfg: Config, step: int, consumed: int, extra: dict | None = Non
     error = begin(root, tmp)
     try:
         engine.save_checkpoint(str(root), tag=tmp.name, client_state={"megahash_step": step}, save_latest=False)
-        from megahash.training.weights import WEIGHTS_DIR, save_weights
+        from megahash.checkpoint import optimizer_state  # Adam's state sharded like the weights (elastic resume)
+        from megahash.checkpoint.rng import write_rng
+        from megahash.checkpoint.weights import save_weights
+        from megahash.training import ema
 
         save_weights(engine.module, tmp / WEIGHTS_DIR, cfg.train.zero_stage)
-        from megahash.training import ema, optimizer_state  # Adam's state sharded like the weights (elastic resume)
-
         ema.save(engine, tmp, cfg.train.zero_stage)  # the weight average (train.ema_decay)
 
         optimizer_state.save(engine, tmp / optimizer_state.OPTIM_DIR, cfg.train.zero_stage)
@@ -185,17 +86,13 @@ def begin(root: Path, tmp: Path) -> BaseException | None:
     :func:`fail_if_any`)."""
     error = None
     try:
-        if _rank() == 0:
+        if accelerator.rank() == 0:
             root.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)
     except Exception as e:  # noqa: BLE001 - reported by fail_if_any on every rank
         error = e
     accelerator.barrier()
     return error
-
-
-def write_rng(tmp: Path) -> None:
-    _atomic_write(tmp / f"rng_rank{_rank():05d}.json", json.dumps(_to_jsonable(accelerator.rng_state())))
 
 
 def fail_if_any(root: Path, tag: str, tmp: Path, error: BaseException | None) -> None:
@@ -215,17 +112,17 @@ def publish(engine, cfg: Config, tmp: Path, step: int, consumed: int, extra: dic
     manifest and the state file, renames ``tmp`` to ``step_N``, points ``latest`` at it and prunes."""
     root, tag, error = tmp.parent, tag_for(step), None
     try:
-        if _rank() == 0:
-            from megahash.training import checkpoint_faults
+        if accelerator.rank() == 0:
+            from megahash.checkpoint.manifest import write_manifest
 
             save_config(cfg, tmp / "resolved_config.yaml")
-            checkpoint_faults.write_manifest(tmp)
+            write_manifest(tmp)
             state = {"step": step, "consumed_samples": consumed, "signature": model_signature(cfg),
                      "padded_vocab_size": int(engine.module.vocab_size),
                      "world_size": dist.get_world_size() if dist.is_initialized() else 1,
                      "zero_stage": cfg.train.zero_stage,
                      "optimizer": cfg.train.optimizer, **(extra or {})}
-            _atomic_write(tmp / STATE_FILE, json.dumps(state, indent=1))
+            write_text_atomic(tmp / STATE_FILE, json.dumps(state, indent=1))
             final = root / tag
             if final.exists():  # re-saving the same step: move the old one aside first
                 old = root / (tag + ".old")
@@ -235,7 +132,7 @@ def publish(engine, cfg: Config, tmp: Path, step: int, consumed: int, extra: dic
                 shutil.rmtree(old, ignore_errors=True)
             else:
                 os.replace(tmp, final)
-            _atomic_write(root / "latest", tag)
+            write_text_atomic(root / "latest", tag)
             prune(root, cfg.train.keep_last)
     except Exception as e:  # noqa: BLE001
         error = e
@@ -248,7 +145,7 @@ def publish(engine, cfg: Config, tmp: Path, step: int, consumed: int, extra: dic
 
 def _abandon(tmp: Path) -> None:
     """Remove a partial save (rank 0), then wait for every rank."""
-    if _rank() == 0:
+    if accelerator.rank() == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         for p in tmp.parent.glob("*.tmp-*") if tmp.parent.is_dir() else ():
             p.unlink(missing_ok=True)
@@ -268,17 +165,16 @@ def prune(root: Path, keep_last: int) -> None:
 def load(engine, ckpt: Path, cfg: Config) -> dict:
     """Load model, optimizer, scheduler and this rank's RNG from ``ckpt``; return the state dict."""
     state = check_compatible(ckpt, cfg)
-    from megahash.training.weights import load_weights_only
+    from megahash.training import elastic
 
     if state.get("weights_only"):
-        return load_weights_only(engine, ckpt, cfg, state)
-    from megahash.training import elastic
+        return elastic.load_weights_only(engine, ckpt, cfg, state)
 
     mode = elastic.resume_mode(ckpt, state, cfg, dist.get_world_size() if dist.is_initialized() else 1)
     if mode == "weights":
         # another DP size / ZeRO stage / TP size with train.resume_weights_only=true (checked before
         # DeepSpeed loads anything): the weights at this layout, a fresh optimizer, the LR schedule at the step
-        return load_weights_only(engine, ckpt, cfg, state)
+        return elastic.load_weights_only(engine, ckpt, cfg, state)
     if mode == "elastic":  # another layout: weights and optimizer state from the dist checkpoints
         return elastic.load_elastic(engine, ckpt, cfg, state)
     if state.get("deepspeed_files") is False:  # an asynchronous save (train.async_save): no DeepSpeed files
@@ -288,7 +184,7 @@ def load(engine, ckpt: Path, cfg: Config) -> dict:
                                                load_lr_scheduler_states=True)
         if path is None:
             raise CheckpointError(f"DeepSpeed could not load checkpoint {ckpt}; its files are missing or corrupt")
-    rng_file = ckpt / f"rng_rank{_rank():05d}.json"
-    if rng_file.is_file():
-        accelerator.set_rng_state(_from_jsonable(json.loads(rng_file.read_text())))
+    from megahash.checkpoint.rng import load_rng
+
+    load_rng(ckpt)
     return state

@@ -9,7 +9,7 @@ in a long DeepSpeed traceback. :func:`resume_mode` compares the layout recorded 
 - same layout: DeepSpeed loads its own files (bit-exact resume);
 - another layout: the weights come from the TP-independent megatron dist checkpoint (``model/``),
   Adam's moments, step count and (bf16) fp32 masters from the second one (``optimizer/``,
-  megahash/training/optimizer_state.py), the LR schedule is put at the saved step;
+  megahash/checkpoint/optimizer_state.py), the LR schedule is put at the saved step;
 - ``train.resume_weights_only=true``: the weights only, a fresh optimizer;
 - another layout and no movable optimizer state (a checkpoint of an older megahash, an optimizer
   megahash cannot address per parameter): one line naming both layouts and the reason, offering
@@ -68,7 +68,7 @@ def resume_mode(ckpt: Path, state: dict, cfg, world: int) -> str:
         return "same"
     if cfg.train.resume_weights_only:
         return "weights"
-    from megahash.training.optimizer_state import OPTIM_DIR, read_info
+    from megahash.checkpoint.optimizer_state import OPTIM_DIR, read_info
 
     info = read_info(ckpt / OPTIM_DIR)
     if info.get("complete"):
@@ -89,14 +89,33 @@ def check_layout(ckpt: Path, state: dict, cfg, world: int) -> bool:
 def load_elastic(engine, ckpt: Path, cfg, state: dict) -> dict:
     """Resume at another layout: weights from ``model/`` and the LR schedule at the saved step (as the
     weights-only continuation does), then Adam's state from ``optimizer/`` into this run's partitions."""
-    from megahash.training.weights import load_weights_only
-    from megahash.training.optimizer_state import OPTIM_DIR, load
+    from megahash.checkpoint.optimizer_state import OPTIM_DIR, load
 
     load_weights_only(engine, ckpt, cfg, state)
     load(engine, ckpt / OPTIM_DIR, cfg.train.zero_stage)
     step = int(state.get("step", 0))
     engine.global_steps = step  # DeepSpeed's own counters, as its checkpoint load sets them
-    from megahash.training.batch_ramp import consumed_samples
+    from megahash.data.samples import consumed_samples
 
     engine.global_samples = int(state.get("consumed_samples", consumed_samples(cfg.train, step)))
+    return state
+
+
+def load_weights_only(engine, ckpt: Path, cfg, state: dict) -> dict:
+    """A checkpoint holding only model weights (``megahash import-hf``, marked ``weights_only``):
+    load them from its megatron dist checkpoint at this run's TP size; the optimizer starts fresh
+    (its fp32 master copies are refreshed from the loaded weights) and the LR scheduler is
+    fast-forwarded to the checkpoint's step."""
+    from megahash.checkpoint.layout import WEIGHTS_DIR
+    from megahash.checkpoint.weights import gathered, load_weights
+
+    with gathered(engine.module, cfg.train.zero_stage, modifier_rank=0):
+        load_weights(engine.module, ckpt / WEIGHTS_DIR)
+    refresh = getattr(engine.optimizer, "refresh_fp32_params", None)
+    if refresh is not None:
+        refresh()
+    scheduler = getattr(engine, "lr_scheduler", None)
+    if scheduler is not None:
+        for _ in range(int(state.get("step", 0))):
+            scheduler.step()
     return state

@@ -31,7 +31,8 @@ from pathlib import Path
 
 import torch
 
-from megahash.training.weights import EMA_DIR, gathered, load_weights, save_weights
+from megahash.checkpoint.layout import EMA_DIR
+from megahash.checkpoint.weights import gathered, load_weights, save_weights
 
 ATTR = "_megahash_ema"  # the engine attribute the checkpoint hooks read
 

@@ -38,14 +38,11 @@ import sys
 import time
 from pathlib import Path
 
-from megahash.training.checkpoint_files import STATE_FILE, pin_path
+from megahash.checkpoint.layout import STATE_FILE, pin_path
+from megahash.launching.env import LAUNCHER_VARS
 
 FAIL_ENV = "MEGAHASH_TEST_EVAL_FAIL"  # tests: "STEP", the child of that step exits 1 at once (a planted failure)
 WAIT_ENV = "MEGAHASH_TEST_EVAL_WAIT"  # tests: "STEP:FILE", the child of that step waits for FILE first
-# launcher variables the child must not see: its 1-rank group would meet the training job's
-LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                 "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_PROCID",
-                 "SLURM_STEP_ID", "SLURM_LOCALID")
 
 
 def due(cfg, step: int) -> bool:

@@ -85,10 +85,10 @@ def wandb_run_id(run_dir: str | Path) -> str:
         return path.read_text().strip()
     import secrets
 
+    from megahash.atomic_write import write_text_atomic
+
     run_id = secrets.token_hex(4)
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    tmp.write_text(run_id + "\n")
-    os.replace(tmp, path)
+    write_text_atomic(path, run_id + "\n")
     return run_id
 
 

@@ -1,10 +1,10 @@
 """Learning-rate schedule: linear warmup, then cosine / linear / WSD decay to ``min_lr`` over
-``decay_steps`` ([Xue25] Table 4.9: peak 4e-4, warmup 2000, cosine).
+``decay_steps`` ([Xue25] Table 4.9: peak 4e-4, warmup 2000, cosine), set by megatron-core's
+``OptimizerParamScheduler`` (Megatron-LM's ``--lr-decay-iters``, ``--lr-warmup-iters``/``--lr-warmup-fraction``,
+``--lr-decay-style`` with ``WSD``, ``--lr-wsd-decay-iters`` and ``--lr-wsd-decay-style``).
 
-The closed forms are Megatron-LM's ``OptimizerParamScheduler`` (``--lr-decay-iters``,
-``--lr-warmup-iters``/``--lr-warmup-fraction``, ``--lr-decay-style WSD`` with ``--lr-wsd-decay-iters``
-and ``--lr-wsd-decay-style``), with ``s`` the 0-based optimizer step, ``W`` warmup steps,
-``D`` decay steps (``train.decay_steps``, 0 = ``train.steps``), ratio ``r = (s - W) / (D - W)``:
+With ``s`` the 0-based optimizer step, ``W`` warmup steps, ``D`` decay steps (``train.decay_steps``,
+0 = ``train.steps``), ratio ``r = (s - W) / (D - W)``, the LR of step ``s`` is:
 
 - warmup (s < W): ``lr * (s + 1) / W``
 - cosine: ``min + (lr - min) * 0.5 * (1 + cos(pi * r))``; linear: ``min + (lr - min) * (1 - r)``
@@ -12,18 +12,24 @@ and ``--lr-wsd-decay-style``), with ``s`` the 0-based optimizer step, ``W`` warm
   decay length (``F`` = ``train.decay_fraction``), then linear / cosine / 1-sqrt from lr to min over them
 - constant: ``lr``; past ``D`` every decaying schedule stays at ``min_lr``.
 
+Megatron's scheduler gives the LR at its step count ``n``, warmup ``lr * n / W`` while ``n <= W``: step ``s``
+runs at ``n = s + 1`` during warmup (its first step at ``lr / W``, not 0) and at ``n = s`` after it (step
+``W`` at the peak, ``r = 0``). A decay length not beyond warmup (``D <= W``, which megatron refuses) ends the
+decay with warmup: lengths ``W`` and ``W + 1``, ``n = s + 1`` from step ``W`` on (``min_lr``).
 Decoupling ``D`` from ``train.steps`` means extending a run (more steps) does not reshape the curve.
 
-Under a batch-size ramp (``train.batch_ramp``) the schedule runs in samples, as Megatron's does with a
-ramp (sample-based lengths, advanced by each step's batch): with ``c_s`` the samples consumed before step
-``s`` (megahash/training/batch_ramp.py), the lengths are the samples of the first ``W`` and ``D`` steps,
-``c_W`` and ``c_D``; warmup (``s < W``) is ``lr * c_{s+1} / c_W``, after it the formulas above with
-``s -> c_s``, ``W -> c_W``, ``D -> c_D`` (WSD anneals over the last ``F * c_D`` samples). Warmup and decay
-still end at steps ``W`` and ``D``; without a ramp ``c_s = s G`` and this is the step form.
+Under a batch-size ramp (``train.batch_ramp``) ``n`` counts samples, as Megatron's does with a ramp: with
+``c_s`` the samples consumed before step ``s`` (megahash/data/samples.py) the lengths are ``c_W`` and ``c_D``
+and ``n`` is ``c_{s+1}`` during warmup, ``c_s`` after it (WSD anneals over the last ``F * c_D`` samples).
+Warmup and decay still end at steps ``W`` and ``D``; without a ramp ``c_s = s G`` and this is the step form.
+
+Each parameter group keeps its own peak (``train.muon_lr`` for Muon's matrices; floor ``peak * min_lr / lr``)
+and its own constant weight decay (megatron's ``start_wd = end_wd`` per group). DeepSpeed's engine calls
+:meth:`Schedule.step` after every applied optimizer step and checkpoints :meth:`Schedule.state_dict`; a
+resume runs its first step at the saved LRs and the config's schedule from the next (megatron's
+``override_opt_param_scheduler``), as DeepSpeed's restored optimizer groups did with torch's ``LambdaLR``.
 """
 from __future__ import annotations
-
-import math
 
 
 def warmup_steps_of(train_cfg) -> int:
@@ -39,63 +45,86 @@ def decay_steps_of(train_cfg) -> int:
     return int(getattr(train_cfg, "decay_steps", 0) or train_cfg.steps)
 
 
-def _anneal(ratio: float, style: str) -> float:
-    """Coefficient in [0, 1] going 1 -> 0 as ``ratio`` goes 0 -> 1."""
-    ratio = min(1.0, max(0.0, ratio))
-    if style == "linear":
-        return 1.0 - ratio
-    if style == "cosine":
-        return 0.5 * (1.0 + math.cos(math.pi * ratio))
-    if style == "1-sqrt":
-        return 1.0 - math.sqrt(ratio)
-    raise ValueError(f"unknown decay style {style!r}")
+def _samples(t, step: int) -> int:
+    """``c_s``: samples consumed before step ``s`` under a ramp; ``s`` itself without one (the step form)."""
+    if not getattr(t, "batch_ramp", None):
+        return step
+    from megahash.data.samples import consumed_samples
+
+    return consumed_samples(t, step)
 
 
-def lr_at(step: int, lr: float, min_lr: float, warmup: int, total: int, decay: str,
-          decay_fraction: float = 0.1, wsd_style: str = "linear") -> float:
-    """LR for optimizer step ``step`` (0-based); ``total`` is the decay length D."""
-    if warmup > 0 and step < warmup:
-        return lr * (step + 1) / warmup
-    if decay == "constant":
-        return lr
-    if step >= total:
-        return min_lr
-    if decay == "wsd":
-        n_decay = max(1, int(round(decay_fraction * total)))
-        start = total - n_decay
-        if step < start:
-            return lr
-        return min_lr + (lr - min_lr) * _anneal((step - start) / n_decay, wsd_style)
-    if total <= warmup:
-        return lr
-    ratio = (step - warmup) / (total - warmup)
-    return min_lr + (lr - min_lr) * _anneal(ratio, decay)
+class Schedule:
+    """The LR scheduler DeepSpeed steps: megatron-core's ``OptimizerParamScheduler`` at the count of each
+    optimizer step (module docstring)."""
+
+    def __init__(self, optimizer, train_cfg):
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+        t = self.t = train_cfg
+        self.warmup = warmup_steps_of(t)
+        c_w, c_d = _samples(t, self.warmup), _samples(t, decay_steps_of(t))
+        self.ends_in_warmup = c_d <= c_w
+        decay_len = c_w + 1 if self.ends_in_warmup else c_d
+        for group in optimizer.param_groups:  # each group's own peak and weight decay
+            if group["lr"] != t.lr:
+                group.setdefault("max_lr", group["lr"])
+                group.setdefault("min_lr", group["lr"] * t.min_lr / t.lr if t.lr else 0.0)
+            group.setdefault("start_wd", group.get("weight_decay", 0.0))
+            group.setdefault("end_wd", group["start_wd"])
+        self.megatron = OptimizerParamScheduler(
+            optimizer, init_lr=0.0, max_lr=t.lr, min_lr=t.min_lr, lr_warmup_steps=c_w, lr_decay_steps=decay_len,
+            lr_decay_style="WSD" if t.decay == "wsd" else t.decay, start_wd=t.weight_decay, end_wd=t.weight_decay,
+            wd_incr_steps=decay_len, wd_incr_style="constant", use_checkpoint_opt_param_scheduler=False,
+            override_opt_param_scheduler=True, wsd_decay_steps=max(1, int(round(t.decay_fraction * c_d))),
+            lr_wsd_decay_style={"1-sqrt": "minus_sqrt"}.get(t.wsd_decay_style, t.wsd_decay_style))
+        self.go_to(0)
+
+    def count(self, step: int) -> int:
+        """Megatron's step count ``n`` of 0-based optimizer step ``step`` (module docstring)."""
+        if step < self.warmup:
+            return _samples(self.t, step + 1)
+        return _samples(self.t, step) + (1 if self.ends_in_warmup else 0)
+
+    def go_to(self, step: int) -> None:
+        """Set every group's LR (and weight decay) to those of optimizer step ``step``."""
+        self.last_step = step
+        self.megatron.step(self.count(step) - self.megatron.num_steps)
+
+    def step(self) -> None:
+        """After an applied optimizer step: the LR of the next one."""
+        self.go_to(self.last_step + 1)
+
+    def state_dict(self) -> dict:
+        """megatron's state, the step and each group's LR for it."""
+        return {**self.megatron.state_dict(), "last_step": self.last_step,
+                "lrs": [g["lr"] for g in self.megatron.optimizer.param_groups]}
+
+    def load_state_dict(self, state: dict) -> None:
+        """The saved step at the saved LRs; this config's schedule from the next step on (megatron's
+        ``override_opt_param_scheduler``: a run extended past a decay over train.steps bends to the new
+        length). Checkpoints of the releases before this scheduler hold torch's ``LambdaLR`` state (its
+        step count ``last_epoch`` and LRs ``_last_lr``): the same resume."""
+        if "last_step" in state:
+            self.megatron.num_steps = 0  # megatron's load adds the saved count to a fresh scheduler's
+            self.megatron.load_state_dict(state)
+        self.go_to(int(state["last_step"] if "last_step" in state else state["last_epoch"]))
+        for group, lr in zip(self.megatron.optimizer.param_groups, state.get("lrs", state.get("_last_lr", []))):
+            group["lr"] = lr
 
 
 def lr_for_step(train_cfg, step: int) -> float:
     """LR of 0-based optimizer step ``step`` under the config's schedule (in samples under a batch ramp)."""
-    t = train_cfg
-    if getattr(t, "batch_ramp", None):
-        return _lr_in_samples(t, step)
-    return lr_at(step, t.lr, t.min_lr, warmup_steps_of(t), decay_steps_of(t), t.decay,
-                 getattr(t, "decay_fraction", 0.1), getattr(t, "wsd_decay_style", "linear"))
+    import types
 
-
-def _lr_in_samples(t, step: int) -> float:
-    """The schedule in samples (module docstring): warmup ``lr * c_{s+1} / c_W``, then ``s -> c_s``,
-    ``W -> c_W``, ``D -> c_D``."""
-    from megahash.training.batch_ramp import consumed_samples
-
-    warmup = warmup_steps_of(t)
-    c_w, c_d = consumed_samples(t, warmup), consumed_samples(t, decay_steps_of(t))
-    if step < warmup:
-        return t.lr * consumed_samples(t, step + 1) / c_w
-    return lr_at(consumed_samples(t, step), t.lr, t.min_lr, c_w, c_d, t.decay,
-                 getattr(t, "decay_fraction", 0.1), getattr(t, "wsd_decay_style", "linear"))
+    group = {"lr": train_cfg.lr, "weight_decay": 0.0}
+    Schedule(types.SimpleNamespace(param_groups=[group]), train_cfg).go_to(step)
+    return group["lr"]
 
 
 def lambda_for(train_cfg):
-    """Multiplier function for ``torch.optim.lr_scheduler.LambdaLR`` (base LR = train.lr)."""
+    """Multiplier function for ``torch.optim.lr_scheduler.LambdaLR`` (base LR = train.lr): a plain torch
+    loop on this schedule (tests and benchmarks comparing with one)."""
     t = train_cfg
     if t.lr == 0:
         return lambda step: 0.0

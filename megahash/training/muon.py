@@ -108,7 +108,7 @@ class MuonAdamW(torch.optim.Optimizer):
         super().__init__((self._adamw.param_groups if adam else []) + muon, {})
 
     def state_keys_of(self, p: torch.Tensor, adam_keys: list[str]) -> list[str]:
-        """The state saved for ``p`` (megahash/training/optimizer_state.py): Muon's momentum, or Adam's."""
+        """The state saved for ``p`` (megahash/checkpoint/optimizer_state.py): Muon's momentum, or Adam's."""
         return [MOMENTUM] if self.is_muon(p) else adam_keys
 
     def is_muon(self, p: torch.Tensor) -> bool:

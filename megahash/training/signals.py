@@ -24,6 +24,8 @@ import contextlib
 import os
 import signal
 
+from megahash.atomic_write import write_text_atomic
+
 EXIT_REQUEUE = 3  # exit status after a signal-triggered checkpoint (slurm scripts requeue on it)
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 STATUS_DIR_ENV = "MEGAHASH_RANK_STATUS_DIR"  # set by megahash/launching/supervise.py: ranks register and report there
@@ -79,9 +81,7 @@ def _write_status(text: str) -> None:
         return
     path = os.path.join(d, f"rank-{os.getpid()}")
     try:
-        with open(path + ".tmp", "w") as f:
-            f.write(text)
-        os.replace(path + ".tmp", path)
+        write_text_atomic(path, text)
     except OSError:  # the supervisor's folder is gone: nobody to tell
         pass
 

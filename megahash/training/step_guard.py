@@ -175,7 +175,7 @@ class StepGuard:
 
     def stop_if_stuck(self, step: int, samples: tuple[int, int]) -> None:
         """After ``max_skips`` consecutive skips: one line naming the step and its global sample indices
-        ``samples`` = (consumed before the step, consumed after it; batch_ramp.consumed_samples)."""
+        ``samples`` = (consumed before the step, consumed after it; megahash.data.samples.consumed_samples)."""
         if not self.max_skips or self.consecutive < self.max_skips:
             return
         first, last = samples[0], samples[1] - 1

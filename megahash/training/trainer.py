@@ -24,13 +24,14 @@ import torch
 from megahash import accelerator
 from megahash.config import Config, save_config
 from megahash.data import documents
+from megahash.data.samples import consumed_samples, step_batch
 from megahash.data.text_source import RunTexts
 from megahash.errors import CheckpointError
 from megahash.training import async_save, checkpoint, ema, eval_during, qat, step_guard
-from megahash.training.batch_ramp import check_resume, consumed_samples, ramp_metrics, set_step_batch, step_batch
+from megahash.training.batch_ramp import check_resume, ramp_metrics, set_step_batch
 from megahash.training.ds_config import deepspeed_config, tune_engine
 from megahash.training.logging import RunLogger, plot_loss
-from megahash.training.lr_schedule import lambda_for
+from megahash.training.lr_schedule import Schedule
 from megahash.training.muon import build_optimizer
 from megahash.training.profile_steps import StepProfiler, phase
 from megahash.training.signals import EXIT_REQUEUE, StopFlag, any_rank, release_early
@@ -70,7 +71,7 @@ def build_engine(cfg: Config, model: torch.nn.Module, dp_size: int, dtype: torch
     accelerator.deepspeed_collectives_by_current_names()  # ZeRO-3's collectives without deprecation warnings
     t = cfg.train
     optimizer = build_optimizer(model, t, param_groups(model, t.weight_decay), accelerator.adamw_options())  # train.optimizer
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda_for(t))
+    scheduler = Schedule(optimizer, t)  # megatron-core's OptimizerParamScheduler, stepped by the engine
     bf16_params = dtype == torch.bfloat16 or next(model.parameters()).dtype == torch.bfloat16
     autocast = None if bf16_params else accelerator.autocast_dtype(t.precision)
     ds_cfg = deepspeed_config(cfg, dp_size, bf16=bf16_params, autocast=autocast)
@@ -150,7 +151,7 @@ class _Run:
         return step_batch(self.cfg.train, max(self.step - 1, 0)) * self.cfg.data.seq_length
 
     def consumed(self, step: int) -> int:
-        """Samples consumed by the first ``step`` steps (the one source: batch_ramp.consumed_samples)."""
+        """Samples consumed by the first ``step`` steps (the one source: megahash.data.samples.consumed_samples)."""
         return consumed_samples(self.cfg.train, step)
 
 

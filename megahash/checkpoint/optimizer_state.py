@@ -8,7 +8,7 @@ the data-parallel group; ZeRO-0 in fp32 runs the plain torch optimizer, whose st
 per parameter) and wrapped with megatron-core's ``make_sharded_optimizer_tensor`` around the
 parameter's own ``ShardedTensor`` (or ``ShardedTensorFactory``: the interleaved SwiGLU ``fc1``), so
 megatron's dist checkpointing knows where each TP shard lives in the full tensor, as for the weights
-in ``model/`` (megahash/training/weights.py). Saved per parameter:
+in ``model/`` (megahash/checkpoint/weights.py). Saved per parameter:
 
 - ``exp_avg``, ``exp_avg_sq`` (Adam's moments; ``max_exp_avg_sq`` with amsgrad),
 - ``fp32``: the fp32 master copy, only where the trained weights are not fp32 (bf16: the masters
@@ -35,11 +35,12 @@ dist-checkpoint write of twice the model's fp32 size, by the first data-parallel
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
 
+from megahash import accelerator
+from megahash.atomic_write import write_json_atomic
 from megahash.errors import CheckpointError
 
 OPTIM_DIR = "optimizer"
@@ -205,7 +206,7 @@ def _sharded_params(engine, zero_stage: int, metadata):
     parameters gathered)."""
     from megatron.core.dist_checkpointing.optimizer import get_param_id_to_sharded_param_map
 
-    from megahash.training.weights import gathered
+    from megahash.checkpoint.weights import gathered
 
     model = engine.module
     params = [p for p in model.parameters() if p.requires_grad]
@@ -273,17 +274,9 @@ def _set(engine, p, key: str, value: torch.Tensor) -> None:
         st.copy_(value.to(st.device, st.dtype).reshape(st.shape))
 
 
-def _rank() -> int:
-    import torch.distributed as dist
-
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
 def _write_info(directory: Path, info: dict) -> None:
-    if _rank() == 0:
-        tmp = directory / (INFO_FILE + f".tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(info, indent=1))
-        os.replace(tmp, directory / INFO_FILE)
+    if accelerator.rank() == 0:
+        write_json_atomic(directory / INFO_FILE, info)
 
 
 def save(engine, directory: Path, zero_stage: int, async_queue=None) -> None:
@@ -293,12 +286,12 @@ def save(engine, directory: Path, zero_stage: int, async_queue=None) -> None:
     its one-line refusal."""
     from megatron.core.dist_checkpointing.optimizer import make_sharded_optimizer_tensor
 
-    from megahash.training.weights import dist_save
+    from megahash.checkpoint.weights import dist_save
 
     directory = Path(directory)
     why = unsupported(engine)
     if why is not None:
-        if _rank() == 0:
+        if accelerator.rank() == 0:
             directory.mkdir(parents=True, exist_ok=True)
         _write_info(directory, {"format": FORMAT, "complete": False, "reason": why})
         return
@@ -344,8 +337,8 @@ def load(engine, directory: Path, zero_stage: int) -> int:
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.optimizer import make_sharded_optimizer_tensor
 
-    from megahash.training.safe_unpickle import no_code_unpickling
-    from megahash.training.weights import _first_line
+    from megahash.checkpoint.safe_unpickle import no_code_unpickling
+    from megahash.checkpoint.weights import error_line
 
     directory = Path(directory)
     info = read_info(directory)
@@ -357,7 +350,7 @@ def load(engine, directory: Path, zero_stage: int) -> int:
                               f"resume at the saved layout, or with train.resume_weights_only=true (docs/resume.md)")
     # fp32 masters of a bf16 run go into a bf16 run's masters; a fp32 run takes the weights of model/
     keys = [k for k in info["keys"] if k != MASTER or MASTER in _state_keys(engine)]
-    from megahash.training.weights import sharded_metadata  # older checkpoints: the weights' layer layout
+    from megahash.checkpoint.weights import sharded_metadata  # older checkpoints: the weights' layer layout
 
     params = _sharded_params(engine, zero_stage,
                              PER_LAYER if info.get("layers") == "per_layer" else sharded_metadata(engine.module))
@@ -373,7 +366,7 @@ def load(engine, directory: Path, zero_stage: int) -> int:
     except (KeyboardInterrupt, SystemExit, CheckpointError):
         raise
     except BaseException as e:  # noqa: BLE001 - megatron/torch raise several kinds
-        raise CheckpointError(f"the optimizer state in {directory} does not fit this model ({_first_line(e)}); "
+        raise CheckpointError(f"the optimizer state in {directory} does not fit this model ({error_line(e)}); "
                               f"resume with train.resume_weights_only=true (docs/resume.md)") from None
     ensure_state(engine)
     for i, (p, _sh, _shape) in enumerate(params):

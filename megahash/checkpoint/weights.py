@@ -21,10 +21,8 @@ from pathlib import Path
 
 import torch
 
+from megahash.checkpoint.layout import EMA_DIR, WEIGHTS_DIR
 from megahash.errors import CheckpointError
-
-WEIGHTS_DIR = "model"
-EMA_DIR = "ema"  # the weight average of train.ema_decay (megahash/training/ema.py)
 
 
 def gathered(module, zero_stage: int, modifier_rank: int | None = None):
@@ -80,7 +78,7 @@ def save_weights(module: torch.nn.Module, directory: Path, zero_stage: int = 0, 
         dist_save(module.sharded_state_dict(metadata=sharded_metadata(module)), directory, async_queue)
 
 
-def _first_line(e: BaseException) -> str:
+def error_line(e: BaseException) -> str:
     lines = [l.strip() for l in str(e).splitlines() if "Exception:" in l or "Error:" in l or "mismatch" in l]
     return (lines[-1] if lines else (str(e).strip().splitlines() or [type(e).__name__])[0])[:300]
 
@@ -92,7 +90,7 @@ def load_weights(model: torch.nn.Module, directory: Path) -> None:
     from megatron.core.dist_checkpointing.validation import StrictHandling
 
     from megahash.known_warnings import DIST_CHECKPOINT_LOAD, silenced
-    from megahash.training.safe_unpickle import no_code_unpickling
+    from megahash.checkpoint.safe_unpickle import no_code_unpickling
 
     first = sharded_metadata(model)
     errors = []
@@ -108,7 +106,7 @@ def load_weights(model: torch.nn.Module, directory: Path) -> None:
         except (KeyboardInterrupt, SystemExit, CheckpointError):
             raise
         except BaseException as e:  # megatron/torch raise several kinds; torch's CheckpointException is a BaseException
-            errors.append(_first_line(e))
+            errors.append(error_line(e))
             continue
         lacking = sorted(k for k in lacking if "_extra_state" not in k)
         extra = sorted(k for k in extra if "_extra_state" not in k)
@@ -123,37 +121,6 @@ def load_weights(model: torch.nn.Module, directory: Path) -> None:
     raise CheckpointError(f"weights in {directory} do not fit the model of its config: {errors[0]}")
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A run directory (its ``latest``) or a ``step_N`` directory -> the complete checkpoint."""
-    from megahash.training.checkpoint_faults import choose_resume
-    from megahash.training.checkpoint_files import STATE_FILE
-
-    p = Path(path)
-    if (p / STATE_FILE).is_file():
-        ckpt = p
-    elif p.is_dir():
-        ckpt = choose_resume(p)  # = checkpoint.find_resume (this process is one rank)
-        if ckpt is None:
-            raise CheckpointError(f"{p} holds no complete megahash checkpoint (no step_N with {STATE_FILE})")
-    else:
-        raise CheckpointError(f"checkpoint {p} does not exist")
-    if not (ckpt / WEIGHTS_DIR).is_dir():
-        raise CheckpointError(f"checkpoint {ckpt} has no {WEIGHTS_DIR}/ weights (saved by an older megahash?)")
-    return ckpt
-
-
-def checkpoint_config(ckpt: Path, overrides: list[str] | None = None):
-    """The resolved config saved with a checkpoint, at TP=1 without sequence parallelism."""
-    import yaml
-
-    from megahash.config import apply_overrides, config_from_dict
-
-    tree = yaml.safe_load((ckpt / "resolved_config.yaml").read_text())
-    tree = apply_overrides(tree, list(overrides or []))
-    tree["parallel"] = {"tensor": 1, "sequence": False}
-    return config_from_dict(tree)
-
-
 def load_chosen(model: torch.nn.Module, ckpt: Path, weights: str = "live") -> None:
     """Load the weights ``weights`` names: ``live`` (``model/``), ``ema`` (``ema/``, the average of
     train.ema_decay) or the path of a quantized artifact (``megahash export --quantize``, round-tripped)."""
@@ -164,50 +131,9 @@ def load_chosen(model: torch.nn.Module, ckpt: Path, weights: str = "live") -> No
             raise CheckpointError(f"checkpoint {ckpt} has no weight average ({EMA_DIR}/): it was trained without "
                                   f"train.ema_decay; use --weights live")
         return load_weights(model, ckpt / EMA_DIR)
+    from megahash.checkpoint.artifact import load_artifact_into
+
     load_artifact_into(model, Path(weights))
-
-
-def write_artifact(state: dict, path: Path, fmt: str, codec: str, meta: dict) -> int:
-    """Write the quantized artifact of ``state`` (megahash/models/quantized.py) to ``path`` (temporary
-    name, renamed); its exact size in bytes."""
-    import io
-
-    from megahash.models.quantized import FORMATS, compress, encode
-
-    buf = io.BytesIO()
-    torch.save({"megahash_artifact": 1, "format": fmt, "bits": FORMATS[fmt], "meta": meta,
-                "tensors": encode(state, FORMATS[fmt])}, buf)
-    blob = compress(buf.getvalue(), codec)
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(blob)
-    tmp.replace(path)
-    return len(blob)
-
-
-def read_artifact(path: Path) -> tuple[dict, dict]:
-    """(round-tripped state dict, artifact record without its tensors) of a quantized artifact file;
-    nothing but tensors and plain data is unpickled (``weights_only``)."""
-    import io
-
-    from megahash.models.quantized import decode, decompress
-
-    try:
-        rec = torch.load(io.BytesIO(decompress(Path(path).read_bytes())), map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - zlib/zstd/torch errors: one line
-        raise CheckpointError(f"{path} is not a megahash quantized artifact ({type(e).__name__}: {e})") from None
-    if not isinstance(rec, dict) or rec.get("megahash_artifact") != 1:
-        raise CheckpointError(f"{path} is not a megahash quantized artifact")
-    return decode(rec.pop("tensors"), rec["bits"]), rec
-
-
-def load_artifact_into(model: torch.nn.Module, path: Path) -> dict:
-    """Load a quantized artifact's round-tripped weights into ``model`` (TP=1); its record."""
-    from megahash.models.quantized import load_state_into
-
-    state, rec = read_artifact(path)
-    load_state_into(model, state, f"artifact {path}")
-    return rec
 
 
 def load_for_inference(path: str | Path, overrides: list[str] | None = None, dtype=torch.float32,
@@ -215,8 +141,9 @@ def load_for_inference(path: str | Path, overrides: list[str] | None = None, dty
     """(cfg, model at TP=1 in eval mode, checkpoint dir) of a megahash checkpoint, in this process;
     ``weights``: which weights (:func:`load_chosen`)."""
     from megahash import accelerator
+    from megahash.checkpoint.layout import read_state
+    from megahash.checkpoint.resolve import checkpoint_config, resolve_checkpoint
     from megahash.models.megatron_model import MegahashLM
-    from megahash.training.checkpoint_files import read_state
 
     ckpt = resolve_checkpoint(path)
     cfg = checkpoint_config(ckpt, overrides)
@@ -230,24 +157,3 @@ def load_for_inference(path: str | Path, overrides: list[str] | None = None, dty
     load_chosen(model, ckpt, weights)
     model.eval()
     return cfg, model, ckpt
-
-
-def load_weights_only(engine, ckpt: Path, cfg, state: dict) -> dict:
-    """A checkpoint holding only model weights (``megahash import-hf``, marked ``weights_only``):
-    load them from its megatron dist checkpoint at this run's TP size; the optimizer starts fresh
-    (its fp32 master copies are refreshed from the loaded weights) and the LR scheduler is
-    fast-forwarded to the checkpoint's step."""
-    import warnings
-
-    with gathered(engine.module, cfg.train.zero_stage, modifier_rank=0):
-        load_weights(engine.module, ckpt / WEIGHTS_DIR)
-    refresh = getattr(engine.optimizer, "refresh_fp32_params", None)
-    if refresh is not None:
-        refresh()
-    scheduler = getattr(engine, "lr_scheduler", None)
-    if scheduler is not None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            for _ in range(int(state.get("step", 0))):
-                scheduler.step()
-    return state
