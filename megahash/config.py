@@ -518,6 +518,23 @@ def save_config(cfg: Config, path: str | os.PathLike) -> None:
     write_text_atomic(path, cfg.to_yaml())
 
 
+# keys an earlier release wrote into resolved_config.yaml that no longer exist (key path: the release that dropped
+# it); a checkpoint's saved tree drops them, so evaluation and export read checkpoints of that release. A YAML a
+# user writes gets the unknown-key error for them as for any other key.
+RETIRED_KEYS = {("train", "eval_iters"): "0.1.0 (issue 38: never read)"}
+
+
+def without_retired(tree: dict) -> dict:
+    """A saved config tree without :data:`RETIRED_KEYS` (in place; returns it)."""
+    for path in RETIRED_KEYS:
+        node = tree
+        for key in path[:-1]:
+            node = node.get(key) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(path[-1], None)
+    return tree
+
+
 def config_from_dict(tree: dict) -> Config:
     import copy
 

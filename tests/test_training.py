@@ -157,7 +157,8 @@ def test_interrupted_save_keeps_previous_checkpoint(shakespeare_shards, tmp_path
 def test_checkpoint_of_the_previous_release_still_resumes(shakespeare_shards, tmp_path, capsys):
     """A checkpoint as the release before megatron-core's OptimizerParamScheduler wrote it (DeepSpeed's
     ``lr_scheduler`` entry a torch ``LambdaLR`` state, ``train.eval_iters`` in its resolved config) resumes
-    in process and continues the uninterrupted run: losses and LRs bit for bit."""
+    in process and continues the uninterrupted run: losses and LRs bit for bit; evaluation and export read its
+    config (the retired key dropped)."""
     import torch
     import yaml
     from test_batch_ramp import TINY as SMALL, _main, _records
@@ -194,6 +195,9 @@ def test_checkpoint_of_the_previous_release_still_resumes(shakespeare_shards, tm
     assert sorted(a) == sorted(b) == list(range(1, 7))
     # bit-exact: resume is the promise (same configuration in process, same machine)
     assert [(a[s]["loss"], a[s]["lr"]) for s in a] == [(b[s]["loss"], b[s]["lr"]) for s in b]
+    from megahash.checkpoint.resolve import checkpoint_config
+
+    assert checkpoint_config(ckpt).model == load_config(None, common).model  # what eval and export-hf read
 
 
 def test_checkpoint_from_another_model_is_refused(shakespeare_shards, tmp_path):

@@ -73,9 +73,9 @@ def checkpoint_config(ckpt: Path, overrides: list[str] | None = None):
     """The resolved config saved with a checkpoint, at TP=1 without sequence parallelism."""
     import yaml
 
-    from megahash.config import apply_overrides, config_from_dict
+    from megahash.config import apply_overrides, config_from_dict, without_retired
 
-    tree = yaml.safe_load((ckpt / "resolved_config.yaml").read_text())
+    tree = without_retired(yaml.safe_load((ckpt / "resolved_config.yaml").read_text()))
     tree = apply_overrides(tree, list(overrides or []))
     tree["parallel"] = {"tensor": 1, "sequence": False}
     return config_from_dict(tree)
