@@ -41,8 +41,6 @@ from megahash.models.arch import arch_of
 from megahash.objective_spec import objective_spec
 
 REMOTE_FILES = ["configuration_megahash.py", "modeling_megahash.py", "hashing_megahash.py"]  # + megahash_*.py
-WEIGHTS_FILE = "model.safetensors"
-EXTRA_FILE = "megahash_extra.safetensors"
 HASHING_FILE = "megahash_hashing.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SPECIAL_IDS = {"bos_token_id": 0, "pad_token_id": 1, "eos_token_id": 2}  # the word tokenizer's (default)

@@ -35,7 +35,7 @@ def find_resume(save_dir: str | Path) -> Path | None:
 def check_compatible(ckpt: Path, cfg: Config) -> dict:
     """Raise a one-line CheckpointError if ``ckpt`` was made by another model or TP layout."""
     state = read_state(ckpt)
-    saved, now = state.get("signature", {}), model_signature(cfg)
+    saved = state.get("signature", {})
     from megahash.training.elastic import check_layout  # TP size, DP size, ZeRO stage
 
     check_layout(ckpt, state, cfg, dist.get_world_size() if dist.is_initialized() else 1)  # one line if impossible

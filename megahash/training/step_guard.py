@@ -194,7 +194,7 @@ def _applied(engine) -> bool:
 def _nothing_applied(engine):
     """During the call: the base optimizer's ``step`` does nothing and the engine has no LR scheduler."""
     base = engine.basic_optimizer if engine.basic_optimizer is not None else engine.optimizer
-    own = vars(base).get("step")  # torch's LR scheduler wraps ``step`` on the instance
+    own = vars(base).get("step")  # an instance-level ``step`` (a wrapper some library put there) is kept
     scheduler = engine.lr_scheduler
     base.step = lambda *args, **kwargs: None
     engine.lr_scheduler = None
