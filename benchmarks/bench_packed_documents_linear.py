@@ -4,7 +4,7 @@ row) against the same module without (ratio, the two interleaved step by step in
 
     python3 benchmarks/bench_packed_documents_linear.py [--kinds approx,...] [--seq 1024] [--batch 2] [--reps 5]
 
-Module level (one attention sublayer, h 128, 4 heads, fp32, one thread), built as tests/test_attention.py
+Module level (one attention sublayer, h 128, 4 heads, fp32, one thread), built as tests/models/test_attention.py
 builds it; fixed-Q/K kinds with random frozen maps. Times are medians of ``--reps`` steps after a warm-up."""
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ EOF
   echo "load: $(uptime)"
   echo
   echo "## gpu tests"
-  python3 -m pytest -q -p no:xdist -m gpu -rs tests/test_gpu.py tests/test_packed_documents.py 2>&1 | tail -12
+  python3 -m pytest -q -p no:xdist -m gpu -rs tests/test_gpu.py tests/models/test_packed_documents.py 2>&1 | tail -12
 } | tee "$TMP"
 
 HAS_GPU=$(python3 -c "import torch; print(int(torch.cuda.is_available()))")

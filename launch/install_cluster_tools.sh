@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the cluster tools the launch tests (tests/test_slurm.py) and mpirun launches use, when missing:
+# Install the cluster tools the launch tests (tests/launching/test_slurm.py) and mpirun launches use, when missing:
 #   Debian: slurmctld slurmd slurm-client (SLURM 22.05, run locally by megahash/launching/local_slurm.py),
 #           openmpi-bin libopenmpi-dev (mpirun), bible-kjv (the offline `bible-kjv` corpus source);
 #   PyPI:   mpi4py (the `mpi` extra), with the CPU constraints file.

@@ -3,7 +3,7 @@
 #
 #   bash launch/newest_check.sh                 # fresh venv, newest releases, the whole test suite
 #   bash launch/newest_check.sh --write-lock    # ... and, if it passes, rewrite constraints/cpu-lock.txt
-#   NEWEST_CHECK_PYTEST="tests/test_convert.py" bash launch/newest_check.sh   # a subset
+#   NEWEST_CHECK_PYTEST="tests/convert/test_convert.py" bash launch/newest_check.sh   # a subset
 #
 # It installs megahash into a new virtual environment (NEWEST_CHECK_VENV, default
 # /tmp/megahash-newest) with only the direct pins of constraints/cpu.txt (torch, megatron-core,

@@ -352,7 +352,7 @@ def tune_host_allocator() -> bool:
     no faster for it (3,388 against 3,293 ms at h512, alternating A/B; benchmarks/results/
     2026-11-23_cpu_vs_transformers_onednn.md). Off by default: without chunk
     mmaps a freed block is reused only by a request that fits it with its alignment padding, so
-    the heap grows until it settles (tests/test_host_allocator.py), and for short runs that costs
+    the heap grows until it settles (tests/training/test_host_allocator.py), and for short runs that costs
     more than it saves: the test suite, hundreds of runs of a few steps, took 24% more CPU time
     (1,905 s against 1,542 s, kernel time 337 s against 253 s). Applies to the whole process
     from the call on; never on GPU hosts or with a C library other than glibc. Returns whether it

@@ -13,7 +13,7 @@ Two readers of the same declarations:
 - the kind files' source (:mod:`megahash.kind_source`: each file parsed once; a register line's
   ``caps=``, ``costs=`` and ``options=`` executed with only what they need of their own file), so that
   config checks and ``megahash params`` of the standard decoder stay free of heavy imports. Hence
-  cost, option and caps values use no torch (``tests/test_registry.py`` checks both readers agree).
+  cost, option and caps values use no torch (``tests/models/test_registry.py`` checks both readers agree).
 
 Plugins (kinds outside the package, e.g. a research repo's new attention): module or package names
 from the ``megahash.kinds`` entry-point group, the ``MEGAHASH_PLUGINS`` environment variable

@@ -40,7 +40,7 @@ Warnings of one call site are silenced only around that call (:func:`silenced`),
   ``indicators``, ``export-hf``, a resume at another layout): megatron-core's ``torch_dist`` load calls
   torch's deprecated ``checkpoint.load_state_dict`` name, and torch's planner warns of the
   ShardedTensors megatron-core builds its dist checkpoints from (megatron-core's format, not ours to
-  change); the loaded values are checked (tests/test_training.py, tests/test_convert.py).
+  change); the loaded values are checked (tests/training/test_training.py, tests/convert/test_convert.py).
 """
 from __future__ import annotations
 

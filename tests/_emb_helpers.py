@@ -1,4 +1,4 @@
-"""Helpers of tests/test_embeddings.py and tests/test_objectives.py: real words (Shakespeare), their
+"""Helpers of tests/models/test_embeddings.py and tests/objectives/test_objectives.py: real words (Shakespeare), their
 hash codes from the data-stage hashing API, tiny configs, and the 2-rank TP parity worker."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The local SLURM of the launch tests (tests/test_slurm.py, tests/test_sweep.py): its tools, a clean
+"""The local SLURM of the launch tests (tests/launching/test_slurm.py, tests/experiments/test_sweep.py): its tools, a clean
 environment, and the cluster behind conftest's session-scoped ``cluster`` fixture (one bring-up per run;
 every test that uses it is in the ``slurm`` xdist group, so one worker owns it)."""
 from __future__ import annotations

@@ -12,6 +12,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# tests/<package>/ mirrors megahash/<package>/. A test module imports another's helpers by basename
+# (``from test_batch_ramp import TINY``); pytest's prepend import mode puts a folder on sys.path only once it
+# has collected a file there, so every folder goes on it here, before any test module is imported.
+sys.path[1:1] = sorted(str(d) for d in Path(__file__).parent.iterdir() if d.is_dir() and d.name[0] not in "._")
 
 
 # Scheduling under pytest-xdist (.ci/run: ``-n 3 --dist loadgroup --no-loadscope-reorder``). A unit of work

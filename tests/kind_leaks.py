@@ -25,7 +25,7 @@ may import shared modules (``base.py``, ``__init__.py``, anything that registers
 words that coincide are excused only by an allow-list of (identifier, path prefix) the caller passes.
 
 Use: ``scan(root, catalog_kinds(root), allow=...)`` -> sorted :class:`Leak` records
-(``tests/test_new_kind.py``); ``tests/test_kind_leaks.py`` plants one violation of each sort. Files are
+(``tests/models/test_new_kind.py``); ``tests/test_kind_leaks.py`` plants one violation of each sort. Files are
 parsed by the library's one reader of kind files (:mod:`megahash.kind_source`: each file once).
 """
 from __future__ import annotations

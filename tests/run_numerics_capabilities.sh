@@ -10,7 +10,7 @@ have=$(python3 -c "import torch; print(torch.backends.cpu.get_cpu_capability())"
 caps=(default)
 case "$have" in AVX512*) caps+=(avx2) ;; esac
 # only the files that carry the marker: collecting all of tests/ imports every module (~10 s a run here)
-mapfile -t files < <(grep -l "mark\.numerics" tests/test_*.py)
+mapfile -t files < <(grep -rl --include="test_*.py" "mark\.numerics" tests)
 # the capabilities run side by side (each run is one process, mostly single-threaded), outputs printed in turn
 tmp=$(mktemp -d)
 pids=()

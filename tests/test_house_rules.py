@@ -251,3 +251,13 @@ def test_only_the_tokenization_module_encodes_text():
     assert sorted(tokenizer_uses(planted)) == [
         ".PreTrainedTokenizerFast (line 7)", ".SentencePieceProcessor (line 3)", "from tokenizers import Tokenizer (line 4)",
         "from transformers import AutoTokenizer, AutoModel (line 5)", "import sentencepiece (line 2)"]
+
+
+def test_tests_mirror_the_package():
+    """tests/<package>/ holds the tests of megahash/<package>/ (issue 38.8): every test folder names a package
+    of megahash; tests of top-level modules and project-wide rules stay in tests/."""
+    tests = ROOT / "tests"
+    folders = {d.name for d in tests.iterdir() if d.is_dir() and d.name[0] not in "._"}
+    packages = {d.name for d in (ROOT / "megahash").iterdir() if (d / "__init__.py").is_file()}
+    assert folders and folders <= packages, sorted(folders - packages)
+    assert all(any(d.glob("test_*.py")) for d in map(tests.joinpath, folders))

@@ -31,7 +31,7 @@ def test_params_and_config_errors_without_heavy_imports():
     res = json.loads(r.stdout)
     assert res["heavy"] == [], res["heavy"]
     assert res["codes"] == [0, 2, 2, 2, 2]
-    assert res["report"]["total"] == 436_037_504  # DESIGN.md / tests/test_params.py: 500M tied
+    assert res["report"]["total"] == 436_037_504  # DESIGN.md / tests/models/test_params.py: 500M tied
     errs = res["err"].strip().splitlines()
     assert len(errs) == 4 and all(e.startswith("error: ") for e in errs), errs
     assert "unknown hybrid preset 'evn'" in errs[0]

@@ -52,7 +52,7 @@ def unjustified(source: str) -> list[int]:
 
 def test_every_bit_exact_comparison_in_tests_says_why():
     found = {f"{p.name}:{n}": p.read_text().splitlines()[n - 1].strip()
-             for p in sorted(TESTS.glob("*.py")) for n in unjustified(p.read_text())}
+             for p in sorted(TESTS.rglob("*.py")) for n in unjustified(p.read_text())}
     assert not found, ("bit-exact comparisons without a '# bit-exact: <reason>' comment (compare floating-point "
                        f"results of different kernels/layouts/dtypes with tests/numerics.ulp_tol): {found}")
 

@@ -38,11 +38,11 @@ RULES = [
 SKIP = {
     "bash .ci/run": "it is this test suite",
     "megahash eval --checkpoint runs/quickstart --tasks arc_easy": "lm-eval's own tasks download from the Hugging Face hub (offline here)",
-    "sbatch": "needs a SLURM allocation of GPU nodes (the scripts are tested on a local SLURM in tests/test_slurm.py)",
-    "DATA_PREFIX=": "needs a SLURM allocation and the Pile (tests/test_slurm.py runs the script on a local SLURM)",
+    "sbatch": "needs a SLURM allocation of GPU nodes (the scripts are tested on a local SLURM in tests/launching/test_slurm.py)",
+    "DATA_PREFIX=": "needs a SLURM allocation and the Pile (tests/launching/test_slurm.py runs the script on a local SLURM)",
     "deepspeed --hostfile": "needs two hosts with 8 GPUs",
     "megahash sweep --grid configs/grids/table4_1_tiny.yaml --launcher local":
-        "trains all 8 cells (minutes each); tests/test_sweep.py runs a 2x2 tiny grid end to end, locally and on SLURM",
+        "trains all 8 cells (minutes each); tests/experiments/test_sweep.py runs a 2x2 tiny grid end to end, locally and on SLURM",
 }
 
 

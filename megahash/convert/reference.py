@@ -1,7 +1,7 @@
 """The plain-torch reference of an in-memory TP=1 megahash model: the Hugging Face export's model
 (:mod:`megahash.models.hf_model` built from the kinds' ``@register_reference`` classes), without the
-folder. The parity tests use it as the TP=1 reference of every kind (tests/test_attention.py,
-tests/test_remote_code.py)."""
+folder. The parity tests use it as the TP=1 reference of every kind (tests/models/test_attention.py,
+tests/convert/test_remote_code.py)."""
 from __future__ import annotations
 
 from megahash.convert.export import hf_config_dict, megahash_state, to_hf_names

@@ -22,7 +22,7 @@ DeepSpeed's native files are not written by an asynchronous save: the megatron p
 ``optimizer/``) holds the weights, Adam's moments and step counts, and resumes at any layout
 (docs/resume.md); at the saved layout it is loaded the same way plus each rank's RNG state
 (checkpoint.load, ``deepspeed_files: false`` in the state file), which makes the resume bit-exact
-(tests/test_async_save.py). An optimizer that
+(tests/training/test_async_save.py). An optimizer that
 megahash cannot address per parameter (none that megahash builds) keeps the synchronous DeepSpeed copy.
 
 Why the forking caller and not megatron's persistent worker (``AsyncCallsQueue(persistent=True)``),

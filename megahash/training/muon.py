@@ -9,7 +9,7 @@ Muon [Jordan24] (``torch.optim.Muon``'s algorithm): per hidden matrix W with gra
 
 with AdjustLR = lr sqrt(max(1, A/B)) (original) or lr 0.2 sqrt(max(A, B)) (match_rms_adamw [Liu25]),
 computed with torch's own pieces (``torch.optim._muon._zeropower_via_newtonschulz``, ``_adjust_lr``), so
-one step equals ``torch.optim.Muon`` (tests/test_muon.py). Every other parameter takes ``torch.optim.AdamW``.
+one step equals ``torch.optim.Muon`` (tests/training/test_muon.py). Every other parameter takes ``torch.optim.AdamW``.
 
 Routing (:func:`routes_to_muon`) is decided once, from each parameter's role in the megahash model before
 DeepSpeed sees it: a 2-D weight of a transformer layer (``decoder.layers.*``: attention and MLP projections)

@@ -2,7 +2,7 @@
 ``TorchDispatchMode``: forward and the autograd engine's backward (its threads inherit the mode).
 
 A step whose count grows with the sequence length runs a Python loop over it
-(``benchmarks/bench_kinds_cpu.py``, ``tests/test_ops.py``)."""
+(``benchmarks/bench_kinds_cpu.py``, ``tests/ops/test_ops.py``)."""
 from __future__ import annotations
 
 from collections import Counter

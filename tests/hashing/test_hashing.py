@@ -33,7 +33,7 @@ from megahash.hashing import (
 )
 from megahash.hashing.words import SPECIAL_TOKENS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 M = 1_000_000_007
 WORDS = ["play", "plays", "played", "the", "king", "über", "naïve", "日本", "'", "--", "a", "x" * 40]
 

@@ -1,4 +1,4 @@
-"""One rank of tests/test_muon.py's TP check (run as 2 gloo processes, parallel.tensor=2): for every matrix Muon
+"""One rank of tests/training/test_muon.py's TP check (run as 2 gloo processes, parallel.tensor=2): for every matrix Muon
 takes in the TP=2 model, its shard of a full update is orthogonalized as the full matrix is (gathered, NS, cut
 back), and NS of the shard alone is not that. Rank 0 writes a JSON file.
 Usage: RANK=r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=p python muon_tp_worker.py OUT
@@ -13,7 +13,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from megahash import accelerator  # noqa: E402
 from megahash.config import load_config  # noqa: E402

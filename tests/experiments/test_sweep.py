@@ -4,7 +4,7 @@ nodes, megahash/launching/local_slurm.py); reruns skip finished cells; the repor
 parameter counts equal the trained models' own counts, and the SLURM cells train exactly as the
 local ones (same losses). Plus dry-run and one-line errors of bad grids.
 
-The SLURM test needs root and the Debian SLURM packages (tests/test_slurm.py installs them)
+The SLURM test needs root and the Debian SLURM packages (tests/launching/test_slurm.py installs them)
 (LocalSlurm lets one cluster run per machine at a time)."""
 import json
 import re

@@ -3,7 +3,7 @@ a table computed by hand from the documented hash, a zero table leaves the model
 kind), incremental decoding equals the parallel forward, `megahash params` counts it in closed form as the
 meta-device model does, and a short DeepSpeed run trains it, checkpoints it and exports it to a Hugging Face
 folder whose logits and greedy generation equal megahash's (fp32, then bf16 autocast on CPU).
-TP=2 / TP=2+SP parity: the ``mha@ngram`` case of tests/test_attention.py::test_tp2_parity_all_kinds."""
+TP=2 / TP=2+SP parity: the ``mha@ngram`` case of tests/models/test_attention.py::test_tp2_parity_all_kinds."""
 from __future__ import annotations
 
 import os

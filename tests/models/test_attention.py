@@ -1,7 +1,7 @@
 """Attention kinds ([Xue25] ch. 3-4): parameter counts, causality, decoding, linear forms, TP parity.
 
 Single-rank checks run in-process on a 1-rank gloo group; the TP=1/TP=2/TP=2+SP parity of every
-kind runs once as two gloo processes (tests/attention_tp_worker.py).
+kind runs once as two gloo processes (tests/models/attention_tp_worker.py).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One rank of tests/test_step_guard.py: the real pretrain entry point with a NaN gradient injected on one rank.
+"""One rank of tests/training/test_step_guard.py: the real pretrain entry point with a NaN gradient injected on one rank.
 
 The injection is test code only: a tensor hook on one weight of the built model (registered by wrapping
 the trainer's ``_build_model`` here) puts a NaN into that weight's gradient on rank POISON_RANK at the
@@ -12,7 +12,7 @@ import os
 import sys
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import torch  # noqa: E402
 

@@ -370,7 +370,7 @@ def test_decoding_with_the_new_kinds_equals_the_full_forward(plugin, dist):
 
 
 def test_tp2_parity_of_the_new_kinds(plugin, tmp_path):
-    """TP=1 vs TP=2 vs TP=2+SP (tests/attention_tp_worker.py, one 2-rank launch): equal loss and
+    """TP=1 vs TP=2 vs TP=2+SP (tests/models/attention_tp_worker.py, one 2-rank launch): equal loss and
     gradient norms for the new attention kind (decoder, encoder) with the new embedding."""
     from megahash.launching.env import free_port
 

@@ -5,7 +5,7 @@ the state restarts at each document start, in the chunked and the recurrent form
 The independent facts: a packed row = each of its documents run alone (outputs and input gradients),
 the chunked form = the token-by-token recurrence zeroing its state at each document start (written
 from the recurrent equations), and the number of ATen calls does not depend on the number of
-documents per row (no loop over documents). Modules are built as tests/test_attention.py builds them;
+documents per row (no loop over documents). Modules are built as tests/models/test_attention.py builds them;
 RoPE is left out here (positions restart with ``data.reset_position_ids``, the model's plumbing)."""
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.usefixtures("dist"), pytest.mark.numerics]
 
 EOD = 2
 # approx-thesis's literal denominator crosses zero (docs/attention.md, Numerics): its fp32 comparisons at 1e-5 use
-# the positive one; the literal one is compared in fp64 by tests/test_packed_documents_linear.py
+# the positive one; the literal one is compared in fp64 by tests/ops/test_packed_documents_linear.py
 KIND_OPTIONS = {"approx-thesis": ["model.attention.options.denominator=positive"]}
 FLAGS = ["data.reset_attention_mask=true", "data.reset_position_ids=true", "data.eod_mask_loss=true"]
 

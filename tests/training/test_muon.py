@@ -153,7 +153,7 @@ def test_elastic_resume_carries_the_momentum(shakespeare_shards, tmp_path, dist)
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_tensor_parallel_matrices_are_orthogonalized_whole(tmp_path):
-    """parallel.tensor=2 (2 gloo processes, tests/muon_tp_worker.py): every routed matrix of the TP model, column-
+    """parallel.tensor=2 (2 gloo processes, tests/training/muon_tp_worker.py): every routed matrix of the TP model, column-
     and row-parallel, gets its shard of NS(full matrix) bit for bit; NS of the shard alone differs."""
     import os
     import subprocess

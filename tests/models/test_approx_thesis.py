@@ -1,6 +1,6 @@
 """``approx-thesis`` ([Xue25] Appendix I, eq. 4.14-4.17): parallel = chunked = recurrent = a naive
 loop written here from the equations; decode state = Table 4.8; model-level decoding and TP parity
-(the TP case runs in tests/test_attention.py::test_tp2_parity_all_kinds)."""
+(the TP case runs in tests/models/test_attention.py::test_tp2_parity_all_kinds)."""
 from __future__ import annotations
 
 import math

@@ -1,4 +1,4 @@
-"""One rank of the TP parity check of tests/test_attention.py (run as 2 gloo processes).
+"""One rank of the TP parity check of tests/models/test_attention.py (run as 2 gloo processes).
 
 For every case: build the model from the same seed at TP=1, TP=2 and TP=2 + sequence parallel,
 run the same batch in float64, and record the mean loss and the global gradient norm^2 (TP-split
@@ -19,7 +19,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from megahash import accelerator  # noqa: E402
 from megahash.config import load_config  # noqa: E402

@@ -3,7 +3,7 @@ the update on both, parameters keep their bit pattern across it, training goes o
 the skips are logged, and ``train.max_skips`` consecutive skips stop the run in one line (exit 2).
 Also the spike rule against its formula.
 
-The NaN is injected by tests/nonfinite_worker.py: a tensor hook on one weight, registered by the test's
+The NaN is injected by tests/training/nonfinite_worker.py: a tensor hook on one weight, registered by the test's
 wrapper around the trainer's model builder, NaNs one gradient element on rank 1 at chosen steps. The
 library has no test-only code path for it; a poisoned data sample cannot do it (samples are token ids,
 integers: a bad one is a valid token or an index error, never a NaN), and the forward pass and the loss
@@ -50,7 +50,7 @@ def test_spike_rule_is_k_times_the_running_median():
 
 
 def _launch(tmp_path, poison_at: str, overrides: list[str]):
-    """Two gloo ranks of tests/nonfinite_worker.py (the pretrain entry point; NaN gradient on rank 1)."""
+    """Two gloo ranks of tests/training/nonfinite_worker.py (the pretrain entry point; NaN gradient on rank 1)."""
     from megahash.launching.env import free_port
 
     worker = os.path.join(os.path.dirname(__file__), "nonfinite_worker.py")

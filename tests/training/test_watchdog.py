@@ -1,7 +1,7 @@
 """Hang watchdog (issue 35, megahash/training/watchdog.py): its limits on a fake clock, the stack dump
 and requeue exit of a real in-process run whose step is made slow, a peer's hang turning a failed
 collective into the requeue exit, and the config checks. The SLURM test (one rank of two stopped
-with SIGSTOP, the job requeued and resumed) is in tests/test_slurm.py (it shares the cluster)."""
+with SIGSTOP, the job requeued and resumed) is in tests/launching/test_slurm.py (it shares the cluster)."""
 import os
 import re
 import threading

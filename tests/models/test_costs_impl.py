@@ -27,7 +27,7 @@ def registered_kinds():
 def test_every_registered_kind_has_costs_and_measured_cache_equals_formula():
     """Every registry kind gets a cost row without error; where measurable, the measured decode cache
     equals the implementation's cache formula (cache_elements, itself tested against the real decode
-    caches in tests/test_attention.py); mha's measured GEMM FLOPs equal Table 4.6's Standard row."""
+    caches in tests/models/test_attention.py); mha's measured GEMM FLOPs equal Table 4.6's Standard row."""
     n, d_h, d = 4, 32, 128
     for kind in registered_kinds():
         row = c.layer_costs(cfg_of(kind), kind, B, L)

@@ -1,7 +1,7 @@
 """The RoBERTa-base-faithful encoder (model.layout=roberta): parameter count = RoBERTa-base's formula
 (and transformers' RobertaModel), hidden states = transformers' RobertaModel with the same weights,
 MHE in it = eq. 3.5 on position-carrying inputs, hash embeddings compose. TP/SP parity runs in
-tests/test_attention.py::test_tp2_parity_all_kinds (cases @roberta)."""
+tests/models/test_attention.py::test_tp2_parity_all_kinds (cases @roberta)."""
 from __future__ import annotations
 
 import math

@@ -1,7 +1,7 @@
 """The model exists once (issue 19, item 2): each kind's plain-torch reference lives in the kind's own
 file, the HF remote-code folder is assembled from the library's torch-only code, and the references
 are the TP=1 reference of the library model (embeddings and heads here; attention kinds in
-tests/test_attention.py::test_tp2_parity_all_kinds, export + transformers reload in tests/test_convert.py).
+tests/models/test_attention.py::test_tp2_parity_all_kinds, export + transformers reload in tests/convert/test_convert.py).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import torch  # noqa: E402
 
 import _emb_helpers as H  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.usefixtures("dist"), pytest.mark.numerics]  # one-rank world (conftest)
 
 

@@ -23,7 +23,7 @@ from megahash.data.preprocess.sources import open_source, select_documents
 from megahash.errors import DataError
 from megahash.hashing import SPECIAL_TOKENS, split_words
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SPECS = "md5,lsh128,md5-bucket1000,lsh-bucket500,rolling3"
 N_DOCS = 120
 
@@ -71,7 +71,7 @@ def read_dataset(prefix: str):
 def tok(tmp_path_factory) -> str:
     d = tmp_path_factory.mktemp("tok")
     # --lossy: the NFKC model whose BPE qualifies for the per-token segment cache tested here (the
-    # lossless default is encoded whole; tests/test_tokenizers.py covers it)
+    # lossless default is encoded whole; tests/data/test_tokenizers.py covers it)
     assert train_tokenizer.main(["--input", "shakespeare", "--output", str(d / "spm"), "--vocab-size", "1000",
                                  "--max-docs", "150", "--quiet", "--lossy"]) == 0
     return str(d / "spm.model")

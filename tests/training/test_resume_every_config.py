@@ -6,7 +6,7 @@ step 2, and a second run resumed from that checkpoint, log bit-identical steps 3
 norm, parameter norm, LR) and the same per-parameter Adam step counts. One rank, in this process,
 through the pretraining entry point; the ZeRO stages reachable at one rank (0 and 3 in fp32, 1 in
 bf16) rotate over the configurations. The multi-rank layouts have their own tests
-(tests/test_training.py, tests/test_faults.py).
+(tests/training/test_training.py, tests/training/test_faults.py).
 
 Plus: a hybrid with skipped layers moves between ZeRO stages (elastic resume) with its per-parameter
 optimizer state, the skipped layers are in no optimizer and stay as built, and a save failure names

@@ -1,8 +1,8 @@
 """The registry: every kind describes itself in its own file, both readers of those declarations
 agree, and every registered kind gets the 1-step training check (the other per-kind checks are
 parametrized from the registry in their own files: Table 3.4 counts, decoding and encoders in
-tests/test_attention.py, TP parity of every kind in one 2-rank launch there, indicators in
-tests/test_indicators.py, embeddings in tests/test_embeddings.py, export in tests/test_convert.py).
+tests/models/test_attention.py, TP parity of every kind in one 2-rank launch there, indicators in
+tests/eval/test_indicators.py, embeddings in tests/models/test_embeddings.py, export in tests/convert/test_convert.py).
 A kind that lacks something fails a test whose message names what is missing."""
 from __future__ import annotations
 
