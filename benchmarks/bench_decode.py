@@ -33,6 +33,7 @@ def cache_bytes(state) -> int:
 def decode(model, context: int, steps: int, piece: int) -> tuple[float, int]:
     """(median seconds of one token step, cache bytes after the context) of one sequence."""
     from bench_kinds_cpu import VOCAB
+
     from megahash.models.megatron_model import DecodeState
 
     model.eval()

@@ -110,8 +110,8 @@ def rel(a, b) -> float:
 
 def checkpoint_pair(path: str, seq: int):
     """(fp32 model, fp64 model) of a trained checkpoint, positions extended to ``seq``."""
-    from megahash.models.megatron_model import MegahashLM
     from megahash.checkpoint.weights import load_for_inference
+    from megahash.models.megatron_model import MegahashLM
 
     cfg, m32, _ = load_for_inference(path, [f"model.max_position_embeddings={seq + 8}", f"data.seq_length={seq}"])
     m64 = MegahashLM(cfg, m32.output_weight().shape[0], torch.float64, init=False)

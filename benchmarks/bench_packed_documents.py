@@ -85,8 +85,8 @@ def main(argv=None) -> int:
     from megahash import accelerator
 
     accelerator.init_distributed(1)
-    lines = [f"| kind | docs/row | ATen calls unmasked | ATen calls resets | step ms unmasked | step ms resets | "
-             f"resets / unmasked |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| kind | docs/row | ATen calls unmasked | ATen calls resets | step ms unmasked | step ms resets | "
+             "resets / unmasked |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     try:
         for kind in a.kinds.split(","):
             for r in measure(kind, a.seq, a.batch, a.reps):

@@ -20,6 +20,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 import torch  # noqa: E402
+
 from megahash.models.forward_state import ForwardState  # noqa: E402
 from megahash.training.op_count import CountOps  # noqa: E402
 
@@ -32,6 +33,7 @@ def ids(batch, seq, docs):
 
 def module(kind, seq):
     from test_attention import build_attention, make_cfg
+
     from megahash.models.attention.fixed_qk import FixedInput
 
     m = build_attention(make_cfg(kind, hidden=128, heads=4, layers=1))

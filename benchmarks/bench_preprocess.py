@@ -119,8 +119,8 @@ def main(argv=None) -> int:
             if rc:
                 return rc
         start, end = parse_doc_range(None, 0, args.max_docs)
-        import torch  # noqa: F401  (imports outside the timed regions)
         import sentencepiece  # noqa: F401
+        import torch  # noqa: F401  (imports outside the timed regions)
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -132,7 +132,7 @@ def main(argv=None) -> int:
                      args.hash_unit, "--workers", str(args.workers), "--quiet", "--overwrite"]
         if args.max_docs is not None:
             ours_args += ["--max-docs", str(args.max_docs)]
-        for r in range(args.repeats):
+        for _r in range(args.repeats):
             t, c = time.perf_counter(), _cpu()
             base_tokens = baseline(args.input, start, end, model, str(tmp / "base"), args.workers)
             base_t.append(time.perf_counter() - t)

@@ -90,10 +90,9 @@ class HFLoop:
 
     def __init__(self, cfg, vocab: int, batches: list[dict], compiled: bool = False):
         import torch
-
-        from megahash import accelerator
         from transformers import Qwen2Config, Qwen2ForCausalLM
 
+        from megahash import accelerator
         from megahash.training.lr_schedule import lambda_for
 
         m, t = cfg.model, cfg.train

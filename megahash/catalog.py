@@ -119,7 +119,7 @@ def add_plugins(names) -> None:
         _option_specs.cache_clear()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _entry_point_plugins() -> tuple:
     """Module names of the ``megahash.kinds`` entry points (installed distributions; read once a process)."""
     try:
@@ -194,7 +194,7 @@ def _exec_class(path: Path, name: str):
     return kind_source.read(path).value(name)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _scan() -> dict:
     """{group: {name: Entry}} from the source of the library's kind files and the plugins'."""
     out: dict = {g: {} for g in GROUPS}
@@ -268,7 +268,7 @@ def options_class(group: str, name: str):
     return _exec_class(Path(e.file), e.options)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _option_specs(group: str, plugins: tuple) -> dict:
     out: dict = {}
     owners = [(group, name) for name in sorted(_scan()[group])]
@@ -297,7 +297,7 @@ def input_params(cfg) -> dict:
     """{label: parameters} of the model inputs registered on their own (``register_input``) that ``cfg``
     switches on, in closed form: each one's cost class ``params(cfg) -> {label: n}`` read from its source."""
     out: dict = {}
-    for name, e in sorted(_scan()["input"].items()):
+    for _name, e in sorted(_scan()["input"].items()):
         if e.costs is not None:
             out.update(_exec_class(Path(e.file), e.costs).params(cfg))
     return out

@@ -382,8 +382,8 @@ def _build(cls, data: dict, prefix: str):
 def _build_options(group: str, data: dict, prefix: str) -> KindOptions:
     """Every option the ``group``'s kinds declare: given values coerced and range-checked, others at
     their defaults; a key no kind declares is one line naming the closest."""
-    from megahash.config_checks import check_value
     from megahash import catalog
+    from megahash.config_checks import check_value
 
     if not isinstance(data, dict):
         raise ConfigError(f"config key {prefix.rstrip('.')!r} must be a mapping, got {data!r}")

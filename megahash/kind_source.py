@@ -279,7 +279,7 @@ class KindFile:
             try:
                 exec(code, self._env)  # noqa: S102
             except NameError as e:  # a name the file binds nowhere
-                raise ConfigError(f"{self.path.name}: {getattr(node, 'name', 'line %d' % node.lineno)} uses "
+                raise ConfigError(f"{self.path.name}: {getattr(node, 'name', f'line {node.lineno}')} uses "
                                   f"{e.name}, which the file does not define") from None
 
     def _import(self, module: str, attr: str | None, name: str, by):
@@ -319,12 +319,12 @@ def _module_of(path: Path) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _read(path: Path, stamp: tuple) -> KindFile:
     return KindFile(path)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _real(path: str) -> Path:
     return Path(path).resolve()
 

@@ -12,7 +12,6 @@ after checkpointing (SLURM scripts requeue on it).
 from __future__ import annotations
 
 import gc
-
 import os
 import sys
 

@@ -42,9 +42,9 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Optional, Sequence
 
 import numpy as np
 
@@ -90,16 +90,16 @@ class MegahashTokenizer:
     kind: str
 
     # ------------------------------------------------------------------ common helpers
-    def role_id(self, role: str, default: Optional[int] = None) -> Optional[int]:
+    def role_id(self, role: str, default: int | None = None) -> int | None:
         v = self.special_ids.get(role)
         return default if v is None else v
 
     @property
-    def eos_id(self) -> Optional[int]:
+    def eos_id(self) -> int | None:
         return self.special_ids.get("eos")
 
     @property
-    def pad_id(self) -> Optional[int]:
+    def pad_id(self) -> int | None:
         """Padding id: the pad token, else eos (padding positions are never scored)."""
         return self.role_id("pad", self.eos_id if self.eos_id is not None else 0)
 
@@ -125,7 +125,7 @@ class SentencePieceTokenizer(MegahashTokenizer):
 
     kind = "sentencepiece"
 
-    def __init__(self, path: str, spec: Optional[str] = None):
+    def __init__(self, path: str, spec: str | None = None):
         import sentencepiece as spm
 
         self.spec, self.path = spec or path, path
@@ -218,7 +218,7 @@ def _types(node) -> set:
     return out
 
 
-def _token_content(v) -> Optional[str]:
+def _token_content(v) -> str | None:
     if isinstance(v, dict):
         v = v.get("content")
     return v if isinstance(v, str) and v else None
@@ -229,7 +229,7 @@ class HFTokenizer(MegahashTokenizer):
 
     kind = "hf"
 
-    def __init__(self, json_text: str, spec: str, path: str, config: Optional[dict] = None):
+    def __init__(self, json_text: str, spec: str, path: str, config: dict | None = None):
         from tokenizers import Tokenizer
 
         self.spec, self.path = spec, path
@@ -287,7 +287,7 @@ class HFTokenizer(MegahashTokenizer):
         self.special_flags = flags
 
     @classmethod
-    def from_folder(cls, folder: str, spec: str) -> "HFTokenizer":
+    def from_folder(cls, folder: str, spec: str) -> HFTokenizer:
         path = str(Path(folder) / "tokenizer.json")
         return cls(Path(path).read_text(encoding="utf-8"), spec, path, _folder_config(folder))
 
@@ -374,7 +374,7 @@ def _hf_from_name(name: str) -> HFTokenizer:
     return HFTokenizer(backend.to_str(), name, name, {k: v for k, v in config.items() if v})
 
 
-def resolve(spec: str, base_dirs: Sequence = ()) -> Optional[tuple[str, str]]:
+def resolve(spec: str, base_dirs: Sequence = ()) -> tuple[str, str] | None:
     """(kind, path) of a tokenizer spec, tried as given and relative to ``base_dirs``; kinds:
     "sentencepiece", "hf-file", "hf-folder"; None if nothing local matches."""
     spec = os.path.expanduser(spec)

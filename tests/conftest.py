@@ -43,7 +43,7 @@ def pytest_addoption(parser):
                      help="write each test's measured seconds (setup + call + teardown) to PATH as JSON")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _shares_a_fixture(module: str) -> bool:
     """``module`` (tests/test_x.py) defines a module- or class-scoped fixture (read from its source)."""
     import ast
@@ -261,6 +261,7 @@ def cluster(tmp_path_factory):
 def hashed_shards(shakespeare_shards, tmp_path_factory):
     """Real-text shards with a side shard for the example hash spec of every embedding kind."""
     import _kinds
+
     from megahash import catalog
 
     specs = sorted({catalog.caps("embedding", k).example_hash_spec for k in _kinds.embeddings()} | {"md5", "lsh128"})

@@ -46,8 +46,8 @@ def test_kind_options_live_in_the_kind_files(tmp_path):
 
     import yaml
 
-    from megahash.config import AttentionConfig, EmbeddingConfig, config_from_dict, load_config, save_config
     from megahash import catalog
+    from megahash.config import AttentionConfig, EmbeddingConfig, config_from_dict, load_config, save_config
 
     # no kind-specific field is left in the central config classes
     central = {f.name for c in (AttentionConfig, EmbeddingConfig) for f in dataclasses.fields(c)}

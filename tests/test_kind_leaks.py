@@ -8,9 +8,8 @@ import dataclasses
 import textwrap
 from types import SimpleNamespace
 
-import pytest
-
 import kind_leaks as kl
+import pytest
 
 KIND_FILE = '''
 """The toy attention kind ``toyqk`` (a planted kind): reads a fixed input."""

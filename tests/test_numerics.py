@@ -17,13 +17,12 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import _kinds  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from megahash import accelerator  # noqa: E402
 from megahash.config import load_config  # noqa: E402
-
-import _kinds  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("dist"), pytest.mark.numerics]
 VOCAB = 512
@@ -72,13 +71,15 @@ def _step(model, tok, autocast: bool):
     return out, grads
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _errors(kind, extra=(), L=512) -> dict:
     m32, m64 = _models(_cfg(kind, extra, L), L)
     tok = torch.randint(0, VOCAB, (1, L), generator=torch.Generator().manual_seed(0))
     lo, go = _step(m32, tok, True)
     lr, gr = _step(m64, tok, False)
-    rel = lambda a, b: float((a - b).norm() / b.norm())
+    def rel(a, b):
+        return float((a - b).norm() / b.norm())
+
     return {"logits": rel(lo, lr), "grads": rel(go, gr),
             "finite": bool(torch.isfinite(lo).all() and torch.isfinite(go).all())}
 
@@ -142,11 +143,13 @@ def test_kernels_accumulate_in_fp32_under_autocast(name):
     """Inside bf16 autocast a kernel fed fp32 is as accurate as in fp32 without autocast and returns fp32
     (before issue 33 autocast re-cast its GEMMs to bf16: approx-thesis 1.7e3 relative error at L=2048,
     approx 4.7e-3 and a bf16 result); fed bf16 it returns bf16 within bf16's output rounding (2^-8
-    relative) of its fp32 result on the same values. References: fp64, from the equations.""" 
+    relative) of its fp32 result on the same values. References: fp64, from the equations."""
     run, ref = KERNELS[name]
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 1, 256, 16, generator=g) for _ in range(3))
-    rel = lambda a, b: float((a.double() - b).norm() / b.norm())
+    def rel(a, b):
+        return float((a.double() - b).norm() / b.norm())
+
     want = ref(q, k, v)
     plain = run(q, k, v)
     with torch.autocast("cpu", dtype=torch.bfloat16):

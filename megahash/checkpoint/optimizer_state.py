@@ -248,8 +248,12 @@ def _flat_view(engine, p, key: str) -> torch.Tensor | None:
 
 def _set(engine, p, key: str, value: torch.Tensor) -> None:
     """Write the full TP-local ``value`` of state ``key`` into this rank's partition of ``p``."""
-    from deepspeed.utils import (safe_set_full_fp32_param, safe_set_full_optimizer_state,
-                                 safe_set_local_fp32_param, safe_set_local_optimizer_state)
+    from deepspeed.utils import (
+        safe_set_full_fp32_param,
+        safe_set_full_optimizer_state,
+        safe_set_local_fp32_param,
+        safe_set_local_optimizer_state,
+    )
 
     if hasattr(p, "ds_id"):  # ZeRO-3: this rank's slice of the flattened tensor, zero-padded at the end
         opt = p._z3_optimizer

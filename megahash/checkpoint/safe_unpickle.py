@@ -61,9 +61,9 @@ def restricted_load(file, *args, **kwargs):
 def no_code_unpickling():
     """While the block runs, torch.distributed.checkpoint reads ``.metadata`` with the restricted
     unpickler, and ``torch.load`` is called with ``weights_only=True``."""
-    from torch.distributed.checkpoint import filesystem
-
     import os
+
+    from torch.distributed.checkpoint import filesystem
 
     forced = os.environ.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "0").lower() not in ("0", "", "false")
     if forced or torch.serialization._default_to_weights_only(None) is not True:

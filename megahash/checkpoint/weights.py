@@ -89,8 +89,8 @@ def load_weights(model: torch.nn.Module, directory: Path) -> None:
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.validation import StrictHandling
 
-    from megahash.known_warnings import DIST_CHECKPOINT_LOAD, silenced
     from megahash.checkpoint.safe_unpickle import no_code_unpickling
+    from megahash.known_warnings import DIST_CHECKPOINT_LOAD, silenced
 
     first = sharded_metadata(model)
     errors = []

@@ -178,9 +178,9 @@ def generation_config(out: Path, max_length: int, cfg=None) -> None:
 def load_checkpoint(checkpoint, tokenizer: str | None = None, weights: str = "live"):
     """(cfg, TP=1 model, checkpoint dir, codec or None, step) of a megahash checkpoint; ``weights``: live
     or ema (the average of train.ema_decay)."""
-    from megahash.eval.text import load_codec
     from megahash.checkpoint.layout import read_state
     from megahash.checkpoint.weights import load_for_inference
+    from megahash.eval.text import load_codec
 
     cfg, model, ckpt = load_for_inference(checkpoint, weights=weights)
     step = int(read_state(ckpt).get("step", 0))

@@ -45,8 +45,8 @@ def read_hf(folder) -> dict:
     tree = data.get("megahash_config")
     fmt = data.get("model_type")
     if not tree and fmt == "qwen2":  # a standard Qwen2ForCausalLM folder (not a megahash export)
-        from megahash.convert import qwen2
         from megahash.config import config_from_dict
+        from megahash.convert import qwen2
 
         tree = qwen2.megahash_tree(data, folder)
         cfg = config_from_dict(_tp1(tree))

@@ -35,7 +35,6 @@ from pathlib import Path
 import torch
 
 
-
 def _qwen2(group: str, name: str) -> bool:
     """Does the kind register itself as a plain Qwen2 part (``caps.qwen2``)?"""
     from megahash import catalog

@@ -97,9 +97,8 @@ def export_specials(tok) -> dict:
 def write_tokenizer(out: Path, codec, max_length: int) -> dict:
     """Write the tokenizer files of ``codec`` (a megahash.eval.text.TextCodec) to ``out``.
     Returns {"files": [...], "mismatches": n} (n = probe texts whose ids differ from megahash's)."""
-    from transformers import PreTrainedTokenizerFast
-
     from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
 
     files = []
     specials = {k: v for k, v in SPECIALS.items() if k != "bos_token"}  # see export_specials

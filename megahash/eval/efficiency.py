@@ -19,10 +19,8 @@ is :func:`megahash.models.costs.memory_usage`.
 """
 from __future__ import annotations
 
-from typing import Optional
 
-
-def prr(score: float, baseline: float, higher_is_better: bool = True) -> Optional[float]:
+def prr(score: float, baseline: float, higher_is_better: bool = True) -> float | None:
     """Performance retention ratio (eq. 2.4; sec. 3.4.6 for inverse indicators)."""
     if baseline is None or score is None or baseline == 0:
         return None
@@ -31,23 +29,23 @@ def prr(score: float, baseline: float, higher_is_better: bool = True) -> Optiona
     return 1.0 - (score - baseline) / baseline
 
 
-def pcr_all(params: int, baseline_params: int) -> Optional[float]:
+def pcr_all(params: int, baseline_params: int) -> float | None:
     """Parameter compression ratio of the whole model (eq. 2.5)."""
     return None if not baseline_params else 1.0 - params / baseline_params
 
 
-def pcr_emb(emb_params: int, baseline_emb_params: int) -> Optional[float]:
+def pcr_emb(emb_params: int, baseline_emb_params: int) -> float | None:
     """Parameter compression ratio of the embeddings (eq. 2.6)."""
     return None if not baseline_emb_params else 1.0 - emb_params / baseline_emb_params
 
 
-def poep(emb_params: int, total_params: int) -> Optional[float]:
+def poep(emb_params: int, total_params: int) -> float | None:
     """Proportion of embedding parameters (eq. 2.7)."""
     return None if not total_params else emb_params / total_params
 
 
 def peop(score: float, lower_score: float, params: int, lower_params: int,
-         higher_is_better: bool = True) -> Optional[float]:
+         higher_is_better: bool = True) -> float | None:
     """Performance elasticity of parameters against a lower-bound model (sec. 3.4.6)."""
     if None in (score, lower_score, params, lower_params) or lower_score == 0 or lower_params == 0:
         return None

@@ -55,8 +55,8 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -159,12 +159,12 @@ class AttentionCapture:
     dict(kind, source, probs [b, heads, L, L] float64, logits (1-D tensor of the valid pre-softmax
     values) or None, causal) for every layer that ran (see the module docstring)."""
 
-    def __init__(self, model, batch: Optional[int] = None, verify: bool = False):
+    def __init__(self, model, batch: int | None = None, verify: bool = False):
         self.model = model
         self.batch = batch
         self.verify = verify  # also store check_err = max |A V - module output| (tests)
         self.kinds = list(getattr(model, "layer_kinds", []))
-        self.layers: list[Optional[dict]] = []
+        self.layers: list[dict | None] = []
         self._handles = []
         self._patched = []
 
@@ -269,7 +269,7 @@ class AttentionCapture:
 
 
 # ============================================================================ driver
-def layer_records(captured: list[Optional[dict]], kinds: list[str]) -> list[dict]:
+def layer_records(captured: list[dict | None], kinds: list[str]) -> list[dict]:
     """Per-layer JSON records (indicators of the first sequence of the batch)."""
     out = []
     for i, rec in enumerate(captured):
@@ -290,7 +290,7 @@ def layer_records(captured: list[Optional[dict]], kinds: list[str]) -> list[dict
     return out
 
 
-def logit_stats(values: Optional[torch.Tensor]) -> Optional[dict]:
+def logit_stats(values: torch.Tensor | None) -> dict | None:
     if values is None or values.numel() == 0:
         return None
     v = values.double().numpy()
@@ -468,7 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     from megahash.command_errors import run_guarded
 
     args = build_parser().parse_args(argv)

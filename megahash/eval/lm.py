@@ -43,7 +43,6 @@ Only causal decoders (``model.arch=decoder``, ``train.objective=clm``) can be sc
 from __future__ import annotations
 
 import logging
-from typing import Optional
 
 import numpy as np
 import torch
@@ -73,8 +72,8 @@ class MegahashEvalLM(LM):
     (config overrides ``a.b=c`` separated by ``|``), ``weights`` (live, ema or a quantized artifact's path).
     """
 
-    def __init__(self, checkpoint: Optional[str] = None, pretrained: Optional[str] = None, batch_size=8,
-                 max_length=None, incremental=True, tokenizer: Optional[str] = None, overrides=None,
+    def __init__(self, checkpoint: str | None = None, pretrained: str | None = None, batch_size=8,
+                 max_length=None, incremental=True, tokenizer: str | None = None, overrides=None,
                  max_batch_size=None, device=None, _loaded=None, weights: str = "live", **_kw):
         super().__init__()
         if _loaded is not None:
@@ -92,7 +91,7 @@ class MegahashEvalLM(LM):
         self._setup(cfg, model, ckpt, codec, batch_size, max_length, incremental)
 
     @classmethod
-    def from_model(cls, cfg, model, codec: Optional[TextCodec] = None, ckpt=None, **kw) -> "MegahashEvalLM":
+    def from_model(cls, cfg, model, codec: TextCodec | None = None, ckpt=None, **kw) -> MegahashEvalLM:
         """Wrap a model already in memory (eval mode is set here)."""
         codec = codec or load_codec(cfg, ckpt, model_vocab=model.vocab_size)
         return cls(_loaded=(cfg, model, ckpt, codec), **kw)
@@ -131,7 +130,7 @@ class MegahashEvalLM(LM):
         self.hash_head = catalog.caps("head", cfg.model.head).reads_hash_codes
         self.precision = cfg.train.precision  # the run's compute dtype (overrides: train.precision=fp32)
         self.num_layers = len(model.decoder.layers)
-        self.decode_mode: Optional[str] = None
+        self.decode_mode: str | None = None
         self._word_scores_cache = None
 
     # ================================================================== scoring helpers
@@ -139,7 +138,7 @@ class MegahashEvalLM(LM):
         t = torch.from_numpy(np.ascontiguousarray(codes))
         return (t if t.dtype == torch.uint8 else t.long()).to(self._dev)
 
-    def _inputs(self, encs: list[Encoded], codes: list[Optional[np.ndarray]], length: int):
+    def _inputs(self, encs: list[Encoded], codes: list[np.ndarray | None], length: int):
         """Right-padded tokens [B, length] and codes [B, length, w] (or None)."""
         B = len(encs)
         tok = torch.full((B, length), self.codec.pad_id, dtype=torch.long, device=self._dev)
@@ -243,7 +242,7 @@ class MegahashEvalLM(LM):
         items = [self._encode_pair(*req.args) for req in requests]
         return self._score(items)
 
-    def _rolling_windows(self, enc: Encoded) -> list[tuple[Encoded, int, Optional[np.ndarray]]]:
+    def _rolling_windows(self, enc: Encoded) -> list[tuple[Encoded, int, np.ndarray | None]]:
         """lm-eval's disjoint rolling windows over ``</s>`` + text, with the codes of the whole
         text cut per window (codes of the word hash unit depend on neighbouring pieces)."""
         from lm_eval.utils import get_rolling_token_windows, make_disjoint_window

@@ -14,12 +14,13 @@ of lm-eval's flags and subcommands work as with ``lm_eval``.
 from __future__ import annotations
 
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    import megahash.eval.lm  # noqa: F401 - registers the lm-eval model name "megahash"
+def main(argv: Sequence[str] | None = None) -> int:
     from lm_eval.__main__ import cli_evaluate
+
+    import megahash.eval.lm  # noqa: F401 - registers the lm-eval model name "megahash"
 
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]

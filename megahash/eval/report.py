@@ -27,11 +27,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
-from megahash.eval import efficiency
 from megahash.errors import ConfigError
+from megahash.eval import efficiency
 
 
 def read_evals(run_dir: Path) -> dict:
@@ -63,9 +63,9 @@ def read_evals(run_dir: Path) -> dict:
 
 def describe_run(path: str) -> dict:
     """Parameters, costs and eval scores of one run (see the module docstring)."""
-    from megahash.models.accounting import count_parameters
     from megahash.checkpoint.layout import read_state
     from megahash.checkpoint.resolve import checkpoint_config, resolve_checkpoint
+    from megahash.models.accounting import count_parameters
 
     ckpt = resolve_checkpoint(path)
     cfg = checkpoint_config(ckpt)
@@ -85,7 +85,7 @@ def describe_run(path: str) -> dict:
     return out
 
 
-def _costs(cfg, layers) -> Optional[dict]:
+def _costs(cfg, layers) -> dict | None:
     try:
         from megahash.models import costs, registry
     except ImportError:
@@ -192,7 +192,7 @@ def empty_reasons(runs: list[dict], baseline: dict, lower: dict, tasks: list[str
         if r["prr_mean"] is None:
             notes.append(f"Empty PRR of {name}: no task scored with the same metric by the baseline {baseline['run']}.")
         if r["peop_mean"] is None:
-            why = (f"it is the lower bound" if r is lower else
+            why = ("it is the lower bound" if r is lower else
                    f"same {peop_params} parameter count as the lower bound {lower['run']} (eq. 2.7 divides by the difference; "
                    f"pick another --lower-bound or --peop-params)"
                    if r["params"][peop_params] == lower["params"][peop_params]
@@ -216,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     from megahash.command_errors import run_guarded
 
     args = build_parser().parse_args(argv)

@@ -30,8 +30,8 @@ import math
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from megahash import known_warnings
 from megahash.errors import ConfigError, DataError
@@ -42,7 +42,7 @@ DEFAULT_TASKS = ["arc_easy", "boolq", "copa", "piqa", "sciq", "rte", "hellaswag"
 MAIN_METRICS = ["acc", "exact_match", "word_perplexity", "perplexity", "bits_per_byte", "acc_norm"]
 
 
-def _offline_env(tasks: Optional[list[str]] = None, tasks_dir: Optional[str] = None) -> None:
+def _offline_env(tasks: list[str] | None = None, tasks_dir: str | None = None) -> None:
     """When every requested task is a local YAML, datasets/huggingface_hub must never try the Hub
     (HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 unless already set); hub tasks keep the environment.
     Call before lm-eval/datasets are imported (they read these variables at import)."""
@@ -96,7 +96,7 @@ def _yaml_loader():
     return L
 
 
-def task_manager(tasks: list[str], tasks_dir: Optional[str]):
+def task_manager(tasks: list[str], tasks_dir: str | None):
     """A TaskManager that knows ``tasks`` (one-line ConfigError for unknown names)."""
     from lm_eval.tasks import TaskManager
 
@@ -115,7 +115,7 @@ def task_manager(tasks: list[str], tasks_dir: Optional[str]):
     return tm
 
 
-def check_tasks(tasks, tasks_dir: Optional[str]) -> None:
+def check_tasks(tasks, tasks_dir: str | None) -> None:
     """Refuse an unknown task name in one line (ConfigError) before a run that evaluates them
     (``eval.interval``): instant when every name is a YAML of ``tasks_dir``, else lm-eval's index (seconds)."""
     tasks = split_tasks(tasks)
@@ -148,7 +148,7 @@ def summarise(results: dict) -> dict:
     return {"results": res, "higher_is_better": hib, "n_samples": n, "versions": results.get("versions", {})}
 
 
-def main_metric(task_results: dict) -> Optional[str]:
+def main_metric(task_results: dict) -> str | None:
     for m in MAIN_METRICS:
         if m in task_results and task_results[m] is not None:
             return m
@@ -175,7 +175,7 @@ def default_out(ckpt: Path) -> Path:
     return ckpt.parent / "eval" / f"{ckpt.name}.json"
 
 
-def evaluate(lm, tasks: list[str], tasks_dir: Optional[str] = None, limit: Optional[float] = None,
+def evaluate(lm, tasks: list[str], tasks_dir: str | None = None, limit: float | None = None,
              seed: int = 1234, log_samples: bool = False) -> dict:
     """Run lm-eval on an already-built ``MegahashEvalLM``; returns lm-eval's raw results dict."""
     _offline_env(tasks, tasks_dir)
@@ -208,10 +208,10 @@ def _in_distributed_job() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
 
 
-def evaluate_checkpoint(ckpt_dir, tasks=None, tasks_dir: Optional[str] = None, out=None, limit=None,
-                        batch_size: int = 8, max_length: Optional[int] = None, tokenizer: Optional[str] = None,
-                        overrides: Optional[list[str]] = None, incremental: bool = True, quiet: bool = False,
-                        isolated: Optional[bool] = None, overwrite: bool = True, weights: str = "live") -> dict:
+def evaluate_checkpoint(ckpt_dir, tasks=None, tasks_dir: str | None = None, out=None, limit=None,
+                        batch_size: int = 8, max_length: int | None = None, tokenizer: str | None = None,
+                        overrides: list[str] | None = None, incremental: bool = True, quiet: bool = False,
+                        isolated: bool | None = None, overwrite: bool = True, weights: str = "live") -> dict:
     """Evaluate one checkpoint (run dir or step dir) on ``tasks``; write JSON (+ .md) to ``out``
     (default ``RUN_DIR/eval/STEP.json``) and return the written record.
 
@@ -352,7 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     from megahash.command_errors import run_guarded
 
     args = build_parser().parse_args(argv)

@@ -23,9 +23,9 @@ hash-code head); their spec is ``model.embed.hash_spec``.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
 
 import numpy as np
 
@@ -41,20 +41,20 @@ class Encoded:
     """Token ids (and, for word streams, the word string of every token)."""
 
     ids: list[int]
-    words: Optional[list[str]] = None
+    words: list[str] | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
 
-    def __add__(self, other: "Encoded") -> "Encoded":
+    def __add__(self, other: Encoded) -> Encoded:
         words = None if self.words is None or other.words is None else self.words + other.words
         return Encoded(self.ids + other.ids, words)
 
-    def __getitem__(self, sl: slice) -> "Encoded":
+    def __getitem__(self, sl: slice) -> Encoded:
         return Encoded(self.ids[sl], None if self.words is None else self.words[sl])
 
 
-def first_prefix(prefixes: Sequence[str]) -> Optional[str]:
+def first_prefix(prefixes: Sequence[str]) -> str | None:
     """The first shard prefix of ``data.prefix`` (entries may be ``"weight prefix"`` pairs or a
     flat ``[w1, p1, w2, p2]`` list)."""
     for entry in prefixes or []:
@@ -82,7 +82,7 @@ class TextCodec:
     kind: str  # "sentencepiece" | "hf" | "words"
     vocab_size: int  # real (unpadded) vocabulary: pieces, or the word table size
     sp: object = None  # megahash.tokenization.MegahashTokenizer (any subword kind)
-    word_list: Optional[list[str]] = None
+    word_list: list[str] | None = None
     spec: object = None  # HashSpec or None
     table: object = None  # CodeTable or None
     coder: object = None  # SubwordCoder or None
@@ -137,7 +137,7 @@ class TextCodec:
     def code_width(self) -> int:
         return self.spec.width if self.spec is not None else 0
 
-    def codes(self, enc: Encoded) -> Optional[np.ndarray]:
+    def codes(self, enc: Encoded) -> np.ndarray | None:
         """Codes [n, width] of a token sequence (None when the model reads none). Special ids
         (< 5) get zero codes."""
         if self.spec is None:
@@ -158,8 +158,8 @@ class TextCodec:
         return self.table.rows(self.spec.name, rows)
 
 
-def load_codec(cfg, ckpt_dir: Optional[Path] = None, tokenizer: Optional[str] = None,
-               model_vocab: Optional[int] = None) -> TextCodec:
+def load_codec(cfg, ckpt_dir: Path | None = None, tokenizer: str | None = None,
+               model_vocab: int | None = None) -> TextCodec:
     """The :class:`TextCodec` of a checkpoint's config (``tokenizer`` overrides ``data.tokenizer``)."""
     prefix = first_prefix(cfg.data.prefix)
     meta = read_meta(prefix, required=False)
@@ -242,7 +242,7 @@ def load_codec(cfg, ckpt_dir: Optional[Path] = None, tokenizer: Optional[str] = 
     return TextCodec(kind, vocab, sp=sp, word_list=word_list, spec=spec, table=table, coder=coder, description=desc)
 
 
-def load_model(path, overrides: Optional[list[str]] = None, weights: str = "live"):
+def load_model(path, overrides: list[str] | None = None, weights: str = "live"):
     """:func:`megahash.checkpoint.weights.load_for_inference` (one-line CheckpointError on bad weights);
     ``weights``: live, ema or a quantized artifact's path (``load_chosen``)."""
     from megahash.checkpoint.weights import load_for_inference

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Optional
 
 from megahash.atomic_write import write_text_atomic
 
@@ -27,7 +26,7 @@ def record_failure(cell, status: int, error: str) -> None:
     write_text_atomic(cell.dir / FAILED_FILE, json.dumps(record, indent=1) + "\n")
 
 
-def failure(cell) -> Optional[dict]:
+def failure(cell) -> dict | None:
     """The recorded failure of a cell that is not done (None: none recorded)."""
     try:
         return None if cell.done else json.loads((cell.dir / FAILED_FILE).read_text())

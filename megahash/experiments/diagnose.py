@@ -30,9 +30,9 @@ import json
 import math
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
 
 from megahash.errors import ConfigError
 
@@ -124,7 +124,7 @@ def make_task(name: str, args) -> object:
     raise ConfigError(f"unknown diagnose task {name!r} (choose from {', '.join(TASKS)})")
 
 
-def variant_config(base_config: Optional[str], overrides: list[str], schedule: str, task):
+def variant_config(base_config: str | None, overrides: list[str], schedule: str, task):
     """The config of one variant: defaults (without --config), the user's overrides, the schedule
     and the task's vocabulary/length."""
     from megahash.config import load_config
@@ -203,7 +203,7 @@ def all_kinds() -> list[str]:
     return sorted(catalog.names("attention"))
 
 
-def variants(kinds: Optional[str], schedules: Optional[str]) -> list[str]:
+def variants(kinds: str | None, schedules: str | None) -> list[str]:
     out: list[str] = []
     if kinds:
         names = all_kinds() if kinds == "all" else [k.strip() for k in kinds.split(",") if k.strip()]
@@ -307,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     from megahash.command_errors import run_guarded
 
     args = build_parser().parse_args(argv)

@@ -123,7 +123,7 @@ def markdown(grid, rows: list[dict]) -> str:
         cells = [str(r["index"]), r["label"] + (" (standard)" if std else "")] + ([r["seed"]] if seeds else [])
         cells += [_num(r["params"]["total"]), _num(r["params"]["embedding"]), _num(r["params"]["attention"]),
                   _num(c.get("prefill_flops_per_token")), _num(c.get("decode_flops_per_token")), _num(c.get("cache_bytes"))]
-        for t, m, h in cols:
+        for t, m, _h in cols:
             d = None if std else r["delta"].get(t)
             cells.append(_fmt(r["display"].get(t), d, 1 if m in PERCENT else 2))
         if any(h for _, _, h in cols):

@@ -55,9 +55,9 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
 
 import yaml
 
@@ -94,8 +94,8 @@ class Cell:
 @dataclass
 class Grid:
     name: str
-    path: Optional[Path]
-    base: Optional[str]
+    path: Path | None
+    base: str | None
     overrides: list[str]
     cells: list[Cell]
     standard: dict
@@ -115,7 +115,7 @@ class Grid:
                            "overrides": c.overrides, "dir": str(c.dir)} for c in self.cells]}
 
     @classmethod
-    def from_json(cls, d: dict) -> "Grid":
+    def from_json(cls, d: dict) -> Grid:
         cells = [Cell(c["index"], c["name"], c["label"], c["seed"], c["values"], c["overrides"], Path(c["dir"]))
                  for c in d["cells"]]
         return cls(d["name"], Path(d["grid"]) if d.get("grid") else None, d["base"], d["overrides"], cells,
@@ -157,7 +157,7 @@ def _flatten(tree: dict, prefix: str = "") -> list[str]:
     return out
 
 
-def _snippet(name: Optional[str], grid_dir: Path) -> list[str]:
+def _snippet(name: str | None, grid_dir: Path) -> list[str]:
     """A variant's ``config:`` (a YAML snippet, e.g. embeddings/md5-pool.yaml) as dotted overrides."""
     if not name:
         return []
@@ -172,7 +172,7 @@ def _slug(value) -> str:
     return out.strip("-") or "x"
 
 
-def _resolve_base(name: Optional[str], grid_dir: Path) -> Optional[str]:
+def _resolve_base(name: str | None, grid_dir: Path) -> str | None:
     if not name:
         return None
     for cand in (grid_dir / name, CONFIG_ROOT / name, Path(name)):
@@ -181,7 +181,7 @@ def _resolve_base(name: Optional[str], grid_dir: Path) -> Optional[str]:
     raise ConfigError(f"grid config {name!r} not found (looked beside the grid file and in {CONFIG_ROOT})")
 
 
-def load_grid(path: str, extra: Sequence[str] = (), out: Optional[str] = None) -> Grid:
+def load_grid(path: str, extra: Sequence[str] = (), out: str | None = None) -> Grid:
     """Read a grid YAML into its cells (each cell's config is resolved and checked)."""
     from megahash.config import read_yaml_mapping
 
@@ -292,7 +292,7 @@ def is_done(cell: Cell) -> bool:
     return cell.done
 
 
-def select_cells(grid: Grid, spec: Optional[str]) -> list[Cell]:
+def select_cells(grid: Grid, spec: str | None) -> list[Cell]:
     """The cells of ``--cells`` (``0-3,7``: indices and ranges); every cell without one."""
     if not spec:
         return list(grid.cells)
@@ -309,7 +309,7 @@ def select_cells(grid: Grid, spec: Optional[str]) -> list[Cell]:
     return [c for c in grid.cells if c.index in chosen]
 
 
-def override_eval(grid: Grid, tasks: Optional[str], tasks_dir: Optional[str], limit: Optional[float]) -> None:
+def override_eval(grid: Grid, tasks: str | None, tasks_dir: str | None, limit: float | None) -> None:
     """``--tasks``/``--tasks-dir``/``--limit`` in place of the grid's ``eval`` (``--tasks none``: none)."""
     if tasks is not None:
         grid.eval["tasks"] = [] if tasks.strip().lower() == "none" else [t for t in tasks.split(",") if t.strip()]
@@ -419,7 +419,7 @@ def _elapsed(seconds: float) -> str:
     return f"{m}m{sec:02d}s" if m else f"{sec}s"
 
 
-def run_local(grid: Grid, quiet: bool = False, cells: Optional[list] = None) -> int:
+def run_local(grid: Grid, quiet: bool = False, cells: list | None = None) -> int:
     """Train and evaluate every unfinished cell in turn, one progress line as each starts and ends
     (elapsed, status). A failed cell is recorded (``FAILED_FILE``: exit status and its one-line
     error), the sweep goes on with the next cell, and the failures are listed at the end."""
@@ -433,7 +433,7 @@ def run_local(grid: Grid, quiet: bool = False, cells: Optional[list] = None) -> 
             continue
         print(f"{tag}: training ({' '.join(cell.overrides[len(grid.overrides):-1])})", flush=True)
         t0 = time.time()
-        for attempt in range(3):
+        for _attempt in range(3):
             start = (cell.dir / "sweep.log").stat().st_size if (cell.dir / "sweep.log").exists() else 0
             with open(cell.dir / "sweep.log", "a") as log:
                 r = subprocess.run(train_command(grid, cell), cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT)
@@ -481,7 +481,7 @@ FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
          "PREEMPTED")
 
 
-def sbatch_command(grid: Grid, extra: Sequence[str] = (), cells: Optional[list] = None) -> list[str]:
+def sbatch_command(grid: Grid, extra: Sequence[str] = (), cells: list | None = None) -> list[str]:
     n = len(grid.cells)
     (grid.out / "slurm").mkdir(parents=True, exist_ok=True)
     array = f"0-{n - 1}" if cells is None or len(cells) == n else ",".join(str(c.index) for c in cells)
@@ -489,7 +489,7 @@ def sbatch_command(grid: Grid, extra: Sequence[str] = (), cells: Optional[list] 
             "-o", str(grid.out / "slurm" / "%A_%a.out"), *grid.sbatch, *extra, str(ROOT / ARRAY_SCRIPT)]
 
 
-def submit_array(grid: Grid, extra: Sequence[str] = (), cells: Optional[list] = None) -> str:
+def submit_array(grid: Grid, extra: Sequence[str] = (), cells: list | None = None) -> str:
     env = _env()
     env["SWEEP_DIR"] = str(grid.out)
     env.setdefault("PYTHON", sys.executable)
@@ -510,7 +510,7 @@ def array_states(job: str) -> list[str]:
     return [line.split("JobState=", 1)[1].split()[0] for line in r.stdout.splitlines() if "JobState=" in line]
 
 
-def wait_array(job: str, poll: float = 2.0, timeout: Optional[float] = None) -> None:
+def wait_array(job: str, poll: float = 2.0, timeout: float | None = None) -> None:
     start = time.time()
     while True:
         states = array_states(job)
@@ -524,7 +524,7 @@ def wait_array(job: str, poll: float = 2.0, timeout: Optional[float] = None) -> 
 # ------------------------------------------------------------------------------------------ cli
 
 
-def dry_run(grid: Grid, launcher: str, extra_sbatch: Sequence[str], cells: Optional[list] = None) -> None:
+def dry_run(grid: Grid, launcher: str, extra_sbatch: Sequence[str], cells: list | None = None) -> None:
     cells = grid.cells if cells is None else cells
     print(f"grid {grid.name}: {len(grid.cells)} cells -> {grid.out}"
           + (f" ({len(cells)} selected)" if len(cells) != len(grid.cells) else ""))
@@ -563,7 +563,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     from megahash.command_errors import run_guarded
 
     args = build_parser().parse_args(argv)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Iterable, Sequence
 from itertools import repeat
-from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -23,7 +23,7 @@ ZERO_ROW = 0  # row id of special tokens
 
 
 def hash_words(
-    spec: HashSpec, words: Sequence[str], key: Optional[bytes] = DEFAULT_KEY, lsh: Optional[LSHModel] = None
+    spec: HashSpec, words: Sequence[str], key: bytes | None = DEFAULT_KEY, lsh: LSHModel | None = None
 ) -> np.ndarray:
     """Code rows ``[len(words), spec.width]`` of ``spec.dtype`` for ``words`` (no special handling)."""
     kind, p = spec.kind, spec.params
@@ -45,7 +45,7 @@ def hash_words(
     return np.ascontiguousarray(out.reshape(len(words), spec.width), dtype=spec.dtype)
 
 
-def md5_digests_batch(words: Sequence[str], key: Optional[bytes] = DEFAULT_KEY) -> bytes:
+def md5_digests_batch(words: Sequence[str], key: bytes | None = DEFAULT_KEY) -> bytes:
     """``megahash.hashing.md5.md5_digests``: concatenated HMAC-MD5(key, UTF-8 of word) (plain MD5
     for ``key=None``), computed by copying one keyed state per word, which is several times faster
     than a one-shot ``hmac.digest`` per word (that sets the key up each time)."""
@@ -66,8 +66,8 @@ class CodeTable:
     def __init__(
         self,
         specs: Iterable[HashSpec],
-        key: Optional[bytes] = DEFAULT_KEY,
-        lsh: Optional[LSHModel] = None,
+        key: bytes | None = DEFAULT_KEY,
+        lsh: LSHModel | None = None,
         max_entries: int = 1 << 21,
     ):
         self.specs = list(specs)

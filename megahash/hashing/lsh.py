@@ -31,7 +31,7 @@ from __future__ import annotations
 import io
 import zipfile
 from collections import Counter
-from typing import Iterable, Mapping, Sequence, Union
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -213,7 +213,7 @@ def _top_ngrams_fast(words: Sequence[str], weights: np.ndarray, size: int, order
 
 
 def count_ngrams(
-    word_counts: Union[Mapping[str, int], Iterable[tuple[str, int]]],
+    word_counts: Mapping[str, int] | Iterable[tuple[str, int]],
     orders: Sequence[int] = NGRAM_ORDERS,
     block: int = 100_000,
 ) -> Counter:
@@ -267,11 +267,11 @@ class LSHModel:
     @classmethod
     def from_word_counts(
         cls,
-        word_counts: Union[Mapping[str, int], Iterable[tuple[str, int]]],
+        word_counts: Mapping[str, int] | Iterable[tuple[str, int]],
         vocab_size: int = DEFAULT_NGRAM_VOCAB,
         seed: int = DEFAULT_SEED,
         orders: Sequence[int] = NGRAM_ORDERS,
-    ) -> "LSHModel":
+    ) -> LSHModel:
         """Build the top-``vocab_size`` n-gram vocabulary from corpus word counts."""
         if isinstance(word_counts, Mapping):
             pairs, words, values, distinct = word_counts, list(word_counts), word_counts.values(), True
@@ -329,7 +329,7 @@ class LSHModel:
         save_npz_deterministic(path, arrays)
 
     @classmethod
-    def load(cls, path) -> "LSHModel":
+    def load(cls, path) -> LSHModel:
         """Read a model written by ``save``; stored planes are used as they are."""
         with np.load(path, allow_pickle=False) as z:
             version = int(z["format_version"])

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -24,14 +24,14 @@ def _utf8(word: str) -> bytes:
     return word.encode("utf-8", "surrogatepass")
 
 
-def md5_digest(word: str, key: Optional[bytes] = DEFAULT_KEY) -> bytes:
+def md5_digest(word: str, key: bytes | None = DEFAULT_KEY) -> bytes:
     """16-byte HMAC-MD5(key, word) (plain MD5 when ``key`` is None)."""
     if key is None:
         return hashlib.md5(_utf8(word)).digest()
     return hmac.digest(key, _utf8(word), "md5")
 
 
-def md5_digests(words: Sequence[str], key: Optional[bytes] = DEFAULT_KEY) -> bytes:
+def md5_digests(words: Sequence[str], key: bytes | None = DEFAULT_KEY) -> bytes:
     """Concatenated digests of ``words`` (16 bytes each)."""
     if key is None:
         return b"".join(hashlib.md5(_utf8(w)).digest() for w in words)
@@ -39,13 +39,13 @@ def md5_digests(words: Sequence[str], key: Optional[bytes] = DEFAULT_KEY) -> byt
     return b"".join(digest(key, _utf8(w), "md5") for w in words)
 
 
-def md5_bits(words: Sequence[str], key: Optional[bytes] = DEFAULT_KEY) -> np.ndarray:
+def md5_bits(words: Sequence[str], key: bytes | None = DEFAULT_KEY) -> np.ndarray:
     """Packed codes ``uint8 [len(words), 16]``: the digest bytes, i.e. the 128 bits MSB first."""
     buf = md5_digests(words, key)
     return np.frombuffer(buf, dtype=np.uint8).reshape(len(words), MD5_BYTES).copy()
 
 
-def md5_buckets(words: Sequence[str], num_buckets: int, key: Optional[bytes] = DEFAULT_KEY) -> np.ndarray:
+def md5_buckets(words: Sequence[str], num_buckets: int, key: bytes | None = DEFAULT_KEY) -> np.ndarray:
     """Emb(N) bucket ids ``int64 [len(words)]``: the digest as a big-endian integer modulo N."""
     if num_buckets < 1:
         raise ValueError(f"num_buckets must be >= 1, got {num_buckets}")

@@ -19,7 +19,7 @@ is the numpy reference of that step; ``rolling_embedding`` is [Julian23]'s whole
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -115,7 +115,7 @@ def rolling_embedding_from_codes(
 
 
 def rolling_embedding(
-    word: str, d: int = 768, n: int = DEFAULT_N, seed: int = 42, b: int = ROLLING_M, max_len: Optional[int] = None
+    word: str, d: int = 768, n: int = DEFAULT_N, seed: int = 42, b: int = ROLLING_M, max_len: int | None = None
 ) -> np.ndarray:
     """[Julian23]'s ``hash_embedding`` in numpy (no truncation unless ``max_len`` is given)."""
     max_len = len(word) if max_len is None else max_len

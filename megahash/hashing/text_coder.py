@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -68,10 +68,10 @@ class TextCoder:
     the ``sentencepiece`` package and ``tokenizer.model``); kind "words": the word table (id -> word).
     ``spec`` None: the model reads no codes."""
 
-    def __init__(self, kind: str, spec: Optional[HashSpec] = None, key: Optional[bytes] = b"en",
-                 lsh: Optional[LSHModel] = None,
-                 pieces=None, special=None, unit: str = "word", words=None, sp_model: Optional[str] = None,
-                 tokenizer_json: Optional[str] = None):
+    def __init__(self, kind: str, spec: HashSpec | None = None, key: bytes | None = b"en",
+                 lsh: LSHModel | None = None,
+                 pieces=None, special=None, unit: str = "word", words=None, sp_model: str | None = None,
+                 tokenizer_json: str | None = None):
         self.kind, self.spec, self.key, self.lsh = kind, spec, key, lsh
         self.pieces, self.special, self.unit = pieces, special, unit
         self.words = words
@@ -82,7 +82,7 @@ class TextCoder:
         self._cache: dict = {}
 
     @classmethod
-    def from_pretrained(cls, folder: str) -> "TextCoder":
+    def from_pretrained(cls, folder: str) -> TextCoder:
         with open(os.path.join(folder, HASHING_FILE), encoding="utf-8") as f:
             meta = json.load(f)
         spec = parse_hash_spec(meta["hash_spec"]) if meta.get("hash_spec") else None
@@ -126,7 +126,7 @@ class TextCoder:
         return list(self._sp.encode(text)), None
 
     # -- ids -> codes ------------------------------------------------------------------------
-    def strings(self, ids: Sequence[int], words: Optional[Sequence[str]] = None) -> list:
+    def strings(self, ids: Sequence[int], words: Sequence[str] | None = None) -> list:
         """Hash string of every token ("" for special tokens, which get zero codes)."""
         ids = [int(i) for i in ids]
         if self.kind == "words":
@@ -135,7 +135,7 @@ class TextCoder:
             return [w or "" for w in words]  # unknown words (<unk> ids) keep their own code
         return piece_strings(ids, self.pieces, self.special, self.unit)
 
-    def codes(self, ids: Sequence[int], words: Optional[Sequence[str]] = None) -> Optional[np.ndarray]:
+    def codes(self, ids: Sequence[int], words: Sequence[str] | None = None) -> np.ndarray | None:
         """Codes [len(ids), width] (dtype of the spec) of a token sequence; None without a spec."""
         if self.spec is None:
             return None

@@ -27,7 +27,7 @@ analysed once per worker (until the ``CodeTable`` is cleared).
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

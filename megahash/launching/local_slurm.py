@@ -165,7 +165,7 @@ class LocalSlurm:
                 if time.time() > deadline:
                     self._lock.close()
                     self._lock = None
-                    raise SlurmUnavailable(f"another local SLURM held {lock_file} for over {wait:.0f}s")
+                    raise SlurmUnavailable(f"another local SLURM held {lock_file} for over {wait:.0f}s") from None
                 if not said:
                     print(f"local_slurm: waiting for another local SLURM on this machine ({lock_file})",
                           file=sys.stderr, flush=True)
@@ -177,7 +177,7 @@ class LocalSlurm:
             self._lock.close()  # closing the file releases the flock
             self._lock = None
 
-    def start(self, timeout: float = 60.0, lock_wait: float = 3600.0) -> "LocalSlurm":
+    def start(self, timeout: float = 60.0, lock_wait: float = 3600.0) -> LocalSlurm:
         if os.geteuid() != 0:
             raise SlurmUnavailable("a local SLURM needs root (slurmd runs jobs as their user)")
         self._take_machine_lock(lock_wait)
@@ -282,7 +282,7 @@ class LocalSlurm:
             except (OSError, ProcessLookupError):
                 pass
 
-    def __enter__(self) -> "LocalSlurm":
+    def __enter__(self) -> LocalSlurm:
         try:
             return self.start()
         except BaseException:

@@ -16,7 +16,6 @@ def closed_form_report(cfg, vocab_size: int) -> dict | None:
     """``megahash params`` report of the standard decoder in closed form (None: not covered); its
     costs are the [Xue25] table rows (the implementation's are measured by ``megahash params --measure``)."""
     from megahash.models.costs import attention_param_count
-
     from megahash.models.schedules import check_kinds
 
     m = cfg.model

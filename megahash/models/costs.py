@@ -28,10 +28,7 @@
 from __future__ import annotations
 
 from megahash import catalog
-
-
 from megahash.models.cost_formulas import GeneralisedRow, StandardQKV  # noqa: F401 - the formula bases
-
 
 # ----------------------------------------------------------------------------- lookup
 

@@ -46,11 +46,15 @@ except ImportError:  # pragma: no cover
 
 from megahash.models.arch import arch_of
 from megahash.models.hf_config import MegahashConfig
-from megahash.models.reference_table import references
 from megahash.models.reference_layers import (
-    Decoder, RobertaEmbeddingExtras, build_embedding, build_head, build_kind_input,
+    Decoder,
+    RobertaEmbeddingExtras,
+    build_embedding,
+    build_head,
+    build_kind_input,
 )
 from megahash.models.reference_ops import is_roberta, packed_documents, rope_cos_sin
+from megahash.models.reference_table import references
 
 # transformers renamed the cache argument and output field ``past_key_values`` -> ``cache`` (5.2x, the old
 # name deprecated): the model takes either name and answers under the name this transformers reads.

@@ -31,7 +31,7 @@ def sum_grad_over_tp(p: torch.nn.Parameter) -> None:
 def mark_sequence_parallel(params, enabled: bool) -> None:
     """Tag parameters replicated across TP whose inputs are sequence-split, and sum their grads."""
     for p in params:
-        setattr(p, "sequence_parallel", bool(enabled))
+        p.sequence_parallel = bool(enabled)
         if enabled:
             sum_grad_over_tp(p)
 
@@ -85,7 +85,7 @@ class HeadNorm:
         norm_cls = RMSNorm if config.normalization == "RMSNorm" else LayerNorm
         norm = norm_cls(hidden_size, eps=eps, dtype=config.params_dtype)
         for p in norm.parameters():
-            setattr(p, "sequence_parallel", bool(config.sequence_parallel))
+            p.sequence_parallel = bool(config.sequence_parallel)
             sum_grad_over_tp(p)
         return norm
 

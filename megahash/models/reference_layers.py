@@ -12,18 +12,22 @@ torch-only megahash modules only.
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from megahash.models.arch import arch_of
 from megahash.models.reference_ops import (
-    NUM_SPECIAL, append_state, apply_rope, is_roberta, make_norm, megahash_option, softmax_attention, split_heads,
+    NUM_SPECIAL,
+    append_state,
+    apply_rope,
+    is_roberta,
+    make_norm,
+    megahash_option,
+    softmax_attention,
+    split_heads,
 )
 from megahash.ops.utils.documents import document_rows
-
 
 # =============================================================================== attention bases
 
@@ -32,7 +36,7 @@ class TorchAttention(nn.Module):
 
     qk_norm = True  # False: the kind has no queries/keys to normalise
 
-    def __init__(self, config, spec: dict, proj_in: Optional[int] = None):
+    def __init__(self, config, spec: dict, proj_in: int | None = None):
         super().__init__()
         self.kind = spec["kind"]
         self.n = config.num_attention_heads

@@ -10,7 +10,6 @@ Hugging Face folder (:mod:`megahash.convert.remote_code`), so it imports torch, 
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -21,7 +20,7 @@ from megahash.models.arch import arch_of
 NUM_SPECIAL = 5
 
 
-def append_state(cache: Optional[dict], key: str, t: torch.Tensor, dim: int = 2) -> torch.Tensor:
+def append_state(cache: dict | None, key: str, t: torch.Tensor, dim: int = 2) -> torch.Tensor:
     if cache is None:
         return t
     if key in cache:
@@ -30,13 +29,13 @@ def append_state(cache: Optional[dict], key: str, t: torch.Tensor, dim: int = 2)
     return t
 
 
-def cached_state(cache: Optional[dict], keys: tuple) -> Optional[tuple]:
+def cached_state(cache: dict | None, keys: tuple) -> tuple | None:
     """A recurrent kernel's decoding state stored under ``keys`` in ``cache``; None without a cache
     or before the first call."""
     return tuple(cache[k] for k in keys) if cache is not None and keys[0] in cache else None
 
 
-def store_state(cache: Optional[dict], keys: tuple, state) -> None:
+def store_state(cache: dict | None, keys: tuple, state) -> None:
     """Keep a recurrent kernel's new state in ``cache`` (nothing without a cache)."""
     if cache is not None:
         cache.update(zip(keys, state))
@@ -98,7 +97,7 @@ def packed_documents(config, input_ids, offset: int) -> tuple:
     return (doc if data.get("reset_attention_mask") else None), pos
 
 
-def softmax_attention(q, k, v, causal: bool, key_mask=None, scale: Optional[float] = None, document_ids=None):
+def softmax_attention(q, k, v, causal: bool, key_mask=None, scale: float | None = None, document_ids=None):
     """q [b, n, sq, d], k/v [b, g, sk, d] (query head i uses group i // (n/g)) -> [b, sq, n*d].
     ``document_ids`` [b, s] (packed documents): attention inside each document (a token always sees itself)."""
     b, n, sq, d = q.shape
@@ -141,7 +140,7 @@ class PerHeadWeight(nn.Module):
         self.weight = nn.Parameter(torch.zeros(rows, cols))
 
 
-def make_norm(config, size: Optional[int] = None):
+def make_norm(config, size: int | None = None):
     if arch_of(config.arch).rms_norm:
         return nn.RMSNorm(size or config.hidden_size, eps=config.norm_eps)
     return nn.LayerNorm(size or config.hidden_size, eps=config.norm_eps)

@@ -13,8 +13,8 @@ attention kind.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
 from megatron.core.transformer.enums import AttnMaskType
@@ -25,8 +25,8 @@ from megatron.core.transformer.transformer_layer import TransformerLayer, Transf
 from megahash import catalog
 from megahash.catalog import AttentionCaps, EmbeddingCaps, HeadCaps, InputCaps  # noqa: F401 - the kind files import them from here
 from megahash.errors import ConfigError, did_you_mean
-from megahash.models.norm import Norm
 from megahash.models.arch import arch_of
+from megahash.models.norm import Norm
 from megahash.models.schedules import layer_kinds, skip_mask, standard_kind
 
 

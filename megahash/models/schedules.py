@@ -122,8 +122,8 @@ def skip_mask(kinds: list[str], standard: str | None = None) -> list[bool]:
 def check_kinds(cfg) -> list[str]:
     """Layer kinds of ``model.schedule``, checked with the kinds' source (milliseconds, no torch): an
     unknown attention kind or embedding is a one-line ConfigError."""
-    from megahash.errors import did_you_mean
     from megahash import catalog
+    from megahash.errors import did_you_mean
 
     m = cfg.model
     catalog.add_plugins(getattr(m, "plugins", None))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from megahash.objective_spec import ObjectiveSpec, register_objective
-from megahash.objectives.common import pad_of, role_id, MASK_ID, bernoulli, replace_with_drawn, special_mask
+from megahash.objectives.common import MASK_ID, bernoulli, pad_of, replace_with_drawn, role_id, special_mask
 
 MASK_PROB = 0.15
 MASK_TOKEN_FRAC = 0.8

@@ -19,6 +19,7 @@ from __future__ import annotations
 from megahash.data.samples import consumed_samples, ramp_on, step_batch
 from megahash.errors import CheckpointError
 
+
 def ramp_metrics(t, step: int) -> dict:
     """What the step log adds under a ramp: ``global_batch``, the sequences of 0-based step ``step``."""
     return {"global_batch": step_batch(t, step)} if ramp_on(t) else {}

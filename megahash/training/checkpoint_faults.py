@@ -14,6 +14,7 @@ from pathlib import Path
 from megahash.checkpoint.resolve import choose_resume
 from megahash.errors import CheckpointError
 
+
 def clean_stale(save_dir: str | Path) -> list[str]:
     """Remove leftovers of dead saves (rank 0, before anything is saved). Returns what was removed."""
     save_dir = Path(save_dir)

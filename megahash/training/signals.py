@@ -90,7 +90,7 @@ class StopFlag:
     def __init__(self):
         self.received: int | None = None
 
-    def install(self, signals=STOP_SIGNALS) -> "StopFlag":
+    def install(self, signals=STOP_SIGNALS) -> StopFlag:
         global _pending
         for s in signals:
             signal.signal(s, self._handle)

@@ -75,8 +75,8 @@ def set_metrics(sums: dict, token_loss: bool, defined_bpb: bool) -> dict:
 
 def validate(run) -> dict:
     """{set name: metrics} of every validation set of a training run (megahash/training/trainer.py's _Run)."""
-    from megahash.data.validation import validation_batches
     from megahash import catalog
+    from megahash.data.validation import validation_batches
     from megahash.objective_spec import objective_spec
     from megahash.training import ema
 

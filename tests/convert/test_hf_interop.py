@@ -41,8 +41,8 @@ def random_qwen2(path, tie: bool, shard: str | None = None, vocab: int = 300):
 def test_import_standard_qwen2_folder(tie, tmp_path, dist):
     """megahash import-hf on a transformers Qwen2 folder (sharded when untied): the imported
     checkpoint's logits equal transformers'."""
-    from megahash.convert.importer import import_hf
     from megahash.checkpoint.weights import load_for_inference
+    from megahash.convert.importer import import_hf
 
     hf = random_qwen2(tmp_path / "hf", tie, shard=None if tie else "100KB")
     if not tie:
@@ -93,13 +93,13 @@ def test_qwen2_export_is_publishable_on_transformers_4_and_5(tmp_path, dist, tf4
     again in shards: model card, generation config, index, no local path in any file; transformers
     4.46 (side install) and 5.x load it without remote code and agree on rope_theta, the tokenizer's
     ids (special strings as text) and the logits."""
+    from test_tokenizers import make_bpe
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from megahash.checkpoint.weights import load_for_inference
     from megahash.convert.export import export_model
     from megahash.convert.importer import import_hf
     from megahash.eval.text import load_codec
-    from megahash.checkpoint.weights import load_for_inference
-    from test_tokenizers import make_bpe
 
     src = tmp_path / "src"
     random_qwen2(src, tie=False, vocab=702)
@@ -146,10 +146,10 @@ def test_qwen2_export_is_publishable_on_transformers_4_and_5(tmp_path, dist, tf4
 def test_remote_code_batched_left_padded_generate(shakespeare_shards, dist, tmp_path):
     """generate() on a left-padded batch (transformers' padding for generation) equals generating
     each prompt alone, for a hash-embedding model with a recurrent attention kind."""
+    from test_convert import _build, _cfg
     from transformers import AutoModelForCausalLM
 
     from megahash.convert.export import export_model
-    from test_convert import _build, _cfg
 
     cfg = _cfg(shakespeare_shards, "hash-emb-bucket")  # list:mha,approx with a hash embedding
     from megahash.eval.text import load_codec
@@ -177,11 +177,11 @@ def test_hash_embedding_special_rows_follow_roles(shakespeare_shards, dist, tmp_
     """With special ids that are not 0-4 (data.special_ids), a hash embedding gives the special rows
     to those ids by role (row 0 bos, 1 pad, 2 eos) and treats ids 0-4 as ordinary tokens; the
     remote-code export agrees (logits equal on a sequence containing the specials)."""
+    from test_convert import _build, _cfg
     from transformers import AutoModelForCausalLM
 
     from megahash.convert.export import export_model
     from megahash.eval.text import load_codec
-    from test_convert import _build, _cfg
 
     cfg = _cfg(shakespeare_shards, "hash-emb-bucket")
     cfg.data.special_ids = {"bos": 700, "pad": 701, "eos": 700, "unk": None, "mask": None}
@@ -225,9 +225,10 @@ def test_megahash_export_cached_generate_on_transformers_4_and_5(shakespeare_sha
     without it, on transformers 4.46 (side install) and on the installed 5.x, with no cache deprecation
     warning. The model (vocabulary embedding: no word-hash codes, which a longer context may change)
     mixes softmax kinds (key/value cache), recurrent kinds (state cache) and a static-map kind."""
+    from test_convert import _build, _cfg
+
     from megahash.convert.export import export_model
     from megahash.eval.text import load_codec
-    from test_convert import _build, _cfg
 
     cfg = _cfg(shakespeare_shards, "mhe-mlp-linear-static")  # mhe-add,mhe-mul,mlp,approx,nonapprox,staticembqk
     export_model(cfg, _build(cfg), tmp_path / "hf", load_codec(cfg), fmt="megahash")

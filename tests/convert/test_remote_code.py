@@ -12,10 +12,9 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import _emb_helpers as H  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
-
-import _emb_helpers as H  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.usefixtures("dist"), pytest.mark.numerics]  # one-rank world (conftest)
@@ -226,7 +225,7 @@ def test_plugin_kind_outside_the_package_is_assembled(tmp_path, monkeypatch):
 
     from megahash.convert import remote_code
     from megahash.errors import ConfigError
-    from megahash.models import registry, hf_model
+    from megahash.models import hf_model, registry
     from megahash.models.hf_config import MegahashConfig
 
     monkeypatch.setitem(registry.KINDS, "attention", registry.kinds("attention"))  # restored afterwards

@@ -5,11 +5,11 @@ equals lm-eval's ``bits_per_byte`` of a wikitext-style ``loglikelihood_rolling``
 documents through megahash's lm-eval model."""
 import json
 import math
+import os  # noqa: E402
 
 import pytest
 import torch
 
-import os  # noqa: E402
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

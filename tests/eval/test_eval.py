@@ -80,6 +80,7 @@ def test_lm_eval_runs_every_output_type(runs, lms):
     """lm_eval.simple_evaluate through the registered model on the local suite: multiple_choice,
     loglikelihood_rolling, loglikelihood and generate_until all produce their metrics."""
     import lm_eval
+
     from megahash.eval.run import task_manager
 
     lm = lms["trained"]
@@ -211,7 +212,6 @@ def test_report_table_across_runs(runs, capsys):
 
 def test_indicators_cli_on_checkpoint(runs, capsys):
     from megahash.cli import main
-
     from megahash.data.preprocess.sources import open_source, select_documents
 
     text = runs["dir"] / "held_out.txt"

@@ -1,6 +1,7 @@
 """Evaluation tokenises and hashes raw text exactly as the data stage did (subword and word
 streams, MD5 and LSH codes), and the lm-eval model scores hash-embedding models and the hashed-word
 decoder (hash-code head, through heads.score_continuation)."""
+import os  # noqa: E402
 import sys
 
 import numpy as np
@@ -9,7 +10,6 @@ import torch
 
 from conftest import run
 
-import os  # noqa: E402
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

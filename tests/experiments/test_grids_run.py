@@ -52,8 +52,8 @@ def workdir(shakespeare_shards, tmp_path_factory):
 
 def _word_specs() -> list[str]:
     """The hash specs of every cell of the word-level grids (their headers list them)."""
-    from megahash.experiments.sweep import cell_config, load_grid
     from megahash import catalog
+    from megahash.experiments.sweep import cell_config, load_grid
 
     specs = set()
     for path in GRIDS:

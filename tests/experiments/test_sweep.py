@@ -13,9 +13,9 @@ import sys
 
 import pytest
 import yaml
+from _slurm import clean_env
 
 from conftest import ROOT, child_env, train_losses
-from _slurm import clean_env
 
 TINY = {"model.hidden_size": 64, "model.num_layers": 2, "model.num_heads": 4, "model.ffn_hidden_size": 128,
         "model.vocab_size": 0, "data.seq_length": 64, "train.steps": 12, "train.micro_batch_size": 4,

@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 from _slurm import clean_env, install_note
-from conftest import ROOT, train_losses
 from test_launch import signal_during_save, wait_for_step
+
+from conftest import ROOT, train_losses
 
 SCRIPT = "slurm/pretrain_500m_hybrid.sh"
 STEPS = 60
@@ -133,7 +133,7 @@ def test_usr1_checkpoints_requeues_and_resumes_exactly(cluster, runs, tmp_path):
         jobs[launcher] = (submit(cluster, out, TINY, SAVE_DIR=run_dir, LAUNCHER=launcher, **runs["data"]),
                           run_dir, out)
     during = False
-    for launcher, (job, run_dir, out) in jobs.items():
+    for launcher, (job, run_dir, _out) in jobs.items():
         wait_for_step(run_dir, 3, lambda: job_info(cluster, job).get("JobState") not in FINAL)
         r = subprocess.run(["scancel", "--signal=USR1", "--batch", job], env=cluster.env(clean_env()),
                            capture_output=True, text=True, timeout=30)
@@ -381,7 +381,7 @@ def _time_limit_jobs(cluster, runs, tmp_path: Path) -> dict:
     extended: set[str] = set()
     deadline = time.time() + 300
     while len(extended) < len(jobs) and time.time() < deadline:
-        for kind, (job, run_dir, out) in jobs.items():
+        for kind, (job, _run_dir, _out) in jobs.items():
             info = job_info(cluster, job)
             if kind not in extended and (info.get("Restarts", "0") != "0" or info.get("JobState") in FINAL):
                 subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=5"], env=cluster.env(clean_env()),

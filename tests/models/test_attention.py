@@ -13,15 +13,16 @@ import sys
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import _kinds  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from megahash import accelerator  # noqa: E402
+from megahash import (
+    accelerator,  # noqa: E402
+    catalog,  # noqa: E402
+)
 from megahash.config import load_config  # noqa: E402
 from megahash.models.forward_state import ForwardState  # noqa: E402
-
-import _kinds  # noqa: E402
-from megahash import catalog  # noqa: E402
 
 # from the registry: every kind that decodes incrementally / mixes tokens (a new kind joins by registering)
 DECODER_KINDS = _kinds.attention(decodes=True)
@@ -56,9 +57,10 @@ def build(cfg, dtype=torch.float64, seed=0):
 def build_attention(cfg, layer_number=1):
     """One attention module of the config's first layer kind, built like TransformerLayer does."""
     from megatron.core.transformer.spec_utils import build_module
+    from megatron.core.utils import init_method_normal, scaled_init_method_normal
+
     from megahash.models import registry
     from megahash.models.megatron_model import transformer_config
-    from megatron.core.utils import init_method_normal, scaled_init_method_normal
 
     registry.load_kinds()
     config = transformer_config(cfg)

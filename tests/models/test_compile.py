@@ -8,7 +8,6 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
 from megahash import accelerator  # noqa: E402
 from megahash.config import load_config  # noqa: E402

@@ -282,9 +282,9 @@ def test_config_names_plugins_too(plugin, monkeypatch):
     """``model.plugins`` finds the same package without the environment variable (config checks,
     torch-free); an unknown plugin is a one-line ConfigError. (First in this file: once a process
     has imported a plugin its kinds stay registered there.)"""
+    from megahash import catalog
     from megahash.config import load_config
     from megahash.errors import ConfigError
-    from megahash import catalog
     from megahash.models.schedules import check_kinds
 
     monkeypatch.delenv(catalog.PLUGINS_ENV)
@@ -450,11 +450,11 @@ def test_a_kind_with_an_option_and_a_model_input_in_one_file(plugin, shakespeare
     config); ``pretrain`` trains and checkpoints it (the anchor rows ride in the checkpoint); export-hf
     of that checkpoint loads in transformers with equal logits, and cached decoding equals the full
     forward in megahash and in transformers."""
+    from megahash.checkpoint.weights import load_for_inference
     from megahash.config import load_config
     from megahash.convert.verify import load_hf
     from megahash.errors import ConfigError
     from megahash.models.megatron_model import DecodeState
-    from megahash.checkpoint.weights import load_for_inference
 
     with pytest.raises(ConfigError, match="anchor_length"):
         load_config(None, [f"model.schedule=uniform:{ANCHOR}", "model.attention.options.anchor_length=0"])

@@ -109,10 +109,10 @@ def test_deepspeed_run_trains_checkpoints_and_exports_it(precision, shakespeare_
     checkpoint reloads; its HF export (remote code) gives megahash's logits and greedy tokens."""
     import json
 
+    from megahash.checkpoint.weights import load_for_inference
     from megahash.convert.export import export_hf
     from megahash.convert.verify import hf_logits, load_hf, megahash_greedy, megahash_logits
     from megahash.pretrain import main
-    from megahash.checkpoint.weights import load_for_inference
 
     run = tmp_path / "run"
     status = main([f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}",

@@ -11,13 +11,13 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import _kinds  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from test_attention import VOCAB, build, make_cfg  # noqa: E402
 
-import _kinds  # noqa: E402
 from megahash import accelerator  # noqa: E402
 from megahash.data import documents  # noqa: E402
-from test_attention import VOCAB, build, make_cfg  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("dist"), pytest.mark.numerics]
 
@@ -186,9 +186,9 @@ def test_sr_shuffles_within_documents_and_mlm_spares_eod():
 
 def test_config_flags_and_kind_refusal(monkeypatch):
     """Defaults off; a kind whose caps say it cannot keep to documents is refused in one line."""
+    from megahash.catalog import AttentionCaps
     from megahash.config_checks import check_documents
     from megahash.errors import ConfigError
-    from megahash.catalog import AttentionCaps
 
     assert not documents.enabled(make_cfg("mha").data)
     cfg = make_cfg("mha", *FLAGS)
@@ -264,12 +264,12 @@ def test_training_with_all_flags_through_deepspeed(precision, model, shakespeare
     """(Last in this file: the in-process run tears down the module's one-rank world.) The real DeepSpeed engine
     (1 rank, in process) trains and validates with the three flags on (a decoder in fp32 and bf16; an S+R encoder,
     whose corruption gets the batch's document ids); the dataset's samples carry what the model consumes."""
+    import functools
     import json
 
-    import functools
+    from test_batch_ramp import TINY, _main
 
     from megahash.objectives import shuffle_random
-    from test_batch_ramp import TINY, _main
 
     seen = []
     real = shuffle_random.corrupt

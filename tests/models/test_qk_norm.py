@@ -74,7 +74,7 @@ def test_decoder_with_qk_norm_equals_transformers_qwen3():
     accelerator.seed_all(0)
     model = build_model(cfg, VOCAB, dtype=torch.float64).eval()
     state = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
-    for i, layer in enumerate(model.decoder.layers):  # non-trivial norm weights
+    for layer in model.decoder.layers:  # non-trivial norm weights
         with torch.no_grad():
             layer.self_attention.q_layernorm.weight.uniform_(0.5, 1.5)
             layer.self_attention.k_layernorm.weight.uniform_(0.5, 1.5)

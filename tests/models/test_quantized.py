@@ -35,10 +35,10 @@ def _loss(model, tokens) -> float:
 
 def test_export_artifact_bytes_bound_and_eval(shakespeare_shards, tmp_path, capsys):
     from megahash import accelerator
-    from megahash.cli import main as cli
-    from megahash.eval.run import main as eval_main
     from megahash.checkpoint.artifact import read_artifact
     from megahash.checkpoint.weights import load_for_inference
+    from megahash.cli import main as cli
+    from megahash.eval.run import main as eval_main
 
     data = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}"]
     run = tmp_path / "run"

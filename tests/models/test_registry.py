@@ -10,12 +10,12 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import _kinds  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-import _kinds  # noqa: E402
-from megahash.config import load_config  # noqa: E402
 from megahash import catalog  # noqa: E402
+from megahash.config import load_config  # noqa: E402
 
 TABLE_FORMULAS = ("time_complexity", "flops", "activation_bytes", "cache_bytes")
 SAMPLE = {"qkv_params": (4, 8, 2), "time_complexity": (2, 16, 32), "flops": ("prefill", 2, 16, 32, 4, 2, False),
@@ -96,6 +96,7 @@ def _one_step(overrides, vocab=96, seed=0):
     """Build a tiny model, take one (normalised) gradient step on one batch; return (loss before, loss after, names of
     parameters that got no gradient)."""
     import _emb_helpers as H
+
     from megahash import accelerator
     from megahash.models.megatron_model import build_model
 

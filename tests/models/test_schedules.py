@@ -12,7 +12,7 @@ from megahash import accelerator  # noqa: E402
 from megahash.config import load_config  # noqa: E402
 from megahash.errors import ConfigError  # noqa: E402
 from megahash.models.forward_state import ForwardState  # noqa: E402
-from megahash.models.schedules import PRESETS, layer_kinds, skip_mask, standard_layers, standard_kind  # noqa: E402
+from megahash.models.schedules import PRESETS, layer_kinds, skip_mask, standard_kind, standard_layers  # noqa: E402
 
 # Table 4.11 verbatim (24 layers, 1-based ids of the layers that keep standard attention)
 TABLE_4_11 = {

@@ -3,11 +3,11 @@ src/model/data_collator.py): random bit arrays of random density (Proj/Add), uni
 (Pool), random buckets (Emb), random vocabulary ids (vocab); never equal to the original."""
 from __future__ import annotations
 
+import _emb_helpers as H
 import numpy as np
 import pytest
 import torch
 
-import _emb_helpers as H
 from megahash.config import load_config
 
 

@@ -187,10 +187,11 @@ def _kinds():
 def test_operator_count_does_not_grow_with_length(kind):
     """Forward + backward of a 2-layer model at 256 and 1,024 tokens (chunks of 64): the same number
     of ATen calls (what a GPU pays a launch for) for every kind."""
+    from megatron.core import tensor_parallel
+
     from megahash.config import load_config
     from megahash.models.attention import fixed_qk
     from megahash.models.megatron_model import build_model
-    from megatron.core import tensor_parallel
 
     cfg = load_config(None, ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4",
                              "model.ffn_hidden_size=64", f"model.schedule=uniform:{kind}", "data.seq_length=1024",

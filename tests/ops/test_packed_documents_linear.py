@@ -15,11 +15,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from megahash.training.op_count import CountOps  # noqa: E402
+from test_attention import build_attention, make_cfg  # noqa: E402
 
 from megahash import accelerator  # noqa: E402
 from megahash.models.forward_state import ForwardState  # noqa: E402
-from test_attention import build_attention, make_cfg  # noqa: E402
+from megahash.training.op_count import CountOps  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("dist"), pytest.mark.numerics]
 
@@ -150,9 +150,10 @@ def test_aten_calls_do_not_depend_on_documents_per_row(kind, small_scan_chunk):
 
 # ------------------------------------------------------------------ the deconstructed kinds (docs/attention.md)
 
-def _fixed_module(kind, dtype=torch.float32, L=sum(LENGTHS)):
+def _fixed_module(kind, dtype=torch.float32, L=None):
     """A fixed-Q/K module and random frozen maps (Q, K of the fixed pass at positions 0..L-1) as the fixed
     input hands them to it (``ForwardState.inputs``)."""
+    L = sum(LENGTHS) if L is None else L
     from megahash.models.attention.fixed_qk import FixedInput
 
     m = build_attention(make_cfg(kind, hidden=32, heads=4, layers=1)).to(dtype)

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
+from test_launch import wait_for_step
 
 from conftest import ROOT, child_env, pretrain
-from test_launch import wait_for_step
 
 TINY = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=128",
         "data.seq_length=64", "train.micro_batch_size=4", "train.global_batch_size=8", "train.lr=2e-3",

@@ -16,10 +16,10 @@ import math
 import sys
 from pathlib import Path
 
+import _kinds
 import pytest
 import torch
 
-import _kinds
 from conftest import pretrain, run
 
 TINY = ["model.hidden_size=32", "model.num_heads=2", "model.ffn_hidden_size=64", "model.vocab_size=0",

@@ -26,9 +26,9 @@ def _params(ckpt, weights="live") -> dict:
 def _initial(ckpt) -> dict:
     """w_0: the model the trainer builds from train.seed before the first step (trainer._build_model)."""
     from megahash import accelerator
-    from megahash.models.megatron_model import MegahashLM
     from megahash.checkpoint.layout import read_state
     from megahash.checkpoint.resolve import checkpoint_config
+    from megahash.models.megatron_model import MegahashLM
 
     cfg = checkpoint_config(ckpt)
     accelerator.init_distributed(1)
@@ -96,8 +96,8 @@ def test_ema_formula_validation_resume_eval_export(shakespeare_shards, tmp_path,
     assert export_main(["--checkpoint", str(last), "--output", str(tmp_path / "hf"), "--weights", "ema",
                         "--no-verify"]) == 0
     assert "(ema weights)" in capsys.readouterr().out
-    from megahash.cli import main as cli
     from megahash.checkpoint.artifact import read_artifact
+    from megahash.cli import main as cli
 
     assert cli(["export", "--checkpoint", str(last), "--output", str(tmp_path / "q"), "--weights", "ema"]) == 0
     back, rec = read_artifact(tmp_path / "q")  # int8 + zstd of the average: within half a step of it per row

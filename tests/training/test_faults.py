@@ -215,8 +215,8 @@ def test_export_hf_never_unpickles_code(shakespeare_shards, tmp_path):
     import sys
 
     from conftest import pretrain, run
-    from megahash.errors import CheckpointError
     from megahash.checkpoint.safe_unpickle import RestrictedUnpickler
+    from megahash.errors import CheckpointError
 
     run_dir = tmp_path / "run"
     r = pretrain(base(shakespeare_shards, run_dir, 1, "train.eval_interval=0"))
@@ -355,8 +355,9 @@ def test_killed_preprocess_takes_its_workers_along(shakespeare_shards, tmp_path)
     import subprocess
     import time
 
-    from conftest import ROOT, child_env
     from test_launch import descendants
+
+    from conftest import ROOT, child_env
 
     prefix = tmp_path / "shk"
     p = subprocess.Popen(_preprocess_cmd(shakespeare_shards, prefix, "--workers", "2"), cwd=ROOT, env=child_env(),

@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import _kinds
 import pytest
 
-import _kinds
 from conftest import ROOT
 
 TINY = ["model.hidden_size=64", "model.num_layers=4", "model.num_heads=4", "model.ffn_hidden_size=128",
@@ -55,9 +55,8 @@ def _embedding(kind: str) -> list[str]:
 def configurations() -> dict[str, list[str]]:
     """name -> overrides: every preset (non-standard attention kinds and embedding kinds cycled over
     them, skip_nonstandard on every other one), every objective, every selectable head."""
-    from megahash.models.schedules import PRESETS
-
     from megahash import catalog
+    from megahash.models.schedules import PRESETS
 
     kinds = [k for k in _kinds.attention(decoder=True) if k != _kinds.attention(standard=True)[0]]
     todo = _kinds.embeddings()  # embedding kinds not yet in a configuration

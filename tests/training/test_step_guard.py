@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 import pytest
+
 from conftest import ROOT, child_env
 
 TINY = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=128",

@@ -6,7 +6,6 @@ not speed), the rotary table's device following the model, and bf16 training und
 import pytest
 import torch
 import torch.nn.functional as F
-
 from numerics import ulp_tol
 
 pytestmark = pytest.mark.numerics  # compares floating-point results (see tests/numerics.py)

@@ -161,7 +161,8 @@ def test_checkpoint_of_the_previous_release_still_resumes(shakespeare_shards, tm
     config (the retired key dropped)."""
     import torch
     import yaml
-    from test_batch_ramp import TINY as SMALL, _main, _records
+    from test_batch_ramp import TINY as SMALL
+    from test_batch_ramp import _main, _records
 
     from megahash.checkpoint.manifest import write_manifest
     from megahash.config import load_config

@@ -7,7 +7,6 @@ import sys
 import pytest
 
 from conftest import pretrain, run, train_losses
-
 from megahash.data.validation import chunks_for_rank
 
 COMMON = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=128",

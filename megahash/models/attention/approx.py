@@ -57,7 +57,8 @@ from megahash.models.reference_layers import LinearAttention
 from megahash.models.reference_ops import cached_state, megahash_option, store_state
 from megahash.models.registry import AttentionCaps, mask_type, register_attention, register_reference
 from megahash.ops.taylor.chunk import taylor_bidirectional, taylor_causal
-from megahash.ops.taylor.feature_map import feature_dim as taylor_feature_dim, taylor_kernel
+from megahash.ops.taylor.feature_map import feature_dim as taylor_feature_dim
+from megahash.ops.taylor.feature_map import taylor_kernel
 
 
 @register_reference("approx")

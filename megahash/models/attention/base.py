@@ -50,7 +50,7 @@ def tp_rank() -> int:
 def mark_tp_replicated(params) -> None:
     """Parameters replicated over TP whose ranks see partial gradients: sum the gradients."""
     for p in params:
-        setattr(p, "tp_replicated", True)
+        p.tp_replicated = True
         sum_grad_over_tp(p)
 
 

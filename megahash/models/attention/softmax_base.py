@@ -8,7 +8,14 @@ from megatron.core import tensor_parallel
 
 from megahash.errors import ConfigError
 from megahash.models.attention.base import (
-    AttentionBase, ReplicatedLinear, append_cache, column, gather_input, heads, rope, tp_rank,
+    AttentionBase,
+    ReplicatedLinear,
+    append_cache,
+    column,
+    gather_input,
+    heads,
+    rope,
+    tp_rank,
 )
 from megahash.models.attention.sdpa import SDPACoreAttention
 

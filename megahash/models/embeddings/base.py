@@ -39,9 +39,9 @@ from __future__ import annotations
 
 import torch
 from megatron.core import parallel_state, tensor_parallel
+from megatron.core.transformer.module import MegatronModule
 
 from megahash.errors import ConfigError
-from megatron.core.transformer.module import MegatronModule
 from megahash.models.norm import mark_sequence_parallel
 
 NUM_SPECIAL = 5  # <s>=0 <pad>=1 </s>=2 <unk>=3 <mask>=4 (megahash.hashing.words)

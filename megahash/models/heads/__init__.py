@@ -48,7 +48,8 @@ def build_head(cfg, config, vocab_size: int) -> torch.nn.Module:
     then needs the standard ``model.head``."""
     from megahash import catalog
     from megahash.models import registry
-    from megahash.objective_spec import names as objectives, objective_spec
+    from megahash.objective_spec import names as objectives
+    from megahash.objective_spec import objective_spec
 
     head, objective = cfg.model.head, objective_spec(cfg.train.objective)
     heads = registry.kinds("head")

@@ -13,7 +13,7 @@ over the chunk axis. The number of operator calls does not depend on L.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -76,8 +76,8 @@ def feature_matmul(features: Callable, x: torch.Tensor, b: torch.Tensor, transpo
 
 
 def chunk_linear(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, features: Callable, kernel: Callable,
-                 chunk: int, state: Optional[tuple] = None, need_state: bool = False,
-                 doc: Optional[torch.Tensor] = None):
+                 chunk: int, state: tuple | None = None, need_state: bool = False,
+                 doc: torch.Tensor | None = None):
     """(num [..., L, dv], den [..., L], state) of causal linear attention, chunked (module docstring).
 
     q [..., L, f], k [..., L, f], v [..., L, dv] (leading dims broadcast, e.g. q [b, g, rep, L, f]

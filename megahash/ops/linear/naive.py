@@ -2,7 +2,7 @@
 A = tril(K(Q, K)) over the whole sequence, num = A V, den = A 1."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -24,8 +24,6 @@ needs no folding: it is plain attention through torch's SDPA (flash kernels on C
 accuracy), which keeps no map either."""
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 
@@ -79,7 +77,7 @@ def _sdpa(q, k, v, scale: float, causal: bool):
 
 
 def shared_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool = True,
-                   key_mask: Optional[torch.Tensor] = None, dropout=None) -> torch.Tensor:
+                   key_mask: torch.Tensor | None = None, dropout=None) -> torch.Tensor:
     """q [g, rep, L, d], k [g, T, d] (the batch-shared queries/keys), v [b, g, T, e] -> [b, g, rep, L, e].
 
     ``key_mask`` [b, T] (True = valid, encoders): each sequence's softmax over its valid keys, masked

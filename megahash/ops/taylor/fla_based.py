@@ -5,8 +5,6 @@ otherwise (always on CPU). Its denominator carries fla's +1e-6 (relative 1e-6 at
 sum is >= 1/2 per key)."""
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 FLA_FEATURES = 16
@@ -20,7 +18,7 @@ def based_kernel():
         return None
 
 
-def fla_taylor(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[torch.Tensor]:
+def fla_taylor(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
     """q [b, g, rep, L, 16], k/v [b, g, 1, L, .] on CUDA -> [b, g, rep, L, dv], or None where fla cannot run it."""
     if not q.is_cuda or q.shape[-1] != FLA_FEATURES:
         return None
@@ -28,7 +26,9 @@ def fla_taylor(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[to
     if kernel is None:
         return None
     b, g, rep, L, f = q.shape
-    bthk = lambda t: t.expand(b, g, rep, L, t.shape[-1]).reshape(b, g * rep, L, t.shape[-1]).transpose(1, 2)
+    def bthk(t):  # [b, g, rep, L, x] -> fla's [b, L, g * rep, x]
+        return t.expand(b, g, rep, L, t.shape[-1]).reshape(b, g * rep, L, t.shape[-1]).transpose(1, 2)
+
     out = kernel(bthk(q), bthk(k), bthk(v), use_norm=True)
     out = out[0] if isinstance(out, tuple) else out
     return out.transpose(1, 2).reshape(b, g, rep, L, v.shape[-1]).to(v.dtype)
