@@ -2,6 +2,7 @@
 package data ``megahash/configs`` (found by :mod:`megahash.config_files`), so a wheel or ``pip install .``
 runs ``megahash params --config 500m`` from any directory. Only ``megahash`` is installed: the
 ``data_tools/`` and ``launch/`` entry scripts are run from the repository."""
+
 from setuptools import find_packages, setup
 
 setup(

@@ -16,6 +16,7 @@ which doubles everything else at batch 1 (1/B extra in general).
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/bench_attention.py [--kinds mha,approx] [--quick]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,22 @@ import torch  # noqa: E402
 from megahash import accelerator  # noqa: E402
 from megahash.config import load_config  # noqa: E402
 
-KINDS = ["mha", "gqa", "mqa", "sha", "skv", "el-att", "mhe-add", "mhe-mul",
-         "mlp", "approx", "nonapprox", "rndembqk", "fixedseqqk", "staticembqk"]
+KINDS = [
+    "mha",
+    "gqa",
+    "mqa",
+    "sha",
+    "skv",
+    "el-att",
+    "mhe-add",
+    "mhe-mul",
+    "mlp",
+    "approx",
+    "nonapprox",
+    "rndembqk",
+    "fixedseqqk",
+    "staticembqk",
+]
 VOCAB = 1024
 
 
@@ -40,12 +55,19 @@ def build(kind: str, args):
     from megahash.models.megatron_model import build_model
 
     longest = max(args.seqs + args.contexts) + args.steps + 8
-    cfg = load_config(None, [
-        f"model.hidden_size={args.hidden}", f"model.num_heads={args.heads}", f"model.num_layers={args.layers}",
-        f"model.ffn_hidden_size={4 * args.hidden}", f"model.schedule=uniform:{kind}",
-        f"model.max_position_embeddings={longest}", f"model.attention.options.fixed_seq_length={longest}",
-        f"data.seq_length={max(args.seqs)}",
-    ])
+    cfg = load_config(
+        None,
+        [
+            f"model.hidden_size={args.hidden}",
+            f"model.num_heads={args.heads}",
+            f"model.num_layers={args.layers}",
+            f"model.ffn_hidden_size={4 * args.hidden}",
+            f"model.schedule=uniform:{kind}",
+            f"model.max_position_embeddings={longest}",
+            f"model.attention.options.fixed_seq_length={longest}",
+            f"data.seq_length={max(args.seqs)}",
+        ],
+    )
     accelerator.seed_all(0)
     model = build_model(cfg, VOCAB).to(accelerator.device())
     if getattr(model, "fixed_qk", None) is not None and model.fixed_qk.source == "text":
@@ -119,19 +141,19 @@ def decode_step(model, context: int, steps: int) -> float:
     tok = torch.randint(0, VOCAB, (1, context + steps), generator=torch.Generator().manual_seed(context)).to(dev)
     state = DecodeState(len(model.decoder.layers))
     model.logits(model.hidden_states(tok[:, :context], decode_state=state))
-    model.logits(model.hidden_states(tok[:, context:context + 1], decode_state=state))  # warm-up step
+    model.logits(model.hidden_states(tok[:, context : context + 1], decode_state=state))  # warm-up step
     times = []
     for i in range(context + 1, context + steps):
         sync()
         t0 = time.perf_counter()
-        model.logits(model.hidden_states(tok[:, i:i + 1], decode_state=state))
+        model.logits(model.hidden_states(tok[:, i : i + 1], decode_state=state))
         sync()
         times.append(time.perf_counter() - t0)
     return sorted(times)[len(times) // 2]  # median step
 
 
 def fmt(value: float, ref: float, unit: str) -> str:
-    scale = {"ms": 1e3, "MB": 1 / 2 ** 20}[unit]
+    scale = {"ms": 1e3, "MB": 1 / 2**20}[unit]
     ratio = value / ref if ref else float("nan")
     return f"{value * scale:8.1f}{unit} x{ratio:5.2f}"
 
@@ -157,9 +179,11 @@ def main(argv=None):
         kinds = ["mha"] + kinds
 
     accelerator.init_distributed(1)
-    print(f"device={accelerator.device()} hidden={args.hidden} heads={args.heads} layers={args.layers} "
-          f"threads={torch.get_num_threads()} memory={'peak CUDA' if accelerator.has_gpu() else 'saved activations'}",
-          flush=True)
+    print(
+        f"device={accelerator.device()} hidden={args.hidden} heads={args.heads} layers={args.layers} "
+        f"threads={torch.get_num_threads()} memory={'peak CUDA' if accelerator.has_gpu() else 'saved activations'}",
+        flush=True,
+    )
     rows = {}
     t_start = time.perf_counter()
     for kind in kinds:
@@ -174,8 +198,12 @@ def main(argv=None):
         del model
 
     ref = rows["mha"]
-    header = ["kind"] + [f"fwd+bwd@{s}" for s in args.seqs] + [f"mem@{s}" for s in args.seqs] \
+    header = (
+        ["kind"]
+        + [f"fwd+bwd@{s}" for s in args.seqs]
+        + [f"mem@{s}" for s in args.seqs]
         + [f"decode@{c}" for c in args.contexts]
+    )
     widths = [12] + [17] * (len(header) - 1)
     print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
     for kind, row in rows.items():

@@ -14,6 +14,7 @@ averaged weights). The artifact column is the exact size of
 ``data/shakespeare`` and ``data/eval_tasks``). The table gives mean and sample standard deviation over
 seeds and each recipe's change against ``baseline`` measured in the same run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,17 @@ RECIPES: dict[str, tuple[list[str], list[str]]] = {
     # the table at the quickstart's stored parameters: 2 x 2,048 x 32 + 32 x 128, paid for by FFN 512 -> 416
     "ngram": (QS, ["model.embed.ngram_hash_buckets=2048", "model.ffn_hidden_size=416"]),
     "ema": (QS, ["train.ema_decay=0.99", "train.ema_warmup=true"]),
-    "schedule": (QS, ["train.global_batch_size=8", "train.steps=600", "train.warmup_steps=60",
-                      "train.eval_interval=100", "train.decay=wsd", "train.decay_fraction=0.3"]),
+    "schedule": (
+        QS,
+        [
+            "train.global_batch_size=8",
+            "train.steps=600",
+            "train.warmup_steps=60",
+            "train.eval_interval=100",
+            "train.decay=wsd",
+            "train.decay_fraction=0.3",
+        ],
+    ),
     "compact": (["configs/compact.yaml"], []),
 }
 
@@ -49,9 +59,13 @@ def run(cmd: list[str], log: Path) -> float:
     with open(log, "a") as f:
         f.write("$ " + " ".join(cmd) + "\n")
         f.flush()
-        done = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
-                              env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-                                   "WANDB_MODE": "disabled"})
+        done = subprocess.run(
+            cmd,
+            cwd=ROOT,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "WANDB_MODE": "disabled"},
+        )
     if done.returncode != 0:
         raise SystemExit(f"error: {' '.join(cmd[:4])} ... failed (exit {done.returncode}); see {log}")
     return time.perf_counter() - start
@@ -73,29 +87,91 @@ def one(recipe: str, seed: int, steps: int, work: Path, artifact_too: bool = Tru
     configs, overrides = RECIPES[recipe]
     run_dir = work / f"{recipe}_s{seed}"
     log = work / f"{recipe}_s{seed}.log"
-    sets = [f"train.seed={seed}", f"data.seed={seed}", *([f"train.steps={steps}"] if steps else []), f"train.save_dir={run_dir}",
-            "train.save_interval=0", "logging.plot=false", "logging.tensorboard=false", "train.keep_last=1",
-            *overrides]  # a recipe may change the steps with the batch (the same tokens)
+    sets = [
+        f"train.seed={seed}",
+        f"data.seed={seed}",
+        *([f"train.steps={steps}"] if steps else []),
+        f"train.save_dir={run_dir}",
+        "train.save_interval=0",
+        "logging.plot=false",
+        "logging.tensorboard=false",
+        "train.keep_last=1",
+        *overrides,
+    ]  # a recipe may change the steps with the batch (the same tokens)
     timing = run_dir / "train_seconds.txt"  # each stage is skipped when its output exists (rerun to finish)
     if not timing.exists():
-        timing.write_text(str(round(run([sys.executable, "megahash/pretrain.py", *config_args(configs), *sets], log), 1)))
+        timing.write_text(
+            str(round(run([sys.executable, "megahash/pretrain.py", *config_args(configs), *sets], log), 1))
+        )
     weights = ["--weights", "ema"] if any(o.startswith("train.ema_decay=") for o in overrides) else []
     if not list((run_dir / "eval").glob("step_*.json")):
-        run([sys.executable, "-m", "megahash", "eval", "--checkpoint", str(run_dir), "--tasks-dir",
-             "data/eval_tasks", "--tasks", "shk_ppl", "--overwrite", *weights], log)
+        run(
+            [
+                sys.executable,
+                "-m",
+                "megahash",
+                "eval",
+                "--checkpoint",
+                str(run_dir),
+                "--tasks-dir",
+                "data/eval_tasks",
+                "--tasks",
+                "shk_ppl",
+                "--overwrite",
+                *weights,
+            ],
+            log,
+        )
     bpb = _metric(json.loads(next((run_dir / "eval").glob("step_*.json")).read_text()), "bits_per_byte")
     artifact = run_dir / "artifact_int8.zlib"
     if not artifact_too:
         return None
     if not artifact.exists():
-        run([sys.executable, "-m", "megahash", "export", "--checkpoint", str(run_dir), "--quantize", "int8",
-             "--compress", "zlib", "--output", str(artifact), *weights], log)
-    params = json.loads(subprocess.run(
-        [sys.executable, "-m", "megahash", "params", "--json", "--vocab-size", str(vocab_size()),
-         *config_args(configs), *sets],
-        cwd=ROOT, capture_output=True, text=True, check=True).stdout)
-    return {"recipe": recipe, "seed": seed, "bpb": bpb, "artifact_bytes": artifact.stat().st_size,
-            "params": params["total"], "train_s": float(timing.read_text())}
+        run(
+            [
+                sys.executable,
+                "-m",
+                "megahash",
+                "export",
+                "--checkpoint",
+                str(run_dir),
+                "--quantize",
+                "int8",
+                "--compress",
+                "zlib",
+                "--output",
+                str(artifact),
+                *weights,
+            ],
+            log,
+        )
+    params = json.loads(
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "megahash",
+                "params",
+                "--json",
+                "--vocab-size",
+                str(vocab_size()),
+                *config_args(configs),
+                *sets,
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    return {
+        "recipe": recipe,
+        "seed": seed,
+        "bpb": bpb,
+        "artifact_bytes": artifact.stat().st_size,
+        "params": params["total"],
+        "train_s": float(timing.read_text()),
+    }
 
 
 def _metric(scores: dict, name: str) -> float:
@@ -112,15 +188,19 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         by.setdefault(r["recipe"], []).append(r)
     base = statistics.mean(r["bpb"] for r in by["baseline"]) if "baseline" in by else None
-    out = ["| recipe | seeds | held-out bits/byte (mean ± sd) | vs baseline | int8+zlib artifact bytes | parameters | train s/run |",
-           "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    out = [
+        "| recipe | seeds | held-out bits/byte (mean ± sd) | vs baseline | int8+zlib artifact bytes | parameters | train s/run |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for name, rs in by.items():
         b = [r["bpb"] for r in rs]
         sd = statistics.stdev(b) if len(b) > 1 else 0.0
         rel = f"{100 * (statistics.mean(b) / base - 1):+.1f}%" if base else "-"
-        out.append(f"| {name} | {len(rs)} | {statistics.mean(b):.4f} ± {sd:.4f} | {rel} | "
-                   f"{max(r['artifact_bytes'] for r in rs):,} | {rs[0]['params']:,} | "
-                   f"{statistics.mean(r['train_s'] for r in rs):.0f} |")
+        out.append(
+            f"| {name} | {len(rs)} | {statistics.mean(b):.4f} ± {sd:.4f} | {rel} | "
+            f"{max(r['artifact_bytes'] for r in rs):,} | {rs[0]['params']:,} | "
+            f"{statistics.mean(r['train_s'] for r in rs):.0f} |"
+        )
     return "\n".join(out)
 
 
@@ -132,8 +212,14 @@ def main() -> None:
     ap.add_argument("--work", default="/tmp/megahash_compact")
     ap.add_argument("--out", default=str(ROOT / f"benchmarks/results/{datetime.date.today()}_compact_recipe_cpu.md"))
     ap.add_argument("--train-only", action="store_true", help="train and evaluate only (no artifact, no table)")
-    ap.add_argument("--try", dest="extra", action="append", default=[], metavar="NAME=KEY=V,KEY=V",
-                    help="one more recipe: the quickstart plus these overrides (repeatable)")
+    ap.add_argument(
+        "--try",
+        dest="extra",
+        action="append",
+        default=[],
+        metavar="NAME=KEY=V,KEY=V",
+        help="one more recipe: the quickstart plus these overrides (repeatable)",
+    )
     args = ap.parse_args()
     for spec in args.extra:
         name, _, overrides = spec.partition("=")
@@ -145,7 +231,9 @@ def main() -> None:
         raise SystemExit(f"error: unknown recipe {unknown[0]!r}; choose from {', '.join(RECIPES)}")
     rows = []
     cache = work / "rows.jsonl"
-    done = {(r["recipe"], r["seed"]): r for r in map(json.loads, cache.read_text().splitlines())} if cache.exists() else {}
+    done = (
+        {(r["recipe"], r["seed"]): r for r in map(json.loads, cache.read_text().splitlines())} if cache.exists() else {}
+    )
     for recipe in args.recipes.split(","):
         for seed in map(int, args.seeds.split(",")):
             row = done.get((recipe, seed)) or one(recipe, seed, args.steps, work, not args.train_only)
@@ -165,8 +253,12 @@ def main() -> None:
         f"# Compact-model levers on held-out Shakespeare ({datetime.date.today()})\n\n"
         f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, CPU only, one process per run.\n"
         f"Command: `{cmd}`\n\n{text}\n\nRecipes (configs + overrides):\n\n"
-        + "\n".join(f"- `{n}`: {' '.join(RECIPES[n][0])} {' '.join(RECIPES[n][1])}" for n in dict.fromkeys(r['recipe'] for r in rows))
-        + "\n")
+        + "\n".join(
+            f"- `{n}`: {' '.join(RECIPES[n][0])} {' '.join(RECIPES[n][1])}"
+            for n in dict.fromkeys(r["recipe"] for r in rows)
+        )
+        + "\n"
+    )
     print(f"wrote {args.out}")
 
 

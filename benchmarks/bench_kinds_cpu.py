@@ -20,6 +20,7 @@ dimension, ``approx@model.attention.options.feature_dim=16``). A kind written as
 
     PYTHONPATH=. python benchmarks/bench_kinds_cpu.py [--kinds mha,approx] [--seqs 2048,8192] [--out FILE.md]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,12 +57,20 @@ def build(kind: str, overrides: list[str], args):
     from megahash.models.megatron_model import build_model
 
     longest = max(args.seqs) + 8
-    cfg = load_config(None, [
-        f"model.hidden_size={args.hidden}", f"model.num_heads={args.heads}", f"model.num_layers={args.layers}",
-        f"model.ffn_hidden_size={4 * args.hidden}", f"model.schedule={schedule_of(kind)}",
-        f"model.max_position_embeddings={longest}", f"model.attention.options.fixed_seq_length={longest}",
-        f"data.seq_length={max(args.seqs)}", *overrides,
-    ])
+    cfg = load_config(
+        None,
+        [
+            f"model.hidden_size={args.hidden}",
+            f"model.num_heads={args.heads}",
+            f"model.num_layers={args.layers}",
+            f"model.ffn_hidden_size={4 * args.hidden}",
+            f"model.schedule={schedule_of(kind)}",
+            f"model.max_position_embeddings={longest}",
+            f"model.attention.options.fixed_seq_length={longest}",
+            f"data.seq_length={max(args.seqs)}",
+            *overrides,
+        ],
+    )
     accelerator.seed_all(0)
     model = build_model(cfg, VOCAB, dtype=torch.float32)
     if getattr(model, "fixed_qk", None) is not None and model.fixed_qk.source == "text":
@@ -96,35 +105,51 @@ def measure(model, seq: int, repeat: int = 1) -> dict:
         step(model, tok)
         times.append((time.process_time() - c0, time.perf_counter() - t0))
     seconds, wall = min(times)
-    return {"calls": counter.total(), "saved": saved, "wall": wall,
-            "seconds": seconds, "top": counter.calls.most_common(3)}
+    return {
+        "calls": counter.total(),
+        "saved": saved,
+        "wall": wall,
+        "seconds": seconds,
+        "top": counter.calls.most_common(3),
+    }
 
 
 def table(rows: dict, seqs: list[int]) -> str:
     lo, hi = seqs[0], seqs[-1]
-    head = (f"| kind | ATen calls {' / '.join(map(str, seqs))} | saved MB at {lo} | saved MB at {hi} "
-            f"| CPU s at {lo} | CPU s at {hi} | x mha at {hi} | wall s at {hi} |")
+    head = (
+        f"| kind | ATen calls {' / '.join(map(str, seqs))} | saved MB at {lo} | saved MB at {hi} "
+        f"| CPU s at {lo} | CPU s at {hi} | x mha at {hi} | wall s at {hi} |"
+    )
     out = [head, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     ref = rows.get("mha", {}).get(hi, {}).get("seconds")
     for name, r in rows.items():
         calls = " / ".join(f"{r[s]['calls']:,}" for s in seqs)
         ratio = f"{r[hi]['seconds'] / ref:.2f}" if ref else "n/a"
-        out.append(f"| {name} | {calls} | {r[lo]['saved'] / 2 ** 20:,.0f} | {r[hi]['saved'] / 2 ** 20:,.0f} "
-                   f"| {r[lo]['seconds']:.1f} | {r[hi]['seconds']:.1f} | {ratio} | {r[hi]['wall']:.1f} |")
+        out.append(
+            f"| {name} | {calls} | {r[lo]['saved'] / 2**20:,.0f} | {r[hi]['saved'] / 2**20:,.0f} "
+            f"| {r[lo]['seconds']:.1f} | {r[hi]['seconds']:.1f} | {ratio} | {r[hi]['wall']:.1f} |"
+        )
     return "\n".join(out)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kinds", default="", help="comma-separated (default: every registered attention kind)")
-    ap.add_argument("--extra", default="approx@model.attention.options.feature_dim=16",
-                    help="';'-separated kind@override,override rows ('' for none)")
+    ap.add_argument(
+        "--extra",
+        default="approx@model.attention.options.feature_dim=16",
+        help="';'-separated kind@override,override rows ('' for none)",
+    )
     ap.add_argument("--seqs", default="2048,8192")
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="uninstrumented steps per length; the fastest (CPU seconds) is reported (steadier under load)")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="uninstrumented steps per length; the fastest (CPU seconds) is reported (steadier under load)",
+    )
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--out", default="", help="also write the markdown table here (temp name, then rename)")
     args = ap.parse_args(argv)
@@ -139,27 +164,37 @@ def main(argv=None):
 
     accelerator.init_distributed(1)
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    print(f"hidden={args.hidden} heads={args.heads} layers={args.layers} threads={torch.get_num_threads()} "
-          f"load before: {load}", flush=True)
+    print(
+        f"hidden={args.hidden} heads={args.heads} layers={args.layers} threads={torch.get_num_threads()} "
+        f"load before: {load}",
+        flush=True,
+    )
     rows = {}
     for name, kind, over in variants:
         model = build(kind, over, args)
         rows[name] = {s: measure(model, s, args.repeat) for s in args.seqs}
         r = rows[name][args.seqs[-1]]
-        print(f"  {name}: {r['calls']} calls, {r['saved'] / 2 ** 20:.0f} MB, {r['seconds']:.1f} s, top {r['top']}",
-              file=sys.stderr, flush=True)
+        print(
+            f"  {name}: {r['calls']} calls, {r['saved'] / 2**20:.0f} MB, {r['seconds']:.1f} s, top {r['top']}",
+            file=sys.stderr,
+            flush=True,
+        )
         del model
     text = table(rows, args.seqs)
     after = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     print(text)
     print(f"load after: {after}")
     if args.out:
-        cmd = "PYTHONPATH=. python benchmarks/bench_kinds_cpu.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        body = (f"`{cmd}`\n\nhidden {args.hidden}, {args.layers} layers, {args.heads} heads of "
-                f"{args.hidden // args.heads}, batch 1, fp32, forward + backward of the model; "
-                f"{torch.get_num_threads()} torch threads, torch {torch.__version__}.\n"
-                f"Load: before `{load}`; after `{after}` (2 cores shared with other jobs: CPU seconds are noisy).\n\n"
-                f"{text}\n")
+        cmd = "PYTHONPATH=. python benchmarks/bench_kinds_cpu.py " + " ".join(
+            argv if argv is not None else sys.argv[1:]
+        )
+        body = (
+            f"`{cmd}`\n\nhidden {args.hidden}, {args.layers} layers, {args.heads} heads of "
+            f"{args.hidden // args.heads}, batch 1, fp32, forward + backward of the model; "
+            f"{torch.get_num_threads()} torch threads, torch {torch.__version__}.\n"
+            f"Load: before `{load}`; after `{after}` (2 cores shared with other jobs: CPU seconds are noisy).\n\n"
+            f"{text}\n"
+        )
         from megahash.atomic_write import write_text_atomic
 
         write_text_atomic(args.out, body)

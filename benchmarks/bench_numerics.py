@@ -17,6 +17,7 @@ held-out text, else random tokens).
     PYTHONPATH=. python benchmarks/bench_numerics.py [--kinds mha,approx] [--seqs 2048,8192] \
         [--weights init,trained] [--out FILE.md]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,12 +63,20 @@ def trained_like(model, seed: int = 1) -> None:
 
 def config(kind: str, seq: int, hidden: int = 128, layers: int = 2, heads: int = 4, extra=()):
     sched = kind if ":" in kind else f"uniform:{kind}"
-    return load_config(None, [
-        f"model.hidden_size={hidden}", f"model.num_heads={heads}", f"model.num_layers={layers}",
-        f"model.ffn_hidden_size={4 * hidden}", f"model.schedule={sched}",
-        f"model.max_position_embeddings={seq + 8}", f"model.attention.options.fixed_seq_length={seq}",
-        f"data.seq_length={seq}", *extra,
-    ])
+    return load_config(
+        None,
+        [
+            f"model.hidden_size={hidden}",
+            f"model.num_heads={heads}",
+            f"model.num_layers={layers}",
+            f"model.ffn_hidden_size={4 * hidden}",
+            f"model.schedule={sched}",
+            f"model.max_position_embeddings={seq + 8}",
+            f"model.attention.options.fixed_seq_length={seq}",
+            f"data.seq_length={seq}",
+            *extra,
+        ],
+    )
 
 
 def build_pair(cfg, weights: str = "init", vocab: int = VOCAB):
@@ -144,27 +153,41 @@ def compare(cfg, seq: int, weights: str = "init", autocast=torch.bfloat16, seed:
     flat_o = torch.cat([go[n].flatten() for n in names])
     flat_r = torch.cat([gr[n].flatten() for n in names])
     worst = max((rel(go[n], gr[n]), n) for n in names if gr[n].norm() > 0)
-    return {"logits": rel(lo, lr), "grads": rel(flat_o, flat_r), "worst": worst[0], "worst_name": worst[1],
-            "finite": finite}
+    return {
+        "logits": rel(lo, lr),
+        "grads": rel(flat_o, flat_r),
+        "worst": worst[0],
+        "worst_name": worst[1],
+        "finite": finite,
+    }
 
 
 def checkpoints_table(a) -> int:
     auto = None if a.fp32 else torch.bfloat16
-    lines = [f"`python benchmarks/bench_numerics.py {' '.join(sys.argv[1:])}` (trained checkpoints, "
-             f"{'fp32' if a.fp32 else 'bf16 autocast'} vs fp64, batch 1)", ""]
+    lines = [
+        f"`python benchmarks/bench_numerics.py {' '.join(sys.argv[1:])}` (trained checkpoints, "
+        f"{'fp32' if a.fp32 else 'bf16 autocast'} vs fp64, batch 1)",
+        "",
+    ]
     for seq in map(int, a.seqs.split(",")):
-        lines += [f"### trained checkpoints, L={seq}", "",
-                  "| checkpoint | logits rel. err | grads rel. err | worst param grad rel. err | finite |",
-                  "| --- | ---: | ---: | ---: | --- |"]
+        lines += [
+            f"### trained checkpoints, L={seq}",
+            "",
+            "| checkpoint | logits rel. err | grads rel. err | worst param grad rel. err | finite |",
+            "| --- | ---: | ---: | ---: | --- |",
+        ]
         for path in a.checkpoints.split(","):
             pair = checkpoint_pair(path, seq)
             tok = shard_tokens(a.tokens, seq) if a.tokens else None
             if tok is None:
-                tok = torch.randint(0, pair[0].output_weight().shape[0], (1, seq),
-                                    generator=torch.Generator().manual_seed(0))
+                tok = torch.randint(
+                    0, pair[0].output_weight().shape[0], (1, seq), generator=torch.Generator().manual_seed(0)
+                )
             r = compare(None, seq, autocast=auto, pair=pair, tok=tok)
-            lines.append(f"| {path} | {r['logits']:.2e} | {r['grads']:.2e} | {r['worst']:.2e} "
-                         f"({r['worst_name'].split('.', 2)[-1][:40]}) | {r['finite']} |")
+            lines.append(
+                f"| {path} | {r['logits']:.2e} | {r['grads']:.2e} | {r['worst']:.2e} "
+                f"({r['worst_name'].split('.', 2)[-1][:40]}) | {r['finite']} |"
+            )
             print(lines[-1], flush=True)
         lines.append("")
     return _report(lines, a.out)
@@ -200,28 +223,40 @@ def main(argv=None) -> int:
     kinds = a.kinds.split(",") if a.kinds else kinds_of_registry()
     kinds += [e for e in a.extra.split(";") if e]
     auto = None if a.fp32 else torch.bfloat16
-    lines = [f"`python benchmarks/bench_numerics.py {' '.join(argv or sys.argv[1:])}` "
-             f"({'fp32' if a.fp32 else 'bf16 autocast'} vs fp64; hidden {a.hidden}, {a.layers} layers, batch 1)", ""]
+    lines = [
+        f"`python benchmarks/bench_numerics.py {' '.join(argv or sys.argv[1:])}` "
+        f"({'fp32' if a.fp32 else 'bf16 autocast'} vs fp64; hidden {a.hidden}, {a.layers} layers, batch 1)",
+        "",
+    ]
     for weights in a.weights.split(","):
         for seq in map(int, a.seqs.split(",")):
-            lines += [f"### weights={weights}, L={seq}", "",
-                      "| kind | logits rel. err | x mha | grads rel. err | worst param grad rel. err | finite | s |",
-                      "| --- | ---: | ---: | ---: | ---: | --- | ---: |"]
+            lines += [
+                f"### weights={weights}, L={seq}",
+                "",
+                "| kind | logits rel. err | x mha | grads rel. err | worst param grad rel. err | finite | s |",
+                "| --- | ---: | ---: | ---: | ---: | --- | ---: |",
+            ]
             base = None
             for kind in kinds:
                 name, _, extra = kind.partition("@")
                 t0 = time.perf_counter()
                 try:
-                    r = compare(config(name, seq, a.hidden, a.layers, extra=[e for e in extra.split(",") if e]),
-                                seq, weights, auto)
+                    r = compare(
+                        config(name, seq, a.hidden, a.layers, extra=[e for e in extra.split(",") if e]),
+                        seq,
+                        weights,
+                        auto,
+                    )
                 except Exception as e:  # noqa: BLE001 - a kind that cannot run is a row, not a crash
                     lines.append(f"| {kind} | error: {type(e).__name__}: {str(e)[:80]} | | | | | |")
                     print(lines[-1], flush=True)
                     continue
                 base = r["logits"] if name == "mha" and not extra else base
                 ratio = f"{r['logits'] / base:.2f}" if base else ""
-                lines.append(f"| {kind} | {r['logits']:.2e} | {ratio} | {r['grads']:.2e} | {r['worst']:.2e} "
-                             f"({r['worst_name'].split('.', 2)[-1][:40]}) | {r['finite']} | {time.perf_counter() - t0:.0f} |")
+                lines.append(
+                    f"| {kind} | {r['logits']:.2e} | {ratio} | {r['grads']:.2e} | {r['worst']:.2e} "
+                    f"({r['worst_name'].split('.', 2)[-1][:40]}) | {r['finite']} | {time.perf_counter() - t0:.0f} |"
+                )
                 print(lines[-1], flush=True)
             lines.append("")
     return _report(lines, a.out)

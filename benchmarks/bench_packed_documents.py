@@ -6,6 +6,7 @@ row grows (1, 4, 16), and throughput with the three flags on against the same mo
 Tiny decoder (h 64, 4 heads, 2 layers, fp32), one process, one thread; a step is forward + backward of the mean
 loss. Times are medians of ``--reps`` steps after one warm-up, the two runs interleaved step by step.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,10 +43,21 @@ def measure(kind: str, seq: int, batch: int, reps: int) -> list[dict]:
     from megahash.models.megatron_model import build_model
     from megahash.training.op_count import CountOps
 
-    cfg = load_config(None, [f"model.schedule=uniform:{kind}", "model.hidden_size=64", "model.num_heads=4",
-                             "model.num_layers=2", "model.ffn_hidden_size=128", f"data.seq_length={seq}",
-                             f"model.max_position_embeddings={seq}", "data.reset_attention_mask=true",
-                             "data.reset_position_ids=true", "data.eod_mask_loss=true"])
+    cfg = load_config(
+        None,
+        [
+            f"model.schedule=uniform:{kind}",
+            "model.hidden_size=64",
+            "model.num_heads=4",
+            "model.num_layers=2",
+            "model.ffn_hidden_size=128",
+            f"data.seq_length={seq}",
+            f"model.max_position_embeddings={seq}",
+            "data.reset_attention_mask=true",
+            "data.reset_position_ids=true",
+            "data.eod_mask_loss=true",
+        ],
+    )
     torch.manual_seed(0)
     model = build_model(cfg, VOCAB)
     g = torch.Generator().manual_seed(0)
@@ -85,13 +97,18 @@ def main(argv=None) -> int:
     from megahash import accelerator
 
     accelerator.init_distributed(1)
-    lines = ["| kind | docs/row | ATen calls unmasked | ATen calls resets | step ms unmasked | step ms resets | "
-             "resets / unmasked |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| kind | docs/row | ATen calls unmasked | ATen calls resets | step ms unmasked | step ms resets | "
+        "resets / unmasked |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     try:
         for kind in a.kinds.split(","):
             for r in measure(kind, a.seq, a.batch, a.reps):
-                lines.append(f"| {r['kind']} | {r['docs']} | {r['ops_off']} | {r['ops_on']} | {1e3 * r['s_off']:.1f} | "
-                             f"{1e3 * r['s_on']:.1f} | {r['s_on'] / r['s_off']:.2f} |")
+                lines.append(
+                    f"| {r['kind']} | {r['docs']} | {r['ops_off']} | {r['ops_on']} | {1e3 * r['s_off']:.1f} | "
+                    f"{1e3 * r['s_on']:.1f} | {r['s_on'] / r['s_off']:.2f} |"
+                )
                 print(lines[-1], flush=True)
     finally:
         accelerator.teardown()

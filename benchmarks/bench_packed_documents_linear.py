@@ -6,6 +6,7 @@ row) against the same module without (ratio, the two interleaved step by step in
 
 Module level (one attention sublayer, h 128, 4 heads, fp32, one thread), built as tests/models/test_attention.py
 builds it; fixed-Q/K kinds with random frozen maps. Times are medians of ``--reps`` steps after a warm-up."""
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,9 @@ def module(kind, seq):
     inputs = {}
     if kind in ("rndembqk", "fixedseqqk"):  # frozen maps, as the fixed input hands them to its layers
         g = torch.Generator().manual_seed(0)
-        inputs[FixedInput.attr] = {m.layer_number: (torch.randn(seq, 1, 4, 32, generator=g),
-                                                    torch.randn(seq, 1, 4, 32, generator=g))}
+        inputs[FixedInput.attr] = {
+            m.layer_number: (torch.randn(seq, 1, 4, 32, generator=g), torch.randn(seq, 1, 4, 32, generator=g))
+        }
     return m, inputs
 
 
@@ -69,8 +71,13 @@ def measure(kind, seq, batch, reps):
             step(m, x, d)
             t[key].append(time.perf_counter() - t0)
     med = {k: statistics.median(v) for k, v in t.items()}
-    return {"kind": kind, "calls": calls, "ms_ids": 1e3 * med["ids"], "ms_none": 1e3 * med["none"],
-            "ratio": med["ids"] / med["none"]}
+    return {
+        "kind": kind,
+        "calls": calls,
+        "ms_ids": 1e3 * med["ids"],
+        "ms_none": 1e3 * med["none"],
+        "ratio": med["ids"] / med["none"],
+    }
 
 
 def main():
@@ -82,6 +89,7 @@ def main():
     a = p.parse_args()
     torch.set_num_threads(1)
     from megahash import accelerator
+
     accelerator.init_distributed(1)
     print(f"seq {a.seq}, batch {a.batch}, h 128, 4 heads, fp32, 1 thread, torch {torch.__version__}")
     print("| kind | ATen calls fwd+bwd (1 / 8 / 32 documents per row) | ms with ids (8 docs) | ms without | ratio |")
@@ -91,8 +99,10 @@ def main():
             continue  # its Q, K need the model's layer-0 embeddings: docmask's benchmark covers it at model level
         r = measure(kind, a.seq, a.batch, a.reps)
         c = r["calls"]
-        print(f"| {kind} | {c[1]} / {c[8]} / {c[32]} | {r['ms_ids']:.1f} | {r['ms_none']:.1f} | {r['ratio']:.2f} |",
-              flush=True)
+        print(
+            f"| {kind} | {c[1]} / {c[8]} / {c[32]} | {r['ms_ids']:.1f} | {r['ms_none']:.1f} | {r['ratio']:.2f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ counts; then the LSH vocabulary and LSH side shards; checksums, meta). Runs alte
 and ``ratio = ours / baseline`` (1.0 = hashing costs nothing), by wall clock and by CPU time
 (user + system of this process and its joined workers: robust on a shared machine).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -114,8 +115,18 @@ def main(argv=None) -> int:
         model = args.tokenizer
         if model is None:
             model = str(tmp / "tok.model")
-            rc = train_tokenizer.main(["--input", args.input, "--output", str(tmp / "tok"), "--vocab-size",
-                                       str(args.vocab_size), "--quiet", "--lossy"])  # the figures in docs/data.md
+            rc = train_tokenizer.main(
+                [
+                    "--input",
+                    args.input,
+                    "--output",
+                    str(tmp / "tok"),
+                    "--vocab-size",
+                    str(args.vocab_size),
+                    "--quiet",
+                    "--lossy",
+                ]
+            )  # the figures in docs/data.md
             if rc:
                 return rc
         start, end = parse_doc_range(None, 0, args.max_docs)
@@ -128,8 +139,20 @@ def main(argv=None) -> int:
 
         base_t, ours_t, base_c, ours_c = [], [], [], []
         base_tokens = ours_tokens = 0
-        ours_args = ["--input", args.input, "--tokenizer", model, "--word-hashes", args.hashes, "--hash-unit",
-                     args.hash_unit, "--workers", str(args.workers), "--quiet", "--overwrite"]
+        ours_args = [
+            "--input",
+            args.input,
+            "--tokenizer",
+            model,
+            "--word-hashes",
+            args.hashes,
+            "--hash-unit",
+            args.hash_unit,
+            "--workers",
+            str(args.workers),
+            "--quiet",
+            "--overwrite",
+        ]
         if args.max_docs is not None:
             ours_args += ["--max-docs", str(args.max_docs)]
         for _r in range(args.repeats):
@@ -148,23 +171,39 @@ def main(argv=None) -> int:
             print(f"warning: token counts differ: baseline {base_tokens}, ours {ours_tokens}", file=sys.stderr)
         base_rate, ours_rate = base_tokens / min(base_t), ours_tokens / min(ours_t)
         result = {
-            "input": args.input, "documents_max": args.max_docs, "tokens": ours_tokens, "workers": args.workers,
-            "hashes": args.hashes, "hash_unit": args.hash_unit, "cpus": os.cpu_count(),
-            "baseline_s": round(min(base_t), 3), "ours_s": round(min(ours_t), 3),
-            "baseline_tokens_per_s": round(base_rate), "ours_tokens_per_s": round(ours_rate),
+            "input": args.input,
+            "documents_max": args.max_docs,
+            "tokens": ours_tokens,
+            "workers": args.workers,
+            "hashes": args.hashes,
+            "hash_unit": args.hash_unit,
+            "cpus": os.cpu_count(),
+            "baseline_s": round(min(base_t), 3),
+            "ours_s": round(min(ours_t), 3),
+            "baseline_tokens_per_s": round(base_rate),
+            "ours_tokens_per_s": round(ours_rate),
             "ratio": round(ours_rate / base_rate, 3),
-            "baseline_cpu_s": round(min(base_c), 3), "ours_cpu_s": round(min(ours_c), 3),
+            "baseline_cpu_s": round(min(base_c), 3),
+            "ours_cpu_s": round(min(ours_c), 3),
             "ratio_cpu": round(min(base_c) / min(ours_c), 3),
         }
         if args.json:
             print(json.dumps(result))
         else:
-            print(f"corpus {args.input}: {ours_tokens:,} tokens, workers {args.workers}, hashes {args.hashes} "
-                  f"(unit {args.hash_unit}), best of {args.repeats}")
-            print(f"baseline (sentencepiece + IndexedDatasetBuilder): {base_rate:12,.0f} tokens/s  ({min(base_t):.2f} s)")
-            print(f"preprocess_data.py with hash side shards:         {ours_rate:12,.0f} tokens/s  ({min(ours_t):.2f} s)")
-            print(f"ratio ours/baseline: {result['ratio']:.2f} (wall clock), {result['ratio_cpu']:.2f} (CPU time: "
-                  f"{min(base_c):.2f} s vs {min(ours_c):.2f} s)")
+            print(
+                f"corpus {args.input}: {ours_tokens:,} tokens, workers {args.workers}, hashes {args.hashes} "
+                f"(unit {args.hash_unit}), best of {args.repeats}"
+            )
+            print(
+                f"baseline (sentencepiece + IndexedDatasetBuilder): {base_rate:12,.0f} tokens/s  ({min(base_t):.2f} s)"
+            )
+            print(
+                f"preprocess_data.py with hash side shards:         {ours_rate:12,.0f} tokens/s  ({min(ours_t):.2f} s)"
+            )
+            print(
+                f"ratio ours/baseline: {result['ratio']:.2f} (wall clock), {result['ratio_cpu']:.2f} (CPU time: "
+                f"{min(base_c):.2f} s vs {min(ours_c):.2f} s)"
+            )
         return 0
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -37,6 +37,7 @@ count: bytes saved for backward per token, forward + backward ATen calls and CPU
 ``--forward-only`` measures the saved bytes of one forward and nothing else (no warm-up step, no
 backward): a large micro-batch's activation memory without the cost of its step.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,10 +56,36 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 SHAPE = dict(hidden=896, heads=14, ffn=4864, vocab=50304)  # configs/model/500m.yaml
 PHASES = ("forward", "backward", "optimizer")
 # ops that are views/metadata on every backend (no kernel): reported apart from the rest
-VIEW_OPS = {"view", "_unsafe_view", "t", "transpose", "permute", "expand", "as_strided", "unsqueeze", "squeeze",
-            "slice", "select", "split", "split_with_sizes", "chunk", "unbind", "alias", "detach", "reshape",
-            "_reshape_alias", "narrow", "unflatten", "flatten", "view_as", "expand_as", "lift_fresh", "_to_copy_noop",
-            "is_same_size", "empty_like_noop"}
+VIEW_OPS = {
+    "view",
+    "_unsafe_view",
+    "t",
+    "transpose",
+    "permute",
+    "expand",
+    "as_strided",
+    "unsqueeze",
+    "squeeze",
+    "slice",
+    "select",
+    "split",
+    "split_with_sizes",
+    "chunk",
+    "unbind",
+    "alias",
+    "detach",
+    "reshape",
+    "_reshape_alias",
+    "narrow",
+    "unflatten",
+    "flatten",
+    "view_as",
+    "expand_as",
+    "lift_fresh",
+    "_to_copy_noop",
+    "is_same_size",
+    "empty_like_noop",
+}
 
 
 def counting_mode():
@@ -124,12 +151,24 @@ def param_ptrs(module) -> set[int]:
 def megahash_cfg(args, layers: int, prefix: str, tokenizer: str, cache: str):
     from megahash.config import load_config
 
-    over = [f"model.hidden_size={SHAPE['hidden']}", f"model.num_layers={layers}", f"model.num_heads={SHAPE['heads']}",
-            f"model.ffn_hidden_size={SHAPE['ffn']}", f"model.vocab_size={SHAPE['vocab']}",
-            f"model.max_position_embeddings={max(2048, args.seq)}", f"data.seq_length={args.seq}",
-            f"data.prefix=[{prefix}]", f"data.tokenizer={tokenizer}", f"data.cache_dir={cache}",
-            f"train.micro_batch_size={args.batch}", f"train.global_batch_size={args.batch}",
-            f"train.precision={args.dtype}", "train.zero_stage=1", "train.warmup_steps=2", *args.overrides]
+    over = [
+        f"model.hidden_size={SHAPE['hidden']}",
+        f"model.num_layers={layers}",
+        f"model.num_heads={SHAPE['heads']}",
+        f"model.ffn_hidden_size={SHAPE['ffn']}",
+        f"model.vocab_size={SHAPE['vocab']}",
+        f"model.max_position_embeddings={max(2048, args.seq)}",
+        f"data.seq_length={args.seq}",
+        f"data.prefix=[{prefix}]",
+        f"data.tokenizer={tokenizer}",
+        f"data.cache_dir={cache}",
+        f"train.micro_batch_size={args.batch}",
+        f"train.global_batch_size={args.batch}",
+        f"train.precision={args.dtype}",
+        "train.zero_stage=1",
+        "train.warmup_steps=2",
+        *args.overrides,
+    ]
     return load_config(None, over)
 
 
@@ -155,9 +194,14 @@ def megahash_side(args, layers: int):
         h.engine.step()
         h.step_no += 1
 
-    info = dict(params=h.num_params, vocab=h.model.vocab_size, optimizer=type(h.engine.optimizer).__name__,
-                inner=type(getattr(h.engine.optimizer, "optimizer", h.engine.optimizer)).__name__,
-                schedule=cfg.model.schedule, compile=bool(cfg.train.compile))
+    info = dict(
+        params=h.num_params,
+        vocab=h.model.vocab_size,
+        optimizer=type(h.engine.optimizer).__name__,
+        inner=type(getattr(h.engine.optimizer, "optimizer", h.engine.optimizer)).__name__,
+        schedule=cfg.model.schedule,
+        compile=bool(cfg.train.compile),
+    )
     return h.model, info, (forward, backward, optimizer)
 
 
@@ -168,10 +212,18 @@ def transformers_side(args, layers: int, vocab: int):
     from megahash import accelerator
 
     dtype = accelerator.train_dtype(args.dtype)
-    cfg = Qwen2Config(vocab_size=vocab, hidden_size=SHAPE["hidden"], intermediate_size=SHAPE["ffn"],
-                      num_hidden_layers=layers, num_attention_heads=SHAPE["heads"], num_key_value_heads=SHAPE["heads"],
-                      max_position_embeddings=max(2048, args.seq), tie_word_embeddings=True, use_cache=False,
-                      attention_dropout=0.0)
+    cfg = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=SHAPE["hidden"],
+        intermediate_size=SHAPE["ffn"],
+        num_hidden_layers=layers,
+        num_attention_heads=SHAPE["heads"],
+        num_key_value_heads=SHAPE["heads"],
+        max_position_embeddings=max(2048, args.seq),
+        tie_word_embeddings=True,
+        use_cache=False,
+        attention_dropout=0.0,
+    )
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     dev = accelerator.device()
@@ -194,8 +246,14 @@ def transformers_side(args, layers: int, vocab: int):
         sched.step()
         opt.zero_grad(set_to_none=True)
 
-    info = dict(params=sum(p.numel() for p in model.parameters()), vocab=vocab, optimizer=type(opt).__name__,
-                inner=json.dumps(accelerator.adamw_options()), schedule="qwen2", compile=False)
+    info = dict(
+        params=sum(p.numel() for p in model.parameters()),
+        vocab=vocab,
+        optimizer=type(opt).__name__,
+        inner=json.dumps(accelerator.adamw_options()),
+        schedule="qwen2",
+        compile=False,
+    )
     return model, info, (forward, backward, optimizer)
 
 
@@ -242,15 +300,38 @@ def worker(args) -> dict:
 
 
 def run_worker(side: str, layers: int, args, vocab: int, extra: tuple = ()) -> dict:
-    cmd = [sys.executable, __file__, "--worker", side, "--worker-layers", str(layers), "--vocab", str(vocab),
-           "--dtype", args.dtype, "--seq", str(args.seq), "--batch", str(args.batch), "--threads", str(args.threads),
-           "--work", args.work, "--prefix", args.prefix, "--tokenizer", args.tokenizer,
-           *(["--forward-only"] if args.forward_only else []), *args.overrides, *extra]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        side,
+        "--worker-layers",
+        str(layers),
+        "--vocab",
+        str(vocab),
+        "--dtype",
+        args.dtype,
+        "--seq",
+        str(args.seq),
+        "--batch",
+        str(args.batch),
+        "--threads",
+        str(args.threads),
+        "--work",
+        args.work,
+        "--prefix",
+        args.prefix,
+        "--tokenizer",
+        args.tokenizer,
+        *(["--forward-only"] if args.forward_only else []),
+        *args.overrides,
+        *extra,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(ROOT)}
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     for line in r.stdout.splitlines():
         if line.startswith("@proxy "):
-            return json.loads(line[len("@proxy "):])
+            return json.loads(line[len("@proxy ") :])
     sys.stderr.write(r.stdout[-3000:] + r.stderr[-6000:])
     raise SystemExit(f"the {side} worker ({layers} layers) exited with status {r.returncode}")
 
@@ -264,9 +345,11 @@ def title(args) -> str:
     import torch
     import transformers
 
-    return (f"# bench_step_proxy: h{SHAPE['hidden']} {SHAPE['heads']} heads ffn {SHAPE['ffn']} vocab {SHAPE['vocab']}, "
-            f"seq {args.seq}, micro-batch {args.batch}, {args.dtype}; torch {torch.__version__}, transformers "
-            f"{transformers.__version__}; overrides: {' '.join(args.overrides) or 'none'}")
+    return (
+        f"# bench_step_proxy: h{SHAPE['hidden']} {SHAPE['heads']} heads ffn {SHAPE['ffn']} vocab {SHAPE['vocab']}, "
+        f"seq {args.seq}, micro-batch {args.batch}, {args.dtype}; torch {torch.__version__}, transformers "
+        f"{transformers.__version__}; overrides: {' '.join(args.overrides) or 'none'}"
+    )
 
 
 def fwd_bwd(r: dict, key: str = "calls", suffix: str = "") -> float:
@@ -277,21 +360,30 @@ def recompute_report(rows: dict, args) -> str:
     """What each ``train.recompute`` option (``rows``: option -> layers -> worker record) costs
     against ``none`` at the same layer count."""
     base = rows.get("none") or next(iter(rows.values()))
-    out = [title(args) + "; megahash side, one worker per (train.recompute, layers)", "",
-           "| train.recompute | layers | saved B/token | vs none | fwd+bwd calls | vs none | fwd+bwd non-view | "
-           "fwd+bwd CPU s | vs none | fwd CPU s | bwd CPU s |", "|" + " --- |" * 11]
+    out = [
+        title(args) + "; megahash side, one worker per (train.recompute, layers)",
+        "",
+        "| train.recompute | layers | saved B/token | vs none | fwd+bwd calls | vs none | fwd+bwd non-view | "
+        "fwd+bwd CPU s | vs none | fwd CPU s | bwd CPU s |",
+        "|" + " --- |" * 11,
+    ]
     for opt, by_layers in rows.items():
         for L, r in sorted(by_layers.items()):
             b = base[L]
-            out.append(f"| {opt} | {L} | {r['saved_bytes_per_token']:,.0f} | "
-                       f"{r['saved_bytes_per_token'] / b['saved_bytes_per_token']:.2f}x | {fwd_bwd(r):.0f} | "
-                       f"{fwd_bwd(r) / fwd_bwd(b):.2f}x | {fwd_bwd(r, suffix='_nonview'):.0f} | "
-                       f"{fwd_bwd(r, 'cpu_seconds'):.1f} | {fwd_bwd(r, 'cpu_seconds') / fwd_bwd(b, 'cpu_seconds'):.2f}x | "
-                       f"{r['cpu_seconds']['forward']:.1f} | {r['cpu_seconds']['backward']:.1f} |")
+            out.append(
+                f"| {opt} | {L} | {r['saved_bytes_per_token']:,.0f} | "
+                f"{r['saved_bytes_per_token'] / b['saved_bytes_per_token']:.2f}x | {fwd_bwd(r):.0f} | "
+                f"{fwd_bwd(r) / fwd_bwd(b):.2f}x | {fwd_bwd(r, suffix='_nonview'):.0f} | "
+                f"{fwd_bwd(r, 'cpu_seconds'):.1f} | {fwd_bwd(r, 'cpu_seconds') / fwd_bwd(b, 'cpu_seconds'):.2f}x | "
+                f"{r['cpu_seconds']['forward']:.1f} | {r['cpu_seconds']['backward']:.1f} |"
+            )
     per_layer_rows = [opt for opt in rows if len(rows[opt]) > 1]  # a per-layer slope needs two layer counts
     if per_layer_rows:
-        out += ["", "| train.recompute | saved B/token/layer | fwd+bwd calls/layer | fwd+bwd CPU s/layer |",
-                "| --- | --- | --- | --- |"]
+        out += [
+            "",
+            "| train.recompute | saved B/token/layer | fwd+bwd calls/layer | fwd+bwd CPU s/layer |",
+            "| --- | --- | --- | --- |",
+        ]
     for opt in per_layer_rows:
         m = per_layer(rows, opt, lambda r: r["saved_bytes_per_token"])
         c = per_layer(rows, opt, fwd_bwd)
@@ -305,43 +397,60 @@ def recompute_report(rows: dict, args) -> str:
 
 def memory_report(rows: dict, args) -> str:
     """Bytes one forward saves for backward, per side and layer count (``--forward-only``)."""
-    out = [title(args) + "; one forward, no step", "",
-           "| side | layers | saved B/token | saved by dtype (B/token) | saved weight copies (MiB/step) | "
-           "largest saved storages (MiB) |", "|" + " --- |" * 6]
+    out = [
+        title(args) + "; one forward, no step",
+        "",
+        "| side | layers | saved B/token | saved by dtype (B/token) | saved weight copies (MiB/step) | "
+        "largest saved storages (MiB) |",
+        "|" + " --- |" * 6,
+    ]
     for s, by_layers in rows.items():
         for L, r in sorted(by_layers.items()):
             dt = ", ".join(f"{k} {v:,.0f}" for k, v in sorted(r["saved_by_dtype_per_token"].items()))
             big = ", ".join(f"{x:.0f}" for x in r["saved_largest_mib"][:4])
-            out.append(f"| {s} | {L} | {r['saved_bytes_per_token']:,.0f} | {dt} | "
-                       f"{r.get('saved_param_copies_mib', 0):.1f} | {big} |")
+            out.append(
+                f"| {s} | {L} | {r['saved_bytes_per_token']:,.0f} | {dt} | "
+                f"{r.get('saved_param_copies_mib', 0):.1f} | {big} |"
+            )
     out += ["", "| side | saved B/token/layer |", "| --- | --- |"]
     for s in rows:
         out.append(f"| {s} | {per_layer(rows, s, lambda r: r['saved_bytes_per_token']):,.0f} |")
     if "megahash" in rows and "transformers" in rows:
         L = max(set(rows["megahash"]) & set(rows["transformers"]))
         a, b = rows["megahash"][L]["saved_bytes_per_token"], rows["transformers"][L]["saved_bytes_per_token"]
-        out += ["", f"At {L} layers (logits included): megahash {a:,.0f} B/token vs transformers {b:,.0f} "
-                f"({a / b:.2f}x) -> {'MET' if a <= b else 'NOT MET'} (issue 25 item 4: no more than transformers')"]
+        out += [
+            "",
+            f"At {L} layers (logits included): megahash {a:,.0f} B/token vs transformers {b:,.0f} "
+            f"({a / b:.2f}x) -> {'MET' if a <= b else 'NOT MET'} (issue 25 item 4: no more than transformers')",
+        ]
     return "\n".join(out)
 
 
 def report(rows: dict, args) -> str:
     sides = list(rows)
     out = [title(args), ""]
-    out.append("| side | layers | params | optimizer | fwd calls | bwd calls | opt calls | fwd+bwd non-view | "
-               "saved B/token | saved by dtype (B/token) | saved weight copies (MiB/step) | fwd s | bwd s | opt s |")
+    out.append(
+        "| side | layers | params | optimizer | fwd calls | bwd calls | opt calls | fwd+bwd non-view | "
+        "saved B/token | saved by dtype (B/token) | saved weight copies (MiB/step) | fwd s | bwd s | opt s |"
+    )
     out.append("|" + " --- |" * 14)
     for s in sides:
         for L, r in sorted(rows[s].items()):
             c = r["calls"]
             dt = ", ".join(f"{k} {v:,.0f}" for k, v in sorted(r["saved_by_dtype_per_token"].items()))
-            out.append(f"| {s} | {L} | {r['params'] / 1e6:.1f}M | {r['optimizer']} ({r['inner']}) | {c['forward']} | "
-                       f"{c['backward']} | {c['optimizer']} | {c['forward_nonview'] + c['backward_nonview']} | "
-                       f"{r['saved_bytes_per_token']:,.0f} | {dt} | {r.get('saved_param_copies_mib', 0):.1f} | "
-                       f"{r['seconds']['forward']:.2f} | "
-                       f"{r['seconds']['backward']:.2f} | {r['seconds']['optimizer']:.2f} |")
-    out += ["", "| side | fwd calls/layer | bwd calls/layer | fwd+bwd calls/layer | fwd+bwd non-view/layer | "
-            "opt calls/layer | saved B/token/layer |", "| --- | --- | --- | --- | --- | --- | --- |"]
+            out.append(
+                f"| {s} | {L} | {r['params'] / 1e6:.1f}M | {r['optimizer']} ({r['inner']}) | {c['forward']} | "
+                f"{c['backward']} | {c['optimizer']} | {c['forward_nonview'] + c['backward_nonview']} | "
+                f"{r['saved_bytes_per_token']:,.0f} | {dt} | {r.get('saved_param_copies_mib', 0):.1f} | "
+                f"{r['seconds']['forward']:.2f} | "
+                f"{r['seconds']['backward']:.2f} | {r['seconds']['optimizer']:.2f} |"
+            )
+    out += [
+        "",
+        "| side | fwd calls/layer | bwd calls/layer | fwd+bwd calls/layer | fwd+bwd non-view/layer | "
+        "opt calls/layer | saved B/token/layer |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for s in sides:
         f = per_layer(rows, s, lambda r: r["calls"]["forward"])
         b = per_layer(rows, s, lambda r: r["calls"]["backward"])
@@ -354,15 +463,20 @@ def report(rows: dict, args) -> str:
         mh, hf = rows["megahash"][Lmax], rows["transformers"].get(Lmax)
         fb = lambda s: per_layer(rows, s, lambda r: r["calls"]["forward"] + r["calls"]["backward"])  # noqa: E731
         opt_growth = per_layer(rows, "megahash", lambda r: r["calls"]["optimizer"])
-        out += ["", "Targets (issue 25, 'Without a GPU'):",
-                f"- optimizer calls grow with layers: {opt_growth:+.1f} per layer (target 0) -> "
-                f"{'MET' if opt_growth <= 0 else 'NOT MET'}",
-                f"- fwd+bwd calls per layer: megahash {fb('megahash'):.1f} vs transformers {fb('transformers'):.1f} -> "
-                f"{'MET' if fb('megahash') <= fb('transformers') else 'NOT MET'}"]
+        out += [
+            "",
+            "Targets (issue 25, 'Without a GPU'):",
+            f"- optimizer calls grow with layers: {opt_growth:+.1f} per layer (target 0) -> "
+            f"{'MET' if opt_growth <= 0 else 'NOT MET'}",
+            f"- fwd+bwd calls per layer: megahash {fb('megahash'):.1f} vs transformers {fb('transformers'):.1f} -> "
+            f"{'MET' if fb('megahash') <= fb('transformers') else 'NOT MET'}",
+        ]
         if hf is not None:
             a, b = mh["saved_bytes_per_token"], hf["saved_bytes_per_token"]
-            out.append(f"- saved bytes per token at {Lmax} layers (logits included): megahash {a:,.0f} vs transformers "
-                       f"{b:,.0f} ({a / b:.2f}x) -> {'MET' if a <= b else 'NOT MET'}")
+            out.append(
+                f"- saved bytes per token at {Lmax} layers (logits included): megahash {a:,.0f} vs transformers "
+                f"{b:,.0f} ({a / b:.2f}x) -> {'MET' if a <= b else 'NOT MET'}"
+            )
     out += ["", "Top ATen calls per phase (largest layer count):"]
     for s in sides:
         r = rows[s][max(rows[s])]
@@ -402,24 +516,33 @@ def main(argv=None) -> int:
     rows: dict[str, dict[int, dict]] = {}
     vocab = 0
     # (row name, side, extra overrides): one per side, or one per recompute option (megahash only)
-    runs = [(f"{o}", "megahash", (f"train.recompute={o}",)) for o in args.recompute.split(",")] if args.recompute \
+    runs = (
+        [(f"{o}", "megahash", (f"train.recompute={o}",)) for o in args.recompute.split(",")]
+        if args.recompute
         else [(s, s, ()) for s in args.sides.split(",")]
+    )
     for name, side, extra in runs:
         for L in layers:
             r = run_worker(side, L, args, vocab or SHAPE["vocab"], extra)
             if side == "megahash":
                 vocab = r["vocab"]
             rows.setdefault(name, {})[L] = r
-            print(f"{name} {L} layers: calls {r['calls']}, cpu s {r['cpu_seconds']}, "
-                  f"saved {r['saved_bytes_per_token']:,.0f} B/token", flush=True)
+            print(
+                f"{name} {L} layers: calls {r['calls']}, cpu s {r['cpu_seconds']}, "
+                f"saved {r['saved_bytes_per_token']:,.0f} B/token",
+                flush=True,
+            )
     make = recompute_report if args.recompute else memory_report if args.forward_only else report
     text = make(rows, args) + f"\n\nLoad: {os.getloadavg()[0]:.2f} (1-min average at the end)\n"
     print(text)
     if args.out:
         from megahash.atomic_write import write_text_atomic
 
-        write_text_atomic(args.out, f"Command: python benchmarks/bench_step_proxy.py "
-                                    f"{' '.join(argv if argv is not None else sys.argv[1:])}\n\n" + text)
+        write_text_atomic(
+            args.out,
+            f"Command: python benchmarks/bench_step_proxy.py "
+            f"{' '.join(argv if argv is not None else sys.argv[1:])}\n\n" + text,
+        )
     return 0
 
 

@@ -8,6 +8,7 @@ bf16-rounded inputs (what rounding q, k, v to bf16 alone costs: the conditioning
 
     PYTHONPATH=. python benchmarks/bench_thesis_conditioning.py [--lengths 1024,4096] [--heads 4] [--dim 32]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,10 @@ def row(L: int, heads: int, d: int, positive: bool) -> str:
     b16 = orders_causal(q.bfloat16(), k.bfloat16(), v.bfloat16(), positive=positive)[0]
     rounded = orders_causal(q.bfloat16().double(), k.bfloat16().double(), v.bfloat16().double(), positive=positive)[0]
     ratio = float(o.pow(2).mean().sqrt() / v.pow(2).mean().sqrt())
-    return (f"| {'positive' if positive else 'literal'} | {L} | {float(o.abs().max()):.3g} | {float(o.abs().median()):.3g} "
-            f"| {ratio:.3g} | {grad:.3g} | {rel(f32, o):.2e} | {rel(b16, o):.2e} | {rel(rounded, o):.2e} |")
+    return (
+        f"| {'positive' if positive else 'literal'} | {L} | {float(o.abs().max()):.3g} | {float(o.abs().median()):.3g} "
+        f"| {ratio:.3g} | {grad:.3g} | {rel(f32, o):.2e} | {rel(b16, o):.2e} | {rel(rounded, o):.2e} |"
+    )
 
 
 def main(argv=None) -> int:
@@ -47,10 +50,14 @@ def main(argv=None) -> int:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--dim", type=int, default=32)
     a = p.parse_args(argv)
-    print(f"`python benchmarks/bench_thesis_conditioning.py {' '.join(argv or sys.argv[1:])}` "
-          f"(heads {a.heads}, d {a.dim}, unit-normal q, k, v, w)\n")
-    print("| denominator | L | max abs(o) | median abs(o) | rms(o)/rms(v) | max fp64 grad | fp32 rel. err "
-          "| bf16 inputs rel. err | exact on bf16-rounded inputs |")
+    print(
+        f"`python benchmarks/bench_thesis_conditioning.py {' '.join(argv or sys.argv[1:])}` "
+        f"(heads {a.heads}, d {a.dim}, unit-normal q, k, v, w)\n"
+    )
+    print(
+        "| denominator | L | max abs(o) | median abs(o) | rms(o)/rms(v) | max fp64 grad | fp32 rel. err "
+        "| bf16 inputs rel. err | exact on bf16-rounded inputs |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for L in map(int, a.lengths.split(",")):
         for positive in (False, True):

@@ -14,6 +14,7 @@ bit patterns of the right shape). ``--compile both`` measures every row eagerly 
 ``train.compile`` (``torch.compile`` of each transformer layer; compile time is excluded: the
 warm-up steps compile).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-DEFAULT_SCHEDULES = ("uniform:mha,hybrid:rndembqk:even,hybrid:approx:even,hybrid:nonapprox:even,"
-                     "uniform:mhe-add,uniform:mqa")
+DEFAULT_SCHEDULES = (
+    "uniform:mha,hybrid:rndembqk:even,hybrid:approx:even,hybrid:nonapprox:even,uniform:mhe-add,uniform:mqa"
+)
 
 
 def fake_codes(cfg, batch, seq, torch):
@@ -47,8 +49,16 @@ def measure(size: str, schedule: str, embedding: str, args, compiled: bool = Fal
     from megahash.models.costs import train_flops_per_token
     from megahash.models.megatron_model import build_model
 
-    cfg = load_config(None, [f"model.size={size}", f"model.schedule={schedule}", f"model.embedding={embedding}",
-                             f"data.seq_length={args.seq}", f"model.max_position_embeddings={max(args.seq, 2048)}"])
+    cfg = load_config(
+        None,
+        [
+            f"model.size={size}",
+            f"model.schedule={schedule}",
+            f"model.embedding={embedding}",
+            f"data.seq_length={args.seq}",
+            f"model.max_position_embeddings={max(args.seq, 2048)}",
+        ],
+    )
     dtype = accelerator.train_dtype(args.dtype)
     accelerator.init_distributed(1)
     accelerator.seed_all(1)
@@ -80,9 +90,17 @@ def measure(size: str, schedule: str, embedding: str, args, compiled: bool = Fal
     flops = train_flops_per_token(cfg, vocab, args.seq) * tok_s
     peak = accelerator.peak_flops(dtype)
     accelerator.teardown()
-    return {"size": size, "schedule": schedule, "embedding": embedding, "compiled": compiled, "step_s": step, "tokens_per_s": tok_s,
-            "tflops": flops / 1e12, "mfu": flops / peak if peak else None,
-            "params": sum(p.numel() for p in model.parameters())}
+    return {
+        "size": size,
+        "schedule": schedule,
+        "embedding": embedding,
+        "compiled": compiled,
+        "step_s": step,
+        "tokens_per_s": tok_s,
+        "tflops": flops / 1e12,
+        "mfu": flops / peak if peak else None,
+        "params": sum(p.numel() for p in model.parameters()),
+    }
 
 
 def main(argv=None) -> int:
@@ -98,21 +116,31 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
-    runs = [(size, emb, sched, compiled) for size in args.sizes.split(",") for emb in args.embeddings.split(",")
-            for sched in args.schedules.split(",") for compiled in modes]
+    runs = [
+        (size, emb, sched, compiled)
+        for size in args.sizes.split(",")
+        for emb in args.embeddings.split(",")
+        for sched in args.schedules.split(",")
+        for compiled in modes
+    ]
     base = {}
     for size, emb, sched, compiled in runs:
         r = measure(size, sched, emb, args, compiled)
         r["ratio"] = r["tokens_per_s"] / base.setdefault(size, r["tokens_per_s"])
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
         name = sched + (" (compiled)" if compiled else "")
-        print(f"| {size} | {emb} | {name} | {r['params'] / 1e6:.1f}M | {r['step_s'] * 1e3:.1f} ms | "
-              f"{r['tokens_per_s']:,.0f} | {r['tflops']:.3f} | {mfu} | {r['ratio']:.2f} |", flush=True)
+        print(
+            f"| {size} | {emb} | {name} | {r['params'] / 1e6:.1f}M | {r['step_s'] * 1e3:.1f} ms | "
+            f"{r['tokens_per_s']:,.0f} | {r['tflops']:.3f} | {mfu} | {r['ratio']:.2f} |",
+            flush=True,
+        )
     return 0
 
 
-HEADER = ("| size | embedding | schedule | params | step | tokens/s | model TFLOP/s | MFU | tokens/s vs first row |\n"
-          "| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+HEADER = (
+    "| size | embedding | schedule | params | step | tokens/s | model TFLOP/s | MFU | tokens/s vs first row |\n"
+    "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+)
 
 if __name__ == "__main__":
     print(HEADER)

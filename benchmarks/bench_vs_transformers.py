@@ -32,6 +32,7 @@ over fp32 parameters, compiled layers), transformers in bf16 with fused AdamW, e
 ``--hf-compiled``, under ``torch.compile`` (a third worker); timings synchronise the device, and each
 worker reports its peak GPU memory. ``benchmarks/gpu_check.sh`` runs it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,26 +63,67 @@ def build_shards(work: Path) -> tuple[str, str]:
     spm, prefix = work / "spm", work / "shakespeare"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if not Path(f"{spm}.model").is_file():
-        subprocess.run([sys.executable, "data_tools/train_tokenizer.py", "--input", "shakespeare", "--output", str(spm),
-                        "--vocab-size", "4000"], cwd=ROOT, env=env, check=True, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "data_tools/train_tokenizer.py",
+                "--input",
+                "shakespeare",
+                "--output",
+                str(spm),
+                "--vocab-size",
+                "4000",
+            ],
+            cwd=ROOT,
+            env=env,
+            check=True,
+            capture_output=True,
+        )
     if not Path(f"{prefix}_text_document.idx").is_file():
-        subprocess.run([sys.executable, "data_tools/preprocess_data.py", "--input", "shakespeare", "--output-prefix",
-                        str(prefix), "--tokenizer", f"{spm}.model", "--workers", "1", "--quiet"],
-                       cwd=ROOT, env=env, check=True, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "data_tools/preprocess_data.py",
+                "--input",
+                "shakespeare",
+                "--output-prefix",
+                str(prefix),
+                "--tokenizer",
+                f"{spm}.model",
+                "--workers",
+                "1",
+                "--quiet",
+            ],
+            cwd=ROOT,
+            env=env,
+            check=True,
+            capture_output=True,
+        )
     return str(prefix), f"{spm}.model"
 
 
-def megahash_config(shape: dict, prefix: str, tokenizer: str, cache: str, precision: str = "auto",
-                    compile_setting: str = "auto"):
+def megahash_config(
+    shape: dict, prefix: str, tokenizer: str, cache: str, precision: str = "auto", compile_setting: str = "auto"
+):
     from megahash.config import load_config
 
-    over = [f"model.hidden_size={shape['hidden']}", f"model.num_layers={shape['layers']}",
-            f"model.num_heads={shape['heads']}", f"model.ffn_hidden_size={shape['ffn']}",
-            f"model.vocab_size={shape['vocab']}", f"model.max_position_embeddings={max(2048, shape['seq'])}",
-            f"data.seq_length={shape['seq']}", f"data.prefix=[{prefix}]", f"data.tokenizer={tokenizer}",
-            f"data.cache_dir={cache}", f"train.micro_batch_size={shape['batch']}",
-            f"train.global_batch_size={shape['batch']}", f"train.precision={precision}", "train.warmup_steps=2",
-            f"train.compile={compile_setting}"]
+    over = [
+        f"model.hidden_size={shape['hidden']}",
+        f"model.num_layers={shape['layers']}",
+        f"model.num_heads={shape['heads']}",
+        f"model.ffn_hidden_size={shape['ffn']}",
+        f"model.vocab_size={shape['vocab']}",
+        f"model.max_position_embeddings={max(2048, shape['seq'])}",
+        f"data.seq_length={shape['seq']}",
+        f"data.prefix=[{prefix}]",
+        f"data.tokenizer={tokenizer}",
+        f"data.cache_dir={cache}",
+        f"train.micro_batch_size={shape['batch']}",
+        f"train.global_batch_size={shape['batch']}",
+        f"train.precision={precision}",
+        "train.warmup_steps=2",
+        f"train.compile={compile_setting}",
+    ]
     return load_config(None, over)
 
 
@@ -96,19 +138,34 @@ class HFLoop:
         from megahash.training.lr_schedule import lambda_for
 
         m, t = cfg.model, cfg.train
-        hf_cfg = Qwen2Config(vocab_size=vocab, hidden_size=m.hidden_size, intermediate_size=m.ffn_hidden_size,
-                             num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads,
-                             num_key_value_heads=m.num_query_groups or m.num_heads,
-                             max_position_embeddings=m.max_position_embeddings, rms_norm_eps=m.norm_eps,
-                             rope_theta=float(m.rotary_base), tie_word_embeddings=m.tie_embeddings,
-                             attention_dropout=0.0, use_cache=False, initializer_range=m.init_std)
+        hf_cfg = Qwen2Config(
+            vocab_size=vocab,
+            hidden_size=m.hidden_size,
+            intermediate_size=m.ffn_hidden_size,
+            num_hidden_layers=m.num_layers,
+            num_attention_heads=m.num_heads,
+            num_key_value_heads=m.num_query_groups or m.num_heads,
+            max_position_embeddings=m.max_position_embeddings,
+            rms_norm_eps=m.norm_eps,
+            rope_theta=float(m.rotary_base),
+            tie_word_embeddings=m.tie_embeddings,
+            attention_dropout=0.0,
+            use_cache=False,
+            initializer_range=m.init_std,
+        )
         hf_cfg._attn_implementation = "sdpa"
         torch.manual_seed(t.seed)
         dev = accelerator.device()
         self.model = Qwen2ForCausalLM(hf_cfg).to(dev, accelerator.train_dtype(t.precision)).train()
         self.num_params = sum(p.numel() for p in self.model.parameters())
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
-                                     weight_decay=t.weight_decay, **({"fused": True} if dev.type == "cuda" else {}))
+        self.opt = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=t.lr,
+            betas=(t.beta1, t.beta2),
+            eps=t.eps,
+            weight_decay=t.weight_decay,
+            **({"fused": True} if dev.type == "cuda" else {}),
+        )
         if compiled:
             self.model = torch.compile(self.model)
         batches = [{k: v.to(dev) for k, v in b.items()} for b in batches]
@@ -160,8 +217,9 @@ def worker(args) -> int:
     from megahash import accelerator
 
     shape = SHAPES[args.shape]
-    cfg = megahash_config(shape, args.prefix, args.tokenizer, str(Path(args.work) / "cache"), args.precision,
-                          args.compile)
+    cfg = megahash_config(
+        shape, args.prefix, args.tokenizer, str(Path(args.work) / "cache"), args.precision, args.compile
+    )
     total = args.warmup + args.rounds * args.steps
     batches_file = Path(args.work) / f"batches_{args.shape}.pt"
     if args.worker == "megahash":
@@ -175,8 +233,10 @@ def worker(args) -> int:
 
         with atomic_path(batches_file) as tmp:
             torch.save([b for _, b in zip(range(total), loader)], tmp)
-        step, info = mh.step, dict(params=mh.num_params, vocab=mh.model.vocab_size,
-                                   optimizer=type(mh.engine.optimizer).__name__)
+        step, info = (
+            mh.step,
+            dict(params=mh.num_params, vocab=mh.model.vocab_size, optimizer=type(mh.engine.optimizer).__name__),
+        )
     else:
         hf = HFLoop(cfg, args.vocab, torch.load(batches_file), compiled=args.worker == "transformers-compiled")
         step, info = hf.step, dict(params=hf.num_params, vocab=args.vocab, optimizer=type(hf.opt).__name__)
@@ -202,9 +262,29 @@ class Side:
     """A worker process of this script running one side."""
 
     def __init__(self, name: str, shape: str, args, extra: list[str]):
-        cmd = [sys.executable, __file__, "--worker", name, "--shape", shape, "--work", args.work, "--prefix",
-               args.prefix, "--tokenizer", args.tokenizer, "--rounds", str(args.rounds), "--steps",
-               str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads), *extra]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--worker",
+            name,
+            "--shape",
+            shape,
+            "--work",
+            args.work,
+            "--prefix",
+            args.prefix,
+            "--tokenizer",
+            args.tokenizer,
+            "--rounds",
+            str(args.rounds),
+            "--steps",
+            str(args.steps),
+            "--warmup",
+            str(args.warmup),
+            "--threads",
+            str(args.threads),
+            *extra,
+        ]
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(ROOT)}
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self.info = self._read()
@@ -212,7 +292,7 @@ class Side:
     def _read(self):
         for line in self.proc.stdout:
             if line.startswith(REPLY):
-                return json.loads(line[len(REPLY):])
+                return json.loads(line[len(REPLY) :])
             sys.stderr.write(line)  # a library's own print
         raise SystemExit(f"a benchmark worker exited with status {self.proc.wait()} (its error is above)")
 
@@ -234,10 +314,13 @@ def run_shape(name: str, shape: dict, args) -> dict:
         sides["transformers-compiled"] = Side("transformers-compiled", name, args, vocab)
     mh, hf = sides["megahash"].info, sides["transformers"].info
     same = mh["params"] == hf["params"]
-    print(f"# {name}: h{shape['hidden']} {shape['layers']}L {shape['heads']} heads ffn {shape['ffn']} "
-          f"seq {shape['seq']} batch {shape['batch']} vocab {mh['vocab']} (tied head); parameters "
-          f"megahash {mh['params']:,} transformers {hf['params']:,}{'' if same else '  MISMATCH'}; "
-          f"megahash optimizer {mh['optimizer']}", flush=True)
+    print(
+        f"# {name}: h{shape['hidden']} {shape['layers']}L {shape['heads']} heads ffn {shape['ffn']} "
+        f"seq {shape['seq']} batch {shape['batch']} vocab {mh['vocab']} (tied head); parameters "
+        f"megahash {mh['params']:,} transformers {hf['params']:,}{'' if same else '  MISMATCH'}; "
+        f"megahash optimizer {mh['optimizer']}",
+        flush=True,
+    )
     try:
         if not same:
             raise SystemExit(f"{name}: the two models differ in size")
@@ -250,10 +333,13 @@ def run_shape(name: str, shape: dict, args) -> dict:
                     times[k][1].append(c)
             med = {k: statistics.median(v[0]) for k, v in times.items()}
             cpu = {k: statistics.median(v[1]) for k, v in times.items()}
-            print(f"  round {r + 1}: megahash {med['megahash'] * 1e3:.0f} ms, transformers "
-                  f"{med['transformers'] * 1e3:.0f} ms per step (medians of {len(times['megahash'][0])} steps so far;"
-                  f" ratio {med['transformers'] / med['megahash']:.2f}x wall, "
-                  f"{cpu['transformers'] / cpu['megahash']:.2f}x CPU time)", flush=True)
+            print(
+                f"  round {r + 1}: megahash {med['megahash'] * 1e3:.0f} ms, transformers "
+                f"{med['transformers'] * 1e3:.0f} ms per step (medians of {len(times['megahash'][0])} steps so far;"
+                f" ratio {med['transformers'] / med['megahash']:.2f}x wall, "
+                f"{cpu['transformers'] / cpu['megahash']:.2f}x CPU time)",
+                flush=True,
+            )
     finally:
         for side in sides.values():
             side.close()
@@ -265,8 +351,7 @@ def run_shape(name: str, shape: dict, args) -> dict:
     res["ratio_cpu"] = res["megahash"][1] / res["transformers"][1]
     if "transformers-compiled" in res:
         res["ratio_compiled"] = res["megahash"][0] / res["transformers-compiled"][0]
-    res["peak_gib"] = {k: side_info.get("peak_gib") for k, side_info in
-                       (("megahash", mh), ("transformers", hf))}
+    res["peak_gib"] = {k: side_info.get("peak_gib") for k, side_info in (("megahash", mh), ("transformers", hf))}
     res["optimizer"] = mh["optimizer"]
     return res
 
@@ -301,24 +386,33 @@ def main(argv=None) -> int:
     from megahash import accelerator
 
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
-    print(f"device {accelerator.device()} ({gpu}, CUDA {torch.version.cuda}), precision {args.precision} -> "
-          f"{accelerator.train_dtype(args.precision)}, megahash compile {args.compile} -> "
-          f"{accelerator.compile_layers(args.compile)}; "
-          f"threads {torch.get_num_threads()}, 1 rank per side, each side in its own process "
-          f"(MEGAHASH_MALLOC_TUNING={os.environ.get('MEGAHASH_MALLOC_TUNING', 'unset')}); torch "
-          f"{torch.__version__}, transformers {transformers.__version__}; {args.rounds} rounds x {args.steps} "
-          f"steps per side after {args.warmup} warm-up")
+    print(
+        f"device {accelerator.device()} ({gpu}, CUDA {torch.version.cuda}), precision {args.precision} -> "
+        f"{accelerator.train_dtype(args.precision)}, megahash compile {args.compile} -> "
+        f"{accelerator.compile_layers(args.compile)}; "
+        f"threads {torch.get_num_threads()}, 1 rank per side, each side in its own process "
+        f"(MEGAHASH_MALLOC_TUNING={os.environ.get('MEGAHASH_MALLOC_TUNING', 'unset')}); torch "
+        f"{torch.__version__}, transformers {transformers.__version__}; {args.rounds} rounds x {args.steps} "
+        f"steps per side after {args.warmup} warm-up"
+    )
     rows = [run_shape(n, SHAPES[n], args) for n in args.shapes.split(",")]
     print()
-    print("| shape | params | vocab | steps | megahash tokens/s | transformers tokens/s | ratio | ratio (CPU time) | "
-          "transformers compiled tokens/s | ratio vs compiled | peak GiB megahash / transformers |")
+    print(
+        "| shape | params | vocab | steps | megahash tokens/s | transformers tokens/s | ratio | ratio (CPU time) | "
+        "transformers compiled tokens/s | ratio vs compiled | peak GiB megahash / transformers |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        comp = (f"{r['transformers-compiled'][0]:,.0f} | {r['ratio_compiled']:.2f}x" if "ratio_compiled" in r
-                else "not run | n/a")
+        comp = (
+            f"{r['transformers-compiled'][0]:,.0f} | {r['ratio_compiled']:.2f}x"
+            if "ratio_compiled" in r
+            else "not run | n/a"
+        )
         peak = " / ".join("n/a" if v is None else f"{v:.1f}" for v in r["peak_gib"].values())
-        print(f"| {r['name']} | {r['params'] / 1e6:.1f}M | {r['vocab']:,} | {r['n']} | {r['megahash'][0]:,.0f} | "
-              f"{r['transformers'][0]:,.0f} | {r['ratio']:.2f}x | {r['ratio_cpu']:.2f}x | {comp} | {peak} |")
+        print(
+            f"| {r['name']} | {r['params'] / 1e6:.1f}M | {r['vocab']:,} | {r['n']} | {r['megahash'][0]:,.0f} | "
+            f"{r['transformers'][0]:,.0f} | {r['ratio']:.2f}x | {r['ratio_cpu']:.2f}x | {comp} | {peak} |"
+        )
     return 0
 
 

@@ -9,6 +9,7 @@ the standard model of the same size). The report ``benchmarks/results/YYYY-MM-DD
 holds each benchmark's table and the machine facts (CPU/GPU, cores, torch). ``--quick`` runs
 smaller settings (minutes on a 2-core CPU).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,22 +27,28 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCHES = {
     "data stage (tokens/s vs tokenise+IndexedDatasetBuilder)": (
         ["bench_preprocess.py", "--hashes", "md5,lsh128", "--workers", "2"],
-        ["bench_preprocess.py", "--hashes", "md5,lsh128", "--workers", "2", "--repeats", "1", "--max-docs", "1000"]),
+        ["bench_preprocess.py", "--hashes", "md5,lsh128", "--workers", "2", "--repeats", "1", "--max-docs", "1000"],
+    ),
     "data stage, one worker": (
         ["bench_preprocess.py", "--hashes", "md5,lsh128", "--workers", "1"],
-        ["bench_preprocess.py", "--hashes", "md5,lsh128", "--workers", "1", "--repeats", "1", "--max-docs", "1000"]),
+        ["bench_preprocess.py", "--hashes", "md5,lsh128", "--workers", "1", "--repeats", "1", "--max-docs", "1000"],
+    ),
     "embeddings (fwd+bwd time and memory vs vocab)": (
         ["bench_embeddings.py"],
-        ["bench_embeddings.py", "--tokens", "2048", "--iters", "3", "--no-memory"]),
+        ["bench_embeddings.py", "--tokens", "2048", "--iters", "3", "--no-memory"],
+    ),
     "attention (fwd+bwd vs mha; decode step vs context)": (
         ["bench_attention.py"],
-        ["bench_attention.py", "--seqs", "256", "--contexts", "128,512", "--reps", "1", "--steps", "2"]),
+        ["bench_attention.py", "--seqs", "256", "--contexts", "128,512", "--reps", "1", "--steps", "2"],
+    ),
     "training step (tokens/s, MFU vs the standard model)": (
         ["bench_training.py", "--sizes", "tiny,70m,160m,500m"],
-        ["bench_training.py", "--sizes", "tiny", "--steps", "3", "--seq", "128", "--compile", "both"]),
+        ["bench_training.py", "--sizes", "tiny", "--steps", "3", "--seq", "128", "--compile", "both"],
+    ),
     "training step vs the plain transformers loop (tokens/s ratio)": (
         ["bench_vs_transformers.py"],
-        ["bench_vs_transformers.py", "--shapes", "small", "--rounds", "2", "--steps", "3", "--warmup", "1"]),
+        ["bench_vs_transformers.py", "--shapes", "small", "--rounds", "2", "--steps", "3", "--warmup", "1"],
+    ),
 }
 
 
@@ -63,6 +70,7 @@ def machine() -> str:
 def merge_sections(old: str, new: str) -> str:
     """The old report with each ``## title`` section that ``new`` has replaced by the new one
     (sections new to the report are appended; the header and machine line are the new ones)."""
+
     def split(text):
         head, *rest = text.split("\n## ")
         return head, {sec.split("\n", 1)[0]: "## " + sec for sec in rest}
@@ -83,22 +91,30 @@ def main(argv=None) -> int:
     slug = re.sub(r"[^A-Za-z0-9]+", "-", label.split(";")[1].strip() if "no GPU" not in label else "cpu").strip("-")
     out = Path(args.out) / f"{datetime.date.today().isoformat()}_{slug}{'_quick' if args.quick else ''}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
-    parts = [f"# megahash benchmarks, {datetime.date.today().isoformat()}", "", f"Machine: {label}", "",
-             "Every ratio is against a baseline measured in the same run (see each benchmark's docstring).", ""]
+    parts = [
+        f"# megahash benchmarks, {datetime.date.today().isoformat()}",
+        "",
+        f"Machine: {label}",
+        "",
+        "Every ratio is against a baseline measured in the same run (see each benchmark's docstring).",
+        "",
+    ]
     status = 0
     for title, (full, quick) in BENCHES.items():
         if args.only and not any(s in title for s in args.only.split(",")):
             continue
-        cmd = [sys.executable, str(ROOT / "benchmarks" / (quick if args.quick else full)[0]),
-               *(quick if args.quick else full)[1:]]
+        cmd = [
+            sys.executable,
+            str(ROOT / "benchmarks" / (quick if args.quick else full)[0]),
+            *(quick if args.quick else full)[1:],
+        ]
         t0 = time.time()
         r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         took = time.time() - t0
         print(f"{title}: exit {r.returncode} in {took:.0f} s", flush=True)
         status |= r.returncode
         body = r.stdout.strip() if r.returncode == 0 else (r.stdout + r.stderr)[-3000:]
-        parts += [f"## {title}", "", f"`{' '.join(cmd[1:]).replace(str(ROOT) + '/', '')}` ({took:.0f} s)", "",
-                  body, ""]
+        parts += [f"## {title}", "", f"`{' '.join(cmd[1:]).replace(str(ROOT) + '/', '')}` ({took:.0f} s)", "", body, ""]
     text = "\n".join(parts) + "\n"
     if args.only and out.is_file():  # keep the sections of the day's report that were not rerun
         text = merge_sections(out.read_text(), text)

@@ -2,6 +2,7 @@
 """``python data_tools/inspect_shards.py ...`` (or ``python -m data_tools.inspect_shards``): statistics of a shard set; ``--verify``
 checks it against its meta (docs/data.md).
 Thin shell: the code is :mod:`megahash.data.preprocess.inspect_shards`."""
+
 import sys
 from pathlib import Path
 

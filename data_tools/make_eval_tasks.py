@@ -2,6 +2,7 @@
 """``python data_tools/make_eval_tasks.py ...`` (or ``python -m data_tools.make_eval_tasks``): an offline lm-eval task suite from
 held-out documents (docs/data.md).
 Thin shell: the code is :mod:`megahash.data.preprocess.make_eval_tasks`."""
+
 import sys
 from pathlib import Path
 

@@ -2,6 +2,7 @@
 """``python data_tools/preprocess_data.py ...`` (or ``python -m data_tools.preprocess_data``): a corpus into megatron-core token shards plus
 one word-hash side shard per hash spec (docs/data.md).
 Thin shell: the code is :mod:`megahash.data.preprocess.preprocess_data`."""
+
 import sys
 from pathlib import Path
 

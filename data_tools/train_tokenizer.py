@@ -2,6 +2,7 @@
 """``python data_tools/train_tokenizer.py ...`` (or ``python -m data_tools.train_tokenizer``): a sentencepiece tokenizer whose special ids
 match the HashFormers words (docs/data.md).
 Thin shell: the code is :mod:`megahash.data.preprocess.train_tokenizer`."""
+
 import sys
 from pathlib import Path
 

@@ -2,6 +2,7 @@
 """``python -m launch.hostfile ...`` (or ``python launch/hostfile.py ...``): a DeepSpeed / Open MPI
 hostfile from a SLURM node list (docs/launching.md).
 Thin shell: the code is :mod:`megahash.launching.hostfile`."""
+
 import sys
 from pathlib import Path
 

@@ -2,6 +2,7 @@
 """``python -m launch.local_slurm up|down|status --dir DIR``: a real SLURM on localhost with
 emulated nodes, for tests (docs/launching.md).
 Thin shell: the code is :mod:`megahash.launching.local_slurm`."""
+
 import sys
 from pathlib import Path
 

@@ -2,6 +2,7 @@
 """``python launch/run.py ...``, the same as ``python -m launch ...``: one entry picking srun /
 torchrun / deepspeed / mpirun / python (docs/launching.md).
 Thin shell: the code is :mod:`megahash.launching.run`."""
+
 import sys
 from pathlib import Path
 

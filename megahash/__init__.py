@@ -1,4 +1,5 @@
 """megahash: pretraining compact transformer LMs with hash embeddings and efficient attention."""
+
 from megahash import lazy_fusers as _lazy_fusers
 
 __version__ = "0.1.0"

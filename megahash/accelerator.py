@@ -4,6 +4,7 @@ Backend (nccl/gloo), device, dtype, the megatron-core CPU shims (DESIGN.md "Runn
 DeepSpeed's ``mpu`` adapter over ``parallel_state``, process-group set-up and clean teardown.
 No other megahash module checks for CUDA.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -54,8 +55,12 @@ def onednn_linear(dev: torch.device | str | None = None) -> bool:
     forward and input-gradient GEMMs 25-30% faster, weight-gradient GEMMs no faster (kept on the
     BLAS). ``MEGAHASH_ONEDNN_LINEAR=0`` turns it off. Never on GPUs (cuBLAS) or where torch has no
     oneDNN."""
-    return (_device_type(dev) == "cpu" and os.environ.get("MEGAHASH_ONEDNN_LINEAR", "1") != "0"
-            and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+    return (
+        _device_type(dev) == "cpu"
+        and os.environ.get("MEGAHASH_ONEDNN_LINEAR", "1") != "0"
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
 
 
 def device() -> torch.device:
@@ -156,16 +161,24 @@ def compile_layers(setting: str, dev: torch.device | str | None = None) -> bool:
     return setting == "true"
 
 
-def training_settings(precision: str = "auto", compile_setting: str = "auto",
-                      dev: torch.device | str | None = None) -> dict:
+def training_settings(
+    precision: str = "auto", compile_setting: str = "auto", dev: torch.device | str | None = None
+) -> dict:
     """What the trainer picks for a device (a named one, e.g. ``"cuda"``, or this process's):
     parameter and compute dtypes, the AdamW options, compilation and the fused ops. For reports and
     tests; the trainer asks the functions named here."""
-    return {"device": _device_type(dev), "param_dtype": param_dtype(precision, dev),
-            "autocast_dtype": autocast_dtype(precision, dev), "autocast": autocast_args(precision, dev),
-            "adamw": adamw_options(dev),
-            "compile": compile_layers(compile_setting, dev), "split_glu_gemms": split_glu_gemms(dev),
-            "onednn_linear": onednn_linear(dev), "fused_swiglu": True, "chunked_cross_entropy": True}
+    return {
+        "device": _device_type(dev),
+        "param_dtype": param_dtype(precision, dev),
+        "autocast_dtype": autocast_dtype(precision, dev),
+        "autocast": autocast_args(precision, dev),
+        "adamw": adamw_options(dev),
+        "compile": compile_layers(compile_setting, dev),
+        "split_glu_gemms": split_glu_gemms(dev),
+        "onednn_linear": onednn_linear(dev),
+        "fused_swiglu": True,
+        "chunked_cross_entropy": True,
+    }
 
 
 def synchronize() -> None:
@@ -385,8 +398,10 @@ def deepspeed_collectives_by_current_names() -> None:
         from deepspeed.comm.torch import TorchBackend
     except ImportError:  # pragma: no cover - DeepSpeed is a dependency
         return
-    pairs = (("get_reduce_scatter_function", "reduce_scatter_function", "reduce_scatter_single"),
-             ("get_all_gather_function", "all_gather_function", "all_gather_single"))
+    pairs = (
+        ("get_reduce_scatter_function", "reduce_scatter_function", "reduce_scatter_single"),
+        ("get_all_gather_function", "all_gather_function", "all_gather_single"),
+    )
     for getter, attr, new in pairs:
         if not hasattr(dist, new) or getattr(getattr(TorchBackend, getter), "_megahash_current", False):
             continue
@@ -420,10 +435,14 @@ def apply_megatron_fixes() -> None:
     from megatron.core.tensor_parallel import layers, mappings
 
     for module in (layers, mappings):
-        for name, new in (("dist_reduce_scatter_func", "reduce_scatter_single"),
-                          ("dist_all_gather_func", "all_gather_single")):
-            if hasattr(dist, new) and getattr(module, name, None) in (dist.reduce_scatter_tensor,
-                                                                       dist.all_gather_into_tensor):
+        for name, new in (
+            ("dist_reduce_scatter_func", "reduce_scatter_single"),
+            ("dist_all_gather_func", "all_gather_single"),
+        ):
+            if hasattr(dist, new) and getattr(module, name, None) in (
+                dist.reduce_scatter_tensor,
+                dist.all_gather_into_tensor,
+            ):
                 setattr(module, name, getattr(dist, new))
 
     original = layers.get_tensor_model_parallel_group_if_none
@@ -512,8 +531,11 @@ def prepare_deepspeed_extensions() -> Path:
         if age > STALE_BUILD_LOCK_S:
             with contextlib.suppress(FileNotFoundError):
                 lock.unlink()
-            print(f"megahash: removed {lock}, left {age / 60:.0f} min ago by a build that was killed "
-                  "(torch would wait on it forever)", flush=True)
+            print(
+                f"megahash: removed {lock}, left {age / 60:.0f} min ago by a build that was killed "
+                "(torch would wait on it forever)",
+                flush=True,
+            )
     return root
 
 
@@ -539,8 +561,10 @@ def release_deepspeed_shm() -> None:
     even after kill -9. Call after ``deepspeed.initialize``; collective (a barrier)."""
     if has_gpu() or not dist.is_initialized():
         return
-    name = (f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
-            f"{os.environ.get('MASTER_PORT', '')}_{dist.get_rank()}")
+    name = (
+        f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR', '')}_"
+        f"{os.environ.get('MASTER_PORT', '')}_{dist.get_rank()}"
+    )
     dist.barrier()
     with contextlib.suppress(FileNotFoundError):
         os.unlink(name)

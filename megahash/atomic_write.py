@@ -1,6 +1,7 @@
 """Writing a file atomically: a temp name beside it (``NAME.tmp-<pid>``), then a rename, so readers
 see the old file or the new one, never half of one (house rule). :func:`atomic_path` serves writers
 that want a path (``savefig``, ``torch.save``); the temp file goes when the writer fails."""
+
 from __future__ import annotations
 
 import contextlib

@@ -20,6 +20,7 @@ from the ``megahash.kinds`` entry-point group, the ``MEGAHASH_PLUGINS`` environm
 (comma-separated) and the config's ``model.plugins`` list. A plugin is one file per kind, written
 exactly like the kinds under ``megahash/models/attention`` and ``megahash/models/embeddings``.
 """
+
 from __future__ import annotations
 
 import ast
@@ -36,8 +37,12 @@ from megahash import kind_source
 from megahash.errors import ConfigError
 
 MODELS = kind_source.ROOT / "models"  # where the library's kinds live
-GROUPS = {"attention": "register_attention", "embedding": "register_embedding", "head": "register_head",
-          "input": "register_input"}
+GROUPS = {
+    "attention": "register_attention",
+    "embedding": "register_embedding",
+    "head": "register_head",
+    "input": "register_input",
+}
 ENTRY_POINT_GROUP = "megahash.kinds"
 PLUGINS_ENV = "MEGAHASH_PLUGINS"
 
@@ -142,7 +147,9 @@ def _plugin_files(name: str) -> list[Path]:
     try:
         spec = importlib.util.find_spec(name)
     except (ImportError, ValueError) as e:
-        raise ConfigError(f"plugin {name!r} cannot be found ({e}); check {PLUGINS_ENV}/model.plugins and PYTHONPATH") from None
+        raise ConfigError(
+            f"plugin {name!r} cannot be found ({e}); check {PLUGINS_ENV}/model.plugins and PYTHONPATH"
+        ) from None
     if spec is None or not spec.origin:
         raise ConfigError(f"plugin {name!r} cannot be found; check {PLUGINS_ENV}/model.plugins and PYTHONPATH")
     if spec.submodule_search_locations:
@@ -184,8 +191,16 @@ def _entries_of_file(path: Path) -> list[Entry]:
         if not isinstance(caps, CAPS[r.group]):
             raise ConfigError(f"{path}: caps of {r.group} kind {r.name!r} must be a {CAPS[r.group].__name__}")
         costs, options = r.keyword("costs"), r.keyword("options")
-        out.append(Entry(r.name, r.group, str(path), caps, costs.id if isinstance(costs, ast.Name) else None,
-                         options.id if isinstance(options, ast.Name) else None))
+        out.append(
+            Entry(
+                r.name,
+                r.group,
+                str(path),
+                caps,
+                costs.id if isinstance(costs, ast.Name) else None,
+                options.id if isinstance(options, ast.Name) else None,
+            )
+        )
     return out
 
 
@@ -272,7 +287,9 @@ def options_class(group: str, name: str):
 def _option_specs(group: str, plugins: tuple) -> dict:
     out: dict = {}
     owners = [(group, name) for name in sorted(_scan()[group])]
-    owners += [("input", name) for name, e in sorted(_scan()["input"].items()) if e.caps.section == group and group != "input"]
+    owners += [
+        ("input", name) for name, e in sorted(_scan()["input"].items()) if e.caps.section == group and group != "input"
+    ]
     for owner_group, name in owners:
         cls = options_class(owner_group, name)
         if cls is None:
@@ -281,13 +298,17 @@ def _option_specs(group: str, plugins: tuple) -> dict:
         for f in dataclasses.fields(cls):
             typ = f.type if isinstance(f.type, type) else _SCALARS.get(str(f.type))
             if typ not in _SCALARS.values():
-                raise ConfigError(f"{group} kind {name!r}: option {f.name} must be int, float, str or bool, got {f.type}")
+                raise ConfigError(
+                    f"{group} kind {name!r}: option {f.name} must be int, float, str or bool, got {f.type}"
+                )
             spec = OptionSpec(f.name, typ, f.default, ranges.get(f.name), (name,))
             old = out.get(f.name)
             if old is not None:
                 if (old.type, old.default, old.range) != (spec.type, spec.default, spec.range):
-                    raise ConfigError(f"option {group}.options.{f.name} is declared differently by {old.kinds[0]!r} "
-                                      f"and {name!r} (type, default and range must agree)")
+                    raise ConfigError(
+                        f"option {group}.options.{f.name} is declared differently by {old.kinds[0]!r} "
+                        f"and {name!r} (type, default and range must agree)"
+                    )
                 spec = dataclasses.replace(old, kinds=old.kinds + (name,))
             out[f.name] = spec
     return out

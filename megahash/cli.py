@@ -5,6 +5,7 @@ later stages add ``eval``, ``indicators``, ``report``, ``export-hf``, ``import-h
 Every user-facing error is one line ``error: ...`` with exit status 2. ``--verbose`` (any subcommand)
 shows what megahash/known_warnings.py silences.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,7 +49,7 @@ def option_values(argv: list[str], option: str) -> list[str]:
         if a.startswith(option + "="):
             values.append(a.split("=", 1)[1])
         elif a == option:
-            for v in argv[i + 1:]:
+            for v in argv[i + 1 :]:
                 if v.startswith("-"):
                     break
                 values.append(v)
@@ -70,8 +71,11 @@ def params_main(argv=None) -> int:
     p.add_argument("--config", action="append", default=None, help="YAML config; repeat to merge left to right")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--vocab-size", type=int, default=0, help="vocabulary (default: model.vocab_size or 50304)")
-    p.add_argument("--measure", action="store_true",
-                   help="also measure the implementation's attention costs on a meta-device model (imports torch, megatron-core)")
+    p.add_argument(
+        "--measure",
+        action="store_true",
+        help="also measure the implementation's attention costs on a meta-device model (imports torch, megatron-core)",
+    )
     p.add_argument("overrides", nargs="*")
     args = p.parse_args(argv)
 

@@ -3,6 +3,7 @@ errors and missing files become ONE line ``error: ...`` on stderr and exit statu
 error classes are in :mod:`megahash.errors`). A reader that stops early (``megahash params --json |
 head``) ends the command quietly with status 141, as a SIGPIPE would, instead of a BrokenPipeError
 traceback (Python's recipe: stdout is pointed at /dev/null so the exit flush cannot fail again)."""
+
 from __future__ import annotations
 
 import os
@@ -24,6 +25,7 @@ def run_guarded(fn) -> int:
 
     Bad input fails the same way on every rank, so only rank 0 prints the line (the others exit 2
     silently); set MEGAHASH_ERRORS_ALL_RANKS=1 to see every rank's."""
+
     def say(msg):
         if launch_rank() == 0 or os.environ.get("MEGAHASH_ERRORS_ALL_RANKS") == "1":
             print(msg, file=sys.stderr)

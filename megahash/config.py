@@ -6,6 +6,7 @@ YAML files may ``include:`` other YAML files (paths relative to the including fi
 :class:`ConfigError` naming the key and the closest valid one. Every run writes the resolved
 tree (``resolved_config.yaml``) beside its checkpoints.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -49,7 +50,9 @@ class EmbeddingConfig:
     hash_spec: str = "md5"  # side shard the embedding reads: md5, lsh128, md5-bucket50000, rolling3 ...
     num_buckets: int = 0  # bucketed codes: N rows (0 = from the hash spec)
     num_bits: int = 128  # T: bits of the code
-    options: KindOptions = field(default_factory=lambda: _default_options("embedding"))  # declared by the embedding kinds' own files
+    options: KindOptions = field(
+        default_factory=lambda: _default_options("embedding")
+    )  # declared by the embedding kinds' own files
 
 
 @dataclass
@@ -58,7 +61,9 @@ class AttentionConfig:
 
     OPTION_GROUP: typing.ClassVar[str] = "attention"
     skip_nonstandard: bool = False  # `skip` evaluation mode ([Xue25] sec. 4.5)
-    options: KindOptions = field(default_factory=lambda: _default_options("attention"))  # declared by the attention kinds' own files
+    options: KindOptions = field(
+        default_factory=lambda: _default_options("attention")
+    )  # declared by the attention kinds' own files
 
 
 def _standard_kind(group: str) -> str:
@@ -98,23 +103,33 @@ class ModelConfig:
     attention_dropout: float = 0.0
     # defaults: the kinds registered as standard (caps.standard; megahash.catalog)
     embedding: str = field(default_factory=lambda: _standard_kind("embedding"))
-    head: str = field(default_factory=lambda: _standard_kind("head"))  # output head for clm/mlm (megahash/models/heads/; sr uses its 3-way head)
+    head: str = field(
+        default_factory=lambda: _standard_kind("head")
+    )  # output head for clm/mlm (megahash/models/heads/; sr uses its 3-way head)
     schedule: str = field(default_factory=lambda: f"uniform:{_standard_kind('attention')}")
-    plugins: list[str] = field(default_factory=list)  # modules with more kinds (also MEGAHASH_PLUGINS, entry points megahash.kinds)
+    plugins: list[str] = field(
+        default_factory=list
+    )  # modules with more kinds (also MEGAHASH_PLUGINS, entry points megahash.kinds)
     embed: EmbeddingConfig = field(default_factory=EmbeddingConfig)
     attention: AttentionConfig = field(default_factory=AttentionConfig)
 
 
 @dataclass
 class DataConfig:
-    prefix: list[str] = field(default_factory=list)  # shard prefixes (PREFIX_text_document ...) or "weight prefix" pairs
+    prefix: list[str] = field(
+        default_factory=list
+    )  # shard prefixes (PREFIX_text_document ...) or "weight prefix" pairs
     tokenizer: str = ""  # sentencepiece .model, tokenizer.json, HF tokenizer folder/name (or "words")
-    special_ids: dict = field(default_factory=dict)  # role -> id (bos pad eos unk mask); filled from the shard meta; {} = 0-4
+    special_ids: dict = field(
+        default_factory=dict
+    )  # role -> id (bos pad eos unk mask); filled from the shard meta; {} = 0-4
     seq_length: int = 128
     split: str = "98,2,0"
     seed: int = 1234
     cache_dir: str = ""  # index cache (default: <save_dir>/data_cache)
-    valid_samples: int = 64  # validation set: the first N sequences of the validation split (megahash/data/validation.py)
+    valid_samples: int = (
+        64  # validation set: the first N sequences of the validation split (megahash/data/validation.py)
+    )
     valid_micro_batch: int = 8  # validation chunk size (fixed, so mlm/sr corruption does not depend on the DP size)
     num_workers: int = 0
     verify: str = "cheap"  # shard checks before step 1: cheap (sizes, headers, counts) | full (+ sha256) | none
@@ -160,7 +175,9 @@ class TrainConfig:
     eval_interval: int = 50
     log_interval: int = 10
     recompute: str = "none"  # none | selective | full
-    compile: str = "auto"  # torch.compile each transformer layer (regional compilation): auto (on for GPUs) | true | false
+    compile: str = (
+        "auto"  # torch.compile each transformer layer (regional compilation): auto (on for GPUs) | true | false
+    )
     exit_signal_handler: bool = True  # SIGUSR1/SIGTERM -> checkpoint at next step, exit for requeue
     stop_after: int = 0  # stop (as if interrupted) after this many steps; 0 = off. For tests and budget runs
     # [START, END]: torch.profiler traces of steps START..END of the run under save_dir/profile/ (and on CUDA a
@@ -170,7 +187,9 @@ class TrainConfig:
     # rank's stacks to save_dir/hang/ and exits 3 (requeue); the collective timeout of the process group
     hang_timeout_s: float = 0.0  # a step (or validation/save) longer than this hangs; 0 = off
     hang_factor: float = 0.0  # a step longer than this x the median step time hangs (after 3 steps); 0 = off
-    distributed_timeout_s: int = 600  # torch.distributed timeout of collectives (Megatron's --distributed-timeout-minutes)
+    distributed_timeout_s: int = (
+        600  # torch.distributed timeout of collectives (Megatron's --distributed-timeout-minutes)
+    )
     # batch-size ramp (Megatron's --rampup-batch-size START INCREMENT SAMPLES; [] = off): the global batch grows
     # from START by INCREMENT over SAMPLES consumed samples to global_batch_size; LR schedule then in samples
     batch_ramp: list[int] = field(default_factory=list)
@@ -231,7 +250,9 @@ class LoggingConfig:
     run_name: str = ""
     plot: bool = True  # write loss_curve.png at the end
     x_axis: str = "step"  # TensorBoard/wandb x-axis: step | tokens | samples (consumed, logged every step)
-    verbose: bool = False  # = pretrain.py --verbose: the libraries' warnings, logs and progress bars too (known_warnings.py)
+    verbose: bool = (
+        False  # = pretrain.py --verbose: the libraries' warnings, logs and progress bars too (known_warnings.py)
+    )
 
 
 @dataclass
@@ -390,7 +411,9 @@ def _build_options(group: str, data: dict, prefix: str) -> KindOptions:
     specs = catalog.option_specs(group)
     for key in data:
         if key not in specs:
-            raise ConfigError(f"unknown config key {prefix + key!r}{_suggest(key, specs)} (no {group} kind declares it)")
+            raise ConfigError(
+                f"unknown config key {prefix + key!r}{_suggest(key, specs)} (no {group} kind declares it)"
+            )
     out = KindOptions()
     for name, spec in sorted(specs.items()):
         value = _coerce(data[name], spec.type, prefix + name) if name in data else spec.default
@@ -464,9 +487,7 @@ def validate(cfg: Config) -> None:
     if m.layout == "roberta" and arch_of(m.arch).causal:
         raise ConfigError("model.layout=roberta is an encoder layout; set model.arch=encoder or model.layout=prenorm")
     if m.hidden_size % m.num_heads:
-        raise ConfigError(
-            f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}"
-        )
+        raise ConfigError(f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}")
     groups = m.num_query_groups or m.num_heads
     if m.num_heads % groups:
         raise ConfigError(f"model.num_heads={m.num_heads} is not divisible by model.num_query_groups={groups}")
@@ -482,14 +503,18 @@ def validate(cfg: Config) -> None:
     if m.ffn_hidden_size % p.tensor:
         raise ConfigError(f"parallel.tensor={p.tensor} does not divide model.ffn_hidden_size={m.ffn_hidden_size}")
     if p.sequence and p.tensor == 1:
-        raise ConfigError("parallel.sequence=true needs parallel.tensor >= 2 (sequence parallelism splits over the TP group)")
+        raise ConfigError(
+            "parallel.sequence=true needs parallel.tensor >= 2 (sequence parallelism splits over the TP group)"
+        )
     if cfg.data.seq_length > m.max_position_embeddings:
         raise ConfigError(
             f"data.seq_length={cfg.data.seq_length} exceeds model.max_position_embeddings="
             f"{m.max_position_embeddings}; lower data.seq_length or raise the position limit"
         )
     if p.sequence and cfg.data.seq_length % p.tensor:
-        raise ConfigError(f"data.seq_length={cfg.data.seq_length} must be divisible by parallel.tensor={p.tensor} under sequence parallelism")
+        raise ConfigError(
+            f"data.seq_length={cfg.data.seq_length} must be divisible by parallel.tensor={p.tensor} under sequence parallelism"
+        )
     t = cfg.train
     objective_spec(t.objective)  # an unknown one: "train.objective must be clm, mlm or sr, got ..."
     if t.sr_random not in ("codes", "batch"):

@@ -11,6 +11,7 @@ key, the value and the allowed range::
 meaning)``; ``None`` bounds are unbounded. tests/test_config.py checks that every numeric field of
 the tree has an entry, so a new field cannot skip validation.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -111,8 +112,9 @@ def check_value(key: str, value, rule: tuple | None = None) -> None:
     if not bad and high is not None:
         bad = value >= high if high_open else value > high
     if bad:
-        raise ConfigError(f"config key {key!r} must be {_range_text(low, high, low_open, high_open)} ({meaning}), "
-                          f"got {value!r}")
+        raise ConfigError(
+            f"config key {key!r} must be {_range_text(low, high, low_open, high_open)} ({meaning}), got {value!r}"
+        )
 
 
 def numeric_fields(cls, prefix: str = "") -> list[str]:
@@ -144,30 +146,38 @@ def check_ranges(cfg) -> None:
         check_value(key, value)  # kind options: checked where they are built (config._build_options)
     t, d = cfg.train, cfg.data
     if t.global_batch_size % t.micro_batch_size:
-        raise ConfigError(f"train.global_batch_size={t.global_batch_size} must be a multiple of "
-                          f"train.micro_batch_size={t.micro_batch_size}")
+        raise ConfigError(
+            f"train.global_batch_size={t.global_batch_size} must be a multiple of "
+            f"train.micro_batch_size={t.micro_batch_size}"
+        )
     if t.min_lr > t.lr:
         raise ConfigError(f"train.min_lr={t.min_lr} must be <= train.lr={t.lr}")
     check_batch_ramp(t)
     if 0 < t.spike_factor <= 1:
-        raise ConfigError(f"train.spike_factor={t.spike_factor} must be 0 (off) or > 1 (a spike is a loss above "
-                          f"that many times the running median)")
+        raise ConfigError(
+            f"train.spike_factor={t.spike_factor} must be 0 (off) or > 1 (a spike is a loss above "
+            f"that many times the running median)"
+        )
     _check_split(d.split)
     parse_valid(d.valid)  # data.valid: NAME=PREFIX entries, names unique
     _check_profile_steps(t.profile_steps, t.steps)
     if t.hang_factor and t.hang_factor <= 1:
-        raise ConfigError(f"train.hang_factor={t.hang_factor} must be > 1 (a multiple of the median step time) "
-                          f"or 0 (off)")
+        raise ConfigError(
+            f"train.hang_factor={t.hang_factor} must be > 1 (a multiple of the median step time) or 0 (off)"
+        )
     if t.hang_timeout_s and t.hang_timeout_s >= t.distributed_timeout_s:
-        raise ConfigError(f"train.hang_timeout_s={t.hang_timeout_s:g} must be below train.distributed_timeout_s="
-                          f"{t.distributed_timeout_s} (a collective timing out first ends the rank as a failure, "
-                          f"not for requeue)")
+        raise ConfigError(
+            f"train.hang_timeout_s={t.hang_timeout_s:g} must be below train.distributed_timeout_s="
+            f"{t.distributed_timeout_s} (a collective timing out first ends the rank as a failure, "
+            f"not for requeue)"
+        )
     _check_optimizer(t)
     if t.qat_bits not in (0, 4, 6, 8):
         raise ConfigError(f"train.qat_bits must be 0 (off), 4, 6 or 8, got {t.qat_bits}")
     if t.qat_bits and t.zero_stage == 3:
-        raise ConfigError("train.qat_bits needs train.zero_stage 0, 1 or 2 (ZeRO-3 partitions the weights "
-                          "it fake-quantizes)")
+        raise ConfigError(
+            "train.qat_bits needs train.zero_stage 0, 1 or 2 (ZeRO-3 partitions the weights it fake-quantizes)"
+        )
     if d.verify not in ("cheap", "full", "none"):
         raise ConfigError(f"config key 'data.verify' must be cheap, full or none, got {d.verify!r}")
 
@@ -177,11 +187,14 @@ def _check_optimizer(t) -> None:
     if t.optimizer not in ("adamw", "muon"):
         raise ConfigError(f"config key 'train.optimizer' must be adamw or muon, got {t.optimizer!r}")
     if t.muon_adjust_lr not in ("original", "match_rms_adamw"):
-        raise ConfigError(f"config key 'train.muon_adjust_lr' must be original or match_rms_adamw, "
-                          f"got {t.muon_adjust_lr!r}")
+        raise ConfigError(
+            f"config key 'train.muon_adjust_lr' must be original or match_rms_adamw, got {t.muon_adjust_lr!r}"
+        )
     if t.optimizer == "muon" and t.zero_stage == 3:
-        raise ConfigError("train.optimizer=muon orthogonalizes whole matrices and ZeRO stage 3 partitions them into "
-                          "flat slices; set train.zero_stage=0 (or train.optimizer=adamw)")
+        raise ConfigError(
+            "train.optimizer=muon orthogonalizes whole matrices and ZeRO stage 3 partitions them into "
+            "flat slices; set train.zero_stage=0 (or train.optimizer=adamw)"
+        )
 
 
 def check_muon_layout(t, stage: int, bf16_params: bool) -> None:
@@ -193,19 +206,28 @@ def check_muon_layout(t, stage: int, bf16_params: bool) -> None:
         raise ConfigError(
             f"train.optimizer=muon orthogonalizes whole matrices and ZeRO stage {stage} partitions them into flat "
             f"slices over the data-parallel ranks; set train.zero_stage=0 (gradients all-reduced, Muon's one "
-            f"momentum buffer per matrix on every rank) or train.optimizer=adamw")
+            f"momentum buffer per matrix on every rank) or train.optimizer=adamw"
+        )
     if bf16_params:
-        raise ConfigError("train.optimizer=muon needs fp32 parameters (DeepSpeed's bf16 optimizer keeps flat "
-                          "masters); use train.precision=bf16 (autocast over fp32 parameters)")
+        raise ConfigError(
+            "train.optimizer=muon needs fp32 parameters (DeepSpeed's bf16 optimizer keeps flat "
+            "masters); use train.precision=bf16 (autocast over fp32 parameters)"
+        )
 
 
 def _check_profile_steps(steps: list, total: int) -> None:
     """``train.profile_steps``: [] (off) or [START, END] with 1 <= START <= END <= train.steps."""
     if not steps:
         return
-    why = ("must be two step numbers [start, end] ([] = off)" if len(steps) != 2 else
-           f"must lie within 1..train.steps={total}" if not (1 <= steps[0] <= total and 1 <= steps[1] <= total) else
-           "must have end >= start" if steps[1] < steps[0] else None)
+    why = (
+        "must be two step numbers [start, end] ([] = off)"
+        if len(steps) != 2
+        else f"must lie within 1..train.steps={total}"
+        if not (1 <= steps[0] <= total and 1 <= steps[1] <= total)
+        else "must have end >= start"
+        if steps[1] < steps[0]
+        else None
+    )
     if why:
         raise ConfigError(f"config key 'train.profile_steps' {why}, got {steps!r}")
 
@@ -218,8 +240,10 @@ def check_batch_ramp(t, dp_size: int = 1) -> None:
     if not ramp:
         return
     if len(ramp) != 3:
-        raise ConfigError(f"train.batch_ramp must be [START, INCREMENT, SAMPLES] (Megatron's --rampup-batch-size) "
-                          f"or [] (off), got {ramp}")
+        raise ConfigError(
+            f"train.batch_ramp must be [START, INCREMENT, SAMPLES] (Megatron's --rampup-batch-size) "
+            f"or [] (off), got {ramp}"
+        )
     start, inc, samples = ramp
     if start < 1 or inc < 1 or samples < 1:
         raise ConfigError(f"train.batch_ramp={ramp}: START and INCREMENT (sequences) and SAMPLES must be >= 1")
@@ -229,12 +253,16 @@ def check_batch_ramp(t, dp_size: int = 1) -> None:
         if v % per:
             raise ConfigError(f"train.batch_ramp {name} {v} is not a multiple of {where}; pick a multiple of {per}")
     if start >= gbs:
-        raise ConfigError(f"train.batch_ramp START {start} must be below train.global_batch_size={gbs} (the batch "
-                          f"it ramps to); lower START or set train.batch_ramp=[]")
+        raise ConfigError(
+            f"train.batch_ramp START {start} must be below train.global_batch_size={gbs} (the batch "
+            f"it ramps to); lower START or set train.batch_ramp=[]"
+        )
     if (gbs - start) % inc:
         fits = [d for d in range(per, gbs - start + 1, per) if (gbs - start) % d == 0]
-        raise ConfigError(f"train.batch_ramp INCREMENT {inc} does not divide train.global_batch_size - START = "
-                          f"{gbs} - {start} = {gbs - start}; pick INCREMENT among {fits}")
+        raise ConfigError(
+            f"train.batch_ramp INCREMENT {inc} does not divide train.global_batch_size - START = "
+            f"{gbs} - {start} = {gbs - start}; pick INCREMENT among {fits}"
+        )
 
 
 # data.valid (megahash/data/valid_sets.py)
@@ -250,8 +278,9 @@ def parse_valid(entries) -> list[tuple[str, str]]:
         if not eq or not prefix:
             raise ConfigError(f"data.valid entry {entry!r} must be NAME=PREFIX (e.g. data.valid=[wiki=data/wiki/wiki])")
         if not VALID_NAME.match(name) or name == "valid":
-            raise ConfigError(f"data.valid name {name!r} must be letters, digits, _ . - and not 'valid' "
-                              f"(the data.split set's name)")
+            raise ConfigError(
+                f"data.valid name {name!r} must be letters, digits, _ . - and not 'valid' (the data.split set's name)"
+            )
         if name in seen:
             raise ConfigError(f"data.valid names {name!r} twice; give each set its own name")
         seen.add(name)
@@ -267,8 +296,10 @@ def _check_split(split: str) -> None:
     except ValueError:
         nums = []
     if not 1 <= len(nums) <= 3 or any(not math.isfinite(x) or x < 0 for x in nums) or nums[0] <= 0:
-        raise ConfigError(f"config key 'data.split' must be up to three non-negative weights train,valid,test with "
-                          f"train > 0 (e.g. 98,2,0), got {split!r}")
+        raise ConfigError(
+            f"config key 'data.split' must be up to three non-negative weights train,valid,test with "
+            f"train > 0 (e.g. 98,2,0), got {split!r}"
+        )
 
 
 def check_documents(cfg, kinds: list[str], caps_of) -> None:
@@ -278,5 +309,7 @@ def check_documents(cfg, kinds: list[str], caps_of) -> None:
         return
     for kind in dict.fromkeys(kinds):
         if not getattr(caps_of(kind), "documents", True):
-            raise ConfigError(f"data.reset_attention_mask=true: attention kind {kind!r} cannot keep attention inside "
-                              f"documents; use another model.schedule or data.reset_attention_mask=false")
+            raise ConfigError(
+                f"data.reset_attention_mask=true: attention kind {kind!r} cannot keep attention inside "
+                f"documents; use another model.schedule or data.reset_attention_mask=false"
+            )

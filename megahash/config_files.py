@@ -4,6 +4,7 @@ The repository's ``configs/`` folder is installed as package data ``megahash/con
 an installed megahash finds its model sizes, DeepSpeed ZeRO files and grids from any directory; a
 source checkout (``PYTHONPATH``, editable install) uses ``configs/`` beside the package.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,7 +29,7 @@ def find_config(path: str | os.PathLike) -> Path:
     if p.exists() or p.is_absolute():
         return p
     name = p.as_posix()
-    name = name[len("configs/"):] if name.startswith("configs/") else name
+    name = name[len("configs/") :] if name.startswith("configs/") else name
     for cand in (CONFIG_ROOT / name, CONFIG_ROOT / f"{name}.yaml", CONFIG_ROOT / "model" / f"{name}.yaml"):
         if cand.is_file():
             return cand

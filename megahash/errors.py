@@ -1,4 +1,5 @@
 """Errors that reach the user as one line (entry points print ``error: <message>`` and exit 2)."""
+
 import difflib
 
 

@@ -13,6 +13,7 @@ DeepSpeed take 20-30 s to import on a cold machine; a wrong path should not wait
 
 Each problem is one :class:`~megahash.errors.MegahashError` line naming the key and the fix.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,8 +35,10 @@ def check_training_inputs(cfg) -> None:
         if not (Path(t.resume) / STATE_FILE).is_file():
             raise CheckpointError(f"train.resume={t.resume} is not a complete megahash checkpoint")
     if cfg.eval.at_end and cfg.eval.tasks_dir and not os.path.isdir(cfg.eval.tasks_dir):
-        raise ConfigError(f"eval.tasks_dir {cfg.eval.tasks_dir} does not exist; build it with "
-                          f"`python data_tools/make_eval_tasks.py --out {cfg.eval.tasks_dir} ...` or fix eval.tasks_dir")
+        raise ConfigError(
+            f"eval.tasks_dir {cfg.eval.tasks_dir} does not exist; build it with "
+            f"`python data_tools/make_eval_tasks.py --out {cfg.eval.tasks_dir} ...` or fix eval.tasks_dir"
+        )
 
 
 def check_shards(cfg) -> dict:
@@ -67,9 +70,13 @@ def check_tokenizer(cfg, meta: dict):
     except TokenizerError as e:
         raise DataError(f"data.tokenizer: {e}; set data.tokenizer to the tokenizer of the shards{hint}") from None
     if made.get("vocab_size") and int(made["vocab_size"]) != tok.vocab_size:
-        raise DataError(f"data.tokenizer {spec!r} has {tok.vocab_size} entries, the shards' tokenizer "
-                        f"{made['vocab_size']}; set data.tokenizer to the tokenizer of the shards{hint}")
+        raise DataError(
+            f"data.tokenizer {spec!r} has {tok.vocab_size} entries, the shards' tokenizer "
+            f"{made['vocab_size']}; set data.tokenizer to the tokenizer of the shards{hint}"
+        )
     if made.get("sha256") and made.get("kind") == tok.kind and made["sha256"] != tok.sha256:
-        raise DataError(f"data.tokenizer {spec!r} is not the tokenizer the shards were made with (sha256 differs); "
-                        f"set data.tokenizer to the tokenizer of the shards{hint}")
+        raise DataError(
+            f"data.tokenizer {spec!r} is not the tokenizer the shards were made with (sha256 differs); "
+            f"set data.tokenizer to the tokenizer of the shards{hint}"
+        )
     return tok

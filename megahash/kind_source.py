@@ -18,6 +18,7 @@ recursively); a name imported from any other module (a kind file, ``megahash/ops
 read from that module's source the same way; a name from torch, megatron-core or another third-party
 package is a one-line error.
 """
+
 from __future__ import annotations
 
 import ast
@@ -33,8 +34,12 @@ from pathlib import Path
 from megahash.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent  # the megahash package
-REGISTER = {"register_attention": "attention", "register_embedding": "embedding", "register_head": "head",
-            "register_input": "input"}  # register line -> group
+REGISTER = {
+    "register_attention": "attention",
+    "register_embedding": "embedding",
+    "register_head": "head",
+    "register_input": "input",
+}  # register line -> group
 BUILTINS = frozenset(dir(builtins)) | {"__name__", "__class__", "__file__"}
 
 
@@ -120,7 +125,7 @@ def resolve(module: str | None, level: int, here: str, is_package: bool) -> str:
     parts = here.split(".") if here else []
     if not is_package:
         parts = parts[:-1]
-    parts = parts[:len(parts) - (level - 1)] if level > 1 else parts
+    parts = parts[: len(parts) - (level - 1)] if level > 1 else parts
     return ".".join(parts + ([module] if module else []))
 
 
@@ -133,7 +138,11 @@ def free_names(node, annotations: bool = True) -> set:
         skip = {id(d) for d in node.decorator_list if is_reference_decorator(d)}
     if not annotations:
         skip |= {id(n.annotation) for n in ast.walk(node) if isinstance(n, (ast.AnnAssign, ast.arg)) and n.annotation}
-        skip |= {id(n.returns) for n in ast.walk(node) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.returns}
+        skip |= {
+            id(n.returns)
+            for n in ast.walk(node)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.returns
+        }
     todo = [node]
     while todo:
         n = todo.pop()
@@ -156,7 +165,8 @@ def free_names(node, annotations: bool = True) -> set:
 def is_reference_decorator(d: ast.expr) -> bool:
     f = d.func if isinstance(d, ast.Call) else d
     return (isinstance(f, ast.Name) and f.id == "register_reference") or (
-        isinstance(f, ast.Attribute) and f.attr == "register_reference")
+        isinstance(f, ast.Attribute) and f.attr == "register_reference"
+    )
 
 
 class KindFile:
@@ -182,8 +192,12 @@ class KindFile:
         """Every ``register_<group>("name", ...)`` call of the file (decorator or plain call)."""
         out = []
         for node in ast.walk(self.tree):
-            if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
-                    and isinstance(node.args[0].value, str):
+            if (
+                isinstance(node, ast.Call)
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
                 fn = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
                 if fn in REGISTER:
                     out.append(Registration(REGISTER[fn], node.args[0].value, node))
@@ -191,24 +205,32 @@ class KindFile:
 
     def reference_defs(self) -> list:
         """The top-level definitions decorated ``@register_reference`` (the plain-torch reference)."""
-        return [n for n in self.tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))
-                and any(map(is_reference_decorator, n.decorator_list))]
+        return [
+            n
+            for n in self.tree.body
+            if isinstance(n, (ast.ClassDef, ast.FunctionDef)) and any(map(is_reference_decorator, n.decorator_list))
+        ]
 
     def public_names(self) -> set:
         """Public top-level names the file defines (classes, functions, constants; not its imports)."""
-        return {n for n, node in self.bindings.items() if not n.startswith("_")
-                and not isinstance(node, (ast.Import, ast.ImportFrom))}
+        return {
+            n
+            for n, node in self.bindings.items()
+            if not n.startswith("_") and not isinstance(node, (ast.Import, ast.ImportFrom))
+        }
 
     def text(self, node) -> str:
-        return "\n".join(self.lines[node.lineno - 1:node.end_lineno])
+        return "\n".join(self.lines[node.lineno - 1 : node.end_lineno])
 
     # ------------------------------------------------------------------ what a definition needs
 
     @property
     def lazy_annotations(self) -> bool:
         """Does the file say ``from __future__ import annotations`` (its annotations never run)?"""
-        return any(isinstance(n, ast.ImportFrom) and n.module == "__future__" and any(a.name == "annotations" for a in n.names)
-                   for n in self.tree.body)
+        return any(
+            isinstance(n, ast.ImportFrom) and n.module == "__future__" and any(a.name == "annotations" for a in n.names)
+            for n in self.tree.body
+        )
 
     def closure(self, roots, annotations: bool = True) -> tuple[list, dict, dict]:
         """(top-level statements ``roots`` need, in file order, ``roots`` included; {name: referrer} of the
@@ -271,7 +293,11 @@ class KindFile:
             module, attr = self.import_of(name)
             self._env[name] = self._import(module, attr, name, by)
         for node in stmts:
-            if id(node) in self._done or not isinstance(node, ast.stmt) or isinstance(node, (ast.Import, ast.ImportFrom)):
+            if (
+                id(node) in self._done
+                or not isinstance(node, ast.stmt)
+                or isinstance(node, (ast.Import, ast.ImportFrom))
+            ):
                 continue
             self._done.add(id(node))
             # annotations evaluated (dataclass fields need no module of their own): they must be torch-free too
@@ -279,8 +305,10 @@ class KindFile:
             try:
                 exec(code, self._env)  # noqa: S102
             except NameError as e:  # a name the file binds nowhere
-                raise ConfigError(f"{self.path.name}: {getattr(node, 'name', f'line {node.lineno}')} uses "
-                                  f"{e.name}, which the file does not define") from None
+                raise ConfigError(
+                    f"{self.path.name}: {getattr(node, 'name', f'line {node.lineno}')} uses "
+                    f"{e.name}, which the file does not define"
+                ) from None
 
     def _import(self, module: str, attr: str | None, name: str, by):
         if is_light(module):
@@ -288,8 +316,10 @@ class KindFile:
             return mod if attr is None else getattr(mod, attr)
         path = module_file(module) if attr is not None else None
         if path is None:
-            raise ConfigError(f"{self.path.name}: {by or name} uses {name} from {module}, which is not torch-free "
-                              "(cost, option and caps values run without torch)")
+            raise ConfigError(
+                f"{self.path.name}: {by or name} uses {name} from {module}, which is not torch-free "
+                "(cost, option and caps values run without torch)"
+            )
         return read(path).value(attr)
 
 
@@ -299,7 +329,9 @@ def _bound_by(node) -> list[str]:
     if isinstance(node, (ast.Import, ast.ImportFrom)):
         return [(a.asname or a.name.split(".")[0]) for a in node.names if a.name != "*"]
     if isinstance(node, ast.Assign):
-        return [n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+        return [
+            n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+        ]
     if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
         return [node.target.id]
     return []

@@ -42,6 +42,7 @@ Warnings of one call site are silenced only around that call (:func:`silenced`),
   ShardedTensors megatron-core builds its dist checkpoints from (megatron-core's format, not ours to
   change); the loaded values are checked (tests/training/test_training.py, tests/convert/test_convert.py).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -75,8 +76,10 @@ DIST_CHECKPOINT_LOAD = [
 ]
 QUIET_LOGGERS = ("DeepSpeed", "deepspeed")
 # logger -> messages (prefixes) dropped from it
-QUIET_MESSAGES = {"megatron.core.transformer.transformer_layer": ("Unknown MLP type",),
-                  "DeepSpeed": ("Setting accelerator to CPU",)}
+QUIET_MESSAGES = {
+    "megatron.core.transformer.transformer_layer": ("Unknown MLP type",),
+    "DeepSpeed": ("Setting accelerator to CPU",),
+}
 # lines libraries print (stdout): DeepSpeed building its CPU communication op, lm-eval per bootstrapped metric
 SHM_BUILD_PRINTS = ("DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully",)
 LM_EVAL_PRINTS = ("bootstrapping for stddev:",)
@@ -91,6 +94,7 @@ class _DropMessages(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not str(record.msg).startswith(self.prefixes)
+
 
 _installed = False
 _undo: dict = {}

@@ -10,6 +10,7 @@ handed to the same ``torch.compile`` on its first call, where ``torch.compile`` 
 anyway. Inside a region torch.compile is tracing (``train.compile``), the plain function is called,
 which dynamo inlines as it inlines a nested compiled function.
 """
+
 from __future__ import annotations
 
 import functools

@@ -7,6 +7,7 @@ functions, so config checks and ``megahash params`` read the specs without it. T
 the objectives package, not in it: the model layer asks it (which head, is it the plain causal LM) while
 the objectives read the model layer's kind capabilities.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -26,7 +27,9 @@ class ObjectiveSpec:
     name: str
     token_loss: bool = True  # the loss is nats per vocabulary token of model.head's targets (else its head's classes)
     next_token: bool = False  # predicts the next token: perplexity and bits per byte, lm-eval scoring, Qwen2 export
-    corrupt: Callable | None = None  # corrupt(tokens, hash_codes, generator, special_ids, **kw) -> batch; None: the dataset's shifted batch
+    corrupt: Callable | None = (
+        None  # corrupt(tokens, hash_codes, generator, special_ids, **kw) -> batch; None: the dataset's shifted batch
+    )
     options: Callable | None = None  # options(cfg, vocab_size) -> extra ``corrupt`` keywords (None: none)
     head: str | None = None  # a head of its own (registered selectable=False), trained instead of model.head
     arch: str = "decoder"  # the model.arch it is made for (examples and tests; not enforced)

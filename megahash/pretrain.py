@@ -9,6 +9,7 @@
 Exit status: 0 done, 2 bad input (one-line ``error:`` message), 3 stopped by SIGUSR1/SIGTERM
 after checkpointing (SLURM scripts requeue on it).
 """
+
 from __future__ import annotations
 
 import gc
@@ -27,21 +28,42 @@ import argparse  # noqa: E402
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="megahash-pretrain", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", action="append", default=None,
-                   help="YAML config (configs/...); repeat to merge several, left to right (later files win)")
-    p.add_argument("--deepspeed", nargs="?", const=True, default=None,
-                   help="DeepSpeed's flag (always on); `--deepspeed FILE` (Hugging Face style) = --deepspeed_config FILE")
-    p.add_argument("--deepspeed_config", "--deepspeed-config", default=None,
-                   help="a DeepSpeed JSON (= train.deepspeed_config); merged with megahash's keys, "
-                        "conflicts refused in one line (megahash/training/ds_config.py)")
-    p.add_argument("--check", choices=("config", "inputs"), default=None,
-                   help="check without training (no torch import) and print train.save_dir: `config` the config, "
-                        "schedule, embeddings and DeepSpeed JSON; `inputs` also the shards, tokenizer and resume path "
-                        "(launch/quickstart.sh runs it before its launcher, whose output would bury the error line)")
-    p.add_argument("--verbose", action="store_true",
-                   help="= logging.verbose=true: also the libraries' known-harmless warnings, logs and progress bars")
+    p = argparse.ArgumentParser(
+        prog="megahash-pretrain", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--config",
+        action="append",
+        default=None,
+        help="YAML config (configs/...); repeat to merge several, left to right (later files win)",
+    )
+    p.add_argument(
+        "--deepspeed",
+        nargs="?",
+        const=True,
+        default=None,
+        help="DeepSpeed's flag (always on); `--deepspeed FILE` (Hugging Face style) = --deepspeed_config FILE",
+    )
+    p.add_argument(
+        "--deepspeed_config",
+        "--deepspeed-config",
+        default=None,
+        help="a DeepSpeed JSON (= train.deepspeed_config); merged with megahash's keys, "
+        "conflicts refused in one line (megahash/training/ds_config.py)",
+    )
+    p.add_argument(
+        "--check",
+        choices=("config", "inputs"),
+        default=None,
+        help="check without training (no torch import) and print train.save_dir: `config` the config, "
+        "schedule, embeddings and DeepSpeed JSON; `inputs` also the shards, tokenizer and resume path "
+        "(launch/quickstart.sh runs it before its launcher, whose output would bury the error line)",
+    )
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="= logging.verbose=true: also the libraries' known-harmless warnings, logs and progress bars",
+    )
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=100 parallel.tensor=2")
     args = p.parse_args(argv)
@@ -122,8 +144,9 @@ def _main(argv=None) -> int:
         def evaluate_at_end(save_dir):  # cfg.eval.at_end: lm-eval on the final checkpoint, rank 0
             from megahash.eval.run import evaluate_checkpoint
 
-            evaluate_checkpoint(save_dir, cfg.eval.tasks or None, cfg.eval.tasks_dir or None, None,
-                                batch_size=cfg.eval.batch_size)
+            evaluate_checkpoint(
+                save_dir, cfg.eval.tasks or None, cfg.eval.tasks_dir or None, None, batch_size=cfg.eval.batch_size
+            )
 
         return train(cfg, at_end=evaluate_at_end if cfg.eval.at_end else None)
 

@@ -36,6 +36,7 @@ Special ids are the tokenizer's own, by role (``ROLES``: bos, pad, eos, unk, mas
 tokenizer lacks is ``None``). They are recorded in the shard meta (``tokenizer.special_ids``) and in
 the checkpoint (``data.special_ids``); nothing else may assume the word-tokenizer ids 0-4.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -104,9 +105,15 @@ class MegahashTokenizer:
         return self.role_id("pad", self.eos_id if self.eos_id is not None else 0)
 
     def to_meta(self) -> dict:
-        return {"kind": self.kind, "path": self.spec, "file": self.path, "sha256": self.sha256,
-                "vocab_size": self.vocab_size, "special_ids": dict(self.special_ids),
-                "special_tokens": dict(self.special_tokens)}
+        return {
+            "kind": self.kind,
+            "path": self.spec,
+            "file": self.path,
+            "sha256": self.sha256,
+            "vocab_size": self.vocab_size,
+            "special_ids": dict(self.special_ids),
+            "special_tokens": dict(self.special_tokens),
+        }
 
     def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
         return [self.encode(t) for t in texts]
@@ -157,7 +164,9 @@ class SentencePieceTokenizer(MegahashTokenizer):
         self.special_ids = {r: (int(ids[r]) if ids[r] is not None and ids[r] >= 0 else None) for r in ROLES}
         self.special_tokens = {r: (sp.id_to_piece(i) if i is not None else None) for r, i in self.special_ids.items()}
         self.hash_pieces = [sp.id_to_piece(i) for i in range(self.vocab_size)]
-        flags = [sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i) or sp.is_byte(i) for i in range(self.vocab_size)]
+        flags = [
+            sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i) or sp.is_byte(i) for i in range(self.vocab_size)
+        ]
         self.special_flags = np.array(flags, dtype=bool)
 
     def encode(self, text: str) -> list[int]:
@@ -193,7 +202,11 @@ class SentencePieceTokenizer(MegahashTokenizer):
 @lru_cache(maxsize=1)
 def _byte_decoder() -> dict:
     """GPT-2's byte <-> printable character map, inverted (character -> byte)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + list(range(ord("\xae"), ord("\xff") + 1))
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("\xa1"), ord("\xac") + 1))
+        + list(range(ord("\xae"), ord("\xff") + 1))
+    )
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -330,8 +343,12 @@ HUB_TIMEOUT_S = 3.0
 def _path_like(spec: str) -> bool:
     """A spec that names a local file or folder, never a hub repository (see the module docstring)."""
     head, sep, _ = spec.partition("/")
-    return (spec.startswith((".", "~", "/")) or spec.endswith(_FILE_SUFFIXES) or spec.count("/") > 1
-            or bool(sep and os.path.isdir(head)))
+    return (
+        spec.startswith((".", "~", "/"))
+        or spec.endswith(_FILE_SUFFIXES)
+        or spec.count("/") > 1
+        or bool(sep and os.path.isdir(head))
+    )
 
 
 def _hub_source(name: str) -> str:
@@ -341,7 +358,9 @@ def _hub_source(name: str) -> str:
     from huggingface_hub import constants, get_session, try_to_load_from_cache
 
     try:
-        cached = any(isinstance(try_to_load_from_cache(name, f), str) for f in ("tokenizer_config.json", "tokenizer.json"))
+        cached = any(
+            isinstance(try_to_load_from_cache(name, f), str) for f in ("tokenizer_config.json", "tokenizer.json")
+        )
     except ValueError as e:  # huggingface_hub's HFValidationError: not a valid repository name either
         raise TokenizerError(f"tokenizer not found: {name!r} (no such file, and {_one_line(e)[:120]})") from None
     why = "offline (HF_HUB_OFFLINE)"
@@ -356,7 +375,8 @@ def _hub_source(name: str) -> str:
     raise TokenizerError(
         f"cannot load Hugging Face tokenizer {name!r}: no such local file, and {why} with no copy in the local "
         f"Hugging Face cache; download it where the hub answers (`hf download {name}`), or pass its tokenizer.json, "
-        f"a tokenizer folder or a sentencepiece .model")
+        f"a tokenizer folder or a sentencepiece .model"
+    )
 
 
 def _hf_from_name(name: str) -> HFTokenizer:
@@ -369,7 +389,8 @@ def _hf_from_name(name: str) -> HFTokenizer:
     except Exception as e:  # noqa: BLE001 - hub/network errors come in many types
         raise TokenizerError(
             f"cannot load Hugging Face tokenizer {name!r} ({_one_line(e)[:160]}); offline, pass its tokenizer.json, "
-            f"a tokenizer folder or a sentencepiece .model instead") from None
+            f"a tokenizer folder or a sentencepiece .model instead"
+        ) from None
     config = {f"{r}_token": getattr(t, f"{r}_token", None) for r in ROLES}
     return HFTokenizer(backend.to_str(), name, name, {k: v for k, v in config.items() if v})
 
@@ -414,7 +435,8 @@ def load_tokenizer(spec: str, base_dirs: Sequence = ()) -> MegahashTokenizer:
         return _hf_from_name(spec)
     raise TokenizerError(
         f"tokenizer not found: {spec!r} (give a sentencepiece .model, a tokenizer.json, a Hugging Face tokenizer "
-        f"folder or name, or 'words')")
+        f"folder or name, or 'words')"
+    )
 
 
 class WordTable:

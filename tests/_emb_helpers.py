@@ -1,5 +1,6 @@
 """Helpers of tests/models/test_embeddings.py and tests/objectives/test_objectives.py: real words (Shakespeare), their
 hash codes from the data-stage hashing API, tiny configs, and the 2-rank TP parity worker."""
+
 from __future__ import annotations
 
 import functools
@@ -17,8 +18,10 @@ _FASTER = {"pool": ["model.embed.options.pool_bits=6"], "rolling": ["model.embed
 def _registered_embeddings() -> dict:
     from megahash import catalog
 
-    return {k: (catalog.caps("embedding", k).example_hash_spec, _FASTER.get(k, []))
-            for k in sorted(catalog.names("embedding"))}
+    return {
+        k: (catalog.caps("embedding", k).example_hash_spec, _FASTER.get(k, []))
+        for k in sorted(catalog.names("embedding"))
+    }
 
 
 KINDS = _registered_embeddings()
@@ -80,7 +83,7 @@ def word_batches(spec: str, batch: int, seq: int, n_batches: int, vocab_size: in
     out = []
     n = seq - 1
     for k in range(n_batches):
-        chunk = words[offset + k * batch * n: offset + (k + 1) * batch * n]
+        chunk = words[offset + k * batch * n : offset + (k + 1) * batch * n]
         codes = codes_for(chunk, spec).reshape(batch, n, -1)
         tok = np.array([ids.get(w, 3) if vocab_size else 5 for w in chunk]).reshape(batch, n)
         codes = np.where((tok < 5)[..., None], 0, codes).astype(codes.dtype)
@@ -94,11 +97,20 @@ def tiny_cfg(kind: str, extra=(), hidden: int = 64, layers: int = 2, seq: int = 
     from megahash.config import load_config
 
     spec, more = KINDS[kind]
-    return load_config(None, [
-        f"model.hidden_size={hidden}", f"model.num_layers={layers}", "model.num_heads=4",
-        f"model.ffn_hidden_size={4 * hidden}", f"data.seq_length={seq}", f"model.embedding={kind}",
-        f"model.embed.hash_spec={spec}", *more, *extra,
-    ])
+    return load_config(
+        None,
+        [
+            f"model.hidden_size={hidden}",
+            f"model.num_layers={layers}",
+            "model.num_heads=4",
+            f"model.ffn_hidden_size={4 * hidden}",
+            f"data.seq_length={seq}",
+            f"model.embedding={kind}",
+            f"model.embed.hash_spec={spec}",
+            *more,
+            *extra,
+        ],
+    )
 
 
 # ------------------------------------------------------------------------------ TP parity worker
@@ -126,8 +138,16 @@ def parity_worker(rank: int, world: int, port: int, out_path: str) -> None:
     """One 2-rank gloo launch: for tp/sp in (1, off), (2, off), (2, on) build every PARITY_CASES
     model with the same seed, run one forward/backward on the same batch and record the loss and
     the global gradients of the embedding and head parameters (rank 0 saves them)."""
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-                       "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": "1"})
+    os.environ.update(
+        {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank),
+            "OMP_NUM_THREADS": "1",
+        }
+    )
     torch.set_num_threads(1)
     import warnings
 
@@ -156,15 +176,24 @@ def parity_worker(rank: int, world: int, port: int, out_path: str) -> None:
             else:
                 import importlib
 
-                mod = importlib.import_module({"mlm": "megahash.objectives.mlm", "sr": "megahash.objectives.shuffle_random"}[cfg.train.objective])
+                mod = importlib.import_module(
+                    {"mlm": "megahash.objectives.mlm", "sr": "megahash.objectives.shuffle_random"}[cfg.train.objective]
+                )
                 batch = mod.corrupt(tok[:, :16], codes[:, :16], gen)
-            per_tok = model(batch["tokens"], batch["hash_codes"], labels=batch["labels"],
-                            padding_mask=batch.get("padding_mask"), label_codes=batch.get("label_codes"))
+            per_tok = model(
+                batch["tokens"],
+                batch["hash_codes"],
+                labels=batch["labels"],
+                padding_mask=batch.get("padding_mask"),
+                label_codes=batch.get("label_codes"),
+            )
             mask = batch["loss_mask"]
             loss = (per_tok * mask).sum() / mask.sum()
             loss.backward()
             grads = {}
-            for name, p in list(model.embedding.named_parameters()) + [("head." + n, q) for n, q in model.head.named_parameters()]:
+            for name, p in list(model.embedding.named_parameters()) + [
+                ("head." + n, q) for n, q in model.head.named_parameters()
+            ]:
                 grads[name] = _global_grad(p, group)
                 if not getattr(p, "tensor_model_parallel", False):  # replicated: identical on TP ranks
                     other = [torch.empty_like(grads[name]) for _ in range(tp)]

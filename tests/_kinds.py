@@ -1,13 +1,15 @@
 """The kinds the tests run, read from the registry (megahash.catalog, no torch): a newly
 registered attention kind, embedding kind or head gets every registry-driven test without a test edit."""
+
 from __future__ import annotations
 
 from megahash import catalog
 
 
 def _select(group: str, caps: dict) -> list[str]:
-    return sorted(n for n in catalog.names(group)
-                  if all(getattr(catalog.caps(group, n), k) == v for k, v in caps.items()))
+    return sorted(
+        n for n in catalog.names(group) if all(getattr(catalog.caps(group, n), k) == v for k, v in caps.items())
+    )
 
 
 def attention(**caps) -> list[str]:

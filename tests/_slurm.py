@@ -1,6 +1,7 @@
 """The local SLURM of the launch tests (tests/launching/test_slurm.py, tests/experiments/test_sweep.py): its tools, a clean
 environment, and the cluster behind conftest's session-scoped ``cluster`` fixture (one bring-up per run;
 every test that uses it is in the ``slurm`` xdist group, so one worker owns it)."""
+
 from __future__ import annotations
 
 import os
@@ -24,13 +25,16 @@ def ensure_cluster_tools() -> None:
     from megahash.launching.local_slurm import missing_programs
 
     if missing_programs() or shutil.which("mpirun") is None:
-        r = subprocess.run(["bash", "launch/install_cluster_tools.sh"], cwd=ROOT, capture_output=True, text=True,
-                           timeout=900)
+        r = subprocess.run(
+            ["bash", "launch/install_cluster_tools.sh"], cwd=ROOT, capture_output=True, text=True, timeout=900
+        )
         _note["install"] = (r.stderr.strip().splitlines() or [""])[-1]
     missing = missing_programs()
     if missing:
-        pytest.skip(f"SLURM is not installed and could not be installed ({', '.join(missing)} missing): "
-                    f"{install_note() or 'see launch/install_cluster_tools.sh'}")
+        pytest.skip(
+            f"SLURM is not installed and could not be installed ({', '.join(missing)} missing): "
+            f"{install_note() or 'see launch/install_cluster_tools.sh'}"
+        )
 
 
 def clean_env(**extra) -> dict:

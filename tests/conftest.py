@@ -1,5 +1,6 @@
 """Shared fixtures: real-text shards built once per session with the data tools, and a runner
 for megahash entry points in fresh processes (deepspeed launcher for 2 gloo ranks)."""
+
 from __future__ import annotations
 
 import functools
@@ -39,8 +40,12 @@ NOT_QUICK = ("slow", "multiprocess", "slurm", "gpu")
 
 
 def pytest_addoption(parser):
-    parser.addoption("--record-durations", metavar="PATH", default=None,
-                     help="write each test's measured seconds (setup + call + teardown) to PATH as JSON")
+    parser.addoption(
+        "--record-durations",
+        metavar="PATH",
+        default=None,
+        help="write each test's measured seconds (setup + call + teardown) to PATH as JSON",
+    )
 
 
 @functools.cache
@@ -56,8 +61,9 @@ def _shares_a_fixture(module: str) -> bool:
         if isinstance(node, ast.FunctionDef):
             for dec in node.decorator_list:
                 if isinstance(dec, ast.Call) and any(
-                        k.arg == "scope" and isinstance(k.value, ast.Constant) and k.value.value in ("module", "class")
-                        for k in dec.keywords):
+                    k.arg == "scope" and isinstance(k.value, ast.Constant) and k.value.value in ("module", "class")
+                    for k in dec.keywords
+                ):
                     return True
     return False
 
@@ -89,7 +95,9 @@ def pytest_collection_modifyitems(config, items):
         from megahash import accelerator
 
         if not accelerator.has_gpu():
-            gpu_skip = pytest.mark.skip(reason="gpu: no CUDA device on this machine (benchmarks/gpu_check.sh runs these on one)")
+            gpu_skip = pytest.mark.skip(
+                reason="gpu: no CUDA device on this machine (benchmarks/gpu_check.sh runs these on one)"
+            )
     measured = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
     cost: dict[str, float] = {}
     for item in items:
@@ -99,8 +107,12 @@ def pytest_collection_modifyitems(config, items):
         cost[unit] = cost.get(unit, 0.0) + measured.get(item.nodeid, DEFAULT_SECONDS)
     for item in items:
         seconds = measured.get(item.nodeid)
-        if (seconds is not None and seconds <= QUICK_SECONDS and cost[unit_of(item.nodeid)] <= QUICK_UNIT_SECONDS
-                and not any(item.get_closest_marker(m) for m in NOT_QUICK)):
+        if (
+            seconds is not None
+            and seconds <= QUICK_SECONDS
+            and cost[unit_of(item.nodeid)] <= QUICK_UNIT_SECONDS
+            and not any(item.get_closest_marker(m) for m in NOT_QUICK)
+        ):
             item.add_marker(pytest.mark.quick)
     items.sort(key=lambda item: -cost[unit_of(item.nodeid)])  # stable: file order within a unit
 
@@ -140,7 +152,8 @@ class _DurationRecorder:
     def pytest_sessionfinish(self, session):
         self.path.write_text(json.dumps({k: round(v, 2) for k, v in sorted(self.seconds.items())}, indent=0) + "\n")
         self.path.with_suffix(".cpu.json").write_text(
-            json.dumps({k: round(v, 2) for k, v in sorted(self.cpu.items())}, indent=0) + "\n")
+            json.dumps({k: round(v, 2) for k, v in sorted(self.cpu.items())}, indent=0) + "\n"
+        )
 
 
 def pytest_configure(config):
@@ -159,8 +172,16 @@ def pytest_configure(config):
 
 def child_env(**extra) -> dict:
     env = dict(os.environ)
-    env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled",
-                "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
+    env.update(
+        {
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": str(ROOT),
+            "WANDB_MODE": "disabled",
+            "HF_DATASETS_OFFLINE": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+    )
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
     # launch/install_cpu.sh and quickstart.sh (tests/test_readme.py, test_launch.py) use the tests' own Python:
@@ -206,8 +227,16 @@ def pretrain(overrides: list[str], ranks: int = 1, config: str | None = None, ti
         cmd = [sys.executable, "megahash/pretrain.py", *cfg, *overrides]
     else:
         port = _free_port()
-        cmd = ["deepspeed", "--num_gpus", str(ranks), "--master_port", str(port), "megahash/pretrain.py", *cfg,
-               *overrides]
+        cmd = [
+            "deepspeed",
+            "--num_gpus",
+            str(ranks),
+            "--master_port",
+            str(port),
+            "megahash/pretrain.py",
+            *cfg,
+            *overrides,
+        ]
         r = run(cmd, timeout=timeout, **env)
         # DeepSpeed's CPU all-reduce buffers (/dev/shm, 69 MB a rank) must not outlive a finished run
         left = list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))
@@ -238,13 +267,41 @@ def shakespeare_shards(tmp_path_factory) -> dict:
     text, built with the real data tools."""
     d = tmp_path_factory.mktemp("shards")
     spm = d / "spm"
-    r = run([sys.executable, "data_tools/train_tokenizer.py", "--input", "shakespeare", "--output", str(spm),
-             "--vocab-size", "1000", "--max-docs", "200"])
+    r = run(
+        [
+            sys.executable,
+            "data_tools/train_tokenizer.py",
+            "--input",
+            "shakespeare",
+            "--output",
+            str(spm),
+            "--vocab-size",
+            "1000",
+            "--max-docs",
+            "200",
+        ]
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     prefix = d / "shakespeare"
-    r = run([sys.executable, "data_tools/preprocess_data.py", "--input", "shakespeare", "--output-prefix", str(prefix),
-             "--tokenizer", f"{spm}.model", "--word-hashes", "md5,lsh128", "--workers", "2", "--max-docs", "400",
-             "--quiet"])
+    r = run(
+        [
+            sys.executable,
+            "data_tools/preprocess_data.py",
+            "--input",
+            "shakespeare",
+            "--output-prefix",
+            str(prefix),
+            "--tokenizer",
+            f"{spm}.model",
+            "--word-hashes",
+            "md5,lsh128",
+            "--workers",
+            "2",
+            "--max-docs",
+            "400",
+            "--quiet",
+        ]
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     return {"prefix": str(prefix), "tokenizer": f"{spm}.model", "dir": d}
 
@@ -266,8 +323,24 @@ def hashed_shards(shakespeare_shards, tmp_path_factory):
 
     specs = sorted({catalog.caps("embedding", k).example_hash_spec for k in _kinds.embeddings()} | {"md5", "lsh128"})
     prefix = tmp_path_factory.mktemp("hashed") / "shk"
-    r = run([sys.executable, "data_tools/preprocess_data.py", "--input", "shakespeare", "--output-prefix", str(prefix),
-             "--tokenizer", shakespeare_shards["tokenizer"], "--word-hashes", ",".join(specs), "--workers", "1",
-             "--max-docs", "120", "--quiet"])
+    r = run(
+        [
+            sys.executable,
+            "data_tools/preprocess_data.py",
+            "--input",
+            "shakespeare",
+            "--output-prefix",
+            str(prefix),
+            "--tokenizer",
+            shakespeare_shards["tokenizer"],
+            "--word-hashes",
+            ",".join(specs),
+            "--workers",
+            "1",
+            "--max-docs",
+            "120",
+            "--quiet",
+        ]
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     return {"prefix": str(prefix), "tokenizer": shakespeare_shards["tokenizer"], "specs": specs}

@@ -28,6 +28,7 @@ Use: ``scan(root, catalog_kinds(root), allow=...)`` -> sorted :class:`Leak` reco
 (``tests/models/test_new_kind.py``); ``tests/test_kind_leaks.py`` plants one violation of each sort. Files are
 parsed by the library's one reader of kind files (:mod:`megahash.kind_source`: each file once).
 """
+
 from __future__ import annotations
 
 import ast
@@ -95,8 +96,13 @@ def _register_calls(path: Path):
 def _class_fields(tree: ast.Module, name: str) -> set[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef) and node.name == name:
-            return {s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
-                    and "ClassVar" not in ast.unparse(s.annotation)}
+            return {
+                s.target.id
+                for s in node.body
+                if isinstance(s, ast.AnnAssign)
+                and isinstance(s.target, ast.Name)
+                and "ClassVar" not in ast.unparse(s.annotation)
+            }
     return set()
 
 
@@ -155,7 +161,12 @@ def _docstrings(nodes) -> set[int]:
     docs = set()
     for node in nodes:
         body = getattr(node, "body", None)
-        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        if (
+            isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+        ):
             docs.add(id(body[0].value))
     return docs
 
@@ -247,8 +258,13 @@ def scan_file(path: Path, root: Path, kinds_, index: _Index | None = None) -> li
     docs = _docstrings(nodes)
     aliases, bound = _bindings(nodes, here, is_package)
     top = {id(n) for n in tree.body}
-    class_fields = {id(s): any(w in c.name.lower() for w in SECTIONS) for c in nodes if isinstance(c, ast.ClassDef)
-                    for s in c.body if isinstance(s, ast.AnnAssign)}  # -> is it a section's class
+    class_fields = {
+        id(s): any(w in c.name.lower() for w in SECTIONS)
+        for c in nodes
+        if isinstance(c, ast.ClassDef)
+        for s in c.body
+        if isinstance(s, ast.AnnAssign)
+    }  # -> is it a section's class
     found: set[Leak] = set()
 
     def leak(node, ident, sort, ks):
@@ -273,7 +289,7 @@ def scan_file(path: Path, root: Path, kinds_, index: _Index | None = None) -> li
         elif isinstance(node, ast.Attribute):
             chain = _dotted(node)
             head = chain.split(".")[0] if chain else None
-            full = aliases[head] + chain[len(head):] if head in aliases else None
+            full = aliases[head] + chain[len(head) :] if head in aliases else None
             hit = [k for k in ix.of_module(full) if k.module == full] if full else []
             leak(node, full, "module", hit)  # attention.fixed_qk (through an imported package)
             if not hit:
@@ -290,7 +306,11 @@ def scan_file(path: Path, root: Path, kinds_, index: _Index | None = None) -> li
             for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
                 if isinstance(t, ast.Name) and id(node) in top:
                     leak(node, t.id, "name", ix.public.get(t.id, ()))
-                if isinstance(t, ast.Name) and id(node) in class_fields and (class_fields[id(node)] or _distinctive(t.id)):
+                if (
+                    isinstance(t, ast.Name)
+                    and id(node) in class_fields
+                    and (class_fields[id(node)] or _distinctive(t.id))
+                ):
                     leak(node, t.id, "config", ix.fields.get(t.id, ()))
         elif isinstance(node, ast.keyword):
             if node.arg and _distinctive(node.arg):  # an option passed on (a parameter is its function's own)

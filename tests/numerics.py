@@ -12,6 +12,7 @@ Bit-exact comparisons (``torch.equal``, ``np.array_equal``) are kept only where 
 promise (integer data, copied values, resume, one deterministic path); tests/test_numerics_rules.py
 asks each of them for a ``# bit-exact: <reason>`` comment.
 """
+
 from __future__ import annotations
 
 import torch

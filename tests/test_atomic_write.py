@@ -1,5 +1,6 @@
 """megahash/atomic_write.py: a reader sees the old file or the new one, and a failed writer leaves
 the old file and no temp file behind."""
+
 import json
 
 import pytest

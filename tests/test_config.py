@@ -1,4 +1,5 @@
 """Config tree: YAML + dotted overrides, typed, one-line errors naming the key and the closest one."""
+
 import pytest
 
 from megahash.config import load_config
@@ -13,23 +14,30 @@ def test_yaml_include_and_overrides():
 
 
 def test_model_size_table_4_10():
-    for size, (h, ffn, layers, heads) in {"70m": (512, 2048, 6, 8), "160m": (768, 3072, 12, 12),
-                                           "500m": (896, 4864, 24, 14), "1.7b": (2048, 6144, 28, 16)}.items():
+    for size, (h, ffn, layers, heads) in {
+        "70m": (512, 2048, 6, 8),
+        "160m": (768, 3072, 12, 12),
+        "500m": (896, 4864, 24, 14),
+        "1.7b": (2048, 6144, 28, 16),
+    }.items():
         m = load_config(f"configs/model/{size}.yaml").model
         assert (m.hidden_size, m.ffn_hidden_size, m.num_layers, m.num_heads) == (h, ffn, layers, heads)
     assert load_config(None, ["model.size=160m"]).model.hidden_size == 768
 
 
-@pytest.mark.parametrize("override, expect", [
-    ("train.stpes=3", "did you mean 'steps'"),
-    ("modle.hidden_size=3", "did you mean 'model'"),
-    ("train.steps=many", "must be an integer"),
-    ("parallel.sequence=maybe", "true/false"),
-    ("parallel.tensor=3", "does not divide model.num_heads"),
-    ("data.seq_length=4096", "exceeds model.max_position_embeddings"),
-    ("model.size=13b", "unknown model size"),
-    ("parallel.sequence=true", "needs parallel.tensor >= 2"),
-])
+@pytest.mark.parametrize(
+    "override, expect",
+    [
+        ("train.stpes=3", "did you mean 'steps'"),
+        ("modle.hidden_size=3", "did you mean 'model'"),
+        ("train.steps=many", "must be an integer"),
+        ("parallel.sequence=maybe", "true/false"),
+        ("parallel.tensor=3", "does not divide model.num_heads"),
+        ("data.seq_length=4096", "exceeds model.max_position_embeddings"),
+        ("model.size=13b", "unknown model size"),
+        ("parallel.sequence=true", "needs parallel.tensor >= 2"),
+    ],
+)
 def test_config_errors_name_the_key(override, expect):
     with pytest.raises(ConfigError) as e:
         load_config("configs/quickstart.yaml", [override])
@@ -60,8 +68,14 @@ def test_kind_options_live_in_the_kind_files(tmp_path):
     cfg = load_config(None, [])
     assert cfg.model.attention.options.fixed_seq_length == 2048 and cfg.model.embed.options.pool_bits == 10
 
-    cfg = load_config(None, ["model.attention.options.chunk_size=16", "model.attention.options.fixed_seq_length=128",
-                             "model.embed.options.rolling_dim=24"])
+    cfg = load_config(
+        None,
+        [
+            "model.attention.options.chunk_size=16",
+            "model.attention.options.fixed_seq_length=128",
+            "model.embed.options.rolling_dim=24",
+        ],
+    )
     o = cfg.model.attention.options
     assert (o.fixed_seq_length, o.chunk_size, cfg.model.embed.options.rolling_dim) == (128, 16, 24)
     save_config(cfg, tmp_path / "resolved.yaml")
@@ -71,8 +85,11 @@ def test_kind_options_live_in_the_kind_files(tmp_path):
     # an option outside ``options`` (the spelling before kinds owned them) is an unknown key: one line
     old = tmp_path / "old.yaml"
     old.write_text("model:\n  attention:\n    fixed_seq_length: 64\n")
-    for make in (lambda: load_config(str(old)), lambda: load_config(None, ["model.embed.rolling_dim=24"]),
-                 lambda: config_from_dict({"model": {"attention": {"fixed_text": "x.tok"}}})):
+    for make in (
+        lambda: load_config(str(old)),
+        lambda: load_config(None, ["model.embed.rolling_dim=24"]),
+        lambda: config_from_dict({"model": {"attention": {"fixed_text": "x.tok"}}}),
+    ):
         with pytest.raises(ConfigError) as e:
             make()
         assert str(e.value).startswith("unknown config key 'model.") and "\n" not in str(e.value)
@@ -85,8 +102,15 @@ def test_checkpoint_model_signature_matches_its_model_only():
 
     from megahash.checkpoint.signature import model_diffs, model_signature
 
-    cfg = load_config(None, ["model.schedule=uniform:fixedseqqk", "model.attention.options.fixed_seq_length=64",
-                             "model.embedding=rolling", "model.embed.hash_spec=rolling3"])
+    cfg = load_config(
+        None,
+        [
+            "model.schedule=uniform:fixedseqqk",
+            "model.attention.options.fixed_seq_length=64",
+            "model.embedding=rolling",
+            "model.embed.hash_spec=rolling3",
+        ],
+    )
     saved = copy.deepcopy(model_signature(cfg)["model"])
     assert model_diffs(saved, cfg) == []
     changed = copy.deepcopy(saved)

@@ -2,6 +2,7 @@
 number out of its range, run in-process through the pretrain entry point (exit 2, one line, nothing
 written), the issue's examples once through a real process, and a guard that no numeric field of
 the tree lacks a range."""
+
 import sys
 
 import pytest
@@ -40,9 +41,18 @@ def _option_cases():
 
 
 RANGES_OPT: dict = {}
-CASES = [(k, _bad_value(k)) for k in sorted(RANGES)] + _option_cases() + [
-    ("train.global_batch_size", 6), ("train.min_lr", 1.0), ("data.split", "0,1,1"), ("data.split", "90,x"),
-    ("model.norm_eps", "nan"), ("train.lr", "inf")]
+CASES = (
+    [(k, _bad_value(k)) for k in sorted(RANGES)]
+    + _option_cases()
+    + [
+        ("train.global_batch_size", 6),
+        ("train.min_lr", 1.0),
+        ("data.split", "0,1,1"),
+        ("data.split", "90,x"),
+        ("model.norm_eps", "nan"),
+        ("train.lr", "inf"),
+    ]
+)
 
 
 @pytest.mark.parametrize("key, value", CASES, ids=[f"{k}={v}" for k, v in CASES])
@@ -59,10 +69,22 @@ def test_invalid_number_exit_2_one_line_nothing_written(tmp_path, capsys, key, v
 
 def test_issue_examples_in_a_real_process(tmp_path):
     """train.steps=-5 used to exit 0 having done nothing; data.seq_length=0 died of SIGFPE."""
-    for ov, rng in (("train.steps=-5", ">= 1"), ("data.seq_length=0", ">= 1"), ("model.num_heads=0", ">= 1"),
-                    ("train.lr=-0.1", "> 0.0")):
-        r = run([sys.executable, "megahash/pretrain.py", "--config", "configs/quickstart.yaml",
-                 f"train.save_dir={tmp_path / 'x'}", ov])
+    for ov, rng in (
+        ("train.steps=-5", ">= 1"),
+        ("data.seq_length=0", ">= 1"),
+        ("model.num_heads=0", ">= 1"),
+        ("train.lr=-0.1", "> 0.0"),
+    ):
+        r = run(
+            [
+                sys.executable,
+                "megahash/pretrain.py",
+                "--config",
+                "configs/quickstart.yaml",
+                f"train.save_dir={tmp_path / 'x'}",
+                ov,
+            ]
+        )
         assert r.returncode == 2, (ov, r.returncode, r.stderr[-2000:])
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and ov.split("=")[0] in lines[0] and rng in lines[0], lines

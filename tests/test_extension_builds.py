@@ -1,6 +1,7 @@
 """DeepSpeed's JIT-built CPU op (accelerator.prepare_deepspeed_extensions): a lock left by a build
 that was killed does not make every later launch wait forever; a virtual environment keeps its own
 build folder."""
+
 import os
 import sys
 import time

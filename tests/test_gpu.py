@@ -3,22 +3,39 @@
 with the fused AdamW inside the DeepSpeed engine, compiled layers through the engine, the chunked
 cross-entropy and fused SwiGLU on the device, the rotary table of a CPU model on a GPU machine
 (the export check's failure of issue 25), and the process group bound to the device."""
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 pytestmark = pytest.mark.gpu
 
-TINY = ["model.hidden_size=128", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=256",
-        "data.seq_length=128", "train.micro_batch_size=4", "train.global_batch_size=4", "train.warmup_steps=1",
-        "train.lr=3e-3"]
+TINY = [
+    "model.hidden_size=128",
+    "model.num_layers=2",
+    "model.num_heads=4",
+    "model.ffn_hidden_size=256",
+    "data.seq_length=128",
+    "train.micro_batch_size=4",
+    "train.global_batch_size=4",
+    "train.warmup_steps=1",
+    "train.lr=3e-3",
+]
 
 
 def _cfg(shards, *extra):
     from megahash.config import load_config
 
-    return load_config(None, [*TINY, f"data.prefix=[{shards['prefix']}]", f"data.tokenizer={shards['tokenizer']}",
-                              f"data.cache_dir={shards['dir'] / 'cache'}", *extra])
+    return load_config(
+        None,
+        [
+            *TINY,
+            f"data.prefix=[{shards['prefix']}]",
+            f"data.tokenizer={shards['tokenizer']}",
+            f"data.cache_dir={shards['dir'] / 'cache'}",
+            *extra,
+        ],
+    )
 
 
 def test_process_group_is_bound_to_the_device(dist):
@@ -69,8 +86,17 @@ def test_cpu_model_on_a_gpu_machine_gets_cpu_rotary_tables(dist):
     from megahash.config import load_config
     from megahash.models.megatron_model import build_model
 
-    cfg = load_config(None, ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4",
-                             "model.ffn_hidden_size=128", "model.schedule=hybrid:rndembqk:even", "data.seq_length=16"])
+    cfg = load_config(
+        None,
+        [
+            "model.hidden_size=64",
+            "model.num_layers=2",
+            "model.num_heads=4",
+            "model.ffn_hidden_size=128",
+            "model.schedule=hybrid:rndembqk:even",
+            "data.seq_length=16",
+        ],
+    )
     model = build_model(cfg, 300).eval()
     tokens = torch.randint(5, 300, (1, 12))
     with torch.no_grad():

@@ -16,6 +16,7 @@
 
 Each rule is also checked to fire on a planted violation, so none of them passes vacuously.
 """
+
 from __future__ import annotations
 
 import ast
@@ -32,10 +33,18 @@ HEAVY = ("torch", "megatron", "deepspeed", "transformers")
 
 
 def lint_imports(root: Path) -> subprocess.CompletedProcess:
-    code = ("import sys; from importlinter.cli import lint_imports; "
-            "sys.exit(lint_imports(config_filename='pyproject.toml', no_cache=True, no_logo=True))")
-    return subprocess.run([sys.executable, "-c", code], cwd=root, env=child_env(PYTHONPATH=str(root)),
-                          capture_output=True, text=True, timeout=300)
+    code = (
+        "import sys; from importlinter.cli import lint_imports; "
+        "sys.exit(lint_imports(config_filename='pyproject.toml', no_cache=True, no_logo=True))"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=root,
+        env=child_env(PYTHONPATH=str(root)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_import_contracts_hold():
@@ -53,9 +62,13 @@ def test_import_contracts_catch_a_cycle_and_torch_in_hashing(tmp_path):
     shutil.copytree(PKG, tmp_path / "megahash", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     with open(tmp_path / "megahash" / "hashing" / "words.py", "a") as f:
-        f.write("\n\ndef _planted():\n    import torch  # noqa: F401\n    from megahash.data import verify  # noqa: F401\n")
-    for module, planted in (("eval/report.py", "megahash.training import checkpoint"),
-                            ("checkpoint/layout.py", "megahash.convert import export")):
+        f.write(
+            "\n\ndef _planted():\n    import torch  # noqa: F401\n    from megahash.data import verify  # noqa: F401\n"
+        )
+    for module, planted in (
+        ("eval/report.py", "megahash.training import checkpoint"),
+        ("checkpoint/layout.py", "megahash.convert import export"),
+    ):
         with open(tmp_path / "megahash" / module, "a") as f:
             f.write(f"\n\ndef _planted():\n    from {planted}  # noqa: F401\n")
     r = lint_imports(tmp_path)
@@ -75,17 +88,36 @@ def test_hashing_and_preprocessing_load_no_torch():
                 importlib.import_module(pkg.__name__ + "." + m.name)
         print(sorted(k for k in sys.modules if k.split(".")[0] in {HEAVY!r}))
     """)
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=child_env(), capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "[]", r.stdout
 
 
 # ------------------------------------------------------------------------------ source rules (AST)
 
-FILE_CALLS = {"open", "read_text", "read_bytes", "write_text", "write_bytes", "load", "loadtxt", "fromfile",
-              "memmap", "save", "savez", "load_file", "safe_open", "SentencePieceProcessor", "listdir", "scandir",
-              "iterdir", "glob", "rglob"}
+FILE_CALLS = {
+    "open",
+    "read_text",
+    "read_bytes",
+    "write_text",
+    "write_bytes",
+    "load",
+    "loadtxt",
+    "fromfile",
+    "memmap",
+    "save",
+    "savez",
+    "load_file",
+    "safe_open",
+    "SentencePieceProcessor",
+    "listdir",
+    "scandir",
+    "iterdir",
+    "glob",
+    "rglob",
+}
 # (file, call): why a models file may open files. None: the kind files' SOURCE (register lines, caps,
 # cost and options classes, read without importing torch) is read by megahash/kind_source.py, outside models.
 FILE_ALLOWED: set = set()
@@ -98,8 +130,11 @@ def _called_name(node: ast.Call) -> str | None:
 
 def file_calls(path: Path, src: str | None = None) -> list[str]:
     tree = ast.parse(path.read_text() if src is None else src)
-    return [f"{_called_name(n)} (line {n.lineno})" for n in ast.walk(tree)
-            if isinstance(n, ast.Call) and _called_name(n) in FILE_CALLS]
+    return [
+        f"{_called_name(n)} (line {n.lineno})"
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and _called_name(n) in FILE_CALLS
+    ]
 
 
 def cuda_uses(src: str) -> list[str]:
@@ -109,8 +144,11 @@ def cuda_uses(src: str) -> list[str]:
             out.append(f".cuda (line {n.lineno})")
         elif isinstance(n, ast.Name) and n.id == "cuda":
             out.append(f"cuda (line {n.lineno})")
-        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and (
-                n.value in ("cuda", "nccl") or n.value.startswith("cuda:")):
+        elif (
+            isinstance(n, ast.Constant)
+            and isinstance(n.value, str)
+            and (n.value in ("cuda", "nccl") or n.value.startswith("cuda:"))
+        ):
             out.append(f"{n.value!r} (line {n.lineno})")
     return out
 
@@ -142,8 +180,10 @@ def test_only_the_accelerator_module_touches_cuda():
     assert not bad, f"CUDA outside megahash/accelerator.py (ask accelerator.device()/has_gpu()): {bad}"
     assert cuda_uses((PKG / "accelerator.py").read_text()), "accelerator.py is where CUDA is checked"
     # what training/signals.py and data/dataset.py did before
-    planted = ("if dist.get_backend() == 'nccl':\n    t = t.cuda()\n"
-               "loader = DataLoader(ds, pin_memory=torch.cuda.is_available())\n")
+    planted = (
+        "if dist.get_backend() == 'nccl':\n    t = t.cuda()\n"
+        "loader = DataLoader(ds, pin_memory=torch.cuda.is_available())\n"
+    )
     assert len(cuda_uses(planted)) == 3
 
 
@@ -162,8 +202,13 @@ def shell_problems(src: str, home: str) -> list[str]:
     for n in ast.walk(ast.parse(src)):
         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             out.append(f"defines {n.name} (line {n.lineno})")
-        names = [a.name for a in n.names] if isinstance(n, ast.Import) else \
-            [n.module or ""] if isinstance(n, ast.ImportFrom) else []
+        names = (
+            [a.name for a in n.names]
+            if isinstance(n, ast.Import)
+            else [n.module or ""]
+            if isinstance(n, ast.ImportFrom)
+            else []
+        )
         for name in names:
             if name.split(".")[0] not in SHELL_STDLIB and not name.startswith(home + "."):
                 out.append(f"imports {name} (line {n.lineno})")
@@ -183,30 +228,42 @@ def test_entry_scripts_are_thin_shells():
     assert not bad, f"entry scripts holding code (move it to {sorted(SHELL_HOMES.values())}): {bad}"
     assert seen >= 10, seen
     # the rule fires on what data_tools/preprocess_data.py held before (a class, numpy, 700 lines)
-    planted = ("import numpy as np\nfrom megahash.data.preprocess.common import cli\n\n\n"
-               "class AtomicOutputs:\n    pass\n" + "# ...\n" * 30)
+    planted = (
+        "import numpy as np\nfrom megahash.data.preprocess.common import cli\n\n\n"
+        "class AtomicOutputs:\n    pass\n" + "# ...\n" * 30
+    )
     assert sorted(shell_problems(planted, "megahash.data.preprocess")) == [
-        "36 lines > 30", "defines AtomicOutputs (line 5)", "imports numpy (line 1)"]
+        "36 lines > 30",
+        "defines AtomicOutputs (line 5)",
+        "imports numpy (line 1)",
+    ]
     assert shell_problems("from launch.run import main\n", "megahash.launching") == ["imports launch.run (line 1)"]
 
 
 # ------------------------------------------------------------------------------ one tokenizer
 
 TOKENIZER_LIBS = {"sentencepiece", "tokenizers"}
-TOKENIZER_NAME = re.compile(r"Tokenizer|^tokenization")  # transformers' AutoTokenizer, PreTrainedTokenizer*, tokenization_*
-TOKENIZER_ATTRS = {"AutoTokenizer", "PreTrainedTokenizer", "PreTrainedTokenizerFast", "SentencePieceProcessor",
-                   "SentencePieceTrainer"}
+TOKENIZER_NAME = re.compile(
+    r"Tokenizer|^tokenization"
+)  # transformers' AutoTokenizer, PreTrainedTokenizer*, tokenization_*
+TOKENIZER_ATTRS = {
+    "AutoTokenizer",
+    "PreTrainedTokenizer",
+    "PreTrainedTokenizerFast",
+    "SentencePieceProcessor",
+    "SentencePieceTrainer",
+}
 # file -> why it may use a tokenizer library itself; everything else loads its tokenizer with
 # megahash.tokenization.load_tokenizer (the data stage, fixed texts, shards, training, eval, export)
 TOKENIZER_ALLOWED = {
     "megahash/tokenization.py": "the one home: loads and encodes with every tokenizer kind",
     "megahash/data/preprocess/train_tokenizer.py": "trains a sentencepiece model (SentencePieceTrainer), "
-                                                   "then checks the trained model's special pieces",
+    "then checks the trained model's special pieces",
     "megahash/convert/tokenizer.py": "builds the export's tokenizer.json / PreTrainedTokenizerFast from the run's "
-                                     "tokenizer object and checks its ids against megahash's",
+    "tokenizer object and checks its ids against megahash's",
     "megahash/convert/hf/tokenization_megahash.py": "the export's AutoTokenizer class: remote code, runs without megahash",
     "megahash/hashing/text_coder.py": "copied verbatim into the export as hashing_megahash.py (remote code): "
-                                      "encodes with the exported files, without megahash",
+    "encodes with the exported files, without megahash",
 }
 
 
@@ -244,13 +301,19 @@ def test_only_the_tokenization_module_encodes_text():
     assert not bad, f"tokenizer libraries used outside megahash/tokenization.py (load_tokenizer(spec).encode): {bad}"
     assert used == set(TOKENIZER_ALLOWED), f"stale allow-list entries: {set(TOKENIZER_ALLOWED) - used}"
     # the rule fires on what megahash/data/text_source.py and data/shards.py did before
-    planted = ("def _tokenize(text, tok):\n    import sentencepiece as spm\n"
-               "    return list(spm.SentencePieceProcessor(model_file=tok).encode(text))\n"
-               "from tokenizers import Tokenizer\nfrom transformers import AutoTokenizer, AutoModel\n"
-               "import transformers\nt = transformers.PreTrainedTokenizerFast\nfrom transformers import AutoConfig\n")
+    planted = (
+        "def _tokenize(text, tok):\n    import sentencepiece as spm\n"
+        "    return list(spm.SentencePieceProcessor(model_file=tok).encode(text))\n"
+        "from tokenizers import Tokenizer\nfrom transformers import AutoTokenizer, AutoModel\n"
+        "import transformers\nt = transformers.PreTrainedTokenizerFast\nfrom transformers import AutoConfig\n"
+    )
     assert sorted(tokenizer_uses(planted)) == [
-        ".PreTrainedTokenizerFast (line 7)", ".SentencePieceProcessor (line 3)", "from tokenizers import Tokenizer (line 4)",
-        "from transformers import AutoTokenizer, AutoModel (line 5)", "import sentencepiece (line 2)"]
+        ".PreTrainedTokenizerFast (line 7)",
+        ".SentencePieceProcessor (line 3)",
+        "from tokenizers import Tokenizer (line 4)",
+        "from transformers import AutoTokenizer, AutoModel (line 5)",
+        "import sentencepiece (line 2)",
+    ]
 
 
 def test_tests_mirror_the_package():

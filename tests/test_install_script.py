@@ -2,6 +2,7 @@
 index when that one is unreachable, and its steps printed (dry run: the commands it would run);
 everything goes into a virtual environment (.venv, MEGAHASH_VENV or the active one), never into the
 Python that runs the script unless MEGAHASH_VENV=none says so."""
+
 import functools
 import http.server
 import subprocess
@@ -18,7 +19,9 @@ def _install(url, force="1", **extra):
     for k, v in extra.items():
         if v is None:
             env.pop(k)
-    r = subprocess.run(["bash", "launch/install_cpu.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        ["bash", "launch/install_cpu.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stderr
     return r.stdout
 
@@ -34,7 +37,9 @@ def test_cpu_index_used_when_reachable_else_configured_index(tmp_path):
     finally:
         server.shutdown()
     assert f"-m pip install -q --index-url {url} torch==2.13.0" in out
-    assert "[1/4]" in out and "[2/4]" in out and "[3/4]" in out and "[4/4]" in out and "-c constraints/cpu-lock.txt" in out
+    assert (
+        "[1/4]" in out and "[2/4]" in out and "[3/4]" in out and "[4/4]" in out and "-c constraints/cpu-lock.txt" in out
+    )
     out = _install("http://127.0.0.1:9/whl/cpu")  # nothing listens on the discard port
     assert "is unreachable: using pip's configured index" in out
     assert "-m pip install -q torch==2.13.0" in out and "--index-url" not in out
@@ -47,7 +52,10 @@ def test_installs_into_a_virtual_environment(tmp_path):
     env = tmp_path / "env"
     out = _install(unreachable, MEGAHASH_VENV=str(env))
     lines = out.splitlines()
-    assert lines[0] == f"install_cpu: into a new virtual environment {env} (python3 -m venv; MEGAHASH_VENV=PATH names another)"
+    assert (
+        lines[0]
+        == f"install_cpu: into a new virtual environment {env} (python3 -m venv; MEGAHASH_VENV=PATH names another)"
+    )
     assert lines[1] == f"+ python3 -m venv {env}"
     pips = [l for l in lines if " -m pip " in l]
     assert len(pips) == 3 and all(l.startswith(f"+ {env}/bin/python3 -m pip install") for l in pips), pips
@@ -58,7 +66,9 @@ def test_installs_into_a_virtual_environment(tmp_path):
     default = _install(unreachable, MEGAHASH_VENV=None, VIRTUAL_ENV=None)
     assert f"{ROOT}/.venv/bin/python3 -m pip install -q torch==2.13.0" in default
     assert "+ python3 -m pip" not in default  # never the interpreter on PATH ...
-    if Path(sys.executable).parent.parent != ROOT / ".venv":  # ... nor this one, unless it is that .venv (CI runs from it)
+    if (
+        Path(sys.executable).parent.parent != ROOT / ".venv"
+    ):  # ... nor this one, unless it is that .venv (CI runs from it)
         assert f"+ {sys.executable} " not in default
 
 
@@ -75,7 +85,8 @@ def test_environment_with_the_locked_set_is_kept_in_seconds(tmp_path):
     assert out.splitlines() == [
         f"install_cpu: into the virtual environment {env}",
         "install_cpu: everything already installed at the versions of constraints/cpu-lock.txt (INSTALL_FORCE=1 reinstalls)",
-        f"install_cpu: activate it for the README's commands: source {env}/bin/activate"], out
+        f"install_cpu: activate it for the README's commands: source {env}/bin/activate",
+    ], out
     assert took < 30, took  # ~3 s on the 2-core machine; an install would take minutes
 
 
@@ -91,6 +102,7 @@ def test_use_venv_puts_the_environment_first_once(tmp_path):
     r = subprocess.run(["bash", "-c", probe], cwd=ROOT, env=base, capture_output=True, text=True, timeout=60)
     first, path = r.stdout.splitlines()
     assert first == f"{env}/bin/python3" and path == f"{env}/bin:{base['PATH']}", r.stdout + r.stderr
-    none = subprocess.run(["bash", "-c", probe], cwd=ROOT, env=child_env(MEGAHASH_VENV="none"), capture_output=True,
-                          text=True, timeout=60)
+    none = subprocess.run(
+        ["bash", "-c", probe], cwd=ROOT, env=child_env(MEGAHASH_VENV="none"), capture_output=True, text=True, timeout=60
+    )
     assert none.stdout.splitlines()[1] == child_env()["PATH"]

@@ -2,6 +2,7 @@
 kind from a file that is not the kind's own: a small library is planted in a temporary folder, one
 violation at a time, and the checker must report exactly that violation (file, line, identifier,
 sort); the clean library reports nothing. Torch-free: the checker reads source with ``ast``."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -64,7 +65,7 @@ CLEAN = {
     "megahash/models/embeddings/__init__.py": "",
     "megahash/ops/__init__.py": "def kernel(q):\n    return q\n",
     "megahash/models/registry.py": "def register_attention(name, **kw):\n    return lambda f: f\n\n\n"
-                                   "def register_embedding(name, **kw):\n    return lambda f: f\n",
+    "def register_embedding(name, **kw):\n    return lambda f: f\n",
     "megahash/models/megatron_model.py": textwrap.dedent('''
         """The model; the toyqk kind's fixed input is one of its hooks (docstrings may say so)."""
         import importlib
@@ -97,7 +98,10 @@ def plant(root, extra: dict | None = None, append: dict | None = None):
 
 
 def found(root, entries, allow=None):
-    return [(leak.path, leak.line, leak.identifier, leak.sort) for leak in kl.scan(root, kl.kinds(entries, root), allow=allow)]
+    return [
+        (leak.path, leak.line, leak.identifier, leak.sort)
+        for leak in kl.scan(root, kl.kinds(entries, root), allow=allow)
+    ]
 
 
 def test_the_clean_library_reports_nothing(tmp_path):
@@ -123,9 +127,20 @@ PLANTED = [
     ("megahash/models/attention/shared.py", "from .toykind import ToyInput\n", 1, MODULE, "module"),
     ("megahash/training/trainer.py", "from ..models.attention.toykind import ToyInput\n", 1, MODULE, "module"),
     ("megahash/models/attention/base.py", "from . import toykind\n", 1, MODULE, "module"),  # a shared module
-    (MODEL, 'import importlib\nm = importlib.import_module("megahash.models.attention.toykind")\n', 2, MODULE, "module"),
-    (MODEL, 'import importlib\nm = importlib.import_module(".toykind", package="megahash.models.attention")\n', 2,
-     MODULE, "module"),
+    (
+        MODEL,
+        'import importlib\nm = importlib.import_module("megahash.models.attention.toykind")\n',
+        2,
+        MODULE,
+        "module",
+    ),
+    (
+        MODEL,
+        'import importlib\nm = importlib.import_module(".toykind", package="megahash.models.attention")\n',
+        2,
+        MODULE,
+        "module",
+    ),
     (MODEL, 'PATH = "megahash/models/attention/toykind.py"\n', 1, MODULE, "module"),
     (MODEL, "import megahash.models.attention\nm = megahash.models.attention.toykind\n", 2, MODULE, "module"),
     (MODEL, "from megahash.models import attention\nm = attention.toykind\n", 2, MODULE, "module"),
@@ -144,10 +159,20 @@ PLANTED = [
     (MODEL, 'OVERRIDES = ["model.attention.toy_text=abc"]\n', 1, "toy_text", "config"),
     (MODEL, 'FIELD = "toy_length"\n', 1, "toy_length", "config"),
     (MODEL, 'ERROR = "set model.attention.toy_length to 4 or more"\n', 1, "toy_length", "config"),
-    (MODEL, 'import dataclasses\n\n\ndef f(m):\n    return dataclasses.replace(m, toy_text="")\n', 5, "toy_text",
-     "config"),
-    ("megahash/config.py", 'import dataclasses\n\n\n@dataclasses.dataclass\nclass AttentionConfig:\n'
-     '    toy_text: str = ""\n', 6, "toy_text", "config"),  # a central config field
+    (
+        MODEL,
+        'import dataclasses\n\n\ndef f(m):\n    return dataclasses.replace(m, toy_text="")\n',
+        5,
+        "toy_text",
+        "config",
+    ),
+    (
+        "megahash/config.py",
+        'import dataclasses\n\n\n@dataclasses.dataclass\nclass AttentionConfig:\n    toy_text: str = ""\n',
+        6,
+        "toy_text",
+        "config",
+    ),  # a central config field
 ]
 
 
@@ -159,8 +184,9 @@ def test_each_planted_violation_is_reported_exactly(tmp_path, rel, source, line,
 
 def test_a_kind_file_naming_another_kind_is_a_leak(tmp_path):
     """Kind files may import shared modules (base, ops), never another kind's file or names."""
-    entries = plant(tmp_path, append={OTHER: "\nfrom megahash.models.attention.toykind import ToyInput\n"
-                                             "KINDS = ('toyqk',)\n"})
+    entries = plant(
+        tmp_path, append={OTHER: "\nfrom megahash.models.attention.toykind import ToyInput\nKINDS = ('toyqk',)\n"}
+    )
     n = len(OTHER_KIND_FILE.strip().splitlines())
     assert found(tmp_path, entries) == [(OTHER, n + 2, MODULE, "module"), (OTHER, n + 3, "toyqk", "string")]
 
@@ -168,29 +194,44 @@ def test_a_kind_file_naming_another_kind_is_a_leak(tmp_path):
 def test_a_kind_registered_in_a_central_file_is_a_leak(tmp_path):
     """A kind whose register line is in a central module (not models/{attention,embeddings,heads}/):
     that module names it; its other names stay the central module's own."""
-    entries = plant(tmp_path, append={"megahash/models/registry.py": '\n\n@register_attention("homeless")\n'
-                                                                     'def heads_spec(cfg):\n    return None\n'})
+    entries = plant(
+        tmp_path,
+        append={
+            "megahash/models/registry.py": '\n\n@register_attention("homeless")\n'
+            "def heads_spec(cfg):\n    return None\n"
+        },
+    )
     entries.append(("homeless", SimpleNamespace(file=str(tmp_path / "megahash/models/registry.py"))))
     assert found(tmp_path, entries) == [("megahash/models/registry.py", 9, "homeless", "home")]
 
 
 def test_names_shared_across_groups_are_each_files_own(tmp_path):
     """The embedding ``vocab`` and the head ``vocab``: each file may say "vocab"; another file may not."""
-    entries = plant(tmp_path, {"megahash/models/attention/same_a.py": 'register_attention("same")\nX = "same"\n',
-                               "megahash/models/embeddings/same_b.py": 'register_embedding("same")\n',
-                               MODEL: 'K = "same"\n'})
-    entries += [("same", SimpleNamespace(file=str(tmp_path / "megahash/models/attention/same_a.py"))),
-                ("same", SimpleNamespace(file=str(tmp_path / "megahash/models/embeddings/same_b.py")))]
+    entries = plant(
+        tmp_path,
+        {
+            "megahash/models/attention/same_a.py": 'register_attention("same")\nX = "same"\n',
+            "megahash/models/embeddings/same_b.py": 'register_embedding("same")\n',
+            MODEL: 'K = "same"\n',
+        },
+    )
+    entries += [
+        ("same", SimpleNamespace(file=str(tmp_path / "megahash/models/attention/same_a.py"))),
+        ("same", SimpleNamespace(file=str(tmp_path / "megahash/models/embeddings/same_b.py"))),
+    ]
     assert found(tmp_path, entries) == [(MODEL, 1, "same", "string")]
 
 
 def test_the_entrys_options_class_names_the_fields(tmp_path):
     """``entry.options`` (a dataclass, as the declarations may give it) wins over the register line."""
+
     @dataclasses.dataclass
     class Options:
         window: int = 3
 
-    entries = plant(tmp_path, {MODEL: "def f(cfg):\n    return cfg.model.attention.window, cfg.model.attention.toy_text\n"})
+    entries = plant(
+        tmp_path, {MODEL: "def f(cfg):\n    return cfg.model.attention.window, cfg.model.attention.toy_text\n"}
+    )
     entries[0] = ("toyqk", SimpleNamespace(file=entries[0][1].file, options=Options))
     assert found(tmp_path, entries) == [(MODEL, 2, "window", "config")]
     entries[0] = ("toyqk", SimpleNamespace(file=entries[0][1].file, options="ToyOptions"))  # a class name in the file
@@ -207,11 +248,12 @@ def test_a_one_word_field_counts_only_in_a_config_section(tmp_path):
     """An option ``seed`` is a leak where it is read through a config section (attention, embed, head,
     options) or declared in a section's class; ``cfg.data.seed``, a ``seed=`` keyword, the string
     "seed" or "data.seed" are other seeds. (A field of two words, e.g. ``toy_text``, counts anywhere.)"""
+
     @dataclasses.dataclass
     class Options:
         seed: int = 0
 
-    source = '''
+    source = """
         import dataclasses
 
 
@@ -229,8 +271,11 @@ def test_a_one_word_field_counts_only_in_a_config_section(tmp_path):
             g(seed=cfg.data.seed)
             keys = ["seed", "data.seed", "model.attention.options.seed=3"]
             return cfg.model.attention.seed, keys
-        '''
+        """
     entries = plant(tmp_path, {MODEL: source})
     entries[0] = ("toyqk", SimpleNamespace(file=entries[0][1].file, options=Options))
-    assert found(tmp_path, entries) == [(MODEL, 11, "seed", "config"), (MODEL, 16, "seed", "config"),
-                                        (MODEL, 17, "seed", "config")]
+    assert found(tmp_path, entries) == [
+        (MODEL, 11, "seed", "config"),
+        (MODEL, 16, "seed", "config"),
+        (MODEL, 17, "seed", "config"),
+    ]

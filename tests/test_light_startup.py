@@ -1,5 +1,6 @@
 """Start-up: config validation and `megahash params` run before and without the heavy imports
 (checked through sys.modules, not time), and the closed-form count equals the real model's."""
+
 import json
 import subprocess
 import sys
@@ -25,8 +26,9 @@ print(json.dumps({"codes": codes, "heavy": heavy, "report": json.loads(out.getva
 
 
 def test_params_and_config_errors_without_heavy_imports():
-    r = subprocess.run([sys.executable, "-c", PROBE, *HEAVY], cwd=ROOT, env=child_env(), capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", PROBE, *HEAVY], cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(r.stdout)
     assert res["heavy"] == [], res["heavy"]
@@ -57,10 +59,23 @@ print(json.dumps(out))
 
 
 def test_closed_form_equals_meta_model():
-    variants = [[], ["model.tie_embeddings=false"], ["model.num_query_groups=2"], ["model.qkv_bias=false"],
-                ["model.schedule=list:mha,mqa,mqa,mha"], ["model.schedule=list:gqa,mqa,gqa,mha"], ["model.size=500m", "model.num_layers=2", "model.tie_embeddings=false"]]
-    r = subprocess.run([sys.executable, "-c", CHECK, json.dumps(variants)], cwd=ROOT, env=child_env(),
-                       capture_output=True, text=True, timeout=300)
+    variants = [
+        [],
+        ["model.tie_embeddings=false"],
+        ["model.num_query_groups=2"],
+        ["model.qkv_bias=false"],
+        ["model.schedule=list:mha,mqa,mqa,mha"],
+        ["model.schedule=list:gqa,mqa,gqa,mha"],
+        ["model.size=500m", "model.num_layers=2", "model.tie_embeddings=false"],
+    ]
+    r = subprocess.run(
+        [sys.executable, "-c", CHECK, json.dumps(variants)],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads(r.stdout.strip().splitlines()[-1]) == [True] * len(variants)
 
@@ -93,11 +108,40 @@ def test_missing_or_wrong_inputs_fail_before_heavy_imports(shakespeare_shards, t
     text.write_text("these are notes, not a tokenizer\n" * 50)
     # real tokenizers, not the shards' one: a smaller vocabulary, and the same size from other documents
     for name, vocab, docs in (("small", "500", "0:100"), ("other", "1000", "300:500")):
-        assert train_tokenizer.main(["--input", "shakespeare", "--doc-range", docs, "--output", str(tmp_path / name),
-                                     "--vocab-size", vocab, "--quiet"]) == 0
-    r = subprocess.run([sys.executable, "-c", INPUTS_PROBE, shakespeare_shards["prefix"], shakespeare_shards["tokenizer"],
-                        str(text), str(tmp_path / "small.model"), str(tmp_path / "other.model"), *HEAVY], cwd=ROOT,
-                       env=child_env(), capture_output=True, text=True, timeout=300)
+        assert (
+            train_tokenizer.main(
+                [
+                    "--input",
+                    "shakespeare",
+                    "--doc-range",
+                    docs,
+                    "--output",
+                    str(tmp_path / name),
+                    "--vocab-size",
+                    vocab,
+                    "--quiet",
+                ]
+            )
+            == 0
+        )
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            INPUTS_PROBE,
+            shakespeare_shards["prefix"],
+            shakespeare_shards["tokenizer"],
+            str(text),
+            str(tmp_path / "small.model"),
+            str(tmp_path / "other.model"),
+            *HEAVY,
+        ],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(r.stdout)
     assert res["heavy"] == [] and res["codes"] == [2, 2, 2, 2, 2, 2, 2, 0], res
@@ -135,16 +179,27 @@ print(json.dumps({"codes": codes, "heavy": heavy, "err": err.getvalue()}))
 
 
 def test_missing_paths_of_subcommands_fail_before_heavy_imports():
-    r = subprocess.run([sys.executable, "-c", CLI_PROBE, *HEAVY], cwd=ROOT, env=child_env(), capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", CLI_PROBE, *HEAVY],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(r.stdout)
     assert res["heavy"] == [] and res["codes"] == [2] * 8, res
     assert res["err"].strip().splitlines() == [
-        "error: checkpoint /nonexistent/run does not exist", "error: --tasks-dir /nonexistent/tasks does not exist",
-        "error: checkpoint /nonexistent/run does not exist", "error: --text /nonexistent.txt does not exist",
-        "error: checkpoint /nonexistent/run2 does not exist", "error: checkpoint /nonexistent/run does not exist",
-        "error: --hf /nonexistent/hf does not exist", "error: config file '/nonexistent/model.yaml' does not exist"]
+        "error: checkpoint /nonexistent/run does not exist",
+        "error: --tasks-dir /nonexistent/tasks does not exist",
+        "error: checkpoint /nonexistent/run does not exist",
+        "error: --text /nonexistent.txt does not exist",
+        "error: checkpoint /nonexistent/run2 does not exist",
+        "error: checkpoint /nonexistent/run does not exist",
+        "error: --hf /nonexistent/hf does not exist",
+        "error: config file '/nonexistent/model.yaml' does not exist",
+    ]
 
 
 LAZY_PROBE = r"""
@@ -166,8 +221,9 @@ def test_megatron_fusers_compile_on_first_call_not_at_import():
     """megahash/lazy_fusers.py: importing megatron-core after megahash builds no compiled function
     (no inductor import); a fused function still gives megatron's formula and is the torch.compile'd
     one once called."""
-    r = subprocess.run([sys.executable, "-c", LAZY_PROBE], cwd=ROOT, env=child_env(), capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", LAZY_PROBE], cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(r.stdout.strip().splitlines()[-1])
     assert res["inductor_at_import"] is False and res["compiled"] is True

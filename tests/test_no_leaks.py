@@ -10,6 +10,7 @@ thread, kept alive by megatron-core globals that ``destroy_model_parallel`` forg
 checkpoint metadata dict that megatron fills with the run's data-parallel group, by the default
 argument of DeepSpeed's ``TorchBackend.barrier`` and by the autograd graph of the cost measurement
 (a reference cycle gc cannot see); see megahash/accelerator.py ``teardown``."""
+
 from __future__ import annotations
 
 import gc
@@ -19,10 +20,22 @@ import threading
 
 import pytest
 
-TINY = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=128",
-        "model.vocab_size=0", "data.seq_length=64", "train.micro_batch_size=4", "train.global_batch_size=4",
-        "train.steps=2", "train.warmup_steps=1", "train.log_interval=1", "train.eval_interval=0",
-        "train.keep_last=0", "logging.plot=false"]
+TINY = [
+    "model.hidden_size=64",
+    "model.num_layers=2",
+    "model.num_heads=4",
+    "model.ffn_hidden_size=128",
+    "model.vocab_size=0",
+    "data.seq_length=64",
+    "train.micro_batch_size=4",
+    "train.global_batch_size=4",
+    "train.steps=2",
+    "train.warmup_steps=1",
+    "train.log_interval=1",
+    "train.eval_interval=0",
+    "train.keep_last=0",
+    "logging.plot=false",
+]
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -59,8 +72,9 @@ def _warm_up() -> None:
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc (Linux)")
 @pytest.mark.parametrize("outcome", ["done", "failed"])
-def test_in_process_pretrain_leaves_no_threads_groups_or_files(shakespeare_shards, tmp_path, monkeypatch, capsys,
-                                                              outcome):
+def test_in_process_pretrain_leaves_no_threads_groups_or_files(
+    shakespeare_shards, tmp_path, monkeypatch, capsys, outcome
+):
     """``failed``: a learning rate that makes the loss non-finite at step 2 (FloatingPointError out of
     ``main``); its logs must be closed all the same (TensorBoard's writer thread left one a run)."""
     import torch.distributed as dist
@@ -85,8 +99,13 @@ def test_in_process_pretrain_leaves_no_threads_groups_or_files(shakespeare_shard
     has_shm = os.path.isdir("/dev/shm")
     shm = set(os.listdir("/dev/shm")) if has_shm else set()
 
-    args = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}",
-            *TINY, "logging.tensorboard=true", f"train.save_dir={tmp_path / 'run'}"]
+    args = [
+        f"data.prefix=[{shakespeare_shards['prefix']}]",
+        f"data.tokenizer={shakespeare_shards['tokenizer']}",
+        *TINY,
+        "logging.tensorboard=true",
+        f"train.save_dir={tmp_path / 'run'}",
+    ]
     if outcome == "done":
         status = main(args)
         assert status == 0, capsys.readouterr().err[-3000:]
@@ -132,13 +151,48 @@ def test_in_process_evaluation_releases_its_group(shakespeare_shards, tmp_path, 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     for var in LAUNCHER_VARS:
         monkeypatch.delenv(var, raising=False)
-    assert main([f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}",
-                 *TINY, "train.steps=1", "logging.tensorboard=false", f"train.save_dir={tmp_path / 'run'}"]) == 0
-    assert make_eval_tasks.main(["--source", "shakespeare", "--out", str(tmp_path / "tasks"), "--held-out-docs", "1100:",
-                                 "--n", "8", "--ppl-docs", "1", "--seed", "7"]) == 0
+    assert (
+        main(
+            [
+                f"data.prefix=[{shakespeare_shards['prefix']}]",
+                f"data.tokenizer={shakespeare_shards['tokenizer']}",
+                *TINY,
+                "train.steps=1",
+                "logging.tensorboard=false",
+                f"train.save_dir={tmp_path / 'run'}",
+            ]
+        )
+        == 0
+    )
+    assert (
+        make_eval_tasks.main(
+            [
+                "--source",
+                "shakespeare",
+                "--out",
+                str(tmp_path / "tasks"),
+                "--held-out-docs",
+                "1100:",
+                "--n",
+                "8",
+                "--ppl-docs",
+                "1",
+                "--seed",
+                "7",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
-    rec = evaluate_checkpoint(tmp_path / "run", "shk_order", str(tmp_path / "tasks"), tmp_path / "eval.json", limit=4,
-                              batch_size=4, quiet=True)
+    rec = evaluate_checkpoint(
+        tmp_path / "run",
+        "shk_order",
+        str(tmp_path / "tasks"),
+        tmp_path / "eval.json",
+        limit=4,
+        batch_size=4,
+        quiet=True,
+    )
     assert rec["results"]["shk_order"]  # it did evaluate
     assert not dist.is_initialized()
     left = sorted(n for n in _thread_names(_os_threads()) if n in GROUP_THREADS)

@@ -9,6 +9,7 @@ within 2x mha's in the same run, with nothing non-finite. The kinds come from th
 written from the equations. L=2048 and L=8192 and weights at trained scales: the measurement
 benchmarks/bench_numerics.py (benchmarks/results/2026-11-25_numerics_cpu.md).
 """
+
 from __future__ import annotations
 
 import functools
@@ -36,11 +37,20 @@ KINDS = _kinds.attention(decoder=True)
 
 
 def _cfg(kind, extra, L):
-    return load_config(None, [
-        "model.hidden_size=128", "model.num_heads=4", "model.num_layers=2", "model.ffn_hidden_size=512",
-        f"model.schedule=uniform:{kind}", f"model.max_position_embeddings={L + 8}",
-        f"model.attention.options.fixed_seq_length={L}", f"data.seq_length={L}", *extra,
-    ])
+    return load_config(
+        None,
+        [
+            "model.hidden_size=128",
+            "model.num_heads=4",
+            "model.num_layers=2",
+            "model.ffn_hidden_size=512",
+            f"model.schedule=uniform:{kind}",
+            f"model.max_position_embeddings={L + 8}",
+            f"model.attention.options.fixed_seq_length={L}",
+            f"data.seq_length={L}",
+            *extra,
+        ],
+    )
 
 
 def _models(cfg, L):
@@ -64,8 +74,9 @@ def _step(model, tok, autocast: bool):
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         logits = model.logits(model.hidden_states(tok))
     out = logits.detach().double().clone()  # megatron's cross-entropy shifts fp32 logits in place
-    loss = tensor_parallel.vocab_parallel_cross_entropy(logits.double() if not autocast else logits.float(),
-                                                        tok.roll(-1, 1).t().contiguous()).mean()
+    loss = tensor_parallel.vocab_parallel_cross_entropy(
+        logits.double() if not autocast else logits.float(), tok.roll(-1, 1).t().contiguous()
+    ).mean()
     loss.backward()
     grads = torch.cat([p.grad.double().flatten() for p in model.parameters() if p.grad is not None])
     return out, grads
@@ -77,11 +88,15 @@ def _errors(kind, extra=(), L=512) -> dict:
     tok = torch.randint(0, VOCAB, (1, L), generator=torch.Generator().manual_seed(0))
     lo, go = _step(m32, tok, True)
     lr, gr = _step(m64, tok, False)
+
     def rel(a, b):
         return float((a - b).norm() / b.norm())
 
-    return {"logits": rel(lo, lr), "grads": rel(go, gr),
-            "finite": bool(torch.isfinite(lo).all() and torch.isfinite(go).all())}
+    return {
+        "logits": rel(lo, lr),
+        "grads": rel(go, gr),
+        "finite": bool(torch.isfinite(lo).all() and torch.isfinite(go).all()),
+    }
 
 
 @pytest.mark.parametrize("L", LENGTHS)
@@ -106,6 +121,7 @@ def test_literal_eq_4_16_is_not_within_2x_mha():
 
 # ----------------------------------------------------------------------------- the kernels inside autocast
 
+
 def _thesis64(q, k, v, positive=False):
     """Eq. 4.14-4.17 in fp64 as masked matrices (written from the equations, not megahash.ops)."""
     q, k, v = (t.double() for t in (q, k, v))
@@ -114,8 +130,8 @@ def _thesis64(q, k, v, positive=False):
     phi = (lambda x: torch.where(x > 0, x + 1, torch.exp(x))) if positive else (lambda x: x)
     n = q.shape[-2]
     mask = torch.ones(n, n, dtype=torch.bool).tril()
-    a0 = mask / mask.sum(-1, keepdim=True).double()                               # (4.15)
-    a1 = (phi(q) @ phi(k).transpose(-1, -2)) * mask                                # (4.16)
+    a0 = mask / mask.sum(-1, keepdim=True).double()  # (4.15)
+    a1 = (phi(q) @ phi(k).transpose(-1, -2)) * mask  # (4.16)
     a2 = ((q * q / math.sqrt(2)) @ (k * k / math.sqrt(2)).transpose(-1, -2)) * mask  # (4.17)
     return (a0 + a1 / a1.sum(-1, keepdim=True) + a2 / a2.sum(-1, keepdim=True)) @ v  # (4.14)
 
@@ -129,12 +145,20 @@ def _taylor64(q, k, v):
 
 
 KERNELS = {
-    "approx-thesis literal": (lambda q, k, v: __import__("megahash.ops.orders.chunk", fromlist=["x"]).orders_causal(
-        q, k, v, 64)[0], _thesis64),
-    "approx-thesis positive": (lambda q, k, v: __import__("megahash.ops.orders.chunk", fromlist=["x"]).orders_causal(
-        q, k, v, 64, positive=True)[0], lambda q, k, v: _thesis64(q, k, v, True)),
-    "approx": (lambda q, k, v: __import__("megahash.ops.taylor.chunk", fromlist=["x"]).taylor_causal(q, k, v, 64)[0],
-               _taylor64),
+    "approx-thesis literal": (
+        lambda q, k, v: __import__("megahash.ops.orders.chunk", fromlist=["x"]).orders_causal(q, k, v, 64)[0],
+        _thesis64,
+    ),
+    "approx-thesis positive": (
+        lambda q, k, v: __import__("megahash.ops.orders.chunk", fromlist=["x"]).orders_causal(
+            q, k, v, 64, positive=True
+        )[0],
+        lambda q, k, v: _thesis64(q, k, v, True),
+    ),
+    "approx": (
+        lambda q, k, v: __import__("megahash.ops.taylor.chunk", fromlist=["x"]).taylor_causal(q, k, v, 64)[0],
+        _taylor64,
+    ),
 }
 
 
@@ -147,6 +171,7 @@ def test_kernels_accumulate_in_fp32_under_autocast(name):
     run, ref = KERNELS[name]
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 1, 256, 16, generator=g) for _ in range(3))
+
     def rel(a, b):
         return float((a.double() - b).norm() / b.norm())
 
@@ -158,4 +183,4 @@ def test_kernels_accumulate_in_fp32_under_autocast(name):
     assert auto.dtype == torch.float32 and low.dtype == torch.bfloat16
     assert rel(auto, want) <= 2 * rel(plain, want) + 1e-6  # fp32 accumulation: fp32's error, not bf16's
     rounded = [t.bfloat16().float() for t in (q, k, v)]  # the same values as the bf16 inputs, in fp32
-    assert rel(low, run(*rounded)) <= 2 ** -8  # bf16 inputs: fp32 arithmetic, then the output's rounding
+    assert rel(low, run(*rounded)) <= 2**-8  # bf16 inputs: fp32 arithmetic, then the output's rounding

@@ -6,6 +6,7 @@ compared with tolerances from the dtype (tests/numerics.py); bit-equality is ass
 is the promise (integer data, copied values, resume, one deterministic path). The checker is also
 run on planted violations, so it cannot pass vacuously.
 """
+
 from __future__ import annotations
 
 import ast
@@ -51,14 +52,19 @@ def unjustified(source: str) -> list[int]:
 
 
 def test_every_bit_exact_comparison_in_tests_says_why():
-    found = {f"{p.name}:{n}": p.read_text().splitlines()[n - 1].strip()
-             for p in sorted(TESTS.rglob("*.py")) for n in unjustified(p.read_text())}
-    assert not found, ("bit-exact comparisons without a '# bit-exact: <reason>' comment (compare floating-point "
-                       f"results of different kernels/layouts/dtypes with tests/numerics.ulp_tol): {found}")
+    found = {
+        f"{p.name}:{n}": p.read_text().splitlines()[n - 1].strip()
+        for p in sorted(TESTS.rglob("*.py"))
+        for n in unjustified(p.read_text())
+    }
+    assert not found, (
+        "bit-exact comparisons without a '# bit-exact: <reason>' comment (compare floating-point "
+        f"results of different kernels/layouts/dtypes with tests/numerics.ulp_tol): {found}"
+    )
 
 
 def test_the_checker_flags_a_planted_violation():
-    planted = '''
+    planted = """
 import numpy as np
 import torch
 
@@ -80,7 +86,7 @@ def test_x(pa, rx, a, b):
     for k in a:  # bit-exact: copied, not computed
         assert torch.equal(a[k],
                            b[k])  # bit-exact: copied, not computed
-'''
+"""
     assert unjustified(planted) == [6, 7, 8, 11, 12, 19]
 
 

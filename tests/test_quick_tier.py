@@ -1,6 +1,7 @@
 """The quick tier (README "Tests": ``pytest -m quick``, derived in tests/conftest.py from the measured
 tests/durations.json): at least 100 tests, at most 5 minutes by those measurements, and every package of
 megahash imported by one of its test modules."""
+
 import ast
 import json
 import re
@@ -11,8 +12,27 @@ from conftest import DURATIONS, ROOT, child_env
 
 
 def _quick_nodeids() -> list[str]:
-    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "quick", "-p", "no:cacheprovider",
-                        "-p", "no:xdist", "tests"], cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-m",
+            "quick",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            "tests",
+        ],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     return [line for line in r.stdout.splitlines() if "::" in line]
 

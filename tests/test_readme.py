@@ -3,6 +3,7 @@ repository, after the quickstart. Commands are only shortened by arguments appen
 (later config overrides and later argparse options win); a command no rule knows fails the test,
 so a new README command must be given a rule here. Heavy or unreachable ones are skipped with the
 reason in SKIP."""
+
 import re
 import shlex
 import shutil
@@ -41,8 +42,7 @@ SKIP = {
     "sbatch": "needs a SLURM allocation of GPU nodes (the scripts are tested on a local SLURM in tests/launching/test_slurm.py)",
     "DATA_PREFIX=": "needs a SLURM allocation and the Pile (tests/launching/test_slurm.py runs the script on a local SLURM)",
     "deepspeed --hostfile": "needs two hosts with 8 GPUs",
-    "megahash sweep --grid configs/grids/table4_1_tiny.yaml --launcher local":
-        "trains all 8 cells (minutes each); tests/experiments/test_sweep.py runs a 2x2 tiny grid end to end, locally and on SLURM",
+    "megahash sweep --grid configs/grids/table4_1_tiny.yaml --launcher local": "trains all 8 cells (minutes each); tests/experiments/test_sweep.py runs a 2x2 tiny grid end to end, locally and on SLURM",
 }
 
 
@@ -59,8 +59,13 @@ def readme_commands(text: str) -> list[str]:
 
 def fresh_copy(dst: Path) -> None:
     """The repository as a clone has it: tracked and not-ignored files only (no data/, no runs/)."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True,
-                           check=True).stdout.decode().split("\0")
+    files = (
+        subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True, check=True
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for f in filter(None, files):
         src = ROOT / f
         if src.is_file():
@@ -88,13 +93,32 @@ def test_readme_commands_run_in_order(shakespeare_shards, tmp_path):
         (shims / name).write_text(
             "#!/usr/bin/env bash\n"
             f"port=$({sys.executable} -c 'from megahash.launching.env import free_port; print(free_port())')\n"
-            f'exec {real} {flag} "$port" "$@"\n')
+            f'exec {real} {flag} "$port" "$@"\n'
+        )
         (shims / name).chmod(0o755)
     env = child_env(PYTHONPATH=str(repo))
     env["PATH"] = f"{shims}:{env['PATH']}"
-    r = subprocess.run([sys.executable, "data_tools/make_eval_tasks.py", "--source", "shakespeare", "--held-out-docs",
-                        "1100:", "--out", "data/eval_tasks", "--n", "10", "--ppl-docs", "3"], cwd=repo, env=env,
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "data_tools/make_eval_tasks.py",
+            "--source",
+            "shakespeare",
+            "--held-out-docs",
+            "1100:",
+            "--out",
+            "data/eval_tasks",
+            "--n",
+            "10",
+            "--ppl-docs",
+            "3",
+        ],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
 
     cmds = readme_commands((ROOT / "README.md").read_text())
@@ -115,7 +139,14 @@ def test_readme_commands_run_in_order(shakespeare_shards, tmp_path):
     out = dict((c, r.stdout) for c, r in ran)
     qs = out["bash launch/quickstart.sh"]
     assert "after 4 steps" in qs and "quickstart: [6/6]" in qs
-    for d in ("runs/quickstart/step_00000004", "runs/tp2sp/step_00000002", "runs/torchrun/step_00000002",
-              "runs/one_rank/step_00000002", "runs/quickstart/indicators", "hf/quickstart", "runs/continued"):
+    for d in (
+        "runs/quickstart/step_00000004",
+        "runs/tp2sp/step_00000002",
+        "runs/torchrun/step_00000002",
+        "runs/one_rank/step_00000002",
+        "runs/quickstart/indicators",
+        "hf/quickstart",
+        "runs/continued",
+    ):
         assert (repo / d).exists(), d
     assert (repo / "data/eval_tasks/shk_held_out.txt").stat().st_size > 1000

@@ -2,6 +2,7 @@
 comments or the docs use is an entry of docs/references.md, every entry there has a year and an
 arXiv id or URL, markdown links to it land on an entry, and no citation names a seed document
 ("seed 00N") that a contributor does not have."""
+
 import io
 import os
 import re

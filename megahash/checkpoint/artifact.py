@@ -1,5 +1,6 @@
 """Quantized weight artifacts (``megahash export --quantize``, megahash/models/quantized.py): one
 compressed file of a checkpoint's weights, written, read back (round-tripped) and loaded into a model."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,8 +19,16 @@ def write_artifact(state: dict, path: Path, fmt: str, codec: str, meta: dict) ->
     from megahash.models.quantized import FORMATS, compress, encode
 
     buf = io.BytesIO()
-    torch.save({"megahash_artifact": 1, "format": fmt, "bits": FORMATS[fmt], "meta": meta,
-                "tensors": encode(state, FORMATS[fmt])}, buf)
+    torch.save(
+        {
+            "megahash_artifact": 1,
+            "format": fmt,
+            "bits": FORMATS[fmt],
+            "meta": meta,
+            "tensors": encode(state, FORMATS[fmt]),
+        },
+        buf,
+    )
     blob = compress(buf.getvalue(), codec)
     write_bytes_atomic(path, blob)
     return len(blob)

@@ -13,6 +13,7 @@ Layout of ``train.save_dir``::
     latest                    name of the newest complete checkpoint (written last, atomically)
     eval/step_N.pin           present while step_N is evaluated (eval.interval)
 """
+
 from __future__ import annotations
 
 import json

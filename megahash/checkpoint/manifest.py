@@ -5,6 +5,7 @@ DeepSpeed's and megatron's included) before ``megahash_state.json``. :func:`dama
 checkpoint cannot be resumed from: state file unreadable, a file of the manifest missing or of
 another size, a torch ``.pt`` file that is not a readable zip.
 """
+
 from __future__ import annotations
 
 import json

@@ -32,6 +32,7 @@ highest saved count. The LR schedule is put at the saved step by the caller.
 The cost of a save is one gather of the state per parameter (all-reduce/all-gather over DP) and one
 dist-checkpoint write of twice the model's fp32 size, by the first data-parallel rank of each shard.
 """
+
 from __future__ import annotations
 
 import json
@@ -63,8 +64,12 @@ def _flat_slices(engine) -> dict | None:
     padding): id(parameter) -> (master, offset of the parameter in it). None for other optimizers."""
     opt = engine.optimizer
     if type(opt).__name__ == "FP16_UnfusedOptimizer" and hasattr(opt, "fp32_groups"):
-        return {id(p): (m, 0) for g16, g32 in zip(opt.fp16_groups, opt.fp32_groups) for p, m in zip(g16, g32)
-                if m.numel() == p.numel()}
+        return {
+            id(p): (m, 0)
+            for g16, g32 in zip(opt.fp16_groups, opt.fp32_groups)
+            for p, m in zip(g16, g32)
+            if m.numel() == p.numel()
+        }
     if type(opt).__name__ != "FP16_Optimizer" or not hasattr(opt, "fp32_groups_flat"):
         return None
     out = {}
@@ -89,9 +94,11 @@ def unsupported(engine) -> str | None:
     flat = _flat_slices(engine)
     if flat is not None and all(id(p) in flat for p in params):
         return None  # flat fp32 masters per group (ZeRO-0 in bf16)
-    return (f"DeepSpeed's {type(engine.optimizer).__name__} (ZeRO stage {engine.zero_optimization_stage()}, "
-            f"{'bf16' if engine.bfloat16_enabled() else 'fp16' if engine.fp16_enabled() else 'fp32'}) keeps its "
-            f"state in flat buffers megahash cannot address per parameter")
+    return (
+        f"DeepSpeed's {type(engine.optimizer).__name__} (ZeRO stage {engine.zero_optimization_stage()}, "
+        f"{'bf16' if engine.bfloat16_enabled() else 'fp16' if engine.fp16_enabled() else 'fp32'}) keeps its "
+        f"state in flat buffers megahash cannot address per parameter"
+    )
 
 
 def _keys_of(engine, p, keys: list[str]) -> list[str]:
@@ -150,8 +157,11 @@ def per_parameter(engine) -> bool:
     """True when the torch optimizer itself runs on the parameters (ZeRO-0 in fp32): its state, and
     Adam's step count, are per parameter, and a parameter without a gradient has none."""
     params = [p for p in engine.module.parameters() if p.requires_grad]
-    return (torch_optimizer(engine) is engine.optimizer and _flat_slices(engine) is None
-            and not any(hasattr(p, "ds_id") or hasattr(p, "_hp_mapping") for p in params))
+    return (
+        torch_optimizer(engine) is engine.optimizer
+        and _flat_slices(engine) is None
+        and not any(hasattr(p, "ds_id") or hasattr(p, "_hp_mapping") for p in params)
+    )
 
 
 def _count(st) -> int | None:
@@ -260,8 +270,8 @@ def _set(engine, p, key: str, value: torch.Tensor) -> None:
         rank, size = opt._get_param_partition_rank(p), p.partition_numel()
         flat = value.reshape(-1)
         local = torch.zeros(size, dtype=torch.float32)
-        piece = flat[rank * size:(rank + 1) * size]
-        local[:piece.numel()] = piece
+        piece = flat[rank * size : (rank + 1) * size]
+        local[: piece.numel()] = piece
         local = local.to(p.ds_tensor.device)
         safe_set_local_fp32_param(p, local) if key == MASTER else safe_set_local_optimizer_state(p, local, key)
     elif hasattr(p, "_hp_mapping"):
@@ -310,10 +320,18 @@ def save(engine, directory: Path, zero_stage: int, async_queue=None) -> None:
             sharded[f"{key}.{i}"] = make_sharded_optimizer_tensor(sh, _get(engine, p, key, shape), prefix=key)
     directory.mkdir(parents=True, exist_ok=True)
     dist_save(sharded, directory, async_queue)
-    _write_info(directory, {"format": FORMAT, "complete": True, "keys": keys,
-                            "adam_step": max((n for n in steps if n is not None), default=0),
-                            "param_steps": {names[id(p)]: n for (p, _, _), n in zip(params, steps)},
-                            "layers": "per_layer", "saved_zero_stage": engine.zero_optimization_stage()})
+    _write_info(
+        directory,
+        {
+            "format": FORMAT,
+            "complete": True,
+            "keys": keys,
+            "adam_step": max((n for n in steps if n is not None), default=0),
+            "param_steps": {names[id(p)]: n for (p, _, _), n in zip(params, steps)},
+            "layers": "per_layer",
+            "saved_zero_stage": engine.zero_optimization_stage(),
+        },
+    )
 
 
 def _names(engine) -> dict:
@@ -350,18 +368,23 @@ def load(engine, directory: Path, zero_stage: int) -> int:
         raise CheckpointError(f"checkpoint {directory.parent} holds no movable optimizer state: {info['reason']}")
     why = unsupported(engine)
     if why is not None:
-        raise CheckpointError(f"this run's optimizer cannot take the optimizer state of {directory.parent}: {why}; "
-                              f"resume at the saved layout, or with train.resume_weights_only=true (docs/resume.md)")
+        raise CheckpointError(
+            f"this run's optimizer cannot take the optimizer state of {directory.parent}: {why}; "
+            f"resume at the saved layout, or with train.resume_weights_only=true (docs/resume.md)"
+        )
     # fp32 masters of a bf16 run go into a bf16 run's masters; a fp32 run takes the weights of model/
     keys = [k for k in info["keys"] if k != MASTER or MASTER in _state_keys(engine)]
     from megahash.checkpoint.weights import sharded_metadata  # older checkpoints: the weights' layer layout
 
-    params = _sharded_params(engine, zero_stage,
-                             PER_LAYER if info.get("layers") == "per_layer" else sharded_metadata(engine.module))
+    params = _sharded_params(
+        engine, zero_stage, PER_LAYER if info.get("layers") == "per_layer" else sharded_metadata(engine.module)
+    )
     template = {}
     for i, (p, sh, shape) in enumerate(params):
         for key in _keys_of(engine, p, keys):
-            template[f"{key}.{i}"] = make_sharded_optimizer_tensor(sh, torch.zeros(shape, dtype=torch.float32), prefix=key)
+            template[f"{key}.{i}"] = make_sharded_optimizer_tensor(
+                sh, torch.zeros(shape, dtype=torch.float32), prefix=key
+            )
     try:
         from megahash.known_warnings import DIST_CHECKPOINT_LOAD, silenced
 
@@ -370,8 +393,10 @@ def load(engine, directory: Path, zero_stage: int) -> int:
     except (KeyboardInterrupt, SystemExit, CheckpointError):
         raise
     except BaseException as e:  # noqa: BLE001 - megatron/torch raise several kinds
-        raise CheckpointError(f"the optimizer state in {directory} does not fit this model ({error_line(e)}); "
-                              f"resume with train.resume_weights_only=true (docs/resume.md)") from None
+        raise CheckpointError(
+            f"the optimizer state in {directory} does not fit this model ({error_line(e)}); "
+            f"resume with train.resume_weights_only=true (docs/resume.md)"
+        ) from None
     ensure_state(engine)
     for i, (p, _sh, _shape) in enumerate(params):
         for key in _keys_of(engine, p, keys):
@@ -379,6 +404,9 @@ def load(engine, directory: Path, zero_stage: int) -> int:
     step = int(info.get("adam_step", 0))
     saved = info.get("param_steps")  # older checkpoints: one count for every parameter
     names = _names(engine)
-    _set_steps(engine, [p for p, _, _ in params],
-               [saved.get(names[id(p)]) if saved is not None else step for p, _, _ in params])
+    _set_steps(
+        engine,
+        [p for p, _, _ in params],
+        [saved.get(names[id(p)]) if saved is not None else step for p, _, _ in params],
+    )
     return step

@@ -5,6 +5,7 @@
 *verified* one (manifest.damage); each damaged newer one is named in a warning. When checkpoints
 exist but none is intact it is one line instead of silently starting from scratch.
 """
+
 from __future__ import annotations
 
 import sys
@@ -28,8 +29,9 @@ def candidates(save_dir: Path) -> list[Path]:
     """``step_N`` folders of ``save_dir`` newest first (complete or not)."""
     if not save_dir.is_dir():
         return []
-    return sorted((p for p in save_dir.iterdir() if p.is_dir() and TAG_RE.match(p.name)),
-                  key=lambda p: p.name, reverse=True)
+    return sorted(
+        (p for p in save_dir.iterdir() if p.is_dir() and TAG_RE.match(p.name)), key=lambda p: p.name, reverse=True
+    )
 
 
 def choose_resume(save_dir: str | Path, warn: bool = True) -> Path | None:
@@ -42,14 +44,19 @@ def choose_resume(save_dir: str | Path, warn: bool = True) -> Path | None:
         if why is None:
             if skipped and warn:
                 for s, w in skipped:
-                    print(f"warning: checkpoint {s} is damaged ({w}); resuming from the older {c.name}", file=sys.stderr,
-                          flush=True)
+                    print(
+                        f"warning: checkpoint {s} is damaged ({w}); resuming from the older {c.name}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
             return c
         skipped.append((c, why))
     if skipped:
         s, w = skipped[0]
-        raise CheckpointError(f"no intact checkpoint in {save_dir}: the newest, {s.name}, is damaged ({w}) and no older "
-                              f"one is intact; restore it, or start over with train.resume=none or another train.save_dir")
+        raise CheckpointError(
+            f"no intact checkpoint in {save_dir}: the newest, {s.name}, is damaged ({w}) and no older "
+            f"one is intact; restore it, or start over with train.resume=none or another train.save_dir"
+        )
     return None
 
 

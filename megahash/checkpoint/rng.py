@@ -1,5 +1,6 @@
 """Each rank's RNG states in a checkpoint (``rng_rankNNNNN.json``): torch, numpy and Python's
 generators (accelerator.rng_state) as JSON, tensors and arrays tagged with their dtype."""
+
 from __future__ import annotations
 
 import json

@@ -13,6 +13,7 @@ Resuming training additionally loads DeepSpeed's optimizer/engine state (``*_opt
 ``mp_rank_*_model_states.pt``) with DeepSpeed's own ``torch.load(weights_only=False)``: resume only
 from checkpoints of trusted origin (docs/launching.md).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,8 +25,15 @@ import torch
 from megahash.errors import CheckpointError
 
 _DATA_MODULES = ("torch.distributed.checkpoint.",)
-_TORCH_NAMES = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
-                ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "slice"), ("builtins", "complex")}
+_TORCH_NAMES = {
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("collections", "OrderedDict"),
+    ("builtins", "set"),
+    ("builtins", "frozenset"),
+    ("builtins", "slice"),
+    ("builtins", "complex"),
+}
 
 
 class RestrictedUnpickler(pickle.Unpickler):
@@ -42,8 +50,10 @@ class RestrictedUnpickler(pickle.Unpickler):
             if isinstance(cand, (torch.dtype, torch.memory_format, torch.layout)):
                 obj = cand
         if obj is None:
-            raise CheckpointError(f"checkpoint metadata asks to run {module}.{name}: refused (weights are loaded "
-                                  f"without running code); the checkpoint is damaged or not from megahash")
+            raise CheckpointError(
+                f"checkpoint metadata asks to run {module}.{name}: refused (weights are loaded "
+                f"without running code); the checkpoint is damaged or not from megahash"
+            )
         return obj
 
 
@@ -67,8 +77,10 @@ def no_code_unpickling():
 
     forced = os.environ.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "0").lower() not in ("0", "", "false")
     if forced or torch.serialization._default_to_weights_only(None) is not True:
-        raise CheckpointError("torch.load is configured to unpickle code (TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD); unset it "
-                              "to load checkpoint weights")
+        raise CheckpointError(
+            "torch.load is configured to unpickle code (TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD); unset it "
+            "to load checkpoint weights"
+        )
     real = filesystem.pickle
     proxy = types.SimpleNamespace(**{k: getattr(real, k) for k in dir(real) if not k.startswith("__")})
     proxy.load = restricted_load

@@ -1,4 +1,5 @@
 """A checkpoint's model signature: what must match for its weights to be loaded into a model."""
+
 from __future__ import annotations
 
 from megahash.config import Config

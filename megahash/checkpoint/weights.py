@@ -14,6 +14,7 @@ refuses them ("Invalid access pattern"), so such models are saved with
 ``metadata={"non_homogeneous_layers": True}`` (one key per layer, ``decoder.layers.N.*``);
 homogeneous models keep the stacked layout. Loading tries the model's own layout, then the other.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -100,9 +101,13 @@ def load_weights(model: torch.nn.Module, directory: Path) -> None:
             # words) and checkpoint keys the model does not ask for ("missing") come back instead of
             # failing the load. Only ``_extra_state`` may differ (None for megatron's local linears; a
             # replicated K/V projection, e.g. MQA at TP=2, has none)
-            with no_code_unpickling(), silenced(DIST_CHECKPOINT_LOAD):  # data only: never run code from a checkpoint file
-                loaded, extra, lacking = dist_checkpointing.load(model.sharded_state_dict(metadata=metadata),
-                                                                 str(directory), strict=StrictHandling.RETURN_ALL)
+            with (
+                no_code_unpickling(),
+                silenced(DIST_CHECKPOINT_LOAD),
+            ):  # data only: never run code from a checkpoint file
+                loaded, extra, lacking = dist_checkpointing.load(
+                    model.sharded_state_dict(metadata=metadata), str(directory), strict=StrictHandling.RETURN_ALL
+                )
         except (KeyboardInterrupt, SystemExit, CheckpointError):
             raise
         except BaseException as e:  # megatron/torch raise several kinds; torch's CheckpointException is a BaseException
@@ -128,16 +133,19 @@ def load_chosen(model: torch.nn.Module, ckpt: Path, weights: str = "live") -> No
         return load_weights(model, ckpt / WEIGHTS_DIR)
     if weights == "ema":
         if not (ckpt / EMA_DIR).is_dir():
-            raise CheckpointError(f"checkpoint {ckpt} has no weight average ({EMA_DIR}/): it was trained without "
-                                  f"train.ema_decay; use --weights live")
+            raise CheckpointError(
+                f"checkpoint {ckpt} has no weight average ({EMA_DIR}/): it was trained without "
+                f"train.ema_decay; use --weights live"
+            )
         return load_weights(model, ckpt / EMA_DIR)
     from megahash.checkpoint.artifact import load_artifact_into
 
     load_artifact_into(model, Path(weights))
 
 
-def load_for_inference(path: str | Path, overrides: list[str] | None = None, dtype=torch.float32,
-                       weights: str = "live"):
+def load_for_inference(
+    path: str | Path, overrides: list[str] | None = None, dtype=torch.float32, weights: str = "live"
+):
     """(cfg, model at TP=1 in eval mode, checkpoint dir) of a megahash checkpoint, in this process;
     ``weights``: which weights (:func:`load_chosen`)."""
     from megahash import accelerator

@@ -25,6 +25,7 @@ Logits are over the real vocabulary (the tokenizer's); the rows megatron added t
 divisible by 128 x TP are kept in ``model.safetensors`` (megahash format) or
 ``megahash_extra.safetensors`` (qwen2) so that ``megahash import-hf`` restores them exactly.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,6 +53,7 @@ BASE_PREFIXES = ("embedding.", "decoder.")  # + the kind inputs' attributes (mod
 
 # ----------------------------------------------------------------------------------- state dicts
 
+
 def megahash_state(model) -> dict:
     """TP=1 tensors of a MegahashLM (parameters and persistent buffers; no ``_extra_state``)."""
     out = {}
@@ -70,10 +72,11 @@ def to_hf_names(state: dict, kind_inputs=()) -> dict:
 
 
 def from_hf_names(state: dict) -> dict:
-    return {(k[len("model."):] if k.startswith("model.") else k): v for k, v in state.items()}
+    return {(k[len("model.") :] if k.startswith("model.") else k): v for k, v in state.items()}
 
 
 # ----------------------------------------------------------------------------------- config
+
 
 def layer_specs(model) -> list[dict]:
     """Per layer: attention kind and what the HF model needs to build it."""
@@ -125,26 +128,47 @@ def hf_config_dict(cfg, model, vocab_size: int, step: int) -> dict:
 
     tree = portable_tree(cfg.to_dict())  # no local paths in an export
     return dict(
-        megahash_config=tree, vocab_size=int(vocab_size), padded_vocab_size=int(model.vocab_size),
-        hidden_size=m.hidden_size, num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads,
-        num_key_value_heads=m.num_query_groups or m.num_heads, intermediate_size=m.ffn_hidden_size,
-        max_position_embeddings=m.max_position_embeddings, rope_theta=float(m.rotary_base), norm_eps=m.norm_eps,
-        arch=m.arch, objective=cfg.train.objective, embedding=m.embedding, head=objective_spec(cfg.train.objective).head_name(m.head),
-        tie_embeddings=bool(model.tie), qkv_bias=bool(m.qkv_bias), layer_specs=layer_specs(model),
-        embed=embed_meta(model), kind_inputs=kind_inputs, hash_spec=spec.name if spec is not None else None,
-        code_width=spec.width if spec is not None else 0, num_buckets=num_buckets, megahash_step=int(step),
-        **special_token_ids(cfg), n_positions=int(cfg.data.seq_length),
+        megahash_config=tree,
+        vocab_size=int(vocab_size),
+        padded_vocab_size=int(model.vocab_size),
+        hidden_size=m.hidden_size,
+        num_hidden_layers=m.num_layers,
+        num_attention_heads=m.num_heads,
+        num_key_value_heads=m.num_query_groups or m.num_heads,
+        intermediate_size=m.ffn_hidden_size,
+        max_position_embeddings=m.max_position_embeddings,
+        rope_theta=float(m.rotary_base),
+        norm_eps=m.norm_eps,
+        arch=m.arch,
+        objective=cfg.train.objective,
+        embedding=m.embedding,
+        head=objective_spec(cfg.train.objective).head_name(m.head),
+        tie_embeddings=bool(model.tie),
+        qkv_bias=bool(m.qkv_bias),
+        layer_specs=layer_specs(model),
+        embed=embed_meta(model),
+        kind_inputs=kind_inputs,
+        hash_spec=spec.name if spec is not None else None,
+        code_width=spec.width if spec is not None else 0,
+        num_buckets=num_buckets,
+        megahash_step=int(step),
+        **special_token_ids(cfg),
+        n_positions=int(cfg.data.seq_length),
     )
 
 
 # ----------------------------------------------------------------------------------- files
 
+
 def write_hashing_files(out: Path, codec, cfg) -> list[str]:
     """``megahash_hashing.json`` (+ pieces / word table / LSH planes) for raw text -> ids, codes."""
     files = [HASHING_FILE]
-    meta = {"kind": "words" if codec.kind == "words" else codec.kind,
-            "hash_spec": codec.spec.name if codec.spec is not None else None,
-            "md5_key": codec.description.get("md5_key", "en"), "hash_unit": codec.description.get("hash_unit", "word")}
+    meta = {
+        "kind": "words" if codec.kind == "words" else codec.kind,
+        "hash_spec": codec.spec.name if codec.spec is not None else None,
+        "md5_key": codec.description.get("md5_key", "en"),
+        "hash_unit": codec.description.get("hash_unit", "word"),
+    }
     if codec.kind == "words":
         (out / "megahash_words.json").write_text(json.dumps(codec.word_list, ensure_ascii=False))
         meta["words_file"] = "megahash_words.json"
@@ -152,7 +176,9 @@ def write_hashing_files(out: Path, codec, cfg) -> list[str]:
     else:
         pieces = list(codec.coder.pieces) if codec.coder is not None else list(codec.sp.hash_pieces)
         special = (codec.coder.special if codec.coder is not None else codec.special_flags).tolist()
-        (out / "megahash_pieces.json").write_text(json.dumps({"pieces": pieces, "special": special}, ensure_ascii=False))
+        (out / "megahash_pieces.json").write_text(
+            json.dumps({"pieces": pieces, "special": special}, ensure_ascii=False)
+        )
         meta.update(pieces_file="megahash_pieces.json")
         if codec.kind == "sentencepiece":
             meta["sp_model"] = "tokenizer.model"
@@ -169,11 +195,11 @@ def write_hashing_files(out: Path, codec, cfg) -> list[str]:
 
 def generation_config(out: Path, max_length: int, cfg=None) -> None:
     ids = special_token_ids(cfg) if cfg is not None else SPECIAL_IDS
-    (out / "generation_config.json").write_text(json.dumps(
-        {**ids, "do_sample": False}, indent=1))
+    (out / "generation_config.json").write_text(json.dumps({**ids, "do_sample": False}, indent=1))
 
 
 # ----------------------------------------------------------------------------------- export
+
 
 def load_checkpoint(checkpoint, tokenizer: str | None = None, weights: str = "live"):
     """(cfg, TP=1 model, checkpoint dir, codec or None, step) of a megahash checkpoint; ``weights``: live
@@ -192,8 +218,18 @@ def load_checkpoint(checkpoint, tokenizer: str | None = None, weights: str = "li
     return cfg, model, ckpt, codec, step
 
 
-def export_model(cfg, model, output, codec=None, step: int = 0, dtype: str = "float32", fmt: str = "auto",
-                 vocab_size: int | None = None, max_shard_size=MAX_SHARD_SIZE, run_dir=None) -> dict:
+def export_model(
+    cfg,
+    model,
+    output,
+    codec=None,
+    step: int = 0,
+    dtype: str = "float32",
+    fmt: str = "auto",
+    vocab_size: int | None = None,
+    max_shard_size=MAX_SHARD_SIZE,
+    run_dir=None,
+) -> dict:
     """Write the HF folder of an in-memory TP=1 megahash model; returns a summary dict."""
     from megahash.convert import qwen2, remote_code
 
@@ -203,18 +239,31 @@ def export_model(cfg, model, output, codec=None, step: int = 0, dtype: str = "fl
         raise ConfigError(f"--format must be auto, megahash or qwen2, got {fmt!r}")
     why = qwen2.ineligible(cfg, model)
     if fmt == "qwen2" and why:
-        raise ConfigError(f"--format qwen2 needs a decoder with only standard attention and a vocabulary embedding "
-                          f"and head: {why}; use --format megahash")
+        raise ConfigError(
+            f"--format qwen2 needs a decoder with only standard attention and a vocabulary embedding "
+            f"and head: {why}; use --format megahash"
+        )
     fmt = "qwen2" if fmt == "qwen2" or (fmt == "auto" and not why) else "megahash"
     if fmt == "megahash":
         remote_code.check_references(cfg, model)  # a kind without a plain-torch reference: before writing anything
-    vocab = int(vocab_size or (codec.vocab_size if codec is not None else 0) or cfg.model.vocab_size or model.vocab_size)
+    vocab = int(
+        vocab_size or (codec.vocab_size if codec is not None else 0) or cfg.model.vocab_size or model.vocab_size
+    )
     if vocab > model.vocab_size:
         raise CheckpointError(f"vocabulary {vocab} exceeds the checkpoint's {model.vocab_size} rows")
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
-    for stale in (WEIGHTS_FILE, EXTRA_FILE, HASHING_FILE, "megahash_lsh.npz", "megahash_pieces.json",
-                  "megahash_words.json", "tokenization_megahash.py", "model.safetensors.index.json", *REMOTE_FILES):
+    for stale in (
+        WEIGHTS_FILE,
+        EXTRA_FILE,
+        HASHING_FILE,
+        "megahash_lsh.npz",
+        "megahash_pieces.json",
+        "megahash_words.json",
+        "tokenization_megahash.py",
+        "model.safetensors.index.json",
+        *REMOTE_FILES,
+    ):
         (out / stale).unlink(missing_ok=True)
     for stale in [*out.glob("model-*-of-*.safetensors"), *remote_code.stale_files(out)]:
         stale.unlink()
@@ -232,8 +281,11 @@ def export_model(cfg, model, output, codec=None, step: int = 0, dtype: str = "fl
         arch = arch_of(cfg.model.arch)
         head_cls = arch.hf_class
         modeling = remote_code.MODELING_MODULE
-        auto_map = {"AutoConfig": f"{remote_code.CONFIG_MODULE}.MegahashConfig", "AutoModel": f"{modeling}.MegahashModel",
-                    arch.hf_auto: f"{modeling}.{head_cls}"}
+        auto_map = {
+            "AutoConfig": f"{remote_code.CONFIG_MODULE}.MegahashConfig",
+            "AutoModel": f"{modeling}.MegahashModel",
+            arch.hf_auto: f"{modeling}.{head_cls}",
+        }
         config = MegahashConfig(**fields, auto_map=auto_map, architectures=[head_cls], dtype=dtype)
         config.save_pretrained(str(out))
         files += ["config.json", *remote]
@@ -250,20 +302,40 @@ def export_model(cfg, model, output, codec=None, step: int = 0, dtype: str = "fl
         files += tok_info["files"]
         files += write_hashing_files(out, codec, cfg)
         if tok_info["mismatches"]:
-            print(f"megahash export-hf: warning: tokenizer.json differs from the run's tokenizer on "
-                  f"{tok_info['mismatches']} probe texts; use model.encode_text for exact ids", file=sys.stderr)
-    return {"output": str(out), "format": fmt, "dtype": dtype, "vocab_size": vocab,
-            "padded_vocab_size": int(model.vocab_size), "step": int(step), "files": sorted(set(files)),
-            "tokenizer_mismatches": tok_info["mismatches"], "qwen2_ineligible": why or None}
+            print(
+                f"megahash export-hf: warning: tokenizer.json differs from the run's tokenizer on "
+                f"{tok_info['mismatches']} probe texts; use model.encode_text for exact ids",
+                file=sys.stderr,
+            )
+    return {
+        "output": str(out),
+        "format": fmt,
+        "dtype": dtype,
+        "vocab_size": vocab,
+        "padded_vocab_size": int(model.vocab_size),
+        "step": int(step),
+        "files": sorted(set(files)),
+        "tokenizer_mismatches": tok_info["mismatches"],
+        "qwen2_ineligible": why or None,
+    }
 
 
-def export_hf(checkpoint, output, dtype: str = "float32", fmt: str = "auto", tokenizer: str | None = None,
-              vocab_size: int | None = None, verify: bool = False, max_shard_size=MAX_SHARD_SIZE,
-              weights: str = "live") -> dict:
+def export_hf(
+    checkpoint,
+    output,
+    dtype: str = "float32",
+    fmt: str = "auto",
+    tokenizer: str | None = None,
+    vocab_size: int | None = None,
+    verify: bool = False,
+    max_shard_size=MAX_SHARD_SIZE,
+    weights: str = "live",
+) -> dict:
     """Export a megahash checkpoint (run dir or step dir) to ``output``; see the module docstring."""
     cfg, model, ckpt, codec, step = load_checkpoint(checkpoint, tokenizer, weights)
-    summary = export_model(cfg, model, output, codec, step, dtype, fmt, vocab_size, max_shard_size,
-                           run_dir=Path(ckpt).parent)
+    summary = export_model(
+        cfg, model, output, codec, step, dtype, fmt, vocab_size, max_shard_size, run_dir=Path(ckpt).parent
+    )
     summary["checkpoint"], summary["weights"] = str(ckpt), weights
     if verify:
         from megahash.convert.verify import verify_export
@@ -275,8 +347,9 @@ def export_hf(checkpoint, output, dtype: str = "float32", fmt: str = "auto", tok
 def main(argv=None) -> int:
     from megahash.command_errors import run_guarded
 
-    p = argparse.ArgumentParser(prog="megahash export-hf", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="megahash export-hf", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--checkpoint", required=True, help="run directory (its latest) or step_N directory")
     p.add_argument("--output", required=True, help="Hugging Face folder to write")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
@@ -284,10 +357,18 @@ def main(argv=None) -> int:
     p.add_argument("--tokenizer", default=None, help="override data.tokenizer of the run")
     p.add_argument("--vocab-size", type=int, default=None, help="real vocabulary (default: the tokenizer's)")
     p.add_argument("--no-verify", action="store_true", help="skip loading the export and comparing logits")
-    p.add_argument("--max-shard-size", default=MAX_SHARD_SIZE, help="split model.safetensors above this size "
-                   "(e.g. 500MB; default 2GB) into shards with model.safetensors.index.json")
-    p.add_argument("--weights", default="live", choices=["live", "ema"],
-                   help="the trained weights (live) or their average (ema, a run with train.ema_decay)")
+    p.add_argument(
+        "--max-shard-size",
+        default=MAX_SHARD_SIZE,
+        help="split model.safetensors above this size "
+        "(e.g. 500MB; default 2GB) into shards with model.safetensors.index.json",
+    )
+    p.add_argument(
+        "--weights",
+        default="live",
+        choices=["live", "ema"],
+        help="the trained weights (live) or their average (ema, a run with train.ema_decay)",
+    )
     args = p.parse_args(argv)
 
     def run():
@@ -299,17 +380,30 @@ def main(argv=None) -> int:
         os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
         owned = not dist.is_initialized()
         try:
-            s = export_hf(args.checkpoint, args.output, args.dtype, args.format, args.tokenizer, args.vocab_size,
-                          verify=not args.no_verify, max_shard_size=args.max_shard_size, weights=args.weights)
+            s = export_hf(
+                args.checkpoint,
+                args.output,
+                args.dtype,
+                args.format,
+                args.tokenizer,
+                args.vocab_size,
+                verify=not args.no_verify,
+                max_shard_size=args.max_shard_size,
+                weights=args.weights,
+            )
         finally:
             if owned:
                 _teardown()
-        print(f"megahash export-hf: {s['checkpoint']} ({s['weights']} weights) -> {s['output']} ({s['format']} format, {s['dtype']}, "
-              f"vocabulary {s['vocab_size']}, step {s['step']})")
+        print(
+            f"megahash export-hf: {s['checkpoint']} ({s['weights']} weights) -> {s['output']} ({s['format']} format, {s['dtype']}, "
+            f"vocabulary {s['vocab_size']}, step {s['step']})"
+        )
         if "verify" in s:
             v = s["verify"]
             tol = f" (tolerance {v['tolerance']:.3g})" if "tolerance" in v else ""
-            print(f"megahash export-hf: verified: max |logit difference| {v['max_abs_diff']:.3g} on {v['tokens']} tokens{tol}")
+            print(
+                f"megahash export-hf: verified: max |logit difference| {v['max_abs_diff']:.3g} on {v['tokens']} tokens{tol}"
+            )
         return 0
 
     return run_guarded(run)

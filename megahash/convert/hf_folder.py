@@ -3,6 +3,7 @@
 token ids of config.json / generation_config.json, and dtype casting. Shared by the megahash
 (remote-code) format (:mod:`megahash.convert.export`) and the native Qwen2 format
 (:mod:`megahash.convert.qwen2`), which import this module and not each other."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,11 @@ def special_token_ids(cfg) -> dict:
 
     ids = special_ids_of(getattr(cfg.data, "special_ids", None))
     eos = ids.get("eos")
-    return {"bos_token_id": ids.get("bos") if ids.get("bos") is not None else eos,
-            "pad_token_id": ids.get("pad") if ids.get("pad") is not None else eos, "eos_token_id": eos}
+    return {
+        "bos_token_id": ids.get("bos") if ids.get("bos") is not None else eos,
+        "pad_token_id": ids.get("pad") if ids.get("pad") is not None else eos,
+        "eos_token_id": eos,
+    }
 
 
 def cast(state: dict, dtype: torch.dtype) -> dict:

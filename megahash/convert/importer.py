@@ -16,6 +16,7 @@ step N, for a ``weights_only`` checkpoint). ``resolved_config.yaml`` is the expo
 (data paths included); ``python megahash/pretrain.py --config RUN_DIR/resolved_config.yaml
 train.save_dir=RUN_DIR ...`` continues it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,8 +58,10 @@ def read_hf(folder) -> dict:
         state = {k: (v.float() if v.is_floating_point() else v) for k, v in state.items()}
         return {"tree": tree, "format": "qwen2-hf", "state": state, "padded": padded, "step": 0}
     if not tree:
-        raise CheckpointError(f"{cfg_path} has no megahash_config and model_type {fmt!r}: import-hf reads megahash "
-                              f"exports and standard Qwen2ForCausalLM folders")
+        raise CheckpointError(
+            f"{cfg_path} has no megahash_config and model_type {fmt!r}: import-hf reads megahash "
+            f"exports and standard Qwen2ForCausalLM folders"
+        )
     if not (folder / WEIGHTS_FILE).is_file() and not (folder / "model.safetensors.index.json").is_file():
         raise CheckpointError(f"{folder} has no {WEIGHTS_FILE}")
     from megahash.convert.qwen2 import load_hf_tensors
@@ -113,8 +116,10 @@ def load_state(model, state: dict) -> None:
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.endswith("_extra_state")]
     if missing or unexpected:
-        raise CheckpointError(f"the weights do not fit the model of megahash_config: missing {missing[:3]}, "
-                              f"unexpected {list(unexpected)[:3]}")
+        raise CheckpointError(
+            f"the weights do not fit the model of megahash_config: missing {missing[:3]}, "
+            f"unexpected {list(unexpected)[:3]}"
+        )
 
 
 def write_weights_checkpoint(model, cfg, save_dir, step: int, extra: dict | None = None) -> Path:
@@ -137,9 +142,15 @@ def write_weights_checkpoint(model, cfg, save_dir, step: int, extra: dict | None
     save_config(cfg, tmp / "resolved_config.yaml")
     from megahash.data.samples import consumed_samples
 
-    state = {"step": int(step), "consumed_samples": consumed_samples(cfg.train, int(step)),
-             "signature": model_signature(cfg), "padded_vocab_size": int(model.vocab_size),
-             "world_size": 1, "weights_only": True, **(extra or {})}
+    state = {
+        "step": int(step),
+        "consumed_samples": consumed_samples(cfg.train, int(step)),
+        "signature": model_signature(cfg),
+        "padded_vocab_size": int(model.vocab_size),
+        "world_size": 1,
+        "weights_only": True,
+        **(extra or {}),
+    }
     write_json_atomic(tmp / STATE_FILE, state)
     os.replace(tmp, root / tag)
     write_text_atomic(root / "latest", tag)
@@ -152,16 +163,18 @@ def import_hf(hf_dir, output, step: int | None = None) -> dict:
     cfg, model = build_model(got["tree"], got["padded"], save_dir=output)
     load_state(model, got["state"])
     n = got["step"] if step is None else int(step)
-    ckpt = write_weights_checkpoint(model, cfg, output, n, {"imported_from": str(Path(hf_dir).resolve()),
-                                                              "imported_format": got["format"]})
+    ckpt = write_weights_checkpoint(
+        model, cfg, output, n, {"imported_from": str(Path(hf_dir).resolve()), "imported_format": got["format"]}
+    )
     return {"checkpoint": str(ckpt), "step": n, "format": got["format"]}
 
 
 def main(argv=None) -> int:
     from megahash.command_errors import run_guarded
 
-    p = argparse.ArgumentParser(prog="megahash import-hf", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="megahash import-hf", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--hf", required=True, help="folder written by megahash export-hf, or a Qwen2ForCausalLM folder")
     p.add_argument("--output", required=True, help="new run directory for the checkpoint")
     p.add_argument("--step", type=int, default=None, help="step number of the checkpoint (default: the export's)")
@@ -180,8 +193,10 @@ def main(argv=None) -> int:
 
             if owned:
                 _teardown()
-        print(f"megahash import-hf: {args.hf} ({s['format']}) -> {s['checkpoint']} (weights only; resume with "
-              f"train.save_dir={args.output} train.resume=auto)")
+        print(
+            f"megahash import-hf: {args.hf} ({s['format']}) -> {s['checkpoint']} (weights only; resume with "
+            f"train.save_dir={args.output} train.resume=auto)"
+        )
         return 0
 
     return run_guarded(run)

@@ -5,6 +5,7 @@ parameter counts (total, token embedding, the rest), the architecture, the train
 tokens seen, data source and tokenizer from the shard meta, no local paths), and the evaluation
 results found in ``RUN_DIR/eval/*.json`` (``megahash eval``), when there are any.
 """
+
 from __future__ import annotations
 
 import json
@@ -62,16 +63,31 @@ def write_model_card(out: Path, cfg, model, fmt: str, step: int, run_dir=None) -
 
     samples = consumed_samples(t, int(step))  # step x global batch, or the sum of a batch ramp's batches
     tokens = samples * cfg.data.seq_length
-    batch = (f"{step:,} steps x {t.global_batch_size} sequences" if not t.batch_ramp else
-             f"{step:,} steps, {samples:,} sequences (batch ramped from {t.batch_ramp[0]} to {t.global_batch_size})")
+    batch = (
+        f"{step:,} steps x {t.global_batch_size} sequences"
+        if not t.batch_ramp
+        else f"{step:,} steps, {samples:,} sequences (batch ramped from {t.batch_ramp[0]} to {t.global_batch_size})"
+    )
     variant = f"{m.schedule} attention, {m.embedding} embedding, {m.head} head, {t.objective}"
-    use = ("AutoModelForCausalLM.from_pretrained(path)" if fmt == "qwen2"
-           else "AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)")
+    use = (
+        "AutoModelForCausalLM.from_pretrained(path)"
+        if fmt == "qwen2"
+        else "AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)"
+    )
     lines = [
-        "---", "library_name: transformers", "tags:", "- megahash", f"- {m.arch}", "---", "",
-        f"# megahash {m.arch}: {variant}", "",
-        f"Exported by `megahash export-hf` ({fmt} format) from step {step}.", "",
-        "| | |", "| --- | --- |",
+        "---",
+        "library_name: transformers",
+        "tags:",
+        "- megahash",
+        f"- {m.arch}",
+        "---",
+        "",
+        f"# megahash {m.arch}: {variant}",
+        "",
+        f"Exported by `megahash export-hf` ({fmt} format) from step {step}.",
+        "",
+        "| | |",
+        "| --- | --- |",
         f"| variant | {variant} |",
         f"| parameters | {total:,} total, {emb:,} token embedding, {total - emb:,} other |",
         f"| architecture | {m.num_layers} layers, hidden {m.hidden_size}, {m.num_heads} heads, "
@@ -89,7 +105,15 @@ def write_model_card(out: Path, cfg, model, fmt: str, step: int, run_dir=None) -
         lines += ["## Evaluation (megahash eval)", "", "| task | metric | value |", "| --- | --- | ---: |"]
         lines += [f"| {task} | {name} | {value:.4g} |" for task, name, value in rows]
         lines.append("")
-    lines += ["## Usage", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
-              "tok = AutoTokenizer.from_pretrained(path)", f"model = {use}", "```", ""]
+    lines += [
+        "## Usage",
+        "",
+        "```python",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        "tok = AutoTokenizer.from_pretrained(path)",
+        f"model = {use}",
+        "```",
+        "",
+    ]
     (out / "README.md").write_text("\n".join(lines), encoding="utf-8")
     return "README.md"

@@ -27,6 +27,7 @@ RoPE: megatron's non-interleaved rotary is Hugging Face's ``rotate_half`` (same 
 vocabulary's size. The table above is documentation; the code's one map (both directions) is
 ``GLOBAL_RENAMES``/``VOCAB_TABLES``/``LAYER_RENAMES``/``LAYER_SPLITS`` below.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,7 +44,7 @@ def _qwen2(group: str, name: str) -> bool:
 
 
 def ineligible(cfg, model) -> str:
-    """"" if the model exports to Qwen2, else why not (one phrase)."""
+    """ "" if the model exports to Qwen2, else why not (one phrase)."""
     from megahash.models.arch import arch_of
     from megahash.objective_spec import objective_spec
 
@@ -77,8 +78,10 @@ def ineligible(cfg, model) -> str:
 # Whole-model tensors:
 GLOBAL_RENAMES = {"decoder.final_layernorm.weight": "model.norm.weight"}
 # vocabulary tables: Qwen2 keeps rows < vocab; megahash's TP padding rows go to the extra file
-VOCAB_TABLES = {"embedding.word_embeddings.weight": "model.embed_tokens.weight",
-                "output_layer.weight": "lm_head.weight"}  # absent when tied
+VOCAB_TABLES = {
+    "embedding.word_embeddings.weight": "model.embed_tokens.weight",
+    "output_layer.weight": "lm_head.weight",
+}  # absent when tied
 # per layer ("decoder.layers.N." <-> "model.layers.N."), plain renamings:
 LAYER_RENAMES = {
     "input_layernorm.weight": "input_layernorm.weight",
@@ -125,8 +128,10 @@ def to_qwen2(state: dict, cfg, groups: int, vocab: int) -> tuple[dict, dict]:
     for ours, theirs in GLOBAL_RENAMES.items():
         out[theirs] = state[ours]
     # Qwen2 always has q/k/v biases: zeros when model.qkv_bias=false
-    zeros = {"self_attention.linear_q.bias": torch.zeros(m.num_heads * d, dtype=dtype),
-             "self_attention.linear_kv.bias": torch.zeros(2 * groups * d, dtype=dtype)}
+    zeros = {
+        "self_attention.linear_q.bias": torch.zeros(m.num_heads * d, dtype=dtype),
+        "self_attention.linear_kv.bias": torch.zeros(2 * groups * d, dtype=dtype),
+    }
     for i in range(m.num_layers):
         src, dst = f"decoder.layers.{i}.", f"model.layers.{i}."
 
@@ -182,12 +187,22 @@ def write(out: Path, cfg, model, state: dict, fields: dict, dtype: torch.dtype, 
     weights = save_weights(out, cast(tensors, dtype), max_shard_size)
     save_tensors(out / EXTRA_FILE, cast(extra, dtype))
     config = Qwen2Config(
-        vocab_size=vocab, hidden_size=m.hidden_size, intermediate_size=m.ffn_hidden_size,
-        num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads, num_key_value_heads=groups,
-        hidden_act="silu", max_position_embeddings=m.max_position_embeddings, initializer_range=m.init_std,
-        rms_norm_eps=m.norm_eps, use_cache=True, tie_word_embeddings=bool(model.tie),
+        vocab_size=vocab,
+        hidden_size=m.hidden_size,
+        intermediate_size=m.ffn_hidden_size,
+        num_hidden_layers=m.num_layers,
+        num_attention_heads=m.num_heads,
+        num_key_value_heads=groups,
+        hidden_act="silu",
+        max_position_embeddings=m.max_position_embeddings,
+        initializer_range=m.init_std,
+        rms_norm_eps=m.norm_eps,
+        use_cache=True,
+        tie_word_embeddings=bool(model.tie),
         rope_parameters={"rope_type": "default", "rope_theta": float(m.rotary_base)},
-        use_sliding_window=False, attention_dropout=0.0, **special_token_ids(cfg),
+        use_sliding_window=False,
+        attention_dropout=0.0,
+        **special_token_ids(cfg),
     )
     config.architectures = ["Qwen2ForCausalLM"]
     config.dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
@@ -196,16 +211,21 @@ def write(out: Path, cfg, model, state: dict, fields: dict, dtype: torch.dtype, 
     path = out / "config.json"
     data = json.loads(path.read_text())
     # n_positions: the context megahash trained and evaluates with (lm-eval's hf model reads it first)
-    data.update(megahash_config=fields["megahash_config"], megahash_padded_vocab_size=fields["padded_vocab_size"],
-                n_positions=fields["n_positions"],
-                # transformers 4.x reads rope_theta (else it silently uses 10000); 5.x rope_parameters
-                rope_theta=float(m.rotary_base),
-                megahash_step=fields["megahash_step"], megahash_kv_groups=groups)
+    data.update(
+        megahash_config=fields["megahash_config"],
+        megahash_padded_vocab_size=fields["padded_vocab_size"],
+        n_positions=fields["n_positions"],
+        # transformers 4.x reads rope_theta (else it silently uses 10000); 5.x rope_parameters
+        rope_theta=float(m.rotary_base),
+        megahash_step=fields["megahash_step"],
+        megahash_kv_groups=groups,
+    )
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     return [*weights, EXTRA_FILE, "config.json"]
 
 
 # ----------------------------------------------------------------------------------- import of any Qwen2 folder
+
 
 def load_hf_tensors(folder) -> dict:
     """Tensors of a Hugging Face folder: ``model.safetensors`` or the shards named by
@@ -224,8 +244,9 @@ def load_hf_tensors(folder) -> dict:
         for name in names:
             out.update(load_file(str(folder / name)))
         return out
-    raise CheckpointError(f"{folder} has neither model.safetensors nor model.safetensors.index.json "
-                          f"(only safetensors weights are read)")
+    raise CheckpointError(
+        f"{folder} has neither model.safetensors nor model.safetensors.index.json (only safetensors weights are read)"
+    )
 
 
 def megahash_tree(data: dict, folder) -> dict:
@@ -255,13 +276,24 @@ def megahash_tree(data: dict, folder) -> dict:
     from megahash.objective_spec import standard as standard_objective
 
     tree = {
-        "model": {"arch": "decoder", "hidden_size": h, "num_layers": int(data["num_hidden_layers"]), "num_heads": n,
-                  "num_query_groups": 0 if kv == n else kv, "ffn_hidden_size": int(data["intermediate_size"]),
-                  "vocab_size": int(data["vocab_size"]), "max_position_embeddings": max_pos,
-                  "rotary_base": int(theta), "tie_embeddings": bool(data.get("tie_word_embeddings", False)),
-                  "qkv_bias": True, "norm_eps": float(data.get("rms_norm_eps", 1e-6)),
-                  "init_std": float(data.get("initializer_range", 0.02)), "embedding": catalog.standard("embedding"),
-                  "head": catalog.standard("head"), "schedule": f"uniform:{catalog.standard('attention')}"},
+        "model": {
+            "arch": "decoder",
+            "hidden_size": h,
+            "num_layers": int(data["num_hidden_layers"]),
+            "num_heads": n,
+            "num_query_groups": 0 if kv == n else kv,
+            "ffn_hidden_size": int(data["intermediate_size"]),
+            "vocab_size": int(data["vocab_size"]),
+            "max_position_embeddings": max_pos,
+            "rotary_base": int(theta),
+            "tie_embeddings": bool(data.get("tie_word_embeddings", False)),
+            "qkv_bias": True,
+            "norm_eps": float(data.get("rms_norm_eps", 1e-6)),
+            "init_std": float(data.get("initializer_range", 0.02)),
+            "embedding": catalog.standard("embedding"),
+            "head": catalog.standard("head"),
+            "schedule": f"uniform:{catalog.standard('attention')}",
+        },
         "train": {"objective": standard_objective()},
         "data": {"seq_length": min(max_pos, 2048)},
     }

@@ -2,6 +2,7 @@
 (:mod:`megahash.models.hf_model` built from the kinds' ``@register_reference`` classes), without the
 folder. The parity tests use it as the TP=1 reference of every kind (tests/models/test_attention.py,
 tests/convert/test_remote_code.py)."""
+
 from __future__ import annotations
 
 from megahash.convert.export import hf_config_dict, megahash_state, to_hf_names
@@ -24,8 +25,9 @@ def reference_model(cfg, model, vocab_size: int | None = None):
     param = next(model.parameters())
     ref = cls(config).to(param.dtype)
     names = reference_names(model, ref)
-    missing, unexpected = ref.load_state_dict({names.get(k, k): v for k, v in megahash_state(model).items()},
-                                              strict=False)
+    missing, unexpected = ref.load_state_dict(
+        {names.get(k, k): v for k, v in megahash_state(model).items()}, strict=False
+    )
     if missing or unexpected:
         raise CheckpointError(f"reference and model disagree: missing {missing[:3]}, unexpected {unexpected[:3]}")
     return ref.train(model.training)
@@ -38,6 +40,9 @@ def reference_names(model, ref) -> dict:
     out = {}
     for k in megahash_state(model):
         name = next(iter(to_hf_names({k: None}, model.kind_input_attrs)))
-        out[k] = name if name in target or f"{ref.base_model_prefix}.{name}" not in target else \
-            f"{ref.base_model_prefix}.{name}"
+        out[k] = (
+            name
+            if name in target or f"{ref.base_model_prefix}.{name}" not in target
+            else f"{ref.base_model_prefix}.{name}"
+        )
     return out

@@ -18,6 +18,7 @@ kind. The folder holds
 A kind with no reference makes :func:`missing_references` name it (the export checks it before
 writing anything).
 """
+
 from __future__ import annotations
 
 import ast
@@ -43,14 +44,23 @@ LIBRARY_FILES = {
     "megahash.hashing.text_coder": "hashing_megahash",
 }
 # megahash/hashing (numpy only) verbatim: megahash.hashing.codes -> megahash_hashing_codes.py, ...
-LIBRARY_FILES.update({f"megahash.hashing.{p.stem}": f"megahash_hashing_{p.stem}"
-                      for p in sorted((Path(__file__).resolve().parents[1] / "hashing").glob("*.py"))
-                      if p.stem not in ("__init__", "text_coder")})
+LIBRARY_FILES.update(
+    {
+        f"megahash.hashing.{p.stem}": f"megahash_hashing_{p.stem}"
+        for p in sorted((Path(__file__).resolve().parents[1] / "hashing").glob("*.py"))
+        if p.stem not in ("__init__", "text_coder")
+    }
+)
 # megahash/ops (the attention kernels, torch only) verbatim: megahash.ops.taylor.chunk -> megahash_ops_taylor_chunk.py
 _OPS = Path(__file__).resolve().parents[1] / "ops"
-LIBRARY_FILES.update({"megahash.ops." + ".".join(p.relative_to(_OPS).with_suffix("").parts):
-                      "megahash_ops_" + "_".join(p.relative_to(_OPS).with_suffix("").parts)
-                      for p in sorted(_OPS.rglob("*.py")) if p.name != "__init__.py"})
+LIBRARY_FILES.update(
+    {
+        "megahash.ops." + ".".join(p.relative_to(_OPS).with_suffix("").parts): "megahash_ops_"
+        + "_".join(p.relative_to(_OPS).with_suffix("").parts)
+        for p in sorted(_OPS.rglob("*.py"))
+        if p.name != "__init__.py"
+    }
+)
 GENERATED = {"megahash.models.reference_table": TABLE_MODULE}
 # what a kind's reference section may import besides the torch-only library modules
 ALLOWED_TOP = {"__future__", "torch", "math", "typing"}
@@ -58,7 +68,7 @@ ALLOWED_TOP = {"__future__", "torch", "math", "typing"}
 
 def kind_module_file(module: str) -> str:
     """``megahash.models.attention.mha`` -> ``megahash_attention_mha``."""
-    tail = module[len("megahash.models."):] if module.startswith("megahash.models.") else module
+    tail = module[len("megahash.models.") :] if module.startswith("megahash.models.") else module
     return "megahash_" + tail.replace(".", "_")
 
 
@@ -79,8 +89,10 @@ def _import_target(module: str) -> str:
         return GENERATED[module]
     if _has_references(module):
         return kind_module_file(module)
-    raise ConfigError(f"remote code: {module} is not a torch-only library module the export can copy "
-                      f"(megahash.convert.remote_code.LIBRARY_FILES)")
+    raise ConfigError(
+        f"remote code: {module} is not a torch-only library module the export can copy "
+        f"(megahash.convert.remote_code.LIBRARY_FILES)"
+    )
 
 
 def _relative(node: ast.ImportFrom) -> str:
@@ -104,14 +116,16 @@ def rewrite_imports(source: str, where: str) -> str:
     edits = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "megahash" for a in node.names):
-            raise ConfigError(f"remote code: {where} line {node.lineno}: use 'from megahash.x import y' "
-                              "(the export rewrites it to a relative import)")
+            raise ConfigError(
+                f"remote code: {where} line {node.lineno}: use 'from megahash.x import y' "
+                "(the export rewrites it to a relative import)"
+            )
         if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "megahash":
             edits.append(node)
     for node in sorted(edits, key=lambda n: n.lineno, reverse=True):
         first = lines[node.lineno - 1]
         indent = first[: len(first) - len(first.lstrip())]
-        lines[node.lineno - 1:node.end_lineno] = [indent + (_relative(node) if id(node) in top else _deferred(node))]
+        lines[node.lineno - 1 : node.end_lineno] = [indent + (_relative(node) if id(node) in top else _deferred(node))]
     return "\n".join(lines)
 
 
@@ -136,17 +150,27 @@ def extract_references(module: str) -> tuple[str, list[str]]:
         if not (_allowed(source) or (attr is not None and attr in _reference_names(source))):
             bad[name] = (by, source)
     if unbound or bad:
-        what = sorted([(by, f"{n}") for n, by in unbound.items()]
-                      + [(by, f"{n} (from {src}: not torch-only)") for n, (by, src) in bad.items()])
+        what = sorted(
+            [(by, f"{n}") for n, by in unbound.items()]
+            + [(by, f"{n} (from {src}: not torch-only)") for n, (by, src) in bad.items()]
+        )
         where = ", ".join(f"{n} (in {by})" for by, n in what)
-        raise ConfigError(f"{path.name}: the plain-torch reference uses {where}; import it from torch, math, typing "
-                          "or a torch-only megahash module (megahash.convert.remote_code.LIBRARY_FILES), or define "
-                          "it in the kind's file from those")
+        raise ConfigError(
+            f"{path.name}: the plain-torch reference uses {where}; import it from torch, math, typing "
+            "or a torch-only megahash module (megahash.convert.remote_code.LIBRARY_FILES), or define "
+            "it in the kind's file from those"
+        )
     future = [n for n in f.tree.body if isinstance(n, ast.ImportFrom) and n.module == "__future__"]
     imports = future + [n for n in stmts if isinstance(n, (ast.Import, ast.ImportFrom)) and n not in future]
-    deps = sorted({f.import_of(a.asname or a.name)[0] for n in imports if isinstance(n, ast.ImportFrom)
-                   for a in n.names if (a.asname or a.name) in imported
-                   and not _allowed(f.import_of(a.asname or a.name)[0])})
+    deps = sorted(
+        {
+            f.import_of(a.asname or a.name)[0]
+            for n in imports
+            if isinstance(n, ast.ImportFrom)
+            for a in n.names
+            if (a.asname or a.name) in imported and not _allowed(f.import_of(a.asname or a.name)[0])
+        }
+    )
     out = []
     for node in imports:
         if isinstance(node, ast.ImportFrom) and node.module != "__future__":
@@ -163,10 +187,16 @@ def extract_references(module: str) -> tuple[str, list[str]]:
     for node in stmts:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             continue
-        first = node.lineno if node in defs else min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-        out.append("\n" + "\n".join(f.lines[first - 1:node.end_lineno]) + "\n")  # a reference's decorators stripped
-    doc = (f'"""Plain-torch reference of {module} (extracted by megahash export-hf from the library\'s '
-           f'{path.name}; do not edit)."""\n')
+        first = (
+            node.lineno
+            if node in defs
+            else min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        )
+        out.append("\n" + "\n".join(f.lines[first - 1 : node.end_lineno]) + "\n")  # a reference's decorators stripped
+    doc = (
+        f'"""Plain-torch reference of {module} (extracted by megahash export-hf from the library\'s '
+        f'{path.name}; do not edit)."""\n'
+    )
     return doc + "\n".join(out).rstrip("\n") + "\n", deps
 
 
@@ -208,8 +238,10 @@ def check_references(cfg, model) -> None:
     """One-line error naming every kind of the model that has no plain-torch reference."""
     missing = missing_references(cfg, model)
     if missing:
-        raise ConfigError(f"export-hf: no plain-torch reference (@register_reference) for kind(s) "
-                          f"{', '.join(missing)}; add one to the kind's file or use --format qwen2 where eligible")
+        raise ConfigError(
+            f"export-hf: no plain-torch reference (@register_reference) for kind(s) "
+            f"{', '.join(missing)}; add one to the kind's file or use --format qwen2 where eligible"
+        )
 
 
 def assemble(kinds) -> dict:
@@ -240,7 +272,8 @@ def assemble(kinds) -> dict:
     rows = "".join(f"    {k!r}: {c},\n" for k, _, c in entries)
     files[TABLE_MODULE + ".py"] = (
         '"""{kind name: plain-torch reference class} of this model (written by megahash export-hf)."""\n'
-        f"{body}\n_TABLE = {{\n{rows}}}\n\n\ndef references() -> dict:\n    return _TABLE\n")
+        f"{body}\n_TABLE = {{\n{rows}}}\n\n\ndef references() -> dict:\n    return _TABLE\n"
+    )
     return name_closure_in_entries(files, (CONFIG_MODULE, MODELING_MODULE))
 
 
@@ -267,7 +300,8 @@ def name_closure_in_entries(files: dict, entries) -> dict:
         if extra:
             out[entry + ".py"] = out[entry + ".py"].rstrip("\n") + (
                 "\n\n\n# every folder module this one reaches (transformers 4.x copies direct imports only)\n"
-                + "".join(f"from .{m} import __name__ as _folder_{m}  # noqa: E402,F401\n" for m in extra))
+                + "".join(f"from .{m} import __name__ as _folder_{m}  # noqa: E402,F401\n" for m in extra)
+            )
             visible[entry] |= set(extra)
     cycle = _find_cycle(visible)
     if cycle:
@@ -284,7 +318,7 @@ def _find_cycle(graph: dict) -> list:
         stack.append(n)
         for m in sorted(graph.get(n, ())):
             if state.get(m) == 1:
-                return stack[stack.index(m):] + [m]
+                return stack[stack.index(m) :] + [m]
             if m in graph and not state.get(m):
                 found = visit(m)
                 if found:
@@ -315,4 +349,3 @@ def stale_files(out: Path) -> list[Path]:
     """Remote-code files an earlier export may have left in ``out``."""
     names = {*(n + ".py" for n in LIBRARY_FILES.values()), TABLE_MODULE + ".py"}
     return [p for p in out.glob("*.py") if p.name in names or p.name.startswith("megahash_")]
-

@@ -9,6 +9,7 @@ Word streams (``data.tokenizer=words``): a WordLevel ``tokenizer.json`` over the
 megahash ids ``<s>``=0 ``<pad>``=1 ``</s>``=2 ``<unk>``=3 ``<mask>``=4; nothing is added around a
 text (megahash neither prepends ``<s>`` nor appends ``</s>``).
 """
+
 from __future__ import annotations
 
 import json
@@ -16,9 +17,16 @@ import shutil
 from pathlib import Path
 
 SPECIALS = {"bos_token": "<s>", "pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>", "mask_token": "<mask>"}
-PROBES = ["KING. My lord, the queen is dead.  How now?", "  leading and trailing  ", "tab\there\nnew line",
-          "é ü ñ Æ ﬁ x\u00a0y", "Hello <mask> world", "zzzqqq \u2603 \u4e2d\u6587 1234", "",
-          "<s> a </s><unk><pad> <|endoftext|>\x00\x07\t\t   \n\n<mask>"]
+PROBES = [
+    "KING. My lord, the queen is dead.  How now?",
+    "  leading and trailing  ",
+    "tab\there\nnew line",
+    "é ü ñ Æ ﬁ x\u00a0y",
+    "Hello <mask> world",
+    "zzzqqq \u2603 \u4e2d\u6587 1234",
+    "",
+    "<s> a </s><unk><pad> <|endoftext|>\x00\x07\t\t   \n\n<mask>",
+]
 
 
 def sentencepiece_tokenizer(sp_model):
@@ -39,8 +47,9 @@ def sentencepiece_tokenizer(sp_model):
         # sentencepiece's BPE never produces control/user-defined/byte pieces by merging: keep them out of the merges
         mergeable = {p.piece: i for i, p in enumerate(proto.pieces) if p.type in (1, 2)}
         merges = generate_merges(mergeable, [(p.piece, p.score) for p in proto.pieces if p.type in (1, 2)])
-        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=spec.unk_piece,
-                                   fuse_unk=True, byte_fallback=byte_fallback))
+        tok = Tokenizer(
+            models.BPE(vocab=vocab, merges=merges, unk_token=spec.unk_piece, fuse_unk=True, byte_fallback=byte_fallback)
+        )
     elif spec.model_type == 1:  # Unigram
         tok = Tokenizer(models.Unigram(vocab_scores, unk_id=spec.unk_id, byte_fallback=byte_fallback))
     else:
@@ -78,8 +87,9 @@ def word_tokenizer(words: list[str]):
         vocab.setdefault(w, i)
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
-                                                 pre_tokenizers.Split(Regex(r"\w+|[^\w\s]+"), "isolated")])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Split(Regex(r"\w+|[^\w\s]+"), "isolated")]
+    )
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
     tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in SPECIALS.values()])
     return tok
@@ -113,19 +123,30 @@ def write_tokenizer(out: Path, codec, max_length: int) -> dict:
     else:  # tokenizer.json of the run (nothing added around a text)
         tok = Tokenizer.from_str(codec.sp.export_json())
         specials = export_specials(codec.sp)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=max_length, clean_up_tokenization_spaces=False,
-                                   split_special_tokens=True, **specials)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        model_max_length=max_length,
+        clean_up_tokenization_spaces=False,
+        split_special_tokens=True,
+        **specials,
+    )
     fast.save_pretrained(str(out))
     # a plain fast tokenizer (tokenizer.json as it is) on transformers 4.x and 5.x without remote code:
     # ``tokenizer_class`` is what 4.x reads; 5.x maps some model types (qwen2) to their own tokenizer
     # class whatever tokenizer_config says, unless an ``auto_map`` is present, which it skips without
     # trust_remote_code and then uses ``tokenizer_class``. Special-token strings in a text are ordinary
     # text (split_special_tokens), as on every other megahash path.
-    shutil.copyfile(Path(__file__).resolve().parent / "hf" / "tokenization_megahash.py", out / "tokenization_megahash.py")
+    shutil.copyfile(
+        Path(__file__).resolve().parent / "hf" / "tokenization_megahash.py", out / "tokenization_megahash.py"
+    )
     tc_path = out / "tokenizer_config.json"
     tc = json.loads(tc_path.read_text())
-    tc.update(tokenizer_class="PreTrainedTokenizerFast", split_special_tokens=True, clean_up_tokenization_spaces=False,
-              model_max_length=int(max_length))
+    tc.update(
+        tokenizer_class="PreTrainedTokenizerFast",
+        split_special_tokens=True,
+        clean_up_tokenization_spaces=False,
+        model_max_length=int(max_length),
+    )
     tc["auto_map"] = {"AutoTokenizer": [None, "tokenization_megahash.MegahashTokenizerFast"]}
     tc.pop("backend", None)
     tc_path.write_text(json.dumps(tc, indent=2, ensure_ascii=False) + "\n")

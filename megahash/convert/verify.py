@@ -6,6 +6,7 @@ the argmax over the real vocabulary, the codes of a generated token are computed
 sequence so far); ``load_hf`` loads an exported folder offline; ``verify_export`` compares the two on
 a probe (``megahash export-hf`` runs it unless ``--no-verify``).
 """
+
 from __future__ import annotations
 
 import json
@@ -47,7 +48,11 @@ def megahash_logits(model, tokens, codes=None, padding_mask=None, vocab: int | N
     from megahash import catalog
     from megahash.objective_spec import objective_spec
 
-    if catalog.caps("head", model.cfg.model.head).token_loss and objective_spec(model.cfg.train.objective).token_loss and vocab:
+    if (
+        catalog.caps("head", model.cfg.model.head).token_loss
+        and objective_spec(model.cfg.train.objective).token_loss
+        and vocab
+    ):
         out = out[..., :vocab]
     return out
 
@@ -114,8 +119,10 @@ def verify_export(cfg, model, folder, codec=None) -> dict:
     exported = str(json.loads((Path(folder) / "config.json").read_text()).get("dtype", "float32"))
     tol = export_tolerance(exported, float(ref.float().abs().max()))
     if not diff <= tol:
-        raise CheckpointError(f"export check failed: logits of {folder} differ from the checkpoint's by {diff:.3g} "
-                              f"(tolerance {tol:.3g} for {exported.replace('torch.', '')} weights)")
+        raise CheckpointError(
+            f"export check failed: logits of {folder} differ from the checkpoint's by {diff:.3g} "
+            f"(tolerance {tol:.3g} for {exported.replace('torch.', '')} weights)"
+        )
     return {"max_abs_diff": diff, "tokens": int(tokens.numel()), "tolerance": tol}
 
 

@@ -13,6 +13,7 @@ with the bytes counted per token as in training's validation (megahash/data/text
 ``len(text.encode())`` for a lossless tokenizer, tested against lm-eval's own count and metric); a
 word stream counts ``len(text.encode())``. Written to ``--out`` (default ``RUN_DIR/eval/STEP_text.json``).
 """
+
 from __future__ import annotations
 
 import json
@@ -59,12 +60,29 @@ def text_metrics(lm, docs: list[str]) -> dict:
     else:  # a word stream: the text itself
         n_bytes = sum(len(d.encode("utf-8")) for d in docs)
     loss = nll / max(tokens, 1)
-    return {"documents": len(docs), "tokens": tokens, "bytes": n_bytes, "nll": nll, "loss": loss,
-            "ppl": math.exp(min(loss, 50.0)), "bpb": bits_per_byte(nll, n_bytes)}
+    return {
+        "documents": len(docs),
+        "tokens": tokens,
+        "bytes": n_bytes,
+        "nll": nll,
+        "loss": loss,
+        "ppl": math.exp(min(loss, 50.0)),
+        "bpb": bits_per_byte(nll, n_bytes),
+    }
 
 
-def evaluate_text(ckpt_dir, src: str, out=None, limit=None, batch_size: int = 8, max_length=None, tokenizer=None,
-                  overrides=None, overwrite: bool = True, quiet: bool = False) -> dict:
+def evaluate_text(
+    ckpt_dir,
+    src: str,
+    out=None,
+    limit=None,
+    batch_size: int = 8,
+    max_length=None,
+    tokenizer=None,
+    overrides=None,
+    overwrite: bool = True,
+    quiet: bool = False,
+) -> dict:
     """Score ``src`` with the checkpoint; write the JSON record and print one line."""
     from megahash import accelerator
     from megahash.atomic_write import write_text_atomic
@@ -79,18 +97,29 @@ def evaluate_text(ckpt_dir, src: str, out=None, limit=None, batch_size: int = 8,
     from megahash.eval.lm import MegahashEvalLM
 
     with accelerator.releasing_group():
-        lm = MegahashEvalLM(checkpoint=str(ckpt), batch_size=batch_size, max_length=max_length, tokenizer=tokenizer,
-                            overrides=overrides)
+        lm = MegahashEvalLM(
+            checkpoint=str(ckpt), batch_size=batch_size, max_length=max_length, tokenizer=tokenizer, overrides=overrides
+        )
         metrics = text_metrics(lm, docs)
         max_len = lm.max_length
         del lm
     state = ckpt / "megahash_state.json"
     step = json.loads(state.read_text()).get("step") if state.is_file() else None
-    record = {"megahash_eval_text": 1, "checkpoint": str(ckpt), "step": step, "text": src, "limit": limit,
-              "max_length": max_len, **metrics, "seconds": round(time.time() - t0, 2)}
+    record = {
+        "megahash_eval_text": 1,
+        "checkpoint": str(ckpt),
+        "step": step,
+        "text": src,
+        "limit": limit,
+        "max_length": max_len,
+        **metrics,
+        "seconds": round(time.time() - t0, 2),
+    }
     write_text_atomic(out, json.dumps(record, indent=1) + "\n")
     if not quiet:
-        print(f"{src}: {metrics['documents']} documents, {metrics['tokens']} tokens, {metrics['bytes']} bytes: "
-              f"loss {metrics['loss']:.4f} nats/token, ppl {metrics['ppl']:.4g}, bpb {metrics['bpb']:.4f}")
+        print(
+            f"{src}: {metrics['documents']} documents, {metrics['tokens']} tokens, {metrics['bytes']} bytes: "
+            f"loss {metrics['loss']:.4f} nats/token, ppl {metrics['ppl']:.4g}, bpb {metrics['bpb']:.4f}"
+        )
         print(f"wrote {out}", file=sys.stderr)
     return record

@@ -17,6 +17,7 @@ score_MHA) / score_MHA; the performance elasticity of parameters against the SHA
 (undefined, None, when the parameter counts are equal). The per-block memory model of Table 3.13
 is :func:`megahash.models.costs.memory_usage`.
 """
+
 from __future__ import annotations
 
 
@@ -44,8 +45,9 @@ def poep(emb_params: int, total_params: int) -> float | None:
     return None if not total_params else emb_params / total_params
 
 
-def peop(score: float, lower_score: float, params: int, lower_params: int,
-         higher_is_better: bool = True) -> float | None:
+def peop(
+    score: float, lower_score: float, params: int, lower_params: int, higher_is_better: bool = True
+) -> float | None:
     """Performance elasticity of parameters against a lower-bound model (sec. 3.4.6)."""
     if None in (score, lower_score, params, lower_params) or lower_score == 0 or lower_params == 0:
         return None

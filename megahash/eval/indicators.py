@@ -49,6 +49,7 @@ A module exposing ``attention_maps()`` itself is not required; kinds added later
 ``core_attention`` submodule are captured by the hook automatically, others are reported as
 "unavailable".
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,8 +63,16 @@ import numpy as np
 import torch
 
 INDICATORS = ["entropy", "conc", "sink", "locfoc_0", "locfoc_1", "locfoc_2", "locfoc_3"]
-LABELS = {"entropy": "H", "conc": "Conc", "head_div": "HeadDiv", "sink": "Sink", "locfoc_0": "LocFoc0",
-          "locfoc_1": "LocFoc1", "locfoc_2": "LocFoc2", "locfoc_3": "LocFoc3"}
+LABELS = {
+    "entropy": "H",
+    "conc": "Conc",
+    "head_div": "HeadDiv",
+    "sink": "Sink",
+    "locfoc_0": "LocFoc0",
+    "locfoc_1": "LocFoc1",
+    "locfoc_2": "LocFoc2",
+    "locfoc_3": "LocFoc3",
+}
 
 
 # ============================================================================ indicator formulas
@@ -194,8 +203,13 @@ class AttentionCapture:
         if logits is not None:
             lg = logits[:b] if logits.shape[0] > 1 else logits
             vals = lg[..., valid].reshape(-1).float() if valid is not None else lg.reshape(-1).float()
-        self.layers[i] = {"kind": kind, "source": source, "probs": probs.detach().cpu(),
-                          "logits": None if vals is None else vals.cpu(), "causal": causal}
+        self.layers[i] = {
+            "kind": kind,
+            "source": source,
+            "probs": probs.detach().cpu(),
+            "logits": None if vals is None else vals.cpu(),
+            "causal": causal,
+        }
 
     def _check(self, i, err) -> None:
         if self.verify and self.layers[i] is not None:
@@ -227,6 +241,7 @@ class AttentionCapture:
             return
         attend = getattr(m, "attend", None)
         if not _caps(kind).mixes_tokens or (attend is None and hasattr(m, "linear_gate")):
+
             def ident_hook(mod, args, output, i=i, kind=kind):
                 x = args[0]
                 L, b = x.shape[0], self.batch or x.shape[1]
@@ -241,6 +256,7 @@ class AttentionCapture:
         original = attend
         maps = _registered_maps(kind)
         if maps is not None:  # the kind's own capture (its file registers it: register_attention(maps=...))
+
             def wrapped(q, k, v, attention_mask, *state, _o=original, i=i, kind=kind, m=m, maps=maps):
                 r = maps(m, q, k, v, attention_mask)
                 self._store(i, kind, r["source"], r["probs"], r.get("logits"), r.get("valid"), m.causal)
@@ -252,11 +268,13 @@ class AttentionCapture:
                     self._check(i, r["check"](out))
                 return out
         else:  # softmax over attend's q, k (the fixed-input kinds' SeparateQKVAttention.attend: q [s, 1, n, d], k [sk, 1, g, d])
+
             def wrapped(q, k, v, attention_mask, _o=original, i=i, kind=kind, m=m):
                 scale = getattr(m, "scale", 1.0 / math.sqrt(q.shape[-1]))
                 probs, logits, valid = _softmax_maps(q, k, scale, m.causal)
-                self._store(i, kind, "shared softmax(Q_X K_X^T/sqrt(d_h)) of the fixed input", probs, logits, valid,
-                            m.causal)
+                self._store(
+                    i, kind, "shared softmax(Q_X K_X^T/sqrt(d_h)) of the fixed input", probs, logits, valid, m.causal
+                )
                 out = _o(q, k, v, attention_mask)
                 if self.verify:  # probs [1, n, s, sk]; v [sk, b, g, d]; out [s, b, n*d]
                     vh = v.permute(1, 2, 0, 3).double()
@@ -264,6 +282,7 @@ class AttentionCapture:
                     av = (probs @ vh).permute(2, 0, 1, 3).reshape(out.shape)
                     self._check(i, (av - out.double()).abs().max())
                 return out
+
         m.__dict__["attend"] = wrapped
         self._patched.append(m)
 
@@ -282,11 +301,17 @@ def layer_records(captured: list[dict | None], kinds: list[str]) -> list[dict]:
             continue
         A = rec["probs"][0]
         heads = head_indicators(A)
-        out.append({
-            "layer": i + 1, "kind": rec["kind"], "source": rec["source"], "seq_len": int(A.shape[-1]),
-            "heads": heads, "mean": {k: float(np.mean(v)) for k, v in heads.items()},
-            "head_div": head_diversity(A, rec["causal"]),
-        })
+        out.append(
+            {
+                "layer": i + 1,
+                "kind": rec["kind"],
+                "source": rec["source"],
+                "seq_len": int(A.shape[-1]),
+                "heads": heads,
+                "mean": {k: float(np.mean(v)) for k, v in heads.items()},
+                "head_div": head_diversity(A, rec["causal"]),
+            }
+        )
     return out
 
 
@@ -297,10 +322,16 @@ def logit_stats(values: torch.Tensor | None) -> dict | None:
     q = np.percentile(v, [1, 5, 25, 50, 75, 95, 99])
     edges = np.linspace(v.min(), v.max() if v.max() > v.min() else v.min() + 1, 41)
     counts, _ = np.histogram(v, bins=edges)
-    return {"count": int(v.size), "min": float(v.min()), "max": float(v.max()), "mean": float(v.mean()),
-            "std": float(v.std()), "abs_max": float(np.abs(v).max()),
-            "percentiles": {p: float(x) for p, x in zip(["p01", "p05", "p25", "p50", "p75", "p95", "p99"], q)},
-            "hist": {"edges": [float(e) for e in edges], "counts": [int(c) for c in counts]}}
+    return {
+        "count": int(v.size),
+        "min": float(v.min()),
+        "max": float(v.max()),
+        "mean": float(v.mean()),
+        "std": float(v.std()),
+        "abs_max": float(np.abs(v).max()),
+        "percentiles": {p: float(x) for p, x in zip(["p01", "p05", "p25", "p50", "p75", "p95", "p99"], q)},
+        "hist": {"edges": [float(e) for e in edges], "counts": [int(c) for c in counts]},
+    }
 
 
 def _merge(records: list[list[dict]]) -> list[dict]:
@@ -313,10 +344,19 @@ def _merge(records: list[list[dict]]) -> list[dict]:
         if "heads" not in rec:
             out.append(rec)
             continue
-        heads = {k: [float(np.mean([r[i]["heads"][k][j] for r in records])) for j in range(len(rec["heads"][k]))]
-                 for k in rec["heads"]}
-        out.append({**rec, "heads": heads, "mean": {k: float(np.mean(v)) for k, v in heads.items()},
-                    "head_div": float(np.mean([r[i]["head_div"] for r in records])), "windows": len(records)})
+        heads = {
+            k: [float(np.mean([r[i]["heads"][k][j] for r in records])) for j in range(len(rec["heads"][k]))]
+            for k in rec["heads"]
+        }
+        out.append(
+            {
+                **rec,
+                "heads": heads,
+                "mean": {k: float(np.mean(v)) for k, v in heads.items()},
+                "head_div": float(np.mean([r[i]["head_div"] for r in records])),
+                "windows": len(records),
+            }
+        )
     return out
 
 
@@ -333,7 +373,7 @@ def compute(model, codec, text: str, max_tokens: int, windows: int = 1) -> tuple
     kinds = list(getattr(model, "layer_kinds", []))
     used = 0
     for w in range(windows):
-        part = enc[w * max_tokens:(w + 1) * max_tokens]
+        part = enc[w * max_tokens : (w + 1) * max_tokens]
         if len(part) < 4:
             break
         codes = codec.codes(part)
@@ -418,13 +458,26 @@ def plot(records: list[dict], out_dir: Path, title: str = "") -> list[str]:
                 shown[k] = np.clip(2 * grid[k], 0, 1)
         fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(layers) + 3), 4))
         im = ax.imshow(shown, aspect="auto", cmap="magma", vmin=0, vmax=1)
-        ax.set_yticks(range(len(rows)), [LABELS[n] + (" (min-max)" if n in ("entropy", "conc", "head_div") else
-                                                       " (x2)" if n.startswith("locfoc") else "") for n in rows])
+        ax.set_yticks(
+            range(len(rows)),
+            [
+                LABELS[n]
+                + (" (min-max)" if n in ("entropy", "conc", "head_div") else " (x2)" if n.startswith("locfoc") else "")
+                for n in rows
+            ],
+        )
         ax.set_xticks(range(len(layers)), [f"{r['layer']}\n{r['kind']}" for r in layers], fontsize=7)
         for k in range(len(rows)):
             for c in range(len(layers)):
-                ax.text(c, k, f"{grid[k, c]:.2g}", ha="center", va="center", fontsize=6,
-                        color="white" if shown[k, c] < 0.6 else "black")
+                ax.text(
+                    c,
+                    k,
+                    f"{grid[k, c]:.2g}",
+                    ha="center",
+                    va="center",
+                    fontsize=6,
+                    color="white" if shown[k, c] < 0.6 else "black",
+                )
         fig.colorbar(im, ax=ax, fraction=0.03)
         ax.set_title(f"Layer-wise attention indicators (head means) {title}".strip())
         written.append(_save(fig, out_dir / "indicators_layers.png"))
@@ -435,8 +488,17 @@ def plot(records: list[dict], out_dir: Path, title: str = "") -> list[str]:
         stats = []
         for r in with_logits:
             p = r["logits"]["percentiles"]
-            stats.append({"label": f"{r['layer']}", "whislo": p["p01"], "q1": p["p25"], "med": p["p50"], "q3": p["p75"],
-                          "whishi": p["p99"], "fliers": [r["logits"]["min"], r["logits"]["max"]]})
+            stats.append(
+                {
+                    "label": f"{r['layer']}",
+                    "whislo": p["p01"],
+                    "q1": p["p25"],
+                    "med": p["p50"],
+                    "q3": p["p75"],
+                    "whishi": p["p99"],
+                    "fliers": [r["logits"]["min"], r["logits"]["max"]],
+                }
+            )
         ax1.bxp(stats, showfliers=True)
         ax1.set_yscale("symlog", linthresh=1.0)
         ax1.set_xlabel("layer")
@@ -455,8 +517,10 @@ def plot(records: list[dict], out_dir: Path, title: str = "") -> list[str]:
 
 # ============================================================================ CLI
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="megahash indicators",
-                                description="Attention pattern indicators ([Xue25] sec. 4.4.4, docs/references.md) of a checkpoint on a text.")
+    p = argparse.ArgumentParser(
+        prog="megahash indicators",
+        description="Attention pattern indicators ([Xue25] sec. 4.4.4, docs/references.md) of a checkpoint on a text.",
+    )
     p.add_argument("--checkpoint", required=True, help="run directory or step_N directory")
     p.add_argument("--text", required=True, help="UTF-8 text file")
     p.add_argument("--out", default=None, help="output directory (default RUN_DIR/indicators)")
@@ -494,8 +558,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         records, info = compute(model, codec, text, max_tokens, args.windows)
         out = Path(args.out) if args.out else ckpt.parent / "indicators"
         out.mkdir(parents=True, exist_ok=True)
-        record = {"checkpoint": str(ckpt), "text": str(path), "schedule": cfg.model.schedule, **info,
-                  "definitions": "thesis sec. 4.4.4; see megahash/eval/indicators.py", "layers": records}
+        record = {
+            "checkpoint": str(ckpt),
+            "text": str(path),
+            "schedule": cfg.model.schedule,
+            **info,
+            "definitions": "thesis sec. 4.4.4; see megahash/eval/indicators.py",
+            "layers": records,
+        }
         (out / "indicators.json").write_text(json.dumps(record, indent=1) + "\n")
         written = [] if args.no_plots else plot(records, out, f"({cfg.model.schedule})")
         print(format_table(records))
@@ -506,8 +576,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def format_table(records: list[dict]) -> str:
-    lines = ["| layer | kind | H | Conc | HeadDiv | Sink | LocFoc0 | LocFoc1 | LocFoc2 | LocFoc3 | max abs logit |",
-             "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| layer | kind | H | Conc | HeadDiv | Sink | LocFoc0 | LocFoc1 | LocFoc2 | LocFoc3 | max abs logit |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in records:
         if "mean" not in r:
             lines.append(f"| {r['layer']} | {r['kind']} | {r['source']} |" + " |" * 8)
@@ -515,9 +587,11 @@ def format_table(records: list[dict]) -> str:
         m = r["mean"]
         lg = r.get("logits")
         mx = f"{lg['abs_max']:.3g}" if lg else ""
-        lines.append(f"| {r['layer']} | {r['kind']} | {m['entropy']:.3f} | {m['conc']:.3f} | {r['head_div']:.4f} | "
-                     f"{m['sink']:.3f} | {m['locfoc_0']:.3f} | {m['locfoc_1']:.3f} | {m['locfoc_2']:.3f} | "
-                     f"{m['locfoc_3']:.3f} | {mx} |")
+        lines.append(
+            f"| {r['layer']} | {r['kind']} | {m['entropy']:.3f} | {m['conc']:.3f} | {r['head_div']:.4f} | "
+            f"{m['sink']:.3f} | {m['locfoc_0']:.3f} | {m['locfoc_1']:.3f} | {m['locfoc_2']:.3f} | "
+            f"{m['locfoc_3']:.3f} | {mx} |"
+        )
     return "\n".join(lines)
 
 

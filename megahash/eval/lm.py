@@ -40,6 +40,7 @@ needs a word stream and picks the word-table entry whose code has the highest lo
 
 Only causal decoders (``model.arch=decoder``, ``train.objective=clm``) can be scored.
 """
+
 from __future__ import annotations
 
 import logging
@@ -72,9 +73,21 @@ class MegahashEvalLM(LM):
     (config overrides ``a.b=c`` separated by ``|``), ``weights`` (live, ema or a quantized artifact's path).
     """
 
-    def __init__(self, checkpoint: str | None = None, pretrained: str | None = None, batch_size=8,
-                 max_length=None, incremental=True, tokenizer: str | None = None, overrides=None,
-                 max_batch_size=None, device=None, _loaded=None, weights: str = "live", **_kw):
+    def __init__(
+        self,
+        checkpoint: str | None = None,
+        pretrained: str | None = None,
+        batch_size=8,
+        max_length=None,
+        incremental=True,
+        tokenizer: str | None = None,
+        overrides=None,
+        max_batch_size=None,
+        device=None,
+        _loaded=None,
+        weights: str = "live",
+        **_kw,
+    ):
         super().__init__()
         if _loaded is not None:
             cfg, model, ckpt, codec = _loaded
@@ -168,7 +181,7 @@ class MegahashEvalLM(LM):
         order = sorted(range(len(prepared)), key=lambda i: -len(prepared[i][0]))
         out: list = [None] * len(prepared)
         for start in range(0, len(order), self.batch_size):
-            idx = order[start:start + self.batch_size]
+            idx = order[start : start + self.batch_size]
             batch = [prepared[i] for i in idx]
             with self._compute():
                 scores = self._hash_head_scores(batch) if self.hash_head else self._vocab_scores(batch)
@@ -178,8 +191,9 @@ class MegahashEvalLM(LM):
 
     def _vocab_scores(self, batch):
         length = max(len(e) for e, _, _ in batch) - 1
-        tok, cod = self._inputs([e[: len(e) - 1] for e, _, _ in batch],
-                                [None if c is None else c[:-1] for _, _, c in batch], length)
+        tok, cod = self._inputs(
+            [e[: len(e) - 1] for e, _, _ in batch], [None if c is None else c[:-1] for _, _, c in batch], length
+        )
         logits = self.model(tok, hash_codes=cod)  # [B, s, V]
         V = self.codec.vocab_size
         res = []
@@ -188,7 +202,7 @@ class MegahashEvalLM(LM):
             if n <= 0:
                 res.append((0.0, True))
                 continue
-            lp = logits[i, m - n:m, :V].float().log_softmax(-1)
+            lp = logits[i, m - n : m, :V].float().log_softmax(-1)
             tgt = torch.tensor(e.ids[-n:], dtype=torch.long, device=self._dev)
             ll = lp.gather(-1, tgt[:, None]).sum().item()
             res.append((float(ll), bool((lp.argmax(-1) == tgt).all())))
@@ -209,10 +223,11 @@ class MegahashEvalLM(LM):
             if score_fn is not None:
                 ll = float(score_fn(self.model, ct[:c], ct[c:], ids[:c], ids[c:]))
             else:  # the head's per-token loss is -log p(code)
-                loss = self.model(ids[None, :-1], hash_codes=ct[None, :-1], labels=ids[None, 1:],
-                                  label_codes=ct[None, 1:])
-                ll = -float(loss[0, c - 1:].sum())
-            logits = self.model(ids[None, :-1], hash_codes=ct[None, :-1])[0, c - 1:]  # [n, T or N]
+                loss = self.model(
+                    ids[None, :-1], hash_codes=ct[None, :-1], labels=ids[None, 1:], label_codes=ct[None, 1:]
+                )
+                ll = -float(loss[0, c - 1 :].sum())
+            logits = self.model(ids[None, :-1], hash_codes=ct[None, :-1])[0, c - 1 :]  # [n, T or N]
             target = ct[c:]
             head = self.model.head
             if hasattr(head, "targets"):  # hash-bits: every bit on the right side of 0
@@ -250,11 +265,17 @@ class MegahashEvalLM(LM):
         full = self.codec.special(self.codec.eos_id) + enc  # index 0 = the prefix
         codes = self.codec.codes(full)
         windows = []
-        for ctx, pred in map(make_disjoint_window, get_rolling_token_windows(
-                token_list=list(range(1, len(full))), prefix_token=0, max_seq_len=self.max_length, context_len=1)):
+        for ctx, pred in map(
+            make_disjoint_window,
+            get_rolling_token_windows(
+                token_list=list(range(1, len(full))), prefix_token=0, max_seq_len=self.max_length, context_len=1
+            ),
+        ):
             idx = ctx + pred
             words = None if full.words is None else [full.words[i] for i in idx]
-            windows.append((Encoded([full.ids[i] for i in idx], words), len(pred), None if codes is None else codes[idx]))
+            windows.append(
+                (Encoded([full.ids[i] for i in idx], words), len(pred), None if codes is None else codes[idx])
+            )
         return windows
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
@@ -276,7 +297,9 @@ class MegahashEvalLM(LM):
         bits = hasattr(head, "targets")  # HashBitsHead; HashBucketHead has bucket_ids
         if self._word_scores_cache is None:
             words = self.codec.word_list[NUM_SPECIAL:]
-            codes = self._code_tensor(self.codec.codes(Encoded([NUM_SPECIAL + i for i in range(len(words))], list(words))))
+            codes = self._code_tensor(
+                self.codec.codes(Encoded([NUM_SPECIAL + i for i in range(len(words))], list(words)))
+            )
             self._word_scores_cache = head.targets(codes).float() if bits else head.bucket_ids(codes)
         table = self._word_scores_cache  # [W, T] bits or [W] bucket ids
         lg = logits.float()
@@ -291,7 +314,11 @@ class MegahashEvalLM(LM):
         codes = [self.codec.codes(e) for e in encs]
         length = max(len(e) for e in encs)
         tok, cod = self._inputs(encs, codes, length)
-        out = self.model(tok, hash_codes=cod, decode_state=state) if state is not None else self.model(tok, hash_codes=cod)
+        out = (
+            self.model(tok, hash_codes=cod, decode_state=state)
+            if state is not None
+            else self.model(tok, hash_codes=cod)
+        )
         return out[:, -1]
 
     def _compute(self):
@@ -313,7 +340,9 @@ class MegahashEvalLM(LM):
             with self._compute():
                 return self._incremental_matches(DecodeState, accelerator.compute_tolerance(self.precision, self._dev))
         except Exception as e:  # a kind without decoding support
-            log.warning("megahash: incremental decoding unavailable (%s); recomputing instead", str(e).splitlines()[0][:200])
+            log.warning(
+                "megahash: incremental decoding unavailable (%s); recomputing instead", str(e).splitlines()[0][:200]
+            )
             return "recompute"
 
     def _incremental_matches(self, DecodeState, tol: float) -> str:
@@ -331,8 +360,9 @@ class MegahashEvalLM(LM):
         self.model(tok[:, :4], hash_codes=None if cod is None else cod[:, :4], decode_state=st)
         out = None
         for k in range(4, 7):
-            out = self.model(tok[:, k:k + 1], hash_codes=None if cod is None else cod[:, k:k + 1],
-                             decode_state=st)[:, -1]
+            out = self.model(tok[:, k : k + 1], hash_codes=None if cod is None else cod[:, k : k + 1], decode_state=st)[
+                :, -1
+            ]
         scale = max(1.0, float(full.float().abs().max()))  # relative to the logits' scale
         ok = torch.allclose(out.float(), full.float(), atol=tol * scale, rtol=tol)
         if not ok:
@@ -348,7 +378,7 @@ class MegahashEvalLM(LM):
             return "".join(" " + self.codec.token_word(t) for t in gen if self.codec.token_word(t))
         full = self.codec.decode(ctx.ids + gen)
         head = self.codec.decode(ctx.ids)
-        return full[len(head):] if full.startswith(head) else self.codec.decode(gen)
+        return full[len(head) :] if full.startswith(head) else self.codec.decode(gen)
 
     @torch.no_grad()
     def _generate_group(self, encs: list[Encoded], until: list[str], max_gen: int) -> list[str]:
@@ -406,7 +436,7 @@ class MegahashEvalLM(LM):
             keep = max(self.max_length - max_gen, self.max_length // 2, 1)
             enc = self.codec.encode(context) if context else Encoded([])
             enc = self.codec.special(self.codec.eos_id) + enc if len(enc) == 0 else enc
-            enc = enc[max(0, len(enc) - keep):]
+            enc = enc[max(0, len(enc) - keep) :]
             prepared.append((k, enc, tuple(until), max_gen))
         groups: dict = {}
         for k, enc, until, max_gen in prepared:
@@ -414,7 +444,7 @@ class MegahashEvalLM(LM):
         out: list = [None] * len(prepared)
         for (_, until, max_gen), members in sorted(groups.items(), key=lambda kv: -kv[0][0]):
             for start in range(0, len(members), self.batch_size):
-                chunk = members[start:start + self.batch_size]
+                chunk = members[start : start + self.batch_size]
                 texts = self._generate_group([e for _, e in chunk], list(until), max_gen)
                 for (k, _), t in zip(chunk, texts):
                     out[k] = t

@@ -11,6 +11,7 @@ fresh shell therefore cannot find the name. This script imports :mod:`megahash.e
 registers ``megahash``) and hands every argument, unchanged, to lm-eval's CLI (``HarnessCLI``): all
 of lm-eval's flags and subcommands work as with ``lm_eval``.
 """
+
 from __future__ import annotations
 
 import sys

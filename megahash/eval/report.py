@@ -22,6 +22,7 @@ Per run (a run directory or a ``step_N`` checkpoint; the latest complete checkpo
 
 The table goes to stdout and ``--out`` (markdown), the numbers to ``--out`` with ``.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,7 +58,13 @@ def read_evals(run_dir: Path) -> dict:
             hib = (rec.get("higher_is_better") or {}).get(task, {}).get(m)
             if hib is None:
                 hib = not ("perplexity" in m or m == "bits_per_byte")
-            found[task] = {"metric": m, "value": metrics[m], "higher_is_better": bool(hib), "step": step, "file": str(f)}
+            found[task] = {
+                "metric": m,
+                "value": metrics[m],
+                "higher_is_better": bool(hib),
+                "step": step,
+                "file": str(f),
+            }
     return found
 
 
@@ -75,8 +82,12 @@ def describe_run(path: str) -> dict:
     attention = sum(L["attention"]["qkv"] + L["attention"]["out"] for L in report["layers"])
     run_dir = ckpt.parent
     out = {
-        "run": run_dir.name, "run_dir": str(run_dir), "checkpoint": str(ckpt), "step": state.get("step"),
-        "schedule": cfg.model.schedule, "embedding_kind": cfg.model.embedding,
+        "run": run_dir.name,
+        "run_dir": str(run_dir),
+        "checkpoint": str(ckpt),
+        "step": state.get("step"),
+        "schedule": cfg.model.schedule,
+        "embedding_kind": cfg.model.embedding,
         "params": {"total": report["total"], "embedding": report["embedding"], "attention": attention},
         "costs": _costs(cfg, report["layers"]),
         "scores": read_evals(run_dir),
@@ -123,8 +134,9 @@ def compare(runs: list[dict], baseline: dict, lower: dict, peop_params: str) -> 
             if bs and bs["metric"] == s["metric"]:
                 r["prr"][task] = efficiency.prr(s["value"], bs["value"], s["higher_is_better"])
             if ls and ls["metric"] == s["metric"]:
-                r["peop"][task] = efficiency.peop(s["value"], ls["value"], p[peop_params], lower["params"][peop_params],
-                                                  s["higher_is_better"])
+                r["peop"][task] = efficiency.peop(
+                    s["value"], ls["value"], p[peop_params], lower["params"][peop_params], s["higher_is_better"]
+                )
         vals = [v for v in r["prr"].values() if v is not None]
         r["prr_mean"] = sum(vals) / len(vals) if vals else None
         vals = [v for v in r["peop"].values() if v is not None]
@@ -147,31 +159,60 @@ def _num(v, pct=False, digits=1) -> str:
 def markdown(runs: list[dict], baseline: dict, lower: dict, peop_params: str) -> str:
     tasks = sorted({t for r in runs for t in r["scores"]})
     metric = {t: next(r["scores"][t]["metric"] for r in runs if t in r["scores"]) for t in tasks}
-    arrow = {t: "↑" if next(r["scores"][t]["higher_is_better"] for r in runs if t in r["scores"]) else "↓" for t in tasks}
-    head = ["run", "schedule", "embedding", "#params", "#emb", "#attn", "PCR_All %", "PCR_Emb %", "PoEP %",
-            "attn FLOPs/tok prefill (impl / thesis)", "attn FLOPs/tok decode (impl / thesis)",
-            "cache bytes (impl / thesis)"]
+    arrow = {
+        t: "↑" if next(r["scores"][t]["higher_is_better"] for r in runs if t in r["scores"]) else "↓" for t in tasks
+    }
+    head = [
+        "run",
+        "schedule",
+        "embedding",
+        "#params",
+        "#emb",
+        "#attn",
+        "PCR_All %",
+        "PCR_Emb %",
+        "PoEP %",
+        "attn FLOPs/tok prefill (impl / thesis)",
+        "attn FLOPs/tok decode (impl / thesis)",
+        "cache bytes (impl / thesis)",
+    ]
     head += [f"{t} {metric[t]} {arrow[t]}" for t in tasks] + ["PRR %", f"PEoP ({peop_params})"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join([" --- "] * 3 + [" ---: "] * (len(head) - 3)) + "|"]
     for r in runs:
         c = r["costs"] or {}
-        row = [r["run"] + (" (baseline)" if r is baseline else "") + (" (lower bound)" if r is lower and r is not baseline else ""),
-               r["schedule"], r["embedding_kind"], _num(r["params"]["total"]), _num(r["params"]["embedding"]),
-               _num(r["params"]["attention"]), _num(r["pcr_all"], True), _num(r["pcr_emb"], True), _num(r["poep"], True, 2),
-               *[f"{_num(c.get('impl_' + k))} / {_num(c.get(k))}"
-                 for k in ("prefill_flops_per_token", "decode_flops_per_token", "cache_bytes")]]
+        row = [
+            r["run"]
+            + (" (baseline)" if r is baseline else "")
+            + (" (lower bound)" if r is lower and r is not baseline else ""),
+            r["schedule"],
+            r["embedding_kind"],
+            _num(r["params"]["total"]),
+            _num(r["params"]["embedding"]),
+            _num(r["params"]["attention"]),
+            _num(r["pcr_all"], True),
+            _num(r["pcr_emb"], True),
+            _num(r["poep"], True, 2),
+            *[
+                f"{_num(c.get('impl_' + k))} / {_num(c.get(k))}"
+                for k in ("prefill_flops_per_token", "decode_flops_per_token", "cache_bytes")
+            ],
+        ]
         for t in tasks:
             s = r["scores"].get(t)
             row.append("–" if s is None or s["value"] is None else f"{s['value']:.4g}")
         row += [_num(r["prr_mean"], True), _num(r["peop_mean"], digits=2) if r["peop_mean"] is not None else "–"]
         lines.append("| " + " | ".join(row) + " |")
     ctx = next((r["costs"]["context"] for r in runs if r.get("costs")), None)
-    notes = [f"Baseline for PCR/PRR: {baseline['run']}; lower bound for PEoP: {lower['run']} ({peop_params} parameters).",
-             "PRR: mean over tasks of eq. 2.4 (inverse form of sec. 3.4.6 for ↓ metrics); PCR/PoEP: eq. 2.5-2.7."]
+    notes = [
+        f"Baseline for PCR/PRR: {baseline['run']}; lower bound for PEoP: {lower['run']} ({peop_params} parameters).",
+        "PRR: mean over tasks of eq. 2.4 (inverse form of sec. 3.4.6 for ↓ metrics); PCR/PoEP: eq. 2.5-2.7.",
+    ]
     if ctx:
-        notes.append("Attention costs: implemented (measured GEMM FLOPs and decode cache of megahash's code, "
-                     "megahash.models.measured_costs) / thesis Tables 4.6/4.8 (megahash.models.costs), batch 1, "
-                     "context = each run's data.seq_length, summed over layers.")
+        notes.append(
+            "Attention costs: implemented (measured GEMM FLOPs and decode cache of megahash's code, "
+            "megahash.models.measured_costs) / thesis Tables 4.6/4.8 (megahash.models.costs), batch 1, "
+            "context = each run's data.seq_length, summed over layers."
+        )
     notes += empty_reasons(runs, baseline, lower, tasks, peop_params)
     return "\n".join(lines + [""] + notes)
 
@@ -182,24 +223,33 @@ def empty_reasons(runs: list[dict], baseline: dict, lower: dict, tasks: list[str
     for r in runs:
         name = r["run"]
         if not r["scores"]:
-            notes.append(f"Empty scores, PRR and PEoP of {name}: no `megahash eval` results in {r['run_dir']}/eval/ "
-                         f"(run `megahash eval --checkpoint {r['run_dir']} --tasks-dir DIR --tasks SUITE`).")
+            notes.append(
+                f"Empty scores, PRR and PEoP of {name}: no `megahash eval` results in {r['run_dir']}/eval/ "
+                f"(run `megahash eval --checkpoint {r['run_dir']} --tasks-dir DIR --tasks SUITE`)."
+            )
             continue
         missing = [t for t in tasks if t not in r["scores"]]
         if missing:
-            notes.append(f"Empty {', '.join(missing)} of {name}: not evaluated in {r['run_dir']}/eval/ "
-                         f"(`megahash eval --checkpoint {r['run_dir']} --tasks {','.join(missing)}`).")
+            notes.append(
+                f"Empty {', '.join(missing)} of {name}: not evaluated in {r['run_dir']}/eval/ "
+                f"(`megahash eval --checkpoint {r['run_dir']} --tasks {','.join(missing)}`)."
+            )
         if r["prr_mean"] is None:
             notes.append(f"Empty PRR of {name}: no task scored with the same metric by the baseline {baseline['run']}.")
         if r["peop_mean"] is None:
-            why = ("it is the lower bound" if r is lower else
-                   f"same {peop_params} parameter count as the lower bound {lower['run']} (eq. 2.7 divides by the difference; "
-                   f"pick another --lower-bound or --peop-params)"
-                   if r["params"][peop_params] == lower["params"][peop_params]
-                   else f"no task scored with the same metric by the lower bound {lower['run']}")
+            why = (
+                "it is the lower bound"
+                if r is lower
+                else f"same {peop_params} parameter count as the lower bound {lower['run']} (eq. 2.7 divides by the difference; "
+                f"pick another --lower-bound or --peop-params)"
+                if r["params"][peop_params] == lower["params"][peop_params]
+                else f"no task scored with the same metric by the lower bound {lower['run']}"
+            )
             notes.append(f"Empty PEoP of {name}: {why}.")
         if not r.get("costs"):
-            notes.append(f"Empty attention costs of {name}: a layer kind of {r['schedule']} has no Table 4.6/4.8 formula.")
+            notes.append(
+                f"Empty attention costs of {name}: a layer kind of {r['schedule']} has no Table 4.6/4.8 formula."
+            )
         for key, label in (("pcr_all", "PCR_All"), ("pcr_emb", "PCR_Emb"), ("poep", "PoEP")):
             if r.get(key) is None:
                 notes.append(f"Empty {label} of {name}: undefined for its parameter counts (a zero denominator).")
@@ -253,8 +303,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             out = Path(args.out)
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(table + "\n")
-            out.with_suffix(".json").write_text(json.dumps({"runs": runs, "baseline": baseline["run"],
-                                                            "lower_bound": lower["run"]}, indent=1, default=str) + "\n")
+            out.with_suffix(".json").write_text(
+                json.dumps(
+                    {"runs": runs, "baseline": baseline["run"], "lower_bound": lower["run"]}, indent=1, default=str
+                )
+                + "\n"
+            )
             print(f"\nwrote {out} and {out.with_suffix('.json')}")
         return 0
 

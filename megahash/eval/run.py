@@ -21,6 +21,7 @@ is also printed. ``megahash report`` reads these files from ``RUN_DIR/eval/``.
 
 The trainer's end-of-run hook is :func:`evaluate_checkpoint` (``cfg.eval.at_end``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -110,7 +111,11 @@ def task_manager(tasks: list[str], tasks_dir: str | None):
         if t not in known:
             close = difflib.get_close_matches(t, sorted(known | local), n=1, cutoff=0.6)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            where = f" in {tasks_dir} or lm-eval's tasks" if tasks_dir else " among lm-eval's tasks (offline: pass --tasks-dir)"
+            where = (
+                f" in {tasks_dir} or lm-eval's tasks"
+                if tasks_dir
+                else " among lm-eval's tasks (offline: pass --tasks-dir)"
+            )
             raise ConfigError(f"unknown task {t!r}{hint}: not found{where}")
     return tm
 
@@ -175,8 +180,14 @@ def default_out(ckpt: Path) -> Path:
     return ckpt.parent / "eval" / f"{ckpt.name}.json"
 
 
-def evaluate(lm, tasks: list[str], tasks_dir: str | None = None, limit: float | None = None,
-             seed: int = 1234, log_samples: bool = False) -> dict:
+def evaluate(
+    lm,
+    tasks: list[str],
+    tasks_dir: str | None = None,
+    limit: float | None = None,
+    seed: int = 1234,
+    log_samples: bool = False,
+) -> dict:
     """Run lm-eval on an already-built ``MegahashEvalLM``; returns lm-eval's raw results dict."""
     _offline_env(tasks, tasks_dir)
     import lm_eval
@@ -185,8 +196,16 @@ def evaluate(lm, tasks: list[str], tasks_dir: str | None = None, limit: float | 
     try:
         with known_warnings.dropped_prints(known_warnings.LM_EVAL_PRINTS):
             return lm_eval.simple_evaluate(
-                model=lm, tasks=tasks, task_manager=tm, limit=limit, log_samples=log_samples, bootstrap_iters=100,
-                random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
+                model=lm,
+                tasks=tasks,
+                task_manager=tm,
+                limit=limit,
+                log_samples=log_samples,
+                bootstrap_iters=100,
+                random_seed=seed,
+                numpy_random_seed=seed,
+                torch_random_seed=seed,
+                fewshot_random_seed=seed,
                 batch_size=lm.batch_size,
             )
     except (ConnectionError, OSError) as e:  # datasets cannot reach the Hub / a data file is missing
@@ -208,10 +227,22 @@ def _in_distributed_job() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
 
 
-def evaluate_checkpoint(ckpt_dir, tasks=None, tasks_dir: str | None = None, out=None, limit=None,
-                        batch_size: int = 8, max_length: int | None = None, tokenizer: str | None = None,
-                        overrides: list[str] | None = None, incremental: bool = True, quiet: bool = False,
-                        isolated: bool | None = None, overwrite: bool = True, weights: str = "live") -> dict:
+def evaluate_checkpoint(
+    ckpt_dir,
+    tasks=None,
+    tasks_dir: str | None = None,
+    out=None,
+    limit=None,
+    batch_size: int = 8,
+    max_length: int | None = None,
+    tokenizer: str | None = None,
+    overrides: list[str] | None = None,
+    incremental: bool = True,
+    quiet: bool = False,
+    isolated: bool | None = None,
+    overwrite: bool = True,
+    weights: str = "live",
+) -> dict:
     """Evaluate one checkpoint (run dir or step dir) on ``tasks``; write JSON (+ .md) to ``out``
     (default ``RUN_DIR/eval/STEP.json``) and return the written record.
 
@@ -227,8 +258,21 @@ def evaluate_checkpoint(ckpt_dir, tasks=None, tasks_dir: str | None = None, out=
     if isolated is None:
         isolated = _in_distributed_job()
     if isolated:
-        return _evaluate_in_subprocess(ckpt_dir, tasks, tasks_dir, out, limit, batch_size, max_length, tokenizer,
-                                       overrides, incremental, quiet, overwrite, weights)
+        return _evaluate_in_subprocess(
+            ckpt_dir,
+            tasks,
+            tasks_dir,
+            out,
+            limit,
+            batch_size,
+            max_length,
+            tokenizer,
+            overrides,
+            incremental,
+            quiet,
+            overwrite,
+            weights,
+        )
     from megahash.checkpoint.resolve import resolve_checkpoint
 
     ckpt = resolve_checkpoint(ckpt_dir)
@@ -239,16 +283,32 @@ def evaluate_checkpoint(ckpt_dir, tasks=None, tasks_dir: str | None = None, out=
     task_manager(tasks, tasks_dir)  # unknown names fail before the model is loaded
     t0 = time.time()
     if not quiet:
-        print(f"megahash eval: {ckpt} on {', '.join(tasks) if tasks else 'default tasks'}"
-              f"{' from ' + str(tasks_dir) if tasks_dir else ''} (lm-eval; loading the model)", file=sys.stderr, flush=True)
+        print(
+            f"megahash eval: {ckpt} on {', '.join(tasks) if tasks else 'default tasks'}"
+            f"{' from ' + str(tasks_dir) if tasks_dir else ''} (lm-eval; loading the model)",
+            file=sys.stderr,
+            flush=True,
+        )
     from megahash import accelerator
 
     with accelerator.releasing_group():  # the model's 1-rank group goes with it (unless a caller's group was up)
-        lm = MegahashEvalLM(checkpoint=str(ckpt), batch_size=batch_size, max_length=max_length, tokenizer=tokenizer,
-                            overrides=overrides, incremental=incremental, weights=weights)
+        lm = MegahashEvalLM(
+            checkpoint=str(ckpt),
+            batch_size=batch_size,
+            max_length=max_length,
+            tokenizer=tokenizer,
+            overrides=overrides,
+            incremental=incremental,
+            weights=weights,
+        )
         raw = evaluate(lm, tasks, tasks_dir, limit)
-        model_args = {"batch_size": lm.batch_size, "max_length": lm.max_length, "decode_mode": lm.decode_mode,
-                      "precision": lm.precision, "codec": lm.codec.description}
+        model_args = {
+            "batch_size": lm.batch_size,
+            "max_length": lm.max_length,
+            "decode_mode": lm.decode_mode,
+            "precision": lm.precision,
+            "codec": lm.codec.description,
+        }
         del lm  # before the group goes: nothing of the model outlives it
     summary = summarise(raw)
     step = None
@@ -295,18 +355,47 @@ def refuse_existing(out: Path, overwrite: bool) -> None:
                 raise ConfigError(f"{path} already exists; pass --overwrite to replace it (or --out for another file)")
 
 
-def _evaluate_in_subprocess(ckpt_dir, tasks, tasks_dir, out, limit, batch_size, max_length, tokenizer, overrides,
-                            incremental, quiet, overwrite=True, weights="live") -> dict:
+def _evaluate_in_subprocess(
+    ckpt_dir,
+    tasks,
+    tasks_dir,
+    out,
+    limit,
+    batch_size,
+    max_length,
+    tokenizer,
+    overrides,
+    incremental,
+    quiet,
+    overwrite=True,
+    weights="live",
+) -> dict:
     import subprocess
 
     from megahash.checkpoint.resolve import resolve_checkpoint
 
     ckpt = resolve_checkpoint(ckpt_dir)
     out = Path(out) if out else _weights_out(default_out(ckpt), weights)
-    argv = [sys.executable, "-m", "megahash", "eval", "--checkpoint", str(ckpt), "--tasks", ",".join(tasks),
-            "--out", str(out), "--batch-size", str(batch_size)]
-    for flag, value in (("--tasks-dir", tasks_dir), ("--limit", limit), ("--max-length", max_length),
-                        ("--tokenizer", tokenizer)):
+    argv = [
+        sys.executable,
+        "-m",
+        "megahash",
+        "eval",
+        "--checkpoint",
+        str(ckpt),
+        "--tasks",
+        ",".join(tasks),
+        "--out",
+        str(out),
+        "--batch-size",
+        str(batch_size),
+    ]
+    for flag, value in (
+        ("--tasks-dir", tasks_dir),
+        ("--limit", limit),
+        ("--max-length", max_length),
+        ("--tokenizer", tokenizer),
+    ):
         if value is not None:
             argv += [flag, str(value)]
     for o in overrides or []:
@@ -324,8 +413,10 @@ def _evaluate_in_subprocess(ckpt_dir, tasks, tasks_dir, out, limit, batch_size, 
         print(r.stdout, end="")
     if r.returncode != 0:
         lines = [line for line in r.stderr.splitlines() if line.strip()]
-        msg = next((line[len("error: "):] for line in reversed(lines) if line.startswith("error: ")),
-                   lines[-1] if lines else f"exit status {r.returncode}")
+        msg = next(
+            (line[len("error: ") :] for line in reversed(lines) if line.startswith("error: ")),
+            lines[-1] if lines else f"exit status {r.returncode}",
+        )
         raise DataError(f"megahash eval of {ckpt} failed: {msg}")
     return json.loads(out.read_text())
 
@@ -335,20 +426,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", required=True, help="run directory (its latest checkpoint) or a step_N directory")
     p.add_argument("--tasks", default=None, help=f"comma-separated task/tag names (default: {','.join(DEFAULT_TASKS)})")
     p.add_argument("--tasks-dir", default=None, help="directory of local task YAMLs (offline suite)")
-    p.add_argument("--out", default=None, help="results JSON (default RUN_DIR/eval/STEP.json); markdown beside it (.md)")
+    p.add_argument(
+        "--out", default=None, help="results JSON (default RUN_DIR/eval/STEP.json); markdown beside it (.md)"
+    )
     p.add_argument("--limit", type=float, default=None, help="documents per task (or a fraction < 1)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--max-length", type=int, default=None, help="context window in tokens (default data.seq_length)")
-    p.add_argument("--tokenizer", default=None, help="tokenizer: sentencepiece model, tokenizer.json, HF folder or name (default: data.tokenizer of the run)")
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tokenizer: sentencepiece model, tokenizer.json, HF folder or name (default: data.tokenizer of the run)",
+    )
     p.add_argument("--override", action="append", default=[], help="config override key=value (repeatable)")
     p.add_argument("--no-incremental", action="store_true", help="recompute the whole sequence per generated token")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out file (refused otherwise)")
-    p.add_argument("--text", default=None, help="score raw text instead of tasks: loss, perplexity and bits per byte of "
-                   "a data-stage SRC (.txt/.jsonl/folder/hf:...; megahash/eval/bits_per_byte.py)")
-    p.add_argument("--weights", default="live", choices=["live", "ema"],
-                   help="the trained weights (live) or their average (ema, a run with train.ema_decay)")
-    p.add_argument("--artifact", default=None,
-                   help="evaluate the round-tripped weights of this quantized artifact (megahash export --quantize)")
+    p.add_argument(
+        "--text",
+        default=None,
+        help="score raw text instead of tasks: loss, perplexity and bits per byte of "
+        "a data-stage SRC (.txt/.jsonl/folder/hf:...; megahash/eval/bits_per_byte.py)",
+    )
+    p.add_argument(
+        "--weights",
+        default="live",
+        choices=["live", "ema"],
+        help="the trained weights (live) or their average (ema, a run with train.ema_decay)",
+    )
+    p.add_argument(
+        "--artifact",
+        default=None,
+        help="evaluate the round-tripped weights of this quantized artifact (megahash export --quantize)",
+    )
     return p
 
 
@@ -365,12 +473,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.text:  # loss, perplexity and bits per byte of raw text (megahash/eval/bits_per_byte.py)
             from megahash.eval.bits_per_byte import evaluate_text
 
-            evaluate_text(args.checkpoint, args.text, args.out, limit, args.batch_size, args.max_length,
-                          args.tokenizer, args.override, overwrite=args.overwrite)
+            evaluate_text(
+                args.checkpoint,
+                args.text,
+                args.out,
+                limit,
+                args.batch_size,
+                args.max_length,
+                args.tokenizer,
+                args.override,
+                overwrite=args.overwrite,
+            )
             return 0
-        evaluate_checkpoint(args.checkpoint, args.tasks, args.tasks_dir, args.out, limit, args.batch_size,
-                            args.max_length, args.tokenizer, args.override, not args.no_incremental,
-                            overwrite=args.overwrite, weights=_weights(args))
+        evaluate_checkpoint(
+            args.checkpoint,
+            args.tasks,
+            args.tasks_dir,
+            args.out,
+            limit,
+            args.batch_size,
+            args.max_length,
+            args.tokenizer,
+            args.override,
+            not args.no_incremental,
+            overwrite=args.overwrite,
+            weights=_weights(args),
+        )
         return 0
 
     return run_guarded(run)

@@ -20,6 +20,7 @@ hashes text exactly as the shards were hashed:
 Codes are only computed when the model reads them (``model.embedding`` other than ``vocab``, or a
 hash-code head); their spec is ``model.embed.hash_spec``.
 """
+
 from __future__ import annotations
 
 import os
@@ -158,8 +159,9 @@ class TextCodec:
         return self.table.rows(self.spec.name, rows)
 
 
-def load_codec(cfg, ckpt_dir: Path | None = None, tokenizer: str | None = None,
-               model_vocab: int | None = None) -> TextCodec:
+def load_codec(
+    cfg, ckpt_dir: Path | None = None, tokenizer: str | None = None, model_vocab: int | None = None
+) -> TextCodec:
     """The :class:`TextCodec` of a checkpoint's config (``tokenizer`` overrides ``data.tokenizer``)."""
     prefix = first_prefix(cfg.data.prefix)
     meta = read_meta(prefix, required=False)
@@ -194,8 +196,10 @@ def load_codec(cfg, ckpt_dir: Path | None = None, tokenizer: str | None = None,
             sp = load_tokenizer(tok, bases)
         except TokenizerError as e:
             if str(e).startswith("tokenizer not found"):
-                raise DataError(f"tokenizer model {tok!r} not found; pass --tokenizer PATH (a sentencepiece .model, "
-                                f"tokenizer.json, Hugging Face tokenizer folder or name)") from None
+                raise DataError(
+                    f"tokenizer model {tok!r} not found; pass --tokenizer PATH (a sentencepiece .model, "
+                    f"tokenizer.json, Hugging Face tokenizer folder or name)"
+                ) from None
             raise DataError(f"{e}; pass --tokenizer PATH") from None
         kind, vocab = sp.kind, sp.vocab_size
         desc["tokenizer"] = sp.path

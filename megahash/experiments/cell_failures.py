@@ -1,6 +1,7 @@
 """Why a cell of ``megahash sweep`` has no result: its failure record ``OUT/cells/CELL/sweep_failed.json``
 (exit status and one-line error), written when its training or evaluation fails, read by the
 end-of-sweep summary and the report (megahash.experiments.grid_report)."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,14 @@ def error_line(text: str) -> str:
 
 def record_failure(cell, status: int, error: str) -> None:
     """``FAILED_FILE`` of a cell: its exit status and one-line error (the report names it)."""
-    record = {"cell": cell.name, "label": cell.label, "exit": status, "error": error, "log": str(cell.dir / "sweep.log"),
-              "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    record = {
+        "cell": cell.name,
+        "label": cell.label,
+        "exit": status,
+        "error": error,
+        "log": str(cell.dir / "sweep.log"),
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     write_text_atomic(cell.dir / FAILED_FILE, json.dumps(record, indent=1) + "\n")
 
 

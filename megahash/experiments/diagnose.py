@@ -23,6 +23,7 @@ budget with a plain AdamW loop in this process (one rank, CPU or GPU), then is s
 sequences from another seed: accuracy = argmax prediction equals the answer, over answer positions.
 The table goes to stdout, the numbers to ``--out`` (JSON, markdown beside it as ``.md``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,9 +38,18 @@ from pathlib import Path
 from megahash.errors import ConfigError
 
 # the default tiny budget: a kind trains in a few seconds on 2 CPU cores (measured in docs/experiments.md)
-MODEL_DEFAULTS = ["model.arch=decoder", "model.hidden_size=128", "model.num_layers=2", "model.num_heads=2",
-                  "model.ffn_hidden_size=256", "model.embedding=vocab", "model.head=vocab", "train.objective=clm",
-                  "model.max_position_embeddings=128", "model.make_vocab_size_divisible_by=8"]
+MODEL_DEFAULTS = [
+    "model.arch=decoder",
+    "model.hidden_size=128",
+    "model.num_layers=2",
+    "model.num_heads=2",
+    "model.ffn_hidden_size=256",
+    "model.embedding=vocab",
+    "model.head=vocab",
+    "train.objective=clm",
+    "model.max_position_embeddings=128",
+    "model.make_vocab_size_divisible_by=8",
+]
 STEPS, BATCH, LR, EVAL_SAMPLES = 600, 64, 1e-3, 512
 TASKS = ("mqar", "copy")
 IGNORE = -100
@@ -80,7 +90,7 @@ class MQAR:
         qa = torch.stack([q, a], dim=2).reshape(n, -1)
         tokens = torch.cat([ctx, qa], dim=1)
         labels = torch.full_like(tokens, IGNORE)
-        labels[:, 2 * self.pairs::2] = a  # at q_j predict a_j
+        labels[:, 2 * self.pairs :: 2] = a  # at q_j predict a_j
         return tokens, labels
 
 
@@ -111,14 +121,15 @@ class Copy:
         sep = torch.full((n, 1), self.values + 1, dtype=seq.dtype)
         tokens = torch.cat([seq, sep, seq], dim=1)
         labels = torch.full_like(tokens, IGNORE)
-        labels[:, self.length:2 * self.length] = seq  # at the separator and each copied token: the next one
+        labels[:, self.length : 2 * self.length] = seq  # at the separator and each copied token: the next one
         return tokens, labels
 
 
 def make_task(name: str, args) -> object:
     if name == "mqar":
-        return MQAR(pairs=args.mqar_pairs, queries=args.mqar_queries or args.mqar_pairs, keys=args.keys,
-                    values=args.values)
+        return MQAR(
+            pairs=args.mqar_pairs, queries=args.mqar_queries or args.mqar_pairs, keys=args.keys, values=args.values
+        )
     if name == "copy":
         return Copy(length=args.copy_length, values=args.values)
     raise ConfigError(f"unknown diagnose task {name!r} (choose from {', '.join(TASKS)})")
@@ -157,7 +168,8 @@ def train_and_score(cfg, task, steps: int, batch: int, lr: float, seed: int, eva
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
     warm = max(1, steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))))
+        opt, lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    )
     gen = torch.Generator().manual_seed(seed)
     t0 = time.perf_counter()
     model.train()
@@ -191,8 +203,15 @@ def train_and_score(cfg, task, steps: int, batch: int, lr: float, seed: int, eva
             mask = labels >= 0
             correct += int((pred[mask] == labels[mask]).sum())
             total += int(mask.sum())
-    return {"accuracy": correct / max(1, total), "answers": total, "chance": task.chance, "params": params,
-            "loss_first": loss_first, "loss_last": loss_last, "train_seconds": round(train_s, 2)}
+    return {
+        "accuracy": correct / max(1, total),
+        "answers": total,
+        "chance": task.chance,
+        "params": params,
+        "loss_first": loss_first,
+        "loss_last": loss_last,
+        "train_seconds": round(train_s, 2),
+    }
 
 
 def all_kinds() -> list[str]:
@@ -213,8 +232,10 @@ def variants(kinds: str | None, schedules: str | None) -> list[str]:
                 import difflib
 
                 close = difflib.get_close_matches(k, sorted(known), n=1)
-                raise ConfigError(f"unknown attention kind {k!r}" + (f" (did you mean {close[0]!r}?)" if close else
-                                                                      f" (known: {', '.join(sorted(known))})"))
+                raise ConfigError(
+                    f"unknown attention kind {k!r}"
+                    + (f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(sorted(known))})")
+                )
             out.append(f"uniform:{k}")
     for s in (schedules or "").split(";" if ";" in (schedules or "") else " "):
         if s.strip():
@@ -231,8 +252,11 @@ def markdown(rows: list[dict], tasks: list[str], budget: dict) -> str:
         cells.append(f"{sum(v['train_seconds'] for v in r['tasks'].values()):.1f}")
         lines.append("| " + " | ".join(cells) + " |")
     chance = ", ".join(f"{t} {r['tasks'][t]['chance']:.3f}" for t in tasks for r in rows[:1] if t in r["tasks"])
-    lines += ["", f"Budget: {budget['steps']} steps x {budget['batch_size']} sequences, lr {budget['lr']}, "
-                  f"seed {budget['seed']}; accuracy over {budget['eval_samples']} held-out sequences; chance: {chance}."]
+    lines += [
+        "",
+        f"Budget: {budget['steps']} steps x {budget['batch_size']} sequences, lr {budget['lr']}, "
+        f"seed {budget['seed']}; accuracy over {budget['eval_samples']} held-out sequences; chance: {chance}.",
+    ]
     return "\n".join(lines)
 
 
@@ -257,8 +281,10 @@ def run(args) -> dict:
     try:
         for i, s in enumerate(scheds, 1):
             if not args.quiet:  # a kind trains for minutes at the default budget: say which one
-                print(f"diagnose: [{i}/{len(scheds)}] {s}: training on {', '.join(tasks)} ({args.steps} steps each)",
-                      flush=True)
+                print(
+                    f"diagnose: [{i}/{len(scheds)}] {s}: training on {', '.join(tasks)} ({args.steps} steps each)",
+                    flush=True,
+                )
             row = {"schedule": s, "tasks": {}}
             for name, task in task_objs.items():
                 cfg = variant_config(args.config, args.overrides, s, task)
@@ -269,26 +295,41 @@ def run(args) -> dict:
                 row["tasks"][name] = res
                 row["params"] = res["params"]
                 if not args.quiet:
-                    print(f"diagnose: {s:<28} {name:<5} acc {res['accuracy']:.3f} (chance {res['chance']:.3f}) "
-                          f"loss {res['loss_first']:.2f} -> {res['loss_last']:.2f}  {res['train_seconds']:.1f}s",
-                          flush=True)
+                    print(
+                        f"diagnose: {s:<28} {name:<5} acc {res['accuracy']:.3f} (chance {res['chance']:.3f}) "
+                        f"loss {res['loss_first']:.2f} -> {res['loss_last']:.2f}  {res['train_seconds']:.1f}s",
+                        flush=True,
+                    )
             rows.append(row)
     finally:
         if own_group:
             accelerator.teardown(barrier=False)
-    budget = {"steps": args.steps, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
-              "eval_samples": args.eval_samples,
-              "tasks": {n: {k: v for k, v in vars(t).items()} for n, t in task_objs.items()}}
+    budget = {
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "seed": args.seed,
+        "eval_samples": args.eval_samples,
+        "tasks": {n: {k: v for k, v in vars(t).items()} for n, t in task_objs.items()},
+    }
     return {"megahash_diagnose": 1, "budget": budget, "rows": rows, "markdown": markdown(rows, tasks, budget)}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="megahash diagnose", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kinds", default=None, help="comma-separated attention kinds, or 'all' (default: all, "
-                   "unless --schedules is given)")
-    p.add_argument("--schedules", default=None, help="schedules to diagnose besides the kinds (space or ';' "
-                   "separated), e.g. 'hybrid:mlp:even hybrid:rndembqk:even'")
+    p = argparse.ArgumentParser(
+        prog="megahash diagnose", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--kinds",
+        default=None,
+        help="comma-separated attention kinds, or 'all' (default: all, unless --schedules is given)",
+    )
+    p.add_argument(
+        "--schedules",
+        default=None,
+        help="schedules to diagnose besides the kinds (space or ';' "
+        "separated), e.g. 'hybrid:mlp:even hybrid:rndembqk:even'",
+    )
     p.add_argument("--tasks", default="mqar,copy", help="mqar,copy")
     p.add_argument("--steps", type=int, default=STEPS)
     p.add_argument("--batch-size", type=int, default=BATCH)
@@ -324,8 +365,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from megahash.atomic_write import write_text_atomic
 
             out = Path(args.out)
-            for path, text in ((out, json.dumps({k: v for k, v in result.items() if k != "markdown"}, indent=1) + "\n"),
-                               (out.with_suffix(".md"), result["markdown"] + "\n")):
+            for path, text in (
+                (out, json.dumps({k: v for k, v in result.items() if k != "markdown"}, indent=1) + "\n"),
+                (out.with_suffix(".md"), result["markdown"] + "\n"),
+            ):
                 write_text_atomic(path, text)
             print(f"\nwrote {out} and {out.with_suffix('.md')}")
         return 0

@@ -14,6 +14,7 @@ Files: ``OUT/report.md``, ``OUT/report.json``, ``OUT/loss_curves.png`` (training
 validation loss as markers, overlaid) and ``OUT/scores.png`` (bars per task and Avg.; validation
 loss when the grid has no tasks). Everything is written under a temporary name, then renamed.
 """
+
 from __future__ import annotations
 
 import json
@@ -53,12 +54,25 @@ def collect(grid) -> list[dict]:
             curve = {"train": train, "valid": valid}.get(m.get("split"))
             if curve is not None and "loss" in m:
                 curve[m["step"]] = m["loss"]
-        rec.update({"cell": cell.name, "index": cell.index, "label": cell.label, "seed": cell.seed,
-                    "values": cell.values, "train_curve": sorted(train.items()), "valid_curve": sorted(valid.items()),
-                    "valid_loss": valid[max(valid)] if valid else None,
-                    "standard": all(cell.values.get(k) == v for k, v in grid.standard.items())})
+        rec.update(
+            {
+                "cell": cell.name,
+                "index": cell.index,
+                "label": cell.label,
+                "seed": cell.seed,
+                "values": cell.values,
+                "train_curve": sorted(train.items()),
+                "valid_curve": sorted(valid.items()),
+                "valid_loss": valid[max(valid)] if valid else None,
+                "standard": all(cell.values.get(k) == v for k, v in grid.standard.items()),
+            }
+        )
         rec["display"] = {t: _display(s["metric"], s["value"]) for t, s in rec["scores"].items()}
-        hib = [rec["display"][t] for t, s in rec["scores"].items() if s["higher_is_better"] and rec["display"][t] is not None]
+        hib = [
+            rec["display"][t]
+            for t, s in rec["scores"].items()
+            if s["higher_is_better"] and rec["display"][t] is not None
+        ]
         rec["avg"] = sum(hib) / len(hib) if hib else None
         rows.append(rec)
     # deltas against the standard row of the same seed (else the first standard row)
@@ -71,8 +85,11 @@ def collect(grid) -> list[dict]:
             rv = ref["display"].get(t) if ref else None
             r["delta"][t] = None if v is None or rv is None else v - rv
         r["delta_avg"] = None if ref is None or r["avg"] is None or ref["avg"] is None else r["avg"] - ref["avg"]
-        r["delta_valid_loss"] = (None if ref is None or r["valid_loss"] is None or ref["valid_loss"] is None
-                                 else r["valid_loss"] - ref["valid_loss"])
+        r["delta_valid_loss"] = (
+            None
+            if ref is None or r["valid_loss"] is None or ref["valid_loss"] is None
+            else r["valid_loss"] - ref["valid_loss"]
+        )
     return rows
 
 
@@ -109,20 +126,33 @@ def task_columns(rows: list[dict]) -> list[tuple[str, str, bool]]:
 def markdown(grid, rows: list[dict]) -> str:
     cols = task_columns(rows)
     seeds = any(r["seed"] for r in rows)
-    head = ["", "variant"] + (["seed"] if seeds else []) + ["#params", "#emb", "#attn", "attn FLOPs/tok prefill",
-                                                          "attn FLOPs/tok decode", "cache bytes"]
+    head = (
+        ["", "variant"]
+        + (["seed"] if seeds else [])
+        + ["#params", "#emb", "#attn", "attn FLOPs/tok prefill", "attn FLOPs/tok decode", "cache bytes"]
+    )
     head += [f"{t} {m}{' %' if m in PERCENT else ''} {'↑' if h else '↓'}" for t, m, h in cols]
     if any(h for _, _, h in cols):
         head.append("Avg. ↑")
     head.append("valid loss ↓")
-    lines = [f"### {grid.name}", "", "| " + " | ".join(head) + " |",
-             "| " + " | ".join(["---"] * (2 + seeds) + ["---:"] * (len(head) - 2 - seeds)) + " |"]
+    lines = [
+        f"### {grid.name}",
+        "",
+        "| " + " | ".join(head) + " |",
+        "| " + " | ".join(["---"] * (2 + seeds) + ["---:"] * (len(head) - 2 - seeds)) + " |",
+    ]
     for r in rows:
         c = r["costs"] or {}
         std = r["standard"]
         cells = [str(r["index"]), r["label"] + (" (standard)" if std else "")] + ([r["seed"]] if seeds else [])
-        cells += [_num(r["params"]["total"]), _num(r["params"]["embedding"]), _num(r["params"]["attention"]),
-                  _num(c.get("prefill_flops_per_token")), _num(c.get("decode_flops_per_token")), _num(c.get("cache_bytes"))]
+        cells += [
+            _num(r["params"]["total"]),
+            _num(r["params"]["embedding"]),
+            _num(r["params"]["attention"]),
+            _num(c.get("prefill_flops_per_token")),
+            _num(c.get("decode_flops_per_token")),
+            _num(c.get("cache_bytes")),
+        ]
         for t, m, _h in cols:
             d = None if std else r["delta"].get(t)
             cells.append(_fmt(r["display"].get(t), d, 1 if m in PERCENT else 2))
@@ -130,17 +160,23 @@ def markdown(grid, rows: list[dict]) -> str:
             cells.append(_fmt(r["avg"], None if std else r["delta_avg"]))
         cells.append(_fmt(r["valid_loss"], None if std else r["delta_valid_loss"], 3))
         lines.append("| " + " | ".join(cells) + " |")
-    notes = ["", "Deltas in parentheses: against the standard row "
-             f"({', '.join(f'{k}={v}' for k, v in grid.standard.items())}) of the same seed. Accuracies in %; "
-             "Avg. = mean of the ↑ tasks (the thesis's NLU average). Attention costs: megahash.models.costs at batch 1 "
-             "and each cell's data.seq_length, summed over layers; parameters: megahash.models.accounting."]
+    notes = [
+        "",
+        "Deltas in parentheses: against the standard row "
+        f"({', '.join(f'{k}={v}' for k, v in grid.standard.items())}) of the same seed. Accuracies in %; "
+        "Avg. = mean of the ↑ tasks (the thesis's NLU average). Attention costs: megahash.models.costs at batch 1 "
+        "and each cell's data.seq_length, summed over layers; parameters: megahash.models.accounting.",
+    ]
     if seeds and len({r["seed"] for r in rows}) > 1:
         notes += ["", "#### Mean ± std over seeds", "", *seed_table(rows, cols)]
     left = not_done(grid)
     if left:
         notes += ["", f"#### Cells not done ({len(left)} of {len(grid.cells)})", ""]
-        notes += [f"- {c['index']} {c['cell']}: " + (f"failed (exit {c['exit']}): {c['error']}" if c.get("error")
-                                                   else "not run yet or still running") for c in left]
+        notes += [
+            f"- {c['index']} {c['cell']}: "
+            + (f"failed (exit {c['exit']}): {c['error']}" if c.get("error") else "not run yet or still running")
+            for c in left
+        ]
     if grid.expected:
         notes += ["", "Expected ordering (docs/experiments.md): " + " ".join(grid.expected.split())]
     return "\n".join(lines + notes)
@@ -156,8 +192,15 @@ def not_done(grid) -> list[dict]:
         if cell.done:
             continue
         why = failure(cell) or {}
-        out.append({"index": cell.index, "cell": cell.name, "label": cell.label, "exit": why.get("exit"),
-                    "error": why.get("error")})
+        out.append(
+            {
+                "index": cell.index,
+                "cell": cell.name,
+                "label": cell.label,
+                "exit": why.get("exit"),
+                "error": why.get("error"),
+            }
+        )
     return out
 
 
@@ -165,7 +208,9 @@ def seed_table(rows: list[dict], cols) -> list[str]:
     groups: dict[str, list[dict]] = {}
     for r in rows:
         groups.setdefault(r["label"], []).append(r)
-    head = ["variant", "n"] + [t for t, _, _ in cols] + (["Avg."] if any(h for _, _, h in cols) else []) + ["valid loss"]
+    head = (
+        ["variant", "n"] + [t for t, _, _ in cols] + (["Avg."] if any(h for _, _, h in cols) else []) + ["valid loss"]
+    )
     out = ["| " + " | ".join(head) + " |", "| --- | ---: |" + " ---: |" * (len(head) - 2)]
 
     def ms(vals, digits):
@@ -179,7 +224,9 @@ def seed_table(rows: list[dict], cols) -> list[str]:
         return f"{mean:.{digits}f} ± {sd:.{digits}f}"
 
     for label, rs in groups.items():
-        cells = [label, str(len(rs))] + [ms([r["display"].get(t) for r in rs], 1 if m in PERCENT else 2) for t, m, _ in cols]
+        cells = [label, str(len(rs))] + [
+            ms([r["display"].get(t) for r in rs], 1 if m in PERCENT else 2) for t, m, _ in cols
+        ]
         if any(h for _, _, h in cols):
             cells.append(ms([r["avg"] for r in rs], 1))
         cells.append(ms([r["valid_loss"] for r in rs], 3))
@@ -225,8 +272,12 @@ def plots(grid, rows: list[dict]) -> list[Path]:
         for i, r in enumerate(rows):
             vals = [r["display"].get(t) for t, _, _ in cols] + ([r["avg"]] if len(names) > len(cols) else [])
             xs = [j + i * width for j in range(len(names))]
-            ax.bar(xs, [v if v is not None and math.isfinite(v) else 0 for v in vals], width,
-                   label=r["label"] + (f" s{r['seed']}" if r["seed"] else ""))
+            ax.bar(
+                xs,
+                [v if v is not None and math.isfinite(v) else 0 for v in vals],
+                width,
+                label=r["label"] + (f" s{r['seed']}" if r["seed"] else ""),
+            )
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))])
         ax.set_xticklabels(names, rotation=20, fontsize=8)
         ax.set_ylabel("score (accuracies in %)")
@@ -263,9 +314,21 @@ def write_report(grid) -> list[Path]:
     md = markdown(grid, rows)
     _atomic(grid.out / "report.md", md + "\n")
     missing = [c.name for c in grid.cells if c.name not in {r["cell"] for r in rows}]
-    _atomic(grid.out / "report.json", json.dumps({"megahash_sweep_report": 1, "grid": grid.to_json(), "rows": rows,
-                                                  "missing": missing, "not_done": not_done(grid)},
-                                                 indent=1, default=str) + "\n")
+    _atomic(
+        grid.out / "report.json",
+        json.dumps(
+            {
+                "megahash_sweep_report": 1,
+                "grid": grid.to_json(),
+                "rows": rows,
+                "missing": missing,
+                "not_done": not_done(grid),
+            },
+            indent=1,
+            default=str,
+        )
+        + "\n",
+    )
     paths = [grid.out / "report.md", grid.out / "report.json"] + plots(grid, rows)
     print(md)
     return paths

@@ -45,6 +45,7 @@ When cells are finished, ``OUT/report.{md,json}`` ([Xue25] Table 4.1 layout: row
 tasks + average with deltas against the standard row, parameter and cost columns) and
 ``OUT/loss_curves.png`` / ``OUT/scores.png`` are written (:mod:`megahash.experiments.grid_report`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,10 +70,30 @@ from megahash.experiments.cell_failures import FAILED_FILE, error_line, failure,
 ROOT = Path(__file__).resolve().parent.parent.parent
 DONE_FILE = "sweep_cell.json"
 CELL_CONFIG = "cell_config.yaml"
-GRID_KEYS = {"name", "config", "overrides", "axes", "variants", "standard", "eval", "launch", "slurm", "out",
-             "description", "expected"}
-SAME_BUDGET = ("train.steps", "train.global_batch_size", "train.seed", "data.seed", "data.seq_length",
-               "data.prefix", "data.split", "data.tokenizer")
+GRID_KEYS = {
+    "name",
+    "config",
+    "overrides",
+    "axes",
+    "variants",
+    "standard",
+    "eval",
+    "launch",
+    "slurm",
+    "out",
+    "description",
+    "expected",
+}
+SAME_BUDGET = (
+    "train.steps",
+    "train.global_batch_size",
+    "train.seed",
+    "data.seed",
+    "data.seq_length",
+    "data.prefix",
+    "data.split",
+    "data.tokenizer",
+)
 
 
 @dataclass
@@ -107,20 +128,53 @@ class Grid:
     seed_keys: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        return {"megahash_sweep": 1, "name": self.name, "grid": str(self.path) if self.path else None,
-                "base": self.base, "overrides": self.overrides, "standard": self.standard, "eval": self.eval,
-                "ranks": self.ranks, "sbatch": self.sbatch, "out": str(self.out), "seed_keys": self.seed_keys,
-                "expected": self.expected,
-                "cells": [{"index": c.index, "name": c.name, "label": c.label, "seed": c.seed, "values": c.values,
-                           "overrides": c.overrides, "dir": str(c.dir)} for c in self.cells]}
+        return {
+            "megahash_sweep": 1,
+            "name": self.name,
+            "grid": str(self.path) if self.path else None,
+            "base": self.base,
+            "overrides": self.overrides,
+            "standard": self.standard,
+            "eval": self.eval,
+            "ranks": self.ranks,
+            "sbatch": self.sbatch,
+            "out": str(self.out),
+            "seed_keys": self.seed_keys,
+            "expected": self.expected,
+            "cells": [
+                {
+                    "index": c.index,
+                    "name": c.name,
+                    "label": c.label,
+                    "seed": c.seed,
+                    "values": c.values,
+                    "overrides": c.overrides,
+                    "dir": str(c.dir),
+                }
+                for c in self.cells
+            ],
+        }
 
     @classmethod
     def from_json(cls, d: dict) -> Grid:
-        cells = [Cell(c["index"], c["name"], c["label"], c["seed"], c["values"], c["overrides"], Path(c["dir"]))
-                 for c in d["cells"]]
-        return cls(d["name"], Path(d["grid"]) if d.get("grid") else None, d["base"], d["overrides"], cells,
-                   d["standard"], d["eval"], d["ranks"], d["sbatch"], Path(d["out"]), d.get("expected", ""),
-                   d.get("seed_keys", []))
+        cells = [
+            Cell(c["index"], c["name"], c["label"], c["seed"], c["values"], c["overrides"], Path(c["dir"]))
+            for c in d["cells"]
+        ]
+        return cls(
+            d["name"],
+            Path(d["grid"]) if d.get("grid") else None,
+            d["base"],
+            d["overrides"],
+            cells,
+            d["standard"],
+            d["eval"],
+            d["ranks"],
+            d["sbatch"],
+            Path(d["out"]),
+            d.get("expected", ""),
+            d.get("seed_keys", []),
+        )
 
 
 # ------------------------------------------------------------------------------------------ grid
@@ -192,8 +246,10 @@ def load_grid(path: str, extra: Sequence[str] = (), out: str | None = None) -> G
         import difflib
 
         close = difflib.get_close_matches(unknown[0], sorted(GRID_KEYS), n=1)
-        raise ConfigError(f"unknown grid key {unknown[0]!r} in {path}" + (f" (did you mean {close[0]!r}?)" if close else
-                                                                          f" (valid: {', '.join(sorted(GRID_KEYS))})"))
+        raise ConfigError(
+            f"unknown grid key {unknown[0]!r} in {path}"
+            + (f" (did you mean {close[0]!r}?)" if close else f" (valid: {', '.join(sorted(GRID_KEYS))})")
+        )
     name = str(data.get("name") or p.stem)
     base = _resolve_base(data.get("config"), p.parent)
     overrides = _overrides(data.get("overrides"), f"{path}: overrides") + list(extra)
@@ -220,7 +276,9 @@ def load_grid(path: str, extra: Sequence[str] = (), out: str | None = None) -> G
         cell_dir = out_dir / "cells" / f"{len(cells):03d}_{slug}"[:200]
         ov = list(overrides)
         if var is not None:
-            ov += _snippet(var.get("config"), p.parent) + _overrides(var.get("overrides"), f"{path}: variant {var['name']}")
+            ov += _snippet(var.get("config"), p.parent) + _overrides(
+                var.get("overrides"), f"{path}: variant {var['name']}"
+            )
         ov += [override_text(k, v) for k, v in values.items() if k != "variant"]
         ov.append(f"train.save_dir={cell_dir}")
         cells.append(Cell(len(cells), cell_dir.name, label, seed, values, ov, cell_dir))
@@ -238,14 +296,30 @@ def load_grid(path: str, extra: Sequence[str] = (), out: str | None = None) -> G
     if not isinstance(ev, dict):
         raise ConfigError(f"{path}: eval must be a mapping (tasks, tasks_dir, limit, batch_size)")
     tasks = ev.get("tasks") or []
-    ev = {"tasks": [tasks] if isinstance(tasks, str) else list(tasks), "tasks_dir": ev.get("tasks_dir"),
-          "limit": ev.get("limit"), "batch_size": int(ev.get("batch_size", 8))}
+    ev = {
+        "tasks": [tasks] if isinstance(tasks, str) else list(tasks),
+        "tasks_dir": ev.get("tasks_dir"),
+        "limit": ev.get("limit"),
+        "batch_size": int(ev.get("batch_size", 8)),
+    }
     if ev["tasks_dir"] and not Path(ev["tasks_dir"]).is_absolute():
         ev["tasks_dir"] = str((Path.cwd() / ev["tasks_dir"]).resolve())
     launch = data.get("launch") or {}
     slurm = data.get("slurm") or {}
-    grid = Grid(name, p.resolve(), base, overrides, cells, standard, ev, int(launch.get("ranks", 1)),
-                [str(x) for x in slurm.get("sbatch", [])], out_dir, str(data.get("expected") or ""), seed_keys)
+    grid = Grid(
+        name,
+        p.resolve(),
+        base,
+        overrides,
+        cells,
+        standard,
+        ev,
+        int(launch.get("ranks", 1)),
+        [str(x) for x in slurm.get("sbatch", [])],
+        out_dir,
+        str(data.get("expected") or ""),
+        seed_keys,
+    )
     check_cells(grid, set(axes))
     return grid
 
@@ -261,6 +335,7 @@ def cell_config(grid: Grid, cell: Cell):
 
 def check_cells(grid: Grid, axis_keys: set) -> None:
     """Every cell's config resolves, and cells share data, seed and budget unless an axis varies them."""
+
     def get(tree, dotted):
         for part in dotted.split("."):
             tree = tree[part]
@@ -281,8 +356,10 @@ def check_cells(grid: Grid, axis_keys: set) -> None:
             ref = same
         elif same != ref:
             k = next(k for k in same if same[k] != ref[k])
-            raise ConfigError(f"grid {grid.name}: cell {cell.name} changes {k} ({ref[k]!r} -> {same[k]!r}) "
-                              f"without an axis; every cell must get the same data, seed and budget")
+            raise ConfigError(
+                f"grid {grid.name}: cell {cell.name} changes {k} ({ref[k]!r} -> {same[k]!r}) "
+                f"without an axis; every cell must get the same data, seed and budget"
+            )
 
 
 # ------------------------------------------------------------------------------------------ cells
@@ -347,14 +424,33 @@ def train_command(grid: Grid, cell: Cell) -> list[str]:
     cfg = str(cell.dir / CELL_CONFIG)
     if grid.ranks <= 1:
         return [sys.executable, str(ROOT / "megahash" / "pretrain.py"), "--config", cfg]
-    return [sys.executable, "-m", "launch", "--launcher", "deepspeed", "--nproc-per-node", str(grid.ranks),
-            "--config", cfg]
+    return [
+        sys.executable,
+        "-m",
+        "launch",
+        "--launcher",
+        "deepspeed",
+        "--nproc-per-node",
+        str(grid.ranks),
+        "--config",
+        cfg,
+    ]
 
 
 def eval_command(grid: Grid, cell: Cell) -> list[str]:
     ev = grid.eval
-    cmd = [sys.executable, "-m", "megahash", "eval", "--checkpoint", str(cell.dir), "--tasks", ",".join(ev["tasks"]),
-           "--batch-size", str(ev["batch_size"])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "megahash",
+        "eval",
+        "--checkpoint",
+        str(cell.dir),
+        "--tasks",
+        ",".join(ev["tasks"]),
+        "--batch-size",
+        str(ev["batch_size"]),
+    ]
     if ev.get("tasks_dir"):
         cmd += ["--tasks-dir", ev["tasks_dir"]]
     if ev.get("limit") is not None:
@@ -386,8 +482,9 @@ def evaluate_cell(grid: Grid, cell: Cell, out: Path) -> None:
     limit = ev.get("limit")
     limit = int(limit) if limit is not None and limit >= 1 else limit
     try:
-        evaluate_checkpoint(cell.dir, ev["tasks"], ev.get("tasks_dir"), out, limit, ev["batch_size"], quiet=True,
-                            isolated=False)
+        evaluate_checkpoint(
+            cell.dir, ev["tasks"], ev.get("tasks_dir"), out, limit, ev["batch_size"], quiet=True, isolated=False
+        )
     finally:
         accelerator.teardown(barrier=False)
 
@@ -400,8 +497,14 @@ def finish_cell(grid: Grid, cell: Cell, quiet: bool = False) -> dict:
     steps = load_config(str(cell.dir / CELL_CONFIG)).train.steps
     if step < steps:
         raise MegahashError(f"cell {cell.name} is not trained to train.steps={steps} (newest checkpoint: step {step})")
-    record = {"cell": cell.name, "label": cell.label, "seed": cell.seed, "values": cell.values, "step": step,
-              "eval": None}
+    record = {
+        "cell": cell.name,
+        "label": cell.label,
+        "seed": cell.seed,
+        "values": cell.values,
+        "step": step,
+        "eval": None,
+    }
     if grid.eval["tasks"]:
         out = cell.dir / "eval" / f"step_{step:08d}.json"
         if not out.is_file():
@@ -431,12 +534,14 @@ def run_local(grid: Grid, quiet: bool = False, cells: list | None = None) -> int
         if is_done(cell):
             print(f"sweep: cell {cell.index} {cell.name} already done, skipped", flush=True)
             continue
-        print(f"{tag}: training ({' '.join(cell.overrides[len(grid.overrides):-1])})", flush=True)
+        print(f"{tag}: training ({' '.join(cell.overrides[len(grid.overrides) : -1])})", flush=True)
         t0 = time.time()
         for _attempt in range(3):
             start = (cell.dir / "sweep.log").stat().st_size if (cell.dir / "sweep.log").exists() else 0
             with open(cell.dir / "sweep.log", "a") as log:
-                r = subprocess.run(train_command(grid, cell), cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT)
+                r = subprocess.run(
+                    train_command(grid, cell), cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT
+                )
             with open(cell.dir / "sweep.log", "rb") as log:
                 log.seek(start)
                 new = log.read().decode(errors="replace")
@@ -445,14 +550,21 @@ def run_local(grid: Grid, quiet: bool = False, cells: list | None = None) -> int
                 break
             print(f"{tag}: rendezvous port taken by another process; retrying", flush=True)
         if r.returncode == 3:
-            print(f"{tag}: stopped on a signal after checkpointing ({_elapsed(time.time() - t0)}); rerun the sweep "
-                  f"to resume", flush=True)
+            print(
+                f"{tag}: stopped on a signal after checkpointing ({_elapsed(time.time() - t0)}); rerun the sweep "
+                f"to resume",
+                flush=True,
+            )
             return 3
         if r.returncode != 0:
             error = error_line(new)
             record_failure(cell, r.returncode, error)
-            print(f"{tag}: FAILED after {_elapsed(time.time() - t0)} (exit {r.returncode}): {error}; "
-                  f"log {cell.dir / 'sweep.log'}", file=sys.stderr, flush=True)
+            print(
+                f"{tag}: FAILED after {_elapsed(time.time() - t0)} (exit {r.returncode}): {error}; "
+                f"log {cell.dir / 'sweep.log'}",
+                file=sys.stderr,
+                flush=True,
+            )
             failed.append(cell)
             continue
         trained = time.time() - t0
@@ -477,16 +589,34 @@ def run_local(grid: Grid, quiet: bool = False, cells: list | None = None) -> int
 # ------------------------------------------------------------------------------------------ slurm
 
 ARRAY_SCRIPT = "slurm/sweep_array.sh"
-FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
-         "PREEMPTED")
+FINAL = (
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "PREEMPTED",
+)
 
 
 def sbatch_command(grid: Grid, extra: Sequence[str] = (), cells: list | None = None) -> list[str]:
     n = len(grid.cells)
     (grid.out / "slurm").mkdir(parents=True, exist_ok=True)
     array = f"0-{n - 1}" if cells is None or len(cells) == n else ",".join(str(c.index) for c in cells)
-    return ["sbatch", "--parsable", f"--array={array}", f"--job-name=megahash-sweep-{grid.name}",
-            "-o", str(grid.out / "slurm" / "%A_%a.out"), *grid.sbatch, *extra, str(ROOT / ARRAY_SCRIPT)]
+    return [
+        "sbatch",
+        "--parsable",
+        f"--array={array}",
+        f"--job-name=megahash-sweep-{grid.name}",
+        "-o",
+        str(grid.out / "slurm" / "%A_%a.out"),
+        *grid.sbatch,
+        *extra,
+        str(ROOT / ARRAY_SCRIPT),
+    ]
 
 
 def submit_array(grid: Grid, extra: Sequence[str] = (), cells: list | None = None) -> str:
@@ -498,8 +628,11 @@ def submit_array(grid: Grid, extra: Sequence[str] = (), cells: list | None = Non
     if r.returncode != 0:
         raise MegahashError(f"sbatch refused the sweep array: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
     job = r.stdout.strip().split(";")[0]
-    print(f"sweep: submitted job array {job} ({len(cells if cells is not None else grid.cells)} cells); outputs "
-          f"{grid.out / 'slurm'}", flush=True)
+    print(
+        f"sweep: submitted job array {job} ({len(cells if cells is not None else grid.cells)} cells); outputs "
+        f"{grid.out / 'slurm'}",
+        flush=True,
+    )
     return job
 
 
@@ -526,8 +659,10 @@ def wait_array(job: str, poll: float = 2.0, timeout: float | None = None) -> Non
 
 def dry_run(grid: Grid, launcher: str, extra_sbatch: Sequence[str], cells: list | None = None) -> None:
     cells = grid.cells if cells is None else cells
-    print(f"grid {grid.name}: {len(grid.cells)} cells -> {grid.out}"
-          + (f" ({len(cells)} selected)" if len(cells) != len(grid.cells) else ""))
+    print(
+        f"grid {grid.name}: {len(grid.cells)} cells -> {grid.out}"
+        + (f" ({len(cells)} selected)" if len(cells) != len(grid.cells) else "")
+    )
     print(f"standard row: {grid.standard}; eval: {grid.eval['tasks'] or 'none (validation loss only)'}")
     for cell in cells:
         state = "done" if is_done(cell) else (f"trained to step {trained_step(cell)}" if trained_step(cell) else "todo")
@@ -538,15 +673,22 @@ def dry_run(grid: Grid, launcher: str, extra_sbatch: Sequence[str], cells: list 
             if grid.eval["tasks"]:
                 print("  eval:  " + shlex.join(eval_command(grid, cell)))
     if launcher == "slurm":
-        print("\narray: SWEEP_DIR=" + shlex.quote(str(grid.out)) + " " + shlex.join(sbatch_command(grid, extra_sbatch,
-                                                                                                 cells)))
-        print("  task i: slurm/sweep_array.sh trains cell i (CONFIG=cells/CELL/cell_config.yaml, requeue on "
-              "SIGUSR1) then `python -m megahash sweep --finish-cell CELL --out " + str(grid.out) + "`")
+        print(
+            "\narray: SWEEP_DIR="
+            + shlex.quote(str(grid.out))
+            + " "
+            + shlex.join(sbatch_command(grid, extra_sbatch, cells))
+        )
+        print(
+            "  task i: slurm/sweep_array.sh trains cell i (CONFIG=cells/CELL/cell_config.yaml, requeue on "
+            "SIGUSR1) then `python -m megahash sweep --finish-cell CELL --out " + str(grid.out) + "`"
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="megahash sweep", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="megahash sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--grid", default=None, help="grid YAML (configs/grids/...)")
     p.add_argument("--launcher", choices=["local", "slurm"], default="local")
     p.add_argument("--dry-run", action="store_true", help="print the cells and commands, run nothing")
@@ -596,16 +738,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if todo:
                     job = submit_array(grid, args.sbatch, todo if len(todo) != len(grid.cells) else None)
                     if not args.wait:
-                        print(f"sweep: when job {job} is done: megahash sweep --grid {args.grid} --report-only "
-                              f"{shlex.join(args.overrides)}".rstrip(), flush=True)
+                        print(
+                            f"sweep: when job {job} is done: megahash sweep --grid {args.grid} --report-only "
+                            f"{shlex.join(args.overrides)}".rstrip(),
+                            flush=True,
+                        )
                         return 0
                     wait_array(job)
                 else:
                     print("sweep: every cell is done; nothing submitted", flush=True)
                 missing = [c for c in chosen if not is_done(c)]
                 if missing:
-                    print(f"sweep: {len(missing)} of {len(grid.cells)} cell(s) did not finish (outputs "
-                          f"{grid.out / 'slurm'}):", file=sys.stderr, flush=True)
+                    print(
+                        f"sweep: {len(missing)} of {len(grid.cells)} cell(s) did not finish (outputs "
+                        f"{grid.out / 'slurm'}):",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     for c in missing:
                         out = grid.out / "slurm" / f"{job}_{c.index}.out" if todo else None
                         if out is not None and out.is_file():
@@ -619,8 +768,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if done:
             paths = write_report(grid)
             left = [c.name for c in grid.cells if not is_done(c)]
-            print(f"sweep: report of {len(done)}/{len(grid.cells)} cells: {', '.join(str(p) for p in paths)}"
-                  + (f"; not done: {', '.join(left)}" if left else ""), flush=True)
+            print(
+                f"sweep: report of {len(done)}/{len(grid.cells)} cells: {', '.join(str(p) for p in paths)}"
+                + (f"; not done: {', '.join(left)}" if left else ""),
+                flush=True,
+            )
         return status
 
     return run_guarded(go)

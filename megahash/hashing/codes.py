@@ -5,6 +5,7 @@ preprocessor uses: it maps strings to row ids (row 0 is the all-zero row of spec
 model embeds specials with its own small table), hashes all strings it has not seen in one batch per
 ``lookup`` call, and gathers rows with numpy indexing.
 """
+
 from __future__ import annotations
 
 import hashlib

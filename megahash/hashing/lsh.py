@@ -26,6 +26,7 @@ number of worker processes, or the machine. The random matrices are regenerated 
 are also saved (``save``/``load``, a byte-deterministic .npz) because numpy does not promise the
 same random stream across its versions.
 """
+
 from __future__ import annotations
 
 import io
@@ -92,7 +93,7 @@ class _NgramKeys:
             return None
         alphabet = np.flatnonzero(present).astype(np.uint32)
         base = len(alphabet) + 1
-        if base ** width >= 2**63:
+        if base**width >= 2**63:
             return None
         self = cls()
         self.alphabet, self.base, self.width = alphabet, base, width
@@ -178,8 +179,9 @@ def _word_blocks(lengths: np.ndarray, block_chars: int) -> list[tuple[int, int]]
     return bounds
 
 
-def _top_ngrams_fast(words: Sequence[str], weights: np.ndarray, size: int, orders: Sequence[int],
-                     block_chars: int = _BLOCK_CHARS):
+def _top_ngrams_fast(
+    words: Sequence[str], weights: np.ndarray, size: int, orders: Sequence[int], block_chars: int = _BLOCK_CHARS
+):
     """``top_ngrams(count_ngrams(dict(zip(words, weights))), size)`` with numpy; None if the
     n-grams do not fit int64 keys (see ``_NgramKeys``). Words are taken in blocks of about
     ``block_chars`` characters, all keyed with one alphabet, and the per-block totals merged."""
@@ -402,8 +404,9 @@ class LSHModel:
         numpy adds, so a word's value does not depend on the batch it is hashed in."""
         if len(words) <= 65536:
             return self.project_ids(*self.flat_ids(words), num_bits, block=block)
-        return np.concatenate([self.project(words[s : s + 65536], num_bits, block)
-                               for s in range(0, len(words), 65536)])
+        return np.concatenate(
+            [self.project(words[s : s + 65536], num_bits, block) for s in range(0, len(words), 65536)]
+        )
 
     def project_ids(self, ids: np.ndarray, per: np.ndarray, num_bits: int, block: int = 2048) -> np.ndarray:
         """``project`` from ``flat_ids`` output."""
@@ -467,4 +470,3 @@ def save_npz_deterministic(path, arrays: Mapping[str, np.ndarray]) -> None:
             info.compress_type = zipfile.ZIP_STORED
             info.external_attr = 0o644 << 16
             zf.writestr(info, buf.getvalue())
-

@@ -7,6 +7,7 @@ the word's UTF-8 bytes. Its 128 bits are read most-significant first: bit ``j`` 
 (sec. 2.3.2: "transform its binary value into decimal and then compute the index i = v % N").
 ``key=None`` gives plain MD5 (not used by HashFormers; handy for checks against ``hashlib.md5``).
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -17,6 +17,7 @@ values are < m < 2^31. The model layer turns a row into the embedding: seeded ou
 map to [-1, 1], mean over the i-grams of each i, partition i of d (``rolling_embedding_from_codes``
 is the numpy reference of that step; ``rolling_embedding`` is [Julian23]'s whole function).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -11,6 +11,7 @@ spec               kind        dtype  width  code of one token
 ``rollingN-lenL``  rolling     int32  W      same with words cut to L chars; W = Σ (L - i + 1)
 =================  ==========  =====  =====  ==============================================
 """
+
 from __future__ import annotations
 
 import re
@@ -56,7 +57,13 @@ class HashSpec:
 
     def to_meta(self) -> dict[str, Any]:
         """JSON-able description (name, kind, width, dtype, params)."""
-        return {"name": self.name, "kind": self.kind, "width": self.width, "dtype": self.dtype.name, "params": dict(self.params)}
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "width": self.width,
+            "dtype": self.dtype.name,
+            "params": dict(self.params),
+        }
 
 
 def _bad(text: str, why: str = "") -> ValueError:

@@ -18,6 +18,7 @@ them exactly as the data stage wrote the side shards:
 ``TextCoder.from_pretrained(folder)`` reads ``megahash_hashing.json`` (written by the export) and
 the files it names; ``encode(text) -> (ids, words)`` and ``codes(ids, words=None) -> [n, width]``.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,6 +37,7 @@ HASHING_FILE = "megahash_hashing.json"
 
 
 # ----------------------------------------------------------------------------------- sentencepiece pieces -> words
+
 
 def piece_strings(ids: Sequence[int], pieces: Sequence[str], special: Sequence[bool], unit: str = "word") -> list:
     """Hash string of every token of a sentencepiece id sequence ("" = special: zero code)."""
@@ -61,6 +63,7 @@ def piece_strings(ids: Sequence[int], pieces: Sequence[str], special: Sequence[b
 
 # ----------------------------------------------------------------------------------- text coder
 
+
 class TextCoder:
     """Tokenizer + hasher of one exported model (see the module docstring).
 
@@ -68,10 +71,19 @@ class TextCoder:
     the ``sentencepiece`` package and ``tokenizer.model``); kind "words": the word table (id -> word).
     ``spec`` None: the model reads no codes."""
 
-    def __init__(self, kind: str, spec: HashSpec | None = None, key: bytes | None = b"en",
-                 lsh: LSHModel | None = None,
-                 pieces=None, special=None, unit: str = "word", words=None, sp_model: str | None = None,
-                 tokenizer_json: str | None = None):
+    def __init__(
+        self,
+        kind: str,
+        spec: HashSpec | None = None,
+        key: bytes | None = b"en",
+        lsh: LSHModel | None = None,
+        pieces=None,
+        special=None,
+        unit: str = "word",
+        words=None,
+        sp_model: str | None = None,
+        tokenizer_json: str | None = None,
+    ):
         self.kind, self.spec, self.key, self.lsh = kind, spec, key, lsh
         self.pieces, self.special, self.unit = pieces, special, unit
         self.words = words
@@ -98,8 +110,18 @@ class TextCoder:
                 words = json.load(f)
         sp_model = os.path.join(folder, meta["sp_model"]) if meta.get("sp_model") else None
         tok_json = os.path.join(folder, meta["tokenizer_json"]) if meta.get("tokenizer_json") else None
-        return cls(meta["kind"], spec, None if key is None else key.encode("utf-8"), lsh, pieces, special,
-                   meta.get("hash_unit", "word"), words, sp_model, tok_json)
+        return cls(
+            meta["kind"],
+            spec,
+            None if key is None else key.encode("utf-8"),
+            lsh,
+            pieces,
+            special,
+            meta.get("hash_unit", "word"),
+            words,
+            sp_model,
+            tok_json,
+        )
 
     @property
     def width(self) -> int:

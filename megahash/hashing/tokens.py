@@ -24,6 +24,7 @@ and only distinct multi-piece runs are turned into strings. Groups with other pi
 the regex (``group_words``). Both caches are keyed by piece ids, so each distinct run/group is
 analysed once per worker (until the ``CodeTable`` is cleared).
 """
+
 from __future__ import annotations
 
 import re
@@ -129,7 +130,11 @@ class SubwordCoder:
             size = sp.get_piece_size()
             self.pieces = [sp.id_to_piece(i) for i in range(size)]
             special = [
-                sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i) or sp.is_byte(i) or self.pieces[i] in SPECIAL_TOKENS
+                sp.is_control(i)
+                or sp.is_unknown(i)
+                or sp.is_unused(i)
+                or sp.is_byte(i)
+                or self.pieces[i] in SPECIAL_TOKENS
                 for i in range(size)
             ]
         self.special = np.array(special, dtype=bool)

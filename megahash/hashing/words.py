@@ -4,6 +4,7 @@ A document is lowercased and split with the regex ``\\w+|[^\\w\\s]+``: runs of w
 of punctuation; whitespace is dropped. Special tokens keep the ids of the reference code, which the
 sentencepiece tokenizers trained by ``data_tools/train_tokenizer.py`` share.
 """
+
 from __future__ import annotations
 
 import re

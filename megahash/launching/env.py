@@ -18,6 +18,7 @@ concurrent jobs), else 29500 (a free port for a single process).
 ``resolve_env()`` writes the result back as RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT so
 ``torch.distributed``'s ``env://`` rendezvous sees one convention.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,9 +29,21 @@ from dataclasses import dataclass
 
 # launcher variables a child process with a 1-rank group of its own must not see (an evaluation of
 # eval.interval, megahash eval in a sweep cell): it would meet the launching job's group
-LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                 "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_PROCID",
-                 "SLURM_STEP_ID", "SLURM_LOCALID")
+LAUNCHER_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "SLURM_PROCID",
+    "SLURM_STEP_ID",
+    "SLURM_LOCALID",
+)
 
 
 @dataclass
@@ -92,7 +105,7 @@ def _expand_host(token: str, full: str) -> list[str]:
     m = re.search(r"\[([^\[\]]*)\]", token)
     if not m:
         return [token]
-    head, tail = token[: m.start()], token[m.end():]
+    head, tail = token[: m.start()], token[m.end() :]
     return [h for v in _expand_range(m.group(1), full) for h in _expand_host(head + v + tail, full)]
 
 
@@ -159,8 +172,9 @@ def node_addr(host: str) -> str:
     if _resolves(host):
         return host
     try:
-        out = subprocess.run(["scontrol", "-o", "show", "node", host], capture_output=True, text=True,
-                             timeout=20).stdout
+        out = subprocess.run(
+            ["scontrol", "-o", "show", "node", host], capture_output=True, text=True, timeout=20
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return host
     m = re.search(r"\bNodeAddr=(\S+)", out)
@@ -177,8 +191,7 @@ def slurm_master_addr(environ=None) -> str:
 
 def in_slurm_step(environ=None) -> bool:
     env = os.environ if environ is None else environ
-    return "SLURM_PROCID" in env and "SLURM_STEP_ID" in env and (
-        "SLURM_STEP_NUM_TASKS" in env or "SLURM_NTASKS" in env)
+    return "SLURM_PROCID" in env and "SLURM_STEP_ID" in env and ("SLURM_STEP_NUM_TASKS" in env or "SLURM_NTASKS" in env)
 
 
 def _master(env) -> tuple[str, int]:
@@ -195,12 +208,19 @@ def resolve_env(environ: dict | None = None, write_back: bool = True) -> DistEnv
     env = os.environ if environ is None else environ
     if "RANK" in env and "WORLD_SIZE" in env:
         addr, port = _master(env)
-        info = DistEnv(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", "0")), addr, port,
-                       "torchrun")
+        info = DistEnv(
+            int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", "0")), addr, port, "torchrun"
+        )
     elif "OMPI_COMM_WORLD_RANK" in env and "OMPI_COMM_WORLD_SIZE" in env:
         addr, port = _master(env)
-        info = DistEnv(int(env["OMPI_COMM_WORLD_RANK"]), int(env["OMPI_COMM_WORLD_SIZE"]),
-                       int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")), addr, port, "openmpi")
+        info = DistEnv(
+            int(env["OMPI_COMM_WORLD_RANK"]),
+            int(env["OMPI_COMM_WORLD_SIZE"]),
+            int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")),
+            addr,
+            port,
+            "openmpi",
+        )
     elif in_slurm_step(env):
         addr, port = _master(env)
         world = env.get("SLURM_STEP_NUM_TASKS") or env["SLURM_NTASKS"]
@@ -210,7 +230,13 @@ def resolve_env(environ: dict | None = None, write_back: bool = True) -> DistEnv
         port = int(env["MASTER_PORT"]) if env.get("MASTER_PORT") else free_port()
         info = DistEnv(0, 1, 0, addr, port, "single")
     if write_back and environ is None:
-        os.environ.update({"RANK": str(info.rank), "WORLD_SIZE": str(info.world_size),
-                           "LOCAL_RANK": str(info.local_rank), "MASTER_ADDR": info.master_addr,
-                           "MASTER_PORT": str(info.master_port)})
+        os.environ.update(
+            {
+                "RANK": str(info.rank),
+                "WORLD_SIZE": str(info.world_size),
+                "LOCAL_RANK": str(info.local_rank),
+                "MASTER_ADDR": info.master_addr,
+                "MASTER_PORT": str(info.master_port),
+            }
+        )
     return info

@@ -8,6 +8,7 @@
 
 Both DeepSpeed's runner and Open MPI read ``HOST slots=N``; ``#`` starts a comment.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,11 +49,13 @@ def slots_from_slurm(environ=None) -> int | None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m launch.hostfile", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m launch.hostfile", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--nodelist", default=None, help="SLURM node list (default: $SLURM_JOB_NODELIST)")
-    p.add_argument("--slots", type=int, default=None,
-                   help="processes per node (default: GPUs or tasks per node of the allocation)")
+    p.add_argument(
+        "--slots", type=int, default=None, help="processes per node (default: GPUs or tasks per node of the allocation)"
+    )
     p.add_argument("-o", "--output", default="-", help="file to write (default: stdout)")
     a = p.parse_args(argv)
     nodelist = a.nodelist or os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")

@@ -15,6 +15,7 @@ scripts with ``--gpus-per-node`` are accepted (its "device" is /dev/null). Clien
 Must run as root (slurmd runs jobs as the submitting user). Requeued jobs wait ``cred_expire``
 seconds (set to 5 here; SLURM's default is 120) before they start again.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,8 +68,14 @@ def _exe(name: str) -> str:
 class LocalSlurm:
     """Start/stop a local SLURM with ``nodes`` emulated nodes named ``n1..nN`` under ``root``."""
 
-    def __init__(self, root: str | os.PathLike, nodes: int = 2, cpus_per_node: int = 2, gpus_per_node: int = 1,
-                 partition: str = "debug"):
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        nodes: int = 2,
+        cpus_per_node: int = 2,
+        gpus_per_node: int = 1,
+        partition: str = "debug",
+    ):
         self.root = Path(root).resolve()
         self.nodes = [f"n{i}" for i in range(1, nodes + 1)]
         self.cpus = cpus_per_node
@@ -128,10 +135,14 @@ class LocalSlurm:
         ]
         gres = f" Gres=gpu:{self.gpus}" if self.gpus else ""
         for name, port in zip(self.nodes, node_ports):
-            lines.append(f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} "
-                         f"CPUs={self.cpus} RealMemory=1000{gres} State=UNKNOWN")
-        lines.append(f"PartitionName={self.partition} Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE "
-                     "State=UP OverSubscribe=YES")
+            lines.append(
+                f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} "
+                f"CPUs={self.cpus} RealMemory=1000{gres} State=UNKNOWN"
+            )
+        lines.append(
+            f"PartitionName={self.partition} Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE "
+            "State=UP OverSubscribe=YES"
+        )
         self.conf.write_text("\n".join(lines) + "\n")
         gres_lines = ["AutoDetect=off"]
         if self.gpus:  # SLURM drops file-less GPUs and wants device files: borrow harmless ones
@@ -167,8 +178,11 @@ class LocalSlurm:
                     self._lock = None
                     raise SlurmUnavailable(f"another local SLURM held {lock_file} for over {wait:.0f}s") from None
                 if not said:
-                    print(f"local_slurm: waiting for another local SLURM on this machine ({lock_file})",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"local_slurm: waiting for another local SLURM on this machine ({lock_file})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     said = True
                 time.sleep(1.0)
 
@@ -185,23 +199,37 @@ class LocalSlurm:
         env = self.env()
         logs = self.root / "log"
         # slurmctld inherits the lock's descriptor: the lock lasts as long as the cluster, also after `up` exits
-        self._spawn("slurmctld", [_exe("slurmctld"), "-D", "-i", "-f", str(self.conf)], logs / "slurmctld.out", env,
-                    keep_fds=(self._lock.fileno(),))
+        self._spawn(
+            "slurmctld",
+            [_exe("slurmctld"), "-D", "-i", "-f", str(self.conf)],
+            logs / "slurmctld.out",
+            env,
+            keep_fds=(self._lock.fileno(),),
+        )
         for n in self.nodes:
-            self._spawn(f"slurmd-{n}", [_exe("slurmd"), "-D", "-N", n, "-f", str(self.conf)],
-                        logs / f"slurmd-{n}.out", env)
+            self._spawn(
+                f"slurmd-{n}", [_exe("slurmd"), "-D", "-N", n, "-f", str(self.conf)], logs / f"slurmd-{n}.out", env
+            )
         self.wait_idle(timeout)
         return self
 
     def _spawn(self, name, cmd, log, env, keep_fds=()):
         with open(log, "ab") as out:
-            self.procs[name] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                                start_new_session=True, cwd=self.root, pass_fds=keep_fds)
+            self.procs[name] = subprocess.Popen(
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                cwd=self.root,
+                pass_fds=keep_fds,
+            )
         (self.root / "run" / f"{name}.popen.pid").write_text(str(self.procs[name].pid))
 
     def sinfo(self) -> str:
-        r = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], env=self.env(), capture_output=True, text=True,
-                           timeout=30)
+        r = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%N %T"], env=self.env(), capture_output=True, text=True, timeout=30
+        )
         return r.stdout.strip() if r.returncode == 0 else ""
 
     def wait_idle(self, timeout: float = 60.0) -> None:
@@ -227,8 +255,9 @@ class LocalSlurm:
             subprocess.run(["scancel", "--full", "-u", "root"], env=env, capture_output=True, timeout=30)
             deadline = time.time() + 20
             while time.time() < deadline:
-                r = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%T"], env=env, capture_output=True,
-                                   text=True, timeout=30)
+                r = subprocess.run(
+                    ["squeue", "-h", "-t", "all", "-o", "%T"], env=env, capture_output=True, text=True, timeout=30
+                )
                 if r.returncode != 0 or not any(s in r.stdout for s in ("RUNNING", "COMPLETING", "CONFIGURING")):
                     break
                 time.sleep(0.5)
@@ -311,8 +340,9 @@ def _alive(pid: int, popen: subprocess.Popen | None) -> bool:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m launch.local_slurm", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m launch.local_slurm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("action", choices=["up", "down", "status"])
     p.add_argument("--dir", required=True, help="state directory (config, spool, logs)")
     p.add_argument("--nodes", type=int, default=2)
@@ -323,8 +353,10 @@ def main(argv=None) -> int:
     try:
         if a.action == "up":
             if missing_programs():
-                print(f"error: missing SLURM programs {missing_programs()}; run launch/install_cluster_tools.sh",
-                      file=sys.stderr)
+                print(
+                    f"error: missing SLURM programs {missing_programs()}; run launch/install_cluster_tools.sh",
+                    file=sys.stderr,
+                )
                 return 2
             try:
                 cluster.start()

@@ -30,6 +30,7 @@ requeue status) where the bare launchers exit 1 or die.
 The command is printed (``+ ...`` on stdout) and then replaces this process (``exec``), so signals
 reach the launcher (or its supervisor) directly. ``--dry-run`` only prints it. Errors are one line ``error: ...``, exit 2.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -126,8 +127,9 @@ def build(args, env=None) -> tuple[list[str], dict]:
     nproc = args.nproc_per_node or (hosts[0][1] if hosts else None) or (tasks_per_node(env) if slurm else None) or 1
     launcher = pick_launcher(args.launcher, env, nproc, nnodes)
     if slurm and nnodes > job_nodes:
-        raise LaunchError(f"--nnodes {nnodes} but this SLURM job has {job_nodes} node(s) "
-                          f"({env.get('SLURM_JOB_NODELIST', '?')})")
+        raise LaunchError(
+            f"--nnodes {nnodes} but this SLURM job has {job_nodes} node(s) ({env.get('SLURM_JOB_NODELIST', '?')})"
+        )
 
     extra: dict[str, str] = {}
     if args.master_addr:
@@ -147,8 +149,10 @@ def build(args, env=None) -> tuple[list[str], dict]:
 
     if launcher == "srun":
         if not slurm:
-            raise LaunchError("--launcher srun needs a SLURM allocation (SLURM_JOB_ID is unset, or this is "
-                              "already a job step): submit with sbatch/salloc or pick --launcher torchrun|deepspeed|mpirun")
+            raise LaunchError(
+                "--launcher srun needs a SLURM allocation (SLURM_JOB_ID is unset, or this is "
+                "already a job step): submit with sbatch/salloc or pick --launcher torchrun|deepspeed|mpirun"
+            )
         cmd = ["srun", f"--wait={args.srun_wait}", "--kill-on-bad-exit=0"]
         if args.nnodes or args.nproc_per_node:
             cmd += [f"--nodes={nnodes}", f"--ntasks={nnodes * nproc}", f"--ntasks-per-node={nproc}"]
@@ -161,13 +165,25 @@ def build(args, env=None) -> tuple[list[str], dict]:
             extra["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = SHUTDOWN_TIMEOUT
         if slurm:
             # one supervised agent per node; SLURM signals every process of the step
-            cmd = ["srun", f"--nodes={nnodes}", f"--ntasks={nnodes}", "--ntasks-per-node=1",
-                   f"--wait={args.srun_wait}", "--kill-on-bad-exit=0", *trun,
-                   f"--nnodes={nnodes}", f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
-                   f"--rdzv_endpoint={addr}:{port}", f"--rdzv_id=megahash-{env['SLURM_JOB_ID']}"]
+            cmd = [
+                "srun",
+                f"--nodes={nnodes}",
+                f"--ntasks={nnodes}",
+                "--ntasks-per-node=1",
+                f"--wait={args.srun_wait}",
+                "--kill-on-bad-exit=0",
+                *trun,
+                f"--nnodes={nnodes}",
+                f"--nproc_per_node={nproc}",
+                "--rdzv_backend=c10d",
+                f"--rdzv_endpoint={addr}:{port}",
+                f"--rdzv_id=megahash-{env['SLURM_JOB_ID']}",
+            ]
         elif nnodes > 1:
-            raise LaunchError("torchrun on several nodes outside SLURM: start it on every node yourself "
-                              "(torchrun --nnodes N --rdzv_endpoint HOST:PORT ...)")
+            raise LaunchError(
+                "torchrun on several nodes outside SLURM: start it on every node yourself "
+                "(torchrun --nnodes N --rdzv_endpoint HOST:PORT ...)"
+            )
         else:
             cmd = [*trun, f"--nproc_per_node={nproc}", f"--master_addr={addr}", f"--master_port={port}"]
         cmd += [script, *train]
@@ -206,8 +222,9 @@ def build(args, env=None) -> tuple[list[str], dict]:
         cmd += [py, "-u", script, *train]
     elif launcher == "python":
         if nproc * nnodes > 1 and "RANK" not in env and not in_slurm_step(env):
-            raise LaunchError(f"--launcher python starts one process, not {nproc * nnodes}; "
-                              "pick --launcher torchrun|deepspeed|mpirun")
+            raise LaunchError(
+                f"--launcher python starts one process, not {nproc * nnodes}; pick --launcher torchrun|deepspeed|mpirun"
+            )
         cmd = [py, "-u", script, *train]
     else:  # pragma: no cover - argparse restricts choices
         raise LaunchError(f"unknown launcher {launcher!r}")
@@ -215,18 +232,25 @@ def build(args, env=None) -> tuple[list[str], dict]:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m launch", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m launch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--launcher", choices=LAUNCHERS, default=os.environ.get("MEGAHASH_LAUNCHER", "auto"))
-    p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=None,
-                   help="ranks per node (default: the allocation's tasks per node, hostfile slots, else 1)")
+    p.add_argument(
+        "--nproc-per-node",
+        "--nproc_per_node",
+        type=int,
+        default=None,
+        help="ranks per node (default: the allocation's tasks per node, hostfile slots, else 1)",
+    )
     p.add_argument("--nnodes", type=int, default=None, help="nodes (default: the allocation's / hostfile's, else 1)")
     p.add_argument("--hostfile", default=None, help="HOST slots=N lines (deepspeed, mpirun)")
     p.add_argument("--master-addr", default=None)
     p.add_argument("--master-port", type=int, default=None)
     p.add_argument("--ds-launcher", default=None, help="deepspeed --launcher for several nodes (pdsh, openmpi, slurm)")
-    p.add_argument("--srun-wait", type=int, default=120,
-                   help="srun --wait: seconds the other tasks get after the first one exits")
+    p.add_argument(
+        "--srun-wait", type=int, default=120, help="srun --wait: seconds the other tasks get after the first one exits"
+    )
     p.add_argument("--python", default=None, help="interpreter for the ranks (default: this one)")
     p.add_argument("--script", default="megahash/pretrain.py", help="entry point (default megahash/pretrain.py)")
     p.add_argument("--config", default=None, help="passed on to the entry point")

@@ -27,6 +27,7 @@ with their own status (1, 143, ...), never the ranks' requeue status 3. This pro
 Forwarding reaches the ranks on this machine (one supervisor per node: ``srun ... python -m
 launch.supervise torchrun ...`` under SLURM). Standard library only: it must start fast.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -138,8 +139,10 @@ class Supervisor:
         if self.stop_signal is None:
             self.stop_signal, self.why = sig, why
             n = len(self.running_ranks())
-            _log(f"{why}: sending {signal.Signals(sig).name} to the ranks ({n} running now, and any that "
-                 f"start later); they checkpoint at the next step boundary and exit {EXIT_REQUEUE}")
+            _log(
+                f"{why}: sending {signal.Signals(sig).name} to the ranks ({n} running now, and any that "
+                f"start later); they checkpoint at the next step boundary and exit {EXIT_REQUEUE}"
+            )
 
     def _on_signal(self, signum, frame) -> None:
         self.received.append(signum)  # acted on by the loop (no printing inside a handler)
@@ -193,8 +196,10 @@ class Supervisor:
                     idle_since = None
                 unreported = [pid for pid in running if not self.ranks().get(pid)]
                 if unreported:
-                    self.request_stop(signal.SIGUSR1, f"the launcher exited (status {launcher_status}) while "
-                                                      f"{len(unreported)} rank(s) still run")
+                    self.request_stop(
+                        signal.SIGUSR1,
+                        f"the launcher exited (status {launcher_status}) while {len(unreported)} rank(s) still run",
+                    )
             if self.stop_signal is not None:
                 self.forward()
             time.sleep(self.poll)
@@ -206,13 +211,17 @@ class Supervisor:
         if failed:
             return failed[0]
         if not self.ranks() and launcher_status in (128 + signal.SIGTERM, 128 + signal.SIGUSR1):
-            _log(f"the launcher died of a stop signal before any rank started (nothing to save); exit status "
-                 f"{EXIT_REQUEUE}: resume with train.resume=auto")
+            _log(
+                f"the launcher died of a stop signal before any rank started (nothing to save); exit status "
+                f"{EXIT_REQUEUE}: resume with train.resume=auto"
+            )
             return EXIT_REQUEUE
         if EXIT_REQUEUE in reported:
             if launcher_status != EXIT_REQUEUE:
-                _log(f"the ranks stopped on a signal after checkpointing; exit status {EXIT_REQUEUE} "
-                     f"(the launcher's was {launcher_status})")
+                _log(
+                    f"the ranks stopped on a signal after checkpointing; exit status {EXIT_REQUEUE} "
+                    f"(the launcher's was {launcher_status})"
+                )
             return EXIT_REQUEUE
         if launcher_status == 0 and self.stop_signal is not None and not reported and self.ranks():
             return 1  # the ranks vanished without a word

@@ -3,6 +3,7 @@ attention ``qkv`` (all attention parameters but the output projection) and ``out
 
 The model is built on the ``meta`` device at TP=1, so even the 1.7B config costs no memory.
 """
+
 from __future__ import annotations
 
 
@@ -24,12 +25,14 @@ def count_parameters(cfg, vocab_size: int) -> dict:
     for kind, layer in zip(model.layer_kinds, model.decoder.layers):
         att = layer.self_attention
         out = _n(getattr(att, "linear_proj", None))
-        layers.append({
-            "kind": kind,
-            "attention": {"qkv": _n(att) - out, "out": out},
-            "mlp": _n(layer.mlp),
-            "norm": _n(layer.input_layernorm) + _n(layer.pre_mlp_layernorm),
-        })
+        layers.append(
+            {
+                "kind": kind,
+                "attention": {"qkv": _n(att) - out, "out": out},
+                "mlp": _n(layer.mlp),
+                "norm": _n(layer.input_layernorm) + _n(layer.pre_mlp_layernorm),
+            }
+        )
     emb_report = getattr(model.embedding, "param_report", None)
     emb = emb_report() if callable(emb_report) else {"embedding": _n(model.embedding)}
     head = _n(model.output_layer) + _n(getattr(model, "head", None))
@@ -67,12 +70,17 @@ def format_report(r: dict) -> str:
     for k, v in r.items():
         if k.startswith("embedding_") and isinstance(v, int):
             lines.append(f"  {k[10:]:<17}{v:>15,}")
-    lines += [f"head               {r['head']:>15,}{'  (tied to the embedding)' if r['tied_head'] else ''}",
-              f"final norm         {r['final_norm']:>15,}", "",
-              f"{'layer':>5} {'kind':<12} {'attn qkv':>12} {'attn out':>12} {'mlp':>12} {'norm':>8}"]
+    lines += [
+        f"head               {r['head']:>15,}{'  (tied to the embedding)' if r['tied_head'] else ''}",
+        f"final norm         {r['final_norm']:>15,}",
+        "",
+        f"{'layer':>5} {'kind':<12} {'attn qkv':>12} {'attn out':>12} {'mlp':>12} {'norm':>8}",
+    ]
     for i, L in enumerate(r["layers"], 1):
-        lines.append(f"{i:>5} {L['kind']:<12} {L['attention']['qkv']:>12,} {L['attention']['out']:>12,} "
-                     f"{L['mlp']:>12,} {L['norm']:>8,}")
+        lines.append(
+            f"{i:>5} {L['kind']:<12} {L['attention']['qkv']:>12,} {L['attention']['out']:>12,} "
+            f"{L['mlp']:>12,} {L['norm']:>8,}"
+        )
     c = r.get("costs")
     if c:
         basis = "implemented attention GEMMs" if c.get("measured", True) else "thesis-table attention rows"
@@ -80,10 +88,13 @@ def format_report(r: dict) -> str:
         tf = f"{tf:.4g} FLOPs/token ({basis})" if isinstance(tf, (int, float)) else "n/a FLOPs/token (MFU n/a)"
         lines += ["", f"at sequence {c['seq_length']} (batch {c['batch']}): training {tf}, summed over the layers:"]
         if not c.get("measured", True):  # closed form: the table rows only, and how to get the implemented ones
-            lines.append("  the implementation's costs: add --measure (a meta-device model: imports torch and "
-                         "megatron-core, ~6 s of CPU; pretrain's MFU and `megahash report` always measure)")
-        lines += [f"  attention kind {k}: no cost model and not measurable: its costs are n/a"
-                  for k in unmodelled_kinds(c)]
+            lines.append(
+                "  the implementation's costs: add --measure (a meta-device model: imports torch and "
+                "megatron-core, ~6 s of CPU; pretrain's MFU and `megahash report` always measure)"
+            )
+        lines += [
+            f"  attention kind {k}: no cost model and not measurable: its costs are n/a" for k in unmodelled_kinds(c)
+        ]
         lines += cost_rows(c)
     return "\n".join(lines)
 
@@ -105,10 +116,12 @@ def _fmt(v, scale: float = 1.0, unit: str = "") -> str:
 def cost_rows(c: dict) -> list[str]:
     """Implemented vs [Xue25] table costs, model totals then one block per attention kind (labelled;
     '*' marks where the two differ)."""
-    quantities = (("prefill_flops_per_token", "attention prefill FLOPs/token", 1, ""),
-                  ("decode_flops_per_token", "attention decode FLOPs/token", 1, ""),
-                  ("cache_bytes", "inference cache (16-bit)", 2**20, " MiB"),
-                  ("activation_bytes", "saved activations (16-bit)", 2**20, " MiB"))
+    quantities = (
+        ("prefill_flops_per_token", "attention prefill FLOPs/token", 1, ""),
+        ("decode_flops_per_token", "attention decode FLOPs/token", 1, ""),
+        ("cache_bytes", "inference cache (16-bit)", 2**20, " MiB"),
+        ("activation_bytes", "saved activations (16-bit)", 2**20, " MiB"),
+    )
     measured = c.get("measured", True)  # False: no "implemented" column (format_report says how to measure)
     impl_head = f"{'implemented':>16} " if measured else ""
     rows = [f"  {'':<34} {impl_head}{'thesis table':>16}"]
@@ -118,8 +131,11 @@ def cost_rows(c: dict) -> list[str]:
     seen = {}
     for L in c.get("layers", []):
         seen.setdefault(L["kind"], L)
-    rows += ["", "  per layer of each kind (thesis row in brackets" + ("; * = implementation differs from the table):"
-                                                                   if measured else "):")]
+    rows += [
+        "",
+        "  per layer of each kind (thesis row in brackets"
+        + ("; * = implementation differs from the table):" if measured else "):"),
+    ]
     for kind, L in seen.items():
         rows.append(f"  {kind} [{L.get('thesis_name', 'n/a')}]")
         for key, label, scale, unit in quantities:

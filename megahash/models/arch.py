@@ -5,6 +5,7 @@ never compares the name. Plain Python (no torch): config checks read it, and the
 - ``encoder``: BERT/RoBERTa-style, bidirectional self-attention over a padding mask, LayerNorm, GELU MLP
   with biases.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,10 +24,22 @@ class Arch:
 
 
 ARCHS = {
-    "decoder": Arch("decoder", causal=True, swiglu=True, rms_norm=True, hf_class="MegahashForCausalLM",
-                    hf_auto="AutoModelForCausalLM"),
-    "encoder": Arch("encoder", causal=False, swiglu=False, rms_norm=False, hf_class="MegahashForMaskedLM",
-                    hf_auto="AutoModelForMaskedLM"),
+    "decoder": Arch(
+        "decoder",
+        causal=True,
+        swiglu=True,
+        rms_norm=True,
+        hf_class="MegahashForCausalLM",
+        hf_auto="AutoModelForCausalLM",
+    ),
+    "encoder": Arch(
+        "encoder",
+        causal=False,
+        swiglu=False,
+        rms_norm=False,
+        hf_class="MegahashForMaskedLM",
+        hf_auto="AutoModelForMaskedLM",
+    ),
 }
 
 

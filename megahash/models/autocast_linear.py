@@ -8,6 +8,7 @@ before the call makes the layer's forward and backward run in that dtype everywh
 autocast runs on CUDA (which casts the weight inside the matmul), the weight gradient flowing back
 through the cast to the fp32 parameter (summed there in fp32). Outside autocast: unchanged.
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,8 +24,9 @@ def cast_for_autocast(t: torch.Tensor | None, device_type: str) -> torch.Tensor 
 def _forward_impl(inner):
     def impl(input, weight, bias, *args, **kwargs):
         dev = input.device.type
-        return inner(cast_for_autocast(input, dev), cast_for_autocast(weight, dev), cast_for_autocast(bias, dev),
-                     *args, **kwargs)
+        return inner(
+            cast_for_autocast(input, dev), cast_for_autocast(weight, dev), cast_for_autocast(bias, dev), *args, **kwargs
+        )
 
     impl.__dict__.update(getattr(inner, "__dict__", {}))  # e.g. cpu_linear's megahash_onednn mark
     impl.megahash_autocast = True

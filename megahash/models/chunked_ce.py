@@ -11,6 +11,7 @@ two [tokens x vocab] fp32 tensors (logits and softmax) held from forward to back
 head GEMM per step (the recompute). The same idea as Liger-Kernel's fused linear cross-entropy and
 DeepSpeed's ``chunked_cross_entropy`` (which keeps the logits whole in their own dtype).
 """
+
 from __future__ import annotations
 
 import torch
@@ -63,7 +64,7 @@ class LinearCrossEntropy(torch.autograd.Function):
             e = min(n, s + rows)
             h = hidden[s:e]
             p = _mm_t(h, w).to(lse.dtype).sub_(lse[s:e, None]).exp_()  # softmax of the chunk
-            p.scatter_add_(1, target[s:e, None], minus_one[:e - s])  # - onehot(y)
+            p.scatter_add_(1, target[s:e, None], minus_one[: e - s])  # - onehot(y)
             p = p.mul_(grad[s:e, None]).to(hidden.dtype)
             if need_h:
                 torch.mm(p, w, out=dh[s:e])
@@ -75,10 +76,12 @@ class LinearCrossEntropy(torch.autograd.Function):
         return dh, dw, None, None
 
 
-def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-                         rows: int | None = None) -> torch.Tensor:
+def linear_cross_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, rows: int | None = None
+) -> torch.Tensor:
     """Per-token cross-entropy of ``hidden @ weight^T`` [..., V] against ``target`` [...] (-> [...], fp32)."""
     shape = target.shape
-    loss = LinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight, target.reshape(-1),
-                                    rows or chunk_rows(weight.shape[0]))
+    loss = LinearCrossEntropy.apply(
+        hidden.reshape(-1, hidden.shape[-1]), weight, target.reshape(-1), rows or chunk_rows(weight.shape[0])
+    )
     return loss.view(shape)

@@ -7,6 +7,7 @@
   untied head). Other variants return None and are counted on a meta-device model (tests check
   both agree).
 """
+
 from __future__ import annotations
 
 from megahash.models.cost_formulas import padded_vocab_size
@@ -29,15 +30,35 @@ def closed_form_report(cfg, vocab_size: int) -> dict | None:
     for kind in kinds:
         qkv = attention_param_count(kind, n, d_h, m.num_query_groups or None)  # the kind's Table 3.4 formula
         width = qkv // h  # (n + 2g) d_h output features of the Q/K/V projections
-        layers.append({"kind": kind, "attention": {"qkv": qkv + (width if m.qkv_bias else 0), "out": h * h},
-                       "mlp": 3 * h * m.ffn_hidden_size, "norm": 2 * h})
+        layers.append(
+            {
+                "kind": kind,
+                "attention": {"qkv": qkv + (width if m.qkv_bias else 0), "out": h * h},
+                "mlp": 3 * h * m.ffn_hidden_size,
+                "norm": 2 * h,
+            }
+        )
     emb, head = V * h, 0 if m.tie_embeddings else V * h
     from megahash import catalog
 
     extras = {f"embedding_{k}": n for k, n in catalog.input_params(cfg).items()}  # inputs of their own
-    total = sum(extras.values()) + emb + head + h + sum(L["attention"]["qkv"] + L["attention"]["out"] + L["mlp"] + L["norm"] for L in layers)
-    report = {"total": total, "embedding": emb, **extras, "head": head, "tied_head": bool(m.tie_embeddings), "final_norm": h,
-              "vocab_size": V, "layers": layers}
+    total = (
+        sum(extras.values())
+        + emb
+        + head
+        + h
+        + sum(L["attention"]["qkv"] + L["attention"]["out"] + L["mlp"] + L["norm"] for L in layers)
+    )
+    report = {
+        "total": total,
+        "embedding": emb,
+        **extras,
+        "head": head,
+        "tied_head": bool(m.tie_embeddings),
+        "final_norm": h,
+        "vocab_size": V,
+        "layers": layers,
+    }
     from megahash.models.costs import config_costs
 
     report["costs"] = config_costs(cfg, measure=False)

@@ -3,6 +3,7 @@ padded vocabulary, torch-free and importing nothing of megahash: kind files impo
 :mod:`megahash.catalog` executes a kind's cost class from its source with them
 (:mod:`megahash.models.costs` asks the kinds); the model and the closed-form count share the padding.
 """
+
 from __future__ import annotations
 
 
@@ -75,13 +76,10 @@ class GeneralisedRow(StandardQKV):
         return 4 * B * L * cls.kv_width(d, h, g or h)
 
 
-
-
 class ApproxRow(StandardQKV):
     """[Xue25] Tables 4.5-4.8, Approx. row (Appendix I's form, the ``approx-thesis`` kind; ``approx``, the
     Based kernel, shares it): O(BLd^2); FLOPs 14BLd^2 (prefill), 10Bd^2 (decode); activations
     11BLd/t + 3Bd^2/(ht); cache 6Bd + 4Bd^2/h bytes."""
-
 
     @staticmethod
     def time_complexity(B, L, d):

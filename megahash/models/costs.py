@@ -25,6 +25,7 @@
   ``megahash report``); MFU uses the implemented FLOPs. A kind without a table row or that cannot
   be measured gets "n/a", never an error.
 """
+
 from __future__ import annotations
 
 from megahash import catalog
@@ -123,8 +124,16 @@ def time_complexity(kind: str, B: int, L: int, d: int) -> int:
     return _formula(kind, "time_complexity")(B, L, d)
 
 
-def flops(kind: str, phase: str, B: int, L: int, d: int, h: int | None = None, precomputed: bool = False,
-          groups: int | None = None) -> int:
+def flops(
+    kind: str,
+    phase: str,
+    B: int,
+    L: int,
+    d: int,
+    h: int | None = None,
+    precomputed: bool = False,
+    groups: int | None = None,
+) -> int:
     """Table 4.6: GEMM FLOPs per iteration of one attention sublayer with the cache enabled.
 
     phase ``prefill`` (B sequences of L tokens) or ``decode`` (one new token per sequence with L
@@ -136,8 +145,16 @@ def flops(kind: str, phase: str, B: int, L: int, d: int, h: int | None = None, p
     return _formula(kind, "flops")(phase, B, L, d, h, g, precomputed)
 
 
-def flops_per_token(kind: str, phase: str, B: int, L: int, d: int, h: int | None = None,
-                    precomputed: bool = False, groups: int | None = None) -> float:
+def flops_per_token(
+    kind: str,
+    phase: str,
+    B: int,
+    L: int,
+    d: int,
+    h: int | None = None,
+    precomputed: bool = False,
+    groups: int | None = None,
+) -> float:
     """Table 4.6 divided by the tokens of the iteration (B*L for prefill, B for decode)."""
     tokens = B * L if phase == "prefill" else B
     return flops(kind, phase, B, L, d, h, precomputed, groups) / tokens
@@ -154,8 +171,9 @@ def cache_bytes(kind: str, B: int, L: int, d: int, h: int, groups: int | None = 
     return _formula(kind, "cache_bytes")(B, L, d, h, _groups(kind, h, groups))
 
 
-def cache_elements(kind: str, B: int, L: int, n: int, d_h: int, groups: int | None = None,
-                   frozen: bool = True, **opts) -> int:
+def cache_elements(
+    kind: str, B: int, L: int, n: int, d_h: int, groups: int | None = None, frozen: bool = True, **opts
+) -> int:
     """Numbers this implementation keeps in its decoding cache per layer (all TP ranks together)
     after L tokens of B sequences: the kind's own ``cache_elements``. ``frozen`` (kinds with a
     fixed input: maps frozen with ``FixedInput.freeze``) and ``opts`` (e.g. ``feature_dim``) go to it."""
@@ -164,8 +182,14 @@ def cache_elements(kind: str, B: int, L: int, n: int, d_h: int, groups: int | No
 
 NA = "n/a"
 NOT_MEASURED = "not measured"  # config_costs(measure=False); `megahash params --measure` measures
-IMPL_KEYS = ("prefill_flops", "decode_flops", "prefill_flops_per_token", "decode_flops_per_token",
-             "cache_bytes", "activation_bytes")
+IMPL_KEYS = (
+    "prefill_flops",
+    "decode_flops",
+    "prefill_flops_per_token",
+    "decode_flops_per_token",
+    "cache_bytes",
+    "activation_bytes",
+)
 _IMPL_MEMO: dict = {}
 
 
@@ -236,8 +260,9 @@ def layer_costs(cfg, kind: str, batch: int, seq: int, measure: bool = True) -> d
     if measure:
         impl = implemented_costs(cfg, kind, batch, seq)
         out.update({f"impl_{k}": v for k, v in impl.items()})
-        out["differs"] = [k for k in ("prefill_flops", "decode_flops", "cache_bytes", "activation_bytes")
-                          if _differ(out[k], impl[k])]
+        out["differs"] = [
+            k for k in ("prefill_flops", "decode_flops", "cache_bytes", "activation_bytes") if _differ(out[k], impl[k])
+        ]
     return out
 
 
@@ -291,8 +316,12 @@ def config_costs(cfg, batch: int = 1, measure: bool = True) -> dict:
         vals = [x.get(key, NOT_MEASURED) for x in layers]
         return sum(vals) if all(isinstance(v, (int, float)) for v in vals) else vals[0] if vals else NA
 
-    out = {"seq_length": seq, "batch": batch, "measured": measure,
-           "train_flops_per_token": train_flops_per_token(cfg, vocab, seq, measure=measure)}
+    out = {
+        "seq_length": seq,
+        "batch": batch,
+        "measured": measure,
+        "train_flops_per_token": train_flops_per_token(cfg, vocab, seq, measure=measure),
+    }
     for key in ("prefill_flops_per_token", "decode_flops_per_token", "cache_bytes", "activation_bytes"):
         out[key] = total(key)  # the [Xue25] tables
         out[f"impl_{key}"] = total(f"impl_{key}")  # this implementation

@@ -13,6 +13,7 @@ Installed per layer by :func:`install` when ``accelerator.onednn_linear()`` says
 case (GPU, TP > 1, sequence parallelism, bf16/fp64, deferred embedding gradients) keeps
 megatron's own function.
 """
+
 from __future__ import annotations
 
 import torch
@@ -66,8 +67,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """fp32 CPU tensors, outside ``torch.compile`` (Inductor picks its own GEMMs for compiled layers)."""
-    return (x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu"
-            and not torch.compiler.is_compiling() and accelerator.onednn_linear())
+    return (
+        x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and x.device.type == "cpu"
+        and not torch.compiler.is_compiling()
+        and accelerator.onednn_linear()
+    )
 
 
 def _forward_impl(fallback):
@@ -83,9 +89,14 @@ def _forward_impl(fallback):
 
     def impl(input, weight, bias=None, **kwargs):
         tp_group = kwargs.get("tp_group")
-        if (kwargs.get("allreduce_dgrad") or kwargs.get("sequence_parallel")
-                or kwargs.get("gradient_accumulation_fusion") or kwargs.get("grad_output_buffer") is not None
-                or (tp_group is not None and tp_group.size() > 1) or not usable(input, weight)):
+        if (
+            kwargs.get("allreduce_dgrad")
+            or kwargs.get("sequence_parallel")
+            or kwargs.get("gradient_accumulation_fusion")
+            or kwargs.get("grad_output_buffer") is not None
+            or (tp_group is not None and tp_group.size() > 1)
+            or not usable(input, weight)
+        ):
             return fallback(input, weight, bias, **kwargs)
         return onednn_linear(input, weight, bias)
 

@@ -13,6 +13,7 @@ per layer and token 2 ffn values kept instead of 3 (gate, up and SiLU(gate)); ba
 d up = g SiLU(gate), d gate = SiLU'(gate) (g up) with ATen's ``silu_backward``, written straight
 into one gradient buffer (no ``cat`` of the halves).
 """
+
 from __future__ import annotations
 
 import torch
@@ -73,8 +74,13 @@ class FeedForward(MLP):
 
     def _swiglu(self) -> bool:
         c = self.config
-        return (c.gated_linear_unit and c.activation_func is F.silu and not c.add_bias_linear
-                and c.activation_func_clamp_value is None and not c.glu_linear_offset)
+        return (
+            c.gated_linear_unit
+            and c.activation_func is F.silu
+            and not c.add_bias_linear
+            and c.activation_func_clamp_value is None
+            and not c.glu_linear_offset
+        )
 
     def _split_glu(self) -> bool:
         from megatron.core import parallel_state

@@ -8,6 +8,7 @@ nothing is written onto a module per forward. What lives longer than a forward s
 the decoding session's caches in :class:`megahash.models.megatron_model.DecodeState` (``decode``),
 frozen maps in the kind input that froze them.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,7 +44,9 @@ class ForwardState(BaseInferenceContext):
 
     def tensors(self) -> dict:
         """{field: tensor} of the tensor fields set (what a recomputation takes as its inputs)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if torch.is_tensor(getattr(self, f.name))}
+        return {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if torch.is_tensor(getattr(self, f.name))
+        }
 
     def replace(self, **changes) -> ForwardState:
         """A copy with some fields replaced (the dicts are shared)."""

@@ -5,6 +5,7 @@ The flat fields are what ``modeling_megahash.py`` builds the model from (one ent
 gated-MLP width of ``mlp`` layers, the chunk size of the linear kinds); ``megahash_config`` is the
 full resolved megahash config tree (``megahash import-hf`` rebuilds the training checkpoint from it).
 """
+
 from __future__ import annotations
 
 try:
@@ -17,11 +18,35 @@ class MegahashConfig(_Base):
     model_type = "megahash"
     keys_to_ignore_at_inference = ["past_key_values"]
 
-    def __init__(self, megahash_config=None, vocab_size=0, padded_vocab_size=0, hidden_size=64, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=None, intermediate_size=256, max_position_embeddings=2048,
-                 rope_theta=1_000_000.0, norm_eps=1e-6, arch="decoder", objective=None, embedding=None,
-                 head=None, tie_embeddings=False, qkv_bias=True, layer_specs=None, embed=None, kind_inputs=None,
-                 hash_spec=None, code_width=0, num_buckets=0, megahash_step=0, tie_word_embeddings=False, **kwargs):
+    def __init__(
+        self,
+        megahash_config=None,
+        vocab_size=0,
+        padded_vocab_size=0,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=None,
+        intermediate_size=256,
+        max_position_embeddings=2048,
+        rope_theta=1_000_000.0,
+        norm_eps=1e-6,
+        arch="decoder",
+        objective=None,
+        embedding=None,
+        head=None,
+        tie_embeddings=False,
+        qkv_bias=True,
+        layer_specs=None,
+        embed=None,
+        kind_inputs=None,
+        hash_spec=None,
+        code_width=0,
+        num_buckets=0,
+        megahash_step=0,
+        tie_word_embeddings=False,
+        **kwargs,
+    ):
         self.megahash_config = megahash_config or {}
         self.vocab_size = vocab_size  # real vocabulary (tokenizer); logits have this width
         self.padded_vocab_size = padded_vocab_size or vocab_size  # rows of the (TP-padded) tables
@@ -41,7 +66,9 @@ class MegahashConfig(_Base):
         self.qkv_bias = qkv_bias
         self.layer_specs = layer_specs or []  # one {"kind", "groups", ...} per layer (written by the export)
         self.embed = embed or {}
-        self.kind_inputs = kind_inputs or {}  # {model attribute: {"kind", ...}}: inputs the layer kinds add (export_meta)
+        self.kind_inputs = (
+            kind_inputs or {}
+        )  # {model attribute: {"kind", ...}}: inputs the layer kinds add (export_meta)
         self.hash_spec = hash_spec
         self.code_width = code_width
         self.num_buckets = num_buckets

@@ -25,6 +25,7 @@ Hash embeddings read ``hash_codes`` [b, s, width] (the data stage's side-shard c
 ``encode_text(text)`` computes ids and codes with the hashing module's ``TextCoder`` (files of the
 exported folder), and ``generate()`` computes the codes of generated tokens the same way.
 """
+
 from __future__ import annotations
 
 import os
@@ -68,6 +69,7 @@ def _given_cache(past_key_values, kwargs):
 
 
 # =============================================================================== cache
+
 
 class MegahashCache(_CacheBase):
     """Decoding state of every layer (dicts of batch-first tensors) and the number of tokens seen."""
@@ -139,6 +141,7 @@ class MegahashCache(_CacheBase):
 
 # =============================================================================== models
 
+
 class MegahashPreTrainedModel(PreTrainedModel):
     config_class = MegahashConfig
     base_model_prefix = "model"
@@ -187,16 +190,19 @@ class MegahashPreTrainedModel(PreTrainedModel):
                 except Exception:  # offline / no such repository: reported below
                     pass
             if not os.path.isfile(os.path.join(folder, HASHING_FILE)):
-                raise ValueError(f"no {HASHING_FILE} in {folder!r}: load the model from its exported folder or call "
-                                 "model.set_text_coder(TextCoder.from_pretrained(folder))")
+                raise ValueError(
+                    f"no {HASHING_FILE} in {folder!r}: load the model from its exported folder or call "
+                    "model.set_text_coder(TextCoder.from_pretrained(folder))"
+                )
             coder = self._text_coder = TextCoder.from_pretrained(folder)
         return coder
 
     def needs_codes(self) -> bool:
         base = self.model if isinstance(getattr(self, "model", None), MegahashPreTrainedModel) else self
         head = getattr(self, "head", None)
-        return bool(self.config.hash_spec) and (base.embedding_needs_codes()
-                                                or bool(getattr(head, "reads_codes", False)))
+        return bool(self.config.hash_spec) and (
+            base.embedding_needs_codes() or bool(getattr(head, "reads_codes", False))
+        )
 
     def embedding_needs_codes(self) -> bool:
         base = self.model if isinstance(getattr(self, "model", None), MegahashPreTrainedModel) else self
@@ -245,8 +251,17 @@ class MegahashModel(MegahashPreTrainedModel):
     def get_input_embeddings(self):
         return getattr(self.embedding, "word_embeddings", None)
 
-    def forward(self, input_ids=None, hash_codes=None, attention_mask=None, past_key_values=None, use_cache=None,
-                output_hidden_states=False, return_dict=True, **kwargs):
+    def forward(
+        self,
+        input_ids=None,
+        hash_codes=None,
+        attention_mask=None,
+        past_key_values=None,
+        use_cache=None,
+        output_hidden_states=False,
+        return_dict=True,
+        **kwargs,
+    ):
         b, s = input_ids.shape
         decoder = arch_of(self.config.arch).causal
         given = _given_cache(past_key_values, kwargs)
@@ -262,27 +277,30 @@ class MegahashModel(MegahashPreTrainedModel):
             elif not bool(am.all()):
                 # causal model: right padding changes nothing before it; left padding would
                 if bool((am[:, 1:] & ~am[:, :-1]).any()) or not bool(am[:, 0].all()):
-                    raise ValueError("megahash decoders support right padding only; generate prompts of "
-                                     "different lengths one at a time (or with batch_size=1)")
+                    raise ValueError(
+                        "megahash decoders support right padding only; generate prompts of "
+                        "different lengths one at a time (or with batch_size=1)"
+                    )
         if hash_codes is None and getattr(self.embedding, "needs_codes", False):
             if offset:
-                raise ValueError("pass hash_codes for the new tokens when decoding with a cache "
-                                 "(generate() computes them)")
+                raise ValueError(
+                    "pass hash_codes for the new tokens when decoding with a cache (generate() computes them)"
+                )
             hash_codes = self.codes_for_ids(input_ids)  # e.g. lm-eval's hf model passes ids only
         emb = self.embedding(input_ids, hash_codes)
         for extra in self.kind_inputs():  # e.g. a token n-gram table added to the embedding
             embed = getattr(extra, "embed", None)
             emb = emb if embed is None else embed(input_ids, emb, cache)
-        cos, sin = rope_cos_sin(offset, s, self.config.hidden_size // self.config.num_attention_heads,
-                                self.config.rope_theta, emb.device)
+        cos, sin = rope_cos_sin(
+            offset, s, self.config.hidden_size // self.config.num_attention_heads, self.config.rope_theta, emb.device
+        )
         docs, positions = packed_documents(self.config, input_ids, offset)  # the run's data.reset_* flags
         if positions is not None:  # [b, 1, s, d]: each token rotated by its position in its document
             cos, sin = cos[positions][:, None], sin[positions][:, None]
         if self.embedding_extras is not None:  # model.layout=roberta: learned positions, no RoPE
             emb = self.embedding_extras(emb, key_mask, positions)
             cos, sin = torch.ones_like(cos), torch.zeros_like(sin)
-        ctx = {"offset": offset, "cos": cos, "sin": sin, "embeddings": emb, "key_mask": key_mask,
-               "document_ids": docs}
+        ctx = {"offset": offset, "cos": cos, "sin": sin, "embeddings": emb, "key_mask": key_mask, "document_ids": docs}
         for extra in self.kind_inputs():  # e.g. the fixed input's Q/K maps
             ctx.update(extra.context(self, offset + s))
         hidden = [] if output_hidden_states else None
@@ -298,8 +316,9 @@ class MegahashModel(MegahashPreTrainedModel):
             hidden.append(x)
         if cache is not None:
             cache.offset += s
-        return BaseModelOutputWithPast(last_hidden_state=x, hidden_states=tuple(hidden) if hidden is not None else None,
-                                       **{CACHE_FIELD: cache})
+        return BaseModelOutputWithPast(
+            last_hidden_state=x, hidden_states=tuple(hidden) if hidden is not None else None, **{CACHE_FIELD: cache}
+        )
 
 
 class MegahashForCausalLM(MegahashPreTrainedModel, GenerationMixin):
@@ -311,8 +330,11 @@ class MegahashForCausalLM(MegahashPreTrainedModel, GenerationMixin):
         self.model = MegahashModel(config)
         self.tied = bool(config.tie_embeddings) and getattr(self.model.embedding, "tieable", False)
         self.head = build_head(config, references())
-        self.output_layer = (nn.Linear(config.hidden_size, config.padded_vocab_size, bias=False)
-                             if self.head is None and not self.tied else None)
+        self.output_layer = (
+            nn.Linear(config.hidden_size, config.padded_vocab_size, bias=False)
+            if self.head is None and not self.tied
+            else None
+        )
         self.post_init()
 
     @classmethod
@@ -331,11 +353,27 @@ class MegahashForCausalLM(MegahashPreTrainedModel, GenerationMixin):
         weight = self.model.embedding.weight if self.tied else self.output_layer.weight
         return F.linear(hidden, weight[: self.config.vocab_size])
 
-    def forward(self, input_ids=None, hash_codes=None, attention_mask=None, past_key_values=None, use_cache=None,
-                labels=None, output_hidden_states=False, return_dict=True, logits_to_keep=0, **kwargs):
-        out = self.model(input_ids=input_ids, hash_codes=hash_codes, attention_mask=attention_mask,
-                         past_key_values=_given_cache(past_key_values, kwargs), use_cache=use_cache,
-                         output_hidden_states=output_hidden_states)
+    def forward(
+        self,
+        input_ids=None,
+        hash_codes=None,
+        attention_mask=None,
+        past_key_values=None,
+        use_cache=None,
+        labels=None,
+        output_hidden_states=False,
+        return_dict=True,
+        logits_to_keep=0,
+        **kwargs,
+    ):
+        out = self.model(
+            input_ids=input_ids,
+            hash_codes=hash_codes,
+            attention_mask=attention_mask,
+            past_key_values=_given_cache(past_key_values, kwargs),
+            use_cache=use_cache,
+            output_hidden_states=output_hidden_states,
+        )
         hidden = out.last_hidden_state
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
@@ -348,12 +386,15 @@ class MegahashForCausalLM(MegahashPreTrainedModel, GenerationMixin):
                 tgt = labels[:, 1:] if causal else labels
                 loss = F.cross_entropy(shift.float().reshape(-1, shift.shape[-1]), tgt.reshape(-1), ignore_index=-100)
             elif getattr(self.head, "token_classes", 0):  # a per-token classification head (Shuffle+Random)
-                loss = F.cross_entropy(logits.float().reshape(-1, self.head.token_classes), labels.reshape(-1),
-                                       ignore_index=-100)
+                loss = F.cross_entropy(
+                    logits.float().reshape(-1, self.head.token_classes), labels.reshape(-1), ignore_index=-100
+                )
         cls = CausalLMOutputWithPast if causal else MaskedLMOutput
         if cls is MaskedLMOutput:
             return cls(loss=loss, logits=logits, hidden_states=out.hidden_states)
-        return cls(loss=loss, logits=logits, hidden_states=out.hidden_states, **{CACHE_FIELD: getattr(out, CACHE_FIELD)})
+        return cls(
+            loss=loss, logits=logits, hidden_states=out.hidden_states, **{CACHE_FIELD: getattr(out, CACHE_FIELD)}
+        )
 
     # -- generation -------------------------------------------------------------------------
     def _generation_codes(self, input_ids, given):
@@ -368,20 +409,34 @@ class MegahashForCausalLM(MegahashPreTrainedModel, GenerationMixin):
 
     def generate(self, *args, **kwargs):
         if self.head is not None or not arch_of(self.config.arch).causal:
-            raise ValueError("generate() needs a decoder with the vocabulary head; this model's head predicts "
-                             f"{'word-hash codes' if self.head is not None else 'masked tokens'} (use its logits)")
+            raise ValueError(
+                "generate() needs a decoder with the vocabulary head; this model's head predicts "
+                f"{'word-hash codes' if self.head is not None else 'masked tokens'} (use its logits)"
+            )
         input_ids = kwargs.get("input_ids", args[0] if args else None)
         mask = kwargs.get("attention_mask")
-        if torch.is_tensor(input_ids) and torch.is_tensor(mask) and input_ids.shape[0] > 1 and not bool(mask.bool().all()):
-            return generate_left_padded(self, super().generate, input_ids, mask,
-                                        {k: v for k, v in kwargs.items() if k not in ("input_ids", "attention_mask")})
+        if (
+            torch.is_tensor(input_ids)
+            and torch.is_tensor(mask)
+            and input_ids.shape[0] > 1
+            and not bool(mask.bool().all())
+        ):
+            return generate_left_padded(
+                self,
+                super().generate,
+                input_ids,
+                mask,
+                {k: v for k, v in kwargs.items() if k not in ("input_ids", "attention_mask")},
+            )
         return super().generate(*args, **kwargs)
 
-    def prepare_inputs_for_generation(self, input_ids, past_key_values=None, attention_mask=None, hash_codes=None,
-                                      **kwargs):
+    def prepare_inputs_for_generation(
+        self, input_ids, past_key_values=None, attention_mask=None, hash_codes=None, **kwargs
+    ):
         cache = _given_cache(past_key_values, kwargs)
-        inputs = super().prepare_inputs_for_generation(input_ids, attention_mask=attention_mask,
-                                                       **{CACHE_FIELD: cache}, **kwargs)
+        inputs = super().prepare_inputs_for_generation(
+            input_ids, attention_mask=attention_mask, **{CACHE_FIELD: cache}, **kwargs
+        )
         inputs.pop("position_ids", None)
         if self.needs_codes() and self.embedding_needs_codes():
             n = inputs["input_ids"].shape[1]
@@ -410,10 +465,10 @@ def generate_left_padded(model, generate, input_ids, mask, kwargs):
         keep = mask[i].bool()
         row_kwargs = dict(kwargs)
         if codes is not None:
-            row_kwargs["hash_codes"] = codes[i:i + 1, keep]
-        row = input_ids[i:i + 1, keep]
+            row_kwargs["hash_codes"] = codes[i : i + 1, keep]
+        row = input_ids[i : i + 1, keep]
         out = generate(row, attention_mask=torch.ones_like(row), **row_kwargs)
-        rows.append(out[0, row.shape[1]:])
+        rows.append(out[0, row.shape[1] :])
     width = max(r.shape[0] for r in rows)
     new = torch.full((len(rows), width), int(pad), dtype=input_ids.dtype, device=input_ids.device)
     for i, r in enumerate(rows):

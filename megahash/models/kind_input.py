@@ -8,6 +8,7 @@ its layers what they need through the forward's state (``ForwardState.inputs``);
 evaluation and diagnostics call :meth:`KindInput.prepare`. Nothing outside the kind's file knows what
 the input is.
 """
+
 from __future__ import annotations
 
 import torch

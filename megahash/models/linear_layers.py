@@ -2,6 +2,7 @@
 (the function their forward calls with input, weight, bias and the communication flags): the one way
 megahash reroutes those layers' GEMMs (``cpu_linear``: oneDNN on CPU; ``autocast_linear``: weight
 casts under autocast)."""
+
 from __future__ import annotations
 
 import torch

@@ -17,6 +17,7 @@ shapes (``batch`` sequences of ``seq`` tokens, plus the fixed sequence rndembqk/
 Measured per TP rank and multiplied by the TP size (TP = 1 in ``megahash params``/``report``).
 Anything that cannot be measured (e.g. ``mha-megatron``, which has no ``mix``) is reported as "n/a".
 """
+
 from __future__ import annotations
 
 import copy

@@ -6,6 +6,7 @@ LM head with vocab-parallel cross-entropy. We do not subclass ``GPTModel``: it h
 embedding and its inference path, while megahash needs pluggable embeddings that read
 ``hash_codes`` from the batch, encoder masks, and its own decoding caches per attention kind.
 """
+
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -114,28 +115,36 @@ class Block(TransformerBlock):
     def forward(self, hidden_states, attention_mask, rotary_pos_emb=None, inference_context=None, **kwargs):
         state = inference_context
         if not (self.training and self.config.recompute_granularity == "full") or state is None:
-            return super().forward(hidden_states=hidden_states, attention_mask=attention_mask,
-                                   rotary_pos_emb=rotary_pos_emb, inference_context=state, **kwargs)
+            return super().forward(
+                hidden_states=hidden_states,
+                attention_mask=attention_mask,
+                rotary_pos_emb=rotary_pos_emb,
+                inference_context=state,
+                **kwargs,
+            )
         hidden_states = make_viewless_tensor(inp=hidden_states, requires_grad=True, keep_graph=True)
         rng = tensor_parallel.get_cuda_rng_tracker().fork() if self.config.sequence_parallel else nullcontext()
         with rng:
             hidden_states = self._recomputed_layers(hidden_states, attention_mask, rotary_pos_emb, state)
         if self.final_layernorm is not None:
-            hidden_states = make_viewless_tensor(inp=self.final_layernorm(hidden_states), requires_grad=True,
-                                                 keep_graph=True)
+            hidden_states = make_viewless_tensor(
+                inp=self.final_layernorm(hidden_states), requires_grad=True, keep_graph=True
+            )
         return hidden_states
 
     def _recomputed_layers(self, hidden_states, attention_mask, rotary_pos_emb, state):
         step = self.config.recompute_num_layers if state.recompute else len(self.layers)
         for start in range(0, len(self.layers), step):
-            def chunk(h, mask, rotary, layers=self.layers[start:start + step]):
+
+            def chunk(h, mask, rotary, layers=self.layers[start : start + step]):
                 for layer in layers:
                     h, _ = layer(hidden_states=h, attention_mask=mask, rotary_pos_emb=rotary, inference_context=state)
                 return h
 
             if state.recompute:
-                hidden_states = tensor_parallel.checkpoint(chunk, self.config.distribute_saved_activations,
-                                                           hidden_states, attention_mask, rotary_pos_emb)
+                hidden_states = tensor_parallel.checkpoint(
+                    chunk, self.config.distribute_saved_activations, hidden_states, attention_mask, rotary_pos_emb
+                )
             else:
                 hidden_states = chunk(hidden_states, attention_mask, rotary_pos_emb)
         return hidden_states
@@ -169,7 +178,9 @@ class MegahashLM(MegatronModule):
         self.embedding_extras = roberta.build_embedding_extras(config, cfg)  # layout=roberta: positions, types, LN
         self.layer_kinds = registry.schedule_kinds(cfg)
         self.rotary_pos_emb = Rotary(
-            kv_channels=config.kv_channels, rotary_percent=1.0, rotary_base=m.rotary_base,
+            kv_channels=config.kv_channels,
+            rotary_percent=1.0,
+            rotary_base=m.rotary_base,
             use_cpu_initialization=True,
         )
         self.decoder = Block(config=config, spec=registry.block_spec(cfg))
@@ -181,8 +192,14 @@ class MegahashLM(MegatronModule):
                 self.kind_input_attrs.append(extra.attr)
         self.tie = m.tie_embeddings and getattr(self.embedding, "tieable", False)
         self.output_layer = tensor_parallel.ColumnParallelLinear(
-            config.hidden_size, vocab_size, config=config, init_method=config.init_method, bias=False,
-            skip_bias_add=False, gather_output=False, skip_weight_param_allocation=self.tie,
+            config.hidden_size,
+            vocab_size,
+            config=config,
+            init_method=config.init_method,
+            bias=False,
+            skip_bias_add=False,
+            gather_output=False,
+            skip_weight_param_allocation=self.tie,
         )
         self.head = heads.build_head(cfg, config, vocab_size)  # train.objective x model.head (models/heads/)
         if not self.head.uses_output_layer:
@@ -199,8 +216,9 @@ class MegahashLM(MegatronModule):
         """The ``self_attention`` module of every layer, in layer order."""
         return [layer.self_attention for layer in self.decoder.layers]
 
-    def hidden_states(self, tokens, hash_codes=None, padding_mask=None, decode_state=None, document_ids=None,
-                      position_ids=None):
+    def hidden_states(
+        self, tokens, hash_codes=None, padding_mask=None, decode_state=None, document_ids=None, position_ids=None
+    ):
         """[b, s] tokens -> final hidden states [s(/TP under SP), b, h].
 
         With ``decode_state`` (incremental decoding), ``tokens`` are the new tokens only; their
@@ -224,8 +242,9 @@ class MegahashLM(MegatronModule):
             pm = padding_mask if padding_mask is not None else torch.ones_like(tokens, dtype=torch.bool)
             mask = ~pm[:, None, None, :].bool()  # megatron: True = masked out, [b, 1, 1, s]
         batch = emb.shape[1]
-        state = ForwardState(offset=offset, tokens=tokens, document_ids=document_ids, position_ids=position_ids,
-                             decode=decode_state)
+        state = ForwardState(
+            offset=offset, tokens=tokens, document_ids=document_ids, position_ids=position_ids, decode=decode_state
+        )
         for extra in self.kind_inputs():  # e.g. a fixed sequence run with (or before) the batch
             emb, mask = extra.enter(self, state, emb, mask, seq_len, plain)
         if rotary is not plain and emb.shape[1] > batch:  # rows a kind input added run at positions offset..
@@ -248,8 +267,17 @@ class MegahashLM(MegatronModule):
         """The LM head's weight [V/TP, h] (the embedding's when tied)."""
         return self.embedding.weight if self.tie else self.output_layer.weight
 
-    def forward(self, tokens, hash_codes=None, labels=None, padding_mask=None, decode_state=None, label_codes=None,
-                document_ids=None, position_ids=None):
+    def forward(
+        self,
+        tokens,
+        hash_codes=None,
+        labels=None,
+        padding_mask=None,
+        decode_state=None,
+        label_codes=None,
+        document_ids=None,
+        position_ids=None,
+    ):
         """Per-token loss [b, s] of the head (0 where labels < 0) when labels are given, else the
         head's logits [b, s, ...]; ``label_codes`` [b, s, w] are the targets of hash-code heads;
         ``document_ids``/``position_ids``: packed documents (:meth:`hidden_states`)."""
@@ -260,7 +288,9 @@ class MegahashLM(MegatronModule):
         """[b, s, V/TP] vocab-parallel logits -> full [b, s, V] on every TP rank."""
         if parallel_state.get_tensor_model_parallel_world_size() == 1:
             return logits
-        return tensor_parallel.gather_from_tensor_model_parallel_region(logits, group=parallel_state.get_tensor_model_parallel_group())
+        return tensor_parallel.gather_from_tensor_model_parallel_region(
+            logits, group=parallel_state.get_tensor_model_parallel_group()
+        )
 
 
 class DecodeState:

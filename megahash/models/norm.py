@@ -6,6 +6,7 @@ holds a slice of the sequence, so the norm weights see only part of the gradient
 tensor hook during backward, which runs before DeepSpeed's ZeRO 0-2 reduction hooks
 (Megatron-LM does the same after backward in ``_allreduce_layernorm_grads``).
 """
+
 from __future__ import annotations
 
 import torch

@@ -14,6 +14,7 @@ torch's own ``quantize_per_channel`` covers int8 only, so the few lines below do
 
 QAT (``train.qat_bits``, megahash/training/qat.py) trains through this same round trip.
 """
+
 from __future__ import annotations
 
 import zlib
@@ -33,8 +34,8 @@ def quantize_rows(w: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tenso
     """(int8 values in [-qmax, qmax], fp16 scale per row) of ``w`` viewed as (rows, -1):
     s = max|row| / qmax rounded up to fp16 (never below 2^-14, fp16's smallest normal), q = round(w / s)."""
     rows = w.detach().float().reshape(w.shape[0], -1)
-    s = (rows.abs().amax(dim=1) / qmax(bits)).clamp(min=2.0 ** -14)
-    s16 = (s * (1 + 2.0 ** -10)).to(torch.float16)  # fp16 rounding is within 2^-11: s16 >= s, no clipping
+    s = (rows.abs().amax(dim=1) / qmax(bits)).clamp(min=2.0**-14)
+    s16 = (s * (1 + 2.0**-10)).to(torch.float16)  # fp16 rounding is within 2^-11: s16 >= s, no clipping
     q = torch.round(rows / s16.float()[:, None]).clamp(-qmax(bits), qmax(bits)).to(torch.int8)
     return q, s16
 
@@ -130,6 +131,8 @@ def load_state_into(model: torch.nn.Module, state: dict, name: str = "artifact")
     lacking = sorted(k for k in own if k not in state and not k.endswith("_extra_state"))
     bad = sorted(k for k in state if k in own and tuple(own[k].shape) != tuple(state[k].shape))
     if lacking or bad:
-        raise CheckpointError(f"{name} does not fit the checkpoint's model "
-                              f"({'it lacks ' + str(lacking[:3]) if lacking else 'shapes of ' + str(bad[:3])})")
+        raise CheckpointError(
+            f"{name} does not fit the checkpoint's model "
+            f"({'it lacks ' + str(lacking[:3]) if lacking else 'shapes of ' + str(bad[:3])})"
+        )
     model.load_state_dict({k: v for k, v in state.items() if k in own}, strict=False)

@@ -10,6 +10,7 @@ names, which are also those of the Hugging Face export. ``megahash export-hf`` c
 verbatim (imports rewritten to the folder's relative ones); it imports torch, math, typing and the
 torch-only megahash modules only.
 """
+
 from __future__ import annotations
 
 import torch
@@ -30,6 +31,7 @@ from megahash.models.reference_ops import (
 from megahash.ops.utils.documents import document_rows
 
 # =============================================================================== attention bases
+
 
 class TorchAttention(nn.Module):
     """``linear_proj(mix(x))``; the sizes every kind shares, and the optional Qwen3 QK-norm."""
@@ -113,10 +115,10 @@ class LinearAttention(TorchAttention):
         cos, sin = ctx["cos"], ctx["sin"]
         if self.fd:
             kv = self.linear_kv(x).view(b, s, g, self.fd + d)
-            k, v = kv[..., :self.fd].transpose(1, 2), kv[..., self.fd:].transpose(1, 2)
+            k, v = kv[..., : self.fd].transpose(1, 2), kv[..., self.fd :].transpose(1, 2)
             h, f2 = d // 2, self.fd // 2  # RoPE with the head's first d'/2 frequency pairs
-            cos = torch.cat([cos[..., :f2], cos[..., h:h + f2]], -1)
-            sin = torch.cat([sin[..., :f2], sin[..., h:h + f2]], -1)
+            cos = torch.cat([cos[..., :f2], cos[..., h : h + f2]], -1)
+            sin = torch.cat([sin[..., :f2], sin[..., h : h + f2]], -1)
         else:
             kv = self.linear_kv(x).view(b, s, g, 2, d)
             k, v = kv[:, :, :, 0].transpose(1, 2), kv[:, :, :, 1].transpose(1, 2)
@@ -158,6 +160,7 @@ def build_attention(config, spec, table: dict):
 
 # =============================================================================== layers
 
+
 class MLP(nn.Module):
     """SwiGLU (decoder: fc1 rows [gate; up], no biases) or GELU with biases (encoder)."""
 
@@ -192,7 +195,9 @@ class Layer(nn.Module):
     def forward(self, x, ctx, cache):
         if self.skip:  # `skip` mode: the whole layer is an identity
             return x
-        if self.post_norm:  # model.layout=roberta: post-LN (input_layernorm after attention, pre_mlp_layernorm after MLP)
+        if (
+            self.post_norm
+        ):  # model.layout=roberta: post-LN (input_layernorm after attention, pre_mlp_layernorm after MLP)
             x = self.input_layernorm(x + self.self_attention(x, ctx, cache))
             return self.pre_mlp_layernorm(x + self.mlp(x))
         x = x + self.self_attention(self.input_layernorm(x), ctx, cache)
@@ -213,7 +218,9 @@ class RobertaEmbeddingExtras(nn.Module):
         super().__init__()
         h = config.hidden_size
         self.position_embeddings = nn.Embedding(config.max_position_embeddings + 2, h)
-        self.token_type_embeddings = nn.Embedding(max(1, int(megahash_option(config, "model", "type_vocab_size", 1))), h)
+        self.token_type_embeddings = nn.Embedding(
+            max(1, int(megahash_option(config, "model", "type_vocab_size", 1))), h
+        )
         self.layernorm = nn.LayerNorm(h, eps=config.norm_eps)
 
     def forward(self, emb, key_mask=None, positions=None):
@@ -240,6 +247,7 @@ def build_head(config, table: dict):
 
 # =============================================================================== embeddings
 
+
 class TorchHashEmbedding(nn.Module):
     """Special table (ids 0-4) + the word embedding of subclasses (``embed_words``)."""
 
@@ -253,8 +261,10 @@ class TorchHashEmbedding(nn.Module):
 
     def check(self, codes, width):
         if codes is None:
-            raise ValueError(f"embedding {self.config.embedding!r} reads word-hash codes: pass hash_codes "
-                             f"[batch, seq, {width}] (model.encode_text(text) computes them)")
+            raise ValueError(
+                f"embedding {self.config.embedding!r} reads word-hash codes: pass hash_codes "
+                f"[batch, seq, {width}] (model.encode_text(text) computes them)"
+            )
         if codes.shape[-1] != width:
             raise ValueError(f"hash_codes width {codes.shape[-1]} != {width} ({self.config.hash_spec})")
 
@@ -294,5 +304,7 @@ def build_kind_input(config, meta: dict, table: dict):
     """The plain-torch reference of an input a kind adds (``input:KIND``, e.g. the fixed input)."""
     cls = table.get(f"input:{meta['kind']}")
     if cls is None:
-        raise ValueError(f"attention kind {meta['kind']!r} adds an input but has no reference for it (@register_reference)")
+        raise ValueError(
+            f"attention kind {meta['kind']!r} adds an input but has no reference for it (@register_reference)"
+        )
     return cls(config, meta)

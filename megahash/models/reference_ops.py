@@ -7,6 +7,7 @@ bit unpacking and the EELBERT rolling features. The kernels of the linear and fi
 :mod:`megahash.ops` (one package per family, exported the same way). ``megahash export-hf`` copies this file verbatim into every
 Hugging Face folder (:mod:`megahash.convert.remote_code`), so it imports torch, math and typing only.
 """
+
 from __future__ import annotations
 
 import math
@@ -121,8 +122,9 @@ def softmax_attention(q, k, v, causal: bool, key_mask=None, scale: float | None 
             is_causal = True
         else:
             mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
-                                         scale=scale if scale is not None else 1.0 / math.sqrt(d))
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale if scale is not None else 1.0 / math.sqrt(d)
+    )
     return out.transpose(1, 2).reshape(b, sq, n * d)
 
 
@@ -184,20 +186,19 @@ def rolling_code_features(codes: torch.Tensor, seeds: torch.Tensor, parts, b: in
     run = 0
     for i, (start, size) in enumerate(parts, start=1):
         if size > 0 and codes.shape[0] > 0:
-            s = codes[:, start:start + size]
+            s = codes[:, start : start + size]
             valid = s >= 0
             weights = valid.float() / valid.sum(dim=1, keepdim=True).clamp_min(1).float()
             uniq, inverse = torch.unique(s.clamp_min(0), return_inverse=True)
-            hs = seeds[:, run:run + i].reshape(-1)  # [per * i], row-major like the reference
+            hs = seeds[:, run : run + i].reshape(-1)  # [per * i], row-major like the reference
             values = torch.empty(uniq.numel(), hs.numel(), dtype=torch.float32, device=codes.device)
             step = max(1, ROLLING_CHUNK_ELEMS // hs.numel())
             for a in range(0, uniq.numel(), step):
-                q = torch.remainder(uniq[a:a + step].unsqueeze(-1) * hs, b)  # exact: < 2^31 * 2^32
+                q = torch.remainder(uniq[a : a + step].unsqueeze(-1) * hs, b)  # exact: < 2^31 * 2^32
                 q = torch.where(q > half, q - b, q)
-                values[a:a + step] = (q.double() * (2.0 / b)).float()
-            out[:, run * per:(run + i) * per] = F.embedding_bag(
-                inverse.reshape(s.shape), values, per_sample_weights=weights, mode="sum")
+                values[a : a + step] = (q.double() * (2.0 / b)).float()
+            out[:, run * per : (run + i) * per] = F.embedding_bag(
+                inverse.reshape(s.shape), values, per_sample_weights=weights, mode="sum"
+            )
         run += i
     return out
-
-

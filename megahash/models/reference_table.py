@@ -5,6 +5,7 @@ imported, so every ``@register_reference`` class sits in its kind's ``KindSpec``
 does not copy this file: it writes a ``reference_table.py`` of its own that imports the extracted
 reference of each kind the model uses (:mod:`megahash.convert.remote_code`).
 """
+
 from __future__ import annotations
 
 

@@ -10,6 +10,7 @@ views of it (each loads the kind files first: :func:`load_kinds`). ``block_spec`
 ``model.schedule`` into ``TransformerBlockSubmodules(layer_specs=[...])`` so layers may differ in
 attention kind.
 """
+
 from __future__ import annotations
 
 import sys
@@ -131,10 +132,23 @@ def register_attention(name: str, costs=None, caps=None, maps=None, export_spec=
     kind's options dataclass (``model.attention.options.*``). Costs, options and caps are read without
     torch too (:mod:`megahash.catalog`): they use no torch. ``model_input``:
     ``build(model, cfg) -> KindInput | None`` (megahash.models.kind_input)."""
+
     def deco(fn):
-        _add(KindSpec(name, "attention", fn, _check_caps("attention", name, caps), costs, options, maps,
-                      export_spec, model_input))
+        _add(
+            KindSpec(
+                name,
+                "attention",
+                fn,
+                _check_caps("attention", name, caps),
+                costs,
+                options,
+                maps,
+                export_spec,
+                model_input,
+            )
+        )
         return fn
+
     return deco
 
 
@@ -142,18 +156,24 @@ def register_embedding(name: str, caps=None, export_meta=None, options=None):
     """Register an embedding kind (a module class ``(config, cfg, vocab_size)``) and its
     :class:`EmbeddingCaps`; ``export_meta(emb, cfg) -> dict``: what the Hugging Face export needs
     beyond the sizes; ``options``: its options dataclass (``model.embed.options.*``)."""
+
     def deco(cls):
-        _add(KindSpec(name, "embedding", cls, _check_caps("embedding", name, caps), options=options, export=export_meta))
+        _add(
+            KindSpec(name, "embedding", cls, _check_caps("embedding", name, caps), options=options, export=export_meta)
+        )
         return cls
+
     return deco
 
 
 def register_head(name: str, caps=None):
     """Register an output head (a module class ``(config, cfg, vocab_size)``, ``model.head``) and its
     :class:`HeadCaps`."""
+
     def deco(cls):
         _add(KindSpec(name, "head", cls, _check_caps("head", name, caps)))
         return cls
+
     return deco
 
 
@@ -162,9 +182,11 @@ def register_input(name: str, caps=None, options=None, costs=None):
     (None: off in this config), built for every model, e.g. a table added to the input embedding whatever
     the embedding kind. ``caps``: an :class:`InputCaps` (its options live in ``model.<section>.options``);
     ``costs``: a class whose ``params(cfg) -> {label: n}`` counts it in closed form (``megahash params``)."""
+
     def deco(fn):
         _add(KindSpec(name, "input", fn, _check_caps("input", name, caps), costs, options, model_input=fn))
         return fn
+
     return deco
 
 
@@ -176,9 +198,11 @@ def register_reference(key: str):
     names of the HF export; the TP=1 reference of the parity tests, copied into the HF remote-code folder
     by megahash.convert.remote_code). The kind's register line, below it in the same file, puts it in the
     kind's :class:`KindSpec` (keys: :func:`_reference_keys`)."""
+
     def deco(cls):
         setattr(cls, _REFERENCE_KEYS, vars(cls).get(_REFERENCE_KEYS, ()) + (key,))
         return cls
+
     return deco
 
 
@@ -186,8 +210,13 @@ def references() -> dict[str, type]:
     """{reference key: class} of every registered kind (``NAME``, ``input:NAME``, ``head:NAME``):
     the table the plain-torch model (megahash.models.reference_layers) builds from."""
     load_kinds()
-    return {key: getattr(kind, field) for specs in KINDS.values() for _, kind in sorted(specs.items())
-            for key, field in _reference_keys(kind).items() if getattr(kind, field) is not None}
+    return {
+        key: getattr(kind, field)
+        for specs in KINDS.values()
+        for _, kind in sorted(specs.items())
+        for key, field in _reference_keys(kind).items()
+        if getattr(kind, field) is not None
+    }
 
 
 def reference(key: str) -> type | None:

@@ -22,6 +22,7 @@ Parameters (vocab embedding, d = hidden, f = FFN, V rows, P positions, T types, 
 (V + P + 2 + T) d + 2d + L (4d^2 + 4d + 2 d f + f + d + 4d), RoBERTa-base's count without pooler
 (124,055,040 at V = 50,265, P = 512, T = 1; tested against transformers' ``RobertaModel``).
 """
+
 from __future__ import annotations
 
 import torch
@@ -37,12 +38,26 @@ POSITION_OFFSET = 2  # RoBERTa: padding_idx (1) + 1
 class PostNormLayer(TransformerLayer):
     """Post-LN transformer layer (BERT/RoBERTa): residual add, then LayerNorm, after each sublayer."""
 
-    def forward(self, hidden_states=None, attention_mask=None, context=None, context_mask=None,
-                rotary_pos_emb=None, inference_context=None, **kwargs):
-        attn = self.self_attention(hidden_states, attention_mask=attention_mask, inference_context=inference_context,
-                                   rotary_pos_emb=rotary_pos_emb)
+    def forward(
+        self,
+        hidden_states=None,
+        attention_mask=None,
+        context=None,
+        context_mask=None,
+        rotary_pos_emb=None,
+        inference_context=None,
+        **kwargs,
+    ):
+        attn = self.self_attention(
+            hidden_states,
+            attention_mask=attention_mask,
+            inference_context=inference_context,
+            rotary_pos_emb=rotary_pos_emb,
+        )
         with self.bias_dropout_add_exec_handler():
-            h = self.self_attn_bda(self.training, self.config.bias_dropout_fusion)(attn, hidden_states, self.hidden_dropout)
+            h = self.self_attn_bda(self.training, self.config.bias_dropout_fusion)(
+                attn, hidden_states, self.hidden_dropout
+            )
         h = self.input_layernorm(h)
         mlp = self.mlp(h)
         with self.bias_dropout_add_exec_handler():
@@ -57,8 +72,9 @@ class RobertaEmbeddingExtras(MegatronModule):
         super().__init__(config=config)
         m = cfg.model
         h = config.hidden_size
-        self.position_embeddings = torch.nn.Embedding(m.max_position_embeddings + POSITION_OFFSET, h,
-                                                      dtype=config.params_dtype)
+        self.position_embeddings = torch.nn.Embedding(
+            m.max_position_embeddings + POSITION_OFFSET, h, dtype=config.params_dtype
+        )
         self.token_type_embeddings = torch.nn.Embedding(max(1, m.type_vocab_size), h, dtype=config.params_dtype)
         if config.perform_initialization:
             for emb in (self.position_embeddings, self.token_type_embeddings):
@@ -73,7 +89,9 @@ class RobertaEmbeddingExtras(MegatronModule):
         """emb [s(/tp under SP), b, h]; padding_mask [b, s] (True = real token); position_ids [b, s] (packed
         documents: positions from 0 in each) -> [s(/tp), b, h]."""
         b = emb.shape[1]
-        s = emb.shape[0] * (parallel_state.get_tensor_model_parallel_world_size() if self.config.sequence_parallel else 1)
+        s = emb.shape[0] * (
+            parallel_state.get_tensor_model_parallel_world_size() if self.config.sequence_parallel else 1
+        )
         idx = torch.arange(s, device=emb.device).unsqueeze(0).expand(b, s) if position_ids is None else position_ids
         idx = idx + POSITION_OFFSET
         if padding_mask is not None:
@@ -82,7 +100,8 @@ class RobertaEmbeddingExtras(MegatronModule):
         extra = (self.position_embeddings(idx) + self.token_type_embeddings(types)).transpose(0, 1).to(emb.dtype)
         if self.config.sequence_parallel:
             extra = tensor_parallel.scatter_to_sequence_parallel_region(
-                extra.contiguous(), group=parallel_state.get_tensor_model_parallel_group())
+                extra.contiguous(), group=parallel_state.get_tensor_model_parallel_group()
+            )
         out = self.layernorm(emb + extra)
         if self.training and self.config.hidden_dropout > 0:
             if self.config.sequence_parallel:

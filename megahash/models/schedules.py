@@ -15,6 +15,7 @@ The [Xue25] 500M hybrid (RndEmbQK in odd layers, standard in even) is ``hybrid:r
 ``model.attention.skip_nonstandard=true`` evaluates a hybrid with its non-standard layers dropped
 (`skip`, see :func:`skip_mask`).
 """
+
 from __future__ import annotations
 
 from megahash.errors import ConfigError
@@ -81,9 +82,7 @@ def layer_kinds(schedule: str, num_layers: int, known: set[str] | None = None) -
         if len(kinds) != num_layers:
             raise ConfigError(f"schedule {schedule!r} lists {len(kinds)} layers but model.num_layers={num_layers}")
     else:
-        raise ConfigError(
-            f"bad schedule {schedule!r}; use uniform:KIND, hybrid:KIND:PRESET or list:K1,K2,..."
-        )
+        raise ConfigError(f"bad schedule {schedule!r}; use uniform:KIND, hybrid:KIND:PRESET or list:K1,K2,...")
     if known is not None:
         for k in kinds:
             if k not in known:

@@ -5,6 +5,7 @@ on each micro-batch; corruption randomness comes from a generator seeded by (see
 resumed run corrupts exactly as the uninterrupted one. The objective files import torch inside their
 functions (config checks read their specs without it).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -40,8 +41,14 @@ class Objective:
         docs = {}  # packed documents (data.reset_attention_mask): an objective that takes them (S+R) keeps to them
         if batch.get("document_ids") is not None and "document_ids" in inspect.signature(self._corrupt).parameters:
             docs["document_ids"] = batch["document_ids"]
-        out = self._corrupt(batch["tokens"], batch.get("hash_codes"), generator=self.generator,
-                            special_ids=self.special_ids, **self.options, **docs)
+        out = self._corrupt(
+            batch["tokens"],
+            batch.get("hash_codes"),
+            generator=self.generator,
+            special_ids=self.special_ids,
+            **self.options,
+            **docs,
+        )
         return {**batch, **out}
 
 

@@ -4,6 +4,7 @@ megahash's dataset already yields shifted ``tokens``/``labels`` (and ``hash_code
 so the trainer uses its batches as they are; :func:`corrupt` is the same shift for callers holding an
 unshifted window of s + 1 tokens (tests, notebooks), with the interface of the other objectives.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -15,7 +16,9 @@ if TYPE_CHECKING:
     import torch
 
 
-def corrupt(tokens: torch.Tensor, hash_codes: torch.Tensor | None = None, generator: torch.Generator | None = None) -> dict:
+def corrupt(
+    tokens: torch.Tensor, hash_codes: torch.Tensor | None = None, generator: torch.Generator | None = None
+) -> dict:
     """tokens [b, s + 1] (codes [b, s + 1, w]) -> inputs/labels [b, s]; ``generator`` is unused.
 
     Returns dict(tokens, hash_codes, labels, label_codes, loss_mask): labels[t] = tokens[t + 1],

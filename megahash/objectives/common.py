@@ -1,5 +1,6 @@
 """Helpers shared by the corruption objectives (MLM, Shuffle+Random); torch is imported inside the
 functions (the objective files are read by config checks, before torch)."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

@@ -7,6 +7,7 @@ always stay consistent and no vocabulary size is needed. Labels are the original
 selected positions and -100 elsewhere; ``label_codes`` holds the original codes (targets of the
 hash-code heads). Special tokens are never selected.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

@@ -21,6 +21,7 @@ Labels: 0 original, 1 shuffled, 2 random, -100 special (untouched, no loss).
 The expected fractions of ordinary tokens are therefore ~10% shuffled and 9% (= 10% of the other
 90%) random, as in the reference collator (HUIYINXUE/hashformer).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -45,8 +46,9 @@ def _groups(tokens: torch.Tensor, document_ids: torch.Tensor | None) -> torch.Te
     return rows if document_ids is None else rows * s + document_ids
 
 
-def _cyclic_shuffle_sources(selected: torch.Tensor, generator: torch.Generator,
-                            groups: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def _cyclic_shuffle_sources(
+    selected: torch.Tensor, generator: torch.Generator, groups: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """For the selected positions (row-major flat indices ``dst``) the flat index ``src`` of the
     token each receives: a random cyclic permutation within each row (each group of ``groups``)."""
     import torch
@@ -111,7 +113,11 @@ def random_bits(original: torch.Tensor, num_bits: int, density: bool, generator:
     orig = original.cpu()
     while todo.numel():
         m = todo.numel()
-        p = torch.rand(m, 1, generator=generator, dtype=torch.float64) if density else torch.full((m, 1), 0.5, dtype=torch.float64)
+        p = (
+            torch.rand(m, 1, generator=generator, dtype=torch.float64)
+            if density
+            else torch.full((m, 1), 0.5, dtype=torch.float64)
+        )
         bits = torch.rand(m, num_bits, generator=generator, dtype=torch.float64) < p
         packed = _pack_bits(bits, width).to(out.dtype)
         out[todo] = packed
@@ -130,8 +136,9 @@ def random_ids(original: torch.Tensor, low: int, high: int, generator: torch.Gen
     return draw + (inside & (draw >= original)).to(draw.dtype)
 
 
-def random_word_ids(original: torch.Tensor, vocab_size: int, special_ids: dict | None,
-                    generator: torch.Generator) -> torch.Tensor:
+def random_word_ids(
+    original: torch.Tensor, vocab_size: int, special_ids: dict | None, generator: torch.Generator
+) -> torch.Tensor:
     """Uniform ordinary ids (never a special id of the tokenizer, never ``original``): the word ids
     5.. without ``special_ids``; otherwise draws over [0, vocab) with the special ids redrawn."""
     import torch
@@ -148,8 +155,17 @@ def random_word_ids(original: torch.Tensor, vocab_size: int, special_ids: dict |
     raise ValueError(f"cannot draw ordinary ids from a vocabulary of {vocab_size} with {len(specials)} special ids")
 
 
-def replace_random(new_tokens, new_codes, where, random: str, generator, vocab_size=None, num_buckets=None,
-                   num_bits=None, special_ids: dict | None = None) -> None:
+def replace_random(
+    new_tokens,
+    new_codes,
+    where,
+    random: str,
+    generator,
+    vocab_size=None,
+    num_buckets=None,
+    num_bits=None,
+    special_ids: dict | None = None,
+) -> None:
     """In place: the positions ``where`` get the random inputs of mode ``random`` (not ``batch``)."""
     if not where.any():
         return
@@ -162,10 +178,13 @@ def replace_random(new_tokens, new_codes, where, random: str, generator, vocab_s
         flat = new_codes[where]  # [m, 1]
         new_codes[where] = random_ids(flat.long(), 0, int(num_buckets), generator).to(flat.dtype)
     elif random in ("bits-density", "bits-uniform"):
-        new_codes[where] = random_bits(new_codes[where], int(num_bits or new_codes.shape[-1] * 8),
-                                       random == "bits-density", generator)
+        new_codes[where] = random_bits(
+            new_codes[where], int(num_bits or new_codes.shape[-1] * 8), random == "bits-density", generator
+        )
     else:
-        raise ValueError(f"unknown S+R random mode {random!r} (codes modes: token, bucket, bits-density, bits-uniform; or batch)")
+        raise ValueError(
+            f"unknown S+R random mode {random!r} (codes modes: token, bucket, bits-density, bits-uniform; or batch)"
+        )
 
 
 def corrupt(
@@ -195,7 +214,8 @@ def corrupt(
     shuffled = bernoulli(tokens.shape, shuffle_prob, generator, dev) & word
     groups = _groups(tokens, document_ids)
     counts = torch.zeros(groups.numel(), dtype=torch.long, device=dev).index_add_(
-        0, groups.reshape(-1), shuffled.reshape(-1).long())
+        0, groups.reshape(-1), shuffled.reshape(-1).long()
+    )
     single = counts[groups] < 2  # nothing to swap with in its row (document)
     shuffled = shuffled & ~single
     mode = random
@@ -227,5 +247,8 @@ def corrupt(
 
 
 # a 3-class loss of its own head (not a vocabulary loss), on the S+R head registered in models/heads
-register_objective(ObjectiveSpec("sr", token_loss=False, corrupt=corrupt, options=random_options,
-                                 head="shuffle-random", arch="encoder"))
+register_objective(
+    ObjectiveSpec(
+        "sr", token_loss=False, corrupt=corrupt, options=random_options, head="shuffle-random", arch="encoder"
+    )
+)

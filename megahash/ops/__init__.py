@@ -33,23 +33,24 @@ Torch, math and typing only: ``megahash export-hf`` copies every module here (no
 (:mod:`megahash.convert.remote_code`), so an exported model runs the same kernels.
 flash-linear-attention is an optional GPU extra (:mod:`megahash.ops.taylor.fla_based`), never needed on CPU.
 """
+
 from megahash.ops.cumsoftmax import (
-                                     cumsoftmax_bidirectional,
-                                     cumsoftmax_causal,
-                                     cumsoftmax_map,
-                                     cumsoftmax_recurrent,
-                                     naive_cumsoftmax,
+    cumsoftmax_bidirectional,
+    cumsoftmax_causal,
+    cumsoftmax_map,
+    cumsoftmax_recurrent,
+    naive_cumsoftmax,
 )
 from megahash.ops.linear import chunk_linear, naive_linear, recurrent_linear
 from megahash.ops.orders import naive_orders, orders_bidirectional, orders_causal, orders_maps, orders_recurrent
 from megahash.ops.shared_map import naive_shared_softmax, shared_softmax
 from megahash.ops.taylor import (
-                                     naive_taylor,
-                                     taylor_bidirectional,
-                                     taylor_causal,
-                                     taylor_features,
-                                     taylor_kernel,
-                                     taylor_recurrent,
+    naive_taylor,
+    taylor_bidirectional,
+    taylor_causal,
+    taylor_features,
+    taylor_kernel,
+    taylor_recurrent,
 )
 
 __all__ = [

@@ -36,6 +36,7 @@ shims provide; its write results come back through megatron's cross-process queu
 ``multiprocessing`` Manager, started once per run here and shut down at its end; a pipe-backed queue
 could block a writer whose results outgrow the pipe buffer).
 """
+
 from __future__ import annotations
 
 import functools
@@ -100,8 +101,7 @@ class _Queue:
         filesystem_async._results_queue = self.manager.Queue()
         request = dist_checkpointing.save(sharded_state_dict, str(directory), async_sharded_save=True)
         if request.async_fn is not None:
-            request = request._replace(async_fn=functools.partial(_in_writer, request.async_fn, self.step,
-                                                                  os.getpid()))
+            request = request._replace(async_fn=functools.partial(_in_writer, request.async_fn, self.step, os.getpid()))
         self.calls.schedule_async_request(request)
 
     def abort(self) -> None:
@@ -188,9 +188,16 @@ class AsyncSaver:
         if error is not None:
             self.queue.abort()  # what was scheduled before the failure
         checkpoint.fail_if_any(root, tag, tmp, error)
-        self.pending = {"tmp": tmp, "step": step, "consumed": consumed, "native": native, "engine": engine,
-                        "extra": extra or {},
-                        "started": time.perf_counter(), "stall": time.perf_counter() - t0 - stall}
+        self.pending = {
+            "tmp": tmp,
+            "step": step,
+            "consumed": consumed,
+            "native": native,
+            "engine": engine,
+            "extra": extra or {},
+            "started": time.perf_counter(),
+            "stall": time.perf_counter() - t0 - stall,
+        }
         if wait:
             self.finish(blocking=True)
         return time.perf_counter() - t0
@@ -216,14 +223,29 @@ class AsyncSaver:
         if error is not None:
             self.queue.abort()
         self.pending = None
-        root, tag = p["tmp"].parent, p["tmp"].name[:-len(".tmp")]
+        root, tag = p["tmp"].parent, p["tmp"].name[: -len(".tmp")]
         checkpoint.fail_if_any(root, tag, p["tmp"], error)
-        checkpoint.publish(p["engine"], self.cfg, p["tmp"], p["step"], p["consumed"],
-                           {**p["extra"], **({} if p["native"] else {"deepspeed_files": False})})
+        checkpoint.publish(
+            p["engine"],
+            self.cfg,
+            p["tmp"],
+            p["step"],
+            p["consumed"],
+            {**p["extra"], **({} if p["native"] else {"deepspeed_files": False})},
+        )
         p["stall"] += time.perf_counter() - t0
         if self.log is not None:  # at the current step (wandb's steps only increase); stall_s: the loop's stall
-            self.log.log(self.now, {"saved_step": p["step"], "stall_s": p["stall"], "async": 1,
-                                     "write_s": time.perf_counter() - p["started"]}, "checkpoint", echo=False)
+            self.log.log(
+                self.now,
+                {
+                    "saved_step": p["step"],
+                    "stall_s": p["stall"],
+                    "async": 1,
+                    "write_s": time.perf_counter() - p["started"],
+                },
+                "checkpoint",
+                echo=False,
+            )
         return time.perf_counter() - t0
 
     def close(self, abort: bool) -> None:

@@ -14,6 +14,7 @@ record, DeepSpeed's sample counter on an elastic resume and the LR schedule in s
 (megahash/training/lr_schedule.py). It is a pure function of the train config, so a resume at step ``s``
 reads exactly the samples the uninterrupted run would.
 """
+
 from __future__ import annotations
 
 from megahash.data.samples import consumed_samples, ramp_on, step_batch
@@ -51,7 +52,8 @@ def check_resume(ckpt, state: dict, cfg) -> None:
     raise CheckpointError(
         f"checkpoint {ckpt} consumed {saved} samples in {step} steps, but train.global_batch_size="
         f"{cfg.train.global_batch_size} and train.batch_ramp={list(cfg.train.batch_ramp)} give {now}: resume with "
-        f"the batch settings it was saved with (its resolved_config.yaml), or train.resume=none")
+        f"the batch settings it was saved with (its resolved_config.yaml), or train.resume=none"
+    )
 
 
 def _saved_ramp(ckpt) -> bool:

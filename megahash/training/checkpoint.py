@@ -8,6 +8,7 @@ interrupted save never replaces or damages the previous checkpoint. :func:`save`
 ``train.async_save`` (megahash/training/async_save.py) uses :func:`begin`, :func:`fail_if_any` and
 :func:`publish` around background writers and writes no DeepSpeed files (``deepspeed_files: false``).
 """
+
 from __future__ import annotations
 
 import json
@@ -117,11 +118,16 @@ def publish(engine, cfg: Config, tmp: Path, step: int, consumed: int, extra: dic
 
             save_config(cfg, tmp / "resolved_config.yaml")
             write_manifest(tmp)
-            state = {"step": step, "consumed_samples": consumed, "signature": model_signature(cfg),
-                     "padded_vocab_size": int(engine.module.vocab_size),
-                     "world_size": dist.get_world_size() if dist.is_initialized() else 1,
-                     "zero_stage": cfg.train.zero_stage,
-                     "optimizer": cfg.train.optimizer, **(extra or {})}
+            state = {
+                "step": step,
+                "consumed_samples": consumed,
+                "signature": model_signature(cfg),
+                "padded_vocab_size": int(engine.module.vocab_size),
+                "world_size": dist.get_world_size() if dist.is_initialized() else 1,
+                "zero_stage": cfg.train.zero_stage,
+                "optimizer": cfg.train.optimizer,
+                **(extra or {}),
+            }
             write_text_atomic(tmp / STATE_FILE, json.dumps(state, indent=1))
             final = root / tag
             if final.exists():  # re-saving the same step: move the old one aside first
@@ -180,8 +186,9 @@ def load(engine, ckpt: Path, cfg: Config) -> dict:
     if state.get("deepspeed_files") is False:  # an asynchronous save (train.async_save): no DeepSpeed files
         elastic.load_elastic(engine, ckpt, cfg, state)  # the megatron pair at this (the saved) layout
     else:
-        path, _client = engine.load_checkpoint(str(ckpt.parent), tag=ckpt.name, load_optimizer_states=True,
-                                               load_lr_scheduler_states=True)
+        path, _client = engine.load_checkpoint(
+            str(ckpt.parent), tag=ckpt.name, load_optimizer_states=True, load_lr_scheduler_states=True
+        )
         if path is None:
             raise CheckpointError(f"DeepSpeed could not load checkpoint {ckpt}; its files are missing or corrupt")
     from megahash.checkpoint.rng import load_rng

@@ -6,6 +6,7 @@ a run resumes from, and how a damaged one is recognised: megahash/checkpoint/res
 - :func:`save_failed` turns an exception of a save (disk full, permission) into one line naming
   the previous intact checkpoint, after the partial ``step_N.tmp`` was removed.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -74,5 +75,7 @@ def save_failed(root: Path, tag: str, e: BaseException | str, cause: BaseExcepti
     kept = f"the previous checkpoint {prev.name} is intact" if prev else "no earlier checkpoint exists"
     what = e if isinstance(e, str) else first_line(e)
     todo = remedy(what if what.startswith("disk full") or cause is None else cause)
-    return CheckpointError(f"saving checkpoint {tag} in {root} failed ({what}); nothing partial was kept, "
-                           f"{kept}; {todo}: it resumes with train.resume=auto")
+    return CheckpointError(
+        f"saving checkpoint {tag} in {root} failed ({what}); nothing partial was kept, "
+        f"{kept}; {todo}: it resumes with train.resume=auto"
+    )

@@ -14,6 +14,7 @@ The merge rule (Hugging Face Trainer's rule for DeepSpeed JSONs):
 
 Pure Python (json only): the check runs before the heavy imports.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,7 +52,9 @@ def read_json(path: Path) -> dict:
     try:
         ds = json.loads(path.read_text())
     except json.JSONDecodeError as e:
-        raise ConfigError(f"DeepSpeed config {path} is not valid JSON ({e.msg}, line {e.lineno}); fix the file") from None
+        raise ConfigError(
+            f"DeepSpeed config {path} is not valid JSON ({e.msg}, line {e.lineno}); fix the file"
+        ) from None
     if not isinstance(ds, dict):
         raise ConfigError(f"DeepSpeed config {path} must hold a JSON object")
     return ds
@@ -98,7 +101,8 @@ def wanted_values(cfg, dp_size: int | None, bf16: bool | None) -> dict:
         per_step = t.micro_batch_size * dp_size
         out["gradient_accumulation_steps"] = (
             t.global_batch_size // per_step,
-            lambda v: f"train.global_batch_size={int(v) * per_step} (data-parallel size {dp_size})")
+            lambda v: f"train.global_batch_size={int(v) * per_step} (data-parallel size {dp_size})",
+        )
     return out
 
 
@@ -117,15 +121,18 @@ def check_user_json(cfg, ds: dict, path: Path, dp_size: int | None = None, bf16:
     opt = ds.get("optimizer")
     if isinstance(opt, dict) and str(opt.get("type", "adamw")).lower() not in _OPTIMIZERS:
         conflicts.append(f"optimizer.type={json.dumps(opt.get('type'))} vs megahash's AdamW")
-        fixes.append("remove \"optimizer\" from the JSON")
+        fixes.append('remove "optimizer" from the JSON')
     sched = ds.get("scheduler")
     if isinstance(sched, dict) and any(v != "auto" for v in (sched.get("params") or {}).values()):
         conflicts.append(f"scheduler={json.dumps(sched.get('type'))} vs train.decay={cfg.train.decay}")
-        fixes.append("remove \"scheduler\" from the JSON (the LR schedule is train.decay/lr/min_lr/warmup_steps/decay_steps)")
+        fixes.append(
+            'remove "scheduler" from the JSON (the LR schedule is train.decay/lr/min_lr/warmup_steps/decay_steps)'
+        )
     if conflicts:
         raise ConfigError(
             f"DeepSpeed config {path} disagrees with the megahash config: {'; '.join(conflicts)}; "
-            f"write \"auto\" for these keys in the JSON or pass {' '.join(dict.fromkeys(fixes))}")
+            f'write "auto" for these keys in the JSON or pass {" ".join(dict.fromkeys(fixes))}'
+        )
 
 
 def check_early(cfg) -> None:
@@ -163,8 +170,11 @@ def deepspeed_config(cfg, dp_size: int, bf16: bool, autocast=None) -> dict:
     check_muon_layout(t, ds["zero_optimization"]["stage"], bool(bf16))  # train.optimizer=muon: whole matrices only
     ds["bf16"] = {**(ds.get("bf16") or {}), "enabled": bool(bf16)}
     if autocast is not None:
-        ds["torch_autocast"] = {**(ds.get("torch_autocast") or {}), "enabled": True,
-                                "dtype": str(autocast).replace("torch.", "")}
+        ds["torch_autocast"] = {
+            **(ds.get("torch_autocast") or {}),
+            "enabled": True,
+            "dtype": str(autocast).replace("torch.", ""),
+        }
     ds["fp16"] = {**(ds.get("fp16") or {}), "enabled": False}
     if not user or "steps_per_print" not in ds:
         ds["steps_per_print"] = 10**9  # megahash logs itself

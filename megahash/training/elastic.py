@@ -18,6 +18,7 @@ in a long DeepSpeed traceback. :func:`resume_mode` compares the layout recorded 
 The data order continues exactly at any DP size: sampling is a pure function of the consumed-sample
 count (global sample ids in order, each DP rank taking its slice of every global batch).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,8 +29,12 @@ from megahash.errors import CheckpointError
 def layout(cfg, world: int) -> dict:
     """The checkpoint layout of a run: TP size, DP size, ZeRO stage, optimizer (train.optimizer: another one's
     state is not DeepSpeed's to load; megahash/training/muon.py)."""
-    return {"tensor_parallel": cfg.parallel.tensor, "data_parallel": world // cfg.parallel.tensor,
-            "zero_stage": cfg.train.zero_stage, "optimizer": cfg.train.optimizer}
+    return {
+        "tensor_parallel": cfg.parallel.tensor,
+        "data_parallel": world // cfg.parallel.tensor,
+        "zero_stage": cfg.train.zero_stage,
+        "optimizer": cfg.train.optimizer,
+    }
 
 
 def saved_layout(state: dict, ckpt: Path) -> dict:
@@ -53,8 +58,9 @@ def _same(old: dict, new: dict) -> bool:
     if old == new:
         return True
     # DeepSpeed loads ZeRO-1 and ZeRO-2 partitions into each other at the same sizes
-    return ({old.get("zero_stage"), new["zero_stage"]} <= {1, 2}
-            and all(old.get(k) == new[k] for k in ("tensor_parallel", "data_parallel", "optimizer")))
+    return {old.get("zero_stage"), new["zero_stage"]} <= {1, 2} and all(
+        old.get(k) == new[k] for k in ("tensor_parallel", "data_parallel", "optimizer")
+    )
 
 
 def resume_mode(ckpt: Path, state: dict, cfg, world: int) -> str:
@@ -77,7 +83,8 @@ def resume_mode(ckpt: Path, state: dict, cfg, world: int) -> str:
     raise CheckpointError(
         f"checkpoint {ckpt} was saved at another layout ({diff}) and its optimizer state cannot follow "
         f"({info['reason']}): resume with the saved sizes, or continue from its weights with a fresh optimizer: "
-        f"train.resume_weights_only=true (docs/resume.md)")
+        f"train.resume_weights_only=true (docs/resume.md)"
+    )
 
 
 def check_layout(ckpt: Path, state: dict, cfg, world: int) -> bool:

@@ -24,6 +24,7 @@ Checkpoint: ``step_N/ema/``, a megatron dist checkpoint written from the model's
 bit-exactly. Resume loads it the same way; a checkpoint without one (EMA switched on mid-run) starts
 the average from the resumed weights.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -29,6 +29,7 @@ process group does not reach it; the trainer ends it itself) and sets Linux's PR
 (async_save._die_with_parent) before anything else, so a trainer killed by SLURM (``scancel``, time
 limit, node failure) or ``kill -9`` leaves no orphan evaluation holding the GPU.
 """
+
 from __future__ import annotations
 
 import os
@@ -89,8 +90,21 @@ class EvalDuring:
     def _start(self, step: int) -> subprocess.Popen:
         e = self.cfg.eval
         ckpt, out = self.root / _tag(step), self.dir / f"{_tag(step)}.json"
-        argv = [sys.executable, "-m", "megahash.training.eval_during", str(os.getpid()), str(step),
-                "eval", "--checkpoint", str(ckpt), "--out", str(out), "--overwrite", "--batch-size", str(e.batch_size)]
+        argv = [
+            sys.executable,
+            "-m",
+            "megahash.training.eval_during",
+            str(os.getpid()),
+            str(step),
+            "eval",
+            "--checkpoint",
+            str(ckpt),
+            "--out",
+            str(out),
+            "--overwrite",
+            "--batch-size",
+            str(e.batch_size),
+        ]
         if e.tasks:
             argv += ["--tasks", ",".join(e.tasks)]
         if e.tasks_dir:
@@ -99,8 +113,9 @@ class EvalDuring:
         root = str(Path(__file__).resolve().parent.parent.parent)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         with open(self.dir / f"{_tag(step)}.log", "w") as logf:
-            proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                argv, env=env, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True
+            )
         self.started[step] = time.time()
         return proc
 
@@ -110,13 +125,20 @@ class EvalDuring:
         out = self.dir / f"{_tag(step)}.json"
         scores = _scores(out) if status == 0 else None
         if scores is None:
-            print(f"megahash: evaluation of step {step} failed ({_why(self.dir / f'{_tag(step)}.log', status)}); "
-                  f"training goes on", flush=True)
+            print(
+                f"megahash: evaluation of step {step} failed ({_why(self.dir / f'{_tag(step)}.log', status)}); "
+                f"training goes on",
+                flush=True,
+            )
         else:
             seconds = time.time() - self.started.pop(step, time.time())
             consumed = self.consumed(step)
-            metrics = {**scores, "eval_s": seconds, "consumed_samples": consumed,
-                       "consumed_tokens": consumed * self.cfg.data.seq_length}
+            metrics = {
+                **scores,
+                "eval_s": seconds,
+                "consumed_samples": consumed,
+                "consumed_tokens": consumed * self.cfg.data.seq_length,
+            }
             self.log.log(step, metrics, "eval", echo=False, late=True)
             shown = ", ".join(f"{k} {v:.4g}" for k, v in scores.items() if not k.endswith("_stderr"))
             print(f"[eval] step {step} {shown} ({seconds:.0f} s)", flush=True)
@@ -138,8 +160,10 @@ class EvalDuring:
 
         deadline = time.time() + (self.cfg.eval.wait_s if wait else 0.0)
         if self.active and wait and self.running:
-            print(f"megahash: waiting for {len(self.running)} evaluation(s) (at most {self.cfg.eval.wait_s:g} s)",
-                  flush=True)
+            print(
+                f"megahash: waiting for {len(self.running)} evaluation(s) (at most {self.cfg.eval.wait_s:g} s)",
+                flush=True,
+            )
         while wait and any_rank(self.active and bool(self.running) and time.time() < deadline):
             self.poll()
             time.sleep(0.2 if self.running else 0.0)
@@ -168,8 +192,12 @@ def _scores(out: Path) -> dict | None:
         rec = json.loads(out.read_text())
     except (OSError, ValueError):
         return None
-    return {f"{task}/{m}": v for task, row in (rec.get("results") or {}).items() for m, v in row.items()
-            if isinstance(v, (int, float))}
+    return {
+        f"{task}/{m}": v
+        for task, row in (rec.get("results") or {}).items()
+        for m, v in row.items()
+        if isinstance(v, (int, float))
+    }
 
 
 def _why(log: Path, status: int) -> str:
@@ -181,7 +209,7 @@ def _why(log: Path, status: int) -> str:
     err = next((line for line in reversed(lines) if line.startswith("error: ")), None)
     if status < 0:
         return f"killed by signal {-status}"
-    text = err[len("error: "):] if err else (lines[-1] if lines else "no output")
+    text = err[len("error: ") :] if err else (lines[-1] if lines else "no output")
     return f"exit status {status}: {text[:300]}; log {log}"
 
 

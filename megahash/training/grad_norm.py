@@ -7,6 +7,7 @@ return value (the pre-clipping total norm over data- and tensor-parallel ranks) 
 wraps that call on the engine instance to keep the value (no extra pass over the gradients); with
 clipping off it computes the same norm with DeepSpeed's ``get_flattened_grad_norm``.
 """
+
 from __future__ import annotations
 
 
@@ -23,8 +24,9 @@ def keep_zero0_grad_norm(engine, one_rank: bool = False) -> None:
         if one_rank:
             norm = torch.nn.utils.clip_grad_norm_(engine.module.parameters(), engine.gradient_clipping())
         else:
-            norm = clip_grad_norm_(parameters=engine.module.parameters(), max_norm=engine.gradient_clipping(),
-                                   mpu=engine.mpu)
+            norm = clip_grad_norm_(
+                parameters=engine.module.parameters(), max_norm=engine.gradient_clipping(), mpu=engine.mpu
+            )
         engine._megahash_grad_norm = norm
         engine.optimizer._global_grad_norm = norm  # DeepSpeed's engine copies it after the optimizer step
 

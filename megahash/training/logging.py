@@ -1,5 +1,6 @@
 """Run logging: stdout lines, ``metrics.jsonl``, TensorBoard and wandb (offline unless configured),
 and the loss-curve PNG at the end."""
+
 from __future__ import annotations
 
 import json
@@ -34,9 +35,15 @@ class RunLogger:
             import wandb
 
             # a requeued/resumed run continues the same wandb run: its id lives in the run directory
-            self.wandb = wandb.init(project=lg.wandb_project, name=lg.run_name or self.dir.name,
-                                    mode=lg.wandb_mode, dir=str(self.dir), config=cfg.to_dict(), resume="allow",
-                                    id=wandb_run_id(self.dir))
+            self.wandb = wandb.init(
+                project=lg.wandb_project,
+                name=lg.run_name or self.dir.name,
+                mode=lg.wandb_mode,
+                dir=str(self.dir),
+                config=cfg.to_dict(),
+                resume="allow",
+                id=wandb_run_id(self.dir),
+            )
             x = X_AXIS_KEYS.get(getattr(lg, "x_axis", "step"))
             if x:
                 self.wandb.define_metric("*", step_metric=f"train/{x}")

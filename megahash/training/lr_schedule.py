@@ -29,6 +29,7 @@ and its own constant weight decay (megatron's ``start_wd = end_wd`` per group). 
 resume runs its first step at the saved LRs and the config's schedule from the next (megatron's
 ``override_opt_param_scheduler``), as DeepSpeed's restored optimizer groups did with torch's ``LambdaLR``.
 """
+
 from __future__ import annotations
 
 
@@ -73,11 +74,22 @@ class Schedule:
             group.setdefault("start_wd", group.get("weight_decay", 0.0))
             group.setdefault("end_wd", group["start_wd"])
         self.megatron = OptimizerParamScheduler(
-            optimizer, init_lr=0.0, max_lr=t.lr, min_lr=t.min_lr, lr_warmup_steps=c_w, lr_decay_steps=decay_len,
-            lr_decay_style="WSD" if t.decay == "wsd" else t.decay, start_wd=t.weight_decay, end_wd=t.weight_decay,
-            wd_incr_steps=decay_len, wd_incr_style="constant", use_checkpoint_opt_param_scheduler=False,
-            override_opt_param_scheduler=True, wsd_decay_steps=max(1, int(round(t.decay_fraction * c_d))),
-            lr_wsd_decay_style={"1-sqrt": "minus_sqrt"}.get(t.wsd_decay_style, t.wsd_decay_style))
+            optimizer,
+            init_lr=0.0,
+            max_lr=t.lr,
+            min_lr=t.min_lr,
+            lr_warmup_steps=c_w,
+            lr_decay_steps=decay_len,
+            lr_decay_style="WSD" if t.decay == "wsd" else t.decay,
+            start_wd=t.weight_decay,
+            end_wd=t.weight_decay,
+            wd_incr_steps=decay_len,
+            wd_incr_style="constant",
+            use_checkpoint_opt_param_scheduler=False,
+            override_opt_param_scheduler=True,
+            wsd_decay_steps=max(1, int(round(t.decay_fraction * c_d))),
+            lr_wsd_decay_style={"1-sqrt": "minus_sqrt"}.get(t.wsd_decay_style, t.wsd_decay_style),
+        )
         self.go_to(0)
 
     def count(self, step: int) -> int:
@@ -97,8 +109,11 @@ class Schedule:
 
     def state_dict(self) -> dict:
         """megatron's state, the step and each group's LR for it."""
-        return {**self.megatron.state_dict(), "last_step": self.last_step,
-                "lrs": [g["lr"] for g in self.megatron.optimizer.param_groups]}
+        return {
+            **self.megatron.state_dict(),
+            "last_step": self.last_step,
+            "lrs": [g["lr"] for g in self.megatron.optimizer.param_groups],
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """The saved step at the saved LRs; this config's schedule from the next step on (megatron's

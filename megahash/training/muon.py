@@ -24,6 +24,7 @@ ranks, 3 always) hand the optimizer flat 1-D slices, and DeepSpeed's bf16 optimi
 refused in one line (``megahash.config_checks.check_muon_layout``); ZeRO stage 0 (and 1/2 at one data-parallel
 rank in fp32, which megahash runs as stage 0) steps whole fp32 matrices on every rank after the gradient all-reduce.
 """
+
 from __future__ import annotations
 
 import torch
@@ -45,8 +46,9 @@ def routes_to_muon(model: torch.nn.Module) -> dict[str, bool]:
     for mname, module in model.named_modules():
         for pname, p in module.named_parameters(recurse=False):
             name = f"{mname}.{pname}" if mname else pname
-            out[name] = (p.requires_grad and p.ndim == 2 and name.startswith("decoder.layers.")
-                         and not _is_embedding(module))
+            out[name] = (
+                p.requires_grad and p.ndim == 2 and name.startswith("decoder.layers.") and not _is_embedding(module)
+            )
     return out
 
 
@@ -58,11 +60,25 @@ def param_groups(model: torch.nn.Module, t) -> list[dict]:
     for name, p in model.named_parameters():
         if p.requires_grad:
             (muon if route[name] else decay if p.ndim >= 2 else no_decay).append(p)
-    muon_group = {"params": muon, "use_muon": True, "lr": t.muon_lr, "weight_decay": t.weight_decay,
-                  "momentum": t.muon_momentum, "nesterov": t.muon_nesterov, "ns_steps": t.muon_ns_steps,
-                  "adjust_lr_fn": t.muon_adjust_lr}
-    return [g for g in (muon_group, {"params": decay, "weight_decay": t.weight_decay, "use_muon": False},
-                        {"params": no_decay, "weight_decay": 0.0, "use_muon": False}) if g["params"]]
+    muon_group = {
+        "params": muon,
+        "use_muon": True,
+        "lr": t.muon_lr,
+        "weight_decay": t.weight_decay,
+        "momentum": t.muon_momentum,
+        "nesterov": t.muon_nesterov,
+        "ns_steps": t.muon_ns_steps,
+        "adjust_lr_fn": t.muon_adjust_lr,
+    }
+    return [
+        g
+        for g in (
+            muon_group,
+            {"params": decay, "weight_decay": t.weight_decay, "use_muon": False},
+            {"params": no_decay, "weight_decay": 0.0, "use_muon": False},
+        )
+        if g["params"]
+    ]
 
 
 def newton_schulz(update: torch.Tensor, steps: int, coefficients, eps: float) -> torch.Tensor:

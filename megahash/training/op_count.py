@@ -3,6 +3,7 @@
 
 A step whose count grows with the sequence length runs a Python loop over it
 (``benchmarks/bench_kinds_cpu.py``, ``tests/ops/test_ops.py``)."""
+
 from __future__ import annotations
 
 from collections import Counter

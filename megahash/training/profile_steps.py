@@ -18,6 +18,7 @@ the caching allocator's history is recorded over the window and dumped beside th
 dumps the allocator's state to ``SAVE_DIR/profile/oom_step_N/rank{R}.memory.pickle`` before it is
 raised again. Outside the window nothing is traced or recorded (:func:`phase` is a null context).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -110,8 +111,11 @@ class StepProfiler:
         """The allocator's state at an out-of-memory error of step ``n`` (CUDA; nothing on CPU)."""
         path = self.root / f"oom_step_{n}" / f"rank{self.rank}.memory.pickle"
         if accelerator.dump_memory_snapshot(path):
-            print(f"megahash: out of memory at step {n} on rank {self.rank}; memory snapshot {path} "
-                  f"(open at https://pytorch.org/memory_viz)", flush=True)
+            print(
+                f"megahash: out of memory at step {n} on rank {self.rank}; memory snapshot {path} "
+                f"(open at https://pytorch.org/memory_viz)",
+                flush=True,
+            )
 
 
 def phase_seconds(averages, steps: int) -> dict[str, float]:
@@ -130,8 +134,11 @@ def top_ops(averages, steps: int, rows: int = TOP_OPS) -> str:
     ops = [e for e in averages if not e.key.startswith((PREFIX, STEP[:-1]))]
     device = any(e.self_device_time_total > 0 for e in ops)
     key = (lambda e: e.self_device_time_total) if device else (lambda e: e.self_cpu_time_total)
-    lines = ["| op | self CPU ms/step | self device ms/step | calls/step |" if device else
-             "| op | self CPU ms/step | calls/step |"]
+    lines = [
+        "| op | self CPU ms/step | self device ms/step | calls/step |"
+        if device
+        else "| op | self CPU ms/step | calls/step |"
+    ]
     lines.append("| --- " * (lines[0].count("|") - 1) + "|")
     for e in sorted(ops, key=key, reverse=True)[:rows]:
         dev = f" {e.self_device_time_total * 1e-3 / steps:.2f} |" if device else ""
@@ -141,6 +148,8 @@ def top_ops(averages, steps: int, rows: int = TOP_OPS) -> str:
 
 def summary(averages, steps: int, where: Path) -> str:
     """Rank 0's report of a profiled window: where the traces are, the phases, the top operators."""
-    return (f"megahash: profiled {steps} step(s), traces in {where}/ (rank R: rankR.pt.trace.json)\n"
-            f"{phase_table(phase_seconds(averages, steps), 'ms/step')}\n"
-            f"top operators by self time:\n{top_ops(averages, steps)}")
+    return (
+        f"megahash: profiled {steps} step(s), traces in {where}/ (rank R: rankR.pt.trace.json)\n"
+        f"{phase_table(phase_seconds(averages, steps), 'ms/step')}\n"
+        f"top operators by self time:\n{top_ops(averages, steps)}"
+    )

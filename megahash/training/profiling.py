@@ -10,6 +10,7 @@ checkpoints or logging sinks, and runs steps with ``trainer.train_step`` (what `
 runs) or phase by phase (:meth:`TrainHarness.phased_step`: data, forward, backward, optimizer step,
 logging values) for the breakdown. ``benchmarks/bench_vs_transformers.py`` times ``step``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,8 +72,9 @@ class TrainHarness:
         self.cfg = cfg
         dp_size = parallel_state.get_data_parallel_world_size()
         self.dp_rank = parallel_state.get_data_parallel_rank()
-        self.data = build_datasets(cfg, train_samples=steps * t.global_batch_size, valid_samples=0,
-                                   cache_dir=cfg.data.cache_dir or None)
+        self.data = build_datasets(
+            cfg, train_samples=steps * t.global_batch_size, valid_samples=0, cache_dir=cfg.data.cache_dir or None
+        )
         accelerator.seed_all(t.seed)
         self.model = build_model(cfg, self.data.vocab_size, accelerator.param_dtype(t.precision))
         if accelerator.compile_layers(t.compile):  # as trainer.train
@@ -146,8 +148,10 @@ def main(argv=None) -> int:
     accelerator.init_distributed(cfg.parallel.tensor, cfg.parallel.sequence)
     try:
         h = TrainHarness(cfg, args.warmup + args.steps * (2 if args.torch_profile else 1))
-        print(f"{h.num_params:,} parameters, {h.tokens_per_step} tokens/step, ZeRO-{cfg.train.zero_stage}, "
-              f"optimizer {type(h.engine.optimizer).__name__}, threads {torch.get_num_threads()}")
+        print(
+            f"{h.num_params:,} parameters, {h.tokens_per_step} tokens/step, ZeRO-{cfg.train.zero_stage}, "
+            f"optimizer {type(h.engine.optimizer).__name__}, threads {torch.get_num_threads()}"
+        )
         for _ in range(args.warmup):
             h.step()
         timer = PhaseTimer()

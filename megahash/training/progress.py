@@ -4,6 +4,7 @@ On a terminal (stderr is a TTY) a tqdm bar; otherwise (logs, SLURM, CI) one line
 ``train.log_interval`` steps, e.g. ``[train] step 20/300 loss 5.61 ... tokens/s 9.1e+03 eta 2m13s``.
 ``MEGAHASH_PROGRESS=lines`` forces lines on a terminal. Other ranks print nothing.
 """
+
 from __future__ import annotations
 
 import os
@@ -51,8 +52,11 @@ class Progress:
             return
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
-            self.bar.set_postfix(loss=f"{metrics.get('loss', float('nan')):.4f}",
-                                 tok_s=f"{metrics.get('tokens_per_s', 0.0):.3g}", refresh=False)
+            self.bar.set_postfix(
+                loss=f"{metrics.get('loss', float('nan')):.4f}",
+                tok_s=f"{metrics.get('tokens_per_s', 0.0):.3g}",
+                refresh=False,
+            )
             if echo and step > 1:
                 self.bar.write(format_line("train", step, self.total, metrics, self.eta(step)), file=sys.stdout)
             return

@@ -12,6 +12,7 @@ unchanged. Embeddings and the output head train unquantized (the artifact still 
 Under TP > 1 a row-parallel shard is scaled by its own rows' part (slightly finer than the TP=1 artifact);
 ZeRO-3 is refused (its parameters are partitioned).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -39,8 +40,9 @@ class FakeQuant:
 
     def __init__(self, module: torch.nn.Module, t):
         self.bits, self.start, self.active = int(t.qat_bits), start_step(t), False
-        self.params = [p for n, p in module.named_parameters()
-                       if n.startswith("decoder.") and p.requires_grad and quantized(n, p)]
+        self.params = [
+            p for n, p in module.named_parameters() if n.startswith("decoder.") and p.requires_grad and quantized(n, p)
+        ]
 
     @contextlib.contextmanager
     def applied(self):

@@ -18,6 +18,7 @@ rank registers itself in ``$MEGAHASH_RANK_STATUS_DIR`` when its early handler is
 writes its exit status there at the end; the supervisor forwards stop signals to registered ranks
 only and exits with the requeue status when they stopped on a signal.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -3,6 +3,7 @@
 - :func:`param_norm`: global L2 norm of the model's parameters, the same number at any TP size or
   ZeRO stage (TP-split parameters summed over the TP group, ZeRO-3 partitions over the DP group).
 """
+
 from __future__ import annotations
 
 import torch

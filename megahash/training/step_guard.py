@@ -36,6 +36,7 @@ naming the step and its global sample indices. The spike window and the consecut
 in the checkpoint's state file (:func:`checkpoint_extra`, synchronous and asynchronous saves alike), so
 a resume, at this layout or another, decides as the uninterrupted run.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -169,8 +170,10 @@ class StepGuard:
             self.spike.record(self.mean_loss)
             return False
         self.consecutive += 1
-        progress.write(f"megahash: step {step} skipped ({self.reason}): no update on any rank, LR schedule held; "
-                       f"{self.consecutive} consecutive, {self.engine.skipped_steps} in all")
+        progress.write(
+            f"megahash: step {step} skipped ({self.reason}): no update on any rank, LR schedule held; "
+            f"{self.consecutive} consecutive, {self.engine.skipped_steps} in all"
+        )
         return True
 
     def stop_if_stuck(self, step: int, samples: tuple[int, int]) -> None:
@@ -182,7 +185,8 @@ class StepGuard:
         raise SkippedStepsError(
             f"{self.consecutive} consecutive optimizer steps skipped (train.max_skips={self.max_skips}); the last, "
             f"step {step} ({self.reason}), read global samples {first}-{last} of the train dataset; lower train.lr, "
-            f"inspect those samples, or raise train.max_skips")
+            f"inspect those samples, or raise train.max_skips"
+        )
 
 
 def _applied(engine) -> bool:

@@ -11,6 +11,7 @@ exit status ``EXIT_REQUEUE``).
 state, logs, batches, stop flag), :func:`_loop` (step, validate, save or stop), :func:`_finish`;
 a :class:`_Run` carries the state between them.
 """
+
 from __future__ import annotations
 
 import math
@@ -53,9 +54,14 @@ def batch_loss(engine, batch: dict, objective) -> torch.Tensor:
     dev = engine.device
     batch = {k: v.to(dev) for k, v in batch.items()}
     batch = objective.prepare(batch)
-    per_token = engine(batch["tokens"], hash_codes=batch.get("hash_codes"), labels=batch["labels"],
-                       padding_mask=batch.get("padding_mask"), label_codes=batch.get("label_codes"),
-                       **documents.forward_kwargs(batch))
+    per_token = engine(
+        batch["tokens"],
+        hash_codes=batch.get("hash_codes"),
+        labels=batch["labels"],
+        padding_mask=batch.get("padding_mask"),
+        label_codes=batch.get("label_codes"),
+        **documents.forward_kwargs(batch),
+    )
     mask = batch["loss_mask"].float()
     return (per_token.float() * mask).sum() / mask.sum().clamp(min=1.0)
 
@@ -70,14 +76,21 @@ def build_engine(cfg: Config, model: torch.nn.Module, dp_size: int, dtype: torch
 
     accelerator.deepspeed_collectives_by_current_names()  # ZeRO-3's collectives without deprecation warnings
     t = cfg.train
-    optimizer = build_optimizer(model, t, param_groups(model, t.weight_decay), accelerator.adamw_options())  # train.optimizer
+    optimizer = build_optimizer(
+        model, t, param_groups(model, t.weight_decay), accelerator.adamw_options()
+    )  # train.optimizer
     scheduler = Schedule(optimizer, t)  # megatron-core's OptimizerParamScheduler, stepped by the engine
     bf16_params = dtype == torch.bfloat16 or next(model.parameters()).dtype == torch.bfloat16
     autocast = None if bf16_params else accelerator.autocast_dtype(t.precision)
     ds_cfg = deepspeed_config(cfg, dp_size, bf16=bf16_params, autocast=autocast)
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
-                                           config=ds_cfg, mpu=accelerator.DeepSpeedMPU(),
-                                           dist_init_required=False)
+    engine, _, _, _ = deepspeed.initialize(
+        model=model,
+        optimizer=optimizer,
+        lr_scheduler=scheduler,
+        config=ds_cfg,
+        mpu=accelerator.DeepSpeedMPU(),
+        dist_init_required=False,
+    )
     accelerator.release_deepspeed_shm()
     tune_engine(engine, dp_size)
     return engine, scheduler
@@ -162,8 +175,8 @@ def train(cfg: Config, at_end=None) -> int:
 
     quiet_deepspeed_logger()
     accelerator.tune_host_allocator()
-    rank, world = accelerator.init_distributed(cfg.parallel.tensor, cfg.parallel.sequence,
-                                               timeout_s=cfg.train.distributed_timeout_s)
+    tp, sp = cfg.parallel.tensor, cfg.parallel.sequence
+    rank, world = accelerator.init_distributed(tp, sp, timeout_s=cfg.train.distributed_timeout_s)
     run, completed = _Run(cfg, rank, world), False
     try:
         _set_up(run)
@@ -178,6 +191,7 @@ def train(cfg: Config, at_end=None) -> int:
 
 
 # ------------------------------------------------------------------------------------------ set up
+
 
 def _set_up(run: _Run) -> None:
     """Set up: the resume point, the datasets, the model and its engine, the restored state, the
@@ -241,8 +255,9 @@ def _build_data(cfg: Config):
     t = cfg.train
     cache = cfg.data.cache_dir or str(Path(t.save_dir) / "data_cache")
     # the validation set depends on the data config alone (megahash/data/validation.py)
-    return build_datasets(cfg, train_samples=consumed_samples(t, t.steps),
-                          valid_samples=cfg.data.valid_samples, cache_dir=cache)
+    return build_datasets(
+        cfg, train_samples=consumed_samples(t, t.steps), valid_samples=cfg.data.valid_samples, cache_dir=cache
+    )
 
 
 def _build_model(cfg: Config, data) -> tuple[torch.nn.Module, int, int]:
@@ -276,8 +291,11 @@ def _open_log(run: _Run, resume_from: Path | None, n_params: int, n_emb: int) ->
     if run.rank == 0:
         where = f"resumed from {resume_from}" if resume_from else "from scratch"
         dtype = accelerator.train_dtype(t.precision)  # the compute dtype (bf16: under autocast)
-        print(f"megahash: {n_params:,} parameters ({n_emb:,} embedding), world {run.world} "
-              f"(tp {cfg.parallel.tensor}, dp {run.dp_size}), {dtype}, ZeRO-{t.zero_stage}, {where}", flush=True)
+        print(
+            f"megahash: {n_params:,} parameters ({n_emb:,} embedding), world {run.world} "
+            f"(tp {cfg.parallel.tensor}, dp {run.dp_size}), {dtype}, ZeRO-{t.zero_stage}, {where}",
+            flush=True,
+        )
 
 
 def _open_batches(run: _Run) -> None:
@@ -286,8 +304,9 @@ def _open_batches(run: _Run) -> None:
     from megahash.training.signals import immune_children
 
     t = run.cfg.train
-    run.loader = make_loader(run.data.train, run.consumed(run.step), t.micro_batch_size,
-                             run.dp_rank, run.dp_size, run.cfg.data.num_workers)
+    run.loader = make_loader(
+        run.data.train, run.consumed(run.step), t.micro_batch_size, run.dp_rank, run.dp_size, run.cfg.data.num_workers
+    )
     with immune_children():  # loader workers must not die of a signal sent to the whole process tree
         run.batches = iter(run.loader)
 
@@ -316,6 +335,7 @@ def _start_progress(run: _Run) -> None:
 
 
 # -------------------------------------------------------------------------------------------- loop
+
 
 def _loop(run: _Run) -> int:
     """Loop: optimizer steps until ``train.steps``, a stop signal or ``train.stop_after``, each
@@ -355,9 +375,16 @@ def _train_step_logged(run: _Run) -> None:
     dt = time.perf_counter() - t0
     loss_avg = _dp_mean(loss_sum / run.gas)
     tok_s = run.tokens_per_step / dt
-    metrics = {"loss": loss_avg, "lr": lr_used, "grad_norm": _grad_norm(run.engine),
-               "tokens_per_s": tok_s, "step_time_s": dt, "data_wait_s": wait,
-               "consumed_samples": run.consumed(step), "consumed_tokens": run.consumed(step) * run.cfg.data.seq_length}
+    metrics = {
+        "loss": loss_avg,
+        "lr": lr_used,
+        "grad_norm": _grad_norm(run.engine),
+        "tokens_per_s": tok_s,
+        "step_time_s": dt,
+        "data_wait_s": wait,
+        "consumed_samples": run.consumed(step),
+        "consumed_tokens": run.consumed(step) * run.cfg.data.seq_length,
+    }
     metrics.update(ramp_metrics(t, step - 1))  # the step's global batch under train.batch_ramp
     if run.peak > 0 and isinstance(run.flops_tok, (int, float)):  # "n/a": a kind with no cost model
         metrics["mfu"] = run.flops_tok * tok_s / run.peak
@@ -401,16 +428,19 @@ def _save_or_stop(run: _Run) -> int | None:
     if not stopping:
         return None
     if run.rank == 0:
-        why = (f"signal {stop.received}" if stop.set else "a signal to another rank") if signalled \
+        why = (
+            (f"signal {stop.received}" if stop.set else "a signal to another rank")
+            if signalled
             else f"train.stop_after={t.stop_after}"
-        print(f"megahash: stopped at step {step} ({why}); checkpoint saved, resume with train.resume=auto",
-              flush=True)
+        )
+        print(f"megahash: stopped at step {step} ({why}); checkpoint saved, resume with train.resume=auto", flush=True)
     if signalled:
         stop.stop_listening()  # later copies of the signal must not kill the exit
     return EXIT_REQUEUE if signalled else 0
 
 
 # -------------------------------------------------------------------------------------------- stop
+
 
 def _finish(run: _Run, exit_status: int, at_end) -> None:
     """Stop: close the progress meter and logs; after the last step, rank 0 plots the loss curve

@@ -10,6 +10,7 @@ loss is not a next-token NLL (mlm: masked tokens only; sr; hash-code heads) repo
 split ``valid``, TensorBoard/W&B ``valid/loss``), a named set ``NAME`` as ``valid/NAME`` (``[valid/NAME]``,
 ``valid/NAME/loss``, ``valid/NAME/bpb``).
 """
+
 from __future__ import annotations
 
 import math
@@ -46,14 +47,24 @@ def evaluate(engine, batches, objective, token_bytes=None) -> dict:
         for chunk, batch in batches:
             objective.set_step(-1 - chunk, 0)
             batch = objective.prepare({k: v.to(dev) for k, v in batch.items()})
-            per_token = engine(batch["tokens"], hash_codes=batch.get("hash_codes"), labels=batch["labels"],
-                               padding_mask=batch.get("padding_mask"), label_codes=batch.get("label_codes"),
-                               **documents.forward_kwargs(batch))  # data.reset_* (megahash/data/documents.py)
+            per_token = engine(
+                batch["tokens"],
+                hash_codes=batch.get("hash_codes"),
+                labels=batch["labels"],
+                padding_mask=batch.get("padding_mask"),
+                label_codes=batch.get("label_codes"),
+                **documents.forward_kwargs(batch),
+            )  # data.reset_* (megahash/data/documents.py)
             mask = batch["loss_mask"].double()
             nbytes = (token_bytes.label_bytes(batch["tokens"], batch["labels"]) * mask).sum() if token_bytes else 0.0
-            sums += torch.stack([(per_token.double() * mask).sum(), mask.sum(),
-                                 torch.tensor(float(batch["tokens"].shape[0]), dtype=torch.float64, device=dev),
-                                 torch.as_tensor(nbytes, dtype=torch.float64, device=dev)])
+            sums += torch.stack(
+                [
+                    (per_token.double() * mask).sum(),
+                    mask.sum(),
+                    torch.tensor(float(batch["tokens"].shape[0]), dtype=torch.float64, device=dev),
+                    torch.as_tensor(nbytes, dtype=torch.float64, device=dev),
+                ]
+            )
     engine.train()
     if torch.distributed.is_initialized():
         torch.distributed.all_reduce(sums, group=parallel_state.get_data_parallel_group())
@@ -87,12 +98,28 @@ def validate(run) -> dict:
     token_bytes = getattr(run.data, "token_bytes", None) if next_token else None
     results = {}
     for name, dataset in sets_of(run.data).items():
-        sums = evaluate(run.engine, validation_batches(dataset, cfg.data, run.dp_rank, run.dp_size), run.objective,
-                        token_bytes)
+        sums = evaluate(
+            run.engine, validation_batches(dataset, cfg.data, run.dp_rank, run.dp_size), run.objective, token_bytes
+        )
         metrics = set_metrics(sums, token_loss, token_bytes is not None)
-        metrics.update(ema.metrics(run, lambda: _headline(set_metrics(evaluate(
-            run.engine, validation_batches(dataset, cfg.data, run.dp_rank, run.dp_size), run.objective, token_bytes),
-            token_loss, token_bytes is not None)), False))  # the averaged weights (train.ema_decay): ema_loss, ...
+        metrics.update(
+            ema.metrics(
+                run,
+                lambda: _headline(
+                    set_metrics(
+                        evaluate(
+                            run.engine,
+                            validation_batches(dataset, cfg.data, run.dp_rank, run.dp_size),
+                            run.objective,
+                            token_bytes,
+                        ),
+                        token_loss,
+                        token_bytes is not None,
+                    )
+                ),
+                False,
+            )
+        )  # the averaged weights (train.ema_decay): ema_loss, ...
         metrics.update(consumed_samples=run.consumed(step), consumed_tokens=run.consumed(step) * cfg.data.seq_length)
         results[name] = metrics
     return results

@@ -21,6 +21,7 @@ the GIL) is ended by the launcher (``srun --wait``, torchrun's and DeepSpeed's l
 group when a rank exits). docs/long_runs.md compares this with torch's collective timeouts and
 Megatron's straggler detector.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -45,8 +46,16 @@ class HangWatchdog:
     """The watchdog of one rank (a no-op with both rules off). ``clock`` and ``exit`` are injectable
     for tests; :meth:`check` is what the thread runs every ``poll_s``."""
 
-    def __init__(self, timeout_s: float, factor: float, rank: int, save_dir, clock=time.monotonic,
-                 exit=os._exit, poll_s: float = POLL_S):
+    def __init__(
+        self,
+        timeout_s: float,
+        factor: float,
+        rank: int,
+        save_dir,
+        clock=time.monotonic,
+        exit=os._exit,
+        poll_s: float = POLL_S,
+    ):
         self.timeout_s, self.factor, self.rank = float(timeout_s), float(factor), rank
         self.dir = Path(save_dir) / "hang"
         self.clock, self.exit, self.poll_s = clock, exit, poll_s
@@ -116,15 +125,20 @@ class HangWatchdog:
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / f"rank{self.rank}.txt"
         with open(path, "w") as f:
-            f.write(f"rank {self.rank} hung at step {step} for {elapsed:.1f} s ({rule}), pid {os.getpid()}, "
-                    f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n")
+            f.write(
+                f"rank {self.rank} hung at step {step} for {elapsed:.1f} s ({rule}), pid {os.getpid()}, "
+                f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n"
+            )
             f.flush()
             faulthandler.dump_traceback(file=f, all_threads=True)
         with contextlib.suppress(Exception):
             sys.stderr.write(path.read_text())
             sys.stderr.flush()
-        print(f"megahash: rank {self.rank} hung at step {step} for {elapsed:.1f} s ({rule}); stacks in {path}; "
-              f"exiting for requeue", flush=True)
+        print(
+            f"megahash: rank {self.rank} hung at step {step} for {elapsed:.1f} s ({rule}); stacks in {path}; "
+            f"exiting for requeue",
+            flush=True,
+        )
         report_exit(EXIT_REQUEUE)  # to megahash/launching/supervise.py, if it started this rank
         self.exit(EXIT_REQUEUE)
 
@@ -155,8 +169,11 @@ class HangWatchdog:
                 time.sleep(0.2)
             if peer is None:
                 raise
-            print(f"megahash: rank {self.rank}: a collective failed after a peer's watchdog fired ({peer}); "
-                  f"exiting for requeue", flush=True)
+            print(
+                f"megahash: rank {self.rank}: a collective failed after a peer's watchdog fired ({peer}); "
+                f"exiting for requeue",
+                flush=True,
+            )
             raise SystemExit(EXIT_REQUEUE) from None
 
 

@@ -7,6 +7,7 @@ exported from disk (``load_for_inference`` path). Real training runs (TP=1 and T
 ranks under the DeepSpeed launcher) start in the background at the first test and are used by the
 TP, resume and lm-eval tests.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,13 +27,29 @@ import torch  # noqa: E402
 from conftest import ROOT, child_env, run  # noqa: E402
 
 PROMPT = "KING. My lord, the queen, my lord, is dead. What says the king? Now, good my lord,"
-SMALL = ["model.hidden_size=32", "model.num_heads=4", "model.ffn_hidden_size=64", "model.max_position_embeddings=64",
-         "model.attention.options.fixed_seq_length=64", "data.seq_length=16"]
+SMALL = [
+    "model.hidden_size=32",
+    "model.num_heads=4",
+    "model.ffn_hidden_size=64",
+    "model.max_position_embeddings=64",
+    "model.attention.options.fixed_seq_length=64",
+    "data.seq_length=16",
+]
 
 # name -> (schedule, embedding, hash spec, extra overrides)
 VARIANTS = {
-    "mha-family": ("list:mha,gqa,mqa,sha,skv,el-att", "vocab", "md5", ["model.num_query_groups=2", "model.tie_embeddings=false"]),
-    "mhe-mlp-linear-static": ("list:mhe-add,mhe-mul,mlp,approx,nonapprox,staticembqk", "vocab", "md5", ["model.qkv_bias=false"]),
+    "mha-family": (
+        "list:mha,gqa,mqa,sha,skv,el-att",
+        "vocab",
+        "md5",
+        ["model.num_query_groups=2", "model.tie_embeddings=false"],
+    ),
+    "mhe-mlp-linear-static": (
+        "list:mhe-add,mhe-mul,mlp,approx,nonapprox,staticembqk",
+        "vocab",
+        "md5",
+        ["model.qkv_bias=false"],
+    ),
     "rndembqk-hybrid": ("hybrid:rndembqk:even", "vocab", "md5", ["model.num_layers=4"]),
     "fixedseqqk-hybrid": ("hybrid:fixedseqqk:odd", "vocab", "md5", ["model.num_layers=3"]),
     "skip-mode": ("hybrid:approx:even", "proj", "md5", ["model.num_layers=4", "model.attention.skip_nonstandard=true"]),
@@ -46,13 +63,31 @@ VARIANTS = {
     "rolling-no-linear": ("list:gqa,mha", "rolling", "rolling3", ["model.embed.options.rolling_linear=false"]),
     "proj-hash-bits-head": ("list:mha,nonapprox", "proj", "lsh128", ["model.head=hash-bits"]),
     "hash-bucket-head": ("list:mha,staticembqk", "hash-emb", "md5-bucket64", ["model.head=hash-bucket"]),
-    "encoder-mlm": ("list:mha,approx,nonapprox,rndembqk", "vocab", "md5", ["model.arch=encoder", "train.objective=mlm"]),
-    "encoder-sr": ("list:mhe-mul,staticembqk,fixedseqqk,sha", "vocab", "md5", ["model.arch=encoder", "train.objective=sr"]),
+    "encoder-mlm": (
+        "list:mha,approx,nonapprox,rndembqk",
+        "vocab",
+        "md5",
+        ["model.arch=encoder", "train.objective=mlm"],
+    ),
+    "encoder-sr": (
+        "list:mhe-mul,staticembqk,fixedseqqk,sha",
+        "vocab",
+        "md5",
+        ["model.arch=encoder", "train.objective=sr"],
+    ),
     "encoder-proj": ("list:el-att,skv,mlp,gqa", "proj", "lsh128", ["model.arch=encoder", "train.objective=mlm"]),
-    "encoder-roberta-sr": ("list:mhe-mul,approx-thesis,rndembqk,mha", "proj", "lsh128",
-                           ["model.arch=encoder", "model.layout=roberta", "train.objective=sr"]),
-    "approx-thesis-qk-norm": ("list:approx-thesis,approx", "vocab", "md5", ["model.qk_norm=true", "model.qkv_bias=false",
-                                                                    "model.attention.options.feature_dim=4"]),
+    "encoder-roberta-sr": (
+        "list:mhe-mul,approx-thesis,rndembqk,mha",
+        "proj",
+        "lsh128",
+        ["model.arch=encoder", "model.layout=roberta", "train.objective=sr"],
+    ),
+    "approx-thesis-qk-norm": (
+        "list:approx-thesis,approx",
+        "vocab",
+        "md5",
+        ["model.qk_norm=true", "model.qkv_bias=false", "model.attention.options.feature_dim=4"],
+    ),
     "qwen2-gqa-tied": ("uniform:mha", "vocab", "md5", ["model.num_query_groups=2"]),
     "qwen2-mqa-untied-nobias": ("uniform:mqa", "vocab", "md5", ["model.tie_embeddings=false", "model.qkv_bias=false"]),
 }
@@ -73,23 +108,51 @@ def _registry_variants() -> dict:
 
     kinds = set().union(*(named(v[0]) for v in VARIANTS.values()))
     embs = {v[1] for v in VARIANTS.values()}
-    out = {f"registry-{k}": (f"list:{k},{std}", catalog.standard("embedding"), "md5", [])
-           for k in sorted(catalog.names("attention")) if catalog.caps("attention", k).exportable and k not in kinds}
-    out.update({f"registry-{e}": (f"uniform:{std}", e, catalog.caps("embedding", e).example_hash_spec, [])
-                for e in sorted(catalog.names("embedding")) if e not in embs})
+    out = {
+        f"registry-{k}": (f"list:{k},{std}", catalog.standard("embedding"), "md5", [])
+        for k in sorted(catalog.names("attention"))
+        if catalog.caps("attention", k).exportable and k not in kinds
+    }
+    out.update(
+        {
+            f"registry-{e}": (f"uniform:{std}", e, catalog.caps("embedding", e).example_hash_spec, [])
+            for e in sorted(catalog.names("embedding"))
+            if e not in embs
+        }
+    )
     return out
 
 
 VARIANTS.update(_registry_variants())
 
 
-ROUND_TRIP = {"mha-family", "mhe-mlp-linear-static", "fixedseqqk-hybrid", "rolling", "hash-bucket-head", "encoder-sr",
-              "qwen2-mqa-untied-nobias"}
+ROUND_TRIP = {
+    "mha-family",
+    "mhe-mlp-linear-static",
+    "fixedseqqk-hybrid",
+    "rolling",
+    "hash-bucket-head",
+    "encoder-sr",
+    "qwen2-mqa-untied-nobias",
+}
 
-TRAIN = ["model.hidden_size=64", "model.num_layers=4", "model.num_heads=4", "model.ffn_hidden_size=128",
-         "model.schedule=list:mhe-mul,rndembqk,mha,mqa", "model.max_position_embeddings=128", "data.seq_length=64",
-         "train.micro_batch_size=4", "train.global_batch_size=8", "train.lr=2e-3", "train.warmup_steps=2",
-         "train.eval_interval=0", "train.log_interval=100", "logging.plot=false", "logging.tensorboard=false"]
+TRAIN = [
+    "model.hidden_size=64",
+    "model.num_layers=4",
+    "model.num_heads=4",
+    "model.ffn_hidden_size=128",
+    "model.schedule=list:mhe-mul,rndembqk,mha,mqa",
+    "model.max_position_embeddings=128",
+    "data.seq_length=64",
+    "train.micro_batch_size=4",
+    "train.global_batch_size=8",
+    "train.lr=2e-3",
+    "train.warmup_steps=2",
+    "train.eval_interval=0",
+    "train.log_interval=100",
+    "logging.plot=false",
+    "logging.tensorboard=false",
+]
 
 
 # ----------------------------------------------------------------------------------- fixtures
@@ -118,13 +181,34 @@ class Runs:
         common = [f"data.prefix=[{shards['prefix']}]", f"data.tokenizer={shards['tokenizer']}", *TRAIN, "train.steps=4"]
         ports = _reserve_ports(2)
         self.procs = {
-            "tp1": subprocess.Popen([sys.executable, "megahash/pretrain.py", *common, f"train.save_dir={d / 'tp1'}"],
-                                    cwd=ROOT, env=child_env(MASTER_PORT=ports[0]), stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True, start_new_session=True),
-            "tp2": subprocess.Popen(["deepspeed", "--num_gpus", "2", "--master_port", str(ports[1]),
-                                     "megahash/pretrain.py", *common, "parallel.tensor=2", f"train.save_dir={d / 'tp2'}"],
-                                    cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    start_new_session=True),
+            "tp1": subprocess.Popen(
+                [sys.executable, "megahash/pretrain.py", *common, f"train.save_dir={d / 'tp1'}"],
+                cwd=ROOT,
+                env=child_env(MASTER_PORT=ports[0]),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            ),
+            "tp2": subprocess.Popen(
+                [
+                    "deepspeed",
+                    "--num_gpus",
+                    "2",
+                    "--master_port",
+                    str(ports[1]),
+                    "megahash/pretrain.py",
+                    *common,
+                    "parallel.tensor=2",
+                    f"train.save_dir={d / 'tp2'}",
+                ],
+                cwd=ROOT,
+                env=child_env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            ),
         }
         self.done = False
 
@@ -177,9 +261,19 @@ def _cfg(shards, name):
 
     schedule, emb, spec, extra = VARIANTS[name]
     layers = len(schedule.split(":")[1].split(",")) if schedule.startswith("list:") else 2
-    return load_config(None, [*SMALL, f"model.num_layers={layers}", f"model.schedule={schedule}",
-                              f"model.embedding={emb}", f"model.embed.hash_spec={spec}",
-                              f"data.prefix=[{shards['prefix']}]", f"data.tokenizer={shards['tokenizer']}", *extra])
+    return load_config(
+        None,
+        [
+            *SMALL,
+            f"model.num_layers={layers}",
+            f"model.schedule={schedule}",
+            f"model.embedding={emb}",
+            f"model.embed.hash_spec={spec}",
+            f"data.prefix=[{shards['prefix']}]",
+            f"data.tokenizer={shards['tokenizer']}",
+            *extra,
+        ],
+    )
 
 
 def _build(cfg, seed: int = 0):
@@ -213,11 +307,14 @@ def _assert_bitwise_equal(a: dict, b: dict):
     for k in a:
         assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
         # bit-exact: export -> import -> export copies the tensors, computes nothing
-        assert torch.equal(a[k].view(torch.uint8) if a[k].dtype == torch.bfloat16 else a[k],
-                           b[k].view(torch.uint8) if b[k].dtype == torch.bfloat16 else b[k]), k
+        assert torch.equal(
+            a[k].view(torch.uint8) if a[k].dtype == torch.bfloat16 else a[k],
+            b[k].view(torch.uint8) if b[k].dtype == torch.bfloat16 else b[k],
+        ), k
 
 
 # ----------------------------------------------------------------------------------- tests
+
 
 @pytest.mark.multiprocess
 def test_hashing_helper_equals_megahash_hashing(shakespeare_shards, runs):
@@ -237,8 +334,29 @@ def test_hashing_helper_equals_megahash_hashing(shakespeare_shards, runs):
     # the shipped remote code imports nothing but torch, transformers, numpy and the standard library
     import ast
 
-    allowed = {"torch", "transformers", "tokenizers", "huggingface_hub", "numpy", "sentencepiece", "__future__", "math", "os", "typing",
-               "re", "json", "contextlib", "hashlib", "hmac", "io", "zipfile", "collections", "itertools", "dataclasses", "functools"}
+    allowed = {
+        "torch",
+        "transformers",
+        "tokenizers",
+        "huggingface_hub",
+        "numpy",
+        "sentencepiece",
+        "__future__",
+        "math",
+        "os",
+        "typing",
+        "re",
+        "json",
+        "contextlib",
+        "hashlib",
+        "hmac",
+        "io",
+        "zipfile",
+        "collections",
+        "itertools",
+        "dataclasses",
+        "functools",
+    }
     from megahash.convert import remote_code
 
     folder = remote_code.assemble(sorted(remote_code.references()))  # every kind's reference
@@ -257,8 +375,10 @@ def test_hashing_helper_equals_megahash_hashing(shakespeare_shards, runs):
     ids = sp.encode(text)
     ids = ids[:500] + [2, 0] + ids[500:1500] + [4, 1, 3] + ids[1500:]
     pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
-    special = [bool(sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i) or sp.is_byte(i) or pieces[i] in hm.SPECIAL_TOKENS)
-               for i in range(len(pieces))]
+    special = [
+        bool(sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i) or sp.is_byte(i) or pieces[i] in hm.SPECIAL_TOKENS)
+        for i in range(len(pieces))
+    ]
     for unit in ("word", "subword"):
         table = CodeTable([parse_hash_spec("md5")])
         ref_rows = table.rows("md5", SubwordCoder(sp, table, unit).row_ids(np.array(ids), [0]))
@@ -353,7 +473,11 @@ def test_export_matches_megahash(name, shakespeare_shards, dist, tmp_path):
         # from the same tokens inside the whole text), as megahash_greedy computes them
         prompt_codes = None if codec.spec is None else code_tensor(codes_fn(enc.ids[:n_prompt]))[None]
         want = megahash_greedy(model, enc.ids[:n_prompt], 8, vocab, codes_fn)
-        kw = {} if prompt_codes is None or not getattr(hf, "needs_codes", lambda: False)() else {"hash_codes": prompt_codes}
+        kw = (
+            {}
+            if prompt_codes is None or not getattr(hf, "needs_codes", lambda: False)()
+            else {"hash_codes": prompt_codes}
+        )
         out = hf.generate(tok[:, :n_prompt], max_new_tokens=8, do_sample=False, **kw)
         # greedy token ids of two implementations (logits within 1e-4): fixed seeds, no near-tie;
         # passes under ATEN_CPU_CAPABILITY=default/avx2/avx512
@@ -399,11 +523,36 @@ def test_word_stream_export(shakespeare_shards, dist, tmp_path):
     from megahash.eval.text import load_codec
 
     prefix = tmp_path / "words"
-    r = run([sys.executable, "data_tools/preprocess_data.py", "--input", "shakespeare", "--output-prefix", str(prefix),
-             "--tokenizer", "words", "--word-hashes", "md5", "--max-docs", "30", "--quiet"])
+    r = run(
+        [
+            sys.executable,
+            "data_tools/preprocess_data.py",
+            "--input",
+            "shakespeare",
+            "--output-prefix",
+            str(prefix),
+            "--tokenizer",
+            "words",
+            "--word-hashes",
+            "md5",
+            "--max-docs",
+            "30",
+            "--quiet",
+        ]
+    )
     assert r.returncode == 0, r.stderr[-2000:]
-    cfg = load_config(None, [*SMALL, "model.num_layers=2", "model.schedule=list:mha,approx", "model.embedding=proj",
-                             "model.embed.hash_spec=md5", f"data.prefix=[{prefix}]", "data.tokenizer=words"])
+    cfg = load_config(
+        None,
+        [
+            *SMALL,
+            "model.num_layers=2",
+            "model.schedule=list:mha,approx",
+            "model.embedding=proj",
+            "model.embed.hash_spec=md5",
+            f"data.prefix=[{prefix}]",
+            "data.tokenizer=words",
+        ],
+    )
     codec = load_codec(cfg, None)
     from megahash import accelerator
     from megahash.models.megatron_model import build_model
@@ -416,7 +565,9 @@ def test_word_stream_export(shakespeare_shards, dist, tmp_path):
     text = PROMPT + " zyzzyvaunknownword!"
     enc = codec.encode(text)
     ids, codes = hf.encode_text(text)
-    assert ids[0].tolist() == enc.ids and torch.equal(codes[0], code_tensor(codec.codes(enc)))  # bit-exact: integer ids and codes
+    assert ids[0].tolist() == enc.ids and torch.equal(
+        codes[0], code_tensor(codec.codes(enc))
+    )  # bit-exact: integer ids and codes
     from transformers import AutoTokenizer
 
     assert AutoTokenizer.from_pretrained(str(tmp_path / "hf"), trust_remote_code=True)(text)["input_ids"] == enc.ids
@@ -428,8 +579,18 @@ def test_word_stream_export(shakespeare_shards, dist, tmp_path):
 def test_tp2_export_equals_tp1_and_load_for_inference(runs, dist, tmp_path):
     """A TP=2 checkpoint exports (CLI, with its logit check) to the same tensors as the TP=1 run of the
     same seed (~1e-5), and its HF logits and greedy decoding equal load_for_inference's model."""
-    r = run([sys.executable, "-m", "megahash", "export-hf", "--checkpoint", str(runs.get("tp2")),
-             "--output", str(tmp_path / "tp2")])
+    r = run(
+        [
+            sys.executable,
+            "-m",
+            "megahash",
+            "export-hf",
+            "--checkpoint",
+            str(runs.get("tp2")),
+            "--output",
+            str(tmp_path / "tp2"),
+        ]
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "verified: max |logit difference|" in r.stdout and "megahash format" in r.stdout
     a, b = _tensors(runs.hf("tp1")), _tensors(tmp_path / "tp2")
@@ -450,7 +611,7 @@ def test_tp2_export_equals_tp1_and_load_for_inference(runs, dist, tmp_path):
     want = megahash_greedy(model, ids[0].tolist(), 12, 1000)
     out = hf.generate(ids, max_new_tokens=12, do_sample=False)
     # greedy token ids of two implementations (logits within 1e-4): fixed seeds, no near-tie at them
-    assert out[0, ids.shape[1]:].tolist() == want
+    assert out[0, ids.shape[1] :].tolist() == want
 
 
 @pytest.mark.slow
@@ -465,11 +626,26 @@ def test_import_then_resume_training(runs, dist, tmp_path):
     r = run([sys.executable, "-m", "megahash", "import-hf", "--hf", str(runs.hf("tp1")), "--output", str(run_dir)])
     assert r.returncode == 0, r.stderr[-3000:]
     assert (run_dir / "latest").read_text() == "step_00000004"
-    r = run(["deepspeed", "--num_gpus", "2", "--master_port", str(_reserve_ports(1)[0]), "megahash/pretrain.py",
-             "--config", str(run_dir / "resolved_config.yaml"), f"train.save_dir={run_dir}", "train.steps=5",
-             "train.lr=1e-30", "train.min_lr=0", "parallel.tensor=2",
-             # an export holds no local paths: point the data at this machine's shards (docs/convert.md)
-             f"data.prefix=[{runs.shards['prefix']}]", f"data.tokenizer={runs.shards['tokenizer']}"])
+    r = run(
+        [
+            "deepspeed",
+            "--num_gpus",
+            "2",
+            "--master_port",
+            str(_reserve_ports(1)[0]),
+            "megahash/pretrain.py",
+            "--config",
+            str(run_dir / "resolved_config.yaml"),
+            f"train.save_dir={run_dir}",
+            "train.steps=5",
+            "train.lr=1e-30",
+            "train.min_lr=0",
+            "parallel.tensor=2",
+            # an export holds no local paths: point the data at this machine's shards (docs/convert.md)
+            f"data.prefix=[{runs.shards['prefix']}]",
+            f"data.tokenizer={runs.shards['tokenizer']}",
+        ]
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert f"resumed from {run_dir}/step_00000004" in r.stdout
     export_hf(run_dir, tmp_path / "hf2")
@@ -488,38 +664,61 @@ def test_lm_eval_hf_matches_megahash(runs, dist, tmp_path):
     import megahash.eval.lm  # noqa: F401  (registers the megahash model)
 
     hf_dir = runs.hf("tp1")
-    rows = [{"ctx": "KING RICHARD. Now is the winter of our", "choices": [" discontent", " summer", " dog"], "label": 0},
-            {"ctx": "To be, or not to be: that is the", "choices": [" question", " answer", " king"], "label": 0},
-            {"ctx": "My lord, the queen", "choices": [" is dead.", " sings", " my lord"], "label": 0},
-            {"ctx": "What light through yonder", "choices": [" window breaks", " door", " gate opens"], "label": 0}]
+    rows = [
+        {"ctx": "KING RICHARD. Now is the winter of our", "choices": [" discontent", " summer", " dog"], "label": 0},
+        {"ctx": "To be, or not to be: that is the", "choices": [" question", " answer", " king"], "label": 0},
+        {"ctx": "My lord, the queen", "choices": [" is dead.", " sings", " my lord"], "label": 0},
+        {"ctx": "What light through yonder", "choices": [" window breaks", " door", " gate opens"], "label": 0},
+    ]
     tasks = tmp_path / "tasks"
     tasks.mkdir()
     (tasks / "conv_mc.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tasks / "conv_mc.yaml").write_text(
-        "task: conv_mc\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: " + str(tasks / "conv_mc.jsonl")
+        "task: conv_mc\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: "
+        + str(tasks / "conv_mc.jsonl")
         + "\noutput_type: multiple_choice\ntest_split: test\ndoc_to_text: '{{ctx}}'\ndoc_to_choice: '{{choices}}'\n"
-        "doc_to_target: label\ntarget_delimiter: ''\nmetric_list:\n  - metric: acc\n")
+        "doc_to_target: label\ntarget_delimiter: ''\nmetric_list:\n  - metric: acc\n"
+    )
     tm = TaskManager(include_path=str(tasks), include_defaults=False)
     lls = {}
-    for name, model, args in (("hf", "hf", f"pretrained={hf_dir},trust_remote_code=True,dtype=float32,"
-                                                 "prefix_token_id=2,device=cpu"),
-                              ("megahash", "megahash", f"checkpoint={runs.get('tp1')}")):
-        out = lm_eval.simple_evaluate(model=model, model_args=args, tasks=["conv_mc"], task_manager=tm,
-                                      batch_size=2, log_samples=True, bootstrap_iters=0)
-        lls[name] = [[float(resp[0][0]) for resp in s["resps"]] for s in
-                     sorted(out["samples"]["conv_mc"], key=lambda s: s["doc_id"])]
+    for name, model, args in (
+        ("hf", "hf", f"pretrained={hf_dir},trust_remote_code=True,dtype=float32,prefix_token_id=2,device=cpu"),
+        ("megahash", "megahash", f"checkpoint={runs.get('tp1')}"),
+    ):
+        out = lm_eval.simple_evaluate(
+            model=model,
+            model_args=args,
+            tasks=["conv_mc"],
+            task_manager=tm,
+            batch_size=2,
+            log_samples=True,
+            bootstrap_iters=0,
+        )
+        lls[name] = [
+            [float(resp[0][0]) for resp in s["resps"]]
+            for s in sorted(out["samples"]["conv_mc"], key=lambda s: s["doc_id"])
+        ]
     print("\nlm-eval hf:", lls["hf"], "\nlm-eval megahash:", lls["megahash"])
     assert len(lls["hf"]) == 4 and len(lls["hf"][0]) == 3
     for a, b in zip(lls["hf"], lls["megahash"]):
         assert a == pytest.approx(b, abs=1e-4)
 
 
-@pytest.mark.parametrize("argv, expect", [
-    (["export-hf", "--checkpoint", "/nonexistent/run", "--output", "OUT"], "checkpoint /nonexistent/run does not exist"),
-    (["export-hf", "--checkpoint", "TP1", "--output", "OUT", "--format", "qwen2"], "--format qwen2 needs a decoder"),
-    (["import-hf", "--hf", "/nonexistent/hf", "--output", "OUT"], "--hf /nonexistent/hf does not exist"),
-    (["import-hf", "--hf", "TP1", "--output", "OUT"], "is not a Hugging Face model folder"),
-])
+@pytest.mark.parametrize(
+    "argv, expect",
+    [
+        (
+            ["export-hf", "--checkpoint", "/nonexistent/run", "--output", "OUT"],
+            "checkpoint /nonexistent/run does not exist",
+        ),
+        (
+            ["export-hf", "--checkpoint", "TP1", "--output", "OUT", "--format", "qwen2"],
+            "--format qwen2 needs a decoder",
+        ),
+        (["import-hf", "--hf", "/nonexistent/hf", "--output", "OUT"], "--hf /nonexistent/hf does not exist"),
+        (["import-hf", "--hf", "TP1", "--output", "OUT"], "is not a Hugging Face model folder"),
+    ],
+)
 @pytest.mark.multiprocess
 def test_cli_errors_are_one_line(runs, dist, tmp_path, capsys, argv, expect):
     from megahash.cli import main

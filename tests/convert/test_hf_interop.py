@@ -1,6 +1,7 @@
 """Hugging Face interop (issue 13): import of a standard Qwen2ForCausalLM folder, publishable exports
 (model card, no local paths, generation config, sharded weights) and the Qwen2 export on
 transformers 4.x (a side install, see ``tf4_path``) against 5.x."""
+
 import json
 import os
 import subprocess
@@ -22,10 +23,19 @@ def random_qwen2(path, tie: bool, shard: str | None = None, vocab: int = 300):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                      rope_parameters={"rope_type": "default", "rope_theta": 50000.0}, rms_norm_eps=1e-6,
-                      tie_word_embeddings=tie, use_sliding_window=False)
+    cfg = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rope_parameters={"rope_type": "default", "rope_theta": 50000.0},
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=tie,
+        use_sliding_window=False,
+    )
     model = Qwen2ForCausalLM(cfg).eval()
     with torch.no_grad():  # biases are zero-initialised: make them count
         for name, p in model.named_parameters():
@@ -66,8 +76,12 @@ def tf4_path():
 
     d = Path(os.environ.get("MEGAHASH_TF4_DIR", Path.home() / ".cache" / "megahash" / "transformers-4.46.3"))
     if not (d / "transformers" / "__init__.py").is_file():
-        r = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(d),
-                            *TF4.split()], capture_output=True, text=True, timeout=600)
+        r = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(d), *TF4.split()],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         if r.returncode:
             pytest.skip(f"cannot pip install {TF4} (PyPI unreachable?): {r.stderr.strip().splitlines()[-1:]}")
     return d
@@ -128,8 +142,14 @@ def test_qwen2_export_is_publishable_on_transformers_4_and_5(tmp_path, dist, tf4
     ids = tok5(text, add_special_tokens=False).input_ids
     assert ids == codec.encode(text).ids and 700 not in ids
     env = child_env(PYTHONPATH=str(tf4_path))
-    r = subprocess.run([sys.executable, "-c", TF4_SCRIPT, str(out), text], cwd=str(tmp_path), env=env,
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-c", TF4_SCRIPT, str(out), text],
+        cwd=str(tmp_path),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["version"] == "4.46.3"
@@ -163,13 +183,15 @@ def test_remote_code_batched_left_padded_generate(shakespeare_shards, dist, tmp_
     batch = torch.full((3, 9), pad, dtype=torch.long)
     mask = torch.zeros((3, 9), dtype=torch.long)
     for i, p in enumerate(prompts):
-        batch[i, 9 - len(p):] = p
-        mask[i, 9 - len(p):] = 1
+        batch[i, 9 - len(p) :] = p
+        mask[i, 9 - len(p) :] = 1
     out = hf.generate(batch, attention_mask=mask, max_new_tokens=6, do_sample=False)
     assert out.shape == (3, 15) and torch.equal(out[:, :9], batch)  # bit-exact: the prompt ids, copied
     for i, p in enumerate(prompts):
-        alone = hf.generate(p[None], max_new_tokens=6, do_sample=False)[0, len(p):]
-        assert torch.equal(out[i, 9:9 + len(alone)], alone)  # bit-exact: greedy token ids (argmax of logits a few ulps apart: fixed seeds, no near-tie; passes under default/avx2/avx512)
+        alone = hf.generate(p[None], max_new_tokens=6, do_sample=False)[0, len(p) :]
+        assert torch.equal(
+            out[i, 9 : 9 + len(alone)], alone
+        )  # bit-exact: greedy token ids (argmax of logits a few ulps apart: fixed seeds, no near-tie; passes under default/avx2/avx512)
 
 
 @pytest.mark.numerics  # in process: floating-point logits of two implementations
@@ -236,8 +258,14 @@ def test_megahash_export_cached_generate_on_transformers_4_and_5(shakespeare_sha
     results = []
     for pythonpath in (str(tf4_path), None):
         env = child_env(**({"PYTHONPATH": f"{pythonpath}:{ROOT}"} if pythonpath else {}))
-        r = subprocess.run([sys.executable, "-c", TF_GENERATE_SCRIPT, str(tmp_path / "hf"), json.dumps(prompt)],
-                           cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=600)
+        r = subprocess.run(
+            [sys.executable, "-c", TF_GENERATE_SCRIPT, str(tmp_path / "hf"), json.dumps(prompt)],
+            cwd=str(tmp_path),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert r.returncode == 0, r.stderr[-3000:]
         results.append(json.loads(r.stdout.strip().splitlines()[-1]))
     import transformers

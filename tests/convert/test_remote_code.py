@@ -3,6 +3,7 @@ file, the HF remote-code folder is assembled from the library's torch-only code,
 are the TP=1 reference of the library model (embeddings and heads here; attention kinds in
 tests/models/test_attention.py::test_tp2_parity_all_kinds, export + transformers reload in tests/convert/test_convert.py).
 """
+
 from __future__ import annotations
 
 import ast
@@ -30,8 +31,9 @@ def _batch(cfg, kind):
     return tok, codes, padding
 
 
-@pytest.mark.parametrize("case", range(len(H.PARITY_CASES)),
-                         ids=[f"{k}{'+' + '+'.join(e) if e else ''}" for k, e in H.PARITY_CASES])
+@pytest.mark.parametrize(
+    "case", range(len(H.PARITY_CASES)), ids=[f"{k}{'+' + '+'.join(e) if e else ''}" for k, e in H.PARITY_CASES]
+)
 def test_reference_equals_library_at_tp1(case):
     """Every embedding kind and head (decoder and encoder; hash heads; Shuffle+Random): the plain-torch
     reference (the HF export's model, weights through the export's name map) gives the library's
@@ -80,8 +82,17 @@ def test_export_names_a_kind_without_reference_before_writing(tmp_path, monkeypa
     from megahash.models import registry
     from megahash.models.megatron_model import build_model
 
-    cfg = load_config(None, ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4",
-                             "model.ffn_hidden_size=64", "model.schedule=list:mha,nonapprox", "data.seq_length=16"])
+    cfg = load_config(
+        None,
+        [
+            "model.hidden_size=32",
+            "model.num_layers=2",
+            "model.num_heads=4",
+            "model.ffn_hidden_size=64",
+            "model.schedule=list:mha,nonapprox",
+            "data.seq_length=16",
+        ],
+    )
     model = build_model(cfg, 200)
     monkeypatch.setattr(registry.spec("attention", "nonapprox"), "reference", None)
     out = tmp_path / "hf"
@@ -111,8 +122,13 @@ class _BackToLibraryImports(ast.NodeTransformer):
     def _deferred(self, node):
         v = node.value if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
         call = getattr(v, "value", None)
-        if (isinstance(v, ast.Attribute) and isinstance(call, ast.Call) and ast.unparse(call.func).endswith("import_module")
-                and isinstance(call.args[0], ast.Constant) and call.args[0].value.startswith(".")):
+        if (
+            isinstance(v, ast.Attribute)
+            and isinstance(call, ast.Call)
+            and ast.unparse(call.func).endswith("import_module")
+            and isinstance(call.args[0], ast.Constant)
+            and call.args[0].value.startswith(".")
+        ):
             return self.back[call.args[0].value[1:]], v.attr, node.targets[0].id
         return None
 
@@ -147,7 +163,9 @@ def test_folder_is_assembled_from_the_library_code():
 
     table = remote_code.references()
     folder = remote_code.assemble(sorted(table))
-    back = {f: m for m, f in remote_code.LIBRARY_FILES.items()} | {"megahash_references": "megahash.models.reference_table"}
+    back = {f: m for m, f in remote_code.LIBRARY_FILES.items()} | {
+        "megahash_references": "megahash.models.reference_table"
+    }
     for module, name in remote_code.LIBRARY_FILES.items():
         lib = ast.parse(Path(inspect.getsourcefile(__import__(module, fromlist=["x"]))).read_text())
         got = _BackToLibraryImports(back).visit(ast.parse(folder[name + ".py"]))
@@ -191,7 +209,7 @@ def doubled_q_spec(cfg):
     return spec("attention", "mha").build(cfg)  # (only its reference is exported here)
 '''
 
-BAD_PLUGIN = '''from __future__ import annotations
+BAD_PLUGIN = """from __future__ import annotations
 
 from megatron.core import parallel_state
 
@@ -212,7 +230,7 @@ def helper(t):
 @register_attention("tmp-bad")
 def bad_spec(cfg):
     return spec("attention", "mha").build(cfg)
-'''
+"""
 
 
 def test_plugin_kind_outside_the_package_is_assembled(tmp_path, monkeypatch):
@@ -245,9 +263,18 @@ def test_plugin_kind_outside_the_package_is_assembled(tmp_path, monkeypatch):
     for name, text in files.items():
         (pkg / name).write_text(text)
     folder = importlib.import_module("exported_pkg.modeling_megahash")
-    fields = dict(vocab_size=50, padded_vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                  intermediate_size=64, embedding="vocab", head="vocab", qkv_bias=True,
-                  layer_specs=[{"kind": "tmp-doubled-q", "groups": 4}, {"kind": "tmp-doubled-q", "groups": 2}])
+    fields = dict(
+        vocab_size=50,
+        padded_vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        embedding="vocab",
+        head="vocab",
+        qkv_bias=True,
+        layer_specs=[{"kind": "tmp-doubled-q", "groups": 4}, {"kind": "tmp-doubled-q", "groups": 2}],
+    )
     config_cls = importlib.import_module("exported_pkg.configuration_megahash").MegahashConfig
     torch.manual_seed(0)
     a = folder.MegahashForCausalLM(config_cls(**fields)).eval()

@@ -3,6 +3,7 @@ definition: the bytes megahash counts per token are ``len(text.encode())`` of th
 strings and non-ASCII included, sentencepiece and byte-level BPE), and megahash's bits per byte of a text
 equals lm-eval's ``bits_per_byte`` of a wikitext-style ``loglikelihood_rolling`` task on the same
 documents through megahash's lm-eval model."""
+
 import json
 import math
 import os  # noqa: E402
@@ -14,9 +15,14 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # special-token strings of both tokenizers, a tab, newlines, runs of spaces, accents, CJK, an emoji
-TEXTS = ["Über naïve café: <s> and </s> are text, so are <pad>, <mask>, <unk> and <|endoftext|>.\n\tIndented  "
-         "twice,   日本語のテキスト 😀 end.",
-         " a text that starts with a space", "\nand one with a newline", "plain", "ß"]
+TEXTS = [
+    "Über naïve café: <s> and </s> are text, so are <pad>, <mask>, <unk> and <|endoftext|>.\n\tIndented  "
+    "twice,   日本語のテキスト 😀 end.",
+    " a text that starts with a space",
+    "\nand one with a newline",
+    "plain",
+    "ß",
+]
 
 
 def _byte_level_tokenizer(tmp_path):
@@ -26,8 +32,9 @@ def _byte_level_tokenizer(tmp_path):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>", "<pad>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<|endoftext|>", "<pad>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator(TEXTS * 20 + ["To be or not to be, that is the question."] * 20, trainer)
     path = tmp_path / "tokenizer.json"
     tok.save(str(path))
@@ -62,11 +69,21 @@ def _task(tmp_path, docs):
     data = tmp_path / "pages.jsonl"
     data.write_text("".join(json.dumps({"page": d}) + "\n" for d in docs))
     (tmp_path / "tasks").mkdir()
-    (tmp_path / "tasks" / "pages.yaml").write_text(yaml.safe_dump({
-        "task": "bpb_pages", "dataset_path": "json", "dataset_name": None,
-        "dataset_kwargs": {"data_files": {"test": str(data)}}, "test_split": "test",
-        "output_type": "loglikelihood_rolling", "doc_to_text": "", "doc_to_target": "{{page}}",
-        "metric_list": [{"metric": "bits_per_byte"}, {"metric": "byte_perplexity"}]}))
+    (tmp_path / "tasks" / "pages.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "task": "bpb_pages",
+                "dataset_path": "json",
+                "dataset_name": None,
+                "dataset_kwargs": {"data_files": {"test": str(data)}},
+                "test_split": "test",
+                "output_type": "loglikelihood_rolling",
+                "doc_to_text": "",
+                "doc_to_target": "{{page}}",
+                "metric_list": [{"metric": "bits_per_byte"}, {"metric": "byte_perplexity"}],
+            }
+        )
+    )
     return str(tmp_path / "tasks")
 
 
@@ -82,10 +99,19 @@ def test_bits_per_byte_equals_lm_eval(dist, shakespeare_shards, tmp_path):
     from megahash.eval.text import load_codec
     from megahash.models.megatron_model import build_model
 
-    cfg = load_config(None, [f"data.prefix=[{shakespeare_shards['prefix']}]",
-                             f"data.tokenizer={shakespeare_shards['tokenizer']}", "model.hidden_size=32",
-                             "model.num_layers=1", "model.num_heads=2", "model.ffn_hidden_size=64",
-                             "data.seq_length=32", "model.max_position_embeddings=64"])
+    cfg = load_config(
+        None,
+        [
+            f"data.prefix=[{shakespeare_shards['prefix']}]",
+            f"data.tokenizer={shakespeare_shards['tokenizer']}",
+            "model.hidden_size=32",
+            "model.num_layers=1",
+            "model.num_heads=2",
+            "model.ffn_hidden_size=64",
+            "data.seq_length=32",
+            "model.max_position_embeddings=64",
+        ],
+    )
     codec = load_codec(cfg)
     accelerator.seed_all(5)
     model = build_model(cfg, codec.vocab_size).eval()

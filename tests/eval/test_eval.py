@@ -4,6 +4,7 @@ task suite, ``megahash eval`` / ``indicators`` / ``report`` end to end and their
 One tiny vocab/mha decoder is trained for 150 steps on the Shakespeare shards (first 400
 documents) and one is left untrained (1 step at lr 1e-9), both once per module; the tasks come
 from held-out Shakespeare documents 1100+ (data_tools/make_eval_tasks.py)."""
+
 import json
 import math
 import os
@@ -17,30 +18,79 @@ from conftest import ROOT, child_env
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-TINY = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=128",
-        "data.seq_length=128", "model.max_position_embeddings=256", "train.micro_batch_size=8",
-        "train.global_batch_size=16", "train.beta2=0.99", "train.warmup_steps=10", "train.eval_interval=0",
-        "train.log_interval=50", "logging.plot=false", "logging.tensorboard=false"]
+TINY = [
+    "model.hidden_size=64",
+    "model.num_layers=2",
+    "model.num_heads=4",
+    "model.ffn_hidden_size=128",
+    "data.seq_length=128",
+    "model.max_position_embeddings=256",
+    "train.micro_batch_size=8",
+    "train.global_batch_size=16",
+    "train.beta2=0.99",
+    "train.warmup_steps=10",
+    "train.eval_interval=0",
+    "train.log_interval=50",
+    "logging.plot=false",
+    "logging.tensorboard=false",
+]
 
 
 @pytest.fixture(scope="module")
 def runs(shakespeare_shards, tmp_path_factory):
     d = tmp_path_factory.mktemp("eval_runs")
-    common = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}", *TINY]
+    common = [
+        f"data.prefix=[{shakespeare_shards['prefix']}]",
+        f"data.tokenizer={shakespeare_shards['tokenizer']}",
+        *TINY,
+    ]
     jobs = {
-        "trained": common + ["train.steps=150", "train.lr=5e-3", "train.min_lr=5e-4", f"train.save_dir={d / 'trained'}"],
+        "trained": common
+        + ["train.steps=150", "train.lr=5e-3", "train.min_lr=5e-4", f"train.save_dir={d / 'trained'}"],
         "untrained": common + ["train.steps=1", "train.lr=1e-9", "train.min_lr=0", f"train.save_dir={d / 'untrained'}"],
     }
-    procs = {k: subprocess.Popen([sys.executable, "megahash/pretrain.py", *v], cwd=ROOT, env=child_env(),
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k, v in jobs.items()}
+    procs = {
+        k: subprocess.Popen(
+            [sys.executable, "megahash/pretrain.py", *v],
+            cwd=ROOT,
+            env=child_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for k, v in jobs.items()
+    }
     from megahash.data.preprocess import make_eval_tasks
 
-    assert make_eval_tasks.main(["--source", "shakespeare", "--out", str(d / "tasks"), "--held-out-docs", "1100:",
-                                 "--n", "100", "--ppl-docs", "8", "--seed", "7"]) == 0
+    assert (
+        make_eval_tasks.main(
+            [
+                "--source",
+                "shakespeare",
+                "--out",
+                str(d / "tasks"),
+                "--held-out-docs",
+                "1100:",
+                "--n",
+                "100",
+                "--ppl-docs",
+                "8",
+                "--seed",
+                "7",
+            ]
+        )
+        == 0
+    )
     for k, p in procs.items():
         out, err = p.communicate(timeout=600)
         assert p.returncode == 0, (k, out[-2000:], err[-3000:])
-    return {**shakespeare_shards, "trained": d / "trained", "untrained": d / "untrained", "tasks": d / "tasks", "dir": d}
+    return {
+        **shakespeare_shards,
+        "trained": d / "trained",
+        "untrained": d / "untrained",
+        "tasks": d / "tasks",
+        "dir": d,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +112,25 @@ def _req(kind, *args):
 def test_task_suite_is_deterministic_and_held_out(runs, tmp_path):
     from megahash.data.preprocess import make_eval_tasks
 
-    assert make_eval_tasks.main(["--source", "shakespeare", "--out", str(tmp_path), "--held-out-docs", "1100:",
-                                 "--n", "100", "--ppl-docs", "8", "--seed", "7"]) == 0
+    assert (
+        make_eval_tasks.main(
+            [
+                "--source",
+                "shakespeare",
+                "--out",
+                str(tmp_path),
+                "--held-out-docs",
+                "1100:",
+                "--n",
+                "100",
+                "--ppl-docs",
+                "8",
+                "--seed",
+                "7",
+            ]
+        )
+        == 0
+    )
     names = ["shk_next", "shk_order", "shk_ppl", "shk_lastword", "shk_lastword_gen"]
     for n in names:
         assert (tmp_path / f"{n}.jsonl").read_bytes() == (runs["tasks"] / f"{n}.jsonl").read_bytes()
@@ -73,7 +140,9 @@ def test_task_suite_is_deterministic_and_held_out(runs, tmp_path):
     assert all(len(r["endings"]) == 4 and 0 <= r["label"] < 4 for r in rows)
     assert len({r["label"] for r in rows}) == 4  # gold position varies
     lw = [json.loads(l)["text"] for l in (runs["tasks"] / "shk_lastword.jsonl").read_text().splitlines()]
-    assert all(t.split(" ")[-1].isalpha() and t.split(" ")[-1].lower() in t.lower()[: -len(t.split(" ")[-1])] for t in lw)
+    assert all(
+        t.split(" ")[-1].isalpha() and t.split(" ")[-1].lower() in t.lower()[: -len(t.split(" ")[-1])] for t in lw
+    )
 
 
 def test_lm_eval_runs_every_output_type(runs, lms):
@@ -85,17 +154,24 @@ def test_lm_eval_runs_every_output_type(runs, lms):
 
     lm = lms["trained"]
     tasks = ["shk_next", "shk_order", "shk_ppl", "shk_lastword", "shk_lastword_gen"]
-    res = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=task_manager(tasks, str(runs["tasks"])),
-                                  limit=24, bootstrap_iters=0)["results"]
-    want = {"shk_next": ["acc,none", "acc_norm,none"], "shk_order": ["acc,none", "acc_norm,none"],
-            "shk_ppl": ["word_perplexity,none", "byte_perplexity,none", "bits_per_byte,none"],
-            "shk_lastword": ["perplexity,none", "acc,none"], "shk_lastword_gen": ["exact_match,first_word"]}
+    res = lm_eval.simple_evaluate(
+        model=lm, tasks=tasks, task_manager=task_manager(tasks, str(runs["tasks"])), limit=24, bootstrap_iters=0
+    )["results"]
+    want = {
+        "shk_next": ["acc,none", "acc_norm,none"],
+        "shk_order": ["acc,none", "acc_norm,none"],
+        "shk_ppl": ["word_perplexity,none", "byte_perplexity,none", "bits_per_byte,none"],
+        "shk_lastword": ["perplexity,none", "acc,none"],
+        "shk_lastword_gen": ["exact_match,first_word"],
+    }
     for task, metrics in want.items():
         for m in metrics:
             v = res[task][m]
             assert isinstance(v, float) and math.isfinite(v), (task, m, v)
     assert 1 < res["shk_ppl"]["byte_perplexity,none"] < 256
-    assert res["shk_ppl"]["bits_per_byte,none"] == pytest.approx(math.log2(res["shk_ppl"]["byte_perplexity,none"]), rel=1e-6)
+    assert res["shk_ppl"]["bits_per_byte,none"] == pytest.approx(
+        math.log2(res["shk_ppl"]["byte_perplexity,none"]), rel=1e-6
+    )
     assert lm.decode_mode == "incremental"  # every mha layer keeps a KV cache
     # the registered name and lm-eval's model_args string
     from lm_eval.api.registry import get_model
@@ -103,8 +179,9 @@ def test_lm_eval_runs_every_output_type(runs, lms):
     from megahash.eval.lm import MegahashEvalLM
 
     assert get_model("megahash") is MegahashEvalLM
-    lm2 = MegahashEvalLM.create_from_arg_string(f"checkpoint={runs['trained']},batch_size=2,max_length=64,incremental=false",
-                                                {"batch_size": 16, "device": None})
+    lm2 = MegahashEvalLM.create_from_arg_string(
+        f"checkpoint={runs['trained']},batch_size=2,max_length=64,incremental=false", {"batch_size": 16, "device": None}
+    )
     assert (lm2.batch_size, lm2.max_length, lm2.incremental, lm.max_length) == (2, 64, False, 128)
 
 
@@ -113,7 +190,7 @@ def test_scores_match_a_direct_forward_and_do_not_depend_on_batching(lms):
 
     lm = lms["trained"]
     ctx, cont = "KING. My lord, the", " queen is dead"
-    (ll, greedy), = lm.loglikelihood([_req("loglikelihood", ctx, cont)])
+    ((ll, greedy),) = lm.loglikelihood([_req("loglikelihood", ctx, cont)])
     ids = lm.codec.encode(ctx + cont).ids
     n_ctx = len(lm.codec.encode(ctx).ids)
     with torch.no_grad():
@@ -129,8 +206,8 @@ def test_scores_match_a_direct_forward_and_do_not_depend_on_batching(lms):
     assert [round(a, 4) for a, _ in one] == [round(b, 4) for b, _ in many]
     # rolling log-likelihood of a text shorter than max_length = loglikelihood("", text)
     text = "Now is the winter of our discontent made glorious summer by this sun of York."
-    rolling, = lm.loglikelihood_rolling([_req("loglikelihood_rolling", text)])
-    (ll_all, _), = lm.loglikelihood([_req("loglikelihood", "", text)])
+    (rolling,) = lm.loglikelihood_rolling([_req("loglikelihood_rolling", text)])
+    ((ll_all, _),) = lm.loglikelihood([_req("loglikelihood", "", text)])
     assert rolling == pytest.approx(ll_all, abs=1e-4)
     # a long text is scored in windows: every token exactly once
     long_text = " ".join([text] * 30)
@@ -141,9 +218,11 @@ def test_scores_match_a_direct_forward_and_do_not_depend_on_batching(lms):
 
 def test_greedy_generation_incremental_equals_recompute(lms):
     lm = lms["trained"]
-    reqs = [_req("generate_until", "KING RICHARD. Now", {"until": ["\n"], "max_gen_toks": 10}),
-            _req("generate_until", "My gracious lord,", {"until": ["."], "max_gen_toks": 10}),
-            _req("generate_until", "What", {"until": [","], "max_gen_toks": 6})]
+    reqs = [
+        _req("generate_until", "KING RICHARD. Now", {"until": ["\n"], "max_gen_toks": 10}),
+        _req("generate_until", "My gracious lord,", {"until": ["."], "max_gen_toks": 10}),
+        _req("generate_until", "What", {"until": [","], "max_gen_toks": 6}),
+    ]
     inc = lm.generate_until(reqs)
     lm.decode_mode = "recompute"
     rec = lm.generate_until(reqs)
@@ -217,14 +296,32 @@ def test_indicators_cli_on_checkpoint(runs, capsys):
     text = runs["dir"] / "held_out.txt"
     text.write_text("\n\n".join(select_documents(open_source("shakespeare"), 1150, 1152)))
     out = runs["dir"] / "ind"
-    assert main(["indicators", "--checkpoint", str(runs["trained"]), "--text", str(text), "--out", str(out),
-                 "--max-tokens", "96", "--windows", "2"]) == 0
+    assert (
+        main(
+            [
+                "indicators",
+                "--checkpoint",
+                str(runs["trained"]),
+                "--text",
+                str(text),
+                "--out",
+                str(out),
+                "--max-tokens",
+                "96",
+                "--windows",
+                "2",
+            ]
+        )
+        == 0
+    )
     rec = json.loads((out / "indicators.json").read_text())
     assert rec["windows"] == 2 and len(rec["layers"]) == 2
     for layer in rec["layers"]:
         assert len(layer["heads"]["entropy"]) == 4 and layer["seq_len"] == 96
         assert 0 <= layer["mean"]["sink"] <= 1 and 0 <= layer["head_div"] <= 1
-        assert 0 < layer["mean"]["conc"] <= math.sqrt(96) and 0 < layer["mean"]["entropy"] <= sum(math.log(i) for i in range(1, 97))
+        assert 0 < layer["mean"]["conc"] <= math.sqrt(96) and 0 < layer["mean"]["entropy"] <= sum(
+            math.log(i) for i in range(1, 97)
+        )
         assert layer["logits"]["count"] == 2 * 4 * 96 * 97 // 2
     for png in ("indicators_heads.png", "indicators_layers.png", "logits.png"):
         assert (out / png).stat().st_size > 5000
@@ -236,7 +333,18 @@ def test_task_suite_refuses_to_overwrite_without_the_flag(tmp_path, capsys):
     touched; --overwrite replaces it; another --name sits beside it (issue 29: overwrote silently)."""
     from megahash.data.preprocess import make_eval_tasks
 
-    args = ["--source", "shakespeare", "--out", str(tmp_path), "--held-out-docs", "1100:", "--n", "10", "--ppl-docs", "3"]
+    args = [
+        "--source",
+        "shakespeare",
+        "--out",
+        str(tmp_path),
+        "--held-out-docs",
+        "1100:",
+        "--n",
+        "10",
+        "--ppl-docs",
+        "3",
+    ]
     assert make_eval_tasks.main(args) == 0
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     capsys.readouterr()
@@ -255,8 +363,19 @@ def test_eval_refuses_to_overwrite_without_the_flag(runs, capsys):
     out = runs["dir"] / "overwrite" / "res.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text("earlier results\n")
-    argv = ["eval", "--checkpoint", str(runs["trained"]), "--tasks", "shk_order", "--tasks-dir", str(runs["tasks"]),
-            "--limit", "4", "--out", str(out)]
+    argv = [
+        "eval",
+        "--checkpoint",
+        str(runs["trained"]),
+        "--tasks",
+        "shk_order",
+        "--tasks-dir",
+        str(runs["tasks"]),
+        "--limit",
+        "4",
+        "--out",
+        str(out),
+    ]
     capsys.readouterr()
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -266,29 +385,84 @@ def test_eval_refuses_to_overwrite_without_the_flag(runs, capsys):
     assert json.loads(out.read_text())["n_samples"]["shk_order"] == 4
 
 
-@pytest.mark.parametrize("argv, expect", [
-    (["eval", "--checkpoint", "/nonexistent/run", "--tasks", "shk_ppl"], "checkpoint /nonexistent/run does not exist"),
-    (["eval", "--checkpoint", "TRAINED", "--overwrite", "--tasks", "shk_pple", "--tasks-dir", "TASKS"], "unknown task 'shk_pple' (did you mean 'shk_ppl'?)"),
-    (["eval", "--checkpoint", "TRAINED", "--overwrite", "--tasks", "shk_ppl", "--tasks-dir", "TASKS", "--override", "model.hidden_size=128"],
-     "do not fit the model of its config"),
-    (["eval", "--checkpoint", "TRAINED", "--overwrite", "--tasks", "shk_ppl", "--tasks-dir", "TASKS", "--tokenizer", "/nonexistent/x.model"],
-     "tokenizer model '/nonexistent/x.model' not found"),
-    (["eval", "--checkpoint", "TRAINED", "--overwrite", "--tasks", "hub_task", "--tasks-dir", "HUBDIR", "--limit", "2"],
-     "offline, evaluate local tasks"),
-    (["indicators", "--checkpoint", "TRAINED", "--text", "/nonexistent.txt"], "--text /nonexistent.txt does not exist"),
-    (["indicators", "--checkpoint", "/nonexistent/run", "--text", "TASKS/shk_manifest.json"], "does not exist"),
-    (["report", "--runs", "/nonexistent/run"], "checkpoint /nonexistent/run does not exist"),
-])
+@pytest.mark.parametrize(
+    "argv, expect",
+    [
+        (
+            ["eval", "--checkpoint", "/nonexistent/run", "--tasks", "shk_ppl"],
+            "checkpoint /nonexistent/run does not exist",
+        ),
+        (
+            ["eval", "--checkpoint", "TRAINED", "--overwrite", "--tasks", "shk_pple", "--tasks-dir", "TASKS"],
+            "unknown task 'shk_pple' (did you mean 'shk_ppl'?)",
+        ),
+        (
+            [
+                "eval",
+                "--checkpoint",
+                "TRAINED",
+                "--overwrite",
+                "--tasks",
+                "shk_ppl",
+                "--tasks-dir",
+                "TASKS",
+                "--override",
+                "model.hidden_size=128",
+            ],
+            "do not fit the model of its config",
+        ),
+        (
+            [
+                "eval",
+                "--checkpoint",
+                "TRAINED",
+                "--overwrite",
+                "--tasks",
+                "shk_ppl",
+                "--tasks-dir",
+                "TASKS",
+                "--tokenizer",
+                "/nonexistent/x.model",
+            ],
+            "tokenizer model '/nonexistent/x.model' not found",
+        ),
+        (
+            [
+                "eval",
+                "--checkpoint",
+                "TRAINED",
+                "--overwrite",
+                "--tasks",
+                "hub_task",
+                "--tasks-dir",
+                "HUBDIR",
+                "--limit",
+                "2",
+            ],
+            "offline, evaluate local tasks",
+        ),
+        (
+            ["indicators", "--checkpoint", "TRAINED", "--text", "/nonexistent.txt"],
+            "--text /nonexistent.txt does not exist",
+        ),
+        (["indicators", "--checkpoint", "/nonexistent/run", "--text", "TASKS/shk_manifest.json"], "does not exist"),
+        (["report", "--runs", "/nonexistent/run"], "checkpoint /nonexistent/run does not exist"),
+    ],
+)
 def test_cli_errors_are_one_line(runs, capsys, argv, expect):
     from megahash.cli import main
 
     hub = runs["dir"] / "hub_tasks"  # a task whose data lives on the Hugging Face Hub (unreachable offline)
     hub.mkdir(exist_ok=True)
-    (hub / "hub_task.yaml").write_text("task: hub_task\ndataset_path: megahash-test/not-on-this-machine\n"
-                                       "output_type: loglikelihood\ntest_split: test\ndoc_to_text: '{{a}}'\n"
-                                       "doc_to_target: '{{b}}'\nmetric_list:\n  - metric: acc\n")
-    argv = [a.replace("TRAINED", str(runs["trained"])).replace("TASKS", str(runs["tasks"])).replace("HUBDIR", str(hub))
-            for a in argv]
+    (hub / "hub_task.yaml").write_text(
+        "task: hub_task\ndataset_path: megahash-test/not-on-this-machine\n"
+        "output_type: loglikelihood\ntest_split: test\ndoc_to_text: '{{a}}'\n"
+        "doc_to_target: '{{b}}'\nmetric_list:\n  - metric: acc\n"
+    )
+    argv = [
+        a.replace("TRAINED", str(runs["trained"])).replace("TASKS", str(runs["tasks"])).replace("HUBDIR", str(hub))
+        for a in argv
+    ]
     assert main(argv) == 2
     err = [l for l in capsys.readouterr().err.strip().splitlines() if l.strip()]
     errors = [l for l in err if l.startswith("error: ")]

@@ -1,6 +1,7 @@
 """Evaluation tokenises and hashes raw text exactly as the data stage did (subword and word
 streams, MD5 and LSH codes), and the lm-eval model scores hash-embedding models and the hashed-word
 decoder (hash-code head, through heads.score_continuation)."""
+
 import os  # noqa: E402
 import sys
 
@@ -17,9 +18,20 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def _cfg(prefix, tokenizer, *extra):
     from megahash.config import load_config
 
-    return load_config(None, [f"data.prefix=[{prefix}]", f"data.tokenizer={tokenizer}", "model.hidden_size=32",
-                              "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=64",
-                              "data.seq_length=64", "model.max_position_embeddings=128", *extra])
+    return load_config(
+        None,
+        [
+            f"data.prefix=[{prefix}]",
+            f"data.tokenizer={tokenizer}",
+            "model.hidden_size=32",
+            "model.num_layers=2",
+            "model.num_heads=4",
+            "model.ffn_hidden_size=64",
+            "data.seq_length=64",
+            "model.max_position_embeddings=128",
+            *extra,
+        ],
+    )
 
 
 def _doc(i):
@@ -33,8 +45,12 @@ def test_subword_codes_equal_the_side_shards(shakespeare_shards, spec):
     from megahash.data.shards import ShardSet
     from megahash.eval.text import Encoded, load_codec
 
-    cfg = _cfg(shakespeare_shards["prefix"], shakespeare_shards["tokenizer"], "model.embedding=add",
-               f"model.embed.hash_spec={spec}")
+    cfg = _cfg(
+        shakespeare_shards["prefix"],
+        shakespeare_shards["tokenizer"],
+        "model.embedding=add",
+        f"model.embed.hash_spec={spec}",
+    )
     codec = load_codec(cfg)
     shards = ShardSet.open(shakespeare_shards["prefix"])
     for doc in (0, 3):
@@ -48,8 +64,23 @@ def test_subword_codes_equal_the_side_shards(shakespeare_shards, spec):
 @pytest.fixture(scope="module")
 def word_shards(tmp_path_factory):
     d = tmp_path_factory.mktemp("words")
-    r = run([sys.executable, "data_tools/preprocess_data.py", "--input", "shakespeare", "--output-prefix", str(d / "w"),
-             "--tokenizer", "words", "--word-hashes", "md5,md5-bucket997", "--max-docs", "30", "--quiet"])
+    r = run(
+        [
+            sys.executable,
+            "data_tools/preprocess_data.py",
+            "--input",
+            "shakespeare",
+            "--output-prefix",
+            str(d / "w"),
+            "--tokenizer",
+            "words",
+            "--word-hashes",
+            "md5,md5-bucket997",
+            "--max-docs",
+            "30",
+            "--quiet",
+        ]
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     return str(d / "w")
 
@@ -71,15 +102,16 @@ def test_word_stream_ids_and_codes_equal_the_shards(word_shards):
     assert codec.decode(ids[:5].tolist()) == " ".join(table[i] for i in ids[:5])
 
 
-
 def _req(kind, *args):
     from lm_eval.api.instance import Instance
 
     return Instance(request_type=kind, doc={}, arguments=tuple(args), idx=0)
 
 
-@pytest.mark.parametrize("head, emb, spec", [("vocab", "add", "md5"), ("hash-bits", "add", "md5"),
-                                             ("hash-bucket", "hash-emb", "md5-bucket997")])
+@pytest.mark.parametrize(
+    "head, emb, spec",
+    [("vocab", "add", "md5"), ("hash-bits", "add", "md5"), ("hash-bucket", "hash-emb", "md5-bucket997")],
+)
 def test_hash_models_are_scored_through_their_codes(dist, word_shards, head, emb, spec):
     """Word stream + hash embedding, with the vocabulary head or a hash-code head (the hashed-word
     decoder): loglikelihood equals the head's own per-token loss on the codes; greedy generation
@@ -95,7 +127,9 @@ def test_hash_models_are_scored_through_their_codes(dist, word_shards, head, emb
     model = build_model(cfg, codec.vocab_size).eval()
     lm = MegahashEvalLM.from_model(cfg, model, codec, batch_size=2)
     ctx, cont = "Now is the winter of our", " discontent made glorious"
-    (ll, greedy), (ll2, _) = lm.loglikelihood([_req("loglikelihood", ctx, cont), _req("loglikelihood", ctx, " zyzzyva quokka")])
+    (ll, greedy), (ll2, _) = lm.loglikelihood(
+        [_req("loglikelihood", ctx, cont), _req("loglikelihood", ctx, " zyzzyva quokka")]
+    )
     enc = codec.encode(ctx + cont)
     n = len(codec.encode(cont).ids)
     ids = torch.tensor([enc.ids])
@@ -109,8 +143,8 @@ def test_hash_models_are_scored_through_their_codes(dist, word_shards, head, emb
             ref = -float(loss[0, -n:].sum())
     assert ll == pytest.approx(ref, abs=1e-4)
     assert ll2 < 0 and ll != ll2  # unseen words still get distinct codes
-    rolling, = lm.loglikelihood_rolling([_req("loglikelihood_rolling", ctx + cont)])
-    (whole, _), = lm.loglikelihood([_req("loglikelihood", "", ctx + cont)])
+    (rolling,) = lm.loglikelihood_rolling([_req("loglikelihood_rolling", ctx + cont)])
+    ((whole, _),) = lm.loglikelihood([_req("loglikelihood", "", ctx + cont)])
     assert rolling == pytest.approx(whole, abs=1e-4)
     out = lm.generate_until([_req("generate_until", ctx, {"until": ["\n"], "max_gen_toks": 3})])
     assert isinstance(out[0], str) and len(out[0].split()) <= 3

@@ -1,5 +1,6 @@
 """Attention indicators ([Xue25] sec. 4.4.4) on hand-made matrices, and the capture of attention
 maps from every attention kind (captured A times V reproduces each module's output)."""
+
 import math
 
 import pytest
@@ -54,7 +55,6 @@ def _kinds():
     return registry.names("attention")
 
 
-
 @pytest.mark.parametrize("kind", _kinds())
 def test_capture_reproduces_every_kinds_attention(dist, kind):
     """For every kind the captured (equivalent) map is a causal row-stochastic matrix and A V equals
@@ -64,9 +64,19 @@ def test_capture_reproduces_every_kinds_attention(dist, kind):
     from megahash.models.megatron_model import build_model
 
     schedule = "uniform:mha" if kind == "mha" else f"hybrid:{kind}:even"
-    cfg = load_config(None, ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=64",
-                             f"model.schedule={schedule}", "model.max_position_embeddings=64", "data.seq_length=32",
-                             "model.attention.options.fixed_seq_length=64"])
+    cfg = load_config(
+        None,
+        [
+            "model.hidden_size=32",
+            "model.num_layers=2",
+            "model.num_heads=4",
+            "model.ffn_hidden_size=64",
+            f"model.schedule={schedule}",
+            "model.max_position_embeddings=64",
+            "data.seq_length=32",
+            "model.attention.options.fixed_seq_length=64",
+        ],
+    )
     accelerator.seed_all(0)
     model = build_model(cfg, 100).eval()
     if kind == "fixedseqqk":
@@ -92,7 +102,9 @@ def test_capture_reproduces_every_kinds_attention(dist, kind):
             assert rec["check_err"] < 1e-5, (kind, rec["kind"], rec["check_err"])
             assert rec["logits"] is not None and rec["logits"].numel() > 0
         else:
-            assert torch.equal(P[0, 0], torch.eye(12, dtype=P.dtype))  # bit-exact: mlp mixes no tokens: exactly the identity map
+            assert torch.equal(
+                P[0, 0], torch.eye(12, dtype=P.dtype)
+            )  # bit-exact: mlp mixes no tokens: exactly the identity map
     recs = ind.layer_records(cap.layers, model.layer_kinds)
     assert [r["kind"] for r in recs] == model.layer_kinds
     assert all(0 <= r["head_div"] <= 1 for r in recs)

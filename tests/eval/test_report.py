@@ -1,19 +1,23 @@
 """Efficiency formulas of megahash report against the [Xue25] worked numbers: Table 2.2 (PCR_All,
 PCR_Emb, PoEP), Tables 3.1/3.2 (PRR direct and inverse, PEoP), Table 3.13 (per-block memory of
 BERT-base), and the report table built from run records."""
+
 import pytest
 
 from megahash.eval import efficiency as eff
 
 
-@pytest.mark.parametrize("row, total, emb, pcr_all, pcr_emb, poep", [
-    # Table 2.2, baseline BERT (Emb 50K row: 124.6M total, 38.6M embedding)
-    ("HashFormers-Proj", 86.1e6, 99.1e3, 30.9, 99.7, 0.1),
-    ("HashFormers-Add", 86.2e6, 197.4e3, 30.8, 99.5, 0.2),
-    ("CANINE-C", 121.0e6, 12.3e6, 2.9, 68.1, 10.2),
-    ("ProFormer", 15.1e6, 322.6e3, 87.9, 99.2, 2.1),
-    ("Emb (50K)", 124.6e6, 38.6e6, 0.0, 0.0, 31.0),
-])
+@pytest.mark.parametrize(
+    "row, total, emb, pcr_all, pcr_emb, poep",
+    [
+        # Table 2.2, baseline BERT (Emb 50K row: 124.6M total, 38.6M embedding)
+        ("HashFormers-Proj", 86.1e6, 99.1e3, 30.9, 99.7, 0.1),
+        ("HashFormers-Add", 86.2e6, 197.4e3, 30.8, 99.5, 0.2),
+        ("CANINE-C", 121.0e6, 12.3e6, 2.9, 68.1, 10.2),
+        ("ProFormer", 15.1e6, 322.6e3, 87.9, 99.2, 2.1),
+        ("Emb (50K)", 124.6e6, 38.6e6, 0.0, 0.0, 31.0),
+    ],
+)
 def test_table_2_2_compression_ratios(row, total, emb, pcr_all, pcr_emb, poep):
     assert round(100 * eff.pcr_all(total, 124.6e6), 1) == pcr_all
     assert round(100 * eff.pcr_emb(emb, 38.6e6), 1) == pcr_emb
@@ -38,10 +42,17 @@ def test_table_3_1_and_3_2_retention_and_elasticity():
     assert eff.peop(70.0, 62.0, sha, sha) is None  # equal sizes: undefined (the [Xue25] "-")
 
 
-@pytest.mark.parametrize("kind, weights, total, saving", [
-    ("sha", 4423680, 39911424, 44.84), ("mha", 14155776, 72351744, 0.00), ("el-att", 7077888, 48758784, 32.61),
-    ("mqa", 7667712, 50724864, 29.89), ("skv", 10616832, 60555264, 16.30), ("mhe-mul", 4437504, 39957504, 44.77),
-])
+@pytest.mark.parametrize(
+    "kind, weights, total, saving",
+    [
+        ("sha", 4423680, 39911424, 44.84),
+        ("mha", 14155776, 72351744, 0.00),
+        ("el-att", 7077888, 48758784, 32.61),
+        ("mqa", 7667712, 50724864, 29.89),
+        ("skv", 10616832, 60555264, 16.30),
+        ("mhe-mul", 4437504, 39957504, 44.77),
+    ],
+)
 def test_table_3_13_memory_per_block(kind, weights, total, saving):
     from megahash.models.costs import memory_saving_ratio, memory_usage
 
@@ -52,18 +63,42 @@ def test_table_3_13_memory_per_block(kind, weights, total, saving):
 
 
 def _run(name, total, emb, attn, scores):
-    return {"run": name, "run_dir": name, "checkpoint": name, "schedule": "uniform:mha", "embedding_kind": "vocab",
-            "params": {"total": total, "embedding": emb, "attention": attn}, "poep": eff.poep(emb, total),
-            "costs": {"prefill_flops_per_token": 1e6, "decode_flops_per_token": 2e5, "cache_bytes": 4096, "context": 128},
-            "scores": {t: {"metric": m, "value": v, "higher_is_better": h, "step": 1, "file": ""} for t, (m, v, h) in scores.items()}}
+    return {
+        "run": name,
+        "run_dir": name,
+        "checkpoint": name,
+        "schedule": "uniform:mha",
+        "embedding_kind": "vocab",
+        "params": {"total": total, "embedding": emb, "attention": attn},
+        "poep": eff.poep(emb, total),
+        "costs": {"prefill_flops_per_token": 1e6, "decode_flops_per_token": 2e5, "cache_bytes": 4096, "context": 128},
+        "scores": {
+            t: {"metric": m, "value": v, "higher_is_better": h, "step": 1, "file": ""}
+            for t, (m, v, h) in scores.items()
+        },
+    }
 
 
 def test_report_compares_runs_against_baseline_and_lower_bound():
     from megahash.eval.report import compare, markdown
 
-    mha = _run("mha", 124_600_000, 38_600_000, 28_320_000, {"glue": ("acc", 0.819, True), "wiki": ("word_perplexity", 43.0, False)})
-    sha = _run("sha", 105_100_000, 38_600_000, 8_850_000, {"glue": ("acc", 0.792, True), "wiki": ("word_perplexity", 62.0, False)})
-    mhe = _run("mhe", 105_130_000, 99_100, 8_880_000, {"glue": ("acc", 0.806, True), "wiki": ("word_perplexity", 53.8, False)})
+    mha = _run(
+        "mha",
+        124_600_000,
+        38_600_000,
+        28_320_000,
+        {"glue": ("acc", 0.819, True), "wiki": ("word_perplexity", 43.0, False)},
+    )
+    sha = _run(
+        "sha",
+        105_100_000,
+        38_600_000,
+        8_850_000,
+        {"glue": ("acc", 0.792, True), "wiki": ("word_perplexity", 62.0, False)},
+    )
+    mhe = _run(
+        "mhe", 105_130_000, 99_100, 8_880_000, {"glue": ("acc", 0.806, True), "wiki": ("word_perplexity", 53.8, False)}
+    )
     runs = [mha, sha, mhe]
     compare(runs, mha, sha, "attention")
     assert mhe["prr"]["glue"] == pytest.approx(0.806 / 0.819)

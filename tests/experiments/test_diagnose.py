@@ -6,6 +6,7 @@ Thresholds from measured runs (docs/experiments.md, 2-core CPU): ``uniform:mha``
 accuracy 1.00 at the default budget (600 steps, 4 pairs, 8 keys/values); ``uniform:mlp`` stays at
 chance (1/8 = 0.125) because each sequence binds keys to values afresh. The test asserts mha >= 0.9,
 mlp <= chance + 0.1 and a margin of at least 0.6 between them."""
+
 import json
 import subprocess
 import sys
@@ -41,8 +42,14 @@ def test_mqar_and_copy_sequences_are_well_formed():
 @pytest.mark.slow
 def test_default_budget_separates_attention_from_no_mixing(tmp_path):
     out = tmp_path / "diag.json"
-    r = subprocess.run([sys.executable, "-m", "megahash", "diagnose", "--kinds", "mha,mlp", "--tasks", "mqar",
-                        "--out", str(out)], cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [sys.executable, "-m", "megahash", "diagnose", "--kinds", "mha,mlp", "--tasks", "mqar", "--out", str(out)],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())
     acc = {row["schedule"]: row["tasks"]["mqar"]["accuracy"] for row in res["rows"]}
@@ -69,9 +76,17 @@ def test_one_progress_line_per_kind_before_it_trains(capsys):
     """Each kind says it is training before its minutes of training (issue 29: silent until done)."""
     from megahash.experiments import diagnose
 
-    assert diagnose.main(["--kinds", "mha,mlp", "--tasks", "copy", "--steps", "2", "--eval-samples", "4",
-                          "--copy-length", "4"]) == 0
+    assert (
+        diagnose.main(
+            ["--kinds", "mha,mlp", "--tasks", "copy", "--steps", "2", "--eval-samples", "4", "--copy-length", "4"]
+        )
+        == 0
+    )
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("diagnose: ")]
-    assert [line.split()[1:3] for line in lines] == [["[1/2]", "uniform:mha:"], ["uniform:mha", "copy"],
-                                                    ["[2/2]", "uniform:mlp:"], ["uniform:mlp", "copy"]], lines
+    assert [line.split()[1:3] for line in lines] == [
+        ["[1/2]", "uniform:mha:"],
+        ["uniform:mha", "copy"],
+        ["[2/2]", "uniform:mlp:"],
+        ["uniform:mlp", "copy"],
+    ], lines
     assert lines[0].endswith("training on copy (2 steps each)")

@@ -11,6 +11,7 @@
   (shrunk), runs its hybrid and skip cells end to end: progress lines, evaluation on the offline
   tasks (``data/eval_tasks`` under its working directory, as README step 4 makes them), report;
 - a failed cell is named with its one-line error at the end of the sweep and in the report."""
+
 from __future__ import annotations
 
 import json
@@ -24,12 +25,28 @@ import pytest
 from conftest import ROOT, child_env
 
 GRIDS = sorted((ROOT / "configs" / "grids").glob("*.yaml"))
-SHRINK = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=128",
-          "model.num_query_groups=0", "model.vocab_size=0", "model.max_position_embeddings=128",
-          "model.attention.options.fixed_seq_length=64", "data.seq_length=64", "data.valid_samples=8",
-          "train.steps=2", "train.save_interval=0", "train.eval_interval=2",
-          "train.micro_batch_size=2", "train.global_batch_size=2", "train.warmup_steps=1", "train.log_interval=1",
-          "train.precision=fp32", "logging.plot=false", "logging.tensorboard=false"]
+SHRINK = [
+    "model.hidden_size=64",
+    "model.num_layers=2",
+    "model.num_heads=4",
+    "model.ffn_hidden_size=128",
+    "model.num_query_groups=0",
+    "model.vocab_size=0",
+    "model.max_position_embeddings=128",
+    "model.attention.options.fixed_seq_length=64",
+    "data.seq_length=64",
+    "data.valid_samples=8",
+    "train.steps=2",
+    "train.save_interval=0",
+    "train.eval_interval=2",
+    "train.micro_batch_size=2",
+    "train.global_batch_size=2",
+    "train.warmup_steps=1",
+    "train.log_interval=1",
+    "train.precision=fp32",
+    "logging.plot=false",
+    "logging.tensorboard=false",
+]
 
 
 @pytest.fixture(scope="module")
@@ -39,13 +56,51 @@ def workdir(shakespeare_shards, tmp_path_factory):
     d = tmp_path_factory.mktemp("grids")
     from megahash.data.preprocess import make_eval_tasks
 
-    assert make_eval_tasks.main(["--source", "shakespeare", "--out", str(d / "data" / "eval_tasks"), "--held-out-docs",
-                                 "1100:", "--n", "8", "--ppl-docs", "1", "--seed", "7"]) == 0
+    assert (
+        make_eval_tasks.main(
+            [
+                "--source",
+                "shakespeare",
+                "--out",
+                str(d / "data" / "eval_tasks"),
+                "--held-out-docs",
+                "1100:",
+                "--n",
+                "8",
+                "--ppl-docs",
+                "1",
+                "--seed",
+                "7",
+            ]
+        )
+        == 0
+    )
     words = d / "words" / "shk"
     specs = ",".join(_word_specs())
-    r = subprocess.run([sys.executable, "data_tools/preprocess_data.py", "--input", "shakespeare", "--output-prefix",
-                        str(words), "--tokenizer", "words", "--word-hashes", specs, "--workers", "1", "--max-docs", "60",
-                        "--quiet"], cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "data_tools/preprocess_data.py",
+            "--input",
+            "shakespeare",
+            "--output-prefix",
+            str(words),
+            "--tokenizer",
+            "words",
+            "--word-hashes",
+            specs,
+            "--workers",
+            "1",
+            "--max-docs",
+            "60",
+            "--quiet",
+        ],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     return {"dir": d, "words": str(words), "shards": shakespeare_shards}
 
@@ -74,8 +129,10 @@ def _data(path: Path, workdir) -> list[str]:
 
     words = (yaml.safe_load(path.read_text()).get("overrides") or {}).get("data.tokenizer") == "words"
     shards = workdir["shards"]
-    return [f"data.prefix=[{workdir['words'] if words else shards['prefix']}]",
-            f"data.tokenizer={'words' if words else shards['tokenizer']}"]
+    return [
+        f"data.prefix=[{workdir['words'] if words else shards['prefix']}]",
+        f"data.tokenizer={'words' if words else shards['tokenizer']}",
+    ]
 
 
 def _distinct_cells(tmp_path, workdir):
@@ -139,9 +196,31 @@ def test_the_readme_grid_runs_through_the_sweep(workdir, tmp_path):
     grid = load_grid(str(path), SHRINK + data, str(out))
     cells = [c.index for c in grid.cells if c.label in ("standard", "hybrid rndembqk", "skip rndembqk")]
     assert len(cells) == 3
-    r = subprocess.run([sys.executable, "-m", "megahash", "sweep", "--grid", str(path), "--launcher", "local",
-                        "--out", str(out), "--cells", ",".join(map(str, cells)), "--limit", "4", *SHRINK, *data],
-                       cwd=workdir["dir"], env=child_env(), capture_output=True, text=True, timeout=1800)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "megahash",
+            "sweep",
+            "--grid",
+            str(path),
+            "--launcher",
+            "local",
+            "--out",
+            str(out),
+            "--cells",
+            ",".join(map(str, cells)),
+            "--limit",
+            "4",
+            *SHRINK,
+            *data,
+        ],
+        cwd=workdir["dir"],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     started = re.findall(r"sweep: \[(\d)/3\] cell (\S+): training \(", r.stdout)
     done = re.findall(r"sweep: \[(\d)/3\] cell (\S+): done \(step 2\) in \d+", r.stdout)
@@ -163,19 +242,32 @@ def test_a_failed_cell_is_named_with_its_error_at_the_end_and_in_the_report(work
     import yaml
 
     shards = workdir["shards"]
-    grid = {"name": "fails", "config": "quickstart.yaml",
-            "overrides": SHRINK + [f"data.tokenizer={shards['tokenizer']}", f"data.prefix=[{shards['prefix']}]"],
-            "variants": [{"name": "ok", "overrides": {}},
-                         {"name": "broken", "overrides": {"train.resume": str(tmp_path / "nowhere")}}]}
+    grid = {
+        "name": "fails",
+        "config": "quickstart.yaml",
+        "overrides": SHRINK + [f"data.tokenizer={shards['tokenizer']}", f"data.prefix=[{shards['prefix']}]"],
+        "variants": [
+            {"name": "ok", "overrides": {}},
+            {"name": "broken", "overrides": {"train.resume": str(tmp_path / "nowhere")}},
+        ],
+    }
     path = tmp_path / "fails.yaml"
     path.write_text(yaml.safe_dump(grid))
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, "-m", "megahash", "sweep", "--grid", str(path), "--out", str(out)],
-                       cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [sys.executable, "-m", "megahash", "sweep", "--grid", str(path), "--out", str(out)],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 1, (r.stdout[-3000:], r.stderr[-3000:])
     assert re.search(r"sweep: \[1/2\] cell 000_ok: done \(step 2\) in \d+", r.stdout), r.stdout
     err = r.stderr.strip().splitlines()
-    assert re.match(r"sweep: \[2/2\] cell 001_broken: FAILED after \d+s \(exit 2\): error: train.resume=.*nowhere", err[0]), err
+    assert re.match(
+        r"sweep: \[2/2\] cell 001_broken: FAILED after \d+s \(exit 2\): error: train.resume=.*nowhere", err[0]
+    ), err
     assert err[-2] == "sweep: 1 of 2 cell(s) failed:" and err[-1].startswith("  cell 001_broken: error: ")
     assert "not a complete megahash checkpoint" in err[-1] and "nowhere" in err[-1]
     assert "report of 1/2 cells" in r.stdout and "not done: 001_broken" in r.stdout
@@ -187,8 +279,14 @@ def test_a_failed_cell_is_named_with_its_error_at_the_end_and_in_the_report(work
     # fixed and rerun: the cell trains, its failure record goes
     grid["variants"][1]["overrides"] = {"train.resume": "auto"}
     path.write_text(yaml.safe_dump(grid))
-    r = subprocess.run([sys.executable, "-m", "megahash", "sweep", "--grid", str(path), "--out", str(out)],
-                       cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [sys.executable, "-m", "megahash", "sweep", "--grid", str(path), "--out", str(out)],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0 and "already done, skipped" in r.stdout, r.stderr[-3000:]
     assert json.loads((out / "report.json").read_text())["not_done"] == []
     assert not (out / "cells" / "001_broken" / "sweep_failed.json").exists()

@@ -6,6 +6,7 @@ local ones (same losses). Plus dry-run and one-line errors of bad grids.
 
 The SLURM test needs root and the Debian SLURM packages (tests/launching/test_slurm.py installs them)
 (LocalSlurm lets one cluster run per machine at a time)."""
+
 import json
 import re
 import subprocess
@@ -17,11 +18,25 @@ from _slurm import clean_env
 
 from conftest import ROOT, child_env, train_losses
 
-TINY = {"model.hidden_size": 64, "model.num_layers": 2, "model.num_heads": 4, "model.ffn_hidden_size": 128,
-        "model.vocab_size": 0, "data.seq_length": 64, "train.steps": 12, "train.micro_batch_size": 4,
-        "train.global_batch_size": 4, "train.precision": "fp32", "train.warmup_steps": 2, "train.lr": 2e-3,
-        "train.eval_interval": 6, "train.save_interval": 0, "train.log_interval": 6,
-        "logging.plot": False, "logging.tensorboard": False}
+TINY = {
+    "model.hidden_size": 64,
+    "model.num_layers": 2,
+    "model.num_heads": 4,
+    "model.ffn_hidden_size": 128,
+    "model.vocab_size": 0,
+    "data.seq_length": 64,
+    "train.steps": 12,
+    "train.micro_batch_size": 4,
+    "train.global_batch_size": 4,
+    "train.precision": "fp32",
+    "train.warmup_steps": 2,
+    "train.lr": 2e-3,
+    "train.eval_interval": 6,
+    "train.save_interval": 0,
+    "train.log_interval": 6,
+    "logging.plot": False,
+    "logging.tensorboard": False,
+}
 SCHEDULES = ["uniform:mha", "uniform:mlp"]
 SEEDS = [1, 2]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -32,30 +47,60 @@ def grid(shakespeare_shards, tmp_path_factory):
     d = tmp_path_factory.mktemp("sweep")
     from megahash.data.preprocess import make_eval_tasks
 
-    assert make_eval_tasks.main(["--source", "shakespeare", "--out", str(d / "tasks"), "--held-out-docs", "1100:",
-                                 "--n", "20", "--ppl-docs", "2", "--seed", "7"]) == 0
-    spec = {"name": "t2x2", "config": "quickstart.yaml",
-            "overrides": {**TINY, "data.prefix": [shakespeare_shards["prefix"]],
-                          "data.tokenizer": shakespeare_shards["tokenizer"]},
-            "axes": {"model.schedule": SCHEDULES, "train.seed": SEEDS},
-            "standard": {"model.schedule": "uniform:mha"},
-            "eval": {"tasks_dir": str(d / "tasks"), "tasks": ["shk_next", "shk_ppl"], "limit": 10, "batch_size": 8}}
+    assert (
+        make_eval_tasks.main(
+            [
+                "--source",
+                "shakespeare",
+                "--out",
+                str(d / "tasks"),
+                "--held-out-docs",
+                "1100:",
+                "--n",
+                "20",
+                "--ppl-docs",
+                "2",
+                "--seed",
+                "7",
+            ]
+        )
+        == 0
+    )
+    spec = {
+        "name": "t2x2",
+        "config": "quickstart.yaml",
+        "overrides": {
+            **TINY,
+            "data.prefix": [shakespeare_shards["prefix"]],
+            "data.tokenizer": shakespeare_shards["tokenizer"],
+        },
+        "axes": {"model.schedule": SCHEDULES, "train.seed": SEEDS},
+        "standard": {"model.schedule": "uniform:mha"},
+        "eval": {"tasks_dir": str(d / "tasks"), "tasks": ["shk_next", "shk_ppl"], "limit": 10, "batch_size": 8},
+    }
     path = d / "grid.yaml"
     path.write_text(yaml.safe_dump(spec))
     return {"path": path, "dir": d}
 
 
 def sweep(args, env=None, timeout=900):
-    return subprocess.run([sys.executable, "-m", "megahash", "sweep", *args], cwd=ROOT, env=env or child_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "megahash", "sweep", *args],
+        cwd=ROOT,
+        env=env or child_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def check_report(out_dir):
     """One row per cell in grid order; deltas against the standard row of the same seed."""
     rep = json.loads((out_dir / "report.json").read_text())
     rows = rep["rows"]
-    assert [(r["values"]["model.schedule"], r["values"]["train.seed"]) for r in rows] == \
-        [(s, seed) for s in SCHEDULES for seed in SEEDS]
+    assert [(r["values"]["model.schedule"], r["values"]["train.seed"]) for r in rows] == [
+        (s, seed) for s in SCHEDULES for seed in SEEDS
+    ]
     assert rep["missing"] == []
     md = (out_dir / "report.md").read_text().splitlines()
     table = [line for line in md if re.match(r"\| \d+ \| ", line)]
@@ -69,7 +114,9 @@ def check_report(out_dir):
         assert std["standard"] and not mlp["standard"] and mlp["standard_cell"] == std["cell"]
         assert mlp["display"]["shk_next"] == pytest.approx(100 * mlp["scores"]["shk_next"]["value"])
         assert mlp["delta"]["shk_next"] == pytest.approx(mlp["display"]["shk_next"] - std["display"]["shk_next"])
-        assert mlp["delta"]["shk_ppl"] == pytest.approx(mlp["scores"]["shk_ppl"]["value"] - std["scores"]["shk_ppl"]["value"])
+        assert mlp["delta"]["shk_ppl"] == pytest.approx(
+            mlp["scores"]["shk_ppl"]["value"] - std["scores"]["shk_ppl"]["value"]
+        )
         assert mlp["costs"]["cache_bytes"] == 0 < std["costs"]["cache_bytes"]  # no KV cache without attention
     for png in ("loss_curves.png", "scores.png"):
         assert (out_dir / png).read_bytes()[:8] == PNG
@@ -154,14 +201,19 @@ def test_dry_run_prints_cells_and_commands(grid, capsys):
     assert "--array=0-3" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("edit, message", [
-    ({"axs": {"model.schedule": ["uniform:mha"]}}, "unknown grid key 'axs' in"),
-    ({"axes": {"model.schedul": ["uniform:mha"]}}, "unknown config key 'model.schedul' (did you mean 'schedule'?)"),
-    ({"axes": {"model.schedule": ["uniform:mha", "uniform:nosuch"]}}, "unknown attention kind 'nosuch'"),
-    ({"variants": [{"name": "a", "overrides": {}}, {"name": "b", "overrides": {"train.steps": 7}}]},
-     "changes train.steps (12 -> 7) without an axis"),
-    ({"standard": {"train.lr": 1.0}}, "standard names 'train.lr', which is not an axis"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        ({"axs": {"model.schedule": ["uniform:mha"]}}, "unknown grid key 'axs' in"),
+        ({"axes": {"model.schedul": ["uniform:mha"]}}, "unknown config key 'model.schedul' (did you mean 'schedule'?)"),
+        ({"axes": {"model.schedule": ["uniform:mha", "uniform:nosuch"]}}, "unknown attention kind 'nosuch'"),
+        (
+            {"variants": [{"name": "a", "overrides": {}}, {"name": "b", "overrides": {"train.steps": 7}}]},
+            "changes train.steps (12 -> 7) without an axis",
+        ),
+        ({"standard": {"train.lr": 1.0}}, "standard names 'train.lr', which is not an axis"),
+    ],
+)
 def test_bad_grid_is_one_line_error(grid, tmp_path, capsys, edit, message):
     spec = yaml.safe_load(grid["path"].read_text())
     if "standard" not in edit:
@@ -180,27 +232,44 @@ def test_bad_grid_is_one_line_error(grid, tmp_path, capsys, edit, message):
 
 
 def test_array_script_outside_slurm_is_one_line_error():
-    r = subprocess.run(["bash", "slurm/sweep_array.sh"], cwd=ROOT, env=clean_env(), capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        ["bash", "slurm/sweep_array.sh"], cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 2 and r.stdout == ""
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: slurm/sweep_array.sh must run inside a SLURM job"), r.stderr
 
 
-@pytest.mark.parametrize("name, cells", [("table4_1", 19), ("table4_1_tiny", 8), ("table2_1", 33), ("table2_1_tiny", 6),
-                                         ("table3_2", 35), ("table3_2_tiny", 7)])
+@pytest.mark.parametrize(
+    "name, cells",
+    [
+        ("table4_1", 19),
+        ("table4_1_tiny", 8),
+        ("table2_1", 33),
+        ("table2_1_tiny", 6),
+        ("table3_2", 35),
+        ("table3_2_tiny", 7),
+    ],
+)
 def test_shipped_grids_resolve(name, cells, tmp_path):
     """Every shipped grid resolves to valid cell configs; variants with a config snippet get its keys."""
     from megahash.experiments.sweep import cell_config, load_grid
 
     grid = load_grid(str(ROOT / "configs" / "grids" / f"{name}.yaml"), out=str(tmp_path))
-    assert len(grid.cells) == cells and any(all(c.values.get(k) == v for k, v in grid.standard.items())
-                                            for c in grid.cells)
+    assert len(grid.cells) == cells and any(
+        all(c.values.get(k) == v for k, v in grid.standard.items()) for c in grid.cells
+    )
     cfgs = {c.label: cell_config(grid, c) for c in grid.cells if not c.seed or c.seed == grid.cells[0].seed}
     if name.startswith("table2_1"):
         pool = cfgs["MD5 Pool"]
-        assert (pool.model.embedding, pool.model.embed.hash_spec, pool.model.embed.options.pool_bits) == ("pool", "md5", 10)
-        assert {c.train.objective for c in cfgs.values()} == {"sr"} and {c.model.arch for c in cfgs.values()} == {"encoder"}
+        assert (pool.model.embedding, pool.model.embed.hash_spec, pool.model.embed.options.pool_bits) == (
+            "pool",
+            "md5",
+            10,
+        )
+        assert {c.train.objective for c in cfgs.values()} == {"sr"} and {c.model.arch for c in cfgs.values()} == {
+            "encoder"
+        }
     if name.startswith("table4_1"):
         skip = [c for label, c in cfgs.items() if label.startswith("skip")]
         assert skip and all(c.model.attention.skip_nonstandard and c.model.schedule.startswith("hybrid:") for c in skip)

@@ -1,4 +1,5 @@
 """megahash.hashing: MD5/LSH/rolling word codes, specs, caching, determinism (no torch needed)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -60,7 +61,19 @@ def lsh(corpus_counts) -> LSHModel:
 
 # -- words ------------------------------------------------------------------------------------
 def test_split_words_regex_and_lowercase():
-    assert split_words("Hello, World!! It's 3pm--ok?") == ["hello", ",", "world", "!!", "it", "'", "s", "3pm", "--", "ok", "?"]
+    assert split_words("Hello, World!! It's 3pm--ok?") == [
+        "hello",
+        ",",
+        "world",
+        "!!",
+        "it",
+        "'",
+        "s",
+        "3pm",
+        "--",
+        "ok",
+        "?",
+    ]
     assert split_words("  \n\t ") == []
     assert SPECIAL_TOKENS == ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
 
@@ -113,7 +126,9 @@ def test_parse_hash_specs():
     assert parse_hash_specs("") == []
 
 
-@pytest.mark.parametrize("bad", ["md6", "lsh12", "lsh", "md5-bucket0", "rolling", "sha1", "lsh-bucket-3", "rolling3-len2"])
+@pytest.mark.parametrize(
+    "bad", ["md6", "lsh12", "lsh", "md5-bucket0", "rolling", "sha1", "lsh-bucket-3", "rolling3-len2"]
+)
 def test_unknown_hash_spec_is_one_line_value_error(bad):
     with pytest.raises(ValueError) as e:
         parse_hash_spec(bad)
@@ -196,7 +211,9 @@ def test_lsh_save_load_regenerate(tmp_path, lsh):
     assert a.read_bytes() == b.read_bytes()  # deterministic archive (no timestamps)
     loaded = LSHModel.load(a)
     assert loaded.ngrams == lsh.ngrams and loaded.seed == 1234
-    assert np.array_equal(loaded.hyperplanes(128), make_hyperplanes(lsh.vocab_size, 128, 1234))  # bit-exact: stored planes, copied
+    assert np.array_equal(
+        loaded.hyperplanes(128), make_hyperplanes(lsh.vocab_size, 128, 1234)
+    )  # bit-exact: stored planes, copied
     words = ["play", "plays", "kingdom"]
     assert np.array_equal(loaded.bits(words, 128), lsh.bits(words, 128))  # bit-exact: packed bits (integers)
     assert np.array_equal(loaded.buckets(words, 500), lsh.buckets(words, 500))  # bit-exact: bucket ids (integers)
@@ -269,7 +286,9 @@ def test_code_table_hashes_each_word_once(monkeypatch):
     assert ids[0] == ids[2] and ids2[0] == ids[3] and 0 not in ids
     rows = table.rows("md5", np.array([0, ids[0]]))
     assert not rows[0].any() and rows[1].tobytes() == md5_digest("a")
-    assert np.array_equal(table.rows("rolling3", ids2), hash_words(specs[1], ["c", "a", "d"]))  # bit-exact: integer codes
+    assert np.array_equal(
+        table.rows("rolling3", ids2), hash_words(specs[1], ["c", "a", "d"])
+    )  # bit-exact: integer codes
 
 
 def test_subword_hash_strings():
@@ -298,8 +317,13 @@ def test_determinism_across_processes(tmp_path, lsh):
     outs = []
     for seed in ("0", "12345"):
         env = {"PYTHONHASHSEED": seed, "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
-        r = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(WORDS), str(path)], env=env,
-                           capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [sys.executable, "-c", _CHILD, json.dumps(WORDS), str(path)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert r.returncode == 0, r.stderr
         outs.append(json.loads(r.stdout))
     assert outs[0] == outs[1]
@@ -312,7 +336,12 @@ def test_determinism_across_processes(tmp_path, lsh):
 
 def test_packages_do_not_import_torch():
     code = "import sys, megahash, megahash.hashing, megahash.data, megahash.data.shards; print('torch' in sys.modules)"
-    r = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "False"

@@ -1,6 +1,7 @@
 """Launcher helpers without a cluster: SLURM node lists, rank/world/master resolution from torchrun,
 Open MPI and SLURM environments, DeepSpeed hostfiles, the launcher commands of ``python -m launch``,
 and the SIGUSR1 protocol of the trainer (second signal during the save included)."""
+
 import os
 import shutil
 import signal
@@ -18,16 +19,19 @@ from megahash.launching.hostfile import hostfile_from_slurm, slots_from_slurm
 from megahash.launching.run import build, parse_args
 
 
-@pytest.mark.parametrize("nodelist, hosts", [
-    ("n[1-3,5]", ["n1", "n2", "n3", "n5"]),
-    ("gpu[01-02],cpu7", ["gpu01", "gpu02", "cpu7"]),
-    ("node7", ["node7"]),
-    ("n[8-10]", ["n8", "n9", "n10"]),
-    ("n[098-101]", ["n098", "n099", "n100", "n101"]),
-    ("a[1-2]-ib,b3", ["a1-ib", "a2-ib", "b3"]),
-    ("rack[1-2]-n[01-02]", ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]),
-    ("x[3],y[1,4-5],z", ["x3", "y1", "y4", "y5", "z"]),
-])
+@pytest.mark.parametrize(
+    "nodelist, hosts",
+    [
+        ("n[1-3,5]", ["n1", "n2", "n3", "n5"]),
+        ("gpu[01-02],cpu7", ["gpu01", "gpu02", "cpu7"]),
+        ("node7", ["node7"]),
+        ("n[8-10]", ["n8", "n9", "n10"]),
+        ("n[098-101]", ["n098", "n099", "n100", "n101"]),
+        ("a[1-2]-ib,b3", ["a1-ib", "a2-ib", "b3"]),
+        ("rack[1-2]-n[01-02]", ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]),
+        ("x[3],y[1,4-5],z", ["x3", "y1", "y4", "y5", "z"]),
+    ],
+)
 def test_expand_nodelist(nodelist, hosts):
     assert expand_nodelist(nodelist) == hosts
     assert first_host(nodelist) == hosts[0]
@@ -45,8 +49,12 @@ def test_expand_nodelist_matches_scontrol(tmp_path):
 
     conf = LocalSlurm(tmp_path).write_config()  # scontrol needs a parseable slurm.conf, no daemons
     for nodelist in ("n[1-3,5]", "gpu[01-02],cpu7", "n[098-101]", "rack[1-2]-n[01-02]", "x[3],y[1,4-5],z"):
-        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                             env={**os.environ, "SLURM_CONF": str(conf)})
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "SLURM_CONF": str(conf)},
+        )
         assert out.returncode == 0, out.stderr
         assert expand_nodelist(nodelist) == out.stdout.split(), nodelist
 
@@ -77,23 +85,44 @@ def test_one_local_slurm_per_machine_at_a_time(tmp_path, monkeypatch):
 
 
 def test_resolve_torchrun():
-    env = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "h0", "MASTER_PORT": "1234",
-           "OMPI_COMM_WORLD_RANK": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_STEP_ID": "0"}
+    env = {
+        "RANK": "3",
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "1",
+        "MASTER_ADDR": "h0",
+        "MASTER_PORT": "1234",
+        "OMPI_COMM_WORLD_RANK": "0",
+        "SLURM_PROCID": "0",
+        "SLURM_NTASKS": "1",
+        "SLURM_STEP_ID": "0",
+    }
     assert resolve_env(env) == DistEnv(3, 8, 1, "h0", 1234, "torchrun")
 
 
 def test_resolve_openmpi():
-    env = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
-           "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29999"}
+    env = {
+        "OMPI_COMM_WORLD_RANK": "1",
+        "OMPI_COMM_WORLD_SIZE": "2",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29999",
+    }
     assert resolve_env(env) == DistEnv(1, 2, 1, "10.0.0.1", 29999, "openmpi")
     assert resolve_env({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"}).master_addr == "127.0.0.1"
 
 
 def test_resolve_slurm_step(monkeypatch):
     monkeypatch.setattr(lenv, "_resolves", lambda host: True)
-    env = {"SLURM_JOB_ID": "123456", "SLURM_STEP_ID": "0", "SLURM_PROCID": "5", "SLURM_NTASKS": "16",
-           "SLURM_STEP_NUM_TASKS": "8", "SLURM_LOCALID": "1", "SLURM_JOB_NODELIST": "gpu[07-08],cpu1",
-           "SLURM_STEP_NODELIST": "gpu[07-08]"}
+    env = {
+        "SLURM_JOB_ID": "123456",
+        "SLURM_STEP_ID": "0",
+        "SLURM_PROCID": "5",
+        "SLURM_NTASKS": "16",
+        "SLURM_STEP_NUM_TASKS": "8",
+        "SLURM_LOCALID": "1",
+        "SLURM_JOB_NODELIST": "gpu[07-08],cpu1",
+        "SLURM_STEP_NODELIST": "gpu[07-08]",
+    }
     info = resolve_env(env)
     assert info == DistEnv(5, 8, 1, "gpu07", 20000 + 123456 % 20000, "slurm")
     assert slurm_port("123456") == 23456 and slurm_port(40000) == 20000 and slurm_port("77_3") == 20077
@@ -109,8 +138,13 @@ def test_unresolvable_first_node_uses_scontrol_nodeaddr(monkeypatch):
         stdout = "NodeName=n1 Arch=x86_64 CoresPerSocket=1 NodeAddr=10.1.2.3 NodeHostName=vm Version=22.05.8"
 
     monkeypatch.setattr(lenv.subprocess, "run", lambda *a, **k: Out())
-    env = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "2",
-           "SLURM_JOB_NODELIST": "n[1-2]"}
+    env = {
+        "SLURM_JOB_ID": "7",
+        "SLURM_STEP_ID": "0",
+        "SLURM_PROCID": "0",
+        "SLURM_NTASKS": "2",
+        "SLURM_JOB_NODELIST": "n[1-2]",
+    }
     assert resolve_env(env).master_addr == "10.1.2.3"
 
 
@@ -126,8 +160,12 @@ def test_resolve_writes_back(monkeypatch):
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.setenv(k, "")  # recorded, so the values resolve_env writes are undone after the test
         monkeypatch.delenv(k)
-    for k, v in {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
-                 "MASTER_PORT": "23456"}.items():
+    for k, v in {
+        "OMPI_COMM_WORLD_RANK": "1",
+        "OMPI_COMM_WORLD_SIZE": "2",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+        "MASTER_PORT": "23456",
+    }.items():
         monkeypatch.setenv(k, v)
     resolve_env()
     assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"]) == ("1", "2", "0")
@@ -141,8 +179,9 @@ def test_hostfile_from_slurm(tmp_path):
     assert slots_from_slurm({"SLURM_GPUS_ON_NODE": "4", "SLURM_NTASKS_PER_NODE": "2"}) == 4
     assert slots_from_slurm({"SLURM_TASKS_PER_NODE": "2(x3)"}) == 2
     out = tmp_path / "hostfile"
-    r = run([sys.executable, "launch/hostfile.py", "-o", str(out)], SLURM_JOB_NODELIST="n[1-3,5]",
-            SLURM_GPUS_ON_NODE="8")
+    r = run(
+        [sys.executable, "launch/hostfile.py", "-o", str(out)], SLURM_JOB_NODELIST="n[1-3,5]", SLURM_GPUS_ON_NODE="8"
+    )
     assert r.returncode == 0, r.stderr
     assert out.read_text().splitlines() == [f"n{i} slots=8" for i in (1, 2, 3, 5)]
     r = run([sys.executable, "-m", "launch.hostfile", "--nodelist", "n[1-2]", "--slots", "2"])
@@ -154,8 +193,15 @@ def test_hostfile_from_slurm(tmp_path):
     assert r.returncode == 2 and r.stderr.strip().startswith("error: no node list")
 
 
-SLURM_ALLOC = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "localhost,gpu[02-03]", "SLURM_JOB_NUM_NODES": "3",
-               "SLURM_NTASKS": "6", "SLURM_NTASKS_PER_NODE": "2", "SLURM_GPUS_ON_NODE": "2", "PATH": os.environ["PATH"]}
+SLURM_ALLOC = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_JOB_NODELIST": "localhost,gpu[02-03]",
+    "SLURM_JOB_NUM_NODES": "3",
+    "SLURM_NTASKS": "6",
+    "SLURM_NTASKS_PER_NODE": "2",
+    "SLURM_GPUS_ON_NODE": "2",
+    "PATH": os.environ["PATH"],
+}
 
 
 def _build(argv, env):
@@ -204,39 +250,75 @@ def test_launcher_commands_outside_slurm(tmp_path):
     assert cmd[0] == sys.executable
 
 
-@pytest.mark.parametrize("argv, env, expect", [
-    (["--launcher", "srun"], {}, "needs a SLURM allocation"),
-    (["--nnodes", "4"], SLURM_ALLOC, "this SLURM job has 3 node(s)"),
-    (["--launcher", "python", "--nproc-per-node", "2"], {}, "starts one process, not 2"),
-    (["--launcher", "deepspeed", "--nnodes", "2"], {}, "needs --hostfile"),
-    (["--config", "c.yaml", "notanoverride"], {}, "is not a key=value override"),
-])
+@pytest.mark.parametrize(
+    "argv, env, expect",
+    [
+        (["--launcher", "srun"], {}, "needs a SLURM allocation"),
+        (["--nnodes", "4"], SLURM_ALLOC, "this SLURM job has 3 node(s)"),
+        (["--launcher", "python", "--nproc-per-node", "2"], {}, "starts one process, not 2"),
+        (["--launcher", "deepspeed", "--nnodes", "2"], {}, "needs --hostfile"),
+        (["--config", "c.yaml", "notanoverride"], {}, "is not a key=value override"),
+    ],
+)
 def test_launcher_one_line_errors(argv, env, expect):
     base = child_env()
     for k in [k for k in base if k.startswith(("SLURM_", "OMPI_"))]:
         base.pop(k)
     base.update(env)
-    r = subprocess.run([sys.executable, "-m", "launch", "--dry-run", *argv], cwd=ROOT, env=base,
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "launch", "--dry-run", *argv],
+        cwd=ROOT,
+        env=base,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and expect in lines[0], r.stderr
 
 
 def test_dry_run_prints_command():
-    r = run([sys.executable, "launch/run.py", "--launcher", "torchrun", "--nproc-per-node", "2", "--dry-run",
-             "--config", "configs/quickstart.yaml", "train.steps=3"])
+    r = run(
+        [
+            sys.executable,
+            "launch/run.py",
+            "--launcher",
+            "torchrun",
+            "--nproc-per-node",
+            "2",
+            "--dry-run",
+            "--config",
+            "configs/quickstart.yaml",
+            "train.steps=3",
+        ]
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("+ MASTER_ADDR=127.0.0.1 MASTER_PORT=")
-    assert "--nproc_per_node=2" in r.stdout and "megahash/pretrain.py --config configs/quickstart.yaml train.steps=3" in r.stdout
+    assert (
+        "--nproc_per_node=2" in r.stdout
+        and "megahash/pretrain.py --config configs/quickstart.yaml train.steps=3" in r.stdout
+    )
 
 
 # ---------------------------------------------------------------------------------- signals
 
-TINY = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=128",
-        "data.seq_length=64", "train.micro_batch_size=4", "train.global_batch_size=8", "train.lr=2e-3",
-        "train.warmup_steps=2", "train.log_interval=100", "logging.plot=false", "logging.tensorboard=false",
-        "train.eval_interval=0", "train.save_interval=0"]
+TINY = [
+    "model.hidden_size=64",
+    "model.num_layers=2",
+    "model.num_heads=4",
+    "model.ffn_hidden_size=128",
+    "data.seq_length=64",
+    "train.micro_batch_size=4",
+    "train.global_batch_size=8",
+    "train.lr=2e-3",
+    "train.warmup_steps=2",
+    "train.log_interval=100",
+    "logging.plot=false",
+    "logging.tensorboard=false",
+    "train.eval_interval=0",
+    "train.save_interval=0",
+]
 
 
 def wait_for_step(run_dir: Path, step: int, alive, timeout: float = 300) -> None:
@@ -303,13 +385,29 @@ def test_sigusr1_checkpoints_and_exits_3_and_second_signal_is_harmless(shakespea
     """Without SLURM: SIGUSR1 mid-run -> checkpoint at the next step boundary, exit 3; a second
     SIGUSR1 while that checkpoint is being written leaves it complete; resuming reproduces the
     uninterrupted run's per-step losses."""
-    base = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}",
-            *TINY, "train.steps=40"]
+    base = [
+        f"data.prefix=[{shakespeare_shards['prefix']}]",
+        f"data.tokenizer={shakespeare_shards['tokenizer']}",
+        *TINY,
+        "train.steps=40",
+    ]
     straight, split = tmp_path / "straight", tmp_path / "split"
-    ref = subprocess.Popen([sys.executable, "megahash/pretrain.py", *base, f"train.save_dir={straight}"], cwd=ROOT,
-                           env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    proc = subprocess.Popen([sys.executable, "megahash/pretrain.py", *base, f"train.save_dir={split}"], cwd=ROOT,
-                            env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ref = subprocess.Popen(
+        [sys.executable, "megahash/pretrain.py", *base, f"train.save_dir={straight}"],
+        cwd=ROOT,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "megahash/pretrain.py", *base, f"train.save_dir={split}"],
+        cwd=ROOT,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         wait_for_step(split, 3, lambda: proc.poll() is None)
         proc.send_signal(signal.SIGUSR1)
@@ -350,15 +448,19 @@ def test_rendezvous_ports_are_outside_the_ephemeral_range():
             s.bind(("127.0.0.1", p))
 
 
-@pytest.mark.parametrize("typo, message", [
-    ("train.stpes=5", "unknown config key 'train.stpes'"),
-    ("model.schedule=uniform:mhaa", "unknown attention kind 'mhaa'"),
-])
+@pytest.mark.parametrize(
+    "typo, message",
+    [
+        ("train.stpes=5", "unknown config key 'train.stpes'"),
+        ("model.schedule=uniform:mhaa", "unknown attention kind 'mhaa'"),
+    ],
+)
 def test_quickstart_passes_config_errors_through_as_one_line(typo, message):
     """A config typo given to launch/quickstart.sh: its one-line error, exit 2, before any data step or
     the deepspeed launcher (issue 29: an 11-line traceback, exit 1, before)."""
-    r = subprocess.run(["bash", "launch/quickstart.sh", typo], cwd=ROOT, env=child_env(), capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run(
+        ["bash", "launch/quickstart.sh", typo], cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 2, (r.stdout[-2000:], r.stderr[-2000:])
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.stderr
@@ -369,9 +471,26 @@ def test_python_m_launch_checks_the_config_before_the_launcher():
     """`python -m launch` runs pretrain.py's torch-free checks once before exec'ing the launcher: a typo
     is one line, exit 2, and no launcher starts (under deepspeed it was one line per rank among the
     launcher's own)."""
-    r = subprocess.run([sys.executable, "-m", "launch", "--launcher", "deepspeed", "--nproc-per-node", "2",
-                        "--config", "configs/quickstart.yaml", "model.schedule=uniform:mhaa"], cwd=ROOT,
-                       env=child_env(), capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launch",
+            "--launcher",
+            "deepspeed",
+            "--nproc-per-node",
+            "2",
+            "--config",
+            "configs/quickstart.yaml",
+            "model.schedule=uniform:mhaa",
+        ],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert (r.returncode, r.stdout) == (2, ""), (r.stdout[-2000:], r.stderr[-2000:])
-    assert r.stderr.strip().splitlines() == ["error: unknown attention kind 'mhaa' in schedule 'uniform:mhaa' "
-                                             "(did you mean 'mha'?)"]
+    assert r.stderr.strip().splitlines() == [
+        "error: unknown attention kind 'mhaa' in schedule 'uniform:mhaa' (did you mean 'mha'?)"
+    ]

@@ -1,5 +1,6 @@
 """What a researcher sees: a bad config on 2 ranks prints ONE error line (not one per rank), and a
 requeued run continues the same wandb run (offline mode, real wandb)."""
+
 import json
 import subprocess
 import sys
@@ -67,9 +68,17 @@ def test_progress_bars_stay_out_of_logs_unless_verbose(tmp_path):
         env = child_env(MEGAHASH_SHOW_WARNINGS=verbose)
         for var in known_warnings.NO_PROGRESS_BARS:  # set in this worker by an earlier in-process entry point
             env.pop(var, None)
-        r = subprocess.run([sys.executable, "-c", BARS, str(data), str(tmp_path / f"cache{verbose}")], cwd=ROOT,
-                           env=env, capture_output=True, text=True, timeout=300)
+        r = subprocess.run(
+            [sys.executable, "-c", BARS, str(data), str(tmp_path / f"cache{verbose}")],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert r.returncode == 0, r.stderr[-3000:]
         outs[verbose] = r.stdout + r.stderr
-    assert "requests" not in outs["0"] and "Generating test split" not in outs["0"] and "it/s" not in outs["0"], outs["0"]
+    assert "requests" not in outs["0"] and "Generating test split" not in outs["0"] and "it/s" not in outs["0"], outs[
+        "0"
+    ]
     assert "requests: 100%" in outs["1"] and "Generating test split" in outs["1"], outs["1"]

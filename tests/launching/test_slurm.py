@@ -6,6 +6,7 @@ starting the same training; one-line errors outside SLURM and for a wrong node c
 
 Needs root and the Debian packages of launch/install_cluster_tools.sh (.ci/run installs them; this
 module installs them itself when they are missing and skips only if that is impossible)."""
+
 import os
 import re
 import shutil
@@ -22,25 +23,47 @@ from conftest import ROOT, train_losses
 
 SCRIPT = "slurm/pretrain_500m_hybrid.sh"
 STEPS = 60
-TINY = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=128",
-        "model.vocab_size=0", "data.seq_length=64", "train.micro_batch_size=4", "train.global_batch_size=8",
-        f"train.steps={STEPS}", "train.precision=fp32", "train.warmup_steps=2", "train.lr=2e-3",
-        "train.eval_interval=20", "train.save_interval=0", "train.log_interval=10",
-        "logging.plot=false", "logging.tensorboard=false"]
+TINY = [
+    "model.hidden_size=64",
+    "model.num_layers=2",
+    "model.num_heads=4",
+    "model.ffn_hidden_size=128",
+    "model.vocab_size=0",
+    "data.seq_length=64",
+    "train.micro_batch_size=4",
+    "train.global_batch_size=8",
+    f"train.steps={STEPS}",
+    "train.precision=fp32",
+    "train.warmup_steps=2",
+    "train.lr=2e-3",
+    "train.eval_interval=20",
+    "train.save_interval=0",
+    "train.log_interval=10",
+    "logging.plot=false",
+    "logging.tensorboard=false",
+]
 # 2 emulated nodes x 1 rank; the header's --cpus-per-task=8 and 8 GPUs do not fit the local nodes
 SBATCH = ["--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=1", "--cpus-per-task=1", "--time=20"]
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 
+
 def submit(cluster, out: Path, overrides: list[str], script: str = SCRIPT, sbatch: list[str] = SBATCH, **env) -> str:
-    r = subprocess.run(["sbatch", "--parsable", *sbatch, "-o", str(out), script, *overrides], cwd=ROOT,
-                       env=cluster.env(clean_env(**env)), capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        ["sbatch", "--parsable", *sbatch, "-o", str(out), script, *overrides],
+        cwd=ROOT,
+        env=cluster.env(clean_env(**env)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     return r.stdout.strip().split(";")[0]
 
 
 def job_info(cluster, job: str) -> dict:
-    r = subprocess.run(["scontrol", "-o", "show", "job", job], env=cluster.env(clean_env()), capture_output=True,
-                       text=True, timeout=30)
+    r = subprocess.run(
+        ["scontrol", "-o", "show", "job", job], env=cluster.env(clean_env()), capture_output=True, text=True, timeout=30
+    )
     return dict(re.findall(r"(\w+)=(\S*)", r.stdout))
 
 
@@ -54,8 +77,9 @@ def wait_job(cluster, job: str, out: Path, timeout: float = 300) -> dict:
         time.sleep(0.5)
     subprocess.run(["scancel", job], env=cluster.env(clean_env()), timeout=30)
     text = out.read_text() if out.exists() else ""
-    raise AssertionError(f"job {job} not done after {timeout}s: {info.get('JobState')}\n{text[-3000:]}\n"
-                         f"{cluster.logs()}")
+    raise AssertionError(
+        f"job {job} not done after {timeout}s: {info.get('JobState')}\n{text[-3000:]}\n{cluster.logs()}"
+    )
 
 
 def rank_pids(run_dir: Path) -> list[int]:
@@ -68,8 +92,12 @@ def rank_pids(run_dir: Path) -> list[int]:
             argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
         except OSError:
             continue
-        if (len(argv) > 1 and "python" in Path(argv[0]).name and any(a.endswith("megahash/pretrain.py") for a in argv)
-                and f"train.save_dir={run_dir}" in argv):
+        if (
+            len(argv) > 1
+            and "python" in Path(argv[0]).name
+            and any(a.endswith("megahash/pretrain.py") for a in argv)
+            and f"train.save_dir={run_dir}" in argv
+        ):
             pids.append(int(proc.name))
     return pids
 
@@ -81,14 +109,35 @@ def runs(cluster, shakespeare_shards, tmp_path_factory):
     1-node job of the 70M size wrapper."""
     d = tmp_path_factory.mktemp("slurm_runs")
     data = dict(DATA_PREFIX=shakespeare_shards["prefix"], TOKENIZER=shakespeare_shards["tokenizer"])
-    jobs = {"srun": (d / "srun", d / "srun.out", {}, SCRIPT, SBATCH, TINY, {"NODES": 2}),
-            "70m": (d / "70m", d / "70m.out", {}, "slurm/pretrain_70m.sh", ["--nodes=1", *SBATCH[1:]],
-                    ["model.num_layers=1", "model.hidden_size=64", "model.num_heads=4", "model.ffn_hidden_size=128",
-                     "model.vocab_size=0", "data.seq_length=32", "train.micro_batch_size=2",
-                     "train.global_batch_size=4", "train.precision=fp32", "train.eval_interval=0",
-                     "logging.plot=false", "logging.tensorboard=false"], {"STEPS": 2})}
-    submitted = {name: submit(cluster, out, overrides, script=script, sbatch=sbatch, SAVE_DIR=run_dir, **data, **env)
-                 for name, (run_dir, out, _, script, sbatch, overrides, env) in jobs.items()}
+    jobs = {
+        "srun": (d / "srun", d / "srun.out", {}, SCRIPT, SBATCH, TINY, {"NODES": 2}),
+        "70m": (
+            d / "70m",
+            d / "70m.out",
+            {},
+            "slurm/pretrain_70m.sh",
+            ["--nodes=1", *SBATCH[1:]],
+            [
+                "model.num_layers=1",
+                "model.hidden_size=64",
+                "model.num_heads=4",
+                "model.ffn_hidden_size=128",
+                "model.vocab_size=0",
+                "data.seq_length=32",
+                "train.micro_batch_size=2",
+                "train.global_batch_size=4",
+                "train.precision=fp32",
+                "train.eval_interval=0",
+                "logging.plot=false",
+                "logging.tensorboard=false",
+            ],
+            {"STEPS": 2},
+        ),
+    }
+    submitted = {
+        name: submit(cluster, out, overrides, script=script, sbatch=sbatch, SAVE_DIR=run_dir, **data, **env)
+        for name, (run_dir, out, _, script, sbatch, overrides, env) in jobs.items()
+    }
     result = {"data": data}
     for name, job in submitted.items():
         run_dir, out = jobs[name][:2]
@@ -130,13 +179,17 @@ def test_usr1_checkpoints_requeues_and_resumes_exactly(cluster, runs, tmp_path):
     jobs = {}
     for launcher in ("torchrun", "srun"):
         run_dir, out = tmp_path / launcher, tmp_path / f"{launcher}.out"
-        jobs[launcher] = (submit(cluster, out, TINY, SAVE_DIR=run_dir, LAUNCHER=launcher, **runs["data"]),
-                          run_dir, out)
+        jobs[launcher] = (submit(cluster, out, TINY, SAVE_DIR=run_dir, LAUNCHER=launcher, **runs["data"]), run_dir, out)
     during = False
     for launcher, (job, run_dir, _out) in jobs.items():
         wait_for_step(run_dir, 3, lambda: job_info(cluster, job).get("JobState") not in FINAL)
-        r = subprocess.run(["scancel", "--signal=USR1", "--batch", job], env=cluster.env(clean_env()),
-                           capture_output=True, text=True, timeout=30)
+        r = subprocess.run(
+            ["scancel", "--signal=USR1", "--batch", job],
+            env=cluster.env(clean_env()),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert r.returncode == 0, r.stderr
         if launcher == "srun":
             during = signal_during_save(run_dir, lambda: rank_pids(run_dir))
@@ -172,14 +225,29 @@ def test_mpirun_and_torchrun_start_the_same_training(runs, tmp_path):
     if shutil.which("mpirun") is None:
         pytest.skip(f"Open MPI could not be installed: {install_note() or 'mpirun missing'}")
     data = runs["data"]
-    common = ["--config", "configs/pretrain_500m_hybrid.yaml", f"data.prefix=[{data['DATA_PREFIX']}]",
-              f"data.tokenizer={data['TOKENIZER']}", *TINY]
+    common = [
+        "--config",
+        "configs/pretrain_500m_hybrid.yaml",
+        f"data.prefix=[{data['DATA_PREFIX']}]",
+        f"data.tokenizer={data['TOKENIZER']}",
+        *TINY,
+    ]
     procs = {}
     for name in ("mpirun", "torchrun"):
-        cmd = [sys.executable, "-m", "launch", "--launcher", name, "--nproc-per-node", "2", *common,
-               f"train.save_dir={tmp_path / name}"]
-        procs[name] = subprocess.Popen(cmd, cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE,
-                                       stderr=subprocess.STDOUT, text=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "launch",
+            "--launcher",
+            name,
+            "--nproc-per-node",
+            "2",
+            *common,
+            f"train.save_dir={tmp_path / name}",
+        ]
+        procs[name] = subprocess.Popen(
+            cmd, cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
     outs = {name: p.communicate(timeout=600)[0] for name, p in procs.items()}
     for name, p in procs.items():
         assert p.returncode == 0, outs[name][-4000:]
@@ -191,11 +259,21 @@ def test_mpirun_and_torchrun_start_the_same_training(runs, tmp_path):
     assert train_losses(tmp_path / "torchrun") == ref
 
 
-@pytest.mark.parametrize("script", ["slurm/pretrain_500m_hybrid.sh", "slurm/pretrain_70m.sh", "slurm/pretrain_160m.sh",
-                                    "slurm/pretrain_1.7b.sh", "slurm/eval.sh", "slurm/convert_hf.sh"])
+@pytest.mark.parametrize(
+    "script",
+    [
+        "slurm/pretrain_500m_hybrid.sh",
+        "slurm/pretrain_70m.sh",
+        "slurm/pretrain_160m.sh",
+        "slurm/pretrain_1.7b.sh",
+        "slurm/eval.sh",
+        "slurm/convert_hf.sh",
+    ],
+)
 def test_script_outside_slurm_is_one_line_error(script):
-    r = subprocess.run(["bash", script, "train.steps=1"], cwd=ROOT, env=clean_env(), capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        ["bash", script, "train.steps=1"], cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 2 and r.stdout == ""
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {script} must run inside a SLURM job"), r.stderr
@@ -208,13 +286,22 @@ def test_wrong_node_count_is_one_line_error(cluster, tmp_path):
     info = wait_job(cluster, job, out, timeout=120)
     assert info["JobState"] == "FAILED" and info["ExitCode"] == "2:0"
     lines = out.read_text().strip().splitlines()
-    assert lines == [f"error: NODES=3 but job {job} has 2 node(s) (n[1-2]); submit with 'sbatch --nodes=3 ...' "
-                     "or set NODES=2"]
+    assert lines == [
+        f"error: NODES=3 but job {job} has 2 node(s) (n[1-2]); submit with 'sbatch --nodes=3 ...' or set NODES=2"
+    ]
     # more nodes than the cluster has: sbatch itself refuses (EnforcePartLimits=ALL), one line
-    r = subprocess.run(["sbatch", "--parsable", "--nodes=3", *SBATCH[1:], SCRIPT], cwd=ROOT,
-                       env=cluster.env(clean_env()), capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        ["sbatch", "--parsable", "--nodes=3", *SBATCH[1:], SCRIPT],
+        cwd=ROOT,
+        env=cluster.env(clean_env()),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode != 0
-    assert r.stderr.strip().splitlines() == ["sbatch: error: Batch job submission failed: Node count specification invalid"]
+    assert r.stderr.strip().splitlines() == [
+        "sbatch: error: Batch job submission failed: Node count specification invalid"
+    ]
 
 
 @pytest.mark.slow
@@ -248,8 +335,9 @@ def test_scancel_term_requeues_and_resumes_exactly(cluster, runs, tmp_path):
         assert time.time() < deadline and alive(), out.read_text()[-3000:] if out.exists() else "no output"
         time.sleep(0.05)
     wait_for_step(run_dir, 12, alive)
-    r = subprocess.run(["scancel", "--signal=TERM", job], env=cluster.env(clean_env()), capture_output=True,
-                       text=True, timeout=30)
+    r = subprocess.run(
+        ["scancel", "--signal=TERM", job], env=cluster.env(clean_env()), capture_output=True, text=True, timeout=30
+    )
     assert r.returncode == 0, r.stderr
     info = wait_job(cluster, job, out, timeout=600)
     text = out.read_text()
@@ -271,8 +359,11 @@ def _sig_pending(pid: int, sig: int) -> bool:
         text = Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return False
-    return any(int(line.split()[1], 16) >> (sig - 1) & 1 for line in text.splitlines()
-               if line.startswith(("SigPnd:", "ShdPnd:")))
+    return any(
+        int(line.split()[1], 16) >> (sig - 1) & 1
+        for line in text.splitlines()
+        if line.startswith(("SigPnd:", "ShdPnd:"))
+    )
 
 
 def _kill(pid: int, sig: int) -> None:
@@ -321,8 +412,12 @@ def _ran_out_before_the_signal(cluster, job: str, out: Path) -> bool:
     """The job ended its run before any stop: completed, never requeued, no "stopped at step" line."""
     info = wait_job(cluster, job, out, timeout=600)
     text = out.read_text() if out.exists() else ""
-    return (info.get("JobState") == "COMPLETED" and info.get("Restarts", "0") == "0"
-            and "stopped at step" not in text and "ranks exited with status 0" in text)
+    return (
+        info.get("JobState") == "COMPLETED"
+        and info.get("Restarts", "0") == "0"
+        and "stopped at step" not in text
+        and "ranks exited with status 0" in text
+    )
 
 
 def _time_limit_jobs(cluster, runs, tmp_path: Path) -> dict:
@@ -333,13 +428,24 @@ def _time_limit_jobs(cluster, runs, tmp_path: Path) -> dict:
     tmp_path.mkdir(parents=True, exist_ok=True)
     data = runs["data"]
     nosig = tmp_path / "pretrain_nosignal.sh"  # a user's script without the header's B:USR1@120
-    nosig.write_text("".join(line for line in (Path(ROOT) / SCRIPT).read_text().splitlines(keepends=True)
-                             if not line.startswith("#SBATCH --signal")))
+    nosig.write_text(
+        "".join(
+            line
+            for line in (Path(ROOT) / SCRIPT).read_text().splitlines(keepends=True)
+            if not line.startswith("#SBATCH --signal")
+        )
+    )
     jobs = {}
     for kind, script in (("B:USR1@65", SCRIPT), ("USR1@65", str(nosig))):
         run_dir, out = tmp_path / kind.replace(":", "_").replace("@", "_"), tmp_path / f"{kind}.out"
-        sbatch = ["--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=1", "--cpus-per-task=1", "--time=2",
-                  f"--signal={kind}"]
+        sbatch = [
+            "--nodes=1",
+            "--ntasks-per-node=2",
+            "--gpus-per-node=1",
+            "--cpus-per-task=1",
+            "--time=2",
+            f"--signal={kind}",
+        ]
         jobs[kind] = (submit(cluster, out, TINY, script=script, sbatch=sbatch, SAVE_DIR=run_dir, **data), run_dir, out)
     # throttle each job's ranks from step 1 until the signal has come (pending while they are stopped,
     # or the batch shell says so) or a checkpoint is being written: run 10 ms, stopped 990 ms (at
@@ -355,9 +461,12 @@ def _time_limit_jobs(cluster, runs, tmp_path: Path) -> dict:
                 except (OSError, ValueError):
                     step = 0
                 pids = throttled.get(kind, [])
-                if (any(_sig_pending(pid, signal.SIGUSR1) for pid in pids) or list(run_dir.glob("step_*"))
-                        or "received SIGUSR1" in (out.read_text() if out.exists() else "")
-                        or job_info(cluster, job).get("JobState") in FINAL):
+                if (
+                    any(_sig_pending(pid, signal.SIGUSR1) for pid in pids)
+                    or list(run_dir.glob("step_*"))
+                    or "received SIGUSR1" in (out.read_text() if out.exists() else "")
+                    or job_info(cluster, job).get("JobState") in FINAL
+                ):
                     todo.pop(kind)  # the signal has come (or a stop checkpoint is being written): full speed
                     for pid in throttled.pop(kind, []):
                         _kill(pid, signal.SIGCONT)
@@ -384,11 +493,17 @@ def _time_limit_jobs(cluster, runs, tmp_path: Path) -> dict:
         for kind, (job, _run_dir, _out) in jobs.items():
             info = job_info(cluster, job)
             if kind not in extended and (info.get("Restarts", "0") != "0" or info.get("JobState") in FINAL):
-                subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=5"], env=cluster.env(clean_env()),
-                               capture_output=True, text=True, timeout=30)
+                subprocess.run(
+                    ["scontrol", "update", f"JobId={job}", "TimeLimit=5"],
+                    env=cluster.env(clean_env()),
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                )
                 extended.add(kind)
         time.sleep(0.5)
     return jobs
+
 
 def _slurm_rank(pid: int) -> int | None:
     """SLURM_PROCID of process ``pid`` (its environment)."""
@@ -415,8 +530,13 @@ def test_hung_rank_is_dumped_requeued_and_resumed(cluster, runs, tmp_path):
 
     run_dir, out = tmp_path / "run", tmp_path / "run.out"
     overrides = [o for o in TINY if not o.startswith("train.save_interval")]
-    job = submit(cluster, out, [*overrides, "train.save_interval=10", "train.hang_timeout_s=30", "--srun-wait=5"],
-                 SAVE_DIR=run_dir, **runs["data"])
+    job = submit(
+        cluster,
+        out,
+        [*overrides, "train.save_interval=10", "train.hang_timeout_s=30", "--srun-wait=5"],
+        SAVE_DIR=run_dir,
+        **runs["data"],
+    )
     alive = lambda: job_info(cluster, job).get("JobState") not in FINAL  # noqa: E731
     wait_for_step(run_dir, 12, alive)
     stopped = [pid for pid in rank_pids(run_dir) if _slurm_rank(pid) == 1]
@@ -429,8 +549,11 @@ def test_hung_rank_is_dumped_requeued_and_resumed(cluster, runs, tmp_path):
     text = out.read_text()
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", text[-5000:]
     report = run_dir / "hang" / "rank0.txt"
-    m = re.search(rf"megahash: rank 0 hung at step (\d+) for ([\d.]+) s \(train.hang_timeout_s=30\); stacks in "
-                  rf"{re.escape(str(report))}; exiting for requeue", text)
+    m = re.search(
+        rf"megahash: rank 0 hung at step (\d+) for ([\d.]+) s \(train.hang_timeout_s=30\); stacks in "
+        rf"{re.escape(str(report))}; exiting for requeue",
+        text,
+    )
     assert m and 12 <= int(m.group(1)) < STEPS and 30 < float(m.group(2)) < 90, text[-5000:]
     stacks = report.read_text()
     assert "in _loop" in stacks and "in fire" in stacks and stacks.splitlines()[1] in text  # the dump, on stderr too

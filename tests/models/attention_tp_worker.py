@@ -8,6 +8,7 @@ through the export's name map): largest logit and per-parameter gradient differe
 writes a JSON file.
 Usage: RANK=r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=p python attention_tp_worker.py OUT CASES
 """
+
 from __future__ import annotations
 
 import json
@@ -33,9 +34,16 @@ def case_config(case: str, tp: int, sp: bool):
     kind, opts = parts[0], parts[1:]
     schedule = kind if ":" in kind else f"uniform:{kind}"
     over = [
-        "model.hidden_size=32", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=64",
-        f"model.schedule={schedule}", f"data.seq_length={SEQ}", "model.max_position_embeddings=64",
-        "model.attention.options.fixed_seq_length=64", f"parallel.tensor={tp}", f"parallel.sequence={str(sp).lower()}",
+        "model.hidden_size=32",
+        "model.num_layers=2",
+        "model.num_heads=4",
+        "model.ffn_hidden_size=64",
+        f"model.schedule={schedule}",
+        f"data.seq_length={SEQ}",
+        "model.max_position_embeddings=64",
+        "model.attention.options.fixed_seq_length=64",
+        f"parallel.tensor={tp}",
+        f"parallel.sequence={str(sp).lower()}",
     ]
     for o in opts:
         if o == "encoder":
@@ -50,7 +58,9 @@ def case_config(case: str, tp: int, sp: bool):
             over += ["model.qk_norm=true"]
         elif o.startswith("f"):
             over += [f"model.attention.options.feature_dim={int(o[1:])}"]
-        elif o == "ngram":  # the token n-gram hash table added to the embedding (megahash/models/embeddings/ngram_hash.py)
+        elif (
+            o == "ngram"
+        ):  # the token n-gram hash table added to the embedding (megahash/models/embeddings/ngram_hash.py)
             over += ["model.embed.ngram_hash_buckets=32", "model.embed.ngram_hash_dim=8"]
         elif o.startswith("emb="):  # an embedding kind that reads token ids (no hash codes here)
             over += [f"model.embedding={o[4:]}"]
@@ -75,7 +85,7 @@ def setup(case: str, tp: int, sp: bool):
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen)
     labels = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen)
     padding = torch.ones(BATCH, SEQ, dtype=torch.bool)
-    padding[1, SEQ - 5:] = False
+    padding[1, SEQ - 5 :] = False
     return cfg, model, tokens, labels, padding
 
 
@@ -136,7 +146,7 @@ def main():
     for tp in (1, 2):  # one model-parallel set-up per TP size (creating groups is the slow part)
         accelerator.init_distributed(tp)
         for case in cases:
-            for sp in ((False,) if tp == 1 else (False, True)):
+            for sp in (False,) if tp == 1 else (False, True):
                 results[case][f"tp{tp}{'sp' if sp else ''}"] = run_case(case, tp, sp)
             if tp == 1:
                 results[case]["reference"] = reference_case(case)

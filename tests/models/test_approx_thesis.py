@@ -1,6 +1,7 @@
 """``approx-thesis`` ([Xue25] Appendix I, eq. 4.14-4.17): parallel = chunked = recurrent = a naive
 loop written here from the equations; decode state = Table 4.8; model-level decoding and TP parity
 (the TP case runs in tests/models/test_attention.py::test_tp2_parity_all_kinds)."""
+
 from __future__ import annotations
 
 import math
@@ -29,13 +30,13 @@ def naive_eq_4_14(q, k, v, phi=lambda x: x):
     L = q.shape[0]
     out = torch.zeros(L, v.shape[1], dtype=q.dtype)
     for i in range(L):
-        o0 = sum(v[j] for j in range(i + 1)) / (i + 1)                                    # (4.15)
-        num1 = phi(q[i]) @ sum(torch.outer(phi(k[j]), v[j]) for j in range(i + 1))         # (4.16)
+        o0 = sum(v[j] for j in range(i + 1)) / (i + 1)  # (4.15)
+        num1 = phi(q[i]) @ sum(torch.outer(phi(k[j]), v[j]) for j in range(i + 1))  # (4.16)
         den1 = phi(q[i]) @ sum(phi(k[j]) for j in range(i + 1))
         q2 = q[i] ** 2 / math.sqrt(2)
         num2 = q2 @ sum(torch.outer(k[j] ** 2 / math.sqrt(2), v[j]) for j in range(i + 1))  # (4.17)
         den2 = q2 @ sum(k[j] ** 2 / math.sqrt(2) for j in range(i + 1))
-        out[i] = o0 + num1 / den1 + num2 / den2                                           # (4.14)
+        out[i] = o0 + num1 / den1 + num2 / den2  # (4.14)
     return out
 
 
@@ -48,9 +49,18 @@ def test_parallel_chunked_recurrent_equal_naive_loop():
     q = torch.randn(2, 2, 3, L, d, dtype=torch.float64, generator=g)  # [b, groups, rep, L, d]
     k = torch.randn(2, 2, 1, L, d, dtype=torch.float64, generator=g)
     v = torch.randn(2, 2, 1, L, dv, dtype=torch.float64, generator=g)
-    s = d ** -0.25  # eq. 4.6: q.k / sqrt(d_h)
-    want = torch.stack([torch.stack([torch.stack([naive_eq_4_14(q[b, h, r] * s, k[b, h, 0] * s, v[b, h, 0])
-                                                  for r in range(3)]) for h in range(2)]) for b in range(2)])
+    s = d**-0.25  # eq. 4.6: q.k / sqrt(d_h)
+    want = torch.stack(
+        [
+            torch.stack(
+                [
+                    torch.stack([naive_eq_4_14(q[b, h, r] * s, k[b, h, 0] * s, v[b, h, 0]) for r in range(3)])
+                    for h in range(2)
+                ]
+            )
+            for b in range(2)
+        ]
+    )
     par, _ = thesis_causal(q, k, v, chunk=L)
     rec, rstate = thesis_recurrent(q, k, v)
     torch.testing.assert_close(par, want, rtol=1e-10, atol=1e-10)
@@ -86,17 +96,25 @@ def test_bidirectional_form_is_the_sum_over_all_valid_keys():
     got = thesis_bidirectional(q, k, v, mask)
     # the last causal position over the 6 valid keys sees exactly all of them: query the last one
     for i in range(9):
-        qq = torch.cat([q[..., :5, :], q[..., i:i + 1, :]], -2)
+        qq = torch.cat([q[..., :5, :], q[..., i : i + 1, :]], -2)
         want = thesis_causal(qq, k[..., :6, :], v[..., :6, :], chunk=6)[0][..., -1, :]
         torch.testing.assert_close(got[..., i, :], want, rtol=1e-10, atol=1e-12)
 
 
 def make_cfg(*extra):
-    return load_config(None, [
-        "model.hidden_size=32", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=64",
-        "model.schedule=uniform:approx-thesis", "data.seq_length=16", "model.max_position_embeddings=64",
-        *extra,
-    ])
+    return load_config(
+        None,
+        [
+            "model.hidden_size=32",
+            "model.num_layers=2",
+            "model.num_heads=4",
+            "model.ffn_hidden_size=64",
+            "model.schedule=uniform:approx-thesis",
+            "data.seq_length=16",
+            "model.max_position_embeddings=64",
+            *extra,
+        ],
+    )
 
 
 @pytest.mark.parametrize("extra", [(), ("model.num_query_groups=2",)])
@@ -115,7 +133,7 @@ def test_decode_state_is_table_4_8(extra):
         full = model.hidden_states(tok)
         state = DecodeState(2)
         parts = [model.hidden_states(tok[:, :5], decode_state=state)]
-        parts += [model.hidden_states(tok[:, i:i + 1], decode_state=state) for i in range(5, 12)]
+        parts += [model.hidden_states(tok[:, i : i + 1], decode_state=state) for i in range(5, 12)]
     torch.testing.assert_close(torch.cat(parts), full, rtol=0, atol=1e-10)
     B, L, n, d = 3, 12, 4, 32
     g = cfg.model.num_query_groups or n
@@ -147,7 +165,10 @@ def test_approx_projected_feature_dim():
         return build_model(make_cfg("model.schedule=uniform:approx", *extra), VOCAB, dtype=torch.float64).eval()
 
     tok = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
-    a, b = model("model.attention.options.feature_dim=4"), model("model.attention.options.feature_dim=4", "model.attention.options.chunk_size=5")
+    a, b = (
+        model("model.attention.options.feature_dim=4"),
+        model("model.attention.options.feature_dim=4", "model.attention.options.chunk_size=5"),
+    )
     att = a.attention_modules()[0]
     assert att.linear_q.weight.shape == (4 * 4, 32) and att.linear_kv.weight.shape == (4 * (4 + 8), 32)
     with torch.no_grad():
@@ -155,7 +176,7 @@ def test_approx_projected_feature_dim():
         torch.testing.assert_close(b.hidden_states(tok), full, rtol=0, atol=1e-10)
         state = DecodeState(2)
         parts = [a.hidden_states(tok[:, :5], decode_state=state)]
-        parts += [a.hidden_states(tok[:, i:i + 1], decode_state=state) for i in range(5, 12)]
+        parts += [a.hidden_states(tok[:, i : i + 1], decode_state=state) for i in range(5, 12)]
     torch.testing.assert_close(torch.cat(parts), full, rtol=0, atol=1e-10)
     numbers = sum(t.numel() for t in state.caches[0].values())
     assert numbers == 2 * 4 * (1 + 4 + 10) * (8 + 1) == costs.cache_elements("approx", 2, 12, 4, 8, feature_dim=4)
@@ -164,6 +185,7 @@ def test_approx_projected_feature_dim():
 
 
 # ----------------------------------------------------------------------------- the positive denominator (issue 33)
+
 
 @pytest.mark.numerics
 def test_positive_denominator_equals_its_loop_in_every_form():
@@ -178,9 +200,13 @@ def test_positive_denominator_equals_its_loop_in_every_form():
     q = torch.randn(1, 2, 2, L, d, dtype=torch.float64, generator=g)
     k = torch.randn(1, 2, 1, L, d, dtype=torch.float64, generator=g)
     v = torch.randn(1, 2, 1, L, dv, dtype=torch.float64, generator=g)
-    s = d ** -0.25
-    want = torch.stack([torch.stack([naive_eq_4_14(q[0, h, r] * s, k[0, h, 0] * s, v[0, h, 0], elu1)
-                                     for r in range(2)]) for h in range(2)]).unsqueeze(0)
+    s = d**-0.25
+    want = torch.stack(
+        [
+            torch.stack([naive_eq_4_14(q[0, h, r] * s, k[0, h, 0] * s, v[0, h, 0], elu1) for r in range(2)])
+            for h in range(2)
+        ]
+    ).unsqueeze(0)
     tol = dict(rtol=1e-10, atol=1e-10)  # fp64: only reassociation differs
     for chunk in (1, 4, L):
         torch.testing.assert_close(orders_causal(q, k, v, chunk, positive=True)[0], want, **tol)
@@ -194,9 +220,22 @@ def test_positive_denominator_equals_its_loop_in_every_form():
     mask[..., 7:] = False
     bi = orders_bidirectional(q, k, v, mask, positive=True)
     for i in (0, 4, 10):
-        want_i = torch.stack([torch.stack([naive_eq_4_14(torch.cat([k[0, h, 0, :6], q[0, h, r, i:i + 1]]) * s,
-                                                         k[0, h, 0, :7] * s, v[0, h, 0, :7], elu1)[-1]
-                                           for r in range(2)]) for h in range(2)])
+        want_i = torch.stack(
+            [
+                torch.stack(
+                    [
+                        naive_eq_4_14(
+                            torch.cat([k[0, h, 0, :6], q[0, h, r, i : i + 1]]) * s,
+                            k[0, h, 0, :7] * s,
+                            v[0, h, 0, :7],
+                            elu1,
+                        )[-1]
+                        for r in range(2)
+                    ]
+                )
+                for h in range(2)
+            ]
+        )
         torch.testing.assert_close(bi[0, :, :, i], want_i, **tol)
 
 
@@ -233,7 +272,7 @@ def test_positive_denominator_model_is_causal_and_decodes():
         full, other = model.hidden_states(tok), model.hidden_states(bumped)
         state = DecodeState(2)
         parts = [model.hidden_states(tok[:, :5], decode_state=state)]
-        parts += [model.hidden_states(tok[:, i:i + 1], decode_state=state) for i in range(5, 12)]
+        parts += [model.hidden_states(tok[:, i : i + 1], decode_state=state) for i in range(5, 12)]
     torch.testing.assert_close(other[:7], full[:7], rtol=0, atol=1e-12)  # fp64 round-off only
     assert (other[7:] - full[7:]).abs().max() > 1e-6
     torch.testing.assert_close(torch.cat(parts), full, rtol=0, atol=1e-10)

@@ -3,6 +3,7 @@
 Single-rank checks run in-process on a 1-rank gloo group; the TP=1/TP=2/TP=2+SP parity of every
 kind runs once as two gloo processes (tests/models/attention_tp_worker.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -36,11 +37,20 @@ pytestmark = [pytest.mark.usefixtures("dist"), pytest.mark.numerics]  # one-rank
 def make_cfg(schedule="uniform:mha", *extra, hidden=32, heads=4, layers=2):
     if ":" not in schedule:
         schedule = f"uniform:{schedule}"
-    return load_config(None, [
-        f"model.hidden_size={hidden}", f"model.num_layers={layers}", f"model.num_heads={heads}",
-        "model.ffn_hidden_size=64", f"model.schedule={schedule}", "data.seq_length=16",
-        "model.max_position_embeddings=64", "model.attention.options.fixed_seq_length=64", *extra,
-    ])
+    return load_config(
+        None,
+        [
+            f"model.hidden_size={hidden}",
+            f"model.num_layers={layers}",
+            f"model.num_heads={heads}",
+            "model.ffn_hidden_size=64",
+            f"model.schedule={schedule}",
+            "data.seq_length=16",
+            "model.max_position_embeddings=64",
+            "model.attention.options.fixed_seq_length=64",
+            *extra,
+        ],
+    )
 
 
 def build(cfg, dtype=torch.float64, seed=0):
@@ -102,8 +112,9 @@ def test_table_3_4_counts_with_bias_and_gqa():
     assert mhe.num_qkv_parameters() == attention_param_count("mhe-mul", n, d) + 3 * d  # + seed biases
 
 
-@pytest.mark.parametrize("extra", [(), ("model.qkv_bias=false",), ("model.num_query_groups=2",),
-                                   ("model.arch=encoder",)])
+@pytest.mark.parametrize(
+    "extra", [(), ("model.qkv_bias=false",), ("model.num_query_groups=2",), ("model.arch=encoder",)]
+)
 def test_deconstructed_kinds_parameter_matched(extra):
     """Chapter-4 kinds have exactly the standard sublayer's parameters, except mlp whose residual
     is mlp_param_residual (|r| <= (3 d_m + 2) n / 2 from rounding its width to a multiple of n)."""
@@ -138,17 +149,17 @@ def test_no_future_leakage_and_incremental_decoding(schedule):
     tok = tokens()
     t = 6
     changed = tok.clone()
-    changed[:, t + 1:] = (changed[:, t + 1:] + 1) % VOCAB
+    changed[:, t + 1 :] = (changed[:, t + 1 :] + 1) % VOCAB
     with torch.no_grad():
         full = model.hidden_states(tok)
         other = model.hidden_states(changed)
         # bit-exact: one path (same kernels and shapes); masked future positions add exact zeros
-        assert torch.equal(full[:t + 1], other[:t + 1])
+        assert torch.equal(full[: t + 1], other[: t + 1])
         if ":" in schedule or catalog.caps("attention", schedule).mixes_tokens:
-            assert (full[t + 1:] - other[t + 1:]).abs().max() > 1e-3
+            assert (full[t + 1 :] - other[t + 1 :]).abs().max() > 1e-3
         state = DecodeState(len(model.decoder.layers))
         parts = [model.hidden_states(tok[:, :5], decode_state=state)]
-        parts += [model.hidden_states(tok[:, i:i + 1], decode_state=state) for i in range(5, tok.shape[1])]
+        parts += [model.hidden_states(tok[:, i : i + 1], decode_state=state) for i in range(5, tok.shape[1])]
     torch.testing.assert_close(torch.cat(parts), full, rtol=0, atol=1e-10)
     if ":" not in schedule and not catalog.caps("attention", schedule).fixed_input:
         n, d_h, b, L = 4, 8, tok.shape[0], tok.shape[1]
@@ -173,7 +184,7 @@ def test_fixed_maps_frozen(kind):
         frozen = model.hidden_states(tok)
         state = DecodeState(2)
         parts = [model.hidden_states(tok[:, :5], decode_state=state)]
-        parts += [model.hidden_states(tok[:, i:i + 1], decode_state=state) for i in range(5, tok.shape[1])]
+        parts += [model.hidden_states(tok[:, i : i + 1], decode_state=state) for i in range(5, tok.shape[1])]
     torch.testing.assert_close(frozen, ref, rtol=0, atol=1e-10)
     torch.testing.assert_close(torch.cat(parts), ref, rtol=0, atol=1e-10)
     b, L = tok.shape
@@ -186,7 +197,9 @@ def test_fixed_maps_frozen(kind):
 
 def test_fixed_input_is_deterministic_and_stored():
     a, b = build(make_cfg("rndembqk"), seed=1), build(make_cfg("rndembqk"), seed=2)
-    assert torch.equal(a.fixed_qk.epsilon, b.fixed_qk.epsilon)  # bit-exact: the same seeded draws, stored (copied, not computed); from model.attention.options.random_seed
+    assert torch.equal(
+        a.fixed_qk.epsilon, b.fixed_qk.epsilon
+    )  # bit-exact: the same seeded draws, stored (copied, not computed); from model.attention.options.random_seed
     assert "fixed_qk.epsilon" in a.state_dict()
     assert abs(a.fixed_qk.epsilon.std().item() - 0.02) < 2e-3  # std = model.init_std
     c = build(make_cfg("fixedseqqk"))
@@ -268,8 +281,9 @@ def test_mha_matches_megatron_self_attention():
 
     rot = RotaryEmbedding(kv_channels=d, rotary_percent=1.0, use_cpu_initialization=True)(10)
     x = torch.randn(10, 2, 32)
-    torch.testing.assert_close(ours(x, None, rotary_pos_emb=rot)[0], ref(x, None, rotary_pos_emb=rot)[0],
-                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        ours(x, None, rotary_pos_emb=rot)[0], ref(x, None, rotary_pos_emb=rot)[0], rtol=1e-5, atol=1e-6
+    )
 
 
 def _sdpa(q, k, v, causal=True):
@@ -440,9 +454,24 @@ def test_unknown_kind_error_names_the_close_match():
 # ------------------------------------------------------------------------ tensor parallel
 
 
-TP_CASES = DECODER_KINDS + ["mha@g2", "approx@chunk", "approx-thesis@chunk", "approx@f4", "mha@qknorm", "nonapprox@qknorm", "hybrid:rndembqk:even",
-                            "mha@encoder", "approx@encoder", "approx-thesis@encoder", "nonapprox@encoder", "rndembqk@encoder",
-                            "mha@roberta", "mhe-mul@roberta", "approx-thesis@roberta", "mha@ngram"]
+TP_CASES = DECODER_KINDS + [
+    "mha@g2",
+    "approx@chunk",
+    "approx-thesis@chunk",
+    "approx@f4",
+    "mha@qknorm",
+    "nonapprox@qknorm",
+    "hybrid:rndembqk:even",
+    "mha@encoder",
+    "approx@encoder",
+    "approx-thesis@encoder",
+    "nonapprox@encoder",
+    "rndembqk@encoder",
+    "mha@roberta",
+    "mhe-mul@roberta",
+    "approx-thesis@roberta",
+    "mha@ngram",
+]
 
 
 @pytest.mark.multiprocess
@@ -458,10 +487,24 @@ def test_tp2_parity_all_kinds(tmp_path):
     port = free_port()
     procs = []
     for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, worker, str(out), ",".join(TP_CASES)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            WORLD_SIZE="2",
+            LOCAL_RANK=str(rank),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, worker, str(out), ",".join(TP_CASES)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     logs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
     results = json.loads(out.read_text())
@@ -477,11 +520,14 @@ def test_tp2_parity_all_kinds(tmp_path):
         assert plain["params"] > 0 and plain["logit_diff"] < 1e-10 and plain["grad_rel"] < 1e-8, (case, plain)
 
 
-@pytest.mark.parametrize("schedule", ["list:rndembqk,approx,nonapprox,mhe-mul", "list:mqa,sha,el-att,mlp",
-                                      "list:staticembqk,approx-thesis,skv,mhe-add"])
+@pytest.mark.parametrize(
+    "schedule",
+    ["list:rndembqk,approx,nonapprox,mhe-mul", "list:mqa,sha,el-att,mlp", "list:staticembqk,approx-thesis,skv,mhe-add"],
+)
 def test_full_recompute_gives_the_same_gradients(schedule):
     """train.recompute=full re-runs each layer in backward and train.recompute=selective each layer's
     token mixing (the forward's state handed back to it): gradients are unchanged."""
+
     def grads(recompute):
         model = build(make_cfg(schedule, f"train.recompute={recompute}", layers=4))
         model.hidden_states(tokens()).pow(2).mean().backward()
@@ -499,6 +545,7 @@ def test_full_recompute_gives_the_same_gradients(schedule):
 def test_selective_recompute_keeps_less_for_backward():
     """train.recompute=selective: the attention sublayers' projections, scores and kernels are not kept
     for backward (bytes saved by autograd, distinct storages, fall)."""
+
     def saved_bytes(recompute):
         model = build(make_cfg("uniform:mha", f"train.recompute={recompute}", layers=2))
         seen = {}

@@ -1,6 +1,7 @@
 """``train.compile``: torch.compile of each transformer layer (regional compilation) gives the
 eager model's loss and gradients, without graph breaks in the layers (megatron-core 0.16.1's
 RowParallelLinear warning, removed by ``accelerator.apply_megatron_fixes``, was one on rank 0)."""
+
 from __future__ import annotations
 
 import os
@@ -23,9 +24,18 @@ def test_compiled_layers_match_eager_without_graph_breaks(schedule):
     from megahash.models.megatron_model import build_model
     from megahash.training.trainer import compile_layers
 
-    cfg = load_config(None, ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4",
-                             "model.ffn_hidden_size=64", f"model.schedule={schedule}", "data.seq_length=16",
-                             "model.max_position_embeddings=64"])
+    cfg = load_config(
+        None,
+        [
+            "model.hidden_size=32",
+            "model.num_layers=2",
+            "model.num_heads=4",
+            "model.ffn_hidden_size=64",
+            f"model.schedule={schedule}",
+            "data.seq_length=16",
+            "model.max_position_embeddings=64",
+        ],
+    )
     tokens = torch.randint(5, 128, (2, 16), generator=torch.Generator().manual_seed(0))
     results = []
     torch._dynamo.reset()

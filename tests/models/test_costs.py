@@ -1,4 +1,5 @@
 """megahash.models.costs against numbers printed in [Xue25] and hand-computed table values."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,8 +28,15 @@ def test_table_3_4_formulas(n, d):
 
 def test_table_3_4_bert_base_values():
     n, d = 12, 64
-    printed = {"sha": 147_456, "mha": 1_769_472, "el-att": 589_824, "mqa": 688_128, "skv": 1_179_648,
-               "mhe-add": 149_760, "mhe-mul": 149_760}
+    printed = {
+        "sha": 147_456,
+        "mha": 1_769_472,
+        "el-att": 589_824,
+        "mqa": 688_128,
+        "skv": 1_179_648,
+        "mhe-add": 149_760,
+        "mhe-mul": 149_760,
+    }
     assert sorted(c.chapter_kinds(3)) == sorted(printed)  # the kinds registering a Table 3.4 row
     assert {k: c.attention_param_count(k, n, d) for k in printed} == printed
 
@@ -40,17 +48,30 @@ def test_gpt3_projection_sec_3_5_4():
         assert abs(96 * c.attention_param_count(kind, 96, 128) / 1e9 - billions) < 0.01, kind
 
 
-@pytest.mark.parametrize("blocks,n,d,printed", [
-    (12, 12, 64, {"sha": 8.85, "mha": 28.32, "el-att": 14.16, "mqa": 15.34, "skv": 21.23, "mhe-add": 8.88}),  # Table 3.1
-    (18, 8, 64, {"sha": 6.49, "mha": 18.87, "el-att": 9.44, "mqa": 10.62, "skv": 14.16, "mhe-mul": 6.52}),  # Table 3.3
-    (18, 16, 32, {"mha": 18.87, "mhe-mul": 5.63}),  # Table 3.15 rows
-    (18, 4, 128, {"mha": 18.87, "mhe-mul": 8.29}),
-    (12, 8, 64, {"mha": 12.58, "mhe-mul": 4.34}),
-    (24, 8, 64, {"mha": 25.17, "mhe-mul": 8.69}),
-    (18, 12, 64, {"mha": 42.47, "mhe-mul": 13.31}),
-    (18, 16, 64, {"mha": 75.50, "mhe-mul": 22.47}),
-    (24, 16, 64, {"mha": 100.66, "mhe-mul": 29.96}),  # Table 3.14 LARGE/MEDIUM
-])
+@pytest.mark.parametrize(
+    "blocks,n,d,printed",
+    [
+        (
+            12,
+            12,
+            64,
+            {"sha": 8.85, "mha": 28.32, "el-att": 14.16, "mqa": 15.34, "skv": 21.23, "mhe-add": 8.88},
+        ),  # Table 3.1
+        (
+            18,
+            8,
+            64,
+            {"sha": 6.49, "mha": 18.87, "el-att": 9.44, "mqa": 10.62, "skv": 14.16, "mhe-mul": 6.52},
+        ),  # Table 3.3
+        (18, 16, 32, {"mha": 18.87, "mhe-mul": 5.63}),  # Table 3.15 rows
+        (18, 4, 128, {"mha": 18.87, "mhe-mul": 8.29}),
+        (12, 8, 64, {"mha": 12.58, "mhe-mul": 4.34}),
+        (24, 8, 64, {"mha": 25.17, "mhe-mul": 8.69}),
+        (18, 12, 64, {"mha": 42.47, "mhe-mul": 13.31}),
+        (18, 16, 64, {"mha": 75.50, "mhe-mul": 22.47}),
+        (24, 16, 64, {"mha": 100.66, "mhe-mul": 29.96}),  # Table 3.14 LARGE/MEDIUM
+    ],
+)
 def test_attention_totals_printed_in_chapter_3(blocks, n, d, printed):
     """#params of all attention blocks (Q/K/V + output projection) as printed (millions, 2 decimals;
     an encoder-decoder with 6+6 layers has 18 attention blocks)."""
@@ -86,10 +107,24 @@ def test_table_4_5_complexity():
 
 
 def test_table_4_6_flops():
-    pre = {"mha": 32768, "mlp": 24576, "approx": 57344, "nonapprox": 24576, "rndembqk": 30720,
-           "fixedseqqk": 30720, "staticembqk": 32768}
-    dec = {"mha": 4096, "mlp": 3072, "approx": 5120, "nonapprox": 3072, "rndembqk": 3840,
-           "fixedseqqk": 3840, "staticembqk": 4096}
+    pre = {
+        "mha": 32768,
+        "mlp": 24576,
+        "approx": 57344,
+        "nonapprox": 24576,
+        "rndembqk": 30720,
+        "fixedseqqk": 30720,
+        "staticembqk": 32768,
+    }
+    dec = {
+        "mha": 4096,
+        "mlp": 3072,
+        "approx": 5120,
+        "nonapprox": 3072,
+        "rndembqk": 3840,
+        "fixedseqqk": 3840,
+        "staticembqk": 4096,
+    }
     assert c.chapter_kinds(4) == sorted(pre)  # the kinds registering a Table 4.5-4.8 row
     for kind in pre:
         assert c.flops(kind, "prefill", B, L, D) == pre[kind], kind
@@ -109,15 +144,29 @@ def test_table_4_6_flops():
 
 def test_table_4_7_activation_memory():
     t = 2
-    expected = {"mha": 1536, "mlp": 1024, "approx": 1600, "nonapprox": 1152, "rndembqk": 1280,
-                "fixedseqqk": 1280, "staticembqk": 1536}
+    expected = {
+        "mha": 1536,
+        "mlp": 1024,
+        "approx": 1600,
+        "nonapprox": 1152,
+        "rndembqk": 1280,
+        "fixedseqqk": 1280,
+        "staticembqk": 1536,
+    }
     for kind, value in expected.items():
         assert c.activation_memory(kind, B, L, D, H, t) == value, kind
 
 
 def test_table_4_8_cache():
-    expected = {"mha": 1024, "mlp": 0, "approx": 704, "nonapprox": 96, "rndembqk": 768, "fixedseqqk": 768,
-                "staticembqk": 1024}
+    expected = {
+        "mha": 1024,
+        "mlp": 0,
+        "approx": 704,
+        "nonapprox": 96,
+        "rndembqk": 768,
+        "fixedseqqk": 768,
+        "staticembqk": 1024,
+    }
     for kind, value in expected.items():
         assert c.cache_bytes(kind, B, L, D, H) == value, kind
     # "RndEmbQK and FixedSeqQK can reduce the cache size by nearly half" for large batches
@@ -146,7 +195,7 @@ def test_layer_costs_of_a_config():
     cfg = load_config(None, ["model.size=500m"])
     row = c.layer_costs(cfg, "nonapprox", 8, 2048)
     assert row["thesis_name"] == "Non-apx."
-    assert row["decode_flops"] == 6 * 8 * 896 ** 2
+    assert row["decode_flops"] == 6 * 8 * 896**2
     assert row["cache_bytes"] == 2 * 8 * 896 + 4 * 8 * 14
     assert row["qkv_params"] == 3 * 896 * 896
     assert c.layer_costs(cfg, "mlp", 1, 16)["qkv_params"] is None

@@ -1,6 +1,7 @@
 """Costs describe the implementation: measured (meta device) FLOPs, decode cache and saved
 activations of every registered kind, shown beside [Xue25] Tables 4.6-4.8, labelled; unknown
 kinds give "n/a", never an error."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,8 +15,17 @@ L, B = 256, 2
 
 def cfg_of(kind, *extra):
     schedule = kind if ":" in kind else f"uniform:{kind}"
-    return load_config(None, ["model.size=tiny", f"model.schedule={schedule}", f"data.seq_length={L}",
-                              "model.max_position_embeddings=256", "model.attention.options.fixed_seq_length=256", *extra])
+    return load_config(
+        None,
+        [
+            "model.size=tiny",
+            f"model.schedule={schedule}",
+            f"data.seq_length={L}",
+            "model.max_position_embeddings=256",
+            "model.attention.options.fixed_seq_length=256",
+            *extra,
+        ],
+    )
 
 
 def registered_kinds():
@@ -49,10 +59,15 @@ def test_approx_forms_against_table_4_8_and_unknown_kinds():
     an unknown kind is "n/a" everywhere."""
     n, d = 4, 128
     thesis = c.layer_costs(cfg_of("approx-thesis"), "approx-thesis", B, L)
-    assert thesis["thesis_name"] == "Approx." and thesis["impl_cache_bytes"] == thesis["cache_bytes"] == 6 * B * d + 4 * B * d * d / n
+    assert (
+        thesis["thesis_name"] == "Approx."
+        and thesis["impl_cache_bytes"] == thesis["cache_bytes"] == 6 * B * d + 4 * B * d * d / n
+    )
     based = c.layer_costs(cfg_of("approx"), "approx", B, L)
     dh = d // n  # Based's state: S [D, d_h] and z [D] per head, D = 1 + d_h + d_h(d_h + 1)/2, 16-bit
-    assert "cache_bytes" in based["differs"] and based["impl_cache_bytes"] == 2 * B * n * (1 + dh + dh * (dh + 1) // 2) * (dh + 1)
+    assert "cache_bytes" in based["differs"] and based["impl_cache_bytes"] == 2 * B * n * (
+        1 + dh + dh * (dh + 1) // 2
+    ) * (dh + 1)
     assert based["impl_cache_bytes"] > 8 * based["cache_bytes"]
     odd = c.layer_costs(cfg_of("mha"), "no-such-kind", B, L)
     assert {odd[k] for k in ("prefill_flops", "cache_bytes", "impl_prefill_flops", "impl_cache_bytes")} == {"n/a"}

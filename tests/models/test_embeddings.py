@@ -1,5 +1,6 @@
 """Hash embeddings ([Xue25] ch. 2, [Cohn23], [NeuML25]): parameter counts against the papers, the equations
 themselves, special tokens, unseen words, LSH locality, TP/SP parity, and a short training run."""
+
 from __future__ import annotations
 
 import hashlib
@@ -31,8 +32,15 @@ def build_emb(kind, overrides=(), vocab=50304, hidden=768, seed=0):
     from megahash.models import registry
     from megahash.models.megatron_model import transformer_config
 
-    cfg = load_config(None, [f"model.hidden_size={hidden}", f"model.num_heads={12 if hidden % 12 == 0 else 4}",
-                                 f"model.embedding={kind}", *overrides])
+    cfg = load_config(
+        None,
+        [
+            f"model.hidden_size={hidden}",
+            f"model.num_heads={12 if hidden % 12 == 0 else 4}",
+            f"model.embedding={kind}",
+            *overrides,
+        ],
+    )
     config = transformer_config(cfg)
     config.init_method = init_method_normal(cfg.model.init_std)
     registry.load_kinds()
@@ -61,11 +69,19 @@ def kilo(n):
     return f"{n / 1000:.1f}K"
 
 
-@pytest.mark.parametrize("kind,overrides,paper,table", [
-    ("proj", ["model.embed.hash_spec=lsh128"], T * D, "99.1K"),                        # eq. 2.15
-    ("add", ["model.embed.hash_spec=md5"], 2 * T * D, "197.4K"),                       # eq. 2.14
-    ("pool", ["model.embed.hash_spec=md5", "model.embed.options.pool_bits=10"], (math.ceil(T / K) + 2 ** K) * D, "797.2K"),  # eq. 2.13
-])
+@pytest.mark.parametrize(
+    "kind,overrides,paper,table",
+    [
+        ("proj", ["model.embed.hash_spec=lsh128"], T * D, "99.1K"),  # eq. 2.15
+        ("add", ["model.embed.hash_spec=md5"], 2 * T * D, "197.4K"),  # eq. 2.14
+        (
+            "pool",
+            ["model.embed.hash_spec=md5", "model.embed.options.pool_bits=10"],
+            (math.ceil(T / K) + 2**K) * D,
+            "797.2K",
+        ),  # eq. 2.13
+    ],
+)
 def test_compressed_counts_match_eq_and_table_2_2(kind, overrides, paper, table):
     from megahash.models.embeddings import embedding_param_report
 
@@ -80,9 +96,14 @@ def test_compressed_counts_match_eq_and_table_2_2(kind, overrides, paper, table)
     assert kilo(rep["embedding"]) == table
 
 
-@pytest.mark.parametrize("spec,overrides,n", [
-    ("md5-bucket50000", [], 50_000), ("lsh-bucket1000", [], 1000), ("md5", ["model.embed.num_buckets=1000"], 1000),
-])
+@pytest.mark.parametrize(
+    "spec,overrides,n",
+    [
+        ("md5-bucket50000", [], 50_000),
+        ("lsh-bucket1000", [], 1000),
+        ("md5", ["model.embed.num_buckets=1000"], 1000),
+    ],
+)
 def test_hash_emb_count_is_N_times_d(spec, overrides, n):
     from megahash.models.embeddings import embedding_param_report
 
@@ -115,11 +136,25 @@ def test_bert_base_config_builds_with_every_embedding():
     from megahash.models.megatron_model import build_model
 
     for kind, (spec, more) in H.KINDS.items():
-        cfg = load_config(None, ["model.size=bert-base", f"model.embedding={kind}", f"model.embed.hash_spec={spec}",
-                                 *[m for m in more if "rolling_dim" not in m], "train.objective=sr"])
+        cfg = load_config(
+            None,
+            [
+                "model.size=bert-base",
+                f"model.embedding={kind}",
+                f"model.embed.hash_spec={spec}",
+                *[m for m in more if "rolling_dim" not in m],
+                "train.objective=sr",
+            ],
+        )
         m = cfg.model
         assert (m.arch, m.num_layers, m.hidden_size, m.num_heads, m.ffn_hidden_size, m.max_position_embeddings) == (
-            "encoder", 12, 768, 12, 3072, 512)
+            "encoder",
+            12,
+            768,
+            12,
+            3072,
+            512,
+        )
         with torch.device("meta"):
             model = build_model(cfg, 30_522, init=False)
         assert model.output_layer is None and model.head.linear.out_features == 3
@@ -178,20 +213,29 @@ def test_pool_is_eq_2_1():
     expect = []
     for row in codes[0].numpy():
         bits = "".join(format(int(x), "08b") for x in row)  # MSB first, as the reference parses it
-        chunks = [int(bits[i:i + 10], 2) for i in range(0, 128, 10)]  # 12 x 10 bits + 8 bits
+        chunks = [int(bits[i : i + 10], 2) for i in range(0, 128, 10)]  # 12 x 10 bits + 8 bits
         assert len(chunks) == 13 and chunks[-1] < 256
         expect.append(sum(b[c] * w_hat[i] for i, c in enumerate(chunks)))  # (2.1b)
     assert torch.allclose(out, torch.stack(expect), atol=1e-6)
     # bit-exact: integer chunk ids
-    assert torch.equal(emb.codewords(codes[0]), torch.tensor([[int("".join(format(int(x), "08b") for x in r)[i:i + 10], 2)
-                                                               for i in range(0, 128, 10)] for r in codes[0].numpy()]))
+    assert torch.equal(
+        emb.codewords(codes[0]),
+        torch.tensor(
+            [
+                [int("".join(format(int(x), "08b") for x in r)[i : i + 10], 2) for i in range(0, 128, 10)]
+                for r in codes[0].numpy()
+            ]
+        ),
+    )
 
 
 def test_hash_emb_md5_modulo_equals_bucket_spec():
     words = H.corpus_words()[:300]
     a = build_emb("hash-emb", ["model.embed.hash_spec=md5-bucket997"], hidden=16, seed=3)
     b = build_emb("hash-emb", ["model.embed.hash_spec=md5", "model.embed.num_buckets=997"], hidden=16, seed=3)
-    assert torch.equal(embed(a, words, "md5-bucket997"), embed(b, words, "md5"))  # bit-exact: row gathers (copied, not computed)
+    assert torch.equal(
+        embed(a, words, "md5-bucket997"), embed(b, words, "md5")
+    )  # bit-exact: row gathers (copied, not computed)
     ids = torch.from_numpy(H.codes_for(words, "md5-bucket997")[:, 0]).long()
     assert torch.equal(embed(a, words, "md5-bucket997"), a.weight.detach().double()[ids])  # bit-exact: a row gather
 
@@ -199,13 +243,19 @@ def test_hash_emb_md5_modulo_equals_bucket_spec():
 def test_rolling_matches_numpy_reference_and_seed_001_layout():
     from megahash.hashing.rolling import rolling_codes, rolling_embedding_from_codes
 
-    emb = build_emb("rolling", ["model.embed.hash_spec=rolling3", "model.embed.options.rolling_linear=false"], hidden=96)
+    emb = build_emb(
+        "rolling", ["model.embed.hash_spec=rolling3", "model.embed.options.rolling_linear=false"], hidden=96
+    )
     words = ["play", "plays", "played", "a", "of", "antidisestablishmentarianism", "naïve", "play"]
     out = embed(emb, words, "rolling3")
     ref = np.stack([rolling_embedding_from_codes(r, 96) for r in rolling_codes(words)])
     assert np.abs(out.numpy() - ref).max() < 1e-6
-    assert out.abs().max() <= 1 and torch.equal(out[0], out[-1])  # bit-exact: features computed once per distinct word, then copied
-    assert torch.equal(out[3, 16:], torch.zeros(80, dtype=out.dtype))  # bit-exact: exact zeros (nothing summed); "a": no 2-/3-grams -> zero partitions
+    assert out.abs().max() <= 1 and torch.equal(
+        out[0], out[-1]
+    )  # bit-exact: features computed once per distinct word, then copied
+    assert torch.equal(
+        out[3, 16:], torch.zeros(80, dtype=out.dtype)
+    )  # bit-exact: exact zeros (nothing summed); "a": no 2-/3-grams -> zero partitions
 
 
 # ------------------------------------------------------------------------------ specials, unseen words
@@ -224,13 +274,17 @@ def test_specials_use_their_own_rows(kind):
     garbage[0, [0, 3, 5]] = (torch.arange(codes.shape[-1], dtype=torch.int64) % 7 + 1).to(codes.dtype)  # any code
     out = emb(tokens, garbage)[:, 0]
     assert torch.equal(out[[0, 3, 5]], emb.special.detach()[[0, 4, 2]])  # bit-exact: the special rows, copied
-    assert torch.equal(out[[1, 2, 4]], emb(tokens, codes)[:, 0][[1, 2, 4]])  # bit-exact: one path (same call, same shapes): other rows' codes must not leak
+    assert torch.equal(
+        out[[1, 2, 4]], emb(tokens, codes)[:, 0][[1, 2, 4]]
+    )  # bit-exact: one path (same call, same shapes): other rows' codes must not leak
     emb.zero_grad()
     out[[1, 2, 4]].sum().backward()
     assert emb.special.grad.abs().sum() == 0  # ordinary words never touch the special table
 
 
-@pytest.mark.parametrize("kind,spec", [("hash-emb", "md5-bucket50000"), ("pool", "md5"), ("add", "md5"), ("proj", "md5")])
+@pytest.mark.parametrize(
+    "kind,spec", [("hash-emb", "md5-bucket50000"), ("pool", "md5"), ("add", "md5"), ("proj", "md5")]
+)
 def test_unseen_word_gets_its_own_embedding(kind, spec):
     seen = sorted(set(H.corpus_words()))
     new = "megahashification"
@@ -241,7 +295,9 @@ def test_unseen_word_gets_its_own_embedding(kind, spec):
     e_new = embed(emb, [new], spec)[0]
     assert not torch.allclose(e_new, emb.special.detach().double()[3])  # not <unk>
     if kind == "hash-emb":  # Emb(N) is many-to-one by design: the word gets the row of its own bucket
-        assert torch.equal(e_new, emb.weight.detach().double()[int.from_bytes(digest, "big") % 50_000])  # bit-exact: a row gather
+        assert torch.equal(
+            e_new, emb.weight.detach().double()[int.from_bytes(digest, "big") % 50_000]
+        )  # bit-exact: a row gather
         return
     e_seen = embed(emb, seen[:3000], spec)
     assert (e_seen - e_new).abs().max(dim=1).values.min() > 1e-4  # distinct from every seen word
@@ -270,7 +326,9 @@ def test_state_dict_roundtrip_every_embedding():
         models[1].load_state_dict(models[0].state_dict())
         tok, codes = H.word_batches(spec, 2, 16, 1, vocab_size=200)[0]
         with torch.no_grad():
-            assert torch.equal(models[0](tok, codes), models[1](tok, codes)), kind  # bit-exact: the same weights through the same path
+            assert torch.equal(models[0](tok, codes), models[1](tok, codes)), (
+                kind
+            )  # bit-exact: the same weights through the same path
 
 
 # ------------------------------------------------------------------------------ TP / SP parity
@@ -322,8 +380,13 @@ def test_every_embedding_learns(arch):
         for step in range(30):
             tok, codes = batches[step % 4]
             b = clm.corrupt(tok, codes) if obj == "clm" else mlm.corrupt(tok, codes, gen)
-            per = model(b["tokens"], b["hash_codes"], labels=b["labels"], padding_mask=b.get("padding_mask"),
-                        label_codes=b.get("label_codes"))
+            per = model(
+                b["tokens"],
+                b["hash_codes"],
+                labels=b["labels"],
+                padding_mask=b.get("padding_mask"),
+                label_codes=b.get("label_codes"),
+            )
             loss = (per * b["loss_mask"]).sum() / b["loss_mask"].sum().clamp(min=1)
             opt.zero_grad()
             loss.backward()

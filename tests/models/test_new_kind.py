@@ -3,6 +3,7 @@ each written as ONE file of a plugin package outside megahash and found through
 ``MEGAHASH_PLUGINS`` (megahash.catalog), pass `megahash params`, a 1-step `pretrain` on real
 shards, TP=2 and TP=2+SP parity and incremental decoding, with no other edit. And no library file
 other than a kind's own names it."""
+
 from __future__ import annotations
 
 import contextlib
@@ -124,7 +125,9 @@ class ScaledVocabEmbedding(EmbeddingOutput):
         return self.finish(self.word_embeddings(tokens) * (1 + self.gain))
 '''
 
-ANCHOR, ANCHOR_FILE = "anchorqk", '''
+ANCHOR, ANCHOR_FILE = (
+    "anchorqk",
+    """
 \"\"\"Anchored query-key attention ``anchorqk`` (a test kind with an option and a model input): Q, K from
 a fixed random input A [L, h] that the kind adds to the model (``model.anchor.rows``, seeded by the
 kind's option ``model.attention.options.anchor_seed``), V from the hidden states; causal softmax, ONE
@@ -240,7 +243,8 @@ def _anchor_input(model, cfg):
                     caps=AttentionCaps(encoder=False, decodes=True))
 def anchorqk_spec(cfg) -> ModuleSpec:
     return ModuleSpec(module=AnchorQKAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})
-'''
+""",
+)
 
 
 @pytest.fixture(scope="module")
@@ -293,8 +297,15 @@ def test_config_names_plugins_too(plugin, monkeypatch):
         cfg = load_config(None, [f"model.schedule=uniform:{ATTENTION}", "model.num_layers=2"])
         with pytest.raises(ConfigError, match=f"unknown attention kind '{ATTENTION}'"):
             check_kinds(cfg)
-        cfg = load_config(None, [f"model.plugins=[{PACKAGE}]", f"model.schedule=uniform:{ATTENTION}",
-                                 "model.num_layers=2", f"model.embedding={EMBEDDING}"])
+        cfg = load_config(
+            None,
+            [
+                f"model.plugins=[{PACKAGE}]",
+                f"model.schedule=uniform:{ATTENTION}",
+                "model.num_layers=2",
+                f"model.embedding={EMBEDDING}",
+            ],
+        )
         assert check_kinds(cfg) == [ATTENTION, ATTENTION]
         with pytest.raises(ConfigError, match="plugin 'no_such_plugin_pkg' cannot be found"):
             check_kinds(load_config(None, ["model.plugins=[no_such_plugin_pkg]"]))
@@ -354,8 +365,18 @@ def test_decoding_with_the_new_kinds_equals_the_full_forward(plugin, dist):
     from megahash.models import costs
     from megahash.models.megatron_model import DecodeState, build_model
 
-    cfg = load_config(None, ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=64",
-                             f"model.schedule=uniform:{ATTENTION}", f"model.embedding={EMBEDDING}", "data.seq_length=16"])
+    cfg = load_config(
+        None,
+        [
+            "model.hidden_size=32",
+            "model.num_layers=2",
+            "model.num_heads=4",
+            "model.ffn_hidden_size=64",
+            f"model.schedule=uniform:{ATTENTION}",
+            f"model.embedding={EMBEDDING}",
+            "data.seq_length=16",
+        ],
+    )
     accelerator.seed_all(0)
     model = build_model(cfg, 128, dtype=torch.float64).eval()
     tok = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(0))
@@ -363,7 +384,7 @@ def test_decoding_with_the_new_kinds_equals_the_full_forward(plugin, dist):
         full = model.hidden_states(tok)
         state = DecodeState(2)
         parts = [model.hidden_states(tok[:, :5], decode_state=state)]
-        parts += [model.hidden_states(tok[:, i:i + 1], decode_state=state) for i in range(5, 12)]
+        parts += [model.hidden_states(tok[:, i : i + 1], decode_state=state) for i in range(5, 12)]
     torch.testing.assert_close(torch.cat(parts), full, rtol=0, atol=1e-10)
     expected = costs.cache_elements(ATTENTION, 2, 12, 4, 8)  # the kind's own formula
     assert all(sum(v.numel() for v in c.values()) == expected for c in state.caches)
@@ -379,11 +400,18 @@ def test_tp2_parity_of_the_new_kinds(plugin, tmp_path):
     port = free_port()
     procs = []
     for rank in range(2):
-        env = child_env(RANK=rank, WORLD_SIZE=2, LOCAL_RANK=rank, MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
-                        **plugin["env"])
-        procs.append(subprocess.Popen([sys.executable, str(ROOT / "tests" / "attention_tp_worker.py"), str(out),
-                                       ",".join(cases)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
+        env = child_env(
+            RANK=rank, WORLD_SIZE=2, LOCAL_RANK=rank, MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **plugin["env"]
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(ROOT / "tests" / "attention_tp_worker.py"), str(out), ",".join(cases)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     logs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
     results = json.loads(out.read_text())
@@ -402,12 +430,26 @@ def test_one_step_pretrain_with_the_new_kinds(plugin, shakespeare_shards, tmp_pa
     """`pretrain` (the real entry point, real shards) runs a step with both new kinds and a layer
     without a cost model: MFU is reported as n/a in one line instead of a crash."""
     run_dir = tmp_path / "run"
-    r = pretrain([f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}",
-                  f"model.schedule=list:{ATTENTION},mha-megatron", "model.num_layers=2", f"model.embedding={EMBEDDING}",
-                  "train.steps=1", f"train.save_dir={run_dir}", "train.eval_interval=1", "train.save_interval=0",
-                  "data.valid_samples=4", "data.valid_micro_batch=2",
-                  "data.seq_length=32", "train.micro_batch_size=2", "train.global_batch_size=2"],
-                 config="configs/quickstart.yaml", **plugin["env"])
+    r = pretrain(
+        [
+            f"data.prefix=[{shakespeare_shards['prefix']}]",
+            f"data.tokenizer={shakespeare_shards['tokenizer']}",
+            f"model.schedule=list:{ATTENTION},mha-megatron",
+            "model.num_layers=2",
+            f"model.embedding={EMBEDDING}",
+            "train.steps=1",
+            f"train.save_dir={run_dir}",
+            "train.eval_interval=1",
+            "train.save_interval=0",
+            "data.valid_samples=4",
+            "data.valid_micro_batch=2",
+            "data.seq_length=32",
+            "train.micro_batch_size=2",
+            "train.global_batch_size=2",
+        ],
+        config="configs/quickstart.yaml",
+        **plugin["env"],
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     losses = train_losses(run_dir)
     assert list(losses) == [1] and losses[1] == losses[1] and losses[1] > 0
@@ -426,16 +468,28 @@ def test_export_and_transformers_reload_of_the_new_kinds(plugin, dist, tmp_path)
     from megahash.convert.verify import load_hf
     from megahash.models.megatron_model import build_model
 
-    cfg = load_config(None, ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=64",
-                             f"model.schedule=list:{ATTENTION},mha", f"model.embedding={EMBEDDING}",
-                             "data.seq_length=16", "model.tie_embeddings=false"])
+    cfg = load_config(
+        None,
+        [
+            "model.hidden_size=32",
+            "model.num_layers=2",
+            "model.num_heads=4",
+            "model.ffn_hidden_size=64",
+            f"model.schedule=list:{ATTENTION},mha",
+            f"model.embedding={EMBEDDING}",
+            "data.seq_length=16",
+            "model.tie_embeddings=false",
+        ],
+    )
     accelerator.seed_all(0)
     model = build_model(cfg, 120).eval()
     with torch.no_grad():
         model.embedding.gain.fill_(0.5)  # the gain must reach the export
     export_model(cfg, model, tmp_path / "hf", vocab_size=120)
     code = [f.read_text() for f in (tmp_path / "hf").glob("*tiedqk.py")]
-    assert len(code) == 1 and "TiedQKReference" in code[0] and "megatron" not in code[0]  # its file's torch-only section, nothing else
+    assert (
+        len(code) == 1 and "TiedQKReference" in code[0] and "megatron" not in code[0]
+    )  # its file's torch-only section, nothing else
     hf = load_hf(tmp_path / "hf")
     tok = torch.randint(0, 120, (2, 11), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -461,37 +515,59 @@ def test_a_kind_with_an_option_and_a_model_input_in_one_file(plugin, shakespeare
     with pytest.raises(ConfigError, match="anchor_seed"):
         load_config(None, [f"model.schedule=uniform:{ANCHOR}", "model.attention.options.anchor_seed=x"])
     run_dir = tmp_path / "run"
-    r = pretrain([f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}",
-                  f"model.schedule=list:{ANCHOR},mha", "model.num_layers=2", "model.attention.options.anchor_seed=11",
-                  "model.attention.options.anchor_length=64", "train.steps=2", f"train.save_dir={run_dir}",
-                  "train.eval_interval=0", "data.seq_length=32", "train.micro_batch_size=2", "train.global_batch_size=2"],
-                 config="configs/quickstart.yaml", **plugin["env"])
+    r = pretrain(
+        [
+            f"data.prefix=[{shakespeare_shards['prefix']}]",
+            f"data.tokenizer={shakespeare_shards['tokenizer']}",
+            f"model.schedule=list:{ANCHOR},mha",
+            "model.num_layers=2",
+            "model.attention.options.anchor_seed=11",
+            "model.attention.options.anchor_length=64",
+            "train.steps=2",
+            f"train.save_dir={run_dir}",
+            "train.eval_interval=0",
+            "data.seq_length=32",
+            "train.micro_batch_size=2",
+            "train.global_batch_size=2",
+        ],
+        config="configs/quickstart.yaml",
+        **plugin["env"],
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert list(train_losses(run_dir)) == [1, 2]
     assert "anchor_seed: 11" in (run_dir / "resolved_config.yaml").read_text()
     cfg, model, _ = load_for_inference(run_dir)
     g = torch.Generator().manual_seed(11)
     # bit-exact: the same seeded draws times init_std, one rounding (the child inherits ATEN_CPU_CAPABILITY)
-    assert torch.equal(model.anchor.rows.float(), (torch.randn(64, cfg.model.hidden_size, generator=g) * cfg.model.init_std))
+    assert torch.equal(
+        model.anchor.rows.float(), (torch.randn(64, cfg.model.hidden_size, generator=g) * cfg.model.init_std)
+    )
     out = tmp_path / "hf"
-    r = subprocess.run([sys.executable, "-m", "megahash", "export-hf", "--checkpoint", str(run_dir), "--output", str(out)],
-                       env=child_env(**plugin["env"]), capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "megahash", "export-hf", "--checkpoint", str(run_dir), "--output", str(out)],
+        env=child_env(**plugin["env"]),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "verified: max |logit difference|" in r.stdout
     hf = load_hf(out)
     tok = torch.randint(5, 200, (2, 20), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        ours = model(tok)[..., :hf.config.vocab_size].float()
+        ours = model(tok)[..., : hf.config.vocab_size].float()
         theirs = hf(input_ids=tok).logits.float()
         torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-4)
         full = model.hidden_states(tok)
         state = DecodeState(2)
         parts = [model.hidden_states(tok[:, :7], decode_state=state)]
-        parts += [model.hidden_states(tok[:, i:i + 1], decode_state=state) for i in range(7, 20)]
+        parts += [model.hidden_states(tok[:, i : i + 1], decode_state=state) for i in range(7, 20)]
         torch.testing.assert_close(torch.cat(parts), full, rtol=1e-5, atol=1e-5)
         cached = hf.generate(tok[:1, :6], max_new_tokens=8, do_sample=False, use_cache=True)
         uncached = hf.generate(tok[:1, :6], max_new_tokens=8, do_sample=False, use_cache=False)
-    assert torch.equal(cached, uncached)  # bit-exact: greedy token ids (argmax of logits a few ulps apart: fixed seed, no near-tie; passes under default/avx2/avx512)
+    assert torch.equal(
+        cached, uncached
+    )  # bit-exact: greedy token ids (argmax of logits a few ulps apart: fixed seed, no near-tie; passes under default/avx2/avx512)
 
 
 # -------------------------------------------------------------------------- no other file names a kind
@@ -505,12 +581,27 @@ HOMONYMS = {
     ("add", "megahash/models/attention/mhe.py"): "MHE's add/mul head-embedding mode (eq. 3.5)",
     ("mlp_spec", "megahash/models/registry.py"): "the MLP sublayer's spec, not the mlp attention kind's",
     ("random_seed", "megahash/data/dataset.py"): "megatron's dataset-config keyword (the data seed)",
-    ("megahash.models.embeddings.vocab", "megahash/data/preprocess/train_tokenizer.py"): "the '.vocab' file suffix of sentencepiece",
-    ("megahash.models.heads.vocab", "megahash/data/preprocess/train_tokenizer.py"): "the '.vocab' file suffix of sentencepiece",
+    (
+        "megahash.models.embeddings.vocab",
+        "megahash/data/preprocess/train_tokenizer.py",
+    ): "the '.vocab' file suffix of sentencepiece",
+    (
+        "megahash.models.heads.vocab",
+        "megahash/data/preprocess/train_tokenizer.py",
+    ): "the '.vocab' file suffix of sentencepiece",
     ("random_seed", "megahash/eval/run.py"): "lm-eval's simple_evaluate keyword",
-    ("megahash.models.embeddings.vocab", "megahash/tokenization.py"): "the '.vocab' file suffix of sentencepiece (path-like tokenizer values)",
-    ("megahash.models.heads.vocab", "megahash/tokenization.py"): "the '.vocab' file suffix of sentencepiece (path-like tokenizer values)",
-    ("shuffle-random", "megahash/objectives/shuffle_random.py"): "not a homonym: the S+R objective names the head it trains (ObjectiveSpec.head)",
+    (
+        "megahash.models.embeddings.vocab",
+        "megahash/tokenization.py",
+    ): "the '.vocab' file suffix of sentencepiece (path-like tokenizer values)",
+    (
+        "megahash.models.heads.vocab",
+        "megahash/tokenization.py",
+    ): "the '.vocab' file suffix of sentencepiece (path-like tokenizer values)",
+    (
+        "shuffle-random",
+        "megahash/objectives/shuffle_random.py",
+    ): "not a homonym: the S+R objective names the head it trains (ObjectiveSpec.head)",
 }
 
 
@@ -522,14 +613,19 @@ def test_no_library_file_but_its_own_names_a_kind():
     import kind_leaks
 
     kinds = kind_leaks.catalog_kinds(ROOT)
-    assert len({n for k in kinds for n in k.names}) >= 20  # every kind was checked (16 attention, 7 embeddings, 4 heads; names may coincide)
+    assert (
+        len({n for k in kinds for n in k.names}) >= 20
+    )  # every kind was checked (16 attention, 7 embeddings, 4 heads; names may coincide)
     leaks = kind_leaks.scan(ROOT, kinds, allow=HOMONYMS)
     by_kind: dict[str, list] = {}
     for leak in leaks:
         by_kind.setdefault(leak.kind, []).append(str(leak))
     if leaks:
-        pytest.fail(f"{len(leaks)} references to a kind outside its own file:\n" + "\n".join(
-            f"{kind}:\n  " + "\n  ".join(lines) for kind, lines in sorted(by_kind.items())), pytrace=False)
+        pytest.fail(
+            f"{len(leaks)} references to a kind outside its own file:\n"
+            + "\n".join(f"{kind}:\n  " + "\n  ".join(lines) for kind, lines in sorted(by_kind.items())),
+            pytrace=False,
+        )
 
 
 def test_every_homonym_is_still_needed():
@@ -553,9 +649,14 @@ def _objective_files(root) -> list:
 
     out = []
     for path in sorted((root / "megahash" / "objectives").glob("*.py")):
-        names = {node.args[0].value for node in ast.walk(ast.parse(path.read_text()))
-                 if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "ObjectiveSpec"
-                 and node.args and isinstance(node.args[0], ast.Constant)}
+        names = {
+            node.args[0].value
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call)
+            and getattr(node.func, "id", None) == "ObjectiveSpec"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+        }
         if names:
             module = "megahash.objectives." + path.stem
             out.append(kind_leaks.Kind(frozenset(names), path.resolve(), module, frozenset(), frozenset(), True))

@@ -4,6 +4,7 @@ kind), incremental decoding equals the parallel forward, `megahash params` count
 meta-device model does, and a short DeepSpeed run trains it, checkpoints it and exports it to a Hugging Face
 folder whose logits and greedy generation equal megahash's (fp32, then bf16 autocast on CPU).
 TP=2 / TP=2+SP parity: the ``mha@ngram`` case of tests/models/test_attention.py::test_tp2_parity_all_kinds."""
+
 from __future__ import annotations
 
 import os
@@ -16,9 +17,18 @@ import torch  # noqa: E402
 from megahash import accelerator  # noqa: E402
 from megahash.config import load_config  # noqa: E402
 
-SMALL = ["model.hidden_size=32", "model.num_heads=4", "model.ffn_hidden_size=64", "data.seq_length=16",
-         "model.max_position_embeddings=64", "model.tie_embeddings=false"]
-NGRAM = ["model.embed.ngram_hash_buckets=64", "model.embed.ngram_hash_dim=8"]  # the old spelling (no .options): accepted
+SMALL = [
+    "model.hidden_size=32",
+    "model.num_heads=4",
+    "model.ffn_hidden_size=64",
+    "data.seq_length=16",
+    "model.max_position_embeddings=64",
+    "model.tie_embeddings=false",
+]
+NGRAM = [
+    "model.embed.ngram_hash_buckets=64",
+    "model.embed.ngram_hash_dim=8",
+]  # the old spelling (no .options): accepted
 VOCAB = 96
 
 
@@ -60,8 +70,11 @@ def test_zero_table_is_the_model_without_it_and_decoding_equals_the_forward(one_
     models = []
     for extra in ([], NGRAM):
         accelerator.seed_all(0)
-        models.append(build_model(load_config(None, [*SMALL, f"model.embedding={embedding}", *extra]), VOCAB,
-                                  dtype=torch.float64).eval())
+        models.append(
+            build_model(
+                load_config(None, [*SMALL, f"model.embedding={embedding}", *extra]), VOCAB, dtype=torch.float64
+            ).eval()
+        )
     plain, ngram = models
     assert ngram.ngram_hash.table.abs().max() == 0 and ngram.ngram_hash.table.is_embedding_or_output_parameter
     with torch.no_grad():
@@ -71,7 +84,9 @@ def test_zero_table_is_the_model_without_it_and_decoding_equals_the_forward(one_
         full = ngram(tok)
         assert (full - plain(tok)).abs().max() > 1e-3
         state = DecodeState(len(ngram.decoder.layers))
-        steps = [ngram(tok[:, :5], decode_state=state)] + [ngram(tok[:, i:i + 1], decode_state=state) for i in range(5, 12)]
+        steps = [ngram(tok[:, :5], decode_state=state)] + [
+            ngram(tok[:, i : i + 1], decode_state=state) for i in range(5, 12)
+        ]
     # fp64: the same sums in another order (cached keys/values)
     assert (torch.cat(steps, dim=1) - full).abs().max() < 1e-10
 
@@ -96,11 +111,27 @@ def test_bad_orders_are_one_line(one_rank):
         build_model(load_config(None, [*SMALL, *NGRAM, "model.embed.ngram_hash_orders=2,5"]), VOCAB)
 
 
-TINY = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.ffn_hidden_size=64",
-        "model.vocab_size=0", "data.seq_length=32", "train.log_interval=1", "train.eval_interval=0",
-        "train.keep_last=0", "train.zero_stage=1", "logging.plot=false", "logging.tensorboard=false",
-        "train.micro_batch_size=2", "train.global_batch_size=2", "train.lr=3e-3", "train.warmup_steps=0",
-        "model.tie_embeddings=false", "model.embed.ngram_hash_buckets=128", "model.embed.ngram_hash_dim=8"]
+TINY = [
+    "model.hidden_size=32",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.ffn_hidden_size=64",
+    "model.vocab_size=0",
+    "data.seq_length=32",
+    "train.log_interval=1",
+    "train.eval_interval=0",
+    "train.keep_last=0",
+    "train.zero_stage=1",
+    "logging.plot=false",
+    "logging.tensorboard=false",
+    "train.micro_batch_size=2",
+    "train.global_batch_size=2",
+    "train.lr=3e-3",
+    "train.warmup_steps=0",
+    "model.tie_embeddings=false",
+    "model.embed.ngram_hash_buckets=128",
+    "model.embed.ngram_hash_dim=8",
+]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -115,13 +146,24 @@ def test_deepspeed_run_trains_checkpoints_and_exports_it(precision, shakespeare_
     from megahash.pretrain import main
 
     run = tmp_path / "run"
-    status = main([f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}",
-                   *TINY, "train.steps=3", f"train.precision={precision}", f"train.save_dir={run}"])
+    status = main(
+        [
+            f"data.prefix=[{shakespeare_shards['prefix']}]",
+            f"data.tokenizer={shakespeare_shards['tokenizer']}",
+            *TINY,
+            "train.steps=3",
+            f"train.precision={precision}",
+            f"train.save_dir={run}",
+        ]
+    )
     out = capsys.readouterr()
     assert status == 0, (out.out + out.err)[-3000:]
     assert precision != "bf16" or "torch.bfloat16" in out.out + out.err  # the run's dtype line
-    losses = [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()
-              if json.loads(line)["split"] == "train"]
+    losses = [
+        json.loads(line)["loss"]
+        for line in (run / "metrics.jsonl").read_text().splitlines()
+        if json.loads(line)["split"] == "train"
+    ]
     assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses)))
     cfg, model, ckpt = load_for_inference(run)
     assert model.ngram_hash.table.abs().max() > 0  # trained away from its zero start

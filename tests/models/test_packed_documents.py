@@ -4,6 +4,7 @@ The independent facts: Megatron-core's own ``_get_ltor_masks_and_position_ids`` 
 loss mask), and a packed row giving the same logits, loss and gradients as each of its documents run alone
 (positions from 0), for every registered attention kind (decoder and encoder) and embedding kind.
 """
+
 from __future__ import annotations
 
 import math
@@ -67,8 +68,13 @@ def _packed_vs_alone(model, docs, **extra):
     packed_loss.sum().backward()
     g_packed = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad()
-    alone_loss = torch.cat([model(d[None], labels=labels[:, a:a + d.numel()], **extra)
-                            for d, a in zip(docs, torch.tensor([0] + [d.numel() for d in docs]).cumsum(0))], 1)
+    alone_loss = torch.cat(
+        [
+            model(d[None], labels=labels[:, a : a + d.numel()], **extra)
+            for d, a in zip(docs, torch.tensor([0] + [d.numel() for d in docs]).cumsum(0))
+        ],
+        1,
+    )
     alone_loss.sum().backward()
     g_alone = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     with torch.no_grad():
@@ -137,7 +143,8 @@ def test_kernels_agree_flex_and_sdpa():
     keep[0, 13:] = False
     for causal, kp in ((True, None), (False, keep)):
         sd = torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, attn_mask=document_mask.boolean_mask(doc, 2, causal, kp))
+            q, k, v, attn_mask=document_mask.boolean_mask(doc, 2, causal, kp)
+        )
         fx = accelerator.flex_attention("cpu")(q, k, v, block_mask=document_mask.block_mask(doc, 2, causal, kp))
         torch.testing.assert_close(fx, sd, rtol=0, atol=1e-5)
 
@@ -149,8 +156,7 @@ def test_embeddings_read_per_token_codes_so_packing_keeps_them(kind):
     import _emb_helpers
 
     spec, _ = _emb_helpers.KINDS[kind]
-    cfg = _emb_helpers.tiny_cfg(kind, ["model.num_layers=1", "model.schedule=uniform:mha", *FLAGS], hidden=32,
-                                seq=16)
+    cfg = _emb_helpers.tiny_cfg(kind, ["model.num_layers=1", "model.schedule=uniform:mha", *FLAGS], hidden=32, seq=16)
     from megahash.models.megatron_model import build_model
 
     accelerator.seed_all(0)
@@ -172,8 +178,9 @@ def test_sr_shuffles_within_documents_and_mlm_spares_eod():
     row = torch.cat(_docs((20, 30, 14), seed=3))[None].repeat(2, 1)
     doc = documents.document_ids(row, EOD)
     sid = {"bos": 0, "pad": 1, "eos": EOD, "unk": 3, "mask": 4}
-    out = shuffle_random.corrupt(row, None, torch.Generator().manual_seed(0), sid, shuffle_prob=0.5,
-                                 random_prob=0.0, document_ids=doc)
+    out = shuffle_random.corrupt(
+        row, None, torch.Generator().manual_seed(0), sid, shuffle_prob=0.5, random_prob=0.0, document_ids=doc
+    )
     moved = out["labels"] == shuffle_random.SHUFFLED
     assert moved.sum() > 10
     for b in range(2):
@@ -217,11 +224,11 @@ def test_full_recompute_keeps_the_documents(kind):
     _assert_same(outs, grads, 1e-5)
 
 
-
-
-@pytest.mark.parametrize("kind,extra", [("mha", []), ("mhe-mul", []), ("mha", ["model.arch=encoder",
-                                                                             "model.layout=roberta"])],
-                         ids=["mha", "mhe-mul", "roberta-encoder"])
+@pytest.mark.parametrize(
+    "kind,extra",
+    [("mha", []), ("mhe-mul", []), ("mha", ["model.arch=encoder", "model.layout=roberta"])],
+    ids=["mha", "mhe-mul", "roberta-encoder"],
+)
 def test_exported_model_honours_the_saved_flags(kind, extra):
     """The Hugging Face export's model reads the flags from the run's config it carries (``megahash_config``):
     its logits of a packed row = the library's with the batch's document ids = each document alone (fp64)."""
@@ -238,6 +245,7 @@ def test_exported_model_honours_the_saved_flags(kind, extra):
     torch.testing.assert_close(hf, ours, rtol=0, atol=1e-9)  # float64 models: the parity tests' bound
     torch.testing.assert_close(hf, alone, rtol=0, atol=1e-9)
 
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_packed_row_on_cuda_with_flex_attention(precision):
@@ -248,19 +256,22 @@ def test_packed_row_on_cuda_with_flex_attention(precision):
     assert accelerator.document_attention_kernel("cuda") == "flex"
     model = build(make_cfg("mha", *FLAGS), dtype=torch.float32).cuda()
     docs = [d.cuda() for d in _docs()]
-    ctx = (torch.autocast(**accelerator.autocast_args("bf16", "cuda")) if precision == "bf16"
-           else contextlib.nullcontext())
+    ctx = (
+        torch.autocast(**accelerator.autocast_args("bf16", "cuda")) if precision == "bf16" else contextlib.nullcontext()
+    )
     with ctx:
         outs, grads = _packed_vs_alone(model, docs)
     tol = 1e-5 if precision == "fp32" else accelerator.compute_tolerance("bf16", "cuda")
     _assert_same(tuple(o.float() for o in outs), grads, tol)
 
+
 @pytest.mark.slow
-@pytest.mark.parametrize("precision,model", [("fp32", []), ("bf16", []),
-                                             ("bf16", ["model.arch=encoder", "train.objective=sr"])],
-                         ids=["fp32", "bf16", "bf16-encoder-sr"])
-def test_training_with_all_flags_through_deepspeed(precision, model, shakespeare_shards, tmp_path, capsys,
-                                                   monkeypatch):
+@pytest.mark.parametrize(
+    "precision,model",
+    [("fp32", []), ("bf16", []), ("bf16", ["model.arch=encoder", "train.objective=sr"])],
+    ids=["fp32", "bf16", "bf16-encoder-sr"],
+)
+def test_training_with_all_flags_through_deepspeed(precision, model, shakespeare_shards, tmp_path, capsys, monkeypatch):
     """(Last in this file: the in-process run tears down the module's one-rank world.) The real DeepSpeed engine
     (1 rank, in process) trains and validates with the three flags on (a decoder in fp32 and bf16; an S+R encoder,
     whose corruption gets the batch's document ids); the dataset's samples carry what the model consumes."""
@@ -282,9 +293,20 @@ def test_training_with_all_flags_through_deepspeed(precision, model, shakespeare
     monkeypatch.setattr(shuffle_random, "corrupt", corrupt)
 
     data = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}"]
-    args = [*data, *TINY, *FLAGS, "train.steps=2", "train.micro_batch_size=2", "train.global_batch_size=2",
-            "data.seq_length=128", "data.valid_samples=4", "train.eval_interval=2", f"train.precision={precision}", *model,
-            f"train.save_dir={tmp_path / 'run'}"]
+    args = [
+        *data,
+        *TINY,
+        *FLAGS,
+        "train.steps=2",
+        "train.micro_batch_size=2",
+        "train.global_batch_size=2",
+        "data.seq_length=128",
+        "data.valid_samples=4",
+        "train.eval_interval=2",
+        f"train.precision={precision}",
+        *model,
+        f"train.save_dir={tmp_path / 'run'}",
+    ]
     status, out = _main(args, capsys)
     assert status == 0, out[-3000:]
     recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -296,4 +318,3 @@ def test_training_with_all_flags_through_deepspeed(precision, model, shakespeare
 
     cfg = HashGPTDataset.documents[0]
     assert cfg.reset_attention_mask and cfg.reset_position_ids and cfg.eod_mask_loss
-

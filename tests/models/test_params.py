@@ -1,4 +1,5 @@
 """`megahash params`: totals and per-layer splits equal the closed-form count of the architecture."""
+
 import json
 import subprocess
 import sys
@@ -7,8 +8,14 @@ from conftest import ROOT, child_env
 
 
 def params_json(*args):
-    r = subprocess.run([sys.executable, "-m", "megahash", "params", "--json", *args], cwd=ROOT, env=child_env(),
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "megahash", "params", "--json", *args],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout)
 
@@ -33,9 +40,18 @@ def test_500m_table_4_10_counts():
 
 
 def test_params_bad_override_is_one_line():
-    r = subprocess.run([sys.executable, "-m", "megahash", "params", "model.num_heds=3"], cwd=ROOT, env=child_env(),
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 2 and r.stderr.strip() == "error: unknown config key 'model.num_heds' (did you mean 'num_heads'?)"
+    r = subprocess.run(
+        [sys.executable, "-m", "megahash", "params", "model.num_heds=3"],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert (
+        r.returncode == 2
+        and r.stderr.strip() == "error: unknown config key 'model.num_heds' (did you mean 'num_heads'?)"
+    )
 
 
 def test_reader_that_stops_early_gets_no_traceback():
@@ -47,8 +63,15 @@ def test_reader_that_stops_early_gets_no_traceback():
         r, w = os.pipe()
         os.close(r)  # the reader has already gone: every write gets EPIPE
         try:
-            p = subprocess.run([sys.executable, "-m", "megahash", "params", "--config", "configs/model/500m.yaml", *args],
-                               cwd=ROOT, env=child_env(), stdout=w, stderr=subprocess.PIPE, text=True, timeout=120)
+            p = subprocess.run(
+                [sys.executable, "-m", "megahash", "params", "--config", "configs/model/500m.yaml", *args],
+                cwd=ROOT,
+                env=child_env(),
+                stdout=w,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=120,
+            )
         finally:
             os.close(w)
         assert (p.returncode, p.stderr) == (141, ""), p.stderr[-2000:]
@@ -57,11 +80,18 @@ def test_reader_that_stops_early_gets_no_traceback():
 def test_text_report_says_how_to_measure_instead_of_not_measured_cells():
     """Without --measure (closed form, no torch: the README's example) the cost table has the thesis rows
     only and one line naming --measure, not a column of "not measured" (issue 36)."""
-    r = subprocess.run([sys.executable, "-m", "megahash", "params", "--config", "configs/model/500m.yaml"], cwd=ROOT,
-                       env=child_env(), capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "megahash", "params", "--config", "configs/model/500m.yaml"],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0 and r.stderr == "", r.stderr[-2000:]
     assert "not measured" not in r.stdout and "implemented" not in r.stdout
     assert [l for l in r.stdout.splitlines() if "--measure" in l] == [
         "  the implementation's costs: add --measure (a meta-device model: imports torch and megatron-core, ~6 s of CPU; "
-        "pretrain's MFU and `megahash report` always measure)"]
+        "pretrain's MFU and `megahash report` always measure)"
+    ]
     assert "  attention prefill FLOPs/token             1.266e+08" in r.stdout  # 24 x 5.276e6, [Xue25] Standard row

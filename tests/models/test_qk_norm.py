@@ -1,5 +1,6 @@
 """``model.qk_norm`` (Qwen3 QK-norm) against megatron-core's qk_layernorm and transformers' Qwen3,
 and configs/model/1.7b.yaml = Qwen3-1.7B ([Xue25] Tables 4.9-4.10)."""
+
 from __future__ import annotations
 
 import os
@@ -17,11 +18,21 @@ VOCAB = 128
 
 
 def cfg_of(*extra):
-    return load_config(None, [
-        "model.hidden_size=32", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=64",
-        "data.seq_length=16", "model.max_position_embeddings=64", "model.qk_norm=true", "model.qkv_bias=false",
-        "model.num_query_groups=2", *extra,
-    ])
+    return load_config(
+        None,
+        [
+            "model.hidden_size=32",
+            "model.num_layers=2",
+            "model.num_heads=4",
+            "model.ffn_hidden_size=64",
+            "data.seq_length=16",
+            "model.max_position_embeddings=64",
+            "model.qk_norm=true",
+            "model.qkv_bias=false",
+            "model.num_query_groups=2",
+            *extra,
+        ],
+    )
 
 
 def build_attention(cfg):
@@ -36,7 +47,9 @@ def build_attention(cfg):
     config = transformer_config(cfg)
     config.init_method = init_method_normal(cfg.model.init_std)
     config.output_layer_init_method = scaled_init_method_normal(cfg.model.init_std, cfg.model.num_layers)
-    return build_module(registry.spec("attention", registry.schedule_kinds(cfg)[0]).build(cfg), config=config, layer_number=1)
+    return build_module(
+        registry.spec("attention", registry.schedule_kinds(cfg)[0]).build(cfg), config=config, layer_number=1
+    )
 
 
 def test_mha_qk_norm_equals_megatron_qk_layernorm():
@@ -86,10 +99,26 @@ def test_decoder_with_qk_norm_equals_transformers_qwen3():
         tensors[f"model.layers.{i}.self_attn.q_norm.weight"] = state[a + "q_layernorm.weight"]
         tensors[f"model.layers.{i}.self_attn.k_norm.weight"] = state[a + "k_layernorm.weight"]
     m = cfg.model
-    hf = Qwen3ForCausalLM(Qwen3Config(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, rms_norm_eps=m.norm_eps, rope_theta=m.rotary_base,
-        max_position_embeddings=64, tie_word_embeddings=True, attention_bias=False)).double().eval()
+    hf = (
+        Qwen3ForCausalLM(
+            Qwen3Config(
+                vocab_size=VOCAB,
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=8,
+                rms_norm_eps=m.norm_eps,
+                rope_theta=m.rotary_base,
+                max_position_embeddings=64,
+                tie_word_embeddings=True,
+                attention_bias=False,
+            )
+        )
+        .double()
+        .eval()
+    )
     missing, unexpected = hf.load_state_dict(tensors, strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}
     tok = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))

@@ -1,6 +1,7 @@
 """Quantized artifacts (issue 37 item 5, megahash/models/quantized.py, ``megahash export``): the per-row
 round trip stays within the format's bound |w - q(w)| <= s/2, packing is lossless, the printed bytes are
 the file's size, and the artifact's round-tripped weights evaluate close to the live model."""
+
 import math
 import os
 import re
@@ -45,8 +46,7 @@ def test_export_artifact_bytes_bound_and_eval(shakespeare_shards, tmp_path, caps
     shape = ["model.hidden_size=64", "model.ffn_hidden_size=128"]  # matrices above KEEP_NUMEL are quantized
     # the trainer's QAT path under bf16 autocast: the last step fake-quantized
     qat = ["train.qat_bits=8", "train.qat_fraction=0.34", "train.precision=bf16"]
-    status, out = _main([*data, *TINY, *shape, *qat, "train.steps=3", "train.lr=3e-3", f"train.save_dir={run}"],
-                        capsys)
+    status, out = _main([*data, *TINY, *shape, *qat, "train.steps=3", "train.lr=3e-3", f"train.save_dir={run}"], capsys)
     assert status == 0, out[-3000:]
     with accelerator.releasing_group():
         _, live, _ = load_for_inference(run)
@@ -58,8 +58,10 @@ def test_export_artifact_bytes_bound_and_eval(shakespeare_shards, tmp_path, caps
     sizes, losses = {}, {}
     for fmt, codec in (("int8", "zstd"), ("int6", "zstd"), ("int4", "zlib")):
         path = tmp_path / f"m.{fmt}.{codec}"
-        assert cli(["export", "--checkpoint", str(run), "--output", str(path), "--quantize", fmt,
-                    "--compress", codec]) == 0
+        assert (
+            cli(["export", "--checkpoint", str(run), "--output", str(path), "--quantize", fmt, "--compress", codec])
+            == 0
+        )
         printed = int(re.search(r"; (\d+) bytes", capsys.readouterr().out)[1])
         assert printed == os.path.getsize(path)
         sizes[fmt] = printed
@@ -71,7 +73,7 @@ def test_export_artifact_bytes_bound_and_eval(shakespeare_shards, tmp_path, caps
                 n_quantized += 1
                 _, s = qz.quantize_rows(w, qz.FORMATS[fmt])
                 # decoded in fp32: the bound plus one fp32 rounding of q*s (<= qmax*s*2^-24)
-                bound = s.float()[:, None] * (0.5 + qz.qmax(qz.FORMATS[fmt]) * 2.0 ** -24)
+                bound = s.float()[:, None] * (0.5 + qz.qmax(qz.FORMATS[fmt]) * 2.0**-24)
                 assert bool(((w - back[name]).reshape(w.shape[0], -1).abs() <= bound).all()), name
             elif w.is_floating_point() and w.ndim <= 1:
                 assert torch.equal(back[name], w), name  # bit-exact: fp32 tensors are kept as they are
@@ -105,7 +107,7 @@ def test_qat_straight_through_gradient():
     assert fq.start == 5 and fq.params == [m.decoder.weight]
     x, c = torch.randn(3, 128), torch.randn(3, 64)
     xr, xq = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
-    s = (w0.abs().amax(1) / 7 * (1 + 2.0 ** -10)).half().float()  # the rule, written out
+    s = (w0.abs().amax(1) / 7 * (1 + 2.0**-10)).half().float()  # the rule, written out
     q = (torch.round(w0 / s[:, None]).clamp(-7, 7) * s[:, None]).requires_grad_(True)
     ((xr @ q.T + m.decoder.bias.detach()) * c).sum().backward()
     fq.active = True
@@ -121,8 +123,13 @@ def test_qat_straight_through_gradient():
     assert float((xq.grad - c @ w0).abs().max()) > 1e-3
 
 
-@pytest.mark.parametrize("overrides, expect", [(["train.qat_bits=5"], "train.qat_bits must be 0 (off), 4, 6 or 8"),
-                                               (["train.qat_bits=4", "train.zero_stage=3"], "qat_bits needs train.zero_stage")])
+@pytest.mark.parametrize(
+    "overrides, expect",
+    [
+        (["train.qat_bits=5"], "train.qat_bits must be 0 (off), 4, 6 or 8"),
+        (["train.qat_bits=4", "train.zero_stage=3"], "qat_bits needs train.zero_stage"),
+    ],
+)
 def test_qat_config_errors(overrides, expect):
     from megahash.config import load_config
     from megahash.errors import ConfigError

@@ -4,6 +4,7 @@ parametrized from the registry in their own files: Table 3.4 counts, decoding an
 tests/models/test_attention.py, TP parity of every kind in one 2-rank launch there, indicators in
 tests/eval/test_indicators.py, embeddings in tests/models/test_embeddings.py, export in tests/convert/test_convert.py).
 A kind that lacks something fails a test whose message names what is missing."""
+
 from __future__ import annotations
 
 import os
@@ -18,9 +19,15 @@ from megahash import catalog  # noqa: E402
 from megahash.config import load_config  # noqa: E402
 
 TABLE_FORMULAS = ("time_complexity", "flops", "activation_bytes", "cache_bytes")
-SAMPLE = {"qkv_params": (4, 8, 2), "time_complexity": (2, 16, 32), "flops": ("prefill", 2, 16, 32, 4, 2, False),
-          "activation_bytes": (2, 16, 32, 4, 2), "cache_bytes": (2, 16, 32, 4, 2), "cache_elements": (2, 16, 4, 8, 2),
-          "groups": (4, 0)}
+SAMPLE = {
+    "qkv_params": (4, 8, 2),
+    "time_complexity": (2, 16, 32),
+    "flops": ("prefill", 2, 16, 32, 4, 2, False),
+    "activation_bytes": (2, 16, 32, 4, 2),
+    "cache_bytes": (2, 16, 32, 4, 2),
+    "cache_elements": (2, 16, 4, 8, 2),
+    "groups": (4, 0),
+}
 ALL = [(g, n) for g in catalog.GROUPS for n in sorted(catalog.names(g))]
 
 
@@ -46,14 +53,17 @@ def test_every_kind_describes_itself(group, name):
         return
     own = kind.costs
     if own is None:
-        assert not caps.chapters, f"attention kind {name!r} is listed in thesis chapters {caps.chapters} but registers costs=None"
+        assert not caps.chapters, (
+            f"attention kind {name!r} is listed in thesis chapters {caps.chapters} but registers costs=None"
+        )
         return
     if caps.chapters:
         missing = [f for f in TABLE_FORMULAS if getattr(own, f, None) is None]
         assert not missing, f"attention kind {name!r} (thesis chapters {caps.chapters}) lacks the formulas {missing}"
     if caps.decodes:
         assert getattr(own, "cache_elements", None) is not None, (
-            f"attention kind {name!r} decodes but its cost class {own.__name__} has no cache_elements formula")
+            f"attention kind {name!r} decodes but its cost class {own.__name__} has no cache_elements formula"
+        )
 
 
 def test_source_reader_agrees_with_the_imported_registry():
@@ -100,9 +110,18 @@ def _one_step(overrides, vocab=96, seed=0):
     from megahash import accelerator
     from megahash.models.megatron_model import build_model
 
-    cfg = load_config(None, ["model.hidden_size=32", "model.num_heads=4", "model.ffn_hidden_size=64",
-                             "data.seq_length=16", "model.max_position_embeddings=64",
-                             "model.attention.options.fixed_seq_length=64", *overrides])
+    cfg = load_config(
+        None,
+        [
+            "model.hidden_size=32",
+            "model.num_heads=4",
+            "model.ffn_hidden_size=64",
+            "data.seq_length=16",
+            "model.max_position_embeddings=64",
+            "model.attention.options.fixed_seq_length=64",
+            *overrides,
+        ],
+    )
     accelerator.seed_all(seed)
     model = build_model(cfg, vocab, dtype=torch.float64)
     if getattr(model, "fixed_qk", None) is not None and model.fixed_qk.source == "text":
@@ -123,14 +142,21 @@ def _one_step(overrides, vocab=96, seed=0):
     pad = torch.ones(b, s, dtype=torch.bool)
 
     def loss():
-        out = model(tok, hash_codes=codes, labels=labels, label_codes=label_codes,
-                    padding_mask=None if model.decoder_only else pad)
+        out = model(
+            tok,
+            hash_codes=codes,
+            labels=labels,
+            label_codes=label_codes,
+            padding_mask=None if model.decoder_only else pad,
+        )
         return out.mean()
 
     model.train()
     first = loss()
     first.backward()
-    no_grad = [n for n, p in model.named_parameters() if p.requires_grad and (p.grad is None or not p.grad.abs().sum() > 0)]
+    no_grad = [
+        n for n, p in model.named_parameters() if p.requires_grad and (p.grad is None or not p.grad.abs().sum() > 0)
+    ]
     with torch.no_grad():  # a small normalised gradient step (approx-thesis's denominators make raw steps explode)
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         norm = torch.sqrt(sum(g.pow(2).sum() for g in grads))
@@ -142,10 +168,22 @@ def _one_step(overrides, vocab=96, seed=0):
 
 def _train_cases():
     cases = [("attention", k, [f"model.schedule=list:{k},{k}", "model.num_layers=2"]) for k in _kinds.attention()]
-    cases += [("attention", k, [f"model.schedule=list:{k},{k}", "model.num_layers=2", "model.arch=encoder",
-                                "train.objective=mlm"]) for k in _kinds.attention(encoder=True)]
+    cases += [
+        (
+            "attention",
+            k,
+            [f"model.schedule=list:{k},{k}", "model.num_layers=2", "model.arch=encoder", "train.objective=mlm"],
+        )
+        for k in _kinds.attention(encoder=True)
+    ]
     for e in _kinds.embeddings():
-        cases.append(("embedding", e, [f"model.embedding={e}", f"model.embed.hash_spec={catalog.caps('embedding', e).example_hash_spec}"]))
+        cases.append(
+            (
+                "embedding",
+                e,
+                [f"model.embedding={e}", f"model.embed.hash_spec={catalog.caps('embedding', e).example_hash_spec}"],
+            )
+        )
     from megahash.objective_spec import names, objective_spec, standard
 
     for h in _kinds.heads():
@@ -163,8 +201,11 @@ def _train_cases():
 TRAIN_CASES = _train_cases()
 
 
-@pytest.mark.parametrize("group,name,overrides", TRAIN_CASES,
-                         ids=[f"{g}:{n}{':encoder' if 'model.arch=encoder' in o else ''}" for g, n, o in TRAIN_CASES])
+@pytest.mark.parametrize(
+    "group,name,overrides",
+    TRAIN_CASES,
+    ids=[f"{g}:{n}{':encoder' if 'model.arch=encoder' in o else ''}" for g, n, o in TRAIN_CASES],
+)
 def test_one_training_step_of_every_kind(dist, group, name, overrides):
     """Every registered attention kind (decoder and, where it runs in one, encoder), embedding and
     head: one gradient step on a batch gives every parameter a gradient and lowers that batch's loss."""
@@ -263,9 +304,16 @@ def test_kind_files_are_ordinary_python():
     assert files
     for path in files:
         f = kind_source.read(path)
-        code = [n for n in f.tree.body if not isinstance(n, (ast.Import, ast.ImportFrom))
-                and not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]  # the docstring
-        late = [n.lineno for n in f.tree.body if isinstance(n, (ast.Import, ast.ImportFrom))
-                and code and n.lineno > code[0].lineno]
+        code = [
+            n
+            for n in f.tree.body
+            if not isinstance(n, (ast.Import, ast.ImportFrom))
+            and not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))
+        ]  # the docstring
+        late = [
+            n.lineno
+            for n in f.tree.body
+            if isinstance(n, (ast.Import, ast.ImportFrom)) and code and n.lineno > code[0].lineno
+        ]
         assert not late, f"{path}: imports below the first definition, lines {late}"
         assert "# ---- megatron-core implementation" not in f.source, path

@@ -2,6 +2,7 @@
 (and transformers' RobertaModel), hidden states = transformers' RobertaModel with the same weights,
 MHE in it = eq. 3.5 on position-carrying inputs, hash embeddings compose. TP/SP parity runs in
 tests/models/test_attention.py::test_tp2_parity_all_kinds (cases @roberta)."""
+
 from __future__ import annotations
 
 import math
@@ -32,8 +33,9 @@ def test_parameter_count_is_roberta_base():
     cfg = load_config(None, ["model.size=bert-base", "model.make_vocab_size_divisible_by=1"])
     with torch.device("meta"):
         ours = build_model(cfg, 50265, init=False)
-        ref = RobertaModel(RobertaConfig(vocab_size=50265, max_position_embeddings=514, type_vocab_size=1),
-                           add_pooling_layer=False)
+        ref = RobertaModel(
+            RobertaConfig(vocab_size=50265, max_position_embeddings=514, type_vocab_size=1), add_pooling_layer=False
+        )
     n = sum(p.numel() for p in ours.parameters())
     assert n == roberta_base_formula() == sum(p.numel() for p in ref.parameters()) == 124_055_040
     assert n + 768 * 768 + 768 == 124_645_632  # + pooler: the published roberta-base count
@@ -41,10 +43,23 @@ def test_parameter_count_is_roberta_base():
 
 
 def tiny(*extra):
-    return load_config(None, ["model.arch=encoder", "model.layout=roberta", "model.hidden_size=32", "model.num_layers=2",
-                              "model.num_heads=4", "model.ffn_hidden_size=64", "data.seq_length=16",
-                              "model.max_position_embeddings=16", "model.norm_eps=1e-5", "model.type_vocab_size=1",
-                              "model.make_vocab_size_divisible_by=1", *extra])
+    return load_config(
+        None,
+        [
+            "model.arch=encoder",
+            "model.layout=roberta",
+            "model.hidden_size=32",
+            "model.num_layers=2",
+            "model.num_heads=4",
+            "model.ffn_hidden_size=64",
+            "data.seq_length=16",
+            "model.max_position_embeddings=16",
+            "model.norm_eps=1e-5",
+            "model.type_vocab_size=1",
+            "model.make_vocab_size_divisible_by=1",
+            *extra,
+        ],
+    )
 
 
 def test_hidden_states_equal_transformers_roberta():
@@ -61,27 +76,50 @@ def test_hidden_states_equal_transformers_roberta():
         for name, p in model.named_parameters():
             if "layernorm" in name:
                 p.uniform_(0.5, 1.5) if name.endswith("weight") else p.uniform_(-0.2, 0.2)
-    ref = RobertaModel(RobertaConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                     intermediate_size=64, max_position_embeddings=18, type_vocab_size=1,
-                                     layer_norm_eps=1e-5, hidden_act="gelu", pad_token_id=1),
-                       add_pooling_layer=False).double().eval()
+    ref = (
+        RobertaModel(
+            RobertaConfig(
+                vocab_size=V,
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                intermediate_size=64,
+                max_position_embeddings=18,
+                type_vocab_size=1,
+                layer_norm_eps=1e-5,
+                hidden_act="gelu",
+                pad_token_id=1,
+            ),
+            add_pooling_layer=False,
+        )
+        .double()
+        .eval()
+    )
     s = dict(model.state_dict())
-    t = {"embeddings.word_embeddings.weight": s["embedding.word_embeddings.weight"],
-         "embeddings.position_embeddings.weight": s["embedding_extras.position_embeddings.weight"],
-         "embeddings.token_type_embeddings.weight": s["embedding_extras.token_type_embeddings.weight"],
-         "embeddings.LayerNorm.weight": s["embedding_extras.layernorm.weight"],
-         "embeddings.LayerNorm.bias": s["embedding_extras.layernorm.bias"]}
+    t = {
+        "embeddings.word_embeddings.weight": s["embedding.word_embeddings.weight"],
+        "embeddings.position_embeddings.weight": s["embedding_extras.position_embeddings.weight"],
+        "embeddings.token_type_embeddings.weight": s["embedding_extras.token_type_embeddings.weight"],
+        "embeddings.LayerNorm.weight": s["embedding_extras.layernorm.weight"],
+        "embeddings.LayerNorm.bias": s["embedding_extras.layernorm.bias"],
+    }
     for i in range(2):
         a, r = f"decoder.layers.{i}.", f"encoder.layer.{i}."
         kv_w = s[a + "self_attention.linear_kv.weight"].view(4, 2, 8, 32)
         kv_b = s[a + "self_attention.linear_kv.bias"].view(4, 2, 8)
-        for name, w, b in (("query", s[a + "self_attention.linear_q.weight"], s[a + "self_attention.linear_q.bias"]),
-                           ("key", kv_w[:, 0].reshape(32, 32), kv_b[:, 0].reshape(32)),
-                           ("value", kv_w[:, 1].reshape(32, 32), kv_b[:, 1].reshape(32))):
+        for name, w, b in (
+            ("query", s[a + "self_attention.linear_q.weight"], s[a + "self_attention.linear_q.bias"]),
+            ("key", kv_w[:, 0].reshape(32, 32), kv_b[:, 0].reshape(32)),
+            ("value", kv_w[:, 1].reshape(32, 32), kv_b[:, 1].reshape(32)),
+        ):
             t[r + f"attention.self.{name}.weight"], t[r + f"attention.self.{name}.bias"] = w, b
-        pairs = {"attention.output.dense": "self_attention.linear_proj", "attention.output.LayerNorm": "input_layernorm",
-                 "intermediate.dense": "mlp.linear_fc1", "output.dense": "mlp.linear_fc2",
-                 "output.LayerNorm": "pre_mlp_layernorm"}
+        pairs = {
+            "attention.output.dense": "self_attention.linear_proj",
+            "attention.output.LayerNorm": "input_layernorm",
+            "intermediate.dense": "mlp.linear_fc1",
+            "output.dense": "mlp.linear_fc2",
+            "output.LayerNorm": "pre_mlp_layernorm",
+        }
         for hf, mh in pairs.items():
             t[r + hf + ".weight"], t[r + hf + ".bias"] = s[a + mh + ".weight"], s[a + mh + ".bias"]
     missing, unexpected = ref.load_state_dict(t, strict=False)
@@ -115,13 +153,19 @@ def test_mhe_in_roberta_is_eq_3_5_with_positions():
         model.hidden_states(tok, padding_mask=pad)
     ex = model.embedding_extras
     pos = torch.where(pad, torch.arange(10) + 2, torch.ones_like(tok))
-    e = model.embedding.word_embeddings.weight[tok] + ex.position_embeddings.weight[pos] + ex.token_type_embeddings.weight[0]
+    e = (
+        model.embedding.word_embeddings.weight[tok]
+        + ex.position_embeddings.weight[pos]
+        + ex.token_type_embeddings.weight[0]
+    )
     h = torch.nn.functional.layer_norm(e, (32,), ex.layernorm.weight, ex.layernorm.bias, 1e-5).transpose(0, 1)
     torch.testing.assert_close(seen["x"], h, rtol=1e-12, atol=1e-12)
     n, d = 4, 8
     w = att.linear_qkv.weight
     bias = att.linear_qkv.bias
-    q, k, v = ((h @ w[i * d:(i + 1) * d].T + bias[i * d:(i + 1) * d]) for i in range(3))  # seed projections [s, b, d]
+    q, k, v = (
+        (h @ w[i * d : (i + 1) * d].T + bias[i * d : (i + 1) * d]) for i in range(3)
+    )  # seed projections [s, b, d]
     heads = []
     for i in range(n):
         qi, ki, vi = (a * (emb.weight[i] + 1) for a, emb in zip((q, k, v), (att.emb_q, att.emb_k, att.emb_v)))

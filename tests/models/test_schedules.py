@@ -1,4 +1,5 @@
 """Layer schedules ([Xue25] sec. 4.5-4.6, Table 4.11), `skip` mode, and the 500M hybrids' sizes."""
+
 from __future__ import annotations
 
 import os
@@ -64,23 +65,35 @@ def test_layer_kinds_forms():
     assert skip_mask(["mha", "mlp", "mha"]) == [False, True, False]
 
 
-@pytest.mark.parametrize("bad,match", [
-    ("hybrid:mlp:sideways", "unknown hybrid preset"),
-    ("hybrid:mlp:0,3", "outside"),
-    ("list:mha,mlp", "lists 2 layers"),
-    ("uniform", "bad schedule"),
-])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        ("hybrid:mlp:sideways", "unknown hybrid preset"),
+        ("hybrid:mlp:0,3", "outside"),
+        ("list:mha,mlp", "lists 2 layers"),
+        ("uniform", "bad schedule"),
+    ],
+)
 def test_schedule_errors(bad, match):
     with pytest.raises(ConfigError, match=match):
         layer_kinds(bad, 3)
 
 
 def _cfg(schedule, *extra, layers=4):
-    return load_config(None, [
-        "model.hidden_size=32", f"model.num_layers={layers}", "model.num_heads=4", "model.ffn_hidden_size=64",
-        f"model.schedule={schedule}", "data.seq_length=16", "model.max_position_embeddings=64",
-        "model.attention.options.fixed_seq_length=64", *extra,
-    ])
+    return load_config(
+        None,
+        [
+            "model.hidden_size=32",
+            f"model.num_layers={layers}",
+            "model.num_heads=4",
+            "model.ffn_hidden_size=64",
+            f"model.schedule={schedule}",
+            "data.seq_length=16",
+            "model.max_position_embeddings=64",
+            "model.attention.options.fixed_seq_length=64",
+            *extra,
+        ],
+    )
 
 
 def _build(cfg, seed=0):
@@ -108,8 +121,9 @@ def test_skip_mode_drops_nonstandard_layers_whole():
         rot = hybrid.rotary_pos_emb(10)
         state = ForwardState(embeddings=x, tokens=tok)
         for i in (1, 3):  # layers 2 and 4 keep standard attention
-            x, _ = hybrid.decoder.layers[i](hidden_states=x, attention_mask=None, rotary_pos_emb=rot,
-                                            inference_context=state)
+            x, _ = hybrid.decoder.layers[i](
+                hidden_states=x, attention_mask=None, rotary_pos_emb=rot, inference_context=state
+            )
         ref = hybrid.decoder.final_layernorm(x)
     torch.testing.assert_close(h.detach(), ref, rtol=0, atol=1e-12)
     h.pow(2).mean().backward()

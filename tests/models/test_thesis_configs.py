@@ -1,5 +1,6 @@
 """Shipped configs against [Xue25]: Emb(N) sizes of Table 2.2, the Table 4.9 LR schedule (cosine,
 0.5 cycles, to 0; checked against transformers' scheduler), and FixedSeqQK's default fixed text."""
+
 from __future__ import annotations
 
 import math
@@ -9,10 +10,15 @@ import pytest
 from megahash.config import load_config
 
 
-@pytest.mark.parametrize("snippet,rows,printed", [
-    ("md5-emb-1k", 1038, "797.2K"), ("lsh-emb-1k", 1038, "797.2K"),
-    ("md5-emb-50k", 50260, "38.6M"), ("lsh-emb-50k", 50260, "38.6M"),
-])
+@pytest.mark.parametrize(
+    "snippet,rows,printed",
+    [
+        ("md5-emb-1k", 1038, "797.2K"),
+        ("lsh-emb-1k", 1038, "797.2K"),
+        ("md5-emb-50k", 50260, "38.6M"),
+        ("lsh-emb-50k", 50260, "38.6M"),
+    ],
+)
 def test_emb_n_sizes_of_table_2_2(snippet, rows, printed):
     """#Emb Params of Table 2.2 at d = 768: Emb(1K) 797.2K = 1,038 rows, Emb(50K) 38.6M = 50,260 rows."""
     from megahash.models.embeddings.base import bucket_count
@@ -62,11 +68,18 @@ def test_fixedseqqk_default_text_is_shakespeare(tmp_path):
     assert text.startswith("ALL'S WELL THAT ENDS WELL")  # first play in sorted order
     corpus = tmp_path / "c.txt"
     corpus.write_text(text)
-    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / "sp"), vocab_size=300,
-                                   model_type="bpe", minloglevel=2)
+    spm.SentencePieceTrainer.train(
+        input=str(corpus), model_prefix=str(tmp_path / "sp"), vocab_size=300, model_type="bpe", minloglevel=2
+    )
     sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "sp.model"))
-    cfg = load_config(None, ["model.schedule=uniform:fixedseqqk", f"data.tokenizer={tmp_path / 'sp.model'}",
-                             "model.attention.options.fixed_seq_length=64"])
+    cfg = load_config(
+        None,
+        [
+            "model.schedule=uniform:fixedseqqk",
+            f"data.tokenizer={tmp_path / 'sp.model'}",
+            "model.attention.options.fixed_seq_length=64",
+        ],
+    )
     assert cfg.model.attention.options.fixed_text == "shakespeare"
     ids = fixed_token_ids(cfg, vocab_size=300)
     assert len(ids) == 64 and ids == sp.encode(text)[:64]

@@ -1,4 +1,5 @@
 """Objectives (CLM, MLM, Shuffle+Random) and heads (vocab, S+R, hash-bits, hash-bucket) on real words."""
+
 from __future__ import annotations
 
 import os
@@ -52,8 +53,12 @@ def test_clm_shift():
 
     tok, codes = corpus_batches(1)[0]
     out = clm.corrupt(tok, codes)
-    assert torch.equal(out["tokens"], tok[:, :-1]) and torch.equal(out["labels"], tok[:, 1:])  # bit-exact: ids, codes, 0/1 masks
-    assert torch.equal(out["hash_codes"], codes[:, :-1]) and torch.equal(out["label_codes"], codes[:, 1:])  # bit-exact: ids, codes, 0/1 masks
+    assert torch.equal(out["tokens"], tok[:, :-1]) and torch.equal(
+        out["labels"], tok[:, 1:]
+    )  # bit-exact: ids, codes, 0/1 masks
+    assert torch.equal(out["hash_codes"], codes[:, :-1]) and torch.equal(
+        out["label_codes"], codes[:, 1:]
+    )  # bit-exact: ids, codes, 0/1 masks
     assert torch.equal(out["loss_mask"], (tok[:, 1:] != 1).float())  # bit-exact: ids, codes, 0/1 masks
 
 
@@ -70,10 +75,16 @@ def test_mlm_rates_specials_and_codes():
         word = tok >= 5
         sel = out["labels"] != -100
         assert not (sel & ~word).any()  # specials never selected
-        assert torch.equal(out["tokens"][~word], tok[~word]) and torch.equal(out["hash_codes"][~word], codes[~word])  # bit-exact: ids, codes, 0/1 masks
-        assert torch.equal(out["labels"][sel], tok[sel]) and torch.equal(out["loss_mask"], sel.float())  # bit-exact: ids, codes, 0/1 masks
+        assert torch.equal(out["tokens"][~word], tok[~word]) and torch.equal(
+            out["hash_codes"][~word], codes[~word]
+        )  # bit-exact: ids, codes, 0/1 masks
+        assert torch.equal(out["labels"][sel], tok[sel]) and torch.equal(
+            out["loss_mask"], sel.float()
+        )  # bit-exact: ids, codes, 0/1 masks
         assert torch.equal(out["tokens"][~sel], tok[~sel])  # bit-exact: ids, codes, 0/1 masks
-        assert torch.equal(out["label_codes"], codes) and torch.equal(out["padding_mask"], tok != 1)  # bit-exact: ids, codes, 0/1 masks
+        assert torch.equal(out["label_codes"], codes) and torch.equal(
+            out["padding_mask"], tok != 1
+        )  # bit-exact: ids, codes, 0/1 masks
         masked = sel & (out["tokens"] == 4)
         assert not out["hash_codes"][masked].any()  # <mask> has the zero codes of a special
         changed = sel & (out["tokens"] != 4) & (out["tokens"] != tok)
@@ -104,7 +115,9 @@ def test_shuffle_random_rates_specials_and_codes():
         lab, new = out["labels"], out["tokens"]
         word = tok >= 5
         assert torch.equal(lab == -100, ~word)  # bit-exact: ids, codes, 0/1 masks; specials: ignored ...
-        assert torch.equal(new[~word], tok[~word]) and torch.equal(out["hash_codes"][~word], codes[~word])  # bit-exact: ids, codes, 0/1 masks; ... untouched
+        assert torch.equal(new[~word], tok[~word]) and torch.equal(
+            out["hash_codes"][~word], codes[~word]
+        )  # bit-exact: ids, codes, 0/1 masks; ... untouched
         assert torch.equal(out["loss_mask"], word.float())  # bit-exact: ids, codes, 0/1 masks
         assert torch.equal(new[lab == 0], tok[lab == 0])  # bit-exact: ids, codes, 0/1 masks; originals stay
         for r in range(tok.shape[0]):  # shuffled: a permutation of the row's selected tokens
@@ -127,7 +140,9 @@ def test_corruption_is_deterministic_in_the_generator():
         a = mod.corrupt(tok, codes, torch.Generator().manual_seed(5))
         b = mod.corrupt(tok, codes, torch.Generator().manual_seed(5))
         c = mod.corrupt(tok, codes, torch.Generator().manual_seed(6))
-        assert all(torch.equal(a[k], b[k]) for k in ("tokens", "hash_codes", "labels"))  # bit-exact: ids, codes, 0/1 masks
+        assert all(
+            torch.equal(a[k], b[k]) for k in ("tokens", "hash_codes", "labels")
+        )  # bit-exact: ids, codes, 0/1 masks
         assert not torch.equal(a["labels"], c["labels"])  # bit-exact: ids, codes, 0/1 masks
     out = shuffle_random.corrupt(tok, None, torch.Generator().manual_seed(5))  # codes are optional
     assert out["hash_codes"] is None and (out["labels"] == 1).any()
@@ -146,8 +161,13 @@ def train(model, batches, objective, steps=40, lr=3e-3, seed=0):
     for step in range(steps):
         tok, codes = batches[step % len(batches)]
         b = mod.corrupt(tok, codes, gen)
-        per = model(b["tokens"], b["hash_codes"], labels=b["labels"], padding_mask=b.get("padding_mask"),
-                    label_codes=b.get("label_codes"))
+        per = model(
+            b["tokens"],
+            b["hash_codes"],
+            labels=b["labels"],
+            padding_mask=b.get("padding_mask"),
+            label_codes=b.get("label_codes"),
+        )
         loss = (per * b["loss_mask"]).sum() / b["loss_mask"].sum().clamp(min=1)
         opt.zero_grad()
         loss.backward()
@@ -180,7 +200,9 @@ def test_vocab_mlm_head_ignores_unlabelled_positions():
     tok, codes = corpus_batches(1)[0]
     b = mlm.corrupt(tok, codes, torch.Generator().manual_seed(0))
     per = model(b["tokens"], b["hash_codes"], labels=b["labels"], padding_mask=b["padding_mask"])
-    assert torch.equal(per == 0, b["labels"] == -100)  # bit-exact: boolean masks (ignored positions: a loss of exactly 0)
+    assert torch.equal(
+        per == 0, b["labels"] == -100
+    )  # bit-exact: boolean masks (ignored positions: a loss of exactly 0)
 
 
 @pytest.mark.parametrize("head,spec", [("hash-bits", "md5"), ("hash-bucket", "md5-bucket512")])

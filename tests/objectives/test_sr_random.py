@@ -1,6 +1,7 @@
 """Shuffle+Random random replacements as the authors' collators define them (HUIYINXUE/hashformer,
 src/model/data_collator.py): random bit arrays of random density (Proj/Add), uniform codeword ids
 (Pool), random buckets (Emb), random vocabulary ids (vocab); never equal to the original."""
+
 from __future__ import annotations
 
 import _emb_helpers as H
@@ -35,7 +36,9 @@ def run(mode, spec="md5", **kw):
         rnd = lab == 2
         assert torch.equal(lab == -100, tok < 5)  # bit-exact: ids, codes, masks; specials ignored and untouched
         assert torch.equal(out["tokens"][tok < 5], tok[tok < 5])  # bit-exact: ids, codes, masks
-        assert torch.equal(out["tokens"][lab == 0], tok[lab == 0]) and torch.equal(out["hash_codes"][lab == 0], codes[lab == 0])  # bit-exact: ids, codes, masks
+        assert torch.equal(out["tokens"][lab == 0], tok[lab == 0]) and torch.equal(
+            out["hash_codes"][lab == 0], codes[lab == 0]
+        )  # bit-exact: ids, codes, masks
         yield tok, codes, out, rnd
 
 
@@ -84,15 +87,21 @@ def test_never_identical_with_few_bits():
         assert set(new[:, 0].tolist()) <= {0b00000000, 0b01000000, 0b10000000, 0b11000000}
 
 
-@pytest.mark.parametrize("overrides,want", [
-    (["model.embedding=proj", "model.embed.hash_spec=lsh128"], {"random": "bits-density", "num_bits": 128}),
-    (["model.embedding=add"], {"random": "bits-density", "num_bits": 128}),
-    (["model.embedding=pool"], {"random": "bits-uniform", "num_bits": 128}),
-    (["model.embedding=hash-emb", "model.embed.hash_spec=md5-bucket1038"], {"random": "bucket", "num_buckets": 1038}),
-    (["model.embedding=vocab"], {"random": "token", "vocab_size": 4000}),
-    (["model.embedding=rolling", "model.embed.hash_spec=rolling3"], {"random": "batch"}),
-    (["model.embedding=proj", "train.sr_random=batch"], {"random": "batch"}),
-])
+@pytest.mark.parametrize(
+    "overrides,want",
+    [
+        (["model.embedding=proj", "model.embed.hash_spec=lsh128"], {"random": "bits-density", "num_bits": 128}),
+        (["model.embedding=add"], {"random": "bits-density", "num_bits": 128}),
+        (["model.embedding=pool"], {"random": "bits-uniform", "num_bits": 128}),
+        (
+            ["model.embedding=hash-emb", "model.embed.hash_spec=md5-bucket1038"],
+            {"random": "bucket", "num_buckets": 1038},
+        ),
+        (["model.embedding=vocab"], {"random": "token", "vocab_size": 4000}),
+        (["model.embedding=rolling", "model.embed.hash_spec=rolling3"], {"random": "batch"}),
+        (["model.embedding=proj", "train.sr_random=batch"], {"random": "batch"}),
+    ],
+)
 def test_default_is_the_collators_and_batch_stays_an_option(overrides, want):
     from megahash.objectives import build_objective
 

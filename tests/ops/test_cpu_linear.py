@@ -2,6 +2,7 @@
 ``F.linear``: values and gradients against an fp64 reference (as close as torch's own BLAS path
 is), strided inputs as megatron's [s, b, h] layout gives them, in-place use of the output, and a
 whole model's loss and gradients equal to the model with the routing off."""
+
 import os
 
 import pytest
@@ -11,7 +12,10 @@ import torch.nn.functional as F
 from megahash import accelerator
 from megahash.models import cpu_linear
 
-pytestmark = [pytest.mark.skipif(not accelerator.onednn_linear(), reason="torch without oneDNN, or a GPU host"), pytest.mark.numerics]
+pytestmark = [
+    pytest.mark.skipif(not accelerator.onednn_linear(), reason="torch without oneDNN, or a GPU host"),
+    pytest.mark.numerics,
+]
 
 
 def _grads(fn, x, w, b, g):
@@ -71,10 +75,14 @@ def test_output_can_be_changed_in_place():
 
 def test_other_dtypes_and_off_switch_keep_f_linear(monkeypatch):
     x, w = torch.randn(5, 7, dtype=torch.float64), torch.randn(3, 7, dtype=torch.float64)
-    assert torch.equal(cpu_linear.linear(x, w), F.linear(x, w))  # bit-exact: outside fp32 linear() is F.linear itself (one path); fp64 (TP parity tests): torch's BLAS
+    assert torch.equal(
+        cpu_linear.linear(x, w), F.linear(x, w)
+    )  # bit-exact: outside fp32 linear() is F.linear itself (one path); fp64 (TP parity tests): torch's BLAS
     monkeypatch.setenv("MEGAHASH_ONEDNN_LINEAR", "0")
     x, w = x.float(), w.float()
-    assert not accelerator.onednn_linear() and torch.equal(cpu_linear.linear(x, w), F.linear(x, w))  # bit-exact: switched off, linear() is F.linear itself
+    assert not accelerator.onednn_linear() and torch.equal(
+        cpu_linear.linear(x, w), F.linear(x, w)
+    )  # bit-exact: switched off, linear() is F.linear itself
 
 
 def test_model_routes_every_linear_and_keeps_loss_and_gradients(dist, monkeypatch):
@@ -83,8 +91,17 @@ def test_model_routes_every_linear_and_keeps_loss_and_gradients(dist, monkeypatc
     from megahash.config import load_config
     from megahash.models.megatron_model import build_model
 
-    cfg = load_config(None, ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4",
-                             "model.ffn_hidden_size=128", "data.seq_length=32", "model.max_position_embeddings=64"])
+    cfg = load_config(
+        None,
+        [
+            "model.hidden_size=64",
+            "model.num_layers=2",
+            "model.num_heads=4",
+            "model.ffn_hidden_size=128",
+            "data.seq_length=32",
+            "model.max_position_embeddings=64",
+        ],
+    )
     accelerator.seed_all(3)
     model = build_model(cfg, 500)
     linears = [m for m in model.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]

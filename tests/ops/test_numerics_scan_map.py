@@ -4,6 +4,7 @@
 scale) V per sequence over its valid keys), not from the kernels' own oracles. Tolerances come
 from the dtype (said at each assert). Each test failed before the fix it covers (figures in
 docs/attention.md, "Numerics")."""
+
 from __future__ import annotations
 
 import os
@@ -102,7 +103,7 @@ def test_scan_fp32_scaled_queries_and_keys():
     q = torch.randn(2, 2, 64, 8, generator=gen(5)) * 1e4
     k = torch.randn(2, 2, 64, 8, generator=gen(6)) * 1e4
     v = torch.randn(2, 2, 64, 8, generator=gen(7))
-    s = (q * k).sum(-1) / 8 ** 0.5
+    s = (q * k).sum(-1) / 8**0.5
     want = ref_cumsoftmax(s, v)
     err = rel(cumsoftmax_causal(s, v)[0], want)
     assert err <= 4 * rel(masked_softmax32(s, v), want) + 8 * EPS32, err
@@ -115,12 +116,12 @@ def test_scan_is_causal_by_perturbation_and_grads_match_fp64():
     s = torch.randn(2, 2, L, generator=gen(8), dtype=torch.float64) * 5
     v = torch.randn(2, 2, L, 4, generator=gen(9), dtype=torch.float64)
     s2, v2 = s.clone(), v.clone()
-    s2[..., t + 1:] += 300.0  # a later key that would dominate every sum
-    v2[..., t + 1:, :] *= -7
+    s2[..., t + 1 :] += 300.0  # a later key that would dominate every sum
+    v2[..., t + 1 :, :] *= -7
     a, b = cumsoftmax_causal(s, v)[0], cumsoftmax_causal(s2, v2)[0]
     # bit-exact: causality; the same ops on the same inputs for positions <= t, later keys never enter them
-    assert torch.equal(a[..., :t + 1, :], b[..., :t + 1, :])
-    assert (a[..., t + 1:, :] - b[..., t + 1:, :]).abs().max() > 1e-2
+    assert torch.equal(a[..., : t + 1, :], b[..., : t + 1, :])
+    assert (a[..., t + 1 :, :] - b[..., t + 1 :, :]).abs().max() > 1e-2
     w = torch.randn(2, 2, L, 4, generator=gen(10), dtype=torch.float64)
     got = torch.autograd.grad((cumsoftmax_causal(s.requires_grad_(), v.requires_grad_())[0] * w).sum(), (s, v))
     want = torch.autograd.grad((ref_cumsoftmax(s, v) * w).sum(), (s, v))
@@ -138,7 +139,7 @@ def test_scan_decoding_4096_tokens_fp32():
     par, pstate = cumsoftmax_causal(s, v, need_state=True)
     state, last = None, []
     for t in range(n):
-        o, state = cumsoftmax_causal(s[..., t:t + 1], v[..., t:t + 1, :], state=state, need_state=True)
+        o, state = cumsoftmax_causal(s[..., t : t + 1], v[..., t : t + 1, :], state=state, need_state=True)
         last.append(o)
     dec = torch.cat(last, -2)
     # fp64 reference of the last tokens from eq. 4.18 directly (sums over all j <= i)
@@ -196,8 +197,8 @@ def test_shared_map_bf16_autocast_scores_in_fp32(amp):
     (<= 2 eps_bf16 relative) at every score magnitude (max |q.k| ~30 .. 1,750); rounding the scores
     to bf16 gave 2.3e-2 .. 3.7e-1. The output has the input dtype."""
     g = gen(20)
-    q = (torch.randn(2, 2, 64, 32, generator=g) * amp ** 0.5).bfloat16()
-    k = (torch.randn(2, 64, 32, generator=g) * amp ** 0.5).bfloat16()
+    q = (torch.randn(2, 2, 64, 32, generator=g) * amp**0.5).bfloat16()
+    k = (torch.randn(2, 64, 32, generator=g) * amp**0.5).bfloat16()
     v = torch.randn(3, 2, 64, 16, generator=g).bfloat16()
     want = ref_shared_map(q, k, v, 1.0, True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -282,11 +283,23 @@ def test_encoder_row_independent_of_batch_padding(kind, training):
     from megahash.models.attention import fixed_qk
     from megahash.models.megatron_model import build_model
 
-    cfg = load_config(None, ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4",
-                             "model.ffn_hidden_size=64", f"model.schedule=list:mha,{kind}", "data.seq_length=48",
-                             "model.max_position_embeddings=48", "model.attention.options.fixed_seq_length=48",
-                             "model.arch=encoder", "train.objective=mlm", "model.hidden_dropout=0.0",
-                             "model.attention_dropout=0.0"])
+    cfg = load_config(
+        None,
+        [
+            "model.hidden_size=32",
+            "model.num_layers=2",
+            "model.num_heads=4",
+            "model.ffn_hidden_size=64",
+            f"model.schedule=list:mha,{kind}",
+            "data.seq_length=48",
+            "model.max_position_embeddings=48",
+            "model.attention.options.fixed_seq_length=48",
+            "model.arch=encoder",
+            "train.objective=mlm",
+            "model.hidden_dropout=0.0",
+            "model.attention_dropout=0.0",
+        ],
+    )
     accelerator.seed_all(0)
     model = build_model(cfg, 128, dtype=torch.float64)
     if kind == "fixedseqqk":
@@ -322,10 +335,22 @@ def test_encoder_fixed_pass_with_activation_recompute_same_gradients():
     from megahash.models.megatron_model import build_model
 
     def grads(recompute):
-        cfg = load_config(None, ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4",
-                                 "model.ffn_hidden_size=64", "model.schedule=list:mha,rndembqk", "data.seq_length=24",
-                                 "model.max_position_embeddings=24", "model.attention.options.fixed_seq_length=24",
-                                 "model.arch=encoder", "train.objective=mlm", f"train.recompute={recompute}"])
+        cfg = load_config(
+            None,
+            [
+                "model.hidden_size=32",
+                "model.num_layers=2",
+                "model.num_heads=4",
+                "model.ffn_hidden_size=64",
+                "model.schedule=list:mha,rndembqk",
+                "data.seq_length=24",
+                "model.max_position_embeddings=24",
+                "model.attention.options.fixed_seq_length=24",
+                "model.arch=encoder",
+                "train.objective=mlm",
+                f"train.recompute={recompute}",
+            ],
+        )
         accelerator.seed_all(0)
         model = build_model(cfg, 128, dtype=torch.float64).train()
         tok = torch.randint(0, 128, (2, 16), generator=gen(40))

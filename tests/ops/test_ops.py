@@ -3,6 +3,7 @@ sizes, gradients too), the one-score-per-key scan is within fp32/bf16 tolerance 
 batch-shared map keeps nothing of size L x T for backward, and every attention kind's model issues
 the same number of ATen operator calls at two sequence lengths (no Python loop over the sequence).
 The flash-linear-attention path runs under the ``gpu`` marker."""
+
 from __future__ import annotations
 
 import math
@@ -163,8 +164,16 @@ def test_shared_map_equals_naive_and_keeps_no_map(L, T):
                 if bi == 0 and key_mask is None:  # one sequence: plain SDPA
                     close(shared_softmax(q, k, v[:1], 0.4, causal)[0], got[0])
     fast = grads(lambda *t: shared_softmax(*t, 0.4, True), q, k, v)
-    slow = grads(lambda q, k, v: naive_shared_softmax(q, k.unsqueeze(1), v.permute(1, 2, 0, 3).reshape(2, 1, T, -1),
-                                                      0.4, True).reshape(2, 3, L, 3, 5).permute(3, 0, 1, 2, 4), q, k, v)
+    slow = grads(
+        lambda q, k, v: (
+            naive_shared_softmax(q, k.unsqueeze(1), v.permute(1, 2, 0, 3).reshape(2, 1, T, -1), 0.4, True)
+            .reshape(2, 3, L, 3, 5)
+            .permute(3, 0, 1, 2, 4)
+        ),
+        q,
+        k,
+        v,
+    )
     for a, b in zip(fast, slow):
         close(a, b, 1e-9)
     sizes = []
@@ -193,10 +202,20 @@ def test_operator_count_does_not_grow_with_length(kind):
     from megahash.models.attention import fixed_qk
     from megahash.models.megatron_model import build_model
 
-    cfg = load_config(None, ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4",
-                             "model.ffn_hidden_size=64", f"model.schedule=uniform:{kind}", "data.seq_length=1024",
-                             "model.max_position_embeddings=1024", "model.attention.options.fixed_seq_length=1024",
-                             "model.attention.options.chunk_size=64"])
+    cfg = load_config(
+        None,
+        [
+            "model.hidden_size=32",
+            "model.num_layers=2",
+            "model.num_heads=4",
+            "model.ffn_hidden_size=64",
+            f"model.schedule=uniform:{kind}",
+            "data.seq_length=1024",
+            "model.max_position_embeddings=1024",
+            "model.attention.options.fixed_seq_length=1024",
+            "model.attention.options.chunk_size=64",
+        ],
+    )
     accelerator.seed_all(0)
     model = build_model(cfg, 128, dtype=torch.float32).train()
     if getattr(model, "fixed_qk", None) is not None and model.fixed_qk.source == "text":
@@ -229,8 +248,10 @@ def test_each_family_exports_its_forms():
             assert getattr(importlib.import_module(fn.__module__), name) is fn, (family, name)
         union |= set(pkg.__all__)
     assert set(megahash.ops.__all__) == union
-    assert all(getattr(megahash.ops, n) is getattr(importlib.import_module(getattr(megahash.ops, n).__module__), n)
-               for n in union)
+    assert all(
+        getattr(megahash.ops, n) is getattr(importlib.import_module(getattr(megahash.ops, n).__module__), n)
+        for n in union
+    )
 
 
 # ------------------------------------------------------------------------ flash-linear-attention (GPU)

@@ -7,6 +7,7 @@ the chunked form = the token-by-token recurrence zeroing its state at each docum
 from the recurrent equations), and the number of ATen calls does not depend on the number of
 documents per row (no loop over documents). Modules are built as tests/models/test_attention.py builds them;
 RoPE is left out here (positions restart with ``data.reset_position_ids``, the model's plumbing)."""
+
 from __future__ import annotations
 
 import os
@@ -43,6 +44,7 @@ def document_ids(lengths, b=1):
 def small_scan_chunk(monkeypatch):
     """nonapprox's scan chunk (64) down to 5 tokens, so a document spans several chunks."""
     from megahash.ops.cumsoftmax import chunk
+
     monkeypatch.setattr(chunk, "CHUNK", 5)
 
 
@@ -61,13 +63,16 @@ def _packed_and_alone(m, x, lengths):
     packed.square().sum().backward()
     xa = x.detach().clone().requires_grad_(True)
     starts = torch.tensor((0,) + lengths).cumsum(0).tolist()
-    alone = torch.cat([_run(m, xa[a:a + n], None) for a, n in zip(starts, lengths)], 0)
+    alone = torch.cat([_run(m, xa[a : a + n], None) for a, n in zip(starts, lengths)], 0)
     alone.square().sum().backward()
     return packed, alone, xp.grad, xa.grad
 
 
-@pytest.mark.parametrize("kind,dtype", [(k, t) for k in KINDS for t in (torch.float32, torch.bfloat16)]
-                         + [("approx-thesis-literal", torch.float64)], ids=lambda p: str(p).replace("torch.", ""))
+@pytest.mark.parametrize(
+    "kind,dtype",
+    [(k, t) for k in KINDS for t in (torch.float32, torch.bfloat16)] + [("approx-thesis-literal", torch.float64)],
+    ids=lambda p: str(p).replace("torch.", ""),
+)
 def test_packed_row_equals_each_document_alone(kind, dtype, small_scan_chunk):
     extra = ()
     if kind == "approx-thesis-literal":
@@ -88,7 +93,7 @@ def test_packed_rows_are_not_the_unmasked_run():
     m = _module("approx", torch.float32)
     x = torch.randn(sum(LENGTHS), 1, 32)
     with torch.no_grad():
-        diff = (_run(m, x, document_ids(LENGTHS)) - _run(m, x, None))[LENGTHS[0]:].abs().max()
+        diff = (_run(m, x, document_ids(LENGTHS)) - _run(m, x, None))[LENGTHS[0] :].abs().max()
     assert diff > 1e-3
 
 
@@ -101,14 +106,22 @@ def _oracles():
     from megahash.ops.taylor.recurrent import taylor_recurrent
 
     return {
-        "taylor": (lambda q, k, v, st, doc: taylor_causal(q, k, v, CHUNK, st, True, doc=doc),
-                   lambda q, k, v, st, doc: taylor_recurrent(q, k, v, st, doc=doc)),
-        "orders": (lambda q, k, v, st, doc: orders_causal(q, k, v, CHUNK, st, 0, True, doc=doc),
-                   lambda q, k, v, st, doc: orders_recurrent(q, k, v, st, doc=doc)),
-        "orders-positive": (lambda q, k, v, st, doc: orders_causal(q, k, v, CHUNK, st, 0, True, True, doc=doc),
-                            lambda q, k, v, st, doc: orders_recurrent(q, k, v, st, positive=True, doc=doc)),
-        "cumsoftmax": (lambda q, k, v, st, doc: cumsoftmax_causal((q * k).sum(-1), v, st, True, doc=doc),
-                       lambda q, k, v, st, doc: cumsoftmax_recurrent((q * k).sum(-1), v, st, doc=doc)),
+        "taylor": (
+            lambda q, k, v, st, doc: taylor_causal(q, k, v, CHUNK, st, True, doc=doc),
+            lambda q, k, v, st, doc: taylor_recurrent(q, k, v, st, doc=doc),
+        ),
+        "orders": (
+            lambda q, k, v, st, doc: orders_causal(q, k, v, CHUNK, st, 0, True, doc=doc),
+            lambda q, k, v, st, doc: orders_recurrent(q, k, v, st, doc=doc),
+        ),
+        "orders-positive": (
+            lambda q, k, v, st, doc: orders_causal(q, k, v, CHUNK, st, 0, True, True, doc=doc),
+            lambda q, k, v, st, doc: orders_recurrent(q, k, v, st, positive=True, doc=doc),
+        ),
+        "cumsoftmax": (
+            lambda q, k, v, st, doc: cumsoftmax_causal((q * k).sum(-1), v, st, True, doc=doc),
+            lambda q, k, v, st, doc: cumsoftmax_recurrent((q * k).sum(-1), v, st, doc=doc),
+        ),
     }
 
 
@@ -150,6 +163,7 @@ def test_aten_calls_do_not_depend_on_documents_per_row(kind, small_scan_chunk):
 
 # ------------------------------------------------------------------ the deconstructed kinds (docs/attention.md)
 
+
 def _fixed_module(kind, dtype=torch.float32, L=None):
     """A fixed-Q/K module and random frozen maps (Q, K of the fixed pass at positions 0..L-1) as the fixed
     input hands them to it (``ForwardState.inputs``)."""
@@ -166,20 +180,26 @@ def _run_ctx(m, x, doc, inputs=None):
     return m.mix(x, None, None, ForwardState(offset=0, document_ids=doc, inputs=inputs or {}))
 
 
-@pytest.mark.parametrize("kind,dtype", [("mlp", torch.float32), ("rndembqk", torch.float32),
-                                        ("fixedseqqk", torch.float32), ("rndembqk", torch.bfloat16)],
-                         ids=lambda p: str(p).replace("torch.", ""))
+@pytest.mark.parametrize(
+    "kind,dtype",
+    [("mlp", torch.float32), ("rndembqk", torch.float32), ("fixedseqqk", torch.float32), ("rndembqk", torch.bfloat16)],
+    ids=lambda p: str(p).replace("torch.", ""),
+)
 def test_deconstructed_packed_row_equals_each_document_alone(kind, dtype):
     """mlp: no token mixing (nothing to reset); rndembqk/fixedseqqk (frozen maps): a document's tokens read the
     fixed Q, K at their positions within the document and attend inside it."""
-    m, inputs = _fixed_module(kind, dtype) if kind != "mlp" else (build_attention(make_cfg(kind, hidden=32, heads=4)).to(dtype), None)
+    m, inputs = (
+        _fixed_module(kind, dtype)
+        if kind != "mlp"
+        else (build_attention(make_cfg(kind, hidden=32, heads=4)).to(dtype), None)
+    )
     x = torch.randn(sum(LENGTHS), 1, 32, generator=torch.Generator().manual_seed(0)).to(dtype)
     xp = x.clone().requires_grad_(True)
     packed = _run_ctx(m, xp, document_ids(LENGTHS), inputs)
     packed.square().sum().backward()
     xa = x.clone().requires_grad_(True)
     starts = torch.tensor((0,) + LENGTHS).cumsum(0).tolist()
-    alone = torch.cat([_run_ctx(m, xa[a:a + n], None, inputs) for a, n in zip(starts, LENGTHS)], 0)
+    alone = torch.cat([_run_ctx(m, xa[a : a + n], None, inputs) for a, n in zip(starts, LENGTHS)], 0)
     alone.square().sum().backward()
     tol = 1e-5 if dtype == torch.float32 else accelerator.compute_tolerance("bf16")  # see the linear kinds' test
     for a, b in ((packed, alone), (xp.grad, xa.grad)):
@@ -198,7 +218,7 @@ def test_fixed_sequence_riding_along_keeps_its_own_map():
     with torch.no_grad():
         out = _run_ctx(m, torch.cat([x, fixed], 1), document_ids(LENGTHS))
         starts = torch.tensor((0,) + LENGTHS).cumsum(0).tolist()
-        alone = [_run_ctx(m, torch.cat([x[a:a + n], fixed[:n]], 1), None) for a, n in zip(starts, LENGTHS)]
+        alone = [_run_ctx(m, torch.cat([x[a : a + n], fixed[:n]], 1), None) for a, n in zip(starts, LENGTHS)]
         fixed_alone = _run_ctx(m, torch.cat([x, fixed], 1), None)[:, 1]
     torch.testing.assert_close(out[:, 0], torch.cat([a[:, 0] for a in alone]), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out[:, 1], fixed_alone, rtol=1e-5, atol=1e-5)  # the fixed row: its own pass
@@ -219,7 +239,7 @@ def test_staticembqk_packed_row_equals_each_document_alone():
 
     with torch.no_grad():
         packed = run(x, e, document_ids(LENGTHS))
-        alone = torch.cat([run(x[a:a + n], e[a:a + n], None) for a, n in zip(starts, LENGTHS)])
+        alone = torch.cat([run(x[a : a + n], e[a : a + n], None) for a, n in zip(starts, LENGTHS)])
     torch.testing.assert_close(packed, alone, rtol=1e-5, atol=1e-5)
 
 
@@ -247,6 +267,6 @@ def test_encoder_packed_row_with_padding_equals_each_document_alone(kind):
     pad[..., -3:] = True  # True = masked (megatron's padding mask)
     with torch.no_grad():
         packed = m.mix(x, pad, None, ForwardState(document_ids=doc))
-        alone = torch.cat([m.mix(x[a:a + n], None, None, ForwardState()) for a, n in ((0, 7), (7, 5))])
+        alone = torch.cat([m.mix(x[a : a + n], None, None, ForwardState()) for a, n in ((0, 7), (7, 5))])
     assert torch.isfinite(packed).all()
     torch.testing.assert_close(packed[:12], alone, rtol=1e-5, atol=1e-5)

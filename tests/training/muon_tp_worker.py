@@ -3,6 +3,7 @@ takes in the TP=2 model, its shard of a full update is orthogonalized as the ful
 back), and NS of the shard alone is not that. Rank 0 writes a JSON file.
 Usage: RANK=r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=p python muon_tp_worker.py OUT
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,17 @@ def main(out: str) -> None:
     from megahash.models.megatron_model import build_model
     from megahash.training import muon
 
-    cfg = load_config(None, ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",
-                             "model.ffn_hidden_size=64", "parallel.tensor=2", "train.optimizer=muon"])
+    cfg = load_config(
+        None,
+        [
+            "model.hidden_size=32",
+            "model.num_layers=1",
+            "model.num_heads=2",
+            "model.ffn_hidden_size=64",
+            "parallel.tensor=2",
+            "train.optimizer=muon",
+        ],
+    )
     model = build_model(cfg, 128)
     group = next(g for g in muon.param_groups(model, cfg.train) if g["use_muon"])
     group.update(ns_coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7)
@@ -44,8 +54,12 @@ def main(out: str) -> None:
         want = muon.newton_schulz(full, 5, group["ns_coefficients"], 1e-7).chunk(2, dim=dim)[rank]
         alone = muon.newton_schulz(local, 5, group["ns_coefficients"], 1e-7)
         # bit-exact: the same Newton-Schulz on the same gathered matrix (one path)
-        result[name] = {"dim": dim, "full_shape": list(shape) == full_shape, "equal": bool(torch.equal(got, want)),
-                        "alone_diff": float((alone.float() - want.float()).abs().max())}
+        result[name] = {
+            "dim": dim,
+            "full_shape": list(shape) == full_shape,
+            "equal": bool(torch.equal(got, want)),
+            "alone_diff": float((alone.float() - want.float()).abs().max()),
+        }
     if rank == 0:
         with open(out, "w") as f:
             json.dump(result, f)

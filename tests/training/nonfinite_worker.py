@@ -6,6 +6,7 @@ listed backward passes (1-based; one micro-batch a step here, so the step number
 the loss stay finite. After each step this rank's parameters are saved to OUT/params_rank{R}_step{S}.pt.
 Usage: RANK=r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=p python nonfinite_worker.py OUT POISON_RANK STEPS,.. OVERRIDES...
 """
+
 from __future__ import annotations
 
 import os

@@ -4,6 +4,7 @@ and the manifest name the previous checkpoint until the writer has finished; a k
 leaves that previous checkpoint as the resume point; ``train.keep_last`` keeps it meanwhile; the save
 of a stop is finished before the process exits; the async checkpoints (no DeepSpeed-native files)
 resume bit-exactly."""
+
 from __future__ import annotations
 
 import json
@@ -19,15 +20,35 @@ from test_launch import wait_for_step
 
 from conftest import ROOT, child_env, pretrain
 
-TINY = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=128",
-        "data.seq_length=64", "train.micro_batch_size=4", "train.global_batch_size=8", "train.lr=2e-3",
-        "train.warmup_steps=2", "train.log_interval=100", "train.eval_interval=0", "logging.plot=false",
-        "logging.tensorboard=false", "train.async_save=true", "train.save_interval=2", "train.keep_last=1"]
+TINY = [
+    "model.hidden_size=64",
+    "model.num_layers=2",
+    "model.num_heads=4",
+    "model.ffn_hidden_size=128",
+    "data.seq_length=64",
+    "train.micro_batch_size=4",
+    "train.global_batch_size=8",
+    "train.lr=2e-3",
+    "train.warmup_steps=2",
+    "train.log_interval=100",
+    "train.eval_interval=0",
+    "logging.plot=false",
+    "logging.tensorboard=false",
+    "train.async_save=true",
+    "train.save_interval=2",
+    "train.keep_last=1",
+]
 
 
 def _args(shards, run_dir: Path, *extra) -> list[str]:
-    return [f"data.prefix=[{shards['prefix']}]", f"data.tokenizer={shards['tokenizer']}", *TINY, "train.steps=6",
-            f"train.save_dir={run_dir}", *extra]
+    return [
+        f"data.prefix=[{shards['prefix']}]",
+        f"data.tokenizer={shards['tokenizer']}",
+        *TINY,
+        "train.steps=6",
+        f"train.save_dir={run_dir}",
+        *extra,
+    ]
 
 
 def _wait_for_step(run_dir: Path, step: int, proc, timeout: float = 300) -> None:
@@ -44,9 +65,14 @@ def test_kill_during_async_write_resumes_from_the_previous_checkpoint_bit_exactl
     from megahash.checkpoint.manifest import damage
 
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "megahash/pretrain.py", *_args(shakespeare_shards, run_dir)], cwd=ROOT,
-                            env=child_env(MEGAHASH_TEST_ASYNC_WRITE_DELAY="4:120"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "megahash/pretrain.py", *_args(shakespeare_shards, run_dir)],
+        cwd=ROOT,
+        env=child_env(MEGAHASH_TEST_ASYNC_WRITE_DELAY="4:120"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _wait_for_step(run_dir, 6, proc)  # the last step waits for the held writer of step 4
         assert (run_dir / "latest").read_text() == "step_00000002"
@@ -110,9 +136,14 @@ def test_a_failed_background_write_is_one_line_and_keeps_the_previous_checkpoint
     import shutil
 
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "megahash/pretrain.py", *_args(shakespeare_shards, run_dir),
-                             "train.steps=4"], cwd=ROOT, env=child_env(MEGAHASH_TEST_ASYNC_WRITE_DELAY="4:5"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "megahash/pretrain.py", *_args(shakespeare_shards, run_dir), "train.steps=4"],
+        cwd=ROOT,
+        env=child_env(MEGAHASH_TEST_ASYNC_WRITE_DELAY="4:5"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _wait_for_step(run_dir, 4, proc)
         deadline = time.time() + 60

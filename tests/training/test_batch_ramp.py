@@ -7,6 +7,7 @@ Megatron's training loop does); DeepSpeed's own step and sample counters; a run 
 and resumed equals the uninterrupted run bit-exactly (losses, gradient norms, LR, weights). One rank in
 this process through the pretraining entry point (the ramp grows the gradient accumulation steps at one
 data-parallel rank just as at several)."""
+
 from __future__ import annotations
 
 import json
@@ -22,9 +23,20 @@ from megahash.errors import ConfigError
 # micro-batch 2, global batch 8, ramp 2 -> 8 by 2 over 24 samples: 3 increments of 8 samples each
 RAMP = ["train.micro_batch_size=2", "train.global_batch_size=8", "train.batch_ramp=[2,2,24]"]
 SCHEDULE = ["train.lr=2e-3", "train.min_lr=2e-4", "train.warmup_steps=2", "train.decay=cosine", "train.decay_steps=9"]
-TINY = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.ffn_hidden_size=64",
-        "model.vocab_size=0", "data.seq_length=32", "train.log_interval=1", "train.eval_interval=0",
-        "train.keep_last=0", "train.zero_stage=0", "logging.plot=false", "logging.tensorboard=false"]
+TINY = [
+    "model.hidden_size=32",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.ffn_hidden_size=64",
+    "model.vocab_size=0",
+    "data.seq_length=32",
+    "train.log_interval=1",
+    "train.eval_interval=0",
+    "train.keep_last=0",
+    "train.zero_stage=0",
+    "logging.plot=false",
+    "logging.tensorboard=false",
+]
 STEPS = 10
 
 
@@ -67,9 +79,19 @@ def test_batches_and_lr_follow_the_ramp_formula_and_megatron():
     # (megahash's (s + 1) / W rule)
     assert consumed_samples(t, 2) == 4 and consumed_samples(t, 9) == 36
     opt = types.SimpleNamespace(param_groups=[{}])
-    ref = OptimizerParamScheduler(opt, init_lr=0.0, max_lr=2e-3, min_lr=2e-4, lr_warmup_steps=4,
-                                  lr_decay_steps=36, lr_decay_style="cosine", start_wd=0.1, end_wd=0.1,
-                                  wd_incr_steps=36, wd_incr_style="constant")
+    ref = OptimizerParamScheduler(
+        opt,
+        init_lr=0.0,
+        max_lr=2e-3,
+        min_lr=2e-4,
+        lr_warmup_steps=4,
+        lr_decay_steps=36,
+        lr_decay_style="cosine",
+        start_wd=0.1,
+        end_wd=0.1,
+        wd_incr_steps=36,
+        wd_incr_style="constant",
+    )
     for s in range(40):
         before = opt.param_groups[0]["lr"]
         ref.step(step_batch(t, s))
@@ -79,14 +101,23 @@ def test_batches_and_lr_follow_the_ramp_formula_and_megatron():
     assert consumed_samples(plain, 7) == 7 * plain.global_batch_size and lr_for_step(plain, 0) == 2e-3 / 2
 
 
-@pytest.mark.parametrize("ramp, expect", [
-    ("[2,2]", "must be [START, INCREMENT, SAMPLES]"),
-    ("[2,0,24]", "must be >= 1"),
-    ("[3,1,24]", "START 3 is not a multiple of train.micro_batch_size x data-parallel size = 2 x 1; pick a multiple of 2"),
-    ("[2,3,24]", "INCREMENT 3 is not a multiple"),
-    ("[8,2,24]", "START 8 must be below train.global_batch_size=8"),
-    ("[2,4,24]", "INCREMENT 4 does not divide train.global_batch_size - START = 8 - 2 = 6; pick INCREMENT among [2, 6]"),
-])
+@pytest.mark.parametrize(
+    "ramp, expect",
+    [
+        ("[2,2]", "must be [START, INCREMENT, SAMPLES]"),
+        ("[2,0,24]", "must be >= 1"),
+        (
+            "[3,1,24]",
+            "START 3 is not a multiple of train.micro_batch_size x data-parallel size = 2 x 1; pick a multiple of 2",
+        ),
+        ("[2,3,24]", "INCREMENT 3 is not a multiple"),
+        ("[8,2,24]", "START 8 must be below train.global_batch_size=8"),
+        (
+            "[2,4,24]",
+            "INCREMENT 4 does not divide train.global_batch_size - START = 8 - 2 = 6; pick INCREMENT among [2, 6]",
+        ),
+    ],
+)
 def test_bad_ramp_is_one_line(ramp, expect):
     with pytest.raises(ConfigError, match=None) as e:
         load_config(None, ["train.micro_batch_size=2", "train.global_batch_size=8", f"train.batch_ramp={ramp}"])
@@ -162,9 +193,20 @@ def test_resume_inside_the_ramp_equals_the_uninterrupted_run(shakespeare_shards,
     assert all(torch.equal(v, two["module"][k]) for k, v in weights.items())
 
     # another ramp cannot continue this checkpoint (its data and LR would move): one line, exit 2
-    status, out = _main([*data, *TINY, "train.micro_batch_size=2", "train.global_batch_size=8",
-                         "train.batch_ramp=[4,2,24]", *SCHEDULE, f"train.steps={STEPS}", f"train.save_dir={split}",
-                         f"train.resume={split / 'step_00000005'}"], capsys)
+    status, out = _main(
+        [
+            *data,
+            *TINY,
+            "train.micro_batch_size=2",
+            "train.global_batch_size=8",
+            "train.batch_ramp=[4,2,24]",
+            *SCHEDULE,
+            f"train.steps={STEPS}",
+            f"train.save_dir={split}",
+            f"train.resume={split / 'step_00000005'}",
+        ],
+        capsys,
+    )
     assert status == 2, out[-3000:]
     line = [l for l in out.splitlines() if l.startswith("error:")]
     assert len(line) == 1 and "consumed 12 samples in 5 steps" in line[0] and "give 24" in line[0], out[-3000:]
@@ -179,16 +221,26 @@ def test_two_data_parallel_ranks_ramp_like_one(shakespeare_shards, tmp_path, cap
     and DeepSpeed counts the same steps and samples."""
     from conftest import pretrain
 
-    common = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}",
-              *TINY, "train.micro_batch_size=2", "train.global_batch_size=8", "train.batch_ramp=[4,4,16]",
-              *SCHEDULE, "train.steps=6", "train.zero_stage=1"]
+    common = [
+        f"data.prefix=[{shakespeare_shards['prefix']}]",
+        f"data.tokenizer={shakespeare_shards['tokenizer']}",
+        *TINY,
+        "train.micro_batch_size=2",
+        "train.global_batch_size=8",
+        "train.batch_ramp=[4,4,16]",
+        *SCHEDULE,
+        "train.steps=6",
+        "train.zero_stage=1",
+    ]
     one, two = tmp_path / "dp1", tmp_path / "dp2"
     status, out = _main([*common, f"train.save_dir={one}"], capsys)
     assert status == 0, out[-3000:]
     r = pretrain([*common, f"train.save_dir={two}"], ranks=2)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     a, b = _records(one), _records(two)
-    assert [a[s]["global_batch"] for s in range(1, 7)] == [b[s]["global_batch"] for s in range(1, 7)] == [4] * 4 + [8] * 2
+    assert (
+        [a[s]["global_batch"] for s in range(1, 7)] == [b[s]["global_batch"] for s in range(1, 7)] == [4] * 4 + [8] * 2
+    )
     for s in range(1, 7):
         assert a[s]["consumed_samples"] == b[s]["consumed_samples"] and a[s]["lr"] == b[s]["lr"], s
         assert abs(a[s]["loss"] - b[s]["loss"]) < 1e-5, (s, a[s]["loss"], b[s]["loss"])

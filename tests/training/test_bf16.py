@@ -9,6 +9,7 @@ logs steps 3-4 and the step-4 validation bit for bit. Every attention kind rides
 schedule of a few models (one fixed input per model), so the whole matrix is a dozen configurations. One
 real ``pretrain.py`` launch covers the subprocess path (stop, resume at another ZeRO stage,
 ``megahash eval``, ``megahash export-hf``). The ``gpu`` twin runs the same matrix on CUDA."""
+
 from __future__ import annotations
 
 import json
@@ -22,11 +23,26 @@ import torch
 
 from conftest import pretrain, run
 
-TINY = ["model.hidden_size=32", "model.num_heads=2", "model.ffn_hidden_size=64", "model.vocab_size=0",
-        "model.attention.options.fixed_seq_length=16", "data.seq_length=16", "data.valid_samples=4",
-        "train.micro_batch_size=2", "train.global_batch_size=2", "train.lr=2e-3", "train.warmup_steps=2",
-        "train.log_interval=1", "train.keep_last=0", "train.steps=4", "train.eval_interval=2",
-        "train.save_interval=2", "logging.plot=false", "logging.tensorboard=false"]
+TINY = [
+    "model.hidden_size=32",
+    "model.num_heads=2",
+    "model.ffn_hidden_size=64",
+    "model.vocab_size=0",
+    "model.attention.options.fixed_seq_length=16",
+    "data.seq_length=16",
+    "data.valid_samples=4",
+    "train.micro_batch_size=2",
+    "train.global_batch_size=2",
+    "train.lr=2e-3",
+    "train.warmup_steps=2",
+    "train.log_interval=1",
+    "train.keep_last=0",
+    "train.steps=4",
+    "train.eval_interval=2",
+    "train.save_interval=2",
+    "logging.plot=false",
+    "logging.tensorboard=false",
+]
 BF16 = ["train.precision=bf16", "train.zero_stage=1"]
 FASTER = {"pool": ["model.embed.options.pool_bits=6"], "rolling": ["model.embed.options.rolling_dim=24"]}
 COMPARED = ("loss", "grad_norm", "param_norm", "lr", "consumed_samples")
@@ -44,14 +60,19 @@ def kind_groups() -> list[list[str]]:
     return groups + ([rest] if rest else [])
 
 
-KIND_GROUPS = {("kinds-" + "+".join(g) if len(g) < 4 else f"kinds-{len(g)}-{g[0]}-to-{g[-1]}"): g for g in kind_groups()}
+KIND_GROUPS = {
+    ("kinds-" + "+".join(g) if len(g) < 4 else f"kinds-{len(g)}-{g[0]}-to-{g[-1]}"): g for g in kind_groups()
+}
 
 
 def _embedding(kind: str) -> list[str]:
     from megahash import catalog
 
-    return [f"model.embedding={kind}", f"model.embed.hash_spec={catalog.caps('embedding', kind).example_hash_spec}",
-            *FASTER.get(kind, [])]
+    return [
+        f"model.embedding={kind}",
+        f"model.embed.hash_spec={catalog.caps('embedding', kind).example_hash_spec}",
+        *FASTER.get(kind, []),
+    ]
 
 
 def configurations() -> dict[str, list[str]]:
@@ -71,8 +92,12 @@ def configurations() -> dict[str, list[str]]:
     encoder_kinds = [k for k in _kinds.attention(encoder=True) if k not in fixed[1:]]
     for i, obj in enumerate(n for n in names() if objective_spec(n).corrupt is not None):
         kinds = encoder_kinds if i == 0 else fixed[1:] + _kinds.attention(standard=True)[:1]
-        out[f"objective-{obj}"] = [f"train.objective={obj}", "model.arch=encoder", f"model.num_layers={len(kinds)}",
-                                   "model.schedule=list:" + ",".join(kinds)]
+        out[f"objective-{obj}"] = [
+            f"train.objective={obj}",
+            "model.arch=encoder",
+            f"model.num_layers={len(kinds)}",
+            "model.schedule=list:" + ",".join(kinds),
+        ]
     return out
 
 
@@ -97,8 +122,13 @@ def one_rank():
 
 
 def _base(shards, save_dir, *extra) -> list[str]:
-    return [f"data.prefix=[{shards['prefix']}]", f"data.tokenizer={shards['tokenizer']}", *TINY,
-            f"train.save_dir={save_dir}", *extra]
+    return [
+        f"data.prefix=[{shards['prefix']}]",
+        f"data.tokenizer={shards['tokenizer']}",
+        *TINY,
+        f"train.save_dir={save_dir}",
+        *extra,
+    ]
 
 
 def _main(args: list[str], capsys) -> tuple[int, str]:
@@ -141,7 +171,7 @@ def _head_spec(shards, head: str) -> list[str]:
 def _overrides(shards, name: str) -> list[str]:
     extra = list(CONFIGS[name])
     if name.startswith("head-"):
-        extra += _head_spec(shards, name[len("head-"):])
+        extra += _head_spec(shards, name[len("head-") :])
     return extra
 
 
@@ -163,8 +193,9 @@ def _matrix_trains_validates_and_resumes(shards, runs, tmp_path, capsys, name: s
     valid = _records(straight, "valid")
     assert sorted(valid) == [2, 4] and all(math.isfinite(v["loss"]) and v["tokens"] > 0 for v in valid.values()), valid
     resumed = tmp_path / "resumed"
-    status, out = _main(_base(shards, resumed, *_overrides(shards, name), *BF16,
-                              f"train.resume={straight / 'step_00000002'}"), capsys)
+    status, out = _main(
+        _base(shards, resumed, *_overrides(shards, name), *BF16, f"train.resume={straight / 'step_00000002'}"), capsys
+    )
     assert status == 0 and f"resumed from {straight}/step_00000002" in out and "torch.bfloat16" in out, out[-3000:]
     a, b = _records(straight, "train"), _records(resumed, "train")
     assert sorted(b) == [3, 4] and [a[3], a[4]] == [b[3], b[4]]  # bit-identical, as the uninterrupted run
@@ -189,15 +220,25 @@ def test_bf16_trains_validates_saves_and_resumes_exactly(hashed_shards, straight
 def _eval_requests():
     from lm_eval.api.instance import Instance
 
-    ll = [Instance(request_type="loglikelihood", doc={}, arguments=(c, x), idx=0)
-          for c, x in (("KING. My lord,", " the queen"), ("What says", " the king?"))]
-    gen = [Instance(request_type="generate_until", doc={}, arguments=("KING. My lord,", {"until": ["\n"], "max_gen_toks": 6}),
-                    idx=0)]
+    ll = [
+        Instance(request_type="loglikelihood", doc={}, arguments=(c, x), idx=0)
+        for c, x in (("KING. My lord,", " the queen"), ("What says", " the king?"))
+    ]
+    gen = [
+        Instance(
+            request_type="generate_until",
+            doc={},
+            arguments=("KING. My lord,", {"until": ["\n"], "max_gen_toks": 6}),
+            idx=0,
+        )
+    ]
     return ll, gen
 
 
-@pytest.mark.parametrize("name", [n for n, kinds in KIND_GROUPS.items()
-                                  if all(k in _kinds.attention(decodes=True, exportable=True) for k in kinds)])
+@pytest.mark.parametrize(
+    "name",
+    [n for n, kinds in KIND_GROUPS.items() if all(k in _kinds.attention(decodes=True, exportable=True) for k in kinds)],
+)
 def test_bf16_checkpoint_evaluates_decodes_and_exports(hashed_shards, straight_runs, tmp_path, capsys, name):
     """A bf16 run's checkpoint: the lm-eval model scores and generates in the run's compute dtype (bf16
     autocast, ``accelerator.compute_context``), its log-likelihoods within a bf16 tolerance of the same
@@ -231,8 +272,14 @@ def test_bf16_checkpoint_evaluates_decodes_and_exports(hashed_shards, straight_r
 
     hf = load_hf(tmp_path / "hf16", dtype=torch.bfloat16)  # transformers' generate() on the bf16 export
     prompt = torch.randint(5, 200, (1, 6), generator=torch.Generator().manual_seed(0))
-    new = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=4, do_sample=False,
-                      min_new_tokens=4, pad_token_id=0)
+    new = hf.generate(
+        prompt,
+        attention_mask=torch.ones_like(prompt),
+        max_new_tokens=4,
+        do_sample=False,
+        min_new_tokens=4,
+        pad_token_id=0,
+    )
     # bit-exact: generate() returns the prompt ids unchanged (integers)
     assert new.shape == (1, 10) and torch.equal(new[:, :6], prompt)
     # import-hf of the export, then one more bf16 step (weights-only resume: fresh fp32 Adam state) and its validation
@@ -245,9 +292,21 @@ def test_bf16_checkpoint_evaluates_decodes_and_exports(hashed_shards, straight_r
     import yaml
 
     imported = tmp_path / "imported" / "step_00000004"
-    vocab = yaml.safe_load((imported / "resolved_config.yaml").read_text())["model"]["vocab_size"]  # fixed by the import
-    status, out = _main(_base(hashed_shards, tmp_path / "continued", *_overrides(hashed_shards, name), *BF16,
-                              "train.steps=5", f"model.vocab_size={vocab}", f"train.resume={imported}"), capsys)
+    vocab = yaml.safe_load((imported / "resolved_config.yaml").read_text())["model"][
+        "vocab_size"
+    ]  # fixed by the import
+    status, out = _main(
+        _base(
+            hashed_shards,
+            tmp_path / "continued",
+            *_overrides(hashed_shards, name),
+            *BF16,
+            "train.steps=5",
+            f"model.vocab_size={vocab}",
+            f"train.resume={imported}",
+        ),
+        capsys,
+    )
     assert status == 0 and "torch.bfloat16" in out, out[-3000:]
     valid = _records(tmp_path / "continued", "valid")
     assert list(valid) == [5] and math.isfinite(valid[5]["loss"]), valid
@@ -263,9 +322,18 @@ def test_bf16_incremental_decoding_equals_the_full_forward(one_rank, kind):
     from megahash.config import load_config
     from megahash.models.megatron_model import DecodeState, build_model
 
-    cfg = load_config(None, ["model.hidden_size=32", "model.num_heads=2", "model.ffn_hidden_size=64",
-                             "model.num_layers=2", f"model.schedule=uniform:{kind}", "data.seq_length=16",
-                             "model.attention.options.fixed_seq_length=16"])
+    cfg = load_config(
+        None,
+        [
+            "model.hidden_size=32",
+            "model.num_heads=2",
+            "model.ffn_hidden_size=64",
+            "model.num_layers=2",
+            f"model.schedule=uniform:{kind}",
+            "data.seq_length=16",
+            "model.attention.options.fixed_seq_length=16",
+        ],
+    )
     accelerator.seed_all(0)
     model = build_model(cfg, 256).eval()
     g = torch.Generator().manual_seed(1)
@@ -277,7 +345,7 @@ def test_bf16_incremental_decoding_equals_the_full_forward(one_rank, kind):
         full = model(tok).float()
         state = DecodeState(2)
         model(tok[:, :6], decode_state=state)
-        steps = torch.cat([model(tok[:, k:k + 1], decode_state=state).float() for k in range(6, 12)], 1)
+        steps = torch.cat([model(tok[:, k : k + 1], decode_state=state).float() for k in range(6, 12)], 1)
     assert full.dtype == torch.float32 and torch.isfinite(full).all()
     tol = accelerator.compute_tolerance("bf16", "cpu")
     assert float((steps - full[:, 6:]).abs().max()) <= tol * max(1.0, float(full.abs().max()))
@@ -292,8 +360,9 @@ def test_bf16_validation_loss_is_within_tolerance_of_fp32(hashed_shards, straigh
     and 2.2e-5 (step 4); the quickstart model over 100 steps (README): at most 8.5e-3 (step 75)."""
     name = next(n for n in CONFIGS if n.startswith("embedding-"))  # any configuration; the first hash embedding
     bf16 = _records(_straight(hashed_shards, straight_runs, name, capsys), "valid")
-    fp32 = _records(_straight(hashed_shards, straight_runs, name, capsys, ["train.precision=fp32", "train.zero_stage=1"]),
-                    "valid")
+    fp32 = _records(
+        _straight(hashed_shards, straight_runs, name, capsys, ["train.precision=fp32", "train.zero_stage=1"]), "valid"
+    )
     print(f"\nvalidation loss fp32 {fp32} bf16 {bf16}")
     assert sorted(bf16) == sorted(fp32) == [2, 4]
     for step in (2, 4):
@@ -313,8 +382,14 @@ def test_cpu_linear_shim_passes_megatron_arguments_on_unchanged():
         return "fallback"
 
     x, w = torch.randn(2, 3, dtype=torch.bfloat16), torch.randn(4, 3, dtype=torch.bfloat16)  # bf16: not oneDNN's
-    given = {"gradient_accumulation_fusion": False, "allreduce_dgrad": False, "sequence_parallel": False,
-             "grad_output_buffer": None, "wgrad_deferral_limit": None, "tp_group": None}
+    given = {
+        "gradient_accumulation_fusion": False,
+        "allreduce_dgrad": False,
+        "sequence_parallel": False,
+        "grad_output_buffer": None,
+        "wgrad_deferral_limit": None,
+        "tp_group": None,
+    }
     assert cpu_linear._forward_impl(fallback)(input=x, weight=w, bias=None, **given) == "fallback" and seen == given
 
 
@@ -328,8 +403,16 @@ def test_no_grad_bf16_forward_through_megatron_linears(one_rank, monkeypatch, on
     from megahash.models.megatron_model import build_model
 
     monkeypatch.setenv("MEGAHASH_ONEDNN_LINEAR", onednn)
-    cfg = load_config(None, ["model.hidden_size=32", "model.num_heads=2", "model.ffn_hidden_size=64",
-                             "model.num_layers=1", "data.seq_length=16"])
+    cfg = load_config(
+        None,
+        [
+            "model.hidden_size=32",
+            "model.num_heads=2",
+            "model.ffn_hidden_size=64",
+            "model.num_layers=1",
+            "data.seq_length=16",
+        ],
+    )
     accelerator.seed_all(0)
     model = build_model(cfg, 256)
     tok = torch.randint(5, 256, (2, 8), generator=torch.Generator().manual_seed(0))
@@ -352,7 +435,9 @@ def test_accelerator_picks_cuda_autocast_for_a_cuda_device():
     assert accelerator.autocast_args("bf16", "cpu") == {"device_type": "cpu", "dtype": torch.bfloat16}
     assert accelerator.autocast_args("auto", "cpu") is None and accelerator.autocast_args("fp32", "cuda") is None
     assert accelerator.training_settings("auto", "auto", "cuda")["autocast"] == cuda
-    assert accelerator.compute_tolerance("bf16", "cuda") == 2 * 2.0 ** -7 and accelerator.compute_tolerance("fp32") == 1e-3
+    assert (
+        accelerator.compute_tolerance("bf16", "cuda") == 2 * 2.0**-7 and accelerator.compute_tolerance("fp32") == 1e-3
+    )
     with accelerator.compute_context("bf16", "cpu"):
         assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
     with accelerator.compute_context("fp32", "cpu"):
@@ -371,22 +456,53 @@ def test_bf16_sweep_and_launches_stop_resume_elsewhere_evaluate_and_export(shake
 
     from megahash.data.preprocess import make_eval_tasks
 
-    common = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}",
-              *TINY, "model.num_layers=2", "model.schedule=hybrid:approx:even", "train.precision=bf16",
-              "train.zero_stage=1"]
+    common = [
+        f"data.prefix=[{shakespeare_shards['prefix']}]",
+        f"data.tokenizer={shakespeare_shards['tokenizer']}",
+        *TINY,
+        "model.num_layers=2",
+        "model.schedule=hybrid:approx:even",
+        "train.precision=bf16",
+        "train.zero_stage=1",
+    ]
     tasks = tmp_path / "tasks"
-    assert make_eval_tasks.main(["--source", "shakespeare", "--out", str(tasks), "--held-out-docs", "1100:", "--n", "8",
-                                 "--ppl-docs", "1", "--seed", "7"]) == 0
-    grid = {"name": "bf16", "config": "quickstart.yaml", "overrides": {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in common)},
-            "variants": [{"name": "bf16", "overrides": {}}],
-            "eval": {"tasks_dir": str(tasks), "tasks": ["shk_ppl", "shk_order"], "limit": 4}}
+    assert (
+        make_eval_tasks.main(
+            [
+                "--source",
+                "shakespeare",
+                "--out",
+                str(tasks),
+                "--held-out-docs",
+                "1100:",
+                "--n",
+                "8",
+                "--ppl-docs",
+                "1",
+                "--seed",
+                "7",
+            ]
+        )
+        == 0
+    )
+    grid = {
+        "name": "bf16",
+        "config": "quickstart.yaml",
+        "overrides": {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in common)},
+        "variants": [{"name": "bf16", "overrides": {}}],
+        "eval": {"tasks_dir": str(tasks), "tasks": ["shk_ppl", "shk_order"], "limit": 4},
+    }
     (tmp_path / "grid.yaml").write_text(yaml.safe_dump(grid))
     out = tmp_path / "sweep"
     r = run([sys.executable, "-m", "megahash", "sweep", "--grid", str(tmp_path / "grid.yaml"), "--out", str(out)])
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     cell = next((out / "cells").iterdir())
     rec = json.loads(next((cell / "eval").glob("step_*.json")).read_text())
-    assert rec["step"] == 4 and rec["model_args"]["precision"] == "bf16" and set(rec["results"]) == {"shk_ppl", "shk_order"}
+    assert (
+        rec["step"] == 4
+        and rec["model_args"]["precision"] == "bf16"
+        and set(rec["results"]) == {"shk_ppl", "shk_order"}
+    )
     d = tmp_path / "run"
     r = pretrain([*common, f"train.save_dir={d}", "train.stop_after=2"], config="configs/quickstart.yaml")
     assert r.returncode == 0 and "[valid] step 2/4" in r.stdout + r.stderr, r.stderr[-3000:]

@@ -2,6 +2,7 @@
 parameters (``megahash params`` in closed form), trained through the real DeepSpeed engine with Muon and the WSD
 schedule at the recipe's batch (here 3 steps, in this process), then written as an int8 + zlib artifact whose
 printed size is the file's."""
+
 import json
 import os
 import re
@@ -25,15 +26,32 @@ def test_compact_recipe_trains_and_exports_no_larger_than_the_quickstart(shakesp
     assert totals["compact"] <= totals["quickstart"], totals  # the recipe's promise: no more stored parameters
 
     run = tmp_path / "compact"
-    data = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}",
-            "model.vocab_size=0"]
-    status, out = _main(["--config", "configs/compact.yaml", *data, "train.steps=3", "train.warmup_steps=1",
-                         "train.eval_interval=3", "data.valid_samples=8", "logging.plot=false",
-                         f"train.save_dir={run}", "train.save_interval=0"], capsys)
+    data = [
+        f"data.prefix=[{shakespeare_shards['prefix']}]",
+        f"data.tokenizer={shakespeare_shards['tokenizer']}",
+        "model.vocab_size=0",
+    ]
+    status, out = _main(
+        [
+            "--config",
+            "configs/compact.yaml",
+            *data,
+            "train.steps=3",
+            "train.warmup_steps=1",
+            "train.eval_interval=3",
+            "data.valid_samples=8",
+            "logging.plot=false",
+            f"train.save_dir={run}",
+            "train.save_interval=0",
+        ],
+        capsys,
+    )
     assert status == 0, out[-3000:]
     assert re.search(r"\[train\] step 3/3 .*optimizer_s \d", out), out[-2000:]
     assert re.search(r"\[valid\] step 3/3 .* bpb \d", out), out[-2000:]  # bits per byte of the held-out split
     path = tmp_path / "compact.int8.zlib"
-    assert cli(["export", "--checkpoint", str(run), "--output", str(path), "--quantize", "int8", "--compress",
-                "zlib"]) == 0
+    assert (
+        cli(["export", "--checkpoint", str(run), "--output", str(path), "--quantize", "int8", "--compress", "zlib"])
+        == 0
+    )
     assert int(re.search(r"; (\d+) bytes", capsys.readouterr().out)[1]) == os.path.getsize(path)

@@ -2,6 +2,7 @@
 closed form over the recorded weights, validation reports it (``ema_loss``), a stop + resume from an
 asynchronous checkpoint continues it bit-exactly, evaluation and export read it with ``--weights ema``,
 and asking a checkpoint without one is a one-line error. One tiny run under ``train.precision=bf16``."""
+
 import json
 import math
 import shutil
@@ -46,10 +47,11 @@ def _check_closed_form(run_dir, steps: int) -> None:
     ema = _params(ckpts[-1], "ema")
     assert set(ema) == set(w[0])
     for name, got in ema.items():
-        want = DECAY ** steps * w[0][name] + sum((1 - DECAY) * DECAY ** (steps - i) * w[i][name]
-                                                 for i in range(1, steps + 1))
+        want = DECAY**steps * w[0][name] + sum(
+            (1 - DECAY) * DECAY ** (steps - i) * w[i][name] for i in range(1, steps + 1)
+        )
         # fp32 updates: 2 roundings a step (|rel| <= 2^-24 each) over the steps, on values of the weights' size
-        tol = 4 * steps * 2.0 ** -24 * max(float(want.abs().max()), 1.0)
+        tol = 4 * steps * 2.0**-24 * max(float(want.abs().max()), 1.0)
         assert float((got - want).abs().max()) <= tol, name
     moved = max(float((ema[n] - w[-1][n]).abs().max()) for n in ema)
     assert moved > 1e-4  # the average is not the live weights
@@ -58,8 +60,17 @@ def _check_closed_form(run_dir, steps: int) -> None:
 @pytest.mark.slow
 def test_ema_formula_validation_resume_eval_export(shakespeare_shards, tmp_path, capsys):
     data = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}"]
-    common = [*data, *TINY, "train.precision=bf16", f"train.ema_decay={DECAY}", f"train.steps={STEPS}",
-              "train.eval_interval=2", "data.valid_samples=4", "train.lr=3e-3", "train.warmup_steps=0"]
+    common = [
+        *data,
+        *TINY,
+        "train.precision=bf16",
+        f"train.ema_decay={DECAY}",
+        f"train.steps={STEPS}",
+        "train.eval_interval=2",
+        "data.valid_samples=4",
+        "train.lr=3e-3",
+        "train.warmup_steps=0",
+    ]
     straight, split = tmp_path / "straight", tmp_path / "split"
     status, out = _main([*common, f"train.save_dir={straight}", "train.save_interval=1"], capsys)
     assert status == 0 and "ema_loss" in out, out[-3000:]
@@ -93,8 +104,10 @@ def test_ema_formula_validation_resume_eval_export(shakespeare_shards, tmp_path,
     assert all(torch.equal(got[n].detach().double(), ema[n]) for n in ema)
     del lm
     accelerator.teardown()
-    assert export_main(["--checkpoint", str(last), "--output", str(tmp_path / "hf"), "--weights", "ema",
-                        "--no-verify"]) == 0
+    assert (
+        export_main(["--checkpoint", str(last), "--output", str(tmp_path / "hf"), "--weights", "ema", "--no-verify"])
+        == 0
+    )
     assert "(ema weights)" in capsys.readouterr().out
     from megahash.checkpoint.artifact import read_artifact
     from megahash.cli import main as cli
@@ -119,8 +132,17 @@ def test_ema_on_zero3_partitions(shakespeare_shards, tmp_path, capsys):
     """ZeRO-3 keeps the average over each rank's partition (ds_tensor): the closed form holds, validation
     swaps it in, and a resume from step 1 continues it bit-exactly."""
     data = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}"]
-    common = [*data, *TINY, "train.zero_stage=3", f"train.ema_decay={DECAY}", "train.steps=2",
-              "train.eval_interval=2", "data.valid_samples=4", "train.lr=3e-3", "train.warmup_steps=0"]
+    common = [
+        *data,
+        *TINY,
+        "train.zero_stage=3",
+        f"train.ema_decay={DECAY}",
+        "train.steps=2",
+        "train.eval_interval=2",
+        "data.valid_samples=4",
+        "train.lr=3e-3",
+        "train.warmup_steps=0",
+    ]
     a, b = tmp_path / "a", tmp_path / "b"
     status, out = _main([*common, f"train.save_dir={a}", "train.save_interval=1"], capsys)
     assert status == 0 and "ZeRO-3" in out and "ema_loss" in out, out[-3000:]
@@ -148,7 +170,7 @@ def test_ema_warmup_correction_against_its_closed_form():
         ws.append(m.weight.detach().double().clone())
         ema.update(n)
     d = [min(0.95, (1 + n) / (10 + n)) for n in range(6)]
-    want = math.prod(d) * ws[0] + sum((1 - d[i]) * math.prod(d[i + 1:]) * ws[i + 1] for i in range(6))
+    want = math.prod(d) * ws[0] + sum((1 - d[i]) * math.prod(d[i + 1 :]) * ws[i + 1] for i in range(6))
     # fp32: 2 roundings per update (|rel| <= 2^-24 each) on values of the weights' size
-    tol = 4 * 6 * 2.0 ** -24 * max(max(float(w.abs().max()) for w in ws), 1.0)
+    tol = 4 * 6 * 2.0**-24 * max(max(float(w.abs().max()) for w in ws), 1.0)
     assert float((ema.avg[0].double() - want).abs().max()) <= tol

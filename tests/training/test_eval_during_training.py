@@ -7,15 +7,34 @@ task (data_tools/make_eval_tasks.py). The child of step 4 fails (planted,
 step-6 checkpoint exists (``MEGAHASH_TEST_EVAL_WAIT``), so that keep_last=1 would have pruned step 2
 twice over while it was evaluated: it is there when its evaluation ends, and gone after.
 An unknown task name is refused in one line before the model is built."""
+
 import json
 
 import pytest
 
-TINY = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.ffn_hidden_size=64",
-        "model.vocab_size=0", "data.seq_length=32", "train.micro_batch_size=2", "train.global_batch_size=4",
-        "train.steps=6", "train.eval_interval=0", "train.log_interval=1", "train.zero_stage=0",
-        "train.save_interval=0", "train.keep_last=1", "train.precision=bf16", "logging.plot=false",
-        "logging.tensorboard=true", "train.async_save=true", "eval.interval=2", "eval.tasks=[shk_order]", "eval.batch_size=8"]
+TINY = [
+    "model.hidden_size=32",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.ffn_hidden_size=64",
+    "model.vocab_size=0",
+    "data.seq_length=32",
+    "train.micro_batch_size=2",
+    "train.global_batch_size=4",
+    "train.steps=6",
+    "train.eval_interval=0",
+    "train.log_interval=1",
+    "train.zero_stage=0",
+    "train.save_interval=0",
+    "train.keep_last=1",
+    "train.precision=bf16",
+    "logging.plot=false",
+    "logging.tensorboard=true",
+    "train.async_save=true",
+    "eval.interval=2",
+    "eval.tasks=[shk_order]",
+    "eval.batch_size=8",
+]
 
 
 @pytest.fixture(scope="module")
@@ -23,14 +42,36 @@ def tasks(shakespeare_shards, tmp_path_factory):
     from megahash.data.preprocess import make_eval_tasks
 
     d = tmp_path_factory.mktemp("eval_during_tasks")
-    assert make_eval_tasks.main(["--source", "shakespeare", "--out", str(d), "--held-out-docs", "1100:",
-                                 "--n", "6", "--ppl-docs", "2", "--seed", "3"]) == 0
+    assert (
+        make_eval_tasks.main(
+            [
+                "--source",
+                "shakespeare",
+                "--out",
+                str(d),
+                "--held-out-docs",
+                "1100:",
+                "--n",
+                "6",
+                "--ppl-docs",
+                "2",
+                "--seed",
+                "3",
+            ]
+        )
+        == 0
+    )
     return d
 
 
 def _args(shards, tasks, out_dir):
-    return [f"data.prefix=[{shards['prefix']}]", f"data.tokenizer={shards['tokenizer']}", *TINY,
-            f"eval.tasks_dir={tasks}", f"train.save_dir={out_dir}"]
+    return [
+        f"data.prefix=[{shards['prefix']}]",
+        f"data.tokenizer={shards['tokenizer']}",
+        *TINY,
+        f"eval.tasks_dir={tasks}",
+        f"train.save_dir={out_dir}",
+    ]
 
 
 @pytest.mark.slow  # ~25 CPU-s with the shards fixture, two lm-eval child processes
@@ -70,7 +111,8 @@ def test_scores_logged_at_their_steps_pins_and_failures(shakespeare_shards, task
     acc = EventAccumulator(str(out_dir / "tensorboard"))
     acc.Reload()
     assert {e.step: e.value for e in acc.Scalars("eval/shk_order/acc")} == pytest.approx(
-        {s: evals[s]["shk_order/acc"] for s in (2, 6)}, abs=1e-6)  # stored as fp32
+        {s: evals[s]["shk_order/acc"] for s in (2, 6)}, abs=1e-6
+    )  # stored as fp32
     # keep_last=1: step 2 stayed while evaluated (steps 4 and 6 saved meanwhile), pruned after
     assert "step_00000002" in seen[2] and "step_00000006" in seen[2], seen
     assert sorted(p.name for p in out_dir.glob("step_*")) == ["step_00000006"]
@@ -137,9 +179,13 @@ def test_the_evaluation_is_killed_at_close_and_dies_with_the_trainer(tmp_path, m
     assert not eval_during.pin_path(tmp_path, "step_00000002").exists()
     assert "evaluation of step 2 stopped unfinished" in capsys.readouterr().out
     # a trainer killed with SIGKILL: its evaluation goes too
-    parent = subprocess.Popen([sys.executable, "-c", setup + "print(ev._start(2).pid, flush=True)\n"
-                               "import time; time.sleep(300)\n"], cwd=ROOT, stdout=subprocess.PIPE, text=True,
-                              env=child_env(**{eval_during.WAIT_ENV: f"2:{tmp_path / 'never'}"}))
+    parent = subprocess.Popen(
+        [sys.executable, "-c", setup + "print(ev._start(2).pid, flush=True)\nimport time; time.sleep(300)\n"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=child_env(**{eval_during.WAIT_ENV: f"2:{tmp_path / 'never'}"}),
+    )
     child = int(parent.stdout.readline())
     time.sleep(1.0)  # the child is past its start-up (its PR_SET_PDEATHSIG set, or it sees its parent gone)
     assert _alive(child)

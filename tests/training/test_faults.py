@@ -3,6 +3,7 @@
 Damaged inputs run in-process through the pretrain entry point (a 1-rank gloo world): each case is
 one damaged copy of the real Shakespeare shards (symlinks to the intact files), exit status 2, one
 ``error:`` line naming the file, nothing written under ``train.save_dir``."""
+
 import json
 import os
 import shutil
@@ -11,14 +12,31 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-TINY = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=128",
-        "data.seq_length=64", "train.micro_batch_size=4", "train.global_batch_size=8", "train.lr=2e-3",
-        "train.warmup_steps=2", "train.log_interval=100", "logging.plot=false", "logging.tensorboard=false"]
+TINY = [
+    "model.hidden_size=64",
+    "model.num_layers=2",
+    "model.num_heads=4",
+    "model.ffn_hidden_size=128",
+    "data.seq_length=64",
+    "train.micro_batch_size=4",
+    "train.global_batch_size=8",
+    "train.lr=2e-3",
+    "train.warmup_steps=2",
+    "train.log_interval=100",
+    "logging.plot=false",
+    "logging.tensorboard=false",
+]
 
 
 def base(shards, save_dir, steps, *extra, prefix=None):
-    return [f"data.prefix=[{prefix or shards['prefix']}]", f"data.tokenizer={shards['tokenizer']}", *TINY,
-            f"train.steps={steps}", f"train.save_dir={save_dir}", *extra]
+    return [
+        f"data.prefix=[{prefix or shards['prefix']}]",
+        f"data.tokenizer={shards['tokenizer']}",
+        *TINY,
+        f"train.steps={steps}",
+        f"train.save_dir={save_dir}",
+        *extra,
+    ]
 
 
 def _foreign_shard(path_prefix: str, docs: int, dtype, width: int = 1) -> None:
@@ -55,19 +73,47 @@ def _foreign_side_with_sizes_in_meta(d: Path) -> None:
 
 
 DAMAGE = {
-    "truncated_token_bin": (lambda d: _truncate(d / "shakespeare_text_document.bin"), [], "shakespeare_text_document.bin"),
-    "truncated_token_idx": (lambda d: _truncate(d / "shakespeare_text_document.idx", 0.9), [], "shakespeare_text_document.idx"),
-    "foreign_token_bin": (lambda d: _foreign_shard(str(d / "shakespeare_text_document"), 400, np.uint16), [],
-                          "shakespeare_text_document"),
-    "foreign_side_shard_doc_count": (lambda d: _foreign_shard(str(d / "shakespeare_hash_md5"), 37, np.uint8, 16), [],
-                                     "shakespeare_hash_md5"),
-    "foreign_side_shard_meta_sizes": (_foreign_side_with_sizes_in_meta, [], ("shakespeare_hash_md5", "shakespeare_meta")),
-    "foreign_idx_same_size_bin": (lambda d: _flip(d / "shakespeare_hash_lsh128.idx"), [], "shakespeare_hash_lsh128.idx"),
-    "flipped_bin_byte_full_verify": (lambda d: _flip(d / "shakespeare_hash_md5.bin"), ["data.verify=full"],
-                                     "shakespeare_hash_md5.bin"),
+    "truncated_token_bin": (
+        lambda d: _truncate(d / "shakespeare_text_document.bin"),
+        [],
+        "shakespeare_text_document.bin",
+    ),
+    "truncated_token_idx": (
+        lambda d: _truncate(d / "shakespeare_text_document.idx", 0.9),
+        [],
+        "shakespeare_text_document.idx",
+    ),
+    "foreign_token_bin": (
+        lambda d: _foreign_shard(str(d / "shakespeare_text_document"), 400, np.uint16),
+        [],
+        "shakespeare_text_document",
+    ),
+    "foreign_side_shard_doc_count": (
+        lambda d: _foreign_shard(str(d / "shakespeare_hash_md5"), 37, np.uint8, 16),
+        [],
+        "shakespeare_hash_md5",
+    ),
+    "foreign_side_shard_meta_sizes": (
+        _foreign_side_with_sizes_in_meta,
+        [],
+        ("shakespeare_hash_md5", "shakespeare_meta"),
+    ),
+    "foreign_idx_same_size_bin": (
+        lambda d: _flip(d / "shakespeare_hash_lsh128.idx"),
+        [],
+        "shakespeare_hash_lsh128.idx",
+    ),
+    "flipped_bin_byte_full_verify": (
+        lambda d: _flip(d / "shakespeare_hash_md5.bin"),
+        ["data.verify=full"],
+        "shakespeare_hash_md5.bin",
+    ),
     "missing_meta": (lambda d: (d / "shakespeare_meta.json").unlink(), [], "shakespeare_meta.json"),
-    "corrupt_meta": (lambda d: (d / "shakespeare_meta.json").write_text("{\"format_version\": 1,"), [],
-                     "shakespeare_meta.json"),
+    "corrupt_meta": (
+        lambda d: (d / "shakespeare_meta.json").write_text('{"format_version": 1,'),
+        [],
+        "shakespeare_meta.json",
+    ),
 }
 
 
@@ -115,18 +161,22 @@ def test_damaged_newest_checkpoint_falls_back_and_dead_saves_are_cleaned(shakesp
     from conftest import pretrain, train_losses
 
     run_dir = tmp_path / "run"
-    r = pretrain(base(shakespeare_shards, run_dir, 6, "train.save_interval=2", "train.eval_interval=0",
-                      "train.keep_last=0"))
+    r = pretrain(
+        base(shakespeare_shards, run_dir, 6, "train.save_interval=2", "train.eval_interval=0", "train.keep_last=0")
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     first = train_losses(run_dir)
-    step6 = run_dir / "step_00000006"  # optimizer state: ZeRO partition files, or (ZeRO-0 at one rank) the model states file
+    step6 = (
+        run_dir / "step_00000006"
+    )  # optimizer state: ZeRO partition files, or (ZeRO-0 at one rank) the model states file
     optim = next(step6.glob("*optim_states.pt"), None) or next(step6.glob("*model_states.pt"))
     _truncate(optim, 0.6)
     (run_dir / "step_00000007" / "model").mkdir(parents=True)  # renamed but never finished (no state file)
     (run_dir / "step_00000008.tmp").mkdir()  # a save killed in flight
     (run_dir / "latest.tmp-4242").write_text("step_00000008")
-    r = pretrain(base(shakespeare_shards, run_dir, 8, "train.save_interval=2", "train.eval_interval=0",
-                      "train.keep_last=0"))
+    r = pretrain(
+        base(shakespeare_shards, run_dir, 8, "train.save_interval=2", "train.eval_interval=0", "train.keep_last=0")
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     warnings = [l for l in r.stderr.splitlines() if l.startswith("warning: checkpoint")]
     assert len(warnings) == 2 and "step_00000007" in warnings[0] and "step_00000006" in warnings[1], warnings
@@ -147,7 +197,7 @@ def test_only_damaged_checkpoints_is_one_line_not_a_fresh_start(tmp_path):
     from megahash.training.checkpoint import find_resume
 
     (tmp_path / "step_00000004").mkdir()
-    (tmp_path / "step_00000004" / "megahash_state.json").write_text("{\"step\": ")
+    (tmp_path / "step_00000004" / "megahash_state.json").write_text('{"step": ')
     with pytest.raises(CheckpointError) as e:
         find_resume(tmp_path)
     assert "no intact checkpoint" in str(e.value) and "\n" not in str(e.value)
@@ -168,13 +218,22 @@ def test_disk_full_during_save_is_one_line_and_keeps_the_previous(shakespeare_sh
     one = sum(f.stat().st_size for f in probe.rglob("*") if f.is_file())  # one checkpoint + the run's logs
     mnt = tmp_path / "small"
     mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={int(one * 1.6) // 1024 + 64}k", "tmpfs", str(mnt)],
-                      capture_output=True).returncode:
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={int(one * 1.6) // 1024 + 64}k", "tmpfs", str(mnt)], capture_output=True
+    ).returncode:
         pytest.skip("mounting a small tmpfs failed")
     try:
         run_dir = mnt / "run"
-        r = pretrain(base(shakespeare_shards, run_dir, 4, "train.save_interval=2", "train.eval_interval=0",
-                          f"data.cache_dir={tmp_path / 'cache'}"))
+        r = pretrain(
+            base(
+                shakespeare_shards,
+                run_dir,
+                4,
+                "train.save_interval=2",
+                "train.eval_interval=0",
+                f"data.cache_dir={tmp_path / 'cache'}",
+            )
+        )
         assert r.returncode == 2, r.stderr[-3000:]
         err = [l for l in r.stderr.strip().splitlines() if l.startswith("error:")]
         assert len(err) == 1 and "saving checkpoint step_00000004" in err[0] and "disk full" in err[0], r.stderr[-3000:]
@@ -230,7 +289,9 @@ def test_export_hf_never_unpickles_code(shakespeare_shards, tmp_path):
         RestrictedUnpickler(io.BytesIO((model_dir / ".metadata").read_bytes())).load()
     assert not marker.exists()
     assert pickle.loads(real) is not None  # (plain pickle of the intact file works: the check is the only gate)
-    r = run([sys.executable, "-m", "megahash", "export-hf", "--checkpoint", str(run_dir), "--output", str(tmp_path / "hf")])
+    r = run(
+        [sys.executable, "-m", "megahash", "export-hf", "--checkpoint", str(run_dir), "--output", str(tmp_path / "hf")]
+    )
     assert r.returncode == 2 and not marker.exists(), r.stderr[-3000:]
     err = [l for l in r.stderr.strip().splitlines() if l.startswith("error:")]
     assert len(err) == 1 and "posix.system: refused" in err[0], r.stderr[-3000:]
@@ -249,8 +310,9 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def _launch_and_signal(launcher: str, args: list[str], run_dir: Path, kill_at: int, target: str, sig,
-                       after_save: int = 0):
+def _launch_and_signal(
+    launcher: str, args: list[str], run_dir: Path, kill_at: int, target: str, sig, after_save: int = 0
+):
     """Start 2 ranks with ``python -m launch --launcher LAUNCHER --nproc-per-node 2`` (deepspeed or
     torchrun under launch/supervise.py) in their own process group. Once step ``kill_at`` is logged
     (and checkpoint ``after_save`` is complete), send ``sig`` to ``target``: "group" = the whole
@@ -263,10 +325,27 @@ def _launch_and_signal(launcher: str, args: list[str], run_dir: Path, kill_at: i
 
     from conftest import ROOT, _free_port, child_env, train_losses
 
-    cmd = [sys.executable, "-m", "launch", "--launcher", launcher, "--nproc-per-node", "2",
-           "--master-port", str(_free_port()), *args]
-    p = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "launch",
+        "--launcher",
+        launcher,
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(_free_port()),
+        *args,
+    ]
+    p = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 300
         while time.time() < deadline and p.poll() is None:
@@ -312,15 +391,20 @@ def test_stop_signals_under_deepspeed_and_torchrun_resume_bit_exactly(shakespear
     # the reference saves only at its end: periodic saves must not change a run's losses either
     r = pretrain(base(shakespeare_shards, straight, steps, "train.save_interval=0", "train.eval_interval=0"), ranks=2)
     assert r.returncode == 0, r.stderr[-3000:]
-    pieces = [("deepspeed", "group", signal.SIGTERM), ("torchrun", "launcher", signal.SIGUSR1),
-              ("deepspeed", "launcher", signal.SIGUSR1), ("torchrun", "group", signal.SIGTERM),
-              ("deepspeed", "launcher", signal.SIGTERM)]
+    pieces = [
+        ("deepspeed", "group", signal.SIGTERM),
+        ("torchrun", "launcher", signal.SIGUSR1),
+        ("deepspeed", "launcher", signal.SIGUSR1),
+        ("torchrun", "group", signal.SIGTERM),
+        ("deepspeed", "launcher", signal.SIGTERM),
+    ]
     stop = 0
     for launcher, target, sig in pieces:
         after_save = (stop // 4 + 1) * 4 if target == "group" else 0  # the helpers of a save in this piece
         kill_at = max(after_save, stop) + 1
-        status, out = _launch_and_signal(launcher, base(shakespeare_shards, split, steps, *common), split, kill_at,
-                                         target, sig, after_save)
+        status, out = _launch_and_signal(
+            launcher, base(shakespeare_shards, split, steps, *common), split, kill_at, target, sig, after_save
+        )
         what = f"{launcher} {target} {sig.name}"
         assert not stop or f"resumed from {split}/step_{stop:08d}" in out, f"{what}\n{out[-4000:]}"
         # the deepspeed runner dies of a signal sent to it alone: launch/supervise.py then sends SIGUSR1
@@ -344,8 +428,20 @@ def test_stop_signals_under_deepspeed_and_torchrun_resume_bit_exactly(shakespear
 def _preprocess_cmd(shards, prefix, *extra):
     import sys
 
-    return [sys.executable, "data_tools/preprocess_data.py", "--input", "shakespeare", "--output-prefix", str(prefix),
-            "--tokenizer", shards["tokenizer"], "--word-hashes", "md5,lsh128", "--quiet", *extra]
+    return [
+        sys.executable,
+        "data_tools/preprocess_data.py",
+        "--input",
+        "shakespeare",
+        "--output-prefix",
+        str(prefix),
+        "--tokenizer",
+        shards["tokenizer"],
+        "--word-hashes",
+        "md5,lsh128",
+        "--quiet",
+        *extra,
+    ]
 
 
 def test_killed_preprocess_takes_its_workers_along(shakespeare_shards, tmp_path):
@@ -360,8 +456,14 @@ def test_killed_preprocess_takes_its_workers_along(shakespeare_shards, tmp_path)
     from conftest import ROOT, child_env
 
     prefix = tmp_path / "shk"
-    p = subprocess.Popen(_preprocess_cmd(shakespeare_shards, prefix, "--workers", "2"), cwd=ROOT, env=child_env(),
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        _preprocess_cmd(shakespeare_shards, prefix, "--workers", "2"),
+        cwd=ROOT,
+        env=child_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 120
         workers = []
@@ -458,8 +560,9 @@ def test_layout_change_carries_optimizer_state_and_the_data_order(shakespeare_sh
     info = json.loads((split / "step_00000004" / "optimizer" / "megahash_optimizer.json").read_text())
     assert info["complete"] and info["adam_step"] == 4 and info["keys"] == ["exp_avg", "exp_avg_sq"], info
     manifest = json.loads((split / "step_00000004" / "manifest.json").read_text())["files"]
-    assert "optimizer/megahash_optimizer.json" in manifest and any(k.endswith(".distcp") and k.startswith(
-        "optimizer/") for k in manifest)
+    assert "optimizer/megahash_optimizer.json" in manifest and any(
+        k.endswith(".distcp") and k.startswith("optimizer/") for k in manifest
+    )
     _as_older_megahash(split / "step_00000004", old / "step_00000004")
     before = sorted(p.name for p in old.rglob("*"))
     status = main(base(shakespeare_shards, old, steps, *common, "train.zero_stage=3", "train.stop_after=8"))
@@ -469,15 +572,44 @@ def test_layout_change_carries_optimizer_state_and_the_data_order(shakespeare_sh
     assert "no optimizer/megahash_optimizer.json (saved by an older megahash)" in err[0], err[0]
     assert sorted(p.name for p in old.rglob("*")) == before  # nothing written
     # the ZeRO-3 leg runs one step past its checkpoint at 8, so the TP=2 leg's first step has a reference
-    r = pretrain(base(shakespeare_shards, split, steps, *common, "train.zero_stage=3", "train.stop_after=9",
-                      "train.save_interval=8"))
+    r = pretrain(
+        base(
+            shakespeare_shards,
+            split,
+            steps,
+            *common,
+            "train.zero_stage=3",
+            "train.stop_after=9",
+            "train.save_interval=8",
+        )
+    )
     assert r.returncode == 0 and f"resumed from {split}/step_00000004" in r.stdout, r.stderr[-3000:]
     leg2 = train_losses(split)
-    r = pretrain(base(shakespeare_shards, split, steps, *common, "train.zero_stage=1", "parallel.tensor=2",
-                      f"train.resume={split / 'step_00000008'}"), ranks=2)
+    r = pretrain(
+        base(
+            shakespeare_shards,
+            split,
+            steps,
+            *common,
+            "train.zero_stage=1",
+            "parallel.tensor=2",
+            f"train.resume={split / 'step_00000008'}",
+        ),
+        ranks=2,
+    )
     assert r.returncode == 0 and f"resumed from {split}/step_00000008" in r.stdout, r.stderr[-3000:]
-    r = pretrain(base(shakespeare_shards, fresh, steps, *common, "train.zero_stage=3", "train.stop_after=7",
-                      "train.resume_weights_only=true", f"train.resume={split / 'step_00000004'}"))
+    r = pretrain(
+        base(
+            shakespeare_shards,
+            fresh,
+            steps,
+            *common,
+            "train.zero_stage=3",
+            "train.stop_after=7",
+            "train.resume_weights_only=true",
+            f"train.resume={split / 'step_00000004'}",
+        )
+    )
     assert r.returncode == 0 and f"resumed from {split}/step_00000004" in r.stdout, r.stderr[-3000:]
     a, b, w = train_losses(straight), train_losses(split), train_losses(fresh)
     assert sorted(b) == list(range(1, steps + 1)) and sorted(w) == [5, 6, 7]
@@ -492,5 +624,7 @@ def test_layout_change_carries_optimizer_state_and_the_data_order(shakespeare_sh
         st = json.loads((split / f"step_{step:08d}" / "megahash_state.json").read_text())
         assert st["consumed_samples"] == step * gbs and st["world_size"] == world and st["zero_stage"] == zero
         assert st["signature"]["tensor_parallel"] == tp
-        assert json.loads((split / f"step_{step:08d}" / "optimizer" / "megahash_optimizer.json").read_text())[
-            "adam_step"] == step
+        assert (
+            json.loads((split / f"step_{step:08d}" / "optimizer" / "megahash_optimizer.json").read_text())["adam_step"]
+            == step
+        )

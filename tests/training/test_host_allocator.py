@@ -3,6 +3,7 @@
 new pages touched, so the heap has settled), where glibc's defaults fault tens of thousands of
 pages in again at every step. Counted with the kernel's minor-fault counter of the process
 (``getrusage``), not timed."""
+
 import json
 import sys
 

@@ -2,14 +2,22 @@
 the dtype decisions CUDA autocast makes): a batch-size ramp, the bad-step guard, a profiled window,
 asynchronous saves and the hang watchdog in one run, stopped inside the ramp and resumed from an async
 checkpoint, equal to the uninterrupted run."""
+
 import json
 
 from test_batch_ramp import RAMP, SCHEDULE, TINY, _main, _records
 
 STEPS = 6
-LONG_RUN = ["train.precision=bf16", "train.skip_nonfinite=true", "train.spike_factor=50", "train.spike_window=2",
-            "train.profile_steps=[2,3]", "train.async_save=true", "train.save_interval=2",
-            "train.hang_timeout_s=300"]
+LONG_RUN = [
+    "train.precision=bf16",
+    "train.skip_nonfinite=true",
+    "train.spike_factor=50",
+    "train.spike_window=2",
+    "train.profile_steps=[2,3]",
+    "train.async_save=true",
+    "train.save_interval=2",
+    "train.hang_timeout_s=300",
+]
 
 
 def test_every_long_run_feature_in_bf16_resumes_from_an_async_save_exactly(shakespeare_shards, tmp_path, capsys):

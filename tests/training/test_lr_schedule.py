@@ -1,6 +1,7 @@
 """LR schedule (megatron-core's OptimizerParamScheduler driven per optimizer step,
 megahash/training/lr_schedule.py) against closed forms written here from the formulas and against a plain
 OptimizerParamScheduler (the reference implementation of lr-decay-iters, warmup fraction and WSD)."""
+
 import math
 import types
 
@@ -43,23 +44,48 @@ def test_wsd_and_warmup_fraction_closed_form():
     assert lr_for_step(sq, 170) == pytest.approx(2.0 * (1 - math.sqrt(0.25)))
 
 
-@pytest.mark.parametrize("style, mstyle, wsd", [("cosine", "cosine", "linear"), ("linear", "linear", "linear"),
-                                               ("wsd", "WSD", "linear"), ("wsd", "WSD", "cosine"),
-                                               ("wsd", "WSD", "1-sqrt")])
+@pytest.mark.parametrize(
+    "style, mstyle, wsd",
+    [
+        ("cosine", "cosine", "linear"),
+        ("linear", "linear", "linear"),
+        ("wsd", "WSD", "linear"),
+        ("wsd", "WSD", "cosine"),
+        ("wsd", "WSD", "1-sqrt"),
+    ],
+)
 def test_matches_megatron_optimizer_param_scheduler(style, mstyle, wsd):
     """Megatron counts steps from 1 in warmup (its LR at num_steps=s is ours at s-1) and from the
     same origin after it."""
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
     W, D, F = 7, 60, 0.25
-    t = _t(lr=3e-3, min_lr=3e-4, warmup_steps=W, decay=style, decay_steps=D, steps=80, decay_fraction=F,
-           wsd_decay_style=wsd)
+    t = _t(
+        lr=3e-3,
+        min_lr=3e-4,
+        warmup_steps=W,
+        decay=style,
+        decay_steps=D,
+        steps=80,
+        decay_fraction=F,
+        wsd_decay_style=wsd,
+    )
     opt = types.SimpleNamespace(param_groups=[{}])
-    ref = OptimizerParamScheduler(opt, init_lr=0.0, max_lr=3e-3, min_lr=3e-4, lr_warmup_steps=W, lr_decay_steps=D,
-                                  lr_decay_style=mstyle, start_wd=0.1, end_wd=0.1, wd_incr_steps=D,
-                                  wd_incr_style="linear",
-                                  wsd_decay_steps=int(round(F * D)),
-                                  lr_wsd_decay_style={"1-sqrt": "minus_sqrt"}.get(wsd, wsd))
+    ref = OptimizerParamScheduler(
+        opt,
+        init_lr=0.0,
+        max_lr=3e-3,
+        min_lr=3e-4,
+        lr_warmup_steps=W,
+        lr_decay_steps=D,
+        lr_decay_style=mstyle,
+        start_wd=0.1,
+        end_wd=0.1,
+        wd_incr_steps=D,
+        wd_incr_style="linear",
+        wsd_decay_steps=int(round(F * D)),
+        lr_wsd_decay_style={"1-sqrt": "minus_sqrt"}.get(wsd, wsd),
+    )
     for s in range(1, 80):
         ref.step(1)  # num_steps = s
         mine = lr_for_step(t, s - 1) if s <= W else lr_for_step(t, s)
@@ -81,8 +107,14 @@ def test_schedule_sets_every_group_and_keeps_their_weight_decay():
     another peak (Muon's train.muon_lr) the same shape scaled to its peak, every group's weight decay stays."""
     t = _t(lr=1e-3, min_lr=1e-4, warmup_steps=3, decay="wsd", decay_fraction=0.5, steps=20)
     ps = [torch.nn.Parameter(torch.zeros(1)) for _ in range(3)]
-    opt = torch.optim.SGD([{"params": [ps[0]], "weight_decay": 0.1}, {"params": [ps[1]], "weight_decay": 0.0},
-                           {"params": [ps[2]], "lr": 2e-2, "weight_decay": 0.1}], lr=t.lr)
+    opt = torch.optim.SGD(
+        [
+            {"params": [ps[0]], "weight_decay": 0.1},
+            {"params": [ps[1]], "weight_decay": 0.0},
+            {"params": [ps[2]], "lr": 2e-2, "weight_decay": 0.1},
+        ],
+        lr=t.lr,
+    )
     sched = Schedule(opt, t)
     for s in range(25):
         want = _wsd_closed_form(s, 1e-3, 1e-4, 3, 20, 0.5)
@@ -106,8 +138,9 @@ def test_decay_ending_within_warmup_warms_up_then_holds_min_lr():
 def test_resumed_schedule_continues_bit_exactly(ramp):
     """A scheduler loaded from another's state_dict at step k (what DeepSpeed's checkpoint holds) gives the
     uninterrupted run's LRs, bit for bit (resume is the promise), with and without a batch-size ramp."""
-    over = dict(lr=2e-3, min_lr=2e-4, warmup_steps=4, decay="wsd", decay_fraction=0.3, wsd_decay_style="1-sqrt",
-                steps=30)
+    over = dict(
+        lr=2e-3, min_lr=2e-4, warmup_steps=4, decay="wsd", decay_fraction=0.3, wsd_decay_style="1-sqrt", steps=30
+    )
     if ramp:
         over.update(batch_ramp="[2,2,24]", global_batch_size=8, micro_batch_size=2)
     t = _t(**over)
@@ -133,12 +166,15 @@ def test_resumed_schedule_continues_bit_exactly(ramp):
     assert after == straight[11:]
 
 
-@pytest.mark.parametrize("override, expect", [
-    ("train.decay=wsdd", "must be cosine, linear, wsd or constant"),
-    ("train.wsd_decay_style=sqrt", "must be linear, cosine or 1-sqrt"),
-    ("train.decay_fraction=0", "'train.decay_fraction' must be in (0.0, 1.0]"),
-    ("train.min_lr=1", "must be <= train.lr"),
-])
+@pytest.mark.parametrize(
+    "override, expect",
+    [
+        ("train.decay=wsdd", "must be cosine, linear, wsd or constant"),
+        ("train.wsd_decay_style=sqrt", "must be linear, cosine or 1-sqrt"),
+        ("train.decay_fraction=0", "'train.decay_fraction' must be in (0.0, 1.0]"),
+        ("train.min_lr=1", "must be <= train.lr"),
+    ],
+)
 def test_schedule_config_errors(override, expect):
     with pytest.raises(ConfigError) as e:
         load_config("configs/quickstart.yaml", [override])

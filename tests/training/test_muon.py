@@ -2,6 +2,7 @@
 torch.optim.AdamW on the rest; Newton-Schulz runs on every routed matrix through the real DeepSpeed engine at
 every ZeRO stage megahash runs it at (the partitioning ones refused in one line); stop + resume is bit-exact
 under bf16 and the optimizer phase's time is in the progress line; the momentum follows an elastic resume."""
+
 import json
 import re
 
@@ -12,10 +13,24 @@ from conftest import pretrain
 
 pytestmark = pytest.mark.numerics  # compares floating-point results (see tests/numerics.py)
 
-TINY = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=2", "model.ffn_hidden_size=64",
-        "model.vocab_size=0", "data.seq_length=32", "train.micro_batch_size=2", "train.global_batch_size=4",
-        "train.lr=2e-3", "train.warmup_steps=1", "train.eval_interval=0", "train.keep_last=0",
-        "logging.plot=false", "logging.tensorboard=false", "train.optimizer=muon", "train.muon_lr=0.02"]
+TINY = [
+    "model.hidden_size=32",
+    "model.num_layers=2",
+    "model.num_heads=2",
+    "model.ffn_hidden_size=64",
+    "model.vocab_size=0",
+    "data.seq_length=32",
+    "train.micro_batch_size=2",
+    "train.global_batch_size=4",
+    "train.lr=2e-3",
+    "train.warmup_steps=1",
+    "train.eval_interval=0",
+    "train.keep_last=0",
+    "logging.plot=false",
+    "logging.tensorboard=false",
+    "train.optimizer=muon",
+    "train.muon_lr=0.02",
+]
 # the attention and MLP projections of megatron-core's layers, by name (independent of muon.routes_to_muon)
 HIDDEN = re.compile(r"decoder\.layers\.\d+\.(self_attention\.linear_(q|kv|qkv|proj)|mlp\.linear_fc[12])\.weight")
 
@@ -62,11 +77,24 @@ def test_two_steps_equal_torch_muon_plus_adamw(dist, adjust):
     named = dict(ref.named_parameters())
     hidden = [p for n, p in named.items() if route[n]]
     rest = [p for n, p in named.items() if not route[n]]
-    ref_muon = torch.optim.Muon(hidden, lr=t.muon_lr, weight_decay=t.weight_decay, momentum=t.muon_momentum,
-                                nesterov=t.muon_nesterov, ns_steps=t.muon_ns_steps, adjust_lr_fn=adjust)
-    ref_adamw = torch.optim.AdamW([{"params": [p for p in rest if p.ndim >= 2], "weight_decay": t.weight_decay},
-                                   {"params": [p for p in rest if p.ndim < 2], "weight_decay": 0.0}],
-                                  lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps)
+    ref_muon = torch.optim.Muon(
+        hidden,
+        lr=t.muon_lr,
+        weight_decay=t.weight_decay,
+        momentum=t.muon_momentum,
+        nesterov=t.muon_nesterov,
+        ns_steps=t.muon_ns_steps,
+        adjust_lr_fn=adjust,
+    )
+    ref_adamw = torch.optim.AdamW(
+        [
+            {"params": [p for p in rest if p.ndim >= 2], "weight_decay": t.weight_decay},
+            {"params": [p for p in rest if p.ndim < 2], "weight_decay": 0.0},
+        ],
+        lr=t.lr,
+        betas=(t.beta1, t.beta2),
+        eps=t.eps,
+    )
     gen = torch.Generator().manual_seed(0)
     for _ in range(2):
         for a, b in zip(ours.parameters(), ref.parameters()):
@@ -90,8 +118,16 @@ def test_newton_schulz_on_every_routed_matrix_through_the_engine(shakespeare_sha
     from megahash.training.muon import routes_to_muon
     from megahash.training.profiling import TrainHarness
 
-    cfg = load_config(None, [*_data(shakespeare_shards), *TINY, f"data.cache_dir={tmp_path}",
-                             f"train.zero_stage={stage}", "train.precision=fp32"])
+    cfg = load_config(
+        None,
+        [
+            *_data(shakespeare_shards),
+            *TINY,
+            f"data.cache_dir={tmp_path}",
+            f"train.zero_stage={stage}",
+            "train.precision=fp32",
+        ],
+    )
     h = TrainHarness(cfg, 1)
     assert h.engine.zero_optimization_stage() == 0
     h.step()
@@ -127,8 +163,15 @@ def test_elastic_resume_carries_the_momentum(shakespeare_shards, tmp_path, dist)
     from megahash.training import checkpoint
     from megahash.training.profiling import TrainHarness
 
-    common = [*_data(shakespeare_shards), *TINY, "train.zero_stage=0", "train.precision=fp32", "train.steps=3",
-              f"train.save_dir={tmp_path}", f"data.cache_dir={tmp_path / 'cache'}"]
+    common = [
+        *_data(shakespeare_shards),
+        *TINY,
+        "train.zero_stage=0",
+        "train.precision=fp32",
+        "train.steps=3",
+        f"train.save_dir={tmp_path}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+    ]
     r = pretrain([*common, "train.stop_after=2"], ranks=2)
     assert r.returncode == 0, r.stderr[-3000:]
     ckpt = tmp_path / "step_00000002"
@@ -165,10 +208,20 @@ def test_tensor_parallel_matrices_are_orthogonalized_whole(tmp_path):
     worker = os.path.join(os.path.dirname(__file__), "muon_tp_worker.py")
     port, procs = free_port(), []
     for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, worker, str(out)], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            WORLD_SIZE="2",
+            LOCAL_RANK=str(rank),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, worker, str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
     logs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
     result = json.loads(out.read_text())
@@ -185,8 +238,14 @@ def test_bf16_stop_and_resume_is_bit_exact_and_logs_the_optimizer_phase(shakespe
     bit for bit (the momentum buffers come back); the progress line carries optimizer_s."""
     from test_batch_ramp import _main, _records
 
-    common = [*_data(shakespeare_shards), *TINY, "train.precision=bf16", "train.zero_stage=0", "train.steps=4",
-              "train.log_interval=1"]
+    common = [
+        *_data(shakespeare_shards),
+        *TINY,
+        "train.precision=bf16",
+        "train.zero_stage=0",
+        "train.steps=4",
+        "train.log_interval=1",
+    ]
     straight, split = tmp_path / "straight", tmp_path / "split"
     status, out = _main([*common, f"train.save_dir={straight}"], capsys)
     assert status == 0 and "torch.bfloat16" in out, out[-3000:]
@@ -198,7 +257,9 @@ def test_bf16_stop_and_resume_is_bit_exact_and_logs_the_optimizer_phase(shakespe
     assert status == 0 and f"resumed from {split}/step_00000002" in out, out[-3000:]
     a, b = _records(straight), _records(split)
     # bit-exact: resume is the promise (same configuration in process, same machine)
-    assert [[a[s][k] for k in ("loss", "grad_norm")] for s in a] == [[b[s][k] for k in ("loss", "grad_norm")] for s in b]
+    assert [[a[s][k] for k in ("loss", "grad_norm")] for s in a] == [
+        [b[s][k] for k in ("loss", "grad_norm")] for s in b
+    ]
     assert a[4]["optimizer_s"] > 0
     # AdamW cannot take Muon's state: one line naming the fix (the layout records train.optimizer)
     status, out = _main([*common, f"train.save_dir={split}", "train.optimizer=adamw", "train.steps=5"], capsys)

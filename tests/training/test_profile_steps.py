@@ -3,6 +3,7 @@
 trace file (Chrome-trace JSON, the model's operators, the steps of the window only) and the phase
 table; the CUDA parts (memory history, snapshots, the out-of-memory dump) are checked by the
 accelerator's choice for a named CUDA device and on a stand-in recorder."""
+
 import json
 from types import SimpleNamespace
 
@@ -12,9 +13,20 @@ import torch
 from megahash import accelerator
 from megahash.training import profile_steps
 
-TINY = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=128",
-        "data.seq_length=32", "train.micro_batch_size=2", "train.global_batch_size=4", "train.warmup_steps=1",
-        "train.log_interval=100", "train.eval_interval=0", "logging.plot=false", "logging.tensorboard=false"]
+TINY = [
+    "model.hidden_size=64",
+    "model.num_layers=2",
+    "model.num_heads=4",
+    "model.ffn_hidden_size=128",
+    "data.seq_length=32",
+    "train.micro_batch_size=2",
+    "train.global_batch_size=4",
+    "train.warmup_steps=1",
+    "train.log_interval=100",
+    "train.eval_interval=0",
+    "logging.plot=false",
+    "logging.tensorboard=false",
+]
 
 
 def _events(trace: dict, name: str) -> list[dict]:
@@ -28,8 +40,16 @@ def test_profiled_window_of_a_real_run(shakespeare_shards, tmp_path, capsys):
     from megahash.pretrain import main
 
     save = tmp_path / "run"
-    status = main([f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}",
-                   *TINY, "train.steps=4", "train.profile_steps=[2,3]", f"train.save_dir={save}"])
+    status = main(
+        [
+            f"data.prefix=[{shakespeare_shards['prefix']}]",
+            f"data.tokenizer={shakespeare_shards['tokenizer']}",
+            *TINY,
+            "train.steps=4",
+            "train.profile_steps=[2,3]",
+            f"train.save_dir={save}",
+        ]
+    )
     out = capsys.readouterr().out
     assert status == 0
     files = sorted(p.relative_to(save / "profile").as_posix() for p in (save / "profile").rglob("*") if p.is_file())
@@ -49,17 +69,34 @@ def test_profiled_window_of_a_real_run(shakespeare_shards, tmp_path, capsys):
     assert "| step | 0.0 |" not in out and "| step |" in out.split("| optimizer |")[1], out[-3000:]
     assert "| aten::" in out, out[-3000:]
     assert not torch.autograd._profiler_enabled() and profile_steps.phase("forward") is profile_steps._NULL
-    assert [json.loads(line)["step"] for line in (save / "metrics.jsonl").read_text().splitlines()
-            if json.loads(line)["split"] == "train"] == [1, 2, 3, 4]  # every step logged, profiled or not
+    assert [
+        json.loads(line)["step"]
+        for line in (save / "metrics.jsonl").read_text().splitlines()
+        if json.loads(line)["split"] == "train"
+    ] == [1, 2, 3, 4]  # every step logged, profiled or not
 
 
-@pytest.mark.parametrize("value, why", [("[0,2]", "within 1..train.steps=4"), ("[3,5]", "within 1..train.steps=4"),
-                                        ("[3,2]", "end >= start"), ("[2]", "two step numbers")])
+@pytest.mark.parametrize(
+    "value, why",
+    [
+        ("[0,2]", "within 1..train.steps=4"),
+        ("[3,5]", "within 1..train.steps=4"),
+        ("[3,2]", "end >= start"),
+        ("[2]", "two step numbers"),
+    ],
+)
 def test_bad_window_is_one_line_exit_2(tmp_path, capsys, value, why):
     from megahash.pretrain import main
 
-    status = main(["--config", "configs/quickstart.yaml", "train.steps=4", f"train.save_dir={tmp_path / 'run'}",
-                   f"train.profile_steps={value}"])
+    status = main(
+        [
+            "--config",
+            "configs/quickstart.yaml",
+            "train.steps=4",
+            f"train.save_dir={tmp_path / 'run'}",
+            f"train.profile_steps={value}",
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and len(err) == 1 and err[0].startswith("error: ") and "train.profile_steps" in err[0], err
     assert why in err[0] and not (tmp_path / "run").exists()
@@ -75,15 +112,19 @@ def test_accelerator_picks_the_cuda_branch_for_a_cuda_device(monkeypatch, tmp_pa
     monkeypatch.setattr(torch.cuda.memory, "_dump_snapshot", lambda path: calls.append(("dump", path)))
     assert accelerator.profiler_activities("cuda") == [ProfilerActivity.CPU, ProfilerActivity.CUDA]
     assert accelerator.profiler_activities("cpu") == [ProfilerActivity.CPU]
-    assert not accelerator.record_memory_history(True, "cpu") and not accelerator.dump_memory_snapshot(tmp_path / "x", "cpu")
+    assert not accelerator.record_memory_history(True, "cpu") and not accelerator.dump_memory_snapshot(
+        tmp_path / "x", "cpu"
+    )
     assert calls == []
     assert accelerator.record_memory_history(True, "cuda:0")
     assert accelerator.dump_memory_snapshot(tmp_path / "d" / "rank0.memory.pickle", torch.device("cuda"))
     assert accelerator.record_memory_history(False, "cuda")
     n = accelerator.MEMORY_HISTORY_ENTRIES
-    assert calls == [("record", {"enabled": "all", "max_entries": n}),
-                     ("dump", str(tmp_path / "d" / "rank0.memory.pickle")),
-                     ("record", {"enabled": None, "max_entries": n})]
+    assert calls == [
+        ("record", {"enabled": "all", "max_entries": n}),
+        ("dump", str(tmp_path / "d" / "rank0.memory.pickle")),
+        ("record", {"enabled": None, "max_entries": n}),
+    ]
     assert (tmp_path / "d").is_dir()
 
 
@@ -93,7 +134,9 @@ def test_memory_snapshot_of_the_window_and_dump_on_out_of_memory(monkeypatch, tm
     under oom_step_N and is raised again; a run stopped inside the window still writes its steps."""
     calls = []
     monkeypatch.setattr(accelerator, "record_memory_history", lambda on, dev=None: calls.append(("record", on)) or True)
-    monkeypatch.setattr(accelerator, "dump_memory_snapshot", lambda path, dev=None: calls.append(("dump", path)) or True)
+    monkeypatch.setattr(
+        accelerator, "dump_memory_snapshot", lambda path, dev=None: calls.append(("dump", path)) or True
+    )
     cfg = SimpleNamespace(train=SimpleNamespace(profile_steps=[2, 4], save_dir=str(tmp_path)))
     lines = []
     prof = profile_steps.StepProfiler(cfg, 0, lines.append)

@@ -11,6 +11,7 @@ bf16) rotate over the configurations. The multi-rank layouts have their own test
 Plus: a hybrid with skipped layers moves between ZeRO stages (elastic resume) with its per-parameter
 optimizer state, the skipped layers are in no optimizer and stay as built, and a save failure names
 its real cause."""
+
 from __future__ import annotations
 
 import json
@@ -21,11 +22,24 @@ import pytest
 
 from conftest import ROOT
 
-TINY = ["model.hidden_size=64", "model.num_layers=4", "model.num_heads=4", "model.ffn_hidden_size=128",
-        "model.vocab_size=0", "model.attention.options.fixed_seq_length=64", "data.seq_length=64",
-        "train.micro_batch_size=4", "train.global_batch_size=4", "train.lr=2e-3", "train.warmup_steps=2",
-        "train.log_interval=1", "train.eval_interval=0", "train.keep_last=0", "logging.plot=false",
-        "logging.tensorboard=false"]
+TINY = [
+    "model.hidden_size=64",
+    "model.num_layers=4",
+    "model.num_heads=4",
+    "model.ffn_hidden_size=128",
+    "model.vocab_size=0",
+    "model.attention.options.fixed_seq_length=64",
+    "data.seq_length=64",
+    "train.micro_batch_size=4",
+    "train.global_batch_size=4",
+    "train.lr=2e-3",
+    "train.warmup_steps=2",
+    "train.log_interval=1",
+    "train.eval_interval=0",
+    "train.keep_last=0",
+    "logging.plot=false",
+    "logging.tensorboard=false",
+]
 # options that only make a kind faster here (a newly registered kind runs with none)
 FASTER = {"pool": ["model.embed.options.pool_bits=6"], "rolling": ["model.embed.options.rolling_dim=48"]}
 COMPARED = ("loss", "grad_norm", "param_norm", "lr", "consumed_samples")
@@ -48,8 +62,11 @@ def _arch(objective: str) -> str:
 def _embedding(kind: str) -> list[str]:
     from megahash import catalog
 
-    return [f"model.embedding={kind}", f"model.embed.hash_spec={catalog.caps('embedding', kind).example_hash_spec}",
-            *FASTER.get(kind, [])]
+    return [
+        f"model.embedding={kind}",
+        f"model.embed.hash_spec={catalog.caps('embedding', kind).example_hash_spec}",
+        *FASTER.get(kind, []),
+    ]
 
 
 def configurations() -> dict[str, list[str]]:
@@ -64,13 +81,18 @@ def configurations() -> dict[str, list[str]]:
     for i, preset in enumerate(PRESETS):
         skip, kind = i % 2 == 0, kinds[i % len(kinds)]
         # a kind reading a fixed input (the fixed text) embeds token ids: no hash-code embedding beside it
-        fits = [e for e in todo if not (catalog.caps("attention", kind).fixed_input
-                                        and catalog.caps("embedding", e).reads_hash_codes)]
+        fits = [
+            e
+            for e in todo
+            if not (catalog.caps("attention", kind).fixed_input and catalog.caps("embedding", e).reads_hash_codes)
+        ]
         emb = fits[0] if fits else _kinds.embeddings(standard=True)[0]
         todo = [e for e in todo if e != emb]
         out[f"{'skip' if skip else 'hybrid'}-{kind}-{preset}-{emb}"] = [
-            f"model.schedule=hybrid:{kind}:{preset}", f"model.attention.skip_nonstandard={str(skip).lower()}",
-            *_embedding(emb)]
+            f"model.schedule=hybrid:{kind}:{preset}",
+            f"model.attention.skip_nonstandard={str(skip).lower()}",
+            *_embedding(emb),
+        ]
     for emb in todo:
         out[f"embedding-{emb}"] = _embedding(emb)
     for obj in _objectives():
@@ -84,8 +106,13 @@ CONFIGS = configurations()
 
 
 def _base(shards, save_dir, *extra) -> list[str]:
-    return [f"data.prefix=[{shards['prefix']}]", f"data.tokenizer={shards['tokenizer']}", *TINY,
-            f"train.save_dir={save_dir}", *extra]
+    return [
+        f"data.prefix=[{shards['prefix']}]",
+        f"data.tokenizer={shards['tokenizer']}",
+        *TINY,
+        f"train.save_dir={save_dir}",
+        *extra,
+    ]
 
 
 def _head_spec(shards, head: str) -> str:
@@ -138,8 +165,9 @@ def test_every_configuration_saves_and_resumes_exactly(hashed_shards, tmp_path, 
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     status, out = _main(_base(hashed_shards, straight, "train.steps=4", "train.save_interval=2", *extra), capsys)
     assert status == 0, out[-3000:]
-    status, out = _main(_base(hashed_shards, resumed, "train.steps=4", f"train.resume={straight / 'step_00000002'}",
-                              *extra), capsys)
+    status, out = _main(
+        _base(hashed_shards, resumed, "train.steps=4", f"train.resume={straight / 'step_00000002'}", *extra), capsys
+    )
     assert status == 0 and f"resumed from {straight}/step_00000002" in out, out[-3000:]
     a, b = _records(straight), _records(resumed)
     assert sorted(a) == [1, 2, 3, 4] and sorted(b) == [3, 4], (a, b)
@@ -174,20 +202,30 @@ def test_skipped_layers_move_between_zero_stages_and_stay_as_built(hashed_shards
     from megahash import accelerator
     from megahash.checkpoint.weights import load_for_inference
 
-    skip = ["model.schedule=hybrid:rndembqk:even", "model.attention.skip_nonstandard=true", "train.weight_decay=0.1",
-            "train.steps=6", "train.save_interval=2"]
+    skip = [
+        "model.schedule=hybrid:rndembqk:even",
+        "model.attention.skip_nonstandard=true",
+        "train.weight_decay=0.1",
+        "train.steps=6",
+        "train.save_interval=2",
+    ]
     straight, split = tmp_path / "straight", tmp_path / "split"
     status, out = _main(_base(hashed_shards, straight, *skip, "train.zero_stage=0"), capsys)
     assert status == 0, out[-3000:]
     for leg, (stage, stop) in enumerate([(0, 2), (3, 4), (0, 6)]):
-        status, out = _main(_base(hashed_shards, split, *skip, f"train.zero_stage={stage}", f"train.stop_after={stop}"),
-                            capsys)
+        status, out = _main(
+            _base(hashed_shards, split, *skip, f"train.zero_stage={stage}", f"train.stop_after={stop}"), capsys
+        )
         assert status == 0 and (leg == 0 or f"resumed from {split}/step_{stop - 2:08d}" in out), out[-3000:]
     a, b = _records(straight), _records(split)
     # bit-exact: steps 1-2 run the same ZeRO-0 path in both (one path); later steps change layout: 1e-5
     assert [a[s] for s in (1, 2)] == [b[s] for s in (1, 2)]
     for s in range(3, 7):
-        assert abs(a[s]["loss"] - b[s]["loss"]) < 1e-5 and abs(a[s]["param_norm"] - b[s]["param_norm"]) < 1e-5, (s, a, b)
+        assert abs(a[s]["loss"] - b[s]["loss"]) < 1e-5 and abs(a[s]["param_norm"] - b[s]["param_norm"]) < 1e-5, (
+            s,
+            a,
+            b,
+        )
     steps = {n: _optim_info(split / f"step_{n:08d}")["param_steps"] for n in (2, 4, 6)}
     assert set(steps[4].values()) == {4} and steps[6] == {k: 6 for k in steps[2]} and set(steps[2].values()) == {2}
     assert not [k for k in steps[2] if k.startswith(("decoder.layers.0.", "decoder.layers.2."))]
@@ -200,13 +238,19 @@ def test_skipped_layers_move_between_zero_stages_and_stay_as_built(hashed_shards
     try:
         for d in (init, straight, split):
             _, model, _ = load_for_inference(d)
-            weights[d] = {k: v.clone() for k, v in model.state_dict().items() if torch.is_tensor(v) and
-                          k.startswith(("decoder.layers.0.", "decoder.layers.2.")) and v.is_floating_point()}
+            weights[d] = {
+                k: v.clone()
+                for k, v in model.state_dict().items()
+                if torch.is_tensor(v)
+                and k.startswith(("decoder.layers.0.", "decoder.layers.2."))
+                and v.is_floating_point()
+            }
     finally:
         accelerator.teardown()
     # bit-exact: skipped layers are never updated: their weights are the stored initial ones
-    assert weights[init] and all(torch.equal(weights[init][k], weights[d][k]) for d in (straight, split)
-                                 for k in weights[init])
+    assert weights[init] and all(
+        torch.equal(weights[init][k], weights[d][k]) for d in (straight, split) for k in weights[init]
+    )
 
 
 def test_a_failed_save_names_its_cause_not_the_disk():

@@ -8,6 +8,7 @@ wrapper around the trainer's model builder, NaNs one gradient element on rank 1 
 library has no test-only code path for it; a poisoned data sample cannot do it (samples are token ids,
 integers: a bad one is a valid token or an index error, never a NaN), and the forward pass and the loss
 stay finite, so only the gradient rule can catch it."""
+
 import json
 import math
 import os
@@ -19,10 +20,23 @@ import pytest
 
 from conftest import ROOT, child_env
 
-TINY = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=128",
-        "data.seq_length=64", "train.micro_batch_size=4", "train.global_batch_size=8", "train.lr=2e-3",
-        "train.warmup_steps=2", "train.log_interval=100", "logging.plot=false", "logging.tensorboard=false",
-        "train.eval_interval=0", "train.save_interval=0", "train.precision=fp32"]
+TINY = [
+    "model.hidden_size=64",
+    "model.num_layers=2",
+    "model.num_heads=4",
+    "model.ffn_hidden_size=128",
+    "data.seq_length=64",
+    "train.micro_batch_size=4",
+    "train.global_batch_size=8",
+    "train.lr=2e-3",
+    "train.warmup_steps=2",
+    "train.log_interval=100",
+    "logging.plot=false",
+    "logging.tensorboard=false",
+    "train.eval_interval=0",
+    "train.save_interval=0",
+    "train.precision=fp32",
+]
 
 
 def test_spike_rule_is_k_times_the_running_median():
@@ -58,8 +72,16 @@ def _launch(tmp_path, poison_at: str, overrides: list[str]):
     port, procs = free_port(), []
     for rank in range(2):
         env = child_env(RANK=rank, WORLD_SIZE=2, LOCAL_RANK=rank, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-        procs.append(subprocess.Popen([sys.executable, worker, str(tmp_path), "1", poison_at, *overrides], cwd=ROOT,
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, worker, str(tmp_path), "1", poison_at, *overrides],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     outs = [p.communicate(timeout=600) for p in procs]
     return [p.returncode for p in procs], outs
 
@@ -80,11 +102,21 @@ def test_nan_gradient_on_one_rank_skips_the_step_on_both(shakespeare_shards, tmp
 
     save_dir = tmp_path / "run"
     # backward passes to poison: one micro-batch a step at dp 2, two at tp 2 (the last of each step)
-    passes, extra = {"dp2_zero1": ("2,4,5", ["train.zero_stage=1"]),
-                     "tp2": ("4,8,10", ["parallel.tensor=2"])}[layout]
-    codes, outs = _launch(tmp_path, passes, [
-        f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}", *TINY,
-        "train.steps=6", f"train.save_dir={save_dir}", *extra, "train.skip_nonfinite=true", "train.max_skips=2"])
+    passes, extra = {"dp2_zero1": ("2,4,5", ["train.zero_stage=1"]), "tp2": ("4,8,10", ["parallel.tensor=2"])}[layout]
+    codes, outs = _launch(
+        tmp_path,
+        passes,
+        [
+            f"data.prefix=[{shakespeare_shards['prefix']}]",
+            f"data.tokenizer={shakespeare_shards['tokenizer']}",
+            *TINY,
+            "train.steps=6",
+            f"train.save_dir={save_dir}",
+            *extra,
+            "train.skip_nonfinite=true",
+            "train.max_skips=2",
+        ],
+    )
     log = "\n".join(o + e for o, e in outs)
     assert codes == [2, 2], log[-4000:]
     errors = [line for line in outs[0][1].splitlines() if line.startswith("error: ")]
@@ -92,8 +124,11 @@ def test_nan_gradient_on_one_rank_skips_the_step_on_both(shakespeare_shards, tmp
     assert "Traceback" not in log and not any(line.startswith("error: ") for line in outs[1][1].splitlines())
     assert "step 2 skipped (non-finite gradient norm)" in outs[0][0], outs[0][0][-3000:]
 
-    recs = {r["step"]: r for r in map(json.loads, (save_dir / "metrics.jsonl").read_text().splitlines())
-            if r["split"] == "train"}
+    recs = {
+        r["step"]: r
+        for r in map(json.loads, (save_dir / "metrics.jsonl").read_text().splitlines())
+        if r["split"] == "train"
+    }
     assert sorted(recs) == [1, 2, 3, 4, 5]
     assert [recs[s]["skipped"] for s in range(1, 6)] == [0, 1, 0, 1, 1]
     assert [recs[s]["skipped_steps"] for s in range(1, 6)] == [0, 1, 1, 2, 3]
@@ -122,9 +157,19 @@ def test_spike_skips_resume_exactly(shakespeare_shards, tmp_path, capsys):
     from megahash.pretrain import main
 
     def run(save_dir, *extra):
-        status = main([f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}",
-                       *TINY, "train.steps=15", f"train.save_dir={save_dir}", "train.spike_factor=1.0001",
-                       "train.spike_window=1", "train.max_skips=0", *extra])
+        status = main(
+            [
+                f"data.prefix=[{shakespeare_shards['prefix']}]",
+                f"data.tokenizer={shakespeare_shards['tokenizer']}",
+                *TINY,
+                "train.steps=15",
+                f"train.save_dir={save_dir}",
+                "train.spike_factor=1.0001",
+                "train.spike_window=1",
+                "train.max_skips=0",
+                *extra,
+            ]
+        )
         assert status == 0, capsys.readouterr().err[-3000:]
         recs = {}
         for line in (save_dir / "metrics.jsonl").read_text().splitlines():

@@ -3,6 +3,7 @@ chunked projection + cross-entropy (megahash.models.chunked_ce) against megatron
 whole logits, the fused SwiGLU against its autograd form, RoPE without ``cat`` against the
 ``rotate_half`` form; and what the accelerator module picks for a named CUDA device (configuration,
 not speed), the rotary table's device following the model, and bf16 training under autocast."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -41,7 +42,9 @@ def test_chunked_cross_entropy_equals_megatron_loss_on_whole_logits(dist, rows):
     dh, dw = torch.autograd.grad(ours, (hidden, weight), w_out)
     ref = vocab_cross_entropy(F.linear(hidden, weight).float(), target)
     rh, rw = torch.autograd.grad(ref, (hidden, weight), w_out)
-    assert torch.allclose(ours, ref, atol=1e-5) and torch.allclose(dh, rh, atol=1e-5) and torch.allclose(dw, rw, atol=1e-5)
+    assert (
+        torch.allclose(ours, ref, atol=1e-5) and torch.allclose(dh, rh, atol=1e-5) and torch.allclose(dw, rw, atol=1e-5)
+    )
     full = F.cross_entropy(F.linear(hidden, weight).reshape(-1, 37), target.reshape(-1), reduction="none")
     assert torch.allclose(ours.detach().reshape(-1), full, atol=1e-5)
 
@@ -68,8 +71,17 @@ def test_vocab_head_loss_equals_the_logits_path(dist):
     from megahash.models.heads import vocab_cross_entropy
     from megahash.models.megatron_model import build_model
 
-    cfg = load_config(None, ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",
-                             "model.ffn_hidden_size=64", "data.seq_length=16", "train.precision=fp32"])
+    cfg = load_config(
+        None,
+        [
+            "model.hidden_size=32",
+            "model.num_layers=1",
+            "model.num_heads=2",
+            "model.ffn_hidden_size=64",
+            "data.seq_length=16",
+            "train.precision=fp32",
+        ],
+    )
     accelerator.seed_all(0)
     model = build_model(cfg, 200)
     tokens = torch.randint(5, 200, (2, 16))
@@ -148,11 +160,14 @@ def test_deepspeed_json_for_bf16_autocast(tmp_path):
     from megahash.config import load_config
     from megahash.training.ds_config import deepspeed_config
 
-    cfg = load_config(None, ["train.precision=bf16", "train.zero_stage=1", "train.global_batch_size=4",
-                             "train.micro_batch_size=4"])
+    cfg = load_config(
+        None, ["train.precision=bf16", "train.zero_stage=1", "train.global_batch_size=4", "train.micro_batch_size=4"]
+    )
     ds = deepspeed_config(cfg, dp_size=1, bf16=False, autocast=torch.bfloat16)
     assert ds["bf16"]["enabled"] is False and ds["torch_autocast"] == {"enabled": True, "dtype": "bfloat16"}
-    assert ds["zero_optimization"]["stage"] == 0  # one data-parallel rank, fp32 parameters: the engine steps AdamW itself
+    assert (
+        ds["zero_optimization"]["stage"] == 0
+    )  # one data-parallel rank, fp32 parameters: the engine steps AdamW itself
 
 
 def test_rotary_table_follows_the_model_device(dist):
@@ -161,8 +176,16 @@ def test_rotary_table_follows_the_model_device(dist):
     from megahash.config import load_config
     from megahash.models.megatron_model import build_model
 
-    cfg = load_config(None, ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2",
-                             "model.ffn_hidden_size=64", "data.seq_length=16"])
+    cfg = load_config(
+        None,
+        [
+            "model.hidden_size=32",
+            "model.num_layers=1",
+            "model.num_heads=2",
+            "model.ffn_hidden_size=64",
+            "data.seq_length=16",
+        ],
+    )
     model = build_model(cfg, 100)
     assert model.rotary_pos_emb(8).device.type == "cpu"
     model.to("meta")
@@ -178,10 +201,24 @@ def test_bf16_autocast_training_step(shakespeare_shards, dist):
     from megahash.training.profiling import TrainHarness
 
     prefix, tok = shakespeare_shards["prefix"], shakespeare_shards["tokenizer"]
-    cfg = load_config(None, ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4",
-                             "model.ffn_hidden_size=128", "data.seq_length=64", f"data.prefix=[{prefix}]",
-                             f"data.tokenizer={tok}", f"data.cache_dir={shakespeare_shards['dir'] / 'cache'}", "train.micro_batch_size=4", "train.global_batch_size=4",
-                             "train.precision=bf16", "train.warmup_steps=1", "train.lr=3e-3"])
+    cfg = load_config(
+        None,
+        [
+            "model.hidden_size=64",
+            "model.num_layers=2",
+            "model.num_heads=4",
+            "model.ffn_hidden_size=128",
+            "data.seq_length=64",
+            f"data.prefix=[{prefix}]",
+            f"data.tokenizer={tok}",
+            f"data.cache_dir={shakespeare_shards['dir'] / 'cache'}",
+            "train.micro_batch_size=4",
+            "train.global_batch_size=4",
+            "train.precision=bf16",
+            "train.warmup_steps=1",
+            "train.lr=3e-3",
+        ],
+    )
     h = TrainHarness(cfg, 10)
     assert h.engine.torch_autocast_enabled() and not h.engine.bfloat16_enabled()
     assert type(h.engine.optimizer).__name__ == "AdamW" and all(p.dtype == torch.float32 for p in h.model.parameters())

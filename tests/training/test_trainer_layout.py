@@ -1,6 +1,7 @@
 """House rule of the training loop (issue 27 item 4): ``megahash/training/trainer.py`` reads top to
 bottom, ``train`` a short sequence of named steps and no function over 50 lines (checked on the
 source with ``ast``, and shown to fire on a planted long function)."""
+
 from __future__ import annotations
 
 import ast
@@ -48,14 +49,18 @@ def test_train_is_a_short_sequence_of_named_steps():
 
 def test_the_rule_fires_on_a_planted_long_function():
     body = "\n".join(f"    x{i} = {i}" for i in range(LIMIT))
-    planted = textwrap.dedent("""
+    planted = (
+        textwrap.dedent("""
         def short():
             return 1
 
         class Holder:
             @staticmethod
             def long():
-        """) + textwrap.indent(body, "    ") + "\n"
+        """)
+        + textwrap.indent(body, "    ")
+        + "\n"
+    )
     assert long_functions(planted) == {"Holder.long": LIMIT + 2}
     nested = "def outer():\n    def inner():\n" + textwrap.indent(body, "    ") + "\n    return inner\n"
     assert set(long_functions(nested)) == {"outer", "outer.inner"}

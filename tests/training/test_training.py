@@ -1,5 +1,6 @@
 """Training core on real text: TP/SP parity, exact resume, interrupted saves, one-line errors,
 loss decreasing. Multi-rank runs use the real DeepSpeed launcher with 2 CPU (gloo) ranks."""
+
 import json
 import re
 import sys
@@ -8,14 +9,31 @@ import pytest
 
 from conftest import pretrain, run, train_losses
 
-TINY = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=128",
-        "data.seq_length=64", "train.micro_batch_size=4", "train.global_batch_size=8", "train.lr=2e-3",
-        "train.warmup_steps=2", "train.log_interval=100", "logging.plot=false", "logging.tensorboard=false"]
+TINY = [
+    "model.hidden_size=64",
+    "model.num_layers=2",
+    "model.num_heads=4",
+    "model.ffn_hidden_size=128",
+    "data.seq_length=64",
+    "train.micro_batch_size=4",
+    "train.global_batch_size=8",
+    "train.lr=2e-3",
+    "train.warmup_steps=2",
+    "train.log_interval=100",
+    "logging.plot=false",
+    "logging.tensorboard=false",
+]
 
 
 def base(shards, save_dir, steps, *extra):
-    return [f"data.prefix=[{shards['prefix']}]", f"data.tokenizer={shards['tokenizer']}", *TINY,
-            f"train.steps={steps}", f"train.save_dir={save_dir}", *extra]
+    return [
+        f"data.prefix=[{shards['prefix']}]",
+        f"data.tokenizer={shards['tokenizer']}",
+        *TINY,
+        f"train.steps={steps}",
+        f"train.save_dir={save_dir}",
+        *extra,
+    ]
 
 
 @pytest.mark.slow
@@ -23,9 +41,12 @@ def base(shards, save_dir, steps, *extra):
 def test_tp_and_sp_parity(shakespeare_shards, tmp_path):
     """TP=1, TP=2, TP=2+SP and 2 data-parallel ranks under ZeRO-3 give the same per-step losses
     (dropout 0, fp32) to 1e-4."""
-    runs = {"tp1": (1, []), "tp2": (2, ["parallel.tensor=2"]),
-            "tp2sp": (2, ["parallel.tensor=2", "parallel.sequence=true"]),
-            "dp2_zero3": (2, ["train.zero_stage=3"])}
+    runs = {
+        "tp1": (1, []),
+        "tp2": (2, ["parallel.tensor=2"]),
+        "tp2sp": (2, ["parallel.tensor=2", "parallel.sequence=true"]),
+        "dp2_zero3": (2, ["train.zero_stage=3"]),
+    }
     losses = {}
     for name, (ranks, extra) in runs.items():
         r = pretrain(base(shakespeare_shards, tmp_path / name, 6, "train.eval_interval=0", *extra), ranks=ranks)
@@ -49,7 +70,8 @@ def test_tp_and_sp_parity(shakespeare_shards, tmp_path):
         "    sd = {k: v.clone() for k, v in m.state_dict().items() if torch.is_tensor(v) and torch.is_floating_point(v)}\n"
         "    ref = ref or sd\n"
         "    print(max((sd[k] - ref[k]).abs().max().item() for k in ref))\n"
-        "    accelerator.teardown()\n")
+        "    accelerator.teardown()\n"
+    )
     r = run([sys.executable, "-c", script, *(str(tmp_path / n) for n in runs)])
     assert r.returncode == 0, r.stderr[-3000:]
     assert "ShardedTensor" not in r.stderr and "load_state_dict` is deprecated" not in r.stderr, r.stderr[-3000:]
@@ -87,8 +109,12 @@ def test_hybrid_schedule_checkpoints_resume_and_load_at_tp1(shakespeare_shards, 
     """A schedule whose layers differ in parameters (RndEmbQK layers have no linear_qkv) saves at
     TP=2 (one key per layer in the dist checkpoint), resumes bit-exactly and loads at TP=1."""
     straight, split = tmp_path / "straight", tmp_path / "split"
-    common = ["train.eval_interval=0", "model.num_layers=4", "model.schedule=list:mha,rndembqk,mhe-mul,mqa",
-              "parallel.tensor=2"]
+    common = [
+        "train.eval_interval=0",
+        "model.num_layers=4",
+        "model.schedule=list:mha,rndembqk,mhe-mul,mqa",
+        "parallel.tensor=2",
+    ]
     r = pretrain(base(shakespeare_shards, straight, 6, *common), ranks=2)
     assert r.returncode == 0, r.stderr[-3000:]
     r = pretrain(base(shakespeare_shards, split, 6, *common, "train.stop_after=3"), ranks=2)
@@ -98,17 +124,21 @@ def test_hybrid_schedule_checkpoints_resume_and_load_at_tp1(shakespeare_shards, 
     a, b = train_losses(straight), train_losses(split)
     # bit-exact: resume is the promise (same ranks and layout, same machine)
     assert [a[s] for s in range(1, 7)] == [b[s] for s in range(1, 7)]
-    script = ("import sys\n"
-              "from megahash.checkpoint.weights import load_for_inference\n"
-              "_, m, _ = load_for_inference(sys.argv[1])\n"
-              "print(sorted(type(l.self_attention).__name__ for l in m.decoder.layers))\n")
+    script = (
+        "import sys\n"
+        "from megahash.checkpoint.weights import load_for_inference\n"
+        "_, m, _ = load_for_inference(sys.argv[1])\n"
+        "print(sorted(type(l.self_attention).__name__ for l in m.decoder.layers))\n"
+    )
     r = run([sys.executable, "-c", script, str(straight)])
     assert r.returncode == 0, r.stderr[-3000:]
     assert len(set(eval(r.stdout.strip().splitlines()[-1]))) >= 3
     # a model with fewer layers is refused with the layers it does not have, not loaded partially
-    script = ("import sys\n"
-              "from megahash.checkpoint.weights import load_for_inference\n"
-              "load_for_inference(sys.argv[1], ['model.num_layers=3', 'model.schedule=list:mha,rndembqk,mhe-mul'])\n")
+    script = (
+        "import sys\n"
+        "from megahash.checkpoint.weights import load_for_inference\n"
+        "load_for_inference(sys.argv[1], ['model.num_layers=3', 'model.schedule=list:mha,rndembqk,mhe-mul'])\n"
+    )
     r = run([sys.executable, "-c", script, str(straight)])
     assert r.returncode != 0 and "the model has no ['decoder.layers.3." in r.stderr, r.stderr[-3000:]
 
@@ -120,8 +150,13 @@ def test_bf16_on_two_data_parallel_ranks_matches_one_rank_and_resumes_exactly(sh
     (optimizer state partitioned over the ranks): per-step losses equal the 1-rank run of the same
     global batch within bf16 tolerance, and a run resumed from the step-2 checkpoint logs steps 3-4
     bit for bit as the uninterrupted one (issue 25 item 2)."""
-    common = ["train.precision=bf16", "train.zero_stage=1", "train.eval_interval=0", "train.save_interval=2",
-              "train.keep_last=0"]
+    common = [
+        "train.precision=bf16",
+        "train.zero_stage=1",
+        "train.eval_interval=0",
+        "train.save_interval=2",
+        "train.keep_last=0",
+    ]
     one, two, resumed = tmp_path / "one", tmp_path / "two", tmp_path / "resumed"
     r = pretrain(base(shakespeare_shards, one, 4, *common))
     assert r.returncode == 0 and "torch.bfloat16" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
@@ -168,9 +203,17 @@ def test_checkpoint_of_the_previous_release_still_resumes(shakespeare_shards, tm
     from megahash.config import load_config
     from megahash.training.lr_schedule import lambda_for
 
-    common = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}",
-              *SMALL, "train.lr=2e-3", "train.min_lr=2e-4", "train.warmup_steps=2", "train.decay=wsd",
-              "train.decay_fraction=0.5", "train.steps=6"]
+    common = [
+        f"data.prefix=[{shakespeare_shards['prefix']}]",
+        f"data.tokenizer={shakespeare_shards['tokenizer']}",
+        *SMALL,
+        "train.lr=2e-3",
+        "train.min_lr=2e-4",
+        "train.warmup_steps=2",
+        "train.decay=wsd",
+        "train.decay_fraction=0.5",
+        "train.steps=6",
+    ]
     straight, split = tmp_path / "straight", tmp_path / "split"
     for extra in ([f"train.save_dir={straight}"], [f"train.save_dir={split}", "train.stop_after=3"]):
         status, out = _main([*common, *extra], capsys)
@@ -217,12 +260,15 @@ def test_checkpoint_from_another_model_is_refused(shakespeare_shards, tmp_path):
     assert "Transformer Engine and Apex are not installed" in r.stderr  # megatron-core's, shown with --verbose
 
 
-@pytest.mark.parametrize("override, expect", [
-    ("data.prefix=[/nonexistent/corpus]", "does not exist"),
-    ("parallel.tensor=3", "does not divide model.num_heads"),
-    ("data.seq_length=100000", "exceeds model.max_position_embeddings"),
-    ("train.lerning_rate=1", "unknown config key"),
-])
+@pytest.mark.parametrize(
+    "override, expect",
+    [
+        ("data.prefix=[/nonexistent/corpus]", "does not exist"),
+        ("parallel.tensor=3", "does not divide model.num_heads"),
+        ("data.seq_length=100000", "exceeds model.max_position_embeddings"),
+        ("train.lerning_rate=1", "unknown config key"),
+    ],
+)
 def test_entry_point_one_line_errors(shakespeare_shards, tmp_path, override, expect):
     r = pretrain(base(shakespeare_shards, tmp_path / "x", 2) + [override])
     assert r.returncode == 2
@@ -240,10 +286,20 @@ def test_tp_must_divide_world_size(shakespeare_shards, tmp_path):
 def test_loss_decreases_on_real_text(shakespeare_shards, tmp_path):
     """Quickstart recipe (shortened): validation loss falls well below its start and a PNG is written."""
     run_dir = tmp_path / "qs"
-    r = pretrain([f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}",
-                  "train.steps=60", f"train.save_dir={run_dir}", "train.eval_interval=20", "train.save_interval=0",
-                  "data.seq_length=64", "train.micro_batch_size=8"],
-                 ranks=2, config="configs/quickstart.yaml")
+    r = pretrain(
+        [
+            f"data.prefix=[{shakespeare_shards['prefix']}]",
+            f"data.tokenizer={shakespeare_shards['tokenizer']}",
+            "train.steps=60",
+            f"train.save_dir={run_dir}",
+            "train.eval_interval=20",
+            "train.save_interval=0",
+            "data.seq_length=64",
+            "train.micro_batch_size=8",
+        ],
+        ranks=2,
+        config="configs/quickstart.yaml",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     valid = train_losses(run_dir, "valid")
     assert valid[60] < valid[20] - 0.15, valid  # measured drops 0.25-0.39 over seeds

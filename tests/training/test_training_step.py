@@ -1,14 +1,24 @@
 """The training step's fast paths keep the mathematics: RoPE equals megatron-core's, and the
 DeepSpeed engine at one fp32 data-parallel rank (plain fused AdamW inside the engine) trains exactly
 like the plain torch loop (clip_grad_norm_ + AdamW + LambdaLR) on the same model and batches."""
+
 import pytest
 import torch
 
 pytestmark = pytest.mark.numerics  # compares floating-point results (see tests/numerics.py)
 
-TINY = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=128",
-        "data.seq_length=64", "train.micro_batch_size=4", "train.global_batch_size=4", "train.lr=2e-3",
-        "train.warmup_steps=2", "train.precision=fp32"]
+TINY = [
+    "model.hidden_size=64",
+    "model.num_layers=2",
+    "model.num_heads=4",
+    "model.ffn_hidden_size=128",
+    "data.seq_length=64",
+    "train.micro_batch_size=4",
+    "train.global_batch_size=4",
+    "train.lr=2e-3",
+    "train.warmup_steps=2",
+    "train.precision=fp32",
+]
 
 
 def test_rope_matches_megatron_core(dist):
@@ -63,17 +73,25 @@ def test_one_rank_engine_trains_like_the_plain_torch_loop(shakespeare_shards, tm
     from megahash.training.profiling import TrainHarness
     from megahash.training.trainer import param_groups
 
-    cfg = load_config(None, [f"data.prefix=[{shakespeare_shards['prefix']}]",
-                             f"data.tokenizer={shakespeare_shards['tokenizer']}", f"data.cache_dir={tmp_path}",
-                             "train.zero_stage=1", *TINY])
+    cfg = load_config(
+        None,
+        [
+            f"data.prefix=[{shakespeare_shards['prefix']}]",
+            f"data.tokenizer={shakespeare_shards['tokenizer']}",
+            f"data.cache_dir={tmp_path}",
+            "train.zero_stage=1",
+            *TINY,
+        ],
+    )
     h = TrainHarness(cfg, 3)
     assert type(h.engine.optimizer) is torch.optim.AdamW and h.engine.optimizer.defaults["fused"]
     accelerator.seed_all(cfg.train.seed)
     ref = build_model(cfg, h.data.vocab_size)  # the same initial weights (same seed), outside the engine
-    assert all(torch.equal(a, b) for a, b in zip(h.model.parameters(), ref.parameters()))  # bit-exact: the same seed builds the same weights (one path)
+    assert all(
+        torch.equal(a, b) for a, b in zip(h.model.parameters(), ref.parameters())
+    )  # bit-exact: the same seed builds the same weights (one path)
     t = cfg.train
-    opt = torch.optim.AdamW(param_groups(ref, t.weight_decay), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
-                            fused=True)
+    opt = torch.optim.AdamW(param_groups(ref, t.weight_decay), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, fused=True)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda_for(t))
     batches = iter(make_loader(h.data.train, 0, t.micro_batch_size, 0, 1))  # the same batches, same order
     for step in range(3):

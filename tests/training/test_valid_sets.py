@@ -2,6 +2,7 @@
 on CPU, one rank in process: two named sets beside the ``data.split`` set, each reported by name (loss,
 perplexity, bits per byte) in the progress line, metrics.jsonl and TensorBoard; fp32 and bf16; bad
 input is one line, exit 2, before torch."""
+
 import json
 import math
 import shutil
@@ -11,14 +12,31 @@ import pytest
 
 from conftest import run
 
-TINY = ["model.hidden_size=32", "model.num_layers=1", "model.num_heads=2", "model.ffn_hidden_size=64",
-        "model.vocab_size=0", "data.seq_length=32", "train.micro_batch_size=2", "train.global_batch_size=4",
-        "train.steps=2", "train.eval_interval=2", "train.log_interval=1", "train.zero_stage=0", "train.keep_last=0",
-        "data.valid_samples=40", "data.valid_micro_batch=8", "logging.plot=false", "logging.tensorboard=true",
-        "eval.at_end=false"]
+TINY = [
+    "model.hidden_size=32",
+    "model.num_layers=1",
+    "model.num_heads=2",
+    "model.ffn_hidden_size=64",
+    "model.vocab_size=0",
+    "data.seq_length=32",
+    "train.micro_batch_size=2",
+    "train.global_batch_size=4",
+    "train.steps=2",
+    "train.eval_interval=2",
+    "train.log_interval=1",
+    "train.zero_stage=0",
+    "train.keep_last=0",
+    "data.valid_samples=40",
+    "data.valid_micro_batch=8",
+    "logging.plot=false",
+    "logging.tensorboard=true",
+    "eval.at_end=false",
+]
 # held-out documents: accents, CJK, an emoji and special-token strings written in the text
-DOCS = [f"Held-out page {i}: Über naïve café, </s> and <s> are only text. 日本語 😀 "
-        + "Now is the winter. " * (2 + i % 4) for i in range(24)]
+DOCS = [
+    f"Held-out page {i}: Über naïve café, </s> and <s> are only text. 日本語 😀 " + "Now is the winter. " * (2 + i % 4)
+    for i in range(24)
+]
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +44,23 @@ def held(shakespeare_shards, tmp_path_factory):
     d = tmp_path_factory.mktemp("held")
     src = d / "held.jsonl"
     src.write_text("".join(json.dumps({"text": t}) + "\n" for t in DOCS))
-    r = run([sys.executable, "data_tools/preprocess_data.py", "--input", str(src), "--output-prefix", str(d / "held"),
-             "--tokenizer", shakespeare_shards["tokenizer"], "--word-hashes", "md5", "--workers", "1", "--quiet"])
+    r = run(
+        [
+            sys.executable,
+            "data_tools/preprocess_data.py",
+            "--input",
+            str(src),
+            "--output-prefix",
+            str(d / "held"),
+            "--tokenizer",
+            shakespeare_shards["tokenizer"],
+            "--word-hashes",
+            "md5",
+            "--workers",
+            "1",
+            "--quiet",
+        ]
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     return {"prefix": str(d / "held"), "jsonl": str(src), "dir": d}
 
@@ -41,8 +74,11 @@ def _main(args, capsys):
 
 
 def _data(shards, held):
-    return [f"data.prefix=[{shards['prefix']}]", f"data.tokenizer={shards['tokenizer']}",
-            f"data.valid=[held={held['prefix']},train={shards['prefix']}]"]
+    return [
+        f"data.prefix=[{shards['prefix']}]",
+        f"data.tokenizer={shards['tokenizer']}",
+        f"data.valid=[held={held['prefix']},train={shards['prefix']}]",
+    ]
 
 
 def _tensorboard(run_dir) -> dict:
@@ -60,11 +96,16 @@ def test_named_sets_are_reported_by_name(shakespeare_shards, held, tmp_path, cap
     out_dir = tmp_path / "run"
     # bf16 also trains on the whole blend (data.split=100,0,0): the named sets alone are validated
     split = ["data.split=100,0,0"] if precision == "bf16" else []
-    status, out, err = _main([*_data(shakespeare_shards, held), *TINY, *split, f"train.precision={precision}",
-                              f"train.save_dir={out_dir}"], capsys)
+    status, out, err = _main(
+        [*_data(shakespeare_shards, held), *TINY, *split, f"train.precision={precision}", f"train.save_dir={out_dir}"],
+        capsys,
+    )
     assert status == 0, (out + err)[-3000:]
-    recs = {r["split"]: r for r in map(json.loads, (out_dir / "metrics.jsonl").read_text().splitlines())
-            if r["split"].startswith("valid")}
+    recs = {
+        r["split"]: r
+        for r in map(json.loads, (out_dir / "metrics.jsonl").read_text().splitlines())
+        if r["split"].startswith("valid")
+    }
     names = ["valid/held", "valid/train"] if split else ["valid", "valid/held", "valid/train"]
     assert sorted(recs) == names  # the split keeps its name
     tb = _tensorboard(out_dir)
@@ -115,6 +156,15 @@ def test_bad_sets_are_one_line(shakespeare_shards, held, tmp_path, capsys):
         status, out, err = _main(["--check", "inputs", *base, arg], capsys)
         lines = [l for l in err.splitlines() if l.strip()]
         assert status == 2 and len(lines) == 1 and lines[0].startswith("error: ") and expect in lines[0], (arg, err)
-    status, out, err = _main(["--check", "inputs", *base, f"data.valid=[held={held['prefix']}]",
-                              "data.seq_length=4096", "model.max_position_embeddings=4096"], capsys)
+    status, out, err = _main(
+        [
+            "--check",
+            "inputs",
+            *base,
+            f"data.valid=[held={held['prefix']}]",
+            "data.seq_length=4096",
+            "model.max_position_embeddings=4096",
+        ],
+        capsys,
+    )
     assert status == 2 and "fewer than one sequence" in err and len(err.strip().splitlines()) == 1, err

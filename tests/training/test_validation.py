@@ -1,6 +1,7 @@
 """Comparable numbers: the validation set is fixed by the data config alone (same sequences,
 same loss for the same weights whatever the DP size, train.steps or micro-batch size), and the
 logged LR is the LR the step used (closed form of the schedule)."""
+
 import json
 import sys
 
@@ -9,10 +10,24 @@ import pytest
 from conftest import pretrain, run, train_losses
 from megahash.data.validation import chunks_for_rank
 
-COMMON = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=128",
-          "data.seq_length=64", "train.global_batch_size=8", "train.lr=2e-3", "train.min_lr=2e-4",
-          "train.warmup_steps=4", "train.decay_steps=40", "train.eval_interval=10", "train.log_interval=10",
-          "logging.plot=false", "logging.tensorboard=false", "data.valid_samples=40", "data.valid_micro_batch=8"]
+COMMON = [
+    "model.hidden_size=64",
+    "model.num_layers=2",
+    "model.num_heads=4",
+    "model.ffn_hidden_size=128",
+    "data.seq_length=64",
+    "train.global_batch_size=8",
+    "train.lr=2e-3",
+    "train.min_lr=2e-4",
+    "train.warmup_steps=4",
+    "train.decay_steps=40",
+    "train.eval_interval=10",
+    "train.log_interval=10",
+    "logging.plot=false",
+    "logging.tensorboard=false",
+    "data.valid_samples=40",
+    "data.valid_micro_batch=8",
+]
 
 
 def _records(run_dir, split):
@@ -39,8 +54,10 @@ def test_validation_fixed_across_dp_steps_and_batch(shakespeare_shards, tmp_path
     a, b = tmp_path / "dp1_20", tmp_path / "dp2_40"
     ra = pretrain(data + COMMON + ["train.steps=20", "train.micro_batch_size=4", f"train.save_dir={a}"])
     assert ra.returncode == 0, ra.stderr[-3000:]
-    rb = pretrain(data + COMMON + ["train.steps=40", "train.micro_batch_size=2", "train.save_interval=20",
-                                   f"train.save_dir={b}"], ranks=2)
+    rb = pretrain(
+        data + COMMON + ["train.steps=40", "train.micro_batch_size=2", "train.save_interval=20", f"train.save_dir={b}"],
+        ranks=2,
+    )
     assert rb.returncode == 0, rb.stderr[-3000:]
     va, vb = _records(a, "valid"), _records(b, "valid")
     assert sorted(va) == [10, 20] and sorted(vb) == [10, 20, 30, 40]
@@ -75,7 +92,10 @@ def test_validation_fixed_across_dp_steps_and_batch(shakespeare_shards, tmp_path
         "    _, m, _ = load_for_inference(d)\n"
         "    sds.append({k: v.clone() for k, v in m.state_dict().items() if torch.is_tensor(v) and torch.is_floating_point(v)})\n"
         "    accelerator.teardown()\n"
-        "print(max((sds[0][k] - sds[1][k]).abs().max().item() for k in sds[0]))\n")
+        "print(max((sds[0][k] - sds[1][k]).abs().max().item() for k in sds[0]))\n"
+    )
     r = run([sys.executable, "-c", script, str(a / "step_00000020"), str(b / "step_00000020")])
     assert r.returncode == 0, r.stderr[-3000:]
-    assert float(r.stdout.split()[-1]) < 5e-5  # fp32 sums in another order (2 ranks, 2 accumulation steps), through Adam
+    assert (
+        float(r.stdout.split()[-1]) < 5e-5
+    )  # fp32 sums in another order (2 ranks, 2 accumulation steps), through Adam

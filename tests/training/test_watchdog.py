@@ -2,6 +2,7 @@
 and requeue exit of a real in-process run whose step is made slow, a peer's hang turning a failed
 collective into the requeue exit, and the config checks. The SLURM test (one rank of two stopped
 with SIGSTOP, the job requeued and resumed) is in tests/launching/test_slurm.py (it shares the cluster)."""
+
 import os
 import re
 import threading
@@ -13,10 +14,21 @@ from megahash.errors import ConfigError
 from megahash.training import watchdog as wd
 from megahash.training.signals import EXIT_REQUEUE
 
-TINY = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=128",
-        "data.seq_length=64", "train.micro_batch_size=4", "train.global_batch_size=8", "train.lr=2e-3",
-        "train.warmup_steps=2", "train.log_interval=100", "train.eval_interval=0", "logging.plot=false",
-        "logging.tensorboard=false"]
+TINY = [
+    "model.hidden_size=64",
+    "model.num_layers=2",
+    "model.num_heads=4",
+    "model.ffn_hidden_size=128",
+    "data.seq_length=64",
+    "train.micro_batch_size=4",
+    "train.global_batch_size=8",
+    "train.lr=2e-3",
+    "train.warmup_steps=2",
+    "train.log_interval=100",
+    "train.eval_interval=0",
+    "logging.plot=false",
+    "logging.tensorboard=false",
+]
 
 
 class FakeClock:
@@ -53,8 +65,10 @@ def test_limits_on_a_fake_clock(tmp_path, capsys):
     assert w.check() and exits == [EXIT_REQUEUE]
     out = capsys.readouterr()
     report = tmp_path / "hang" / "rank1.txt"
-    assert out.out.strip() == (f"megahash: rank 1 hung at step 5 for 4.6 s (train.hang_factor=3 x median step "
-                               f"1.5 s); stacks in {report}; exiting for requeue")
+    assert out.out.strip() == (
+        f"megahash: rank 1 hung at step 5 for 4.6 s (train.hang_factor=3 x median step "
+        f"1.5 s); stacks in {report}; exiting for requeue"
+    )
     text = report.read_text()
     assert text.startswith("rank 1 hung at step 5 for 4.6 s") and text.splitlines()[1:] == out.err.splitlines()[1:]
     assert "test_limits_on_a_fake_clock" in text  # faulthandler's dump names this frame
@@ -81,11 +95,14 @@ def test_peer_hang_turns_a_failed_collective_into_requeue(tmp_path, monkeypatch)
         raise RuntimeError("Connection closed by peer")
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (["train.hang_factor=0.5"], "train.hang_factor=0.5 must be > 1"),
-    (["train.hang_timeout_s=600"], "train.hang_timeout_s=600 must be below train.distributed_timeout_s=600"),
-    (["train.hang_timeout_s=-1"], "config key 'train.hang_timeout_s' must be >= 0.0"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["train.hang_factor=0.5"], "train.hang_factor=0.5 must be > 1"),
+        (["train.hang_timeout_s=600"], "train.hang_timeout_s=600 must be below train.distributed_timeout_s=600"),
+        (["train.hang_timeout_s=-1"], "config key 'train.hang_timeout_s' must be >= 0.0"),
+    ],
+)
 def test_config_checks(overrides, message):
     from megahash.config import load_config
 
@@ -117,16 +134,37 @@ def test_slow_step_of_a_real_run_dumps_stacks(shakespeare_shards, tmp_path, monk
         released.set()
 
     monkeypatch.setattr(trainer, "train_step", slow_train_step)
-    monkeypatch.setattr(trainer, "watchdog_for", lambda t, rank: wd.HangWatchdog(
-        t.hang_timeout_s, t.hang_factor, rank, t.save_dir, clock=lambda: time.monotonic() + skew[0],
-        exit=fake_exit, poll_s=0.05).start())
+    monkeypatch.setattr(
+        trainer,
+        "watchdog_for",
+        lambda t, rank: wd.HangWatchdog(
+            t.hang_timeout_s,
+            t.hang_factor,
+            rank,
+            t.save_dir,
+            clock=lambda: time.monotonic() + skew[0],
+            exit=fake_exit,
+            poll_s=0.05,
+        ).start(),
+    )
     save = tmp_path / "run"
-    status = main([f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}",
-                   *TINY, "train.steps=5", f"train.save_dir={save}", "train.hang_timeout_s=300"])
+    status = main(
+        [
+            f"data.prefix=[{shakespeare_shards['prefix']}]",
+            f"data.tokenizer={shakespeare_shards['tokenizer']}",
+            *TINY,
+            "train.steps=5",
+            f"train.save_dir={save}",
+            "train.hang_timeout_s=300",
+        ]
+    )
     out = capsys.readouterr().out
     assert status == 0 and exits == [(EXIT_REQUEUE, 4)], out
-    m = re.search(r"megahash: rank 0 hung at step 4 for ([\d.]+) s \(train.hang_timeout_s=300\); stacks in (\S+); "
-                  r"exiting for requeue", out)
+    m = re.search(
+        r"megahash: rank 0 hung at step 4 for ([\d.]+) s \(train.hang_timeout_s=300\); stacks in (\S+); "
+        r"exiting for requeue",
+        out,
+    )
     assert m and 301 <= float(m.group(1)) < 400 and m.group(2) == str(save / "hang" / "rank0.txt"), out
     text = (save / "hang" / "rank0.txt").read_text()
     assert "in slow_train_step" in text and "in _train_step_logged" in text and "in _loop" in text, text

@@ -41,6 +41,7 @@ Attention dropout is not applied (there is no probability matrix to drop from in
 Parameters equal ``mha`` exactly (``linear_q``, ``linear_kv``, ``linear_proj``) unless
 ``model.attention.options.feature_dim`` is set.
 """
+
 from __future__ import annotations
 
 import math
@@ -95,7 +96,7 @@ def rope_prefix(freqs, dim: int):
         return None
     freqs = freqs[0] if isinstance(freqs, tuple) else freqs
     half = freqs.shape[-1] // 2
-    return torch.cat([freqs[..., :dim // 2], freqs[..., half:half + dim // 2]], dim=-1)
+    return torch.cat([freqs[..., : dim // 2], freqs[..., half : half + dim // 2]], dim=-1)
 
 
 class ApproxAttention(LinearAttentionBase):
@@ -122,8 +123,10 @@ class ApproxAttention(LinearAttentionBase):
         if fd < 0 or fd % 2:
             raise ConfigError(f"model.attention.options.feature_dim={fd} must be a positive even number (0 = head dim)")
         if groups < 1 or self.n % groups or groups % self.tp:
-            raise ConfigError(f"approx with model.attention.options.feature_dim: {groups} key/value groups must divide "
-                              f"model.num_heads={self.n} and be divisible by parallel.tensor={self.tp}")
+            raise ConfigError(
+                f"approx with model.attention.options.feature_dim: {groups} key/value groups must divide "
+                f"model.num_heads={self.n} and be divisible by parallel.tensor={self.tp}"
+            )
         self.groups, self.kv_split, self.g_local = groups, True, groups // self.tp
         self.linear_q = column(self.d_m, self.n * fd, self.config, self.qkv_bias)
         self.linear_kv = column(self.d_m, groups * (fd + self.d_h), self.config, self.qkv_bias)
@@ -135,7 +138,7 @@ class ApproxAttention(LinearAttentionBase):
             return super().grouped_kv(x)
         kv = self.linear_kv(x)[0]
         kv = kv.view(kv.shape[0], kv.shape[1], self.g_local, self.feature_dim + self.d_h)
-        return kv[..., :self.feature_dim], kv[..., self.feature_dim:]
+        return kv[..., : self.feature_dim], kv[..., self.feature_dim :]
 
     def qkv(self, x, rotary_pos_emb):
         q, k, v = super().qkv(x, rotary_pos_emb)
@@ -171,9 +174,13 @@ def approx_maps(m, q, k, v, attention_mask) -> dict:
     ker = ker * valid
     probs = ker / ker.sum(-1, keepdim=True)
     b = probs.shape[0]
-    return {"source": "normalised Taylor kernel (1 + s + s^2/2), s = q.k/sqrt(d_h)",
-            "probs": probs.reshape(b, -1, L, L), "logits": s.reshape(b, -1, L, L), "valid": valid,
-            "check": lambda out: ((probs @ v.double()) - out.double()).abs().max().cpu()}
+    return {
+        "source": "normalised Taylor kernel (1 + s + s^2/2), s = q.k/sqrt(d_h)",
+        "probs": probs.reshape(b, -1, L, L),
+        "logits": s.reshape(b, -1, L, L),
+        "valid": valid,
+        "check": lambda out: ((probs @ v.double()) - out.double()).abs().max().cpu(),
+    }
 
 
 @dataclass(frozen=True)
@@ -182,12 +189,22 @@ class ApproxOptions:
 
     chunk_size: int = 0  # chunk length of the chunked form (0 = auto)
     feature_dim: int = 0  # Based's projected feature dim d' of q, k before the Taylor map (0 = d_h)
-    RANGES = {"chunk_size": (0, None, False, False, "chunk length; 0 = auto"),
-              "feature_dim": (0, None, False, False, "approx's projected feature dim d'; 0 = d_h")}
+    RANGES = {
+        "chunk_size": (0, None, False, False, "chunk length; 0 = auto"),
+        "feature_dim": (0, None, False, False, "approx's projected feature dim d'; 0 = d_h"),
+    }
 
 
-@register_attention("approx", costs=ApproxCosts, options=ApproxOptions, maps=approx_maps, caps=AttentionCaps(thesis_name="Approx.", chapters=(4,)),
-                    export_spec=lambda att: {"chunk_size": int(getattr(att, "chunk_size", 0) or 0),
-                                             "feature_dim": int(att.feature_dim if att.feature_dim != att.d_h else 0)})
+@register_attention(
+    "approx",
+    costs=ApproxCosts,
+    options=ApproxOptions,
+    maps=approx_maps,
+    caps=AttentionCaps(thesis_name="Approx.", chapters=(4,)),
+    export_spec=lambda att: {
+        "chunk_size": int(getattr(att, "chunk_size", 0) or 0),
+        "feature_dim": int(att.feature_dim if att.feature_dim != att.d_h else 0),
+    },
+)
 def approx_spec(cfg) -> ModuleSpec:
     return ModuleSpec(module=ApproxAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})

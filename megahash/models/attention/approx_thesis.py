@@ -46,6 +46,7 @@ Packed documents (``ForwardState.document_ids``): the sums restart at each docum
 form, without a loop over documents (docs/attention.md "Packed documents: linear and recurrent kinds"). No attention dropout. Parameters equal
 ``mha`` exactly (``linear_q``, ``linear_kv``, ``linear_proj``).
 """
+
 from __future__ import annotations
 
 import math
@@ -85,8 +86,9 @@ class ThesisTaylorReference(LinearAttention):
             return orders_bidirectional(qh, kh, vh, km, positive=positive, doc=doc)
         keys = ("s0", "s1", "z1", "s2", "z2")
         state = cached_state(cache, keys)
-        out, state = orders_causal(qh, kh, vh, chunk_size or 128, state, offset if state else 0,
-                                   cache is not None, positive=positive, doc=doc)
+        out, state = orders_causal(
+            qh, kh, vh, chunk_size or 128, state, offset if state else 0, cache is not None, positive=positive, doc=doc
+        )
         store_state(cache, keys, state)
         return out
 
@@ -103,8 +105,9 @@ class ApproxThesisAttention(LinearAttentionBase):
         self.chunk_size = opts.chunk_size if opts is not None else 0
         self.denominator = opts.denominator if opts is not None else "literal"
         if self.denominator not in DENOMINATORS:
-            raise ConfigError(f"model.attention.options.denominator={self.denominator!r}: expected one of "
-                              f"{', '.join(DENOMINATORS)}")
+            raise ConfigError(
+                f"model.attention.options.denominator={self.denominator!r}: expected one of {', '.join(DENOMINATORS)}"
+            )
         self.positive = self.denominator == "positive"
 
     def qkv(self, x, rotary_pos_emb):
@@ -112,8 +115,9 @@ class ApproxThesisAttention(LinearAttentionBase):
         return rope(q, rotary_pos_emb, self.config), rope(k, rotary_pos_emb, self.config), v
 
     def kernel(self, qh, kh, vh, km, cache, doc, offset):
-        return ThesisTaylorReference.orders(qh, kh, vh, km, cache, doc, offset, self.causal, self.chunk_size,
-                                            self.positive)
+        return ThesisTaylorReference.orders(
+            qh, kh, vh, km, cache, doc, offset, self.causal, self.chunk_size, self.positive
+        )
 
 
 # ----------------------------------------------------------------------------- self-description
@@ -142,14 +146,21 @@ def approx_thesis_maps(m, q, k, v, attention_mask) -> dict:
 
     def check(out):
         qd, kd, vd = q.double(), k.double(), v.double()
-        ref = (orders_causal(qd, kd, vd, L, positive=m.positive)[0] if m.causal
-               else orders_bidirectional(qd, kd, vd, positive=m.positive))
+        ref = (
+            orders_causal(qd, kd, vd, L, positive=m.positive)[0]
+            if m.causal
+            else orders_bidirectional(qd, kd, vd, positive=m.positive)
+        )
         return ((3 * probs @ vd) - ref).abs().max().cpu()
 
-    return {"source": "(1/i + first-order/its sum + second-order/its sum)/3 of eq. 4.14-4.17 "
-                      "(rows sum to 1; the first-order term can be negative)",
-            "probs": probs.reshape(b, -1, L, L), "logits": s.expand_as(probs).reshape(b, -1, L, L), "valid": valid,
-            "check": check}
+    return {
+        "source": "(1/i + first-order/its sum + second-order/its sum)/3 of eq. 4.14-4.17 "
+        "(rows sum to 1; the first-order term can be negative)",
+        "probs": probs.reshape(b, -1, L, L),
+        "logits": s.expand_as(probs).reshape(b, -1, L, L),
+        "valid": valid,
+        "check": check,
+    }
 
 
 @dataclass(frozen=True)
@@ -163,7 +174,13 @@ class ApproxThesisOptions:
     RANGES = {"chunk_size": (0, None, False, False, "chunk length; 0 = auto")}
 
 
-@register_attention("approx-thesis", costs=ApproxThesisCosts, options=ApproxThesisOptions, caps=AttentionCaps(thesis_name="Approx."),
-                    maps=approx_thesis_maps, export_spec=lambda att: {"chunk_size": int(att.chunk_size or 0), "denominator": att.denominator})
+@register_attention(
+    "approx-thesis",
+    costs=ApproxThesisCosts,
+    options=ApproxThesisOptions,
+    caps=AttentionCaps(thesis_name="Approx."),
+    maps=approx_thesis_maps,
+    export_spec=lambda att: {"chunk_size": int(att.chunk_size or 0), "denominator": att.denominator},
+)
 def approx_thesis_spec(cfg) -> ModuleSpec:
     return ModuleSpec(module=ApproxThesisAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})

@@ -23,6 +23,7 @@ each kind stores what it needs there (keys/values, recurrent sums, ...).
 Parameter naming: everything except ``linear_proj`` is the "qkv" part of a kind
 (:meth:`AttentionBase.qkv_parameters`), which is what [Xue25] Table 3.4 counts.
 """
+
 from __future__ import annotations
 
 import torch
@@ -69,8 +70,12 @@ def gather_input(x: torch.Tensor, config) -> torch.Tensor:
     if tp_size() == 1:
         return x
     if config.sequence_parallel:
-        return tensor_parallel.gather_from_sequence_parallel_region(x, tensor_parallel_output_grad=True, group=parallel_state.get_tensor_model_parallel_group())
-    return tensor_parallel.copy_to_tensor_model_parallel_region(x, group=parallel_state.get_tensor_model_parallel_group())
+        return tensor_parallel.gather_from_sequence_parallel_region(
+            x, tensor_parallel_output_grad=True, group=parallel_state.get_tensor_model_parallel_group()
+        )
+    return tensor_parallel.copy_to_tensor_model_parallel_region(
+        x, group=parallel_state.get_tensor_model_parallel_group()
+    )
 
 
 class ReplicatedLinear(torch.nn.Module):
@@ -97,7 +102,7 @@ class PerHeadParameter(MegatronModule):
         tp, r = tp_size(), tp_rank()
         local = heads // tp
         full = master_init(config, heads, dim)
-        self.weight = torch.nn.Parameter(full[r * local:(r + 1) * local].clone())
+        self.weight = torch.nn.Parameter(full[r * local : (r + 1) * local].clone())
         tensor_parallel.set_tensor_model_parallel_attributes(self.weight, True, 0, 1)
 
     def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
@@ -109,8 +114,13 @@ class PerHeadParameter(MegatronModule):
 def column(in_f: int, out_f: int, config, bias: bool) -> ColumnParallelLinear:
     """Per-head projection split over TP (output rows), sequence gathered under SP."""
     return ColumnParallelLinear(
-        in_f, out_f, config=config, init_method=config.init_method, bias=bias,
-        gather_output=False, skip_bias_add=False,
+        in_f,
+        out_f,
+        config=config,
+        init_method=config.init_method,
+        bias=bias,
+        gather_output=False,
+        skip_bias_add=False,
     )
 
 
@@ -128,8 +138,13 @@ def rope(t: torch.Tensor, rotary_pos_emb, config) -> torch.Tensor:
     if rotary_pos_emb is None:
         return t
     freqs = rotary_pos_emb[0] if isinstance(rotary_pos_emb, tuple) else rotary_pos_emb
-    if (freqs.shape[-1] != t.shape[-1] or config.apply_rope_fusion or config.rotary_interleaved
-            or getattr(config, "multi_latent_attention", False) or getattr(config, "context_parallel_size", 1) > 1):
+    if (
+        freqs.shape[-1] != t.shape[-1]
+        or config.apply_rope_fusion
+        or config.rotary_interleaved
+        or getattr(config, "multi_latent_attention", False)
+        or getattr(config, "context_parallel_size", 1) > 1
+    ):
         return apply_rotary_pos_emb(t, freqs, config)
     cos, sin = rope_tables(freqs, t.dtype)
     return t * cos + torch.roll(t, t.shape[-1] // 2, dims=-1) * sin
@@ -145,7 +160,7 @@ def rope_tables(freqs: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, 
         return cached[1], cached[2]
     cos = torch.cos(freqs).to(dtype)
     sin = torch.sin(freqs).to(dtype)
-    sin = torch.cat((-sin[..., : sin.shape[-1] // 2], sin[..., sin.shape[-1] // 2:]), dim=-1)  # the table only
+    sin = torch.cat((-sin[..., : sin.shape[-1] // 2], sin[..., sin.shape[-1] // 2 :]), dim=-1)  # the table only
     if not torch.compiler.is_compiling():
         freqs._megahash_rope = (dtype, cos, sin)
     return cos, sin
@@ -196,8 +211,13 @@ class AttentionBase(MegatronModule):
     # -- helpers --------------------------------------------------------------------------
     def build_proj(self, in_features: int) -> None:
         self.linear_proj = RowParallelLinear(
-            in_features, self.d_m, config=self.config, init_method=self.config.output_layer_init_method,
-            bias=self.config.add_bias_linear, input_is_parallel=True, skip_bias_add=True,
+            in_features,
+            self.d_m,
+            config=self.config,
+            init_method=self.config.output_layer_init_method,
+            bias=self.config.add_bias_linear,
+            input_is_parallel=True,
+            skip_bias_add=True,
         )
         if self.linear_proj.bias is not None:  # added after the reduce-scatter: partial grads under SP
             mark_sequence_parallel([self.linear_proj.bias], self.config.sequence_parallel)
@@ -230,12 +250,27 @@ class AttentionBase(MegatronModule):
     def mix(self, x, attention_mask, rotary_pos_emb, state):  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def forward(self, hidden_states, attention_mask=None, inference_context=None, rotary_pos_emb=None,
-                rotary_pos_cos=None, rotary_pos_sin=None, attention_bias=None, packed_seq_params=None,
-                sequence_len_offset=None, **_kw):
+    def forward(
+        self,
+        hidden_states,
+        attention_mask=None,
+        inference_context=None,
+        rotary_pos_emb=None,
+        rotary_pos_cos=None,
+        rotary_pos_sin=None,
+        attention_bias=None,
+        packed_seq_params=None,
+        sequence_len_offset=None,
+        **_kw,
+    ):
         state = inference_context if inference_context is not None else ForwardState()
-        if self.config.recompute_granularity == "selective" and state.recompute and self.training \
-                and torch.is_grad_enabled() and state.cache(self.layer_number) is None:
+        if (
+            self.config.recompute_granularity == "selective"
+            and state.recompute
+            and self.training
+            and torch.is_grad_enabled()
+            and state.cache(self.layer_number) is None
+        ):
             out = self._recomputed_mix(hidden_states, attention_mask, rotary_pos_emb, state)
         else:
             out = self.mix(hidden_states, attention_mask, rotary_pos_emb, state)

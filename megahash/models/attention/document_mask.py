@@ -9,6 +9,7 @@ tensor) or SDPA with a mask built once per forward (additive, in the queries' dt
 layers. A token always sees itself, so a padding query whose document holds only padding keys gets a
 finite output.
 """
+
 from __future__ import annotations
 
 import torch
@@ -74,11 +75,17 @@ def attend(q, k, v, document_ids, causal: bool, keep=None, scale=None, dropout_p
     b = q.shape[0]
     keep = None if keep is None else keep.bool()
     if accelerator.document_attention_kernel(q.device, dropout_p > 0) == "flex":
-        bm = _cached(document_ids, ("flex", b, causal, keep is not None),
-                     lambda: block_mask(document_ids, b, causal, keep, compiled=True))
+        bm = _cached(
+            document_ids,
+            ("flex", b, causal, keep is not None),
+            lambda: block_mask(document_ids, b, causal, keep, compiled=True),
+        )
         return accelerator.flex_attention(q.device)(q, k, v, block_mask=bm, scale=scale)
-    mask = _cached(document_ids, ("sdpa", b, causal, keep is not None, q.dtype),
-                   lambda: additive_mask(boolean_mask(document_ids, b, causal, keep), q.dtype))
+    mask = _cached(
+        document_ids,
+        ("sdpa", b, causal, keep is not None, q.dtype),
+        lambda: additive_mask(boolean_mask(document_ids, b, causal, keep), q.dtype),
+    )
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
 
 

@@ -7,6 +7,7 @@ attention otherwise (eq. 3.3). Table 3.4 count d^2 n^2 (only W^Q, d_m x d_m). Ea
 takes the columns of its own heads from the gathered input (their gradients are summed over
 TP by the gather). RoPE rotates the keys, so the KV cache holds rotated keys and raw values.
 """
+
 from __future__ import annotations
 
 import torch.nn as nn
@@ -46,7 +47,7 @@ class ELAttention(SoftmaxAttentionBase):
         full = gather_input(x, self.config)
         width = self.n_local * self.d_h
         r = tp_rank()
-        kv = heads(full[..., r * width:(r + 1) * width], self.n_local)
+        kv = heads(full[..., r * width : (r + 1) * width], self.n_local)
         return q, kv, kv
 
 

@@ -55,6 +55,7 @@ Options (``model.attention.options``, :class:`FixedInputOptions`): ``fixed_text`
 Parameters: ``linear_q`` (n*d_h), ``linear_k`` and ``linear_v`` (g*d_h each, model.num_query_groups),
 ``linear_proj``: exactly the count of ``mha``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -106,9 +107,11 @@ class FixedQKReference(SeparateQKV):
         q_all, k_all = ctx["fixed"][ctx["layer"]]
         off, s = ctx["offset"], x.shape[1]
         if off + s > q_all.shape[1]:
-            raise ValueError(f"{self.kind}: positions up to {off + s} exceed the fixed input ({q_all.shape[1]} positions)")
+            raise ValueError(
+                f"{self.kind}: positions up to {off + s} exceed the fixed input ({q_all.shape[1]} positions)"
+            )
         v = append_state(cache, "v", v)
-        return self.shared_attend(q_all[:, off:off + s], k_all[:, :off + s], v, ctx.get("key_mask"))
+        return self.shared_attend(q_all[:, off : off + s], k_all[:, : off + s], v, ctx.get("key_mask"))
 
 
 @register_reference("input:rndembqk")
@@ -136,8 +139,11 @@ class FixedInputReference(torch.nn.Module):
         self._cache = None
 
     def context(self, model, needed: int) -> dict:
-        layers = [i for i, layer in enumerate(model.decoder.layers)
-                  if getattr(layer.self_attention, "reads_fixed_input", False) and not layer.skip]
+        layers = [
+            i
+            for i, layer in enumerate(model.decoder.layers)
+            if getattr(layer.self_attention, "reads_fixed_input", False) and not layer.skip
+        ]
         return {"fixed": self.maps(model, needed, layers) if layers else None}
 
     def maps(self, model, needed: int, layers: list) -> dict:
@@ -162,14 +168,19 @@ class FixedInputReference(torch.nn.Module):
                 emb = model.embedding(self.tokens[:length].unsqueeze(0), None)
                 if model.embedding_extras is not None:
                     emb = model.embedding_extras(emb)
-            cos, sin = rope_cos_sin(0, length, model.config.hidden_size // model.config.num_attention_heads,
-                                    model.config.rope_theta, emb.device)
+            cos, sin = rope_cos_sin(
+                0,
+                length,
+                model.config.hidden_size // model.config.num_attention_heads,
+                model.config.rope_theta,
+                emb.device,
+            )
             if model.embedding_extras is not None:  # no RoPE: the identity rotation
                 cos, sin = torch.ones_like(cos), torch.zeros_like(sin)
             capture: dict = {}
             ctx = {"offset": 0, "cos": cos, "sin": sin, "embeddings": emb, "capture": capture, "key_mask": None}
             x = emb
-            for i, layer in enumerate(model.decoder.layers[:max(layers) + 1]):
+            for i, layer in enumerate(model.decoder.layers[: max(layers) + 1]):
                 ctx["layer"] = i
                 x = layer(x, ctx, None)
         if not model.training:
@@ -194,9 +205,11 @@ class FixedQKAttention(SeparateQKVAttention):
         if given is not None:  # positions 0..L-1 of the fixed pass (its own this step, or frozen maps)
             off, s = state.offset, v.shape[0]  # encoders: a pass over the whole fixed input; the batch's positions
             if off + s > given[0].shape[0]:
-                raise ConfigError(f"{self.kind}: positions up to {off + s} exceed the frozen fixed input "
-                                  f"({given[0].shape[0]}); freeze with a larger length")
-            q, k = given[0][off:off + s], given[1][off:off + s]
+                raise ConfigError(
+                    f"{self.kind}: positions up to {off + s} exceed the frozen fixed input "
+                    f"({given[0].shape[0]}); freeze with a larger length"
+                )
+            q, k = given[0][off : off + s], given[1][off : off + s]
         else:
             q, k = self.qk(x[:, -1:], rotary_pos_emb)  # the fixed sequence rides as the last element
             if state.capture is not None:  # the fixed input's own pass (FixedInput.run_alone, freeze)
@@ -233,8 +246,9 @@ class FixedQKAttention(SeparateQKVAttention):
             mask = (mask & keep[:, None, :]) | torch.eye(s, dtype=torch.bool, device=doc.device)
         p = self.config.attention_dropout if self.training else 0.0
         with tensor_parallel.get_cuda_rng_tracker().fork() if p > 0 else contextlib.nullcontext():
-            out = F.scaled_dot_product_attention(qr, kr, vr.to(qr.dtype), attn_mask=mask[:, None], dropout_p=p,
-                                                 scale=self.scale)
+            out = F.scaled_dot_product_attention(
+                qr, kr, vr.to(qr.dtype), attn_mask=mask[:, None], dropout_p=p, scale=self.scale
+            )
         return out.permute(2, 0, 1, 3).reshape(s, b, n_l * d).to(v.dtype)
 
 
@@ -250,13 +264,17 @@ def _spec(cfg, kind):
 class FixedInputOptions:
     """``model.attention.options`` of rndembqk / fixedseqqk (eq. 4.9-4.12)."""
 
-    fixed_text: str = "shakespeare"  # fixedseqqk: "shakespeare" (stand-in for the [Xue25] FineWeb sample), a .txt or token-id file
+    fixed_text: str = (
+        "shakespeare"  # fixedseqqk: "shakespeare" (stand-in for the [Xue25] FineWeb sample), a .txt or token-id file
+    )
     fixed_seq_length: int = 2048  # positions of the fixed input
     random_seed: int = 1234  # rndembqk: seed of the fixed random input
     random_std: float = 0.0  # rndembqk: its std (0 = model.init_std, like the embeddings)
-    RANGES = {"fixed_seq_length": (1, None, False, False, "fixed-input length"),
-              "random_seed": (0, 2**32 - 1, False, False, "seed"),
-              "random_std": (0.0, None, False, False, "std of the fixed random input; 0 = init_std")}
+    RANGES = {
+        "fixed_seq_length": (1, None, False, False, "fixed-input length"),
+        "random_seed": (0, 2**32 - 1, False, False, "seed"),
+        "random_std": (0.0, None, False, False, "std of the fixed random input; 0 = init_std"),
+    }
 
 
 class FixedQKCosts(StandardQKV):
@@ -275,7 +293,9 @@ class FixedQKCosts(StandardQKV):
         pre = phase == "prefill"
         if precomputed:
             return 2 * L * L * d + 2 * B * L * d * d if pre else 2 * B * L * d + 2 * d * d
-        return 2 * L * L * d + 2 * B * L * L * d + 6 * B * L * d * d if pre else 2 * L * d + 2 * B * L * d + 6 * B * d * d
+        return (
+            2 * L * L * d + 2 * B * L * L * d + 6 * B * L * d * d if pre else 2 * L * d + 2 * B * L * d + 6 * B * d * d
+        )
 
     @staticmethod
     def activation_bytes(B, L, d, h, t=1):
@@ -290,14 +310,24 @@ class FixedQKCosts(StandardQKV):
         return (B + 1) * L * g * d_h if frozen else (B + 2) * L * g * d_h
 
 
-@register_attention("rndembqk", costs=FixedQKCosts, options=FixedInputOptions, model_input=lambda model, cfg: _build_fixed_input(model, cfg),
-                    caps=AttentionCaps(fixed_input=True, thesis_name="RndEmbQK", chapters=(4,)))
+@register_attention(
+    "rndembqk",
+    costs=FixedQKCosts,
+    options=FixedInputOptions,
+    model_input=lambda model, cfg: _build_fixed_input(model, cfg),
+    caps=AttentionCaps(fixed_input=True, thesis_name="RndEmbQK", chapters=(4,)),
+)
 def rndembqk_spec(cfg) -> ModuleSpec:
     return _spec(cfg, "rndembqk")
 
 
-@register_attention("fixedseqqk", costs=FixedQKCosts, options=FixedInputOptions, model_input=lambda model, cfg: _build_fixed_input(model, cfg),
-                    caps=AttentionCaps(fixed_input=True, thesis_name="FixedSeqQK", chapters=(4,)))
+@register_attention(
+    "fixedseqqk",
+    costs=FixedQKCosts,
+    options=FixedInputOptions,
+    model_input=lambda model, cfg: _build_fixed_input(model, cfg),
+    caps=AttentionCaps(fixed_input=True, thesis_name="FixedSeqQK", chapters=(4,)),
+)
 def fixedseqqk_spec(cfg) -> ModuleSpec:
     return _spec(cfg, "fixedseqqk")
 
@@ -334,7 +364,9 @@ class FixedInput(KindInput):
         texts); rndembqk: nothing (its input is a seeded buffer)."""
         if self.source == "text":
             o = cfg.model.attention.options
-            self.set_tokens(texts.token_ids(o.fixed_text, o.fixed_seq_length, vocab_size, "model.attention.options.fixed_text"))
+            self.set_tokens(
+                texts.token_ids(o.fixed_text, o.fixed_seq_length, vocab_size, "model.attention.options.fixed_text")
+            )
 
     def enter(self, model, state, emb, mask, seq_len, rotary):
         """Frozen maps: handed to the layers (``state.inputs``); training: the fixed sequence's own
@@ -378,18 +410,22 @@ class FixedInput(KindInput):
                 + ("; set model.attention.options.fixed_text or call set_fixed_tokens" if self.length() == 0 else "")
             )
         if self.source == "random":
-            emb = self.epsilon[offset:offset + seq_len].unsqueeze(1).to(model.config.params_dtype)
+            emb = self.epsilon[offset : offset + seq_len].unsqueeze(1).to(model.config.params_dtype)
             if model.config.sequence_parallel:
-                emb = tensor_parallel.scatter_to_sequence_parallel_region(emb, group=parallel_state.get_tensor_model_parallel_group())
+                emb = tensor_parallel.scatter_to_sequence_parallel_region(
+                    emb, group=parallel_state.get_tensor_model_parallel_group()
+                )
             return emb
-        tokens = self.tokens[offset:offset + seq_len].unsqueeze(0)
+        tokens = self.tokens[offset : offset + seq_len].unsqueeze(0)
         try:
             emb = model.embedding(tokens, None)
             extras = getattr(model, "embedding_extras", None)  # layout=roberta: positions, types, LN
             return emb if extras is None else extras(emb)
         except Exception as e:  # hash embeddings read codes from the batch
-            raise ConfigError(f"fixedseqqk needs an embedding that works from token ids alone "
-                              f"(model.embedding={model.cfg.model.embedding!r}): {e}") from e
+            raise ConfigError(
+                f"fixedseqqk needs an embedding that works from token ids alone "
+                f"(model.embedding={model.cfg.model.embedding!r}): {e}"
+            ) from e
 
     def active(self) -> bool:
         """False when every fixed-kind layer is dropped (`skip` mode): nothing to carry."""
@@ -440,8 +476,15 @@ class FixedInput(KindInput):
         element: with gradients, not frozen, without activation recompute or dropout (which the
         pass's recomputation would have to replay)."""
         c = model.config
-        return (torch.is_grad_enabled() and model.training and self.active() and not self.frozen()
-                and c.recompute_granularity is None and not c.hidden_dropout and not c.attention_dropout)
+        return (
+            torch.is_grad_enabled()
+            and model.training
+            and self.active()
+            and not self.frozen()
+            and c.recompute_granularity is None
+            and not c.hidden_dropout
+            and not c.attention_dropout
+        )
 
     def run_alone(self, model, offset: int, seq_len: int, rotary, checkpointed: bool = True) -> dict:
         """Run the fixed sequence through the stack by itself under activation checkpointing and return
@@ -520,8 +563,7 @@ def _build_fixed_input(model, cfg):
     if len(present) > 1:
         raise ConfigError("a schedule cannot mix rndembqk and fixedseqqk layers (one fixed input per model)")
     kind = present.pop()
-    modules = [layer.self_attention for layer, k, s in zip(model.decoder.layers, kinds, skipped)
-               if k == kind and not s]
+    modules = [layer.self_attention for layer, k, s in zip(model.decoder.layers, kinds, skipped) if k == kind and not s]
     return FixedInput(cfg, model.config, kind, modules)
 
 

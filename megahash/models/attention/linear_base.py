@@ -2,6 +2,7 @@
 ``mha`` (grouped), and the kind's ``kernel`` on [b, g, rep, s, d], which calls the same function as the
 kind's plain-torch reference (a static method of it), so each kernel and its cache handling exist once
 (:mod:`megahash.ops`)."""
+
 from __future__ import annotations
 
 import torch

@@ -16,6 +16,7 @@ projection is a :class:`~megahash.models.attention.base.ReplicatedLinear` instea
 holds it whole; same master draw, so the weights do not depend on the TP size). The output
 projection is ``linear_proj`` (RowParallel).
 """
+
 from __future__ import annotations
 
 import torch.nn as nn
@@ -50,8 +51,7 @@ class GroupedQueryReference(SoftmaxAttention):
 class GroupedQueryAttention(GroupedKV, SoftmaxAttentionBase):
     """Multi-head / grouped-query / multi-query softmax attention (see module docstring)."""
 
-    def __init__(self, config, layer_number, attn_mask_type, cfg=None, groups: int | None = None, kind="mha",
-                 **kw):
+    def __init__(self, config, layer_number, attn_mask_type, cfg=None, groups: int | None = None, kind="mha", **kw):
         super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
         self.kind = kind
         self.build_grouped_qkv(groups or config.num_query_groups or self.n)
@@ -67,8 +67,10 @@ class GroupedQueryAttention(GroupedKV, SoftmaxAttentionBase):
 
 
 def _spec(cfg, kind: str, groups: int | None) -> ModuleSpec:
-    return ModuleSpec(module=GroupedQueryAttention,
-                      params={"attn_mask_type": mask_type(cfg), "cfg": cfg, "groups": groups, "kind": kind})
+    return ModuleSpec(
+        module=GroupedQueryAttention,
+        params={"attn_mask_type": mask_type(cfg), "cfg": cfg, "groups": groups, "kind": kind},
+    )
 
 
 # ----------------------------------------------------------------------------- self-description
@@ -108,8 +110,9 @@ class MQACosts(MHACosts):
         return 1
 
 
-@register_attention("mha", costs=MHACosts, caps=AttentionCaps(standard=True, qwen2=True, thesis_name="Standard",
-                                                               chapters=(3, 4)))
+@register_attention(
+    "mha", costs=MHACosts, caps=AttentionCaps(standard=True, qwen2=True, thesis_name="Standard", chapters=(3, 4))
+)
 def mha_spec(cfg) -> ModuleSpec:
     return _spec(cfg, "mha", cfg.model.num_query_groups or cfg.model.num_heads)
 

@@ -6,6 +6,7 @@ module has no ``mix`` to measure: "n/a"); no Hugging Face export. The model's pe
 (``inference_context``, :class:`megahash.models.forward_state.ForwardState`) is not megatron's KV-cache
 context, so it is not passed on; its packed documents reach the SDPA core as ``packed_seq_params``.
 """
+
 from __future__ import annotations
 
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear

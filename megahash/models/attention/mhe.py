@@ -13,6 +13,7 @@ rank (gradients summed over TP); the head embeddings ``emb_q/emb_k/emb_v`` ([n, 
 by head, so each TP rank owns its heads. RoPE is applied to Q~_i, K~_i (after psi); the KV cache
 holds the per-head K~ (rotated) and V~.
 """
+
 from __future__ import annotations
 
 import torch.nn as nn
@@ -36,8 +37,11 @@ class MultiHeadEmbeddingReference(SoftmaxAttention):
         super().__init__(config, spec)
         self.multiplicative = self.kind.endswith("mul")
         self.linear_qkv = nn.Linear(self.d_m, 3 * self.d, bias=self.qkv_bias)
-        self.emb_q, self.emb_k, self.emb_v = (PerHeadWeight(self.n, self.d), PerHeadWeight(self.n, self.d),
-                                              PerHeadWeight(self.n, self.d))
+        self.emb_q, self.emb_k, self.emb_v = (
+            PerHeadWeight(self.n, self.d),
+            PerHeadWeight(self.n, self.d),
+            PerHeadWeight(self.n, self.d),
+        )
 
     def psi(self, a, e):
         """[b, s, d] x [n, d] -> [b, n, s, d]."""
@@ -96,11 +100,13 @@ class MHECosts(GeneralisedRow):
 
 @register_attention("mhe-add", costs=MHECosts, caps=AttentionCaps(thesis_name="MHE-ADD", chapters=(3,)))
 def mhe_add_spec(cfg) -> ModuleSpec:
-    return ModuleSpec(module=MultiHeadEmbeddingAttention,
-                      params={"attn_mask_type": mask_type(cfg), "cfg": cfg, "mode": "add"})
+    return ModuleSpec(
+        module=MultiHeadEmbeddingAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg, "mode": "add"}
+    )
 
 
 @register_attention("mhe-mul", costs=MHECosts, caps=AttentionCaps(thesis_name="MHE-MUL", chapters=(3,)))
 def mhe_mul_spec(cfg) -> ModuleSpec:
-    return ModuleSpec(module=MultiHeadEmbeddingAttention,
-                      params={"attn_mask_type": mask_type(cfg), "cfg": cfg, "mode": "mul"})
+    return ModuleSpec(
+        module=MultiHeadEmbeddingAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg, "mode": "mul"}
+    )

@@ -14,6 +14,7 @@ d_m=896, n=14, qkv_bias: f = 1190, residual -12,852 of 3,213,952 per sublayer, -
 or about -0.07% of the whole ~436M model over 24 layers). With d_m divisible by 3n the match is exact.
 No decoding cache: tokens are independent.
 """
+
 from __future__ import annotations
 
 import torch.nn as nn
@@ -103,7 +104,11 @@ class MLPCosts:
         return 0
 
 
-@register_attention("mlp", costs=MLPCosts, caps=AttentionCaps(mixes_tokens=False, thesis_name="MLP", chapters=(4,)),
-                    export_spec=lambda att: {"width": int(att.width)})
+@register_attention(
+    "mlp",
+    costs=MLPCosts,
+    caps=AttentionCaps(mixes_tokens=False, thesis_name="MLP", chapters=(4,)),
+    export_spec=lambda att: {"width": int(att.width)},
+)
 def mlp_spec(cfg) -> ModuleSpec:
     return ModuleSpec(module=GatedMLPMixer, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})

@@ -26,6 +26,7 @@ Packed documents (``ForwardState.document_ids``): the sums restart at each docum
 form, without a loop over documents (docs/attention.md "Packed documents: linear and recurrent kinds").
 Attention dropout is not applied. Parameters equal ``mha`` exactly.
 """
+
 from __future__ import annotations
 
 import math
@@ -113,11 +114,16 @@ def nonapprox_maps(m, q, k, v, attention_mask) -> dict:
     L = s.shape[-1]
     probs = cumsoftmax_map(s, m.causal)
     b = probs.shape[0]
-    return {"source": "running softmax over keys e^{s_j}/sum_{u<=i} e^{s_u}, s_j = q_j.k_j/sqrt(d_h)",
-            "probs": probs.reshape(b, -1, L, L), "logit_values": s,
-            "check": lambda out: ((probs @ v.double()) - out.double()).abs().max().cpu()}
+    return {
+        "source": "running softmax over keys e^{s_j}/sum_{u<=i} e^{s_u}, s_j = q_j.k_j/sqrt(d_h)",
+        "probs": probs.reshape(b, -1, L, L),
+        "logit_values": s,
+        "check": lambda out: ((probs @ v.double()) - out.double()).abs().max().cpu(),
+    }
 
 
-@register_attention("nonapprox", costs=NonApproxCosts, maps=nonapprox_maps, caps=AttentionCaps(thesis_name="Non-apx.", chapters=(4,)))
+@register_attention(
+    "nonapprox", costs=NonApproxCosts, maps=nonapprox_maps, caps=AttentionCaps(thesis_name="Non-apx.", chapters=(4,))
+)
 def nonapprox_spec(cfg) -> ModuleSpec:
     return ModuleSpec(module=NonApproxAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})

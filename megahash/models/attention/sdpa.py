@@ -4,6 +4,7 @@ Drop-in for megatron-core's ``DotProductAttention`` (same constructor and forwar
 softmax kinds get flash / memory-efficient kernels on GPU and the math kernel on CPU.
 softmax(QK^T/sqrt(d_h)) V ([Vaswani17]; [Xue25] eq. 3.1).
 """
+
 from __future__ import annotations
 
 import math
@@ -28,16 +29,34 @@ class PackedDocuments(PackedSeqParams):
 
 
 class SDPACoreAttention(MegatronModule):
-    def __init__(self, config, layer_number: int, attn_mask_type: AttnMaskType, attention_type: str = "self",
-                 attention_dropout: float | None = None, softmax_scale: float | None = None, **_kw):
+    def __init__(
+        self,
+        config,
+        layer_number: int,
+        attn_mask_type: AttnMaskType,
+        attention_type: str = "self",
+        attention_dropout: float | None = None,
+        softmax_scale: float | None = None,
+        **_kw,
+    ):
         super().__init__(config=config)
         self.attn_mask_type = attn_mask_type
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
         kv = config.kv_channels or config.hidden_size // config.num_attention_heads
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(kv)
 
-    def forward(self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None,
-                packed_seq_params=None, document_ids=None, **_kw):
+    def forward(
+        self,
+        query,
+        key,
+        value,
+        attention_mask=None,
+        attn_mask_type=None,
+        attention_bias=None,
+        packed_seq_params=None,
+        document_ids=None,
+        **_kw,
+    ):
         """query [sq, b, np, hn], key/value [sk, b, ng, hn] -> [sq, b, np*hn]. ``document_ids`` [b, s]
         (packed documents; or those of ``packed_seq_params``, :class:`PackedDocuments`): attention inside each
         document (megahash/models/attention/document_mask.py)."""
@@ -51,8 +70,16 @@ class SDPACoreAttention(MegatronModule):
             document_ids = packed_seq_params.document_ids
         if document_ids is not None and q.shape[2] == k.shape[2]:
             keep = None if attention_mask is None else ~attention_mask.reshape(attention_mask.shape[0], -1)
-            out = document_mask.attend(q, k, v, document_ids, mask_type == AttnMaskType.causal, keep,
-                                       self.softmax_scale, self.dropout_p if self.training else 0.0)
+            out = document_mask.attend(
+                q,
+                k,
+                v,
+                document_ids,
+                mask_type == AttnMaskType.causal,
+                keep,
+                self.softmax_scale,
+                self.dropout_p if self.training else 0.0,
+            )
             b, h, s, d = out.shape
             return out.permute(2, 0, 1, 3).reshape(s, b, h * d)
         causal = mask_type == AttnMaskType.causal and attention_mask is None
@@ -65,8 +92,13 @@ class SDPACoreAttention(MegatronModule):
             mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
             causal = False
         out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal,
-            dropout_p=self.dropout_p if self.training else 0.0, scale=self.softmax_scale,
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            is_causal=causal,
+            dropout_p=self.dropout_p if self.training else 0.0,
+            scale=self.softmax_scale,
         )
         b, h, s, d = out.shape
         return out.permute(2, 0, 1, 3).reshape(s, b, h * d)

@@ -1,6 +1,7 @@
 """Shared part of the kinds whose Q, K come from another input than V (``rndembqk``/``fixedseqqk``, from
 a fixed input; ``staticembqk``, from the layer-0 embeddings): separate ``linear_q``/``linear_k``/``linear_v``
 and ONE attention map shared by the batch (:func:`megahash.ops.shared_map.parallel.shared_softmax`)."""
+
 from __future__ import annotations
 
 import math
@@ -20,8 +21,10 @@ class SeparateQKVAttention(AttentionBase):
         super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
         g = groups or config.num_query_groups or self.n
         if self.n % g or g % self.tp:
-            raise ConfigError(f"{self.kind}: num_query_groups={g} must divide num_heads={self.n} and be divisible "
-                              f"by parallel.tensor={self.tp}")
+            raise ConfigError(
+                f"{self.kind}: num_query_groups={g} must divide num_heads={self.n} and be divisible "
+                f"by parallel.tensor={self.tp}"
+            )
         self.groups, self.g_local = g, g // self.tp
         self.linear_q = column(self.d_m, self.n * self.d_h, config, self.qkv_bias)
         self.linear_k = column(self.d_m, g * self.d_h, config, self.qkv_bias)
@@ -46,8 +49,9 @@ class SeparateQKVAttention(AttentionBase):
         key_mask = self.key_padding(attention_mask, b)
         if self.training and self.config.attention_dropout > 0:
             with tensor_parallel.get_cuda_rng_tracker().fork():
-                out = shared_softmax(qh, kh, vh, self.scale, self.causal, key_mask,
-                                     lambda p: F.dropout(p, self.config.attention_dropout))
+                out = shared_softmax(
+                    qh, kh, vh, self.scale, self.causal, key_mask, lambda p: F.dropout(p, self.config.attention_dropout)
+                )
         else:
             out = shared_softmax(qh, kh, vh, self.scale, self.causal, key_mask)
         return out.permute(3, 0, 1, 2, 4).reshape(s, b, n_l * d)  # [b, g, rep, s, d] -> [s, b, n_l*d]

@@ -7,6 +7,7 @@ master draw as megatron's CPU init; gradients summed over TP) and each rank feed
 d/tp of the head output to the RowParallel ``linear_proj`` (d -> d_m): together the ranks compute
 the full projection. KV cache: one head of keys and values.
 """
+
 from __future__ import annotations
 
 import torch.nn as nn
@@ -54,7 +55,7 @@ class SingleHeadAttention(SoftmaxAttentionBase):
     def select_output(self, out):
         part = self.d_h // self.tp
         r = tp_rank()
-        return out[..., r * part:(r + 1) * part]
+        return out[..., r * part : (r + 1) * part]
 
 
 # ----------------------------------------------------------------------------- self-description

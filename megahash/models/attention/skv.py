@@ -6,6 +6,7 @@ projection matrix", after [Kitaev20]), Q_i = X W_i^Q; softmax attention otherwis
 each, head-major); RoPE rotates the keys only, so the KV cache stores the rotated keys and the
 values (which are the unrotated shared projection).
 """
+
 from __future__ import annotations
 
 import torch.nn as nn

@@ -1,6 +1,7 @@
 """Shared parts of the softmax attention kinds: grouped K/V projections (split or replicated over TP)
 and the project -> RoPE -> KV cache -> SDPA core pipeline (``mha``/``gqa``/``mqa``, ``sha``, ``mhe-*``,
 ``skv``, ``el-att`` build on it; the linear kinds reuse :class:`GroupedKV`)."""
+
 from __future__ import annotations
 
 import torch
@@ -44,7 +45,8 @@ class GroupedKV:
             rep = n // groups
             r = tp_rank()
             self.register_buffer(
-                "head_group", torch.tensor([(r * self.n_local + i) // rep for i in range(self.n_local)]),
+                "head_group",
+                torch.tensor([(r * self.n_local + i) // rep for i in range(self.n_local)]),
                 persistent=False,
             )
 

@@ -17,6 +17,7 @@ inputs, so full activation recompute (``train.recompute=full``), which re-runs t
 forward pass has ended and backpropagates from there, cannot replay it; the module refuses that
 setting (selective recompute, which takes the state's tensors as its inputs, and none are fine).
 """
+
 from __future__ import annotations
 
 from megatron.core import tensor_parallel
@@ -50,14 +51,18 @@ class StaticEmbQKAttention(SeparateQKVAttention):
     def __init__(self, config, layer_number, attn_mask_type, cfg=None, **kw):
         super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
         if config.recompute_granularity == "full":
-            raise ConfigError("staticembqk reads the layer-0 embeddings from the forward state, which full activation "
-                              "recompute cannot replay; use train.recompute=none or selective")
+            raise ConfigError(
+                "staticembqk reads the layer-0 embeddings from the forward state, which full activation "
+                "recompute cannot replay; use train.recompute=none or selective"
+            )
         self.core_attention = SDPACoreAttention(config, layer_number, attn_mask_type)
 
     def mix(self, x, attention_mask, rotary_pos_emb, state):
         emb = state.embeddings
         if emb is None:
-            raise ConfigError("staticembqk needs the layer-0 embeddings in the forward state (run it inside MegahashLM)")
+            raise ConfigError(
+                "staticembqk needs the layer-0 embeddings in the forward state (run it inside MegahashLM)"
+            )
         q, k = self.qk(emb, rotary_pos_emb)
         v = heads(self.linear_v(x)[0], self.g_local)
         cache = state.cache(self.layer_number)
@@ -99,7 +104,6 @@ class StaticEmbQKCosts(StandardQKV):
         return 2 * B * L * g * d_h
 
 
-@register_attention("staticembqk", costs=StaticEmbQKCosts,
-                    caps=AttentionCaps(thesis_name="StaticEmbQK", chapters=(4,)))
+@register_attention("staticembqk", costs=StaticEmbQKCosts, caps=AttentionCaps(thesis_name="StaticEmbQK", chapters=(4,)))
 def staticembqk_spec(cfg) -> ModuleSpec:
     return ModuleSpec(module=StaticEmbQKAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})

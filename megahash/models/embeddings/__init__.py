@@ -5,6 +5,7 @@ eq. 2.12), ``pool`` (eq. 2.1), ``add`` (eq. 2.2), ``proj`` (eq. 2.3), ``bert-has
 ``rolling`` (EELBERT, [Cohn23]). See :mod:`megahash.models.embeddings.base` for the shared rules
 (special-token table, TP/SP, the extra word row of Table 2.2).
 """
+
 from __future__ import annotations
 
 

@@ -12,6 +12,7 @@ Computed without materialising T x d per token: since B^j[tau_j] = B^j[0] + tau_
 i.e. one [tokens, T] x [T, d] matmul on the unpacked bits; the constant sum_j B^j[0] / sqrt(T)
 plus the word row is one more matmul row selected by the "is a word" column (zero for specials).
 """
+
 from __future__ import annotations
 
 import math
@@ -47,8 +48,11 @@ class AddReference(TorchHashEmbedding):
         return torch.matmul(x, a)
 
 
-@register_embedding("add", caps=EmbeddingCaps(sr_random="bits-density", example_hash_spec="lsh128"),
-                    export_meta=lambda emb, cfg: {"num_bits": emb.num_bits})
+@register_embedding(
+    "add",
+    caps=EmbeddingCaps(sr_random="bits-density", example_hash_spec="lsh128"),
+    export_meta=lambda emb, cfg: {"num_bits": emb.num_bits},
+)
 class AddEmbedding(HashEmbeddingBase):
     """e = sum_j B^j[tau_j] / sqrt(T) (eq. 2.2); codebooks [T, 2, d] (row 0 = bit 0, row 1 = bit 1)."""
 

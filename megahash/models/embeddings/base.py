@@ -35,6 +35,7 @@ embedding. The five special rows are excluded and that shared word row is counte
 Add and Proj therefore carry ``word_row`` (1 x h, added to every non-special token, initialised
 to zero), counted under "embedding".
 """
+
 from __future__ import annotations
 
 import torch
@@ -88,8 +89,7 @@ def bit_spec(cfg, embedding: str) -> int:
     spec = parse_spec(cfg, embedding)
     if not spec.is_bits:
         raise ConfigError(
-            f"model.embedding={embedding} needs bit codes (model.embed.hash_spec md5 or lshT), "
-            f"got {spec.name!r}"
+            f"model.embedding={embedding} needs bit codes (model.embed.hash_spec md5 or lshT), got {spec.name!r}"
         )
     t = spec.num_bits
     if cfg.model.embed.num_bits != t:
@@ -139,7 +139,9 @@ class EmbeddingOutput(MegatronModule):
     def finish(self, emb: torch.Tensor) -> torch.Tensor:
         emb = emb.transpose(0, 1).contiguous()
         if self.config.sequence_parallel:
-            emb = tensor_parallel.scatter_to_sequence_parallel_region(emb, group=parallel_state.get_tensor_model_parallel_group())
+            emb = tensor_parallel.scatter_to_sequence_parallel_region(
+                emb, group=parallel_state.get_tensor_model_parallel_group()
+            )
             with tensor_parallel.get_cuda_rng_tracker().fork():
                 return self.dropout(emb)
         return self.dropout(emb)
@@ -199,7 +201,7 @@ class HashEmbeddingBase(EmbeddingOutput):
             return x
         n = x.shape[0] // tp
         r = parallel_state.get_tensor_model_parallel_rank()
-        return x[r * n:(r + 1) * n]
+        return x[r * n : (r + 1) * n]
 
     def _special_rows(self, tok: torch.Tensor) -> torch.Tensor:
         """Row of ``special`` of each token (its role), -1 for ordinary tokens."""
@@ -256,7 +258,11 @@ class HashEmbeddingBase(EmbeddingOutput):
 
     def param_report(self) -> dict:
         """Global (all TP ranks) parameter counts: {"embedding": n, "special": n}."""
-        tp = parallel_state.get_tensor_model_parallel_world_size() if parallel_state.model_parallel_is_initialized() else 1
+        tp = (
+            parallel_state.get_tensor_model_parallel_world_size()
+            if parallel_state.model_parallel_is_initialized()
+            else 1
+        )
         total = 0
         for name, p in self.named_parameters():
             if name == "special":
@@ -301,4 +307,3 @@ def md5_mod(codes: torch.Tensor, n: int) -> torch.Tensor:
     for j in range(codes.shape[-1]):
         r = (r * 256 + c[..., j]) % n
     return r
-

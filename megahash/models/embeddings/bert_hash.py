@@ -7,6 +7,7 @@ Parameters |V| x P + P x d ([NeuML25]: 30,522 x 5 + 5 x 768 = 156,450; "projecti
 ``model.embed.options.projections`` is P. The five special ids use the shared special table like every
 hash embedding (their H rows are kept so the count is [NeuML25]'s formula).
 """
+
 from __future__ import annotations
 
 import math
@@ -46,8 +47,12 @@ class BertHashOptions:
     RANGES = {"projections": (1, None, False, False, "bert-hash projections")}
 
 
-@register_embedding("bert-hash", caps=EmbeddingCaps(reads_hash_codes=False, sr_random="token"), options=BertHashOptions,
-                    export_meta=lambda emb, cfg: {"projections": emb.projections})
+@register_embedding(
+    "bert-hash",
+    caps=EmbeddingCaps(reads_hash_codes=False, sr_random="token"),
+    options=BertHashOptions,
+    export_meta=lambda emb, cfg: {"projections": emb.projections},
+)
 class BertHashEmbedding(HashEmbeddingBase):
     """e = Linear_{P->d}(H[token]) with H [|V|, P] ([NeuML25])."""
 

@@ -15,6 +15,7 @@ megatron's; rows are padded to a multiple of TP, padding not counted). Each rank
 it owns with an ``embedding_bag`` whose per-sample weight is 0 for specials and foreign rows, then
 the partial sums are all-reduced (or reduce-scattered to the sequence-parallel slice under SP).
 """
+
 from __future__ import annotations
 
 import torch
@@ -49,8 +50,11 @@ class HashEmbReference(TorchHashEmbedding):
         return self.table(ids * word)
 
 
-@register_embedding("hash-emb", caps=EmbeddingCaps(sr_random="bits-uniform", example_hash_spec="md5-bucket64"),
-                    export_meta=lambda emb, cfg: {"num_rows": emb.num_rows, "mode": emb.mode, "padded_rows": emb.padded_rows})
+@register_embedding(
+    "hash-emb",
+    caps=EmbeddingCaps(sr_random="bits-uniform", example_hash_spec="md5-bucket64"),
+    export_meta=lambda emb, cfg: {"num_rows": emb.num_rows, "mode": emb.mode, "padded_rows": emb.padded_rows},
+)
 class HashEmbedding(HashEmbeddingBase):
     """e = E[bucket] over an N x d table (eq. 2.12), row-split over TP."""
 
@@ -62,8 +66,10 @@ class HashEmbedding(HashEmbeddingBase):
         tp = parallel_state.get_tensor_model_parallel_world_size()
         self.padded_rows = -(-self.num_rows // tp) * tp
         self.table = tensor_parallel.VocabParallelEmbedding(
-            num_embeddings=self.padded_rows, embedding_dim=config.hidden_size,
-            init_method=config.init_method, config=config,
+            num_embeddings=self.padded_rows,
+            embedding_dim=config.hidden_size,
+            init_method=config.init_method,
+            config=config,
         )
         if not hasattr(self.table.weight, "tensor_model_parallel"):  # perform_initialization=False
             set_tensor_model_parallel_attributes(self.table.weight, is_parallel=True, dim=0, stride=1)
@@ -103,6 +109,10 @@ class HashEmbedding(HashEmbeddingBase):
             return out
         out = out.view(s, b, -1)
         if self.config.sequence_parallel:
-            return tensor_parallel.reduce_scatter_to_sequence_parallel_region(out, group=parallel_state.get_tensor_model_parallel_group())  # [s/TP, b, h], fresh
+            return tensor_parallel.reduce_scatter_to_sequence_parallel_region(
+                out, group=parallel_state.get_tensor_model_parallel_group()
+            )  # [s/TP, b, h], fresh
         # the all-reduce returns its input as a view: the base copies it before writing the specials
-        return tensor_parallel.reduce_from_tensor_model_parallel_region(out, group=parallel_state.get_tensor_model_parallel_group())
+        return tensor_parallel.reduce_from_tensor_model_parallel_region(
+            out, group=parallel_state.get_tensor_model_parallel_group()
+        )

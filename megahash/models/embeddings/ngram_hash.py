@@ -26,6 +26,7 @@ without sequence parallelism every rank adds the term to the whole sequence and 
 with it each rank adds it to its own sequence slice and the gradients are summed over the TP group.
 The table carries megatron-core's ``is_embedding_or_output_parameter`` marker (an embedding: AdamW, not Muon).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -75,7 +76,7 @@ class NgramHashReference(nn.Module):
         """(ids with the carried previous ones in front, position of its first id, the ids to carry on)."""
         full = tokens if carried is None else torch.cat([carried.to(tokens.device), tokens], dim=1)
         first = offset - (0 if carried is None else carried.shape[1])
-        return full, first, full[:, max(0, full.shape[1] - keep):]
+        return full, first, full[:, max(0, full.shape[1] - keep) :]
 
     def reset(self) -> None:
         pass
@@ -90,7 +91,7 @@ class NgramHashReference(nn.Module):
         full, first, keep = self.window(input_ids, carried, offset, max(self.orders) - 1)
         if cache is not None:
             cache.inputs["ngram_hash"] = keep
-        rows = self.rows(full, first, self.orders, self.buckets)[:, full.shape[1] - input_ids.shape[1]:]
+        rows = self.rows(full, first, self.orders, self.buckets)[:, full.shape[1] - input_ids.shape[1] :]
         term = F.linear(F.embedding(rows, self.table).sum(dim=-2), self.proj)
         return emb + term.to(emb.dtype)
 
@@ -102,8 +103,10 @@ class NgramHashOptions:
     ngram_hash_orders: str = "2,3"  # comma-separated n-gram orders, each 2 or 3
     ngram_hash_buckets: int = 0  # B: buckets per order (the last one reserved for the first n-1 positions); 0 = off
     ngram_hash_dim: int = 32  # d: columns of the table (projected to the hidden size)
-    RANGES = {"ngram_hash_buckets": (0, None, False, False, "buckets per order (0 = off)"),
-              "ngram_hash_dim": (1, None, False, False, "n-gram table width")}
+    RANGES = {
+        "ngram_hash_buckets": (0, None, False, False, "buckets per order (0 = off)"),
+        "ngram_hash_dim": (1, None, False, False, "n-gram table width"),
+    }
 
 
 class NgramHashCosts:
@@ -158,13 +161,13 @@ class NgramHashInput(KindInput):
         full, first, keep = NgramHashReference.window(tokens, carried, offset, max(self.orders) - 1)
         if decode_state is not None:
             decode_state.inputs[self.attr] = keep
-        rows = NgramHashReference.rows(full, first, self.orders, self.buckets)[:, full.shape[1] - tokens.shape[1]:]
+        rows = NgramHashReference.rows(full, first, self.orders, self.buckets)[:, full.shape[1] - tokens.shape[1] :]
         rows = rows.transpose(0, 1)  # [s, b, K]
         tp = parallel_state.get_tensor_model_parallel_world_size()
         if self.sequence_parallel and tp > 1:  # this rank's slice of the sequence (as the embedding's scatter)
             n = rows.shape[0] // tp
             r = parallel_state.get_tensor_model_parallel_rank()
-            rows = rows[r * n:(r + 1) * n]
+            rows = rows[r * n : (r + 1) * n]
         term = F.linear(F.embedding(rows, self.table).sum(dim=-2), self.proj)
         return emb + term.to(emb.dtype)
 

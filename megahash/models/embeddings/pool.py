@@ -15,6 +15,7 @@ tensor is ever materialised (the EmbeddingBag trick of [Xue25] sec. 2.9); specia
 The backward (:class:`_PoolBag`) accumulates chunk by chunk into one 2^k x d buffer instead of
 a ceil(T/k) 2^k x d gradient table.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ class PoolReference(TorchHashEmbedding):
         e, h = config.embed, config.hidden_size
         self.num_bits, self.k = int(e["num_bits"]), int(e["pool_bits"])
         self.num_chunks = -(-self.num_bits // self.k)
-        self.codebook = nn.Parameter(torch.zeros(2 ** self.k, h))
+        self.codebook = nn.Parameter(torch.zeros(2**self.k, h))
         self.chunk_logits = nn.Parameter(torch.zeros(self.num_chunks, h))
         self.word_row = nn.Parameter(torch.zeros(h))
 
@@ -80,8 +81,12 @@ class PoolOptions:
     RANGES = {"pool_bits": (1, 20, False, False, "bits per pool chunk; the codebook has 2^k rows")}
 
 
-@register_embedding("pool", caps=EmbeddingCaps(sr_random="bits-uniform"), options=PoolOptions,
-                    export_meta=lambda emb, cfg: {"num_bits": emb.num_bits, "pool_bits": emb.k})
+@register_embedding(
+    "pool",
+    caps=EmbeddingCaps(sr_random="bits-uniform"),
+    options=PoolOptions,
+    export_meta=lambda emb, cfg: {"num_bits": emb.num_bits, "pool_bits": emb.k},
+)
 class PoolEmbedding(HashEmbeddingBase):
     """e = sum_i softmax(W)_i (.) B[c_i] (eq. 2.1); codebook [2^k, d], chunk weights W [ceil(T/k), d]."""
 
@@ -91,7 +96,7 @@ class PoolEmbedding(HashEmbeddingBase):
         self.k = int(cfg.model.embed.options.pool_bits)  # 1..20 (PoolOptions.RANGES)
         self.num_chunks = -(-self.num_bits // self.k)
         h = config.hidden_size
-        self.codebook = torch.nn.Parameter(torch.empty(2 ** self.k, h, dtype=config.params_dtype))
+        self.codebook = torch.nn.Parameter(torch.empty(2**self.k, h, dtype=config.params_dtype))
         self.chunk_logits = torch.nn.Parameter(torch.empty(self.num_chunks, h, dtype=config.params_dtype))
         self.word_row = torch.nn.Parameter(torch.empty(h, dtype=config.params_dtype))
         self._init(self.codebook)
@@ -100,7 +105,7 @@ class PoolEmbedding(HashEmbeddingBase):
         self.register_buffer("shifts", bit_shifts(), persistent=False)
         self.register_buffer("chunk_w", chunk_weights(self.num_bits, self.k), persistent=False)
         self.register_buffer(
-            "chunk_offsets", torch.arange(self.num_chunks, dtype=torch.long) * (2 ** self.k), persistent=False
+            "chunk_offsets", torch.arange(self.num_chunks, dtype=torch.long) * (2**self.k), persistent=False
         )
         self._finish_init()
 
@@ -130,7 +135,7 @@ class _PoolBag(torch.autograd.Function):
         n, rows = c.shape[1], codebook.shape[0]
         table = torch.empty(n * rows + 1, codebook.shape[1], dtype=codebook.dtype, device=codebook.device)
         for i in range(n):
-            torch.mul(codebook, w_hat[i], out=table[i * rows:(i + 1) * rows])
+            torch.mul(codebook, w_hat[i], out=table[i * rows : (i + 1) * rows])
         table[-1] = word_row
         offsets = torch.arange(n, device=c.device) * rows
         idx = torch.cat([c + offsets, c.new_full((c.shape[0], 1), n * rows)], dim=1)

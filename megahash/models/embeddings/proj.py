@@ -13,6 +13,7 @@ popcount. So e = (tau @ W-hat^T) * rsqrt(k (T - k) / T): one [tokens, T] x [T, d
 unpacked 0/1 bits, in fp32 (Pearson is numerically delicate); the word row rides along as an extra
 column of the matmul. A constant bit vector (k = 0 or T) has no correlation: its e is 0.
 """
+
 from __future__ import annotations
 
 import torch
@@ -55,8 +56,9 @@ class ProjReference(TorchHashEmbedding):
         return torch.matmul(x, a).to(self.special.dtype)
 
 
-@register_embedding("proj", caps=EmbeddingCaps(sr_random="bits-density"),
-                    export_meta=lambda emb, cfg: {"num_bits": emb.num_bits})
+@register_embedding(
+    "proj", caps=EmbeddingCaps(sr_random="bits-density"), export_meta=lambda emb, cfg: {"num_bits": emb.num_bits}
+)
 class ProjEmbedding(HashEmbeddingBase):
     """e = PCC(tau, w^j) for j = 1..d (eq. 2.3); weight [d, T] like a Linear(T -> d)."""
 

@@ -17,6 +17,7 @@ of the codes, computed under no_grad in exact int64 arithmetic (H < 2^31, h < 2^
 non-special parameters. ``megahash.hashing.rolling.rolling_embedding_from_codes`` is the numpy
 reference this layer is tested against.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -97,15 +98,28 @@ class RollingOptions:
     rolling_seed: int = 42
     rolling_dim: int = 0  # width of the rolling features before the optional Linear (0 = hidden)
     rolling_linear: bool = True  # Linear(rolling_dim -> hidden)
-    RANGES = {"rolling_ngram": (1, None, False, False, "largest i-gram of the rolling hash"),
-              "rolling_buckets": (2, None, False, False, "rolling-hash buckets b"),
-              "rolling_seed": (0, 2**32 - 1, False, False, "seed"),
-              "rolling_dim": (0, None, False, False, "rolling feature width; 0 = hidden size")}
+    RANGES = {
+        "rolling_ngram": (1, None, False, False, "largest i-gram of the rolling hash"),
+        "rolling_buckets": (2, None, False, False, "rolling-hash buckets b"),
+        "rolling_seed": (0, 2**32 - 1, False, False, "seed"),
+        "rolling_dim": (0, None, False, False, "rolling feature width; 0 = hidden size"),
+    }
 
 
-@register_embedding("rolling", caps=EmbeddingCaps(sr_random="batch", example_hash_spec="rolling3"), options=RollingOptions, export_meta=lambda emb, cfg: {
-    "rolling_ngram": emb.n, "max_len": emb.max_len, "width": emb.width, "rolling_buckets": emb.buckets,
-    "rolling_dim": emb.dim, "rolling_linear": emb.linear is not None, "rolling_seed": cfg.model.embed.options.rolling_seed})
+@register_embedding(
+    "rolling",
+    caps=EmbeddingCaps(sr_random="batch", example_hash_spec="rolling3"),
+    options=RollingOptions,
+    export_meta=lambda emb, cfg: {
+        "rolling_ngram": emb.n,
+        "max_len": emb.max_len,
+        "width": emb.width,
+        "rolling_buckets": emb.buckets,
+        "rolling_dim": emb.dim,
+        "rolling_linear": emb.linear is not None,
+        "rolling_seed": cfg.model.embed.options.rolling_seed,
+    },
+)
 class RollingEmbedding(HashEmbeddingBase):
     """EELBERT: fixed rolling-hash features ([Cohn23]), optional Linear(rolling_dim -> hidden)."""
 

@@ -1,4 +1,5 @@
 """Baseline vocabulary embedding: a ``VocabParallelEmbedding`` table of V x h (rows split over TP)."""
+
 from __future__ import annotations
 
 import torch
@@ -36,8 +37,10 @@ class VocabEmbedding(EmbeddingOutput):
     def __init__(self, config, cfg, vocab_size: int):
         super().__init__(config=config)
         self.word_embeddings = tensor_parallel.VocabParallelEmbedding(
-            num_embeddings=vocab_size, embedding_dim=config.hidden_size,
-            init_method=config.init_method, config=config,
+            num_embeddings=vocab_size,
+            embedding_dim=config.hidden_size,
+            init_method=config.init_method,
+            config=config,
         )
         self.dropout = torch.nn.Dropout(config.hidden_dropout)
 

@@ -31,6 +31,7 @@ vocab/hash-bucket). Replicated heads (S+R, hash-bits) see the whole sequence on 
 (under SP the hidden states are all-gathered with a split, not a reduce-scatter, in backward), so
 their parameters get identical gradients on all TP ranks.
 """
+
 from __future__ import annotations
 
 import torch
@@ -70,7 +71,9 @@ def build_head(cfg, config, vocab_size: int) -> torch.nn.Module:
 def full_sequence(hidden: torch.Tensor, config) -> torch.Tensor:
     """[s/TP, b, h] -> [s, b, h] under SP for a replicated head (backward: split, not reduce-scatter)."""
     if config.sequence_parallel and parallel_state.get_tensor_model_parallel_world_size() > 1:
-        return tensor_parallel.gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False, group=parallel_state.get_tensor_model_parallel_group())
+        return tensor_parallel.gather_from_sequence_parallel_region(
+            hidden, tensor_parallel_output_grad=False, group=parallel_state.get_tensor_model_parallel_group()
+        )
     return hidden
 
 
@@ -107,7 +110,8 @@ class _OneRankCrossEntropy(torch.autograd.Function):
 
         logits, logits_max = V.calculate_logits_max(logits)
         target_mask, masked_target_1d, predicted, sum_exp, exp_logits = V.calculate_predicted_logits(
-            logits, target, logits_max, 0, logits.size(-1))
+            logits, target, logits_max, 0, logits.size(-1)
+        )
         softmax, loss = V.calculate_cross_entropy_loss(exp_logits, predicted, sum_exp)
         ctx.save_for_backward(softmax, target_mask, masked_target_1d)
         return loss
@@ -170,11 +174,13 @@ def score_continuation(model, context_codes, continuation_codes, context_tokens=
     tp = parallel_state.get_tensor_model_parallel_world_size()
     if model.config.sequence_parallel and length % tp:  # causal: right padding changes nothing before it
         pad = tp - length % tp
-        inputs = torch.cat([inputs, torch.zeros(bsz, pad, inputs.shape[2], dtype=inputs.dtype, device=inputs.device)], 1)
+        inputs = torch.cat(
+            [inputs, torch.zeros(bsz, pad, inputs.shape[2], dtype=inputs.dtype, device=inputs.device)], 1
+        )
         targets = torch.cat([targets, torch.zeros_like(inputs[:, -pad:])], 1)
         in_tok = torch.cat([in_tok, torch.ones(bsz, pad, dtype=torch.long, device=in_tok.device)], 1)
         tgt_tok = torch.cat([tgt_tok, torch.ones(bsz, pad, dtype=torch.long, device=in_tok.device)], 1)
     hidden = model.hidden_states(in_tok, inputs)
     loss = model.head(model, hidden, labels=tgt_tok, label_codes=targets, hash_codes=inputs)  # [B, s]
-    ll = -loss[:, n_ctx - 1:n_ctx - 1 + n_cont].float().sum(dim=1)
+    ll = -loss[:, n_ctx - 1 : n_ctx - 1 + n_cont].float().sum(dim=1)
     return ll if batched else float(ll[0])

@@ -1,5 +1,6 @@
 """Hash-bits head: Linear(h -> T) predicting the target word's T hash bits (md5 / lshT codes), loss =
 sum over bits of the binary cross-entropy = -log p(code) under independent Bernoulli bits."""
+
 from __future__ import annotations
 
 import torch

@@ -1,5 +1,6 @@
 """Hash-bucket head: vocab-parallel Linear(h -> N) over the target word's bucket (md5-bucketN /
 lsh-bucketN codes, or md5 % num_buckets), softmax cross-entropy."""
+
 from __future__ import annotations
 
 import torch
@@ -46,8 +47,13 @@ class HashBucketHead(torch.nn.Module):
         tp = parallel_state.get_tensor_model_parallel_world_size()
         self.padded = -(-self.num_buckets // tp) * tp
         self.linear = tensor_parallel.ColumnParallelLinear(
-            config.hidden_size, self.padded, config=config, init_method=config.init_method, bias=False,
-            skip_bias_add=False, gather_output=False,
+            config.hidden_size,
+            self.padded,
+            config=config,
+            init_method=config.init_method,
+            bias=False,
+            skip_bias_add=False,
+            gather_output=False,
         )
 
     def bucket_ids(self, codes: torch.Tensor) -> torch.Tensor:

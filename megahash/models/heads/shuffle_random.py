@@ -1,6 +1,7 @@
 """Shuffle+Random head ([Xue25] sec. 2.3.6): Linear(h -> 3), cross-entropy over original / shuffled /
 random; labels -100 cost 0. Trained by the objective that names it as its own head (not selected by
 ``model.head``)."""
+
 from __future__ import annotations
 
 import torch
@@ -45,5 +46,7 @@ class ShuffleRandomHead(torch.nn.Module):
         logits = self.linear(full_sequence(hidden, self.config)).transpose(0, 1)  # [b, s, 3]
         if labels is None:
             return logits.contiguous()
-        loss = F.cross_entropy(logits.float().reshape(-1, 3), labels.reshape(-1).long(), ignore_index=-100, reduction="none")
+        loss = F.cross_entropy(
+            logits.float().reshape(-1, 3), labels.reshape(-1).long(), ignore_index=-100, reduction="none"
+        )
         return loss.view(labels.shape)

@@ -2,6 +2,7 @@
 vocab-parallel cross-entropy; positions labelled -100 (MLM: unmasked tokens) cost 0. For clm it is
 exactly the LM head. At one TP rank the projection and the loss run fused and chunked over tokens
 (:mod:`megahash.models.chunked_ce`: the same values, no [tokens x V] logits kept for backward)."""
+
 from __future__ import annotations
 
 import torch
@@ -23,8 +24,11 @@ class VocabHead(torch.nn.Module):
 
     def forward(self, model, hidden, labels=None, label_codes=None, hash_codes=None):
         weight = model.output_weight()
-        if (labels is not None and parallel_state.get_tensor_model_parallel_world_size() == 1
-                and not hasattr(weight, "ds_status")):  # ZeRO-3 gathers the weight in the layer's own forward
+        if (
+            labels is not None
+            and parallel_state.get_tensor_model_parallel_world_size() == 1
+            and not hasattr(weight, "ds_status")
+        ):  # ZeRO-3 gathers the weight in the layer's own forward
             # projection + cross-entropy chunked over tokens: no [tokens x V] logits kept (models/chunked_ce.py)
             lab = labels.transpose(0, 1)
             loss = linear_cross_entropy(hidden, weight, lab.clamp(min=0))

@@ -5,9 +5,15 @@
   :func:`cumsoftmax_bidirectional`: encoders;
 * :func:`cumsoftmax_recurrent` (``recurrent.py``) and :func:`naive_cumsoftmax` (``naive.py``): test
   oracles; :func:`cumsoftmax_map` (``naive.py``): the masked L x L map (the indicators' map)."""
+
 from megahash.ops.cumsoftmax.chunk import cumsoftmax_bidirectional, cumsoftmax_causal
 from megahash.ops.cumsoftmax.naive import cumsoftmax_map, naive_cumsoftmax
 from megahash.ops.cumsoftmax.recurrent import cumsoftmax_recurrent
 
-__all__ = ["cumsoftmax_bidirectional", "cumsoftmax_causal", "cumsoftmax_map", "cumsoftmax_recurrent",
-           "naive_cumsoftmax"]
+__all__ = [
+    "cumsoftmax_bidirectional",
+    "cumsoftmax_causal",
+    "cumsoftmax_map",
+    "cumsoftmax_recurrent",
+    "naive_cumsoftmax",
+]

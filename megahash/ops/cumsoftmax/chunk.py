@@ -22,6 +22,7 @@ a plain masked softmax's whatever the scores' magnitude or the values' scale (th
 ``logcumsumexp`` form lost |s| eps in the exponent and eps/|v| in the values). Work
 O(L (C + nb) d), C = max(64, L^(1/3)). Runs with autocast disabled in the inputs' dtype (the module
 passes fp32 or fp64), so its matrix products stay in that dtype."""
+
 from __future__ import annotations
 
 import math

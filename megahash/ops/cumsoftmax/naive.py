@@ -1,5 +1,6 @@
 """Naive form of the one-score-per-key softmax: the masked L x L softmax matrix (test oracle and
 the indicators' attention map), A_ij = e^{s_j} / sum_{u<=i} e^{s_u} for j <= i."""
+
 from __future__ import annotations
 
 import torch

@@ -2,6 +2,7 @@
 num_i = e^{m_{i-1} - m_i} num_{i-1} + e^{s_i - m_i} v_i, den_i likewise, o_i = num_i / den_i
 (the state is (m, num, den)): the test oracle (decoding runs
 :func:`megahash.ops.cumsoftmax.chunk.cumsoftmax_causal` with the carried state)."""
+
 from __future__ import annotations
 
 import torch
@@ -16,8 +17,11 @@ def cumsoftmax_recurrent(s, v, state=None, doc=None):
         if doc is not None and t > 0:  # a document start: the previous document's state weighs 0
             new = doc[..., t] != doc[..., t - 1]
             m_prev, num_prev, den_prev = state
-            state = (torch.where(new, s_t, m_prev), num_prev * (~new).to(v.dtype).unsqueeze(-1),
-                     den_prev * (~new).to(v.dtype))
+            state = (
+                torch.where(new, s_t, m_prev),
+                num_prev * (~new).to(v.dtype).unsqueeze(-1),
+                den_prev * (~new).to(v.dtype),
+            )
         if state is None:
             m, num, den = s_t, v_t.expand(*s_t.shape, v_t.shape[-1]), torch.ones_like(s_t)
         else:

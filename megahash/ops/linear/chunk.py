@@ -11,6 +11,7 @@ the intra-chunk maps tril(K(Q_c, K_c)) are one batched GEMM ([..., n, C, C], L*C
 L x L), the per-chunk states phi(K_c)^T V_c another, and S_{<c} is their exclusive cumulative sum
 over the chunk axis. The number of operator calls does not depend on L.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -63,7 +64,7 @@ class FeatureMatmul(torch.autograd.Function):
             grad_f, grad_b = b @ g.transpose(-1, -2), f.detach() @ g
         else:  # y = f b: dF = g b^T, db = f^T g
             grad_f, grad_b = g @ b.transpose(-1, -2), f.detach().transpose(-1, -2) @ g
-        grad_x, = torch.autograd.grad(f, xd, grad_f.sum_to_size(f.shape))
+        (grad_x,) = torch.autograd.grad(f, xd, grad_f.sum_to_size(f.shape))
         return grad_x, grad_b.sum_to_size(b.shape), None, None
 
 
@@ -75,9 +76,17 @@ def feature_matmul(features: Callable, x: torch.Tensor, b: torch.Tensor, transpo
     return (f.transpose(-1, -2) if transpose else f) @ b
 
 
-def chunk_linear(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, features: Callable, kernel: Callable,
-                 chunk: int, state: tuple | None = None, need_state: bool = False,
-                 doc: torch.Tensor | None = None):
+def chunk_linear(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    features: Callable,
+    kernel: Callable,
+    chunk: int,
+    state: tuple | None = None,
+    need_state: bool = False,
+    doc: torch.Tensor | None = None,
+):
     """(num [..., L, dv], den [..., L], state) of causal linear attention, chunked (module docstring).
 
     q [..., L, f], k [..., L, f], v [..., L, dv] (leading dims broadcast, e.g. q [b, g, rep, L, f]

@@ -1,5 +1,6 @@
 """Naive (parallel, quadratic) form of causal linear attention: the test oracle.
 A = tril(K(Q, K)) over the whole sequence, num = A V, den = A 1."""
+
 from __future__ import annotations
 
 from collections.abc import Callable

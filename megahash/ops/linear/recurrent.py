@@ -1,6 +1,7 @@
 """Recurrent form of causal linear attention, the test oracle of the chunked form (decoding runs the
 chunked form with the carried state): S_i = S_{i-1} + phi(k_i)^T v_i, z_i = z_{i-1} + phi(k_i),
 num_i = phi(q_i) S_i, den_i = phi(q_i) z_i."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -8,8 +9,14 @@ from collections.abc import Callable
 import torch
 
 
-def recurrent_linear(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, features: Callable,
-                     state: tuple | None = None, doc: torch.Tensor | None = None):
+def recurrent_linear(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    features: Callable,
+    state: tuple | None = None,
+    doc: torch.Tensor | None = None,
+):
     """Token by token: (num [..., L, dv], den [..., L], state (S [..., D, dv], z [..., D])).
     ``doc`` [..., L] document ids: the state restarts (is zeroed) at each document start."""
     nums, dens = [], []

@@ -5,6 +5,7 @@
   :func:`orders_bidirectional`: encoders;
 * :func:`orders_recurrent` (``recurrent.py``) and :func:`naive_orders` (``naive.py``): test oracles;
   :func:`orders_maps` (``naive.py``): the three normalised maps (the indicators' maps)."""
+
 from megahash.ops.orders.chunk import orders_bidirectional, orders_causal
 from megahash.ops.orders.naive import naive_orders, orders_maps
 from megahash.ops.orders.recurrent import orders_recurrent

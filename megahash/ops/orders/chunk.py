@@ -23,6 +23,7 @@ so every weight phi(q_i).phi(k_j) > 0 and o_1i is a convex combination of v_1..v
 o_2i already is (q^2 . k^2 >= 0): |o_i| <= 3 max_j |v_j|.
 State (per key/value head): s0 = sum v [dv], s1 = sum k^T v [d, dv], z1 = sum k [d],
 s2 = sum k2^T v, z2 = sum k2 (2 d dv + 2 d + dv numbers); the decoding position gives the count."""
+
 from __future__ import annotations
 
 import math
@@ -74,8 +75,9 @@ def _identity(x):
 
 
 @fp32_kernel
-def orders_causal(q, k, v, chunk: int = 128, state=None, offset: int = 0, need_state: bool = False,
-                  positive: bool = False, doc=None):
+def orders_causal(
+    q, k, v, chunk: int = 128, state=None, offset: int = 0, need_state: bool = False, positive: bool = False, doc=None
+):
     """Causal eq. 4.14-4.17: q [..., L, d], k/v [..., L, .] (leading dims broadcast); ``state`` the
     (s0, s1, z1, s2, z2) of the ``offset`` tokens before; ``positive``: the stabilised first order;
     ``doc`` [..., L] document ids: every order restarts at each document start (the zeroth order's
@@ -89,8 +91,9 @@ def orders_causal(q, k, v, chunk: int = 128, state=None, offset: int = 0, need_s
     if state is not None:
         s0, s1, z1, s2, z2 = state
         lin_state = (torch.stack([s1, s2]), torch.stack([z1, z2]))
-    num, den, lin_state = chunk_linear(qq, kk, v.unsqueeze(0), _identity, _dot, chunk or 128, lin_state, need_state,
-                                       doc)
+    num, den, lin_state = chunk_linear(
+        qq, kk, v.unsqueeze(0), _identity, _dot, chunk or 128, lin_state, need_state, doc
+    )
     if doc is None:
         num0 = torch.cumsum(v, -2)
         if state is not None:
@@ -115,8 +118,9 @@ def _zeroth_documents(v, doc, s0, offset):
     lead = torch.broadcast_shapes(ex.shape[:-2], first.shape[:-1])
     ex = ex.expand(*lead, *ex.shape[-2:])
     idx = torch.arange(1, v.shape[-2] + 1, device=v.device)
-    num0 = ex[..., 1:, :] - torch.gather(ex, -2, first.expand(*lead, first.shape[-1]).unsqueeze(-1).expand(
-        *lead, first.shape[-1], ex.shape[-1]))
+    num0 = ex[..., 1:, :] - torch.gather(
+        ex, -2, first.expand(*lead, first.shape[-1]).unsqueeze(-1).expand(*lead, first.shape[-1], ex.shape[-1])
+    )
     cnt = (idx - first).to(v.dtype)
     if s0 is not None:
         in0 = (doc == 0).to(v.dtype)
@@ -135,8 +139,11 @@ def orders_bidirectional(q, k, v, key_mask=None, positive: bool = False, doc=Non
         phi = first_order(positive)
         a1 = (phi(q) @ phi(k).transpose(-1, -2)) * valid
         a2 = (thesis_sq(q) @ thesis_sq(k).transpose(-1, -2)) * valid
-        return ((valid / valid.sum(-1, keepdim=True)) @ v + (a1 @ v) / thesis_den(a1.sum(-1, keepdim=True))
-                + (a2 @ v) / thesis_den(a2.sum(-1, keepdim=True)))
+        return (
+            (valid / valid.sum(-1, keepdim=True)) @ v
+            + (a1 @ v) / thesis_den(a1.sum(-1, keepdim=True))
+            + (a2 @ v) / thesis_den(a2.sum(-1, keepdim=True))
+        )
     if key_mask is not None:
         w = key_mask.unsqueeze(-1).to(k.dtype)
         k, v, cnt = k * w, v * w, w.sum(-2)
@@ -146,5 +153,8 @@ def orders_bidirectional(q, k, v, key_mask=None, positive: bool = False, doc=Non
     if key_mask is not None and positive:  # phi(0) = 1: drop the padded keys from z1 (s1 has v = 0 there)
         z1 = (positive_features(k) * w).sum(-2)
     q1, q2 = first_order(positive)(q), thesis_sq(q)
-    return ((s0 / cnt).unsqueeze(-2) + (q1 @ s1) / thesis_den((q1 @ z1.unsqueeze(-1)).squeeze(-1)).unsqueeze(-1)
-            + (q2 @ s2) / thesis_den((q2 @ z2.unsqueeze(-1)).squeeze(-1)).unsqueeze(-1))
+    return (
+        (s0 / cnt).unsqueeze(-2)
+        + (q1 @ s1) / thesis_den((q1 @ z1.unsqueeze(-1)).squeeze(-1)).unsqueeze(-1)
+        + (q2 @ s2) / thesis_den((q2 @ z2.unsqueeze(-1)).squeeze(-1)).unsqueeze(-1)
+    )

@@ -1,5 +1,6 @@
 """Naive (quadratic) form of Appendix I (eq. 4.14-4.17): masked matrices over the whole sequence
 (the test oracle; also the attention maps of the indicators)."""
+
 from __future__ import annotations
 
 import torch

@@ -5,6 +5,7 @@
   fixed keys, the values cached), encoders with a key mask;
 * :func:`naive_shared_softmax` (``naive.py``, autograd keeps the map): the test oracle, and the path
   :func:`shared_softmax` takes when training with attention dropout. There is no recurrent form."""
+
 from megahash.ops.shared_map.naive import naive_shared_softmax
 from megahash.ops.shared_map.parallel import shared_softmax
 

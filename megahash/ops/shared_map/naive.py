@@ -1,6 +1,7 @@
 """Naive form of the batch-shared softmax map (autograd keeps the map): the oracle of
 :class:`megahash.ops.shared_map.parallel.SharedMapAttention`, and the path with attention dropout.
 Same precision: autocast disabled, scores and softmax in float32 (float64 kept), P V in v's dtype."""
+
 from __future__ import annotations
 
 import torch

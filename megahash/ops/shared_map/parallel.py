@@ -22,6 +22,7 @@ sequence ([b, g, rep, L, T] while the forward or backward runs, as standard atte
 backward. A batch of one sequence without padding (the fixed sequence's own pass, or batch 1)
 needs no folding: it is plain attention through torch's SDPA (flash kernels on CPU and GPU, their
 accuracy), which keeps no map either."""
+
 from __future__ import annotations
 
 import torch
@@ -71,13 +72,21 @@ def _sdpa(q, k, v, scale: float, causal: bool):
     mask = None
     if causal and L != T:
         mask = torch.ones(L, T, dtype=torch.bool, device=q.device).tril(T - L)
-    out = F.scaled_dot_product_attention(q.reshape(1, g * rep, L, d), kk, vv, attn_mask=mask,
-                                         is_causal=causal and L == T, scale=scale)
+    out = F.scaled_dot_product_attention(
+        q.reshape(1, g * rep, L, d), kk, vv, attn_mask=mask, is_causal=causal and L == T, scale=scale
+    )
     return out.reshape(g, rep, L, -1)
 
 
-def shared_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool = True,
-                   key_mask: torch.Tensor | None = None, dropout=None) -> torch.Tensor:
+def shared_softmax(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    causal: bool = True,
+    key_mask: torch.Tensor | None = None,
+    dropout=None,
+) -> torch.Tensor:
     """q [g, rep, L, d], k [g, T, d] (the batch-shared queries/keys), v [b, g, T, e] -> [b, g, rep, L, e].
 
     ``key_mask`` [b, T] (True = valid, encoders): each sequence's softmax over its valid keys, masked

@@ -7,10 +7,17 @@
 * :func:`taylor_recurrent` (``recurrent.py``) and :func:`naive_taylor` (``naive.py``): test oracles;
 * :func:`taylor_kernel` / :func:`taylor_features` (``feature_map.py``): the kernel 1 + s + s^2/2 and
   its feature map phi (the kernel also gives the indicators' map)."""
+
 from megahash.ops.taylor.chunk import taylor_bidirectional, taylor_causal
 from megahash.ops.taylor.feature_map import taylor_features, taylor_kernel
 from megahash.ops.taylor.naive import naive_taylor
 from megahash.ops.taylor.recurrent import taylor_recurrent
 
-__all__ = ["naive_taylor", "taylor_bidirectional", "taylor_causal", "taylor_features", "taylor_kernel",
-           "taylor_recurrent"]
+__all__ = [
+    "naive_taylor",
+    "taylor_bidirectional",
+    "taylor_causal",
+    "taylor_features",
+    "taylor_kernel",
+    "taylor_recurrent",
+]

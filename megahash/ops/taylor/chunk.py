@@ -10,6 +10,7 @@ feature state costs 2D d_v FLOPs per token and the chunk's map 2C(d + d_v); meas
 CPU, benchmarks/results/2026-11-25_kinds_cpu_after2.md); a sequence no longer than the chunk is one
 chunk (the parallel form). On CUDA with Based's 16 features and flash-linear-attention installed,
 training and stateless prefill run fla's kernel (:mod:`megahash.ops.taylor.fla_based`)."""
+
 from __future__ import annotations
 
 from megahash.ops.linear.chunk import chunk_linear

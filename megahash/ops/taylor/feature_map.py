@@ -5,6 +5,7 @@ phi(x) = [1, x/d^(1/4), x_i x_j w_ij (each unordered pair {i, j} once)] with w_i
 w_ij = 1/sqrt(d) (i != j): the upper triangle of the symmetric x x^T/(sqrt2 sqrt d), off-diagonal
 entries counted twice through their weight, so D = 1 + d + d(d+1)/2 (2,145 at d = 64 instead of Based's 1 + d + d^2 = 4,161: half
 the state and half the feature GEMMs, the same kernel)."""
+
 from __future__ import annotations
 
 import torch
@@ -21,10 +22,10 @@ def taylor_features(x: torch.Tensor) -> torch.Tensor:
     (each unordered pair once), plus, for even d, the half row x_i x_{i+d/2} (i < d/2)."""
     d = x.shape[-1]
     h, rows = d // 2, (d + 1) // 2
-    xs = x * d ** -0.5
-    parts = [torch.ones_like(x[..., :1]), x * d ** -0.25, x * xs * 2 ** -0.5]
+    xs = x * d**-0.5
+    parts = [torch.ones_like(x[..., :1]), x * d**-0.25, x * xs * 2**-0.5]
     if rows > 1:  # win[o, i] = x[(i + 1 + o) % d], o = 0..rows-2 (offsets 1..rows-1)
-        win = torch.cat([x[..., 1:], x[..., :rows - 1]], dim=-1).unfold(-1, d, 1)
+        win = torch.cat([x[..., 1:], x[..., : rows - 1]], dim=-1).unfold(-1, d, 1)
         parts.append((xs.unsqueeze(-2) * win).flatten(-2))
     if d % 2 == 0 and d > 1:
         parts.append(xs[..., :h] * x[..., h:])

@@ -3,6 +3,7 @@ feature dimension 16, Taylor kernel 1 + s + s^2/2 with s = q.k/sqrt(16), normali
 causal training/prefill on CUDA tensors when ``fla`` is installed; megahash's own chunked form
 otherwise (always on CPU). Its denominator carries fla's +1e-6 (relative 1e-6 at worst: the kernel
 sum is >= 1/2 per key)."""
+
 from __future__ import annotations
 
 import torch
@@ -26,6 +27,7 @@ def fla_taylor(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tenso
     if kernel is None:
         return None
     b, g, rep, L, f = q.shape
+
     def bthk(t):  # [b, g, rep, L, x] -> fla's [b, L, g * rep, x]
         return t.expand(b, g, rep, L, t.shape[-1]).reshape(b, g * rep, L, t.shape[-1]).transpose(1, 2)
 

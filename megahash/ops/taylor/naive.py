@@ -1,4 +1,5 @@
 """Naive (quadratic) form of the Taylor kernel attention: the test oracle of the chunked form."""
+
 from __future__ import annotations
 
 from megahash.ops.linear.naive import naive_linear

@@ -1,5 +1,6 @@
 """Recurrent form of the Taylor kernel attention, state (S [..., D, dv], z [..., D]): the test oracle
 (decoding runs :func:`megahash.ops.taylor.chunk.taylor_causal` with the carried state)."""
+
 from __future__ import annotations
 
 from megahash.ops.linear.recurrent import recurrent_linear

@@ -9,6 +9,7 @@ inside its own chunk gets nothing from earlier chunks. So a same-document mask o
 maps, tail states per chunk, and a 0/1 chunk-to-chunk matrix W[c, c'] = [c' < c][doc_end(c') ==
 doc_start(c)] replace the exclusive cumulative sum over chunks: the number of operator calls does not
 depend on the number of documents (no Python loop over documents)."""
+
 from __future__ import annotations
 
 import torch

@@ -8,6 +8,7 @@ flash-attention and flash-linear-attention treat theirs: autocast disabled on th
 (``x.device.type``: no device is named here), float inputs in fp32 (fp64 kept: the test references),
 the output returned in the first input's dtype. The decode state it returns stays fp32 (a running
 sum of up to L terms)."""
+
 from __future__ import annotations
 
 import contextlib
