@@ -36,7 +36,7 @@ RECIPES: dict[str, tuple[list[str], list[str]]] = {
     "baseline": (QS, []),
     "muon": (QS, ["train.optimizer=muon", "train.muon_lr=0.01"]),
     # the table at the quickstart's stored parameters: 2 x 2,048 x 32 + 32 x 128, paid for by FFN 512 -> 416
-    "ngram": (QS, ["model.embed.ngram_hash_buckets=2048", "model.ffn_hidden_size=416"]),
+    "ngram": (QS, ["model.embed.options.ngram_hash_buckets=2048", "model.ffn_hidden_size=416"]),
     "ema": (QS, ["train.ema_decay=0.99", "train.ema_warmup=true"]),
     "schedule": (
         QS,

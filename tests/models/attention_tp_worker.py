@@ -61,7 +61,7 @@ def case_config(case: str, tp: int, sp: bool):
         elif (
             o == "ngram"
         ):  # the token n-gram hash table added to the embedding (megahash/models/embeddings/ngram_hash.py)
-            over += ["model.embed.ngram_hash_buckets=32", "model.embed.ngram_hash_dim=8"]
+            over += ["model.embed.options.ngram_hash_buckets=32", "model.embed.options.ngram_hash_dim=8"]
         elif o.startswith("emb="):  # an embedding kind that reads token ids (no hash codes here)
             over += [f"model.embedding={o[4:]}"]
     return load_config(None, over)

@@ -26,8 +26,8 @@ SMALL = [
     "model.tie_embeddings=false",
 ]
 NGRAM = [
-    "model.embed.ngram_hash_buckets=64",
-    "model.embed.ngram_hash_dim=8",
+    "model.embed.options.ngram_hash_buckets=64",
+    "model.embed.options.ngram_hash_dim=8",
 ]  # the old spelling (no .options): accepted
 VOCAB = 96
 
@@ -108,7 +108,7 @@ def test_bad_orders_are_one_line(one_rank):
     from megahash.models.megatron_model import build_model
 
     with pytest.raises(ConfigError, match="ngram_hash_orders='2,5'"):
-        build_model(load_config(None, [*SMALL, *NGRAM, "model.embed.ngram_hash_orders=2,5"]), VOCAB)
+        build_model(load_config(None, [*SMALL, *NGRAM, "model.embed.options.ngram_hash_orders=2,5"]), VOCAB)
 
 
 TINY = [
@@ -129,8 +129,8 @@ TINY = [
     "train.lr=3e-3",
     "train.warmup_steps=0",
     "model.tie_embeddings=false",
-    "model.embed.ngram_hash_buckets=128",
-    "model.embed.ngram_hash_dim=8",
+    "model.embed.options.ngram_hash_buckets=128",
+    "model.embed.options.ngram_hash_dim=8",
 ]
 
 

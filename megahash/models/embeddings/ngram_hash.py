@@ -98,7 +98,7 @@ class NgramHashReference(nn.Module):
 
 @dataclass(frozen=True)
 class NgramHashOptions:
-    """``model.embed.options.*`` (also written ``model.embed.ngram_hash_buckets`` etc.)."""
+    """``model.embed.options.*``."""
 
     ngram_hash_orders: str = "2,3"  # comma-separated n-gram orders, each 2 or 3
     ngram_hash_buckets: int = 0  # B: buckets per order (the last one reserved for the first n-1 positions); 0 = off
