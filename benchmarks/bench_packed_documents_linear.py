@@ -18,7 +18,7 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path[:0] = [os.path.join(ROOT, "tests", "models"), os.path.join(ROOT, "tests")]  # test_attention's builders
 
 import torch  # noqa: E402
 

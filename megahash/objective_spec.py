@@ -49,6 +49,11 @@ def register_objective(spec: ObjectiveSpec) -> ObjectiveSpec:
     return spec
 
 
+def unregister(name: str) -> None:
+    """Forget a registered objective (tests, plugins); an unknown name is a no-op."""
+    _SPECS.pop(name, None)
+
+
 def _load() -> None:
     """Import every module of :mod:`megahash.objectives` once (each registers its objective)."""
     if _LOADED:

@@ -170,6 +170,13 @@ def pytest_configure(config):
         config.pluginmanager.register(_DurationRecorder(path), "megahash-durations")
 
 
+def doc_block(page: str, heading: str) -> str:
+    """The first ```python block after ``heading`` in ``page`` (a docs page's worked example a test runs)."""
+    text = (ROOT / page).read_text()
+    start = text.index(heading + "\n")
+    return text[start:].split("```python\n", 1)[1].split("```", 1)[0]
+
+
 def child_env(**extra) -> dict:
     env = dict(os.environ)
     env.update(

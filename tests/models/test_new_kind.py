@@ -20,71 +20,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from conftest import ROOT, child_env, pretrain, train_losses  # noqa: E402
+from conftest import ROOT, child_env, doc_block, pretrain, train_losses  # noqa: E402
 
 PACKAGE = "megahash_toy_kinds"
 ATTENTION, EMBEDDING = "tiedqk", "scaled-vocab"
 
-ATTENTION_FILE = '''
-"""Tied query-key attention ``tiedqk`` (a test kind): Q_i = K_i = X W_i^{QK}, V_i = X W_i^V, softmax
-attention otherwise. Q/K/V parameters 2 d^2 n^2 (d = head dim, n = heads); decode cache K and V."""
-import torch.nn as nn
-from megatron.core.transformer.spec_utils import ModuleSpec
-
-from megahash.models.attention.base import column, heads
-from megahash.models.attention.softmax_base import SoftmaxAttentionBase
-from megahash.models.cost_formulas import GeneralisedRow
-from megahash.models.reference_layers import SoftmaxAttention
-from megahash.models.reference_ops import split_heads
-from megahash.models.registry import AttentionCaps, mask_type, register_attention, register_reference
-
-
-@register_reference("tiedqk")
-class TiedQKReference(SoftmaxAttention):
-    def __init__(self, config, spec):
-        super().__init__(config, spec)
-        self.linear_qk = nn.Linear(self.d_m, self.n * self.d, bias=self.qkv_bias)
-        self.linear_v = nn.Linear(self.d_m, self.n * self.d, bias=self.qkv_bias)
-
-    def project(self, x):
-        qk = split_heads(self.linear_qk(x), self.n)
-        return qk, qk, split_heads(self.linear_v(x), self.n)
-
-
-class TiedQKAttention(SoftmaxAttentionBase):
-    kind = "tiedqk"
-
-    def __init__(self, config, layer_number, attn_mask_type, cfg=None, **kw):
-        super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
-        self.linear_qk = column(self.d_m, self.n * self.d_h, config, self.qkv_bias)
-        self.linear_v = column(self.d_m, self.n * self.d_h, config, self.qkv_bias)
-        self.build_proj(self.n * self.d_h)
-
-    def project(self, x):
-        qk = heads(self.linear_qk(x)[0], self.n_local)
-        return qk, qk, heads(self.linear_v(x)[0], self.n_local)
-
-
-class TiedQKCosts(GeneralisedRow):
-    """Q/K/V 2d^2n^2; the Standard row generalised by it; cache 2BLnd_h numbers."""
-
-    @staticmethod
-    def qkv_params(n, d, g):
-        return 2 * d * d * n * n
-
-    @staticmethod
-    def kv_width(d, h, g):
-        return d
-
-    @staticmethod
-    def cache_elements(B, L, n, d_h, g, **_):
-        return 2 * B * L * n * d_h
-
-
-@register_attention("tiedqk", costs=TiedQKCosts, caps=AttentionCaps(decodes=True, encoder=True))
-def tiedqk_spec(cfg) -> ModuleSpec:
-    return ModuleSpec(module=TiedQKAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})
-'''
+# the worked example of docs/architecture.md, as a reader copies it
+ATTENTION_FILE = doc_block("docs/architecture.md", "## Worked example: add an attention kind")
 
 EMBEDDING_FILE = '''
 """Scaled vocabulary embedding ``scaled-vocab`` (a test kind): e = (1 + a) E[token], a learned gain a."""
@@ -405,7 +347,7 @@ def test_tp2_parity_of_the_new_kinds(plugin, tmp_path):
         )
         procs.append(
             subprocess.Popen(
-                [sys.executable, str(ROOT / "tests" / "attention_tp_worker.py"), str(out), ",".join(cases)],
+                [sys.executable, str(ROOT / "tests" / "models" / "attention_tp_worker.py"), str(out), ",".join(cases)],
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
