@@ -21,9 +21,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
+import torch
 
-from megahash import accelerator  # noqa: E402
+from megahash import accelerator
 
 
 def cache_bytes(state) -> int:

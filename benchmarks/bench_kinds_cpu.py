@@ -31,11 +31,11 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
+import torch
 
-from megahash import accelerator  # noqa: E402
-from megahash.config import load_config  # noqa: E402
-from megahash.training.op_count import CountOps  # noqa: E402
+from megahash import accelerator
+from megahash.config import load_config
+from megahash.training.op_count import CountOps
 
 VOCAB = 1024
 

@@ -27,10 +27,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
+import torch
 
-from megahash import accelerator  # noqa: E402
-from megahash.config import load_config  # noqa: E402
+from megahash import accelerator
+from megahash.config import load_config
 
 VOCAB = 1024
 
@@ -247,7 +247,7 @@ def main(argv=None) -> int:
                         weights,
                         auto,
                     )
-                except Exception as e:  # noqa: BLE001 - a kind that cannot run is a row, not a crash
+                except Exception as e:  # a kind that cannot run is a row, not a crash
                     lines.append(f"| {kind} | error: {type(e).__name__}: {str(e)[:80]} | | | | | |")
                     print(lines[-1], flush=True)
                     continue

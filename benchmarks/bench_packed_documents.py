@@ -18,7 +18,7 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
+import torch
 
 SOFTMAX = "mha,gqa,mqa,sha,skv,el-att,mhe-add,mhe-mul,mha-megatron"
 EOD, VOCAB = 2, 512

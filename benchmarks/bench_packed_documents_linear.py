@@ -20,10 +20,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path[:0] = [os.path.join(ROOT, "tests", "models"), os.path.join(ROOT, "tests")]  # test_attention's builders
 
-import torch  # noqa: E402
+import torch
 
-from megahash.models.forward_state import ForwardState  # noqa: E402
-from megahash.training.op_count import CountOps  # noqa: E402
+from megahash.models.forward_state import ForwardState
+from megahash.training.op_count import CountOps
 
 
 def ids(batch, seq, docs):

@@ -30,8 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from megahash.data.preprocess import preprocess_data, train_tokenizer  # noqa: E402
-from megahash.data.preprocess.sources import open_source, parse_doc_range, select_documents  # noqa: E402
+from megahash.data.preprocess import preprocess_data, train_tokenizer
+from megahash.data.preprocess.sources import open_source, parse_doc_range, select_documents
 
 _SP = {}
 

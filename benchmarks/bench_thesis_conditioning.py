@@ -17,9 +17,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
+import torch
 
-from megahash.ops.orders.chunk import orders_causal  # noqa: E402
+from megahash.ops.orders.chunk import orders_causal
 
 
 def rel(a, b) -> float:

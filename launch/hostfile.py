@@ -9,7 +9,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run by path: make the checkout importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from megahash.launching.hostfile import main  # noqa: E402
+from megahash.launching.hostfile import main
 
 if __name__ == "__main__":
     sys.exit(main())

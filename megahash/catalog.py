@@ -131,7 +131,7 @@ def _entry_point_plugins() -> tuple:
         from importlib.metadata import entry_points
 
         return tuple(ep.value.split(":")[0] for ep in entry_points(group=ENTRY_POINT_GROUP))
-    except Exception:  # noqa: BLE001 - broken metadata of an unrelated distribution
+    except Exception:  # broken metadata of an unrelated distribution
         return ()
 
 

@@ -283,7 +283,7 @@ class KindFile:
         """The value of an expression of the file (e.g. a register line's ``caps=``), torch-free."""
         self._execute([expr])
         code = compile(ast.Expression(body=expr), str(self.path), "eval", dont_inherit=True)
-        return eval(code, self._env)  # noqa: S307
+        return eval(code, self._env)  # the kind file's own expression, compiled from its parsed source
 
     def _execute(self, roots) -> None:
         stmts, imported, _ = self.closure(roots)
@@ -303,7 +303,7 @@ class KindFile:
             # annotations evaluated (dataclass fields need no module of their own): they must be torch-free too
             code = compile(ast.Module(body=[node], type_ignores=[]), str(self.path), "exec", dont_inherit=True)
             try:
-                exec(code, self._env)  # noqa: S102
+                exec(code, self._env)  # one top-level statement of the kind file
             except NameError as e:  # a name the file binds nowhere
                 raise ConfigError(
                     f"{self.path.name}: {getattr(node, 'name', f'line {node.lineno}')} uses "

@@ -24,7 +24,7 @@ if __package__ in (None, ""):
     sys.path = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
     sys.path.insert(0, os.path.dirname(_here))
 
-import argparse  # noqa: E402
+import argparse
 
 
 def parse_args(argv=None):

@@ -143,7 +143,7 @@ class SentencePieceTokenizer(MegahashTokenizer):
             proto.ParseFromString(raw)
             if not len(proto.pieces):
                 raise ValueError("no pieces")
-        except Exception as e:  # noqa: BLE001 - protobuf raises its own DecodeError
+        except Exception as e:  # protobuf raises its own DecodeError
             raise TokenizerError(f"cannot load sentencepiece model {path!r}: {_one_line(e)}") from None
         self.sha256 = hashlib.sha256(raw).hexdigest()
         specials = {p.piece for p in proto.pieces if p.type == 3}
@@ -249,7 +249,7 @@ class HFTokenizer(MegahashTokenizer):
         try:
             self.json = json.loads(json_text)
             self.tok = Tokenizer.from_str(json_text)
-        except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exception
+        except Exception as e:  # tokenizers raises plain Exception
             raise TokenizerError(f"cannot load tokenizer {path!r}: {_one_line(e)}") from None
         self.tok.encode_special_tokens = True
         self.sha256 = hashlib.sha256(json_text.encode("utf-8")).hexdigest()
@@ -368,7 +368,7 @@ def _hub_source(name: str) -> str:
         try:
             get_session().head(constants.ENDPOINT, timeout=HUB_TIMEOUT_S)
             return "hub"
-        except Exception as e:  # noqa: BLE001 - DNS, connection and timeout errors of the HTTP client
+        except Exception as e:  # DNS, connection and timeout errors of the HTTP client
             why = f"{constants.ENDPOINT} is unreachable ({_one_line(e)[:80]})"
     if cached:
         return "cache"
@@ -386,7 +386,7 @@ def _hf_from_name(name: str) -> HFTokenizer:
 
         t = AutoTokenizer.from_pretrained(name, local_files_only=local)
         backend = t.backend_tokenizer
-    except Exception as e:  # noqa: BLE001 - hub/network errors come in many types
+    except Exception as e:  # hub/network errors come in many types
         raise TokenizerError(
             f"cannot load Hugging Face tokenizer {name!r} ({_one_line(e)[:160]}); offline, pass its tokenizer.json, "
             f"a tokenizer folder or a sentencepiece .model instead"

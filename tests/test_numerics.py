@@ -18,12 +18,12 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import _kinds  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import _kinds
+import pytest
+import torch
 
-from megahash import accelerator  # noqa: E402
-from megahash.config import load_config  # noqa: E402
+from megahash import accelerator
+from megahash.config import load_config
 
 pytestmark = [pytest.mark.usefixtures("dist"), pytest.mark.numerics]
 VOCAB = 512

@@ -43,7 +43,7 @@ def read_artifact(path: Path) -> tuple[dict, dict]:
 
     try:
         rec = torch.load(io.BytesIO(decompress(Path(path).read_bytes())), map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - zlib/zstd/torch errors: one line
+    except Exception as e:  # zlib/zstd/torch errors: one line
         raise CheckpointError(f"{path} is not a megahash quantized artifact ({type(e).__name__}: {e})") from None
     if not isinstance(rec, dict) or rec.get("megahash_artifact") != 1:
         raise CheckpointError(f"{path} is not a megahash quantized artifact")

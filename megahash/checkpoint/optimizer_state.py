@@ -392,7 +392,7 @@ def load(engine, directory: Path, zero_stage: int) -> int:
             loaded = dist_checkpointing.load(template, str(directory))
     except (KeyboardInterrupt, SystemExit, CheckpointError):
         raise
-    except BaseException as e:  # noqa: BLE001 - megatron/torch raise several kinds
+    except BaseException as e:  # megatron/torch raise several kinds
         raise CheckpointError(
             f"the optimizer state in {directory} does not fit this model ({error_line(e)}); "
             f"resume with train.resume_weights_only=true (docs/resume.md)"

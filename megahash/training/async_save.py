@@ -183,7 +183,7 @@ class AsyncSaver:
             write_rng(tmp)
         except (KeyboardInterrupt, SystemExit):
             raise
-        except BaseException as e:  # noqa: BLE001 - torch's CheckpointException is a BaseException
+        except BaseException as e:  # torch's CheckpointException is a BaseException
             error = error or e
         if error is not None:
             self.queue.abort()  # what was scheduled before the failure
@@ -216,7 +216,7 @@ class AsyncSaver:
             error = None
         except (KeyboardInterrupt, SystemExit):
             raise
-        except BaseException as e:  # noqa: BLE001 - a writer failed (disk full): CheckpointException on every rank
+        except BaseException as e:  # a writer failed (disk full): CheckpointException on every rank
             error = _cause(e)
         if error is None and self.queue.calls.get_num_unfinalized_calls():
             return time.perf_counter() - t0

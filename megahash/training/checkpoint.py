@@ -69,7 +69,7 @@ def save(engine, cfg: Config, step: int, consumed: int, extra: dict | None = Non
 
         optimizer_state.save(engine, tmp / optimizer_state.OPTIM_DIR, cfg.train.zero_stage)
         write_rng(tmp)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         error = error or e
     except BaseException as e:  # torch.distributed.checkpoint's CheckpointException (disk full in model/, optimizer/)
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
@@ -90,7 +90,7 @@ def begin(root: Path, tmp: Path) -> BaseException | None:
         if accelerator.rank() == 0:
             root.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)
-    except Exception as e:  # noqa: BLE001 - reported by fail_if_any on every rank
+    except Exception as e:  # reported by fail_if_any on every rank
         error = e
     accelerator.barrier()
     return error
@@ -140,7 +140,7 @@ def publish(engine, cfg: Config, tmp: Path, step: int, consumed: int, extra: dic
                 os.replace(tmp, final)
             write_text_atomic(root / "latest", tag)
             prune(root, cfg.train.keep_last)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         error = e
     from megahash.training.signals import any_rank
 

@@ -145,7 +145,7 @@ def immune_children(sigs=(signal.SIGUSR1, signal.SIGTERM)):
             from multiprocessing import resource_tracker
 
             resource_tracker.ensure_running()
-        except Exception:  # noqa: BLE001 - no tracker on this platform: nothing to protect
+        except Exception:  # no tracker on this platform: nothing to protect
             pass
         signal.pthread_sigmask(signal.SIG_BLOCK, sigs)  # ensure_running may have unblocked SIGTERM
         yield

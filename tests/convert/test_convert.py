@@ -21,10 +21,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
-from conftest import ROOT, child_env, run  # noqa: E402
+from conftest import ROOT, child_env, run
 
 PROMPT = "KING. My lord, the queen, my lord, is dead. What says the king? Now, good my lord,"
 SMALL = [
@@ -658,7 +658,7 @@ def test_lm_eval_hf_matches_megahash(runs, dist, tmp_path):
     """lm_eval's ``hf`` model on the export (trust_remote_code) gives the same per-choice
     log-likelihoods as the ``megahash`` model on the checkpoint (offline local task)."""
     import lm_eval
-    import lm_eval.models  # noqa: F401  (registers hf; importing megahash.eval.lm first would skip it)
+    import lm_eval.models  # registers hf; importing megahash.eval.lm first would skip it
     from lm_eval.tasks import TaskManager
 
     import megahash.eval.lm  # noqa: F401  (registers the megahash model)

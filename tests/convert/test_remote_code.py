@@ -13,9 +13,9 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import _emb_helpers as H  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import _emb_helpers as H
+import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.usefixtures("dist"), pytest.mark.numerics]  # one-rank world (conftest)

@@ -6,7 +6,7 @@ documents through megahash's lm-eval model."""
 
 import json
 import math
-import os  # noqa: E402
+import os
 
 import pytest
 import torch

@@ -2,7 +2,7 @@
 streams, MD5 and LSH codes), and the lm-eval model scores hash-embedding models and the hashed-word
 decoder (hash-code head, through heads.score_continuation)."""
 
-import os  # noqa: E402
+import os
 import sys
 
 import numpy as np

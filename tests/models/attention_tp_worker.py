@@ -17,13 +17,13 @@ import sys
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from megahash import accelerator  # noqa: E402
-from megahash.config import load_config  # noqa: E402
+from megahash import accelerator
+from megahash.config import load_config
 
 VOCAB, SEQ, BATCH = 256, 16, 2
 

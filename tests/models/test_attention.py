@@ -14,16 +14,16 @@ import sys
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import _kinds  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import _kinds
+import pytest
+import torch
 
 from megahash import (
-    accelerator,  # noqa: E402
-    catalog,  # noqa: E402
+    accelerator,
+    catalog,
 )
-from megahash.config import load_config  # noqa: E402
-from megahash.models.forward_state import ForwardState  # noqa: E402
+from megahash.config import load_config
+from megahash.models.forward_state import ForwardState
 
 # from the registry: every kind that decodes incrementally / mixes tokens (a new kind joins by registering)
 DECODER_KINDS = _kinds.attention(decodes=True)

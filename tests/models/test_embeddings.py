@@ -12,12 +12,12 @@ import warnings
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 warnings.filterwarnings("ignore")
 
-import _emb_helpers as H  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import _emb_helpers as H
+import numpy as np
+import pytest
+import torch
 
-from megahash.launching.env import free_port  # noqa: E402
+from megahash.launching.env import free_port
 
 torch.set_num_threads(1)
 

@@ -17,10 +17,10 @@ import textwrap
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
-from conftest import ROOT, child_env, doc_block, pretrain, train_losses  # noqa: E402
+from conftest import ROOT, child_env, doc_block, pretrain, train_losses
 
 PACKAGE = "megahash_toy_kinds"
 ATTENTION, EMBEDDING = "tiedqk", "scaled-vocab"

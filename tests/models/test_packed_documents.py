@@ -12,13 +12,13 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import _kinds  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from test_attention import VOCAB, build, make_cfg  # noqa: E402
+import _kinds
+import pytest
+import torch
+from test_attention import VOCAB, build, make_cfg
 
-from megahash import accelerator  # noqa: E402
-from megahash.data import documents  # noqa: E402
+from megahash import accelerator
+from megahash.data import documents
 
 pytestmark = [pytest.mark.usefixtures("dist"), pytest.mark.numerics]
 

@@ -11,12 +11,12 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import _kinds  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import _kinds
+import pytest
+import torch
 
-from megahash import catalog  # noqa: E402
-from megahash.config import load_config  # noqa: E402
+from megahash import catalog
+from megahash.config import load_config
 
 TABLE_FORMULAS = ("time_complexity", "flops", "activation_bytes", "cache_bytes")
 SAMPLE = {

@@ -6,14 +6,14 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
-from megahash import accelerator  # noqa: E402
-from megahash.config import load_config  # noqa: E402
-from megahash.errors import ConfigError  # noqa: E402
-from megahash.models.forward_state import ForwardState  # noqa: E402
-from megahash.models.schedules import PRESETS, layer_kinds, skip_mask, standard_kind, standard_layers  # noqa: E402
+from megahash import accelerator
+from megahash.config import load_config
+from megahash.errors import ConfigError
+from megahash.models.forward_state import ForwardState
+from megahash.models.schedules import PRESETS, layer_kinds, skip_mask, standard_kind, standard_layers
 
 # Table 4.11 verbatim (24 layers, 1-based ids of the layers that keep standard attention)
 TABLE_4_11 = {

@@ -11,11 +11,11 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
-from megahash.ops.cumsoftmax.chunk import cumsoftmax_bidirectional, cumsoftmax_causal  # noqa: E402
-from megahash.ops.shared_map.parallel import shared_softmax  # noqa: E402
+from megahash.ops.cumsoftmax.chunk import cumsoftmax_bidirectional, cumsoftmax_causal
+from megahash.ops.shared_map.parallel import shared_softmax
 
 pytestmark = pytest.mark.numerics
 

@@ -11,22 +11,22 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
-from megahash import accelerator  # noqa: E402
-from megahash.ops.cumsoftmax.chunk import cumsoftmax_causal  # noqa: E402
-from megahash.ops.cumsoftmax.naive import naive_cumsoftmax  # noqa: E402
-from megahash.ops.cumsoftmax.recurrent import cumsoftmax_recurrent  # noqa: E402
-from megahash.ops.orders.chunk import orders_causal  # noqa: E402
-from megahash.ops.orders.naive import naive_orders  # noqa: E402
-from megahash.ops.orders.recurrent import orders_recurrent  # noqa: E402
-from megahash.ops.shared_map.naive import naive_shared_softmax  # noqa: E402
-from megahash.ops.shared_map.parallel import shared_softmax  # noqa: E402
-from megahash.ops.taylor.chunk import taylor_causal  # noqa: E402
-from megahash.ops.taylor.naive import naive_taylor  # noqa: E402
-from megahash.ops.taylor.recurrent import taylor_recurrent  # noqa: E402
-from megahash.training.op_count import CountOps  # noqa: E402
+from megahash import accelerator
+from megahash.ops.cumsoftmax.chunk import cumsoftmax_causal
+from megahash.ops.cumsoftmax.naive import naive_cumsoftmax
+from megahash.ops.cumsoftmax.recurrent import cumsoftmax_recurrent
+from megahash.ops.orders.chunk import orders_causal
+from megahash.ops.orders.naive import naive_orders
+from megahash.ops.orders.recurrent import orders_recurrent
+from megahash.ops.shared_map.naive import naive_shared_softmax
+from megahash.ops.shared_map.parallel import shared_softmax
+from megahash.ops.taylor.chunk import taylor_causal
+from megahash.ops.taylor.naive import naive_taylor
+from megahash.ops.taylor.recurrent import taylor_recurrent
+from megahash.training.op_count import CountOps
 
 pytestmark = pytest.mark.numerics  # compares floating-point results (see tests/numerics.py)
 

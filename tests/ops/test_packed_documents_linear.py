@@ -14,13 +14,13 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from test_attention import build_attention, make_cfg  # noqa: E402
+import pytest
+import torch
+from test_attention import build_attention, make_cfg
 
-from megahash import accelerator  # noqa: E402
-from megahash.models.forward_state import ForwardState  # noqa: E402
-from megahash.training.op_count import CountOps  # noqa: E402
+from megahash import accelerator
+from megahash.models.forward_state import ForwardState
+from megahash.training.op_count import CountOps
 
 pytestmark = [pytest.mark.usefixtures("dist"), pytest.mark.numerics]
 

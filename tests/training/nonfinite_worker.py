@@ -15,10 +15,10 @@ import sys
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-import torch  # noqa: E402
+import torch
 
-from megahash import pretrain  # noqa: E402
-from megahash.training import trainer  # noqa: E402
+from megahash import pretrain
+from megahash.training import trainer
 
 out, poison_rank, poison_at, overrides = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
 poison_at = {int(s) for s in poison_at.split(",") if s}
