@@ -205,16 +205,18 @@ def test_config_flags_and_kind_refusal(monkeypatch):
         check_documents(cfg, ["mha", "x"], lambda k: AttentionCaps(documents=k != "x"))
 
 
-@pytest.mark.parametrize("kind", ["mha", "mha-megatron"])
+@pytest.mark.parametrize("kind", ["mha", "mha-megatron", "rndembqk", "fixedseqqk"])
 def test_selective_recompute_keeps_the_documents(kind):
     """``train.recompute=selective`` re-runs the token mixing in backward (megahash's and megatron-core's own
-    recomputation): the recomputed attention keeps to the documents, so gradients still equal each document's."""
+    recomputation): the recomputed attention keeps to the documents, so gradients still equal each document's.
+    The fixed-Q/K kinds carry their fixed sequence as one more batch row under recompute; its Q, K take that
+    row's own positions, not the packed row's reset ones."""
     model = build(make_cfg(kind, *FLAGS, "train.recompute=selective"), dtype=torch.float32)
     outs, grads = _packed_vs_alone(model, _docs())
     _assert_same(outs, grads, 1e-5)
 
 
-@pytest.mark.parametrize("kind", ["mha-megatron", "approx", "nonapprox", "approx-thesis"])
+@pytest.mark.parametrize("kind", ["mha-megatron", "approx", "nonapprox", "approx-thesis", "rndembqk", "fixedseqqk"])
 def test_full_recompute_keeps_the_documents(kind):
     """``train.recompute=full`` re-runs whole layers in backward: the forward's state (its document ids) reaches
     the recomputed layers too (megahash's block; megatron-core's own full recompute hands them none), so the

@@ -211,7 +211,10 @@ class FixedQKAttention(SeparateQKVAttention):
                 )
             q, k = given[0][off : off + s], given[1][off : off + s]
         else:
-            q, k = self.qk(x[:, -1:], rotary_pos_emb)  # the fixed sequence rides as the last element
+            rotary = rotary_pos_emb
+            if rotary is not None and rotary.shape[1] > 1:  # per-row positions (packed documents): the last row's
+                rotary = rotary[:, -1:]  # are the fixed sequence's own (MegahashLM.hidden_states)
+            q, k = self.qk(x[:, -1:], rotary)  # the fixed sequence rides as the last element
             if state.capture is not None:  # the fixed input's own pass (FixedInput.run_alone, freeze)
                 state.capture[self.layer_number] = (q, k)
         cache = state.cache(self.layer_number)
