@@ -78,6 +78,15 @@ def objective_spec(name: str) -> ObjectiveSpec:
     return _SPECS[name]
 
 
+def scores_tokens(cfg) -> bool:
+    """Is the run's loss nats per vocabulary token (validation perplexity, logits over the vocabulary)? The
+    objective's ``token_loss`` and the head's (an objective's own head, or a hash-code head, scores
+    something else)."""
+    from megahash import catalog
+
+    return objective_spec(cfg.train.objective).token_loss and catalog.caps("head", cfg.model.head).token_loss
+
+
 def standard() -> str:
     """The default ``train.objective``."""
     _load()

@@ -45,14 +45,9 @@ def code_tensor(codes) -> torch.Tensor | None:
 def megahash_logits(model, tokens, codes=None, padding_mask=None, vocab: int | None = None):
     """Head logits [b, s, ...] of a MegahashLM (vocab heads cut to the real vocabulary)."""
     out = model(tokens, hash_codes=codes, padding_mask=padding_mask)
-    from megahash import catalog
-    from megahash.objective_spec import objective_spec
+    from megahash.objective_spec import scores_tokens
 
-    if (
-        catalog.caps("head", model.cfg.model.head).token_loss
-        and objective_spec(model.cfg.train.objective).token_loss
-        and vocab
-    ):
+    if scores_tokens(model.cfg) and vocab:
         out = out[..., :vocab]
     return out
 

@@ -86,15 +86,13 @@ def set_metrics(sums: dict, token_loss: bool, defined_bpb: bool) -> dict:
 
 def validate(run) -> dict:
     """{set name: metrics} of every validation set of a training run (megahash/training/trainer.py's _Run)."""
-    from megahash import catalog
     from megahash.data.validation import validation_batches
-    from megahash.objective_spec import objective_spec
+    from megahash.objective_spec import objective_spec, scores_tokens
     from megahash.training import ema
 
     cfg, step = run.cfg, run.step
-    objective = objective_spec(cfg.train.objective)
-    token_loss = catalog.caps("head", cfg.model.head).token_loss and objective.token_loss
-    next_token = token_loss and objective.next_token  # bits per byte of a next-token loss
+    token_loss = scores_tokens(cfg)
+    next_token = token_loss and objective_spec(cfg.train.objective).next_token  # bits per byte of a next-token loss
     token_bytes = getattr(run.data, "token_bytes", None) if next_token else None
     results = {}
     for name, dataset in sets_of(run.data).items():
