@@ -37,12 +37,7 @@ from megahash import kind_source
 from megahash.errors import ConfigError
 
 MODELS = kind_source.ROOT / "models"  # where the library's kinds live
-GROUPS = {
-    "attention": "register_attention",
-    "embedding": "register_embedding",
-    "head": "register_head",
-    "input": "register_input",
-}
+GROUPS = {group: call for call, group in kind_source.REGISTER.items()}  # group -> its register call
 ENTRY_POINT_GROUP = "megahash.kinds"
 PLUGINS_ENV = "MEGAHASH_PLUGINS"
 
@@ -173,7 +168,7 @@ def plugin_import_names() -> list[str]:
 # ----------------------------------------------------------------------------- the source reader
 
 
-_REGISTER_CALL = re.compile(r"\bregister_(?:" + "|".join(GROUPS) + r")\(")
+_REGISTER_CALL = re.compile(r"\b(?:" + "|".join(kind_source.REGISTER) + r")\(")
 
 
 def _library_files() -> list[Path]:

@@ -211,10 +211,9 @@ class FixedQKAttention(SeparateQKVAttention):
                 )
             q, k = given[0][off : off + s], given[1][off : off + s]
         else:
-            rotary = rotary_pos_emb
-            if rotary is not None and rotary.shape[1] > 1:  # per-row positions (packed documents): the last row's
-                rotary = rotary[:, -1:]  # are the fixed sequence's own (MegahashLM.hidden_states)
-            q, k = self.qk(x[:, -1:], rotary)  # the fixed sequence rides as the last element
+            # the fixed sequence rides as the last element, at its own positions: the last row of a per-row
+            # rotary (packed documents, MegahashLM.hidden_states); [s, 1, 1, d] otherwise, the same slice
+            q, k = self.qk(x[:, -1:], None if rotary_pos_emb is None else rotary_pos_emb[:, -1:])
             if state.capture is not None:  # the fixed input's own pass (FixedInput.run_alone, freeze)
                 state.capture[self.layer_number] = (q, k)
         cache = state.cache(self.layer_number)
