@@ -38,6 +38,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import zipfile
@@ -306,7 +307,9 @@ def prepare(folder: Path, python_version: str = TARGET_PYTHON, wheels_only: bool
 
 def cmd_prepare(args) -> int:
     prepare(Path(args.dir), args.python_version, args.wheels_only)
-    print(f"gpu_check: carry it with the device tool: carry=['{Path(args.dir).relative_to(ROOT)}']")
+    folder = Path(args.dir).resolve()
+    if folder.is_relative_to(ROOT):
+        print(f"gpu_check: carry it with the device tool: carry=['{folder.relative_to(ROOT)}']")
     return 0
 
 
@@ -659,8 +662,19 @@ def cmd_run(args) -> int:
         sys.exit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_term)
-    for i, part in enumerate(parts(folder, work, cuda), start=2):
-        left = args.budget - (time.time() - start) - 5
+    failed |= run_parts(parts(folder, work, cuda), start, args.budget, results, logs, env)
+    total = time.time() - start
+    results.write(["", f"All parts: {total:.0f} s wall; exit {int(failed)}."])
+    print(f"gpu_check: {'FAILED' if failed else 'passed'} in {total:.0f} s; results: {results.path}", flush=True)
+    return 1 if failed else 0
+
+
+def run_parts(todo: list[Part], start: float, budget: float, results: Results, logs: Path, env: dict) -> bool:
+    """Each part in turn under min(its limit, what is left of ``budget`` since ``start``), its result added to
+    ``results`` at once; a part the budget no longer reaches is recorded as not run. Whether any failed."""
+    failed = False
+    for i, part in enumerate(todo, start=len(results.rows) + 1):
+        left = budget - (time.time() - start) - 5
         if left < 10:
             results.add(part.name, "NOT RUN (budget spent)", 0, 0, [])
             failed = True
@@ -669,10 +683,7 @@ def cmd_run(args) -> int:
         status, secs, kept = run_part(part, limit, logs / f"{i}_{norm(part.name.split(':')[0])[:24]}.log", env)
         failed |= status != "passed"
         results.add(part.name, status, secs, limit, kept)
-    total = time.time() - start
-    results.write(["", f"All parts: {total:.0f} s wall; exit {int(failed)}."])
-    print(f"gpu_check: {'FAILED' if failed else 'passed'} in {total:.0f} s; results: {results.path}", flush=True)
-    return 1 if failed else 0
+    return failed
 
 
 def git_commit() -> str:
@@ -991,15 +1002,27 @@ def rehearsal_packages(python_version: str) -> list[str]:
             todo += [Requirement(r) for r in metadata.requires(req.name) or []]
         except metadata.PackageNotFoundError:
             pass
-    out = []
+    out, differs = [], []
     for n in sorted(want):
         ver = image[n] or (pins[n][1] if n in pins else None)
         if n == "torch":
             ver = "2.13.0"  # the CPU build on this machine's disk (launch/install_cpu.sh's)
-        if n == "triton":
+        elif n == "triton":
             ver = "3.8.0"  # 3.6.0's interpreter fails under numpy >= 2.4 (compiled kernels on the GPU are unaffected)
+        elif image[n] and not served(n, image[n], python_version):
+            ver = pins[n][1] if n in pins else None  # e.g. numpy 2.5 has no wheel for CPython 3.11
+        if image[n] and ver != image[n]:
+            differs.append(f"{n} {ver} (the image: {image[n]})")
         out.append(f"{n}=={ver}" if ver else n)
-    return out
+    return out, differs
+
+
+def served(name: str, version: str, python_version: str) -> bool:
+    """Whether the index serves a wheel of name==version for ``python_version`` on this platform."""
+    with tempfile.TemporaryDirectory() as d:
+        r = pip("download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", python_version, "-d", d,
+                f"{name}=={version}", check=False)  # fmt: skip
+    return r.returncode == 0
 
 
 def cmd_rehearse(args) -> int:
@@ -1040,7 +1063,7 @@ def cmd_rehearse(args) -> int:
     t1 = time.time()
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     vpy = str(venv / "bin" / "python3")
-    pkgs = rehearsal_packages(ver)
+    pkgs, differs = rehearsal_packages(ver)
     cons = REHEARSAL / "image-constraints.txt"
     cons.write_text("\n".join(pkgs) + "\n")
     pip("install", "-q", "-c", str(cons), *[p.split("==")[0] for p in pkgs], python=vpy)
@@ -1049,6 +1072,7 @@ def cmd_rehearse(args) -> int:
     lines.append(
         f"fresh environment {venv.name}: {len(held)} packages of the image's list in {time.time() - t1:.0f} s"
         + (f"; beyond the image's list: {', '.join(beyond)}" if beyond else "; nothing beyond the image's list")
+        + f"; versions other than the image's: {', '.join(differs)}"
     )
     run_env = {**os.environ, "GPU_CHECK_SITE": str(REHEARSAL / f"site{ver.replace('.', '')}")}
     run_env.pop("VIRTUAL_ENV", None)

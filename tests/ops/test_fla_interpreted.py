@@ -28,6 +28,8 @@ from megahash.ops.taylor.fla_based import FLA_FEATURES, based_attention, based_k
 pytestmark = pytest.mark.numerics
 
 KERNEL = based_kernel()
+if KERNEL is None and os.environ.get("MEGAHASH_REQUIRE_FLA") == "1":  # .ci/run's step: a skip would hide a break
+    raise ImportError("fla.ops.based does not import (MEGAHASH_REQUIRE_FLA=1): " + repr(__import__("fla.ops.based")))
 needs_fla = pytest.mark.skipif(
     KERNEL is None or os.environ.get("TRITON_INTERPRET") != "1",
     reason="needs triton + flash-linear-attention under TRITON_INTERPRET=1 (the [gpu] extra; .ci/run installs it "
