@@ -65,7 +65,7 @@ def build_shards(work: Path) -> tuple[str, str]:
     """A 4,000-piece BPE tokenizer and token shards of the Shakespeare corpus (the real data tools)."""
     work.mkdir(parents=True, exist_ok=True)
     spm, prefix = work / "spm", work / "shakespeare"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     if not Path(f"{spm}.model").is_file():
         subprocess.run(
             [
@@ -301,7 +301,11 @@ class Side:
             str(args.threads),
             *extra,
         ]
-        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(ROOT)}
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": str(args.threads),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        }
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self.info = self._read()
 
