@@ -184,19 +184,18 @@ def test_folder_is_assembled_from_the_library_code():
                 assert not bases & {"nn.Module", "torch.nn.Module", "PreTrainedModel"}, (f, node.name)
 
 
-PLUGIN = '''"""A test kind outside the package: mha with doubled queries (its reference reuses mha's)."""
+PLUGIN = '''"""A test kind outside the package: mha with doubled queries (a subclass of mha's kind)."""
 from __future__ import annotations
 
 from megatron.core import parallel_state  # noqa: F401  (not torch-only: never copied)
 
-from megahash.models.attention.mha import GroupedQueryReference
-from megahash.models.registry import register_attention, register_reference, spec
+from megahash.models.attention.mha import GroupedQuery
+from megahash.models.registry import register_attention
 
-SCALE = 2  # a constant of the file the reference uses: copied with it
+SCALE = 2  # a constant of the file the kind uses: copied with it
 
 
-@register_reference("tmp-doubled-q")
-class DoubledQueryReference(GroupedQueryReference):
+class DoubledQuery(GroupedQuery):
     """softmax(2 Q K^T / sqrt(d_h)) V."""
 
     def project(self, x):
@@ -204,21 +203,18 @@ class DoubledQueryReference(GroupedQueryReference):
         return SCALE * q, k, v
 
 
-@register_attention("tmp-doubled-q")
-def doubled_q_spec(cfg):
-    return spec("attention", "mha").build(cfg)  # (only its reference is exported here)
+register_attention("tmp-doubled-q", DoubledQuery)
 '''
 
 BAD_PLUGIN = """from __future__ import annotations
 
 from megatron.core import parallel_state
 
-from megahash.models.attention.mha import GroupedQueryReference
-from megahash.models.registry import register_attention, register_reference, spec
+from megahash.models.attention.mha import GroupedQuery
+from megahash.models.registry import register_attention
 
 
-@register_reference("tmp-bad")
-class BadReference(GroupedQueryReference):
+class Bad(GroupedQuery):
     def project(self, x):
         return helper(super().project(x))
 
@@ -227,9 +223,7 @@ def helper(t):
     return t if parallel_state.get_tensor_model_parallel_world_size() == 1 else None
 
 
-@register_attention("tmp-bad")
-def bad_spec(cfg):
-    return spec("attention", "mha").build(cfg)
+register_attention("tmp-bad", Bad)
 """
 
 
