@@ -1,7 +1,7 @@
 """A token-mixing kind written once: its parts and its mixing. The megatron-core layer (training, TP/SP) and
 the plain-torch layer (the Hugging Face export, the parity tests' TP=1 reference) are derived from it.
 
-A kind is a :class:`Mixing` subclass in its own file, registered by ``register_attention(name, Class, ...)``:
+A kind is a :class:`Mixing` subclass in its own file, registered with its name and costs by ``register_attention``:
 
 - ``build(parts)`` declares its projections against injected builders, megatron-core's submodules style
   (``SelfAttentionSubmodules``: ``linear_qkv``, ``core_attention``, ``linear_proj`` are swappable parts):

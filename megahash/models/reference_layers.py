@@ -106,7 +106,7 @@ def build_attention(config, spec, table: dict, layer_number: int = 1):
     :func:`megahash.models.reference_table.references`, handed down by the shell)."""
     kind = spec["kind"]
     if kind not in table:
-        raise ValueError(f"attention kind {kind!r} has no plain-torch form (register_attention(name, Kind))")
+        raise ValueError(f"attention kind {kind!r} has no plain-torch form (a Mixing class registered with its name)")
     return torch_layer(table[kind])(config, spec, layer_number)
 
 

@@ -281,3 +281,37 @@ def test_plugin_kind_outside_the_package_is_assembled(tmp_path, monkeypatch):
     assert type(a.model.decoder.layers[0].self_attention).__module__ == "exported_pkg.megahash_tmp_plugin_kind"
     for name in [m for m in sys.modules if m.startswith(("exported_pkg", "tmp_plugin_kind", "tmp_bad_plugin_kind"))]:
         del sys.modules[name]
+
+
+@pytest.mark.parametrize("schedule", ["list:mha,approx,rndembqk", "list:mqa,nonapprox,staticembqk"])
+def test_beam_search_with_the_cache_equals_without(schedule):
+    """The plain-torch model's cache reorders its rows for beam search along each tensor's batch dimension
+    (the layers' sequence-first keys and values, the recurrent kinds' batch-first states, the fixed keys the
+    batch shares): beam search with the cache gives the tokens it gives without one."""
+    from megahash import accelerator
+    from megahash.config import load_config
+    from megahash.convert.reference import reference_model
+    from megahash.models.megatron_model import build_model
+
+    cfg = load_config(
+        None,
+        [
+            "model.hidden_size=32",
+            "model.num_layers=3",
+            "model.num_heads=4",
+            "model.ffn_hidden_size=64",
+            f"model.schedule={schedule}",
+            "data.seq_length=16",
+            "model.max_position_embeddings=64",
+            "model.attention.options.fixed_seq_length=64",
+            "model.init_std=0.3",  # a random model whose beams differ
+        ],
+    )
+    accelerator.seed_all(0)
+    hf = reference_model(cfg, build_model(cfg, 128, dtype=torch.float64).eval()).eval()
+    ids = torch.randint(5, 128, (2, 6), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        cached = hf.generate(ids, max_new_tokens=8, do_sample=False, num_beams=3, use_cache=True, pad_token_id=1)
+        uncached = hf.generate(ids, max_new_tokens=8, do_sample=False, num_beams=3, use_cache=False, pad_token_id=1)
+    # bit-exact: greedy token ids (fp64, fixed seed, no near-tie)
+    assert torch.equal(cached, uncached)
