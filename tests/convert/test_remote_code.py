@@ -288,27 +288,12 @@ def test_beam_search_with_the_cache_equals_without(schedule):
     """The plain-torch model's cache reorders its rows for beam search along each tensor's batch dimension
     (the layers' sequence-first keys and values, the recurrent kinds' batch-first states, the fixed keys the
     batch shares): beam search with the cache gives the tokens it gives without one."""
-    from megahash import accelerator
-    from megahash.config import load_config
-    from megahash.convert.reference import reference_model
-    from megahash.models.megatron_model import build_model
+    from test_attention import build, make_cfg
 
-    cfg = load_config(
-        None,
-        [
-            "model.hidden_size=32",
-            "model.num_layers=3",
-            "model.num_heads=4",
-            "model.ffn_hidden_size=64",
-            f"model.schedule={schedule}",
-            "data.seq_length=16",
-            "model.max_position_embeddings=64",
-            "model.attention.options.fixed_seq_length=64",
-            "model.init_std=0.3",  # a random model whose beams differ
-        ],
-    )
-    accelerator.seed_all(0)
-    hf = reference_model(cfg, build_model(cfg, 128, dtype=torch.float64).eval()).eval()
+    from megahash.convert.reference import reference_model
+
+    model = build(make_cfg(schedule, "model.init_std=0.3", layers=3)).eval()  # a random model whose beams differ
+    hf = reference_model(model.cfg, model).eval()
     ids = torch.randint(5, 128, (2, 6), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         cached = hf.generate(ids, max_new_tokens=8, do_sample=False, num_beams=3, use_cache=True, pad_token_id=1)
