@@ -139,6 +139,7 @@ def test_reference_rope_angles_equal_megatron_core():
     positions = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2]])
     # bit-exact: the same float32 products of the same integers and inverse frequencies, no reduction
     assert torch.equal(rope_freqs(3, 11, 16, 10000.0, "cpu"), table(14)[3:])
+    # bit-exact: the same table's rows, gathered
     assert torch.equal(rope_freqs(0, 11, 16, 10000.0, "cpu", positions), table(11)[:, 0, 0][positions.t()].unsqueeze(2))
 
 
