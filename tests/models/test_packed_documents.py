@@ -118,6 +118,20 @@ def test_encoder_packed_row_with_padding_equals_each_document_alone(kind):
     torch.testing.assert_close(packed[:11], alone, rtol=0, atol=1e-5 * max(1.0, alone.abs().max().item()))
 
 
+@pytest.mark.parametrize("kind", [_param(k) for k in _kinds.attention(decoder=True, exportable=True)])
+def test_exported_model_keeps_packed_documents_apart(kind):
+    """The plain-torch model of the export (its documents from the EOD tokens under the run's data.reset_* flags)
+    gives megahash's logits of a packed row: every kind keeps the documents apart there too (fp64, 1e-10)."""
+    from megahash.convert.reference import reference_model
+
+    model = build(make_cfg(kind, *FLAGS, *KIND_OPTIONS.get(kind, []))).eval()
+    row = torch.cat(_docs())[None]
+    with torch.no_grad():
+        ours = model(row, **_doc_inputs(row))[..., :VOCAB]
+        theirs = reference_model(model.cfg, model).eval()(input_ids=row).logits
+    torch.testing.assert_close(theirs, ours, rtol=0, atol=1e-10)
+
+
 @pytest.mark.parametrize("kind", [_param(k) for k in ("mha", "gqa", "mhe-mul", "sha", "approx")])
 def test_packed_row_under_bf16_autocast(kind):
     """bf16 autocast (the GPU default, CPU here): packed = alone within accelerator.compute_tolerance."""
