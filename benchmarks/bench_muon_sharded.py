@@ -15,7 +15,8 @@ Every rank reports after the warmup and the timed steps:
 - optimizer-state bytes: the tensors its optimizer keeps between steps (Muon's momentum buffers, AdamW's two
   moments; for DeepSpeed's ZeRO-1 the moments of its flat partition, plus, reported apart, its flat fp32 copy of
   the partition, which DeepSpeed keeps even in fp32);
-- Newton-Schulz matrix-steps per optimizer step: the matrices it orthogonalized times ``train.muon_ns_steps``;
+- Newton-Schulz matrix-steps per optimizer step: the matrices it orthogonalized times ``train.muon_ns_steps``,
+  and their flops (:func:`ns_flops`: the matrices differ in shape, so equal elements are not equal work);
 - the median step time and its optimizer phase (``engine.step``: clipping, the optimizer, the all-gather), wall
   clock, and the process's peak resident memory.
 
@@ -27,10 +28,10 @@ not as a cluster's step time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -67,6 +68,13 @@ def state_bytes(engine) -> tuple[int, int]:
     return total, copies
 
 
+def ns_flops(shape: tuple, steps: int) -> int:
+    """Multiply-add flops of ``torch.optim.Muon``'s Newton-Schulz on one matrix (X: m x n, m <= n): per step
+    A = X X^T (2 m^2 n), B = b A + c A A (2 m^3), X = a X + B X (2 m^2 n)."""
+    m, n = sorted(shape[-2:])
+    return steps * (4 * m * m * n + 2 * m**3)
+
+
 def worker(args) -> None:
     import torch
 
@@ -78,14 +86,8 @@ def worker(args) -> None:
     from megahash.training import muon
     from megahash.training.profiling import PhaseTimer, TrainHarness
 
-    calls = []
-    real = muon.newton_schulz
-
-    def counted(update, *a):
-        calls.append(tuple(update.shape))
-        return real(update, *a)
-
-    muon.newton_schulz = counted
+    counting = contextlib.ExitStack()  # for the whole run
+    calls = counting.enter_context(muon.counting_newton_schulz())
     cfg = load_config(
         args.model,
         [
@@ -116,6 +118,7 @@ def worker(args) -> None:
         "state_bytes": held,
         "fp32_partition_bytes": copies,
         "ns_matrix_steps": len(calls) // args.steps * cfg.train.muon_ns_steps,
+        "ns_gflop": sum(ns_flops(shape, cfg.train.muon_ns_steps) for shape in calls) / args.steps / 1e9,
         "step_s": med["step"],
         "optimizer_s": med["optimizer"],
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -145,32 +148,16 @@ def worker(args) -> None:
 
 
 def launch(args, layout: str) -> dict:
-    from megahash.launching.env import free_port
+    from megahash.launching.env import run_local_world
 
-    _, _, dp = parse(layout)
-    port, procs = free_port(), []
     cmd = [sys.executable, __file__, "--worker", "--layout", layout, "--prefix", args.prefix]
     cmd += ["--tokenizer", args.tokenizer, "--model", args.model, "--seq", str(args.seq)]
     cmd += ["--global-batch", str(args.global_batch), "--steps", str(args.steps), "--warmup", str(args.warmup)]
     cmd += ["--work", str(args.work)]
-    for rank in range(dp):
-        env = dict(
-            os.environ,
-            RANK=str(rank),
-            WORLD_SIZE=str(dp),
-            LOCAL_RANK=str(rank),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            OMP_NUM_THREADS="1",
-            PYTHONPATH=str(ROOT),
-        )
-        procs.append(
-            subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        )
-    outs = [p.communicate()[0] for p in procs]
-    if any(p.returncode for p in procs):
-        raise SystemExit(f"{layout} failed:\n" + "\n".join(o[-3000:] for o in outs))
-    line = next(l for l in outs[0].splitlines() if l.startswith("RESULT "))
+    done = run_local_world(cmd, parse(layout)[2], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if any(status for status, _ in done):
+        raise SystemExit(f"{layout} failed:\n" + "\n".join(out[-3000:] for _, out in done))
+    line = next(l for l in done[0][1].splitlines() if l.startswith("RESULT "))
     return json.loads(line[len("RESULT ") :])
 
 
@@ -178,8 +165,9 @@ def table(results: list[dict]) -> str:
     mib = 2**20
     rows = [
         "| layout | DP | state MiB per rank (max / min) | x DP / DP-1 state | DeepSpeed fp32 partition MiB | "
-        "NS matrix-steps per rank (max / min) | step s | optimizer s | peak RSS MiB (max) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "NS matrix-steps per rank (max / min) | NS GFLOP per rank (max / min) | step s | optimizer s | "
+        "peak RSS MiB (max) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     base = {r["layout"].split(":")[0]: max(x["state_bytes"] for x in r["ranks"]) for r in results if r["dp"] == 1}
     for r in results:
@@ -190,6 +178,7 @@ def table(results: list[dict]) -> str:
         rows.append(
             f"| {r['layout'].split(':')[0]} | {r['dp']} | {max(st) / mib:.1f} / {min(st) / mib:.1f} | {share} | "
             f"{max(x['fp32_partition_bytes'] for x in r['ranks']) / mib:.1f} | {max(ns)} / {min(ns)} | "
+            f"{max(x['ns_gflop'] for x in r['ranks']):.1f} / {min(x['ns_gflop'] for x in r['ranks']):.1f} | "
             f"{max(x['step_s'] for x in r['ranks']):.2f} | {max(x['optimizer_s'] for x in r['ranks']):.2f} | "
             f"{max(x['peak_rss_mib'] for x in r['ranks']):.0f} |"
         )

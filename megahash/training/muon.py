@@ -52,6 +52,8 @@ ZeRO-1 partitions it (flat, equal: the embedding tables, the largest tensors, sp
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 OPTIMIZERS = ("adamw", "muon")
@@ -111,6 +113,24 @@ def newton_schulz(update: torch.Tensor, steps: int, coefficients, eps: float) ->
     from torch.optim._muon import _zeropower_via_newtonschulz
 
     return _zeropower_via_newtonschulz(update, coefficients, steps, eps)
+
+
+@contextlib.contextmanager
+def counting_newton_schulz():
+    """Within: the shape of every matrix :func:`newton_schulz` runs on, appended to the list it yields (the
+    Newton-Schulz work of a rank, for tests and benchmarks)."""
+    global newton_schulz
+    real, calls = newton_schulz, []
+
+    def counted(update, *args):
+        calls.append(tuple(update.shape))
+        return real(update, *args)
+
+    newton_schulz = counted
+    try:
+        yield calls
+    finally:
+        newton_schulz = real
 
 
 def _orthogonalize(p: torch.Tensor, update: torch.Tensor, group: dict) -> tuple[torch.Tensor, tuple]:

@@ -12,6 +12,7 @@ Usage: RANK=r WORLD_SIZE=n MASTER_ADDR=127.0.0.1 MASTER_PORT=p python muon_dp_wo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -34,14 +35,8 @@ def main(out: str, tp: int, steps: int, save_at: int, overrides: list[str]) -> N
     from megahash.training.profiling import TrainHarness
 
     cfg = load_config(None, [*overrides, f"parallel.tensor={tp}", f"train.steps={steps}"])
-    ns_shapes = []
-    real_ns = muon.newton_schulz
-
-    def counted(update, *args):
-        ns_shapes.append(tuple(update.shape))
-        return real_ns(update, *args)
-
-    muon.newton_schulz = counted
+    counting = contextlib.ExitStack()  # for the whole run (closed by teardown's exit)
+    ns_shapes = counting.enter_context(muon.counting_newton_schulz())
     h = TrainHarness(cfg, steps)
     opt = h.engine.optimizer
     names = {id(p): n for n, p in h.model.named_parameters()}

@@ -44,18 +44,12 @@ def _data(shards) -> list[str]:
 
 
 @pytest.fixture
-def ns_calls(monkeypatch):
-    """Shapes of the matrices Newton-Schulz ran on (megahash.training.muon.newton_schulz wrapped)."""
+def ns_calls():
+    """Shapes of the matrices Newton-Schulz ran on (megahash.training.muon.counting_newton_schulz)."""
     from megahash.training import muon
 
-    calls, real = [], muon.newton_schulz
-
-    def counted(update, *args):
-        calls.append(tuple(update.shape))
-        return real(update, *args)
-
-    monkeypatch.setattr(muon, "newton_schulz", counted)
-    return calls
+    with muon.counting_newton_schulz() as calls:
+        yield calls
 
 
 @pytest.mark.parametrize("adjust", ["original", "match_rms_adamw"])
@@ -191,32 +185,15 @@ def test_assignment_balances_whole_matrices_whatever_their_order():
 
 
 def _spawn(worker: str, ranks: int, *args: str, timeout: int = 600) -> None:
-    """Run tests/training/WORKER as ``ranks`` gloo processes (one thread each); every one must exit 0."""
+    """Run tests/training/WORKER as ``ranks`` gloo processes; every one must exit 0."""
     import os
-    import subprocess
     import sys
 
-    from megahash.launching.env import free_port
+    from megahash.launching.env import run_local_world
 
     script = os.path.join(os.path.dirname(__file__), worker)
-    port, procs = free_port(), []
-    for rank in range(ranks):
-        env = dict(
-            os.environ,
-            RANK=str(rank),
-            WORLD_SIZE=str(ranks),
-            LOCAL_RANK=str(rank),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            OMP_NUM_THREADS="1",
-        )
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, script, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-            )
-        )
-    logs = [p.communicate(timeout=timeout)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
+    done = run_local_world([sys.executable, script, *args], ranks, timeout=timeout)
+    assert all(status == 0 for status, _ in done), "\n".join(out[-3000:] for _, out in done)
 
 
 STEPS = 4
