@@ -154,7 +154,8 @@ def _orthogonalize(p: torch.Tensor, update: torch.Tensor, group: dict) -> tuple[
 
 class MuonAdamW(torch.optim.Optimizer):
     """One torch optimizer (DeepSpeed takes one): groups tagged ``use_muon`` step as ``torch.optim.Muon``
-    (:meth:`_muon_step`), the others through a ``torch.optim.AdamW`` sharing this optimizer's groups and state."""
+    (:meth:`_muon_step`), the others through a ``torch.optim.AdamW`` sharing this optimizer's groups and state;
+    after :meth:`shard`, each rank steps its own matrices and AdamW partitions, then all-gathers."""
 
     shards = None  # megahash.training.muon_sharded.DataParallelShards when the state is sharded over DP ranks
 

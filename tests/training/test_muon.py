@@ -135,7 +135,7 @@ def test_newton_schulz_on_every_routed_matrix_through_the_engine(shakespeare_sha
     assert sorted(ns_calls) == shapes
 
 
-def test_layouts_zero3_refused_in_one_line_zero12_run_sharded_on_the_engine_path(shakespeare_shards):
+def test_layouts_zero3_refused_in_one_line_zero12_run_sharded_on_the_engine_path():
     """ZeRO-3 at config time (one line, naming train.zero_stage=1); ZeRO-1/2 over data-parallel ranks run the engine
     at stage 0 (gradient all-reduce, clipping) with the optimizer sharded; DeepSpeed's bf16 optimizer refused."""
     from megahash.config import load_config
