@@ -313,7 +313,7 @@ def test_sharded_muon_steps_as_one_rank_holds_its_share_and_resumes_at_any_data_
             _params(tmp_path / "two" / "step_00000004", weights),
             _params(tmp_path / "two_again" / "step_00000004", weights),
         )
-        assert all(torch.equal(a[n], b[n]) for n in a), weights
+        assert all(torch.equal(a[n], b[n]) for n in a), weights  # bit-exact: resume is the promise
     assert list((tmp_path / "dp1" / "step_00000002").glob("*model_states.pt"))  # one rank: not sharded
     straight = {name: dict(enumerate(out[name]["losses"], 1)) for name in ("dp1", "dp4")}
     resumed = {
