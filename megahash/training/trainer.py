@@ -77,8 +77,8 @@ def build_engine(cfg: Config, model: torch.nn.Module, dp_size: int, dtype: torch
     accelerator.deepspeed_collectives_by_current_names()  # ZeRO-3's collectives without deprecation warnings
     t = cfg.train
     optimizer = build_optimizer(
-        model, t, param_groups(model, t.weight_decay), accelerator.adamw_options()
-    )  # train.optimizer
+        model, t, param_groups(model, t.weight_decay), accelerator.adamw_options(), dp_size
+    )  # train.optimizer (Muon sharded over the data-parallel ranks at ZeRO-1/2)
     scheduler = Schedule(optimizer, t)  # megatron-core's OptimizerParamScheduler, stepped by the engine
     bf16_params = dtype == torch.bfloat16 or next(model.parameters()).dtype == torch.bfloat16
     autocast = None if bf16_params else accelerator.autocast_dtype(t.precision)
