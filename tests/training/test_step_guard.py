@@ -188,3 +188,89 @@ def test_spike_skips_resume_exactly(shakespeare_shards, tmp_path, capsys):
     split = tmp_path / "split"
     run(split, f"train.stop_after={skipped[0] - 1}")
     assert run(split) == straight
+
+
+
+def _poison(monkeypatch, at_pass: int, snapshots: list):
+    """Test code around the trainer (as tests/training/nonfinite_worker.py): a NaN into one gradient element
+    of the first MLP weight at backward pass ``at_pass`` (1-based; 0: none), and this rank's parameters
+    appended to ``snapshots`` as (steps done, parameters) before and after every step the trainer runs, the
+    one that stops the run included."""
+    from megahash.training import trainer
+
+    build_model, step_logged, passes = trainer._build_model, trainer._train_step_logged, [0]
+
+    def poisoned_build_model(cfg, data):
+        model, n_params, n_emb = build_model(cfg, data)
+
+        def hook(grad):
+            passes[0] += 1
+            if passes[0] != at_pass:
+                return grad
+            grad = grad.clone()
+            grad.view(-1)[0] = float("nan")
+            return grad
+
+        model.decoder.layers[0].mlp.linear_fc1.weight.register_hook(hook)
+        return model, n_params, n_emb
+
+    def params(run):
+        return run.step, {n: p.detach().clone() for n, p in run.engine.module.named_parameters()}
+
+    def step_and_snapshot(run):
+        snapshots.append(params(run))
+        try:
+            step_logged(run)
+        finally:
+            snapshots.append(params(run))
+
+    monkeypatch.setattr(trainer, "_build_model", poisoned_build_model)
+    monkeypatch.setattr(trainer, "_train_step_logged", step_and_snapshot)
+
+
+NONFINITE_VARIANTS = {  # one rank, in process: (overrides, backward passes a step, pass of step 3 poisoned)
+    "fp32_accumulation": (["train.micro_batch_size=2"], 4, 3),  # ZeRO-0, 4 micro-batches a step: the 3rd
+    "muon": (["train.optimizer=muon", "train.muon_lr=0.02"], 2, 2),
+    "bf16": (["train.precision=bf16"], 2, 2),  # autocast over fp32 parameters
+}
+
+
+@pytest.mark.parametrize("variant", sorted(NONFINITE_VARIANTS))
+def test_a_nonfinite_step_is_refused_before_its_update_and_stops_in_one_line(
+    shakespeare_shards, tmp_path, capsys, monkeypatch, variant
+):
+    """``train.skip_nonfinite`` off (the default): a NaN in one gradient element in step 3 stops the run in one
+    line, exit 2, before the update: the parameters after the refused step are those it started from bit for
+    bit, the newest checkpoint on disk is step 2's, and a resume from it starts from those same parameters.
+    Before issue 47 the NaN update was applied and the run died with a FloatingPointError traceback."""
+    import torch
+
+    from megahash.pretrain import main
+
+    extra, per_step, poisoned = NONFINITE_VARIANTS[variant]
+    data = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}"]
+    common = [*data, *TINY, *extra, "train.steps=6", "train.save_interval=2", f"train.save_dir={tmp_path / 'run'}"]
+    snapshots: list = []
+    _poison(monkeypatch, 2 * per_step + poisoned, snapshots)
+    status = main(common)
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert status == 2 and len(errors) == 1 and "Traceback" not in err, err[-3000:]
+    assert errors[0].startswith("error: step 3: non-finite gradient norm") and "step_00000002" in errors[0], errors
+    assert "train.skip_nonfinite=true" in errors[0]
+    assert [s for s, _ in snapshots] == [0, 1, 1, 2, 2, 2]  # the refused step never counted
+    (_, before), (_, after) = snapshots[-2], snapshots[-1]
+    # bit-exact: a refused step applies nothing, so every parameter keeps its bit pattern (the promise)
+    assert all(torch.equal(after[n], before[n]) for n in before)
+    assert all(torch.isfinite(p).all() for p in after.values())
+    assert (tmp_path / "run" / "latest").read_text().strip() == "step_00000002"
+
+    monkeypatch.undo()  # the resume, without the NaN: it starts from the checkpoint's parameters
+    resumed: list = []
+    _poison(monkeypatch, 0, resumed)
+    status = main([*common, "train.steps=3"])
+    out, err = capsys.readouterr()
+    assert status == 0 and f"resumed from {tmp_path / 'run' / 'step_00000002'}" in out, err[-3000:]
+    (start, loaded) = resumed[0]
+    # bit-exact: a resume restores the saved weights (the promise of a checkpoint)
+    assert start == 2 and all(torch.equal(loaded[n], before[n]) for n in before)
