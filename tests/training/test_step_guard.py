@@ -150,6 +150,36 @@ def test_nan_gradient_on_one_rank_skips_the_step_on_both(shakespeare_shards, tmp
         assert all(torch.equal(params[(0, s)][n], params[(1, s)][n]) for s in range(1, 6) for n in params[(0, s)])
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("layout", ["dp2_zero2", "tp2"])
+def test_nan_gradient_on_one_rank_stops_both_ranks_before_the_update(shakespeare_shards, tmp_path, layout):
+    """``train.skip_nonfinite`` off (the default), 2 ranks, NaN in one gradient element of rank 1 in step 3:
+    both ranks refuse the update and stop, one error line (rank 0), exit 2 on both, each rank's parameters
+    bit-identical to after step 2, whose checkpoint is the newest. ``dp2_zero2``: DeepSpeed's ZeRO-2
+    optimizer finds the non-finite global norm; ``tp2``: only rank 1's shard holds the NaN, and the
+    all-reduced decision stops rank 0 too (without it rank 0 would train on alone and hang)."""
+    import torch
+
+    save_dir = tmp_path / "run"
+    passes, extra = {"dp2_zero2": ("3", ["train.zero_stage=2"]), "tp2": ("6", ["parallel.tensor=2"])}[layout]
+    data = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}"]
+    overrides = [*data, *TINY, "train.steps=6", "train.save_interval=2", f"train.save_dir={save_dir}", *extra]
+    codes, outs = _launch(tmp_path, passes, overrides)
+    log = "\n".join(o + e for o, e in outs)
+    assert codes == [2, 2], log[-4000:]
+    errors = [line for line in outs[0][1].splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith("error: step 3: non-finite gradient norm"), log[-4000:]
+    assert "Traceback" not in log and not any(line.startswith("error: ") for line in outs[1][1].splitlines())
+    assert (save_dir / "latest").read_text().strip() == "step_00000002"
+    for r in (0, 1):
+        before = torch.load(tmp_path / f"params_rank{r}_step2.pt")
+        after = torch.load(tmp_path / f"params_rank{r}_refused.pt")
+        # bit-exact: a refused step applies nothing, so every parameter keeps its bit pattern (the promise)
+        assert all(torch.equal(after[n], before[n]) for n in before), r
+    assert not (tmp_path / "params_rank0_step3.pt").exists()
+
+
 def test_spike_skips_resume_exactly(shakespeare_shards, tmp_path, capsys):
     """One rank, in-process, spike rule k=1.0001 over a window of 1 (any rise of the loss is a spike): the
     run stopped just before its first skipped step and resumed skips it too (the window travels in the
