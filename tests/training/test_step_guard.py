@@ -180,6 +180,31 @@ def test_nan_gradient_on_one_rank_stops_both_ranks_before_the_update(shakespeare
     assert not (tmp_path / "params_rank0_step3.pt").exists()
 
 
+def test_a_diverging_lr_stops_in_one_line_with_the_newest_checkpoint_published(shakespeare_shards, tmp_path):
+    """The issue's case through the real entry point: ``train.lr=1e6`` (no NaN planted) with asynchronous saves
+    every 2 steps. The step whose gradient norm overflows is refused and the run stops in one line, exit 2;
+    the newest checkpoint is the last one due before it, published complete (a save still in flight is
+    finished first, not abandoned), and nothing half-written is left."""
+    import re
+
+    from conftest import pretrain
+
+    save_dir = tmp_path / "run"
+    data = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}"]
+    r = pretrain(
+        [*data, *TINY, "train.lr=1e6", "train.warmup_steps=0", "train.steps=8", "train.save_interval=2",
+         "train.async_save=true", f"train.save_dir={save_dir}"]
+    )  # fmt: skip
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
+    assert r.returncode == 2 and len(errors) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    step = int(re.match(r"error: step (\d+): non-finite (loss|gradient norm) ", errors[0]).group(1))
+    newest = f"step_{(step - 1) // 2 * 2:08d}"
+    assert step > 2 and newest in errors[0], errors
+    assert (save_dir / "latest").read_text().strip() == newest
+    assert (save_dir / newest / "megahash_state.json").is_file()
+    assert not list(save_dir.glob("*.tmp*")), sorted(p.name for p in save_dir.iterdir())
+
+
 def test_spike_skips_resume_exactly(shakespeare_shards, tmp_path, capsys):
     """One rank, in-process, spike rule k=1.0001 over a window of 1 (any rise of the loss is a spike): the
     run stopped just before its first skipped step and resumed skips it too (the window travels in the
@@ -218,7 +243,6 @@ def test_spike_skips_resume_exactly(shakespeare_shards, tmp_path, capsys):
     split = tmp_path / "split"
     run(split, f"train.stop_after={skipped[0] - 1}")
     assert run(split) == straight
-
 
 
 def _poison(monkeypatch, at_pass: int, snapshots: list):
