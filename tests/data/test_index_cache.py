@@ -1,0 +1,81 @@
+"""A full disk at start (issue 47.5, megahash/data/index_cache.py): megatron-core's dataset index cache cannot
+be written under ``data.cache_dir``. Through the real entry point, one line naming the directory and the fix,
+exit 2, and no half-written index left behind (megatron would take a cache whose four files exist as
+complete). Before: a 60-line traceback ending in megatron's "Failed to write dataset materials".
+
+The filesystem: a real 128 KiB tmpfs mounted in a user and mount namespace of the run's own (``unshare -rm``,
+no root needed where the kernel allows unprivileged user namespaces, as here); it holds the description, the
+document index and the sample index of the run's train split (~96 KiB) but not the shuffle index, so the
+build fails half-way (ENOSPC). Where namespaces are not allowed that case is skipped, and the second case
+runs anyway: the run with ``RLIMIT_FSIZE`` of 64 KiB (SIGXFSZ ignored), where the sample index write fails
+with EFBIG: the same code path (an OSError while megatron writes), not a full disk."""
+
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, child_env
+
+TINY = [
+    "model.hidden_size=64",
+    "model.num_layers=2",
+    "model.num_heads=4",
+    "model.ffn_hidden_size=128",
+    "data.seq_length=64",
+    "train.micro_batch_size=4",
+    "train.global_batch_size=8",
+    "train.steps=2",
+    "train.eval_interval=0",
+    "train.precision=fp32",
+    "logging.plot=false",
+    "logging.tensorboard=false",
+]
+LEFT = "cache files left:"
+
+
+def _namespaces_allowed(tmp_path) -> bool:
+    if not shutil.which("unshare"):
+        return False
+    probe = f"mount -t tmpfs -o size=4k tmpfs {tmp_path}"
+    return subprocess.run(["unshare", "-rm", "sh", "-c", probe], capture_output=True).returncode == 0
+
+
+def _fsize_limit():
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead of killing
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+
+
+@pytest.mark.parametrize("filesystem", ["tmpfs", "fsize"])
+def test_a_full_disk_at_start_is_one_line_and_leaves_no_half_written_cache(shakespeare_shards, tmp_path, filesystem):
+    mount, cache = tmp_path / "small", tmp_path / "small" / "cache"
+    mount.mkdir()
+    pretrain = [
+        sys.executable,
+        "megahash/pretrain.py",
+        f"data.prefix=[{shakespeare_shards['prefix']}]",
+        f"data.tokenizer={shakespeare_shards['tokenizer']}",
+        *TINY,
+        f"data.cache_dir={cache}",
+        f"train.save_dir={tmp_path / 'run'}",
+    ]
+    if filesystem == "tmpfs":
+        if not _namespaces_allowed(tmp_path / "small"):
+            pytest.skip("no unprivileged user and mount namespaces here (the fsize case runs)")
+        script = f'mount -t tmpfs -o size=128k tmpfs {mount} && "$@"; s=$?; echo "{LEFT} $(ls -A {cache} 2>/dev/null)"; exit $s'
+        cmd, preexec = ["unshare", "-rm", "sh", "-c", script, "sh", *pretrain], None
+    else:
+        cmd, preexec = pretrain, _fsize_limit
+    r = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=600, preexec_fn=preexec)
+    lines = r.stderr.splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr[-3000:]
+    assert lines[0].startswith("error: cannot write the dataset index cache: ") and str(cache) in lines[0], lines
+    assert "set data.cache_dir to a writable directory" in lines[0]
+    reason = "No space left on device" if filesystem == "tmpfs" else "File too large"
+    left = r.stdout.splitlines()[-1] if filesystem == "tmpfs" else f"{LEFT} {' '.join(os.listdir(cache))}"
+    assert reason in lines[0] or "requested and" in lines[0], lines  # numpy's short write has no errno
+    assert left == f"{LEFT} ", left  # the failed build's files are gone
