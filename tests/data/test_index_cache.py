@@ -50,12 +50,22 @@ def _fsize_limit():
     resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
 
 
-@pytest.mark.parametrize("filesystem", ["tmpfs", "fsize"])
+@pytest.mark.parametrize(
+    "filesystem",
+    ["tmpfs", "fsize", pytest.param("tmpfs_2_ranks", marks=[pytest.mark.slow, pytest.mark.multiprocess])],
+)
 def test_a_full_disk_at_start_is_one_line_and_leaves_no_half_written_cache(shakespeare_shards, tmp_path, filesystem):
+    """``tmpfs_2_ranks``: the same under DeepSpeed's launcher with 2 ranks: rank 0 prints the line; rank 1, waiting
+    in megatron's barrier for rank 0's build, stops silently (exit 2 when its barrier breaks first, else the
+    launcher ends it): no traceback of the broken barrier."""
+    from megahash.launching.env import free_port
+
     mount, cache = tmp_path / "small", tmp_path / "small" / "cache"
     mount.mkdir()
+    two = filesystem == "tmpfs_2_ranks"
+    launcher = ["deepspeed", "--log_level", "error", "--num_gpus", "2", "--master_port", str(free_port())]
     pretrain = [
-        sys.executable,
+        *(launcher if two else [sys.executable]),
         "megahash/pretrain.py",
         f"data.prefix=[{shakespeare_shards['prefix']}]",
         f"data.tokenizer={shakespeare_shards['tokenizer']}",
@@ -63,7 +73,7 @@ def test_a_full_disk_at_start_is_one_line_and_leaves_no_half_written_cache(shake
         f"data.cache_dir={cache}",
         f"train.save_dir={tmp_path / 'run'}",
     ]
-    if filesystem == "tmpfs":
+    if filesystem.startswith("tmpfs"):
         if not _namespaces_allowed(tmp_path / "small"):
             pytest.skip("no unprivileged user and mount namespaces here (the fsize case runs)")
         script = f'mount -t tmpfs -o size=128k tmpfs {mount} && "$@"; s=$?; echo "{LEFT} $(ls -A {cache} 2>/dev/null)"; exit $s'
@@ -71,11 +81,11 @@ def test_a_full_disk_at_start_is_one_line_and_leaves_no_half_written_cache(shake
     else:
         cmd, preexec = pretrain, _fsize_limit
     r = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=600, preexec_fn=preexec)
-    lines = r.stderr.splitlines()
-    assert r.returncode == 2 and len(lines) == 1, r.stderr[-3000:]
+    lines = [line for line in r.stderr.splitlines() if line.startswith("error: ") or not two]
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr + r.stdout, r.stderr[-3000:]
     assert lines[0].startswith("error: cannot write the dataset index cache: ") and str(cache) in lines[0], lines
     assert "set data.cache_dir to a writable directory" in lines[0]
     reason = "No space left on device" if filesystem == "tmpfs" else "File too large"
-    left = r.stdout.splitlines()[-1] if filesystem == "tmpfs" else f"{LEFT} {' '.join(os.listdir(cache))}"
+    left = r.stdout.splitlines()[-1] if filesystem.startswith("tmpfs") else f"{LEFT} {' '.join(os.listdir(cache))}"
     assert reason in lines[0] or "requested and" in lines[0], lines  # numpy's short write has no errno
     assert left == f"{LEFT} ", left  # the failed build's files are gone
