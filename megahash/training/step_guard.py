@@ -166,11 +166,9 @@ class StepGuard:
         deciding first, on DeepSpeed's clipping norm of this step (megahash.training.grad_norm); a refusal
         makes it a no-op and detaches the LR scheduler for the rest of the call."""
         engine = self.engine
-        base = engine.basic_optimizer if engine.basic_optimizer is not None else engine.optimizer
-        own, real_step, scheduler = vars(base).get("step"), base.step, engine.lr_scheduler
         reasons = []
 
-        def deciding_step(*args, **kwargs):
+        def deciding_step(real_step, *args, **kwargs):
             norm = getattr(engine, "_megahash_grad_norm", None)
             reasons.append(self.decide(norm if norm is not None else _local_grad_norm(engine)))
             if reasons[0] is None:
@@ -178,15 +176,8 @@ class StepGuard:
             engine.lr_scheduler = None
             return None
 
-        base.step = deciding_step
-        try:
+        with _optimizer_step(engine, deciding_step):
             original(lr_kwargs)
-        finally:
-            engine.lr_scheduler = scheduler
-            if own is not None:
-                base.step = own
-            else:
-                del base.step
         return reasons[0] if reasons else self.decide()  # (not called: nothing was applied)
 
     def state_dict(self) -> dict:
@@ -258,13 +249,13 @@ def _applied(engine) -> bool:
 
 
 @contextlib.contextmanager
-def _nothing_applied(engine):
-    """During the call: the base optimizer's ``step`` does nothing and the engine has no LR scheduler."""
+def _optimizer_step(engine, step):
+    """During the call: the base optimizer's ``step(*args)`` is ``step(its own step, *args)``; the engine's
+    LR scheduler is put back afterwards (a refused step detaches it)."""
     base = engine.basic_optimizer if engine.basic_optimizer is not None else engine.optimizer
     own = vars(base).get("step")  # an instance-level ``step`` (a wrapper some library put there) is kept
-    scheduler = engine.lr_scheduler
-    base.step = lambda *args, **kwargs: None
-    engine.lr_scheduler = None
+    real, scheduler = base.step, engine.lr_scheduler
+    base.step = lambda *args, **kwargs: step(real, *args, **kwargs)
     try:
         yield
     finally:
@@ -273,6 +264,14 @@ def _nothing_applied(engine):
             base.step = own
         else:
             del base.step
+
+
+@contextlib.contextmanager
+def _nothing_applied(engine):
+    """During the call: the base optimizer's ``step`` does nothing and the engine has no LR scheduler."""
+    with _optimizer_step(engine, lambda real, *args, **kwargs: None):
+        engine.lr_scheduler = None
+        yield
 
 
 def install(engine, train_cfg) -> StepGuard:

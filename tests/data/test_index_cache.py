@@ -18,23 +18,10 @@ import subprocess
 import sys
 
 import pytest
+from test_step_guard import TINY  # the tiny decoder, fp32, no evaluation, plots or TensorBoard
 
 from conftest import ROOT, child_env
 
-TINY = [
-    "model.hidden_size=64",
-    "model.num_layers=2",
-    "model.num_heads=4",
-    "model.ffn_hidden_size=128",
-    "data.seq_length=64",
-    "train.micro_batch_size=4",
-    "train.global_batch_size=8",
-    "train.steps=2",
-    "train.eval_interval=0",
-    "train.precision=fp32",
-    "logging.plot=false",
-    "logging.tensorboard=false",
-]
 LEFT = "cache files left:"
 
 
@@ -70,6 +57,7 @@ def test_a_full_disk_at_start_is_one_line_and_leaves_no_half_written_cache(shake
         f"data.prefix=[{shakespeare_shards['prefix']}]",
         f"data.tokenizer={shakespeare_shards['tokenizer']}",
         *TINY,
+        "train.steps=2",
         f"data.cache_dir={cache}",
         f"train.save_dir={tmp_path / 'run'}",
     ]
