@@ -126,10 +126,9 @@ class StepGuard:
         else:
             bad = (~torch.isfinite(torch.as_tensor(grad_norm, device=dev))).any().to(torch.float64)
         t = torch.stack([loss.to(dev), bad])
-        world = 1
-        if torch.distributed.is_initialized():
+        world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        if world > 1:
             torch.distributed.all_reduce(t)
-            world = torch.distributed.get_world_size()
         total, bad_grads = t.tolist()
         self.mean_loss = total / (world * self.gas)
         if not math.isfinite(self.mean_loss):
