@@ -67,6 +67,15 @@ def test_recursive_aliases_and_deep_nesting_are_refused_in_one_line(tmp_path):
         assert str(path) in line and why in line, line
 
 
+def test_a_deeply_nested_deepspeed_json_is_one_line(tmp_path):
+    """train.deepspeed_config naming 100,000 nested arrays: Python's JSON decoder's RecursionError was a traceback."""
+    path = tmp_path / "ds.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    cmd = ["megahash/pretrain.py", "--check", "config", "--config", "configs/quickstart.yaml"]
+    line = _one_error_line(run([sys.executable, *cmd, f"train.deepspeed_config={path}"]))
+    assert str(path) in line and "nested too deeply" in line, line
+
+
 def test_alias_expansion_counts_what_the_expanded_value_holds():
     """What :func:`alias_expansion` adds, against the value PyYAML constructs walked twice: once in full (every
     shared list visited each time it is referenced: the expansion) and once visiting each list once."""
