@@ -296,6 +296,10 @@ def read_yaml_mapping(path, what: str) -> dict:
         data = safe_yaml.load(Path(path).read_text(), f"{what} file {path}") or {}
     except FileNotFoundError:
         raise ConfigError(f"{what} file {str(path)!r} does not exist") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{what} file {path} is not UTF-8 text (byte {e.start}); give a YAML file") from None
+    except OSError as e:  # a directory, no permission
+        raise ConfigError(f"{what} file {path} cannot be read: {e.strerror}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{what} file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(data, dict):

@@ -67,6 +67,17 @@ def test_recursive_aliases_and_deep_nesting_are_refused_in_one_line(tmp_path):
         assert str(path) in line and why in line, line
 
 
+def test_a_binary_file_or_a_directory_as_config_is_one_line(tmp_path):
+    """--config naming a binary file (UnicodeDecodeError) or a directory (IsADirectoryError): tracebacks before."""
+    binary = tmp_path / "weights.bin"
+    binary.write_bytes(bytes(range(256)) * 8)
+    for path, why in [(binary, "is not UTF-8 text"), (tmp_path, "cannot be read: Is a directory")]:
+        line = _one_error_line(
+            run([sys.executable, "megahash/pretrain.py", "--check", "config", "--config", str(path)])
+        )
+        assert line.startswith(f"error: config file {path} {why}"), line
+
+
 def test_a_deeply_nested_deepspeed_json_is_one_line(tmp_path):
     """train.deepspeed_config naming 100,000 nested arrays: Python's JSON decoder's RecursionError was a traceback."""
     path = tmp_path / "ds.json"
