@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from megahash.errors import MegahashError, one_line
+from megahash.errors import MegahashError, print_error
 
 
 def launch_rank() -> int:
@@ -29,7 +29,7 @@ def run_guarded(fn) -> int:
 
     def say(msg):
         if launch_rank() == 0 or os.environ.get("MEGAHASH_ERRORS_ALL_RANKS") == "1":
-            print(f"error: {one_line(msg)}", file=sys.stderr)  # capped: megahash.errors.one_line
+            print_error(msg)
 
     fresh = not _group_initialized()
     try:

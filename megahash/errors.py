@@ -1,6 +1,7 @@
 """Errors that reach the user as one line (entry points print ``error: <message>`` and exit 2)."""
 
 import difflib
+import sys
 
 LINE_LIMIT = 500  # characters of an error line after ``error: `` (:func:`one_line`)
 
@@ -30,7 +31,8 @@ def did_you_mean(key: str, options) -> str:
 def one_line(message, limit: int = LINE_LIMIT) -> str:
     """``message`` as the one line a user reads: its lines joined by spaces and, past ``limit``
     characters, its head (what failed) and tail (the fix) around `` ... `` (a value quoted in full
-    can be megabytes: a YAML alias bomb, a hostile file name). Every ``error:`` line goes through it."""
+    can be megabytes: a YAML alias bomb, a hostile file name). Every ``error:`` line goes through it
+    (:func:`print_error`)."""
     text = str(message)
     if len(text) > 4 * limit:  # only the ends are shown: no pass over a huge middle
         text = text[: 2 * limit] + "\n...\n" + text[-2 * limit :]
@@ -43,3 +45,8 @@ def one_line(message, limit: int = LINE_LIMIT) -> str:
 
 
 _ELLIPSIS = " ... "
+
+
+def print_error(message) -> None:
+    """The one place an error becomes a line: ``error: <message as one_line>`` on stderr."""
+    print(f"error: {one_line(message)}", file=sys.stderr, flush=True)

@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from megahash.errors import one_line
+from megahash.errors import print_error
 
 DAEMONS = ("slurmctld", "slurmd", "sinfo", "sbatch", "srun", "scontrol", "squeue", "scancel")
 
@@ -372,7 +372,7 @@ def main(argv=None) -> int:
         else:
             print(cluster.sinfo() or "not running")
     except SlurmUnavailable as e:
-        print(f"error: {one_line(e)}", file=sys.stderr)
+        print_error(e)
         return 2
     return 0
 

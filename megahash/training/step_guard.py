@@ -154,9 +154,8 @@ class StepGuard:
                 return
             with _nothing_applied(engine):
                 original(lr_kwargs)
-        if self.reason is not None and _applied(
-            engine
-        ):  # DeepSpeed stepped (a no-op): count it as its overflow path does
+        # a refused step that DeepSpeed stepped (a no-op): counted as its overflow path counts one
+        if self.reason is not None and _applied(engine):
             engine._step_applied = False
             engine.skipped_steps += 1
 
