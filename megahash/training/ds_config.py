@@ -55,6 +55,8 @@ def read_json(path: Path) -> dict:
         raise ConfigError(
             f"DeepSpeed config {path} is not valid JSON ({e.msg}, line {e.lineno}); fix the file"
         ) from None
+    except RecursionError:  # Python's decoder recurses per level
+        raise ConfigError(f"DeepSpeed config {path} is nested too deeply to read; fix the file") from None
     if not isinstance(ds, dict):
         raise ConfigError(f"DeepSpeed config {path} must hold a JSON object")
     return ds
