@@ -7,7 +7,8 @@
 - importing the hashing and data-stage packages really loads no torch (preprocessing workers);
 - ``megahash.models`` opens no files (the fixed text of fixedseqqk is read by megahash.data.fixed_text;
   the model receives token ids);
-- only ``megahash/accelerator.py`` touches CUDA (``.cuda``, ``torch.cuda``, ``"cuda"``/``"nccl"``);
+- only ``megahash/accelerator/`` touches CUDA (``.cuda``, ``torch.cuda``, ``"cuda"``/``"nccl"``), and in it only
+  ``policy.py`` asks whether there is a GPU;
 - only ``megahash/tokenization.py`` imports a tokenizer library (sentencepiece, ``tokenizers``,
   transformers' tokenizer classes) to turn text into ids: every other path loads its tokenizer there
   (:data:`TOKENIZER_ALLOWED` lists the exceptions and why);
@@ -169,16 +170,20 @@ def test_models_open_no_files():
     assert file_calls(PKG / "models" / "attention" / "fixed_qk.py", planted) == ["open (line 2)"]
 
 
-def test_only_the_accelerator_module_touches_cuda():
+def test_only_the_accelerator_package_touches_cuda():
+    accelerator = PKG / "accelerator"
     bad = {}
     for path in sorted(PKG.rglob("*.py")):
-        if path == PKG / "accelerator.py":
+        if accelerator in path.parents:
             continue
         uses = cuda_uses(path.read_text())
         if uses:
             bad[_rel(path)] = uses
-    assert not bad, f"CUDA outside megahash/accelerator.py (ask accelerator.device()/has_gpu()): {bad}"
-    assert cuda_uses((PKG / "accelerator.py").read_text()), "accelerator.py is where CUDA is checked"
+    assert not bad, f"CUDA outside megahash/accelerator/ (ask accelerator.policy.device()/has_gpu()): {bad}"
+    assert cuda_uses((accelerator / "policy.py").read_text()), "the device policy is where CUDA is checked"
+    # inside the package only the policy asks whether there is a GPU; the other modules ask the policy
+    asking = sorted(p.name for p in accelerator.glob("*.py") if "cuda.is_available" in p.read_text())
+    assert asking == ["policy.py"], asking
     # what training/signals.py and data/dataset.py did before
     planted = (
         "if dist.get_backend() == 'nccl':\n    t = t.cuda()\n"

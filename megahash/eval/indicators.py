@@ -549,10 +549,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from megahash.eval.text import load_codec, load_model
 
         cfg, model, ckpt = load_model(args.checkpoint, args.override)
-        from megahash import accelerator
+        from megahash.accelerator import policy
 
-        if accelerator.has_gpu():
-            model = model.to(accelerator.device())
+        if policy.has_gpu():
+            model = model.to(policy.device())
         codec = load_codec(cfg, ckpt, args.tokenizer, model_vocab=model.vocab_size)
         max_tokens = args.max_tokens or cfg.data.seq_length
         records, info = compute(model, codec, text, max_tokens, args.windows)

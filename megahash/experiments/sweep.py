@@ -474,7 +474,7 @@ def evaluate_cell(grid: Grid, cell: Cell, out: Path) -> None:
     same code as ``eval_command``; one model load, no extra interpreter start per cell)."""
     import warnings
 
-    from megahash import accelerator
+    from megahash.accelerator import process_groups
     from megahash.eval.run import _quiet_logs, evaluate_checkpoint
 
     warnings.filterwarnings("ignore")
@@ -487,7 +487,7 @@ def evaluate_cell(grid: Grid, cell: Cell, out: Path) -> None:
             cell.dir, ev["tasks"], ev.get("tasks_dir"), out, limit, ev["batch_size"], quiet=True, isolated=False
         )
     finally:
-        accelerator.teardown(barrier=False)
+        process_groups.teardown(barrier=False)
 
 
 def finish_cell(grid: Grid, cell: Cell, quiet: bool = False) -> dict:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from megahash import accelerator
+from megahash.accelerator import process_groups
 from megahash.atomic_write import write_text_atomic
 from megahash.checkpoint.layout import STATE_FILE, WEIGHTS_DIR, pin_path, read_state, tag_for
 from megahash.checkpoint.resolve import choose_resume, complete_checkpoints
@@ -30,7 +30,7 @@ from megahash.errors import CheckpointError
 def find_resume(save_dir: str | Path) -> Path | None:
     """The checkpoint ``train.resume=auto`` picks: the newest verified one; damaged newer ones are named
     in a warning, and only damaged ones is an error (megahash/checkpoint/resolve.py)."""
-    return choose_resume(save_dir, warn=accelerator.rank() == 0)
+    return choose_resume(save_dir, warn=process_groups.rank() == 0)
 
 
 def check_compatible(ckpt: Path, cfg: Config) -> dict:
@@ -90,12 +90,12 @@ def begin(root: Path, tmp: Path) -> BaseException | None:
     :func:`fail_if_any`)."""
     error = None
     try:
-        if accelerator.rank() == 0:
+        if process_groups.rank() == 0:
             root.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)
     except Exception as e:  # reported by fail_if_any on every rank
         error = e
-    accelerator.barrier()
+    process_groups.barrier()
     return error
 
 
@@ -116,7 +116,7 @@ def publish(engine, cfg: Config, tmp: Path, step: int, consumed: int, extra: dic
     manifest and the state file, renames ``tmp`` to ``step_N``, points ``latest`` at it and prunes."""
     root, tag, error = tmp.parent, tag_for(step), None
     try:
-        if accelerator.rank() == 0:
+        if process_groups.rank() == 0:
             from megahash.checkpoint.manifest import write_manifest
 
             save_config(cfg, tmp / "resolved_config.yaml")
@@ -154,11 +154,11 @@ def publish(engine, cfg: Config, tmp: Path, step: int, consumed: int, extra: dic
 
 def _abandon(tmp: Path) -> None:
     """Remove a partial save (rank 0), then wait for every rank."""
-    if accelerator.rank() == 0:
+    if process_groups.rank() == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         for p in tmp.parent.glob("*.tmp-*") if tmp.parent.is_dir() else ():
             p.unlink(missing_ok=True)
-    accelerator.barrier()
+    process_groups.barrier()
 
 
 def prune(root: Path, keep_last: int) -> None:

@@ -59,7 +59,7 @@ def _kinds():
 def test_capture_reproduces_every_kinds_attention(dist, kind):
     """For every kind the captured (equivalent) map is a causal row-stochastic matrix and A V equals
     the attention output of the module; the model output is unchanged by capturing."""
-    from megahash import accelerator
+    from megahash.accelerator import rng
     from megahash.config import load_config
     from megahash.models.megatron_model import build_model
 
@@ -77,7 +77,7 @@ def test_capture_reproduces_every_kinds_attention(dist, kind):
             "model.attention.options.fixed_seq_length=64",
         ],
     )
-    accelerator.seed_all(0)
+    rng.seed_all(0)
     model = build_model(cfg, 100).eval()
     if kind == "fixedseqqk":
         from megahash.models.attention.fixed_qk import set_fixed_tokens
