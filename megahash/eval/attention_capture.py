@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import functools
 
-from megahash.models import registry
-
 
 class AttentionCapture:
     """``with AttentionCapture(model, batch) as cap: model(tokens)`` -> ``cap.layers[i]`` = dict(kind, source,
@@ -25,6 +23,8 @@ class AttentionCapture:
         self._handles = []
 
     def __enter__(self):
+        from megahash.models import registry  # megatron-core: imported when a capture starts, not with the command
+
         modules = [layer.self_attention for layer in self.model.decoder.layers]
         self.layers = [None] * len(modules)
         known = registry.kinds("attention")
