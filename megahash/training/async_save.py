@@ -69,9 +69,11 @@ def _dying_with(parent: int, fn, *args, **kwargs):
     return fn(*args, **kwargs)
 
 
-def _in_writer(fn, step: int, trainer: int, *args, **kwargs):
+def _in_writer(fn, step: int, trainer: int, directory: Path, rank: int, *args, **kwargs):
     """The body of a forked writer: die with the trainer, make megatron's file writers (forked from
-    here) die with this writer, then megatron's write."""
+    here) die with this writer, then megatron's write, then the sha256 of this rank's files of
+    ``directory`` into its sidecar (megahash/checkpoint/digest.py): hashed here, off the training path,
+    while the pages are still cached."""
     from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
 
     _die_with_parent(trainer)
@@ -80,7 +82,13 @@ def _in_writer(fn, step: int, trainer: int, *args, **kwargs):
     at, _, secs = os.environ.get(DELAY_ENV, "").partition(":")
     if at == str(step):
         time.sleep(float(secs))
-    return fn(*args, **kwargs)
+    out = fn(*args, **kwargs)
+    from megahash.checkpoint.digest import Hasher
+
+    hasher = Hasher(directory.parent, rank, label=directory.name)
+    hasher.submit_rank_files(directory)
+    hasher.close()
+    return out
 
 
 class _Queue:
@@ -101,7 +109,10 @@ class _Queue:
         filesystem_async._results_queue = self.manager.Queue()
         request = dist_checkpointing.save(sharded_state_dict, str(directory), async_sharded_save=True)
         if request.async_fn is not None:
-            request = request._replace(async_fn=functools.partial(_in_writer, request.async_fn, self.step, os.getpid()))
+            from megahash import accelerator
+
+            args = (request.async_fn, self.step, os.getpid(), Path(directory), accelerator.rank())
+            request = request._replace(async_fn=functools.partial(_in_writer, *args))
         self.calls.schedule_async_request(request)
 
     def abort(self) -> None:
