@@ -10,7 +10,8 @@ snapshot (copy-on-write pages, after the device-to-host copy on a GPU), so the n
 may change the parameters at once. Every step polls the queue (one all-reduce while a save is in
 flight, as Megatron-LM's ``maybe_finalize_async_save``); when every rank's writer has finished, the
 queue finalizes the requests on all ranks (each dist checkpoint's ``.metadata`` and
-``metadata.json``) and only then does rank 0 publish the checkpoint: manifest, state file, rename of
+``metadata.json``) and only then does rank 0 publish the checkpoint: manifest (the sha256 of every
+file: each writer hashed its rank's files after writing them, in its own process; megahash/checkpoint/digest.py), state file, rename of
 ``step_N.tmp`` to ``step_N``, ``latest``, ``train.keep_last`` pruning (megahash/training/checkpoint.py
 ``publish``). Until then ``latest`` and the manifest name the previous checkpoint, so a crash (kill -9)
 mid-write leaves it as the resume point (the next start removes ``step_N.tmp``), and pruning, which

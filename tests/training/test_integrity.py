@@ -100,23 +100,27 @@ def _warnings(err: str) -> list[str]:
     return [l for l in err.splitlines() if l.startswith("warning: checkpoint")]
 
 
-def test_manifest_holds_the_sha256_of_every_file(straight):
-    """Every file of every checkpoint is in its manifest with hashlib's sha256 of its bytes (computed
-    here, independently), and no sidecar of the ranks' digests is left behind."""
+def assert_digests(ckpt: Path) -> None:
+    """Every file of ``ckpt`` is in its manifest with hashlib's sha256 of its bytes (computed here,
+    independently), and no sidecar of the ranks' digests is left behind."""
     from megahash.checkpoint.manifest import damage
 
+    files = json.loads((ckpt / "manifest.json").read_text())["files"]
+    on_disk = {
+        str(p.relative_to(ckpt))
+        for p in ckpt.rglob("*")
+        if p.is_file() and p.name not in ("manifest.json", "megahash_state.json")
+    }
+    assert set(files) == on_disk and any(k.startswith("model/") for k in files), ckpt
+    for rel, entry in files.items():
+        data = (ckpt / rel).read_bytes()
+        assert entry == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}, rel
+    assert damage(ckpt, "full") is None
+
+
+def test_manifest_holds_the_sha256_of_every_file(straight):
     for ckpt in sorted(straight.glob("step_*")):
-        files = json.loads((ckpt / "manifest.json").read_text())["files"]
-        on_disk = {
-            str(p.relative_to(ckpt))
-            for p in ckpt.rglob("*")
-            if p.is_file() and p.name not in ("manifest.json", "megahash_state.json")
-        }
-        assert set(files) == on_disk and any(k.startswith("model/") for k in files), ckpt
-        for rel, entry in files.items():
-            data = (ckpt / rel).read_bytes()
-            assert entry == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}, rel
-        assert damage(ckpt, "full") is None
+        assert_digests(ckpt)
 
 
 def test_a_flipped_byte_is_found_and_the_resume_falls_back(straight, shakespeare_shards, tmp_path, capsys):
