@@ -8,7 +8,7 @@ One rank in this process (DeepSpeed ZeRO-1 engine on the CPU, ``configs/quicksta
 ``configs/model/70m.yaml``, Shakespeare shards built here with the data tools), one training step,
 then ``rounds`` pairs of synchronous saves (megahash/training/checkpoint.py ``save``), with and
 without the digests, alternating which goes first; ratio = median save with digests / median save
-without. Then the verification of the last checkpoint as a resume runs it (manifest.damage): cheap
+without, of the wall time and of the CPU time (this process and megatron's forked file writers). Then the verification of the last checkpoint as a resume runs it (manifest.damage): cheap
 (sizes, zip structure) and full (sha256 of every file), each timed ``rounds`` times.
 """
 
@@ -27,6 +27,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from bench_async_save import MODELS, shards  # noqa: E402  (the same model lines and shards)
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU of this process and its finished children (megatron's forked file writers)."""
+    import resource
+
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def main() -> None:
@@ -67,13 +75,14 @@ def main() -> None:
         run = trainer._Run(cfg, rank, world)
         trainer._set_up(run)
         trainer._train_step_logged(run)
-        times = {True: [], False: []}
+        times, cpu = {True: [], False: []}, {True: [], False: []}
         step = 1
         for r in range(a.rounds):
             for hashes in (True, False) if r % 2 == 0 else (False, True):
-                t0 = time.perf_counter()
-                ckpt = checkpoint.save(run.engine, cfg, step, run.consumed(1), hashes=hashes)
+                c0, t0 = _cpu_seconds(), time.perf_counter()
+                checkpoint.save(run.engine, cfg, step, run.consumed(1), hashes=hashes)
                 times[hashes].append(time.perf_counter() - t0)
+                cpu[hashes].append(_cpu_seconds() - c0)
                 step += 1
         checkpoint.save(run.engine, cfg, step, run.consumed(1))  # the checkpoint verified below
         ckpt = d / "run" / (d / "run" / "latest").read_text()
@@ -92,15 +101,16 @@ def main() -> None:
         f"model {a.model}, checkpoint {size / 2**20:.0f} MiB, {a.rounds} saves each, load average "
         f"{os.getloadavg()[0]:.2f} at the end",
         "",
-        "| save | each, s | median, s |",
-        "| --- | --- | --- |",
+        "| save | wall, each, s | wall, median, s | CPU (process + writers), median, s |",
+        "| --- | --- | --- | --- |",
         *(
             f"| {'sha256 digests' if h else 'sizes only'} | {', '.join(f'{x:.2f}' for x in times[h])} "
-            f"| {statistics.median(times[h]):.3f} |"
+            f"| {statistics.median(times[h]):.3f} | {statistics.median(cpu[h]):.3f} |"
             for h in (True, False)
         ),
         "",
-        f"ratio (median with digests / median without): {with_h / without:.3f}",
+        f"ratio (median with digests / median without): wall {with_h / without:.3f}, "
+        f"CPU {statistics.median(cpu[True]) / statistics.median(cpu[False]):.3f}",
         "",
         "| verification of a resume | each, s | median, s |",
         "| --- | --- | --- |",

@@ -143,9 +143,11 @@ def _hash_rank_files(hasher, folder: Path) -> None:
 @contextlib.contextmanager
 def _hashing_engine_saves(engine, hasher):
     """While DeepSpeed saves: each file its checkpoint engine writes on this rank goes to ``hasher``
-    at once (hashed while DeepSpeed writes the next one)."""
+    at once (hashed while DeepSpeed writes the next one). Only a synchronous engine's (torch.save): a
+    decoupled one's files are still being written when ``save`` returns (rank 0 hashes them at the
+    publication)."""
     inner = getattr(engine, "checkpoint_engine", None)
-    if hasher is None or inner is None:
+    if hasher is None or inner is None or inner.is_decoupled():
         yield
         return
 

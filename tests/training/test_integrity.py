@@ -24,27 +24,17 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from test_batch_ramp import TINY as SMALL
 
 from conftest import ROOT, child_env, train_losses
 
 TINY = [
-    "model.hidden_size=32",
-    "model.num_layers=1",
-    "model.num_heads=2",
-    "model.ffn_hidden_size=64",
-    "model.vocab_size=0",
-    "data.seq_length=32",
+    *SMALL,  # hidden 32, one layer, ZeRO-0, every step logged, checkpoints kept
     "train.micro_batch_size=2",
     "train.global_batch_size=4",
     "train.lr=2e-3",
     "train.warmup_steps=2",
-    "train.log_interval=1",
-    "train.eval_interval=0",
-    "train.keep_last=0",
-    "train.zero_stage=0",
     "train.save_interval=2",
-    "logging.plot=false",
-    "logging.tensorboard=false",
 ]
 
 
@@ -246,6 +236,19 @@ def _snapshot(run_dir: Path) -> dict:
     }
 
 
+def _in_its_own_group(args: list[str]) -> subprocess.Popen:
+    """megahash/pretrain.py in a process group of its own (signals go to the group, as a launcher's)."""
+    return subprocess.Popen(
+        [sys.executable, "megahash/pretrain.py", *args],
+        cwd=ROOT,
+        env=child_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
 def test_one_run_per_save_dir(shakespeare_shards, tmp_path, capsys):
     """A real run, stopped (SIGSTOP to its process group) after its first checkpoint, holds the lock: a
     second run on the same save_dir refuses in one line naming the first's pid and touches nothing of it;
@@ -254,15 +257,7 @@ def test_one_run_per_save_dir(shakespeare_shards, tmp_path, capsys):
     from test_launch import wait_for_step
 
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "megahash/pretrain.py", *_args(shakespeare_shards, run_dir, 500)],
-        cwd=ROOT,
-        env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = _in_its_own_group(_args(shakespeare_shards, run_dir, 500))
     try:
         wait_for_step(run_dir, 3, lambda: proc.poll() is None)
         os.killpg(proc.pid, signal.SIGSTOP)
@@ -365,15 +360,7 @@ def test_one_history_after_a_killed_run(shakespeare_shards, tmp_path, capsys):
     run_dir = tmp_path / "run"
     every = ("train.save_interval=3", "logging.tensorboard=true")
     args = _args(shakespeare_shards, run_dir, 500, *every)
-    proc = subprocess.Popen(
-        [sys.executable, "megahash/pretrain.py", *args],
-        cwd=ROOT,
-        env=child_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = _in_its_own_group(args)
     try:
         wait_for_step(run_dir, 4, lambda: proc.poll() is None)
         while True:  # stopped where records past the newest checkpoint exist
