@@ -99,10 +99,14 @@ class Hasher:
         self.submit(*sorted(rank_files(folder, self.rank), key=lambda p: -p.stat().st_size))
 
     def close(self, write: bool = True) -> None:
-        """Wait for the digests and write the sidecar (``write``); a file that could not be read is
-        left out (rank 0 hashes it at the publication, or reports it)."""
+        """Wait for the digests and write the sidecar (``write``; without it, what is not yet hashed is
+        dropped); a file that could not be read is left out (rank 0 hashes it at the publication, or
+        reports it). Closing again does nothing."""
         entries = {}
         for p, fut in self.futures.items():
+            if not write:
+                fut.cancel()
+                continue
             try:
                 entries[str(p.relative_to(self.root))] = list(fut.result())
             except OSError:

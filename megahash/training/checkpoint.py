@@ -117,8 +117,7 @@ def save(engine, cfg: Config, step: int, consumed: int, extra: dict | None = Non
         _hash_rank_files(hasher, tmp / WEIGHTS_DIR)
         write_rng(tmp)
         if hasher is not None:
-            hasher, h = None, hasher
-            h.close()  # this rank's digests into its sidecar, for the manifest
+            hasher.close()  # this rank's digests into its sidecar, for the manifest
     except Exception as e:
         error = error or e
     except BaseException as e:  # torch.distributed.checkpoint's CheckpointException (disk full in model/, optimizer/)
@@ -126,7 +125,7 @@ def save(engine, cfg: Config, step: int, consumed: int, extra: dict | None = Non
             raise
         error = error or e
     finally:
-        if hasher is not None:  # the save failed: its digests are not needed
+        if hasher is not None:  # (after a failure: its hashing stopped, the digests dropped)
             hasher.close(write=False)
     if os.environ.get("MEGAHASH_TEST_FAIL_IN_SAVE") == str(step) and error is None:
         error = RuntimeError(f"injected failure while saving step {step} (MEGAHASH_TEST_FAIL_IN_SAVE)")
