@@ -9,7 +9,9 @@ One rank in this process (DeepSpeed ZeRO-1 engine on the CPU, ``configs/quicksta
 then ``rounds`` pairs of synchronous saves (megahash/training/checkpoint.py ``save``), with and
 without the digests, alternating which goes first; ratio = median save with digests / median save
 without, of the wall time and of the CPU time (this process and megatron's forked file writers). Then the verification of the last checkpoint as a resume runs it (manifest.damage): cheap
-(sizes, zip structure) and full (sha256 of every file), each timed ``rounds`` times.
+(sizes, zip structure) and full (sha256 of every file), each timed ``rounds`` times. Last,
+``rounds`` saves of ``train.async_save``: the step loop's stall and what of the hashing remains on
+it (the manifest at the publication, and the bytes it had to hash itself).
 """
 
 from __future__ import annotations
@@ -35,6 +37,46 @@ def _cpu_seconds() -> float:
 
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _async_saves(run, cfg, step: int, rounds: int) -> dict:
+    """``rounds`` saves of ``train.async_save`` in this process: the step loop's stall (the save's
+    planning and fork, then every poll until the publication), the time of the manifest at the
+    publication and the bytes it hashed itself (the writers hashed the rest in their processes)."""
+    from megahash.checkpoint import digest, manifest
+    from megahash.training import async_save
+
+    out = {"stall": [], "manifest": [], "bytes": []}
+    own_write, own_digests = manifest.write_manifest, digest.digests
+
+    def timed_write(*args, **kwargs):
+        t0 = time.perf_counter()
+        own_write(*args, **kwargs)
+        out["manifest"].append(time.perf_counter() - t0)
+
+    def counted(paths, *args, **kwargs):
+        paths = list(paths)
+        out["bytes"].append(sum(Path(p).stat().st_size for p in paths))
+        return own_digests(paths, *args, **kwargs)
+
+    manifest.write_manifest, digest.digests = timed_write, counted
+    saver = async_save.AsyncSaver(cfg)
+    saver.warm.join()
+    try:
+        for i in range(rounds):
+            t0 = time.perf_counter()
+            saver.save(run.engine, step + i, run.consumed(1), wait=False)
+            stall = time.perf_counter() - t0
+            while saver.pending is not None:
+                time.sleep(0.05)
+                stall += saver.finish(blocking=False)
+            out["stall"].append(stall)
+    finally:
+        saver.close(abort=False)
+        manifest.write_manifest, digest.digests = own_write, own_digests
+    ckpt = Path(cfg.train.save_dir) / (Path(cfg.train.save_dir) / "latest").read_text()
+    out["size"] = sum(p.stat().st_size for p in ckpt.rglob("*") if p.is_file())
+    return out
 
 
 def main() -> None:
@@ -94,6 +136,7 @@ def main() -> None:
                 t0 = time.perf_counter()
                 assert damage(ckpt, level) is None
                 verify[level].append(time.perf_counter() - t0)
+        asynchronous = _async_saves(run, cfg, step + 1, a.rounds)
         trainer._close(run)
         accelerator.teardown()
     with_h, without = statistics.median(times[True]), statistics.median(times[False])
@@ -118,6 +161,17 @@ def main() -> None:
             f"| {level} | {', '.join(f'{x:.2f}' for x in verify[level])} | {statistics.median(verify[level]):.3f} |"
             for level in verify
         ),
+    ]
+    lines += [
+        "",
+        "train.async_save: what of the hashing stays on the training path (the publication's manifest)",
+        "",
+        "| asynchronous save | median |",
+        "| --- | --- |",
+        f"| stall of the step loop (planning + fork, then the publication), s | {statistics.median(asynchronous['stall']):.3f} |",
+        f"| of which the manifest at the publication, s | {statistics.median(asynchronous['manifest']):.3f} |",
+        f"| bytes hashed there (what no writer's sidecar covered) | {statistics.median(asynchronous['bytes']):,.0f} |",
+        f"| bytes of the checkpoint (no DeepSpeed copy) | {asynchronous['size']:,.0f} |",
     ]
     text = "\n".join(lines) + "\n"
     if a.out:

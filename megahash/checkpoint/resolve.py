@@ -68,11 +68,14 @@ def _warn(text: str) -> None:
 
 
 def warn_unverified(ckpt: Path, level: str) -> None:
-    """One warning line when the manifest of ``ckpt`` cannot vouch for every file (manifest.unverified)."""
-    why = unverified(ckpt)
+    """At ``level`` full: one warning line when the manifest of ``ckpt`` cannot vouch for every file
+    (manifest.unverified). (``cheap`` promises no content check to begin with.)"""
+    why = unverified(ckpt) if level == "full" else None
     if why:
-        checked = "the zip structure and checksums" if level == "full" else "the zip structure"
-        _warn(f"checkpoint {ckpt} is only partly verified: {why}; {checked} of its torch files were checked")
+        _warn(
+            f"checkpoint {ckpt} is only partly verified: {why}; the zip structure and checksums of its "
+            f"torch files were checked"
+        )
 
 
 def verify_level(overrides: list[str] | None = None) -> str:
