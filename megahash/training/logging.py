@@ -122,26 +122,44 @@ def _record_step(rec: dict) -> int:
 def keep_history(path: Path, start: int) -> int:
     """Drop the records of ``metrics.jsonl`` past step ``start`` (a killed run's, to be logged again),
     and a line a kill cut short, rewriting the file atomically when anything goes; returns the last
-    step the dropped records reached (0: none)."""
-    if not path.is_file():
+    step the dropped records reached (0: none). Read from the end: every record written before the
+    train record of step ``start`` belongs to a step up to ``start`` (a late evaluation's or a
+    publication's record carries an earlier step), so a long history is not parsed at each start."""
+    if not path.is_file() or not path.stat().st_size:
         return 0
-    keep, last, dropped = [], 0, False
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-                step = _record_step(rec)
-            except (ValueError, KeyError, TypeError):
-                dropped = dropped or bool(line.strip())
-                continue
-            if step <= start:
-                keep.append(line if line.endswith("\n") else line + "\n")
-            else:
-                dropped, last = True, max(last, int(rec["step"]))
-    if dropped:
-        from megahash.atomic_write import write_text_atomic
+    import mmap
 
-        write_text_atomic(path, "".join(keep))
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        return _drop_past(path, data, start)
+
+
+def _drop_past(path: Path, data, start: int) -> int:
+    """keep_history over the bytes ``data`` of ``path`` (a memory map)."""
+    tail, end = [], len(data)
+    while end > 0:  # lines from the last, until the train record of a step up to start
+        begin = data.rfind(b"\n", 0, end - 1) + 1
+        line = data[begin:end]
+        try:
+            rec = json.loads(line)
+            step = _record_step(rec)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            rec, step = None, None
+        if rec is not None and rec.get("split") == "train" and step <= start:
+            break
+        tail.append((line, rec, step))
+        end = begin
+    keep, last, dropped = [], 0, False
+    for line, rec, step in reversed(tail):
+        if rec is not None and step <= start:
+            keep.append(line if line.endswith(b"\n") else line + b"\n")
+        elif rec is not None:
+            dropped, last = True, max(last, int(rec["step"]))
+        else:
+            dropped = dropped or bool(line.strip())
+    if dropped:
+        from megahash.atomic_write import write_bytes_atomic
+
+        write_bytes_atomic(path, data[:end] + b"".join(keep))
     return last
 
 
