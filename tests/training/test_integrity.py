@@ -424,3 +424,17 @@ def test_keep_history_drops_what_was_logged_past_the_start(tmp_path):
     assert purge_step(load_config(None, ["logging.x_axis=samples", "train.global_batch_size=8"]), 4) == 33
     tokens = load_config(None, ["logging.x_axis=tokens", "train.global_batch_size=8", "data.seq_length=16"])
     assert purge_step(tokens, 4) == 4 * 8 * 16 + 1
+
+
+def test_ranks_share_the_hashing_of_a_verification():
+    """digest.share: every file hashed by exactly one rank, the same split on every rank, the largest
+    files spread first (LPT: no rank more than the largest file above the mean)."""
+    from megahash.checkpoint.digest import share
+
+    sizes = {f"f{i}": s for i, s in enumerate([900, 10, 500, 500, 300, 7, 7, 200, 100, 1])}
+    for world in (1, 2, 3, 8):
+        parts = [share(sizes, r, world) for r in range(world)]
+        assert sorted(f for p in parts for f in p) == sorted(sizes)
+        loads = [sum(sizes[f] for f in p) for p in parts]
+        assert max(loads) <= sum(sizes.values()) / world + max(sizes.values())
+        assert parts == [share(dict(reversed(sizes.items())), r, world) for r in range(world)]
