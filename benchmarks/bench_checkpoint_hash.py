@@ -114,8 +114,7 @@ def main() -> None:
             ],
         )
         rank, world = accelerator.init_distributed(1)
-        run = trainer._Run(cfg, rank, world)
-        trainer._set_up(run)
+        run = trainer._set_up(cfg, rank, world)
         trainer._train_step_logged(run)
         times, cpu = {True: [], False: []}, {True: [], False: []}
         step = 1

@@ -39,6 +39,7 @@ EMPTY_STALE_S = 30.0  # a lock file without a readable holder older than this is
 
 _held: Path | None = None  # the lock this process holds (for release_held)
 _mine: str | None = None  # its content
+_made: Path | None = None  # train.save_dir when taking the lock created it
 
 
 def _read(path: str) -> str | None:
@@ -126,8 +127,9 @@ def stale(h: dict | None, age_s: float, me: dict) -> str | None:
 def acquire(save_dir: str | Path) -> Path:
     """Take ``SAVE_DIR/megahash.lock`` (rank 0, before anything is written there); one-line
     ConfigError if another run holds it. A stale lock is reclaimed with one line on stderr."""
-    global _held, _mine
+    global _held, _mine, _made
     save_dir = Path(save_dir)
+    made = None if save_dir.exists() else save_dir
     try:
         save_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -170,7 +172,7 @@ def acquire(save_dir: str | Path) -> Path:
             os.fsync(fd)
         finally:
             os.close(fd)
-        _held, _mine = path, text
+        _held, _mine, _made = path, text, made
         return path
     raise ConfigError(f"could not take the lock {path}: other runs keep taking it; start one run per train.save_dir")
 
@@ -193,15 +195,19 @@ def _take_aside(path: Path, seen: str) -> bool:
 
 
 def release(path: Path | None) -> None:
-    """Remove the lock if it is still this process's."""
-    global _held, _mine
+    """Remove the lock if it is still this process's, and ``train.save_dir`` with it if taking the lock
+    created it and nothing else was written there (a run refused on bad input leaves nothing behind)."""
+    global _held, _mine, _made
     if path is None:
         return
     if _read(str(path)) == _mine:
         with contextlib.suppress(OSError):
             path.unlink()
     if path == _held:
-        _held = _mine = None
+        if _made is not None:
+            with contextlib.suppress(OSError):
+                _made.rmdir()  # only if empty
+        _held = _mine = _made = None
 
 
 def release_held() -> None:

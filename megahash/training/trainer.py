@@ -28,6 +28,7 @@ from megahash.data import documents
 from megahash.data.samples import consumed_samples, step_batch
 from megahash.data.text_source import RunTexts
 from megahash.errors import CheckpointError
+from megahash.known_warnings import quiet_deepspeed_logger
 from megahash.training import async_save, checkpoint, ema, eval_during, qat, run_lock, step_guard
 from megahash.training.batch_ramp import check_resume, ramp_metrics, set_step_batch
 from megahash.training.ds_config import deepspeed_config, tune_engine
@@ -171,8 +172,6 @@ class _Run:
 def train(cfg: Config, at_end=None) -> int:
     """Run (or resume) pretraining; returns the process exit status. ``at_end(save_dir)`` runs on rank 0
     after the last step (the entry point's end-of-run evaluation, megahash/pretrain.py)."""
-    from megahash.known_warnings import quiet_deepspeed_logger
-
     quiet_deepspeed_logger()
     accelerator.tune_host_allocator()
     tp, sp = cfg.parallel.tensor, cfg.parallel.sequence
@@ -180,15 +179,14 @@ def train(cfg: Config, at_end=None) -> int:
     run, completed = None, False
     try:
         with run_lock.held(cfg.train.save_dir, rank):  # one run per save_dir, before anything is written there
-            run = _start(cfg, rank, world)
+            run = _set_up(cfg, rank, world)
             with run.watch.requeue_after_peer_hang():  # a collective broken by a peer's hang watchdog: requeue
                 exit_status = _loop(run)
             _finish(run, exit_status, at_end)
             completed = True
             return exit_status
     finally:
-        if run is not None:
-            _close(run)  # after an error too: log files, TensorBoard's writer thread, wandb, loader workers
+        _close(run)  # after an error too: log files, TensorBoard's writer thread, wandb, loader workers
         accelerator.teardown(barrier=completed)
 
 
@@ -200,8 +198,8 @@ class _LoadFailed(Exception):
         self.ckpt, self.why = ckpt, why
 
 
-def _start(cfg: Config, rank: int, world: int) -> _Run:
-    """A set-up run (:func:`_set_up`). Under ``train.resume=auto`` a checkpoint that fails to load, on
+def _set_up(cfg: Config, rank: int, world: int) -> _Run:
+    """A set-up run (:func:`_set_up_once`). Under ``train.resume=auto`` a checkpoint that fails to load, on
     any rank and for any reason (its files damaged beyond what verification saw, a checkpoint without
     a manifest), is skipped like a damaged one: the whole set-up is done again from a fresh engine with
     the next older intact checkpoint (one warning line; none left: one line, exit 2). Loading into the
@@ -212,7 +210,7 @@ def _start(cfg: Config, rank: int, world: int) -> _Run:
     while True:
         run = _Run(cfg, rank, world)
         try:
-            _set_up(run, failed)
+            _set_up_once(run, failed)
             return run
         except _LoadFailed as e:
             failed[e.ckpt] = e.why
@@ -227,10 +225,10 @@ def _start(cfg: Config, rank: int, world: int) -> _Run:
 # ------------------------------------------------------------------------------------------ set up
 
 
-def _set_up(run: _Run, failed: dict | None = None) -> None:
+def _set_up_once(run: _Run, failed: dict | None = None) -> None:
     """Set up: the resume point, the datasets, the model and its engine, the restored state, the
     logs, the batch iterator, the stop flag, the progress meter and the hang watchdog, in this order.
-    ``failed``: checkpoints that failed to load in an earlier attempt (:func:`_start`)."""
+    ``failed``: checkpoints that failed to load in an earlier attempt (:func:`_set_up`)."""
     from megatron.core import parallel_state
 
     from megahash.objectives import build_objective
@@ -285,7 +283,7 @@ def _resume_point(cfg: Config, rank: int, failed: dict) -> Path | None:
 def _restore(run: _Run, ckpt: Path) -> None:
     """Model, optimizer, scheduler, RNG, the bad-step guard's window and the weight average from
     ``ckpt`` (its compatibility was checked). A failure on any rank, whatever raised it, is a
-    :class:`_LoadFailed` under ``train.resume=auto`` (:func:`_start` falls back), one line otherwise."""
+    :class:`_LoadFailed` under ``train.resume=auto`` (:func:`_set_up` falls back), one line otherwise."""
     from megahash.training.checkpoint_faults import first_line
 
     error = None
@@ -517,9 +515,11 @@ def _finish(run: _Run, exit_status: int, at_end) -> None:
         at_end(run.save_dir)  # training imports no eval (house rule: no import cycles)
 
 
-def _close(run: _Run) -> None:
+def _close(run: _Run | None) -> None:
     """Close a pending background save, the profiler, the progress meter and the logs and drop the batch
-    iterator (its loader workers), once."""
+    iterator (its loader workers), once (None: a run whose set-up failed, closed there)."""
+    if run is None:
+        return
     async_save.close(run)  # after an error: a pending background save is abandoned (the previous one stays)
     if run.evals is not None:
         run.evals.close()  # after an error: evaluations still running are killed
