@@ -449,3 +449,61 @@ def test_ranks_share_the_hashing_of_a_verification():
         loads = [sum(sizes[f] for f in p) for p in parts]
         assert max(loads) <= sum(sizes.values()) / world + max(sizes.values())
         assert parts == [share(dict(reversed(sizes.items())), r, world) for r in range(world)]
+
+
+WANDB_RESUME = r"""
+import sys, time
+from megahash.config import load_config
+from megahash.training.logging import RunLogger
+cfg = load_config(None, ["logging.wandb=true", "logging.wandb_mode=offline", "logging.tensorboard=false",
+                         f"train.save_dir={sys.argv[1]}"])
+log = RunLogger(cfg, 0)  # the run that is killed after step 4 (its checkpoint: step 2)
+for step in range(1, 5):
+    log.log(step, {"loss": 1.0 / step}, echo=False)
+log.close()
+time.sleep(1.1)  # wandb names a run's folder by the second it started: a real requeue is never within it
+log = RunLogger(cfg, 0, start=2)  # resumed from step 2
+for step in range(3, 7):
+    log.log(step, {"loss": 1.0 / step}, echo=False)
+log.close()
+"""
+
+
+def _wandb_history_steps(path: Path) -> list[int]:
+    """The steps of the history records of an offline W&B run file (W&B's LevelDB-log framing: a 7-byte
+    header, then records of CRC-32, length, type in 32 KiB blocks; each record a ``Record`` protobuf)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data, pos, steps, part = path.read_bytes(), 7, [], b""
+    while pos + 7 <= len(data):
+        if 32768 - pos % 32768 < 7:  # a block's tail too short for a header is padding
+            pos += 32768 - pos % 32768
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind in (2, 3):  # first, middle part of a record
+            part += chunk
+            continue
+        if kind not in (1, 4):  # full, last part
+            break
+        rec = wandb_internal_pb2.Record()
+        rec.ParseFromString(part + chunk)
+        part = b""
+        if rec.WhichOneof("record_type") == "history":
+            steps.append(rec.history.step.num)
+    return steps
+
+
+def test_wandb_gets_the_steps_after_the_kill_once(tmp_path):
+    """The same W&B run continues after a resume from step 2 of a run killed after step 4: the resumed
+    run sends steps 5 and 6 only (steps 3 and 4 are in W&B already; its history only grows), while
+    metrics.jsonl holds steps 1-6 once each. (Real wandb, offline; its run files read back.)"""
+    from conftest import run
+
+    r = run([sys.executable, "-c", WANDB_RESUME, str(tmp_path)], WANDB_MODE="offline")
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = sorted((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert [_wandb_history_steps(p) for p in runs] == [[1, 2, 3, 4], [5, 6]]
+    assert [json.loads(l)["step"] for l in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5, 6]
