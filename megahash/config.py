@@ -172,6 +172,9 @@ class TrainConfig:
     keep_last: int = 2
     resume: str = "auto"  # auto | none | PATH
     resume_weights_only: bool = False  # on a layout change: weights only, fresh optimizer (docs/resume.md)
+    # resume a checkpoint that was not written by this install and whose DeepSpeed files need more than
+    # weights-only loading (pickle: it can run code) (docs/security.md)
+    trust_checkpoint: bool = False
     eval_interval: int = 50
     log_interval: int = 10
     recompute: str = "none"  # none | selective | full

@@ -33,8 +33,6 @@ from megahash.errors import CheckpointError, ConfigError
 
 def read_hf(folder) -> dict:
     """{"tree", "format", "state" (megahash TP=1 names, float32), "padded", "step"} of an export."""
-    from safetensors.torch import load_file
-
     from megahash.convert.export import from_hf_names
     from megahash.convert.hf_folder import EXTRA_FILE, WEIGHTS_FILE
 
@@ -42,7 +40,12 @@ def read_hf(folder) -> dict:
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
         raise CheckpointError(f"{folder} is not a Hugging Face model folder (no config.json)")
-    data = json.loads(cfg_path.read_text())
+    from megahash.checkpoint.layout import read_json
+
+    try:
+        data = read_json(cfg_path)
+    except ValueError as e:
+        raise CheckpointError(f"{folder} is not a Hugging Face model folder: {e}") from None
     tree = data.get("megahash_config")
     fmt = data.get("model_type")
     if not tree and fmt == "qwen2":  # a standard Qwen2ForCausalLM folder (not a megahash export)
@@ -64,7 +67,7 @@ def read_hf(folder) -> dict:
         )
     if not (folder / WEIGHTS_FILE).is_file() and not (folder / "model.safetensors.index.json").is_file():
         raise CheckpointError(f"{folder} has no {WEIGHTS_FILE}")
-    from megahash.convert.qwen2 import load_hf_tensors
+    from megahash.convert.qwen2 import load_hf_tensors, read_safetensors
 
     tensors = load_hf_tensors(folder)
     if fmt == "megahash":
@@ -73,7 +76,7 @@ def read_hf(folder) -> dict:
         from megahash.config import config_from_dict
         from megahash.convert import qwen2
 
-        extra = load_file(str(folder / EXTRA_FILE)) if (folder / EXTRA_FILE).is_file() else {}
+        extra = read_safetensors(folder / EXTRA_FILE) if (folder / EXTRA_FILE).is_file() else {}
         padded = int(data.get("megahash_padded_vocab_size") or data["vocab_size"])
         state = qwen2.from_qwen2(tensors, extra, config_from_dict(_tp1(tree)), int(data["megahash_kv_groups"]), padded)
     else:

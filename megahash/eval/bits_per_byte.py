@@ -103,8 +103,9 @@ def evaluate_text(
         metrics = text_metrics(lm, docs)
         max_len = lm.max_length
         del lm
-    state = ckpt / "megahash_state.json"
-    step = json.loads(state.read_text()).get("step") if state.is_file() else None
+    from megahash.checkpoint.layout import read_state
+
+    step = read_state(ckpt).get("step")
     record = {
         "megahash_eval_text": 1,
         "checkpoint": str(ckpt),

@@ -312,8 +312,10 @@ def evaluate_checkpoint(
         del lm  # before the group goes: nothing of the model outlives it
     summary = summarise(raw)
     step = None
+    from megahash.checkpoint.layout import STATE_FILE, read_json
+
     try:
-        step = json.loads((ckpt / "megahash_state.json").read_text()).get("step")
+        step = read_json(ckpt / STATE_FILE).get("step")
     except (OSError, ValueError):
         pass
     record = {
