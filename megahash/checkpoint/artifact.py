@@ -52,6 +52,10 @@ def read_artifact(path: Path, like: dict | None = None) -> tuple[dict, dict]:
         blob = Path(path).read_bytes()
         rec = torch.load(io.BytesIO(decompress(blob, limit)), map_location="cpu", weights_only=True)
     except Exception as e:  # zlib/zstd/torch errors: one line
+        from megahash.checkpoint.safe_unpickle import refusal
+
+        if refusal(e, f"artifact {path}") is not None:
+            raise refusal(e, f"artifact {path}") from None
         why = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
         raise CheckpointError(f"{path} is not a megahash quantized artifact ({type(e).__name__}: {why})") from None
     if not isinstance(rec, dict) or rec.get("megahash_artifact") != 1:

@@ -91,7 +91,7 @@ class WeightsOnlyEngine:
             except pickle.UnpicklingError as e:
                 from megahash.checkpoint.safe_unpickle import refusal
 
-                raise (refusal(e) or CheckpointError(f"{path} is not a readable torch file ({e})")) from None
+                raise (refusal(e, str(path)) or CheckpointError(f"{path} is not a readable torch file")) from None
 
 
 @contextlib.contextmanager

@@ -129,9 +129,9 @@ def restricted_load(file, *args, **kwargs):
         ) from None
 
 
-def refusal(e: BaseException) -> CheckpointError | None:
-    """The one-line refusal inside an error of a dist-checkpoint load: ours, or torch's weights-only refusal
-    (torch and megatron wrap the errors of every rank: CheckpointException ``failures``, causes)."""
+def refusal(e: BaseException, where: str = "a tensor file of the checkpoint") -> CheckpointError | None:
+    """The one-line refusal inside an error of a load: ours, or torch's weights-only refusal of a pickle in
+    ``where`` (torch and megatron wrap the errors of every rank: CheckpointException ``failures``, causes)."""
     seen, todo = set(), [e]
     while todo:
         x = todo.pop()
@@ -148,8 +148,8 @@ def refusal(e: BaseException) -> CheckpointError | None:
 
             what = (re.findall(r"GLOBAL (\S+)", str(x)) or ["code"])[0]
             return CheckpointError(
-                f"a tensor file of the checkpoint asks to run {_shown(what)}: refused (weights are loaded without "
-                f"running code); the checkpoint is damaged or not from megahash"
+                f"{where} asks to run {_shown(what)}: refused (weights are loaded without running code); it is "
+                f"damaged or not from megahash"
             )
         todo += [x.__cause__, x.__context__, *getattr(x, "failures", {}).values()]
     return None

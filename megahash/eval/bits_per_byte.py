@@ -71,6 +71,14 @@ def text_metrics(lm, docs: list[str]) -> dict:
     }
 
 
+def weights_tag(weights: str) -> str:
+    """The part of a default results file name that says which weights were scored: "" (live), "_ema",
+    "_<artifact file name>"."""
+    if weights == "live":
+        return ""
+    return "_" + ("ema" if weights == "ema" else Path(weights).name.replace(".", "_"))
+
+
 def evaluate_text(
     ckpt_dir,
     src: str,
@@ -82,14 +90,16 @@ def evaluate_text(
     overrides=None,
     overwrite: bool = True,
     quiet: bool = False,
+    weights: str = "live",
 ) -> dict:
-    """Score ``src`` with the checkpoint; write the JSON record and print one line."""
+    """Score ``src`` with the checkpoint's ``weights`` (live, ema or a quantized artifact's path); write the
+    JSON record and print one line."""
     from megahash import accelerator
     from megahash.atomic_write import write_text_atomic
     from megahash.checkpoint.resolve import resolve_checkpoint
 
     ckpt = resolve_checkpoint(ckpt_dir)
-    out = Path(out) if out else ckpt.parent / "eval" / f"{ckpt.name}_text.json"
+    out = Path(out) if out else ckpt.parent / "eval" / f"{ckpt.name}_text{weights_tag(weights)}.json"
     if out.exists() and not overwrite:  # as megahash eval's task results (eval/run.py refuse_existing)
         raise ConfigError(f"{out} already exists; pass --overwrite to replace it (or --out for another file)")
     docs = documents(src, limit)
@@ -98,7 +108,12 @@ def evaluate_text(
 
     with accelerator.releasing_group():
         lm = MegahashEvalLM(
-            checkpoint=str(ckpt), batch_size=batch_size, max_length=max_length, tokenizer=tokenizer, overrides=overrides
+            checkpoint=str(ckpt),
+            batch_size=batch_size,
+            max_length=max_length,
+            tokenizer=tokenizer,
+            overrides=overrides,
+            weights=weights,
         )
         metrics = text_metrics(lm, docs)
         max_len = lm.max_length
@@ -112,6 +127,7 @@ def evaluate_text(
         "step": step,
         "text": src,
         "limit": limit,
+        "weights": weights,
         "max_length": max_len,
         **metrics,
         "seconds": round(time.time() - t0, 2),

@@ -343,10 +343,9 @@ def evaluate_checkpoint(
 
 def _weights_out(out: Path, weights: str) -> Path:
     """The default results file of ``weights``: STEP.json (live), STEP_ema.json, STEP_<artifact name>.json."""
-    if weights == "live":
-        return out
-    tag = "ema" if weights == "ema" else Path(weights).name.replace(".", "_")
-    return out.with_name(f"{out.stem}_{tag}{out.suffix}")
+    from megahash.eval.bits_per_byte import weights_tag
+
+    return out.with_name(f"{out.stem}{weights_tag(weights)}{out.suffix}")
 
 
 def refuse_existing(out: Path, overwrite: bool) -> None:
@@ -485,6 +484,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.tokenizer,
                 args.override,
                 overwrite=args.overwrite,
+                weights=_weights(args),
             )
             return 0
         evaluate_checkpoint(
