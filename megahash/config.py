@@ -236,6 +236,9 @@ class ParallelConfig:
 class EvalConfig:
     tasks: list[str] = field(default_factory=list)
     tasks_dir: str = ""
+    # let task files of tasks_dir run Python (lm-eval's !function, evaluate metrics, unsandboxed templates);
+    # refused otherwise (megahash eval --trust-task-code; docs/security.md)
+    trust_task_code: bool = False
     batch_size: int = 8
     at_end: bool = False
     # evaluation during training (megahash/training/eval_during.py): every `interval` steps the checkpoint of

@@ -301,6 +301,7 @@ def load_grid(path: str, extra: Sequence[str] = (), out: str | None = None) -> G
         "tasks_dir": ev.get("tasks_dir"),
         "limit": ev.get("limit"),
         "batch_size": int(ev.get("batch_size", 8)),
+        "trust_task_code": ev.get("trust_task_code") is True,  # task files that run Python (docs/security.md)
     }
     if ev["tasks_dir"] and not Path(ev["tasks_dir"]).is_absolute():
         ev["tasks_dir"] = str((Path.cwd() / ev["tasks_dir"]).resolve())
@@ -455,6 +456,8 @@ def eval_command(grid: Grid, cell: Cell) -> list[str]:
         cmd += ["--tasks-dir", ev["tasks_dir"]]
     if ev.get("limit") is not None:
         cmd += ["--limit", str(ev["limit"])]
+    if ev.get("trust_task_code"):
+        cmd.append("--trust-task-code")
     return cmd
 
 
@@ -483,7 +486,15 @@ def evaluate_cell(grid: Grid, cell: Cell, out: Path) -> None:
     limit = int(limit) if limit is not None and limit >= 1 else limit
     try:
         evaluate_checkpoint(
-            cell.dir, ev["tasks"], ev.get("tasks_dir"), out, limit, ev["batch_size"], quiet=True, isolated=False
+            cell.dir,
+            ev["tasks"],
+            ev.get("tasks_dir"),
+            out,
+            limit,
+            ev["batch_size"],
+            quiet=True,
+            isolated=False,
+            trust_task_code=bool(ev.get("trust_task_code")),
         )
     finally:
         accelerator.teardown(barrier=False)
