@@ -95,8 +95,10 @@ def _tp1(tree: dict) -> dict:
     return tree
 
 
-def build_model(tree: dict, padded: int, save_dir=None):
-    """(cfg, TP=1 MegahashLM without initialisation) of a resolved config tree."""
+def build_model(tree: dict, padded: int, save_dir=None, state: dict | None = None):
+    """(cfg, TP=1 MegahashLM without initialisation) of a resolved config tree; with ``state`` (the folder's
+    tensors) its shapes are checked first on a meta-device model, so a config.json whose sizes the tensors
+    do not have is one line before anything is allocated."""
     from megahash import accelerator
     from megahash.config import config_from_dict
     from megahash.models.megatron_model import MegahashLM
@@ -112,6 +114,18 @@ def build_model(tree: dict, padded: int, save_dir=None):
     cfg = config_from_dict(tree)
     accelerator.init_distributed(1)
     accelerator.seed_all(cfg.train.seed)
+    if state is not None:
+        with torch.device("meta"):
+            want = MegahashLM(cfg, padded, torch.float32, init=False).state_dict()
+        lacking = [k for k in want if k not in state and not k.endswith("_extra_state")]
+        if lacking:
+            raise CheckpointError(f"the weights do not fit the model of megahash_config: missing {lacking[:3]}")
+        bad = [k for k, v in want.items() if k in state and tuple(state[k].shape) != tuple(v.shape)]
+        if bad:
+            raise CheckpointError(
+                f"the weights do not fit the model of megahash_config: {bad[0]} has shape "
+                f"{list(state[bad[0]].shape)}, the config's model {list(want[bad[0]].shape)}"
+            )
     return cfg, MegahashLM(cfg, padded, torch.float32, init=False)
 
 
@@ -163,7 +177,7 @@ def write_weights_checkpoint(model, cfg, save_dir, step: int, extra: dict | None
 
 def import_hf(hf_dir, output, step: int | None = None) -> dict:
     got = read_hf(hf_dir)
-    cfg, model = build_model(got["tree"], got["padded"], save_dir=output)
+    cfg, model = build_model(got["tree"], got["padded"], save_dir=output, state=got["state"])
     load_state(model, got["state"])
     n = got["step"] if step is None else int(step)
     ckpt = write_weights_checkpoint(

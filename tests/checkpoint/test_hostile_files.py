@@ -22,26 +22,11 @@ from pathlib import Path
 import pytest
 import torch
 from gadgets import function_from_code
+from test_faults import TINY
 
 from conftest import pretrain, run
 
-SMALL = [
-    "model.hidden_size=64",
-    "model.num_layers=2",
-    "model.num_heads=4",
-    "model.ffn_hidden_size=128",
-    "data.seq_length=64",
-    "train.micro_batch_size=4",
-    "train.global_batch_size=8",
-    "train.lr=2e-3",
-    "train.warmup_steps=1",
-    "train.log_interval=100",
-    "train.eval_interval=0",
-    "train.zero_stage=0",
-    "train.ema_decay=0.9",
-    "logging.plot=false",
-    "logging.tensorboard=false",
-]
+SMALL = [*TINY, "train.warmup_steps=1", "train.eval_interval=0", "train.zero_stage=0", "train.ema_decay=0.9"]
 
 
 @pytest.fixture(scope="module")
@@ -280,7 +265,7 @@ def _hf_export(trained, tmp_path, capsys) -> Path:
 def test_import_hf_reads_safetensors_only(trained, tmp_path, capsys):
     """A folder whose weights are a pickle (``pytorch_model.bin``) is refused, never unpickled; an index
     naming a file outside the folder or not safetensors, a damaged safetensors file, a config.json that is
-    not a JSON object: one line each."""
+    not a JSON object or whose sizes the tensors do not have: one line each."""
     hf = _hf_export(trained, tmp_path, capsys)
     marker = tmp_path / "RAN"
     weights = sorted(p.name for p in hf.glob("*.safetensors"))
@@ -312,12 +297,18 @@ def test_import_hf_reads_safetensors_only(trained, tmp_path, capsys):
     def nested(d):
         (d / "config.json").write_text("[" * 100000 + "]" * 100000)
 
+    def oversized(d):  # a model of ~50 GiB in fp32: refused on the meta device, before it is allocated
+        data = json.loads((d / "config.json").read_text())
+        data["megahash_config"]["model"]["hidden_size"] = 1 << 16
+        (d / "config.json").write_text(json.dumps(data))
+
     for name, fn in (
         ("pickle_weights", pickle_weights),
         ("index_outside", index_outside),
         ("index_pickle", index_pickle),
         ("damaged", damaged),
         ("nested", nested),
+        ("oversized", oversized),
     ):
         case(name, fn)
     for name, d in cases.items():

@@ -53,21 +53,13 @@ def test_the_allow_list_is_what_real_checkpoints_reference(tmp_path, dist):
     """A dist checkpoint of a real model (weights and Adam's sharded state) references every class of the
     allow-list and nothing else (dtypes aside: the list names every dtype a tensor may have); the
     restricted unpickler gives what plain pickle gives."""
+    from test_faults import TINY
+
     from megahash.checkpoint.weights import save_weights
     from megahash.config import load_config
     from megahash.models.megatron_model import MegahashLM
 
-    cfg = load_config(
-        None,
-        [
-            "model.hidden_size=64",
-            "model.num_layers=2",
-            "model.num_heads=4",
-            "model.ffn_hidden_size=128",
-            "data.seq_length=32",
-        ],
-    )
-    model = MegahashLM(cfg, 128, torch.float32)
+    model = MegahashLM(load_config(None, TINY), 128, torch.float32)
     save_weights(model, tmp_path / "model")
     blob = (tmp_path / "model" / ".metadata").read_bytes()
     rec = _Recorder(io.BytesIO(blob))

@@ -14,24 +14,14 @@ import shutil
 
 import pytest
 import yaml
+from test_batch_ramp import TINY
 
 from conftest import pretrain
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-TINY = [
-    "model.hidden_size=32",
-    "model.num_layers=1",
-    "model.num_heads=2",
-    "model.ffn_hidden_size=64",
-    "data.seq_length=64",
-    "train.micro_batch_size=2",
-    "train.global_batch_size=2",
-    "train.eval_interval=0",
-    "logging.plot=false",
-    "logging.tensorboard=false",
-]
+SMALL = [*TINY, "train.micro_batch_size=2", "train.global_batch_size=2"]
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +33,7 @@ def suite(shakespeare_shards, tmp_path_factory):
         [
             f"data.prefix=[{shakespeare_shards['prefix']}]",
             f"data.tokenizer={shakespeare_shards['tokenizer']}",
-            *TINY,
+            *SMALL,
             "train.steps=1",
             f"train.save_dir={d / 'run'}",
         ]
@@ -128,17 +118,23 @@ def test_task_code_is_refused_in_one_line(suite, tmp_path, capsys, case):
 
 def test_pretrain_refuses_task_code_before_training(suite, shakespeare_shards, tmp_path, capsys):
     """``eval.at_end`` with a tasks_dir that runs Python: one line at the start (not after the training),
-    nothing written; ``eval.trust_task_code`` is the config's flag."""
+    nothing written; with ``eval.trust_task_code=true`` the run trains and its end-of-run evaluation runs
+    the task's Python."""
     from megahash.pretrain import main
 
-    d, _ = _hostile(suite, tmp_path, "function", tmp_path / "RAN")
+    marker = tmp_path / "RAN"
+    d, _ = _hostile(suite, tmp_path, "function", marker)
     common = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}"]
     save = tmp_path / "run"
-    argv = [*common, *TINY, "train.steps=1", f"train.save_dir={save}", "eval.at_end=true", f"eval.tasks_dir={d}"]
+    argv = [*common, *SMALL, "train.steps=1", f"train.save_dir={save}", "eval.at_end=true", f"eval.tasks_dir={d}"]
     status = main([*argv, "eval.tasks=[shk_order]"])
     err = [l for l in capsys.readouterr().err.splitlines() if l.startswith("error:")]
     assert status == 2 and len(err) == 1 and "eval.trust_task_code=true" in err[0], err
-    assert not save.exists()
+    assert not save.exists() and not marker.exists()
+    status = main([*argv, "eval.tasks=[shk_order]", "eval.trust_task_code=true"])
+    out = capsys.readouterr()
+    assert status == 0 and marker.exists(), out.err[-3000:]
+    assert (save / "eval" / "step_00000001.json").is_file()
 
 
 def test_nested_anchors_are_walked_once(tmp_path):
