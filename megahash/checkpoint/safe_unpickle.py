@@ -12,7 +12,8 @@ reads the byte items of a ``.distcp`` (megatron's ShardedObjects, the layers' ``
   and bf16, Muon, EMA, asynchronous saves; docs/security.md) and the dtypes a tensor may have. No
   dotted name, module, function or other attribute resolves: every other pair is refused with one
   line (CheckpointError) before anything is built. The one callable, torch's ``_get_layout``, is
-  answered by :func:`_layout`, which returns a ``torch.layout`` by its name and nothing else;
+  answered by :func:`_layout`, which returns a ``torch.layout`` by its name and nothing else; the two
+  Enums answer with their member of a value (:func:`_members`);
 - every ``torch.load`` is weights-only (torch's ``TORCH_FORCE_WEIGHTS_ONLY_LOAD``, which overrides
   an explicit ``weights_only=False``): tensors, megatron's ``common.pt`` and the byte items.
 
@@ -80,12 +81,24 @@ def _layout(name):
     return found
 
 
+def _members(cls):
+    """An Enum of the list as pickle calls it (``(cls, (value,))``): the member of one value, nothing else
+    (not the functional API that builds a new Enum)."""
+
+    def member(value):
+        return cls(value)
+
+    return member
+
+
 def _resolve(module: str, name: str):
-    if (module, name) == ("torch.serialization", "_get_layout"):
-        return _layout
+    import enum
     import importlib
 
-    return vars(importlib.import_module(module))[name]  # a plain attribute of the module, never a dotted path
+    if (module, name) == ("torch.serialization", "_get_layout"):
+        return _layout
+    obj = vars(importlib.import_module(module))[name]  # a plain attribute of the module, never a dotted path
+    return _members(obj) if isinstance(obj, type) and issubclass(obj, enum.Enum) else obj
 
 
 def _shown(x) -> str:
