@@ -119,23 +119,43 @@ def compute_tolerance(precision: str, dev: torch.device | str | None = None) -> 
     return 1e-3 if dtype is None else 2 * torch.finfo(dtype).eps
 
 
-def document_attention_kernel(dev: torch.device | str | None = None, dropout: bool = False) -> str:
+FLEX_MIN_HEAD_DIM = 16  # torch's CUDA FlexAttention: "NYI: embedding dimension ... must be at least 16" (tl.dot)
+FLEX_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the dtypes its kernels take
+
+
+def document_attention_kernel(
+    dev: torch.device | str | None = None,
+    dropout: bool = False,
+    head_dim: int | None = None,
+    dtype: torch.dtype | None = None,
+) -> str:
     """The kernel of softmax attention inside packed documents (``data.reset_attention_mask``,
-    megahash/models/attention/document_mask.py): ``"flex"`` on CUDA (FlexAttention compiled, with a
+    megahash/models/attention/document_mask.py): ``"flex"`` where FlexAttention runs (compiled, with a
     ``BlockMask`` from the document ids: no [s, s] tensor, fully masked blocks skipped), ``"sdpa"``
-    elsewhere and with attention dropout (FlexAttention has none): SDPA (on CPU its flash kernel) with
-    a [b, 1, s, s] mask built once per forward. On CPU FlexAttention only runs compiled (eager it materialises the
-    scores and its block mask took seconds to build here), and megahash compiles nothing on CPU by
-    default (:func:`compile_layers`)."""
-    return "flex" if _device_type(dev) == "cuda" and not dropout else "sdpa"
+    otherwise: SDPA (on CPU its flash kernel) with a [b, 1, s, s] mask built once per forward.
+
+    FlexAttention runs on CUDA for heads of at least :data:`FLEX_MIN_HEAD_DIM` dims (``head_dim``: the
+    smaller of the query/key and value head widths; torch's Triton template raises NYI below 16), in
+    fp32/bf16/fp16 (:data:`FLEX_DTYPES`), without attention dropout (FlexAttention has none); a ``None``
+    ``head_dim`` or ``dtype`` is not checked. On CPU FlexAttention only runs compiled and without
+    backward (eager it materialises the scores and its block mask took seconds to build here), and
+    megahash compiles nothing on CPU by default (:func:`compile_layers`): SDPA there."""
+    if _device_type(dev) != "cuda" or dropout:
+        return "sdpa"
+    if head_dim is not None and head_dim < FLEX_MIN_HEAD_DIM:
+        return "sdpa"
+    if dtype is not None and dtype not in FLEX_DTYPES:
+        return "sdpa"
+    return "flex"
 
 
-def flex_attention(dev: torch.device | str | None = None):
+def flex_attention(dev: torch.device | str | None = None, compiled: bool | None = None):
     """FlexAttention as a document kernel runs it on a device: compiled on CUDA (one compilation per
-    shape), eager elsewhere (tests on CPU: the same mask and result, unfused)."""
+    shape), eager elsewhere; ``compiled`` overrides (tests compile it on CPU, where inductor has a
+    FlexAttention forward: the CUDA path's code, checked without a GPU)."""
     from torch.nn.attention.flex_attention import flex_attention as flex
 
-    if _device_type(dev) != "cuda":
+    if not (_device_type(dev) == "cuda" if compiled is None else compiled):
         return flex
     global _FLEX
     if _FLEX is None:

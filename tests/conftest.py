@@ -182,7 +182,11 @@ def child_env(**extra) -> dict:
     env.update(
         {
             "OMP_NUM_THREADS": "1",
-            "PYTHONPATH": str(ROOT),
+            # the repository first, then what this Python was given (a private site of wheels, as
+            # benchmarks/gpu_check.sh installs on a GPU machine, must reach the children too)
+            "PYTHONPATH": os.pathsep.join(
+                dict.fromkeys([str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
+            ),
             "WANDB_MODE": "disabled",
             "HF_DATASETS_OFFLINE": "1",
             "HF_HUB_OFFLINE": "1",

@@ -75,8 +75,8 @@ def _warm_up() -> None:
 def test_in_process_pretrain_leaves_no_threads_groups_or_files(
     shakespeare_shards, tmp_path, monkeypatch, capsys, outcome
 ):
-    """``failed``: a learning rate that makes the loss non-finite at step 2 (FloatingPointError out of
-    ``main``); its logs must be closed all the same (TensorBoard's writer thread left one a run)."""
+    """``failed``: a learning rate that makes a step non-finite (refused, one line, exit 2 out of ``main``);
+    its logs must be closed all the same (TensorBoard's writer thread left one a run)."""
     import torch.distributed as dist
 
     from megahash import accelerator
@@ -111,9 +111,9 @@ def test_in_process_pretrain_leaves_no_threads_groups_or_files(
         assert status == 0, capsys.readouterr().err[-3000:]
         assert (tmp_path / "run" / "latest").is_file()  # it did train and save
     else:
-        with pytest.raises(FloatingPointError, match="at step 2"):
-            main([*args, "train.lr=1e30", "train.warmup_steps=0"])
-        gc.collect()  # the traceback's frames held the run's engine (and the groups it keeps) until here
+        assert main([*args, "train.lr=1e30", "train.warmup_steps=0"]) == 2
+        assert ": non-finite " in capsys.readouterr().err
+        gc.collect()  # the error's frames held the run's engine (and the groups it keeps) until here
     capsys.readouterr()
 
     assert not dist.is_initialized()

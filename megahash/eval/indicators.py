@@ -267,7 +267,7 @@ class AttentionCapture:
                 if self.verify:
                     self._check(i, r["check"](out))
                 return out
-        else:  # softmax over attend's q, k (the fixed-input kinds' SeparateQKVAttention.attend: q [s, 1, n, d], k [sk, 1, g, d])
+        else:  # softmax over attend's q, k (the fixed-input kinds' SeparateQKV.attend: q [s, 1, n, d], k [sk, 1, g, d])
 
             def wrapped(q, k, v, attention_mask, _o=original, i=i, kind=kind, m=m):
                 scale = getattr(m, "scale", 1.0 / math.sqrt(q.shape[-1]))

@@ -34,7 +34,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from megahash import known_warnings
+from megahash import known_warnings, safe_yaml
 from megahash.errors import ConfigError, DataError
 from megahash.launching.env import LAUNCHER_VARS
 
@@ -66,13 +66,13 @@ def split_tasks(tasks) -> list[str]:
 
 def local_task_names(tasks_dir: str) -> set[str]:
     """Task, tag and group names defined by the YAML files under ``tasks_dir`` (no lm-eval import)."""
-    import yaml
-
     loader = _yaml_loader()
     names: set[str] = set()
     for path in sorted(Path(tasks_dir).rglob("*.yaml")):
         try:
-            data = yaml.load(path.read_text(), Loader=loader) or {}
+            data = safe_yaml.load(path.read_text(), f"task file {path}", loader) or {}
+        except safe_yaml.YAMLLimitError:
+            raise  # lm-eval would read it next, unbounded: refused here in one line
         except Exception:
             continue
         if not isinstance(data, dict):
@@ -87,10 +87,9 @@ def local_task_names(tasks_dir: str) -> set[str]:
 
 
 def _yaml_loader():
-    """A safe YAML loader that tolerates lm-eval's ``!function`` tags."""
-    import yaml
+    """A safe YAML loader (aliases bounded: megahash.safe_yaml) that tolerates lm-eval's ``!function`` tags."""
 
-    class L(yaml.SafeLoader):
+    class L(safe_yaml.Loader):
         pass
 
     L.add_multi_constructor("!", lambda loader, suffix, node: None)

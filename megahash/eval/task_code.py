@@ -30,10 +30,13 @@ FLAG = "--trust-task-code (eval.trust_task_code=true)"
 
 
 def _loader(tags: list):
-    """A safe YAML loader that records lm-eval's ``!function`` (any ``!`` tag) instead of importing it."""
+    """A safe YAML loader (aliases and nesting bounded: megahash/safe_yaml.py) that records lm-eval's
+    ``!function`` (any ``!`` tag) instead of importing it."""
     import yaml
 
-    class L(yaml.SafeLoader):
+    from megahash import safe_yaml
+
+    class L(safe_yaml.Loader):
         pass
 
     def record(loader, suffix, node):
@@ -97,15 +100,17 @@ def _lm_eval_tasks() -> Path:
 def _scan(path: Path, found: list[str], seen: set) -> None:
     import yaml
 
+    from megahash import safe_yaml
+
     path = path.resolve()
     if path in seen or _lm_eval_tasks() in path.parents:
         return
     seen.add(path)
     tags: list[str] = []
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_loader(tags))
+        data = safe_yaml.load(path.read_text(encoding="utf-8"), f"task file {path}", _loader(tags))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return  # lm-eval cannot read it either
+        return  # lm-eval cannot read it either (a file past safe_yaml's bounds is its one-line ConfigError)
     found += [f"{path}: {t[:100]}" for t in tags]
     for d in _walk(data):
         if "class" in d:

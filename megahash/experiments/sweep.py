@@ -62,9 +62,10 @@ from pathlib import Path
 
 import yaml
 
+from megahash import safe_yaml
 from megahash.atomic_write import write_text_atomic
 from megahash.config_files import CONFIG_ROOT
-from megahash.errors import ConfigError, MegahashError
+from megahash.errors import ConfigError, MegahashError, one_line
 from megahash.experiments.cell_failures import FAILED_FILE, error_line, failure, record_failure
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -184,7 +185,7 @@ def override_text(key: str, value) -> str:
     """``key=value`` that :func:`megahash.config.parse_override` reads back as ``value``."""
     if isinstance(value, str):
         try:
-            if yaml.safe_load(value) == value:
+            if safe_yaml.load(value, f"grid value of {key}") == value:
                 return f"{key}={value}"
         except yaml.YAMLError:
             pass
@@ -584,8 +585,8 @@ def run_local(grid: Grid, quiet: bool = False, cells: list | None = None) -> int
         try:
             record = finish_cell(grid, cell, quiet=True)
         except MegahashError as e:
-            record_failure(cell, 1, f"error: {e}")
-            print(f"{tag}: FAILED after {_elapsed(time.time() - t0)}: {e}", file=sys.stderr, flush=True)
+            record_failure(cell, 1, f"error: {one_line(e)}")
+            print(f"{tag}: FAILED after {_elapsed(time.time() - t0)}: {one_line(e)}", file=sys.stderr, flush=True)
             failed.append(cell)
             continue
         (cell.dir / FAILED_FILE).unlink(missing_ok=True)

@@ -57,9 +57,12 @@ def save(engine, cfg: Config, step: int, consumed: int, extra: dict | None = Non
     root, tag = Path(cfg.train.save_dir), tag_for(step)
     tmp = root / (tag + ".tmp")
     error = begin(root, tmp)
+    from megahash.checkpoint import optimizer_state  # Adam's state sharded like the weights (elastic resume)
+
+    native = optimizer_state.native_files(engine)
     try:
-        engine.save_checkpoint(str(root), tag=tmp.name, client_state={"megahash_step": step}, save_latest=False)
-        from megahash.checkpoint import optimizer_state  # Adam's state sharded like the weights (elastic resume)
+        if native:
+            engine.save_checkpoint(str(root), tag=tmp.name, client_state={"megahash_step": step}, save_latest=False)
         from megahash.checkpoint.rng import write_rng
         from megahash.checkpoint.weights import save_weights
         from megahash.training import ema
@@ -78,7 +81,7 @@ def save(engine, cfg: Config, step: int, consumed: int, extra: dict | None = Non
     if os.environ.get("MEGAHASH_TEST_FAIL_IN_SAVE") == str(step) and error is None:
         error = RuntimeError(f"injected failure while saving step {step} (MEGAHASH_TEST_FAIL_IN_SAVE)")
     fail_if_any(root, tag, tmp, error)
-    publish(engine, cfg, tmp, step, consumed, extra)
+    publish(engine, cfg, tmp, step, consumed, {**(extra or {}), **({} if native else {"deepspeed_files": False})})
     return root / tag
 
 

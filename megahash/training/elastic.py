@@ -44,10 +44,13 @@ def saved_layout(state: dict, ckpt: Path) -> dict:
     if "zero_stage" in state:
         out["zero_stage"] = int(state["zero_stage"])
     else:
-        import yaml
+        from megahash import safe_yaml
 
+        path = ckpt / "resolved_config.yaml"
         try:
-            out["zero_stage"] = int(yaml.safe_load((ckpt / "resolved_config.yaml").read_text())["train"]["zero_stage"])
+            out["zero_stage"] = int(safe_yaml.load(path.read_text(), str(path))["train"]["zero_stage"])
+        except safe_yaml.YAMLLimitError:
+            raise  # a hostile file: one line
         except (OSError, KeyError, TypeError, ValueError):
             out["zero_stage"] = None
     out["optimizer"] = state.get("optimizer", "adamw")  # checkpoints before train.optimizer: AdamW

@@ -14,7 +14,6 @@ a :class:`_Run` carries the state between them.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,8 +76,8 @@ def build_engine(cfg: Config, model: torch.nn.Module, dp_size: int, dtype: torch
     accelerator.deepspeed_collectives_by_current_names()  # ZeRO-3's collectives without deprecation warnings
     t = cfg.train
     optimizer = build_optimizer(
-        model, t, param_groups(model, t.weight_decay), accelerator.adamw_options()
-    )  # train.optimizer
+        model, t, param_groups(model, t.weight_decay), accelerator.adamw_options(), dp_size
+    )  # train.optimizer (Muon sharded over the data-parallel ranks at ZeRO-1/2)
     scheduler = Schedule(optimizer, t)  # megatron-core's OptimizerParamScheduler, stepped by the engine
     bf16_params = dtype == torch.bfloat16 or next(model.parameters()).dtype == torch.bfloat16
     autocast = None if bf16_params else accelerator.autocast_dtype(t.precision)
@@ -149,7 +148,7 @@ class _Run:
     flops_tok: Any = None  # a number, or "n/a" for a kind with no cost model
     peak: float = 0.0  # peak FLOP/s of the whole world
     watch: Any = None  # megahash.training.watchdog.HangWatchdog
-    guard: Any = None  # megahash.training.step_guard.StepGuard (train.skip_nonfinite, train.spike_factor)
+    guard: Any = None  # megahash.training.step_guard.StepGuard (non-finite steps, train.spike_factor)
     saver: Any = None  # megahash.training.async_save.AsyncSaver (train.async_save), None: synchronous saves
     ema: Any = None  # megahash.training.ema.WeightEMA (train.ema_decay), None: off
     evals: Any = None  # megahash.training.eval_during.EvalDuring (eval.interval)
@@ -357,8 +356,8 @@ def _loop(run: _Run) -> int:
 
 def _train_step_logged(run: _Run) -> None:
     """One optimizer step and its metrics (loss, LR, grad norm, tokens/s, MFU; the host-syncing
-    ones on the steps the progress line shows); a non-finite loss stops the run unless the step was
-    skipped (megahash/training/step_guard.py)."""
+    ones on the steps the progress line shows); a non-finite loss or gradient norm stops the run before
+    the update unless ``train.skip_nonfinite`` skips the step (megahash/training/step_guard.py)."""
     from megahash.training.stats import param_norm
 
     t, step = run.cfg.train, run.step
@@ -370,6 +369,7 @@ def _train_step_logged(run: _Run) -> None:
     run.gas = set_step_batch(run.engine, t, step)  # the step's global batch (train.batch_ramp) as accumulation steps
     qat.set_step(run.engine, step)  # train.qat_fraction
     loss_sum, wait = train_step(run.engine, run.batches, run.objective, run.gas, timings)
+    _stop_if_nonfinite(run, step + 1, lr_used)  # refused before the update (train.skip_nonfinite off): one line
     ema.update(run)  # train.ema_decay
     step = run.step = step + 1
     dt = time.perf_counter() - t0
@@ -392,13 +392,23 @@ def _train_step_logged(run: _Run) -> None:
         metrics["optimizer_s"] = timings["optimizer_s"]
         metrics["param_norm"] = param_norm(run.engine.module, t.zero_stage)
         metrics["peak_memory_mib"] = accelerator.peak_memory_bytes() / 2**20
-    skipped = run.guard is not None and run.guard.account(step, metrics, run.progress)
-    if not skipped and not math.isfinite(loss_avg):
-        raise FloatingPointError(f"loss is {loss_avg} at step {step}; lower train.lr or check the data")
+    skipped = run.guard.account(step, metrics, run.progress)
     run.log.log(step, metrics, "train", echo=False)
     run.progress.update(step, metrics, echo or skipped)
     if skipped:
         run.guard.stop_if_stuck(step, (run.consumed(step - 1), run.consumed(step)))
+
+
+def _stop_if_nonfinite(run: _Run, step: int, lr: float) -> None:
+    """A non-finite step the guard refused with ``train.skip_nonfinite`` off (every rank alike): a
+    background save in flight (of an earlier, finite step) is published first, then one line naming
+    the newest checkpoint (megahash/training/step_guard.py)."""
+    if not run.guard.stopping:
+        return
+    if run.saver is not None:
+        run.saver.finish(blocking=True)
+    samples = (run.consumed(step - 1), run.consumed(step))
+    raise run.guard.nonfinite_error(step, samples, lr, checkpoint.find_resume(run.save_dir))
 
 
 def _validate(run: _Run) -> None:

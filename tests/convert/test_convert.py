@@ -356,6 +356,7 @@ def test_hashing_helper_equals_megahash_hashing(shakespeare_shards, runs):
         "itertools",
         "dataclasses",
         "functools",
+        "difflib",  # megahash/errors.py (the kinds' ConfigError)
     }
     from megahash.convert import remote_code
 

@@ -138,11 +138,20 @@ def test_pretrain_refuses_task_code_before_training(suite, shakespeare_shards, t
 
 
 def test_nested_anchors_are_walked_once(tmp_path):
-    """A YAML of nested anchors (the "billion laughs") is checked in time linear in its size."""
+    """Anchors shared within megahash/safe_yaml.py's alias budget are walked once each (a !function behind
+    them is found); past the budget (a "billion laughs" file) it is that module's one line."""
+    from megahash.errors import ConfigError
     from megahash.eval.task_code import task_code
 
-    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
-    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 30)]
-    (tmp_path / "laughs.yaml").write_text("\n".join(lines) + "\nprocess_docs: !function utils.f\n")
+    def laughs(levels):
+        lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+        lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, levels)]
+        return "\n".join(lines) + "\nprocess_docs: !function utils.f\n"
+
+    (tmp_path / "laughs.yaml").write_text(laughs(4))
     found = task_code(tmp_path)
     assert len(found) == 1 and "!function utils.f" in found[0]
+    (tmp_path / "laughs.yaml").write_text(laughs(30))
+    with pytest.raises(ConfigError) as e:
+        task_code(tmp_path)
+    assert "laughs.yaml" in str(e.value) and "\n" not in str(e.value)

@@ -129,14 +129,18 @@ def test_fused_swiglu_equals_autograd_form_and_saves_less():
     assert torch.autograd.gradcheck(SwiGLU.apply, (x.detach().double().requires_grad_(),))
 
 
-def test_reference_rope_without_cat_equals_rotate_half_form():
-    from megahash.models.reference_ops import apply_rope, rope_cos_sin
+def test_reference_rope_angles_equal_megatron_core():
+    """The plain-torch model's RoPE angles (the HF export's) are the megatron model's table (megatron-core's
+    RotaryEmbedding): at an offset, and at per-token positions (packed documents) as the model indexes it."""
+    from megahash.models.megatron_model import Rotary
+    from megahash.models.reference_ops import rope_freqs
 
-    cos, sin = rope_cos_sin(3, 11, 16, 10000.0, "cpu")
-    t = torch.randn(2, 4, 11, 16)
-    x1, x2 = torch.chunk(t, 2, dim=-1)
-    # bit-exact: the same correctly rounded elementwise products and sum (x (-s) = -(x s)), no reduction
-    assert torch.equal(apply_rope(t, cos, sin), t * cos + torch.cat((-x2, x1), dim=-1) * sin)
+    table = Rotary(kv_channels=16, rotary_percent=1.0, rotary_base=10000, use_cpu_initialization=True)
+    positions = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2]])
+    # bit-exact: the same float32 products of the same integers and inverse frequencies, no reduction
+    assert torch.equal(rope_freqs(3, 11, 16, 10000.0, "cpu"), table(14)[3:])
+    # bit-exact: the same table's rows, gathered
+    assert torch.equal(rope_freqs(0, 11, 16, 10000.0, "cpu", positions), table(11)[:, 0, 0][positions.t()].unsqueeze(2))
 
 
 def test_accelerator_settings_for_a_named_cuda_device():

@@ -74,7 +74,8 @@ def attend(q, k, v, document_ids, causal: bool, keep=None, scale=None, dropout_p
     """q, k, v [b, heads, s, d_h] (k, v already repeated to q's heads) -> [b, heads, s, d_h]."""
     b = q.shape[0]
     keep = None if keep is None else keep.bool()
-    if accelerator.document_attention_kernel(q.device, dropout_p > 0) == "flex":
+    head_dim = min(q.shape[-1], v.shape[-1])
+    if accelerator.document_attention_kernel(q.device, dropout_p > 0, head_dim, q.dtype) == "flex":
         bm = _cached(
             document_ids,
             ("flex", b, causal, keep is not None),
