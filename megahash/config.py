@@ -173,6 +173,9 @@ class TrainConfig:
     keep_last: int = 2
     resume: str = "auto"  # auto | none | PATH
     resume_weights_only: bool = False  # on a layout change: weights only, fresh optimizer (docs/resume.md)
+    # checks of a checkpoint before it is resumed, evaluated or exported (megahash/checkpoint/manifest.py,
+    # docs/security.md): cheap (sizes, zip structure) | full (+ sha256 of every file it reads)
+    verify_checkpoint: str = "full"
     # resume a checkpoint that was not written by this install and whose DeepSpeed files need more than
     # weights-only loading (pickle: it can run code) (docs/security.md)
     trust_checkpoint: bool = False

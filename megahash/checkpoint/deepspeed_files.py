@@ -63,10 +63,15 @@ def unsafe_globals(ckpt: Path) -> dict[str, list[str]]:
     return found
 
 
+class UntrustedCheckpoint(CheckpointError):
+    """A checkpoint whose DeepSpeed files need more than weights-only loading, neither trusted nor written by this
+    install: a refusal (the run stops, exit 2), not damage (megahash/training/trainer.py falls back past damage)."""
+
+
 def refused(ckpt: Path, unsafe: dict[str, list[str]]) -> CheckpointError:
     name, bad = next(iter(sorted(unsafe.items()))) if unsafe else ("a DeepSpeed file", ["code"])
     shown = ", ".join(b[:80] for b in bad[:3]) + (", ..." if len(bad) > 3 else "")
-    return CheckpointError(
+    return UntrustedCheckpoint(
         f"checkpoint {ckpt} was not written by this install and its {name} asks to unpickle {shown}, which "
         f"megahash does not load without running code: refused; resume it only if you trust where it comes "
         f"from, with train.trust_checkpoint=true (docs/security.md)"

@@ -152,10 +152,10 @@ def load_for_inference(
     ``weights``: which weights (:func:`load_chosen`)."""
     from megahash import accelerator
     from megahash.checkpoint.layout import read_state
-    from megahash.checkpoint.resolve import checkpoint_config, resolve_checkpoint
+    from megahash.checkpoint.resolve import checkpoint_config, resolve_for_inference
     from megahash.models.megatron_model import MegahashLM
 
-    ckpt = resolve_checkpoint(path)
+    ckpt = resolve_for_inference(path, overrides)  # what it reads verified (train.verify_checkpoint)
     cfg = checkpoint_config(ckpt, overrides)
     state = read_state(ckpt)
     accelerator.init_distributed(1)

@@ -168,6 +168,9 @@ def write_weights_checkpoint(model, cfg, save_dir, step: int, extra: dict | None
         "weights_only": True,
         **(extra or {}),
     }
+    from megahash.checkpoint.manifest import write_manifest
+
+    write_manifest(tmp)  # size and sha256 of every file, as a training save's (docs/security.md)
     write_json_atomic(tmp / STATE_FILE, state)
     os.replace(tmp, root / tag)
     write_text_atomic(root / "latest", tag)

@@ -96,9 +96,9 @@ def evaluate_text(
     JSON record and print one line."""
     from megahash import accelerator
     from megahash.atomic_write import write_text_atomic
-    from megahash.checkpoint.resolve import resolve_checkpoint
+    from megahash.checkpoint.resolve import resolve_for_inference
 
-    ckpt = resolve_checkpoint(ckpt_dir)
+    ckpt = resolve_for_inference(ckpt_dir, overrides)
     out = Path(out) if out else ckpt.parent / "eval" / f"{ckpt.name}_text{weights_tag(weights)}.json"
     if out.exists() and not overwrite:  # as megahash eval's task results (eval/run.py refuse_existing)
         raise ConfigError(f"{out} already exists; pass --overwrite to replace it (or --out for another file)")

@@ -288,9 +288,9 @@ def evaluate_checkpoint(
             weights,
             trust_task_code,
         )
-    from megahash.checkpoint.resolve import resolve_checkpoint
+    from megahash.checkpoint.resolve import resolve_for_inference
 
-    ckpt = resolve_checkpoint(ckpt_dir)
+    ckpt = resolve_for_inference(ckpt_dir, overrides)  # the newest intact one of a run directory
     out = Path(out) if out else _weights_out(default_out(ckpt), weights)
     refuse_existing(out, overwrite)
     from megahash.eval.lm import MegahashEvalLM
@@ -389,9 +389,9 @@ def _evaluate_in_subprocess(
 ) -> dict:
     import subprocess
 
-    from megahash.checkpoint.resolve import resolve_checkpoint
+    from megahash.checkpoint.resolve import resolve_for_inference
 
-    ckpt = resolve_checkpoint(ckpt_dir)
+    ckpt = resolve_for_inference(ckpt_dir, overrides)
     out = Path(out) if out else _weights_out(default_out(ckpt), weights)
     argv = [
         sys.executable,

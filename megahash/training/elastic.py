@@ -77,6 +77,12 @@ def resume_mode(ckpt: Path, state: dict, cfg, world: int) -> str:
         return "same"
     if cfg.train.resume_weights_only:
         return "weights"
+    if old.get("optimizer") not in (None, new["optimizer"]):  # refused before loading: no damage to fall back from
+        raise CheckpointError(
+            f"checkpoint {ckpt} holds the state of train.optimizer={old['optimizer']} and this run uses "
+            f"{new['optimizer']}, which cannot take it: resume with train.optimizer={old['optimizer']}, or continue "
+            f"from its weights with a fresh optimizer: train.resume_weights_only=true (docs/resume.md)"
+        )
     from megahash.checkpoint.optimizer_state import OPTIM_DIR, read_info
 
     info = read_info(ckpt / OPTIM_DIR)

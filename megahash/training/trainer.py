@@ -27,7 +27,8 @@ from megahash.data import documents
 from megahash.data.samples import consumed_samples, step_batch
 from megahash.data.text_source import RunTexts
 from megahash.errors import CheckpointError
-from megahash.training import async_save, checkpoint, ema, eval_during, qat, step_guard
+from megahash.known_warnings import quiet_deepspeed_logger
+from megahash.training import async_save, checkpoint, ema, eval_during, qat, run_lock, step_guard
 from megahash.training.batch_ramp import check_resume, ramp_metrics, set_step_batch
 from megahash.training.ds_config import deepspeed_config, tune_engine
 from megahash.training.logging import RunLogger, plot_loss
@@ -170,38 +171,70 @@ class _Run:
 def train(cfg: Config, at_end=None) -> int:
     """Run (or resume) pretraining; returns the process exit status. ``at_end(save_dir)`` runs on rank 0
     after the last step (the entry point's end-of-run evaluation, megahash/pretrain.py)."""
-    from megahash.known_warnings import quiet_deepspeed_logger
-
     quiet_deepspeed_logger()
     accelerator.tune_host_allocator()
     tp, sp = cfg.parallel.tensor, cfg.parallel.sequence
     rank, world = accelerator.init_distributed(tp, sp, timeout_s=cfg.train.distributed_timeout_s)
-    run, completed = _Run(cfg, rank, world), False
+    run, completed = None, False
     try:
-        _set_up(run)
-        with run.watch.requeue_after_peer_hang():  # a collective broken by a peer's hang watchdog: requeue
-            exit_status = _loop(run)
-        _finish(run, exit_status, at_end)
-        completed = True
-        return exit_status
+        with run_lock.held(cfg.train.save_dir, rank):  # one run per save_dir, before anything is written there
+            run = _set_up(cfg, rank, world)
+            with run.watch.requeue_after_peer_hang():  # a collective broken by a peer's hang watchdog: requeue
+                exit_status = _loop(run)
+            _finish(run, exit_status, at_end)
+            completed = True
+            return exit_status
     finally:
         _close(run)  # after an error too: log files, TensorBoard's writer thread, wandb, loader workers
         accelerator.teardown(barrier=completed)
 
 
+class _LoadFailed(Exception):
+    """The checkpoint a run resumes from failed to load (on some rank): set up again from an older one."""
+
+    def __init__(self, ckpt: Path, why: str):
+        super().__init__(why)
+        self.ckpt, self.why = ckpt, why
+
+
+def _set_up(cfg: Config, rank: int, world: int) -> _Run:
+    """A set-up run (:func:`_set_up_once`). Under ``train.resume=auto`` a checkpoint that fails to load, on
+    any rank and for any reason (its files damaged beyond what verification saw, a checkpoint without
+    a manifest), is skipped like a damaged one: the whole set-up is done again from a fresh engine with
+    the next older intact checkpoint (one warning line; none left: one line, exit 2). Loading into the
+    engine a failed load left half-written would not reproduce the uninterrupted run."""
+    import gc
+
+    failed: dict[Path, str] = {}
+    while True:
+        run = _Run(cfg, rank, world)
+        try:
+            _set_up_once(run, failed)
+            return run
+        except _LoadFailed as e:
+            failed[e.ckpt] = e.why
+        except BaseException:
+            _close(run)
+            raise
+        _close(run)
+        del run
+        gc.collect()
+
+
 # ------------------------------------------------------------------------------------------ set up
 
 
-def _set_up(run: _Run) -> None:
+def _set_up_once(run: _Run, failed: dict | None = None) -> None:
     """Set up: the resume point, the datasets, the model and its engine, the restored state, the
-    logs, the batch iterator, the stop flag, the progress meter and the hang watchdog, in this order."""
+    logs, the batch iterator, the stop flag, the progress meter and the hang watchdog, in this order.
+    ``failed``: checkpoints that failed to load in an earlier attempt (:func:`_set_up`)."""
     from megatron.core import parallel_state
 
     from megahash.objectives import build_objective
 
     cfg = run.cfg
     run.dp_rank, run.dp_size = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
-    resume_from = _resume_point(cfg, run.rank)
+    resume_from = _resume_point(cfg, run.rank, failed or {})
     run.data = _build_data(cfg)
     model, n_params, n_emb = _build_model(cfg, run.data)
     run.engine, _ = build_engine(cfg, model, run.dp_size)
@@ -210,10 +243,7 @@ def _set_up(run: _Run) -> None:
     qat.install(run.engine, cfg.train)  # fake quantization of the last steps (train.qat_bits)
     run.objective = build_objective(cfg, run.data)
     if resume_from is not None:
-        state = checkpoint.load(run.engine, resume_from, cfg)
-        run.step = int(state["step"])
-        step_guard.restore(run.guard, state)  # the spike window and skip count (train.spike_factor)
-        ema.restore(run, resume_from)
+        _restore(run, resume_from)
     _open_log(run, resume_from, n_params, n_emb)
     _open_batches(run)
     run.stop = _stop_flag(cfg.train)
@@ -224,10 +254,11 @@ def _set_up(run: _Run) -> None:
     run.evals = eval_during.start(cfg, run.log, run.rank, run.consumed)  # eval.interval: lm-eval children
 
 
-def _resume_point(cfg: Config, rank: int) -> Path | None:
+def _resume_point(cfg: Config, rank: int, failed: dict) -> Path | None:
     """The checkpoint to resume from (``train.resume``: ``auto``, a checkpoint's path, or none),
-    checked against ``cfg``; rank 0 first clears the leftovers of saves killed in flight
-    (checkpoint_faults.clean_stale)."""
+    verified at ``train.verify_checkpoint`` and checked against ``cfg``; rank 0 first clears the
+    leftovers of saves killed in flight (checkpoint_faults.clean_stale). ``failed``: checkpoints that
+    failed to load in this process, skipped as damaged."""
     t = cfg.train
     save_dir = Path(t.save_dir)
     resume_from = None
@@ -236,15 +267,44 @@ def _resume_point(cfg: Config, rank: int) -> Path | None:
 
         clean_stale(save_dir)
     if t.resume == "auto":
-        resume_from = checkpoint.find_resume(save_dir)
+        resume_from = checkpoint.find_resume(save_dir, t.verify_checkpoint, failed)
     elif t.resume not in ("none", ""):
         resume_from = Path(t.resume)
         if not (resume_from / checkpoint.STATE_FILE).is_file():
             raise CheckpointError(f"train.resume={t.resume} is not a complete megahash checkpoint")
+        checkpoint.verify_named(resume_from, t.verify_checkpoint)
     if resume_from is not None:
         state = checkpoint.check_compatible(resume_from, cfg)
         check_resume(resume_from, state, cfg)  # its consumed samples are this config's (train.batch_ramp)
     return resume_from
+
+
+def _restore(run: _Run, ckpt: Path) -> None:
+    """Model, optimizer, scheduler, RNG, the bad-step guard's window and the weight average from
+    ``ckpt`` (its compatibility was checked). A failure on any rank, whatever raised it, is a
+    :class:`_LoadFailed` under ``train.resume=auto`` (:func:`_set_up` falls back), one line otherwise."""
+    from megahash.checkpoint.deepspeed_files import UntrustedCheckpoint
+    from megahash.training.checkpoint_faults import first_line
+
+    error = None
+    try:
+        state = checkpoint.load(run.engine, ckpt, run.cfg)
+        run.step = int(state["step"])
+        step_guard.restore(run.guard, state)  # the spike window and skip count (train.spike_factor)
+        ema.restore(run, ckpt)
+    except (KeyboardInterrupt, SystemExit, UntrustedCheckpoint):  # refused on every rank alike: not damage
+        raise
+    except BaseException as e:  # torch.distributed.checkpoint's CheckpointException is a BaseException
+        error = e
+    if not any_rank(error is not None):
+        return
+    why = f"it failed to load: {first_line(error)}" if error is not None else "it failed to load on another rank"
+    if run.cfg.train.resume == "auto":
+        raise _LoadFailed(ckpt, why)
+    raise CheckpointError(
+        f"train.resume={ckpt} cannot be resumed ({why}); it is damaged: resume from another checkpoint "
+        f"(train.resume=auto takes the newest intact one)"
+    ) from None
 
 
 def _build_data(cfg: Config):
@@ -286,7 +346,7 @@ def _open_log(run: _Run, resume_from: Path | None, n_params: int, n_emb: int) ->
     cfg, t = run.cfg, run.cfg.train
     if run.rank == 0:
         save_config(cfg, run.save_dir / "resolved_config.yaml")
-    run.log = RunLogger(cfg, run.rank)
+    run.log = RunLogger(cfg, run.rank, run.step)  # drops what a killed run logged past this step
     if run.rank == 0:
         where = f"resumed from {resume_from}" if resume_from else "from scratch"
         dtype = accelerator.train_dtype(t.precision)  # the compute dtype (bf16: under autocast)
@@ -466,9 +526,11 @@ def _finish(run: _Run, exit_status: int, at_end) -> None:
         at_end(run.save_dir)  # training imports no eval (house rule: no import cycles)
 
 
-def _close(run: _Run) -> None:
+def _close(run: _Run | None) -> None:
     """Close a pending background save, the profiler, the progress meter and the logs and drop the batch
-    iterator (its loader workers), once."""
+    iterator (its loader workers), once (None: a run whose set-up failed, closed there)."""
+    if run is None:
+        return
     async_save.close(run)  # after an error: a pending background save is abandoned (the previous one stays)
     if run.evals is not None:
         run.evals.close()  # after an error: evaluations still running are killed

@@ -60,10 +60,11 @@ class Payload:
 
 
 def forge_manifest(ckpt: Path) -> None:
-    """The sizes of every file of ``ckpt`` written into its manifest (a forger fixes them)."""
-    m = json.loads((ckpt / "manifest.json").read_text())
-    m["files"] = {rel: (ckpt / rel).stat().st_size for rel in m["files"] if (ckpt / rel).is_file()}
-    (ckpt / "manifest.json").write_text(json.dumps(m))
+    """The manifest of ``ckpt`` written again from its files (sizes, sha256): a forger who can write the
+    folder rewrites it too (the manifest is for accidents; docs/security.md)."""
+    from megahash.checkpoint.manifest import write_manifest
+
+    write_manifest(ckpt)
 
 
 def copy_of(trained, tmp_path) -> Path:

@@ -490,6 +490,9 @@ def test_export_matches_megahash(name, shakespeare_shards, dist, tmp_path):
         import_hf(tmp_path / "hf", tmp_path / "imported")
         state = json.loads((tmp_path / "imported" / "step_00000003" / "megahash_state.json").read_text())
         assert state["weights_only"] and state["step"] == 3
+        from megahash.checkpoint.manifest import unverified
+
+        assert unverified(tmp_path / "imported" / "step_00000003") is None  # a manifest of sha256, as a save's
         export_hf(tmp_path / "imported", tmp_path / "hf2")
         _assert_bitwise_equal(_tensors(tmp_path / "hf"), _tensors(tmp_path / "hf2"))
 

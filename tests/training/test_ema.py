@@ -121,6 +121,9 @@ def test_ema_formula_validation_resume_eval_export(shakespeare_shards, tmp_path,
     bare = tmp_path / "bare" / "step_00000004"
     shutil.copytree(last, bare)
     shutil.rmtree(bare / "ema")
+    from megahash.checkpoint.manifest import write_manifest
+
+    write_manifest(bare)  # as a run without train.ema_decay writes it (a missing listed file is damage)
     capsys.readouterr()
     assert export_main(["--checkpoint", str(bare), "--output", str(tmp_path / "hf2"), "--weights", "ema"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -9,7 +9,6 @@ signature does not. One rank, in this process, through the pretraining entry poi
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import stat
@@ -43,14 +42,14 @@ def _args(shards, save_dir, steps, *extra):
 
 
 def _forge(ckpt, name, extra: dict) -> None:
-    """Add ``extra`` to DeepSpeed's file ``name`` and fix the manifest's sizes (as a forger would)."""
+    """Add ``extra`` to DeepSpeed's file ``name`` and rewrite the manifest (as a forger would)."""
     f = ckpt / name
     state = torch.load(f, map_location="cpu", weights_only=False)  # our own file
     state.update(extra)
     torch.save(state, f)
-    m = json.loads((ckpt / "manifest.json").read_text())
-    m["files"] = {rel: (ckpt / rel).stat().st_size for rel in m["files"]}
-    (ckpt / "manifest.json").write_text(json.dumps(m))
+    from megahash.checkpoint.manifest import write_manifest
+
+    write_manifest(ckpt)  # sizes and sha256 again: a forger who can write the folder rewrites it too
 
 
 def _error(out: str) -> list[str]:
