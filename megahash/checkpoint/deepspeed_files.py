@@ -13,7 +13,9 @@ EMA: docs/security.md); everything else DeepSpeed writes (tensors, dicts, lists,
 :func:`unsafe_globals` says before anything is unpickled which globals beyond those a checkpoint's
 DeepSpeed files reference (torch's static scan of each pickle, ``get_unsafe_globals_in_checkpoint``);
 the trainer loads such a checkpoint only when it is trusted (``train.trust_checkpoint=true``, or written
-by this install: :mod:`megahash.checkpoint.origin`), then with DeepSpeed's own ``torch.load``.
+by this install: :mod:`megahash.checkpoint.origin`), then with DeepSpeed's own ``torch.load``. A pickle
+the scan cannot read (damaged, or opcodes torch.save never writes) goes to the weights-only load, which
+refuses anything beyond the list: a failed load, which the trainer treats as damage.
 """
 
 from __future__ import annotations
@@ -54,10 +56,8 @@ def unsafe_globals(ckpt: Path) -> dict[str, list[str]]:
         for f in deepspeed_files(ckpt):
             try:
                 bad = torch.serialization.get_unsafe_globals_in_checkpoint(str(f))
-            except pickle.UnpicklingError as e:  # an opcode torch.save never writes (STACK_GLOBAL, ...)
-                bad = [f"pickle opcodes torch's weights-only loader does not read ({e})"]
-            except Exception:  # not a zip, truncated: the load's error names it
-                continue
+            except Exception:  # not a zip, truncated, opcodes the scan does not read (a damaged pickle, or a
+                continue  # crafted one): left to the weights-only load, whose failure is damage (a fallback)
             if bad:
                 found[f.name] = sorted(bad)
     return found

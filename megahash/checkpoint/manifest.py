@@ -25,6 +25,7 @@ from pathlib import Path
 from megahash.atomic_write import write_text_atomic
 from megahash.checkpoint import digest
 from megahash.checkpoint.layout import EMA_DIR, STATE_FILE, WEIGHTS_DIR, read_json
+from megahash.checkpoint.origin import SIG_FILE  # the signature of the manifest: not in it
 
 MANIFEST = "manifest.json"
 LEVELS = ("cheap", "full")  # train.verify_checkpoint
@@ -35,7 +36,10 @@ INFERENCE_SCOPE = (WEIGHTS_DIR, EMA_DIR, "resolved_config.yaml")
 
 def _listed(p: Path) -> bool:
     return (
-        p.is_file() and p.name not in (MANIFEST, STATE_FILE) and ".tmp-" not in p.name and not digest.is_sidecar(p.name)
+        p.is_file()
+        and p.name not in (MANIFEST, STATE_FILE, SIG_FILE)
+        and ".tmp-" not in p.name
+        and not digest.is_sidecar(p.name)
     )
 
 

@@ -1,8 +1,9 @@
 """Whether this install wrote a checkpoint: an HMAC of what in it can carry code, under a key of this install.
 
-At every save rank 0 writes ``manifest.sig``: HMAC-SHA256 (RFC 2104, :mod:`hmac`) of ``manifest.json`` and
-of every pickle inside the checkpoint's torch files (the ``*.pkl`` records of each ``*.pt`` zip: the only
-parts of a checkpoint that can run code when unpickled; tensors are raw bytes), keyed with 32 random bytes
+At every save rank 0 writes ``manifest.sig``: HMAC-SHA256 (RFC 2104, :mod:`hmac`) of ``manifest.json`` (the
+sha256 of every file, checked before a load at ``train.verify_checkpoint=full``) and of every pickle inside
+the checkpoint's torch files (the ``*.pkl`` records of each ``*.pt`` zip: the only parts of a checkpoint that
+can run code when unpickled, tensors are raw bytes; vouched for at ``cheap`` too), keyed with 32 random bytes
 kept outside the checkpoint: ``$XDG_CACHE_HOME/megahash/checkpoint.key`` (``~/.cache/megahash/``), created
 0600 at the first save. :func:`written_here` recomputes it. The trainer uses it for one decision only:
 a checkpoint whose DeepSpeed files need more than weights-only loading resumes without

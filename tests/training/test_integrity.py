@@ -99,7 +99,8 @@ def assert_digests(ckpt: Path) -> None:
     on_disk = {
         str(p.relative_to(ckpt))
         for p in ckpt.rglob("*")
-        if p.is_file() and p.name not in ("manifest.json", "megahash_state.json")
+        if p.is_file()
+        and p.name not in ("manifest.json", "megahash_state.json", "manifest.sig")  # sig: of the manifest
     }
     assert set(files) == on_disk and any(k.startswith("model/") for k in files), ckpt
     for rel, entry in files.items():
