@@ -99,7 +99,7 @@ def build_model(tree: dict, padded: int, save_dir=None, state: dict | None = Non
     """(cfg, TP=1 MegahashLM without initialisation) of a resolved config tree; with ``state`` (the folder's
     tensors) its shapes are checked first on a meta-device model, so a config.json whose sizes the tensors
     do not have is one line before anything is allocated."""
-    from megahash import accelerator
+    from megahash.accelerator import process_groups, rng
     from megahash.config import config_from_dict
     from megahash.models.megatron_model import MegahashLM
 
@@ -112,8 +112,8 @@ def build_model(tree: dict, padded: int, save_dir=None, state: dict | None = Non
     if save_dir is not None:
         tree.setdefault("train", {})["save_dir"] = str(save_dir)
     cfg = config_from_dict(tree)
-    accelerator.init_distributed(1)
-    accelerator.seed_all(cfg.train.seed)
+    process_groups.init_distributed(1)
+    rng.seed_all(cfg.train.seed)
     if state is not None:
         with torch.device("meta"):
             want = MegahashLM(cfg, padded, torch.float32, init=False).state_dict()

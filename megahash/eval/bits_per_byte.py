@@ -94,7 +94,7 @@ def evaluate_text(
 ) -> dict:
     """Score ``src`` with the checkpoint's ``weights`` (live, ema or a quantized artifact's path); write the
     JSON record and print one line."""
-    from megahash import accelerator
+    from megahash.accelerator import process_groups
     from megahash.atomic_write import write_text_atomic
     from megahash.checkpoint.resolve import resolve_for_inference
 
@@ -106,7 +106,7 @@ def evaluate_text(
     t0 = time.time()
     from megahash.eval.lm import MegahashEvalLM
 
-    with accelerator.releasing_group():
+    with process_groups.releasing_group():
         lm = MegahashEvalLM(
             checkpoint=str(ckpt),
             batch_size=batch_size,
