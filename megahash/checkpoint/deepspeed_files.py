@@ -74,7 +74,8 @@ def refused(ckpt: Path, unsafe: dict[str, list[str]]) -> CheckpointError:
     return UntrustedCheckpoint(
         f"checkpoint {ckpt} was not written by this install and its {name} asks to unpickle {shown}, which "
         f"megahash does not load without running code: refused; resume it only if you trust where it comes "
-        f"from, with train.trust_checkpoint=true (docs/security.md)"
+        f"from, with train.trust_checkpoint=true, or resume another checkpoint with train.resume=PATH "
+        f"(docs/security.md)"
     )
 
 
