@@ -241,7 +241,9 @@ def load_grid(path: str, extra: Sequence[str] = (), out: str | None = None) -> G
         raise ConfigError(f"{path}: standard names {bad[0]!r}, which is not an axis ({', '.join(axes)})")
     ev = data.get("eval") or {}
     if not isinstance(ev, dict):
-        raise ConfigError(f"{path}: eval must be a mapping (tasks, tasks_dir, limit, batch_size)")
+        raise ConfigError(f"{path}: eval must be a mapping (tasks, tasks_dir, limit, batch_size, trust_task_code)")
+    if not isinstance(ev.get("trust_task_code", False), bool):
+        raise ConfigError(f"{path}: eval.trust_task_code must be true or false (task files that run Python)")
     tasks = ev.get("tasks") or []
     ev = {
         "tasks": [tasks] if isinstance(tasks, str) else list(tasks),
