@@ -46,16 +46,24 @@ class IndexedShardWriter:
         self.num_elements = 0
         self.bin_sha256 = self.idx_sha256 = None
 
-    def add_documents(self, data: np.ndarray, lengths: np.ndarray) -> None:
-        """Write concatenated documents ``data`` (1-D) whose element counts are ``lengths``."""
+    def add_documents(self, data: np.ndarray, lengths: np.ndarray, continue_last: bool = False) -> None:
+        """Write concatenated documents ``data`` (1-D) whose element counts are ``lengths``; with
+        ``continue_last`` the first of them continues the last document written (a long document
+        written in parts stays one sequence)."""
         data = np.ascontiguousarray(data, dtype=self.dtype).reshape(-1)
-        lengths = np.asarray(lengths, dtype=np.int64)
+        lengths = np.array(lengths, dtype=np.int64)
         if int(lengths.sum()) != data.size:
             raise ValueError(f"lengths sum {int(lengths.sum())} != {data.size} elements")
+        if continue_last and len(lengths):
+            if not self._lengths:
+                raise ValueError("no document to continue")
+            self._lengths[-1][-1] += lengths[0]
+            lengths = lengths[1:]
         view = memoryview(data).cast("B")
         self._file.write(view)
         self._sha.update(view)
-        self._lengths.append(lengths)
+        if len(lengths):
+            self._lengths.append(lengths)
         self.num_elements += data.size
 
     def finalize(self) -> None:

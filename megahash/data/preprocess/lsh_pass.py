@@ -77,9 +77,15 @@ class LSHPass:
         self.sample_counts = GrowArray(np.int64)  # words streams: counts per word id
         self.word_list: list[str] = []  # words streams: the word table (set by encode_all)
 
-    def add(self, res: ChunkResult, tokens: np.ndarray) -> None:
-        """Record a chunk (``tokens``: the written ids; global word ids for words streams)."""
-        self.lengths.append(res.lengths)
+    def add(self, res: ChunkResult, tokens: np.ndarray, lengths: np.ndarray, continues: bool) -> None:
+        """Record a chunk (``tokens``: the written ids, global word ids for words streams; ``lengths``
+        of its documents, the first continuing the previous chunk's last one if ``continues``)."""
+        lengths = np.array(lengths, np.int64)
+        if continues and len(lengths):
+            self.lengths[-1][-1] += lengths[0]
+            lengths = lengths[1:]
+        if len(lengths):
+            self.lengths.append(lengths)
         self.counted_documents += res.counted
         if self.words_mode:
             if res.counted:  # every task document has words (non-blank text always does): lengths align
@@ -170,12 +176,16 @@ class LSHPass:
             tables[s.name] = t
         lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, np.int64)
         ends = np.cumsum(lengths)
-        d0 = 0
-        while d0 < len(lengths):
-            a = int(ends[d0] - lengths[d0])
-            d1 = max(int(np.searchsorted(ends, a + self.BLOCK_TOKENS, side="right")), d0 + 1)
-            block = np.asarray(ids[a : int(ends[d1 - 1])])
+        starts = ends - lengths
+        total = int(ends[-1]) if len(ends) else 0
+        for a in range(0, max(total, 1), self.BLOCK_TOKENS):  # blocks of tokens: a long document in parts
+            b = min(a + self.BLOCK_TOKENS, total)
+            d0 = int(np.searchsorted(starts, a, side="left"))  # documents starting in the block ...
+            d1 = len(starts) if b == total else int(np.searchsorted(starts, b, side="left"))
+            continues = d0 > 0 and ends[d0 - 1] > a  # ... after the end of one that started before it
+            d0 -= continues
+            parts = np.minimum(ends[d0:d1], b) - np.maximum(starts[d0:d1], a)
+            block = np.asarray(ids[a:b])
             for s in specs:
-                writers[s.name].add_documents(tables[s.name][block], lengths[d0:d1] * s.width)
-            d0 = d1
+                writers[s.name].add_documents(tables[s.name][block], parts * s.width, bool(continues))
         del ids

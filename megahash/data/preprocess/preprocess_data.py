@@ -95,7 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lsh-sample-docs", type=int, default=0, help="count n-grams over the first M selected documents only (0 = all)")
     p.add_argument("--shakespeare-chunk-chars", type=int, default=4000)
     p.add_argument("--chunk-docs", type=int, default=64, help="documents per worker task")
-    p.add_argument("--chunk-chars", type=int, default=1 << 19, help="characters per worker task")
+    p.add_argument("--chunk-chars", type=int, default=1 << 19, help="characters per worker task (at most)")
+    p.add_argument("--split-chars", type=int, default=1 << 19, help="documents longer than this are encoded in pieces "
+                   "of at most this many characters, cut at whitespace, written as one document (docs/data.md)")
     p.add_argument("--encode-threads", type=int, default=1, help="sentencepiece threads per worker (batch encode)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output prefix")
     p.add_argument("--quiet", action="store_true")
@@ -133,6 +135,8 @@ def _check_args(args) -> None:
         raise InputError("--lsh-sample-docs must be >= 0")
     if args.chunk_docs < 1 or args.chunk_chars < 1 or args.encode_threads < 1:
         raise InputError("--chunk-docs, --chunk-chars and --encode-threads must be >= 1")
+    if args.split_chars < 64:
+        raise InputError(f"--split-chars must be >= 64, got {args.split_chars}")
 
 
 def _existing_outputs(prefix: str, finals: Iterable[str]) -> list[str]:
@@ -233,6 +237,7 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
             files[os.path.basename(lsh_path)] = {"sha256": npz_sha, "bytes": os.path.getsize(outputs.pending[lsh_path])}
         counts["skipped_empty_documents"] = stats.empty + counts.pop("_empty_tokenized")
         counts["source_documents_read"] = stats.read
+        counts["split_documents"] = stats.split
         counts["replaced_invalid_utf8_chars"] = source.replaced_chars
         meta = _meta(args, source, start, end, tok, token_dtype, specs, key, shards, lsh_info, words_path, counts, files)
         with open(outputs.tmp(meta_path), "w", encoding="utf-8") as f:
@@ -303,6 +308,7 @@ def _meta(args, source, start, end, tok, token_dtype, specs, key, shards, lsh_in
             "hash_unit": "word" if tok.kind == WORDS else args.hash_unit,
             "word_pattern": WORD_PATTERN,
             "word_table": os.path.basename(words_path) if words_path else None,
+            "split_chars": args.split_chars,
         },
         "hash_specs": hash_specs,
         "lsh": lsh_info,
