@@ -70,7 +70,7 @@ class CodeTable:
         key: bytes | None = DEFAULT_KEY,
         lsh: LSHModel | None = None,
         max_entries: int = 1 << 21,
-        max_chars: int = 1 << 25,
+        max_chars: int = 1 << 24,
     ):
         self.specs = list(specs)
         self.key = key

@@ -79,7 +79,7 @@ class EncoderConfig:
     key: Optional[bytes] = b"en"
     token_dtype: str = "uint16"
     cache_entries: int = 1 << 21  # CodeTable strings (and half as many SegmentEncoder tokens) per worker
-    cache_chars: int = 1 << 25  # and at most this many characters of them (each cache cleared past it)
+    cache_chars: int = 1 << 24  # and at most this many characters of them (each cache cleared past it)
     encode_threads: int = 1
     deferred: tuple = ()  # names of specs whose codes the main process computes after the pass (LSH)
     count_words: bool = False  # collect word counts of each task's first ``n_count`` documents

@@ -31,6 +31,7 @@ Outputs are byte-identical for any ``--workers`` (no timestamps; ordered results
 from __future__ import annotations
 
 import argparse
+import glob
 import hashlib
 import json
 import os
@@ -48,7 +49,7 @@ from megahash.data.preprocess.encode_pass import DocStats, Progress, encode_all
 from megahash.data.preprocess.encoding import WORDS, EncoderConfig, resolve_tokenizer
 from megahash.data.preprocess.indexed_writer import IndexedShardWriter, optimal_token_dtype
 from megahash.data.preprocess.lsh_pass import LSHPass, Threads
-from megahash.data.preprocess.publish import AtomicOutputs, leftovers, remove, remove_stale
+from megahash.data.preprocess.publish import AtomicOutputs, TempReaper, leftovers, remove, remove_stale
 from megahash.data.preprocess.sources import open_source, parse_doc_range
 from megahash.data.verify import sha256_file
 from megahash.hashing.lsh import DEFAULT_NGRAM_VOCAB
@@ -99,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split-chars", type=int, default=1 << 19, help="documents longer than this are encoded in pieces "
                    "of at most this many characters, cut at whitespace, written as one document (docs/data.md)")
     p.add_argument("--encode-threads", type=int, default=1, help="sentencepiece threads per worker (batch encode)")
+    p.add_argument("--cache-words", type=int, default=1 << 21, help="word/token cache entries per worker (each cache "
+                   "also holds at most 8x as many characters); bounds the caches' memory (docs/data.md)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output prefix")
     p.add_argument("--quiet", action="store_true")
     return p
@@ -135,6 +138,8 @@ def _check_args(args) -> None:
         raise InputError("--lsh-sample-docs must be >= 0")
     if args.chunk_docs < 1 or args.chunk_chars < 1 or args.encode_threads < 1:
         raise InputError("--chunk-docs, --chunk-chars and --encode-threads must be >= 1")
+    if args.cache_words < 1024:
+        raise InputError(f"--cache-words must be >= 1024, got {args.cache_words}")
     if args.split_chars < 64:
         raise InputError(f"--split-chars must be >= 64, got {args.split_chars}")
 
@@ -172,12 +177,13 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     Path(prefix).parent.mkdir(parents=True, exist_ok=True)
 
     outputs = AtomicOutputs()
+    reaper = TempReaper(glob.escape(prefix) + "_*" + outputs.suffix).__enter__()  # temp files go even on SIGKILL
     writers: dict[str, IndexedShardWriter] = {}
     lsh_pass = None
     progress = None
-    previous_handler = None
-    if threading.current_thread() is threading.main_thread():
-        previous_handler = signal.signal(signal.SIGTERM, _raise_interrupt)
+    previous_handlers = {}
+    if threading.current_thread() is threading.main_thread():  # SIGTERM/SIGHUP: cleaned up like Ctrl-C
+        previous_handlers = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         lsh_info = None
         for name, shard in shards.items():
@@ -188,6 +194,7 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
             tokenizer=tok.path or WORDS, specs=specs, hash_unit=args.hash_unit, append_eos=args.append_eos,
             key=key, token_dtype=token_dtype.name, encode_threads=args.encode_threads,
             deferred=tuple(s.name for s in lsh_specs), count_words=bool(lsh_specs) and not words_mode,
+            cache_entries=args.cache_words, cache_chars=8 * args.cache_words,
         )
         stats = DocStats()
         progress = Progress("encoding", args.quiet)
@@ -255,8 +262,9 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     finally:
         if progress is not None:
             progress.close()
-        if previous_handler is not None:
-            signal.signal(signal.SIGTERM, previous_handler)
+        for sig, handler in previous_handlers.items():
+            signal.signal(sig, handler)
+        reaper.__exit__(None, None, None)
     if not args.quiet:
         print(f"wrote {counts['documents']:,} documents, {counts['tokens']:,} tokens -> {prefix}_* "
               f"(hashes: {', '.join(s.name for s in specs) or 'none'})", file=sys.stderr)
