@@ -75,12 +75,12 @@ def _unit_tokens(tok: str, unit: str) -> list[int]:
 
 
 @pytest.mark.slow
-def test_single_line_of_160_mb_stays_within_the_bound(tok, tmp_path):
-    """One line, no newline, 160 MiB: twice the bound, so a reader holding the line (one byte per
+def test_single_line_of_192_mib_stays_within_the_bound(tok, tmp_path):
+    """One line, no newline, 192 MiB: twice the bound, so a reader holding the line (one byte per
     character at least) would pass it. The document is written whole: repetitions of a text that
     ends in a space tokenize as the repetitions of its tokens (sentencepiece's own encoder is the
     reference), one EOS at the end."""
-    reps = 160 * MIB // len(UNIT)
+    reps = 192 * MIB // len(UNIT)
     line = tmp_path / "line.txt"
     with open(line, "w") as f:
         for _ in range(reps // 4096):
@@ -105,12 +105,12 @@ def test_single_line_of_160_mb_stays_within_the_bound(tok, tmp_path):
 
 @pytest.mark.slow
 def test_json_record_with_a_huge_text_field_stays_within_the_bound(tok, tmp_path):
-    """A .jsonl record whose text is 128 MiB of JSON (escaped newlines, quotes, accents, a surrogate
+    """A .jsonl record whose text is 192 MiB of JSON (escaped newlines, quotes, accents, a surrogate
     pair), between two short records: parsed as it is read, within the same bound; three documents,
     the long one the repetitions of its unit's tokens."""
     unit = 'She said \\"Elsinore\\",\\nand caf\\u00e9 \\ud83d\\ude00 lives on. '
     text_unit = json.loads('"' + unit + '"')
-    reps = 128 * MIB // len(unit)
+    reps = 192 * MIB // len(unit)
     src = tmp_path / "huge.jsonl"
     with open(src, "w") as f:
         f.write('{"id": 1, "text": "a short first record"}\n{"id": 2, "meta": {"k": [1, 2.5, null]}, "text": "')

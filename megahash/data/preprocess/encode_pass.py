@@ -165,7 +165,7 @@ def _encode_pool(args, cfg, tasks, writers, specs, words_mode, progress, lsh_pas
                 if s.name not in deferred:
                     writers[s.name].add_documents(res.codes[s.name], lengths * s.width, continues)
             if lsh_pass is not None:
-                lsh_pass.add(res, tokens, lengths, continues)
+                lsh_pass.add(res, tokens)
             n_docs, n_tok = res.finished, int(res.lengths.sum())
             docs_written += n_docs
             tokens_written += n_tok

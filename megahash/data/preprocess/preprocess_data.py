@@ -188,7 +188,8 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
         lsh_info = None
         for name, shard in shards.items():
             dtype = token_dtype if name == "tokens" else next(s.dtype for s in specs if s.name == name)
-            writers[name] = IndexedShardWriter(outputs.tmp(shard + ".bin"), outputs.tmp(shard + ".idx"), dtype)
+            writers[name] = IndexedShardWriter(outputs.tmp(shard + ".bin"), outputs.tmp(shard + ".idx"), dtype,
+                                               outputs.scratch(shard + "_lengths"))
 
         cfg = EncoderConfig(
             tokenizer=tok.path or WORDS, specs=specs, hash_unit=args.hash_unit, append_eos=args.append_eos,

@@ -84,7 +84,7 @@ def resolve_files(spec: str) -> list[str]:
     raise InputError(f"input not found: {spec!r}")
 
 
-READ_BLOCK = 1 << 22  # bytes read at a time; a line longer than this is streamed (a LongLine)
+READ_BLOCK = 1 << 20  # bytes read at a time; a line longer than this is streamed (a LongLine)
 STREAM_CHARS = READ_BLOCK  # a document longer than this (characters, bytes of a parquet value) comes as a TextStream
 PARQUET_BATCH_BYTES = 1 << 24  # parquet rows are read in batches of about this many bytes of the text column
 
