@@ -125,11 +125,11 @@ class Progress:
             self.bar.close()
 
 
-def encode_all(args, cfg, source, start, end, stats, writers, specs, words_mode, progress, lsh_pass) -> dict:
+def encode_all(args, cfg, source, start, end, stats, writers, specs, words_mode, progress, lsh_pass, tokenizer=None) -> dict:
     count_limit = args.lsh_sample_docs or None
     tasks = chunked_tasks(select_documents(source, start, end, stream=True), stats, args.chunk_docs, args.chunk_chars,
                           count_limit, args.split_chars)
-    _STATE["encoder"] = ChunkEncoder(cfg)  # inherited by forked workers (see _init_encoder)
+    _STATE["encoder"] = ChunkEncoder(cfg, tokenizer=tokenizer)  # inherited by forked workers (see _init_encoder)
     try:
         return _encode_pool(args, cfg, tasks, writers, specs, words_mode, progress, lsh_pass)
     finally:

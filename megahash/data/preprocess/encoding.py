@@ -16,7 +16,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -43,6 +43,7 @@ class TokenizerInfo:
     special_ids: Optional[dict] = None  # role -> id (None: the word ids 0-4)
     special_tokens: Optional[dict] = None
     file: Optional[str] = None
+    loaded: Any = field(default=None, repr=False, compare=False)  # the tokenizer object (reused by the encoder)
 
     @property
     def eos_id(self) -> Optional[int]:
@@ -65,7 +66,7 @@ def resolve_tokenizer(spec: str) -> TokenizerInfo:
         return TokenizerInfo(WORDS, None, None, None)
     tok = load_tokenizer(spec)
     return TokenizerInfo(tok.kind, spec, tok.sha256, tok.vocab_size, dict(tok.special_ids), dict(tok.special_tokens),
-                         tok.path)
+                         tok.path, tok)
 
 
 @dataclass
@@ -448,7 +449,8 @@ def words_of_tokens(tokens: Sequence[str], counts: Sequence[int]) -> Counter:
 class ChunkEncoder:
     """Tokenise a chunk of documents and hash its tokens (see module docstring)."""
 
-    def __init__(self, cfg: EncoderConfig, lsh: Optional[LSHModel] = None):
+    def __init__(self, cfg: EncoderConfig, lsh: Optional[LSHModel] = None, tokenizer=None):
+        """``tokenizer``: the one ``cfg.tokenizer`` names, already loaded (else it is loaded here)."""
         self.cfg = cfg
         deferred = set(cfg.deferred)
         self.specs = [s for s in cfg.specs if s.name not in deferred]  # hashed here
@@ -463,7 +465,7 @@ class ChunkEncoder:
         self.token_dtype = np.dtype(cfg.token_dtype)
         self.eos = EOS_ID
         if cfg.tokenizer != WORDS:
-            self.sp = load_tokenizer(cfg.tokenizer)  # a megahash.tokenization tokenizer (any kind)
+            self.sp = tokenizer or load_tokenizer(cfg.tokenizer)  # a megahash.tokenization tokenizer (any kind)
             self.eos = self.sp.eos_id
             if cfg.append_eos and self.eos is None:
                 raise InputError(f"tokenizer {cfg.tokenizer!r} has no end-of-document token; pass --no-append-eos")

@@ -200,7 +200,7 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
         stats = DocStats()
         progress = Progress("encoding", args.quiet)
         lsh_pass = LSHPass(outputs.scratch(f"{prefix}_lsh_rows"), words_mode) if lsh_specs else None
-        counts = encode_all(args, cfg, source, start, end, stats, writers, specs, words_mode, progress, lsh_pass)
+        counts = encode_all(args, cfg, source, start, end, stats, writers, specs, words_mode, progress, lsh_pass, tok.loaded)
         progress.close()
         progress = None
         if counts["documents"] == 0:
