@@ -27,10 +27,14 @@ Shapes: ``small`` (h256, 4L, 4 heads, ffn 1024, seq 256, batch 8), ``70m-shape``
 ffn 2048, seq 512, batch 4; tokenizer vocabulary) and ``70m`` (the same with configs/model/70m.yaml's
 50,304-token vocabulary); for GPUs ``500m`` (configs/model/500m.yaml, seq 2048, batch 8) and ``500m-4l``.
 
-On a GPU both sides run there: megahash with ``--precision``/``--compile`` (default auto: bf16 compute
-over fp32 parameters, compiled layers), transformers in bf16 with fused AdamW, eager and, with
-``--hf-compiled``, under ``torch.compile`` (a third worker); timings synchronise the device, and each
-worker reports its peak GPU memory. ``benchmarks/gpu_check.sh`` runs it.
+On a GPU both sides run there at the same precision policy, megahash's (``--precision``, default auto: bf16 on
+GPUs): fp32 parameters (the master weights) and fp32 AdamW state stepped by torch's fused AdamW, forward and loss
+under ``torch.autocast`` to bf16 (:func:`megahash.accelerator.policy.compute_context`); megahash with ``--compile``
+(default auto: compiled layers), transformers eager and, with ``--hf-compiled``, under ``torch.compile`` (a third
+worker). Timings synchronise the device; each worker reports its peak GPU memory, and MFU is the project's
+FLOPs per token (:func:`megahash.models.costs.train_flops_per_token`, the same model on both sides) times
+tokens/s over the device's peak (:func:`megahash.accelerator.measurement.peak_flops`). ``benchmarks/gpu_check.sh`` runs it
+on the 4-layer slice of the 500M shape.
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ def build_shards(work: Path) -> tuple[str, str]:
     """A 4,000-piece BPE tokenizer and token shards of the Shakespeare corpus (the real data tools)."""
     work.mkdir(parents=True, exist_ok=True)
     spm, prefix = work / "spm", work / "shakespeare"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     if not Path(f"{spm}.model").is_file():
         subprocess.run(
             [
@@ -134,7 +138,7 @@ class HFLoop:
         import torch
         from transformers import Qwen2Config, Qwen2ForCausalLM
 
-        from megahash import accelerator
+        from megahash.accelerator import policy
         from megahash.training.lr_schedule import lambda_for
 
         m, t = cfg.model, cfg.train
@@ -155,8 +159,10 @@ class HFLoop:
         )
         hf_cfg._attn_implementation = "sdpa"
         torch.manual_seed(t.seed)
-        dev = accelerator.device()
-        self.model = Qwen2ForCausalLM(hf_cfg).to(dev, accelerator.train_dtype(t.precision)).train()
+        dev = policy.device()
+        # megahash's precision policy on both sides: fp32 parameters and AdamW state, compute under autocast
+        self.model = Qwen2ForCausalLM(hf_cfg).to(dev, policy.param_dtype(t.precision, dev)).train()
+        self.context = lambda: policy.compute_context(t.precision, dev)
         self.num_params = sum(p.numel() for p in self.model.parameters())
         self.opt = torch.optim.AdamW(
             self.model.parameters(),
@@ -164,7 +170,7 @@ class HFLoop:
             betas=(t.beta1, t.beta2),
             eps=t.eps,
             weight_decay=t.weight_decay,
-            **({"fused": True} if dev.type == "cuda" else {}),
+            **policy.adamw_options(dev),
         )
         if compiled:
             self.model = torch.compile(self.model)
@@ -181,8 +187,9 @@ class HFLoop:
 
         b = self.batches[self.i % len(self.batches)]
         self.i += 1
-        logits = self.model(input_ids=b["tokens"]).logits
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), b["labels"].reshape(-1))
+        with self.context():
+            logits = self.model(input_ids=b["tokens"]).logits
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), b["labels"].reshape(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
         self.opt.step()
@@ -214,7 +221,7 @@ def worker(args) -> int:
     from stdin and answer each with one JSON line of (wall, CPU) seconds per step."""
     import torch
 
-    from megahash import accelerator
+    from megahash.accelerator import measurement, policy, process_groups
 
     shape = SHAPES[args.shape]
     cfg = megahash_config(
@@ -226,16 +233,25 @@ def worker(args) -> int:
         from megahash.data.dataset import make_loader
         from megahash.training.profiling import TrainHarness
 
-        accelerator.init_distributed(1)
+        process_groups.init_distributed(1)
         mh = TrainHarness(cfg, total + 1)
         loader = make_loader(mh.data.train, 0, cfg.train.micro_batch_size, 0, 1)
         from megahash.atomic_write import atomic_path
 
         with atomic_path(batches_file) as tmp:
             torch.save([b for _, b in zip(range(total), loader)], tmp)
+        from megahash.models.costs import train_flops_per_token
+
+        flops = train_flops_per_token(cfg, mh.data.vocab_size)
         step, info = (
             mh.step,
-            dict(params=mh.num_params, vocab=mh.model.vocab_size, optimizer=type(mh.engine.optimizer).__name__),
+            dict(
+                params=mh.num_params,
+                vocab=mh.model.vocab_size,
+                optimizer=type(mh.engine.optimizer).__name__,
+                flops_per_token=flops if isinstance(flops, (int, float)) else None,
+                peak_flops=measurement.peak_flops(policy.train_dtype(cfg.train.precision)),
+            ),
         )
     else:
         hf = HFLoop(cfg, args.vocab, torch.load(batches_file), compiled=args.worker == "transformers-compiled")
@@ -254,7 +270,7 @@ def worker(args) -> int:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # the sides take turns on one GPU
     if args.worker == "megahash":
-        accelerator.teardown()
+        process_groups.teardown()
     return 0
 
 
@@ -285,7 +301,11 @@ class Side:
             str(args.threads),
             *extra,
         ]
-        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(ROOT)}
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": str(args.threads),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        }
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self.info = self._read()
 
@@ -351,7 +371,9 @@ def run_shape(name: str, shape: dict, args) -> dict:
     res["ratio_cpu"] = res["megahash"][1] / res["transformers"][1]
     if "transformers-compiled" in res:
         res["ratio_compiled"] = res["megahash"][0] / res["transformers-compiled"][0]
-    res["peak_gib"] = {k: side_info.get("peak_gib") for k, side_info in (("megahash", mh), ("transformers", hf))}
+    res["peak_gib"] = {k: side.info.get("peak_gib") for k, side in sides.items()}
+    flops, peak = mh.get("flops_per_token"), mh.get("peak_flops")
+    res["mfu"] = {k: (flops * res[k][0] / peak if flops and peak else None) for k in sides}
     res["optimizer"] = mh["optimizer"]
     return res
 
@@ -383,13 +405,13 @@ def main(argv=None) -> int:
         args.prefix, args.tokenizer = build_shards(Path(args.work))
     import transformers
 
-    from megahash import accelerator
+    from megahash.accelerator import policy
 
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
     print(
-        f"device {accelerator.device()} ({gpu}, CUDA {torch.version.cuda}), precision {args.precision} -> "
-        f"{accelerator.train_dtype(args.precision)}, megahash compile {args.compile} -> "
-        f"{accelerator.compile_layers(args.compile)}; "
+        f"device {policy.device()} ({gpu}, CUDA {torch.version.cuda}), precision {args.precision} -> "
+        f"{policy.train_dtype(args.precision)}, megahash compile {args.compile} -> "
+        f"{policy.compile_layers(args.compile)}; "
         f"threads {torch.get_num_threads()}, 1 rank per side, each side in its own process "
         f"(MEGAHASH_MALLOC_TUNING={os.environ.get('MEGAHASH_MALLOC_TUNING', 'unset')}); torch "
         f"{torch.__version__}, transformers {transformers.__version__}; {args.rounds} rounds x {args.steps} "
@@ -399,9 +421,10 @@ def main(argv=None) -> int:
     print()
     print(
         "| shape | params | vocab | steps | megahash tokens/s | transformers tokens/s | ratio | ratio (CPU time) | "
-        "transformers compiled tokens/s | ratio vs compiled | peak GiB megahash / transformers |"
+        "transformers compiled tokens/s | ratio vs compiled | MFU megahash / transformers / compiled | "
+        "peak GiB megahash / transformers / compiled |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         comp = (
             f"{r['transformers-compiled'][0]:,.0f} | {r['ratio_compiled']:.2f}x"
@@ -409,9 +432,10 @@ def main(argv=None) -> int:
             else "not run | n/a"
         )
         peak = " / ".join("n/a" if v is None else f"{v:.1f}" for v in r["peak_gib"].values())
+        mfu = " / ".join("n/a" if v is None else f"{100 * v:.1f}%" for v in r["mfu"].values())
         print(
             f"| {r['name']} | {r['params'] / 1e6:.1f}M | {r['vocab']:,} | {r['n']} | {r['megahash'][0]:,.0f} | "
-            f"{r['transformers'][0]:,.0f} | {r['ratio']:.2f}x | {r['ratio_cpu']:.2f}x | {comp} | {peak} |"
+            f"{r['transformers'][0]:,.0f} | {r['ratio']:.2f}x | {r['ratio_cpu']:.2f}x | {comp} | {mfu} | {peak} |"
         )
     return 0
 

@@ -2,7 +2,7 @@
 # The scheduled check against tomorrow's releases, and the way to refresh the lock.
 #
 #   bash launch/newest_check.sh                 # fresh venv, newest releases, the whole test suite
-#   bash launch/newest_check.sh --write-lock    # ... and, if it passes, rewrite constraints/cpu-lock.txt
+#   bash launch/newest_check.sh --write-lock    # ... and, if it passes, rewrite constraints/cpu-lock.txt (and gpu.txt)
 #   NEWEST_CHECK_PYTEST="tests/convert/test_convert.py" bash launch/newest_check.sh   # a subset
 #
 # It installs megahash into a new virtual environment (NEWEST_CHECK_VENV, default
@@ -51,6 +51,7 @@ if [ "$WRITE" = 1 ]; then
     cat "$VENV/freeze.txt"
   } > "$tmp"
   mv "$tmp" constraints/cpu-lock.txt
-  say "constraints/cpu-lock.txt rewritten: commit it"
+  "$PY" benchmarks/gpu_check.py constraints  # constraints/gpu.txt: the new lock without torch/triton, plus [gpu]
+  say "constraints/cpu-lock.txt and constraints/gpu.txt rewritten: commit them"
 fi
 say "passed"

@@ -180,6 +180,8 @@ def check_ranges(cfg) -> None:
         )
     if d.verify not in ("cheap", "full", "none"):
         raise ConfigError(f"config key 'data.verify' must be cheap, full or none, got {d.verify!r}")
+    if t.verify_checkpoint not in ("cheap", "full"):
+        raise ConfigError(f"config key 'train.verify_checkpoint' must be cheap or full, got {t.verify_checkpoint!r}")
 
 
 def _check_optimizer(t) -> None:
@@ -192,8 +194,9 @@ def _check_optimizer(t) -> None:
         )
     if t.optimizer == "muon" and t.zero_stage == 3:
         raise ConfigError(
-            "train.optimizer=muon orthogonalizes whole matrices and ZeRO stage 3 partitions them into "
-            "flat slices; set train.zero_stage=0 (or train.optimizer=adamw)"
+            "train.optimizer=muon orthogonalizes whole matrices and ZeRO stage 3 partitions every weight into flat "
+            "slices on every rank; set train.zero_stage=1 (Muon's state and Newton-Schulz work sharded over the "
+            "data-parallel ranks, the weights whole on each) or train.optimizer=adamw"
         )
 
 
@@ -202,11 +205,11 @@ def check_muon_layout(t, stage: int, bf16_params: bool) -> None:
     one line where the optimizer would not see whole fp32 matrices (megahash/training/muon.py)."""
     if t.optimizer != "muon":
         return
-    if stage > 0:
+    if stage > 0:  # stage 3 (refused with the config already); 1 and 2 run as 0 with the optimizer sharded
         raise ConfigError(
             f"train.optimizer=muon orthogonalizes whole matrices and ZeRO stage {stage} partitions them into flat "
-            f"slices over the data-parallel ranks; set train.zero_stage=0 (gradients all-reduced, Muon's one "
-            f"momentum buffer per matrix on every rank) or train.optimizer=adamw"
+            f"slices; set train.zero_stage=1 (Muon's state and work sharded over the data-parallel ranks) "
+            f"or train.optimizer=adamw"
         )
     if bf16_params:
         raise ConfigError(

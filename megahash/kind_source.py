@@ -6,9 +6,10 @@ imports torch and megatron-core, seconds):
 
 - :mod:`megahash.catalog`: the register lines (:meth:`KindFile.registrations`) and the values of their
   ``caps=``, ``costs=`` and ``options=`` for config checks and closed-form costs;
-- :mod:`megahash.convert.remote_code`: the plain-torch reference section of the HF export, found by what
-  it is: the definitions decorated ``@register_reference`` and the top-level names they use
-  (:meth:`KindFile.closure`);
+- :mod:`megahash.convert.remote_code`: the plain-torch section of the HF export, found by what it is: the
+  attention kinds' classes (``register_attention(name, Kind, ...)``: each written once, its plain-torch layer
+  derived in the export), the definitions decorated ``@register_reference`` (embeddings, heads, kind inputs)
+  and the top-level names they use (:meth:`KindFile.closure`);
 - ``tests/kind_leaks.py``: the parsed tree, the register calls and the public names.
 
 :meth:`KindFile.value` executes a top-level name of a file with only what it needs of the same file
@@ -204,11 +205,18 @@ class KindFile:
         return out
 
     def reference_defs(self) -> list:
-        """The top-level definitions decorated ``@register_reference`` (the plain-torch reference)."""
+        """The top-level definitions of the plain-torch side: the classes a ``register_attention(name, Kind,
+        ...)`` line registers and the definitions decorated ``@register_reference``."""
+        kinds = {
+            r.call.args[1].id
+            for r in self.registrations()
+            if len(r.call.args) > 1 and isinstance(r.call.args[1], ast.Name)
+        }
         return [
             n
             for n in self.tree.body
-            if isinstance(n, (ast.ClassDef, ast.FunctionDef)) and any(map(is_reference_decorator, n.decorator_list))
+            if (isinstance(n, ast.ClassDef) and n.name in kinds)
+            or (isinstance(n, (ast.ClassDef, ast.FunctionDef)) and any(map(is_reference_decorator, n.decorator_list)))
         ]
 
     def public_names(self) -> set:

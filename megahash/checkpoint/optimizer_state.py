@@ -27,7 +27,11 @@ layout (megahash/training/elastic.py) the same sharded dict is built for the new
 ZeRO-3 (DeepSpeed's full-tensor setter does not handle a padded last partition), the torch
 optimizer's state at ZeRO-0 in fp32 (each parameter at its own count; none where none was saved),
 or the fp32 masters of DeepSpeed's FP16 optimizers (ZeRO-0 in bf16); a flat optimizer takes the
-highest saved count. The LR schedule is put at the saved step by the caller.
+highest saved count. The LR schedule is put at the saved step by the caller. Muon sharded over the data-parallel
+ranks (train.optimizer=muon at ZeRO-1/2: megahash/training/muon_sharded.py) keeps each parameter's state on its
+owner (a matrix) or in flat partitions (AdamW): its own accessors give the whole state on every rank and write
+back each rank's part, and DeepSpeed's files, which would hold the first rank's shard only, are not written
+(:func:`native_files`).
 
 The cost of a save is one gather of the state per parameter (all-reduce/all-gather over DP) and one
 dist-checkpoint write of twice the model's fp32 size, by the first data-parallel rank of each shard.
@@ -40,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from megahash import accelerator
+from megahash.accelerator import process_groups
 from megahash.atomic_write import write_json_atomic
 from megahash.errors import CheckpointError
 
@@ -101,6 +105,19 @@ def unsupported(engine) -> str | None:
     )
 
 
+def _shards(engine):
+    """The data-parallel layout of a sharded optimizer (train.optimizer=muon at ZeRO-1/2:
+    megahash/training/muon_sharded.py), whose state of a parameter lives on its owners; None otherwise."""
+    return getattr(torch_optimizer(engine), "shards", None)
+
+
+def native_files(engine) -> bool:
+    """DeepSpeed's own checkpoint files can hold this engine's optimizer state: not for a sharded optimizer,
+    whose state DeepSpeed's ZeRO-0 files would take from the first data-parallel rank only (its shard); its
+    checkpoints resume through ``optimizer/`` at every layout (megahash/training/checkpoint.py)."""
+    return _shards(engine) is None
+
+
 def _keys_of(engine, p, keys: list[str]) -> list[str]:
     """The state keys of parameter ``p``: ``keys`` (Adam's), or the optimizer's own for it (Muon's momentum
     under train.optimizer=muon: megahash/training/muon.py)."""
@@ -127,30 +144,39 @@ def ensure_state(engine) -> None:
     """Create Adam's state where torch has not yet (it does so at the first step): zero moments,
     step 0, exactly what torch would create, and let DeepSpeed link its per-parameter views of it."""
     inner = torch_optimizer(engine)
+    shards = _shards(engine)
+    if shards is not None:  # the state this rank keeps: its matrices' and its AdamW partitions'
+        for p, st, group in shards.slots(inner.state, inner.param_groups):
+            _fill(st, p, group)
+        return
     targets = [(p, group) for group in inner.param_groups for p in group["params"]]
     flats = getattr(engine.optimizer, "fp32_partitioned_groups_flat", None)
     if flats is not None:  # ZeRO-3 hands its flat fp32 sub-groups to the torch optimizer only while stepping
         to_group = engine.optimizer.sub_group_to_group_id
         targets += [(flat, inner.param_groups[to_group[i]]) for i, flat in enumerate(flats)]
     for p, group in targets:
-        on_device = bool(group.get("fused") or group.get("capturable"))
-        st = inner.state[p]
-        if st:
-            continue
-        if group.get("use_muon"):  # Muon's one buffer (torch.optim.Muon creates it at the first step)
-            st["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            continue
-        st["step"] = torch.zeros((), dtype=torch.float32, device=p.device if on_device else "cpu")
-        st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        if group.get("amsgrad"):
-            st["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        _fill(inner.state[p], p, group)
     link = getattr(engine.optimizer, "_lazy_init_hp_params_optimizer_state", None)
     if link is not None:  # ZeRO-1/2, bf16 optimizer: views of the flat state per parameter. Linked
         # again: DeepSpeed links every group after stepping the first one, so with two parameter
         # groups (decay, no decay) the second group's views stay empty
         engine.optimizer._hp_optimizer_states_linked = False
         link()
+
+
+def _fill(st: dict, p: torch.Tensor, group: dict) -> None:
+    """The state torch creates at ``p``'s first step, unless ``st`` has some: Muon's one buffer, or Adam's."""
+    if st:
+        return
+    if group.get("use_muon"):  # Muon's one buffer (torch.optim.Muon creates it at the first step)
+        st["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        return
+    on_device = bool(group.get("fused") or group.get("capturable"))
+    st["step"] = torch.zeros((), dtype=torch.float32, device=p.device if on_device else "cpu")
+    st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    if group.get("amsgrad"):
+        st["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
 def per_parameter(engine) -> bool:
@@ -175,6 +201,8 @@ def adam_steps(engine, params) -> list[int | None]:
     flat optimizers step every group at every step (zeros for a parameter without a gradient), so
     every parameter has their count."""
     inner = torch_optimizer(engine)
+    if _shards(engine) is not None:  # from the rank holding each (collective)
+        return [n or None for n in _shards(engine).adam_counts(params)]
     if per_parameter(engine):
         return [_count(inner.state.get(p)) for p in params]
     counts = {_count(st) for st in inner.state.values()} - {None}
@@ -186,6 +214,15 @@ def _set_steps(engine, params, steps: list[int | None]) -> None:
     """Put every parameter at its saved count: per parameter (dropping the state of one saved without
     any), or, for flat optimizers, every group at the highest count."""
     inner = torch_optimizer(engine)
+    shards = _shards(engine)
+    if shards is not None:  # this rank's AdamW pieces of each, as torch's per-parameter state below
+        for p, n in zip(params, steps):
+            for pc in shards.pieces_of(p):
+                if n is None:
+                    pc.state.clear()
+                else:
+                    _fill_step(pc.state, n)
+        return
     if per_parameter(engine):
         for p, n in zip(params, steps):
             if _stateless_adam(engine, p):
@@ -238,6 +275,8 @@ def _get(engine, p, key: str, shape) -> torch.Tensor:
     if hasattr(p, "ds_id") or hasattr(p, "_hp_mapping"):
         t = safe_get_full_fp32_param(p) if key == MASTER else safe_get_full_optimizer_state(p, key)
         return t.detach().float().reshape(shape).cpu()
+    if _shards(engine) is not None and key != MASTER:  # from its owner or its partitions (collective)
+        return _shards(engine).full_state(p, key, torch_optimizer(engine).state).float().reshape(shape).cpu()
     view = _flat_view(engine, p, key)
     if view is not None:
         return view.detach().float().reshape(shape).cpu()
@@ -277,6 +316,8 @@ def _set(engine, p, key: str, value: torch.Tensor) -> None:
     elif hasattr(p, "_hp_mapping"):
         v = value.to(p.device)
         safe_set_full_fp32_param(p, v) if key == MASTER else safe_set_full_optimizer_state(p, v, key)
+    elif _shards(engine) is not None and key != MASTER:  # this rank's part of it
+        _shards(engine).set_full_state(p, key, value, torch_optimizer(engine).state)
     elif _flat_view(engine, p, key) is not None:
         view = _flat_view(engine, p, key)
         view.data.copy_(value.reshape(-1).to(view.device, view.dtype))
@@ -289,7 +330,7 @@ def _set(engine, p, key: str, value: torch.Tensor) -> None:
 
 
 def _write_info(directory: Path, info: dict) -> None:
-    if accelerator.rank() == 0:
+    if process_groups.rank() == 0:
         write_json_atomic(directory / INFO_FILE, info)
 
 
@@ -305,7 +346,7 @@ def save(engine, directory: Path, zero_stage: int, async_queue=None) -> None:
     directory = Path(directory)
     why = unsupported(engine)
     if why is not None:
-        if accelerator.rank() == 0:
+        if process_groups.rank() == 0:
             directory.mkdir(parents=True, exist_ok=True)
         _write_info(directory, {"format": FORMAT, "complete": False, "reason": why})
         return

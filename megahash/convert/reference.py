@@ -1,5 +1,5 @@
 """The plain-torch reference of an in-memory TP=1 megahash model: the Hugging Face export's model
-(:mod:`megahash.models.hf_model` built from the kinds' ``@register_reference`` classes), without the
+(:mod:`megahash.models.hf_model` built from the kinds' plain-torch forms), without the
 folder. The parity tests use it as the TP=1 reference of every kind (tests/models/test_attention.py,
 tests/convert/test_remote_code.py)."""
 

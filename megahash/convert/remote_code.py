@@ -4,16 +4,18 @@ The model exists once (issue 19): ``megahash export-hf`` writes no hand-written 
 kind. The folder holds
 
 * the torch-only library modules (:data:`LIBRARY_FILES`: the shared ops, the model shell, the
-  ``PreTrainedModel`` wrapper, the config class, every attention kernel of :mod:`megahash.ops`; the
-  numpy-only text coder and every module of :mod:`megahash.hashing`) copied verbatim, each
+  ``PreTrainedModel`` wrapper, the config class, the kinds' torch-only bases (:mod:`megahash.models.mixing`
+  and the attention families'), every attention kernel of :mod:`megahash.ops`; the numpy-only text coder
+  and every module of :mod:`megahash.hashing`) copied verbatim, each
   ``from megahash.x import y`` rewritten to the folder's relative import (transformers loads remote
   code as one flat package: ``dynamic_module_utils.get_relative_import_files`` follows
   ``from .name import ...`` to ``name.py`` next to the module);
-* one module per kind file the model uses: the definitions marked with ``@register_reference``
-  (decorators stripped) and the top-level names they use (torch-only imports, helpers), read from the
-  kind's own file by :mod:`megahash.kind_source`;
-* ``megahash_references.py``: the table {kind name: reference class} the shell builds layers,
-  embedding and head from.
+* one module per kind file the model uses: the attention kind's class (``register_attention(name, Kind)``,
+  written once; the shell derives its plain-torch layer) or the definitions marked with
+  ``@register_reference`` (decorators stripped), and the top-level names they use (torch-only imports,
+  helpers), read from the kind's own file by :mod:`megahash.kind_source`;
+* ``megahash_references.py``: the table {kind name: class} the shell builds layers, embedding and head
+  from.
 
 A kind with no reference makes :func:`missing_references` name it (the export checks it before
 writing anything).
@@ -37,7 +39,12 @@ TABLE_MODULE = "megahash_references"
 # library module -> its file in the folder (without .py); copied verbatim, imports made relative
 LIBRARY_FILES = {
     "megahash.models.hf_config": CONFIG_MODULE,
+    "megahash.errors": "megahash_errors",
     "megahash.models.arch": "megahash_arch",
+    "megahash.models.mixing": "megahash_mixing",
+    "megahash.models.attention.softmax_base": "megahash_attention_softmax_base",
+    "megahash.models.attention.linear_base": "megahash_attention_linear_base",
+    "megahash.models.attention.separate_qkv": "megahash_attention_separate_qkv",
     "megahash.models.reference_ops": "megahash_reference_ops",
     "megahash.models.reference_layers": "megahash_reference_layers",
     "megahash.models.hf_model": MODELING_MODULE,
@@ -134,15 +141,15 @@ def _allowed(module: str) -> bool:
 
 
 def extract_references(module: str) -> tuple[str, list[str]]:
-    """(source of the folder module, kind modules it imports) from a kind file: its ``@register_reference``
-    definitions (decorators stripped) and the top-level names they use (helpers, constants, imports of
-    torch, math, typing and the torch-only library modules). A reference may import another kind file's
-    references (that file's module joins the folder)."""
+    """(source of the folder module, kind modules it imports) from a kind file: its attention kinds' classes
+    and its ``@register_reference`` definitions (decorators stripped; :meth:`KindFile.reference_defs`) and the
+    top-level names they use (helpers, constants, imports of torch, math, typing and the torch-only library
+    modules). They may import another kind file's (that file's module joins the folder)."""
     path = Path(inspect.getsourcefile(importlib.import_module(module)))
     f = kind_source.read(path)
     defs = f.reference_defs()
     if not defs:
-        raise ConfigError(f"{path.name}: no @register_reference definition")
+        raise ConfigError(f"{path.name}: no attention kind class nor @register_reference definition")
     stmts, imported, unbound = f.closure(defs, annotations=not f.lazy_annotations)
     bad = {}
     for name, by in imported.items():

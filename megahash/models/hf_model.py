@@ -1,7 +1,8 @@
 """Megahash language models in transformers: the ``PreTrainedModel`` wrapper around the plain-torch
 shell (:mod:`megahash.models.reference_layers`), written as ``modeling_megahash.py`` by ``megahash
 export-hf`` (:mod:`megahash.convert.remote_code` assembles the folder from the library's own
-torch-only modules and each kind's ``@register_reference`` class).
+torch-only modules and each kind's class: an attention kind written once, the plain-torch layer derived from
+it by the shell; the embedding's and head's ``@register_reference`` classes).
 
 Self-contained in the export: torch + transformers (+ numpy through the hashing module for raw
 text), no megatron-core or DeepSpeed. Parameter names are megahash's TP=1 names
@@ -47,6 +48,7 @@ except ImportError:  # pragma: no cover
 
 from megahash.models.arch import arch_of
 from megahash.models.hf_config import MegahashConfig
+from megahash.models.mixing import LayerCache, MixState
 from megahash.models.reference_layers import (
     Decoder,
     RobertaEmbeddingExtras,
@@ -54,7 +56,7 @@ from megahash.models.reference_layers import (
     build_head,
     build_kind_input,
 )
-from megahash.models.reference_ops import is_roberta, packed_documents, rope_cos_sin
+from megahash.models.reference_ops import is_roberta, packed_documents, rope_freqs
 from megahash.models.reference_table import references
 
 # transformers renamed the cache argument and output field ``past_key_values`` -> ``cache`` (5.2x, the old
@@ -81,12 +83,16 @@ class MegahashCache(_CacheBase):
             super().__init__(layers=[])
         except TypeError:  # pragma: no cover - other Cache signatures
             pass
-        self.states = [dict() for _ in range(num_layers)]
+        self.states = [LayerCache() for _ in range(num_layers)]
         self.offset = 0
         self.inputs: dict = {}  # batch-first tensors the kind inputs carry between steps (e.g. previous token ids)
 
     def __len__(self):
         return len(self.states)
+
+    def layer(self, i: int) -> dict:
+        """The cache dict of layer i (0-based; what ``MixState.cache`` asks)."""
+        return self.states[i]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.offset
@@ -111,28 +117,32 @@ class MegahashCache(_CacheBase):
     @property
     def batch_size(self) -> int:
         for st in self.states:
-            for v in st.values():
-                return v.shape[0]
+            for k, v in st.items():
+                if st.batch_dims.get(k, 0) is not None:
+                    return v.shape[st.batch_dims.get(k, 0)]
         return -1
 
     def reset(self):
-        self.states = [dict() for _ in self.states]
+        self.states = [LayerCache() for _ in self.states]
         self.inputs = {}
         self.offset = 0
 
     def _map(self, fn):
+        """``fn(tensor, its batch dim)`` on every batched tensor (the layers' by their ``batch_dims``)."""
         for st in self.states + [self.inputs]:
+            dims = getattr(st, "batch_dims", {})
             for k in list(st):
-                st[k] = fn(st[k])
+                if dims.get(k, 0) is not None:
+                    st[k] = fn(st[k], dims.get(k, 0))
 
     def reorder_cache(self, beam_idx):
-        self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
+        self._map(lambda t, d: t.index_select(d, beam_idx.to(t.device)))
 
     def batch_select_indices(self, indices):
-        self._map(lambda t: t[indices])
+        self._map(lambda t, d: t[(slice(None),) * d + (indices,)])
 
     def batch_repeat_interleave(self, repeats: int):
-        self._map(lambda t: t.repeat_interleave(repeats, dim=0))
+        self._map(lambda t, d: t.repeat_interleave(repeats, dim=d))
 
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove:
@@ -291,27 +301,28 @@ class MegahashModel(MegahashPreTrainedModel):
         for extra in self.kind_inputs():  # e.g. a token n-gram table added to the embedding
             embed = getattr(extra, "embed", None)
             emb = emb if embed is None else embed(input_ids, emb, cache)
-        cos, sin = rope_cos_sin(
-            offset, s, self.config.hidden_size // self.config.num_attention_heads, self.config.rope_theta, emb.device
-        )
         docs, positions = packed_documents(self.config, input_ids, offset)  # the run's data.reset_* flags
-        if positions is not None:  # [b, 1, s, d]: each token rotated by its position in its document
-            cos, sin = cos[positions][:, None], sin[positions][:, None]
-        if self.embedding_extras is not None:  # model.layout=roberta: learned positions, no RoPE
+        rotary = None  # model.layout=roberta: learned positions, no RoPE
+        if self.embedding_extras is not None:
             emb = self.embedding_extras(emb, key_mask, positions)
-            cos, sin = torch.ones_like(cos), torch.zeros_like(sin)
-        ctx = {"offset": offset, "cos": cos, "sin": sin, "embeddings": emb, "key_mask": key_mask, "document_ids": docs}
+        else:  # [s, b, 1, d] with positions: each token rotated by its position in its document
+            d_h = self.config.hidden_size // self.config.num_attention_heads
+            rotary = rope_freqs(offset, s, d_h, self.config.rope_theta, emb.device, positions)
+        x = emb.transpose(0, 1)  # the layers run sequence-first, as megatron-core's
+        mask = None if key_mask is None else ~key_mask[:, None, None, :]  # megatron's: True = masked
+        state = MixState(
+            embeddings=x, offset=offset, tokens=input_ids, document_ids=docs, position_ids=positions, decode=cache
+        )
         for extra in self.kind_inputs():  # e.g. the fixed input's Q/K maps
-            ctx.update(extra.context(self, offset + s))
+            state.inputs.update(extra.context(self, offset + s))
         hidden = [] if output_hidden_states else None
-        x = emb
-        for i, layer in enumerate(self.decoder.layers):
+        for layer in self.decoder.layers:
             if hidden is not None:
-                hidden.append(x)
-            ctx["layer"] = i
-            x = layer(x, ctx, None if cache is None else cache.states[i])
+                hidden.append(x.transpose(0, 1))
+            x = layer(x, mask, rotary, state)
         if self.decoder.final_layernorm is not None:
             x = self.decoder.final_layernorm(x)
+        x = x.transpose(0, 1).contiguous()
         if hidden is not None:
             hidden.append(x)
         if cache is not None:

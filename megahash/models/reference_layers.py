@@ -1,161 +1,113 @@
-"""The generic plain-torch model shell around the kinds' reference forwards (no megatron-core).
+"""The generic plain-torch model shell around the kinds (no megatron-core).
 
 Pre-norm layers (RMSNorm + SwiGLU for decoders, LayerNorm + GELU with biases for encoders; post-LN
-with ``model.layout=roberta``), one attention kind per layer, built from the kind's own
-``@register_reference`` class (:func:`megahash.models.reference_table.references`), `skip` layers as
-identities, the base classes the kind references derive from (softmax attention over a KV cache,
-linear attention over a recurrent state, separate Q/K/V projections, the special-token table of
-hash embeddings) and the fixed input of the fixed-Q/K kinds. Parameter names are megahash's TP=1
-names, which are also those of the Hugging Face export. ``megahash export-hf`` copies this file
-verbatim (imports rewritten to the folder's relative ones); it imports torch, math, typing and the
-torch-only megahash modules only.
+with ``model.layout=roberta``), one attention kind per layer, its plain-torch layer derived from the kind
+written once (:func:`torch_layer`, :mod:`megahash.models.mixing`; the table of kinds:
+:func:`megahash.models.reference_table.references`), `skip` layers as identities, the special-token table of
+hash embeddings and the kinds' embedding, head and input references. The layers run sequence-first
+([s, b, h]) as megatron-core's do. Parameter names are megahash's TP=1 names, which are also those of the
+Hugging Face export. ``megahash export-hf`` copies this file verbatim (imports rewritten to the folder's
+relative ones); it imports torch, math, typing and the torch-only megahash modules only.
 """
 
 from __future__ import annotations
+
+import contextlib
+import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from megahash.models.arch import arch_of
+from megahash.models.mixing import Setup
 from megahash.models.reference_ops import (
     NUM_SPECIAL,
-    append_state,
-    apply_rope,
+    PerHeadWeight,
+    SoftmaxCore,
     is_roberta,
     make_norm,
     megahash_option,
-    softmax_attention,
-    split_heads,
 )
-from megahash.ops.utils.documents import document_rows
 
-# =============================================================================== attention bases
+# =============================================================================== attention
 
 
-class TorchAttention(nn.Module):
-    """``linear_proj(mix(x))``; the sizes every kind shares, and the optional Qwen3 QK-norm."""
+class TorchParts:
+    """The builders a kind declares its projections against (:mod:`megahash.models.mixing`), plain torch at
+    TP=1: ``nn.Linear`` for split and replicated projections alike."""
 
-    qk_norm = True  # False: the kind has no queries/keys to normalise
+    def __init__(self, config):
+        self.config = config
 
-    def __init__(self, config, spec: dict, proj_in: int | None = None):
+    def column(self, in_f: int, out_f: int, bias: bool):
+        return nn.Linear(in_f, out_f, bias=bias)
+
+    replicated = column
+
+    def per_head(self, heads: int, dim: int):
+        return PerHeadWeight(heads, dim)
+
+    def norm(self, dim: int):
+        return make_norm(self.config, dim)
+
+    def core_attention(self, layer):
+        return SoftmaxCore(layer.causal, 1.0 / math.sqrt(layer.d_h))
+
+    def row(self, in_f: int, out_f: int):
+        return nn.Linear(in_f, out_f, bias=not arch_of(self.config.arch).swiglu)
+
+    def gather(self, x):
+        return x
+
+    def rng(self, name: str = ""):
+        return contextlib.nullcontext()
+
+
+class TorchLayer(nn.Module):
+    """The plain-torch layer of a kind (``torch_layer(Kind)`` puts it before the kind's class): built from the
+    export's config and the layer's spec (``kind``, ``groups``, what the kind's ``export_spec`` adds; its
+    options otherwise from ``config.megahash_config``); ``forward`` is ``linear_proj(mix(...))``."""
+
+    def __init__(self, config, spec: dict, layer_number: int = 1):
         super().__init__()
-        self.kind = spec["kind"]
-        self.n = config.num_attention_heads
-        self.d = config.hidden_size // config.num_attention_heads
-        self.d_m = config.hidden_size
-        self.groups = int(spec.get("groups") or self.n)
-        arch = arch_of(config.arch)
-        self.causal = arch.causal
-        self.qkv_bias = bool(config.qkv_bias)
-        self.linear_proj = nn.Linear(proj_in or self.n * self.d, self.d_m, bias=not arch.swiglu)
-        if megahash_option(config, "model", "qk_norm", False) and self.qk_norm:  # Qwen3 QK-norm
-            self.q_layernorm, self.k_layernorm = make_norm(config, self.d), make_norm(config, self.d)
+        n = config.num_attention_heads
+        options = dict(megahash_option(config, "model", "attention.options", None) or {})
+        setup = Setup(
+            kind=spec["kind"],
+            layer_number=layer_number,
+            hidden=config.hidden_size,
+            heads=n,
+            head_dim=config.hidden_size // n,
+            groups=int(spec.get("groups") or n),
+            causal=arch_of(config.arch).causal,
+            qkv_bias=bool(config.qkv_bias),
+            qk_norm=bool(megahash_option(config, "model", "qk_norm", False)),
+            options={**options, **spec},
+        )
+        self.assemble(setup, TorchParts(config))
 
-    def norm_qk(self, q, k):
-        if getattr(self, "q_layernorm", None) is None:
-            return q, k
-        return self.q_layernorm(q), self.k_layernorm(k)
-
-    def forward(self, x, ctx, cache):
-        return self.linear_proj(self.mix(x, ctx, cache))
-
-
-class SoftmaxAttention(TorchAttention):
-    """project -> RoPE on q, k -> KV cache -> softmax -> linear_proj. Subclasses define
-    ``project(x) -> q [b, n, s, d], k, v [b, g, s, d]``."""
-
-    def project(self, x):  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def mix(self, x, ctx, cache):
-        q, k, v = self.project(x)
-        q, k = self.norm_qk(q, k)
-        q = apply_rope(q, ctx["cos"], ctx["sin"])
-        k = apply_rope(k, ctx["cos"], ctx["sin"])
-        k = append_state(cache, "k", k)
-        v = append_state(cache, "v", v)
-        return softmax_attention(q, k, v, self.causal, ctx.get("key_mask"), document_ids=ctx.get("document_ids"))
+    def forward(self, x, attention_mask, rotary_pos_emb, state):
+        return self.linear_proj(self.mix(x, attention_mask, rotary_pos_emb, state))
 
 
-class LinearAttention(TorchAttention):
-    """Linear attention over a recurrent state: ``linear_q`` + ``linear_kv`` (g groups), q/k through
-    :meth:`transform_qk` (RoPE by default), then the kind's :meth:`kernel` in float32 (float64 kept).
-    A kind whose q, k have another width than the head (Based's projected features) says so in
-    :meth:`qk_features`."""
-
-    def qk_features(self, config, spec) -> int:
-        """Width of q, k per head; 0 = the head dim."""
-        return 0
-
-    def __init__(self, config, spec):
-        super().__init__(config, spec)
-        fd = self.qk_features(config, spec)
-        self.fd = fd if fd and fd != self.d else 0  # projected feature dim d' of q, k
-        self.linear_q = nn.Linear(self.d_m, self.n * (self.fd or self.d), bias=self.qkv_bias)
-        if self.fd:  # rows [g][k (d'), v (d_h)]
-            self.linear_kv = nn.Linear(self.d_m, self.groups * (self.fd + self.d), bias=self.qkv_bias)
-            if getattr(self, "q_layernorm", None) is not None:
-                self.q_layernorm, self.k_layernorm = make_norm(config, self.fd), make_norm(config, self.fd)
-        else:
-            self.linear_kv = nn.Linear(self.d_m, 2 * self.groups * self.d, bias=self.qkv_bias)
-
-    def transform_qk(self, q, k, cos, sin):
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-
-    def kernel(self, q, k, v, key_mask, cache, doc, offset):  # pragma: no cover - abstract
-        """q [b, g, n/g, s, f], k [b, g, 1, s, f], v [b, g, 1, s, d] -> [b, g, n/g, s, d]; ``doc``: document
-        ids [b, 1, 1, s] or None; ``offset``: position of the first token."""
-        raise NotImplementedError
-
-    def mix(self, x, ctx, cache):
-        b, s, _ = x.shape
-        n, g, d = self.n, self.groups, self.d
-        q = split_heads(self.linear_q(x), n)
-        cos, sin = ctx["cos"], ctx["sin"]
-        if self.fd:
-            kv = self.linear_kv(x).view(b, s, g, self.fd + d)
-            k, v = kv[..., : self.fd].transpose(1, 2), kv[..., self.fd :].transpose(1, 2)
-            h, f2 = d // 2, self.fd // 2  # RoPE with the head's first d'/2 frequency pairs
-            cos = torch.cat([cos[..., :f2], cos[..., h : h + f2]], -1)
-            sin = torch.cat([sin[..., :f2], sin[..., h : h + f2]], -1)
-        else:
-            kv = self.linear_kv(x).view(b, s, g, 2, d)
-            k, v = kv[:, :, :, 0].transpose(1, 2), kv[:, :, :, 1].transpose(1, 2)
-        q, k = self.norm_qk(q, k)
-        q, k = self.transform_qk(q, k, cos, sin)
-        dt = torch.float64 if q.dtype == torch.float64 else torch.float32
-        qh = q.reshape(b, g, n // g, s, q.shape[-1]).to(dt)
-        kh, vh = k.unsqueeze(2).to(dt), v.unsqueeze(2).to(dt)
-        key_mask = ctx.get("key_mask")
-        km = None if key_mask is None else key_mask[:, None, None, :].bool()
-        doc = document_rows(ctx.get("document_ids"), qh)
-        out = self.kernel(qh, kh, vh, km, cache, doc, ctx.get("offset", 0))
-        return out.reshape(b, n, s, d).transpose(1, 2).reshape(b, s, n * d).to(x.dtype)
+_LAYERS: dict = {}
 
 
-class SeparateQKV(TorchAttention):
-    """``linear_q`` (n heads), ``linear_k`` and ``linear_v`` (g groups); :meth:`qk` applies RoPE."""
-
-    def __init__(self, config, spec):
-        super().__init__(config, spec)
-        g = self.groups
-        self.linear_q = nn.Linear(self.d_m, self.n * self.d, bias=self.qkv_bias)
-        self.linear_k = nn.Linear(self.d_m, g * self.d, bias=self.qkv_bias)
-        self.linear_v = nn.Linear(self.d_m, g * self.d, bias=self.qkv_bias)
-
-    def qk(self, x, cos, sin):
-        q, k = self.norm_qk(split_heads(self.linear_q(x), self.n), split_heads(self.linear_k(x), self.groups))
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+def torch_layer(kind_class: type) -> type:
+    """The plain-torch module class of a kind (:class:`TorchLayer` first, then the kind's class)."""
+    if kind_class not in _LAYERS:
+        _LAYERS[kind_class] = type(kind_class.__name__, (TorchLayer, kind_class), {"__module__": kind_class.__module__})
+    return _LAYERS[kind_class]
 
 
-def build_attention(config, spec, table: dict):
-    """The ``self_attention`` module of one layer: the kind's reference class (``table``: the
-    references, :func:`megahash.models.reference_table.references`, handed down by the shell)."""
+def build_attention(config, spec, table: dict, layer_number: int = 1):
+    """The ``self_attention`` module of one layer: the plain-torch layer of the kind (``table``: the kinds,
+    :func:`megahash.models.reference_table.references`, handed down by the shell)."""
     kind = spec["kind"]
     if kind not in table:
-        raise ValueError(f"attention kind {kind!r} has no plain-torch reference (@register_reference)")
-    return table[kind](config, spec)
+        raise ValueError(f"attention kind {kind!r} has no plain-torch form (a Mixing class registered with its name)")
+    return torch_layer(table[kind])(config, spec, layer_number)
 
 
 # =============================================================================== layers
@@ -182,32 +134,32 @@ class MLP(nn.Module):
 
 
 class Layer(nn.Module):
-    def __init__(self, config, spec, table: dict):
+    def __init__(self, config, spec, table: dict, layer_number: int = 1):
         super().__init__()
         self.kind = spec["kind"]
         self.skip = bool(spec.get("skip", False))
         self.input_layernorm = make_norm(config)
-        self.self_attention = build_attention(config, spec, table)
+        self.self_attention = build_attention(config, spec, table, layer_number)
         self.pre_mlp_layernorm = make_norm(config)
         self.mlp = MLP(config)
         self.post_norm = is_roberta(config)
 
-    def forward(self, x, ctx, cache):
+    def forward(self, x, attention_mask, rotary_pos_emb, state):
+        """x [s, b, h]; the layer's mask, RoPE angles and the forward's state (:class:`MixState`)."""
         if self.skip:  # `skip` mode: the whole layer is an identity
             return x
-        if (
-            self.post_norm
-        ):  # model.layout=roberta: post-LN (input_layernorm after attention, pre_mlp_layernorm after MLP)
-            x = self.input_layernorm(x + self.self_attention(x, ctx, cache))
+        attention = self.self_attention
+        if self.post_norm:  # model.layout=roberta: post-LN (input_layernorm after attention, pre_mlp after MLP)
+            x = self.input_layernorm(x + attention(x, attention_mask, rotary_pos_emb, state))
             return self.pre_mlp_layernorm(x + self.mlp(x))
-        x = x + self.self_attention(self.input_layernorm(x), ctx, cache)
+        x = x + attention(self.input_layernorm(x), attention_mask, rotary_pos_emb, state)
         return x + self.mlp(self.pre_mlp_layernorm(x))
 
 
 class Decoder(nn.Module):
     def __init__(self, config, table: dict):
         super().__init__()
-        self.layers = nn.ModuleList([Layer(config, spec, table) for spec in config.layer_specs])
+        self.layers = nn.ModuleList([Layer(config, spec, table, i + 1) for i, spec in enumerate(config.layer_specs)])
         self.final_layernorm = None if is_roberta(config) else make_norm(config)
 
 

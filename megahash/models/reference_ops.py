@@ -1,16 +1,15 @@
-"""Plain-torch math shared by the kinds' reference forwards (no megatron-core, no transformers).
+"""Plain-torch math shared by the plain-torch layers (no megatron-core, no transformers).
 
-The megatron-free ops of every attention, embedding and head reference (``@register_reference`` in
-the kind files) and of the generic shell :mod:`megahash.models.reference_layers`: RoPE (megatron's
-non-interleaved rotary, rotate_half), softmax attention over grouped K/V, the decoding-cache helper,
-bit unpacking and the EELBERT rolling features. The kernels of the linear and fixed-map kinds are in
-:mod:`megahash.ops` (one package per family, exported the same way). ``megahash export-hf`` copies this file verbatim into every
-Hugging Face folder (:mod:`megahash.convert.remote_code`), so it imports torch, math and typing only.
+The megatron-free ops of the kinds' plain-torch side (the attention kinds' derived layers, the embedding and
+head references, ``@register_reference`` in the kind files) and of the generic shell
+:mod:`megahash.models.reference_layers`: RoPE angles as megatron-core makes them, the plain softmax core, bit
+unpacking and the EELBERT rolling features. The kernels of the linear
+and fixed-map kinds are in :mod:`megahash.ops` (one package per family, exported the same way). ``megahash
+export-hf`` copies this file verbatim into every Hugging Face folder (:mod:`megahash.convert.remote_code`),
+so it imports torch, math and typing only.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn as nn
@@ -19,27 +18,6 @@ import torch.nn.functional as F
 from megahash.models.arch import arch_of
 
 NUM_SPECIAL = 5
-
-
-def append_state(cache: dict | None, key: str, t: torch.Tensor, dim: int = 2) -> torch.Tensor:
-    if cache is None:
-        return t
-    if key in cache:
-        t = torch.cat([cache[key], t], dim=dim)
-    cache[key] = t
-    return t
-
-
-def cached_state(cache: dict | None, keys: tuple) -> tuple | None:
-    """A recurrent kernel's decoding state stored under ``keys`` in ``cache``; None without a cache
-    or before the first call."""
-    return tuple(cache[k] for k in keys) if cache is not None and keys[0] in cache else None
-
-
-def store_state(cache: dict | None, keys: tuple, state) -> None:
-    """Keep a recurrent kernel's new state in ``cache`` (nothing without a cache)."""
-    if cache is not None:
-        cache.update(zip(keys, state))
 
 
 def megahash_option(config, section: str, key: str, default=None):
@@ -59,23 +37,17 @@ def is_roberta(config) -> bool:
     return megahash_option(config, "model", "layout", "prenorm") == "roberta"
 
 
-def rope_cos_sin(offset: int, length: int, dim: int, base: float, device) -> tuple:
-    """cos/sin [length, dim] of megatron's RotaryEmbedding (non-interleaved) at positions offset.."""
+def rope_freqs(offset: int, length: int, dim: int, base: float, device, positions=None) -> torch.Tensor:
+    """RoPE angles [length, 1, 1, dim] of positions offset.. as megatron-core's ``RotaryEmbedding`` makes them
+    (non-interleaved: the frequencies repeated in both halves, float32), or [length, b, 1, dim] at the
+    per-token ``positions`` [b, length] (packed documents)."""
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim))
     seq = torch.arange(length, device=device, dtype=torch.float32) + offset
     freqs = torch.outer(seq, inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
-    return torch.cos(emb), torch.sin(emb)
-
-
-def apply_rope(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """t [b, heads, s, d] (or [heads, s, d]); t cos + rotate_half(t) sin, computed without a ``cat``
-    of the activations: rotate_half(t) sin = roll(t, d/2) sin' with sin' the table with its first
-    half negated (the table repeats its frequencies in both halves; bit for bit the same values)."""
-    h = t.shape[-1] // 2
-    sin = sin.to(t.dtype)
-    sin = torch.cat((-sin[..., :h], sin[..., h:]), dim=-1)  # the [s, d] table only
-    return t * cos.to(t.dtype) + torch.roll(t, h, dims=-1) * sin
+    if positions is not None:
+        return emb[positions.t()].unsqueeze(2)
+    return emb[:, None, None, :]
 
 
 def packed_documents(config, input_ids, offset: int) -> tuple:
@@ -98,40 +70,41 @@ def packed_documents(config, input_ids, offset: int) -> tuple:
     return (doc if data.get("reset_attention_mask") else None), pos
 
 
-def softmax_attention(q, k, v, causal: bool, key_mask=None, scale: float | None = None, document_ids=None):
-    """q [b, n, sq, d], k/v [b, g, sk, d] (query head i uses group i // (n/g)) -> [b, sq, n*d].
-    ``document_ids`` [b, s] (packed documents): attention inside each document (a token always sees itself)."""
-    b, n, sq, d = q.shape
-    if k.shape[1] != n:
-        rep = n // k.shape[1]
-        k = k.repeat_interleave(rep, dim=1)
-        v = v.repeat_interleave(rep, dim=1)
-    sk = k.shape[2]
-    mask, is_causal = None, False
-    if document_ids is not None and sq == sk:
-        mask = document_ids[:, :, None] == document_ids[:, None, :]
-        if causal:
-            mask = mask & torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril()
-        if key_mask is not None:
-            mask = (mask & key_mask[:, None, :].bool()) | torch.eye(sq, dtype=torch.bool, device=q.device)
-        mask = mask[:, None]
-    elif key_mask is not None:
-        mask = key_mask[:, None, None, :].bool()
-    elif causal:
-        if sq == sk:
-            is_causal = True
-        else:
-            mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
-    out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale if scale is not None else 1.0 / math.sqrt(d)
-    )
-    return out.transpose(1, 2).reshape(b, sq, n * d)
+class SoftmaxCore(nn.Module):
+    """The plain-torch softmax core of a layer (megatron's is ``SDPACoreAttention``, same contract): query
+    [sq, b, n, d], key/value [sk, b, g, d] (query head i uses group i // (n/g)), ``attention_mask`` [b, 1, 1, sk]
+    (True = masked) or None, ``document_ids`` [b, s] (packed documents: attention inside each; a token always
+    sees itself) -> [sq, b, n*d]. No dropout."""
 
+    def __init__(self, causal: bool, scale: float):
+        super().__init__()
+        self.causal, self.scale = causal, scale
 
-def split_heads(t: torch.Tensor, n: int) -> torch.Tensor:
-    """[b, s, n*d] -> [b, n, s, d]."""
-    b, s, _ = t.shape
-    return t.view(b, s, n, -1).transpose(1, 2)
+    def forward(self, query, key, value, attention_mask=None, document_ids=None, **_kw):
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, d]
+        b, n, sq, _ = q.shape
+        if k.shape[1] != n:
+            k = k.repeat_interleave(n // k.shape[1], dim=1)
+            v = v.repeat_interleave(n // v.shape[1], dim=1)
+        sk = k.shape[2]
+        keep = None if attention_mask is None else ~attention_mask.reshape(b, sk)
+        mask, is_causal = None, False
+        if document_ids is not None and sq == sk:
+            mask = document_ids[:, :, None] == document_ids[:, None, :]
+            if self.causal:
+                mask = mask & torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril()
+            if keep is not None:
+                mask = (mask & keep[:, None, :]) | torch.eye(sq, dtype=torch.bool, device=q.device)
+            mask = mask[:, None]
+        elif keep is not None:
+            mask = keep[:, None, None, :]
+        elif self.causal:
+            if sq == sk:
+                is_causal = True
+            else:
+                mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale)
+        return out.permute(2, 0, 1, 3).reshape(sq, b, n * out.shape[-1])
 
 
 class PerHeadWeight(nn.Module):

@@ -1,7 +1,8 @@
-"""{kind name: its plain-torch reference class} for :mod:`megahash.models.reference_layers`.
+"""{kind name: its class} for :mod:`megahash.models.reference_layers` (attention: the kind written once, whose
+plain-torch layer the shell derives; embedding, head, input: the plain-torch reference).
 
 In the library this is the registry's view :func:`megahash.models.registry.references` (every kind file
-imported, so every ``@register_reference`` class sits in its kind's ``KindSpec``). ``megahash export-hf``
+imported, so every kind's class sits in its ``KindSpec``). ``megahash export-hf``
 does not copy this file: it writes a ``reference_table.py`` of its own that imports the extracted
 reference of each kind the model uses (:mod:`megahash.convert.remote_code`).
 """

@@ -1,7 +1,8 @@
 """Name -> ModuleSpec registry, and the per-layer block spec built from a schedule.
 
-Every attention kind is a function ``cfg -> ModuleSpec`` for the ``self_attention`` slot of a
-megatron-core ``TransformerLayer``; every embedding kind and head is a module class. A new variant is one
+Every attention kind is a class written once (:mod:`megahash.models.mixing`), whose megatron-core layer for
+the ``self_attention`` slot of a ``TransformerLayer`` is derived from it (or a function ``cfg -> ModuleSpec``
+of a module of its own); every embedding kind and head is a module class. A new variant is one
 file (its ``register_*`` line with its costs and capabilities, :mod:`megahash.catalog`);
 plugins outside the package are discovered from ``MEGAHASH_PLUGINS``, ``model.plugins`` and the
 ``megahash.kinds`` entry-point group. The registry is :data:`KINDS` ({group: {name: KindSpec}}) and
@@ -13,6 +14,7 @@ attention kind.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,10 +51,12 @@ class KindSpec:
     caps: object  # AttentionCaps | EmbeddingCaps | HeadCaps | InputCaps (megahash.catalog)
     costs: type | None = None  # static formulas (megahash.models.costs), None: "measured only"
     options: type | None = None  # options dataclass (model.attention.options / model.embed.options)
-    maps: Callable | None = None  # the indicators' attention-map capture (megahash.eval.indicators)
+    maps: Callable | None = None  # maps(layer, record) -> hook handles: the indicators' capture of its attention
+    # maps (megahash.models.attention.maps; called by megahash.eval.attention_capture)
     export: Callable | None = None  # attention: export_spec(module) -> dict; embedding: export_meta(emb, cfg) -> dict
     model_input: Callable | None = None  # build(model, cfg) -> KindInput | None (megahash.models.kind_input)
-    reference: type | None = None  # plain-torch reference (@register_reference; HF export, parity tests)
+    reference: type | None = None  # attention: the kind written once (megahash.models.mixing); embedding,
+    # head, input: the plain-torch reference (@register_reference); HF export, parity tests
     input_reference: type | None = None  # reference of its model input (``input:NAME``), attention kinds
 
 
@@ -99,7 +103,7 @@ def _reference_keys(kind: KindSpec) -> dict[str, str]:
 
 def _attach_references(kind: KindSpec) -> None:
     """The ``@register_reference`` classes of the kind's own module (defined above its register line)."""
-    module = sys.modules.get(getattr(kind.build, "__module__", None) or "")
+    module = sys.modules.get(getattr(kind.reference or kind.build, "__module__", None) or "")
     keys = _reference_keys(kind)
     for obj in list(vars(module).values()) if module is not None else ():
         for key in vars(obj).get(_REFERENCE_KEYS, ()) if isinstance(obj, type) else ():
@@ -121,35 +125,65 @@ def _check_caps(group: str, name: str, caps):
     return caps
 
 
-def register_attention(name: str, costs=None, caps=None, maps=None, export_spec=None, options=None, model_input=None):
-    """Register an attention kind: ``fn(cfg) -> ModuleSpec`` of the self_attention slot.
+def register_attention(
+    name: str,
+    kind: type | None = None,
+    costs=None,
+    caps=None,
+    maps=None,
+    export_spec=None,
+    options=None,
+    model_input=None,
+    groups=None,
+):
+    """Register an attention kind: ``register_attention(name, Kind, ...)`` with ``Kind`` a
+    :class:`megahash.models.mixing.Mixing` written once (its megatron-core layer and its plain-torch layer,
+    the HF export's, are derived from it); or, as a decorator, ``fn(cfg) -> ModuleSpec`` of the
+    self_attention slot (a module of its own, e.g. megatron-core's; no export).
 
     ``costs``: a class of static formulas (Table 3.4 ``qkv_params``, Table 4.5-4.8 ``time_complexity``,
     ``flops``, ``activation_bytes``, ``cache_bytes``, the implementation's ``cache_elements``; see
     megahash.models.costs), or None: "measured only". ``caps``: an :class:`AttentionCaps`.
-    ``maps``: the indicators' attention-map capture (megahash.eval.indicators). ``export_spec(module)
+    ``maps(layer, record) -> handles``: how ``megahash indicators`` captures the kind's attention maps (the
+    families' hooks: megahash.models.attention.maps; None: "unavailable"). ``export_spec(module)
     -> dict``: what the Hugging Face export needs of a layer beyond kind and groups. ``options``: the
     kind's options dataclass (``model.attention.options.*``). Costs, options and caps are read without
     torch too (:mod:`megahash.catalog`): they use no torch. ``model_input``:
-    ``build(model, cfg) -> KindInput | None`` (megahash.models.kind_input)."""
+    ``build(model, cfg) -> KindInput | None`` (megahash.models.kind_input). ``groups(n, g)``: the layer's
+    key/value groups for n heads under ``model.num_query_groups`` g (default: g, or n when 0)."""
 
     def deco(fn):
+        build, reference = fn, None
+        if isinstance(fn, type):  # a kind written once: its megatron layer is derived
+            build, reference = functools.partial(_layer_spec, name, fn, groups), fn
         _add(
             KindSpec(
                 name,
                 "attention",
-                fn,
+                build,
                 _check_caps("attention", name, caps),
                 costs,
                 options,
                 maps,
                 export_spec,
                 model_input,
+                reference,
             )
         )
         return fn
 
-    return deco
+    return deco if kind is None else deco(kind)
+
+
+def _layer_spec(name: str, kind: type, groups, cfg) -> ModuleSpec:
+    """The ``self_attention`` ModuleSpec of a kind written once: its derived megatron-core layer."""
+    import importlib
+
+    layer = importlib.import_module("megahash.models.attention.base").megatron_layer  # by name: the kinds import this
+    params = {"attn_mask_type": mask_type(cfg), "cfg": cfg, "kind": name}
+    if groups is not None:
+        params["groups"] = groups(cfg.model.num_heads, cfg.model.num_query_groups)
+    return ModuleSpec(module=layer(kind), params=params)
 
 
 def register_embedding(name: str, caps=None, export_meta=None, options=None):

@@ -55,6 +55,8 @@ def read_json(path: Path) -> dict:
         raise ConfigError(
             f"DeepSpeed config {path} is not valid JSON ({e.msg}, line {e.lineno}); fix the file"
         ) from None
+    except RecursionError:  # Python's decoder recurses per level
+        raise ConfigError(f"DeepSpeed config {path} is nested too deeply to read; fix the file") from None
     if not isinstance(ds, dict):
         raise ConfigError(f"DeepSpeed config {path} must hold a JSON object")
     return ds
@@ -145,7 +147,7 @@ def check_early(cfg) -> None:
 def deepspeed_config(cfg, dp_size: int, bf16: bool, autocast=None) -> dict:
     """The engine's JSON. ``bf16``: DeepSpeed's bf16 mode (bf16 parameters, fp32 copies in its
     optimizer); ``autocast`` (a dtype, e.g. ``torch.bfloat16``): fp32 parameters and DeepSpeed's
-    ``torch_autocast`` section instead (``accelerator.autocast_dtype``), with ``bf16`` off."""
+    ``torch_autocast`` section instead (``accelerator.policy.autocast_dtype``), with ``bf16`` off."""
     t = cfg.train
     path = json_path(cfg)
     ds = read_json(path)
@@ -166,7 +168,7 @@ def deepspeed_config(cfg, dp_size: int, bf16: bool, autocast=None) -> dict:
     ds["train_micro_batch_size_per_gpu"] = t.micro_batch_size
     ds["gradient_accumulation_steps"] = t.global_batch_size // per_step
     ds["gradient_clipping"] = t.clip_grad
-    ds.setdefault("zero_optimization", {})["stage"] = effective_zero_stage(t.zero_stage, dp_size, bf16)
+    ds.setdefault("zero_optimization", {})["stage"] = effective_zero_stage(t.zero_stage, dp_size, bf16, t.optimizer)
     check_muon_layout(t, ds["zero_optimization"]["stage"], bool(bf16))  # train.optimizer=muon: whole matrices only
     ds["bf16"] = {**(ds.get("bf16") or {}), "enabled": bool(bf16)}
     if autocast is not None:
@@ -184,13 +186,15 @@ def deepspeed_config(cfg, dp_size: int, bf16: bool, autocast=None) -> dict:
     return ds
 
 
-def effective_zero_stage(stage: int, dp_size: int, bf16: bool) -> int:
+def effective_zero_stage(stage: int, dp_size: int, bf16: bool, optimizer: str = "adamw") -> int:
     """ZeRO stages 1 and 2 partition optimizer states and gradients over the data-parallel ranks; at
     one data-parallel rank they partition nothing and only add copies (flat fp32 groups, gradient
     buckets, the copy back into the parameters). There, in fp32, the engine runs the optimizer
     itself (stage 0). bf16 keeps the configured stage (its fp32 master weights live in the ZeRO
-    optimizer), and so does stage 3 (parameter partitioning and offload are asked for explicitly)."""
-    if dp_size == 1 and not bf16 and stage in (1, 2):
+    optimizer), and so does stage 3 (parameter partitioning and offload are asked for explicitly).
+    ``train.optimizer=muon`` at stages 1 and 2 runs the engine at stage 0 (gradient all-reduce, clipping)
+    with the optimizer sharding its own state over the data-parallel ranks (megahash/training/muon.py)."""
+    if stage in (1, 2) and (optimizer == "muon" or (dp_size == 1 and not bf16)):
         return 0
     return stage
 

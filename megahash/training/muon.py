@@ -19,13 +19,40 @@ heads, norms and biases take AdamW, as torchtitan, megatron-core (``optimizer/mu
 Layouts: Muon needs each matrix whole. Under tensor parallelism the shards are gathered over the TP group,
 orthogonalized whole and cut back (megatron-core's ``TensorParallelMuon``, mode "duplicated"; the gathered
 matrix is a row/column permutation of the logical one for interleaved SwiGLU/QKV, and NS commutes with
-permutations). DeepSpeed ZeRO stages that partition optimizer state (1 and 2 over several data-parallel
-ranks, 3 always) hand the optimizer flat 1-D slices, and DeepSpeed's bf16 optimizer flat masters: those are
-refused in one line (``megahash.config_checks.check_muon_layout``); ZeRO stage 0 (and 1/2 at one data-parallel
-rank in fp32, which megahash runs as stage 0) steps whole fp32 matrices on every rank after the gradient all-reduce.
+permutations). Over data-parallel ranks:
+
+- ``train.zero_stage=0``: DeepSpeed's engine all-reduces the gradients and every rank steps every matrix
+  (every rank holds all of Muon's and AdamW's state and runs every Newton-Schulz iteration);
+- ``train.zero_stage`` 1 or 2 (several data-parallel ranks): the same engine path (DeepSpeed's ZeRO-0: gradient
+  all-reduce, clipping, gradient norm), and this optimizer sharded over the ranks
+  (megahash/training/muon_sharded.py): whole matrices owned by one rank each, which alone keeps their momentum and
+  runs their Newton-Schulz; AdamW's groups cut into flat equal partitions as ZeRO-1 cuts them; the updated
+  tensors all-gathered to every rank after the step. Stage 2's gradient partitioning is not applied: the
+  gradients are all-reduced whole, as at stage 1;
+- ZeRO-3 (parameters partitioned into flat slices on every rank) and DeepSpeed's bf16 optimizer (flat fp32
+  masters) are refused in one line (``megahash.config_checks``); ``train.precision=bf16`` (autocast over fp32
+  parameters) runs on every layout above.
+
+Why this design and not DeepSpeed's own: DeepSpeed's ZeRO-1/2 optimizer owns the gradient reduction, the
+clipping norm and the flat fp32 partitions of every parameter it is given; its ``MuonWithAuxAdam`` (0.19)
+all-reduces each matrix that straddles a partition boundary and runs the Newton-Schulz of such a matrix on
+every rank holding a piece of it (its momentum too), with its own Newton-Schulz variant (not
+``torch.optim.Muon``'s), and its issues show it silently running none at stage 0 (#8441) or under
+``zero.Init`` (#8438). Handing DeepSpeed only AdamW's parameters would leave the matrices outside its clipping
+norm. Megatron-LM's answer (megatron-core ``optimizer/layer_wise_optimizer.py``, ``LayerWiseDistributedOptimizer``,
+"muon with dist optimizer is not supported" in ``optimizer/muon.py``) keeps the data-parallel all-reduce,
+steps each whole parameter on one rank and all-gathers the results; torchtitan's ``DistributedMuon``
+redistributes FSDP2 shards so that each matrix is computed whole on one owning rank, and back. modded-nanogpt
+reduce-scatters the gradients of same-shape matrices straight to their owners and all-gathers the results (half
+the gradient traffic, but a gradient path of its own, outside the engine's clipping).
+megahash takes Megatron's: the engine's gradient path stays as it is (one clipping norm over every gradient,
+the step guard and the gradient norm unchanged), whole matrices per rank, and AdamW's state partitioned as
+ZeRO-1 partitions it (flat, equal: the embedding tables, the largest tensors, split evenly).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -88,6 +115,24 @@ def newton_schulz(update: torch.Tensor, steps: int, coefficients, eps: float) ->
     return _zeropower_via_newtonschulz(update, coefficients, steps, eps)
 
 
+@contextlib.contextmanager
+def counting_newton_schulz():
+    """Within: the shape of every matrix :func:`newton_schulz` runs on, appended to the list it yields (the
+    Newton-Schulz work of a rank, for tests and benchmarks)."""
+    global newton_schulz
+    real, calls = newton_schulz, []
+
+    def counted(update, *args):
+        calls.append(tuple(update.shape))
+        return real(update, *args)
+
+    newton_schulz = counted
+    try:
+        yield calls
+    finally:
+        newton_schulz = real
+
+
 def _orthogonalize(p: torch.Tensor, update: torch.Tensor, group: dict) -> tuple[torch.Tensor, tuple]:
     """NS of ``p``'s whole matrix (its TP shards gathered and cut back); (local result, full shape)."""
     args = (group["ns_steps"], group["ns_coefficients"], group["eps"])
@@ -109,7 +154,10 @@ def _orthogonalize(p: torch.Tensor, update: torch.Tensor, group: dict) -> tuple[
 
 class MuonAdamW(torch.optim.Optimizer):
     """One torch optimizer (DeepSpeed takes one): groups tagged ``use_muon`` step as ``torch.optim.Muon``
-    (:meth:`_muon_step`), the others through a ``torch.optim.AdamW`` sharing this optimizer's groups and state."""
+    (:meth:`_muon_step`), the others through a ``torch.optim.AdamW`` sharing this optimizer's groups and state;
+    after :meth:`shard`, each rank steps its own matrices and AdamW partitions, then all-gathers."""
+
+    shards = None  # megahash.training.muon_sharded.DataParallelShards when the state is sharded over DP ranks
 
     def __init__(self, groups: list[dict], lr: float, betas, eps: float, **adamw_options):
         from torch.optim import _muon
@@ -130,6 +178,20 @@ class MuonAdamW(torch.optim.Optimizer):
     def is_muon(self, p: torch.Tensor) -> bool:
         return any(g["use_muon"] and any(q is p for q in g["params"]) for g in self.param_groups)
 
+    def shard(self, named: dict[str, torch.Tensor], group) -> None:
+        """Shard the state and the work over the data-parallel process ``group`` (module docstring; ``named``:
+        name -> parameter, for the assignment of the matrices)."""
+        from megahash.training.muon_sharded import DataParallelShards
+
+        names = {id(p): n for n, p in named.items()}
+        matrices = {names[id(p)]: p for g in self.param_groups if g["use_muon"] for p in g["params"]}
+        adam = [list(g["params"]) for g in self.param_groups if not g["use_muon"]]
+        self.shards = DataParallelShards(matrices, adam, group)
+
+    def owns(self, p: torch.Tensor) -> bool:
+        """This rank steps Muon matrix ``p`` (every one without sharding)."""
+        return self.shards is None or self.shards.owns(p)
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
@@ -139,10 +201,15 @@ class MuonAdamW(torch.optim.Optimizer):
         for group in self.param_groups:
             if group["use_muon"]:
                 self._muon_step(group)
-        if self._adamw is not None:  # the groups and state of load_state_dict, shared
-            self._adamw.param_groups = [g for g in self.param_groups if not g["use_muon"]]
-            self._adamw.state = self.state
+        if self._adamw is not None:
+            adam = [g for g in self.param_groups if not g["use_muon"]]
+            if self.shards is None:  # the groups and state of load_state_dict, shared
+                self._adamw.param_groups, self._adamw.state = adam, self.state
+            else:  # this rank's partitions of them
+                self._adamw.param_groups, self._adamw.state = self.shards.adam_groups(adam)
             self._adamw.step()
+        if self.shards is not None:
+            self.shards.gather()
         return loss
 
     def _muon_step(self, group: dict) -> None:
@@ -151,7 +218,7 @@ class MuonAdamW(torch.optim.Optimizer):
 
         lr, wd, mu = float(group["lr"]), group["weight_decay"], group["momentum"]
         for p in group["params"]:
-            if p.grad is None:
+            if p.grad is None or not self.owns(p):
                 continue
             grad = p.grad
             state = self.state[p]
@@ -165,8 +232,19 @@ class MuonAdamW(torch.optim.Optimizer):
             p.add_(update, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], shape))
 
 
-def build_optimizer(model: torch.nn.Module, t, adamw_groups: list[dict], adamw_options: dict):
-    """The run's optimizer (``train.optimizer``): AdamW over ``adamw_groups``, or :class:`MuonAdamW`."""
+def sharded(t, dp_size: int) -> bool:
+    """Muon's state and work are sharded over the data-parallel ranks (``train.zero_stage`` 1 or 2, DP > 1)."""
+    return t.optimizer == "muon" and t.zero_stage in (1, 2) and dp_size > 1
+
+
+def build_optimizer(model: torch.nn.Module, t, adamw_groups: list[dict], adamw_options: dict, dp_size: int = 1):
+    """The run's optimizer (``train.optimizer``): AdamW over ``adamw_groups``, or :class:`MuonAdamW`, sharded
+    over megatron-core's data-parallel group where :func:`sharded`."""
     if t.optimizer == "muon":
-        return MuonAdamW(param_groups(model, t), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, **adamw_options)
+        opt = MuonAdamW(param_groups(model, t), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, **adamw_options)
+        if sharded(t, dp_size):
+            from megatron.core import parallel_state
+
+            opt.shard(dict(model.named_parameters()), parallel_state.get_data_parallel_group())
+        return opt
     return torch.optim.AdamW(adamw_groups, lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, **adamw_options)

@@ -38,13 +38,13 @@ def test_reference_equals_library_at_tp1(case):
     """Every embedding kind and head (decoder and encoder; hash heads; Shuffle+Random): the plain-torch
     reference (the HF export's model, weights through the export's name map) gives the library's
     logits and the same gradient for every parameter, in float64."""
-    from megahash import accelerator
+    from megahash.accelerator import rng
     from megahash.convert.reference import reference_model, reference_names
     from megahash.models.megatron_model import build_model
 
     kind, extra = H.PARITY_CASES[case]
     cfg = H.tiny_cfg(kind, list(extra), seq=16)
-    accelerator.seed_all(1234)
+    rng.seed_all(1234)
     model = build_model(cfg, 200, dtype=torch.float64)
     with torch.no_grad():  # zero-initialised rows (word_row, special, biases) must matter too
         g = torch.Generator().manual_seed(5)
@@ -184,19 +184,18 @@ def test_folder_is_assembled_from_the_library_code():
                 assert not bases & {"nn.Module", "torch.nn.Module", "PreTrainedModel"}, (f, node.name)
 
 
-PLUGIN = '''"""A test kind outside the package: mha with doubled queries (its reference reuses mha's)."""
+PLUGIN = '''"""A test kind outside the package: mha with doubled queries (a subclass of mha's kind)."""
 from __future__ import annotations
 
 from megatron.core import parallel_state  # noqa: F401  (not torch-only: never copied)
 
-from megahash.models.attention.mha import GroupedQueryReference
-from megahash.models.registry import register_attention, register_reference, spec
+from megahash.models.attention.mha import GroupedQuery
+from megahash.models.registry import register_attention
 
-SCALE = 2  # a constant of the file the reference uses: copied with it
+SCALE = 2  # a constant of the file the kind uses: copied with it
 
 
-@register_reference("tmp-doubled-q")
-class DoubledQueryReference(GroupedQueryReference):
+class DoubledQuery(GroupedQuery):
     """softmax(2 Q K^T / sqrt(d_h)) V."""
 
     def project(self, x):
@@ -204,21 +203,18 @@ class DoubledQueryReference(GroupedQueryReference):
         return SCALE * q, k, v
 
 
-@register_attention("tmp-doubled-q")
-def doubled_q_spec(cfg):
-    return spec("attention", "mha").build(cfg)  # (only its reference is exported here)
+register_attention("tmp-doubled-q", DoubledQuery)
 '''
 
 BAD_PLUGIN = """from __future__ import annotations
 
 from megatron.core import parallel_state
 
-from megahash.models.attention.mha import GroupedQueryReference
-from megahash.models.registry import register_attention, register_reference, spec
+from megahash.models.attention.mha import GroupedQuery
+from megahash.models.registry import register_attention
 
 
-@register_reference("tmp-bad")
-class BadReference(GroupedQueryReference):
+class Bad(GroupedQuery):
     def project(self, x):
         return helper(super().project(x))
 
@@ -227,9 +223,7 @@ def helper(t):
     return t if parallel_state.get_tensor_model_parallel_world_size() == 1 else None
 
 
-@register_attention("tmp-bad")
-def bad_spec(cfg):
-    return spec("attention", "mha").build(cfg)
+register_attention("tmp-bad", Bad)
 """
 
 
@@ -287,3 +281,22 @@ def test_plugin_kind_outside_the_package_is_assembled(tmp_path, monkeypatch):
     assert type(a.model.decoder.layers[0].self_attention).__module__ == "exported_pkg.megahash_tmp_plugin_kind"
     for name in [m for m in sys.modules if m.startswith(("exported_pkg", "tmp_plugin_kind", "tmp_bad_plugin_kind"))]:
         del sys.modules[name]
+
+
+@pytest.mark.parametrize("schedule", ["list:mha,approx,rndembqk", "list:mqa,nonapprox,staticembqk"])
+def test_beam_search_with_the_cache_equals_without(schedule):
+    """The plain-torch model's cache reorders its rows for beam search along each tensor's batch dimension
+    (the layers' sequence-first keys and values, the recurrent kinds' batch-first states, the fixed keys the
+    batch shares): beam search with the cache gives the tokens it gives without one."""
+    from test_attention import build, make_cfg
+
+    from megahash.convert.reference import reference_model
+
+    model = build(make_cfg(schedule, "model.init_std=0.3", layers=3)).eval()  # a random model whose beams differ
+    hf = reference_model(model.cfg, model).eval()
+    ids = torch.randint(5, 128, (2, 6), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        cached = hf.generate(ids, max_new_tokens=8, do_sample=False, num_beams=3, use_cache=True, pad_token_id=1)
+        uncached = hf.generate(ids, max_new_tokens=8, do_sample=False, num_beams=3, use_cache=False, pad_token_id=1)
+    # bit-exact: greedy token ids (fp64, fixed seed, no near-tie)
+    assert torch.equal(cached, uncached)

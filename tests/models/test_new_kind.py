@@ -79,36 +79,32 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-from megatron.core.transformer.spec_utils import ModuleSpec
 
 from megahash.errors import ConfigError
-from megahash.models.attention.base import AttentionBase, append_cache, column, heads
 from megahash.models.kind_input import KindInput
-from megahash.models.reference_layers import TorchAttention
-from megahash.models.reference_ops import append_state, split_heads
-from megahash.models.registry import AttentionCaps, mask_type, register_attention, register_reference
+from megahash.models.mixing import Mixing, append_cache, heads
+from megahash.models.registry import AttentionCaps, register_attention, register_reference
 
 
-@register_reference("anchorqk")
-class AnchorQKReference(TorchAttention):
-    qk_norm = False
+class AnchorQK(Mixing):
+    def build(self, parts):
+        if self.setup.sequence_parallel:
+            raise ConfigError("anchorqk: no sequence parallelism (a test kind)")
+        self.linear_q = parts.column(self.d_m, self.n * self.d_h, self.qkv_bias)
+        self.linear_k = parts.column(self.d_m, self.n * self.d_h, self.qkv_bias)
+        self.linear_v = parts.column(self.d_m, self.n * self.d_h, self.qkv_bias)
 
-    def __init__(self, config, spec):
-        super().__init__(config, spec)
-        self.linear_q = nn.Linear(self.d_m, self.n * self.d, bias=self.qkv_bias)
-        self.linear_k = nn.Linear(self.d_m, self.n * self.d, bias=self.qkv_bias)
-        self.linear_v = nn.Linear(self.d_m, self.n * self.d, bias=self.qkv_bias)
-
-    def mix(self, x, ctx, cache):
-        b, s, _ = x.shape
-        off, rows = ctx["offset"], ctx["anchor"].to(x.dtype)
-        q = split_heads(self.linear_q(rows[off:off + s]).unsqueeze(0), self.n)  # [1, n, s, d]
-        k = split_heads(self.linear_k(rows[:off + s]).unsqueeze(0), self.n)  # [1, n, off+s, d]
-        v = append_state(cache, "v", split_heads(self.linear_v(x), self.n))  # [b, n, off+s, d]
-        scores = q @ k.transpose(-1, -2) / math.sqrt(self.d)
+    def mix(self, x, attention_mask, rotary_pos_emb, state):
+        s, b = x.shape[:2]
+        off = state.offset
+        rows = state.inputs["anchor"][:off + s].unsqueeze(1).to(x.dtype)  # [off+s, 1, h]
+        q = heads(self.linear_q(rows[off:]), self.n_local).permute(1, 2, 0, 3)  # [1, n, s, d]
+        k = heads(self.linear_k(rows), self.n_local).permute(1, 2, 0, 3)  # [1, n, off+s, d]
+        v = append_cache(state.cache(self.layer_number), "v", heads(self.linear_v(x), self.n_local)).permute(1, 2, 0, 3)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_h)
         future = torch.ones(s, off + s, dtype=torch.bool, device=x.device).triu(off + 1)
-        probs = scores.masked_fill(future, float("-inf")).softmax(-1)
-        return (probs @ v).transpose(1, 2).reshape(b, s, self.n * self.d)
+        out = scores.masked_fill(future, float("-inf")).softmax(-1) @ v  # [b, n, s, d]
+        return out.permute(2, 0, 1, 3).reshape(s, b, -1)
 
 
 @register_reference("input:anchorqk")
@@ -124,31 +120,6 @@ class AnchorInputReference(nn.Module):
         return {"anchor": self.rows}
 
 
-class AnchorQKAttention(AttentionBase):
-    kind = "anchorqk"
-
-    def __init__(self, config, layer_number, attn_mask_type, cfg=None, **kw):
-        super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
-        if config.sequence_parallel:
-            raise ConfigError("anchorqk: no sequence parallelism (a test kind)")
-        self.linear_q = column(self.d_m, self.n * self.d_h, config, self.qkv_bias)
-        self.linear_k = column(self.d_m, self.n * self.d_h, config, self.qkv_bias)
-        self.linear_v = column(self.d_m, self.n * self.d_h, config, self.qkv_bias)
-        self.build_proj(self.n * self.d_h)
-
-    def mix(self, x, attention_mask, rotary_pos_emb, state):
-        s, b = x.shape[:2]
-        off = state.offset
-        rows = self.anchor.rows[:off + s].unsqueeze(1).to(x.dtype)  # [off+s, 1, h]
-        q = heads(self.linear_q(rows[off:])[0], self.n_local).permute(1, 2, 0, 3)  # [1, n, s, d]
-        k = heads(self.linear_k(rows)[0], self.n_local).permute(1, 2, 0, 3)  # [1, n, off+s, d]
-        v = append_cache(state.cache(self.layer_number), "v", heads(self.linear_v(x)[0], self.n_local)).permute(1, 2, 0, 3)
-        scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_h)
-        future = torch.ones(s, off + s, dtype=torch.bool, device=x.device).triu(off + 1)
-        out = scores.masked_fill(future, float("-inf")).softmax(-1) @ v  # [b, n, s, d]
-        return out.permute(2, 0, 1, 3).reshape(s, b, -1)
-
-
 @dataclass(frozen=True)
 class AnchorOptions:
     \"\"\"``model.attention.options`` of anchorqk.\"\"\"
@@ -159,32 +130,28 @@ class AnchorOptions:
 
 
 class AnchorInput(KindInput):
-    \"\"\"The anchor rows, a buffer of the model (checkpointed and exported under ``anchor.``).\"\"\"
+    \"\"\"The anchor rows, a buffer of the model (checkpointed and exported under ``anchor.``), handed to the
+    layers in the forward's state.\"\"\"
 
     attr = "anchor"
 
-    def __init__(self, cfg, config, modules):
+    def __init__(self, cfg, config):
         super().__init__()
         o = cfg.model.attention.options
         g = torch.Generator().manual_seed(o.anchor_seed)
         rows = torch.randn(o.anchor_length, config.hidden_size, generator=g) * cfg.model.init_std
         self.register_buffer("rows", rows.to(config.params_dtype))
-        for m in modules:
-            object.__setattr__(m, "anchor", self)  # not a submodule of the layers
+
+    def enter(self, model, state, emb, mask, seq_len, rotary):
+        state.inputs["anchor"] = self.rows
+        return emb, mask
 
     def export_meta(self):
         return {"kind": "anchorqk", "length": int(self.rows.shape[0])}
 
 
-def _anchor_input(model, cfg):
-    mods = [layer.self_attention for layer, k in zip(model.decoder.layers, model.layer_kinds) if k == "anchorqk"]
-    return AnchorInput(cfg, model.config, mods)
-
-
-@register_attention("anchorqk", options=AnchorOptions, model_input=_anchor_input,
-                    caps=AttentionCaps(encoder=False, decodes=True))
-def anchorqk_spec(cfg) -> ModuleSpec:
-    return ModuleSpec(module=AnchorQKAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})
+register_attention("anchorqk", AnchorQK, options=AnchorOptions, model_input=lambda model, cfg: AnchorInput(cfg, model.config),
+                   caps=AttentionCaps(encoder=False, decodes=True))
 """,
 )
 
@@ -302,7 +269,7 @@ def test_params_counts_and_costs_the_new_kinds(plugin, dist):
 
 
 def test_decoding_with_the_new_kinds_equals_the_full_forward(plugin, dist):
-    from megahash import accelerator
+    from megahash.accelerator import rng
     from megahash.config import load_config
     from megahash.models import costs
     from megahash.models.megatron_model import DecodeState, build_model
@@ -319,7 +286,7 @@ def test_decoding_with_the_new_kinds_equals_the_full_forward(plugin, dist):
             "data.seq_length=16",
         ],
     )
-    accelerator.seed_all(0)
+    rng.seed_all(0)
     model = build_model(cfg, 128, dtype=torch.float64).eval()
     tok = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -404,7 +371,7 @@ def test_one_step_pretrain_with_the_new_kinds(plugin, shakespeare_shards, tmp_pa
 def test_export_and_transformers_reload_of_the_new_kinds(plugin, dist, tmp_path):
     """export-hf assembles the new kinds' plain-torch sections from their own files: transformers
     (trust_remote_code, offline) loads the folder and its logits equal megahash's."""
-    from megahash import accelerator
+    from megahash.accelerator import rng
     from megahash.config import load_config
     from megahash.convert.export import export_model
     from megahash.convert.verify import load_hf
@@ -423,14 +390,14 @@ def test_export_and_transformers_reload_of_the_new_kinds(plugin, dist, tmp_path)
             "model.tie_embeddings=false",
         ],
     )
-    accelerator.seed_all(0)
+    rng.seed_all(0)
     model = build_model(cfg, 120).eval()
     with torch.no_grad():
         model.embedding.gain.fill_(0.5)  # the gain must reach the export
     export_model(cfg, model, tmp_path / "hf", vocab_size=120)
     code = [f.read_text() for f in (tmp_path / "hf").glob("*tiedqk.py")]
     assert (
-        len(code) == 1 and "TiedQKReference" in code[0] and "megatron" not in code[0]
+        len(code) == 1 and "class TiedQK(SoftmaxAttention)" in code[0] and "megatron" not in code[0]
     )  # its file's torch-only section, nothing else
     hf = load_hf(tmp_path / "hf")
     tok = torch.randint(0, 120, (2, 11), generator=torch.Generator().manual_seed(0))
@@ -521,7 +488,6 @@ HOMONYMS = {
     ("mlp", "megahash/models/closed_form.py"): "the MLP sublayer's parameter count (closed form)",
     ("rolling", "megahash/hashing/"): "the rolling hash-spec family (hashing knows no model kinds)",
     ("add", "megahash/models/attention/mhe.py"): "MHE's add/mul head-embedding mode (eq. 3.5)",
-    ("mlp_spec", "megahash/models/registry.py"): "the MLP sublayer's spec, not the mlp attention kind's",
     ("random_seed", "megahash/data/dataset.py"): "megatron's dataset-config keyword (the data seed)",
     (
         "megahash.models.embeddings.vocab",

@@ -17,7 +17,7 @@ import pytest
 import torch
 from test_attention import VOCAB, build, make_cfg
 
-from megahash import accelerator
+from megahash.accelerator import policy, rng
 from megahash.data import documents
 
 pytestmark = [pytest.mark.usefixtures("dist"), pytest.mark.numerics]
@@ -118,35 +118,78 @@ def test_encoder_packed_row_with_padding_equals_each_document_alone(kind):
     torch.testing.assert_close(packed[:11], alone, rtol=0, atol=1e-5 * max(1.0, alone.abs().max().item()))
 
 
+@pytest.mark.parametrize("kind", [_param(k) for k in _kinds.attention(decoder=True, exportable=True)])
+def test_exported_model_keeps_packed_documents_apart(kind):
+    """The plain-torch model of the export (its documents from the EOD tokens under the run's data.reset_* flags)
+    gives megahash's logits of a packed row: every kind keeps the documents apart there too (fp64, 1e-10)."""
+    from megahash.convert.reference import reference_model
+
+    model = build(make_cfg(kind, *FLAGS, *KIND_OPTIONS.get(kind, []))).eval()
+    row = torch.cat(_docs())[None]
+    with torch.no_grad():
+        ours = model(row, **_doc_inputs(row))[..., :VOCAB]
+        theirs = reference_model(model.cfg, model).eval()(input_ids=row).logits
+    torch.testing.assert_close(theirs, ours, rtol=0, atol=1e-10)
+
+
 @pytest.mark.parametrize("kind", [_param(k) for k in ("mha", "gqa", "mhe-mul", "sha", "approx")])
 def test_packed_row_under_bf16_autocast(kind):
-    """bf16 autocast (the GPU default, CPU here): packed = alone within accelerator.compute_tolerance."""
+    """bf16 autocast (the GPU default, CPU here): packed = alone within accelerator.policy.compute_tolerance."""
     model = build(make_cfg(kind, *FLAGS, "train.precision=bf16"), dtype=torch.float32).eval()
     docs = _docs()
     row = torch.cat(docs)[None]
-    with torch.no_grad(), torch.autocast(**accelerator.autocast_args("bf16", "cpu")):
+    with torch.no_grad(), torch.autocast(**policy.autocast_args("bf16", "cpu")):
         packed = model(row, **_doc_inputs(row)).float()
         alone = torch.cat([model(d[None]) for d in docs], 1).float()
-    tol = accelerator.compute_tolerance("bf16", "cpu")
+    tol = policy.compute_tolerance("bf16", "cpu")
     torch.testing.assert_close(packed, alone, rtol=0, atol=tol * alone.abs().max().item())
 
 
-def test_kernels_agree_flex_and_sdpa():
-    """FlexAttention with a BlockMask (the CUDA kernel, eager on CPU here) = SDPA with the boolean mask, causal and
-    encoder with padding (fp32, 1e-5)."""
+def test_document_kernel_is_flex_only_where_flex_attention_runs():
+    """FlexAttention where it runs: CUDA, no dropout, heads of at least 16 dims (torch's CUDA kernel raises
+    "NYI: embedding dimension ... must be at least 16"), fp32/bf16/fp16; SDPA with the mask everywhere else."""
+    pick = policy.document_attention_kernel
+    assert pick("cuda", False, 16, torch.float32) == "flex" and pick("cuda", False, 64, torch.bfloat16) == "flex"
+    assert pick("cuda", False, 128, torch.float16) == "flex" and pick("cuda") == "flex"
+    assert pick("cuda", False, 8, torch.float32) == "sdpa" and pick("cuda", False, 15, torch.bfloat16) == "sdpa"
+    assert pick("cuda", False, 64, torch.float64) == "sdpa"
+    assert pick("cuda", True, 64, torch.bfloat16) == "sdpa"
+    assert pick("cpu", False, 64, torch.float32) == "sdpa"
+
+
+@pytest.mark.parametrize("compiled,head_dim", [(False, 8), (True, 16)], ids=["eager", "compiled"])
+def test_kernels_agree_flex_and_sdpa(compiled, head_dim):
+    """FlexAttention with a BlockMask (the CUDA kernel; on CPU eager, and compiled by inductor's CPU FlexAttention
+    with the block mask built compiled, as on CUDA; forward only: CPU FlexAttention has no backward) = SDPA with
+    the boolean mask, causal and encoder with padding (fp32, 1e-5)."""
     from megahash.models.attention import document_mask
 
     g = torch.Generator().manual_seed(1)
-    q, k, v = (torch.randn(2, 2, 16, 8, generator=g) for _ in range(3))
-    doc = torch.tensor([[0] * 5 + [1] * 7 + [2] * 4, [0] * 16])
-    keep = torch.ones(2, 16, dtype=torch.bool)
-    keep[0, 13:] = False
+    q, k, v = (torch.randn(2, 2, 256, head_dim, generator=g) for _ in range(3))
+    doc = torch.tensor([[0] * 50 + [1] * 130 + [2] * 76, [0] * 256])
+    keep = torch.ones(2, 256, dtype=torch.bool)
+    keep[0, 200:] = False
+    flex = policy.flex_attention("cpu", compiled=compiled)
     for causal, kp in ((True, None), (False, keep)):
         sd = torch.nn.functional.scaled_dot_product_attention(
             q, k, v, attn_mask=document_mask.boolean_mask(doc, 2, causal, kp)
         )
-        fx = accelerator.flex_attention("cpu")(q, k, v, block_mask=document_mask.block_mask(doc, 2, causal, kp))
+        fx = flex(q, k, v, block_mask=document_mask.block_mask(doc, 2, causal, kp, compiled=compiled))
         torch.testing.assert_close(fx, sd, rtol=0, atol=1e-5)
+
+
+def test_packed_forward_through_flex_attention_equals_sdpa(monkeypatch):
+    """The model's packed forward with the kernel choice forced to FlexAttention (its CUDA branch of
+    ``document_mask.attend``, eager on CPU) = the SDPA branch's logits, decoder and encoder (fp32, 1e-5)."""
+    for extra in ([], ["model.arch=encoder"]):
+        model = build(make_cfg("mha", *FLAGS, *extra), dtype=torch.float32).eval()
+        row = torch.cat(_docs())[None]
+        with torch.no_grad():
+            sdpa = model(row, **_doc_inputs(row))
+            monkeypatch.setattr(policy, "document_attention_kernel", lambda *a, **k: "flex")
+            flex = model(row, **_doc_inputs(row))
+            monkeypatch.undo()
+        torch.testing.assert_close(flex, sdpa, rtol=0, atol=1e-5 * max(1.0, sdpa.abs().max().item()))
 
 
 @pytest.mark.parametrize("kind", _kinds.embeddings())
@@ -159,7 +202,7 @@ def test_embeddings_read_per_token_codes_so_packing_keeps_them(kind):
     cfg = _emb_helpers.tiny_cfg(kind, ["model.num_layers=1", "model.schedule=uniform:mha", *FLAGS], hidden=32, seq=16)
     from megahash.models.megatron_model import build_model
 
-    accelerator.seed_all(0)
+    rng.seed_all(0)
     model = build_model(cfg, 1000).eval()
     tok, codes = _emb_helpers.word_batches(spec, 1, 17, 1, vocab_size=200)[0]
     tok, codes = tok[:, 1:], codes[:, 1:]
@@ -250,20 +293,21 @@ def test_exported_model_honours_the_saved_flags(kind, extra):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_packed_row_on_cuda_with_flex_attention(precision):
-    """On CUDA the kernel is compiled FlexAttention with a BlockMask: a packed row's logits and gradients = each
-    document alone (fp32 within 1e-5 of the scale; bf16 autocast within accelerator.compute_tolerance)."""
+@pytest.mark.parametrize("heads,kernel", [(2, "flex"), (4, "sdpa")], ids=["head-dim-16", "head-dim-8"])
+def test_packed_row_on_cuda(precision, heads, kernel):
+    """On CUDA a packed row's logits and gradients = each document alone (fp32 within 1e-5 of the scale; bf16
+    autocast within accelerator.policy.compute_tolerance): through compiled FlexAttention with a BlockMask at head dim 16,
+    through SDPA with the mask at head dim 8 (below FlexAttention's CUDA minimum, where it raised NYI)."""
     import contextlib
 
-    assert accelerator.document_attention_kernel("cuda") == "flex"
-    model = build(make_cfg("mha", *FLAGS), dtype=torch.float32).cuda()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    assert policy.document_attention_kernel("cuda", False, 32 // heads, dtype) == kernel
+    model = build(make_cfg("mha", *FLAGS, heads=heads), dtype=torch.float32).cuda()
     docs = [d.cuda() for d in _docs()]
-    ctx = (
-        torch.autocast(**accelerator.autocast_args("bf16", "cuda")) if precision == "bf16" else contextlib.nullcontext()
-    )
+    ctx = torch.autocast(**policy.autocast_args("bf16", "cuda")) if precision == "bf16" else contextlib.nullcontext()
     with ctx:
         outs, grads = _packed_vs_alone(model, docs)
-    tol = 1e-5 if precision == "fp32" else accelerator.compute_tolerance("bf16", "cuda")
+    tol = 1e-5 if precision == "fp32" else policy.compute_tolerance("bf16", "cuda")
     _assert_same(tuple(o.float() for o in outs), grads, tol)
 
 

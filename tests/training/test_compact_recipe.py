@@ -1,7 +1,8 @@
 """configs/compact.yaml (docs/compact_models.md) runs as documented: the quickstart model at the same stored
 parameters (``megahash params`` in closed form), trained through the real DeepSpeed engine with Muon and the WSD
 schedule at the recipe's batch (here 3 steps, in this process), then written as an int8 + zlib artifact whose
-printed size is the file's."""
+printed size is the file's; over several data-parallel ranks its Muon runs sharded (ZeRO-1; tests/training/test_muon.py
+runs that layout)."""
 
 import json
 import os
@@ -24,6 +25,11 @@ def test_compact_recipe_trains_and_exports_no_larger_than_the_quickstart(shakesp
         assert _params("--config", f"configs/{name}.yaml") == 0
         totals[name] = json.loads(capsys.readouterr().out)["total"]
     assert totals["compact"] <= totals["quickstart"], totals  # the recipe's promise: no more stored parameters
+    from megahash.config import load_config
+    from megahash.training.muon import sharded
+
+    recipe = load_config("configs/compact.yaml").train
+    assert sharded(recipe, 2) and not sharded(recipe, 1)  # its documented 2-rank run: Muon sharded (ZeRO-1)
 
     run = tmp_path / "compact"
     data = [

@@ -1,15 +1,19 @@
 """train.optimizer=muon (megahash/training/muon.py): one step equals torch.optim.Muon on the hidden matrices +
 torch.optim.AdamW on the rest; Newton-Schulz runs on every routed matrix through the real DeepSpeed engine at
-every ZeRO stage megahash runs it at (the partitioning ones refused in one line); stop + resume is bit-exact
-under bf16 and the optimizer phase's time is in the progress line; the momentum follows an elastic resume."""
+every ZeRO stage megahash runs it at (ZeRO-3 refused in one line); stop + resume is bit-exact under bf16 and the
+optimizer phase's time is in the progress line; the momentum follows an elastic resume. Sharded over data-parallel
+ranks (train.zero_stage 1/2, megahash/training/muon_sharded.py): the assignment of the matrices, every step equal to
+single-rank Muon, each rank holding and computing only its share, exact and elastic resume (2 -> 1, 1 -> 2, 4 -> 2)
+with asynchronous saves and an EMA. Multi-rank tests run gloo processes on the CPU: about 2 minutes each here."""
 
 import json
+import math
 import re
 
 import pytest
 import torch
 
-from conftest import pretrain
+from conftest import pretrain, train_losses
 
 pytestmark = pytest.mark.numerics  # compares floating-point results (see tests/numerics.py)
 
@@ -40,25 +44,19 @@ def _data(shards) -> list[str]:
 
 
 @pytest.fixture
-def ns_calls(monkeypatch):
-    """Shapes of the matrices Newton-Schulz ran on (megahash.training.muon.newton_schulz wrapped)."""
+def ns_calls():
+    """Shapes of the matrices Newton-Schulz ran on (megahash.training.muon.counting_newton_schulz)."""
     from megahash.training import muon
 
-    calls, real = [], muon.newton_schulz
-
-    def counted(update, *args):
-        calls.append(tuple(update.shape))
-        return real(update, *args)
-
-    monkeypatch.setattr(muon, "newton_schulz", counted)
-    return calls
+    with muon.counting_newton_schulz() as calls:
+        yield calls
 
 
 @pytest.mark.parametrize("adjust", ["original", "match_rms_adamw"])
 def test_two_steps_equal_torch_muon_plus_adamw(dist, adjust):
     """From the same weights and gradients: the routed matrices step as torch.optim.Muon, the rest as
     torch.optim.AdamW (decay on 2-D, none on 1-D); two steps, so the momentum buffer carries."""
-    from megahash import accelerator
+    from megahash.accelerator import rng
     from megahash.config import load_config
     from megahash.models.megatron_model import build_model
     from megahash.training.muon import build_optimizer, routes_to_muon
@@ -66,7 +64,7 @@ def test_two_steps_equal_torch_muon_plus_adamw(dist, adjust):
 
     cfg = load_config(None, [*TINY, "model.vocab_size=100", "train.weight_decay=0.1", f"train.muon_adjust_lr={adjust}"])
     t = cfg.train
-    accelerator.seed_all(t.seed)
+    rng.seed_all(t.seed)
     ours = build_model(cfg, 100)
     ref = build_model(cfg, 100)
     ref.load_state_dict(ours.state_dict())
@@ -137,22 +135,202 @@ def test_newton_schulz_on_every_routed_matrix_through_the_engine(shakespeare_sha
     assert sorted(ns_calls) == shapes
 
 
-def test_partitioning_stages_are_refused_in_one_line(shakespeare_shards):
-    """ZeRO-3 at config time; ZeRO-1/2 once the data-parallel size makes them partition."""
+def test_layouts_zero3_refused_in_one_line_zero12_run_sharded_on_the_engine_path():
+    """ZeRO-3 at config time (one line, naming train.zero_stage=1); ZeRO-1/2 over data-parallel ranks run the engine
+    at stage 0 (gradient all-reduce, clipping) with the optimizer sharded; DeepSpeed's bf16 optimizer refused."""
     from megahash.config import load_config
     from megahash.errors import ConfigError
     from megahash.training.ds_config import deepspeed_config
+    from megahash.training.muon import sharded
 
-    with pytest.raises(ConfigError, match=r"ZeRO stage 3 .* set train.zero_stage=0"):
+    with pytest.raises(ConfigError, match=r"ZeRO stage 3 partitions .* set train.zero_stage=1 ") as e:
         load_config(None, [*TINY, "train.zero_stage=3"])
+    assert "\n" not in str(e.value)
     for stage in (1, 2):
-        cfg = load_config(None, [*TINY, f"train.zero_stage={stage}"])
-        with pytest.raises(ConfigError, match=rf"ZeRO stage {stage} partitions .* set train.zero_stage=0") as e:
-            deepspeed_config(cfg, dp_size=2, bf16=False)
-        assert "\n" not in str(e.value)
-        assert deepspeed_config(cfg, dp_size=1, bf16=False)["zero_optimization"]["stage"] == 0
+        cfg = load_config(None, [*TINY, f"train.zero_stage={stage}", "train.micro_batch_size=1"])
+        for dp in (1, 2, 4):
+            assert deepspeed_config(cfg, dp_size=dp, bf16=False)["zero_optimization"]["stage"] == 0
+            assert sharded(cfg.train, dp) == (dp > 1)
+    assert not sharded(load_config(None, [*TINY, "train.zero_stage=0"]).train, 2)
     with pytest.raises(ConfigError, match="needs fp32 parameters"):
-        deepspeed_config(load_config(None, [*TINY, "train.zero_stage=0"]), dp_size=1, bf16=True)
+        deepspeed_config(load_config(None, [*TINY, "train.zero_stage=1"]), dp_size=2, bf16=True)
+
+
+def test_assignment_balances_whole_matrices_whatever_their_order():
+    """muon_sharded.assign: every matrix to one rank; the same owners for any order of registration; each rank's
+    elements within Graham's list-scheduling bound (the mean plus the largest matrix) and, for the 70M model's
+    matrices (configs/model/70m.yaml: 6 layers of q/k/v, proj, SwiGLU fc1, fc2), within 4/3 of the mean."""
+    import random
+
+    from megahash.training.muon_sharded import assign
+
+    h, f = 512, 2048
+    sizes = {}
+    for l in range(6):
+        sizes |= {f"l{l}.qkv": 3 * h * h, f"l{l}.proj": h * h, f"l{l}.fc1": 2 * f * h, f"l{l}.fc2": f * h}
+    rng = random.Random(0)
+    odd = {f"m{i}": rng.randrange(1, 10**5) for i in range(37)}
+    for table in (sizes, odd):
+        for ranks in (1, 2, 3, 4, 8):
+            owners = assign(table, ranks)
+            items = list(table.items())
+            rng.shuffle(items)
+            assert assign(dict(items), ranks) == owners  # independent of the order of registration
+            assert set(owners) == set(table) and set(owners.values()) <= set(range(ranks))
+            load = [sum(n for m, n in table.items() if owners[m] == r) for r in range(ranks)]
+            mean = sum(table.values()) / ranks
+            assert max(load) <= mean + max(table.values()), (ranks, load)
+            if table is sizes:
+                assert max(load) <= 4 / 3 * mean, (ranks, load)
+
+
+def _spawn(worker: str, ranks: int, *args: str, timeout: int = 600) -> None:
+    """Run tests/training/WORKER as ``ranks`` gloo processes; every one must exit 0."""
+    import os
+    import sys
+
+    from megahash.launching.env import run_local_world
+
+    script = os.path.join(os.path.dirname(__file__), worker)
+    done = run_local_world([sys.executable, script, *args], ranks, timeout=timeout)
+    assert all(status == 0 for status, _ in done), "\n".join(out[-3000:] for _, out in done)
+
+
+STEPS = 4
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_sharded_muon_steps_as_one_rank_holds_its_share_and_resumes_at_any_data_parallel_size(
+    shakespeare_shards, tmp_path, capsys
+):
+    """train.optimizer=muon at ZeRO-1/2 over data-parallel ranks, gloo processes on the CPU (one run each, the checks
+    combined: about 4 minutes here).
+
+    The step (tests/training/muon_dp_worker.py, the trainer's engine): at DP 4 (ZeRO-2, fp32) and at TP 2 x DP 2
+    (ZeRO-1, train.precision=bf16, the TP gather kept) every step equals single-rank Muon stepped beside it on the
+    same gradients, bit for bit; per TP rank the data-parallel ranks ran Newton-Schulz on every routed matrix once
+    between them, each only on its own matrices and holding the momentum of those only, its optimizer state its
+    share; the 4-rank weights after 4 steps are the 1-rank run's within what the order of the gradient reduction
+    can move them.
+
+    The checkpoints (the momentum in optimizer/, each tensor whole): 2 ranks with asynchronous saves and an EMA,
+    resumed from step 2, log steps 3-4 bit for bit, live and EMA weights too; resumed at another data-parallel size
+    (2 -> 1, 1 -> 2, 4 -> 2), the momentum and AdamW's moments reassigned to the new owners, step 3 is the
+    uninterrupted run's bit for bit and step 4 within the fp32 reduction order of one step's gradients, while a
+    resume without the optimizer state lands far off."""
+    from test_batch_ramp import _main
+    from test_ema import _params
+
+    common = [
+        *_data(shakespeare_shards),
+        *TINY,
+        "train.micro_batch_size=1",
+        "train.global_batch_size=4",  # 4 micro-batches: 4 accumulated on one rank, 1 on each of 4
+        f"train.steps={STEPS}",
+        "train.log_interval=1",
+    ]
+    runs = {  # name: (ranks, TP, overrides, the step it saves)
+        "dp1": (1, 1, ["train.zero_stage=1"], 2),
+        "dp4": (4, 1, ["train.zero_stage=2"], 2),
+        "tp2dp2": (4, 2, ["train.zero_stage=1", "train.precision=bf16"], 0),
+    }
+    out = {}
+    for name, (ranks, tp, extra, save_at) in runs.items():
+        path = tmp_path / f"{name}.json"
+        where = [f"train.save_dir={tmp_path / name}", f"data.cache_dir={tmp_path / 'cache' / name}"]
+        _spawn("muon_dp_worker.py", ranks, str(path), str(tp), str(STEPS), str(save_at), *common, *extra, *where)
+        out[name] = json.loads(path.read_text())
+    assert not out["dp1"]["sharded"] and len(out["dp1"]["losses"]) == STEPS
+    for name in ("dp4", "tp2dp2"):
+        r, tp = out[name], runs[name][1]
+        dp = runs[name][0] // tp
+        assert r["sharded"] and r["engine_stage"] == 0, name
+        # bit-exact: the owner runs single-rank Muon's operations on the same inputs; the all-gather copies
+        assert r["diffs"] == [0.0] * STEPS, (name, r["diffs"])
+        shapes = r["shapes"]
+        numel = {n: math.prod(s) for n, s in shapes.items()}
+        muon_total = sum(numel[n] for n in r["routed"])
+        adam = [
+            sum(numel[n] for n, s in shapes.items() if n not in r["routed"] and (len(s) >= 2) == two) for two in (1, 0)
+        ]
+        for t in range(tp):
+            ranks = [x for x in r["ranks"] if x["tp_rank"] == t]
+            assert sorted(x["dp_rank"] for x in ranks) == list(range(dp))
+            assert sorted(m for x in ranks for m in x["ns"]) == r["routed"], name  # every matrix, once
+            for x in ranks:
+                assert x["momentum"] == x["ns"], (name, x)  # the momentum of its own matrices only
+                assert x["ns_calls"] == len(x["ns"]) * STEPS, (name, x)  # Newton-Schulz for them only
+                load = sum(numel[m] for m in x["ns"])
+                assert load <= muon_total / dp + max(numel[m] for m in r["routed"]), (name, x)
+                # its momentum plus AdamW's two moments of its flat partition (ceil of each group / DP)
+                assert x["state_numel"] <= load + 2 * sum(math.ceil(n / dp) for n in adam), (name, x)
+                assert x["state_numel"] < (muon_total + 2 * sum(adam)) / dp * 4 / 3, (name, x)
+        peers = {}
+        for x in r["ranks"]:  # TP peers own the same matrices (they gather them together)
+            peers.setdefault(x["dp_rank"], set()).add(tuple(x["ns"]))
+        assert all(len(v) == 1 for v in peers.values()), peers
+    # the same weights and micro-batches at step 1: the loss is the mean of the same 4 fp32 micro-batch losses,
+    # summed exactly in float64 either way
+    assert out["dp4"]["losses"][0] == out["dp1"]["losses"][0]
+    # after that the runs differ in the order of the gradient sum of 4 micro-batches (relative error <= 3 * 2^-24);
+    # Newton-Schulz rounds its input to bf16, so such a difference can move an orthogonalized entry (|O| <= 1.2,
+    # the quintic's largest singular value) by a bf16 rounding (2^-8 relative): per step a weight moves by at most
+    # muon_lr * AdjustLR (here <= 2, fc1's sqrt(128 / 32)) * 1.2 * 2^-8 more; AdamW's elementwise step stays at fp32
+    one, four = torch.load(tmp_path / "dp1.json.pt"), torch.load(tmp_path / "dp4.json.pt")
+    tol = STEPS * 0.02 * 2 * 1.2 * 2**-8
+    worst = max(float((one[n] - four[n]).abs().max()) for n in one)
+    assert worst <= tol, (worst, tol)
+
+    # ---- checkpoints: pretraining entry point, ZeRO-1, fp32
+    ckpt_args = [*common, "train.zero_stage=1", "train.precision=fp32", "train.save_interval=2"]
+
+    def run(name: str, ranks: int, *extra: str) -> dict:
+        args = [*ckpt_args, f"train.save_dir={tmp_path / name}", f"data.cache_dir={tmp_path / 'cache' / name}", *extra]
+        if ranks == 1:
+            status, log = _main(args, capsys)  # in this process
+            assert status == 0, log[-3000:]
+        else:
+            r = pretrain(args, ranks=ranks)
+            assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+        return train_losses(tmp_path / name)
+
+    def step2(name: str) -> str:
+        return f"train.resume={tmp_path / name / 'step_00000002'}"
+
+    saves = ["train.async_save=true", "train.ema_decay=0.9"]
+    two = run("two", 2, *saves)
+    ckpt = tmp_path / "two" / "step_00000002"
+    state = json.loads((ckpt / "megahash_state.json").read_text())
+    # the momentum lives in optimizer/ (each tensor whole): DeepSpeed's ZeRO-0 files would hold rank 0's shard only
+    assert state["deepspeed_files"] is False and not list(ckpt.glob("*model_states.pt"))
+    assert json.loads((ckpt / "optimizer" / "megahash_optimizer.json").read_text())["complete"]
+    again = run("two_again", 2, *saves, step2("two"))
+    # bit-exact: resume is the promise (same layout, same machine)
+    assert [again[s] for s in (3, 4)] == [two[s] for s in (3, 4)]
+    for weights in ("live", "ema"):
+        a, b = (
+            _params(tmp_path / "two" / "step_00000004", weights),
+            _params(tmp_path / "two_again" / "step_00000004", weights),
+        )
+        assert all(torch.equal(a[n], b[n]) for n in a), weights  # bit-exact: resume is the promise
+    assert list((tmp_path / "dp1" / "step_00000002").glob("*model_states.pt"))  # one rank: not sharded
+    straight = {name: dict(enumerate(out[name]["losses"], 1)) for name in ("dp1", "dp4")}
+    resumed = {
+        "2 -> 1": (run("two_to_one", 1, step2("two")), two),
+        "1 -> 2": (run("one_to_two", 2, step2("dp1")), straight["dp1"]),
+        "4 -> 2": (run("four_to_two", 2, step2("dp4")), straight["dp4"]),
+    }
+    fresh = run("two_to_one_fresh", 1, step2("two"), "train.resume_weights_only=true")
+    # step 3: the saved weights and the same micro-batches (the loss a mean of fp32 values summed exactly)
+    # step 4: after one step whose gradient sums the same 4 micro-batch gradients in another order: the loss
+    # within 20 of its fp32 ulps (2^-21 in [4, 8)); losing the optimizer state moves it 2e-3 here
+    tol = 20 * 2**-21
+    for what, (got, before) in resumed.items():
+        assert sorted(got) == [3, 4], what
+        assert got[3] == before[3], (what, got, before)
+        assert abs(got[4] - before[4]) <= tol, (what, got[4], before[4])
+    assert abs(fresh[4] - two[4]) > 50 * tol, (fresh, two)
 
 
 @pytest.mark.slow
@@ -198,32 +376,8 @@ def test_elastic_resume_carries_the_momentum(shakespeare_shards, tmp_path, dist)
 def test_tensor_parallel_matrices_are_orthogonalized_whole(tmp_path):
     """parallel.tensor=2 (2 gloo processes, tests/training/muon_tp_worker.py): every routed matrix of the TP model, column-
     and row-parallel, gets its shard of NS(full matrix) bit for bit; NS of the shard alone differs."""
-    import os
-    import subprocess
-    import sys
-
-    from megahash.launching.env import free_port
-
     out = tmp_path / "tp.json"
-    worker = os.path.join(os.path.dirname(__file__), "muon_tp_worker.py")
-    port, procs = free_port(), []
-    for rank in range(2):
-        env = dict(
-            os.environ,
-            RANK=str(rank),
-            WORLD_SIZE="2",
-            LOCAL_RANK=str(rank),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            OMP_NUM_THREADS="1",
-        )
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, worker, str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-            )
-        )
-    logs = [p.communicate(timeout=300)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
+    _spawn("muon_tp_worker.py", 2, str(out), timeout=300)
     result = json.loads(out.read_text())
     assert len(result) == 5 and {r["dim"] for r in result.values()} == {0, 1}
     for name, r in result.items():

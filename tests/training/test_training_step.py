@@ -26,14 +26,14 @@ def test_rope_matches_megatron_core(dist):
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 
     from megahash.config import load_config
-    from megahash.models.attention.base import rope
     from megahash.models.megatron_model import transformer_config
+    from megahash.models.mixing import rope
 
     config = transformer_config(load_config(None, TINY))
     freqs = RotaryEmbedding(kv_channels=16, rotary_percent=1.0, rotary_base=10000, use_cpu_initialization=True)(37)
     t = torch.randn(37, 3, 4, 16, requires_grad=True)
     g = torch.randn(37, 3, 4, 16)
-    ours = rope(t, freqs, config)
+    ours = rope(t, freqs)
     (ga,) = torch.autograd.grad(ours, t, g)
     ref = apply_rotary_pos_emb(t, freqs, config)
     (gb,) = torch.autograd.grad(ref, t, g)
@@ -65,7 +65,7 @@ def test_one_rank_cross_entropy_equals_megatron_core(dist):
 def test_one_rank_engine_trains_like_the_plain_torch_loop(shakespeare_shards, tmp_path, dist):
     """ZeRO-1 configured at one data-parallel rank: the engine holds torch's fused AdamW itself, records
     the gradient norm, and 3 steps give the losses, norms and weights of the plain torch loop."""
-    from megahash import accelerator
+    from megahash.accelerator import rng
     from megahash.config import load_config
     from megahash.data.dataset import make_loader
     from megahash.models.megatron_model import build_model
@@ -85,7 +85,7 @@ def test_one_rank_engine_trains_like_the_plain_torch_loop(shakespeare_shards, tm
     )
     h = TrainHarness(cfg, 3)
     assert type(h.engine.optimizer) is torch.optim.AdamW and h.engine.optimizer.defaults["fused"]
-    accelerator.seed_all(cfg.train.seed)
+    rng.seed_all(cfg.train.seed)
     ref = build_model(cfg, h.data.vocab_size)  # the same initial weights (same seed), outside the engine
     assert all(
         torch.equal(a, b) for a, b in zip(h.model.parameters(), ref.parameters())

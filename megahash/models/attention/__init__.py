@@ -1,5 +1,6 @@
-"""Attention kinds. Each is one self-describing file: its module and, in its ``@register_attention``
-line (megahash.models.registry), its cost formulas and capabilities (megahash.catalog).
+"""Attention kinds. Each is one self-describing file: its class, written once (megahash.models.mixing: the
+megatron-core layer and the plain-torch layer of the HF export are derived from it), and, in its
+``register_attention`` line (megahash.models.registry), its cost formulas and capabilities (megahash.catalog).
 
 Registered names (``model.schedule``):
 
@@ -10,7 +11,8 @@ Registered names (``model.schedule``):
   ``fixedseqqk``, ``staticembqk`` (parameter-matched to ``mha``);
 - ``mha-megatron``: megatron-core's own SelfAttention (reference for tests; no decoding cache).
 
-Shared plumbing: :mod:`.base` (TP/SP helpers, KV-cache helpers, ``qkv_parameters``), :mod:`.sdpa`
-(softmax core); the fixed input of rndembqk/fixedseqqk lives in :mod:`.fixed_qk`. The generic cost
+Shared plumbing: :mod:`.base` (the megatron-core parts and layer: TP/SP), :mod:`.sdpa` (megatron's softmax
+core), :mod:`.softmax_base`, :mod:`.linear_base`, :mod:`.separate_qkv` (the families' torch-only bases); the
+fixed input of rndembqk/fixedseqqk lives in :mod:`.fixed_qk`. The generic cost
 machinery (which asks each kind's own formulas): :mod:`megahash.models.costs`.
 """

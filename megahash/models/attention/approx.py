@@ -34,7 +34,7 @@ d_h x d_h matrices per head) describe that form's state. Its predictive results 
 implementation, which is the shared-denominator form implemented here; ``megahash.models.costs``
 gives both the [Xue25] table values and this implementation's cache sizes.
 Based's projected feature dimension: ``model.attention.options.feature_dim`` d' (Based's default 16)
-projects q, k to d' dims per head before the Taylor map (see :meth:`ApproxAttention.build_grouped_qkv`).
+projects q, k to d' dims per head before the Taylor map (see :meth:`Taylor.build_grouped_qkv`).
 Which form reproduces what: the [Xue25] cost tables (Tables 4.5-4.8, "Approx.") describe
 ``approx-thesis`` (Appendix I's recurrence); ``approx`` is the Based kernel.
 Attention dropout is not applied (there is no probability matrix to drop from in the linear form).
@@ -48,78 +48,36 @@ import math
 from dataclasses import dataclass
 
 import torch
-from megatron.core.transformer.spec_utils import ModuleSpec
 
 from megahash.errors import ConfigError
-from megahash.models.attention.base import column, rope
-from megahash.models.attention.linear_base import LinearAttentionBase
+from megahash.models.attention.linear_base import LinearAttention
+from megahash.models.attention.maps import kernel_maps
 from megahash.models.cost_formulas import ApproxRow
-from megahash.models.reference_layers import LinearAttention
-from megahash.models.reference_ops import cached_state, megahash_option, store_state
-from megahash.models.registry import AttentionCaps, mask_type, register_attention, register_reference
+from megahash.models.mixing import cached_state, rope, rope_prefix, store_state
+from megahash.models.registry import AttentionCaps, register_attention
 from megahash.ops.taylor.chunk import taylor_bidirectional, taylor_causal
 from megahash.ops.taylor.feature_map import feature_dim as taylor_feature_dim
 from megahash.ops.taylor.feature_map import taylor_kernel
 
 
-@register_reference("approx")
-class TaylorReference(LinearAttention):
+class Taylor(LinearAttention):
     """Based's 2nd-order Taylor softmax (eq. 4.6, shared denominator) with RoPE; decoding state (S, z)."""
 
-    def __init__(self, config, spec):
-        super().__init__(config, spec)
-        self.chunk_size = int(spec.get("chunk_size", 0) or 0)
+    def build(self, parts):
+        self.chunk_size = int(self.setup.option("chunk_size", 0) or 0)
+        self.build_grouped_qkv(parts, self.groups)
 
-    def qk_features(self, config, spec) -> int:
-        """Based's projected feature dim d' (``model.attention.options.feature_dim``; 0 = d_h)."""
-        return int(spec.get("feature_dim") or megahash_option(config, "model", "attention.options.feature_dim", 0) or 0)
-
-    def kernel(self, qh, kh, vh, km, cache, doc, offset):
-        return self.taylor(qh, kh, vh, km, cache, doc, self.causal, self.chunk_size)
-
-    @staticmethod
-    def taylor(qh, kh, vh, km, cache, doc, causal: bool, chunk_size: int):
-        """Based's Taylor attention (eq. 4.6) on [b, g, rep, s, d] (the TP layer runs it too), the
-        decoding state (S, z) in ``cache``, sums restarting at the document starts of ``doc``."""
-        if not causal:
-            return taylor_bidirectional(qh, kh, vh, km, doc=doc)
-        keys = ("S", "z")
-        out, state = taylor_causal(qh, kh, vh, chunk_size, cached_state(cache, keys), cache is not None, doc=doc)
-        store_state(cache, keys, state)
-        return out
-
-
-def rope_prefix(freqs, dim: int):
-    """RoPE frequencies of a d_h-dim head restricted to ``dim`` < d_h dims: megatron's layout is
-    [f_0..f_{d/2-1}, f_0..f_{d/2-1}] (pairs (i, i + d/2)); keep the first dim/2 pairs."""
-    if freqs is None:
-        return None
-    freqs = freqs[0] if isinstance(freqs, tuple) else freqs
-    half = freqs.shape[-1] // 2
-    return torch.cat([freqs[..., : dim // 2], freqs[..., half : half + dim // 2]], dim=-1)
-
-
-class ApproxAttention(LinearAttentionBase):
-    kind = "approx"
-
-    def __init__(self, config, layer_number, attn_mask_type, cfg=None, **kw):
-        super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
-        self.chunk_size = cfg.model.attention.options.chunk_size if cfg is not None else 0
-
-    def kernel(self, qh, kh, vh, km, cache, doc, offset):
-        return TaylorReference.taylor(qh, kh, vh, km, cache, doc, self.causal, self.chunk_size)
-
-    def build_grouped_qkv(self, groups: int) -> None:
+    def build_grouped_qkv(self, parts, groups: int) -> None:
         """``model.attention.options.feature_dim`` d' > 0 (Based's ``feature_dim``, [Arora24]): Q and
         K are projected to d' dims per head (``linear_q`` n*d' rows, ``linear_kv`` rows
         ``[g][k (d'), v (d_h)]``) and the Taylor map has D' = 1 + d' + d'(d'+1)/2 features instead of
         1 + d_h + d_h(d_h+1)/2: the state shrinks to D'(d_h + 1) per key/value head and the
         sublayer has (n + g)(d_h - d') d_m fewer parameters than ``mha`` (not parameter-matched).
         RoPE rotates the d' dims with the head's first d'/2 frequency pairs."""
-        fd = self.cfg.model.attention.options.feature_dim if self.cfg is not None else 0
+        fd = int(self.setup.option("feature_dim", 0) or 0)
         self.feature_dim = fd or self.d_h
         if not fd or fd == self.d_h:
-            return super().build_grouped_qkv(groups)
+            return super().build_grouped_qkv(parts, groups)
         if fd < 0 or fd % 2:
             raise ConfigError(f"model.attention.options.feature_dim={fd} must be a positive even number (0 = head dim)")
         if groups < 1 or self.n % groups or groups % self.tp:
@@ -128,15 +86,15 @@ class ApproxAttention(LinearAttentionBase):
                 f"model.num_heads={self.n} and be divisible by parallel.tensor={self.tp}"
             )
         self.groups, self.kv_split, self.g_local = groups, True, groups // self.tp
-        self.linear_q = column(self.d_m, self.n * fd, self.config, self.qkv_bias)
-        self.linear_kv = column(self.d_m, groups * (fd + self.d_h), self.config, self.qkv_bias)
+        self.linear_q = parts.column(self.d_m, self.n * fd, self.qkv_bias)
+        self.linear_kv = parts.column(self.d_m, groups * (fd + self.d_h), self.qkv_bias)
         if getattr(self, "q_layernorm", None) is not None:
             self.build_qk_norm(fd)
 
     def grouped_kv(self, x):
         if self.feature_dim == self.d_h:
             return super().grouped_kv(x)
-        kv = self.linear_kv(x)[0]
+        kv = self.linear_kv(x)
         kv = kv.view(kv.shape[0], kv.shape[1], self.g_local, self.feature_dim + self.d_h)
         return kv[..., : self.feature_dim], kv[..., self.feature_dim :]
 
@@ -144,7 +102,17 @@ class ApproxAttention(LinearAttentionBase):
         q, k, v = super().qkv(x, rotary_pos_emb)
         if self.feature_dim != self.d_h:
             rotary_pos_emb = rope_prefix(rotary_pos_emb, self.feature_dim)
-        return rope(q, rotary_pos_emb, self.config), rope(k, rotary_pos_emb, self.config), v
+        return rope(q, rotary_pos_emb), rope(k, rotary_pos_emb), v
+
+    def kernel(self, qh, kh, vh, km, cache, doc, offset):
+        """Based's Taylor attention (eq. 4.6) on [b, g, rep, s, d], the decoding state (S, z) in ``cache``,
+        sums restarting at the document starts of ``doc``."""
+        if not self.causal:
+            return taylor_bidirectional(qh, kh, vh, km, doc=doc)
+        keys = ("S", "z")
+        out, state = taylor_causal(qh, kh, vh, self.chunk_size, cached_state(cache, keys), cache is not None, doc=doc)
+        store_state(cache, keys, state)
+        return out
 
 
 # ----------------------------------------------------------------------------- self-description
@@ -163,9 +131,9 @@ class ApproxCosts(ApproxRow):
 
 
 def approx_maps(m, q, k, v, attention_mask) -> dict:
-    """Indicators (megahash.eval.indicators): the normalised equivalent attention matrix
-    A_ij = k(q_i, k_j) / sum_{u<=i} k(q_i, k_u), Taylor kernel k = 1 + s + s^2/2, s = q.k/sqrt(d_h)
-    (exactly what multiplies V); logits = s."""
+    """Indicators (``maps=kernel_maps(approx_maps)``: megahash.models.attention.maps): the normalised
+    equivalent attention matrix A_ij = k(q_i, k_j) / sum_{u<=i} k(q_i, k_u), Taylor kernel k = 1 + s + s^2/2,
+    s = q.k/sqrt(d_h) (exactly what multiplies V); logits = s."""
     s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(q.shape[-1])  # [b, g, rep, L, L]
     ker = taylor_kernel(q.double(), k.double())
     L = s.shape[-1]
@@ -195,16 +163,15 @@ class ApproxOptions:
     }
 
 
-@register_attention(
+register_attention(
     "approx",
+    Taylor,
     costs=ApproxCosts,
     options=ApproxOptions,
-    maps=approx_maps,
+    maps=kernel_maps(approx_maps),
     caps=AttentionCaps(thesis_name="Approx.", chapters=(4,)),
     export_spec=lambda att: {
         "chunk_size": int(getattr(att, "chunk_size", 0) or 0),
         "feature_dim": int(att.feature_dim if att.feature_dim != att.d_h else 0),
     },
 )
-def approx_spec(cfg) -> ModuleSpec:
-    return ModuleSpec(module=ApproxAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})

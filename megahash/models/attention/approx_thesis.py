@@ -52,58 +52,26 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from megatron.core.transformer.spec_utils import ModuleSpec
-
 from megahash.errors import ConfigError
-from megahash.models.attention.base import rope
-from megahash.models.attention.linear_base import LinearAttentionBase
+from megahash.models.attention.linear_base import LinearAttention
+from megahash.models.attention.maps import kernel_maps
 from megahash.models.cost_formulas import ApproxRow
-from megahash.models.reference_layers import LinearAttention
-from megahash.models.reference_ops import cached_state, store_state
-from megahash.models.registry import AttentionCaps, mask_type, register_attention, register_reference
+from megahash.models.mixing import cached_state, rope, store_state
+from megahash.models.registry import AttentionCaps, register_attention
 from megahash.ops.orders.chunk import orders_bidirectional, orders_causal
 from megahash.ops.orders.naive import orders_maps
-
-
-@register_reference("approx-thesis")
-class ThesisTaylorReference(LinearAttention):
-    """Appendix I (eq. 4.14-4.17): the three orders normalised separately, element-wise squares, RoPE;
-    decoding state (s0, s1, z1, s2, z2)."""
-
-    def __init__(self, config, spec):
-        super().__init__(config, spec)
-        self.chunk_size = int(spec.get("chunk_size", 0) or 0)
-        self.positive = spec.get("denominator", "literal") == "positive"
-
-    def kernel(self, qh, kh, vh, km, cache, doc, offset):
-        return self.orders(qh, kh, vh, km, cache, doc, offset, self.causal, self.chunk_size, self.positive)
-
-    @staticmethod
-    def orders(qh, kh, vh, km, cache, doc, offset: int, causal: bool, chunk_size: int, positive: bool):
-        """eq. 4.14-4.17 on [b, g, rep, s, d] (the TP layer runs it too), the decoding state
-        (s0, s1, z1, s2, z2) in ``cache``, sums restarting at the document starts of ``doc``."""
-        if not causal:
-            return orders_bidirectional(qh, kh, vh, km, positive=positive, doc=doc)
-        keys = ("s0", "s1", "z1", "s2", "z2")
-        state = cached_state(cache, keys)
-        out, state = orders_causal(
-            qh, kh, vh, chunk_size or 128, state, offset if state else 0, cache is not None, positive=positive, doc=doc
-        )
-        store_state(cache, keys, state)
-        return out
-
 
 DENOMINATORS = ("literal", "positive")
 
 
-class ApproxThesisAttention(LinearAttentionBase):
-    kind = "approx-thesis"
+class ThesisTaylor(LinearAttention):
+    """Appendix I (eq. 4.14-4.17): the three orders normalised separately, element-wise squares, RoPE;
+    decoding state (s0, s1, z1, s2, z2)."""
 
-    def __init__(self, config, layer_number, attn_mask_type, cfg=None, **kw):
-        super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
-        opts = cfg.model.attention.options if cfg is not None else None
-        self.chunk_size = opts.chunk_size if opts is not None else 0
-        self.denominator = opts.denominator if opts is not None else "literal"
+    def build(self, parts):
+        super().build(parts)
+        self.chunk_size = self.setup.option("chunk_size", 0)
+        self.denominator = self.setup.option("denominator", "literal")
         if self.denominator not in DENOMINATORS:
             raise ConfigError(
                 f"model.attention.options.denominator={self.denominator!r}: expected one of {', '.join(DENOMINATORS)}"
@@ -112,12 +80,28 @@ class ApproxThesisAttention(LinearAttentionBase):
 
     def qkv(self, x, rotary_pos_emb):
         q, k, v = super().qkv(x, rotary_pos_emb)
-        return rope(q, rotary_pos_emb, self.config), rope(k, rotary_pos_emb, self.config), v
+        return rope(q, rotary_pos_emb), rope(k, rotary_pos_emb), v
 
     def kernel(self, qh, kh, vh, km, cache, doc, offset):
-        return ThesisTaylorReference.orders(
-            qh, kh, vh, km, cache, doc, offset, self.causal, self.chunk_size, self.positive
+        """eq. 4.14-4.17 on [b, g, rep, s, d], the decoding state (s0, s1, z1, s2, z2) in ``cache``, sums
+        restarting at the document starts of ``doc``."""
+        if not self.causal:
+            return orders_bidirectional(qh, kh, vh, km, positive=self.positive, doc=doc)
+        keys = ("s0", "s1", "z1", "s2", "z2")
+        state = cached_state(cache, keys)
+        out, state = orders_causal(
+            qh,
+            kh,
+            vh,
+            self.chunk_size or 128,
+            state,
+            offset if state else 0,
+            cache is not None,
+            positive=self.positive,
+            doc=doc,
         )
+        store_state(cache, keys, state)
+        return out
 
 
 # ----------------------------------------------------------------------------- self-description
@@ -174,13 +158,12 @@ class ApproxThesisOptions:
     RANGES = {"chunk_size": (0, None, False, False, "chunk length; 0 = auto")}
 
 
-@register_attention(
+register_attention(
     "approx-thesis",
+    ThesisTaylor,
     costs=ApproxThesisCosts,
     options=ApproxThesisOptions,
     caps=AttentionCaps(thesis_name="Approx."),
-    maps=approx_thesis_maps,
+    maps=kernel_maps(approx_thesis_maps),
     export_spec=lambda att: {"chunk_size": int(att.chunk_size or 0), "denominator": att.denominator},
 )
-def approx_thesis_spec(cfg) -> ModuleSpec:
-    return ModuleSpec(module=ApproxThesisAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})

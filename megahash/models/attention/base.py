@@ -1,27 +1,22 @@
-"""Shared plumbing of the megahash attention kinds (not a kind itself).
+"""The megatron-core side of every attention kind: its parts and its layer (not a kind itself).
 
-Every kind is a ``MegatronModule`` built by megatron's ``build_module`` for the ``self_attention``
-slot of ``TransformerLayer`` and follows its contract::
+A kind is written once (:class:`megahash.models.mixing.Mixing`); :func:`megatron_layer` derives the module
+megatron's ``build_module`` builds for the ``self_attention`` slot of ``TransformerLayer``, with its contract::
 
     forward(hidden_states [s(/tp under SP), b, h], attention_mask=None, inference_context=None,
             rotary_pos_emb=None, ...) -> (output [s(/tp), b, h], bias or None)
 
-Tensor/sequence parallelism: per-head projections are megatron ``ColumnParallelLinear`` (each TP
-rank owns ``n/tp`` heads; under SP they all-gather the sequence), the output projection
-``linear_proj`` is a ``RowParallelLinear(input_is_parallel=True)`` (reduce-scatter under SP).
-Projections that cannot be split by head (the single head of SHA, the shared K/V head of MQA,
-the shared seed projections of MHE) are :class:`ReplicatedLinear`: every TP rank holds the full
-weight, drawn from the same master tensor as megatron's CPU initialisation (so a seed gives the
-same model at any TP size), and its gradient is summed over the TP group by a tensor hook
-(each rank only sees the gradient of its own heads), like the sequence-parallel norms.
+Tensor/sequence parallelism (:class:`MegatronParts`): per-head projections are megatron ``ColumnParallelLinear``
+(each TP rank owns ``n/tp`` heads; under SP they all-gather the sequence), the output projection
+``linear_proj`` is a ``RowParallelLinear(input_is_parallel=True)`` (reduce-scatter under SP). Projections
+that cannot be split by head (the single head of SHA, the shared K/V head of MQA, the shared seed
+projections of MHE) are :class:`ReplicatedLinear`: every TP rank holds the full weight, drawn from the same
+master tensor as megatron's CPU initialisation (so a seed gives the same model at any TP size), and its
+gradient is summed over the TP group by a tensor hook (each rank only sees the gradient of its own heads),
+like the sequence-parallel norms.
 
 Per-forward state: ``inference_context`` is the forward's :class:`megahash.models.forward_state.ForwardState`
-(the model's inputs, packed documents, the decoding session); a kind's ``mix`` gets it as its last argument.
-Incremental decoding: ``state.cache(self.layer_number)`` is the layer's cache dict (None in training);
-each kind stores what it needs there (keys/values, recurrent sums, ...).
-
-Parameter naming: everything except ``linear_proj`` is the "qkv" part of a kind
-(:meth:`AttentionBase.qkv_parameters`), which is what [Xue25] Table 3.4 counts.
+(the model's inputs, packed documents, the decoding session); the kind's ``mix`` gets it as its last argument.
 """
 
 from __future__ import annotations
@@ -29,14 +24,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state, tensor_parallel
-from megatron.core.models.common.embeddings.rotary_pos_embedding import apply_rotary_pos_emb
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
-from megahash.errors import ConfigError
+from megahash.models.attention.sdpa import SDPACoreAttention
 from megahash.models.forward_state import ForwardState
+from megahash.models.mixing import Setup
 from megahash.models.norm import HeadNorm, mark_sequence_parallel, sum_grad_over_tp
 
 
@@ -79,18 +74,18 @@ def gather_input(x: torch.Tensor, config) -> torch.Tensor:
 
 
 class ReplicatedLinear(torch.nn.Module):
-    """y = x W^T + b with W replicated over TP (full on every rank; gradients summed over TP).
-
-    Call it on the output of :func:`gather_input`."""
+    """y = x W^T + b with W replicated over TP (full on every rank; gradients summed over TP), on the input
+    gathered over TP (:func:`gather_input`)."""
 
     def __init__(self, in_features: int, out_features: int, config, bias: bool):
         super().__init__()
+        self.config = config
         self.weight = torch.nn.Parameter(master_init(config, out_features, in_features))
         self.bias = torch.nn.Parameter(torch.zeros(out_features, dtype=config.params_dtype)) if bias else None
         mark_tp_replicated(self.parameters())
 
     def forward(self, x):
-        return F.linear(x, self.weight, self.bias)
+        return F.linear(gather_input(x, self.config), self.weight, self.bias)
 
 
 class PerHeadParameter(MegatronModule):
@@ -111,144 +106,85 @@ class PerHeadParameter(MegatronModule):
         return make_sharded_tensors_for_checkpoint(state, prefix, {"weight": 0}, sharded_offsets)
 
 
-def column(in_f: int, out_f: int, config, bias: bool) -> ColumnParallelLinear:
-    """Per-head projection split over TP (output rows), sequence gathered under SP."""
-    return ColumnParallelLinear(
-        in_f,
-        out_f,
-        config=config,
-        init_method=config.init_method,
-        bias=bias,
-        gather_output=False,
-        skip_bias_add=False,
-    )
+class Column(ColumnParallelLinear):
+    """A per-head projection split over TP (output rows; sequence gathered under SP); returns the output only."""
+
+    def forward(self, x):
+        return super().forward(x)[0]
 
 
-def rope(t: torch.Tensor, rotary_pos_emb, config) -> torch.Tensor:
-    """RoPE on [s, b, heads, d] with the (already position-sliced) frequencies of the layer.
+class MegatronParts:
+    """The builders a kind declares its projections against (:mod:`megahash.models.mixing`), megatron's."""
 
-    The rotation covers all of d here (rotary_percent 1, not interleaved, unfused): then this is
-    megatron-core's ``_apply_rotary_pos_emb_bshd`` term for term, t cos + rotate_half(t) sin (Su et
-    al. 2021, eq. 34), bit for bit, without its ``mscale`` products, its ``cat`` of the rotated halves
-    and the copy that re-appends an empty pass-through slice: rotate_half(t) sin = roll(t, d/2) sin'
-    with sin' the table with its first half negated (megatron's tables repeat the frequencies in both
-    halves), so a call is two products, a roll and a sum (backward: two products and a roll). cos and
-    sin' are computed once per table (:func:`rope_tables`) and shared by the layers of a forward.
-    Other layouts go to megatron-core's ``apply_rotary_pos_emb``."""
-    if rotary_pos_emb is None:
-        return t
-    freqs = rotary_pos_emb[0] if isinstance(rotary_pos_emb, tuple) else rotary_pos_emb
-    if (
-        freqs.shape[-1] != t.shape[-1]
-        or config.apply_rope_fusion
-        or config.rotary_interleaved
-        or getattr(config, "multi_latent_attention", False)
-        or getattr(config, "context_parallel_size", 1) > 1
-    ):
-        return apply_rotary_pos_emb(t, freqs, config)
-    cos, sin = rope_tables(freqs, t.dtype)
-    return t * cos + torch.roll(t, t.shape[-1] // 2, dims=-1) * sin
+    def __init__(self, config):
+        self.config = config
 
+    def column(self, in_f: int, out_f: int, bias: bool):
+        c = self.config
+        return Column(in_f, out_f, config=c, init_method=c.init_method, bias=bias, gather_output=False)
 
-def rope_tables(freqs: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cos, sin with its first half negated) of a frequency table, in ``dtype``, on the table's device.
+    def replicated(self, in_f: int, out_f: int, bias: bool):
+        return ReplicatedLinear(in_f, out_f, self.config, bias)
 
-    Cached on the table object in eager mode (every layer of one forward gets the same table), computed
-    afresh under ``torch.compile`` (where they fuse into the layer's kernels)."""
-    cached = None if torch.compiler.is_compiling() else getattr(freqs, "_megahash_rope", None)
-    if cached is not None and cached[0] == dtype:
-        return cached[1], cached[2]
-    cos = torch.cos(freqs).to(dtype)
-    sin = torch.sin(freqs).to(dtype)
-    sin = torch.cat((-sin[..., : sin.shape[-1] // 2], sin[..., sin.shape[-1] // 2 :]), dim=-1)  # the table only
-    if not torch.compiler.is_compiling():
-        freqs._megahash_rope = (dtype, cos, sin)
-    return cos, sin
+    def per_head(self, heads: int, dim: int):
+        return PerHeadParameter(self.config, heads, dim)
 
+    def norm(self, dim: int):
+        return HeadNorm(self.config, dim, eps=self.config.layernorm_epsilon)
 
-def append_cache(cache: dict | None, key: str, t: torch.Tensor) -> torch.Tensor:
-    """Concatenate ``t`` ([s, ...]) to ``cache[key]`` along the sequence and store it back."""
-    if cache is None:
-        return t
-    if key in cache:
-        t = torch.cat([cache[key], t], dim=0)
-    cache[key] = t
-    return t
+    def core_attention(self, layer):
+        return SDPACoreAttention(self.config, layer.layer_number, layer.attn_mask_type)
 
-
-def heads(t: torch.Tensor, n: int) -> torch.Tensor:
-    """[s, b, n*d] -> [s, b, n, d]."""
-    return t.view(t.shape[0], t.shape[1], n, t.shape[2] // n)
-
-
-class AttentionBase(MegatronModule):
-    """Common constructor/forward of the attention kinds; subclasses implement :meth:`mix`.
-
-    ``mix(x, attention_mask, rotary_pos_emb, state)`` returns the heads' output [s, b, proj_in/tp] that
-    ``linear_proj`` (RowParallelLinear, input split over TP) maps back to the hidden size; ``state`` is the
-    forward's :class:`ForwardState` (an empty one when the module runs alone).
-    """
-
-    kind = "base"
-
-    def __init__(self, config, layer_number: int, attn_mask_type: AttnMaskType, cfg=None, **_kw):
-        super().__init__(config=config)
-        self.cfg = cfg
-        self.layer_number = layer_number
-        self.attn_mask_type = attn_mask_type
-        self.causal = attn_mask_type == AttnMaskType.causal
-        self.tp = tp_size()
-        self.n = config.num_attention_heads
-        self.d_h = config.kv_channels or config.hidden_size // config.num_attention_heads
-        self.d_m = config.hidden_size
-        if self.n % self.tp:
-            raise ConfigError(f"parallel.tensor={self.tp} does not divide model.num_heads={self.n}")
-        self.n_local = self.n // self.tp
-        self.qkv_bias = bool(config.add_qkv_bias)
-        if cfg is not None and cfg.model.qk_norm:  # Qwen3 QK-norm over each head of q and k
-            self.build_qk_norm(self.d_h)
-
-    # -- helpers --------------------------------------------------------------------------
-    def build_proj(self, in_features: int) -> None:
-        self.linear_proj = RowParallelLinear(
-            in_features,
-            self.d_m,
-            config=self.config,
-            init_method=self.config.output_layer_init_method,
-            bias=self.config.add_bias_linear,
+    def row(self, in_f: int, out_f: int):
+        c = self.config
+        proj = RowParallelLinear(
+            in_f,
+            out_f,
+            config=c,
+            init_method=c.output_layer_init_method,
+            bias=c.add_bias_linear,
             input_is_parallel=True,
             skip_bias_add=True,
         )
-        if self.linear_proj.bias is not None:  # added after the reduce-scatter: partial grads under SP
-            mark_sequence_parallel([self.linear_proj.bias], self.config.sequence_parallel)
+        if proj.bias is not None:  # added after the reduce-scatter: partial grads under SP
+            mark_sequence_parallel([proj.bias], c.sequence_parallel)
+        return proj
 
-    def build_qk_norm(self, dim: int) -> None:
-        """``model.qk_norm``: ``q_layernorm``/``k_layernorm`` (megatron-core's names) over ``dim``."""
-        self.q_layernorm = HeadNorm(self.config, dim, eps=self.config.layernorm_epsilon)
-        self.k_layernorm = HeadNorm(self.config, dim, eps=self.config.layernorm_epsilon)
+    def gather(self, x):
+        return gather_input(x, self.config)
 
-    def norm_qk(self, q, k):
-        """QK-norm of per-head q, k [..., d] (identity without ``model.qk_norm``); before RoPE."""
-        if getattr(self, "q_layernorm", None) is None:
-            return q, k
-        return self.q_layernorm(q), self.k_layernorm(k)
+    def rng(self, name: str = "model-parallel-rng"):
+        return tensor_parallel.get_cuda_rng_tracker().fork(name)
 
-    def qkv_parameters(self) -> list[torch.nn.Parameter]:
-        """All parameters of the sublayer except the output projection (Table 3.4 counts these)."""
-        return [p for name, p in self.named_parameters() if not name.startswith("linear_proj.")]
 
-    def num_qkv_parameters(self) -> int:
-        return sum(p.numel() for p in self.qkv_parameters())
+class MegatronLayer(MegatronModule):
+    """The megatron-core module of a kind (``megatron_layer(Kind)`` puts it before the kind's class): built by
+    ``build_module`` with the ``ModuleSpec`` params the registry gives (``cfg``, the registered ``kind`` name,
+    its key/value ``groups``); ``forward`` is megatron's contract around the kind's ``mix``, whose output
+    ``linear_proj`` maps back to the hidden size."""
 
-    def key_padding(self, attention_mask, b: int):
-        """Encoder padding mask [b, 1, 1, s] (True = masked) -> keep mask [b, s] (True = valid), or None."""
-        if attention_mask is None:
-            return None
-        return ~attention_mask.reshape(attention_mask.shape[0], attention_mask.shape[-1]).bool()
-
-    # -- forward --------------------------------------------------------------------------
-    def mix(self, x, attention_mask, rotary_pos_emb, state):  # pragma: no cover - abstract
-        raise NotImplementedError
+    def __init__(self, config, layer_number: int, attn_mask_type: AttnMaskType, cfg=None, kind=None, groups=None, **_):
+        super().__init__(config=config)
+        self.cfg, self.attn_mask_type = cfg, attn_mask_type
+        n = config.num_attention_heads
+        setup = Setup(
+            kind=kind or self.kind,
+            layer_number=layer_number,
+            hidden=config.hidden_size,
+            heads=n,
+            head_dim=config.kv_channels or config.hidden_size // n,
+            groups=groups or config.num_query_groups or n,
+            causal=attn_mask_type == AttnMaskType.causal,
+            qkv_bias=bool(config.add_qkv_bias),
+            qk_norm=cfg is not None and bool(cfg.model.qk_norm),
+            tp=tp_size(),
+            tp_rank=tp_rank(),
+            sequence_parallel=bool(config.sequence_parallel),
+            attention_dropout=config.attention_dropout,
+            recompute=config.recompute_granularity,
+            options=None if cfg is None else cfg.model.attention.options,
+        )
+        self.assemble(setup, MegatronParts(config))
 
     def forward(
         self,
@@ -288,3 +224,15 @@ class AttentionBase(MegatronModule):
             return self.mix(x, attention_mask, rotary_pos_emb, state.replace(**dict(zip(keys, values))))
 
         return tensor_parallel.checkpoint(run, False, x, attention_mask, rotary_pos_emb, *tensors.values())
+
+
+_LAYERS: dict = {}
+
+
+def megatron_layer(kind_class: type) -> type:
+    """The megatron-core module class of a kind (:class:`MegatronLayer` first, then the kind's class)."""
+    if kind_class not in _LAYERS:
+        _LAYERS[kind_class] = type(
+            kind_class.__name__, (MegatronLayer, kind_class), {"__module__": kind_class.__module__}
+        )
+    return _LAYERS[kind_class]

@@ -10,44 +10,25 @@ TP by the gather). RoPE rotates the keys, so the KV cache holds rotated keys and
 
 from __future__ import annotations
 
-import torch.nn as nn
-from megatron.core.transformer.spec_utils import ModuleSpec
-
-from megahash.models.attention.base import column, gather_input, heads, tp_rank
-from megahash.models.attention.softmax_base import SoftmaxAttentionBase
+from megahash.models.attention.maps import softmax_core_maps
+from megahash.models.attention.softmax_base import SoftmaxAttention
 from megahash.models.cost_formulas import GeneralisedRow
-from megahash.models.reference_layers import SoftmaxAttention
-from megahash.models.reference_ops import split_heads
-from megahash.models.registry import AttentionCaps, mask_type, register_attention, register_reference
+from megahash.models.mixing import heads
+from megahash.models.registry import AttentionCaps, register_attention
 
 
-@register_reference("el-att")
-class ELAttentionReference(SoftmaxAttention):
-    """EL-ATT: K = V = X (split into heads), Q = X W^Q."""
+class ELAttention(SoftmaxAttention):
+    """EL-ATT: K = V = X (split into heads; each TP rank takes its heads' columns of the gathered input),
+    Q = X W^Q."""
 
-    def __init__(self, config, spec):
-        super().__init__(config, spec)
-        self.linear_q = nn.Linear(self.d_m, self.n * self.d, bias=self.qkv_bias)
+    def build(self, parts):
+        self.linear_q = parts.column(self.d_m, self.n * self.d_h, self.qkv_bias)
 
     def project(self, x):
-        kv = split_heads(x, self.n)
-        return split_heads(self.linear_q(x), self.n), kv, kv
-
-
-class ELAttention(SoftmaxAttentionBase):
-    kind = "el-att"
-
-    def __init__(self, config, layer_number, attn_mask_type, cfg=None, **kw):
-        super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
-        self.linear_q = column(self.d_m, self.n * self.d_h, config, self.qkv_bias)
-        self.build_proj(self.n * self.d_h)
-
-    def project(self, x):
-        q = heads(self.linear_q(x)[0], self.n_local)
-        full = gather_input(x, self.config)
+        q = heads(self.linear_q(x), self.n_local)
+        full = self.parts.gather(x)
         width = self.n_local * self.d_h
-        r = tp_rank()
-        kv = heads(full[..., r * width : (r + 1) * width], self.n_local)
+        kv = heads(full[..., self.tp_rank * width : (self.tp_rank + 1) * width], self.n_local)
         return q, kv, kv
 
 
@@ -71,6 +52,10 @@ class ELAttCosts(GeneralisedRow):
         return 2 * B * L * n * d_h
 
 
-@register_attention("el-att", costs=ELAttCosts, caps=AttentionCaps(thesis_name="EL-ATT", chapters=(3,)))
-def elatt_spec(cfg) -> ModuleSpec:
-    return ModuleSpec(module=ELAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})
+register_attention(
+    "el-att",
+    ELAttention,
+    costs=ELAttCosts,
+    caps=AttentionCaps(thesis_name="EL-ATT", chapters=(3,)),
+    maps=softmax_core_maps,
+)

@@ -58,60 +58,92 @@ Parameters: ``linear_q`` (n*d_h), ``linear_k`` and ``linear_v`` (g*d_h each, mod
 
 from __future__ import annotations
 
-import contextlib
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state, tensor_parallel
-from megatron.core.transformer.spec_utils import ModuleSpec
 
 from megahash.errors import ConfigError
 from megahash.models.arch import arch_of
-from megahash.models.attention.base import append_cache, heads
-from megahash.models.attention.separate_qkv import SeparateQKVAttention
+from megahash.models.attention.maps import recomputed_maps, softmax_maps
+from megahash.models.attention.separate_qkv import SeparateQKV
 from megahash.models.cost_formulas import StandardQKV
 from megahash.models.forward_state import ForwardState
 from megahash.models.kind_input import KindInput
-from megahash.models.reference_layers import SeparateQKV
-from megahash.models.reference_ops import append_state, rope_cos_sin, split_heads
-from megahash.models.registry import AttentionCaps, mask_type, register_attention, register_reference
-from megahash.ops.shared_map.parallel import shared_softmax
+from megahash.models.mixing import MixState, append_cache, heads
+from megahash.models.reference_ops import rope_freqs
+from megahash.models.registry import AttentionCaps, register_attention, register_reference
 from megahash.ops.utils.documents import document_positions
 
+FIXED_ATTR = "fixed_qk"  # the model attribute of the fixed input (its buffers' prefix), its key in state.inputs
 
-@register_reference("rndembqk")
-@register_reference("fixedseqqk")
-class FixedQKReference(SeparateQKV):
-    """ONE attention map from the fixed input's Q, K (eq. 4.9-4.12; random epsilon or a fixed text run
-    through the stack, kept by the model as cached maps), values of every sequence; the decoding
-    cache holds the values only."""
+
+class FixedQK(SeparateQKV):
+    """Q, K from the fixed sequence (the last batch element, or those the fixed input hands the layer in the
+    forward state: its own pass's or frozen maps), V from every sequence: ONE map for the batch
+    (eq. 4.9-4.12); the decoding cache holds the values and the fixed keys."""
 
     reads_fixed_input = True
 
-    def shared_attend(self, q, k, v, key_mask=None):
-        """q [n, s, d], k [g, sk, d] (batch-shared), v [b, g, sk, d] -> [b, s, n*d]: ONE map for the batch."""
-        n, s, d = q.shape
-        b, g = v.shape[0], k.shape[0]
-        out = shared_softmax(q.reshape(g, n // g, s, d), k, v, 1.0 / math.sqrt(d), self.causal, key_mask)
-        return out.reshape(b, n, s, d).transpose(1, 2).reshape(b, s, n * d)
+    def shared_qkv(self, x, rotary_pos_emb, state):
+        """The fixed sequence's q [s, 1, n_l, d], k [s, 1, g_l, d] at this forward's positions (handed by the fixed
+        input in ``state``, else from the batch's last row) and every row's v [s, b, g_l, d]; no side effects."""
+        v = heads(self.linear_v(x), self.g_local)
+        given = state.inputs.get(FIXED_ATTR, {}).get(self.layer_number)  # (q [L, 1, n_l, d], k [L, 1, g_l, d])
+        if given is not None:  # positions 0..L-1 of the fixed pass (its own this step, or frozen maps)
+            off, s = state.offset, v.shape[0]  # encoders: a pass over the whole fixed input; the batch's positions
+            if off + s > given[0].shape[0]:
+                raise ConfigError(
+                    f"{self.kind}: positions up to {off + s} exceed the frozen fixed input "
+                    f"({given[0].shape[0]}); freeze with a larger length"
+                )
+            return given[0][off : off + s], given[1][off : off + s], v
+        # the fixed sequence rides as the last element, at its own positions: the last row of a per-row
+        # rotary (packed documents, MegahashLM.hidden_states); [s, 1, 1, d] otherwise, the same slice
+        q, k = self.qk(x[:, -1:], None if rotary_pos_emb is None else rotary_pos_emb[:, -1:])
+        return q, k, v
 
-    def mix(self, x, ctx, cache):
-        capture = ctx.get("capture")
-        v = split_heads(self.linear_v(x), self.groups)
-        if capture is not None:  # the fixed input's own pass: standard attention, Q and K recorded
-            q, k = self.qk(x, ctx["cos"], ctx["sin"])
-            capture[ctx["layer"]] = (q[0], k[0])
-            return self.shared_attend(q[0], k[0], v)
-        q_all, k_all = ctx["fixed"][ctx["layer"]]
-        off, s = ctx["offset"], x.shape[1]
-        if off + s > q_all.shape[1]:
-            raise ValueError(
-                f"{self.kind}: positions up to {off + s} exceed the fixed input ({q_all.shape[1]} positions)"
+    def mix(self, x, attention_mask, rotary_pos_emb, state):
+        q, k, v = self.shared_qkv(x, rotary_pos_emb, state)
+        if state.capture is not None:  # the fixed input's own pass (FixedInput.run_alone, freeze): none handed in
+            state.capture[self.layer_number] = (q, k)
+        cache = state.cache(self.layer_number)
+        k = append_cache(cache, "k", k, shared=True)
+        v = append_cache(cache, "v", v)
+        doc = state.document_ids
+        if doc is not None and k.shape[0] == q.shape[0] == v.shape[0]:
+            return self.attend_documents(q, k, v, attention_mask, doc)
+        return self.attend(q, k, v, attention_mask)
+
+    def attend_documents(self, q, k, v, attention_mask, doc):
+        """Packed documents (``ForwardState.document_ids`` [b, s]): token t of a row takes the fixed
+        Q, K of its position p(t) within its document (eq. 4.9-4.12 at positions 0..n-1 of an n-token
+        document) and attends inside its document (block-diagonal, causal in a decoder): each document's
+        map is the fixed map of a sequence of its length, exactly as when it runs alone. The map is then
+        one per row (softmax attention through SDPA with a [b, 1, s, s] mask), not shared by the batch.
+        Rows beyond ``doc``'s (the fixed sequence riding along) are one document."""
+        s, b, n_l, d = q.shape[0], v.shape[1], q.shape[2], q.shape[3]
+        doc = doc.to(v.device)
+        if doc.shape[0] < b:
+            doc = torch.cat([doc, doc.new_zeros(b - doc.shape[0], doc.shape[1])])
+        pos = document_positions(doc)  # [b, s]
+        rep = n_l // k.shape[2]
+        qr = q[:, 0][pos].transpose(1, 2)  # [b, n_l, s, d]
+        kr = k[:, 0][pos].repeat_interleave(rep, dim=2).transpose(1, 2)
+        vr = v.permute(1, 2, 0, 3).repeat_interleave(rep, dim=1)
+        mask = doc[:, :, None] == doc[:, None, :]
+        if self.causal:
+            mask = mask & torch.ones(s, s, dtype=torch.bool, device=doc.device).tril()
+        keep = self.key_padding(attention_mask, b)
+        if keep is not None:
+            mask = (mask & keep[:, None, :]) | torch.eye(s, dtype=torch.bool, device=doc.device)
+        p = self.attention_dropout if self.training else 0.0
+        with self.dropout_rng("model-parallel-rng"):
+            out = F.scaled_dot_product_attention(
+                qr, kr, vr.to(qr.dtype), attn_mask=mask[:, None], dropout_p=p, scale=self.scale
             )
-        v = append_state(cache, "v", v)
-        return self.shared_attend(q_all[:, off : off + s], k_all[:, : off + s], v, ctx.get("key_mask"))
+        return out.permute(2, 0, 1, 3).reshape(s, b, n_l * d).to(v.dtype)
 
 
 @register_reference("input:rndembqk")
@@ -144,10 +176,10 @@ class FixedInputReference(torch.nn.Module):
             for i, layer in enumerate(model.decoder.layers)
             if getattr(layer.self_attention, "reads_fixed_input", False) and not layer.skip
         ]
-        return {"fixed": self.maps(model, needed, layers) if layers else None}
+        return {FIXED_ATTR: self.maps(model, needed, layers)} if layers else {}
 
     def maps(self, model, needed: int, layers: list) -> dict:
-        """{layer: (q [n, L, d], k [g, L, d])} of the fixed input run through the stack."""
+        """{layer number: (q [L, 1, n, d], k [L, 1, g, d])} of the fixed input run through the stack."""
         total = self.length()
         if needed > total:
             raise ValueError(f"{self.kind}: positions up to {needed} exceed the fixed input ({total} positions)")
@@ -163,99 +195,26 @@ class FixedInputReference(torch.nn.Module):
             return self._cache[1]
         with torch.set_grad_enabled(model.training and torch.is_grad_enabled()):
             if self.source == "random":
-                emb = self.epsilon[:length].unsqueeze(0).to(param.dtype)
+                emb = self.epsilon[:length].unsqueeze(1).to(param.dtype)
             else:
                 emb = model.embedding(self.tokens[:length].unsqueeze(0), None)
                 if model.embedding_extras is not None:
                     emb = model.embedding_extras(emb)
-            cos, sin = rope_cos_sin(
-                0,
-                length,
-                model.config.hidden_size // model.config.num_attention_heads,
-                model.config.rope_theta,
-                emb.device,
-            )
-            if model.embedding_extras is not None:  # no RoPE: the identity rotation
-                cos, sin = torch.ones_like(cos), torch.zeros_like(sin)
-            capture: dict = {}
-            ctx = {"offset": 0, "cos": cos, "sin": sin, "embeddings": emb, "capture": capture, "key_mask": None}
+                emb = emb.transpose(0, 1)
+            rotary = None  # learned positions (model.layout=roberta): no RoPE
+            if model.embedding_extras is None:
+                d_h = model.config.hidden_size // model.config.num_attention_heads
+                rotary = rope_freqs(0, length, d_h, model.config.rope_theta, emb.device)
+            state = MixState(embeddings=emb, capture={})
             x = emb
-            for i, layer in enumerate(model.decoder.layers[: max(layers) + 1]):
-                ctx["layer"] = i
-                x = layer(x, ctx, None)
+            for layer in model.decoder.layers[: max(layers) + 1]:
+                x = layer(x, None, rotary, state)
         if not model.training:
-            self._cache = (key, capture)
-        return capture
+            self._cache = (key, state.capture)
+        return state.capture
 
 
 FIXED_KINDS = {"rndembqk": "random", "fixedseqqk": "text"}
-
-
-class FixedQKAttention(SeparateQKVAttention):
-    """Q, K from the fixed sequence (the last batch element, or those the fixed input hands the layer in the
-    forward state: its own pass's or frozen maps), V from every sequence."""
-
-    def __init__(self, config, layer_number, attn_mask_type, cfg=None, kind: str = "rndembqk", **kw):
-        self.kind = kind
-        super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
-
-    def mix(self, x, attention_mask, rotary_pos_emb, state):
-        v = heads(self.linear_v(x)[0], self.g_local)
-        given = state.inputs.get(FixedInput.attr, {}).get(self.layer_number)  # (q [L, 1, n_l, d], k [L, 1, g_l, d])
-        if given is not None:  # positions 0..L-1 of the fixed pass (its own this step, or frozen maps)
-            off, s = state.offset, v.shape[0]  # encoders: a pass over the whole fixed input; the batch's positions
-            if off + s > given[0].shape[0]:
-                raise ConfigError(
-                    f"{self.kind}: positions up to {off + s} exceed the frozen fixed input "
-                    f"({given[0].shape[0]}); freeze with a larger length"
-                )
-            q, k = given[0][off : off + s], given[1][off : off + s]
-        else:
-            # the fixed sequence rides as the last element, at its own positions: the last row of a per-row
-            # rotary (packed documents, MegahashLM.hidden_states); [s, 1, 1, d] otherwise, the same slice
-            q, k = self.qk(x[:, -1:], None if rotary_pos_emb is None else rotary_pos_emb[:, -1:])
-            if state.capture is not None:  # the fixed input's own pass (FixedInput.run_alone, freeze)
-                state.capture[self.layer_number] = (q, k)
-        cache = state.cache(self.layer_number)
-        k = append_cache(cache, "k", k)
-        v = append_cache(cache, "v", v)
-        doc = state.document_ids
-        if doc is not None and k.shape[0] == q.shape[0] == v.shape[0]:
-            return self.attend_documents(q, k, v, attention_mask, doc)
-        return self.attend(q, k, v, attention_mask)
-
-    def attend_documents(self, q, k, v, attention_mask, doc):
-        """Packed documents (``ForwardState.document_ids`` [b, s]): token t of a row takes the fixed
-        Q, K of its position p(t) within its document (eq. 4.9-4.12 at positions 0..n-1 of an n-token
-        document) and attends inside its document (block-diagonal, causal in a decoder): each document's
-        map is the fixed map of a sequence of its length, exactly as when it runs alone. The map is then
-        one per row (softmax attention through SDPA with a [b, 1, s, s] mask), not shared by the batch.
-        Rows beyond ``doc``'s (the fixed sequence riding along) are one document."""
-        s, b, n_l, d = q.shape[0], v.shape[1], q.shape[2], q.shape[3]
-        doc = doc.to(v.device)
-        if doc.shape[0] < b:
-            doc = torch.cat([doc, doc.new_zeros(b - doc.shape[0], doc.shape[1])])
-        pos = document_positions(doc)  # [b, s]
-        rep = n_l // k.shape[2]
-        qr = q[:, 0][pos].transpose(1, 2)  # [b, n_l, s, d]
-        kr = k[:, 0][pos].repeat_interleave(rep, dim=2).transpose(1, 2)
-        vr = v.permute(1, 2, 0, 3).repeat_interleave(rep, dim=1)
-        mask = doc[:, :, None] == doc[:, None, :]
-        if self.causal:
-            mask = mask & torch.ones(s, s, dtype=torch.bool, device=doc.device).tril()
-        keep = self.key_padding(attention_mask, b)
-        if keep is not None:
-            mask = (mask & keep[:, None, :]) | torch.eye(s, dtype=torch.bool, device=doc.device)
-        p = self.config.attention_dropout if self.training else 0.0
-        with tensor_parallel.get_cuda_rng_tracker().fork() if p > 0 else contextlib.nullcontext():
-            out = F.scaled_dot_product_attention(
-                qr, kr, vr.to(qr.dtype), attn_mask=mask[:, None], dropout_p=p, scale=self.scale
-            )
-        return out.permute(2, 0, 1, 3).reshape(s, b, n_l * d).to(v.dtype)
-
-
-def _spec(cfg, kind):
-    return ModuleSpec(module=FixedQKAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg, "kind": kind})
 
 
 # ----------------------------------------------------------------------------- self-description
@@ -312,26 +271,42 @@ class FixedQKCosts(StandardQKV):
         return (B + 1) * L * g * d_h if frozen else (B + 2) * L * g * d_h
 
 
-@register_attention(
+def fixed_input_maps(layer, x, attention_mask, rotary_pos_emb, state, out) -> dict | None:
+    """Indicators (megahash.models.attention.maps): the one map softmax(Q_X K_X^T / sqrt(d_h)) of the fixed input
+    that the batch shares, from the layer's own q, k (:meth:`FixedQK.shared_qkv`); checked as A V against its
+    output. Packed documents (a map per row, :meth:`FixedQK.attend_documents`) are not captured."""
+    if state.document_ids is not None:
+        return None
+    q, k, v = layer.shared_qkv(x, rotary_pos_emb, state)
+    probs, logits, valid = softmax_maps(q, k, layer.scale, layer.causal)
+
+    def check():  # probs [1, n, s, sk]; v [sk, b, g, d]; out [s, b, n*d]
+        vh = v.permute(1, 2, 0, 3).double()
+        vh = vh.repeat_interleave(probs.shape[1] // vh.shape[1], dim=1)
+        return ((probs @ vh).permute(2, 0, 1, 3).reshape(out.shape) - out.double()).abs().max()
+
+    source = "shared softmax(Q_X K_X^T/sqrt(d_h)) of the fixed input"
+    return {"source": source, "probs": probs, "logits": logits, "valid": valid, "causal": layer.causal, "check": check}
+
+
+register_attention(
     "rndembqk",
+    FixedQK,
     costs=FixedQKCosts,
     options=FixedInputOptions,
     model_input=lambda model, cfg: _build_fixed_input(model, cfg),
     caps=AttentionCaps(fixed_input=True, thesis_name="RndEmbQK", chapters=(4,)),
+    maps=recomputed_maps(fixed_input_maps),
 )
-def rndembqk_spec(cfg) -> ModuleSpec:
-    return _spec(cfg, "rndembqk")
-
-
-@register_attention(
+register_attention(
     "fixedseqqk",
+    FixedQK,
     costs=FixedQKCosts,
     options=FixedInputOptions,
     model_input=lambda model, cfg: _build_fixed_input(model, cfg),
     caps=AttentionCaps(fixed_input=True, thesis_name="FixedSeqQK", chapters=(4,)),
+    maps=recomputed_maps(fixed_input_maps),
 )
-def fixedseqqk_spec(cfg) -> ModuleSpec:
-    return _spec(cfg, "fixedseqqk")
 
 
 # ----------------------------------------------------------------------------- the fixed input
@@ -340,7 +315,7 @@ def fixedseqqk_spec(cfg) -> ModuleSpec:
 class FixedInput(KindInput):
     """The fixed input of rndembqk/fixedseqqk layers and the code that feeds it (see module docstring)."""
 
-    attr = "fixed_qk"
+    attr = FIXED_ATTR
 
     def __init__(self, cfg, config, kind: str, modules: list):
         super().__init__()

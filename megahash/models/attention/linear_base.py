@@ -1,14 +1,14 @@
-"""Shared part of the linear-attention kinds (``approx``, ``approx-thesis``, ``nonapprox``): Q, K, V as
-``mha`` (grouped), and the kind's ``kernel`` on [b, g, rep, s, d], which calls the same function as the
-kind's plain-torch reference (a static method of it), so each kernel and its cache handling exist once
-(:mod:`megahash.ops`)."""
+"""Shared part of the linear-attention kinds (``approx``, ``approx-thesis``, ``nonapprox``; not a kind): Q, K, V
+as ``mha`` (grouped), and the kind's ``kernel`` on [b, g, rep, s, d] (:mod:`megahash.ops`), with the layer's
+decoding cache, the packed documents and the position offset of the forward state. Torch-only, written once
+(:mod:`megahash.models.mixing`): the HF export copies it."""
 
 from __future__ import annotations
 
 import torch
 
-from megahash.models.attention.base import AttentionBase
 from megahash.models.attention.softmax_base import GroupedKV
+from megahash.models.mixing import Mixing
 from megahash.ops.utils.documents import document_rows
 
 
@@ -16,14 +16,11 @@ def compute_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
-class LinearAttentionBase(GroupedKV, AttentionBase):
-    """Q, K, V as ``mha`` (grouped); :meth:`attend` on [b, g, rep, s, d] runs the kind's :meth:`kernel`
-    with the layer's decoding cache, the packed documents and the position offset of the forward state."""
+class LinearAttention(GroupedKV, Mixing):
+    """Q, K, V as ``mha`` (grouped); :meth:`attend` on [b, g, rep, s, d] runs the kind's :meth:`kernel`."""
 
-    def __init__(self, config, layer_number, attn_mask_type, cfg=None, groups: int | None = None, **kw):
-        super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
-        self.build_grouped_qkv(groups or config.num_query_groups or self.n)
-        self.build_proj(self.n * self.d_h)
+    def build(self, parts) -> None:
+        self.build_grouped_qkv(parts, self.groups)
 
     def qkv(self, x, rotary_pos_emb):
         q = self.grouped_q(x)
@@ -42,7 +39,8 @@ class LinearAttentionBase(GroupedKV, AttentionBase):
         doc = document_rows(state.document_ids, q)
         return self.kernel(q, k, v, key_mask, state.cache(self.layer_number), doc, state.offset)
 
-    def mix(self, x, attention_mask, rotary_pos_emb, state):
+    def kernel_inputs(self, x, rotary_pos_emb):
+        """x [s, b, h] -> the kernel's q [b, g, rep, s, d], k, v [b, g, 1, s, d], in its compute dtype."""
         q, k, v = self.qkv(x, rotary_pos_emb)
         s, b, n_l, d = q.shape
         g = k.shape[2]
@@ -50,6 +48,10 @@ class LinearAttentionBase(GroupedKV, AttentionBase):
         qh = q.permute(1, 2, 0, 3).reshape(b, g, n_l // g, s, d).to(dt)
         kh = k.permute(1, 2, 0, 3).unsqueeze(2).to(dt)
         vh = v.permute(1, 2, 0, 3).unsqueeze(2).to(dt)
+        return qh, kh, vh
+
+    def mix(self, x, attention_mask, rotary_pos_emb, state):
+        qh, kh, vh = self.kernel_inputs(x, rotary_pos_emb)
         out = self.attend(qh, kh, vh, attention_mask, state)  # [b, g, rep, s, d_v]
-        d_v = out.shape[-1]
-        return out.reshape(b, n_l, s, d_v).permute(2, 0, 1, 3).reshape(s, b, n_l * d_v).to(x.dtype)
+        b, g, rep, s, d_v = out.shape
+        return out.reshape(b, g * rep, s, d_v).permute(2, 0, 1, 3).reshape(s, b, g * rep * d_v).to(x.dtype)

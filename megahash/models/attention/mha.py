@@ -19,43 +19,18 @@ projection is ``linear_proj`` (RowParallel).
 
 from __future__ import annotations
 
-import torch.nn as nn
-from megatron.core.transformer.spec_utils import ModuleSpec
-
-from megahash.models.attention.softmax_base import GroupedKV, SoftmaxAttentionBase, default_gqa_groups
+from megahash.models.attention.maps import softmax_core_maps
+from megahash.models.attention.softmax_base import GroupedKV, SoftmaxAttention, default_gqa_groups
 from megahash.models.cost_formulas import GeneralisedRow
-from megahash.models.reference_layers import SoftmaxAttention
-from megahash.models.reference_ops import split_heads
-from megahash.models.registry import AttentionCaps, mask_type, register_attention, register_reference
+from megahash.models.registry import AttentionCaps, register_attention
 
 
-@register_reference("mha")
-@register_reference("gqa")
-@register_reference("mqa")
-class GroupedQueryReference(SoftmaxAttention):
+class GroupedQuery(GroupedKV, SoftmaxAttention):
     """softmax(Q_i K_g(i)^T / sqrt(d_h)) V_g(i) (eq. 3.1-3.3): ``linear_q`` (n heads) and ``linear_kv``
-    (g groups of the layer spec, rows ``[g][k (d_h), v (d_h)]``); g = n (mha), g < n (gqa), g = 1 (mqa)."""
+    (g groups, rows ``[g][k (d_h), v (d_h)]``); g = n (mha), g < n (gqa), g = 1 (mqa)."""
 
-    def __init__(self, config, spec):
-        super().__init__(config, spec)
-        self.linear_q = nn.Linear(self.d_m, self.n * self.d, bias=self.qkv_bias)
-        self.linear_kv = nn.Linear(self.d_m, 2 * self.groups * self.d, bias=self.qkv_bias)
-
-    def project(self, x):
-        b, s, _ = x.shape
-        q = split_heads(self.linear_q(x), self.n)
-        kv = self.linear_kv(x).view(b, s, self.groups, 2, self.d)
-        return q, kv[:, :, :, 0].transpose(1, 2), kv[:, :, :, 1].transpose(1, 2)
-
-
-class GroupedQueryAttention(GroupedKV, SoftmaxAttentionBase):
-    """Multi-head / grouped-query / multi-query softmax attention (see module docstring)."""
-
-    def __init__(self, config, layer_number, attn_mask_type, cfg=None, groups: int | None = None, kind="mha", **kw):
-        super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
-        self.kind = kind
-        self.build_grouped_qkv(groups or config.num_query_groups or self.n)
-        self.build_proj(self.n * self.d_h)
+    def build(self, parts):
+        self.build_grouped_qkv(parts, self.groups)
 
     def project(self, x):
         q = self.grouped_q(x)
@@ -64,13 +39,6 @@ class GroupedQueryAttention(GroupedKV, SoftmaxAttentionBase):
 
     def expand_kv(self, k, v):
         return self.local_kv(k, v)
-
-
-def _spec(cfg, kind: str, groups: int | None) -> ModuleSpec:
-    return ModuleSpec(
-        module=GroupedQueryAttention,
-        params={"attn_mask_type": mask_type(cfg), "cfg": cfg, "groups": groups, "kind": kind},
-    )
 
 
 # ----------------------------------------------------------------------------- self-description
@@ -110,19 +78,27 @@ class MQACosts(MHACosts):
         return 1
 
 
-@register_attention(
-    "mha", costs=MHACosts, caps=AttentionCaps(standard=True, qwen2=True, thesis_name="Standard", chapters=(3, 4))
+register_attention(
+    "mha",
+    GroupedQuery,
+    costs=MHACosts,
+    caps=AttentionCaps(standard=True, qwen2=True, thesis_name="Standard", chapters=(3, 4)),
+    maps=softmax_core_maps,
+    groups=lambda n, g: g or n,
 )
-def mha_spec(cfg) -> ModuleSpec:
-    return _spec(cfg, "mha", cfg.model.num_query_groups or cfg.model.num_heads)
-
-
-@register_attention("gqa", costs=GQACosts, caps=AttentionCaps(qwen2=True, thesis_name="GQA"))
-def gqa_spec(cfg) -> ModuleSpec:
-    n, g = cfg.model.num_heads, cfg.model.num_query_groups
-    return _spec(cfg, "gqa", g if 0 < g < n else default_gqa_groups(n))
-
-
-@register_attention("mqa", costs=MQACosts, caps=AttentionCaps(qwen2=True, thesis_name="MQA", chapters=(3,)))
-def mqa_spec(cfg) -> ModuleSpec:
-    return _spec(cfg, "mqa", 1)
+register_attention(
+    "gqa",
+    GroupedQuery,
+    costs=GQACosts,
+    caps=AttentionCaps(qwen2=True, thesis_name="GQA"),
+    maps=softmax_core_maps,
+    groups=lambda n, g: g if 0 < g < n else default_gqa_groups(n),
+)
+register_attention(
+    "mqa",
+    GroupedQuery,
+    costs=MQACosts,
+    caps=AttentionCaps(qwen2=True, thesis_name="MQA", chapters=(3,)),
+    maps=softmax_core_maps,
+    groups=lambda n, g: 1,
+)

@@ -16,55 +16,22 @@ holds the per-head K~ (rotated) and V~.
 
 from __future__ import annotations
 
-import torch.nn as nn
-from megatron.core.transformer.spec_utils import ModuleSpec
-
-from megahash.models.attention.base import PerHeadParameter, ReplicatedLinear, gather_input
-from megahash.models.attention.softmax_base import SoftmaxAttentionBase
+from megahash.models.attention.maps import softmax_core_maps
+from megahash.models.attention.softmax_base import SoftmaxAttention
 from megahash.models.cost_formulas import GeneralisedRow
-from megahash.models.reference_layers import SoftmaxAttention
-from megahash.models.reference_ops import PerHeadWeight
-from megahash.models.registry import AttentionCaps, mask_type, register_attention, register_reference
+from megahash.models.registry import AttentionCaps, register_attention
 
 
-@register_reference("mhe-add")
-@register_reference("mhe-mul")
-class MultiHeadEmbeddingReference(SoftmaxAttention):
-    """MHE (eq. 3.5): one shared ``linear_qkv`` (rows ``[q, k, v]`` of d each) and head embeddings
-    ``emb_{q,k,v}`` [n, d]: ADD A + 1 e_i^T, MUL A * 1 (e_i + 1)^T."""
+class MultiHeadEmbedding(SoftmaxAttention):
+    """MHE (eq. 3.5): one shared ``linear_qkv`` (rows ``[q, k, v]`` of d_h each, replicated over TP) and head
+    embeddings ``emb_{q,k,v}`` [n, d_h] (split by head): ADD A + 1 e_i^T, MUL A * 1 (e_i + 1)^T."""
 
-    def __init__(self, config, spec):
-        super().__init__(config, spec)
-        self.multiplicative = self.kind.endswith("mul")
-        self.linear_qkv = nn.Linear(self.d_m, 3 * self.d, bias=self.qkv_bias)
-        self.emb_q, self.emb_k, self.emb_v = (
-            PerHeadWeight(self.n, self.d),
-            PerHeadWeight(self.n, self.d),
-            PerHeadWeight(self.n, self.d),
-        )
-
-    def psi(self, a, e):
-        """[b, s, d] x [n, d] -> [b, n, s, d]."""
-        a = a.unsqueeze(2)
-        out = a * (e + 1) if self.multiplicative else a + e
-        return out.transpose(1, 2)
-
-    def project(self, x):
-        q, k, v = self.linear_qkv(x).chunk(3, dim=-1)
-        return self.psi(q, self.emb_q.weight), self.psi(k, self.emb_k.weight), self.psi(v, self.emb_v.weight)
-
-
-class MultiHeadEmbeddingAttention(SoftmaxAttentionBase):
-    def __init__(self, config, layer_number, attn_mask_type, cfg=None, mode: str = "mul", **kw):
-        super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
-        assert mode in ("add", "mul")
-        self.mode = mode
-        self.kind = f"mhe-{mode}"
-        self.linear_qkv = ReplicatedLinear(self.d_m, 3 * self.d_h, config, self.qkv_bias)
-        self.emb_q = PerHeadParameter(config, self.n, self.d_h)
-        self.emb_k = PerHeadParameter(config, self.n, self.d_h)
-        self.emb_v = PerHeadParameter(config, self.n, self.d_h)
-        self.build_proj(self.n * self.d_h)
+    def build(self, parts):
+        self.mode = "add" if self.kind == "mhe-add" else "mul"
+        self.linear_qkv = parts.replicated(self.d_m, 3 * self.d_h, self.qkv_bias)
+        self.emb_q = parts.per_head(self.n, self.d_h)
+        self.emb_k = parts.per_head(self.n, self.d_h)
+        self.emb_v = parts.per_head(self.n, self.d_h)
 
     def psi(self, a, e):
         """a [s, b, d_h] seed projection, e [n_local, d_h] head embeddings -> [s, b, n_local, d_h]."""
@@ -72,8 +39,7 @@ class MultiHeadEmbeddingAttention(SoftmaxAttentionBase):
         return a + e if self.mode == "add" else a * (e + 1)
 
     def project(self, x):
-        qkv = self.linear_qkv(gather_input(x, self.config))
-        q, k, v = qkv.chunk(3, dim=-1)
+        q, k, v = self.linear_qkv(x).chunk(3, dim=-1)
         return self.psi(q, self.emb_q.weight), self.psi(k, self.emb_k.weight), self.psi(v, self.emb_v.weight)
 
 
@@ -98,15 +64,17 @@ class MHECosts(GeneralisedRow):
         return 2 * B * L * n * d_h
 
 
-@register_attention("mhe-add", costs=MHECosts, caps=AttentionCaps(thesis_name="MHE-ADD", chapters=(3,)))
-def mhe_add_spec(cfg) -> ModuleSpec:
-    return ModuleSpec(
-        module=MultiHeadEmbeddingAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg, "mode": "add"}
-    )
-
-
-@register_attention("mhe-mul", costs=MHECosts, caps=AttentionCaps(thesis_name="MHE-MUL", chapters=(3,)))
-def mhe_mul_spec(cfg) -> ModuleSpec:
-    return ModuleSpec(
-        module=MultiHeadEmbeddingAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg, "mode": "mul"}
-    )
+register_attention(
+    "mhe-add",
+    MultiHeadEmbedding,
+    costs=MHECosts,
+    caps=AttentionCaps(thesis_name="MHE-ADD", chapters=(3,)),
+    maps=softmax_core_maps,
+)
+register_attention(
+    "mhe-mul",
+    MultiHeadEmbedding,
+    costs=MHECosts,
+    caps=AttentionCaps(thesis_name="MHE-MUL", chapters=(3,)),
+    maps=softmax_core_maps,
+)

@@ -17,29 +17,11 @@ No decoding cache: tokens are independent.
 
 from __future__ import annotations
 
-import torch.nn as nn
 import torch.nn.functional as F
-from megatron.core.transformer.spec_utils import ModuleSpec
 
-from megahash.models.attention.base import AttentionBase, column
-from megahash.models.reference_layers import TorchAttention
-from megahash.models.registry import AttentionCaps, mask_type, register_attention, register_reference
-
-
-@register_reference("mlp")
-class GatedMLPReference(TorchAttention):
-    """``linear_proj(SiLU(linear_gate(x)) * linear_up(x))`` of the spec's width; no token mixing, no cache."""
-
-    qk_norm = False
-
-    def __init__(self, config, spec):
-        width = int(spec["width"])
-        super().__init__(config, spec, proj_in=width)
-        self.linear_gate = nn.Linear(self.d_m, width, bias=self.qkv_bias)
-        self.linear_up = nn.Linear(self.d_m, width, bias=self.qkv_bias)
-
-    def mix(self, x, ctx, cache):
-        return F.silu(self.linear_gate(x)) * self.linear_up(x)
+from megahash.models.attention.maps import no_mixing_maps
+from megahash.models.mixing import Mixing
+from megahash.models.registry import AttentionCaps, register_attention
 
 
 def standard_attention_params(d_m: int, n: int, g: int, d_h: int, qkv_bias: bool) -> int:
@@ -60,19 +42,18 @@ def mlp_param_residual(d_m: int, n: int, g: int, d_h: int, qkv_bias: bool) -> in
     return (3 * d_m + 2 * int(qkv_bias)) * f - standard_attention_params(d_m, n, g, d_h, qkv_bias)
 
 
-class GatedMLPMixer(AttentionBase):
-    kind = "mlp"
+class GatedMLPMixer(Mixing):
+    """``linear_proj(SiLU(linear_gate(x)) * linear_up(x))``, width matched to the standard sublayer (the
+    layer's key/value groups: model.num_query_groups); no token mixing, no cache."""
 
-    def __init__(self, config, layer_number, attn_mask_type, cfg=None, **kw):
-        super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
-        g = config.num_query_groups or self.n
-        self.width = matched_mlp_width(self.d_m, self.n, g, self.d_h, self.qkv_bias)
-        self.linear_gate = column(self.d_m, self.width, config, self.qkv_bias)
-        self.linear_up = column(self.d_m, self.width, config, self.qkv_bias)
-        self.build_proj(self.width)
+    def build(self, parts):
+        self.width = matched_mlp_width(self.d_m, self.n, self.groups, self.d_h, self.qkv_bias)
+        self.linear_gate = parts.column(self.d_m, self.width, self.qkv_bias)
+        self.linear_up = parts.column(self.d_m, self.width, self.qkv_bias)
+        self.linear_proj = parts.row(self.width, self.d_m)
 
     def mix(self, x, attention_mask, rotary_pos_emb, state):
-        return F.silu(self.linear_gate(x)[0]) * self.linear_up(x)[0]
+        return F.silu(self.linear_gate(x)) * self.linear_up(x)
 
 
 # ----------------------------------------------------------------------------- self-description
@@ -104,11 +85,10 @@ class MLPCosts:
         return 0
 
 
-@register_attention(
+register_attention(
     "mlp",
+    GatedMLPMixer,
     costs=MLPCosts,
     caps=AttentionCaps(mixes_tokens=False, thesis_name="MLP", chapters=(4,)),
-    export_spec=lambda att: {"width": int(att.width)},
+    maps=no_mixing_maps,
 )
-def mlp_spec(cfg) -> ModuleSpec:
-    return ModuleSpec(module=GatedMLPMixer, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})

@@ -32,50 +32,34 @@ from __future__ import annotations
 import math
 
 import torch.nn.functional as F
-from megatron.core.transformer.spec_utils import ModuleSpec
 
-from megahash.models.attention.linear_base import LinearAttentionBase
+from megahash.models.attention.linear_base import LinearAttention
+from megahash.models.attention.maps import kernel_maps
 from megahash.models.cost_formulas import StandardQKV
-from megahash.models.reference_layers import LinearAttention
-from megahash.models.reference_ops import cached_state, store_state
-from megahash.models.registry import AttentionCaps, mask_type, register_attention, register_reference
+from megahash.models.mixing import cached_state, store_state
+from megahash.models.registry import AttentionCaps, register_attention
 from megahash.ops.cumsoftmax.chunk import cumsoftmax_bidirectional, cumsoftmax_causal
 from megahash.ops.cumsoftmax.naive import cumsoftmax_map
 
 
-@register_reference("nonapprox")
-class NonApproxReference(LinearAttention):
+class NonApprox(LinearAttention):
     """Q = SiLU(H W^Q), s_j = (q_j * k_j) . 1 / sqrt(d_h), o_i = sum_{j<=i} e^{s_j} v_j / sum_{j<=i} e^{s_j}
     (eq. 4.7-4.8, 4.18); decoding state (running max, numerator, denominator)."""
-
-    def transform_qk(self, q, k, cos, sin):
-        return F.silu(q), k
-
-    def kernel(self, qh, kh, vh, km, cache, doc, offset):
-        return self.cumulative_softmax(qh, kh, vh, km, cache, doc, self.causal)
-
-    @staticmethod
-    def cumulative_softmax(qh, kh, vh, km, cache, doc, causal: bool):
-        """eq. 4.7-4.8 on [b, g, rep, s, d] (the TP layer runs it too), the decoding state
-        (m, num, den) in ``cache``, sums restarting at the document starts of ``doc``."""
-        sc = (qh * kh).sum(-1) / math.sqrt(qh.shape[-1])
-        if not causal:
-            return cumsoftmax_bidirectional(sc, vh, km, doc=doc)
-        keys = ("m", "num", "den")
-        out, state = cumsoftmax_causal(sc, vh, cached_state(cache, keys), cache is not None, doc=doc)
-        store_state(cache, keys, state)
-        return out
-
-
-class NonApproxAttention(LinearAttentionBase):
-    kind = "nonapprox"
 
     def qkv(self, x, rotary_pos_emb):
         q, k, v = super().qkv(x, rotary_pos_emb)
         return F.silu(q), k, v  # eq. 4.8; no RoPE (q_j . k_j is position-invariant)
 
     def kernel(self, qh, kh, vh, km, cache, doc, offset):
-        return NonApproxReference.cumulative_softmax(qh, kh, vh, km, cache, doc, self.causal)
+        """eq. 4.7-4.8 on [b, g, rep, s, d], the decoding state (m, num, den) in ``cache``, sums restarting
+        at the document starts of ``doc``."""
+        sc = (qh * kh).sum(-1) / math.sqrt(qh.shape[-1])
+        if not self.causal:
+            return cumsoftmax_bidirectional(sc, vh, km, doc=doc)
+        keys = ("m", "num", "den")
+        out, state = cumsoftmax_causal(sc, vh, cached_state(cache, keys), cache is not None, doc=doc)
+        store_state(cache, keys, state)
+        return out
 
 
 # ----------------------------------------------------------------------------- self-description
@@ -122,8 +106,10 @@ def nonapprox_maps(m, q, k, v, attention_mask) -> dict:
     }
 
 
-@register_attention(
-    "nonapprox", costs=NonApproxCosts, maps=nonapprox_maps, caps=AttentionCaps(thesis_name="Non-apx.", chapters=(4,))
+register_attention(
+    "nonapprox",
+    NonApprox,
+    costs=NonApproxCosts,
+    maps=kernel_maps(nonapprox_maps),
+    caps=AttentionCaps(thesis_name="Non-apx.", chapters=(4,)),
 )
-def nonapprox_spec(cfg) -> ModuleSpec:
-    return ModuleSpec(module=NonApproxAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})

@@ -10,52 +10,34 @@ the full projection. KV cache: one head of keys and values.
 
 from __future__ import annotations
 
-import torch.nn as nn
-from megatron.core.transformer.spec_utils import ModuleSpec
-
 from megahash.errors import ConfigError
-from megahash.models.attention.base import ReplicatedLinear, gather_input, tp_rank
-from megahash.models.attention.softmax_base import SoftmaxAttentionBase
+from megahash.models.attention.maps import softmax_core_maps
+from megahash.models.attention.softmax_base import SoftmaxAttention
 from megahash.models.cost_formulas import GeneralisedRow
-from megahash.models.reference_layers import SoftmaxAttention
-from megahash.models.registry import AttentionCaps, mask_type, register_attention, register_reference
+from megahash.models.registry import AttentionCaps, register_attention
 
 
-@register_reference("sha")
-class SingleHeadReference(SoftmaxAttention):
-    """One head of d = d_m / n: ``linear_qkv`` rows ``[q (d), k (d), v (d)]``, ``linear_proj`` d -> d_m."""
+class SingleHead(SoftmaxAttention):
+    """One head of d = d_m / n: ``linear_qkv`` rows ``[q (d), k (d), v (d)]`` (replicated over TP), each TP rank
+    projecting its slice d/tp of the head output with ``linear_proj`` (d -> d_m)."""
 
-    def __init__(self, config, spec):
-        super().__init__(config, spec, proj_in=config.hidden_size // config.num_attention_heads)
-        self.linear_qkv = nn.Linear(self.d_m, 3 * self.d, bias=self.qkv_bias)
-
-    def project(self, x):
-        b, s, _ = x.shape
-        qkv = self.linear_qkv(x).view(b, s, 3, 1, self.d)
-        return tuple(qkv[:, :, i].transpose(1, 2) for i in range(3))
-
-
-class SingleHeadAttention(SoftmaxAttentionBase):
-    kind = "sha"
     replicated_heads = True
 
-    def __init__(self, config, layer_number, attn_mask_type, cfg=None, **kw):
-        super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
+    def build(self, parts):
         if self.d_h % self.tp:
             raise ConfigError(f"sha: parallel.tensor={self.tp} must divide the head dimension {self.d_h}")
-        self.linear_qkv = ReplicatedLinear(self.d_m, 3 * self.d_h, config, self.qkv_bias)
-        self.build_proj(self.d_h)
+        self.linear_qkv = parts.replicated(self.d_m, 3 * self.d_h, self.qkv_bias)
+        self.linear_proj = parts.row(self.d_h, self.d_m)
 
     def project(self, x):
-        qkv = self.linear_qkv(gather_input(x, self.config))
+        qkv = self.linear_qkv(x)
         s, b = qkv.shape[:2]
         qkv = qkv.view(s, b, 3, 1, self.d_h)
         return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
 
     def select_output(self, out):
         part = self.d_h // self.tp
-        r = tp_rank()
-        return out[..., r * part : (r + 1) * part]
+        return out[..., self.tp_rank * part : (self.tp_rank + 1) * part]
 
 
 # ----------------------------------------------------------------------------- self-description
@@ -86,6 +68,6 @@ class SHACosts(GeneralisedRow):
         return 2 * B * L * d_h
 
 
-@register_attention("sha", costs=SHACosts, caps=AttentionCaps(thesis_name="SHA", chapters=(3,)))
-def sha_spec(cfg) -> ModuleSpec:
-    return ModuleSpec(module=SingleHeadAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})
+register_attention(
+    "sha", SingleHead, costs=SHACosts, caps=AttentionCaps(thesis_name="SHA", chapters=(3,)), maps=softmax_core_maps
+)

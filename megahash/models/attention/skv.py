@@ -9,43 +9,23 @@ values (which are the unrotated shared projection).
 
 from __future__ import annotations
 
-import torch.nn as nn
-from megatron.core.transformer.spec_utils import ModuleSpec
-
-from megahash.models.attention.base import column, heads
-from megahash.models.attention.softmax_base import SoftmaxAttentionBase
+from megahash.models.attention.maps import softmax_core_maps
+from megahash.models.attention.softmax_base import SoftmaxAttention
 from megahash.models.cost_formulas import GeneralisedRow
-from megahash.models.reference_layers import SoftmaxAttention
-from megahash.models.reference_ops import split_heads
-from megahash.models.registry import AttentionCaps, mask_type, register_attention, register_reference
+from megahash.models.mixing import heads
+from megahash.models.registry import AttentionCaps, register_attention
 
 
-@register_reference("skv")
-class SharedKVReference(SoftmaxAttention):
+class SharedKV(SoftmaxAttention):
     """K = V = X W^{KV} (n heads): ``linear_q`` and ``linear_kv`` of n*d rows each."""
 
-    def __init__(self, config, spec):
-        super().__init__(config, spec)
-        self.linear_q = nn.Linear(self.d_m, self.n * self.d, bias=self.qkv_bias)
-        self.linear_kv = nn.Linear(self.d_m, self.n * self.d, bias=self.qkv_bias)
+    def build(self, parts):
+        self.linear_q = parts.column(self.d_m, self.n * self.d_h, self.qkv_bias)
+        self.linear_kv = parts.column(self.d_m, self.n * self.d_h, self.qkv_bias)
 
     def project(self, x):
-        kv = split_heads(self.linear_kv(x), self.n)
-        return split_heads(self.linear_q(x), self.n), kv, kv
-
-
-class SharedKVAttention(SoftmaxAttentionBase):
-    kind = "skv"
-
-    def __init__(self, config, layer_number, attn_mask_type, cfg=None, **kw):
-        super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
-        self.linear_q = column(self.d_m, self.n * self.d_h, config, self.qkv_bias)
-        self.linear_kv = column(self.d_m, self.n * self.d_h, config, self.qkv_bias)
-        self.build_proj(self.n * self.d_h)
-
-    def project(self, x):
-        q = heads(self.linear_q(x)[0], self.n_local)
-        kv = heads(self.linear_kv(x)[0], self.n_local)
+        q = heads(self.linear_q(x), self.n_local)
+        kv = heads(self.linear_kv(x), self.n_local)
         return q, kv, kv
 
 
@@ -69,6 +49,6 @@ class SKVCosts(GeneralisedRow):
         return 2 * B * L * n * d_h
 
 
-@register_attention("skv", costs=SKVCosts, caps=AttentionCaps(thesis_name="SKV", chapters=(3,)))
-def skv_spec(cfg) -> ModuleSpec:
-    return ModuleSpec(module=SharedKVAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})
+register_attention(
+    "skv", SharedKV, costs=SKVCosts, caps=AttentionCaps(thesis_name="SKV", chapters=(3,)), maps=softmax_core_maps
+)

@@ -20,42 +20,25 @@ setting (selective recompute, which takes the state's tensors as its inputs, and
 
 from __future__ import annotations
 
-from megatron.core import tensor_parallel
-from megatron.core.transformer.spec_utils import ModuleSpec
-
 from megahash.errors import ConfigError
-from megahash.models.attention.base import append_cache, heads
-from megahash.models.attention.sdpa import SDPACoreAttention
-from megahash.models.attention.separate_qkv import SeparateQKVAttention
+from megahash.models.attention.maps import softmax_core_maps
+from megahash.models.attention.separate_qkv import SeparateQKV
 from megahash.models.cost_formulas import StandardQKV
-from megahash.models.reference_layers import SeparateQKV
-from megahash.models.reference_ops import append_state, softmax_attention, split_heads
-from megahash.models.registry import AttentionCaps, mask_type, register_attention, register_reference
+from megahash.models.mixing import append_cache, heads
+from megahash.models.registry import AttentionCaps, register_attention
 
 
-@register_reference("staticembqk")
-class StaticEmbQKReference(SeparateQKV):
-    """Q, K from the layer-0 token embeddings (RoPE), V from the hidden states; KV cache."""
+class StaticEmbQK(SeparateQKV):
+    """Q, K from the layer-0 token embeddings (RoPE), V from the hidden states; causal softmax, KV cache."""
 
-    def mix(self, x, ctx, cache):
-        q, k = self.qk(ctx["embeddings"], ctx["cos"], ctx["sin"])
-        v = split_heads(self.linear_v(x), self.groups)
-        k = append_state(cache, "k", k)
-        v = append_state(cache, "v", v)
-        return softmax_attention(q, k, v, self.causal, ctx.get("key_mask"))
-
-
-class StaticEmbQKAttention(SeparateQKVAttention):
-    kind = "staticembqk"
-
-    def __init__(self, config, layer_number, attn_mask_type, cfg=None, **kw):
-        super().__init__(config, layer_number, attn_mask_type, cfg, **kw)
-        if config.recompute_granularity == "full":
+    def build(self, parts):
+        if self.setup.recompute == "full":
             raise ConfigError(
                 "staticembqk reads the layer-0 embeddings from the forward state, which full activation "
                 "recompute cannot replay; use train.recompute=none or selective"
             )
-        self.core_attention = SDPACoreAttention(config, layer_number, attn_mask_type)
+        super().build(parts)
+        self.core_attention = parts.core_attention(self)
 
     def mix(self, x, attention_mask, rotary_pos_emb, state):
         emb = state.embeddings
@@ -64,15 +47,12 @@ class StaticEmbQKAttention(SeparateQKVAttention):
                 "staticembqk needs the layer-0 embeddings in the forward state (run it inside MegahashLM)"
             )
         q, k = self.qk(emb, rotary_pos_emb)
-        v = heads(self.linear_v(x)[0], self.g_local)
+        v = heads(self.linear_v(x), self.g_local)
         cache = state.cache(self.layer_number)
         k = append_cache(cache, "k", k)
         v = append_cache(cache, "v", v)
-        docs = state.document_ids  # packed documents: block-diagonal (the SDPA core's mask)
-        if self.training and self.config.attention_dropout > 0:
-            with tensor_parallel.get_cuda_rng_tracker().fork():
-                return self.core_attention(q, k, v, attention_mask, document_ids=docs)
-        return self.core_attention(q, k, v, attention_mask, document_ids=docs)
+        with self.dropout_rng("model-parallel-rng"):  # packed documents: block-diagonal (the core's mask)
+            return self.core_attention(q, k, v, attention_mask, document_ids=state.document_ids)
 
 
 # ----------------------------------------------------------------------------- self-description
@@ -104,6 +84,10 @@ class StaticEmbQKCosts(StandardQKV):
         return 2 * B * L * g * d_h
 
 
-@register_attention("staticembqk", costs=StaticEmbQKCosts, caps=AttentionCaps(thesis_name="StaticEmbQK", chapters=(4,)))
-def staticembqk_spec(cfg) -> ModuleSpec:
-    return ModuleSpec(module=StaticEmbQKAttention, params={"attn_mask_type": mask_type(cfg), "cfg": cfg})
+register_attention(
+    "staticembqk",
+    StaticEmbQK,
+    costs=StaticEmbQKCosts,
+    caps=AttentionCaps(thesis_name="StaticEmbQK", chapters=(4,)),
+    maps=softmax_core_maps,
+)

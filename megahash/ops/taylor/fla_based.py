@@ -26,6 +26,13 @@ def fla_taylor(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tenso
     kernel = based_kernel()
     if kernel is None:
         return None
+    return based_attention(kernel, q, k, v)
+
+
+def based_attention(kernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """megahash's grouped layout through fla's kernel on any device (CPU tensors run it under Triton's
+    interpreter, ``TRITON_INTERPRET=1``: tests/ops/test_fla_interpreted.py): q [b, g, rep, L, 16],
+    k/v [b, g, 1, L, .] -> [b, g, rep, L, dv] in v's dtype."""
     b, g, rep, L, f = q.shape
 
     def bthk(t):  # [b, g, rep, L, x] -> fla's [b, L, g * rep, x]
