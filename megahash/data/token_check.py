@@ -56,7 +56,6 @@ def check_range(values: np.ndarray, low: int, high: int, parts, path: str, prefi
             break
         token -= n
     raise CorruptShardError(
-        f"{path}.bin{where}: {what} {int(flat[bad])} is outside [{low}, {high}): the file is damaged "
-        f"(data.verify=cheap checks sizes, not contents); find every damaged file with "
-        f"`python data_tools/inspect_shards.py {prefix} --verify` and rebuild the set with "
-        f"`python data_tools/preprocess_data.py --output-prefix {prefix} ...` or restore it")
+        f"{path}.bin{where}: {what} {int(flat[bad])} is outside [{low}, {high}): the shard is damaged "
+        f"(data.verify=cheap checks sizes, not contents); `python data_tools/inspect_shards.py {prefix} --verify` "
+        f"finds the damaged files; rebuild the set with data_tools/preprocess_data.py or restore it")

@@ -51,15 +51,18 @@ def peak_rss(cmd: list[str]) -> int:
     return usage.ru_maxrss * 1024
 
 
-# the bound of docs/data.md#memory, with --workers 1 (one process): R0 + reading + per-character work of
-# one task of C = max(--chunk-chars, --split-chars) characters + the word caches
+# the bound of docs/data.md#memory, with --workers 1 (one process): R0 + reading + the work of one task of
+# C = max(--chunk-chars, --split-chars) characters (256 B a character, and at most 4 tokens a character,
+# each with its id and code rows) + the word caches
 READING = 64 * MIB
 PER_CHAR = 256
+TOKENS_PER_CHAR = 4
 PER_CACHE_ENTRY = 512
 
 
 def bound(r0: int, chars: int, cache_words: int, code_bytes: int) -> int:
-    return r0 + READING + PER_CHAR * chars + cache_words * (PER_CACHE_ENTRY + code_bytes)
+    per_char = PER_CHAR + TOKENS_PER_CHAR * (code_bytes + 8)
+    return r0 + READING + per_char * chars + cache_words * (PER_CACHE_ENTRY + code_bytes)
 
 
 C, CACHE = 1 << 16, 1 << 12
@@ -202,3 +205,69 @@ def test_sigkill_of_the_main_process_leaves_nothing(tok, tmp_path):
     while any(Path(f"/proc/{w}").exists() and "Z" not in Path(f"/proc/{w}/stat").read_text().split()[2] for w in workers):
         assert time.time() < deadline, "workers outlived the killed main process"
         time.sleep(0.05)
+
+
+# -- long documents: pieces tokenize as the whole ----------------------------------------------
+def _tokenizers(tmp_path, tok) -> dict:
+    """A lossy (NFKC) and a lossless sentencepiece BPE, a byte-level BPE and a Metaspace unigram."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from megahash.data.preprocess.sources import open_source, select_documents
+
+    docs = list(select_documents(open_source("shakespeare"), 0, 40))
+    assert train_tokenizer.main(["--input", "shakespeare", "--output", str(tmp_path / "lossless"), "--vocab-size", "600",
+                                 "--max-docs", "60", "--quiet"]) == 0
+    bl = Tokenizer(models.BPE())
+    bl.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bl.decoder = decoders.ByteLevel()
+    bl.train_from_iterator(docs, trainers.BpeTrainer(vocab_size=600, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                      show_progress=False))
+    bl.add_special_tokens([AddedToken("<|endoftext|>", special=True)])
+    bl.save(str(tmp_path / "bytelevel.json"))
+    ms = Tokenizer(models.Unigram())
+    ms.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
+    ms.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
+    ms.train_from_iterator(docs, trainers.UnigramTrainer(vocab_size=600, special_tokens=["<unk>", "</s>"],
+                                                         unk_token="<unk>", show_progress=False))
+    ms.save(str(tmp_path / "metaspace.json"))
+    return {"lossy": tok, "lossless": str(tmp_path / "lossless.model"), "bytelevel": str(tmp_path / "bytelevel.json"),
+            "metaspace": str(tmp_path / "metaspace.json")}
+
+
+def test_pieces_cut_at_whitespace_tokenize_as_the_whole_document(tok, tmp_path):
+    from megahash.data.preprocess.long_documents import AFTER_CUT, pieces
+    from megahash.data.preprocess.sources import open_source, select_documents
+    from megahash.tokenization import load_tokenizer
+
+    text = "\n\n".join(select_documents(open_source("shakespeare"), 100, 130))  # newlines, runs, indentation
+    hard = "".join(text.split())[:20000]  # no whitespace at all: hard cuts
+    for name, spec in _tokenizers(tmp_path, tok).items():
+        t = load_tokenizer(spec)
+        for limit in (300, 2000):
+            parts = list(pieces(text, limit))
+            assert len(parts) > 5 and all(f & 3 != AFTER_CUT for _, f in parts)
+            ids = t.encode_pieces([p for p, _ in parts], [f & 3 for _, f in parts])
+            assert [i for x in ids for i in x] == t.encode(text), (name, limit)
+        parts = list(pieces(hard, 300))
+        ids = [i for x in t.encode_pieces([p for p, _ in parts], [f & 3 for _, f in parts]) for i in x]
+        assert t.decode(ids) == t.decode(t.encode(hard)), name  # no marker inserted at a hard cut
+        if name == "lossless":
+            assert t.decode(ids) == hard
+
+
+def test_split_documents_give_the_shards_of_whole_ones(tok, tmp_path):
+    """--split-chars 200 (every Shakespeare document split in 10-40 pieces, some across worker tasks) writes
+    the same token and side shards as the default; workers 1 and 2."""
+    from megahash.data.preprocess import preprocess_data
+
+    common = ["--input", "shakespeare", "--tokenizer", tok, "--word-hashes", "md5,lsh128,rolling3", "--max-docs", "40",
+              "--quiet", "--chunk-chars", "1000"]
+    assert preprocess_data.main([*common, "--output-prefix", str(tmp_path / "whole")]) == 0
+    for workers in ("1", "2"):
+        out = tmp_path / f"split{workers}"
+        assert preprocess_data.main([*common, "--output-prefix", str(out), "--split-chars", "200", "--workers", workers]) == 0
+        meta = json.loads(Path(f"{out}_meta.json").read_text())
+        assert meta["counts"]["split_documents"] == meta["counts"]["documents"] == 40
+        for shard in ("text_document", "hash_md5", "hash_lsh128", "hash_rolling3"):
+            for ext in (".bin", ".idx"):
+                assert Path(f"{out}_{shard}{ext}").read_bytes() == Path(f"{tmp_path / 'whole'}_{shard}{ext}").read_bytes()

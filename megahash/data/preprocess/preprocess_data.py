@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split-chars", type=int, default=1 << 19, help="documents longer than this are encoded in pieces "
                    "of at most this many characters, cut at whitespace, written as one document (docs/data.md)")
     p.add_argument("--encode-threads", type=int, default=1, help="sentencepiece threads per worker (batch encode)")
-    p.add_argument("--cache-words", type=int, default=1 << 21, help="word/token cache entries per worker (each cache "
+    p.add_argument("--cache-words", type=int, default=1 << 20, help="word/token cache entries per worker (each cache "
                    "also holds at most 8x as many characters); bounds the caches' memory (docs/data.md)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output prefix")
     p.add_argument("--quiet", action="store_true")
