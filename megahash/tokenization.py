@@ -357,7 +357,9 @@ class HFTokenizer(MegahashTokenizer):
             tok = Tokenizer.from_str(json.dumps(d))
             tok.encode_special_tokens = True
             self._no_prefix = tok
-        return lambda texts, num_threads=1: [list(e.ids) for e in self._no_prefix.encode_batch(list(texts), add_special_tokens=False)]
+        return lambda texts, num_threads=1: [
+            list(e.ids) for e in self._no_prefix.encode_batch(list(texts), add_special_tokens=False)
+        ]
 
     def export_json(self) -> str:
         """tokenizer.json for the HF export: the same model, nothing added around a text."""
