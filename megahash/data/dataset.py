@@ -75,9 +75,10 @@ class HashGPTDataset(GPTDataset):
     def __getitem__(self, idx):
         spans = self._spans(idx)
         pieces = [self.dataset.get(d, offset=o, length=n) for d, o, n in spans]
-        text = np.concatenate(pieces).astype(np.int64)
+        text = np.concatenate(pieces)
         check_range(text, 0, self.config.tokenizer.vocab_size, [(d, o, len(p)) for (d, o, _), p in zip(spans, pieces)],
                     self.dataset_path, base_prefix(self.dataset_path), "token id")  # a .bin damaged in place: one line naming it, not an IndexError in the model
+        text = text.astype(np.int64)
         need = self.config.sequence_length + 1
         pad = need - len(text)
         if pad > 0:

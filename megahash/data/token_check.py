@@ -3,9 +3,10 @@
 ``data.verify=cheap`` checks sizes, headers and counts before step 1, not contents (that is ``full``'s
 sha256 pass), so a ``.bin`` damaged in place reaches the loader. :func:`check_range` runs on every
 sample the dataset cuts (``HashGPTDataset.__getitem__``: the training split, the validation split
-and the ``data.valid`` sets): one ``min``/``max`` over the sample's ids (and over its codes, for
-bucket and rolling specs, whose values index tables) -- about a microsecond for a 2K-token sample
-(benchmarks/results/) -- and, only when a value is out of range, a walk over the sample's spans to name
+and the ``data.valid`` sets): one ``max`` over the sample's ids (and a ``min`` for a signed dtype), a
+``min``/``max`` over its codes for bucket and rolling specs, whose values index tables -- 7-8 µs a sample,
+~0.1 ms a step of the quickstart (benchmarks/results/2026-11-27_token_check_cpu.md) -- and, only when a
+value is out of range, a walk over the sample's spans to name
 the shard file, the document and the position. A damaged value inside the range cannot be told from a
 real one here: ``data.verify=full`` (or ``inspect_shards.py --verify``) finds those.
 """
@@ -44,7 +45,12 @@ def check_range(values: np.ndarray, low: int, high: int, parts, path: str, prefi
     """Raise ``CorruptShardError`` naming the first value of ``values`` outside ``[low, high)``.
     ``parts``: the ``(document, offset, tokens)`` spans the sample was cut from, in order (``width``
     values per token); ``path``: the shard (without ``.bin``); ``prefix``: its set."""
-    if not values.size or (int(values.min()) >= low and int(values.max()) < high):
+    if not values.size:
+        return
+    if values.dtype.kind == "u" and low <= 0:  # token ids are unsigned: one max, no min
+        if int(values.max()) < high:
+            return
+    elif int(values.min()) >= low and int(values.max()) < high:
         return
     flat = values.reshape(-1)
     bad = int(np.flatnonzero((flat < low) | (flat >= high))[0])
