@@ -542,6 +542,9 @@ def _close(run: _Run | None) -> None:
         run.log.close()
     if run.watch is not None:
         run.watch.close()
+    shutdown = getattr(run.batches, "_shutdown_workers", None)
+    if shutdown is not None:  # now, not when collected: an error's traceback can keep the iterator alive, and
+        shutdown()  # its workers ignore SIGTERM (immune_children), so interpreter exit would wait on them forever
     run.log = run.batches = run.loader = run.watch = None
 
 
