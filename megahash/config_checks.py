@@ -303,6 +303,19 @@ def _check_split(split: str) -> None:
         )
 
 
+def check_encoder(cfg, causal: bool, kinds: list[str], caps_of) -> None:
+    """A bidirectional ``model.arch`` (``causal`` False): every layer kind has a bidirectional form
+    (``AttentionCaps.encoder``); otherwise one line naming the kind."""
+    if causal:
+        return
+    for kind in dict.fromkeys(kinds):
+        if not getattr(caps_of(kind), "encoder", True):
+            raise ConfigError(
+                f"model.arch={cfg.model.arch}: attention kind {kind!r} is causal only (no bidirectional form); "
+                f"use another model.schedule or model.arch=decoder"
+            )
+
+
 def check_documents(cfg, kinds: list[str], caps_of) -> None:
     """``data.reset_attention_mask``: every layer kind keeps attention inside its document
     (``AttentionCaps.documents``); otherwise one line naming the kind (docs/data.md#packed-documents)."""
