@@ -192,5 +192,7 @@ register_attention(
     costs=GatedDeltaNetCosts,
     options=GatedDeltaNetOptions,
     caps=AttentionCaps(encoder=False, chunk_loop=True),
+    maps=None,  # "unavailable" in megahash indicators: its output is linear in V but through a signed, unnormalised
+    # matrix (the delta rule's I - beta k k^T products), not a row-stochastic map the indicators' formulas read
     groups=lambda n, g: n,
 )
