@@ -49,7 +49,7 @@ from megahash.ops.gated_delta.conv import causal_conv
 from megahash.ops.utils.documents import document_rows
 
 DT_MIN, DT_MAX, DT_FLOOR = 1e-3, 0.1, 1e-4  # fla's (and Mamba2's) dt initialisation
-A_RANGE = (1.0, 16.0)  # Mamba2's / megatron-core's A_init_range
+A_RANGE = (1.0, 16.0)  # Mamba2's A_init_range (fla draws U(0, 16))
 
 
 def init_decay(w: torch.Tensor) -> None:
