@@ -31,8 +31,8 @@ module's own Q and K, as the module computed them for that forward:
 kind                            how A and the logits are obtained
 ==============================  ======================================================================
 mha, gqa, mqa, sha, skv,        forward hook on the module's ``core_attention`` (SDPA): A = softmax(QK^T
-el-att, mhe-add/mul,            / sqrt(d_h) + causal mask) from the hook's Q, K (after RoPE, GQA groups
-staticembqk, mha-megatron       repeated); logits = QK^T / sqrt(d_h) on the causal positions
+el-att, mhe-add/mul, swa,       / sqrt(d_h) + causal mask, and the core's sliding window) from the hook's Q, K
+staticembqk, mha-megatron       (after RoPE, GQA groups repeated); logits = QK^T / sqrt(d_h) on the causal positions
 rndembqk, fixedseqqk            wrap of the instance's ``attend``: the one shared map
                                 softmax(Q_X K_X^T / sqrt(d_h)) of the fixed input (the same for every
                                 sequence); logits as above
@@ -61,6 +61,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from megahash.ops.utils.window import band_mask
 
 INDICATORS = ["entropy", "conc", "sink", "locfoc_0", "locfoc_1", "locfoc_2", "locfoc_3"]
 LABELS = {
@@ -146,8 +148,9 @@ def _registered_maps(kind: str):
     return registry.spec("attention", kind).maps
 
 
-def _softmax_maps(q, k, scale: float, causal: bool, mask=None):
-    """q [sq, b, n, d], k [sk, b, g, d] -> (A [b, n, sq, sk], logits [b, n, sq, sk], valid [sq, sk])."""
+def _softmax_maps(q, k, scale: float, causal: bool, mask=None, window=None):
+    """q [sq, b, n, d], k [sk, b, g, d] -> (A [b, n, sq, sk], logits [b, n, sq, sk], valid [sq, sk]); ``window``:
+    the keys of a sliding window only (megahash.ops.utils.window)."""
     qh = q.permute(1, 2, 0, 3).double()
     kh = k.permute(1, 2, 0, 3).double()
     if kh.shape[1] != qh.shape[1]:
@@ -156,6 +159,8 @@ def _softmax_maps(q, k, scale: float, causal: bool, mask=None):
     sq, sk = logits.shape[-2:]
     valid = torch.ones(sq, sk, dtype=torch.bool, device=logits.device)
     valid = valid.tril(sk - sq) if causal else valid
+    if window is not None:
+        valid = valid & band_mask(sq, sk, window, causal, logits.device)
     keep = valid.expand_as(logits)
     if mask is not None:  # megatron: True = masked out, [b, 1, 1|sq, sk]
         keep = keep & ~mask.bool()
@@ -229,7 +234,7 @@ class AttentionCapture:
                 mtype = kwargs.get("attn_mask_type") or getattr(mod, "attn_mask_type", None)
                 causal = mtype == AttnMaskType.causal and mask is None
                 scale = getattr(mod, "softmax_scale", None) or 1.0 / math.sqrt(q.shape[-1])
-                probs, logits, valid = _softmax_maps(q, k, scale, causal, mask)
+                probs, logits, valid = _softmax_maps(q, k, scale, causal, mask, kwargs.get("window"))
                 self._store(i, kind, "softmax(QK^T/sqrt(d_h)) from core_attention", probs, logits, valid, causal)
                 if self.verify:
                     v = got["value"].permute(1, 2, 0, 3).double()
