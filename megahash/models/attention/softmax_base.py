@@ -94,11 +94,13 @@ class SoftmaxAttention(Mixing):
             self.linear_output_gate = parts.column(self.d_m, self.n * self.d_h, self.qkv_bias)
 
     def output_gate(self, out, x):
-        """out [s, b, n_local d_h] times the gate of x (sigmoid in fp32, as megatron-core's ``_apply_output_gate``)."""
+        """out [s, b, n_local d_h] times the gate of x (the sigmoid in at least fp32, as megatron-core's
+        ``_apply_output_gate``)."""
         gate = getattr(self, "linear_output_gate", None)
         if gate is None:
             return out
-        return (out * torch.sigmoid(gate(x).float())).to(out.dtype)
+        g = gate(x)
+        return (out * torch.sigmoid(g.to(torch.promote_types(g.dtype, torch.float32)))).to(out.dtype)
 
     def project(self, x):  # pragma: no cover - abstract
         raise NotImplementedError
