@@ -87,9 +87,9 @@ class SoftmaxAttention(Mixing):
 
     def build_output_gate(self, parts) -> None:
         """``model.attention.options.gated``: o_i <- o_i * sigmoid(x W_g,i) for every head i and channel, before
-        ``linear_proj`` (the output gate of [Qiu25] eq. 5, position G1, elementwise: Qwen3-Next's gated attention,
-        megatron-core's ``attention_output_gate``); ``linear_output_gate`` d_m -> n d_h split by head over TP, with
-        the q/k/v bias setting."""
+        ``linear_proj`` (the output gate of [Qiu25] at position G1, after the scaled dot-product attention,
+        elementwise: Qwen3-Next's gated attention [Qwen25], megatron-core's ``attention_output_gate``);
+        ``linear_output_gate`` d_m -> n d_h split by head over TP, with the q/k/v bias setting."""
         if self.setup.option("gated", False):
             self.linear_output_gate = parts.column(self.d_m, self.n * self.d_h, self.qkv_bias)
 
