@@ -15,6 +15,7 @@ import os
 import sys
 
 from megahash.command_errors import run_guarded
+from megahash.errors import print_error
 
 # name -> "module:function" taking argv (list[str]) and returning an exit status
 SUBCOMMANDS = {
@@ -110,7 +111,7 @@ def main(argv=None) -> int:
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in SUBCOMMANDS:
         names = ", ".join(SUBCOMMANDS)
         if argv and argv[0] not in ("-h", "--help"):
-            print(f"error: unknown subcommand {argv[0]!r} (choose from {names})", file=sys.stderr)
+            print_error(f"unknown subcommand {argv[0]!r} (choose from {names})")
             return 2
         print(f"usage: megahash {{{names}}} [args]\n\n{__doc__}")
         return 0

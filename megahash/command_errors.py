@@ -1,15 +1,16 @@
 """Running a command guarded (every entry point: ``megahash ...``, megahash/pretrain.py): megahash
 errors and missing files become ONE line ``error: ...`` on stderr and exit status 2 (house rule; the
-error classes are in :mod:`megahash.errors`). A reader that stops early (``megahash params --json |
-head``) ends the command quietly with status 141, as a SIGPIPE would, instead of a BrokenPipeError
-traceback (Python's recipe: stdout is pointed at /dev/null so the exit flush cannot fail again)."""
+error classes are in :mod:`megahash.errors`; :func:`megahash.errors.one_line` caps the line). A reader
+that stops early (``megahash params --json | head``) ends the command quietly with status 141, as a
+SIGPIPE would, instead of a BrokenPipeError traceback (Python's recipe: stdout is pointed at /dev/null
+so the exit flush cannot fail again)."""
 
 from __future__ import annotations
 
 import os
 import sys
 
-from megahash.errors import MegahashError
+from megahash.errors import MegahashError, print_error
 
 
 def launch_rank() -> int:
@@ -28,7 +29,7 @@ def run_guarded(fn) -> int:
 
     def say(msg):
         if launch_rank() == 0 or os.environ.get("MEGAHASH_ERRORS_ALL_RANKS") == "1":
-            print(msg, file=sys.stderr)
+            print_error(msg)
 
     fresh = not _group_initialized()
     try:
@@ -36,10 +37,10 @@ def run_guarded(fn) -> int:
         sys.stdout.flush()  # here, so a closed pipe is caught below, not at exit
         return int(status or 0)
     except MegahashError as e:
-        say(f"error: {e}")
+        say(e)
         return 2
     except FileNotFoundError as e:
-        say(f"error: {e.strerror}: {e.filename}")
+        say(f"{e.strerror}: {e.filename}")
         return 2
     except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -47,9 +48,10 @@ def run_guarded(fn) -> int:
         return 141  # 128 + SIGPIPE: what the shell reports for `yes | head`
     finally:
         if fresh and _group_initialized():  # a process group the command started and left (eval, indicators,
-            from megahash import accelerator  # export...): released, so in-process callers keep no gloo threads
+            # export...): released, so in-process callers keep no gloo threads
+            from megahash.accelerator import process_groups
 
-            accelerator.release_group()
+            process_groups.release_group()
 
 
 def _group_initialized() -> bool:

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from megahash import safe_yaml
 from megahash.config_checks import coerce as _coerce  # a value to its field's type, one-line error otherwise
 from megahash.config_files import CONFIG_ROOT, find_config  # shipped configs (package data)
 from megahash.errors import ConfigError, did_you_mean
@@ -172,6 +173,9 @@ class TrainConfig:
     keep_last: int = 2
     resume: str = "auto"  # auto | none | PATH
     resume_weights_only: bool = False  # on a layout change: weights only, fresh optimizer (docs/resume.md)
+    # checks of a checkpoint before it is resumed, evaluated or exported (megahash/checkpoint/manifest.py,
+    # docs/security.md): cheap (sizes, zip structure) | full (+ sha256 of every file it reads)
+    verify_checkpoint: str = "full"
     eval_interval: int = 50
     log_interval: int = 10
     recompute: str = "none"  # none | selective | full
@@ -292,9 +296,13 @@ def read_yaml_mapping(path, what: str) -> dict:
     """The mapping a YAML file holds; a missing file, bad YAML or a non-mapping is one line
     naming ``what`` file it is (config, grid)."""
     try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        data = safe_yaml.load(Path(path).read_text(), f"{what} file {path}") or {}
     except FileNotFoundError:
         raise ConfigError(f"{what} file {str(path)!r} does not exist") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{what} file {path} is not UTF-8 text (byte {e.start}); give a YAML file") from None
+    except OSError as e:  # a directory, no permission
+        raise ConfigError(f"{what} file {path} cannot be read: {e.strerror}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{what} file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(data, dict):
@@ -378,7 +386,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise ConfigError(f"override {text!r} must look like key.sub=value")
     key, raw = text.split("=", 1)
     try:
-        value = yaml.safe_load(raw) if raw != "" else ""
+        value = safe_yaml.load(raw, f"override {key}") if raw != "" else ""
     except yaml.YAMLError:
         value = raw
     return key.strip().split("."), value

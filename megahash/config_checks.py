@@ -231,6 +231,8 @@ def check_ranges(cfg) -> None:
         )
     if d.verify not in ("cheap", "full", "none"):
         raise ConfigError(f"config key 'data.verify' must be cheap, full or none, got {d.verify!r}")
+    if t.verify_checkpoint not in ("cheap", "full"):
+        raise ConfigError(f"config key 'train.verify_checkpoint' must be cheap or full, got {t.verify_checkpoint!r}")
 
 
 def _check_optimizer(t) -> None:

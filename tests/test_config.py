@@ -36,6 +36,7 @@ def test_model_size_table_4_10():
         ("data.seq_length=4096", "exceeds model.max_position_embeddings"),
         ("model.size=13b", "unknown model size"),
         ("parallel.sequence=true", "needs parallel.tensor >= 2"),
+        ("train.verify_checkpoint=none", "'train.verify_checkpoint' must be cheap or full"),
     ],
 )
 def test_config_errors_name_the_key(override, expect):

@@ -2,6 +2,7 @@
 
 - ``layout``: the names in a checkpoint folder, its state file;
 - ``manifest``: the manifest of every file and the check that a checkpoint is intact;
+- ``digest``: the sha256 of checkpoint files, hashed by the ranks that wrote them;
 - ``resolve``: which checkpoint a path names (newest intact), the config saved with it;
 - ``signature``: what must match for a checkpoint to load into a model;
 - ``weights``: model weights as a megatron-core dist checkpoint (any TP size), ``load_for_inference``;

@@ -6,11 +6,12 @@ Layout of ``train.save_dir``::
         mp_rank_00_model_states.pt, *_optim_states.pt    (DeepSpeed; not in an asynchronous save)
         model/, optimizer/    weights and Adam's state as megatron dist checkpoints (any layout)
         ema/                  the weight average of train.ema_decay (when on)
-        manifest.json         bytes of every file (manifest.py)
+        manifest.json         bytes and sha256 of every file (manifest.py, digest.py)
         megahash_state.json   step, consumed samples, model signature: written last = complete
         rng_rank00000.json    RNG states of each rank (rng.py)
         resolved_config.yaml
     latest                    name of the newest complete checkpoint (written last, atomically)
+    megahash.lock             held by the run writing here (megahash/training/run_lock.py)
     eval/step_N.pin           present while step_N is evaluated (eval.interval)
 """
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from megahash.checkpoint.layout import STATE_FILE, TAG_RE, WEIGHTS_DIR
-from megahash.checkpoint.manifest import damage
+from megahash.checkpoint.manifest import INFERENCE_SCOPE, LEVELS, MANIFEST, damage, unverified
 from megahash.errors import CheckpointError
 
 
@@ -34,21 +34,24 @@ def candidates(save_dir: Path) -> list[Path]:
     )
 
 
-def choose_resume(save_dir: str | Path, warn: bool = True) -> Path | None:
+def choose_resume(
+    save_dir: str | Path, warn: bool = True, level: str = "cheap", judge=None, quiet=frozenset()
+) -> Path | None:
     """The newest verified checkpoint of ``save_dir`` (``train.resume=auto``); None if it has none.
-    Damaged newer checkpoints are named in a warning (``warn``: print it, rank 0)."""
+    ``level``: ``train.verify_checkpoint`` (manifest.damage); ``judge(ckpt)``: the verdict instead of
+    ``damage(ckpt, level)`` (several ranks verifying together). Each damaged newer checkpoint (but
+    those in ``quiet``, named before) is named in a warning line, and so is what the chosen one's
+    manifest cannot vouch for (``warn``: print them, rank 0)."""
     save_dir = Path(save_dir)
+    judge = judge or (lambda c: damage(c, level))
     skipped = []
     for c in candidates(save_dir):
-        why = damage(c)
+        why = judge(c)
         if why is None:
-            if skipped and warn:
-                for s, w in skipped:
-                    print(
-                        f"warning: checkpoint {s} is damaged ({w}); resuming from the older {c.name}",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+            if warn:
+                for s, w in (x for x in skipped if x[0] not in quiet):
+                    _warn(f"checkpoint {s} is damaged ({w}); resuming from the older {c.name}")
+                warn_unverified(c, level)
             return c
         skipped.append((c, why))
     if skipped:
@@ -60,19 +63,82 @@ def choose_resume(save_dir: str | Path, warn: bool = True) -> Path | None:
     return None
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A run directory (its newest verified checkpoint) or a ``step_N`` directory -> the complete checkpoint."""
+def _warn(text: str) -> None:
+    print(f"warning: {text}", file=sys.stderr, flush=True)
+
+
+def warn_unverified(ckpt: Path, level: str) -> None:
+    """At ``level`` full: one warning line when the manifest of ``ckpt`` cannot vouch for every file
+    (manifest.unverified). (``cheap`` promises no content check to begin with.)"""
+    why = unverified(ckpt) if level == "full" else None
+    if why:
+        _warn(
+            f"checkpoint {ckpt} is only partly verified: {why}; the zip structure and checksums of its "
+            f"torch files were checked"
+        )
+
+
+def verify_level(overrides: list[str] | None = None) -> str:
+    """``train.verify_checkpoint`` of a command reading a checkpoint: its default, or the value of a
+    ``train.verify_checkpoint=...`` override (one-line error if it is not cheap or full)."""
+    from megahash.config import TrainConfig
+    from megahash.errors import ConfigError
+
+    level = TrainConfig.verify_checkpoint
+    for o in overrides or []:
+        key, _, value = o.partition("=")
+        if key.strip() == "train.verify_checkpoint":
+            level = value.strip()
+    if level not in LEVELS:
+        raise ConfigError(f"config key 'train.verify_checkpoint' must be cheap or full, got {level!r}")
+    return level
+
+
+def resolve_checkpoint(path: str | Path, level: str = "cheap", scope=None) -> Path:
+    """A run directory (its newest verified checkpoint) or a ``step_N`` directory -> the complete
+    checkpoint, verified at ``level`` over ``scope`` (manifest.damage; one-line CheckpointError if
+    the step directory named is damaged)."""
     p = Path(path)
+    judge = lambda c: damage(c, level, scope=scope)  # noqa: E731
     if (p / STATE_FILE).is_file():
         ckpt = p
+        why = judge(ckpt)
+        if why:
+            raise CheckpointError(
+                f"checkpoint {ckpt} is damaged ({why}); use another checkpoint (its run directory picks the newest intact one)"
+            )
+        warn_unverified(ckpt, level)
     elif p.is_dir():
-        ckpt = choose_resume(p)
+        ckpt = choose_resume(p, level=level, judge=judge)
         if ckpt is None:
             raise CheckpointError(f"{p} holds no complete megahash checkpoint (no step_N with {STATE_FILE})")
     else:
         raise CheckpointError(f"checkpoint {p} does not exist")
     if not (ckpt / WEIGHTS_DIR).is_dir():
         raise CheckpointError(f"checkpoint {ckpt} has no {WEIGHTS_DIR}/ weights (saved by an older megahash?)")
+    return ckpt
+
+
+_verified: set = set()  # (step dir, level, its manifest's mtime) of checkpoints verified for inference here
+
+
+def _verified_key(ckpt: Path, level: str):
+    try:
+        return (ckpt.resolve(), level, (ckpt / MANIFEST).stat().st_mtime_ns)
+    except OSError:
+        return None
+
+
+def resolve_for_inference(path: str | Path, overrides: list[str] | None = None) -> Path:
+    """:func:`resolve_checkpoint` for evaluation and export: the files they read (model/, ema/, the
+    config: manifest.INFERENCE_SCOPE) verified at ``train.verify_checkpoint`` (its default, full, or the
+    override's; :func:`verify_level`), once per process and checkpoint."""
+    level, p = verify_level(overrides), Path(path)
+    if _verified_key(p, level) in _verified:
+        return p
+    ckpt = resolve_checkpoint(p, level, INFERENCE_SCOPE)
+    if (key := _verified_key(ckpt, level)) is not None:
+        _verified.add(key)
     return ckpt
 
 

@@ -20,7 +20,7 @@ from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegat
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-from megahash import accelerator
+from megahash.accelerator import policy
 from megahash.data import documents
 from megahash.data.verify import base_prefix, blend_paths, check_prefix, read_meta, token_path  # noqa: F401 (one owner; re-exported)
 from megahash.errors import DataError
@@ -175,10 +175,13 @@ def build_datasets(cfg, train_samples: int, valid_samples: int, cache_dir: str |
     HashGPTDataset.hash_width = width
     HashGPTDataset.documents = (cfg.data, eod) if documents.enabled(cfg.data) else None
     check_split_sizes(cfg.data.split, paths, {"train": train_samples, "validation": valid_samples})
+    from megahash.data import index_cache
+
     try:
-        train, valid, _ = BlendedMegatronDatasetBuilder(
-            HashGPTDataset, [train_samples, valid_samples, 0], lambda: True, ds_cfg
-        ).build()
+        with index_cache.writing(cache_dir):  # a full disk or unwritable cache_dir: one line
+            train, valid, _ = BlendedMegatronDatasetBuilder(
+                HashGPTDataset, [train_samples, valid_samples, 0], lambda: True, ds_cfg
+            ).build()
     except (AssertionError, ValueError, IndexError) as e:
         raise DataError(f"cannot build datasets from {paths}: {e or type(e).__name__}") from None
     if train is None:
@@ -188,8 +191,9 @@ def build_datasets(cfg, train_samples: int, valid_samples: int, cache_dir: str |
     sides = (lambda path: [side_path(path, spec)]) if spec else (lambda path: [])
     from megahash.data.text_bytes import token_bytes_for
 
-    return Datasets(train, valid, vocab, meta, build_valid_sets(cfg, ds_cfg, HashGPTDataset, sides),
-                    token_bytes_for(cfg, meta))
+    with index_cache.writing(cache_dir):
+        valid_sets = build_valid_sets(cfg, ds_cfg, HashGPTDataset, sides)
+    return Datasets(train, valid, vocab, meta, valid_sets, token_bytes_for(cfg, meta))
 
 
 def check_split_sizes(split: str, paths: list[str], samples: dict) -> None:
@@ -261,4 +265,4 @@ class ResumableBatchSampler(torch.utils.data.Sampler):
 def make_loader(dataset, consumed: int, micro_batch: int, dp_rank: int, dp_size: int, num_workers: int = 0):
     sampler = ResumableBatchSampler(len(dataset), consumed, micro_batch, dp_rank, dp_size)
     return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers,
-                                       pin_memory=accelerator.has_gpu(), persistent_workers=False)
+                                       pin_memory=policy.has_gpu(), persistent_workers=False)

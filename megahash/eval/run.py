@@ -34,7 +34,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from megahash import known_warnings
+from megahash import known_warnings, safe_yaml
 from megahash.errors import ConfigError, DataError
 from megahash.launching.env import LAUNCHER_VARS
 
@@ -66,13 +66,13 @@ def split_tasks(tasks) -> list[str]:
 
 def local_task_names(tasks_dir: str) -> set[str]:
     """Task, tag and group names defined by the YAML files under ``tasks_dir`` (no lm-eval import)."""
-    import yaml
-
     loader = _yaml_loader()
     names: set[str] = set()
     for path in sorted(Path(tasks_dir).rglob("*.yaml")):
         try:
-            data = yaml.load(path.read_text(), Loader=loader) or {}
+            data = safe_yaml.load(path.read_text(), f"task file {path}", loader) or {}
+        except safe_yaml.YAMLLimitError:
+            raise  # lm-eval would read it next, unbounded: refused here in one line
         except Exception:
             continue
         if not isinstance(data, dict):
@@ -87,10 +87,9 @@ def local_task_names(tasks_dir: str) -> set[str]:
 
 
 def _yaml_loader():
-    """A safe YAML loader that tolerates lm-eval's ``!function`` tags."""
-    import yaml
+    """A safe YAML loader (aliases bounded: megahash.safe_yaml) that tolerates lm-eval's ``!function`` tags."""
 
-    class L(yaml.SafeLoader):
+    class L(safe_yaml.Loader):
         pass
 
     L.add_multi_constructor("!", lambda loader, suffix, node: None)
@@ -273,9 +272,9 @@ def evaluate_checkpoint(
             overwrite,
             weights,
         )
-    from megahash.checkpoint.resolve import resolve_checkpoint
+    from megahash.checkpoint.resolve import resolve_for_inference
 
-    ckpt = resolve_checkpoint(ckpt_dir)
+    ckpt = resolve_for_inference(ckpt_dir, overrides)  # the newest intact one of a run directory
     out = Path(out) if out else _weights_out(default_out(ckpt), weights)
     refuse_existing(out, overwrite)
     from megahash.eval.lm import MegahashEvalLM
@@ -289,9 +288,9 @@ def evaluate_checkpoint(
             file=sys.stderr,
             flush=True,
         )
-    from megahash import accelerator
+    from megahash.accelerator import process_groups
 
-    with accelerator.releasing_group():  # the model's 1-rank group goes with it (unless a caller's group was up)
+    with process_groups.releasing_group():  # the model's 1-rank group goes with it (unless a caller's group was up)
         lm = MegahashEvalLM(
             checkpoint=str(ckpt),
             batch_size=batch_size,
@@ -372,9 +371,9 @@ def _evaluate_in_subprocess(
 ) -> dict:
     import subprocess
 
-    from megahash.checkpoint.resolve import resolve_checkpoint
+    from megahash.checkpoint.resolve import resolve_for_inference
 
-    ckpt = resolve_checkpoint(ckpt_dir)
+    ckpt = resolve_for_inference(ckpt_dir, overrides)
     out = Path(out) if out else _weights_out(default_out(ckpt), weights)
     argv = [
         sys.executable,

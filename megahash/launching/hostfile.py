@@ -16,6 +16,7 @@ import os
 import re
 import sys
 
+from megahash.errors import print_error
 from megahash.launching.env import NodeListError, expand_nodelist
 
 
@@ -69,7 +70,7 @@ def main(argv=None) -> int:
     try:
         text = hostfile_from_slurm(nodelist, slots)
     except (NodeListError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print_error(e)
         return 2
     if a.output == "-":
         sys.stdout.write(text)

@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from megahash.errors import print_error
+
 DAEMONS = ("slurmctld", "slurmd", "sinfo", "sbatch", "srun", "scontrol", "squeue", "scancel")
 
 
@@ -370,7 +372,7 @@ def main(argv=None) -> int:
         else:
             print(cluster.sinfo() or "not running")
     except SlurmUnavailable as e:
-        print(f"error: {e}", file=sys.stderr)
+        print_error(e)
         return 2
     return 0
 

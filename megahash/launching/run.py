@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 
+from megahash.errors import print_error
 from megahash.launching.env import NodeListError, free_port, in_slurm_step, slurm_master_addr, slurm_port
 from megahash.launching.hostfile import hostfile_from_slurm, slots_from_slurm
 
@@ -275,12 +276,12 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     bad = [o for o in args.overrides if "=" not in o]
     if bad:
-        print(f"error: {bad[0]!r} is not a key=value override (launcher options go before them)", file=sys.stderr)
+        print_error(f"{bad[0]!r} is not a key=value override (launcher options go before them)")
         return 2
     try:
         cmd, extra = build(args)
     except (LaunchError, NodeListError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print_error(e)
         return 2
     status = 0 if args.dry_run else check_inputs(args)
     if status:
@@ -299,7 +300,7 @@ def main(argv=None) -> int:
     try:
         os.execvpe(cmd[0], cmd, env)
     except OSError as e:
-        print(f"error: cannot run {cmd[0]}: {e.strerror}", file=sys.stderr)
+        print_error(f"cannot run {cmd[0]}: {e.strerror}")
         return 2
     return 0  # pragma: no cover
 

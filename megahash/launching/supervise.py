@@ -163,7 +163,9 @@ class Supervisor:
         try:
             child = subprocess.Popen(self.cmd, env=self.env)
         except OSError as e:
-            print(f"error: cannot run {self.cmd[0]}: {e.strerror}", file=sys.stderr)
+            from megahash.errors import print_error  # here: the supervisor starts on the standard library alone
+
+            print_error(f"cannot run {self.cmd[0]}: {e.strerror}")
             return 2
         # Ctrl-C reaches the whole foreground group: the launchers handle it; this process waits for them
         signal.signal(signal.SIGINT, lambda *_: None)

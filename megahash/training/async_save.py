@@ -10,7 +10,8 @@ snapshot (copy-on-write pages, after the device-to-host copy on a GPU), so the n
 may change the parameters at once. Every step polls the queue (one all-reduce while a save is in
 flight, as Megatron-LM's ``maybe_finalize_async_save``); when every rank's writer has finished, the
 queue finalizes the requests on all ranks (each dist checkpoint's ``.metadata`` and
-``metadata.json``) and only then does rank 0 publish the checkpoint: manifest, state file, rename of
+``metadata.json``) and only then does rank 0 publish the checkpoint: manifest (the sha256 of every
+file: each writer hashed its rank's files after writing them, in its own process; megahash/checkpoint/digest.py), state file, rename of
 ``step_N.tmp`` to ``step_N``, ``latest``, ``train.keep_last`` pruning (megahash/training/checkpoint.py
 ``publish``). Until then ``latest`` and the manifest name the previous checkpoint, so a crash (kill -9)
 mid-write leaves it as the resume point (the next start removes ``step_N.tmp``), and pruning, which
@@ -28,7 +29,7 @@ megahash cannot address per parameter (none that megahash builds) keeps the sync
 Why the forking caller and not megatron's persistent worker (``AsyncCallsQueue(persistent=True)``),
 read from megatron-core 0.16.1: the persistent worker is a *spawned* process whose loop first calls
 ``torch.cuda.set_device(rank % torch.cuda.device_count())`` (a ZeroDivisionError without a GPU; the
-CPU shims of megahash/accelerator.py do not reach a spawned interpreter), and it receives the request
+CPU shims of megahash/accelerator/patches.py do not reach a spawned interpreter), and it receives the request
 pickled through torch's multiprocessing, which moves CPU tensors into shared memory *in place*: on a
 CPU the writer would read the live parameters while training changes them. The forking caller needs
 only ``torch.cuda.synchronize`` and ``torch.cuda.current_device`` (its all-reduces), which the CPU
@@ -69,9 +70,11 @@ def _dying_with(parent: int, fn, *args, **kwargs):
     return fn(*args, **kwargs)
 
 
-def _in_writer(fn, step: int, trainer: int, *args, **kwargs):
+def _in_writer(fn, step: int, trainer: int, directory: Path, rank: int, *args, **kwargs):
     """The body of a forked writer: die with the trainer, make megatron's file writers (forked from
-    here) die with this writer, then megatron's write."""
+    here) die with this writer, then megatron's write, then the sha256 of this rank's files of
+    ``directory`` into its sidecar (megahash/checkpoint/digest.py): hashed here, off the training path,
+    while the pages are still cached."""
     from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
 
     _die_with_parent(trainer)
@@ -80,7 +83,13 @@ def _in_writer(fn, step: int, trainer: int, *args, **kwargs):
     at, _, secs = os.environ.get(DELAY_ENV, "").partition(":")
     if at == str(step):
         time.sleep(float(secs))
-    return fn(*args, **kwargs)
+    out = fn(*args, **kwargs)
+    from megahash.checkpoint.digest import Hasher
+
+    hasher = Hasher(directory.parent, rank, label=directory.name)
+    hasher.submit_rank_files(directory)
+    hasher.close()
+    return out
 
 
 class _Queue:
@@ -101,7 +110,10 @@ class _Queue:
         filesystem_async._results_queue = self.manager.Queue()
         request = dist_checkpointing.save(sharded_state_dict, str(directory), async_sharded_save=True)
         if request.async_fn is not None:
-            request = request._replace(async_fn=functools.partial(_in_writer, request.async_fn, self.step, os.getpid()))
+            from megahash.accelerator import process_groups
+
+            args = (request.async_fn, self.step, os.getpid(), Path(directory), process_groups.rank())
+            request = request._replace(async_fn=functools.partial(_in_writer, *args))
         self.calls.schedule_async_request(request)
 
     def abort(self) -> None:

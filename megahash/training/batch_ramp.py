@@ -59,7 +59,10 @@ def check_resume(ckpt, state: dict, cfg) -> None:
 def _saved_ramp(ckpt) -> bool:
     import yaml
 
+    from megahash import safe_yaml
+
+    path = ckpt / "resolved_config.yaml"
     try:
-        return bool(yaml.safe_load((ckpt / "resolved_config.yaml").read_text())["train"].get("batch_ramp"))
+        return bool(safe_yaml.load(path.read_text(), str(path))["train"].get("batch_ramp"))
     except (OSError, KeyError, TypeError, AttributeError, yaml.YAMLError):
         return False

@@ -11,6 +11,7 @@ interrupted save never replaces or damages the previous checkpoint. :func:`save`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -18,19 +19,55 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from megahash import accelerator
+from megahash.accelerator import process_groups
 from megahash.atomic_write import write_text_atomic
 from megahash.checkpoint.layout import STATE_FILE, WEIGHTS_DIR, pin_path, read_state, tag_for
-from megahash.checkpoint.resolve import choose_resume, complete_checkpoints
+from megahash.checkpoint.manifest import damage
+from megahash.checkpoint.resolve import candidates, choose_resume, complete_checkpoints, warn_unverified
 from megahash.checkpoint.signature import model_diffs, model_signature
 from megahash.config import Config, save_config
 from megahash.errors import CheckpointError
 
 
-def find_resume(save_dir: str | Path) -> Path | None:
-    """The checkpoint ``train.resume=auto`` picks: the newest verified one; damaged newer ones are named
-    in a warning, and only damaged ones is an error (megahash/checkpoint/resolve.py)."""
-    return choose_resume(save_dir, warn=accelerator.rank() == 0)
+def find_resume(save_dir: str | Path, level: str = "cheap", failed: dict | None = None) -> Path | None:
+    """The checkpoint ``train.resume=auto`` picks: the newest one verified at ``level``
+    (``train.verify_checkpoint``; the ranks share the hashing and agree on the verdict); damaged newer
+    ones are named in a warning, and only damaged ones is an error (megahash/checkpoint/resolve.py).
+    ``failed``: checkpoints that failed to load in this process (path -> why): damaged too; the ones
+    newer than the last of them were named in an earlier warning."""
+    failed = failed or {}
+    last = min(failed, key=lambda c: c.name) if failed else None
+    quiet = {c for c in candidates(Path(save_dir)) if last is not None and c.name > last.name}
+
+    def judge(ckpt: Path) -> str | None:
+        return failed[ckpt] if ckpt in failed else _agreed(damage(ckpt, level, share=_share()))
+
+    return choose_resume(save_dir, warn=process_groups.rank() == 0, level=level, judge=judge, quiet=quiet)
+
+
+def verify_named(ckpt: Path, level: str) -> None:
+    """``train.resume=PATH``: one-line CheckpointError if that checkpoint is damaged (no fallback)."""
+    why = _agreed(damage(ckpt, level, share=_share()))
+    if why:
+        raise CheckpointError(
+            f"train.resume={ckpt} is damaged ({why}); resume from another checkpoint "
+            f"(train.resume=auto takes the newest intact one)"
+        )
+    if process_groups.rank() == 0:
+        warn_unverified(ckpt, level)
+
+
+def _share() -> tuple[int, int]:
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+def _agreed(why: str | None) -> str | None:
+    """Collective: the first damage any rank found (in rank order), on every rank."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return why
+    found = [None] * dist.get_world_size()
+    dist.all_gather_object(found, why)
+    return next((w for w in found if w), None)
 
 
 def check_compatible(ckpt: Path, cfg: Config) -> dict:
@@ -49,40 +86,86 @@ def check_compatible(ckpt: Path, cfg: Config) -> dict:
     return state
 
 
-def save(engine, cfg: Config, step: int, consumed: int, extra: dict | None = None) -> Path:
+def save(engine, cfg: Config, step: int, consumed: int, extra: dict | None = None, hashes: bool = True) -> Path:
     """Save a complete checkpoint of every rank under ``train.save_dir`` (collective). A failure
     (disk full, permission, state that cannot be written) on any rank removes the partial
     ``step_N.tmp`` and raises one CheckpointError on every rank naming the cause and its remedy; the
-    previous checkpoint is untouched (megahash/training/checkpoint_faults.py)."""
+    previous checkpoint is untouched (megahash/training/checkpoint_faults.py).
+
+    Each rank hashes the files it wrote while the rest of the save goes on (megahash/checkpoint/digest.py):
+    DeepSpeed's files as each is written, the dist checkpoints as each is complete; ``model/`` is
+    written last, so the hashes still to wait for at the end are of its files alone. ``hashes=False``:
+    a manifest of sizes only (the benchmark's baseline, benchmarks/bench_checkpoint_hash.py)."""
+    from megahash.checkpoint import digest, optimizer_state  # Adam's state sharded like the weights (elastic resume)
+    from megahash.checkpoint.layout import EMA_DIR
+    from megahash.checkpoint.rng import write_rng
+    from megahash.checkpoint.weights import save_weights
+    from megahash.training import ema
+
     root, tag = Path(cfg.train.save_dir), tag_for(step)
     tmp = root / (tag + ".tmp")
     error = begin(root, tmp)
-    from megahash.checkpoint import optimizer_state  # Adam's state sharded like the weights (elastic resume)
-
-    native = optimizer_state.native_files(engine)
+    native = optimizer_state.native_files(engine)  # sharded Muon writes no DeepSpeed files (optimizer/ holds it all)
+    hasher = digest.Hasher(tmp, process_groups.rank()) if hashes else None
     try:
         if native:
-            engine.save_checkpoint(str(root), tag=tmp.name, client_state={"megahash_step": step}, save_latest=False)
-        from megahash.checkpoint.rng import write_rng
-        from megahash.checkpoint.weights import save_weights
-        from megahash.training import ema
-
-        save_weights(engine.module, tmp / WEIGHTS_DIR, cfg.train.zero_stage)
-        ema.save(engine, tmp, cfg.train.zero_stage)  # the weight average (train.ema_decay)
-
+            with _hashing_engine_saves(engine, hasher):
+                engine.save_checkpoint(str(root), tag=tmp.name, client_state={"megahash_step": step}, save_latest=False)
         optimizer_state.save(engine, tmp / optimizer_state.OPTIM_DIR, cfg.train.zero_stage)
+        _hash_rank_files(hasher, tmp / optimizer_state.OPTIM_DIR)
+        ema.save(engine, tmp, cfg.train.zero_stage)  # the weight average (train.ema_decay)
+        _hash_rank_files(hasher, tmp / EMA_DIR)
+        save_weights(engine.module, tmp / WEIGHTS_DIR, cfg.train.zero_stage)
+        _hash_rank_files(hasher, tmp / WEIGHTS_DIR)
         write_rng(tmp)
+        if hasher is not None:
+            hasher.close()  # this rank's digests into its sidecar, for the manifest
     except Exception as e:
         error = error or e
     except BaseException as e:  # torch.distributed.checkpoint's CheckpointException (disk full in model/, optimizer/)
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
         error = error or e
+    finally:
+        if hasher is not None:  # (after a failure: its hashing stopped, the digests dropped)
+            hasher.close(write=False)
     if os.environ.get("MEGAHASH_TEST_FAIL_IN_SAVE") == str(step) and error is None:
         error = RuntimeError(f"injected failure while saving step {step} (MEGAHASH_TEST_FAIL_IN_SAVE)")
     fail_if_any(root, tag, tmp, error)
-    publish(engine, cfg, tmp, step, consumed, {**(extra or {}), **({} if native else {"deepspeed_files": False})})
+    extra = {**(extra or {}), **({} if native else {"deepspeed_files": False})}
+    publish(engine, cfg, tmp, step, consumed, extra, hashes=hashes)
     return root / tag
+
+
+def _hash_rank_files(hasher, folder: Path) -> None:
+    if hasher is not None:
+        hasher.submit_rank_files(folder)
+
+
+@contextlib.contextmanager
+def _hashing_engine_saves(engine, hasher):
+    """While DeepSpeed saves: each file its checkpoint engine writes on this rank goes to ``hasher``
+    at once (hashed while DeepSpeed writes the next one). Only a synchronous engine's (torch.save): a
+    decoupled one's files are still being written when ``save`` returns (rank 0 hashes them at the
+    publication)."""
+    inner = getattr(engine, "checkpoint_engine", None)
+    if hasher is None or inner is None or inner.is_decoupled():
+        yield
+        return
+
+    class Hashing:
+        def save(self, state_dict, path):
+            inner.save(state_dict, path)
+            hasher.submit(path)
+
+        def __getattr__(self, name):
+            return getattr(inner, name)
+
+    engine.checkpoint_engine = Hashing()
+    try:
+        yield
+    finally:
+        engine.checkpoint_engine = inner
 
 
 def begin(root: Path, tmp: Path) -> BaseException | None:
@@ -90,12 +173,12 @@ def begin(root: Path, tmp: Path) -> BaseException | None:
     :func:`fail_if_any`)."""
     error = None
     try:
-        if accelerator.rank() == 0:
+        if process_groups.rank() == 0:
             root.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)
     except Exception as e:  # reported by fail_if_any on every rank
         error = e
-    accelerator.barrier()
+    process_groups.barrier()
     return error
 
 
@@ -111,16 +194,19 @@ def fail_if_any(root: Path, tag: str, tmp: Path, error: BaseException | None) ->
         raise checkpoint_faults.save_failed(root, tag, note, error) from None
 
 
-def publish(engine, cfg: Config, tmp: Path, step: int, consumed: int, extra: dict | None = None) -> None:
-    """Collective, after every rank has written its part of ``tmp``: rank 0 writes the config, the
-    manifest and the state file, renames ``tmp`` to ``step_N``, points ``latest`` at it and prunes."""
+def publish(
+    engine, cfg: Config, tmp: Path, step: int, consumed: int, extra: dict | None = None, hashes: bool = True
+) -> None:
+    """Collective, after every rank has written its part of ``tmp`` (and its sidecar of digests): rank 0
+    writes the config, the manifest (``hashes=False``: sizes only) and the state file, renames ``tmp``
+    to ``step_N``, points ``latest`` at it and prunes."""
     root, tag, error = tmp.parent, tag_for(step), None
     try:
-        if accelerator.rank() == 0:
+        if process_groups.rank() == 0:
             from megahash.checkpoint.manifest import write_manifest
 
             save_config(cfg, tmp / "resolved_config.yaml")
-            write_manifest(tmp)
+            write_manifest(tmp, hashes)
             state = {
                 "step": step,
                 "consumed_samples": consumed,
@@ -154,11 +240,11 @@ def publish(engine, cfg: Config, tmp: Path, step: int, consumed: int, extra: dic
 
 def _abandon(tmp: Path) -> None:
     """Remove a partial save (rank 0), then wait for every rank."""
-    if accelerator.rank() == 0:
+    if process_groups.rank() == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         for p in tmp.parent.glob("*.tmp-*") if tmp.parent.is_dir() else ():
             p.unlink(missing_ok=True)
-    accelerator.barrier()
+    process_groups.barrier()
 
 
 def prune(root: Path, keep_last: int) -> None:

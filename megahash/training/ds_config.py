@@ -55,6 +55,8 @@ def read_json(path: Path) -> dict:
         raise ConfigError(
             f"DeepSpeed config {path} is not valid JSON ({e.msg}, line {e.lineno}); fix the file"
         ) from None
+    except RecursionError:  # Python's decoder recurses per level
+        raise ConfigError(f"DeepSpeed config {path} is nested too deeply to read; fix the file") from None
     if not isinstance(ds, dict):
         raise ConfigError(f"DeepSpeed config {path} must hold a JSON object")
     return ds
@@ -145,7 +147,7 @@ def check_early(cfg) -> None:
 def deepspeed_config(cfg, dp_size: int, bf16: bool, autocast=None) -> dict:
     """The engine's JSON. ``bf16``: DeepSpeed's bf16 mode (bf16 parameters, fp32 copies in its
     optimizer); ``autocast`` (a dtype, e.g. ``torch.bfloat16``): fp32 parameters and DeepSpeed's
-    ``torch_autocast`` section instead (``accelerator.autocast_dtype``), with ``bf16`` off."""
+    ``torch_autocast`` section instead (``accelerator.policy.autocast_dtype``), with ``bf16`` off."""
     t = cfg.train
     path = json_path(cfg)
     ds = read_json(path)

@@ -44,10 +44,13 @@ def saved_layout(state: dict, ckpt: Path) -> dict:
     if "zero_stage" in state:
         out["zero_stage"] = int(state["zero_stage"])
     else:
-        import yaml
+        from megahash import safe_yaml
 
+        path = ckpt / "resolved_config.yaml"
         try:
-            out["zero_stage"] = int(yaml.safe_load((ckpt / "resolved_config.yaml").read_text())["train"]["zero_stage"])
+            out["zero_stage"] = int(safe_yaml.load(path.read_text(), str(path))["train"]["zero_stage"])
+        except safe_yaml.YAMLLimitError:
+            raise  # a hostile file: one line
         except (OSError, KeyError, TypeError, ValueError):
             out["zero_stage"] = None
     out["optimizer"] = state.get("optimizer", "adamw")  # checkpoints before train.optimizer: AdamW
@@ -74,6 +77,12 @@ def resume_mode(ckpt: Path, state: dict, cfg, world: int) -> str:
         return "same"
     if cfg.train.resume_weights_only:
         return "weights"
+    if old.get("optimizer") not in (None, new["optimizer"]):  # refused before loading: no damage to fall back from
+        raise CheckpointError(
+            f"checkpoint {ckpt} holds the state of train.optimizer={old['optimizer']} and this run uses "
+            f"{new['optimizer']}, which cannot take it: resume with train.optimizer={old['optimizer']}, or continue "
+            f"from its weights with a fresh optimizer: train.resume_weights_only=true (docs/resume.md)"
+        )
     from megahash.checkpoint.optimizer_state import OPTIM_DIR, read_info
 
     info = read_info(ckpt / OPTIM_DIR)

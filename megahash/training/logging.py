@@ -1,5 +1,18 @@
 """Run logging: stdout lines, ``metrics.jsonl``, TensorBoard and wandb (offline unless configured),
-and the loss-curve PNG at the end."""
+and the loss-curve PNG at the end.
+
+One history after a resume: a run that starts at step k (resumed from the checkpoint of step k, or
+from scratch: k = 0) continues the logs of the run directory as if the steps after k had never been
+logged. :func:`keep_history` rewrites ``metrics.jsonl`` atomically without the records of a killed
+run past k (rewritten rather than marked: every reader, pandas and ``jq`` included, sees one record
+per step, in order); TensorBoard's writer starts with ``purge_step`` at the first x value after k,
+so TensorBoard hides the killed run's later events; W&B's history cannot be truncated (its rewind
+is a private preview), so the same W&B run continues (``resume="allow"``, its id in
+``RUN_DIR/wandb_run_id``) and the steps the killed run already sent are not sent again: W&B drops a
+step below its last one with a warning anyway. There those steps keep the killed run's values,
+which are the same bits at the same layout (resume is bit-exact) and differ by rounding after a
+resume at another layout (docs/resume.md).
+"""
 
 from __future__ import annotations
 
@@ -10,24 +23,27 @@ from pathlib import Path
 
 
 class RunLogger:
-    """Rank 0 writes; other ranks no-op."""
+    """Rank 0 writes; other ranks no-op. ``start``: the step the run starts at (the module docstring:
+    what was logged past it is dropped)."""
 
-    def __init__(self, cfg, rank: int):
+    def __init__(self, cfg, rank: int, start: int = 0):
         self.active = rank == 0
         self.dir = Path(cfg.train.save_dir)
         self.cfg = cfg
         self.tb = None
         self.wandb = None
+        self.sent = 0  # W&B holds the steps up to here from a killed run: not sent again
         if not self.active:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.sent = keep_history(self.dir / "metrics.jsonl", start)
         self.jsonl = open(self.dir / "metrics.jsonl", "a")
         lg = cfg.logging
         if lg.tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self.tb = SummaryWriter(str(self.dir / "tensorboard"))
+                self.tb = SummaryWriter(str(self.dir / "tensorboard"), purge_step=purge_step(cfg, start))
             except Exception as e:  # tensorboard missing: keep going with the other sinks
                 print(f"warning: tensorboard disabled ({e})")
         if lg.wandb and lg.wandb_mode != "disabled":
@@ -64,7 +80,7 @@ class RunLogger:
         if self.wandb and late:
             self.wandb.define_metric(f"{prefix}/*", step_metric=f"{prefix}/step")
             self.wandb.log({f"{prefix}/{k}": v for k, v in {**metrics, "step": step}.items()})
-        elif self.wandb:
+        elif self.wandb and step > self.sent:
             self.wandb.log({f"{prefix}/{k}": v for k, v in metrics.items()}, step=step)
         if not echo:
             return
@@ -83,6 +99,68 @@ class RunLogger:
 
 # logging.x_axis -> the metric TensorBoard/wandb plot against (step when absent)
 X_AXIS_KEYS = {"step": None, "tokens": "consumed_tokens", "samples": "consumed_samples"}
+
+
+def purge_step(cfg, start: int) -> int:
+    """TensorBoard's ``purge_step`` of a run starting at step ``start``: the x value (logging.x_axis) of
+    its first record; the events at or past it are a killed run's (TensorBoard hides them)."""
+    from megahash.data.samples import consumed_samples
+
+    key = X_AXIS_KEYS.get(getattr(cfg.logging, "x_axis", "step"))
+    if key is None:
+        return start + 1
+    samples = consumed_samples(cfg.train, start)
+    return (samples * cfg.data.seq_length if key == "consumed_tokens" else samples) + 1
+
+
+def _record_step(rec: dict) -> int:
+    """The step a record belongs to: a checkpoint's publication by the step it saved (an asynchronous
+    save is published steps later), every other record by its step."""
+    return int(rec.get("saved_step", rec["step"]))
+
+
+def keep_history(path: Path, start: int) -> int:
+    """Drop the records of ``metrics.jsonl`` past step ``start`` (a killed run's, to be logged again),
+    and a line a kill cut short, rewriting the file atomically when anything goes; returns the last
+    step the dropped records reached (0: none). Read from the end: every record written before the
+    train record of step ``start`` belongs to a step up to ``start`` (a late evaluation's or a
+    publication's record carries an earlier step), so a long history is not parsed at each start."""
+    if not path.is_file() or not path.stat().st_size:
+        return 0
+    import mmap
+
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        return _drop_past(path, data, start)
+
+
+def _drop_past(path: Path, data, start: int) -> int:
+    """keep_history over the bytes ``data`` of ``path`` (a memory map)."""
+    tail, end = [], len(data)
+    while end > 0:  # lines from the last, until the train record of a step up to start
+        begin = data.rfind(b"\n", 0, end - 1) + 1
+        line = data[begin:end]
+        try:
+            rec = json.loads(line)
+            step = _record_step(rec)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            rec, step = None, None
+        if rec is not None and rec.get("split") == "train" and step <= start:
+            break
+        tail.append((line, rec, step))
+        end = begin
+    keep, last, dropped = [], 0, False
+    for line, rec, step in reversed(tail):
+        if rec is not None and step <= start:
+            keep.append(line if line.endswith(b"\n") else line + b"\n")
+        elif rec is not None:
+            dropped, last = True, max(last, int(rec["step"]))
+        else:
+            dropped = dropped or bool(line.strip())
+    if dropped:
+        from megahash.atomic_write import write_bytes_atomic
+
+        write_bytes_atomic(path, data[:end] + b"".join(keep))
+    return last
 
 
 def wandb_run_id(run_dir: str | Path) -> str:

@@ -14,7 +14,6 @@ a :class:`_Run` carries the state between them.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,13 +21,14 @@ from typing import Any
 
 import torch
 
-from megahash import accelerator
+from megahash.accelerator import deepspeed_ops, host_allocator, measurement, patches, policy, process_groups, rng
 from megahash.config import Config, save_config
 from megahash.data import documents
 from megahash.data.samples import consumed_samples, step_batch
 from megahash.data.text_source import RunTexts
 from megahash.errors import CheckpointError
-from megahash.training import async_save, checkpoint, ema, eval_during, qat, step_guard
+from megahash.known_warnings import quiet_deepspeed_logger
+from megahash.training import async_save, checkpoint, ema, eval_during, qat, run_lock, step_guard
 from megahash.training.batch_ramp import check_resume, ramp_metrics, set_step_batch
 from megahash.training.ds_config import deepspeed_config, tune_engine
 from megahash.training.logging import RunLogger, plot_loss
@@ -68,30 +68,30 @@ def batch_loss(engine, batch: dict, objective) -> torch.Tensor:
 
 def build_engine(cfg: Config, model: torch.nn.Module, dp_size: int, dtype: torch.dtype | None = None):
     """(DeepSpeed engine, LR scheduler) around ``model``: AdamW (no decay on 1-D parameters; fused
-    where the device has it, ``accelerator.adamw_options``), the warmup/decay schedule and the
+    where the device has it, ``accelerator.policy.adamw_options``), the warmup/decay schedule and the
     DeepSpeed config of ``train.zero_stage``. ``train.precision`` bf16 runs keep fp32 parameters and
-    compute in bf16 under DeepSpeed's ``torch_autocast`` (``accelerator.autocast_dtype``); a
+    compute in bf16 under DeepSpeed's ``torch_autocast`` (``accelerator.policy.autocast_dtype``); a
     ``dtype`` of bf16 given here instead asks for DeepSpeed's own bf16 mode (bf16 parameters)."""
     import deepspeed
 
-    accelerator.deepspeed_collectives_by_current_names()  # ZeRO-3's collectives without deprecation warnings
+    patches.deepspeed_collectives_by_current_names()  # ZeRO-3's collectives without deprecation warnings
     t = cfg.train
     optimizer = build_optimizer(
-        model, t, param_groups(model, t.weight_decay), accelerator.adamw_options(), dp_size
+        model, t, param_groups(model, t.weight_decay), policy.adamw_options(), dp_size
     )  # train.optimizer (Muon sharded over the data-parallel ranks at ZeRO-1/2)
     scheduler = Schedule(optimizer, t)  # megatron-core's OptimizerParamScheduler, stepped by the engine
     bf16_params = dtype == torch.bfloat16 or next(model.parameters()).dtype == torch.bfloat16
-    autocast = None if bf16_params else accelerator.autocast_dtype(t.precision)
+    autocast = None if bf16_params else policy.autocast_dtype(t.precision)
     ds_cfg = deepspeed_config(cfg, dp_size, bf16=bf16_params, autocast=autocast)
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         optimizer=optimizer,
         lr_scheduler=scheduler,
         config=ds_cfg,
-        mpu=accelerator.DeepSpeedMPU(),
+        mpu=process_groups.DeepSpeedMPU(),
         dist_init_required=False,
     )
-    accelerator.release_deepspeed_shm()
+    deepspeed_ops.release_deepspeed_shm()
     tune_engine(engine, dp_size)
     return engine, scheduler
 
@@ -100,7 +100,7 @@ def train_step(engine, batches, objective, gas: int, timings: dict | None = None
     """One optimizer step of ``gas`` micro-batches from the iterator ``batches``: (sum of the
     micro-batch losses, seconds spent waiting for batches). One host sync per step; with a
     ``timings`` dict, also the seconds of the optimizer phase (``engine.step`` of the last
-    micro-batch, between device syncs: ``accelerator.synchronize``) as ``timings["optimizer_s"]``."""
+    micro-batch, between device syncs: ``accelerator.measurement.synchronize``) as ``timings["optimizer_s"]``."""
     loss_sum, wait = None, 0.0
     for i in range(gas):  # phase(): the profiler's ranges in a profiled step (train.profile_steps)
         tw = time.perf_counter()
@@ -114,12 +114,12 @@ def train_step(engine, batches, objective, gas: int, timings: dict | None = None
                 engine.backward(loss)
         last = timings is not None and i == gas - 1
         if last:
-            accelerator.synchronize()
+            measurement.synchronize()
             to = time.perf_counter()
         with phase("optimizer"):
             engine.step()
         if last:
-            accelerator.synchronize()
+            measurement.synchronize()
             timings["optimizer_s"] = time.perf_counter() - to
         l = loss.detach().double()  # summed like Python floats, as before
         loss_sum = l if loss_sum is None else loss_sum + l
@@ -149,7 +149,7 @@ class _Run:
     flops_tok: Any = None  # a number, or "n/a" for a kind with no cost model
     peak: float = 0.0  # peak FLOP/s of the whole world
     watch: Any = None  # megahash.training.watchdog.HangWatchdog
-    guard: Any = None  # megahash.training.step_guard.StepGuard (train.skip_nonfinite, train.spike_factor)
+    guard: Any = None  # megahash.training.step_guard.StepGuard (non-finite steps, train.spike_factor)
     saver: Any = None  # megahash.training.async_save.AsyncSaver (train.async_save), None: synchronous saves
     ema: Any = None  # megahash.training.ema.WeightEMA (train.ema_decay), None: off
     evals: Any = None  # megahash.training.eval_during.EvalDuring (eval.interval)
@@ -171,38 +171,70 @@ class _Run:
 def train(cfg: Config, at_end=None) -> int:
     """Run (or resume) pretraining; returns the process exit status. ``at_end(save_dir)`` runs on rank 0
     after the last step (the entry point's end-of-run evaluation, megahash/pretrain.py)."""
-    from megahash.known_warnings import quiet_deepspeed_logger
-
     quiet_deepspeed_logger()
-    accelerator.tune_host_allocator()
+    host_allocator.tune_host_allocator()
     tp, sp = cfg.parallel.tensor, cfg.parallel.sequence
-    rank, world = accelerator.init_distributed(tp, sp, timeout_s=cfg.train.distributed_timeout_s)
-    run, completed = _Run(cfg, rank, world), False
+    rank, world = process_groups.init_distributed(tp, sp, timeout_s=cfg.train.distributed_timeout_s)
+    run, completed = None, False
     try:
-        _set_up(run)
-        with run.watch.requeue_after_peer_hang():  # a collective broken by a peer's hang watchdog: requeue
-            exit_status = _loop(run)
-        _finish(run, exit_status, at_end)
-        completed = True
-        return exit_status
+        with run_lock.held(cfg.train.save_dir, rank):  # one run per save_dir, before anything is written there
+            run = _set_up(cfg, rank, world)
+            with run.watch.requeue_after_peer_hang():  # a collective broken by a peer's hang watchdog: requeue
+                exit_status = _loop(run)
+            _finish(run, exit_status, at_end)
+            completed = True
+            return exit_status
     finally:
         _close(run)  # after an error too: log files, TensorBoard's writer thread, wandb, loader workers
-        accelerator.teardown(barrier=completed)
+        process_groups.teardown(barrier=completed)
+
+
+class _LoadFailed(Exception):
+    """The checkpoint a run resumes from failed to load (on some rank): set up again from an older one."""
+
+    def __init__(self, ckpt: Path, why: str):
+        super().__init__(why)
+        self.ckpt, self.why = ckpt, why
+
+
+def _set_up(cfg: Config, rank: int, world: int) -> _Run:
+    """A set-up run (:func:`_set_up_once`). Under ``train.resume=auto`` a checkpoint that fails to load, on
+    any rank and for any reason (its files damaged beyond what verification saw, a checkpoint without
+    a manifest), is skipped like a damaged one: the whole set-up is done again from a fresh engine with
+    the next older intact checkpoint (one warning line; none left: one line, exit 2). Loading into the
+    engine a failed load left half-written would not reproduce the uninterrupted run."""
+    import gc
+
+    failed: dict[Path, str] = {}
+    while True:
+        run = _Run(cfg, rank, world)
+        try:
+            _set_up_once(run, failed)
+            return run
+        except _LoadFailed as e:
+            failed[e.ckpt] = e.why
+        except BaseException:
+            _close(run)
+            raise
+        _close(run)
+        del run
+        gc.collect()
 
 
 # ------------------------------------------------------------------------------------------ set up
 
 
-def _set_up(run: _Run) -> None:
+def _set_up_once(run: _Run, failed: dict | None = None) -> None:
     """Set up: the resume point, the datasets, the model and its engine, the restored state, the
-    logs, the batch iterator, the stop flag, the progress meter and the hang watchdog, in this order."""
+    logs, the batch iterator, the stop flag, the progress meter and the hang watchdog, in this order.
+    ``failed``: checkpoints that failed to load in an earlier attempt (:func:`_set_up`)."""
     from megatron.core import parallel_state
 
     from megahash.objectives import build_objective
 
     cfg = run.cfg
     run.dp_rank, run.dp_size = parallel_state.get_data_parallel_rank(), parallel_state.get_data_parallel_world_size()
-    resume_from = _resume_point(cfg, run.rank)
+    resume_from = _resume_point(cfg, run.rank, failed or {})
     run.data = _build_data(cfg)
     model, n_params, n_emb = _build_model(cfg, run.data)
     run.engine, _ = build_engine(cfg, model, run.dp_size)
@@ -211,10 +243,7 @@ def _set_up(run: _Run) -> None:
     qat.install(run.engine, cfg.train)  # fake quantization of the last steps (train.qat_bits)
     run.objective = build_objective(cfg, run.data)
     if resume_from is not None:
-        state = checkpoint.load(run.engine, resume_from, cfg)
-        run.step = int(state["step"])
-        step_guard.restore(run.guard, state)  # the spike window and skip count (train.spike_factor)
-        ema.restore(run, resume_from)
+        _restore(run, resume_from)
     _open_log(run, resume_from, n_params, n_emb)
     _open_batches(run)
     run.stop = _stop_flag(cfg.train)
@@ -225,10 +254,11 @@ def _set_up(run: _Run) -> None:
     run.evals = eval_during.start(cfg, run.log, run.rank, run.consumed)  # eval.interval: lm-eval children
 
 
-def _resume_point(cfg: Config, rank: int) -> Path | None:
+def _resume_point(cfg: Config, rank: int, failed: dict) -> Path | None:
     """The checkpoint to resume from (``train.resume``: ``auto``, a checkpoint's path, or none),
-    checked against ``cfg``; rank 0 first clears the leftovers of saves killed in flight
-    (checkpoint_faults.clean_stale)."""
+    verified at ``train.verify_checkpoint`` and checked against ``cfg``; rank 0 first clears the
+    leftovers of saves killed in flight (checkpoint_faults.clean_stale). ``failed``: checkpoints that
+    failed to load in this process, skipped as damaged."""
     t = cfg.train
     save_dir = Path(t.save_dir)
     resume_from = None
@@ -237,15 +267,43 @@ def _resume_point(cfg: Config, rank: int) -> Path | None:
 
         clean_stale(save_dir)
     if t.resume == "auto":
-        resume_from = checkpoint.find_resume(save_dir)
+        resume_from = checkpoint.find_resume(save_dir, t.verify_checkpoint, failed)
     elif t.resume not in ("none", ""):
         resume_from = Path(t.resume)
         if not (resume_from / checkpoint.STATE_FILE).is_file():
             raise CheckpointError(f"train.resume={t.resume} is not a complete megahash checkpoint")
+        checkpoint.verify_named(resume_from, t.verify_checkpoint)
     if resume_from is not None:
         state = checkpoint.check_compatible(resume_from, cfg)
         check_resume(resume_from, state, cfg)  # its consumed samples are this config's (train.batch_ramp)
     return resume_from
+
+
+def _restore(run: _Run, ckpt: Path) -> None:
+    """Model, optimizer, scheduler, RNG, the bad-step guard's window and the weight average from
+    ``ckpt`` (its compatibility was checked). A failure on any rank, whatever raised it, is a
+    :class:`_LoadFailed` under ``train.resume=auto`` (:func:`_set_up` falls back), one line otherwise."""
+    from megahash.training.checkpoint_faults import first_line
+
+    error = None
+    try:
+        state = checkpoint.load(run.engine, ckpt, run.cfg)
+        run.step = int(state["step"])
+        step_guard.restore(run.guard, state)  # the spike window and skip count (train.spike_factor)
+        ema.restore(run, ckpt)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # torch.distributed.checkpoint's CheckpointException is a BaseException
+        error = e
+    if not any_rank(error is not None):
+        return
+    why = f"it failed to load: {first_line(error)}" if error is not None else "it failed to load on another rank"
+    if run.cfg.train.resume == "auto":
+        raise _LoadFailed(ckpt, why)
+    raise CheckpointError(
+        f"train.resume={ckpt} cannot be resumed ({why}); it is damaged: resume from another checkpoint "
+        f"(train.resume=auto takes the newest intact one)"
+    ) from None
 
 
 def _build_data(cfg: Config):
@@ -265,12 +323,12 @@ def _build_model(cfg: Config, data) -> tuple[torch.nn.Module, int, int]:
     counted over TP ranks before the engine partitions it, compiled by layer where asked."""
     from megahash.models.megatron_model import build_model
 
-    accelerator.seed_all(cfg.train.seed)
+    rng.seed_all(cfg.train.seed)
     model = build_model(cfg, data.vocab_size)
     _prepare_model_inputs(model, cfg, data)
     n_params = _sum_over_tp(sum(p.numel() for p in model.parameters()), model)
     n_emb = _embedding_params(model)
-    if accelerator.compile_layers(cfg.train.compile):
+    if policy.compile_layers(cfg.train.compile):
         compile_layers(model)
     return model, n_params, n_emb
 
@@ -287,10 +345,10 @@ def _open_log(run: _Run, resume_from: Path | None, n_params: int, n_emb: int) ->
     cfg, t = run.cfg, run.cfg.train
     if run.rank == 0:
         save_config(cfg, run.save_dir / "resolved_config.yaml")
-    run.log = RunLogger(cfg, run.rank)
+    run.log = RunLogger(cfg, run.rank, run.step)  # drops what a killed run logged past this step
     if run.rank == 0:
         where = f"resumed from {resume_from}" if resume_from else "from scratch"
-        dtype = accelerator.train_dtype(t.precision)  # the compute dtype (bf16: under autocast)
+        dtype = policy.train_dtype(t.precision)  # the compute dtype (bf16: under autocast)
         print(
             f"megahash: {n_params:,} parameters ({n_emb:,} embedding), world {run.world} "
             f"(tp {cfg.parallel.tensor}, dp {run.dp_size}), {dtype}, ZeRO-{t.zero_stage}, {where}",
@@ -331,7 +389,7 @@ def _start_progress(run: _Run) -> None:
     run.flops_tok = train_flops_per_token(cfg, run.data.vocab_size)
     if not isinstance(run.flops_tok, (int, float)) and run.rank == 0:
         print("MFU n/a: an attention kind of model.schedule has no cost model and cannot be measured", flush=True)
-    run.peak = accelerator.peak_flops(accelerator.train_dtype(cfg.train.precision)) * run.world
+    run.peak = measurement.peak_flops(policy.train_dtype(cfg.train.precision)) * run.world
 
 
 # -------------------------------------------------------------------------------------------- loop
@@ -357,8 +415,8 @@ def _loop(run: _Run) -> int:
 
 def _train_step_logged(run: _Run) -> None:
     """One optimizer step and its metrics (loss, LR, grad norm, tokens/s, MFU; the host-syncing
-    ones on the steps the progress line shows); a non-finite loss stops the run unless the step was
-    skipped (megahash/training/step_guard.py)."""
+    ones on the steps the progress line shows); a non-finite loss or gradient norm stops the run before
+    the update unless ``train.skip_nonfinite`` skips the step (megahash/training/step_guard.py)."""
     from megahash.training.stats import param_norm
 
     t, step = run.cfg.train, run.step
@@ -370,6 +428,7 @@ def _train_step_logged(run: _Run) -> None:
     run.gas = set_step_batch(run.engine, t, step)  # the step's global batch (train.batch_ramp) as accumulation steps
     qat.set_step(run.engine, step)  # train.qat_fraction
     loss_sum, wait = train_step(run.engine, run.batches, run.objective, run.gas, timings)
+    _stop_if_nonfinite(run, step + 1, lr_used)  # refused before the update (train.skip_nonfinite off): one line
     ema.update(run)  # train.ema_decay
     step = run.step = step + 1
     dt = time.perf_counter() - t0
@@ -391,14 +450,24 @@ def _train_step_logged(run: _Run) -> None:
     if echo:  # host-syncing statistics at log intervals only, off the step's hot path
         metrics["optimizer_s"] = timings["optimizer_s"]
         metrics["param_norm"] = param_norm(run.engine.module, t.zero_stage)
-        metrics["peak_memory_mib"] = accelerator.peak_memory_bytes() / 2**20
-    skipped = run.guard is not None and run.guard.account(step, metrics, run.progress)
-    if not skipped and not math.isfinite(loss_avg):
-        raise FloatingPointError(f"loss is {loss_avg} at step {step}; lower train.lr or check the data")
+        metrics["peak_memory_mib"] = measurement.peak_memory_bytes() / 2**20
+    skipped = run.guard.account(step, metrics, run.progress)
     run.log.log(step, metrics, "train", echo=False)
     run.progress.update(step, metrics, echo or skipped)
     if skipped:
         run.guard.stop_if_stuck(step, (run.consumed(step - 1), run.consumed(step)))
+
+
+def _stop_if_nonfinite(run: _Run, step: int, lr: float) -> None:
+    """A non-finite step the guard refused with ``train.skip_nonfinite`` off (every rank alike): a
+    background save in flight (of an earlier, finite step) is published first, then one line naming
+    the newest checkpoint (megahash/training/step_guard.py)."""
+    if not run.guard.stopping:
+        return
+    if run.saver is not None:
+        run.saver.finish(blocking=True)
+    samples = (run.consumed(step - 1), run.consumed(step))
+    raise run.guard.nonfinite_error(step, samples, lr, checkpoint.find_resume(run.save_dir))
 
 
 def _validate(run: _Run) -> None:
@@ -456,9 +525,11 @@ def _finish(run: _Run, exit_status: int, at_end) -> None:
         at_end(run.save_dir)  # training imports no eval (house rule: no import cycles)
 
 
-def _close(run: _Run) -> None:
+def _close(run: _Run | None) -> None:
     """Close a pending background save, the profiler, the progress meter and the logs and drop the batch
-    iterator (its loader workers), once."""
+    iterator (its loader workers), once (None: a run whose set-up failed, closed there)."""
+    if run is None:
+        return
     async_save.close(run)  # after an error: a pending background save is abandoned (the previous one stays)
     if run.evals is not None:
         run.evals.close()  # after an error: evaluations still running are killed
@@ -497,7 +568,7 @@ def _dp_mean(value: float) -> float:
 
     if not torch.distributed.is_initialized() or parallel_state.get_data_parallel_world_size() == 1:
         return value
-    t = torch.tensor([value], dtype=torch.float64, device=accelerator.device())
+    t = torch.tensor([value], dtype=torch.float64, device=policy.device())
     torch.distributed.all_reduce(t, group=parallel_state.get_data_parallel_group())
     return (t / parallel_state.get_data_parallel_world_size()).item()
 

@@ -34,6 +34,7 @@ import time
 from collections import deque
 from pathlib import Path
 
+from megahash.training.run_lock import release_held
 from megahash.training.signals import EXIT_REQUEUE, report_exit
 
 WARMUP_STEPS = 3  # timed steps before hang_factor applies (the first step of a process is never timed)
@@ -140,6 +141,7 @@ class HangWatchdog:
             flush=True,
         )
         report_exit(EXIT_REQUEUE)  # to megahash/launching/supervise.py, if it started this rank
+        release_held()  # the lock of train.save_dir (rank 0): the hard exit runs no finally
         self.exit(EXIT_REQUEUE)
 
     def _run(self) -> None:

@@ -244,13 +244,13 @@ def runs(shakespeare_shards, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def dist():
-    from megahash import accelerator
+    from megahash.accelerator import process_groups
 
     saved = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")}
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(_reserve_ports(1)[0])
-    accelerator.init_distributed(1)
+    process_groups.init_distributed(1)
     yield
-    accelerator.teardown()
+    process_groups.teardown()
     for k, v in saved.items():
         if v is None:
             os.environ.pop(k, None)
@@ -280,11 +280,11 @@ def _cfg(shards, name):
 
 def _build(cfg, seed: int = 0):
     """A MegahashLM at TP=1 with random weights (+ noise on every parameter)."""
-    from megahash import accelerator
+    from megahash.accelerator import rng
     from megahash.models.attention import fixed_qk
     from megahash.models.megatron_model import build_model
 
-    accelerator.seed_all(seed)
+    rng.seed_all(seed)
     model = build_model(cfg, 1000).eval()
     with torch.no_grad():
         g = torch.Generator().manual_seed(seed + 1)
@@ -492,6 +492,9 @@ def test_export_matches_megahash(name, shakespeare_shards, dist, tmp_path):
         import_hf(tmp_path / "hf", tmp_path / "imported")
         state = json.loads((tmp_path / "imported" / "step_00000003" / "megahash_state.json").read_text())
         assert state["weights_only"] and state["step"] == 3
+        from megahash.checkpoint.manifest import unverified
+
+        assert unverified(tmp_path / "imported" / "step_00000003") is None  # a manifest of sha256, as a save's
         export_hf(tmp_path / "imported", tmp_path / "hf2")
         _assert_bitwise_equal(_tensors(tmp_path / "hf"), _tensors(tmp_path / "hf2"))
 
@@ -557,10 +560,10 @@ def test_word_stream_export(shakespeare_shards, dist, tmp_path):
         ],
     )
     codec = load_codec(cfg, None)
-    from megahash import accelerator
+    from megahash.accelerator import rng
     from megahash.models.megatron_model import build_model
 
-    accelerator.seed_all(0)
+    rng.seed_all(0)
     model = build_model(cfg, codec.vocab_size).eval()
     write_weights_checkpoint(model, cfg, tmp_path / "ckpt", 1)
     export_hf(tmp_path / "ckpt", tmp_path / "hf")

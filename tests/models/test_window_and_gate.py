@@ -18,7 +18,7 @@ import pytest
 import torch
 from test_attention import VOCAB, build, build_attention, make_cfg, tokens
 
-from megahash import accelerator
+from megahash.accelerator import policy
 from megahash.models.forward_state import ForwardState
 
 pytestmark = [pytest.mark.usefixtures("dist"), pytest.mark.numerics]
@@ -155,7 +155,7 @@ def test_flex_sliding_window_block_mask_equals_sdpa_with_the_band(compiled, head
     doc = torch.tensor([[0] * 50 + [1] * 200 + [2] * 134, [0] * s])
     keep = torch.ones(2, s, dtype=torch.bool)
     keep[0, 300:] = False
-    flex = accelerator.flex_attention("cpu", compiled=compiled)
+    flex = policy.flex_attention("cpu", compiled=compiled)
     cases = [(None, True, None, 40), (doc, True, None, 70), (doc, False, keep, 33)]
     for docs, causal, kp, window in cases[1:2] if compiled else cases:
         band = document_mask.boolean_mask(docs, 2, causal, kp, window, s, q.device)
@@ -184,7 +184,7 @@ def test_model_forward_through_flex_attention_equals_sdpa(monkeypatch):
         with torch.no_grad():
             sdpa = model(row, **kw)
             with monkeypatch.context() as m:
-                m.setattr(accelerator, "document_attention_kernel", lambda *a, **k: "flex")
+                m.setattr(policy, "document_attention_kernel", lambda *a, **k: "flex")
                 flex = model(row, **kw)
         torch.testing.assert_close(flex, sdpa, rtol=0, atol=1e-5 * max(1.0, sdpa.abs().max().item()))
 

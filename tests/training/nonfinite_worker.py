@@ -3,7 +3,8 @@
 The injection is test code only: a tensor hook on one weight of the built model (registered by wrapping
 the trainer's ``_build_model`` here) puts a NaN into that weight's gradient on rank POISON_RANK at the
 listed backward passes (1-based; one micro-batch a step here, so the step numbers); the forward pass and
-the loss stay finite. After each step this rank's parameters are saved to OUT/params_rank{R}_step{S}.pt.
+the loss stay finite. After each step this rank's parameters are saved to OUT/params_rank{R}_step{S}.pt
+(OUT/params_rank{R}_refused.pt after a step refused without train.skip_nonfinite: the run stops there).
 Usage: RANK=r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=p python nonfinite_worker.py OUT POISON_RANK STEPS,.. OVERRIDES...
 """
 
@@ -44,11 +45,13 @@ def poisoned_build_model(cfg, data):
 
 
 def step_and_save(run):
+    before = run.step
     try:
         step_logged(run)
-    finally:  # the step that stops the run is saved too
+    finally:  # the step that stops the run is saved too: after a skip as its step, a refused one as "refused"
         params = {n: p.detach().clone() for n, p in run.engine.module.named_parameters()}
-        torch.save(params, os.path.join(out, f"params_rank{rank}_step{run.step}.pt"))
+        name = f"step{run.step}" if run.step > before else "refused"
+        torch.save(params, os.path.join(out, f"params_rank{rank}_{name}.pt"))
 
 
 trainer._build_model = poisoned_build_model

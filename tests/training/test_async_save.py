@@ -160,3 +160,6 @@ def test_a_failed_background_write_is_one_line_and_keeps_the_previous_checkpoint
     assert len(lines) == 1 and "No such file or directory" in lines[0], err[-3000:]
     assert "the previous checkpoint step_00000002 is intact" in lines[0] and "fix the folder" in lines[0]
     assert (run_dir / "latest").read_text() == "step_00000002" and not (run_dir / "step_00000004.tmp").exists()
+    from test_integrity import assert_digests
+
+    assert_digests(run_dir / "step_00000002")  # hashed by the background writers (docs/security.md)

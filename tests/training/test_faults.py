@@ -415,6 +415,7 @@ def test_stop_signals_under_deepspeed_and_torchrun_resume_bit_exactly(shakespear
         assert new_stop >= kill_at and (split / "latest").read_text() == f"step_{new_stop:08d}", out[-3000:]
         assert "BrokenPipeError" not in out and "Traceback (most recent call last)" not in out.split("stopped at")[0]
         assert not list(split.glob("*.tmp")), what
+        assert not (split / "megahash.lock").exists(), what  # rank 0 released the run's lock (docs/security.md)
         state = json.loads((split / f"step_{new_stop:08d}" / "megahash_state.json").read_text())
         assert state["step"] == new_stop and state["world_size"] == 2
         stop = new_stop

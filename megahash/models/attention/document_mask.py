@@ -7,7 +7,7 @@ document and -inf across (Megatron-LM's ``--reset-attention-mask``); with a wind
 i - W < j <= i (|i - j| < W in an encoder; :mod:`megahash.ops.utils.window`), the two rules joined as
 FlexAttention's ``and_masks`` joins mask functions. The document ids [b, s] come from
 the tokens (megahash/data/documents.py); the kernel is the accelerator's choice
-(:func:`megahash.accelerator.document_attention_kernel`): FlexAttention with a ``BlockMask`` (no [s, s]
+(:func:`megahash.accelerator.policy.document_attention_kernel`): FlexAttention with a ``BlockMask`` (no [s, s]
 tensor; blocks outside the documents and the window skipped) or SDPA with a mask built once per forward
 (additive, in the queries' dtype) and shared by the layers (kept on the document-id tensor, or without
 documents in the forward's ``MixState.masks``). A token always sees itself, so a padding query whose
@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from megahash import accelerator
+from megahash.accelerator import policy
 from megahash.ops.utils.window import band_mask, in_window
 
 
@@ -125,14 +125,14 @@ def attend(q, k, v, document_ids, causal: bool, keep=None, scale=None, dropout_p
     keep = None if keep is None else keep.bool()
     head_dim = min(q.shape[-1], v.shape[-1])
     rows = b if document_ids is not None or keep is not None else 1
-    if accelerator.document_attention_kernel(q.device, dropout_p > 0, head_dim, q.dtype) == "flex":
+    if policy.document_attention_kernel(q.device, dropout_p > 0, head_dim, q.dtype) == "flex":
         bm = _cached(
             document_ids,
             masks,
             ("flex", rows, s, causal, keep is not None, window),
             lambda: block_mask(document_ids, b, causal, keep, True, window, s, q.device),
         )
-        return accelerator.flex_attention(q.device)(q, k, v, block_mask=bm, scale=scale)
+        return policy.flex_attention(q.device)(q, k, v, block_mask=bm, scale=scale)
     mask = _cached(
         document_ids,
         masks,

@@ -23,6 +23,7 @@ output gate per head and channel before ``linear_proj`` (Qwen3-Next's gated atte
 
 from __future__ import annotations
 
+from megahash.models.attention.maps import softmax_core_maps
 from megahash.models.attention.softmax_base import GatedOptions, GroupedSoftmax, default_gqa_groups
 from megahash.models.cost_formulas import SoftmaxRow
 from megahash.models.registry import AttentionCaps, register_attention
@@ -67,6 +68,7 @@ register_attention(
     costs=MHACosts,
     options=GatedOptions,
     caps=AttentionCaps(standard=True, qwen2=True, thesis_name="Standard", chapters=(3, 4)),
+    maps=softmax_core_maps,
     groups=lambda n, g: g or n,
 )
 register_attention(
@@ -75,6 +77,7 @@ register_attention(
     costs=GQACosts,
     options=GatedOptions,
     caps=AttentionCaps(qwen2=True, thesis_name="GQA"),
+    maps=softmax_core_maps,
     groups=lambda n, g: g if 0 < g < n else default_gqa_groups(n),
 )
 register_attention(
@@ -83,5 +86,6 @@ register_attention(
     costs=MQACosts,
     options=GatedOptions,
     caps=AttentionCaps(qwen2=True, thesis_name="MQA", chapters=(3,)),
+    maps=softmax_core_maps,
     groups=lambda n, g: 1,
 )

@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from megahash.errors import ConfigError
+from megahash.models.attention.maps import softmax_core_maps
 from megahash.models.attention.softmax_base import GatedOptions, GroupedSoftmax
 from megahash.models.cost_formulas import SoftmaxRow
 from megahash.models.registry import AttentionCaps, register_attention
@@ -97,5 +98,6 @@ register_attention(
     costs=SWACosts,
     options=SWAOptions,
     caps=AttentionCaps(),
+    maps=softmax_core_maps,
     groups=lambda n, g: g or n,
 )
