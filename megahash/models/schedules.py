@@ -118,11 +118,20 @@ def layer_items(schedule: str, num_layers: int) -> list[str]:
     raise ConfigError(f"bad schedule {schedule!r}; use uniform:KIND, hybrid:KIND:PRESET or list:K1,K2,...")
 
 
+def named_items(schedule: str, num_layers: int) -> list[str]:
+    """Every item a schedule names, used by a layer or not (a hybrid's STANDARD when its preset keeps no layer of
+    this depth): each is checked, so a typo fails at any depth."""
+    parts = schedule.split(":")
+    named = [] if parts[0] == "list" else [parts[1]] + (parts[3:4] if parts[0] == "hybrid" else [])
+    items = layer_items(schedule, num_layers)
+    return list(dict.fromkeys(items + [item for item in named if item not in items]))
+
+
 def layer_kinds(schedule: str, num_layers: int, known: set[str] | None = None) -> list[str]:
-    """Parse a schedule into ``num_layers`` attention kind names (validated against ``known``)."""
+    """Parse a schedule into ``num_layers`` attention kind names (every named kind validated against ``known``)."""
     kinds = [split_item(item)[0] for item in layer_items(schedule, num_layers)]
     if known is not None:
-        for k in kinds:
+        for k in [split_item(item)[0] for item in named_items(schedule, num_layers)]:
             if k not in known:
                 import difflib
 
@@ -134,36 +143,35 @@ def layer_kinds(schedule: str, num_layers: int, known: set[str] | None = None) -
 
 def layer_options(cfg) -> list[dict]:
     """The per-layer options of ``model.schedule`` ({} for a layer without), typed and checked against what the
-    layer's kind declares (:func:`megahash.catalog.option_specs`): a one-line ConfigError otherwise. A layer's
-    options are ``model.attention.options`` with these on top."""
+    layer's kind declares (:func:`megahash.catalog.option_specs`; every item the schedule names, used at this depth
+    or not): a one-line ConfigError otherwise. A layer's options are ``model.attention.options`` with these on top."""
     from megahash import catalog
-    from megahash.config_checks import check_value, coerce
-    from megahash.errors import did_you_mean
 
     m = cfg.model
     specs = catalog.option_specs("attention")
-    out = []
-    for item in layer_items(m.schedule, m.num_layers):
-        name, raw = split_item(item)
-        own = sorted(o for o, spec in specs.items() if name in spec.kinds)
-        typed = {}
-        for key, value in raw.items():
-            if key not in own:
-                have = f"its options: {', '.join(own)}" if own else "it declares none"
-                raise ConfigError(
-                    f"attention kind {name!r} has no option {key!r} (schedule item {item!r}; {have})"
-                    f"{did_you_mean(key, own) if own else ''}"
-                )
-            spec = specs[key]
-            if value is None and spec.type is not bool:
-                raise ConfigError(
-                    f"option {key!r} of {name!r} needs a value: {name}+{key}=VALUE (schedule item {item!r})"
-                )
-            dotted = f"{name}+{key} (model.schedule)"
-            typed[key] = True if value is None else coerce(value, spec.type, dotted)
-            check_value(dotted, typed[key], spec.range)
-        out.append(typed)
-    return out
+    typed = {item: _typed_options(item, specs) for item in named_items(m.schedule, m.num_layers)}
+    return [typed[item] for item in layer_items(m.schedule, m.num_layers)]
+
+
+def _typed_options(item: str, specs: dict) -> dict:
+    """The options of one schedule item, typed and checked against what its kind declares (``specs``)."""
+    from megahash.config_checks import check_value, coerce
+    from megahash.errors import did_you_mean
+
+    name, raw = split_item(item)
+    own = sorted(o for o, spec in specs.items() if name in spec.kinds)
+    typed = {}
+    for key, value in raw.items():
+        if key not in own:
+            hint = did_you_mean(key, own) if own else " (it declares no options)"
+            raise ConfigError(f"attention kind {name!r} has no option {key!r} in schedule item {item!r}{hint}")
+        spec = specs[key]
+        if value is None and spec.type is not bool:
+            raise ConfigError(f"option {key!r} of {name!r} needs a value: {name}+{key}=VALUE (schedule item {item!r})")
+        dotted = f"{name}+{key} (model.schedule)"
+        typed[key] = True if value is None else coerce(value, spec.type, dotted)
+        check_value(dotted, typed[key], spec.range)
+    return typed
 
 
 def standard_kind(schedule: str) -> str:
