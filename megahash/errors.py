@@ -1,6 +1,7 @@
 """Errors that reach the user as one line (entry points print ``error: <message>`` and exit 2)."""
 
 import difflib
+import sys
 
 LINE_LIMIT = 500  # characters of an error line after ``error: `` (:func:`one_line`)
 
@@ -48,6 +49,4 @@ _ELLIPSIS = " ... "
 
 def print_error(message) -> None:
     """The one place an error becomes a line: ``error: <message as one_line>`` on stderr."""
-    import sys  # here: the HF export ships this module, and its remote code imports no more than it needs
-
     print(f"error: {one_line(message)}", file=sys.stderr, flush=True)

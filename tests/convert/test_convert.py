@@ -359,6 +359,7 @@ def test_hashing_helper_equals_megahash_hashing(shakespeare_shards, runs):
         "dataclasses",
         "functools",
         "difflib",  # megahash/errors.py (the kinds' ConfigError)
+        "sys",  # megahash/errors.py (print_error's stderr)
     }
     from megahash.convert import remote_code
 
