@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 import yaml
 
 from megahash import safe_yaml
+from megahash.config_checks import coerce as _coerce  # a value to its field's type, one-line error otherwise
 from megahash.config_files import CONFIG_ROOT, find_config  # shipped configs (package data)
 from megahash.errors import ConfigError, did_you_mean
 
@@ -342,56 +342,6 @@ def _deep_merge(dst: dict, src: dict) -> dict:
 
 
 _suggest = did_you_mean
-
-
-def _coerce(value: Any, typ: Any, dotted: str) -> Any:
-    """Check/convert a YAML value to a dataclass field type; one-line error otherwise."""
-    origin = typing.get_origin(typ)
-    if origin is list:
-        (inner,) = typing.get_args(typ)
-        if isinstance(value, str):
-            value = [v for v in value.split(",") if v] if "," in value or value else []
-        if not isinstance(value, list):
-            value = [value]
-        return [_coerce(v, inner, dotted) for v in value]
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(typ) if a is not type(None)]
-        if value is None:
-            return None
-        return _coerce(value, args[0], dotted)
-    if typ is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
-            return value.lower() in ("true", "1", "yes")
-        raise ConfigError(f"config key {dotted!r} must be true/false, got {value!r}")
-    if typ is int:
-        if isinstance(value, bool):
-            raise ConfigError(f"config key {dotted!r} must be an integer, got {value!r}")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
-            try:
-                return int(float(value)) if value.replace(".", "", 1).replace("e", "", 1).isdigit() else int(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"config key {dotted!r} must be an integer, got {value!r}")
-    if typ is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"config key {dotted!r} must be a number, got {value!r}")
-    if typ is str:
-        if isinstance(value, (dict, list)):
-            raise ConfigError(f"config key {dotted!r} must be a string, got {value!r}")
-        return "" if value is None else str(value)
-    return value
 
 
 def _build(cls, data: dict, prefix: str):

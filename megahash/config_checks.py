@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import types
 import typing
 
 from megahash.errors import ConfigError
@@ -97,6 +98,56 @@ def _range_text(low, high, low_open, high_open) -> str:
     if low is None:
         return f"{'<' if high_open else '<='} {high}"
     return f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+
+
+def coerce(value, typ, dotted: str):
+    """Check/convert a YAML value to a dataclass field type; one-line error otherwise."""
+    origin = typing.get_origin(typ)
+    if origin is list:
+        (inner,) = typing.get_args(typ)
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v] if "," in value or value else []
+        if not isinstance(value, list):
+            value = [value]
+        return [coerce(v, inner, dotted) for v in value]
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(typ) if a is not type(None)]
+        if value is None:
+            return None
+        return coerce(value, args[0], dotted)
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"config key {dotted!r} must be true/false, got {value!r}")
+    if typ is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"config key {dotted!r} must be an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(float(value)) if value.replace(".", "", 1).replace("e", "", 1).isdigit() else int(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"config key {dotted!r} must be an integer, got {value!r}")
+    if typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"config key {dotted!r} must be a number, got {value!r}")
+    if typ is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"config key {dotted!r} must be a string, got {value!r}")
+        return "" if value is None else str(value)
+    return value
 
 
 def check_value(key: str, value, rule: tuple | None = None) -> None:

@@ -28,3 +28,34 @@ def heads(**caps) -> list[str]:
 def with_formula(name: str) -> list[str]:
     """Attention kinds whose cost class has the formula ``name`` (e.g. qkv_params)."""
     return [k for k in attention() if getattr(catalog.costs(k), name, None) is not None]
+
+
+def examples(kind: str) -> tuple:
+    """The per-layer option settings the kind's options class lists for these tests (``EXAMPLES``: schedule-item
+    suffixes, "" = the defaults), or ("",)."""
+    cls = catalog.options_class("attention", kind)
+    return tuple(getattr(cls, "EXAMPLES", None) or ("",))
+
+
+def variants(**caps) -> list[str]:
+    """Schedule items of the attention kinds matching ``caps``: each kind with each of its examples (``swa+window=4``,
+    ``mha+gated``; ``KIND+OPTION=VALUE`` sets the option for that layer), so a newly declared option joins every
+    registry-driven test as a kind does."""
+    return [k if not e else f"{k}+{e}" for k in attention(**caps) for e in examples(k)]
+
+
+def kind(item: str) -> str:
+    """The kind name of a schedule item (``swa+window=4`` -> ``swa``)."""
+    from megahash.models.schedules import split_item
+
+    return split_item(item)[0]
+
+
+def options(item: str) -> dict:
+    """The typed per-layer options of a schedule item (``swa+window=4`` -> {"window": 4}), as the schedule gives
+    them to the layer (and the cost formulas take them)."""
+    from megahash.config_checks import coerce
+    from megahash.models.schedules import split_item
+
+    specs = catalog.option_specs("attention")
+    return {k: True if v is None else coerce(v, specs[k].type, k) for k, v in split_item(item)[1].items()}

@@ -33,7 +33,7 @@ LENGTHS = [512, pytest.param(2048, marks=pytest.mark.slow)]
 # approx-thesis's literal eq. 4.16 is ill-conditioned (its denominator has no sign: rounding q, k to
 # bf16 alone moves its output by O(1)); its stabilised option is what can meet mha's error
 STABILISED = {"approx-thesis": ["model.attention.options.denominator=positive"]}
-KINDS = _kinds.attention(decoder=True)
+KINDS = _kinds.variants(decoder=True)
 
 
 def _cfg(kind, extra, L):

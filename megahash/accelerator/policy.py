@@ -122,10 +122,10 @@ def document_attention_kernel(
     head_dim: int | None = None,
     dtype: torch.dtype | None = None,
 ) -> str:
-    """The kernel of softmax attention inside packed documents (``data.reset_attention_mask``,
-    megahash/models/attention/document_mask.py): ``"flex"`` where FlexAttention runs (compiled, with a
-    ``BlockMask`` from the document ids: no [s, s] tensor, fully masked blocks skipped), ``"sdpa"``
-    otherwise: SDPA (on CPU its flash kernel) with a [b, 1, s, s] mask built once per forward.
+    """The kernel of softmax attention inside packed documents (``data.reset_attention_mask``) or a sliding
+    window (a kind's ``window``; megahash/models/attention/document_mask.py): ``"flex"`` where FlexAttention runs
+    (compiled, with a ``BlockMask`` from the document ids and the window: no [s, s] tensor, fully masked blocks
+    skipped), ``"sdpa"`` otherwise: SDPA (on CPU its flash kernel) with a [b, 1, s, s] mask built once per forward.
 
     FlexAttention runs on CUDA for heads of at least :data:`FLEX_MIN_HEAD_DIM` dims (``head_dim``: the
     smaller of the query/key and value head widths; torch's Triton template raises NYI below 16), in

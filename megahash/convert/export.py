@@ -79,19 +79,22 @@ def from_hf_names(state: dict) -> dict:
 
 
 def layer_specs(model) -> list[dict]:
-    """Per layer: attention kind and what the HF model needs to build it."""
+    """Per layer: attention kind and what the HF model needs to build it (its options from the schedule too:
+    ``KIND+OPTION=VALUE``, over the exported ``model.attention.options``)."""
     from megahash import catalog
     from megahash.models import registry
+    from megahash.models.schedules import layer_options
 
     cfg = model.cfg
     kinds = model.layer_kinds
     skipped = registry.skipped_layers(cfg, kinds)
     specs = []
-    for layer, kind, skip in zip(model.decoder.layers, kinds, skipped):
+    for layer, kind, skip, options in zip(model.decoder.layers, kinds, skipped, layer_options(cfg)):
         att = layer.self_attention
         if not registry.spec("attention", kind).caps.exportable:
             raise ConfigError(f"attention kind {kind} has no Hugging Face export; use {catalog.standard('attention')}")
         spec = {"kind": kind, "groups": int(getattr(att, "groups", 0) or cfg.model.num_heads), "skip": bool(skip)}
+        spec.update(options)
         extra = registry.spec("attention", kind).export
         if extra is not None:  # what the kind's HF layer needs beyond kind and groups (its own file says)
             spec.update(extra(att))

@@ -62,6 +62,13 @@ def ineligible(cfg, model) -> str:
     other = sorted({k for k in model.layer_kinds if not _qwen2("attention", k)})
     if other:
         return f"attention kinds {other}"
+    extra = sorted(
+        {n.split(".", 3)[3] for n, _ in model.named_parameters() if n.startswith("decoder.layers.")}
+        - set(LAYER_RENAMES)
+        - set(LAYER_SPLITS)
+    )
+    if extra:  # e.g. an option's own parameters (an output gate): a Qwen2 layer has no place for them
+        return f"layer parameters {extra}"
     groups = {int(layer.self_attention.groups) for layer in model.decoder.layers}
     if len(groups) != 1:
         return f"layers with different key/value group counts {sorted(groups)}"

@@ -2,7 +2,8 @@
 
 - :func:`closed_form_report` is ``megahash params`` for a plain Qwen2 decoder (embedding, head and
   every attention kind registered with ``caps.qwen2``), in closed form: QKV the kind's Table 3.4
-  formula ``h (n + 2g) d_h`` (+ ``(n + 2g) d_h`` bias), output ``h^2``, SwiGLU ``3 h ffn``, two RMSNorms ``2h``
+  formula ``h (n + 2g) d_h`` (+ ``(n + 2g) d_h`` bias; the layer's options go to the formula, e.g. an output
+  gate's ``h n d_h``), output ``h^2``, SwiGLU ``3 h ffn``, two RMSNorms ``2h``
   per layer, final norm ``h``, embedding ``V' h`` with ``V'`` Megatron's padded vocabulary (+ ``V' h``
   untied head). Other variants return None and are counted on a meta-device model (tests check
   both agree).
@@ -17,7 +18,7 @@ def closed_form_report(cfg, vocab_size: int) -> dict | None:
     """``megahash params`` report of the standard decoder in closed form (None: not covered); its
     costs are the [Xue25] table rows (the implementation's are measured by ``megahash params --measure``)."""
     from megahash.models.costs import attention_param_count
-    from megahash.models.schedules import check_kinds
+    from megahash.models.schedules import check_kinds, layer_options
 
     m = cfg.model
     kinds = check_kinds(cfg)
@@ -27,8 +28,9 @@ def closed_form_report(cfg, vocab_size: int) -> dict | None:
     d_h = h // n
     V = padded_vocab_size(vocab_size, m.make_vocab_size_divisible_by)
     layers = []
-    for kind in kinds:
-        qkv = attention_param_count(kind, n, d_h, m.num_query_groups or None)  # the kind's Table 3.4 formula
+    for kind, own in zip(kinds, layer_options(cfg)):
+        options = {**m.attention.options, **own}  # the layer's options (e.g. an output gate's parameters)
+        qkv = attention_param_count(kind, n, d_h, m.num_query_groups or None, **options)  # its Table 3.4 formula
         width = qkv // h  # (n + 2g) d_h output features of the Q/K/V projections
         layers.append(
             {

@@ -76,6 +76,34 @@ class GeneralisedRow(StandardQKV):
         return 4 * B * L * cls.kv_width(d, h, g or h)
 
 
+class SoftmaxRow(GeneralisedRow):
+    """The Standard row (full heads: ``h`` None) or generalised by the key/value groups, plus the sigmoid output
+    gate when ``gated`` (not in [Xue25]): d^2n^2 more parameters (W_g, d_m x n d), their GEMM (2BLd_m^2 prefill,
+    2Bd_m^2 decode) and its saved pre-activation and ungated output (4BLd_m bytes); decode cache K and V
+    (2BLgd_h numbers). The base of the mha family's costs."""
+
+    @staticmethod
+    def qkv_params(n, d, g, gated=False):
+        return d * d * n * n + 2 * d * d * n * g + (d * d * n * n if gated else 0)
+
+    @classmethod
+    def flops(cls, phase, B, L, d, h=None, g=None, precomputed=False, gated=False):
+        gate = (2 * B * L * d * d if phase == "prefill" else 2 * B * d * d) if gated else 0
+        if h is None:  # the Standard row itself (full heads)
+            return gate + (
+                4 * B * L * L * d + 6 * B * L * d * d if phase == "prefill" else 6 * B * d * d + 4 * B * L * d
+            )
+        return gate + super().flops(phase, B, L, d, h, g, precomputed)
+
+    @classmethod
+    def activation_bytes(cls, B, L, d, h, t=1, gated=False):
+        return super().activation_bytes(B, L, d, h, t) + (4 * B * L * d / t if gated else 0)
+
+    @staticmethod
+    def cache_elements(B, L, n, d_h, g, **_):
+        return 2 * B * L * g * d_h
+
+
 class ApproxRow(StandardQKV):
     """[Xue25] Tables 4.5-4.8, Approx. row (Appendix I's form, the ``approx-thesis`` kind; ``approx``, the
     Based kernel, shares it): O(BLd^2); FLOPs 14BLd^2 (prefill), 10Bd^2 (decode); activations

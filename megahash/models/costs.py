@@ -28,6 +28,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 from megahash import catalog
 from megahash.models.cost_formulas import GeneralisedRow, StandardQKV  # noqa: F401 - the formula bases
 
@@ -45,11 +47,20 @@ def _own(kind: str):
 
 
 def _formula(kind: str, name: str):
+    """The kind's formula ``name``, called with the layer's options it names as keywords (``**opts``: a layer's
+    options, ``model.attention.options`` with the schedule's per-layer ones on top; e.g. a window, a gate)."""
     own = _own(kind)
     fn = getattr(own, name, None) if own is not None else None
     if fn is None:
         raise KeyError(f"attention kind {kind!r} has no {name} formula")
-    return fn
+
+    def call(*args, **opts):
+        params = inspect.signature(fn).parameters
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            opts = {k: v for k, v in opts.items() if k in params}
+        return fn(*args, **opts)
+
+    return call
 
 
 def _groups(kind: str, n: int, groups: int | None) -> int:
@@ -71,10 +82,10 @@ def chapter_kinds(chapter: int) -> list[str]:
 # ----------------------------------------------------------------------------- Table 3.4
 
 
-def attention_param_count(kind: str, n: int, d: int, groups: int | None = None) -> int:
+def attention_param_count(kind: str, n: int, d: int, groups: int | None = None, **opts) -> int:
     """Table 3.4: Q/K/V parameters of one attention sublayer (d = head dim, n = heads, d_m = nd),
-    the kind's own ``qkv_params`` (e.g. SHA 3d^2n, MHA 3d^2n^2, MHE 3d^2n + 3dn)."""
-    return _formula(kind, "qkv_params")(n, d, _groups(kind, n, groups))
+    the kind's own ``qkv_params`` (e.g. SHA 3d^2n, MHA 3d^2n^2, MHE 3d^2n + 3dn; ``opts``: the layer's options)."""
+    return _formula(kind, "qkv_params")(n, d, _groups(kind, n, groups), **opts)
 
 
 def extra_params_over_sha(kind: str, n: int, d: int) -> int:
@@ -119,9 +130,9 @@ def memory_saving_ratio(kind: str, n: int = 12, d: int = 64, batch: int = 32, se
 # ----------------------------------------------------------------------------- Tables 4.5-4.8
 
 
-def time_complexity(kind: str, B: int, L: int, d: int) -> int:
+def time_complexity(kind: str, B: int, L: int, d: int, **opts) -> int:
     """Table 4.5: leading terms of one forward pass without caching (O(.) value)."""
-    return _formula(kind, "time_complexity")(B, L, d)
+    return _formula(kind, "time_complexity")(B, L, d, **opts)
 
 
 def flops(
@@ -133,16 +144,17 @@ def flops(
     h: int | None = None,
     precomputed: bool = False,
     groups: int | None = None,
+    **opts,
 ) -> int:
     """Table 4.6: GEMM FLOPs per iteration of one attention sublayer with the cache enabled.
 
     phase ``prefill`` (B sequences of L tokens) or ``decode`` (one new token per sequence with L
     tokens of context). ``precomputed``: global attention scores cached (sec. 4.13, kinds with a
-    fixed input). Generalised rows (:class:`GeneralisedRow`) need ``h``."""
+    fixed input). Generalised rows (:class:`GeneralisedRow`) need ``h``. ``opts``: the layer's options."""
     if phase not in ("prefill", "decode"):
         raise ValueError(f"phase must be prefill or decode, got {phase!r}")
     g = _groups(kind, h, groups) if h is not None else groups
-    return _formula(kind, "flops")(phase, B, L, d, h, g, precomputed)
+    return _formula(kind, "flops")(phase, B, L, d, h, g, precomputed, **opts)
 
 
 def flops_per_token(
@@ -154,21 +166,22 @@ def flops_per_token(
     h: int | None = None,
     precomputed: bool = False,
     groups: int | None = None,
+    **opts,
 ) -> float:
     """Table 4.6 divided by the tokens of the iteration (B*L for prefill, B for decode)."""
     tokens = B * L if phase == "prefill" else B
-    return flops(kind, phase, B, L, d, h, precomputed, groups) / tokens
+    return flops(kind, phase, B, L, d, h, precomputed, groups, **opts) / tokens
 
 
-def activation_memory(kind: str, B: int, L: int, d: int, h: int, t: int = 1) -> float:
+def activation_memory(kind: str, B: int, L: int, d: int, h: int, t: int = 1, **opts) -> float:
     """Table 4.7: activation memory (bytes, 16-bit, sequence parallel over t) of one attention
     sublayer, attention dropout ignored."""
-    return _formula(kind, "activation_bytes")(B, L, d, h, t)
+    return _formula(kind, "activation_bytes")(B, L, d, h, t, **opts)
 
 
-def cache_bytes(kind: str, B: int, L: int, d: int, h: int, groups: int | None = None) -> float:
+def cache_bytes(kind: str, B: int, L: int, d: int, h: int, groups: int | None = None, **opts) -> float:
     """Table 4.8: inference cache per layer in bytes (16-bit)."""
-    return _formula(kind, "cache_bytes")(B, L, d, h, _groups(kind, h, groups))
+    return _formula(kind, "cache_bytes")(B, L, d, h, _groups(kind, h, groups), **opts)
 
 
 def cache_elements(
@@ -176,7 +189,8 @@ def cache_elements(
 ) -> int:
     """Numbers this implementation keeps in its decoding cache per layer (all TP ranks together)
     after L tokens of B sequences: the kind's own ``cache_elements``. ``frozen`` (kinds with a
-    fixed input: maps frozen with ``FixedInput.freeze``) and ``opts`` (e.g. ``feature_dim``) go to it."""
+    fixed input: maps frozen with ``FixedInput.freeze``) and ``opts`` (the layer's options, e.g.
+    ``feature_dim``, ``window``) go to it."""
     return _formula(kind, "cache_elements")(B, L, n, d_h, _groups(kind, n, groups), frozen=frozen, **opts)
 
 
@@ -201,17 +215,18 @@ def _na(fn, *args, **kw):
         return NA
 
 
-def implemented_costs(cfg, kind: str, batch: int, seq: int) -> dict:
+def implemented_costs(cfg, kind: str, batch: int, seq: int, options: dict | None = None) -> dict:
     """Costs of megahash's implementation of ``kind`` (measured; values "n/a" when not measurable):
     prefill/decode GEMM FLOPs (and per token), decode cache bytes at 16 bit, saved activation bytes
-    (16-bit training), one attention sublayer, output projection excluded (as Tables 4.6-4.8)."""
-    key = (cfg.to_yaml(), kind, batch, seq)
+    (16-bit training), one attention sublayer, output projection excluded (as Tables 4.6-4.8); ``options``: the
+    layer's own (a schedule's ``KIND+OPTION=VALUE``)."""
+    key = (cfg.to_yaml(), kind, batch, seq, tuple(sorted((options or {}).items())))
     if key in _IMPL_MEMO:
         return dict(_IMPL_MEMO[key])
     try:
         from megahash.models.measured_costs import measure_kind
 
-        m = measure_kind(cfg, kind, batch, seq)
+        m = measure_kind(cfg, kind, batch, seq, options)
     except Exception:
         m = {}
     num = lambda v: isinstance(v, (int, float))  # noqa: E731
@@ -229,36 +244,38 @@ def implemented_costs(cfg, kind: str, batch: int, seq: int) -> dict:
     return out
 
 
-def layer_costs(cfg, kind: str, batch: int, seq: int, measure: bool = True) -> dict:
+def layer_costs(cfg, kind: str, batch: int, seq: int, measure: bool = True, options: dict | None = None) -> dict:
     """All table values for one layer of kind ``kind`` under a megahash config (``cfg.model``), the
     implementation's measured values (``impl_*``; ``measure=False`` skips them) and ``differs``: the
-    quantities where the [Xue25] table and the implementation disagree (beyond 0.5%)."""
+    quantities where the [Xue25] table and the implementation disagree (beyond 0.5%). The formulas get the
+    layer's options (``model.attention.options``, ``options``: the schedule's per-layer ones on top)."""
     m = cfg.model
     n, d = m.num_heads, m.hidden_size
     d_h = d // n
     g = m.num_query_groups or None  # the kind's own ``groups`` turns it into its key/value heads
     t = cfg.parallel.tensor
     name = thesis_name(kind)
+    o = {**m.attention.options, **(options or {})}
     out = {
         "kind": kind,
         "thesis_name": name if name else NA,
         "has_formulas": _own(kind) is not None,  # False: "measured only"
-        "time_complexity": _na(time_complexity, kind, batch, seq, d),
-        "prefill_flops": _na(flops, kind, "prefill", batch, seq, d, n, groups=g),
-        "decode_flops": _na(flops, kind, "decode", batch, seq, d, n, groups=g),
-        "prefill_flops_per_token": _na(flops_per_token, kind, "prefill", batch, seq, d, n, groups=g),
-        "decode_flops_per_token": _na(flops_per_token, kind, "decode", batch, seq, d, n, groups=g),
-        "activation_bytes": _na(activation_memory, kind, batch, seq, d, n, t),
-        "cache_bytes": _na(cache_bytes, kind, batch, seq, d, n, groups=g),
+        "time_complexity": _na(time_complexity, kind, batch, seq, d, **o),
+        "prefill_flops": _na(flops, kind, "prefill", batch, seq, d, n, groups=g, **o),
+        "decode_flops": _na(flops, kind, "decode", batch, seq, d, n, groups=g, **o),
+        "prefill_flops_per_token": _na(flops_per_token, kind, "prefill", batch, seq, d, n, groups=g, **o),
+        "decode_flops_per_token": _na(flops_per_token, kind, "decode", batch, seq, d, n, groups=g, **o),
+        "activation_bytes": _na(activation_memory, kind, batch, seq, d, n, t, **o),
+        "cache_bytes": _na(cache_bytes, kind, batch, seq, d, n, groups=g, **o),
     }
     if measure:  # the kind's own formula of its implementation's cache
-        out["cache_elements_impl"] = _na(cache_elements, kind, batch, seq, n, d_h, groups=g)
+        out["cache_elements_impl"] = _na(cache_elements, kind, batch, seq, n, d_h, groups=g, **o)
     try:
-        out["qkv_params"] = attention_param_count(kind, n, d_h, g)
+        out["qkv_params"] = attention_param_count(kind, n, d_h, g, **o)
     except (KeyError, ValueError, TypeError):
         out["qkv_params"] = None
     if measure:
-        impl = implemented_costs(cfg, kind, batch, seq)
+        impl = implemented_costs(cfg, kind, batch, seq, options)
         out.update({f"impl_{k}": v for k, v in impl.items()})
         out["differs"] = [
             k for k in ("prefill_flops", "decode_flops", "cache_bytes", "activation_bytes") if _differ(out[k], impl[k])
@@ -282,7 +299,7 @@ def train_flops_per_token(cfg, vocab_size: int, seq: int | None = None, measure:
     "n/a" when a layer's kind has no cost formula and cannot be measured (MFU is then not shown).
     """
     from megahash.models.arch import arch_of
-    from megahash.models.schedules import layer_kinds
+    from megahash.models.schedules import layer_kinds, layer_options
 
     m = cfg.model
     L = seq or cfg.data.seq_length
@@ -290,10 +307,10 @@ def train_flops_per_token(cfg, vocab_size: int, seq: int | None = None, measure:
     mlp_mats = 3 if arch_of(m.arch).swiglu else 2
     kinds = layer_kinds(m.schedule, m.num_layers)
     per_token = 0.0
-    for kind in kinds:
-        attn = implemented_costs(cfg, kind, 1, L)["prefill_flops_per_token"] if measure else NA
+    for kind, own in zip(kinds, layer_options(cfg)):
+        attn = implemented_costs(cfg, kind, 1, L, own)["prefill_flops_per_token"] if measure else NA
         if not isinstance(attn, (int, float)):  # not measurable: the kind's own Table 4.6 formula
-            attn = _na(flops_per_token, kind, "prefill", 1, L, d, n, groups=g)
+            attn = _na(flops_per_token, kind, "prefill", 1, L, d, n, groups=g, **{**m.attention.options, **own})
             if not isinstance(attn, (int, float)):  # no cost model and not measurable: no MFU
                 return NA
         per_token += attn + 2 * d * d + 2 * mlp_mats * d * m.ffn_hidden_size
@@ -305,11 +322,11 @@ def config_costs(cfg, batch: int = 1, measure: bool = True) -> dict:
     """Per-layer costs of a config (``megahash params`` shows them): Table 4.5-4.8 values at the
     config's sequence length, and the model's training FLOPs per token. ``measure=False`` leaves out
     the implementation's measured values (which import torch and megatron-core) and marks them so."""
-    from megahash.models.schedules import layer_kinds
+    from megahash.models.schedules import layer_kinds, layer_options
 
     seq = cfg.data.seq_length
     kinds = layer_kinds(cfg.model.schedule, cfg.model.num_layers)
-    layers = [layer_costs(cfg, k, batch, seq, measure=measure) for k in kinds]
+    layers = [layer_costs(cfg, k, batch, seq, measure, o) for k, o in zip(kinds, layer_options(cfg))]
     vocab = cfg.model.vocab_size or 50304
 
     def total(key):

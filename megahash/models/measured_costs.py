@@ -27,7 +27,7 @@ import torch
 NA = "n/a"
 
 
-def _build(cfg, kind: str, dtype=torch.bfloat16):
+def _build(cfg, kind: str, options: dict | None = None, dtype=torch.bfloat16):
     from megatron.core.transformer.spec_utils import build_module
     from megatron.core.utils import init_method_normal, scaled_init_method_normal
 
@@ -41,7 +41,7 @@ def _build(cfg, kind: str, dtype=torch.bfloat16):
     config.init_method = init_method_normal(cfg.model.init_std)
     config.output_layer_init_method = scaled_init_method_normal(cfg.model.init_std, cfg.model.num_layers)
     with torch.device("meta"):
-        return build_module(registry.spec("attention", kind).build(cfg), config=config, layer_number=1)
+        return build_module(registry.attention_spec(cfg, kind, options), config=config, layer_number=1)
 
 
 def _flops(fn) -> int:
@@ -52,9 +52,9 @@ def _flops(fn) -> int:
     return int(counter.get_total_flops())
 
 
-def measure_kind(cfg, kind: str, batch: int, seq: int) -> dict:
-    """{"prefill_flops", "decode_flops", "cache_elements", "activation_bytes"} of one ``kind`` layer
-    (values "n/a" where a measurement is not possible)."""
+def measure_kind(cfg, kind: str, batch: int, seq: int, options: dict | None = None) -> dict:
+    """{"prefill_flops", "decode_flops", "cache_elements", "activation_bytes"} of one ``kind`` layer with its
+    per-layer ``options`` (values "n/a" where a measurement is not possible)."""
     from megatron.core import parallel_state
 
     from megahash.models.forward_state import ForwardState
@@ -62,7 +62,7 @@ def measure_kind(cfg, kind: str, batch: int, seq: int) -> dict:
 
     out = {"prefill_flops": NA, "decode_flops": NA, "cache_elements": NA, "activation_bytes": NA}
     try:
-        module = _build(cfg, kind)
+        module = _build(cfg, kind, options)
     except Exception:
         return out
     if not hasattr(module, "mix"):

@@ -77,6 +77,7 @@ class MixState:
     inputs: dict = field(default_factory=dict)  # what the model's kind inputs hand their layers, by input attr
     capture: dict | None = None  # a kind input's own pass: its layers record into it, by layer number
     recompute: bool = True  # False: this pass runs without activation recompute (a kind input's plain pass)
+    masks: dict = field(default_factory=dict)  # attention masks built once per forward, shared by its layers
 
     def cache(self, layer_number: int) -> dict | None:
         """The decoding cache of a layer (1-based ``layer_number``); None when not decoding."""
@@ -173,14 +174,19 @@ class LayerCache(dict):
         self.batch_dims: dict = {}
 
 
-def append_cache(cache: dict | None, key: str, t: torch.Tensor, shared: bool = False) -> torch.Tensor:
+def append_cache(
+    cache: dict | None, key: str, t: torch.Tensor, shared: bool = False, keep: int | None = None
+) -> torch.Tensor:
     """Concatenate ``t`` ([s, b, ...]; ``shared``: [s, 1, ...] for the whole batch) to ``cache[key]`` along the
-    sequence and store it back."""
+    sequence and store it back; ``keep``: store only the last ``keep`` positions (a rolling cache: a sliding
+    window's keys; a view while it shares at most twice its size of storage, else a copy, so a long prompt's
+    keys are not held), the whole concatenation is still returned."""
     if cache is None:
         return t
     if key in cache:
         t = torch.cat([cache[key], t], dim=0)
-    cache[key] = t
+    kept = t if keep is None or t.shape[0] <= keep else t[t.shape[0] - keep :]
+    cache[key] = kept.clone() if t.shape[0] > 2 * kept.shape[0] + 1 else kept
     if isinstance(cache, LayerCache):
         cache.batch_dims[key] = None if shared else 1
     return t

@@ -6,7 +6,7 @@ head references, ``@register_reference`` in the kind files) and of the generic s
 unpacking and the EELBERT rolling features. The kernels of the linear
 and fixed-map kinds are in :mod:`megahash.ops` (one package per family, exported the same way). ``megahash
 export-hf`` copies this file verbatim into every Hugging Face folder (:mod:`megahash.convert.remote_code`),
-so it imports torch, math and typing only.
+so it imports torch, math, typing and the torch-only megahash modules it names only.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from megahash.models.arch import arch_of
+from megahash.ops.utils.window import band_mask
 
 NUM_SPECIAL = 5
 
@@ -74,35 +75,40 @@ class SoftmaxCore(nn.Module):
     """The plain-torch softmax core of a layer (megatron's is ``SDPACoreAttention``, same contract): query
     [sq, b, n, d], key/value [sk, b, g, d] (query head i uses group i // (n/g)), ``attention_mask`` [b, 1, 1, sk]
     (True = masked) or None, ``document_ids`` [b, s] (packed documents: attention inside each; a token always
-    sees itself) -> [sq, b, n*d]. No dropout."""
+    sees itself), ``window`` (a sliding window of that many keys, :mod:`megahash.ops.utils.window`; a token
+    always sees itself) -> [sq, b, n*d]. No dropout."""
 
     def __init__(self, causal: bool, scale: float):
         super().__init__()
         self.causal, self.scale = causal, scale
 
-    def forward(self, query, key, value, attention_mask=None, document_ids=None, **_kw):
+    def forward(self, query, key, value, attention_mask=None, document_ids=None, window=None, **_kw):
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, d]
         b, n, sq, _ = q.shape
         if k.shape[1] != n:
             k = k.repeat_interleave(n // k.shape[1], dim=1)
             v = v.repeat_interleave(n // v.shape[1], dim=1)
         sk = k.shape[2]
+        window = None if window is None or window >= sk else window  # a window of the whole length: none
         keep = None if attention_mask is None else ~attention_mask.reshape(b, sk)
         mask, is_causal = None, False
         if document_ids is not None and sq == sk:
             mask = document_ids[:, :, None] == document_ids[:, None, :]
             if self.causal:
                 mask = mask & torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril()
-            if keep is not None:
-                mask = (mask & keep[:, None, :]) | torch.eye(sq, dtype=torch.bool, device=q.device)
-            mask = mask[:, None]
-        elif keep is not None:
-            mask = keep[:, None, None, :]
-        elif self.causal:
-            if sq == sk:
-                is_causal = True
-            else:
-                mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
+        elif keep is None and window is None and self.causal and sq == sk:
+            is_causal = True
+        elif keep is None and self.causal:
+            mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
+        if window is not None:
+            band = band_mask(sq, sk, window, self.causal, q.device)
+            mask = band if mask is None else mask & band
+        if keep is not None:
+            mask = keep[:, None, :] if mask is None else mask & keep[:, None, :]
+            if document_ids is not None or window is not None:
+                mask = mask | torch.eye(sq, dtype=torch.bool, device=q.device)
+        if mask is not None:
+            mask = mask[:, None] if mask.dim() == 3 else mask
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale)
         return out.permute(2, 0, 1, 3).reshape(sq, b, n * out.shape[-1])
 

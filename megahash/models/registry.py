@@ -30,7 +30,7 @@ from megahash.catalog import AttentionCaps, EmbeddingCaps, HeadCaps, InputCaps  
 from megahash.errors import ConfigError, did_you_mean
 from megahash.models.arch import arch_of
 from megahash.models.norm import Norm
-from megahash.models.schedules import layer_kinds, skip_mask, standard_kind
+from megahash.models.schedules import layer_kinds, layer_options, skip_mask, standard_kind
 
 
 def mask_type(cfg) -> AttnMaskType:
@@ -175,15 +175,25 @@ def register_attention(
     return deco if kind is None else deco(kind)
 
 
-def _layer_spec(name: str, kind: type, groups, cfg) -> ModuleSpec:
-    """The ``self_attention`` ModuleSpec of a kind written once: its derived megatron-core layer."""
+def _layer_spec(name: str, kind: type, groups, cfg, options: dict | None = None) -> ModuleSpec:
+    """The ``self_attention`` ModuleSpec of a kind written once: its derived megatron-core layer (``options``: the
+    layer's own options from the schedule, over ``model.attention.options``)."""
     import importlib
 
     layer = importlib.import_module("megahash.models.attention.base").megatron_layer  # by name: the kinds import this
     params = {"attn_mask_type": mask_type(cfg), "cfg": cfg, "kind": name}
     if groups is not None:
         params["groups"] = groups(cfg.model.num_heads, cfg.model.num_query_groups)
+    if options:
+        params["options"] = options
     return ModuleSpec(module=layer(kind), params=params)
+
+
+def attention_spec(cfg, kind: str, options: dict | None = None) -> ModuleSpec:
+    """The ``self_attention`` ModuleSpec of one layer of ``kind`` with its per-layer ``options`` (a schedule's
+    ``KIND+OPTION=VALUE``; only a kind written once takes them)."""
+    build = spec("attention", kind).build
+    return build(cfg, options) if options else build(cfg)
 
 
 def register_embedding(name: str, caps=None, export_meta=None, options=None):
@@ -282,7 +292,7 @@ class SkippedLayer(TransformerLayer):
         return hidden_states, context
 
 
-def layer_spec(cfg, kind: str, skip: bool = False) -> ModuleSpec:
+def layer_spec(cfg, kind: str, skip: bool = False, options: dict | None = None) -> ModuleSpec:
     from megahash.models.roberta import PostNormLayer  # model.layout=roberta: post-LN layers
 
     layer = PostNormLayer if cfg.model.layout == "roberta" else TransformerLayer
@@ -290,7 +300,7 @@ def layer_spec(cfg, kind: str, skip: bool = False) -> ModuleSpec:
         module=SkippedLayer if skip else layer,
         submodules=TransformerLayerSubmodules(
             input_layernorm=Norm,
-            self_attention=spec("attention", kind).build(cfg),
+            self_attention=attention_spec(cfg, kind, options),
             self_attn_bda=get_bias_dropout_add,
             pre_mlp_layernorm=Norm,
             mlp=mlp_spec(),
@@ -325,8 +335,9 @@ def block_spec(cfg) -> TransformerBlockSubmodules:
     """One ModuleSpec per layer from ``model.schedule``, plus the final norm."""
     kinds = schedule_kinds(cfg)
     skip = skipped_layers(cfg, kinds)
+    options = layer_options(cfg)
     return TransformerBlockSubmodules(
-        layer_specs=[layer_spec(cfg, k, s) for k, s in zip(kinds, skip)],
+        layer_specs=[layer_spec(cfg, k, s, o) for k, s, o in zip(kinds, skip, options)],
         layer_norm=None if cfg.model.layout == "roberta" else Norm,  # post-LN layers end normalised
     )
 

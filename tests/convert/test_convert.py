@@ -96,6 +96,8 @@ VARIANTS = {
 def _registry_variants() -> dict:
     """A variant for every registered exportable attention kind and every embedding kind that no
     hand-written variant above covers (a newly registered kind is exported and reloaded too)."""
+    import _kinds
+
     from megahash import catalog
 
     std = catalog.standard("attention")
@@ -108,10 +110,10 @@ def _registry_variants() -> dict:
 
     kinds = set().union(*(named(v[0]) for v in VARIANTS.values()))
     embs = {v[1] for v in VARIANTS.values()}
-    out = {
+    out = {  # each kind with its examples' per-layer options (_kinds.variants: swa+window=4, mha+gated, ...)
         f"registry-{k}": (f"list:{k},{std}", catalog.standard("embedding"), "md5", [])
-        for k in sorted(catalog.names("attention"))
-        if catalog.caps("attention", k).exportable and k not in kinds
+        for k in _kinds.variants(exportable=True)
+        if k not in kinds
     }
     out.update(
         {

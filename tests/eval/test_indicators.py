@@ -52,9 +52,12 @@ def test_indicator_extremes_of_a_uniform_and_a_sink_map():
 
 
 def _kinds():
+    """Every registered kind, and each with the per-layer options its examples list (swa+window=4, mha+gated)."""
+    import _kinds as kinds
+
     from megahash.models import registry
 
-    return registry.names("attention")
+    return sorted(set(registry.names("attention")) | set(kinds.variants()))
 
 
 def _tiny_model(schedule: str):

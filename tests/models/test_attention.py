@@ -24,9 +24,9 @@ from megahash.accelerator import rng
 from megahash.config import load_config
 from megahash.models.forward_state import ForwardState
 
-# from the registry: every kind that decodes incrementally / mixes tokens (a new kind joins by registering)
-DECODER_KINDS = _kinds.attention(decodes=True)
-MIXING_KINDS = _kinds.attention(decodes=True, mixes_tokens=True)
+# from the registry: every kind that decodes incrementally / mixes tokens (a new kind joins by registering), each
+# with the per-layer option settings its options class lists (_kinds.variants: swa+window=4, mha+gated, ...)
+DECODER_KINDS = _kinds.variants(decodes=True)
 VOCAB = 128
 
 
@@ -75,8 +75,10 @@ def build_attention(cfg, layer_number=1):
     config = transformer_config(cfg)
     config.init_method = init_method_normal(cfg.model.init_std)
     config.output_layer_init_method = scaled_init_method_normal(cfg.model.init_std, cfg.model.num_layers)
-    kind = registry.schedule_kinds(cfg)[0]
-    return build_module(registry.spec("attention", kind).build(cfg), config=config, layer_number=layer_number)
+    from megahash.models.schedules import layer_options
+
+    kind, options = registry.schedule_kinds(cfg)[0], layer_options(cfg)[0]  # the layer's kind and its own options
+    return build_module(registry.attention_spec(cfg, kind, options), config=config, layer_number=layer_number)
 
 
 def tokens(b=2, s=12, seed=0):
@@ -87,15 +89,15 @@ def tokens(b=2, s=12, seed=0):
 
 
 @pytest.mark.parametrize("n,d", [(4, 8), (2, 16), (8, 4), (12, 4)])
-@pytest.mark.parametrize("kind", _kinds.with_formula("qkv_params"))
+@pytest.mark.parametrize("kind", [v for v in _kinds.variants() if _kinds.kind(v) in _kinds.with_formula("qkv_params")])
 def test_table_3_4_parameter_counts(kind, n, d):
     """Q/K/V parameters of the built module (everything but linear_proj, no biases) = the kind's own
-    Table 3.4 formula (registered in its file; every kind with a ``qkv_params`` formula)."""
+    Table 3.4 formula (registered in its file; every kind with a ``qkv_params`` formula, with its options)."""
     from megahash.models.costs import attention_param_count
 
     cfg = make_cfg(kind, "model.qkv_bias=false", hidden=n * d, heads=n)
     module = build_attention(cfg)
-    assert module.num_qkv_parameters() == attention_param_count(kind, n, d), kind
+    assert module.num_qkv_parameters() == attention_param_count(_kinds.kind(kind), n, d, **_kinds.options(kind)), kind
     names = {name.split(".")[0] for name, _ in module.named_parameters()}
     assert "linear_proj" in names  # the excluded output projection exists, d_m x (heads * d)
     assert module.linear_proj.weight.shape[0] == n * d
@@ -154,15 +156,16 @@ def test_no_future_leakage_and_incremental_decoding(schedule):
         other = model.hidden_states(changed)
         # bit-exact: one path (same kernels and shapes); masked future positions add exact zeros
         assert torch.equal(full[: t + 1], other[: t + 1])
-        if ":" in schedule or catalog.caps("attention", schedule).mixes_tokens:
+        if ":" in schedule or catalog.caps("attention", _kinds.kind(schedule)).mixes_tokens:
             assert (full[t + 1 :] - other[t + 1 :]).abs().max() > 1e-3
         state = DecodeState(len(model.decoder.layers))
         parts = [model.hidden_states(tok[:, :5], decode_state=state)]
         parts += [model.hidden_states(tok[:, i : i + 1], decode_state=state) for i in range(5, tok.shape[1])]
     torch.testing.assert_close(torch.cat(parts), full, rtol=0, atol=1e-10)
-    if ":" not in schedule and not catalog.caps("attention", schedule).fixed_input:
+    if ":" not in schedule and not catalog.caps("attention", _kinds.kind(schedule)).fixed_input:
         n, d_h, b, L = 4, 8, tok.shape[0], tok.shape[1]
-        expected = costs.cache_elements(schedule, b, L, n, d_h)  # the kind's own formula (groups: its own)
+        # the kind's own formula (groups: its own; the layer's options: a window bounds the cache)
+        expected = costs.cache_elements(_kinds.kind(schedule), b, L, n, d_h, **_kinds.options(schedule))
         assert all(sum(v.numel() for v in c.values()) == expected for c in state.caches)
 
 
@@ -237,7 +240,7 @@ def test_separate_fixed_pass_equals_the_fixed_sequence_in_the_batch(schedule, mo
         torch.testing.assert_close(g1[n], g2[n], rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("kind", _kinds.attention(encoder=True, decodes=True))
+@pytest.mark.parametrize("kind", _kinds.variants(encoder=True, decodes=True))
 def test_encoder_padding_and_bidirectional(kind):
     """Encoders: padded tokens do not change valid positions; mixing kinds see later tokens."""
     model = build(make_cfg(kind, "model.arch=encoder")).eval()
@@ -254,8 +257,10 @@ def test_encoder_padding_and_bidirectional(kind):
         h_later = model.hidden_states(later, padding_mask=pad)
     torch.testing.assert_close(h_pad[:8, 1], h[:8, 1], rtol=0, atol=1e-10)
     torch.testing.assert_close(h_pad[:, 0], h[:, 0], rtol=0, atol=1e-10)
-    if catalog.caps("attention", kind).mixes_tokens:
-        assert (h_later[0] - h[0]).abs().max() > 1e-4  # position 0 sees position 7
+    if catalog.caps("attention", _kinds.kind(kind)).mixes_tokens:
+        assert (h_later[6] - h[6]).abs().max() > 1e-4  # position 6 sees position 7
+        if not _kinds.options(kind):  # (a window of a few keys: not position 0)
+            assert (h_later[0] - h[0]).abs().max() > 1e-4  # position 0 sees position 7
 
 
 # ------------------------------------------------------------------------ formulas

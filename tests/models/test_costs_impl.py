@@ -29,26 +29,32 @@ def cfg_of(kind, *extra):
 
 
 def registered_kinds():
+    """Every registered kind, and each with the per-layer options its examples list (swa+window=4, mha+gated)."""
+    import _kinds
+
     from megahash.models import registry
 
-    return registry.names("attention")
+    return sorted(set(registry.names("attention")) | set(_kinds.variants()))
 
 
 def test_every_registered_kind_has_costs_and_measured_cache_equals_formula():
     """Every registry kind gets a cost row without error; where measurable, the measured decode cache
     equals the implementation's cache formula (cache_elements, itself tested against the real decode
     caches in tests/models/test_attention.py); mha's measured GEMM FLOPs equal Table 4.6's Standard row."""
+    import _kinds
+
     n, d_h, d = 4, 32, 128
-    for kind in registered_kinds():
-        row = c.layer_costs(cfg_of(kind), kind, B, L)
+    for item in registered_kinds():
+        kind, options = _kinds.kind(item), _kinds.options(item)
+        row = c.layer_costs(cfg_of(item), kind, B, L, options=options)
         assert set(row["differs"]) <= {"prefill_flops", "decode_flops", "cache_bytes", "activation_bytes"}
         if kind == "mha-megatron":  # megatron's own module: nothing measurable, no table row
             assert row["impl_prefill_flops"] == "n/a" and row["thesis_name"] == "n/a"
             continue
         assert isinstance(row["impl_prefill_flops"], int) and row["impl_activation_bytes"] > 0, kind
         groups = 1 if kind == "gqa" else None
-        formula = c.cache_elements(kind, B, L, n, d_h, groups, frozen=False)
-        assert row["impl_cache_bytes"] == 2 * formula, kind
+        formula = c.cache_elements(kind, B, L, n, d_h, groups, frozen=False, **options)
+        assert row["impl_cache_bytes"] == 2 * formula, item
     mha = c.layer_costs(cfg_of("mha"), "mha", B, L)
     assert mha["impl_prefill_flops"] == mha["prefill_flops"] == 4 * B * L * L * d + 6 * B * L * d * d
     assert "prefill_flops" not in mha["differs"] and "cache_bytes" not in mha["differs"]

@@ -102,20 +102,22 @@ def _assert_same(outs, grads, atol):
         torch.testing.assert_close(gp[n], ga[n], rtol=0, atol=atol * max(1.0, ga[n].abs().max().item()), msg=n)
 
 
-@pytest.mark.parametrize("kind", [_param(k) for k in _kinds.attention(decoder=True)])
+@pytest.mark.parametrize("kind", [_param(k) for k in _kinds.variants(decoder=True)])
 def test_packed_row_equals_each_document_alone(kind):
     """Decoder: logits, per-token loss and every parameter gradient of a packed row = each document alone
     (fp32: 1e-5 relative to the largest value, sums of a few hundred fp32 products)."""
-    model = build(make_cfg(kind, *FLAGS, *KIND_OPTIONS.get(kind, [])), dtype=torch.float32)
+    model = build(make_cfg(kind, *FLAGS, *KIND_OPTIONS.get(_kinds.kind(kind), [])), dtype=torch.float32)
     outs, grads = _packed_vs_alone(model, _docs())
     _assert_same(outs, grads, 1e-5)
 
 
-@pytest.mark.parametrize("kind", [_param(k) for k in _kinds.attention(encoder=True)])
+@pytest.mark.parametrize("kind", [_param(k) for k in _kinds.variants(encoder=True)])
 def test_encoder_packed_row_with_padding_equals_each_document_alone(kind):
     """Encoder: block-diagonal, non-causal, plus padding at the row's end (after a finished document: the padding
     forms a document of its own, whose queries see themselves and stay finite)."""
-    model = build(make_cfg(kind, "model.arch=encoder", *FLAGS, *KIND_OPTIONS.get(kind, [])), dtype=torch.float32).eval()
+    model = build(
+        make_cfg(kind, "model.arch=encoder", *FLAGS, *KIND_OPTIONS.get(_kinds.kind(kind), [])), dtype=torch.float32
+    ).eval()
     docs = _docs((6, 5))
     row = torch.cat(docs + [torch.full((5,), 1)])[None]
     pad = row != 1
@@ -126,13 +128,13 @@ def test_encoder_packed_row_with_padding_equals_each_document_alone(kind):
     torch.testing.assert_close(packed[:11], alone, rtol=0, atol=1e-5 * max(1.0, alone.abs().max().item()))
 
 
-@pytest.mark.parametrize("kind", [_param(k) for k in _kinds.attention(decoder=True, exportable=True)])
+@pytest.mark.parametrize("kind", [_param(k) for k in _kinds.variants(decoder=True, exportable=True)])
 def test_exported_model_keeps_packed_documents_apart(kind):
     """The plain-torch model of the export (its documents from the EOD tokens under the run's data.reset_* flags)
     gives megahash's logits of a packed row: every kind keeps the documents apart there too (fp64, 1e-10)."""
     from megahash.convert.reference import reference_model
 
-    model = build(make_cfg(kind, *FLAGS, *KIND_OPTIONS.get(kind, []))).eval()
+    model = build(make_cfg(kind, *FLAGS, *KIND_OPTIONS.get(_kinds.kind(kind), []))).eval()
     row = torch.cat(_docs())[None]
     with torch.no_grad():
         ours = model(row, **_doc_inputs(row))[..., :VOCAB]
@@ -275,7 +277,9 @@ def test_full_recompute_keeps_the_documents(kind):
     """``train.recompute=full`` re-runs whole layers in backward: the forward's state (its document ids) reaches
     the recomputed layers too (megahash's block; megatron-core's own full recompute hands them none), so the
     gradients of a packed row still equal each document's (fp32, as the selective test)."""
-    model = build(make_cfg(kind, *FLAGS, *KIND_OPTIONS.get(kind, []), "train.recompute=full"), dtype=torch.float32)
+    model = build(
+        make_cfg(kind, *FLAGS, *KIND_OPTIONS.get(_kinds.kind(kind), []), "train.recompute=full"), dtype=torch.float32
+    )
     outs, grads = _packed_vs_alone(model, _docs())
     _assert_same(outs, grads, 1e-5)
 

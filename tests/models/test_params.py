@@ -39,19 +39,33 @@ def test_500m_table_4_10_counts():
     assert untied["total"] == decoder_count(50304, 896, 4864, 24, tied=False) == 481_109_888
 
 
-def test_params_bad_override_is_one_line():
-    r = subprocess.run(
-        [sys.executable, "-m", "megahash", "params", "model.num_heds=3"],
+def params_run(*args) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "megahash", "params", *args],
         cwd=ROOT,
         env=child_env(),
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+def test_params_bad_override_is_one_line():
+    r = params_run("model.num_heds=3")
     assert (
         r.returncode == 2
         and r.stderr.strip() == "error: unknown config key 'model.num_heds' (did you mean 'num_heads'?)"
     )
+
+
+def test_a_schedule_naming_an_unregistered_kind_is_one_line():
+    """A hybrid preset naming a kind that is not registered (e.g. a plugin not loaded): one line, exit 2, before
+    torch; so is an option its kind does not declare."""
+    unknown = params_run("model.schedule=hybrid:not-a-kind:3to1:mha+gated")
+    undeclared = params_run("model.schedule=hybrid:swa:5to1:mha+window=8")
+    assert unknown.stderr.startswith("error: unknown attention kind 'not-a-kind' in schedule"), unknown.stderr
+    assert undeclared.stderr.startswith("error: attention kind 'mha' has no option 'window'"), undeclared.stderr
+    assert all(r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 for r in (unknown, undeclared))
 
 
 def test_reader_that_stops_early_gets_no_traceback():

@@ -167,14 +167,14 @@ def _one_step(overrides, vocab=96, seed=0):
 
 
 def _train_cases():
-    cases = [("attention", k, [f"model.schedule=list:{k},{k}", "model.num_layers=2"]) for k in _kinds.attention()]
+    cases = [("attention", k, [f"model.schedule=list:{k},{k}", "model.num_layers=2"]) for k in _kinds.variants()]
     cases += [
         (
             "attention",
             k,
             [f"model.schedule=list:{k},{k}", "model.num_layers=2", "model.arch=encoder", "train.objective=mlm"],
         )
-        for k in _kinds.attention(encoder=True)
+        for k in _kinds.variants(encoder=True)
     ]
     for e in _kinds.embeddings():
         cases.append(

@@ -158,3 +158,126 @@ def test_500m_config_under_every_hybrid_preset(kind):
         expected_delta = replaced * mlp_param_residual(896, 14, 14, 64, True) if kind == "mlp" else 0
         assert total - standard == expected_delta
         assert abs(total - standard) < 0.01 * standard
+
+
+# ------------------------------------------------------------------------ presets of current hybrids (issue 45 item 3)
+
+
+def _documented_hybrids() -> list[tuple[str, str, str]]:
+    """(hybrid, schedule, the same as a list) rows of docs/attention.md's table of current hybrids."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "attention.md").read_text()
+    table = text.split("## Hybrid presets", 1)[1].split("\n\n| hybrid |", 1)[1].split("\n\n", 1)[0]
+    rows = [re.findall(r"`([^`]+)`", line) for line in table.splitlines()[2:]]
+    names = [line.split("|")[1].split("[")[0].split(":")[0].strip() for line in table.splitlines()[2:]]
+    return [(name, row[-2], row[-1]) for name, row in zip(names, rows)]
+
+
+HYBRIDS = _documented_hybrids()
+
+
+def test_the_documented_table_lists_every_new_preset():
+    presets = {schedule.split(":")[2] for _, schedule, _ in HYBRIDS if schedule.startswith("hybrid:")}
+    assert {"3to1", "5to1", "1to1", "nanogpt"} <= presets and len(HYBRIDS) >= 8
+
+
+@pytest.mark.parametrize("name,schedule,listed", HYBRIDS, ids=[h[1] for h in HYBRIDS])
+def test_every_documented_hybrid_is_its_list_and_builds(name, schedule, listed):
+    """Each schedule of docs/attention.md's table: the same layers and per-layer options as the list beside it (8
+    layers); built, every layer is its kind with its options (a gate where ``+gated``, the window it names) and a
+    forward runs. A row naming a kind that is not registered is the one-line unknown-kind error (and skips)."""
+    from megahash import catalog
+    from megahash.models.schedules import check_kinds, layer_items, layer_options
+
+    assert layer_items(schedule, 8) == layer_items(listed, 8)
+    cfg = _cfg(schedule, "model.attention.options.window=16", layers=8)
+    missing = sorted(set(layer_kinds(schedule, 8)) - set(catalog.names("attention")))
+    if missing:
+        with pytest.raises(ConfigError, match=f"^unknown attention kind {missing[0]!r} in schedule"):
+            check_kinds(cfg)
+        pytest.skip(f"{missing[0]} not registered")
+    model = _build(cfg)
+    assert model.layer_kinds == layer_kinds(listed, 8)
+    for module, own in zip(model.attention_modules(), layer_options(cfg)):
+        assert hasattr(module, "linear_output_gate") == bool(own.get("gated"))
+        if "window" in own or getattr(module, "window", None) is not None:
+            assert module.window == own.get("window", 16)
+    with torch.no_grad():
+        assert torch.isfinite(model.hidden_states(torch.randint(0, 128, (2, 20)))).all()
+
+
+@pytest.mark.parametrize("L", [4, 6, 8, 12, 26])
+def test_ratio_presets_equal_the_configs_of_the_models_they_name(L):
+    """NtoM against the layer patterns others publish: transformers' Gemma 3 (sliding_window_pattern 6: 5to1),
+    Gemma 2 (alternating: 1to1) and Qwen3-Next (full attention every fourth layer: 3to1) configs' layer_types, and
+    megatron-core's window_attn_skip_freq=N (is_layer_window_attention: (N-1)to1); 1to1 is Table 4.11's even,
+    3to1 its 25%."""
+    from megatron.core.transformer.utils import is_layer_window_attention
+    from transformers import Gemma2Config, Gemma3TextConfig, Qwen3NextConfig
+
+    def full(config):  # 1-based layers of full (global) attention
+        return {i + 1 for i, t in enumerate(config(num_hidden_layers=L).layer_types) if t == "full_attention"}
+
+    assert standard_layers("5to1", L) == full(Gemma3TextConfig)
+    assert standard_layers("1to1", L) == full(Gemma2Config) == standard_layers("even", L)
+    assert standard_layers("3to1", L) == full(Qwen3NextConfig) == standard_layers("25%", L)
+    for n in range(2, 7):
+        windowed = {i for i in range(1, L + 1) if is_layer_window_attention((7, 0), n, i)}
+        assert standard_layers(f"{n - 1}to1", L) == set(range(1, L + 1)) - windowed
+    assert standard_layers("2to3", 10) == {3, 4, 5, 8, 9, 10}
+
+
+def test_nanogpt_preset_is_modded_nanogpts_long_window_layers():
+    """modded-nanogpt's block masks: [long, short, short, short, long, short, short, long, short, short, short, long]
+    for its 12 layers and long at 1, 5, 12, 16 of its 16 (1-based): {1, 5, L-4, L}."""
+    pattern12 = "LSSSLSSLSSSL"
+    pattern16 = "LSSSLSSSSSSLSSSL"
+    for pattern in (pattern12, pattern16):
+        assert standard_layers("nanogpt", len(pattern)) == {i + 1 for i, c in enumerate(pattern) if c == "L"}
+    assert standard_layers("nanogpt", 4) == {1, 4}
+
+
+@pytest.mark.parametrize(
+    "schedule,match",
+    [
+        ("uniform:mha+window=4", r"attention kind 'mha' has no option 'window' in .* \(valid: gated\)"),
+        ("uniform:mha+gatd", r"has no option 'gatd' in schedule item 'mha\+gatd' \(did you mean 'gated'\?\)"),
+        ("uniform:mlp+gated", r"attention kind 'mlp' has no option 'gated' .*\(it declares no options\)"),
+        ("hybrid:swa:5to1:mha+window=8", "attention kind 'mha' has no option 'window'"),  # unused at 4 layers
+        ("uniform:swa+window", r"option 'window' of 'swa' needs a value: swa\+window=VALUE"),
+        ("uniform:swa+window=0", r"'swa\+window \(model.schedule\)' must be >= 1"),
+        ("uniform:swa+window=wide", r"'swa\+window \(model.schedule\)' must be an integer, got 'wide'"),
+        ("uniform:swa+gated=maybe", r"must be true/false, got 'maybe'"),
+        ("uniform:swa+", r"bad option '' in schedule item 'swa\+'"),
+        ("hybrid:swa:0to1", "unknown hybrid preset '0to1'"),
+        ("list:swa*x,mha", "bad repeat 'swa\\*x'"),
+        ("hybrid:not-a-kind:3to1:mha+gated", "unknown attention kind 'not-a-kind' in schedule"),
+    ],
+)
+def test_per_layer_option_and_preset_errors_are_one_line(schedule, match):
+    """Bad per-layer options and presets: a one-line ConfigError naming the item and the fix (the config check
+    before torch, megahash.models.schedules.check_kinds)."""
+    from megahash.models.schedules import check_kinds
+
+    with pytest.raises(ConfigError, match=match) as e:
+        check_kinds(_cfg(schedule, layers=4))
+    assert "\n" not in str(e.value)
+
+
+def test_per_layer_options_override_the_global_ones_for_their_layers_only():
+    """model.attention.options.window=6 with one layer's swa+window=2: that layer sees 2 keys, the others 6;
+    a layer's own gate leaves the others ungated; the export carries them per layer (its plain-torch model gives
+    the same logits)."""
+    from megahash.convert.reference import reference_model
+
+    cfg = _cfg("list:swa,swa+window=2+gated,swa,mha+gated", "model.attention.options.window=6")
+    model = _build(cfg).eval()
+    assert [m.window for m in model.attention_modules()] == [6, 2, 6, None]
+    assert [hasattr(m, "linear_output_gate") for m in model.attention_modules()] == [False, True, False, True]
+    tok = torch.randint(5, 128, (2, 14), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ours = model(tok)[..., :128]
+        theirs = reference_model(model.cfg, model).eval()(input_ids=tok).logits
+    torch.testing.assert_close(theirs, ours, rtol=0, atol=1e-10)

@@ -49,13 +49,13 @@ COMPARED = ("loss", "grad_norm", "param_norm", "lr", "consumed_samples")
 
 
 def kind_groups() -> list[list[str]]:
-    """Every registered attention kind in a few ``list:`` schedules: the kinds that decode and export
-    (with the first fixed-input kind: one fixed input per model), each further fixed-input kind beside the
-    standard kind, then the kinds that neither decode nor export."""
+    """Every registered attention kind (each with its examples' per-layer options, ``_kinds.variants``) in a few
+    ``list:`` schedules: the kinds that decode and export (with the first fixed-input kind: one fixed input per
+    model), each further fixed-input kind beside the standard kind, then the kinds that neither decode nor export."""
     standard = _kinds.attention(standard=True)[0]
     fixed = _kinds.attention(fixed_input=True)
-    full = [k for k in _kinds.attention(decoder=True, decodes=True, exportable=True) if k not in fixed]
-    rest = [k for k in _kinds.attention(decoder=True) if k not in fixed and k not in full]
+    full = [k for k in _kinds.variants(decoder=True, decodes=True, exportable=True) if k not in fixed]
+    rest = [k for k in _kinds.variants(decoder=True) if k not in fixed and k not in full]
     groups = [full + fixed[:1]] + [[k, standard] for k in fixed[1:]]
     return groups + ([rest] if rest else [])
 
@@ -89,7 +89,7 @@ def configurations() -> dict[str, list[str]]:
     for head in _kinds.heads(selectable=True, standard=False):
         out[f"head-{head}"] = ["model.num_layers=2", f"model.head={head}"]
     fixed = _kinds.attention(fixed_input=True)
-    encoder_kinds = [k for k in _kinds.attention(encoder=True) if k not in fixed[1:]]
+    encoder_kinds = [k for k in _kinds.variants(encoder=True) if k not in fixed[1:]]
     for i, obj in enumerate(n for n in names() if objective_spec(n).corrupt is not None):
         kinds = encoder_kinds if i == 0 else fixed[1:] + _kinds.attention(standard=True)[:1]
         out[f"objective-{obj}"] = [
@@ -241,7 +241,7 @@ def _eval_requests():
 
 @pytest.mark.parametrize(
     "name",
-    [n for n, kinds in KIND_GROUPS.items() if all(k in _kinds.attention(decodes=True, exportable=True) for k in kinds)],
+    [n for n, kinds in KIND_GROUPS.items() if all(k in _kinds.variants(decodes=True, exportable=True) for k in kinds)],
 )
 def test_bf16_checkpoint_evaluates_decodes_and_exports(hashed_shards, straight_runs, tmp_path, capsys, name):
     """A bf16 run's checkpoint: the lm-eval model scores and generates in the run's compute dtype (bf16
@@ -317,7 +317,7 @@ def test_bf16_checkpoint_evaluates_decodes_and_exports(hashed_shards, straight_r
 
 
 # approx-thesis under bf16 autocast: issue 33 item 1 (its kernel's products drop to bf16; deliverable 2)
-@pytest.mark.parametrize("kind", _kinds.attention(decodes=True))
+@pytest.mark.parametrize("kind", _kinds.variants(decodes=True))
 def test_bf16_incremental_decoding_equals_the_full_forward(one_rank, kind):
     """Under bf16 autocast (``accelerator.policy.compute_context``) the incremental logits of every kind that
     decodes are within ``accelerator.policy.compute_tolerance`` (two bf16 epsilons of the logits' scale) of the

@@ -169,11 +169,24 @@ class MegatronParts:
 class MegatronLayer(MegatronModule):
     """The megatron-core module of a kind (``megatron_layer(Kind)`` puts it before the kind's class): built by
     ``build_module`` with the ``ModuleSpec`` params the registry gives (``cfg``, the registered ``kind`` name,
-    its key/value ``groups``); ``forward`` is megatron's contract around the kind's ``mix``, whose output
+    its key/value ``groups``, the layer's own ``options`` from the schedule); ``forward`` is megatron's contract around the kind's ``mix``, whose output
     ``linear_proj`` maps back to the hidden size."""
 
-    def __init__(self, config, layer_number: int, attn_mask_type: AttnMaskType, cfg=None, kind=None, groups=None, **_):
+    def __init__(
+        self,
+        config,
+        layer_number: int,
+        attn_mask_type: AttnMaskType,
+        cfg=None,
+        kind=None,
+        groups=None,
+        options=None,
+        **_,
+    ):
         super().__init__(config=config)
+        kind_options = None if cfg is None else cfg.model.attention.options
+        if options:  # the layer's own (a schedule's KIND+OPTION=VALUE) over model.attention.options
+            kind_options = {**(kind_options or {}), **options}
         self.cfg, self.attn_mask_type = cfg, attn_mask_type
         n = config.num_attention_heads
         setup = Setup(
@@ -191,7 +204,7 @@ class MegatronLayer(MegatronModule):
             sequence_parallel=bool(config.sequence_parallel),
             attention_dropout=config.attention_dropout,
             recompute=config.recompute_granularity,
-            options=None if cfg is None else cfg.model.attention.options,
+            options=kind_options,
         )
         self.assemble(setup, MegatronParts(config))
 

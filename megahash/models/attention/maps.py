@@ -24,10 +24,12 @@ import math
 import torch
 
 from megahash.models.mixing import MixState
+from megahash.ops.utils.window import band_mask
 
 
-def softmax_maps(q, k, scale: float, causal: bool, mask=None):
-    """q [sq, b, n, d], k [sk, b, g, d] -> (A [b, n, sq, sk], logits [b, n, sq, sk], valid [sq, sk]) in float64."""
+def softmax_maps(q, k, scale: float, causal: bool, mask=None, window=None):
+    """q [sq, b, n, d], k [sk, b, g, d] -> (A [b, n, sq, sk], logits [b, n, sq, sk], valid [sq, sk]) in float64;
+    ``window``: the keys of a sliding window only (:mod:`megahash.ops.utils.window`)."""
     qh = q.permute(1, 2, 0, 3).double()
     kh = k.permute(1, 2, 0, 3).double()
     if kh.shape[1] != qh.shape[1]:
@@ -36,6 +38,8 @@ def softmax_maps(q, k, scale: float, causal: bool, mask=None):
     sq, sk = logits.shape[-2:]
     valid = torch.ones(sq, sk, dtype=torch.bool, device=logits.device)
     valid = valid.tril(sk - sq) if causal else valid
+    if window is not None:
+        valid = valid & band_mask(sq, sk, window, causal, logits.device)
     keep = valid.expand_as(logits)
     if mask is not None:  # megatron: True = masked out, [b, 1, 1|sq, sk]
         keep = keep & ~mask.bool()
@@ -53,7 +57,8 @@ def layer_inputs(layer, args, kwargs) -> tuple:
 def softmax_core_maps(layer, record) -> list:
     """Softmax kinds: A = softmax(QK^T / sqrt(d_h) + mask) of the q, k (after RoPE, GQA groups repeated) that the
     layer's softmax core receives (``layer.core_attention``: the part ``parts.core_attention`` builds, or
-    megatron-core's); logits on the causal positions; checked against the core's output."""
+    megatron-core's), within the core's sliding ``window`` if it gets one; logits on the causal positions (in the
+    window); checked against the core's output."""
     from megatron.core.transformer.enums import AttnMaskType
 
     def hook(mod, args, kwargs, output):
@@ -64,7 +69,7 @@ def softmax_core_maps(layer, record) -> list:
         mtype = kwargs.get("attn_mask_type") or getattr(mod, "attn_mask_type", None)
         causal = mtype == AttnMaskType.causal and mask is None
         scale = getattr(mod, "softmax_scale", None) or 1.0 / math.sqrt(q.shape[-1])
-        probs, logits, valid = softmax_maps(q, k, scale, causal, mask)
+        probs, logits, valid = softmax_maps(q, k, scale, causal, mask, kwargs.get("window"))
 
         def check():
             v = got["value"].permute(1, 2, 0, 3).double()

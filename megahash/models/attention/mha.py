@@ -15,50 +15,34 @@ group-major ``[g][k (d_h), v (d_h)]``). When TP does not divide g (e.g. MQA at T
 projection is a :class:`~megahash.models.attention.base.ReplicatedLinear` instead (every rank
 holds it whole; same master draw, so the weights do not depend on the TP size). The output
 projection is ``linear_proj`` (RowParallel).
+
+Option ``gated`` (``model.attention.options.gated``, or ``mha+gated`` for one layer of a schedule): a sigmoid
+output gate per head and channel before ``linear_proj`` (Qwen3-Next's gated attention, [Qiu25];
+``linear_output_gate``, d_m x n d_h more parameters, split by head over TP).
 """
 
 from __future__ import annotations
 
 from megahash.models.attention.maps import softmax_core_maps
-from megahash.models.attention.softmax_base import GroupedKV, SoftmaxAttention, default_gqa_groups
-from megahash.models.cost_formulas import GeneralisedRow
+from megahash.models.attention.softmax_base import GatedOptions, GroupedSoftmax, default_gqa_groups
+from megahash.models.cost_formulas import SoftmaxRow
 from megahash.models.registry import AttentionCaps, register_attention
 
 
-class GroupedQuery(GroupedKV, SoftmaxAttention):
+class GroupedQuery(GroupedSoftmax):
     """softmax(Q_i K_g(i)^T / sqrt(d_h)) V_g(i) (eq. 3.1-3.3): ``linear_q`` (n heads) and ``linear_kv``
     (g groups, rows ``[g][k (d_h), v (d_h)]``); g = n (mha), g < n (gqa), g = 1 (mqa)."""
-
-    def build(self, parts):
-        self.build_grouped_qkv(parts, self.groups)
-
-    def project(self, x):
-        q = self.grouped_q(x)
-        k, v = self.grouped_kv(x)
-        return q, k, v
-
-    def expand_kv(self, k, v):
-        return self.local_kv(k, v)
 
 
 # ----------------------------------------------------------------------------- self-description
 # (megahash.models.registry / megahash.catalog: costs and capabilities; nothing else in the library names the kind)
 
 
-class MHACosts(GeneralisedRow):
+class MHACosts(SoftmaxRow):
     """The "Standard" row: Table 3.4 Q/K/V 3d^2n^2 (GQA-sized d^2n^2 + 2d^2ng with
     model.num_query_groups g), Tables 4.5-4.8 (prefill 4BL^2d + 6BLd^2, decode 6Bd^2 + 4BLd,
-    activations (8BLd + 2BL^2h)/t, cache 4BLd bytes); decode cache K and V: 2BLgd_h numbers."""
-
-    @classmethod
-    def flops(cls, phase, B, L, d, h=None, g=None, precomputed=False):
-        if h is None:  # the Standard row itself (full heads)
-            return 4 * B * L * L * d + 6 * B * L * d * d if phase == "prefill" else 6 * B * d * d + 4 * B * L * d
-        return super().flops(phase, B, L, d, h, g, precomputed)
-
-    @staticmethod
-    def cache_elements(B, L, n, d_h, g, **_):
-        return 2 * B * L * g * d_h
+    activations (8BLd + 2BL^2h)/t, cache 4BLd bytes); decode cache K and V: 2BLgd_h numbers; the output gate's
+    terms when ``gated`` (:class:`SoftmaxRow`, not in [Xue25])."""
 
 
 class GQACosts(MHACosts):
@@ -82,6 +66,7 @@ register_attention(
     "mha",
     GroupedQuery,
     costs=MHACosts,
+    options=GatedOptions,
     caps=AttentionCaps(standard=True, qwen2=True, thesis_name="Standard", chapters=(3, 4)),
     maps=softmax_core_maps,
     groups=lambda n, g: g or n,
@@ -90,6 +75,7 @@ register_attention(
     "gqa",
     GroupedQuery,
     costs=GQACosts,
+    options=GatedOptions,
     caps=AttentionCaps(qwen2=True, thesis_name="GQA"),
     maps=softmax_core_maps,
     groups=lambda n, g: g if 0 < g < n else default_gqa_groups(n),
@@ -98,6 +84,7 @@ register_attention(
     "mqa",
     GroupedQuery,
     costs=MQACosts,
+    options=GatedOptions,
     caps=AttentionCaps(qwen2=True, thesis_name="MQA", chapters=(3,)),
     maps=softmax_core_maps,
     groups=lambda n, g: 1,

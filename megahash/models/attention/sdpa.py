@@ -17,6 +17,7 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 
 from megahash.models.attention import document_mask
+from megahash.ops.utils.window import band_mask
 
 
 @dataclass
@@ -55,11 +56,14 @@ class SDPACoreAttention(MegatronModule):
         attention_bias=None,
         packed_seq_params=None,
         document_ids=None,
+        window=None,
+        masks=None,
         **_kw,
     ):
         """query [sq, b, np, hn], key/value [sk, b, ng, hn] -> [sq, b, np*hn]. ``document_ids`` [b, s]
         (packed documents; or those of ``packed_seq_params``, :class:`PackedDocuments`): attention inside each
-        document (megahash/models/attention/document_mask.py)."""
+        document; ``window``: within a sliding window of that many keys (megahash/models/attention/document_mask.py;
+        ``masks``: the forward's store of the masks its layers share)."""
         mask_type = attn_mask_type or self.attn_mask_type
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, hn]
         if k.shape[1] != q.shape[1]:  # GQA/MQA: repeat the key/value groups
@@ -68,37 +72,25 @@ class SDPACoreAttention(MegatronModule):
             v = v.repeat_interleave(rep, dim=1)
         if document_ids is None and isinstance(packed_seq_params, PackedDocuments):
             document_ids = packed_seq_params.document_ids
-        if document_ids is not None and q.shape[2] == k.shape[2]:
+        sq, sk = q.shape[2], k.shape[2]
+        window = None if window is None or window >= sk else window  # a window of the whole length: none
+        dropout = self.dropout_p if self.training else 0.0
+        if (document_ids is not None or window is not None) and sq == sk:
             keep = None if attention_mask is None else ~attention_mask.reshape(attention_mask.shape[0], -1)
-            out = document_mask.attend(
-                q,
-                k,
-                v,
-                document_ids,
-                mask_type == AttnMaskType.causal,
-                keep,
-                self.softmax_scale,
-                self.dropout_p if self.training else 0.0,
-            )
+            causal = mask_type == AttnMaskType.causal
+            out = document_mask.attend(q, k, v, document_ids, causal, keep, self.softmax_scale, dropout, window, masks)
             b, h, s, d = out.shape
             return out.permute(2, 0, 1, 3).reshape(s, b, h * d)
         causal = mask_type == AttnMaskType.causal and attention_mask is None
         mask = None
         if attention_mask is not None:
             mask = ~attention_mask  # megatron: True = masked out; SDPA: True = attend
-        elif mask_type == AttnMaskType.causal and q.shape[2] != k.shape[2]:
-            # decoding with a cache: query positions are the last sq of sk
-            sq, sk = q.shape[2], k.shape[2]
-            mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
+        elif mask_type == AttnMaskType.causal and sq != sk:
+            # decoding with a cache: query positions are the last sq of sk (and see a window of keys)
+            mask = band_mask(sq, sk, window or sk, True, q.device)
             causal = False
         out = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=mask,
-            is_causal=causal,
-            dropout_p=self.dropout_p if self.training else 0.0,
-            scale=self.softmax_scale,
+            q, k, v, attn_mask=mask, is_causal=causal, dropout_p=dropout, scale=self.softmax_scale
         )
         b, h, s, d = out.shape
         return out.permute(2, 0, 1, 3).reshape(s, b, h * d)

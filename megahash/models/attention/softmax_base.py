@@ -1,9 +1,13 @@
 """Shared parts of the softmax attention kinds (not a kind): grouped K/V projections (split or replicated over
-TP) and the project -> RoPE -> KV cache -> softmax core pipeline (``mha``/``gqa``/``mqa``, ``sha``, ``mhe-*``,
-``skv``, ``el-att`` build on it; the linear kinds reuse :class:`GroupedKV`). Torch-only, written once
+TP), the project -> RoPE -> KV cache -> softmax core pipeline (``mha``/``gqa``/``mqa``, ``sha``, ``mhe-*``,
+``skv``, ``el-att`` build on it; the linear kinds reuse :class:`GroupedKV`), a sliding window over the keys
+with its rolling KV cache (a kind sets ``window``) and the sigmoid output gate (a kind that offers it calls
+``build_output_gate``; its option ``gated``, :class:`GatedOptions`). Torch-only, written once
 (:mod:`megahash.models.mixing`): the HF export copies it."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -57,13 +61,46 @@ class GroupedKV:
         return k.index_select(2, self.head_group), v.index_select(2, self.head_group)
 
 
+@dataclass(frozen=True)
+class GatedOptions:
+    """``model.attention.options`` of the softmax kinds that offer the output gate (a schedule item
+    ``KIND+gated`` sets it for one layer). ``EXAMPLES``: the per-layer settings (schedule-item suffixes, "" =
+    the defaults) the registry-derived tests run such a kind with."""
+
+    gated: bool = False  # sigmoid output gate per head and channel (Qwen3-Next; megatron's attention_output_gate)
+    EXAMPLES = ("", "gated")
+
+
 class SoftmaxAttention(Mixing):
-    """project -> QK-norm -> RoPE on q, k -> KV cache -> softmax core -> (select): a kind defines ``build`` and
-    ``project(x) -> q [s, b, n_local, d], k, v [s, b, groups, d]``."""
+    """project -> QK-norm -> RoPE on q, k -> KV cache -> softmax core -> (select) -> (output gate): a kind defines
+    ``build`` and ``project(x) -> q [s, b, n_local, d], k, v [s, b, groups, d]``.
+
+    ``window`` (set by a kind, e.g. in ``build``): query i sees only keys i - window < j <= i (a sliding window,
+    :mod:`megahash.ops.utils.window`), and the decoding cache keeps only the last ``window - 1`` keys and values
+    (a rolling cache: its size and a decoding step's work stay flat in the generated length)."""
+
+    window = None  # keys a query sees (a sliding window), None: all
 
     def assemble(self, setup, parts) -> None:
         super().assemble(setup, parts)
         self.core_attention = parts.core_attention(self)
+
+    def build_output_gate(self, parts) -> None:
+        """``model.attention.options.gated``: o_i <- o_i * sigmoid(x W_g,i) for every head i and channel, before
+        ``linear_proj`` (the output gate of [Qiu25] at position G1, after the scaled dot-product attention,
+        elementwise: Qwen3-Next's gated attention [Qwen25], megatron-core's ``attention_output_gate``);
+        ``linear_output_gate`` d_m -> n d_h split by head over TP, with the q/k/v bias setting."""
+        if self.setup.option("gated", False):
+            self.linear_output_gate = parts.column(self.d_m, self.n * self.d_h, self.qkv_bias)
+
+    def output_gate(self, out, x):
+        """out [s, b, n_local d_h] times the gate of x (the sigmoid in at least fp32, as megatron-core's
+        ``_apply_output_gate``)."""
+        gate = getattr(self, "linear_output_gate", None)
+        if gate is None:
+            return out
+        g = gate(x)
+        return (out * torch.sigmoid(g.to(torch.promote_types(g.dtype, torch.float32)))).to(out.dtype)
 
     def project(self, x):  # pragma: no cover - abstract
         raise NotImplementedError
@@ -80,9 +117,30 @@ class SoftmaxAttention(Mixing):
         q = rope(q, rotary_pos_emb)
         k = rope(k, rotary_pos_emb)
         cache = state.cache(self.layer_number)
-        k = append_cache(cache, "k", k)
-        v = append_cache(cache, "v", v)
+        keep = None if self.window is None else self.window - 1  # the rolling cache of a sliding window
+        k = append_cache(cache, "k", k, keep=keep)
+        v = append_cache(cache, "v", v, keep=keep)
         k, v = self.expand_kv(k, v)
         with self.dropout_rng():  # packed documents: attention inside each (None: off, decoding)
-            out = self.core_attention(q, k, v, attention_mask, document_ids=state.document_ids)
-        return self.select_output(out)
+            out = self.core_attention(
+                q, k, v, attention_mask, document_ids=state.document_ids, window=self.window, masks=state.masks
+            )
+        return self.output_gate(self.select_output(out), x)
+
+
+class GroupedSoftmax(GroupedKV, SoftmaxAttention):
+    """softmax(Q_i K_g(i)^T / sqrt(d_h)) V_g(i) ([Xue25] eq. 3.1-3.3): ``linear_q`` (n heads) and ``linear_kv``
+    (g groups, rows ``[g][k (d_h), v (d_h)]``), the output gate when ``gated`` (the ``mha`` family and the kinds
+    that are ``mha`` with one change, e.g. a sliding window)."""
+
+    def build(self, parts):
+        self.build_grouped_qkv(parts, self.groups)
+        self.build_output_gate(parts)
+
+    def project(self, x):
+        q = self.grouped_q(x)
+        k, v = self.grouped_kv(x)
+        return q, k, v
+
+    def expand_kv(self, k, v):
+        return self.local_kv(k, v)
