@@ -83,6 +83,7 @@ class TorchLayer(nn.Module):
             causal=arch_of(config.arch).causal,
             qkv_bias=bool(config.qkv_bias),
             qk_norm=bool(megahash_option(config, "model", "qk_norm", False)),
+            qk_gain=float(megahash_option(config, "model", "qk_gain", 0.0) or 0.0),
             options={**options, **spec},
         )
         self.assemble(setup, TorchParts(config))
