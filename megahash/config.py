@@ -102,12 +102,12 @@ class ModelConfig:
     init_std: float = 0.02
     # issue 44 (docs/compact_models.md#levers): the compact-model levers of the model, each off by default
     embed_init_std: float = 0.0  # std of the embedding tables (vocabulary, hash tables; the tied head); 0 = init_std
-    logit_softcap: float = 0.0  # logits c tanh(z / c) with c this (Gemma 2 / modded-nanogpt); 0 = off
+    logit_softcap: float = 0.0  # vocabulary logits c tanh(z / c) with c this (Gemma 2, modded-nanogpt); 0 = off
     zero_init_proj: bool = False  # attention and MLP output projections (linear_proj, linear_fc2) start at zero
-    qk_gain: float = 0.0  # a learnable per-head gain on the QK-normed queries, its initial value (needs qk_norm); 0 = off
+    qk_gain: float = (
+        0.0  # a learnable per-head gain on the QK-normed queries, its initial value (needs qk_norm); 0 = off
+    )
     mlp_activation: str = "auto"  # auto (SwiGLU in decoders, GELU in encoders) | relu2 (ReLU squared, 2 matrices)
-    x0_mix: bool = False  # each layer's input a x + b x0 with the embedding stream x0 (learnable a = 1, b = 0 per dim)
-    unet_skips: bool = False  # layer L-1-i's input += w_i (output of layer i), i < L/2 (learnable w_i = 1 per dim)
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
     # defaults: the kinds registered as standard (caps.standard; megahash.catalog)
@@ -224,23 +224,11 @@ class TrainConfig:
     muon_nesterov: bool = True
     muon_ns_steps: int = 5
     muon_adjust_lr: str = "original"
-    # issue 44 (docs/compact_models.md#levers): Muon's momentum from muon_momentum_start to muon_momentum over the
-    # first muon_momentum_warmup_steps steps (0 = off); its orthogonalization: quintic (torch.optim.Muon's
-    # Newton-Schulz) | polar-express (per-step coefficients of [Amsel25])
-    muon_momentum_warmup_steps: int = 0
-    muon_momentum_start: float = 0.85
-    muon_ns_coefficients: str = "quintic"
-    # issue 44: a learning rate and weight decay of their own for the embedding tables (and the tied head)
-    # (megahash/training/param_groups.py); 0 = train.lr, null = train.weight_decay
+    # issue 44 (docs/compact_models.md#levers): a peak learning rate of their own for the embedding tables (and
+    # the tied head), megahash/training/embed_group.py; 0 = train.lr
     embed_lr: float = 0.0
-    embed_weight_decay: float | None = None
     # issue 44: z-loss coefficient (PaLM: loss += z logsumexp^2) in the vocabulary head's cross-entropy; 0 = off
     z_loss: float = 0.0
-    # issue 44: sequence-length warmup at equal tokens (megahash/training/seq_warmup.py): the first
-    # seq_warmup_steps steps train on rows of seq_warmup_start tokens (each sequence cut into equal pieces),
-    # doubling at equal intervals up to data.seq_length; 0 = off
-    seq_warmup_steps: int = 0
-    seq_warmup_start: int = 0
     # issue 37: exponential moving average of the weights, updated after every optimizer step
     # (megahash/training/ema.py, docs/compact_models.md); 0 = off
     ema_decay: float = 0.0

@@ -83,13 +83,8 @@ RANGES: dict[str, tuple] = {
     "train.muon_lr": (0.0, INF, True, False, "Muon's peak learning rate (hidden matrices)"),
     "train.muon_momentum": (0.0, 1.0, False, True, "Muon's momentum"),
     "train.muon_ns_steps": (1, 99, False, False, "Newton-Schulz steps (torch.optim.Muon: < 100)"),
-    "train.muon_momentum_warmup_steps": (0, INF, False, False, "steps of Muon's momentum warmup; 0 = off"),
-    "train.muon_momentum_start": (0.0, 1.0, False, True, "Muon's momentum at step 0 of its warmup"),
     "train.embed_lr": (0.0, INF, False, False, "peak learning rate of the embedding tables; 0 = train.lr"),
-    "train.embed_weight_decay": (0.0, INF, False, False, "weight decay of the embedding tables; null = train.weight_decay"),
     "train.z_loss": (0.0, INF, False, False, "z-loss coefficient; 0 = off"),
-    "train.seq_warmup_steps": (0, INF, False, False, "steps of the sequence-length warmup; 0 = off"),
-    "train.seq_warmup_start": (0, INF, False, False, "first training row length of the sequence-length warmup"),
     "train.ema_decay": (0.0, 1.0, False, True, "decay of the weight average; 0 = off"),
     "train.qat_bits": (0, 8, False, False, "bits of the fake quantization; 0 = off"),
     "train.qat_fraction": (0.0, 1.0, True, False, "the last fraction of the steps trained with fake quantization"),
@@ -197,50 +192,26 @@ def check_ranges(cfg) -> None:
 
 def _check_levers(cfg) -> None:
     """The compact-model levers' choices and the combinations they refuse (issue 44, docs/compact_models.md#levers)."""
-    m, t, d = cfg.model, cfg.train, cfg.data
+    m, t = cfg.model, cfg.train
     if m.mlp_activation not in ("auto", "relu2"):
         raise ConfigError(f"config key 'model.mlp_activation' must be auto or relu2, got {m.mlp_activation!r}")
     if m.qk_gain and not m.qk_norm:
         raise ConfigError("model.qk_gain scales the QK-normed queries: set model.qk_norm=true (or model.qk_gain=0)")
-    if (m.x0_mix or m.unet_skips or m.mlp_activation != "auto") and m.layout != "prenorm":
-        raise ConfigError(
-            "model.x0_mix, model.unet_skips and model.mlp_activation=relu2 are pre-norm levers; "
-            "leave them off with model.layout=roberta"
-        )
-    if m.unet_skips and t.recompute == "full":
-        raise ConfigError(
-            "model.unet_skips carries layer outputs across the block, which full activation recompute reruns "
-            "layer by layer; use train.recompute=selective or none"
-        )
-    if m.unet_skips and m.num_layers < 2:
-        raise ConfigError("model.unet_skips needs model.num_layers >= 2 (the first half feeds the second)")
+    if m.mlp_activation != "auto" and m.layout != "prenorm":
+        raise ConfigError("model.mlp_activation=relu2 is a pre-norm lever; leave it auto with model.layout=roberta")
     if (m.logit_softcap or t.z_loss) and (m.head != "vocab" or t.objective == "sr"):
         raise ConfigError(
             "model.logit_softcap and train.z_loss act on the vocabulary head's logits; "
             "use model.head=vocab with train.objective clm or mlm (or set them to 0)"
         )
-    if t.seq_warmup_steps:
-        start, full = t.seq_warmup_start, d.seq_length
-        if not 0 < start < full or full % start or (full // start) & (full // start - 1):
-            raise ConfigError(
-                f"train.seq_warmup_start={start} must be data.seq_length={full} divided by a power of two "
-                f"(e.g. {max(1, full // 4)}): the warmup doubles it up to data.seq_length"
-            )
-        if d.reset_position_ids or d.reset_attention_mask:
-            raise ConfigError(
-                "train.seq_warmup_steps cuts each training row into pieces, which packed documents "
-                "(data.reset_position_ids / reset_attention_mask) would number across; set one of them off"
-            )
+    if t.z_loss and cfg.parallel.tensor > 1:
+        raise ConfigError("train.z_loss needs the whole vocabulary on one rank: parallel.tensor=1 (or train.z_loss=0)")
 
 
 def _check_optimizer(t) -> None:
     """``train.optimizer`` and Muon's choices (megahash/training/muon.py; its layouts: muon.check_layout)."""
     if t.optimizer not in ("adamw", "muon"):
         raise ConfigError(f"config key 'train.optimizer' must be adamw or muon, got {t.optimizer!r}")
-    if t.muon_ns_coefficients not in ("quintic", "polar-express"):
-        raise ConfigError(
-            f"config key 'train.muon_ns_coefficients' must be quintic or polar-express, got {t.muon_ns_coefficients!r}"
-        )
     if t.muon_adjust_lr not in ("original", "match_rms_adamw"):
         raise ConfigError(
             f"config key 'train.muon_adjust_lr' must be original or match_rms_adamw, got {t.muon_adjust_lr!r}"

@@ -77,7 +77,6 @@ class MixState:
     inputs: dict = field(default_factory=dict)  # what the model's kind inputs hand their layers, by input attr
     capture: dict | None = None  # a kind input's own pass: its layers record into it, by layer number
     recompute: bool = True  # False: this pass runs without activation recompute (a kind input's plain pass)
-    skips: list = field(default_factory=list)  # model.unet_skips: the outputs kept for later layers (residual_stream.py)
 
     def cache(self, layer_number: int) -> dict | None:
         """The decoding cache of a layer (1-based ``layer_number``); None when not decoding."""
