@@ -31,9 +31,9 @@ from megahash.known_warnings import quiet_deepspeed_logger
 from megahash.training import async_save, checkpoint, ema, eval_during, qat, run_lock, step_guard
 from megahash.training.batch_ramp import check_resume, ramp_metrics, set_step_batch
 from megahash.training.ds_config import deepspeed_config, tune_engine
+from megahash.training.embed_group import with_embed_lr
 from megahash.training.logging import RunLogger, plot_loss
 from megahash.training.lr_schedule import Schedule
-from megahash.training.embed_group import with_embed_lr
 from megahash.training.muon import build_optimizer
 from megahash.training.profile_steps import StepProfiler, phase
 from megahash.training.signals import EXIT_REQUEUE, StopFlag, any_rank, release_early
