@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_compact_recipe import _metric, config_args, run, vocab_size  # noqa: E402
+from bench_compact_recipe import _metric, config_args, params_of, run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 QS, COMPACT = "configs/quickstart.yaml", "configs/compact.yaml"
@@ -84,7 +84,7 @@ def one(recipe: str, hidden: int, seed: int, work: Path) -> dict:
         cmd = ["-m", "megahash", "eval", "--checkpoint", str(run_dir), "--tasks-dir", "data/eval_tasks"]
         run([sys.executable, *cmd, "--tasks", "shk_ppl", "--overwrite"], log)
     bpb = _metric(json.loads(next((run_dir / "eval").glob("step_*.json")).read_text()), "bits_per_byte")
-    params = _params(base, sets)
+    params = params_of([base], sets)
     div, steps = RUNGS[hidden]
     tokens = steps * (16 // div) * 128
     return {
@@ -96,29 +96,6 @@ def one(recipe: str, hidden: int, seed: int, work: Path) -> dict:
         "tokens": tokens,
         "train_s": float(timing.read_text()),
     }
-
-
-def _params(base: str, sets: list[str]) -> int:
-    import subprocess
-
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "megahash",
-            "params",
-            "--json",
-            "--vocab-size",
-            str(vocab_size()),
-            *config_args([base]),
-            *sets,
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return int(json.loads(out)["total"])
 
 
 def gains(rows: list[dict], recipe: str, hidden: int) -> list[float]:
