@@ -98,9 +98,9 @@ def one(recipe: str, hidden: int, seed: int, work: Path) -> dict:
     }
 
 
-def gains(rows: list[dict], recipe: str, hidden: int) -> list[float]:
-    """Per-seed relative gains (percent) of ``recipe`` over ``baseline`` at one rung, paired by seed."""
-    base = {r["seed"]: r["bpb"] for r in rows if r["recipe"] == "baseline" and r["hidden"] == hidden}
+def gains(rows: list[dict], recipe: str, hidden: int, ref: str = "baseline") -> list[float]:
+    """Per-seed relative gains (percent) of ``recipe`` over ``ref`` at one rung, paired by seed."""
+    base = {r["seed"]: r["bpb"] for r in rows if r["recipe"] == ref and r["hidden"] == hidden}
     return [
         100 * (1 - r["bpb"] / base[r["seed"]])
         for r in rows
@@ -112,18 +112,19 @@ def mean_se(xs: list[float]) -> tuple[float, float]:
     return statistics.mean(xs), (statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else float("nan"))
 
 
-def table(rows: list[dict]) -> str:
+def table(rows: list[dict], ref: str = "baseline") -> str:
     out = [
-        "| recipe | hidden | parameters | tokens/param | seeds | held-out bits/byte (mean ± sd) | gain vs baseline "
+        f"| recipe | hidden | parameters | tokens/param | seeds | held-out bits/byte (mean ± sd) | gain vs {ref} "
         "(paired mean ± SE) | gain / SE | train s/run |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     keys = dict.fromkeys((r["recipe"], r["hidden"]) for r in rows)
-    for recipe, hidden in sorted(keys, key=lambda k: (k[1], k[0] != "baseline", k[0])):
+    order = {"baseline": 0, ref: 1}
+    for recipe, hidden in sorted(keys, key=lambda k: (k[1], order.get(k[0], 2), k[0])):
         rs = [r for r in rows if r["recipe"] == recipe and r["hidden"] == hidden]
         b = [r["bpb"] for r in rs]
         sd = statistics.stdev(b) if len(b) > 1 else 0.0
-        g = gains(rows, recipe, hidden) if recipe != "baseline" else []
+        g = gains(rows, recipe, hidden, ref) if recipe != ref else []
         gain, ratio = "-", "-"
         if g:
             m, se = mean_se(g)
@@ -167,7 +168,9 @@ def main() -> None:
     ap.add_argument("--rungs", default="24,64,128", help=f"hidden sizes, of {', '.join(map(str, RUNGS))}")
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--recipes", default="baseline,compact")
+    ap.add_argument("--reference", default="baseline", help="the recipe the gains are paired against")
     ap.add_argument("--work", default="/tmp/megahash_ladder")
+    ap.add_argument("--cached", action="store_true", help="no training: the table of the finished rows only")
     ap.add_argument("--out", default=str(ROOT / f"benchmarks/results/{datetime.date.today()}_compact_ladder_cpu.md"))
     ap.add_argument(
         "--try",
@@ -198,6 +201,8 @@ def main() -> None:
         for seed in map(int, args.seeds.split(",")):
             for recipe in args.recipes.split(","):
                 key = (recipe, hidden, seed)
+                if args.cached and key not in done:
+                    continue
                 row = done.get(key) or one(recipe, hidden, seed, work)
                 if key not in done:
                     with open(cache, "a") as f:
@@ -205,7 +210,7 @@ def main() -> None:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     wall = time.perf_counter() - start
-    text = table(rows)
+    text = table(rows, args.reference)
     print(text)
     png = Path(args.out).with_suffix(".png")
     plot(rows, png)
