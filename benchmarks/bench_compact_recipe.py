@@ -145,33 +145,28 @@ def one(recipe: str, seed: int, steps: int, work: Path, artifact_too: bool = Tru
             ],
             log,
         )
-    params = json.loads(
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "megahash",
-                "params",
-                "--json",
-                "--vocab-size",
-                str(vocab_size()),
-                *config_args(configs),
-                *sets,
-            ],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    )
+    params = params_of(configs, sets)
     return {
         "recipe": recipe,
         "seed": seed,
         "bpb": bpb,
         "artifact_bytes": artifact.stat().st_size,
-        "params": params["total"],
+        "params": params,
         "train_s": float(timing.read_text()),
     }
+
+
+def params_of(configs: list[str], sets: list[str]) -> int:
+    """The stored parameters of a config (``megahash params`` at the quickstart tokenizer's vocabulary)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "megahash", "params", "--json", "--vocab-size", str(vocab_size())]
+        + [*config_args(configs), *sets],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return int(json.loads(out)["total"])
 
 
 def _metric(scores: dict, name: str) -> float:

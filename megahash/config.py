@@ -100,6 +100,14 @@ class ModelConfig:
     qk_norm: bool = False  # Qwen3 QK-norm: RMSNorm (LayerNorm in encoders) over each head of q and k, before RoPE
     norm_eps: float = 1e-6
     init_std: float = 0.02
+    # issue 44 (docs/compact_models.md#levers): the compact-model levers of the model, each off by default
+    embed_init_std: float = 0.0  # std of the embedding tables (vocabulary, hash tables; the tied head); 0 = init_std
+    logit_softcap: float = 0.0  # vocabulary logits c tanh(z / c) with c this (Gemma 2, modded-nanogpt); 0 = off
+    zero_init_proj: bool = False  # attention and MLP output projections (linear_proj, linear_fc2) start at zero
+    qk_gain: float = (
+        0.0  # a learnable per-head gain on the QK-normed queries, its initial value (needs qk_norm); 0 = off
+    )
+    mlp_activation: str = "auto"  # auto (SwiGLU in decoders, GELU in encoders) | relu2 (ReLU squared, 2 matrices)
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
     # defaults: the kinds registered as standard (caps.standard; megahash.catalog)
@@ -219,6 +227,11 @@ class TrainConfig:
     muon_nesterov: bool = True
     muon_ns_steps: int = 5
     muon_adjust_lr: str = "original"
+    # issue 44 (docs/compact_models.md#levers): a peak learning rate of their own for the embedding tables (and
+    # the tied head), megahash/training/embed_group.py; 0 = train.lr
+    embed_lr: float = 0.0
+    # issue 44: z-loss coefficient (PaLM: loss += z logsumexp^2) in the vocabulary head's cross-entropy; 0 = off
+    z_loss: float = 0.0
     # issue 37: exponential moving average of the weights, updated after every optimizer step
     # (megahash/training/ema.py, docs/compact_models.md); 0 = off
     ema_decay: float = 0.0

@@ -42,6 +42,9 @@ RANGES: dict[str, tuple] = {
     "model.rotary_base": (1, INF, False, False, "RoPE base"),
     "model.norm_eps": (0.0, 1.0, True, False, "norm epsilon"),
     "model.init_std": (0.0, INF, True, False, "init standard deviation"),
+    "model.embed_init_std": (0.0, INF, False, False, "init std of the embedding tables; 0 = model.init_std"),
+    "model.logit_softcap": (0.0, INF, False, False, "logit soft-cap c (c tanh(z / c)); 0 = off"),
+    "model.qk_gain": (0.0, INF, False, False, "initial per-head query gain after QK-norm; 0 = off"),
     "model.hidden_dropout": (0.0, 1.0, False, True, "dropout probability"),
     "model.attention_dropout": (0.0, 1.0, False, True, "dropout probability"),
     # data
@@ -81,6 +84,8 @@ RANGES: dict[str, tuple] = {
     "train.muon_lr": (0.0, INF, True, False, "Muon's peak learning rate (hidden matrices)"),
     "train.muon_momentum": (0.0, 1.0, False, True, "Muon's momentum"),
     "train.muon_ns_steps": (1, 99, False, False, "Newton-Schulz steps (torch.optim.Muon: < 100)"),
+    "train.embed_lr": (0.0, INF, False, False, "peak learning rate of the embedding tables; 0 = train.lr"),
+    "train.z_loss": (0.0, INF, False, False, "z-loss coefficient; 0 = off"),
     "train.ema_decay": (0.0, 1.0, False, True, "decay of the weight average; 0 = off"),
     "train.qat_bits": (0, 8, False, False, "bits of the fake quantization; 0 = off"),
     "train.qat_fraction": (0.0, 1.0, True, False, "the last fraction of the steps trained with fake quantization"),
@@ -223,6 +228,7 @@ def check_ranges(cfg) -> None:
             f"not for requeue)"
         )
     _check_optimizer(t)
+    _check_levers(cfg)
     if t.qat_bits not in (0, 4, 6, 8):
         raise ConfigError(f"train.qat_bits must be 0 (off), 4, 6 or 8, got {t.qat_bits}")
     if t.qat_bits and t.zero_stage == 3:
@@ -233,6 +239,24 @@ def check_ranges(cfg) -> None:
         raise ConfigError(f"config key 'data.verify' must be cheap, full or none, got {d.verify!r}")
     if t.verify_checkpoint not in ("cheap", "full"):
         raise ConfigError(f"config key 'train.verify_checkpoint' must be cheap or full, got {t.verify_checkpoint!r}")
+
+
+def _check_levers(cfg) -> None:
+    """The compact-model levers' choices and the combinations they refuse (issue 44, docs/compact_models.md#levers)."""
+    m, t = cfg.model, cfg.train
+    if m.mlp_activation not in ("auto", "relu2"):
+        raise ConfigError(f"config key 'model.mlp_activation' must be auto or relu2, got {m.mlp_activation!r}")
+    if m.qk_gain and not m.qk_norm:
+        raise ConfigError("model.qk_gain scales the QK-normed queries: set model.qk_norm=true (or model.qk_gain=0)")
+    if m.mlp_activation != "auto" and m.layout != "prenorm":
+        raise ConfigError("model.mlp_activation=relu2 is a pre-norm lever; leave it auto with model.layout=roberta")
+    if (m.logit_softcap or t.z_loss) and (m.head != "vocab" or t.objective == "sr"):
+        raise ConfigError(
+            "model.logit_softcap and train.z_loss act on the vocabulary head's logits; "
+            "use model.head=vocab with train.objective clm or mlm (or set them to 0)"
+        )
+    if t.z_loss and cfg.parallel.tensor > 1:
+        raise ConfigError("train.z_loss needs the whole vocabulary on one rank: parallel.tensor=1 (or train.z_loss=0)")
 
 
 def _check_optimizer(t) -> None:

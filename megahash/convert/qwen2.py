@@ -59,6 +59,10 @@ def ineligible(cfg, model) -> str:
         return f"model.head={m.head}"
     if getattr(m, "qk_norm", False):
         return "model.qk_norm=true (Qwen3 QK-norm; Qwen2 has none)"
+    if getattr(m, "logit_softcap", 0.0):
+        return "model.logit_softcap (Qwen2 has no logit soft-cap)"
+    if getattr(m, "mlp_activation", "auto") != "auto":
+        return f"model.mlp_activation={m.mlp_activation} (Qwen2's MLP is SwiGLU)"
     other = sorted({k for k in model.layer_kinds if not _qwen2("attention", k)})
     if other:
         return f"attention kinds {other}"

@@ -10,6 +10,11 @@ fp32 over chunks. Peak memory of the head: one chunk of fp32 logits (``CHUNK_ELE
 two [tokens x vocab] fp32 tensors (logits and softmax) held from forward to backward; one extra
 head GEMM per step (the recompute). The same idea as Liger-Kernel's fused linear cross-entropy and
 DeepSpeed's ``chunked_cross_entropy`` (which keeps the logits whole in their own dtype).
+
+Two levers of compact models (issue 44) act here on each chunk: a logit soft-cap z = c tanh(u / c) of the
+raw logits u (``model.logit_softcap``, Gemma 2 / modded-nanogpt), and a z-loss z_coef * lse^2 added to each
+token's loss (``train.z_loss``, PaLM [Chowdhery22] sec. 5). Their backward: d loss / d z = softmax (1 + 2 z_coef
+lse) - onehot(y), times d z / d u = 1 - (z / c)^2.
 """
 
 from __future__ import annotations
@@ -33,22 +38,23 @@ def _mm_t(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 class LinearCrossEntropy(torch.autograd.Function):
-    """hidden [N, h], weight [V, h], target [N] (ids in [0, V)) -> per-token loss [N] (fp32; fp64 for fp64)."""
+    """hidden [N, h], weight [V, h], target [N] (ids in [0, V)), soft-cap, z-loss coefficient -> per-token loss
+    [N] (fp32; fp64 for fp64)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, target, rows):
+    def forward(ctx, hidden, weight, target, rows, cap=0.0, z_coef=0.0):
         w = weight.to(hidden.dtype)
         n, acc = hidden.shape[0], torch.promote_types(hidden.dtype, torch.float32)
         lse = torch.empty(n, dtype=acc, device=hidden.device)
         picked = torch.empty(n, dtype=acc, device=hidden.device)
         for s in range(0, n, rows):
             e = min(n, s + rows)
-            logits = _mm_t(hidden[s:e], w).to(acc)
+            logits = _capped(_mm_t(hidden[s:e], w).to(acc), cap)[0]
             torch.logsumexp(logits, dim=-1, out=lse[s:e])
             torch.gather(logits, 1, target[s:e, None], out=picked[s:e, None])
         ctx.save_for_backward(hidden, weight, target, lse)
-        ctx.rows = rows
-        return lse - picked
+        ctx.rows, ctx.cap, ctx.z_coef = rows, cap, z_coef
+        return lse - picked + z_coef * lse.square() if z_coef else lse - picked
 
     @staticmethod
     def backward(ctx, grad):
@@ -63,9 +69,15 @@ class LinearCrossEntropy(torch.autograd.Function):
         for s in range(0, n, rows):
             e = min(n, s + rows)
             h = hidden[s:e]
-            p = _mm_t(h, w).to(lse.dtype).sub_(lse[s:e, None]).exp_()  # softmax of the chunk
+            logits, t = _capped(_mm_t(h, w).to(lse.dtype), ctx.cap)
+            p = logits.sub_(lse[s:e, None]).exp_()  # softmax of the chunk
+            if ctx.z_coef:
+                p.mul_(1 + 2 * ctx.z_coef * lse[s:e, None])
             p.scatter_add_(1, target[s:e, None], minus_one[: e - s])  # - onehot(y)
-            p = p.mul_(grad[s:e, None]).to(hidden.dtype)
+            p = p.mul_(grad[s:e, None])
+            if t is not None:
+                p.mul_(1 - t.square_())
+            p = p.to(hidden.dtype)
             if need_h:
                 torch.mm(p, w, out=dh[s:e])
             if need_w:
@@ -73,15 +85,34 @@ class LinearCrossEntropy(torch.autograd.Function):
                 dw = part.to(lse.dtype) if dw is None else dw.add_(part)
         if need_w:
             dw = dw.to(weight.dtype)
-        return dh, dw, None, None
+        return dh, dw, None, None, None, None
+
+
+def _capped(raw: torch.Tensor, cap: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(c tanh(raw / c), tanh(raw / c)) for a soft-cap c; (raw, None) without one."""
+    if not cap:
+        return raw, None
+    t = torch.tanh(raw / cap)
+    return t * cap, t
 
 
 def linear_cross_entropy(
-    hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, rows: int | None = None
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    rows: int | None = None,
+    cap: float = 0.0,
+    z_coef: float = 0.0,
 ) -> torch.Tensor:
-    """Per-token cross-entropy of ``hidden @ weight^T`` [..., V] against ``target`` [...] (-> [...], fp32)."""
+    """Per-token cross-entropy of ``hidden @ weight^T`` [..., V] against ``target`` [...] (-> [...], fp32), the
+    logits soft-capped at ``cap`` and ``z_coef`` lse^2 added (0: off; module docstring)."""
     shape = target.shape
     loss = LinearCrossEntropy.apply(
-        hidden.reshape(-1, hidden.shape[-1]), weight, target.reshape(-1), rows or chunk_rows(weight.shape[0])
+        hidden.reshape(-1, hidden.shape[-1]),
+        weight,
+        target.reshape(-1),
+        rows or chunk_rows(weight.shape[0]),
+        float(cap),
+        float(z_coef),
     )
     return loss.view(shape)

@@ -3,7 +3,7 @@
 - :func:`closed_form_report` is ``megahash params`` for a plain Qwen2 decoder (embedding, head and
   every attention kind registered with ``caps.qwen2``), in closed form: QKV the kind's Table 3.4
   formula ``h (n + 2g) d_h`` (+ ``(n + 2g) d_h`` bias; the layer's options go to the formula, e.g. an output
-  gate's ``h n d_h``), output ``h^2``, SwiGLU ``3 h ffn``, two RMSNorms ``2h``
+  gate's ``h n d_h``), output ``h^2``, SwiGLU ``3 h ffn`` (ReLU squared ``2 h ffn``), two RMSNorms ``2h``
   per layer, final norm ``h``, embedding ``V' h`` with ``V'`` Megatron's padded vocabulary (+ ``V' h``
   untied head). Other variants return None and are counted on a meta-device model (tests check
   both agree).
@@ -36,7 +36,7 @@ def closed_form_report(cfg, vocab_size: int) -> dict | None:
             {
                 "kind": kind,
                 "attention": {"qkv": qkv + (width if m.qkv_bias else 0), "out": h * h},
-                "mlp": 3 * h * m.ffn_hidden_size,
+                "mlp": (2 if m.mlp_activation == "relu2" else 3) * h * m.ffn_hidden_size,  # relu2: two matrices
                 "norm": 2 * h,
             }
         )

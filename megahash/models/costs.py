@@ -304,7 +304,7 @@ def train_flops_per_token(cfg, vocab_size: int, seq: int | None = None, measure:
     m = cfg.model
     L = seq or cfg.data.seq_length
     d, n, g = m.hidden_size, m.num_heads, m.num_query_groups or None
-    mlp_mats = 3 if arch_of(m.arch).swiglu else 2
+    mlp_mats = 3 if arch_of(m.arch).swiglu and m.mlp_activation != "relu2" else 2
     kinds = layer_kinds(m.schedule, m.num_layers)
     per_token = 0.0
     for kind, own in zip(kinds, layer_options(cfg)):

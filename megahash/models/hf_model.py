@@ -56,7 +56,7 @@ from megahash.models.reference_layers import (
     build_head,
     build_kind_input,
 )
-from megahash.models.reference_ops import is_roberta, packed_documents, rope_freqs
+from megahash.models.reference_ops import is_roberta, megahash_option, packed_documents, rope_freqs
 from megahash.models.reference_table import references
 
 # transformers renamed the cache argument and output field ``past_key_values`` -> ``cache`` (5.2x, the old
@@ -362,7 +362,9 @@ class MegahashForCausalLM(MegahashPreTrainedModel, GenerationMixin):
         if self.head is not None:
             return self.head(hidden)
         weight = self.model.embedding.weight if self.tied else self.output_layer.weight
-        return F.linear(hidden, weight[: self.config.vocab_size])
+        logits = F.linear(hidden, weight[: self.config.vocab_size])
+        cap = float(megahash_option(self.config, "model", "logit_softcap", 0.0) or 0.0)
+        return cap * torch.tanh(logits / cap) if cap else logits  # model.logit_softcap (megatron_model.softcap)
 
     def forward(
         self,

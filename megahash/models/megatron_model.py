@@ -14,6 +14,7 @@ from contextlib import nullcontext
 import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state, tensor_parallel
+from megatron.core.activations import squared_relu
 from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_block import TransformerBlock
@@ -33,6 +34,7 @@ def transformer_config(cfg, dtype: torch.dtype = torch.float32) -> TransformerCo
     m, p, t = cfg.model, cfg.parallel, cfg.train
     arch = arch_of(m.arch)
     recompute = {"none": None, "selective": "selective", "full": "full"}[t.recompute]
+    relu2 = m.mlp_activation == "relu2"  # model.mlp_activation: ReLU squared ([So21] Primer), two bias-free matrices
     return TransformerConfig(
         num_layers=m.num_layers,
         hidden_size=m.hidden_size,
@@ -44,9 +46,9 @@ def transformer_config(cfg, dtype: torch.dtype = torch.float32) -> TransformerCo
         attention_dropout=m.attention_dropout,
         normalization="RMSNorm" if arch.rms_norm else "LayerNorm",
         layernorm_epsilon=m.norm_eps,
-        gated_linear_unit=arch.swiglu,
-        activation_func=F.silu if arch.swiglu else F.gelu,
-        add_bias_linear=not arch.swiglu,
+        gated_linear_unit=arch.swiglu and not relu2,
+        activation_func=squared_relu if relu2 else F.silu if arch.swiglu else F.gelu,
+        add_bias_linear=not (arch.swiglu or relu2),
         add_qkv_bias=m.qkv_bias,
         qk_layernorm=m.qk_norm,
         tensor_model_parallel_size=p.tensor,
@@ -67,6 +69,22 @@ def transformer_config(cfg, dtype: torch.dtype = torch.float32) -> TransformerCo
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
     )
+
+
+def softcap(logits: torch.Tensor, cap: float) -> torch.Tensor:
+    """``model.logit_softcap``: cap tanh(logits / cap) (Gemma 2 [Gemma24], modded-nanogpt); identity at 0."""
+    return logits if not cap else cap * torch.tanh(logits / cap)
+
+
+def zero_output_projections(layers) -> None:
+    """``model.zero_init_proj``: each layer's attention and MLP output projections (``linear_proj``,
+    ``linear_fc2``: whatever a kind names so) start at zero, so every residual branch adds nothing at step 0."""
+    with torch.no_grad():
+        for layer in layers:
+            for name, module in layer.named_modules():
+                if name.rsplit(".", 1)[-1] in ("linear_proj", "linear_fc2"):
+                    for p in module.parameters(recurse=False):
+                        p.zero_()
 
 
 class Rotary(RotaryEmbedding):
@@ -170,9 +188,11 @@ class MegahashLM(MegatronModule):
             raise ConfigError(
                 f"unknown model.embedding {m.embedding!r} (known: {', '.join(registry.names('embedding'))})"
             )
+        # model.embed_init_std: the embedding tables (and so the tied head) drawn at their own std (issue 44)
+        config.init_method = init_method_normal(m.embed_init_std or m.init_std)
+        self.embedding = registry.spec("embedding", m.embedding).build(config, cfg, vocab_size)
         config.init_method = init_method_normal(m.init_std)
         config.output_layer_init_method = scaled_init_method_normal(m.init_std, m.num_layers)
-        self.embedding = registry.spec("embedding", m.embedding).build(config, cfg, vocab_size)
         from megahash.models import roberta
 
         self.embedding_extras = roberta.build_embedding_extras(config, cfg)  # layout=roberta: positions, types, LN
@@ -204,6 +224,9 @@ class MegahashLM(MegatronModule):
         self.head = heads.build_head(cfg, config, vocab_size)  # train.objective x model.head (models/heads/)
         if not self.head.uses_output_layer:
             self.output_layer = None  # S+R / hash-code heads replace the vocabulary projection
+        if m.zero_init_proj and init:  # every layer starts as the identity ([Jordan24b] modded-nanogpt, issue 44)
+            zero_output_projections(self.decoder.layers)
+        self.logit_softcap = float(m.logit_softcap)
         hook_sequence_parallel_params(self)  # e.g. RowParallelLinear biases under SP
         cpu_linear.install(self)  # oneDNN GEMMs for the linear layers on CPU (accelerator.policy.onednn_linear)
         autocast_linear.install(self)  # bf16 runs: fp32 parameters, linear layers in the autocast dtype
@@ -261,7 +284,7 @@ class MegahashLM(MegatronModule):
     def logits(self, hidden):
         weight = self.embedding.weight if self.tie else None
         logits, _ = self.output_layer(hidden, weight=weight)
-        return logits  # [s, b, V/TP]
+        return softcap(logits, self.logit_softcap)  # [s, b, V/TP]
 
     def output_weight(self) -> torch.Tensor:
         """The LM head's weight [V/TP, h] (the embedding's when tied)."""

@@ -49,6 +49,7 @@ class Setup:
     causal: bool
     qkv_bias: bool
     qk_norm: bool  # model.qk_norm: per-head norms of q and k (Qwen3)
+    qk_gain: float = 0.0  # model.qk_gain: a learnable per-head gain on the normed queries, its initial value; 0 = off
     tp: int = 1
     tp_rank: int = 0
     sequence_parallel: bool = False  # x arrives split over the sequence (``parts.column`` gathers it)
@@ -119,6 +120,8 @@ class Mixing(nn.Module):
         self.build(parts)
         if "linear_proj" not in self._modules:
             self.linear_proj = parts.row(self.n * self.d_h, self.d_m)
+        if setup.qk_gain:
+            self.build_qk_gain(setup.qk_gain)
 
     def build(self, parts) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -132,11 +135,25 @@ class Mixing(nn.Module):
         self.q_layernorm = self.parts.norm(dim)
         self.k_layernorm = self.parts.norm(dim)
 
+    def build_qk_gain(self, gain: float) -> None:
+        """``model.qk_gain``: ``q_gain`` [n_local], one learnable gain per query head (split by head over TP),
+        every one ``gain`` at init (Parameter Golf's ``q_gain``, [OpenAI26]); 1-D: AdamW without decay. Built
+        last, its draw on a forked RNG, so the other weights are those of the model without it."""
+        with torch.random.fork_rng(devices=[]):
+            self.q_gain = self.parts.per_head(self.n, 1)
+        w = self.q_gain.weight
+        w.data = torch.full((w.shape[0],), float(gain), dtype=w.dtype, device=w.device)
+
     def norm_qk(self, q, k):
-        """QK-norm of per-head q, k [..., d] (identity without ``model.qk_norm``); before RoPE."""
+        """QK-norm of per-head q, k [s, b, heads, d] (identity without ``model.qk_norm``), then the queries times
+        their head's ``q_gain`` (``model.qk_gain``); before RoPE."""
         if getattr(self, "q_layernorm", None) is None:
             return q, k
-        return self.q_layernorm(q), self.k_layernorm(k)
+        q, k = self.q_layernorm(q), self.k_layernorm(k)
+        gain = getattr(self, "q_gain", None)
+        if gain is not None:
+            q = q * gain.weight.to(q.dtype)[:, None]
+        return q, k
 
     def dropout_rng(self, name: str | None = None):
         """Where attention dropout draws (megatron's RNG tracker, the data-parallel stream for heads replicated

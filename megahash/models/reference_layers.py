@@ -83,6 +83,7 @@ class TorchLayer(nn.Module):
             causal=arch_of(config.arch).causal,
             qkv_bias=bool(config.qkv_bias),
             qk_norm=bool(megahash_option(config, "model", "qk_norm", False)),
+            qk_gain=float(megahash_option(config, "model", "qk_gain", 0.0) or 0.0),
             options={**options, **spec},
         )
         self.assemble(setup, TorchParts(config))
@@ -114,20 +115,25 @@ def build_attention(config, spec, table: dict, layer_number: int = 1):
 
 
 class MLP(nn.Module):
-    """SwiGLU (decoder: fc1 rows [gate; up], no biases) or GELU with biases (encoder)."""
+    """SwiGLU (decoder: fc1 rows [gate; up], no biases), ReLU squared without biases (``model.mlp_activation``
+    relu2) or GELU with biases (encoder)."""
 
     def __init__(self, config):
         super().__init__()
-        self.gated = arch_of(config.arch).swiglu
+        self.relu2 = megahash_option(config, "model", "mlp_activation", "auto") == "relu2"
+        self.gated = arch_of(config.arch).swiglu and not self.relu2
+        bias = not (arch_of(config.arch).swiglu or self.relu2)
         f, h = config.intermediate_size, config.hidden_size
-        self.linear_fc1 = nn.Linear(h, 2 * f if self.gated else f, bias=not self.gated)
-        self.linear_fc2 = nn.Linear(f, h, bias=not self.gated)
+        self.linear_fc1 = nn.Linear(h, 2 * f if self.gated else f, bias=bias)
+        self.linear_fc2 = nn.Linear(f, h, bias=bias)
 
     def forward(self, x):
         y = self.linear_fc1(x)
         if self.gated:
             a, b = torch.chunk(y, 2, dim=-1)
             y = F.silu(a) * b
+        elif self.relu2:
+            y = F.relu(y).square()
         else:
             y = F.gelu(y)
         return self.linear_fc2(y)

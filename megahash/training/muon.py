@@ -56,13 +56,11 @@ import contextlib
 
 import torch
 
+from megahash.training.embed_group import is_embedding, with_embed_lr
+
 OPTIMIZERS = ("adamw", "muon")
 ADJUST_LR = ("original", "match_rms_adamw")
 MOMENTUM = "momentum_buffer"  # torch.optim.Muon's state key
-
-
-def _is_embedding(module) -> bool:
-    return isinstance(module, torch.nn.Embedding) or "Embedding" in type(module).__name__
 
 
 def routes_to_muon(model: torch.nn.Module) -> dict[str, bool]:
@@ -74,7 +72,7 @@ def routes_to_muon(model: torch.nn.Module) -> dict[str, bool]:
         for pname, p in module.named_parameters(recurse=False):
             name = f"{mname}.{pname}" if mname else pname
             out[name] = (
-                p.requires_grad and p.ndim == 2 and name.startswith("decoder.layers.") and not _is_embedding(module)
+                p.requires_grad and p.ndim == 2 and name.startswith("decoder.layers.") and not is_embedding(module)
             )
     return out
 
@@ -97,7 +95,7 @@ def param_groups(model: torch.nn.Module, t) -> list[dict]:
         "ns_steps": t.muon_ns_steps,
         "adjust_lr_fn": t.muon_adjust_lr,
     }
-    return [
+    groups = [
         g
         for g in (
             muon_group,
@@ -106,6 +104,7 @@ def param_groups(model: torch.nn.Module, t) -> list[dict]:
         )
         if g["params"]
     ]
+    return with_embed_lr(model, groups, t.embed_lr)
 
 
 def newton_schulz(update: torch.Tensor, steps: int, coefficients, eps: float) -> torch.Tensor:

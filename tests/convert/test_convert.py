@@ -36,6 +36,16 @@ SMALL = [
     "data.seq_length=16",
 ]
 
+LEVERS = [
+    "model.qk_norm=true",
+    "model.qkv_bias=false",
+    "model.qk_gain=1.5",
+    "model.logit_softcap=3.0",
+    "model.mlp_activation=relu2",
+    "model.zero_init_proj=true",
+    "model.embed_init_std=0.005",
+]
+
 # name -> (schedule, embedding, hash spec, extra overrides)
 VARIANTS = {
     "mha-family": (
@@ -89,6 +99,10 @@ VARIANTS = {
         ["model.qk_norm=true", "model.qkv_bias=false", "model.attention.options.feature_dim=4"],
     ),
     "qwen2-gqa-tied": ("uniform:mha", "vocab", "md5", ["model.num_query_groups=2"]),
+    # issue 44's levers (docs/compact_models.md#levers) on hash embeddings and MHE, and on a model that would
+    # otherwise be a plain Qwen2 (the soft-cap and ReLU squared keep it in the megahash format)
+    "levers-hash-emb-mhe": ("list:mhe-mul,mha", "hash-emb", "md5", [*LEVERS, "model.embed.num_buckets=50"]),
+    "levers-vocab": ("uniform:mha", "vocab", "md5", LEVERS),
     "qwen2-mqa-untied-nobias": ("uniform:mqa", "vocab", "md5", ["model.tie_embeddings=false", "model.qkv_bias=false"]),
 }
 

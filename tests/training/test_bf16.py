@@ -98,6 +98,21 @@ def configurations() -> dict[str, list[str]]:
             f"model.num_layers={len(kinds)}",
             "model.schedule=list:" + ",".join(kinds),
         ]
+    out["levers"] = [  # issue 44's levers together, on hash embeddings and MHE (docs/compact_models.md#levers)
+        "model.num_layers=2",
+        "model.schedule=list:mhe-mul,mha",
+        *_embedding("hash-emb"),
+        "model.qk_norm=true",
+        "model.qkv_bias=false",
+        "model.qk_gain=1.5",
+        "model.logit_softcap=15",
+        "model.mlp_activation=relu2",
+        "model.zero_init_proj=true",
+        "model.embed_init_std=0.005",
+        "train.embed_lr=0.01",
+        "train.z_loss=1e-4",
+        "train.optimizer=muon",
+    ]
     return out
 
 

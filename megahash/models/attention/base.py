@@ -199,6 +199,7 @@ class MegatronLayer(MegatronModule):
             causal=attn_mask_type == AttnMaskType.causal,
             qkv_bias=bool(config.add_qkv_bias),
             qk_norm=cfg is not None and bool(cfg.model.qk_norm),
+            qk_gain=0.0 if cfg is None else float(cfg.model.qk_gain),
             tp=tp_size(),
             tp_rank=tp_rank(),
             sequence_parallel=bool(config.sequence_parallel),

@@ -21,6 +21,7 @@ class VocabHead(torch.nn.Module):
 
     def __init__(self, config=None, cfg=None, vocab_size=None):
         super().__init__()
+        self.z_loss = float(cfg.train.z_loss) if cfg is not None else 0.0  # train.z_loss (models/chunked_ce.py)
 
     def forward(self, model, hidden, labels=None, label_codes=None, hash_codes=None):
         weight = model.output_weight()
@@ -31,7 +32,7 @@ class VocabHead(torch.nn.Module):
         ):  # ZeRO-3 gathers the weight in the layer's own forward
             # projection + cross-entropy chunked over tokens: no [tokens x V] logits kept (models/chunked_ce.py)
             lab = labels.transpose(0, 1)
-            loss = linear_cross_entropy(hidden, weight, lab.clamp(min=0))
+            loss = linear_cross_entropy(hidden, weight, lab.clamp(min=0), cap=model.logit_softcap, z_coef=self.z_loss)
             return loss.masked_fill(lab < 0, 0.0).transpose(0, 1).contiguous()  # [b, s]
         logits = model.logits(hidden)  # [s, b, V/TP]
         if labels is None:
@@ -39,4 +40,6 @@ class VocabHead(torch.nn.Module):
         lab = labels.transpose(0, 1).contiguous()
         ignore = lab < 0
         loss = vocab_cross_entropy(logits.float(), lab.clamp(min=0))
+        if self.z_loss:  # one TP rank (config_checks): the whole vocabulary's log-sum-exp
+            loss = loss + self.z_loss * torch.logsumexp(logits.float(), dim=-1).square()
         return loss.masked_fill(ignore, 0.0).transpose(0, 1).contiguous()  # [b, s]

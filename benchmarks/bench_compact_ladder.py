@@ -1,0 +1,232 @@
+#!/usr/bin/env python
+"""The compact recipe against the quickstart on a ladder of model sizes, paired seeds, held-out bits per byte.
+
+    python benchmarks/bench_compact_ladder.py [--rungs 24,64,128] [--seeds 1,2,3]
+        [--recipes baseline,compact] [--try NAME=BASE:KEY=V,KEY=V] [--work /tmp/megahash_ladder]
+        [--out benchmarks/results/DATE_compact_ladder_cpu.md]
+
+A rung is the tiny shape (4 layers, 4 heads, FFN 4 x hidden) at one hidden size (:data:`RUNGS`), trained on
+0.39 tokens per parameter (the quickstart's 614,400 tokens over its 1,575,552 parameters), never fewer per
+parameter at a larger rung: the hidden-128 rung is the quickstart itself. A recipe of the quickstart family
+trains ``steps`` steps of ``16 / div`` sequences; one of the compact family (``configs/compact.yaml``) twice
+the steps at half that batch, the same tokens. Warmup is a tenth of the steps. Every run is scored by
+``megahash eval`` on ``shk_ppl`` (lm-eval's rolling log-likelihood over held-out plays, documents 1100+,
+never trained on) as ``bits_per_byte``. The gain of a recipe at a rung is the mean over seeds of
+``1 - bpb(recipe, seed) / bpb(baseline, seed)`` (paired by seed: the same data order and initial draw), with
+its standard error ``sd / sqrt(seeds)``. Writes a markdown table and one PNG of bits per byte against
+parameters. Stages whose output exists are skipped (rerun to finish).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_compact_recipe import _metric, config_args, params_of, run  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+QS, COMPACT = "configs/quickstart.yaml", "configs/compact.yaml"
+
+# hidden size -> (batch divisor, quickstart-family steps): tokens = steps x 16 / div x 128, 0.389-0.390 per parameter
+RUNGS: dict[int, tuple[int, int]] = {24: (4, 103), 64: (2, 200), 128: (1, 300), 256: (1, 1000)}
+
+# name -> (base config, overrides)
+RECIPES: dict[str, tuple[str, list[str]]] = {"baseline": (QS, []), "compact": (COMPACT, [])}
+
+
+def rung_overrides(hidden: int, base: str) -> list[str]:
+    """The model size and the schedule of one rung for a recipe built on ``base``."""
+    div, steps = RUNGS[hidden]
+    batch = 16 // div
+    if base == COMPACT:
+        batch, steps = batch // 2, 2 * steps
+    return [
+        f"model.hidden_size={hidden}",
+        f"model.ffn_hidden_size={4 * hidden}",
+        f"train.global_batch_size={batch}",
+        f"train.micro_batch_size={min(8, batch)}",
+        f"train.steps={steps}",
+        f"train.warmup_steps={steps // 10}",
+        "train.eval_interval=0",
+        "train.save_interval=0",
+        "train.keep_last=1",
+        "logging.plot=false",
+        "logging.tensorboard=false",
+    ]
+
+
+def one(recipe: str, hidden: int, seed: int, work: Path) -> dict:
+    """Train and evaluate one (recipe, rung, seed): held-out bits per byte, parameters, tokens, train seconds."""
+    base, overrides = RECIPES[recipe]
+    name = f"{recipe}_h{hidden}_s{seed}"
+    run_dir, log = work / name, work / f"{name}.log"
+    sets = [
+        f"train.seed={seed}",
+        f"data.seed={seed}",
+        f"train.save_dir={run_dir}",
+        *rung_overrides(hidden, base),
+        *overrides,
+    ]
+    timing = run_dir / "train_seconds.txt"
+    if not timing.exists():
+        seconds = run([sys.executable, "megahash/pretrain.py", *config_args([base]), *sets], log)
+        timing.write_text(str(round(seconds, 1)))
+    if not list((run_dir / "eval").glob("step_*.json")):
+        cmd = ["-m", "megahash", "eval", "--checkpoint", str(run_dir), "--tasks-dir", "data/eval_tasks"]
+        run([sys.executable, *cmd, "--tasks", "shk_ppl", "--overwrite"], log)
+    bpb = _metric(json.loads(next((run_dir / "eval").glob("step_*.json")).read_text()), "bits_per_byte")
+    params = params_of([base], sets)
+    div, steps = RUNGS[hidden]
+    tokens = steps * (16 // div) * 128
+    return {
+        "recipe": recipe,
+        "hidden": hidden,
+        "seed": seed,
+        "bpb": bpb,
+        "params": params,
+        "tokens": tokens,
+        "train_s": float(timing.read_text()),
+    }
+
+
+def gains(rows: list[dict], recipe: str, hidden: int, ref: str = "baseline") -> list[float]:
+    """Per-seed relative gains (percent) of ``recipe`` over ``ref`` at one rung, paired by seed."""
+    base = {r["seed"]: r["bpb"] for r in rows if r["recipe"] == ref and r["hidden"] == hidden}
+    return [
+        100 * (1 - r["bpb"] / base[r["seed"]])
+        for r in rows
+        if r["recipe"] == recipe and r["hidden"] == hidden and r["seed"] in base
+    ]
+
+
+def mean_se(xs: list[float]) -> tuple[float, float]:
+    return statistics.mean(xs), (statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else float("nan"))
+
+
+def table(rows: list[dict], ref: str = "baseline") -> str:
+    out = [
+        f"| recipe | hidden | parameters | tokens/param | seeds | held-out bits/byte (mean ± sd) | gain vs {ref} "
+        "(paired mean ± SE) | gain / SE | train s/run |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    keys = dict.fromkeys((r["recipe"], r["hidden"]) for r in rows)
+    order = {"baseline": 0, ref: 1}
+    for recipe, hidden in sorted(keys, key=lambda k: (k[1], order.get(k[0], 2), k[0])):
+        rs = [r for r in rows if r["recipe"] == recipe and r["hidden"] == hidden]
+        b = [r["bpb"] for r in rs]
+        sd = statistics.stdev(b) if len(b) > 1 else 0.0
+        g = gains(rows, recipe, hidden, ref) if recipe != ref else []
+        gain, ratio = "-", "-"
+        if g:
+            m, se = mean_se(g)
+            gain, ratio = f"{m:+.2f}% ± {se:.2f}", (f"{m / se:.1f}" if se == se and se > 0 else "-")
+        out.append(
+            f"| {recipe} | {hidden} | {rs[0]['params']:,} | {rs[0]['tokens'] / rs[0]['params']:.3f} | {len(rs)} | "
+            f"{statistics.mean(b):.4f} ± {sd:.4f} | {gain} | {ratio} | {statistics.mean(r['train_s'] for r in rs):.0f} |"
+        )
+    return "\n".join(out)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Mean held-out bits per byte against parameters (log x), one line per recipe, SE bars over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for recipe in dict.fromkeys(r["recipe"] for r in rows):
+        pts = []
+        for hidden in sorted({r["hidden"] for r in rows if r["recipe"] == recipe}):
+            b = [r["bpb"] for r in rows if r["recipe"] == recipe and r["hidden"] == hidden]
+            p = next(r["params"] for r in rows if r["recipe"] == recipe and r["hidden"] == hidden)
+            pts.append((p, *mean_se(b)))
+        xs, ys, es = zip(*pts, strict=True)
+        ax.errorbar(xs, ys, yerr=[0 if e != e else e for e in es], marker="o", capsize=3, label=recipe)
+    ax.set_xscale("log")
+    ax.set_xlabel("parameters")
+    ax.set_ylabel("held-out Shakespeare bits per byte")
+    ax.set_title("compact recipe vs quickstart, 0.39 tokens/parameter")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rungs", default="24,64,128", help=f"hidden sizes, of {', '.join(map(str, RUNGS))}")
+    ap.add_argument("--seeds", default="1,2,3")
+    ap.add_argument("--recipes", default="baseline,compact")
+    ap.add_argument("--reference", default="baseline", help="the recipe the gains are paired against")
+    ap.add_argument("--work", default="/tmp/megahash_ladder")
+    ap.add_argument("--cached", action="store_true", help="no training: the table of the finished rows only")
+    ap.add_argument("--out", default=str(ROOT / f"benchmarks/results/{datetime.date.today()}_compact_ladder_cpu.md"))
+    ap.add_argument(
+        "--try",
+        dest="extra",
+        action="append",
+        default=[],
+        metavar="NAME=BASE:KEY=V,KEY=V",
+        help="one more recipe: BASE (baseline or compact) plus these overrides (repeatable)",
+    )
+    args = ap.parse_args()
+    for spec in args.extra:
+        name, _, rest = spec.partition("=")
+        base, _, overrides = rest.partition(":")
+        if base not in RECIPES:
+            raise SystemExit(f"error: --try {spec!r}: BASE must be baseline or compact, got {base!r}")
+        RECIPES[name] = (RECIPES[base][0], [o for o in overrides.split(",") if o])
+    rungs = [int(h) for h in args.rungs.split(",")]
+    if unknown := [h for h in rungs if h not in RUNGS] + [r for r in args.recipes.split(",") if r not in RECIPES]:
+        raise SystemExit(f"error: unknown rung or recipe {unknown[0]!r}; rungs {list(RUNGS)}, recipes {list(RECIPES)}")
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    cache = work / "rows.jsonl"
+    done = {}
+    if cache.exists():
+        done = {(r["recipe"], r["hidden"], r["seed"]): r for r in map(json.loads, cache.read_text().splitlines())}
+    start, rows = time.perf_counter(), []
+    for hidden in rungs:
+        for seed in map(int, args.seeds.split(",")):
+            for recipe in args.recipes.split(","):
+                key = (recipe, hidden, seed)
+                if args.cached and key not in done:
+                    continue
+                row = done.get(key) or one(recipe, hidden, seed, work)
+                if key not in done:
+                    with open(cache, "a") as f:
+                        f.write(json.dumps(row) + "\n")
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    wall = time.perf_counter() - start
+    text = table(rows, args.reference)
+    print(text)
+    png = Path(args.out).with_suffix(".png")
+    plot(rows, png)
+    cmd = "python benchmarks/bench_compact_ladder.py " + " ".join(sys.argv[1:])
+    Path(args.out).write_text(
+        f"# Compact recipe on a ladder of model sizes, held-out Shakespeare ({datetime.date.today()})\n\n"
+        f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, CPU only, one process "
+        f"per run. Command: `{cmd}` (this invocation: {wall / 60:.1f} min wall, cached stages skipped).\n\n"
+        f"{text}\n\n![bits per byte against parameters]({png.name})\n\nRecipes (base + overrides, before the rung's):\n\n"
+        + "\n".join(
+            f"- `{n}`: {RECIPES[n][0]} {' '.join(RECIPES[n][1])}" for n in dict.fromkeys(r["recipe"] for r in rows)
+        )
+        + "\n"
+    )
+    print(f"wrote {args.out} and {png}")
+
+
+if __name__ == "__main__":
+    main()
