@@ -100,6 +100,9 @@ class ModelConfig:
     qk_norm: bool = False  # Qwen3 QK-norm: RMSNorm (LayerNorm in encoders) over each head of q and k, before RoPE
     norm_eps: float = 1e-6
     init_std: float = 0.02
+    # issue 48: maximal-update parametrization (megahash/models/mup.py, docs/compact_models.md): the base model's
+    # hidden size B; the learning rates tuned at width B hold at any hidden_size (0 = off, the standard model)
+    mup_base_hidden_size: int = 0
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
     # defaults: the kinds registered as standard (caps.standard; megahash.catalog)

@@ -41,6 +41,7 @@ RANGES: dict[str, tuple] = {
     "model.rotary_base": (1, INF, False, False, "RoPE base"),
     "model.norm_eps": (0.0, 1.0, True, False, "norm epsilon"),
     "model.init_std": (0.0, INF, True, False, "init standard deviation"),
+    "model.mup_base_hidden_size": (0, INF, False, False, "muP's base hidden size; 0 = off"),
     "model.hidden_dropout": (0.0, 1.0, False, True, "dropout probability"),
     "model.attention_dropout": (0.0, 1.0, False, True, "dropout probability"),
     # data
@@ -303,6 +304,19 @@ def _check_split(split: str) -> None:
             f"config key 'data.split' must be up to three non-negative weights train,valid,test with "
             f"train > 0 (e.g. 98,2,0), got {split!r}"
         )
+
+
+def check_mup(cfg, kinds: list[str], caps_of) -> None:
+    """``model.mup_base_hidden_size``: every layer kind takes muP's attention scale (``AttentionCaps.mup``);
+    otherwise one line naming the kind (megahash/models/mup.py, docs/compact_models.md)."""
+    if not cfg.model.mup_base_hidden_size:
+        return
+    for kind in dict.fromkeys(kinds):
+        if not getattr(caps_of(kind), "mup", True):
+            raise ConfigError(
+                f"model.mup_base_hidden_size={cfg.model.mup_base_hidden_size}: attention kind {kind!r} cannot take "
+                f"muP's attention scale 1/d_h; use another model.schedule or model.mup_base_hidden_size=0"
+            )
 
 
 def check_documents(cfg, kinds: list[str], caps_of) -> None:

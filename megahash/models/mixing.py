@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +55,7 @@ class Setup:
     attention_dropout: float = 0.0
     recompute: str | None = None  # megatron's recompute granularity (None | "selective" | "full")
     options: Any = None  # the kinds' options (model.attention.options): an object or a dict; None: the defaults
+    mup: bool = False  # model.mup_base_hidden_size > 0: muP's attention scale 1/d (:func:`score_scale`)
 
     def option(self, name: str, default=None):
         if isinstance(self.options, dict):
@@ -136,6 +138,10 @@ class Mixing(nn.Module):
             return q, k
         return self.q_layernorm(q), self.k_layernorm(k)
 
+    def score_scale(self, d: int | None = None) -> float:
+        """The scale of the layer's scores q.k over ``d`` (default the head dim) dims: :func:`score_scale`."""
+        return score_scale(d or self.d_h, self.setup.mup)
+
     def dropout_rng(self, name: str | None = None):
         """Where attention dropout draws (megatron's RNG tracker, the data-parallel stream for heads replicated
         over TP); nothing to fork in eval or without dropout."""
@@ -155,6 +161,19 @@ class Mixing(nn.Module):
 
     def num_qkv_parameters(self) -> int:
         return sum(p.numel() for p in self.qkv_parameters())
+
+
+def score_scale(d: int, mup: bool = False) -> float:
+    """The scale of attention scores q.k of d-dim q, k: 1/sqrt(d) ([Vaswani17]), or 1/d under muP ([Yang22]
+    sec. 4 / Tensor Programs V: q and k become correlated in training, so q.k grows as d, not sqrt(d);
+    Megatron-LM's ``mup_attn_scale_power=1``, the ``mup`` package's attention ``1/d``)."""
+    return 1.0 / d if mup else 1.0 / math.sqrt(d)
+
+
+def readout_multiplier(hidden: int, base: int) -> float:
+    """muP's output multiplier base/width on the head's input (``mup.MuReadout``'s 1/width_mult; Megatron-LM's
+    ``mup_output_mult``, 1/width_mult on the logits, the same for a bias-free head); 1 without muP (base 0)."""
+    return base / hidden if base else 1.0
 
 
 def heads(t: torch.Tensor, n: int) -> torch.Tensor:

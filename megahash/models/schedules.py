@@ -130,7 +130,8 @@ def check_kinds(cfg) -> list[str]:
     embeddings = catalog.names("embedding")
     if m.embedding not in embeddings:
         raise ConfigError(f"unknown model.embedding {m.embedding!r}{did_you_mean(m.embedding, embeddings)}")
-    from megahash.config_checks import check_documents
+    from megahash.config_checks import check_documents, check_mup
 
     check_documents(cfg, kinds, lambda k: catalog.caps("attention", k))  # data.reset_attention_mask
+    check_mup(cfg, kinds, lambda k: catalog.caps("attention", k))  # model.mup_base_hidden_size
     return kinds

@@ -34,19 +34,10 @@ from megahash.training.ds_config import deepspeed_config, tune_engine
 from megahash.training.logging import RunLogger, plot_loss
 from megahash.training.lr_schedule import Schedule
 from megahash.training.muon import build_optimizer
+from megahash.training.param_groups import param_groups
 from megahash.training.profile_steps import StepProfiler, phase
 from megahash.training.signals import EXIT_REQUEUE, StopFlag, any_rank, release_early
 from megahash.training.watchdog import watchdog_for
-
-
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """AdamW groups: no weight decay on biases, norms and other 1-D parameters (Megatron's rule)."""
-    decay, no_decay = [], []
-    for _, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        (no_decay if p.ndim < 2 else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
 def batch_loss(engine, batch: dict, objective) -> torch.Tensor:
@@ -77,8 +68,8 @@ def build_engine(cfg: Config, model: torch.nn.Module, dp_size: int, dtype: torch
     patches.deepspeed_collectives_by_current_names()  # ZeRO-3's collectives without deprecation warnings
     t = cfg.train
     optimizer = build_optimizer(
-        model, t, param_groups(model, t.weight_decay), policy.adamw_options(), dp_size
-    )  # train.optimizer (Muon sharded over the data-parallel ranks at ZeRO-1/2)
+        model, t, param_groups(model, t), policy.adamw_options(), dp_size
+    )  # train.optimizer (Muon sharded over the data-parallel ranks at ZeRO-1/2); groups: training/param_groups.py
     scheduler = Schedule(optimizer, t)  # megatron-core's OptimizerParamScheduler, stepped by the engine
     bf16_params = dtype == torch.bfloat16 or next(model.parameters()).dtype == torch.bfloat16
     autocast = None if bf16_params else policy.autocast_dtype(t.precision)

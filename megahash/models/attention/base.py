@@ -90,7 +90,8 @@ class ReplicatedLinear(torch.nn.Module):
 
 class PerHeadParameter(MegatronModule):
     """A [heads, dim] parameter split by head over TP (rank r owns heads r*n/tp .. (r+1)*n/tp - 1);
-    initialised from the full master tensor with ``config.init_method`` like megatron's layers."""
+    initialised from the full master tensor with ``config.init_method`` like megatron's layers. Vector-like
+    under muP (one dimension grows with the width: per-head vectors, not a hidden matrix; megahash/models/mup.py)."""
 
     def __init__(self, config, heads: int, dim: int):
         super().__init__(config=config)
@@ -99,6 +100,7 @@ class PerHeadParameter(MegatronModule):
         full = master_init(config, heads, dim)
         self.weight = torch.nn.Parameter(full[r * local : (r + 1) * local].clone())
         tensor_parallel.set_tensor_model_parallel_attributes(self.weight, True, 0, 1)
+        self.weight.vector_like = True
 
     def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
         state = {}
@@ -133,7 +135,9 @@ class MegatronParts:
         return HeadNorm(self.config, dim, eps=self.config.layernorm_epsilon)
 
     def core_attention(self, layer):
-        return SDPACoreAttention(self.config, layer.layer_number, layer.attn_mask_type)
+        return SDPACoreAttention(
+            self.config, layer.layer_number, layer.attn_mask_type, softmax_scale=layer.score_scale()
+        )
 
     def row(self, in_f: int, out_f: int):
         c = self.config
@@ -183,6 +187,7 @@ class MegatronLayer(MegatronModule):
             attention_dropout=config.attention_dropout,
             recompute=config.recompute_granularity,
             options=None if cfg is None else cfg.model.attention.options,
+            mup=cfg is not None and bool(cfg.model.mup_base_hidden_size),
         )
         self.assemble(setup, MegatronParts(config))
 
