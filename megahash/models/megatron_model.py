@@ -41,9 +41,13 @@ def transformer_config(cfg, dtype: torch.dtype = torch.float32) -> TransformerCo
         num_query_groups=m.num_query_groups or m.num_heads,
         ffn_hidden_size=m.ffn_hidden_size,
         kv_channels=m.hidden_size // m.num_heads,
-        # muP (model.mup_base_hidden_size): 1/d_h, for megatron's own SelfAttention (mha-megatron); the kinds
-        # written once take Setup.mup
-        softmax_scale=score_scale(m.hidden_size // m.num_heads, True) if m.mup_base_hidden_size else None,
+        # muP (model.mup_base_hidden_size): sqrt(d_0)/d_h, for megatron's own SelfAttention (mha-megatron); the
+        # kinds written once take Setup.mup_base
+        softmax_scale=(
+            score_scale(m.hidden_size // m.num_heads, m.mup_base_hidden_size / m.num_heads)
+            if m.mup_base_hidden_size
+            else None
+        ),
         hidden_dropout=m.hidden_dropout,
         attention_dropout=m.attention_dropout,
         normalization="RMSNorm" if arch.rms_norm else "LayerNorm",

@@ -17,10 +17,10 @@ layer and the heads, norms, biases, a kind's per-head vectors):
   vector-like: ``train.lr`` (megahash/training/param_groups.py);
 - the head's input times B / hidden_size (``mup.MuReadout``; Megatron's logits x 1/m), in
   ``MegahashLM.hidden_states`` (:func:`megahash.models.mixing.readout_multiplier`);
-- attention scores q.k / d_h instead of / sqrt(d_h) (:func:`megahash.models.mixing.score_scale`; each kind:
-  docs/compact_models.md).
+- attention scores sqrt(d_0) q.k / d_h instead of q.k / sqrt(d_h), d_0 = d_h / m the base model's head dim
+  (:func:`megahash.models.mixing.score_scale`; each kind: docs/compact_models.md).
 
-At m = 1 the muP model is the standard one but for the attention scale. This module is the model side (which
+At m = 1 the muP model is the standard one, bit for bit (the base model is what a learning rate is tuned on). This module is the model side (which
 parameters are hidden, their initialisation); the optimizer side reads :func:`hidden_matrices` and the model's
 ``mup_width`` (m, None without muP).
 """

@@ -83,7 +83,7 @@ class TorchLayer(nn.Module):
             qkv_bias=bool(config.qkv_bias),
             qk_norm=bool(megahash_option(config, "model", "qk_norm", False)),
             options={**options, **spec},
-            mup=bool(megahash_option(config, "model", "mup_base_hidden_size", 0)),
+            mup_base=int(megahash_option(config, "model", "mup_base_hidden_size", 0) or 0),
         )
         self.assemble(setup, TorchParts(config))
 

@@ -187,7 +187,7 @@ class MegatronLayer(MegatronModule):
             attention_dropout=config.attention_dropout,
             recompute=config.recompute_granularity,
             options=None if cfg is None else cfg.model.attention.options,
-            mup=cfg is not None and bool(cfg.model.mup_base_hidden_size),
+            mup_base=0 if cfg is None else cfg.model.mup_base_hidden_size,
         )
         self.assemble(setup, MegatronParts(config))
 

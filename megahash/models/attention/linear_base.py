@@ -43,7 +43,7 @@ class LinearAttention(GroupedKV, Mixing):
 
     def q_gain(self, d: int) -> float:
         """The factor on q that turns the kernel's scores q.k/sqrt(d) into the layer's ``score_scale(d)`` q.k: 1,
-        or 1/sqrt(d) under muP (scores q.k/d); a kind whose kernel has no score scale returns 1."""
+        or sqrt(d_0/d) under muP (scores sqrt(d_0) q.k/d); a kind whose kernel has no score scale returns 1."""
         return self.score_scale(d) * math.sqrt(d)
 
     def kernel_inputs(self, x, rotary_pos_emb):
