@@ -107,7 +107,7 @@ def test_compact_recipe_at_two_widths_shares_its_learning_rates():
     """configs/compact.yaml (muP over its own width, model.mup_base_hidden_size=128) at its width and at 4x: with
     the recipe's own ``train.lr`` and ``train.muon_lr`` (Muon), every layer's activations and their change after 3
     steps agree within FLAT, so one learning rate serves both widths; without muP they do not (the logits' change
-    grows by GROWS or more)."""
+    more than doubles: measured 2.6x at 4x the width)."""
     recipe = load_config("configs/compact.yaml")
     assert recipe.model.mup_base_hidden_size == recipe.model.hidden_size == 128 and recipe.train.optimizer == "muon"
 
@@ -123,7 +123,7 @@ def test_compact_recipe_at_two_widths_shares_its_learning_rates():
         for which in (0, 1):
             vals = [mup[w][layer][which] for w in (128, 512)]
             assert max(vals) / min(vals) < FLAT, (layer, which, vals)
-    assert sp[512]["logits"][1] / sp[128]["logits"][1] > GROWS, [sp[w]["logits"] for w in (128, 512)]
+    assert sp[512]["logits"][1] / sp[128]["logits"][1] > 2.0, [sp[w]["logits"] for w in (128, 512)]
 
 
 def test_base_width_is_the_standard_model():
