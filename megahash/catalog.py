@@ -61,6 +61,7 @@ class AttentionCaps:
     chapters: tuple = ()  # [Xue25] chapters whose tables list it
     documents: bool = True  # keeps attention (and state) inside packed documents (data.reset_attention_mask)
     mup: bool = True  # takes muP's attention scale (Mixing.score_scale, or its core's; model.mup_base_hidden_size)
+    chunk_loop: bool = False  # carries a matrix state over chunks in a Python loop (operator calls grow per chunk)
 
 
 @dataclass(frozen=True)

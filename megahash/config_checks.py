@@ -309,24 +309,50 @@ def _check_split(split: str) -> None:
 def check_mup(cfg, kinds: list[str], caps_of) -> None:
     """``model.mup_base_hidden_size``: every layer kind takes muP's attention scale (``AttentionCaps.mup``);
     otherwise one line naming the kind (megahash/models/mup.py, docs/compact_models.md)."""
-    if not cfg.model.mup_base_hidden_size:
-        return
-    for kind in dict.fromkeys(kinds):
-        if not getattr(caps_of(kind), "mup", True):
-            raise ConfigError(
+    if cfg.model.mup_base_hidden_size:
+        _every_kind_can(
+            kinds,
+            caps_of,
+            "mup",
+            lambda kind: (
                 f"model.mup_base_hidden_size={cfg.model.mup_base_hidden_size}: attention kind {kind!r} cannot take "
-                f"muP's attention scale 1/d_h; use another model.schedule or model.mup_base_hidden_size=0"
-            )
+                f"muP's attention scale; use another model.schedule or model.mup_base_hidden_size=0"
+            ),
+        )
+
+
+def check_encoder(cfg, causal: bool, kinds: list[str], caps_of) -> None:
+    """A bidirectional ``model.arch`` (``causal`` False): every layer kind has a bidirectional form
+    (``AttentionCaps.encoder``); otherwise one line naming the kind."""
+    if not causal:
+        _every_kind_can(
+            kinds,
+            caps_of,
+            "encoder",
+            lambda kind: (
+                f"model.arch={cfg.model.arch}: attention kind {kind!r} is causal only (no bidirectional "
+                f"form); use another model.schedule or model.arch=decoder"
+            ),
+        )
 
 
 def check_documents(cfg, kinds: list[str], caps_of) -> None:
     """``data.reset_attention_mask``: every layer kind keeps attention inside its document
     (``AttentionCaps.documents``); otherwise one line naming the kind (docs/data.md#packed-documents)."""
-    if not cfg.data.reset_attention_mask:
-        return
-    for kind in dict.fromkeys(kinds):
-        if not getattr(caps_of(kind), "documents", True):
-            raise ConfigError(
+    if cfg.data.reset_attention_mask:
+        _every_kind_can(
+            kinds,
+            caps_of,
+            "documents",
+            lambda kind: (
                 f"data.reset_attention_mask=true: attention kind {kind!r} cannot keep attention inside "
                 f"documents; use another model.schedule or data.reset_attention_mask=false"
-            )
+            ),
+        )
+
+
+def _every_kind_can(kinds: list[str], caps_of, cap: str, error) -> None:
+    """A one-line ConfigError (``error(kind)``) for the first layer kind whose capability ``cap`` is False."""
+    for kind in dict.fromkeys(kinds):
+        if not getattr(caps_of(kind), cap, True):
+            raise ConfigError(error(kind))

@@ -3,9 +3,9 @@ DeepSpeed take 20-30 s to import on a cold machine; a wrong path should not wait
 
 :func:`check_training_inputs` (megahash/pretrain.py, every rank, before step 1 and before torch):
 
-- ``data.prefix``: every shard set exists and passes ``data.verify``'s cheap level
-  (:mod:`megahash.data.verify`, the same one-line errors training gives; ``full`` adds its sha256
-  pass later, in the data loader's build);
+- ``data.prefix``: every shard set exists and passes ``data.verify`` (:mod:`megahash.data.verify`, the
+  same one-line errors training gives; ``full`` hashes every file here, and the data loader's build
+  after it finds the files already checked: :func:`megahash.data.verify.sha256_file` remembers them);
 - ``data.tokenizer``: loads (:func:`megahash.tokenization.load_tokenizer`, the loader preprocess and
   eval use, so a text file or a missing path is refused as they refuse it) and is the tokenizer the
   shards were made with (vocabulary size and sha256 of the shard meta); the export copies it;
@@ -42,7 +42,7 @@ def check_training_inputs(cfg) -> None:
 
 
 def check_shards(cfg) -> dict:
-    """Every ``data.prefix`` set exists and passes the cheap verification; returns the first set's meta."""
+    """Every ``data.prefix`` set exists and passes ``data.verify``; returns the first set's meta."""
     from megahash.data.verify import blend_paths, check_prefix, read_meta, verify_set
 
     if not cfg.data.prefix:
@@ -51,7 +51,7 @@ def check_shards(cfg) -> dict:
     for p in paths:
         check_prefix(p)
     for p in paths:
-        verify_set(p, "none" if cfg.data.verify == "none" else "cheap")
+        verify_set(p, cfg.data.verify)
     return read_meta(paths[0], required=False)
 
 

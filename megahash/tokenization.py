@@ -118,6 +118,24 @@ class MegahashTokenizer:
     def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
         return [self.encode(t) for t in texts]
 
+    def encode_pieces(self, texts: Sequence[str], kinds: Sequence[int], num_threads: int = 1) -> list[list[int]]:
+        """Ids of pieces of long documents (megahash/data/preprocess/long_documents.py): kind 0 starts a
+        text and is encoded as one; 1 (a cut before whitespace) and 2 (a hard cut) continue one and are
+        encoded without the word-start marker a tokenizer puts at a text's start (sentencepiece's dummy
+        prefix, ``tokenizers``' ``add_prefix_space``/Metaspace ``prepend_scheme``/``Prepend``), so the
+        pieces spell the whole text's normalised string."""
+        out: list = [None] * len(texts)
+        for kind in sorted(set(kinds)):
+            idx = [i for i, k in enumerate(kinds) if k == kind]
+            encode = self.encode_batch if kind == 0 else self._continuation(kind == 1)
+            for i, ids in zip(idx, encode([texts[i] for i in idx], num_threads=num_threads)):
+                out[i] = ids
+        return out
+
+    def _continuation(self, after_space: bool):
+        """``encode_batch`` of text that continues a document (see ``encode_pieces``)."""
+        return self.encode_batch
+
 
 # ---------------------------------------------------------------------------------- sentencepiece
 def _sp_protobuf():
@@ -177,6 +195,20 @@ class SentencePieceTokenizer(MegahashTokenizer):
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.sp.decode([int(i) for i in ids if 0 <= i < self.vocab_size])
+
+    def _continuation(self, after_space: bool):
+        """No dummy prefix, except after a whitespace cut with a normaliser that strips whitespace (it
+        strips the piece's leading space, and the prefix stands for it)."""
+        if getattr(self, "_no_prefix", None) is None:
+            import sentencepiece as spm
+
+            proto = self.model_proto()
+            self._strips = proto.normalizer_spec.remove_extra_whitespaces
+            proto.normalizer_spec.add_dummy_prefix = False
+            self._no_prefix = spm.SentencePieceProcessor(model_proto=proto.SerializeToString())
+        if after_space and self._strips:
+            return self.encode_batch
+        return lambda texts, num_threads=1: self._no_prefix.encode(list(texts), num_threads=num_threads)
 
     def model_proto(self):
         """A ``ModelProto`` of the model (a copy: trainer/normalizer specs, pieces)."""
@@ -313,6 +345,22 @@ class HFTokenizer(MegahashTokenizer):
     def decode(self, ids: Sequence[int]) -> str:
         return self.tok.decode([int(i) for i in ids if 0 <= i < self.vocab_size], skip_special_tokens=True)
 
+    def _continuation(self, after_space: bool):
+        """The same tokenizer with its word-start prefixes off (ByteLevel ``add_prefix_space``,
+        Metaspace ``prepend_scheme``, a ``Prepend`` normaliser)."""
+        if getattr(self, "_no_prefix", None) is None:
+            from tokenizers import Tokenizer
+
+            d = json.loads(json.dumps(self.json))
+            d["normalizer"] = _without_prepend(d.get("normalizer"))
+            _prefix_off(d.get("pre_tokenizer"))
+            tok = Tokenizer.from_str(json.dumps(d))
+            tok.encode_special_tokens = True
+            self._no_prefix = tok
+        return lambda texts, num_threads=1: [
+            list(e.ids) for e in self._no_prefix.encode_batch(list(texts), add_special_tokens=False)
+        ]
+
     def export_json(self) -> str:
         """tokenizer.json for the HF export: the same model, nothing added around a text."""
         d = dict(self.json)
@@ -320,6 +368,29 @@ class HFTokenizer(MegahashTokenizer):
         d["truncation"] = None
         d["padding"] = None
         return json.dumps(d, ensure_ascii=False)
+
+
+def _without_prepend(node):
+    """A tokenizer.json normaliser without its ``Prepend`` steps."""
+    if not isinstance(node, dict) or node.get("type") == "Prepend":
+        return None if isinstance(node, dict) else node
+    if node.get("type") == "Sequence":
+        node["normalizers"] = [n for n in (_without_prepend(n) for n in node.get("normalizers", [])) if n is not None]
+    return node
+
+
+def _prefix_off(node) -> None:
+    """Turn off the word-start prefix of ByteLevel/Metaspace pre-tokenizers in a tokenizer.json subtree."""
+    if isinstance(node, list):
+        for n in node:
+            _prefix_off(n)
+    elif isinstance(node, dict):
+        if node.get("type") in ("ByteLevel", "Metaspace") and "add_prefix_space" in node:
+            node["add_prefix_space"] = False
+        if node.get("type") == "Metaspace" and "prepend_scheme" in node:
+            node["prepend_scheme"] = "never"
+        for v in node.values():
+            _prefix_off(v)
 
 
 # ---------------------------------------------------------------------------------- resolution

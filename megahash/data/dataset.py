@@ -22,6 +22,7 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 from megahash.accelerator import policy
 from megahash.data import documents
+from megahash.data.token_check import check_range, code_range
 from megahash.data.verify import base_prefix, blend_paths, check_prefix, read_meta, token_path  # noqa: F401 (one owner; re-exported)
 from megahash.errors import DataError
 
@@ -45,6 +46,7 @@ class HashGPTDataset(GPTDataset):
 
     hash_spec: str | None = None  # set by build_datasets before building
     hash_width: int = 0
+    hash_range: tuple[int, int] | None = None  # [low, high) of the spec's code values (bucket/rolling specs)
     documents = None  # (data config, eod id) when a packed-document flag is on (megahash/data/documents.py)
 
     def _spans(self, idx: int) -> list[tuple[int, int, int | None]]:
@@ -72,7 +74,11 @@ class HashGPTDataset(GPTDataset):
 
     def __getitem__(self, idx):
         spans = self._spans(idx)
-        text = np.concatenate([self.dataset.get(d, offset=o, length=n) for d, o, n in spans]).astype(np.int64)
+        pieces = [self.dataset.get(d, offset=o, length=n) for d, o, n in spans]
+        text = np.concatenate(pieces)
+        check_range(text, 0, self.config.tokenizer.vocab_size, [(d, o, len(p)) for (d, o, _), p in zip(spans, pieces)],
+                    self.dataset_path, base_prefix(self.dataset_path), "token id")  # a .bin damaged in place: one line naming it, not an IndexError in the model
+        text = text.astype(np.int64)
         need = self.config.sequence_length + 1
         pad = need - len(text)
         if pad > 0:
@@ -96,6 +102,9 @@ class HashGPTDataset(GPTDataset):
                 flat = side.get(d, offset=o * w, length=None if n is None else n * w)
                 parts.append(flat.reshape(-1, w))
             codes = np.concatenate(parts)
+            if self.hash_range is not None:
+                check_range(codes, *self.hash_range, [(d, o, len(c)) for (d, o, _), c in zip(spans, parts)],
+                            side_path(self.dataset_path, self.hash_spec), base_prefix(self.dataset_path), "code", w)
             if pad > 0:
                 codes = np.concatenate([codes, np.zeros((pad, w), dtype=codes.dtype)])
             codes = torch.from_numpy(codes.astype(np.int64 if codes.dtype != np.uint8 else np.uint8))
@@ -173,6 +182,7 @@ def build_datasets(cfg, train_samples: int, valid_samples: int, cache_dir: str |
     )
     HashGPTDataset.hash_spec = spec
     HashGPTDataset.hash_width = width
+    HashGPTDataset.hash_range = code_range(spec) if spec else None
     HashGPTDataset.documents = (cfg.data, eod) if documents.enabled(cfg.data) else None
     check_split_sizes(cfg.data.split, paths, {"train": train_samples, "validation": valid_samples})
     from megahash.data import index_cache

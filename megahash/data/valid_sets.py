@@ -24,7 +24,7 @@ SPLIT_NAME = "valid"  # the data.split set's name in the logs (kept from before 
 
 
 def check_valid_shards(cfg) -> None:
-    """Every named set's token shards exist and pass ``data.verify``'s cheap level (before torch)."""
+    """Every named set's token shards exist and pass ``data.verify`` (before torch)."""
     from megahash.data.verify import base_prefix, check_prefix, read_meta, verify_set
     from megahash import catalog
 
@@ -32,7 +32,7 @@ def check_valid_shards(cfg) -> None:
     for name, prefix in parse_valid(cfg.data.valid):
         try:
             check_prefix(prefix)
-            verify_set(prefix, "none" if cfg.data.verify == "none" else "cheap")
+            verify_set(prefix, cfg.data.verify)
         except DataError as e:
             raise DataError(f"data.valid set {name!r}: {e}") from None
         if spec:

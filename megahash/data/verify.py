@@ -73,12 +73,24 @@ def _fix(prefix: str) -> str:
             f"(or restore the file from where it came)")
 
 
-def sha256_file(path: str) -> str:
-    """Hex sha256 of a file (the one implementation: shard metas, the data stage, checkpoints)."""
+_HASHED: dict[tuple, str] = {}  # (path, device, inode, size, mtime_ns) -> sha256, files verified by this process
+
+
+def sha256_file(path: str, remember: bool = False) -> str:
+    """Hex sha256 of a file (the one implementation: shard metas, the data stage, checkpoints).
+    ``remember``: a file hashed so before by this process and unchanged since (same inode, size and
+    mtime) is not read again (shard verification: ``pretrain.py`` verifies ``data.verify=full`` sets
+    before torch is imported and again when the data loader is built)."""
+    st = os.stat(path)
+    key = (os.path.abspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if remember and key in _HASHED:
+        return _HASHED[key]
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
+    if remember:
+        _HASHED[key] = h.hexdigest()
     return h.hexdigest()
 
 
@@ -197,7 +209,7 @@ def check_files(prefix: str, meta: dict, checksums: bool, fix: str | None = None
         if size != info["bytes"]:
             raise DataError(f"{path} has {size} bytes, the meta says {info['bytes']}: it is truncated or from another "
                             f"build; {fix}")
-        if checksums and sha256_file(path) != info["sha256"]:
+        if checksums and sha256_file(path, remember=True) != info["sha256"]:
             raise DataError(f"sha256 of {path} does not match the meta: it is damaged or from another build; {fix}")
     return len(files)
 

@@ -70,11 +70,13 @@ class CodeTable:
         key: bytes | None = DEFAULT_KEY,
         lsh: LSHModel | None = None,
         max_entries: int = 1 << 21,
+        max_chars: int = 1 << 24,
     ):
         self.specs = list(specs)
         self.key = key
         self.lsh = lsh
         self.max_entries = max_entries
+        self.max_chars = max_chars
         self.generation = -1  # bumped by clear(): row ids of an older generation are invalid
         self.clear()
 
@@ -84,14 +86,16 @@ class CodeTable:
         self._strings: list[str] = [""]  # row id -> string (row 0: specials)
         self._rows = {s.name: np.zeros((1024, s.width), s.dtype) for s in self.specs}
         self._size = 1
+        self._chars = 0
         self.generation += 1
 
     def full(self) -> bool:
         """True when ``maybe_reset`` would clear the cache."""
-        return self._size > self.max_entries
+        return self._size > self.max_entries or self._chars > self.max_chars
 
     def maybe_reset(self) -> bool:
-        """Clear the cache when it holds more than ``max_entries`` strings; call between batches."""
+        """Clear the cache when it holds more than ``max_entries`` strings or ``max_chars`` characters
+        (a memory bound whatever the strings' lengths); call between batches."""
         if self.full():
             self.clear()
             return True
@@ -123,6 +127,7 @@ class CodeTable:
         self._index.update(zip(strings, range(start, end)))
         self._strings.extend(strings)
         self._size = end
+        self._chars += sum(map(len, strings))
 
     def strings_from(self, row: int) -> list[str]:
         """Strings of rows ``row, row + 1, ...`` (in row order) of the current generation."""

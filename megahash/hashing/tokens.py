@@ -98,6 +98,7 @@ def row_hash(keys: np.ndarray) -> np.ndarray:
 
 
 _SPACE, _WORD, _PUNCT, _MIXED, _SPECIAL = 0, 1, 2, 3, 4
+MAX_CACHED_PIECES = 16  # runs/groups of more pieces are not cached (SubwordCoder._multi_rows)
 _W_RE = re.compile(r"\w+")
 _P_RE = re.compile(r"[^\w\s]+")
 
@@ -149,8 +150,8 @@ class SubwordCoder:
             self._generation = self.table.generation
             self._piece_rows = np.where(self.special, ZERO_ROW, -1).astype(np.int64)
             self._gmap: dict[int, int] = {}  # 64-bit group key -> slot
-            self._gkeys = np.full((0, 1), -1, np.int64)  # slot -> piece ids (-1 padded), checked exactly
-            self._grows = np.zeros((0, 1), np.int64)  # slot -> row ids of the pieces
+            self._gkeys = np.full((0, 1), -1, np.int32)  # slot -> piece ids (-1 padded), checked exactly
+            self._grows = np.zeros((0, 1), np.int32)  # slot -> row ids of the pieces
             self._gsize = 0
 
     def _piece_table(self, tokens: np.ndarray) -> np.ndarray:
@@ -220,10 +221,28 @@ class SubwordCoder:
 
     def _multi_rows(self, tokens: np.ndarray, gstart: np.ndarray, glen: np.ndarray, words_of) -> np.ndarray:
         """Row ids of the tokens of multi-piece runs/groups (in token order); ``words_of(list of
-        piece-id lists)`` gives their hash strings. Units are deduplicated with a vectorised 64-bit
-        key of their piece ids, looked up in a slot cache, and the keys are compared exactly (on a
-        collision the call falls back to exact byte keys). Runs never contain mixed pieces and
-        mixed groups always do, so both share the cache."""
+        piece-id lists)`` gives their hash strings. Units of at most ``MAX_CACHED_PIECES`` pieces are
+        deduplicated with a vectorised 64-bit key of their piece ids, looked up in a slot cache, and
+        the keys are compared exactly (on a collision the call falls back to exact byte keys); longer
+        ones (a word of thousands of pieces in text without spaces) are hashed one by one, uncached,
+        so the cache's key matrix stays ``slots x MAX_CACHED_PIECES``. Runs never contain mixed
+        pieces and mixed groups always do, so both share the cache."""
+        long = glen > MAX_CACHED_PIECES
+        if long.any():
+            out = np.empty(int(glen.sum()), np.int64)
+            mine = np.repeat(long, glen)
+            if not long.all():
+                out[~mine] = self._multi_rows(tokens, gstart[~long], glen[~long], words_of)
+            units = [tokens[a : a + n].tolist() for a, n in zip(gstart[long].tolist(), glen[long].tolist())]
+            if words_of == self._run_words:
+                rows = np.repeat(self.table.lookup(self._run_strings(units)), glen[long])
+            else:
+                rows = self.table.lookup([w for words in words_of(units) for w in words])
+            out[mine] = rows
+            return out
+        if self._gsize > self.table.max_entries:  # the slot cache is bounded like the table
+            self._generation = None
+            self._sync()
         g = len(gstart)
         width = int(glen.max())
         sel = np.repeat(np.arange(g), glen)
@@ -274,8 +293,8 @@ class SubwordCoder:
         if size <= cap and width <= w:
             return
         cap, w = max(size, 2 * cap, 1024), max(width, w)
-        keys = np.full((cap, w), -1, np.int64)
-        rows = np.zeros((cap, w), np.int64)
+        keys = np.full((cap, w), -1, np.int32)
+        rows = np.zeros((cap, w), np.int32)
         keys[: self._gsize, : self._gkeys.shape[1]] = self._gkeys[: self._gsize]
         rows[: self._gsize, : self._grows.shape[1]] = self._grows[: self._gsize]
         self._gkeys, self._grows = keys, rows

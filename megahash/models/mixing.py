@@ -7,7 +7,8 @@ A kind is a :class:`Mixing` subclass in its own file, registered with its name a
   (``SelfAttentionSubmodules``: ``linear_qkv``, ``core_attention``, ``linear_proj`` are swappable parts):
   ``parts.column(in, out, bias)`` a projection split by head over TP (megatron's ``ColumnParallelLinear``;
   ``nn.Linear`` in plain torch), ``parts.replicated(...)`` one that cannot be split by head (whole on every TP
-  rank, its input gathered), ``parts.per_head(heads, dim)`` a [heads, dim] parameter split by head,
+  rank, its input gathered), ``parts.per_head(heads, dim, init=None, flat=False)`` a [heads, dim] parameter split by head
+  (``init(master)`` fills the whole master tensor in place; ``flat``: a head-major vector, a 1-D parameter),
   ``parts.norm(dim)`` a per-head norm, ``parts.core_attention(self)`` the softmax core (SDPA with the
   accelerator's document masks / plain SDPA), ``parts.row(in, out)`` the output projection (built after
   ``build`` as ``linear_proj`` of width n d_h unless the kind built it). Forward-time parts: ``parts.gather(x)``

@@ -9,6 +9,8 @@ tensor hook during backward, which runs before DeepSpeed's ZeRO 0-2 reduction ho
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 
@@ -62,7 +64,8 @@ class _InputDtype:
         w = self.weight
         if w is None or (x.dtype == w.dtype and not _autocast_on(x)):
             return super().forward(x)
-        with torch.autocast(x.device.type, enabled=False):
+        # autocast off where it is on (a device autocast does not know, meta, has none to turn off)
+        with torch.autocast(x.device.type, enabled=False) if _autocast_on(x) else contextlib.nullcontext():
             if isinstance(self, torch.nn.RMSNorm):
                 return torch.nn.functional.rms_norm(x, self.normalized_shape, w.to(x.dtype), self.eps)
             b = None if self.bias is None else self.bias.to(x.dtype)

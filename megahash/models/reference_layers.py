@@ -44,8 +44,8 @@ class TorchParts:
 
     replicated = column
 
-    def per_head(self, heads: int, dim: int):
-        return PerHeadWeight(heads, dim)
+    def per_head(self, heads: int, dim: int, init=None, flat: bool = False):
+        return PerHeadWeight(heads, dim, init, flat)
 
     def norm(self, dim: int):
         return make_norm(self.config, dim)

@@ -108,11 +108,15 @@ class SoftmaxCore(nn.Module):
 
 
 class PerHeadWeight(nn.Module):
-    """A bare [rows, cols] parameter named ``weight`` (megahash's PerHeadParameter)."""
+    """A bare [rows, cols] parameter named ``weight`` (megahash's PerHeadParameter): zeros, or ``init(w)``
+    in place; ``flat``: one vector [rows * cols]."""
 
-    def __init__(self, rows: int, cols: int):
+    def __init__(self, rows: int, cols: int, init=None, flat: bool = False):
         super().__init__()
-        self.weight = nn.Parameter(torch.zeros(rows, cols))
+        w = torch.zeros(rows, cols)
+        if init is not None:
+            init(w)
+        self.weight = nn.Parameter(w.reshape(-1) if flat else w)
 
 
 def make_norm(config, size: int | None = None):

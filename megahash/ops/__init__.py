@@ -26,12 +26,17 @@ Families (the kinds that use them name them; a family is math, not a kind):
   prefix sums relative to a running maximum (online softmax in two fixed levels: chunks, then
   chunks of chunks), no L x L map;
 * :mod:`megahash.ops.shared_map`: one softmax map for a whole batch (the fixed-Q/K kinds), with a
-  flash-style backward that keeps no L x L map.
+  flash-style backward that keeps no L x L map;
+* :mod:`megahash.ops.gated_delta`: the gated delta rule ([Yang25b]) in its chunked WY/UT form (one
+  triangular solve and batched GEMMs for all chunks; the matrix state carried over chunks by a loop of a
+  few calls per chunk, the one family whose operator count grows with L/C) and its short causal
+  convolution; fla's kernel on CUDA when installed.
 
 Torch, math and typing only: ``megahash export-hf`` copies every module here (not the package
 ``__init__`` files: library code imports the form's own module) into the Hugging Face folder
 (:mod:`megahash.convert.remote_code`), so an exported model runs the same kernels.
-flash-linear-attention is an optional GPU extra (:mod:`megahash.ops.taylor.fla_based`), never needed on CPU.
+flash-linear-attention is an optional GPU extra (:mod:`megahash.ops.taylor.fla_based`,
+:mod:`megahash.ops.gated_delta.fla_gated`), never needed on CPU.
 """
 
 from megahash.ops.cumsoftmax import (
@@ -41,6 +46,7 @@ from megahash.ops.cumsoftmax import (
     cumsoftmax_recurrent,
     naive_cumsoftmax,
 )
+from megahash.ops.gated_delta import causal_conv, gated_delta_causal, gated_delta_recurrent
 from megahash.ops.linear import chunk_linear, naive_linear, recurrent_linear
 from megahash.ops.orders import naive_orders, orders_bidirectional, orders_causal, orders_maps, orders_recurrent
 from megahash.ops.shared_map import naive_shared_softmax, shared_softmax
@@ -54,11 +60,14 @@ from megahash.ops.taylor import (
 )
 
 __all__ = [
+    "causal_conv",
     "chunk_linear",
     "cumsoftmax_bidirectional",
     "cumsoftmax_causal",
     "cumsoftmax_map",
     "cumsoftmax_recurrent",
+    "gated_delta_causal",
+    "gated_delta_recurrent",
     "naive_cumsoftmax",
     "naive_linear",
     "naive_orders",

@@ -17,6 +17,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import _kinds
 import pytest
 import torch
+import torch.nn.functional as F
 
 from megahash import catalog
 from megahash.accelerator import rng
@@ -338,6 +339,87 @@ def test_module_matches_formula(kind):
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 
+GDN_OPTIONS = [  # value heads twice as wide, 2 convolution taps, chunks of 4 (the loop over chunks in a model)
+    "model.attention.options.expand_v=2",
+    "model.attention.options.conv_size=2",
+    "model.attention.options.chunk_size=4",
+]
+
+
+@pytest.mark.parametrize(
+    "options", [[], GDN_OPTIONS, ["model.attention.options.conv_size=0"]], ids=["default", "options", "no-conv"]
+)
+def test_gated_deltanet_matches_its_equations(options):
+    """gated-deltanet's output before linear_proj = fla's / megatron-core's GatedDeltaNet layer written out:
+    the projections, the short causal convolution (torch's conv1d) and SiLU, L2-normalised q, k,
+    g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b), the gated delta rule by megatron-core's
+    plain-torch ``torch_chunk_gated_delta_rule`` (fp32: 2e-5 of the scale), RMSNorm(o) * SiLU(z); and its
+    parameters are that layer's: d_m n (2 d_k + 2 d_v + 2) + n (2 d_k + d_v) K + 2n + d_v."""
+    from megatron.core.ssm.gated_delta_net import torch_chunk_gated_delta_rule
+
+    from megahash.ops.gated_delta.chunk import l2norm
+
+    m = build_attention(make_cfg("gated-deltanet", "model.qkv_bias=false", *options)).double()
+    n, dk, dv, K, s = 4, 8, m.d_v, m.conv_size, 11
+    assert dv == (16 if options == GDN_OPTIONS else 8) and K == (2 if options == GDN_OPTIONS else 4 * bool(K))
+    assert m.num_qkv_parameters() == 32 * n * (2 * dk + 2 * dv + 2) + n * (2 * dk + dv) * K + 2 * n + dv
+    x = torch.randn(s, 2, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        got = m.mix(x, None, None, ForwardState())
+        proj = (x @ m.linear_in.weight.T).view(s, 2, n, -1)
+        qkv, z, a, b = proj.split([2 * dk + dv, dv, 1, 1], dim=-1)
+        qkv = qkv.reshape(s, 2, -1)
+        if K:
+            w = m.conv.weight.view(-1, 1, K)
+            qkv = F.conv1d(F.pad(qkv.permute(1, 2, 0), (K - 1, 0)), w, groups=w.shape[0]).permute(2, 0, 1)
+        q, k, v = F.silu(qkv).view(s, 2, n, -1).split([dk, dk, dv], dim=-1)
+        g = -m.A_log.weight.exp() * F.softplus(a.squeeze(-1) + m.dt_bias.weight)
+        beta = torch.sigmoid(b.squeeze(-1))
+        o, _ = torch_chunk_gated_delta_rule(*(t.transpose(0, 1) for t in (l2norm(q), l2norm(k), v, g, beta)))
+        o = o.transpose(0, 1).double()
+        want = F.rms_norm(o, (dv,), m.o_norm.weight, m.o_norm.eps) * F.silu(z)
+    torch.testing.assert_close(got, want.reshape(s, 2, n * dv), rtol=0, atol=2e-5 * want.abs().max().item())
+
+
+def test_gated_deltanet_options_decode_and_keep_documents_apart():
+    """With value heads twice as wide, 2 taps and chunks of 4: decoding (prefill 5 tokens, then one at a
+    time: the state and the convolution's inputs carried) = the full forward, and a packed row = each
+    document alone (the state and the convolution window restart at each document start), fp64."""
+    from megahash.data import documents
+    from megahash.models.megatron_model import DecodeState
+
+    model = build(make_cfg("gated-deltanet", *GDN_OPTIONS)).eval()
+    tok = tokens(s=14)
+    with torch.no_grad():
+        full = model.hidden_states(tok)
+        state = DecodeState(len(model.decoder.layers))
+        parts = [model.hidden_states(tok[:, :5], decode_state=state)]
+        parts += [model.hidden_states(tok[:, i : i + 1], decode_state=state) for i in range(5, tok.shape[1])]
+        torch.testing.assert_close(torch.cat(parts), full, rtol=0, atol=1e-10)
+        doc = torch.tensor([[0] * 3 + [1] * 6 + [2] * 5, [0] * 9 + [1] * 5])
+        packed = model.hidden_states(tok, document_ids=doc, position_ids=documents.position_ids(doc))
+        for row, bounds in ((0, (0, 3, 9, 14)), (1, (0, 9, 14))):
+            for a, b in zip(bounds[:-1], bounds[1:]):
+                alone = model.hidden_states(tok[row : row + 1, a:b])
+                torch.testing.assert_close(packed[a:b, row : row + 1], alone, rtol=0, atol=1e-10)
+
+
+def test_gated_deltanet_refuses_what_it_cannot_do():
+    """One-line errors: an encoder (causal only), a value width expand_v x d_h that is not an integer, a
+    non-positive expand_v."""
+    from megahash.errors import ConfigError
+    from megahash.models.schedules import check_kinds
+
+    with pytest.raises(ConfigError, match="causal only"):  # the config check, before torch
+        check_kinds(make_cfg("hybrid:gated-deltanet:even", "model.arch=encoder"))
+    with pytest.raises(ConfigError, match="causal only"):  # and the kind itself
+        build(make_cfg("hybrid:gated-deltanet:even", "model.arch=encoder"))
+    with pytest.raises(ConfigError, match="expand_v=1.3"):
+        build_attention(make_cfg("gated-deltanet", "model.attention.options.expand_v=1.3"))
+    with pytest.raises(ConfigError, match="expand_v"):
+        make_cfg("gated-deltanet", "model.attention.options.expand_v=0")
+
+
 def test_approx_chunk_gradients_equal_autograd_of_recurrent_form():
     """approx's chunked kernel (batched GEMMs, state carried by a cumulative sum over chunks): its
     gradients w.r.t. q, k, v (GQA broadcast, one chunk, several, a padded last chunk) equal plain
@@ -456,6 +538,7 @@ def test_unknown_kind_error_names_the_close_match():
 
 TP_CASES = DECODER_KINDS + [
     "mha@g2",
+    "gated-deltanet@chunk",
     "approx@chunk",
     "approx-thesis@chunk",
     "approx@f4",

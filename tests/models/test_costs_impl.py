@@ -73,6 +73,18 @@ def test_approx_forms_against_table_4_8_and_unknown_kinds():
     assert {odd[k] for k in ("prefill_flops", "cache_bytes", "impl_prefill_flops", "impl_cache_bytes")} == {"n/a"}
 
 
+def test_gated_deltanet_closed_form_equals_its_measured_costs():
+    """gated-deltanet's cost formulas (no [Xue25] row) describe its implementation: prefill GEMM FLOPs at a
+    whole number of chunks (256 = 4 x 64), at a padded last chunk (100) and within one chunk (48), decode
+    FLOPs and the decode cache equal the meta-device measurements; saved activations are measured only."""
+    cfg = cfg_of("gated-deltanet")
+    for seq in (256, 100, 48):
+        row = c.layer_costs(cfg, "gated-deltanet", B, seq)
+        assert row["differs"] == ["activation_bytes"] and row["activation_bytes"] == "n/a", (seq, row)
+        assert row["impl_prefill_flops"] == row["prefill_flops"] and row["impl_decode_flops"] == row["decode_flops"]
+        assert row["impl_cache_bytes"] == row["cache_bytes"] and row["impl_activation_bytes"] > 0
+
+
 def test_mfu_flops_use_the_implementation_and_params_shows_both():
     """train_flops_per_token counts the measured attention GEMMs; `megahash params` prints the
     implemented and the [Xue25] table values side by side, labelled."""

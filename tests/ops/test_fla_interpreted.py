@@ -1,8 +1,16 @@
-"""flash-linear-attention's kernel that megahash calls on GPUs (``fla.ops.based.parallel_based``, through
-:func:`megahash.ops.taylor.fla_based.based_attention`: the ``approx`` kind's training path on CUDA with
-``feature_dim=16``) run on CPU under Triton's interpreter (``TRITON_INTERPRET=1``), forward and backward,
-equal to megahash's plain-torch chunked form (:func:`megahash.ops.taylor.chunk.taylor_causal`, what every
-other device runs) at small sizes.
+"""flash-linear-attention's kernels that megahash calls on GPUs run on CPU under Triton's interpreter
+(``TRITON_INTERPRET=1``), forward and backward, equal to megahash's plain-torch chunked forms (what every other
+device runs) at small sizes:
+
+* ``fla.ops.based.parallel_based`` (through :func:`megahash.ops.taylor.fla_based.based_attention`: the ``approx``
+  kind's training path on CUDA with ``feature_dim=16``) against :func:`megahash.ops.taylor.chunk.taylor_causal`;
+* ``fla.ops.gated_delta_rule.chunk_gated_delta_rule`` (through
+  :func:`megahash.ops.gated_delta.fla_gated.fla_gated_delta_rule`: the gated delta rule on CUDA, packed documents
+  as fla's ``cu_seqlens``) against :func:`megahash.ops.gated_delta.chunk.chunk_gated_delta`. Two shims let fla
+  0.6's kernels run under the interpreter, for this test only: its autotuned kernels take their first config
+  (the interpreter has no benchmarker; every config computes the same values), and the chunk loop of
+  ``fla.ops.common.chunk_delta_h`` gets loop indices that have the compiled kernel's ``.to(dtype)`` (the
+  interpreter hands a Python int).
 
 Needs the ``[gpu]`` extra (triton, fla-core); the CPU environment of ``launch/install_cpu.sh`` has neither,
 so the suite skips this file and ``.ci/run`` installs the extra apart (``--target``, pinned by
@@ -22,16 +30,23 @@ if "triton" not in sys.modules:  # an already-imported Triton (a GPU run of the 
 
 from test_ops import grads, qkv
 
+from megahash.ops.gated_delta.chunk import chunk_gated_delta, l2norm
+from megahash.ops.gated_delta.fla_gated import fla_gated_delta_rule, gated_delta_kernel
 from megahash.ops.taylor.chunk import taylor_causal
 from megahash.ops.taylor.fla_based import FLA_FEATURES, based_attention, based_kernel
 
 pytestmark = pytest.mark.numerics
 
 KERNEL = based_kernel()
-if KERNEL is None and os.environ.get("MEGAHASH_REQUIRE_FLA") == "1":  # .ci/run's step: a skip would hide a break
-    raise ImportError("fla.ops.based does not import (MEGAHASH_REQUIRE_FLA=1): " + repr(__import__("fla.ops.based")))
+GATED = gated_delta_kernel()
+if (KERNEL is None or GATED is None) and os.environ.get("MEGAHASH_REQUIRE_FLA") == "1":  # .ci/run: a skip would
+    # hide a break
+    raise ImportError(
+        "fla.ops.based / fla.ops.gated_delta_rule do not import (MEGAHASH_REQUIRE_FLA=1): "
+        + repr([__import__("fla.ops.based"), __import__("fla.ops.gated_delta_rule")])
+    )
 needs_fla = pytest.mark.skipif(
-    KERNEL is None or os.environ.get("TRITON_INTERPRET") != "1",
+    KERNEL is None or GATED is None or os.environ.get("TRITON_INTERPRET") != "1",
     reason="needs triton + flash-linear-attention under TRITON_INTERPRET=1 (the [gpu] extra; .ci/run installs it "
     "apart and runs this file)",
 )
@@ -55,3 +70,52 @@ def test_fla_based_equals_the_chunked_form_forward_and_backward(L):
         "qkv",
     ):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-4 * b.abs().max().item(), msg=f"d{name}")
+
+
+@pytest.fixture
+def interpretable(monkeypatch):
+    """The two interpreter shims of the module docstring (undone after the test)."""
+    import builtins
+
+    import triton.runtime.autotuner as autotuner
+
+    prune = autotuner.Autotuner.prune_configs
+    monkeypatch.setattr(autotuner.Autotuner, "prune_configs", lambda self, *a, **k: prune(self, *a, **k)[:1])
+
+    class Index(int):
+        def to(self, dtype, **_):
+            return int(self)
+
+    chunk_delta_h = __import__("fla.ops.common.chunk_delta_h", fromlist=["range"])
+    monkeypatch.setattr(chunk_delta_h, "range", lambda *a: map(Index, builtins.range(*a)), raising=False)
+
+
+@needs_fla
+@pytest.mark.usefixtures("interpretable")
+@pytest.mark.parametrize("packed", [False, True], ids=["state", "documents"])
+def test_fla_gated_delta_rule_equals_the_chunked_form_forward_and_backward(packed):
+    """2 rows x 2 heads, d_k = d_v = 16, fp32, L = 100 (two of fla's 64-token chunks, the second partial):
+    with an initial and a final state, or with packed documents (fla's cu_seqlens, one starting inside a
+    chunk), fla's interpreted kernel = the chunked form within 1e-5 of the scale (fp32 sums of ~100 terms),
+    outputs, state and the gradients of q, k, v, g, beta."""
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(2, 2, 100, 16, generator=g) for _ in range(3))
+    q, k = l2norm(q) * 16**-0.5, l2norm(k)  # what gated_delta_causal hands either form
+    decay, beta = -torch.rand(2, 2, 100, generator=g), torch.rand(2, 2, 100, generator=g)
+    h0 = None if packed else torch.randn(2, 2, 16, 16, generator=g)
+    doc = torch.tensor([[0] * 40 + [1] * 30 + [2] * 30, [0] * 90 + [1] * 10])[:, None, :] if packed else None
+
+    def fla(*t):
+        return fla_gated_delta_rule(GATED, *t, state=h0, need_state=not packed, doc=doc)
+
+    def ours(*t):
+        return chunk_gated_delta(*t, 64, state=h0, need_state=not packed, doc=doc)
+
+    (got, got_state), (want, want_state) = fla(q, k, v, decay, beta), ours(q, k, v, decay, beta)
+    assert got.shape == want.shape and got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * want.abs().max().item())
+    if not packed:
+        torch.testing.assert_close(got_state, want_state, rtol=0, atol=1e-5 * want_state.abs().max().item())
+    inputs = (q, k, v, decay, beta)
+    for a, b, name in zip(grads(lambda *t: fla(*t)[0], *inputs), grads(lambda *t: ours(*t)[0], *inputs), "qkvgb"):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5 * b.abs().max().item(), msg=f"d{name}")

@@ -191,13 +191,7 @@ def _kinds():
     return sorted(catalog.entries("attention"))
 
 
-@pytest.mark.usefixtures("dist")
-@pytest.mark.parametrize("kind", _kinds())
-def test_operator_count_does_not_grow_with_length(kind):
-    """Forward + backward of a 2-layer model at 256 and 1,024 tokens (chunks of 64): the same number
-    of ATen calls (what a GPU pays a launch for) for every kind."""
-    from megatron.core import tensor_parallel
-
+def _count_model(kind: str, chunk: int):
     from megahash.config import load_config
     from megahash.models.attention import fixed_qk
     from megahash.models.megatron_model import build_model
@@ -213,22 +207,45 @@ def test_operator_count_does_not_grow_with_length(kind):
             "data.seq_length=1024",
             "model.max_position_embeddings=1024",
             "model.attention.options.fixed_seq_length=1024",
-            "model.attention.options.chunk_size=64",
+            f"model.attention.options.chunk_size={chunk}",
         ],
     )
     rng.seed_all(0)
     model = build_model(cfg, 128, dtype=torch.float32).train()
     if getattr(model, "fixed_qk", None) is not None and model.fixed_qk.source == "text":
         fixed_qk.set_fixed_tokens(model, [(7 * i + 5) % 128 for i in range(1024)])
-    counts = {}
-    for L in (256, 1024):
-        tok = torch.randint(0, 128, (1, L), generator=torch.Generator().manual_seed(L))
-        mode = CountOps()
-        with mode:
-            logits = model.logits(model.hidden_states(tok))
-            tensor_parallel.vocab_parallel_cross_entropy(logits.float(), tok.t().contiguous()).mean().backward()
-        counts[L] = mode.total()
-    assert counts[256] == counts[1024], counts
+    return model
+
+
+def _count_step(model, L: int) -> int:
+    from megatron.core import tensor_parallel
+
+    tok = torch.randint(0, 128, (1, L), generator=torch.Generator().manual_seed(L))
+    mode = CountOps()
+    with mode:
+        logits = model.logits(model.hidden_states(tok))
+        tensor_parallel.vocab_parallel_cross_entropy(logits.float(), tok.t().contiguous()).mean().backward()
+    return mode.total()
+
+
+@pytest.mark.usefixtures("dist")
+@pytest.mark.parametrize("kind", _kinds())
+def test_operator_count_does_not_grow_with_length(kind):
+    """Forward + backward of a 2-layer model at 256 and 1,024 tokens (chunks of 64): the same number
+    of ATen calls (what a GPU pays a launch for) for every kind. A kind that carries a matrix state
+    over chunks in a loop (``AttentionCaps.chunk_loop``: the gated delta rule) pays per chunk, never per
+    token: 1,024 tokens in chunks of 256 cost what 256 tokens in chunks of 64 cost (4 chunks each), and
+    the 12 chunks more of 1,024 tokens in chunks of 64 at most 24 calls per chunk and layer (fewer than one
+    per token of a chunk)."""
+    from megahash import catalog
+
+    model = _count_model(kind, 64)
+    counts = {L: _count_step(model, L) for L in (256, 1024)}
+    if not catalog.caps("attention", kind).chunk_loop:
+        assert counts[256] == counts[1024], counts
+        return
+    assert counts[256] == _count_step(_count_model(kind, 256), 1024), counts
+    assert 0 < counts[1024] - counts[256] <= 24 * 12 * 2, counts
 
 
 def test_each_family_exports_its_forms():
@@ -239,7 +256,7 @@ def test_each_family_exports_its_forms():
     import megahash.ops
 
     union = set()
-    for family in ("cumsoftmax", "linear", "orders", "shared_map", "taylor"):
+    for family in ("cumsoftmax", "gated_delta", "linear", "orders", "shared_map", "taylor"):
         pkg = importlib.import_module(f"megahash.ops.{family}")
         assert pkg.__all__, family
         for name in pkg.__all__:

@@ -13,11 +13,13 @@ import numpy as np
 
 from megahash.data.preprocess.common import DataError
 from megahash.data.preprocess.encoding import ChunkEncoder, ChunkResult, EncoderConfig
+from megahash.data.preprocess.long_documents import LAST, START, Document, pieces
 from megahash.data.preprocess.ordered_pool import OrderedPool
 from megahash.data.preprocess.sources import select_documents
 from megahash.hashing.lsh import LSHModel
 from megahash.hashing.words import EOS_ID, SPECIAL_TOKENS
 
+WHOLE = START | LAST  # flags of a document that is one piece
 FAIL_ENV = "MEGAHASH_PREPROCESS_FAIL_AFTER_DOCS"  # test hook: raise after writing this many documents
 
 
@@ -39,9 +41,9 @@ def _init_encoder(cfg: EncoderConfig, lsh: Optional[LSHModel]) -> None:
         _STATE["encoder"] = ChunkEncoder(cfg, lsh)
 
 
-def _encode_chunk(task: tuple[list[str], int]) -> ChunkResult:
-    docs, n_count = task
-    res = _STATE["encoder"].encode(docs, n_count)
+def _encode_chunk(task: tuple[list[str], int, Optional[bytes]]) -> ChunkResult:
+    docs, n_count, flags = task
+    res = _STATE["encoder"].encode(docs, n_count, flags)
     res.counted = n_count
     return res
 
@@ -55,34 +57,45 @@ class DocStats:
     def __init__(self):
         self.read = 0
         self.empty = 0
+        self.split = 0  # documents encoded in several pieces
 
 
-def chunked(docs: Iterable[str], stats: DocStats, max_docs: int, max_chars: int) -> Iterator[list[str]]:
-    """Non-empty documents in lists of <= ``max_docs`` documents / about ``max_chars`` characters."""
-    return (chunk for chunk, _ in chunked_tasks(docs, stats, max_docs, max_chars))
-
-
-def chunked_tasks(docs: Iterable[str], stats: DocStats, max_docs: int, max_chars: int,
-                  count_limit: Optional[int] = None) -> Iterator[tuple[list[str], int]]:
-    """``(chunk, n)`` with the chunks of ``chunked``; the first ``n`` documents of a chunk are among
-    the first ``count_limit`` selected source documents (empty ones included in that count; all of
-    them when ``count_limit`` is None)."""
+def chunked_tasks(docs: Iterable[Document], stats: DocStats, max_docs: int, max_chars: int,
+                  count_limit: Optional[int] = None, split_chars: Optional[int] = None
+                  ) -> Iterator[tuple[list[str], int, Optional[bytes]]]:
+    """``(chunk, n, flags)``: the non-empty documents in tasks of at most ``max_docs`` entries and
+    ``max_chars`` characters (a longer entry alone). A document longer than ``split_chars``
+    characters (or streamed) comes as its pieces (megahash/data/preprocess/long_documents.py), which
+    may span tasks; ``flags`` has one byte per entry (kind | LAST), None when every entry is a whole
+    document. The first ``n`` entries belong to the first ``count_limit`` selected source documents
+    (empty ones included in that count; all of them when ``count_limit`` is None)."""
+    split_chars = split_chars or max_chars
     chunk: list[str] = []
+    flags = bytearray()
     size = counted = 0
+    split = False
     for doc in docs:
         stats.read += 1
-        if not doc.strip():
-            stats.empty += 1
-            continue
-        chunk.append(doc)
-        size += len(doc)
-        if count_limit is None or stats.read <= count_limit:
-            counted += 1
-        if len(chunk) >= max_docs or size >= max_chars:
-            yield chunk, counted
-            chunk, size, counted = [], 0, 0
+        counts = count_limit is None or stats.read <= count_limit
+        parts = ((doc, WHOLE),) if isinstance(doc, str) and len(doc) <= split_chars else pieces(doc, split_chars)
+        empty = True
+        for text, f in parts:
+            stats.split += f == LAST | 1 or f == LAST | 2  # the last piece of a split document
+            if f == WHOLE and not text.strip():
+                break
+            empty = False
+            if chunk and (len(chunk) >= max_docs or size + len(text) > max_chars):
+                yield chunk, counted, bytes(flags) if split else None
+                chunk, size, counted, split = [], 0, 0, False
+                flags.clear()
+            chunk.append(text)
+            flags.append(f)
+            split |= f != WHOLE
+            size += len(text)
+            counted += counts
+        stats.empty += empty
     if chunk:
-        yield chunk, counted
+        yield chunk, counted, bytes(flags) if split else None
 
 
 class Progress:
@@ -112,10 +125,11 @@ class Progress:
             self.bar.close()
 
 
-def encode_all(args, cfg, source, start, end, stats, writers, specs, words_mode, progress, lsh_pass) -> dict:
+def encode_all(args, cfg, source, start, end, stats, writers, specs, words_mode, progress, lsh_pass, tokenizer=None) -> dict:
     count_limit = args.lsh_sample_docs or None
-    tasks = chunked_tasks(select_documents(source, start, end), stats, args.chunk_docs, args.chunk_chars, count_limit)
-    _STATE["encoder"] = ChunkEncoder(cfg)  # inherited by forked workers (see _init_encoder)
+    tasks = chunked_tasks(select_documents(source, start, end, stream=True), stats, args.chunk_docs, args.chunk_chars,
+                          count_limit, args.split_chars)
+    _STATE["encoder"] = ChunkEncoder(cfg, tokenizer=tokenizer)  # inherited by forked workers (see _init_encoder)
     try:
         return _encode_pool(args, cfg, tasks, writers, specs, words_mode, progress, lsh_pass)
     finally:
@@ -145,13 +159,14 @@ def _encode_pool(args, cfg, tasks, writers, specs, words_mode, progress, lsh_pas
                     word_counts = np.concatenate([word_counts, np.zeros(max(len(word_list), 2 * len(word_counts)) - len(word_counts), np.int64)])
                 np.add.at(word_counts, gids, np.bincount(tokens, minlength=len(gids)))
                 tokens = gids.astype(np.int32)[tokens]
-            writers["tokens"].add_documents(tokens, res.lengths)
+            lengths, continues = res.documents()  # pieces of a long document: one document
+            writers["tokens"].add_documents(tokens, lengths, continues)
             for s in specs:
                 if s.name not in deferred:
-                    writers[s.name].add_documents(res.codes[s.name], res.lengths * s.width)
+                    writers[s.name].add_documents(res.codes[s.name], lengths * s.width, continues)
             if lsh_pass is not None:
                 lsh_pass.add(res, tokens)
-            n_docs, n_tok = len(res.lengths), int(res.lengths.sum())
+            n_docs, n_tok = res.finished, int(res.lengths.sum())
             docs_written += n_docs
             tokens_written += n_tok
             empty_tokenized += res.empty

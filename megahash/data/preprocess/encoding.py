@@ -16,11 +16,12 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
 from megahash.data.preprocess.common import InputError
+from megahash.data.preprocess.long_documents import AFTER_CUT, KIND, LAST, START
 from megahash.hashing.codes import ZERO_ROW, CodeTable
 from megahash.hashing.lsh import LSHModel
 from megahash.hashing.specs import HashSpec
@@ -42,6 +43,7 @@ class TokenizerInfo:
     special_ids: Optional[dict] = None  # role -> id (None: the word ids 0-4)
     special_tokens: Optional[dict] = None
     file: Optional[str] = None
+    loaded: Any = field(default=None, repr=False, compare=False)  # the tokenizer object (reused by the encoder)
 
     @property
     def eos_id(self) -> Optional[int]:
@@ -64,7 +66,7 @@ def resolve_tokenizer(spec: str) -> TokenizerInfo:
         return TokenizerInfo(WORDS, None, None, None)
     tok = load_tokenizer(spec)
     return TokenizerInfo(tok.kind, spec, tok.sha256, tok.vocab_size, dict(tok.special_ids), dict(tok.special_tokens),
-                         tok.path)
+                         tok.path, tok)
 
 
 @dataclass
@@ -78,6 +80,7 @@ class EncoderConfig:
     key: Optional[bytes] = b"en"
     token_dtype: str = "uint16"
     cache_entries: int = 1 << 21  # CodeTable strings (and half as many SegmentEncoder tokens) per worker
+    cache_chars: int = 1 << 24  # and at most this many characters of them (each cache cleared past it)
     encode_threads: int = 1
     deferred: tuple = ()  # names of specs whose codes the main process computes after the pass (LSH)
     count_words: bool = False  # collect word counts of each task's first ``n_count`` documents
@@ -100,6 +103,30 @@ class ChunkResult:
     worker: int = 0  # id of the worker process (its pid)
     generation: int = 0  # CodeTable generation of ``rows`` (a new one restarts the row numbering)
     counted: int = 0  # leading documents of the task whose words are counted (set by the caller)
+    kept: Optional[Sequence[int]] = None  # (while encoding pieces) the entries of ``lengths``
+    # pieces of long documents (megahash/data/preprocess/long_documents.py): None when every entry of
+    # ``lengths`` is a whole document; else per entry whether it continues the previous entry's
+    # document (the first one: the previous result's last), and whether the last entry's document
+    # goes on in the next result
+    joins: Optional[np.ndarray] = None
+    open_end: bool = False
+
+    def documents(self) -> tuple[np.ndarray, bool]:
+        """``(lengths, continues)``: tokens per document, pieces merged; ``continues``: the first one
+        continues the previous result's last document."""
+        if self.joins is None or not len(self.lengths):
+            return self.lengths, False
+        first = np.flatnonzero(~self.joins)
+        continues = bool(self.joins[0])
+        heads = np.concatenate([[0], first]) if continues else first
+        return np.add.reduceat(self.lengths, heads), continues
+
+    @property
+    def finished(self) -> int:
+        """Documents this result completes."""
+        if self.joins is None:
+            return len(self.lengths)
+        return int((~self.joins).sum()) + bool(len(self.joins) and self.joins[0]) - self.open_end
 
 
 # -- sentencepiece: encode each distinct whitespace token once ---------------------------------
@@ -256,6 +283,7 @@ class SegmentEncoder:
         self.token_dtype = token_dtype
         self.flushed: Counter = Counter()  # word counts of entries dropped by clear()
         self.index = _Index()
+        self.chars = 0  # characters of the cached tokens
         self.clear()
 
     def clear(self) -> None:
@@ -263,6 +291,7 @@ class SegmentEncoder:
         if self.index:
             self.flushed.update(self._current_word_counts())
         self.index = _Index()
+        self.chars = 0
         self.pieces = GrowArray(self.token_dtype)
         self.rows = GrowArray(np.int32)  # CodeTable row ids (< 2**31: the table holds at most cache_entries)
         self.off = GrowArray(np.int64)
@@ -280,6 +309,7 @@ class SegmentEncoder:
         return len(self.index)
 
     def _add(self, strings: list[str]) -> None:
+        self.chars += sum(map(len, strings))
         encoded = self.info.raw.encode([SP_SPACE + s for s in strings], num_threads=self.threads)
         lens = np.fromiter(map(len, encoded), np.int64, count=len(encoded))
         flat = np.fromiter(chain.from_iterable(encoded), np.int64, count=int(lens.sum()))
@@ -419,12 +449,13 @@ def words_of_tokens(tokens: Sequence[str], counts: Sequence[int]) -> Counter:
 class ChunkEncoder:
     """Tokenise a chunk of documents and hash its tokens (see module docstring)."""
 
-    def __init__(self, cfg: EncoderConfig, lsh: Optional[LSHModel] = None):
+    def __init__(self, cfg: EncoderConfig, lsh: Optional[LSHModel] = None, tokenizer=None):
+        """``tokenizer``: the one ``cfg.tokenizer`` names, already loaded (else it is loaded here)."""
         self.cfg = cfg
         deferred = set(cfg.deferred)
         self.specs = [s for s in cfg.specs if s.name not in deferred]  # hashed here
         self.deferred = [s for s in cfg.specs if s.name in deferred]  # row ids + strings to the main process
-        self.table = CodeTable(self.specs, key=cfg.key, lsh=lsh, max_entries=cfg.cache_entries)
+        self.table = CodeTable(self.specs, key=cfg.key, lsh=lsh, max_entries=cfg.cache_entries, max_chars=cfg.cache_chars)
         self.sp = None
         self.segments = None
         self.worker = os.getpid()
@@ -434,7 +465,7 @@ class ChunkEncoder:
         self.token_dtype = np.dtype(cfg.token_dtype)
         self.eos = EOS_ID
         if cfg.tokenizer != WORDS:
-            self.sp = load_tokenizer(cfg.tokenizer)  # a megahash.tokenization tokenizer (any kind)
+            self.sp = tokenizer or load_tokenizer(cfg.tokenizer)  # a megahash.tokenization tokenizer (any kind)
             self.eos = self.sp.eos_id
             if cfg.append_eos and self.eos is None:
                 raise InputError(f"tokenizer {cfg.tokenizer!r} has no end-of-document token; pass --no-append-eos")
@@ -445,19 +476,30 @@ class ChunkEncoder:
                     self.segments = SegmentEncoder(info, self.coder if cfg.specs else None, self.token_dtype,
                                                    cfg.encode_threads, self.eos if self.eos is not None else EOS_ID)
 
-    def encode(self, docs: Sequence[str], n_count: int = 0) -> ChunkResult:
-        """Encode ``docs``; with ``cfg.count_words``, count the words of the first ``n_count``."""
-        if self.segments is not None and (self.table.full() or len(self.segments) > self.cfg.cache_entries // 2):
-            self.segments.clear()  # before the table: its counts are read through the table's strings
+    def encode(self, docs: Sequence[str], n_count: int = 0, flags: Optional[bytes] = None) -> ChunkResult:
+        """Encode ``docs``; with ``cfg.count_words``, count the words of the first ``n_count``.
+        ``flags`` (one per entry, megahash/data/preprocess/long_documents.py): the entries are pieces
+        of documents (None: each a whole document); a piece continuing a document is encoded as its
+        continuation, the EOS follows the ``LAST`` piece, and a piece without tokens is kept (empty)."""
+        seg = self.segments
+        if seg is not None and (self.table.full() or len(seg) > self.cfg.cache_entries // 2
+                                or seg.chars > self.cfg.cache_chars):
+            seg.clear()  # before the table: its counts are read through the table's strings
         self.table.maybe_reset()
+        pieces = None if flags is None else _Pieces(flags)
         if self.sp is None:
-            res = self._encode_words(docs)
-        elif self.segments is not None:
-            res = self._encode_segments(docs, n_count if self.cfg.count_words else 0)
+            res = self._encode_words(docs, pieces)
+        elif seg is not None:
+            res = self._encode_segments(docs, n_count if self.cfg.count_words else 0, pieces)
         else:
-            res = self._encode_subwords(docs)
+            res = self._encode_subwords(docs, pieces)
             if self.cfg.count_words and n_count:
                 self.word_counts.update(count_words(docs[:n_count]))
+        if pieces is not None:
+            kept = res.kept
+            res.joins = pieces.joins[kept]
+            res.open_end = bool(len(kept)) and not pieces.last[kept[-1]]
+            res.kept = None
         res.worker = self.worker
         if self.deferred and self.sp is not None:
             if self._generation != self.table.generation:
@@ -483,20 +525,30 @@ class ChunkEncoder:
             res.rows = rows.astype(np.int32, copy=False)
         return res
 
-    def _encode_subwords(self, docs: Sequence[str]) -> ChunkResult:
-        id_lists = self.sp.encode_batch(list(docs), num_threads=self.cfg.encode_threads)
+    def _encode_subwords(self, docs: Sequence[str], pieces: Optional["_Pieces"] = None) -> ChunkResult:
+        if pieces is None:
+            id_lists = self.sp.encode_batch(list(docs), num_threads=self.cfg.encode_threads)
+        else:
+            id_lists = self.sp.encode_pieces(list(docs), pieces.kinds, num_threads=self.cfg.encode_threads)
         eos = [self.eos] if self.cfg.append_eos else []
-        kept = [ids + eos for ids in id_lists if ids]
-        lengths = np.fromiter((len(x) for x in kept), dtype=np.int64, count=len(kept))
-        tokens = np.fromiter(chain.from_iterable(kept), dtype=np.int64, count=int(lengths.sum()))
-        starts = np.zeros(len(kept), np.int64)
+        if pieces is None:
+            kept_ids = [ids + eos for ids in id_lists if ids]
+            kept = None
+        else:  # a piece of a split document is kept even without tokens; its EOS after the last piece
+            kept = [i for i, ids in enumerate(id_lists) if ids or not pieces.whole[i]]
+            kept_ids = [id_lists[i] + eos if pieces.last[i] else id_lists[i] for i in kept]
+        lengths = np.fromiter((len(x) for x in kept_ids), dtype=np.int64, count=len(kept_ids))
+        tokens = np.fromiter(chain.from_iterable(kept_ids), dtype=np.int64, count=int(lengths.sum()))
+        starts = np.zeros(len(kept_ids), np.int64)
         np.cumsum(lengths[:-1], out=starts[1:])
-        rows = self.coder.row_ids(tokens, starts) if self.cfg.specs else None
-        return self._result(lengths, tokens, rows, len(id_lists) - len(kept))
+        rows = self.coder.row_ids(tokens, starts[lengths > 0]) if self.cfg.specs else None
+        res = self._result(lengths, tokens, rows, len(id_lists) - len(kept_ids))
+        res.kept = kept
+        return res
 
-    def _encode_segments(self, docs: Sequence[str], n_count: int) -> ChunkResult:
+    def _encode_segments(self, docs: Sequence[str], n_count: int, pieces: Optional["_Pieces"] = None) -> ChunkResult:
         """Like ``_encode_subwords``, from the per-token cache (documents it cannot reproduce
-        exactly are encoded whole)."""
+        exactly, and pieces after a hard cut, are encoded whole)."""
         seg = self.segments
         toks = [d.split() for d in docs]
         ntok = np.fromiter(map(len, toks), np.int64, count=len(toks))
@@ -505,7 +557,9 @@ class ChunkEncoder:
             seg.count(ids[: int(ntok[:n_count].sum())])
         plain = seg.info.plain
         good = np.fromiter(map(plain, docs), bool, count=len(docs))
-        check = np.flatnonzero(~good).tolist()
+        cut = pieces.kind == AFTER_CUT if pieces is not None else np.zeros(len(docs), bool)
+        good &= ~cut  # a piece after a hard cut starts inside a word: not a cached "\u2581" token
+        check = np.flatnonzero(~good & ~cut).tolist()
         if check:  # normalize(doc) must be "▁" + the whitespace tokens joined by "▁"
             join = SP_SPACE.join
             normalized = self.sp.sp.normalize([docs[i] for i in check])
@@ -514,55 +568,69 @@ class ChunkEncoder:
         starts = np.zeros(len(toks), np.int64)
         np.cumsum(ntok[:-1], out=starts[1:])
         eos = self.cfg.append_eos
+        ends_doc = pieces.last if pieces is not None else np.ones(len(docs), bool)
         if good.all():
-            sel = np.insert(ids, starts[1:], 0) if eos else ids
-            if eos:
-                sel = np.append(sel, 0)
+            with_eos = ends_doc if eos else np.zeros(len(docs), bool)
+            sel = np.insert(ids, (starts + ntok)[with_eos], 0)
             tokens, rows, lens = seg.gather(sel)
-            doc_starts = starts + np.arange(len(starts)) if eos else starts
-            lengths = np.add.reduceat(lens, doc_starts) if len(doc_starts) else np.zeros(0, np.int64)
-            return self._result(lengths, tokens, rows, 0)
+            shift = np.zeros(len(docs), np.int64)
+            np.cumsum(with_eos[:-1], out=shift[1:])
+            lengths = np.add.reduceat(lens, starts + shift) if len(docs) else np.zeros(0, np.int64)
+            res = self._result(lengths, tokens, rows, 0)
+            res.kept = None if pieces is None else np.arange(len(docs))
+            return res
         # some documents encoded whole: assemble document by document
         bad = np.flatnonzero(~good).tolist()
-        whole = dict(zip(bad, self.sp.encode_batch([docs[i] for i in bad], num_threads=self.cfg.encode_threads)))
-        parts_t, parts_r, lengths = [], [], []
+        texts = [docs[i] for i in bad]
+        if pieces is None:
+            encoded = self.sp.encode_batch(texts, num_threads=self.cfg.encode_threads)
+        else:
+            encoded = self.sp.encode_pieces(texts, [pieces.kinds[i] for i in bad], num_threads=self.cfg.encode_threads)
+        whole = dict(zip(bad, encoded))
+        parts_t, parts_r, lengths, kept = [], [], [], []
         empty = 0
         for d in range(len(docs)):
             if d in whole:
                 t = np.array(whole[d], np.int64)
-                if not len(t):
+                if not len(t) and (pieces is None or pieces.whole[d]):
                     empty += 1
                     continue
                 r = self.coder.row_ids(t, [0]) if seg.coder is not None else None
-                if eos:
+                if eos and ends_doc[d]:
                     t = np.append(t, self.eos)
                     r = np.append(r, ZERO_ROW) if r is not None else None
             else:
                 sel = ids[starts[d] : starts[d] + ntok[d]]
-                t, r, _ = seg.gather(np.append(sel, 0) if eos else sel)
+                t, r, _ = seg.gather(np.append(sel, 0) if eos and ends_doc[d] else sel)
             parts_t.append(t.astype(self.token_dtype, copy=False))
             if r is not None:
                 parts_r.append(r)
             lengths.append(len(t))
+            kept.append(d)
         tokens = np.concatenate(parts_t) if parts_t else np.zeros(0, self.token_dtype)
         rows = (np.concatenate(parts_r) if parts_r else np.zeros(0, np.int64)) if seg.coder is not None else None
-        return self._result(np.array(lengths, np.int64), tokens, rows, empty)
+        res = self._result(np.array(lengths, np.int64), tokens, rows, empty)
+        res.kept = kept
+        return res
 
-    def _encode_words(self, docs: Sequence[str]) -> ChunkResult:
+    def _encode_words(self, docs: Sequence[str], pieces: Optional["_Pieces"] = None) -> ChunkResult:
         local: dict[str, int] = {SPECIAL_TOKENS[EOS_ID]: 0}  # split_words never yields "</s>"
         ids: list[int] = []
         lengths: list[int] = []
+        kept: list[int] = []
         eos = self.cfg.append_eos
         empty = 0
-        for doc in docs:
+        for d, doc in enumerate(docs):
             words = split_words(doc)
-            if not words:
+            end = pieces is None or pieces.last[d]
+            if not words and (pieces is None or pieces.whole[d]):
                 empty += 1
                 continue
             ids.extend([local.setdefault(w, len(local)) for w in words])
-            if eos:
+            if eos and end:
                 ids.append(0)
-            lengths.append(len(words) + eos)
+            lengths.append(len(words) + (eos and end))
+            kept.append(d)
         uniq = list(local)
         local_ids = np.array(ids, dtype=np.int32)
         codes = {}
@@ -571,7 +639,21 @@ class ChunkEncoder:
             rows[0] = ZERO_ROW
             rows[1:] = self.table.lookup(uniq[1:])
             codes = self._codes(rows[local_ids])
-        return ChunkResult(np.array(lengths, np.int64), local_ids, codes, words=uniq, empty=empty)
+        res = ChunkResult(np.array(lengths, np.int64), local_ids, codes, words=uniq, empty=empty)
+        res.kept = kept
+        return res
+
+
+class _Pieces:
+    """The flags of a task's entries (megahash/data/preprocess/long_documents.py) as arrays."""
+
+    def __init__(self, flags: bytes):
+        f = np.frombuffer(flags, np.uint8)
+        self.kind = f & KIND
+        self.kinds = self.kind.tolist()
+        self.last = (f & LAST) > 0
+        self.whole = f == (START | LAST)
+        self.joins = self.kind != START
 
 
 def count_words(docs: Sequence[str]) -> Counter:

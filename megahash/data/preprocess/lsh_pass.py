@@ -2,7 +2,6 @@
 hashing every distinct string once on a few threads (:class:`Threads`)."""
 from __future__ import annotations
 
-import os
 from collections import Counter
 from typing import Optional
 
@@ -46,6 +45,20 @@ class Threads:
             self.pool.shutdown(wait=True)
 
 
+class _Int32s:
+    """``int32`` values of a file read on demand (``x[a:b]``), not memory-mapped: pages of a mapped file
+    count as resident, so a map of a large file would make the resident size grow with the corpus."""
+
+    def __init__(self, path: str, offset: int = 0):
+        self.path, self.offset = path, offset
+
+    def __getitem__(self, sl: slice) -> np.ndarray:
+        count = sl.stop - sl.start
+        if count <= 0:
+            return np.zeros(0, np.int32)
+        return np.fromfile(self.path, dtype=np.int32, count=count, offset=self.offset + 4 * sl.start)
+
+
 class LSHPass:
     """LSH side shards without a first pass over the corpus (main process).
 
@@ -60,7 +73,8 @@ class LSHPass:
     gather over the id stream, in bounded blocks of documents."""
 
     BLOCK_TOKENS = 1 << 20  # tokens per block of the LSH shard gather
-    MEMORY_TOKENS = 1 << 24  # string ids of up to this many tokens stay in memory (64 MiB), then a file
+    WINDOW_DOCUMENTS = 1 << 20  # documents whose lengths are read at a time (from the token index)
+    MEMORY_TOKENS = 1 << 22  # string ids of up to this many tokens stay in memory (16 MiB), then a file
     HASH_BLOCK = 1 << 16  # strings per hash_words call
 
     def __init__(self, ids_path: str, words_mode: bool):
@@ -71,7 +85,6 @@ class LSHPass:
         self.buffered_size = 0
         self.index: dict[str, int] = {}  # string -> id (1, 2, ...)
         self.maps: dict[int, list] = {}  # worker -> [generation, GrowArray: worker row -> string id]
-        self.lengths: list[np.ndarray] = []  # tokens per document
         self.counted_documents = 0
         self.word_counts: Counter = Counter()
         self.sample_counts = GrowArray(np.int64)  # words streams: counts per word id
@@ -79,7 +92,6 @@ class LSHPass:
 
     def add(self, res: ChunkResult, tokens: np.ndarray) -> None:
         """Record a chunk (``tokens``: the written ids; global word ids for words streams)."""
-        self.lengths.append(res.lengths)
         self.counted_documents += res.counted
         if self.words_mode:
             if res.counted:  # every task document has words (non-blank text always does): lengths align
@@ -145,7 +157,7 @@ class LSHPass:
     def write_shards(self, lsh: LSHModel, specs, writers: dict, key: bytes, word_table, threads: "Threads") -> None:
         if self.words_mode:
             strings = word_table[0]
-            ids = np.memmap(writers["tokens"].bin_path, dtype=np.int32, mode="r") if writers["tokens"].num_elements else np.zeros(0, np.int32)
+            ids = _Int32s(writers["tokens"].bin_path)  # global word ids
             first = NUM_SPECIAL  # rows 0..4: the specials
             hashed = list(strings[NUM_SPECIAL:])
         elif self.buffered is not None:
@@ -153,8 +165,7 @@ class LSHPass:
             first = 1
             hashed = list(self.index)
         else:
-            size = os.path.getsize(self.ids_path)
-            ids = np.memmap(self.ids_path, dtype=np.int32, mode="r") if size else np.zeros(0, np.int32)
+            ids = _Int32s(self.ids_path)
             first = 1
             hashed = list(self.index)
         tables = {}
@@ -168,14 +179,23 @@ class LSHPass:
             for f in [threads.submit(fill, b) for b in range(0, len(hashed), step)]:
                 f.result()
             tables[s.name] = t
-        lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, np.int64)
-        ends = np.cumsum(lengths)
-        d0 = 0
-        while d0 < len(lengths):
-            a = int(ends[d0] - lengths[d0])
-            d1 = max(int(np.searchsorted(ends, a + self.BLOCK_TOKENS, side="right")), d0 + 1)
-            block = np.asarray(ids[a : int(ends[d1 - 1])])
-            for s in specs:
-                writers[s.name].add_documents(tables[s.name][block], lengths[d0:d1] * s.width)
-            d0 = d1
+        tokens = writers["tokens"]
+        lengths = _Int32s(tokens.idx_path, offset=34)  # the documents: the token index's lengths (34: its header)
+        base = 0
+        for w0 in range(0, tokens.documents, self.WINDOW_DOCUMENTS):  # windows of whole documents: bounded arrays
+            window = lengths[w0 : min(w0 + self.WINDOW_DOCUMENTS, tokens.documents)].astype(np.int64)
+            ends = np.cumsum(window)
+            starts = ends - window
+            total = int(ends[-1])
+            for a in range(0, max(total, 1), self.BLOCK_TOKENS):  # blocks of tokens: a long document in parts
+                b = min(a + self.BLOCK_TOKENS, total)
+                d0 = int(np.searchsorted(starts, a, side="left"))  # documents starting in the block ...
+                d1 = len(starts) if b == total else int(np.searchsorted(starts, b, side="left"))
+                continues = d0 > 0 and ends[d0 - 1] > a  # ... after the end of one that started before it
+                d0 -= continues
+                parts = np.minimum(ends[d0:d1], b) - np.maximum(starts[d0:d1], a)
+                block = np.asarray(ids[base + a : base + b])
+                for s in specs:
+                    writers[s.name].add_documents(tables[s.name][block], parts * s.width, bool(continues))
+            base += total
         del ids

@@ -31,6 +31,7 @@ Outputs are byte-identical for any ``--workers`` (no timestamps; ordered results
 from __future__ import annotations
 
 import argparse
+import glob
 import hashlib
 import json
 import os
@@ -48,7 +49,7 @@ from megahash.data.preprocess.encode_pass import DocStats, Progress, encode_all
 from megahash.data.preprocess.encoding import WORDS, EncoderConfig, resolve_tokenizer
 from megahash.data.preprocess.indexed_writer import IndexedShardWriter, optimal_token_dtype
 from megahash.data.preprocess.lsh_pass import LSHPass, Threads
-from megahash.data.preprocess.publish import AtomicOutputs, leftovers, remove, remove_stale
+from megahash.data.preprocess.publish import AtomicOutputs, TempReaper, leftovers, remove, remove_stale
 from megahash.data.preprocess.sources import open_source, parse_doc_range
 from megahash.data.verify import sha256_file
 from megahash.hashing.lsh import DEFAULT_NGRAM_VOCAB
@@ -95,8 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lsh-sample-docs", type=int, default=0, help="count n-grams over the first M selected documents only (0 = all)")
     p.add_argument("--shakespeare-chunk-chars", type=int, default=4000)
     p.add_argument("--chunk-docs", type=int, default=64, help="documents per worker task")
-    p.add_argument("--chunk-chars", type=int, default=1 << 19, help="characters per worker task")
+    p.add_argument("--chunk-chars", type=int, default=1 << 19, help="characters per worker task (at most)")
+    p.add_argument("--split-chars", type=int, default=1 << 19, help="documents longer than this are encoded in pieces "
+                   "of at most this many characters, cut at whitespace, written as one document (docs/data.md)")
     p.add_argument("--encode-threads", type=int, default=1, help="sentencepiece threads per worker (batch encode)")
+    p.add_argument("--cache-words", type=int, default=1 << 20, help="word/token cache entries per worker (each cache "
+                   "also holds at most 8x as many characters); bounds the caches' memory (docs/data.md)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output prefix")
     p.add_argument("--quiet", action="store_true")
     return p
@@ -133,6 +138,10 @@ def _check_args(args) -> None:
         raise InputError("--lsh-sample-docs must be >= 0")
     if args.chunk_docs < 1 or args.chunk_chars < 1 or args.encode_threads < 1:
         raise InputError("--chunk-docs, --chunk-chars and --encode-threads must be >= 1")
+    if args.cache_words < 1024:
+        raise InputError(f"--cache-words must be >= 1024, got {args.cache_words}")
+    if args.split_chars < 64:
+        raise InputError(f"--split-chars must be >= 64, got {args.split_chars}")
 
 
 def _existing_outputs(prefix: str, finals: Iterable[str]) -> list[str]:
@@ -168,27 +177,30 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     Path(prefix).parent.mkdir(parents=True, exist_ok=True)
 
     outputs = AtomicOutputs()
+    reaper = TempReaper(glob.escape(prefix) + "_*" + outputs.suffix).__enter__()  # temp files go even on SIGKILL
     writers: dict[str, IndexedShardWriter] = {}
     lsh_pass = None
     progress = None
-    previous_handler = None
-    if threading.current_thread() is threading.main_thread():
-        previous_handler = signal.signal(signal.SIGTERM, _raise_interrupt)
+    previous_handlers = {}
+    if threading.current_thread() is threading.main_thread():  # SIGTERM/SIGHUP: cleaned up like Ctrl-C
+        previous_handlers = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         lsh_info = None
         for name, shard in shards.items():
             dtype = token_dtype if name == "tokens" else next(s.dtype for s in specs if s.name == name)
-            writers[name] = IndexedShardWriter(outputs.tmp(shard + ".bin"), outputs.tmp(shard + ".idx"), dtype)
+            writers[name] = IndexedShardWriter(outputs.tmp(shard + ".bin"), outputs.tmp(shard + ".idx"), dtype,
+                                               outputs.scratch(shard + "_lengths"))
 
         cfg = EncoderConfig(
             tokenizer=tok.path or WORDS, specs=specs, hash_unit=args.hash_unit, append_eos=args.append_eos,
             key=key, token_dtype=token_dtype.name, encode_threads=args.encode_threads,
             deferred=tuple(s.name for s in lsh_specs), count_words=bool(lsh_specs) and not words_mode,
+            cache_entries=args.cache_words, cache_chars=8 * args.cache_words,
         )
         stats = DocStats()
         progress = Progress("encoding", args.quiet)
         lsh_pass = LSHPass(outputs.scratch(f"{prefix}_lsh_rows"), words_mode) if lsh_specs else None
-        counts = encode_all(args, cfg, source, start, end, stats, writers, specs, words_mode, progress, lsh_pass)
+        counts = encode_all(args, cfg, source, start, end, stats, writers, specs, words_mode, progress, lsh_pass, tok.loaded)
         progress.close()
         progress = None
         if counts["documents"] == 0:
@@ -233,6 +245,7 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
             files[os.path.basename(lsh_path)] = {"sha256": npz_sha, "bytes": os.path.getsize(outputs.pending[lsh_path])}
         counts["skipped_empty_documents"] = stats.empty + counts.pop("_empty_tokenized")
         counts["source_documents_read"] = stats.read
+        counts["split_documents"] = stats.split
         counts["replaced_invalid_utf8_chars"] = source.replaced_chars
         meta = _meta(args, source, start, end, tok, token_dtype, specs, key, shards, lsh_info, words_path, counts, files)
         with open(outputs.tmp(meta_path), "w", encoding="utf-8") as f:
@@ -250,8 +263,9 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     finally:
         if progress is not None:
             progress.close()
-        if previous_handler is not None:
-            signal.signal(signal.SIGTERM, previous_handler)
+        for sig, handler in previous_handlers.items():
+            signal.signal(sig, handler)
+        reaper.__exit__(None, None, None)
     if not args.quiet:
         print(f"wrote {counts['documents']:,} documents, {counts['tokens']:,} tokens -> {prefix}_* "
               f"(hashes: {', '.join(s.name for s in specs) or 'none'})", file=sys.stderr)
@@ -303,6 +317,7 @@ def _meta(args, source, start, end, tok, token_dtype, specs, key, shards, lsh_in
             "hash_unit": "word" if tok.kind == WORDS else args.hash_unit,
             "word_pattern": WORD_PATTERN,
             "word_table": os.path.basename(words_path) if words_path else None,
+            "split_chars": args.split_chars,
         },
         "hash_specs": hash_specs,
         "lsh": lsh_info,

