@@ -60,6 +60,7 @@ class AttentionCaps:
     thesis_name: str | None = None  # row of the [Xue25] tables (Tables 3.4, 4.5-4.8), None: not there
     chapters: tuple = ()  # [Xue25] chapters whose tables list it
     documents: bool = True  # keeps attention (and state) inside packed documents (data.reset_attention_mask)
+    mup: bool = True  # takes muP's attention scale (Mixing.score_scale, or its core's; model.mup_base_hidden_size)
     chunk_loop: bool = False  # carries a matrix state over chunks in a Python loop (operator calls grow per chunk)
 
 

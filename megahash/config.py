@@ -108,6 +108,9 @@ class ModelConfig:
         0.0  # a learnable per-head gain on the QK-normed queries, its initial value (needs qk_norm); 0 = off
     )
     mlp_activation: str = "auto"  # auto (SwiGLU in decoders, GELU in encoders) | relu2 (ReLU squared, 2 matrices)
+    # issue 48: maximal-update parametrization (megahash/models/mup.py, docs/compact_models.md): the base model's
+    # hidden size B; the learning rates tuned at width B hold at any hidden_size (0 = off, the standard model)
+    mup_base_hidden_size: int = 0
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
     # defaults: the kinds registered as standard (caps.standard; megahash.catalog)

@@ -45,6 +45,7 @@ RANGES: dict[str, tuple] = {
     "model.embed_init_std": (0.0, INF, False, False, "init std of the embedding tables; 0 = model.init_std"),
     "model.logit_softcap": (0.0, INF, False, False, "logit soft-cap c (c tanh(z / c)); 0 = off"),
     "model.qk_gain": (0.0, INF, False, False, "initial per-head query gain after QK-norm; 0 = off"),
+    "model.mup_base_hidden_size": (0, INF, False, False, "muP's base hidden size; 0 = off"),
     "model.hidden_dropout": (0.0, 1.0, False, True, "dropout probability"),
     "model.attention_dropout": (0.0, 1.0, False, True, "dropout probability"),
     # data
@@ -377,6 +378,21 @@ def _check_split(split: str) -> None:
         raise ConfigError(
             f"config key 'data.split' must be up to three non-negative weights train,valid,test with "
             f"train > 0 (e.g. 98,2,0), got {split!r}"
+        )
+
+
+def check_mup(cfg, kinds: list[str], caps_of) -> None:
+    """``model.mup_base_hidden_size``: every layer kind takes muP's attention scale (``AttentionCaps.mup``);
+    otherwise one line naming the kind (megahash/models/mup.py, docs/compact_models.md)."""
+    if cfg.model.mup_base_hidden_size:
+        _every_kind_can(
+            kinds,
+            caps_of,
+            "mup",
+            lambda kind: (
+                f"model.mup_base_hidden_size={cfg.model.mup_base_hidden_size}: attention kind {kind!r} cannot take "
+                f"muP's attention scale; use another model.schedule or model.mup_base_hidden_size=0"
+            ),
         )
 
 

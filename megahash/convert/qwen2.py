@@ -2,7 +2,8 @@
 
 Eligible: ``model.arch=decoder``, ``train.objective=clm``, ``model.embedding=vocab``, ``model.head=vocab``,
 every layer ``mha``/``gqa``/``mqa`` with the same number of key/value groups and none dropped by
-`skip` mode. megahash's decoder is Qwen2.5's block (RMSNorm, SwiGLU, RoPE, QKV bias), so the
+`skip` mode, no muP (``model.mup_base_hidden_size``: its attention scale and readout multiplier have no Qwen2
+field; such a model exports with remote code). megahash's decoder is Qwen2.5's block (RMSNorm, SwiGLU, RoPE, QKV bias), so the
 mapping is a renaming:
 
 =========================================================  ==============================================
@@ -63,6 +64,8 @@ def ineligible(cfg, model) -> str:
         return "model.logit_softcap (Qwen2 has no logit soft-cap)"
     if getattr(m, "mlp_activation", "auto") != "auto":
         return f"model.mlp_activation={m.mlp_activation} (Qwen2's MLP is SwiGLU)"
+    if getattr(m, "mup_base_hidden_size", 0):
+        return "model.mup_base_hidden_size (muP's attention scale 1/d_h and readout multiplier; Qwen2 has neither)"
     other = sorted({k for k in model.layer_kinds if not _qwen2("attention", k)})
     if other:
         return f"attention kinds {other}"

@@ -48,7 +48,7 @@ except ImportError:  # pragma: no cover
 
 from megahash.models.arch import arch_of
 from megahash.models.hf_config import MegahashConfig
-from megahash.models.mixing import LayerCache, MixState
+from megahash.models.mixing import LayerCache, MixState, readout_multiplier
 from megahash.models.reference_layers import (
     Decoder,
     RobertaEmbeddingExtras,
@@ -243,7 +243,8 @@ class MegahashPreTrainedModel(PreTrainedModel):
 
 
 class MegahashModel(MegahashPreTrainedModel):
-    """Embedding -> layers -> final norm; returns the last hidden states [b, s, h]."""
+    """Embedding -> layers -> final norm; returns the last hidden states [b, s, h] (the heads' input: under muP
+    times the readout multiplier B / hidden_size, as megahash's ``MegahashLM.hidden_states``)."""
 
     def __init__(self, config: MegahashConfig):
         super().__init__(config)
@@ -322,6 +323,9 @@ class MegahashModel(MegahashPreTrainedModel):
             x = layer(x, mask, rotary, state)
         if self.decoder.final_layernorm is not None:
             x = self.decoder.final_layernorm(x)
+        base = int(megahash_option(self.config, "model", "mup_base_hidden_size", 0) or 0)
+        if base:  # muP: the heads' input times B / hidden_size (MegahashLM.hidden_states, megahash/models/mup.py)
+            x = x * readout_multiplier(self.config.hidden_size, base)
         x = x.transpose(0, 1).contiguous()
         if hidden is not None:
             hidden.append(x)

@@ -22,10 +22,11 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import init_method_normal, make_viewless_tensor, scaled_init_method_normal
 
 from megahash.errors import ConfigError
-from megahash.models import autocast_linear, cpu_linear, heads, registry
+from megahash.models import autocast_linear, cpu_linear, heads, mup, registry
 from megahash.models.arch import arch_of
 from megahash.models.cost_formulas import padded_vocab_size
 from megahash.models.forward_state import ForwardState
+from megahash.models.mixing import readout_multiplier, score_scale
 from megahash.models.norm import hook_sequence_parallel_params
 
 
@@ -42,6 +43,13 @@ def transformer_config(cfg, dtype: torch.dtype = torch.float32) -> TransformerCo
         num_query_groups=m.num_query_groups or m.num_heads,
         ffn_hidden_size=m.ffn_hidden_size,
         kv_channels=m.hidden_size // m.num_heads,
+        # muP (model.mup_base_hidden_size): sqrt(d_0)/d_h, for megatron's own SelfAttention (mha-megatron); the
+        # kinds written once take Setup.mup_base
+        softmax_scale=(
+            score_scale(m.hidden_size // m.num_heads, m.mup_base_hidden_size / m.num_heads)
+            if m.mup_base_hidden_size
+            else None
+        ),
         hidden_dropout=m.hidden_dropout,
         attention_dropout=m.attention_dropout,
         normalization="RMSNorm" if arch.rms_norm else "LayerNorm",
@@ -227,6 +235,10 @@ class MegahashLM(MegatronModule):
         if m.zero_init_proj and init:  # every layer starts as the identity ([Jordan24b] modded-nanogpt, issue 44)
             zero_output_projections(self.decoder.layers)
         self.logit_softcap = float(m.logit_softcap)
+        self.mup_width = mup.width_mult(m)  # muP's width multiplier m (None: off; megahash/models/mup.py)
+        self.readout_mult = readout_multiplier(m.hidden_size, m.mup_base_hidden_size)
+        if self.mup_width is not None and init:
+            mup.scale_init(self, self.mup_width)  # the hidden matrices at std / sqrt(m)
         hook_sequence_parallel_params(self)  # e.g. RowParallelLinear biases under SP
         cpu_linear.install(self)  # oneDNN GEMMs for the linear layers on CPU (accelerator.policy.onednn_linear)
         autocast_linear.install(self)  # bf16 runs: fp32 parameters, linear layers in the autocast dtype
@@ -242,7 +254,8 @@ class MegahashLM(MegatronModule):
     def hidden_states(
         self, tokens, hash_codes=None, padding_mask=None, decode_state=None, document_ids=None, position_ids=None
     ):
-        """[b, s] tokens -> final hidden states [s(/TP under SP), b, h].
+        """[b, s] tokens -> final hidden states [s(/TP under SP), b, h], the heads' input (under muP times the
+        readout multiplier B / hidden_size, ``mup.MuReadout``'s: megahash/models/mup.py).
 
         With ``decode_state`` (incremental decoding), ``tokens`` are the new tokens only; their
         positions start at ``decode_state.offset`` and every attention kind reads/extends its cache.
@@ -279,6 +292,8 @@ class MegahashLM(MegatronModule):
             decode_state.offset += seq_len
         if out.shape[1] != batch:
             out = out[:, :batch].contiguous()  # drop the sequences the kind inputs added
+        if self.readout_mult != 1.0:
+            out = out * self.readout_mult
         return out
 
     def logits(self, hidden):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +57,7 @@ class Setup:
     attention_dropout: float = 0.0
     recompute: str | None = None  # megatron's recompute granularity (None | "selective" | "full")
     options: Any = None  # the kinds' options (model.attention.options): an object or a dict; None: the defaults
+    mup_base: int = 0  # model.mup_base_hidden_size B (0 = off): muP's attention scale (:func:`score_scale`)
 
     def option(self, name: str, default=None):
         if isinstance(self.options, dict):
@@ -155,6 +157,12 @@ class Mixing(nn.Module):
             q = q * gain.weight.to(q.dtype)[:, None]
         return q, k
 
+    def score_scale(self, d: int | None = None) -> float:
+        """The scale of the layer's scores q.k over ``d`` (default the head dim) dims: :func:`score_scale`, under
+        muP with the base model's d_0 = d B / hidden."""
+        d = d or self.d_h
+        return score_scale(d, d * self.setup.mup_base / self.setup.hidden if self.setup.mup_base else 0.0)
+
     def dropout_rng(self, name: str | None = None):
         """Where attention dropout draws (megatron's RNG tracker, the data-parallel stream for heads replicated
         over TP); nothing to fork in eval or without dropout."""
@@ -174,6 +182,21 @@ class Mixing(nn.Module):
 
     def num_qkv_parameters(self) -> int:
         return sum(p.numel() for p in self.qkv_parameters())
+
+
+def score_scale(d: int, base_d: float = 0.0) -> float:
+    """The scale of attention scores q.k of d-dim q, k: 1/sqrt(d) ([Vaswani17]); under muP (``base_d`` = d_0 > 0,
+    the base model's head dim) sqrt(d_0) / d: 1/d as the width grows ([Yang22] sec. 4 / Tensor Programs V: q and k
+    become correlated in training, so q.k grows as d, not sqrt(d); Megatron-LM's ``mup_attn_scale_power=1``, the
+    ``mup`` package's ``attn_mult / d``) with the multiplier sqrt(d_0) that makes it 1/sqrt(d) at the base width,
+    so the base model is the standard one (the ``mup`` package's advice for a standard base model)."""
+    return math.sqrt(base_d) / d if base_d else 1.0 / math.sqrt(d)
+
+
+def readout_multiplier(hidden: int, base: int) -> float:
+    """muP's output multiplier base/width on the head's input (``mup.MuReadout``'s 1/width_mult; Megatron-LM's
+    ``mup_output_mult``, 1/width_mult on the logits, the same for a bias-free head); 1 without muP (base 0)."""
+    return base / hidden if base else 1.0
 
 
 def heads(t: torch.Tensor, n: int) -> torch.Tensor:

@@ -13,7 +13,6 @@ relative ones); it imports torch, math, typing and the torch-only megahash modul
 from __future__ import annotations
 
 import contextlib
-import math
 
 import torch
 import torch.nn as nn
@@ -52,7 +51,7 @@ class TorchParts:
         return make_norm(self.config, dim)
 
     def core_attention(self, layer):
-        return SoftmaxCore(layer.causal, 1.0 / math.sqrt(layer.d_h))
+        return SoftmaxCore(layer.causal, layer.score_scale())
 
     def row(self, in_f: int, out_f: int):
         return nn.Linear(in_f, out_f, bias=not arch_of(self.config.arch).swiglu)
@@ -85,6 +84,7 @@ class TorchLayer(nn.Module):
             qk_norm=bool(megahash_option(config, "model", "qk_norm", False)),
             qk_gain=float(megahash_option(config, "model", "qk_gain", 0.0) or 0.0),
             options={**options, **spec},
+            mup_base=int(megahash_option(config, "model", "mup_base_hidden_size", 0) or 0),
         )
         self.assemble(setup, TorchParts(config))
 

@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import torch
 
-
-def is_embedding(module) -> bool:
-    """A lookup table module (torch's or megatron's ``VocabParallelEmbedding``, a hash table)."""
-    return isinstance(module, torch.nn.Embedding) or "Embedding" in type(module).__name__
+from megahash.models.mup import is_embedding
 
 
 def embedding_tables(model: torch.nn.Module) -> list[str]:

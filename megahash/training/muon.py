@@ -56,7 +56,8 @@ import contextlib
 
 import torch
 
-from megahash.training.embed_group import is_embedding, with_embed_lr
+from megahash.models import mup
+from megahash.training.param_groups import param_groups as groups_of_roles
 
 OPTIMIZERS = ("adamw", "muon")
 ADJUST_LR = ("original", "match_rms_adamw")
@@ -65,46 +66,27 @@ MOMENTUM = "momentum_buffer"  # torch.optim.Muon's state key
 
 def routes_to_muon(model: torch.nn.Module) -> dict[str, bool]:
     """Parameter name -> True where Muon takes it: a 2-D weight of a module inside a transformer layer
-    (``decoder.layers``) that is not an embedding table; False for everything else (embeddings and hash
-    tables, output layer and heads, norms, biases). Decided by role, before any ZeRO flattening."""
-    out = {}
-    for mname, module in model.named_modules():
-        for pname, p in module.named_parameters(recurse=False):
-            name = f"{mname}.{pname}" if mname else pname
-            out[name] = (
-                p.requires_grad and p.ndim == 2 and name.startswith("decoder.layers.") and not is_embedding(module)
-            )
-    return out
+    (``decoder.layers``) that is not an embedding table (``models.mup.layer_matrices``; under muP the hidden
+    matrices, a kind's vector-like ones going to AdamW); False for everything else (embeddings and hash tables,
+    output layer and heads, norms, biases). Decided by role, before any ZeRO flattening."""
+    if getattr(model, "mup_width", None) is not None:
+        return mup.hidden_matrices(model)
+    return mup.layer_matrices(model)
 
 
 def param_groups(model: torch.nn.Module, t) -> list[dict]:
-    """Groups of :class:`MuonAdamW`: the Muon matrices (``train.muon_*``, ``train.weight_decay``), AdamW's
-    2-D rest with decay and its 1-D rest without (Megatron's rule), each tagged ``use_muon``."""
-    route = routes_to_muon(model)
-    muon, decay, no_decay = [], [], []
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            (muon if route[name] else decay if p.ndim >= 2 else no_decay).append(p)
-    muon_group = {
-        "params": muon,
-        "use_muon": True,
-        "lr": t.muon_lr,
-        "weight_decay": t.weight_decay,
-        "momentum": t.muon_momentum,
-        "nesterov": t.muon_nesterov,
-        "ns_steps": t.muon_ns_steps,
-        "adjust_lr_fn": t.muon_adjust_lr,
-    }
-    groups = [
-        g
-        for g in (
-            muon_group,
-            {"params": decay, "weight_decay": t.weight_decay, "use_muon": False},
-            {"params": no_decay, "weight_decay": 0.0, "use_muon": False},
-        )
-        if g["params"]
-    ]
-    return with_embed_lr(model, groups, t.embed_lr)
+    """Groups of :class:`MuonAdamW` (megahash/training/param_groups.py, each tagged ``use_muon``): the Muon
+    matrices (``train.muon_*``, ``train.weight_decay``), AdamW's 2-D rest with decay and its 1-D rest without."""
+    groups = groups_of_roles(model, t, muon=True)
+    for g in groups:
+        if g["use_muon"]:
+            g.update(
+                momentum=t.muon_momentum,
+                nesterov=t.muon_nesterov,
+                ns_steps=t.muon_ns_steps,
+                adjust_lr_fn=t.muon_adjust_lr,
+            )
+    return groups
 
 
 def newton_schulz(update: torch.Tensor, steps: int, coefficients, eps: float) -> torch.Tensor:

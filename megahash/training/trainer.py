@@ -31,25 +31,13 @@ from megahash.known_warnings import quiet_deepspeed_logger
 from megahash.training import async_save, checkpoint, ema, eval_during, qat, run_lock, step_guard
 from megahash.training.batch_ramp import check_resume, ramp_metrics, set_step_batch
 from megahash.training.ds_config import deepspeed_config, tune_engine
-from megahash.training.embed_group import with_embed_lr
 from megahash.training.logging import RunLogger, plot_loss
 from megahash.training.lr_schedule import Schedule
 from megahash.training.muon import build_optimizer
+from megahash.training.param_groups import param_groups
 from megahash.training.profile_steps import StepProfiler, phase
 from megahash.training.signals import EXIT_REQUEUE, StopFlag, any_rank, release_early
 from megahash.training.watchdog import watchdog_for
-
-
-def param_groups(model: torch.nn.Module, weight_decay: float, embed_lr: float = 0.0) -> list[dict]:
-    """AdamW groups: no weight decay on biases, norms and other 1-D parameters (Megatron's rule); the
-    embedding tables at their own peak learning rate with ``embed_lr`` (``train.embed_lr``, embed_group.py)."""
-    decay, no_decay = [], []
-    for _, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        (no_decay if p.ndim < 2 else decay).append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return with_embed_lr(model, groups, embed_lr)
 
 
 def batch_loss(engine, batch: dict, objective) -> torch.Tensor:
@@ -80,8 +68,8 @@ def build_engine(cfg: Config, model: torch.nn.Module, dp_size: int, dtype: torch
     patches.deepspeed_collectives_by_current_names()  # ZeRO-3's collectives without deprecation warnings
     t = cfg.train
     optimizer = build_optimizer(
-        model, t, param_groups(model, t.weight_decay, t.embed_lr), policy.adamw_options(), dp_size
-    )  # train.optimizer (Muon sharded over the data-parallel ranks at ZeRO-1/2)
+        model, t, param_groups(model, t), policy.adamw_options(), dp_size
+    )  # train.optimizer (Muon sharded over the data-parallel ranks at ZeRO-1/2); groups: training/param_groups.py
     scheduler = Schedule(optimizer, t)  # megatron-core's OptimizerParamScheduler, stepped by the engine
     bf16_params = dtype == torch.bfloat16 or next(model.parameters()).dtype == torch.bfloat16
     autocast = None if bf16_params else policy.autocast_dtype(t.precision)

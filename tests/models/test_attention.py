@@ -266,11 +266,13 @@ def test_encoder_padding_and_bidirectional(kind):
 # ------------------------------------------------------------------------ formulas
 
 
-def test_mha_matches_megatron_self_attention():
-    """megahash mha = megatron-core SelfAttention with the same weights (fused QKV layout converted)."""
-    cfg = make_cfg("mha", "model.num_query_groups=2")
+@pytest.mark.parametrize("mup", [(), ("model.mup_base_hidden_size=8",)], ids=["standard", "mup"])
+def test_mha_matches_megatron_self_attention(mup):
+    """megahash mha = megatron-core SelfAttention with the same weights (fused QKV layout converted); under muP
+    (m = 4) both take the score scale sqrt(d_0)/d_h (megatron's through ``TransformerConfig.softmax_scale``)."""
+    cfg = make_cfg("mha", "model.num_query_groups=2", *mup)
     ours = build_attention(cfg)
-    ref = build_attention(make_cfg("mha-megatron", "model.num_query_groups=2"))
+    ref = build_attention(make_cfg("mha-megatron", "model.num_query_groups=2", *mup))
     n, g, d = 4, 2, 8
     rep = n // g
     wq = ours.linear_q.weight.view(g, rep * d, -1)

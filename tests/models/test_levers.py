@@ -113,11 +113,11 @@ def test_embed_lr_gives_the_tables_their_own_peak(optimizer):
     (train.lr, train.muon_lr); the table keeps its weight decay."""
     from megahash.training.lr_schedule import Schedule
     from megahash.training.muon import build_optimizer
-    from megahash.training.trainer import param_groups
+    from megahash.training.param_groups import param_groups
 
     cfg = cfg_of("train.embed_lr=0.05", "train.lr=0.002", "train.warmup_steps=4", f"train.optimizer={optimizer}")
     model, t = build(), cfg.train
-    opt = build_optimizer(model, t, param_groups(model, t.weight_decay, t.embed_lr), {})
+    opt = build_optimizer(model, t, param_groups(model, t), {})
     sched = Schedule(opt, t)
     sched.go_to(3)  # the last warmup step: every group at its peak
     table = model.embedding.word_embeddings.weight

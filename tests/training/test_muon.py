@@ -60,7 +60,7 @@ def test_two_steps_equal_torch_muon_plus_adamw(dist, adjust):
     from megahash.config import load_config
     from megahash.models.megatron_model import build_model
     from megahash.training.muon import build_optimizer, routes_to_muon
-    from megahash.training.trainer import param_groups
+    from megahash.training.param_groups import param_groups
 
     cfg = load_config(None, [*TINY, "model.vocab_size=100", "train.weight_decay=0.1", f"train.muon_adjust_lr={adjust}"])
     t = cfg.train
@@ -71,7 +71,7 @@ def test_two_steps_equal_torch_muon_plus_adamw(dist, adjust):
     route = routes_to_muon(ours)
     assert {n for n, r in route.items() if r} == {n for n, _ in ours.named_parameters() if HIDDEN.fullmatch(n)}
     assert not any(route[n] for n in route if "embedding" in n or "layernorm" in n or n.endswith("bias"))
-    opt = build_optimizer(ours, t, param_groups(ours, t.weight_decay), {})
+    opt = build_optimizer(ours, t, param_groups(ours, t), {})
     named = dict(ref.named_parameters())
     hidden = [p for n, p in named.items() if route[n]]
     rest = [p for n, p in named.items() if not route[n]]

@@ -70,8 +70,8 @@ def test_one_rank_engine_trains_like_the_plain_torch_loop(shakespeare_shards, tm
     from megahash.data.dataset import make_loader
     from megahash.models.megatron_model import build_model
     from megahash.training.lr_schedule import lambda_for
+    from megahash.training.param_groups import param_groups
     from megahash.training.profiling import TrainHarness
-    from megahash.training.trainer import param_groups
 
     cfg = load_config(
         None,
@@ -91,7 +91,7 @@ def test_one_rank_engine_trains_like_the_plain_torch_loop(shakespeare_shards, tm
         torch.equal(a, b) for a, b in zip(h.model.parameters(), ref.parameters())
     )  # bit-exact: the same seed builds the same weights (one path)
     t = cfg.train
-    opt = torch.optim.AdamW(param_groups(ref, t.weight_decay), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, fused=True)
+    opt = torch.optim.AdamW(param_groups(ref, t), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, fused=True)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda_for(t))
     batches = iter(make_loader(h.data.train, 0, t.micro_batch_size, 0, 1))  # the same batches, same order
     for step in range(3):

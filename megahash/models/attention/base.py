@@ -93,7 +93,8 @@ class PerHeadParameter(MegatronModule):
     initialised from the full master tensor with ``config.init_method`` like megatron's layers, or with
     ``init(master)`` (in place, fp32, the same draw on every rank: the weights do not depend on the TP size).
     ``flat``: stored as one vector [heads * dim], head-major (a 1-D parameter: no weight decay and no Muon,
-    megatron's rule for biases and gains)."""
+    megatron's rule for biases and gains). Vector-like under muP (one dimension grows with the width: per-head
+    vectors, not a hidden matrix; megahash/models/mup.py)."""
 
     def __init__(self, config, heads: int, dim: int, init=None, flat: bool = False):
         super().__init__(config=config)
@@ -108,6 +109,7 @@ class PerHeadParameter(MegatronModule):
         full = full[r * local : (r + 1) * local]
         self.weight = torch.nn.Parameter((full.reshape(-1) if flat else full).clone())
         tensor_parallel.set_tensor_model_parallel_attributes(self.weight, True, 0, 1)
+        self.weight.vector_like = True
 
     def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
         state = {}
@@ -142,7 +144,9 @@ class MegatronParts:
         return HeadNorm(self.config, dim, eps=self.config.layernorm_epsilon)
 
     def core_attention(self, layer):
-        return SDPACoreAttention(self.config, layer.layer_number, layer.attn_mask_type)
+        return SDPACoreAttention(
+            self.config, layer.layer_number, layer.attn_mask_type, softmax_scale=layer.score_scale()
+        )
 
     def row(self, in_f: int, out_f: int):
         c = self.config
@@ -206,6 +210,7 @@ class MegatronLayer(MegatronModule):
             attention_dropout=config.attention_dropout,
             recompute=config.recompute_granularity,
             options=kind_options,
+            mup_base=0 if cfg is None else cfg.model.mup_base_hidden_size,
         )
         self.assemble(setup, MegatronParts(config))
 

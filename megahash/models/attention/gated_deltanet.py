@@ -191,7 +191,7 @@ register_attention(
     GatedDeltaNet,
     costs=GatedDeltaNetCosts,
     options=GatedDeltaNetOptions,
-    caps=AttentionCaps(encoder=False, chunk_loop=True),
+    caps=AttentionCaps(encoder=False, chunk_loop=True, mup=False),  # its q.k / sqrt(d_k) lives in the kernel op
     maps=None,  # "unavailable" in megahash indicators: its output is linear in V but through a signed, unnormalised
     # matrix (the delta rule's I - beta k k^T products), not a row-stochastic map the indicators' formulas read
     groups=lambda n, g: n,

@@ -5,8 +5,6 @@ Torch-only, written once (:mod:`megahash.models.mixing`): the HF export copies i
 
 from __future__ import annotations
 
-import math
-
 import torch.nn.functional as F
 
 from megahash.errors import ConfigError
@@ -28,7 +26,7 @@ class SeparateQKV(Mixing):
         self.linear_q = parts.column(self.d_m, self.n * self.d_h, self.qkv_bias)
         self.linear_k = parts.column(self.d_m, g * self.d_h, self.qkv_bias)
         self.linear_v = parts.column(self.d_m, g * self.d_h, self.qkv_bias)
-        self.scale = 1.0 / math.sqrt(self.d_h)
+        self.scale = self.score_scale()  # 1/sqrt(d_h); 1/d_h under muP
 
     def qk(self, x, rotary_pos_emb):
         q, k = self.norm_qk(heads(self.linear_q(x), self.n_local), heads(self.linear_k(x), self.g_local))
