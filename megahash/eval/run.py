@@ -251,7 +251,7 @@ def evaluate_checkpoint(
     fresh process without the launcher's rank variables, so the 1-rank group of
     ``load_for_inference`` never meets the training job's group; False runs in this process.
     ``overwrite=False`` (``megahash eval`` without ``--overwrite``) refuses an existing ``out`` before the
-    model is loaded. ``weights``: live, ema (train.ema_decay's average) or a quantized artifact's path."""
+    model is loaded. ``weights``: live, ema (train.ema.decay's average) or a quantized artifact's path."""
     tasks = split_tasks(tasks)
     _offline_env(tasks, tasks_dir)
     if isolated is None:
@@ -449,7 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--weights",
         default="live",
         choices=["live", "ema"],
-        help="the trained weights (live) or their average (ema, a run with train.ema_decay)",
+        help="the trained weights (live) or their average (ema, a run with train.ema.decay)",
     )
     p.add_argument(
         "--artifact",
