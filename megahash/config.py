@@ -233,9 +233,12 @@ TrainConfig = _train_config()
 
 def reload_features() -> None:
     """Build :data:`TrainConfig` again (after ``MEGAHASH_FEATURES`` changed: a feature outside the package)."""
+    from megahash import config_checks
+
     global TrainConfig
     feature_configs.sections.cache_clear()
     TrainConfig = _train_config()
+    config_checks._hints.cache_clear()  # the tree's type hints name the old class
 
 
 @dataclass

@@ -285,9 +285,14 @@ class _Hook(StepGuard):
             self.stop_if_stuck(run.step, (run.consumed(run.step - 1), run.consumed(run.step)))
 
 
-def hook(run) -> StepGuard:
-    """Every run's guard, wrapping the engine's ``backward`` and ``_take_model_step``
+def install(engine, cfg: Config, cls: type[StepGuard] = StepGuard) -> StepGuard:
+    """A guard of ``engine`` (``cfg``: ``train.step_guard``) wrapping its ``backward`` and ``_take_model_step``
     (megahash/training/engine_patches.py)."""
-    guard = _Hook(run.engine, run.cfg.train.step_guard)
-    engine_patches.guard_steps(run.engine, guard.observe, guard.take_model_step)
+    guard = cls(engine, cfg)
+    engine_patches.guard_steps(engine, guard.observe, guard.take_model_step)
     return guard
+
+
+def hook(run) -> StepGuard:
+    """Every run's guard (non-finite steps are refused before the update)."""
+    return install(run.engine, run.cfg.train.step_guard, _Hook)

@@ -16,6 +16,7 @@ evaluations) are hooks called at fixed points of the loop (megahash/training/hoo
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -116,8 +117,6 @@ def train_step(
     ``timings`` dict, also the seconds of the optimizer phase (``engine.step`` of the last
     micro-batch, between device syncs: ``accelerator.synchronize``) as ``timings["optimizer_s"]``.
     ``micro_batch()``: a context around each micro-batch's forward and backward (the hooks', e.g. QAT's)."""
-    import contextlib
-
     loss_sum, wait = None, 0.0
     for i in range(gas):  # phase(): the profiler's ranges in a profiled step (train.profile_steps)
         tw = time.perf_counter()
