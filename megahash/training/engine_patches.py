@@ -18,6 +18,8 @@ scheduler put back after), :func:`nothing_applied` (a refused step: DeepSpeed's 
 :func:`hashing_saves` (each file DeepSpeed's checkpoint engine writes handed to a hasher), and
 :func:`set_batch` (the global batch of a step under ``train.batch_ramp``). Nothing else in megahash assigns to
 an engine's attributes (weight averages and fake quantization are hooks of their own, not engine attributes).
+The process-wide patches of DeepSpeed and megatron-core (the CPU shims, deprecated collectives) are
+megahash/accelerator/patches.py's.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest
 import torch
 
-from megahash import accelerator
+from megahash.accelerator import process_groups, rng
 from megahash.config import load_config
 
 SMALL = [
@@ -34,9 +34,9 @@ VOCAB = 96
 
 @pytest.fixture
 def one_rank():
-    accelerator.init_distributed(1)
+    process_groups.init_distributed(1)
     yield
-    accelerator.teardown()
+    process_groups.teardown()
 
 
 def test_bucket_ids_equal_the_hand_computed_table():
@@ -69,7 +69,7 @@ def test_zero_table_is_the_model_without_it_and_decoding_equals_the_forward(one_
     tok = torch.randint(5, VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
     models = []
     for extra in ([], NGRAM):
-        accelerator.seed_all(0)
+        rng.seed_all(0)
         models.append(
             build_model(
                 load_config(None, [*SMALL, f"model.embedding={embedding}", *extra]), VOCAB, dtype=torch.float64

@@ -35,7 +35,7 @@ def _loss(model, tokens) -> float:
 
 
 def test_export_artifact_bytes_bound_and_eval(shakespeare_shards, tmp_path, capsys):
-    from megahash import accelerator
+    from megahash.accelerator import process_groups
     from megahash.checkpoint.artifact import read_artifact
     from megahash.checkpoint.weights import load_for_inference
     from megahash.cli import main as cli
@@ -48,7 +48,7 @@ def test_export_artifact_bytes_bound_and_eval(shakespeare_shards, tmp_path, caps
     qat = ["train.qat.bits=8", "train.qat.fraction=0.34", "train.precision=bf16"]
     status, out = _main([*data, *TINY, *shape, *qat, "train.steps=3", "train.lr=3e-3", f"train.save_dir={run}"], capsys)
     assert status == 0, out[-3000:]
-    with accelerator.releasing_group():
+    with process_groups.releasing_group():
         _, live, _ = load_for_inference(run)
         state = {k: v.clone() for k, v in live.state_dict().items() if isinstance(v, torch.Tensor)}
         g = torch.Generator().manual_seed(0)
@@ -78,7 +78,7 @@ def test_export_artifact_bytes_bound_and_eval(shakespeare_shards, tmp_path, caps
             elif w.is_floating_point() and w.ndim <= 1:
                 assert torch.equal(back[name], w), name  # bit-exact: fp32 tensors are kept as they are
         assert n_quantized >= 4
-        with accelerator.releasing_group():
+        with process_groups.releasing_group():
             _, model, _ = load_for_inference(run, weights=str(path))
             losses[fmt] = _loss(model, tokens)
             del model

@@ -85,13 +85,13 @@ def test_validation_fixed_across_dp_steps_and_batch(shakespeare_shards, tmp_path
     assert vb[20]["consumed_tokens"] == 20 * 8 * 64
     script = (
         "import sys, torch\n"
-        "from megahash import accelerator\n"
+        "from megahash.accelerator import process_groups\n"
         "from megahash.checkpoint.weights import load_for_inference\n"
         "sds = []\n"
         "for d in sys.argv[1:]:\n"
         "    _, m, _ = load_for_inference(d)\n"
         "    sds.append({k: v.clone() for k, v in m.state_dict().items() if torch.is_tensor(v) and torch.is_floating_point(v)})\n"
-        "    accelerator.teardown()\n"
+        "    process_groups.teardown()\n"
         "print(max((sds[0][k] - sds[1][k]).abs().max().item() for k in sds[0]))\n"
     )
     r = run([sys.executable, "-c", script, str(a / "step_00000020"), str(b / "step_00000020")])
