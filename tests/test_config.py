@@ -145,6 +145,14 @@ def test_keys_of_the_previous_release_load_under_their_new_names_with_one_warnin
     del saved["train"]["step_guard"]["spike_factor"]
     saved["train"]["spike_factor"] = 3.0  # as that release wrote it
     assert config_from_dict(saved).train.step_guard.spike_factor == 3.0
+    # what evaluation and export read: that checkpoint's saved config, with overrides in the new names
+    import yaml
+
+    from megahash.checkpoint.resolve import checkpoint_config
+
+    (tmp_path / "resolved_config.yaml").write_text(yaml.safe_dump(saved))
+    cfg = checkpoint_config(tmp_path, ["train.step_guard.spike_factor=4", "train.hang_factor=3"])
+    assert (cfg.train.step_guard.spike_factor, cfg.train.watchdog.factor) == (4.0, 3.0)
     assert capsys.readouterr().err == ""
 
 
