@@ -237,7 +237,7 @@ def test_checkpoint_of_the_previous_release_still_resumes(shakespeare_shards, tm
     for old, new in RENAMED_KEYS.items():  # that release's spelling: every feature key flat in train
         tree[old[0]][old[1]] = tree[new[0]][new[1]].pop(new[2])
     for section in {new[1] for new in RENAMED_KEYS.values()}:
-        assert tree["train"].pop(section) == {}
+        tree["train"].pop(section)  # that release had no such section (keys added since: their defaults)
     (ckpt / "resolved_config.yaml").write_text(yaml.safe_dump(tree))
     write_manifest(ckpt, hashes=False)  # sizes only, as that release's manifest recorded them
     status, out = _main([*common, f"train.save_dir={split}"], capsys)
