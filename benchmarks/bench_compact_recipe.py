@@ -8,7 +8,7 @@ Every recipe is ``configs/quickstart.yaml`` plus the overrides in :data:`RECIPES
 ``configs/compact.yaml``), trained on one process (the same global batch, so the same tokens as the
 2-rank quickstart), then scored by ``megahash eval`` on ``shk_ppl``: lm-eval's rolling
 log-likelihood over the held-out plays (documents 1100+, never trained on), reported as
-``bits_per_byte`` (tokenizer-independent; a recipe with ``train.ema_decay`` is scored and exported with its
+``bits_per_byte`` (tokenizer-independent; a recipe with ``train.ema.decay`` is scored and exported with its
 averaged weights). The artifact column is the exact size of
 ``megahash export --quantize int8 --compress zlib``. Needs the quickstart data (README step 1:
 ``data/shakespeare`` and ``data/eval_tasks``). The table gives mean and sample standard deviation over
@@ -34,10 +34,10 @@ ROOT = Path(__file__).resolve().parents[1]
 QS = ["configs/quickstart.yaml"]
 RECIPES: dict[str, tuple[list[str], list[str]]] = {
     "baseline": (QS, []),
-    "muon": (QS, ["train.optimizer=muon", "train.muon_lr=0.01"]),
+    "muon": (QS, ["train.optimizer=muon", "train.muon.lr=0.01"]),
     # the table at the quickstart's stored parameters: 2 x 2,048 x 32 + 32 x 128, paid for by FFN 512 -> 416
     "ngram": (QS, ["model.embed.options.ngram_hash_buckets=2048", "model.ffn_hidden_size=416"]),
-    "ema": (QS, ["train.ema_decay=0.99", "train.ema_warmup=true"]),
+    "ema": (QS, ["train.ema.decay=0.99", "train.ema.warmup=true"]),
     "schedule": (
         QS,
         [
@@ -103,7 +103,7 @@ def one(recipe: str, seed: int, steps: int, work: Path, artifact_too: bool = Tru
         timing.write_text(
             str(round(run([sys.executable, "megahash/pretrain.py", *config_args(configs), *sets], log), 1))
         )
-    weights = ["--weights", "ema"] if any(o.startswith("train.ema_decay=") for o in overrides) else []
+    weights = ["--weights", "ema"] if any(o.startswith("train.ema.decay=") for o in overrides) else []
     if not list((run_dir / "eval").glob("step_*.json")):
         run(
             [

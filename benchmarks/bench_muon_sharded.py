@@ -15,7 +15,7 @@ Every rank reports after the warmup and the timed steps:
 - optimizer-state bytes: the tensors its optimizer keeps between steps (Muon's momentum buffers, AdamW's two
   moments; for DeepSpeed's ZeRO-1 the moments of its flat partition, plus, reported apart, its flat fp32 copy of
   the partition, which DeepSpeed keeps even in fp32);
-- Newton-Schulz matrix-steps per optimizer step: the matrices it orthogonalized times ``train.muon_ns_steps``,
+- Newton-Schulz matrix-steps per optimizer step: the matrices it orthogonalized times ``train.muon.ns_steps``,
   and their flops (:func:`ns_flops`: the matrices differ in shape, so equal elements are not equal work);
 - the median step time and its optimizer phase (``engine.step``: clipping, the optimizer, the all-gather), wall
   clock, and the process's peak resident memory.
@@ -117,8 +117,8 @@ def worker(args) -> None:
     mine = {
         "state_bytes": held,
         "fp32_partition_bytes": copies,
-        "ns_matrix_steps": len(calls) // args.steps * cfg.train.muon_ns_steps,
-        "ns_gflop": sum(ns_flops(shape, cfg.train.muon_ns_steps) for shape in calls) / args.steps / 1e9,
+        "ns_matrix_steps": len(calls) // args.steps * cfg.train.muon.ns_steps,
+        "ns_gflop": sum(ns_flops(shape, cfg.train.muon.ns_steps) for shape in calls) / args.steps / 1e9,
         "step_s": med["step"],
         "optimizer_s": med["optimizer"],
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

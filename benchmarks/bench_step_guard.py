@@ -52,9 +52,9 @@ def measure(model: str, data: tuple[str, str], pairs: int, warmup: int) -> dict:
     arms, decide_s = {}, []
     install = step_guard.install
 
-    def capturing(engine, t):  # the engine's methods before and after the guard wraps them
+    def capturing(engine, cfg):  # the engine's methods before and after the guard wraps them
         arms["off"] = (engine.backward, engine._take_model_step)
-        guard = install(engine, t)
+        guard = install(engine, cfg)
         arms["on"] = (engine.backward, engine._take_model_step)
         decide = guard.decide
 

@@ -745,7 +745,7 @@ def part_pretrain(args) -> int:
     over = [
         "--config", "configs/quickstart.yaml", f"data.prefix=[{data / 'shakespeare'}]",
         f"data.tokenizer={data / 'spm.model'}", f"data.cache_dir={work / 'cache'}", f"train.save_dir={run_dir}",
-        "train.precision=bf16", "train.optimizer=muon", "train.zero_stage=0", "train.ema_decay=0.99",
+        "train.precision=bf16", "train.optimizer=muon", "train.zero_stage=0", "train.ema.decay=0.99",
         "train.async_save=true", "data.reset_position_ids=true", "data.reset_attention_mask=true",
         "data.eod_mask_loss=true", "train.profile_steps=[3,4]", f"train.steps={steps}", f"train.save_interval={stop}",
         f"train.eval_interval={stop}", "train.log_interval=5", "train.warmup_steps=5", "logging.plot=false",

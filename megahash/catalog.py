@@ -265,7 +265,7 @@ class OptionSpec:
     name: str
     type: type
     default: object
-    range: tuple | None  # (low, high, low_open, high_open, meaning) of the class's RANGES, or None
+    range: tuple | None  # (low, high, low_open, high_open, meaning): the field's ranged() or the class's RANGES
     kinds: tuple  # the kinds that declare it
 
 
@@ -298,7 +298,8 @@ def _option_specs(group: str, plugins: tuple) -> dict:
                 raise ConfigError(
                     f"{group} kind {name!r}: option {f.name} must be int, float, str or bool, got {f.type}"
                 )
-            spec = OptionSpec(f.name, typ, f.default, ranges.get(f.name), (name,))
+            rule = f.metadata.get("range") or ranges.get(f.name)  # config_checks.ranged, or the class's RANGES
+            spec = OptionSpec(f.name, typ, f.default, rule, (name,))
             old = out.get(f.name)
             if old is not None:
                 if (old.type, old.default, old.range) != (spec.type, spec.default, spec.range):

@@ -14,12 +14,13 @@ import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
-from megahash import safe_yaml
+from megahash import feature_configs, safe_yaml
 from megahash.config_checks import coerce as _coerce  # a value to its field's type, one-line error otherwise
+from megahash.config_checks import ranged
 from megahash.config_files import CONFIG_ROOT, find_config  # shipped configs (package data)
 from megahash.errors import ConfigError, did_you_mean
 
@@ -49,8 +50,8 @@ class EmbeddingConfig:
 
     OPTION_GROUP: typing.ClassVar[str] = "embedding"
     hash_spec: str = "md5"  # side shard the embedding reads: md5, lsh128, md5-bucket50000, rolling3 ...
-    num_buckets: int = 0  # bucketed codes: N rows (0 = from the hash spec)
-    num_bits: int = 128  # T: bits of the code
+    num_buckets: int = ranged(0, "[0, inf)", "hash-emb rows; 0 = from the hash spec")  # N rows (0 = from the hash spec)
+    num_bits: int = ranged(128, "[1, 128]", "bits of the hash code")  # T: bits of the code
     options: KindOptions = field(
         default_factory=lambda: _default_options("embedding")
     )  # declared by the embedding kinds' own files
@@ -84,35 +85,38 @@ class ModelConfig:
     """Architecture: Qwen2.5-style decoder (default) or BERT-style encoder ([Xue25] Table 4.10)."""
 
     arch: str = "decoder"  # decoder | encoder
-    layout: str = "prenorm"  # prenorm (pre-norm blocks, RoPE) | roberta (encoders: post-LN, learned positions, embedding LayerNorm, token types; megahash/models/roberta.py)
-    type_vocab_size: int = 1  # roberta layout: token-type rows (RoBERTa-base 1, BERT 2)
-    hidden_size: int = 64
-    num_layers: int = 2
-    num_heads: int = 4
-    num_query_groups: int = 0  # 0 = num_heads (MHA); fewer = GQA/MQA
-    ffn_hidden_size: int = 256
-    vocab_size: int = 0  # 0 = from the tokenizer / shard meta
-    make_vocab_size_divisible_by: int = 128
-    max_position_embeddings: int = 2048
-    rotary_base: int = 1_000_000
+    # prenorm (pre-norm blocks, RoPE) | roberta (encoders: post-LN, learned positions, embedding LayerNorm, token
+    # types; megahash/models/roberta.py)
+    layout: Literal["prenorm", "roberta"] = "prenorm"
+    type_vocab_size: int = ranged(1, "[1, inf)", "token-type rows of the roberta layout")  # RoBERTa-base 1, BERT 2
+    hidden_size: int = ranged(64, "[1, inf)", "hidden width")
+    num_layers: int = ranged(2, "[1, inf)", "transformer layers")
+    num_heads: int = ranged(4, "[1, inf)", "attention heads")
+    num_query_groups: int = ranged(0, "[0, inf)", "K/V groups; 0 = num_heads")  # fewer = GQA/MQA
+    ffn_hidden_size: int = ranged(256, "[1, inf)", "MLP width")
+    vocab_size: int = ranged(0, "[0, inf)", "vocabulary; 0 = from the tokenizer")  # or the shard meta
+    make_vocab_size_divisible_by: int = ranged(128, "[1, inf)", "vocabulary padding multiple")
+    max_position_embeddings: int = ranged(2048, "[1, inf)", "longest sequence")
+    rotary_base: int = ranged(1_000_000, "[1, inf)", "RoPE base")
     tie_embeddings: bool = True
     qkv_bias: bool = True
     qk_norm: bool = False  # Qwen3 QK-norm: RMSNorm (LayerNorm in encoders) over each head of q and k, before RoPE
-    norm_eps: float = 1e-6
-    init_std: float = 0.02
+    norm_eps: float = ranged(1e-6, "(0, 1]", "norm epsilon")
+    init_std: float = ranged(0.02, "(0, inf)", "init standard deviation")
+    hidden_dropout: float = ranged(0.0, "[0, 1)", "dropout probability")
     # issue 44 (docs/compact_models.md#levers): the compact-model levers of the model, each off by default
-    embed_init_std: float = 0.0  # std of the embedding tables (vocabulary, hash tables; the tied head); 0 = init_std
-    logit_softcap: float = 0.0  # vocabulary logits c tanh(z / c) with c this (Gemma 2, modded-nanogpt); 0 = off
+    # std of the embedding tables (vocabulary, hash tables; the tied head); 0 = init_std
+    embed_init_std: float = ranged(0.0, "[0, inf)", "init std of the embedding tables; 0 = model.init_std")
+    # vocabulary logits c tanh(z / c) with c this (Gemma 2, modded-nanogpt); 0 = off
+    logit_softcap: float = ranged(0.0, "[0, inf)", "logit soft-cap c (c tanh(z / c)); 0 = off")
     zero_init_proj: bool = False  # attention and MLP output projections (linear_proj, linear_fc2) start at zero
-    qk_gain: float = (
-        0.0  # a learnable per-head gain on the QK-normed queries, its initial value (needs qk_norm); 0 = off
-    )
-    mlp_activation: str = "auto"  # auto (SwiGLU in decoders, GELU in encoders) | relu2 (ReLU squared, 2 matrices)
+    # a learnable per-head gain on the QK-normed queries, its initial value (needs qk_norm); 0 = off
+    qk_gain: float = ranged(0.0, "[0, inf)", "initial per-head query gain after QK-norm; 0 = off")
+    # auto (SwiGLU in decoders, GELU in encoders) | relu2 (ReLU squared, 2 matrices)
+    mlp_activation: Literal["auto", "relu2"] = "auto"
     # issue 48: maximal-update parametrization (megahash/models/mup.py, docs/compact_models.md): the base model's
     # hidden size B; the learning rates tuned at width B hold at any hidden_size (0 = off, the standard model)
-    mup_base_hidden_size: int = 0
-    hidden_dropout: float = 0.0
-    attention_dropout: float = 0.0
+    mup_base_hidden_size: int = ranged(0, "[0, inf)", "muP's base hidden size; 0 = off")
     # defaults: the kinds registered as standard (caps.standard; megahash.catalog)
     embedding: str = field(default_factory=lambda: _standard_kind("embedding"))
     head: str = field(
@@ -135,16 +139,17 @@ class DataConfig:
     special_ids: dict = field(
         default_factory=dict
     )  # role -> id (bos pad eos unk mask); filled from the shard meta; {} = 0-4
-    seq_length: int = 128
+    seq_length: int = ranged(128, "[1, inf)", "tokens per sample")
     split: str = "98,2,0"
-    seed: int = 1234
+    seed: int = ranged(1234, "[0, 4294967295]", "seed")
     cache_dir: str = ""  # index cache (default: <save_dir>/data_cache)
-    valid_samples: int = (
-        64  # validation set: the first N sequences of the validation split (megahash/data/validation.py)
-    )
-    valid_micro_batch: int = 8  # validation chunk size (fixed, so mlm/sr corruption does not depend on the DP size)
-    num_workers: int = 0
-    verify: str = "cheap"  # shard checks before step 1: cheap (sizes, headers, counts) | full (+ sha256) | none
+    # validation set: the first N sequences of the validation split (megahash/data/validation.py)
+    valid_samples: int = ranged(64, "[1, inf)", "validation sequences")
+    # validation chunk size (fixed, so mlm/sr corruption does not depend on the DP size)
+    valid_micro_batch: int = ranged(8, "[1, inf)", "validation chunk size")
+    num_workers: int = ranged(0, "[0, inf)", "loader processes")
+    verify: Literal["cheap", "full", "none"] = "cheap"  # shard checks before step 1: cheap (sizes, headers,
+    # counts) | full (+ sha256) | none
     # named held-out validation sets, NAME=PREFIX each (megahash/data/valid_sets.py); reported by name beside
     # the data.split set ("valid")
     valid: list[str] = field(default_factory=list)
@@ -156,99 +161,109 @@ class DataConfig:
 
 
 @dataclass
-class TrainConfig:
+class TrainCore:
+    """``train``: the optimizer step, its schedule, checkpoints and the run (the training features' own
+    sections join it: :data:`TrainConfig`)."""
+
     objective: str = field(default_factory=_standard_objective)  # megahash/objectives/ (clm | mlm | sr)
-    sr_random: str = "codes"  # sr random replacements: codes (the authors' collators: random bits/codeword/bucket/id) | batch (words of the batch)
-    steps: int = 100
-    micro_batch_size: int = 4
-    global_batch_size: int = 8
-    lr: float = 4e-4
-    min_lr: float = 4e-5  # floor the decay ends at (0 = decay to zero)
-    warmup_steps: int = 10
-    warmup_fraction: float = 0.0  # > 0: warmup = this fraction of the decay length (Megatron's lr-warmup-fraction)
-    decay: str = "cosine"  # cosine | linear | wsd (warmup-stable-decay) | constant
-    decay_steps: int = 0  # decay length (Megatron's lr-decay-iters); 0 = train.steps; min_lr after it
-    decay_fraction: float = 0.1  # wsd: the last fraction of decay_steps that anneals lr -> min_lr
-    wsd_decay_style: str = "linear"  # wsd anneal shape: linear | cosine | 1-sqrt
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.9999
-    eps: float = 1e-8
-    clip_grad: float = 1.0
-    seed: int = 1234
-    zero_stage: int = 1
+    # sr random replacements: codes (the authors' collators: random bits/codeword/bucket/id) | batch (words of
+    # the batch)
+    sr_random: Literal["codes", "batch"] = "codes"
+    steps: int = ranged(100, "[1, inf)", "the number of optimizer steps")
+    micro_batch_size: int = ranged(4, "[1, inf)", "sequences per rank per micro-batch")
+    global_batch_size: int = ranged(8, "[1, inf)", "sequences per optimizer step")
+    lr: float = ranged(4e-4, "(0, inf)", "peak learning rate")
+    min_lr: float = ranged(4e-5, "[0, inf)", "final learning rate")  # floor the decay ends at (0 = decay to zero)
+    warmup_steps: int = ranged(10, "[0, inf)", "warmup steps")
+    # > 0: warmup = this fraction of the decay length (Megatron's lr-warmup-fraction)
+    warmup_fraction: float = ranged(0.0, "[0, 1)", "warmup as a fraction of the decay length; 0 = warmup_steps")
+    decay: Literal["cosine", "linear", "wsd", "constant"] = "cosine"  # wsd: warmup-stable-decay
+    # decay length (Megatron's lr-decay-iters); 0 = train.steps; min_lr after it
+    decay_steps: int = ranged(0, "[0, inf)", "LR decay length; 0 = train.steps")
+    # wsd: the last fraction of decay_steps that anneals lr -> min_lr
+    decay_fraction: float = ranged(0.1, "(0, 1]", "wsd: annealed fraction of the decay length")
+    wsd_decay_style: Literal["linear", "cosine", "1-sqrt"] = "linear"  # wsd anneal shape
+    weight_decay: float = ranged(0.1, "[0, inf)", "AdamW weight decay")
+    beta1: float = ranged(0.9, "[0, 1)", "Adam beta1")
+    beta2: float = ranged(0.9999, "[0, 1)", "Adam beta2")
+    eps: float = ranged(1e-8, "(0, inf)", "Adam epsilon")
+    clip_grad: float = ranged(1.0, "[0, inf)", "gradient clipping norm; 0 = off")
+    seed: int = ranged(1234, "[0, 4294967295]", "seed")
+    zero_stage: int = ranged(1, "[0, 3]", "DeepSpeed ZeRO stage")
     deepspeed_config: str = ""  # path of a DeepSpeed JSON; "" = configs/deepspeed/zero{stage}.json
-    precision: str = "auto"  # auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
+    precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
     save_dir: str = "runs/default"
-    save_interval: int = 0  # 0 = only at the end
-    keep_last: int = 2
+    save_interval: int = ranged(0, "[0, inf)", "steps between checkpoints; 0 = only at the end")
+    keep_last: int = ranged(2, "[0, inf)", "checkpoints kept; 0 = all")
     resume: str = "auto"  # auto | none | PATH
     resume_weights_only: bool = False  # on a layout change: weights only, fresh optimizer (docs/resume.md)
     # checks of a checkpoint before it is resumed, evaluated or exported (megahash/checkpoint/manifest.py,
     # docs/security.md): cheap (sizes, zip structure) | full (+ sha256 of every file it reads)
-    verify_checkpoint: str = "full"
+    verify_checkpoint: Literal["cheap", "full"] = "full"
     # resume a checkpoint that was not written by this install and whose DeepSpeed files need more than
     # weights-only loading (pickle: it can run code) (docs/security.md)
     trust_checkpoint: bool = False
-    eval_interval: int = 50
-    log_interval: int = 10
-    recompute: str = "none"  # none | selective | full
-    compile: str = (
-        "auto"  # torch.compile each transformer layer (regional compilation): auto (on for GPUs) | true | false
-    )
+    eval_interval: int = ranged(50, "[0, inf)", "steps between validations; 0 = off")
+    log_interval: int = ranged(10, "[1, inf)", "steps between printed lines")
+    recompute: Literal["none", "selective", "full"] = "none"
+    # torch.compile each transformer layer (regional compilation): auto (on for GPUs) | true | false
+    compile: Literal["auto", "true", "false"] = "auto"
     exit_signal_handler: bool = True  # SIGUSR1/SIGTERM -> checkpoint at next step, exit for requeue
-    stop_after: int = 0  # stop (as if interrupted) after this many steps; 0 = off. For tests and budget runs
+    # stop (as if interrupted) after this many steps; 0 = off. For tests and budget runs
+    stop_after: int = ranged(0, "[0, inf)", "stop after this step; 0 = off")
     # [START, END]: torch.profiler traces of steps START..END of the run under save_dir/profile/ (and on CUDA a
     # memory snapshot); [] = off (megahash/training/profile_steps.py, docs/long_runs.md)
     profile_steps: list[int] = field(default_factory=list)
-    # hang watchdog (megahash/training/watchdog.py, docs/long_runs.md): a step past the limit dumps the
-    # rank's stacks to save_dir/hang/ and exits 3 (requeue); the collective timeout of the process group
-    hang_timeout_s: float = 0.0  # a step (or validation/save) longer than this hangs; 0 = off
-    hang_factor: float = 0.0  # a step longer than this x the median step time hangs (after 3 steps); 0 = off
-    distributed_timeout_s: int = (
-        600  # torch.distributed timeout of collectives (Megatron's --distributed-timeout-minutes)
-    )
+    # torch.distributed timeout of collectives (Megatron's --distributed-timeout-minutes)
+    distributed_timeout_s: int = ranged(600, "[1, inf)", "seconds a collective may wait")
     # batch-size ramp (Megatron's --rampup-batch-size START INCREMENT SAMPLES; [] = off): the global batch grows
     # from START by INCREMENT over SAMPLES consumed samples to global_batch_size; LR schedule then in samples
     batch_ramp: list[int] = field(default_factory=list)
-    # bad steps (megahash/training/step_guard.py): skip the update of a step whose loss or gradient norm is
-    # non-finite, or whose loss exceeds spike_factor x the median loss of the last spike_window applied steps
-    # (0 = no spike rule); stop after max_skips consecutive skipped steps (0 = never)
-    skip_nonfinite: bool = False
-    spike_factor: float = 0.0
-    spike_window: int = 100
-    max_skips: int = 10
     # issue 35: checkpoints written by a background writer (megatron-core async dist checkpointing;
     # latest published when it finishes; no DeepSpeed-native copy): megahash/training/async_save.py
     async_save: bool = False
-    # issue 37: the optimizer (megahash/training/muon.py, docs/compact_models.md): adamw | muon. Muon takes the
-    # 2-D matrices of the transformer layers at muon_lr (torch.optim.Muon's algorithm), AdamW the rest at train.lr;
-    # the LR schedule scales both. muon_adjust_lr: original (sqrt(max(1, rows/cols))) | match_rms_adamw (0.2 sqrt(max))
-    optimizer: str = "adamw"
-    muon_lr: float = 0.02
-    muon_momentum: float = 0.95
-    muon_nesterov: bool = True
-    muon_ns_steps: int = 5
-    muon_adjust_lr: str = "original"
+    # issue 37: the optimizer (megahash/training/muon.py, docs/compact_models.md): adamw | muon (its options:
+    # train.muon)
+    optimizer: Literal["adamw", "muon"] = "adamw"
     # issue 44 (docs/compact_models.md#levers): a peak learning rate of their own for the embedding tables (and
     # the tied head), megahash/training/embed_group.py; 0 = train.lr
-    embed_lr: float = 0.0
+    embed_lr: float = ranged(0.0, "[0, inf)", "peak learning rate of the embedding tables; 0 = train.lr")
     # issue 44: z-loss coefficient (PaLM: loss += z logsumexp^2) in the vocabulary head's cross-entropy; 0 = off
-    z_loss: float = 0.0
-    # issue 37: exponential moving average of the weights, updated after every optimizer step
-    # (megahash/training/ema.py, docs/compact_models.md); 0 = off
-    ema_decay: float = 0.0
-    ema_warmup: bool = False  # timm's warmup correction: decay min(ema_decay, (1 + n) / (10 + n)) after n steps
-    # issue 37: quantization-aware training of the last qat_fraction of the steps: the hidden matrices
-    # fake-quantized per row to qat_bits (8 | 6 | 4; 0 = off) with a straight-through estimator
-    # (megahash/training/qat.py, docs/compact_models.md)
-    qat_bits: int = 0
-    qat_fraction: float = 0.1
+    z_loss: float = ranged(0.0, "[0, inf)", "z-loss coefficient; 0 = off")
+
+
+def _train_config() -> type:
+    """``TrainConfig``: :class:`TrainCore` and one section per training feature that declares a ``Config`` in
+    its own file (``train.ema``, ``train.step_guard``, ...: megahash/feature_configs.py), read from the
+    source without importing the feature (torch). A section's class is named here too (``EmaConfig``), so a
+    config pickles."""
+    fields = []
+    for name, cls in feature_configs.sections():
+        cls.__name__ = cls.__qualname__ = "".join(part.title() for part in name.split("_")) + "Config"
+        cls.__module__ = __name__
+        globals()[cls.__name__] = cls
+        fields.append((name, cls, field(default_factory=cls)))
+    cls = dataclasses.make_dataclass("TrainConfig", fields, bases=(TrainCore,))
+    cls.__module__, cls.__doc__ = __name__, TrainCore.__doc__
+    return cls
+
+
+TrainConfig = _train_config()
+
+
+def reload_features() -> None:
+    """Build :data:`TrainConfig` again (after ``MEGAHASH_FEATURES`` changed: a feature outside the package)."""
+    from megahash import config_checks
+
+    global TrainConfig
+    feature_configs.sections.cache_clear()
+    TrainConfig = _train_config()
+    config_checks._hints.cache_clear()  # the tree's type hints name the old class
 
 
 @dataclass
 class ParallelConfig:
-    tensor: int = 1
+    tensor: int = ranged(1, "[1, inf)", "tensor-parallel size")
     sequence: bool = False
 
 
@@ -259,12 +274,13 @@ class EvalConfig:
     # let task files of tasks_dir run Python (lm-eval's !function, evaluate metrics, unsandboxed templates);
     # refused otherwise (megahash eval --trust-task-code; docs/security.md)
     trust_task_code: bool = False
-    batch_size: int = 8
+    batch_size: int = ranged(8, "[1, inf)", "evaluation batch size")
     at_end: bool = False
     # evaluation during training (megahash/training/eval_during.py): every `interval` steps the checkpoint of
     # that step (a save forced there) is evaluated on `tasks` by a `megahash eval` child process; 0 = off
-    interval: int = 0
-    wait_s: float = 1800.0  # at the end of the run, seconds to wait for the evaluations still running
+    interval: int = ranged(0, "[0, inf)", "steps between evaluations of eval.tasks during training; 0 = off")
+    # at the end of the run, seconds to wait for the evaluations still running
+    wait_s: float = ranged(1800.0, "[0, inf)", "seconds the end of a run waits for evaluations still running")
 
 
 @dataclass
@@ -275,7 +291,8 @@ class LoggingConfig:
     wandb_mode: str = "offline"  # offline | online | disabled
     run_name: str = ""
     plot: bool = True  # write loss_curve.png at the end
-    x_axis: str = "step"  # TensorBoard/wandb x-axis: step | tokens | samples (consumed, logged every step)
+    # TensorBoard/wandb x-axis (consumed, logged every step)
+    x_axis: Literal["step", "tokens", "samples"] = "step"
     verbose: bool = (
         False  # = pretrain.py --verbose: the libraries' warnings, logs and progress bars too (known_warnings.py)
     )
@@ -285,7 +302,7 @@ class LoggingConfig:
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
+    train: TrainConfig = field(default_factory=lambda: TrainConfig())  # late: reload_features rebuilds it
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
@@ -332,18 +349,19 @@ def read_yaml_mapping(path, what: str) -> dict:
     return data
 
 
-def _load_yaml_tree(path: Path, seen: tuple[Path, ...] = ()) -> dict:
-    """Read a YAML file, merging its ``include:`` list first (depth-first, later wins)."""
+def _load_yaml_tree(path: Path, seen: tuple[Path, ...] = (), notes: list | None = None) -> dict:
+    """Read a YAML file, merging its ``include:`` list first (depth-first, later wins); old key names
+    (:data:`RENAMED_KEYS`) moved to their new ones, each noted in ``notes``."""
     path = path.resolve()
     if path in seen:
         raise ConfigError(f"config include cycle at {path}")
-    data = read_yaml_mapping(path, "config")
+    data = migrate(read_yaml_mapping(path, "config"), f"config file {path}", notes)
     includes = data.pop("include", []) or []
     if isinstance(includes, str):
         includes = [includes]
     merged: dict = {}
     for inc in includes:
-        _deep_merge(merged, _load_yaml_tree(_resolve_include(inc, path.parent), seen + (path,)))
+        _deep_merge(merged, _load_yaml_tree(_resolve_include(inc, path.parent), seen + (path,), notes))
     _deep_merge(merged, data)
     return merged
 
@@ -414,9 +432,15 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.strip().split("."), value
 
 
-def apply_overrides(tree: dict, overrides: list[str]) -> dict:
+def apply_overrides(tree: dict, overrides: list[str], notes: list | None = None) -> dict:
+    """``a.b.c=value`` overrides into ``tree`` (in place); an old key name (:data:`RENAMED_KEYS`) is set
+    under its new one and noted in ``notes``."""
     for ov in overrides:
         keys, value = parse_override(ov)
+        new = renamed(keys)
+        if new != keys and notes is not None:
+            notes.append(f"{'.'.join(keys)} -> {'.'.join(new)}")
+        keys = new
         node = tree
         for k in keys[:-1]:
             node = node.setdefault(k, {})
@@ -436,9 +460,10 @@ def load_config(path: str | os.PathLike | list | tuple | None = None, overrides:
     given explicitly.
     """
     tree: dict = {}
+    notes: list = []  # old key names used (RENAMED_KEYS): one warning line
     for p in [p for p in ([path] if isinstance(path, (str, os.PathLike)) else list(path or [])) if p]:
-        _deep_merge(tree, _load_yaml_tree(find_config(p)))
-    tree = apply_overrides(tree, list(overrides or []))
+        _deep_merge(tree, _load_yaml_tree(find_config(p), notes=notes))
+    tree = apply_overrides(tree, list(overrides or []), notes)
     size = (tree.get("model") or {}).pop("size", None)
     if size:
         size_file = CONFIG_ROOT / "model" / f"{size}.yaml"
@@ -449,6 +474,7 @@ def load_config(path: str | os.PathLike | list | tuple | None = None, overrides:
         tree = _deep_merge(base, tree)
     cfg = _build(Config, tree, "")
     validate(cfg)
+    _warn_renamed(notes)
     return cfg
 
 
@@ -458,12 +484,10 @@ def validate(cfg: Config) -> None:
     from megahash.models.arch import ARCHS, arch_of
     from megahash.objective_spec import objective_spec
 
-    check_ranges(cfg)  # every number inside its range first (megahash/config_checks.py)
+    check_ranges(cfg)  # every field inside its range and choices first (megahash/config_checks.py)
     m, p = cfg.model, cfg.parallel
     if m.arch not in ARCHS:
         raise ConfigError(f"model.arch must be {' or '.join(ARCHS)}, got {m.arch!r}")
-    if m.layout not in ("prenorm", "roberta"):
-        raise ConfigError(f"model.layout must be prenorm or roberta, got {m.layout!r}")
     if m.layout == "roberta" and arch_of(m.arch).causal:
         raise ConfigError("model.layout=roberta is an encoder layout; set model.arch=encoder or model.layout=prenorm")
     if m.hidden_size % m.num_heads:
@@ -497,23 +521,6 @@ def validate(cfg: Config) -> None:
         )
     t = cfg.train
     objective_spec(t.objective)  # an unknown one: "train.objective must be clm, mlm or sr, got ..."
-    if t.sr_random not in ("codes", "batch"):
-        raise ConfigError(f"train.sr_random must be codes or batch, got {t.sr_random!r}")
-    if t.decay not in ("cosine", "linear", "wsd", "constant"):
-        raise ConfigError(f"train.decay must be cosine, linear, wsd or constant, got {t.decay!r}")
-    if t.wsd_decay_style not in ("linear", "cosine", "1-sqrt"):
-        raise ConfigError(f"train.wsd_decay_style must be linear, cosine or 1-sqrt, got {t.wsd_decay_style!r}")
-    if t.precision not in ("auto", "fp32", "bf16"):
-        raise ConfigError(f"train.precision must be auto, fp32 or bf16, got {t.precision!r}")
-    t.compile = str(t.compile).lower()
-    if t.compile not in ("auto", "true", "false"):
-        raise ConfigError(f"train.compile must be auto, true or false, got {t.compile!r}")
-    if t.zero_stage not in (0, 1, 2, 3):
-        raise ConfigError(f"train.zero_stage must be 0-3, got {t.zero_stage}")
-    if cfg.logging.x_axis not in ("step", "tokens", "samples"):
-        raise ConfigError(f"logging.x_axis must be step, tokens or samples, got {cfg.logging.x_axis!r}")
-    if t.recompute not in ("none", "selective", "full"):
-        raise ConfigError(f"train.recompute must be none, selective or full, got {t.recompute!r}")
 
 
 def save_config(cfg: Config, path: str | os.PathLike) -> None:
@@ -528,6 +535,75 @@ def save_config(cfg: Config, path: str | os.PathLike) -> None:
 # user writes gets the unknown-key error for them as for any other key.
 RETIRED_KEYS = {("train", "eval_iters"): "0.1.0 (issue 38: never read)"}
 
+# keys of an earlier release that live elsewhere now (issue 46: the training features own their sections of
+# ``train``): old path -> new path. A config file or override with an old key still loads, with one warning line
+# naming the new keys; a saved tree (a checkpoint's resolved_config.yaml, an export's megahash_config) is
+# read through the same table without one.
+RENAMED_KEYS = {
+    ("train", "ema_decay"): ("train", "ema", "decay"),
+    ("train", "ema_warmup"): ("train", "ema", "warmup"),
+    ("train", "qat_bits"): ("train", "qat", "bits"),
+    ("train", "qat_fraction"): ("train", "qat", "fraction"),
+    ("train", "muon_lr"): ("train", "muon", "lr"),
+    ("train", "muon_momentum"): ("train", "muon", "momentum"),
+    ("train", "muon_nesterov"): ("train", "muon", "nesterov"),
+    ("train", "muon_ns_steps"): ("train", "muon", "ns_steps"),
+    ("train", "muon_adjust_lr"): ("train", "muon", "adjust_lr"),
+    ("train", "skip_nonfinite"): ("train", "step_guard", "skip_nonfinite"),
+    ("train", "spike_factor"): ("train", "step_guard", "spike_factor"),
+    ("train", "spike_window"): ("train", "step_guard", "spike_window"),
+    ("train", "max_skips"): ("train", "step_guard", "max_skips"),
+    ("train", "hang_timeout_s"): ("train", "watchdog", "timeout_s"),
+    ("train", "hang_factor"): ("train", "watchdog", "factor"),
+}
+
+
+def renamed(keys: list[str]) -> list[str]:
+    """A dotted key path under its current name (:data:`RENAMED_KEYS`; unchanged when it is current)."""
+    for n in range(len(keys), 0, -1):
+        new = RENAMED_KEYS.get(tuple(keys[:n]))
+        if new is not None:
+            return [*new, *keys[n:]]
+    return keys
+
+
+def migrate(tree: dict, where: str = "", notes: list | None = None) -> dict:
+    """A config tree with the keys of :data:`RENAMED_KEYS` moved to their new names (in place; returns it);
+    each move appended to ``notes`` as ``old -> new``. An old key beside its new name is one line."""
+    for old, new in RENAMED_KEYS.items():
+        node = tree
+        for key in old[:-1]:
+            node = node.get(key) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or old[-1] not in node:
+            continue
+        value, dest = node.pop(old[-1]), tree
+        for key in new[:-1]:
+            dest = dest.setdefault(key, {})
+            if not isinstance(dest, dict):
+                raise ConfigError(f"config key {'.'.join(new[:-1])!r} must be a mapping, got {dest!r}")
+        if new[-1] in dest:
+            raise ConfigError(
+                f"{where or 'the config'} gives both {'.'.join(old)!r} and its new name {'.'.join(new)!r}; "
+                f"keep {'.'.join(new)!r}"
+            )
+        dest[new[-1]] = value
+        if notes is not None:
+            notes.append(f"{'.'.join(old)} -> {'.'.join(new)}")
+    return tree
+
+
+def _warn_renamed(notes: list) -> None:
+    """One warning line (rank 0) for the old key names a config used."""
+    if notes and os.environ.get("RANK", "0") == "0":
+        import sys
+
+        print(
+            f"warning: config keys renamed (issue 46), read under their new names: {', '.join(dict.fromkeys(notes))}; "
+            "write the new names",
+            file=sys.stderr,
+            flush=True,
+        )
+
 
 def without_retired(tree: dict) -> dict:
     """A saved config tree without :data:`RETIRED_KEYS` (in place; returns it)."""
@@ -541,6 +617,8 @@ def without_retired(tree: dict) -> dict:
 
 
 def config_from_dict(tree: dict) -> Config:
+    """A saved tree (a checkpoint's resolved config, an export's) as a :class:`Config`: keys of an earlier
+    release dropped (:data:`RETIRED_KEYS`) or read under their new names (:data:`RENAMED_KEYS`)."""
     import copy
 
-    return _build(Config, copy.deepcopy(tree), "")
+    return _build(Config, migrate(without_retired(copy.deepcopy(tree))), "")

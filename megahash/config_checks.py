@@ -1,20 +1,28 @@
-"""Allowed range of every number in the config tree, checked when a config is loaded.
+"""The one check of every config field, run when a config is loaded: ranges, choices, cross-field rules.
 
 Pure Python (no torch, no megatron): ``megahash.config.validate`` calls :func:`check_ranges` first,
 before any cross-field arithmetic (``hidden_size % num_heads`` with ``num_heads=0`` would divide by
-zero) and before anything is imported or written. A value outside its range is one line naming the
-key, the value and the allowed range::
+zero) and before anything is imported or written. A field declares what it accepts where it is declared
+(the config tree, megahash/config.py, and the sections the training features own in their own files):
 
-    config key 'train.steps' must be >= 1 (the number of optimizer steps), got -5
+- a number its range, as field metadata (:func:`ranged`: ``lr: float = ranged(4e-4, "(0, inf)", "peak
+  learning rate")``); a value outside it is one line naming the key, the value and the range::
 
-``RANGES`` maps the dotted key of every int/float field to ``(low, high, low_open, high_open,
-meaning)``; ``None`` bounds are unbounded. tests/test_config.py checks that every numeric field of
-the tree has an entry, so a new field cannot skip validation.
+      config key 'train.steps' must be >= 1 (the number of optimizer steps), got -5
+
+- a closed set of values its ``Literal`` type (``decay: Literal["cosine", "linear", "wsd", "constant"]``);
+  another value is one line naming the key, the choices and the closest one.
+
+tests/test_config_ranges.py checks that every int/float field of the tree has a range, so a new number
+cannot skip validation. Kind options declare their ranges in their options class (``RANGES``,
+megahash/catalog.py) and are checked by the same :func:`check_value` where they are built.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import math
 import re
 import types
@@ -23,79 +31,29 @@ import typing
 from megahash.errors import ConfigError
 
 INF = None  # an unbounded side
+_INTERVAL = re.compile(r"^\s*([\[(])\s*([^,\s]+)\s*,\s*([^,\s]+)\s*([\])])\s*$")
 
-# key: (low, high, low_open, high_open, meaning)
-RANGES: dict[str, tuple] = {
-    # model.embed ([Xue25] ch. 2)
-    "model.embed.num_buckets": (0, INF, False, False, "hash-emb rows; 0 = from the hash spec"),
-    "model.embed.num_bits": (1, 128, False, False, "bits of the hash code"),
-    # model
-    "model.hidden_size": (1, INF, False, False, "hidden width"),
-    "model.num_layers": (1, INF, False, False, "transformer layers"),
-    "model.num_heads": (1, INF, False, False, "attention heads"),
-    "model.num_query_groups": (0, INF, False, False, "K/V groups; 0 = num_heads"),
-    "model.ffn_hidden_size": (1, INF, False, False, "MLP width"),
-    "model.vocab_size": (0, INF, False, False, "vocabulary; 0 = from the tokenizer"),
-    "model.type_vocab_size": (1, INF, False, False, "token-type rows of the roberta layout"),
-    "model.make_vocab_size_divisible_by": (1, INF, False, False, "vocabulary padding multiple"),
-    "model.max_position_embeddings": (1, INF, False, False, "longest sequence"),
-    "model.rotary_base": (1, INF, False, False, "RoPE base"),
-    "model.norm_eps": (0.0, 1.0, True, False, "norm epsilon"),
-    "model.init_std": (0.0, INF, True, False, "init standard deviation"),
-    "model.embed_init_std": (0.0, INF, False, False, "init std of the embedding tables; 0 = model.init_std"),
-    "model.logit_softcap": (0.0, INF, False, False, "logit soft-cap c (c tanh(z / c)); 0 = off"),
-    "model.qk_gain": (0.0, INF, False, False, "initial per-head query gain after QK-norm; 0 = off"),
-    "model.mup_base_hidden_size": (0, INF, False, False, "muP's base hidden size; 0 = off"),
-    "model.hidden_dropout": (0.0, 1.0, False, True, "dropout probability"),
-    "model.attention_dropout": (0.0, 1.0, False, True, "dropout probability"),
-    # data
-    "data.seq_length": (1, INF, False, False, "tokens per sample"),
-    "data.seed": (0, 2**32 - 1, False, False, "seed"),
-    "data.num_workers": (0, INF, False, False, "loader processes"),
-    "data.valid_samples": (1, INF, False, False, "validation sequences"),
-    "data.valid_micro_batch": (1, INF, False, False, "validation chunk size"),
-    # train
-    "train.steps": (1, INF, False, False, "the number of optimizer steps"),
-    "train.micro_batch_size": (1, INF, False, False, "sequences per rank per micro-batch"),
-    "train.global_batch_size": (1, INF, False, False, "sequences per optimizer step"),
-    "train.lr": (0.0, INF, True, False, "peak learning rate"),
-    "train.min_lr": (0.0, INF, False, False, "final learning rate"),
-    "train.warmup_steps": (0, INF, False, False, "warmup steps"),
-    "train.warmup_fraction": (0.0, 1.0, False, True, "warmup as a fraction of the decay length; 0 = warmup_steps"),
-    "train.decay_steps": (0, INF, False, False, "LR decay length; 0 = train.steps"),
-    "train.decay_fraction": (0.0, 1.0, True, False, "wsd: annealed fraction of the decay length"),
-    "train.weight_decay": (0.0, INF, False, False, "AdamW weight decay"),
-    "train.beta1": (0.0, 1.0, False, True, "Adam beta1"),
-    "train.beta2": (0.0, 1.0, False, True, "Adam beta2"),
-    "train.eps": (0.0, INF, True, False, "Adam epsilon"),
-    "train.clip_grad": (0.0, INF, False, False, "gradient clipping norm; 0 = off"),
-    "train.seed": (0, 2**32 - 1, False, False, "seed"),
-    "train.zero_stage": (0, 3, False, False, "DeepSpeed ZeRO stage"),
-    "train.save_interval": (0, INF, False, False, "steps between checkpoints; 0 = only at the end"),
-    "train.keep_last": (0, INF, False, False, "checkpoints kept; 0 = all"),
-    "train.eval_interval": (0, INF, False, False, "steps between validations; 0 = off"),
-    "train.log_interval": (1, INF, False, False, "steps between printed lines"),
-    "train.stop_after": (0, INF, False, False, "stop after this step; 0 = off"),
-    "train.hang_timeout_s": (0.0, INF, False, False, "seconds a step may take before the watchdog fires; 0 = off"),
-    "train.hang_factor": (0.0, INF, False, False, "multiple of the median step time that counts as a hang; 0 = off"),
-    "train.distributed_timeout_s": (1, INF, False, False, "seconds a collective may wait"),
-    "train.spike_factor": (0.0, INF, False, False, "skip a loss above this x the running median; 0 = off"),
-    "train.spike_window": (1, INF, False, False, "losses in the spike rule's running median"),
-    "train.max_skips": (0, INF, False, False, "consecutive skipped steps that stop the run; 0 = never"),
-    "train.muon_lr": (0.0, INF, True, False, "Muon's peak learning rate (hidden matrices)"),
-    "train.muon_momentum": (0.0, 1.0, False, True, "Muon's momentum"),
-    "train.muon_ns_steps": (1, 99, False, False, "Newton-Schulz steps (torch.optim.Muon: < 100)"),
-    "train.embed_lr": (0.0, INF, False, False, "peak learning rate of the embedding tables; 0 = train.lr"),
-    "train.z_loss": (0.0, INF, False, False, "z-loss coefficient; 0 = off"),
-    "train.ema_decay": (0.0, 1.0, False, True, "decay of the weight average; 0 = off"),
-    "train.qat_bits": (0, 8, False, False, "bits of the fake quantization; 0 = off"),
-    "train.qat_fraction": (0.0, 1.0, True, False, "the last fraction of the steps trained with fake quantization"),
-    # parallel, eval
-    "parallel.tensor": (1, INF, False, False, "tensor-parallel size"),
-    "eval.batch_size": (1, INF, False, False, "evaluation batch size"),
-    "eval.interval": (0, INF, False, False, "steps between evaluations of eval.tasks during training; 0 = off"),
-    "eval.wait_s": (0.0, INF, False, False, "seconds the end of a run waits for evaluations still running"),
-}
+
+def _bound(text: str, number: type):
+    if text.lstrip("+-") == "inf":
+        return INF
+    return number(float(text)) if number is float else int(text)
+
+
+def interval(text: str, meaning: str, number: type = float) -> tuple:
+    """``"[1, inf)"`` -> the rule ``(low, high, low_open, high_open, meaning)`` of :func:`check_value`
+    (bounds as ``number``: a float field's error shows float bounds)."""
+    m = _INTERVAL.match(text)
+    if m is None:
+        raise ValueError(f"range {text!r} must look like [low, high] with ( ) for open ends and inf")
+    return (_bound(m[2], number), _bound(m[3], number), m[1] == "(", m[4] == ")", meaning)
+
+
+def ranged(default, bounds: str, meaning: str):
+    """A config field (a dataclass field) whose value must lie in ``bounds`` (``"[0, 1)"``, ``"(0, inf)"``):
+    its range as field metadata, checked by :func:`check_ranges` when a config loads."""
+    rule = interval(bounds, meaning, float if isinstance(default, float) else int)
+    return dataclasses.field(default=default, metadata={"range": rule})
 
 
 def _range_text(low, high, low_open, high_open) -> str:
@@ -109,6 +67,15 @@ def _range_text(low, high, low_open, high_open) -> str:
 def coerce(value, typ, dotted: str):
     """Check/convert a YAML value to a dataclass field type; one-line error otherwise."""
     origin = typing.get_origin(typ)
+    if (
+        origin is typing.Literal
+    ):  # a closed set: coerced to its values' type here, checked in config_checks.check_fields
+        allowed = typing.get_args(typ)
+        if isinstance(allowed[0], str):
+            value = str(value).lower() if isinstance(value, bool) else value  # YAML's true: "true"
+            lower = {str(a).lower(): a for a in allowed}
+            value = lower.get(str(value).lower(), value) if isinstance(value, str) else value
+        return coerce(value, type(allowed[0]), dotted)
     if origin is list:
         (inner,) = typing.get_args(typ)
         if isinstance(value, str):
@@ -156,10 +123,8 @@ def coerce(value, typ, dotted: str):
     return value
 
 
-def check_value(key: str, value, rule: tuple | None = None) -> None:
-    """Raise a one-line ConfigError if ``value`` is outside the range of ``key`` (``rule``: a kind
-    option's range from its options class; unknown keys pass)."""
-    rule = rule or RANGES.get(key)
+def check_value(key: str, value, rule: tuple | None) -> None:
+    """Raise a one-line ConfigError if ``value`` is outside ``rule`` (a field's range; None: no range)."""
     if rule is None or value is None:
         return
     low, high, low_open, high_open, meaning = rule
@@ -174,10 +139,31 @@ def check_value(key: str, value, rule: tuple | None = None) -> None:
         )
 
 
+def choices(typ) -> tuple | None:
+    """The values of a ``Literal[...]`` field type (None: not a closed set)."""
+    return typing.get_args(typ) if typing.get_origin(typ) is typing.Literal else None
+
+
+def check_choice(key: str, value, typ) -> None:
+    """Raise a one-line ConfigError if ``value`` is not one of the ``Literal`` type ``typ``'s values."""
+    allowed = choices(typ)
+    if allowed is None or value in allowed:
+        return
+    shown = [str(a) for a in allowed]
+    close = difflib.get_close_matches(str(value), shown, n=1, cutoff=0.5) if isinstance(value, str) else []
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ConfigError(f"config key {key!r} must be {', '.join(shown[:-1])} or {shown[-1]}, got {value!r}{hint}")
+
+
+@functools.cache
+def _hints(cls) -> dict:
+    return typing.get_type_hints(cls)
+
+
 def numeric_fields(cls, prefix: str = "") -> list[str]:
     """Dotted keys of every int/float field of the dataclass tree ``cls``."""
     out = []
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     for f in dataclasses.fields(cls):
         typ = hints[f.name]
         if dataclasses.is_dataclass(typ):
@@ -187,20 +173,35 @@ def numeric_fields(cls, prefix: str = "") -> list[str]:
     return out
 
 
-def _walk(obj, prefix: str = ""):
+def field_ranges(cls, prefix: str = "") -> dict[str, tuple]:
+    """{dotted key: range rule} of every field of the dataclass tree ``cls`` that declares one."""
+    out = {}
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            out.update(field_ranges(hints[f.name], prefix + f.name + "."))
+        elif "range" in f.metadata:
+            out[prefix + f.name] = f.metadata["range"]
+    return out
+
+
+def check_fields(obj, prefix: str = "") -> None:
+    """Every field of the dataclass tree ``obj``: its value inside its range and among its choices (one line)."""
+    hints = _hints(type(obj))
     for f in dataclasses.fields(obj):
-        v = getattr(obj, f.name)
-        if dataclasses.is_dataclass(v):
-            yield from _walk(v, prefix + f.name + ".")
-        else:
-            yield prefix + f.name, v
+        value, key = getattr(obj, f.name), prefix + f.name
+        if dataclasses.is_dataclass(value):
+            check_fields(value, key + ".")
+            continue
+        check_choice(key, value, hints[f.name])
+        check_value(key, value, f.metadata.get("range"))
 
 
 def check_ranges(cfg) -> None:
-    """Every number of the tree inside its range, plus the relations between numbers that need no
-    model, data or world size (one-line ConfigError)."""
-    for key, value in _walk(cfg):
-        check_value(key, value)  # kind options: checked where they are built (config._build_options)
+    """Every field of the tree inside its range and among its choices, the relations between numbers that
+    need no model, data or world size, and the rules each training feature's section declares (its
+    ``check(cfg)``; one-line ConfigError)."""
+    check_fields(cfg)  # kind options: checked where they are built (config._build_options)
     t, d = cfg.train, cfg.data
     if t.global_batch_size % t.micro_batch_size:
         raise ConfigError(
@@ -210,43 +211,19 @@ def check_ranges(cfg) -> None:
     if t.min_lr > t.lr:
         raise ConfigError(f"train.min_lr={t.min_lr} must be <= train.lr={t.lr}")
     check_batch_ramp(t)
-    if 0 < t.spike_factor <= 1:
-        raise ConfigError(
-            f"train.spike_factor={t.spike_factor} must be 0 (off) or > 1 (a spike is a loss above "
-            f"that many times the running median)"
-        )
     _check_split(d.split)
     parse_valid(d.valid)  # data.valid: NAME=PREFIX entries, names unique
     _check_profile_steps(t.profile_steps, t.steps)
-    if t.hang_factor and t.hang_factor <= 1:
-        raise ConfigError(
-            f"train.hang_factor={t.hang_factor} must be > 1 (a multiple of the median step time) or 0 (off)"
-        )
-    if t.hang_timeout_s and t.hang_timeout_s >= t.distributed_timeout_s:
-        raise ConfigError(
-            f"train.hang_timeout_s={t.hang_timeout_s:g} must be below train.distributed_timeout_s="
-            f"{t.distributed_timeout_s} (a collective timing out first ends the rank as a failure, "
-            f"not for requeue)"
-        )
-    _check_optimizer(t)
+    for f in dataclasses.fields(t):  # the sections of the training features (megahash/feature_configs.py)
+        check = getattr(getattr(t, f.name), "check", None)
+        if callable(check):
+            check(cfg)
     _check_levers(cfg)
-    if t.qat_bits not in (0, 4, 6, 8):
-        raise ConfigError(f"train.qat_bits must be 0 (off), 4, 6 or 8, got {t.qat_bits}")
-    if t.qat_bits and t.zero_stage == 3:
-        raise ConfigError(
-            "train.qat_bits needs train.zero_stage 0, 1 or 2 (ZeRO-3 partitions the weights it fake-quantizes)"
-        )
-    if d.verify not in ("cheap", "full", "none"):
-        raise ConfigError(f"config key 'data.verify' must be cheap, full or none, got {d.verify!r}")
-    if t.verify_checkpoint not in ("cheap", "full"):
-        raise ConfigError(f"config key 'train.verify_checkpoint' must be cheap or full, got {t.verify_checkpoint!r}")
 
 
 def _check_levers(cfg) -> None:
-    """The compact-model levers' choices and the combinations they refuse (issue 44, docs/compact_models.md#levers)."""
+    """The combinations the compact-model levers refuse (issue 44, docs/compact_models.md#levers)."""
     m, t = cfg.model, cfg.train
-    if m.mlp_activation not in ("auto", "relu2"):
-        raise ConfigError(f"config key 'model.mlp_activation' must be auto or relu2, got {m.mlp_activation!r}")
     if m.qk_gain and not m.qk_norm:
         raise ConfigError("model.qk_gain scales the QK-normed queries: set model.qk_norm=true (or model.qk_gain=0)")
     if m.mlp_activation != "auto" and m.layout != "prenorm":
@@ -258,40 +235,6 @@ def _check_levers(cfg) -> None:
         )
     if t.z_loss and cfg.parallel.tensor > 1:
         raise ConfigError("train.z_loss needs the whole vocabulary on one rank: parallel.tensor=1 (or train.z_loss=0)")
-
-
-def _check_optimizer(t) -> None:
-    """``train.optimizer`` and Muon's choices (megahash/training/muon.py; its layouts: muon.check_layout)."""
-    if t.optimizer not in ("adamw", "muon"):
-        raise ConfigError(f"config key 'train.optimizer' must be adamw or muon, got {t.optimizer!r}")
-    if t.muon_adjust_lr not in ("original", "match_rms_adamw"):
-        raise ConfigError(
-            f"config key 'train.muon_adjust_lr' must be original or match_rms_adamw, got {t.muon_adjust_lr!r}"
-        )
-    if t.optimizer == "muon" and t.zero_stage == 3:
-        raise ConfigError(
-            "train.optimizer=muon orthogonalizes whole matrices and ZeRO stage 3 partitions every weight into flat "
-            "slices on every rank; set train.zero_stage=1 (Muon's state and Newton-Schulz work sharded over the "
-            "data-parallel ranks, the weights whole on each) or train.optimizer=adamw"
-        )
-
-
-def check_muon_layout(t, stage: int, bf16_params: bool) -> None:
-    """``train.optimizer=muon`` once the DeepSpeed stage is known (megahash/training/ds_config.py): refused in
-    one line where the optimizer would not see whole fp32 matrices (megahash/training/muon.py)."""
-    if t.optimizer != "muon":
-        return
-    if stage > 0:  # stage 3 (refused with the config already); 1 and 2 run as 0 with the optimizer sharded
-        raise ConfigError(
-            f"train.optimizer=muon orthogonalizes whole matrices and ZeRO stage {stage} partitions them into flat "
-            f"slices; set train.zero_stage=1 (Muon's state and work sharded over the data-parallel ranks) "
-            f"or train.optimizer=adamw"
-        )
-    if bf16_params:
-        raise ConfigError(
-            "train.optimizer=muon needs fp32 parameters (DeepSpeed's bf16 optimizer keeps flat "
-            "masters); use train.precision=bf16 (autocast over fp32 parameters)"
-        )
 
 
 def _check_profile_steps(steps: list, total: int) -> None:

@@ -28,6 +28,7 @@ import functools
 import importlib
 import importlib.util
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,6 +104,8 @@ def _is_light(module: str) -> bool:
         return True
     if not (module == "megahash" or module.startswith("megahash.")):
         return False
+    if module in sys.modules and "torch" not in sys.modules:
+        return True  # imported already, and torch is not: its import was torch-free (no file to parse)
     _VISITING.add(module)
     try:
         parts = module.split(".")
@@ -173,9 +176,9 @@ def is_reference_decorator(d: ast.expr) -> bool:
 class KindFile:
     """One parsed source file (a kind file, or a module a kind file imports from)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, source: str | None = None):
         self.path = path
-        self.source = path.read_text()
+        self.source = path.read_text() if source is None else source
         self.lines = self.source.split("\n")
         self.tree = ast.parse(self.source, str(path))
         self.is_package = path.name == "__init__.py"
@@ -374,3 +377,25 @@ def read(path) -> KindFile:
     path = _real(str(path))
     st = os.stat(path)
     return _read(path, (st.st_mtime_ns, st.st_size))
+
+
+@functools.cache
+def _read_head(path: Path, stamp: tuple, name: str) -> KindFile | None:
+    text = path.read_text()
+    m = re.search(rf"^(?:class|def) {name}\b|^{name}\s*[:=]", text, re.M)
+    if m is None:
+        return None
+    end = _TOP_LEVEL.search(text, text.index("\n", m.end()) + 1 if "\n" in text[m.end() :] else len(text))
+    return KindFile(path, text[: end.start() if end else len(text)])
+
+
+_TOP_LEVEL = re.compile(r"^[^\s#)\]}]", re.M)  # the first line of a top-level statement (no closing bracket)
+
+
+def read_head(path, name: str) -> KindFile | None:
+    """The file parsed up to the end of the top-level statement that binds ``name`` (None: no such
+    statement): what it defines after that is not read, so ``name`` and what it uses must come first
+    (a feature's ``Config`` after its imports: megahash/feature_configs.py). Cached like :func:`read`."""
+    path = _real(str(path))
+    st = os.stat(path)
+    return _read_head(path, (st.st_mtime_ns, st.st_size), name)

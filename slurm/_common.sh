@@ -129,7 +129,7 @@ _mh_wait() {
   done
 }
 
-# A hang report of this job's ranks (train.hang_timeout_s / hang_factor, megahash/training/watchdog.py):
+# A hang report of this job's ranks (train.watchdog.timeout_s / factor, megahash/training/watchdog.py):
 # the first SAVE_DIR/hang/rank*.txt written since MH_STARTED, if any. The rank whose watchdog fired
 # exits 3, but a rank that could not run its own (stopped, stuck in the kernel) is killed by srun
 # after --wait and srun then reports 137: the report says it was a hang, so the job is requeued.

@@ -120,3 +120,54 @@ def test_checkpoint_model_signature_matches_its_model_only():
     old = copy.deepcopy(saved)
     old["attention"].update(old["attention"].pop("options"))
     assert model_diffs(old, cfg)[0].startswith("model.attention.chunk_size: checkpoint ")
+
+
+def test_keys_of_the_previous_release_load_under_their_new_names_with_one_warning(tmp_path, capsys):
+    """Issue 46 moved the training features' keys into their own sections of ``train``: a config file or an
+    override with an old key (``train.ema_decay``, ``train.hang_timeout_s``, ``train.max_skips``) still loads,
+    the values under the new names, with ONE warning line naming them; an old key beside its new name in one
+    file is one line; a saved tree of that release (a checkpoint's resolved config) loads silently."""
+    from megahash.config import config_from_dict, load_config
+
+    f = tmp_path / "old.yaml"
+    f.write_text("include: [quickstart.yaml]\ntrain:\n  ema_decay: 0.9\n  hang_timeout_s: 5\n")
+    cfg = load_config(str(f), ["train.max_skips=3", "train.qat.bits=4"])
+    assert (cfg.train.ema.decay, cfg.train.watchdog.timeout_s, cfg.train.step_guard.max_skips) == (0.9, 5.0, 3)
+    assert cfg.train.qat.bits == 4 and not hasattr(cfg.train, "ema_decay")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: config keys renamed"), err
+    for new in ("train.ema.decay", "train.watchdog.timeout_s", "train.step_guard.max_skips"):
+        assert new in err[0]
+    f.write_text("train:\n  ema_decay: 0.9\n  ema:\n    decay: 0.8\n")
+    with pytest.raises(ConfigError, match="gives both 'train.ema_decay' and its new name 'train.ema.decay'"):
+        load_config(str(f))
+    saved = load_config("configs/quickstart.yaml").to_dict()
+    del saved["train"]["step_guard"]["spike_factor"]
+    saved["train"]["spike_factor"] = 3.0  # as that release wrote it
+    assert config_from_dict(saved).train.step_guard.spike_factor == 3.0
+    # what evaluation and export read: that checkpoint's saved config, with overrides in the new names
+    import yaml
+
+    from megahash.checkpoint.resolve import checkpoint_config
+
+    (tmp_path / "resolved_config.yaml").write_text(yaml.safe_dump(saved))
+    cfg = checkpoint_config(tmp_path, ["train.step_guard.spike_factor=4", "train.hang_factor=3"])
+    assert (cfg.train.step_guard.spike_factor, cfg.train.watchdog.factor) == (4.0, 3.0)
+    assert capsys.readouterr().err == ""
+
+
+def test_a_choice_is_its_literal_one_line_with_the_closest():
+    """Closed sets are ``Literal`` fields, checked in one place (config_checks.check_fields) with the closest
+    value named; the features' sections likewise (``train.muon.adjust_lr``)."""
+    for override, expect in (
+        (
+            "train.decay=cosin",
+            "config key 'train.decay' must be cosine, linear, wsd or constant, got 'cosin' (did you mean 'cosine'?)",
+        ),
+        ("train.muon.adjust_lr=match_rms", "config key 'train.muon.adjust_lr' must be original or match_rms_adamw"),
+        ("logging.x_axis=token", "(did you mean 'tokens'?)"),
+    ):
+        with pytest.raises(ConfigError) as e:
+            load_config("configs/quickstart.yaml", [override])
+        assert expect in str(e.value), str(e.value)
+    assert load_config("configs/quickstart.yaml", ["train.compile=true"]).train.compile == "true"  # YAML's bool

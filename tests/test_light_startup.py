@@ -39,7 +39,7 @@ def test_params_and_config_errors_without_heavy_imports():
     assert "unknown hybrid preset 'evn'" in errs[0]
     assert "unknown attention kind 'mhaa'" in errs[1] and "did you mean 'mha'" in errs[1]
     assert "unknown model.embedding 'hash_emb'" in errs[2] and "did you mean 'hash-emb'" in errs[2]
-    assert "train.decay must be" in errs[3]
+    assert "'train.decay' must be" in errs[3]
 
 
 CHECK = r"""

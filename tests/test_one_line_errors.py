@@ -142,6 +142,10 @@ def test_task_files_and_saved_configs_refuse_the_bomb_too(tmp_path):
     (ckpt / "resolved_config.yaml").write_text(f"train:\n  batch_ramp: {BOMB}\n")
     with pytest.raises(ConfigError, match="resolved_config.yaml: YAML aliases"):
         _saved_ramp(ckpt)
+    from megahash.checkpoint.resolve import checkpoint_config  # what evaluation and export read
+
+    with pytest.raises(ConfigError, match="resolved_config.yaml: YAML aliases"):
+        checkpoint_config(ckpt)
 
 
 def test_a_huge_error_message_is_capped_to_one_line(tmp_path):

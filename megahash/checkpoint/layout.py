@@ -5,7 +5,7 @@ Layout of ``train.save_dir``::
     step_00000100/            one complete checkpoint (DeepSpeed files + megahash files)
         mp_rank_00_model_states.pt, *_optim_states.pt    (DeepSpeed; not in an asynchronous save)
         model/, optimizer/    weights and Adam's state as megatron dist checkpoints (any layout)
-        ema/                  the weight average of train.ema_decay (when on)
+        ema/                  the weight average of train.ema.decay (when on)
         manifest.json         bytes and sha256 of every file (manifest.py, digest.py)
         megahash_state.json   step, consumed samples, model signature: written last = complete
         rng_rank00000.json    RNG states of each rank (rng.py)
@@ -25,7 +25,7 @@ from megahash.errors import CheckpointError
 
 STATE_FILE = "megahash_state.json"
 WEIGHTS_DIR = "model"
-EMA_DIR = "ema"  # the weight average of train.ema_decay (megahash/training/ema.py)
+EMA_DIR = "ema"  # the weight average of train.ema.decay (megahash/training/ema.py)
 TAG_RE = re.compile(r"^step_(\d{8})$")
 
 

@@ -144,11 +144,12 @@ def resolve_for_inference(path: str | Path, overrides: list[str] | None = None) 
 
 def checkpoint_config(ckpt: Path, overrides: list[str] | None = None):
     """The resolved config saved with a checkpoint, at TP=1 without sequence parallelism."""
-    import yaml
+    from megahash import safe_yaml
+    from megahash.config import apply_overrides, config_from_dict, migrate, without_retired
 
-    from megahash.config import apply_overrides, config_from_dict, without_retired
-
-    tree = without_retired(yaml.safe_load((ckpt / "resolved_config.yaml").read_text()))
+    path = ckpt / "resolved_config.yaml"  # read within safe_yaml's bounds (a hostile file: one line)
+    # an earlier release's keys under their current names before the overrides (which use the current ones)
+    tree = migrate(without_retired(safe_yaml.load(path.read_text(), str(path))))
     tree = apply_overrides(tree, list(overrides or []))
     tree["parallel"] = {"tensor": 1, "sequence": False}
     return config_from_dict(tree)

@@ -130,14 +130,14 @@ def load_weights(model: torch.nn.Module, directory: Path) -> None:
 
 def load_chosen(model: torch.nn.Module, ckpt: Path, weights: str = "live") -> None:
     """Load the weights ``weights`` names: ``live`` (``model/``), ``ema`` (``ema/``, the average of
-    train.ema_decay) or the path of a quantized artifact (``megahash export --quantize``, round-tripped)."""
+    train.ema.decay) or the path of a quantized artifact (``megahash export --quantize``, round-tripped)."""
     if weights == "live":
         return load_weights(model, ckpt / WEIGHTS_DIR)
     if weights == "ema":
         if not (ckpt / EMA_DIR).is_dir():
             raise CheckpointError(
                 f"checkpoint {ckpt} has no weight average ({EMA_DIR}/): it was trained without "
-                f"train.ema_decay; use --weights live"
+                f"train.ema.decay; use --weights live"
             )
         return load_weights(model, ckpt / EMA_DIR)
     from megahash.checkpoint.artifact import load_artifact_into

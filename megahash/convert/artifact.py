@@ -60,7 +60,7 @@ def main(argv=None) -> int:
         "--weights",
         default="live",
         choices=["live", "ema"],
-        help="the trained weights (live) or their average (ema, a run with train.ema_decay)",
+        help="the trained weights (live) or their average (ema, a run with train.ema.decay)",
     )
     args = p.parse_args(argv)
 

@@ -206,7 +206,7 @@ def generation_config(out: Path, max_length: int, cfg=None) -> None:
 
 def load_checkpoint(checkpoint, tokenizer: str | None = None, weights: str = "live"):
     """(cfg, TP=1 model, checkpoint dir, codec or None, step) of a megahash checkpoint; ``weights``: live
-    or ema (the average of train.ema_decay)."""
+    or ema (the average of train.ema.decay)."""
     from megahash.checkpoint.layout import read_state
     from megahash.checkpoint.weights import load_for_inference
     from megahash.eval.text import load_codec
@@ -370,7 +370,7 @@ def main(argv=None) -> int:
         "--weights",
         default="live",
         choices=["live", "ema"],
-        help="the trained weights (live) or their average (ema, a run with train.ema_decay)",
+        help="the trained weights (live) or their average (ema, a run with train.ema.decay)",
     )
     args = p.parse_args(argv)
 

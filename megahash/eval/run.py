@@ -265,7 +265,7 @@ def evaluate_checkpoint(
     fresh process without the launcher's rank variables, so the 1-rank group of
     ``load_for_inference`` never meets the training job's group; False runs in this process.
     ``overwrite=False`` (``megahash eval`` without ``--overwrite``) refuses an existing ``out`` before the
-    model is loaded. ``weights``: live, ema (train.ema_decay's average) or a quantized artifact's path.
+    model is loaded. ``weights``: live, ema (train.ema.decay's average) or a quantized artifact's path.
     ``trust_task_code``: let task files of ``tasks_dir`` run Python (``--trust-task-code``; refused otherwise)."""
     tasks = split_tasks(tasks)
     _offline_env(tasks, tasks_dir)
@@ -482,7 +482,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--weights",
         default="live",
         choices=["live", "ema"],
-        help="the trained weights (live) or their average (ema, a run with train.ema_decay)",
+        help="the trained weights (live) or their average (ema, a run with train.ema.decay)",
     )
     p.add_argument(
         "--artifact",

@@ -13,7 +13,7 @@ layer and the heads, norms, biases, a kind's per-head vectors):
   unchanged (``model.init_std``);
 - H under AdamW: LR / m and Adam eps / m ([Yang22] Table 3, Megatron's); under Muon: Muon's own shape scaling,
   which is already the spectral condition of [Yang23] (update norm ~ sqrt(fan_out / fan_in)), times 1/sqrt(m) for
-  ``train.muon_adjust_lr=match_rms_adamw`` (whose 0.2 sqrt(max(fan_out, fan_in)) grows with the width);
+  ``train.muon.adjust_lr=match_rms_adamw`` (whose 0.2 sqrt(max(fan_out, fan_in)) grows with the width);
   vector-like: ``train.lr`` (megahash/training/param_groups.py);
 - the head's input times B / hidden_size (``mup.MuReadout``; Megatron's logits x 1/m), in
   ``MegahashLM.hidden_states`` (:func:`megahash.models.mixing.readout_multiplier`);

@@ -12,7 +12,7 @@ and compressed with zstandard (level 19; the package megahash already needs for 
 or the standard library's zlib (level 9). torchao's quantization primitives are not installed here, and
 torch's own ``quantize_per_channel`` covers int8 only, so the few lines below do it for every width.
 
-QAT (``train.qat_bits``, megahash/training/qat.py) trains through this same round trip.
+QAT (``train.qat.bits``, megahash/training/qat.py) trains through this same round trip.
 """
 
 from __future__ import annotations

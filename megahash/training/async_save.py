@@ -45,6 +45,8 @@ import os
 import time
 from pathlib import Path
 
+from megahash.training.hooks import Hook
+
 DELAY_ENV = "MEGAHASH_TEST_ASYNC_WRITE_DELAY"  # tests: "STEP:SECONDS", the writer of that step sleeps first
 
 
@@ -152,9 +154,10 @@ def _cause(e: BaseException) -> BaseException:
 
 
 class AsyncSaver:
-    """The run's background checkpoint writer (one save in flight at most)."""
+    """The run's background checkpoint writer (one save in flight at most); ``hooks``: the run's
+    (megahash.training.hooks.Hooks), whose folders and states each checkpoint keeps."""
 
-    def __init__(self, cfg, log=None):
+    def __init__(self, cfg, log=None, hooks=None):
         import multiprocessing
         import threading
         from multiprocessing.managers import SyncManager
@@ -164,12 +167,12 @@ class AsyncSaver:
         with immune_children():  # the manager must outlive a stop signal to the process group
             self.manager = SyncManager(ctx=multiprocessing.get_context("spawn"))
             self.manager.start(_die_with_parent, (os.getpid(),))
-        self.cfg, self.log, self.queue, self.pending = cfg, log, _Queue(self.manager), None
+        self.cfg, self.log, self.hooks, self.queue, self.pending = cfg, log, hooks, _Queue(self.manager), None
         self.now = 0  # the step the loop is at (the step of a publication's record)
         self.warm = threading.Thread(target=_warm, args=(self.manager,), name="megahash-async-save-warm-up")
         self.warm.start()
 
-    def save(self, engine, step: int, consumed: int, wait: bool, extra: dict | None = None) -> float:
+    def save(self, engine, step: int, consumed: int, wait: bool) -> float:
         """Collective: start the save of ``step`` (after finishing the pending one); with ``wait``,
         finish it too. Returns the seconds the caller was blocked."""
         from megahash.checkpoint import optimizer_state
@@ -188,9 +191,8 @@ class AsyncSaver:
             if native:  # no per-parameter optimizer state: DeepSpeed's own copy, synchronously
                 engine.save_checkpoint(str(root), tag=tmp.name, client_state={"megahash_step": step}, save_latest=False)
             save_weights(engine.module, tmp / WEIGHTS_DIR, cfg.train.zero_stage, self.queue)
-            from megahash.training import ema
-
-            ema.save(engine, tmp, cfg.train.zero_stage, self.queue)  # the weight average (train.ema_decay)
+            if self.hooks is not None:  # the features' folders (the weight average's ema/)
+                self.hooks.save_files(engine, tmp, cfg.train.zero_stage, self.queue)
             optimizer_state.save(engine, tmp / optimizer_state.OPTIM_DIR, cfg.train.zero_stage, self.queue)
             write_rng(tmp)
         except (KeyboardInterrupt, SystemExit):
@@ -206,7 +208,7 @@ class AsyncSaver:
             "consumed": consumed,
             "native": native,
             "engine": engine,
-            "extra": extra or {},
+            "extra": self.hooks.state_dicts() if self.hooks is not None else {},  # as at this step
             "started": time.perf_counter(),
             "stall": time.perf_counter() - t0 - stall,
         }
@@ -276,36 +278,34 @@ class AsyncSaver:
             self.warm.join()
             self.manager.shutdown()
 
+    # ------------------------------------------------------------------ the run's saver (checkpoint.Saver's)
 
-def start(cfg, log=None) -> AsyncSaver | None:
-    """The run's writer when ``train.async_save`` is on (None: saves are synchronous)."""
-    return AsyncSaver(cfg, log) if cfg.train.async_save else None
+    def checkpoint(self, run, step: int, wait: bool) -> None:
+        """Collective: start the save of ``step`` (``wait``: finished before returning)."""
+        self.save(run.engine, step, run.consumed(step), wait)
 
+    def poll(self, run) -> None:
+        """Collective, every step: publish the pending save if every rank's writer is done."""
+        self.now = run.step
+        self.finish(blocking=False)
 
-def save(run, step: int, wait: bool) -> None:
-    """Collective: the checkpoint of ``step``, asynchronously with ``run.saver`` (``wait``: finished
-    before returning), else synchronously with its stall logged (split ``checkpoint``)."""
-    from megahash.training import checkpoint, step_guard
-
-    consumed = run.consumed(step)  # megahash.data.samples.consumed_samples: the one source
-    extra = step_guard.checkpoint_extra(run.guard)  # the bad-step guard's window (train.spike_factor)
-    if run.saver is not None:
-        run.saver.save(run.engine, step, consumed, wait, extra)
-        return
-    t0 = time.perf_counter()
-    checkpoint.save(run.engine, run.cfg, step, consumed, extra)
-    run.log.log(step, {"saved_step": step, "stall_s": time.perf_counter() - t0, "async": 0}, "checkpoint", echo=False)
+    def flush(self) -> None:
+        """Collective: publish the pending save (waiting for its writers)."""
+        self.finish(blocking=True)
 
 
-def poll(run) -> None:
-    """Collective, every step: publish the pending save if every rank's writer is done."""
-    if run.saver is not None:
-        run.saver.now = run.step
-        run.saver.finish(blocking=False)
+class _Hook(Hook):
+    """``train.async_save`` in the training loop: the writer is the run's saver (``run.saver``); at the end
+    of a run (its last save was waited for) or after an error (the writers are killed) it stops."""
+
+    def start(self, run) -> None:
+        run.saver = self.saver = AsyncSaver(run.cfg, run.log, run.hooks)
+
+    def close(self, run, status: int | None) -> None:
+        saver, self.saver = getattr(self, "saver", None), None
+        if saver is not None:
+            saver.close(abort=True)
 
 
-def close(run) -> None:
-    """At the end of a run (its last save was waited for) or after an error (the writers are killed)."""
-    saver, run.saver = run.saver, None
-    if saver is not None:
-        saver.close(abort=True)
+def hook(run) -> _Hook | None:
+    return _Hook() if run.cfg.train.async_save else None

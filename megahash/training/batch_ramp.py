@@ -6,7 +6,7 @@ consumed before it: with ``n = (G - START) / INCREMENT`` increments (``G`` = ``t
 ``batch(c) = START + INCREMENT * int(c / (SAMPLES / n))`` while ``c <= SAMPLES``, then ``G``. Every batch is
 a multiple of micro_batch_size x data-parallel size (config_checks.check_batch_ramp), so a step runs
 ``batch / (micro_batch_size x DP)`` micro-batches: DeepSpeed's gradient accumulation steps
-(``engine.set_train_batch_size``), the micro-batch itself never changes.
+(``engine.set_train_batch_size``: engine_patches.set_batch), the micro-batch itself never changes.
 
 :func:`megahash.data.samples.consumed_samples` is the one place the samples consumed by the first ``s`` steps come from (``s x G``
 without a ramp): the loader's start, the logged ``consumed_samples``/``consumed_tokens``, the checkpoint's
@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from megahash.data.samples import consumed_samples, ramp_on, step_batch
 from megahash.errors import CheckpointError
+from megahash.training import engine_patches
+from megahash.training.hooks import Hook
 
 
 def ramp_metrics(t, step: int) -> dict:
@@ -26,18 +28,19 @@ def ramp_metrics(t, step: int) -> dict:
     return {"global_batch": step_batch(t, step)} if ramp_on(t) else {}
 
 
-def set_step_batch(engine, t, step: int) -> int:
-    """Give DeepSpeed the global batch of step ``step`` (0-based) and return its gradient accumulation
-    steps. DeepSpeed finds the accumulation boundary at ``(micro_steps + 1) % gas == 0``, so the micro-step
-    count restarts with a new ``gas`` (a resumed run starts it at 0 too)."""
-    batch = step_batch(t, step)
-    if batch != engine.train_batch_size():
-        engine.set_train_batch_size(batch)  # raises if not a multiple of micro batch x DP (checked before)
-        engine.micro_steps = 0
-        gas = engine.gradient_accumulation_steps()
-        if hasattr(engine.optimizer, "gradient_accumulation_steps"):  # ZeRO-1/2 reads its own copy (offload)
-            engine.optimizer.gradient_accumulation_steps = gas
-    return engine.gradient_accumulation_steps()
+class BatchRamp(Hook):
+    """The ramp in the training loop: each step's global batch given to DeepSpeed, and logged."""
+
+    def before_step(self, run) -> None:
+        """The global batch of step ``run.step`` (0-based) as ``run.gas`` accumulation steps."""
+        run.gas = engine_patches.set_batch(run.engine, step_batch(run.cfg.train, run.step))
+
+    def step_metrics(self, run, metrics: dict) -> None:
+        metrics.update(ramp_metrics(run.cfg.train, run.step - 1))
+
+
+def hook(run) -> BatchRamp | None:
+    return BatchRamp() if ramp_on(run.cfg.train) else None
 
 
 def check_resume(ckpt, state: dict, cfg) -> None:

@@ -7,14 +7,17 @@ A checkpoint is written under ``step_N.tmp`` and renamed when every rank has fin
 interrupted save never replaces or damages the previous checkpoint. :func:`save` is synchronous;
 ``train.async_save`` (megahash/training/async_save.py) uses :func:`begin`, :func:`fail_if_any` and
 :func:`publish` around background writers and writes no DeepSpeed files (``deepspeed_files: false``).
+Both save the training features' parts by iterating the run's hooks (megahash/training/hooks.py): their
+folders (``save_files``, e.g. the weight average's ``ema/``) and their states in the state file
+(``state_dict``, under each hook's name, e.g. ``step_guard``); a resume gives them back the same way.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import torch.distributed as dist
@@ -86,7 +89,7 @@ def check_compatible(ckpt: Path, cfg: Config) -> dict:
     return state
 
 
-def save(engine, cfg: Config, step: int, consumed: int, extra: dict | None = None, hashes: bool = True) -> Path:
+def save(engine, cfg: Config, step: int, consumed: int, hooks=None, hashes: bool = True) -> Path:
     """Save a complete checkpoint of every rank under ``train.save_dir`` (collective). A failure
     (disk full, permission, state that cannot be written) on any rank removes the partial
     ``step_N.tmp`` and raises one CheckpointError on every rank naming the cause and its remedy; the
@@ -94,13 +97,13 @@ def save(engine, cfg: Config, step: int, consumed: int, extra: dict | None = Non
 
     Each rank hashes the files it wrote while the rest of the save goes on (megahash/checkpoint/digest.py):
     DeepSpeed's files as each is written, the dist checkpoints as each is complete; ``model/`` is
-    written last, so the hashes still to wait for at the end are of its files alone. ``hashes=False``:
+    written last, so the hashes still to wait for at the end are of its files alone. ``hooks``: the run's
+    (megahash.training.hooks.Hooks), whose folders and states the checkpoint keeps. ``hashes=False``:
     a manifest of sizes only (the benchmark's baseline, benchmarks/bench_checkpoint_hash.py)."""
     from megahash.checkpoint import digest, optimizer_state  # Adam's state sharded like the weights (elastic resume)
-    from megahash.checkpoint.layout import EMA_DIR
     from megahash.checkpoint.rng import write_rng
     from megahash.checkpoint.weights import save_weights
-    from megahash.training import ema
+    from megahash.training.engine_patches import hashing_saves
 
     root, tag = Path(cfg.train.save_dir), tag_for(step)
     tmp = root / (tag + ".tmp")
@@ -109,12 +112,12 @@ def save(engine, cfg: Config, step: int, consumed: int, extra: dict | None = Non
     hasher = digest.Hasher(tmp, process_groups.rank()) if hashes else None
     try:
         if native:
-            with _hashing_engine_saves(engine, hasher):
+            with hashing_saves(engine, hasher):
                 engine.save_checkpoint(str(root), tag=tmp.name, client_state={"megahash_step": step}, save_latest=False)
         optimizer_state.save(engine, tmp / optimizer_state.OPTIM_DIR, cfg.train.zero_stage)
         _hash_rank_files(hasher, tmp / optimizer_state.OPTIM_DIR)
-        ema.save(engine, tmp, cfg.train.zero_stage)  # the weight average (train.ema_decay)
-        _hash_rank_files(hasher, tmp / EMA_DIR)
+        for folder in hooks.save_files(engine, tmp, cfg.train.zero_stage) if hooks is not None else ():
+            _hash_rank_files(hasher, tmp / folder)  # a feature's own folder (the weight average's ema/)
         save_weights(engine.module, tmp / WEIGHTS_DIR, cfg.train.zero_stage)
         _hash_rank_files(hasher, tmp / WEIGHTS_DIR)
         write_rng(tmp)
@@ -132,40 +135,33 @@ def save(engine, cfg: Config, step: int, consumed: int, extra: dict | None = Non
     if os.environ.get("MEGAHASH_TEST_FAIL_IN_SAVE") == str(step) and error is None:
         error = RuntimeError(f"injected failure while saving step {step} (MEGAHASH_TEST_FAIL_IN_SAVE)")
     fail_if_any(root, tag, tmp, error)
-    extra = {**(extra or {}), **({} if native else {"deepspeed_files": False})}
+    extra = {**(hooks.state_dicts() if hooks is not None else {}), **({} if native else {"deepspeed_files": False})}
     publish(engine, cfg, tmp, step, consumed, extra, hashes=hashes)
     return root / tag
+
+
+class Saver:
+    """The run's synchronous saves (``run.saver`` unless ``train.async_save``'s writer replaces it:
+    megahash/training/async_save.py): each one's stall logged (split ``checkpoint``)."""
+
+    def checkpoint(self, run, step: int, wait: bool) -> None:
+        """Collective: the checkpoint of ``step`` (``wait``: always, here)."""
+        t0 = time.perf_counter()
+        save(run.engine, run.cfg, step, run.consumed(step), run.hooks)
+        run.log.log(
+            step, {"saved_step": step, "stall_s": time.perf_counter() - t0, "async": 0}, "checkpoint", echo=False
+        )
+
+    def poll(self, run) -> None:
+        """Every step: nothing in flight."""
+
+    def flush(self) -> None:
+        """Before a stop: nothing in flight."""
 
 
 def _hash_rank_files(hasher, folder: Path) -> None:
     if hasher is not None:
         hasher.submit_rank_files(folder)
-
-
-@contextlib.contextmanager
-def _hashing_engine_saves(engine, hasher):
-    """While DeepSpeed saves: each file its checkpoint engine writes on this rank goes to ``hasher``
-    at once (hashed while DeepSpeed writes the next one). Only a synchronous engine's (torch.save): a
-    decoupled one's files are still being written when ``save`` returns (rank 0 hashes them at the
-    publication)."""
-    inner = getattr(engine, "checkpoint_engine", None)
-    if hasher is None or inner is None or inner.is_decoupled():
-        yield
-        return
-
-    class Hashing:
-        def save(self, state_dict, path):
-            inner.save(state_dict, path)
-            hasher.submit(path)
-
-        def __getattr__(self, name):
-            return getattr(inner, name)
-
-    engine.checkpoint_engine = Hashing()
-    try:
-        yield
-    finally:
-        engine.checkpoint_engine = inner
 
 
 def begin(root: Path, tmp: Path) -> BaseException | None:

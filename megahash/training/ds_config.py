@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 
 from megahash.config import CONFIG_ROOT
-from megahash.config_checks import check_batch_ramp, check_muon_layout
+from megahash.config_checks import check_batch_ramp
 from megahash.errors import ConfigError
 
 # DeepSpeed key (dotted) -> megahash key it must agree with
@@ -169,7 +169,7 @@ def deepspeed_config(cfg, dp_size: int, bf16: bool, autocast=None) -> dict:
     ds["gradient_accumulation_steps"] = t.global_batch_size // per_step
     ds["gradient_clipping"] = t.clip_grad
     ds.setdefault("zero_optimization", {})["stage"] = effective_zero_stage(t.zero_stage, dp_size, bf16, t.optimizer)
-    check_muon_layout(t, ds["zero_optimization"]["stage"], bool(bf16))  # train.optimizer=muon: whole matrices only
+    t.muon.check_layout(t, ds["zero_optimization"]["stage"], bool(bf16))  # train.optimizer=muon: whole matrices only
     ds["bf16"] = {**(ds.get("bf16") or {}), "enabled": bool(bf16)}
     if autocast is not None:
         ds["torch_autocast"] = {
@@ -197,21 +197,3 @@ def effective_zero_stage(stage: int, dp_size: int, bf16: bool, optimizer: str = 
     if stage in (1, 2) and (optimizer == "muon" or (dp_size == 1 and not bf16)):
         return 0
     return stage
-
-
-def tune_engine(engine, dp_size: int) -> None:
-    """Per-run settings of a DeepSpeed engine that its JSON config cannot express.
-
-    At ZeRO stage 0 in fp32: (1) one data-parallel rank has nothing to all-reduce, so the
-    engine's backward all-reduce (flatten every gradient, reduce over a 1-rank group, copy back)
-    is switched off; (2) the gradient norm the engine computes while clipping is kept
-    (:func:`megahash.training.grad_norm.keep_zero0_grad_norm`; at one rank in all, without collectives)."""
-    if engine.zero_optimization_stage() != 0 or engine.bfloat16_enabled() or engine.fp16_enabled():
-        return
-    from megatron.core import parallel_state
-
-    from megahash.training.grad_norm import keep_zero0_grad_norm
-
-    if dp_size == 1:
-        engine.enable_backward_allreduce = False
-    keep_zero0_grad_norm(engine, one_rank=dp_size == 1 and parallel_state.get_tensor_model_parallel_world_size() == 1)

@@ -1,4 +1,4 @@
-"""``train.ema_decay``: an exponential moving average of the weights (Polyak averaging), as torchtitan,
+"""``train.ema.decay``: an exponential moving average of the weights (Polyak averaging), as torchtitan,
 timm and the Parameter Golf entries keep it.
 
 After every optimizer step ``ema = d * ema + (1 - d) * w`` (fp32, two roundings: ``_foreach_mul_`` then
@@ -6,11 +6,11 @@ After every optimizer step ``ema = d * ema + (1 - d) * w`` (fp32, two roundings:
 
     ema_k = d^k w_0 + (1 - d) * sum_{i=1..k} d^(k-i) w_i                                    (closed form)
 
-``train.ema_warmup=true`` uses timm's warmup correction (``ModelEmaV2``/``ModelEmaV3``'s
+``train.ema.warmup=true`` uses timm's warmup correction (``ModelEmaV2``/``ModelEmaV3``'s
 ``min(d, (1 + n) / (10 + n))``, n = the optimizer steps before this one; torchtitan has none): the
 decay of step k is d_k, and ema_k = (prod_j d_j) w_0 + sum_i (1 - d_i) (prod_{j>i} d_j) w_i. Without it
 w_0 keeps a weight d^k, so choose d with 1/(1-d) well below the steps.
-A skipped step (train.skip_nonfinite) still updates the average (towards unchanged weights).
+A skipped step (train.step_guard.skip_nonfinite) still updates the average (towards unchanged weights).
 
 Where it lives: over what each rank holds of every trainable parameter. Under ZeRO 0-2 that is the
 module parameter (its tensor-parallel shard, complete on every data-parallel rank): the average costs
@@ -28,18 +28,27 @@ the average from the resumed weights.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from megahash.checkpoint.layout import EMA_DIR
 from megahash.checkpoint.weights import gathered, load_weights, save_weights
+from megahash.config_checks import ranged
+from megahash.training.hooks import Hook
 
-ATTR = "_megahash_ema"  # the engine attribute the checkpoint hooks read
+
+@dataclass
+class Config:
+    """``train.ema``: the weight average (docs/compact_models.md)."""
+
+    decay: float = ranged(0.0, "[0, 1)", "decay of the weight average; 0 = off")
+    warmup: bool = False  # timm's warmup correction: decay min(decay, (1 + n) / (10 + n)) after n steps
 
 
-class WeightEMA:
-    """The fp32 averages of ``module``'s trainable parameters (this rank's shards)."""
+class WeightEMA(Hook):
+    """The fp32 averages of ``module``'s trainable parameters (this rank's shards); the run's hook."""
 
     def __init__(self, module: torch.nn.Module, decay: float, warmup: bool = False):
         self.decay, self.warmup = float(decay), bool(warmup)
@@ -83,57 +92,43 @@ class WeightEMA:
         for a, p in zip(self.avg, self.params):
             a.copy_(p.detach().float())
 
+    # ------------------------------------------------------------------ the hook
 
-def install(engine, t) -> WeightEMA | None:
-    """The run's average when ``train.ema_decay`` > 0 (kept on the engine for the checkpoint hooks)."""
-    ema = WeightEMA(engine.module, t.ema_decay, t.ema_warmup) if t.ema_decay > 0 else None
-    setattr(engine, ATTR, ema)
-    return ema
+    def after_step(self, run) -> None:
+        """After each optimizer step (``run.step``: the steps before it, restored on resume)."""
+        self.update(run.step)
 
+    def valid_metrics(self, run, evaluate) -> dict:
+        """Validation of the averaged weights: ``ema_<key>`` per key of ``evaluate()`` (loss, ppl, bpb)
+        evaluated with the averages swapped in."""
+        with self.swapped_in():
+            out = evaluate()
+        return {f"ema_{k}": v for k, v in out.items()}
 
-def update(run) -> None:
-    """After each optimizer step (``run.step``: the steps before it, restored on resume)."""
-    if run.ema is not None:
-        run.ema.update(run.step)
+    def save_files(self, engine, folder: Path, zero_stage: int, async_queue=None) -> list[str]:
+        """Collective: ``folder/ema/`` (the write is scheduled, or done, before the live weights are copied
+        back: the asynchronous writer's fork is its snapshot)."""
+        with self.swapped_in():
+            save_weights(engine.module, Path(folder) / EMA_DIR, zero_stage, async_queue)
+        return [EMA_DIR]
 
-
-def save(engine, directory: Path, zero_stage: int, async_queue=None) -> None:
-    """Collective: ``directory/ema/`` when the run keeps an average (the write is scheduled, or done,
-    before the live weights are copied back: the asynchronous writer's fork is its snapshot)."""
-    ema = getattr(engine, ATTR, None)
-    if ema is None:
-        return
-    with ema.swapped_in():
-        save_weights(engine.module, Path(directory) / EMA_DIR, zero_stage, async_queue)
-
-
-def restore(run, ckpt: Path | None) -> None:
-    """On resume: the average saved with ``ckpt``; without one, the resumed weights (rank 0 says so)."""
-    ema = run.ema
-    if ema is None or ckpt is None:
-        return
-    if not (Path(ckpt) / EMA_DIR).is_dir():
-        ema.reset()
-        if run.rank == 0:
-            print(f"megahash: {ckpt} has no {EMA_DIR}/; the weight average starts from the resumed weights", flush=True)
-        return
-    with ema.swapped_in():
-        with gathered(run.engine.module, run.cfg.train.zero_stage, modifier_rank=0):  # ZeRO-3: re-partitioned after
-            load_weights(run.engine.module, Path(ckpt) / EMA_DIR)
-        ema.take_from_module()
+    def load_files(self, run, ckpt: Path) -> None:
+        """On resume: the average saved with ``ckpt``; without one, the resumed weights (rank 0 says so)."""
+        if not (Path(ckpt) / EMA_DIR).is_dir():
+            self.reset()
+            if run.rank == 0:
+                print(
+                    f"megahash: {ckpt} has no {EMA_DIR}/; the weight average starts from the resumed weights",
+                    flush=True,
+                )
+            return
+        with self.swapped_in():
+            with gathered(run.engine.module, run.cfg.train.zero_stage, modifier_rank=0):  # ZeRO-3: re-partitioned
+                load_weights(run.engine.module, Path(ckpt) / EMA_DIR)
+            self.take_from_module()
 
 
-def metrics(run, loss_of, ppl: bool) -> dict:
-    """Validation of the averaged weights: ``ema_loss`` (``ema_ppl`` with ``ppl``) from ``loss_of()``
-    evaluated with the averages swapped in; a dict from ``loss_of`` gives ``ema_<key>`` per key."""
-    if run.ema is None:
-        return {}
-    import math
-
-    with run.ema.swapped_in():
-        out = loss_of()
-    out = out if isinstance(out, dict) else {"loss": out}
-    res = {f"ema_{k}": v for k, v in out.items()}
-    if ppl and "loss" in out:
-        res["ema_ppl"] = math.exp(min(out["loss"], 50.0))
-    return res
+def hook(run) -> WeightEMA | None:
+    """The run's average when ``train.ema.decay`` > 0."""
+    e = run.cfg.train.ema
+    return WeightEMA(run.engine.module, e.decay, e.warmup) if e.decay > 0 else None

@@ -41,6 +41,7 @@ from pathlib import Path
 
 from megahash.checkpoint.layout import STATE_FILE, pin_path
 from megahash.launching.env import LAUNCHER_VARS
+from megahash.training.hooks import Hook
 
 FAIL_ENV = "MEGAHASH_TEST_EVAL_FAIL"  # tests: "STEP", the child of that step exits 1 at once (a planted failure)
 WAIT_ENV = "MEGAHASH_TEST_EVAL_WAIT"  # tests: "STEP:FILE", the child of that step waits for FILE first
@@ -215,8 +216,31 @@ def _why(log: Path, status: int) -> str:
     return f"exit status {status}: {text[:300]}; log {log}"
 
 
-def start(cfg, log, rank: int, consumed) -> EvalDuring:
-    return EvalDuring(cfg, log, rank, consumed)
+class _Hook(Hook):
+    """The evaluations in the training loop: a due step pinned after its save, finished ones logged; at the
+    end of a completed run waited for (``eval.wait_s``), after a stop or an error killed."""
+
+    def __init__(self, evals: EvalDuring):
+        self.evals = evals
+
+    def start(self, run) -> None:
+        self.evals.log = run.log
+
+    def end_step(self, run) -> None:
+        if due(run.cfg, run.step):
+            run.save_requested = True  # the checkpoint of an evaluated step (train.save_interval may miss it)
+
+    def after_save(self, run) -> None:
+        self.evals.after_save(run.step)
+
+    def close(self, run, status: int | None) -> None:
+        if status is not None:  # the end of the loop: collective (every rank waits with rank 0)
+            self.evals.finish(wait=status == 0)
+        self.evals.close()
+
+
+def hook(run) -> _Hook:
+    return _Hook(EvalDuring(run.cfg, None, run.rank, run.consumed))
 
 
 def _child(argv: list[str]) -> None:

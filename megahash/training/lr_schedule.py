@@ -23,7 +23,7 @@ Under a batch-size ramp (``train.batch_ramp``) ``n`` counts samples, as Megatron
 and ``n`` is ``c_{s+1}`` during warmup, ``c_s`` after it (WSD anneals over the last ``F * c_D`` samples).
 Warmup and decay still end at steps ``W`` and ``D``; without a ramp ``c_s = s G`` and this is the step form.
 
-Each parameter group keeps its own peak (``train.muon_lr`` for Muon's matrices; floor ``peak * min_lr / lr``)
+Each parameter group keeps its own peak (``train.muon.lr`` for Muon's matrices; floor ``peak * min_lr / lr``)
 and its own constant weight decay (megatron's ``start_wd = end_wd`` per group). DeepSpeed's engine calls
 :meth:`Schedule.step` after every applied optimizer step and checkpoints :meth:`Schedule.state_dict`; a
 resume runs its first step at the saved LRs and the config's schedule from the next (megatron's

@@ -30,7 +30,7 @@ permutations). Over data-parallel ranks:
   tensors all-gathered to every rank after the step. Stage 2's gradient partitioning is not applied: the
   gradients are all-reduced whole, as at stage 1;
 - ZeRO-3 (parameters partitioned into flat slices on every rank) and DeepSpeed's bf16 optimizer (flat fp32
-  masters) are refused in one line (``megahash.config_checks``); ``train.precision=bf16`` (autocast over fp32
+  masters) are refused in one line (:class:`Config`); ``train.precision=bf16`` (autocast over fp32
   parameters) runs on every layout above.
 
 Why this design and not DeepSpeed's own: DeepSpeed's ZeRO-1/2 optimizer owns the gradient reduction, the
@@ -53,15 +53,57 @@ ZeRO-1 partitions it (flat, equal: the embedding tables, the largest tensors, sp
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
+from megahash.config_checks import ranged
+from megahash.errors import ConfigError
 from megahash.models import mup
 from megahash.training.param_groups import param_groups as groups_of_roles
 
-OPTIMIZERS = ("adamw", "muon")
-ADJUST_LR = ("original", "match_rms_adamw")
 MOMENTUM = "momentum_buffer"  # torch.optim.Muon's state key
+
+
+@dataclass
+class Config:
+    """``train.muon``: Muon's options, used with ``train.optimizer=muon`` (docs/compact_models.md). Muon takes
+    the 2-D matrices of the transformer layers at ``lr`` (torch.optim.Muon's algorithm), AdamW the rest at
+    ``train.lr``; the LR schedule scales both. ``adjust_lr``: original (sqrt(max(1, rows/cols))) |
+    match_rms_adamw (0.2 sqrt(max))."""
+
+    lr: float = ranged(0.02, "(0, inf)", "Muon's peak learning rate (hidden matrices)")
+    momentum: float = ranged(0.95, "[0, 1)", "Muon's momentum")
+    nesterov: bool = True
+    ns_steps: int = ranged(5, "[1, 99]", "Newton-Schulz steps (torch.optim.Muon: < 100)")
+    adjust_lr: Literal["original", "match_rms_adamw"] = "original"
+
+    def check(self, cfg) -> None:
+        """ZeRO-3 refused with the config (its layouts once the stage is known: :meth:`check_layout`)."""
+        if cfg.train.optimizer == "muon" and cfg.train.zero_stage == 3:
+            raise ConfigError(
+                "train.optimizer=muon orthogonalizes whole matrices and ZeRO stage 3 partitions every weight into "
+                "flat slices on every rank; set train.zero_stage=1 (Muon's state and Newton-Schulz work sharded "
+                "over the data-parallel ranks, the weights whole on each) or train.optimizer=adamw"
+            )
+
+    def check_layout(self, t, stage: int, bf16_params: bool) -> None:
+        """``train.optimizer=muon`` once the DeepSpeed stage is known (megahash/training/ds_config.py): refused
+        in one line where the optimizer would not see whole fp32 matrices."""
+        if t.optimizer != "muon":
+            return
+        if stage > 0:  # stage 3 (refused with the config already); 1 and 2 run as 0 with the optimizer sharded
+            raise ConfigError(
+                f"train.optimizer=muon orthogonalizes whole matrices and ZeRO stage {stage} partitions them into "
+                f"flat slices; set train.zero_stage=1 (Muon's state and work sharded over the data-parallel ranks) "
+                f"or train.optimizer=adamw"
+            )
+        if bf16_params:
+            raise ConfigError(
+                "train.optimizer=muon needs fp32 parameters (DeepSpeed's bf16 optimizer keeps flat "
+                "masters); use train.precision=bf16 (autocast over fp32 parameters)"
+            )
 
 
 def routes_to_muon(model: torch.nn.Module) -> dict[str, bool]:
@@ -76,15 +118,15 @@ def routes_to_muon(model: torch.nn.Module) -> dict[str, bool]:
 
 def param_groups(model: torch.nn.Module, t) -> list[dict]:
     """Groups of :class:`MuonAdamW` (megahash/training/param_groups.py, each tagged ``use_muon``): the Muon
-    matrices (``train.muon_*``, ``train.weight_decay``), AdamW's 2-D rest with decay and its 1-D rest without."""
+    matrices (``train.muon``, ``train.weight_decay``), AdamW's 2-D rest with decay and its 1-D rest without."""
     groups = groups_of_roles(model, t, muon=True)
     for g in groups:
         if g["use_muon"]:
             g.update(
-                momentum=t.muon_momentum,
-                nesterov=t.muon_nesterov,
-                ns_steps=t.muon_ns_steps,
-                adjust_lr_fn=t.muon_adjust_lr,
+                momentum=t.muon.momentum,
+                nesterov=t.muon.nesterov,
+                ns_steps=t.muon.ns_steps,
+                adjust_lr_fn=t.muon.adjust_lr,
             )
     return groups
 

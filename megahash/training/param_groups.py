@@ -5,7 +5,7 @@ Every parameter gets a *role* (:func:`roles`), the parameters of one role are on
 (``train.lr``/``train.eps`` where it sets none; the LR schedule scales every group's peak alike,
 megahash/training/lr_schedule.py):
 
-- ``muon``: the matrices Muon takes (``train.optimizer=muon``, megahash/training/muon.py): ``train.muon_lr``;
+- ``muon``: the matrices Muon takes (``train.optimizer=muon``, megahash/training/muon.py): ``train.muon.lr``;
 - ``hidden``: under muP (``model.mup_base_hidden_size``, megahash/models/mup.py) and AdamW, the hidden matrices:
   ``train.lr`` / m and ``train.eps`` / m (m the model's ``mup_width``; [Yang22] Table 3, Megatron-LM's
   ``get_mup_config_overrides``);
@@ -55,8 +55,8 @@ def group_settings(role: str, t, width: float | None) -> dict:
         # Muon's update has unit spectral norm times its shape factor: `original` sqrt(max(1, fan_out/fan_in)) is
         # width-independent (the spectral condition [Yang23]); `match_rms_adamw`'s 0.2 sqrt(max(fan_out, fan_in))
         # grows as sqrt(m), which muP takes back
-        shape = 1.0 / math.sqrt(m) if t.muon_adjust_lr == "match_rms_adamw" else 1.0
-        return {"lr": t.muon_lr * shape, "weight_decay": t.weight_decay}
+        shape = 1.0 / math.sqrt(m) if t.muon.adjust_lr == "match_rms_adamw" else 1.0
+        return {"lr": t.muon.lr * shape, "weight_decay": t.weight_decay}
     if role == "hidden":
         return {"lr": t.lr / m, "eps": t.eps / m, "weight_decay": t.weight_decay}
     return {"weight_decay": t.weight_decay if role == "decay" else 0.0}

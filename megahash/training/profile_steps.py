@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from megahash.accelerator import measurement
+from megahash.training.hooks import Hook
 
 PHASES = ("data", "forward", "backward", "optimizer", "logging")  # of a step (also megahash.training.profiling's)
 PREFIX = "megahash/"
@@ -116,6 +117,26 @@ class StepProfiler:
                 f"(open at https://pytorch.org/memory_viz)",
                 flush=True,
             )
+
+
+class _Hook(Hook):
+    """The profiler around every step of the run (out-of-memory dumps in any step, traces in the window)."""
+
+    def __init__(self, profiler: StepProfiler):
+        self.profiler = profiler
+
+    def start(self, run) -> None:
+        self.profiler.write = run.progress.write  # rank 0's report, between the progress lines
+
+    def around_step(self, run):
+        return self.profiler.step(run.step + 1)
+
+    def close(self, run, status: int | None) -> None:
+        self.profiler.close()  # a run stopped inside the profiled window: the steps it traced
+
+
+def hook(run) -> _Hook:
+    return _Hook(StepProfiler(run.cfg, run.rank))
 
 
 def phase_seconds(averages, steps: int) -> dict[str, float]:

@@ -84,7 +84,9 @@ class TrainHarness:
         self.engine, self.scheduler = build_engine(cfg, self.model, dp_size)
         from megahash.training import step_guard
 
-        self.guard = step_guard.install(self.engine, t)  # as trainer.train: the non-finite check of every step
+        self.guard = step_guard.install(
+            self.engine, t.step_guard
+        )  # as trainer.train: the non-finite check of every step
         self.objective = build_objective(cfg, self.data)
         self.loader = make_loader(self.data.train, 0, t.micro_batch_size, self.dp_rank, dp_size, cfg.data.num_workers)
         self.batches = iter(self.loader)

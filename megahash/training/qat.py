@@ -1,6 +1,6 @@
-"""``train.qat_bits`` / ``train.qat_fraction``: quantization-aware training for the last fraction of steps.
+"""``train.qat.bits`` / ``train.qat.fraction``: quantization-aware training for the last fraction of steps.
 
-From step ``round((1 - qat_fraction) * train.steps)`` on, every micro-batch's forward and backward run
+From step ``round((1 - fraction) * train.steps)`` on, every micro-batch's forward and backward run
 with the hidden matrices (the decoder's parameters that ``megahash export`` quantizes: floating, 2-D or
 more, above ``KEEP_NUMEL`` elements; megahash/models/quantized.py) replaced by their artifact round trip
 ``q(w)`` (per-row symmetric, fp16 scale: exactly what the artifact will hold at TP=1), and the gradient
@@ -16,17 +16,34 @@ ZeRO-3 is refused (its parameters are partitioned).
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
+from megahash.config_checks import ranged
+from megahash.errors import ConfigError
 from megahash.models.quantized import dequantize_rows, quantize_rows, quantized
+from megahash.training.hooks import Hook
 
-ATTR = "_megahash_qat"
+
+@dataclass
+class Config:
+    """``train.qat``: fake quantization of the hidden matrices in the last steps (docs/compact_models.md)."""
+
+    bits: Literal[0, 4, 6, 8] = 0  # bits of the fake quantization; 0 = off
+    fraction: float = ranged(0.1, "(0, 1]", "the last fraction of the steps trained with fake quantization")
+
+    def check(self, cfg) -> None:
+        if self.bits and cfg.train.zero_stage == 3:
+            raise ConfigError(
+                "train.qat.bits needs train.zero_stage 0, 1 or 2 (ZeRO-3 partitions the weights it fake-quantizes)"
+            )
 
 
 def start_step(t) -> int:
-    """The first step (0-based) trained with fake quantization."""
-    return round((1.0 - t.qat_fraction) * t.steps)
+    """The first step (0-based) trained with fake quantization (``t``: the train config)."""
+    return round((1.0 - t.qat.fraction) * t.steps)
 
 
 def round_trip(w: torch.Tensor, bits: int) -> torch.Tensor:
@@ -35,11 +52,12 @@ def round_trip(w: torch.Tensor, bits: int) -> torch.Tensor:
     return dequantize_rows(q, s, w.shape).to(w.dtype)
 
 
-class FakeQuant:
-    """The hidden matrices of ``module`` and whether the current step fake-quantizes them."""
+class FakeQuant(Hook):
+    """The hidden matrices of ``module`` and whether the current step fake-quantizes them; the run's hook
+    (``t``: the train config)."""
 
     def __init__(self, module: torch.nn.Module, t):
-        self.bits, self.start, self.active = int(t.qat_bits), start_step(t), False
+        self.bits, self.start, self.active = int(t.qat.bits), start_step(t), False
         self.params = [
             p for n, p in module.named_parameters() if n.startswith("decoder.") and p.requires_grad and quantized(n, p)
         ]
@@ -60,21 +78,14 @@ class FakeQuant:
             for p, w in zip(self.params, live):
                 p.data = w
 
+    def before_step(self, run) -> None:
+        """On from :func:`start_step` (``run.step``: the 0-based step about to run)."""
+        self.active = run.step >= self.start
 
-def install(engine, t) -> FakeQuant | None:
-    fq = FakeQuant(engine.module, t) if t.qat_bits else None
-    setattr(engine, ATTR, fq)
-    return fq
-
-
-def set_step(engine, step: int) -> None:
-    """Before the optimizer step ``step`` (0-based): on from :func:`start_step`."""
-    fq = getattr(engine, ATTR, None)
-    if fq is not None:
-        fq.active = step >= fq.start
+    def micro_batch(self, run):
+        """Each micro-batch's forward and backward (nothing while not yet on)."""
+        return self.applied()
 
 
-def applied(engine):
-    """The context of one micro-batch's forward and backward (nothing when QAT is off or not yet on)."""
-    fq = getattr(engine, ATTR, None)
-    return fq.applied() if fq is not None else contextlib.nullcontext()
+def hook(run) -> FakeQuant | None:
+    return FakeQuant(run.engine.module, run.cfg.train) if run.cfg.train.qat.bits else None

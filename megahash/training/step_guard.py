@@ -1,29 +1,30 @@
-"""The bad-step guard of every run: non-finite steps (refused before the update; ``train.skip_nonfinite``
-skips them instead of stopping), the loss-spike rule (``train.spike_factor``, ``train.spike_window``) and
-``train.max_skips``.
+"""The bad-step guard of every run: non-finite steps (refused before the update;
+``train.step_guard.skip_nonfinite`` skips them instead of stopping), the loss-spike rule
+(``train.step_guard.spike_factor``, ``spike_window``) and ``train.step_guard.max_skips``.
 
 **Decision, every rank alike, before anything is applied.** At the gradient-accumulation boundary,
 inside ``engine.step()`` and before the optimizer steps (``engine._take_model_step``, wrapped on the
-instance as :mod:`megahash.training.grad_norm` does), ONE all-reduce over the whole world sums
+instance by :func:`megahash.training.engine_patches.guard_steps`), ONE all-reduce over the whole world sums
 ``[this rank's micro-batch losses, a gradient-norm-is-non-finite flag]``; every rank then sees the same
 mean loss and the same flag and takes the same decision. A step is refused when
 
 - the mean loss or the gradient norm is non-finite. The gradient norm is the one the step computes
   anyway: where the engine steps torch's optimizer itself (ZeRO-0 in fp32, Muon included) the decision
-  waits for DeepSpeed's clipping norm (kept by :func:`megahash.training.grad_norm.keep_zero0_grad_norm`,
+  waits for DeepSpeed's clipping norm (kept by :func:`megahash.training.engine_patches.keep_grad_norm`,
   global over the data- and tensor-parallel ranks) and is taken as the optimizer is called, so it costs
   no pass over the gradients; DeepSpeed's ZeRO 1-3 and bf16 optimizers compute the global norm before
   they step and take their overflow path on a non-finite one (bf16 ZeRO 1-2 only with
-  ``check_grad_overflow``, which :func:`install` turns on): nothing applied, counted here too. Under
+  ``check_grad_overflow``, which :func:`~megahash.training.engine_patches.guard_steps` turns on): nothing applied, counted here too. Under
   tensor parallelism a rank sees only its shards: the all-reduced flag makes every rank refuse (tested);
 - or the mean loss is a spike (:class:`SpikeRule`): skipped.
 
 A refused step takes DeepSpeed's own path (gradients zeroed, ZeRO buffers cleared, its step and
 sample counters advanced) with the base optimizer's ``step`` a no-op and the LR scheduler detached
 for the call: parameters and Adam's moments keep their bit pattern (ZeRO copies its unchanged fp32
-partitions back), so a parameter never takes a non-finite value. Then, with ``train.skip_nonfinite``
+partitions back), so a parameter never takes a non-finite value. Then, with ``train.step_guard.skip_nonfinite``
 off (the default), the run stops (:meth:`StepGuard.nonfinite_error`: one line, exit 2) with the
-newest checkpoint as it was; on, the step is skipped and training goes on. The cost of the check:
+newest checkpoint as it was (a background save in flight, of an earlier step, published first); on, the
+step is skipped and training goes on. The cost of the check:
 the all-reduce of two numbers and one host sync a step (``benchmarks/bench_step_guard.py``).
 
 **Counters of a skipped step, as Megatron-LM's ``train_step`` does for an unsuccessful update**: the
@@ -37,35 +38,56 @@ checkpoints the scheduler and ``skipped_steps``, so a resume continues both. (fl
 
 After ``max_skips`` consecutive skips the run stops with one line (:class:`SkippedStepsError`, exit 2)
 naming the step and its global sample indices. The spike window and the consecutive count are saved
-in the checkpoint's state file (:func:`checkpoint_extra`, synchronous and asynchronous saves alike), so
-a resume, at this layout or another, decides as the uninterrupted run.
+in the checkpoint's state file (the hook's ``state_dict``, key ``step_guard``, synchronous and asynchronous
+saves alike), so a resume, at this layout or another, decides as the uninterrupted run.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import statistics
 from collections import deque
+from dataclasses import dataclass
 
 import torch
 
-from megahash.errors import MegahashError
+from megahash.config_checks import ranged
+from megahash.errors import ConfigError, MegahashError
+from megahash.training import engine_patches
+from megahash.training.hooks import Hook
+
+
+@dataclass
+class Config:
+    """``train.step_guard``: what a bad step is and what the run does about it."""
+
+    skip_nonfinite: bool = False  # a non-finite step is skipped (training goes on) instead of stopping the run
+    # a loss above spike_factor x the median loss of the last spike_window applied steps is skipped; 0 = no rule
+    spike_factor: float = ranged(0.0, "[0, inf)", "skip a loss above this x the running median; 0 = off")
+    spike_window: int = ranged(100, "[1, inf)", "losses in the spike rule's running median")
+    max_skips: int = ranged(10, "[0, inf)", "consecutive skipped steps that stop the run; 0 = never")
+
+    def check(self, cfg) -> None:
+        if 0 < self.spike_factor <= 1:
+            raise ConfigError(
+                f"train.step_guard.spike_factor={self.spike_factor} must be 0 (off) or > 1 (a spike is a loss "
+                f"above that many times the running median)"
+            )
 
 
 class SkippedStepsError(MegahashError):
-    """``train.max_skips`` consecutive optimizer steps were skipped."""
+    """``train.step_guard.max_skips`` consecutive optimizer steps were skipped."""
 
 
 class NonFiniteStepError(MegahashError):
-    """A step's loss or gradient norm was non-finite (``train.skip_nonfinite`` off): refused, run stopped."""
+    """A step's loss or gradient norm was non-finite (``train.step_guard.skip_nonfinite`` off): refused, run stopped."""
 
 
 NONFINITE = ("non-finite loss", "non-finite gradient norm")  # the reasons that stop a run without skip_nonfinite
 
 
 class SpikeRule:
-    """Loss spikes: with ``k`` = ``train.spike_factor`` > 0 and ``W`` = ``train.spike_window``, the
+    """Loss spikes: with ``k`` = ``spike_factor`` > 0 and ``W`` = ``spike_window`` (``train.step_guard``), the
     loss ``L_s`` of step ``s`` is a spike when the window is full and
 
         L_s > k * median(L_{a_1}, ..., L_{a_W})
@@ -90,11 +112,11 @@ class SpikeRule:
             self.window.append(loss)
 
 
-class StepGuard:
-    """The decision and bookkeeping of one run (built by :func:`install`)."""
+class StepGuard(Hook):
+    """The decision and bookkeeping of one run (its hook: :func:`hook`); ``cfg`` its ``train.step_guard``."""
 
-    def __init__(self, engine, train_cfg):
-        t = train_cfg
+    def __init__(self, engine, cfg: Config):
+        t = cfg
         self.engine = engine
         self.skip_nonfinite = bool(t.skip_nonfinite)
         self.spike = SpikeRule(t.spike_factor, t.spike_window)
@@ -149,32 +171,31 @@ class StepGuard:
             self.reason = self.decide()
             if self.reason is None:
                 original(lr_kwargs)
-                if not _applied(engine):  # DeepSpeed's optimizer found a non-finite global gradient norm
+                if not engine_patches.applied(engine):  # DeepSpeed's optimizer found a non-finite gradient norm
                     self.reason = NONFINITE[1]
                 return
-            with _nothing_applied(engine):
+            with engine_patches.nothing_applied(engine):
                 original(lr_kwargs)
         # a refused step that DeepSpeed stepped (a no-op): counted as its overflow path counts one
-        if self.reason is not None and _applied(engine):
-            engine._step_applied = False
-            engine.skipped_steps += 1
+        if self.reason is not None and engine_patches.applied(engine):
+            engine_patches.count_refused(engine)
 
     def _decided_at_optimizer_step(self, original, lr_kwargs) -> str | None:
         """ZeRO-0 (the engine steps torch's optimizer): ``original`` with the base optimizer's ``step``
-        deciding first, on DeepSpeed's clipping norm of this step (megahash.training.grad_norm); a refusal
+        deciding first, on DeepSpeed's clipping norm of this step (engine_patches.keep_grad_norm); a refusal
         makes it a no-op and detaches the LR scheduler for the rest of the call."""
         engine = self.engine
         reasons = []
 
         def deciding_step(real_step, *args, **kwargs):
-            norm = getattr(engine, "_megahash_grad_norm", None)
+            norm = engine_patches.kept_grad_norm(engine)
             reasons.append(self.decide(norm if norm is not None else _local_grad_norm(engine)))
             if reasons[0] is None:
                 return real_step(*args, **kwargs)
-            engine.lr_scheduler = None
+            engine_patches.detach_scheduler(engine)
             return None
 
-        with _optimizer_step(engine, deciding_step):
+        with engine_patches.optimizer_step(engine, deciding_step):
             original(lr_kwargs)
         return reasons[0] if reasons else self.decide()  # (not called: nothing was applied)
 
@@ -208,7 +229,7 @@ class StepGuard:
 
     @property
     def stopping(self) -> bool:
-        """The last step was refused as non-finite and ``train.skip_nonfinite`` is off: the run stops."""
+        """The last step was refused as non-finite and ``train.step_guard.skip_nonfinite`` is off: the run stops."""
         return not self.skip_nonfinite and self.reason in NONFINITE
 
     def nonfinite_error(self, step: int, samples: tuple[int, int], lr: float, newest) -> NonFiniteStepError:
@@ -219,7 +240,7 @@ class StepGuard:
         return NonFiniteStepError(
             f"step {step}: {self.reason} (loss {self.mean_loss:.4g} at lr {lr:.4g}, global samples {first}-{last}); "
             f"the update was not applied and the run stopped: {kept}; lower train.lr, inspect those samples, "
-            f"or set train.skip_nonfinite=true to skip such steps"
+            f"or set train.step_guard.skip_nonfinite=true to skip such steps"
         )
 
     def stop_if_stuck(self, step: int, samples: tuple[int, int]) -> None:
@@ -229,9 +250,9 @@ class StepGuard:
             return
         first, last = samples[0], samples[1] - 1
         raise SkippedStepsError(
-            f"{self.consecutive} consecutive optimizer steps skipped (train.max_skips={self.max_skips}); the last, "
+            f"{self.consecutive} consecutive optimizer steps skipped (train.step_guard.max_skips={self.max_skips}); the last, "
             f"step {step} ({self.reason}), read global samples {first}-{last} of the train dataset; lower train.lr, "
-            f"inspect those samples, or raise train.max_skips"
+            f"inspect those samples, or raise train.step_guard.max_skips"
         )
 
 
@@ -241,66 +262,37 @@ def _local_grad_norm(engine):
     return torch.nn.utils.get_total_norm(grads) if grads else None
 
 
-def _applied(engine) -> bool:
-    """Whether DeepSpeed's last ``_take_model_step`` applied its update (not its overflow path)."""
-    return getattr(engine, "_step_applied", not getattr(engine.optimizer, "overflow", False))
+class _Hook(StepGuard):
+    """The guard in the training loop: a refused non-finite step stops the run before it counts; a
+    skipped one is accounted for and shown with the step's metrics."""
+
+    def after_step(self, run) -> None:
+        """A non-finite step the guard refused with ``skip_nonfinite`` off (every rank alike): a background
+        save in flight (of an earlier, finite step) is published first, then one line naming the newest
+        checkpoint."""
+        if not self.stopping:
+            return
+        from megahash.training.checkpoint import find_resume
+
+        run.saver.flush()
+        step, lr = run.step + 1, float(run.engine.get_lr()[0])  # a refused step left the LR where it was
+        samples = (run.consumed(step - 1), run.consumed(step))
+        raise self.nonfinite_error(step, samples, lr, find_resume(run.save_dir))
+
+    def step_metrics(self, run, metrics: dict) -> None:
+        if self.account(run.step, metrics, run.progress):
+            run.echo = True  # a skipped step's line is always shown
+            self.stop_if_stuck(run.step, (run.consumed(run.step - 1), run.consumed(run.step)))
 
 
-@contextlib.contextmanager
-def _optimizer_step(engine, step):
-    """During the call: the base optimizer's ``step(*args)`` is ``step(its own step, *args)``; the engine's
-    LR scheduler is put back afterwards (a refused step detaches it)."""
-    base = engine.basic_optimizer if engine.basic_optimizer is not None else engine.optimizer
-    own = vars(base).get("step")  # an instance-level ``step`` (a wrapper some library put there) is kept
-    real, scheduler = base.step, engine.lr_scheduler
-    base.step = lambda *args, **kwargs: step(real, *args, **kwargs)
-    try:
-        yield
-    finally:
-        engine.lr_scheduler = scheduler
-        if own is not None:
-            base.step = own
-        else:
-            del base.step
-
-
-@contextlib.contextmanager
-def _nothing_applied(engine):
-    """During the call: the base optimizer's ``step`` does nothing and the engine has no LR scheduler."""
-    with _optimizer_step(engine, lambda real, *args, **kwargs: None):
-        engine.lr_scheduler = None
-        yield
-
-
-def install(engine, train_cfg) -> StepGuard:
-    """The run's guard (every run: non-finite steps are refused before the update), wrapping
-    ``engine.backward`` (to see the losses) and ``engine._take_model_step`` on the instance."""
-    t = train_cfg
-    guard = StepGuard(engine, t)
-    if engine.bfloat16_enabled() and hasattr(engine.optimizer, "check_grad_overflow"):
-        engine.optimizer.check_grad_overflow = True  # bf16 ZeRO 1-2 would otherwise clip with a NaN norm
-    backward, take_step = engine.backward, engine._take_model_step
-
-    def guarded_backward(loss, *args, **kwargs):
-        guard.observe(loss)
-        return backward(loss, *args, **kwargs)
-
-    engine.backward = guarded_backward
-    engine._take_model_step = lambda lr_kwargs=None: guard.take_model_step(take_step, lr_kwargs)
+def install(engine, cfg: Config, cls: type[StepGuard] = StepGuard) -> StepGuard:
+    """A guard of ``engine`` (``cfg``: ``train.step_guard``) wrapping its ``backward`` and ``_take_model_step``
+    (megahash/training/engine_patches.py)."""
+    guard = cls(engine, cfg)
+    engine_patches.guard_steps(engine, guard.observe, guard.take_model_step)
     return guard
 
 
-def checkpoint_extra(guard: StepGuard | None) -> dict:
-    """What a checkpoint's state file (``megahash_state.json``, the same on every rank) keeps of the
-    guard: the spike window and the consecutive count, so a resume at any layout, from a synchronous
-    or an asynchronous save, decides as the uninterrupted run would."""
-    return {_STATE_KEY: guard.state_dict()} if guard is not None else {}
-
-
-def restore(guard: StepGuard | None, state: dict) -> None:
-    """The guard's state from a checkpoint's state file (nothing when it was saved without one)."""
-    if guard is not None and _STATE_KEY in state:
-        guard.load_state_dict(state[_STATE_KEY])
-
-
-_STATE_KEY = "step_guard"
+def hook(run) -> StepGuard:
+    """Every run's guard (non-finite steps are refused before the update)."""
+    return install(run.engine, run.cfg.train.step_guard, _Hook)

@@ -7,17 +7,21 @@ validation loss, perplexity and bits per byte of every validation set (megahash/
 checkpoints every ``save_interval`` steps and at the end; stops cleanly on SIGUSR1/SIGTERM (checkpoint,
 exit status ``EXIT_REQUEUE``).
 
-:func:`train` reads top to bottom: :func:`_set_up` (resume point, data, model and engine, restored
-state, logs, batches, stop flag), :func:`_loop` (step, validate, save or stop), :func:`_finish`;
-a :class:`_Run` carries the state between them.
+:func:`train` reads top to bottom: :func:`_set_up` (resume point, data, model and engine, the
+features' hooks, restored state, logs, batches, stop flag), :func:`_loop` (step, validate, save or stop),
+:func:`_finish`; a :class:`Run` carries the state between them. The long-run features (the step guard, the
+weight average, QAT, the batch ramp, validation, profiling, the hang watchdog, asynchronous saves,
+evaluations) are hooks called at fixed points of the loop (megahash/training/hooks.py); none is named here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -28,16 +32,22 @@ from megahash.data.samples import consumed_samples, step_batch
 from megahash.data.text_source import RunTexts
 from megahash.errors import CheckpointError
 from megahash.known_warnings import quiet_deepspeed_logger
-from megahash.training import async_save, checkpoint, ema, eval_during, qat, run_lock, step_guard
-from megahash.training.batch_ramp import check_resume, ramp_metrics, set_step_batch
-from megahash.training.ds_config import deepspeed_config, tune_engine
+from megahash.training import checkpoint, engine_patches, hooks, run_lock
+from megahash.training.batch_ramp import check_resume
+from megahash.training.ds_config import deepspeed_config
 from megahash.training.logging import RunLogger, plot_loss
 from megahash.training.lr_schedule import Schedule
 from megahash.training.muon import build_optimizer
 from megahash.training.param_groups import param_groups
-from megahash.training.profile_steps import StepProfiler, phase
+from megahash.training.profile_steps import phase
 from megahash.training.signals import EXIT_REQUEUE, StopFlag, any_rank, release_early
-from megahash.training.watchdog import watchdog_for
+
+if TYPE_CHECKING:
+    from deepspeed import DeepSpeedEngine
+
+    from megahash.data.dataset import Datasets
+    from megahash.objectives import Objective
+    from megahash.training.progress import Progress
 
 
 def batch_loss(engine, batch: dict, objective) -> torch.Tensor:
@@ -83,22 +93,28 @@ def build_engine(cfg: Config, model: torch.nn.Module, dp_size: int, dtype: torch
         dist_init_required=False,
     )
     deepspeed_ops.release_deepspeed_shm()
-    tune_engine(engine, dp_size)
+    from megatron.core import parallel_state
+
+    one_rank_tp = parallel_state.get_tensor_model_parallel_world_size() == 1
+    engine_patches.tune(engine, dp_size, one_rank_tp)  # the first of the engine's patches (engine_patches.py)
     return engine, scheduler
 
 
-def train_step(engine, batches, objective, gas: int, timings: dict | None = None) -> tuple[float, float]:
+def train_step(
+    engine, batches, objective, gas: int, timings: dict | None = None, micro_batch=None
+) -> tuple[float, float]:
     """One optimizer step of ``gas`` micro-batches from the iterator ``batches``: (sum of the
     micro-batch losses, seconds spent waiting for batches). One host sync per step; with a
     ``timings`` dict, also the seconds of the optimizer phase (``engine.step`` of the last
-    micro-batch, between device syncs: ``accelerator.measurement.synchronize``) as ``timings["optimizer_s"]``."""
+    micro-batch, between device syncs: ``accelerator.measurement.synchronize``) as ``timings["optimizer_s"]``.
+    ``micro_batch()``: a context around each micro-batch's forward and backward (the hooks', e.g. QAT's)."""
     loss_sum, wait = None, 0.0
     for i in range(gas):  # phase(): the profiler's ranges in a profiled step (train.profile_steps)
         tw = time.perf_counter()
         with phase("data"):
             batch = next(batches)
         wait += time.perf_counter() - tw
-        with qat.applied(engine):  # train.qat_bits: the hidden matrices fake-quantized (straight-through)
+        with micro_batch() if micro_batch is not None else contextlib.nullcontext():
             with phase("forward"):
                 loss = batch_loss(engine, batch, objective)
             with phase("backward"):
@@ -118,32 +134,30 @@ def train_step(engine, batches, objective, gas: int, timings: dict | None = None
 
 
 @dataclass
-class _Run:
-    """What one run carries from step to step of :func:`train` (filled by :func:`_set_up`)."""
+class Run:
+    """What one run carries from step to step of :func:`train` (filled by :func:`_set_up`); the hooks read it."""
 
     cfg: Config
     rank: int
     world: int
     dp_rank: int = 0
     dp_size: int = 1
-    data: Any = None  # megahash.data.dataset.build_datasets
-    engine: Any = None
-    objective: Any = None
+    data: Datasets | None = None  # megahash.data.dataset.build_datasets
+    engine: DeepSpeedEngine | None = None
+    objective: Objective | None = None
     step: int = 0  # optimizer steps done
     log: RunLogger | None = None
-    loader: Any = None
-    batches: Any = None
+    loader: torch.utils.data.DataLoader | None = None
+    batches: Iterator[dict] | None = None
     stop: StopFlag | None = None
-    gas: int = 1
-    progress: Any = None  # megahash.training.progress.Progress
-    profiler: StepProfiler | None = None  # train.profile_steps
-    flops_tok: Any = None  # a number, or "n/a" for a kind with no cost model
+    gas: int = 1  # micro-batches of the step under way (the batch ramp's hook sets it)
+    progress: Progress | None = None
+    flops_tok: float | str = 0.0  # a number, or "n/a" for a kind with no cost model
     peak: float = 0.0  # peak FLOP/s of the whole world
-    watch: Any = None  # megahash.training.watchdog.HangWatchdog
-    guard: Any = None  # megahash.training.step_guard.StepGuard (non-finite steps, train.spike_factor)
-    saver: Any = None  # megahash.training.async_save.AsyncSaver (train.async_save), None: synchronous saves
-    ema: Any = None  # megahash.training.ema.WeightEMA (train.ema_decay), None: off
-    evals: Any = None  # megahash.training.eval_during.EvalDuring (eval.interval)
+    hooks: hooks.Hooks = field(default_factory=lambda: hooks.Hooks([]))  # the features' (hooks.build)
+    saver: checkpoint.Saver = field(default_factory=checkpoint.Saver)  # or train.async_save's writer
+    echo: bool = False  # the step under way shows its progress line (a hook may ask for it)
+    save_requested: bool = False  # a hook asks for the checkpoint of the step under way (eval.interval)
 
     @property
     def save_dir(self) -> Path:
@@ -170,7 +184,7 @@ def train(cfg: Config, at_end=None) -> int:
     try:
         with run_lock.held(cfg.train.save_dir, rank):  # one run per save_dir, before anything is written there
             run = _set_up(cfg, rank, world)
-            with run.watch.requeue_after_peer_hang():  # a collective broken by a peer's hang watchdog: requeue
+            with run.hooks.around_loop(run):  # the watchdog's: a collective broken by a peer's hang: requeue
                 exit_status = _loop(run)
             _finish(run, exit_status, at_end)
             completed = True
@@ -188,7 +202,7 @@ class _LoadFailed(Exception):
         self.ckpt, self.why = ckpt, why
 
 
-def _set_up(cfg: Config, rank: int, world: int) -> _Run:
+def _set_up(cfg: Config, rank: int, world: int) -> Run:
     """A set-up run (:func:`_set_up_once`). Under ``train.resume=auto`` a checkpoint that fails to load, on
     any rank and for any reason (its files damaged beyond what verification saw, a checkpoint without
     a manifest), is skipped like a damaged one: the whole set-up is done again from a fresh engine with
@@ -198,7 +212,7 @@ def _set_up(cfg: Config, rank: int, world: int) -> _Run:
 
     failed: dict[Path, str] = {}
     while True:
-        run = _Run(cfg, rank, world)
+        run = Run(cfg, rank, world)
         try:
             _set_up_once(run, failed)
             return run
@@ -215,10 +229,10 @@ def _set_up(cfg: Config, rank: int, world: int) -> _Run:
 # ------------------------------------------------------------------------------------------ set up
 
 
-def _set_up_once(run: _Run, failed: dict | None = None) -> None:
-    """Set up: the resume point, the datasets, the model and its engine, the restored state, the
-    logs, the batch iterator, the stop flag, the progress meter and the hang watchdog, in this order.
-    ``failed``: checkpoints that failed to load in an earlier attempt (:func:`_set_up`)."""
+def _set_up_once(run: Run, failed: dict | None = None) -> None:
+    """Set up: the resume point, the datasets, the model and its engine, the features' hooks, the restored
+    state, the logs, the batch iterator, the stop flag and the progress meter, in this order; then the hooks
+    start. ``failed``: checkpoints that failed to load in an earlier attempt (:func:`_set_up`)."""
     from megatron.core import parallel_state
 
     from megahash.objectives import build_objective
@@ -229,9 +243,7 @@ def _set_up_once(run: _Run, failed: dict | None = None) -> None:
     run.data = _build_data(cfg)
     model, n_params, n_emb = _build_model(cfg, run.data)
     run.engine, _ = build_engine(cfg, model, run.dp_size)
-    run.guard = step_guard.install(run.engine, cfg.train)
-    run.ema = ema.install(run.engine, cfg.train)  # the weight average (train.ema_decay)
-    qat.install(run.engine, cfg.train)  # fake quantization of the last steps (train.qat_bits)
+    run.hooks = hooks.build(run)  # the training features (megahash/training/hooks.py: FEATURES)
     run.objective = build_objective(cfg, run.data)
     if resume_from is not None:
         _restore(run, resume_from)
@@ -239,10 +251,7 @@ def _set_up_once(run: _Run, failed: dict | None = None) -> None:
     _open_batches(run)
     run.stop = _stop_flag(cfg.train)
     _start_progress(run)
-    run.profiler = StepProfiler(cfg, run.rank, run.progress.write)
-    run.watch = watchdog_for(cfg.train, run.rank)  # train.hang_timeout_s / hang_factor (training/watchdog.py)
-    run.saver = async_save.start(cfg, run.log)
-    run.evals = eval_during.start(cfg, run.log, run.rank, run.consumed)  # eval.interval: lm-eval children
+    run.hooks.start(run)
 
 
 def _resume_point(cfg: Config, rank: int, failed: dict) -> Path | None:
@@ -270,9 +279,9 @@ def _resume_point(cfg: Config, rank: int, failed: dict) -> Path | None:
     return resume_from
 
 
-def _restore(run: _Run, ckpt: Path) -> None:
-    """Model, optimizer, scheduler, RNG, the bad-step guard's window and the weight average from
-    ``ckpt`` (its compatibility was checked). A failure on any rank, whatever raised it, is a
+def _restore(run: Run, ckpt: Path) -> None:
+    """Model, optimizer, scheduler, RNG and the hooks' states and files (the bad-step guard's window, the
+    weight average) from ``ckpt`` (its compatibility was checked). A failure on any rank, whatever raised it, is a
     :class:`_LoadFailed` under ``train.resume=auto`` (:func:`_set_up` falls back), one line otherwise."""
     from megahash.checkpoint.deepspeed_files import UntrustedCheckpoint
     from megahash.training.checkpoint_faults import first_line
@@ -281,8 +290,7 @@ def _restore(run: _Run, ckpt: Path) -> None:
     try:
         state = checkpoint.load(run.engine, ckpt, run.cfg)
         run.step = int(state["step"])
-        step_guard.restore(run.guard, state)  # the spike window and skip count (train.spike_factor)
-        ema.restore(run, ckpt)
+        run.hooks.load(run, ckpt, state)
     except (KeyboardInterrupt, SystemExit, UntrustedCheckpoint):  # refused on every rank alike: not damage
         raise
     except BaseException as e:  # torch.distributed.checkpoint's CheckpointException is a BaseException
@@ -332,7 +340,7 @@ def _prepare_model_inputs(model, cfg: Config, data) -> None:
         extra.prepare(cfg, data.vocab_size, RunTexts(cfg))
 
 
-def _open_log(run: _Run, resume_from: Path | None, n_params: int, n_emb: int) -> None:
+def _open_log(run: Run, resume_from: Path | None, n_params: int, n_emb: int) -> None:
     """The resolved config and the metric logs; rank 0 announces the run."""
     cfg, t = run.cfg, run.cfg.train
     if run.rank == 0:
@@ -348,7 +356,7 @@ def _open_log(run: _Run, resume_from: Path | None, n_params: int, n_emb: int) ->
         )
 
 
-def _open_batches(run: _Run) -> None:
+def _open_batches(run: Run) -> None:
     """This rank's resumable train loader, from the sample after the last one consumed."""
     from megahash.data.dataset import make_loader
     from megahash.training.signals import immune_children
@@ -370,7 +378,7 @@ def _stop_flag(t) -> StopFlag:
     return stop
 
 
-def _start_progress(run: _Run) -> None:
+def _start_progress(run: Run) -> None:
     """The progress meter and what MFU needs (FLOPs per token, the world's peak FLOP/s)."""
     from megahash.models.costs import train_flops_per_token
     from megahash.training.progress import Progress
@@ -387,47 +395,44 @@ def _start_progress(run: _Run) -> None:
 # -------------------------------------------------------------------------------------------- loop
 
 
-def _loop(run: _Run) -> int:
+def _loop(run: Run) -> int:
     """Loop: optimizer steps until ``train.steps``, a stop signal or ``train.stop_after``, each
     logged, validated every ``eval_interval`` and checkpointed when due; the exit status."""
     t = run.cfg.train
     while run.step < t.steps:
-        run.watch.step_started(run.step)
-        with run.profiler.step(run.step + 1):  # traced in train.profile_steps; memory snapshot on OOM
+        with run.hooks.around_step(run):  # profiled in train.profile_steps; memory snapshot on OOM
             _train_step_logged(run)
-        run.watch.step_ended()  # validation and saves: held to train.hang_timeout_s alone
-        if t.eval_interval and (run.step % t.eval_interval == 0 or run.step == t.steps) and _has_valid(run.data):
-            _validate(run)
+        run.hooks.end_step(run)  # the step is logged: validation (valid_sets.py), the watchdog's span
         exit_status = _save_or_stop(run)
-        run.evals.after_save(run.step)  # eval.interval: pin and evaluate a due step, log finished ones
+        run.hooks.after_save(run)  # eval.interval: pin and evaluate a due step, log finished ones
         if exit_status is not None:
             return exit_status
     return 0
 
 
-def _train_step_logged(run: _Run) -> None:
+def _train_step_logged(run: Run) -> None:
     """One optimizer step and its metrics (loss, LR, grad norm, tokens/s, MFU; the host-syncing
-    ones on the steps the progress line shows); a non-finite loss or gradient norm stops the run before
-    the update unless ``train.skip_nonfinite`` skips the step (megahash/training/step_guard.py)."""
+    ones on the steps the progress line shows), with the hooks before it, around its micro-batches, after
+    the optimizer step (a refused non-finite step stops the run there: step_guard.py) and on its metrics."""
     from megahash.training.stats import param_norm
 
     t, step = run.cfg.train, run.step
     t0 = time.perf_counter()
     run.objective.set_step(step, run.dp_rank)
     lr_used = scheduler_lr(run.engine)  # engine.step() advances the scheduler: read the LR this step uses
-    echo = (step + 1) % t.log_interval == 0 or step == 0 or step + 1 == t.steps
-    timings = {} if echo else None  # the optimizer phase, timed on the steps the progress line shows
-    run.gas = set_step_batch(run.engine, t, step)  # the step's global batch (train.batch_ramp) as accumulation steps
-    qat.set_step(run.engine, step)  # train.qat_fraction
-    loss_sum, wait = train_step(run.engine, run.batches, run.objective, run.gas, timings)
-    _stop_if_nonfinite(run, step + 1, lr_used)  # refused before the update (train.skip_nonfinite off): one line
-    ema.update(run)  # train.ema_decay
+    run.echo = (step + 1) % t.log_interval == 0 or step == 0 or step + 1 == t.steps
+    run.save_requested = False
+    timings = {} if run.echo else None  # the optimizer phase, timed on the steps the progress line shows
+    run.hooks.before_step(run)  # e.g. the step's global batch (train.batch_ramp) as run.gas
+    loss_sum, wait = train_step(
+        run.engine, run.batches, run.objective, run.gas, timings, lambda: run.hooks.micro_batch(run)
+    )
+    run.hooks.after_step(run)  # before the step counts: the guard's refusal, the weight average
     step = run.step = step + 1
     dt = time.perf_counter() - t0
-    loss_avg = _dp_mean(loss_sum / run.gas)
     tok_s = run.tokens_per_step / dt
     metrics = {
-        "loss": loss_avg,
+        "loss": _dp_mean(loss_sum / run.gas),
         "lr": lr_used,
         "grad_norm": _grad_norm(run.engine),
         "tokens_per_s": tok_s,
@@ -436,56 +441,30 @@ def _train_step_logged(run: _Run) -> None:
         "consumed_samples": run.consumed(step),
         "consumed_tokens": run.consumed(step) * run.cfg.data.seq_length,
     }
-    metrics.update(ramp_metrics(t, step - 1))  # the step's global batch under train.batch_ramp
     if run.peak > 0 and isinstance(run.flops_tok, (int, float)):  # "n/a": a kind with no cost model
         metrics["mfu"] = run.flops_tok * tok_s / run.peak
-    if echo:  # host-syncing statistics at log intervals only, off the step's hot path
+    if run.echo:  # host-syncing statistics at log intervals only, off the step's hot path
         metrics["optimizer_s"] = timings["optimizer_s"]
         metrics["param_norm"] = param_norm(run.engine.module, t.zero_stage)
         metrics["peak_memory_mib"] = measurement.peak_memory_bytes() / 2**20
-    skipped = run.guard.account(step, metrics, run.progress)
-    run.log.log(step, metrics, "train", echo=False)
-    run.progress.update(step, metrics, echo or skipped)
-    if skipped:
-        run.guard.stop_if_stuck(step, (run.consumed(step - 1), run.consumed(step)))
+    try:
+        run.hooks.step_metrics(run, metrics)  # the ramp's batch, the guard's skips (may stop the run: logged)
+    finally:
+        run.log.log(step, metrics, "train", echo=False)
+        run.progress.update(step, metrics, run.echo)
 
 
-def _stop_if_nonfinite(run: _Run, step: int, lr: float) -> None:
-    """A non-finite step the guard refused with ``train.skip_nonfinite`` off (every rank alike): a
-    background save in flight (of an earlier, finite step) is published first, then one line naming
-    the newest checkpoint (megahash/training/step_guard.py)."""
-    if not run.guard.stopping:
-        return
-    if run.saver is not None:
-        run.saver.finish(blocking=True)
-    samples = (run.consumed(step - 1), run.consumed(step))
-    raise run.guard.nonfinite_error(step, samples, lr, checkpoint.find_resume(run.save_dir))
-
-
-def _validate(run: _Run) -> None:
-    """Loss, perplexity and bits per byte of every validation set, by name (megahash/training/valid_sets.py)."""
-    from megahash.training import valid_sets
-
-    valid_sets.report(run.log, run.progress, run.step, run.cfg.train.steps, valid_sets.validate(run))
-
-
-def _has_valid(data) -> bool:
-    from megahash.training.valid_sets import sets_of
-
-    return bool(sets_of(data))
-
-
-def _save_or_stop(run: _Run) -> int | None:
-    """Checkpoint when due (``save_interval``, the last step, a stop); on a stop (a signal to any
-    rank, ``train.stop_after``) the exit status (``EXIT_REQUEUE`` after a signal), else None."""
+def _save_or_stop(run: Run) -> int | None:
+    """Checkpoint when due (``save_interval``, the last step, a stop, a hook's request); on a stop (a signal
+    to any rank, ``train.stop_after``) the exit status (``EXIT_REQUEUE`` after a signal), else None."""
     t, step, stop = run.cfg.train, run.step, run.stop
     signalled = any_rank(stop.set)  # a signal to any rank stops every rank at this step
     stopping = signalled or (t.stop_after and step == t.stop_after)
-    async_save.poll(run)  # publishes a background save whose writers are done (train.async_save)
-    due = t.save_interval and step % t.save_interval == 0 or eval_during.due(run.cfg, step)
+    run.saver.poll(run)  # publishes a background save whose writers are done (train.async_save)
+    due = t.save_interval and step % t.save_interval == 0 or run.save_requested
     if step == t.steps or stopping or due:
         with stop.deferred():  # helpers the save spawns must survive a signal to the whole step
-            async_save.save(run, step, wait=step == t.steps or bool(stopping))  # synchronous unless train.async_save
+            run.saver.checkpoint(run, step, wait=step == t.steps or bool(stopping))  # synchronous unless async_save
     if not stopping:
         return None
     if run.rank == 0:
@@ -503,40 +482,35 @@ def _save_or_stop(run: _Run) -> int | None:
 # -------------------------------------------------------------------------------------------- stop
 
 
-def _finish(run: _Run, exit_status: int, at_end) -> None:
-    """Stop: close the progress meter and logs; after the last step, rank 0 plots the loss curve
-    and runs ``at_end``."""
+def _finish(run: Run, exit_status: int, at_end) -> None:
+    """Stop: the hooks' end (evaluations still running waited for, ``eval.wait_s``, unless stopped by a
+    signal), the progress meter and logs closed; after the last step, rank 0 plots the loss curve and runs
+    ``at_end``."""
     done = run.step == run.cfg.train.steps
-    if run.evals is not None:  # evaluations still running: waited for (eval.wait_s) unless stopped by a signal
-        run.watch.close()  # the wait is no step of the hang watchdog's
-        run.evals.finish(wait=exit_status == 0)
-    _close(run)
+    _close(run, exit_status)
     if run.rank == 0 and run.cfg.logging.plot and done:
         print(f"megahash: loss curve {plot_loss(run.save_dir)}", flush=True)
     if run.rank == 0 and at_end is not None and done and exit_status == 0:
         at_end(run.save_dir)  # training imports no eval (house rule: no import cycles)
 
 
-def _close(run: _Run | None) -> None:
-    """Close a pending background save, the profiler, the progress meter and the logs and drop the batch
+def _close(run: Run | None, exit_status: int | None = None) -> None:
+    """Close the hooks (in reverse order: a pending background save, evaluations, the watchdog, the
+    profiler; ``exit_status`` None: after an error), the progress meter and the logs and drop the batch
     iterator (its loader workers), once (None: a run whose set-up failed, closed there)."""
     if run is None:
         return
-    async_save.close(run)  # after an error: a pending background save is abandoned (the previous one stays)
-    if run.evals is not None:
-        run.evals.close()  # after an error: evaluations still running are killed
-    if run.profiler is not None:
-        run.profiler.close()  # a run stopped inside the profiled window: the steps it traced
-    if run.progress is not None:
-        run.progress.close()
-    if run.log is not None:
-        run.log.close()
-    if run.watch is not None:
-        run.watch.close()
-    shutdown = getattr(run.batches, "_shutdown_workers", None)
-    if shutdown is not None:  # now, not when collected: an error's traceback can keep the iterator alive, and
-        shutdown()  # its workers ignore SIGTERM (immune_children), so interpreter exit would wait on them forever
-    run.log = run.batches = run.loader = run.watch = None
+    try:
+        run.hooks.close(run, exit_status)
+    finally:
+        if run.progress is not None:
+            run.progress.close()
+        if run.log is not None:
+            run.log.close()
+        shutdown = getattr(run.batches, "_shutdown_workers", None)
+        if shutdown is not None:  # now, not when collected: an error's traceback can keep the iterator alive,
+            shutdown()  # and its workers ignore SIGTERM (immune_children): interpreter exit would wait on them
+        run.log = run.batches = run.loader = run.progress = None
 
 
 def compile_layers(model) -> None:
@@ -552,9 +526,7 @@ def scheduler_lr(engine) -> float:
 
 
 def _grad_norm(engine) -> float:
-    from megahash.training.grad_norm import grad_norm
-
-    g = grad_norm(engine)
+    g = engine_patches.grad_norm(engine)
     return float(g) if g is not None else float("nan")
 
 

@@ -20,6 +20,7 @@ import torch
 from megahash.data import documents
 from megahash.data.text_bytes import bits_per_byte
 from megahash.data.valid_sets import SPLIT_NAME
+from megahash.training.hooks import Hook
 
 
 def log_name(name: str) -> str:
@@ -85,10 +86,10 @@ def set_metrics(sums: dict, token_loss: bool, defined_bpb: bool) -> dict:
 
 
 def validate(run) -> dict:
-    """{set name: metrics} of every validation set of a training run (megahash/training/trainer.py's _Run)."""
+    """{set name: metrics} of every validation set of a training run (megahash/training/trainer.py's Run);
+    the hooks' metrics of each set too (``valid_metrics``: e.g. the weight average's ``ema_loss``)."""
     from megahash.data.validation import validation_batches
     from megahash.objective_spec import objective_spec, scores_tokens
-    from megahash.training import ema
 
     cfg, step = run.cfg, run.step
     token_loss = scores_tokens(cfg)
@@ -96,28 +97,14 @@ def validate(run) -> dict:
     token_bytes = getattr(run.data, "token_bytes", None) if next_token else None
     results = {}
     for name, dataset in sets_of(run.data).items():
-        sums = evaluate(
-            run.engine, validation_batches(dataset, cfg.data, run.dp_rank, run.dp_size), run.objective, token_bytes
-        )
-        metrics = set_metrics(sums, token_loss, token_bytes is not None)
-        metrics.update(
-            ema.metrics(
-                run,
-                lambda: _headline(
-                    set_metrics(
-                        evaluate(
-                            run.engine,
-                            validation_batches(dataset, cfg.data, run.dp_rank, run.dp_size),
-                            run.objective,
-                            token_bytes,
-                        ),
-                        token_loss,
-                        token_bytes is not None,
-                    )
-                ),
-                False,
-            )
-        )  # the averaged weights (train.ema_decay): ema_loss, ...
+
+        def measure(dataset=dataset) -> dict:
+            batches = validation_batches(dataset, cfg.data, run.dp_rank, run.dp_size)
+            sums = evaluate(run.engine, batches, run.objective, token_bytes)
+            return set_metrics(sums, token_loss, token_bytes is not None)
+
+        metrics = measure()
+        metrics.update(run.hooks.valid_metrics(run, lambda: _headline(measure())))  # a second pass each
         metrics.update(consumed_samples=run.consumed(step), consumed_tokens=run.consumed(step) * cfg.data.seq_length)
         results[name] = metrics
     return results
@@ -135,3 +122,17 @@ def report(log, progress, step: int, total: int, results: dict) -> None:
     for name, metrics in results.items():
         log.log(step, metrics, log_name(name), echo=False)
         progress.write(format_line(log_name(name), step, total, metrics))
+
+
+class ValidSets(Hook):
+    """Validation every ``train.eval_interval`` steps and at the last one, after the step is logged."""
+
+    def end_step(self, run) -> None:
+        n = run.cfg.train.eval_interval
+        if run.step % n == 0 or run.step == run.cfg.train.steps:
+            report(run.log, run.progress, run.step, run.cfg.train.steps, validate(run))
+
+
+def hook(run) -> ValidSets | None:
+    """Validation when the run has a set (``data.split``'s or ``data.valid``'s) and ``train.eval_interval`` > 0."""
+    return ValidSets() if run.cfg.train.eval_interval and sets_of(run.data) else None

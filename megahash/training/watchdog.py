@@ -1,13 +1,13 @@
 """Hang watchdog: a step that runs past its limit dumps this rank's Python stacks and exits with the
 requeue status, so SLURM requeues the job and it resumes from the last checkpoint (issue 35).
 
-The limit of the optimizer step in flight is the smaller of ``train.hang_timeout_s`` and
-``train.hang_factor`` x the median of this process's recent step times (after ``WARMUP_STEPS``
+The limit of the optimizer step in flight is the smaller of ``train.watchdog.timeout_s`` and
+``train.watchdog.factor`` x the median of this process's recent step times (after ``WARMUP_STEPS``
 timed steps; the first step, with its compilation and warm-up, is not timed)::
 
-    limit = min(hang_timeout_s, hang_factor * median(dt_2 .. dt_n))       (0 turns a rule off)
+    limit = min(timeout_s, factor * median(dt_2 .. dt_n))       (0 turns a rule off)
 
-Validation and checkpoint saves after a step are held to ``train.hang_timeout_s`` alone (a save
+Validation and checkpoint saves after a step are held to ``train.watchdog.timeout_s`` alone (a save
 legitimately takes many steps' time). A daemon thread per rank compares the clock with the limit;
 when it is passed it writes every thread's stack (``faulthandler.dump_traceback(all_threads=True)``)
 to ``<save_dir>/hang/rank<r>.txt`` and to stderr, prints one line and ends the process with
@@ -32,12 +32,38 @@ import sys
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
+from megahash.config_checks import ranged
+from megahash.errors import ConfigError
+from megahash.training.hooks import Hook
 from megahash.training.run_lock import release_held
 from megahash.training.signals import EXIT_REQUEUE, report_exit
 
-WARMUP_STEPS = 3  # timed steps before hang_factor applies (the first step of a process is never timed)
+
+@dataclass
+class Config:
+    """``train.watchdog``: a step past its limit dumps the rank's stacks to save_dir/hang/ and exits 3 (requeue)."""
+
+    timeout_s: float = ranged(0.0, "[0, inf)", "seconds a step may take before the watchdog fires; 0 = off")
+    # a step longer than this x the median step time hangs (after 3 steps); 0 = off
+    factor: float = ranged(0.0, "[0, inf)", "multiple of the median step time that counts as a hang; 0 = off")
+
+    def check(self, cfg) -> None:
+        if self.factor and self.factor <= 1:
+            raise ConfigError(
+                f"train.watchdog.factor={self.factor} must be > 1 (a multiple of the median step time) or 0 (off)"
+            )
+        if self.timeout_s and self.timeout_s >= cfg.train.distributed_timeout_s:
+            raise ConfigError(
+                f"train.watchdog.timeout_s={self.timeout_s:g} must be below train.distributed_timeout_s="
+                f"{cfg.train.distributed_timeout_s} (a collective timing out first ends the rank as a failure, "
+                f"not for requeue)"
+            )
+
+
+WARMUP_STEPS = 3  # timed steps before the factor applies (the first step of a process is never timed)
 WINDOW = 100  # recent step times the median is taken over
 POLL_S = 0.5  # how often the thread looks at the clock
 PEER_WAIT_S = 5.0  # after a failed collective: how long to look for a peer's hang report (shared file system)
@@ -91,7 +117,7 @@ class HangWatchdog:
 
     def step_ended(self) -> None:
         """The step is done: its time joins the median (not the first step's); the rest of the
-        iteration (validation, save) is held to ``hang_timeout_s`` alone."""
+        iteration (validation, save) is held to ``timeout_s`` alone."""
         with self._lock:
             now = self.clock()
             if self._since is not None and self._in_step and not self._untimed:
@@ -103,10 +129,10 @@ class HangWatchdog:
         """(seconds, the rule in words) for the span now watched, or None (no limit)."""
         rules = []
         if self.timeout_s > 0:
-            rules.append((self.timeout_s, f"train.hang_timeout_s={self.timeout_s:g}"))
+            rules.append((self.timeout_s, f"train.watchdog.timeout_s={self.timeout_s:g}"))
         if self.factor > 0 and self._in_step and len(self.times) >= WARMUP_STEPS:
             med = statistics.median(self.times)
-            rules.append((self.factor * med, f"train.hang_factor={self.factor:g} x median step {med:.3g} s"))
+            rules.append((self.factor * med, f"train.watchdog.factor={self.factor:g} x median step {med:.3g} s"))
         return min(rules) if rules else None
 
     def check(self) -> bool:
@@ -181,4 +207,28 @@ class HangWatchdog:
 
 def watchdog_for(t, rank: int) -> HangWatchdog:
     """The started watchdog of ``train`` config ``t`` on ``rank``."""
-    return HangWatchdog(t.hang_timeout_s, t.hang_factor, rank, t.save_dir).start()
+    return HangWatchdog(t.watchdog.timeout_s, t.watchdog.factor, rank, t.save_dir).start()
+
+
+class _Hook(Hook):
+    """The watchdog in the training loop: a step's span, then validation and the save's; its thread
+    stopped before the end of the run waits for evaluations (no step of its)."""
+
+    def __init__(self, watch: HangWatchdog):
+        self.watch = watch
+
+    def around_loop(self, run):
+        return self.watch.requeue_after_peer_hang()  # a collective broken by a peer's hang watchdog: requeue
+
+    def before_step(self, run) -> None:
+        self.watch.step_started(run.step)
+
+    def end_step(self, run) -> None:
+        self.watch.step_ended()  # validation and saves: held to train.watchdog.timeout_s alone
+
+    def close(self, run, status: int | None) -> None:
+        self.watch.close()
+
+
+def hook(run) -> _Hook:
+    return _Hook(watchdog_for(run.cfg.train, run.rank))

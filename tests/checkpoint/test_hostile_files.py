@@ -26,7 +26,7 @@ from test_faults import TINY
 
 from conftest import pretrain, run
 
-SMALL = [*TINY, "train.warmup_steps=1", "train.eval_interval=0", "train.zero_stage=0", "train.ema_decay=0.9"]
+SMALL = [*TINY, "train.warmup_steps=1", "train.eval_interval=0", "train.zero_stage=0", "train.ema.decay=0.9"]
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,9 @@ def test_error_printed_once_for_all_ranks(tmp_path):
     r = pretrain(["train.decay=cosin", f"train.save_dir={tmp_path}"], ranks=2, config="configs/quickstart.yaml")
     assert r.returncode != 0
     lines = [l for l in (r.stdout + r.stderr).splitlines() if "error: " in l and "train.decay" in l]
-    assert len(lines) == 1 and lines[0].startswith("error: train.decay must be"), r.stdout[-2000:] + r.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("error: config key 'train.decay' must be"), (
+        r.stdout[-2000:] + r.stderr[-2000:]
+    )
     assert "Traceback" not in r.stderr
 
 

@@ -519,7 +519,7 @@ def _slurm_rank(pid: int) -> int | None:
 @pytest.mark.slurm
 def test_hung_rank_is_dumped_requeued_and_resumed(cluster, runs, tmp_path):
     """Issue 35, the hang watchdog (megahash/training/watchdog.py): the 500M script on 2 nodes x 1 rank
-    with train.hang_timeout_s=30 and a checkpoint every 10 steps; after step 12 rank 1 is stopped
+    with train.watchdog.timeout_s=30 and a checkpoint every 10 steps; after step 12 rank 1 is stopped
     (SIGSTOP: a real hang, nothing of it runs, its own watchdog included). Rank 0, blocked in a
     collective with it, passes the limit: its watchdog writes its stacks to hang/rank0.txt and stderr,
     prints one line and exits 3; srun ends the stopped rank after --srun-wait (5 s here, passed to the
@@ -533,7 +533,7 @@ def test_hung_rank_is_dumped_requeued_and_resumed(cluster, runs, tmp_path):
     job = submit(
         cluster,
         out,
-        [*overrides, "train.save_interval=10", "train.hang_timeout_s=30", "--srun-wait=5"],
+        [*overrides, "train.save_interval=10", "train.watchdog.timeout_s=30", "--srun-wait=5"],
         SAVE_DIR=run_dir,
         **runs["data"],
     )
@@ -550,7 +550,7 @@ def test_hung_rank_is_dumped_requeued_and_resumed(cluster, runs, tmp_path):
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", text[-5000:]
     report = run_dir / "hang" / "rank0.txt"
     m = re.search(
-        rf"megahash: rank 0 hung at step (\d+) for ([\d.]+) s \(train.hang_timeout_s=30\); stacks in "
+        rf"megahash: rank 0 hung at step (\d+) for ([\d.]+) s \(train.watchdog.timeout_s=30\); stacks in "
         rf"{re.escape(str(report))}; exiting for requeue",
         text,
     )

@@ -110,7 +110,7 @@ def test_embed_init_std_draws_the_tables_only():
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_embed_lr_gives_the_tables_their_own_peak(optimizer):
     """At the end of warmup the embedding table's group runs at train.embed_lr and every other at its own peak
-    (train.lr, train.muon_lr); the table keeps its weight decay."""
+    (train.lr, train.muon.lr); the table keeps its weight decay."""
     from megahash.training.lr_schedule import Schedule
     from megahash.training.muon import build_optimizer
     from megahash.training.param_groups import param_groups

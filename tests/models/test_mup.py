@@ -37,7 +37,7 @@ def _cfg(width: int, base: int, optimizer: str, *extra):
             "data.seq_length=16",
             f"train.optimizer={optimizer}",
             "train.lr=0.01",
-            "train.muon_lr=0.02",
+            "train.muon.lr=0.02",
             "train.weight_decay=0.0",
             *extra,
         ],
@@ -105,7 +105,7 @@ def test_coordinate_check(optimizer):
 
 def test_compact_recipe_at_two_widths_shares_its_learning_rates():
     """configs/compact.yaml (muP over its own width, model.mup_base_hidden_size=128) at its width and at 4x: with
-    the recipe's own ``train.lr`` and ``train.muon_lr`` (Muon), every layer's activations and their change after 3
+    the recipe's own ``train.lr`` and ``train.muon.lr`` (Muon), every layer's activations and their change after 3
     steps agree within FLAT, so one learning rate serves both widths; without muP they do not (the logits' change
     more than doubles: measured 2.6x at 4x the width)."""
     recipe = load_config("configs/compact.yaml")

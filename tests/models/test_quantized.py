@@ -45,7 +45,7 @@ def test_export_artifact_bytes_bound_and_eval(shakespeare_shards, tmp_path, caps
     run = tmp_path / "run"
     shape = ["model.hidden_size=64", "model.ffn_hidden_size=128"]  # matrices above KEEP_NUMEL are quantized
     # the trainer's QAT path under bf16 autocast: the last step fake-quantized
-    qat = ["train.qat_bits=8", "train.qat_fraction=0.34", "train.precision=bf16"]
+    qat = ["train.qat.bits=8", "train.qat.fraction=0.34", "train.precision=bf16"]
     status, out = _main([*data, *TINY, *shape, *qat, "train.steps=3", "train.lr=3e-3", f"train.save_dir={run}"], capsys)
     assert status == 0, out[-3000:]
     with process_groups.releasing_group():
@@ -103,7 +103,7 @@ def test_qat_straight_through_gradient():
     m = torch.nn.Module()
     m.decoder = torch.nn.Linear(128, 64)  # 8,192 > KEEP_NUMEL elements: a hidden matrix
     w0 = m.decoder.weight.detach().clone()
-    fq = qat.FakeQuant(m, SimpleNamespace(qat_bits=4, qat_fraction=0.5, steps=10))
+    fq = qat.FakeQuant(m, SimpleNamespace(qat=SimpleNamespace(bits=4, fraction=0.5), steps=10))
     assert fq.start == 5 and fq.params == [m.decoder.weight]
     x, c = torch.randn(3, 128), torch.randn(3, 64)
     xr, xq = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
@@ -126,8 +126,8 @@ def test_qat_straight_through_gradient():
 @pytest.mark.parametrize(
     "overrides, expect",
     [
-        (["train.qat_bits=5"], "train.qat_bits must be 0 (off), 4, 6 or 8"),
-        (["train.qat_bits=4", "train.zero_stage=3"], "qat_bits needs train.zero_stage"),
+        (["train.qat.bits=5"], "'train.qat.bits' must be 0, 4, 6 or 8"),
+        (["train.qat.bits=4", "train.zero_stage=3"], "train.qat.bits needs train.zero_stage"),
     ],
 )
 def test_qat_config_errors(overrides, expect):

@@ -104,7 +104,7 @@ def main(out: str, tp: int, steps: int, save_at: int, overrides: list[str]) -> N
                     "ranks": ranks,
                     "routed": routed,
                     "shapes": {n: list(p.shape) for n, p in h.model.named_parameters() if p.requires_grad},
-                    "ns_steps": cfg.train.muon_ns_steps,
+                    "ns_steps": cfg.train.muon.ns_steps,
                     "sharded": shards is not None,
                     "engine_stage": h.engine.zero_optimization_stage(),
                 },

@@ -4,7 +4,7 @@ The injection is test code only: a tensor hook on one weight of the built model 
 the trainer's ``_build_model`` here) puts a NaN into that weight's gradient on rank POISON_RANK at the
 listed backward passes (1-based; one micro-batch a step here, so the step numbers); the forward pass and
 the loss stay finite. After each step this rank's parameters are saved to OUT/params_rank{R}_step{S}.pt
-(OUT/params_rank{R}_refused.pt after a step refused without train.skip_nonfinite: the run stops there).
+(OUT/params_rank{R}_refused.pt after a step refused without train.step_guard.skip_nonfinite: the run stops there).
 Usage: RANK=r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=p python nonfinite_worker.py OUT POISON_RANK STEPS,.. OVERRIDES...
 """
 

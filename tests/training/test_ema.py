@@ -1,4 +1,4 @@
-"""``train.ema_decay`` (issue 37 item 3, megahash/training/ema.py): the average after k steps equals its
+"""``train.ema.decay`` (issue 37 item 3, megahash/training/ema.py): the average after k steps equals its
 closed form over the recorded weights, validation reports it (``ema_loss``), a stop + resume from an
 asynchronous checkpoint continues it bit-exactly, evaluation and export read it with ``--weights ema``,
 and asking a checkpoint without one is a one-line error. One tiny run under ``train.precision=bf16``."""
@@ -64,7 +64,7 @@ def test_ema_formula_validation_resume_eval_export(shakespeare_shards, tmp_path,
         *data,
         *TINY,
         "train.precision=bf16",
-        f"train.ema_decay={DECAY}",
+        f"train.ema.decay={DECAY}",
         f"train.steps={STEPS}",
         "train.eval_interval=2",
         "data.valid_samples=4",
@@ -123,11 +123,11 @@ def test_ema_formula_validation_resume_eval_export(shakespeare_shards, tmp_path,
     shutil.rmtree(bare / "ema")
     from megahash.checkpoint.manifest import write_manifest
 
-    write_manifest(bare)  # as a run without train.ema_decay writes it (a missing listed file is damage)
+    write_manifest(bare)  # as a run without train.ema.decay writes it (a missing listed file is damage)
     capsys.readouterr()
     assert export_main(["--checkpoint", str(bare), "--output", str(tmp_path / "hf2"), "--weights", "ema"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: ") and "train.ema_decay" in err[0], err
+    assert len(err) == 1 and err[0].startswith("error: ") and "train.ema.decay" in err[0], err
 
 
 @pytest.mark.slow
@@ -139,7 +139,7 @@ def test_ema_on_zero3_partitions(shakespeare_shards, tmp_path, capsys):
         *data,
         *TINY,
         "train.zero_stage=3",
-        f"train.ema_decay={DECAY}",
+        f"train.ema.decay={DECAY}",
         "train.steps=2",
         "train.eval_interval=2",
         "data.valid_samples=4",

@@ -10,13 +10,13 @@ from test_batch_ramp import RAMP, SCHEDULE, TINY, _main, _records
 STEPS = 6
 LONG_RUN = [
     "train.precision=bf16",
-    "train.skip_nonfinite=true",
-    "train.spike_factor=50",
-    "train.spike_window=2",
+    "train.step_guard.skip_nonfinite=true",
+    "train.step_guard.spike_factor=50",
+    "train.step_guard.spike_window=2",
     "train.profile_steps=[2,3]",
     "train.async_save=true",
     "train.save_interval=2",
-    "train.hang_timeout_s=300",
+    "train.watchdog.timeout_s=300",
 ]
 
 

@@ -104,7 +104,7 @@ def _wsd_closed_form(s, lr, min_lr, warmup, total, fraction):
 
 def test_schedule_sets_every_group_and_keeps_their_weight_decay():
     """The engine's scheduler on a real optimizer: the AdamW groups follow train.lr's schedule, a group of
-    another peak (Muon's train.muon_lr) the same shape scaled to its peak, every group's weight decay stays."""
+    another peak (Muon's train.muon.lr) the same shape scaled to its peak, every group's weight decay stays."""
     t = _t(lr=1e-3, min_lr=1e-4, warmup_steps=3, decay="wsd", decay_fraction=0.5, steps=20)
     ps = [torch.nn.Parameter(torch.zeros(1)) for _ in range(3)]
     opt = torch.optim.SGD(

@@ -33,7 +33,7 @@ TINY = [
     "logging.plot=false",
     "logging.tensorboard=false",
     "train.optimizer=muon",
-    "train.muon_lr=0.02",
+    "train.muon.lr=0.02",
 ]
 # the attention and MLP projections of megatron-core's layers, by name (independent of muon.routes_to_muon)
 HIDDEN = re.compile(r"decoder\.layers\.\d+\.(self_attention\.linear_(q|kv|qkv|proj)|mlp\.linear_fc[12])\.weight")
@@ -62,7 +62,7 @@ def test_two_steps_equal_torch_muon_plus_adamw(dist, adjust):
     from megahash.training.muon import build_optimizer, routes_to_muon
     from megahash.training.param_groups import param_groups
 
-    cfg = load_config(None, [*TINY, "model.vocab_size=100", "train.weight_decay=0.1", f"train.muon_adjust_lr={adjust}"])
+    cfg = load_config(None, [*TINY, "model.vocab_size=100", "train.weight_decay=0.1", f"train.muon.adjust_lr={adjust}"])
     t = cfg.train
     rng.seed_all(t.seed)
     ours = build_model(cfg, 100)
@@ -77,11 +77,11 @@ def test_two_steps_equal_torch_muon_plus_adamw(dist, adjust):
     rest = [p for n, p in named.items() if not route[n]]
     ref_muon = torch.optim.Muon(
         hidden,
-        lr=t.muon_lr,
+        lr=t.muon.lr,
         weight_decay=t.weight_decay,
-        momentum=t.muon_momentum,
-        nesterov=t.muon_nesterov,
-        ns_steps=t.muon_ns_steps,
+        momentum=t.muon.momentum,
+        nesterov=t.muon.nesterov,
+        ns_steps=t.muon.ns_steps,
         adjust_lr_fn=adjust,
     )
     ref_adamw = torch.optim.AdamW(
@@ -276,7 +276,7 @@ def test_sharded_muon_steps_as_one_rank_holds_its_share_and_resumes_at_any_data_
     # after that the runs differ in the order of the gradient sum of 4 micro-batches (relative error <= 3 * 2^-24);
     # Newton-Schulz rounds its input to bf16, so such a difference can move an orthogonalized entry (|O| <= 1.2,
     # the quintic's largest singular value) by a bf16 rounding (2^-8 relative): per step a weight moves by at most
-    # muon_lr * AdjustLR (here <= 2, fc1's sqrt(128 / 32)) * 1.2 * 2^-8 more; AdamW's elementwise step stays at fp32
+    # muon.lr * AdjustLR (here <= 2, fc1's sqrt(128 / 32)) * 1.2 * 2^-8 more; AdamW's elementwise step stays at fp32
     one, four = torch.load(tmp_path / "dp1.json.pt"), torch.load(tmp_path / "dp4.json.pt")
     tol = STEPS * 0.02 * 2 * 1.2 * 2**-8
     worst = max(float((one[n] - four[n]).abs().max()) for n in one)
@@ -298,7 +298,7 @@ def test_sharded_muon_steps_as_one_rank_holds_its_share_and_resumes_at_any_data_
     def step2(name: str) -> str:
         return f"train.resume={tmp_path / name / 'step_00000002'}"
 
-    saves = ["train.async_save=true", "train.ema_decay=0.9"]
+    saves = ["train.async_save=true", "train.ema.decay=0.9"]
     two = run("two", 2, *saves)
     ckpt = tmp_path / "two" / "step_00000002"
     state = json.loads((ckpt / "megahash_state.json").read_text())

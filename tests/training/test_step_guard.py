@@ -1,6 +1,6 @@
 """Skipped steps (issue 35, megahash/training/step_guard.py): a NaN gradient on ONE of two ranks skips
 the update on both, parameters keep their bit pattern across it, training goes on with finite losses,
-the skips are logged, and ``train.max_skips`` consecutive skips stop the run in one line (exit 2).
+the skips are logged, and ``train.step_guard.max_skips`` consecutive skips stop the run in one line (exit 2).
 Also the spike rule against its formula.
 
 The NaN is injected by tests/training/nonfinite_worker.py: a tensor hook on one weight, registered by the test's
@@ -90,7 +90,7 @@ def _launch(tmp_path, poison_at: str, overrides: list[str]):
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("layout", ["dp2_zero1", "tp2"])
 def test_nan_gradient_on_one_rank_skips_the_step_on_both(shakespeare_shards, tmp_path, layout):
-    """2 ranks, NaN in one gradient element of rank 1 at steps 2, 4 and 5, train.max_skips=2: step 2 is
+    """2 ranks, NaN in one gradient element of rank 1 at steps 2, 4 and 5, train.step_guard.max_skips=2: step 2 is
     skipped on both ranks (parameters bit-identical to after step 1, the LR schedule held), step 3
     trains, steps 4-5 are two consecutive skips: one error line naming step 5 and its global samples
     32-39, exit 2 on both ranks. ``dp2_zero1`` (2 data-parallel ranks, ZeRO-1): the NaN reaches both
@@ -113,8 +113,8 @@ def test_nan_gradient_on_one_rank_skips_the_step_on_both(shakespeare_shards, tmp
             "train.steps=6",
             f"train.save_dir={save_dir}",
             *extra,
-            "train.skip_nonfinite=true",
-            "train.max_skips=2",
+            "train.step_guard.skip_nonfinite=true",
+            "train.step_guard.max_skips=2",
         ],
     )
     log = "\n".join(o + e for o, e in outs)
@@ -154,7 +154,7 @@ def test_nan_gradient_on_one_rank_skips_the_step_on_both(shakespeare_shards, tmp
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("layout", ["dp2_zero2", "tp2"])
 def test_nan_gradient_on_one_rank_stops_both_ranks_before_the_update(shakespeare_shards, tmp_path, layout):
-    """``train.skip_nonfinite`` off (the default), 2 ranks, NaN in one gradient element of rank 1 in step 3:
+    """``train.step_guard.skip_nonfinite`` off (the default), 2 ranks, NaN in one gradient element of rank 1 in step 3:
     both ranks refuse the update and stop, one error line (rank 0), exit 2 on both, each rank's parameters
     bit-identical to after step 2, whose checkpoint is the newest. ``dp2_zero2``: DeepSpeed's ZeRO-2
     optimizer finds the non-finite global norm; ``tp2``: only rank 1's shard holds the NaN, and the
@@ -219,9 +219,9 @@ def test_spike_skips_resume_exactly(shakespeare_shards, tmp_path, capsys):
                 *TINY,
                 "train.steps=15",
                 f"train.save_dir={save_dir}",
-                "train.spike_factor=1.0001",
-                "train.spike_window=1",
-                "train.max_skips=0",
+                "train.step_guard.spike_factor=1.0001",
+                "train.step_guard.spike_window=1",
+                "train.step_guard.max_skips=0",
                 *extra,
             ]
         )
@@ -284,7 +284,7 @@ def _poison(monkeypatch, at_pass: int, snapshots: list):
 
 NONFINITE_VARIANTS = {  # one rank, in process: (overrides, backward passes a step, pass of step 3 poisoned)
     "fp32_accumulation": (["train.micro_batch_size=2"], 4, 3),  # ZeRO-0, 4 micro-batches a step: the 3rd
-    "muon": (["train.optimizer=muon", "train.muon_lr=0.02"], 2, 2),
+    "muon": (["train.optimizer=muon", "train.muon.lr=0.02"], 2, 2),
     "bf16": (["train.precision=bf16"], 2, 2),  # autocast over fp32 parameters
 }
 
@@ -293,7 +293,7 @@ NONFINITE_VARIANTS = {  # one rank, in process: (overrides, backward passes a st
 def test_a_nonfinite_step_is_refused_before_its_update_and_stops_in_one_line(
     shakespeare_shards, tmp_path, capsys, monkeypatch, variant
 ):
-    """``train.skip_nonfinite`` off (the default): a NaN in one gradient element in step 3 stops the run in one
+    """``train.step_guard.skip_nonfinite`` off (the default): a NaN in one gradient element in step 3 stops the run in one
     line, exit 2, before the update: the parameters after the refused step are those it started from bit for
     bit, the newest checkpoint on disk is step 2's, and a resume from it starts from those same parameters.
     Before issue 47 the NaN update was applied and the run died with a FloatingPointError traceback."""
@@ -311,7 +311,7 @@ def test_a_nonfinite_step_is_refused_before_its_update_and_stops_in_one_line(
     errors = [line for line in err.splitlines() if line.startswith("error: ")]
     assert status == 2 and len(errors) == 1 and "Traceback" not in err, err[-3000:]
     assert errors[0].startswith("error: step 3: non-finite gradient norm") and "step_00000002" in errors[0], errors
-    assert "train.skip_nonfinite=true" in errors[0]
+    assert "train.step_guard.skip_nonfinite=true" in errors[0]
     assert [s for s, _ in snapshots] == [0, 1, 1, 2, 2, 2]  # the refused step never counted
     (_, before), (_, after) = snapshots[-2], snapshots[-1]
     # bit-exact: a refused step applies nothing, so every parameter keeps its bit pattern (the promise)

@@ -232,6 +232,6 @@ def test_bf16_autocast_training_step(shakespeare_shards, dist):
     hook.remove()
     assert dtypes == {torch.bfloat16}
     assert losses[-1] < losses[0] - 0.2
-    from megahash.training.grad_norm import grad_norm
+    from megahash.training.engine_patches import grad_norm
 
     assert float(grad_norm(h.engine)) > 0

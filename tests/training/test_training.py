@@ -191,9 +191,10 @@ def test_interrupted_save_keeps_previous_checkpoint(shakespeare_shards, tmp_path
 
 def test_checkpoint_of_the_previous_release_still_resumes(shakespeare_shards, tmp_path, capsys):
     """A checkpoint as the release before megatron-core's OptimizerParamScheduler wrote it (DeepSpeed's
-    ``lr_scheduler`` entry a torch ``LambdaLR`` state, ``train.eval_iters`` in its resolved config) resumes
-    in process and continues the uninterrupted run: losses and LRs bit for bit; evaluation and export read its
-    config (the retired key dropped)."""
+    ``lr_scheduler`` entry a torch ``LambdaLR`` state, ``train.eval_iters`` in its resolved config, and the
+    training features' keys flat in ``train`` as before issue 46: ``train.ema_decay``, ``train.max_skips``, ...)
+    resumes in process and continues the uninterrupted run: losses and LRs bit for bit; evaluation and export
+    read its config (the retired key dropped, the old keys under their new names)."""
     import torch
     import yaml
     from test_batch_ramp import TINY as SMALL
@@ -231,6 +232,12 @@ def test_checkpoint_of_the_previous_release_still_resumes(shakespeare_shards, tm
     torch.save(ds, ckpt / "mp_rank_00_model_states.pt")
     tree = yaml.safe_load((ckpt / "resolved_config.yaml").read_text())
     tree["train"]["eval_iters"] = 4
+    from megahash.config import RENAMED_KEYS
+
+    for old, new in RENAMED_KEYS.items():  # that release's spelling: every feature key flat in train
+        tree[old[0]][old[1]] = tree[new[0]][new[1]].pop(new[2])
+    for section in {new[1] for new in RENAMED_KEYS.values()}:
+        tree["train"].pop(section)  # that release had no such section (keys added since: their defaults)
     (ckpt / "resolved_config.yaml").write_text(yaml.safe_dump(tree))
     write_manifest(ckpt, hashes=False)  # sizes only, as that release's manifest recorded them
     status, out = _main([*common, f"train.save_dir={split}"], capsys)
@@ -242,6 +249,7 @@ def test_checkpoint_of_the_previous_release_still_resumes(shakespeare_shards, tm
     from megahash.checkpoint.resolve import checkpoint_config
 
     assert checkpoint_config(ckpt).model == load_config(None, common).model  # what eval and export-hf read
+    assert checkpoint_config(ckpt).train.step_guard == load_config(None, common).train.step_guard
 
 
 def test_checkpoint_from_another_model_is_refused(shakespeare_shards, tmp_path):

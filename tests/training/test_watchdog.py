@@ -40,9 +40,9 @@ class FakeClock:
 
 
 def test_limits_on_a_fake_clock(tmp_path, capsys):
-    """limit = min(hang_timeout_s, hang_factor x median of the timed steps): the first step of a process
+    """limit = min(timeout_s, factor x median of the timed steps): the first step of a process
     is never timed, the factor rule waits for WARMUP_STEPS timed steps, validation/saves after a step
-    are held to hang_timeout_s alone; when the limit is passed: the stacks, one line, exit 3."""
+    are held to timeout_s alone; when the limit is passed: the stacks, one line, exit 3."""
     clock, exits = FakeClock(), []
     w = wd.HangWatchdog(30, 3, rank=1, save_dir=tmp_path, clock=clock, exit=exits.append)
     assert not w.check()  # nothing watched before the first step
@@ -56,9 +56,9 @@ def test_limits_on_a_fake_clock(tmp_path, capsys):
         w.step_ended()
     assert list(w.times) == durations[1:]
     clock.now += 25  # a long save: the factor rule does not apply outside a step
-    assert w.limit() == (30, "train.hang_timeout_s=30") and not w.check()
+    assert w.limit() == (30, "train.watchdog.timeout_s=30") and not w.check()
     w.step_started(4)
-    assert w.limit() == (4.5, "train.hang_factor=3 x median step 1.5 s")
+    assert w.limit() == (4.5, "train.watchdog.factor=3 x median step 1.5 s")
     clock.now += 4.4
     assert not w.check() and not exits
     clock.now += 0.2
@@ -66,7 +66,7 @@ def test_limits_on_a_fake_clock(tmp_path, capsys):
     out = capsys.readouterr()
     report = tmp_path / "hang" / "rank1.txt"
     assert out.out.strip() == (
-        f"megahash: rank 1 hung at step 5 for 4.6 s (train.hang_factor=3 x median step "
+        f"megahash: rank 1 hung at step 5 for 4.6 s (train.watchdog.factor=3 x median step "
         f"1.5 s); stacks in {report}; exiting for requeue"
     )
     text = report.read_text()
@@ -98,9 +98,12 @@ def test_peer_hang_turns_a_failed_collective_into_requeue(tmp_path, monkeypatch)
 @pytest.mark.parametrize(
     "overrides,message",
     [
-        (["train.hang_factor=0.5"], "train.hang_factor=0.5 must be > 1"),
-        (["train.hang_timeout_s=600"], "train.hang_timeout_s=600 must be below train.distributed_timeout_s=600"),
-        (["train.hang_timeout_s=-1"], "config key 'train.hang_timeout_s' must be >= 0.0"),
+        (["train.watchdog.factor=0.5"], "train.watchdog.factor=0.5 must be > 1"),
+        (
+            ["train.watchdog.timeout_s=600"],
+            "train.watchdog.timeout_s=600 must be below train.distributed_timeout_s=600",
+        ),
+        (["train.watchdog.timeout_s=-1"], "config key 'train.watchdog.timeout_s' must be >= 0.0"),
     ],
 )
 def test_config_checks(overrides, message):
@@ -112,7 +115,7 @@ def test_config_checks(overrides, message):
 
 def test_slow_step_of_a_real_run_dumps_stacks(shakespeare_shards, tmp_path, monkeypatch, capsys):
     """In-process tiny run (real DeepSpeed engine, 1 gloo rank, the trainer's hooks and the watchdog's
-    own thread) with train.hang_timeout_s=300 whose 4th step blocks and moves the watchdog's clock 301 s
+    own thread) with train.watchdog.timeout_s=300 whose 4th step blocks and moves the watchdog's clock 301 s
     on (no long sleep, and no flake on a loaded machine): the watchdog fires during that step, the
     dump shows the main thread inside the blocked step, exit status 3 requested. The test's exit
     only releases the step (os._exit is the SLURM test's), so the run then finishes."""
@@ -135,11 +138,11 @@ def test_slow_step_of_a_real_run_dumps_stacks(shakespeare_shards, tmp_path, monk
 
     monkeypatch.setattr(trainer, "train_step", slow_train_step)
     monkeypatch.setattr(
-        trainer,
+        wd,
         "watchdog_for",
         lambda t, rank: wd.HangWatchdog(
-            t.hang_timeout_s,
-            t.hang_factor,
+            t.watchdog.timeout_s,
+            t.watchdog.factor,
             rank,
             t.save_dir,
             clock=lambda: time.monotonic() + skew[0],
@@ -155,13 +158,13 @@ def test_slow_step_of_a_real_run_dumps_stacks(shakespeare_shards, tmp_path, monk
             *TINY,
             "train.steps=5",
             f"train.save_dir={save}",
-            "train.hang_timeout_s=300",
+            "train.watchdog.timeout_s=300",
         ]
     )
     out = capsys.readouterr().out
     assert status == 0 and exits == [(EXIT_REQUEUE, 4)], out
     m = re.search(
-        r"megahash: rank 0 hung at step 4 for ([\d.]+) s \(train.hang_timeout_s=300\); stacks in (\S+); "
+        r"megahash: rank 0 hung at step 4 for ([\d.]+) s \(train.watchdog.timeout_s=300\); stacks in (\S+); "
         r"exiting for requeue",
         out,
     )
