@@ -104,6 +104,7 @@ class ModelConfig:
     norm_eps: float = ranged(1e-6, "(0, 1]", "norm epsilon")
     init_std: float = ranged(0.02, "(0, inf)", "init standard deviation")
     hidden_dropout: float = ranged(0.0, "[0, 1)", "dropout probability")
+    attention_dropout: float = ranged(0.0, "[0, 1)", "dropout probability")
     # issue 44 (docs/compact_models.md#levers): the compact-model levers of the model, each off by default
     # std of the embedding tables (vocabulary, hash tables; the tied head); 0 = init_std
     embed_init_std: float = ranged(0.0, "[0, inf)", "init std of the embedding tables; 0 = model.init_std")

@@ -125,7 +125,7 @@ def test_embed_lr_gives_the_tables_their_own_peak(optimizer):
     assert group["lr"] == pytest.approx(0.05) and group["weight_decay"] == t.weight_decay
     assert len(group["params"]) == 1  # the tied table is the only embedding parameter of this model
     others = {round(g["lr"], 9) for g in opt.param_groups if g is not group}
-    assert others == ({0.002, t.muon_lr} if optimizer == "muon" else {0.002})
+    assert others == ({0.002, t.muon.lr} if optimizer == "muon" else {0.002})
 
 
 def test_zero_init_proj_makes_every_layer_the_identity_at_init():
