@@ -18,15 +18,14 @@ import sys
 import numpy as np
 import pytest
 
+import conftest
 from conftest import ROOT, child_env, run
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-TINY = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=64",
-        "data.seq_length=64", "model.max_position_embeddings=128", "train.micro_batch_size=4",
-        "train.global_batch_size=4", "train.warmup_steps=2", "train.eval_interval=0", "train.lr=3e-3",
-        "train.log_interval=10", "logging.plot=false", "logging.tensorboard=false", "data.split=100,0,0"]
+TINY = [*conftest.TINY, "model.hidden_size=32", "model.ffn_hidden_size=64", "model.max_position_embeddings=128",
+        "train.global_batch_size=4", "train.eval_interval=0", "train.lr=3e-3", "train.log_interval=10", "data.split=100,0,0"]
 SPECIAL_STRINGS = ["<s>", "</s>", "<unk>", "<pad>", "<mask>", "<|endoftext|>", "<|padding|>"]
 PIECES = ["KING.", "lord", " ", "  ", "\t", "\n", "\n\n", "    ", "\u4e2d\u6587", "\u00e9t\u00e9", "\u0416\u0438\u0437\u043d\u044c",
           "\u2603", "x\u00a0y", "\x00", "\x07", "\x1b[0m", "1234", "play", "ing", "'s", "--", "\U0001F600", "\r\n"]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import conftest
 from conftest import ROOT, child_env, run, train_losses
 from megahash.launching import env as lenv
 from megahash.launching.env import DistEnv, NodeListError, expand_nodelist, first_host, resolve_env, slurm_port
@@ -303,22 +304,7 @@ def test_dry_run_prints_command():
 
 # ---------------------------------------------------------------------------------- signals
 
-TINY = [
-    "model.hidden_size=64",
-    "model.num_layers=2",
-    "model.num_heads=4",
-    "model.ffn_hidden_size=128",
-    "data.seq_length=64",
-    "train.micro_batch_size=4",
-    "train.global_batch_size=8",
-    "train.lr=2e-3",
-    "train.warmup_steps=2",
-    "train.log_interval=100",
-    "logging.plot=false",
-    "logging.tensorboard=false",
-    "train.eval_interval=0",
-    "train.save_interval=0",
-]
+TINY = [*conftest.TINY, "train.eval_interval=0", "train.save_interval=0"]
 
 
 def wait_for_step(run_dir: Path, step: int, alive, timeout: float = 300) -> None:

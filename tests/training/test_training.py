@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import TINY, pretrain, pretrain_group, pretrain_here, run, train_losses
+from conftest import TINIER, TINY, pretrain, pretrain_group, pretrain_here, run, train_losses
 
 
 def base(shards, save_dir, steps, *extra):
@@ -237,7 +237,6 @@ def test_checkpoint_of_the_previous_release_still_resumes(shakespeare_shards, tm
     config (the retired key dropped)."""
     import torch
     import yaml
-    from test_batch_ramp import TINY as SMALL
     from test_batch_ramp import _main, _records
 
     from megahash.checkpoint.manifest import write_manifest
@@ -247,7 +246,7 @@ def test_checkpoint_of_the_previous_release_still_resumes(shakespeare_shards, tm
     common = [
         f"data.prefix=[{shakespeare_shards['prefix']}]",
         f"data.tokenizer={shakespeare_shards['tokenizer']}",
-        *SMALL,
+        *TINIER,
         "train.lr=2e-3",
         "train.min_lr=2e-4",
         "train.warmup_steps=2",
