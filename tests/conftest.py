@@ -344,24 +344,34 @@ def pretrain_group(
     lists of ``megahash/pretrain.py`` (``--config`` first if any), ``env`` an optional dict per run. Returns one
     CompletedProcess per run: the status of the first rank that failed (else 0), every rank's stdout and stderr
     in rank order."""
-    import tempfile
+    return RankGroup(runs, ranks, env).results(timeout)
 
-    env = env or [{} for _ in runs]
-    with tempfile.TemporaryDirectory(prefix="megahash-ranks-") as d:
-        spec = [
-            {"argv": list(a), "port": _free_port(), "env": {k: str(v) for k, v in e.items()}} for a, e in zip(runs, env)
+
+class RankGroup:
+    """The rank processes of pretrain_group, started at once; ``results`` waits for them (``kill`` stops them)."""
+
+    def __init__(self, runs: list[list[str]], ranks: int = 2, env: list[dict] | None = None, ports=None):
+        import tempfile
+
+        env = env or [{} for _ in runs]
+        ports = list(ports or [_free_port() for _ in runs])  # a caller with runs of its own binding late names them
+        self.tmp = tempfile.TemporaryDirectory(prefix="megahash-ranks-")
+        self.dir, self.ranks = Path(self.tmp.name), ranks
+        self.spec = [
+            {"argv": list(a), "port": port, "env": {k: str(v) for k, v in e.items()}}
+            for a, e, port in zip(runs, env, ports)
         ]
-        (Path(d) / "runs.json").write_text(json.dumps(spec))
-        procs = []
+        (self.dir / "runs.json").write_text(json.dumps(self.spec))
+        self.procs = []
         for rank in range(ranks):
             launcher = dict(
                 RANK=rank, LOCAL_RANK=rank, WORLD_SIZE=ranks, LOCAL_SIZE=ranks, CROSS_RANK=0, CROSS_SIZE=1,
-                MASTER_ADDR="127.0.0.1", MASTER_PORT=spec[0]["port"], CUDA_VISIBLE_DEVICES=",".join(map(str, range(ranks))),
-                PYTORCH_NVML_BASED_CUDA_CHECK=1,
+                MASTER_ADDR="127.0.0.1", MASTER_PORT=self.spec[0]["port"],
+                CUDA_VISIBLE_DEVICES=",".join(map(str, range(ranks))), PYTORCH_NVML_BASED_CUDA_CHECK=1,
             )  # fmt: skip
-            procs.append(
+            self.procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-u", str(ROOT / "tests" / "_ranks.py"), d, f"--local_rank={rank}"],
+                    [sys.executable, "-u", str(ROOT / "tests" / "_ranks.py"), str(self.dir), f"--local_rank={rank}"],
                     cwd=ROOT,
                     env=child_env(**launcher),
                     stdout=subprocess.PIPE,
@@ -369,32 +379,36 @@ def pretrain_group(
                     text=True,
                 )
             )
-        logs = []
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+    def results(self, timeout: int = 900) -> list[subprocess.CompletedProcess]:
         try:
-            for p in procs:
-                logs.append(p.communicate(timeout=timeout)[0])
+            logs = [p.communicate(timeout=timeout)[0] for p in self.procs]
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+            self.kill()
         results = []
-        for i, run_spec in enumerate(spec):
+        for i, run_spec in enumerate(self.spec):
             outs, errs, status = [], [], None
-            for rank in range(ranks):
-                outs.append(_read(Path(d) / f"{i}.{rank}.out"))
-                errs.append(_read(Path(d) / f"{i}.{rank}.err"))
-                s = _read(Path(d) / f"{i}.{rank}.status")
+            for rank in range(self.ranks):
+                outs.append(_read(self.dir / f"{i}.{rank}.out"))
+                errs.append(_read(self.dir / f"{i}.{rank}.err"))
+                s = _read(self.dir / f"{i}.{rank}.status")
                 s = int(s) if s.strip() else None  # None: the rank never finished this run
                 if status in (None, 0) and s != 0:
                     status = s if s is not None else 1
             results.append(subprocess.CompletedProcess(run_spec["argv"], status or 0, "".join(outs), "".join(errs)))
-        for rank, (p, log) in enumerate(zip(procs, logs)):
+        for rank, (p, log) in enumerate(zip(self.procs, logs)):
             if p.returncode != 0:  # a rank that died outside a run's capture: its output on every run
                 for r in results:
                     r.stderr += f"\n[rank {rank} exit {p.returncode}]\n{log}"
                     r.returncode = r.returncode or 1
-        left = [f for s in spec for f in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{s['port']}_*")]
+        self.tmp.cleanup()
+        left = [f for s in self.spec for f in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{s['port']}_*")]
         assert not left, f"leaked shared memory: {left}"  # DeepSpeed's CPU all-reduce buffers (69 MB a rank)
         return results
 
