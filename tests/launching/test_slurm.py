@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -141,22 +142,34 @@ def _reference(cluster, data: dict, d: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def scenarios(cluster, shakespeare_shards, tmp_path_factory):
-    """name -> Future of what that scenario's test checks: every scenario of this module started at once,
-    each driven by a thread of its own (its jobs, signals and waits as the test ran them in turn before)."""
+    """name -> Future of what that scenario's test checks. Each scenario is driven by a thread of its own (its
+    jobs, signals and waits as its test ran them in turn before), in two waves: first the two whose timing a
+    crowd of starting ranks could upset (the time-limited jobs must be past their start before SLURM's signal,
+    the USR1 job's save must be seen while it is written), then, once the time-limited jobs are throttled and the
+    USR1 jobs stopped, the others, while those wait for their signal and requeue."""
     d = tmp_path_factory.mktemp("slurm_runs")
     data = dict(DATA_PREFIX=shakespeare_shards["prefix"], TOKENIZER=shakespeare_shards["tokenizer"])
-    drivers = {  # the longest first: SLURM's scheduler starts jobs in the order they come
-        "time_limit": _time_limit,
-        "hung": _hung,
-        "reference": _reference,
-        "usr1": _usr1,
-        "term": _term,
-        "launchers": _launchers,
-    }
-    for name in drivers:
+    first = {"time_limit": _time_limit, "usr1": _usr1}
+    then = {"hung": _hung, "reference": _reference, "term": _term, "launchers": _launchers}
+    ready = {name: threading.Event() for name in first}
+
+    def lead(name, driver):
+        try:
+            return driver(cluster, data, d / name, ready[name].set)
+        finally:
+            ready[name].set()  # also when it failed: the second wave must not wait for it
+
+    def follow(name, driver):
+        for event in ready.values():
+            event.wait(600)
+        return driver(cluster, data, d / name)
+
+    for name in [*first, *then]:
         (d / name).mkdir()
-    with ThreadPoolExecutor(len(drivers)) as pool:
-        yield {name: pool.submit(driver, cluster, data, d / name) for name, driver in drivers.items()}
+    with ThreadPoolExecutor(len(first) + len(then)) as pool:
+        futures = {name: pool.submit(lead, name, driver) for name, driver in first.items()}
+        futures |= {name: pool.submit(follow, name, driver) for name, driver in then.items()}
+        yield futures
 
 
 @pytest.fixture(scope="module")
@@ -184,9 +197,9 @@ def test_sbatch_500m_script_two_nodes(runs):
     assert sorted(losses) == list(range(1, STEPS + 1)) and losses[STEPS] < losses[1]
 
 
-def _usr1(cluster, data: dict, d: Path) -> dict:
-    """The jobs of test_usr1_checkpoints_requeues_and_resumes_exactly, signalled and waited for:
-    {launcher: (job, run dir, output, final job info)} and whether the second signal came during the save."""
+def _usr1(cluster, data: dict, d: Path, stopped=lambda: None) -> dict:
+    """The jobs of test_usr1_checkpoints_requeues_and_resumes_exactly, signalled (then ``stopped()``) and waited
+    for: {launcher: (job, run dir, output, final job info)} and whether the second signal came during the save."""
     jobs = {}
     for launcher in ("torchrun", "srun"):
         run_dir, out = d / launcher, d / f"{launcher}.out"
@@ -204,6 +217,7 @@ def _usr1(cluster, data: dict, d: Path) -> dict:
         assert r.returncode == 0, r.stderr
         if launcher == "srun":
             during = signal_during_save(run_dir, lambda: rank_pids(run_dir))
+    stopped()
     done = {}
     for launcher, (job, run_dir, out) in jobs.items():
         info = wait_job(cluster, job, out)
@@ -417,10 +431,11 @@ def _kill(pid: int, sig: int) -> None:
         pass
 
 
-def _time_limit(cluster, data: dict, d: Path) -> dict:
+def _time_limit(cluster, data: dict, d: Path, started=lambda: None) -> dict:
     """The jobs of test_time_limit_signal_checkpoints_requeues_and_resumes_exactly, throttled until their
-    signal and waited for: {kind: (job, run dir, output, final job info)}."""
-    jobs = _time_limit_jobs(cluster, data, d / "try1")
+    signal (``started()`` once both are past their first step) and waited for: {kind: (job, run dir, output,
+    final job info)}."""
+    jobs = _time_limit_jobs(cluster, data, d / "try1", started)
     missed = [kind for kind, (job, run_dir, out) in jobs.items() if _ran_out_before_the_signal(cluster, job, out)]
     if missed:
         # a timing miss, not a stop that failed: SLURM's time-limit check (every 30 s) signalled after the
@@ -472,9 +487,9 @@ def _ran_out_before_the_signal(cluster, job: str, out: Path) -> bool:
     )
 
 
-def _time_limit_jobs(cluster, data: dict, tmp_path: Path) -> dict:
-    """The two time-limited jobs of the test above, throttled until their signal, their requeued runs
-    given 5 minutes: {kind: (job, run_dir, out)}."""
+def _time_limit_jobs(cluster, data: dict, tmp_path: Path, started=None) -> dict:
+    """The two time-limited jobs of the test above, throttled until their signal (``started()`` once both are
+    throttled or signalled), their requeued runs given 5 minutes: {kind: (job, run_dir, out)}."""
     import signal
 
     tmp_path.mkdir(parents=True, exist_ok=True)
@@ -523,6 +538,9 @@ def _time_limit_jobs(cluster, data: dict, tmp_path: Path) -> dict:
                         _kill(pid, signal.SIGCONT)
                 elif step >= 1 and kind not in throttled:
                     throttled[kind] = rank_pids(run_dir)
+            if started is not None and all(kind in throttled or kind not in todo for kind in jobs):
+                started()
+                started = None
             for pids in throttled.values():
                 for pid in pids:
                     _kill(pid, signal.SIGCONT)
