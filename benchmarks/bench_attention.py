@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch
 
-from megahash import accelerator
+from megahash.accelerator import policy, process_groups, rng
 from megahash.config import load_config
 
 KINDS = [
@@ -68,15 +68,15 @@ def build(kind: str, args):
             f"data.seq_length={max(args.seqs)}",
         ],
     )
-    accelerator.seed_all(0)
-    model = build_model(cfg, VOCAB).to(accelerator.device())
+    rng.seed_all(0)
+    model = build_model(cfg, VOCAB).to(policy.device())
     if getattr(model, "fixed_qk", None) is not None and model.fixed_qk.source == "text":
         fixed_qk.set_fixed_tokens(model, [(31 * i + 7) % VOCAB for i in range(longest)])
     return model
 
 
 def sync():
-    if accelerator.has_gpu():
+    if policy.has_gpu():
         torch.cuda.synchronize()
 
 
@@ -98,7 +98,7 @@ def train_step(model, seq: int, reps: int) -> tuple[float, float]:
     """Seconds of forward+backward (fastest of ``reps``) and memory in bytes (peak CUDA / saved activations on CPU)."""
     from megatron.core import tensor_parallel
 
-    dev = accelerator.device()
+    dev = policy.device()
     tok = torch.randint(0, VOCAB, (1, seq), generator=torch.Generator().manual_seed(seq)).to(dev)
 
     def step():
@@ -109,7 +109,7 @@ def train_step(model, seq: int, reps: int) -> tuple[float, float]:
 
     model.train()
     step()  # warm-up
-    if accelerator.has_gpu():
+    if policy.has_gpu():
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     times = []
@@ -120,7 +120,7 @@ def train_step(model, seq: int, reps: int) -> tuple[float, float]:
         sync()
         times.append(time.perf_counter() - t0)
     elapsed = min(times)
-    if accelerator.has_gpu():
+    if policy.has_gpu():
         mem = torch.cuda.max_memory_allocated() - base
     else:
         seen, hooks = saved_bytes_hooks(model)
@@ -136,7 +136,7 @@ def decode_step(model, context: int, steps: int) -> float:
     """Median seconds of one single-token decoding step after a prefill of ``context`` tokens."""
     from megahash.models.megatron_model import DecodeState
 
-    dev = accelerator.device()
+    dev = policy.device()
     model.eval()
     tok = torch.randint(0, VOCAB, (1, context + steps), generator=torch.Generator().manual_seed(context)).to(dev)
     state = DecodeState(len(model.decoder.layers))
@@ -178,10 +178,10 @@ def main(argv=None):
     if "mha" not in kinds:
         kinds = ["mha"] + kinds
 
-    accelerator.init_distributed(1)
+    process_groups.init_distributed(1)
     print(
-        f"device={accelerator.device()} hidden={args.hidden} heads={args.heads} layers={args.layers} "
-        f"threads={torch.get_num_threads()} memory={'peak CUDA' if accelerator.has_gpu() else 'saved activations'}",
+        f"device={policy.device()} hidden={args.hidden} heads={args.heads} layers={args.layers} "
+        f"threads={torch.get_num_threads()} memory={'peak CUDA' if policy.has_gpu() else 'saved activations'}",
         flush=True,
     )
     rows = {}
@@ -213,7 +213,7 @@ def main(argv=None):
         cells += [fmt(row[("decode", c)], ref[("decode", c)], "ms") for c in args.contexts]
         print("  ".join(cell.ljust(w) for cell, w in zip(cells, widths)))
     print(f"total {time.perf_counter() - t_start:.0f}s")
-    accelerator.teardown()
+    process_groups.teardown()
 
 
 if __name__ == "__main__":

@@ -86,7 +86,7 @@ def main() -> None:
     ap.add_argument("--out", default="")
     a = ap.parse_args()
 
-    from megahash import accelerator
+    from megahash.accelerator import process_groups
     from megahash.checkpoint.manifest import damage
     from megahash.config import load_config
     from megahash.training import checkpoint, trainer
@@ -113,7 +113,7 @@ def main() -> None:
                 "logging.tensorboard=false",
             ],
         )
-        rank, world = accelerator.init_distributed(1)
+        rank, world = process_groups.init_distributed(1)
         run = trainer._set_up(cfg, rank, world)
         trainer._train_step_logged(run)
         times, cpu = {True: [], False: []}, {True: [], False: []}
@@ -137,7 +137,7 @@ def main() -> None:
                 verify[level].append(time.perf_counter() - t0)
         asynchronous = _async_saves(run, cfg, step + 1, a.rounds)
         trainer._close(run)
-        accelerator.teardown()
+        process_groups.teardown()
     with_h, without = statistics.median(times[True]), statistics.median(times[False])
     lines = [
         f"model {a.model}, checkpoint {size / 2**20:.0f} MiB, {a.rounds} saves each, load average "

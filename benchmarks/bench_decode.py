@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch
 
-from megahash import accelerator
+from megahash.accelerator import process_groups
 
 
 def cache_bytes(state) -> int:
@@ -73,7 +73,7 @@ def main(argv=None):
     for item in filter(None, args.extra.split(";")):
         kind, _, over = item.partition("@")
         variants.append((f"{kind} ({over.split('.')[-1]})", kind, over.split(",")))
-    accelerator.init_distributed(1)
+    process_groups.init_distributed(1)
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     rows = {}
     for name, kind, over in variants:
@@ -117,7 +117,7 @@ def main(argv=None):
         from megahash.atomic_write import write_text_atomic
 
         write_text_atomic(args.out, body)
-    accelerator.teardown()
+    process_groups.teardown()
 
 
 if __name__ == "__main__":

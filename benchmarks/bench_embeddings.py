@@ -154,20 +154,20 @@ def main(argv=None) -> int:
 
     from megatron.core.utils import init_method_normal
 
-    from megahash import accelerator
+    from megahash.accelerator import policy, process_groups, rng
     from megahash.config import load_config
     from megahash.models import registry
     from megahash.models.megatron_model import transformer_config
 
-    accelerator.init_distributed(1)
-    accelerator.seed_all(0)
-    dev = accelerator.device()
+    process_groups.init_distributed(1)
+    rng.seed_all(0)
+    dev = policy.device()
     b = max(1, args.tokens // args.seq)
     s = args.tokens // b
     ws = words(b * s)
-    rng = np.random.default_rng(0)
-    tokens = torch.from_numpy(rng.integers(5, args.vocab, (b, s)))
-    tokens[torch.from_numpy(rng.random((b, s)) < 0.02)] = 2  # </s> and friends: special rows
+    draw = np.random.default_rng(0)
+    tokens = torch.from_numpy(draw.integers(5, args.vocab, (b, s)))
+    tokens[torch.from_numpy(draw.random((b, s)) < 0.02)] = 2  # </s> and friends: special rows
     grad_out = torch.randn(s, b, args.hidden, device=dev)
     print(
         f"# device={dev} threads={torch.get_num_threads()} hidden={args.hidden} tokens={b}x{s}={b * s} vocab={args.vocab}"
@@ -230,7 +230,7 @@ def main(argv=None) -> int:
             f"{peak_s:>9}{ratio(peak, 'peak'):>9}",
             flush=True,
         )
-    accelerator.teardown()
+    process_groups.teardown()
     return 0
 
 

@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch
 
-from megahash import accelerator
+from megahash.accelerator import process_groups, rng
 from megahash.config import load_config
 from megahash.training.op_count import CountOps
 
@@ -71,7 +71,7 @@ def build(kind: str, overrides: list[str], args):
             *overrides,
         ],
     )
-    accelerator.seed_all(0)
+    rng.seed_all(0)
     model = build_model(cfg, VOCAB, dtype=torch.float32)
     if getattr(model, "fixed_qk", None) is not None and model.fixed_qk.source == "text":
         fixed_qk.set_fixed_tokens(model, [(31 * i + 7) % VOCAB for i in range(longest)])
@@ -162,7 +162,7 @@ def main(argv=None):
         kind, _, over = item.partition("@")
         variants.append((f"{kind} ({over.split('.')[-1]})" if over else kind, kind, over.split(",") if over else []))
 
-    accelerator.init_distributed(1)
+    process_groups.init_distributed(1)
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     print(
         f"hidden={args.hidden} heads={args.heads} layers={args.layers} threads={torch.get_num_threads()} "
@@ -198,7 +198,7 @@ def main(argv=None):
         from megahash.atomic_write import write_text_atomic
 
         write_text_atomic(args.out, body)
-    accelerator.teardown()
+    process_groups.teardown()
 
 
 if __name__ == "__main__":

@@ -78,11 +78,11 @@ def ns_flops(shape: tuple, steps: int) -> int:
 def worker(args) -> None:
     import torch
 
-    from megahash import accelerator
+    from megahash.accelerator import process_groups
     from megahash.config import load_config
 
     optimizer, stage, dp = parse(args.layout)
-    accelerator.init_distributed(1)
+    process_groups.init_distributed(1)
     from megahash.training import muon
     from megahash.training.profiling import PhaseTimer, TrainHarness
 
@@ -144,7 +144,7 @@ def worker(args) -> None:
             ),
             flush=True,
         )
-    accelerator.teardown()
+    process_groups.teardown()
 
 
 def launch(args, layout: str) -> dict:

@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch
 
-from megahash import accelerator
+from megahash.accelerator import process_groups, rng
 from megahash.config import load_config
 
 VOCAB = 1024
@@ -86,7 +86,7 @@ def build_pair(cfg, weights: str = "init", vocab: int = VOCAB):
 
     models = []
     for dtype in (torch.float32, torch.float64):
-        accelerator.seed_all(0)
+        rng.seed_all(0)
         m = build_model(cfg, vocab, dtype=dtype)
         if getattr(m, "fixed_qk", None) is not None and m.fixed_qk.source == "text":
             fixed_qk.set_fixed_tokens(m, [(31 * i + 7) % vocab for i in range(cfg.data.seq_length)])
@@ -200,7 +200,7 @@ def _report(lines: list[str], out: str) -> int:
     if out:
         with open(out, "a") as f:
             f.write(text + "\n")
-    accelerator.teardown()
+    process_groups.teardown()
     return 0
 
 
@@ -217,7 +217,7 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", default="", help="with --checkpoints: a shard prefix whose last L tokens are the input")
     p.add_argument("--out", default="")
     a = p.parse_args(argv)
-    accelerator.init_distributed(1)
+    process_groups.init_distributed(1)
     if a.checkpoints:
         return checkpoints_table(a)
     kinds = a.kinds.split(",") if a.kinds else kinds_of_registry()

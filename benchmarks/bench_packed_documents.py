@@ -94,9 +94,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
-    from megahash import accelerator
+    from megahash.accelerator import process_groups
 
-    accelerator.init_distributed(1)
+    process_groups.init_distributed(1)
     lines = [
         "| kind | docs/row | ATen calls unmasked | ATen calls resets | step ms unmasked | step ms resets | "
         "resets / unmasked |",
@@ -111,7 +111,7 @@ def main(argv=None) -> int:
                 )
                 print(lines[-1], flush=True)
     finally:
-        accelerator.teardown()
+        process_groups.teardown()
     text = "\n".join(lines) + "\n"
     if a.out:
         with open(a.out, "w") as f:

@@ -88,9 +88,9 @@ def main():
     p.add_argument("--reps", type=int, default=5)
     a = p.parse_args()
     torch.set_num_threads(1)
-    from megahash import accelerator
+    from megahash.accelerator import process_groups
 
-    accelerator.init_distributed(1)
+    process_groups.init_distributed(1)
     print(f"seq {a.seq}, batch {a.batch}, h 128, 4 heads, fp32, 1 thread, torch {torch.__version__}")
     print("| kind | ATen calls fwd+bwd (1 / 8 / 32 documents per row) | ms with ids (8 docs) | ms without | ratio |")
     print("|---|---|---|---|---|")

@@ -37,7 +37,7 @@ def measure(model: str, data: tuple[str, str], pairs: int, warmup: int) -> dict:
     """This rank's figures (inside a launched world of 1 or 2 ranks)."""
     import torch
 
-    from megahash import accelerator
+    from megahash.accelerator import process_groups
     from megahash.config import load_config
     from megahash.training import step_guard
     from megahash.training.profiling import TrainHarness
@@ -68,7 +68,7 @@ def measure(model: str, data: tuple[str, str], pairs: int, warmup: int) -> dict:
         return guard
 
     step_guard.install = capturing
-    accelerator.init_distributed(1)
+    process_groups.init_distributed(1)
     try:
         h = TrainHarness(cfg, warmup + 2 * pairs + 1)
         step_guard.install = install
@@ -84,7 +84,7 @@ def measure(model: str, data: tuple[str, str], pairs: int, warmup: int) -> dict:
         zero = h.engine.zero_optimization_stage()
     finally:
         step_guard.install = install
-        accelerator.teardown()
+        process_groups.teardown()
     on, off = times["on"], times["off"]
     return {
         "params": n_params,

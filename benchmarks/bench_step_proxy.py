@@ -26,7 +26,7 @@ builds, ZeRO-1, one CPU rank): forward = ``trainer.batch_loss``, backward = ``en
 optimizer = ``engine.step`` (clipping, the optimizer, zeroing gradients). transformers side:
 ``Qwen2ForCausalLM`` of the same shape (SDPA, tied head, the padded vocabulary), ``model(input_ids,
 labels=...)`` (what ``../shared/gpu/hf_baseline.py`` measured on the H100), ``loss.backward()``, then
-``clip_grad_norm_`` + torch AdamW (``accelerator.adamw_options()``) + the LR scheduler + ``zero_grad``.
+``clip_grad_norm_`` + torch AdamW (``accelerator.policy.adamw_options()``) + the LR scheduler + ``zero_grad``.
 Same dtype on both sides (``--dtype``, default bf16 as on GPUs). Each (side, layers) runs in its own
 worker process. The step counted is the second one (the first builds optimizer state).
 
@@ -174,12 +174,12 @@ def megahash_cfg(args, layers: int, prefix: str, tokenizer: str, cache: str):
 
 def megahash_side(args, layers: int):
     """(model, vocab, phase callables) of the real trainer step."""
-    from megahash import accelerator
+    from megahash.accelerator import process_groups
     from megahash.training.profiling import TrainHarness
     from megahash.training.trainer import batch_loss
 
     cfg = megahash_cfg(args, layers, args.prefix, args.tokenizer, str(Path(args.work) / "cache"))
-    accelerator.init_distributed(1)
+    process_groups.init_distributed(1)
     h = TrainHarness(cfg, 4)
     state = {}
 
@@ -209,9 +209,9 @@ def transformers_side(args, layers: int, vocab: int):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from megahash import accelerator
+    from megahash.accelerator import policy
 
-    dtype = accelerator.train_dtype(args.dtype)
+    dtype = policy.train_dtype(args.dtype)
     cfg = Qwen2Config(
         vocab_size=vocab,
         hidden_size=SHAPE["hidden"],
@@ -226,9 +226,9 @@ def transformers_side(args, layers: int, vocab: int):
     )
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
-    dev = accelerator.device()
+    dev = policy.device()
     model = Qwen2ForCausalLM(cfg).to(dev, dtype).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, **accelerator.adamw_options())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, **policy.adamw_options())
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 2))
     g = torch.Generator().manual_seed(0)
     x = torch.randint(5, 4000, (args.batch, args.seq), generator=g).to(dev)
@@ -250,7 +250,7 @@ def transformers_side(args, layers: int, vocab: int):
         params=sum(p.numel() for p in model.parameters()),
         vocab=vocab,
         optimizer=type(opt).__name__,
-        inner=json.dumps(accelerator.adamw_options()),
+        inner=json.dumps(policy.adamw_options()),
         schedule="qwen2",
         compile=False,
     )
@@ -293,9 +293,9 @@ def worker(args) -> dict:
     rec["saved_by_dtype_per_token"] = {k: v / tokens for k, v in saved.by_dtype.items()}
     rec["saved_largest_mib"] = sorted((n / 2**20 for n in saved.storages.values()), reverse=True)[:6]
     if args.worker == "megahash":
-        from megahash import accelerator
+        from megahash.accelerator import process_groups
 
-        accelerator.teardown()
+        process_groups.teardown()
     return rec
 
 

@@ -44,7 +44,7 @@ def fake_codes(cfg, batch, seq, torch):
 def measure(size: str, schedule: str, embedding: str, args, compiled: bool = False) -> dict:
     import torch
 
-    from megahash import accelerator
+    from megahash.accelerator import measurement, policy, process_groups, rng
     from megahash.config import load_config
     from megahash.models.costs import train_flops_per_token
     from megahash.models.megatron_model import build_model
@@ -59,10 +59,10 @@ def measure(size: str, schedule: str, embedding: str, args, compiled: bool = Fal
             f"model.max_position_embeddings={max(args.seq, 2048)}",
         ],
     )
-    dtype = accelerator.train_dtype(args.dtype)
-    accelerator.init_distributed(1)
-    accelerator.seed_all(1)
-    dev = accelerator.device()
+    dtype = policy.train_dtype(args.dtype)
+    process_groups.init_distributed(1)
+    rng.seed_all(1)
+    dev = policy.device()
     model = build_model(cfg, cfg.model.vocab_size or 50304, dtype).to(dev)
     if compiled:
         from megahash.training.trainer import compile_layers
@@ -88,8 +88,8 @@ def measure(size: str, schedule: str, embedding: str, args, compiled: bool = Fal
     step = statistics.median(times)
     tok_s = args.batch * args.seq / step
     flops = train_flops_per_token(cfg, vocab, args.seq) * tok_s
-    peak = accelerator.peak_flops(dtype)
-    accelerator.teardown()
+    peak = measurement.peak_flops(dtype)
+    process_groups.teardown()
     return {
         "size": size,
         "schedule": schedule,

@@ -29,11 +29,11 @@ ffn 2048, seq 512, batch 4; tokenizer vocabulary) and ``70m`` (the same with con
 
 On a GPU both sides run there at the same precision policy, megahash's (``--precision``, default auto: bf16 on
 GPUs): fp32 parameters (the master weights) and fp32 AdamW state stepped by torch's fused AdamW, forward and loss
-under ``torch.autocast`` to bf16 (:func:`megahash.accelerator.compute_context`); megahash with ``--compile``
+under ``torch.autocast`` to bf16 (:func:`megahash.accelerator.policy.compute_context`); megahash with ``--compile``
 (default auto: compiled layers), transformers eager and, with ``--hf-compiled``, under ``torch.compile`` (a third
 worker). Timings synchronise the device; each worker reports its peak GPU memory, and MFU is the project's
 FLOPs per token (:func:`megahash.models.costs.train_flops_per_token`, the same model on both sides) times
-tokens/s over the device's peak (:func:`megahash.accelerator.peak_flops`). ``benchmarks/gpu_check.sh`` runs it
+tokens/s over the device's peak (:func:`megahash.accelerator.measurement.peak_flops`). ``benchmarks/gpu_check.sh`` runs it
 on the 4-layer slice of the 500M shape.
 """
 
@@ -138,7 +138,7 @@ class HFLoop:
         import torch
         from transformers import Qwen2Config, Qwen2ForCausalLM
 
-        from megahash import accelerator
+        from megahash.accelerator import policy
         from megahash.training.lr_schedule import lambda_for
 
         m, t = cfg.model, cfg.train
@@ -159,10 +159,10 @@ class HFLoop:
         )
         hf_cfg._attn_implementation = "sdpa"
         torch.manual_seed(t.seed)
-        dev = accelerator.device()
+        dev = policy.device()
         # megahash's precision policy on both sides: fp32 parameters and AdamW state, compute under autocast
-        self.model = Qwen2ForCausalLM(hf_cfg).to(dev, accelerator.param_dtype(t.precision, dev)).train()
-        self.context = lambda: accelerator.compute_context(t.precision, dev)
+        self.model = Qwen2ForCausalLM(hf_cfg).to(dev, policy.param_dtype(t.precision, dev)).train()
+        self.context = lambda: policy.compute_context(t.precision, dev)
         self.num_params = sum(p.numel() for p in self.model.parameters())
         self.opt = torch.optim.AdamW(
             self.model.parameters(),
@@ -170,7 +170,7 @@ class HFLoop:
             betas=(t.beta1, t.beta2),
             eps=t.eps,
             weight_decay=t.weight_decay,
-            **accelerator.adamw_options(dev),
+            **policy.adamw_options(dev),
         )
         if compiled:
             self.model = torch.compile(self.model)
@@ -221,7 +221,7 @@ def worker(args) -> int:
     from stdin and answer each with one JSON line of (wall, CPU) seconds per step."""
     import torch
 
-    from megahash import accelerator
+    from megahash.accelerator import measurement, policy, process_groups
 
     shape = SHAPES[args.shape]
     cfg = megahash_config(
@@ -233,7 +233,7 @@ def worker(args) -> int:
         from megahash.data.dataset import make_loader
         from megahash.training.profiling import TrainHarness
 
-        accelerator.init_distributed(1)
+        process_groups.init_distributed(1)
         mh = TrainHarness(cfg, total + 1)
         loader = make_loader(mh.data.train, 0, cfg.train.micro_batch_size, 0, 1)
         from megahash.atomic_write import atomic_path
@@ -250,7 +250,7 @@ def worker(args) -> int:
                 vocab=mh.model.vocab_size,
                 optimizer=type(mh.engine.optimizer).__name__,
                 flops_per_token=flops if isinstance(flops, (int, float)) else None,
-                peak_flops=accelerator.peak_flops(accelerator.train_dtype(cfg.train.precision)),
+                peak_flops=measurement.peak_flops(policy.train_dtype(cfg.train.precision)),
             ),
         )
     else:
@@ -270,7 +270,7 @@ def worker(args) -> int:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # the sides take turns on one GPU
     if args.worker == "megahash":
-        accelerator.teardown()
+        process_groups.teardown()
     return 0
 
 
@@ -405,13 +405,13 @@ def main(argv=None) -> int:
         args.prefix, args.tokenizer = build_shards(Path(args.work))
     import transformers
 
-    from megahash import accelerator
+    from megahash.accelerator import policy
 
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
     print(
-        f"device {accelerator.device()} ({gpu}, CUDA {torch.version.cuda}), precision {args.precision} -> "
-        f"{accelerator.train_dtype(args.precision)}, megahash compile {args.compile} -> "
-        f"{accelerator.compile_layers(args.compile)}; "
+        f"device {policy.device()} ({gpu}, CUDA {torch.version.cuda}), precision {args.precision} -> "
+        f"{policy.train_dtype(args.precision)}, megahash compile {args.compile} -> "
+        f"{policy.compile_layers(args.compile)}; "
         f"threads {torch.get_num_threads()}, 1 rank per side, each side in its own process "
         f"(MEGAHASH_MALLOC_TUNING={os.environ.get('MEGAHASH_MALLOC_TUNING', 'unset')}); torch "
         f"{torch.__version__}, transformers {transformers.__version__}; {args.rounds} rounds x {args.steps} "

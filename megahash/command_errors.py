@@ -48,9 +48,10 @@ def run_guarded(fn) -> int:
         return 141  # 128 + SIGPIPE: what the shell reports for `yes | head`
     finally:
         if fresh and _group_initialized():  # a process group the command started and left (eval, indicators,
-            from megahash import accelerator  # export...): released, so in-process callers keep no gloo threads
+            # export...): released, so in-process callers keep no gloo threads
+            from megahash.accelerator import process_groups
 
-            accelerator.release_group()
+            process_groups.release_group()
 
 
 def _group_initialized() -> bool:

@@ -20,7 +20,7 @@ libraries are imported. Listed here, each with why it is harmless:
   in DeepSpeed): the name's deprecation, the collective is what DeepSpeed needs.
 
 - DeepSpeed's "Setting accelerator to CPU. If you have GPU ... we were unable to detect it" (once per
-  process that imports it): CPU is megahash's own choice when torch sees no GPU (megahash/accelerator.py);
+  process that imports it): CPU is megahash's own choice when torch sees no GPU (megahash/accelerator/policy.py);
   launch/quickstart.sh names the accelerator (``DS_ACCELERATOR``) so its launcher does not say it either.
 - DeepSpeed's ``print`` "DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully" (once per
   rank, its CPU shared-memory all-reduce): a build that fails still raises; lm-eval's "bootstrapping for

@@ -155,16 +155,16 @@ def parity_worker(rank: int, world: int, port: int, out_path: str) -> None:
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    from megahash import accelerator
+    from megahash.accelerator import process_groups, rng
     from megahash.models.megatron_model import build_model
 
     results = {}
     for tp, sp in ((1, False), (2, False), (2, True)):
-        accelerator.init_distributed(tp)
+        process_groups.init_distributed(tp)
         group = parallel_state.get_tensor_model_parallel_group()
         for i, (kind, extra) in enumerate(PARITY_CASES):
             cfg = tiny_cfg(kind, [f"parallel.tensor={tp}", f"parallel.sequence={str(sp).lower()}", *extra], seq=16)
-            accelerator.seed_all(1234)
+            rng.seed_all(1234)
             model = build_model(cfg, 200)
             gen = torch.Generator().manual_seed(7)
             tok, codes = word_batches(KINDS[kind][0], 2, 17, 1, vocab_size=120)[0]
@@ -202,4 +202,4 @@ def parity_worker(rank: int, world: int, port: int, out_path: str) -> None:
             results[(i, tp, sp)] = (float(loss), grads)
     if rank == 0:
         torch.save(results, out_path)
-    accelerator.teardown()
+    process_groups.teardown()

@@ -92,9 +92,9 @@ def pytest_xdist_make_scheduler(config, log):
 def pytest_collection_modifyitems(config, items):
     gpu_skip = None
     if any(item.get_closest_marker("gpu") for item in items):
-        from megahash import accelerator
+        from megahash.accelerator import policy
 
-        if not accelerator.has_gpu():
+        if not policy.has_gpu():
             gpu_skip = pytest.mark.skip(
                 reason="gpu: no CUDA device on this machine (benchmarks/gpu_check.sh runs these on one)"
             )
@@ -224,11 +224,11 @@ def child_env(**extra) -> dict:
 @pytest.fixture(scope="module")
 def dist():
     """This process as a one-rank megatron/torch.distributed world for in-process model tests."""
-    from megahash import accelerator
+    from megahash.accelerator import process_groups
 
-    accelerator.init_distributed(1)
+    process_groups.init_distributed(1)
     yield
-    accelerator.teardown()
+    process_groups.teardown()
 
 
 @pytest.fixture(autouse=True)
@@ -239,9 +239,9 @@ def _dist_standing(request):
         import torch.distributed
 
         if not torch.distributed.is_initialized():
-            from megahash import accelerator
+            from megahash.accelerator import process_groups
 
-            accelerator.init_distributed(1)
+            process_groups.init_distributed(1)
     yield
 
 

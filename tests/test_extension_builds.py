@@ -1,4 +1,4 @@
-"""DeepSpeed's JIT-built CPU op (accelerator.prepare_deepspeed_extensions): a lock left by a build
+"""DeepSpeed's JIT-built CPU op (accelerator.deepspeed_ops.prepare_deepspeed_extensions): a lock left by a build
 that was killed does not make every later launch wait forever; a virtual environment keeps its own
 build folder."""
 
@@ -6,7 +6,7 @@ import os
 import sys
 import time
 
-from megahash import accelerator
+from megahash.accelerator import deepspeed_ops
 
 
 def test_stale_build_lock_is_removed_and_a_live_one_kept(tmp_path, monkeypatch, capsys):
@@ -15,9 +15,9 @@ def test_stale_build_lock_is_removed_and_a_live_one_kept(tmp_path, monkeypatch, 
     for lock in (stale, live):
         lock.parent.mkdir()
         lock.touch()
-    old = time.time() - accelerator.STALE_BUILD_LOCK_S - 60
+    old = time.time() - deepspeed_ops.STALE_BUILD_LOCK_S - 60
     os.utime(stale, (old, old))
-    assert accelerator.prepare_deepspeed_extensions() == tmp_path
+    assert deepspeed_ops.prepare_deepspeed_extensions() == tmp_path
     assert not stale.exists() and live.exists()  # a build in progress (a fresh lock) is waited for, as torch does
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and str(stale) in out[0] and "killed" in out[0]
@@ -29,7 +29,7 @@ def test_a_virtual_environment_builds_into_its_own_folder(tmp_path, monkeypatch)
     monkeypatch.setattr(sys, "base_prefix", str(tmp_path / "base"))
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "unset below; restored after the test")
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR")
-    assert accelerator.prepare_deepspeed_extensions() == tmp_path / "venv" / "torch_extensions"
+    assert deepspeed_ops.prepare_deepspeed_extensions() == tmp_path / "venv" / "torch_extensions"
     assert os.environ["TORCH_EXTENSIONS_DIR"] == str(tmp_path / "venv" / "torch_extensions")  # the ranks' builds
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "named"))
-    assert accelerator.prepare_deepspeed_extensions() == tmp_path / "named"  # a folder the user names wins
+    assert deepspeed_ops.prepare_deepspeed_extensions() == tmp_path / "named"  # a folder the user names wins

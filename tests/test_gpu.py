@@ -39,10 +39,10 @@ def _cfg(shards, *extra):
 
 
 def test_process_group_is_bound_to_the_device(dist):
-    from megahash import accelerator
+    from megahash.accelerator import policy
 
     group = torch.distributed.distributed_c10d._get_default_group()
-    assert getattr(group, "bound_device_id", None) == accelerator.device()
+    assert getattr(group, "bound_device_id", None) == policy.device()
 
 
 @pytest.mark.parametrize("compile_setting", ["false", "auto"])

@@ -7,7 +7,8 @@
 - importing the hashing and data-stage packages really loads no torch (preprocessing workers);
 - ``megahash.models`` opens no files (the fixed text of fixedseqqk is read by megahash.data.fixed_text;
   the model receives token ids);
-- only ``megahash/accelerator.py`` touches CUDA (``.cuda``, ``torch.cuda``, ``"cuda"``/``"nccl"``);
+- only ``megahash/accelerator/`` touches CUDA (``.cuda``, ``torch.cuda``, ``"cuda"``/``"nccl"``), and in it only
+  ``policy.py`` asks whether there is a GPU;
 - only ``megahash/tokenization.py`` imports a tokenizer library (sentencepiece, ``tokenizers``,
   transformers' tokenizer classes) to turn text into ids: every other path loads its tokenizer there
   (:data:`TOKENIZER_ALLOWED` lists the exceptions and why);
@@ -52,13 +53,14 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess:
 def test_import_contracts_hold():
     r = lint_imports(ROOT)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
-    assert "5 kept, 0 broken" in r.stdout, r.stdout[-2000:]
+    assert "8 kept, 0 broken" in r.stdout, r.stdout[-2000:]
 
 
 def test_import_contracts_catch_a_cycle_and_torch_in_hashing(tmp_path):
     """The same contracts on a copy of the package with one planted cycle (hashing -> data -> hashing
-    would be a sibling cycle), torch imported lazily in hashing, the training loop imported by evaluation
-    and conversion imported by the checkpoint layer: each contract but the command line's breaks."""
+    would be a sibling cycle), torch imported lazily in hashing, the training loop imported by evaluation,
+    conversion imported by the checkpoint layer, the accelerator's RNG by its policy, the sweep command by its
+    grid and evaluation by the attention kinds' map hooks: each contract but the command line's breaks."""
     import shutil
 
     shutil.copytree(PKG, tmp_path / "megahash", ignore=shutil.ignore_patterns("__pycache__"))
@@ -70,15 +72,21 @@ def test_import_contracts_catch_a_cycle_and_torch_in_hashing(tmp_path):
     for module, planted in (
         ("eval/report.py", "megahash.training import checkpoint"),
         ("checkpoint/layout.py", "megahash.convert import export"),
+        ("accelerator/policy.py", "megahash.accelerator import rng"),
+        ("experiments/grid.py", "megahash.experiments import sweep"),
+        ("models/attention/maps.py", "megahash.eval import attention_capture"),
     ):
         with open(tmp_path / "megahash" / module, "a") as f:
             f.write(f"\n\ndef _planted():\n    from {planted}  # noqa: F401\n")
     r = lint_imports(tmp_path)
-    assert r.returncode != 0 and "1 kept, 4 broken" in r.stdout, r.stdout[-3000:]
+    assert r.returncode != 0 and "1 kept, 7 broken" in r.stdout, r.stdout[-3000:]
     assert "megahash.hashing.words -> torch" in r.stdout and ".hashing -> .data" in r.stdout, r.stdout[-3000:]
     out = " ".join(r.stdout.split())
     assert "megahash.eval.report -> megahash.training.checkpoint" in out, r.stdout[-3000:]
     assert "megahash.checkpoint.layout -> megahash.convert.export" in out, r.stdout[-3000:]
+    assert "megahash.accelerator.policy -> megahash.accelerator.rng" in out, r.stdout[-3000:]
+    assert "megahash.experiments.grid -> megahash.experiments.sweep" in out, r.stdout[-3000:]
+    assert "megahash.models.attention.maps -> megahash.eval.attention_capture" in out, r.stdout[-3000:]
 
 
 def test_hashing_and_preprocessing_load_no_torch():
@@ -171,16 +179,20 @@ def test_models_open_no_files():
     assert file_calls(PKG / "models" / "attention" / "fixed_qk.py", planted) == ["open (line 2)"]
 
 
-def test_only_the_accelerator_module_touches_cuda():
+def test_only_the_accelerator_package_touches_cuda():
+    accelerator = PKG / "accelerator"
     bad = {}
     for path in sorted(PKG.rglob("*.py")):
-        if path == PKG / "accelerator.py":
+        if accelerator in path.parents:
             continue
         uses = cuda_uses(path.read_text())
         if uses:
             bad[_rel(path)] = uses
-    assert not bad, f"CUDA outside megahash/accelerator.py (ask accelerator.device()/has_gpu()): {bad}"
-    assert cuda_uses((PKG / "accelerator.py").read_text()), "accelerator.py is where CUDA is checked"
+    assert not bad, f"CUDA outside megahash/accelerator/ (ask accelerator.policy.device()/has_gpu()): {bad}"
+    assert cuda_uses((accelerator / "policy.py").read_text()), "the device policy is where CUDA is checked"
+    # inside the package only the policy asks whether there is a GPU; the other modules ask the policy
+    asking = sorted(p.name for p in accelerator.glob("*.py") if "cuda.is_available" in p.read_text())
+    assert asking == ["policy.py"], asking
     # what training/signals.py and data/dataset.py did before
     planted = (
         "if dist.get_backend() == 'nccl':\n    t = t.cuda()\n"

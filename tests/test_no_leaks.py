@@ -9,7 +9,7 @@ threads each (two ``pt_gloo_runloop``, one ``gloo_tcp_loop``) plus the world gro
 thread, kept alive by megatron-core globals that ``destroy_model_parallel`` forgets, by the
 checkpoint metadata dict that megatron fills with the run's data-parallel group, by the default
 argument of DeepSpeed's ``TorchBackend.barrier`` and by the autograd graph of the cost measurement
-(a reference cycle gc cannot see); see megahash/accelerator.py ``teardown``."""
+(a reference cycle gc cannot see); see megahash/accelerator/process_groups.py ``teardown``."""
 
 from __future__ import annotations
 
@@ -76,12 +76,12 @@ def test_in_process_pretrain_leaves_no_threads_groups_or_files(
     its logs must be closed all the same (TensorBoard's writer thread left one a run)."""
     import torch.distributed as dist
 
-    from megahash import accelerator
+    from megahash.accelerator import process_groups
     from megahash.launching.env import free_port
     from megahash.pretrain import main
 
     if dist.is_initialized():  # an earlier test's group: not this run's to account for
-        accelerator.release_group()
+        process_groups.release_group()
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     monkeypatch.setenv("TMPDIR", str(tmp))
@@ -137,13 +137,13 @@ def test_in_process_evaluation_releases_its_group(shakespeare_shards, tmp_path, 
     group's own threads are counted: lm-eval's first run starts pools it keeps (pyarrow, tqdm)."""
     import torch.distributed as dist
 
-    from megahash import accelerator
+    from megahash.accelerator import process_groups
     from megahash.data.preprocess import make_eval_tasks
     from megahash.eval.run import evaluate_checkpoint
     from megahash.pretrain import main
 
     if dist.is_initialized():
-        accelerator.release_group()
+        process_groups.release_group()
     before = sorted(n for n in _thread_names(_os_threads()) if n in GROUP_THREADS)
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     for var in LAUNCHER_VARS:

@@ -22,7 +22,7 @@ import _kinds
 import pytest
 import torch
 
-from megahash import accelerator
+from megahash.accelerator import rng
 from megahash.config import load_config
 
 pytestmark = [pytest.mark.usefixtures("dist"), pytest.mark.numerics]
@@ -59,7 +59,7 @@ def _models(cfg, L):
 
     out = []
     for dtype in (torch.float32, torch.float64):
-        accelerator.seed_all(0)
+        rng.seed_all(0)
         m = build_model(cfg, VOCAB, dtype=dtype).train()
         if getattr(m, "fixed_qk", None) is not None and m.fixed_qk.source == "text":
             fixed_qk.set_fixed_tokens(m, [(31 * i + 7) % VOCAB for i in range(L)])

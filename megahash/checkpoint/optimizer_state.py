@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from megahash import accelerator
+from megahash.accelerator import process_groups
 from megahash.atomic_write import write_json_atomic
 from megahash.errors import CheckpointError
 
@@ -330,7 +330,7 @@ def _set(engine, p, key: str, value: torch.Tensor) -> None:
 
 
 def _write_info(directory: Path, info: dict) -> None:
-    if accelerator.rank() == 0:
+    if process_groups.rank() == 0:
         write_json_atomic(directory / INFO_FILE, info)
 
 
@@ -346,7 +346,7 @@ def save(engine, directory: Path, zero_stage: int, async_queue=None) -> None:
     directory = Path(directory)
     why = unsupported(engine)
     if why is not None:
-        if accelerator.rank() == 0:
+        if process_groups.rank() == 0:
             directory.mkdir(parents=True, exist_ok=True)
         _write_info(directory, {"format": FORMAT, "complete": False, "reason": why})
         return

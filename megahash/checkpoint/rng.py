@@ -1,5 +1,5 @@
 """Each rank's RNG states in a checkpoint (``rng_rankNNNNN.json``): torch, numpy and Python's
-generators (accelerator.rng_state) as JSON, tensors and arrays tagged with their dtype."""
+generators (accelerator.rng.rng_state) as JSON, tensors and arrays tagged with their dtype."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from megahash import accelerator
+from megahash.accelerator import process_groups, rng
 from megahash.atomic_write import write_text_atomic
 
 
@@ -44,16 +44,16 @@ def _from_jsonable(x):
 
 
 def _file(ckpt: Path) -> Path:
-    return Path(ckpt) / f"rng_rank{accelerator.rank():05d}.json"
+    return Path(ckpt) / f"rng_rank{process_groups.rank():05d}.json"
 
 
 def write_rng(ckpt: Path) -> None:
     """This rank's RNG states into ``ckpt``."""
-    write_text_atomic(_file(ckpt), json.dumps(_to_jsonable(accelerator.rng_state())))
+    write_text_atomic(_file(ckpt), json.dumps(_to_jsonable(rng.rng_state())))
 
 
 def load_rng(ckpt: Path) -> None:
     """This rank's RNG states from ``ckpt``, when it has them (a weights-only checkpoint has none)."""
     f = _file(ckpt)
     if f.is_file():
-        accelerator.set_rng_state(_from_jsonable(json.loads(f.read_text())))
+        rng.set_rng_state(_from_jsonable(json.loads(f.read_text())))

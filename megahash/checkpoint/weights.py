@@ -148,7 +148,7 @@ def load_for_inference(
 ):
     """(cfg, model at TP=1 in eval mode, checkpoint dir) of a megahash checkpoint, in this process;
     ``weights``: which weights (:func:`load_chosen`)."""
-    from megahash import accelerator
+    from megahash.accelerator import process_groups, rng
     from megahash.checkpoint.layout import read_state
     from megahash.checkpoint.resolve import checkpoint_config, resolve_for_inference
     from megahash.models.megatron_model import MegahashLM
@@ -156,8 +156,8 @@ def load_for_inference(
     ckpt = resolve_for_inference(path, overrides)  # what it reads verified (train.verify_checkpoint)
     cfg = checkpoint_config(ckpt, overrides)
     state = read_state(ckpt)
-    accelerator.init_distributed(1)
-    accelerator.seed_all(cfg.train.seed)
+    process_groups.init_distributed(1)
+    rng.seed_all(cfg.train.seed)
     vocab = int(state.get("padded_vocab_size") or 0)
     if not vocab:
         raise CheckpointError(f"checkpoint {ckpt} does not record its vocabulary size")

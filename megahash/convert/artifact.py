@@ -14,14 +14,14 @@ from pathlib import Path
 
 def export_artifact(checkpoint, output, fmt: str = "int8", codec: str = "zstd", weights: str = "live") -> dict:
     """Write the artifact of a checkpoint's ``weights`` (live or ema); a summary with its ``bytes``."""
-    from megahash import accelerator
+    from megahash.accelerator import process_groups
     from megahash.checkpoint.artifact import write_artifact
     from megahash.checkpoint.layout import read_state
     from megahash.checkpoint.signature import model_signature
     from megahash.checkpoint.weights import load_for_inference
     from megahash.models.quantized import quantized
 
-    with accelerator.releasing_group():
+    with process_groups.releasing_group():
         cfg, model, ckpt = load_for_inference(checkpoint, weights=weights)
         state = model.state_dict()
         meta = {

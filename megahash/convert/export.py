@@ -413,9 +413,9 @@ def _teardown() -> None:
     import torch.distributed as dist
 
     if dist.is_initialized():
-        from megahash import accelerator
+        from megahash.accelerator import process_groups
 
-        accelerator.teardown()
+        process_groups.teardown()
 
 
 if __name__ == "__main__":

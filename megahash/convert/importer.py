@@ -94,7 +94,7 @@ def _tp1(tree: dict) -> dict:
 
 def build_model(tree: dict, padded: int, save_dir=None):
     """(cfg, TP=1 MegahashLM without initialisation) of a resolved config tree."""
-    from megahash import accelerator
+    from megahash.accelerator import process_groups, rng
     from megahash.config import config_from_dict
     from megahash.models.megatron_model import MegahashLM
 
@@ -107,8 +107,8 @@ def build_model(tree: dict, padded: int, save_dir=None):
     if save_dir is not None:
         tree.setdefault("train", {})["save_dir"] = str(save_dir)
     cfg = config_from_dict(tree)
-    accelerator.init_distributed(1)
-    accelerator.seed_all(cfg.train.seed)
+    process_groups.init_distributed(1)
+    rng.seed_all(cfg.train.seed)
     return cfg, MegahashLM(cfg, padded, torch.float32, init=False)
 
 

@@ -20,7 +20,7 @@ from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegat
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-from megahash import accelerator
+from megahash.accelerator import policy
 from megahash.data import documents
 from megahash.data.verify import base_prefix, blend_paths, check_prefix, read_meta, token_path  # noqa: F401 (one owner; re-exported)
 from megahash.errors import DataError
@@ -265,4 +265,4 @@ class ResumableBatchSampler(torch.utils.data.Sampler):
 def make_loader(dataset, consumed: int, micro_batch: int, dp_rank: int, dp_size: int, num_workers: int = 0):
     sampler = ResumableBatchSampler(len(dataset), consumed, micro_batch, dp_rank, dp_size)
     return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers,
-                                       pin_memory=accelerator.has_gpu(), persistent_workers=False)
+                                       pin_memory=policy.has_gpu(), persistent_workers=False)

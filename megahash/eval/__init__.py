@@ -6,8 +6,10 @@
   (loglikelihood, loglikelihood_rolling, generate_until).
 - :mod:`megahash.eval.run`: ``megahash eval`` and :func:`megahash.eval.run.evaluate_checkpoint`
   (the hook the trainer calls at the end of a run).
-- :mod:`megahash.eval.indicators`: attention pattern indicators ([Xue25] sec. 4.4.4) and the
-  pre-softmax logit distribution (Figures 4.1/4.2); ``megahash indicators``.
+- :mod:`megahash.eval.indicators`: ``megahash indicators``, attention pattern indicators ([Xue25] sec. 4.4.4)
+  and the pre-softmax logit distribution (Figures 4.1/4.2): the formulas in :mod:`~megahash.eval.indicator_formulas`,
+  the maps from :mod:`~megahash.eval.attention_capture` (each kind's ``maps`` hook), the figures from
+  :mod:`~megahash.eval.indicator_plots`.
 - :mod:`megahash.eval.efficiency` / :mod:`megahash.eval.report`: PCR, PoEP (eq. 2.5-2.7), PRR,
   PEoP (sec. 3.4.6); ``megahash report``.
 

@@ -84,7 +84,7 @@ def evaluate_text(
     quiet: bool = False,
 ) -> dict:
     """Score ``src`` with the checkpoint; write the JSON record and print one line."""
-    from megahash import accelerator
+    from megahash.accelerator import process_groups
     from megahash.atomic_write import write_text_atomic
     from megahash.checkpoint.resolve import resolve_for_inference
 
@@ -96,7 +96,7 @@ def evaluate_text(
     t0 = time.time()
     from megahash.eval.lm import MegahashEvalLM
 
-    with accelerator.releasing_group():
+    with process_groups.releasing_group():
         lm = MegahashEvalLM(
             checkpoint=str(ckpt), batch_size=batch_size, max_length=max_length, tokenizer=tokenizer, overrides=overrides
         )

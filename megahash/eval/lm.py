@@ -126,10 +126,10 @@ class MegahashEvalLM(LM):
                 f"megahash eval scores causal decoders; this checkpoint is model.arch={cfg.model.arch} "
                 f"train.objective={cfg.train.objective}"
             )
-        from megahash import accelerator
+        from megahash.accelerator import policy
 
-        if accelerator.has_gpu() and next(model.parameters()).device.type == "cpu":
-            model = model.to(accelerator.device())
+        if policy.has_gpu() and next(model.parameters()).device.type == "cpu":
+            model = model.to(policy.device())
         self._dev = next(model.parameters()).device
         self.cfg, self.model, self.ckpt, self.codec = cfg, model.eval(), ckpt, codec
         if isinstance(batch_size, str):
@@ -322,23 +322,23 @@ class MegahashEvalLM(LM):
         return out[:, -1]
 
     def _compute(self):
-        """The run's compute context (``accelerator.compute_context``: bf16 autocast for a bf16 run)."""
-        from megahash import accelerator
+        """The run's compute context (``accelerator.policy.compute_context``: bf16 autocast for a bf16 run)."""
+        from megahash.accelerator import policy
 
-        return accelerator.compute_context(self.precision, self._dev)
+        return policy.compute_context(self.precision, self._dev)
 
     @torch.no_grad()
     def _check_incremental(self) -> str:
         """'incremental' if DecodeState decoding reproduces a full forward on a probe (within the
-        compute dtype's tolerance, ``accelerator.compute_tolerance``), else 'recompute'."""
+        compute dtype's tolerance, ``accelerator.policy.compute_tolerance``), else 'recompute'."""
         if not self.incremental:
             return "recompute"
-        from megahash import accelerator
+        from megahash.accelerator import policy
         from megahash.models.megatron_model import DecodeState
 
         try:
             with self._compute():
-                return self._incremental_matches(DecodeState, accelerator.compute_tolerance(self.precision, self._dev))
+                return self._incremental_matches(DecodeState, policy.compute_tolerance(self.precision, self._dev))
         except Exception as e:  # a kind without decoding support
             log.warning(
                 "megahash: incremental decoding unavailable (%s); recomputing instead", str(e).splitlines()[0][:200]

@@ -288,9 +288,9 @@ def evaluate_checkpoint(
             file=sys.stderr,
             flush=True,
         )
-    from megahash import accelerator
+    from megahash.accelerator import process_groups
 
-    with accelerator.releasing_group():  # the model's 1-rank group goes with it (unless a caller's group was up)
+    with process_groups.releasing_group():  # the model's 1-rank group goes with it (unless a caller's group was up)
         lm = MegahashEvalLM(
             checkpoint=str(ckpt),
             batch_size=batch_size,

@@ -155,12 +155,12 @@ def train_and_score(cfg, task, steps: int, batch: int, lr: float, seed: int, eva
     """Train a fresh model of ``cfg`` on ``task`` for ``steps`` steps; accuracy on held-out sequences."""
     import torch
 
-    from megahash import accelerator
+    from megahash.accelerator import policy, rng
     from megahash.data.text_source import RandomTexts
     from megahash.models.megatron_model import build_model
 
-    dev = accelerator.device()
-    accelerator.seed_all(seed)
+    dev = policy.device()
+    rng.seed_all(seed)
     model = build_model(cfg, task.vocab).to(dev)
     for extra in model.kind_inputs():  # e.g. a fixed text: drawn once from the task's vocabulary (same seed for all)
         extra.prepare(cfg, task.vocab, RandomTexts(torch.Generator().manual_seed(seed + 17)))
@@ -269,13 +269,13 @@ def run(args) -> dict:
     for s in scheds:  # every variant's config is checked before anything trains
         for t in task_objs.values():
             variant_config(args.config, args.overrides, s, t)
-    from megahash import accelerator
+    from megahash.accelerator import process_groups
 
     own_group = False
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        accelerator.init_distributed(1)
+        process_groups.init_distributed(1)
         own_group = True
     rows = []
     try:
@@ -303,7 +303,7 @@ def run(args) -> dict:
             rows.append(row)
     finally:
         if own_group:
-            accelerator.teardown(barrier=False)
+            process_groups.teardown(barrier=False)
     budget = {
         "steps": args.steps,
         "batch_size": args.batch_size,

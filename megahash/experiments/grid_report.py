@@ -184,7 +184,7 @@ def markdown(grid, rows: list[dict]) -> str:
 
 def not_done(grid) -> list[dict]:
     """Every cell without a result: its index, name and, when it failed, its exit status and one-line
-    error (``sweep_failed.json``, megahash.experiments.sweep.record_failure)."""
+    error (``sweep_failed.json``, megahash.experiments.cell_failures.record_failure)."""
     from megahash.experiments.cell_failures import failure
 
     out = []

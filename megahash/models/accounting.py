@@ -14,11 +14,11 @@ def _n(module) -> int:
 def count_parameters(cfg, vocab_size: int) -> dict:
     import torch  # here, not at the top: format_report and megahash/models/closed_form.py stay torch-free
 
-    from megahash import accelerator
+    from megahash.accelerator import process_groups
     from megahash.models.megatron_model import build_model
 
     cfg.parallel.tensor, cfg.parallel.sequence = 1, False
-    accelerator.init_distributed(1)
+    process_groups.init_distributed(1)
     with torch.device("meta"):
         model = build_model(cfg, vocab_size, init=False)
     layers = []

@@ -1,6 +1,6 @@
 """megatron-core's linear layers under ``torch.autocast`` on every device.
 
-bf16 runs keep fp32 parameters and compute under autocast (``accelerator.autocast_dtype``). megatron's
+bf16 runs keep fp32 parameters and compute under autocast (``accelerator.policy.autocast_dtype``). megatron's
 ``LinearWithGradAccumulationAndAsyncCommunication`` re-enters autocast in backward through
 ``torch.amp.custom_bwd(device_type="cuda")`` only, so on other devices its backward would multiply
 the bf16 output gradient by the fp32 weight. Casting the weight (and bias) to the autocast dtype

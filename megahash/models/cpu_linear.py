@@ -9,7 +9,7 @@ layers at least twice as wide in as out (fc2: 26 against 32 ms at 2,048 tokens, 
 for the others the BLAS was as fast or faster (2-core AMD EPYC). Values agree with the BLAS GEMMs to fp32 rounding (relative 1e-6; a different
 summation order), and each path is deterministic, so resume stays bit-exact.
 
-Installed per layer by :func:`install` when ``accelerator.onednn_linear()`` says so; every other
+Installed per layer by :func:`install` when ``accelerator.policy.onednn_linear()`` says so; every other
 case (GPU, TP > 1, sequence parallelism, bf16/fp64, deferred embedding gradients) keeps
 megatron's own function.
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from megahash import accelerator
+from megahash.accelerator import policy
 
 
 def _onednn_gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -72,7 +72,7 @@ def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and weight.dtype == torch.float32
         and x.device.type == "cpu"
         and not torch.compiler.is_compiling()
-        and accelerator.onednn_linear()
+        and policy.onednn_linear()
     )
 
 
@@ -106,11 +106,11 @@ def _forward_impl(fallback):
 
 def install(model: torch.nn.Module) -> int:
     """Route every TP=1 megatron linear layer of ``model`` through :func:`onednn_linear` on CPU;
-    returns how many layers were routed (0 where ``accelerator.onednn_linear()`` is False)."""
+    returns how many layers were routed (0 where ``accelerator.policy.onednn_linear()`` is False)."""
     from megatron.core import parallel_state
 
     from megahash.models.linear_layers import wrap_forward_impls
 
-    if not accelerator.onednn_linear() or parallel_state.get_tensor_model_parallel_world_size() != 1:
+    if not policy.onednn_linear() or parallel_state.get_tensor_model_parallel_world_size() != 1:
         return 0
     return wrap_forward_impls(model, _forward_impl, "megahash_onednn")

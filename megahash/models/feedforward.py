@@ -1,6 +1,6 @@
 """The layers' feed-forward sublayer: megatron-core's TP-split ``MLP`` (SwiGLU in decoders,
 GELU in the RoBERTa layout), with SwiGLU's activation fused into one autograd op and, where that is
-faster, the gate and up GEMMs run as two GEMMs (``accelerator.split_glu_gemms``).
+faster, the gate and up GEMMs run as two GEMMs (``accelerator.policy.split_glu_gemms``).
 
 SwiGLU: FFN(x) = W_2 (SiLU(x W_g) * (x W_u)) (Shazeer 2020). megatron keeps W_g and W_u as one
 ``linear_fc1`` weight ([W_g; W_u] per TP rank) and computes one GEMM into [s, b, 2 ffn / tp]; the
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from megatron.core.transformer.mlp import MLP
 
-from megahash import accelerator
+from megahash.accelerator import policy
 from megahash.models import cpu_linear
 
 
@@ -85,7 +85,7 @@ class FeedForward(MLP):
     def _split_glu(self) -> bool:
         from megatron.core import parallel_state
 
-        return parallel_state.get_tensor_model_parallel_world_size() == 1 and accelerator.split_glu_gemms()
+        return parallel_state.get_tensor_model_parallel_world_size() == 1 and policy.split_glu_gemms()
 
     def forward(self, hidden_states, per_token_scale=None, **kwargs):
         if per_token_scale is not None or not self._swiglu():

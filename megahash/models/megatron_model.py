@@ -205,7 +205,7 @@ class MegahashLM(MegatronModule):
         if not self.head.uses_output_layer:
             self.output_layer = None  # S+R / hash-code heads replace the vocabulary projection
         hook_sequence_parallel_params(self)  # e.g. RowParallelLinear biases under SP
-        cpu_linear.install(self)  # oneDNN GEMMs for the linear layers on CPU (accelerator.onednn_linear)
+        cpu_linear.install(self)  # oneDNN GEMMs for the linear layers on CPU (accelerator.policy.onednn_linear)
         autocast_linear.install(self)  # bf16 runs: fp32 parameters, linear layers in the autocast dtype
 
     def kind_inputs(self) -> list:

@@ -51,7 +51,8 @@ class KindSpec:
     caps: object  # AttentionCaps | EmbeddingCaps | HeadCaps | InputCaps (megahash.catalog)
     costs: type | None = None  # static formulas (megahash.models.costs), None: "measured only"
     options: type | None = None  # options dataclass (model.attention.options / model.embed.options)
-    maps: Callable | None = None  # the indicators' attention-map capture (megahash.eval.indicators)
+    maps: Callable | None = None  # maps(layer, record) -> hook handles: the indicators' capture of its attention
+    # maps (megahash.models.attention.maps; called by megahash.eval.attention_capture)
     export: Callable | None = None  # attention: export_spec(module) -> dict; embedding: export_meta(emb, cfg) -> dict
     model_input: Callable | None = None  # build(model, cfg) -> KindInput | None (megahash.models.kind_input)
     reference: type | None = None  # attention: the kind written once (megahash.models.mixing); embedding,
@@ -143,7 +144,8 @@ def register_attention(
     ``costs``: a class of static formulas (Table 3.4 ``qkv_params``, Table 4.5-4.8 ``time_complexity``,
     ``flops``, ``activation_bytes``, ``cache_bytes``, the implementation's ``cache_elements``; see
     megahash.models.costs), or None: "measured only". ``caps``: an :class:`AttentionCaps`.
-    ``maps``: the indicators' attention-map capture (megahash.eval.indicators). ``export_spec(module)
+    ``maps(layer, record) -> handles``: how ``megahash indicators`` captures the kind's attention maps (the
+    families' hooks: megahash.models.attention.maps; None: "unavailable"). ``export_spec(module)
     -> dict``: what the Hugging Face export needs of a layer beyond kind and groups. ``options``: the
     kind's options dataclass (``model.attention.options.*``). Costs, options and caps are read without
     torch too (:mod:`megahash.catalog`): they use no torch. ``model_input``:

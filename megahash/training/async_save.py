@@ -29,7 +29,7 @@ megahash cannot address per parameter (none that megahash builds) keeps the sync
 Why the forking caller and not megatron's persistent worker (``AsyncCallsQueue(persistent=True)``),
 read from megatron-core 0.16.1: the persistent worker is a *spawned* process whose loop first calls
 ``torch.cuda.set_device(rank % torch.cuda.device_count())`` (a ZeroDivisionError without a GPU; the
-CPU shims of megahash/accelerator.py do not reach a spawned interpreter), and it receives the request
+CPU shims of megahash/accelerator/patches.py do not reach a spawned interpreter), and it receives the request
 pickled through torch's multiprocessing, which moves CPU tensors into shared memory *in place*: on a
 CPU the writer would read the live parameters while training changes them. The forking caller needs
 only ``torch.cuda.synchronize`` and ``torch.cuda.current_device`` (its all-reduces), which the CPU
@@ -110,9 +110,9 @@ class _Queue:
         filesystem_async._results_queue = self.manager.Queue()
         request = dist_checkpointing.save(sharded_state_dict, str(directory), async_sharded_save=True)
         if request.async_fn is not None:
-            from megahash import accelerator
+            from megahash.accelerator import process_groups
 
-            args = (request.async_fn, self.step, os.getpid(), Path(directory), accelerator.rank())
+            args = (request.async_fn, self.step, os.getpid(), Path(directory), process_groups.rank())
             request = request._replace(async_fn=functools.partial(_in_writer, *args))
         self.calls.schedule_async_request(request)
 

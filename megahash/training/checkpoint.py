@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from megahash import accelerator
+from megahash.accelerator import process_groups
 from megahash.atomic_write import write_text_atomic
 from megahash.checkpoint.layout import STATE_FILE, WEIGHTS_DIR, pin_path, read_state, tag_for
 from megahash.checkpoint.manifest import damage
@@ -42,7 +42,7 @@ def find_resume(save_dir: str | Path, level: str = "cheap", failed: dict | None 
     def judge(ckpt: Path) -> str | None:
         return failed[ckpt] if ckpt in failed else _agreed(damage(ckpt, level, share=_share()))
 
-    return choose_resume(save_dir, warn=accelerator.rank() == 0, level=level, judge=judge, quiet=quiet)
+    return choose_resume(save_dir, warn=process_groups.rank() == 0, level=level, judge=judge, quiet=quiet)
 
 
 def verify_named(ckpt: Path, level: str) -> None:
@@ -53,7 +53,7 @@ def verify_named(ckpt: Path, level: str) -> None:
             f"train.resume={ckpt} is damaged ({why}); resume from another checkpoint "
             f"(train.resume=auto takes the newest intact one)"
         )
-    if accelerator.rank() == 0:
+    if process_groups.rank() == 0:
         warn_unverified(ckpt, level)
 
 
@@ -106,7 +106,7 @@ def save(engine, cfg: Config, step: int, consumed: int, extra: dict | None = Non
     tmp = root / (tag + ".tmp")
     error = begin(root, tmp)
     native = optimizer_state.native_files(engine)  # sharded Muon writes no DeepSpeed files (optimizer/ holds it all)
-    hasher = digest.Hasher(tmp, accelerator.rank()) if hashes else None
+    hasher = digest.Hasher(tmp, process_groups.rank()) if hashes else None
     try:
         if native:
             with _hashing_engine_saves(engine, hasher):
@@ -173,12 +173,12 @@ def begin(root: Path, tmp: Path) -> BaseException | None:
     :func:`fail_if_any`)."""
     error = None
     try:
-        if accelerator.rank() == 0:
+        if process_groups.rank() == 0:
             root.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)
     except Exception as e:  # reported by fail_if_any on every rank
         error = e
-    accelerator.barrier()
+    process_groups.barrier()
     return error
 
 
@@ -202,7 +202,7 @@ def publish(
     to ``step_N``, points ``latest`` at it and prunes."""
     root, tag, error = tmp.parent, tag_for(step), None
     try:
-        if accelerator.rank() == 0:
+        if process_groups.rank() == 0:
             from megahash.checkpoint.manifest import write_manifest
 
             save_config(cfg, tmp / "resolved_config.yaml")
@@ -240,11 +240,11 @@ def publish(
 
 def _abandon(tmp: Path) -> None:
     """Remove a partial save (rank 0), then wait for every rank."""
-    if accelerator.rank() == 0:
+    if process_groups.rank() == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         for p in tmp.parent.glob("*.tmp-*") if tmp.parent.is_dir() else ():
             p.unlink(missing_ok=True)
-    accelerator.barrier()
+    process_groups.barrier()
 
 
 def prune(root: Path, keep_last: int) -> None:

@@ -147,7 +147,7 @@ def check_early(cfg) -> None:
 def deepspeed_config(cfg, dp_size: int, bf16: bool, autocast=None) -> dict:
     """The engine's JSON. ``bf16``: DeepSpeed's bf16 mode (bf16 parameters, fp32 copies in its
     optimizer); ``autocast`` (a dtype, e.g. ``torch.bfloat16``): fp32 parameters and DeepSpeed's
-    ``torch_autocast`` section instead (``accelerator.autocast_dtype``), with ``bf16`` off."""
+    ``torch_autocast`` section instead (``accelerator.policy.autocast_dtype``), with ``bf16`` off."""
     t = cfg.train
     path = json_path(cfg)
     ds = read_json(path)

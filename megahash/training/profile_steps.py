@@ -3,7 +3,7 @@ torchtitan's ``maybe_enable_profiling`` / ``maybe_enable_memory_snapshot`` and M
 ``--profile --profile-step-start --profile-step-end`` do.
 
 For the steps START..END (1-based, inclusive) every rank runs under ``torch.profiler`` (the CPU's
-operators; on a CUDA device its kernels too: ``accelerator.profiler_activities``) and writes a
+operators; on a CUDA device its kernels too: ``accelerator.measurement.profiler_activities``) and writes a
 Chrome-trace JSON that Perfetto, ``chrome://tracing`` and TensorBoard's profile plugin read::
 
     SAVE_DIR/profile/steps_START-END/rank{R}.pt.trace.json
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from megahash import accelerator
+from megahash.accelerator import measurement
 
 PHASES = ("data", "forward", "backward", "optimizer", "logging")  # of a step (also megahash.training.profiling's)
 PREFIX = "megahash/"
@@ -84,8 +84,8 @@ class StepProfiler:
     def _open(self) -> None:
         from torch.profiler import profile
 
-        self.memory = accelerator.record_memory_history(True)
-        self.prof = profile(activities=accelerator.profiler_activities(), record_shapes=True)
+        self.memory = measurement.record_memory_history(True)
+        self.prof = profile(activities=measurement.profiler_activities(), record_shapes=True)
         self.prof.start()
 
     def close(self) -> None:
@@ -101,8 +101,8 @@ class StepProfiler:
         out.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(out / f"rank{self.rank}.pt.trace.json"))
         if self.memory:
-            accelerator.dump_memory_snapshot(out / f"rank{self.rank}.memory.pickle")
-            accelerator.record_memory_history(False)
+            measurement.dump_memory_snapshot(out / f"rank{self.rank}.memory.pickle")
+            measurement.record_memory_history(False)
             self.memory = False
         if self.rank == 0:
             self.write(summary(prof.key_averages(), len(self.done), out))
@@ -110,7 +110,7 @@ class StepProfiler:
     def _dump_oom(self, n: int) -> None:
         """The allocator's state at an out-of-memory error of step ``n`` (CUDA; nothing on CPU)."""
         path = self.root / f"oom_step_{n}" / f"rank{self.rank}.memory.pickle"
-        if accelerator.dump_memory_snapshot(path):
+        if measurement.dump_memory_snapshot(path):
             print(
                 f"megahash: out of memory at step {n} on rank {self.rank}; memory snapshot {path} "
                 f"(open at https://pytorch.org/memory_viz)",

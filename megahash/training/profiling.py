@@ -61,23 +61,23 @@ class TrainHarness:
     def __init__(self, cfg, steps: int):
         from megatron.core import parallel_state
 
-        from megahash import accelerator
+        from megahash.accelerator import host_allocator, policy, rng
         from megahash.data.dataset import build_datasets, make_loader
         from megahash.models.megatron_model import build_model
         from megahash.objectives import build_objective
         from megahash.training.trainer import build_engine
 
         t = cfg.train
-        accelerator.tune_host_allocator()  # as trainer.train
+        host_allocator.tune_host_allocator()  # as trainer.train
         self.cfg = cfg
         dp_size = parallel_state.get_data_parallel_world_size()
         self.dp_rank = parallel_state.get_data_parallel_rank()
         self.data = build_datasets(
             cfg, train_samples=steps * t.global_batch_size, valid_samples=0, cache_dir=cfg.data.cache_dir or None
         )
-        accelerator.seed_all(t.seed)
-        self.model = build_model(cfg, self.data.vocab_size, accelerator.param_dtype(t.precision))
-        if accelerator.compile_layers(t.compile):  # as trainer.train
+        rng.seed_all(t.seed)
+        self.model = build_model(cfg, self.data.vocab_size, policy.param_dtype(t.precision))
+        if policy.compile_layers(t.compile):  # as trainer.train
             from megahash.training.trainer import compile_layers
 
             compile_layers(self.model)
@@ -144,11 +144,11 @@ def main(argv=None) -> int:
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
 
-    from megahash import accelerator
+    from megahash.accelerator import process_groups
     from megahash.config import load_config
 
     cfg = load_config(args.config, args.overrides)
-    accelerator.init_distributed(cfg.parallel.tensor, cfg.parallel.sequence)
+    process_groups.init_distributed(cfg.parallel.tensor, cfg.parallel.sequence)
     try:
         h = TrainHarness(cfg, args.warmup + args.steps * (2 if args.torch_profile else 1))
         print(
@@ -171,7 +171,7 @@ def main(argv=None) -> int:
                     h.step()
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
     finally:
-        accelerator.teardown()
+        process_groups.teardown()
     return 0
 
 

@@ -160,8 +160,8 @@ def any_rank(flag: bool) -> bool:
 
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return flag
-    from megahash import accelerator
+    from megahash.accelerator import policy
 
-    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=accelerator.device())  # nccl: on the GPU
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=policy.device())  # nccl: on the GPU
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from megahash import accelerator
+from megahash.accelerator import deepspeed_ops, host_allocator, measurement, patches, policy, process_groups, rng
 from megahash.config import Config, save_config
 from megahash.data import documents
 from megahash.data.samples import consumed_samples, step_batch
@@ -68,30 +68,30 @@ def batch_loss(engine, batch: dict, objective) -> torch.Tensor:
 
 def build_engine(cfg: Config, model: torch.nn.Module, dp_size: int, dtype: torch.dtype | None = None):
     """(DeepSpeed engine, LR scheduler) around ``model``: AdamW (no decay on 1-D parameters; fused
-    where the device has it, ``accelerator.adamw_options``), the warmup/decay schedule and the
+    where the device has it, ``accelerator.policy.adamw_options``), the warmup/decay schedule and the
     DeepSpeed config of ``train.zero_stage``. ``train.precision`` bf16 runs keep fp32 parameters and
-    compute in bf16 under DeepSpeed's ``torch_autocast`` (``accelerator.autocast_dtype``); a
+    compute in bf16 under DeepSpeed's ``torch_autocast`` (``accelerator.policy.autocast_dtype``); a
     ``dtype`` of bf16 given here instead asks for DeepSpeed's own bf16 mode (bf16 parameters)."""
     import deepspeed
 
-    accelerator.deepspeed_collectives_by_current_names()  # ZeRO-3's collectives without deprecation warnings
+    patches.deepspeed_collectives_by_current_names()  # ZeRO-3's collectives without deprecation warnings
     t = cfg.train
     optimizer = build_optimizer(
-        model, t, param_groups(model, t.weight_decay), accelerator.adamw_options(), dp_size
+        model, t, param_groups(model, t.weight_decay), policy.adamw_options(), dp_size
     )  # train.optimizer (Muon sharded over the data-parallel ranks at ZeRO-1/2)
     scheduler = Schedule(optimizer, t)  # megatron-core's OptimizerParamScheduler, stepped by the engine
     bf16_params = dtype == torch.bfloat16 or next(model.parameters()).dtype == torch.bfloat16
-    autocast = None if bf16_params else accelerator.autocast_dtype(t.precision)
+    autocast = None if bf16_params else policy.autocast_dtype(t.precision)
     ds_cfg = deepspeed_config(cfg, dp_size, bf16=bf16_params, autocast=autocast)
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         optimizer=optimizer,
         lr_scheduler=scheduler,
         config=ds_cfg,
-        mpu=accelerator.DeepSpeedMPU(),
+        mpu=process_groups.DeepSpeedMPU(),
         dist_init_required=False,
     )
-    accelerator.release_deepspeed_shm()
+    deepspeed_ops.release_deepspeed_shm()
     tune_engine(engine, dp_size)
     return engine, scheduler
 
@@ -100,7 +100,7 @@ def train_step(engine, batches, objective, gas: int, timings: dict | None = None
     """One optimizer step of ``gas`` micro-batches from the iterator ``batches``: (sum of the
     micro-batch losses, seconds spent waiting for batches). One host sync per step; with a
     ``timings`` dict, also the seconds of the optimizer phase (``engine.step`` of the last
-    micro-batch, between device syncs: ``accelerator.synchronize``) as ``timings["optimizer_s"]``."""
+    micro-batch, between device syncs: ``accelerator.measurement.synchronize``) as ``timings["optimizer_s"]``."""
     loss_sum, wait = None, 0.0
     for i in range(gas):  # phase(): the profiler's ranges in a profiled step (train.profile_steps)
         tw = time.perf_counter()
@@ -114,12 +114,12 @@ def train_step(engine, batches, objective, gas: int, timings: dict | None = None
                 engine.backward(loss)
         last = timings is not None and i == gas - 1
         if last:
-            accelerator.synchronize()
+            measurement.synchronize()
             to = time.perf_counter()
         with phase("optimizer"):
             engine.step()
         if last:
-            accelerator.synchronize()
+            measurement.synchronize()
             timings["optimizer_s"] = time.perf_counter() - to
         l = loss.detach().double()  # summed like Python floats, as before
         loss_sum = l if loss_sum is None else loss_sum + l
@@ -172,9 +172,9 @@ def train(cfg: Config, at_end=None) -> int:
     """Run (or resume) pretraining; returns the process exit status. ``at_end(save_dir)`` runs on rank 0
     after the last step (the entry point's end-of-run evaluation, megahash/pretrain.py)."""
     quiet_deepspeed_logger()
-    accelerator.tune_host_allocator()
+    host_allocator.tune_host_allocator()
     tp, sp = cfg.parallel.tensor, cfg.parallel.sequence
-    rank, world = accelerator.init_distributed(tp, sp, timeout_s=cfg.train.distributed_timeout_s)
+    rank, world = process_groups.init_distributed(tp, sp, timeout_s=cfg.train.distributed_timeout_s)
     run, completed = None, False
     try:
         with run_lock.held(cfg.train.save_dir, rank):  # one run per save_dir, before anything is written there
@@ -186,7 +186,7 @@ def train(cfg: Config, at_end=None) -> int:
             return exit_status
     finally:
         _close(run)  # after an error too: log files, TensorBoard's writer thread, wandb, loader workers
-        accelerator.teardown(barrier=completed)
+        process_groups.teardown(barrier=completed)
 
 
 class _LoadFailed(Exception):
@@ -323,12 +323,12 @@ def _build_model(cfg: Config, data) -> tuple[torch.nn.Module, int, int]:
     counted over TP ranks before the engine partitions it, compiled by layer where asked."""
     from megahash.models.megatron_model import build_model
 
-    accelerator.seed_all(cfg.train.seed)
+    rng.seed_all(cfg.train.seed)
     model = build_model(cfg, data.vocab_size)
     _prepare_model_inputs(model, cfg, data)
     n_params = _sum_over_tp(sum(p.numel() for p in model.parameters()), model)
     n_emb = _embedding_params(model)
-    if accelerator.compile_layers(cfg.train.compile):
+    if policy.compile_layers(cfg.train.compile):
         compile_layers(model)
     return model, n_params, n_emb
 
@@ -348,7 +348,7 @@ def _open_log(run: _Run, resume_from: Path | None, n_params: int, n_emb: int) ->
     run.log = RunLogger(cfg, run.rank, run.step)  # drops what a killed run logged past this step
     if run.rank == 0:
         where = f"resumed from {resume_from}" if resume_from else "from scratch"
-        dtype = accelerator.train_dtype(t.precision)  # the compute dtype (bf16: under autocast)
+        dtype = policy.train_dtype(t.precision)  # the compute dtype (bf16: under autocast)
         print(
             f"megahash: {n_params:,} parameters ({n_emb:,} embedding), world {run.world} "
             f"(tp {cfg.parallel.tensor}, dp {run.dp_size}), {dtype}, ZeRO-{t.zero_stage}, {where}",
@@ -389,7 +389,7 @@ def _start_progress(run: _Run) -> None:
     run.flops_tok = train_flops_per_token(cfg, run.data.vocab_size)
     if not isinstance(run.flops_tok, (int, float)) and run.rank == 0:
         print("MFU n/a: an attention kind of model.schedule has no cost model and cannot be measured", flush=True)
-    run.peak = accelerator.peak_flops(accelerator.train_dtype(cfg.train.precision)) * run.world
+    run.peak = measurement.peak_flops(policy.train_dtype(cfg.train.precision)) * run.world
 
 
 # -------------------------------------------------------------------------------------------- loop
@@ -450,7 +450,7 @@ def _train_step_logged(run: _Run) -> None:
     if echo:  # host-syncing statistics at log intervals only, off the step's hot path
         metrics["optimizer_s"] = timings["optimizer_s"]
         metrics["param_norm"] = param_norm(run.engine.module, t.zero_stage)
-        metrics["peak_memory_mib"] = accelerator.peak_memory_bytes() / 2**20
+        metrics["peak_memory_mib"] = measurement.peak_memory_bytes() / 2**20
     skipped = run.guard.account(step, metrics, run.progress)
     run.log.log(step, metrics, "train", echo=False)
     run.progress.update(step, metrics, echo or skipped)
@@ -568,7 +568,7 @@ def _dp_mean(value: float) -> float:
 
     if not torch.distributed.is_initialized() or parallel_state.get_data_parallel_world_size() == 1:
         return value
-    t = torch.tensor([value], dtype=torch.float64, device=accelerator.device())
+    t = torch.tensor([value], dtype=torch.float64, device=policy.device())
     torch.distributed.all_reduce(t, group=parallel_state.get_data_parallel_group())
     return (t / parallel_state.get_data_parallel_world_size()).item()
 

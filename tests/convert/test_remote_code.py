@@ -38,13 +38,13 @@ def test_reference_equals_library_at_tp1(case):
     """Every embedding kind and head (decoder and encoder; hash heads; Shuffle+Random): the plain-torch
     reference (the HF export's model, weights through the export's name map) gives the library's
     logits and the same gradient for every parameter, in float64."""
-    from megahash import accelerator
+    from megahash.accelerator import rng
     from megahash.convert.reference import reference_model, reference_names
     from megahash.models.megatron_model import build_model
 
     kind, extra = H.PARITY_CASES[case]
     cfg = H.tiny_cfg(kind, list(extra), seq=16)
-    accelerator.seed_all(1234)
+    rng.seed_all(1234)
     model = build_model(cfg, 200, dtype=torch.float64)
     with torch.no_grad():  # zero-initialised rows (word_row, special, biases) must matter too
         g = torch.Generator().manual_seed(5)

@@ -91,7 +91,7 @@ def test_bits_per_byte_equals_lm_eval(dist, shakespeare_shards, tmp_path):
     """Documents longer than the window (several rolling windows each) on a tiny untrained model."""
     from lm_eval.api.metrics import bits_per_byte as lm_eval_bpb
 
-    from megahash import accelerator
+    from megahash.accelerator import rng
     from megahash.config import load_config
     from megahash.eval.bits_per_byte import text_metrics
     from megahash.eval.lm import MegahashEvalLM
@@ -113,7 +113,7 @@ def test_bits_per_byte_equals_lm_eval(dist, shakespeare_shards, tmp_path):
         ],
     )
     codec = load_codec(cfg)
-    accelerator.seed_all(5)
+    rng.seed_all(5)
     model = build_model(cfg, codec.vocab_size).eval()
     lm = MegahashEvalLM.from_model(cfg, model, codec, batch_size=4, max_length=32)
     docs = [TEXTS[0] * 2, "To be, or not to be: that is the question. " * 3, TEXTS[1]]

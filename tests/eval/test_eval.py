@@ -78,12 +78,12 @@ def runs(shakespeare_shards, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lms(runs):
-    from megahash import accelerator
+    from megahash.accelerator import process_groups
     from megahash.eval.lm import MegahashEvalLM
 
     out = {name: MegahashEvalLM(checkpoint=str(runs[name]), batch_size=8) for name in ("trained", "untrained")}
     yield out
-    accelerator.teardown()
+    process_groups.teardown()
 
 
 def _req(kind, *args):

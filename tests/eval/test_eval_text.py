@@ -116,14 +116,14 @@ def test_hash_models_are_scored_through_their_codes(dist, word_shards, head, emb
     """Word stream + hash embedding, with the vocabulary head or a hash-code head (the hashed-word
     decoder): loglikelihood equals the head's own per-token loss on the codes; greedy generation
     picks words of the word table."""
-    from megahash import accelerator
+    from megahash.accelerator import rng
     from megahash.eval.lm import MegahashEvalLM
     from megahash.eval.text import load_codec
     from megahash.models.megatron_model import build_model
 
     cfg = _cfg(word_shards, "words", f"model.embedding={emb}", f"model.embed.hash_spec={spec}", f"model.head={head}")
     codec = load_codec(cfg)
-    accelerator.seed_all(3)
+    rng.seed_all(3)
     model = build_model(cfg, codec.vocab_size).eval()
     lm = MegahashEvalLM.from_model(cfg, model, codec, batch_size=2)
     ctx, cont = "Now is the winter of our", " discontent made glorious"

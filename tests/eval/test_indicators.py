@@ -6,7 +6,9 @@ import math
 import pytest
 import torch
 
-from megahash.eval import indicators as ind
+from megahash.eval import indicator_formulas as ind
+from megahash.eval.attention_capture import AttentionCapture
+from megahash.eval.indicators import layer_records
 
 pytestmark = pytest.mark.numerics  # compares floating-point results (see tests/numerics.py)
 
@@ -55,15 +57,12 @@ def _kinds():
     return registry.names("attention")
 
 
-@pytest.mark.parametrize("kind", _kinds())
-def test_capture_reproduces_every_kinds_attention(dist, kind):
-    """For every kind the captured (equivalent) map is a causal row-stochastic matrix and A V equals
-    the attention output of the module; the model output is unchanged by capturing."""
-    from megahash import accelerator
+def _tiny_model(schedule: str):
+    """A 2-layer, 4-head, h32 decoder of ``schedule`` (seed 0), in eval mode."""
+    from megahash.accelerator import rng
     from megahash.config import load_config
     from megahash.models.megatron_model import build_model
 
-    schedule = "uniform:mha" if kind == "mha" else f"hybrid:{kind}:even"
     cfg = load_config(
         None,
         [
@@ -77,8 +76,15 @@ def test_capture_reproduces_every_kinds_attention(dist, kind):
             "model.attention.options.fixed_seq_length=64",
         ],
     )
-    accelerator.seed_all(0)
-    model = build_model(cfg, 100).eval()
+    rng.seed_all(0)
+    return build_model(cfg, 100).eval()
+
+
+@pytest.mark.parametrize("kind", _kinds())
+def test_capture_reproduces_every_kinds_attention(dist, kind):
+    """For every kind the captured (equivalent) map is a causal row-stochastic matrix and A V equals
+    the attention output of the module; the model output is unchanged by capturing."""
+    model = _tiny_model("uniform:mha" if kind == "mha" else f"hybrid:{kind}:even")
     if kind == "fixedseqqk":
         from megahash.models.attention.fixed_qk import set_fixed_tokens
 
@@ -86,7 +92,7 @@ def test_capture_reproduces_every_kinds_attention(dist, kind):
     tok = torch.randint(5, 100, (2, 12), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref = model(tok)
-        with ind.AttentionCapture(model, batch=2, verify=True) as cap:
+        with AttentionCapture(model, batch=2, verify=True) as cap:
             out = model(tok)
         again = model(tok)
     # bit-exact: the capture only observes: the model runs its own path
@@ -105,6 +111,29 @@ def test_capture_reproduces_every_kinds_attention(dist, kind):
             assert torch.equal(
                 P[0, 0], torch.eye(12, dtype=P.dtype)
             )  # bit-exact: mlp mixes no tokens: exactly the identity map
-    recs = ind.layer_records(cap.layers, model.layer_kinds)
+    recs = layer_records(cap.layers, model.layer_kinds)
     assert [r["kind"] for r in recs] == model.layer_kinds
     assert all(0 <= r["head_div"] <= 1 for r in recs)
+
+
+def test_capture_goes_through_each_kinds_registered_maps_hook(dist, monkeypatch):
+    """The kind's ``maps`` hook in the registry decides how its layers are captured: mha's hook replaced by
+    one that reports a marker is what the capture stores, and with no hook its layers are "unavailable"
+    (nothing guessed from the modules' attributes); the other kind of the hybrid is captured as before."""
+    from megahash.models import registry
+
+    model = _tiny_model("hybrid:approx:even")  # layers: approx, mha
+    tok = torch.randint(5, 100, (2, 12), generator=torch.Generator().manual_seed(1))
+
+    def marker(layer, record):
+        eye = torch.eye(tok.shape[1], dtype=torch.float64)[None, None]
+        return [layer.register_forward_hook(lambda *_: record({"source": "marker", "probs": eye, "causal": True}))]
+
+    mha = registry.spec("attention", "mha")
+    for hook, source in ((marker, "marker"), (None, "unavailable")):
+        monkeypatch.setattr(mha, "maps", hook)
+        with torch.no_grad(), AttentionCapture(model, batch=2) as cap:
+            model(tok)
+        assert [rec["kind"] for rec in cap.layers] == model.layer_kinds == ["approx", "mha"]
+        assert cap.layers[1]["source"] == source, cap.layers[1]
+        assert cap.layers[0]["source"].startswith("normalised Taylor kernel")

@@ -108,7 +108,7 @@ def workdir(shakespeare_shards, tmp_path_factory):
 def _word_specs() -> list[str]:
     """The hash specs of every cell of the word-level grids (their headers list them)."""
     from megahash import catalog
-    from megahash.experiments.sweep import cell_config, load_grid
+    from megahash.experiments.grid import cell_config, load_grid
 
     specs = set()
     for path in GRIDS:
@@ -140,7 +140,7 @@ def _distinct_cells(tmp_path, workdir):
     one per distinct resolved config (seed and save_dir aside)."""
     import yaml
 
-    from megahash.experiments.sweep import CELL_CONFIG, load_grid, write_plan
+    from megahash.experiments.grid import CELL_CONFIG, load_grid, write_plan
 
     seen, out, total = set(), [], 0
     for path in GRIDS:
@@ -159,7 +159,7 @@ def _distinct_cells(tmp_path, workdir):
 
 @pytest.mark.slow
 def test_every_cell_of_every_shipped_grid_trains_and_saves(workdir, tmp_path, capsys):
-    from megahash.experiments.sweep import CELL_CONFIG
+    from megahash.experiments.grid import CELL_CONFIG
     from megahash.pretrain import main
 
     cells, total = _distinct_cells(tmp_path, workdir)
@@ -188,7 +188,7 @@ def load(path: Path) -> list:
 @pytest.mark.slow
 def test_the_readme_grid_runs_through_the_sweep(workdir, tmp_path):
     """README step 8's command on its hybrid and skip cells (the skip cell could never save before)."""
-    from megahash.experiments.sweep import load_grid
+    from megahash.experiments.grid import load_grid
 
     path = ROOT / "configs" / "grids" / "table4_1_tiny.yaml"
     data = _data(path, workdir)

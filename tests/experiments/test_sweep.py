@@ -253,7 +253,7 @@ def test_array_script_outside_slurm_is_one_line_error():
 )
 def test_shipped_grids_resolve(name, cells, tmp_path):
     """Every shipped grid resolves to valid cell configs; variants with a config snippet get its keys."""
-    from megahash.experiments.sweep import cell_config, load_grid
+    from megahash.experiments.grid import cell_config, load_grid
 
     grid = load_grid(str(ROOT / "configs" / "grids" / f"{name}.yaml"), out=str(tmp_path))
     assert len(grid.cells) == cells and any(

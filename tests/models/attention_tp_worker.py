@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from megahash import accelerator
+from megahash.accelerator import process_groups, rng
 from megahash.config import load_config
 
 VOCAB, SEQ, BATCH = 256, 16, 2
@@ -72,7 +72,7 @@ def setup(case: str, tp: int, sp: bool):
     from megahash.models.megatron_model import build_model
 
     cfg = case_config(case, tp, sp)
-    accelerator.seed_all(7)
+    rng.seed_all(7)
     model = build_model(cfg, VOCAB, dtype=torch.float64)
     if getattr(model, "fixed_qk", None) is not None and model.fixed_qk.source == "text":
         fixed_qk.set_fixed_tokens(model, [(11 * i + 3) % VOCAB for i in range(64)])
@@ -144,7 +144,7 @@ def main():
     out_path, cases = sys.argv[1], sys.argv[2].split(",")
     results = {case: {} for case in cases}
     for tp in (1, 2):  # one model-parallel set-up per TP size (creating groups is the slow part)
-        accelerator.init_distributed(tp)
+        process_groups.init_distributed(tp)
         for case in cases:
             for sp in (False,) if tp == 1 else (False, True):
                 results[case][f"tp{tp}{'sp' if sp else ''}"] = run_case(case, tp, sp)
@@ -153,7 +153,7 @@ def main():
     if dist.get_rank() == 0:
         with open(out_path, "w") as f:
             json.dump(results, f)
-    accelerator.teardown()
+    process_groups.teardown()
 
 
 if __name__ == "__main__":

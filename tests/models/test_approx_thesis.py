@@ -12,7 +12,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest
 import torch
 
-from megahash import accelerator
+from megahash.accelerator import rng
 from megahash.config import load_config
 
 pytestmark = [pytest.mark.usefixtures("dist"), pytest.mark.numerics]
@@ -126,7 +126,7 @@ def test_decode_state_is_table_4_8(extra):
     from megahash.models.megatron_model import DecodeState, build_model
 
     cfg = make_cfg("model.attention.options.chunk_size=4", *extra)
-    accelerator.seed_all(0)
+    rng.seed_all(0)
     model = build_model(cfg, VOCAB, dtype=torch.float64).eval()
     tok = torch.randint(0, VOCAB, (3, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -147,7 +147,7 @@ def test_decode_state_is_table_4_8(extra):
 def test_parameters_equal_mha():
     from megahash.models.megatron_model import build_model
 
-    accelerator.seed_all(0)
+    rng.seed_all(0)
     a = sum(p.numel() for p in build_model(make_cfg(), VOCAB).parameters())
     b = sum(p.numel() for p in build_model(make_cfg("model.schedule=uniform:mha"), VOCAB).parameters())
     assert a == b
@@ -161,7 +161,7 @@ def test_approx_projected_feature_dim():
     from megahash.models.megatron_model import DecodeState, build_model
 
     def model(*extra):
-        accelerator.seed_all(0)
+        rng.seed_all(0)
         return build_model(make_cfg("model.schedule=uniform:approx", *extra), VOCAB, dtype=torch.float64).eval()
 
     tok = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
@@ -263,7 +263,7 @@ def test_positive_denominator_model_is_causal_and_decodes():
     from megahash.models.megatron_model import DecodeState, build_model
 
     cfg = make_cfg("model.attention.options.chunk_size=4", "model.attention.options.denominator=positive")
-    accelerator.seed_all(0)
+    rng.seed_all(0)
     model = build_model(cfg, VOCAB, dtype=torch.float64).eval()
     tok = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
     bumped = tok.clone()
@@ -290,7 +290,7 @@ def test_positive_denominator_reaches_the_export():
     out = {}
     for den in ("literal", "positive"):
         cfg = make_cfg("model.attention.options.chunk_size=4", f"model.attention.options.denominator={den}")
-        accelerator.seed_all(0)
+        rng.seed_all(0)
         model = build_model(cfg, VOCAB, dtype=torch.float64).eval()
         with torch.no_grad():
             a = model(tok)

@@ -18,10 +18,8 @@ import _kinds
 import pytest
 import torch
 
-from megahash import (
-    accelerator,
-    catalog,
-)
+from megahash import catalog
+from megahash.accelerator import rng
 from megahash.config import load_config
 from megahash.models.forward_state import ForwardState
 
@@ -57,7 +55,7 @@ def build(cfg, dtype=torch.float64, seed=0):
     from megahash.models.attention import fixed_qk
     from megahash.models.megatron_model import build_model
 
-    accelerator.seed_all(seed)
+    rng.seed_all(seed)
     model = build_model(cfg, VOCAB, dtype=dtype)
     if getattr(model, "fixed_qk", None) is not None and model.fixed_qk.source == "text":
         fixed_qk.set_fixed_tokens(model, [(7 * i + 5) % VOCAB for i in range(64)])

@@ -1,6 +1,6 @@
 """``train.compile``: torch.compile of each transformer layer (regional compilation) gives the
 eager model's loss and gradients, without graph breaks in the layers (megatron-core 0.16.1's
-RowParallelLinear warning, removed by ``accelerator.apply_megatron_fixes``, was one on rank 0)."""
+RowParallelLinear warning, removed by ``accelerator.patches.apply_megatron_fixes``, was one on rank 0)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 
-from megahash import accelerator
+from megahash.accelerator import rng
 from megahash.config import load_config
 
 pytestmark = pytest.mark.usefixtures("dist")
@@ -41,7 +41,7 @@ def test_compiled_layers_match_eager_without_graph_breaks(schedule):
     torch._dynamo.reset()
     counters.clear()
     for compiled in (False, True):
-        accelerator.seed_all(0)
+        rng.seed_all(0)
         model = build_model(cfg, 128, dtype=torch.float32)
         if compiled:
             compile_layers(model)

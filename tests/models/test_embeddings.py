@@ -314,14 +314,14 @@ def test_lsh_keeps_morphological_neighbours_close_at_init(kind):
 
 
 def test_state_dict_roundtrip_every_embedding():
-    from megahash import accelerator
+    from megahash.accelerator import rng
     from megahash.models.megatron_model import build_model
 
     for kind, (spec, _) in H.KINDS.items():
         cfg = H.tiny_cfg(kind, seq=16)
         models = []
         for seed in (0, 1):
-            accelerator.seed_all(seed)
+            rng.seed_all(seed)
             models.append(build_model(cfg, 256))
         models[1].load_state_dict(models[0].state_dict())
         tok, codes = H.word_batches(spec, 2, 16, 1, vocab_size=200)[0]
@@ -363,7 +363,7 @@ def test_tp_sp_parity_every_embedding(tmp_path):
 @pytest.mark.parametrize("arch", ["decoder", "encoder"])
 def test_every_embedding_learns(arch):
     """30 AdamW steps on 4 batches of Shakespeare words: decoder with CLM, encoder with MLM."""
-    from megahash import accelerator
+    from megahash.accelerator import rng
     from megahash.models.megatron_model import build_model
     from megahash.objectives import clm, mlm
 
@@ -371,7 +371,7 @@ def test_every_embedding_learns(arch):
     seq = 33 if obj == "clm" else 32
     for kind in H.KINDS:
         cfg = H.tiny_cfg(kind, [f"model.arch={arch}", f"train.objective={obj}"], seq=32)
-        accelerator.seed_all(0)
+        rng.seed_all(0)
         model = build_model(cfg, 1000)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
         batches = H.word_batches(H.KINDS[kind][0], 8, seq, 4, vocab_size=1000)

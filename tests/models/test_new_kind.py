@@ -269,7 +269,7 @@ def test_params_counts_and_costs_the_new_kinds(plugin, dist):
 
 
 def test_decoding_with_the_new_kinds_equals_the_full_forward(plugin, dist):
-    from megahash import accelerator
+    from megahash.accelerator import rng
     from megahash.config import load_config
     from megahash.models import costs
     from megahash.models.megatron_model import DecodeState, build_model
@@ -286,7 +286,7 @@ def test_decoding_with_the_new_kinds_equals_the_full_forward(plugin, dist):
             "data.seq_length=16",
         ],
     )
-    accelerator.seed_all(0)
+    rng.seed_all(0)
     model = build_model(cfg, 128, dtype=torch.float64).eval()
     tok = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -370,7 +370,7 @@ def test_one_step_pretrain_with_the_new_kinds(plugin, shakespeare_shards, tmp_pa
 def test_export_and_transformers_reload_of_the_new_kinds(plugin, dist, tmp_path):
     """export-hf assembles the new kinds' plain-torch sections from their own files: transformers
     (trust_remote_code, offline) loads the folder and its logits equal megahash's."""
-    from megahash import accelerator
+    from megahash.accelerator import rng
     from megahash.config import load_config
     from megahash.convert.export import export_model
     from megahash.convert.verify import load_hf
@@ -389,7 +389,7 @@ def test_export_and_transformers_reload_of_the_new_kinds(plugin, dist, tmp_path)
             "model.tie_embeddings=false",
         ],
     )
-    accelerator.seed_all(0)
+    rng.seed_all(0)
     model = build_model(cfg, 120).eval()
     with torch.no_grad():
         model.embedding.gain.fill_(0.5)  # the gain must reach the export

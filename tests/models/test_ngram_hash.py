@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import conftest
-from megahash import accelerator
+from megahash.accelerator import process_groups, rng
 from megahash.config import load_config
 
 SMALL = [
@@ -35,9 +35,9 @@ VOCAB = 96
 
 @pytest.fixture
 def one_rank():
-    accelerator.init_distributed(1)
+    process_groups.init_distributed(1)
     yield
-    accelerator.teardown()
+    process_groups.teardown()
 
 
 def test_bucket_ids_equal_the_hand_computed_table():
@@ -70,7 +70,7 @@ def test_zero_table_is_the_model_without_it_and_decoding_equals_the_forward(one_
     tok = torch.randint(5, VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
     models = []
     for extra in ([], NGRAM):
-        accelerator.seed_all(0)
+        rng.seed_all(0)
         models.append(
             build_model(
                 load_config(None, [*SMALL, f"model.embedding={embedding}", *extra]), VOCAB, dtype=torch.float64

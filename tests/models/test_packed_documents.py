@@ -17,7 +17,7 @@ import pytest
 import torch
 from test_attention import VOCAB, build, make_cfg
 
-from megahash import accelerator
+from megahash.accelerator import policy, rng
 from megahash.data import documents
 
 pytestmark = [pytest.mark.usefixtures("dist"), pytest.mark.numerics]
@@ -134,21 +134,21 @@ def test_exported_model_keeps_packed_documents_apart(kind):
 
 @pytest.mark.parametrize("kind", [_param(k) for k in ("mha", "gqa", "mhe-mul", "sha", "approx")])
 def test_packed_row_under_bf16_autocast(kind):
-    """bf16 autocast (the GPU default, CPU here): packed = alone within accelerator.compute_tolerance."""
+    """bf16 autocast (the GPU default, CPU here): packed = alone within accelerator.policy.compute_tolerance."""
     model = build(make_cfg(kind, *FLAGS, "train.precision=bf16"), dtype=torch.float32).eval()
     docs = _docs()
     row = torch.cat(docs)[None]
-    with torch.no_grad(), torch.autocast(**accelerator.autocast_args("bf16", "cpu")):
+    with torch.no_grad(), torch.autocast(**policy.autocast_args("bf16", "cpu")):
         packed = model(row, **_doc_inputs(row)).float()
         alone = torch.cat([model(d[None]) for d in docs], 1).float()
-    tol = accelerator.compute_tolerance("bf16", "cpu")
+    tol = policy.compute_tolerance("bf16", "cpu")
     torch.testing.assert_close(packed, alone, rtol=0, atol=tol * alone.abs().max().item())
 
 
 def test_document_kernel_is_flex_only_where_flex_attention_runs():
     """FlexAttention where it runs: CUDA, no dropout, heads of at least 16 dims (torch's CUDA kernel raises
     "NYI: embedding dimension ... must be at least 16"), fp32/bf16/fp16; SDPA with the mask everywhere else."""
-    pick = accelerator.document_attention_kernel
+    pick = policy.document_attention_kernel
     assert pick("cuda", False, 16, torch.float32) == "flex" and pick("cuda", False, 64, torch.bfloat16) == "flex"
     assert pick("cuda", False, 128, torch.float16) == "flex" and pick("cuda") == "flex"
     assert pick("cuda", False, 8, torch.float32) == "sdpa" and pick("cuda", False, 15, torch.bfloat16) == "sdpa"
@@ -169,7 +169,7 @@ def test_kernels_agree_flex_and_sdpa(compiled, head_dim):
     doc = torch.tensor([[0] * 50 + [1] * 130 + [2] * 76, [0] * 256])
     keep = torch.ones(2, 256, dtype=torch.bool)
     keep[0, 200:] = False
-    flex = accelerator.flex_attention("cpu", compiled=compiled)
+    flex = policy.flex_attention("cpu", compiled=compiled)
     for causal, kp in ((True, None), (False, keep)):
         sd = torch.nn.functional.scaled_dot_product_attention(
             q, k, v, attn_mask=document_mask.boolean_mask(doc, 2, causal, kp)
@@ -186,7 +186,7 @@ def test_packed_forward_through_flex_attention_equals_sdpa(monkeypatch):
         row = torch.cat(_docs())[None]
         with torch.no_grad():
             sdpa = model(row, **_doc_inputs(row))
-            monkeypatch.setattr(accelerator, "document_attention_kernel", lambda *a, **k: "flex")
+            monkeypatch.setattr(policy, "document_attention_kernel", lambda *a, **k: "flex")
             flex = model(row, **_doc_inputs(row))
             monkeypatch.undo()
         torch.testing.assert_close(flex, sdpa, rtol=0, atol=1e-5 * max(1.0, sdpa.abs().max().item()))
@@ -202,7 +202,7 @@ def test_embeddings_read_per_token_codes_so_packing_keeps_them(kind):
     cfg = _emb_helpers.tiny_cfg(kind, ["model.num_layers=1", "model.schedule=uniform:mha", *FLAGS], hidden=32, seq=16)
     from megahash.models.megatron_model import build_model
 
-    accelerator.seed_all(0)
+    rng.seed_all(0)
     model = build_model(cfg, 1000).eval()
     tok, codes = _emb_helpers.word_batches(spec, 1, 17, 1, vocab_size=200)[0]
     tok, codes = tok[:, 1:], codes[:, 1:]
@@ -296,20 +296,18 @@ def test_exported_model_honours_the_saved_flags(kind, extra):
 @pytest.mark.parametrize("heads,kernel", [(2, "flex"), (4, "sdpa")], ids=["head-dim-16", "head-dim-8"])
 def test_packed_row_on_cuda(precision, heads, kernel):
     """On CUDA a packed row's logits and gradients = each document alone (fp32 within 1e-5 of the scale; bf16
-    autocast within accelerator.compute_tolerance): through compiled FlexAttention with a BlockMask at head dim 16,
+    autocast within accelerator.policy.compute_tolerance): through compiled FlexAttention with a BlockMask at head dim 16,
     through SDPA with the mask at head dim 8 (below FlexAttention's CUDA minimum, where it raised NYI)."""
     import contextlib
 
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    assert accelerator.document_attention_kernel("cuda", False, 32 // heads, dtype) == kernel
+    assert policy.document_attention_kernel("cuda", False, 32 // heads, dtype) == kernel
     model = build(make_cfg("mha", *FLAGS, heads=heads), dtype=torch.float32).cuda()
     docs = [d.cuda() for d in _docs()]
-    ctx = (
-        torch.autocast(**accelerator.autocast_args("bf16", "cuda")) if precision == "bf16" else contextlib.nullcontext()
-    )
+    ctx = torch.autocast(**policy.autocast_args("bf16", "cuda")) if precision == "bf16" else contextlib.nullcontext()
     with ctx:
         outs, grads = _packed_vs_alone(model, docs)
-    tol = 1e-5 if precision == "fp32" else accelerator.compute_tolerance("bf16", "cuda")
+    tol = 1e-5 if precision == "fp32" else policy.compute_tolerance("bf16", "cuda")
     _assert_same(tuple(o.float() for o in outs), grads, tol)
 
 

@@ -10,7 +10,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest
 import torch
 
-from megahash import accelerator
+from megahash.accelerator import rng
 from megahash.config import load_config
 
 pytestmark = [pytest.mark.usefixtures("dist"), pytest.mark.numerics]
@@ -84,7 +84,7 @@ def test_decoder_with_qk_norm_equals_transformers_qwen3():
     from megahash.models.megatron_model import build_model
 
     cfg = cfg_of()
-    accelerator.seed_all(0)
+    rng.seed_all(0)
     model = build_model(cfg, VOCAB, dtype=torch.float64).eval()
     state = {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
     for layer in model.decoder.layers:  # non-trivial norm weights

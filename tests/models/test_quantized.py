@@ -36,7 +36,7 @@ def _loss(model, tokens) -> float:
 
 
 def test_export_artifact_bytes_bound_and_eval(shakespeare_shards, tmp_path, capsys):
-    from megahash import accelerator
+    from megahash.accelerator import process_groups
     from megahash.checkpoint.artifact import read_artifact
     from megahash.checkpoint.weights import load_for_inference
     from megahash.cli import main as cli
@@ -51,7 +51,7 @@ def test_export_artifact_bytes_bound_and_eval(shakespeare_shards, tmp_path, caps
         [*data, *TINIER, *shape, *qat, "train.steps=3", "train.lr=3e-3", f"train.save_dir={run}"], capsys
     )
     assert status == 0, out[-3000:]
-    with accelerator.releasing_group():
+    with process_groups.releasing_group():
         _, live, _ = load_for_inference(run)
         state = {k: v.clone() for k, v in live.state_dict().items() if isinstance(v, torch.Tensor)}
         g = torch.Generator().manual_seed(0)
@@ -81,7 +81,7 @@ def test_export_artifact_bytes_bound_and_eval(shakespeare_shards, tmp_path, caps
             elif w.is_floating_point() and w.ndim <= 1:
                 assert torch.equal(back[name], w), name  # bit-exact: fp32 tensors are kept as they are
         assert n_quantized >= 4
-        with accelerator.releasing_group():
+        with process_groups.releasing_group():
             _, model, _ = load_for_inference(run, weights=str(path))
             losses[fmt] = _loss(model, tokens)
             del model

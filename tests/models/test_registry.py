@@ -107,7 +107,7 @@ def _one_step(overrides, vocab=96, seed=0):
     parameters that got no gradient)."""
     import _emb_helpers as H
 
-    from megahash import accelerator
+    from megahash.accelerator import rng
     from megahash.models.megatron_model import build_model
 
     cfg = load_config(
@@ -122,7 +122,7 @@ def _one_step(overrides, vocab=96, seed=0):
             *overrides,
         ],
     )
-    accelerator.seed_all(seed)
+    rng.seed_all(seed)
     model = build_model(cfg, vocab, dtype=torch.float64)
     if getattr(model, "fixed_qk", None) is not None and model.fixed_qk.source == "text":
         from megahash.models.attention import fixed_qk

@@ -13,7 +13,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest
 import torch
 
-from megahash import accelerator
+from megahash.accelerator import rng
 from megahash.config import load_config
 
 pytestmark = [pytest.mark.usefixtures("dist"), pytest.mark.numerics]
@@ -70,7 +70,7 @@ def test_hidden_states_equal_transformers_roberta():
     from megahash.models.megatron_model import build_model
 
     V = 100
-    accelerator.seed_all(0)
+    rng.seed_all(0)
     model = build_model(tiny(), V, dtype=torch.float64).eval()
     with torch.no_grad():  # non-trivial LayerNorm parameters
         for name, p in model.named_parameters():
@@ -141,7 +141,7 @@ def test_mhe_in_roberta_is_eq_3_5_with_positions():
     from megahash.models.megatron_model import build_model
 
     V = 100
-    accelerator.seed_all(0)
+    rng.seed_all(0)
     model = build_model(tiny("model.schedule=uniform:mhe-mul"), V, dtype=torch.float64).eval()
     att = model.decoder.layers[0].self_attention
     seen = {}
@@ -182,7 +182,7 @@ def test_hash_embeddings_compose_and_layout_errors():
     from megahash.errors import ConfigError
     from megahash.models.megatron_model import build_model
 
-    accelerator.seed_all(0)
+    rng.seed_all(0)
     model = build_model(tiny("model.embedding=proj", "model.embed.hash_spec=md5", "train.objective=sr"), 100)
     tok = torch.randint(5, 100, (2, 12), generator=torch.Generator().manual_seed(0))
     codes = torch.randint(0, 256, (2, 12, 16), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))

@@ -9,7 +9,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest
 import torch
 
-from megahash import accelerator
+from megahash.accelerator import rng
 from megahash.config import load_config
 from megahash.errors import ConfigError
 from megahash.models.forward_state import ForwardState
@@ -99,7 +99,7 @@ def _cfg(schedule, *extra, layers=4):
 def _build(cfg, seed=0):
     from megahash.models.megatron_model import build_model
 
-    accelerator.seed_all(seed)
+    rng.seed_all(seed)
     return build_model(cfg, 128, dtype=torch.float64)
 
 

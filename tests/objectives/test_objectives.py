@@ -178,11 +178,11 @@ def train(model, batches, objective, steps=40, lr=3e-3, seed=0):
 
 
 def test_shuffle_random_head_learns():
-    from megahash import accelerator
+    from megahash.accelerator import rng
     from megahash.models.megatron_model import build_model
 
     cfg = H.tiny_cfg("proj", ["model.arch=encoder", "train.objective=sr", "model.embed.hash_spec=lsh128"], seq=64)
-    accelerator.seed_all(0)
+    rng.seed_all(0)
     model = build_model(cfg, 128)
     assert model.output_layer is None and model.head.linear.out_features == 3
     losses = train(model, corpus_batches(4, spec="lsh128"), "sr", steps=40)
@@ -191,12 +191,12 @@ def test_shuffle_random_head_learns():
 
 
 def test_vocab_mlm_head_ignores_unlabelled_positions():
-    from megahash import accelerator
+    from megahash.accelerator import rng
     from megahash.models.megatron_model import build_model
     from megahash.objectives import mlm
 
     cfg = H.tiny_cfg("add", ["model.arch=encoder", "train.objective=mlm"], seq=64)
-    accelerator.seed_all(0)
+    rng.seed_all(0)
     model = build_model(cfg, 2000)
     tok, codes = corpus_batches(1)[0]
     b = mlm.corrupt(tok, codes, torch.Generator().manual_seed(0))
@@ -208,13 +208,13 @@ def test_vocab_mlm_head_ignores_unlabelled_positions():
 
 @pytest.mark.parametrize("head,spec", [("hash-bits", "md5"), ("hash-bucket", "md5-bucket512")])
 def test_hash_head_decoder_learns_and_scores_continuations(head, spec):
-    from megahash import accelerator
+    from megahash.accelerator import rng
     from megahash.models.heads import score_continuation
     from megahash.models.megatron_model import build_model
 
     kind = "proj" if head == "hash-bits" else "hash-emb"
     cfg = H.tiny_cfg(kind, [f"model.head={head}", f"model.embed.hash_spec={spec}"], seq=32)
-    accelerator.seed_all(0)
+    rng.seed_all(0)
     model = build_model(cfg, 128)  # the token vocabulary only covers the specials: vocabulary-free
     assert model.output_layer is None
     batches = [(torch.where(t >= 5, 5, t), c) for t, c in H.word_batches(spec, 8, 33, 2)]

@@ -9,11 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from megahash import accelerator
+from megahash.accelerator import policy, rng
 from megahash.models import cpu_linear
 
 pytestmark = [
-    pytest.mark.skipif(not accelerator.onednn_linear(), reason="torch without oneDNN, or a GPU host"),
+    pytest.mark.skipif(not policy.onednn_linear(), reason="torch without oneDNN, or a GPU host"),
     pytest.mark.numerics,
 ]
 
@@ -80,7 +80,7 @@ def test_other_dtypes_and_off_switch_keep_f_linear(monkeypatch):
     )  # bit-exact: outside fp32 linear() is F.linear itself (one path); fp64 (TP parity tests): torch's BLAS
     monkeypatch.setenv("MEGAHASH_ONEDNN_LINEAR", "0")
     x, w = x.float(), w.float()
-    assert not accelerator.onednn_linear() and torch.equal(
+    assert not policy.onednn_linear() and torch.equal(
         cpu_linear.linear(x, w), F.linear(x, w)
     )  # bit-exact: switched off, linear() is F.linear itself
 
@@ -102,7 +102,7 @@ def test_model_routes_every_linear_and_keeps_loss_and_gradients(dist, monkeypatc
             "model.max_position_embeddings=64",
         ],
     )
-    accelerator.seed_all(3)
+    rng.seed_all(3)
     model = build_model(cfg, 500)
     linears = [m for m in model.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
     assert len(linears) >= 2 * 4 + 1 and all(getattr(m._forward_impl, "megahash_onednn", False) for m in linears)

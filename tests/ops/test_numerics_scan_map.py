@@ -277,7 +277,7 @@ def test_encoder_row_independent_of_batch_padding(kind, training):
     """A 20-token row padded to 37 gives the outputs of the same row run alone (library model and
     its plain-torch reference, fp64, train and eval): the fixed input's bidirectional pass runs
     over the whole fixed input, not the batch's length (before: differences 1.1-1.7)."""
-    from megahash import accelerator
+    from megahash.accelerator import rng
     from megahash.config import load_config
     from megahash.convert.reference import reference_model
     from megahash.models.attention import fixed_qk
@@ -300,7 +300,7 @@ def test_encoder_row_independent_of_batch_padding(kind, training):
             "model.attention_dropout=0.0",
         ],
     )
-    accelerator.seed_all(0)
+    rng.seed_all(0)
     model = build_model(cfg, 128, dtype=torch.float64)
     if kind == "fixedseqqk":
         fixed_qk.set_fixed_tokens(model, [(7 * i + 5) % 128 for i in range(48)])
@@ -330,7 +330,7 @@ def test_encoder_fixed_pass_with_activation_recompute_same_gradients():
     """Encoders run the fixed input's pass by itself; with train.recompute=full or selective it runs
     un-checkpointed (recompute off for that pass): the same loss and gradients as without recompute
     (W^Q, W^K of the fixed kind included; fp64)."""
-    from megahash import accelerator
+    from megahash.accelerator import rng
     from megahash.config import load_config
     from megahash.models.megatron_model import build_model
 
@@ -351,7 +351,7 @@ def test_encoder_fixed_pass_with_activation_recompute_same_gradients():
                 f"train.recompute={recompute}",
             ],
         )
-        accelerator.seed_all(0)
+        rng.seed_all(0)
         model = build_model(cfg, 128, dtype=torch.float64).train()
         tok = torch.randint(0, 128, (2, 16), generator=gen(40))
         pad = torch.ones(2, 16, dtype=torch.bool)

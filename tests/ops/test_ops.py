@@ -14,7 +14,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest
 import torch
 
-from megahash import accelerator
+from megahash.accelerator import policy, rng
 from megahash.ops.cumsoftmax.chunk import cumsoftmax_causal
 from megahash.ops.cumsoftmax.naive import naive_cumsoftmax
 from megahash.ops.cumsoftmax.recurrent import cumsoftmax_recurrent
@@ -216,7 +216,7 @@ def test_operator_count_does_not_grow_with_length(kind):
             "model.attention.options.chunk_size=64",
         ],
     )
-    accelerator.seed_all(0)
+    rng.seed_all(0)
     model = build_model(cfg, 128, dtype=torch.float32).train()
     if getattr(model, "fixed_qk", None) is not None and model.fixed_qk.source == "text":
         fixed_qk.set_fixed_tokens(model, [(7 * i + 5) % 128 for i in range(1024)])
@@ -262,9 +262,9 @@ def test_fla_based_kernel_equals_the_oracle():
     """On CUDA with fla installed, Based's 16 features run fla's kernel: equal to the naive form."""
     from megahash.ops.taylor.fla_based import based_kernel, fla_taylor
 
-    if not accelerator.has_gpu() or based_kernel() is None:
+    if not policy.has_gpu() or based_kernel() is None:
         pytest.skip("needs a GPU and flash-linear-attention")
-    q, k, v = (t.float().to(accelerator.device()) for t in qkv(512, d=16, dv=64, seed=5))
+    q, k, v = (t.float().to(policy.device()) for t in qkv(512, d=16, dv=64, seed=5))
     got = fla_taylor(q, k, v)
     assert got is not None
     torch.testing.assert_close(got, naive_taylor(q, k, v), rtol=2e-3, atol=2e-3)

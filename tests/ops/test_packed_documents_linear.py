@@ -18,7 +18,7 @@ import pytest
 import torch
 from test_attention import build_attention, make_cfg
 
-from megahash import accelerator
+from megahash.accelerator import policy
 from megahash.models.forward_state import ForwardState
 from megahash.training.op_count import CountOps
 
@@ -81,8 +81,8 @@ def test_packed_row_equals_each_document_alone(kind, dtype, small_scan_chunk):
     x = torch.randn(sum(LENGTHS), 1, 32, generator=torch.Generator().manual_seed(0)).to(dtype)
     packed, alone, gp, ga = _packed_and_alone(m, x, LENGTHS)
     # fp32: 1e-5 (the contract); fp64: 1e-10; bf16: the projections' GEMMs round differently for a row of
-    # another length: two bf16 epsilons relative to the scale (megahash.accelerator.compute_tolerance)
-    tol = {torch.float32: 1e-5, torch.float64: 1e-10}.get(dtype) or accelerator.compute_tolerance("bf16")
+    # another length: two bf16 epsilons relative to the scale (megahash.accelerator.policy.compute_tolerance)
+    tol = {torch.float32: 1e-5, torch.float64: 1e-10}.get(dtype) or policy.compute_tolerance("bf16")
     for a, b in ((packed, alone), (gp, ga)):
         scale = 1.0 if dtype != torch.bfloat16 else float(b.float().abs().max())
         torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol * scale)
@@ -201,7 +201,7 @@ def test_deconstructed_packed_row_equals_each_document_alone(kind, dtype):
     starts = torch.tensor((0,) + LENGTHS).cumsum(0).tolist()
     alone = torch.cat([_run_ctx(m, xa[a : a + n], None, inputs) for a, n in zip(starts, LENGTHS)], 0)
     alone.square().sum().backward()
-    tol = 1e-5 if dtype == torch.float32 else accelerator.compute_tolerance("bf16")  # see the linear kinds' test
+    tol = 1e-5 if dtype == torch.float32 else policy.compute_tolerance("bf16")  # see the linear kinds' test
     for a, b in ((packed, alone), (xp.grad, xa.grad)):
         scale = 1.0 if dtype == torch.float32 else float(b.float().abs().max())
         torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol * scale)

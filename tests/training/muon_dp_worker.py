@@ -23,12 +23,12 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from megahash import accelerator
+from megahash.accelerator import policy, process_groups
 from megahash.config import load_config
 
 
 def main(out: str, tp: int, steps: int, save_at: int, overrides: list[str]) -> None:
-    accelerator.init_distributed(tp)
+    process_groups.init_distributed(tp)
     from megatron.core import parallel_state
 
     from megahash.training import muon
@@ -52,7 +52,7 @@ def main(out: str, tp: int, steps: int, save_at: int, overrides: list[str]) -> N
         lr=cfg.train.lr,
         betas=(cfg.train.beta1, cfg.train.beta2),
         eps=cfg.train.eps,
-        **accelerator.adamw_options(),
+        **policy.adamw_options(),
     )
     assert ref.shards is None
     diffs = []
@@ -110,7 +110,7 @@ def main(out: str, tp: int, steps: int, save_at: int, overrides: list[str]) -> N
                 },
                 f,
             )
-    accelerator.teardown()
+    process_groups.teardown()
 
 
 if __name__ == "__main__":

@@ -16,12 +16,12 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from megahash import accelerator
+from megahash.accelerator import process_groups
 from megahash.config import load_config
 
 
 def main(out: str) -> None:
-    accelerator.init_distributed(2)
+    process_groups.init_distributed(2)
     from megahash.models.megatron_model import build_model
     from megahash.training import muon
 
@@ -63,7 +63,7 @@ def main(out: str) -> None:
     if rank == 0:
         with open(out, "w") as f:
             json.dump(result, f)
-    accelerator.teardown()
+    process_groups.teardown()
 
 
 if __name__ == "__main__":

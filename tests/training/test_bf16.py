@@ -110,11 +110,11 @@ def straight_runs(tmp_path_factory):
 def one_rank():
     """A one-rank world for in-process models, per test: the pretraining runs of this module tear the
     process group down at their end (a module-wide ``dist`` fixture would not survive them)."""
-    from megahash import accelerator
+    from megahash.accelerator import process_groups
 
-    accelerator.init_distributed(1)
+    process_groups.init_distributed(1)
     yield
-    accelerator.teardown()
+    process_groups.teardown()
 
 
 def _base(shards, save_dir, *extra) -> list[str]:
@@ -146,12 +146,12 @@ def _records(run_dir: Path, split: str) -> dict[int, dict]:
 
 def _head_spec(shards, head: str) -> list[str]:
     """The first hash spec of the shards that ``head`` accepts (its constructor refuses the others)."""
-    from megahash import accelerator
+    from megahash.accelerator import process_groups
     from megahash.config import load_config
     from megahash.errors import ConfigError
     from megahash.models.megatron_model import MegahashLM
 
-    accelerator.init_distributed(1)
+    process_groups.init_distributed(1)
     try:
         for spec in shards["specs"]:
             try:
@@ -160,7 +160,7 @@ def _head_spec(shards, head: str) -> list[str]:
             except ConfigError:
                 continue
     finally:
-        accelerator.teardown()
+        process_groups.teardown()
     raise AssertionError(f"no hash spec of {shards['specs']} suits head {head}")
 
 
@@ -182,9 +182,9 @@ def _straight(shards, runs, name: str, capsys, precision=BF16) -> Path:
 
 
 def _matrix_trains_validates_and_resumes(shards, runs, tmp_path, capsys, name: str, device: str) -> None:
-    from megahash import accelerator
+    from megahash.accelerator import policy, process_groups
 
-    assert accelerator.device().type == device and accelerator.autocast_args("bf16")["device_type"] == device
+    assert policy.device().type == device and policy.autocast_args("bf16")["device_type"] == device
     # eager on CUDA too (auto compiles there): compiled layers through the engine are tests/test_gpu.py's, and
     # compiling the matrix's dozen models (one per kind) would take minutes of benchmarks/gpu_check.sh's nine
     precision = BF16 if device == "cpu" else [*BF16, "train.compile=false"]
@@ -206,7 +206,7 @@ def _matrix_trains_validates_and_resumes(shards, runs, tmp_path, capsys, name: s
         _, model, _ = load_for_inference(straight)  # the saved weights are the fp32 master weights
         assert all(p.dtype == torch.float32 for p in model.parameters())
     finally:
-        accelerator.teardown()
+        process_groups.teardown()
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -241,11 +241,11 @@ def _eval_requests():
 )
 def test_bf16_checkpoint_evaluates_decodes_and_exports(hashed_shards, straight_runs, tmp_path, capsys, name):
     """A bf16 run's checkpoint: the lm-eval model scores and generates in the run's compute dtype (bf16
-    autocast, ``accelerator.compute_context``), its log-likelihoods within a bf16 tolerance of the same
+    autocast, ``accelerator.policy.compute_context``), its log-likelihoods within a bf16 tolerance of the same
     weights in fp32 (``train.precision=fp32`` override), and ``export-hf`` verifies the fp32 master weights'
     probe logits within 1e-3 (a bf16 export's within ``convert.verify.export_tolerance``); ``import-hf`` of
     the export continues in bf16 through a step and a validation."""
-    from megahash import accelerator
+    from megahash.accelerator import process_groups
     from megahash.convert.export import export_hf
     from megahash.eval.lm import MegahashEvalLM
 
@@ -264,7 +264,7 @@ def test_bf16_checkpoint_evaluates_decodes_and_exports(hashed_shards, straight_r
         summary = export_hf(ckpt, tmp_path / "hf", verify=True)
         half = export_hf(ckpt, tmp_path / "hf16", dtype="bfloat16", verify=True)  # raises beyond its tolerance
     finally:
-        accelerator.teardown()
+        process_groups.teardown()
     assert summary["verify"]["max_abs_diff"] <= 1e-3 and summary["verify"]["tokens"] > 0
     # bf16 weights: within 8 bf16 epsilons of the fp32 logits' scale (convert.verify.export_tolerance)
     assert 0 < half["verify"]["max_abs_diff"] <= half["verify"]["tolerance"]
@@ -288,7 +288,7 @@ def test_bf16_checkpoint_evaluates_decodes_and_exports(hashed_shards, straight_r
     try:
         import_hf(tmp_path / "hf", tmp_path / "imported")
     finally:
-        accelerator.teardown()
+        process_groups.teardown()
     import yaml
 
     imported = tmp_path / "imported" / "step_00000004"
@@ -315,10 +315,10 @@ def test_bf16_checkpoint_evaluates_decodes_and_exports(hashed_shards, straight_r
 # approx-thesis under bf16 autocast: issue 33 item 1 (its kernel's products drop to bf16; deliverable 2)
 @pytest.mark.parametrize("kind", _kinds.attention(decodes=True))
 def test_bf16_incremental_decoding_equals_the_full_forward(one_rank, kind):
-    """Under bf16 autocast (``accelerator.compute_context``) the incremental logits of every kind that
-    decodes are within ``accelerator.compute_tolerance`` (two bf16 epsilons of the logits' scale) of the
+    """Under bf16 autocast (``accelerator.policy.compute_context``) the incremental logits of every kind that
+    decodes are within ``accelerator.policy.compute_tolerance`` (two bf16 epsilons of the logits' scale) of the
     full forward's, so megahash's lm-eval model decodes incrementally in bf16."""
-    from megahash import accelerator
+    from megahash.accelerator import policy, rng
     from megahash.config import load_config
     from megahash.models.megatron_model import DecodeState, build_model
 
@@ -334,20 +334,20 @@ def test_bf16_incremental_decoding_equals_the_full_forward(one_rank, kind):
             "model.attention.options.fixed_seq_length=16",
         ],
     )
-    accelerator.seed_all(0)
+    rng.seed_all(0)
     model = build_model(cfg, 256).eval()
     g = torch.Generator().manual_seed(1)
     for extra in model.kind_inputs():
         if getattr(extra, "source", "") == "text":  # a fixed text as token ids (fixedseqqk)
             extra.set_tokens(torch.randint(5, 256, (16,), generator=g))
     tok = torch.randint(5, 256, (2, 12), generator=g)
-    with torch.no_grad(), accelerator.compute_context("bf16", "cpu"):
+    with torch.no_grad(), policy.compute_context("bf16", "cpu"):
         full = model(tok).float()
         state = DecodeState(2)
         model(tok[:, :6], decode_state=state)
         steps = torch.cat([model(tok[:, k : k + 1], decode_state=state).float() for k in range(6, 12)], 1)
     assert full.dtype == torch.float32 and torch.isfinite(full).all()
-    tol = accelerator.compute_tolerance("bf16", "cpu")
+    tol = policy.compute_tolerance("bf16", "cpu")
     assert float((steps - full[:, 6:]).abs().max()) <= tol * max(1.0, float(full.abs().max()))
 
 
@@ -398,7 +398,7 @@ def test_no_grad_bf16_forward_through_megatron_linears(one_rank, monkeypatch, on
     """Validation's case in the model: under ``torch.no_grad`` and bf16 autocast the linear layers take
     megatron's frozen-weight path, with the CPU shim (``1``) and without it (``0``: the route CUDA takes),
     and give the same logits as the grad-enabled path."""
-    from megahash import accelerator
+    from megahash.accelerator import policy, rng
     from megahash.config import load_config
     from megahash.models.megatron_model import build_model
 
@@ -413,10 +413,10 @@ def test_no_grad_bf16_forward_through_megatron_linears(one_rank, monkeypatch, on
             "data.seq_length=16",
         ],
     )
-    accelerator.seed_all(0)
+    rng.seed_all(0)
     model = build_model(cfg, 256)
     tok = torch.randint(5, 256, (2, 8), generator=torch.Generator().manual_seed(0))
-    with accelerator.compute_context("bf16", "cpu"):
+    with policy.compute_context("bf16", "cpu"):
         with torch.no_grad():
             frozen = model(tok)
         trained = model(tok)
@@ -427,20 +427,18 @@ def test_no_grad_bf16_forward_through_megatron_linears(one_rank, monkeypatch, on
 def test_accelerator_picks_cuda_autocast_for_a_cuda_device():
     """The decision, without a GPU: bf16 under autocast on the CUDA device for ``auto`` and ``bf16``,
     CPU autocast for ``bf16`` on CPU, none for fp32 (and ``auto`` on CPU)."""
-    from megahash import accelerator
+    from megahash.accelerator import policy
 
     cuda = {"device_type": "cuda", "dtype": torch.bfloat16}
-    assert accelerator.autocast_args("auto", torch.device("cuda")) == cuda
-    assert accelerator.autocast_args("bf16", "cuda:1") == cuda
-    assert accelerator.autocast_args("bf16", "cpu") == {"device_type": "cpu", "dtype": torch.bfloat16}
-    assert accelerator.autocast_args("auto", "cpu") is None and accelerator.autocast_args("fp32", "cuda") is None
-    assert accelerator.training_settings("auto", "auto", "cuda")["autocast"] == cuda
-    assert (
-        accelerator.compute_tolerance("bf16", "cuda") == 2 * 2.0**-7 and accelerator.compute_tolerance("fp32") == 1e-3
-    )
-    with accelerator.compute_context("bf16", "cpu"):
+    assert policy.autocast_args("auto", torch.device("cuda")) == cuda
+    assert policy.autocast_args("bf16", "cuda:1") == cuda
+    assert policy.autocast_args("bf16", "cpu") == {"device_type": "cpu", "dtype": torch.bfloat16}
+    assert policy.autocast_args("auto", "cpu") is None and policy.autocast_args("fp32", "cuda") is None
+    assert policy.training_settings("auto", "auto", "cuda")["autocast"] == cuda
+    assert policy.compute_tolerance("bf16", "cuda") == 2 * 2.0**-7 and policy.compute_tolerance("fp32") == 1e-3
+    with policy.compute_context("bf16", "cpu"):
         assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
-    with accelerator.compute_context("fp32", "cpu"):
+    with policy.compute_context("fp32", "cpu"):
         assert not torch.is_autocast_enabled("cpu")
 
 
@@ -518,7 +516,7 @@ def test_bf16_sweep_and_launches_stop_resume_elsewhere_evaluate_and_export(shake
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_bf16_matrix_on_cuda(hashed_shards, straight_runs, tmp_path, capsys, name):
     """The twin of the CPU matrix on a CUDA device (``train.precision=bf16``, autocast device 'cuda')."""
-    from megahash import accelerator
+    from megahash.accelerator import policy
 
-    assert accelerator.autocast_args("bf16")["device_type"] == "cuda"
+    assert policy.autocast_args("bf16")["device_type"] == "cuda"
     _matrix_trains_validates_and_resumes(hashed_shards, straight_runs, tmp_path, capsys, name, "cuda")

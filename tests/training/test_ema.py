@@ -17,28 +17,28 @@ DECAY, STEPS = 0.6, 4
 
 
 def _params(ckpt, weights="live") -> dict:
-    from megahash import accelerator
+    from megahash.accelerator import process_groups
     from megahash.checkpoint.weights import load_for_inference
 
     _, model, _ = load_for_inference(ckpt, weights=weights)
     out = {n: p.detach().double().clone() for n, p in model.named_parameters()}
-    accelerator.teardown()
+    process_groups.teardown()
     return out
 
 
 def _initial(ckpt) -> dict:
     """w_0: the model the trainer builds from train.seed before the first step (trainer._build_model)."""
-    from megahash import accelerator
+    from megahash.accelerator import process_groups, rng
     from megahash.checkpoint.layout import read_state
     from megahash.checkpoint.resolve import checkpoint_config
     from megahash.models.megatron_model import MegahashLM
 
     cfg = checkpoint_config(ckpt)
-    accelerator.init_distributed(1)
-    accelerator.seed_all(cfg.train.seed)
+    process_groups.init_distributed(1)
+    rng.seed_all(cfg.train.seed)
     model = MegahashLM(cfg, int(read_state(ckpt)["padded_vocab_size"]), torch.float32, True)
     out = {n: p.detach().double().clone() for n, p in model.named_parameters()}
-    accelerator.teardown()
+    process_groups.teardown()
     return out
 
 
@@ -95,7 +95,7 @@ def test_ema_formula_validation_resume_eval_export(shakespeare_shards, tmp_path,
         assert all(torch.equal(a[n], b[n]) for n in a), weights
 
     # evaluation and export read the average; a checkpoint without one is a one-line error, exit 2
-    from megahash import accelerator
+    from megahash.accelerator import process_groups
     from megahash.convert.export import main as export_main
     from megahash.eval.lm import MegahashEvalLM
 
@@ -105,7 +105,7 @@ def test_ema_formula_validation_resume_eval_export(shakespeare_shards, tmp_path,
     # bit-exact: the checkpoint's stored floats loaded back
     assert all(torch.equal(got[n].detach().double(), ema[n]) for n in ema)
     del lm
-    accelerator.teardown()
+    process_groups.teardown()
     assert (
         export_main(["--checkpoint", str(last), "--output", str(tmp_path / "hf"), "--weights", "ema", "--no-verify"])
         == 0

@@ -1,5 +1,5 @@
 """With ``MEGAHASH_MALLOC_TUNING=1`` CPU training keeps freed memory in glibc's heap
-(``accelerator.tune_host_allocator``; off by default): a training-like allocation pattern, repeated, stops page-faulting after its first two steps (almost no
+(``host_allocator.tune_host_allocator``; off by default): a training-like allocation pattern, repeated, stops page-faulting after its first two steps (almost no
 new pages touched, so the heap has settled), where glibc's defaults fault tens of thousands of
 pages in again at every step. Counted with the kernel's minor-fault counter of the process
 (``getrusage``), not timed."""
@@ -13,8 +13,8 @@ from conftest import run
 
 SCRIPT = """
 import json, resource, torch
-from megahash import accelerator
-tuned = accelerator.tune_host_allocator()
+from megahash.accelerator import host_allocator
+tuned = host_allocator.tune_host_allocator()
 faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 per_step = []
 for step in range(8):

@@ -51,7 +51,7 @@ def ns_calls():
 def test_two_steps_equal_torch_muon_plus_adamw(dist, adjust):
     """From the same weights and gradients: the routed matrices step as torch.optim.Muon, the rest as
     torch.optim.AdamW (decay on 2-D, none on 1-D); two steps, so the momentum buffer carries."""
-    from megahash import accelerator
+    from megahash.accelerator import rng
     from megahash.config import load_config
     from megahash.models.megatron_model import build_model
     from megahash.training.muon import build_optimizer, routes_to_muon
@@ -59,7 +59,7 @@ def test_two_steps_equal_torch_muon_plus_adamw(dist, adjust):
 
     cfg = load_config(None, [*TINY, "model.vocab_size=100", "train.weight_decay=0.1", f"train.muon_adjust_lr={adjust}"])
     t = cfg.train
-    accelerator.seed_all(t.seed)
+    rng.seed_all(t.seed)
     ours = build_model(cfg, 100)
     ref = build_model(cfg, 100)
     ref.load_state_dict(ours.state_dict())

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import conftest
-from megahash import accelerator
+from megahash.accelerator import measurement
 from megahash.training import profile_steps
 
 TINY = [
@@ -105,16 +105,16 @@ def test_accelerator_picks_the_cuda_branch_for_a_cuda_device(monkeypatch, tmp_pa
     calls = []
     monkeypatch.setattr(torch.cuda.memory, "_record_memory_history", lambda **kw: calls.append(("record", kw)))
     monkeypatch.setattr(torch.cuda.memory, "_dump_snapshot", lambda path: calls.append(("dump", path)))
-    assert accelerator.profiler_activities("cuda") == [ProfilerActivity.CPU, ProfilerActivity.CUDA]
-    assert accelerator.profiler_activities("cpu") == [ProfilerActivity.CPU]
-    assert not accelerator.record_memory_history(True, "cpu") and not accelerator.dump_memory_snapshot(
+    assert measurement.profiler_activities("cuda") == [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    assert measurement.profiler_activities("cpu") == [ProfilerActivity.CPU]
+    assert not measurement.record_memory_history(True, "cpu") and not measurement.dump_memory_snapshot(
         tmp_path / "x", "cpu"
     )
     assert calls == []
-    assert accelerator.record_memory_history(True, "cuda:0")
-    assert accelerator.dump_memory_snapshot(tmp_path / "d" / "rank0.memory.pickle", torch.device("cuda"))
-    assert accelerator.record_memory_history(False, "cuda")
-    n = accelerator.MEMORY_HISTORY_ENTRIES
+    assert measurement.record_memory_history(True, "cuda:0")
+    assert measurement.dump_memory_snapshot(tmp_path / "d" / "rank0.memory.pickle", torch.device("cuda"))
+    assert measurement.record_memory_history(False, "cuda")
+    n = measurement.MEMORY_HISTORY_ENTRIES
     assert calls == [
         ("record", {"enabled": "all", "max_entries": n}),
         ("dump", str(tmp_path / "d" / "rank0.memory.pickle")),
@@ -128,9 +128,9 @@ def test_memory_snapshot_of_the_window_and_dump_on_out_of_memory(monkeypatch, tm
     the window only and dumped beside the trace; an out-of-memory error in a step dumps the state
     under oom_step_N and is raised again; a run stopped inside the window still writes its steps."""
     calls = []
-    monkeypatch.setattr(accelerator, "record_memory_history", lambda on, dev=None: calls.append(("record", on)) or True)
+    monkeypatch.setattr(measurement, "record_memory_history", lambda on, dev=None: calls.append(("record", on)) or True)
     monkeypatch.setattr(
-        accelerator, "dump_memory_snapshot", lambda path, dev=None: calls.append(("dump", path)) or True
+        measurement, "dump_memory_snapshot", lambda path, dev=None: calls.append(("dump", path)) or True
     )
     cfg = SimpleNamespace(train=SimpleNamespace(profile_steps=[2, 4], save_dir=str(tmp_path)))
     lines = []

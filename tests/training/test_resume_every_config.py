@@ -110,12 +110,12 @@ def _base(shards, save_dir, *extra) -> list[str]:
 
 def _head_spec(shards, head: str) -> str:
     """The first hash spec of the shards that ``head`` accepts (its constructor refuses the others)."""
-    from megahash import accelerator
+    from megahash.accelerator import process_groups
     from megahash.config import load_config
     from megahash.errors import ConfigError
     from megahash.models.megatron_model import MegahashLM
 
-    accelerator.init_distributed(1)
+    process_groups.init_distributed(1)
     try:
         for spec in shards["specs"]:
             try:
@@ -124,7 +124,7 @@ def _head_spec(shards, head: str) -> str:
             except ConfigError:
                 continue
     finally:
-        accelerator.teardown()
+        process_groups.teardown()
     raise AssertionError(f"no hash spec of {shards['specs']} suits head {head}")
 
 
@@ -192,7 +192,7 @@ def test_skipped_layers_move_between_zero_stages_and_stay_as_built(hashed_shards
     the same step counts as the per-parameter one."""
     import torch
 
-    from megahash import accelerator
+    from megahash.accelerator import process_groups
     from megahash.checkpoint.weights import load_for_inference
 
     skip = [
@@ -239,7 +239,7 @@ def test_skipped_layers_move_between_zero_stages_and_stay_as_built(hashed_shards
                 and v.is_floating_point()
             }
     finally:
-        accelerator.teardown()
+        process_groups.teardown()
     # bit-exact: skipped layers are never updated: their weights are the stored initial ones
     assert weights[init] and all(
         torch.equal(weights[init][k], weights[d][k]) for d in (straight, split) for k in weights[init]

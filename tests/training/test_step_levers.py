@@ -1,7 +1,7 @@
 """The GPU step's levers keep the mathematics, checked on CPU against independent references: the
 chunked projection + cross-entropy (megahash.models.chunked_ce) against megatron-core's loss on the
 whole logits, the fused SwiGLU against its autograd form, RoPE without ``cat`` against the
-``rotate_half`` form; and what the accelerator module picks for a named CUDA device (configuration,
+``rotate_half`` form; and what the accelerator's policy picks for a named CUDA device (configuration,
 not speed), the rotary table's device following the model, and bf16 training under autocast."""
 
 import pytest
@@ -66,7 +66,7 @@ def test_chunked_cross_entropy_gradcheck_and_keeps_no_logits():
 
 def test_vocab_head_loss_equals_the_logits_path(dist):
     """The model's TP=1 head (chunked) gives the loss and gradients of its logits + megatron's CE."""
-    from megahash import accelerator
+    from megahash.accelerator import rng
     from megahash.config import load_config
     from megahash.models.heads import vocab_cross_entropy
     from megahash.models.megatron_model import build_model
@@ -82,7 +82,7 @@ def test_vocab_head_loss_equals_the_logits_path(dist):
             "train.precision=fp32",
         ],
     )
-    accelerator.seed_all(0)
+    rng.seed_all(0)
     model = build_model(cfg, 200)
     tokens = torch.randint(5, 200, (2, 16))
     labels = tokens.clone()
@@ -144,20 +144,20 @@ def test_reference_rope_angles_equal_megatron_core():
 
 
 def test_accelerator_settings_for_a_named_cuda_device():
-    """Asked for "cuda", the accelerator module picks the fused AdamW, bf16 compute under autocast
+    """Asked for "cuda", the accelerator's policy picks the fused AdamW, bf16 compute under autocast
     over fp32 parameters, compiled layers and the fused GEMM of SwiGLU; for "cpu" its CPU choices."""
-    from megahash import accelerator
+    from megahash.accelerator import policy
 
-    gpu = accelerator.training_settings("auto", "auto", "cuda")
+    gpu = policy.training_settings("auto", "auto", "cuda")
     assert gpu["adamw"] == {"fused": True} and gpu["param_dtype"] == torch.float32
     assert gpu["autocast_dtype"] == torch.bfloat16 and gpu["compile"] is True
     assert gpu["split_glu_gemms"] is False and gpu["onednn_linear"] is False
     assert gpu["fused_swiglu"] and gpu["chunked_cross_entropy"]
-    cpu = accelerator.training_settings("auto", "auto", "cpu")
+    cpu = policy.training_settings("auto", "auto", "cpu")
     assert cpu["autocast_dtype"] is None and cpu["compile"] is False and cpu["split_glu_gemms"] is True
     assert cpu["adamw"] == {"fused": True}  # torch >= 2.4 has the fused CPU kernel
-    assert accelerator.training_settings("fp32", "true", "cuda")["autocast_dtype"] is None
-    assert accelerator.compile_layers("false", "cuda") is False and accelerator.compile_layers("true", "cpu") is True
+    assert policy.training_settings("fp32", "true", "cuda")["autocast_dtype"] is None
+    assert policy.compile_layers("false", "cuda") is False and policy.compile_layers("true", "cpu") is True
 
 
 def test_deepspeed_json_for_bf16_autocast(tmp_path):

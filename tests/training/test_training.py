@@ -117,7 +117,7 @@ def test_tp_and_sp_parity(shakespeare_shards, two_ranks, tmp_path):
     # the weights of every layout load into one TP=1 model and agree (megatron dist checkpoint)
     script = (
         "import sys, torch\n"
-        "from megahash import accelerator\n"
+        "from megahash.accelerator import process_groups\n"
         "from megahash.checkpoint.weights import load_for_inference\n"
         "ref = None\n"
         "for d in sys.argv[1:]:\n"
@@ -125,7 +125,7 @@ def test_tp_and_sp_parity(shakespeare_shards, two_ranks, tmp_path):
         "    sd = {k: v.clone() for k, v in m.state_dict().items() if torch.is_tensor(v) and torch.is_floating_point(v)}\n"
         "    ref = ref or sd\n"
         "    print(max((sd[k] - ref[k]).abs().max().item() for k in ref))\n"
-        "    accelerator.teardown()\n"
+        "    process_groups.teardown()\n"
     )
     r = run([sys.executable, "-c", script, *(str(p) for p in dirs.values())])
     assert r.returncode == 0, r.stderr[-3000:]

@@ -56,7 +56,7 @@ def test_one_rank_cross_entropy_equals_megatron_core(dist):
 def test_one_rank_engine_trains_like_the_plain_torch_loop(shakespeare_shards, tmp_path, dist):
     """ZeRO-1 configured at one data-parallel rank: the engine holds torch's fused AdamW itself, records
     the gradient norm, and 3 steps give the losses, norms and weights of the plain torch loop."""
-    from megahash import accelerator
+    from megahash.accelerator import rng
     from megahash.config import load_config
     from megahash.data.dataset import make_loader
     from megahash.models.megatron_model import build_model
@@ -76,7 +76,7 @@ def test_one_rank_engine_trains_like_the_plain_torch_loop(shakespeare_shards, tm
     )
     h = TrainHarness(cfg, 3)
     assert type(h.engine.optimizer) is torch.optim.AdamW and h.engine.optimizer.defaults["fused"]
-    accelerator.seed_all(cfg.train.seed)
+    rng.seed_all(cfg.train.seed)
     ref = build_model(cfg, h.data.vocab_size)  # the same initial weights (same seed), outside the engine
     assert all(
         torch.equal(a, b) for a, b in zip(h.model.parameters(), ref.parameters())

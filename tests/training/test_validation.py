@@ -79,7 +79,7 @@ def test_validation_fixed_across_dp_steps_and_batch(shakespeare_shards, tmp_path
     assert vb[20]["consumed_tokens"] == 20 * 8 * 64
     import torch
 
-    from megahash import accelerator
+    from megahash.accelerator import process_groups
     from megahash.checkpoint.weights import load_for_inference
 
     sds = []
@@ -90,6 +90,6 @@ def test_validation_fixed_across_dp_steps_and_batch(shakespeare_shards, tmp_path
                 {k: v.clone() for k, v in m.state_dict().items() if torch.is_tensor(v) and v.is_floating_point()}
             )
         finally:
-            accelerator.teardown()
+            process_groups.teardown()
     # fp32 sums in another order (2 ranks, 2 accumulation steps), through Adam
     assert max((sds[0][k] - sds[1][k]).abs().max().item() for k in sds[0]) < 5e-5

@@ -51,6 +51,7 @@ import torch
 
 from megahash.errors import ConfigError
 from megahash.models.attention.linear_base import LinearAttention
+from megahash.models.attention.maps import kernel_maps
 from megahash.models.cost_formulas import ApproxRow
 from megahash.models.mixing import cached_state, rope, rope_prefix, store_state
 from megahash.models.registry import AttentionCaps, register_attention
@@ -130,9 +131,9 @@ class ApproxCosts(ApproxRow):
 
 
 def approx_maps(m, q, k, v, attention_mask) -> dict:
-    """Indicators (megahash.eval.indicators): the normalised equivalent attention matrix
-    A_ij = k(q_i, k_j) / sum_{u<=i} k(q_i, k_u), Taylor kernel k = 1 + s + s^2/2, s = q.k/sqrt(d_h)
-    (exactly what multiplies V); logits = s."""
+    """Indicators (``maps=kernel_maps(approx_maps)``: megahash.models.attention.maps): the normalised
+    equivalent attention matrix A_ij = k(q_i, k_j) / sum_{u<=i} k(q_i, k_u), Taylor kernel k = 1 + s + s^2/2,
+    s = q.k/sqrt(d_h) (exactly what multiplies V); logits = s."""
     s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(q.shape[-1])  # [b, g, rep, L, L]
     ker = taylor_kernel(q.double(), k.double())
     L = s.shape[-1]
@@ -167,7 +168,7 @@ register_attention(
     Taylor,
     costs=ApproxCosts,
     options=ApproxOptions,
-    maps=approx_maps,
+    maps=kernel_maps(approx_maps),
     caps=AttentionCaps(thesis_name="Approx.", chapters=(4,)),
     export_spec=lambda att: {
         "chunk_size": int(getattr(att, "chunk_size", 0) or 0),

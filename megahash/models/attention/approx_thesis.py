@@ -54,6 +54,7 @@ from dataclasses import dataclass
 
 from megahash.errors import ConfigError
 from megahash.models.attention.linear_base import LinearAttention
+from megahash.models.attention.maps import kernel_maps
 from megahash.models.cost_formulas import ApproxRow
 from megahash.models.mixing import cached_state, rope, store_state
 from megahash.models.registry import AttentionCaps, register_attention
@@ -163,6 +164,6 @@ register_attention(
     costs=ApproxThesisCosts,
     options=ApproxThesisOptions,
     caps=AttentionCaps(thesis_name="Approx."),
-    maps=approx_thesis_maps,
+    maps=kernel_maps(approx_thesis_maps),
     export_spec=lambda att: {"chunk_size": int(att.chunk_size or 0), "denominator": att.denominator},
 )

@@ -4,7 +4,7 @@ Token i attends to token j iff doc[i] = doc[j] (and j <= i in a decoder; key j n
 the block-diagonal form of softmax(QK^T/sqrt(d_h) + M) V ([Xue25] eq. 3.1) with M = 0 inside a
 document and -inf across (Megatron-LM's ``--reset-attention-mask``). The document ids [b, s] come from
 the tokens (megahash/data/documents.py); the kernel is the accelerator's choice
-(:func:`megahash.accelerator.document_attention_kernel`): FlexAttention with a ``BlockMask`` (no [s, s]
+(:func:`megahash.accelerator.policy.document_attention_kernel`): FlexAttention with a ``BlockMask`` (no [s, s]
 tensor) or SDPA with a mask built once per forward (additive, in the queries' dtype) and shared by the
 layers. A token always sees itself, so a padding query whose document holds only padding keys gets a
 finite output.
@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from megahash import accelerator
+from megahash.accelerator import policy
 
 
 def _rows(document_ids: torch.Tensor, b: int) -> torch.Tensor:
@@ -75,13 +75,13 @@ def attend(q, k, v, document_ids, causal: bool, keep=None, scale=None, dropout_p
     b = q.shape[0]
     keep = None if keep is None else keep.bool()
     head_dim = min(q.shape[-1], v.shape[-1])
-    if accelerator.document_attention_kernel(q.device, dropout_p > 0, head_dim, q.dtype) == "flex":
+    if policy.document_attention_kernel(q.device, dropout_p > 0, head_dim, q.dtype) == "flex":
         bm = _cached(
             document_ids,
             ("flex", b, causal, keep is not None),
             lambda: block_mask(document_ids, b, causal, keep, compiled=True),
         )
-        return accelerator.flex_attention(q.device)(q, k, v, block_mask=bm, scale=scale)
+        return policy.flex_attention(q.device)(q, k, v, block_mask=bm, scale=scale)
     mask = _cached(
         document_ids,
         ("sdpa", b, causal, keep is not None, q.dtype),

@@ -10,6 +10,7 @@ TP by the gather). RoPE rotates the keys, so the KV cache holds rotated keys and
 
 from __future__ import annotations
 
+from megahash.models.attention.maps import softmax_core_maps
 from megahash.models.attention.softmax_base import SoftmaxAttention
 from megahash.models.cost_formulas import GeneralisedRow
 from megahash.models.mixing import heads
@@ -51,4 +52,10 @@ class ELAttCosts(GeneralisedRow):
         return 2 * B * L * n * d_h
 
 
-register_attention("el-att", ELAttention, costs=ELAttCosts, caps=AttentionCaps(thesis_name="EL-ATT", chapters=(3,)))
+register_attention(
+    "el-att",
+    ELAttention,
+    costs=ELAttCosts,
+    caps=AttentionCaps(thesis_name="EL-ATT", chapters=(3,)),
+    maps=softmax_core_maps,
+)

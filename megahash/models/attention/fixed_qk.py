@@ -66,6 +66,7 @@ from megatron.core import parallel_state, tensor_parallel
 
 from megahash.errors import ConfigError
 from megahash.models.arch import arch_of
+from megahash.models.attention.maps import recomputed_maps, softmax_maps
 from megahash.models.attention.separate_qkv import SeparateQKV
 from megahash.models.cost_formulas import StandardQKV
 from megahash.models.forward_state import ForwardState
@@ -85,7 +86,9 @@ class FixedQK(SeparateQKV):
 
     reads_fixed_input = True
 
-    def mix(self, x, attention_mask, rotary_pos_emb, state):
+    def shared_qkv(self, x, rotary_pos_emb, state):
+        """The fixed sequence's q [s, 1, n_l, d], k [s, 1, g_l, d] at this forward's positions (handed by the fixed
+        input in ``state``, else from the batch's last row) and every row's v [s, b, g_l, d]; no side effects."""
         v = heads(self.linear_v(x), self.g_local)
         given = state.inputs.get(FIXED_ATTR, {}).get(self.layer_number)  # (q [L, 1, n_l, d], k [L, 1, g_l, d])
         if given is not None:  # positions 0..L-1 of the fixed pass (its own this step, or frozen maps)
@@ -95,13 +98,16 @@ class FixedQK(SeparateQKV):
                     f"{self.kind}: positions up to {off + s} exceed the frozen fixed input "
                     f"({given[0].shape[0]}); freeze with a larger length"
                 )
-            q, k = given[0][off : off + s], given[1][off : off + s]
-        else:
-            # the fixed sequence rides as the last element, at its own positions: the last row of a per-row
-            # rotary (packed documents, MegahashLM.hidden_states); [s, 1, 1, d] otherwise, the same slice
-            q, k = self.qk(x[:, -1:], None if rotary_pos_emb is None else rotary_pos_emb[:, -1:])
-            if state.capture is not None:  # the fixed input's own pass (FixedInput.run_alone, freeze)
-                state.capture[self.layer_number] = (q, k)
+            return given[0][off : off + s], given[1][off : off + s], v
+        # the fixed sequence rides as the last element, at its own positions: the last row of a per-row
+        # rotary (packed documents, MegahashLM.hidden_states); [s, 1, 1, d] otherwise, the same slice
+        q, k = self.qk(x[:, -1:], None if rotary_pos_emb is None else rotary_pos_emb[:, -1:])
+        return q, k, v
+
+    def mix(self, x, attention_mask, rotary_pos_emb, state):
+        q, k, v = self.shared_qkv(x, rotary_pos_emb, state)
+        if state.capture is not None:  # the fixed input's own pass (FixedInput.run_alone, freeze): none handed in
+            state.capture[self.layer_number] = (q, k)
         cache = state.cache(self.layer_number)
         k = append_cache(cache, "k", k, shared=True)
         v = append_cache(cache, "v", v)
@@ -265,6 +271,24 @@ class FixedQKCosts(StandardQKV):
         return (B + 1) * L * g * d_h if frozen else (B + 2) * L * g * d_h
 
 
+def fixed_input_maps(layer, x, attention_mask, rotary_pos_emb, state, out) -> dict | None:
+    """Indicators (megahash.models.attention.maps): the one map softmax(Q_X K_X^T / sqrt(d_h)) of the fixed input
+    that the batch shares, from the layer's own q, k (:meth:`FixedQK.shared_qkv`); checked as A V against its
+    output. Packed documents (a map per row, :meth:`FixedQK.attend_documents`) are not captured."""
+    if state.document_ids is not None:
+        return None
+    q, k, v = layer.shared_qkv(x, rotary_pos_emb, state)
+    probs, logits, valid = softmax_maps(q, k, layer.scale, layer.causal)
+
+    def check():  # probs [1, n, s, sk]; v [sk, b, g, d]; out [s, b, n*d]
+        vh = v.permute(1, 2, 0, 3).double()
+        vh = vh.repeat_interleave(probs.shape[1] // vh.shape[1], dim=1)
+        return ((probs @ vh).permute(2, 0, 1, 3).reshape(out.shape) - out.double()).abs().max()
+
+    source = "shared softmax(Q_X K_X^T/sqrt(d_h)) of the fixed input"
+    return {"source": source, "probs": probs, "logits": logits, "valid": valid, "causal": layer.causal, "check": check}
+
+
 register_attention(
     "rndembqk",
     FixedQK,
@@ -272,6 +296,7 @@ register_attention(
     options=FixedInputOptions,
     model_input=lambda model, cfg: _build_fixed_input(model, cfg),
     caps=AttentionCaps(fixed_input=True, thesis_name="RndEmbQK", chapters=(4,)),
+    maps=recomputed_maps(fixed_input_maps),
 )
 register_attention(
     "fixedseqqk",
@@ -280,6 +305,7 @@ register_attention(
     options=FixedInputOptions,
     model_input=lambda model, cfg: _build_fixed_input(model, cfg),
     caps=AttentionCaps(fixed_input=True, thesis_name="FixedSeqQK", chapters=(4,)),
+    maps=recomputed_maps(fixed_input_maps),
 )
 
 

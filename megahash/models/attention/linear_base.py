@@ -39,7 +39,8 @@ class LinearAttention(GroupedKV, Mixing):
         doc = document_rows(state.document_ids, q)
         return self.kernel(q, k, v, key_mask, state.cache(self.layer_number), doc, state.offset)
 
-    def mix(self, x, attention_mask, rotary_pos_emb, state):
+    def kernel_inputs(self, x, rotary_pos_emb):
+        """x [s, b, h] -> the kernel's q [b, g, rep, s, d], k, v [b, g, 1, s, d], in its compute dtype."""
         q, k, v = self.qkv(x, rotary_pos_emb)
         s, b, n_l, d = q.shape
         g = k.shape[2]
@@ -47,6 +48,10 @@ class LinearAttention(GroupedKV, Mixing):
         qh = q.permute(1, 2, 0, 3).reshape(b, g, n_l // g, s, d).to(dt)
         kh = k.permute(1, 2, 0, 3).unsqueeze(2).to(dt)
         vh = v.permute(1, 2, 0, 3).unsqueeze(2).to(dt)
+        return qh, kh, vh
+
+    def mix(self, x, attention_mask, rotary_pos_emb, state):
+        qh, kh, vh = self.kernel_inputs(x, rotary_pos_emb)
         out = self.attend(qh, kh, vh, attention_mask, state)  # [b, g, rep, s, d_v]
-        d_v = out.shape[-1]
-        return out.reshape(b, n_l, s, d_v).permute(2, 0, 1, 3).reshape(s, b, n_l * d_v).to(x.dtype)
+        b, g, rep, s, d_v = out.shape
+        return out.reshape(b, g * rep, s, d_v).permute(2, 0, 1, 3).reshape(s, b, g * rep * d_v).to(x.dtype)

@@ -19,6 +19,7 @@ projection is ``linear_proj`` (RowParallel).
 
 from __future__ import annotations
 
+from megahash.models.attention.maps import softmax_core_maps
 from megahash.models.attention.softmax_base import GroupedKV, SoftmaxAttention, default_gqa_groups
 from megahash.models.cost_formulas import GeneralisedRow
 from megahash.models.registry import AttentionCaps, register_attention
@@ -82,6 +83,7 @@ register_attention(
     GroupedQuery,
     costs=MHACosts,
     caps=AttentionCaps(standard=True, qwen2=True, thesis_name="Standard", chapters=(3, 4)),
+    maps=softmax_core_maps,
     groups=lambda n, g: g or n,
 )
 register_attention(
@@ -89,6 +91,7 @@ register_attention(
     GroupedQuery,
     costs=GQACosts,
     caps=AttentionCaps(qwen2=True, thesis_name="GQA"),
+    maps=softmax_core_maps,
     groups=lambda n, g: g if 0 < g < n else default_gqa_groups(n),
 )
 register_attention(
@@ -96,5 +99,6 @@ register_attention(
     GroupedQuery,
     costs=MQACosts,
     caps=AttentionCaps(qwen2=True, thesis_name="MQA", chapters=(3,)),
+    maps=softmax_core_maps,
     groups=lambda n, g: 1,
 )

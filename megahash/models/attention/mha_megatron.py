@@ -14,6 +14,7 @@ from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubm
 from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.spec_utils import ModuleSpec
 
+from megahash.models.attention.maps import softmax_core_maps
 from megahash.models.attention.sdpa import PackedDocuments, SDPACoreAttention
 from megahash.models.norm import HeadNorm
 from megahash.models.registry import AttentionCaps, mask_type, register_attention
@@ -30,7 +31,9 @@ class MegatronSelfAttention(SelfAttention):
         return super().forward(hidden_states, attention_mask, key_value_states, None, **kwargs)
 
 
-@register_attention("mha-megatron", costs=None, caps=AttentionCaps(decodes=False, exportable=False))
+@register_attention(
+    "mha-megatron", costs=None, caps=AttentionCaps(decodes=False, exportable=False), maps=softmax_core_maps
+)
 def mha_megatron_spec(cfg) -> ModuleSpec:
     return ModuleSpec(
         module=MegatronSelfAttention,

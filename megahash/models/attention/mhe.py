@@ -16,6 +16,7 @@ holds the per-head K~ (rotated) and V~.
 
 from __future__ import annotations
 
+from megahash.models.attention.maps import softmax_core_maps
 from megahash.models.attention.softmax_base import SoftmaxAttention
 from megahash.models.cost_formulas import GeneralisedRow
 from megahash.models.registry import AttentionCaps, register_attention
@@ -64,8 +65,16 @@ class MHECosts(GeneralisedRow):
 
 
 register_attention(
-    "mhe-add", MultiHeadEmbedding, costs=MHECosts, caps=AttentionCaps(thesis_name="MHE-ADD", chapters=(3,))
+    "mhe-add",
+    MultiHeadEmbedding,
+    costs=MHECosts,
+    caps=AttentionCaps(thesis_name="MHE-ADD", chapters=(3,)),
+    maps=softmax_core_maps,
 )
 register_attention(
-    "mhe-mul", MultiHeadEmbedding, costs=MHECosts, caps=AttentionCaps(thesis_name="MHE-MUL", chapters=(3,))
+    "mhe-mul",
+    MultiHeadEmbedding,
+    costs=MHECosts,
+    caps=AttentionCaps(thesis_name="MHE-MUL", chapters=(3,)),
+    maps=softmax_core_maps,
 )

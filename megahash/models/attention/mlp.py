@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
+from megahash.models.attention.maps import no_mixing_maps
 from megahash.models.mixing import Mixing
 from megahash.models.registry import AttentionCaps, register_attention
 
@@ -85,5 +86,9 @@ class MLPCosts:
 
 
 register_attention(
-    "mlp", GatedMLPMixer, costs=MLPCosts, caps=AttentionCaps(mixes_tokens=False, thesis_name="MLP", chapters=(4,))
+    "mlp",
+    GatedMLPMixer,
+    costs=MLPCosts,
+    caps=AttentionCaps(mixes_tokens=False, thesis_name="MLP", chapters=(4,)),
+    maps=no_mixing_maps,
 )

@@ -34,6 +34,7 @@ import math
 import torch.nn.functional as F
 
 from megahash.models.attention.linear_base import LinearAttention
+from megahash.models.attention.maps import kernel_maps
 from megahash.models.cost_formulas import StandardQKV
 from megahash.models.mixing import cached_state, store_state
 from megahash.models.registry import AttentionCaps, register_attention
@@ -109,6 +110,6 @@ register_attention(
     "nonapprox",
     NonApprox,
     costs=NonApproxCosts,
-    maps=nonapprox_maps,
+    maps=kernel_maps(nonapprox_maps),
     caps=AttentionCaps(thesis_name="Non-apx.", chapters=(4,)),
 )

@@ -11,6 +11,7 @@ the full projection. KV cache: one head of keys and values.
 from __future__ import annotations
 
 from megahash.errors import ConfigError
+from megahash.models.attention.maps import softmax_core_maps
 from megahash.models.attention.softmax_base import SoftmaxAttention
 from megahash.models.cost_formulas import GeneralisedRow
 from megahash.models.registry import AttentionCaps, register_attention
@@ -67,4 +68,6 @@ class SHACosts(GeneralisedRow):
         return 2 * B * L * d_h
 
 
-register_attention("sha", SingleHead, costs=SHACosts, caps=AttentionCaps(thesis_name="SHA", chapters=(3,)))
+register_attention(
+    "sha", SingleHead, costs=SHACosts, caps=AttentionCaps(thesis_name="SHA", chapters=(3,)), maps=softmax_core_maps
+)

@@ -9,6 +9,7 @@ values (which are the unrotated shared projection).
 
 from __future__ import annotations
 
+from megahash.models.attention.maps import softmax_core_maps
 from megahash.models.attention.softmax_base import SoftmaxAttention
 from megahash.models.cost_formulas import GeneralisedRow
 from megahash.models.mixing import heads
@@ -48,4 +49,6 @@ class SKVCosts(GeneralisedRow):
         return 2 * B * L * n * d_h
 
 
-register_attention("skv", SharedKV, costs=SKVCosts, caps=AttentionCaps(thesis_name="SKV", chapters=(3,)))
+register_attention(
+    "skv", SharedKV, costs=SKVCosts, caps=AttentionCaps(thesis_name="SKV", chapters=(3,)), maps=softmax_core_maps
+)

@@ -21,6 +21,7 @@ setting (selective recompute, which takes the state's tensors as its inputs, and
 from __future__ import annotations
 
 from megahash.errors import ConfigError
+from megahash.models.attention.maps import softmax_core_maps
 from megahash.models.attention.separate_qkv import SeparateQKV
 from megahash.models.cost_formulas import StandardQKV
 from megahash.models.mixing import append_cache, heads
@@ -84,5 +85,9 @@ class StaticEmbQKCosts(StandardQKV):
 
 
 register_attention(
-    "staticembqk", StaticEmbQK, costs=StaticEmbQKCosts, caps=AttentionCaps(thesis_name="StaticEmbQK", chapters=(4,))
+    "staticembqk",
+    StaticEmbQK,
+    costs=StaticEmbQKCosts,
+    caps=AttentionCaps(thesis_name="StaticEmbQK", chapters=(4,)),
+    maps=softmax_core_maps,
 )

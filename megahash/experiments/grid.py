@@ -1,0 +1,361 @@
+"""The grid of ``megahash sweep``: a grid file (base config, axes, variants, standard row, evaluation) read into
+its cells, each cell's resolved and checked config, the cells a run selects, and the plan written before any
+cell runs (``grid.json``, ``cells.txt``, every ``cell_config.yaml``). The file's format:
+:mod:`megahash.experiments.sweep`."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from megahash import safe_yaml
+from megahash.atomic_write import write_text_atomic
+from megahash.config_files import CONFIG_ROOT
+from megahash.errors import ConfigError
+
+DONE_FILE = "sweep_cell.json"
+CELL_CONFIG = "cell_config.yaml"
+GRID_KEYS = {
+    "name",
+    "config",
+    "overrides",
+    "axes",
+    "variants",
+    "standard",
+    "eval",
+    "launch",
+    "slurm",
+    "out",
+    "description",
+    "expected",
+}
+SAME_BUDGET = (
+    "train.steps",
+    "train.global_batch_size",
+    "train.seed",
+    "data.seed",
+    "data.seq_length",
+    "data.prefix",
+    "data.split",
+    "data.tokenizer",
+)
+
+
+@dataclass
+class Cell:
+    index: int
+    name: str
+    label: str  # the variant (every non-seed value)
+    seed: str  # the repetition ("" without a seed axis)
+    values: dict  # dotted key (or "variant") -> value
+    overrides: list[str]
+    dir: Path
+
+    @property
+    def done(self) -> bool:
+        """Trained (and evaluated): its DONE_FILE exists."""
+        return (self.dir / DONE_FILE).is_file()
+
+
+@dataclass
+class Grid:
+    name: str
+    path: Path | None
+    base: str | None
+    overrides: list[str]
+    cells: list[Cell]
+    standard: dict
+    eval: dict
+    ranks: int
+    sbatch: list[str]
+    out: Path
+    expected: str = ""
+    seed_keys: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {
+            "megahash_sweep": 1,
+            "name": self.name,
+            "grid": str(self.path) if self.path else None,
+            "base": self.base,
+            "overrides": self.overrides,
+            "standard": self.standard,
+            "eval": self.eval,
+            "ranks": self.ranks,
+            "sbatch": self.sbatch,
+            "out": str(self.out),
+            "seed_keys": self.seed_keys,
+            "expected": self.expected,
+            "cells": [
+                {
+                    "index": c.index,
+                    "name": c.name,
+                    "label": c.label,
+                    "seed": c.seed,
+                    "values": c.values,
+                    "overrides": c.overrides,
+                    "dir": str(c.dir),
+                }
+                for c in self.cells
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> Grid:
+        cells = [
+            Cell(c["index"], c["name"], c["label"], c["seed"], c["values"], c["overrides"], Path(c["dir"]))
+            for c in d["cells"]
+        ]
+        return cls(
+            d["name"],
+            Path(d["grid"]) if d.get("grid") else None,
+            d["base"],
+            d["overrides"],
+            cells,
+            d["standard"],
+            d["eval"],
+            d["ranks"],
+            d["sbatch"],
+            Path(d["out"]),
+            d.get("expected", ""),
+            d.get("seed_keys", []),
+        )
+
+
+def override_text(key: str, value) -> str:
+    """``key=value`` that :func:`megahash.config.parse_override` reads back as ``value``."""
+    if isinstance(value, str):
+        try:
+            if safe_yaml.load(value, f"grid value of {key}") == value:
+                return f"{key}={value}"
+        except yaml.YAMLError:
+            pass
+    return f"{key}={json.dumps(value)}"
+
+
+def _overrides(spec, where: str) -> list[str]:
+    if spec is None:
+        return []
+    if isinstance(spec, dict):
+        return [override_text(k, v) for k, v in spec.items()]
+    if isinstance(spec, list) and all(isinstance(x, str) and "=" in x for x in spec):
+        return list(spec)
+    raise ConfigError(f"{where} must be a mapping of dotted keys to values or a list of key=value strings")
+
+
+def _flatten(tree: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out += _flatten(v, f"{prefix}{k}.")
+        else:
+            out.append(override_text(f"{prefix}{k}", v))
+    return out
+
+
+def _snippet(name: str | None, grid_dir: Path) -> list[str]:
+    """A variant's ``config:`` (a YAML snippet, e.g. embeddings/md5-pool.yaml) as dotted overrides."""
+    if not name:
+        return []
+    from megahash.config import _load_yaml_tree
+
+    return _flatten(_load_yaml_tree(Path(_resolve_base(name, grid_dir))))
+
+
+def _slug(value) -> str:
+    text = value if isinstance(value, str) else json.dumps(value)
+    out = "".join(ch if ch.isalnum() or ch in "-_." else ("+" if ch == "," else "-") for ch in text)
+    return out.strip("-") or "x"
+
+
+def _resolve_base(name: str | None, grid_dir: Path) -> str | None:
+    if not name:
+        return None
+    for cand in (grid_dir / name, CONFIG_ROOT / name, Path(name)):
+        if cand.is_file():
+            return str(cand.resolve())
+    raise ConfigError(f"grid config {name!r} not found (looked beside the grid file and in {CONFIG_ROOT})")
+
+
+def load_grid(path: str, extra: Sequence[str] = (), out: str | None = None) -> Grid:
+    """Read a grid YAML into its cells (each cell's config is resolved and checked)."""
+    from megahash.config import read_yaml_mapping
+
+    p = Path(path)
+    data = read_yaml_mapping(path, "grid")
+    unknown = sorted(set(data) - GRID_KEYS)
+    if unknown:
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], sorted(GRID_KEYS), n=1)
+        raise ConfigError(
+            f"unknown grid key {unknown[0]!r} in {path}"
+            + (f" (did you mean {close[0]!r}?)" if close else f" (valid: {', '.join(sorted(GRID_KEYS))})")
+        )
+    name = str(data.get("name") or p.stem)
+    base = _resolve_base(data.get("config"), p.parent)
+    overrides = _overrides(data.get("overrides"), f"{path}: overrides") + list(extra)
+    axes = data.get("axes") or {}
+    if not isinstance(axes, dict) or not all(isinstance(v, list) and v for v in axes.values()):
+        raise ConfigError(f"{path}: axes must map dotted config keys to non-empty lists of values")
+    variants = data.get("variants") or []
+    if not isinstance(variants, list) or not all(isinstance(v, dict) and v.get("name") for v in variants):
+        raise ConfigError(f"{path}: variants must be a list of {{name: ..., overrides: {{...}}}}")
+    if not axes and not variants:
+        raise ConfigError(f"{path}: a grid needs axes (dotted key -> list) or variants")
+    seed_keys = [k for k in axes if k.split(".")[-1].endswith("seed")]
+    out_dir = Path(out or data.get("out") or f"runs/grids/{name}").resolve()
+    cells: list[Cell] = []
+    keys = list(axes)
+    var_list = variants or [None]
+    for var, combo in itertools.product(var_list, itertools.product(*(axes[k] for k in keys))):
+        values = dict(zip(keys, combo))
+        if var is not None:
+            values = {"variant": var["name"], **values}
+        label = " · ".join(str(v) for k, v in values.items() if k not in seed_keys) or "cell"
+        seed = ",".join(str(values[k]) for k in seed_keys)
+        slug = "__".join(f"{k.split('.')[-1]}={_slug(v)}" if k != "variant" else _slug(v) for k, v in values.items())
+        cell_dir = out_dir / "cells" / f"{len(cells):03d}_{slug}"[:200]
+        ov = list(overrides)
+        if var is not None:
+            ov += _snippet(var.get("config"), p.parent) + _overrides(
+                var.get("overrides"), f"{path}: variant {var['name']}"
+            )
+        ov += [override_text(k, v) for k, v in values.items() if k != "variant"]
+        ov.append(f"train.save_dir={cell_dir}")
+        cells.append(Cell(len(cells), cell_dir.name, label, seed, values, ov, cell_dir))
+    standard = data.get("standard")
+    if standard is None:
+        standard = {k: v[0] for k, v in axes.items() if k not in seed_keys}
+        if variants:
+            standard = {"variant": variants[0]["name"], **standard}
+    if not isinstance(standard, dict):
+        raise ConfigError(f"{path}: standard must map axis keys to values")
+    bad = [k for k in standard if k not in axes and k != "variant"]
+    if bad:
+        raise ConfigError(f"{path}: standard names {bad[0]!r}, which is not an axis ({', '.join(axes)})")
+    ev = data.get("eval") or {}
+    if not isinstance(ev, dict):
+        raise ConfigError(f"{path}: eval must be a mapping (tasks, tasks_dir, limit, batch_size)")
+    tasks = ev.get("tasks") or []
+    ev = {
+        "tasks": [tasks] if isinstance(tasks, str) else list(tasks),
+        "tasks_dir": ev.get("tasks_dir"),
+        "limit": ev.get("limit"),
+        "batch_size": int(ev.get("batch_size", 8)),
+    }
+    if ev["tasks_dir"] and not Path(ev["tasks_dir"]).is_absolute():
+        ev["tasks_dir"] = str((Path.cwd() / ev["tasks_dir"]).resolve())
+    launch = data.get("launch") or {}
+    slurm = data.get("slurm") or {}
+    grid = Grid(
+        name,
+        p.resolve(),
+        base,
+        overrides,
+        cells,
+        standard,
+        ev,
+        int(launch.get("ranks", 1)),
+        [str(x) for x in slurm.get("sbatch", [])],
+        out_dir,
+        str(data.get("expected") or ""),
+        seed_keys,
+    )
+    check_cells(grid, set(axes))
+    return grid
+
+
+def cell_config(grid: Grid, cell: Cell):
+    from megahash.config import load_config
+
+    try:
+        return load_config(grid.base, cell.overrides)
+    except ConfigError as e:
+        raise ConfigError(f"grid {grid.name}, cell {cell.name}: {e}") from None
+
+
+def check_cells(grid: Grid, axis_keys: set) -> None:
+    """Every cell's config resolves, and cells share data, seed and budget unless an axis varies them."""
+
+    def get(tree, dotted):
+        for part in dotted.split("."):
+            tree = tree[part]
+        return tree
+
+    from megahash.models.registry import schedule_kinds
+
+    ref = None
+    for cell in grid.cells:
+        cfg = cell_config(grid, cell)
+        try:
+            schedule_kinds(cfg)  # unknown attention kinds / bad schedules fail before anything runs
+        except ConfigError as e:
+            raise ConfigError(f"grid {grid.name}, cell {cell.name}: {e}") from None
+        tree = cfg.to_dict()
+        same = {k: get(tree, k) for k in SAME_BUDGET if k not in axis_keys}
+        if ref is None:
+            ref = same
+        elif same != ref:
+            k = next(k for k in same if same[k] != ref[k])
+            raise ConfigError(
+                f"grid {grid.name}: cell {cell.name} changes {k} ({ref[k]!r} -> {same[k]!r}) "
+                f"without an axis; every cell must get the same data, seed and budget"
+            )
+
+
+def is_done(cell: Cell) -> bool:
+    return cell.done
+
+
+def select_cells(grid: Grid, spec: str | None) -> list[Cell]:
+    """The cells of ``--cells`` (``0-3,7``: indices and ranges); every cell without one."""
+    if not spec:
+        return list(grid.cells)
+    chosen = set()
+    for part in str(spec).split(","):
+        try:
+            lo, _, hi = part.strip().partition("-")
+            chosen.update(range(int(lo), int(hi or lo) + 1))
+        except ValueError:
+            raise ConfigError(f"--cells {spec!r}: use cell indices and ranges like 0-3,7") from None
+    bad = sorted(i for i in chosen if not 0 <= i < len(grid.cells))
+    if bad:
+        raise ConfigError(f"--cells {spec!r}: grid {grid.name} has cells 0-{len(grid.cells) - 1}, not {bad[0]}")
+    return [c for c in grid.cells if c.index in chosen]
+
+
+def override_eval(grid: Grid, tasks: str | None, tasks_dir: str | None, limit: float | None) -> None:
+    """``--tasks``/``--tasks-dir``/``--limit`` in place of the grid's ``eval`` (``--tasks none``: none)."""
+    if tasks is not None:
+        grid.eval["tasks"] = [] if tasks.strip().lower() == "none" else [t for t in tasks.split(",") if t.strip()]
+    if tasks_dir is not None:
+        grid.eval["tasks_dir"] = str(Path(tasks_dir).resolve())
+    if limit is not None:
+        grid.eval["limit"] = limit
+
+
+def trained_step(cell: Cell) -> int:
+    latest = cell.dir / "latest"
+    try:
+        tag = latest.read_text().strip()
+        state = json.loads((cell.dir / tag / "megahash_state.json").read_text())
+        return int(state.get("step", 0))
+    except (OSError, ValueError):
+        return 0
+
+
+def write_plan(grid: Grid) -> None:
+    """grid.json, cells.txt (array index -> cell) and every cell's resolved config (atomic writes)."""
+    from megahash.config import save_config
+
+    grid.out.mkdir(parents=True, exist_ok=True)
+    for cell in grid.cells:
+        save_config(cell_config(grid, cell), cell.dir / CELL_CONFIG)
+    write_text_atomic(grid.out / "grid.json", json.dumps(grid.to_json(), indent=1) + "\n")
+    write_text_atomic(grid.out / "cells.txt", "".join(c.name + "\n" for c in grid.cells))
