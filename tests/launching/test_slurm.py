@@ -629,7 +629,8 @@ def test_hung_rank_is_dumped_requeued_and_resumed(scenarios, runs):
         rf"{re.escape(str(report))}; exiting for requeue",
         text,
     )
-    assert m and 12 <= int(m.group(1)) < STEPS and 30 < float(m.group(2)) < 90, text[-5000:]
+    # the watchdog prints the elapsed time, past the limit, to 0.1 s: 30.0 when it fired within 0.05 s of it
+    assert m and 12 <= int(m.group(1)) < STEPS and 30 <= float(m.group(2)) < 90, text[-5000:]
     stacks = report.read_text()
     assert "in _loop" in stacks and "in fire" in stacks and stacks.splitlines()[1] in text  # the dump, on stderr too
     assert not (run_dir / "hang" / "rank1.txt").exists()  # the stopped rank never ran again
