@@ -204,8 +204,11 @@ def _usr1(cluster, data: dict, d: Path, stopped=lambda: None) -> dict:
     for launcher in ("torchrun", "srun"):
         run_dir, out = d / launcher, d / f"{launcher}.out"
         jobs[launcher] = (submit(cluster, out, TINY, SAVE_DIR=run_dir, LAUNCHER=launcher, **data), run_dir, out)
-    during = False
-    for launcher, (job, run_dir, _out) in jobs.items():
+
+    def send(launcher: str) -> bool:
+        """Signal the job at its step 3 (each job watched on its own: one must not run to its end while the
+        other is waited for); for srun, a second SIGUSR1 during the save: whether it came while it was written."""
+        job, run_dir, _out = jobs[launcher]
         wait_for_step(run_dir, 3, lambda: job_info(cluster, job).get("JobState") not in FINAL)
         r = subprocess.run(
             ["scancel", "--signal=USR1", "--batch", job],
@@ -215,8 +218,10 @@ def _usr1(cluster, data: dict, d: Path, stopped=lambda: None) -> dict:
             timeout=30,
         )
         assert r.returncode == 0, r.stderr
-        if launcher == "srun":
-            during = signal_during_save(run_dir, lambda: rank_pids(run_dir))
+        return launcher == "srun" and signal_during_save(run_dir, lambda: rank_pids(run_dir))
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        during = any(list(pool.map(send, jobs)))
     stopped()
     done = {}
     for launcher, (job, run_dir, out) in jobs.items():
