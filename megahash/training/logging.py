@@ -77,6 +77,8 @@ class RunLogger:
             for k, v in metrics.items():
                 if isinstance(v, (int, float)):
                     self.tb.add_scalar(f"{prefix}/{k}", v, x)
+            if prefix == "checkpoint":  # on disk with each checkpoint (the writer's own flush waits 120 s): a
+                self.tb.flush()  # killed run's events up to its newest checkpoint survive, its purge marker first
         if self.wandb and late:
             self.wandb.define_metric(f"{prefix}/*", step_metric=f"{prefix}/step")
             self.wandb.log({f"{prefix}/{k}": v for k, v in {**metrics, "step": step}.items()})

@@ -27,6 +27,14 @@ EOD = 2
 # the positive one; the literal one is compared in fp64 by tests/ops/test_packed_documents_linear.py
 KIND_OPTIONS = {"approx-thesis": ["model.attention.options.denominator=positive"]}
 FLAGS = ["data.reset_attention_mask=true", "data.reset_position_ids=true", "data.eod_mask_loss=true"]
+# Inductor's CPU code follows a forced ATEN_CPU_CAPABILITY (tests/run_numerics_capabilities.sh), and torch 2.13's
+# CPU FlexAttention and block-mask kernels are wrong there: C++ that does not compile under `default`, outputs 2.8 off
+# under `avx2` on an AVX-512 CPU. megahash compiles FlexAttention only for CUDA (policy.flex_attention), so the tests
+# that stand inductor's CPU FlexAttention in for CUDA's run on the CPU's own capability only (the main run).
+_INDUCTOR_ON_FORCED_ISA = pytest.mark.skipif(
+    bool(os.environ.get("ATEN_CPU_CAPABILITY")),  # torch reports the forced one, not the CPU's: any forced value
+    reason="inductor's CPU FlexAttention under a forced ATEN_CPU_CAPABILITY (torch 2.13: not compiled / wrong)",
+)
 
 
 def _param(kind):
@@ -157,7 +165,9 @@ def test_document_kernel_is_flex_only_where_flex_attention_runs():
     assert pick("cpu", False, 64, torch.float32) == "sdpa"
 
 
-@pytest.mark.parametrize("compiled,head_dim", [(False, 8), (True, 16)], ids=["eager", "compiled"])
+@pytest.mark.parametrize(
+    "compiled,head_dim", [(False, 8), pytest.param(True, 16, marks=_INDUCTOR_ON_FORCED_ISA)], ids=["eager", "compiled"]
+)
 def test_kernels_agree_flex_and_sdpa(compiled, head_dim):
     """FlexAttention with a BlockMask (the CUDA kernel; on CPU eager, and compiled by inductor's CPU FlexAttention
     with the block mask built compiled, as on CUDA; forward only: CPU FlexAttention has no backward) = SDPA with
@@ -178,6 +188,7 @@ def test_kernels_agree_flex_and_sdpa(compiled, head_dim):
         torch.testing.assert_close(fx, sd, rtol=0, atol=1e-5)
 
 
+@_INDUCTOR_ON_FORCED_ISA
 def test_packed_forward_through_flex_attention_equals_sdpa(monkeypatch):
     """The model's packed forward with the kernel choice forced to FlexAttention (its CUDA branch of
     ``document_mask.attend``, eager on CPU) = the SDPA branch's logits, decoder and encoder (fp32, 1e-5)."""
