@@ -9,7 +9,11 @@ scored as lm-eval's ``loglikelihood_rolling`` scores it (megahash/eval/lm.py: di
 
     bpb = sum of token NLL (nats) / (ln 2 * bytes)                     (lm-eval's ``bits_per_byte``)
 
-with the bytes counted per token as in training's validation (megahash/data/text_bytes.py; equal to
+and, on a line of its own, the same text scored with strided windows (``--stride S``, default half the
+window; 0 = off): each window ends S tokens after the previous one and scores those S tokens with up to
+the full window before them as context, the sliding-window perplexity of transformers' guide; lm-eval's
+disjoint windows give a window's early tokens almost no context, so the strided number is the lower,
+and the two agree at ``S = --max-length``. The bytes are counted per token as in training's validation (megahash/data/text_bytes.py; equal to
 ``len(text.encode())`` for a lossless tokenizer, tested against lm-eval's own count and metric); a
 word stream counts ``len(text.encode())``. Written to ``--out`` (default ``RUN_DIR/eval/STEP_text.json``).
 """
@@ -47,10 +51,12 @@ def documents(src: str, limit=None) -> list[str]:
     return docs
 
 
-def text_metrics(lm, docs: list[str]) -> dict:
-    """Sums and metrics of ``docs`` through a ``MegahashEvalLM``: NLL, tokens, bytes, loss, ppl, bpb."""
-    from megahash.data.text_bytes import TokenBytes, bits_per_byte
+def text_metrics(lm, docs: list[str], stride: int = 0) -> dict:
+    """Sums and metrics of ``docs`` through a ``MegahashEvalLM``: NLL, tokens, bytes, loss, ppl, bpb
+    (lm-eval's disjoint windows) and, for a ``stride``, the same of strided windows under ``sliding``."""
+    from megahash.data.text_bytes import TokenBytes
 
+    sliding = -sum(lm.loglikelihood_sliding(docs, stride)) if stride else None  # a bad stride before the work
     nll = -sum(lm.loglikelihood_rolling([_Request(d) for d in docs]))
     encoded = [lm.codec.encode(d).ids for d in docs]
     tokens = sum(len(ids) for ids in encoded)
@@ -59,16 +65,17 @@ def text_metrics(lm, docs: list[str]) -> dict:
         n_bytes = sum(counter.count(ids) for ids in encoded)
     else:  # a word stream: the text itself
         n_bytes = sum(len(d.encode("utf-8")) for d in docs)
+    out = {"documents": len(docs), "tokens": tokens, "bytes": n_bytes, **_scores(nll, tokens, n_bytes)}
+    if stride:
+        out["sliding"] = {"stride": stride, **_scores(sliding, tokens, n_bytes)}
+    return out
+
+
+def _scores(nll: float, tokens: int, n_bytes: int) -> dict:
+    from megahash.data.text_bytes import bits_per_byte
+
     loss = nll / max(tokens, 1)
-    return {
-        "documents": len(docs),
-        "tokens": tokens,
-        "bytes": n_bytes,
-        "nll": nll,
-        "loss": loss,
-        "ppl": math.exp(min(loss, 50.0)),
-        "bpb": bits_per_byte(nll, n_bytes),
-    }
+    return {"nll": nll, "loss": loss, "ppl": math.exp(min(loss, 50.0)), "bpb": bits_per_byte(nll, n_bytes)}
 
 
 def evaluate_text(
@@ -82,8 +89,10 @@ def evaluate_text(
     overrides=None,
     overwrite: bool = True,
     quiet: bool = False,
+    stride: int | None = None,
 ) -> dict:
-    """Score ``src`` with the checkpoint; write the JSON record and print one line."""
+    """Score ``src`` with the checkpoint; write the JSON record and print one line per window scheme
+    (``stride``: None = half the window, 0 = disjoint windows only)."""
     from megahash.accelerator import process_groups
     from megahash.atomic_write import write_text_atomic
     from megahash.checkpoint.resolve import resolve_for_inference
@@ -100,8 +109,8 @@ def evaluate_text(
         lm = MegahashEvalLM(
             checkpoint=str(ckpt), batch_size=batch_size, max_length=max_length, tokenizer=tokenizer, overrides=overrides
         )
-        metrics = text_metrics(lm, docs)
         max_len = lm.max_length
+        metrics = text_metrics(lm, docs, max(1, max_len // 2) if stride is None else stride)
         del lm
     state = ckpt / "megahash_state.json"
     step = json.loads(state.read_text()).get("step") if state.is_file() else None
@@ -119,7 +128,14 @@ def evaluate_text(
     if not quiet:
         print(
             f"{src}: {metrics['documents']} documents, {metrics['tokens']} tokens, {metrics['bytes']} bytes: "
-            f"loss {metrics['loss']:.4f} nats/token, ppl {metrics['ppl']:.4g}, bpb {metrics['bpb']:.4f}"
+            f"loss {metrics['loss']:.4f} nats/token, ppl {metrics['ppl']:.4g}, bpb {metrics['bpb']:.4f} "
+            f"(disjoint windows of {max_len} tokens, as lm-eval)"
         )
+        if "sliding" in metrics:
+            sl = metrics["sliding"]
+            print(
+                f"{src}: sliding windows of {max_len} tokens, stride {sl['stride']}: loss {sl['loss']:.4f} nats/token, "
+                f"ppl {sl['ppl']:.4g}, bpb {sl['bpb']:.4f}"
+            )
         print(f"wrote {out}", file=sys.stderr)
     return record

@@ -278,6 +278,30 @@ class MegahashEvalLM(LM):
             )
         return windows
 
+    def _sliding_windows(self, enc: Encoded, stride: int) -> list[tuple[Encoded, int, np.ndarray | None]]:
+        """Strided windows over ``</s>`` + text (the perplexity of fixed-length models, as transformers'
+        guide computes it): the first window scores its first ``max_length`` tokens; each next one
+        ends ``stride`` tokens later and scores those ``stride``, with the ``max_length + 1 - stride``
+        tokens before them as context. Every token is scored once; ``stride = max_length`` gives
+        lm-eval's disjoint windows (one token of context), ``stride = 1`` every token with a full window."""
+        full = self.codec.special(self.codec.eos_id) + enc  # index 0 = the prefix
+        codes = self.codec.codes(full)
+        windows, scored, n = [], 1, len(full)
+        while scored < n:
+            end = min(n, scored + (self.max_length if scored == 1 else stride))
+            start = max(0, end - 1 - self.max_length)
+            windows.append((full[start:end], end - scored, None if codes is None else codes[start:end]))
+            scored = end
+        return windows
+
+    def loglikelihood_sliding(self, texts: list[str], stride: int) -> list[float]:
+        """Log-likelihood of each text with strided windows (:meth:`_sliding_windows`)."""
+        if not 1 <= stride <= self.max_length:
+            raise ConfigError(f"--stride {stride} must be between 1 and the window ({self.max_length} tokens)")
+        return [
+            float(sum(s for s, _ in self._score(self._sliding_windows(self.codec.encode(t), stride)))) for t in texts
+        ]
+
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
         out = []
         for req in requests:

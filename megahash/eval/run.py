@@ -446,6 +446,13 @@ def build_parser() -> argparse.ArgumentParser:
         "a data-stage SRC (.txt/.jsonl/folder/hf:...; megahash/eval/bits_per_byte.py)",
     )
     p.add_argument(
+        "--stride",
+        type=int,
+        default=None,
+        help="with --text: also score strided windows, each token with up to the full window as context "
+        "(default half of --max-length; 0 = lm-eval's disjoint windows only)",
+    )
+    p.add_argument(
         "--weights",
         default="live",
         choices=["live", "ema"],
@@ -469,6 +476,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError("--limit must be > 0")
         limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
         _quiet_logs()
+        if args.stride is not None and not args.text:
+            raise ConfigError(
+                "--stride scores raw text: pass it with --text SRC (lm-eval's tasks keep their own windows)"
+            )
         if args.text:  # loss, perplexity and bits per byte of raw text (megahash/eval/bits_per_byte.py)
             from megahash.eval.bits_per_byte import evaluate_text
 
@@ -482,6 +493,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.tokenizer,
                 args.override,
                 overwrite=args.overwrite,
+                stride=args.stride,
             )
             return 0
         evaluate_checkpoint(

@@ -129,3 +129,60 @@ def test_bits_per_byte_equals_lm_eval(dist, shakespeare_shards, tmp_path):
     assert ours["bpb"] == pytest.approx(res["bits_per_byte"], rel=1e-9)
     assert res["byte_perplexity"] == pytest.approx(2 ** ours["bpb"], rel=1e-9)
     assert ours["ppl"] == pytest.approx(math.exp(ours["nll"] / ours["tokens"]), rel=1e-12)
+
+
+def test_sliding_windows_score_each_token_with_its_window_of_context(dist, shakespeare_shards):
+    """``--stride``: at stride = the window the strided log-likelihood is lm-eval's disjoint windows'
+    (transformers' sliding-window perplexity reduces to it); at stride 1 every token is scored with the
+    ``max_length`` tokens before it (or all of them), checked token by token against the model run on
+    exactly that context; ``text_metrics`` reports both schemes over the same tokens and bytes; a stride
+    outside 1..window is one line."""
+    from megahash.accelerator import rng
+    from megahash.config import load_config
+    from megahash.errors import ConfigError
+    from megahash.eval.bits_per_byte import text_metrics
+    from megahash.eval.lm import MegahashEvalLM
+    from megahash.eval.text import load_codec
+    from megahash.models.megatron_model import build_model
+
+    window = 16
+    cfg = load_config(
+        None,
+        [
+            f"data.prefix=[{shakespeare_shards['prefix']}]",
+            f"data.tokenizer={shakespeare_shards['tokenizer']}",
+            "model.hidden_size=32",
+            "model.num_layers=1",
+            "model.num_heads=2",
+            "model.ffn_hidden_size=64",
+            f"data.seq_length={window}",
+            "model.max_position_embeddings=64",
+        ],
+    )
+    codec = load_codec(cfg)
+    rng.seed_all(7)
+    model = build_model(cfg, codec.vocab_size).eval()
+    lm = MegahashEvalLM.from_model(cfg, model, codec, batch_size=4, max_length=window)
+    doc = "To be, or not to be: that is the question. Whether 'tis nobler in the mind to suffer. " * 2
+    ids = [codec.eos_id, *codec.encode(doc).ids]
+    assert len(ids) > 3 * window  # several windows
+
+    disjoint = lm.loglikelihood_rolling([type("R", (), {"args": (doc,)})()])[0]
+    assert lm.loglikelihood_sliding([doc], window)[0] == pytest.approx(disjoint, rel=1e-6)
+
+    with torch.no_grad():  # the oracle: token t given ids[max(0, t - window):t], one forward per token
+        oracle = 0.0
+        for t in range(1, len(ids)):
+            ctx = torch.tensor([ids[max(0, t - window) : t]])
+            logp = model(ctx)[0, -1, : codec.vocab_size].double().log_softmax(-1)
+            oracle += logp[ids[t]].item()
+    one = lm.loglikelihood_sliding([doc], 1)[0]
+    assert one == pytest.approx(oracle, rel=1e-5)
+
+    half = text_metrics(lm, [doc], stride=window // 2)
+    assert half["tokens"] == len(ids) - 1 and half["sliding"]["stride"] == window // 2
+    assert half["nll"] == pytest.approx(-disjoint, rel=1e-9)
+    assert half["sliding"]["bpb"] == pytest.approx(half["bpb"] * half["sliding"]["nll"] / half["nll"], rel=1e-9)
+    for bad in (0, window + 1):
+        with pytest.raises(ConfigError, match="--stride"):
+            lm.loglikelihood_sliding([doc], bad)

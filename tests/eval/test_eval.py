@@ -430,6 +430,11 @@ def test_eval_refuses_to_overwrite_without_the_flag(runs, capsys):
         ),
         (["indicators", "--checkpoint", "/nonexistent/run", "--text", "TASKS/shk_manifest.json"], "does not exist"),
         (["report", "--runs", "/nonexistent/run"], "checkpoint /nonexistent/run does not exist"),
+        (["eval", "--checkpoint", "TRAINED", "--stride", "8", "--tasks", "x"], "--stride scores raw text"),
+        (
+            ["eval", "--checkpoint", "TRAINED", "--text", "shakespeare", "--limit", "1", "--stride", "100000"],
+            "--stride 100000 must be between 1 and the window",
+        ),
     ],
 )
 def test_cli_errors_are_one_line(runs, capsys, argv, expect):

@@ -127,7 +127,11 @@ def test_named_sets_are_reported_by_name(shakespeare_shards, held, tmp_path, cap
     rec = json.loads((out_dir / "eval" / "step_00000002_text.json").read_text())
     assert rec["documents"] == 3 and rec["bytes"] == sum(len(t.encode("utf-8")) for t in DOCS[:3])
     assert rec["bpb"] == pytest.approx(rec["nll"] / (math.log(2) * rec["bytes"]), rel=1e-12)
-    assert f"bpb {rec['bpb']:.4f}" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"bpb {rec['bpb']:.4f}" in printed  # lm-eval's disjoint windows, then strided ones (default: half)
+    sl = rec["sliding"]
+    assert sl["stride"] == rec["max_length"] // 2 and f"stride {sl['stride']}: loss {sl['loss']:.4f}" in printed
+    assert sl["bpb"] == pytest.approx(sl["nll"] / (math.log(2) * rec["bytes"]), rel=1e-12)
 
 
 def test_bad_sets_are_one_line(shakespeare_shards, held, tmp_path, capsys):
