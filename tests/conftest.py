@@ -191,9 +191,9 @@ def config_overrides(path: Path) -> list[str]:
     return list(flat(yaml.safe_load(path.read_text()), ""))
 
 
-# The tests' tiny runs (tests/configs/): a test extends one with what it changes (later overrides win)
-TINY = config_overrides(ROOT / "tests" / "configs" / "tiny.yaml")  # 2 layers of width 64, lr 2e-3
-TINIER = config_overrides(ROOT / "tests" / "configs" / "tinier.yaml")  # 1 layer of width 32, ZeRO-0, every step logged
+# The tests' tiny runs (tests/_configs/): a test extends one with what it changes (later overrides win)
+TINY = config_overrides(ROOT / "tests" / "_configs" / "tiny.yaml")  # 2 layers of width 64, lr 2e-3
+TINIER = config_overrides(ROOT / "tests" / "_configs" / "tinier.yaml")  # 1 layer of width 32, ZeRO-0, every step logged
 
 
 def child_env(**extra) -> dict:
