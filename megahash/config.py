@@ -176,6 +176,9 @@ class TrainConfig:
     # checks of a checkpoint before it is resumed, evaluated or exported (megahash/checkpoint/manifest.py,
     # docs/security.md): cheap (sizes, zip structure) | full (+ sha256 of every file it reads)
     verify_checkpoint: str = "full"
+    # resume a checkpoint that was not written by this install and whose DeepSpeed files need more than
+    # weights-only loading (pickle: it can run code) (docs/security.md)
+    trust_checkpoint: bool = False
     eval_interval: int = 50
     log_interval: int = 10
     recompute: str = "none"  # none | selective | full
@@ -237,6 +240,9 @@ class ParallelConfig:
 class EvalConfig:
     tasks: list[str] = field(default_factory=list)
     tasks_dir: str = ""
+    # let task files of tasks_dir run Python (lm-eval's !function, evaluate metrics, unsandboxed templates);
+    # refused otherwise (megahash eval --trust-task-code; docs/security.md)
+    trust_task_code: bool = False
     batch_size: int = 8
     at_end: bool = False
     # evaluation during training (megahash/training/eval_during.py): every `interval` steps the checkpoint of

@@ -138,14 +138,23 @@ def _main(argv=None) -> int:
         if cfg.eval.interval:  # eval.interval: an unknown task name is refused before the model is built
             from megahash.eval.run import check_tasks
 
-            check_tasks(cfg.eval.tasks or None, cfg.eval.tasks_dir or None)
+            check_tasks(cfg.eval.tasks or None, cfg.eval.tasks_dir or None, cfg.eval.trust_task_code)
+        elif cfg.eval.at_end and cfg.eval.tasks_dir and not cfg.eval.trust_task_code:
+            from megahash.eval.task_code import refuse_task_code
+
+            refuse_task_code(cfg.eval.tasks_dir)  # before training, not after it
         from megahash.training.trainer import train
 
         def evaluate_at_end(save_dir):  # cfg.eval.at_end: lm-eval on the final checkpoint, rank 0
             from megahash.eval.run import evaluate_checkpoint
 
             evaluate_checkpoint(
-                save_dir, cfg.eval.tasks or None, cfg.eval.tasks_dir or None, None, batch_size=cfg.eval.batch_size
+                save_dir,
+                cfg.eval.tasks or None,
+                cfg.eval.tasks_dir or None,
+                None,
+                batch_size=cfg.eval.batch_size,
+                trust_task_code=cfg.eval.trust_task_code,
             )
 
         return train(cfg, at_end=evaluate_at_end if cfg.eval.at_end else None)

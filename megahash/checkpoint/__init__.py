@@ -8,7 +8,9 @@
 - ``weights``: model weights as a megatron-core dist checkpoint (any TP size), ``load_for_inference``;
 - ``optimizer_state``: Adam's state sharded like the weights (any TP, DP size and ZeRO stage);
 - ``artifact``: quantized weight artifacts; ``rng``: each rank's RNG states;
-- ``safe_unpickle``: loading without running code from a checkpoint file.
+- ``safe_unpickle``: dist checkpoints loaded without running code (an exact allow-list for ``.metadata``);
+- ``deepspeed_files``: DeepSpeed's files loaded weights-only on resume; ``origin``: whether this install
+  wrote a checkpoint (an HMAC of its manifest and pickles; docs/security.md).
 
 The training loop's save and resume (collectives, failures, the DeepSpeed engine) is
 megahash/training/checkpoint.py; it and ``megahash eval``/``export-hf``/``import-hf`` use this package.

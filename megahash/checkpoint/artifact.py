@@ -34,26 +34,57 @@ def write_artifact(state: dict, path: Path, fmt: str, codec: str, meta: dict) ->
     return len(blob)
 
 
-def read_artifact(path: Path) -> tuple[dict, dict]:
+MAX_BYTES = 1 << 31  # what an artifact read without its model may decompress to (2 GiB)
+
+
+def read_artifact(path: Path, like: dict | None = None) -> tuple[dict, dict]:
     """(round-tripped state dict, artifact record without its tensors) of a quantized artifact file;
-    nothing but tensors and plain data is unpickled (``weights_only``)."""
+    nothing but tensors and plain data is unpickled (``weights_only``). ``like`` (the model's state dict)
+    bounds what the file may decompress to (its tensors in fp32, plus 64 MiB; else :data:`MAX_BYTES`), and
+    the names and shapes the artifact must have; sizes, dtypes and shapes are checked before anything is
+    decoded. One-line CheckpointError for anything else."""
     import io
 
-    from megahash.models.quantized import decode, decompress
+    from megahash.models.quantized import check, decode, decompress
 
+    limit = MAX_BYTES if like is None else 4 * sum(v.numel() for v in like.values()) + (64 << 20)
     try:
-        rec = torch.load(io.BytesIO(decompress(Path(path).read_bytes())), map_location="cpu", weights_only=True)
+        blob = Path(path).read_bytes()
+        rec = torch.load(io.BytesIO(decompress(blob, limit)), map_location="cpu", weights_only=True)
     except Exception as e:  # zlib/zstd/torch errors: one line
-        raise CheckpointError(f"{path} is not a megahash quantized artifact ({type(e).__name__}: {e})") from None
+        from megahash.checkpoint.safe_unpickle import refusal
+
+        if refusal(e, f"artifact {path}") is not None:
+            raise refusal(e, f"artifact {path}") from None
+        why = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        raise CheckpointError(f"{path} is not a megahash quantized artifact ({type(e).__name__}: {why})") from None
     if not isinstance(rec, dict) or rec.get("megahash_artifact") != 1:
         raise CheckpointError(f"{path} is not a megahash quantized artifact")
+    why = check(rec.get("tensors"), rec.get("bits"))
+    if why is None and like is not None:
+        why = _misfit(rec["tensors"], like)
+    if why is not None:
+        raise CheckpointError(f"artifact {path} is damaged or from another model: {why}")
     return decode(rec.pop("tensors"), rec["bits"]), rec
+
+
+def _misfit(tensors: dict, like: dict) -> str | None:
+    """Why the artifact's tensors do not fit the model's state dict ``like`` (names, shapes)."""
+    lacking = sorted(k for k in like if k not in tensors and not k.endswith("_extra_state"))
+    if lacking:
+        return f"it lacks {lacking[:3]}"
+    for name, e in tensors.items():
+        shape = tuple(e["shape"]) if "packed" in e else tuple(e["value"].shape)
+        if name in like and shape != tuple(like[name].shape):
+            return f"{name} has shape {list(shape)[:8]}, the model's is {list(like[name].shape)}"
+    return None
 
 
 def load_artifact_into(model: torch.nn.Module, path: Path) -> dict:
     """Load a quantized artifact's round-tripped weights into ``model`` (TP=1); its record."""
     from megahash.models.quantized import load_state_into
 
-    state, rec = read_artifact(path)
+    like = {k: v for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
+    state, rec = read_artifact(path, like)
     load_state_into(model, state, f"artifact {path}")
     return rec

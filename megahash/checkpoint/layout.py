@@ -33,10 +33,28 @@ def tag_for(step: int) -> str:
     return f"step_{step:08d}"
 
 
+MAX_JSON_BYTES = 64 << 20  # a checkpoint's JSON files are KBs (the RNG states) to MBs (a manifest)
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object file of a checkpoint or export. ValueError (one line) for a file that is not one: over
+    :data:`MAX_JSON_BYTES`, not UTF-8 JSON, nested past Python's recursion limit, not an object; OSError as is."""
+    path = Path(path)
+    if path.stat().st_size > MAX_JSON_BYTES:
+        raise ValueError(f"{path.name} is over {MAX_JSON_BYTES} bytes")
+    try:
+        data = json.loads(path.read_bytes())
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ValueError(f"{path.name} is not JSON ({type(e).__name__}: {str(e)[:120]})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path.name} holds a {type(data).__name__}, not a JSON object")
+    return data
+
+
 def read_state(ckpt: Path) -> dict:
     try:
-        return json.loads((ckpt / STATE_FILE).read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        return read_json(ckpt / STATE_FILE)
+    except (OSError, ValueError) as e:
         raise CheckpointError(f"checkpoint {ckpt} has no readable {STATE_FILE} ({e}); it is incomplete") from None
 
 

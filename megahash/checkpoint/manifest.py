@@ -24,7 +24,8 @@ from pathlib import Path
 
 from megahash.atomic_write import write_text_atomic
 from megahash.checkpoint import digest
-from megahash.checkpoint.layout import EMA_DIR, STATE_FILE, WEIGHTS_DIR
+from megahash.checkpoint.layout import EMA_DIR, STATE_FILE, WEIGHTS_DIR, read_json
+from megahash.checkpoint.origin import SIG_FILE  # the signature of the manifest: not in it
 
 MANIFEST = "manifest.json"
 LEVELS = ("cheap", "full")  # train.verify_checkpoint
@@ -35,7 +36,10 @@ INFERENCE_SCOPE = (WEIGHTS_DIR, EMA_DIR, "resolved_config.yaml")
 
 def _listed(p: Path) -> bool:
     return (
-        p.is_file() and p.name not in (MANIFEST, STATE_FILE) and ".tmp-" not in p.name and not digest.is_sidecar(p.name)
+        p.is_file()
+        and p.name not in (MANIFEST, STATE_FILE, SIG_FILE)
+        and ".tmp-" not in p.name
+        and not digest.is_sidecar(p.name)
     )
 
 
@@ -70,7 +74,7 @@ def read_manifest(ckpt: Path) -> dict[str, dict] | None:
     man = ckpt / MANIFEST
     if not man.is_file():
         return None
-    body = json.loads(man.read_text())
+    body = read_json(man)  # a JSON object (nested past the recursion limit, a list: ValueError)
     files = body["files"]
     return {rel: entry if isinstance(entry, dict) else {"bytes": int(entry)} for rel, entry in files.items()}
 
@@ -98,7 +102,7 @@ def damage(ckpt: Path, level: str = "cheap", share: tuple[int, int] = (0, 1), sc
     (digest.share), the callers combine the answers. ``scope``: the top-level names checked (None:
     all; evaluation and export: :data:`INFERENCE_SCOPE`)."""
     try:
-        state = json.loads((ckpt / STATE_FILE).read_text())
+        state = read_json(ckpt / STATE_FILE)
         int(state["step"])
     except FileNotFoundError:
         return f"it has no {STATE_FILE} (an unfinished save)"

@@ -39,7 +39,6 @@ dist-checkpoint write of twice the model's fp32 size, by the first data-parallel
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -381,8 +380,10 @@ def _names(engine) -> dict:
 
 def read_info(directory: Path) -> dict:
     """The optimizer state's description; ``complete`` false with a ``reason`` when there is none."""
+    from megahash.checkpoint.layout import read_json
+
     try:
-        info = json.loads((Path(directory) / INFO_FILE).read_text())
+        info = read_json(Path(directory) / INFO_FILE)
     except FileNotFoundError:
         return {"complete": False, "reason": f"it has no {OPTIM_DIR}/{INFO_FILE} (saved by an older megahash)"}
     except (OSError, ValueError) as e:
@@ -400,7 +401,7 @@ def load(engine, directory: Path, zero_stage: int) -> int:
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.optimizer import make_sharded_optimizer_tensor
 
-    from megahash.checkpoint.safe_unpickle import no_code_unpickling
+    from megahash.checkpoint.safe_unpickle import no_code_unpickling, refusal
     from megahash.checkpoint.weights import error_line
 
     directory = Path(directory)
@@ -434,6 +435,8 @@ def load(engine, directory: Path, zero_stage: int) -> int:
     except (KeyboardInterrupt, SystemExit, CheckpointError):
         raise
     except BaseException as e:  # megatron/torch raise several kinds
+        if refusal(e) is not None:  # a file asked to run code: that is the one line
+            raise refusal(e) from None
         raise CheckpointError(
             f"the optimizer state in {directory} does not fit this model ({error_line(e)}); "
             f"resume with train.resume_weights_only=true (docs/resume.md)"

@@ -32,9 +32,15 @@ def _to_jsonable(x):
 def _from_jsonable(x):
     if isinstance(x, dict):
         if "__tensor__" in x:
-            return torch.tensor(x["__tensor__"], dtype=getattr(torch, x["dtype"]))
+            dtype = getattr(torch, str(x["dtype"]), None)
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError(f"{str(x['dtype'])[:40]!r} is not a torch dtype")
+            return torch.tensor(x["__tensor__"], dtype=dtype)
         if "__ndarray__" in x:
-            return np.array(x["__ndarray__"], dtype=x["dtype"])
+            dtype = np.dtype(str(x["dtype"]))
+            if dtype.hasobject:
+                raise ValueError("an array of Python objects")
+            return np.array(x["__ndarray__"], dtype=dtype)
         if "__tuple__" in x:
             return tuple(_from_jsonable(v) for v in x["__tuple__"])
         return {k: _from_jsonable(v) for k, v in x.items()}
@@ -54,6 +60,14 @@ def write_rng(ckpt: Path) -> None:
 
 def load_rng(ckpt: Path) -> None:
     """This rank's RNG states from ``ckpt``, when it has them (a weights-only checkpoint has none)."""
+    from megahash.checkpoint.layout import read_json
+    from megahash.errors import CheckpointError
+
     f = _file(ckpt)
     if f.is_file():
-        rng.set_rng_state(_from_jsonable(json.loads(f.read_text())))
+        try:
+            rng.set_rng_state(_from_jsonable(read_json(f)))
+        except (ValueError, TypeError, KeyError, AttributeError, RuntimeError, OverflowError) as e:
+            raise CheckpointError(
+                f"checkpoint {ckpt}: {f.name} does not hold RNG states ({type(e).__name__}: {str(e)[:120]})"
+            ) from None

@@ -90,7 +90,7 @@ def load_weights(model: torch.nn.Module, directory: Path) -> None:
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.validation import StrictHandling
 
-    from megahash.checkpoint.safe_unpickle import no_code_unpickling
+    from megahash.checkpoint.safe_unpickle import no_code_unpickling, refusal
     from megahash.known_warnings import DIST_CHECKPOINT_LOAD, silenced
 
     first = sharded_metadata(model)
@@ -111,6 +111,8 @@ def load_weights(model: torch.nn.Module, directory: Path) -> None:
         except (KeyboardInterrupt, SystemExit, CheckpointError):
             raise
         except BaseException as e:  # megatron/torch raise several kinds; torch's CheckpointException is a BaseException
+            if refusal(e) is not None:  # a file asked to run code: that is the one line
+                raise refusal(e) from None
             errors.append(error_line(e))
             continue
         lacking = sorted(k for k in lacking if "_extra_state" not in k)

@@ -33,8 +33,6 @@ from megahash.errors import CheckpointError, ConfigError
 
 def read_hf(folder) -> dict:
     """{"tree", "format", "state" (megahash TP=1 names, float32), "padded", "step"} of an export."""
-    from safetensors.torch import load_file
-
     from megahash.convert.export import from_hf_names
     from megahash.convert.hf_folder import EXTRA_FILE, WEIGHTS_FILE
 
@@ -42,7 +40,12 @@ def read_hf(folder) -> dict:
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
         raise CheckpointError(f"{folder} is not a Hugging Face model folder (no config.json)")
-    data = json.loads(cfg_path.read_text())
+    from megahash.checkpoint.layout import read_json
+
+    try:
+        data = read_json(cfg_path)
+    except ValueError as e:
+        raise CheckpointError(f"{folder} is not a Hugging Face model folder: {e}") from None
     tree = data.get("megahash_config")
     fmt = data.get("model_type")
     if not tree and fmt == "qwen2":  # a standard Qwen2ForCausalLM folder (not a megahash export)
@@ -64,7 +67,7 @@ def read_hf(folder) -> dict:
         )
     if not (folder / WEIGHTS_FILE).is_file() and not (folder / "model.safetensors.index.json").is_file():
         raise CheckpointError(f"{folder} has no {WEIGHTS_FILE}")
-    from megahash.convert.qwen2 import load_hf_tensors
+    from megahash.convert.qwen2 import load_hf_tensors, read_safetensors
 
     tensors = load_hf_tensors(folder)
     if fmt == "megahash":
@@ -73,7 +76,7 @@ def read_hf(folder) -> dict:
         from megahash.config import config_from_dict
         from megahash.convert import qwen2
 
-        extra = load_file(str(folder / EXTRA_FILE)) if (folder / EXTRA_FILE).is_file() else {}
+        extra = read_safetensors(folder / EXTRA_FILE) if (folder / EXTRA_FILE).is_file() else {}
         padded = int(data.get("megahash_padded_vocab_size") or data["vocab_size"])
         state = qwen2.from_qwen2(tensors, extra, config_from_dict(_tp1(tree)), int(data["megahash_kv_groups"]), padded)
     else:
@@ -92,8 +95,10 @@ def _tp1(tree: dict) -> dict:
     return tree
 
 
-def build_model(tree: dict, padded: int, save_dir=None):
-    """(cfg, TP=1 MegahashLM without initialisation) of a resolved config tree."""
+def build_model(tree: dict, padded: int, save_dir=None, state: dict | None = None):
+    """(cfg, TP=1 MegahashLM without initialisation) of a resolved config tree; with ``state`` (the folder's
+    tensors) its shapes are checked first on a meta-device model, so a config.json whose sizes the tensors
+    do not have is one line before anything is allocated."""
     from megahash.accelerator import process_groups, rng
     from megahash.config import config_from_dict
     from megahash.models.megatron_model import MegahashLM
@@ -109,6 +114,18 @@ def build_model(tree: dict, padded: int, save_dir=None):
     cfg = config_from_dict(tree)
     process_groups.init_distributed(1)
     rng.seed_all(cfg.train.seed)
+    if state is not None:
+        with torch.device("meta"):
+            want = MegahashLM(cfg, padded, torch.float32, init=False).state_dict()
+        lacking = [k for k in want if k not in state and not k.endswith("_extra_state")]
+        if lacking:
+            raise CheckpointError(f"the weights do not fit the model of megahash_config: missing {lacking[:3]}")
+        bad = [k for k, v in want.items() if k in state and tuple(state[k].shape) != tuple(v.shape)]
+        if bad:
+            raise CheckpointError(
+                f"the weights do not fit the model of megahash_config: {bad[0]} has shape "
+                f"{list(state[bad[0]].shape)}, the config's model {list(want[bad[0]].shape)}"
+            )
     return cfg, MegahashLM(cfg, padded, torch.float32, init=False)
 
 
@@ -163,7 +180,7 @@ def write_weights_checkpoint(model, cfg, save_dir, step: int, extra: dict | None
 
 def import_hf(hf_dir, output, step: int | None = None) -> dict:
     got = read_hf(hf_dir)
-    cfg, model = build_model(got["tree"], got["padded"], save_dir=output)
+    cfg, model = build_model(got["tree"], got["padded"], save_dir=output, state=got["state"])
     load_state(model, got["state"])
     n = got["step"] if step is None else int(step)
     ckpt = write_weights_checkpoint(

@@ -229,24 +229,42 @@ def write(out: Path, cfg, model, state: dict, fields: dict, dtype: torch.dtype, 
 
 def load_hf_tensors(folder) -> dict:
     """Tensors of a Hugging Face folder: ``model.safetensors`` or the shards named by
-    ``model.safetensors.index.json`` (safetensors only)."""
-    from safetensors.torch import load_file
-
+    ``model.safetensors.index.json`` (safetensors only: a folder with ``pytorch_model.bin`` and no
+    safetensors is refused, pickles are never read). One-line CheckpointError for a damaged file."""
     from megahash.errors import CheckpointError
 
     folder = Path(folder)
     index = folder / "model.safetensors.index.json"
     if (folder / "model.safetensors").is_file():
-        return load_file(str(folder / "model.safetensors"))
+        return read_safetensors(folder / "model.safetensors")
     if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        from megahash.checkpoint.layout import read_json
+
+        try:
+            names = sorted(set(read_json(index)["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise CheckpointError(f"{index} does not map weights to files ({type(e).__name__}: {e})") from None
         out = {}
         for name in names:
-            out.update(load_file(str(folder / name)))
+            if not (isinstance(name, str) and name.endswith(".safetensors") and Path(name).name == name):
+                raise CheckpointError(f"{index} names {str(name)[:80]!r}, not a safetensors file of the folder")
+            out.update(read_safetensors(folder / name))
         return out
     raise CheckpointError(
         f"{folder} has neither model.safetensors nor model.safetensors.index.json (only safetensors weights are read)"
     )
+
+
+def read_safetensors(path: Path) -> dict:
+    """The tensors of a safetensors file (which holds no code); one line for a damaged one."""
+    from safetensors.torch import load_file
+
+    from megahash.errors import CheckpointError
+
+    try:
+        return load_file(str(path))
+    except Exception as e:  # SafetensorError, OSError, ...
+        raise CheckpointError(f"{path} is not a readable safetensors file ({type(e).__name__}: {e})") from None
 
 
 def megahash_tree(data: dict, folder) -> dict:

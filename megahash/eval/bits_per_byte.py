@@ -78,6 +78,14 @@ def _scores(nll: float, tokens: int, n_bytes: int) -> dict:
     return {"nll": nll, "loss": loss, "ppl": math.exp(min(loss, 50.0)), "bpb": bits_per_byte(nll, n_bytes)}
 
 
+def weights_tag(weights: str) -> str:
+    """The part of a default results file name that says which weights were scored: "" (live), "_ema",
+    "_<artifact file name>"."""
+    if weights == "live":
+        return ""
+    return "_" + ("ema" if weights == "ema" else Path(weights).name.replace(".", "_"))
+
+
 def evaluate_text(
     ckpt_dir,
     src: str,
@@ -90,15 +98,17 @@ def evaluate_text(
     overwrite: bool = True,
     quiet: bool = False,
     stride: int | None = None,
+    weights: str = "live",
 ) -> dict:
-    """Score ``src`` with the checkpoint; write the JSON record and print one line per window scheme
-    (``stride``: None = half the window, 0 = disjoint windows only)."""
+    """Score ``src`` with the checkpoint's ``weights`` (live, ema or a quantized artifact's path); write the
+    JSON record and print one line per window scheme (``stride``: None = half the window, 0 = lm-eval's
+    disjoint windows only)."""
     from megahash.accelerator import process_groups
     from megahash.atomic_write import write_text_atomic
     from megahash.checkpoint.resolve import resolve_for_inference
 
     ckpt = resolve_for_inference(ckpt_dir, overrides)
-    out = Path(out) if out else ckpt.parent / "eval" / f"{ckpt.name}_text.json"
+    out = Path(out) if out else ckpt.parent / "eval" / f"{ckpt.name}_text{weights_tag(weights)}.json"
     if out.exists() and not overwrite:  # as megahash eval's task results (eval/run.py refuse_existing)
         raise ConfigError(f"{out} already exists; pass --overwrite to replace it (or --out for another file)")
     docs = documents(src, limit)
@@ -107,19 +117,26 @@ def evaluate_text(
 
     with process_groups.releasing_group():
         lm = MegahashEvalLM(
-            checkpoint=str(ckpt), batch_size=batch_size, max_length=max_length, tokenizer=tokenizer, overrides=overrides
+            checkpoint=str(ckpt),
+            batch_size=batch_size,
+            max_length=max_length,
+            tokenizer=tokenizer,
+            overrides=overrides,
+            weights=weights,
         )
         max_len = lm.max_length
         metrics = text_metrics(lm, docs, max(1, max_len // 2) if stride is None else stride)
         del lm
-    state = ckpt / "megahash_state.json"
-    step = json.loads(state.read_text()).get("step") if state.is_file() else None
+    from megahash.checkpoint.layout import read_state
+
+    step = read_state(ckpt).get("step")
     record = {
         "megahash_eval_text": 1,
         "checkpoint": str(ckpt),
         "step": step,
         "text": src,
         "limit": limit,
+        "weights": weights,
         "max_length": max_len,
         **metrics,
         "seconds": round(time.time() - t0, 2),

@@ -96,12 +96,17 @@ def _yaml_loader():
     return L
 
 
-def task_manager(tasks: list[str], tasks_dir: str | None):
-    """A TaskManager that knows ``tasks`` (one-line ConfigError for unknown names)."""
+def task_manager(tasks: list[str], tasks_dir: str | None, trust_task_code: bool = False):
+    """A TaskManager that knows ``tasks`` (one-line ConfigError for unknown names); task files of
+    ``tasks_dir`` that would run Python are refused unless ``trust_task_code`` (megahash/eval/task_code.py)."""
     from lm_eval.tasks import TaskManager
 
     if tasks_dir and not Path(tasks_dir).is_dir():
         raise ConfigError(f"--tasks-dir {tasks_dir} is not a directory")
+    if tasks_dir and not trust_task_code:
+        from megahash.eval.task_code import refuse_task_code
+
+        refuse_task_code(tasks_dir)
     local = local_task_names(tasks_dir) if tasks_dir else set()
     all_local = bool(tasks_dir) and all(t in local for t in tasks)
     tm = TaskManager(include_path=tasks_dir or None, include_defaults=not all_local)
@@ -119,12 +124,13 @@ def task_manager(tasks: list[str], tasks_dir: str | None):
     return tm
 
 
-def check_tasks(tasks, tasks_dir: str | None) -> None:
-    """Refuse an unknown task name in one line (ConfigError) before a run that evaluates them
-    (``eval.interval``): instant when every name is a YAML of ``tasks_dir``, else lm-eval's index (seconds)."""
+def check_tasks(tasks, tasks_dir: str | None, trust_task_code: bool = False) -> None:
+    """Refuse an unknown task name, or task files that run Python without ``trust_task_code``, in one line
+    (ConfigError) before a run that evaluates them (``eval.interval``): instant when every name is a YAML of
+    ``tasks_dir``, else lm-eval's index (seconds)."""
     tasks = split_tasks(tasks)
     _offline_env(tasks, tasks_dir)
-    task_manager(tasks, tasks_dir)
+    task_manager(tasks, tasks_dir, trust_task_code)
 
 
 def _clean(v):
@@ -186,14 +192,21 @@ def evaluate(
     limit: float | None = None,
     seed: int = 1234,
     log_samples: bool = False,
+    trust_task_code: bool = False,
 ) -> dict:
-    """Run lm-eval on an already-built ``MegahashEvalLM``; returns lm-eval's raw results dict."""
+    """Run lm-eval on an already-built ``MegahashEvalLM``; returns lm-eval's raw results dict. The templates
+    of an untrusted ``tasks_dir`` render in Jinja's sandbox (megahash/eval/task_code.py)."""
+    import contextlib
+
     _offline_env(tasks, tasks_dir)
     import lm_eval
 
-    tm = task_manager(tasks, tasks_dir)
+    from megahash.eval.task_code import sandboxed_templates
+
+    tm = task_manager(tasks, tasks_dir, trust_task_code)
+    sandbox = sandboxed_templates() if tasks_dir and not trust_task_code else contextlib.nullcontext()
     try:
-        with known_warnings.dropped_prints(known_warnings.LM_EVAL_PRINTS):
+        with sandbox, known_warnings.dropped_prints(known_warnings.LM_EVAL_PRINTS):
             return lm_eval.simple_evaluate(
                 model=lm,
                 tasks=tasks,
@@ -241,6 +254,7 @@ def evaluate_checkpoint(
     isolated: bool | None = None,
     overwrite: bool = True,
     weights: str = "live",
+    trust_task_code: bool = False,
 ) -> dict:
     """Evaluate one checkpoint (run dir or step dir) on ``tasks``; write JSON (+ .md) to ``out``
     (default ``RUN_DIR/eval/STEP.json``) and return the written record.
@@ -251,7 +265,8 @@ def evaluate_checkpoint(
     fresh process without the launcher's rank variables, so the 1-rank group of
     ``load_for_inference`` never meets the training job's group; False runs in this process.
     ``overwrite=False`` (``megahash eval`` without ``--overwrite``) refuses an existing ``out`` before the
-    model is loaded. ``weights``: live, ema (train.ema_decay's average) or a quantized artifact's path."""
+    model is loaded. ``weights``: live, ema (train.ema_decay's average) or a quantized artifact's path.
+    ``trust_task_code``: let task files of ``tasks_dir`` run Python (``--trust-task-code``; refused otherwise)."""
     tasks = split_tasks(tasks)
     _offline_env(tasks, tasks_dir)
     if isolated is None:
@@ -271,6 +286,7 @@ def evaluate_checkpoint(
             quiet,
             overwrite,
             weights,
+            trust_task_code,
         )
     from megahash.checkpoint.resolve import resolve_for_inference
 
@@ -279,7 +295,7 @@ def evaluate_checkpoint(
     refuse_existing(out, overwrite)
     from megahash.eval.lm import MegahashEvalLM
 
-    task_manager(tasks, tasks_dir)  # unknown names fail before the model is loaded
+    task_manager(tasks, tasks_dir, trust_task_code)  # unknown names, task code: before the model is loaded
     t0 = time.time()
     if not quiet:
         print(
@@ -300,7 +316,7 @@ def evaluate_checkpoint(
             incremental=incremental,
             weights=weights,
         )
-        raw = evaluate(lm, tasks, tasks_dir, limit)
+        raw = evaluate(lm, tasks, tasks_dir, limit, trust_task_code=trust_task_code)
         model_args = {
             "batch_size": lm.batch_size,
             "max_length": lm.max_length,
@@ -311,8 +327,10 @@ def evaluate_checkpoint(
         del lm  # before the group goes: nothing of the model outlives it
     summary = summarise(raw)
     step = None
+    from megahash.checkpoint.layout import STATE_FILE, read_json
+
     try:
-        step = json.loads((ckpt / "megahash_state.json").read_text()).get("step")
+        step = read_json(ckpt / STATE_FILE).get("step")
     except (OSError, ValueError):
         pass
     record = {
@@ -340,10 +358,9 @@ def evaluate_checkpoint(
 
 def _weights_out(out: Path, weights: str) -> Path:
     """The default results file of ``weights``: STEP.json (live), STEP_ema.json, STEP_<artifact name>.json."""
-    if weights == "live":
-        return out
-    tag = "ema" if weights == "ema" else Path(weights).name.replace(".", "_")
-    return out.with_name(f"{out.stem}_{tag}{out.suffix}")
+    from megahash.eval.bits_per_byte import weights_tag
+
+    return out.with_name(f"{out.stem}{weights_tag(weights)}{out.suffix}")
 
 
 def refuse_existing(out: Path, overwrite: bool) -> None:
@@ -368,6 +385,7 @@ def _evaluate_in_subprocess(
     quiet,
     overwrite=True,
     weights="live",
+    trust_task_code=False,
 ) -> dict:
     import subprocess
 
@@ -404,6 +422,8 @@ def _evaluate_in_subprocess(
     argv += ["--artifact", weights] if weights not in ("live", "ema") else ["--weights", weights]
     if overwrite:
         argv.append("--overwrite")
+    if trust_task_code:
+        argv.append("--trust-task-code")
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
     root = str(Path(__file__).resolve().parent.parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -425,6 +445,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", required=True, help="run directory (its latest checkpoint) or a step_N directory")
     p.add_argument("--tasks", default=None, help=f"comma-separated task/tag names (default: {','.join(DEFAULT_TASKS)})")
     p.add_argument("--tasks-dir", default=None, help="directory of local task YAMLs (offline suite)")
+    p.add_argument(
+        "--trust-task-code",
+        action="store_true",
+        help="let task files of --tasks-dir run Python (!function, utils.py, evaluate metrics, unsandboxed "
+        "templates); refused otherwise (docs/security.md)",
+    )
     p.add_argument(
         "--out", default=None, help="results JSON (default RUN_DIR/eval/STEP.json); markdown beside it (.md)"
     )
@@ -494,6 +520,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.override,
                 overwrite=args.overwrite,
                 stride=args.stride,
+                weights=_weights(args),
             )
             return 0
         evaluate_checkpoint(
@@ -509,6 +536,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             not args.no_incremental,
             overwrite=args.overwrite,
             weights=_weights(args),
+            trust_task_code=args.trust_task_code,
         )
         return 0
 

@@ -51,6 +51,8 @@ def eval_command(grid: Grid, cell: Cell) -> list[str]:
         cmd += ["--tasks-dir", ev["tasks_dir"]]
     if ev.get("limit") is not None:
         cmd += ["--limit", str(ev["limit"])]
+    if ev.get("trust_task_code"):
+        cmd.append("--trust-task-code")
     return cmd
 
 
@@ -79,7 +81,15 @@ def evaluate_cell(grid: Grid, cell: Cell, out: Path) -> None:
     limit = int(limit) if limit is not None and limit >= 1 else limit
     try:
         evaluate_checkpoint(
-            cell.dir, ev["tasks"], ev.get("tasks_dir"), out, limit, ev["batch_size"], quiet=True, isolated=False
+            cell.dir,
+            ev["tasks"],
+            ev.get("tasks_dir"),
+            out,
+            limit,
+            ev["batch_size"],
+            quiet=True,
+            isolated=False,
+            trust_task_code=bool(ev.get("trust_task_code")),
         )
     finally:
         process_groups.teardown(barrier=False)

@@ -241,13 +241,16 @@ def load_grid(path: str, extra: Sequence[str] = (), out: str | None = None) -> G
         raise ConfigError(f"{path}: standard names {bad[0]!r}, which is not an axis ({', '.join(axes)})")
     ev = data.get("eval") or {}
     if not isinstance(ev, dict):
-        raise ConfigError(f"{path}: eval must be a mapping (tasks, tasks_dir, limit, batch_size)")
+        raise ConfigError(f"{path}: eval must be a mapping (tasks, tasks_dir, limit, batch_size, trust_task_code)")
+    if not isinstance(ev.get("trust_task_code", False), bool):
+        raise ConfigError(f"{path}: eval.trust_task_code must be true or false (task files that run Python)")
     tasks = ev.get("tasks") or []
     ev = {
         "tasks": [tasks] if isinstance(tasks, str) else list(tasks),
         "tasks_dir": ev.get("tasks_dir"),
         "limit": ev.get("limit"),
         "batch_size": int(ev.get("batch_size", 8)),
+        "trust_task_code": ev.get("trust_task_code") is True,  # task files that run Python (docs/security.md)
     }
     if ev["tasks_dir"] and not Path(ev["tasks_dir"]).is_absolute():
         ev["tasks_dir"] = str((Path.cwd() / ev["tasks_dir"]).resolve())

@@ -115,12 +115,69 @@ def compress(raw: bytes, codec: str) -> bytes:
     return zlib.compress(raw, 9)
 
 
-def decompress(blob: bytes) -> bytes:
+def decompress(blob: bytes, limit: int) -> bytes:
+    """The bytes of a compressed artifact, at most ``limit`` of them: a stream that would give more (a
+    "zip bomb") or ends early is a ValueError, found while at most ``limit`` + 1 MiB are held."""
     if blob[:4] == ZSTD_MAGIC:
+        import io
+
         import zstandard
 
-        return zstandard.ZstdDecompressor().decompress(blob)
-    return zlib.decompress(blob)
+        out, chunk = bytearray(), b"-"
+        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(blob)) as r:
+            while chunk and len(out) <= limit:
+                chunk = r.read(1 << 20)
+                out += chunk
+    else:
+        d = zlib.decompressobj()
+        out = d.decompress(blob, limit + 1)
+        if len(out) <= limit and not d.eof:
+            raise ValueError("the zlib stream is truncated")
+    if len(out) > limit:
+        raise ValueError(f"it decompresses to more than {limit} bytes, more than the model's weights can take")
+    return bytes(out)
+
+
+FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+
+
+def packed_bytes(numel: int, bits: int) -> int:
+    """Length of :func:`pack`'s output for ``numel`` values."""
+    per, size = {8: (1, 1), 6: (4, 3), 4: (2, 1)}[bits]
+    return -(-numel // per) * size
+
+
+def check(tensors, bits) -> str | None:
+    """Why the tensors of an artifact record are not :func:`encode`'s output (None if they are): every
+    size, dtype and shape is checked before :func:`decode` allocates anything."""
+    if bits not in FORMATS.values():
+        return f"bits {bits!r} is not one of {sorted(FORMATS.values())}"
+    if not isinstance(tensors, dict):
+        return "it holds no tensor table"
+    for name, e in tensors.items():
+        if not isinstance(e, dict) or not isinstance(name, str):
+            return f"entry {name!r} is not a tensor record"
+        if "dtype" in e and e["dtype"] not in FLOAT_DTYPES:
+            return f"{name}: dtype {str(e['dtype'])[:40]!r} is not a floating dtype"
+        if "packed" not in e:
+            if not isinstance(e.get("value"), torch.Tensor):
+                return f"{name}: no tensor"
+            continue
+        shape, packed, scale = e.get("shape"), e.get("packed"), e.get("scale")
+        if not (isinstance(shape, list) and len(shape) >= 2 and all(type(d) is int and d >= 0 for d in shape)):
+            return f"{name}: shape {str(shape)[:60]} is not a list of sizes"
+        n = torch.Size(shape).numel()
+        if not (
+            isinstance(packed, torch.Tensor)
+            and packed.dtype == torch.uint8
+            and packed.shape == (packed_bytes(n, bits),)
+        ):
+            return f"{name}: its packed values do not hold {n} {bits}-bit values"
+        if not (isinstance(scale, torch.Tensor) and scale.dtype == torch.float16 and scale.shape == (shape[0],)):
+            return f"{name}: it has no fp16 scale per row"
+        if "dtype" not in e:
+            return f"{name}: no dtype"
+    return None
 
 
 def load_state_into(model: torch.nn.Module, state: dict, name: str = "artifact") -> None:

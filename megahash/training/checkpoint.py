@@ -204,9 +204,11 @@ def publish(
     try:
         if process_groups.rank() == 0:
             from megahash.checkpoint.manifest import write_manifest
+            from megahash.checkpoint.origin import sign
 
             save_config(cfg, tmp / "resolved_config.yaml")
             write_manifest(tmp, hashes)
+            sign(tmp)  # this install wrote it (megahash/checkpoint/origin.py)
             state = {
                 "step": step,
                 "consumed_samples": consumed,
@@ -257,6 +259,28 @@ def prune(root: Path, keep_last: int) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
+def deepspeed_loading(engine, ckpt: Path, cfg: Config):
+    """Collective: how DeepSpeed reads the files of ``ckpt`` (megahash/checkpoint/deepspeed_files.py): weights-only;
+    with its own pickle only for a trusted checkpoint (``train.trust_checkpoint`` or written by this install) whose
+    files need more; otherwise one CheckpointError on every rank before anything is unpickled."""
+    import contextlib
+
+    from megahash.checkpoint import deepspeed_files
+    from megahash.checkpoint.origin import written_here
+    from megahash.training.signals import any_rank
+
+    unsafe = deepspeed_files.unsafe_globals(ckpt)
+    if not any_rank(bool(unsafe)):
+        return deepspeed_files.weights_only_engine(engine)
+    trusted = cfg.train.trust_checkpoint or written_here(ckpt)
+    if any_rank(not trusted):
+        raise deepspeed_files.refused(ckpt, unsafe)
+    if process_groups.rank() == 0:
+        why = "train.trust_checkpoint=true" if cfg.train.trust_checkpoint else "this install wrote it"
+        print(f"megahash: loading the DeepSpeed files of {ckpt} with pickle ({why})", flush=True)
+    return contextlib.nullcontext()
+
+
 def load(engine, ckpt: Path, cfg: Config) -> dict:
     """Load model, optimizer, scheduler and this rank's RNG from ``ckpt``; return the state dict."""
     state = check_compatible(ckpt, cfg)
@@ -275,9 +299,10 @@ def load(engine, ckpt: Path, cfg: Config) -> dict:
     if state.get("deepspeed_files") is False:  # an asynchronous save (train.async_save): no DeepSpeed files
         elastic.load_elastic(engine, ckpt, cfg, state)  # the megatron pair at this (the saved) layout
     else:
-        path, _client = engine.load_checkpoint(
-            str(ckpt.parent), tag=ckpt.name, load_optimizer_states=True, load_lr_scheduler_states=True
-        )
+        with deepspeed_loading(engine, ckpt, cfg):
+            path, _client = engine.load_checkpoint(
+                str(ckpt.parent), tag=ckpt.name, load_optimizer_states=True, load_lr_scheduler_states=True
+            )
         if path is None:
             raise CheckpointError(f"DeepSpeed could not load checkpoint {ckpt}; its files are missing or corrupt")
     from megahash.checkpoint.rng import load_rng

@@ -109,6 +109,8 @@ class EvalDuring:
             argv += ["--tasks", ",".join(e.tasks)]
         if e.tasks_dir:
             argv += ["--tasks-dir", e.tasks_dir]
+        if e.trust_task_code:
+            argv.append("--trust-task-code")
         env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
         root = str(Path(__file__).resolve().parent.parent.parent)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

@@ -283,6 +283,7 @@ def _restore(run: _Run, ckpt: Path) -> None:
     """Model, optimizer, scheduler, RNG, the bad-step guard's window and the weight average from
     ``ckpt`` (its compatibility was checked). A failure on any rank, whatever raised it, is a
     :class:`_LoadFailed` under ``train.resume=auto`` (:func:`_set_up` falls back), one line otherwise."""
+    from megahash.checkpoint.deepspeed_files import UntrustedCheckpoint
     from megahash.training.checkpoint_faults import first_line
 
     error = None
@@ -291,7 +292,7 @@ def _restore(run: _Run, ckpt: Path) -> None:
         run.step = int(state["step"])
         step_guard.restore(run.guard, state)  # the spike window and skip count (train.spike_factor)
         ema.restore(run, ckpt)
-    except (KeyboardInterrupt, SystemExit):
+    except (KeyboardInterrupt, SystemExit, UntrustedCheckpoint):  # refused on every rank alike: not damage
         raise
     except BaseException as e:  # torch.distributed.checkpoint's CheckpointException is a BaseException
         error = e

@@ -231,6 +231,26 @@ def test_bad_grid_is_one_line_error(grid, tmp_path, capsys, edit, message):
     assert cap.out == "" and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], cap.err
 
 
+def test_grid_trust_task_code_reaches_the_eval_command(grid, tmp_path, capsys):
+    """``eval: {trust_task_code: true}`` passes ``--trust-task-code`` to each cell's ``megahash eval``
+    (docs/security.md); absent, it does not; a value that is not a boolean is one line."""
+    from megahash.experiments import sweep as sw
+
+    spec = yaml.safe_load(grid["path"].read_text())
+    for value, flagged in ((True, 4), (None, 0), ("yes", None)):
+        spec["eval"].pop("trust_task_code", None)
+        if value is not None:
+            spec["eval"]["trust_task_code"] = value
+        path = tmp_path / "g.yaml"
+        path.write_text(yaml.safe_dump(spec))
+        status = sw.main(["--grid", str(path), "--out", str(tmp_path / "out"), "--dry-run"])
+        cap = capsys.readouterr()
+        if flagged is None:
+            assert status == 2 and cap.err.count("\n") == 1 and "eval.trust_task_code must be true or false" in cap.err
+        else:
+            assert status == 0 and cap.out.count(" --trust-task-code") == flagged, cap.out
+
+
 def test_array_script_outside_slurm_is_one_line_error():
     r = subprocess.run(
         ["bash", "slurm/sweep_array.sh"], cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=60

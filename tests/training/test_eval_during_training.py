@@ -152,7 +152,7 @@ def test_the_evaluation_is_killed_at_close_and_dies_with_the_trainer(tmp_path, m
         import types
         from megahash.training import eval_during
         ns = types.SimpleNamespace
-        cfg = ns(eval=ns(interval=2, tasks=["t"], tasks_dir="", batch_size=1, wait_s=0.0),
+        cfg = ns(eval=ns(interval=2, tasks=["t"], tasks_dir="", trust_task_code=False, batch_size=1, wait_s=0.0),
                  train=ns(save_dir={str(tmp_path)!r}, keep_last=1), data=ns(seq_length=8))
         ev = eval_during.EvalDuring(cfg, None, 0, lambda step: step)
         ev.dir.mkdir(parents=True, exist_ok=True)

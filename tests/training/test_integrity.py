@@ -98,7 +98,8 @@ def assert_digests(ckpt: Path) -> None:
     on_disk = {
         str(p.relative_to(ckpt))
         for p in ckpt.rglob("*")
-        if p.is_file() and p.name not in ("manifest.json", "megahash_state.json")
+        if p.is_file()
+        and p.name not in ("manifest.json", "megahash_state.json", "manifest.sig")  # sig: of the manifest
     }
     assert set(files) == on_disk and any(k.startswith("model/") for k in files), ckpt
     for rel, entry in files.items():
@@ -201,6 +202,79 @@ def test_nothing_intact_is_one_line_and_exit_2(straight, shakespeare_shards, tmp
     assert lines[0].startswith("error: no intact checkpoint in") and "model/__0_" in lines[0] and "sha256" in lines[0]
     assert (run_dir / "metrics.jsonl").read_text() == before  # nothing of the run touched
     assert not (run_dir / "megahash.lock").exists()  # released on the error's way out too
+
+
+class _Payload:
+    """A pickle that runs ``touch MARKER`` when unpickled (torch.load(weights_only=False) would)."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_forged_newest_checkpoint_stops_the_resume_instead_of_falling_back(
+    straight, shakespeare_shards, tmp_path, capsys, monkeypatch
+):
+    """Integrity and trust together (docs/security.md): step 6's DeepSpeed weights file forged to run a
+    command, its manifest rewritten as a forger would (so verification at ``full`` passes it), step 4
+    intact. ``train.resume=auto`` does not fall back past it to step 4 as it would past damage: one
+    ``error:`` line naming step 6, the call it asks for and both ways on (``train.trust_checkpoint=true``,
+    ``train.resume=`` an older checkpoint), exit 2, nothing run, nothing of the run touched, no warning of
+    damage. Resuming step 4 by its path then continues the straight run bit for bit and replaces the forged
+    step 6 with its own save, whose pickle runs nothing."""
+    import torch
+
+    from megahash.checkpoint.manifest import damage, write_manifest
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # this install's key: not the forger's
+    run_dir = _copy(straight, tmp_path / "run")
+    marker = tmp_path / "RAN"
+    forged = run_dir / "step_00000006"
+    weights = forged / "mp_rank_00_model_states.pt"
+    state = torch.load(weights, map_location="cpu", weights_only=True)
+    state["extra"] = _Payload(marker)
+    torch.save(state, weights)
+    write_manifest(forged)
+    assert damage(forged, "full") is None  # intact as far as integrity can tell
+    before = _snapshot(run_dir)
+    status, out, err = _main(_args(shakespeare_shards, run_dir, 8), capsys)
+    lines = [l for l in err.strip().splitlines() if l.strip()]
+    assert status == 2 and len(lines) == 1 and not marker.exists(), err[-3000:]
+    assert lines[0].startswith(f"error: checkpoint {forged} was not written by this install"), lines
+    assert "posix.system" in lines[0] and "train.trust_checkpoint=true" in lines[0], lines
+    assert "train.resume=" in lines[0] and not _warnings(err) and "Traceback" not in err
+    assert _snapshot(run_dir) == before  # the lock it took is gone again, nothing else changed
+
+    status, out, err = _main(_args(shakespeare_shards, run_dir, 8, f"train.resume={run_dir}/step_00000004"), capsys)
+    assert status == 0 and not marker.exists(), err[-3000:]
+    assert {s: train_losses(run_dir)[s] for s in (5, 6, 7, 8)} == {s: train_losses(straight)[s] for s in (5, 6, 7, 8)}
+    from megahash.checkpoint import deepspeed_files
+
+    assert not deepspeed_files.unsafe_globals(forged) and damage(forged, "full") is None
+
+
+def test_a_forged_dist_checkpoint_is_skipped_like_damage(straight, shakespeare_shards, tmp_path, capsys):
+    """A refusal no flag can lift: step 6's ``model/.metadata`` replaced by a pickle that calls
+    ``os.system`` (manifest rewritten), read when the resume changes the layout (ZeRO 0 -> 1: the weights
+    from ``model/``). Its load is refused with nothing run, and ``train.resume=auto`` treats that as damage:
+    one warning naming the refusal, the resume from step 4 (docs/security.md)."""
+    import pickle
+
+    from megahash.checkpoint.manifest import write_manifest
+
+    run_dir = _copy(straight, tmp_path / "run")
+    marker = tmp_path / "RAN"
+    forged = run_dir / "step_00000006"
+    (forged / "model" / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
+    write_manifest(forged)
+    status, out, err = _main(_args(shakespeare_shards, run_dir, 8, "train.zero_stage=1"), capsys)
+    assert status == 0 and not marker.exists() and "Traceback" not in err, err[-3000:]
+    warnings = _warnings(err)
+    assert len(warnings) == 1 and f"checkpoint {forged} is damaged (it failed to load: " in warnings[0], err
+    assert "posix.system: refused" in warnings[0] and "older step_00000004" in warnings[0], warnings
+    assert f"resumed from {run_dir}/step_00000004" in out
 
 
 @pytest.mark.parametrize("command", ["export-hf", "export", "eval"])

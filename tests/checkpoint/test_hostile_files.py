@@ -1,0 +1,344 @@
+"""Every command that reads a checkpoint or an artifact runs no code from it (issue 47 item 1).
+
+One real run (1 rank, with a weight average) is copied and forged per case, as an attacker would: the
+manifest's sizes fixed after the change. Each command (``eval``, ``export-hf``, ``export`` and
+``--quantize``, ``indicators``, ``--weights ema``, ``--artifact``, ``import-hf``) exits 2 with one
+``error:`` line, and the marker file the payload would create stays absent. Compressed artifacts are
+bounded (a zlib/zstd bomb is refused while decompressing) and checked (sizes, dtypes, shapes) before
+anything is allocated; the JSON and safetensors files of a checkpoint or export that are not what they
+claim are one line too."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import shutil
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+from gadgets import function_from_code
+from test_faults import TINY
+
+from conftest import pretrain, run
+
+SMALL = [*TINY, "train.warmup_steps=1", "train.eval_interval=0", "train.zero_stage=0", "train.ema_decay=0.9"]
+
+
+@pytest.fixture(scope="module")
+def trained(shakespeare_shards, tmp_path_factory):
+    """A finished 2-step run (model/, ema/, optimizer/, DeepSpeed's files) and a text to score."""
+    root = tmp_path_factory.mktemp("hostile")
+    run_dir = root / "run"
+    r = pretrain(
+        [
+            f"data.prefix=[{shakespeare_shards['prefix']}]",
+            f"data.tokenizer={shakespeare_shards['tokenizer']}",
+            *SMALL,
+            "train.steps=2",
+            f"train.save_dir={run_dir}",
+        ]
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    text = root / "text.txt"
+    text.write_text("To be, or not to be, that is the question.\n" * 20)
+    return {"run": run_dir, "ckpt": run_dir / "step_00000002", "text": text}
+
+
+class Payload:
+    """Pickles as a call of os.system (the classic gadget)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def forge_manifest(ckpt: Path) -> None:
+    """The manifest of ``ckpt`` written again from its files (sizes, sha256): a forger who can write the
+    folder rewrites it too (the manifest is for accidents; docs/security.md)."""
+    from megahash.checkpoint.manifest import write_manifest
+
+    write_manifest(ckpt)
+
+
+def copy_of(trained, tmp_path) -> Path:
+    dst = tmp_path / "run" / trained["ckpt"].name
+    shutil.copytree(trained["ckpt"], dst)
+    return dst
+
+
+def forge_metadata(ckpt: Path, part: str, marker: Path) -> None:
+    """``part/.metadata`` replaced by issue 47's exploit (a function built from bytes and called)."""
+    (ckpt / part / ".metadata").write_bytes(function_from_code(marker))
+    forge_manifest(ckpt)
+
+
+def forge_byte_items(ckpt: Path, part: str, marker: Path) -> None:
+    """The byte items of ``part`` (megatron's ShardedObjects, the layers' ``_extra_state``: read by torch's
+    DefaultLoadPlanner with ``torch.load(weights_only=False)``) pointed at a pickled os.system call."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    md = pickle.loads((ckpt / part / ".metadata").read_bytes())  # our own file: plain pickle is fine here
+    buf = io.BytesIO()
+    torch.save([Payload(marker)], buf)
+    n = 0
+    for idx, info in md.storage_data.items():
+        if isinstance(md.state_dict_metadata.get(idx.fqn), BytesStorageMetadata):
+            f = ckpt / part / info.relative_path
+            info.offset, info.length = f.stat().st_size, len(buf.getvalue())
+            with open(f, "ab") as fh:
+                fh.write(buf.getvalue())
+            n += 1
+    assert n, "the model has no byte items to forge"
+    (ckpt / part / ".metadata").write_bytes(pickle.dumps(md))
+    forge_manifest(ckpt)
+
+
+def _cli(argv, capsys) -> tuple[int, list[str]]:
+    from megahash.cli import main
+
+    status = main(argv)
+    err = capsys.readouterr().err
+    return status, [l for l in err.strip().splitlines() if l.startswith("error:")]
+
+
+def _commands(ckpt: Path, out: Path, text: Path, weights: str) -> dict[str, list[str]]:
+    w = ["--weights", weights]
+    return {
+        "eval": ["eval", "--checkpoint", str(ckpt), "--text", str(text), "--out", str(out / "e.json"), *w],
+        "export-hf": ["export-hf", "--checkpoint", str(ckpt), "--output", str(out / "hf"), "--no-verify", *w],
+        "export": ["export", "--checkpoint", str(ckpt), "--output", str(out / "q"), *w],
+        "export --quantize int4": [
+            "export",
+            "--checkpoint",
+            str(ckpt),
+            "--output",
+            str(out / "q4"),
+            "--quantize",
+            "int4",
+            *w,
+        ],
+        "indicators": [
+            "indicators",
+            "--checkpoint",
+            str(ckpt),
+            "--text",
+            str(text),
+            "--out",
+            str(out / "ind"),
+            "--no-plots",
+        ],
+    }
+
+
+def test_export_hf_runs_no_code_of_a_forged_metadata(trained, tmp_path):
+    """Through the real command line, in its own process: exit 2, one line, nothing run, nothing written."""
+    ckpt = copy_of(trained, tmp_path)
+    marker = tmp_path / "RAN"
+    forge_metadata(ckpt, "model", marker)
+    r = run(
+        [sys.executable, "-m", "megahash", "export-hf", "--checkpoint", str(ckpt), "--output", str(tmp_path / "hf")]
+    )
+    err = [l for l in r.stderr.strip().splitlines() if l.startswith("error:")]
+    assert r.returncode == 2 and len(err) == 1, r.stderr[-3000:]
+    assert "dataclass.__class__: refused" in err[0] and "Traceback" not in r.stderr
+    assert not marker.exists() and not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize("forge", ["metadata", "byte_items"])
+@pytest.mark.parametrize("weights", ["live", "ema"])
+def test_every_command_refuses_forged_weights(trained, tmp_path, capsys, forge, weights):
+    """eval, export-hf, export (int8, int4) and indicators of the live weights (``model/``) and of the
+    average (``--weights ema``, ``ema/``): one line each, nothing run."""
+    ckpt = copy_of(trained, tmp_path)
+    marker = tmp_path / "RAN"
+    part = "model" if weights == "live" else "ema"
+    (forge_metadata if forge == "metadata" else forge_byte_items)(ckpt, part, marker)
+    for name, argv in _commands(ckpt, tmp_path / "out", trained["text"], weights).items():
+        if weights == "ema" and name == "indicators":
+            continue  # indicators reads the live weights only
+        status, err = _cli(argv, capsys)
+        assert status == 2 and len(err) == 1 and "refused" in err[0], (name, err)
+        assert not marker.exists(), name
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def _artifact(trained, tmp_path, capsys, codec="zlib") -> Path:
+    path = tmp_path / f"a.{codec}"
+    status, err = _cli(
+        ["export", "--checkpoint", str(trained["ckpt"]), "--output", str(path), "--compress", codec], capsys
+    )
+    assert status == 0, err
+    return path
+
+
+def _eval_artifact(trained, path, tmp_path, capsys) -> tuple[int, list[str]]:
+    argv = ["eval", "--checkpoint", str(trained["ckpt"]), "--text", str(trained["text"]), "--artifact", str(path)]
+    return _cli([*argv, "--out", str(tmp_path / "e.json"), "--overwrite"], capsys)
+
+
+def _record(path: Path) -> dict:
+    from megahash.models.quantized import decompress
+
+    return torch.load(io.BytesIO(decompress(path.read_bytes(), 1 << 30)), weights_only=True)
+
+
+def _write(rec, path: Path, codec="zlib") -> None:
+    from megahash.models.quantized import compress
+
+    buf = io.BytesIO()
+    torch.save(rec, buf)
+    path.write_bytes(compress(buf.getvalue(), codec))
+
+
+def test_artifacts_are_bounded_and_checked_before_allocating(trained, tmp_path, capsys):
+    """``eval --artifact``: the real artifact scores; a pickled call, a zlib and a zstd bomb (decompressing to
+    more than the model's weights in fp32), a truncated stream, a shape that does not fit the model, a packed
+    size, scale or dtype that lies: one line each, nothing run."""
+    import zstandard
+
+    good = _artifact(trained, tmp_path, capsys)
+    status, err = _eval_artifact(trained, good, tmp_path, capsys)
+    assert status == 0, err
+    marker = tmp_path / "RAN"
+    cases = {}
+    rec = _record(good)
+    rec["meta"]["x"] = Payload(marker)
+    buf = io.BytesIO()
+    torch.save(rec, buf)
+    cases["pickled call"] = (zlib.compress(buf.getvalue()), "posix.system")
+    zeros = zlib.compressobj(9)
+    bomb = b"".join(zeros.compress(bytes(1 << 20)) for _ in range(200)) + zeros.flush()  # 200 MiB of zeros in ~200 KB
+    cases["zlib bomb"] = (bomb, "decompresses to more than")
+    z = zstandard.ZstdCompressor(level=3).compressobj()
+    cases["zstd bomb"] = (b"".join(z.compress(bytes(1 << 20)) for _ in range(200)) + z.flush(), "decompresses to more")
+    cases["truncated"] = (good.read_bytes()[: len(good.read_bytes()) // 2], "truncated")
+    name = next(k for k, e in _record(good)["tensors"].items() if "packed" in e)
+    for what, change, expect in (
+        ("shape", {"shape": [1 << 20, 1 << 20]}, "do not hold"),
+        ("fitting shape", None, "has shape"),
+        ("packed", {"packed": torch.zeros(3, dtype=torch.uint8)}, "do not hold"),
+        ("scale", {"scale": torch.zeros(2, dtype=torch.float16)}, "scale"),
+        ("dtype", {"dtype": "load"}, "not a floating dtype"),
+    ):
+        r = _record(good)
+        e = r["tensors"][name]
+        if change is None:  # consistent in itself, but not the model's shape
+            rows = e["shape"][0] * 2
+            e.update(shape=[rows, 4], packed=torch.zeros(rows * 4, dtype=torch.uint8), scale=torch.ones(rows).half())
+        else:
+            e.update(change)
+        _write(r, tmp_path / "x")
+        cases[what] = ((tmp_path / "x").read_bytes(), expect)
+    for what, (blob, expect) in cases.items():
+        path = tmp_path / f"bad_{what.replace(' ', '_')}"
+        path.write_bytes(blob)
+        status, err = _eval_artifact(trained, path, tmp_path, capsys)
+        assert status == 2 and len(err) == 1 and expect in err[0], (what, err)
+        assert len(err[0]) < 500, err[0]
+        assert not marker.exists(), what
+
+
+def test_bounded_decompression_stops_at_the_limit():
+    from megahash.models.quantized import compress, decompress
+
+    raw = bytes(range(256)) * 1000
+    for codec in ("zlib", "zstd"):
+        blob = compress(raw, codec)
+        assert decompress(blob, len(raw)) == raw
+        with pytest.raises(ValueError, match="more than"):
+            decompress(blob, len(raw) - 1)
+
+
+def _hf_export(trained, tmp_path, capsys) -> Path:
+    out = tmp_path / "hf"
+    status, err = _cli(["export-hf", "--checkpoint", str(trained["ckpt"]), "--output", str(out), "--no-verify"], capsys)
+    assert status == 0, err
+    return out
+
+
+def test_import_hf_reads_safetensors_only(trained, tmp_path, capsys):
+    """A folder whose weights are a pickle (``pytorch_model.bin``) is refused, never unpickled; an index
+    naming a file outside the folder or not safetensors, a damaged safetensors file, a config.json that is
+    not a JSON object or whose sizes the tensors do not have: one line each."""
+    hf = _hf_export(trained, tmp_path, capsys)
+    marker = tmp_path / "RAN"
+    weights = sorted(p.name for p in hf.glob("*.safetensors"))
+    cases = {}
+
+    def case(name, fn):
+        d = tmp_path / name
+        shutil.copytree(hf, d)
+        fn(d)
+        cases[name] = d
+
+    def pickle_weights(d):
+        for w in weights:
+            (d / w).unlink()
+        torch.save({"x": Payload(marker)}, d / "pytorch_model.bin")
+
+    def index_outside(d):
+        (d / "model.safetensors").unlink()
+        (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "../hf/model.safetensors"}}))
+
+    def index_pickle(d):
+        (d / "model.safetensors").unlink()
+        torch.save({"x": Payload(marker)}, d / "pytorch_model.bin")
+        (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "pytorch_model.bin"}}))
+
+    def damaged(d):
+        (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:100])
+
+    def nested(d):
+        (d / "config.json").write_text("[" * 100000 + "]" * 100000)
+
+    def oversized(d):  # a model of ~50 GiB in fp32: refused on the meta device, before it is allocated
+        data = json.loads((d / "config.json").read_text())
+        data["megahash_config"]["model"]["hidden_size"] = 1 << 16
+        (d / "config.json").write_text(json.dumps(data))
+
+    for name, fn in (
+        ("pickle_weights", pickle_weights),
+        ("index_outside", index_outside),
+        ("index_pickle", index_pickle),
+        ("damaged", damaged),
+        ("nested", nested),
+        ("oversized", oversized),
+    ):
+        case(name, fn)
+    for name, d in cases.items():
+        status, err = _cli(["import-hf", "--hf", str(d), "--output", str(tmp_path / f"out_{name}")], capsys)
+        assert status == 2 and len(err) == 1 and len(err[0]) < 500, (name, err)
+        assert not marker.exists(), name
+
+
+def test_json_files_of_a_checkpoint_are_one_line(trained, tmp_path, capsys):
+    """megahash_state.json nested past the recursion limit or not an object: eval and export refuse in one
+    line; RNG states naming a non-dtype or Python objects: the loader refuses (never builds them)."""
+    from megahash.checkpoint.rng import load_rng
+    from megahash.errors import CheckpointError
+
+    for name, body in (("nested", "[" * 100000 + "]" * 100000), ("list", "[1, 2]"), ("huge", " " * (65 << 20))):
+        ckpt = tmp_path / name / trained["ckpt"].name
+        shutil.copytree(trained["ckpt"], ckpt)
+        (ckpt / "megahash_state.json").write_text(body)
+        status, err = _cli(["export", "--checkpoint", str(ckpt), "--output", str(tmp_path / f"q_{name}")], capsys)
+        assert status == 2 and len(err) == 1 and len(err[0]) < 500, (name, err)
+    rng = trained["ckpt"] / "rng_rank00000.json"
+    state = json.loads(rng.read_text())
+    for name, patch in (
+        ("dtype", {"__tensor__": [1], "dtype": "load"}),
+        ("objects", {"__ndarray__": [1], "dtype": "O"}),
+    ):
+        ckpt = tmp_path / f"rng_{name}"
+        ckpt.mkdir()
+        (ckpt / rng.name).write_text(json.dumps({**state, "torch": patch}))
+        with pytest.raises(CheckpointError) as e:
+            load_rng(ckpt)
+        assert "\n" not in str(e.value)
