@@ -47,13 +47,15 @@ def clean_env(**extra) -> dict:
 
 
 def local_cluster(workdir):
-    """Bring up two emulated nodes (2 CPUs, 1 GPU each), yield the cluster, stop it."""
+    """Bring up two emulated nodes (8 CPUs and 5 fake GPUs each, so that the jobs of
+    tests/launching/test_slurm.py, started together, and a sweep's array run side by side), yield the
+    cluster, stop it."""
     ensure_cluster_tools()
     if os.geteuid() != 0:
         pytest.skip("a local SLURM needs root (slurmd runs jobs as their user)")
     from megahash.launching.local_slurm import LocalSlurm, SlurmUnavailable
 
-    c = LocalSlurm(workdir, nodes=2, cpus_per_node=2, gpus_per_node=1)
+    c = LocalSlurm(workdir, nodes=2, cpus_per_node=8, gpus_per_node=5)
     try:
         c.start()
     except SlurmUnavailable as e:

@@ -177,6 +177,25 @@ def doc_block(page: str, heading: str) -> str:
     return text[start:].split("```python\n", 1)[1].split("```", 1)[0]
 
 
+def config_overrides(path: Path) -> list[str]:
+    """The dotted overrides (``a.b=value``) that say what the YAML file ``path`` says."""
+    import yaml
+
+    def flat(tree: dict, prefix: str):
+        for key, value in tree.items():
+            if isinstance(value, dict):
+                yield from flat(value, f"{prefix}{key}.")
+            else:
+                yield f"{prefix}{key}={str(value).lower() if isinstance(value, bool) else value}"
+
+    return list(flat(yaml.safe_load(path.read_text()), ""))
+
+
+# The tests' tiny runs (tests/_configs/): a test extends one with what it changes (later overrides win)
+TINY = config_overrides(ROOT / "tests" / "_configs" / "tiny.yaml")  # 2 layers of width 64, lr 2e-3
+TINIER = config_overrides(ROOT / "tests" / "_configs" / "tinier.yaml")  # 1 layer of width 32, ZeRO-0, every step logged
+
+
 def child_env(**extra) -> dict:
     env = dict(os.environ)
     env.update(
@@ -254,6 +273,148 @@ def pretrain(overrides: list[str], ranks: int = 1, config: str | None = None, ti
         assert r.returncode != 0 or not left, f"leaked shared memory: {left}"
         return r
     return run(cmd, timeout=timeout, **env)
+
+
+def pretrain_here(overrides: list[str], config: str | None = None, **env) -> subprocess.CompletedProcess:
+    """``pretrain(overrides)`` as one rank in this process (``megahash.pretrain.main``): the same run without a
+    fresh interpreter's ~5 CPU-s of imports (see in_process)."""
+    from megahash.pretrain import main
+
+    return in_process(main, [*(["--config", config] if config else []), *overrides], **env)
+
+
+def megahash_here(args: list[str], **env) -> subprocess.CompletedProcess:
+    """``megahash ARGS`` (the command-line interface, ``megahash.cli.main``) in this process (see in_process)."""
+    from megahash.cli import main
+
+    return in_process(main, list(args), **env)
+
+
+def in_process(main, argv: list[str], **env) -> subprocess.CompletedProcess:
+    """``main(argv)`` of an entry point in this process, as a CompletedProcess: its stdout and stderr captured
+    (Python-level, as capsys does), ``env`` set for the call only on top of child_env's fixed variables, an
+    exception main lets through a traceback on stderr and status 1, as a process would show them. One intra-op
+    thread, as a launched rank (OMP_NUM_THREADS=1), so a run here and a launched one are the same run. An
+    in-process run ends with its process group destroyed and its threads gone (tests/test_no_leaks.py)."""
+    import contextlib
+    import io
+    import traceback
+
+    import torch
+
+    fixed = {k: v for k, v in child_env().items() if k in _CHILD_FIXED}
+    env = {**fixed, **{k: str(v) for k, v in env.items()}}
+    saved_env = {k: os.environ.get(k) for k in env}
+    threads = torch.get_num_threads()
+    out, err = io.StringIO(), io.StringIO()
+    os.environ.update(env)
+    torch.set_num_threads(1)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                status = main(argv)
+            except SystemExit as e:
+                status = e.code if isinstance(e.code, int) else 1
+            except Exception:
+                traceback.print_exc()
+                status = 1
+    finally:
+        torch.set_num_threads(threads)
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return subprocess.CompletedProcess(argv, status, out.getvalue(), err.getvalue())
+
+
+_CHILD_FIXED = ("WANDB_MODE", "HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM")
+
+
+def pretrain_group(
+    runs: list[list[str]], ranks: int = 2, env: list[dict] | None = None, timeout: int = 900
+) -> list[subprocess.CompletedProcess]:
+    """Several multi-rank pretraining runs, one after another, in one set of ``ranks`` processes
+    (tests/_ranks.py calls ``megahash.pretrain.main`` for each: an in-process run ends with its group
+    destroyed, so the next starts clean). Each rank gets the DeepSpeed launcher's environment (RANK, LOCAL_RANK,
+    WORLD_SIZE, LOCAL_SIZE, CROSS_*, MASTER_ADDR, a free MASTER_PORT per run) and ``--local_rank``, as under
+    ``deepspeed --num_gpus N``, without the launcher's two processes; so k runs cost one start-up of ``ranks``
+    interpreters instead of k launches (~17 CPU-s each for 2 ranks). For tests of training across ranks; the
+    launchers' own behaviour is tested with the real ones (tests/launching/, test_faults.py). ``runs`` are argv
+    lists of ``megahash/pretrain.py`` (``--config`` first if any), ``env`` an optional dict per run. Returns one
+    CompletedProcess per run: the status of the first rank that failed (else 0), every rank's stdout and stderr
+    in rank order."""
+    return RankGroup(runs, ranks, env).results(timeout)
+
+
+class RankGroup:
+    """The rank processes of pretrain_group, started at once; ``results`` waits for them (``kill`` stops them)."""
+
+    def __init__(self, runs: list[list[str]], ranks: int = 2, env: list[dict] | None = None, ports=None):
+        import tempfile
+
+        env = env or [{} for _ in runs]
+        ports = list(ports or [_free_port() for _ in runs])  # a caller with runs of its own binding late names them
+        self.tmp = tempfile.TemporaryDirectory(prefix="megahash-ranks-")
+        self.dir, self.ranks = Path(self.tmp.name), ranks
+        self.spec = [
+            {"argv": list(a), "port": port, "env": {k: str(v) for k, v in e.items()}}
+            for a, e, port in zip(runs, env, ports)
+        ]
+        (self.dir / "runs.json").write_text(json.dumps(self.spec))
+        self.procs = []
+        for rank in range(ranks):
+            launcher = dict(
+                RANK=rank, LOCAL_RANK=rank, WORLD_SIZE=ranks, LOCAL_SIZE=ranks, CROSS_RANK=0, CROSS_SIZE=1,
+                MASTER_ADDR="127.0.0.1", MASTER_PORT=self.spec[0]["port"],
+                CUDA_VISIBLE_DEVICES=",".join(map(str, range(ranks))), PYTORCH_NVML_BASED_CUDA_CHECK=1,
+            )  # fmt: skip
+            self.procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-u", str(ROOT / "tests" / "_ranks.py"), str(self.dir), f"--local_rank={rank}"],
+                    cwd=ROOT,
+                    env=child_env(**launcher),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+            )
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+    def results(self, timeout: int = 900) -> list[subprocess.CompletedProcess]:
+        try:
+            logs = [p.communicate(timeout=timeout)[0] for p in self.procs]
+        finally:
+            self.kill()
+        results = []
+        for i, run_spec in enumerate(self.spec):
+            outs, errs, status = [], [], None
+            for rank in range(self.ranks):
+                outs.append(_read(self.dir / f"{i}.{rank}.out"))
+                errs.append(_read(self.dir / f"{i}.{rank}.err"))
+                s = _read(self.dir / f"{i}.{rank}.status")
+                s = int(s) if s.strip() else None  # None: the rank never finished this run
+                if status in (None, 0) and s != 0:
+                    status = s if s is not None else 1
+            results.append(subprocess.CompletedProcess(run_spec["argv"], status or 0, "".join(outs), "".join(errs)))
+        for rank, (p, log) in enumerate(zip(self.procs, logs)):
+            if p.returncode != 0:  # a rank that died outside a run's capture: its output on every run
+                for r in results:
+                    r.stderr += f"\n[rank {rank} exit {p.returncode}]\n{log}"
+                    r.returncode = r.returncode or 1
+        self.tmp.cleanup()
+        left = [f for s in self.spec for f in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{s['port']}_*")]
+        assert not left, f"leaked shared memory: {left}"  # DeepSpeed's CPU all-reduce buffers (69 MB a rank)
+        return results
+
+
+def _read(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
 
 
 def _free_port() -> int:

@@ -13,7 +13,9 @@
   transformers' tokenizer classes) to turn text into ids: every other path loads its tokenizer there
   (:data:`TOKENIZER_ALLOWED` lists the exceptions and why);
 - ``data_tools/*.py`` and ``launch/*.py`` are thin shells over ``megahash.data.preprocess`` and
-  ``megahash.launching`` (one home for the code of each stage).
+  ``megahash.launching`` (one home for the code of each stage);
+- nothing generated is tracked: what the tools write into a checkout (coverage data, bytecode, caches, runs)
+  is ignored by .gitignore, and no ignored file is in git.
 
 Each rule is also checked to fire on a planted violation, so none of them passes vacuously.
 """
@@ -336,3 +338,40 @@ def test_tests_mirror_the_package():
     packages = {d.name for d in (ROOT / "megahash").iterdir() if (d / "__init__.py").is_file()}
     assert folders and folders <= packages, sorted(folders - packages)
     assert all(any(d.glob("test_*.py")) for d in map(tests.joinpath, folders))
+
+
+# what the tools write into a checkout: coverage data, bytecode, package metadata, caches, runs, data, exports,
+# environments, the GPU check's folders (a path each, as the tool names it)
+GENERATED = [
+    ".coverage",
+    ".coverage.host.1234.XyZ",
+    "htmlcov/index.html",
+    "coverage.xml",
+    "megahash/__pycache__/config.cpython-311.pyc",
+    "megahash.egg-info/PKG-INFO",
+    ".pytest_cache/v/cache/nodeids",
+    "build/lib/megahash/__init__.py",
+    "runs/quickstart/metrics.jsonl",
+    "data/shakespeare/spm.model",
+    "hf/quickstart/config.json",
+    "wandb/latest-run",
+    ".venv/bin/python3",
+    ".whl/torch-2.13.0-cp311-cp311-linux_x86_64.whl",
+    ".gpu_check/manifest.json",
+    ".gpu_check-rehearsal/site/x.py",
+    ".gpu-extra/triton/__init__.py",
+]
+
+
+def _git(*args: str) -> list[str]:
+    r = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split("\0")[:-1] if "-z" in args else r.stdout.splitlines()
+
+
+def test_nothing_generated_is_tracked():
+    """Every file the tools write into a checkout is ignored by .gitignore, and no ignored file is tracked
+    (a merge once committed .ci/run's .coverage: ``git add -A`` then picks such a file up no more)."""
+    ignored = set(_git("check-ignore", "--no-index", *GENERATED))
+    assert [p for p in GENERATED if p not in ignored] == []
+    assert _git("ls-files", "-z", "--cached", "--ignored", "--exclude-standard") == []

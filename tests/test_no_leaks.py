@@ -20,21 +20,18 @@ import threading
 
 import pytest
 
-TINY = [
-    "model.hidden_size=64",
-    "model.num_layers=2",
-    "model.num_heads=4",
-    "model.ffn_hidden_size=128",
+import conftest
+
+TINY = [  # a model with its TensorBoard writer (a thread of its own to leak)
+    *conftest.TINY,
     "model.vocab_size=0",
-    "data.seq_length=64",
-    "train.micro_batch_size=4",
     "train.global_batch_size=4",
     "train.steps=2",
     "train.warmup_steps=1",
     "train.log_interval=1",
     "train.eval_interval=0",
     "train.keep_last=0",
-    "logging.plot=false",
+    "logging.tensorboard=true",
 ]
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 

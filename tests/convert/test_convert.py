@@ -24,7 +24,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import pytest
 import torch
 
-from conftest import ROOT, child_env, run
+from conftest import ROOT, RankGroup, child_env, megahash_here, pretrain_group, run
 
 PROMPT = "KING. My lord, the queen, my lord, is dead. What says the king? Now, good my lord,"
 SMALL = [
@@ -206,26 +206,9 @@ class Runs:
                 text=True,
                 start_new_session=True,
             ),
-            "tp2": subprocess.Popen(
-                [
-                    "deepspeed",
-                    "--num_gpus",
-                    "2",
-                    "--master_port",
-                    str(ports[1]),
-                    "megahash/pretrain.py",
-                    *common,
-                    "parallel.tensor=2",
-                    f"train.save_dir={d / 'tp2'}",
-                ],
-                cwd=ROOT,
-                env=child_env(),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                start_new_session=True,
-            ),
         }
+        # its 2 ranks without a launcher (conftest.RankGroup), beside the 1-rank run
+        self.tp2 = RankGroup([[*common, "parallel.tensor=2", f"train.save_dir={d / 'tp2'}"]], ports=ports[1:])
         self.done = False
 
     def hf(self, name: str) -> Path:
@@ -242,6 +225,8 @@ class Runs:
             for k, p in self.procs.items():
                 out, err = p.communicate(timeout=600)
                 assert p.returncode == 0, (k, out[-2000:], err[-3000:])
+            (r,) = self.tp2.results(600)
+            assert r.returncode == 0, ("tp2", r.stdout[-2000:], r.stderr[-3000:])
             self.done = True
         return self.dir / name
 
@@ -250,8 +235,9 @@ class Runs:
 def runs(shakespeare_shards, tmp_path_factory):
     r = Runs(shakespeare_shards, tmp_path_factory.mktemp("convert_runs"))
     yield r
+    r.tp2.kill()  # a rank left behind could hold DeepSpeed's build lock
     for p in r.procs.values():
-        if p.poll() is None:  # the launcher and its ranks: a rank left behind could hold DeepSpeed's build lock
+        if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
 
@@ -600,18 +586,7 @@ def test_word_stream_export(shakespeare_shards, dist, tmp_path):
 def test_tp2_export_equals_tp1_and_load_for_inference(runs, dist, tmp_path):
     """A TP=2 checkpoint exports (CLI, with its logit check) to the same tensors as the TP=1 run of the
     same seed (~1e-5), and its HF logits and greedy decoding equal load_for_inference's model."""
-    r = run(
-        [
-            sys.executable,
-            "-m",
-            "megahash",
-            "export-hf",
-            "--checkpoint",
-            str(runs.get("tp2")),
-            "--output",
-            str(tmp_path / "tp2"),
-        ]
-    )
+    r = megahash_here(["export-hf", "--checkpoint", str(runs.get("tp2")), "--output", str(tmp_path / "tp2")])
     assert r.returncode == 0, r.stderr[-3000:]
     assert "verified: max |logit difference|" in r.stdout and "megahash format" in r.stdout
     a, b = _tensors(runs.hf("tp1")), _tensors(tmp_path / "tp2")
@@ -644,27 +619,23 @@ def test_import_then_resume_training(runs, dist, tmp_path):
     from megahash.convert.export import export_hf
 
     run_dir = tmp_path / "imported"
-    r = run([sys.executable, "-m", "megahash", "import-hf", "--hf", str(runs.hf("tp1")), "--output", str(run_dir)])
+    r = megahash_here(["import-hf", "--hf", str(runs.hf("tp1")), "--output", str(run_dir)])
     assert r.returncode == 0, r.stderr[-3000:]
     assert (run_dir / "latest").read_text() == "step_00000004"
-    r = run(
+    (r,) = pretrain_group(
         [
-            "deepspeed",
-            "--num_gpus",
-            "2",
-            "--master_port",
-            str(_reserve_ports(1)[0]),
-            "megahash/pretrain.py",
-            "--config",
-            str(run_dir / "resolved_config.yaml"),
-            f"train.save_dir={run_dir}",
-            "train.steps=5",
-            "train.lr=1e-30",
-            "train.min_lr=0",
-            "parallel.tensor=2",
-            # an export holds no local paths: point the data at this machine's shards (docs/convert.md)
-            f"data.prefix=[{runs.shards['prefix']}]",
-            f"data.tokenizer={runs.shards['tokenizer']}",
+            [
+                "--config",
+                str(run_dir / "resolved_config.yaml"),
+                f"train.save_dir={run_dir}",
+                "train.steps=5",
+                "train.lr=1e-30",
+                "train.min_lr=0",
+                "parallel.tensor=2",
+                # an export holds no local paths: point the data at this machine's shards (docs/convert.md)
+                f"data.prefix=[{runs.shards['prefix']}]",
+                f"data.tokenizer={runs.shards['tokenizer']}",
+            ]
         ]
     )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]

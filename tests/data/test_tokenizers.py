@@ -18,15 +18,14 @@ import sys
 import numpy as np
 import pytest
 
+import conftest
 from conftest import ROOT, child_env, run
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-TINY = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=64",
-        "data.seq_length=64", "model.max_position_embeddings=128", "train.micro_batch_size=4",
-        "train.global_batch_size=4", "train.warmup_steps=2", "train.eval_interval=0", "train.lr=3e-3",
-        "train.log_interval=10", "logging.plot=false", "logging.tensorboard=false", "data.split=100,0,0"]
+TINY = [*conftest.TINY, "model.hidden_size=32", "model.ffn_hidden_size=64", "model.max_position_embeddings=128",
+        "train.global_batch_size=4", "train.eval_interval=0", "train.lr=3e-3", "train.log_interval=10", "data.split=100,0,0"]
 SPECIAL_STRINGS = ["<s>", "</s>", "<unk>", "<pad>", "<mask>", "<|endoftext|>", "<|padding|>"]
 PIECES = ["KING.", "lord", " ", "  ", "\t", "\n", "\n\n", "    ", "\u4e2d\u6587", "\u00e9t\u00e9", "\u0416\u0438\u0437\u043d\u044c",
           "\u2603", "x\u00a0y", "\x00", "\x07", "\x1b[0m", "1234", "play", "ing", "'s", "--", "\U0001F600", "\r\n"]
@@ -81,7 +80,7 @@ def _tokenizers(corpus, shakespeare_shards):
 
 @pytest.fixture(scope="module", params=["sp", "bpe"])
 def pipeline(request, corpus, shakespeare_shards, tmp_path_factory):
-    """preprocess -> 20 steps -> export, once per tokenizer kind."""
+    """preprocess -> 20 steps -> export, once per tokenizer kind (training and export in this process)."""
     kind = request.param
     tok = _tokenizers(corpus, shakespeare_shards)[kind]
     d = tmp_path_factory.mktemp(f"pipe_{kind}")
@@ -94,11 +93,11 @@ def pipeline(request, corpus, shakespeare_shards, tmp_path_factory):
              str(prefix), "--word-hashes", "md5", "--quiet", *args])
     assert r.returncode == 0, r.stderr[-2000:]
     save = d / "run"
-    r = run([sys.executable, "megahash/pretrain.py", f"data.prefix=[{prefix}]", f"data.tokenizer={tok}", *TINY,
-             "train.steps=20", f"train.save_dir={save}"])
+    r = conftest.pretrain_here([f"data.prefix=[{prefix}]", f"data.tokenizer={tok}", *TINY, "train.steps=20",
+                                f"train.save_dir={save}"])
     assert r.returncode == 0, r.stderr[-3000:]
     hf = d / "hf"
-    r = run([sys.executable, "-m", "megahash", "export-hf", "--checkpoint", str(save), "--output", str(hf)])
+    r = conftest.megahash_here(["export-hf", "--checkpoint", str(save), "--output", str(hf)])
     assert r.returncode == 0, r.stderr[-3000:]
     return {"kind": kind, "tokenizer": tok, "prefix": str(prefix), "run": save, "hf": hf, "dir": d}
 
@@ -153,7 +152,7 @@ def test_eval_export_and_transformers(pipeline, corpus):
 
 def test_same_score_on_every_path(pipeline, corpus):
     """Rolling log-likelihoods of documents ~15x longer than the 64-token context, containing
-    special-token strings: ``megahash eval`` (CLI), the lm-eval ``megahash`` model and lm-eval's
+    special-token strings: ``megahash eval`` (CLI, in this process), the lm-eval ``megahash`` model and lm-eval's
     ``hf`` model on the export agree to 1e-4 relative, with no window argument anywhere (the window
     is the trained sequence length on every path); for the BPE run also lm-eval's own CLI with
     ``--model megahash`` in a fresh process (megahash-lm-eval)."""
@@ -177,9 +176,8 @@ def test_same_score_on_every_path(pipeline, corpus):
     words = sum(len(re.split(r"\s+", d)) for d in docs)
     expect = float(np.exp(-a.sum() / words))
     tasks = _ppl_task(pipeline["dir"], corpus)
-    out = subprocess.run([sys.executable, "-m", "megahash", "eval", "--checkpoint", str(pipeline["run"]), "--tasks-dir",
-                          str(tasks), "--tasks", "tok_ppl", "--out", str(pipeline["dir"] / "eval.json")],
-                         cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=600)
+    out = conftest.megahash_here(["eval", "--checkpoint", str(pipeline["run"]), "--tasks-dir", str(tasks), "--tasks",
+                                  "tok_ppl", "--out", str(pipeline["dir"] / "eval.json")])
     assert out.returncode == 0, out.stderr[-3000:]
     res = json.loads((pipeline["dir"] / "eval.json").read_text())["results"]["tok_ppl"]
     assert abs(res["word_perplexity"] / expect - 1) < 1e-4

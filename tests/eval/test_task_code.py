@@ -14,14 +14,13 @@ import shutil
 
 import pytest
 import yaml
-from test_batch_ramp import TINY
 
-from conftest import pretrain
+from conftest import TINIER, pretrain
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-SMALL = [*TINY, "train.micro_batch_size=2", "train.global_batch_size=2"]
+SMALL = [*TINIER, "train.micro_batch_size=2", "train.global_batch_size=2"]
 
 
 @pytest.fixture(scope="module")

@@ -8,12 +8,10 @@ chance (1/8 = 0.125) because each sequence binds keys to values afresh. The test
 mlp <= chance + 0.1 and a margin of at least 0.6 between them."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT, child_env
+from conftest import megahash_here
 
 
 def test_mqar_and_copy_sequences_are_well_formed():
@@ -42,14 +40,7 @@ def test_mqar_and_copy_sequences_are_well_formed():
 @pytest.mark.slow
 def test_default_budget_separates_attention_from_no_mixing(tmp_path):
     out = tmp_path / "diag.json"
-    r = subprocess.run(
-        [sys.executable, "-m", "megahash", "diagnose", "--kinds", "mha,mlp", "--tasks", "mqar", "--out", str(out)],
-        cwd=ROOT,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    r = megahash_here(["diagnose", "--kinds", "mha,mlp", "--tasks", "mqar", "--out", str(out)])  # in this process
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())
     acc = {row["schedule"]: row["tasks"]["mqar"]["accuracy"] for row in res["rows"]}

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, child_env, run, train_losses
+import conftest
+from conftest import ROOT, child_env, pretrain_here, run, train_losses
 from megahash.launching import env as lenv
 from megahash.launching.env import DistEnv, NodeListError, expand_nodelist, first_host, resolve_env, slurm_port
 from megahash.launching.hostfile import hostfile_from_slurm, slots_from_slurm
@@ -303,22 +304,7 @@ def test_dry_run_prints_command():
 
 # ---------------------------------------------------------------------------------- signals
 
-TINY = [
-    "model.hidden_size=64",
-    "model.num_layers=2",
-    "model.num_heads=4",
-    "model.ffn_hidden_size=128",
-    "data.seq_length=64",
-    "train.micro_batch_size=4",
-    "train.global_batch_size=8",
-    "train.lr=2e-3",
-    "train.warmup_steps=2",
-    "train.log_interval=100",
-    "logging.plot=false",
-    "logging.tensorboard=false",
-    "train.eval_interval=0",
-    "train.save_interval=0",
-]
+TINY = [*conftest.TINY, "train.eval_interval=0", "train.save_interval=0"]
 
 
 def wait_for_step(run_dir: Path, step: int, alive, timeout: float = 300) -> None:
@@ -424,7 +410,7 @@ def test_sigusr1_checkpoints_and_exits_3_and_second_signal_is_harmless(shakespea
     stop = int((split / "latest").read_text().strip().split("_")[1])
     assert 3 <= stop < 40 and f"stopped at step {stop} (signal 10)" in out
     assert not list(split.glob("*.tmp")) and (split / f"step_{stop:08d}" / "megahash_state.json").is_file()
-    r = run([sys.executable, "megahash/pretrain.py", *base, f"train.save_dir={split}"])
+    r = pretrain_here([*base, f"train.save_dir={split}"])  # the resume, in this process
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"resumed from {split}/step_{stop:08d}" in r.stdout
     a, b = train_losses(straight), train_losses(split)

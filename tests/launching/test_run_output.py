@@ -7,13 +7,13 @@ import sys
 
 import pytest
 
-from conftest import ROOT, child_env, pretrain, run
+from conftest import ROOT, child_env, pretrain_group, run
 from megahash import known_warnings
 
 
 @pytest.mark.multiprocess
 def test_error_printed_once_for_all_ranks(tmp_path):
-    r = pretrain(["train.decay=cosin", f"train.save_dir={tmp_path}"], ranks=2, config="configs/quickstart.yaml")
+    (r,) = pretrain_group([["--config", "configs/quickstart.yaml", "train.decay=cosin", f"train.save_dir={tmp_path}"]])
     assert r.returncode != 0
     lines = [l for l in (r.stdout + r.stderr).splitlines() if "error: " in l and "train.decay" in l]
     assert len(lines) == 1 and lines[0].startswith("error: config key 'train.decay' must be"), (

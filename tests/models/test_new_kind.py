@@ -20,7 +20,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest
 import torch
 
-from conftest import ROOT, child_env, doc_block, pretrain, train_losses
+from conftest import ROOT, child_env, doc_block, megahash_here, pretrain_here, train_losses
 
 PACKAGE = "megahash_toy_kinds"
 ATTENTION, EMBEDDING = "tiedqk", "scaled-vocab"
@@ -339,7 +339,7 @@ def test_one_step_pretrain_with_the_new_kinds(plugin, shakespeare_shards, tmp_pa
     """`pretrain` (the real entry point, real shards) runs a step with both new kinds and a layer
     without a cost model: MFU is reported as n/a in one line instead of a crash."""
     run_dir = tmp_path / "run"
-    r = pretrain(
+    r = pretrain_here(  # in this process, where the plugin fixture has put the package on sys.path
         [
             f"data.prefix=[{shakespeare_shards['prefix']}]",
             f"data.tokenizer={shakespeare_shards['tokenizer']}",
@@ -357,7 +357,6 @@ def test_one_step_pretrain_with_the_new_kinds(plugin, shakespeare_shards, tmp_pa
             "train.global_batch_size=2",
         ],
         config="configs/quickstart.yaml",
-        **plugin["env"],
     )
     assert r.returncode == 0, r.stderr[-3000:]
     losses = train_losses(run_dir)
@@ -424,7 +423,7 @@ def test_a_kind_with_an_option_and_a_model_input_in_one_file(plugin, shakespeare
     with pytest.raises(ConfigError, match="anchor_seed"):
         load_config(None, [f"model.schedule=uniform:{ANCHOR}", "model.attention.options.anchor_seed=x"])
     run_dir = tmp_path / "run"
-    r = pretrain(
+    r = pretrain_here(
         [
             f"data.prefix=[{shakespeare_shards['prefix']}]",
             f"data.tokenizer={shakespeare_shards['tokenizer']}",
@@ -440,25 +439,18 @@ def test_a_kind_with_an_option_and_a_model_input_in_one_file(plugin, shakespeare
             "train.global_batch_size=2",
         ],
         config="configs/quickstart.yaml",
-        **plugin["env"],
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert list(train_losses(run_dir)) == [1, 2]
     assert "anchor_seed: 11" in (run_dir / "resolved_config.yaml").read_text()
     cfg, model, _ = load_for_inference(run_dir)
     g = torch.Generator().manual_seed(11)
-    # bit-exact: the same seeded draws times init_std, one rounding (the child inherits ATEN_CPU_CAPABILITY)
+    # bit-exact: the same seeded draws times init_std, one rounding (the run was in this process: one ATEN_CPU_CAPABILITY)
     assert torch.equal(
         model.anchor.rows.float(), (torch.randn(64, cfg.model.hidden_size, generator=g) * cfg.model.init_std)
     )
     out = tmp_path / "hf"
-    r = subprocess.run(
-        [sys.executable, "-m", "megahash", "export-hf", "--checkpoint", str(run_dir), "--output", str(out)],
-        env=child_env(**plugin["env"]),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    r = megahash_here(["export-hf", "--checkpoint", str(run_dir), "--output", str(out)])
     assert r.returncode == 0, r.stderr[-3000:]
     assert "verified: max |logit difference|" in r.stdout
     hf = load_hf(out)

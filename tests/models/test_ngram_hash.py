@@ -14,6 +14,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest
 import torch
 
+import conftest
 from megahash.accelerator import process_groups, rng
 from megahash.config import load_config
 
@@ -112,18 +113,8 @@ def test_bad_orders_are_one_line(one_rank):
 
 
 TINY = [
-    "model.hidden_size=32",
-    "model.num_layers=1",
-    "model.num_heads=2",
-    "model.ffn_hidden_size=64",
-    "model.vocab_size=0",
-    "data.seq_length=32",
-    "train.log_interval=1",
-    "train.eval_interval=0",
-    "train.keep_last=0",
+    *conftest.TINIER,
     "train.zero_stage=1",
-    "logging.plot=false",
-    "logging.tensorboard=false",
     "train.micro_batch_size=2",
     "train.global_batch_size=2",
     "train.lr=3e-3",

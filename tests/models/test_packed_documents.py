@@ -339,8 +339,9 @@ def test_training_with_all_flags_through_deepspeed(precision, model, shakespeare
     import functools
     import json
 
-    from test_batch_ramp import TINY, _main
+    from test_batch_ramp import _main
 
+    from conftest import TINIER
     from megahash.objectives import shuffle_random
 
     seen = []
@@ -356,7 +357,7 @@ def test_training_with_all_flags_through_deepspeed(precision, model, shakespeare
     data = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}"]
     args = [
         *data,
-        *TINY,
+        *TINIER,
         *FLAGS,
         "train.steps=2",
         "train.micro_batch_size=2",

@@ -8,8 +8,9 @@ import re
 
 import pytest
 import torch
-from test_batch_ramp import TINY, _main
+from test_batch_ramp import _main
 
+from conftest import TINIER
 from megahash.models import quantized as qz
 
 
@@ -46,7 +47,9 @@ def test_export_artifact_bytes_bound_and_eval(shakespeare_shards, tmp_path, caps
     shape = ["model.hidden_size=64", "model.ffn_hidden_size=128"]  # matrices above KEEP_NUMEL are quantized
     # the trainer's QAT path under bf16 autocast: the last step fake-quantized
     qat = ["train.qat.bits=8", "train.qat.fraction=0.34", "train.precision=bf16"]
-    status, out = _main([*data, *TINY, *shape, *qat, "train.steps=3", "train.lr=3e-3", f"train.save_dir={run}"], capsys)
+    status, out = _main(
+        [*data, *TINIER, *shape, *qat, "train.steps=3", "train.lr=3e-3", f"train.save_dir={run}"], capsys
+    )
     assert status == 0, out[-3000:]
     with process_groups.releasing_group():
         _, live, _ = load_for_inference(run)

@@ -264,9 +264,9 @@ def test_the_worked_objective_of_the_architecture_page_trains(shakespeare_shards
     import importlib.util
     import math
 
-    from test_batch_ramp import TINY, _main, _records
+    from test_batch_ramp import _main, _records
 
-    from conftest import doc_block
+    from conftest import TINIER, doc_block
     from megahash import objective_spec
     from megahash.objectives import Objective
 
@@ -301,7 +301,7 @@ def test_the_worked_objective_of_the_architecture_page_trains(shakespeare_shards
             [
                 f"data.prefix=[{shakespeare_shards['prefix']}]",
                 f"data.tokenizer={shakespeare_shards['tokenizer']}",
-                *TINY,
+                *TINIER,
                 "train.objective=clm-wdrop",
                 "train.steps=2",
                 f"train.save_dir={run}",

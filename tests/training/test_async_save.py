@@ -3,7 +3,7 @@ engine on one CPU rank: training goes on while a checkpoint is written in the ba
 and the manifest name the previous checkpoint until the writer has finished; a kill -9 mid-write
 leaves that previous checkpoint as the resume point; ``train.keep_last`` keeps it meanwhile; the save
 of a stop is finished before the process exits; the async checkpoints (no DeepSpeed-native files)
-resume bit-exactly."""
+resume bit-exactly. The runs that are killed or fail are processes of their own; the resumes run in this one."""
 
 from __future__ import annotations
 
@@ -18,26 +18,10 @@ from pathlib import Path
 import pytest
 from test_launch import wait_for_step
 
-from conftest import ROOT, child_env, pretrain
+import conftest
+from conftest import ROOT, child_env, pretrain_here
 
-TINY = [
-    "model.hidden_size=64",
-    "model.num_layers=2",
-    "model.num_heads=4",
-    "model.ffn_hidden_size=128",
-    "data.seq_length=64",
-    "train.micro_batch_size=4",
-    "train.global_batch_size=8",
-    "train.lr=2e-3",
-    "train.warmup_steps=2",
-    "train.log_interval=100",
-    "train.eval_interval=0",
-    "logging.plot=false",
-    "logging.tensorboard=false",
-    "train.async_save=true",
-    "train.save_interval=2",
-    "train.keep_last=1",
-]
+TINY = [*conftest.TINY, "train.eval_interval=0", "train.async_save=true", "train.save_interval=2", "train.keep_last=1"]
 
 
 def _args(shards, run_dir: Path, *extra) -> list[str]:
@@ -85,7 +69,7 @@ def test_kill_during_async_write_resumes_from_the_previous_checkpoint_bit_exactl
     killed = {s: rec for s, rec in _records(run_dir).items()}
     assert sorted(killed) == [1, 2, 3, 4, 5, 6]
 
-    r = pretrain(_args(shakespeare_shards, run_dir, "train.stop_after=4"))
+    r = pretrain_here(_args(shakespeare_shards, run_dir, "train.stop_after=4"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"resumed from {run_dir}/step_00000002" in r.stdout and "stopped at step 4" in r.stdout
     assert (run_dir / "latest").read_text() == "step_00000004" and damage(run_dir / "step_00000004") is None
@@ -93,7 +77,7 @@ def test_kill_during_async_write_resumes_from_the_previous_checkpoint_bit_exactl
     assert not list((run_dir / "step_00000004").glob("*.pt"))  # no DeepSpeed-native copy
     assert json.loads((run_dir / "step_00000004" / "megahash_state.json").read_text())["deepspeed_files"] is False
 
-    r = pretrain(_args(shakespeare_shards, run_dir))
+    r = pretrain_here(_args(shakespeare_shards, run_dir))
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"resumed from {run_dir}/step_00000004" in r.stdout
     resumed = _records(run_dir)  # the last record of a step wins

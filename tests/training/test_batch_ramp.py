@@ -17,26 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from conftest import TINIER, pretrain_group
 from megahash.config import load_config
 from megahash.errors import ConfigError
 
 # micro-batch 2, global batch 8, ramp 2 -> 8 by 2 over 24 samples: 3 increments of 8 samples each
 RAMP = ["train.micro_batch_size=2", "train.global_batch_size=8", "train.batch_ramp=[2,2,24]"]
 SCHEDULE = ["train.lr=2e-3", "train.min_lr=2e-4", "train.warmup_steps=2", "train.decay=cosine", "train.decay_steps=9"]
-TINY = [
-    "model.hidden_size=32",
-    "model.num_layers=1",
-    "model.num_heads=2",
-    "model.ffn_hidden_size=64",
-    "model.vocab_size=0",
-    "data.seq_length=32",
-    "train.log_interval=1",
-    "train.eval_interval=0",
-    "train.keep_last=0",
-    "train.zero_stage=0",
-    "logging.plot=false",
-    "logging.tensorboard=false",
-]
 STEPS = 10
 
 
@@ -162,7 +149,7 @@ def test_resume_inside_the_ramp_equals_the_uninterrupted_run(shakespeare_shards,
     import torch
 
     data = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}"]
-    common = [*data, *TINY, *RAMP, *SCHEDULE, f"train.steps={STEPS}"]
+    common = [*data, *TINIER, *RAMP, *SCHEDULE, f"train.steps={STEPS}"]
     straight, split = tmp_path / "straight", tmp_path / "split"
     status, out = _main([*common, f"train.save_dir={straight}"], capsys)
     assert status == 0, out[-3000:]
@@ -196,7 +183,7 @@ def test_resume_inside_the_ramp_equals_the_uninterrupted_run(shakespeare_shards,
     status, out = _main(
         [
             *data,
-            *TINY,
+            *TINIER,
             "train.micro_batch_size=2",
             "train.global_batch_size=8",
             "train.batch_ramp=[4,2,24]",
@@ -219,12 +206,10 @@ def test_two_data_parallel_ranks_ramp_like_one(shakespeare_shards, tmp_path, cap
     accumulation steps) and 1 rank (2 then 4) take the same samples per step: same consumed samples,
     batches and LR, losses within 1e-5 (fp32; the DP all-reduce sums in another order; measured 2.4e-7),
     and DeepSpeed counts the same steps and samples."""
-    from conftest import pretrain
-
     common = [
         f"data.prefix=[{shakespeare_shards['prefix']}]",
         f"data.tokenizer={shakespeare_shards['tokenizer']}",
-        *TINY,
+        *TINIER,
         "train.micro_batch_size=2",
         "train.global_batch_size=8",
         "train.batch_ramp=[4,4,16]",
@@ -235,7 +220,7 @@ def test_two_data_parallel_ranks_ramp_like_one(shakespeare_shards, tmp_path, cap
     one, two = tmp_path / "dp1", tmp_path / "dp2"
     status, out = _main([*common, f"train.save_dir={one}"], capsys)
     assert status == 0, out[-3000:]
-    r = pretrain([*common, f"train.save_dir={two}"], ranks=2)
+    (r,) = pretrain_group([[*common, f"train.save_dir={two}"]])
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     a, b = _records(one), _records(two)
     assert (

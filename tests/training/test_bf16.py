@@ -7,8 +7,9 @@ In this process with the tiniest model where the subprocess is not the point: on
 configuration (validation at steps 2 and 4, a checkpoint at step 2) and a run resumed from step 2 that
 logs steps 3-4 and the step-4 validation bit for bit. Every attention kind rides in a ``list:``
 schedule of a few models (one fixed input per model), so the whole matrix is a dozen configurations. One
-real ``pretrain.py`` launch covers the subprocess path (stop, resume at another ZeRO stage,
-``megahash eval``, ``megahash export-hf``). The ``gpu`` twin runs the same matrix on CUDA."""
+real ``pretrain.py`` launch (a ``megahash sweep`` cell, with its ``megahash eval``) covers the subprocess
+path; stop, resume at another ZeRO stage and ``megahash export-hf`` follow it here. The ``gpu`` twin runs the
+same matrix on CUDA."""
 
 from __future__ import annotations
 
@@ -21,13 +22,11 @@ import _kinds
 import pytest
 import torch
 
-from conftest import pretrain, run
+from conftest import TINIER, megahash_here, pretrain_here, run
 
 TINY = [
-    "model.hidden_size=32",
-    "model.num_heads=2",
-    "model.ffn_hidden_size=64",
-    "model.vocab_size=0",
+    *TINIER,
+    "model.num_layers=2",
     "model.attention.options.fixed_seq_length=16",
     "data.seq_length=16",
     "data.valid_samples=4",
@@ -35,13 +34,10 @@ TINY = [
     "train.global_batch_size=2",
     "train.lr=2e-3",
     "train.warmup_steps=2",
-    "train.log_interval=1",
-    "train.keep_last=0",
     "train.steps=4",
     "train.eval_interval=2",
     "train.save_interval=2",
-    "logging.plot=false",
-    "logging.tensorboard=false",
+    "train.zero_stage=1",
 ]
 BF16 = ["train.precision=bf16", "train.zero_stage=1"]
 FASTER = {"pool": ["model.embed.options.pool_bits=6"], "rolling": ["model.embed.options.rolling_dim=24"]}
@@ -464,11 +460,11 @@ def test_accelerator_picks_cuda_autocast_for_a_cuda_device():
 @pytest.mark.slow
 def test_bf16_sweep_and_launches_stop_resume_elsewhere_evaluate_and_export(shakespeare_shards, tmp_path):
     """The subprocess path: ``megahash sweep`` runs a bf16 cell (a ``pretrain.py`` launch to step 4, then
-    its evaluation in the run's compute dtype, then the report); ``pretrain.py`` launched with the same
-    config validates and stops at step 2 with its checkpoint, is launched again at another layout (ZeRO-3
-    instead of ZeRO-1: the elastic resume through the dist checkpoints) to step 4, with the sweep cell's
-    validation losses (step 2 bit for bit, step 4 within bf16 tolerance: another summation order after
-    the resume); ``megahash export-hf`` verifies the resumed checkpoint."""
+    its evaluation in the run's compute dtype, then the report); the pretraining entry point (in this process)
+    with the same config validates and stops at step 2 with its checkpoint, is run again at another layout
+    (ZeRO-3 instead of ZeRO-1: the elastic resume through the dist checkpoints) to step 4, with the sweep
+    cell's validation losses (step 2 bit for bit, step 4 within bf16 tolerance: another summation order
+    after the resume); ``megahash export-hf`` verifies the resumed checkpoint."""
     import yaml
 
     from megahash.data.preprocess import make_eval_tasks
@@ -521,13 +517,13 @@ def test_bf16_sweep_and_launches_stop_resume_elsewhere_evaluate_and_export(shake
         and set(rec["results"]) == {"shk_ppl", "shk_order"}
     )
     d = tmp_path / "run"
-    r = pretrain([*common, f"train.save_dir={d}", "train.stop_after=2"], config="configs/quickstart.yaml")
+    r = pretrain_here([*common, f"train.save_dir={d}", "train.stop_after=2"], config="configs/quickstart.yaml")
     assert r.returncode == 0 and "[valid] step 2/4" in r.stdout + r.stderr, r.stderr[-3000:]
-    r = pretrain([*common[:-1], f"train.save_dir={d}", "train.zero_stage=3"], config="configs/quickstart.yaml")
+    r = pretrain_here([*common[:-1], f"train.save_dir={d}", "train.zero_stage=3"], config="configs/quickstart.yaml")
     assert r.returncode == 0 and f"resumed from {d}" in r.stdout + r.stderr, r.stderr[-3000:]
     a, b = _records(cell, "valid"), _records(d, "valid")
     assert sorted(b) == [2, 4] and a[2] == b[2] and abs(a[4]["loss"] - b[4]["loss"]) < 0.02, (a, b)
-    r = run([sys.executable, "-m", "megahash", "export-hf", "--checkpoint", str(d), "--output", str(tmp_path / "hf")])
+    r = megahash_here(["export-hf", "--checkpoint", str(d), "--output", str(tmp_path / "hf")])
     assert r.returncode == 0 and (tmp_path / "hf" / "config.json").is_file(), r.stderr[-3000:]
 
 

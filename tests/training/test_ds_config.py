@@ -3,11 +3,10 @@ megahash's keys (Hugging Face Trainer's rule: "auto"/absent filled in, disagreem
 line with the fix), and several `--config` files merged left to right."""
 
 import json
-import sys
 
 import pytest
 
-from conftest import run
+from conftest import pretrain_here
 from megahash.config import load_config
 from megahash.errors import ConfigError
 from megahash.training.ds_config import deepspeed_config
@@ -112,14 +111,12 @@ def test_pretrain_accepts_deepspeed_flags(shakespeare_shards, tmp_path):
         "data.seq_length=64",
         f"train.save_dir={tmp_path / 'run'}",
     ]
-    r = run([sys.executable, "megahash/pretrain.py", "--deepspeed", str(ds), *common])
+    r = pretrain_here(["--deepspeed", str(ds), *common])  # the entry point's argv, in this process
     assert r.returncode == 2 and "Traceback" not in r.stderr
     err = [l for l in r.stderr.splitlines() if l.startswith("error:")]
     assert len(err) == 1 and "train_micro_batch_size_per_gpu=2 vs train.micro_batch_size=8" in err[0], r.stderr[-2000:]
-    r = run(
+    r = pretrain_here(
         [
-            sys.executable,
-            "megahash/pretrain.py",
             "--deepspeed",
             "--deepspeed_config",
             str(ds),

@@ -9,7 +9,9 @@ import shutil
 
 import pytest
 import torch
-from test_batch_ramp import TINY, _main
+from test_batch_ramp import _main
+
+from conftest import TINIER
 
 DECAY, STEPS = 0.6, 4
 
@@ -62,7 +64,7 @@ def test_ema_formula_validation_resume_eval_export(shakespeare_shards, tmp_path,
     data = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}"]
     common = [
         *data,
-        *TINY,
+        *TINIER,
         "train.precision=bf16",
         f"train.ema.decay={DECAY}",
         f"train.steps={STEPS}",
@@ -137,7 +139,7 @@ def test_ema_on_zero3_partitions(shakespeare_shards, tmp_path, capsys):
     data = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}"]
     common = [
         *data,
-        *TINY,
+        *TINIER,
         "train.zero_stage=3",
         f"train.ema.decay={DECAY}",
         "train.steps=2",

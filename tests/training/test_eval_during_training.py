@@ -12,23 +12,16 @@ import json
 
 import pytest
 
+import conftest
+
 TINY = [
-    "model.hidden_size=32",
-    "model.num_layers=1",
-    "model.num_heads=2",
-    "model.ffn_hidden_size=64",
-    "model.vocab_size=0",
-    "data.seq_length=32",
+    *conftest.TINIER,
     "train.micro_batch_size=2",
     "train.global_batch_size=4",
     "train.steps=6",
-    "train.eval_interval=0",
-    "train.log_interval=1",
-    "train.zero_stage=0",
     "train.save_interval=0",
     "train.keep_last=1",
     "train.precision=bf16",
-    "logging.plot=false",
     "logging.tensorboard=true",
     "train.async_save=true",
     "eval.interval=2",

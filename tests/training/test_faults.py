@@ -2,7 +2,9 @@
 
 Damaged inputs run in-process through the pretrain entry point (a 1-rank gloo world): each case is
 one damaged copy of the real Shakespeare shards (symlinks to the intact files), exit status 2, one
-``error:`` line naming the file, nothing written under ``train.save_dir``."""
+``error:`` line naming the file, nothing written under ``train.save_dir``. One-rank runs are in this
+process (conftest.pretrain_here), 2-rank ones in rank processes without a launcher (conftest.pretrain_group),
+but where a launcher and its signals are what is tested."""
 
 import json
 import os
@@ -12,20 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-TINY = [
-    "model.hidden_size=64",
-    "model.num_layers=2",
-    "model.num_heads=4",
-    "model.ffn_hidden_size=128",
-    "data.seq_length=64",
-    "train.micro_batch_size=4",
-    "train.global_batch_size=8",
-    "train.lr=2e-3",
-    "train.warmup_steps=2",
-    "train.log_interval=100",
-    "logging.plot=false",
-    "logging.tensorboard=false",
-]
+from conftest import TINY
 
 
 def base(shards, save_dir, steps, *extra, prefix=None):
@@ -158,10 +147,10 @@ def test_damaged_newest_checkpoint_falls_back_and_dead_saves_are_cleaned(shakesp
     """6 steps saving every 2; then the newest checkpoint is truncated, a newer step folder without a
     state file and leftovers of dead saves appear. The rerun (8 steps) warns about both damaged
     checkpoints, removes the leftovers, resumes from step 4 and repeats steps 5-6 bit-identically."""
-    from conftest import pretrain, train_losses
+    from conftest import pretrain_here, train_losses
 
     run_dir = tmp_path / "run"
-    r = pretrain(
+    r = pretrain_here(
         base(shakespeare_shards, run_dir, 6, "train.save_interval=2", "train.eval_interval=0", "train.keep_last=0")
     )
     assert r.returncode == 0, r.stderr[-3000:]
@@ -174,7 +163,7 @@ def test_damaged_newest_checkpoint_falls_back_and_dead_saves_are_cleaned(shakesp
     (run_dir / "step_00000007" / "model").mkdir(parents=True)  # renamed but never finished (no state file)
     (run_dir / "step_00000008.tmp").mkdir()  # a save killed in flight
     (run_dir / "latest.tmp-4242").write_text("step_00000008")
-    r = pretrain(
+    r = pretrain_here(
         base(shakespeare_shards, run_dir, 8, "train.save_interval=2", "train.eval_interval=0", "train.keep_last=0")
     )
     assert r.returncode == 0, r.stderr[-3000:]
@@ -208,12 +197,14 @@ def test_disk_full_during_save_is_one_line_and_keeps_the_previous(shakespeare_sh
     checkpoint of the same run written elsewhere first)."""
     import subprocess
 
-    from conftest import pretrain
+    from conftest import pretrain_here
 
     if os.geteuid() != 0:
         pytest.skip("mounting a small tmpfs needs root")
     probe = tmp_path / "probe"
-    r = pretrain(base(shakespeare_shards, probe, 2, "train.eval_interval=0", f"data.cache_dir={tmp_path / 'cache'}"))
+    r = pretrain_here(
+        base(shakespeare_shards, probe, 2, "train.eval_interval=0", f"data.cache_dir={tmp_path / 'cache'}")
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     one = sum(f.stat().st_size for f in probe.rglob("*") if f.is_file())  # one checkpoint + the run's logs
     mnt = tmp_path / "small"
@@ -224,7 +215,7 @@ def test_disk_full_during_save_is_one_line_and_keeps_the_previous(shakespeare_sh
         pytest.skip("mounting a small tmpfs failed")
     try:
         run_dir = mnt / "run"
-        r = pretrain(
+        r = pretrain_here(
             base(
                 shakespeare_shards,
                 run_dir,
@@ -273,12 +264,12 @@ def test_export_hf_never_unpickles_code(shakespeare_shards, tmp_path):
     import pickle
     import sys
 
-    from conftest import pretrain, run
+    from conftest import pretrain_here, run
     from megahash.checkpoint.safe_unpickle import RestrictedUnpickler
     from megahash.errors import CheckpointError
 
     run_dir = tmp_path / "run"
-    r = pretrain(base(shakespeare_shards, run_dir, 1, "train.eval_interval=0"))
+    r = pretrain_here(base(shakespeare_shards, run_dir, 1, "train.eval_interval=0"))
     assert r.returncode == 0, r.stderr[-3000:]
     model_dir = run_dir / "step_00000001" / "model"
     real = (model_dir / ".metadata").read_bytes()
@@ -383,13 +374,14 @@ def test_stop_signals_under_deepspeed_and_torchrun_resume_bit_exactly(shakespear
     import re
     import signal
 
-    from conftest import pretrain, train_losses
+    from conftest import pretrain_group, train_losses
 
     steps = 40
     common = ["train.save_interval=4", "train.eval_interval=0", "train.keep_last=0"]
     straight, split = tmp_path / "straight", tmp_path / "split"
-    # the reference saves only at its end: periodic saves must not change a run's losses either
-    r = pretrain(base(shakespeare_shards, straight, steps, "train.save_interval=0", "train.eval_interval=0"), ranks=2)
+    # the reference saves only at its end: periodic saves must not change a run's losses either (its 2 ranks
+    # without a launcher: the launchers are the pieces' part)
+    (r,) = pretrain_group([base(shakespeare_shards, straight, steps, "train.save_interval=0", "train.eval_interval=0")])
     assert r.returncode == 0, r.stderr[-3000:]
     pieces = [
         ("deepspeed", "group", signal.SIGTERM),
@@ -548,16 +540,20 @@ def test_layout_change_carries_optimizer_state_and_the_data_order(shakespeare_sh
     weights-only resume of the same checkpoint (fresh Adam) is more than 10 x TOL off from its second
     step on (measured 1.0e-2, 2.3e-2). A checkpoint without movable optimizer state (an older
     megahash's) at another layout is one line before DeepSpeed loads anything."""
-    from conftest import pretrain, train_losses
+    from conftest import pretrain_group, pretrain_here, train_losses
     from megahash.pretrain import main
 
     steps, gbs, TOL = 12, 8, 1e-4
     common = ["train.eval_interval=0", "train.keep_last=0"]
     straight, split, fresh, old = tmp_path / "straight", tmp_path / "split", tmp_path / "fresh", tmp_path / "old"
-    r = pretrain(base(shakespeare_shards, straight, steps, *common, "train.zero_stage=1"), ranks=2)
-    assert r.returncode == 0, r.stderr[-3000:]
-    r = pretrain(base(shakespeare_shards, split, steps, *common, "train.zero_stage=1", "train.stop_after=4"), ranks=2)
-    assert r.returncode == 0, r.stderr[-3000:]
+    runs = pretrain_group(
+        [
+            base(shakespeare_shards, split, steps, *common, "train.zero_stage=1", "train.stop_after=4"),
+            base(shakespeare_shards, straight, steps, *common, "train.zero_stage=1"),
+        ]
+    )
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-3000:]
     info = json.loads((split / "step_00000004" / "optimizer" / "megahash_optimizer.json").read_text())
     assert info["complete"] and info["adam_step"] == 4 and info["keys"] == ["exp_avg", "exp_avg_sq"], info
     manifest = json.loads((split / "step_00000004" / "manifest.json").read_text())["files"]
@@ -573,7 +569,7 @@ def test_layout_change_carries_optimizer_state_and_the_data_order(shakespeare_sh
     assert "no optimizer/megahash_optimizer.json (saved by an older megahash)" in err[0], err[0]
     assert sorted(p.name for p in old.rglob("*")) == before  # nothing written
     # the ZeRO-3 leg runs one step past its checkpoint at 8, so the TP=2 leg's first step has a reference
-    r = pretrain(
+    r = pretrain_here(
         base(
             shakespeare_shards,
             split,
@@ -586,20 +582,21 @@ def test_layout_change_carries_optimizer_state_and_the_data_order(shakespeare_sh
     )
     assert r.returncode == 0 and f"resumed from {split}/step_00000004" in r.stdout, r.stderr[-3000:]
     leg2 = train_losses(split)
-    r = pretrain(
-        base(
-            shakespeare_shards,
-            split,
-            steps,
-            *common,
-            "train.zero_stage=1",
-            "parallel.tensor=2",
-            f"train.resume={split / 'step_00000008'}",
-        ),
-        ranks=2,
+    (r,) = pretrain_group(
+        [
+            base(
+                shakespeare_shards,
+                split,
+                steps,
+                *common,
+                "train.zero_stage=1",
+                "parallel.tensor=2",
+                f"train.resume={split / 'step_00000008'}",
+            )
+        ]
     )
     assert r.returncode == 0 and f"resumed from {split}/step_00000008" in r.stdout, r.stderr[-3000:]
-    r = pretrain(
+    r = pretrain_here(
         base(
             shakespeare_shards,
             fresh,

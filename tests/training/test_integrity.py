@@ -24,12 +24,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from test_batch_ramp import TINY as SMALL
 
-from conftest import ROOT, child_env, train_losses
+from conftest import ROOT, TINIER, child_env, train_losses
 
 TINY = [
-    *SMALL,  # hidden 32, one layer, ZeRO-0, every step logged, checkpoints kept
+    *TINIER,  # hidden 32, one layer, ZeRO-0, every step logged, checkpoints kept
     "train.micro_batch_size=2",
     "train.global_batch_size=4",
     "train.lr=2e-3",

@@ -5,7 +5,9 @@ checkpoint, equal to the uninterrupted run."""
 
 import json
 
-from test_batch_ramp import RAMP, SCHEDULE, TINY, _main, _records
+from test_batch_ramp import RAMP, SCHEDULE, _main, _records
+
+from conftest import TINIER
 
 STEPS = 6
 LONG_RUN = [
@@ -22,7 +24,7 @@ LONG_RUN = [
 
 def test_every_long_run_feature_in_bf16_resumes_from_an_async_save_exactly(shakespeare_shards, tmp_path, capsys):
     data = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}"]
-    common = [*data, *TINY, *RAMP, *SCHEDULE, *LONG_RUN, f"train.steps={STEPS}"]
+    common = [*data, *TINIER, *RAMP, *SCHEDULE, *LONG_RUN, f"train.steps={STEPS}"]
     straight, split = tmp_path / "straight", tmp_path / "split"
     status, out = _main([*common, f"train.save_dir={straight}"], capsys)
     assert status == 0 and "torch.bfloat16" in out, out[-3000:]

@@ -13,25 +13,20 @@ import re
 import pytest
 import torch
 
-from conftest import pretrain, train_losses
+import conftest
+from conftest import pretrain_group, train_losses
 
 pytestmark = pytest.mark.numerics  # compares floating-point results (see tests/numerics.py)
 
 TINY = [
-    "model.hidden_size=32",
+    *conftest.TINIER,
     "model.num_layers=2",
-    "model.num_heads=2",
-    "model.ffn_hidden_size=64",
-    "model.vocab_size=0",
-    "data.seq_length=32",
     "train.micro_batch_size=2",
     "train.global_batch_size=4",
     "train.lr=2e-3",
     "train.warmup_steps=1",
-    "train.eval_interval=0",
-    "train.keep_last=0",
-    "logging.plot=false",
-    "logging.tensorboard=false",
+    "train.log_interval=10",
+    "train.zero_stage=1",
     "train.optimizer=muon",
     "train.muon.lr=0.02",
 ]
@@ -285,27 +280,34 @@ def test_sharded_muon_steps_as_one_rank_holds_its_share_and_resumes_at_any_data_
     # ---- checkpoints: pretraining entry point, ZeRO-1, fp32
     ckpt_args = [*common, "train.zero_stage=1", "train.precision=fp32", "train.save_interval=2"]
 
+    def args(name: str, *extra: str) -> list[str]:
+        return [*ckpt_args, f"train.save_dir={tmp_path / name}", f"data.cache_dir={tmp_path / 'cache' / name}", *extra]
+
     def run(name: str, ranks: int, *extra: str) -> dict:
-        args = [*ckpt_args, f"train.save_dir={tmp_path / name}", f"data.cache_dir={tmp_path / 'cache' / name}", *extra]
         if ranks == 1:
-            status, log = _main(args, capsys)  # in this process
+            status, log = _main(args(name, *extra), capsys)  # in this process
             assert status == 0, log[-3000:]
-        else:
-            r = pretrain(args, ranks=ranks)
-            assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
         return train_losses(tmp_path / name)
 
     def step2(name: str) -> str:
         return f"train.resume={tmp_path / name / 'step_00000002'}"
 
     saves = ["train.async_save=true", "train.ema.decay=0.9"]
-    two = run("two", 2, *saves)
+    two_ranks = {  # one set of 2 rank processes, the runs in turn (each resume after another run: conftest)
+        "two": args("two", *saves),
+        "one_to_two": args("one_to_two", step2("dp1")),
+        "two_again": args("two_again", *saves, step2("two")),
+        "four_to_two": args("four_to_two", step2("dp4")),
+    }
+    for r in pretrain_group(list(two_ranks.values())):
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    two = run("two", 2)
     ckpt = tmp_path / "two" / "step_00000002"
     state = json.loads((ckpt / "megahash_state.json").read_text())
     # the momentum lives in optimizer/ (each tensor whole): DeepSpeed's ZeRO-0 files would hold rank 0's shard only
     assert state["deepspeed_files"] is False and not list(ckpt.glob("*model_states.pt"))
     assert json.loads((ckpt / "optimizer" / "megahash_optimizer.json").read_text())["complete"]
-    again = run("two_again", 2, *saves, step2("two"))
+    again = run("two_again", 2)
     # bit-exact: resume is the promise (same layout, same machine)
     assert [again[s] for s in (3, 4)] == [two[s] for s in (3, 4)]
     for weights in ("live", "ema"):
@@ -318,8 +320,8 @@ def test_sharded_muon_steps_as_one_rank_holds_its_share_and_resumes_at_any_data_
     straight = {name: dict(enumerate(out[name]["losses"], 1)) for name in ("dp1", "dp4")}
     resumed = {
         "2 -> 1": (run("two_to_one", 1, step2("two")), two),
-        "1 -> 2": (run("one_to_two", 2, step2("dp1")), straight["dp1"]),
-        "4 -> 2": (run("four_to_two", 2, step2("dp4")), straight["dp4"]),
+        "1 -> 2": (run("one_to_two", 2), straight["dp1"]),
+        "4 -> 2": (run("four_to_two", 2), straight["dp4"]),
     }
     fresh = run("two_to_one_fresh", 1, step2("two"), "train.resume_weights_only=true")
     # step 3: the saved weights and the same micro-batches (the loss a mean of fp32 values summed exactly)
@@ -350,7 +352,7 @@ def test_elastic_resume_carries_the_momentum(shakespeare_shards, tmp_path, dist)
         f"train.save_dir={tmp_path}",
         f"data.cache_dir={tmp_path / 'cache'}",
     ]
-    r = pretrain([*common, "train.stop_after=2"], ranks=2)
+    (r,) = pretrain_group([[*common, "train.stop_after=2"]])
     assert r.returncode == 0, r.stderr[-3000:]
     ckpt = tmp_path / "step_00000002"
     cfg = load_config(None, common)

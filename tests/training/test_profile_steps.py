@@ -10,22 +10,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import conftest
 from megahash.accelerator import measurement
 from megahash.training import profile_steps
 
 TINY = [
-    "model.hidden_size=64",
-    "model.num_layers=2",
-    "model.num_heads=4",
-    "model.ffn_hidden_size=128",
+    *conftest.TINY,
     "data.seq_length=32",
     "train.micro_batch_size=2",
     "train.global_batch_size=4",
     "train.warmup_steps=1",
-    "train.log_interval=100",
     "train.eval_interval=0",
-    "logging.plot=false",
-    "logging.tensorboard=false",
 ]
 
 

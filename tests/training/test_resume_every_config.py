@@ -20,25 +20,18 @@ from pathlib import Path
 import _kinds
 import pytest
 
+import conftest
 from conftest import ROOT
 
 TINY = [
-    "model.hidden_size=64",
+    *conftest.TINY,
     "model.num_layers=4",
-    "model.num_heads=4",
-    "model.ffn_hidden_size=128",
     "model.vocab_size=0",
     "model.attention.options.fixed_seq_length=64",
-    "data.seq_length=64",
-    "train.micro_batch_size=4",
     "train.global_batch_size=4",
-    "train.lr=2e-3",
-    "train.warmup_steps=2",
     "train.log_interval=1",
     "train.eval_interval=0",
     "train.keep_last=0",
-    "logging.plot=false",
-    "logging.tensorboard=false",
 ]
 # options that only make a kind faster here (a newly registered kind runs with none)
 FASTER = {"pool": ["model.embed.options.pool_bits=6"], "rolling": ["model.embed.options.rolling_dim=48"]}

@@ -15,8 +15,9 @@ import stat
 
 import pytest
 import torch
-from test_batch_ramp import TINY, _main
+from test_batch_ramp import _main
 
+from conftest import TINIER
 from megahash.checkpoint import deepspeed_files
 
 
@@ -32,7 +33,7 @@ def _args(shards, save_dir, steps, *extra):
     return [
         f"data.prefix=[{shards['prefix']}]",
         f"data.tokenizer={shards['tokenizer']}",
-        *TINY,
+        *TINIER,
         "train.micro_batch_size=2",
         "train.global_batch_size=4",
         f"train.steps={steps}",

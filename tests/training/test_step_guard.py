@@ -18,25 +18,10 @@ import sys
 
 import pytest
 
+import conftest
 from conftest import ROOT, child_env
 
-TINY = [
-    "model.hidden_size=64",
-    "model.num_layers=2",
-    "model.num_heads=4",
-    "model.ffn_hidden_size=128",
-    "data.seq_length=64",
-    "train.micro_batch_size=4",
-    "train.global_batch_size=8",
-    "train.lr=2e-3",
-    "train.warmup_steps=2",
-    "train.log_interval=100",
-    "logging.plot=false",
-    "logging.tensorboard=false",
-    "train.eval_interval=0",
-    "train.save_interval=0",
-    "train.precision=fp32",
-]
+TINY = [*conftest.TINY, "train.eval_interval=0", "train.save_interval=0", "train.precision=fp32"]
 
 
 def test_spike_rule_is_k_times_the_running_median():
@@ -187,11 +172,11 @@ def test_a_diverging_lr_stops_in_one_line_with_the_newest_checkpoint_published(s
     finished first, not abandoned), and nothing half-written is left."""
     import re
 
-    from conftest import pretrain
+    from conftest import pretrain_here
 
     save_dir = tmp_path / "run"
     data = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}"]
-    r = pretrain(
+    r = pretrain_here(
         [*data, *TINY, "train.lr=1e6", "train.warmup_steps=0", "train.steps=8", "train.save_interval=2",
          "train.async_save=true", f"train.save_dir={save_dir}"]
     )  # fmt: skip

@@ -1,5 +1,9 @@
 """Training core on real text: TP/SP parity, exact resume, interrupted saves, one-line errors,
-loss decreasing. Multi-rank runs use the real DeepSpeed launcher with 2 CPU (gloo) ranks."""
+loss decreasing. The multi-rank runs (2 CPU gloo ranks with the DeepSpeed launcher's environment) are made
+by the module fixture ``two_ranks`` in two sets of rank processes (conftest.pretrain_group): the first runs
+and the runs a resume continues, then the resumes, whose processes have run other configurations before
+(a resume that restored less than it must would pick up their state, not the step it stopped at). One-rank
+runs are in this process (conftest.pretrain_here) unless a fresh process's output is what is checked."""
 
 import json
 import re
@@ -7,22 +11,7 @@ import sys
 
 import pytest
 
-from conftest import pretrain, run, train_losses
-
-TINY = [
-    "model.hidden_size=64",
-    "model.num_layers=2",
-    "model.num_heads=4",
-    "model.ffn_hidden_size=128",
-    "data.seq_length=64",
-    "train.micro_batch_size=4",
-    "train.global_batch_size=8",
-    "train.lr=2e-3",
-    "train.warmup_steps=2",
-    "train.log_interval=100",
-    "logging.plot=false",
-    "logging.tensorboard=false",
-]
+from conftest import TINIER, TINY, pretrain, pretrain_group, pretrain_here, run, train_losses
 
 
 def base(shards, save_dir, steps, *extra):
@@ -36,24 +25,90 @@ def base(shards, save_dir, steps, *extra):
     ]
 
 
+PARITY = {
+    "tp2": ["parallel.tensor=2"],
+    "tp2sp": ["parallel.tensor=2", "parallel.sequence=true"],
+    "dp2_zero3": ["train.zero_stage=3"],
+}
+RESUME = ["train.eval_interval=5", "train.zero_stage=1"]
+HYBRID = [
+    "train.eval_interval=0",
+    "model.num_layers=4",
+    "model.schedule=list:mha,rndembqk,mhe-mul,mqa",
+    "parallel.tensor=2",
+]
+BF16 = [
+    "train.precision=bf16",
+    "train.zero_stage=1",
+    "train.eval_interval=0",
+    "train.save_interval=2",
+    "train.keep_last=0",
+]
+
+
+def _quickstart(shards, run_dir):
+    return [
+        "--config",
+        "configs/quickstart.yaml",
+        f"data.prefix=[{shards['prefix']}]",
+        f"data.tokenizer={shards['tokenizer']}",
+        "train.steps=60",
+        f"train.save_dir={run_dir}",
+        "train.eval_interval=20",
+        "train.save_interval=0",
+        "data.seq_length=64",
+        "train.micro_batch_size=8",
+    ]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(shakespeare_shards, tmp_path_factory):
+    """name -> (CompletedProcess, run dir) of every 2-rank run of this module, and the facts a test checks
+    between a stop and its resume (``between``)."""
+    sh, d = shakespeare_shards, tmp_path_factory.mktemp("two_ranks")
+    first = {f"parity_{n}": base(sh, d / n, 6, "train.eval_interval=0", *extra) for n, extra in PARITY.items()}
+    first |= {
+        "resume_split": base(sh, d / "split", 20, *RESUME, "train.stop_after=10"),
+        "resume_straight": base(sh, d / "straight", 20, *RESUME),
+        "hybrid_split": base(sh, d / "hsplit", 6, *HYBRID, "train.stop_after=3"),
+        "hybrid_straight": base(sh, d / "hstraight", 6, *HYBRID),
+        "bf16_two": base(sh, d / "two", 4, *BF16),
+        "quickstart": _quickstart(sh, d / "qs"),
+    }
+    then = {
+        "resume_resumed": base(sh, d / "split", 20, *RESUME),
+        "hybrid_resumed": base(sh, d / "hsplit", 6, *HYBRID),
+        "bf16_resumed": base(sh, d / "resumed", 4, *BF16, f"train.resume={d / 'two' / 'step_00000002'}"),
+    }
+    out = {"dir": d}
+    for runs in (first, then):
+        for name, r in zip(runs, pretrain_group(list(runs.values()), timeout=1800)):
+            out[name] = r
+        if runs is first:
+            out["between"] = {
+                "resume_latest": (d / "split" / "latest").read_text(),
+                "resume_step20": (d / "split" / "step_00000020").exists(),
+            }
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_tp_and_sp_parity(shakespeare_shards, tmp_path):
+def test_tp_and_sp_parity(shakespeare_shards, two_ranks, tmp_path):
     """TP=1, TP=2, TP=2+SP and 2 data-parallel ranks under ZeRO-3 give the same per-step losses
     (dropout 0, fp32) to 1e-4."""
-    runs = {
-        "tp1": (1, []),
-        "tp2": (2, ["parallel.tensor=2"]),
-        "tp2sp": (2, ["parallel.tensor=2", "parallel.sequence=true"]),
-        "dp2_zero3": (2, ["train.zero_stage=3"]),
-    }
+    d = two_ranks["dir"]
+    dirs = {"tp1": tmp_path / "tp1", **{name: d / name for name in PARITY}}
     losses = {}
-    for name, (ranks, extra) in runs.items():
-        r = pretrain(base(shakespeare_shards, tmp_path / name, 6, "train.eval_interval=0", *extra), ranks=ranks)
+    for name in dirs:
+        if name == "tp1":
+            r = pretrain_here(base(shakespeare_shards, dirs[name], 6, "train.eval_interval=0"))
+        else:
+            r = two_ranks[f"parity_{name}"]
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         for noise in ("CUDA_DEVICE_MAX_CONNECTIONS", "reduce_scatter_tensor` is deprecated"):  # issue 29
             assert noise not in r.stderr, (name, r.stderr[-3000:])
-        losses[name] = train_losses(tmp_path / name)
+        losses[name] = train_losses(dirs[name])
     assert len(losses["tp1"]) == 6
     for name in ("tp2", "tp2sp", "dp2_zero3"):
         for step, loss in losses["tp1"].items():
@@ -72,7 +127,7 @@ def test_tp_and_sp_parity(shakespeare_shards, tmp_path):
         "    print(max((sd[k] - ref[k]).abs().max().item() for k in ref))\n"
         "    process_groups.teardown()\n"
     )
-    r = run([sys.executable, "-c", script, *(str(tmp_path / n) for n in runs)])
+    r = run([sys.executable, "-c", script, *(str(p) for p in dirs.values())])
     assert r.returncode == 0, r.stderr[-3000:]
     assert "ShardedTensor" not in r.stderr and "load_state_dict` is deprecated" not in r.stderr, r.stderr[-3000:]
     diffs = [float(x) for x in r.stdout.split()]
@@ -81,17 +136,16 @@ def test_tp_and_sp_parity(shakespeare_shards, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_resume_reproduces_uninterrupted_run(shakespeare_shards, tmp_path):
+def test_resume_reproduces_uninterrupted_run(two_ranks):
     """20 straight steps == 10 steps, stop, resume for 10 (2 data-parallel ranks, ZeRO-1)."""
-    straight, split = tmp_path / "straight", tmp_path / "split"
-    common = ["train.eval_interval=5", "train.zero_stage=1"]
-    r = pretrain(base(shakespeare_shards, straight, 20, *common), ranks=2)
+    straight, split = two_ranks["dir"] / "straight", two_ranks["dir"] / "split"
+    r = two_ranks["resume_straight"]
     assert r.returncode == 0, r.stderr[-3000:]
-    r = pretrain(base(shakespeare_shards, split, 20, *common, "train.stop_after=10"), ranks=2)
+    r = two_ranks["resume_split"]
     assert r.returncode == 0, r.stderr[-3000:]
-    assert (split / "latest").read_text() == "step_00000010"
-    assert not (split / "step_00000020").exists()
-    r = pretrain(base(shakespeare_shards, split, 20, *common), ranks=2)
+    assert two_ranks["between"]["resume_latest"] == "step_00000010"
+    assert not two_ranks["between"]["resume_step20"]
+    r = two_ranks["resume_resumed"]
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resumed from" in r.stdout
     a, b = train_losses(straight), train_losses(split)
@@ -105,21 +159,15 @@ def test_resume_reproduces_uninterrupted_run(shakespeare_shards, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_hybrid_schedule_checkpoints_resume_and_load_at_tp1(shakespeare_shards, tmp_path):
+def test_hybrid_schedule_checkpoints_resume_and_load_at_tp1(two_ranks):
     """A schedule whose layers differ in parameters (RndEmbQK layers have no linear_qkv) saves at
     TP=2 (one key per layer in the dist checkpoint), resumes bit-exactly and loads at TP=1."""
-    straight, split = tmp_path / "straight", tmp_path / "split"
-    common = [
-        "train.eval_interval=0",
-        "model.num_layers=4",
-        "model.schedule=list:mha,rndembqk,mhe-mul,mqa",
-        "parallel.tensor=2",
-    ]
-    r = pretrain(base(shakespeare_shards, straight, 6, *common), ranks=2)
+    straight, split = two_ranks["dir"] / "hstraight", two_ranks["dir"] / "hsplit"
+    r = two_ranks["hybrid_straight"]
     assert r.returncode == 0, r.stderr[-3000:]
-    r = pretrain(base(shakespeare_shards, split, 6, *common, "train.stop_after=3"), ranks=2)
+    r = two_ranks["hybrid_split"]
     assert r.returncode == 0, r.stderr[-3000:]
-    r = pretrain(base(shakespeare_shards, split, 6, *common), ranks=2)
+    r = two_ranks["hybrid_resumed"]
     assert r.returncode == 0 and "resumed from" in r.stdout, r.stderr[-3000:]
     a, b = train_losses(straight), train_losses(split)
     # bit-exact: resume is the promise (same ranks and layout, same machine)
@@ -145,24 +193,17 @@ def test_hybrid_schedule_checkpoints_resume_and_load_at_tp1(shakespeare_shards, 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_bf16_on_two_data_parallel_ranks_matches_one_rank_and_resumes_exactly(shakespeare_shards, tmp_path):
+def test_bf16_on_two_data_parallel_ranks_matches_one_rank_and_resumes_exactly(shakespeare_shards, two_ranks, tmp_path):
     """train.precision=bf16 (fp32 parameters, bf16 compute under autocast) on 2 gloo ranks, ZeRO-1
     (optimizer state partitioned over the ranks): per-step losses equal the 1-rank run of the same
     global batch within bf16 tolerance, and a run resumed from the step-2 checkpoint logs steps 3-4
     bit for bit as the uninterrupted one (issue 25 item 2)."""
-    common = [
-        "train.precision=bf16",
-        "train.zero_stage=1",
-        "train.eval_interval=0",
-        "train.save_interval=2",
-        "train.keep_last=0",
-    ]
-    one, two, resumed = tmp_path / "one", tmp_path / "two", tmp_path / "resumed"
-    r = pretrain(base(shakespeare_shards, one, 4, *common))
+    one, two, resumed = tmp_path / "one", two_ranks["dir"] / "two", two_ranks["dir"] / "resumed"
+    r = pretrain_here(base(shakespeare_shards, one, 4, *BF16))
     assert r.returncode == 0 and "torch.bfloat16" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
-    r = pretrain(base(shakespeare_shards, two, 4, *common), ranks=2)
+    r = two_ranks["bf16_two"]
     assert r.returncode == 0 and "dp 2), torch.bfloat16, ZeRO-1" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
-    r = pretrain(base(shakespeare_shards, resumed, 4, *common, f"train.resume={two / 'step_00000002'}"), ranks=2)
+    r = two_ranks["bf16_resumed"]
     assert r.returncode == 0 and f"resumed from {two}/step_00000002" in r.stdout, r.stderr[-3000:]
     a, b, c = train_losses(one), train_losses(two), train_losses(resumed)
     assert sorted(a) == sorted(b) == [1, 2, 3, 4] and sorted(c) == [3, 4], (a, b, c)
@@ -179,11 +220,11 @@ def test_bf16_on_two_data_parallel_ranks_matches_one_rank_and_resumes_exactly(sh
 def test_interrupted_save_keeps_previous_checkpoint(shakespeare_shards, tmp_path):
     run_dir = tmp_path / "run"
     args = base(shakespeare_shards, run_dir, 8, "train.save_interval=4", "train.eval_interval=0")
-    r = pretrain(args, MEGAHASH_TEST_FAIL_IN_SAVE="8")
+    r = pretrain_here(args, MEGAHASH_TEST_FAIL_IN_SAVE="8")
     assert r.returncode != 0 and "injected failure" in r.stderr
     assert (run_dir / "latest").read_text() == "step_00000004"
     assert not (run_dir / "step_00000008").exists()  # only the .tmp, never under the final name
-    r = pretrain(args)
+    r = pretrain_here(args)
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"resumed from {run_dir}/step_00000004" in r.stdout
     assert (run_dir / "latest").read_text() == "step_00000008"
@@ -197,7 +238,6 @@ def test_checkpoint_of_the_previous_release_still_resumes(shakespeare_shards, tm
     read its config (the retired key dropped, the old keys under their new names)."""
     import torch
     import yaml
-    from test_batch_ramp import TINY as SMALL
     from test_batch_ramp import _main, _records
 
     from megahash.checkpoint.manifest import write_manifest
@@ -207,7 +247,7 @@ def test_checkpoint_of_the_previous_release_still_resumes(shakespeare_shards, tm
     common = [
         f"data.prefix=[{shakespeare_shards['prefix']}]",
         f"data.tokenizer={shakespeare_shards['tokenizer']}",
-        *SMALL,
+        *TINIER,
         "train.lr=2e-3",
         "train.min_lr=2e-4",
         "train.warmup_steps=2",
@@ -286,28 +326,15 @@ def test_entry_point_one_line_errors(shakespeare_shards, tmp_path, override, exp
 
 
 def test_tp_must_divide_world_size(shakespeare_shards, tmp_path):
-    r = pretrain(base(shakespeare_shards, tmp_path / "x", 2, "parallel.tensor=2"))
+    r = pretrain_here(base(shakespeare_shards, tmp_path / "x", 2, "parallel.tensor=2"))
     assert r.returncode == 2 and "does not divide the world size 1" in r.stderr
 
 
 @pytest.mark.multiprocess
-def test_loss_decreases_on_real_text(shakespeare_shards, tmp_path):
+def test_loss_decreases_on_real_text(two_ranks):
     """Quickstart recipe (shortened): validation loss falls well below its start and a PNG is written."""
-    run_dir = tmp_path / "qs"
-    r = pretrain(
-        [
-            f"data.prefix=[{shakespeare_shards['prefix']}]",
-            f"data.tokenizer={shakespeare_shards['tokenizer']}",
-            "train.steps=60",
-            f"train.save_dir={run_dir}",
-            "train.eval_interval=20",
-            "train.save_interval=0",
-            "data.seq_length=64",
-            "train.micro_batch_size=8",
-        ],
-        ranks=2,
-        config="configs/quickstart.yaml",
-    )
+    run_dir = two_ranks["dir"] / "qs"
+    r = two_ranks["quickstart"]
     assert r.returncode == 0, r.stderr[-3000:]
     valid = train_losses(run_dir, "valid")
     assert valid[60] < valid[20] - 0.15, valid  # measured drops 0.25-0.39 over seeds

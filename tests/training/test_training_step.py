@@ -5,20 +5,11 @@ like the plain torch loop (clip_grad_norm_ + AdamW + LambdaLR) on the same model
 import pytest
 import torch
 
+import conftest
+
 pytestmark = pytest.mark.numerics  # compares floating-point results (see tests/numerics.py)
 
-TINY = [
-    "model.hidden_size=64",
-    "model.num_layers=2",
-    "model.num_heads=4",
-    "model.ffn_hidden_size=128",
-    "data.seq_length=64",
-    "train.micro_batch_size=4",
-    "train.global_batch_size=4",
-    "train.lr=2e-3",
-    "train.warmup_steps=2",
-    "train.precision=fp32",
-]
+TINY = [*conftest.TINY, "train.global_batch_size=4", "train.precision=fp32"]
 
 
 def test_rope_matches_megatron_core(dist):

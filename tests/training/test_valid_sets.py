@@ -10,25 +10,17 @@ import sys
 
 import pytest
 
+import conftest
 from conftest import run
 
 TINY = [
-    "model.hidden_size=32",
-    "model.num_layers=1",
-    "model.num_heads=2",
-    "model.ffn_hidden_size=64",
-    "model.vocab_size=0",
-    "data.seq_length=32",
+    *conftest.TINIER,
     "train.micro_batch_size=2",
     "train.global_batch_size=4",
     "train.steps=2",
     "train.eval_interval=2",
-    "train.log_interval=1",
-    "train.zero_stage=0",
-    "train.keep_last=0",
     "data.valid_samples=40",
     "data.valid_micro_batch=8",
-    "logging.plot=false",
     "logging.tensorboard=true",
     "eval.at_end=false",
 ]

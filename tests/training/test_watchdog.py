@@ -10,25 +10,12 @@ import time
 
 import pytest
 
+import conftest
 from megahash.errors import ConfigError
 from megahash.training import watchdog as wd
 from megahash.training.signals import EXIT_REQUEUE
 
-TINY = [
-    "model.hidden_size=64",
-    "model.num_layers=2",
-    "model.num_heads=4",
-    "model.ffn_hidden_size=128",
-    "data.seq_length=64",
-    "train.micro_batch_size=4",
-    "train.global_batch_size=8",
-    "train.lr=2e-3",
-    "train.warmup_steps=2",
-    "train.log_interval=100",
-    "train.eval_interval=0",
-    "logging.plot=false",
-    "logging.tensorboard=false",
-]
+TINY = [*conftest.TINY, "train.eval_interval=0"]
 
 
 class FakeClock:
