@@ -87,35 +87,41 @@ def _task(tmp_path, docs):
     return str(tmp_path / "tasks")
 
 
-def test_bits_per_byte_equals_lm_eval(dist, shakespeare_shards, tmp_path):
-    """Documents longer than the window (several rolling windows each) on a tiny untrained model."""
-    from lm_eval.api.metrics import bits_per_byte as lm_eval_bpb
-
+def _tiny_lm(shards, window: int, seed: int):
+    """An untrained one-layer model of the quickstart shards' tokenizer behind megahash's lm-eval model."""
     from megahash.accelerator import rng
     from megahash.config import load_config
-    from megahash.eval.bits_per_byte import text_metrics
     from megahash.eval.lm import MegahashEvalLM
-    from megahash.eval.run import evaluate, summarise
     from megahash.eval.text import load_codec
     from megahash.models.megatron_model import build_model
 
     cfg = load_config(
         None,
         [
-            f"data.prefix=[{shakespeare_shards['prefix']}]",
-            f"data.tokenizer={shakespeare_shards['tokenizer']}",
+            f"data.prefix=[{shards['prefix']}]",
+            f"data.tokenizer={shards['tokenizer']}",
             "model.hidden_size=32",
             "model.num_layers=1",
             "model.num_heads=2",
             "model.ffn_hidden_size=64",
-            "data.seq_length=32",
+            f"data.seq_length={window}",
             "model.max_position_embeddings=64",
         ],
     )
     codec = load_codec(cfg)
-    rng.seed_all(5)
+    rng.seed_all(seed)
     model = build_model(cfg, codec.vocab_size).eval()
-    lm = MegahashEvalLM.from_model(cfg, model, codec, batch_size=4, max_length=32)
+    return MegahashEvalLM.from_model(cfg, model, codec, batch_size=4, max_length=window)
+
+
+def test_bits_per_byte_equals_lm_eval(dist, shakespeare_shards, tmp_path):
+    """Documents longer than the window (several rolling windows each) on a tiny untrained model."""
+    from lm_eval.api.metrics import bits_per_byte as lm_eval_bpb
+
+    from megahash.eval.bits_per_byte import text_metrics
+    from megahash.eval.run import evaluate, summarise
+
+    lm = _tiny_lm(shakespeare_shards, 32, seed=5)
     docs = [TEXTS[0] * 2, "To be, or not to be: that is the question. " * 3, TEXTS[1]]
     ours = text_metrics(lm, docs)
     assert ours["bytes"] == sum(len(d.encode("utf-8")) for d in docs)
@@ -137,32 +143,12 @@ def test_sliding_windows_score_each_token_with_its_window_of_context(dist, shake
     ``max_length`` tokens before it (or all of them), checked token by token against the model run on
     exactly that context; ``text_metrics`` reports both schemes over the same tokens and bytes; a stride
     outside 1..window is one line."""
-    from megahash.accelerator import rng
-    from megahash.config import load_config
     from megahash.errors import ConfigError
     from megahash.eval.bits_per_byte import text_metrics
-    from megahash.eval.lm import MegahashEvalLM
-    from megahash.eval.text import load_codec
-    from megahash.models.megatron_model import build_model
 
     window = 16
-    cfg = load_config(
-        None,
-        [
-            f"data.prefix=[{shakespeare_shards['prefix']}]",
-            f"data.tokenizer={shakespeare_shards['tokenizer']}",
-            "model.hidden_size=32",
-            "model.num_layers=1",
-            "model.num_heads=2",
-            "model.ffn_hidden_size=64",
-            f"data.seq_length={window}",
-            "model.max_position_embeddings=64",
-        ],
-    )
-    codec = load_codec(cfg)
-    rng.seed_all(7)
-    model = build_model(cfg, codec.vocab_size).eval()
-    lm = MegahashEvalLM.from_model(cfg, model, codec, batch_size=4, max_length=window)
+    lm = _tiny_lm(shakespeare_shards, window, seed=7)
+    model, codec = lm.model, lm.codec
     doc = "To be, or not to be: that is the question. Whether 'tis nobler in the mind to suffer. " * 2
     ids = [codec.eos_id, *codec.encode(doc).ids]
     assert len(ids) > 3 * window  # several windows

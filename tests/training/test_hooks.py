@@ -9,9 +9,9 @@ import ast
 import re
 
 import pytest
-from test_batch_ramp import TINY, _main, _records
+from test_batch_ramp import _main, _records
 
-from conftest import ROOT, doc_block
+from conftest import ROOT, TINIER, doc_block
 from megahash.errors import ConfigError
 
 EXAMPLE = doc_block("docs/architecture.md", "## Worked example: add a training feature")
@@ -55,7 +55,7 @@ def test_the_example_feature_trains_and_resumes_bit_exactly(loss_smooth, shakesp
     common = [
         f"data.prefix=[{shakespeare_shards['prefix']}]",
         f"data.tokenizer={shakespeare_shards['tokenizer']}",
-        *TINY,
+        *TINIER,
         "train.micro_batch_size=2",
         "train.global_batch_size=2",
         "train.steps=4",
