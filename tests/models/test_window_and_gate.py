@@ -55,7 +55,7 @@ def test_a_window_of_the_whole_length_is_mha_bit_for_bit(extra):
         for window, same in ((12, True), (100, True), (11, False)):
             swa = build(make_cfg(f"swa+window={window}", *extra)).eval()
             params = zip(mha.state_dict().values(), swa.state_dict().values())
-            assert all(torch.equal(a, b) for a, b in params if torch.is_tensor(a))  # bit-exact: the same draws (one seed, one init order)
+            assert all(torch.equal(a, b) for a, b in params if torch.is_tensor(a))  # bit-exact: same draws
             got, got_doc = swa.hidden_states(tok), swa.hidden_states(tok, document_ids=doc)
             # bit-exact: one path (the same kernel and mask) when the window holds every key
             assert (torch.equal(got, ref) and torch.equal(got_doc, ref_doc)) == same, window
