@@ -82,7 +82,7 @@ class ThesisTaylor(LinearAttention):
         q, k, v = super().qkv(x, rotary_pos_emb)
         return rope(q, rotary_pos_emb), rope(k, rotary_pos_emb), v
 
-    def q_gain(self, d: int) -> float:
+    def query_scale(self, d: int) -> float:
         """No score scale to change under muP: eq. 4.15-4.17 are ratios homogeneous of degree 0 in q (the
         literal form), and the positive form's elu + 1 features take q, k at d^(-1/4) as [Katharopoulos20]'s
         take them unscaled; muP's initialisation and learning rates apply as to every kind."""

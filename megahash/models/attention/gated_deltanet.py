@@ -117,7 +117,7 @@ class GatedDeltaNet(Mixing):
         out, S = gated_delta_causal(q, k, v, g, beta, self.chunk_size, S, cache is not None, doc, qk_l2norm=True)
         store_state(cache, keys, (S, conv))
         out = self.o_norm(out.permute(2, 0, 1, 3)) * F.silu(z.to(dt))  # [s, b, n, d_v]
-        return out.reshape(s, b, n * d_v)
+        return out.reshape(s, b, n * d_v).to(x.dtype)  # back to the layer's dtype (bf16 weights: linear_proj's)
 
 
 # ----------------------------------------------------------------------------- self-description

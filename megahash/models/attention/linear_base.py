@@ -41,20 +41,20 @@ class LinearAttention(GroupedKV, Mixing):
         doc = document_rows(state.document_ids, q)
         return self.kernel(q, k, v, key_mask, state.cache(self.layer_number), doc, state.offset)
 
-    def q_gain(self, d: int) -> float:
+    def query_scale(self, d: int) -> float:
         """The factor on q that turns the kernel's scores q.k/sqrt(d) into the layer's ``score_scale(d)`` q.k: 1,
         or sqrt(d_0/d) under muP (scores sqrt(d_0) q.k/d); a kind whose kernel has no score scale returns 1."""
         return self.score_scale(d) * math.sqrt(d)
 
     def kernel_inputs(self, x, rotary_pos_emb):
-        """x [s, b, h] -> the kernel's q [b, g, rep, s, d] (times :meth:`q_gain`), k, v [b, g, 1, s, d], in its
+        """x [s, b, h] -> the kernel's q [b, g, rep, s, d] (times :meth:`query_scale`), k, v [b, g, 1, s, d], in its
         compute dtype."""
         q, k, v = self.qkv(x, rotary_pos_emb)
         s, b, n_l, d = q.shape
         g = k.shape[2]
         dt = compute_dtype(q)
         qh = q.permute(1, 2, 0, 3).reshape(b, g, n_l // g, s, d).to(dt)
-        gain = self.q_gain(d)
+        gain = self.query_scale(d)
         if gain != 1.0:
             qh = qh * gain
         kh = k.permute(1, 2, 0, 3).unsqueeze(2).to(dt)
