@@ -221,6 +221,12 @@ def check_ranges(cfg) -> None:
     _check_levers(cfg)
 
 
+def _scores_tokens(cfg) -> bool:
+    from megahash.objective_spec import scores_tokens  # the objective's and the head's capability (registries)
+
+    return scores_tokens(cfg)
+
+
 def _check_levers(cfg) -> None:
     """The combinations the compact-model levers refuse (issue 44, docs/compact_models.md#levers)."""
     m, t = cfg.model, cfg.train
@@ -228,10 +234,10 @@ def _check_levers(cfg) -> None:
         raise ConfigError("model.qk_gain scales the QK-normed queries: set model.qk_norm=true (or model.qk_gain=0)")
     if m.mlp_activation != "auto" and m.layout != "prenorm":
         raise ConfigError("model.mlp_activation=relu2 is a pre-norm lever; leave it auto with model.layout=roberta")
-    if (m.logit_softcap or t.z_loss) and (m.head != "vocab" or t.objective == "sr"):
+    if (m.logit_softcap or t.z_loss) and not _scores_tokens(cfg):
         raise ConfigError(
-            "model.logit_softcap and train.z_loss act on the vocabulary head's logits; "
-            "use model.head=vocab with train.objective clm or mlm (or set them to 0)"
+            f"model.logit_softcap and train.z_loss act on logits over the vocabulary, which model.head={m.head} "
+            f"with train.objective={t.objective} does not score; use a vocabulary head and objective (or set them to 0)"
         )
     if t.z_loss and cfg.parallel.tensor > 1:
         raise ConfigError("train.z_loss needs the whole vocabulary on one rank: parallel.tensor=1 (or train.z_loss=0)")

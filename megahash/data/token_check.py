@@ -29,15 +29,9 @@ class CorruptShardError(DataError):
 
 def code_range(spec) -> tuple[int, int] | None:
     """``[low, high)`` of a hash spec's code values (None: every value of the dtype is valid)."""
-    from megahash.hashing.rolling import ROLLING_M
     from megahash.hashing.specs import parse_hash_spec
 
-    s = parse_hash_spec(spec) if isinstance(spec, str) else spec
-    if s.kind in ("md5-bucket", "lsh-bucket"):
-        return 0, int(s.params["buckets"])
-    if s.kind == "rolling":
-        return -1, ROLLING_M  # -1 pads the partitions of short words
-    return None
+    return (parse_hash_spec(spec) if isinstance(spec, str) else spec).value_range
 
 
 def check_range(values: np.ndarray, low: int, high: int, parts, path: str, prefix: str, what: str,

@@ -55,6 +55,18 @@ class HashSpec:
         """Bits per token for bit codes (8 · width), 0 otherwise."""
         return 8 * self.width if self.is_bits else 0
 
+    @property
+    def value_range(self) -> tuple[int, int] | None:
+        """``[low, high)`` of the code values (None: every value of the dtype is valid): a bucket spec's buckets,
+        the rolling hash's modulus (-1 pads the partitions of short words)."""
+        if self.kind in ("md5-bucket", "lsh-bucket"):
+            return 0, int(self.params["buckets"])
+        if self.kind == "rolling":
+            from megahash.hashing.rolling import ROLLING_M
+
+            return -1, ROLLING_M
+        return None
+
     def to_meta(self) -> dict[str, Any]:
         """JSON-able description (name, kind, width, dtype, params)."""
         return {
