@@ -57,7 +57,7 @@ class FakeQuant(Hook):
     (``t``: the train config)."""
 
     def __init__(self, module: torch.nn.Module, t):
-        self.bits, self.start, self.active = int(t.qat.bits), start_step(t), False
+        self.bits, self.first_step, self.active = int(t.qat.bits), start_step(t), False
         self.params = [
             p for n, p in module.named_parameters() if n.startswith("decoder.") and p.requires_grad and quantized(n, p)
         ]
@@ -80,7 +80,7 @@ class FakeQuant(Hook):
 
     def before_step(self, run) -> None:
         """On from :func:`start_step` (``run.step``: the 0-based step about to run)."""
-        self.active = run.step >= self.start
+        self.active = run.step >= self.first_step
 
     def micro_batch(self, run):
         """Each micro-batch's forward and backward (nothing while not yet on)."""

@@ -107,7 +107,7 @@ def test_qat_straight_through_gradient():
     m.decoder = torch.nn.Linear(128, 64)  # 8,192 > KEEP_NUMEL elements: a hidden matrix
     w0 = m.decoder.weight.detach().clone()
     fq = qat.FakeQuant(m, SimpleNamespace(qat=SimpleNamespace(bits=4, fraction=0.5), steps=10))
-    assert fq.start == 5 and fq.params == [m.decoder.weight]
+    assert fq.first_step == 5 and fq.params == [m.decoder.weight]
     x, c = torch.randn(3, 128), torch.randn(3, 64)
     xr, xq = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
     s = (w0.abs().amax(1) / 7 * (1 + 2.0**-10)).half().float()  # the rule, written out
