@@ -81,7 +81,9 @@ def parse_args(argv=None):
     return args
 
 
-def main(argv=None) -> int:
+def main(argv=None, exiting: bool = False) -> int:
+    """``pretrain.py``'s entry; ``exiting``: the process ends after it (the script itself), so the stop signals
+    stay ignored after the run instead of their handlers being restored (signals.restore)."""
     from megahash.training import signals
 
     previous = signals.install_early()  # first: a stop signal during start-up is honoured at the first step boundary
@@ -93,7 +95,10 @@ def main(argv=None) -> int:
         raise
     finally:
         signals.report_exit(status)  # to megahash/launching/supervise.py, if it started this rank
-        signals.restore(previous)
+        if exiting:  # a late copy of a stop signal (SLURM's --signal again near the time limit) must not turn
+            signals.ignore_stops()  # a finished rank's status into 138 while it tears down
+        else:
+            signals.restore(previous)
         # the run's engine and optimizer sit in reference cycles that hold its destroyed gloo groups and
         # their threads: free them now, so in-process callers (sweeps, tests) do not pile up threads
         gc.collect()
@@ -163,4 +168,4 @@ def _main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(exiting=True))

@@ -59,6 +59,14 @@ def restore(previous: dict) -> None:
             signal.signal(s, handler)
 
 
+def ignore_stops(signals=STOP_SIGNALS) -> None:
+    """A process that ends now: further stop signals are ignored (its work is done or saved)."""
+    global _pending
+    _pending = None
+    for s in signals:
+        signal.signal(s, signal.SIG_IGN)
+
+
 def release_early(signals=STOP_SIGNALS) -> None:
     """``train.exit_signal_handler=false``: the default actions again (a signal kept meanwhile now
     takes its default action)."""

@@ -480,3 +480,29 @@ def test_python_m_launch_checks_the_config_before_the_launcher():
     assert r.stderr.strip().splitlines() == [
         "error: unknown attention kind 'mhaa' in schedule 'uniform:mhaa' (did you mean 'mha'?)"
     ]
+
+
+def test_a_finished_script_ignores_a_late_stop_signal(shakespeare_shards):
+    """``pretrain.py`` run as the script (``main(exiting=True)``): a stop signal that comes after the run ended
+    (SLURM's ``--signal=USR1@N`` again when a requeued job's limit nears) finds it ignored, so a finished rank
+    exits 0 instead of 138; an in-process call (``exiting`` False) gets the caller's handlers back."""
+    code = (
+        "import os, signal, sys\n"
+        "from megahash import pretrain\n"
+        "exiting = sys.argv[1] == 'script'\n"
+        "before = signal.getsignal(signal.SIGUSR1)\n"
+        "status = pretrain.main(['--check', 'config', f'data.prefix=[{sys.argv[2]}]'], exiting=exiting)\n"
+        "assert exiting or signal.getsignal(signal.SIGUSR1) is before\n"
+        "os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "sys.exit(status)\n"
+    )
+    for mode, status in (("script", 0), ("in-process", -signal.SIGUSR1)):
+        r = subprocess.run(
+            [sys.executable, "-c", code, mode, shakespeare_shards["prefix"]],
+            cwd=ROOT,
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert r.returncode == status, (mode, r.stdout[-2000:], r.stderr[-2000:])
