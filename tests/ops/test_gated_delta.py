@@ -40,7 +40,8 @@ def inputs(L, dk=5, dv=4, seed=0, dtype=torch.float64):
 def grads(fn, *xs):
     xs = [x.detach().clone().requires_grad_(True) for x in xs]
     out = fn(*xs)
-    w = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(9))
+    w = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    w = w.to(out.device, out.dtype)  # the same weights on every device and dtype
     (out * w).sum().backward()
     return [x.grad for x in xs]
 
@@ -154,3 +155,37 @@ def test_saved_bytes_flat_per_token():
 
     sizes = [saved(L) for L in (256, 512, 1024)]
     assert 0 < sizes[1] - sizes[0] and sizes[2] - sizes[1] == 2 * (sizes[1] - sizes[0]), sizes
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("packed", [False, True], ids=["state", "documents"])
+def test_fla_path_on_cuda_equals_the_recurrence(packed):
+    """On CUDA with flash-linear-attention (``benchmarks/gpu_check.sh`` runs it), ``gated_delta_causal`` takes
+    fla's ``chunk_gated_delta_rule`` (packed documents through ``cu_seqlens``): outputs, state and the gradients
+    of q, k, v, g, beta within fp32 tolerance of the fp64 recurrence on the CPU (L = 200: several of fla's
+    64-token chunks, the last partial; d_k = d_v = 64, fla's head sizes)."""
+    from megahash.accelerator import policy
+    from megahash.ops.gated_delta.fla_gated import gated_delta_kernel
+
+    if not policy.has_gpu() or gated_delta_kernel() is None:
+        pytest.skip("needs a GPU and flash-linear-attention")
+    x = inputs(200, dk=64, dv=64, seed=3)
+    doc = torch.tensor([[0] * 70 + [1] * 100 + [2] * 30, [0] * 150 + [1] * 50])[:, None, :] if packed else None
+    state = not packed
+
+    def run(dev, dtype):
+        t = [a.to(dev, dtype) for a in x]
+        d = None if doc is None else doc.to(dev)
+        return gated_delta_causal(*t, 64, need_state=state, doc=d, qk_l2norm=True)
+
+    (got, got_state), (want, want_state) = run(policy.device(), torch.float32), run("cpu", torch.float64)
+    tol = 1e-3 * want.abs().max().item()  # fp32 kernels against the fp64 recurrence
+    torch.testing.assert_close(got.double().cpu(), want, rtol=0, atol=tol)
+    if state:
+        torch.testing.assert_close(got_state.double().cpu(), want_state, rtol=0, atol=1e-3 * want_state.abs().max())
+    dev = policy.device()
+    on_gpu = grads(lambda *t: gated_delta_causal(*t, 64, doc=None if doc is None else doc.to(dev), qk_l2norm=True)[0],
+                   *[a.to(dev, torch.float32) for a in x])  # fmt: skip
+    on_cpu = grads(lambda *t: gated_delta_causal(*t, 64, doc=doc, qk_l2norm=True)[0], *x)
+    for a, b in zip(on_gpu, on_cpu):
+        torch.testing.assert_close(a.double().cpu(), b, rtol=0, atol=1e-3 * b.abs().max().item())
