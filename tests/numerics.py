@@ -15,6 +15,9 @@ asks each of them for a ``# bit-exact: <reason>`` comment.
 
 from __future__ import annotations
 
+import os
+
+import pytest
 import torch
 
 
@@ -23,3 +26,13 @@ def ulp_tol(dtype: torch.dtype, ops: int = 1, scale: float = 1.0) -> dict:
     roundings in ``dtype``: rtol = ops * eps, atol = ops * eps * scale (scale: magnitude of its terms)."""
     eps = torch.finfo(dtype).eps
     return {"rtol": ops * eps, "atol": ops * eps * float(scale)}
+
+
+# torch 2.13's inductor cannot compile its CPU FlexAttention (and block-mask) kernels without a vector ISA: under
+# ATEN_CPU_CAPABILITY=default (tests/run_numerics_capabilities.sh) they are C++ that does not compile ("'at::vec' has
+# not been declared"). megahash compiles FlexAttention only for CUDA (accelerator.policy.flex_attention), so the tests
+# that stand inductor's CPU FlexAttention in for CUDA's skip there (avx2 compiles and agrees).
+needs_vector_isa = pytest.mark.skipif(
+    os.environ.get("ATEN_CPU_CAPABILITY", "").lower() == "default",
+    reason="inductor's CPU FlexAttention needs a vector ISA (torch 2.13: no code under ATEN_CPU_CAPABILITY=default)",
+)

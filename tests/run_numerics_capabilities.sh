@@ -18,7 +18,9 @@ for cap in "${caps[@]}"; do
   (
     start=$SECONDS
     echo "numerics: ATEN_CPU_CAPABILITY=$cap (this CPU: $have)"
-    ATEN_CPU_CAPABILITY=$cap OMP_NUM_THREADS=1 python3 -m pytest -q -m "numerics and not multiprocess and not slow" \
+    # each capability its own inductor cache: a kernel compiled for one ISA and loaded under another (the runs share
+    # /tmp/torchinductor_$USER otherwise) gave NaN and garbage in megatron-core's compiled fusers and FlexAttention
+    TORCHINDUCTOR_CACHE_DIR="$tmp/inductor-$cap" ATEN_CPU_CAPABILITY=$cap OMP_NUM_THREADS=1 python3 -m pytest -q -m "numerics and not multiprocess and not slow" \
       -p no:cacheprovider "${files[@]}" "$@"
     rc=$?
     echo "numerics: ATEN_CPU_CAPABILITY=$cap took $((SECONDS - start)) s"

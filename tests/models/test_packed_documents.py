@@ -15,6 +15,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import _kinds
 import pytest
 import torch
+from numerics import needs_vector_isa
 from test_attention import VOCAB, build, make_cfg
 
 from megahash.accelerator import policy, rng
@@ -27,14 +28,6 @@ EOD = 2
 # the positive one; the literal one is compared in fp64 by tests/ops/test_packed_documents_linear.py
 KIND_OPTIONS = {"approx-thesis": ["model.attention.options.denominator=positive"]}
 FLAGS = ["data.reset_attention_mask=true", "data.reset_position_ids=true", "data.eod_mask_loss=true"]
-# Inductor's CPU code follows a forced ATEN_CPU_CAPABILITY (tests/run_numerics_capabilities.sh), and torch 2.13's
-# CPU FlexAttention and block-mask kernels are wrong there: C++ that does not compile under `default`, outputs 2.8 off
-# under `avx2` on an AVX-512 CPU. megahash compiles FlexAttention only for CUDA (policy.flex_attention), so the tests
-# that stand inductor's CPU FlexAttention in for CUDA's run on the CPU's own capability only (the main run).
-_INDUCTOR_ON_FORCED_ISA = pytest.mark.skipif(
-    bool(os.environ.get("ATEN_CPU_CAPABILITY")),  # torch reports the forced one, not the CPU's: any forced value
-    reason="inductor's CPU FlexAttention under a forced ATEN_CPU_CAPABILITY (torch 2.13: not compiled / wrong)",
-)
 
 
 def _param(kind):
@@ -168,7 +161,7 @@ def test_document_kernel_is_flex_only_where_flex_attention_runs():
 
 
 @pytest.mark.parametrize(
-    "compiled,head_dim", [(False, 8), pytest.param(True, 16, marks=_INDUCTOR_ON_FORCED_ISA)], ids=["eager", "compiled"]
+    "compiled,head_dim", [(False, 8), pytest.param(True, 16, marks=needs_vector_isa)], ids=["eager", "compiled"]
 )
 def test_kernels_agree_flex_and_sdpa(compiled, head_dim):
     """FlexAttention with a BlockMask (the CUDA kernel; on CPU eager, and compiled by inductor's CPU FlexAttention
@@ -190,7 +183,7 @@ def test_kernels_agree_flex_and_sdpa(compiled, head_dim):
         torch.testing.assert_close(fx, sd, rtol=0, atol=1e-5)
 
 
-@_INDUCTOR_ON_FORCED_ISA
+@needs_vector_isa
 def test_packed_forward_through_flex_attention_equals_sdpa(monkeypatch):
     """The model's packed forward with the kernel choice forced to FlexAttention (its CUDA branch of
     ``document_mask.attend``, eager on CPU) = the SDPA branch's logits, decoder and encoder (fp32, 1e-5)."""

@@ -16,6 +16,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 import torch
+from numerics import needs_vector_isa
 from test_attention import VOCAB, build, build_attention, make_cfg, tokens
 
 from megahash.accelerator import policy
@@ -141,7 +142,9 @@ def test_decode_step_work_and_aten_calls_stay_flat_in_the_context():
 # ------------------------------------------------------------------------ the kernels
 
 
-@pytest.mark.parametrize("compiled,head_dim", [(False, 8), (True, 16)], ids=["eager", "compiled"])
+@pytest.mark.parametrize(
+    "compiled,head_dim", [(False, 8), pytest.param(True, 16, marks=needs_vector_isa)], ids=["eager", "compiled"]
+)
 def test_flex_sliding_window_block_mask_equals_sdpa_with_the_band(compiled, head_dim):
     """FlexAttention with the sliding-window BlockMask (the CUDA kernel; eager on CPU: a window alone, with packed
     documents (``and_masks``), an encoder with padding; compiled by inductor's CPU FlexAttention with the block mask
