@@ -307,7 +307,7 @@ def test_dry_run_prints_command():
 TINY = [*conftest.TINY, "train.eval_interval=0", "train.save_interval=0"]
 
 
-def wait_for_step(run_dir: Path, step: int, alive, timeout: float = 300) -> None:
+def wait_for_step(run_dir: Path, step: int, alive, timeout: float = 900) -> None:
     """Wait until ``run_dir``'s metrics.jsonl has reached ``step``; ``alive()`` False = the run ended."""
     deadline = time.time() + timeout
     while time.time() < deadline:

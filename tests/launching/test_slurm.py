@@ -603,7 +603,11 @@ def _hung(cluster, data: dict, d: Path) -> tuple:
         **data,
     )
     alive = lambda: job_info(cluster, job).get("JobState") not in FINAL  # noqa: E731
-    wait_for_step(run_dir, 12, alive)
+    try:  # every scenario's ranks start at once on two cores beside the other test workers: minutes under load
+        wait_for_step(run_dir, 12, alive)
+    except AssertionError as e:
+        text = out.read_text() if out.exists() else ""
+        raise AssertionError(f"{e}; job {job}: {job_info(cluster, job).get('JobState')}\n{text[-3000:]}") from None
     stopped = [pid for pid in rank_pids(run_dir) if _slurm_rank(pid) == 1]
     assert len(stopped) == 1, rank_pids(run_dir)
     os.kill(stopped[0], signal.SIGSTOP)

@@ -35,7 +35,7 @@ def _args(shards, run_dir: Path, *extra) -> list[str]:
     ]
 
 
-def _wait_for_step(run_dir: Path, step: int, proc, timeout: float = 300) -> None:
+def _wait_for_step(run_dir: Path, step: int, proc, timeout: float = 900) -> None:
     wait_for_step(run_dir, step, lambda: proc.poll() is None, timeout)
 
 

@@ -96,14 +96,14 @@ class OrderedPool:
             item = next(it, _STOP)
             if item is _STOP:
                 break
-            self.tasks[w].send((fn, item))
+            self._send(w, (fn, item))
             pending.append(w)
         while pending:
             upcoming = next(it, _STOP)  # read ahead while the workers run
             w = pending.popleft()
             out = self._receive(w)
             if upcoming is not _STOP:
-                self.tasks[w].send((fn, upcoming))
+                self._send(w, (fn, upcoming))
                 pending.append(w)
             yield out
 
@@ -113,15 +113,24 @@ class OrderedPool:
         if not self.procs:
             return [fn(None)]
         for w in range(self.workers):
-            self.tasks[w].send((fn, None))
+            self._send(w, (fn, None))
         return [self._receive(w) for w in range(self.workers)]
+
+    def _died(self, w: int) -> DataError:
+        self.procs[w].join(timeout=5)
+        return DataError(f"preprocessing worker {w} died (exit code {self.procs[w].exitcode})")
+
+    def _send(self, w: int, message: Any) -> None:
+        try:
+            self.tasks[w].send(message)
+        except OSError:  # BrokenPipeError: the worker is gone
+            raise self._died(w) from None
 
     def _receive(self, w: int) -> Any:
         try:
             ok, value = self.results[w].recv()
-        except EOFError:
-            self.procs[w].join(timeout=5)
-            raise DataError(f"preprocessing worker {w} died (exit code {self.procs[w].exitcode})") from None
+        except (EOFError, OSError):  # OSError: it died in the middle of sending a result
+            raise self._died(w) from None
         if not ok:
             raise value
         return value
