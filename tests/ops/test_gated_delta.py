@@ -50,6 +50,17 @@ def close(a, b, tol=1e-10):
     torch.testing.assert_close(a, b, rtol=tol, atol=tol)
 
 
+def test_readout_scale_is_the_layers_score_scale():
+    """``scale`` c replaces d_k^{-1/2} on q only: o_t = c S_t^T q_t is linear in c and the state does not depend
+    on it (what lets gated-deltanet take muP's sqrt(d_0)/d_k, megahash.models.mixing.score_scale)."""
+    x = inputs(16)
+    ref, ref_state = gated_delta_recurrent(*x, qk_l2norm=True)  # d_k^{-1/2}, d_k = 5
+    c = 0.37
+    out, state = gated_delta_causal(*x, 8, need_state=True, qk_l2norm=True, scale=c)
+    close(out, ref * (c * 5**0.5))
+    close(state, ref_state)
+
+
 @pytest.mark.parametrize("L", LENGTHS)
 def test_chunked_equals_the_recurrence(L):
     """Outputs, the state after the call and the gradients of q, k, v, g, beta (L2-normalised q, k)."""

@@ -7,10 +7,12 @@ Per head (n heads, key head dim d_k = d_h, value head dim d_v = ``expand_v`` d_h
     q, k <- q / |q|, k / |k|                                   L2 norm (fla's l2norm, eps 1e-6)
     g_t = -exp(A_log) softplus(x_t w_a + dt_bias)              log decay (Mamba2's parametrisation, [Dao24])
     beta_t = sigmoid(x_t w_b)
-    S_t = e^{g_t} (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,   o_t = S_t^T q_t / sqrt(d_k)   ([Yang25b])
+    S_t = e^{g_t} (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,   o_t = c S_t^T q_t   ([Yang25b])
     y_t = RMSNorm(o_t) * SiLU(x_t W_z)                          output gate and gated RMSNorm (over d_v, shared by heads)
 
-and ``linear_proj`` (n d_v -> d_m). One input projection ``linear_in`` (split by head over TP, rows per head
+and ``linear_proj`` (n d_v -> d_m). The readout scale c is the layer's score scale: 1/sqrt(d_k) ([Yang25b]), under
+muP sqrt(d_k,0)/d_k (:func:`megahash.models.mixing.score_scale`); with L2-normalised q, k and the RMSNorm after it,
+o's scale cancels but for the norm's eps, so muP changes little here, but the kind follows the model's rule. One input projection ``linear_in`` (split by head over TP, rows per head
 ``[q d_k, k d_k, v d_v, z d_v, a 1, b 1]``, biases with ``model.qkv_bias``), the convolution weights ``conv``
 (per head [2 d_k + d_v, K], a flat 1-D parameter), ``A_log`` and ``dt_bias`` (one per head, 1-D: no weight
 decay, no Muon) and ``o_norm``. Initialisation as fla's: A ~ U(1, 16) (Mamba2's range; fla draws U(0, 16)),
@@ -114,7 +116,9 @@ class GatedDeltaNet(Mixing):
         heads_first = lambda t: t.permute(1, 2, 0, *range(3, t.dim()))  # noqa: E731 - [s, b, n, ...] -> [b, n, s, ...]
         q, k, v, g, beta = (heads_first(t) for t in (q, k, v, g, torch.sigmoid(beta.squeeze(-1).to(dt))))
         doc = document_rows(state.document_ids, q)
-        out, S = gated_delta_causal(q, k, v, g, beta, self.chunk_size, S, cache is not None, doc, qk_l2norm=True)
+        out, S = gated_delta_causal(
+            q, k, v, g, beta, self.chunk_size, S, cache is not None, doc, qk_l2norm=True, scale=self.score_scale(d_k)
+        )
         store_state(cache, keys, (S, conv))
         out = self.o_norm(out.permute(2, 0, 1, 3)) * F.silu(z.to(dt))  # [s, b, n, d_v]
         return out.reshape(s, b, n * d_v).to(x.dtype)  # back to the layer's dtype (bf16 weights: linear_proj's)
@@ -191,7 +195,7 @@ register_attention(
     GatedDeltaNet,
     costs=GatedDeltaNetCosts,
     options=GatedDeltaNetOptions,
-    caps=AttentionCaps(encoder=False, chunk_loop=True, mup=False),  # its q.k / sqrt(d_k) lives in the kernel op
+    caps=AttentionCaps(encoder=False, chunk_loop=True),
     maps=None,  # "unavailable" in megahash indicators: its output is linear in V but through a signed, unnormalised
     # matrix (the delta rule's I - beta k k^T products), not a row-stochastic map the indicators' formulas read
     groups=lambda n, g: n,

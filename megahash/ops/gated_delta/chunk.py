@@ -58,18 +58,28 @@ def gated_delta_chunk(length: int, chunk: int = 0) -> int:
 
 @fp32_kernel
 def gated_delta_causal(
-    q, k, v, g, beta, chunk: int = 0, state=None, need_state: bool = False, doc=None, qk_l2norm: bool = False
+    q,
+    k,
+    v,
+    g,
+    beta,
+    chunk: int = 0,
+    state=None,
+    need_state: bool = False,
+    doc=None,
+    qk_l2norm: bool = False,
+    scale: float | None = None,
 ):
     """The gated delta rule: q, k [..., L, d_k], v [..., L, d_v], g (log decay) and beta [..., L] (leading
     dims broadcast, e.g. [b, heads]); ``state`` S [..., d_k, d_v] before this call; ``doc`` [..., L]
     document ids (the state restarts at each document start); ``qk_l2norm``: q and k L2-normalised first
-    (fla's ``use_qk_l2norm_in_kernel``). q is scaled by d_k^{-1/2}. Returns (out [..., L, d_v] in q's dtype,
+    (fla's ``use_qk_l2norm_in_kernel``). q is scaled by ``scale`` (default d_k^{-1/2}, fla's). Returns (out [..., L, d_v] in q's dtype,
     accumulated in fp32 under autocast (:func:`megahash.ops.utils.fp32.fp32_kernel`), the state after the
     call or None). On CUDA with flash-linear-attention installed fla's ``chunk_gated_delta_rule`` runs it
     (packed documents through its ``cu_seqlens`` when no state is carried); the chunked form otherwise."""
     if qk_l2norm:
         q, k = l2norm(q), l2norm(k)
-    q = q * q.shape[-1] ** -0.5
+    q = q * (q.shape[-1] ** -0.5 if scale is None else scale)
     if doc is None or (state is None and not need_state):
         out = fla_gated_delta(q, k, v, g, beta, state, need_state, doc)
         if out is not None:
