@@ -20,7 +20,7 @@ def _install(url, force="1", **extra):
         if v is None:
             env.pop(k)
     r = subprocess.run(
-        ["bash", "launch/install_cpu.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        ["bash", "launch/install_cpu.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
     )
     assert r.returncode == 0, r.stderr
     return r.stdout

@@ -27,7 +27,7 @@ print(json.dumps({"codes": codes, "heavy": heavy, "report": json.loads(out.getva
 
 def test_params_and_config_errors_without_heavy_imports():
     r = subprocess.run(
-        [sys.executable, "-c", PROBE, *HEAVY], cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", PROBE, *HEAVY], cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=600
     )
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(r.stdout)
@@ -185,7 +185,7 @@ def test_missing_paths_of_subcommands_fail_before_heavy_imports():
         env=child_env(),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,
     )
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(r.stdout)

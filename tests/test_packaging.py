@@ -61,7 +61,7 @@ def test_wheel_installs_and_runs_params_from_any_directory(tmp_path):
         [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,
     )
     assert r.returncode == 0, r.stderr
     py = venv / "bin" / "python"
@@ -82,7 +82,7 @@ def test_wheel_installs_and_runs_params_from_any_directory(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=600,
     )
     assert r.stdout.strip().startswith(str(venv)), r.stdout + r.stderr
     r = subprocess.run(

@@ -178,7 +178,7 @@ def test_signal_to_the_real_process_leaves_nothing(tok, tmp_path, sig):
     out = tmp_path / "out"
     proc = _start(tok, out)
     proc.send_signal(getattr(signal, sig))
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=600)
     assert proc.returncode == 130 and err.strip().splitlines()[-1] == "error: interrupted", err
     assert _nothing_left(out) == []
 
@@ -187,7 +187,7 @@ def test_killed_worker_is_one_line_and_leaves_nothing(tok, tmp_path):
     out = tmp_path / "out"
     proc = _start(tok, out)
     os.kill(_workers(proc.pid)[0], signal.SIGKILL)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=600)
     lines = [line for line in err.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and "worker" in lines[0] and "died" in lines[0], err
     assert _nothing_left(out) == []
@@ -199,7 +199,7 @@ def test_sigkill_of_the_main_process_leaves_nothing(tok, tmp_path):
     proc = _start(tok, out)
     workers = _workers(proc.pid)
     proc.kill()
-    proc.communicate(timeout=60)
+    proc.communicate(timeout=600)
     assert _nothing_left(out, wait=30) == []
     deadline = time.time() + 30
     while any(Path(f"/proc/{w}").exists() and "Z" not in Path(f"/proc/{w}/stat").read_text().split()[2] for w in workers):

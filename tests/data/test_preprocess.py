@@ -316,7 +316,7 @@ def test_killed_run_leaves_nothing(tmp_path, tok):
         time.sleep(0.02)
     time.sleep(0.3)
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=600)
     assert proc.returncode == 130, err
     assert list(out.iterdir()) == []
 
@@ -352,7 +352,7 @@ def test_bad_input_exit_codes_as_script(tmp_path, tok):
     r = script("preprocess_data", "--input", tmp_path / "missing.jsonl", "--output-prefix", tmp_path / "x", "--tokenizer", tok)
     assert r.returncode == 2 and "input not found" in one_line_error(r.stderr)
     r = script("preprocess_data", "--input", "hf:no_such_dataset_megahash:train", "--output-prefix", tmp_path / "x",
-               "--tokenizer", tok, timeout=120)
+               "--tokenizer", tok, timeout=600)
     assert r.returncode == 2 and "cannot load Hugging Face dataset 'no_such_dataset_megahash'" in one_line_error(r.stderr)
     assert not list(tmp_path.glob("x_*"))
 

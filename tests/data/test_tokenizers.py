@@ -356,7 +356,7 @@ def test_missing_tokenizer_fails_at_once_without_hub_retries(shakespeare_shards,
         r = subprocess.run([sys.executable, str(ROOT / "megahash/pretrain.py"), "--check", "inputs", "--config",
                             str(ROOT / "configs/quickstart.yaml"), f"data.prefix=[{shakespeare_shards['prefix']}]",
                             f"data.tokenizer={spec}"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                           timeout=60)
+                           timeout=600)
         took = time.monotonic() - t0
         lines = (r.stdout + r.stderr).strip().splitlines()
         assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: data.tokenizer: "), r.stdout + r.stderr

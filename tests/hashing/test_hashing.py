@@ -322,7 +322,7 @@ def test_determinism_across_processes(tmp_path, lsh):
             env=env,
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=600,
         )
         assert r.returncode == 0, r.stderr
         outs.append(json.loads(r.stdout))
@@ -341,7 +341,7 @@ def test_packages_do_not_import_torch():
         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "False"

@@ -272,7 +272,7 @@ def test_launcher_one_line_errors(argv, env, expect):
         env=base,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=600,
     )
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()

@@ -84,7 +84,7 @@ def test_reader_that_stops_early_gets_no_traceback():
                 stdout=w,
                 stderr=subprocess.PIPE,
                 text=True,
-                timeout=120,
+                timeout=600,
             )
         finally:
             os.close(w)
@@ -100,7 +100,7 @@ def test_text_report_says_how_to_measure_instead_of_not_measured_cells():
         env=child_env(),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,
     )
     assert r.returncode == 0 and r.stderr == "", r.stderr[-2000:]
     assert "not measured" not in r.stdout and "implemented" not in r.stdout

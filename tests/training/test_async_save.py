@@ -134,7 +134,7 @@ def test_a_failed_background_write_is_one_line_and_keeps_the_previous_checkpoint
         while not (run_dir / "step_00000004.tmp" / "optimizer").is_dir() and time.time() < deadline:
             time.sleep(0.05)
         shutil.rmtree(run_dir / "step_00000004.tmp" / "model")
-        _out, err = proc.communicate(timeout=120)
+        _out, err = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
