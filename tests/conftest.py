@@ -194,6 +194,15 @@ def config_overrides(path: Path) -> list[str]:
 # The tests' tiny runs (tests/_configs/): a test extends one with what it changes (later overrides win)
 TINY = config_overrides(ROOT / "tests" / "_configs" / "tiny.yaml")  # 2 layers of width 64, lr 2e-3
 TINIER = config_overrides(ROOT / "tests" / "_configs" / "tinier.yaml")  # 1 layer of width 32, ZeRO-0, every step logged
+# the in-process model tests' decoder: 2 layers of width 32, 4 heads, sequences of 16 (positions up to 64)
+MICRO = [
+    "model.hidden_size=32",
+    "model.num_layers=2",
+    "model.num_heads=4",
+    "model.ffn_hidden_size=64",
+    "data.seq_length=16",
+    "model.max_position_embeddings=64",
+]
 
 
 def child_env(**extra) -> dict:

@@ -76,6 +76,19 @@ class GeneralisedRow(StandardQKV):
         return 4 * B * L * cls.kv_width(d, h, g or h)
 
 
+class AllHeadsRow(GeneralisedRow):
+    """The generalised Standard row of a kind that keeps keys and values for all n heads: kv width d, decode cache
+    2BLnd_h numbers (EL-ATT, MHE)."""
+
+    @staticmethod
+    def kv_width(d, h, g):
+        return d
+
+    @staticmethod
+    def cache_elements(B, L, n, d_h, g, **_):
+        return 2 * B * L * n * d_h
+
+
 class SoftmaxRow(GeneralisedRow):
     """The Standard row (full heads: ``h`` None) or generalised by the key/value groups, plus the sigmoid output
     gate when ``gated`` (not in [Xue25]): d^2n^2 more parameters (W_g, d_m x n d), their GEMM (2BLd_m^2 prefill,

@@ -12,6 +12,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest
 import torch
 
+from conftest import MICRO
 from megahash.accelerator import rng
 from megahash.config import load_config
 from megahash.errors import ConfigError
@@ -24,12 +25,7 @@ def cfg_of(*extra):
     return load_config(
         None,
         [
-            "model.hidden_size=32",
-            "model.num_layers=2",
-            "model.num_heads=4",
-            "model.ffn_hidden_size=64",
-            "data.seq_length=16",
-            "model.max_position_embeddings=64",
+            *MICRO,
             *extra,
         ],
     )

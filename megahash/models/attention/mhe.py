@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from megahash.models.attention.maps import softmax_core_maps
 from megahash.models.attention.softmax_base import SoftmaxAttention
-from megahash.models.cost_formulas import GeneralisedRow
+from megahash.models.cost_formulas import AllHeadsRow
 from megahash.models.registry import AttentionCaps, register_attention
 
 
@@ -47,21 +47,13 @@ class MultiHeadEmbedding(SoftmaxAttention):
 # (megahash.models.registry / megahash.catalog: costs and capabilities; nothing else in the library names the kind)
 
 
-class MHECosts(GeneralisedRow):
+class MHECosts(AllHeadsRow):
     """Table 3.4 MHE: 3d^2n + 3dn (shared projections + head embeddings; generalised Standard
     row); cache 2BLnd_h numbers (n heads of keys and values)."""
 
     @staticmethod
     def qkv_params(n, d, g):
         return 3 * d * d * n + 3 * d * n
-
-    @staticmethod
-    def kv_width(d, h, g):
-        return d
-
-    @staticmethod
-    def cache_elements(B, L, n, d_h, g, **_):
-        return 2 * B * L * n * d_h
 
 
 register_attention(
