@@ -9,6 +9,12 @@ wraps ``jit_fuser`` as soon as megatron-core's ``jit.py`` has run, so a decorate
 handed to the same ``torch.compile`` on its first call, where ``torch.compile`` would compile it
 anyway. Inside a region torch.compile is tracing (``train.compile``), the plain function is called,
 which dynamo inlines as it inlines a nested compiled function.
+
+The same hook keeps two modules that ``import megatron.core`` runs and megahash never uses from importing
+loggers: its timers' writers (``megatron.core.timers``: wandb, TensorBoard's ``SummaryWriter``) and its dynamic
+inference context (wandb): 0.4 CPU-s a process. While one of them runs, those imports fail as if the packages
+were not installed, so each takes its own fallback branch (``wandb = None``, ``SummaryWriter = None``); the
+packages stay importable (``logging.wandb`` and ``logging.tensorboard`` import them).
 """
 
 from __future__ import annotations
@@ -19,6 +25,10 @@ import importlib.machinery
 import sys
 
 _JIT_MODULE = "megatron.core.jit"
+_UNUSED_LOGGERS = {  # megatron-core module -> the optional imports it is run without
+    "megatron.core.timers": ("wandb", "torch.utils.tensorboard"),
+    "megatron.core.inference.contexts.dynamic_context": ("wandb",),
+}
 
 
 class LazyFused:
@@ -44,26 +54,53 @@ def lazy(fuser):
 
 
 class _Loader(importlib.abc.Loader):
-    """Loads ``megatron.core.jit`` as usual, then makes its ``jit_fuser`` lazy."""
+    """Loads a megatron-core module as usual, with ``exec_hook`` around its execution."""
 
-    def __init__(self, inner):
-        self._inner = inner
+    def __init__(self, inner, exec_hook):
+        self._inner, self._hook = inner, exec_hook
 
     def create_module(self, spec):
         return self._inner.create_module(spec)
 
     def exec_module(self, module):
-        self._inner.exec_module(module)
-        module.jit_fuser = lazy(module.jit_fuser)
+        self._hook(self._inner, module)
+
+
+def _lazy_jit(inner, module) -> None:
+    """``megatron.core.jit`` as usual, then its ``jit_fuser`` lazy."""
+    inner.exec_module(module)
+    module.jit_fuser = lazy(module.jit_fuser)
+
+
+def _without(names):
+    """A hook running the module while ``import NAME`` raises ImportError for each of ``names`` not imported yet
+    (a None entry in sys.modules, removed afterwards: a later import imports it)."""
+
+    def hook(inner, module) -> None:
+        blocked = [n for n in names if n not in sys.modules]
+        for n in blocked:
+            sys.modules[n] = None
+        try:
+            inner.exec_module(module)
+        finally:
+            for n in blocked:
+                if n in sys.modules and sys.modules[n] is None:
+                    del sys.modules[n]
+
+    return hook
+
+
+_HOOKS = {_JIT_MODULE: _lazy_jit, **{m: _without(names) for m, names in _UNUSED_LOGGERS.items()}}
 
 
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name != _JIT_MODULE:
+        hook = _HOOKS.get(name)
+        if hook is None:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path, target)
         if spec is not None and spec.loader is not None:
-            spec.loader = _Loader(spec.loader)
+            spec.loader = _Loader(spec.loader, hook)
         return spec
 
 

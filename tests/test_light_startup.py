@@ -206,25 +206,35 @@ LAZY_PROBE = r"""
 import json, sys
 import megahash, megatron.core
 from megatron.core.fusions.fused_bias_swiglu import swiglu
+from megatron.core.inference.contexts import dynamic_context
 imported_inductor = "torch._inductor.compile_fx" in sys.modules
+loggers = sorted({"wandb", "torch.utils.tensorboard"} & set(sys.modules))
+from megatron.core import timers
+fallbacks = [timers.wandb, timers.SummaryWriter, dynamic_context.wandb]
+import wandb
+from torch.utils.tensorboard import SummaryWriter  # still importable, for logging.wandb / logging.tensorboard
 import torch
 x = torch.randn(3, 8, dtype=torch.float64)
 a, b = torch.chunk(x, 2, -1)
 ref = torch.nn.functional.silu(a) * b  # megatron's swiglu: silu(x1) * x2 of the two halves
 out = swiglu(x)
 print(json.dumps({"inductor_at_import": imported_inductor, "err": (out - ref).abs().max().item(),
-                  "compiled": hasattr(swiglu._fused, "_torchdynamo_orig_callable")}))
+                  "compiled": hasattr(swiglu._fused, "_torchdynamo_orig_callable"), "loggers": loggers,
+                  "fallbacks": fallbacks, "later": [wandb.__name__, SummaryWriter.__name__]}))
 """
 
 
 def test_megatron_fusers_compile_on_first_call_not_at_import():
     """megahash/lazy_fusers.py: importing megatron-core after megahash builds no compiled function
     (no inductor import); a fused function still gives megatron's formula and is the torch.compile'd
-    one once called."""
+    one once called. Its timers and dynamic inference context import no logger (wandb, TensorBoard: their
+    fallbacks None), which stay importable afterwards."""
     r = subprocess.run(
         [sys.executable, "-c", LAZY_PROBE], cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300
     )
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(r.stdout.strip().splitlines()[-1])
     assert res["inductor_at_import"] is False and res["compiled"] is True
+    assert res["loggers"] == [] and res["fallbacks"] == [None, None, None]
+    assert res["later"] == ["wandb", "SummaryWriter"]
     assert res["err"] < 1e-12  # fp64 (inductor's CPU kernel vs eager: a few ulps)
