@@ -58,13 +58,19 @@ def main() -> int:
     if not args.report_only:
         subprocess.run([sys.executable, "-m", "megahash", "sweep", "--grid", str(GRID), "--tasks", "none"], cwd=ROOT)
     res = losses(out_dir)
-    grid_lrs = [2.0e-3, 4.0e-3, 8.0e-3, 1.6e-2, 3.2e-2]
+    import yaml
+
+    spec = yaml.safe_load(GRID.read_text())
+    grid_lrs = [float(x) for x in spec["axes"]["train.lr"]]
+    o = spec["overrides"]
     step = lambda a, b: round(abs(math.log2(a / b)))  # noqa: E731  sweep steps apart (the grid doubles)
     lines = [
         f"# muP learning-rate transfer, {day} ({platform.machine()}, {platform.processor() or 'cpu'})",
         "",
         "`python benchmarks/bench_mup_transfer.py` (`megahash sweep --grid benchmarks/grids/mup_transfer.yaml`):",
-        "quickstart data, 2 layers, 2 heads, FFN 4h, seq 64, batch 16, 80 steps (warmup 8, cosine to 1e-5), one rank;",
+        f"quickstart data, {o['model.num_layers']} layers, {o['model.num_heads']} heads, FFN 4h, seq "
+        f"{o['data.seq_length']}, batch {o['train.global_batch_size']}, {o['train.steps']} steps (warmup "
+        f"{o['train.warmup_steps']}, cosine to {o['train.min_lr']:g}), one rank;",
         "final validation loss (4,096 held-out tokens). muP's base width is 32, so muP h32 is SP h32 bit for bit.",
         "",
         "| variant | " + " | ".join(f"lr {x:g}" for x in grid_lrs) + " | best LR |",

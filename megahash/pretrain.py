@@ -87,9 +87,9 @@ def main(argv=None, exiting: bool = False) -> int:
     from megahash.training import signals
 
     previous = signals.install_early()  # first: a stop signal during start-up is honoured at the first step boundary
-    status = 1
+    status, built = 1, []
     try:
-        status = _main(argv)
+        status = _main(argv, built)
     except SystemExit as e:  # argparse's usage errors
         status = e.code if isinstance(e.code, int) else 1
         raise
@@ -100,8 +100,10 @@ def main(argv=None, exiting: bool = False) -> int:
         else:
             signals.restore(previous)
         # the run's engine and optimizer sit in reference cycles that hold its destroyed gloo groups and
-        # their threads: free them now, so in-process callers (sweeps, tests) do not pile up threads
-        gc.collect()
+        # their threads: free them now, so in-process callers (sweeps, tests) do not pile up threads (only after a
+        # run was built: a full collection of a large caller's heap costs up to a second, a config error nothing)
+        if built:
+            gc.collect()
     return status
 
 
@@ -127,7 +129,8 @@ def check(args, inputs: bool = True):
     return cfg
 
 
-def _main(argv=None) -> int:
+def _main(argv=None, built: list | None = None) -> int:
+    """``main`` without its signal and exit handling; ``built`` gets an entry once a run is about to be built."""
     from megahash import known_warnings
     from megahash.command_errors import run_guarded
 
@@ -149,6 +152,9 @@ def _main(argv=None) -> int:
 
             refuse_task_code(cfg.eval.tasks_dir)  # before training, not after it
         from megahash.training.trainer import train
+
+        if built is not None:
+            built.append(True)
 
         def evaluate_at_end(save_dir):  # cfg.eval.at_end: lm-eval on the final checkpoint, rank 0
             from megahash.eval.run import evaluate_checkpoint
