@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from megahash.models.attention.maps import softmax_core_maps
 from megahash.models.attention.softmax_base import SoftmaxAttention
-from megahash.models.cost_formulas import GeneralisedRow
+from megahash.models.cost_formulas import AllHeadsRow
 from megahash.models.mixing import heads
 from megahash.models.registry import AttentionCaps, register_attention
 
@@ -33,20 +33,12 @@ class SharedKV(SoftmaxAttention):
 # (megahash.models.registry / megahash.catalog: costs and capabilities; nothing else in the library names the kind)
 
 
-class SKVCosts(GeneralisedRow):
+class SKVCosts(AllHeadsRow):
     """Table 3.4 SKV: 2d^2n^2 (generalised Standard row); cache keys = values: 2BLnd_h numbers."""
 
     @staticmethod
     def qkv_params(n, d, g):
         return 2 * d * d * n * n
-
-    @staticmethod
-    def kv_width(d, h, g):
-        return d
-
-    @staticmethod
-    def cache_elements(B, L, n, d_h, g, **_):
-        return 2 * B * L * n * d_h
 
 
 register_attention(
