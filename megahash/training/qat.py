@@ -50,7 +50,8 @@ class Config:
             )
         if self.on() and cfg.train.zero_stage == 3:
             raise ConfigError(
-                "train.qat needs train.zero_stage 0, 1 or 2 (ZeRO-3 partitions the weights it fake-quantizes)"
+                f"train.qat.{'bits' if self.bits else 'widths=artifact'} needs train.zero_stage 0, 1 or 2 "
+                "(ZeRO-3 partitions the weights it fake-quantizes)"
             )
 
 
