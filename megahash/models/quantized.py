@@ -12,7 +12,11 @@ and compressed with zstandard (level 19; the package megahash already needs for 
 or the standard library's zlib (level 9). torchao's quantization primitives are not installed here, and
 torch's own ``quantize_per_channel`` covers int8 only, so the few lines below do it for every width.
 
-QAT (``train.qat.bits``, megahash/training/qat.py) trains through this same round trip.
+Widths may differ per tensor (issue 44 item 3: ``export.artifact`` gives each tensor group its format,
+megahash/models/tensor_groups.py): :func:`encode` then records each quantized tensor's ``bits`` in its entry,
+and :func:`decode` / :func:`check` read an entry's own width before the artifact's one.
+
+QAT (``train.qat.bits``, ``train.qat.widths``; megahash/training/qat.py) trains through this same round trip.
 """
 
 from __future__ import annotations
