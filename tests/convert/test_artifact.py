@@ -112,7 +112,9 @@ def test_single_format_artifact_of_the_earlier_release_still_loads(tmp_path):
     path.write_bytes(qz.compress(buf.getvalue(), "zstd"))
     back, rec = read_artifact(path)
     q, s = qz.quantize_rows(state["a.weight"], 6)
+    # bit-exact: the same integer codes and fp16 scales through the same dequantize
     torch.testing.assert_close(back["a.weight"], qz.dequantize_rows(q, s, (80, 64)), rtol=0, atol=0)
+    # bit-exact: a 1-D fp32 tensor is stored as it is
     assert torch.equal(back["a.bias"], state["a.bias"]) and rec["format"] == "int6"
 
 
@@ -135,6 +137,7 @@ def test_mixed_record_with_a_bad_width_is_refused(tmp_path):
         if why is None:
             back, _ = read_artifact(path)
             q, s = qz.quantize_rows(state["b.weight"], 6)
+            # bit-exact: the same integer codes and fp16 scales through the same dequantize
             torch.testing.assert_close(back["b.weight"], qz.dequantize_rows(q, s, (64, 80)), rtol=0, atol=0)
         else:
             with pytest.raises(CheckpointError, match="b.weight: bits 5 is not one of"):
