@@ -1,6 +1,6 @@
 """The typed config tree of megahash: YAML files plus dotted ``a.b.c=value`` overrides.
 
-One tree for every stage (model, embedding, attention, data, train, eval, parallel, logging).
+One tree for every stage (model, embedding, attention, data, train, eval, parallel, logging, export).
 YAML files may ``include:`` other YAML files (paths relative to the including file, or to
 ``configs/``); later files and overrides win. Unknown keys and wrong types raise
 :class:`ConfigError` naming the key and the closest valid one. Every run writes the resolved
@@ -284,6 +284,29 @@ class EvalConfig:
     wait_s: float = ranged(1800.0, "[0, inf)", "seconds the end of a run waits for evaluations still running")
 
 
+ArtifactFormat = Literal["int8", "int6", "int4"]  # megahash/models/quantized.py FORMATS
+
+
+@dataclass
+class ArtifactConfig:
+    """``export.artifact``: the quantized artifact ``megahash export --checkpoint RUN`` writes with no other
+    flags (docs/convert.md#quantized-artifacts): a format per tensor group (megahash/models/tensor_groups.py:
+    the module slot a tensor lies in) and the codec. ``--quantize`` overrides it (``int8`` every group,
+    ``mlp=int4,attention=int6`` those groups)."""
+
+    embedding: ArtifactFormat = "int8"  # embedding tables (token, hash, n-gram; the tied head) and projections
+    attention: ArtifactFormat = "int8"  # every layer's self_attention slot, whatever its kind
+    mlp: ArtifactFormat = "int8"  # every layer's mlp slot
+    head: ArtifactFormat = "int8"  # an untied output layer, the objective's head
+    other: ArtifactFormat = "int8"  # any other matrix above the size kept in floating point
+    compress: Literal["zstd", "zlib"] = "zstd"
+
+
+@dataclass
+class ExportConfig:
+    artifact: ArtifactConfig = field(default_factory=ArtifactConfig)
+
+
 @dataclass
 class LoggingConfig:
     tensorboard: bool = True
@@ -307,6 +330,7 @@ class Config:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
 
     def to_dict(self) -> dict:
         return _plain(dataclasses.asdict(self))

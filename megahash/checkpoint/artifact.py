@@ -11,24 +11,29 @@ from megahash.atomic_write import write_bytes_atomic
 from megahash.errors import CheckpointError
 
 
-def write_artifact(state: dict, path: Path, fmt: str, codec: str, meta: dict) -> int:
+def write_artifact(
+    state: dict, path: Path, fmt: str, codec: str, meta: dict, formats: dict | None = None, groups: dict | None = None
+) -> int:
     """Write the quantized artifact of ``state`` (megahash/models/quantized.py) to ``path`` (temporary
-    name, renamed); its exact size in bytes."""
+    name, renamed); its exact size in bytes. ``fmt``: the one format of every quantized tensor; or, with
+    ``formats`` ({group: format}) and ``groups`` ({tensor name: group}, megahash/models/tensor_groups.py),
+    each tensor at its group's format: a mixed artifact (version 2), each entry recording its width and
+    the record its groups' formats (``format`` is then ``"mixed"``)."""
     import io
 
     from megahash.models.quantized import FORMATS, compress, encode
 
+    if formats is not None and len(set(formats.values())) == 1:
+        fmt, formats = next(iter(formats.values())), None  # one format: the single-format record
+    if formats is None:
+        rec = {"megahash_artifact": 1, "format": fmt, "bits": FORMATS[fmt], "meta": meta}
+        rec["tensors"] = encode(state, FORMATS[fmt])
+    else:
+        rec = {"megahash_artifact": 2, "format": "mixed", "bits": None, "formats": dict(formats), "meta": meta}
+        rec["groups"] = {name: groups[name] for name in state if name in groups}
+        rec["tensors"] = encode(state, {name: FORMATS[formats[groups[name]]] for name in state if name in groups})
     buf = io.BytesIO()
-    torch.save(
-        {
-            "megahash_artifact": 1,
-            "format": fmt,
-            "bits": FORMATS[fmt],
-            "meta": meta,
-            "tensors": encode(state, FORMATS[fmt]),
-        },
-        buf,
-    )
+    torch.save(rec, buf)
     blob = compress(buf.getvalue(), codec)
     write_bytes_atomic(path, blob)
     return len(blob)
@@ -58,9 +63,9 @@ def read_artifact(path: Path, like: dict | None = None) -> tuple[dict, dict]:
             raise refusal(e, f"artifact {path}") from None
         why = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
         raise CheckpointError(f"{path} is not a megahash quantized artifact ({type(e).__name__}: {why})") from None
-    if not isinstance(rec, dict) or rec.get("megahash_artifact") != 1:
+    if not isinstance(rec, dict) or rec.get("megahash_artifact") not in (1, 2):
         raise CheckpointError(f"{path} is not a megahash quantized artifact")
-    why = check(rec.get("tensors"), rec.get("bits"))
+    why = check(rec.get("tensors"), rec.get("bits"))  # a mixed artifact (bits None): each entry's own
     if why is None and like is not None:
         why = _misfit(rec["tensors"], like)
     if why is not None:

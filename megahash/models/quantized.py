@@ -12,7 +12,11 @@ and compressed with zstandard (level 19; the package megahash already needs for 
 or the standard library's zlib (level 9). torchao's quantization primitives are not installed here, and
 torch's own ``quantize_per_channel`` covers int8 only, so the few lines below do it for every width.
 
-QAT (``train.qat.bits``, megahash/training/qat.py) trains through this same round trip.
+Widths may differ per tensor (issue 44 item 3: ``export.artifact`` gives each tensor group its format,
+megahash/models/tensor_groups.py): :func:`encode` then records each quantized tensor's ``bits`` in its entry,
+and :func:`decode` / :func:`check` read an entry's own width before the artifact's one.
+
+QAT (``train.qat.bits``, ``train.qat.widths``; megahash/training/qat.py) trains through this same round trip.
 """
 
 from __future__ import annotations
@@ -76,16 +80,20 @@ def quantized(name: str, t: torch.Tensor) -> bool:
     return t.is_floating_point() and t.ndim >= 2 and t.numel() > KEEP_NUMEL
 
 
-def encode(state: dict, bits: int) -> dict:
-    """The artifact's tensors of a state dict."""
+def encode(state: dict, bits: int | dict) -> dict:
+    """The artifact's tensors of a state dict; ``bits``: one width for every quantized tensor, or
+    {name: width} (per-tensor widths, recorded in each tensor's entry)."""
     out = {}
     for name, t in state.items():
         if not isinstance(t, torch.Tensor):
             continue
         t = t.detach().cpu()
         if quantized(name, t):
-            q, s16 = quantize_rows(t, bits)
-            out[name] = {"packed": pack(q, bits), "scale": s16, "shape": list(t.shape), "dtype": str(t.dtype)[6:]}
+            b = bits[name] if isinstance(bits, dict) else bits
+            q, s16 = quantize_rows(t, b)
+            out[name] = {"packed": pack(q, b), "scale": s16, "shape": list(t.shape), "dtype": str(t.dtype)[6:]}
+            if isinstance(bits, dict):
+                out[name]["bits"] = b
         elif t.is_floating_point():
             out[name] = {"value": t.float() if t.ndim <= 1 else t.half(), "dtype": str(t.dtype)[6:]}
         else:
@@ -93,13 +101,14 @@ def encode(state: dict, bits: int) -> dict:
     return out
 
 
-def decode(tensors: dict, bits: int) -> dict:
-    """The round-tripped state dict of :func:`encode`'s output."""
+def decode(tensors: dict, bits: int | None) -> dict:
+    """The round-tripped state dict of :func:`encode`'s output (``bits``: the width of entries that record
+    none, an artifact of one format)."""
     out = {}
     for name, e in tensors.items():
         if "packed" in e:
             shape = torch.Size(e["shape"])
-            q = unpack(e["packed"], bits, shape.numel()).reshape(shape[0], -1)
+            q = unpack(e["packed"], e.get("bits", bits), shape.numel()).reshape(shape[0], -1)
             out[name] = dequantize_rows(q, e["scale"], shape).to(getattr(torch, e["dtype"]))
         else:
             v = e["value"]
@@ -149,8 +158,9 @@ def packed_bytes(numel: int, bits: int) -> int:
 
 def check(tensors, bits) -> str | None:
     """Why the tensors of an artifact record are not :func:`encode`'s output (None if they are): every
-    size, dtype and shape is checked before :func:`decode` allocates anything."""
-    if bits not in FORMATS.values():
+    size, dtype, width and shape is checked before :func:`decode` allocates anything. ``bits``: the
+    record's one width (None in a mixed artifact, whose entries record theirs)."""
+    if bits is not None and bits not in FORMATS.values():
         return f"bits {bits!r} is not one of {sorted(FORMATS.values())}"
     if not isinstance(tensors, dict):
         return "it holds no tensor table"
@@ -163,16 +173,18 @@ def check(tensors, bits) -> str | None:
             if not isinstance(e.get("value"), torch.Tensor):
                 return f"{name}: no tensor"
             continue
-        shape, packed, scale = e.get("shape"), e.get("packed"), e.get("scale")
+        shape, packed, scale, width = e.get("shape"), e.get("packed"), e.get("scale"), e.get("bits", bits)
+        if type(width) is not int or width not in FORMATS.values():
+            return f"{name}: bits {str(width)[:20]} is not one of {sorted(FORMATS.values())}"
         if not (isinstance(shape, list) and len(shape) >= 2 and all(type(d) is int and d >= 0 for d in shape)):
             return f"{name}: shape {str(shape)[:60]} is not a list of sizes"
         n = torch.Size(shape).numel()
         if not (
             isinstance(packed, torch.Tensor)
             and packed.dtype == torch.uint8
-            and packed.shape == (packed_bytes(n, bits),)
+            and packed.shape == (packed_bytes(n, width),)
         ):
-            return f"{name}: its packed values do not hold {n} {bits}-bit values"
+            return f"{name}: its packed values do not hold {n} {width}-bit values"
         if not (isinstance(scale, torch.Tensor) and scale.dtype == torch.float16 and scale.shape == (shape[0],)):
             return f"{name}: it has no fp16 scale per row"
         if "dtype" not in e:

@@ -131,6 +131,9 @@ def test_qat_straight_through_gradient():
     [
         (["train.qat.bits=5"], "'train.qat.bits' must be 0, 4, 6 or 8"),
         (["train.qat.bits=4", "train.zero_stage=3"], "train.qat.bits needs train.zero_stage"),
+        (["train.qat.widths=artifact", "train.zero_stage=3"], "train.qat.widths=artifact needs train.zero_stage"),
+        (["train.qat.widths=artifact", "train.qat.bits=4"], "takes each group's width from export.artifact"),
+        (["train.qat.widths=artefact"], "(did you mean 'artifact'?)"),
     ],
 )
 def test_qat_config_errors(overrides, expect):
@@ -139,3 +142,49 @@ def test_qat_config_errors(overrides, expect):
 
     with pytest.raises(ConfigError, match=re.escape(expect)):
         load_config(None, overrides)
+
+
+def test_qat_at_the_artifact_widths_of_each_group():
+    """``train.qat.widths=artifact``: every matrix the artifact quantizes, embedding table included, is replaced
+    by its round trip at its group's width (the rule written out), the rest untouched; ``bits`` mode keeps the
+    decoder's matrices only."""
+    from types import SimpleNamespace
+
+    from megahash.accelerator import process_groups
+    from megahash.config import load_config
+    from megahash.models.megatron_model import MegahashLM
+    from megahash.training import qat
+
+    shape = ["model.hidden_size=64", "model.ffn_hidden_size=128", "model.num_layers=2", "model.vocab_size=256"]
+    mixed = ["export.artifact.embedding=int6", "export.artifact.attention=int6", "export.artifact.mlp=int4"]
+    cfg = load_config(None, [*shape, *mixed, "train.qat.widths=artifact", "train.steps=10"])
+    expect = {"embedding": 6, "self_attention": 6, "mlp": 4}
+    with process_groups.releasing_group():
+        process_groups.init_distributed(1)
+        torch.manual_seed(0)
+        model = MegahashLM(cfg, 256)
+    widths = qat.artifact_widths(model, cfg.export.artifact)
+    for name, bits in widths.items():
+        slot = "embedding" if name.startswith("embedding.") else name.split(".")[3]
+        assert bits == expect[slot], (name, bits)
+    assert {n.split(".")[0] for n in widths} == {"embedding", "decoder"} and len(
+        widths
+    ) == 1 + 2 * 3  # linear_kv, fc1, fc2
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    fq = qat.FakeQuant(model, cfg.train, widths)
+    fq.active = True
+    with fq.applied():
+        for name, p in model.named_parameters():
+            if name in widths:
+                qm = 2 ** (widths[name] - 1) - 1
+                w = before[name].reshape(p.shape[0], -1)
+                s = (w.abs().amax(1) / qm * (1 + 2.0**-10)).half().float()
+                q = torch.round(w / s[:, None]).clamp(-qm, qm) * s[:, None]
+                torch.testing.assert_close(p.detach().reshape(p.shape[0], -1), q, rtol=1e-6, atol=1e-7)
+                assert float((p.detach() - before[name]).abs().max()) > 0, name
+            else:
+                assert torch.equal(p.detach(), before[name]), name  # bit-exact: not touched at all
+    # bit-exact: the live storage is put back, not recomputed
+    assert all(torch.equal(p.detach(), before[n]) for n, p in model.named_parameters())
+    uniform = qat.FakeQuant(model, SimpleNamespace(qat=SimpleNamespace(bits=4, fraction=0.5), steps=10))
+    assert len(uniform.params) == 2 * 3 and set(uniform.widths) == {4}  # the decoder's only
