@@ -157,6 +157,12 @@ class _DurationRecorder:
 
 
 def pytest_configure(config):
+    import signal
+
+    # a suite started in the background (``cmd &`` in a script: SIGINT ignored, and inherited) still tests what
+    # Ctrl-C does to the commands it starts: a handled signal is back to its default in an exec'd child
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if hasattr(config, "workerinput"):
         # an xdist worker is one of several test streams on the machine's cores: torch's intra-op pool would
         # only oversubscribe them (OpenMP threads spinning against each other), as the launched ranks'

@@ -478,6 +478,10 @@ def test_a_kind_with_an_option_and_a_model_input_in_one_file(plugin, shakespeare
 HOMONYMS = {
     ("mlp", "megahash/models/accounting.py"): "the MLP sublayer's parameter count in `megahash params`",
     ("mlp", "megahash/models/closed_form.py"): "the MLP sublayer's parameter count (closed form)",
+    (
+        "mlp",
+        "megahash/models/tensor_groups.py",
+    ): "the MLP sublayer's slot (TransformerLayer.mlp), an artifact tensor group",
     ("rolling", "megahash/hashing/"): "the rolling hash-spec family (hashing knows no model kinds)",
     ("add", "megahash/models/attention/mhe.py"): "MHE's add/mul head-embedding mode (eq. 3.5)",
     ("random_seed", "megahash/data/dataset.py"): "megatron's dataset-config keyword (the data seed)",
