@@ -78,7 +78,7 @@ class GeneralisedRow(StandardQKV):
 
 class AllHeadsRow(GeneralisedRow):
     """The generalised Standard row of a kind that keeps keys and values for all n heads: kv width d, decode cache
-    2BLnd_h numbers (EL-ATT, MHE, SKV)."""
+    2BLnd_h numbers."""
 
     @staticmethod
     def kv_width(d, h, g):

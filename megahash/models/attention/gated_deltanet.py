@@ -12,7 +12,8 @@ Per head (n heads, key head dim d_k = d_h, value head dim d_v = ``expand_v`` d_h
 
 and ``linear_proj`` (n d_v -> d_m). The readout scale c is the layer's score scale: 1/sqrt(d_k) ([Yang25b]), under
 muP sqrt(d_k,0)/d_k (:func:`megahash.models.mixing.score_scale`); with L2-normalised q, k and the RMSNorm after it,
-o's scale cancels but for the norm's eps, so muP changes little here, but the kind follows the model's rule. One input projection ``linear_in`` (split by head over TP, rows per head
+o's scale cancels but for the norm's eps, so muP changes little here, but the kind follows the model's rule.
+One input projection ``linear_in`` (split by head over TP, rows per head
 ``[q d_k, k d_k, v d_v, z d_v, a 1, b 1]``, biases with ``model.qkv_bias``), the convolution weights ``conv``
 (per head [2 d_k + d_v, K], a flat 1-D parameter), ``A_log`` and ``dt_bias`` (one per head, 1-D: no weight
 decay, no Muon) and ``o_norm``. Initialisation as fla's: A ~ U(1, 16) (Mamba2's range; fla draws U(0, 16)),
