@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
 import platform
 import statistics
@@ -28,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_compact_ladder import mean_se  # noqa: E402
 from bench_compact_recipe import ROOT, _metric, config_args, params_of, run  # noqa: E402
 
 # name -> (config files, export flags)
@@ -104,10 +104,10 @@ def table(rows: list[dict]) -> str:
     if {"quickstart", "compact_artifact"} <= set(by):
         seeds = sorted(set(by["quickstart"]) & set(by["compact_artifact"]))
         rel = [by["compact_artifact"][s]["bpb_artifact"] / by["quickstart"][s]["bpb_artifact"] - 1 for s in seeds]
-        se = statistics.stdev(rel) / math.sqrt(len(rel)) if len(rel) > 1 else float("nan")
+        mean, se = mean_se(rel)
         out.append(
             f"\nPaired over seeds {seeds}: compact_artifact's artifact vs the quickstart's int8+zlib artifact, "
-            f"{100 * statistics.mean(rel):+.1f}% bits per byte (standard error {100 * se:.1f} points); "
+            f"{100 * mean:+.1f}% bits per byte (standard error {100 * se:.1f} points); "
             f"per seed {', '.join(f'{100 * x:+.1f}%' for x in rel)}."
         )
     return "\n".join(out)
