@@ -307,8 +307,9 @@ def test_dry_run_prints_command():
 TINY = [*conftest.TINY, "train.eval_interval=0", "train.save_interval=0"]
 
 
-def wait_for_step(run_dir: Path, step: int, alive, timeout: float = 900) -> None:
-    """Wait until ``run_dir``'s metrics.jsonl has reached ``step``; ``alive()`` False = the run ended."""
+def wait_for_step(run_dir: Path, step: int, alive, timeout: float = 900, group: int | None = None) -> None:
+    """Wait until ``run_dir``'s metrics.jsonl has reached ``step``; ``alive()`` False = the run ended. On a
+    timeout the error lists the processes of process group ``group`` (state, kernel wait channel)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         if not alive():
@@ -319,7 +320,22 @@ def wait_for_step(run_dir: Path, step: int, alive, timeout: float = 900) -> None
         except (FileNotFoundError, ValueError):
             pass
         time.sleep(0.05)
-    raise AssertionError(f"no step {step} in {run_dir} after {timeout}s")
+    where = f"; its processes: {group_states(group)}" if group is not None else ""
+    raise AssertionError(f"no step {step} in {run_dir} after {timeout}s{where}; load {os.getloadavg()}")
+
+
+def group_states(pgid: int) -> list[str]:
+    """'PID STATE WCHAN' of each process of process group ``pgid`` (from /proc), for a failure message."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            wchan = (stat.parent / "wchan").read_text()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            out.append(f"{stat.parent.name} {fields[0]} {wchan}")
+    return out
 
 
 def descendants(pids) -> list[int]:

@@ -11,7 +11,6 @@ the requeued jobs' start-ups overlap instead of adding up; the cluster has room 
 Needs root and the Debian packages of launch/install_cluster_tools.sh (.ci/run installs them; this
 module installs them itself when they are missing and skips only if that is impossible)."""
 
-import os
 import re
 import shutil
 import subprocess
@@ -22,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from _pidfd import hold
 from _slurm import clean_env, install_note
 from test_launch import signal_during_save, wait_for_step
 
@@ -429,13 +429,6 @@ def _sig_pending(pid: int, sig: int) -> bool:
     )
 
 
-def _kill(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
 def _time_limit(cluster, data: dict, d: Path, started=lambda: None) -> dict:
     """The jobs of test_time_limit_signal_checkpoints_requeues_and_resumes_exactly, throttled until their
     signal (``started()`` once both are past their first step) and waited for: {kind: (job, run dir, output,
@@ -463,7 +456,7 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes_exactly(scenarios, r
     for a start on this loaded machine). The 60-step run takes seconds, so from step 1 until
     the signal its ranks run 10 ms in every second (SIGSTOP/SIGCONT), standing in for a longer job.
     A signal that comes while the ranks are still starting is kept and honoured after their first
-    step. Each job checkpoints, exits 3 and requeues; the requeued job (given 5 minutes by `scontrol
+    step. Each job checkpoints, exits 3 and requeues; the requeued job (given 10 minutes by `scontrol
     update`, as a user extends a job) resumes and ends with the uninterrupted run's per-step losses."""
     ref = runs["srun"]["dir"]
     for kind, (job, run_dir, text, info) in scenarios["time_limit"].result().items():
@@ -494,7 +487,7 @@ def _ran_out_before_the_signal(cluster, job: str, out: Path) -> bool:
 
 def _time_limit_jobs(cluster, data: dict, tmp_path: Path, started=None) -> dict:
     """The two time-limited jobs of the test above, throttled until their signal (``started()`` once both are
-    throttled or signalled), their requeued runs given 5 minutes: {kind: (job, run_dir, out)}."""
+    throttled or signalled), their requeued runs given 10 minutes: {kind: (job, run_dir, out)}."""
     import signal
 
     tmp_path.mkdir(parents=True, exist_ok=True)
@@ -521,7 +514,7 @@ def _time_limit_jobs(cluster, data: dict, tmp_path: Path, started=None) -> dict:
     # throttle each job's ranks from step 1 until the signal has come (pending while they are stopped,
     # or the batch shell says so) or a checkpoint is being written: run 10 ms, stopped 990 ms (at
     # 190 ms a loaded run once reached its last step before the signal: ~2 slices make a tiny step)
-    throttled: dict[str, list[int]] = {}
+    throttled: dict[str, list] = {}  # pidfds: a recycled PID is never signalled
     todo = dict(jobs)
     try:
         deadline = time.time() + 400
@@ -531,36 +524,39 @@ def _time_limit_jobs(cluster, data: dict, tmp_path: Path, started=None) -> dict:
                     step = max(train_losses(run_dir), default=0)
                 except (OSError, ValueError):
                     step = 0
-                pids = throttled.get(kind, [])
+                held = throttled.get(kind, [])
                 if (
-                    any(_sig_pending(pid, signal.SIGUSR1) for pid in pids)
+                    any(p.alive() and _sig_pending(p.pid, signal.SIGUSR1) for p in held)
                     or list(run_dir.glob("step_*"))
                     or "received SIGUSR1" in (out.read_text() if out.exists() else "")
                     or job_info(cluster, job).get("JobState") in FINAL
                 ):
                     todo.pop(kind)  # the signal has come (or a stop checkpoint is being written): full speed
-                    for pid in throttled.pop(kind, []):
-                        _kill(pid, signal.SIGCONT)
+                    for p in throttled.pop(kind, []):
+                        p.send(signal.SIGCONT)
+                        p.close()
                 elif step >= 1 and kind not in throttled:
-                    throttled[kind] = rank_pids(run_dir)
+                    throttled[kind] = hold(rank_pids(run_dir))
             if started is not None and all(kind in throttled or kind not in todo for kind in jobs):
                 started()
                 started = None
-            for pids in throttled.values():
-                for pid in pids:
-                    _kill(pid, signal.SIGCONT)
+            for held in throttled.values():
+                for p in held:
+                    p.send(signal.SIGCONT)
             time.sleep(0.01)
-            for pids in throttled.values():
-                for pid in pids:
-                    _kill(pid, signal.SIGSTOP)
+            for held in throttled.values():
+                for p in held:
+                    p.send(signal.SIGSTOP)
             time.sleep(0.99)
         assert not todo, f"jobs {list(todo)} did not stop on a signal in time"
     finally:
-        for pids in throttled.values():
-            for pid in pids:
-                _kill(pid, signal.SIGCONT)
-    # the requeued jobs get 5 minutes (scontrol update): at this machine's load a start can take most
-    # of a minute, and the restart's own signal (each start makes at least one step) would follow
+        for held in throttled.values():
+            for p in held:
+                p.send(signal.SIGCONT)
+                p.close()
+    # the requeued jobs get 10 minutes (scontrol update): at this machine's load a start can take minutes
+    # (with 5, one CI run's restart got its own time-limit signal while still starting and was killed at
+    # the limit before its first step), and the restart's own signal would then follow
     extended: set[str] = set()
     deadline = time.time() + 300
     while len(extended) < len(jobs) and time.time() < deadline:
@@ -568,7 +564,7 @@ def _time_limit_jobs(cluster, data: dict, tmp_path: Path, started=None) -> dict:
             info = job_info(cluster, job)
             if kind not in extended and (info.get("Restarts", "0") != "0" or info.get("JobState") in FINAL):
                 subprocess.run(
-                    ["scontrol", "update", f"JobId={job}", "TimeLimit=5"],
+                    ["scontrol", "update", f"JobId={job}", "TimeLimit=10"],
                     env=cluster.env(clean_env()),
                     capture_output=True,
                     text=True,
@@ -608,13 +604,14 @@ def _hung(cluster, data: dict, d: Path) -> tuple:
     except AssertionError as e:
         text = out.read_text() if out.exists() else ""
         raise AssertionError(f"{e}; job {job}: {job_info(cluster, job).get('JobState')}\n{text[-3000:]}") from None
-    stopped = [pid for pid in rank_pids(run_dir) if _slurm_rank(pid) == 1]
+    stopped = hold(pid for pid in rank_pids(run_dir) if _slurm_rank(pid) == 1)
     assert len(stopped) == 1, rank_pids(run_dir)
-    os.kill(stopped[0], signal.SIGSTOP)
+    stopped[0].send(signal.SIGSTOP)
     try:
         info = wait_job(cluster, job, out)
     finally:
-        _kill(stopped[0], signal.SIGCONT)
+        stopped[0].send(signal.SIGCONT)
+        stopped[0].close()
     return job, run_dir, out.read_text(), info
 
 

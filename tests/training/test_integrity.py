@@ -437,14 +437,14 @@ def test_one_history_after_a_killed_run(shakespeare_shards, tmp_path, capsys):
     args = _args(shakespeare_shards, run_dir, 500, *every)
     proc = _in_its_own_group(args)
     try:
-        wait_for_step(run_dir, 4, lambda: proc.poll() is None)
+        wait_for_step(run_dir, 4, lambda: proc.poll() is None, timeout=600, group=proc.pid)
         while True:  # stopped where records past the newest checkpoint exist
             os.killpg(proc.pid, signal.SIGSTOP)
             last = max(train_losses(run_dir))
             if last % 3:
                 break
             os.killpg(proc.pid, signal.SIGCONT)
-            wait_for_step(run_dir, last + 1, lambda: proc.poll() is None)
+            wait_for_step(run_dir, last + 1, lambda: proc.poll() is None, timeout=300, group=proc.pid)
         os.killpg(proc.pid, signal.SIGKILL)
     finally:
         if proc.poll() is None:
