@@ -157,8 +157,8 @@ def momentum_at(m: Config, step: int) -> float:
 # Polar Express [Amsel25]: the greedy minimax odd quintics p_t(x) = a x + b x^3 + c x^5, one per iteration,
 # as modded-nanogpt ships them ("computed for num_iters=5, safety_factor=2e-2, cushion=2", train_gpt.py at
 # KellerJordan/modded-nanogpt f411b3d); the input is scaled by its Frobenius norm times 1 + 2e-2 (the safety
-# factor). Beyond the fifth iteration: the limit of the minimax quintic as the interval shrinks to {1},
-# Newton-Schulz's 15/8 x - 10/8 x^3 + 3/8 x^5 ([Amsel25]; it keeps singular values near 1 there).
+# factor). Beyond the fifth iteration (a choice of megahash's): the classical quintic Newton-Schulz step
+# 15/8 x - 10/8 x^3 + 3/8 x^5 (p(1) = 1, p'(1) = 0: it contracts the singular values, near 1 by then, onto 1).
 POLAR_EXPRESS = [
     (8.156554524902461, -22.48329292557795, 15.878769915207462),
     (4.042929935166739, -2.808917465908714, 0.5000178451051316),
@@ -171,7 +171,7 @@ POLAR_EXPRESS_LIMIT = (15 / 8, -10 / 8, 3 / 8)
 
 def polar_express(update: torch.Tensor, steps: int, table=POLAR_EXPRESS) -> torch.Tensor:
     """``steps`` Polar Express iterations on one matrix in bf16 (modded-nanogpt's ``polar_express``, after
-    [Amsel25] Algorithm 1): X <- G / (1.02 |G|_F + 1e-6), then X <- a_t X + (b_t A + c_t A^2) X with A = X X^T
+    [Amsel25]): X <- G / (1.02 |G|_F + 1e-6), then X <- a_t X + (b_t A + c_t A^2) X with A = X X^T
     and (a_t, b_t, c_t) the ``table``'s row t (the wide orientation: a tall matrix is transposed there and
     back), returned in the input's dtype."""
     coefficients = [tuple(r) for r in table[:steps]] + [POLAR_EXPRESS_LIMIT] * (steps - len(table))
