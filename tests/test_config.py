@@ -165,6 +165,11 @@ def test_a_choice_is_its_literal_one_line_with_the_closest():
             "config key 'train.decay' must be cosine, linear, wsd or constant, got 'cosin' (did you mean 'cosine'?)",
         ),
         ("train.muon.adjust_lr=match_rms", "config key 'train.muon.adjust_lr' must be original or match_rms_adamw"),
+        (
+            "train.muon.orthogonalizer=polar",
+            "config key 'train.muon.orthogonalizer' must be newton_schulz or polar_express, got 'polar' "
+            "(did you mean 'polar_express'?)",
+        ),
         ("logging.x_axis=token", "(did you mean 'tokens'?)"),
     ):
         with pytest.raises(ConfigError) as e:

@@ -23,6 +23,9 @@ Under a batch-size ramp (``train.batch_ramp``) ``n`` counts samples, as Megatron
 and ``n`` is ``c_{s+1}`` during warmup, ``c_s`` after it (WSD anneals over the last ``F * c_D`` samples).
 Warmup and decay still end at steps ``W`` and ``D``; without a ramp ``c_s = s G`` and this is the step form.
 
+Muon's momentum warm-up (``train.muon.momentum_warmup_steps``) is set here as well, the momentum of step ``s``
+on Muon's groups (``muon.momentum_at``), so it follows the optimizer step as the LR does.
+
 Each parameter group keeps its own peak (``train.muon.lr`` for Muon's matrices; floor ``peak * min_lr / lr``)
 and its own constant weight decay (megatron's ``start_wd = end_wd`` per group). DeepSpeed's engine calls
 :meth:`Schedule.step` after every applied optimizer step and checkpoints :meth:`Schedule.state_dict`; a
@@ -99,9 +102,17 @@ class Schedule:
         return _samples(self.t, step) + (1 if self.ends_in_warmup else 0)
 
     def go_to(self, step: int) -> None:
-        """Set every group's LR (and weight decay) to those of optimizer step ``step``."""
+        """Set every group's LR (and weight decay) to those of optimizer step ``step``; Muon's groups their
+        momentum too (``train.muon.momentum_warmup_steps``: megahash/training/muon.py, ``momentum_at``)."""
         self.last_step = step
         self.megatron.step(self.count(step) - self.megatron.num_steps)
+        muon = getattr(self.t, "muon", None)
+        if muon is not None and muon.momentum_warmup_steps:
+            from megahash.training.muon import momentum_at
+
+            for group in self.megatron.optimizer.param_groups:
+                if group.get("use_muon"):
+                    group["momentum"] = momentum_at(muon, step)
 
     def step(self) -> None:
         """After an applied optimizer step: the LR of the next one."""

@@ -7,6 +7,12 @@ Muon [Jordan24] (``torch.optim.Muon``'s algorithm): per hidden matrix W with gra
     O <- NS_k(U)                                (k quintic Newton-Schulz steps: U's orthogonal polar factor, roughly)
     W <- (1 - lr wd) W - AdjustLR(lr, shape) O
 
+Two options beyond torch's: a momentum warm-up (modded-nanogpt's ``get_muon_momentum``: mu rises linearly from
+``momentum_start`` at step 0 to ``momentum`` at step ``momentum_warmup_steps``, :func:`momentum_at`, set on the
+groups by the LR schedule from the optimizer step, so a resume takes it up where it stopped), and
+``orthogonalizer=polar_express``: NS_k with the per-iteration minimax coefficients of Polar Express [Amsel25]
+(:func:`polar_express`) in place of the one fixed quintic.
+
 with AdjustLR = lr sqrt(max(1, A/B)) (original) or lr 0.2 sqrt(max(A, B)) (match_rms_adamw [Liu25]),
 computed with torch's own pieces (``torch.optim._muon._zeropower_via_newtonschulz``, ``_adjust_lr``), so
 one step equals ``torch.optim.Muon`` (tests/training/test_muon.py). Every other parameter takes ``torch.optim.AdamW``.
@@ -71,13 +77,18 @@ class Config:
     """``train.muon``: Muon's options, used with ``train.optimizer=muon`` (docs/compact_models.md). Muon takes
     the 2-D matrices of the transformer layers at ``lr`` (torch.optim.Muon's algorithm), AdamW the rest at
     ``train.lr``; the LR schedule scales both. ``adjust_lr``: original (sqrt(max(1, rows/cols))) |
-    match_rms_adamw (0.2 sqrt(max))."""
+    match_rms_adamw (0.2 sqrt(max)). ``momentum_warmup_steps`` > 0: the momentum rises linearly from
+    ``momentum_start`` to ``momentum`` over those steps (:func:`momentum_at`); ``orthogonalizer``: newton_schulz
+    (torch.optim.Muon's quintic) | polar_express (:func:`polar_express`, [Amsel25])."""
 
     lr: float = ranged(0.02, "(0, inf)", "Muon's peak learning rate (hidden matrices)")
     momentum: float = ranged(0.95, "[0, 1)", "Muon's momentum")
     nesterov: bool = True
     ns_steps: int = ranged(5, "[1, 99]", "Newton-Schulz steps (torch.optim.Muon: < 100)")
     adjust_lr: Literal["original", "match_rms_adamw"] = "original"
+    momentum_warmup_steps: int = ranged(0, "[0, inf)", "steps of Muon's momentum warm-up (0: none)")
+    momentum_start: float = ranged(0.85, "[0, 1)", "Muon's momentum at step 0 of the warm-up")
+    orthogonalizer: Literal["newton_schulz", "polar_express"] = "newton_schulz"
 
     def check(self, cfg) -> None:
         """ZeRO-3 refused with the config (its layouts once the stage is known: :meth:`check_layout`)."""
@@ -123,16 +134,65 @@ def param_groups(model: torch.nn.Module, t) -> list[dict]:
     for g in groups:
         if g["use_muon"]:
             g.update(
-                momentum=t.muon.momentum,
+                momentum=momentum_at(t.muon, 0),
                 nesterov=t.muon.nesterov,
                 ns_steps=t.muon.ns_steps,
                 adjust_lr_fn=t.muon.adjust_lr,
             )
+            if t.muon.orthogonalizer == "polar_express":
+                g["ns_coefficients"] = POLAR_EXPRESS
     return groups
 
 
+def momentum_at(m: Config, step: int) -> float:
+    """Muon's momentum at 0-based optimizer step ``step`` (modded-nanogpt's ``get_muon_momentum`` warm-up):
+    ``start + (momentum - start) * step / W`` while ``step < W`` (W = ``momentum_warmup_steps``), then
+    ``momentum``. A function of the step alone, so a resume continues it exactly."""
+    w = m.momentum_warmup_steps
+    if step >= w:
+        return m.momentum
+    return m.momentum_start + (m.momentum - m.momentum_start) * step / w
+
+
+# Polar Express [Amsel25]: the greedy minimax odd quintics p_t(x) = a x + b x^3 + c x^5, one per iteration,
+# as modded-nanogpt ships them ("computed for num_iters=5, safety_factor=2e-2, cushion=2", train_gpt.py at
+# KellerJordan/modded-nanogpt f411b3d); the input is scaled by its Frobenius norm times 1 + 2e-2 (the safety
+# factor). Beyond the fifth iteration (a choice of megahash's): the classical quintic Newton-Schulz step
+# 15/8 x - 10/8 x^3 + 3/8 x^5 (p(1) = 1, p'(1) = 0: it contracts the singular values, near 1 by then, onto 1).
+POLAR_EXPRESS = [
+    (8.156554524902461, -22.48329292557795, 15.878769915207462),
+    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+]
+POLAR_EXPRESS_LIMIT = (15 / 8, -10 / 8, 3 / 8)
+
+
+def polar_express(update: torch.Tensor, steps: int, table=POLAR_EXPRESS) -> torch.Tensor:
+    """``steps`` Polar Express iterations on one matrix in bf16 (modded-nanogpt's ``polar_express``, after
+    [Amsel25]): X <- G / (1.02 |G|_F + 1e-6), then X <- a_t X + (b_t A + c_t A^2) X with A = X X^T
+    and (a_t, b_t, c_t) the ``table``'s row t (the wide orientation: a tall matrix is transposed there and
+    back), returned in the input's dtype."""
+    coefficients = [tuple(r) for r in table[:steps]] + [POLAR_EXPRESS_LIMIT] * (steps - len(table))
+    x = update.bfloat16()
+    tall = x.size(-2) > x.size(-1)
+    if tall:
+        x = x.mT
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) * (1 + 2e-2) + 1e-6)
+    for a, b, c in coefficients:
+        gram = x @ x.mT
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    if tall:
+        x = x.mT
+    return x.to(update.dtype)
+
+
 def newton_schulz(update: torch.Tensor, steps: int, coefficients, eps: float) -> torch.Tensor:
-    """NS_k of one whole matrix: ``torch.optim.Muon``'s quintic iteration (in bf16, as torch runs it)."""
+    """NS_k of one whole matrix: ``torch.optim.Muon``'s quintic iteration (in bf16, as torch runs it), or with
+    ``coefficients`` a table of one (a, b, c) per iteration (:data:`POLAR_EXPRESS`), :func:`polar_express`'s."""
+    if isinstance(coefficients[0], (tuple, list)):
+        return polar_express(update, steps, coefficients)
     from torch.optim._muon import _zeropower_via_newtonschulz
 
     return _zeropower_via_newtonschulz(update, coefficients, steps, eps)

@@ -2,7 +2,8 @@
 engine (megahash.training.profiling.TrainHarness) at ``train.zero_stage=1`` with ``train.optimizer=muon``, and at
 every step, from the same weights and the same (all-reduced, clipped) gradients, a single-rank Muon (MuonAdamW
 unsharded, every matrix and every AdamW element on this rank) stepped beside it: the step hooks of torch's
-optimizer read the gradients before the sharded step and compare the weights after it. Rank 0 writes a JSON
+optimizer read the gradients before the sharded step and compare the weights after it (the reference's LR as
+the schedule set it, its momentum the warm-up's value of the step, computed here). Rank 0 writes a JSON
 file: per-step losses, the largest difference from the single-rank step, the final weights (a torch file
 beside it), and per rank the matrices it ran Newton-Schulz on, the momentum buffers it holds and its
 optimizer-state elements. With SAVE_AT > 0 it saves the checkpoint of that step (megahash.training.checkpoint.save,
@@ -63,8 +64,12 @@ def main(out: str, tp: int, steps: int, save_at: int, overrides: list[str]) -> N
                 c = copies[id(p)]
                 c.copy_(p)  # the same weights before every step
                 c.grad = None if p.grad is None else p.grad.detach().clone()
+        m, step = cfg.train.muon, len(diffs)  # the 0-based step about to run
+        warm = min(step / m.momentum_warmup_steps, 1.0) if m.momentum_warmup_steps else 1.0
         for g, r in zip(opt.param_groups, ref.param_groups):
             r["lr"] = g["lr"]  # as the schedule set it
+            if r["use_muon"]:  # the momentum warm-up (modded-nanogpt's linear rise), from the step here
+                r["momentum"] = m.momentum_start + (m.momentum - m.momentum_start) * warm
         ns_before = len(ns_shapes)
         ref.step()
         del ns_shapes[ns_before:]  # count the sharded optimizer's Newton-Schulz only

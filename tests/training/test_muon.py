@@ -103,6 +103,95 @@ def test_two_steps_equal_torch_muon_plus_adamw(dist, adjust):
     assert all(opt.state[p]["momentum_buffer"].abs().sum() > 0 for p in opt.param_groups[-1]["params"])
 
 
+def test_momentum_warmup_follows_the_optimizer_step_as_modded_nanogpt_schedules_it(dist):
+    """train.muon.momentum_warmup_steps=W: the momentum of 0-based step s is start + (momentum - start) s / W
+    while s < W, then momentum (modded-nanogpt's get_muon_momentum, 0.85 -> 0.95 over 300 steps there), set
+    by the schedule from the step (go_to, as a resume does); three steps equal torch.optim.Muon stepped at
+    those momenta."""
+    from megahash.accelerator import rng
+    from megahash.config import load_config
+    from megahash.models.megatron_model import build_model
+    from megahash.training.lr_schedule import Schedule
+    from megahash.training.muon import build_optimizer, routes_to_muon
+    from megahash.training.param_groups import param_groups
+
+    warm = ["train.muon.momentum_warmup_steps=2", "train.muon.momentum_start=0.6", "train.muon.momentum=0.9"]
+    cfg = load_config(None, [*TINY, "model.vocab_size=100", "train.steps=8", *warm])
+    t = cfg.train
+    expect = [0.6, 0.75, 0.9, 0.9]  # 0.6 + (0.9 - 0.6) * s / 2, then 0.9
+    rng.seed_all(t.seed)
+    ours = build_model(cfg, 100)
+    ref = build_model(cfg, 100)
+    ref.load_state_dict(ours.state_dict())
+    opt = build_optimizer(ours, t, param_groups(ours, t), {})
+    schedule = Schedule(opt, t)
+    group = next(g for g in opt.param_groups if g["use_muon"])
+    assert [(schedule.go_to(s), group["momentum"])[1] for s in (3, 1, 0, 2)] == pytest.approx(
+        [expect[3], expect[1], expect[0], expect[2]], abs=1e-12
+    )
+    route = routes_to_muon(ours)
+    hidden = [p for n, p in ref.named_parameters() if route[n]]
+    ref_muon = torch.optim.Muon(hidden, lr=t.muon.lr, weight_decay=t.weight_decay, momentum=expect[0])
+    gen = torch.Generator().manual_seed(0)
+    for s in range(3):
+        schedule.go_to(s)
+        ref_muon.param_groups[0].update(lr=group["lr"], momentum=expect[s])
+        for a, b in zip(ours.parameters(), ref.parameters()):
+            g = torch.randn(a.shape, generator=gen, dtype=torch.float64).float()
+            a.grad, b.grad = g.clone(), g.clone()
+        opt.step()
+        ref_muon.step()
+    for (name, a), b in zip(ours.named_parameters(), ref.parameters()):
+        if route[name]:  # identical operations on identical inputs: 1e-6 is ~10 ulps of these weights
+            assert torch.allclose(a, b, rtol=0, atol=1e-6), name
+    # without the warm-up (the default) the momentum is train.muon.momentum from step 0
+    plain = load_config(None, [*TINY, "model.vocab_size=100"]).train
+    opt = build_optimizer(ours, plain, param_groups(ours, plain), {})
+    Schedule(opt, plain).go_to(0)
+    assert next(g for g in opt.param_groups if g["use_muon"])["momentum"] == plain.muon.momentum == 0.95
+
+
+def _of_condition(rows: int, cols: int, kappa: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random rows x cols matrix with singular values geometric from 1 to 1 / kappa (fp64), and its exact
+    polar factor U V^T."""
+    gen = torch.Generator().manual_seed(seed)
+    u, _ = torch.linalg.qr(torch.randn(rows, rows, generator=gen, dtype=torch.float64))
+    v, _ = torch.linalg.qr(torch.randn(cols, cols, generator=gen, dtype=torch.float64))
+    k = min(rows, cols)
+    s = torch.logspace(0, -math.log10(kappa), k, dtype=torch.float64)
+    return u[:, :k] @ torch.diag(s) @ v[:, :k].T, u[:, :k] @ v[:, :k].T
+
+
+@pytest.mark.parametrize("shape", [(64, 192), (192, 64)])
+def test_polar_express_lands_every_singular_value_near_one_closer_to_the_polar_factor(shape):
+    """train.muon.orthogonalizer=polar_express (Amsel et al. 2025, modded-nanogpt's table): for matrices of
+    condition 100 (wide and tall), in bf16 as Muon runs it, the singular values of the output (fp64 SVD) lie
+    within the band the five minimax quintics map [1e-3, 1] into (1 +- 0.1412, their fp64 composition, a
+    property of the coefficients: one polynomial applied to every singular value), where torch's fixed quintic
+    leaves the smallest near 0.68 ([Jordan24]'s roughly (0.7, 1.2)); and the output is closer to the exact
+    polar factor U V^T in the same five steps."""
+    from torch.optim import _muon
+
+    from megahash.training.muon import POLAR_EXPRESS, newton_schulz
+
+    x = torch.linspace(1e-3, 1 / 1.02, 20001, dtype=torch.float64)
+    y = x.clone()
+    for a, b, c in POLAR_EXPRESS:
+        y = a * y + b * y**3 + c * y**5
+    assert 1 - 0.1412 < float(y.min()) and float(y.max()) < 1 + 0.1412  # the table's band, in fp64
+    default = (_muon.DEFAULT_A, _muon.DEFAULT_B, _muon.DEFAULT_C)
+    for seed in range(3):
+        g, polar = _of_condition(*shape, 100.0, seed)
+        pe = newton_schulz(g.float(), 5, POLAR_EXPRESS, _muon.EPS).double()
+        ns = newton_schulz(g.float(), 5, default, _muon.EPS).double()
+        sv_pe, sv_ns = torch.linalg.svdvals(pe), torch.linalg.svdvals(ns)
+        # bf16 iterations: a few bf16 roundings (2^-8 relative) of the band's edges
+        assert 1 - 0.16 < float(sv_pe.min()) and float(sv_pe.max()) < 1 + 0.16, sv_pe.aminmax()
+        assert float(sv_ns.min()) < 0.75  # the default's band is wider: a fact this test's contrast rests on
+        err_pe, err_ns = float(torch.linalg.norm(pe - polar)), float(torch.linalg.norm(ns - polar))
+        assert err_pe < 0.8 * err_ns, (err_pe, err_ns)
+
+
 @pytest.mark.parametrize("stage", [0, 1, 2])
 def test_newton_schulz_on_every_routed_matrix_through_the_engine(shakespeare_shards, tmp_path, dist, ns_calls, stage):
     """One step through the DeepSpeed engine at each stage megahash runs Muon at (1 and 2 at one fp32
@@ -192,6 +281,7 @@ def _spawn(worker: str, ranks: int, *args: str, timeout: int = 600) -> None:
 
 
 STEPS = 4
+LEVERS = ["train.muon.momentum_warmup_steps=3", "train.muon.orthogonalizer=polar_express"]  # tp2dp2's
 
 
 @pytest.mark.slow
@@ -203,8 +293,9 @@ def test_sharded_muon_steps_as_one_rank_holds_its_share_and_resumes_at_any_data_
     combined: about 4 minutes here).
 
     The step (tests/training/muon_dp_worker.py, the trainer's engine): at DP 4 (ZeRO-2, fp32) and at TP 2 x DP 2
-    (ZeRO-1, train.precision=bf16, the TP gather kept) every step equals single-rank Muon stepped beside it on the
-    same gradients, bit for bit; per TP rank the data-parallel ranks ran Newton-Schulz on every routed matrix once
+    (ZeRO-1, train.precision=bf16, the TP gather kept; with the momentum warm-up and Polar Express) every step
+    equals single-rank Muon stepped beside it on the same gradients (at the warm-up's momentum of the step), bit
+    for bit; per TP rank the data-parallel ranks ran Newton-Schulz on every routed matrix once
     between them, each only on its own matrices and holding the momentum of those only, its optimizer state its
     share; the 4-rank weights after 4 steps are the 1-rank run's within what the order of the gradient reduction
     can move them.
@@ -228,7 +319,7 @@ def test_sharded_muon_steps_as_one_rank_holds_its_share_and_resumes_at_any_data_
     runs = {  # name: (ranks, TP, overrides, the step it saves)
         "dp1": (1, 1, ["train.zero_stage=1"], 2),
         "dp4": (4, 1, ["train.zero_stage=2"], 2),
-        "tp2dp2": (4, 2, ["train.zero_stage=1", "train.precision=bf16"], 0),
+        "tp2dp2": (4, 2, ["train.zero_stage=1", "train.precision=bf16", *LEVERS], 0),
     }
     out = {}
     for name, (ranks, tp, extra, save_at) in runs.items():
@@ -389,9 +480,17 @@ def test_tensor_parallel_matrices_are_orthogonalized_whole(tmp_path):
 
 
 # last in the file: the in-process pretraining tears down this module's one-rank world (the dist fixture)
-def test_bf16_stop_and_resume_is_bit_exact_and_logs_the_optimizer_phase(shakespeare_shards, tmp_path, capsys, ns_calls):
+@pytest.mark.parametrize(
+    "levers",
+    [[], LEVERS],
+    ids=["plain", "warmup_polar_express"],
+)
+def test_bf16_stop_and_resume_is_bit_exact_and_logs_the_optimizer_phase(
+    shakespeare_shards, tmp_path, capsys, ns_calls, levers
+):
     """train.precision=bf16 (autocast over fp32 weights): 4 steps straight = 2 steps, stop, resume, 2 steps,
-    bit for bit (the momentum buffers come back); the progress line carries optimizer_s."""
+    bit for bit (the momentum buffers come back); the progress line carries optimizer_s. With the momentum
+    warm-up (3 steps: the resume lands mid-warm-up) and Polar Express likewise."""
     from test_batch_ramp import _main, _records
 
     common = [
@@ -401,6 +500,7 @@ def test_bf16_stop_and_resume_is_bit_exact_and_logs_the_optimizer_phase(shakespe
         "train.zero_stage=0",
         "train.steps=4",
         "train.log_interval=1",
+        *levers,
     ]
     straight, split = tmp_path / "straight", tmp_path / "split"
     status, out = _main([*common, f"train.save_dir={straight}"], capsys)
