@@ -13,7 +13,9 @@ the steps at half that batch, the same tokens. Warmup is a tenth of the steps. E
 ``megahash eval`` on ``shk_ppl`` (lm-eval's rolling log-likelihood over held-out plays, documents 1100+,
 never trained on) as ``bits_per_byte``. The gain of a recipe at a rung is the mean over seeds of
 ``1 - bpb(recipe, seed) / bpb(baseline, seed)`` (paired by seed: the same data order and initial draw), with
-its standard error ``sd / sqrt(seeds)``. Writes a markdown table and one PNG of bits per byte against
+its standard error ``sd / sqrt(seeds)``. Beside lm-eval's disjoint windows, each run is scored on the same
+documents with strided windows (``megahash eval --text``, stride half the window: issue 44 item 4), its own
+columns. Writes a markdown table and one PNG of bits per byte against
 parameters. Stages whose output exists are skipped (rerun to finish).
 """
 
@@ -84,6 +86,7 @@ def one(recipe: str, hidden: int, seed: int, work: Path) -> dict:
         cmd = ["-m", "megahash", "eval", "--checkpoint", str(run_dir), "--tasks-dir", "data/eval_tasks"]
         run([sys.executable, *cmd, "--tasks", "shk_ppl", "--overwrite"], log)
     bpb = _metric(json.loads(next((run_dir / "eval").glob("step_*.json")).read_text()), "bits_per_byte")
+    sliding = sliding_bpb(run_dir, log, work)
     params = params_of([base], sets)
     div, steps = RUNGS[hidden]
     tokens = steps * (16 // div) * 128
@@ -92,19 +95,42 @@ def one(recipe: str, hidden: int, seed: int, work: Path) -> dict:
         "hidden": hidden,
         "seed": seed,
         "bpb": bpb,
+        "bpb_sliding": sliding,
         "params": params,
         "tokens": tokens,
         "train_s": float(timing.read_text()),
     }
 
 
-def gains(rows: list[dict], recipe: str, hidden: int, ref: str = "baseline") -> list[float]:
-    """Per-seed relative gains (percent) of ``recipe`` over ``ref`` at one rung, paired by seed."""
-    base = {r["seed"]: r["bpb"] for r in rows if r["recipe"] == ref and r["hidden"] == hidden}
+def held_out_text(work: Path) -> Path:
+    """shk_ppl's documents (data/eval_tasks/shk_ppl.jsonl, field ``page``) as a ``.jsonl`` of ``text``: the
+    same held-out plays for ``megahash eval --text`` as for lm-eval's task."""
+    path = work / "shk_ppl_text.jsonl"
+    if not path.exists():
+        pages = [json.loads(line)["page"] for line in (ROOT / "data/eval_tasks/shk_ppl.jsonl").read_text().splitlines()]
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps({"text": p}) + "\n" for p in pages))
+        tmp.replace(path)
+    return path
+
+
+def sliding_bpb(run_dir: Path, log: Path, work: Path) -> float:
+    """Held-out bits per byte of ``run_dir`` with strided windows (``megahash eval --text``, stride half the
+    window: each scored token sees at least half a window of context), beside lm-eval's disjoint windows."""
+    out = run_dir / "eval" / "sliding.json"
+    if not out.exists():
+        cmd = ["-m", "megahash", "eval", "--checkpoint", str(run_dir), "--text", str(held_out_text(work))]
+        run([sys.executable, *cmd, "--out", str(out), "--overwrite"], log)
+    return float(json.loads(out.read_text())["sliding"]["bpb"])
+
+
+def gains(rows: list[dict], recipe: str, hidden: int, ref: str = "baseline", key: str = "bpb") -> list[float]:
+    """Per-seed relative gains (percent) of ``recipe`` over ``ref`` at one rung in ``key``, paired by seed."""
+    base = {r["seed"]: r.get(key) for r in rows if r["recipe"] == ref and r["hidden"] == hidden}
     return [
-        100 * (1 - r["bpb"] / base[r["seed"]])
+        100 * (1 - r[key] / base[r["seed"]])
         for r in rows
-        if r["recipe"] == recipe and r["hidden"] == hidden and r["seed"] in base
+        if r["recipe"] == recipe and r["hidden"] == hidden and base.get(r["seed"]) and r.get(key)
     ]
 
 
@@ -115,8 +141,8 @@ def mean_se(xs: list[float]) -> tuple[float, float]:
 def table(rows: list[dict], ref: str = "baseline") -> str:
     out = [
         f"| recipe | hidden | parameters | tokens/param | seeds | held-out bits/byte (mean ± sd) | gain vs {ref} "
-        "(paired mean ± SE) | gain / SE | train s/run |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "(paired mean ± SE) | gain / SE | sliding-window bits/byte | sliding gain (paired) | train s/run |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     keys = dict.fromkeys((r["recipe"], r["hidden"]) for r in rows)
     order = {"baseline": 0, ref: 1}
@@ -129,9 +155,17 @@ def table(rows: list[dict], ref: str = "baseline") -> str:
         if g:
             m, se = mean_se(g)
             gain, ratio = f"{m:+.2f}% ± {se:.2f}", (f"{m / se:.1f}" if se == se and se > 0 else "-")
+        sl, sl_gain = "-", "-"
+        if all(r.get("bpb_sliding") is not None for r in rs):
+            sb = [r["bpb_sliding"] for r in rs]
+            sl = f"{statistics.mean(sb):.4f} ± {statistics.stdev(sb) if len(sb) > 1 else 0.0:.4f}"
+            if recipe != ref and (sg := gains(rows, recipe, hidden, ref, "bpb_sliding")):
+                m, se = mean_se(sg)
+                sl_gain = f"{m:+.2f}% ± {se:.2f}"
         out.append(
             f"| {recipe} | {hidden} | {rs[0]['params']:,} | {rs[0]['tokens'] / rs[0]['params']:.3f} | {len(rs)} | "
-            f"{statistics.mean(b):.4f} ± {sd:.4f} | {gain} | {ratio} | {statistics.mean(r['train_s'] for r in rs):.0f} |"
+            f"{statistics.mean(b):.4f} ± {sd:.4f} | {gain} | {ratio} | {sl} | {sl_gain} | "
+            f"{statistics.mean(r['train_s'] for r in rs):.0f} |"
         )
     return "\n".join(out)
 
@@ -170,7 +204,9 @@ def main() -> None:
     ap.add_argument("--recipes", default="baseline,compact")
     ap.add_argument("--reference", default="baseline", help="the recipe the gains are paired against")
     ap.add_argument("--work", default="/tmp/megahash_ladder")
-    ap.add_argument("--cached", action="store_true", help="no training: the table of the finished rows only")
+    ap.add_argument(
+        "--cached", action="store_true", help="no training: the table of the finished rows only (evaluated if need be)"
+    )
     ap.add_argument("--out", default=str(ROOT / f"benchmarks/results/{datetime.date.today()}_compact_ladder_cpu.md"))
     ap.add_argument(
         "--try",
@@ -203,10 +239,16 @@ def main() -> None:
                 key = (recipe, hidden, seed)
                 if args.cached and key not in done:
                     continue
-                row = done.get(key) or one(recipe, hidden, seed, work)
-                if key not in done:
-                    with open(cache, "a") as f:
-                        f.write(json.dumps(row) + "\n")
+                row = dict(done[key]) if key in done else one(recipe, hidden, seed, work)
+                if row.get("bpb_sliding") is None:  # a row cached before the sliding-window column: evaluate it
+                    row["bpb_sliding"] = sliding_bpb(
+                        work / f"{recipe}_h{hidden}_s{seed}", work / f"{recipe}_h{hidden}_s{seed}.log", work
+                    )
+                if done.get(key) != row:
+                    done[key] = row
+                    tmp = cache.with_suffix(".tmp")
+                    tmp.write_text("".join(json.dumps(r) + "\n" for r in done.values()))
+                    tmp.replace(cache)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     wall = time.perf_counter() - start
