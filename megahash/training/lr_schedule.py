@@ -103,16 +103,17 @@ class Schedule:
 
     def go_to(self, step: int) -> None:
         """Set every group's LR (and weight decay) to those of optimizer step ``step``; Muon's groups their
-        momentum too (``train.muon.momentum_warmup_steps``: megahash/training/muon.py, ``momentum_at``)."""
+        settings too (``train.muon``, the momentum warm-up's momentum: megahash/training/muon.py,
+        ``group_settings``), so a resumed optimizer follows this run's config."""
         self.last_step = step
         self.megatron.step(self.count(step) - self.megatron.num_steps)
-        muon = getattr(self.t, "muon", None)
-        if muon is not None and muon.momentum_warmup_steps:
-            from megahash.training.muon import momentum_at
+        groups = [g for g in self.megatron.optimizer.param_groups if g.get("use_muon")]
+        if groups:
+            from megahash.training.muon import group_settings
 
-            for group in self.megatron.optimizer.param_groups:
-                if group.get("use_muon"):
-                    group["momentum"] = momentum_at(muon, step)
+            settings = group_settings(self.t.muon, step)
+            for group in groups:
+                group.update(settings)
 
     def step(self) -> None:
         """After an applied optimizer step: the LR of the next one."""

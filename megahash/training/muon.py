@@ -133,15 +133,26 @@ def param_groups(model: torch.nn.Module, t) -> list[dict]:
     groups = groups_of_roles(model, t, muon=True)
     for g in groups:
         if g["use_muon"]:
-            g.update(
-                momentum=momentum_at(t.muon, 0),
-                nesterov=t.muon.nesterov,
-                ns_steps=t.muon.ns_steps,
-                adjust_lr_fn=t.muon.adjust_lr,
-            )
-            if t.muon.orthogonalizer == "polar_express":
-                g["ns_coefficients"] = POLAR_EXPRESS
+            g.update(group_settings(t.muon, 0))
     return groups
+
+
+def group_settings(m: Config, step: int) -> dict:
+    """A Muon group's settings at optimizer step ``step``, all from ``train.muon``: set when the groups are
+    built and again at every step by the LR schedule (megahash/training/lr_schedule.py ``go_to``), so a
+    resume takes the run's config, not the settings an optimizer checkpoint carried in its groups."""
+    from torch.optim import _muon
+
+    coefficients = (
+        POLAR_EXPRESS if m.orthogonalizer == "polar_express" else (_muon.DEFAULT_A, _muon.DEFAULT_B, _muon.DEFAULT_C)
+    )
+    return {
+        "momentum": momentum_at(m, step),
+        "nesterov": m.nesterov,
+        "ns_steps": m.ns_steps,
+        "adjust_lr_fn": m.adjust_lr,
+        "ns_coefficients": coefficients,
+    }
 
 
 def momentum_at(m: Config, step: int) -> float:

@@ -151,6 +151,44 @@ def test_momentum_warmup_follows_the_optimizer_step_as_modded_nanogpt_schedules_
     assert next(g for g in opt.param_groups if g["use_muon"])["momentum"] == plain.muon.momentum == 0.95
 
 
+def test_a_resumed_optimizer_takes_this_runs_muon_settings_not_the_checkpoints(dist):
+    """An optimizer state_dict carries each group's settings, and torch's load_state_dict puts them back (as
+    DeepSpeed's resume does): a run resumed with another ``train.muon.orthogonalizer``, ``ns_steps``,
+    ``nesterov`` or momentum steps with its own config's, set by the schedule at the resume step."""
+    from torch.optim import _muon
+
+    from megahash.accelerator import rng
+    from megahash.config import load_config
+    from megahash.models.megatron_model import build_model
+    from megahash.training.lr_schedule import Schedule
+    from megahash.training.muon import POLAR_EXPRESS, build_optimizer
+    from megahash.training.param_groups import param_groups
+
+    before = load_config(None, [*TINY, "model.vocab_size=100"]).train
+    after = load_config(
+        None,
+        [
+            *TINY,
+            "model.vocab_size=100",
+            "train.muon.orthogonalizer=polar_express",
+            "train.muon.ns_steps=6",
+            "train.muon.nesterov=false",
+            "train.muon.momentum=0.9",
+        ],
+    ).train
+    rng.seed_all(before.seed)
+    model = build_model(load_config(None, [*TINY, "model.vocab_size=100"]), 100)
+    saved = build_optimizer(model, before, param_groups(model, before), {}).state_dict()
+    opt = build_optimizer(model, after, param_groups(model, after), {})
+    opt.load_state_dict(saved)
+    group = next(g for g in opt.param_groups if g["use_muon"])
+    default = (_muon.DEFAULT_A, _muon.DEFAULT_B, _muon.DEFAULT_C)
+    assert tuple(group["ns_coefficients"]) == default and group["ns_steps"] == 5  # the checkpoint's, loaded
+    Schedule(opt, after).go_to(4)
+    assert group["ns_coefficients"] == POLAR_EXPRESS and group["ns_steps"] == 6
+    assert group["nesterov"] is False and group["momentum"] == 0.9
+
+
 def _of_condition(rows: int, cols: int, kappa: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A random rows x cols matrix with singular values geometric from 1 to 1 / kappa (fp64), and its exact
     polar factor U V^T."""
