@@ -536,6 +536,9 @@ def summarize_tests(lines: list[str]) -> list[str] | None:
     the part was cut and the tests never started, and the counts. None where the plugin printed nothing."""
     queued, started, ended, out = [], [], set(), []
     for line in lines:
+        if line.startswith("gpu_check: "):  # the plugin's own notes (fla's configs)
+            out.append(line)
+            continue
         if not line.startswith(TEST_MARK):
             continue
         body = line[len(TEST_MARK) :]
@@ -590,7 +593,7 @@ def parts(folder: Path, work: Path, cuda: bool) -> list[Part]:
     return [
         Part(
             "gpu-marked tests",
-            [py, me, "part", "tests", "--work", str(work)],
+            [py, me, "part", "tests", *([] if cuda else ["--cpu-twins"])],
             190,
             KEEP_TESTS,
             key="tests",
@@ -873,7 +876,7 @@ def cmd_run(args) -> int:
             r = subprocess.run(
                 [sys.executable, __file__, "doctor"], env=env, text=True, capture_output=True, cwd=ROOT, timeout=left
             )
-            results.sections[0][1].extend(x for x in r.stdout.splitlines() if x.startswith(DOCTOR_MARK))
+            results.sections[0][1].extend(x for x in r.stdout.splitlines() if x.startswith(f"{DOCTOR_MARK} imports"))
         except subprocess.TimeoutExpired:
             results.sections[0][1].append(f"{DOCTOR_MARK} the import check after the parts timed out ({left:.0f} s)")
     total = time.time() - start
@@ -1217,28 +1220,33 @@ TEST_TIMEOUT_S = 120  # pytest-timeout's limit of one gpu test (the plugin cuts 
 def part_tests(args) -> int:
     """Every gpu-marked test (each file that has one) through the check's pytest plugin
     (benchmarks/gpu_check_pytest.py: its order, one line per test as it ends, each test's timeout within the part's
-    time); fla's autotuned kernels get one config each first (:func:`write_fla_configs`); without CUDA, the gpu
-    tests' fixtures through CPU twins as well."""
-    import torch
-
-    if os.environ.get("FLA_CACHE_MODE") == "default" and os.environ.get("FLA_CONFIG_DIR"):
-        t0 = time.time()
-        try:
-            names = write_fla_configs(Path(os.environ["FLA_CONFIG_DIR"]))
-            say(
-                f"fla: one untuned config for each of its {len(names)} cache-aware autotuned kernels in "
-                f"{os.environ['FLA_CONFIG_DIR']} (FLA_CACHE_MODE=default: no autotuning), {time.time() - t0:.1f} s"
-            )
-        except Exception as e:  # fla then autotunes as usual
-            say(f"fla: configs not written ({type(e).__name__}: {e}); fla autotunes as usual")
+    time, fla's autotuned kernels given one config each first); ``cpu_twins`` (no CUDA): the gpu tests' fixtures
+    through CPU twins as well. Imports nothing itself: the pytest process pays for torch and fla once."""
     paths = [str(ROOT / "benchmarks"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-p", "no:logging",
             "-p", "gpu_check_pytest", "-rfE", "--tb=short", "--timeout-method=signal"]  # fmt: skip
     rc = subprocess.run([*base, "--timeout", str(TEST_TIMEOUT_S), "-m", "gpu", *gpu_test_files()], cwd=ROOT, env=env)
-    if not torch.cuda.is_available():
+    if args.cpu_twins:
         return rc.returncode or subprocess.run([*base, "--timeout", "600", *CPU_TWINS], cwd=ROOT, env=env).returncode
     return rc.returncode
+
+
+def fla_configs_for_the_run() -> str:
+    """What the tests part's plugin does first: where fla's switch is on (``FLA_CACHE_MODE=default``, the run's
+    environment) and ``FLA_CONFIG_DIR`` holds no config yet, :func:`write_fla_configs` there. The line to print."""
+    folder = os.environ.get("FLA_CONFIG_DIR", "")
+    if os.environ.get("FLA_CACHE_MODE") != "default" or not folder or any(Path(folder).glob("*.json")):
+        return ""
+    t0 = time.time()
+    try:
+        names = write_fla_configs(Path(folder))
+    except Exception as e:  # fla then autotunes as usual
+        return f"fla: configs not written ({type(e).__name__}: {e}); fla autotunes as usual"
+    return (
+        f"fla: one untuned config for each of its {len(names)} cache-aware autotuned kernels in {folder} "
+        f"(FLA_CACHE_MODE=default: no autotuning), {time.time() - t0:.1f} s"
+    )
 
 
 def least_config(configs):
@@ -1496,6 +1504,7 @@ def main(argv=None) -> int:
     p.add_argument("folder")
     p = sub.add_parser("part")
     p.add_argument("which", choices=("tests", "pretrain", "fla"))
+    p.add_argument("--cpu-twins", action="store_true", help="tests: the gpu tests' fixtures through CPU twins too")
     p.add_argument("--dir", default=str(PREPARED))
     p.add_argument("--work", default="")
     args = ap.parse_args(argv)

@@ -18,7 +18,8 @@ configurations (every attention kind, fla's among them) at its end. Each test's 
 is left of the part's time (``GPU_CHECK_DEADLINE``, epoch seconds, set by the runner, less
 :data:`END_MARGIN_S` for the session's end), so a test cut by the part's end reports as the timeout it is, with
 its traceback, and the session still ends with its summary; a test that cannot start is reported not reached.
-Standard library and pytest only."""
+Where the run turned on fla's switch that skips autotuning (``FLA_CACHE_MODE=default``), it first writes the
+configs fla then reads (``gpu_check.write_fla_configs``). Standard library and pytest only at import."""
 
 from __future__ import annotations
 
@@ -193,3 +194,9 @@ class Reporter:
 
 def pytest_configure(config):
     config.pluginmanager.register(Reporter(config), "gpu-check-reporter")
+    if os.environ.get("FLA_CACHE_MODE") == "default" and os.environ.get("FLA_CONFIG_DIR"):
+        import gpu_check  # beside this file: fla's switch that skips autotuning, before any test imports fla
+
+        line = gpu_check.fla_configs_for_the_run()
+        if line:
+            print(f"gpu_check: {line}", flush=True)
