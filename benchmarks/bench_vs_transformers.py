@@ -307,7 +307,13 @@ class Side:
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         }
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-        self.info = self._read()
+        self.info = None
+
+    def ready(self) -> Side:
+        """Wait for the worker's build and warm-up (its info)."""
+        if self.info is None:
+            self.info = self._read()
+        return self
 
     def _read(self):
         for line in self.proc.stdout:
@@ -327,11 +333,16 @@ class Side:
 
 
 def run_shape(name: str, shape: dict, args) -> dict:
-    sides = {"megahash": Side("megahash", name, args, [])}
+    """The sides of one shape: megahash's first (it writes the batches and says the vocabulary), then the
+    transformers sides started together (their start-up, build and warm-up overlap; the timed rounds that follow
+    run one side at a time)."""
+    sides = {"megahash": Side("megahash", name, args, []).ready()}
     vocab = ["--vocab", str(sides["megahash"].info["vocab"])]
     sides["transformers"] = Side("transformers", name, args, vocab)
     if args.hf_compiled:
         sides["transformers-compiled"] = Side("transformers-compiled", name, args, vocab)
+    for side in sides.values():
+        side.ready()
     mh, hf = sides["megahash"].info, sides["transformers"].info
     same = mh["params"] == hf["params"]
     print(

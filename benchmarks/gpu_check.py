@@ -4,10 +4,11 @@ machine, rehearse on CPU. Standard library only at import: it runs on the GPU im
 is installed.
 
     python3 benchmarks/gpu_check.py prepare [--dir .gpu_check] [--python-version 3.12] [--wheels-only]
-    python3 benchmarks/gpu_check.py run [--dir .gpu_check] [--budget 540] [--label NAME]
+    python3 benchmarks/gpu_check.py run [--dir .gpu_check] [--budget 540] [--label NAME] [--matrix all]
     python3 benchmarks/gpu_check.py rehearse
     python3 benchmarks/gpu_check.py install --dir D --site S [--image-provides]   # the run's install step alone
     python3 benchmarks/gpu_check.py constraints [--check]                         # constraints/gpu.txt from the lock
+    python3 benchmarks/gpu_check.py fla-configs DIR     # fla's gated-delta kernels without autotuning (docs/gpu.md)
 
 ``prepare`` writes one folder (``.gpu_check/``, git-ignored, at most 60 MiB): ``wheels/`` holds every package
 megahash's runtime (and its ``[gpu]`` extra) needs that the GPU image (benchmarks/gpu_image.txt) lacks, for
@@ -18,10 +19,12 @@ token shards and the held-out evaluation tasks; ``manifest.json`` what it holds.
 
 ``run`` installs the wheels without an index into a private folder (``GPU_CHECK_SITE``, default
 /tmp/megahash-gpu-site; ``pip install --no-index --no-deps --target``) put first on ``PYTHONPATH`` of every part,
-checks that every requirement of megahash is met (``doctor``), then runs the parts of :data:`PARTS` in order,
-each in its own process group under its own timeout, within one budget; a part cut by its timeout keeps its
-log; the results file is rewritten after every part (benchmarks/results/<date>_gpu_check_<gpu>.md, and
-``$OUT/`` when set), so a run cut short still says what it got to; the exit status is non-zero if any part failed.
+checks from their metadata that every requirement of megahash is met (``doctor --no-imports``), then runs the
+parts of :func:`parts` in order, each in its own process group under its own timeout and told its deadline, within
+one budget, all sharing one Triton and one inductor cache (:func:`run_env`); a part cut by its timeout keeps its
+log (``<n>_<key>.log``); the results file is rewritten after every part (benchmarks/results/<date>_gpu_check_<gpu>.md,
+and ``$OUT/`` when set), so a run cut short still says what it got to; the exit status is non-zero if any part
+failed. The gpu tests run through the pytest plugin ``benchmarks/gpu_check_pytest.py``.
 Without CUDA each part runs its CPU form (the ``gpu`` tests are skipped, the pretraining runs on CPU, fla runs
 under Triton's interpreter, the benchmark at the ``small`` shape): the rehearsal.
 """
@@ -31,6 +34,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import hashlib
+import importlib
 import json
 import os
 import re
@@ -353,15 +357,20 @@ def install(folder: Path, site: Path, python: str | None = None) -> float:
     )  # fmt: skip
     if r.returncode != 0:
         raise SystemExit(f"gpu_check: install into {site} failed:\n{(r.stdout + r.stderr)[-3000:]}")
+    # the bytecode of every carried module on all cores at once (1-2 s on 16; 7.6 s on one core of the 2-core
+    # machine), instead of one module at a time in whichever part imports it first
+    subprocess.run([python or sys.executable, "-m", "compileall", "-q", "-j", "0", str(site)], capture_output=True)
     stamp.write_text(manifest)
     return time.time() - t0
 
 
-def doctor(image_provides: bool) -> int:
+def doctor(image_provides: bool, imports: bool = True) -> int:
     """In the environment to check (the private site first on PYTHONPATH): every requirement of megahash and of
-    what it needs, recursively, installed at an allowed version; ``image_provides`` counts the image's packages
-    as present (checking the prepared wheels under a bare interpreter of the image's Python). Then imports every
-    carried top-level module. Exit 1 on a missing package or a failed import."""
+    what it needs, recursively, installed at an allowed version (package metadata only: about a second);
+    ``image_provides`` counts the image's packages as present (checking the prepared wheels under a bare
+    interpreter of the image's Python). Then, with ``imports``, imports every carried top-level module (on the
+    H100, 2026-11-28: about 45 s, the parts' own imports again; so the run leaves it to ``--prepare``-side
+    checks and to the end of a failed run). Exit 1 on a missing package or a failed import."""
     from importlib import metadata
 
     try:
@@ -399,6 +408,8 @@ def doctor(image_provides: bool) -> int:
         + f"; missing: {', '.join(missing) or 'none'}; version conflicts: {', '.join(conflicts) or 'none'}; "
         + "; ".join(f"{k} not carried ({v})" for k, v in OPTIONAL.items())
     )
+    if not imports:
+        return 1 if missing else 0
     site = next((Path(p) for p in sys.path if (Path(p) / ".gpu_check-manifest.json").is_file()), None)
     tops = carried_modules(site)
     code = (
@@ -455,21 +466,34 @@ def cmd_install(args) -> int:
 
 # ----------------------------------------------------------------------------------------- the run
 
+MEASURED_ON = "H100 2026-11-28"  # the last GPU run (benchmarks/results/2026-11-28_gpu_check_NVIDIA-H100-80GB-HBM3.md)
+INSTALL_S = 25  # what the budget keeps for install + doctor + probe ahead of the parts (estimate 20 s)
+KILL_GRACE_S = 3.0  # SIGTERM to SIGKILL of a part's group (pretrain.py's own SIGTERM handler waits for a step)
+PUMP_JOIN_S = 2.0  # how long a part's output is still read after it ended (a grandchild may hold the pipe)
+END_MARGIN_S = 5.0  # of the budget, never given to a part
+SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")  # the device tool returns files named with these characters only
+
 
 class Results:
     """The results file: rewritten after every part, and copied to $OUT when set."""
 
+    HEAD = f"| # | part | result | seconds | limit s | estimate s | measured s ({MEASURED_ON}) |"
+
     def __init__(self, path: Path, out: Path | None, header: list[str]):
         self.path, self.out, self.header, self.rows, self.sections = path, out, header, [], []
 
-    def add(self, name: str, status: str, seconds: float, limit: float, lines: list[str]) -> None:
-        self.rows.append(f"| {len(self.rows) + 1} | {name} | {status} | {seconds:.0f} | {limit:.0f} |")
+    def add(
+        self, name: str, status: str, seconds: float, limit: float, lines: list[str], estimate=None, measured=""
+    ) -> None:
+        est = "n/a" if estimate is None else f"{estimate:.0f}"
+        self.rows.append(
+            f"| {len(self.rows) + 1} | {name} | {status} | {seconds:.0f} | {limit:.0f} | {est} | {measured or 'n/a'} |"
+        )
         self.sections.append((name, lines))
         self.write()
 
     def write(self, footer: list[str] = ()) -> None:
-        text = [*self.header, "", "| # | part | result | seconds | limit s |", "| --- | --- | --- | --- | --- |"]
-        text += self.rows
+        text = [*self.header, "", self.HEAD, "| --- | --- | --- | --- | --- | --- | --- |", *self.rows]
         for name, lines in self.sections:
             text += ["", f"## {name}", "", "```", *lines, "```"]
         text = "\n".join([*text, *footer]) + "\n"
@@ -483,12 +507,67 @@ class Results:
 
 
 class Part:
-    def __init__(self, name, cmd, limit, keep, env=None):
+    """One part of the check: ``limit`` its seconds on a GPU, ``keep`` the lines of its output the results file
+    keeps (or ``summarize(lines)`` makes them), ``key`` its log's name, ``estimate`` the seconds it should take
+    on one H100 and ``measured`` what it took on the last GPU run (:data:`MEASURED_ON`)."""
+
+    def __init__(self, name, cmd, limit, keep, env=None, key=None, estimate=None, measured="", summarize=None):
         self.name, self.cmd, self.limit, self.keep, self.env = name, cmd, limit, keep, env or {}
+        self.key, self.estimate, self.measured, self.summarize = key or name, estimate, measured, summarize
+
+
+def log_name(index: int, part: Part) -> str:
+    """``<index>_<key>.log`` in letters, digits, '.', '_' and '-' only (the device tool drops other names: the
+    2026-11-28 run's '2_gpu-marked tests.log' did not come back)."""
+    return f"{index}_{SAFE_NAME.sub('-', part.key).strip('-.')[:40] or 'part'}.log"
 
 
 KEEP_TESTS = re.compile(r"(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)|^=+ .*(passed|failed|skipped|error)|^FAILED|^ERROR")
 KEEP_OWN = re.compile(r"^(gpu_check|\| |# |device |  round )")
+TEST_MARK = "gpu_check-test: "  # benchmarks/gpu_check_pytest.py's lines
+TEST_END = re.compile(
+    r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS|TIMEOUT) [0-9.]+ s (\S+?):?(?: |$)|^NOT REACHED (\S+?): "
+)
+
+
+def summarize_tests(lines: list[str]) -> list[str] | None:
+    """The tests part's lines for the results file, from its plugin's (benchmarks/gpu_check_pytest.py): every
+    outcome as it came (with the failures' exception lines), what was not run by design, then the test running when
+    the part was cut and the tests never started, and the counts. None where the plugin printed nothing."""
+    queued, started, ended, out = [], [], set(), []
+    for line in lines:
+        if line.startswith("gpu_check: "):  # the plugin's own notes (fla's configs)
+            out.append(line)
+            continue
+        if not line.startswith(TEST_MARK):
+            continue
+        body = line[len(TEST_MARK) :]
+        if body.startswith("queued "):
+            queued.append(body.split(" ", 1)[1])
+        elif body.startswith("start "):
+            started.append(body.split(" ")[-1])
+        else:
+            out.append(body)
+            m = TEST_END.match(body)
+            if m:
+                ended.add(m.group(2) or m.group(3))
+    if not out and not queued:
+        return None
+    cut = [t for t in started if t not in ended]
+    out += [f"CUT by the part's limit while running: {t}" for t in cut]
+    never = [t for t in queued if t not in ended and t not in cut]
+    out += [f"NOT REACHED (the part ended first): {t}" for t in never]
+    words = [b.split(" ")[0] for b in out if TEST_END.match(b)]
+    counts = {w: words.count(w) for w in ("PASSED", "FAILED", "ERROR", "TIMEOUT", "SKIPPED", "XFAIL", "XPASS")}
+    by_design = sum(b.startswith("NOT RUN by design") for b in out)
+    reached = sum(b.startswith("NOT REACHED") for b in out)
+    out.append(
+        f"tests: {len(queued)} queued: "
+        + ", ".join(f"{n} {w.lower()}" for w, n in counts.items() if n)
+        + f"{', ' if any(counts.values()) else ''}{reached} not reached, {len(cut)} cut; {by_design} not run by design"
+    )
+    out += [x for x in lines if re.match(r"^(=+ )?\d+ (passed|failed|skipped|errors?|deselected)\b.* in [0-9.]+s", x)]
+    return out
 
 
 def gpu_test_files() -> list[str]:
@@ -501,7 +580,10 @@ def gpu_test_files() -> list[str]:
 
 
 def parts(folder: Path, work: Path, cuda: bool) -> list[Part]:
-    """The check, in the order in which a cut run still says the most (budget: gpu_check.sh's header)."""
+    """The check, in order (gpu_check.sh's header has the arithmetic): the two parts that never ran to their end on
+    a GPU first, the two that passed on the last one (:data:`MEASURED_ON`) after them, the benchmark, whose figures
+    exist, last. Every limit is the part's estimate plus a margin; all of them, the install's share and a kill's
+    grace after each fit the budget (tests/test_gpu_check.py checks the sum)."""
     py, me, data = sys.executable, __file__, folder / "data"
     bench = (
         ["--shapes", "500m-4l", "--rounds", "2", "--steps", "3", "--warmup", "3", "--threads", "8"]
@@ -509,19 +591,34 @@ def parts(folder: Path, work: Path, cuda: bool) -> list[Part]:
         else ["--shapes", "small", "--rounds", "1", "--steps", "1", "--warmup", "1", "--threads", "2"]
     )
     return [
-        Part("gpu-marked tests", [py, me, "part", "tests"], 170, KEEP_TESTS),
+        Part(
+            "gpu-marked tests",
+            [py, me, "part", "tests", *([] if cuda else ["--cpu-twins"])],
+            190,
+            KEEP_TESTS,
+            key="tests",
+            estimate=185,
+            measured="cut at 170, in its first test (Triton compiling fla's Based kernel)",
+            summarize=summarize_tests,
+        ),
         Part(
             "bf16 pretrain.py: Muon, EMA, async saves, packed documents, profiler; resume, eval, export",
             [py, me, "part", "pretrain", "--dir", str(folder), "--work", str(work / "pretrain")],
-            130,
+            150,
             KEEP_OWN,
+            key="pretrain",
+            estimate=140,
+            measured="cut at 130 in eval (steps 1-20: 76, resume: 42)",
         ),
         Part(
             "fla's kernels against the plain-torch forms",
             [py, me, "part", "fla"],
-            50,
+            55,
             KEEP_OWN,
             env={} if cuda else {"TRITON_INTERPRET": "1"},
+            key="fla",
+            estimate=46,
+            measured="46",
         ),
         Part(
             "trainer step vs compiled transformers, same precision policy",
@@ -537,10 +634,24 @@ def parts(folder: Path, work: Path, cuda: bool) -> list[Part]:
                 "--work",
                 str(work / "bench"),
             ],
-            140,
+            105,
             KEEP_OWN,
+            key="bench",
+            estimate=96,
+            measured="111 (the transformers sides started one after the other)",
         ),
     ]
+
+
+def part_starts(limits: list[float], budget: float = BUDGET_S) -> list[tuple[float, float]]:
+    """(start, limit given) of each part when every part before it runs to its full limit and is killed: the
+    worst case :func:`run_parts` meets. The plan fits when each part is given its full limit."""
+    t, out = float(INSTALL_S), []
+    for limit in limits:
+        given = min(limit, budget - t - END_MARGIN_S)
+        out.append((t, given))
+        t += given + KILL_GRACE_S
+    return out
 
 
 _CURRENT: list = []  # the running part's process (killed with its group on SIGTERM)
@@ -548,42 +659,52 @@ _CURRENT: list = []  # the running part's process (killed with its group on SIGT
 
 def run_part(part: Part, limit: float, log: Path, env: dict) -> tuple[str, float, list[str]]:
     """Run one part in its own process group, streaming its output to the console and ``log``; killed (group,
-    SIGTERM then SIGKILL) after ``limit`` seconds. (status, seconds, kept lines)."""
+    SIGTERM then SIGKILL) after ``limit`` seconds, which it is told (``GPU_CHECK_DEADLINE``, epoch seconds).
+    (status, seconds, kept lines). Output that arrives after the log is closed (a grandchild in a session of
+    its own can hold the pipe) still reaches the console, never the closed log."""
     t0 = time.time()
     lines: list[str] = []
-    with open(log, "w") as fh:
-        fh.write(f"$ {' '.join(part.cmd)}\n")
-        proc = subprocess.Popen(
-            part.cmd, cwd=ROOT, env={**env, **part.env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, bufsize=1, start_new_session=True, errors="replace",
-        )  # fmt: skip
-        _CURRENT[:] = [proc]
+    lock, fh = threading.Lock(), open(log, "w")
+    fh.write(f"$ {' '.join(part.cmd)}\n")
+    proc = subprocess.Popen(
+        part.cmd, cwd=ROOT, env={**env, **part.env, "GPU_CHECK_DEADLINE": f"{t0 + limit:.1f}"},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True,
+        errors="replace",
+    )  # fmt: skip
+    _CURRENT[:] = [proc]
 
-        def pump():
-            for line in proc.stdout:
-                fh.write(line)
-                fh.flush()
-                sys.stdout.write(line)
-                lines.append(line.rstrip("\n"))
+    def pump():
+        for line in proc.stdout:
+            with lock:
+                if not fh.closed:
+                    fh.write(line)
+                    fh.flush()
+            sys.stdout.write(line)
+            lines.append(line.rstrip("\n"))
 
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
-        try:
-            rc = proc.wait(timeout=max(1.0, limit))
-            status = "passed" if rc == 0 else f"FAILED (exit {rc})"
-        except subprocess.TimeoutExpired:
-            kill_group(proc)
-            status = f"TIMED OUT after {limit:.0f} s"
-        reader.join(timeout=10)
-        _CURRENT.clear()
-    kept = [line for line in lines if part.keep.search(line)]
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        rc = proc.wait(timeout=max(1.0, limit))
+        status = "passed" if rc == 0 else f"FAILED (exit {rc})"
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        status = f"TIMED OUT after {limit:.0f} s"
+    reader.join(timeout=PUMP_JOIN_S)
+    with lock:
+        fh.close()
+    _CURRENT.clear()
+    seen = list(lines)
+    kept = part.summarize(seen) if part.summarize else None
+    if kept is None:
+        kept = [line for line in seen if part.keep.search(line)]
     if not status.startswith("passed"):
-        kept += ["--- last lines of the log ---", *lines[-15:]]
+        kept += ["--- last lines of the log ---", *seen[-15:]]
     return status, time.time() - t0, kept
 
 
 def kill_group(proc) -> None:
-    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, 5)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
@@ -595,25 +716,79 @@ def kill_group(proc) -> None:
             continue
 
 
+VERSIONS = {  # probe key -> distribution (read from the metadata: importing them is the parts' work)
+    "transformers": "transformers",
+    "triton": "triton",
+    "deepspeed": "deepspeed",
+    "megatron.core": "megatron-core",
+    "fla": "fla-core",
+    "lm_eval": "lm_eval",
+}
+
+
 def probe(python: str, env: dict) -> dict:
+    """Python, torch and its CUDA device (the one import: it also reads CUDA's libraries from a cold disk once for
+    every part after it) and the versions of the rest, from their metadata."""
     code = (
-        "import json, platform, torch\n"
-        "d = {'python': platform.python_version(), 'torch': torch.__version__, 'cuda': torch.version.cuda,\n"
-        "     'gpu': torch.cuda.get_device_name() if torch.cuda.is_available() else None}\n"
-        "for m in ('transformers', 'triton', 'deepspeed', 'megatron.core', 'fla', 'lm_eval'):\n"
+        "import json, platform\n"
+        "from importlib import metadata\n"
+        f"d = {{'python': platform.python_version()}}\n"
+        f"for k, dist in {sorted(VERSIONS.items())!r}:\n"
         "    try:\n"
-        "        d[m] = __import__(m, fromlist=['x']).__version__\n"
-        "    except Exception as e:\n"
-        "        d[m] = f'not importable ({type(e).__name__})'\n"
+        "        d[k] = metadata.version(dist)\n"
+        "    except metadata.PackageNotFoundError:\n"
+        "        d[k] = 'not installed'\n"
+        "import torch\n"
+        "d.update(torch=torch.__version__, cuda=torch.version.cuda,\n"
+        "         gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else None)\n"
         "print(json.dumps(d))\n"
     )
     try:
-        r = subprocess.run([python, "-c", code], env=env, text=True, capture_output=True, cwd=ROOT, timeout=180)
+        r = subprocess.run([python, "-c", code], env=env, text=True, capture_output=True, cwd=ROOT, timeout=120)
     except subprocess.TimeoutExpired:
-        return {"error": "the probe of the installed versions timed out after 180 s"}
+        return {"error": "the probe of torch and the installed versions timed out after 120 s"}
     if r.returncode != 0:
         return {"error": (r.stderr.strip().splitlines() or ["?"])[-1]}
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def run_env(site: Path, work: Path, matrix: str = "") -> dict:
+    """The environment of every part: the private site first, offline, and one set of compile caches for all
+    parts (a kernel compiled, or an fla kernel autotuned, by one process is not compiled again by the next)."""
+    caches = work / "caches"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)]),
+        "PYTHONUNBUFFERED": "1",
+        "WANDB_MODE": "disabled",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    defaults = {
+        "TRITON_CACHE_DIR": str(caches / "triton"),  # Triton's compiled kernels and autotuning results
+        "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),  # inductor's FX graphs and generated code
+        "FLA_CACHE_RESULTS": "1",  # fla's autotuning results into Triton's cache (fla's default, said here)
+        # fla's switch that skips autotuning: one config per kernel from FLA_CONFIG_DIR (written by the tests part,
+        # :func:`write_fla_configs`); without a file for a kernel, fla autotunes it as usual
+        "FLA_CACHE_MODE": "default",
+        "FLA_CONFIG_DIR": str(caches / "fla-configs"),
+    }
+    env.update({k: os.environ.get(k, v) for k, v in defaults.items()})
+    if matrix:
+        env["GPU_CHECK_MATRIX"] = matrix
+    return env
+
+
+def cache_line(env: dict) -> str:
+    """What the shared caches hold after a part."""
+    tri, ind = Path(env["TRITON_CACHE_DIR"]), Path(env["TORCHINDUCTOR_CACHE_DIR"])
+    kernels = sum(1 for _ in tri.glob("*/*.json")) if tri.is_dir() else 0
+    return (
+        f"gpu_check: caches after this part: Triton {kernels} entries ({folder_mib(tri) if tri.is_dir() else 0:.1f} "
+        f"MiB), inductor {folder_mib(ind) if ind.is_dir() else 0:.1f} MiB"
+    )
 
 
 def cmd_run(args) -> int:
@@ -623,28 +798,18 @@ def cmd_run(args) -> int:
         print(f"gpu_check: {folder} is not prepared: run `bash benchmarks/gpu_check.sh --prepare` on a CPU machine")
         return 2
     out = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(SITE), str(ROOT)]),
-        "PYTHONUNBUFFERED": "1",
-        "WANDB_MODE": "disabled",
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-    }
+    env = run_env(SITE, work, args.matrix)
     t0 = time.time()
     try:
         install_s, install_error = install(folder, SITE), ""
     except SystemExit as e:  # recorded; the parts then show what a missing package breaks
         install_s, install_error = time.time() - t0, str(e)
         print(install_error, flush=True)
+    doctor_cmd = [sys.executable, __file__, "doctor", "--no-imports"]
     try:
-        doc = subprocess.run(
-            [sys.executable, __file__, "doctor"], env=env, text=True, capture_output=True, cwd=ROOT, timeout=240
-        )
+        doc = subprocess.run(doctor_cmd, env=env, text=True, capture_output=True, cwd=ROOT, timeout=60)
     except subprocess.TimeoutExpired as e:
-        doc = subprocess.CompletedProcess(e.cmd, 124, f"{DOCTOR_MARK} TIMED OUT after 240 s", "")
+        doc = subprocess.CompletedProcess(e.cmd, 124, f"{DOCTOR_MARK} TIMED OUT after 60 s", "")
     print(doc.stdout + doc.stderr, flush=True)
     info = probe(sys.executable, env)
     cuda = bool(info.get("gpu"))
@@ -659,6 +824,17 @@ def cmd_run(args) -> int:
         f"{info.get('deepspeed')}, megatron-core {info.get('megatron.core')}, fla {info.get('fla')}, lm-eval "
         f"{info.get('lm_eval')}; prepared folder {manifest['prepared']} at {manifest['commit']} (CPython "
         f"{manifest['python']} wheels: {len(manifest['wheels'])}); budget {args.budget} s.",
+        "",
+        "Not run by design: "
+        + (
+            "nothing of the bf16 matrix (GPU_CHECK_MATRIX=all); "
+            if args.matrix == "all"
+            else "the bf16 matrix's configurations that vary only the embedding or the head (listed in the tests' "
+            "section; `--matrix all` runs them); "
+        )
+        + "`megahash eval --text` (the EMA weights are scored by the lm-eval tasks instead); the import of every "
+        "carried module ahead of the parts (the parts import them; a failed run does it at its end if time is "
+        "left). fla's gated-delta kernels run one untuned config each (FLA_CACHE_MODE=default), not autotuned.",
     ]
     if not cuda:
         header += [
@@ -679,8 +855,10 @@ def cmd_run(args) -> int:
         "install + doctor",
         status,
         time.time() - t0,
-        60,
-        [f"pip install --target: {install_s:.1f} s", *doc_lines, *extra],
+        INSTALL_S,
+        [f"pip install --target (and the bytecode): {install_s:.1f} s", *doc_lines, *extra],
+        estimate=20,
+        measured="52 (install 4.5; the doctor's import of the 29 carried modules and the probe 47.5)",
     )
 
     def on_term(signum, frame):
@@ -692,6 +870,15 @@ def cmd_run(args) -> int:
     signal.signal(signal.SIGTERM, on_term)
     scale = 1.0 if cuda else args.cpu_scale
     failed |= run_parts(parts(folder, work, cuda), start, args.budget, results, logs, env, scale)
+    left = args.budget - (time.time() - start) - END_MARGIN_S
+    if failed and left > 30:  # what a missing or broken module says, if that is why
+        try:
+            r = subprocess.run(
+                [sys.executable, __file__, "doctor"], env=env, text=True, capture_output=True, cwd=ROOT, timeout=left
+            )
+            results.sections[0][1].extend(x for x in r.stdout.splitlines() if x.startswith(f"{DOCTOR_MARK} imports"))
+        except subprocess.TimeoutExpired:
+            results.sections[0][1].append(f"{DOCTOR_MARK} the import check after the parts timed out ({left:.0f} s)")
     total = time.time() - start
     results.write(["", f"All parts: {total:.0f} s wall; exit {int(failed)}."])
     print(f"gpu_check: {'FAILED' if failed else 'passed'} in {total:.0f} s; results: {results.path}", flush=True)
@@ -705,15 +892,17 @@ def run_parts(
     added to ``results`` at once; a part the budget no longer reaches is recorded as not run. Whether any failed."""
     failed = False
     for i, part in enumerate(todo, start=len(results.rows) + 1):
-        left = budget - (time.time() - start) - 5
+        left = budget - (time.time() - start) - END_MARGIN_S
         if left < 10:
-            results.add(part.name, "NOT RUN (budget spent)", 0, 0, [])
+            results.add(part.name, "NOT RUN (budget spent)", 0, 0, [], part.estimate, part.measured)
             failed = True
             continue
         limit = min(part.limit * scale, left)
-        status, secs, kept = run_part(part, limit, logs / f"{i}_{norm(part.name.split(':')[0])[:24]}.log", env)
+        status, secs, kept = run_part(part, limit, logs / log_name(i, part), env)
+        if "TRITON_CACHE_DIR" in env:
+            kept.append(cache_line(env))
         failed |= status != "passed"
-        results.add(part.name, status, secs, limit, kept)
+        results.add(part.name, status, secs, limit, kept, part.estimate, part.measured)
     return failed
 
 
@@ -731,8 +920,8 @@ def say(msg: str) -> None:
 
 def part_pretrain(args) -> int:
     """One bf16 pretrain.py run (Muon, EMA, async saves, packed documents, the profiler window) stopped half way,
-    resumed, evaluated (lm-eval tasks and text bits per byte of the EMA weights), exported, and the export's
-    logits compared with megahash's on the device."""
+    resumed, then evaluated (lm-eval tasks on the EMA weights) while it is exported and the export's logits are
+    compared with megahash's on the device."""
     import torch
 
     cuda = torch.cuda.is_available()
@@ -802,19 +991,49 @@ def part_pretrain(args) -> int:
     good = latest.endswith(f"{steps:08d}") and (run_dir / latest / "ema").is_dir()
     ok &= good
     say(f"async save: latest = {latest or 'none'}, EMA weights saved: {'ok' if good else 'FAILED'}")
-    tasks = data / "eval_tasks"
-    step("megahash eval (lm-eval, shk_suite, 20 documents a task)",
-         [py, "-m", "megahash", "eval", "--checkpoint", str(run_dir), "--tasks-dir", str(tasks), "--tasks",
-          "shk_suite", "--limit", "20", "--out", str(work / "eval.json")])  # fmt: skip
-    step("megahash eval --text (bits per byte of the EMA weights)",
-         [py, "-m", "megahash", "eval", "--checkpoint", str(run_dir), "--text", str(data / "held_out_sample.txt"),
-          "--weights", "ema", "--out", str(work / "text.json")])  # fmt: skip
+    # lm-eval on the EMA weights beside the export and its comparison (a GPU process and two mostly-CPU steps)
+    name = f"megahash eval (lm-eval, shk_suite, {EVAL_DOCS} documents a task, the EMA weights)"
+    say(f"{name} started, beside the export ...")
+    t0 = time.time()
+    eval_log = work / "eval.log"  # a file, not a pipe: nothing reads it while the export runs
+    with open(eval_log, "w") as fh:
+        evaluation = subprocess.Popen(
+            [py, "-m", "megahash", "eval", "--checkpoint", str(run_dir), "--tasks-dir", str(data / "eval_tasks"),
+             "--tasks", "shk_suite", "--limit", str(EVAL_DOCS), "--weights", "ema", "--out", str(work / "eval.json")],
+            cwd=ROOT, text=True, stdout=fh, stderr=subprocess.STDOUT,
+        )  # fmt: skip
     good, _ = step("megahash export-hf (with its own check)",
                    [py, "-m", "megahash", "export-hf", "--checkpoint", str(run_dir), "--output", str(work / "hf")])  # fmt: skip
     if good:
         ok &= compare_export(run_dir, work / "hf")
+    evaluation.wait()
+    text = eval_log.read_text(errors="replace")
+    good = evaluation.returncode == 0 and (work / "eval.json").is_file()
+    ok &= good
+    say(f"{name}: {'ok' if good else 'FAILED'} in {time.time() - t0:.1f} s (exit {evaluation.returncode})")
+    if good:
+        say(f"eval: {eval_summary(work / 'eval.json')}")
+    else:
+        print(text[-4000:], flush=True)
     say(f"pretrain part: {'passed' if ok else 'FAILED'}")
     return 0 if ok else 1
+
+
+EVAL_DOCS = 5  # lm-eval documents a task in the pretrain part (the CPU rehearsal took 99 s at 20)
+
+
+def eval_summary(path: Path) -> str:
+    """Each task's first metric in a ``megahash eval`` results file."""
+    try:
+        res = json.loads(path.read_text()).get("results", {})
+    except (OSError, ValueError):
+        return "no results"
+    out = []
+    for task, metrics in sorted(res.items()):
+        vals = [(k, v) for k, v in metrics.items() if isinstance(v, (int, float)) and "stderr" not in k]
+        if vals:
+            out.append(f"{task} {vals[0][0].split(',')[0]} {vals[0][1]:.3g}")
+    return "; ".join(out) or "no metrics"
 
 
 def compare_export(run_dir: Path, hf_dir: Path) -> bool:
@@ -995,15 +1214,102 @@ def approx_model_with_and_without_fla(kernel, dev, cuda: bool) -> bool:
 CPU_TWINS = ("tests/training/test_bf16.py::test_bf16_trains_validates_saves_and_resumes_exactly[kinds-mha-megatron]",)
 
 
-def part_tests(args) -> int:
-    """Every gpu-marked test (each file that has one); without CUDA, their fixtures through CPU twins as well."""
-    import torch
+TEST_TIMEOUT_S = 120  # pytest-timeout's limit of one gpu test (the plugin cuts it to what is left of the part)
 
-    base = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "no:randomly", "-rfEs"]
-    rc = subprocess.run([*base, "--timeout", "150", "-m", "gpu", *gpu_test_files()], cwd=ROOT).returncode
-    if not torch.cuda.is_available():
-        rc = rc or subprocess.run([*base, "--timeout", "600", *CPU_TWINS], cwd=ROOT).returncode
-    return rc
+
+def part_tests(args) -> int:
+    """Every gpu-marked test (each file that has one) through the check's pytest plugin
+    (benchmarks/gpu_check_pytest.py: its order, one line per test as it ends, each test's timeout within the part's
+    time, fla's autotuned kernels given one config each first); ``cpu_twins`` (no CUDA): the gpu tests' fixtures
+    through CPU twins as well. Imports nothing itself: the pytest process pays for torch and fla once."""
+    paths = [str(ROOT / "benchmarks"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-p", "no:logging",
+            "-p", "gpu_check_pytest", "-rfE", "--tb=short", "--timeout-method=signal"]  # fmt: skip
+    rc = subprocess.run([*base, "--timeout", str(TEST_TIMEOUT_S), "-m", "gpu", *gpu_test_files()], cwd=ROOT, env=env)
+    if args.cpu_twins:
+        return rc.returncode or subprocess.run([*base, "--timeout", "600", *CPU_TWINS], cwd=ROOT, env=env).returncode
+    return rc.returncode
+
+
+def fla_configs_for_the_run() -> str:
+    """What the tests part's plugin does first: where fla's switch is on (``FLA_CACHE_MODE=default``, the run's
+    environment) and ``FLA_CONFIG_DIR`` holds no config yet, :func:`write_fla_configs` there. The line to print."""
+    folder = os.environ.get("FLA_CONFIG_DIR", "")
+    if os.environ.get("FLA_CACHE_MODE") != "default" or not folder or any(Path(folder).glob("*.json")):
+        return ""
+    t0 = time.time()
+    try:
+        names = write_fla_configs(Path(folder))
+    except Exception as e:  # fla then autotunes as usual
+        return f"fla: configs not written ({type(e).__name__}: {e}); fla autotunes as usual"
+    return (
+        f"fla: one untuned config for each of its {len(names)} cache-aware autotuned kernels in {folder} "
+        f"(FLA_CACHE_MODE=default: no autotuning), {time.time() - t0:.1f} s"
+    )
+
+
+def least_config(configs):
+    """Of an autotuner's configs, the one that asks the least of the GPU: fewest pipeline stages, smallest tiles
+    (the product of its integer meta-parameters), warps nearest 4."""
+
+    def need(c):
+        tiles = 1
+        for v in c.kwargs.values():
+            tiles *= v if isinstance(v, int) and not isinstance(v, bool) else 1
+        return (c.num_stages, tiles, abs(c.num_warps - 4), c.num_warps)
+
+    return min(configs, key=need)
+
+
+def fla_autotuners() -> dict:
+    """kernel name -> fla's cache-aware autotuner (``fla.ops.utils.cache.CachedAutotuner``), for every one in
+    the fla modules the ops megahash calls import (``fla.ops.based``, ``fla.ops.gated_delta_rule``)."""
+    for mod in ("fla.ops.based", "fla.ops.gated_delta_rule"):
+        importlib.import_module(mod)
+    from fla.ops.utils.cache import CachedAutotuner
+
+    found = {}
+    for name, mod in list(sys.modules.items()):
+        if name.split(".")[0] != "fla" or mod is None:
+            continue
+        for obj in list(vars(mod).values()):
+            for _ in range(4):  # triton.heuristics around the autotuner: .fn
+                if isinstance(obj, CachedAutotuner):
+                    found[obj.kernel_name] = obj
+                    break
+                obj = getattr(obj, "fn", None)
+    return found
+
+
+def write_fla_configs(folder: Path) -> list[str]:
+    """fla's switch that skips autotuning (``fla.ops.utils.cache``: with ``FLA_CACHE_MODE=default`` its
+    cache-aware autotuner takes ``default_config`` of ``FLA_CONFIG_DIR/<kernel>.json`` and benchmarks nothing):
+    one file for each such kernel of the ops megahash calls (``chunk_gated_delta_rule``'s 9 kernels, 52 configs
+    in all, each compiled and timed on first use otherwise), holding :func:`least_config` of the kernel's own
+    list, a config autotuning would have compiled, untuned. For a check and first steps; a run that trains
+    lets fla autotune once (its results stay in Triton's cache). The kernel names written."""
+    import triton
+
+    found = {name: least_config(tuner.configs) for name, tuner in fla_autotuners().items()}
+    folder.mkdir(parents=True, exist_ok=True)
+    for kernel, c in sorted(found.items()):
+        cfg = {"kwargs": dict(c.kwargs), "num_warps": c.num_warps, "num_stages": c.num_stages,
+               "num_ctas": getattr(c, "num_ctas", 1), "maxnreg": getattr(c, "maxnreg", None)}  # fmt: skip
+        text = json.dumps({"kernel_name": kernel, "triton_version": triton.__version__, "default_config": cfg})
+        tmp = folder / f".{kernel}.json.tmp"
+        tmp.write_text(text + "\n")
+        tmp.replace(folder / f"{kernel}.json")
+    return sorted(found)
+
+
+def cmd_fla_configs(args) -> int:
+    names = write_fla_configs(Path(args.folder))
+    print(
+        f"gpu_check: {len(names)} fla kernels, one untuned config each, in {args.folder}; use them with "
+        f"FLA_CACHE_MODE=default FLA_CONFIG_DIR={Path(args.folder).resolve()}: {', '.join(names)}"
+    )
+    return 0
 
 
 def cmd_part(args) -> int:
@@ -1171,6 +1477,12 @@ def main(argv=None) -> int:
     p.add_argument(
         "--cpu-scale", type=float, default=12, help="without CUDA, each part's limit x this (the CPU rehearsal)"
     )
+    p.add_argument(
+        "--matrix",
+        default="",
+        choices=("", "all"),
+        help="all: the whole bf16 matrix on CUDA (by default its embedding- and head-only configurations are not run)",
+    )
     p = sub.add_parser("rehearse")
     p.add_argument("--budget", type=float, default=3600)
     p.add_argument(
@@ -1185,10 +1497,14 @@ def main(argv=None) -> int:
     p.add_argument("--image-provides", action="store_true")
     p = sub.add_parser("doctor")
     p.add_argument("--image-provides", action="store_true")
+    p.add_argument("--no-imports", action="store_true", help="requirements only (the run's check: about a second)")
     p = sub.add_parser("constraints")
     p.add_argument("--check", action="store_true")
+    p = sub.add_parser("fla-configs", help="write one untuned config per autotuned fla kernel (FLA_CACHE_MODE=default)")
+    p.add_argument("folder")
     p = sub.add_parser("part")
     p.add_argument("which", choices=("tests", "pretrain", "fla"))
+    p.add_argument("--cpu-twins", action="store_true", help="tests: the gpu tests' fixtures through CPU twins too")
     p.add_argument("--dir", default=str(PREPARED))
     p.add_argument("--work", default="")
     args = ap.parse_args(argv)
@@ -1197,9 +1513,10 @@ def main(argv=None) -> int:
         "run": cmd_run,
         "rehearse": cmd_rehearse,
         "install": cmd_install,
-        "doctor": lambda a: doctor(a.image_provides),
+        "doctor": lambda a: doctor(a.image_provides, not a.no_imports),
         "constraints": cmd_constraints,
         "part": cmd_part,
+        "fla-configs": cmd_fla_configs,
     }
     return handlers[args.cmd](args)
 

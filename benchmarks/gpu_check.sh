@@ -9,32 +9,50 @@
 #   constraints/gpu.txt (= constraints/cpu-lock.txt without torch/triton, plus the [gpu] extra's fla-core); deepspeed
 #   (source only on PyPI) built here into a pure-Python wheel; the quickstart's tokenizer, its token shards
 #   (documents 0-1099) and held-out lm-eval tasks. Carry it: the device tool's carry=['.gpu_check'].
-# run: pip install --no-index --no-deps --target /tmp/megahash-gpu-site (GPU_CHECK_SITE), a check that every
-#   requirement is met, then the parts below in this order (a cut run still says the most), each in its own process
-#   group under its own timeout; results rewritten after every part to benchmarks/results/<date>_gpu_check_<gpu>.md
-#   and $OUT/ when set; exit non-zero if any part failed, timed out or was not reached.
+# run: pip install --no-index --no-deps --target /tmp/megahash-gpu-site (GPU_CHECK_SITE) and the bytecode compiled on all
+#   cores, a check that every requirement is met (package metadata), then the parts below in this order, each in its own
+#   process group under its own timeout, all sharing one Triton and one inductor cache (a kernel compiled by one part is
+#   not compiled again by the next); results rewritten after every part to benchmarks/results/<date>_gpu_check_<gpu>.md
+#   and $OUT/ when set (each part's log too, named <n>_<key>.log); exit non-zero if any part failed, timed out or was
+#   not reached. `--matrix all` runs the bf16 matrix's embedding- and head-only configurations on CUDA too.
 # --rehearse: prepare, the install step under a bare CPython 3.12 (pyenv's), then the whole run in a fresh venv of
 #   this machine's Python holding only the image's packages (CPU builds; PyPI has no CPU torch for 3.12, so the run
 #   uses this machine's 3.11 with the torch 2.13.0 CPU wheel and twin wheels of the same pins), up to the CUDA calls.
 #
-# Budget: 9 minutes (540 s) of command on one H100, installs included. What is measured: the H100 run of 2026-11-24
-# (../shared/gpu/h100-2026-11-24.md): the 500M step 0.26 s (63K tokens/s), compiled layers 1.4x eager; on this 2-core
-# machine: the install of the 29 wheels 13 s (quiet) to 52 s (load 20), the doctor ~10 s. What is estimated (no GPU
-# timing of it exists yet): a python + torch + megatron-core + DeepSpeed start ~10 s a process, a cold regional compile
-# of a layer 15-30 s, Triton's first compile of a kernel 10-20 s. Hence, in this order:
-#   install + doctor              ~30 s   (ahead of the parts, within the 540 s)
-#   1 gpu-marked tests           ~150 s   (limit 170: 4 files; test_gpu's compiled engine step and the FlexAttention
-#                                          tests compile (~30 s each cold), the bf16 matrix's 13 configurations eager,
-#                                          2 in-process runs each ~3 s, shard fixtures ~15 s; 150 s per test at most)
-#   2 pretrain sequence          ~110 s   (limit 130: two pretrain.py processes at ~35 s each with compiled layers and
-#                                          FlexAttention, 40 steps of the tiny model; eval ~15 s; export ~10 s; compare ~10 s)
-#   3 fla vs plain torch          ~35 s   (limit 50: Triton compiles parallel_based fwd+bwd once, ~15 s; three sizes
-#                                          timed 5x; a 2-layer approx model twice)
-#   4 trainer vs transformers    ~120 s   (limit 140: 500m-4l, seq 2048, micro-batch 8; three workers start in turn:
-#                                          megahash compiled ~45 s, transformers eager ~15 s, compiled ~45 s; 3 warm-up
-#                                          + 2 rounds x 3 steps a side at ~0.05-0.1 s)
-#   the parts' limits sum to 490 s, 520 s with the install (estimates: ~445 s); each limit is also cut to what is left
-#   of the 540 s, and the results file is rewritten after every part, so a cut loses at most the part that was running.
+# Budget: 9 minutes (540 s) of command on one H100, installs included. Measured on a bare H100 on 2026-11-28 (torch
+# 2.11.0+cu130, Python 3.12.3, 16 cores; benchmarks/results/2026-11-28_gpu_check_NVIDIA-H100-80GB-HBM3.md and its
+# second call): the install 4.5 s; the doctor's import of the 29 carried modules with the probe 47.5 s; the first bf16
+# matrix test alone > 101.6 s, still in Triton's first compile of fla's parallel_based_fwd_kernel; tests/test_gpu.py's
+# 5 tests and test_ops' fla test passed within ~60 s together (pytest's start included); test_gated_delta's fla test
+# still autotuning fla's gated-delta kernels when 95 s ran out; pretrain.py steps 1-20 75.7 s, its resume 41.9 s,
+# then lm-eval cut by the 130 s (the CPU rehearsal took 99 s for it at 20 documents a task); the fla part 46 s; the
+# benchmark 111 s. Hence (seconds; the estimates are the measured figures where a step ran to its end, else guesses):
+#
+#   part                        limit estimate measured      what the estimate holds
+#   install + doctor + probe      25     20      52          install 4.5; requirements from the metadata ~1 (the
+#                                                            29-module import check runs only at the end of a failed
+#                                                            run: the parts import those modules anyway); bytecode on
+#                                                            16 cores ~2; the probe imports torch alone ~10
+#   1 gpu-marked tests           190    185   cut at 170     pytest's start 15; test_gpu.py's 5 + test_ops' fla 40;
+#                                                            the 4 packed-row tests 25 (2 FlexAttention compiles);
+#                                                            test_gated_delta's 2: 25 (fla's 9 kernels, one config
+#                                                            each: FLA_CACHE_MODE=default, not 52 autotuned); the bf16
+#                                                            matrix's 6 configurations that choose attention kinds:
+#                                                            4 small 20, the 20-layer encoder 15, the 20-layer decoder
+#                                                            last 45 (fla's kernels at its shapes); the 8 that vary only
+#                                                            the embedding or the head not run by design
+#   2 pretrain sequence          150    140   cut at 130     steps 1-20 76 and resume 42 (measured), then lm-eval on the
+#                                                            EMA weights, 5 documents a task, ~20, beside export-hf ~10
+#                                                            and the logits' comparison ~8
+#   3 fla vs plain torch          55     46      46          as measured
+#   4 trainer vs transformers    105     96     111          the two transformers sides now start together after
+#                                                            megahash's (-15: the eager side's start and warm-up)
+#
+#   With the install's 25 first and every part run to its full limit and killed (3 s of SIGTERM grace each), the last
+#   part starts at 429 s and ends by 534 s, within the 540 less a 5 s margin (tests/test_gpu_check.py checks it).
+#   Each part is told its deadline (GPU_CHECK_DEADLINE): the tests part's plugin (benchmarks/gpu_check_pytest.py)
+#   gives each test at most 120 s and at most what is left, prints each outcome as the test ends and reports the
+#   tests it could not start, so a cut run still says which tests passed, how long each took and why one failed.
 # Without CUDA (the rehearsal) each limit is multiplied by --cpu-scale (12).
 set -euo pipefail
 cd "$(dirname "$0")/.."

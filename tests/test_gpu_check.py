@@ -58,21 +58,25 @@ def test_torch_floor_is_what_muon_needs_and_no_lower():
 
 
 def _part(tmp_path, name, code, limit):
-    script = tmp_path / f"{name}.py"
+    script = tmp_path / f"{len(list(tmp_path.glob('*.py')))}.py"
     script.write_text(code)
     return gc.Part(name, [sys.executable, str(script)], limit, gc.KEEP_OWN)
+
+
+SAFE = re.compile(r"^[A-Za-z0-9._-]+$")  # the file names the device tool returns
 
 
 def test_runner_keeps_partial_results_kills_a_hung_part_and_fails(tmp_path, monkeypatch):
     """A part that passes, one that hangs (its group, a grandchild included, killed at its limit), one that
     fails, and one the budget no longer reaches: every row and kept line is in the results file (and its copy in
-    $OUT) as soon as the part ends, later parts still run, and the run counts as failed."""
+    $OUT) as soon as the part ends, later parts still run, and the run counts as failed. Each part's log is named
+    in letters, digits, '.', '_' and '-' only, whatever the part's name (the device tool drops other names)."""
     pid_file = tmp_path / "grandchild.pid"
     parts = [
-        _part(tmp_path, "ok", "print('gpu_check: fine')\nprint('noise')\n", 30),
+        _part(tmp_path, "it's ok: fine", "print('gpu_check: fine')\nprint('noise')\n", 30),
         _part(
             tmp_path,
-            "hang",
+            "a hang (of one's own)",
             "import subprocess, sys, time\n"
             f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
             f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
@@ -81,21 +85,215 @@ def test_runner_keeps_partial_results_kills_a_hung_part_and_fails(tmp_path, monk
         ),
         _part(tmp_path, "bad", "import sys\nprint('gpu_check: broken')\nsys.exit(3)\n", 30),
     ]
-    out = tmp_path / "out"
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    logs.mkdir()
     results = gc.Results(tmp_path / "results.md", out, ["# test run"])
-    assert gc.run_parts(parts, time.time(), 1000, results, tmp_path, dict(os.environ))
+    assert gc.run_parts(parts, time.time(), 1000, results, logs, dict(os.environ))
     late = [_part(tmp_path, "late", "print('never')\n", 30)]
-    assert gc.run_parts(late, time.time() - 100, 110, results, tmp_path, dict(os.environ))  # 10 s left, < 10 usable
+    assert gc.run_parts(late, time.time() - 100, 110, results, logs, dict(os.environ))  # 10 s left, < 10 usable
     text = (tmp_path / "results.md").read_text()
     assert (out / "results.md").read_text() == text
-    assert "| 1 | ok | passed |" in text and "gpu_check: fine" in text and "noise" not in text
-    assert "| 2 | hang | TIMED OUT after 3 s |" in text and "gpu_check: started" in text
+    assert "| 1 | it's ok: fine | passed |" in text and "gpu_check: fine" in text and "noise" not in text
+    assert "| 2 | a hang (of one's own) | TIMED OUT after 3 s |" in text and "gpu_check: started" in text
     assert "| 3 | bad | FAILED (exit 3) |" in text and "gpu_check: broken" in text
     assert "| 4 | late | NOT RUN (budget spent) |" in text and "never" not in text
     grandchild = int(pid_file.read_text())
     time.sleep(0.5)
     assert not Path(f"/proc/{grandchild}").exists() or "Z" in Path(f"/proc/{grandchild}/stat").read_text().split()[2]
-    assert (tmp_path / "2_hang.log").read_text().count("gpu_check: started") == 1
+    names = sorted(f.name for f in logs.iterdir())
+    assert len(names) == 3 and all(SAFE.match(n) for n in names), names
+    hang = next(f for f in logs.iterdir() if f.name.startswith("2_"))
+    assert hang.read_text().count("gpu_check: started") == 1
+
+
+def test_a_killed_parts_late_output_never_reaches_its_closed_log(tmp_path, monkeypatch):
+    """A grandchild in a session of its own (as inductor's compile workers are) survives the kill of the part's
+    group and keeps writing to the part's pipe: its lines after the log is closed go to the console only, no
+    'I/O operation on closed file' in the reader thread (the 2026-11-28 H100 run's log had one)."""
+    pid_file = tmp_path / "writer.pid"
+    writer = "import sys, time\nfor i in range(300):\n    print('late', i, flush=True)\n    time.sleep(0.05)\n"
+    code = (
+        "import subprocess, sys, time\n"
+        f"p = subprocess.Popen([sys.executable, '-c', {writer!r}], start_new_session=True)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        "time.sleep(120)\n"
+    )
+    errors = []
+    monkeypatch.setattr("threading.excepthook", lambda a: errors.append(repr(a.exc_value)))
+    monkeypatch.setattr(gc, "PUMP_JOIN_S", 0.5, raising=False)
+    results = gc.Results(tmp_path / "results.md", None, ["# test run"])
+    try:
+        assert gc.run_parts(
+            [_part(tmp_path, "writer", code, 2)], time.time(), 1000, results, tmp_path, dict(os.environ)
+        )
+        time.sleep(1.0)  # the writer goes on after the log is closed
+    finally:
+        if pid_file.exists():
+            try:
+                os.kill(int(pid_file.read_text()), 9)
+            except ProcessLookupError:
+                pass
+    assert errors == []
+    assert "late" in (tmp_path / "1_writer.log").read_text()
+
+
+PLUGIN_TESTS = """
+import time, pytest
+
+@pytest.fixture
+def broken():
+    raise RuntimeError("fixture broke")
+
+def test_ok():
+    pass
+
+def test_bad():
+    x = 1
+    assert x == 2, "one is not two"
+
+def test_error(broken):
+    pass
+
+def test_skipped():
+    pytest.skip("not here")
+
+@pytest.mark.timeout(2)
+def test_slow():
+    time.sleep(30)
+
+def test_after():
+    pass
+
+def test_zzz_runs_into_the_deadline():
+    time.sleep(60)
+
+def test_zzzz_never_starts():
+    pass
+"""
+
+
+def test_plugin_reports_each_test_as_it_ends_and_keeps_within_the_parts_time(tmp_path):
+    """benchmarks/gpu_check_pytest.py, in a real pytest session with pytest-timeout: one line per test the moment it
+    ends (outcome, seconds, and for a failure or an error the exception line and where), pytest-timeout's timeout
+    as TIMEOUT (the session goes on), a test that would outrun the part's time (GPU_CHECK_DEADLINE) timed out at
+    the deadline instead of killed with the part, and the tests after it reported not reached; the runner's
+    summary of those lines counts them."""
+    (tmp_path / "test_x.py").write_text(PLUGIN_TESTS)
+    # the part's end 12 s after this session starts, its last 1 s kept for the session's end, 2 s a test at least
+    (tmp_path / "conftest.py").write_text(
+        "import os, time\nimport gpu_check_pytest as g\n"
+        "g.END_MARGIN_S, g.MIN_TEST_S = 1.0, 2.0\nos.environ['GPU_CHECK_DEADLINE'] = str(time.time() + 12)\n"
+    )
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "benchmarks")}
+    env.pop("GPU_CHECK_DEADLINE", None)
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-p", "gpu_check_pytest",
+         "--timeout", "60", "--timeout-method=signal", "-n", "0", "test_x.py"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    lines = r.stdout.splitlines()
+    mine = [x[len(gc.TEST_MARK) :] for x in lines if x.startswith(gc.TEST_MARK)]
+    assert [x for x in mine if x.startswith("queued")] == [
+        f"queued test_x.py::{t}"
+        for t in ("test_ok", "test_bad", "test_error", "test_skipped", "test_slow", "test_after",
+                  "test_zzz_runs_into_the_deadline", "test_zzzz_never_starts")
+    ], mine  # fmt: skip
+    ends = {(m.group(2) or m.group(3)): x for x in mine if (m := gc.TEST_END.match(x))}
+    assert re.match(r"PASSED \d+\.\d s test_x.py::test_ok$", ends["test_x.py::test_ok"])
+    assert ends["test_x.py::test_bad"].startswith("FAILED ")
+    bad = mine[mine.index(ends["test_x.py::test_bad"]) + 1 :][:4]
+    assert any("test_x.py:13:" in x for x in bad) and any("AssertionError: one is not two" in x for x in bad), bad
+    assert ends["test_x.py::test_error"].startswith("ERROR ")
+    assert any("RuntimeError: fixture broke" in x for x in mine), mine
+    assert re.match(r"SKIPPED \d+\.\d s test_x.py::test_skipped: not here", ends["test_x.py::test_skipped"])
+    assert re.match(r"TIMEOUT [2-9]\.\d s test_x.py::test_slow: pytest-timeout's 2 s", ends["test_x.py::test_slow"])
+    assert ends["test_x.py::test_after"].startswith("PASSED ")
+    deadline = ends["test_x.py::test_zzz_runs_into_the_deadline"]
+    assert deadline.startswith("TIMEOUT ") and float(deadline.split("pytest-timeout's ")[1][:-2]) < 12, deadline
+    assert mine[-1].startswith("NOT REACHED test_x.py::test_zzzz_never_starts: gpu_check: not reached"), mine
+    summary = gc.summarize_tests(lines)
+    assert any(
+        x.startswith("tests: 8 queued: 2 passed, 1 failed, 1 error, 2 timeout, 1 skipped, 1 not reached, 0 cut")
+        for x in summary
+    ), summary
+
+
+def test_summary_of_a_tests_part_cut_by_its_limit():
+    """The runner's summary of a part killed mid-test: the tests that ended as they ended, the one running when the
+    part was cut, the ones never started, and what was not run by design."""
+    m = gc.TEST_MARK
+    lines = [
+        f"{m}NOT RUN by design t.py::m[embedding-add]: varies only the embedding",
+        f"{m}queued t.py::a",
+        f"{m}queued t.py::b",
+        f"{m}queued t.py::c",
+        f"{m}start +1.0 s t.py::a",
+        "some output",
+        f"{m}PASSED 3.2 s t.py::a",
+        f"{m}start +4.2 s t.py::b",
+        "a compile",
+    ]
+    out = gc.summarize_tests(lines)
+    assert out[:2] == [
+        "NOT RUN by design t.py::m[embedding-add]: varies only the embedding",
+        "PASSED 3.2 s t.py::a",
+    ]
+    assert "CUT by the part's limit while running: t.py::b" in out
+    assert "NOT REACHED (the part ended first): t.py::c" in out
+    assert "tests: 3 queued: 1 passed, 1 not reached, 1 cut; 1 not run by design" in out
+    assert gc.summarize_tests(["no plugin here"]) is None
+
+
+def test_plugin_runs_every_attention_kind_on_cuda_and_the_largest_configurations_last():
+    """The plugin's choice of the bf16 matrix on CUDA: every configuration that chooses attention kinds, so that
+    every kind of the registry (decoders and encoders) runs on CUDA, and none that varies only the embedding or
+    the head; the order puts tests/test_gpu.py first, the matrix last and, in it, the 20-layer configurations
+    (fla's kernels among them) at its end."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "tests" / "training"))
+    try:
+        import _kinds
+        import gpu_check_pytest as plugin
+        import test_bf16
+    finally:
+        sys.path[:2] = []
+    chosen = {n: ov for n, ov in test_bf16.CONFIGS.items() if plugin.matrix_on_cuda(ov)}
+    schedules = [plugin.overrides_value(ov, "model.schedule").removeprefix("list:") for ov in chosen.values()]
+    run_kinds = {k for sched in schedules for k in sched.split(",")}
+    assert set(_kinds.variants(decoder=True)) | set(_kinds.variants(encoder=True)) <= run_kinds
+    assert not [n for n in chosen if n.startswith(("embedding-", "head-"))]
+    assert [n for n in test_bf16.CONFIGS if n not in chosen] == [
+        n for n in test_bf16.CONFIGS if n.startswith(("embedding-", "head-"))
+    ]
+    ids = ["tests/models/test_packed_documents.py::t", "tests/test_gpu.py::t", "tests/ops/test_gated_delta.py::t"]
+    ids += [f"{plugin.MATRIX_FILE}::{plugin.MATRIX_TEST}[{n}]" for n in chosen]
+    by_id = {f"{plugin.MATRIX_FILE}::{plugin.MATRIX_TEST}[{n}]": ov for n, ov in chosen.items()}
+    order = sorted(ids, key=lambda i: plugin.order_key(i, by_id.get(i)))
+    assert order[0] == "tests/test_gpu.py::t" and order[2] == "tests/ops/test_gated_delta.py::t"
+    layers = [int(plugin.overrides_value(by_id[i], "model.num_layers")) for i in order[3:]]
+    assert layers == sorted(layers) and layers[0] < layers[-1], layers
+    last = plugin.overrides_value(by_id[order[-1]], "model.schedule").removeprefix("list:").split(",")
+    assert "approx" in last and "gated-deltanet" in last  # the kinds whose CUDA path is fla's (README)
+
+
+def test_the_plan_fits_the_budget_and_names_every_log_safely():
+    """gpu_check.sh's arithmetic: with the install's share first and every part run to its full limit and killed
+    (a kill's grace after each), each part still gets its whole limit within the 540 s; each estimate is within its
+    limit and at least the part's measured seconds where it ran to its end on the last GPU; every part's log has a
+    name the device tool returns."""
+    plan = gc.parts(Path("/prepared"), Path("/work"), cuda=True)
+    starts = gc.part_starts([p.limit for p in plan])
+    assert [given for _, given in starts] == [p.limit for p in plan], starts
+    assert starts[-1][0] + plan[-1].limit + gc.END_MARGIN_S <= gc.BUDGET_S
+    assert gc.INSTALL_S >= 20 and all(p.estimate <= p.limit for p in plan)
+    assert [p.key for p in plan] == ["tests", "pretrain", "fla", "bench"]
+    fla = next(p for p in plan if p.key == "fla")
+    assert fla.estimate >= 46  # measured to its end on the H100, 2026-11-28
+    assert all(SAFE.match(gc.log_name(i, p)) for i, p in enumerate(plan, 2))
+    # a plan 10 s over: the last part is given less than its limit
+    starts = gc.part_starts([p.limit for p in plan[:-1]] + [plan[-1].limit + 10])
+    assert starts[-1][1] < plan[-1].limit + 10
 
 
 def test_gpu_check_collects_every_file_with_gpu_tests():

@@ -30,6 +30,7 @@ if "triton" not in sys.modules:  # an already-imported Triton (a GPU run of the 
 
 from test_ops import grads, qkv
 
+from conftest import ROOT
 from megahash.ops.gated_delta.chunk import chunk_gated_delta, l2norm
 from megahash.ops.gated_delta.fla_gated import fla_gated_delta_rule, gated_delta_kernel
 from megahash.ops.taylor.chunk import taylor_causal
@@ -73,14 +74,9 @@ def test_fla_based_equals_the_chunked_form_forward_and_backward(L):
 
 
 @pytest.fixture
-def interpretable(monkeypatch):
-    """The two interpreter shims of the module docstring (undone after the test)."""
+def loop_indices(monkeypatch):
+    """The second interpreter shim of the module docstring: loop indices with ``.to(dtype)`` (undone after)."""
     import builtins
-
-    import triton.runtime.autotuner as autotuner
-
-    prune = autotuner.Autotuner.prune_configs
-    monkeypatch.setattr(autotuner.Autotuner, "prune_configs", lambda self, *a, **k: prune(self, *a, **k)[:1])
 
     class Index(int):
         def to(self, dtype, **_):
@@ -88,6 +84,15 @@ def interpretable(monkeypatch):
 
     chunk_delta_h = __import__("fla.ops.common.chunk_delta_h", fromlist=["range"])
     monkeypatch.setattr(chunk_delta_h, "range", lambda *a: map(Index, builtins.range(*a)), raising=False)
+
+
+@pytest.fixture
+def interpretable(monkeypatch, loop_indices):
+    """The two interpreter shims of the module docstring (undone after the test)."""
+    import triton.runtime.autotuner as autotuner
+
+    prune = autotuner.Autotuner.prune_configs
+    monkeypatch.setattr(autotuner.Autotuner, "prune_configs", lambda self, *a, **k: prune(self, *a, **k)[:1])
 
 
 @needs_fla
@@ -98,6 +103,45 @@ def test_fla_gated_delta_rule_equals_the_chunked_form_forward_and_backward(packe
     with an initial and a final state, or with packed documents (fla's cu_seqlens, one starting inside a
     chunk), fla's interpreted kernel = the chunked form within 1e-5 of the scale (fp32 sums of ~100 terms),
     outputs, state and the gradients of q, k, v, g, beta."""
+    _gated_delta_equals_the_chunked_form(packed)
+
+
+@needs_fla
+@pytest.mark.usefixtures("loop_indices")
+def test_gpu_check_fla_configs_replace_autotuning(tmp_path, monkeypatch):
+    """benchmarks/gpu_check.py's ``write_fla_configs`` under fla's own switch (``FLA_CACHE_MODE=default``,
+    ``FLA_CONFIG_DIR``, read by ``fla.ops.utils.cache`` at each call): every autotuned kernel of
+    ``chunk_gated_delta_rule`` takes its one written config, so none is pruned or benchmarked (the GPU check's
+    gated-delta tests compile 9 kernels, not 52 configs), and forward and backward, with a state and with packed
+    documents, still equal the chunked form."""
+    import importlib.util
+
+    import triton.runtime.autotuner as autotuner
+    from fla.ops.utils import cache
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    written = gpu_check.write_fla_configs(tmp_path)
+    monkeypatch.setattr(cache, "FLA_CACHE_MODE", cache.FlaCacheMode.DEFAULT)
+    monkeypatch.setenv("FLA_CONFIG_DIR", str(tmp_path))
+    for tuner in gpu_check.fla_autotuners().values():
+        monkeypatch.setattr(tuner, "cache", {})  # forget what the tests before chose
+    pruned, ran = [], []
+    prune, run = autotuner.Autotuner.prune_configs, cache.CachedAutotuner.run
+    monkeypatch.setattr(
+        autotuner.Autotuner, "prune_configs", lambda self, *a, **k: pruned.append(self) or prune(self, *a, **k)
+    )
+    monkeypatch.setattr(
+        cache.CachedAutotuner, "run", lambda self, *a, **k: ran.append(self.kernel_name) or run(self, *a, **k)
+    )
+    for packed in (False, True):
+        _gated_delta_equals_the_chunked_form(packed)
+    assert len(set(ran)) == 9 and set(ran) <= set(written), sorted(set(ran))
+    assert not pruned, [getattr(t, "kernel_name", t) for t in pruned]
+
+
+def _gated_delta_equals_the_chunked_form(packed: bool) -> None:
     g = torch.Generator().manual_seed(7)
     q, k, v = (torch.randn(2, 2, 100, 16, generator=g) for _ in range(3))
     q, k = l2norm(q) * 16**-0.5, l2norm(k)  # what gated_delta_causal hands either form
