@@ -66,11 +66,16 @@ def rung_overrides(hidden: int, base: str) -> list[str]:
     ]
 
 
+def run_paths(recipe: str, hidden: int, seed: int, work: Path) -> tuple[Path, Path]:
+    """The run directory and log of one (recipe, rung, seed) under ``work``."""
+    name = f"{recipe}_h{hidden}_s{seed}"
+    return work / name, work / f"{name}.log"
+
+
 def one(recipe: str, hidden: int, seed: int, work: Path) -> dict:
     """Train and evaluate one (recipe, rung, seed): held-out bits per byte, parameters, tokens, train seconds."""
     base, overrides = RECIPES[recipe]
-    name = f"{recipe}_h{hidden}_s{seed}"
-    run_dir, log = work / name, work / f"{name}.log"
+    run_dir, log = run_paths(recipe, hidden, seed, work)
     sets = [
         f"train.seed={seed}",
         f"data.seed={seed}",
@@ -241,9 +246,7 @@ def main() -> None:
                     continue
                 row = dict(done[key]) if key in done else one(recipe, hidden, seed, work)
                 if row.get("bpb_sliding") is None:  # a row cached before the sliding-window column: evaluate it
-                    row["bpb_sliding"] = sliding_bpb(
-                        work / f"{recipe}_h{hidden}_s{seed}", work / f"{recipe}_h{hidden}_s{seed}.log", work
-                    )
+                    row["bpb_sliding"] = sliding_bpb(*run_paths(recipe, hidden, seed, work), work)
                 if done.get(key) != row:
                     done[key] = row
                     tmp = cache.with_suffix(".tmp")

@@ -327,26 +327,45 @@ def wait_for_step(run_dir: Path, step: int, alive, timeout: float = 900, group: 
 def group_states(pgid: int) -> list[str]:
     """'PID STATE WCHAN' of each process of process group ``pgid`` (from /proc), for a failure message."""
     out = []
+    for pid, fields in _proc_stats():
+        if int(fields[2]) == pgid:
+            try:
+                wchan = Path(f"/proc/{pid}/wchan").read_text()
+            except OSError:
+                continue
+            out.append(f"{pid} {fields[0]} {wchan}")
+    return out
+
+
+def continue_group(pgid: int, settle: float = 2.0) -> None:
+    """SIGCONT to process group ``pgid``, again while any of its processes is still stopped: a child being
+    forked while the group's SIGSTOP arrived can stop after the first SIGCONT (seen: a run's helper process
+    left in state T, the run waiting on it forever)."""
+    import signal
+
+    deadline = time.time() + settle
+    while True:
+        os.killpg(pgid, signal.SIGCONT)
+        stopped = [f for _, f in _proc_stats() if int(f[2]) == pgid and f[0] in ("T", "t")]
+        if not stopped or time.time() > deadline:
+            return
+        time.sleep(0.05)
+
+
+def _proc_stats():
+    """(pid, the fields of /proc/PID/stat after the command name) of every process now running."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            wchan = (stat.parent / "wchan").read_text()
+            yield int(stat.parent.name), stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[2]) == pgid:
-            out.append(f"{stat.parent.name} {fields[0]} {wchan}")
-    return out
 
 
 def descendants(pids) -> list[int]:
     """``pids`` and all their descendant processes (from /proc)."""
     children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    for pid, fields in _proc_stats():
+        children.setdefault(int(fields[1]), []).append(pid)
     out, todo = [], list(pids)
     while todo:
         pid = todo.pop()

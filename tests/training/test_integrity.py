@@ -328,7 +328,7 @@ def test_one_run_per_save_dir(shakespeare_shards, tmp_path, capsys):
     second run on the same save_dir refuses in one line naming the first's pid and touches nothing of it;
     ``pretrain.py --check inputs`` runs beside it and leaves the lock; after SIGCONT, SIGTERM to the
     first run's process group makes it checkpoint and exit 3, and its lock is gone; then a run resumes."""
-    from test_launch import wait_for_step
+    from test_launch import continue_group, wait_for_step
 
     run_dir = tmp_path / "run"
     proc = _in_its_own_group(_args(shakespeare_shards, run_dir, 500))
@@ -347,7 +347,7 @@ def test_one_run_per_save_dir(shakespeare_shards, tmp_path, capsys):
         assert main(["--check", "inputs", *_args(shakespeare_shards, run_dir, 8)]) == 0
         capsys.readouterr()
         assert json.loads((run_dir / "megahash.lock").read_text())["pid"] == proc.pid
-        os.killpg(proc.pid, signal.SIGCONT)
+        continue_group(proc.pid)
         os.killpg(proc.pid, signal.SIGTERM)
         _out, err = proc.communicate(timeout=300)
     finally:
@@ -439,11 +439,13 @@ def test_one_history_after_a_killed_run(shakespeare_shards, tmp_path, capsys):
     try:
         wait_for_step(run_dir, 4, lambda: proc.poll() is None, timeout=600, group=proc.pid)
         while True:  # stopped where records past the newest checkpoint exist
-            os.killpg(proc.pid, signal.SIGSTOP)
+            # the run's process alone: a SIGSTOP to its group while it forks a helper left that helper
+            # stopped after the group's SIGCONT (state T), the run waiting on it forever (1 run in 5, -n 2)
+            os.kill(proc.pid, signal.SIGSTOP)
             last = max(train_losses(run_dir))
             if last % 3:
                 break
-            os.killpg(proc.pid, signal.SIGCONT)
+            os.kill(proc.pid, signal.SIGCONT)
             wait_for_step(run_dir, last + 1, lambda: proc.poll() is None, timeout=300, group=proc.pid)
         os.killpg(proc.pid, signal.SIGKILL)
     finally:
