@@ -171,9 +171,32 @@ def pytest_configure(config):
 
         os.environ["OMP_NUM_THREADS"] = "1"
         torch.set_num_threads(1)
+    if not hasattr(config, "workerinput"):
+        _warn_if_the_disk_is_short(config)
     path = config.getoption("--record-durations", default=None)
     if path and not hasattr(config, "workerinput"):  # the controller sees every worker's reports
         config.pluginmanager.register(_DurationRecorder(path), "megahash-durations")
+
+
+# Peak disk use of a whole run under the temp folder (measured 2026-11-28: 2.0 GB, 1.5 GB of it one data-limits
+# test's 192 MiB input and its shards; a passed test's tmp_path is deleted at its teardown, pyproject.toml)
+SUITE_PEAK_DISK_GB = 2.5
+
+
+def _warn_if_the_disk_is_short(config) -> None:
+    """One line before any test where the temp folder's disk has less free space than a run's peak: a full disk
+    otherwise surfaces as dozens of unrelated tests failing to make their tmp_path (ENOSPC, the CI of 2026-11-28)."""
+    import shutil
+    import tempfile
+
+    free = shutil.disk_usage(tempfile.gettempdir()).free / 1e9
+    if free < SUITE_PEAK_DISK_GB:
+        message = (
+            f"{free:.1f} GB free under {tempfile.gettempdir()}, a run of the suite needs up to {SUITE_PEAK_DISK_GB} "
+            "GB there: tests will fail with 'No space left on device'; free space or point TMPDIR elsewhere"
+        )
+        print(f"megahash tests: {message}", file=sys.stderr)
+        config.issue_config_time_warning(pytest.PytestWarning(message), stacklevel=1)
 
 
 def doc_block(page: str, heading: str) -> str:
