@@ -223,10 +223,8 @@ class MegahashLM(MegatronModule):
         )
         # model.x0_mix / model.unet_skips: learnable scalars around the layer loop ([Jordan24b] modded-nanogpt)
         residual = residual_mix.build(m.x0_mix, m.unet_skips, m.num_layers, m.norm_eps, dtype)
-        if residual is not None:
-            mark_sequence_parallel(
-                residual.parameters(), cfg.parallel.sequence
-            )  # replicated over TP, sequence-split inputs
+        if residual is not None:  # replicated over TP ranks whose inputs are sequence-split under SP
+            mark_sequence_parallel(residual.parameters(), cfg.parallel.sequence)
         self.decoder = Block(config=config, spec=registry.block_spec(cfg), residual=residual)
         self.kind_input_attrs = []  # inputs the layer kinds add (megahash.models.kind_input), as model.<attr>
         for build in registry.model_inputs(self.layer_kinds):

@@ -559,6 +559,9 @@ TP_CASES = DECODER_KINDS + [
     "mhe-mul@roberta",
     "approx-thesis@roberta",
     "mha@ngram",
+    "mha@resid",  # model.x0_mix + model.unet_skips: scalars replicated over TP, summed under SP
+    "mhe-mul@resid",
+    "approx@encoder@resid",
 ]
 
 
