@@ -132,6 +132,7 @@ def run_case(case: str, tp: int, sp: bool) -> dict:
     loss.backward()
     sq = torch.zeros((), dtype=torch.float64)
     sq_attn = torch.zeros((), dtype=torch.float64)
+    sq_resid = torch.zeros((), dtype=torch.float64)
     group = parallel_state.get_tensor_model_parallel_group()
     for name, p in model.named_parameters():
         if p.grad is None:
@@ -142,7 +143,9 @@ def run_case(case: str, tp: int, sp: bool) -> dict:
         sq = sq + s
         if ".self_attention." in name:
             sq_attn = sq_attn + s
-    return {"loss": loss.item(), "grad_sq": sq.item(), "attn_grad_sq": sq_attn.item()}
+        if name.startswith("decoder.residual."):  # the mixing's scalars: replicated, summed over TP under SP
+            sq_resid = sq_resid + s
+    return {"loss": loss.item(), "grad_sq": sq.item(), "attn_grad_sq": sq_attn.item(), "resid_grad_sq": sq_resid.item()}
 
 
 def main():
