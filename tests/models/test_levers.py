@@ -223,6 +223,19 @@ def test_residual_levers_under_full_recompute_give_the_same_gradients():
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-12)
 
 
+def test_residual_levers_parameters_counted_in_closed_form_as_the_model_does():
+    """`megahash params`: 2L scalars for the x0 mix, L // 2 for the skips (L = 5: 10 + 2), closed form = meta model."""
+    from megahash.models.accounting import count_parameters
+    from megahash.models.closed_form import closed_form_report
+
+    over = ["model.num_layers=5"]
+    plain = closed_form_report(cfg_of(*over), VOCAB)
+    cfg = cfg_of(*over, "model.x0_mix=true", "model.unet_skips=true")
+    closed, measured = closed_form_report(cfg, VOCAB), count_parameters(cfg, VOCAB)
+    assert closed["residual_mix"] == measured["residual_mix"] == 12
+    assert closed["total"] == measured["total"] == plain["total"] + 12
+
+
 @pytest.mark.parametrize(
     "overrides,match",
     [
