@@ -249,7 +249,6 @@ def test_residual_levers_parameters_counted_in_closed_form_as_the_model_does():
         (["model.x0_mix=true", "model.layout=roberta", "model.arch=encoder"], "x0_mix.*pre-norm"),
         (["model.unet_skips=true", "model.layout=roberta", "model.arch=encoder"], "unet_skips.*pre-norm"),
         (["model.unet_skips=true", "model.num_layers=1"], "num_layers >= 2"),
-        (["model.x0_mix=maybe"], "x0_mix"),
     ],
 )
 def test_lever_config_errors_name_the_key(overrides, match):
