@@ -163,8 +163,8 @@ def test_relu2_mlp_is_relu_squared_with_two_matrices():
 def test_x0_mix_starts_as_the_plain_model():
     """(a_i, b_i) = (1, 0): the logits of the model without the lever, from the same draws."""
     mixed, plain = build("model.x0_mix=true"), build()
-    assert torch.equal(mixed.decoder.residual.resid_lambdas, torch.ones(2))
-    assert torch.equal(mixed.decoder.residual.x0_lambdas, torch.zeros(2))
+    assert torch.equal(mixed.decoder.residual.resid_lambdas, torch.ones(2))  # bit-exact: initial constants
+    assert torch.equal(mixed.decoder.residual.x0_lambdas, torch.zeros(2))  # bit-exact: initial constants
     x = tokens()
     torch.testing.assert_close(mixed(x), plain(x), rtol=1e-6, atol=1e-6)
 
@@ -176,7 +176,9 @@ def test_x0_mix_and_unet_skips_equal_their_formula():
 
     model = build("model.x0_mix=true", "model.unet_skips=true", "model.num_layers=5")
     mix = model.decoder.residual
-    assert mix.skip_weights.shape == (2,) and torch.equal(mix.skip_weights, torch.ones(2))
+    assert mix.skip_weights.shape == (2,) and torch.equal(
+        mix.skip_weights, torch.ones(2)
+    )  # bit-exact: initial constants
     g = torch.Generator().manual_seed(4)
     with torch.no_grad():
         for p in mix.parameters():
