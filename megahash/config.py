@@ -115,6 +115,10 @@ class ModelConfig:
     qk_gain: float = ranged(0.0, "[0, inf)", "initial per-head query gain after QK-norm; 0 = off")
     # auto (SwiGLU in decoders, GELU in encoders) | relu2 (ReLU squared, 2 matrices)
     mlp_activation: Literal["auto", "relu2"] = "auto"
+    # layer i's input a_i x + b_i RMSNorm(embedding), learnable (a_i, b_i) from (1, 0) (modded-nanogpt)
+    x0_mix: bool = False
+    # U-Net: layer i < L//2's output, times a learnable weight (1 at init), added to layer L-1-i's input
+    unet_skips: bool = False
     # issue 48: maximal-update parametrization (megahash/models/mup.py, docs/compact_models.md): the base model's
     # hidden size B; the learning rates tuned at width B hold at any hidden_size (0 = off, the standard model)
     mup_base_hidden_size: int = ranged(0, "[0, inf)", "muP's base hidden size; 0 = off")

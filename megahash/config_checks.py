@@ -234,6 +234,13 @@ def _check_levers(cfg) -> None:
         raise ConfigError("model.qk_gain scales the QK-normed queries: set model.qk_norm=true (or model.qk_gain=0)")
     if m.mlp_activation != "auto" and m.layout != "prenorm":
         raise ConfigError("model.mlp_activation=relu2 is a pre-norm lever; leave it auto with model.layout=roberta")
+    for key in ("x0_mix", "unet_skips"):
+        if getattr(m, key) and m.layout != "prenorm":
+            raise ConfigError(f"model.{key} mixes the pre-norm residual stream; set it false with model.layout=roberta")
+    if m.unet_skips and m.num_layers < 2:
+        raise ConfigError(
+            "model.unet_skips joins mirrored layers: set model.num_layers >= 2 (or model.unet_skips=false)"
+        )
     if (m.logit_softcap or t.z_loss) and not _scores_tokens(cfg):
         raise ConfigError(
             f"model.logit_softcap and train.z_loss act on logits over the vocabulary, which model.head={m.head} "

@@ -46,6 +46,7 @@ LIBRARY_FILES = {
     "megahash.models.attention.linear_base": "megahash_attention_linear_base",
     "megahash.models.attention.separate_qkv": "megahash_attention_separate_qkv",
     "megahash.models.reference_ops": "megahash_reference_ops",
+    "megahash.models.residual_mix": "megahash_residual_mix",
     "megahash.models.reference_layers": "megahash_reference_layers",
     "megahash.models.hf_model": MODELING_MODULE,
     "megahash.hashing.text_coder": "hashing_megahash",

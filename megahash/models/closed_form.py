@@ -5,7 +5,8 @@
   formula ``h (n + 2g) d_h`` (+ ``(n + 2g) d_h`` bias; the layer's options go to the formula, e.g. an output
   gate's ``h n d_h``), output ``h^2``, SwiGLU ``3 h ffn`` (ReLU squared ``2 h ffn``), two RMSNorms ``2h``
   per layer, final norm ``h``, embedding ``V' h`` with ``V'`` Megatron's padded vocabulary (+ ``V' h``
-  untied head). Other variants return None and are counted on a meta-device model (tests check
+  untied head), the residual mixing's scalars (``2L`` with ``model.x0_mix``, ``L // 2`` with
+  ``model.unet_skips``). Other variants return None and are counted on a meta-device model (tests check
   both agree).
 """
 
@@ -44,8 +45,11 @@ def closed_form_report(cfg, vocab_size: int) -> dict | None:
     from megahash import catalog
 
     extras = {f"embedding_{k}": n for k, n in catalog.input_params(cfg).items()}  # inputs of their own
+    L = m.num_layers  # model.x0_mix: (a_i, b_i) per layer; model.unet_skips: one weight per skip
+    residual = (2 * L if m.x0_mix else 0) + (L // 2 if m.unet_skips else 0)
     total = (
-        sum(extras.values())
+        residual
+        + sum(extras.values())
         + emb
         + head
         + h
@@ -58,6 +62,7 @@ def closed_form_report(cfg, vocab_size: int) -> dict | None:
         "head": head,
         "tied_head": bool(m.tie_embeddings),
         "final_norm": h,
+        "residual_mix": residual,
         "vocab_size": V,
         "layers": layers,
     }

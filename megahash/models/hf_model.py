@@ -317,10 +317,13 @@ class MegahashModel(MegahashPreTrainedModel):
         for extra in self.kind_inputs():  # e.g. the fixed input's Q/K maps
             state.inputs.update(extra.context(self, offset + s))
         hidden = [] if output_hidden_states else None
-        for layer in self.decoder.layers:
+
+        def layer(i, x):
             if hidden is not None:
                 hidden.append(x.transpose(0, 1))
-            x = layer(x, mask, rotary, state)
+            return self.decoder.layers[i](x, mask, rotary, state)
+
+        x = self.decoder.run(x, layer)
         if self.decoder.final_layernorm is not None:
             x = self.decoder.final_layernorm(x)
         base = int(megahash_option(self.config, "model", "mup_base_hidden_size", 0) or 0)

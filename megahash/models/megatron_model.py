@@ -10,6 +10,7 @@ embedding and its inference path, while megahash needs pluggable embeddings that
 from __future__ import annotations
 
 from contextlib import nullcontext
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -22,12 +23,12 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import init_method_normal, make_viewless_tensor, scaled_init_method_normal
 
 from megahash.errors import ConfigError
-from megahash.models import autocast_linear, cpu_linear, heads, mup, registry
+from megahash.models import autocast_linear, cpu_linear, heads, mup, registry, residual_mix
 from megahash.models.arch import arch_of
 from megahash.models.cost_formulas import padded_vocab_size
 from megahash.models.forward_state import ForwardState
 from megahash.models.mixing import readout_multiplier, score_scale
-from megahash.models.norm import hook_sequence_parallel_params
+from megahash.models.norm import hook_sequence_parallel_params, mark_sequence_parallel
 
 
 def transformer_config(cfg, dtype: torch.dtype = torch.float32) -> TransformerConfig:
@@ -129,18 +130,24 @@ class Rotary(RotaryEmbedding):
 
 class Block(TransformerBlock):
     """megatron-core's ``TransformerBlock`` whose layers get the forward's :class:`ForwardState` (its
-    ``inference_context``) under full activation recompute too.
+    ``inference_context``) under full activation recompute too, and that runs its layers through the
+    residual mixing of ``model.x0_mix`` / ``model.unet_skips`` (``residual``, :mod:`megahash.models.residual_mix`).
 
     megatron-core 0.16's ``_checkpointed_forward`` hands its layers ``inference_context=None`` (it never
     trains with one), so in training with ``recompute_granularity="full"`` the layers run here under
-    ``tensor_parallel.checkpoint`` as megatron's ``uniform`` method does (``recompute_num_layers`` layers a
-    chunk, what :func:`transformer_config` sets; the same RNG handling, the recomputation in backward),
-    each given the state; a state with ``recompute=False`` (a kind input's plain pass) runs them
-    without checkpoints. Everything else is megatron-core's forward."""
+    ``tensor_parallel.checkpoint`` one by one as megatron's ``uniform`` method does with the
+    ``recompute_num_layers=1`` :func:`transformer_config` sets (the same RNG handling, the recomputation in
+    backward), each given the state; a state with ``recompute=False`` (a kind input's plain pass) runs them
+    without checkpoints. With neither, everything is megatron-core's forward."""
+
+    def __init__(self, *args, residual=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.residual = residual  # ResidualMix or None
 
     def forward(self, hidden_states, attention_mask, rotary_pos_emb=None, inference_context=None, **kwargs):
         state = inference_context
-        if not (self.training and self.config.recompute_granularity == "full") or state is None:
+        full = self.training and self.config.recompute_granularity == "full" and state is not None
+        if not full and self.residual is None:
             return super().forward(
                 hidden_states=hidden_states,
                 attention_mask=attention_mask,
@@ -151,28 +158,31 @@ class Block(TransformerBlock):
         hidden_states = make_viewless_tensor(inp=hidden_states, requires_grad=True, keep_graph=True)
         rng = tensor_parallel.get_cuda_rng_tracker().fork() if self.config.sequence_parallel else nullcontext()
         with rng:
-            hidden_states = self._recomputed_layers(hidden_states, attention_mask, rotary_pos_emb, state)
+            hidden_states = self._run_layers(hidden_states, attention_mask, rotary_pos_emb, state, full)
         if self.final_layernorm is not None:
             hidden_states = make_viewless_tensor(
                 inp=self.final_layernorm(hidden_states), requires_grad=True, keep_graph=True
             )
         return hidden_states
 
-    def _recomputed_layers(self, hidden_states, attention_mask, rotary_pos_emb, state):
-        step = self.config.recompute_num_layers if state.recompute else len(self.layers)
-        for start in range(0, len(self.layers), step):
+    def _run_layers(self, hidden_states, attention_mask, rotary_pos_emb, state, full: bool):
+        checkpointed = full and state.recompute
 
-            def chunk(h, mask, rotary, layers=self.layers[start : start + step]):
-                for layer in layers:
-                    h, _ = layer(hidden_states=h, attention_mask=mask, rotary_pos_emb=rotary, inference_context=state)
-                return h
+        def one(h, mask, rotary, layer):
+            return layer(hidden_states=h, attention_mask=mask, rotary_pos_emb=rotary, inference_context=state)[0]
 
-            if state.recompute:
-                hidden_states = tensor_parallel.checkpoint(
-                    chunk, self.config.distribute_saved_activations, hidden_states, attention_mask, rotary_pos_emb
+        def run(i, h):
+            if checkpointed:
+                fn = partial(one, layer=self.layers[i])
+                return tensor_parallel.checkpoint(
+                    fn, self.config.distribute_saved_activations, h, attention_mask, rotary_pos_emb
                 )
-            else:
-                hidden_states = chunk(hidden_states, attention_mask, rotary_pos_emb)
+            return one(h, attention_mask, rotary_pos_emb, self.layers[i])
+
+        if self.residual is not None:
+            return self.residual.run(hidden_states, run)
+        for i in range(len(self.layers)):
+            hidden_states = run(i, hidden_states)
         return hidden_states
 
 
@@ -211,7 +221,11 @@ class MegahashLM(MegatronModule):
             rotary_base=m.rotary_base,
             use_cpu_initialization=True,
         )
-        self.decoder = Block(config=config, spec=registry.block_spec(cfg))
+        # model.x0_mix / model.unet_skips: learnable scalars around the layer loop ([Jordan24b] modded-nanogpt)
+        residual = residual_mix.build(m.x0_mix, m.unet_skips, m.num_layers, m.norm_eps, dtype)
+        if residual is not None:  # replicated over TP ranks whose inputs are sequence-split under SP
+            mark_sequence_parallel(residual.parameters(), cfg.parallel.sequence)
+        self.decoder = Block(config=config, spec=registry.block_spec(cfg), residual=residual)
         self.kind_input_attrs = []  # inputs the layer kinds add (megahash.models.kind_input), as model.<attr>
         for build in registry.model_inputs(self.layer_kinds):
             extra = build(self, cfg)

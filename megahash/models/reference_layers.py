@@ -28,6 +28,7 @@ from megahash.models.reference_ops import (
     make_norm,
     megahash_option,
 )
+from megahash.models.residual_mix import build as build_residual_mix
 
 # =============================================================================== attention
 
@@ -167,6 +168,21 @@ class Decoder(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList([Layer(config, spec, table, i + 1) for i, spec in enumerate(config.layer_specs)])
         self.final_layernorm = None if is_roberta(config) else make_norm(config)
+        # model.x0_mix / model.unet_skips (megahash/models/residual_mix.py), as megatron_model.Block
+        self.residual = build_residual_mix(
+            bool(megahash_option(config, "model", "x0_mix", False)),
+            bool(megahash_option(config, "model", "unet_skips", False)),
+            len(self.layers),
+            float(config.norm_eps),
+        )
+
+    def run(self, x, layer):
+        """``layer(i, x) -> x`` over the layers, through the residual mixing where the model has it."""
+        if self.residual is not None:
+            return self.residual.run(x, layer)
+        for i in range(len(self.layers)):
+            x = layer(i, x)
+        return x
 
 
 class RobertaEmbeddingExtras(nn.Module):

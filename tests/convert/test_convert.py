@@ -44,6 +44,8 @@ LEVERS = [
     "model.mlp_activation=relu2",
     "model.zero_init_proj=true",
     "model.embed_init_std=0.005",
+    "model.x0_mix=true",
+    "model.unet_skips=true",
 ]
 
 # name -> (schedule, embedding, hash spec, extra overrides)
@@ -103,6 +105,13 @@ VARIANTS = {
     # otherwise be a plain Qwen2 (the soft-cap and ReLU squared keep it in the megahash format)
     "levers-hash-emb-mhe": ("list:mhe-mul,mha", "hash-emb", "md5", [*LEVERS, "model.embed.num_buckets=50"]),
     "levers-vocab": ("uniform:mha", "vocab", "md5", LEVERS),
+    # x0 mixing and U-Net skips alone on a model otherwise a plain Qwen2: the megahash format keeps them
+    "resid-qwen2-shape": (
+        "uniform:mha",
+        "vocab",
+        "md5",
+        ["model.x0_mix=true", "model.unet_skips=true", "model.num_layers=4"],
+    ),
     "qwen2-mqa-untied-nobias": ("uniform:mqa", "vocab", "md5", ["model.tie_embeddings=false", "model.qkv_bias=false"]),
 }
 

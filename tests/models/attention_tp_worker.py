@@ -29,7 +29,7 @@ VOCAB, SEQ, BATCH = 256, 16, 2
 
 
 def case_config(case: str, tp: int, sp: bool):
-    """case = KIND[@encoder][@gN][@emb=EMBEDDING] or a schedule (contains ':')."""
+    """case = KIND[@encoder][@gN][@resid][@emb=EMBEDDING] or a schedule (contains ':')."""
     parts = case.split("@")
     kind, opts = parts[0], parts[1:]
     schedule = kind if ":" in kind else f"uniform:{kind}"
@@ -62,6 +62,8 @@ def case_config(case: str, tp: int, sp: bool):
             o == "ngram"
         ):  # the token n-gram hash table added to the embedding (megahash/models/embeddings/ngram_hash.py)
             over += ["model.embed.options.ngram_hash_buckets=32", "model.embed.options.ngram_hash_dim=8"]
+        elif o == "resid":  # model.x0_mix and model.unet_skips (megahash/models/residual_mix.py), two skips
+            over += ["model.x0_mix=true", "model.unet_skips=true", "model.num_layers=4"]
         elif o.startswith("emb="):  # an embedding kind that reads token ids (no hash codes here)
             over += [f"model.embedding={o[4:]}"]
     return load_config(None, over)
@@ -81,6 +83,9 @@ def setup(case: str, tp: int, sp: bool):
         for extra in model.kind_inputs():
             for p in extra.parameters():
                 p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.1)
+        if model.decoder.residual is not None:  # the mixing's scalars off their init (1, 0, 1)
+            for p in model.decoder.residual.parameters():
+                p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.3)
     gen = torch.Generator().manual_seed(3)
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen)
     labels = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen)
@@ -127,6 +132,7 @@ def run_case(case: str, tp: int, sp: bool) -> dict:
     loss.backward()
     sq = torch.zeros((), dtype=torch.float64)
     sq_attn = torch.zeros((), dtype=torch.float64)
+    sq_resid = torch.zeros((), dtype=torch.float64)
     group = parallel_state.get_tensor_model_parallel_group()
     for name, p in model.named_parameters():
         if p.grad is None:
@@ -137,7 +143,9 @@ def run_case(case: str, tp: int, sp: bool) -> dict:
         sq = sq + s
         if ".self_attention." in name:
             sq_attn = sq_attn + s
-    return {"loss": loss.item(), "grad_sq": sq.item(), "attn_grad_sq": sq_attn.item()}
+        if name.startswith("decoder.residual."):  # the mixing's scalars: replicated, summed over TP under SP
+            sq_resid = sq_resid + s
+    return {"loss": loss.item(), "grad_sq": sq.item(), "attn_grad_sq": sq_attn.item(), "resid_grad_sq": sq_resid.item()}
 
 
 def main():

@@ -160,6 +160,84 @@ def test_relu2_mlp_is_relu_squared_with_two_matrices():
     torch.testing.assert_close(mlp(x)[0], want, rtol=1e-5, atol=1e-6)
 
 
+def test_x0_mix_starts_as_the_plain_model():
+    """(a_i, b_i) = (1, 0): the logits of the model without the lever, from the same draws."""
+    mixed, plain = build("model.x0_mix=true"), build()
+    assert torch.equal(mixed.decoder.residual.resid_lambdas, torch.ones(2))  # bit-exact: initial constants
+    assert torch.equal(mixed.decoder.residual.x0_lambdas, torch.zeros(2))  # bit-exact: initial constants
+    x = tokens()
+    torch.testing.assert_close(mixed(x), plain(x), rtol=1e-6, atol=1e-6)
+
+
+def test_x0_mix_and_unet_skips_equal_their_formula():
+    """Five layers (two skips, the middle layer none), random scalars: the block's output against the mixing
+    written out layer by layer ([Jordan24b] modded-nanogpt: the skip added before the x0 mix)."""
+    from megahash.models.forward_state import ForwardState
+
+    model = build("model.x0_mix=true", "model.unet_skips=true", "model.num_layers=5")
+    mix = model.decoder.residual
+    assert mix.skip_weights.shape == (2,) and torch.equal(
+        mix.skip_weights, torch.ones(2)
+    )  # bit-exact: initial constants
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for p in mix.parameters():
+            p.copy_(torch.rand(p.shape, generator=g) + 0.5)
+    a, b, w = mix.resid_lambdas, mix.x0_lambdas, mix.skip_weights
+    x = tokens()
+    emb = model.embedding(x, None)
+    x0 = emb * torch.rsqrt(emb.pow(2).mean(-1, keepdim=True) + 1e-6)  # RMSNorm without a weight
+    rotary = model.rotary_pos_emb(x.shape[1])
+
+    def f(i, h):
+        state = ForwardState(offset=0, tokens=x, document_ids=None, position_ids=None, decode=None)
+        state.embeddings = emb
+        return model.decoder.layers[i](
+            hidden_states=h, attention_mask=None, rotary_pos_emb=rotary, inference_context=state
+        )[0]
+
+    o0 = f(0, a[0] * emb + b[0] * x0)
+    o1 = f(1, a[1] * o0 + b[1] * x0)
+    o2 = f(2, a[2] * o1 + b[2] * x0)
+    o3 = f(3, a[3] * (o2 + w[0] * o1) + b[3] * x0)
+    o4 = f(4, a[4] * (o3 + w[1] * o0) + b[4] * x0)
+    want = model.decoder.final_layernorm(o4)
+    torch.testing.assert_close(model.hidden_states(x), want, rtol=1e-5, atol=1e-6)
+
+
+def test_residual_levers_under_full_recompute_give_the_same_gradients():
+    """train.recompute=full re-runs each layer in backward: the mixing's scalars and every weight get the
+    gradients of the plain pass."""
+
+    def grads(recompute):
+        model = build(
+            "model.x0_mix=true", "model.unet_skips=true", "model.num_layers=4", f"train.recompute={recompute}"
+        )
+        with torch.no_grad():
+            model.decoder.residual.x0_lambdas.fill_(0.3)
+        model.train()
+        model.hidden_states(tokens()).pow(2).mean().backward()
+        return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    a, b = grads("none"), grads("full")
+    assert a.keys() == b.keys() and {"decoder.residual.x0_lambdas", "decoder.residual.skip_weights"} <= a.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-12)
+
+
+def test_residual_levers_parameters_counted_in_closed_form_as_the_model_does():
+    """`megahash params`: 2L scalars for the x0 mix, L // 2 for the skips (L = 5: 10 + 2), closed form = meta model."""
+    from megahash.models.accounting import count_parameters
+    from megahash.models.closed_form import closed_form_report
+
+    over = ["model.num_layers=5"]
+    plain = closed_form_report(cfg_of(*over), VOCAB)
+    cfg = cfg_of(*over, "model.x0_mix=true", "model.unet_skips=true")
+    closed, measured = closed_form_report(cfg, VOCAB), count_parameters(cfg, VOCAB)
+    assert closed["residual_mix"] == measured["residual_mix"] == 12
+    assert closed["total"] == measured["total"] == plain["total"] + 12
+
+
 @pytest.mark.parametrize(
     "overrides,match",
     [
@@ -170,6 +248,9 @@ def test_relu2_mlp_is_relu_squared_with_two_matrices():
         (["train.embed_lr=-0.1"], "embed_lr"),
         (["model.embed_init_std=-1"], "embed_init_std"),
         (["model.mlp_activation=relu2", "model.layout=roberta", "model.arch=encoder"], "pre-norm"),
+        (["model.x0_mix=true", "model.layout=roberta", "model.arch=encoder"], "x0_mix.*pre-norm"),
+        (["model.unet_skips=true", "model.layout=roberta", "model.arch=encoder"], "unet_skips.*pre-norm"),
+        (["model.unet_skips=true", "model.num_layers=1"], "num_layers >= 2"),
     ],
 )
 def test_lever_config_errors_name_the_key(overrides, match):

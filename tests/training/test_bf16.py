@@ -105,6 +105,8 @@ def configurations() -> dict[str, list[str]]:
         "model.mlp_activation=relu2",
         "model.zero_init_proj=true",
         "model.embed_init_std=0.005",
+        "model.x0_mix=true",
+        "model.unet_skips=true",
         "train.embed_lr=0.01",
         "train.z_loss=1e-4",
         "train.optimizer=muon",
