@@ -517,6 +517,12 @@ def validate(cfg: Config) -> None:
         raise ConfigError("model.layout=roberta is an encoder layout; set model.arch=encoder or model.layout=prenorm")
     if m.hidden_size % m.num_heads:
         raise ConfigError(f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}")
+    head_dim = m.hidden_size // m.num_heads
+    if m.layout == "prenorm" and head_dim % 2:  # RoPE rotates channel pairs ([Su21] eq. 34)
+        raise ConfigError(
+            f"model.hidden_size={m.hidden_size} / model.num_heads={m.num_heads} gives an odd head size {head_dim}; "
+            "RoPE needs an even one: choose a hidden size that is an even multiple of the heads"
+        )
     groups = m.num_query_groups or m.num_heads
     if m.num_heads % groups:
         raise ConfigError(f"model.num_heads={m.num_heads} is not divisible by model.num_query_groups={groups}")

@@ -33,6 +33,7 @@ def test_model_size_table_4_10():
         ("train.steps=many", "must be an integer"),
         ("parallel.sequence=maybe", "true/false"),
         ("parallel.tensor=3", "does not divide model.num_heads"),
+        ("model.hidden_size=132", "odd head size 33; RoPE needs an even one"),  # 132 / 4 heads: was a traceback
         ("data.seq_length=4096", "exceeds model.max_position_embeddings"),
         ("model.size=13b", "unknown model size"),
         ("parallel.sequence=true", "needs parallel.tensor >= 2"),
