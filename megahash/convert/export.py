@@ -216,6 +216,8 @@ def load_checkpoint(checkpoint, tokenizer: str | None = None, weights: str = "li
     try:
         codec = load_codec(cfg, ckpt, tokenizer, model_vocab=model.vocab_size)
     except MegahashError as e:
+        if tokenizer or isinstance(e, CheckpointError):  # one the user named, or one that contradicts the run
+            raise
         print(f"megahash export-hf: warning: no tokenizer/hashing files ({e})", file=sys.stderr)
         codec = None
     return cfg, model, ckpt, codec, step

@@ -121,6 +121,24 @@ def test_special_ids_come_from_the_tokenizer(pipeline):
     assert last == [ids["eos"]] * 3  # documents end with the tokenizer's own eos
 
 
+def test_export_and_eval_refuse_a_tokenizer_of_other_special_ids(pipeline, corpus, shakespeare_shards, tmp_path):
+    """--tokenizer naming a tokenizer whose special ids differ from the run's (data.special_ids) is one line, exit 2,
+    nothing written: the export used to warn and write the model without a tokenizer (with a smaller tokenizer
+    vocabulary, a cut table), and eval scored text with the other tokenizer's ids."""
+    other = str(corpus["bpe"]) if pipeline["kind"] == "sp" else shakespeare_shards["tokenizer"]
+    out = tmp_path / "hf"
+    r = conftest.megahash_here(["export-hf", "--checkpoint", str(pipeline["run"]), "--output", str(out),
+                                "--tokenizer", other, "--no-verify"])
+    line = r.stderr.strip()
+    assert r.returncode == 2 and not out.exists(), r.stderr[-2000:]
+    assert "\n" not in line and "special ids" in line and "the checkpoint was trained with" in line, line
+    text = tmp_path / "t.txt"
+    text.write_text(corpus["docs"][0][:300])
+    r = conftest.megahash_here(["eval", "--checkpoint", str(pipeline["run"]), "--tokenizer", other, "--text", str(text),
+                                "--out", str(tmp_path / "ev")])
+    assert r.returncode == 2 and "special ids" in r.stderr and "\n" not in r.stderr.strip(), r.stderr[-2000:]
+
+
 def test_eval_export_and_transformers(pipeline, corpus):
     """megahash eval runs; the export loads with AutoTokenizer/AutoModelForCausalLM (no remote code
     for the qwen2 format), its tokenizer gives the data stage's ids, its logits equal megahash's."""
