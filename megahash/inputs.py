@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from megahash.errors import CheckpointError, ConfigError, DataError
+from megahash.errors import ConfigError, DataError
 
 
 def check_training_inputs(cfg) -> None:
@@ -31,9 +31,10 @@ def check_training_inputs(cfg) -> None:
     t = cfg.train
     if t.resume not in ("auto", "none", ""):
         from megahash.checkpoint.layout import STATE_FILE
+        from megahash.checkpoint.resolve import not_a_checkpoint
 
         if not (Path(t.resume) / STATE_FILE).is_file():
-            raise CheckpointError(f"train.resume={t.resume} is not a complete megahash checkpoint")
+            raise not_a_checkpoint(t.resume)
     if cfg.eval.at_end and cfg.eval.tasks_dir and not os.path.isdir(cfg.eval.tasks_dir):
         raise ConfigError(
             f"eval.tasks_dir {cfg.eval.tasks_dir} does not exist; build it with "
