@@ -139,6 +139,19 @@ def test_export_and_eval_refuse_a_tokenizer_of_other_special_ids(pipeline, corpu
     assert r.returncode == 2 and "special ids" in r.stderr and "\n" not in r.stderr.strip(), r.stderr[-2000:]
 
 
+def test_mlm_with_a_tokenizer_without_mask_is_one_line_before_training(pipeline, tmp_path):
+    """The bpe tokenizer has no <mask>: train.objective=mlm stops in one line, exit 2, before a step (it was a
+    ValueError traceback from the first batch's corruption) and before the run folder is made."""
+    if pipeline["kind"] != "bpe":
+        pytest.skip("the sentencepiece tokenizer has a <mask>")
+    save = tmp_path / "mlm"
+    r = conftest.pretrain_here([f"data.prefix=[{pipeline['prefix']}]", f"data.tokenizer={pipeline['tokenizer']}", *TINY,
+                                "train.objective=mlm", "model.arch=encoder", "train.steps=2", f"train.save_dir={save}"])
+    line = r.stderr.strip()
+    assert r.returncode == 2 and "\n" not in line and "needs a mask token" in line, r.stderr[-2000:]
+    assert not save.exists()
+
+
 def test_eval_export_and_transformers(pipeline, corpus):
     """megahash eval runs; the export loads with AutoTokenizer/AutoModelForCausalLM (no remote code
     for the qwen2 format), its tokenizer gives the data stage's ids, its logits equal megahash's."""
