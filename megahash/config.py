@@ -489,7 +489,10 @@ def load_config(path: str | os.PathLike | list | tuple | None = None, overrides:
     for p in [p for p in ([path] if isinstance(path, (str, os.PathLike)) else list(path or [])) if p]:
         _deep_merge(tree, _load_yaml_tree(find_config(p), notes=notes))
     tree = apply_overrides(tree, list(overrides or []), notes)
-    size = (tree.get("model") or {}).pop("size", None)
+    model = tree.get("model") or {}
+    if not isinstance(model, dict):  # before its size key is read (_build would say the same, later)
+        raise ConfigError(f"config key 'model' must be a mapping, got {model!r}")
+    size = model.pop("size", None)
     if size:
         size_file = CONFIG_ROOT / "model" / f"{size}.yaml"
         if not size_file.is_file():

@@ -36,6 +36,7 @@ def test_model_size_table_4_10():
         ("model.hidden_size=132", "odd head size 33; RoPE needs an even one"),  # 132 / 4 heads: was a traceback
         ("data.seq_length=4096", "exceeds model.max_position_embeddings"),
         ("model.size=13b", "unknown model size"),
+        ("model=3", "config key 'model' must be a mapping, got 3"),  # was an AttributeError traceback
         ("parallel.sequence=true", "needs parallel.tensor >= 2"),
         ("train.verify_checkpoint=none", "'train.verify_checkpoint' must be cheap or full"),
     ],
