@@ -360,7 +360,7 @@ def read_yaml_mapping(path, what: str) -> dict:
     """The mapping a YAML file holds; a missing file, bad YAML or a non-mapping is one line
     naming ``what`` file it is (config, grid)."""
     try:
-        data = safe_yaml.load(Path(path).read_text(), f"{what} file {path}") or {}
+        data = safe_yaml.load(Path(path).read_text(), f"{what} file {path}", safe_yaml.UniqueKeyLoader) or {}
     except FileNotFoundError:
         raise ConfigError(f"{what} file {str(path)!r} does not exist") from None
     except UnicodeDecodeError as e:
