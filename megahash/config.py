@@ -506,6 +506,20 @@ def load_config(path: str | os.PathLike | list | tuple | None = None, overrides:
     return cfg
 
 
+def _check_special_ids(ids) -> None:
+    """``data.special_ids``: {role: token id >= 0 or null} over the tokenizer roles (megahash.tokenization.ROLES);
+    a scalar or an unknown role was a TypeError traceback, or a role silently unused, at the data build."""
+    from megahash.tokenization import ROLES
+
+    if not isinstance(ids, dict):
+        raise ConfigError(f"data.special_ids must be a mapping role: id over {', '.join(ROLES)}, got {ids!r}")
+    for role, i in ids.items():
+        if role not in ROLES:
+            raise ConfigError(f"unknown config key 'data.special_ids.{role}'{_suggest(str(role), ROLES)}")
+        if i is not None and (isinstance(i, bool) or not isinstance(i, int) or i < 0):
+            raise ConfigError(f"config key 'data.special_ids.{role}' must be a token id >= 0 or null, got {i!r}")
+
+
 def validate(cfg: Config) -> None:
     """Cross-field checks that do not need the model or the data (one-line errors)."""
     from megahash.config_checks import check_ranges
@@ -520,6 +534,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError("model.layout=roberta is an encoder layout; set model.arch=encoder or model.layout=prenorm")
     if m.hidden_size % m.num_heads:
         raise ConfigError(f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}")
+    _check_special_ids(cfg.data.special_ids)
     head_dim = m.hidden_size // m.num_heads
     if m.layout == "prenorm" and head_dim % 2:  # RoPE rotates channel pairs ([Su21] eq. 34)
         raise ConfigError(
