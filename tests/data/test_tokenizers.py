@@ -152,6 +152,21 @@ def test_mlm_with_a_tokenizer_without_mask_is_one_line_before_training(pipeline,
     assert not save.exists()
 
 
+def test_a_special_id_given_in_the_config_keeps_the_other_roles_of_the_meta():
+    """data.special_ids.ROLE=ID overrides that role alone: the shard meta's other ids stay (eos 8 of a tokenizer
+    trained with --eos_id=8 is the EOD); before, the config's partial mapping replaced them all (eos None: EOD 2)."""
+    from megahash.config import load_config
+    from megahash.data.dataset import record_special_ids
+    from megahash.data.documents import eod_id
+
+    meta = {"tokenizer": {"special_ids": {"bos": 6, "pad": 7, "eos": 8, "unk": 5, "mask": 0}}}
+    cfg = load_config(None, ["data.special_ids.mask=9"])
+    ids = record_special_ids(cfg, meta)
+    assert ids == {"bos": 6, "pad": 7, "eos": 8, "unk": 5, "mask": 9} == cfg.data.special_ids
+    assert eod_id(ids) == 8
+    assert record_special_ids(load_config(None, []), meta) == meta["tokenizer"]["special_ids"]
+
+
 def test_eval_export_and_transformers(pipeline, corpus):
     """megahash eval runs; the export loads with AutoTokenizer/AutoModelForCausalLM (no remote code
     for the qwen2 format), its tokenizer gives the data stage's ids, its logits equal megahash's."""
