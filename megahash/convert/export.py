@@ -257,7 +257,10 @@ def export_model(
     if vocab > model.vocab_size:
         raise CheckpointError(f"vocabulary {vocab} exceeds the checkpoint's {model.vocab_size} rows")
     out = Path(output)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file of that name (FileExistsError), a file above it, no permission
+        raise ConfigError(f"cannot make the export folder {out}: {e.strerror}; name a folder for --output") from None
     for stale in (
         WEIGHTS_FILE,
         EXTRA_FILE,
