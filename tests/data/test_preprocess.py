@@ -346,6 +346,11 @@ def test_bad_inputs_are_one_line_errors(tmp_path, tok, shards, capsys):
     bad_json = tmp_path / "bad.jsonl"
     bad_json.write_text('{"text": "ok"}\n{"text": \n')
     assert "invalid JSON" in _bad(tmp_path, tok, capsys, "--input", str(bad_json), "--tokenizer", tok)
+    # an output prefix without a name wrote out/_meta.json; one under a file was a FileExistsError traceback
+    msg = _bad(tmp_path, tok, capsys, "--input", str(bad_json), "--tokenizer", tok, "--output-prefix", f"{tmp_path}/out/")
+    assert "names no file prefix" in msg and not (tmp_path / "out").exists()
+    msg = _bad(tmp_path, tok, capsys, "--input", str(bad_json), "--tokenizer", tok, "--output-prefix", f"{empty}/x")
+    assert f"{str(empty)!r} is a file, not a folder" in msg and empty.read_text() == "\n\n   \n"
 
 
 def test_bad_input_exit_codes_as_script(tmp_path, tok):

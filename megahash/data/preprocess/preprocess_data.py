@@ -142,6 +142,19 @@ def _check_args(args) -> None:
         raise InputError(f"--cache-words must be >= 1024, got {args.cache_words}")
     if args.split_chars < 64:
         raise InputError(f"--split-chars must be >= 64, got {args.split_chars}")
+    _check_prefix(args.output_prefix)
+
+
+def _check_prefix(prefix: str) -> None:
+    """``--output-prefix FOLDER/NAME``: a name after the last ``/`` (``out/`` wrote ``out/_meta.json``), and
+    every existing path above it a folder (a file there was a FileExistsError traceback from mkdir)."""
+    if not prefix or prefix.endswith(("/", os.sep)) or Path(prefix).name in ("", ".", ".."):
+        raise InputError(f"--output-prefix {prefix!r} names no file prefix; give FOLDER/NAME, e.g. {prefix.rstrip('/') or 'data'}/corpus")
+    for parent in Path(prefix).parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise InputError(f"--output-prefix {prefix!r}: {str(parent)!r} is a file, not a folder; choose another prefix")
+            break
 
 
 def _existing_outputs(prefix: str, finals: Iterable[str]) -> list[str]:
