@@ -97,6 +97,11 @@ def test_tokenizer_special_ids(tok, capsys):
     assert sp.encode("a <mask> b").count(4) == 1
     assert train_tokenizer.main(["--input", "shakespeare", "--output", tok[:-6], "--vocab-size", "1000"]) == 2
     assert "already exists" in one_line_error(capsys.readouterr().err)
+    # an output under a file was a FileExistsError traceback; one with no name a sentencepiece NOT_FOUND line
+    assert train_tokenizer.main(["--input", "shakespeare", "--output", f"{tok}/spm", "--vocab-size", "1000"]) == 2
+    assert f"{tok!r} is a file, not a folder" in one_line_error(capsys.readouterr().err)
+    assert train_tokenizer.main(["--input", "shakespeare", "--output", f"{tok[:-6]}/", "--vocab-size", "1000"]) == 2
+    assert "names no file prefix" in one_line_error(capsys.readouterr().err)
 
 
 # -- token shards -----------------------------------------------------------------------------

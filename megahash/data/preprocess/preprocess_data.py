@@ -44,7 +44,7 @@ from typing import Iterable, Optional, Sequence
 import numpy as np
 
 import megahash
-from megahash.data.preprocess.common import InputError, cli
+from megahash.data.preprocess.common import InputError, check_output_prefix, cli
 from megahash.data.preprocess.encode_pass import DocStats, Progress, encode_all
 from megahash.data.preprocess.encoding import WORDS, EncoderConfig, resolve_tokenizer
 from megahash.data.preprocess.indexed_writer import IndexedShardWriter, optimal_token_dtype
@@ -142,19 +142,8 @@ def _check_args(args) -> None:
         raise InputError(f"--cache-words must be >= 1024, got {args.cache_words}")
     if args.split_chars < 64:
         raise InputError(f"--split-chars must be >= 64, got {args.split_chars}")
-    _check_prefix(args.output_prefix)
+    check_output_prefix(args.output_prefix, "--output-prefix")
 
-
-def _check_prefix(prefix: str) -> None:
-    """``--output-prefix FOLDER/NAME``: a name after the last ``/`` (``out/`` wrote ``out/_meta.json``), and
-    every existing path above it a folder (a file there was a FileExistsError traceback from mkdir)."""
-    if not prefix or prefix.endswith(("/", os.sep)) or Path(prefix).name in ("", ".", ".."):
-        raise InputError(f"--output-prefix {prefix!r} names no file prefix; give FOLDER/NAME, e.g. {prefix.rstrip('/') or 'data'}/corpus")
-    for parent in Path(prefix).parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise InputError(f"--output-prefix {prefix!r}: {str(parent)!r} is a file, not a folder; choose another prefix")
-            break
 
 
 def _existing_outputs(prefix: str, finals: Iterable[str]) -> list[str]:
