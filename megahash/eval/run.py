@@ -363,6 +363,17 @@ def _weights_out(out: Path, weights: str) -> Path:
     return out.with_name(f"{out.stem}{weights_tag(weights)}{out.suffix}")
 
 
+def check_out(out) -> None:
+    """``--out`` names a results file whose folder can be made: a folder given there, or a file above it, is one
+    line before the checkpoint is read (a FileExistsError or IsADirectoryError traceback after the evaluation)."""
+    from megahash.atomic_write import file_above
+
+    if out and Path(out).is_dir():
+        raise ConfigError(f"--out {out} is a folder; name the results file, e.g. --out {Path(out) / 'results.json'}")
+    if out and (parent := file_above(out)) is not None:
+        raise ConfigError(f"--out {out}: {parent} is a file, not a folder; name another results file")
+
+
 def refuse_existing(out: Path, overwrite: bool) -> None:
     """One line for an existing results file (or its markdown) unless ``overwrite``."""
     if not overwrite:
@@ -500,6 +511,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def run():
         if args.limit is not None and args.limit <= 0:
             raise ConfigError("--limit must be > 0")
+        check_out(args.out)
         limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
         _quiet_logs()
         if args.stride is not None and not args.text:

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from megahash.atomic_write import file_above
 from megahash.errors import DataError, MegahashError
 
 __all__ = ["DataError", "InputError", "cli"]
@@ -41,8 +42,5 @@ def check_output_prefix(prefix: str, flag: str) -> None:
     from mkdir)."""
     if not prefix or prefix.endswith(("/", os.sep)) or Path(prefix).name in ("", ".", ".."):
         raise InputError(f"{flag} {prefix!r} names no file prefix; give FOLDER/NAME, e.g. {prefix.rstrip('/') or 'data'}/corpus")
-    for parent in Path(prefix).parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise InputError(f"{flag} {prefix!r}: {str(parent)!r} is a file, not a folder; choose another prefix")
-            break
+    if (parent := file_above(prefix)) is not None:
+        raise InputError(f"{flag} {prefix!r}: {str(parent)!r} is a file, not a folder; choose another prefix")
