@@ -363,15 +363,21 @@ def _weights_out(out: Path, weights: str) -> Path:
     return out.with_name(f"{out.stem}{weights_tag(weights)}{out.suffix}")
 
 
-def check_out(out) -> None:
-    """``--out`` names a results file whose folder can be made: a folder given there, or a file above it, is one
-    line before the checkpoint is read (a FileExistsError or IsADirectoryError traceback after the evaluation)."""
+def check_out(out, folder: bool = False) -> None:
+    """``--out`` names a results file (``folder``: an output folder) that can be made: a folder given for a file,
+    a file given for a folder, or a file above it, is one line before the checkpoint is read (they were
+    IsADirectoryError/NotADirectoryError/FileExistsError tracebacks after the work)."""
     from megahash.atomic_write import file_above
 
-    if out and Path(out).is_dir():
-        raise ConfigError(f"--out {out} is a folder; name the results file, e.g. --out {Path(out) / 'results.json'}")
-    if out and (parent := file_above(out)) is not None:
-        raise ConfigError(f"--out {out}: {parent} is a file, not a folder; name another results file")
+    if not out:
+        return
+    p = Path(out)
+    if not folder and p.is_dir():
+        raise ConfigError(f"--out {out} is a folder; name the results file, e.g. --out {p / 'results.json'}")
+    if folder and p.exists() and not p.is_dir():
+        raise ConfigError(f"--out {out} is a file; name a folder for the outputs")
+    if (parent := file_above(p)) is not None:
+        raise ConfigError(f"--out {out}: {parent} is a file, not a folder; name another --out")
 
 
 def refuse_existing(out: Path, overwrite: bool) -> None:

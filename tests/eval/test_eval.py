@@ -450,6 +450,19 @@ def test_eval_refuses_to_overwrite_without_the_flag(runs, capsys):
             "is a folder; name",
         ),
         (
+            [
+                "indicators",
+                "--checkpoint",
+                "TRAINED",
+                "--text",
+                "TASKS/shk_manifest.json",
+                "--out",
+                "TASKS/shk_ppl.yaml",
+            ],
+            "shk_ppl.yaml is a file; name a folder",
+        ),
+        (["report", "--runs", "TRAINED", "--out", "TASKS/shk_ppl.yaml/r.md"], "shk_ppl.yaml is a file, not a folder"),
+        (
             ["eval", "--checkpoint", "TRAINED", "--text", "shakespeare", "--limit", "1", "--stride", "100000"],
             "--stride 100000 must be between 1 and the window",
         ),
