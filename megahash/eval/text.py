@@ -204,7 +204,7 @@ def load_codec(
         kind, vocab = sp.kind, sp.vocab_size
         trained = {r: i for r, i in (cfg.data.special_ids or {}).items() if i is not None}
         theirs = {r: sp.special_ids.get(r) for r in trained}
-        if theirs != trained:  # the checkpoint's ids (data.special_ids) mean other tokens under this tokenizer
+        if tokenizer and theirs != trained:  # --tokenizer: the checkpoint's ids (data.special_ids) mean other tokens
             raise CheckpointError(
                 f"tokenizer {sp.path} has special ids {theirs}, the checkpoint was trained with {trained}: "
                 f"it is not the run's tokenizer; pass the tokenizer the run was trained with (data.tokenizer)"
