@@ -10,6 +10,15 @@ import os
 from pathlib import Path
 
 
+def file_above(path: str | os.PathLike) -> Path | None:
+    """The nearest existing ancestor of ``path`` when it is a file, not a folder (the output cannot be made
+    there: mkdir's FileExistsError); None otherwise. For one-line checks of an output path before any work."""
+    for parent in Path(path).parents:
+        if parent.exists():
+            return None if parent.is_dir() else parent
+    return None
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike):
     """Yield the temp path to write; on leaving the block it is renamed to ``path`` (parents made)."""

@@ -364,7 +364,7 @@ def read_yaml_mapping(path, what: str) -> dict:
     """The mapping a YAML file holds; a missing file, bad YAML or a non-mapping is one line
     naming ``what`` file it is (config, grid)."""
     try:
-        data = safe_yaml.load(Path(path).read_text(), f"{what} file {path}") or {}
+        data = safe_yaml.load(Path(path).read_text(), f"{what} file {path}", safe_yaml.UniqueKeyLoader) or {}
     except FileNotFoundError:
         raise ConfigError(f"{what} file {str(path)!r} does not exist") from None
     except UnicodeDecodeError as e:
@@ -493,7 +493,10 @@ def load_config(path: str | os.PathLike | list | tuple | None = None, overrides:
     for p in [p for p in ([path] if isinstance(path, (str, os.PathLike)) else list(path or [])) if p]:
         _deep_merge(tree, _load_yaml_tree(find_config(p), notes=notes))
     tree = apply_overrides(tree, list(overrides or []), notes)
-    size = (tree.get("model") or {}).pop("size", None)
+    model = tree.get("model") or {}
+    if not isinstance(model, dict):  # before its size key is read (_build would say the same, later)
+        raise ConfigError(f"config key 'model' must be a mapping, got {model!r}")
+    size = model.pop("size", None)
     if size:
         size_file = CONFIG_ROOT / "model" / f"{size}.yaml"
         if not size_file.is_file():
@@ -505,6 +508,20 @@ def load_config(path: str | os.PathLike | list | tuple | None = None, overrides:
     validate(cfg)
     _warn_renamed(notes)
     return cfg
+
+
+def _check_special_ids(ids) -> None:
+    """``data.special_ids``: {role: token id >= 0 or null} over the tokenizer roles (megahash.tokenization.ROLES);
+    a scalar or an unknown role was a TypeError traceback, or a role silently unused, at the data build."""
+    from megahash.tokenization import ROLES
+
+    if not isinstance(ids, dict):
+        raise ConfigError(f"data.special_ids must be a mapping role: id over {', '.join(ROLES)}, got {ids!r}")
+    for role, i in ids.items():
+        if role not in ROLES:
+            raise ConfigError(f"unknown config key 'data.special_ids.{role}'{_suggest(str(role), ROLES)}")
+        if i is not None and (isinstance(i, bool) or not isinstance(i, int) or i < 0):
+            raise ConfigError(f"config key 'data.special_ids.{role}' must be a token id >= 0 or null, got {i!r}")
 
 
 def validate(cfg: Config) -> None:
@@ -521,6 +538,13 @@ def validate(cfg: Config) -> None:
         raise ConfigError("model.layout=roberta is an encoder layout; set model.arch=encoder or model.layout=prenorm")
     if m.hidden_size % m.num_heads:
         raise ConfigError(f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}")
+    _check_special_ids(cfg.data.special_ids)
+    head_dim = m.hidden_size // m.num_heads
+    if m.layout == "prenorm" and head_dim % 2:  # RoPE rotates channel pairs ([Su21] eq. 34)
+        raise ConfigError(
+            f"model.hidden_size={m.hidden_size} / model.num_heads={m.num_heads} gives an odd head size {head_dim}; "
+            "RoPE needs an even one: choose a hidden size that is an even multiple of the heads"
+        )
     groups = m.num_query_groups or m.num_heads
     if m.num_heads % groups:
         raise ConfigError(f"model.num_heads={m.num_heads} is not divisible by model.num_query_groups={groups}")

@@ -19,21 +19,22 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from megahash.errors import CheckpointError, ConfigError, DataError
+from megahash.errors import ConfigError, DataError
 
 
 def check_training_inputs(cfg) -> None:
     meta = check_shards(cfg)
-    check_tokenizer(cfg, meta)
+    check_objective_roles(cfg, check_tokenizer(cfg, meta), meta)
     from megahash.data.valid_sets import check_valid_shards
 
     check_valid_shards(cfg)  # data.valid: every named set's shards
     t = cfg.train
     if t.resume not in ("auto", "none", ""):
         from megahash.checkpoint.layout import STATE_FILE
+        from megahash.checkpoint.resolve import not_a_checkpoint
 
         if not (Path(t.resume) / STATE_FILE).is_file():
-            raise CheckpointError(f"train.resume={t.resume} is not a complete megahash checkpoint")
+            raise not_a_checkpoint(t.resume)
     if cfg.eval.at_end and cfg.eval.tasks_dir and not os.path.isdir(cfg.eval.tasks_dir):
         raise ConfigError(
             f"eval.tasks_dir {cfg.eval.tasks_dir} does not exist; build it with "
@@ -53,6 +54,22 @@ def check_shards(cfg) -> dict:
     for p in paths:
         verify_set(p, cfg.data.verify)
     return read_meta(paths[0], required=False)
+
+
+def check_objective_roles(cfg, tok, meta: dict) -> None:
+    """The special tokens ``train.objective`` writes (``ObjectiveSpec.roles``: MLM's ``<mask>``) are in the
+    tokenizer (``tok``, else the shard meta's special ids; none recorded: the word ids 0-4, which have them)."""
+    from megahash.objective_spec import objective_spec
+
+    made = meta.get("tokenizer") if isinstance(meta.get("tokenizer"), dict) else {}
+    ids = tok.special_ids if tok is not None else (made.get("special_ids") or {})
+    missing = [r for r in objective_spec(cfg.train.objective).roles if ids and ids.get(r) is None]
+    if missing:
+        raise DataError(
+            f"train.objective={cfg.train.objective} needs a {missing[0]} token and the tokenizer "
+            f"{cfg.data.tokenizer or made.get('path')!r} has none; use a tokenizer with one "
+            f"(data_tools/train_tokenizer.py makes <mask>) or another train.objective"
+        )
 
 
 def check_tokenizer(cfg, meta: dict):

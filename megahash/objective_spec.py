@@ -33,6 +33,9 @@ class ObjectiveSpec:
     options: Callable | None = None  # options(cfg, vocab_size) -> extra ``corrupt`` keywords (None: none)
     head: str | None = None  # a head of its own (registered selectable=False), trained instead of model.head
     arch: str = "decoder"  # the model.arch it is made for (examples and tests; not enforced)
+    roles: tuple[
+        str, ...
+    ] = ()  # special tokens its corruption writes (data.special_ids roles): checked before training
     standard: bool = False  # the default train.objective
 
     def head_name(self, model_head: str) -> str:

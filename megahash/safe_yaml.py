@@ -101,6 +101,30 @@ class Loader(yaml.SafeLoader):
         return root
 
 
+class UniqueKeyLoader(Loader):
+    """:class:`Loader` that refuses a key written twice in one mapping (PyYAML keeps the last one silently:
+    ``hidden_size: 64`` then ``hidden_size: 128`` would train the second); merge keys (``<<``) may still be
+    overridden. For megahash's own configs and grids (task files are lm-eval's, read as it reads them)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark.line + 1)
+                except TypeError:  # an unhashable key: PyYAML's own error follows
+                    continue
+                if first != key_node.start_mark.line + 1:
+                    raise YAMLLimitError(
+                        f"key {key!r} is written twice in one mapping (lines {first} and "
+                        f"{key_node.start_mark.line + 1}); keep one"
+                    )
+        return super().construct_mapping(node, deep)
+
+
 def load(text: str, where: str, loader: type[Loader] = Loader):
     """The value of the YAML ``text`` (safe: no Python tags), read with ``loader``; a document past the
     bounds is ConfigError ``<where>: <why>`` (other YAML errors are raised as PyYAML raises them)."""

@@ -33,8 +33,13 @@ def test_model_size_table_4_10():
         ("train.steps=many", "must be an integer"),
         ("parallel.sequence=maybe", "true/false"),
         ("parallel.tensor=3", "does not divide model.num_heads"),
+        ("model.hidden_size=132", "odd head size 33; RoPE needs an even one"),  # 132 / 4 heads: was a traceback
         ("data.seq_length=4096", "exceeds model.max_position_embeddings"),
         ("model.size=13b", "unknown model size"),
+        ("model=3", "config key 'model' must be a mapping, got 3"),  # was an AttributeError traceback
+        ("data.special_ids=5", "data.special_ids must be a mapping role: id over bos, pad, eos, unk, mask, got 5"),
+        ("data.special_ids.makz=4", "unknown config key 'data.special_ids.makz' (did you mean 'mask'?)"),
+        ("data.special_ids.mask=-3", "'data.special_ids.mask' must be a token id >= 0 or null, got -3"),
         ("parallel.sequence=true", "needs parallel.tensor >= 2"),
         ("train.verify_checkpoint=none", "'train.verify_checkpoint' must be cheap or full"),
     ],

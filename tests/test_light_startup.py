@@ -83,12 +83,12 @@ def test_closed_form_equals_meta_model():
 INPUTS_PROBE = r"""
 import contextlib, io, json, sys
 from megahash.pretrain import main as pretrain
-prefix, tok, text, small, other, heavy_names = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6:]
+prefix, tok, text, small, other, rundir, heavy_names = *sys.argv[1:7], sys.argv[7:]
 base = ["--config", "configs/quickstart.yaml", f"data.prefix=[{prefix}]", "train.save_dir=/nonexistent/run"]
 cases = [[f"data.tokenizer={text}"], ["data.tokenizer=/nonexistent/spm.model"], [f"data.tokenizer={tok}", "data.prefix=[/nonexistent/shk]"],
          [f"data.tokenizer={tok}", "train.resume=/nonexistent/step_00000004"],
          [f"data.tokenizer={tok}", "eval.at_end=true", "eval.tasks_dir=/nonexistent/tasks"],
-         [f"data.tokenizer={small}"], [f"data.tokenizer={other}"]]
+         [f"data.tokenizer={small}"], [f"data.tokenizer={other}"], [f"data.tokenizer={tok}", f"train.resume={rundir}"]]
 out, err = io.StringIO(), io.StringIO()
 with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
     codes = [pretrain(base + c) for c in cases]
@@ -106,6 +106,9 @@ def test_missing_or_wrong_inputs_fail_before_heavy_imports(shakespeare_shards, t
 
     text = tmp_path / "notes.txt"
     text.write_text("these are notes, not a tokenizer\n" * 50)
+    run_dir = tmp_path / "run"  # a run directory given as train.resume (its checkpoint: a step_N with a state file)
+    (run_dir / "step_00000004").mkdir(parents=True)
+    (run_dir / "step_00000004" / "megahash_state.json").write_text("{}")
     # real tokenizers, not the shards' one: a smaller vocabulary, and the same size from other documents
     for name, vocab, docs in (("small", "500", "0:100"), ("other", "1000", "300:500")):
         assert (
@@ -134,6 +137,7 @@ def test_missing_or_wrong_inputs_fail_before_heavy_imports(shakespeare_shards, t
             str(text),
             str(tmp_path / "small.model"),
             str(tmp_path / "other.model"),
+            str(run_dir),
             *HEAVY,
         ],
         cwd=ROOT,
@@ -144,9 +148,9 @@ def test_missing_or_wrong_inputs_fail_before_heavy_imports(shakespeare_shards, t
     )
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(r.stdout)
-    assert res["heavy"] == [] and res["codes"] == [2, 2, 2, 2, 2, 2, 2, 0], res
+    assert res["heavy"] == [] and res["codes"] == [2, 2, 2, 2, 2, 2, 2, 2, 0], res
     errs = res["err"].strip().splitlines()
-    assert len(errs) == 7 and all(e.startswith("error: ") for e in errs), errs
+    assert len(errs) == 8 and all(e.startswith("error: ") for e in errs), errs
     assert "small.model' has 500 entries, the shards' tokenizer 1000" in errs[5]
     assert "other.model' is not the tokenizer the shards were made with (sha256 differs)" in errs[6]
     assert f"data.tokenizer: cannot load sentencepiece model {str(text)!r}" in errs[0]
@@ -154,6 +158,11 @@ def test_missing_or_wrong_inputs_fail_before_heavy_imports(shakespeare_shards, t
     assert shakespeare_shards["tokenizer"] in errs[0] and shakespeare_shards["tokenizer"] in errs[1]  # the shards' own
     assert "data shard /nonexistent/shk_text_document.bin does not exist" in errs[2]
     assert "train.resume=/nonexistent/step_00000004 is not a complete megahash checkpoint" in errs[3]
+    # a run directory: the checkpoint to name instead (it was "is not a complete megahash checkpoint" alone)
+    assert (
+        f"is a run directory, not a checkpoint; name one of its checkpoints, e.g. train.resume={run_dir}/step_00000004"
+        in errs[7]
+    )
     assert "eval.tasks_dir /nonexistent/tasks does not exist" in errs[4]
     assert res["out"] == "/nonexistent/run\n"
 

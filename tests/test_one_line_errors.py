@@ -67,6 +67,20 @@ def test_recursive_aliases_and_deep_nesting_are_refused_in_one_line(tmp_path):
         assert str(path) in line and why in line, line
 
 
+def test_a_key_written_twice_in_a_config_is_one_line(tmp_path):
+    """PyYAML keeps the last of two equal keys: a config writing hidden_size twice trained the second, silently.
+    Refused in one line naming both lines; a merge key (<<) overridden by the mapping's own key still loads."""
+    from megahash.config import read_yaml_mapping
+
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("model:\n  hidden_size: 64\n  num_heads: 4\n  hidden_size: 128\n")
+    line = _one_error_line(run([sys.executable, "megahash/pretrain.py", "--check", "config", "--config", str(twice)]))
+    assert str(twice) in line and "key 'hidden_size' is written twice in one mapping (lines 2 and 4)" in line, line
+    merged = tmp_path / "merged.yaml"
+    merged.write_text("base: &b\n  x: 1\n  y: 2\nother:\n  <<: *b\n  x: 3\n")
+    assert read_yaml_mapping(merged, "config") == {"base": {"x": 1, "y": 2}, "other": {"x": 3, "y": 2}}
+
+
 def test_a_binary_file_or_a_directory_as_config_is_one_line(tmp_path):
     """--config naming a binary file (UnicodeDecodeError) or a directory (IsADirectoryError): tracebacks before."""
     binary = tmp_path / "weights.bin"

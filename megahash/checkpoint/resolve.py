@@ -25,6 +25,21 @@ def complete_checkpoints(save_dir: str | Path) -> list[Path]:
     return sorted(found, key=lambda p: p.name)
 
 
+def not_a_checkpoint(resume: str) -> CheckpointError:
+    """The one line for a ``train.resume=PATH`` without a state file; a run directory's names its newest
+    complete checkpoint as the value to give (``train.resume`` takes a ``step_N`` folder)."""
+    found = complete_checkpoints(resume)
+    if found:
+        return CheckpointError(
+            f"train.resume={resume} is a run directory, not a checkpoint; name one of its checkpoints, "
+            f"e.g. train.resume={found[-1]}"
+        )
+    return CheckpointError(
+        f"train.resume={resume} is not a complete megahash checkpoint (no {STATE_FILE}); name a step_N folder "
+        f"of a run, or train.resume=auto"
+    )
+
+
 def candidates(save_dir: Path) -> list[Path]:
     """``step_N`` folders of ``save_dir`` newest first (complete or not)."""
     if not save_dir.is_dir():

@@ -216,6 +216,8 @@ def load_checkpoint(checkpoint, tokenizer: str | None = None, weights: str = "li
     try:
         codec = load_codec(cfg, ckpt, tokenizer, model_vocab=model.vocab_size)
     except MegahashError as e:
+        if tokenizer or isinstance(e, CheckpointError):  # one the user named, or one that contradicts the run
+            raise
         print(f"megahash export-hf: warning: no tokenizer/hashing files ({e})", file=sys.stderr)
         codec = None
     return cfg, model, ckpt, codec, step
@@ -255,7 +257,10 @@ def export_model(
     if vocab > model.vocab_size:
         raise CheckpointError(f"vocabulary {vocab} exceeds the checkpoint's {model.vocab_size} rows")
     out = Path(output)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file of that name (FileExistsError), a file above it, no permission
+        raise ConfigError(f"cannot make the export folder {out}: {e.strerror}; name a folder for --output") from None
     for stale in (
         WEIGHTS_FILE,
         EXTRA_FILE,

@@ -236,12 +236,13 @@ def check_split_sizes(split: str, paths: list[str], samples: dict) -> None:
 
 def record_special_ids(cfg, meta: dict) -> dict:
     """The tokenizer's special ids by role, from the shard meta into ``cfg.data.special_ids`` (so
-    the resolved config of the checkpoint records them); an explicit config value wins."""
+    the resolved config of the checkpoint records them); a role the config gives wins, the others are the
+    meta's (``data.special_ids.mask=4`` alone used to drop eos and pad: EOD 2 and no pad whatever the tokenizer)."""
     from megahash.tokenization import special_ids_of
 
     tok = meta.get("tokenizer") if isinstance(meta.get("tokenizer"), dict) else {}
-    if not cfg.data.special_ids and tok.get("special_ids"):
-        cfg.data.special_ids = special_ids_of(tok["special_ids"])
+    if tok.get("special_ids"):
+        cfg.data.special_ids = {**special_ids_of(tok["special_ids"]), **cfg.data.special_ids}
     return special_ids_of(cfg.data.special_ids)
 
 

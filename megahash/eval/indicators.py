@@ -174,6 +174,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if args.max_tokens < 0 or args.windows < 1:
             raise ConfigError("--max-tokens must be >= 0 and --windows >= 1")
+        from megahash.eval.run import check_out
+
+        check_out(args.out, folder=True)
         path = Path(args.text)
         if not path.is_file():
             raise DataError(f"--text {path} does not exist")

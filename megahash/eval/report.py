@@ -275,6 +275,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         import warnings
 
         warnings.filterwarnings("ignore")
+        from megahash.eval.run import check_out
+
+        check_out(args.out)
         runs = [describe_run(p) for p in args.runs]
         by_path = {}
         for p, r in zip(args.runs, runs):

@@ -363,6 +363,23 @@ def _weights_out(out: Path, weights: str) -> Path:
     return out.with_name(f"{out.stem}{weights_tag(weights)}{out.suffix}")
 
 
+def check_out(out, folder: bool = False) -> None:
+    """``--out`` names a results file (``folder``: an output folder) that can be made: a folder given for a file,
+    a file given for a folder, or a file above it, is one line before the checkpoint is read (they were
+    IsADirectoryError/NotADirectoryError/FileExistsError tracebacks after the work)."""
+    from megahash.atomic_write import file_above
+
+    if not out:
+        return
+    p = Path(out)
+    if not folder and p.is_dir():
+        raise ConfigError(f"--out {out} is a folder; name the results file, e.g. --out {p / 'results.json'}")
+    if folder and p.exists() and not p.is_dir():
+        raise ConfigError(f"--out {out} is a file; name a folder for the outputs")
+    if (parent := file_above(p)) is not None:
+        raise ConfigError(f"--out {out}: {parent} is a file, not a folder; name another --out")
+
+
 def refuse_existing(out: Path, overwrite: bool) -> None:
     """One line for an existing results file (or its markdown) unless ``overwrite``."""
     if not overwrite:
@@ -500,6 +517,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def run():
         if args.limit is not None and args.limit <= 0:
             raise ConfigError("--limit must be > 0")
+        check_out(args.out)
         limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
         _quiet_logs()
         if args.stride is not None and not args.text:

@@ -202,6 +202,13 @@ def load_codec(
                 ) from None
             raise DataError(f"{e}; pass --tokenizer PATH") from None
         kind, vocab = sp.kind, sp.vocab_size
+        trained = {r: i for r, i in (cfg.data.special_ids or {}).items() if i is not None}
+        theirs = {r: sp.special_ids.get(r) for r in trained}
+        if tokenizer and theirs != trained:  # --tokenizer: the checkpoint's ids (data.special_ids) mean other tokens
+            raise CheckpointError(
+                f"tokenizer {sp.path} has special ids {theirs}, the checkpoint was trained with {trained}: "
+                f"it is not the run's tokenizer; pass the tokenizer the run was trained with (data.tokenizer)"
+            )
         desc["tokenizer"] = sp.path
         desc["tokenizer_kind"] = sp.kind
     if model_vocab is not None and vocab > model_vocab:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from megahash.errors import DataError
+
 if TYPE_CHECKING:
     import torch
 
@@ -28,7 +30,7 @@ def role_id(special_ids: dict | None, role: str, default: int) -> int:
     if not special_ids:
         return default
     if special_ids.get(role) is None:
-        raise ValueError(f"the tokenizer has no {role} token, which this objective needs; use a tokenizer with one")
+        raise DataError(f"the tokenizer has no {role} token, which this objective needs; use a tokenizer with one")
     return int(special_ids[role])
 
 

@@ -67,4 +67,4 @@ def corrupt(
 
 
 # labels: the original tokens at the selected positions (a vocabulary loss, no perplexity: not next-token)
-register_objective(ObjectiveSpec("mlm", token_loss=True, corrupt=corrupt, arch="encoder"))
+register_objective(ObjectiveSpec("mlm", token_loss=True, corrupt=corrupt, arch="encoder", roles=("mask",)))

@@ -271,7 +271,9 @@ def _resume_point(cfg: Config, rank: int, failed: dict) -> Path | None:
     elif t.resume not in ("none", ""):
         resume_from = Path(t.resume)
         if not (resume_from / checkpoint.STATE_FILE).is_file():
-            raise CheckpointError(f"train.resume={t.resume} is not a complete megahash checkpoint")
+            from megahash.checkpoint.resolve import not_a_checkpoint
+
+            raise not_a_checkpoint(t.resume)
         checkpoint.verify_named(resume_from, t.verify_checkpoint)
     if resume_from is not None:
         state = checkpoint.check_compatible(resume_from, cfg)

@@ -716,6 +716,10 @@ def test_lm_eval_hf_matches_megahash(runs, dist, tmp_path):
             ["export-hf", "--checkpoint", "TP1", "--output", "OUT", "--format", "qwen2"],
             "--format qwen2 needs a decoder",
         ),
+        (  # a file where the folder goes: a FileExistsError traceback before
+            ["export-hf", "--checkpoint", "TP1", "--output", "FILE", "--no-verify"],
+            "cannot make the export folder",
+        ),
         (["import-hf", "--hf", "/nonexistent/hf", "--output", "OUT"], "--hf /nonexistent/hf does not exist"),
         (["import-hf", "--hf", "TP1", "--output", "OUT"], "is not a Hugging Face model folder"),
     ],
@@ -724,8 +728,11 @@ def test_lm_eval_hf_matches_megahash(runs, dist, tmp_path):
 def test_cli_errors_are_one_line(runs, dist, tmp_path, capsys, argv, expect):
     from megahash.cli import main
 
+    (tmp_path / "afile").write_text("not a folder\n")
     argv = [a.replace("TP1", str(runs.get("tp1"))).replace("OUT", str(tmp_path / "out")) for a in argv]
+    argv = [a.replace("FILE", str(tmp_path / "afile")) for a in argv]
     assert main(argv) == 2
+    assert (tmp_path / "afile").read_text() == "not a folder\n"
     err = [l for l in capsys.readouterr().err.strip().splitlines() if l.strip()]
     errors = [l for l in err if l.startswith("error: ")]
     assert len(errors) == 1 and expect in errors[0], err

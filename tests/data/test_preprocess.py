@@ -97,6 +97,11 @@ def test_tokenizer_special_ids(tok, capsys):
     assert sp.encode("a <mask> b").count(4) == 1
     assert train_tokenizer.main(["--input", "shakespeare", "--output", tok[:-6], "--vocab-size", "1000"]) == 2
     assert "already exists" in one_line_error(capsys.readouterr().err)
+    # an output under a file was a FileExistsError traceback; one with no name a sentencepiece NOT_FOUND line
+    assert train_tokenizer.main(["--input", "shakespeare", "--output", f"{tok}/spm", "--vocab-size", "1000"]) == 2
+    assert f"{tok!r} is a file, not a folder" in one_line_error(capsys.readouterr().err)
+    assert train_tokenizer.main(["--input", "shakespeare", "--output", f"{tok[:-6]}/", "--vocab-size", "1000"]) == 2
+    assert "names no file prefix" in one_line_error(capsys.readouterr().err)
 
 
 # -- token shards -----------------------------------------------------------------------------
@@ -346,6 +351,11 @@ def test_bad_inputs_are_one_line_errors(tmp_path, tok, shards, capsys):
     bad_json = tmp_path / "bad.jsonl"
     bad_json.write_text('{"text": "ok"}\n{"text": \n')
     assert "invalid JSON" in _bad(tmp_path, tok, capsys, "--input", str(bad_json), "--tokenizer", tok)
+    # an output prefix without a name wrote out/_meta.json; one under a file was a FileExistsError traceback
+    msg = _bad(tmp_path, tok, capsys, "--input", str(bad_json), "--tokenizer", tok, "--output-prefix", f"{tmp_path}/out/")
+    assert "names no file prefix" in msg and not (tmp_path / "out").exists()
+    msg = _bad(tmp_path, tok, capsys, "--input", str(bad_json), "--tokenizer", tok, "--output-prefix", f"{empty}/x")
+    assert f"{str(empty)!r} is a file, not a folder" in msg and empty.read_text() == "\n\n   \n"
 
 
 def test_bad_input_exit_codes_as_script(tmp_path, tok):

@@ -121,6 +121,52 @@ def test_special_ids_come_from_the_tokenizer(pipeline):
     assert last == [ids["eos"]] * 3  # documents end with the tokenizer's own eos
 
 
+def test_export_and_eval_refuse_a_tokenizer_of_other_special_ids(pipeline, corpus, shakespeare_shards, tmp_path):
+    """--tokenizer naming a tokenizer whose special ids differ from the run's (data.special_ids) is one line, exit 2,
+    nothing written: the export used to warn and write the model without a tokenizer (with a smaller tokenizer
+    vocabulary, a cut table), and eval scored text with the other tokenizer's ids."""
+    other = str(corpus["bpe"]) if pipeline["kind"] == "sp" else shakespeare_shards["tokenizer"]
+    out = tmp_path / "hf"
+    r = conftest.megahash_here(["export-hf", "--checkpoint", str(pipeline["run"]), "--output", str(out),
+                                "--tokenizer", other, "--no-verify"])
+    line = r.stderr.strip()
+    assert r.returncode == 2 and not out.exists(), r.stderr[-2000:]
+    assert "\n" not in line and "special ids" in line and "the checkpoint was trained with" in line, line
+    text = tmp_path / "t.txt"
+    text.write_text(corpus["docs"][0][:300])
+    r = conftest.megahash_here(["eval", "--checkpoint", str(pipeline["run"]), "--tokenizer", other, "--text", str(text),
+                                "--out", str(tmp_path / "ev")])
+    assert r.returncode == 2 and "special ids" in r.stderr and "\n" not in r.stderr.strip(), r.stderr[-2000:]
+
+
+def test_mlm_with_a_tokenizer_without_mask_is_one_line_before_training(pipeline, tmp_path):
+    """The bpe tokenizer has no <mask>: train.objective=mlm stops in one line, exit 2, before a step (it was a
+    ValueError traceback from the first batch's corruption) and before the run folder is made."""
+    if pipeline["kind"] != "bpe":
+        pytest.skip("the sentencepiece tokenizer has a <mask>")
+    save = tmp_path / "mlm"
+    r = conftest.pretrain_here([f"data.prefix=[{pipeline['prefix']}]", f"data.tokenizer={pipeline['tokenizer']}", *TINY,
+                                "train.objective=mlm", "model.arch=encoder", "train.steps=2", f"train.save_dir={save}"])
+    line = r.stderr.strip()
+    assert r.returncode == 2 and "\n" not in line and "needs a mask token" in line, r.stderr[-2000:]
+    assert not save.exists()
+
+
+def test_a_special_id_given_in_the_config_keeps_the_other_roles_of_the_meta():
+    """data.special_ids.ROLE=ID overrides that role alone: the shard meta's other ids stay (eos 8 of a tokenizer
+    trained with --eos_id=8 is the EOD); before, the config's partial mapping replaced them all (eos None: EOD 2)."""
+    from megahash.config import load_config
+    from megahash.data.dataset import record_special_ids
+    from megahash.data.documents import eod_id
+
+    meta = {"tokenizer": {"special_ids": {"bos": 6, "pad": 7, "eos": 8, "unk": 5, "mask": 0}}}
+    cfg = load_config(None, ["data.special_ids.mask=9"])
+    ids = record_special_ids(cfg, meta)
+    assert ids == {"bos": 6, "pad": 7, "eos": 8, "unk": 5, "mask": 9} == cfg.data.special_ids
+    assert eod_id(ids) == 8
+    assert record_special_ids(load_config(None, []), meta) == meta["tokenizer"]["special_ids"]
+
+
 def test_eval_export_and_transformers(pipeline, corpus):
     """megahash eval runs; the export loads with AutoTokenizer/AutoModelForCausalLM (no remote code
     for the qwen2 format), its tokenizer gives the data stage's ids, its logits equal megahash's."""

@@ -431,6 +431,37 @@ def test_eval_refuses_to_overwrite_without_the_flag(runs, capsys):
         (["indicators", "--checkpoint", "/nonexistent/run", "--text", "TASKS/shk_manifest.json"], "does not exist"),
         (["report", "--runs", "/nonexistent/run"], "checkpoint /nonexistent/run does not exist"),
         (["eval", "--checkpoint", "TRAINED", "--stride", "8", "--tasks", "x"], "--stride scores raw text"),
+        (  # --out under a file, or a folder: tracebacks after the evaluation before
+            [
+                "eval",
+                "--checkpoint",
+                "TRAINED",
+                "--text",
+                "shakespeare",
+                "--limit",
+                "1",
+                "--out",
+                "TASKS/shk_ppl.yaml/r.json",
+            ],
+            "shk_ppl.yaml is a file, not a folder",
+        ),
+        (
+            ["eval", "--checkpoint", "TRAINED", "--text", "shakespeare", "--limit", "1", "--out", "TASKS"],
+            "is a folder; name",
+        ),
+        (
+            [
+                "indicators",
+                "--checkpoint",
+                "TRAINED",
+                "--text",
+                "TASKS/shk_manifest.json",
+                "--out",
+                "TASKS/shk_ppl.yaml",
+            ],
+            "shk_ppl.yaml is a file; name a folder",
+        ),
+        (["report", "--runs", "TRAINED", "--out", "TASKS/shk_ppl.yaml/r.md"], "shk_ppl.yaml is a file, not a folder"),
         (
             ["eval", "--checkpoint", "TRAINED", "--text", "shakespeare", "--limit", "1", "--stride", "100000"],
             "--stride 100000 must be between 1 and the window",

@@ -1,9 +1,12 @@
 """Shared CLI plumbing of the data stage: one-line user errors (``error: ...`` on stderr, exit 2)."""
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from megahash.atomic_write import file_above
 from megahash.errors import DataError, MegahashError
 
 __all__ = ["DataError", "InputError", "cli"]
@@ -31,3 +34,13 @@ def cli(run: Callable[[Optional[Sequence[str]]], int], argv: Optional[Sequence[s
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+
+
+def check_output_prefix(prefix: str, flag: str) -> None:
+    """``FLAG FOLDER/NAME`` (the prefix of a data tool's outputs): a name after the last ``/`` (``out/`` wrote
+    ``out/_meta.json``) and every existing path above it a folder (a file there was a FileExistsError traceback
+    from mkdir)."""
+    if not prefix or prefix.endswith(("/", os.sep)) or Path(prefix).name in ("", ".", ".."):
+        raise InputError(f"{flag} {prefix!r} names no file prefix; give FOLDER/NAME, e.g. {prefix.rstrip('/') or 'data'}/corpus")
+    if (parent := file_above(prefix)) is not None:
+        raise InputError(f"{flag} {prefix!r}: {str(parent)!r} is a file, not a folder; choose another prefix")

@@ -44,7 +44,7 @@ from typing import Iterable, Optional, Sequence
 import numpy as np
 
 import megahash
-from megahash.data.preprocess.common import InputError, cli
+from megahash.data.preprocess.common import InputError, check_output_prefix, cli
 from megahash.data.preprocess.encode_pass import DocStats, Progress, encode_all
 from megahash.data.preprocess.encoding import WORDS, EncoderConfig, resolve_tokenizer
 from megahash.data.preprocess.indexed_writer import IndexedShardWriter, optimal_token_dtype
@@ -142,6 +142,8 @@ def _check_args(args) -> None:
         raise InputError(f"--cache-words must be >= 1024, got {args.cache_words}")
     if args.split_chars < 64:
         raise InputError(f"--split-chars must be >= 64, got {args.split_chars}")
+    check_output_prefix(args.output_prefix, "--output-prefix")
+
 
 
 def _existing_outputs(prefix: str, finals: Iterable[str]) -> list[str]:

@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-from megahash.data.preprocess.common import InputError, cli, one_line
+from megahash.data.preprocess.common import InputError, check_output_prefix, cli, one_line
 from megahash.data.preprocess.long_documents import pieces
 from megahash.data.preprocess.publish import TempReaper
 from megahash.data.preprocess.sources import open_source, parse_doc_range, select_documents
@@ -183,6 +183,7 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     if byte_fallback and args.vocab_size <= len(SPECIAL_TOKENS) + 256:
         raise InputError(f"--vocab-size must be > {len(SPECIAL_TOKENS) + 256} with byte fallback (256 byte pieces), "
                          f"got {args.vocab_size}; raise it or pass --lossy")
+    check_output_prefix(args.output, "--output")
     final = {ext: args.output + ext for ext in (".model", ".vocab")}
     if not args.overwrite:
         for path in final.values():
