@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 
 import pytest
 from test_batch_ramp import _main, _records
@@ -29,9 +30,13 @@ def loss_smooth(tmp_path, monkeypatch):
     (pkg / "loss_smooth.py").write_text(EXAMPLE)
     monkeypatch.syspath_prepend(str(pkg))
     monkeypatch.setenv("MEGAHASH_FEATURES", "loss_smooth")
+    # a module imported by an earlier test stays in sys.modules, where find_spec would take its file from (that
+    # test's tmp_path, deleted once it passed): this test's own file, imported afresh
+    sys.modules.pop("loss_smooth", None)
     config.reload_features()
     yield
     monkeypatch.delenv("MEGAHASH_FEATURES")
+    sys.modules.pop("loss_smooth", None)
     config.reload_features()
 
 
