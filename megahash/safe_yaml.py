@@ -108,20 +108,20 @@ class UniqueKeyLoader(Loader):
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
-            seen: dict = {}
+            seen: dict = {}  # key -> the line it was first written on
             for key_node, _ in node.value:
                 if key_node.tag == "tag:yaml.org,2002:merge":
                     continue
-                key = self.construct_object(key_node, deep=True)
+                key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
                 try:
-                    first = seen.setdefault(key, key_node.start_mark.line + 1)
+                    first = seen.get(key)
                 except TypeError:  # an unhashable key: PyYAML's own error follows
                     continue
-                if first != key_node.start_mark.line + 1:
+                if first is not None:  # on another line, or the same one ({a: 1, a: 2})
                     raise YAMLLimitError(
-                        f"key {key!r} is written twice in one mapping (lines {first} and "
-                        f"{key_node.start_mark.line + 1}); keep one"
+                        f"key {key!r} is written twice in one mapping (lines {first} and {line}); keep one"
                     )
+                seen[key] = line
         return super().construct_mapping(node, deep)
 
 

@@ -3,12 +3,14 @@ are refused in one line wherever megahash reads YAML (megahash/safe_yaml.py), an
 capped (megahash.errors.one_line). Before: a 400-byte config of nested anchors printed a 2 GB error line
 after a minute; 2,000 nested ``[`` were a RecursionError traceback; a 100 kB value was quoted in full."""
 
+import re
 import sys
 
 import pytest
 import yaml
 
 from conftest import run
+from megahash.errors import ConfigError
 
 LIMIT = len("error: ") + 500  # megahash.errors.LINE_LIMIT after the prefix
 
@@ -76,6 +78,12 @@ def test_a_key_written_twice_in_a_config_is_one_line(tmp_path):
     twice.write_text("model:\n  hidden_size: 64\n  num_heads: 4\n  hidden_size: 128\n")
     line = _one_error_line(run([sys.executable, "megahash/pretrain.py", "--check", "config", "--config", str(twice)]))
     assert str(twice) in line and "key 'hidden_size' is written twice in one mapping (lines 2 and 4)" in line, line
+    flow = tmp_path / "flow.yaml"  # both on one line: a flow mapping
+    flow.write_text("model: {hidden_size: 64, hidden_size: 128}\n")
+    with pytest.raises(
+        ConfigError, match=re.escape("key 'hidden_size' is written twice in one mapping (lines 1 and 1)")
+    ):
+        read_yaml_mapping(flow, "config")
     merged = tmp_path / "merged.yaml"
     merged.write_text("base: &b\n  x: 1\n  y: 2\nother:\n  <<: *b\n  x: 3\n")
     assert read_yaml_mapping(merged, "config") == {"base": {"x": 1, "y": 2}, "other": {"x": 3, "y": 2}}
