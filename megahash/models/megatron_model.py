@@ -179,11 +179,7 @@ class Block(TransformerBlock):
                 )
             return one(h, attention_mask, rotary_pos_emb, self.layers[i])
 
-        if self.residual is not None:
-            return self.residual.run(hidden_states, run)
-        for i in range(len(self.layers)):
-            hidden_states = run(i, hidden_states)
-        return hidden_states
+        return residual_mix.run_layers(self.residual, len(self.layers), hidden_states, run)
 
 
 class MegahashLM(MegatronModule):

@@ -29,6 +29,7 @@ from megahash.models.reference_ops import (
     megahash_option,
 )
 from megahash.models.residual_mix import build as build_residual_mix
+from megahash.models.residual_mix import run_layers
 
 # =============================================================================== attention
 
@@ -178,11 +179,7 @@ class Decoder(nn.Module):
 
     def run(self, x, layer):
         """``layer(i, x) -> x`` over the layers, through the residual mixing where the model has it."""
-        if self.residual is not None:
-            return self.residual.run(x, layer)
-        for i in range(len(self.layers)):
-            x = layer(i, x)
-        return x
+        return run_layers(self.residual, len(self.layers), x, layer)
 
 
 class RobertaEmbeddingExtras(nn.Module):

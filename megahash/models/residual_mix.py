@@ -67,3 +67,12 @@ def build(x0_mix: bool, unet_skips: bool, num_layers: int, eps: float, dtype=tor
     """The model's :class:`ResidualMix` (``model.x0_mix``, ``model.unet_skips``), or None when both are off
     (the layers then run as before)."""
     return ResidualMix(num_layers, x0_mix, unet_skips, eps, dtype) if (x0_mix or unet_skips) else None
+
+
+def run_layers(residual: ResidualMix | None, num_layers: int, x: torch.Tensor, layer) -> torch.Tensor:
+    """``layer(i, x) -> x`` for i = 0..num_layers-1, through ``residual``'s mixing where the model has one."""
+    if residual is not None:
+        return residual.run(x, layer)
+    for i in range(num_layers):
+        x = layer(i, x)
+    return x
