@@ -150,7 +150,7 @@ def test_parameters_counted_by_megahash_params():
     "overrides,match",
     [
         (["model.value_embeds=2"], r"value_embeds=2 .* at most model.num_layers // 2 = 1"),
-        (["model.value_embeds=-1"], "model.value_embeds"),
+        (["model.value_embeds=-1"], r"model.value_embeds. must be >= 0"),
     ],
 )
 def test_config_errors_name_the_key(overrides, match):
