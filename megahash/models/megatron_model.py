@@ -300,13 +300,9 @@ class MegahashLM(MegatronModule):
             mask = ~pm[:, None, None, :].bool()  # megatron: True = masked out, [b, 1, 1, s]
         batch = emb.shape[1]
         state = ForwardState(
-            offset=offset,
-            tokens=tokens,
-            document_ids=document_ids,
-            position_ids=position_ids,
-            decode=decode_state,
-            value_embeds=self.value_embeds,
+            offset=offset, tokens=tokens, document_ids=document_ids, position_ids=position_ids, decode=decode_state
         )
+        state.value_embeds = self.value_embeds  # model.value_embeds: the tables the fed layers add to their values
         for extra in self.kind_inputs():  # e.g. a fixed sequence run with (or before) the batch
             emb, mask = extra.enter(self, state, emb, mask, seq_len, plain)
         if rotary is not plain and emb.shape[1] > batch:  # rows a kind input added run at positions offset..
