@@ -62,6 +62,7 @@ class AttentionCaps:
     documents: bool = True  # keeps attention (and state) inside packed documents (data.reset_attention_mask)
     mup: bool = True  # takes muP's attention scale (Mixing.score_scale, or its core's; model.mup_base_hidden_size)
     chunk_loop: bool = False  # carries a matrix state over chunks in a Python loop (operator calls grow per chunk)
+    value_embeds: bool = False  # adds model.value_embeds' rows to its values (``value_heads``; softmax_base.mix)
 
 
 @dataclass(frozen=True)

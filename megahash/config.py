@@ -119,6 +119,8 @@ class ModelConfig:
     x0_mix: bool = False
     # U-Net: layer i < L//2's output, times a learnable weight (1 at init), added to layer L-1-i's input
     unet_skips: bool = False
+    # value embeddings: N token tables added (times a learnable gain) to the values of layers 0..N-1 and L-N..L-1
+    value_embeds: int = ranged(0, "[0, inf)", "value-embedding tables (layers k and L-N+k share table k); 0 = off")
     # issue 48: maximal-update parametrization (megahash/models/mup.py, docs/compact_models.md): the base model's
     # hidden size B; the learning rates tuned at width B hold at any hidden_size (0 = off, the standard model)
     mup_base_hidden_size: int = ranged(0, "[0, inf)", "muP's base hidden size; 0 = off")

@@ -241,6 +241,11 @@ def _check_levers(cfg) -> None:
         raise ConfigError(
             "model.unet_skips joins mirrored layers: set model.num_layers >= 2 (or model.unet_skips=false)"
         )
+    if m.value_embeds and 2 * m.value_embeds > m.num_layers:
+        raise ConfigError(
+            f"model.value_embeds={m.value_embeds} feeds the first and the last {m.value_embeds} layers: set it to at "
+            f"most model.num_layers // 2 = {m.num_layers // 2} (0 = off)"
+        )
     if (m.logit_softcap or t.z_loss) and not _scores_tokens(cfg):
         raise ConfigError(
             f"model.logit_softcap and train.z_loss act on logits over the vocabulary, which model.head={m.head} "
@@ -378,6 +383,21 @@ def check_documents(cfg, kinds: list[str], caps_of) -> None:
             lambda kind: (
                 f"data.reset_attention_mask=true: attention kind {kind!r} cannot keep attention inside "
                 f"documents; use another model.schedule or data.reset_attention_mask=false"
+            ),
+        )
+
+
+def check_value_embeds(cfg, kinds: list[str], caps_of) -> None:
+    """``model.value_embeds``: every layer kind adds them to its values (``AttentionCaps.value_embeds``: the
+    softmax kinds with a value stream); otherwise one line naming the kind (docs/compact_models.md#levers)."""
+    if cfg.model.value_embeds:
+        _every_kind_can(
+            kinds,
+            caps_of,
+            "value_embeds",
+            lambda kind: (
+                f"model.value_embeds={cfg.model.value_embeds}: attention kind {kind!r} has no value stream to add "
+                f"them to; use mha, gqa, mqa, mhe-add or mhe-mul layers or model.value_embeds=0"
             ),
         )
 

@@ -48,7 +48,7 @@ SPECIAL_IDS = {"bos_token_id": 0, "pad_token_id": 1, "eos_token_id": 2}  # the w
 
 
 # megahash parameter prefixes that live in the base model (``model.``) of the HF classes
-BASE_PREFIXES = ("embedding.", "decoder.")  # + the kind inputs' attributes (model.kind_input_attrs)
+BASE_PREFIXES = ("embedding.", "decoder.", "value_embeds.")  # + the kind inputs' attributes (model.kind_input_attrs)
 
 
 # ----------------------------------------------------------------------------------- state dicts

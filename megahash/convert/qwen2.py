@@ -66,6 +66,8 @@ def ineligible(cfg, model) -> str:
         return f"model.mlp_activation={m.mlp_activation} (Qwen2's MLP is SwiGLU)"
     if getattr(m, "x0_mix", False) or getattr(m, "unet_skips", False):
         return "model.x0_mix / model.unet_skips (a Qwen2 layer reads the residual stream alone)"
+    if getattr(m, "value_embeds", 0):
+        return "model.value_embeds (a Qwen2 layer's values are its projection alone)"
     if getattr(m, "mup_base_hidden_size", 0):
         return "model.mup_base_hidden_size (muP's attention scale 1/d_h and readout multiplier; Qwen2 has neither)"
     other = sorted({k for k in model.layer_kinds if not _qwen2("attention", k)})

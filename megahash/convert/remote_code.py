@@ -47,6 +47,7 @@ LIBRARY_FILES = {
     "megahash.models.attention.separate_qkv": "megahash_attention_separate_qkv",
     "megahash.models.reference_ops": "megahash_reference_ops",
     "megahash.models.residual_mix": "megahash_residual_mix",
+    "megahash.models.value_embeds": "megahash_value_embeds",
     "megahash.models.reference_layers": "megahash_reference_layers",
     "megahash.models.hf_model": MODELING_MODULE,
     "megahash.hashing.text_coder": "hashing_megahash",

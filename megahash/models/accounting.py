@@ -45,6 +45,7 @@ def count_parameters(cfg, vocab_size: int) -> dict:
         "tied_head": bool(model.tie),
         "final_norm": _n(getattr(model.decoder, "final_layernorm", None)),
         "residual_mix": _n(getattr(model.decoder, "residual", None)),  # model.x0_mix / model.unet_skips scalars
+        "value_embeds": _n(getattr(model, "value_embeds", None)),  # model.value_embeds: tables and gains
         "vocab_size": model.vocab_size,
         "layers": layers,
     }
@@ -75,6 +76,7 @@ def format_report(r: dict) -> str:
         f"head               {r['head']:>15,}{'  (tied to the embedding)' if r['tied_head'] else ''}",
         f"final norm         {r['final_norm']:>15,}",
         *([f"residual mixing    {r['residual_mix']:>15,}"] if r.get("residual_mix") else []),
+        *([f"value embeddings   {r['value_embeds']:>15,}"] if r.get("value_embeds") else []),
         "",
         f"{'layer':>5} {'kind':<12} {'attn qkv':>12} {'attn out':>12} {'mlp':>12} {'norm':>8}",
     ]

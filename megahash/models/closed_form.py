@@ -6,7 +6,7 @@
   gate's ``h n d_h``), output ``h^2``, SwiGLU ``3 h ffn`` (ReLU squared ``2 h ffn``), two RMSNorms ``2h``
   per layer, final norm ``h``, embedding ``V' h`` with ``V'`` Megatron's padded vocabulary (+ ``V' h``
   untied head), the residual mixing's scalars (``2L`` with ``model.x0_mix``, ``L // 2`` with
-  ``model.unet_skips``). Other variants return None and are counted on a meta-device model (tests check
+  ``model.unet_skips``). Other variants (``model.value_embeds`` too) return None and are counted on a meta-device model (tests check
   both agree).
 """
 
@@ -23,7 +23,7 @@ def closed_form_report(cfg, vocab_size: int) -> dict | None:
 
     m = cfg.model
     kinds = check_kinds(cfg)
-    if not is_qwen2(cfg):  # only plain Qwen2 parts (caps.qwen2) have a closed form here
+    if not is_qwen2(cfg) or m.value_embeds:  # only plain Qwen2 parts (caps.qwen2) have a closed form here
         return None
     h, n = m.hidden_size, m.num_heads
     d_h = h // n

@@ -58,6 +58,7 @@ from megahash.models.reference_layers import (
 )
 from megahash.models.reference_ops import is_roberta, megahash_option, packed_documents, rope_freqs
 from megahash.models.reference_table import references
+from megahash.models.value_embeds import build as build_value_embeds
 
 # transformers renamed the cache argument and output field ``past_key_values`` -> ``cache`` (5.2x, the old
 # name deprecated): the model takes either name and answers under the name this transformers reads.
@@ -250,6 +251,15 @@ class MegahashModel(MegahashPreTrainedModel):
         super().__init__(config)
         self.embedding = build_embedding(config, references())
         self.decoder = Decoder(config, references())
+        self.value_embeds = build_value_embeds(  # model.value_embeds (megahash/models/value_embeds.py)
+            int(megahash_option(config, "model", "value_embeds", 0) or 0),
+            [layer.self_attention for layer in self.decoder.layers],
+            config.padded_vocab_size,
+            float(
+                megahash_option(config, "model", "embed_init_std", 0.0)
+                or megahash_option(config, "model", "init_std", 0.02)
+            ),
+        )
         self.embedding_extras = RobertaEmbeddingExtras(config) if is_roberta(config) else None
         self.kind_input_attrs = list(config.kind_inputs)  # e.g. a fixed input (its buffers under model.<attr>)
         for attr, meta in config.kind_inputs.items():
@@ -312,7 +322,13 @@ class MegahashModel(MegahashPreTrainedModel):
         x = emb.transpose(0, 1)  # the layers run sequence-first, as megatron-core's
         mask = None if key_mask is None else ~key_mask[:, None, None, :]  # megatron's: True = masked
         state = MixState(
-            embeddings=x, offset=offset, tokens=input_ids, document_ids=docs, position_ids=positions, decode=cache
+            embeddings=x,
+            offset=offset,
+            tokens=input_ids,
+            document_ids=docs,
+            position_ids=positions,
+            decode=cache,
+            value_embeds=self.value_embeds,
         )
         for extra in self.kind_inputs():  # e.g. the fixed input's Q/K maps
             state.inputs.update(extra.context(self, offset + s))

@@ -23,12 +23,12 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import init_method_normal, make_viewless_tensor, scaled_init_method_normal
 
 from megahash.errors import ConfigError
-from megahash.models import autocast_linear, cpu_linear, heads, mup, registry, residual_mix
+from megahash.models import autocast_linear, cpu_linear, heads, mup, registry, residual_mix, value_embeds
 from megahash.models.arch import arch_of
 from megahash.models.cost_formulas import padded_vocab_size
 from megahash.models.forward_state import ForwardState
 from megahash.models.mixing import readout_multiplier, score_scale
-from megahash.models.norm import hook_sequence_parallel_params, mark_sequence_parallel
+from megahash.models.norm import hook_sequence_parallel_params, mark_sequence_parallel, sum_grad_over_tp
 
 
 def transformer_config(cfg, dtype: torch.dtype = torch.float32) -> TransformerConfig:
@@ -242,6 +242,17 @@ class MegahashLM(MegatronModule):
         self.head = heads.build_head(cfg, config, vocab_size)  # train.objective x model.head (models/heads/)
         if not self.head.uses_output_layer:
             self.output_layer = None  # S+R / hash-code heads replace the vocabulary projection
+        # model.value_embeds: token tables added to the values of the first and last layers ([Jordan24b]); whole on
+        # every TP rank, each adding its value heads' columns, so their gradients are summed over TP
+        self.value_embeds = value_embeds.build(
+            m.value_embeds,
+            [getattr(layer, "self_attention", None) for layer in self.decoder.layers],
+            vocab_size,
+            m.embed_init_std or m.init_std,
+            dtype,
+        )
+        for p in self.value_embeds.parameters() if self.value_embeds is not None else ():
+            sum_grad_over_tp(p)
         if m.zero_init_proj and init:  # every layer starts as the identity ([Jordan24b] modded-nanogpt, issue 44)
             zero_output_projections(self.decoder.layers)
         self.logit_softcap = float(m.logit_softcap)
@@ -291,6 +302,7 @@ class MegahashLM(MegatronModule):
         state = ForwardState(
             offset=offset, tokens=tokens, document_ids=document_ids, position_ids=position_ids, decode=decode_state
         )
+        state.value_embeds = self.value_embeds  # model.value_embeds: the tables the fed layers add to their values
         for extra in self.kind_inputs():  # e.g. a fixed sequence run with (or before) the batch
             emb, mask = extra.enter(self, state, emb, mask, seq_len, plain)
         if rotary is not plain and emb.shape[1] > batch:  # rows a kind input added run at positions offset..

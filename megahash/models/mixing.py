@@ -81,6 +81,7 @@ class MixState:
     capture: dict | None = None  # a kind input's own pass: its layers record into it, by layer number
     recompute: bool = True  # False: this pass runs without activation recompute (a kind input's plain pass)
     masks: dict = field(default_factory=dict)  # attention masks built once per forward, shared by its layers
+    value_embeds: Any = None  # model.value_embeds: the model's ValueEmbeds (megahash/models/value_embeds.py) or None
 
     def cache(self, layer_number: int) -> dict | None:
         """The decoding cache of a layer (1-based ``layer_number``); None when not decoding."""

@@ -211,10 +211,11 @@ def check_kinds(cfg) -> list[str]:
     embeddings = catalog.names("embedding")
     if m.embedding not in embeddings:
         raise ConfigError(f"unknown model.embedding {m.embedding!r}{did_you_mean(m.embedding, embeddings)}")
-    from megahash.config_checks import check_documents, check_encoder, check_mup
+    from megahash.config_checks import check_documents, check_encoder, check_mup, check_value_embeds
     from megahash.models.arch import arch_of
 
     check_encoder(cfg, arch_of(m.arch).causal, kinds, lambda k: catalog.caps("attention", k))  # model.arch=encoder
     check_documents(cfg, kinds, lambda k: catalog.caps("attention", k))  # data.reset_attention_mask
     check_mup(cfg, kinds, lambda k: catalog.caps("attention", k))  # model.mup_base_hidden_size
+    check_value_embeds(cfg, kinds, lambda k: catalog.caps("attention", k))  # model.value_embeds
     return kinds

@@ -46,6 +46,7 @@ LEVERS = [
     "model.embed_init_std=0.005",
     "model.x0_mix=true",
     "model.unet_skips=true",
+    "model.value_embeds=1",
 ]
 
 # name -> (schedule, embedding, hash spec, extra overrides)
@@ -112,6 +113,13 @@ VARIANTS = {
         "md5",
         ["model.x0_mix=true", "model.unet_skips=true", "model.num_layers=4"],
     ),
+    # value embeddings alone on a model otherwise a plain Qwen2 (GQA): the megahash format keeps them
+    "vemb-qwen2-shape": (
+        "uniform:mha",
+        "vocab",
+        "md5",
+        ["model.value_embeds=2", "model.num_layers=4", "model.num_query_groups=2"],
+    ),
     "qwen2-mqa-untied-nobias": ("uniform:mqa", "vocab", "md5", ["model.tie_embeddings=false", "model.qkv_bias=false"]),
 }
 
@@ -159,6 +167,7 @@ ROUND_TRIP = {
     "hash-bucket-head",
     "encoder-sr",
     "qwen2-mqa-untied-nobias",
+    "vemb-qwen2-shape",
 }
 
 TRAIN = [

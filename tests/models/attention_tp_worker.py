@@ -29,7 +29,7 @@ VOCAB, SEQ, BATCH = 256, 16, 2
 
 
 def case_config(case: str, tp: int, sp: bool):
-    """case = KIND[@encoder][@gN][@resid][@emb=EMBEDDING] or a schedule (contains ':')."""
+    """case = KIND[@encoder][@gN][@resid][@vemb][@emb=EMBEDDING] or a schedule (contains ':')."""
     parts = case.split("@")
     kind, opts = parts[0], parts[1:]
     schedule = kind if ":" in kind else f"uniform:{kind}"
@@ -64,6 +64,8 @@ def case_config(case: str, tp: int, sp: bool):
             over += ["model.embed.options.ngram_hash_buckets=32", "model.embed.options.ngram_hash_dim=8"]
         elif o == "resid":  # model.x0_mix and model.unet_skips (megahash/models/residual_mix.py), two skips
             over += ["model.x0_mix=true", "model.unet_skips=true", "model.num_layers=4"]
+        elif o == "vemb":  # model.value_embeds (megahash/models/value_embeds.py): one table, both layers fed
+            over += ["model.value_embeds=1"]
         elif o.startswith("emb="):  # an embedding kind that reads token ids (no hash codes here)
             over += [f"model.embedding={o[4:]}"]
     return load_config(None, over)
@@ -133,6 +135,7 @@ def run_case(case: str, tp: int, sp: bool) -> dict:
     sq = torch.zeros((), dtype=torch.float64)
     sq_attn = torch.zeros((), dtype=torch.float64)
     sq_resid = torch.zeros((), dtype=torch.float64)
+    sq_vemb = torch.zeros((), dtype=torch.float64)
     group = parallel_state.get_tensor_model_parallel_group()
     for name, p in model.named_parameters():
         if p.grad is None:
@@ -145,7 +148,15 @@ def run_case(case: str, tp: int, sp: bool) -> dict:
             sq_attn = sq_attn + s
         if name.startswith("decoder.residual."):  # the mixing's scalars: replicated, summed over TP under SP
             sq_resid = sq_resid + s
-    return {"loss": loss.item(), "grad_sq": sq.item(), "attn_grad_sq": sq_attn.item(), "resid_grad_sq": sq_resid.item()}
+        if name.startswith("value_embeds."):  # the value tables and gains: replicated, summed over TP
+            sq_vemb = sq_vemb + s
+    return {
+        "loss": loss.item(),
+        "grad_sq": sq.item(),
+        "attn_grad_sq": sq_attn.item(),
+        "resid_grad_sq": sq_resid.item(),
+        "vemb_grad_sq": sq_vemb.item(),
+    }
 
 
 def main():

@@ -562,6 +562,11 @@ TP_CASES = DECODER_KINDS + [
     "mha@resid",  # model.x0_mix + model.unet_skips: scalars replicated over TP, summed under SP
     "mhe-mul@resid",
     "approx@encoder@resid",
+    "mha@vemb",  # model.value_embeds: tables and gains replicated over TP, each rank adding its heads' columns
+    "mha@g2@vemb",  # GQA: the two key/value groups split over TP
+    "mqa@vemb",  # MQA: the one group replicated over TP
+    "mhe-add@vemb",
+    "mha@encoder@vemb",
 ]
 
 
@@ -605,9 +610,11 @@ def test_tp2_parity_all_kinds(tmp_path):
             got = r[setting]
             # megatron's vocab_parallel_cross_entropy computes in fp32: allow one fp32 ulp
             assert abs(got["loss"] - ref["loss"]) <= 1.2e-7 * abs(ref["loss"]), (case, setting, got, ref)
-            for key in ("grad_sq", "attn_grad_sq", "resid_grad_sq"):  # the last one 0 without residual mixing
+            # the last two 0 without residual mixing, value embeddings
+            for key in ("grad_sq", "attn_grad_sq", "resid_grad_sq", "vemb_grad_sq"):
                 assert abs(got[key] - ref[key]) <= 1e-7 * ref[key], (case, setting, key, got, ref)
         assert (r["tp1"]["resid_grad_sq"] > 0) == case.endswith("@resid"), (case, r["tp1"])
+        assert (r["tp1"]["vemb_grad_sq"] > 0) == case.endswith("@vemb"), (case, r["tp1"])
         plain = r["reference"]
         assert plain["params"] > 0 and plain["logit_diff"] < 1e-10 and plain["grad_rel"] < 1e-8, (case, plain)
 

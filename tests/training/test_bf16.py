@@ -107,6 +107,7 @@ def configurations() -> dict[str, list[str]]:
         "model.embed_init_std=0.005",
         "model.x0_mix=true",
         "model.unet_skips=true",
+        "model.value_embeds=1",
         "train.embed_lr=0.01",
         "train.z_loss=1e-4",
         "train.optimizer=muon",

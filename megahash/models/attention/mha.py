@@ -67,7 +67,7 @@ register_attention(
     GroupedQuery,
     costs=MHACosts,
     options=GatedOptions,
-    caps=AttentionCaps(standard=True, qwen2=True, thesis_name="Standard", chapters=(3, 4)),
+    caps=AttentionCaps(standard=True, qwen2=True, thesis_name="Standard", chapters=(3, 4), value_embeds=True),
     maps=softmax_core_maps,
     groups=lambda n, g: g or n,
 )
@@ -76,7 +76,7 @@ register_attention(
     GroupedQuery,
     costs=GQACosts,
     options=GatedOptions,
-    caps=AttentionCaps(qwen2=True, thesis_name="GQA"),
+    caps=AttentionCaps(qwen2=True, thesis_name="GQA", value_embeds=True),
     maps=softmax_core_maps,
     groups=lambda n, g: g if 0 < g < n else default_gqa_groups(n),
 )
@@ -85,7 +85,7 @@ register_attention(
     GroupedQuery,
     costs=MQACosts,
     options=GatedOptions,
-    caps=AttentionCaps(qwen2=True, thesis_name="MQA", chapters=(3,)),
+    caps=AttentionCaps(qwen2=True, thesis_name="MQA", chapters=(3,), value_embeds=True),
     maps=softmax_core_maps,
     groups=lambda n, g: 1,
 )

@@ -33,6 +33,11 @@ class MultiHeadEmbedding(SoftmaxAttention):
         self.emb_k = parts.per_head(self.n, self.d_h)
         self.emb_v = parts.per_head(self.n, self.d_h)
 
+    @property
+    def value_heads(self) -> int:
+        """Every head has its own values (``model.value_embeds`` sizes its tables by them)."""
+        return self.n
+
     def psi(self, a, e):
         """a [s, b, d_h] seed projection, e [n_local, d_h] head embeddings -> [s, b, n_local, d_h]."""
         a = a.unsqueeze(2)
@@ -60,13 +65,13 @@ register_attention(
     "mhe-add",
     MultiHeadEmbedding,
     costs=MHECosts,
-    caps=AttentionCaps(thesis_name="MHE-ADD", chapters=(3,)),
+    caps=AttentionCaps(thesis_name="MHE-ADD", chapters=(3,), value_embeds=True),
     maps=softmax_core_maps,
 )
 register_attention(
     "mhe-mul",
     MultiHeadEmbedding,
     costs=MHECosts,
-    caps=AttentionCaps(thesis_name="MHE-MUL", chapters=(3,)),
+    caps=AttentionCaps(thesis_name="MHE-MUL", chapters=(3,), value_embeds=True),
     maps=softmax_core_maps,
 )

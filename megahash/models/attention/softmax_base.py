@@ -44,6 +44,11 @@ class GroupedKV:
                 persistent=False,
             )
 
+    @property
+    def value_heads(self) -> int:
+        """The value heads (``model.value_embeds`` sizes its tables by them): the key/value groups."""
+        return self.groups
+
     def grouped_q(self, x):
         return heads(self.linear_q(x), self.n_local)
 
@@ -113,6 +118,8 @@ class SoftmaxAttention(Mixing):
 
     def mix(self, x, attention_mask, rotary_pos_emb, state):
         q, k, v = self.project(x)
+        if state.value_embeds is not None:  # model.value_embeds (megahash/models/value_embeds.py)
+            v = state.value_embeds.add(v, self.layer_number - 1, state.tokens, self.tp_rank)
         q, k = self.norm_qk(q, k)
         q = rope(q, rotary_pos_emb)
         k = rope(k, rotary_pos_emb)
