@@ -4,7 +4,9 @@ every ZeRO stage megahash runs it at (ZeRO-3 refused in one line); stop + resume
 optimizer phase's time is in the progress line; the momentum follows an elastic resume. Sharded over data-parallel
 ranks (train.zero_stage 1/2, megahash/training/muon_sharded.py): the assignment of the matrices, every step equal to
 single-rank Muon, each rank holding and computing only its share, exact and elastic resume (2 -> 1, 1 -> 2, 4 -> 2)
-with asynchronous saves and an EMA. Multi-rank tests run gloo processes on the CPU: about 2 minutes each here."""
+with asynchronous saves and an EMA. NorMuon (train.muon.normuon): its step against the paper's formula in fp64, its
+row moments saved and resumed bit for bit, sharded like the momentum. Multi-rank tests run gloo processes on the CPU:
+about 2 minutes each here."""
 
 import json
 import math

@@ -6,11 +6,10 @@ logging each step's length and the tokens trained on. One rank in this process t
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 
 import pytest
+from test_batch_ramp import _main, _records
 
 from conftest import TINIER
 from megahash.config import load_config
@@ -90,23 +89,6 @@ def test_truncated_packed_batch_is_the_batch_of_the_truncated_tokens():
     for k, v in fresh.items():
         assert torch.equal(cut[k], v), k
     assert truncated(batch, 32) is batch and truncated(batch, None) is batch
-
-
-def _records(run_dir: Path) -> dict[int, dict]:
-    out = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if rec["split"] == "train":
-            out[rec["step"]] = rec
-    return out
-
-
-def _main(args: list[str], capsys) -> tuple[int, str]:
-    from megahash.pretrain import main
-
-    status = main(args)
-    cap = capsys.readouterr()
-    return status, cap.out + cap.err
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
