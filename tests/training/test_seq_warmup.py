@@ -132,3 +132,24 @@ def test_resume_inside_the_warmup_equals_the_uninterrupted_run(shakespeare_shard
     )
     weights = {k: v for k, v in one["module"].items() if torch.is_tensor(v)}
     assert len(weights) > 5 and all(torch.equal(v, two["module"][k]) for k, v in weights.items())
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_tensor_and_sequence_parallel_warmup_equals_one_rank(shakespeare_shards, tmp_path, capsys):
+    """The warm-up at TP 2 with sequence parallelism (each rank holding L / 2 positions of every length) gives one
+    rank's per-step losses (fp32, dropout 0) to 1e-4, as tests/training/test_training.py's TP/SP parity, and the
+    same lengths."""
+    from conftest import pretrain_group
+
+    data = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}"]
+    common = [*data, *TINIER, *WARMUP, "train.steps=7", "train.eval_interval=0"]
+    (r,) = pretrain_group(
+        [[*common, "parallel.tensor=2", "parallel.sequence=true", f"train.save_dir={tmp_path / 'tp2sp'}"]]
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    status, out = _main([*common, f"train.save_dir={tmp_path / 'tp1'}"], capsys)
+    assert status == 0, out[-3000:]
+    a, b = _records(tmp_path / "tp1"), _records(tmp_path / "tp2sp")
+    assert [a[s]["seq_length"] for s in a] == [b[s]["seq_length"] for s in b] == [8, 8, 16, 16, 24, 24, 32]
+    assert all(abs(a[s]["loss"] - b[s]["loss"]) < 1e-4 for s in a), (a, b)
