@@ -634,6 +634,7 @@ def test_normuon_stop_and_resume_is_bit_exact_its_row_moments_saved(shakespeare_
     one, two = (
         torch.load(d / "step_00000004" / "mp_rank_00_model_states.pt", weights_only=False) for d in (straight, split)
     )
+    # bit-exact: resume is the promise (same path, same machine)
     assert all(torch.equal(v, two["module"][k]) for k, v in one["module"].items() if torch.is_tensor(v))
     from megatron.core import dist_checkpointing
 

@@ -85,9 +85,10 @@ def test_truncated_packed_batch_is_the_batch_of_the_truncated_tokens():
     cut = truncated(batch, 8)
     fresh = documents.sample_fields(tokens[:, :8], torch.ones(3, 8), data, eod=2)
     assert set(cut) == set(batch) and all(v.shape[:2] == (3, 8) for v in cut.values())
+    # bit-exact: integer and mask tensors, cut or computed from the same integers
     assert cut["hash_codes"].shape == (3, 8, 4) and torch.equal(cut["hash_codes"], batch["hash_codes"][:, :8])
     for k, v in fresh.items():
-        assert torch.equal(cut[k], v), k
+        assert torch.equal(cut[k], v), k  # bit-exact: integer ids and 0/1 masks
     assert truncated(batch, 32) is batch and truncated(batch, None) is batch
 
 
@@ -126,11 +127,12 @@ def test_resume_inside_the_warmup_equals_the_uninterrupted_run(shakespeare_shard
         assert a[s]["consumed_tokens"] == consumed_samples(t, s) * 32, s
     assert a[1]["loss"] != p[1]["loss"]  # the first step trained on 8 of the 32 tokens
     keys = ("loss", "grad_norm", "param_norm", "lr", "consumed_samples", "seq_length", "trained_tokens")
-    assert [[a[s][k] for k in keys] for s in a] == [[b[s][k] for k in keys] for s in b]
+    assert [[a[s][k] for k in keys] for s in a] == [[b[s][k] for k in keys] for s in b]  # bit-exact: resume
     one, two = (
         torch.load(d / "step_00000010" / "mp_rank_00_model_states.pt", weights_only=False) for d in (straight, split)
     )
     weights = {k: v for k, v in one["module"].items() if torch.is_tensor(v)}
+    # bit-exact: resume inside the warm-up is the promise (same path, same machine)
     assert len(weights) > 5 and all(torch.equal(v, two["module"][k]) for k, v in weights.items())
 
 
