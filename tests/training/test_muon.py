@@ -687,3 +687,19 @@ def test_sharded_normuon_steps_as_one_rank_and_resumes(shakespeare_shards, tmp_p
 
     saved = dist_checkpointing.load_tensors_metadata(str(tmp_path / "two" / "step_00000002" / "optimizer"))
     assert any(k.startswith(ROW_MOMENT) for k in saved), sorted(saved)
+
+
+@pytest.mark.parametrize(
+    "extra, expect",
+    [
+        (["parallel.tensor=2"], "train.muon.normuon normalizes the whole rows of each matrix and is not implemented"),
+        (["train.muon.normuon_beta2=1.0"], "train.muon.normuon_beta2"),
+    ],
+)
+def test_normuon_bad_settings_are_one_line(extra, expect):
+    from megahash.config import load_config
+    from megahash.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["train.optimizer=muon", "train.muon.normuon=true", *extra])
+    assert expect in str(e.value) and "\n" not in str(e.value)
