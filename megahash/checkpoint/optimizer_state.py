@@ -39,6 +39,7 @@ dist-checkpoint write of twice the model's fp32 size, by the first data-parallel
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -146,7 +147,7 @@ def ensure_state(engine) -> None:
     shards = _shards(engine)
     if shards is not None:  # the state this rank keeps: its matrices' and its AdamW partitions'
         for p, st, group in shards.slots(inner.state, inner.param_groups):
-            _fill(st, p, group)
+            _fill(st, p, group, inner)
         return
     targets = [(p, group) for group in inner.param_groups for p in group["params"]]
     flats = getattr(engine.optimizer, "fp32_partitioned_groups_flat", None)
@@ -154,7 +155,7 @@ def ensure_state(engine) -> None:
         to_group = engine.optimizer.sub_group_to_group_id
         targets += [(flat, inner.param_groups[to_group[i]]) for i, flat in enumerate(flats)]
     for p, group in targets:
-        _fill(inner.state[p], p, group)
+        _fill(inner.state[p], p, group, inner)
     link = getattr(engine.optimizer, "_lazy_init_hp_params_optimizer_state", None)
     if link is not None:  # ZeRO-1/2, bf16 optimizer: views of the flat state per parameter. Linked
         # again: DeepSpeed links every group after stepping the first one, so with two parameter
@@ -163,12 +164,13 @@ def ensure_state(engine) -> None:
         link()
 
 
-def _fill(st: dict, p: torch.Tensor, group: dict) -> None:
-    """The state torch creates at ``p``'s first step, unless ``st`` has some: Muon's one buffer, or Adam's."""
+def _fill(st: dict, p: torch.Tensor, group: dict, inner) -> None:
+    """The state torch creates at ``p``'s first step, unless ``st`` has some: Muon's (its optimizer's
+    ``fresh_state``: the momentum, NorMuon's row moments), or Adam's."""
     if st:
         return
-    if group.get("use_muon"):  # Muon's one buffer (torch.optim.Muon creates it at the first step)
-        st["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    if group.get("use_muon"):  # created at the first step, as torch.optim.Muon creates its buffer
+        st.update(inner.fresh_state(p, group))
         return
     on_device = bool(group.get("fused") or group.get("capturable"))
     st["step"] = torch.zeros((), dtype=torch.float32, device=p.device if on_device else "cpu")
@@ -267,6 +269,22 @@ def _sharded_params(engine, zero_stage: int, metadata):
     return [(p, by_index[i], shapes[i]) for i, p in enumerate(params)]
 
 
+def as_param_shape(state: torch.Tensor, shape) -> torch.Tensor:
+    """A state tensor in its parameter's ``shape``, as a checkpoint holds it: reshaped, or broadcast where it is
+    kept smaller (NorMuon's per-row moment [rows, 1] of a matrix: every column the same), so it is sharded over
+    TP and data-parallel ranks as the parameter is."""
+    if state.numel() == math.prod(shape):
+        return state.reshape(shape)
+    return state.expand(shape)
+
+
+def as_state_shape(value: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`as_param_shape` for ``state``'s shape: the first columns of a broadcast value."""
+    if value.numel() == state.numel():
+        return value.reshape(state.shape)
+    return value[..., : state.shape[-1]].reshape(state.shape)
+
+
 def _get(engine, p, key: str, shape) -> torch.Tensor:
     """The full TP-local state ``key`` of parameter ``p`` (collective over DP under ZeRO)."""
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
@@ -281,7 +299,7 @@ def _get(engine, p, key: str, shape) -> torch.Tensor:
         return view.detach().float().reshape(shape).cpu()
     if key == MASTER:
         return p.detach().float().reshape(shape).cpu()
-    return torch_optimizer(engine).state[p][key].detach().float().reshape(shape).cpu()
+    return as_param_shape(torch_optimizer(engine).state[p][key].detach().float(), shape).cpu()
 
 
 def _flat_view(engine, p, key: str) -> torch.Tensor | None:
@@ -325,7 +343,7 @@ def _set(engine, p, key: str, value: torch.Tensor) -> None:
             p.copy_(value.to(p.device, p.dtype))
     else:
         st = torch_optimizer(engine).state[p][key]
-        st.copy_(value.to(st.device, st.dtype).reshape(st.shape))
+        st.copy_(as_state_shape(value.to(st.device, st.dtype).reshape(p.shape), st))
 
 
 def _write_info(directory: Path, info: dict) -> None:

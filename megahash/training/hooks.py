@@ -48,6 +48,7 @@ from pathlib import Path
 # the watchdog before the evaluations' wait.
 FEATURES = (
     "batch_ramp",
+    "seq_warmup",
     "qat",
     "step_guard",
     "ema",

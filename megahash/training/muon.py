@@ -13,6 +13,16 @@ groups by the LR schedule from the optimizer step, so a resume takes it up where
 ``orthogonalizer=polar_express``: NS_k with the per-iteration minimax coefficients of Polar Express [Amsel25]
 (:func:`polar_express`) in place of the one fixed quintic.
 
+and ``normuon: true``, NorMuon [Li25] (Algorithm 1; the authors' ``normuon.py``): after NS_k, each row (output
+neuron) of O is divided by the root of an EMA of its mean square, and the result is scaled back to O's norm
+(:func:`normuon`), its state a column [rows, 1] beside the momentum:
+
+    v <- beta2 v + (1 - beta2) mean_j(O_ij^2)          (per row i)
+    N = O / (sqrt(v) + 1e-10);   O <- N |O|_F / (|N|_F + 1e-10)
+
+(the paper writes the update as 0.2 lr sqrt(mn) N / |N|_F; with O orthogonal, |O|_F = sqrt(min(m, n)), this is
+AdjustLR=match_rms_adamw applied to the rescaled N, and ``adjust_lr`` keeps its meaning).
+
 with AdjustLR = lr sqrt(max(1, A/B)) (original) or lr 0.2 sqrt(max(A, B)) (match_rms_adamw [Liu25]),
 computed with torch's own pieces (``torch.optim._muon._zeropower_via_newtonschulz``, ``_adjust_lr``), so
 one step equals ``torch.optim.Muon`` (tests/training/test_muon.py). Every other parameter takes ``torch.optim.AdamW``.
@@ -70,6 +80,7 @@ from megahash.models import mup
 from megahash.training.param_groups import param_groups as groups_of_roles
 
 MOMENTUM = "momentum_buffer"  # torch.optim.Muon's state key
+ROW_MOMENT = "second_momentum_buffer"  # NorMuon's per-row second moment, [rows, 1] (the authors' key)
 
 
 @dataclass
@@ -79,7 +90,8 @@ class Config:
     ``train.lr``; the LR schedule scales both. ``adjust_lr``: original (sqrt(max(1, rows/cols))) |
     match_rms_adamw (0.2 sqrt(max)). ``momentum_warmup_steps`` > 0: the momentum rises linearly from
     ``momentum_start`` to ``momentum`` over those steps (:func:`momentum_at`); ``orthogonalizer``: newton_schulz
-    (torch.optim.Muon's quintic) | polar_express (:func:`polar_express`, [Amsel25])."""
+    (torch.optim.Muon's quintic) | polar_express (:func:`polar_express`, [Amsel25]); ``normuon``: NorMuon's
+    per-row normalisation of the orthogonalized update (:func:`normuon`, [Li25]) with EMA ``normuon_beta2``."""
 
     lr: float = ranged(0.02, "(0, inf)", "Muon's peak learning rate (hidden matrices)")
     momentum: float = ranged(0.95, "[0, 1)", "Muon's momentum")
@@ -89,9 +101,18 @@ class Config:
     momentum_warmup_steps: int = ranged(0, "[0, inf)", "steps of Muon's momentum warm-up (0: none)")
     momentum_start: float = ranged(0.85, "[0, 1)", "Muon's momentum at step 0 of the warm-up")
     orthogonalizer: Literal["newton_schulz", "polar_express"] = "newton_schulz"
+    normuon: bool = False
+    normuon_beta2: float = ranged(0.95, "[0, 1)", "NorMuon's EMA factor of the per-row second moment")
 
     def check(self, cfg) -> None:
-        """ZeRO-3 refused with the config (its layouts once the stage is known: :meth:`check_layout`)."""
+        """ZeRO-3 refused with the config (its layouts once the stage is known: :meth:`check_layout`); NorMuon
+        under tensor parallelism (its row moments would need the whole rows of every TP shard) refused."""
+        if cfg.train.optimizer == "muon" and self.normuon and cfg.parallel.tensor > 1:
+            raise ConfigError(
+                f"train.muon.normuon normalizes the whole rows of each matrix and is not implemented under "
+                f"tensor parallelism (parallel.tensor={cfg.parallel.tensor}); set parallel.tensor=1 or "
+                f"train.muon.normuon=false"
+            )
         if cfg.train.optimizer == "muon" and cfg.train.zero_stage == 3:
             raise ConfigError(
                 "train.optimizer=muon orthogonalizes whole matrices and ZeRO stage 3 partitions every weight into "
@@ -152,6 +173,7 @@ def group_settings(m: Config, step: int) -> dict:
         "ns_steps": m.ns_steps,
         "adjust_lr_fn": m.adjust_lr,
         "ns_coefficients": coefficients,
+        "normuon_beta2": m.normuon_beta2 if m.normuon else None,
     }
 
 
@@ -207,6 +229,20 @@ def newton_schulz(update: torch.Tensor, steps: int, coefficients, eps: float) ->
     from torch.optim._muon import _zeropower_via_newtonschulz
 
     return _zeropower_via_newtonschulz(update, coefficients, steps, eps)
+
+
+def normuon(update: torch.Tensor, moment: torch.Tensor, beta2: float) -> torch.Tensor:
+    """NorMuon's step on an orthogonalized ``update`` O [m, n] (module docstring, [Li25] Algorithm 1):
+    ``moment`` [m, 1] (fp32, updated in place) <- EMA of each row's mean square; each row of O divided by
+    sqrt(moment) + 1e-10, then the whole scaled to O's Frobenius norm. In fp32 and returned in fp32, as the
+    authors' ``normuon_update`` keeps it (Newton-Schulz's output is bf16: rounding the scaled update back to bf16
+    would add a relative error of 2^-9).
+
+    [Li25] Z. Li et al., "NorMuon: Making Muon more efficient and scalable", arXiv:2510.05491 (2025)."""
+    o = update.float()
+    moment.lerp_(o.square().mean(dim=-1, keepdim=True), 1 - beta2)
+    n = o / (moment.sqrt() + 1e-10)
+    return n * (o.norm() / (n.norm() + 1e-10))
 
 
 @contextlib.contextmanager
@@ -267,7 +303,21 @@ class MuonAdamW(torch.optim.Optimizer):
 
     def state_keys_of(self, p: torch.Tensor, adam_keys: list[str]) -> list[str]:
         """The state saved for ``p`` (megahash/checkpoint/optimizer_state.py): Muon's momentum, or Adam's."""
-        return [MOMENTUM] if self.is_muon(p) else adam_keys
+        if not self.is_muon(p):
+            return adam_keys
+        return [MOMENTUM, ROW_MOMENT] if self._group_of(p).get("normuon_beta2") is not None else [MOMENTUM]
+
+    def _group_of(self, p: torch.Tensor) -> dict:
+        return next(g for g in self.param_groups if any(q is p for q in g["params"]))
+
+    @staticmethod
+    def fresh_state(p: torch.Tensor, group: dict) -> dict:
+        """The state a Muon matrix ``p`` of ``group`` starts with (created at its first step, or before a
+        checkpoint is loaded into it): the momentum, and NorMuon's row moments where the group runs it."""
+        st = {MOMENTUM: torch.zeros_like(p, memory_format=torch.preserve_format)}
+        if group.get("normuon_beta2") is not None:
+            st[ROW_MOMENT] = torch.zeros(*p.shape[:-1], 1, dtype=torch.float32, device=p.device)
+        return st
 
     def is_muon(self, p: torch.Tensor) -> bool:
         return any(g["use_muon"] and any(q is p for q in g["params"]) for g in self.param_groups)
@@ -316,12 +366,15 @@ class MuonAdamW(torch.optim.Optimizer):
                 continue
             grad = p.grad
             state = self.state[p]
-            if MOMENTUM not in state:
-                state[MOMENTUM] = torch.zeros_like(grad, memory_format=torch.preserve_format)
+            if MOMENTUM not in state or (group.get("normuon_beta2") is not None and ROW_MOMENT not in state):
+                for k, v in self.fresh_state(p, group).items():
+                    state.setdefault(k, v)
             buf = state[MOMENTUM]
             buf.lerp_(grad, 1 - mu)
             update = grad.lerp(buf, mu) if group["nesterov"] else buf
             update, shape = _orthogonalize(p, update, group)
+            if group.get("normuon_beta2") is not None:  # TP refused with the config: the matrix is whole here
+                update = normuon(update, state[ROW_MOMENT], group["normuon_beta2"])
             p.mul_(1 - lr * wd)
             p.add_(update, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], shape))
 

@@ -37,6 +37,8 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 
+from megahash.checkpoint.optimizer_state import as_param_shape, as_state_shape
+
 
 def assign(sizes: dict[str, int], ranks: int) -> dict[str, int]:
     """Name -> owning rank of each matrix (module docstring: largest first, to the least-loaded rank)."""
@@ -170,7 +172,10 @@ class DataParallelShards:
         """Collective: parameter ``p``'s whole state ``key`` on every rank (from its owner, or its partitions)."""
         if id(p) in self.owner:
             mine = self.owns(p)
-            t = state[p][key].detach().clone() if mine else torch.empty_like(p, dtype=torch.float32)
+            if mine:  # a smaller state (NorMuon's row moments) broadcast to p's shape, as a checkpoint holds it
+                t = as_param_shape(state[p][key].detach().float(), p.shape).clone(memory_format=torch.contiguous_format)
+            else:
+                t = torch.empty_like(p, dtype=torch.float32)
             dist.broadcast(t, src=dist.get_global_rank(self.group, self.owner[id(p)]), group=self.group)
             return t
         full = torch.zeros(p.numel(), dtype=torch.float32, device=p.device)
@@ -184,7 +189,7 @@ class DataParallelShards:
         if id(p) in self.owner:
             if self.owns(p):
                 st = state[p][key]
-                st.copy_(value.to(st.device, st.dtype).reshape(st.shape))
+                st.copy_(as_state_shape(value.to(st.device, st.dtype).reshape(p.shape), st))
             return
         flat = value.reshape(-1)
         for pc in self._by_param.get(id(p), ()):

@@ -100,19 +100,29 @@ def build_engine(cfg: Config, model: torch.nn.Module, dp_size: int, dtype: torch
     return engine, scheduler
 
 
+def truncated(batch: dict, length: int | None) -> dict:
+    """The micro-batch cut to its first ``length`` positions (every field is [b, s, ...]; None: whole), as
+    Megatron-DeepSpeed cuts a batch to its curriculum length. Document ids and positions are prefix sums of the
+    tokens (megahash/data/documents.py), so their prefix is what the cut tokens would give."""
+    if length is None or length >= batch["tokens"].shape[1]:
+        return batch
+    return {k: v[:, :length] for k, v in batch.items()}
+
+
 def train_step(
-    engine, batches, objective, gas: int, timings: dict | None = None, micro_batch=None
+    engine, batches, objective, gas: int, timings: dict | None = None, micro_batch=None, seq_length=None
 ) -> tuple[float, float]:
     """One optimizer step of ``gas`` micro-batches from the iterator ``batches``: (sum of the
     micro-batch losses, seconds spent waiting for batches). One host sync per step; with a
     ``timings`` dict, also the seconds of the optimizer phase (``engine.step`` of the last
     micro-batch, between device syncs: ``accelerator.measurement.synchronize``) as ``timings["optimizer_s"]``.
-    ``micro_batch()``: a context around each micro-batch's forward and backward (the hooks', e.g. QAT's)."""
+    ``micro_batch()``: a context around each micro-batch's forward and backward (the hooks', e.g. QAT's);
+    ``seq_length``: each micro-batch cut to that many positions (:func:`truncated`; a hook's, e.g. the warm-up's)."""
     loss_sum, wait = None, 0.0
     for i in range(gas):  # phase(): the profiler's ranges in a profiled step (train.profile_steps)
         tw = time.perf_counter()
         with phase("data"):
-            batch = next(batches)
+            batch = truncated(next(batches), seq_length)
         wait += time.perf_counter() - tw
         with micro_batch() if micro_batch is not None else contextlib.nullcontext():
             with phase("forward"):
@@ -151,6 +161,7 @@ class Run:
     batches: Iterator[dict] | None = None
     stop: StopFlag | None = None
     gas: int = 1  # micro-batches of the step under way (the batch ramp's hook sets it)
+    seq_length: int | None = None  # positions of its sequences; None: data.seq_length (the warm-up's hook sets it)
     progress: Progress | None = None
     flops_tok: float | str = 0.0  # a number, or "n/a" for a kind with no cost model
     peak: float = 0.0  # peak FLOP/s of the whole world
@@ -165,8 +176,9 @@ class Run:
 
     @property
     def tokens_per_step(self) -> int:
-        """Tokens of the last step taken (its batch under ``train.batch_ramp``)."""
-        return step_batch(self.cfg.train, max(self.step - 1, 0)) * self.cfg.data.seq_length
+        """Tokens of the last step taken (its batch under ``train.batch_ramp``, its length under
+        ``train.seq_warmup``)."""
+        return step_batch(self.cfg.train, max(self.step - 1, 0)) * (self.seq_length or self.cfg.data.seq_length)
 
     def consumed(self, step: int) -> int:
         """Samples consumed by the first ``step`` steps (the one source: megahash.data.samples.consumed_samples)."""
@@ -427,7 +439,7 @@ def _train_step_logged(run: Run) -> None:
     timings = {} if run.echo else None  # the optimizer phase, timed on the steps the progress line shows
     run.hooks.before_step(run)  # e.g. the step's global batch (train.batch_ramp) as run.gas
     loss_sum, wait = train_step(
-        run.engine, run.batches, run.objective, run.gas, timings, lambda: run.hooks.micro_batch(run)
+        run.engine, run.batches, run.objective, run.gas, timings, lambda: run.hooks.micro_batch(run), run.seq_length
     )
     run.hooks.after_step(run)  # before the step counts: the guard's refusal, the weight average
     step = run.step = step + 1

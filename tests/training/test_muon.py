@@ -4,7 +4,9 @@ every ZeRO stage megahash runs it at (ZeRO-3 refused in one line); stop + resume
 optimizer phase's time is in the progress line; the momentum follows an elastic resume. Sharded over data-parallel
 ranks (train.zero_stage 1/2, megahash/training/muon_sharded.py): the assignment of the matrices, every step equal to
 single-rank Muon, each rank holding and computing only its share, exact and elastic resume (2 -> 1, 1 -> 2, 4 -> 2)
-with asynchronous saves and an EMA. Multi-rank tests run gloo processes on the CPU: about 2 minutes each here."""
+with asynchronous saves and an EMA. NorMuon (train.muon.normuon): its step against the paper's formula in fp64, its
+row moments saved and resumed bit for bit, sharded like the momentum. Multi-rank tests run gloo processes on the CPU:
+about 2 minutes each here."""
 
 import json
 import math
@@ -558,3 +560,146 @@ def test_bf16_stop_and_resume_is_bit_exact_and_logs_the_optimizer_phase(
     # AdamW cannot take Muon's state: one line naming the fix (the layout records train.optimizer)
     status, out = _main([*common, f"train.save_dir={split}", "train.optimizer=adamw", "train.steps=5"], capsys)
     assert status == 2 and "train.resume_weights_only=true" in out, out[-3000:]
+
+
+@pytest.mark.parametrize("adjust", ["original", "match_rms_adamw"])
+def test_normuon_step_is_the_papers_formula_in_fp64(adjust):
+    """train.muon.normuon (NorMuon, arXiv:2510.05491 Algorithm 1, the authors' normuon.py): two steps on a tall
+    and a wide matrix from the same gradients as plain Muon. Plain Muon's step gives the orthogonalized update
+    O_t = (W_{t-1} (1 - lr wd) - W_t) / AdjustLR; NorMuon's must be, in fp64, v_t = b2 v_{t-1} + (1 - b2)
+    mean_j O_t[i, j]^2 per row, N = O_t / (sqrt(v_t) + 1e-10), the update N |O_t|_F / |N|_F, its state v_t [rows, 1]."""
+    from torch.optim._muon import _adjust_lr
+
+    from megahash.config import load_config
+    from megahash.training.muon import ROW_MOMENT, MuonAdamW, group_settings
+
+    lr, wd, b2 = 0.02, 0.1, 0.9
+    keys = [f"train.muon.adjust_lr={adjust}", f"train.muon.normuon_beta2={b2}"]
+    plain_cfg, nor_cfg = (
+        load_config(None, ["train.optimizer=muon", *keys, *extra]).train.muon
+        for extra in ([], ["train.muon.normuon=true"])
+    )
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(48, 16), (16, 40)]
+    w0 = [torch.randn(s, generator=gen) for s in shapes]
+
+    def optimizer(m):
+        params = [torch.nn.Parameter(w.clone()) for w in w0]
+        group = {"params": params, "use_muon": True, "lr": lr, "weight_decay": wd, **group_settings(m, 0)}
+        return params, MuonAdamW([group], lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+
+    (plain, opt_p), (nor, opt_n) = optimizer(plain_cfg), optimizer(nor_cfg)
+    v = [torch.zeros(s[0], 1, dtype=torch.float64) for s in shapes]
+    for _ in range(2):
+        before_p = [p.detach().double().clone() for p in plain]
+        before_n = [p.detach().double().clone() for p in nor]
+        for a, b in zip(plain, nor):
+            g = torch.randn(a.shape, generator=gen)
+            a.grad, b.grad = g.clone(), g.clone()
+        opt_p.step()
+        opt_n.step()
+        for i, (a, b) in enumerate(zip(plain, nor)):
+            scale = _adjust_lr(lr, adjust, a.shape)
+            o = (before_p[i] * (1 - lr * wd) - a.detach().double()) / scale
+            v[i] = b2 * v[i] + (1 - b2) * o.square().mean(dim=1, keepdim=True)
+            n = o / (v[i].sqrt() + 1e-10)
+            want = before_n[i] * (1 - lr * wd) - scale * n * (o.norm() / n.norm())
+            # fp32 weights of unit scale; O recovered from fp32 weights: ~1e-7 / (lr x AdjustLR) relative
+            assert torch.allclose(b.detach().double(), want, rtol=0, atol=2e-6), (i, (b.double() - want).abs().max())
+            assert opt_n.state[b][ROW_MOMENT].shape == (a.shape[0], 1)
+            assert torch.allclose(opt_n.state[b][ROW_MOMENT].double(), v[i], rtol=1e-4, atol=0)
+    # the row normalisation changed the step (rows of O differ in scale)
+    assert not torch.allclose(plain[0], nor[0], atol=1e-4)
+    assert ROW_MOMENT not in opt_p.state[plain[0]]
+
+
+NORMUON = ["train.muon.normuon=true", "train.muon.normuon_beta2=0.9"]
+
+
+def test_normuon_stop_and_resume_is_bit_exact_its_row_moments_saved(shakespeare_shards, tmp_path, capsys):
+    """One rank, NorMuon: 4 straight steps == 2, stop, resume for 2 (losses, gradient norms, weights bit for bit);
+    the checkpoint's movable optimizer state holds each matrix's row moments (broadcast to its shape, every column
+    the same) beside its momentum."""
+    from test_batch_ramp import _main, _records
+
+    common = [*_data(shakespeare_shards), *TINY, *NORMUON, "train.steps=4", "train.log_interval=1"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    for where, extra in ((straight, []), (split, ["train.stop_after=2"]), (split, [])):
+        status, out = _main([*common, f"train.save_dir={where}", *extra], capsys)
+        assert status == 0, out[-3000:]
+    a, b = _records(straight), _records(split)
+    keys = ("loss", "grad_norm", "param_norm")
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4]
+    assert [[a[s][k] for k in keys] for s in a] == [[b[s][k] for k in keys] for s in b]  # bit-exact: resume
+    one, two = (
+        torch.load(d / "step_00000004" / "mp_rank_00_model_states.pt", weights_only=False) for d in (straight, split)
+    )
+    # bit-exact: resume is the promise (same path, same machine)
+    assert all(torch.equal(v, two["module"][k]) for k, v in one["module"].items() if torch.is_tensor(v))
+    from megatron.core import dist_checkpointing
+
+    saved = dist_checkpointing.load_tensors_metadata(str(split / "step_00000002" / "optimizer"))
+    rows = [k for k in saved if k.startswith("second_momentum_buffer")]
+    assert rows and len(rows) == len([k for k in saved if k.startswith("momentum_buffer")]), sorted(saved)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_sharded_normuon_steps_as_one_rank_and_resumes(shakespeare_shards, tmp_path, capsys):
+    """NorMuon sharded over 2 data-parallel ranks (ZeRO-1): every step equals single-rank NorMuon stepped beside it
+    on the same gradients bit for bit (tests/training/muon_dp_worker.py), each rank holding the row moments of its
+    own matrices only; 2 ranks resumed from step 2 log steps 3-4 as the straight run, bit for bit (the row moments
+    gathered from their owners into the checkpoint and handed back to them); one rank resumed there takes step 3
+    bit for bit and step 4 within the reduction order of one step's gradients."""
+    from test_batch_ramp import _main
+
+    from megahash.training.muon import ROW_MOMENT
+
+    common = [
+        *_data(shakespeare_shards),
+        *TINY,
+        *NORMUON,
+        "train.micro_batch_size=1",
+        "train.global_batch_size=4",
+        f"train.steps={STEPS}",
+        "train.log_interval=1",
+        "train.zero_stage=1",
+    ]
+    path = tmp_path / "dp2.json"
+    where = [f"train.save_dir={tmp_path / 'dp2'}", f"data.cache_dir={tmp_path / 'cache' / 'dp2'}"]
+    _spawn("muon_dp_worker.py", 2, str(path), "1", str(STEPS), "0", *common, *where)
+    r = json.loads(path.read_text())
+    assert r["sharded"] and r["diffs"] == [0.0] * STEPS, r["diffs"]  # bit-exact: the owner runs the same ops
+    assert sorted(m for x in r["ranks"] for m in x["ns"]) == r["routed"]
+
+    def args(name: str, *extra: str) -> list[str]:
+        return [*common, "train.save_interval=2", f"train.save_dir={tmp_path / name}", *extra]
+
+    step2 = f"train.resume={tmp_path / 'two' / 'step_00000002'}"
+    for res in pretrain_group([args("two"), args("two_again", step2)]):
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    status, out = _main(args("two_to_one", step2), capsys)
+    assert status == 0, out[-3000:]
+    two, again, one = (train_losses(tmp_path / n) for n in ("two", "two_again", "two_to_one"))
+    assert [again[s] for s in (3, 4)] == [two[s] for s in (3, 4)]  # bit-exact: resume is the promise
+    assert one[3] == two[3] and abs(one[4] - two[4]) <= 20 * 2**-21, (one, two)
+    from megatron.core import dist_checkpointing
+
+    saved = dist_checkpointing.load_tensors_metadata(str(tmp_path / "two" / "step_00000002" / "optimizer"))
+    assert any(k.startswith(ROW_MOMENT) for k in saved), sorted(saved)
+
+
+@pytest.mark.parametrize(
+    "extra, expect",
+    [
+        (["parallel.tensor=2"], "train.muon.normuon normalizes the whole rows of each matrix and is not implemented"),
+        (["train.muon.normuon_beta2=1.0"], "train.muon.normuon_beta2"),
+    ],
+)
+def test_normuon_bad_settings_are_one_line(extra, expect):
+    from megahash.config import load_config
+    from megahash.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["train.optimizer=muon", "train.muon.normuon=true", *extra])
+    assert expect in str(e.value) and "\n" not in str(e.value)
