@@ -284,8 +284,39 @@ def _dist_standing(request):
 
 
 def run(args: list[str], timeout: int = 600, **env) -> subprocess.CompletedProcess:
-    """Run a command from the repository root, capturing output."""
+    """Run a command from the repository root, capturing output. A Python command is forked from a process that
+    has imported the libraries already (tests/_forkserver.py: the same command without ~5 CPU-s of imports)."""
+    import _forkserver
+
+    r = _forkserver.run(args, ROOT, child_env(**env), child_env(), timeout)
+    if r is not None:
+        return r
     return subprocess.run(args, cwd=ROOT, env=child_env(**env), capture_output=True, text=True, timeout=timeout)
+
+
+def popen(args: list[str], stdout=None, stderr=None, cwd=ROOT, **env):
+    """``subprocess.Popen(args, cwd=, env=child_env(**env), stdout=, stderr=, text=True)``; a Python command
+    forked from the test fork server (tests/_forkserver.py), with the part of Popen's interface tests use."""
+    import _forkserver
+
+    return _forkserver.popen(args, cwd, child_env(**env), child_env(), stdout, stderr)
+
+
+def local_world(cmd: list[str], ranks: int, timeout: float | None = None, **env) -> list[tuple[int, str]]:
+    """``megahash.launching.env.run_local_world`` (the ``env://`` world of ``ranks`` processes of ``cmd``) with
+    conftest's child environment, each rank forked from the test fork server: (exit status, output) per rank."""
+    port, procs = _free_port(), []
+    for rank in range(ranks):
+        launcher = dict(RANK=rank, WORLD_SIZE=ranks, LOCAL_RANK=rank, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        procs.append(popen(cmd, subprocess.PIPE, subprocess.STDOUT, **launcher, **env))
+    try:
+        outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return [(p.returncode, out) for p, out in zip(procs, outs)]
 
 
 def pretrain(overrides: list[str], ranks: int = 1, config: str | None = None, timeout: int = 600, **env):
@@ -391,6 +422,8 @@ class RankGroup:
     def __init__(self, runs: list[list[str]], ranks: int = 2, env: list[dict] | None = None, ports=None):
         import tempfile
 
+        import _forkserver
+
         env = env or [{} for _ in runs]
         ports = list(ports or [_free_port() for _ in runs])  # a caller with runs of its own binding late names them
         self.tmp = tempfile.TemporaryDirectory(prefix="megahash-ranks-")
@@ -400,23 +433,17 @@ class RankGroup:
             for a, e, port in zip(runs, env, ports)
         ]
         (self.dir / "runs.json").write_text(json.dumps(self.spec))
-        self.procs = []
+        self.procs, self.logs = [], []
         for rank in range(ranks):
             launcher = dict(
                 RANK=rank, LOCAL_RANK=rank, WORLD_SIZE=ranks, LOCAL_SIZE=ranks, CROSS_RANK=0, CROSS_SIZE=1,
                 MASTER_ADDR="127.0.0.1", MASTER_PORT=self.spec[0]["port"],
                 CUDA_VISIBLE_DEVICES=",".join(map(str, range(ranks))), PYTORCH_NVML_BASED_CUDA_CHECK=1,
             )  # fmt: skip
-            self.procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-u", str(ROOT / "tests" / "_ranks.py"), str(self.dir), f"--local_rank={rank}"],
-                    cwd=ROOT,
-                    env=child_env(**launcher),
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                )
-            )
+            args = [sys.executable, "-u", str(ROOT / "tests" / "_ranks.py"), str(self.dir), f"--local_rank={rank}"]
+            log = open(self.dir / f"rank{rank}.log", "w+")  # noqa: SIM115 (read and closed by results)
+            self.logs.append(log)
+            self.procs.append(_forkserver.popen(args, ROOT, child_env(**launcher), child_env(), log, log))
 
     def kill(self) -> None:
         for p in self.procs:
@@ -426,9 +453,15 @@ class RankGroup:
 
     def results(self, timeout: int = 900) -> list[subprocess.CompletedProcess]:
         try:
-            logs = [p.communicate(timeout=timeout)[0] for p in self.procs]
+            for p in self.procs:
+                p.wait(timeout=timeout)
         finally:
             self.kill()
+        logs = []
+        for log in self.logs:
+            log.seek(0)
+            logs.append(log.read())
+            log.close()
         results = []
         for i, run_spec in enumerate(self.spec):
             outs, errs, status = [], [], None

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import sys
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -576,33 +575,12 @@ def test_tp2_parity_all_kinds(tmp_path):
     equal loss and global gradient norm for every kind (fp64), encoders included (megatron's MLP
     linear_fc2 bias under SP gets its gradient summed over TP by the model). The TP=1 model equals
     the kinds' plain-torch references (the code of the HF export): logits and every gradient."""
-    from megahash.launching.env import free_port
+    from conftest import local_world
 
     out = tmp_path / "tp.json"
     worker = os.path.join(os.path.dirname(__file__), "attention_tp_worker.py")
-    port = free_port()
-    procs = []
-    for rank in range(2):
-        env = dict(
-            os.environ,
-            RANK=str(rank),
-            WORLD_SIZE="2",
-            LOCAL_RANK=str(rank),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            OMP_NUM_THREADS="1",
-        )
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, worker, str(out), ",".join(TP_CASES)],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    logs = [p.communicate(timeout=300)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
+    done = local_world([sys.executable, worker, str(out), ",".join(TP_CASES)], 2, timeout=300)
+    assert all(status == 0 for status, _ in done), "\n".join(log[-3000:] for _, log in done)
     results = json.loads(out.read_text())
     for case, r in results.items():
         ref = r["tp1"]

@@ -313,10 +313,10 @@ def _spawn(worker: str, ranks: int, *args: str, timeout: int = 600) -> None:
     import os
     import sys
 
-    from megahash.launching.env import run_local_world
+    from conftest import local_world
 
     script = os.path.join(os.path.dirname(__file__), worker)
-    done = run_local_world([sys.executable, script, *args], ranks, timeout=timeout)
+    done = local_world([sys.executable, script, *args], ranks, timeout=timeout)
     assert all(status == 0 for status, _ in done), "\n".join(out[-3000:] for _, out in done)
 
 

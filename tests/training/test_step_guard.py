@@ -19,7 +19,7 @@ import sys
 import pytest
 
 import conftest
-from conftest import ROOT, child_env
+from conftest import popen
 
 TINY = [*conftest.TINY, "train.eval_interval=0", "train.save_interval=0", "train.precision=fp32"]
 
@@ -56,17 +56,9 @@ def _launch(tmp_path, poison_at: str, overrides: list[str]):
     worker = os.path.join(os.path.dirname(__file__), "nonfinite_worker.py")
     port, procs = free_port(), []
     for rank in range(2):
-        env = child_env(RANK=rank, WORLD_SIZE=2, LOCAL_RANK=rank, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, worker, str(tmp_path), "1", poison_at, *overrides],
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
+        env = dict(RANK=rank, WORLD_SIZE=2, LOCAL_RANK=rank, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        cmd = [sys.executable, worker, str(tmp_path), "1", poison_at, *overrides]
+        procs.append(popen(cmd, subprocess.PIPE, subprocess.PIPE, **env))
     outs = [p.communicate(timeout=600) for p in procs]
     return [p.returncode for p in procs], outs
 

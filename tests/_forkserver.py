@@ -1,0 +1,418 @@
+"""Python processes for the tests, forked from one that has already imported torch, DeepSpeed and megatron-core.
+
+A test that starts ``python megahash/pretrain.py ...`` (or ``python -m megahash ...``, ``tests/_ranks.py``) pays
+about 5 CPU-s of third-party imports before megahash does anything; the suite starts hundreds of them on a 2-core
+machine. This module keeps one server process per pytest process: it imported those libraries once (with their
+import-time warnings silenced, as megahash's entry points silence them) and forks a child for each command. The
+child then looks like a fresh ``python ARGS``: its own environment, working directory, argv, ``__main__``,
+standard streams and exit status, and it imports every megahash module itself (the server imports none, so a
+missing import in megahash still fails). It is the standard library's ``multiprocessing`` forkserver idea applied
+to whole commands.
+
+Where a fresh interpreter is what a test needs, it is used instead (``spawn`` returns None):
+- a command that is not ``sys.executable [-u] SCRIPT|-m MODULE ...``;
+- an environment that differs from the server's in a variable a library reads when it is imported
+  (``IMPORT_TIME``: thread counts, CPU capability, accelerators, warnings shown, Python's own flags);
+- warnings shown (``--verbose``, ``logging.verbose=true``): import-time warnings come only from a fresh import;
+- a CUDA build of torch (CUDA must not be touched before a fork), or ``MEGAHASH_TEST_FRESH=1`` (the whole suite
+  with fresh interpreters: the check that this module changes no result).
+The launchers (deepspeed, torchrun, SLURM), the README's commands and the start-up tests start fresh processes
+as before: they are what those tests test.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+# the libraries the server imports once (what `megahash/pretrain.py` and `megahash eval/export` import that is
+# not megahash)
+PRELOAD = (
+    "numpy",
+    "yaml",
+    "torch",
+    "torch._dynamo",
+    "torch.distributed.tensor",
+    "deepspeed",
+    "deepspeed.runtime.engine",
+    "megatron.core",
+    "megatron.core.models.gpt",
+    "megatron.core.dist_checkpointing",
+    "megatron.core.tensor_parallel",
+    "sentencepiece",
+    "safetensors.torch",
+)
+# environment variables read when those libraries are imported: a child whose value differs is started fresh
+IMPORT_TIME = re.compile(
+    r"^(PYTHON|TORCH|PYTORCH|ATEN_|OMP_|MKL_|KMP_|OPENBLAS|GOMP|CUDA|NVIDIA|DS_|NCCL|TRITON|MEGATRON|LD_|MALLOC|"
+    r"MEGAHASH_SHOW_WARNINGS$|TQDM|TOKENIZERS|NUMPY)"
+)
+_server = None
+
+
+def wanted() -> bool:
+    """False where every command must start a fresh interpreter (see the module docstring)."""
+    if os.environ.get("MEGAHASH_TEST_FRESH") == "1":
+        return False
+    torch = sys.modules.get("torch")
+    return not (torch is not None and torch.version.cuda is not None)
+
+
+def _parse(args: list[str]):
+    """(unbuffered, script or None, module or None, argv) of ``sys.executable [-u] SCRIPT|-m MODULE ...``."""
+    if not args or os.path.realpath(args[0]) != os.path.realpath(sys.executable):
+        return None
+    rest, unbuffered = list(args[1:]), False
+    while rest and rest[0] == "-u":
+        rest, unbuffered = rest[1:], True
+    if not rest:
+        return None
+    if rest[0] == "-m" and len(rest) > 1:
+        return unbuffered, None, rest[1], rest[1:]
+    if rest[0].startswith("-"):
+        return None
+    return unbuffered, rest[0], None, rest
+
+
+def spawn(args, cwd, env: dict, stdout, stderr, base_env: dict) -> Forked | None:
+    """``args`` forked from the server (a Forked, Popen-like), or None where a fresh interpreter is needed.
+    ``stdout``/``stderr``: open files (or None: this process's); ``base_env``: the environment the server is
+    started with (conftest.child_env()), to which ``env`` is compared."""
+    global _server
+    parsed = _parse([str(a) for a in args])
+    if parsed is None or not wanted():
+        return None
+    if any(a == "--verbose" or a.startswith("logging.verbose=t") for a in map(str, args)):
+        return None
+    keys = set(env) | set(base_env)
+    if any(IMPORT_TIME.match(k) and env.get(k) != base_env.get(k) for k in keys):
+        return None
+    if _server is None or _server.poll() is not None:
+        _server = _Server(base_env)
+    unbuffered, script, module, argv = parsed
+    return _server.fork(
+        {"cwd": str(cwd), "env": {k: str(v) for k, v in env.items()}, "argv": argv, "script": script,
+         "module": module, "unbuffered": unbuffered},
+        stdout,
+        stderr,
+    )  # fmt: skip
+
+
+def run(args, cwd, env: dict, base_env: dict, timeout: float | None = None) -> subprocess.CompletedProcess | None:
+    """``subprocess.run(args, cwd=, env=, capture_output=True, text=True, timeout=)`` through the server, or
+    None where a fresh interpreter is needed."""
+    p = popen(args, cwd, env, base_env, subprocess.PIPE, subprocess.PIPE, fresh=False)
+    if p is None:
+        return None
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        raise
+    return subprocess.CompletedProcess(list(args), p.returncode, out, err)
+
+
+def popen(args, cwd, env: dict, base_env: dict, stdout=None, stderr=None, fresh: bool = True):
+    """``subprocess.Popen(args, cwd=, env=, stdout=, stderr=, text=True)`` through the server (stdout and stderr
+    each None, PIPE, an open file, or for stderr STDOUT; what PIPE collects comes back from ``communicate``); a
+    fresh ``subprocess.Popen`` where one is needed (None instead if not ``fresh``)."""
+    files = {}
+    for name, want in (("out", stdout), ("err", stderr)):
+        files[name] = tempfile.TemporaryFile("w+") if want == subprocess.PIPE else want
+    if stderr == subprocess.STDOUT:
+        files["err"] = files["out"]
+    p = spawn(args, cwd, env, files["out"], files["err"], base_env)
+    if p is not None:
+        p.pipes = (
+            files["out"] if stdout == subprocess.PIPE else None,
+            files["err"] if stderr == subprocess.PIPE else None,
+        )
+        return p
+    for name, want in (("out", stdout), ("err", stderr)):
+        if want == subprocess.PIPE:
+            files[name].close()
+    if not fresh:
+        return None
+    return subprocess.Popen(args, cwd=cwd, env=env, stdout=stdout, stderr=stderr, text=True)
+
+
+class Forked:
+    """A child of the server, with the part of ``subprocess.Popen``'s interface the tests use."""
+
+    def __init__(self, conn: socket.socket, args):
+        self.conn, self.args, self.pipes = conn, args, (None, None)
+        self.returncode = None
+        reply = self._recv(None)
+        self.pid = reply["pid"]
+
+    def _recv(self, timeout):
+        self.conn.settimeout(timeout)
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = self.conn.recv(4096)
+            if not chunk:
+                raise RuntimeError("the test fork server went away")
+            data += chunk
+        return json.loads(data)
+
+    def poll(self):
+        if self.returncode is None:
+            r, _, _ = select.select([self.conn], [], [], 0)
+            if r:
+                self.returncode = self._recv(None)["status"]
+                self.conn.close()
+        return self.returncode
+
+    def wait(self, timeout=None):
+        if self.returncode is None:
+            try:
+                self.returncode = self._recv(timeout)["status"]
+            except TimeoutError:
+                raise subprocess.TimeoutExpired(self.args, timeout) from None
+            self.conn.close()
+        return self.returncode
+
+    def communicate(self, timeout=None):
+        """(stdout, stderr) as ``Popen.communicate`` with text=True: what went to a PIPE, else None."""
+        self.wait(timeout)
+        got = []
+        for f in self.pipes:
+            if f is None:
+                got.append(None)
+                continue
+            f.flush()
+            f.seek(0)
+            got.append(f.read())
+            f.close()
+        self.pipes = (None, None)
+        return tuple(got)
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:  # the server reaps the child only after telling us: the pid is still its
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+
+class _Server:
+    """The server process of this pytest process (tests/_forkserver.py run as a script), listening on an abstract
+    Unix socket: nothing of it is on the file system (tests check that runs leave no file behind)."""
+
+    def __init__(self, base_env: dict):
+        import secrets
+
+        self.address = f"\0megahash-forkserver-{os.getpid()}-{secrets.token_hex(6)}"
+        self.log = tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, self.address[1:], str(os.getpid())],
+            env=base_env,
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        )
+        deadline = time.monotonic() + 300
+        while not self._connects():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.log.seek(0)
+                raise RuntimeError(f"the test fork server did not start:\n{self.log.read()[-3000:]}")
+            time.sleep(0.05)
+        atexit.register(self.close)
+
+    def _connects(self) -> bool:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(self.address)
+            except (FileNotFoundError, ConnectionRefusedError):
+                return False
+            probe.sendall(b"\n")  # an empty request: the server drops it
+        return True
+
+    def poll(self):
+        return self.proc.poll()
+
+    def fork(self, request: dict, stdout, stderr) -> Forked:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(self.address)
+        fds = [_fd(stdout, 1), _fd(stderr, 2)]
+        socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], fds)
+        return Forked(conn, request["argv"])
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def _fd(f, default: int) -> int:
+    if f is None:
+        return default
+    if hasattr(f, "flush"):
+        f.flush()
+    return f if isinstance(f, int) else f.fileno()
+
+
+# ---------------------------------------------------------------------------------------------------- server
+
+
+def _serve(name: str, parent: int) -> None:
+    import warnings
+
+    with warnings.catch_warnings():  # megahash's entry points silence these; the children import nothing of this
+        warnings.simplefilter("ignore")
+        import logging
+
+        logging.disable(logging.CRITICAL)
+        for module in PRELOAD:
+            __import__(module)
+        logging.disable(logging.NOTSET)
+    import threading
+
+    assert threading.active_count() == 1 and len(os.listdir("/proc/self/task")) == 1, "a thread before fork"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind("\0" + name)  # abstract: no file
+    listener.listen(64)
+    children: dict[int, socket.socket] = {}  # pid -> the connection that asked for it
+    signal.signal(signal.SIGTERM, lambda *_: _stop(children))
+    while True:
+        if os.getppid() != parent:  # the pytest process is gone
+            _stop(children)
+        r, _, _ = select.select([listener], [], [], 0.05)
+        if r:
+            conn, _ = listener.accept()
+            msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 2)
+            while msg and not msg.endswith(b"\n"):
+                msg += conn.recv(1 << 20)
+            if not msg.strip():  # the client's probe that the server is up
+                conn.close()
+                continue
+            pid = os.fork()
+            if pid == 0:
+                listener.close()
+                for c in children.values():
+                    c.close()
+                _child(json.loads(msg), conn, fds)  # never returns
+            for fd in fds:
+                os.close(fd)
+            children[pid] = conn
+            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            conn = children.pop(pid, None)
+            if conn is not None:
+                code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+                try:
+                    conn.sendall(json.dumps({"status": code}).encode() + b"\n")
+                except OSError:
+                    pass
+                conn.close()
+
+
+def _stop(children) -> None:
+    for pid in children:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    os._exit(0)
+
+
+def _child(req: dict, conn: socket.socket, fds: list[int]) -> None:
+    """In the forked child: become ``python [-u] SCRIPT|-m MODULE ARGV...`` and exit with its status."""
+    import random
+    import runpy
+    import threading
+
+    code = 1
+    try:
+        conn.close()
+        stdin = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(stdin, 0), os.dup2(fds[0], 1), os.dup2(fds[1], 2)
+        for fd in (stdin, *fds):
+            if fd > 2:
+                os.close(fd)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.environ.clear()
+        os.environ.update(req["env"])
+        os.chdir(req["cwd"])
+        sys.stdin = open(0, closefd=False)
+        # as Python sets them up: stdout block-buffered, stderr line-buffered; both written through under -u
+        sys.stdout = sys.__stdout__ = open(1, "w", closefd=False)
+        sys.stderr = sys.__stderr__ = open(2, "w", buffering=1, closefd=False)
+        if req["unbuffered"]:
+            sys.stdout.reconfigure(write_through=True, line_buffering=True)
+            sys.stderr.reconfigure(write_through=True)
+        random.seed()
+        sys.modules["numpy"].random.seed()
+        sys.argv = list(req["argv"])
+        if req["module"]:
+            sys.path[0] = req["cwd"]
+            sys.argv[0] = req["module"]
+            code = _main(lambda: runpy.run_module(req["module"], run_name="__main__", alter_sys=True))
+        else:
+            sys.path[0] = os.path.dirname(os.path.abspath(req["script"]))
+            code = _main(lambda: runpy.run_path(req["script"], run_name="__main__"))
+        try:
+            threading._shutdown()  # as the interpreter's exit: wait for the non-daemon threads
+        except Exception:
+            pass
+        atexit._run_exitfuncs()
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush(), sys.stderr.flush()
+        except Exception:
+            pass
+        os._exit(code)
+
+
+def _main(fn) -> int:
+    """Run ``fn`` as the interpreter runs a program: the exit status of SystemExit, 1 and the traceback for an
+    exception (sys.excepthook, as Python prints it)."""
+    try:
+        fn()
+    except SystemExit as e:
+        if e.code is None:
+            return 0
+        if isinstance(e.code, int):
+            return e.code
+        print(e.code, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        sys.excepthook(*sys.exc_info())
+        return 128 + signal.SIGINT
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1], int(sys.argv[2]))

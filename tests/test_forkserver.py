@@ -1,0 +1,104 @@
+"""The tests' fork server (tests/_forkserver.py) gives a command what a fresh ``python`` gives it: the same argv,
+environment, working directory, ``__main__``, module search path, standard streams and exit status, with no
+megahash module imported before the command imports it; and it starts a fresh interpreter where the two could
+differ. Each case runs both ways and compares."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import _forkserver
+import pytest
+
+from conftest import ROOT, child_env
+
+PROBE = textwrap.dedent(
+    """
+    import json, os, sys
+    first = sorted(m for m in sys.modules if m == "megahash" or m.startswith("megahash."))
+    print(json.dumps({
+        "argv": sys.argv, "cwd": os.getcwd(), "name": __name__, "path0": sys.path[0],
+        "env": {k: os.environ.get(k) for k in ("PROBE_VAR", "OMP_NUM_THREADS", "MASTER_PORT")},
+        "env_keys": sorted(os.environ), "megahash_before": first, "stdin": sys.stdin.read(),
+    }))
+    print("to stderr", file=sys.stderr)
+    mode = sys.argv[1] if len(sys.argv) > 1 else ""
+    if mode == "exit3":
+        sys.exit(3)
+    if mode == "message":
+        sys.exit("a message")
+    if mode == "raise":
+        raise ValueError("boom")
+    if mode == "kill":
+        os.kill(os.getpid(), 9)
+    """
+)
+
+
+def _both(args, cwd, env):
+    """(fresh, forked) CompletedProcess of ``args``."""
+    fresh = subprocess.run(
+        args, cwd=cwd, env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL
+    )
+    forked = _forkserver.run(args, cwd, env, child_env(), timeout=120)
+    assert forked is not None, "the fork server was not used"
+    return fresh, forked
+
+
+@pytest.mark.parametrize("mode", ["", "exit3", "message", "raise", "kill"])
+def test_a_script_sees_what_a_fresh_interpreter_gives_it(tmp_path, mode):
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    env = child_env(PROBE_VAR="x y", MASTER_PORT=12345)
+    fresh, forked = _both([sys.executable, "-u", str(script), mode, "--flag=1"], tmp_path, env)
+    assert forked.returncode == fresh.returncode == {"": 0, "exit3": 3, "message": 1, "raise": 1, "kill": -9}[mode]
+    assert forked.stdout == fresh.stdout and fresh.stdout.count("\n") == 1, (fresh.stdout, forked.stdout)
+    assert forked.stderr.splitlines()[0] == fresh.stderr.splitlines()[0] == "to stderr"
+    # the same last line: the SystemExit message, or the traceback's ending (its frames differ: runpy's)
+    assert forked.stderr.splitlines()[-1] == fresh.stderr.splitlines()[-1], (fresh.stderr, forked.stderr)
+
+
+def test_a_module_and_the_environment_are_the_fresh_ones(tmp_path):
+    pkg = tmp_path / "probe_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "__main__.py").write_text(PROBE)
+    env = child_env(PROBE_VAR="m")
+    fresh, forked = _both([sys.executable, "-m", "probe_pkg", "arg"], tmp_path, env)
+    import json
+
+    a, b = json.loads(fresh.stdout), json.loads(forked.stdout)
+    assert a == b, (a, b)
+    assert a["name"] == "__main__" and a["argv"][1:] == ["arg"] and a["env"]["PROBE_VAR"] == "m"
+    assert a["megahash_before"] == [] and a["stdin"] == ""
+
+
+def test_megahash_is_imported_by_the_command_not_by_the_server(tmp_path):
+    """A module the command forgets to import must fail forked as it fails fresh: the server holds no megahash."""
+    script = tmp_path / "probe.py"
+    script.write_text("import sys; print(sorted(m for m in sys.modules if m.startswith('megahash')))")
+    forked = _forkserver.run([sys.executable, str(script)], ROOT, child_env(), child_env())
+    assert forked is not None and forked.returncode == 0 and forked.stdout.strip() == "[]", forked
+    assert _forkserver.run([sys.executable, "-c", "pass"], ROOT, child_env(), child_env()) is None  # -c: fresh
+
+
+@pytest.mark.parametrize(
+    "args,env",
+    [
+        (["-X", "importtime", "x.py"], {}),  # an interpreter option
+        (["x.py", "--verbose"], {}),  # warnings shown: import-time ones come only from a fresh import
+        (["x.py", "logging.verbose=true"], {}),
+        (["x.py"], {"OMP_NUM_THREADS": "4"}),  # read when torch is imported
+        (["x.py"], {"ATEN_CPU_CAPABILITY": "default"}),
+        (["x.py"], {"MEGAHASH_SHOW_WARNINGS": "1"}),
+    ],
+)
+def test_what_an_import_could_see_differently_starts_fresh(args, env):
+    assert _forkserver.popen([sys.executable, *args], ROOT, child_env(**env), child_env(), fresh=False) is None
+
+
+def test_everything_fresh_on_request(monkeypatch, tmp_path):
+    monkeypatch.setenv("MEGAHASH_TEST_FRESH", "1")
+    assert _forkserver.run([sys.executable, str(tmp_path / "x.py")], tmp_path, child_env(), child_env()) is None
