@@ -305,18 +305,14 @@ def popen(args: list[str], stdout=None, stderr=None, cwd=ROOT, **env):
 def local_world(cmd: list[str], ranks: int, timeout: float | None = None, **env) -> list[tuple[int, str]]:
     """``megahash.launching.env.run_local_world`` (the ``env://`` world of ``ranks`` processes of ``cmd``) with
     conftest's child environment, each rank forked from the test fork server: (exit status, output) per rank."""
-    port, procs = _free_port(), []
-    for rank in range(ranks):
-        launcher = dict(RANK=rank, WORLD_SIZE=ranks, LOCAL_RANK=rank, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-        procs.append(popen(cmd, subprocess.PIPE, subprocess.STDOUT, **launcher, **env))
-    try:
-        outs = [p.communicate(timeout=timeout)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return [(p.returncode, out) for p, out in zip(procs, outs)]
+    import _forkserver
+
+    from megahash.launching.env import run_local_world
+
+    def start(args, env, stdout, stderr, text):
+        return _forkserver.popen(args, ROOT, env, child_env(), stdout, stderr)
+
+    return run_local_world(cmd, ranks, timeout, start=start, env=child_env(**env))
 
 
 def pretrain(overrides: list[str], ranks: int = 1, config: str | None = None, timeout: int = 600, **env):

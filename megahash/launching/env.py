@@ -152,19 +152,26 @@ def free_port(low: int = 10000, high: int = 20000) -> int:
         return s.getsockname()[1]
 
 
-def run_local_world(cmd: list[str], ranks: int, timeout: float | None = None, **popen) -> list[tuple[int, str]]:
+def run_local_world(
+    cmd: list[str], ranks: int, timeout: float | None = None, start=subprocess.Popen, **popen
+) -> list[tuple[int, str]]:
     """Run ``cmd`` as the ``ranks`` processes of one torch.distributed world on this machine (the ``env://``
     variables RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1, a free MASTER_PORT; one thread each, so
-    ranks share the cores evenly): (exit status, output with stderr) of each, in rank order. ``popen``: more
-    ``subprocess.Popen`` arguments (``cwd``; ``env``, the base environment, default this process's)."""
+    ranks share the cores evenly): (exit status, output with stderr) of each, in rank order; a rank still running
+    when one times out is killed. ``popen``: more ``subprocess.Popen`` arguments (``cwd``; ``env``, the base
+    environment, default this process's); ``start``: what starts a process (``subprocess.Popen``'s signature)."""
     base, port, procs = popen.pop("env", None) or os.environ, free_port(), []
     for rank in range(ranks):
         env = dict(base, RANK=str(rank), WORLD_SIZE=str(ranks), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        procs.append(
-            subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
-        )
-    outs = [p.communicate(timeout=timeout)[0] for p in procs]
+        procs.append(start(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen))
+    try:
+        outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     return [(p.returncode, out) for p, out in zip(procs, outs)]
 
 
