@@ -93,6 +93,8 @@ def spawn(args, cwd, env: dict, stdout, stderr, base_env: dict) -> Forked | None
         return None
     if any(a == "--verbose" or a.startswith("logging.verbose=t") for a in map(str, args)):
         return None
+    if _server is not None and _server.poll() is None:
+        base_env = _server.base_env  # what the server's imports saw
     keys = set(env) | set(base_env)
     if any(IMPORT_TIME.match(k) and env.get(k) != base_env.get(k) for k in keys):
         return None
@@ -147,39 +149,46 @@ def popen(args, cwd, env: dict, base_env: dict, stdout=None, stderr=None, fresh:
 
 
 class Forked:
-    """A child of the server, with the part of ``subprocess.Popen``'s interface the tests use."""
+    """A child of the server, with the part of ``subprocess.Popen``'s interface the tests use. The server sends
+    the child's pid with a pidfd of it (taken before it could be reaped), so a signal reaches that process or no
+    one (tests/_pidfd.py), then one line with its exit status."""
 
     def __init__(self, conn: socket.socket, args):
         self.conn, self.args, self.pipes = conn, args, (None, None)
         self.returncode = None
-        reply = self._recv(None)
-        self.pid = reply["pid"]
+        self._buf, fds, _, _ = socket.recv_fds(conn, 4096, 1)
+        self.pidfd = fds[0] if fds else None
+        self.pid = self._line(None)["pid"]
 
-    def _recv(self, timeout):
+    def _line(self, timeout) -> dict:
         self.conn.settimeout(timeout)
-        data = b""
-        while not data.endswith(b"\n"):
+        while b"\n" not in self._buf:
             chunk = self.conn.recv(4096)
             if not chunk:
                 raise RuntimeError("the test fork server went away")
-            data += chunk
-        return json.loads(data)
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def _ended(self, reply: dict) -> int:
+        self.returncode = reply["status"]
+        self.conn.close()
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+        return self.returncode
 
     def poll(self):
-        if self.returncode is None:
-            r, _, _ = select.select([self.conn], [], [], 0)
-            if r:
-                self.returncode = self._recv(None)["status"]
-                self.conn.close()
+        if self.returncode is None and (b"\n" in self._buf or select.select([self.conn], [], [], 0)[0]):
+            self._ended(self._line(None))
         return self.returncode
 
     def wait(self, timeout=None):
         if self.returncode is None:
             try:
-                self.returncode = self._recv(timeout)["status"]
+                self._ended(self._line(timeout))
             except TimeoutError:
                 raise subprocess.TimeoutExpired(self.args, timeout) from None
-            self.conn.close()
         return self.returncode
 
     def communicate(self, timeout=None):
@@ -198,9 +207,9 @@ class Forked:
         return tuple(got)
 
     def send_signal(self, sig: int) -> None:
-        if self.returncode is None:  # the server reaps the child only after telling us: the pid is still its
+        if self.returncode is None and self.pidfd is not None:
             try:
-                os.kill(self.pid, sig)
+                signal.pidfd_send_signal(self.pidfd, sig)
             except ProcessLookupError:
                 pass
 
@@ -218,6 +227,7 @@ class _Server:
     def __init__(self, base_env: dict):
         import secrets
 
+        self.base_env = dict(base_env)
         self.address = f"\0megahash-forkserver-{os.getpid()}-{secrets.token_hex(6)}"
         self.log = tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen(
@@ -317,7 +327,9 @@ def _serve(name: str, parent: int) -> None:
             for fd in fds:
                 os.close(fd)
             children[pid] = conn
-            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+            pidfd = os.pidfd_open(pid)  # before any waitpid: the pid is this child's until it is reaped
+            socket.send_fds(conn, [json.dumps({"pid": pid}).encode() + b"\n"], [pidfd])
+            os.close(pidfd)
         while children:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:

@@ -102,3 +102,24 @@ def test_what_an_import_could_see_differently_starts_fresh(args, env):
 def test_everything_fresh_on_request(monkeypatch, tmp_path):
     monkeypatch.setenv("MEGAHASH_TEST_FRESH", "1")
     assert _forkserver.run([sys.executable, str(tmp_path / "x.py")], tmp_path, child_env(), child_env()) is None
+
+
+def test_kill_reaches_the_child_and_wait_gives_its_signal(tmp_path):
+    """Popen's kill on a forked child: the signal goes through the pidfd the server sent with the pid (a recycled pid
+    is never signalled), and the status is the signal's, as for a fresh process."""
+    script = tmp_path / "sleeper.py"
+    script.write_text("import time\nprint('up', flush=True)\ntime.sleep(300)\n")
+    out = tmp_path / "out.txt"
+    with open(out, "w+") as f:
+        p = _forkserver.popen([sys.executable, str(script)], tmp_path, child_env(), child_env(), f, f, fresh=False)
+        assert p is not None and p.poll() is None
+        import time
+
+        deadline = time.monotonic() + 60
+        while "up" not in out.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with pytest.raises(subprocess.TimeoutExpired):
+            p.wait(timeout=0.2)
+        p.kill()
+        assert p.wait(timeout=60) == -9 and p.poll() == -9
+        p.kill()  # after the end: nothing is sent, no error
