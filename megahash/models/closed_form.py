@@ -63,6 +63,7 @@ def closed_form_report(cfg, vocab_size: int) -> dict | None:
         "tied_head": bool(m.tie_embeddings),
         "final_norm": h,
         "residual_mix": residual,
+        "value_embeds": 0,  # model.value_embeds > 0 has no closed form here (None above)
         "vocab_size": V,
         "layers": layers,
     }
