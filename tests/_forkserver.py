@@ -301,6 +301,10 @@ def _serve(name: str, parent: int) -> None:
     import threading
 
     assert threading.active_count() == 1 and len(os.listdir("/proc/self/task")) == 1, "a thread before fork"
+    import gc
+
+    gc.collect()
+    gc.freeze()  # the preloaded objects out of the collector's sight: a child's collections copy none of their pages
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind("\0" + name)  # abstract: no file
     listener.listen(64)
