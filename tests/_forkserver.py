@@ -63,8 +63,9 @@ def wanted() -> bool:
     """False where every command must start a fresh interpreter (see the module docstring)."""
     if os.environ.get("MEGAHASH_TEST_FRESH") == "1":
         return False
-    torch = sys.modules.get("torch")
-    return not (torch is not None and torch.version.cuda is not None)
+    import torch
+
+    return torch.version.cuda is None
 
 
 def _parse(args: list[str]):
