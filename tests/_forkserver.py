@@ -94,12 +94,13 @@ def spawn(args, cwd, env: dict, stdout, stderr, base_env: dict) -> Forked | None
         return None
     if any(a == "--verbose" or a.startswith("logging.verbose=t") for a in map(str, args)):
         return None
-    if _server is not None and _server.poll() is None:
-        base_env = _server.base_env  # what the server's imports saw
-    keys = set(env) | set(base_env)
-    if any(IMPORT_TIME.match(k) and env.get(k) != base_env.get(k) for k in keys):
+    if _import_time(env) != _import_time(base_env):
         return None
-    if _server is None or _server.poll() is not None:
+    if _server is not None and (_server.poll() is not None or _import_time(_server.base_env) != _import_time(env)):
+        # its imports saw other values (an in-process run set TQDM_DISABLE since, say): a new server; the old one
+        # stays up for the children it still has and is closed at exit
+        _server = None
+    if _server is None:
         _server = _Server(base_env)
     unbuffered, script, module, argv = parsed
     return _server.fork(
@@ -108,6 +109,10 @@ def spawn(args, cwd, env: dict, stdout, stderr, base_env: dict) -> Forked | None
         stdout,
         stderr,
     )  # fmt: skip
+
+
+def _import_time(env: dict) -> dict:
+    return {k: str(v) for k, v in env.items() if IMPORT_TIME.match(k)}
 
 
 def run(args, cwd, env: dict, base_env: dict, timeout: float | None = None) -> subprocess.CompletedProcess | None:

@@ -123,3 +123,17 @@ def test_kill_reaches_the_child_and_wait_gives_its_signal(tmp_path):
         p.kill()
         assert p.wait(timeout=60) == -9 and p.poll() == -9
         p.kill()  # after the end: nothing is sent, no error
+
+
+def test_a_changed_import_time_variable_gets_a_server_that_imported_under_it(tmp_path, monkeypatch):
+    """An in-process run sets TQDM_DISABLE in the test process (megahash.known_warnings): later commands get a
+    server whose imports saw it, not a fresh interpreter each, and not the old server."""
+    script = tmp_path / "env.py"
+    script.write_text("import os; print(os.environ.get('TQDM_DISABLE'))")
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    first = _forkserver.run([sys.executable, str(script)], tmp_path, child_env(), child_env())
+    old = _forkserver._server
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    second = _forkserver.run([sys.executable, str(script)], tmp_path, child_env(), child_env())
+    assert first is not None and second is not None and second.stdout.strip() == "1"
+    assert _forkserver._server is not old and _forkserver._server.base_env["TQDM_DISABLE"] == "1"
