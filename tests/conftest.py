@@ -305,12 +305,10 @@ def popen(args: list[str], stdout=None, stderr=None, cwd=ROOT, **env):
 def local_world(cmd: list[str], ranks: int, timeout: float | None = None, **env) -> list[tuple[int, str]]:
     """``megahash.launching.env.run_local_world`` (the ``env://`` world of ``ranks`` processes of ``cmd``) with
     conftest's child environment, each rank forked from the test fork server: (exit status, output) per rank."""
-    import _forkserver
-
     from megahash.launching.env import run_local_world
 
     def start(args, env, stdout, stderr, text):
-        return _forkserver.popen(args, ROOT, env, child_env(), stdout, stderr)
+        return popen(args, stdout, stderr, **env)
 
     return run_local_world(cmd, ranks, timeout, start=start, env=child_env(**env))
 
@@ -418,8 +416,6 @@ class RankGroup:
     def __init__(self, runs: list[list[str]], ranks: int = 2, env: list[dict] | None = None, ports=None):
         import tempfile
 
-        import _forkserver
-
         env = env or [{} for _ in runs]
         ports = list(ports or [_free_port() for _ in runs])  # a caller with runs of its own binding late names them
         self.tmp = tempfile.TemporaryDirectory(prefix="megahash-ranks-")
@@ -439,7 +435,7 @@ class RankGroup:
             args = [sys.executable, "-u", str(ROOT / "tests" / "_ranks.py"), str(self.dir), f"--local_rank={rank}"]
             log = open(self.dir / f"rank{rank}.log", "w+")  # noqa: SIM115 (read and closed by results)
             self.logs.append(log)
-            self.procs.append(_forkserver.popen(args, ROOT, child_env(**launcher), child_env(), log, log))
+            self.procs.append(popen(args, log, log, **launcher))
 
     def kill(self) -> None:
         for p in self.procs:
