@@ -132,6 +132,32 @@ def pytest_runtest_protocol(item, nextitem):
     yield
 
 
+def pytest_collection_finish(session):
+    _freeze_survivors()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """At the end of a test module (its module fixtures torn down), the objects still alive are frozen."""
+    yield
+    if nextitem is None or nextitem.module is not item.module:
+        _freeze_survivors()
+
+
+def _freeze_survivors() -> None:
+    """A collection, then ``gc.freeze()``: what survives it (torch, DeepSpeed, megatron-core and the test
+    modules, the session's fixtures, lazily imported modules) is left out of every later collection.
+    ``process_groups.release_group`` and ``pretrain`` collect in full after each in-process run (to end a
+    destroyed gloo group's threads); over the whole heap of a test process that cost ~0.3 s each, and the
+    collector took ~16% of an in-process test file's CPU (measured 2026-11-28: 11.3 -> 4.6 s of ~70 CPU-s
+    in tests/training/test_ema.py, test_validation.py, tests/checkpoint, test_schedules.py). Only objects
+    alive at a module's end are frozen, so a run's garbage is still collected within its module."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 def pytest_runtest_makereport(item, call):
     if call.when == "teardown":
         item.user_properties.append(("cpu_s", _cpu_seconds() - dict(item.user_properties)["cpu_start"]))
