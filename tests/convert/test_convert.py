@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +23,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import pytest
 import torch
 
-from conftest import ROOT, RankGroup, child_env, megahash_here, pretrain_group, run
+from conftest import RankGroup, megahash_here, popen, pretrain_group, run
 
 PROMPT = "KING. My lord, the queen, my lord, is dead. What says the king? Now, good my lord,"
 SMALL = [
@@ -170,14 +169,14 @@ ROUND_TRIP = {
     "vemb-qwen2-shape",
 }
 
-TRAIN = [
-    "model.hidden_size=64",
+TRAIN = [  # 4 layers of width 32 (one of each kind in the schedule): what the runs cost is start-up, not the model
+    "model.hidden_size=32",
     "model.num_layers=4",
     "model.num_heads=4",
-    "model.ffn_hidden_size=128",
+    "model.ffn_hidden_size=64",
     "model.schedule=list:mhe-mul,rndembqk,mha,mqa",
-    "model.max_position_embeddings=128",
-    "data.seq_length=64",
+    "model.max_position_embeddings=64",
+    "data.seq_length=32",
     "train.micro_batch_size=4",
     "train.global_batch_size=8",
     "train.lr=2e-3",
@@ -214,15 +213,12 @@ class Runs:
         self.dir, self.shards = d, shards
         common = [f"data.prefix=[{shards['prefix']}]", f"data.tokenizer={shards['tokenizer']}", *TRAIN, "train.steps=4"]
         ports = _reserve_ports(2)
-        self.procs = {
-            "tp1": subprocess.Popen(
+        self.procs = {  # forked from the test fork server (conftest.popen): the same run without a fresh import
+            "tp1": popen(
                 [sys.executable, "megahash/pretrain.py", *common, f"train.save_dir={d / 'tp1'}"],
-                cwd=ROOT,
-                env=child_env(MASTER_PORT=ports[0]),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                start_new_session=True,
+                subprocess.PIPE,
+                subprocess.PIPE,
+                MASTER_PORT=ports[0],
             ),
         }
         # its 2 ranks without a launcher (conftest.RankGroup), beside the 1-rank run
@@ -256,7 +252,7 @@ def runs(shakespeare_shards, tmp_path_factory):
     r.tp2.kill()  # a rank left behind could hold DeepSpeed's build lock
     for p in r.procs.values():
         if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
+            p.kill()
             p.wait()
 
 

@@ -6,11 +6,12 @@ import json
 import os
 import subprocess
 import sys
+from subprocess import PIPE
 
 import pytest
 import torch
 
-from conftest import ROOT, child_env
+from conftest import ROOT, child_env, popen
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -255,19 +256,16 @@ def test_megahash_export_cached_generate_on_transformers_4_and_5(shakespeare_sha
     cfg = _cfg(shakespeare_shards, "mhe-mlp-linear-static")  # mhe-add,mhe-mul,mlp,approx,nonapprox,staticembqk
     export_model(cfg, _build(cfg), tmp_path / "hf", load_codec(cfg), fmt="megahash")
     prompt = [int(t) for t in torch.randint(5, 1000, (7,), generator=torch.Generator().manual_seed(5))]
+    script = tmp_path / "generate.py"
+    script.write_text(TF_GENERATE_SCRIPT)
     results = []
     for pythonpath in (str(tf4_path), None):
-        env = child_env(**({"PYTHONPATH": f"{pythonpath}:{ROOT}"} if pythonpath else {}))
-        r = subprocess.run(
-            [sys.executable, "-c", TF_GENERATE_SCRIPT, str(tmp_path / "hf"), json.dumps(prompt)],
-            cwd=str(tmp_path),
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert r.returncode == 0, r.stderr[-3000:]
-        results.append(json.loads(r.stdout.strip().splitlines()[-1]))
+        # conftest.popen: 5.x forked from the test fork server; 4.46 (another PYTHONPATH) a fresh interpreter
+        env = {"PYTHONPATH": f"{pythonpath}:{ROOT}"} if pythonpath else {}
+        p = popen([sys.executable, str(script), str(tmp_path / "hf"), json.dumps(prompt)], PIPE, PIPE, tmp_path, **env)
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
     import transformers
 
     assert [res["version"] for res in results] == ["4.46.3", transformers.__version__]

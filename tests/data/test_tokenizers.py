@@ -230,10 +230,10 @@ def test_same_score_on_every_path(pipeline, corpus):
     if pipeline["kind"] != "bpe":
         return
     lm_out = pipeline["dir"] / "lm_eval_out"
-    out = subprocess.run([sys.executable, "-m", "megahash.eval.lm_eval_cli", "--model", "megahash", "--model_args",
-                          f"checkpoint={pipeline['run']}", "--batch_size", "4", "--tasks", "tok_ppl", "--include_path", str(tasks),
-                          "--output_path", str(lm_out)], cwd=ROOT, env=child_env(), capture_output=True, text=True,
-                         timeout=600)
+    # its own process, forked from the test fork server (conftest.run): the CLI's start, not the interpreter's
+    out = run([sys.executable, "-m", "megahash.eval.lm_eval_cli", "--model", "megahash", "--model_args",
+               f"checkpoint={pipeline['run']}", "--batch_size", "4", "--tasks", "tok_ppl", "--include_path", str(tasks),
+               "--output_path", str(lm_out)])
     assert out.returncode == 0, out.stderr[-3000:]
     found = [json.loads(p.read_text()) for p in lm_out.rglob("results*.json")]
     assert found, out.stdout[-2000:]
