@@ -1,8 +1,8 @@
 """Training core on real text: TP/SP parity, exact resume, interrupted saves, one-line errors,
 loss decreasing. The multi-rank runs (2 CPU gloo ranks with the DeepSpeed launcher's environment) are made
-by the module fixture ``two_ranks`` in two sets of rank processes (conftest.pretrain_group): the first runs
-and the runs a resume continues, then the resumes, whose processes have run other configurations before
-(a resume that restored less than it must would pick up their state, not the step it stopped at). One-rank
+by the module fixture ``two_ranks`` in one set of rank processes (conftest.pretrain_group, one start-up): the
+first runs and the runs a resume continues, then the resumes, whose processes have run other configurations
+before (a resume that restored less than it must would pick up their state, not the step it stopped at). One-rank
 runs are in this process (conftest.pretrain_here) unless a fresh process's output is what is checked."""
 
 import json
@@ -68,28 +68,20 @@ def two_ranks(shakespeare_shards, tmp_path_factory):
     sh, d = shakespeare_shards, tmp_path_factory.mktemp("two_ranks")
     first = {f"parity_{n}": base(sh, d / n, 6, "train.eval_interval=0", *extra) for n, extra in PARITY.items()}
     first |= {
-        "resume_split": base(sh, d / "split", 20, *RESUME, "train.stop_after=10"),
-        "resume_straight": base(sh, d / "straight", 20, *RESUME),
+        "resume_split": base(sh, d / "split", 10, *RESUME, "train.stop_after=5"),
+        "resume_straight": base(sh, d / "straight", 10, *RESUME),
         "hybrid_split": base(sh, d / "hsplit", 6, *HYBRID, "train.stop_after=3"),
         "hybrid_straight": base(sh, d / "hstraight", 6, *HYBRID),
         "bf16_two": base(sh, d / "two", 4, *BF16),
         "quickstart": _quickstart(sh, d / "qs"),
     }
     then = {
-        "resume_resumed": base(sh, d / "split", 20, *RESUME),
+        "resume_resumed": base(sh, d / "split", 10, *RESUME),
         "hybrid_resumed": base(sh, d / "hsplit", 6, *HYBRID),
         "bf16_resumed": base(sh, d / "resumed", 4, *BF16, f"train.resume={d / 'two' / 'step_00000002'}"),
     }
-    out = {"dir": d}
-    for runs in (first, then):
-        for name, r in zip(runs, pretrain_group(list(runs.values()), timeout=1800)):
-            out[name] = r
-        if runs is first:
-            out["between"] = {
-                "resume_latest": (d / "split" / "latest").read_text(),
-                "resume_step20": (d / "split" / "step_00000020").exists(),
-            }
-    return out
+    runs = first | then  # in this order: every resume after the run it continues, in the same processes
+    return {"dir": d, **dict(zip(runs, pretrain_group(list(runs.values()), timeout=1800)))}
 
 
 @pytest.mark.slow
@@ -137,23 +129,25 @@ def test_tp_and_sp_parity(shakespeare_shards, two_ranks, tmp_path):
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_resume_reproduces_uninterrupted_run(two_ranks):
-    """20 straight steps == 10 steps, stop, resume for 10 (2 data-parallel ranks, ZeRO-1)."""
+    """10 straight steps == 5 steps, stop, resume for 5 (2 data-parallel ranks, ZeRO-1; validation at 5 and 10)."""
     straight, split = two_ranks["dir"] / "straight", two_ranks["dir"] / "split"
     r = two_ranks["resume_straight"]
     assert r.returncode == 0, r.stderr[-3000:]
     r = two_ranks["resume_split"]
     assert r.returncode == 0, r.stderr[-3000:]
-    assert two_ranks["between"]["resume_latest"] == "step_00000010"
-    assert not two_ranks["between"]["resume_step20"]
+    # the stop: at step 5, its checkpoint named by latest (what the resume reads), no step 10 (below: the
+    # step-10 checkpoint has the resume's config, stop_after 0)
+    assert "megahash: stopped at step 5 (train.stop_after=5)" in r.stdout, r.stdout[-3000:]
     r = two_ranks["resume_resumed"]
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "resumed from" in r.stdout
+    assert f"resumed from {split}/step_00000005" in r.stdout, r.stdout[-3000:]
     a, b = train_losses(straight), train_losses(split)
-    assert sorted(a) == sorted(b) == list(range(1, 21))
+    assert sorted(a) == sorted(b) == list(range(1, 11))
     # bit-exact: resume is the promise (same ranks, threads and kernels on this machine)
-    assert [a[s] for s in range(1, 21)] == [b[s] for s in range(1, 21)]  # bit-identical
-    assert train_losses(straight, "valid") == train_losses(split, "valid")
-    cfg = (split / "step_00000020" / "resolved_config.yaml").read_text()
+    assert [a[s] for s in range(1, 11)] == [b[s] for s in range(1, 11)]  # bit-identical
+    valid = train_losses(straight, "valid")
+    assert sorted(valid) == [5, 10] and valid == train_losses(split, "valid")
+    cfg = (split / "step_00000010" / "resolved_config.yaml").read_text()
     assert "stop_after: 0" in cfg and f"save_dir: {split}" in cfg
 
 
