@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, child_env
+from conftest import ROOT, popen, run
 
 GRIDS = sorted((ROOT / "configs" / "grids").glob("*.yaml"))
 SHRINK = [
@@ -77,7 +77,7 @@ def workdir(shakespeare_shards, tmp_path_factory):
     )
     words = d / "words" / "shk"
     specs = ",".join(_word_specs())
-    r = subprocess.run(
+    r = run(  # forked from the test fork server (tests/_forkserver.py): the preprocessing, not a fresh interpreter
         [
             sys.executable,
             "data_tools/preprocess_data.py",
@@ -95,10 +95,6 @@ def workdir(shakespeare_shards, tmp_path_factory):
             "60",
             "--quiet",
         ],
-        cwd=ROOT,
-        env=child_env(),
-        capture_output=True,
-        text=True,
         timeout=600,
     )
     assert r.returncode == 0, r.stderr[-2000:]
@@ -196,7 +192,7 @@ def test_the_readme_grid_runs_through_the_sweep(workdir, tmp_path):
     grid = load_grid(str(path), SHRINK + data, str(out))
     cells = [c.index for c in grid.cells if c.label in ("standard", "hybrid rndembqk", "skip rndembqk")]
     assert len(cells) == 3
-    r = subprocess.run(
+    p = popen(  # the sweep forked from the test fork server; its cells are fresh interpreters, as the sweep starts them
         [
             sys.executable,
             "-m",
@@ -215,12 +211,12 @@ def test_the_readme_grid_runs_through_the_sweep(workdir, tmp_path):
             *SHRINK,
             *data,
         ],
+        subprocess.PIPE,
+        subprocess.PIPE,
         cwd=workdir["dir"],
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=1800,
     )
+    stdout, stderr = p.communicate(timeout=1800)
+    r = subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     started = re.findall(r"sweep: \[(\d)/3\] cell (\S+): training \(", r.stdout)
     done = re.findall(r"sweep: \[(\d)/3\] cell (\S+): done \(step 2\) in \d+", r.stdout)
@@ -254,14 +250,7 @@ def test_a_failed_cell_is_named_with_its_error_at_the_end_and_in_the_report(work
     path = tmp_path / "fails.yaml"
     path.write_text(yaml.safe_dump(grid))
     out = tmp_path / "out"
-    r = subprocess.run(
-        [sys.executable, "-m", "megahash", "sweep", "--grid", str(path), "--out", str(out)],
-        cwd=ROOT,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    r = run([sys.executable, "-m", "megahash", "sweep", "--grid", str(path), "--out", str(out)], timeout=900)
     assert r.returncode == 1, (r.stdout[-3000:], r.stderr[-3000:])
     assert re.search(r"sweep: \[1/2\] cell 000_ok: done \(step 2\) in \d+", r.stdout), r.stdout
     err = r.stderr.strip().splitlines()
@@ -279,14 +268,7 @@ def test_a_failed_cell_is_named_with_its_error_at_the_end_and_in_the_report(work
     # fixed and rerun: the cell trains, its failure record goes
     grid["variants"][1]["overrides"] = {"train.resume": "auto"}
     path.write_text(yaml.safe_dump(grid))
-    r = subprocess.run(
-        [sys.executable, "-m", "megahash", "sweep", "--grid", str(path), "--out", str(out)],
-        cwd=ROOT,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    r = run([sys.executable, "-m", "megahash", "sweep", "--grid", str(path), "--out", str(out)], timeout=900)
     assert r.returncode == 0 and "already done, skipped" in r.stdout, r.stderr[-3000:]
     assert json.loads((out / "report.json").read_text())["not_done"] == []
     assert not (out / "cells" / "001_broken" / "sweep_failed.json").exists()

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from _slurm import clean_env
 
-from conftest import ROOT, child_env, train_losses
+from conftest import ROOT, run, train_losses
 
 TINY = {
     "model.hidden_size": 64,
@@ -84,14 +84,12 @@ def grid(shakespeare_shards, tmp_path_factory):
 
 
 def sweep(args, env=None, timeout=900):
-    return subprocess.run(
-        [sys.executable, "-m", "megahash", "sweep", *args],
-        cwd=ROOT,
-        env=env or child_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """``megahash sweep ARGS``: forked from the test fork server (tests/_forkserver.py) in the tests' environment,
+    a fresh interpreter in a SLURM cluster's (``env``); the cells are the fresh processes the sweep starts."""
+    cmd = [sys.executable, "-m", "megahash", "sweep", *args]
+    if env is None:
+        return run(cmd, timeout=timeout)
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def check_report(out_dir):
