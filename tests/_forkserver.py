@@ -52,8 +52,11 @@ PRELOAD = (
     "safetensors.torch",
 )
 # environment variables read when those libraries are imported: a child whose value differs is started fresh
+# (not the launchers' CUDA_VISIBLE_DEVICES and PYTORCH_NVML_BASED_CUDA_CHECK, which conftest.RankGroup sets:
+# torch reads them when CUDA is first used, and a fork is only made from a torch without CUDA, see ``wanted``)
 IMPORT_TIME = re.compile(
-    r"^(PYTHON|TORCH|PYTORCH|ATEN_|OMP_|MKL_|KMP_|OPENBLAS|GOMP|CUDA|NVIDIA|DS_|NCCL|TRITON|MEGATRON|LD_|MALLOC|"
+    r"^(?!CUDA_VISIBLE_DEVICES$|PYTORCH_NVML_BASED_CUDA_CHECK$)"
+    r"(PYTHON|TORCH|PYTORCH|ATEN_|OMP_|MKL_|KMP_|OPENBLAS|GOMP|CUDA|NVIDIA|DS_|NCCL|TRITON|MEGATRON|LD_|MALLOC|"
     r"MEGAHASH_SHOW_WARNINGS$|TQDM|TOKENIZERS|NUMPY)"
 )
 _server = None
