@@ -3,7 +3,8 @@ engine on one CPU rank: training goes on while a checkpoint is written in the ba
 and the manifest name the previous checkpoint until the writer has finished; a kill -9 mid-write
 leaves that previous checkpoint as the resume point; ``train.keep_last`` keeps it meanwhile; the save
 of a stop is finished before the process exits; the async checkpoints (no DeepSpeed-native files)
-resume bit-exactly. The runs that are killed or fail are processes of their own; the resumes run in this one."""
+resume bit-exactly. The runs that are killed or fail are processes of their own (forked from the test fork
+server, conftest.popen); the resumes run in this one."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import pytest
 from test_launch import wait_for_step
 
 import conftest
-from conftest import ROOT, child_env, pretrain_here
+from conftest import ROOT, popen, pretrain_here
 
 TINY = [*conftest.TINY, "train.eval_interval=0", "train.async_save=true", "train.save_interval=2", "train.keep_last=1"]
 
@@ -35,6 +36,20 @@ def _args(shards, run_dir: Path, *extra) -> list[str]:
     ]
 
 
+def _trainer(args: list[str], where: Path, delay: str):
+    """``python megahash/pretrain.py ARGS`` as a process of its own, in the folder ``where`` (made here): the
+    trainer's forks (its background writers) inherit that working folder, which is how _survivors finds them
+    (a forked process's command line is the fork server's). ``delay``: MEGAHASH_TEST_ASYNC_WRITE_DELAY."""
+    where.mkdir()
+    return popen(
+        [sys.executable, str(ROOT / "megahash" / "pretrain.py"), *args],
+        subprocess.PIPE,
+        subprocess.PIPE,
+        cwd=where,
+        MEGAHASH_TEST_ASYNC_WRITE_DELAY=delay,
+    )
+
+
 def _wait_for_step(run_dir: Path, step: int, proc, timeout: float = 900) -> None:
     wait_for_step(run_dir, step, lambda: proc.poll() is None, timeout)
 
@@ -48,15 +63,8 @@ def test_kill_during_async_write_resumes_from_the_previous_checkpoint_bit_exactl
     steps 3-6 equal the killed run's bit for bit (loss and gradient norm)."""
     from megahash.checkpoint.manifest import damage
 
-    run_dir = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "megahash/pretrain.py", *_args(shakespeare_shards, run_dir)],
-        cwd=ROOT,
-        env=child_env(MEGAHASH_TEST_ASYNC_WRITE_DELAY="4:120"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    run_dir, where = tmp_path / "run", tmp_path / "trainer"
+    proc = _trainer(_args(shakespeare_shards, run_dir), where, "4:120")
     try:
         _wait_for_step(run_dir, 6, proc)  # the last step waits for the held writer of step 4
         assert (run_dir / "latest").read_text() == "step_00000002"
@@ -65,7 +73,7 @@ def test_kill_during_async_write_resumes_from_the_previous_checkpoint_bit_exactl
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.communicate()
-    assert _survivors(run_dir) == []  # the held writer died with the trainer (no orphan writes into step 4)
+    assert _survivors(where) == []  # the held writer died with the trainer (no orphan writes into step 4)
     killed = {s: rec for s, rec in _records(run_dir).items()}
     assert sorted(killed) == [1, 2, 3, 4, 5, 6]
 
@@ -87,15 +95,15 @@ def test_kill_during_async_write_resumes_from_the_previous_checkpoint_bit_exactl
     assert [rec["saved_step"] for rec in saves] == [2, 4, 6] and all(rec["async"] == 1 for rec in saves)
 
 
-def _survivors(run_dir: Path, wait: float = 10.0) -> list[int]:
-    """Processes whose command line names ``run_dir`` (the trainer's forks: writers, file writers) still
+def _survivors(where: Path, wait: float = 10.0) -> list[int]:
+    """Processes working in the trainer's folder ``where`` (the trainer's forks: writers, file writers) still
     alive after ``wait`` seconds: none may outlive a killed or failed trainer."""
     deadline = time.time() + wait
     while True:
         alive = []
         for d in Path("/proc").iterdir():
             try:
-                if d.name.isdigit() and str(run_dir).encode() in (d / "cmdline").read_bytes():
+                if d.name.isdigit() and Path(os.readlink(d / "cwd")) == where.resolve():
                     alive.append(int(d.name))
             except OSError:
                 pass
@@ -119,15 +127,8 @@ def test_a_failed_background_write_is_one_line_and_keeps_the_previous_checkpoint
     step 2 (megahash/training/checkpoint_faults.py's message and remedy, as a synchronous save's)."""
     import shutil
 
-    run_dir = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "megahash/pretrain.py", *_args(shakespeare_shards, run_dir), "train.steps=4"],
-        cwd=ROOT,
-        env=child_env(MEGAHASH_TEST_ASYNC_WRITE_DELAY="4:5"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    run_dir, where = tmp_path / "run", tmp_path / "trainer"
+    proc = _trainer([*_args(shakespeare_shards, run_dir), "train.steps=4"], where, "4:5")
     try:
         _wait_for_step(run_dir, 4, proc)
         deadline = time.time() + 60
@@ -139,7 +140,7 @@ def test_a_failed_background_write_is_one_line_and_keeps_the_previous_checkpoint
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
     assert proc.returncode == 2, err[-3000:]
-    assert _survivors(run_dir) == []  # the killed writer's file writers died with it (they used to hang)
+    assert _survivors(where) == []  # the killed writer's file writers died with it (they used to hang)
     lines = [l for l in err.splitlines() if l.startswith("error:")]
     assert len(lines) == 1 and "No such file or directory" in lines[0], err[-3000:]
     assert "the previous checkpoint step_00000002 is intact" in lines[0] and "fix the folder" in lines[0]
