@@ -22,12 +22,17 @@ def prepare_deepspeed_extensions() -> Path:
     ``lock`` file. Two hazards met here: a build killed in flight leaves the lock and every later launch
     waits on it forever, silently; two Pythons sharing the folder rebuild the op in turn (their include
     paths differ). So a virtual environment keeps its own (``<venv>/torch_extensions``, unless
-    ``TORCH_EXTENSIONS_DIR`` is set) and a lock older than :data:`STALE_BUILD_LOCK_S` is removed, in one line."""
+    ``TORCH_EXTENSIONS_DIR`` is set) and a lock older than :data:`STALE_BUILD_LOCK_S` is removed, in one line.
+    A third: torch runs the ``ninja`` of ``PATH``, and ninja 1.13 (the locked pip package) and 1.11 (Debian's)
+    hash commands differently in the build log they share, so each switch between them rebuilt the op from
+    scratch (three builds, ~80 CPU-s a file, in one CI run whose SLURM jobs and launched ranks found
+    /usr/bin/ninja first). So the environment's own ninja goes first on ``PATH`` (:func:`_own_ninja_first`)."""
     import sys
     import time
 
     if "TORCH_EXTENSIONS_DIR" not in os.environ and sys.prefix != sys.base_prefix:
         os.environ["TORCH_EXTENSIONS_DIR"] = str(Path(sys.prefix) / "torch_extensions")
+    _own_ninja_first()
     from torch.utils.cpp_extension import get_default_build_root
 
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
@@ -42,6 +47,21 @@ def prepare_deepspeed_extensions() -> Path:
                 flush=True,
             )
     return root
+
+
+def _own_ninja_first() -> None:
+    """Put the folder of the pip package ``ninja`` (installed with this Python) first on ``PATH``, where it
+    is not the ``ninja`` found already; without the package, ``PATH`` stays as it is."""
+    import shutil
+
+    try:
+        import ninja
+    except ImportError:
+        return
+    own = Path(ninja.BIN_DIR) / "ninja"
+    found = shutil.which("ninja")
+    if own.is_file() and (found is None or Path(found).resolve() != own.resolve()):
+        os.environ["PATH"] = os.pathsep.join([str(own.parent), os.environ.get("PATH", "")])
 
 
 def build_deepspeed_ops() -> None:
