@@ -2,7 +2,9 @@
 repository, after the quickstart. Commands are only shortened by arguments appended at the end
 (later config overrides and later argparse options win); a command no rule knows fails the test,
 so a new README command must be given a rule here. Heavy or unreachable ones are skipped with the
-reason in SKIP."""
+reason in SKIP. The launchers (deepspeed, torchrun) and the quickstart's own commands start fresh processes; the
+README's `python ...` and `megahash ...` lines are forked from a server that imported torch/DeepSpeed/megatron-core
+already (tests/_fork_shim.py; MEGAHASH_TEST_FRESH=1 runs them in fresh interpreters too)."""
 
 import re
 import shlex
@@ -11,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import _fork_shim
+import _forkserver
 import pytest
 
 from conftest import ROOT, child_env
@@ -98,6 +102,14 @@ def test_readme_commands_run_in_order(shakespeare_shards, tmp_path):
         (shims / name).chmod(0o755)
     env = child_env(PYTHONPATH=str(repo))
     env["PATH"] = f"{shims}:{env['PATH']}"
+    server = None
+    if _forkserver.wanted():
+        # `python ...` and `megahash ...` forked from a server that imported torch/DeepSpeed/megatron-core under
+        # this environment (tests/_fork_shim.py): each runs as in a fresh interpreter, its megahash modules
+        # imported by itself, without ~5 CPU-s of third-party imports. The quickstart's python3 (its own
+        # environment's: launch/venv.sh) and the launchers and their ranks stay fresh processes.
+        server = _forkserver._Server(env)
+        _fork_shim.install(shims, server, {"python": None, "megahash": shutil.which("megahash")})
     r = subprocess.run(
         [
             sys.executable,
@@ -124,17 +136,21 @@ def test_readme_commands_run_in_order(shakespeare_shards, tmp_path):
     cmds = readme_commands((ROOT / "README.md").read_text())
     assert cmds[0] == "bash launch/quickstart.sh", cmds[:2]
     ran, skipped = [], []
-    for cmd in cmds:
-        reason = next((why for p, why in SKIP.items() if cmd.startswith(p)), None)
-        if reason:
-            skipped.append(cmd)
-            continue
-        extra = next((args for p, args in RULES if cmd.startswith(p)), None)
-        assert extra is not None, f"README command without a rule in tests/test_readme.py: {cmd}"
-        full = cmd + "".join(" " + shlex.quote(a) for a in extra)
-        r = subprocess.run(["bash", "-c", full], cwd=repo, env=env, capture_output=True, text=True, timeout=1200)
-        assert r.returncode == 0, f"{full}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-        ran.append((cmd, r))
+    try:
+        for cmd in cmds:
+            reason = next((why for p, why in SKIP.items() if cmd.startswith(p)), None)
+            if reason:
+                skipped.append(cmd)
+                continue
+            extra = next((args for p, args in RULES if cmd.startswith(p)), None)
+            assert extra is not None, f"README command without a rule in tests/test_readme.py: {cmd}"
+            full = cmd + "".join(" " + shlex.quote(a) for a in extra)
+            r = subprocess.run(["bash", "-c", full], cwd=repo, env=env, capture_output=True, text=True, timeout=1200)
+            assert r.returncode == 0, f"{full}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+            ran.append((cmd, r))
+    finally:
+        if server is not None:
+            server.close()
     assert {p for p in SKIP if any(c.startswith(p) for c in skipped)} == set(SKIP) and len(ran) >= 15
     out = dict((c, r.stdout) for c, r in ran)
     qs = out["bash launch/quickstart.sh"]

@@ -413,21 +413,14 @@ def test_sigusr1_checkpoints_and_exits_3_and_second_signal_is_harmless(shakespea
         "train.steps=40",
     ]
     straight, split = tmp_path / "straight", tmp_path / "split"
-    ref = subprocess.Popen(
+    # forked from the test fork server (conftest.popen): the trainer's signal handling is tested, not start-up
+    ref = conftest.popen(
         [sys.executable, "megahash/pretrain.py", *base, f"train.save_dir={straight}"],
-        cwd=ROOT,
-        env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        subprocess.PIPE,
+        subprocess.STDOUT,
     )
-    proc = subprocess.Popen(
-        [sys.executable, "megahash/pretrain.py", *base, f"train.save_dir={split}"],
-        cwd=ROOT,
-        env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    proc = conftest.popen(
+        [sys.executable, "megahash/pretrain.py", *base, f"train.save_dir={split}"], subprocess.PIPE, subprocess.STDOUT
     )
     try:
         wait_for_step(split, 3, lambda: proc.poll() is None)
