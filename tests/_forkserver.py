@@ -16,8 +16,9 @@ Where a fresh interpreter is what a test needs, it is used instead (``spawn`` re
 - warnings shown (``--verbose``, ``logging.verbose=true``): import-time warnings come only from a fresh import;
 - a CUDA build of torch (CUDA must not be touched before a fork), or ``MEGAHASH_TEST_FRESH=1`` (the whole suite
   with fresh interpreters: the check that this module changes no result).
-The launchers (deepspeed, torchrun, SLURM), the README's commands and the start-up tests start fresh processes
-as before: they are what those tests test.
+The launchers (deepspeed, torchrun, SLURM), the quickstart's commands and the start-up tests start fresh processes
+as before: they are what those tests test. The README's own ``python``/``megahash`` lines are forked through shims
+on PATH (tests/_fork_shim.py) from a server started under the README test's environment.
 """
 
 from __future__ import annotations

@@ -33,3 +33,25 @@ def test_a_virtual_environment_builds_into_its_own_folder(tmp_path, monkeypatch)
     assert os.environ["TORCH_EXTENSIONS_DIR"] == str(tmp_path / "venv" / "torch_extensions")  # the ranks' builds
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "named"))
     assert deepspeed_ops.prepare_deepspeed_extensions() == tmp_path / "named"  # a folder the user names wins
+
+
+def test_the_environments_ninja_builds_the_op(tmp_path, monkeypatch):
+    """Debian's ninja 1.11 first on PATH and the lock's 1.13 (pip package) share the build log, whose command
+    hashes they compute differently: each switch rebuilt the op. The package's ninja goes first."""
+    import shutil
+    import stat
+
+    import ninja
+
+    other = tmp_path / "usr-bin"
+    other.mkdir()
+    (other / "ninja").write_text("#!/bin/sh\necho 1.11.1\n")
+    (other / "ninja").chmod(stat.S_IRWXU)
+    monkeypatch.setenv("PATH", f"{other}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    assert shutil.which("ninja") == str(other / "ninja")
+    deepspeed_ops.prepare_deepspeed_extensions()
+    assert os.path.samefile(shutil.which("ninja"), os.path.join(ninja.BIN_DIR, "ninja"))
+    path = os.environ["PATH"]
+    deepspeed_ops.prepare_deepspeed_extensions()  # once first, PATH is left as it is
+    assert os.environ["PATH"] == path
