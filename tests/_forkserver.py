@@ -158,6 +158,11 @@ def popen(args, cwd, env: dict, base_env: dict, stdout=None, stderr=None, fresh:
     return subprocess.Popen(args, cwd=cwd, env=env, stdout=stdout, stderr=stderr, text=True)
 
 
+# user + system seconds of the children this process had forked that have ended (a forked child is the server's,
+# so its CPU is in no ``RUSAGE_CHILDREN`` of the test's process: conftest's per-test CPU adds this)
+forked_cpu_seconds = 0.0
+
+
 class Forked:
     """A child of the server, with the part of ``subprocess.Popen``'s interface the tests use. The server sends
     the child's pid with a pidfd of it (taken before it could be reaped), so a signal reaches that process or no
@@ -181,7 +186,9 @@ class Forked:
         return json.loads(line)
 
     def _ended(self, reply: dict) -> int:
+        global forked_cpu_seconds
         self.returncode = reply["status"]
+        forked_cpu_seconds += reply.get("cpu", 0.0)
         self.conn.close()
         if self.pidfd is not None:
             os.close(self.pidfd)
@@ -345,14 +352,15 @@ def _serve(name: str, parent: int) -> None:
             socket.send_fds(conn, [json.dumps({"pid": pid}).encode() + b"\n"], [pidfd])
             os.close(pidfd)
         while children:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
             if pid == 0:
                 break
             conn = children.pop(pid, None)
             if conn is not None:
                 code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+                cpu = usage.ru_utime + usage.ru_stime  # the child's and its waited-for children's
                 try:
-                    conn.sendall(json.dumps({"status": code}).encode() + b"\n")
+                    conn.sendall(json.dumps({"status": code, "cpu": cpu}).encode() + b"\n")
                 except OSError:
                     pass
                 conn.close()

@@ -118,11 +118,14 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _cpu_seconds() -> float:
-    """User + system seconds of this process and of every child process it has waited for."""
+    """User + system seconds of this process, of every child process it has waited for, and of the commands it
+    had the fork server start (tests/_forkserver.py) that have ended."""
     import resource
 
+    import _forkserver
+
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime + _forkserver.forked_cpu_seconds
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -137,3 +137,14 @@ def test_a_changed_import_time_variable_gets_a_server_that_imported_under_it(tmp
     second = _forkserver.run([sys.executable, str(script)], tmp_path, child_env(), child_env())
     assert first is not None and second is not None and second.stdout.strip() == "1"
     assert _forkserver._server is not old and _forkserver._server.base_env["TQDM_DISABLE"] == "1"
+
+
+def test_a_forked_commands_cpu_seconds_are_counted_for_the_test(tmp_path):
+    """A forked child is the server's, so its CPU is in no RUSAGE_CHILDREN of the test: the server sends it
+    (wait4) with the exit status, and conftest's per-test CPU adds it (tests/durations.cpu.json)."""
+    script = tmp_path / "spin.py"
+    script.write_text("import time\nend = time.process_time() + 0.5\nwhile time.process_time() < end:\n    pass\n")
+    before = _forkserver.forked_cpu_seconds
+    forked = _forkserver.run([sys.executable, str(script)], tmp_path, child_env(), child_env(), timeout=120)
+    assert forked is not None and forked.returncode == 0
+    assert 0.5 <= _forkserver.forked_cpu_seconds - before < 60
