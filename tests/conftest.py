@@ -140,32 +140,22 @@ def pytest_collection_finish(session):
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_setup(item):
-    """Once a test's fixtures are set up, what is alive is frozen: the test's own runs collect only theirs."""
-    yield
-    _freeze_survivors()
-
-
-@pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item, nextitem):
-    """At the end of a test module (its module fixtures torn down) one full collection: the cycles of what
-    was frozen while alive (a module fixture's run and its engine) are freed here, not kept to the end."""
+    """At the end of a test module (its module fixtures torn down), what is still alive is frozen."""
     yield
     if nextitem is None or nextitem.module is not item.module:
-        import gc
-
-        gc.unfreeze()
         _freeze_survivors()
 
 
 def _freeze_survivors() -> None:
     """A collection, then ``gc.freeze()``: what survives it (torch, DeepSpeed, megatron-core and the test
-    modules, the fixtures, lazily imported modules) is left out of every later collection until the module's
-    end. ``process_groups.release_group`` and ``pretrain`` collect in full after each in-process run (to end a
-    destroyed gloo group's threads); over the whole heap of a test process that cost ~0.3 s each, and the
-    collector took ~16% of an in-process test file's CPU (measured 2026-11-28: 11.3 -> 4.6 s of ~70 CPU-s in
-    tests/training/test_ema.py, test_validation.py, tests/checkpoint, test_schedules.py with a freeze per
-    module; tests/training/test_resume_every_config.py 72 -> 54 CPU-s with one per test)."""
+    modules, the session's fixtures, lazily imported modules) is left out of every later collection.
+    ``process_groups.release_group`` and ``pretrain`` collect in full after each in-process run (to end a
+    destroyed gloo group's threads), which over the whole heap of a test process cost ~0.3 s each. Measured
+    2026-11-28 on the 2-core machine, quiet, ``-n 2`` over tests/models, test_resume_every_config.py and
+    test_ema.py (592 tests): 276-299 CPU-s without, 208-216 with a freeze at each module's end, 312 with one
+    at every test (and a full collection at each module's end), so a freeze per module it is. Only objects
+    alive at a module's end are frozen, so a run's garbage is still collected within its module."""
     import gc
 
     gc.collect()
