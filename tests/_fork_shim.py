@@ -34,17 +34,11 @@ def install(bin_dir: Path, server, scripts: dict[str, str | None]) -> None:
 
 def main(address: str, server_env: dict, script: str | None) -> None:
     args = [sys.executable, *([script] if script else []), *sys.argv[1:]]
-    parsed = _forkserver._parse(args)
-    verbose = any(a == "--verbose" or a.startswith("logging.verbose=t") for a in args)
-    if parsed is None or verbose or _forkserver._import_time(dict(os.environ)) != server_env:
+    request = _forkserver.request_for(args, os.getcwd(), dict(os.environ), server_env)
+    if request is None:
         os.execv(sys.executable, args)
-    unbuffered, path, module, argv = parsed
-    request = {"cwd": os.getcwd(), "env": dict(os.environ), "argv": argv, "script": path, "module": module,
-               "unbuffered": unbuffered}  # fmt: skip
-    server = _forkserver._Server.__new__(_forkserver._Server)  # a client of the test's running server
-    server.address = address
     try:
-        child = server.fork(request, None, None)  # this process's stdout and stderr
+        child = _forkserver.fork_at(address, request, None, None)  # this process's stdout and stderr
     except (ConnectionRefusedError, FileNotFoundError):  # the server is gone: a fresh interpreter
         os.execv(sys.executable, args)
     for sig in FORWARDED:

@@ -93,12 +93,8 @@ def spawn(args, cwd, env: dict, stdout, stderr, base_env: dict) -> Forked | None
     ``stdout``/``stderr``: open files (or None: this process's); ``base_env``: the environment the server is
     started with (conftest.child_env()), to which ``env`` is compared."""
     global _server
-    parsed = _parse([str(a) for a in args])
-    if parsed is None or not wanted():
-        return None
-    if any(a == "--verbose" or a.startswith("logging.verbose=t") for a in map(str, args)):
-        return None
-    if _import_time(env) != _import_time(base_env):
+    request = request_for(args, cwd, env, base_env)
+    if request is None or not wanted():
         return None
     if _server is not None and (_server.poll() is not None or _import_time(_server.base_env) != _import_time(env)):
         # its imports saw other values (an in-process run set TQDM_DISABLE since, say): a new server; the old one
@@ -106,13 +102,20 @@ def spawn(args, cwd, env: dict, stdout, stderr, base_env: dict) -> Forked | None
         _server = None
     if _server is None:
         _server = _Server(base_env)
+    return _server.fork(request, stdout, stderr)
+
+
+def request_for(args, cwd, env: dict, base_env: dict) -> dict | None:
+    """The server's request for ``args`` run in ``cwd`` under ``env``, or None where a fresh interpreter is needed:
+    not ``python [-u] SCRIPT|-m MODULE``, warnings shown, or import-time variables other than ``base_env``'s."""
+    parsed = _parse([str(a) for a in args])
+    if parsed is None or any(a == "--verbose" or a.startswith("logging.verbose=t") for a in map(str, args)):
+        return None
+    if _import_time(env) != _import_time(base_env):
+        return None
     unbuffered, script, module, argv = parsed
-    return _server.fork(
-        {"cwd": str(cwd), "env": {k: str(v) for k, v in env.items()}, "argv": argv, "script": script,
-         "module": module, "unbuffered": unbuffered},
-        stdout,
-        stderr,
-    )  # fmt: skip
+    return {"cwd": str(cwd), "env": {k: str(v) for k, v in env.items()}, "argv": argv, "script": script,
+            "module": module, "unbuffered": unbuffered}  # fmt: skip
 
 
 def _import_time(env: dict) -> dict:
@@ -276,11 +279,7 @@ class _Server:
         return self.proc.poll()
 
     def fork(self, request: dict, stdout, stderr) -> Forked:
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        conn.connect(self.address)
-        fds = [_fd(stdout, 1), _fd(stderr, 2)]
-        socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], fds)
-        return Forked(conn, request["argv"])
+        return fork_at(self.address, request, stdout, stderr)
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -291,6 +290,15 @@ class _Server:
                 self.proc.kill()
                 self.proc.wait()
         self.log.close()
+
+
+def fork_at(address: str, request: dict, stdout, stderr) -> Forked:
+    """``request`` (:func:`request_for`) forked by the server listening at ``address``."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(address)
+    fds = [_fd(stdout, 1), _fd(stderr, 2)]
+    socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], fds)
+    return Forked(conn, request["argv"])
 
 
 def _fd(f, default: int) -> int:
