@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -168,22 +169,51 @@ def pytest_runtest_makereport(item, call):
 
 
 class _DurationRecorder:
-    """Wall seconds per test (setup + call + teardown) into PATH; CPU seconds into PATH's ``.cpu.json`` twin."""
+    """Wall seconds per test (setup + call + teardown) into PATH; CPU seconds into PATH's ``.cpu.json`` twin; and
+    where the run's time went into its ``.timeline.json`` twin: each test's worker, start and end (epoch seconds),
+    and the machine's busy cores sampled every 2 s from /proc/stat (where the cores idled: waits, the tail)."""
 
     def __init__(self, path: str):
-        self.path, self.seconds, self.cpu = Path(path), {}, {}
+        import threading
+
+        self.path, self.seconds, self.cpu, self.spans, self.busy = Path(path), {}, {}, {}, []
+        self._stop = threading.Event()
+        threading.Thread(target=self._sample, daemon=True).start()
+
+    def _sample(self) -> None:
+        def ticks():
+            fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+            return sum(fields), fields[3] + fields[4]  # all, idle + iowait
+
+        try:
+            last = ticks()
+            while not self._stop.wait(2.0):
+                now = ticks()
+                total, idle = now[0] - last[0], now[1] - last[1]
+                self.busy.append((round(time.time(), 1), round((os.cpu_count() or 1) * (1 - idle / max(total, 1)), 2)))
+                last = now
+        except OSError:  # no /proc (not Linux): no samples
+            pass
 
     def pytest_runtest_logreport(self, report):
         self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+        worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", "main")
+        start, stop = self.spans.get(report.nodeid, (worker, report.start, report.stop))[1:]
+        self.spans[report.nodeid] = (worker, min(start, report.start), max(stop, report.stop))
         cpu = dict(report.user_properties).get("cpu_s")
         if cpu is not None:
             self.cpu[report.nodeid] = cpu
 
     def pytest_sessionfinish(self, session):
+        self._stop.set()
         self.path.write_text(json.dumps({k: round(v, 2) for k, v in sorted(self.seconds.items())}, indent=0) + "\n")
         self.path.with_suffix(".cpu.json").write_text(
             json.dumps({k: round(v, 2) for k, v in sorted(self.cpu.items())}, indent=0) + "\n"
         )
+        spans = {
+            k: [w, round(a, 2), round(b, 2)] for k, (w, a, b) in sorted(self.spans.items(), key=lambda kv: kv[1][1])
+        }
+        self.path.with_suffix(".timeline.json").write_text(json.dumps({"tests": spans, "busy_cores": self.busy}) + "\n")
 
 
 def pytest_configure(config):
