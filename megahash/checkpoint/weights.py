@@ -50,24 +50,56 @@ def sharded_metadata(model) -> dict | None:
 def dist_save(sharded_state_dict: dict, directory: Path, async_queue=None) -> None:
     """Collective: megatron-core ``dist_checkpointing.save`` (its default ``torch_dist`` strategy).
 
-    Synchronously (``async_queue`` None) the writer runs in this process and hands its results back
-    through a plain in-process queue: megatron's ``FileSystemWriterAsync`` would otherwise create a
-    ``multiprocessing`` Manager (a spawned server process that imports torch to unpickle them, about
-    2.4 s, 2 CPU seconds, at the first save of every process on the 2-core CI machine). With an
-    ``async_queue`` (``train.async_save``: megahash/training/async_save.py) the save is planned here
-    and its write handed to a background writer; the caller finalizes it.
+    Synchronously (``async_queue`` None) the files are written in this process: megatron's
+    ``FileSystemWriterAsync`` would fork a writer process per file of every save (copying the page
+    tables of a process holding torch: 31.5 against 24.8 CPU-s, system time 8.7 against 3.6, for six
+    tests of tests/training/test_resume_every_config.py on the 2-core CI machine) and hand the results
+    back through a ``multiprocessing`` Manager (a spawned server process, 2 CPU seconds at the first
+    save of every process). The save is megatron's own (``async_sharded_save=True``: plan, preload,
+    barrier, finalize, as ``AsyncRequest.execute_sync``), with its write done by :func:`_write_here`:
+    the same files, the same bytes. With an ``async_queue`` (``train.async_save``:
+    megahash/training/async_save.py) the save is planned here and its write handed to a background
+    writer; the caller finalizes it.
     """
+    import functools
+    import queue
+
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
     if async_queue is not None:
         async_queue.save(sharded_state_dict, directory)
         return
-    if getattr(filesystem_async, "_results_queue", ...) is None:  # megatron creates it on first use
-        import queue
+    before, filesystem_async._results_queue = filesystem_async._results_queue, queue.Queue()
+    try:  # the writer takes this results queue when it plans the save
+        request = dist_checkpointing.save(sharded_state_dict, str(directory), async_sharded_save=True)
+    finally:
+        filesystem_async._results_queue = before
+    if request.async_fn is not None:  # partial(write_preloaded_data_multiproc, transform_list, use_msc)
+        request = request._replace(async_fn=functools.partial(_write_here, *request.async_fn.args))
+    request.execute_sync()
 
-        filesystem_async._results_queue = queue.Queue()
-    dist_checkpointing.save(sharded_state_dict, str(directory))
+
+def _write_here(transform_list, use_msc: bool, rank: int, write_buckets: list, results_queue) -> None:
+    """megatron-core's ``FileSystemWriterAsync.write_preloaded_data_multiproc`` without its processes:
+    each file (write bucket) written by the writer's own one-file path, ``write_preloaded_data``, here
+    and in turn; its results, or the first file's error, put on ``results_queue`` as that method puts
+    them (the writer's ``retrieve_write_results`` reads them)."""
+    import queue
+
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
+
+    results: dict | Exception = {}
+    local, count = queue.Queue(), queue.Queue()  # the method's results and completion queues
+    for i, bucket in enumerate(write_buckets):
+        count.put(i)
+        FileSystemWriterAsync.write_preloaded_data(transform_list, i, bucket, local, count, True, use_msc=use_msc)
+        idx, out = local.get_nowait()
+        if isinstance(out, Exception):
+            results = out
+            break
+        results[idx] = out
+    results_queue.put(results)
 
 
 def save_weights(module: torch.nn.Module, directory: Path, zero_stage: int = 0, async_queue=None) -> None:

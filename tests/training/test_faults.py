@@ -338,12 +338,15 @@ def _launch_and_signal(
         start_new_session=True,
     )
     try:
-        deadline = time.time() + 300
+        deadline, read = time.time() + 300, -1  # read: the size of metrics.jsonl when it was last parsed
         while time.time() < deadline and p.poll() is None:
             if not after_save or (run_dir / f"step_{after_save:08d}" / "megahash_state.json").is_file():
                 try:
-                    if max(train_losses(run_dir), default=0) >= kill_at:
-                        break
+                    size = (run_dir / "metrics.jsonl").stat().st_size
+                    if size != read:  # parsed again only when it grew (a poll every 20 ms for a minute)
+                        read = size
+                        if max(train_losses(run_dir), default=0) >= kill_at:
+                            break
                 except (OSError, ValueError):
                     pass
             time.sleep(0.02)
