@@ -65,4 +65,5 @@ def test_a_synchronous_save_forks_nothing_and_writes_megatrons_files(tmp_path, d
             p.zero_()
     load_weights(again, tmp_path / "here")
     saved, loaded = model.state_dict(), again.state_dict()
+    # bit-exact: a save and load round trip copies the bytes (no arithmetic)
     assert all(torch.equal(saved[k], loaded[k]) for k in saved if torch.is_tensor(saved[k]))
