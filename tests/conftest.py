@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[1:1] = sorted(str(d) for d in Path(__file__).parent.iterdir() if d.is_dir() and d.name[0] not in "._")
 
 
-# Scheduling under pytest-xdist (.ci/run: ``-n 4 --dist loadgroup --no-loadscope-reorder``). A unit of work
+# Scheduling under pytest-xdist (.ci/run: ``-n 3 --dist loadgroup --no-loadscope-reorder``). A unit of work
 # is one test; or every test of a module that defines a module- or class-scoped fixture (so the fixture
 # is built once); or the ``slurm`` unit (the modules that start the local SLURM: one cluster, session-scoped,
 # in one worker). Units go out longest first by the durations measured on the 2-core machine
