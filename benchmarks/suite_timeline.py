@@ -27,15 +27,17 @@ def main() -> None:
     idle = [(t, max(0.0, args.cores - b) * step) for t, b in busy]
     total = sum(i for _, i in idle)
     print(f"{len(tests)} tests, {busy[-1][0] - t0:.0f} s from the first sample, idle {total:.0f} core-seconds in all")
-    per_min: dict[int, float] = {}
-    for t, i in idle:
-        per_min[int((t - t0) // 60)] = per_min.get(int((t - t0) // 60), 0.0) + i
+
+    def per(seconds: int) -> dict[int, float]:
+        """Idle core-seconds per ``seconds``-long stretch of the run, by the stretch's index."""
+        out: dict[int, float] = {}
+        for t, i in idle:
+            out[int((t - t0) // seconds)] = out.get(int((t - t0) // seconds), 0.0) + i
+        return out
+
     print("minute: idle core-seconds")
-    print("  ".join(f"{m}:{v:.0f}" for m, v in sorted(per_min.items())))
-    windows: dict[int, float] = {}
-    for t, i in idle:
-        windows[int((t - t0) // 10)] = windows.get(int((t - t0) // 10), 0.0) + i
-    for w, v in sorted(windows.items(), key=lambda kv: -kv[1])[: args.top]:
+    print("  ".join(f"{m}:{v:.0f}" for m, v in sorted(per(60).items())))
+    for w, v in sorted(per(10).items(), key=lambda kv: -kv[1])[: args.top]:
         a, b = t0 + 10 * w, t0 + 10 * w + 10
         running = [f"{s[0]} {k}" for k, s in tests.items() if s[1] < b and s[2] > a]
         print(f"\n[{10 * w}-{10 * w + 10} s] idle {v:.0f} core-s; running: " + ("; ".join(running) or "nothing"))
