@@ -166,6 +166,14 @@ def popen(args, cwd, env: dict, base_env: dict, stdout=None, stderr=None, fresh:
 forked_cpu_seconds = 0.0
 
 
+def _readable(sock: socket.socket, timeout: float) -> bool:
+    """Whether ``sock`` has data (or EOF) within ``timeout`` seconds. ``poll``, not ``select``: a pytest worker that
+    has opened many files holds descriptors above FD_SETSIZE (1024), which ``select`` refuses."""
+    p = select.poll()
+    p.register(sock, select.POLLIN)
+    return bool(p.poll(timeout * 1000))
+
+
 class Forked:
     """A child of the server, with the part of ``subprocess.Popen``'s interface the tests use. The server sends
     the child's pid with a pidfd of it (taken before it could be reaped), so a signal reaches that process or no
@@ -199,7 +207,7 @@ class Forked:
         return self.returncode
 
     def poll(self):
-        if self.returncode is None and (b"\n" in self._buf or select.select([self.conn], [], [], 0)[0]):
+        if self.returncode is None and (b"\n" in self._buf or _readable(self.conn, 0)):
             self._ended(self._line(None))
         return self.returncode
 
@@ -338,8 +346,7 @@ def _serve(name: str, parent: int) -> None:
     while True:
         if os.getppid() != parent:  # the pytest process is gone
             _stop(children)
-        r, _, _ = select.select([listener], [], [], 0.05)
-        if r:
+        if _readable(listener, 0.05):
             conn, _ = listener.accept()
             msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 2)
             while msg and not msg.endswith(b"\n"):

@@ -125,6 +125,29 @@ def test_kill_reaches_the_child_and_wait_gives_its_signal(tmp_path):
         p.kill()  # after the end: nothing is sent, no error
 
 
+def test_poll_and_wait_when_the_worker_holds_descriptors_above_fd_setsize(tmp_path):
+    """A pytest worker that has opened many files gets connection descriptors above 1024 (FD_SETSIZE), which
+    ``select.select`` refuses (a CI run failed so): ``poll`` and ``wait`` still work."""
+    import os
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        pytest.skip(f"RLIMIT_NOFILE is {soft}: no descriptor above 1024 can be opened")
+    script = tmp_path / "sleeper.py"
+    script.write_text("import time\ntime.sleep(300)\n")
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        p = _forkserver.popen([sys.executable, str(script)], tmp_path, child_env(), child_env(), fresh=False)
+        assert p is not None and p.conn.fileno() > 1024
+        assert p.poll() is None
+        p.kill()
+        assert p.wait(timeout=60) == -9 and p.poll() == -9
+    finally:
+        for fd in held:
+            os.close(fd)
+
+
 def test_a_changed_import_time_variable_gets_a_server_that_imported_under_it(tmp_path, monkeypatch):
     """An in-process run sets TQDM_DISABLE in the test process (megahash.known_warnings): later commands get a
     server whose imports saw it, not a fresh interpreter each, and not the old server."""
