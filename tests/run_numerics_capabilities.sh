@@ -17,10 +17,15 @@ pids=()
 for cap in "${caps[@]}"; do
   (
     start=$SECONDS
-    echo "numerics: ATEN_CPU_CAPABILITY=$cap (this CPU: $have)"
+    case "$cap" in default) isa=SSE41 ;; avx2) isa=AVX2 ;; *) isa=${cap^^} ;; esac
+    echo "numerics: ATEN_CPU_CAPABILITY=$cap ONEDNN_MAX_CPU_ISA=$isa (this CPU: $have)"
     # each capability its own inductor cache: a kernel compiled for one ISA and loaded under another (the runs share
     # /tmp/torchinductor_$USER otherwise) gave NaN and garbage in megatron-core's compiled fusers and FlexAttention
-    TORCHINDUCTOR_CACHE_DIR="$tmp/inductor-$cap" ATEN_CPU_CAPABILITY=$cap OMP_NUM_THREADS=1 python3 -m pytest -q -m "numerics and not multiprocess and not slow" \
+    # and oneDNN held to the same instruction set, as on a CPU that has only it: torch asks oneDNN, not the
+    # capability, whether to pack bf16 operands for AMX (cpublas::need_pack), so on an AMX CPU under default/avx2
+    # its flash-attention kernel called an AVX-512-only packer ("pack_vnni2 is only supported when avx512 is
+    # supported", torch 2.13) in every bf16 SDPA of 512 tokens
+    TORCHINDUCTOR_CACHE_DIR="$tmp/inductor-$cap" ATEN_CPU_CAPABILITY=$cap ONEDNN_MAX_CPU_ISA=$isa OMP_NUM_THREADS=1 python3 -m pytest -q -m "numerics and not multiprocess and not slow" \
       -p no:cacheprovider "${files[@]}" "$@"
     rc=$?
     echo "numerics: ATEN_CPU_CAPABILITY=$cap took $((SECONDS - start)) s"

@@ -23,6 +23,20 @@ def test_stale_build_lock_is_removed_and_a_live_one_kept(tmp_path, monkeypatch, 
     assert len(out) == 1 and str(stale) in out[0] and "killed" in out[0]
 
 
+def test_a_lock_released_while_it_is_looked_at_is_passed_over(tmp_path, monkeypatch):
+    """torch's ``load`` takes the lock for every load (its ninja then finds nothing to build), so another process
+    of the venv releases it between the folder listing and the age check: that lock is gone, not an error (a CI
+    run's in-process test failed with FileNotFoundError here)."""
+    from pathlib import Path
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    (tmp_path / "deepspeed_shm_comm").mkdir()
+    gone = tmp_path / "deepspeed_shm_comm" / "lock"  # listed, then released before its stat
+    glob = Path.glob
+    monkeypatch.setattr(Path, "glob", lambda self, pat: [*glob(self, pat), *([gone] if pat == "*/lock" else [])])
+    assert deepspeed_ops.prepare_deepspeed_extensions() == tmp_path
+
+
 def test_a_virtual_environment_builds_into_its_own_folder(tmp_path, monkeypatch):
     """Two Pythons sharing ~/.cache/torch_extensions rebuilt the op in turn (their include paths differ)."""
     monkeypatch.setattr(sys, "prefix", str(tmp_path / "venv"))  # what a virtual environment's Python says

@@ -99,3 +99,20 @@ def test_the_requested_cpu_capability_is_in_force():
     want = os.environ.get("ATEN_CPU_CAPABILITY")
     got = torch.backends.cpu.get_cpu_capability()
     assert want is None or got == want.upper(), (want, got)
+
+
+@pytest.mark.numerics
+def test_bf16_causal_attention_of_512_tokens_runs_under_the_capability():
+    """torch's CPU flash attention packs bf16 operands when oneDNN says the CPU has AMX, with a packer compiled
+    only into its AVX-512 kernels: on an AMX CPU under ATEN_CPU_CAPABILITY=default or avx2 alone every bf16 SDPA
+    of 512 tokens raised (tests/run_numerics_capabilities.sh holds oneDNN to the same ISA, as such a CPU would).
+    Here it runs and stays within bf16's error of the fp32 result."""
+    import torch
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 512, 32, generator=g) for _ in range(3))
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    got = F.scaled_dot_product_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), is_causal=True).float()
+    eps = torch.finfo(torch.bfloat16).eps
+    assert torch.allclose(got, want, rtol=4 * eps, atol=4 * eps * want.abs().max().item())

@@ -37,7 +37,10 @@ def prepare_deepspeed_extensions() -> Path:
 
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
     for lock in [*root.glob("*/lock"), *root.glob("*/*/lock")] if root.is_dir() else ():
-        age = time.time() - lock.stat().st_mtime
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:  # the build that held it has just finished (another process of this venv)
+            continue
         if age > STALE_BUILD_LOCK_S:
             with contextlib.suppress(FileNotFoundError):
                 lock.unlink()

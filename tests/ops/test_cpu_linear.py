@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from numerics import ulp_tol
 
 from megahash.accelerator import policy, rng
 from megahash.models import cpu_linear
@@ -59,7 +60,9 @@ def test_a_weight_slice_gets_its_gradient():
     out.sum().backward()
     w2 = w.detach().clone().requires_grad_()
     (F.silu(F.linear(x, w2[:40])) * F.linear(x, w2[40:])).sum().backward()
-    assert torch.allclose(w.grad, w2.grad, rtol=1e-5, atol=1e-5)
+    # two GEMM kernels (oneDNN's, ATen's BLAS) each summing 64 rows: under oneDNN held to SSE4.1 they differ by
+    # 3.8e-5 on gradients of up to 213 (the old fixed 1e-5 failed there)
+    torch.testing.assert_close(w.grad, w2.grad, **ulp_tol(torch.float32, ops=64, scale=w2.grad.abs().max()))
 
 
 def test_output_can_be_changed_in_place():
