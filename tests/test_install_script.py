@@ -11,6 +11,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import ROOT, child_env
 
 
@@ -36,13 +38,11 @@ def test_cpu_index_used_when_reachable_else_configured_index(tmp_path):
         out = _install(url)
     finally:
         server.shutdown()
-    assert f"-m pip install -q --index-url {url} torch==2.13.0" in out
-    assert (
-        "[1/4]" in out and "[2/4]" in out and "[3/4]" in out and "[4/4]" in out and "-c constraints/cpu-lock.txt" in out
-    )
+    assert f"-m pip install -q --no-compile --index-url {url} torch==2.13.0" in out
+    assert all(f"[{i}/5]" in out for i in range(1, 6)) and "-c constraints/cpu-lock.txt" in out
     out = _install("http://127.0.0.1:9/whl/cpu")  # nothing listens on the discard port
     assert "is unreachable: using pip's configured index" in out
-    assert "-m pip install -q torch==2.13.0" in out and "--index-url" not in out
+    assert "-m pip install -q --no-compile torch==2.13.0" in out and "--index-url" not in out
 
 
 def test_installs_into_a_virtual_environment(tmp_path):
@@ -60,11 +60,14 @@ def test_installs_into_a_virtual_environment(tmp_path):
     pips = [l for l in lines if " -m pip " in l]
     assert len(pips) == 3 and all(l.startswith(f"+ {env}/bin/python3 -m pip install") for l in pips), pips
     assert "torch==2.13.0" in pips[0] and "-c constraints/cpu-lock.txt" in pips[1]
+    assert all("--no-compile" in l for l in pips) and any(
+        l.startswith(f"+ {env}/bin/python3 -m compileall -qq -j 0 ") for l in lines
+    )
     assert lines[-1] == f"install_cpu: activate it for the README's commands: source {env}/bin/activate"
     active = _install(unreachable, MEGAHASH_VENV=None, VIRTUAL_ENV=str(tmp_path / "active"))
-    assert f"+ {tmp_path}/active/bin/python3 -m pip install -q torch==2.13.0" in active
+    assert f"+ {tmp_path}/active/bin/python3 -m pip install -q --no-compile torch==2.13.0" in active
     default = _install(unreachable, MEGAHASH_VENV=None, VIRTUAL_ENV=None)
-    assert f"{ROOT}/.venv/bin/python3 -m pip install -q torch==2.13.0" in default
+    assert f"{ROOT}/.venv/bin/python3 -m pip install -q --no-compile torch==2.13.0" in default
     assert "+ python3 -m pip" not in default  # never the interpreter on PATH ...
     if (
         Path(sys.executable).parent.parent != ROOT / ".venv"
@@ -106,3 +109,17 @@ def test_use_venv_puts_the_environment_first_once(tmp_path):
         ["bash", "-c", probe], cwd=ROOT, env=child_env(MEGAHASH_VENV="none"), capture_output=True, text=True, timeout=60
     )
     assert none.stdout.splitlines()[1] == child_env()["PATH"]
+
+
+def test_the_installed_environment_is_byte_compiled():
+    """pip installs with --no-compile and compileall writes the .pyc files on every core: they must be there, or
+    (with PYTHONDONTWRITEBYTECODE=1, as this workplace sets) every interpreter compiles torch from source again
+    (a reverted change once cost a CI run ~800 CPU-s so). Checked where this suite runs in the repository's .venv
+    that launch/install_cpu.sh made."""
+    import importlib.util
+
+    if Path(sys.prefix).resolve() != (ROOT / ".venv").resolve():
+        pytest.skip(f"not the repository's .venv (sys.prefix {sys.prefix})")
+    for mod in ("torch", "deepspeed", "megatron.core", "transformers"):
+        src = Path(importlib.util.find_spec(mod).origin)
+        assert Path(importlib.util.cache_from_source(str(src))).is_file(), f"{src} has no .pyc"
