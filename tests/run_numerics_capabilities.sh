@@ -17,7 +17,7 @@ pids=()
 for cap in "${caps[@]}"; do
   (
     start=$SECONDS
-    case "$cap" in default) isa=SSE41 ;; avx2) isa=AVX2 ;; *) isa=${cap^^} ;; esac
+    case "$cap" in default) isa=SSE41 ;; avx2) isa=AVX2 ;; *) isa=ALL ;; esac  # ALL: oneDNN unrestricted
     echo "numerics: ATEN_CPU_CAPABILITY=$cap ONEDNN_MAX_CPU_ISA=$isa (this CPU: $have)"
     # each capability its own inductor cache: a kernel compiled for one ISA and loaded under another (the runs share
     # /tmp/torchinductor_$USER otherwise) gave NaN and garbage in megatron-core's compiled fusers and FlexAttention
