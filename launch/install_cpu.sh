@@ -82,9 +82,9 @@ else
 fi
 say "[2/5] megahash and every package at the version of $LOCK (a few minutes on a fresh venv)"
 # A lock that pins every package (constraints/*-lock.txt) needs no resolution: its packages come as wheels from a
-# wheelhouse kept per lock (~0.5 GB under ~/.cache/megahash/wheelhouse, MEGAHASH_WHEELHOUSE names another folder,
-# =none skips it), installed --no-deps --no-index in seconds; pip resolving the same set against the index took
-# ~60 s of one core on every fresh venv (2026-11-28: most of it parsing index pages). The first install for a lock
+# wheelhouse kept per lock (~0.3 GB under ~/.cache/megahash/wheelhouse, MEGAHASH_WHEELHOUSE names another folder,
+# =none skips it), installed --no-deps --no-index in ~20 s; pip resolving the same set against the index took
+# ~60 s of one core on every fresh venv (2026-11-28: most of it pip's own CPU, not the network). The first install for a lock
 # builds the wheelhouse (pip wheel: the index's wheels, and the few sdists built once) and the next ones reuse it.
 # Other constraint files (MEGAHASH_LOCK=constraints/cpu.txt) and a wheelhouse that cannot be built: pip resolves.
 resolve=1

@@ -11,8 +11,8 @@ caps=(default)
 case "$have" in AVX512*) caps+=(avx2) ;; esac
 # only the files that carry the marker: collecting all of tests/ imports every module (~10 s a run here)
 mapfile -t files < <(grep -rl --include="test_*.py" "mark\.numerics" tests)
-# each capability compiles into an inductor cache of its own, kept between runs (a cold cache cost ~15 CPU-s a run
-# here, 2026-11-28): under MEGAHASH_NUMERICS_CACHE (default ~/.cache/megahash/numerics-inductor), one folder per
+# each capability compiles into an inductor cache of its own, kept between runs (a cold cache cost ~30 CPU-s a
+# capability here, 2026-11-28: avx2 119 CPU-s cold, 89 warm): under MEGAHASH_NUMERICS_CACHE (default ~/.cache/megahash/numerics-inductor), one folder per
 # capability and host CPU (a home folder can move to a machine with another instruction set), emptied past 1 GiB
 caches=${MEGAHASH_NUMERICS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/megahash/numerics-inductor}
 host=$(grep -E '^(model name|flags|Features)' /proc/cpuinfo 2>/dev/null | sort -u | sha256sum | cut -c1-12)
