@@ -113,7 +113,14 @@ PY
 fi
 if [ "$resolve" = 0 ]; then
   say "      from the wheelhouse $wh (--no-deps --no-index)"
-  run "$PY" -m pip install -q --no-compile --no-deps --no-index --find-links "$wh" -r "$pins"
+  if ! run "$PY" -m pip install -q --no-compile --no-deps --no-index --find-links "$wh" -r "$pins"; then
+    # a damaged wheelhouse (a wheel cut short, a file removed) must not stop every later install: it goes
+    say "      the wheelhouse $wh did not install: removed (built again next time); pip resolves instead"
+    rm -rf "$wh" "$pins"
+    resolve=1
+  fi
+fi
+if [ "$resolve" = 0 ]; then
   run "$PY" -m pip install -q --no-compile --no-deps -e ".[dev]"
   # --no-deps trusts the lock: pip check says what it misses (a dependency added to pyproject.toml, not locked). Only
   # the lock's packages and megahash count (MEGAHASH_VENV=none: the current Python may hold other broken packages);

