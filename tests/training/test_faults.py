@@ -350,7 +350,9 @@ def _launch_and_signal(
                 except (OSError, ValueError):
                     pass
             time.sleep(0.02)
-        assert p.poll() is None, f"{launcher} run ended before step {kill_at}"
+        if p.poll() is not None:  # its output says why (one CI run's resumed piece exited 1 before its first step)
+            out, _ = p.communicate(timeout=60)
+            raise AssertionError(f"{launcher} run ended before step {kill_at} (exit {p.returncode})\n{out[-4000:]}")
         if target == "group":
             os.killpg(p.pid, sig)
         else:  # python -m launch exec'd the supervisor; its one child is the launcher
