@@ -82,13 +82,9 @@ def test_the_full_lock_installs_from_a_wheelhouse_kept_per_lock(tmp_path):
     and the lock's sha256 (pip resolving the set against the index took ~60 s of a core on every fresh venv), torch
     left out of it (step 1's CPU build), --no-deps --no-index; MEGAHASH_WHEELHOUSE=none, or constraints that are not
     a full lock (newest_check.sh's constraints/cpu.txt), resolve against the index as before."""
-    import hashlib
-    import platform
-
     unreachable = "http://127.0.0.1:9/whl/cpu"
     env = tmp_path / "env"
-    key = hashlib.sha256((ROOT / "constraints" / "cpu-lock.txt").read_bytes()).hexdigest()[:16]
-    wh = tmp_path / "wh" / f"py{sys.version_info[0]}{sys.version_info[1]}-{platform.machine()}-{key}"
+    wh = _wheelhouse(tmp_path / "wh")
     out = _install(unreachable, MEGAHASH_VENV=str(env), MEGAHASH_WHEELHOUSE=str(tmp_path / "wh"))
     py = f"+ {env}/bin/python3 -m pip install -q --no-compile"
     assert f"install_cpu:       from the wheelhouse {wh} (--no-deps --no-index)" in out
@@ -98,6 +94,49 @@ def test_the_full_lock_installs_from_a_wheelhouse_kept_per_lock(tmp_path):
         out = _install(unreachable, MEGAHASH_VENV=str(env), **extra)
         lock = extra.get("MEGAHASH_LOCK", "constraints/cpu-lock.txt")
         assert f"{py} -c {lock} -e .[dev]\n" in out and "wheelhouse" not in out, (extra, out)
+
+
+def _wheelhouse(folder: Path) -> Path:
+    """The wheelhouse install_cpu.sh keeps under ``folder`` for constraints/cpu-lock.txt on this Python."""
+    import hashlib
+    import platform
+
+    key = hashlib.sha256((ROOT / "constraints" / "cpu-lock.txt").read_bytes()).hexdigest()[:16]
+    return folder / f"py{sys.version_info[0]}{sys.version_info[1]}-{platform.machine()}-{key}"
+
+
+def _install_with_pip_stood_in(tmp_path: Path, case: str) -> tuple[subprocess.CompletedProcess, Path, list[str]]:
+    """install_cpu.sh for real into an environment whose python3 answers ``case`` (a shell case branch) itself,
+    records pip and compileall commands without running them and runs everything else; its wheelhouse already
+    built. Returns the run, the wheelhouse and the recorded commands."""
+    env, log = tmp_path / "env", tmp_path / "pip.log"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python3").write_text(
+        "#!/bin/sh\n"
+        'case "$*" in\n'
+        f"  {case}\n"
+        f"  '-m pip '*|'-m compileall '*|*deepspeed_ops*) echo \"$*\" >> {log}; exit 0 ;;\n"
+        "esac\n"
+        f'exec {sys.executable} "$@"\n'
+    )
+    (env / "bin" / "python3").chmod(0o755)
+    wh = _wheelhouse(tmp_path / "wh")
+    wh.mkdir(parents=True)
+    (wh / "COMPLETE").touch()
+    r = subprocess.run(
+        ["bash", "launch/install_cpu.sh"],
+        cwd=ROOT,
+        env=child_env(
+            INSTALL_FORCE="1",
+            TORCH_INDEX_URL="http://127.0.0.1:9/whl/cpu",
+            MEGAHASH_VENV=str(env),
+            MEGAHASH_WHEELHOUSE=str(tmp_path / "wh"),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return r, wh, log.read_text().splitlines()
 
 
 @pytest.mark.parametrize(
@@ -113,38 +152,7 @@ def test_a_package_the_lock_misses_stops_the_install_in_one_line(tmp_path, broke
     """--no-deps trusts the lock, so after installing from the wheelhouse `pip check` must be clean for the lock's
     packages and megahash: a dependency added to pyproject.toml and not locked stops the install with the fix.
     (pip itself is a stand-in here that installs nothing and reports ``broken``; everything else is real.)"""
-    import hashlib
-    import platform
-
-    env, log = tmp_path / "env", tmp_path / "pip.log"
-    (env / "bin").mkdir(parents=True)
-    (env / "bin" / "python3").write_text(
-        "#!/bin/sh\n"
-        'case "$*" in\n'
-        f"  '-m pip check') echo {shlex.quote(broken)}; exit 1 ;;\n"
-        f"  '-m pip '*|'-m compileall '*|*deepspeed_ops*) echo \"$*\" >> {log}; exit 0 ;;\n"
-        "esac\n"
-        f'exec {sys.executable} "$@"\n'
-    )
-    (env / "bin" / "python3").chmod(0o755)
-    key = hashlib.sha256((ROOT / "constraints" / "cpu-lock.txt").read_bytes()).hexdigest()[:16]
-    wh = tmp_path / "wh" / f"py{sys.version_info[0]}{sys.version_info[1]}-{platform.machine()}-{key}"
-    wh.mkdir(parents=True)
-    (wh / "COMPLETE").touch()  # a wheelhouse already built
-    r = subprocess.run(
-        ["bash", "launch/install_cpu.sh"],
-        cwd=ROOT,
-        env=child_env(
-            INSTALL_FORCE="1",
-            TORCH_INDEX_URL="http://127.0.0.1:9/whl/cpu",
-            MEGAHASH_VENV=str(env),
-            MEGAHASH_WHEELHOUSE=str(tmp_path / "wh"),
-        ),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    pips = log.read_text().splitlines()
+    r, wh, pips = _install_with_pip_stood_in(tmp_path, f"'-m pip check') echo {shlex.quote(broken)}; exit 1 ;;")
     assert f"-m pip install -q --no-compile --no-deps --no-index --find-links {wh} -r {wh}.pins" in pips, pips
     if fails:
         assert r.returncode == 1 and r.stderr.strip() == (
@@ -161,41 +169,11 @@ def test_a_damaged_wheelhouse_is_removed_and_pip_resolves_instead(tmp_path):
     """A wheelhouse whose install fails (a wheel cut short or removed) is removed, so the next install builds it
     again, and this one resolves against the index as without a wheelhouse. (pip is a stand-in here that fails
     the wheelhouse install and records the rest; everything else is real.)"""
-    import hashlib
-    import platform
-
-    env, log = tmp_path / "env", tmp_path / "pip.log"
-    (env / "bin").mkdir(parents=True)
-    (env / "bin" / "python3").write_text(
-        "#!/bin/sh\n"
-        'case "$*" in\n'
-        "  *--find-links*) echo 'ERROR: Wheel is invalid.' >&2; exit 1 ;;\n"
-        f"  '-m pip '*|'-m compileall '*|*deepspeed_ops*) echo \"$*\" >> {log}; exit 0 ;;\n"
-        "esac\n"
-        f'exec {sys.executable} "$@"\n'
-    )
-    (env / "bin" / "python3").chmod(0o755)
-    key = hashlib.sha256((ROOT / "constraints" / "cpu-lock.txt").read_bytes()).hexdigest()[:16]
-    wh = tmp_path / "wh" / f"py{sys.version_info[0]}{sys.version_info[1]}-{platform.machine()}-{key}"
-    wh.mkdir(parents=True)
-    (wh / "COMPLETE").touch()
-    r = subprocess.run(
-        ["bash", "launch/install_cpu.sh"],
-        cwd=ROOT,
-        env=child_env(
-            INSTALL_FORCE="1",
-            TORCH_INDEX_URL="http://127.0.0.1:9/whl/cpu",
-            MEGAHASH_VENV=str(env),
-            MEGAHASH_WHEELHOUSE=str(tmp_path / "wh"),
-        ),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r, wh, pips = _install_with_pip_stood_in(tmp_path, "*--find-links*) echo 'ERROR: Wheel is invalid.' >&2; exit 1 ;;")
     assert r.returncode == 0 and "install_cpu: done" in r.stdout, r.stdout + r.stderr
     assert f"the wheelhouse {wh} did not install: removed (built again next time); pip resolves instead" in r.stdout
     assert not wh.exists()
-    assert "-m pip install -q --no-compile -c constraints/cpu-lock.txt -e .[dev]" in log.read_text().splitlines()
+    assert "-m pip install -q --no-compile -c constraints/cpu-lock.txt -e .[dev]" in pips
 
 
 def test_environment_with_the_locked_set_is_kept_in_seconds(tmp_path):
