@@ -25,6 +25,7 @@ The trainer's end-of-run hook is :func:`evaluate_checkpoint` (``cfg.eval.at_end`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import json
 import math
@@ -196,7 +197,6 @@ def evaluate(
 ) -> dict:
     """Run lm-eval on an already-built ``MegahashEvalLM``; returns lm-eval's raw results dict. The templates
     of an untrusted ``tasks_dir`` render in Jinja's sandbox (megahash/eval/task_code.py)."""
-    import contextlib
 
     _offline_env(tasks, tasks_dir)
     import lm_eval
@@ -206,7 +206,7 @@ def evaluate(
     tm = task_manager(tasks, tasks_dir, trust_task_code)
     sandbox = sandboxed_templates() if tasks_dir and not trust_task_code else contextlib.nullcontext()
     try:
-        with sandbox, known_warnings.dropped_prints(known_warnings.LM_EVAL_PRINTS):
+        with sandbox, known_warnings.dropped_prints(known_warnings.LM_EVAL_PRINTS), _without_env_info():
             return lm_eval.simple_evaluate(
                 model=lm,
                 tasks=tasks,
@@ -226,6 +226,28 @@ def evaluate(
             f"cannot load the data of {', '.join(tasks)}: {first[:300]}; offline, evaluate local tasks "
             f"(data_tools/make_eval_tasks.py, --tasks-dir)"
         ) from None
+
+
+@contextlib.contextmanager
+def _without_env_info():
+    """lm-eval's ``simple_evaluate`` ends with ``add_env_info``: torch's ``collect_env`` report, which runs
+    ``pip list`` and probes compilers and drivers in subprocesses (~0.6 CPU-s, every evaluation, each eval during
+    training included). megahash keeps none of it (:func:`summarise`; the run's resolved config and
+    ``megahash_state.json`` say what ran), so inside this block it records that it was skipped instead."""
+    import lm_eval.evaluator as evaluator
+
+    def note(storage: dict) -> None:
+        from importlib.metadata import version
+
+        storage["pretty_env_info"] = "not collected (megahash.eval.run: the run directory records the setup)"
+        storage["lm_eval_version"], storage["transformers_version"] = version("lm_eval"), version("transformers")
+
+    saved = evaluator.add_env_info
+    evaluator.add_env_info = note
+    try:
+        yield
+    finally:
+        evaluator.add_env_info = saved
 
 
 def _in_distributed_job() -> bool:

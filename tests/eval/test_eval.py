@@ -228,6 +228,31 @@ def test_trained_checkpoint_beats_untrained_and_chance(runs, lms):
     print("\ntrained:", json.dumps(t), "\nuntrained:", json.dumps(u))
 
 
+def test_an_evaluation_starts_no_subprocess_and_leaves_lm_eval_as_it_was(lms, runs, monkeypatch):
+    """lm-eval's environment report (torch's collect_env: ``pip list`` and compiler probes in subprocesses,
+    ~0.6 CPU-s) is skipped inside megahash's evaluation, recorded as skipped, and lm-eval's own function is
+    back afterwards; git's commit hash (lm-eval's ``get_git_commit_hash``) is the one subprocess left."""
+    import subprocess
+
+    import lm_eval.evaluator as evaluator
+
+    from megahash.eval.run import evaluate
+
+    started = []
+    popen = subprocess.Popen.__init__
+
+    def spy(self, args, *a, **k):
+        started.append(args)
+        return popen(self, args, *a, **k)
+
+    before = evaluator.add_env_info
+    monkeypatch.setattr(subprocess.Popen, "__init__", spy)
+    res = evaluate(lms["trained"], ["shk_order"], str(runs["tasks"]), limit=4)
+    assert evaluator.add_env_info is before
+    assert [a for a in started if "git" not in str(a)] == [], started
+    assert res["pretty_env_info"].startswith("not collected") and res["lm_eval_version"]
+
+
 def test_eval_cli_writes_json_and_markdown(runs, capsys, monkeypatch):
     """`megahash eval` in a fresh process, as the trainer's hook runs it inside a multi-rank job
     (evaluate_checkpoint(isolated=True): launcher variables stripped)."""
