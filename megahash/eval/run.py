@@ -197,7 +197,6 @@ def evaluate(
 ) -> dict:
     """Run lm-eval on an already-built ``MegahashEvalLM``; returns lm-eval's raw results dict. The templates
     of an untrusted ``tasks_dir`` render in Jinja's sandbox (megahash/eval/task_code.py)."""
-
     _offline_env(tasks, tasks_dir)
     import lm_eval
 

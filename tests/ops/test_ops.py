@@ -135,18 +135,18 @@ def test_cumsoftmax_scan_equals_naive_and_recurrent(L):
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.bfloat16, 2e-5)])
 def test_cumsoftmax_scan_fp32_and_bf16_inputs(dtype, tol):
     """Inputs of the training dtype, computed in fp32 (as the module does), against the exact map
-    in fp64 of the same (rounded) inputs: fp32 round-off only, at 4,096 tokens. The fp64 map is eq. 4.18
-    with one shift for every row, o_i = cumsum(e^{s_j - c} v_j)_i / cumsum(e^{s_j - c})_i: O(L), where the
-    [L, L] map of ``naive_cumsoftmax`` held 1.6 GB here (~10 CPU-s); with scores within +-40 no term
-    underflows in fp64, so its round-off (~1e-13) is far below the tolerance."""
+    in fp64 of the same (rounded) inputs: fp32 round-off only, at 4,096 tokens. The fp64 map is eq. 4.18 as
+    cumulative sums with one shift per sequence (``shifted_cumsums``, O(L)), where the [L, L] map of
+    ``naive_cumsoftmax`` held 1.6 GB here (~10 CPU-s); with scores within +-40 no term underflows in fp64, so
+    its round-off (~1e-13) is far below the tolerance."""
+    from test_numerics_scan_map import shifted_cumsums
+
     q, k, v = qkv(4096, d=16, dv=8, seed=3, dtype=torch.float32)
     s = ((q * k).sum(-1) / 4.0).to(dtype)
     v = v.to(dtype)
     got, _ = cumsoftmax_causal(s.float(), v.float())
-    s64, v64 = s.double(), v.double().expand(*s.shape, v.shape[-1])
-    assert s64.abs().max() < 40
-    e = torch.exp(s64 - s64.amax(-1, keepdim=True))
-    want = (e.unsqueeze(-1) * v64).cumsum(-2) / e.cumsum(-1).unsqueeze(-1)
+    assert s.abs().max() < 40
+    want = shifted_cumsums(s, v)
     torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
 
 
