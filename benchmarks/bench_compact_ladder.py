@@ -15,7 +15,9 @@ never trained on) as ``bits_per_byte``. The gain of a recipe at a rung is the me
 ``1 - bpb(recipe, seed) / bpb(baseline, seed)`` (paired by seed: the same data order and initial draw), with
 its standard error ``sd / sqrt(seeds)``. Beside lm-eval's disjoint windows, each run is scored on the same
 documents with strided windows (``megahash eval --text``, stride half the window: issue 44 item 4), its own
-columns. Writes a markdown table and one PNG of bits per byte against
+columns, and with dynamic evaluation (``--dynamic-lr``: each window scored, then one clipped SGD step on it;
+megahash/eval/dynamic.py), whose gain is given both against the reference's dynamic number (the same
+evaluation for both) and against its standard one. Writes a markdown table and one PNG of bits per byte against
 parameters. Stages whose output exists are skipped (rerun to finish).
 """
 
@@ -92,6 +94,7 @@ def one(recipe: str, hidden: int, seed: int, work: Path) -> dict:
         run([sys.executable, *cmd, "--tasks", "shk_ppl", "--overwrite"], log)
     bpb = _metric(json.loads(next((run_dir / "eval").glob("step_*.json")).read_text()), "bits_per_byte")
     sliding = sliding_bpb(run_dir, log, work)
+    dynamic = dynamic_bpb(run_dir, log, work)
     params = params_of([base], sets)
     div, steps = RUNGS[hidden]
     tokens = steps * (16 // div) * 128
@@ -101,6 +104,7 @@ def one(recipe: str, hidden: int, seed: int, work: Path) -> dict:
         "seed": seed,
         "bpb": bpb,
         "bpb_sliding": sliding,
+        "bpb_dynamic": dynamic,
         "params": params,
         "tokens": tokens,
         "train_s": float(timing.read_text()),
@@ -129,9 +133,28 @@ def sliding_bpb(run_dir: Path, log: Path, work: Path) -> float:
     return float(json.loads(out.read_text())["sliding"]["bpb"])
 
 
-def gains(rows: list[dict], recipe: str, hidden: int, ref: str = "baseline", key: str = "bpb") -> list[float]:
-    """Per-seed relative gains (percent) of ``recipe`` over ``ref`` at one rung in ``key``, paired by seed."""
-    base = {r["seed"]: r.get(key) for r in rows if r["recipe"] == ref and r["hidden"] == hidden}
+DYNAMIC = {"lr": 0.5, "clip": 1.0}  # megahash eval --dynamic-lr / --dynamic-clip of every run (main: --dynamic-lr)
+
+
+def dynamic_bpb(run_dir: Path, log: Path, work: Path) -> float | None:
+    """Held-out bits per byte of ``run_dir`` under dynamic evaluation (``megahash eval --text --dynamic-lr``);
+    None when ``DYNAMIC["lr"]`` is 0."""
+    if not DYNAMIC["lr"]:
+        return None
+    out = run_dir / "eval" / f"dynamic_lr{DYNAMIC['lr']:g}_clip{DYNAMIC['clip']:g}.json"
+    if not out.exists():
+        cmd = ["-m", "megahash", "eval", "--checkpoint", str(run_dir), "--text", str(held_out_text(work))]
+        cmd += ["--stride", "0", "--dynamic-lr", str(DYNAMIC["lr"]), "--dynamic-clip", str(DYNAMIC["clip"])]
+        run([sys.executable, *cmd, "--out", str(out), "--overwrite"], log)
+    return float(json.loads(out.read_text())["dynamic"]["bpb"])
+
+
+def gains(
+    rows: list[dict], recipe: str, hidden: int, ref: str = "baseline", key: str = "bpb", ref_key: str | None = None
+) -> list[float]:
+    """Per-seed relative gains (percent) of ``recipe``'s ``key`` over ``ref``'s ``ref_key`` (default ``key``) at
+    one rung, paired by seed."""
+    base = {r["seed"]: r.get(ref_key or key) for r in rows if r["recipe"] == ref and r["hidden"] == hidden}
     return [
         100 * (1 - r[key] / base[r["seed"]])
         for r in rows
@@ -146,8 +169,9 @@ def mean_se(xs: list[float]) -> tuple[float, float]:
 def table(rows: list[dict], ref: str = "baseline") -> str:
     out = [
         f"| recipe | hidden | parameters | tokens/param | seeds | held-out bits/byte (mean ± sd) | gain vs {ref} "
-        "(paired mean ± SE) | gain / SE | sliding-window bits/byte | sliding gain (paired) | train s/run |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "(paired mean ± SE) | gain / SE | sliding-window bits/byte | sliding gain (paired) | dynamic bits/byte | "
+        f"dynamic gain vs {ref} dynamic | dynamic gain vs {ref} standard | train s/run |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     keys = dict.fromkeys((r["recipe"], r["hidden"]) for r in rows)
     order = {"baseline": 0, ref: 1}
@@ -167,9 +191,20 @@ def table(rows: list[dict], ref: str = "baseline") -> str:
             if recipe != ref and (sg := gains(rows, recipe, hidden, ref, "bpb_sliding")):
                 m, se = mean_se(sg)
                 sl_gain = f"{m:+.2f}% ± {se:.2f}"
+        dy, dy_gain, dy_std = "-", "-", "-"
+        if all(r.get("bpb_dynamic") is not None for r in rs):
+            db = [r["bpb_dynamic"] for r in rs]
+            dy = f"{statistics.mean(db):.4f} ± {statistics.stdev(db) if len(db) > 1 else 0.0:.4f}"
+            for name, ref_key in (("dy_gain", "bpb_dynamic"), ("dy_std", "bpb")):
+                if recipe == ref and ref_key == "bpb_dynamic":
+                    continue
+                if g2 := gains(rows, recipe, hidden, ref, "bpb_dynamic", ref_key):
+                    m, se = mean_se(g2)
+                    text = f"{m:+.2f}% ± {se:.2f}"
+                    dy_gain, dy_std = (text, dy_std) if name == "dy_gain" else (dy_gain, text)
         out.append(
             f"| {recipe} | {hidden} | {rs[0]['params']:,} | {rs[0]['tokens'] / rs[0]['params']:.3f} | {len(rs)} | "
-            f"{statistics.mean(b):.4f} ± {sd:.4f} | {gain} | {ratio} | {sl} | {sl_gain} | "
+            f"{statistics.mean(b):.4f} ± {sd:.4f} | {gain} | {ratio} | {sl} | {sl_gain} | {dy} | {dy_gain} | {dy_std} | "
             f"{statistics.mean(r['train_s'] for r in rs):.0f} |"
         )
     return "\n".join(out)
@@ -210,6 +245,12 @@ def main() -> None:
     ap.add_argument("--reference", default="baseline", help="the recipe the gains are paired against")
     ap.add_argument("--work", default="/tmp/megahash_ladder")
     ap.add_argument(
+        "--dynamic-lr",
+        type=float,
+        default=DYNAMIC["lr"],
+        help="megahash eval --dynamic-lr of every run (the dynamic columns; 0 = none)",
+    )
+    ap.add_argument(
         "--cached", action="store_true", help="no training: the table of the finished rows only (evaluated if need be)"
     )
     ap.add_argument("--out", default=str(ROOT / f"benchmarks/results/{datetime.date.today()}_compact_ladder_cpu.md"))
@@ -222,6 +263,7 @@ def main() -> None:
         help="one more recipe: BASE (baseline or compact) plus these overrides (repeatable)",
     )
     args = ap.parse_args()
+    DYNAMIC["lr"] = args.dynamic_lr
     for spec in args.extra:
         name, _, rest = spec.partition("=")
         base, _, overrides = rest.partition(":")
@@ -247,6 +289,7 @@ def main() -> None:
                 row = dict(done[key]) if key in done else one(recipe, hidden, seed, work)
                 if row.get("bpb_sliding") is None:  # a row cached before the sliding-window column: evaluate it
                     row["bpb_sliding"] = sliding_bpb(*run_paths(recipe, hidden, seed, work), work)
+                row["bpb_dynamic"] = dynamic_bpb(*run_paths(recipe, hidden, seed, work), work)  # per --dynamic-lr
                 if done.get(key) != row:
                     done[key] = row
                     tmp = cache.with_suffix(".tmp")

@@ -288,6 +288,10 @@ class EvalConfig:
     interval: int = ranged(0, "[0, inf)", "steps between evaluations of eval.tasks during training; 0 = off")
     # at the end of the run, seconds to wait for the evaluations still running
     wait_s: float = ranged(1800.0, "[0, inf)", "seconds the end of a run waits for evaluations still running")
+    # `megahash eval --text`'s dynamic evaluation (megahash/eval/dynamic.py; --dynamic-lr/--dynamic-clip override):
+    # SGD step size on each scored window (0 = off) and the clipping norm of its gradient
+    dynamic_lr: float = ranged(0.0, "[0, inf)", "dynamic evaluation's SGD step size; 0 = off")
+    dynamic_clip: float = ranged(1.0, "(0, inf)", "dynamic evaluation's gradient clipping norm")
 
 
 ArtifactFormat = Literal["int8", "int6", "int4"]  # megahash/models/quantized.py FORMATS

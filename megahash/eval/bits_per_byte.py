@@ -52,11 +52,14 @@ def documents(src: str, limit=None) -> list[str]:
     return docs
 
 
-def text_metrics(lm, docs: list[str], stride: int = 0) -> dict:
+def text_metrics(lm, docs: list[str], stride: int = 0, dynamic_lr: float = 0.0, dynamic_clip: float = 1.0) -> dict:
     """Sums and metrics of ``docs`` through a ``MegahashEvalLM``: NLL, tokens, bytes, loss, ppl, bpb
-    (lm-eval's disjoint windows) and, for a ``stride``, the same of strided windows under ``sliding``."""
+    (lm-eval's disjoint windows), for a ``stride`` the same of strided windows under ``sliding``, and for a
+    ``dynamic_lr`` > 0 the same under dynamic evaluation (megahash/eval/dynamic.py) under ``dynamic``."""
     from megahash.data.text_bytes import TokenBytes
+    from megahash.eval.dynamic import check_settings, dynamic_nll
 
+    check_settings(dynamic_lr, dynamic_clip)  # bad settings before the work
     sliding = -sum(lm.loglikelihood_sliding(docs, stride)) if stride else None  # a bad stride before the work
     nll = -sum(lm.loglikelihood_rolling([_Request(d) for d in docs]))
     encoded = [lm.codec.encode(d).ids for d in docs]
@@ -69,6 +72,9 @@ def text_metrics(lm, docs: list[str], stride: int = 0) -> dict:
     out = {"documents": len(docs), "tokens": tokens, "bytes": n_bytes, **_scores(nll, tokens, n_bytes)}
     if stride:
         out["sliding"] = {"stride": stride, **_scores(sliding, tokens, n_bytes)}
+    if dynamic_lr > 0:
+        nll_dyn = dynamic_nll(lm, docs, dynamic_lr, dynamic_clip)
+        out["dynamic"] = {"lr": dynamic_lr, "clip": dynamic_clip, **_scores(nll_dyn, tokens, n_bytes)}
     return out
 
 
@@ -100,13 +106,17 @@ def evaluate_text(
     quiet: bool = False,
     stride: int | None = None,
     weights: str = "live",
+    dynamic_lr: float | None = None,
+    dynamic_clip: float | None = None,
 ) -> dict:
     """Score ``src`` with the checkpoint's ``weights`` (live, ema or a quantized artifact's path); write the
     JSON record and print one line per window scheme (``stride``: None = half the window, 0 = lm-eval's
-    disjoint windows only)."""
+    disjoint windows only) and one for dynamic evaluation (``dynamic_lr``/``dynamic_clip``: None = the run's
+    ``eval.dynamic_lr``/``eval.dynamic_clip``; a step size of 0 = none)."""
     from megahash.accelerator import process_groups
     from megahash.atomic_write import write_text_atomic
     from megahash.checkpoint.resolve import resolve_for_inference
+    from megahash.eval.dynamic import check_settings
 
     ckpt = resolve_for_inference(ckpt_dir, overrides)
     out = Path(out) if out else ckpt.parent / "eval" / f"{ckpt.name}_text{weights_tag(weights)}.json"
@@ -126,7 +136,17 @@ def evaluate_text(
             weights=weights,
         )
         max_len = lm.max_length
-        metrics = text_metrics(lm, docs, max(1, max_len // 2) if stride is None else stride)
+        lr = lm.cfg.eval.dynamic_lr if dynamic_lr is None else dynamic_lr
+        clip = lm.cfg.eval.dynamic_clip if dynamic_clip is None else dynamic_clip
+        check_settings(
+            lr,
+            clip,
+            (
+                "eval.dynamic_lr" if dynamic_lr is None else "--dynamic-lr",
+                "eval.dynamic_clip" if dynamic_clip is None else "--dynamic-clip",
+            ),
+        )
+        metrics = text_metrics(lm, docs, max(1, max_len // 2) if stride is None else stride, lr, clip)
         del lm
     from megahash.checkpoint.layout import read_state
 
@@ -154,6 +174,13 @@ def evaluate_text(
             print(
                 f"{src}: sliding windows of {max_len} tokens, stride {sl['stride']}: loss {sl['loss']:.4f} nats/token, "
                 f"ppl {sl['ppl']:.4g}, bpb {sl['bpb']:.4f}"
+            )
+        if "dynamic" in metrics:
+            dy = metrics["dynamic"]
+            print(
+                f"{src}: dynamic evaluation (disjoint windows, SGD lr {dy['lr']:g}, clip {dy['clip']:g}, each window "
+                f"scored before the step on it): loss {dy['loss']:.4f} nats/token, ppl {dy['ppl']:.4g}, "
+                f"bpb {dy['bpb']:.4f}"
             )
         print(f"wrote {out}", file=sys.stderr)
     return record

@@ -517,6 +517,19 @@ def build_parser() -> argparse.ArgumentParser:
         "(default half of --max-length; 0 = lm-eval's disjoint windows only)",
     )
     p.add_argument(
+        "--dynamic-lr",
+        type=float,
+        default=None,
+        help="with --text: also score it with dynamic evaluation, an SGD step of this size on each window after "
+        "scoring it (megahash/eval/dynamic.py; default the run's eval.dynamic_lr; 0 = off)",
+    )
+    p.add_argument(
+        "--dynamic-clip",
+        type=float,
+        default=None,
+        help="with --text: dynamic evaluation's gradient clipping norm (default the run's eval.dynamic_clip)",
+    )
+    p.add_argument(
         "--weights",
         default="live",
         choices=["live", "ema"],
@@ -545,6 +558,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError(
                 "--stride scores raw text: pass it with --text SRC (lm-eval's tasks keep their own windows)"
             )
+        if (args.dynamic_lr is not None or args.dynamic_clip is not None) and not args.text:
+            raise ConfigError(
+                "--dynamic-lr/--dynamic-clip score raw text: pass them with --text SRC (lm-eval's tasks are static)"
+            )
         if args.text:  # loss, perplexity and bits per byte of raw text (megahash/eval/bits_per_byte.py)
             from megahash.eval.bits_per_byte import evaluate_text
 
@@ -560,6 +577,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 overwrite=args.overwrite,
                 stride=args.stride,
                 weights=_weights(args),
+                dynamic_lr=args.dynamic_lr,
+                dynamic_clip=args.dynamic_clip,
             )
             return 0
         evaluate_checkpoint(

@@ -87,8 +87,9 @@ def _task(tmp_path, docs):
     return str(tmp_path / "tasks")
 
 
-def _tiny_lm(shards, window: int, seed: int):
-    """An untrained one-layer model of the quickstart shards' tokenizer behind megahash's lm-eval model."""
+def _tiny_lm(shards, window: int, seed: int, *extra: str):
+    """An untrained one-layer model of the quickstart shards' tokenizer behind megahash's lm-eval model
+    (``extra``: more config overrides)."""
     from megahash.accelerator import rng
     from megahash.config import load_config
     from megahash.eval.lm import MegahashEvalLM
@@ -106,6 +107,7 @@ def _tiny_lm(shards, window: int, seed: int):
             "model.ffn_hidden_size=64",
             f"data.seq_length={window}",
             "model.max_position_embeddings=64",
+            *extra,
         ],
     )
     codec = load_codec(cfg)
@@ -172,3 +174,90 @@ def test_sliding_windows_score_each_token_with_its_window_of_context(dist, shake
     for bad in (0, window + 1):
         with pytest.raises(ConfigError, match="--stride"):
             lm.loglikelihood_sliding([doc], bad)
+
+
+@pytest.mark.parametrize(
+    "embedding",
+    [[], ["model.embedding=add", "model.embed.hash_spec=md5"], ["train.precision=bf16"]],
+    ids=["vocab", "hash-add", "bf16"],
+)
+def test_dynamic_evaluation_scores_each_window_then_steps_on_it(dist, shakespeare_shards, embedding):
+    """Dynamic evaluation (megahash/eval/dynamic.py) against the update written out: every one of lm-eval's
+    disjoint windows (the static number's) is scored by the weights adapted on the windows before it only, then
+    theta <- theta - lr min(1, clip / |g|) g with g the gradient of the window's mean NLL (autograd here, the
+    norm and the step by hand on a copy of the model). lr = 0 is the static score; the weights and their
+    ``requires_grad`` are the checkpoint's afterwards; a repeated document scores lower the second time;
+    hash embeddings (the windows' codes) too."""
+    from megahash.eval.bits_per_byte import text_metrics
+    from megahash.eval.dynamic import dynamic_nll
+
+    window, lr, clip = 16, 0.3, 0.5
+    lm = _tiny_lm(shakespeare_shards, window, 11, *embedding)
+    doc = "To be, or not to be: that is the question. Whether 'tis nobler in the mind to suffer. " * 2
+    docs = [doc, TEXTS[0]]
+    before = {k: v.clone() for k, v in lm.model.state_dict().items() if torch.is_tensor(v)}
+    flags = [p.requires_grad for p in lm.model.parameters()]
+
+    oracle_model = _tiny_lm(shakespeare_shards, window, 11, *embedding).model  # the same draw: a copy
+    assert all(torch.equal(oracle_model.state_dict()[k], v) for k, v in before.items())
+    params = [p for p in oracle_model.parameters() if p.is_floating_point()]
+    oracle, steps = 0.0, 0
+    for d in docs:
+        full = lm.codec.encode(d)
+        for enc, n, codes in lm._rolling_windows(full):
+            codes = lm.codec.codes(enc) if codes is None else codes
+            tok = torch.tensor([enc.ids[:-1]])
+            cod = None if codes is None else lm._code_tensor(codes[:-1])[None]
+            with lm._compute():  # bf16 autocast for a bf16 run, as the evaluation's
+                logits = oracle_model(tok, hash_codes=cod)[0, -n:, : lm.codec.vocab_size]
+            nll = -logits.double().log_softmax(-1).gather(-1, torch.tensor(enc.ids[-n:])[:, None]).sum()
+            oracle += nll.item()
+            grads = torch.autograd.grad(nll / n, params, allow_unused=True)
+            norm = math.sqrt(sum(float((g.double() ** 2).sum()) for g in grads if g is not None))
+            with torch.no_grad():
+                for p, g in zip(params, grads):
+                    if g is not None:
+                        p -= lr * min(1.0, clip / (norm + 1e-6)) * g
+            steps += 1
+    assert steps > 4  # several windows per document
+    got = dynamic_nll(lm, docs, lr, clip)
+    # the same operations in fp32 (fp64 log-softmax here): reduction order only; bf16: its rounding, compounded
+    assert got == pytest.approx(oracle, rel=1e-5 if lm.precision != "bf16" else 2e-3)
+    for k, v in before.items():  # put back bit for bit: the promise
+        assert torch.equal(lm.model.state_dict()[k], v), k
+    assert [p.requires_grad for p in lm.model.parameters()] == flags
+
+    static = text_metrics(lm, docs)
+    assert dynamic_nll(lm, docs, 0.0) == pytest.approx(static["nll"], rel=1e-6)
+    assert got < static["nll"]  # it learns from what it has scored
+    both = text_metrics(lm, docs, dynamic_lr=lr, dynamic_clip=clip)
+    assert both["nll"] == pytest.approx(static["nll"], rel=1e-9)  # the static number is untouched
+    assert both["dynamic"]["nll"] == pytest.approx(got, rel=1e-6) and both["dynamic"]["lr"] == lr
+    assert both["dynamic"]["bpb"] == pytest.approx(both["bpb"] * got / both["nll"], rel=1e-5)
+    twice = dynamic_nll(lm, [doc, doc], lr, clip) - dynamic_nll(lm, [doc], lr, clip)
+    assert twice < text_metrics(lm, [doc])["nll"]  # the second copy is scored after the steps on the first
+
+
+def test_dynamic_evaluation_refuses_what_it_cannot_do(dist, shakespeare_shards):
+    """One-line errors: a step size or clipping norm that cannot be meant, a step that diverges (the weights
+    put back all the same), a head that scores hash codes."""
+    from megahash.errors import ConfigError
+    from megahash.eval.bits_per_byte import text_metrics
+    from megahash.eval.dynamic import dynamic_nll
+
+    lm = _tiny_lm(shakespeare_shards, 16, 3)
+    doc = "To be, or not to be: that is the question. " * 4
+    for lr, clip, match in (
+        (-0.1, 1.0, "--dynamic-lr"),
+        (float("nan"), 1.0, "--dynamic-lr"),
+        (0.1, 0.0, "--dynamic-clip"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            text_metrics(lm, [doc], dynamic_lr=lr, dynamic_clip=clip)
+    before = {k: v.clone() for k, v in lm.model.state_dict().items() if torch.is_tensor(v)}
+    with pytest.raises(ConfigError, match="diverged .* lower it"):
+        dynamic_nll(lm, [doc], 1e30, 1e30)
+    assert all(torch.equal(lm.model.state_dict()[k], v) for k, v in before.items())
+    lm.hash_head = True  # as a run with a hash-code head sets it (MegahashEvalLM._setup)
+    with pytest.raises(ConfigError, match="vocabulary heads"):
+        dynamic_nll(lm, [doc], 0.1)

@@ -297,6 +297,37 @@ def test_report_table_across_runs(runs, capsys):
     assert tr["costs"]["cache_bytes"] > 0 and tr["costs"]["prefill_flops_per_token"] > 0
 
 
+def test_dynamic_evaluation_from_the_cli_and_the_runs_config(runs, capsys):
+    """``megahash eval --text``: ``--dynamic-lr`` adds a line and a ``dynamic`` record beside the static one
+    (unchanged), and a run's ``eval.dynamic_lr`` does the same without the flag; ``--dynamic-lr 0`` turns it off."""
+    from megahash.cli import main
+
+    out = runs["dir"] / "dyn.json"
+    base = ["eval", "--checkpoint", str(runs["trained"]), "--text", "shakespeare", "--limit", "2", "--stride", "0"]
+    assert main([*base, "--out", str(out), "--overwrite"]) == 0
+    static = json.loads(out.read_text())
+    assert "dynamic" not in static
+    assert main([*base, "--out", str(out), "--overwrite", "--dynamic-lr", "0.05", "--dynamic-clip", "2"]) == 0
+    assert "dynamic evaluation (disjoint windows, SGD lr 0.05, clip 2" in capsys.readouterr().out
+    rec = json.loads(out.read_text())
+    assert rec["bpb"] == pytest.approx(static["bpb"], rel=1e-9)
+    dyn = rec["dynamic"]
+    assert dyn["lr"] == 0.05 and dyn["clip"] == 2 and dyn["bpb"] > 0 and dyn["bpb"] != pytest.approx(rec["bpb"])
+    cfg = [
+        *base,
+        "--out",
+        str(out),
+        "--overwrite",
+        "--override",
+        "eval.dynamic_lr=0.05",
+        "--override",
+        "eval.dynamic_clip=2",
+    ]
+    assert main(cfg) == 0
+    assert json.loads(out.read_text())["dynamic"]["bpb"] == pytest.approx(dyn["bpb"], rel=1e-6)
+    assert main([*cfg, "--dynamic-lr", "0"]) == 0 and "dynamic" not in json.loads(out.read_text())
+
+
 def test_indicators_cli_on_checkpoint(runs, capsys):
     from megahash.cli import main
     from megahash.data.preprocess.sources import open_source, select_documents
@@ -456,6 +487,15 @@ def test_eval_refuses_to_overwrite_without_the_flag(runs, capsys):
         (["indicators", "--checkpoint", "/nonexistent/run", "--text", "TASKS/shk_manifest.json"], "does not exist"),
         (["report", "--runs", "/nonexistent/run"], "checkpoint /nonexistent/run does not exist"),
         (["eval", "--checkpoint", "TRAINED", "--stride", "8", "--tasks", "x"], "--stride scores raw text"),
+        (["eval", "--checkpoint", "TRAINED", "--dynamic-lr", "0.1", "--tasks", "x"], "--dynamic-clip score raw text"),
+        (
+            ["eval", "--checkpoint", "TRAINED", "--text", "shakespeare", "--limit", "1", "--dynamic-lr", "-1"],
+            "--dynamic-lr -1.0 must be a finite number >= 0",
+        ),
+        (
+            ["eval", "--checkpoint", "TRAINED", "--text", "shakespeare", "--override", "eval.dynamic_clip=0"],
+            "eval.dynamic_clip",
+        ),
         (  # --out under a file, or a folder: tracebacks after the evaluation before
             [
                 "eval",

@@ -61,3 +61,10 @@ def test_compact_recipe_trains_and_exports_no_larger_than_the_quickstart(shakesp
         == 0
     )
     assert int(re.search(r"; (\d+) bytes", capsys.readouterr().out)[1]) == os.path.getsize(path)
+    # its evaluation: `megahash eval --text` adds dynamic evaluation at the recipe's eval.dynamic_lr
+    assert load_config("configs/compact.yaml").eval.dynamic_lr > 0
+    held = tmp_path / "held.txt"
+    held.write_text("To be, or not to be: that is the question.\n\nWhether 'tis nobler in the mind to suffer.\n")
+    assert cli(["eval", "--checkpoint", str(run), "--text", str(held), "--out", str(tmp_path / "t.json")]) == 0
+    rec = json.loads((tmp_path / "t.json").read_text())
+    assert rec["dynamic"]["lr"] == load_config("configs/compact.yaml").eval.dynamic_lr and rec["dynamic"]["bpb"] > 0
