@@ -9,7 +9,9 @@ Each (recipe, seed) is trained on one process (bench_compact_recipe.py's harness
 of 128 tokens for both), written as an artifact by ``megahash export`` (the quickstart with ``--quantize int8
 --compress zlib``, compact_artifact with no flags: its config's ``export.artifact``) and scored by
 ``megahash eval --tasks shk_ppl`` (lm-eval's rolling log-likelihood over the held-out plays, documents
-1100+) twice: the fp32 checkpoint and the artifact (``--artifact``). The table gives artifact bytes,
+1100+) twice: the fp32 checkpoint and the artifact (``--artifact``); the artifact is also scored on the same
+documents with dynamic evaluation (``megahash eval --text --dynamic-lr``, bench_compact_ladder's ``DYNAMIC``:
+each window scored, then one clipped SGD step on it). The table gives artifact bytes,
 bits per byte (mean ± sd over seeds) and the paired difference of the artifacts' bits per byte with its
 standard error. Needs the quickstart data (README step 1: ``data/shakespeare``, ``data/eval_tasks``).
 """
@@ -27,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_compact_ladder import mean_se  # noqa: E402
+from bench_compact_ladder import DYNAMIC, held_out_text, mean_se  # noqa: E402
 from bench_compact_recipe import ROOT, _metric, config_args, params_of, run  # noqa: E402
 
 # name -> (config files, export flags)
@@ -46,6 +48,19 @@ def _eval(run_dir: Path, out: Path, log: Path, artifact: Path | None) -> float:
             log,
         )
     return _metric(json.loads(out.read_text()), "bits_per_byte")
+
+
+def _dynamic(run_dir: Path, log: Path, artifact: Path, work: Path) -> float:
+    """The artifact's held-out bits per byte under dynamic evaluation (the weights it stores, adapted as scored)."""
+    out = run_dir / f"eval_artifact_dynamic_lr{DYNAMIC['lr']:g}.json"
+    if not out.exists():
+        run(
+            [sys.executable, "-m", "megahash", "eval", "--checkpoint", str(run_dir), "--artifact", str(artifact)]
+            + ["--text", str(held_out_text(work)), "--stride", "0", "--dynamic-lr", str(DYNAMIC["lr"])]
+            + ["--dynamic-clip", str(DYNAMIC["clip"]), "--overwrite", "--out", str(out)],
+            log,
+        )
+    return float(json.loads(out.read_text())["dynamic"]["bpb"])
 
 
 def one(recipe: str, seed: int, work: Path) -> dict:
@@ -77,6 +92,7 @@ def one(recipe: str, seed: int, work: Path) -> dict:
         "seed": seed,
         "bpb_fp32": _eval(run_dir, run_dir / "eval_fp32.json", log, None),
         "bpb_artifact": _eval(run_dir, run_dir / "eval_artifact.json", log, artifact),
+        "bpb_artifact_dynamic": _dynamic(run_dir, log, artifact, work),
         "artifact_bytes": artifact.stat().st_size,
         "params": params_of(configs, sets),
         "train_s": float(timing.read_text()),
@@ -88,18 +104,19 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         by.setdefault(r["recipe"], {})[r["seed"]] = r
     out = [
-        "| recipe | seeds | parameters | artifact bytes (max) | fp32 bits/byte | artifact bits/byte | train s/run |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| recipe | seeds | parameters | artifact bytes (max) | fp32 bits/byte | artifact bits/byte | "
+        "artifact, dynamic evaluation | train s/run |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, rs in by.items():
         cols = []
-        for key in ("bpb_fp32", "bpb_artifact"):
+        for key in ("bpb_fp32", "bpb_artifact", "bpb_artifact_dynamic"):
             v = [r[key] for r in rs.values()]
             cols.append(f"{statistics.mean(v):.4f} ± {statistics.stdev(v) if len(v) > 1 else 0.0:.4f}")
         first = next(iter(rs.values()))
         out.append(
             f"| {name} | {len(rs)} | {first['params']:,} | {max(r['artifact_bytes'] for r in rs.values()):,} | "
-            f"{cols[0]} | {cols[1]} | {statistics.mean(r['train_s'] for r in rs.values()):.0f} |"
+            f"{cols[0]} | {cols[1]} | {cols[2]} | {statistics.mean(r['train_s'] for r in rs.values()):.0f} |"
         )
     if {"quickstart", "compact_artifact"} <= set(by):
         seeds = sorted(set(by["quickstart"]) & set(by["compact_artifact"]))
@@ -110,6 +127,16 @@ def table(rows: list[dict]) -> str:
             f"{100 * mean:+.1f}% bits per byte (standard error {100 * se:.1f} points); "
             f"per seed {', '.join(f'{100 * x:+.1f}%' for x in rel)}."
         )
+        for ref_key, what in (
+            ("bpb_artifact_dynamic", "dynamic evaluation for both"),
+            ("bpb_artifact", "the quickstart's static"),
+        ):
+            rel = [by["compact_artifact"][s]["bpb_artifact_dynamic"] / by["quickstart"][s][ref_key] - 1 for s in seeds]
+            mean, se = mean_se(rel)
+            out.append(
+                f"\nDynamic evaluation of compact_artifact's artifact against {what}: {100 * mean:+.1f}% bits per "
+                f"byte (standard error {100 * se:.1f} points); per seed {', '.join(f'{100 * x:+.1f}%' for x in rel)}."
+            )
     return "\n".join(out)
 
 
