@@ -199,6 +199,7 @@ def test_dynamic_evaluation_scores_each_window_then_steps_on_it(dist, shakespear
     flags = [p.requires_grad for p in lm.model.parameters()]
 
     oracle_model = _tiny_lm(shakespeare_shards, window, 11, *embedding).model  # the same draw: a copy
+    # bit-exact: the same seeded draw in the same process (no arithmetic between them)
     assert all(torch.equal(oracle_model.state_dict()[k], v) for k, v in before.items())
     params = [p for p in oracle_model.parameters() if p.is_floating_point()]
     oracle, steps = 0.0, 0
@@ -223,7 +224,8 @@ def test_dynamic_evaluation_scores_each_window_then_steps_on_it(dist, shakespear
     got = dynamic_nll(lm, docs, lr, clip)
     # the same operations in fp32 (fp64 log-softmax here): reduction order only; bf16: its rounding, compounded
     assert got == pytest.approx(oracle, rel=1e-5 if lm.precision != "bf16" else 2e-3)
-    for k, v in before.items():  # put back bit for bit: the promise
+    for k, v in before.items():
+        # bit-exact: the weights are copied back, not recomputed: the promise
         assert torch.equal(lm.model.state_dict()[k], v), k
     assert [p.requires_grad for p in lm.model.parameters()] == flags
 
@@ -257,6 +259,7 @@ def test_dynamic_evaluation_refuses_what_it_cannot_do(dist, shakespeare_shards):
     before = {k: v.clone() for k, v in lm.model.state_dict().items() if torch.is_tensor(v)}
     with pytest.raises(ConfigError, match="diverged .* lower it"):
         dynamic_nll(lm, [doc], 1e30, 1e30)
+    # bit-exact: the weights are copied back, not recomputed: the promise
     assert all(torch.equal(lm.model.state_dict()[k], v) for k, v in before.items())
     lm.hash_head = True  # as a run with a hash-code head sets it (MegahashEvalLM._setup)
     with pytest.raises(ConfigError, match="vocabulary heads"):
