@@ -167,4 +167,9 @@ def checkpoint_config(ckpt: Path, overrides: list[str] | None = None):
     tree = migrate(without_retired(safe_yaml.load(path.read_text(), str(path))))
     tree = apply_overrides(tree, list(overrides or []))
     tree["parallel"] = {"tensor": 1, "sequence": False}
-    return config_from_dict(tree)
+    cfg = config_from_dict(tree)
+    if overrides:  # what the user set is held to its range, as at training (eval.batch_size=0: one line)
+        from megahash.config_checks import check_ranges
+
+        check_ranges(cfg)
+    return cfg

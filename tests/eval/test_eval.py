@@ -494,7 +494,11 @@ def test_eval_refuses_to_overwrite_without_the_flag(runs, capsys):
         ),
         (
             ["eval", "--checkpoint", "TRAINED", "--text", "shakespeare", "--override", "eval.dynamic_clip=0"],
-            "eval.dynamic_clip",
+            "config key 'eval.dynamic_clip' must be > 0.0",
+        ),
+        (  # an override is held to its range, as at training
+            ["eval", "--checkpoint", "TRAINED", "--text", "shakespeare", "--override", "eval.batch_size=0"],
+            "config key 'eval.batch_size' must be >= 1",
         ),
         (  # --out under a file, or a folder: tracebacks after the evaluation before
             [
