@@ -94,7 +94,6 @@ def one(recipe: str, hidden: int, seed: int, work: Path) -> dict:
         run([sys.executable, *cmd, "--tasks", "shk_ppl", "--overwrite"], log)
     bpb = _metric(json.loads(next((run_dir / "eval").glob("step_*.json")).read_text()), "bits_per_byte")
     sliding = sliding_bpb(run_dir, log, work)
-    dynamic = dynamic_bpb(run_dir, log, work)
     params = params_of([base], sets)
     div, steps = RUNGS[hidden]
     tokens = steps * (16 // div) * 128
@@ -104,7 +103,6 @@ def one(recipe: str, hidden: int, seed: int, work: Path) -> dict:
         "seed": seed,
         "bpb": bpb,
         "bpb_sliding": sliding,
-        "bpb_dynamic": dynamic,
         "params": params,
         "tokens": tokens,
         "train_s": float(timing.read_text()),
@@ -166,6 +164,18 @@ def mean_se(xs: list[float]) -> tuple[float, float]:
     return statistics.mean(xs), (statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else float("nan"))
 
 
+def _mean_sd(xs: list[float]) -> str:
+    return f"{statistics.mean(xs):.4f} ± {statistics.stdev(xs) if len(xs) > 1 else 0.0:.4f}"
+
+
+def _gain_text(g: list[float]) -> str:
+    """Paired gains as "mean% ± SE", "-" for none."""
+    if not g:
+        return "-"
+    m, se = mean_se(g)
+    return f"{m:+.2f}% ± {se:.2f}"
+
+
 def table(rows: list[dict], ref: str = "baseline") -> str:
     out = [
         f"| recipe | hidden | parameters | tokens/param | seeds | held-out bits/byte (mean ± sd) | gain vs {ref} "
@@ -186,22 +196,15 @@ def table(rows: list[dict], ref: str = "baseline") -> str:
             gain, ratio = f"{m:+.2f}% ± {se:.2f}", (f"{m / se:.1f}" if se == se and se > 0 else "-")
         sl, sl_gain = "-", "-"
         if all(r.get("bpb_sliding") is not None for r in rs):
-            sb = [r["bpb_sliding"] for r in rs]
-            sl = f"{statistics.mean(sb):.4f} ± {statistics.stdev(sb) if len(sb) > 1 else 0.0:.4f}"
-            if recipe != ref and (sg := gains(rows, recipe, hidden, ref, "bpb_sliding")):
-                m, se = mean_se(sg)
-                sl_gain = f"{m:+.2f}% ± {se:.2f}"
+            sl = _mean_sd([r["bpb_sliding"] for r in rs])
+            if recipe != ref:
+                sl_gain = _gain_text(gains(rows, recipe, hidden, ref, "bpb_sliding"))
         dy, dy_gain, dy_std = "-", "-", "-"
         if all(r.get("bpb_dynamic") is not None for r in rs):
-            db = [r["bpb_dynamic"] for r in rs]
-            dy = f"{statistics.mean(db):.4f} ± {statistics.stdev(db) if len(db) > 1 else 0.0:.4f}"
-            for name, ref_key in (("dy_gain", "bpb_dynamic"), ("dy_std", "bpb")):
-                if recipe == ref and ref_key == "bpb_dynamic":
-                    continue
-                if g2 := gains(rows, recipe, hidden, ref, "bpb_dynamic", ref_key):
-                    m, se = mean_se(g2)
-                    text = f"{m:+.2f}% ± {se:.2f}"
-                    dy_gain, dy_std = (text, dy_std) if name == "dy_gain" else (dy_gain, text)
+            dy = _mean_sd([r["bpb_dynamic"] for r in rs])
+            if recipe != ref:
+                dy_gain = _gain_text(gains(rows, recipe, hidden, ref, "bpb_dynamic"))
+            dy_std = _gain_text(gains(rows, recipe, hidden, ref, "bpb_dynamic", "bpb"))
         out.append(
             f"| {recipe} | {hidden} | {rs[0]['params']:,} | {rs[0]['tokens'] / rs[0]['params']:.3f} | {len(rs)} | "
             f"{statistics.mean(b):.4f} ± {sd:.4f} | {gain} | {ratio} | {sl} | {sl_gain} | {dy} | {dy_gain} | {dy_std} | "
@@ -289,7 +292,8 @@ def main() -> None:
                 row = dict(done[key]) if key in done else one(recipe, hidden, seed, work)
                 if row.get("bpb_sliding") is None:  # a row cached before the sliding-window column: evaluate it
                     row["bpb_sliding"] = sliding_bpb(*run_paths(recipe, hidden, seed, work), work)
-                row["bpb_dynamic"] = dynamic_bpb(*run_paths(recipe, hidden, seed, work), work)  # per --dynamic-lr
+                # every row, new or cached, at this invocation's --dynamic-lr (its own file per setting)
+                row["bpb_dynamic"] = dynamic_bpb(*run_paths(recipe, hidden, seed, work), work)
                 if done.get(key) != row:
                     done[key] = row
                     tmp = cache.with_suffix(".tmp")
