@@ -35,12 +35,13 @@ def check_settings(lr: float, clip: float, names: tuple[str, str] = ("--dynamic-
 def window_nll(lm, enc, n: int, codes) -> torch.Tensor:
     """NLL (nats, a differentiable scalar) of the last ``n`` tokens of ``enc`` given the tokens before them,
     through ``lm``'s model and compute context: ``_vocab_scores`` of one window, with its graph."""
+    from megahash.eval.lm import target_logprobs
+
     m = len(enc) - 1
     tok, cod = lm._inputs([enc[:m]], [None if codes is None else codes[:-1]], m)
     with lm._compute():
         logits = lm.model(tok, hash_codes=cod)
-    lp = logits[0, m - n : m, : lm.codec.vocab_size].float().log_softmax(-1)
-    target = torch.tensor(enc.ids[-n:], dtype=torch.long, device=lp.device)
+    lp, target = target_logprobs(logits[0], enc, n, lm.codec.vocab_size)
     return -lp.gather(-1, target[:, None]).sum()
 
 

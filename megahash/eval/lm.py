@@ -63,6 +63,14 @@ def _as_bool(v) -> bool:
     return bool(v)
 
 
+def target_logprobs(logits: torch.Tensor, enc: Encoded, n: int, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The vocabulary log-softmax [n, V] at the positions predicting the last ``n`` tokens of ``enc`` and those
+    tokens' ids [n], from one window's logits [s, V'] (inputs ``enc[:-1]``; V' the padded vocabulary)."""
+    m = len(enc) - 1
+    lp = logits[m - n : m, :vocab_size].float().log_softmax(-1)
+    return lp, torch.tensor(enc.ids[-n:], dtype=torch.long, device=lp.device)
+
+
 @register_model("megahash")
 class MegahashEvalLM(LM):
     """lm-eval ``LM`` over a megahash checkpoint (see the module docstring).
@@ -195,15 +203,12 @@ class MegahashEvalLM(LM):
             [e[: len(e) - 1] for e, _, _ in batch], [None if c is None else c[:-1] for _, _, c in batch], length
         )
         logits = self.model(tok, hash_codes=cod)  # [B, s, V]
-        V = self.codec.vocab_size
         res = []
         for i, (e, n, _) in enumerate(batch):
-            m = len(e) - 1
             if n <= 0:
                 res.append((0.0, True))
                 continue
-            lp = logits[i, m - n : m, :V].float().log_softmax(-1)
-            tgt = torch.tensor(e.ids[-n:], dtype=torch.long, device=self._dev)
+            lp, tgt = target_logprobs(logits[i], e, n, self.codec.vocab_size)
             ll = lp.gather(-1, tgt[:, None]).sum().item()
             res.append((float(ll), bool((lp.argmax(-1) == tgt).all())))
         return res
