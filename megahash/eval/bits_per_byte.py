@@ -52,10 +52,13 @@ def documents(src: str, limit=None) -> list[str]:
     return docs
 
 
-def text_metrics(lm, docs: list[str], stride: int = 0, dynamic_lr: float = 0.0, dynamic_clip: float = 1.0) -> dict:
+def text_metrics(
+    lm, docs: list[str], stride: int = 0, dynamic_lr: float = 0.0, dynamic_clip: float = 1.0, on_static=None
+) -> dict:
     """Sums and metrics of ``docs`` through a ``MegahashEvalLM``: NLL, tokens, bytes, loss, ppl, bpb
     (lm-eval's disjoint windows), for a ``stride`` the same of strided windows under ``sliding``, and for a
-    ``dynamic_lr`` > 0 the same under dynamic evaluation (megahash/eval/dynamic.py) under ``dynamic``."""
+    ``dynamic_lr`` > 0 the same under dynamic evaluation (megahash/eval/dynamic.py) under ``dynamic``.
+    ``on_static(metrics)`` is called with the static metrics before the dynamic pass (about 3x as long) starts."""
     from megahash.data.text_bytes import TokenBytes
     from megahash.eval.dynamic import check_settings, dynamic_nll
 
@@ -72,6 +75,8 @@ def text_metrics(lm, docs: list[str], stride: int = 0, dynamic_lr: float = 0.0, 
     out = {"documents": len(docs), "tokens": tokens, "bytes": n_bytes, **_scores(nll, tokens, n_bytes)}
     if stride:
         out["sliding"] = {"stride": stride, **_scores(sliding, tokens, n_bytes)}
+    if on_static is not None:
+        on_static(out)
     if dynamic_lr > 0:
         nll_dyn = dynamic_nll(lm, docs, dynamic_lr, dynamic_clip)
         out["dynamic"] = {"lr": dynamic_lr, "clip": dynamic_clip, **_scores(nll_dyn, tokens, n_bytes)}
@@ -146,8 +151,17 @@ def evaluate_text(
                 "eval.dynamic_clip" if dynamic_clip is None else "--dynamic-clip",
             ),
         )
-        metrics = text_metrics(lm, docs, max(1, max_len // 2) if stride is None else stride, lr, clip)
+
+        def on_static(static: dict) -> None:  # printed now: a dynamic pass takes about 3x as long again
+            if not quiet:
+                print(static_lines(src, static, max_len), flush=True)
+                if lr > 0:
+                    print(f"{src}: dynamic evaluation (SGD lr {lr:g}, clip {clip:g}) ...", file=sys.stderr, flush=True)
+
+        metrics = text_metrics(lm, docs, max(1, max_len // 2) if stride is None else stride, lr, clip, on_static)
         del lm
+        if "dynamic" in metrics and not quiet:
+            print(dynamic_line(src, metrics["dynamic"]), flush=True)
     from megahash.checkpoint.layout import read_state
 
     step = read_state(ckpt).get("step")
@@ -164,23 +178,29 @@ def evaluate_text(
     }
     write_text_atomic(out, json.dumps(record, indent=1) + "\n")
     if not quiet:
-        print(
-            f"{src}: {metrics['documents']} documents, {metrics['tokens']} tokens, {metrics['bytes']} bytes: "
-            f"loss {metrics['loss']:.4f} nats/token, ppl {metrics['ppl']:.4g}, bpb {metrics['bpb']:.4f} "
-            f"(disjoint windows of {max_len} tokens, as lm-eval)"
-        )
-        if "sliding" in metrics:
-            sl = metrics["sliding"]
-            print(
-                f"{src}: sliding windows of {max_len} tokens, stride {sl['stride']}: loss {sl['loss']:.4f} nats/token, "
-                f"ppl {sl['ppl']:.4g}, bpb {sl['bpb']:.4f}"
-            )
-        if "dynamic" in metrics:
-            dy = metrics["dynamic"]
-            print(
-                f"{src}: dynamic evaluation (disjoint windows, SGD lr {dy['lr']:g}, clip {dy['clip']:g}, each window "
-                f"scored before the step on it): loss {dy['loss']:.4f} nats/token, ppl {dy['ppl']:.4g}, "
-                f"bpb {dy['bpb']:.4f}"
-            )
         print(f"wrote {out}", file=sys.stderr)
     return record
+
+
+def static_lines(src: str, metrics: dict, max_len: int) -> str:
+    """The printed lines of the static schemes: lm-eval's disjoint windows and, when scored, the strided ones."""
+    lines = [
+        f"{src}: {metrics['documents']} documents, {metrics['tokens']} tokens, {metrics['bytes']} bytes: "
+        f"loss {metrics['loss']:.4f} nats/token, ppl {metrics['ppl']:.4g}, bpb {metrics['bpb']:.4f} "
+        f"(disjoint windows of {max_len} tokens, as lm-eval)"
+    ]
+    if "sliding" in metrics:
+        sl = metrics["sliding"]
+        lines.append(
+            f"{src}: sliding windows of {max_len} tokens, stride {sl['stride']}: loss {sl['loss']:.4f} nats/token, "
+            f"ppl {sl['ppl']:.4g}, bpb {sl['bpb']:.4f}"
+        )
+    return "\n".join(lines)
+
+
+def dynamic_line(src: str, dy: dict) -> str:
+    """The printed line of dynamic evaluation."""
+    return (
+        f"{src}: dynamic evaluation (disjoint windows, SGD lr {dy['lr']:g}, clip {dy['clip']:g}, each window "
+        f"scored before the step on it): loss {dy['loss']:.4f} nats/token, ppl {dy['ppl']:.4g}, bpb {dy['bpb']:.4f}"
+    )

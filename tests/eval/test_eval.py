@@ -297,17 +297,29 @@ def test_report_table_across_runs(runs, capsys):
     assert tr["costs"]["cache_bytes"] > 0 and tr["costs"]["prefill_flops_per_token"] > 0
 
 
-def test_dynamic_evaluation_from_the_cli_and_the_runs_config(runs, capsys):
+def test_dynamic_evaluation_from_the_cli_and_the_runs_config(runs, capsys, monkeypatch):
     """``megahash eval --text``: ``--dynamic-lr`` adds a line and a ``dynamic`` record beside the static one
-    (unchanged), and a run's ``eval.dynamic_lr`` does the same without the flag; ``--dynamic-lr 0`` turns it off."""
+    (unchanged, and printed before the slower dynamic pass starts), and a run's ``eval.dynamic_lr`` does the same
+    without the flag; ``--dynamic-lr 0`` turns it off."""
     from megahash.cli import main
+    from megahash.eval import dynamic
 
     out = runs["dir"] / "dyn.json"
     base = ["eval", "--checkpoint", str(runs["trained"]), "--text", "shakespeare", "--limit", "2", "--stride", "0"]
     assert main([*base, "--out", str(out), "--overwrite"]) == 0
     static = json.loads(out.read_text())
     assert "dynamic" not in static
+    capsys.readouterr()
+    printed_before = []
+    real = dynamic.dynamic_nll
+
+    def recording(*args, **kw):  # what the user has seen when the dynamic pass starts
+        printed_before.append(capsys.readouterr().out)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(dynamic, "dynamic_nll", recording)
     assert main([*base, "--out", str(out), "--overwrite", "--dynamic-lr", "0.05", "--dynamic-clip", "2"]) == 0
+    assert f"bpb {static['bpb']:.4f} (disjoint windows" in printed_before[0]
     assert "dynamic evaluation (disjoint windows, SGD lr 0.05, clip 2" in capsys.readouterr().out
     rec = json.loads(out.read_text())
     assert rec["bpb"] == pytest.approx(static["bpb"], rel=1e-9)
