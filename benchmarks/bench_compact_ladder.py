@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_compact_recipe import _metric, config_args, params_of, run  # noqa: E402
+from bench_compact_recipe import _metric, config_args, eval_weights, params_of, run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 QS, COMPACT = "configs/quickstart.yaml", "configs/compact.yaml"
@@ -93,7 +93,7 @@ def one(recipe: str, hidden: int, seed: int, work: Path) -> dict:
         timing.write_text(str(round(seconds, 1)))
     if not list((run_dir / "eval").glob("step_*.json")):
         cmd = ["-m", "megahash", "eval", "--checkpoint", str(run_dir), "--tasks-dir", "data/eval_tasks"]
-        run([sys.executable, *cmd, "--tasks", "shk_ppl", "--overwrite"], log)
+        run([sys.executable, *cmd, "--tasks", "shk_ppl", "--overwrite", *eval_weights(run_dir)], log)
     bpb = _metric(json.loads(next((run_dir / "eval").glob("step_*.json")).read_text()), "bits_per_byte")
     sliding = sliding_bpb(run_dir, log, work)
     params = params_of([base], sets)
@@ -129,7 +129,7 @@ def sliding_bpb(run_dir: Path, log: Path, work: Path) -> float:
     out = run_dir / "eval" / "sliding.json"
     if not out.exists():
         cmd = ["-m", "megahash", "eval", "--checkpoint", str(run_dir), "--text", str(held_out_text(work))]
-        run([sys.executable, *cmd, "--out", str(out), "--overwrite"], log)
+        run([sys.executable, *cmd, "--out", str(out), "--overwrite", *eval_weights(run_dir)], log)
     return float(json.loads(out.read_text())["sliding"]["bpb"])
 
 
@@ -145,6 +145,7 @@ def dynamic_bpb(run_dir: Path, log: Path, work: Path) -> float | None:
     if not out.exists():
         cmd = ["-m", "megahash", "eval", "--checkpoint", str(run_dir), "--text", str(held_out_text(work))]
         cmd += ["--stride", "0", "--dynamic-lr", str(DYNAMIC["lr"]), "--dynamic-clip", str(DYNAMIC["clip"])]
+        cmd += eval_weights(run_dir)
         run([sys.executable, *cmd, "--out", str(out), "--overwrite"], log)
     return float(json.loads(out.read_text())["dynamic"]["bpb"])
 

@@ -103,7 +103,7 @@ def one(recipe: str, seed: int, steps: int, work: Path, artifact_too: bool = Tru
         timing.write_text(
             str(round(run([sys.executable, "megahash/pretrain.py", *config_args(configs), *sets], log), 1))
         )
-    weights = ["--weights", "ema"] if any(o.startswith("train.ema.decay=") for o in overrides) else []
+    weights = eval_weights(run_dir)
     if not list((run_dir / "eval").glob("step_*.json")):
         run(
             [
@@ -167,6 +167,15 @@ def params_of(configs: list[str], sets: list[str]) -> int:
         check=True,
     ).stdout
     return int(json.loads(out)["total"])
+
+
+def eval_weights(run_dir: Path) -> list[str]:
+    """``megahash eval``'s weights flag for a finished run: its EMA weights when its resolved config keeps an
+    average (``train.ema.decay`` > 0: the recipe is scored with the average it trained for), else none."""
+    import yaml
+
+    cfg = yaml.safe_load((run_dir / "resolved_config.yaml").read_text())
+    return ["--weights", "ema"] if float(((cfg.get("train") or {}).get("ema") or {}).get("decay") or 0) > 0 else []
 
 
 def _metric(scores: dict, name: str) -> float:
