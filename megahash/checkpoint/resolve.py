@@ -127,6 +127,8 @@ def resolve_checkpoint(path: str | Path, level: str = "cheap", scope=None) -> Pa
         ckpt = choose_resume(p, level=level, judge=judge)
         if ckpt is None:
             raise CheckpointError(f"{p} holds no complete megahash checkpoint (no step_N with {STATE_FILE})")
+    elif p.exists():
+        raise CheckpointError(f"checkpoint {p} is a file; pass a run directory or one of its step_N directories")
     else:
         raise CheckpointError(f"checkpoint {p} does not exist")
     if not (ckpt / WEIGHTS_DIR).is_dir():

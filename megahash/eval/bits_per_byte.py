@@ -37,19 +37,22 @@ class _Request:
         self.args = (text,)
 
 
-def documents(src: str, limit=None) -> list[str]:
-    """The documents of a data-stage SRC (the first ``limit`` when given; one-line error when empty)."""
+def documents(src: str, limit=None) -> tuple[list[str], int]:
+    """The documents of a data-stage SRC (the first ``limit`` when given, a fraction < 1 of them as lm-eval's
+    ``--limit``; one-line error when empty) and how many invalid UTF-8 bytes were read as U+FFFD."""
     from megahash.data.preprocess.sources import open_source
     from megahash.errors import DataError
 
-    docs = []
-    for doc in open_source(src).documents():
-        if limit is not None and len(docs) >= limit:
+    source, docs = open_source(src), []
+    for doc in source.documents():
+        if limit is not None and limit >= 1 and len(docs) >= limit:
             break
         docs.append(doc)
+    if limit is not None and limit < 1:
+        docs = docs[: math.ceil(len(docs) * limit)]
     if not docs:
         raise DataError(f"--text {src} holds no documents")
-    return docs
+    return docs, source.replaced_chars
 
 
 def text_metrics(
@@ -60,9 +63,11 @@ def text_metrics(
     ``dynamic_lr`` > 0 the same under dynamic evaluation (megahash/eval/dynamic.py) under ``dynamic``.
     ``on_static(metrics)`` is called with the static metrics before the dynamic pass (about 3x as long) starts."""
     from megahash.data.text_bytes import TokenBytes
-    from megahash.eval.dynamic import check_settings, dynamic_nll
+    from megahash.eval.dynamic import check_model, check_settings, dynamic_nll
 
     check_settings(dynamic_lr, dynamic_clip)  # bad settings before the work
+    if dynamic_lr > 0:
+        check_model(lm)
     sliding = -sum(lm.loglikelihood_sliding(docs, stride)) if stride else None  # a bad stride before the work
     nll = -sum(lm.loglikelihood_rolling([_Request(d) for d in docs]))
     encoded = [lm.codec.encode(d).ids for d in docs]
@@ -72,9 +77,10 @@ def text_metrics(
         n_bytes = sum(counter.count(ids) for ids in encoded)
     else:  # a word stream: the text itself
         n_bytes = sum(len(d.encode("utf-8")) for d in docs)
-    out = {"documents": len(docs), "tokens": tokens, "bytes": n_bytes, **_scores(nll, tokens, n_bytes)}
+    per_token = lm.hash_head  # a hash-code head scores codes, not the text: a loss, no ppl or bpb (docs/eval.md)
+    out = {"documents": len(docs), "tokens": tokens, "bytes": n_bytes, **_scores(nll, tokens, n_bytes, per_token)}
     if stride:
-        out["sliding"] = {"stride": stride, **_scores(sliding, tokens, n_bytes)}
+        out["sliding"] = {"stride": stride, **_scores(sliding, tokens, n_bytes, per_token)}
     if on_static is not None:
         on_static(out)
     if dynamic_lr > 0:
@@ -83,11 +89,24 @@ def text_metrics(
     return out
 
 
-def _scores(nll: float, tokens: int, n_bytes: int) -> dict:
+def _scores(nll: float, tokens: int, n_bytes: int, loss_only: bool = False) -> dict:
+    """NLL, mean loss per token and, unless ``loss_only``, perplexity (None past a float's range) and bits per byte."""
     from megahash.data.text_bytes import bits_per_byte
 
     loss = nll / max(tokens, 1)
-    return {"nll": nll, "loss": loss, "ppl": math.exp(min(loss, 50.0)), "bpb": bits_per_byte(nll, n_bytes)}
+    if loss_only:
+        return {"nll": nll, "loss": loss}
+    ppl = math.exp(loss) if loss < math.log(sys.float_info.max) else None  # JSON has no infinity
+    return {"nll": nll, "loss": loss, "ppl": ppl, "bpb": bits_per_byte(nll, n_bytes)}
+
+
+def _tail(m: dict) -> str:
+    """``loss ... nats/token[, ppl ..., bpb ...]`` of a :func:`_scores` record."""
+    text = f"loss {m['loss']:.4f} nats/token"
+    if "bpb" not in m:
+        return text + " (of the head's hash codes: no ppl or bits per byte)"
+    ppl = "beyond float range" if m["ppl"] is None else f"{m['ppl']:.4g}"
+    return f"{text}, ppl {ppl}, bpb {m['bpb']:.4f}"
 
 
 def weights_tag(weights: str) -> str:
@@ -127,7 +146,13 @@ def evaluate_text(
     out = Path(out) if out else ckpt.parent / "eval" / f"{ckpt.name}_text{weights_tag(weights)}.json"
     if out.exists() and not overwrite:  # as megahash eval's task results (eval/run.py refuse_existing)
         raise ConfigError(f"{out} already exists; pass --overwrite to replace it (or --out for another file)")
-    docs = documents(src, limit)
+    docs, replaced = documents(src, limit)
+    if replaced and not quiet:
+        print(
+            f"warning: --text {src}: {replaced} invalid UTF-8 byte(s) read as U+FFFD (counted as its 3 bytes); "
+            "scores are of the decoded text",
+            file=sys.stderr,
+        )
     t0 = time.time()
     from megahash.eval.lm import MegahashEvalLM
 
@@ -151,6 +176,11 @@ def evaluate_text(
                 "eval.dynamic_clip" if dynamic_clip is None else "--dynamic-clip",
             ),
         )
+        if dynamic_clip is not None and lr == 0:
+            raise ConfigError(
+                f"--dynamic-clip sets dynamic evaluation's clipping, which is off here (eval.dynamic_lr "
+                f"{lm.cfg.eval.dynamic_lr:g}{'' if dynamic_lr is None else ', --dynamic-lr 0'}): pass --dynamic-lr LR"
+            )
 
         def on_static(static: dict) -> None:  # printed now: a dynamic pass takes about 3x as long again
             if not quiet:
@@ -173,6 +203,7 @@ def evaluate_text(
         "limit": limit,
         "weights": weights,
         "max_length": max_len,
+        "replaced_invalid_utf8_chars": replaced,
         **metrics,
         "seconds": round(time.time() - t0, 2),
     }
@@ -186,15 +217,11 @@ def static_lines(src: str, metrics: dict, max_len: int) -> str:
     """The printed lines of the static schemes: lm-eval's disjoint windows and, when scored, the strided ones."""
     lines = [
         f"{src}: {metrics['documents']} documents, {metrics['tokens']} tokens, {metrics['bytes']} bytes: "
-        f"loss {metrics['loss']:.4f} nats/token, ppl {metrics['ppl']:.4g}, bpb {metrics['bpb']:.4f} "
-        f"(disjoint windows of {max_len} tokens, as lm-eval)"
+        f"{_tail(metrics)} (disjoint windows of {max_len} tokens, as lm-eval)"
     ]
     if "sliding" in metrics:
         sl = metrics["sliding"]
-        lines.append(
-            f"{src}: sliding windows of {max_len} tokens, stride {sl['stride']}: loss {sl['loss']:.4f} nats/token, "
-            f"ppl {sl['ppl']:.4g}, bpb {sl['bpb']:.4f}"
-        )
+        lines.append(f"{src}: sliding windows of {max_len} tokens, stride {sl['stride']}: {_tail(sl)}")
     return "\n".join(lines)
 
 
@@ -202,5 +229,5 @@ def dynamic_line(src: str, dy: dict) -> str:
     """The printed line of dynamic evaluation."""
     return (
         f"{src}: dynamic evaluation (disjoint windows, SGD lr {dy['lr']:g}, clip {dy['clip']:g}, each window "
-        f"scored before the step on it): loss {dy['loss']:.4f} nats/token, ppl {dy['ppl']:.4g}, bpb {dy['bpb']:.4f}"
+        f"scored before the step on it): {_tail(dy)}"
     )

@@ -32,6 +32,15 @@ def check_settings(lr: float, clip: float, names: tuple[str, str] = ("--dynamic-
         raise ConfigError(f"{names[1]} {clip} must be a finite number > 0")
 
 
+def check_model(lm) -> None:
+    """One-line error for a model dynamic evaluation cannot score (a head that scores hash codes)."""
+    if lm.hash_head:
+        raise ConfigError(
+            f"dynamic evaluation scores vocabulary heads; this run's model.head={lm.cfg.model.head} scores hash "
+            "codes: drop --dynamic-lr (or set eval.dynamic_lr=0)"
+        )
+
+
 def window_nll(lm, enc, n: int, codes) -> torch.Tensor:
     """NLL (nats, a differentiable scalar) of the last ``n`` tokens of ``enc`` given the tokens before them,
     through ``lm``'s model and compute context: ``_vocab_scores`` of one window, with its graph."""
@@ -49,11 +58,7 @@ def dynamic_nll(lm, docs: list[str], lr: float, clip: float = 1.0) -> float:
     """Total NLL (nats) of ``docs`` under dynamic evaluation (module docstring) through a ``MegahashEvalLM``;
     the model's weights (and ``requires_grad`` flags) are as before when it returns or raises."""
     check_settings(lr, clip)
-    if lm.hash_head:
-        raise ConfigError(
-            f"dynamic evaluation scores vocabulary heads; this run's model.head={lm.cfg.model.head} scores hash "
-            "codes: drop --dynamic-lr"
-        )
+    check_model(lm)
     model = lm.model
     params = [p for p in model.parameters() if p.is_floating_point()]
     flags = [p.requires_grad for p in params]

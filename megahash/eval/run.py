@@ -549,20 +549,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
     def run():
-        if args.limit is not None and args.limit <= 0:
-            raise ConfigError("--limit must be > 0")
+        if args.limit is not None and not 0 < args.limit < math.inf:
+            raise ConfigError(f"--limit {args.limit} must be a finite number > 0 (documents, or a fraction below 1)")
+        for flag, value in (("--batch-size", args.batch_size), ("--max-length", args.max_length)):
+            if value is not None and value < 1:
+                raise ConfigError(f"{flag} {value} must be >= 1")
+        if args.text is not None and not args.text.strip():
+            raise ConfigError("--text is empty: pass a data-stage SRC (.txt, .jsonl, folder, hf:NAME:SPLIT, ...)")
+        if args.text and args.tasks:
+            raise ConfigError("--text scores raw text instead of tasks: pass --text or --tasks, not both")
         check_out(args.out)
         limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
         _quiet_logs()
-        if args.stride is not None and not args.text:
+        if args.stride is not None and args.text is None:
             raise ConfigError(
                 "--stride scores raw text: pass it with --text SRC (lm-eval's tasks keep their own windows)"
             )
-        if (args.dynamic_lr is not None or args.dynamic_clip is not None) and not args.text:
+        if (args.dynamic_lr is not None or args.dynamic_clip is not None) and args.text is None:
             raise ConfigError(
                 "--dynamic-lr/--dynamic-clip score raw text: pass them with --text SRC (lm-eval's tasks are static)"
             )
-        if args.text:  # loss, perplexity and bits per byte of raw text (megahash/eval/bits_per_byte.py)
+        if args.text is not None:  # loss, perplexity and bits per byte of raw text (megahash/eval/bits_per_byte.py)
             from megahash.eval.bits_per_byte import evaluate_text
 
             evaluate_text(
@@ -608,7 +615,8 @@ def _weights(args) -> str:
     if args.weights != "live":
         raise ConfigError("--artifact and --weights ema exclude each other (the artifact holds one set of weights)")
     if not os.path.isfile(args.artifact):
-        raise ConfigError(f"--artifact {args.artifact} does not exist")
+        what = "is not a file" if os.path.exists(args.artifact) else "does not exist"
+        raise ConfigError(f"--artifact {args.artifact} {what} (pass the file megahash export wrote)")
     return args.artifact
 
 

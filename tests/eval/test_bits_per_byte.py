@@ -264,3 +264,6 @@ def test_dynamic_evaluation_refuses_what_it_cannot_do(dist, shakespeare_shards):
     lm.hash_head = True  # as a run with a hash-code head sets it (MegahashEvalLM._setup)
     with pytest.raises(ConfigError, match="vocabulary heads"):
         dynamic_nll(lm, [doc], 0.1)
+    lm.loglikelihood_rolling = lambda *a: pytest.fail("the static pass ran before the refusal")
+    with pytest.raises(ConfigError, match="vocabulary heads"):  # refused before the (long) static pass
+        text_metrics(lm, [doc], dynamic_lr=0.1)

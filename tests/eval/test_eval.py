@@ -340,6 +340,28 @@ def test_dynamic_evaluation_from_the_cli_and_the_runs_config(runs, capsys, monke
     assert main([*cfg, "--dynamic-lr", "0"]) == 0 and "dynamic" not in json.loads(out.read_text())
 
 
+def test_eval_text_limit_fraction_and_invalid_utf8(runs, capsys):
+    """``megahash eval --text``: ``--limit`` below 1 is a fraction of the documents (lm-eval's rule, rounded up);
+    bytes that are not UTF-8 are scored as U+FFFD, with a warning and their count in the JSON record."""
+    from megahash.cli import main
+
+    src = runs["dir"] / "four_docs.txt"
+    src.write_bytes(
+        b"To be, or not to be.\n\nThat is the question.\n\nWhether tis nobler.\n\nIn the mind \xff\xfe to suffer.\n"
+    )
+    out = runs["dir"] / "frac.json"
+    base = ["eval", "--checkpoint", str(runs["trained"]), "--text", str(src), "--out", str(out), "--overwrite"]
+    assert main([*base, "--limit", "0.5"]) == 0
+    rec = json.loads(out.read_text())
+    assert rec["documents"] == 2  # ceil(4 x 0.5)
+    assert main([*base, "--limit", "0.6"]) == 0 and json.loads(out.read_text())["documents"] == 3
+    capsys.readouterr()
+    assert main(base) == 0
+    rec = json.loads(out.read_text())
+    assert rec["documents"] == 4 and rec["replaced_invalid_utf8_chars"] == 2
+    assert "2 invalid UTF-8 byte(s) read as U+FFFD" in capsys.readouterr().err
+
+
 def test_indicators_cli_on_checkpoint(runs, capsys):
     from megahash.cli import main
     from megahash.data.preprocess.sources import open_source, select_documents
@@ -547,6 +569,25 @@ def test_eval_refuses_to_overwrite_without_the_flag(runs, capsys):
             ["eval", "--checkpoint", "TRAINED", "--text", "shakespeare", "--limit", "1", "--stride", "100000"],
             "--stride 100000 must be between 1 and the window",
         ),
+        (
+            ["eval", "--checkpoint", "TRAINED", "--text", "shakespeare", "--limit", "inf"],
+            "--limit inf must be a finite",
+        ),
+        (
+            ["eval", "--checkpoint", "TRAINED", "--text", "shakespeare", "--limit", "nan"],
+            "--limit nan must be a finite",
+        ),
+        (["eval", "--checkpoint", "TRAINED", "--text", "shakespeare", "--max-length", "-5"], "--max-length -5 must"),
+        (["eval", "--checkpoint", "TRAINED", "--text", "shakespeare", "--max-length", "0"], "--max-length 0 must"),
+        (["eval", "--checkpoint", "TRAINED", "--text", "shakespeare", "--batch-size", "0"], "--batch-size 0 must"),
+        (["eval", "--checkpoint", "TRAINED", "--text", ""], "--text is empty"),
+        (["eval", "--checkpoint", "TRAINED", "--text", "shakespeare", "--tasks", "shk_ppl"], "--text or --tasks"),
+        (  # a clipping norm for a pass that does not run (the run's eval.dynamic_lr is 0)
+            ["eval", "--checkpoint", "TRAINED", "--text", "shakespeare", "--limit", "1", "--dynamic-clip", "2"],
+            "which is off here (eval.dynamic_lr 0): pass --dynamic-lr",
+        ),
+        (["eval", "--checkpoint", "TRAINED", "--text", "shakespeare", "--artifact", "TASKS"], "is not a file"),
+        (["eval", "--checkpoint", "TASKS/shk_ppl.yaml", "--tasks", "shk_ppl"], "is a file; pass a run directory"),
     ],
 )
 def test_cli_errors_are_one_line(runs, capsys, argv, expect):

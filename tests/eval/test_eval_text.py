@@ -2,6 +2,7 @@
 streams, MD5 and LSH codes), and the lm-eval model scores hash-embedding models and the hashed-word
 decoder (hash-code head, through heads.score_continuation)."""
 
+import math
 import os
 import sys
 
@@ -149,3 +150,11 @@ def test_hash_models_are_scored_through_their_codes(dist, word_shards, head, emb
     out = lm.generate_until([_req("generate_until", ctx, {"until": ["\n"], "max_gen_toks": 3})])
     assert isinstance(out[0], str) and len(out[0].split()) <= 3
     assert all(w in codec.word_index for w in out[0].split())
+    from megahash.eval.bits_per_byte import static_lines, text_metrics
+
+    metrics = text_metrics(lm, [ctx + cont])  # megahash eval --text
+    assert metrics["loss"] == pytest.approx(-rolling / len(enc), rel=1e-6)
+    if head == "vocab":
+        assert metrics["bpb"] > 0 and metrics["ppl"] == pytest.approx(math.exp(metrics["loss"]))
+    else:  # the head scores hash codes, not the text: a loss, no perplexity or bits per byte (docs/eval.md)
+        assert "bpb" not in metrics and "ppl" not in metrics and "bpb" not in static_lines("src", metrics, 16)
