@@ -8,13 +8,12 @@ shows what megahash/known_warnings.py silences.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import os
 import sys
 
-from megahash.command_errors import run_guarded
+from megahash.command_errors import ArgumentParser, run_guarded
 from megahash.errors import print_error
 
 # name -> "module:function" taking argv (list[str]) and returning an exit status
@@ -68,7 +67,7 @@ def check_inputs(name: str, argv: list[str]) -> None:
 
 
 def params_main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="megahash params", description="Parameter accounting of a config.")
+    p = ArgumentParser(prog="megahash params", description="Parameter accounting of a config.")
     p.add_argument("--config", action="append", default=None, help="YAML config; repeat to merge left to right")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--vocab-size", type=int, default=0, help="vocabulary (default: model.vocab_size or 50304)")

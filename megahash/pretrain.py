@@ -28,7 +28,9 @@ import argparse
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
+    from megahash.command_errors import ArgumentParser
+
+    p = ArgumentParser(
         prog="megahash-pretrain", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument(

@@ -198,3 +198,22 @@ def test_launcher_errors_are_capped(capsys):
     assert main(["--launcher", "python", "--dry-run", "stray" * 10_000]) == 2
     line = capsys.readouterr().err.strip()
     assert "\n" not in line and len(line) <= LIMIT and line.endswith("(launcher options go before them)"), line[:300]
+
+
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        ["-m", "megahash", "eval", "--checkpoint", "configs", "--dynamic-lr", "abc"],
+        ["-m", "megahash", "params", "--vocab-size", "many"],
+        ["-m", "megahash", "export", "--checkpoint"],
+        ["-m", "megahash", "sweep", "--no-such-flag"],
+        ["megahash/pretrain.py", "--no-such-flag"],
+        ["data_tools/preprocess_data.py", "--input"],
+    ],
+)
+def test_argument_errors_are_one_line(cmd):
+    """argparse's own errors (a bad value, an unknown flag, a missing value) are one line too, naming the
+    command and pointing at its --help, exit 2 (megahash.command_errors.ArgumentParser): argparse printed its
+    usage block before them."""
+    line = _one_error_line(run([sys.executable, *cmd], timeout=300))
+    assert "(see " in line and "--help)" in line, line

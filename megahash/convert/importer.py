@@ -190,9 +190,9 @@ def import_hf(hf_dir, output, step: int | None = None) -> dict:
 
 
 def main(argv=None) -> int:
-    from megahash.command_errors import run_guarded
+    from megahash.command_errors import ArgumentParser, run_guarded
 
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="megahash import-hf", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--hf", required=True, help="folder written by megahash export-hf, or a Qwen2ForCausalLM folder")

@@ -149,7 +149,9 @@ def compute(model, codec, text: str, max_tokens: int, windows: int = 1) -> tuple
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    from megahash.command_errors import ArgumentParser
+
+    p = ArgumentParser(
         prog="megahash indicators",
         description="Attention pattern indicators ([Xue25] sec. 4.4.4, docs/references.md) of a checkpoint on a text.",
     )

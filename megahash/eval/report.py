@@ -257,7 +257,9 @@ def empty_reasons(runs: list[dict], baseline: dict, lower: dict, tasks: list[str
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="megahash report", description="Size, efficiency and eval scores of runs.")
+    from megahash.command_errors import ArgumentParser
+
+    p = ArgumentParser(prog="megahash report", description="Size, efficiency and eval scores of runs.")
     p.add_argument("--runs", nargs="+", required=True, help="run directories (or step_N checkpoints)")
     p.add_argument("--baseline", default=None, help="run for PCR/PRR (default: the first of --runs)")
     p.add_argument("--lower-bound", default=None, help="run for PEoP (default: the baseline)")

@@ -479,7 +479,9 @@ def _evaluate_in_subprocess(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="megahash eval", description="lm-eval-harness tasks on a megahash checkpoint.")
+    from megahash.command_errors import ArgumentParser
+
+    p = ArgumentParser(prog="megahash eval", description="lm-eval-harness tasks on a megahash checkpoint.")
     p.add_argument("--checkpoint", required=True, help="run directory (its latest checkpoint) or a step_N directory")
     p.add_argument("--tasks", default=None, help=f"comma-separated task/tag names (default: {','.join(DEFAULT_TASKS)})")
     p.add_argument("--tasks-dir", default=None, help="directory of local task YAMLs (offline suite)")

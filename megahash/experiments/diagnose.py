@@ -316,7 +316,9 @@ def run(args) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    from megahash.command_errors import ArgumentParser
+
+    p = ArgumentParser(
         prog="megahash diagnose", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument(

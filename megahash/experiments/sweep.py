@@ -92,9 +92,9 @@ def dry_run(grid: Grid, launcher: str, extra_sbatch: Sequence[str], cells: list 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="megahash sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    from megahash.command_errors import ArgumentParser
+
+    p = ArgumentParser(prog="megahash sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--grid", default=None, help="grid YAML (configs/grids/...)")
     p.add_argument("--launcher", choices=["local", "slurm"], default="local")
     p.add_argument("--dry-run", action="store_true", help="print the cells and commands, run nothing")

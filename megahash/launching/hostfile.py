@@ -16,6 +16,7 @@ import os
 import re
 import sys
 
+from megahash.command_errors import ArgumentParser
 from megahash.errors import print_error
 from megahash.launching.env import NodeListError, expand_nodelist
 
@@ -50,7 +51,7 @@ def slots_from_slurm(environ=None) -> int | None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m launch.hostfile", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--nodelist", default=None, help="SLURM node list (default: $SLURM_JOB_NODELIST)")

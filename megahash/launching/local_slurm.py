@@ -29,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+from megahash.command_errors import ArgumentParser
 from megahash.errors import print_error
 
 DAEMONS = ("slurmctld", "slurmd", "sinfo", "sbatch", "srun", "scontrol", "squeue", "scancel")
@@ -342,7 +343,7 @@ def _alive(pid: int, popen: subprocess.Popen | None) -> bool:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m launch.local_slurm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("action", choices=["up", "down", "status"])

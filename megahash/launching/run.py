@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 
+from megahash.command_errors import ArgumentParser
 from megahash.errors import print_error
 from megahash.launching.env import NodeListError, free_port, in_slurm_step, slurm_master_addr, slurm_port
 from megahash.launching.hostfile import hostfile_from_slurm, slots_from_slurm
@@ -233,7 +234,7 @@ def build(args, env=None) -> tuple[list[str], dict]:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m launch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--launcher", choices=LAUNCHERS, default=os.environ.get("MEGAHASH_LAUNCHER", "auto"))

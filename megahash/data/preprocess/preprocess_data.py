@@ -44,6 +44,7 @@ from typing import Iterable, Optional, Sequence
 import numpy as np
 
 import megahash
+from megahash.command_errors import ArgumentParser
 from megahash.data.preprocess.common import InputError, check_output_prefix, cli
 from megahash.data.preprocess.encode_pass import DocStats, Progress, encode_all
 from megahash.data.preprocess.encoding import WORDS, EncoderConfig, resolve_tokenizer
@@ -70,7 +71,7 @@ def shard_names(prefix: str, spec_names: Sequence[str]) -> dict[str, str]:
 
 # -- CLI --------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--input", required=True, help="SRC: file/dir/glob of .txt/.jsonl/.parquet, hf:NAME[:CONFIG]:SPLIT, shakespeare, bible-kjv")
     p.add_argument("--output-prefix", required=True)
     p.add_argument("--tokenizer", default=None, help="sentencepiece PREFIX.model, tokenizer.json, HF tokenizer folder or name, "

@@ -33,6 +33,7 @@ import sys
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
+from megahash.command_errors import ArgumentParser
 from megahash.data.preprocess.common import InputError, check_output_prefix, cli, one_line
 from megahash.data.preprocess.long_documents import pieces
 from megahash.data.preprocess.publish import TempReaper
@@ -47,7 +48,7 @@ LOSSLESS = {"normalization_rule_name": "identity", "remove_extra_whitespaces": F
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--input", required=True, help="SRC: file/dir/glob of .txt/.jsonl/.parquet, hf:NAME[:CONFIG]:SPLIT, shakespeare, bible-kjv")
     p.add_argument("--output", required=True, help="output prefix: writes PREFIX.model and PREFIX.vocab")
     p.add_argument("--vocab-size", type=int, required=True)
