@@ -77,10 +77,10 @@ def text_metrics(
         n_bytes = sum(counter.count(ids) for ids in encoded)
     else:  # a word stream: the text itself
         n_bytes = sum(len(d.encode("utf-8")) for d in docs)
-    per_token = lm.hash_head  # a hash-code head scores codes, not the text: a loss, no ppl or bpb (docs/eval.md)
-    out = {"documents": len(docs), "tokens": tokens, "bytes": n_bytes, **_scores(nll, tokens, n_bytes, per_token)}
+    loss_only = lm.hash_head  # a hash-code head scores codes, not the text: a loss, no ppl or bpb (docs/eval.md)
+    out = {"documents": len(docs), "tokens": tokens, "bytes": n_bytes, **_scores(nll, tokens, n_bytes, loss_only)}
     if stride:
-        out["sliding"] = {"stride": stride, **_scores(sliding, tokens, n_bytes, per_token)}
+        out["sliding"] = {"stride": stride, **_scores(sliding, tokens, n_bytes, loss_only)}
     if on_static is not None:
         on_static(out)
     if dynamic_lr > 0:
