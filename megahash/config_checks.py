@@ -134,8 +134,10 @@ def check_value(key: str, value, rule: tuple | None) -> None:
     if not bad and high is not None:
         bad = value >= high if high_open else value > high
     if bad:
+        finite = "a finite number " if isinstance(value, float) and not math.isfinite(value) else ""
         raise ConfigError(
-            f"config key {key!r} must be {_range_text(low, high, low_open, high_open)} ({meaning}), got {value!r}"
+            f"config key {key!r} must be {finite}{_range_text(low, high, low_open, high_open)} ({meaning}), "
+            f"got {value!r}"
         )
 
 

@@ -91,3 +91,18 @@ def test_issue_examples_in_a_real_process(tmp_path):
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and ov.split("=")[0] in lines[0] and rng in lines[0], lines
     assert not (tmp_path / "x").exists()
+
+
+def test_a_non_finite_value_is_named_as_such():
+    """inf satisfies ">= 0" as a number: the line says a finite number is wanted (it said "must be >= 0.0,
+    got inf")."""
+    from megahash.config_checks import check_value, interval
+    from megahash.errors import ConfigError
+
+    rule = interval("[0, inf)", "dynamic evaluation's SGD step size", float)
+    for value in (float("inf"), float("nan")):
+        with pytest.raises(ConfigError, match=r"must be a finite number >= 0\.0 .*got (inf|nan)"):
+            check_value("eval.dynamic_lr", value, rule)
+    with pytest.raises(ConfigError, match=r"must be >= 0\.0 \(") as e:
+        check_value("eval.dynamic_lr", -1.0, rule)
+    assert "finite" not in str(e.value)
