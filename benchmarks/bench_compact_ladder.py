@@ -20,12 +20,13 @@ megahash/eval/dynamic.py), whose gain is given both against the reference's dyna
 evaluation for both) and against its standard one. Writes a markdown table, issue 44's targets in each framing
 (:func:`target_lines`), and one PNG of bits per byte against parameters. Stages whose output exists are skipped
 (rerun to finish). Hidden 256 (5.2M parameters) takes 11-14 minutes a run on one core of the 2-core development
-machine.
+machine. Bad arguments end in one line ``error: <problem>; <fix>`` and exit status 2 before anything is trained
+or created (bench_compact_recipe.py's checks: each run's config is loaded and checked first, ``--try`` overrides
+included; under ``--cached``, some cached row must match).
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import math
@@ -37,7 +38,23 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_compact_recipe import _metric, config_args, eval_weights, params_of, run  # noqa: E402
+from bench_compact_recipe import (  # noqa: E402
+    ArgumentParser,
+    _metric,
+    cached_rows,
+    check_configs,
+    check_out,
+    check_work,
+    config_args,
+    eval_weights,
+    fail,
+    int_list,
+    make_dir,
+    name_list,
+    params_of,
+    run,
+    try_recipe,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 QS, COMPACT = "configs/quickstart.yaml", "configs/compact.yaml"
@@ -76,17 +93,24 @@ def run_paths(recipe: str, hidden: int, seed: int, work: Path) -> tuple[Path, Pa
     return work / name, work / f"{name}.log"
 
 
-def one(recipe: str, hidden: int, seed: int, work: Path) -> dict:
-    """Train and evaluate one (recipe, rung, seed): held-out bits per byte, parameters, tokens, train seconds."""
+def train_sets(recipe: str, hidden: int, seed: int, work: Path) -> list[str]:
+    """The overrides of megahash/pretrain.py for one (recipe, rung, seed), after ``--config`` of its base."""
     base, overrides = RECIPES[recipe]
-    run_dir, log = run_paths(recipe, hidden, seed, work)
-    sets = [
+    run_dir = run_paths(recipe, hidden, seed, work)[0]
+    return [
         f"train.seed={seed}",
         f"data.seed={seed}",
         f"train.save_dir={run_dir}",
         *rung_overrides(hidden, base),
         *overrides,
     ]
+
+
+def one(recipe: str, hidden: int, seed: int, work: Path) -> dict:
+    """Train and evaluate one (recipe, rung, seed): held-out bits per byte, parameters, tokens, train seconds."""
+    base = RECIPES[recipe][0]
+    run_dir, log = run_paths(recipe, hidden, seed, work)
+    sets = train_sets(recipe, hidden, seed, work)
     timing = run_dir / "train_seconds.txt"
     if not timing.exists():
         seconds = run([sys.executable, "megahash/pretrain.py", *config_args([base]), *sets], log)
@@ -280,7 +304,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rungs", default="24,64,128", help=f"hidden sizes, of {', '.join(map(str, RUNGS))}")
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--recipes", default="baseline,compact")
@@ -305,41 +329,65 @@ def main() -> None:
         help="one more recipe: BASE (baseline or compact) plus these overrides (repeatable)",
     )
     args = ap.parse_args()
+    # every argument checked (one line, exit 2) before anything is created or trained
+    rungs = int_list(args.rungs, "--rungs", choices=RUNGS)
+    seeds = int_list(args.seeds, "--seeds")
+    if not (math.isfinite(args.dynamic_lr) and args.dynamic_lr >= 0):
+        fail(f"--dynamic-lr {args.dynamic_lr:g} is not a finite number >= 0", "give a learning rate, or 0 for none")
     DYNAMIC["lr"] = args.dynamic_lr
+    tried = set()
     for spec in args.extra:
-        name, _, rest = spec.partition("=")
+        name, eq, rest = spec.partition("=")
         base, _, overrides = rest.partition(":")
-        if base not in RECIPES:
-            raise SystemExit(f"error: --try {spec!r}: BASE must be baseline or compact, got {base!r}")
-        RECIPES[name] = (RECIPES[base][0], [o for o in overrides.split(",") if o])
-    rungs = [int(h) for h in args.rungs.split(",")]
-    if unknown := [h for h in rungs if h not in RUNGS] + [r for r in args.recipes.split(",") if r not in RECIPES]:
-        raise SystemExit(f"error: unknown rung or recipe {unknown[0]!r}; rungs {list(RUNGS)}, recipes {list(RECIPES)}")
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
+        usage = "NAME=BASE:KEY=V,KEY=V"
+        if not eq:
+            fail(f"--try {spec!r} has no '='", f"write --try {usage}")
+        if base not in ("baseline", "compact"):
+            fail(f"--try {spec!r}: BASE must be baseline or compact, got {base!r}", f"write --try {usage}")
+        RECIPES[name] = (RECIPES[base][0], try_recipe(spec, name, overrides, RECIPES, tried, usage))
+    recipes = name_list(args.recipes, "--recipes", RECIPES)
+    if args.reference not in recipes:
+        fail(f"--reference {args.reference!r} is not among --recipes {','.join(recipes)}", "name one of them")
+    check_out(args.out, ".png")
+    work = check_work(args.work)
     cache = work / "rows.jsonl"
-    done = {}
-    if cache.exists():
-        done = {(r["recipe"], r["hidden"], r["seed"]): r for r in map(json.loads, cache.read_text().splitlines())}
+    done = cached_rows(cache, ("recipe", "hidden", "seed"))
+    wanted = [(recipe, hidden, seed) for hidden in rungs for seed in seeds for recipe in recipes]
+    if args.cached:
+        have = [key for key in wanted if key in done]
+        if not have:
+            asked = f"--recipes {','.join(recipes)} --rungs {args.rungs} --seeds {args.seeds}"
+            fail(f"--cached: no row of {cache} matches {asked}", "run without --cached, or give the --work of a ladder")
+        if args.reference not in {key[0] for key in have}:
+            fail(f"--cached: {cache} has no row of --reference {args.reference!r}", "name a recipe it has rows of")
+        wanted = have
+    else:
+        check_configs(
+            (
+                f"recipe {recipe!r} at hidden {hidden}, seed {seed}",
+                [RECIPES[recipe][0]],
+                train_sets(recipe, hidden, seed, work),
+                "fix the overrides of its --try" if recipe in tried else "fix --rungs or --seeds",
+            )
+            for recipe, hidden, seed in wanted
+            if (recipe, hidden, seed) not in done
+        )
+        make_dir(work)
     start, rows = time.perf_counter(), []
-    for hidden in rungs:
-        for seed in map(int, args.seeds.split(",")):
-            for recipe in args.recipes.split(","):
-                key = (recipe, hidden, seed)
-                if args.cached and key not in done:
-                    continue
-                row = dict(done[key]) if key in done else one(recipe, hidden, seed, work)
-                if row.get("bpb_sliding") is None:  # a row cached before the sliding-window column: evaluate it
-                    row["bpb_sliding"] = sliding_bpb(*run_paths(recipe, hidden, seed, work), work)
-                # every row, new or cached, at this invocation's --dynamic-lr (its own file per setting)
-                row["bpb_dynamic"] = dynamic_bpb(*run_paths(recipe, hidden, seed, work), work)
-                if done.get(key) != row:
-                    done[key] = row
-                    tmp = cache.with_suffix(".tmp")
-                    tmp.write_text("".join(json.dumps(r) + "\n" for r in done.values()))
-                    tmp.replace(cache)
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+    for key in wanted:  # by rung, then seed, then recipe
+        recipe, hidden, seed = key
+        row = dict(done[key]) if key in done else one(recipe, hidden, seed, work)
+        if row.get("bpb_sliding") is None:  # a row cached before the sliding-window column: evaluate it
+            row["bpb_sliding"] = sliding_bpb(*run_paths(recipe, hidden, seed, work), work)
+        # every row, new or cached, at this invocation's --dynamic-lr (its own file per setting)
+        row["bpb_dynamic"] = dynamic_bpb(*run_paths(recipe, hidden, seed, work), work)
+        if done.get(key) != row:
+            done[key] = row
+            tmp = cache.with_suffix(".tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in done.values()))
+            tmp.replace(cache)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     wall = time.perf_counter() - start
     text = table(rows, args.reference)
     if targets := target_lines(rows, ref=args.reference):

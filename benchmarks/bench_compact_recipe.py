@@ -13,22 +13,32 @@ averaged weights). The artifact column is the exact size of
 ``megahash export --quantize int8 --compress zlib``. Needs the quickstart data (README step 1:
 ``data/shakespeare`` and ``data/eval_tasks``). The table gives mean and sample standard deviation over
 seeds and each recipe's change against ``baseline`` measured in the same run.
+
+Bad arguments (here and in bench_compact_ladder.py, which shares these checks) end in one line
+``error: <problem>; <fix>`` and exit status 2 before anything is trained or created; every run's config is
+loaded and checked first as megahash/pretrain.py will (a bad ``--try`` override fails at once, not after the
+recipes before it trained).
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import NoReturn
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # megahash's one-line errors and config checks (no install needed)
+from megahash.command_errors import ArgumentParser  # noqa: E402
+from megahash.errors import MegahashError, print_error  # noqa: E402
 
 # name -> (config files, overrides). Filled with the levers of docs/compact_models.md.
 QS = ["configs/quickstart.yaml"]
@@ -53,6 +63,136 @@ RECIPES: dict[str, tuple[list[str], list[str]]] = {
 }
 
 
+def fail(problem: str, fix: str) -> NoReturn:
+    """Bad input, the house rule: ONE line ``error: <problem>; <fix>`` on stderr and exit status 2, no traceback."""
+    print_error(f"{problem}; {fix}")
+    sys.exit(2)
+
+
+def int_list(text: str, flag: str, choices=None, minimum: int = 0) -> list[int]:
+    """``--flag 1,2,3``: distinct integers (of ``choices`` if given, else >= ``minimum``), or :func:`fail`."""
+    fix = f"give comma-separated integers, e.g. {flag} {','.join(map(str, choices or (1, 2, 3)))}"
+    if not text.strip():
+        fail(f"{flag} is empty", fix)
+    values = []
+    for item in text.split(","):
+        try:
+            values.append(int(item))
+        except ValueError:
+            fail(f"{flag} {text!r}: {item!r} is not an integer", fix)
+    for v in values:
+        if choices is not None and v not in choices:
+            fail(f"{flag}: {v} is not one of {', '.join(map(str, choices))}", fix)
+        if choices is None and v < minimum:
+            fail(f"{flag}: {v} is below {minimum}", fix)
+    return _distinct(values, flag, text)
+
+
+def name_list(text: str, flag: str, known) -> list[str]:
+    """``--flag a,b``: distinct names of ``known``, or :func:`fail`."""
+    names = text.split(",")
+    if not text.strip():
+        fail(f"{flag} is empty", f"give comma-separated names of {', '.join(known)}")
+    for n in names:
+        if n not in known:
+            fail(f"{flag}: unknown recipe {n!r}", f"choose from {', '.join(known)} (or define it with --try)")
+    return _distinct(names, flag, text)
+
+
+def _distinct(values: list, flag: str, text: str) -> list:
+    for i, v in enumerate(values):
+        if v in values[:i]:
+            fail(f"{flag} {text!r} lists {v} twice", "list each once")
+    return values
+
+
+TRY_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+BENCH_KEYS = ("train.save_dir",)  # set by the bench for every run (its output is read from there)
+
+
+def try_recipe(spec: str, name: str, overrides: str, recipes: dict, tried: set, usage: str) -> list[str]:
+    """Check a ``--try`` recipe's name (a new name of letters, digits, ``_.-``: it becomes a file name and a
+    row's recipe; not one of ``recipes`` nor of the earlier ``tried``) and its overrides (``KEY=VALUE``, not the
+    bench's own keys); its override list. The name is added to ``tried``."""
+    if not TRY_NAME.fullmatch(name):
+        fail(f"--try {spec!r}: recipe name {name!r} is not letters, digits, '_', '.' or '-'", f"write --try {usage}")
+    if name in tried:
+        fail(f"--try {spec!r}: the name {name!r} is given to an earlier --try too", "give each --try its own name")
+    if name in recipes:
+        fail(f"--try {spec!r} would redefine the built-in recipe {name!r}", "give the new recipe a name of its own")
+    items = [o for o in overrides.split(",") if o]
+    for o in items:
+        key = o.partition("=")[0].strip()
+        if "=" not in o or not key:
+            fail(f"--try {spec!r}: override {o!r} is not KEY=VALUE", f"write --try {usage}")
+        if key in BENCH_KEYS:
+            fail(f"--try {spec!r} sets {key}, which the bench sets for every run", "leave it out")
+    tried.add(name)
+    return items
+
+
+def check_out(out: str, *more: str) -> Path:
+    """``--out`` (and the files written beside it, ``more`` suffixes) as a writable file path, or :func:`fail`
+    (before the runs, not after hours of them)."""
+    path = Path(out)
+    for p in [path] + [path.with_suffix(s) for s in more if path.name]:
+        if p.is_dir() or not p.name:
+            fail(f"--out {out!r}: {p or '.'} is a directory", "give the path of the markdown file to write")
+    if path.suffix in more:
+        fail(f"--out {out} ends in {path.suffix}, the suffix of the plot beside it", "give a .md path")
+    if not path.parent.is_dir():
+        fail(f"--out {out}: directory {path.parent} does not exist", "create it or write elsewhere")
+    if not os.access(path.parent, os.W_OK):
+        fail(f"--out {out}: directory {path.parent} is not writable", "write elsewhere")
+    return path
+
+
+def check_work(work: str) -> Path:
+    """``--work`` as an absolute directory path (existing or to be made; absolute: the runs start in the
+    repository root, the bench reads their output from where it was started), or :func:`fail`."""
+    path = Path(work).absolute()
+    if path.exists() and not path.is_dir():
+        fail(f"--work {work} is not a directory", "give the directory the runs go in")
+    return path
+
+
+def cached_rows(cache: Path, fields: tuple[str, ...]) -> dict[tuple, dict]:
+    """The rows of ``cache`` (``rows.jsonl``: one JSON object a line) by their ``fields``; {} if it is absent."""
+    if not cache.is_file():
+        return {}
+    rows = {}
+    for n, line in enumerate(cache.read_text(errors="replace").splitlines(), 1):
+        if line.strip():
+            try:
+                row = json.loads(line)
+                rows[tuple(row[f] for f in fields)] = row
+            except (ValueError, KeyError, TypeError) as e:
+                fix = f"fix or delete that line (a JSON object with {', '.join(fields)})"
+                fail(f"{cache} line {n} is not a result row ({type(e).__name__}: {e})", fix)
+    return rows
+
+
+def make_dir(path: Path) -> None:
+    """Create the work directory (after every check), or :func:`fail`."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        fail(f"--work {path}: {e.strerror or e}", "give a directory that can be created")
+
+
+def check_configs(runs) -> None:
+    """Load and check each run's config as megahash/pretrain.py will before training (its ``--check config``:
+    no torch), so a bad override fails now rather than when its run starts after the others trained. ``runs``:
+    (what, config files, overrides, fix) per run."""
+    from megahash.pretrain import check
+
+    for what, configs, sets, fix in runs:
+        try:
+            check(SimpleNamespace(config=configs, overrides=sets), inputs=False)
+        except (MegahashError, OSError) as e:
+            fail(f"{what}: {e}", fix)
+
+
 def run(cmd: list[str], log: Path) -> float:
     """Run ``cmd`` from the repository root, output to ``log``; its wall seconds (raise on failure)."""
     start = time.perf_counter()
@@ -67,7 +207,7 @@ def run(cmd: list[str], log: Path) -> float:
             env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "WANDB_MODE": "disabled"},
         )
     if done.returncode != 0:
-        raise SystemExit(f"error: {' '.join(cmd[:4])} ... failed (exit {done.returncode}); see {log}")
+        fail(f"{' '.join(cmd[:4])} ... failed (exit {done.returncode})", f"see {log}")
     return time.perf_counter() - start
 
 
@@ -82,12 +222,9 @@ def config_args(configs: list[str]) -> list[str]:
     return [a for c in configs for a in ("--config", c)]
 
 
-def one(recipe: str, seed: int, steps: int, work: Path, artifact_too: bool = True) -> dict | None:
-    """Train, evaluate and export one (recipe, seed); the held-out bits per byte and artifact bytes."""
-    configs, overrides = RECIPES[recipe]
-    run_dir = work / f"{recipe}_s{seed}"
-    log = work / f"{recipe}_s{seed}.log"
-    sets = [
+def train_sets(recipe: str, seed: int, steps: int, run_dir: Path) -> list[str]:
+    """The overrides of megahash/pretrain.py for one (recipe, seed), after ``config_args`` of its configs."""
+    return [
         f"train.seed={seed}",
         f"data.seed={seed}",
         *([f"train.steps={steps}"] if steps else []),
@@ -96,8 +233,16 @@ def one(recipe: str, seed: int, steps: int, work: Path, artifact_too: bool = Tru
         "logging.plot=false",
         "logging.tensorboard=false",
         "train.keep_last=1",
-        *overrides,
+        *RECIPES[recipe][1],
     ]  # a recipe may change the steps with the batch (the same tokens)
+
+
+def one(recipe: str, seed: int, steps: int, work: Path, artifact_too: bool = True) -> dict | None:
+    """Train, evaluate and export one (recipe, seed); the held-out bits per byte and artifact bytes."""
+    configs = RECIPES[recipe][0]
+    run_dir = work / f"{recipe}_s{seed}"
+    log = work / f"{recipe}_s{seed}.log"
+    sets = train_sets(recipe, seed, steps, run_dir)
     timing = run_dir / "train_seconds.txt"  # each stage is skipped when its output exists (rerun to finish)
     if not timing.exists():
         timing.write_text(
@@ -184,7 +329,7 @@ def _metric(scores: dict, name: str) -> float:
         for key, value in task.items():
             if key.split(",")[0] == name:
                 return float(value)
-    raise SystemExit(f"error: no {name} in the evaluation output")
+    fail(f"no {name} in the evaluation output", "see the run's log beside its directory")
 
 
 def table(rows: list[dict]) -> str:
@@ -209,7 +354,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--recipes", default=",".join(RECIPES))
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--steps", type=int, default=0, help="override every recipe's train.steps (0: each recipe's own)")
@@ -225,21 +370,37 @@ def main() -> None:
         help="one more recipe: the quickstart plus these overrides (repeatable)",
     )
     args = ap.parse_args()
+    # every argument checked (one line, exit 2) before anything is created or trained
+    seeds = int_list(args.seeds, "--seeds")
+    if args.steps < 0:
+        fail(f"--steps {args.steps} is negative", "give the steps of every recipe, or 0 for each recipe's own")
+    tried = set()
     for spec in args.extra:
-        name, _, overrides = spec.partition("=")
-        RECIPES[name] = (["configs/quickstart.yaml"], overrides.split(","))
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
-    unknown = [r for r in args.recipes.split(",") if r not in RECIPES]
-    if unknown:
-        raise SystemExit(f"error: unknown recipe {unknown[0]!r}; choose from {', '.join(RECIPES)}")
-    rows = []
+        name, eq, overrides = spec.partition("=")
+        usage = "NAME=KEY=V,KEY=V"
+        if not eq:
+            fail(f"--try {spec!r} has no '='", f"write --try {usage}")
+        RECIPES[name] = (QS, try_recipe(spec, name, overrides, RECIPES, tried, usage))
+    recipes = name_list(args.recipes, "--recipes", RECIPES)
+    check_out(args.out)
+    work = check_work(args.work)
     cache = work / "rows.jsonl"
-    done = (
-        {(r["recipe"], r["seed"]): r for r in map(json.loads, cache.read_text().splitlines())} if cache.exists() else {}
+    done = cached_rows(cache, ("recipe", "seed"))
+    check_configs(
+        (
+            f"recipe {recipe!r}, seed {seed}",
+            RECIPES[recipe][0],
+            train_sets(recipe, seed, args.steps, work / f"{recipe}_s{seed}"),
+            "fix the overrides of its --try" if recipe in tried else "fix --steps or --seeds",
+        )
+        for recipe in recipes
+        for seed in seeds
+        if (recipe, seed) not in done
     )
-    for recipe in args.recipes.split(","):
-        for seed in map(int, args.seeds.split(",")):
+    make_dir(work)
+    rows = []
+    for recipe in recipes:
+        for seed in seeds:
             row = done.get((recipe, seed)) or one(recipe, seed, args.steps, work, not args.train_only)
             if row is None:
                 continue
