@@ -252,6 +252,47 @@ def test_unwritable_or_existing_output_is_one_line_before_any_work(tmp_path):
     assert afile.read_text() == "{}"
 
 
+@pytest.mark.parametrize(
+    "config, extra",
+    [
+        ("configs/embeddings/md5-emb-1k.yaml", []),
+        ("configs/embeddings/lsh-proj.yaml", []),
+        ("configs/embeddings/rolling.yaml", []),
+        ("configs/embeddings/bert-hash.yaml", []),
+        (None, ["model.tie_embeddings=false"]),
+        (None, ["model.schedule=hybrid:rndembqk:even"]),
+    ],
+)
+def test_the_artifact_of_each_model_kind_loads_into_it_whole(config, extra, tmp_path):
+    """The model's own artifact loads into another instance of the same model under the strict name check
+    (no tensor refused as unexpected: buffers, fixed inputs, tied heads, ``_extra_state``), and every tensor
+    the model has comes from the artifact (the loaded weights are the artifact's round trip, not the fresh
+    instance's)."""
+    from megahash.accelerator import process_groups
+    from megahash.checkpoint.artifact import load_artifact_into, read_artifact, write_artifact
+    from megahash.config import load_config
+    from megahash.models.megatron_model import MegahashLM
+    from megahash.models.tensor_groups import tensor_groups
+
+    cfg = load_config(config, [*SHAPE, "model.vocab_size=256", *extra])
+    formats = {"embedding": "int6", "attention": "int6", "mlp": "int4", "head": "int8", "other": "int8"}
+    path = tmp_path / "own.artifact"
+    with process_groups.releasing_group():
+        process_groups.init_distributed(1)
+        torch.manual_seed(0)
+        exported = MegahashLM(cfg, 256, init=True)
+        write_artifact(exported.state_dict(), path, "int8", "zstd", {}, formats, tensor_groups(exported))
+        torch.manual_seed(1)
+        model = MegahashLM(cfg, 256, init=True)
+        load_artifact_into(model, path)
+    back, _ = read_artifact(path)
+    own = {k: v for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
+    assert set(own) == set(back)
+    for name, t in own.items():
+        # bit-exact: the loaded tensor is the artifact's decoded one, copied into the parameter as it is
+        assert torch.equal(t, back[name].to(t.dtype)), name
+
+
 def test_groups_are_the_module_slots_and_name_the_config_keys():
     """Every key of ``export.artifact`` but the codec is a group of tensor_groups, and the groups of a model
     with an untied head and a hybrid schedule follow the modules (the layer slots, the embedding, the head)."""
