@@ -19,6 +19,24 @@ def file_above(path: str | os.PathLike) -> Path | None:
     return None
 
 
+def check_output(out, flag: str = "--out", folder: bool = False, example: str = "results.json") -> None:
+    """``out`` (the value of ``flag``) names a file (``folder``: an output folder) that can be made: a folder
+    given for a file, a file given for a folder, or a file above it, is one line (ConfigError) before any work
+    (they were IsADirectoryError/NotADirectoryError/FileExistsError tracebacks after it). ``example``: the
+    file name suggested inside a folder given for a file. Shared by every command that writes an output."""
+    from megahash.errors import ConfigError
+
+    if not out:
+        return
+    p = Path(out)
+    if not folder and p.is_dir():
+        raise ConfigError(f"{flag} {out} is a folder; name the file to write, e.g. {flag} {p / example}")
+    if folder and p.exists() and not p.is_dir():
+        raise ConfigError(f"{flag} {out} is a file; name a folder for the outputs")
+    if (parent := file_above(p)) is not None:
+        raise ConfigError(f"{flag} {out}: {parent} is a file, not a folder; name another {flag}")
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike):
     """Yield the temp path to write; on leaving the block it is renamed to ``path`` (parents made)."""

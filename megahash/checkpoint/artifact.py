@@ -50,12 +50,14 @@ def read_artifact(path: Path, like: dict | None = None) -> tuple[dict, dict]:
     decoded. One-line CheckpointError for anything else."""
     import io
 
-    from megahash.models.quantized import check, decode, decompress
+    from megahash.models.quantized import ChecksumMismatch, check, decode, decompress
 
     limit = MAX_BYTES if like is None else 4 * sum(v.numel() for v in like.values()) + (64 << 20)
     try:
         blob = Path(path).read_bytes()
         rec = torch.load(io.BytesIO(decompress(blob, limit)), map_location="cpu", weights_only=True)
+    except ChecksumMismatch:
+        raise CheckpointError(f"artifact {path} is corrupt (checksum mismatch): export it again") from None
     except Exception as e:  # zlib/zstd/torch errors: one line
         from megahash.checkpoint.safe_unpickle import refusal
 
@@ -66,23 +68,38 @@ def read_artifact(path: Path, like: dict | None = None) -> tuple[dict, dict]:
     if not isinstance(rec, dict) or rec.get("megahash_artifact") not in (1, 2):
         raise CheckpointError(f"{path} is not a megahash quantized artifact")
     why = check(rec.get("tensors"), rec.get("bits"))  # a mixed artifact (bits None): each entry's own
-    if why is None and like is not None:
-        why = _misfit(rec["tensors"], like)
     if why is not None:
         raise CheckpointError(f"artifact {path} is damaged or from another model: {why}")
+    if like is not None and (why := misfit(rec["tensors"], like)) is not None:
+        raise CheckpointError(
+            f"artifact {path} is from another model: {why}; pass the run it was exported from (--checkpoint)"
+        )
     return decode(rec.pop("tensors"), rec["bits"]), rec
 
 
-def _misfit(tensors: dict, like: dict) -> str | None:
-    """Why the artifact's tensors do not fit the model's state dict ``like`` (names, shapes)."""
+def misfit(tensors: dict, like: dict) -> str | None:
+    """Why the artifact's tensors do not fit the model's state dict ``like``: a tensor the model has and the
+    artifact lacks, one the artifact holds and the model has no place for (another depth, an untied head
+    into a tied model: loading them with ``strict=False`` dropped them silently), or another shape. The
+    artifact is the model's own ``state_dict()`` (:func:`write_artifact`), so the names match exactly;
+    only megatron's ``_extra_state`` entries (kept or not by the linear implementation) are let differ."""
     lacking = sorted(k for k in like if k not in tensors and not k.endswith("_extra_state"))
     if lacking:
-        return f"it lacks {lacking[:3]}"
+        return f"it lacks {_few(lacking)}"
+    unexpected = sorted(k for k in tensors if k not in like and not k.endswith("_extra_state"))
+    if unexpected:
+        return f"it holds tensors the model has no place for: {_few(unexpected)}"
     for name, e in tensors.items():
         shape = tuple(e["shape"]) if "packed" in e else tuple(e["value"].shape)
         if name in like and shape != tuple(like[name].shape):
             return f"{name} has shape {list(shape)[:8]}, the model's is {list(like[name].shape)}"
     return None
+
+
+def _few(names: list[str], n: int = 3) -> str:
+    """The first ``n`` names, and how many more."""
+    more = f" and {len(names) - n} more" if len(names) > n else ""
+    return ", ".join(names[:n]) + more
 
 
 def load_artifact_into(model: torch.nn.Module, path: Path) -> dict:

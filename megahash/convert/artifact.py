@@ -6,8 +6,10 @@ kept, zstandard or zlib), chosen per tensor group (megahash/models/tensor_groups
 attention, mlp, head, other) by the run's config, ``export.artifact``; ``--quantize`` overrides it
 (``int8``: every group; ``mlp=int4,attention=int6``: those groups), ``--compress`` its codec. With no
 ``--output`` the artifact goes to ``RUN/artifacts/STEP.artifact`` (``STEP_ema.artifact`` for the average).
-The command prints the artifact's path and exact size in bytes. ``megahash eval --checkpoint RUN
---artifact PATH`` evaluates the round-tripped weights in the checkpoint's model.
+The command prints the artifact's path and exact size in bytes. An existing output file (the default path's
+too) is replaced only with ``--overwrite``; an output that is a folder or lies under a file is one line, both
+before the checkpoint is read. ``megahash eval --checkpoint RUN --artifact PATH`` evaluates the round-tripped
+weights in the checkpoint's model (an artifact of another model, or a damaged one, is one line).
 """
 
 from __future__ import annotations
@@ -25,17 +27,48 @@ def artifact_groups() -> list[str]:
     return [f.name for f in dataclasses.fields(ArtifactConfig) if f.name != "compress"]
 
 
+def parse_quantize(quantize: str) -> dict[str, str]:
+    """``--quantize`` as {group: format} (``"*"``: every group): ``int6`` alone, or ``GROUP=FORMAT`` entries
+    separated by single commas, each group once; a bare format among entries sets the groups they do not
+    name. An empty spec or entry, an entry without a group, or a group (or the bare format) given twice is a
+    one-line ConfigError (a later entry silently won before). Formats and groups are checked by the config
+    (:func:`quantize_overrides`), whose formats, as every config choice, are case-insensitive."""
+    from megahash.errors import ConfigError
+
+    example = "e.g. --quantize int6 or --quantize mlp=int4,attention=int6"
+    if not quantize.strip():
+        raise ConfigError(f"--quantize is empty; give a format (int8, int6, int4) or GROUP=FORMAT entries, {example}")
+    out: dict[str, str] = {}
+    for item in quantize.split(","):
+        if not item.strip():
+            raise ConfigError(
+                f"--quantize {quantize!r} has an empty entry; separate its entries by single commas, {example}"
+            )
+        group, sep, fmt = (part.strip() for part in item.strip().rpartition("="))
+        if sep and not group:
+            raise ConfigError(f"--quantize entry {item.strip()!r} names no group; write GROUP=FORMAT, {example}")
+        key = group if sep else "*"
+        if key in out:
+            what = f"group {group!r}" if sep else "a format for every group"
+            raise ConfigError(
+                f"--quantize {quantize!r} gives {what} twice ({out[key]!r} and {fmt!r}); give each group once"
+            )
+        out[key] = fmt
+    return out
+
+
 def quantize_overrides(quantize: str | None, compress: str | None = None) -> list[str]:
     """``--quantize`` / ``--compress`` as config overrides of ``export.artifact``: ``int6`` sets every
-    group, ``GROUP=FORMAT`` (comma-separated) one group; checked (unknown group or format: one line
-    naming the closest) by loading them onto the defaults, before torch is imported."""
+    group, ``GROUP=FORMAT`` (comma-separated) one group (:func:`parse_quantize`); checked (unknown group or
+    format: one line naming the closest) by loading them onto the defaults, before torch is imported."""
     from megahash.config import load_config
 
     out = []
-    for item in (quantize or "").split(","):
-        if item.strip():
-            group, sep, fmt = item.strip().rpartition("=")
-            out += [f"export.artifact.{g.strip()}={fmt.strip()}" for g in ([group] if sep else artifact_groups())]
+    if quantize is not None:
+        spec = parse_quantize(quantize)
+        if (every := spec.pop("*", None)) is not None:  # every group first, then the groups named, in any order
+            out += [f"export.artifact.{g}={every}" for g in artifact_groups()]
+        out += [f"export.artifact.{g}={fmt}" for g, fmt in spec.items()]
     if compress is not None:
         out.append(f"export.artifact.compress={compress}")
     load_config(None, out)
@@ -47,18 +80,43 @@ def default_output(ckpt: Path, weights: str) -> Path:
     return ckpt.parent / "artifacts" / f"{ckpt.name}{'' if weights == 'live' else '_' + weights}.artifact"
 
 
-def export_artifact(checkpoint, output=None, overrides: list[str] | None = None, weights: str = "live") -> dict:
+def check_output(output, overwrite: bool, default: bool = False) -> None:
+    """One line (ConfigError) for an artifact path that cannot be written: a folder, a file above it
+    (:func:`megahash.atomic_write.check_output`), or an existing file without ``overwrite``. ``default``:
+    the path is :func:`default_output`'s, not ``--output``'s."""
+    from megahash.atomic_write import check_output as check_path
+    from megahash.atomic_write import file_above
+    from megahash.errors import ConfigError
+
+    if default and (Path(output).is_dir() or file_above(output) is not None):
+        what = "it is a folder" if Path(output).is_dir() else f"{file_above(output)} is a file"
+        raise ConfigError(f"cannot write the default output {output} ({what}); name the file with --output")
+    check_path(output, "--output", example="model.artifact")
+    if Path(output).exists() and not overwrite:
+        raise ConfigError(f"{output} already exists; pass --overwrite to replace it (or --output for another file)")
+
+
+def export_artifact(
+    checkpoint, output=None, overrides: list[str] | None = None, weights: str = "live", overwrite: bool = False
+) -> dict:
     """Write the artifact of a checkpoint's ``weights`` (live or ema) at the formats of its config's
     ``export.artifact`` under ``overrides`` (:func:`quantize_overrides`), to ``output`` (None:
-    :func:`default_output`); a summary with its ``bytes``."""
+    :func:`default_output`); a summary with its ``bytes``. An ``output`` that cannot be written, or that
+    exists without ``overwrite``, is one line before the model is built (:func:`check_output`)."""
     from megahash.accelerator import process_groups
     from megahash.checkpoint.artifact import write_artifact
     from megahash.checkpoint.layout import read_state
+    from megahash.checkpoint.resolve import resolve_for_inference
     from megahash.checkpoint.signature import model_signature
     from megahash.checkpoint.weights import load_for_inference
     from megahash.models.quantized import quantized
     from megahash.models.tensor_groups import tensor_groups
 
+    if output is not None:
+        check_output(output, overwrite)
+    else:  # the default path needs the checkpoint's step: resolved (and verified) first, once
+        checkpoint = resolve_for_inference(checkpoint, overrides)
+        check_output(default_output(checkpoint, weights), overwrite, default=True)
     with process_groups.releasing_group():
         cfg, model, ckpt = load_for_inference(checkpoint, overrides, weights=weights)
         a = cfg.export.artifact
@@ -93,13 +151,14 @@ def export_artifact(checkpoint, output=None, overrides: list[str] | None = None,
 
 
 def main(argv=None) -> int:
-    from megahash.command_errors import run_guarded
+    from megahash.command_errors import ArgumentParser, run_guarded
 
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="megahash export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--checkpoint", required=True, help="run directory (its latest) or step_N directory")
     p.add_argument("--output", default=None, help="the artifact file to write (default RUN/artifacts/STEP.artifact)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing artifact file (refused otherwise)")
     p.add_argument(
         "--quantize",
         default=None,
@@ -117,8 +176,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     def run():
+        if args.output is not None:  # before anything is read or torch imported
+            check_output(args.output, args.overwrite)
         overrides = quantize_overrides(args.quantize, args.compress)
-        s = export_artifact(args.checkpoint, args.output, overrides, args.weights)
+        s = export_artifact(args.checkpoint, args.output, overrides, args.weights, args.overwrite)
         print(
             f"megahash export: {s['checkpoint']} ({s['weights']} weights) -> {s['output']}: {s['format']} per row "
             f"+ {s['compress']}, {s['quantized']} tensors quantized, {s['kept']} kept; {s['bytes']} bytes"

@@ -353,9 +353,9 @@ def export_hf(
 
 
 def main(argv=None) -> int:
-    from megahash.command_errors import run_guarded
+    from megahash.command_errors import ArgumentParser, run_guarded
 
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="megahash export-hf", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--checkpoint", required=True, help="run directory (its latest) or step_N directory")
@@ -384,6 +384,9 @@ def main(argv=None) -> int:
 
         import torch.distributed as dist
 
+        from megahash.atomic_write import check_output
+
+        check_output(args.output, "--output", folder=True)  # a file, or a file above it: one line before any work
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
         owned = not dist.is_initialized()

@@ -385,20 +385,11 @@ def _weights_out(out: Path, weights: str) -> Path:
 
 
 def check_out(out, folder: bool = False) -> None:
-    """``--out`` names a results file (``folder``: an output folder) that can be made: a folder given for a file,
-    a file given for a folder, or a file above it, is one line before the checkpoint is read (they were
-    IsADirectoryError/NotADirectoryError/FileExistsError tracebacks after the work)."""
-    from megahash.atomic_write import file_above
+    """``--out`` names a results file (``folder``: an output folder) that can be made
+    (:func:`megahash.atomic_write.check_output`): one line before the checkpoint is read."""
+    from megahash.atomic_write import check_output
 
-    if not out:
-        return
-    p = Path(out)
-    if not folder and p.is_dir():
-        raise ConfigError(f"--out {out} is a folder; name the results file, e.g. --out {p / 'results.json'}")
-    if folder and p.exists() and not p.is_dir():
-        raise ConfigError(f"--out {out} is a file; name a folder for the outputs")
-    if (parent := file_above(p)) is not None:
-        raise ConfigError(f"--out {out}: {parent} is a file, not a folder; name another --out")
+    check_output(out, "--out", folder)
 
 
 def refuse_existing(out: Path, overwrite: bool) -> None:

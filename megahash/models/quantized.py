@@ -9,7 +9,8 @@ value; int6 packs four values into three bytes, int4 two values into a byte (off
 floating tensors are kept: 1-D ones (norms, biases, gains) in fp32, small matrices in fp16; integer
 buffers as they are. The whole is ``torch.save``d (megahash/checkpoint/artifact.py ``write_artifact``: models open no files) (no pickled code: ``torch.load(weights_only=True)``)
 and compressed with zstandard (level 19; the package megahash already needs for .jsonl.zst corpora)
-or the standard library's zlib (level 9). torchao's quantization primitives are not installed here, and
+or the standard library's zlib (level 9), after a header with the sha256 of the compressed payload
+(:func:`compress`; :func:`decompress` checks it before decompressing). torchao's quantization primitives are not installed here, and
 torch's own ``quantize_per_channel`` covers int8 only, so the few lines below do it for every width.
 
 Widths may differ per tensor (issue 44 item 3: ``export.artifact`` gives each tensor group its format,
@@ -28,6 +29,7 @@ import torch
 KEEP_NUMEL = 4096  # tensors with at most this many elements stay in floating point
 FORMATS = {"int8": 8, "int6": 6, "int4": 4}
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+FRAME_MAGIC = b"megahash-artifact-sha256\n"  # then the sha256 of the compressed payload, then the payload
 
 
 def qmax(bits: int) -> int:
@@ -116,17 +118,36 @@ def decode(tensors: dict, bits: int | None) -> dict:
     return out
 
 
+class ChecksumMismatch(ValueError):
+    """The payload of a framed artifact is not the one its digest was computed over (a flipped byte, a cut)."""
+
+
 def compress(raw: bytes, codec: str) -> bytes:
+    """The artifact file of ``raw``: :data:`FRAME_MAGIC`, the sha256 of the payload, then the payload,
+    ``raw`` compressed with ``codec`` (zstd frames carry their own content checksum too). Whatever the
+    codec, a changed byte anywhere in the file is found by :func:`decompress` before anything is decoded."""
+    import hashlib
+
     if codec == "zstd":
         import zstandard
 
-        return zstandard.ZstdCompressor(level=19).compress(raw)
-    return zlib.compress(raw, 9)
+        payload = zstandard.ZstdCompressor(level=19, write_checksum=True).compress(raw)
+    else:
+        payload = zlib.compress(raw, 9)
+    return FRAME_MAGIC + hashlib.sha256(payload).digest() + payload
 
 
 def decompress(blob: bytes, limit: int) -> bytes:
-    """The bytes of a compressed artifact, at most ``limit`` of them: a stream that would give more (a
-    "zip bomb") or ends early is a ValueError, found while at most ``limit`` + 1 MiB are held."""
+    """The bytes of a compressed artifact, at most ``limit`` of them. A framed file (:func:`compress`) whose
+    payload does not match its digest is a :class:`ChecksumMismatch`; a file of an earlier release (the bare
+    zstd or zlib stream, no digest) is read as it was. A stream that would give more than ``limit`` (a "zip
+    bomb") or ends early is a ValueError, found while at most ``limit`` + 1 MiB are held."""
+    import hashlib
+
+    if blob[: len(FRAME_MAGIC)] == FRAME_MAGIC:
+        digest, blob = blob[len(FRAME_MAGIC) : len(FRAME_MAGIC) + 32], blob[len(FRAME_MAGIC) + 32 :]
+        if hashlib.sha256(blob).digest() != digest:
+            raise ChecksumMismatch("checksum mismatch")
     if blob[:4] == ZSTD_MAGIC:
         import io
 
@@ -193,15 +214,25 @@ def check(tensors, bits) -> str | None:
 
 
 def load_state_into(model: torch.nn.Module, state: dict, name: str = "artifact") -> None:
-    """Load a round-tripped state dict into ``model`` (TP=1); one-line error if it does not fit."""
+    """Load a round-tripped state dict into ``model`` (TP=1); one-line error if it does not fit: a tensor
+    missing, one the model has no place for, or another shape (``_extra_state`` entries aside). The
+    load is strict in what it takes: nothing of ``state`` is dropped silently."""
     from megahash.errors import CheckpointError
 
     own = model.state_dict()
     lacking = sorted(k for k in own if k not in state and not k.endswith("_extra_state"))
+    unexpected = sorted(k for k in state if k not in own and not k.endswith("_extra_state"))
     bad = sorted(k for k in state if k in own and tuple(own[k].shape) != tuple(state[k].shape))
-    if lacking or bad:
+    if lacking or unexpected or bad:
+        why = (
+            f"it lacks {lacking[:3]}"
+            if lacking
+            else f"the model has no place for {unexpected[:3]}"
+            if unexpected
+            else f"shapes of {bad[:3]}"
+        )
         raise CheckpointError(
-            f"{name} does not fit the checkpoint's model "
-            f"({'it lacks ' + str(lacking[:3]) if lacking else 'shapes of ' + str(bad[:3])})"
+            f"{name} does not fit the checkpoint's model ({why}); it belongs to another model: "
+            f"pass the run it was exported from"
         )
     model.load_state_dict({k: v for k, v in state.items() if k in own}, strict=False)

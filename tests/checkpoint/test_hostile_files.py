@@ -14,6 +14,7 @@ import io
 import json
 import os
 import pickle
+import re
 import shutil
 import sys
 import zlib
@@ -218,7 +219,9 @@ def test_artifacts_are_bounded_and_checked_before_allocating(trained, tmp_path, 
     cases["zlib bomb"] = (bomb, "decompresses to more than")
     z = zstandard.ZstdCompressor(level=3).compressobj()
     cases["zstd bomb"] = (b"".join(z.compress(bytes(1 << 20)) for _ in range(200)) + z.flush(), "decompresses to more")
-    cases["truncated"] = (good.read_bytes()[: len(good.read_bytes()) // 2], "truncated")
+    cases["truncated"] = (good.read_bytes()[: len(good.read_bytes()) // 2], "(checksum mismatch)")  # the digest sees it
+    legacy = zlib.compress(zlib.decompress(good.read_bytes()[len(_FRAME) + 32 :]), 9)  # an earlier release's: no digest
+    cases["truncated, no digest"] = (legacy[: len(legacy) // 2], "truncated")
     name = next(k for k, e in _record(good)["tensors"].items() if "packed" in e)
     for what, change, expect in (
         ("shape", {"shape": [1 << 20, 1 << 20]}, "do not hold"),
@@ -243,6 +246,97 @@ def test_artifacts_are_bounded_and_checked_before_allocating(trained, tmp_path, 
         assert status == 2 and len(err) == 1 and expect in err[0], (what, err)
         assert len(err[0]) < 500, err[0]
         assert not marker.exists(), what
+
+
+_FRAME = b"megahash-artifact-sha256\n"  # the documented file layout (docs/compact_models.md): magic, sha256, payload
+
+
+def _flipped(path: Path, at: float, out: Path) -> Path:
+    blob = bytearray(path.read_bytes())
+    blob[int(len(blob) * at)] ^= 0x10  # one bit
+    out.write_bytes(bytes(blob))
+    return out
+
+
+@pytest.mark.parametrize("codec", ["zlib", "zstd"])
+def test_a_flipped_bit_in_an_artifact_is_one_line(codec, trained, tmp_path, capsys):
+    """Every artifact carries the sha256 of its payload (zstd frames their content checksum too): one bit
+    flipped at a third, half, three quarters of the file is one line through the CLI, exit 2 (a zstd frame
+    written without its checksum loaded with one weight changed)."""
+    import hashlib
+
+    import zstandard
+
+    good = _artifact(trained, tmp_path, capsys, codec)
+    blob = good.read_bytes()
+    head, digest, payload = blob[: len(_FRAME)], blob[len(_FRAME) : len(_FRAME) + 32], blob[len(_FRAME) + 32 :]
+    assert head == _FRAME and digest == hashlib.sha256(payload).digest()
+    if codec == "zstd":
+        assert zstandard.get_frame_parameters(payload).has_checksum
+    else:
+        assert len(zlib.decompress(payload)) > len(payload)  # a complete zlib stream
+    for at in (1 / 3, 1 / 2, 3 / 4):
+        bad = _flipped(good, at, tmp_path / f"flipped_{at:.2f}")
+        status, err = _eval_artifact(trained, bad, tmp_path, capsys)
+        assert status == 2 and err == [f"error: artifact {bad} is corrupt (checksum mismatch): export it again"], err
+
+
+def _foreign_artifact(trained, overrides: list[str], path: Path) -> dict:
+    """The real artifact of a model built from the trained run's config under ``overrides`` (another model)."""
+    from megahash.accelerator import process_groups
+    from megahash.checkpoint.artifact import write_artifact
+    from megahash.checkpoint.layout import read_state
+    from megahash.checkpoint.resolve import checkpoint_config
+    from megahash.models.megatron_model import MegahashLM
+
+    cfg = checkpoint_config(trained["ckpt"], overrides)
+    with process_groups.releasing_group():
+        process_groups.init_distributed(1)
+        model = MegahashLM(cfg, int(read_state(trained["ckpt"])["padded_vocab_size"]), init=False)
+        state = model.state_dict()
+    write_artifact(state, path, "int8", "zlib", {})
+    return state
+
+
+def test_an_artifact_of_another_model_is_refused(trained, tmp_path, capsys):
+    """Tensors the run's model has no place for (an untied head into the tied run, 3 layers more) are one
+    line naming them, exit 2; they were dropped silently (``strict=False``) and scored with wrong numbers.
+    The run's own artifact loads (test_artifacts_are_bounded_and_checked_before_allocating)."""
+    from megahash.checkpoint.resolve import checkpoint_config
+
+    cfg = checkpoint_config(trained["ckpt"])
+    assert cfg.model.tie_embeddings and cfg.model.num_layers == 2  # the trained run: tiny.yaml
+    untied = _foreign_artifact(trained, ["model.tie_embeddings=false"], tmp_path / "untied")
+    assert "output_layer.weight" in untied
+    deeper = _foreign_artifact(trained, ["model.num_layers=5"], tmp_path / "deeper")
+    assert any(k.startswith("decoder.layers.4.") for k in deeper)
+    for path, names in ((tmp_path / "untied", "output_layer.weight"), (tmp_path / "deeper", "decoder.layers.2.")):
+        status, err = _eval_artifact(trained, path, tmp_path, capsys)
+        assert status == 2 and len(err) == 1, err
+        assert err[0].startswith(f"error: artifact {path} is from another model: it holds tensors the model has no "), (
+            err
+        )
+        assert names in err[0] and err[0].endswith("pass the run it was exported from (--checkpoint)"), err
+        assert len(err[0]) < 500
+
+
+def test_loading_a_state_takes_every_tensor_or_none():
+    """load_state_into: a tensor the model lacks is refused (it was dropped), as one it has not or of another
+    shape; ``_extra_state`` entries may differ; a fitting state is loaded."""
+    from megahash.errors import CheckpointError
+    from megahash.models.quantized import load_state_into
+
+    model = torch.nn.Linear(3, 2)
+    fit = {"weight": torch.ones(2, 3), "bias": torch.zeros(2)}
+    load_state_into(model, {**fit, "x._extra_state": torch.zeros(1)})
+    assert float(model.weight.sum()) == 6.0 and float(model.bias.abs().sum()) == 0.0
+    for state, why in (
+        ({**fit, "extra.weight": torch.ones(2)}, "no place for ['extra.weight']"),
+        ({"weight": fit["weight"]}, "it lacks ['bias']"),
+        ({**fit, "bias": torch.zeros(3)}, "shapes of ['bias']"),
+    ):
+        with pytest.raises(CheckpointError, match=re.escape(why)):
+            load_state_into(model, state)
 
 
 def test_bounded_decompression_stops_at_the_limit():

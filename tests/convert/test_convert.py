@@ -721,9 +721,9 @@ def test_lm_eval_hf_matches_megahash(runs, dist, tmp_path):
             ["export-hf", "--checkpoint", "TP1", "--output", "OUT", "--format", "qwen2"],
             "--format qwen2 needs a decoder",
         ),
-        (  # a file where the folder goes: a FileExistsError traceback before
+        (  # a file where the folder goes: a FileExistsError traceback before; now before the checkpoint is read
             ["export-hf", "--checkpoint", "TP1", "--output", "FILE", "--no-verify"],
-            "cannot make the export folder",
+            "afile is a file; name a folder for the outputs",
         ),
         (["import-hf", "--hf", "/nonexistent/hf", "--output", "OUT"], "--hf /nonexistent/hf does not exist"),
         (["import-hf", "--hf", "TP1", "--output", "OUT"], "is not a Hugging Face model folder"),
