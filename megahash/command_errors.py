@@ -7,20 +7,10 @@ so the exit flush cannot fail again)."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 from megahash.errors import MegahashError, print_error
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse's parser whose usage errors are one line too (argparse prints its usage block before them):
-    ``error: PROG: MESSAGE (see PROG --help)``, exit status 2; subparsers are of the same class."""
-
-    def error(self, message: str):
-        print_error(f"{self.prog}: {message} (see {self.prog} --help)")
-        sys.exit(2)
 
 
 def launch_rank() -> int:

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from megahash.convert.hf_folder import EXTRA_FILE, MAX_SHARD_SIZE, WEIGHTS_FILE, cast, save_weights, special_token_ids
-from megahash.errors import CheckpointError, ConfigError, MegahashError
+from megahash.errors import ArgumentParser, CheckpointError, ConfigError, MegahashError
 from megahash.models.arch import arch_of
 from megahash.objective_spec import objective_spec
 
@@ -353,7 +353,7 @@ def export_hf(
 
 
 def main(argv=None) -> int:
-    from megahash.command_errors import ArgumentParser, run_guarded
+    from megahash.command_errors import run_guarded
 
     p = ArgumentParser(
         prog="megahash export-hf", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from megahash.errors import CheckpointError, ConfigError
+from megahash.errors import ArgumentParser, CheckpointError, ConfigError
 
 
 def read_hf(folder) -> dict:
@@ -190,7 +190,7 @@ def import_hf(hf_dir, output, step: int | None = None) -> dict:
 
 
 def main(argv=None) -> int:
-    from megahash.command_errors import ArgumentParser, run_guarded
+    from megahash.command_errors import run_guarded
 
     p = ArgumentParser(
         prog="megahash import-hf", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -16,7 +16,6 @@ import os
 import re
 import sys
 
-from megahash.command_errors import ArgumentParser
 from megahash.errors import print_error
 from megahash.launching.env import NodeListError, expand_nodelist
 
@@ -51,6 +50,8 @@ def slots_from_slurm(environ=None) -> int | None:
 
 
 def main(argv=None) -> int:
+    from megahash.errors import ArgumentParser
+
     p = ArgumentParser(
         prog="python -m launch.hostfile", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

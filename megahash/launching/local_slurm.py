@@ -29,7 +29,6 @@ import sys
 import time
 from pathlib import Path
 
-from megahash.command_errors import ArgumentParser
 from megahash.errors import print_error
 
 DAEMONS = ("slurmctld", "slurmd", "sinfo", "sbatch", "srun", "scontrol", "squeue", "scancel")
@@ -343,6 +342,8 @@ def _alive(pid: int, popen: subprocess.Popen | None) -> bool:
 
 
 def main(argv=None) -> int:
+    from megahash.errors import ArgumentParser
+
     p = ArgumentParser(
         prog="python -m launch.local_slurm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -42,7 +42,6 @@ import subprocess
 import sys
 import tempfile
 
-from megahash.command_errors import ArgumentParser
 from megahash.errors import print_error
 from megahash.launching.env import NodeListError, free_port, in_slurm_step, slurm_master_addr, slurm_port
 from megahash.launching.hostfile import hostfile_from_slurm, slots_from_slurm
@@ -234,6 +233,8 @@ def build(args, env=None) -> tuple[list[str], dict]:
 
 
 def parse_args(argv=None):
+    from megahash.errors import ArgumentParser
+
     p = ArgumentParser(
         prog="python -m launch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

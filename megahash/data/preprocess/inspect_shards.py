@@ -18,9 +18,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from megahash.command_errors import ArgumentParser
 from megahash.data.preprocess.common import cli, one_line
-from megahash.errors import DataError
+from megahash.errors import ArgumentParser, DataError
 
 
 def build_parser() -> argparse.ArgumentParser:
