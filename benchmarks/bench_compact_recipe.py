@@ -37,7 +37,8 @@ from typing import NoReturn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # megahash's one-line errors and config checks (no install needed)
-from megahash.errors import ArgumentParser, MegahashError, print_error  # noqa: E402
+from megahash.arguments import ArgumentParser  # noqa: E402
+from megahash.errors import MegahashError, print_error  # noqa: E402
 
 # name -> (config files, overrides). Filled with the levers of docs/compact_models.md.
 QS = ["configs/quickstart.yaml"]

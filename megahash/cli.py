@@ -13,8 +13,9 @@ import json
 import os
 import sys
 
+from megahash.arguments import ArgumentParser
 from megahash.command_errors import run_guarded
-from megahash.errors import ArgumentParser, print_error
+from megahash.errors import print_error
 
 # name -> "module:function" taking argv (list[str]) and returning an exit status
 SUBCOMMANDS = {

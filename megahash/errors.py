@@ -1,6 +1,5 @@
 """Errors that reach the user as one line (entry points print ``error: <message>`` and exit 2)."""
 
-import argparse
 import difflib
 import sys
 
@@ -51,12 +50,3 @@ _ELLIPSIS = " ... "
 def print_error(message) -> None:
     """The one place an error becomes a line: ``error: <message as one_line>`` on stderr."""
     print(f"error: {one_line(message)}", file=sys.stderr, flush=True)
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse's parser whose usage errors are one line too (argparse prints its usage block before them):
-    ``error: PROG: MESSAGE (see PROG --help)``, exit status 2; subparsers are of the same class."""
-
-    def error(self, message: str):
-        print_error(f"{self.prog}: {message} (see {self.prog} --help)")
-        sys.exit(2)

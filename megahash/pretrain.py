@@ -28,7 +28,7 @@ import argparse
 
 
 def parse_args(argv=None):
-    from megahash.errors import ArgumentParser
+    from megahash.arguments import ArgumentParser
 
     p = ArgumentParser(
         prog="megahash-pretrain", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

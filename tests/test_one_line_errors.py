@@ -213,7 +213,7 @@ def test_launcher_errors_are_capped(capsys):
 )
 def test_argument_errors_are_one_line(cmd):
     """argparse's own errors (a bad value, an unknown flag, a missing value) are one line too, naming the
-    command and pointing at its --help, exit 2 (megahash.errors.ArgumentParser): argparse printed its
+    command and pointing at its --help, exit 2 (megahash.arguments.ArgumentParser): argparse printed its
     usage block before them."""
     line = _one_error_line(run([sys.executable, *cmd], timeout=300))
     assert "(see " in line and "--help)" in line, line

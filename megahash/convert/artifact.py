@@ -151,8 +151,8 @@ def export_artifact(
 
 
 def main(argv=None) -> int:
+    from megahash.arguments import ArgumentParser
     from megahash.command_errors import run_guarded
-    from megahash.errors import ArgumentParser
 
     p = ArgumentParser(
         prog="megahash export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

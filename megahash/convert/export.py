@@ -36,8 +36,9 @@ from pathlib import Path
 
 import torch
 
+from megahash.arguments import ArgumentParser
 from megahash.convert.hf_folder import EXTRA_FILE, MAX_SHARD_SIZE, WEIGHTS_FILE, cast, save_weights, special_token_ids
-from megahash.errors import ArgumentParser, CheckpointError, ConfigError, MegahashError
+from megahash.errors import CheckpointError, ConfigError, MegahashError
 from megahash.models.arch import arch_of
 from megahash.objective_spec import objective_spec
 

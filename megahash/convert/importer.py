@@ -28,7 +28,8 @@ from pathlib import Path
 
 import torch
 
-from megahash.errors import ArgumentParser, CheckpointError, ConfigError
+from megahash.arguments import ArgumentParser
+from megahash.errors import CheckpointError, ConfigError
 
 
 def read_hf(folder) -> dict:

@@ -149,7 +149,7 @@ def compute(model, codec, text: str, max_tokens: int, windows: int = 1) -> tuple
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from megahash.errors import ArgumentParser
+    from megahash.arguments import ArgumentParser
 
     p = ArgumentParser(
         prog="megahash indicators",

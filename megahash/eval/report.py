@@ -257,7 +257,7 @@ def empty_reasons(runs: list[dict], baseline: dict, lower: dict, tasks: list[str
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from megahash.errors import ArgumentParser
+    from megahash.arguments import ArgumentParser
 
     p = ArgumentParser(prog="megahash report", description="Size, efficiency and eval scores of runs.")
     p.add_argument("--runs", nargs="+", required=True, help="run directories (or step_N checkpoints)")

@@ -470,7 +470,7 @@ def _evaluate_in_subprocess(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from megahash.errors import ArgumentParser
+    from megahash.arguments import ArgumentParser
 
     p = ArgumentParser(prog="megahash eval", description="lm-eval-harness tasks on a megahash checkpoint.")
     p.add_argument("--checkpoint", required=True, help="run directory (its latest checkpoint) or a step_N directory")

@@ -316,7 +316,7 @@ def run(args) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from megahash.errors import ArgumentParser
+    from megahash.arguments import ArgumentParser
 
     p = ArgumentParser(
         prog="megahash diagnose", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

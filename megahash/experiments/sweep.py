@@ -92,7 +92,7 @@ def dry_run(grid: Grid, launcher: str, extra_sbatch: Sequence[str], cells: list 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from megahash.errors import ArgumentParser
+    from megahash.arguments import ArgumentParser
 
     p = ArgumentParser(prog="megahash sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--grid", default=None, help="grid YAML (configs/grids/...)")

@@ -50,7 +50,7 @@ def slots_from_slurm(environ=None) -> int | None:
 
 
 def main(argv=None) -> int:
-    from megahash.errors import ArgumentParser
+    from megahash.arguments import ArgumentParser
 
     p = ArgumentParser(
         prog="python -m launch.hostfile", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -342,7 +342,7 @@ def _alive(pid: int, popen: subprocess.Popen | None) -> bool:
 
 
 def main(argv=None) -> int:
-    from megahash.errors import ArgumentParser
+    from megahash.arguments import ArgumentParser
 
     p = ArgumentParser(
         prog="python -m launch.local_slurm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -233,7 +233,7 @@ def build(args, env=None) -> tuple[list[str], dict]:
 
 
 def parse_args(argv=None):
-    from megahash.errors import ArgumentParser
+    from megahash.arguments import ArgumentParser
 
     p = ArgumentParser(
         prog="python -m launch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

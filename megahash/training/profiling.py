@@ -21,7 +21,7 @@ from collections import defaultdict
 
 import torch
 
-from megahash.errors import ArgumentParser
+from megahash.arguments import ArgumentParser
 from megahash.training.profile_steps import PHASES, phase_table  # the phases of the trainer's step
 
 

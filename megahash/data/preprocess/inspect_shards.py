@@ -19,7 +19,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 from megahash.data.preprocess.common import cli, one_line
-from megahash.errors import ArgumentParser, DataError
+from megahash.arguments import ArgumentParser
+from megahash.errors import DataError
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from megahash.atomic_write import write_text_atomic
-from megahash.errors import ArgumentParser
+from megahash.arguments import ArgumentParser
 from megahash.data.preprocess.common import InputError, cli
 from megahash.data.preprocess.sources import open_source, parse_doc_range, select_documents
 

@@ -44,7 +44,7 @@ from typing import Iterable, Optional, Sequence
 import numpy as np
 
 import megahash
-from megahash.errors import ArgumentParser
+from megahash.arguments import ArgumentParser
 from megahash.data.preprocess.common import InputError, check_output_prefix, cli
 from megahash.data.preprocess.encode_pass import DocStats, Progress, encode_all
 from megahash.data.preprocess.encoding import WORDS, EncoderConfig, resolve_tokenizer

@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-from megahash.errors import ArgumentParser
+from megahash.arguments import ArgumentParser
 from megahash.data.preprocess.common import InputError, check_output_prefix, cli, one_line
 from megahash.data.preprocess.long_documents import pieces
 from megahash.data.preprocess.publish import TempReaper
