@@ -102,21 +102,23 @@ def export_artifact(
     """Write the artifact of a checkpoint's ``weights`` (live or ema) at the formats of its config's
     ``export.artifact`` under ``overrides`` (:func:`quantize_overrides`), to ``output`` (None:
     :func:`default_output`); a summary with its ``bytes``. An ``output`` that cannot be written, or that
-    exists without ``overwrite``, is one line before the model is built (:func:`check_output`)."""
+    exists without ``overwrite``, is one line before the model is built (:func:`check_output`; ``--output``'s
+    before torch is imported)."""
+    if output is not None:
+        check_output(output, overwrite)
+    else:  # the default path needs the checkpoint's step: resolved (and verified) first, once
+        from megahash.checkpoint.resolve import resolve_for_inference
+
+        checkpoint = resolve_for_inference(checkpoint, overrides)
+        check_output(default_output(checkpoint, weights), overwrite, default=True)
     from megahash.accelerator import process_groups
     from megahash.checkpoint.artifact import write_artifact
     from megahash.checkpoint.layout import read_state
-    from megahash.checkpoint.resolve import resolve_for_inference
     from megahash.checkpoint.signature import model_signature
     from megahash.checkpoint.weights import load_for_inference
     from megahash.models.quantized import quantized
     from megahash.models.tensor_groups import tensor_groups
 
-    if output is not None:
-        check_output(output, overwrite)
-    else:  # the default path needs the checkpoint's step: resolved (and verified) first, once
-        checkpoint = resolve_for_inference(checkpoint, overrides)
-        check_output(default_output(checkpoint, weights), overwrite, default=True)
     with process_groups.releasing_group():
         cfg, model, ckpt = load_for_inference(checkpoint, overrides, weights=weights)
         a = cfg.export.artifact
@@ -177,8 +179,6 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     def run():
-        if args.output is not None:  # before anything is read or torch imported
-            check_output(args.output, args.overwrite)
         overrides = quantize_overrides(args.quantize, args.compress)
         s = export_artifact(args.checkpoint, args.output, overrides, args.weights, args.overwrite)
         print(
