@@ -120,9 +120,12 @@ class _Queue:
 
     def abort(self) -> None:
         """Kill the writers of every unfinalized request (``AsyncCallsQueue.close(abort=True)`` kills
-        only a persistent worker) and forget the requests."""
+        only a persistent worker), wait for each to be gone, and forget the requests."""
         for call in self.calls.async_calls:
-            call.async_caller.close(abort=True)
+            writer = getattr(call.async_caller, "process", None)
+            call.async_caller.close(abort=True)  # megatron kills the writer without waiting for it
+            if writer is not None:
+                writer.join(timeout=60)  # gone before the caller removes the folder it was writing into
         self.calls.async_calls.clear()
 
 

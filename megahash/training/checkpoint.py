@@ -237,9 +237,15 @@ def publish(
 
 
 def _abandon(tmp: Path) -> None:
-    """Remove a partial save (rank 0), then wait for every rank."""
+    """Remove a partial save (rank 0), then wait for every rank. Retried for a while: a killed background
+    writer's file writers (megahash/training/async_save.py) die with it a moment later, and a file one of
+    them creates meanwhile makes a single ``rmtree`` leave the folder behind."""
     if process_groups.rank() == 0:
+        deadline = time.monotonic() + 30
         shutil.rmtree(tmp, ignore_errors=True)
+        while tmp.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+            shutil.rmtree(tmp, ignore_errors=True)
         for p in tmp.parent.glob("*.tmp-*") if tmp.parent.is_dir() else ():
             p.unlink(missing_ok=True)
     process_groups.barrier()

@@ -148,3 +148,36 @@ def test_a_failed_background_write_is_one_line_and_keeps_the_previous_checkpoint
     from test_integrity import assert_digests
 
     assert_digests(run_dir / "step_00000002")  # hashed by the background writers (docs/security.md)
+
+
+def test_a_partial_save_is_removed_while_a_dying_writer_still_adds_files(tmp_path):
+    """checkpoint._abandon (the failure path of every save): a killed background writer's file writers die a
+    moment after it, and a file one of them creates while the folder is being removed made a single
+    ``rmtree(ignore_errors=True)`` leave ``step_N.tmp`` behind (CI, under load). A thread creating files in
+    the folder for half a second stands in for them: the folder is gone afterwards."""
+    import threading
+
+    from megahash.training import checkpoint
+
+    tmp = tmp_path / "step_00000004.tmp"
+    (tmp / "model").mkdir(parents=True)
+    started, until = threading.Event(), time.monotonic() + 0.5
+
+    def dying_writer():
+        i = 0
+        while time.monotonic() < until:
+            try:
+                (tmp / "model" / f"__{i}_0.distcp").write_bytes(b"x" * 4096)
+            except OSError:  # the folder is gone: a writer's open fails (it makes no folders)
+                pass
+            i += 1
+            started.set()
+
+    t = threading.Thread(target=dying_writer)
+    t.start()
+    started.wait(10)
+    try:
+        checkpoint._abandon(tmp)
+    finally:
+        t.join()
+    assert not tmp.exists()
