@@ -55,9 +55,37 @@ def init_distributed(tensor_parallel: int = 1, sequence_parallel: bool = False, 
             f"launch a multiple of {tensor_parallel} ranks or lower parallel.tensor"
         )
     if parallel_state.model_parallel_is_initialized():
-        parallel_state.destroy_model_parallel()
+        _replace_megatron_groups(parallel_state)
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel)
     return dist.get_rank(), world
+
+
+def _replace_megatron_groups(parallel_state) -> None:
+    """Before megatron's groups are made again in a standing world (an in-process run, a model built for
+    another TP size): destroy the old ones. megatron-core's ``destroy_model_parallel`` only forgets its
+    globals, and torch keeps every group it made (``_world.pg_map``) until ``destroy_process_group(group)``
+    or the world's end, each gloo group with its three threads, which wake on timers: a test process
+    re-initialising ~100 times held ~3,000 threads burning half a core while idle."""
+    groups = {id(g): g for g in _groups_in(vars(parallel_state).values())}
+    parallel_state.destroy_model_parallel()
+    _drop_megatron_groups(parallel_state)
+    world = dist.GroupMember.WORLD
+    for group in groups.values():
+        if group is not world and group in dist.distributed_c10d._world.pg_map:
+            dist.destroy_process_group(group)
+
+
+def _groups_in(values) -> list:
+    """The process groups among ``values`` (megatron keeps some in lists and dicts)."""
+    out = []
+    for v in values:
+        if isinstance(v, dist.ProcessGroup):
+            out.append(v)
+        elif isinstance(v, (list, tuple)):
+            out += [g for g in v if isinstance(g, dist.ProcessGroup)]
+        elif isinstance(v, dict):
+            out += [g for g in v.values() if isinstance(g, dist.ProcessGroup)]
+    return out
 
 
 class DeepSpeedMPU:

@@ -17,6 +17,7 @@ normalised text's bytes; word streams (``data.tokenizer=words``) have no text to
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 
@@ -26,6 +27,11 @@ SP_SPACE = "\u2581"
 def bits_per_byte(nll_nats: float, n_bytes: float) -> float:
     """bpb = NLL / (ln 2 * bytes) (lm-eval's ``bits_per_byte``); nan without bytes."""
     return nll_nats / (math.log(2) * n_bytes) if n_bytes > 0 else float("nan")
+
+
+def perplexity(loss_nats: float) -> float | None:
+    """exp(mean token loss); None past a float's range (an overflowing or nan loss: JSON has no infinity)."""
+    return math.exp(loss_nats) if loss_nats < math.log(sys.float_info.max) else None
 
 
 def _piece_bytes(piece: str) -> bytes:

@@ -91,13 +91,12 @@ def text_metrics(
 
 def _scores(nll: float, tokens: int, n_bytes: int, loss_only: bool = False) -> dict:
     """NLL, mean loss per token and, unless ``loss_only``, perplexity (None past a float's range) and bits per byte."""
-    from megahash.data.text_bytes import bits_per_byte
+    from megahash.data.text_bytes import bits_per_byte, perplexity
 
     loss = nll / max(tokens, 1)
     if loss_only:
         return {"nll": nll, "loss": loss}
-    ppl = math.exp(loss) if loss < math.log(sys.float_info.max) else None  # JSON has no infinity
-    return {"nll": nll, "loss": loss, "ppl": ppl, "bpb": bits_per_byte(nll, n_bytes)}
+    return {"nll": nll, "loss": loss, "ppl": perplexity(loss), "bpb": bits_per_byte(nll, n_bytes)}
 
 
 def _tail(m: dict) -> str:

@@ -1,9 +1,10 @@
 """Validation of every set by name: the ``data.split`` set (``valid``) and the ``data.valid`` sets.
 
 Each set is fixed by the data config (megahash/data/validation.py, megahash/data/valid_sets.py) and
-gives a loss (token-weighted mean, nats/token), the perplexity ``exp(loss)`` for token losses (clm, mlm)
-and the bits per byte of its text for clm (``bpb = sum NLL / (ln 2 * bytes)``, lm-eval's
-``bits_per_byte``; bytes counted per predicted token, megahash/data/text_bytes.py). Objectives whose
+gives a loss (token-weighted mean, nats/token), the perplexity ``exp(loss)`` for token losses (clm, mlm;
+null past a float's range, never capped) and the bits per byte of its text for clm (``bpb = sum NLL /
+(ln 2 * bytes)``, lm-eval's ``bits_per_byte``; bytes counted per predicted token,
+megahash/data/text_bytes.py). Objectives whose
 loss is not a next-token NLL (mlm: masked tokens only; sr; hash-code heads) report no bpb.
 
 :func:`report` logs a dict of metrics per set name: the ``valid`` set as before (``[valid]`` line, jsonl
@@ -13,12 +14,10 @@ split ``valid``, TensorBoard/W&B ``valid/loss``), a named set ``NAME`` as ``vali
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from megahash.data import documents
-from megahash.data.text_bytes import bits_per_byte
+from megahash.data.text_bytes import bits_per_byte, perplexity
 from megahash.data.valid_sets import SPLIT_NAME
 from megahash.training.hooks import Hook
 
@@ -78,7 +77,7 @@ def set_metrics(sums: dict, token_loss: bool, defined_bpb: bool) -> dict:
     loss = sums["nll"] / max(sums["tokens"], 1)
     out = {"loss": loss, "tokens": sums["tokens"], "sequences": sums["sequences"]}
     if token_loss:
-        out["ppl"] = math.exp(min(loss, 50.0))
+        out["ppl"] = perplexity(loss)
     if defined_bpb and sums["bytes"] > 0:
         out["bpb"] = bits_per_byte(sums["nll"], sums["bytes"])
         out["bytes"] = sums["bytes"]

@@ -164,3 +164,21 @@ def test_bad_sets_are_one_line(shakespeare_shards, held, tmp_path, capsys):
         capsys,
     )
     assert status == 2 and "fewer than one sequence" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_perplexity_is_exact_and_null_past_a_floats_range():
+    """The validation line's ppl is exp(loss) at every loss a float holds (it was capped at e^50: a diverging run
+    showed 5.2e21 at every loss past 50), and null past it or for a nan loss (valid JSON in metrics.jsonl),
+    as ``megahash eval --text`` reports it; bpb is unchanged."""
+    from megahash.training.valid_sets import set_metrics
+
+    def metrics(loss):
+        return set_metrics({"nll": loss * 1000, "tokens": 1000, "sequences": 4, "bytes": 4000}, True, True)
+
+    for loss in (0.0, 3.2, 60.0, 700.0):
+        m = metrics(loss)
+        assert m["ppl"] == pytest.approx(math.exp(loss), rel=1e-12) and m["bpb"] == pytest.approx(
+            loss / 4 / math.log(2)
+        )
+    assert metrics(720.0)["ppl"] is None and metrics(float("nan"))["ppl"] is None
+    assert json.loads(json.dumps(metrics(720.0)))["ppl"] is None
