@@ -136,6 +136,13 @@ def _vocab_size(cfg, meta: dict) -> int:
     raise DataError("cannot tell the vocabulary size: set model.vocab_size or data.tokenizer, or rebuild the shards with meta.json")
 
 
+def run_vocab_size(cfg) -> int:
+    """The vocabulary a run of ``cfg`` builds its model with: ``model.vocab_size``, else its tokenizer's
+    (the shard meta's, else ``data.tokenizer``'s), as :func:`build_datasets` finds it."""
+    paths = blend_paths(list(cfg.data.prefix))[0] if cfg.data.prefix else []
+    return _vocab_size(cfg, read_meta(paths[0] if paths else None, required=False))
+
+
 def build_datasets(cfg, train_samples: int, valid_samples: int, cache_dir: str | None) -> Datasets:
     """Train/valid datasets of ``cfg.data`` with megatron-core's builder (cache under cache_dir)."""
     if not cfg.data.prefix:

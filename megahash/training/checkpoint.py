@@ -81,12 +81,36 @@ def check_compatible(ckpt: Path, cfg: Config) -> dict:
 
     check_layout(ckpt, state, cfg, dist.get_world_size() if dist.is_initialized() else 1)  # one line if impossible
     diffs = model_diffs(saved.get("model", {}), cfg)
+    rows = _vocab_rows_diff(state, cfg)
+    if rows is not None:  # model.vocab_size 0 takes the tokenizer's: the rows, not the spelling, must match
+        diffs = [rows] if rows else [d for d in diffs if not d.startswith("model.vocab_size:")]
     if diffs:
         raise CheckpointError(
             f"checkpoint {ckpt} is from another model ({diffs[0]}); use the same model config, "
             f"train.resume=none or another train.save_dir"
         )
     return state
+
+
+def _vocab_rows_diff(state: dict, cfg: Config) -> str | None:
+    """Where one side's ``model.vocab_size`` is 0 (the tokenizer's), the saved model tree cannot tell another
+    tokenizer's vocabulary: compare the checkpoint's embedding rows (``padded_vocab_size``, at its TP size) with the
+    rows this run's vocabulary pads to there. None: not applicable (both sizes explicit, or an old checkpoint);
+    "": the same rows; else the difference."""
+    saved_model = state.get("signature", {}).get("model", {})
+    saved_rows = int(state.get("padded_vocab_size") or 0)
+    if not saved_rows or (saved_model.get("vocab_size") and cfg.model.vocab_size):
+        return None
+    from megahash.data.dataset import run_vocab_size
+    from megahash.models.cost_formulas import padded_vocab_size
+
+    vocab = run_vocab_size(cfg)
+    tp = int(state.get("signature", {}).get("tensor_parallel") or 1)
+    rows = padded_vocab_size(vocab, int(saved_model.get("make_vocab_size_divisible_by") or 1), tp)
+    if rows == saved_rows:
+        return ""
+    source = f"model.vocab_size={vocab}" if cfg.model.vocab_size else f"the tokenizer's {vocab} ids"
+    return f"vocabulary: checkpoint {saved_rows} embedding rows vs {rows} for {source}; use the checkpoint's data.tokenizer and model.vocab_size"
 
 
 def save(engine, cfg: Config, step: int, consumed: int, hooks=None, hashes: bool = True) -> Path:

@@ -302,6 +302,41 @@ def test_checkpoint_from_another_model_is_refused(shakespeare_shards, tmp_path):
     assert "Transformer Engine and Apex are not installed" in r.stderr  # megatron-core's, shown with --verbose
 
 
+def test_checkpoint_of_another_tokenizer_is_refused_and_its_own_vocabulary_spelled_out_resumes(
+    shakespeare_shards, tmp_path
+):
+    """``model.vocab_size=0`` takes the tokenizer's vocabulary, so the saved model tree says 0 whatever the
+    tokenizer: a resume on shards of another tokenizer (600 ids, not 1,000) was taken for damage, fell back to an
+    older checkpoint, loaded it into the other embedding and wrote on. It is refused in one line naming the
+    vocabulary, exit 2, the run folder as it was; the checkpoint's own vocabulary given explicitly
+    (``model.vocab_size=1000``, the same embedding rows) resumes."""
+    other = tmp_path / "other"
+    tools = [sys.executable, "data_tools/train_tokenizer.py", "--input", "shakespeare", "--max-docs", "50"]
+    assert run([*tools, "--output", str(other / "spm"), "--vocab-size", "600", "--quiet"]).returncode == 0
+    r = run(
+        [sys.executable, "data_tools/preprocess_data.py", "--input", "shakespeare", "--max-docs", "100", "--quiet"]
+        + ["--output-prefix", str(other / "sh"), "--tokenizer", str(other / "spm.model"), "--workers", "1"]
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    run_dir = tmp_path / "run"
+    extra = ("train.eval_interval=0", "train.save_interval=1", "train.keep_last=0")
+    assert pretrain_here(base(shakespeare_shards, run_dir, 2, *extra)).returncode == 0
+
+    def listing():
+        return sorted((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in run_dir.rglob("*"))
+
+    before = listing()
+    shards = {"prefix": str(other / "sh"), "tokenizer": str(other / "spm.model")}
+    r = pretrain_here(base(shards, run_dir, 4, *extra))
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert r.returncode == 2 and len(errors) == 1, r.stderr[-2000:]
+    assert "vocabulary: checkpoint 1024 embedding rows vs 640" in errors[0] and "data.tokenizer" in errors[0]
+    assert listing() == before
+    r = pretrain_here(base(shakespeare_shards, run_dir, 3, *extra, "model.vocab_size=1000"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "resumed from" in r.stdout and sorted(train_losses(run_dir)) == [1, 2, 3]
+
+
 @pytest.mark.parametrize(
     "override, expect",
     [
