@@ -24,7 +24,9 @@ from megahash.errors import ConfigError, DataError
 
 def check_training_inputs(cfg) -> None:
     meta = check_shards(cfg)
-    check_objective_roles(cfg, check_tokenizer(cfg, meta), meta)
+    tok = check_tokenizer(cfg, meta)
+    check_objective_roles(cfg, tok, meta)
+    check_vocab_size(cfg, tok, meta)
     from megahash.data.valid_sets import check_valid_shards
 
     check_valid_shards(cfg)  # data.valid: every named set's shards
@@ -69,6 +71,18 @@ def check_objective_roles(cfg, tok, meta: dict) -> None:
             f"train.objective={cfg.train.objective} needs a {missing[0]} token and the tokenizer "
             f"{cfg.data.tokenizer or made.get('path')!r} has none; use a tokenizer with one "
             f"(data_tools/train_tokenizer.py makes <mask>) or another train.objective"
+        )
+
+
+def check_vocab_size(cfg, tok, meta: dict) -> None:
+    """An explicit ``model.vocab_size`` holds every id of the tokenizer (``tok``, else the shard meta's): a
+    smaller one would stop at the first sample holding a larger id, calling the shard damaged."""
+    made = meta.get("tokenizer") if isinstance(meta.get("tokenizer"), dict) else {}
+    n = tok.vocab_size if tok is not None else int(made.get("vocab_size") or 0)
+    if cfg.model.vocab_size and n > cfg.model.vocab_size:
+        raise ConfigError(
+            f"model.vocab_size={cfg.model.vocab_size} is smaller than the tokenizer's {n} ids "
+            f"({cfg.data.tokenizer or made.get('path')}); set model.vocab_size=0 (the tokenizer's) or at least {n}"
         )
 
 

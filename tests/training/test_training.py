@@ -354,6 +354,17 @@ def test_entry_point_one_line_errors(shakespeare_shards, tmp_path, override, exp
     assert "Traceback" not in r.stderr
 
 
+def test_a_vocabulary_smaller_than_the_tokenizers_is_refused_before_the_run(shakespeare_shards, tmp_path):
+    """model.vocab_size=500 under a tokenizer of 1,000 ids started training and stopped at the first sample
+    holding an id >= 500, calling the shard damaged, with the run folder begun; now one line before it."""
+    run_dir = tmp_path / "x"
+    r = pretrain_here(base(shakespeare_shards, run_dir, 2, "model.vocab_size=500"))
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert r.returncode == 2 and len(errors) == 1, r.stderr[-2000:]
+    assert errors[0].startswith("error: model.vocab_size=500 is smaller than the tokenizer's 1000 ids"), errors
+    assert "model.vocab_size=0" in errors[0] and not run_dir.exists()
+
+
 def test_tp_must_divide_world_size(shakespeare_shards, tmp_path):
     r = pretrain_here(base(shakespeare_shards, tmp_path / "x", 2, "parallel.tensor=2"))
     assert r.returncode == 2 and "does not divide the world size 1" in r.stderr
