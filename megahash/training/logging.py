@@ -43,6 +43,7 @@ class RunLogger:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
+                wait_for_a_later_second(self.dir / "tensorboard")
                 self.tb = SummaryWriter(str(self.dir / "tensorboard"), purge_step=purge_step(cfg, start))
             except Exception as e:  # tensorboard missing: keep going with the other sinks
                 print(f"warning: tensorboard disabled ({e})")
@@ -101,6 +102,22 @@ class RunLogger:
 
 # logging.x_axis -> the metric TensorBoard/wandb plot against (step when absent)
 X_AXIS_KEYS = {"step": None, "tokens": "consumed_tokens", "samples": "consumed_samples"}
+
+
+def wait_for_a_later_second(folder: Path, most: float = 2.0) -> None:
+    """Before a new TensorBoard writer in ``folder``: wait (at most ``most`` s) until the clock's second is past
+    every event file's there. TensorBoard reads a folder's files in name order, and a name starts with the second
+    its writer was made (``events.out.tfevents.SECOND.HOST.PID.N``): a run resumed within the second its killed
+    predecessor started logging sorted by pid, and read after it, the killed run's purge marker hid the resumed
+    run's steps (seen in CI, a tiny model's run killed and resumed within a second)."""
+    seconds = []
+    for f in folder.glob("events.out.tfevents.*") if folder.is_dir() else ():
+        stamp = f.name.split(".")[3]
+        if stamp.isdigit():
+            seconds.append(int(stamp))
+    deadline = time.time() + most
+    while seconds and int(time.time()) <= max(seconds) and time.time() < deadline:
+        time.sleep(0.02)
 
 
 def purge_step(cfg, start: int) -> int:

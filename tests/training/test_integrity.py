@@ -477,9 +477,54 @@ def test_one_history_after_a_killed_run(shakespeare_shards, tmp_path, capsys):
     acc = EventAccumulator(str(run_dir / "tensorboard"))
     acc.Reload()
     events = [e for e in acc.Scalars("train/loss") if e.step > k]  # (the killed run's buffered events may be lost)
-    assert [e.step for e in events] == list(range(k + 1, steps + 1))
+    files = [
+        (f.name, [(ev.step, ev.wall_time) for ev in EventFileLoader(str(f)).Load() if ev.HasField("session_log")])
+        for f in sorted((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    ]
+    assert [e.step for e in events] == list(range(k + 1, steps + 1)), files
     losses = {r["step"]: r["loss"] for r in recs if r["split"] == "train"}
     assert [e.value for e in events] == pytest.approx([losses[e.step] for e in events], rel=1e-6)
+
+
+def test_a_resumed_runs_event_file_sorts_after_its_killed_predecessors(tmp_path):
+    """TensorBoard reads a folder's event files in name order, a name starting with the second its writer was
+    made: a killed run's file made in this second by a process with a larger pid (as it was in CI, a tiny run
+    killed and resumed within one second) sorted after the resumed run's, so its purge marker hid the resumed
+    steps. A new writer now waits for the next second: its file sorts last, and its events are the ones
+    TensorBoard keeps."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    from megahash.training.logging import wait_for_a_later_second
+
+    folder = tmp_path / "tensorboard"
+    killed = SummaryWriter(str(folder), purge_step=1)
+    killed.add_scalar("train/loss", 5.0, 4)
+    killed.close()
+    (old,) = folder.glob("events.out.tfevents.*")
+    stamp = int(old.name.split(".")[3])
+    old.rename(folder / f"events.out.tfevents.{stamp}.zzzz.99999999.0")  # sorts after any name of this second
+    wait_for_a_later_second(folder)
+    resumed = SummaryWriter(str(folder), purge_step=4)
+    for step in (4, 5, 6):
+        resumed.add_scalar("train/loss", float(step), step)
+    resumed.close()
+    names = sorted(f.name for f in folder.glob("events.out.tfevents.*"))
+    assert names[0].endswith(".zzzz.99999999.0") and int(names[1].split(".")[3]) > stamp, names
+    acc = EventAccumulator(str(folder))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("train/loss")] == [(4, 4.0), (5, 5.0), (6, 6.0)]
+
+
+def test_waiting_for_a_later_second_is_bounded(tmp_path):
+    """An event file stamped in the future (another node's clock on a shared folder) costs at most the bound."""
+    from megahash.training.logging import wait_for_a_later_second
+
+    (tmp_path / f"events.out.tfevents.{int(time.time()) + 3600}.host.1.0").write_bytes(b"")
+    t0 = time.monotonic()
+    wait_for_a_later_second(tmp_path, most=0.3)
+    assert 0.25 < time.monotonic() - t0 < 5
+    wait_for_a_later_second(tmp_path / "missing")  # no folder yet: nothing to wait for
 
 
 def test_keep_history_drops_what_was_logged_past_the_start(tmp_path):
