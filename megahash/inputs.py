@@ -63,7 +63,7 @@ def check_objective_roles(cfg, tok, meta: dict) -> None:
     tokenizer (``tok``, else the shard meta's special ids; none recorded: the word ids 0-4, which have them)."""
     from megahash.objective_spec import objective_spec
 
-    made = _tokenizer_record(meta)
+    made = meta.get("tokenizer") or {}
     ids = tok.special_ids if tok is not None else (made.get("special_ids") or {})
     missing = [r for r in objective_spec(cfg.train.objective).roles if ids and ids.get(r) is None]
     if missing:
@@ -77,18 +77,13 @@ def check_objective_roles(cfg, tok, meta: dict) -> None:
 def check_vocab_size(cfg, tok, meta: dict) -> None:
     """An explicit ``model.vocab_size`` holds every id of the tokenizer (``tok``, else the shard meta's): a
     smaller one would stop at the first sample holding a larger id, calling the shard damaged."""
-    made = _tokenizer_record(meta)
+    made = meta.get("tokenizer") or {}
     n = tok.vocab_size if tok is not None else int(made.get("vocab_size") or 0)
     if cfg.model.vocab_size and n > cfg.model.vocab_size:
         raise ConfigError(
             f"model.vocab_size={cfg.model.vocab_size} is smaller than the tokenizer's {n} ids "
             f"({cfg.data.tokenizer or made.get('path')}); set model.vocab_size=0 (the tokenizer's) or at least {n}"
         )
-
-
-def _tokenizer_record(meta: dict) -> dict:
-    """The shard meta's record of the tokenizer that made the shards ({} when it has none)."""
-    return meta.get("tokenizer") if isinstance(meta.get("tokenizer"), dict) else {}
 
 
 def check_tokenizer(cfg, meta: dict):
@@ -99,7 +94,7 @@ def check_tokenizer(cfg, meta: dict):
     spec = cfg.data.tokenizer
     if not spec or spec == WORDS:
         return None
-    made = _tokenizer_record(meta)
+    made = meta.get("tokenizer") or {}
     hint = f" (the shards were made with {made['path']})" if made.get("path") else ""
     try:
         tok = load_tokenizer(spec)

@@ -126,7 +126,7 @@ class Datasets:
 def _vocab_size(cfg, meta: dict) -> int:
     if cfg.model.vocab_size:
         return cfg.model.vocab_size
-    tok = meta.get("tokenizer", {}) if isinstance(meta.get("tokenizer"), dict) else {}
+    tok = meta.get("tokenizer") or {}
     if tok.get("vocab_size"):
         return int(tok["vocab_size"])
     from megahash.tokenization import WORDS, load_tokenizer
@@ -247,7 +247,7 @@ def record_special_ids(cfg, meta: dict) -> dict:
     meta's (``data.special_ids.mask=4`` alone used to drop eos and pad: EOD 2 and no pad whatever the tokenizer)."""
     from megahash.tokenization import special_ids_of
 
-    tok = meta.get("tokenizer") if isinstance(meta.get("tokenizer"), dict) else {}
+    tok = meta.get("tokenizer") or {}
     if tok.get("special_ids"):
         cfg.data.special_ids = {**special_ids_of(tok["special_ids"]), **cfg.data.special_ids}
     return special_ids_of(cfg.data.special_ids)

@@ -16,16 +16,13 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from megahash.data.verify import META_SUFFIX, TOKENS_SUFFIX, base_prefix, read_meta
 from megahash.errors import DataError
 from megahash.hashing.codes import CodeTable
 from megahash.hashing.lsh import LSHModel
 from megahash.hashing.specs import HashSpec, parse_hash_spec
 from megahash.hashing.tokens import SubwordCoder, word_stream_row_ids
 from megahash.hashing.words import NUM_SPECIAL
-
-TOKENS_SUFFIX = "_text_document"
-META_SUFFIX = "_meta.json"
-SUPPORTED_FORMAT = 1
 
 
 def read_word_table(path: str) -> list[str]:
@@ -53,11 +50,8 @@ class ShardSet:
     @classmethod
     def open(cls, prefix: str, specs: Optional[Sequence[str]] = None) -> "ShardSet":
         """Open ``PREFIX`` (``PREFIX_text_document`` also accepted); ``specs`` limits the side shards."""
-        if prefix.endswith(TOKENS_SUFFIX):
-            prefix = prefix[: -len(TOKENS_SUFFIX)]
+        prefix = base_prefix(prefix)
         meta_path = prefix + META_SUFFIX
-        from megahash.data.verify import read_meta
-
         meta = read_meta(prefix)  # one line if missing (an incomplete set), corrupt or of another format
         with warnings.catch_warnings():  # megatron-core warns about optional CUDA extensions on import
             warnings.simplefilter("ignore")

@@ -119,7 +119,7 @@ def token_bytes_for(cfg, meta: dict | None = None) -> TokenBytes | None:
     from megahash.tokenization import WORDS, load_tokenizer
 
     meta = meta or {}
-    made = meta.get("tokenizer") if isinstance(meta.get("tokenizer"), dict) else {}
+    made = meta.get("tokenizer") or {}
     spec = cfg.data.tokenizer or made.get("path") or ""
     if not spec or spec == WORDS:
         return None

@@ -56,7 +56,7 @@ def _tokenize(text: str, cfg, key: str) -> list[int]:
 
     prefixes = [p for p in cfg.data.prefix if not _is_number(p)]
     meta = read_meta(prefixes[0], required=False) if prefixes else {}
-    made = meta.get("tokenizer") if isinstance(meta.get("tokenizer"), dict) else {}
+    made = meta.get("tokenizer") or {}
     stream = meta.get("stream") or {}
     spec = cfg.data.tokenizer or made.get("path") or ""
     if spec == WORDS or (not spec and stream.get("word_table")):

@@ -118,7 +118,33 @@ def read_meta(prefix: str | None, required: bool = True) -> dict:
     if not isinstance(meta, dict) or meta.get("format_version") != SUPPORTED_FORMAT:
         got = meta.get("format_version") if isinstance(meta, dict) else None
         raise DataError(f"{path}: shard format {got!r}, this reader reads {SUPPORTED_FORMAT}")
+    bad = _misshapen_record(meta)
+    if bad:
+        raise DataError(f"damaged shard meta {path} ({bad}); {_fix(prefix)}")
     return meta
+
+
+# the records preprocess writes (preprocess_data.py) and their JSON shapes; null stands for "none" where allowed
+_RECORDS = {"stream": dict, "tokenizer": dict, "inputs": dict, "counts": dict, "files": dict, "hash_specs": list, "lsh": dict}
+_REQUIRED = ("stream", "tokenizer")
+_JSON_NAMES = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
+
+
+def _misshapen_record(meta: dict) -> str | None:
+    """What is wrong with the shape of a shard meta's records (None: nothing), so that every reader can index
+    them (``meta["stream"]["kind"]``, ``meta["tokenizer"].get(...)``) without guarding each access."""
+    for key, kind in _RECORDS.items():
+        value = meta.get(key)
+        if value is None and key not in _REQUIRED:
+            continue
+        if not isinstance(value, kind):
+            got = _JSON_NAMES.get(type(value), "null") if key in meta else "missing"
+            return f"its {key!r} record is {got}, not {_JSON_NAMES[kind]}"
+    if not isinstance(meta["stream"].get("kind"), str):
+        return "its stream record has no kind"
+    if not all(isinstance(d, dict) and isinstance(d.get("name"), str) for d in meta.get("hash_specs") or []):
+        return "a hash_specs entry is not an object with a name"
+    return None
 
 
 @dataclass

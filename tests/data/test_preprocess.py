@@ -275,6 +275,40 @@ def test_verify_of_truncated_shard_is_the_training_line(shards, tmp_path):
     assert "truncated" in r.stderr
 
 
+# a record of the meta replaced by a value of another JSON shape (a hand-edited or foreign meta)
+MISSHAPEN = {
+    "stream_array": ("stream", ["subword"], "'stream' record is an array, not an object"),
+    "stream_without_kind": ("stream", {"file": "shk_text_document"}, "stream record has no kind"),
+    "tokenizer_string": ("tokenizer", "spm.model", "'tokenizer' record is a string, not an object"),
+    "tokenizer_missing": ("tokenizer", None, "'tokenizer' record is missing, not an object"),
+    "hash_specs_object": ("hash_specs", {"md5": 16}, "'hash_specs' record is an object, not an array"),
+    "hash_spec_without_name": ("hash_specs", [{"kind": "md5"}], "hash_specs entry is not an object with a name"),
+    "files_number": ("files", 3, "'files' record is a number, not an object"),
+}
+
+
+@pytest.mark.parametrize("case", list(MISSHAPEN))
+def test_a_misshapen_meta_record_is_one_line(shards, tmp_path, capsys, case):
+    """Each reader indexes the meta's records (``meta["stream"]["kind"]``); a record of another shape is
+    refused where the meta is read, in one line naming the file, the record and the fix (it was an
+    AttributeError or TypeError traceback, or, for the tokenizer, silently ignored)."""
+    from megahash.data.shards import ShardSet
+
+    key, value, said = MISSHAPEN[case]
+    for p in Path(shards).parent.iterdir():
+        (tmp_path / p.name).symlink_to(p)
+    meta_path = tmp_path / "shk_meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta.pop(key) if value is None else meta.update({key: value})
+    meta_path.unlink()
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(DataError, match="damaged shard meta") as e:
+        ShardSet.open(str(tmp_path / "shk"))
+    assert said in str(e.value) and str(meta_path) in str(e.value) and "preprocess_data.py" in str(e.value)
+    assert inspect_shards.main([str(tmp_path / "shk")]) == 2
+    assert one_line_error(capsys.readouterr().err) == f"error: {e.value}"
+
+
 def test_writer_is_byte_identical_to_megatron_builder(tmp_path):
     import warnings
 

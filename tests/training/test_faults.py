@@ -103,6 +103,13 @@ DAMAGE = {
         [],
         "shakespeare_meta.json",
     ),
+    "misshapen_meta_record": (  # valid JSON, a record of another shape (tests/data: every record)
+        lambda d: (d / "shakespeare_meta.json").write_text(
+            json.dumps({**json.loads((d / "shakespeare_meta.json").read_text()), "stream": ["subword"]})
+        ),
+        [],
+        "shakespeare_meta.json",
+    ),
 }
 
 
