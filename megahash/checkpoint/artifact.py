@@ -45,7 +45,8 @@ MAX_BYTES = 1 << 31  # what an artifact read without its model may decompress to
 def read_artifact(path: Path, like: dict | None = None) -> tuple[dict, dict]:
     """(round-tripped state dict, artifact record without its tensors) of a quantized artifact file;
     nothing but tensors and plain data is unpickled (``weights_only``). ``like`` (the model's state dict)
-    bounds what the file may decompress to (its tensors in fp32, plus 64 MiB; else :data:`MAX_BYTES`), and
+    bounds what the file may decompress to (its tensors in fp32, plus 64 MiB; else :data:`MAX_BYTES`), and so
+    the size of a file that is read at all (a dataset's shard passed by mistake is refused before it is read), and
     the names and shapes the artifact must have; sizes, dtypes and shapes are checked before anything is
     decoded. One-line CheckpointError for anything else."""
     import io
@@ -53,6 +54,12 @@ def read_artifact(path: Path, like: dict | None = None) -> tuple[dict, dict]:
     from megahash.models.quantized import ChecksumMismatch, check, decode, decompress
 
     limit = MAX_BYTES if like is None else 4 * sum(v.numel() for v in like.values()) + (64 << 20)
+    size = Path(path).stat().st_size
+    if size > limit + limit // 128 + (1 << 20):  # more than any compression of ``limit`` bytes: never read
+        raise CheckpointError(
+            f"{path} is not a megahash quantized artifact: its {size} bytes are more than the model's weights "
+            f"compress to (at most {limit} bytes decompressed); pass the artifact file (megahash export --quantize)"
+        )
     try:
         blob = Path(path).read_bytes()
         rec = torch.load(io.BytesIO(decompress(blob, limit)), map_location="cpu", weights_only=True)

@@ -22,6 +22,7 @@ QAT (``train.qat.bits``, ``train.qat.widths``; megahash/training/qat.py) trains 
 
 from __future__ import annotations
 
+import math
 import zlib
 
 import torch
@@ -191,7 +192,7 @@ def check(tensors, bits) -> str | None:
         if "dtype" in e and e["dtype"] not in FLOAT_DTYPES:
             return f"{name}: dtype {str(e['dtype'])[:40]!r} is not a floating dtype"
         if "packed" not in e:
-            if not isinstance(e.get("value"), torch.Tensor):
+            if not _dense(e.get("value")):
                 return f"{name}: no tensor"
             continue
         shape, packed, scale, width = e.get("shape"), e.get("packed"), e.get("scale"), e.get("bits", bits)
@@ -199,18 +200,20 @@ def check(tensors, bits) -> str | None:
             return f"{name}: bits {str(width)[:20]} is not one of {sorted(FORMATS.values())}"
         if not (isinstance(shape, list) and len(shape) >= 2 and all(type(d) is int and d >= 0 for d in shape)):
             return f"{name}: shape {str(shape)[:60]} is not a list of sizes"
-        n = torch.Size(shape).numel()
-        if not (
-            isinstance(packed, torch.Tensor)
-            and packed.dtype == torch.uint8
-            and packed.shape == (packed_bytes(n, width),)
-        ):
+        n = math.prod(shape)  # Python's integers: a forged size neither overflows nor wraps to a small count
+        if not (_dense(packed) and packed.dtype == torch.uint8 and packed.shape == (packed_bytes(n, width),)):
             return f"{name}: its packed values do not hold {n} {width}-bit values"
-        if not (isinstance(scale, torch.Tensor) and scale.dtype == torch.float16 and scale.shape == (shape[0],)):
+        if not (_dense(scale) and scale.dtype == torch.float16 and scale.shape == (shape[0],)):
             return f"{name}: it has no fp16 scale per row"
         if "dtype" not in e:
             return f"{name}: no dtype"
     return None
+
+
+def _dense(t) -> bool:
+    """A dense tensor with its values in memory, as :func:`encode` wrote it (not a meta tensor, which has none
+    to copy, nor a sparse one)."""
+    return isinstance(t, torch.Tensor) and t.layout == torch.strided and t.device.type == "cpu"
 
 
 def load_state_into(model: torch.nn.Module, state: dict, name: str = "artifact") -> None:

@@ -350,6 +350,50 @@ def test_bounded_decompression_stops_at_the_limit():
             decompress(blob, len(raw) - 1)
 
 
+def test_forged_artifact_records_and_oversized_files_are_one_line(tmp_path):
+    """read_artifact on what torch.load(weights_only) can still hand back: a size past int64 (a ValueError
+    traceback), one whose product wraps to 0 in int64 (named "0 values"), a meta tensor (no data: a traceback
+    from load_state_dict) or a sparse one as a kept, packed or scale tensor: CheckpointError. A file larger than
+    any compression of the bound (a 200 MiB shard passed by mistake; it was read whole into memory) is refused
+    by its size before it is read; the real artifact loads."""
+    from megahash.checkpoint.artifact import read_artifact, write_artifact
+    from megahash.errors import CheckpointError
+    from megahash.models.quantized import compress, decompress
+
+    like = {"w": torch.randn(64, 128), "b": torch.zeros(64)}
+    good = tmp_path / "good.artifact"
+    write_artifact(like, good, "int8", "zlib", {})
+    state, _ = read_artifact(good, like)
+    assert state["w"].shape == (64, 128) and torch.equal(state["b"], like["b"])
+
+    def forged(change) -> Path:
+        rec = torch.load(io.BytesIO(decompress(good.read_bytes(), 1 << 30)), weights_only=True)
+        change(rec["tensors"])
+        buf = io.BytesIO()
+        torch.save(rec, buf)
+        path = tmp_path / "forged.artifact"
+        path.write_bytes(compress(buf.getvalue(), "zlib"))
+        return path
+
+    meta = torch.device("meta")
+    for what, change, expect in (
+        ("size past int64", lambda t: t["w"].update(shape=[64, 1 << 70]), "do not hold"),
+        ("size wrapping to 0", lambda t: t["w"].update(shape=[64, 1 << 58]), f"do not hold {64 << 58} "),
+        ("meta kept", lambda t: t["b"].update(value=torch.empty(64, device=meta)), "b: no tensor"),
+        ("sparse kept", lambda t: t["b"].update(value=torch.zeros(64).to_sparse()), "b: no tensor"),
+        ("meta packed", lambda t: t["w"].update(packed=t["w"]["packed"].to(meta)), "do not hold"),
+        ("meta scale", lambda t: t["w"].update(scale=t["w"]["scale"].to(meta)), "scale"),
+    ):
+        with pytest.raises(CheckpointError, match="is damaged or from another model") as e:
+            read_artifact(forged(change), like)
+        assert expect in str(e.value), (what, str(e.value))
+    shard = tmp_path / "shard.bin"
+    with open(shard, "wb") as f:
+        f.truncate(200 << 20)  # sparse: nothing to write, 200 MiB to read
+    with pytest.raises(CheckpointError, match=r"its 209715200 bytes are more than the model's weights compress to"):
+        read_artifact(shard, like)
+
+
 def _hf_export(trained, tmp_path, capsys) -> Path:
     out = tmp_path / "hf"
     status, err = _cli(["export-hf", "--checkpoint", str(trained["ckpt"]), "--output", str(out), "--no-verify"], capsys)

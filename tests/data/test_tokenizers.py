@@ -352,6 +352,35 @@ def test_small_corpus_split_is_a_one_line_error(tmp_path, shakespeare_shards):
         check_split_sizes("1,99,0", [path], {"train": 8, "validation": 4})
 
 
+
+def test_samples_past_the_memory_of_their_index_are_a_one_line_error(shakespeare_shards, tmp_path, monkeypatch):
+    """train.steps=1e12 (8e12 samples) made megatron-core count the epochs one at a time (3e8 of the quickstart's
+    shards) and then allocate epochs x documents entries (MemoryError, or the OOM killer); 1e30 counted for ever,
+    deaf to SIGTERM. build_datasets refuses both before megatron-core's builder, naming the epochs and the key
+    to lower; a blend's share is what each of its sets must give; a run of ordinary size builds."""
+    from megahash.config import load_config
+    from megahash.data.dataset import build_datasets, check_split_sizes
+    from megahash.errors import DataError
+
+    prefix = shakespeare_shards["prefix"]
+    cfg = load_config(None, [f"data.prefix=[{prefix}]", f"data.tokenizer={shakespeare_shards['tokenizer']}",
+                             "data.seq_length=64"])
+    path = f"{prefix}_text_document"
+    with monkeypatch.context() as m:  # a machine of 1 GiB: 8e7 samples (~2 GB of index) do not fit, a quarter does
+        m.setattr(os, "sysconf", lambda key: {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 1 << 18}[key])
+        with pytest.raises(DataError, match="more than this machine's 1 GiB of memory"):
+            check_split_sizes("98,2,0", [path], {"train": 8 * 10**7}, 64)
+        check_split_sizes("98,2,0", [path] * 4, {"train": 8 * 10**7}, 64, [1.0] * 4)
+    for samples in (8 * 10**12, 10**30):
+        with pytest.raises(DataError, match=r"train samples of 64 tokens need [0-9,]+ epochs of the [0-9,]+ documents"
+                                            r".* GiB of memory; lower train.steps \(or train.global_batch_size\)"):
+            build_datasets(cfg, samples, 8, str(tmp_path / "cache"))
+    assert not list((tmp_path / "cache").glob("**/*.npy"))  # nothing of an index written
+    with pytest.raises(DataError, match="lower data.valid_samples"):
+        build_datasets(cfg, 8, 8 * 10**12, str(tmp_path / "cache"))
+    train = build_datasets(cfg, 64, 8, str(tmp_path / "cache")).train
+    assert len(train) >= 64
+
 def test_zst_input_and_offline_hub_name(corpus, shakespeare_shards, tmp_path):
     """A .jsonl.zst corpus gives the same shards as the plain .jsonl; an HF tokenizer name offline is
     one line naming what to pass instead (exit 2)."""
