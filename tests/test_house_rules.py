@@ -15,7 +15,8 @@
 - ``data_tools/*.py`` and ``launch/*.py`` are thin shells over ``megahash.data.preprocess`` and
   ``megahash.launching`` (one home for the code of each stage);
 - nothing generated is tracked: what the tools write into a checkout (coverage data, bytecode, caches, runs)
-  is ignored by .gitignore, and no ignored file is in git.
+  is ignored by .gitignore, and no ignored file is in git;
+- ruff (CI's format and lint check) sees every tracked Python file, and skips the top-level output folders.
 
 Each rule is also checked to fire on a planted violation, so none of them passes vacuously.
 """
@@ -375,3 +376,25 @@ def test_nothing_generated_is_tracked():
     ignored = set(_git("check-ignore", "--no-index", *GENERATED))
     assert [p for p in GENERATED if p not in ignored] == []
     assert _git("ls-files", "-z", "--cached", "--ignored", "--exclude-standard") == []
+
+
+def test_ruff_checks_every_tracked_python_file(tmp_path):
+    """``[tool.ruff] extend-exclude`` names the top-level output folders only: a bare ``"data"`` matched every
+    folder of that name, and megahash/data/ and tests/data/ (36 files) went unformatted and unlinted by CI."""
+    tracked = {p for p in _git("ls-files", "-z", "*.py") if p}
+    r = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--show-files", "."], cwd=ROOT, capture_output=True, text=True
+    )
+    seen = {str(Path(line).relative_to(ROOT)) for line in r.stdout.splitlines() if line.startswith(str(ROOT))}
+    assert seen and sorted(tracked - seen) == []
+    # and the output folders stay out: a file planted in each is not seen
+    planted = tmp_path / "clone"
+    for name in ("data", "runs", "hf", "build", "megahash/data"):
+        (planted / name).mkdir(parents=True)
+        (planted / name / "planted.py").write_text("import os\n")
+    (planted / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    r = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--show-files", "."], cwd=planted, capture_output=True, text=True
+    )
+    seen = [Path(line).relative_to(planted).as_posix() for line in r.stdout.split() if line.endswith(".py")]
+    assert seen == ["megahash/data/planted.py"]

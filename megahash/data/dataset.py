@@ -9,6 +9,7 @@ same spans out of the word-hash side shards (``PREFIX_hash_{spec}.bin/.idx``), s
 Sampling is a pure function of (seed, consumed samples): a run resumed at step k reads exactly the
 batches the uninterrupted run read (Megatron's ``MegatronPretrainingSampler`` scheme).
 """
+
 from __future__ import annotations
 
 import os
@@ -25,6 +26,7 @@ from megahash.data import documents
 from megahash.data.token_check import check_range, code_range
 from megahash.data.verify import base_prefix, blend_paths, check_prefix, read_meta, token_path  # noqa: F401 (one owner; re-exported)
 from megahash.errors import DataError
+
 
 def side_path(prefix: str, spec: str) -> str:
     return f"{base_prefix(prefix)}_hash_{spec}"
@@ -76,8 +78,15 @@ class HashGPTDataset(GPTDataset):
         spans = self._spans(idx)
         pieces = [self.dataset.get(d, offset=o, length=n) for d, o, n in spans]
         text = np.concatenate(pieces)
-        check_range(text, 0, self.config.tokenizer.vocab_size, [(d, o, len(p)) for (d, o, _), p in zip(spans, pieces)],
-                    self.dataset_path, base_prefix(self.dataset_path), "token id")  # a .bin damaged in place: one line naming it, not an IndexError in the model
+        check_range(
+            text,
+            0,
+            self.config.tokenizer.vocab_size,
+            [(d, o, len(p)) for (d, o, _), p in zip(spans, pieces)],
+            self.dataset_path,
+            base_prefix(self.dataset_path),
+            "token id",
+        )  # a .bin damaged in place: one line naming it, not an IndexError in the model
         text = text.astype(np.int64)
         need = self.config.sequence_length + 1
         pad = need - len(text)
@@ -86,7 +95,7 @@ class HashGPTDataset(GPTDataset):
             text = np.concatenate([text, np.full(pad, fill, dtype=np.int64)])
         loss_mask = np.ones(self.config.sequence_length, dtype=np.float32)
         if pad > 0:
-            loss_mask[len(loss_mask) - pad:] = 0.0
+            loss_mask[len(loss_mask) - pad :] = 0.0
         sample = {
             "tokens": torch.from_numpy(text[:-1].copy()),
             "labels": torch.from_numpy(text[1:].copy()),
@@ -103,8 +112,15 @@ class HashGPTDataset(GPTDataset):
                 parts.append(flat.reshape(-1, w))
             codes = np.concatenate(parts)
             if self.hash_range is not None:
-                check_range(codes, *self.hash_range, [(d, o, len(c)) for (d, o, _), c in zip(spans, parts)],
-                            side_path(self.dataset_path, self.hash_spec), base_prefix(self.dataset_path), "code", w)
+                check_range(
+                    codes,
+                    *self.hash_range,
+                    [(d, o, len(c)) for (d, o, _), c in zip(spans, parts)],
+                    side_path(self.dataset_path, self.hash_spec),
+                    base_prefix(self.dataset_path),
+                    "code",
+                    w,
+                )
             if pad > 0:
                 codes = np.concatenate([codes, np.zeros((pad, w), dtype=codes.dtype)])
             codes = torch.from_numpy(codes.astype(np.int64 if codes.dtype != np.uint8 else np.uint8))
@@ -133,7 +149,9 @@ def _vocab_size(cfg, meta: dict) -> int:
 
     if cfg.data.tokenizer and cfg.data.tokenizer != WORDS:  # any kind megahash.tokenization loads
         return load_tokenizer(cfg.data.tokenizer).vocab_size
-    raise DataError("cannot tell the vocabulary size: set model.vocab_size or data.tokenizer, or rebuild the shards with meta.json")
+    raise DataError(
+        "cannot tell the vocabulary size: set model.vocab_size or data.tokenizer, or rebuild the shards with meta.json"
+    )
 
 
 def run_vocab_size(cfg) -> int:
@@ -225,9 +243,12 @@ def check_split_sizes(
     (a blend's share by ``weights``) need an index larger than the machine's memory (:func:`_index_bytes`):
     megatron-core counts the epochs one at a time (``train.steps=1e30`` hung there, deaf to SIGTERM) and
     then allocates epochs x documents entries (``1e12`` ended in MemoryError or the OOM killer)."""
-    from megahash.errors import DataError
     from megatron.core.datasets.blended_megatron_dataset_config import (
-        convert_split_vector_to_split_matrix, parse_and_normalize_split)
+        convert_split_vector_to_split_matrix,
+        parse_and_normalize_split,
+    )
+
+    from megahash.errors import DataError
 
     try:
         matrix = convert_split_vector_to_split_matrix(parse_and_normalize_split(split))
@@ -245,9 +266,13 @@ def check_split_sizes(
                 if name == "validation" and share < 50:
                     fix = f"give the {name} split at least {share}% (e.g. data.split={100 - share},{share},0)"
                 else:
-                    fix = "use a larger corpus" if name == "validation" else "use a larger corpus or a larger train share"
-                raise DataError(f"data.split={split} leaves the {name} split no documents of the {n} in {path}: "
-                                f"{fix}, or data.split=100,0,0 to train without validation")
+                    fix = (
+                        "use a larger corpus" if name == "validation" else "use a larger corpus or a larger train share"
+                    )
+                raise DataError(
+                    f"data.split={split} leaves the {name} split no documents of the {n} in {path}: "
+                    f"{fix}, or data.split=100,0,0 to train without validation"
+                )
             if seq_length is not None:
                 share = None if weights is None else weights[i] / sum(weights)
                 _check_index_size(name, want, share, seq_length, path, bounds, shard.sequence_lengths)
@@ -329,5 +354,6 @@ class ResumableBatchSampler(torch.utils.data.Sampler):
 
 def make_loader(dataset, consumed: int, micro_batch: int, dp_rank: int, dp_size: int, num_workers: int = 0):
     sampler = ResumableBatchSampler(len(dataset), consumed, micro_batch, dp_rank, dp_size)
-    return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers,
-                                       pin_memory=policy.has_gpu(), persistent_workers=False)
+    return torch.utils.data.DataLoader(
+        dataset, batch_sampler=sampler, num_workers=num_workers, pin_memory=policy.has_gpu(), persistent_workers=False
+    )

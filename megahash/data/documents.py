@@ -8,6 +8,7 @@ without its [s, s] mask). The model hands ``document_ids`` to every attention mo
 state (``ForwardState.document_ids``); softmax kinds attend within a document
 (:mod:`megahash.models.attention.document_mask`).
 """
+
 from __future__ import annotations
 
 import torch
@@ -62,4 +63,3 @@ def eod_id(special_ids: dict | None) -> int:
     """The end-of-document id: the tokenizer's ``eos`` (the data stage's 2 when none is recorded)."""
     eos = (special_ids or {}).get("eos")
     return 2 if eos is None else int(eos)
-

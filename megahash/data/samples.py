@@ -3,9 +3,12 @@ function of the train config (``train.global_batch_size``, ``train.batch_ramp``:
 is megahash/training/batch_ramp.py's docstring). The training loop, the checkpoint record, the LR
 schedule in samples, ``import-hf`` and the model card of ``export-hf`` all count with it.
 """
+
 from __future__ import annotations
 
-_RAMPS: dict[tuple, dict] = {}  # (START, INCREMENT, SAMPLES, G, micro batch) -> {"c": consumed before step s, "end": first step at G}
+_RAMPS: dict[
+    tuple, dict
+] = {}  # (START, INCREMENT, SAMPLES, G, micro batch) -> {"c": consumed before step s, "end": first step at G}
 
 
 def ramp_on(t) -> bool:
@@ -19,9 +22,15 @@ def _calculator(t):
 
     start, inc, samples = (int(v) for v in t.batch_ramp)
     return RampupBatchsizeNumMicroBatchesCalculator(
-        t.global_batch_size, t.micro_batch_size, 1, decrease_batch_size_if_needed=False,
+        t.global_batch_size,
+        t.micro_batch_size,
+        1,
+        decrease_batch_size_if_needed=False,
         rank=1,  # rank 0 logs each change to megatron's logger; megahash logs the batch itself
-        start_global_batch_size=start, batch_size_increment=inc, ramup_samples=samples)
+        start_global_batch_size=start,
+        batch_size_increment=inc,
+        ramup_samples=samples,
+    )
 
 
 def _ramp(t, step: int) -> dict:

@@ -7,12 +7,14 @@ spec (same documents, ``width`` elements per token), and ``PREFIX_meta.json`` (s
 
 megatron-core's ``IndexedDataset`` is imported when a ShardSet is opened, not at module import.
 """
+
 from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -48,7 +50,7 @@ class ShardSet:
     side: dict  # spec name -> (IndexedDataset, HashSpec)
 
     @classmethod
-    def open(cls, prefix: str, specs: Optional[Sequence[str]] = None) -> "ShardSet":
+    def open(cls, prefix: str, specs: Sequence[str] | None = None) -> ShardSet:
         """Open ``PREFIX`` (``PREFIX_text_document`` also accepted); ``specs`` limits the side shards."""
         prefix = base_prefix(prefix)
         meta_path = prefix + META_SUFFIX
@@ -73,7 +75,9 @@ class ShardSet:
             spec = parse_hash_spec(name)
             d = known[name]
             if d["width"] != spec.width or d["dtype"] != spec.dtype.name:
-                raise DataError(f"{meta_path}: spec {name!r} has width/dtype {d['width']}/{d['dtype']}, expected {spec.width}/{spec.dtype.name}")
+                raise DataError(
+                    f"{meta_path}: spec {name!r} has width/dtype {d['width']}/{d['dtype']}, expected {spec.width}/{spec.dtype.name}"
+                )
             side[name] = (load(f"{prefix}_hash_{name}"), spec)
         return cls(prefix, tokens, meta, side)
 
@@ -100,7 +104,7 @@ class ShardSet:
         except KeyError:
             raise DataError(f"hash spec {name!r} not opened (have: {', '.join(self.side) or 'none'})") from None
 
-    def hash_codes(self, spec_name: str, doc_id: int, offset: int = 0, length: Optional[int] = None) -> np.ndarray:
+    def hash_codes(self, spec_name: str, doc_id: int, offset: int = 0, length: int | None = None) -> np.ndarray:
         """Codes of tokens ``[offset, offset + length)`` of document ``doc_id``: ``[length, width]``."""
         dataset, spec = self._side(spec_name)
         if length is None:
@@ -115,7 +119,7 @@ class ShardSet:
             raise DataError(f"shards {self.prefix!r} are a {self.stream_kind} stream without a word table")
         return read_word_table(os.path.join(os.path.dirname(self.prefix), name))
 
-    def tokenizer(self, override: Optional[str] = None):
+    def tokenizer(self, override: str | None = None):
         """The tokenizer of a subword stream (:func:`megahash.tokenization.load_tokenizer`, any kind):
         ``override``, else the meta's spec (tried as given, beside the shards, then the file it
         resolved to at preprocessing)."""
@@ -131,14 +135,14 @@ class ShardSet:
                 err = str(e)
         raise DataError(f"cannot load the tokenizer of these shards: {err} (pass the tokenizer they were made with)")
 
-    def lsh_model(self) -> Optional[LSHModel]:
+    def lsh_model(self) -> LSHModel | None:
         """The LSH n-gram vocabulary and planes saved with the shards (None without lsh specs)."""
         info = self.meta.get("lsh")
         if not info:
             return None
         return LSHModel.load(os.path.join(os.path.dirname(self.prefix), info["file"]))
 
-    def decode(self, doc_id: int, tokenizer: Optional[str] = None, max_tokens: Optional[int] = None) -> str:
+    def decode(self, doc_id: int, tokenizer: str | None = None, max_tokens: int | None = None) -> str:
         """Text of a document: its tokenizer's decode, or the words joined by spaces."""
         length = None if max_tokens is None else min(max_tokens, int(self.tokens.sequence_lengths[doc_id]))
         ids = self.tokens.get(doc_id, 0, length)
@@ -148,7 +152,7 @@ class ShardSet:
         return self.tokenizer(tokenizer).decode([int(i) for i in ids])
 
     # verification -----------------------------------------------------------------------------
-    def verify(self, sample_docs: int = 8, checksums: bool = True, tokenizer: Optional[str] = None) -> dict:
+    def verify(self, sample_docs: int = 8, checksums: bool = True, tokenizer: str | None = None) -> dict:
         """Check checksums, side-shard alignment and recomputed codes of ``sample_docs`` documents.
         Raises ``DataError`` (one line) on the first mismatch; returns a summary dict."""
         from megahash.data.verify import verify_set
@@ -159,12 +163,22 @@ class ShardSet:
             raise DataError(f"verify: {e}") from None
         n = self.num_documents
         lengths = np.asarray(self.tokens.sequence_lengths, dtype=np.int64)
-        docs = np.unique(np.linspace(0, n - 1, num=min(sample_docs, n)).astype(np.int64)).tolist() if sample_docs > 0 else []
+        docs = (
+            np.unique(np.linspace(0, n - 1, num=min(sample_docs, n)).astype(np.int64)).tolist()
+            if sample_docs > 0
+            else []
+        )
         checked_tokens = self._verify_codes(docs, tokenizer) if self.side and docs else 0
-        return {"documents": n, "tokens": int(lengths.sum()), "checked_files": len(self.meta.get("files", {})) if checksums else 0,
-                "checked_documents": len(docs) if self.side else 0, "checked_tokens": checked_tokens, "side_shards": list(self.side)}
+        return {
+            "documents": n,
+            "tokens": int(lengths.sum()),
+            "checked_files": len(self.meta.get("files", {})) if checksums else 0,
+            "checked_documents": len(docs) if self.side else 0,
+            "checked_tokens": checked_tokens,
+            "side_shards": list(self.side),
+        }
 
-    def _verify_codes(self, docs: list[int], tokenizer: Optional[str]) -> int:
+    def _verify_codes(self, docs: list[int], tokenizer: str | None) -> int:
         specs = [spec for _, spec in self.side.values()]
         key = next((d.get("key") for d in self.meta["hash_specs"] if "key" in d), "en")
         table = CodeTable(specs, key=key.encode("utf-8"), lsh=self.lsh_model())
@@ -175,7 +189,9 @@ class ShardSet:
             tok = self.tokenizer(tokenizer)
             want = self.meta["tokenizer"].get("sha256")
             if want and tok.sha256 != want:
-                raise DataError(f"verify: tokenizer {tok.path} is not the one these shards were made with (sha256 differs)")
+                raise DataError(
+                    f"verify: tokenizer {tok.path} is not the one these shards were made with (sha256 differs)"
+                )
             coder = SubwordCoder(tok, table, self.meta["stream"]["hash_unit"])
             rows_of = lambda toks: coder.row_ids(toks, [0])  # noqa: E731
         total = 0
@@ -187,11 +203,13 @@ class ShardSet:
             if self.stream_kind == "words" and np.any(toks[:-1] < NUM_SPECIAL) and eos is not None:
                 raise DataError(f"verify: document {d} has a special id inside a words stream")
             rows = rows_of(toks)
-            for name, (_, spec) in self.side.items():
+            for name in self.side:
                 want = table.rows(name, rows)
                 got = self.hash_codes(name, d, 0, len(toks))
                 if not np.array_equal(want, got):
                     t = int(np.flatnonzero(np.any(want != got, axis=1))[0])
-                    raise DataError(f"verify: {name!r} codes of document {d} token {t} do not match the recomputed hash")
+                    raise DataError(
+                        f"verify: {name!r} codes of document {d} token {t} do not match the recomputed hash"
+                    )
             total += len(toks)
         return total

@@ -14,6 +14,7 @@ byte pieces ``<0xNN>`` one, and the space a sentencepiece-style tokenizer puts b
 piece (``add_dummy_prefix``) is not counted after a special id. A lossy tokenizer (NFKC) counts the
 normalised text's bytes; word streams (``data.tokenizer=words``) have no text to count: no bpb.
 """
+
 from __future__ import annotations
 
 import math

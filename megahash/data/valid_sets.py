@@ -13,6 +13,7 @@ Bad input is one line (exit 2): an entry without ``=``, an empty or duplicate na
 ``[A-Za-z0-9_.-]+`` or is ``valid`` (the split's name), a prefix whose shards do not exist or fail
 ``data.verify``, a set shorter than one sequence (``data.seq_length + 1`` tokens).
 """
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,8 @@ SPLIT_NAME = "valid"  # the data.split set's name in the logs (kept from before 
 
 def check_valid_shards(cfg) -> None:
     """Every named set's token shards exist and pass ``data.verify`` (before torch)."""
-    from megahash.data.verify import base_prefix, check_prefix, read_meta, verify_set
     from megahash import catalog
+    from megahash.data.verify import base_prefix, check_prefix, read_meta, verify_set
 
     spec = cfg.model.embed.hash_spec if catalog.reads_hash_codes(cfg) else None
     for name, prefix in parse_valid(cfg.data.valid):
@@ -44,14 +45,18 @@ def check_valid_shards(cfg) -> None:
 
 def _refuse_missing_side(name: str, side: str) -> None:
     if not (os.path.isfile(side + ".bin") and os.path.isfile(side + ".idx")):
-        raise DataError(f"data.valid set {name!r}: the model reads hash codes but {side}.bin/.idx does not "
-                        f"exist; preprocess the set with the training set's --word-hashes")
+        raise DataError(
+            f"data.valid set {name!r}: the model reads hash codes but {side}.bin/.idx does not "
+            f"exist; preprocess the set with the training set's --word-hashes"
+        )
 
 
 def _refuse_short(name: str, path: str, tokens: int, seq_length: int) -> None:
     if tokens < seq_length + 1:
-        raise DataError(f"data.valid set {name!r} ({path}) holds {tokens} tokens, fewer than one sequence "
-                        f"(data.seq_length + 1 = {seq_length + 1}); use a larger set or a shorter data.seq_length")
+        raise DataError(
+            f"data.valid set {name!r} ({path}) holds {tokens} tokens, fewer than one sequence "
+            f"(data.seq_length + 1 = {seq_length + 1}); use a larger set or a shorter data.seq_length"
+        )
 
 
 def _check_length(name: str, path: str, seq_length: int) -> None:
@@ -87,8 +92,13 @@ def build_valid_sets(cfg, ds_config, dataset_cls, side_paths=lambda path: []) ->
             _refuse_missing_side(name, side)
         _check_length(name, path, cfg.data.seq_length)
     fields = {f.name: getattr(ds_config, f.name) for f in dataclasses.fields(GPTDatasetConfig) if f.init}
-    fields.update(blend=None, split=None, blend_per_split=[None, (paths, None), None],
-                  multiple_validation_sets=True, full_validation=True)
+    fields.update(
+        blend=None,
+        split=None,
+        blend_per_split=[None, (paths, None), None],
+        multiple_validation_sets=True,
+        full_validation=True,
+    )
     config = GPTDatasetConfig(**fields)
     try:
         _, built, _ = BlendedMegatronDatasetBuilder(dataset_cls, [0, None, 0], lambda: True, config).build()

@@ -12,6 +12,7 @@ the batch sizes or the tensor-parallel size:
   loss tokens, all-reduced), not a mean of per-batch means, so the partition does not change it;
 - corrupting objectives (mlm, sr) seed each chunk from its index, never from the rank or step.
 """
+
 from __future__ import annotations
 
 import torch

@@ -14,6 +14,7 @@ Two levels (``data.verify``):
 Every mismatch is one line (:class:`DataError`) naming the file and the fix. Pure numpy: the
 ``.idx`` layout is the one ``megahash/data/preprocess/indexed_writer.py`` writes (megatron-core's).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -28,8 +29,16 @@ from megahash.errors import DataError
 
 INDEX_HEADER = b"MMIDIDX\x00\x00"
 # megatron-core DType codes (indexed_dataset.DType)
-DTYPE_OF_CODE = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32,
-                 8: np.uint16}
+DTYPE_OF_CODE = {
+    1: np.uint8,
+    2: np.int8,
+    3: np.int16,
+    4: np.int32,
+    5: np.int64,
+    6: np.float64,
+    7: np.float32,
+    8: np.uint16,
+}
 TOKENS_SUFFIX = "_text_document"
 META_SUFFIX = "_meta.json"
 SUPPORTED_FORMAT = 1
@@ -69,8 +78,10 @@ def check_prefix(prefix: str) -> None:
 
 
 def _fix(prefix: str) -> str:
-    return (f"rebuild the set with `python data_tools/preprocess_data.py --output-prefix {prefix} ...` "
-            f"(or restore the file from where it came)")
+    return (
+        f"rebuild the set with `python data_tools/preprocess_data.py --output-prefix {prefix} ...` "
+        f"(or restore the file from where it came)"
+    )
 
 
 _HASHED: dict[tuple, str] = {}  # (path, device, inode, size, mtime_ns) -> sha256, files verified by this process
@@ -110,8 +121,10 @@ def read_meta(prefix: str | None, required: bool = True) -> dict:
         if not required:
             return {}
         if os.path.exists(prefix + TOKENS_SUFFIX + ".bin"):
-            raise DataError(f"shard set {prefix} has no {os.path.basename(path)}: it is incomplete (an interrupted "
-                            f"preprocess?); re-run data_tools/preprocess_data.py with the same arguments") from None
+            raise DataError(
+                f"shard set {prefix} has no {os.path.basename(path)}: it is incomplete (an interrupted "
+                f"preprocess?); re-run data_tools/preprocess_data.py with the same arguments"
+            ) from None
         raise DataError(f"no shards at prefix {prefix!r} ({path} not found)") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise DataError(f"corrupt shard meta {path} ({e}); {_fix(prefix)}") from None
@@ -125,9 +138,24 @@ def read_meta(prefix: str | None, required: bool = True) -> dict:
 
 
 # the records preprocess writes (preprocess_data.py) and their JSON shapes; null stands for "none" where allowed
-_RECORDS = {"stream": dict, "tokenizer": dict, "inputs": dict, "counts": dict, "files": dict, "hash_specs": list, "lsh": dict}
+_RECORDS = {
+    "stream": dict,
+    "tokenizer": dict,
+    "inputs": dict,
+    "counts": dict,
+    "files": dict,
+    "hash_specs": list,
+    "lsh": dict,
+}
 _REQUIRED = ("stream", "tokenizer")
-_JSON_NAMES = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
+_JSON_NAMES = {
+    dict: "an object",
+    list: "an array",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "a boolean",
+}
 
 
 def _misshapen_record(meta: dict) -> str | None:
@@ -175,8 +203,10 @@ def read_index(idx_path: str, fix: str) -> IndexFile:
         raise DataError(f"{idx_path}: index version {version} / dtype code {code} unknown; {fix}")
     want = 34 + n * 4 + n * 8 + d * 8
     if size != want:
-        raise DataError(f"{idx_path} has {size} bytes, its header ({n} sequences, {d} documents) needs {want}; "
-                        f"it is truncated or damaged; {fix}")
+        raise DataError(
+            f"{idx_path} has {size} bytes, its header ({n} sequences, {d} documents) needs {want}; "
+            f"it is truncated or damaged; {fix}"
+        )
     mm = np.memmap(idx_path, dtype=np.uint8, mode="r")
     lengths = np.frombuffer(mm, dtype=np.int32, count=n, offset=34)
     pointers = np.frombuffer(mm, dtype=np.int64, count=n, offset=34 + 4 * n)
@@ -184,8 +214,15 @@ def read_index(idx_path: str, fix: str) -> IndexFile:
     return IndexFile(idx_path, np.dtype(DTYPE_OF_CODE[code]), lengths, pointers, docs)
 
 
-def check_pair(path_prefix: str, dtype, documents: int, elements: int, fix: str,
-               lengths_like: np.ndarray | None = None, width: int = 1) -> IndexFile:
+def check_pair(
+    path_prefix: str,
+    dtype,
+    documents: int,
+    elements: int,
+    fix: str,
+    lengths_like: np.ndarray | None = None,
+    width: int = 1,
+) -> IndexFile:
     """One ``.bin``/``.idx`` pair against what the meta says: dtype, documents, elements, pointers,
     ``.bin`` size, and (side shards) lengths = ``width`` x the token shard's."""
     idx_path, bin_path = path_prefix + ".idx", path_prefix + ".bin"
@@ -195,18 +232,23 @@ def check_pair(path_prefix: str, dtype, documents: int, elements: int, fix: str,
     ix = read_index(idx_path, fix)
     n = len(ix.lengths)
     if ix.dtype != np.dtype(dtype):
-        raise DataError(f"{idx_path} holds {ix.dtype.name}, the meta says {np.dtype(dtype).name}: it is from another "
-                        f"build; {fix}")
+        raise DataError(
+            f"{idx_path} holds {ix.dtype.name}, the meta says {np.dtype(dtype).name}: it is from another build; {fix}"
+        )
     if n != documents or not np.array_equal(ix.document_indices, np.arange(n + 1)):
         raise DataError(f"{idx_path} has {n} documents, the meta says {documents}: it is from another build; {fix}")
     lengths = ix.lengths.astype(np.int64)
     if int(lengths.sum()) != elements:
-        raise DataError(f"{idx_path} indexes {int(lengths.sum())} elements, the meta says {elements}: it is from "
-                        f"another build; {fix}")
+        raise DataError(
+            f"{idx_path} indexes {int(lengths.sum())} elements, the meta says {elements}: it is from "
+            f"another build; {fix}"
+        )
     if lengths_like is not None and not np.array_equal(lengths, lengths_like * width):
         bad = int(np.flatnonzero(lengths != lengths_like * width)[0])
-        raise DataError(f"{idx_path} document {bad}: length {int(lengths[bad])} != {width} x {int(lengths_like[bad])} "
-                        f"tokens of the token shard; {fix}")
+        raise DataError(
+            f"{idx_path} document {bad}: length {int(lengths[bad])} != {width} x {int(lengths_like[bad])} "
+            f"tokens of the token shard; {fix}"
+        )
     item = ix.dtype.itemsize
     expect = np.zeros(n, np.int64)
     if n > 1:
@@ -215,8 +257,10 @@ def check_pair(path_prefix: str, dtype, documents: int, elements: int, fix: str,
         raise DataError(f"{idx_path} has inconsistent pointers: it is damaged; {fix}")
     bin_size = os.path.getsize(bin_path)
     if bin_size != elements * item:
-        raise DataError(f"{bin_path} has {bin_size} bytes, its index needs {elements * item}: it is truncated or from "
-                        f"another build; {fix}")
+        raise DataError(
+            f"{bin_path} has {bin_size} bytes, its index needs {elements * item}: it is truncated or from "
+            f"another build; {fix}"
+        )
     return ix
 
 
@@ -233,8 +277,9 @@ def check_files(prefix: str, meta: dict, checksums: bool, fix: str | None = None
             raise DataError(f"file {path} listed in the meta is missing; {fix}")
         size = os.path.getsize(path)
         if size != info["bytes"]:
-            raise DataError(f"{path} has {size} bytes, the meta says {info['bytes']}: it is truncated or from another "
-                            f"build; {fix}")
+            raise DataError(
+                f"{path} has {size} bytes, the meta says {info['bytes']}: it is truncated or from another build; {fix}"
+            )
         if checksums and sha256_file(path, remember=True) != info["sha256"]:
             raise DataError(f"sha256 of {path} does not match the meta: it is damaged or from another build; {fix}")
     return len(files)
@@ -261,7 +306,7 @@ def verify_set(prefix: str, level: str = "cheap", specs=None, meta: dict | None 
     lengths = tok.lengths.astype(np.int64)
     known = {d["name"]: d for d in meta.get("hash_specs", [])}
     checked = []
-    for name in (list(known) if specs is None else list(specs)):
+    for name in list(known) if specs is None else list(specs):
         d = known.get(name)
         if d is None:
             raise DataError(f"hash spec {name!r} not in shards {prefix!r} (have: {', '.join(known) or 'none'})")
@@ -269,5 +314,11 @@ def verify_set(prefix: str, level: str = "cheap", specs=None, meta: dict | None 
         path = os.path.join(os.path.dirname(prefix), d["file"]) if d.get("file") else f"{prefix}_hash_{name}"
         check_pair(path, d["dtype"], n_docs, n_tok * width, fix, lengths_like=lengths, width=width)
         checked.append(name)
-    return {"level": level, "documents": n_docs, "tokens": n_tok, "checked_files": n_files if level == "full" else 0,
-            "sized_files": n_files, "side_shards": checked}
+    return {
+        "level": level,
+        "documents": n_docs,
+        "tokens": n_tok,
+        "checked_files": n_files if level == "full" else 0,
+        "sized_files": n_files,
+        "side_shards": checked,
+    }

@@ -2,6 +2,7 @@
 out-of-range token id or word code in one line naming the shard and the document (issue 47), and
 ``pretrain.py --check inputs`` honours ``data.verify=full``. In-process runs through the pretrain
 entry point, like tests/training/test_faults.py."""
+
 from __future__ import annotations
 
 import shutil
@@ -10,9 +11,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-TINY = ["model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=128",
-        "data.seq_length=64", "train.micro_batch_size=4", "train.global_batch_size=8", "train.log_interval=100",
-        "logging.plot=false", "logging.tensorboard=false", "train.eval_interval=0", "train.steps=2"]
+TINY = [
+    "model.hidden_size=64",
+    "model.num_layers=2",
+    "model.num_heads=4",
+    "model.ffn_hidden_size=128",
+    "data.seq_length=64",
+    "train.micro_batch_size=4",
+    "train.global_batch_size=8",
+    "train.log_interval=100",
+    "logging.plot=false",
+    "logging.tensorboard=false",
+    "train.eval_interval=0",
+    "train.steps=2",
+]
 
 
 def _copy_set(prefix: str, dest: Path, damaged: str) -> str:
@@ -51,8 +63,15 @@ def test_token_id_out_of_range_is_one_line_naming_shard_and_document(shakespeare
     from megahash.pretrain import main
 
     save = tmp_path / "run"
-    status = main([f"data.prefix=[{prefix}]", f"data.tokenizer={shakespeare_shards['tokenizer']}", *TINY,
-                   f"train.save_dir={save}", f"data.num_workers={workers}"])
+    status = main(
+        [
+            f"data.prefix=[{prefix}]",
+            f"data.tokenizer={shakespeare_shards['tokenizer']}",
+            *TINY,
+            f"train.save_dir={save}",
+            f"data.num_workers={workers}",
+        ]
+    )
     line = _one_line(capsys)
     assert status == 2
     assert f"{prefix}_text_document.bin document " in line and "token id 65535" in line, line
@@ -64,8 +83,16 @@ def test_bucket_code_out_of_range_is_one_line_naming_the_side_shard(hashed_shard
     _poke(prefix + "_hash_md5-bucket64.bin", np.int32, 64, 89)  # buckets are 0..63
     from megahash.pretrain import main
 
-    status = main([f"data.prefix=[{prefix}]", f"data.tokenizer={hashed_shards['tokenizer']}", *TINY,
-                   "model.embedding=hash-emb", "model.embed.hash_spec=md5-bucket64", f"train.save_dir={tmp_path / 'run'}"])
+    status = main(
+        [
+            f"data.prefix=[{prefix}]",
+            f"data.tokenizer={hashed_shards['tokenizer']}",
+            *TINY,
+            "model.embedding=hash-emb",
+            "model.embed.hash_spec=md5-bucket64",
+            f"train.save_dir={tmp_path / 'run'}",
+        ]
+    )
     line = _one_line(capsys)
     assert status == 2
     assert f"{prefix}_hash_md5-bucket64.bin document " in line and "code 64 is outside [0, 64)" in line, line
@@ -77,8 +104,13 @@ def test_check_inputs_honours_full_verification(shakespeare_shards, tmp_path, ca
     _poke(prefix + "_text_document.bin", np.uint16, 7, 5000)
     from megahash.pretrain import main
 
-    args = ["--check", "inputs", f"data.prefix=[{prefix}]", f"data.tokenizer={shakespeare_shards['tokenizer']}",
-            f"train.save_dir={tmp_path / 'run'}"]
+    args = [
+        "--check",
+        "inputs",
+        f"data.prefix=[{prefix}]",
+        f"data.tokenizer={shakespeare_shards['tokenizer']}",
+        f"train.save_dir={tmp_path / 'run'}",
+    ]
     assert main(args) == 0  # cheap: sizes and headers only
     capsys.readouterr()
     assert main([*args, "data.verify=full"]) == 2
@@ -91,13 +123,17 @@ def test_range_check_finds_the_document_and_position():
 
     parts = [(7, 30, 5), (8, 0, 4)]  # a sample cut from the end of document 7 and the start of 8
     check_range(np.arange(9), 0, 9, parts, "p_text_document", "p", "token id")
-    with pytest.raises(CorruptShardError, match=r"p_text_document.bin document 8, token 2: token id 9 is outside \[0, 9\)"):
+    with pytest.raises(
+        CorruptShardError, match=r"p_text_document.bin document 8, token 2: token id 9 is outside \[0, 9\)"
+    ):
         check_range(np.array([0, 1, 2, 3, 4, 5, 6, 9, 8]), 0, 9, parts, "p_text_document", "p", "token id")
     codes = np.zeros((9, 2), np.int32)
     codes[3, 1] = -2
     with pytest.raises(CorruptShardError, match="document 7, token 33: code -2"):
         check_range(codes, -1, 10, parts, "p_hash_rolling3", "p", "code", 2)
     assert code_range("md5") is None and code_range("lsh-bucket500") == (0, 500) and code_range("rolling3")[0] == -1
-    wrapped = CorruptShardError("Caught CorruptShardError in DataLoader worker process 0.\nOriginal Traceback (most "
-                                "recent call last):\n  File x\nmegahash.data.token_check.CorruptShardError: p.bin: bad")
+    wrapped = CorruptShardError(
+        "Caught CorruptShardError in DataLoader worker process 0.\nOriginal Traceback (most "
+        "recent call last):\n  File x\nmegahash.data.token_check.CorruptShardError: p.bin: bad"
+    )
     assert str(wrapped) == "p.bin: bad"

@@ -2,6 +2,7 @@
 docs/data.md#memory on a single line and a JSON record of well over a hundred MB, and leaves no
 temporary file whichever way the real process ends (exception, SIGTERM, SIGINT, SIGHUP, a killed
 worker, SIGKILL of the main process)."""
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,23 @@ def env() -> dict:
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory) -> str:
     d = tmp_path_factory.mktemp("tok")
-    assert train_tokenizer.main(["--input", "shakespeare", "--output", str(d / "spm"), "--vocab-size", "1000",
-                                 "--max-docs", "150", "--quiet", "--lossy"]) == 0
+    assert (
+        train_tokenizer.main(
+            [
+                "--input",
+                "shakespeare",
+                "--output",
+                str(d / "spm"),
+                "--vocab-size",
+                "1000",
+                "--max-docs",
+                "150",
+                "--quiet",
+                "--lossy",
+            ]
+        )
+        == 0
+    )
     return str(d / "spm.model")
 
 
@@ -66,8 +82,19 @@ def bound(r0: int, chars: int, cache_words: int, code_bytes: int) -> int:
 
 
 C, CACHE = 1 << 16, 1 << 12
-LIMITS = ["--split-chars", C, "--chunk-chars", C, "--cache-words", CACHE, "--workers", 1, "--word-hashes", "md5",
-          "--quiet"]
+LIMITS = [
+    "--split-chars",
+    C,
+    "--chunk-chars",
+    C,
+    "--cache-words",
+    CACHE,
+    "--workers",
+    1,
+    "--word-hashes",
+    "md5",
+    "--quiet",
+]
 UNIT = "The quick brown fox, said Hamlet, jumps over the lazy dog; and the rest is silence. "
 
 
@@ -153,8 +180,20 @@ def _workers(pid: int) -> list[int]:
 
 
 def _start(tok: str, out: Path) -> subprocess.Popen:
-    cmd = preprocess("--input", "shakespeare", "--output-prefix", out / "shk", "--tokenizer", tok, "--word-hashes",
-                     "md5,lsh128", "--workers", 2, "--chunk-docs", 2)
+    cmd = preprocess(
+        "--input",
+        "shakespeare",
+        "--output-prefix",
+        out / "shk",
+        "--tokenizer",
+        tok,
+        "--word-hashes",
+        "md5,lsh128",
+        "--workers",
+        2,
+        "--chunk-docs",
+        2,
+    )
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while not (out.exists() and any(".tmp-" in p.name for p in out.iterdir())) or len(_workers(proc.pid)) < 2:
@@ -202,7 +241,9 @@ def test_sigkill_of_the_main_process_leaves_nothing(tok, tmp_path):
     proc.communicate(timeout=600)
     assert _nothing_left(out, wait=30) == []
     deadline = time.time() + 30
-    while any(Path(f"/proc/{w}").exists() and "Z" not in Path(f"/proc/{w}/stat").read_text().split()[2] for w in workers):
+    while any(
+        Path(f"/proc/{w}").exists() and "Z" not in Path(f"/proc/{w}/stat").read_text().split()[2] for w in workers
+    ):
         assert time.time() < deadline, "workers outlived the killed main process"
         time.sleep(0.05)
 
@@ -215,23 +256,47 @@ def _tokenizers(tmp_path, tok) -> dict:
     from megahash.data.preprocess.sources import open_source, select_documents
 
     docs = list(select_documents(open_source("shakespeare"), 0, 40))
-    assert train_tokenizer.main(["--input", "shakespeare", "--output", str(tmp_path / "lossless"), "--vocab-size", "600",
-                                 "--max-docs", "60", "--quiet"]) == 0
+    assert (
+        train_tokenizer.main(
+            [
+                "--input",
+                "shakespeare",
+                "--output",
+                str(tmp_path / "lossless"),
+                "--vocab-size",
+                "600",
+                "--max-docs",
+                "60",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     bl = Tokenizer(models.BPE())
     bl.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bl.decoder = decoders.ByteLevel()
-    bl.train_from_iterator(docs, trainers.BpeTrainer(vocab_size=600, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                                      show_progress=False))
+    bl.train_from_iterator(
+        docs,
+        trainers.BpeTrainer(vocab_size=600, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False),
+    )
     bl.add_special_tokens([AddedToken("<|endoftext|>", special=True)])
     bl.save(str(tmp_path / "bytelevel.json"))
     ms = Tokenizer(models.Unigram())
     ms.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
     ms.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
-    ms.train_from_iterator(docs, trainers.UnigramTrainer(vocab_size=600, special_tokens=["<unk>", "</s>"],
-                                                         unk_token="<unk>", show_progress=False))
+    ms.train_from_iterator(
+        docs,
+        trainers.UnigramTrainer(
+            vocab_size=600, special_tokens=["<unk>", "</s>"], unk_token="<unk>", show_progress=False
+        ),
+    )
     ms.save(str(tmp_path / "metaspace.json"))
-    return {"lossy": tok, "lossless": str(tmp_path / "lossless.model"), "bytelevel": str(tmp_path / "bytelevel.json"),
-            "metaspace": str(tmp_path / "metaspace.json")}
+    return {
+        "lossy": tok,
+        "lossless": str(tmp_path / "lossless.model"),
+        "bytelevel": str(tmp_path / "bytelevel.json"),
+        "metaspace": str(tmp_path / "metaspace.json"),
+    }
 
 
 def test_pieces_cut_at_whitespace_tokenize_as_the_whole_document(tok, tmp_path):
@@ -260,14 +325,30 @@ def test_split_documents_give_the_shards_of_whole_ones(tok, tmp_path):
     the same token and side shards as the default; workers 1 and 2."""
     from megahash.data.preprocess import preprocess_data
 
-    common = ["--input", "shakespeare", "--tokenizer", tok, "--word-hashes", "md5,lsh128,rolling3", "--max-docs", "40",
-              "--quiet", "--chunk-chars", "1000"]
+    common = [
+        "--input",
+        "shakespeare",
+        "--tokenizer",
+        tok,
+        "--word-hashes",
+        "md5,lsh128,rolling3",
+        "--max-docs",
+        "40",
+        "--quiet",
+        "--chunk-chars",
+        "1000",
+    ]
     assert preprocess_data.main([*common, "--output-prefix", str(tmp_path / "whole")]) == 0
     for workers in ("1", "2"):
         out = tmp_path / f"split{workers}"
-        assert preprocess_data.main([*common, "--output-prefix", str(out), "--split-chars", "200", "--workers", workers]) == 0
+        assert (
+            preprocess_data.main([*common, "--output-prefix", str(out), "--split-chars", "200", "--workers", workers])
+            == 0
+        )
         meta = json.loads(Path(f"{out}_meta.json").read_text())
         assert meta["counts"]["split_documents"] == meta["counts"]["documents"] == 40
         for shard in ("text_document", "hash_md5", "hash_lsh128", "hash_rolling3"):
             for ext in (".bin", ".idx"):
-                assert Path(f"{out}_{shard}{ext}").read_bytes() == Path(f"{tmp_path / 'whole'}_{shard}{ext}").read_bytes()
+                assert (
+                    Path(f"{out}_{shard}{ext}").read_bytes() == Path(f"{tmp_path / 'whole'}_{shard}{ext}").read_bytes()
+                )

@@ -23,6 +23,7 @@ the special-token strings back as text. Before the fix the ``sp`` case put id 40
 in the text, ``json`` failed with ``could not parse ModelProto`` and ``folder`` with ``cannot
 tokenise ... without a tokenizer``.
 """
+
 from __future__ import annotations
 
 import os
@@ -51,9 +52,18 @@ def _sentencepiece(d, text: str) -> str:
     from sentencepiece import sentencepiece_model_pb2 as pb
 
     (d / "corpus.txt").write_text(text)
-    spm.SentencePieceTrainer.train(input=str(d / "corpus.txt"), model_prefix=str(d / "sp"), vocab_size=400,
-                                   model_type="bpe", unk_id=396, bos_id=397, eos_id=398, pad_id=399, byte_fallback=True,
-                                   minloglevel=2)
+    spm.SentencePieceTrainer.train(
+        input=str(d / "corpus.txt"),
+        model_prefix=str(d / "sp"),
+        vocab_size=400,
+        model_type="bpe",
+        unk_id=396,
+        bos_id=397,
+        eos_id=398,
+        pad_id=399,
+        byte_fallback=True,
+        minloglevel=2,
+    )
     proto = pb.ModelProto.FromString((d / "sp.model").read_bytes())
     proto.pieces.add(piece="<mask>", score=0.0, type=pb.ModelProto.SentencePiece.USER_DEFINED)
     (d / "sp.model").write_bytes(proto.SerializeToString())
@@ -66,8 +76,9 @@ def _byte_bpe(text: str, specials: list[str]):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tr = trainers.BpeTrainer(vocab_size=500, special_tokens=[], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                             show_progress=False)
+    tr = trainers.BpeTrainer(
+        vocab_size=500, special_tokens=[], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
     tok.train_from_iterator(text.split("\n\n"), tr)
     tok.add_special_tokens([AddedToken(s, special=True) for s in specials])
     return tok
@@ -82,9 +93,13 @@ def tokenizers_(tmp_path_factory):
     out = {"sp": _sentencepiece(d, text)}
     _byte_bpe(text, ["<s>", "<pad>", "</s>", "<mask>"]).save(str(d / "tokenizer.json"))
     out["json"] = str(d / "tokenizer.json")
-    fast = PreTrainedTokenizerFast(tokenizer_object=_byte_bpe(text, ["<|doc|>", "<|enddoc|>", "<|pad|>", "<|mask|>"]),
-                                   bos_token="<|doc|>", eos_token="<|enddoc|>", pad_token="<|pad|>",
-                                   mask_token="<|mask|>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=_byte_bpe(text, ["<|doc|>", "<|enddoc|>", "<|pad|>", "<|mask|>"]),
+        bos_token="<|doc|>",
+        eos_token="<|enddoc|>",
+        pad_token="<|pad|>",
+        mask_token="<|mask|>",
+    )
     fast.save_pretrained(str(d / "hf_folder"))
     out["folder"] = str(d / "hf_folder")
     # the fixed text: the play's opening with every special-token string spliced in early
@@ -96,10 +111,21 @@ def tokenizers_(tmp_path_factory):
 
 
 def _cfg(tokenizer: str, fixed_text: str = "shakespeare"):
-    return load_config(None, ["model.schedule=uniform:fixedseqqk", "model.hidden_size=32", "model.num_layers=1",
-                              "model.num_heads=4", "model.ffn_hidden_size=64", "data.seq_length=16",
-                              "model.max_position_embeddings=64", f"model.attention.options.fixed_seq_length={LENGTH}",
-                              f"data.tokenizer={tokenizer}", f"model.attention.options.fixed_text={fixed_text}"])
+    return load_config(
+        None,
+        [
+            "model.schedule=uniform:fixedseqqk",
+            "model.hidden_size=32",
+            "model.num_layers=1",
+            "model.num_heads=4",
+            "model.ffn_hidden_size=64",
+            "data.seq_length=16",
+            "model.max_position_embeddings=64",
+            f"model.attention.options.fixed_seq_length={LENGTH}",
+            f"data.tokenizer={tokenizer}",
+            f"model.attention.options.fixed_text={fixed_text}",
+        ],
+    )
 
 
 def _data_stage_ids(spec: str, text: str) -> list[int]:
@@ -186,10 +212,26 @@ def test_shards_of_a_hugging_face_tokenizer_decode_verify_and_size(tokenizers_, 
     from megahash.tokenization import load_tokenizer
 
     spec = tokenizers_[kind]
-    docs = [tokenizers_["text"][i:i + 700] for i in range(0, 2800, 700)]
+    docs = [tokenizers_["text"][i : i + 700] for i in range(0, 2800, 700)]
     (tmp_path / "docs.txt").write_text("\n\n".join(docs))
-    assert run(["--input", str(tmp_path / "docs.txt"), "--output-prefix", str(tmp_path / "s"), "--tokenizer", spec,
-                "--word-hashes", "md5", "--workers", "1", "--quiet"]) == 0
+    assert (
+        run(
+            [
+                "--input",
+                str(tmp_path / "docs.txt"),
+                "--output-prefix",
+                str(tmp_path / "s"),
+                "--tokenizer",
+                spec,
+                "--word-hashes",
+                "md5",
+                "--workers",
+                "1",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     shards = ShardSet.open(str(tmp_path / "s"))
     assert shards.verify(sample_docs=3)["checked_tokens"] > 0
     tok = load_tokenizer(spec)
@@ -211,8 +253,23 @@ def test_fixed_text_of_a_word_stream_is_its_word_table_ids(tmp_path):
     play = "\n".join(line for line in _shakespeare(3_000).splitlines() if line.strip())  # no blank line: 2 documents
     docs = [play[:1200] + " <s> </s> <mask>", play[1200:2400]]
     (tmp_path / "docs.txt").write_text("\n\n".join(docs))
-    assert run(["--input", str(tmp_path / "docs.txt"), "--output-prefix", str(tmp_path / "w"), "--tokenizer", "words",
-                "--workers", "1", "--quiet", "--no-append-eos"]) == 0
+    assert (
+        run(
+            [
+                "--input",
+                str(tmp_path / "docs.txt"),
+                "--output-prefix",
+                str(tmp_path / "w"),
+                "--tokenizer",
+                "words",
+                "--workers",
+                "1",
+                "--quiet",
+                "--no-append-eos",
+            ]
+        )
+        == 0
+    )
     shards = ShardSet.open(str(tmp_path / "w"))
     (tmp_path / "fixed.txt").write_text(docs[0])
     cfg = _cfg("", str(tmp_path / "fixed.txt"))
@@ -221,4 +278,4 @@ def test_fixed_text_of_a_word_stream_is_its_word_table_ids(tmp_path):
     assert ids == shards.tokens.get(0).astype("int64").tolist()
     (tmp_path / "fixed.txt").write_text("zyzzyva " + " ".join(docs[0].split()[:8]))  # whole words of doc 0
     ids = token_ids(str(tmp_path / "fixed.txt"), cfg, 10_000, None, "model.attention.options.fixed_text")
-    assert ids[0] == UNK_ID and ids[1:] == shards.tokens.get(0).astype("int64").tolist()[:len(ids) - 1]
+    assert ids[0] == UNK_ID and ids[1:] == shards.tokens.get(0).astype("int64").tolist()[: len(ids) - 1]

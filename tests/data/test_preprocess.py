@@ -1,5 +1,6 @@
 """data_tools: tokenizer training, preprocessing into megatron-core shards + hash side shards,
 inspection/verification, bad-input handling, atomicity and worker-count independence."""
+
 from __future__ import annotations
 
 import gzip
@@ -39,8 +40,14 @@ def env(**extra) -> dict:
 
 def script(name: str, *args, timeout: int = 300, **extra) -> subprocess.CompletedProcess:
     """Run ``python data_tools/NAME.py ARGS`` as a script from the repo root."""
-    return subprocess.run([sys.executable, f"data_tools/{name}.py", *map(str, args)], cwd=ROOT, env=env(**extra),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, f"data_tools/{name}.py", *map(str, args)],
+        cwd=ROOT,
+        env=env(**extra),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def one_line_error(stderr: str) -> str:
@@ -72,17 +79,51 @@ def tok(tmp_path_factory) -> str:
     d = tmp_path_factory.mktemp("tok")
     # --lossy: the NFKC model whose BPE qualifies for the per-token segment cache tested here (the
     # lossless default is encoded whole; tests/data/test_tokenizers.py covers it)
-    assert train_tokenizer.main(["--input", "shakespeare", "--output", str(d / "spm"), "--vocab-size", "1000",
-                                 "--max-docs", "150", "--quiet", "--lossy"]) == 0
+    assert (
+        train_tokenizer.main(
+            [
+                "--input",
+                "shakespeare",
+                "--output",
+                str(d / "spm"),
+                "--vocab-size",
+                "1000",
+                "--max-docs",
+                "150",
+                "--quiet",
+                "--lossy",
+            ]
+        )
+        == 0
+    )
     return str(d / "spm.model")
 
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory, tok) -> str:
     prefix = str(tmp_path_factory.mktemp("w1") / "shk")
-    assert preprocess_data.main(["--input", "shakespeare", "--output-prefix", prefix, "--tokenizer", tok,
-                                 "--word-hashes", SPECS, "--max-docs", str(N_DOCS), "--lsh-vocab-size", "5000",
-                                 "--workers", "1", "--quiet"]) == 0
+    assert (
+        preprocess_data.main(
+            [
+                "--input",
+                "shakespeare",
+                "--output-prefix",
+                prefix,
+                "--tokenizer",
+                tok,
+                "--word-hashes",
+                SPECS,
+                "--max-docs",
+                str(N_DOCS),
+                "--lsh-vocab-size",
+                "5000",
+                "--workers",
+                "1",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     return prefix
 
 
@@ -129,15 +170,19 @@ def test_side_shards_align_and_are_megatron_readable(shards, tok):
     tokens = read_dataset(shards + "_text_document")
     s = ShardSet.open(shards)
     assert sorted(s.side) == sorted(SPECS.split(","))
-    for name, (ds, spec) in s.side.items():
+    for name, (_ds, spec) in s.side.items():
         mc = read_dataset(f"{shards}_hash_{name}")  # megatron-core reads side shards as they are
         assert len(mc) == len(tokens)
         assert np.array_equal(mc.document_indices, tokens.document_indices)  # bit-exact: integer ids, lengths, codes
-        assert np.array_equal(mc.sequence_lengths.astype(np.int64), tokens.sequence_lengths.astype(np.int64) * spec.width)  # bit-exact: integer ids, lengths, codes
+        assert np.array_equal(
+            mc.sequence_lengths.astype(np.int64), tokens.sequence_lengths.astype(np.int64) * spec.width
+        )  # bit-exact: integer ids, lengths, codes
         assert mc.index.dtype == spec.dtype
         codes = s.hash_codes(name, 3, 5, 7)
         assert codes.shape == (7, spec.width)
-        assert np.array_equal(codes.reshape(-1), mc.get(3, 5 * spec.width, 7 * spec.width))  # bit-exact: integer ids, lengths, codes
+        assert np.array_equal(
+            codes.reshape(-1), mc.get(3, 5 * spec.width, 7 * spec.width)
+        )  # bit-exact: integer ids, lengths, codes
     eos_rows = s.hash_codes("md5", 0, len(tokens[0]) - 1, 1)
     assert not eos_rows.any()  # special tokens: all-zero codes
     # word hash unit: every md5 code of a document is the HMAC of a word of its decoded text (or of
@@ -155,8 +200,26 @@ def test_side_shards_align_and_are_megatron_readable(shards, tok):
 
 def test_subword_hash_unit(tmp_path, tok):
     prefix = str(tmp_path / "sub")
-    assert preprocess_data.main(["--input", "shakespeare", "--output-prefix", prefix, "--tokenizer", tok,
-                                 "--word-hashes", "md5", "--hash-unit", "subword", "--max-docs", "5", "--quiet"]) == 0
+    assert (
+        preprocess_data.main(
+            [
+                "--input",
+                "shakespeare",
+                "--output-prefix",
+                prefix,
+                "--tokenizer",
+                tok,
+                "--word-hashes",
+                "md5",
+                "--hash-unit",
+                "subword",
+                "--max-docs",
+                "5",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     import sentencepiece as spm
 
     from megahash.data.shards import ShardSet
@@ -173,8 +236,24 @@ def test_subword_hash_unit(tmp_path, tok):
 
 def test_words_stream(tmp_path):
     prefix = str(tmp_path / "words")
-    assert preprocess_data.main(["--input", "shakespeare", "--output-prefix", prefix, "--tokenizer", "words",
-                                 "--word-hashes", "md5,rolling3", "--max-docs", "20", "--quiet"]) == 0
+    assert (
+        preprocess_data.main(
+            [
+                "--input",
+                "shakespeare",
+                "--output-prefix",
+                prefix,
+                "--tokenizer",
+                "words",
+                "--word-hashes",
+                "md5,rolling3",
+                "--max-docs",
+                "20",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     from megahash.data.shards import ShardSet
     from megahash.hashing import rolling_codes
 
@@ -196,8 +275,12 @@ def test_words_stream(tmp_path):
     ids = s.tokens[4].tolist()
     assert all(r.tobytes() == hmac_md5(table[t]) for t, r in zip(ids[:-1], rows[:-1]))
     assert not rows[-1].any()
-    assert np.array_equal(s.hash_codes("rolling3", 4)[:-1], rolling_codes([table[t] for t in ids[:-1]]))  # bit-exact: integer ids, lengths, codes
-    counts = {ln.split("\t")[1]: int(ln.split("\t")[2]) for ln in Path(prefix + "_words.tsv").read_text().splitlines()[1:]}
+    assert np.array_equal(
+        s.hash_codes("rolling3", 4)[:-1], rolling_codes([table[t] for t in ids[:-1]])
+    )  # bit-exact: integer ids, lengths, codes
+    counts = {
+        ln.split("\t")[1]: int(ln.split("\t")[2]) for ln in Path(prefix + "_words.tsv").read_text().splitlines()[1:]
+    }
     assert counts["</s>"] == 20 and counts["the"] == sum(split_words(d).count("the") for d in docs)
     assert s.verify(sample_docs=4)["checked_tokens"] > 0
 
@@ -207,15 +290,33 @@ def test_first_pass_word_counts_equal_split_words():
 
     from megahash.data.preprocess.encoding import count_words
 
-    docs = shakespeare_docs(30) + ["Hello, World!! It's 3pm--ok? \u00fcn\u00efc\u00f6d\u00e9_x a_b\u00a0NBSP\u2028line \u0130stanbul"]
+    docs = shakespeare_docs(30) + [
+        "Hello, World!! It's 3pm--ok? \u00fcn\u00efc\u00f6d\u00e9_x a_b\u00a0NBSP\u2028line \u0130stanbul"
+    ]
     assert count_words(docs) == Counter(w for d in docs for w in split_words(d))
 
 
 def test_workers_1_and_2_byte_identical(tmp_path, shards, tok):
     prefix = str(tmp_path / "shk")
-    r = script("preprocess_data", "--input", "shakespeare", "--output-prefix", prefix, "--tokenizer", tok,
-               "--word-hashes", SPECS, "--max-docs", N_DOCS, "--lsh-vocab-size", "5000", "--workers", "2",
-               "--chunk-docs", "7")
+    r = script(
+        "preprocess_data",
+        "--input",
+        "shakespeare",
+        "--output-prefix",
+        prefix,
+        "--tokenizer",
+        tok,
+        "--word-hashes",
+        SPECS,
+        "--max-docs",
+        N_DOCS,
+        "--lsh-vocab-size",
+        "5000",
+        "--workers",
+        "2",
+        "--chunk-docs",
+        "7",
+    )
     assert r.returncode == 0, r.stderr
     a = sorted(p.name for p in Path(shards).parent.iterdir())
     b = sorted(p.name for p in tmp_path.iterdir())
@@ -227,7 +328,12 @@ def test_workers_1_and_2_byte_identical(tmp_path, shards, tok):
 def test_doc_ranges_partition_the_source(tmp_path, tok):
     def run(name, *extra):
         p = str(tmp_path / name)
-        assert preprocess_data.main(["--input", "shakespeare", "--output-prefix", p, "--tokenizer", tok, "--quiet", *extra]) == 0
+        assert (
+            preprocess_data.main(
+                ["--input", "shakespeare", "--output-prefix", p, "--tokenizer", tok, "--quiet", *extra]
+            )
+            == 0
+        )
         ds = read_dataset(p + "_text_document")
         return [ds[i].tolist() for i in range(len(ds))]
 
@@ -337,8 +443,23 @@ def test_writer_is_byte_identical_to_megatron_builder(tmp_path):
 def test_injected_failure_leaves_nothing(tmp_path, tok, monkeypatch, capsys):
     monkeypatch.setenv("MEGAHASH_PREPROCESS_FAIL_AFTER_DOCS", "10")
     out = tmp_path / "out"
-    rc = preprocess_data.main(["--input", "shakespeare", "--output-prefix", str(out / "shk"), "--tokenizer", tok,
-                               "--word-hashes", "md5,lsh128", "--max-docs", "40", "--chunk-docs", "4", "--quiet"])
+    rc = preprocess_data.main(
+        [
+            "--input",
+            "shakespeare",
+            "--output-prefix",
+            str(out / "shk"),
+            "--tokenizer",
+            tok,
+            "--word-hashes",
+            "md5,lsh128",
+            "--max-docs",
+            "40",
+            "--chunk-docs",
+            "4",
+            "--quiet",
+        ]
+    )
     assert rc == 2
     assert "injected failure" in one_line_error(capsys.readouterr().err)
     assert list(out.iterdir()) == []
@@ -346,8 +467,22 @@ def test_injected_failure_leaves_nothing(tmp_path, tok, monkeypatch, capsys):
 
 def test_killed_run_leaves_nothing(tmp_path, tok):
     out = tmp_path / "out"
-    cmd = [sys.executable, "data_tools/preprocess_data.py", "--input", "shakespeare", "--output-prefix", str(out / "shk"),
-           "--tokenizer", tok, "--word-hashes", "md5,lsh128,lsh-bucket3000", "--workers", "2", "--chunk-docs", "4"]
+    cmd = [
+        sys.executable,
+        "data_tools/preprocess_data.py",
+        "--input",
+        "shakespeare",
+        "--output-prefix",
+        str(out / "shk"),
+        "--tokenizer",
+        tok,
+        "--word-hashes",
+        "md5,lsh128,lsh-bucket3000",
+        "--workers",
+        "2",
+        "--chunk-docs",
+        "4",
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
     while time.time() < deadline and not (out.exists() and any(".tmp-" in p.name for p in out.iterdir())):
@@ -370,15 +505,23 @@ def _bad(tmp_path, tok, capsys, *args) -> str:
 def test_bad_inputs_are_one_line_errors(tmp_path, tok, shards, capsys):
     jl = tmp_path / "d.jsonl"
     jl.write_text('{"body": "hello", "id": 1}\n')
-    assert "input not found" in _bad(tmp_path, tok, capsys, "--input", str(tmp_path / "missing.txt"), "--tokenizer", tok)
+    assert "input not found" in _bad(
+        tmp_path, tok, capsys, "--input", str(tmp_path / "missing.txt"), "--tokenizer", tok
+    )
     msg = _bad(tmp_path, tok, capsys, "--input", str(jl), "--tokenizer", tok)
     assert "'text'" in msg and "body, id" in msg
-    msg = _bad(tmp_path, tok, capsys, "--input", str(jl), "--tokenizer", tok, "--json-key", "body", "--word-hashes", "md5,sha1")
+    msg = _bad(
+        tmp_path, tok, capsys, "--input", str(jl), "--tokenizer", tok, "--json-key", "body", "--word-hashes", "md5,sha1"
+    )
     assert "'sha1'" in msg and "valid forms" in msg
-    assert "tokenizer not found" in _bad(tmp_path, tok, capsys, "--input", str(jl), "--tokenizer", str(tmp_path / "nope.model"))
+    assert "tokenizer not found" in _bad(
+        tmp_path, tok, capsys, "--input", str(jl), "--tokenizer", str(tmp_path / "nope.model")
+    )
     rc = preprocess_data.main(["--input", "shakespeare", "--output-prefix", shards, "--tokenizer", tok, "--quiet"])
     assert rc == 2 and "already exists" in one_line_error(capsys.readouterr().err)
-    assert "bad --doc-range" in _bad(tmp_path, tok, capsys, "--input", "shakespeare", "--tokenizer", tok, "--doc-range", "x")
+    assert "bad --doc-range" in _bad(
+        tmp_path, tok, capsys, "--input", "shakespeare", "--tokenizer", tok, "--doc-range", "x"
+    )
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n   \n")
     assert "no non-empty documents" in _bad(tmp_path, tok, capsys, "--input", str(empty), "--tokenizer", tok)
@@ -386,25 +529,41 @@ def test_bad_inputs_are_one_line_errors(tmp_path, tok, shards, capsys):
     bad_json.write_text('{"text": "ok"}\n{"text": \n')
     assert "invalid JSON" in _bad(tmp_path, tok, capsys, "--input", str(bad_json), "--tokenizer", tok)
     # an output prefix without a name wrote out/_meta.json; one under a file was a FileExistsError traceback
-    msg = _bad(tmp_path, tok, capsys, "--input", str(bad_json), "--tokenizer", tok, "--output-prefix", f"{tmp_path}/out/")
+    msg = _bad(
+        tmp_path, tok, capsys, "--input", str(bad_json), "--tokenizer", tok, "--output-prefix", f"{tmp_path}/out/"
+    )
     assert "names no file prefix" in msg and not (tmp_path / "out").exists()
     msg = _bad(tmp_path, tok, capsys, "--input", str(bad_json), "--tokenizer", tok, "--output-prefix", f"{empty}/x")
     assert f"{str(empty)!r} is a file, not a folder" in msg and empty.read_text() == "\n\n   \n"
 
 
 def test_bad_input_exit_codes_as_script(tmp_path, tok):
-    r = script("preprocess_data", "--input", tmp_path / "missing.jsonl", "--output-prefix", tmp_path / "x", "--tokenizer", tok)
+    r = script(
+        "preprocess_data", "--input", tmp_path / "missing.jsonl", "--output-prefix", tmp_path / "x", "--tokenizer", tok
+    )
     assert r.returncode == 2 and "input not found" in one_line_error(r.stderr)
-    r = script("preprocess_data", "--input", "hf:no_such_dataset_megahash:train", "--output-prefix", tmp_path / "x",
-               "--tokenizer", tok, timeout=600)
-    assert r.returncode == 2 and "cannot load Hugging Face dataset 'no_such_dataset_megahash'" in one_line_error(r.stderr)
+    r = script(
+        "preprocess_data",
+        "--input",
+        "hf:no_such_dataset_megahash:train",
+        "--output-prefix",
+        tmp_path / "x",
+        "--tokenizer",
+        tok,
+        timeout=600,
+    )
+    assert r.returncode == 2 and "cannot load Hugging Face dataset 'no_such_dataset_megahash'" in one_line_error(
+        r.stderr
+    )
     assert not list(tmp_path.glob("x_*"))
 
 
 def test_invalid_utf8_and_empty_documents_are_counted(tmp_path, tok):
     src = tmp_path / "d.jsonl"
-    src.write_bytes(b'{"text": "caf\xc3\xa9 \xff\xfe ok"}\n{"text": ""}\n{"text": "   "}\n{"text": null}\n'
-                    b'{"text": "second document \\ud800 here"}\n')
+    src.write_bytes(
+        b'{"text": "caf\xc3\xa9 \xff\xfe ok"}\n{"text": ""}\n{"text": "   "}\n{"text": null}\n'
+        b'{"text": "second document \\ud800 here"}\n'
+    )
     prefix = str(tmp_path / "o")
     assert preprocess_data.main(["--input", str(src), "--output-prefix", prefix, "--tokenizer", tok, "--quiet"]) == 0
     counts = json.loads(Path(prefix + "_meta.json").read_text())["counts"]
@@ -420,8 +579,17 @@ def test_file_sources(tmp_path):
     with gzip.open(tmp_path / "a" / "two.txt.gz", "wt") as f:
         f.write("gz block\r\n\r\nlast")
     (tmp_path / "a" / "skip.bin").write_bytes(b"\x00")
-    assert list(open_source(str(tmp_path / "a")).documents()) == ["first block\nline two", "second block", "gz block", "last"]
-    assert list(open_source(str(tmp_path / "a" / "one.txt"), txt_mode="lines").documents()) == ["first block", "line two", "second block"]
+    assert list(open_source(str(tmp_path / "a")).documents()) == [
+        "first block\nline two",
+        "second block",
+        "gz block",
+        "last",
+    ]
+    assert list(open_source(str(tmp_path / "a" / "one.txt"), txt_mode="lines").documents()) == [
+        "first block",
+        "line two",
+        "second block",
+    ]
     assert len(list(open_source(str(tmp_path / "a" / "*.txt*")).documents())) == 4
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -469,7 +637,9 @@ def test_group_cache_key_collisions_fall_back_to_exact_keys(tok, monkeypatch):
     # all keys equal: collisions inside one call
     monkeypatch.setattr(tokens_mod, "row_hash", lambda keys: np.zeros(len(keys), np.uint64))
     fresh_table = CodeTable(specs)
-    assert np.array_equal(codes(SubwordCoder(sp, fresh_table, "word"), fresh_table, 0, len(toks)), want)  # bit-exact: integer ids, lengths, codes
+    assert np.array_equal(
+        codes(SubwordCoder(sp, fresh_table, "word"), fresh_table, 0, len(toks)), want
+    )  # bit-exact: integer ids, lengths, codes
 
 
 # -- per-token sentencepiece cache (megahash/data/preprocess/encoding.py SegmentEncoder) -----------------------
@@ -478,7 +648,9 @@ TRICKY_DOCS = [
     "tabs\tand\u00a0no-break\u2003spaces  and\n\nnewlines",
     "ALL CAPS, MiXeD cAsE; punctuation!!! ?? ... -- 'apostrophes' don't",
     "numbers 12,345.67 and 1st 2nd 3rd; emoji 🙂 and CJK 漢字",
-    "", "   ", "x",
+    "",
+    "   ",
+    "x",
 ]
 
 
@@ -491,11 +663,17 @@ def test_segment_cache_equals_whole_document_encoding(tok, hash_unit):
     from megahash.hashing.specs import parse_hash_specs
 
     docs = shakespeare_docs(60) + TRICKY_DOCS
-    chunks = [docs[i:i + 9] for i in range(0, len(docs), 9)]
+    chunks = [docs[i : i + 9] for i in range(0, len(docs), 9)]
     outs = {}
     for cached in (True, False):
-        cfg = EncoderConfig(tokenizer=tok, specs=parse_hash_specs("md5,md5-bucket1000,rolling3"), hash_unit=hash_unit,
-                            cache_entries=256, count_words=True, segment_cache=cached)
+        cfg = EncoderConfig(
+            tokenizer=tok,
+            specs=parse_hash_specs("md5,md5-bucket1000,rolling3"),
+            hash_unit=hash_unit,
+            cache_entries=256,
+            count_words=True,
+            segment_cache=cached,
+        )
         enc = ChunkEncoder(cfg)
         assert (enc.segments is not None) == cached  # the BPE model qualifies; the test is not vacuous
         results = [enc.encode(c, n_count=len(c)) for c in chunks]
@@ -518,9 +696,26 @@ def test_tokenizer_command_prints_one_line_unless_verbose(tmp_path):
     from conftest import ROOT, child_env
 
     def tokenizer(name, *flags):
-        r = subprocess.run([sys.executable, "data_tools/train_tokenizer.py", "--input", "shakespeare", "--doc-range",
-                            "0:40", "--output", str(tmp_path / name), "--vocab-size", "400", *flags], cwd=ROOT,
-                           env=child_env(), capture_output=True, text=True, timeout=300)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "data_tools/train_tokenizer.py",
+                "--input",
+                "shakespeare",
+                "--doc-range",
+                "0:40",
+                "--output",
+                str(tmp_path / name),
+                "--vocab-size",
+                "400",
+                *flags,
+            ],
+            cwd=ROOT,
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert r.returncode == 0, r.stderr[-2000:]
         return (r.stdout + r.stderr).splitlines()
 

@@ -9,6 +9,7 @@ strings, control characters, whitespace runs, mixed scripts) comparing the ids a
 every path: the data stage's shards, ``megahash.eval.text``, the exported Hugging Face tokenizer
 and the export's remote-code text coder.
 """
+
 import json
 import os
 import random
@@ -24,11 +25,43 @@ from conftest import ROOT, child_env, run
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-TINY = [*conftest.TINY, "model.hidden_size=32", "model.ffn_hidden_size=64", "model.max_position_embeddings=128",
-        "train.global_batch_size=4", "train.eval_interval=0", "train.lr=3e-3", "train.log_interval=10", "data.split=100,0,0"]
+TINY = [
+    *conftest.TINY,
+    "model.hidden_size=32",
+    "model.ffn_hidden_size=64",
+    "model.max_position_embeddings=128",
+    "train.global_batch_size=4",
+    "train.eval_interval=0",
+    "train.lr=3e-3",
+    "train.log_interval=10",
+    "data.split=100,0,0",
+]
 SPECIAL_STRINGS = ["<s>", "</s>", "<unk>", "<pad>", "<mask>", "<|endoftext|>", "<|padding|>"]
-PIECES = ["KING.", "lord", " ", "  ", "\t", "\n", "\n\n", "    ", "\u4e2d\u6587", "\u00e9t\u00e9", "\u0416\u0438\u0437\u043d\u044c",
-          "\u2603", "x\u00a0y", "\x00", "\x07", "\x1b[0m", "1234", "play", "ing", "'s", "--", "\U0001F600", "\r\n"]
+PIECES = [
+    "KING.",
+    "lord",
+    " ",
+    "  ",
+    "\t",
+    "\n",
+    "\n\n",
+    "    ",
+    "\u4e2d\u6587",
+    "\u00e9t\u00e9",
+    "\u0416\u0438\u0437\u043d\u044c",
+    "\u2603",
+    "x\u00a0y",
+    "\x00",
+    "\x07",
+    "\x1b[0m",
+    "1234",
+    "play",
+    "ing",
+    "'s",
+    "--",
+    "\U0001f600",
+    "\r\n",
+]
 
 
 def gen_texts(n: int, seed: int = 0) -> list[str]:
@@ -48,8 +81,9 @@ def make_bpe(path, docs) -> None:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tr = trainers.BpeTrainer(vocab_size=700, special_tokens=[], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                             show_progress=False)
+    tr = trainers.BpeTrainer(
+        vocab_size=700, special_tokens=[], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
     tok.train_from_iterator(docs, tr)
     tok.add_special_tokens([AddedToken("<|endoftext|>", special=True), AddedToken("<|padding|>", special=True)])
     tok.save(str(path))
@@ -68,8 +102,19 @@ def corpus(tmp_path_factory):
     path = d / "corpus.jsonl"
     path.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
     make_bpe(d / "bpe.json", docs)
-    r = run([sys.executable, "data_tools/train_tokenizer.py", "--input", str(path), "--output", str(d / "lossless"),
-             "--vocab-size", "600", "--quiet"])  # the default: lossless
+    r = run(
+        [
+            sys.executable,
+            "data_tools/train_tokenizer.py",
+            "--input",
+            str(path),
+            "--output",
+            str(d / "lossless"),
+            "--vocab-size",
+            "600",
+            "--quiet",
+        ]
+    )  # the default: lossless
     assert r.returncode == 0, r.stderr[-2000:]
     return {"dir": d, "jsonl": path, "docs": docs, "bpe": d / "bpe.json", "lossless": f"{d / 'lossless'}.model"}
 
@@ -86,15 +131,36 @@ def pipeline(request, corpus, shakespeare_shards, tmp_path_factory):
     d = tmp_path_factory.mktemp(f"pipe_{kind}")
     prefix = d / "shards"
     if kind == "bpe":  # Megatron-LM's spellings
-        args = ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", tok, "--json-keys", "text", "--append-eod"]
+        args = [
+            "--tokenizer-type",
+            "HuggingFaceTokenizer",
+            "--tokenizer-model",
+            tok,
+            "--json-keys",
+            "text",
+            "--append-eod",
+        ]
     else:
         args = ["--tokenizer", tok]
-    r = run([sys.executable, "data_tools/preprocess_data.py", "--input", str(corpus["jsonl"]), "--output-prefix",
-             str(prefix), "--word-hashes", "md5", "--quiet", *args])
+    r = run(
+        [
+            sys.executable,
+            "data_tools/preprocess_data.py",
+            "--input",
+            str(corpus["jsonl"]),
+            "--output-prefix",
+            str(prefix),
+            "--word-hashes",
+            "md5",
+            "--quiet",
+            *args,
+        ]
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     save = d / "run"
-    r = conftest.pretrain_here([f"data.prefix=[{prefix}]", f"data.tokenizer={tok}", *TINY, "train.steps=20",
-                                f"train.save_dir={save}"])
+    r = conftest.pretrain_here(
+        [f"data.prefix=[{prefix}]", f"data.tokenizer={tok}", *TINY, "train.steps=20", f"train.save_dir={save}"]
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     hf = d / "hf"
     r = conftest.megahash_here(["export-hf", "--checkpoint", str(save), "--output", str(hf)])
@@ -127,15 +193,27 @@ def test_export_and_eval_refuse_a_tokenizer_of_other_special_ids(pipeline, corpu
     vocabulary, a cut table), and eval scored text with the other tokenizer's ids."""
     other = str(corpus["bpe"]) if pipeline["kind"] == "sp" else shakespeare_shards["tokenizer"]
     out = tmp_path / "hf"
-    r = conftest.megahash_here(["export-hf", "--checkpoint", str(pipeline["run"]), "--output", str(out),
-                                "--tokenizer", other, "--no-verify"])
+    r = conftest.megahash_here(
+        ["export-hf", "--checkpoint", str(pipeline["run"]), "--output", str(out), "--tokenizer", other, "--no-verify"]
+    )
     line = r.stderr.strip()
     assert r.returncode == 2 and not out.exists(), r.stderr[-2000:]
     assert "\n" not in line and "special ids" in line and "the checkpoint was trained with" in line, line
     text = tmp_path / "t.txt"
     text.write_text(corpus["docs"][0][:300])
-    r = conftest.megahash_here(["eval", "--checkpoint", str(pipeline["run"]), "--tokenizer", other, "--text", str(text),
-                                "--out", str(tmp_path / "ev")])
+    r = conftest.megahash_here(
+        [
+            "eval",
+            "--checkpoint",
+            str(pipeline["run"]),
+            "--tokenizer",
+            other,
+            "--text",
+            str(text),
+            "--out",
+            str(tmp_path / "ev"),
+        ]
+    )
     assert r.returncode == 2 and "special ids" in r.stderr and "\n" not in r.stderr.strip(), r.stderr[-2000:]
 
 
@@ -145,8 +223,17 @@ def test_mlm_with_a_tokenizer_without_mask_is_one_line_before_training(pipeline,
     if pipeline["kind"] != "bpe":
         pytest.skip("the sentencepiece tokenizer has a <mask>")
     save = tmp_path / "mlm"
-    r = conftest.pretrain_here([f"data.prefix=[{pipeline['prefix']}]", f"data.tokenizer={pipeline['tokenizer']}", *TINY,
-                                "train.objective=mlm", "model.arch=encoder", "train.steps=2", f"train.save_dir={save}"])
+    r = conftest.pretrain_here(
+        [
+            f"data.prefix=[{pipeline['prefix']}]",
+            f"data.tokenizer={pipeline['tokenizer']}",
+            *TINY,
+            "train.objective=mlm",
+            "model.arch=encoder",
+            "train.steps=2",
+            f"train.save_dir={save}",
+        ]
+    )
     line = r.stderr.strip()
     assert r.returncode == 2 and "\n" not in line and "needs a mask token" in line, r.stderr[-2000:]
     assert not save.exists()
@@ -173,8 +260,8 @@ def test_eval_export_and_transformers(pipeline, corpus):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from megahash.eval.text import load_codec
     from megahash.checkpoint.weights import load_for_inference
+    from megahash.eval.text import load_codec
 
     cfg_json = json.loads((pipeline["hf"] / "config.json").read_text())
     assert cfg_json["model_type"] == "qwen2"
@@ -222,8 +309,19 @@ def test_same_score_on_every_path(pipeline, corpus):
     words = sum(len(re.split(r"\s+", d)) for d in docs)
     expect = float(np.exp(-a.sum() / words))
     tasks = _ppl_task(pipeline["dir"], corpus)
-    out = conftest.megahash_here(["eval", "--checkpoint", str(pipeline["run"]), "--tasks-dir", str(tasks), "--tasks",
-                                  "tok_ppl", "--out", str(pipeline["dir"] / "eval.json")])
+    out = conftest.megahash_here(
+        [
+            "eval",
+            "--checkpoint",
+            str(pipeline["run"]),
+            "--tasks-dir",
+            str(tasks),
+            "--tasks",
+            "tok_ppl",
+            "--out",
+            str(pipeline["dir"] / "eval.json"),
+        ]
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     res = json.loads((pipeline["dir"] / "eval.json").read_text())["results"]["tok_ppl"]
     assert abs(res["word_perplexity"] / expect - 1) < 1e-4
@@ -231,9 +329,25 @@ def test_same_score_on_every_path(pipeline, corpus):
         return
     lm_out = pipeline["dir"] / "lm_eval_out"
     # its own process, forked from the test fork server (conftest.run): the CLI's start, not the interpreter's
-    out = run([sys.executable, "-m", "megahash.eval.lm_eval_cli", "--model", "megahash", "--model_args",
-               f"checkpoint={pipeline['run']}", "--batch_size", "4", "--tasks", "tok_ppl", "--include_path", str(tasks),
-               "--output_path", str(lm_out)])
+    out = run(
+        [
+            sys.executable,
+            "-m",
+            "megahash.eval.lm_eval_cli",
+            "--model",
+            "megahash",
+            "--model_args",
+            f"checkpoint={pipeline['run']}",
+            "--batch_size",
+            "4",
+            "--tasks",
+            "tok_ppl",
+            "--include_path",
+            str(tasks),
+            "--output_path",
+            str(lm_out),
+        ]
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     found = [json.loads(p.read_text()) for p in lm_out.rglob("results*.json")]
     assert found, out.stdout[-2000:]
@@ -249,7 +363,8 @@ def _ppl_task(d, corpus):
     (tasks / "tok_ppl.yaml").write_text(
         "task: tok_ppl\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: " + str(data) + "\n"
         "test_split: test\noutput_type: loglikelihood_rolling\ndoc_to_text: ''\ndoc_to_target: '{{text}}'\n"
-        "metric_list:\n  - metric: word_perplexity\n  - metric: bits_per_byte\n")
+        "metric_list:\n  - metric: word_perplexity\n  - metric: bits_per_byte\n"
+    )
     return tasks
 
 
@@ -261,18 +376,32 @@ def test_one_tokenizer_everywhere(kind, corpus, shakespeare_shards, tmp_path):
 
     from megahash.config import Config
     from megahash.convert.export import write_hashing_files
-    from megahash.hashing.text_coder import TextCoder
     from megahash.convert.tokenizer import write_tokenizer
     from megahash.data.shards import ShardSet
     from megahash.eval.text import load_codec
+    from megahash.hashing.text_coder import TextCoder
 
     tok = _tokenizers(corpus, shakespeare_shards)[kind]
     texts = [t for t in gen_texts(150, seed=11) if t.strip()]
     jsonl = tmp_path / "gen.jsonl"
     jsonl.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     prefix = tmp_path / "gen"
-    r = run([sys.executable, "data_tools/preprocess_data.py", "--input", str(jsonl), "--output-prefix", str(prefix),
-             "--tokenizer", tok, "--word-hashes", "md5", "--no-append-eos", "--quiet"])
+    r = run(
+        [
+            sys.executable,
+            "data_tools/preprocess_data.py",
+            "--input",
+            str(jsonl),
+            "--output-prefix",
+            str(prefix),
+            "--tokenizer",
+            tok,
+            "--word-hashes",
+            "md5",
+            "--no-append-eos",
+            "--quiet",
+        ]
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     shards = ShardSet.open(str(prefix))
     cfg = Config()
@@ -324,8 +453,20 @@ def test_default_tokenizer_is_lossless(corpus, tmp_path):
         ids = codec.encode(t).ids
         assert codec.decode(ids) == t
         assert hf_tok.decode(ids) == t
-    r = run([sys.executable, "data_tools/train_tokenizer.py", "--input", str(corpus["jsonl"]), "--output",
-             str(tmp_path / "lossy"), "--vocab-size", "300", "--lossy", "--quiet"])
+    r = run(
+        [
+            sys.executable,
+            "data_tools/train_tokenizer.py",
+            "--input",
+            str(corpus["jsonl"]),
+            "--output",
+            str(tmp_path / "lossy"),
+            "--vocab-size",
+            "300",
+            "--lossy",
+            "--quiet",
+        ]
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     import sentencepiece as spm
 
@@ -339,18 +480,33 @@ def test_small_corpus_split_is_a_one_line_error(tmp_path, shakespeare_shards):
     from megahash.data.dataset import check_split_sizes
     from megahash.errors import DataError
 
-    r = run([sys.executable, "data_tools/preprocess_data.py", "--input", "shakespeare", "--max-docs", "10",
-             "--output-prefix", str(tmp_path / "s"), "--tokenizer", shakespeare_shards["tokenizer"], "--quiet"])
+    r = run(
+        [
+            sys.executable,
+            "data_tools/preprocess_data.py",
+            "--input",
+            "shakespeare",
+            "--max-docs",
+            "10",
+            "--output-prefix",
+            str(tmp_path / "s"),
+            "--tokenizer",
+            shakespeare_shards["tokenizer"],
+            "--quiet",
+        ]
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     path = str(tmp_path / "s_text_document")
-    with pytest.raises(DataError, match=r"data.split=98,2,0 leaves the validation split no documents of the 10 .*"
-                                        r"data.split=90,10,0"):
+    with pytest.raises(
+        DataError,
+        match=r"data.split=98,2,0 leaves the validation split no documents of the 10 .*"
+        r"data.split=90,10,0",
+    ):
         check_split_sizes("98,2,0", [path], {"train": 8, "validation": 4})
     check_split_sizes("90,10,0", [path], {"train": 8, "validation": 4})
     check_split_sizes("98,2,0", [path], {"train": 8, "validation": 0})  # no validation wanted
     with pytest.raises(DataError, match="train split no documents"):
         check_split_sizes("1,99,0", [path], {"train": 8, "validation": 4})
-
 
 
 def test_samples_past_the_memory_of_their_index_are_a_one_line_error(shakespeare_shards, tmp_path, monkeypatch):
@@ -363,8 +519,9 @@ def test_samples_past_the_memory_of_their_index_are_a_one_line_error(shakespeare
     from megahash.errors import DataError
 
     prefix = shakespeare_shards["prefix"]
-    cfg = load_config(None, [f"data.prefix=[{prefix}]", f"data.tokenizer={shakespeare_shards['tokenizer']}",
-                             "data.seq_length=64"])
+    cfg = load_config(
+        None, [f"data.prefix=[{prefix}]", f"data.tokenizer={shakespeare_shards['tokenizer']}", "data.seq_length=64"]
+    )
     path = f"{prefix}_text_document"
     with monkeypatch.context() as m:  # a machine of 1 GiB: 8e7 samples (~2 GB of index) do not fit, a quarter does
         m.setattr(os, "sysconf", lambda key: {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 1 << 18}[key])
@@ -372,14 +529,18 @@ def test_samples_past_the_memory_of_their_index_are_a_one_line_error(shakespeare
             check_split_sizes("98,2,0", [path], {"train": 8 * 10**7}, 64)
         check_split_sizes("98,2,0", [path] * 4, {"train": 8 * 10**7}, 64, [1.0] * 4)
     for samples in (8 * 10**12, 10**30):
-        with pytest.raises(DataError, match=r"train samples of 64 tokens need [0-9,]+ epochs of the [0-9,]+ documents"
-                                            r".* GiB of memory; lower train.steps \(or train.global_batch_size\)"):
+        with pytest.raises(
+            DataError,
+            match=r"train samples of 64 tokens need [0-9,]+ epochs of the [0-9,]+ documents"
+            r".* GiB of memory; lower train.steps \(or train.global_batch_size\)",
+        ):
             build_datasets(cfg, samples, 8, str(tmp_path / "cache"))
     assert not list((tmp_path / "cache").glob("**/*.npy"))  # nothing of an index written
     with pytest.raises(DataError, match="lower data.valid_samples"):
         build_datasets(cfg, 8, 8 * 10**12, str(tmp_path / "cache"))
     train = build_datasets(cfg, 64, 8, str(tmp_path / "cache")).train
     assert len(train) >= 64
+
 
 def test_zst_input_and_offline_hub_name(corpus, shakespeare_shards, tmp_path):
     """A .jsonl.zst corpus gives the same shards as the plain .jsonl; an HF tokenizer name offline is
@@ -397,14 +558,36 @@ def test_zst_input_and_offline_hub_name(corpus, shakespeare_shards, tmp_path):
         subprocess.run(["zstd", "-q", "-o", str(zst), str(corpus["jsonl"])], check=True)
     outs = {}
     for name, src in (("plain", corpus["jsonl"]), ("zst", zst)):
-        r = run([sys.executable, "data_tools/preprocess_data.py", "--input", str(src), "--output-prefix",
-                 str(tmp_path / name), "--tokenizer", str(corpus["bpe"]), "--quiet"])
+        r = run(
+            [
+                sys.executable,
+                "data_tools/preprocess_data.py",
+                "--input",
+                str(src),
+                "--output-prefix",
+                str(tmp_path / name),
+                "--tokenizer",
+                str(corpus["bpe"]),
+                "--quiet",
+            ]
+        )
         assert r.returncode == 0, r.stderr[-2000:]
         outs[name] = (tmp_path / f"{name}_text_document.bin").read_bytes()
     assert outs["plain"] == outs["zst"] and len(outs["plain"]) > 1000
-    r = run([sys.executable, "data_tools/preprocess_data.py", "--input", str(corpus["jsonl"]), "--output-prefix",
-             str(tmp_path / "hub"), "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
-             "EleutherAI/pythia-160m-nonexistent-offline"])
+    r = run(
+        [
+            sys.executable,
+            "data_tools/preprocess_data.py",
+            "--input",
+            str(corpus["jsonl"]),
+            "--output-prefix",
+            str(tmp_path / "hub"),
+            "--tokenizer-type",
+            "HuggingFaceTokenizer",
+            "--tokenizer-model",
+            "EleutherAI/pythia-160m-nonexistent-offline",
+        ]
+    )
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: cannot load Hugging Face tokenizer"), r.stderr
@@ -419,22 +602,39 @@ def test_missing_tokenizer_fails_at_once_without_hub_retries(shakespeare_shards,
     import time
 
     (tmp_path / "data").mkdir()  # "data/spm" is a path here: its first component is a local folder
-    cases = [("data/spm", {}, "tokenizer not found: 'data/spm'"),
-             ("./spm", {}, "tokenizer not found: './spm'"),
-             ("no-such-org/no-such-tok", {"HF_ENDPOINT": "http://127.0.0.1:9"}, "http://127.0.0.1:9 is unreachable"),
-             ("no-such-org/no-such-tok", {"HF_HUB_OFFLINE": "1"}, "offline (HF_HUB_OFFLINE) with no copy in the local")]
+    cases = [
+        ("data/spm", {}, "tokenizer not found: 'data/spm'"),
+        ("./spm", {}, "tokenizer not found: './spm'"),
+        ("no-such-org/no-such-tok", {"HF_ENDPOINT": "http://127.0.0.1:9"}, "http://127.0.0.1:9 is unreachable"),
+        ("no-such-org/no-such-tok", {"HF_HUB_OFFLINE": "1"}, "offline (HF_HUB_OFFLINE) with no copy in the local"),
+    ]
     for spec, extra, want in cases:
         env = child_env(HF_HUB_CACHE=tmp_path / "hub", **extra)  # an empty cache: nothing is cached
         if "HF_HUB_OFFLINE" not in extra:
             env.pop("HF_HUB_OFFLINE")
         t0 = time.monotonic()
-        r = subprocess.run([sys.executable, str(ROOT / "megahash/pretrain.py"), "--check", "inputs", "--config",
-                            str(ROOT / "configs/quickstart.yaml"), f"data.prefix=[{shakespeare_shards['prefix']}]",
-                            f"data.tokenizer={spec}"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                           timeout=600)
+        r = subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "megahash/pretrain.py"),
+                "--check",
+                "inputs",
+                "--config",
+                str(ROOT / "configs/quickstart.yaml"),
+                f"data.prefix=[{shakespeare_shards['prefix']}]",
+                f"data.tokenizer={spec}",
+            ],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         took = time.monotonic() - t0
         lines = (r.stdout + r.stderr).strip().splitlines()
-        assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: data.tokenizer: "), r.stdout + r.stderr
+        assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: data.tokenizer: "), (
+            r.stdout + r.stderr
+        )
         assert want in lines[0], lines[0]
         assert took < 20, (spec, took)  # 1-2 s on the 2-core machine (the hub's retries took 64 s)
         hub_name = spec == "no-such-org/no-such-tok"

@@ -4,6 +4,7 @@
 word table; this subclass only exists so that ``auto_map`` can name it (transformers maps some
 model types, e.g. qwen2, to their own tokenizer classes otherwise).
 """
+
 try:
     from transformers import PreTrainedTokenizerFast as _FastTokenizer
 except ImportError:  # pragma: no cover

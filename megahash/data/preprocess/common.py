@@ -1,10 +1,11 @@
 """Shared CLI plumbing of the data stage: one-line user errors (``error: ...`` on stderr, exit 2)."""
+
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Optional, Sequence
 
 from megahash.atomic_write import file_above
 from megahash.errors import DataError, MegahashError
@@ -24,7 +25,7 @@ def one_line(text: str) -> str:
     return str(text).strip()
 
 
-def cli(run: Callable[[Optional[Sequence[str]]], int], argv: Optional[Sequence[str]] = None) -> int:
+def cli(run: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:
     """Run ``run(argv)``; user errors become ``error: <one line>`` and exit code 2, Ctrl-C exit 130."""
     try:
         return run(argv)
@@ -41,6 +42,8 @@ def check_output_prefix(prefix: str, flag: str) -> None:
     ``out/_meta.json``) and every existing path above it a folder (a file there was a FileExistsError traceback
     from mkdir)."""
     if not prefix or prefix.endswith(("/", os.sep)) or Path(prefix).name in ("", ".", ".."):
-        raise InputError(f"{flag} {prefix!r} names no file prefix; give FOLDER/NAME, e.g. {prefix.rstrip('/') or 'data'}/corpus")
+        raise InputError(
+            f"{flag} {prefix!r} names no file prefix; give FOLDER/NAME, e.g. {prefix.rstrip('/') or 'data'}/corpus"
+        )
     if (parent := file_above(prefix)) is not None:
         raise InputError(f"{flag} {prefix!r}: {str(parent)!r} is a file, not a folder; choose another prefix")

@@ -1,13 +1,14 @@
 """The encoding pass of ``preprocess_data``: selected documents in chunks, encoded by a pool of worker
 processes (:mod:`.encoding`), written in document order to the token shard and the non-LSH side shards;
 words streams get their global word ids here (first occurrence in document order)."""
+
 from __future__ import annotations
 
 import os
 import sys
 import time
 from collections import Counter
-from typing import Iterable, Iterator, Optional
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -31,7 +32,7 @@ class InjectedFailure(DataError):
 _STATE: dict = {}
 
 
-def _init_encoder(cfg: EncoderConfig, lsh: Optional[LSHModel]) -> None:
+def _init_encoder(cfg: EncoderConfig, lsh: LSHModel | None) -> None:
     """Worker initializer: forked workers inherit the encoder built by ``encode_all`` (no second
     tokenizer load per worker) and only take their own id; otherwise (spawn) build one."""
     enc = _STATE.get("encoder")
@@ -41,7 +42,7 @@ def _init_encoder(cfg: EncoderConfig, lsh: Optional[LSHModel]) -> None:
         _STATE["encoder"] = ChunkEncoder(cfg, lsh)
 
 
-def _encode_chunk(task: tuple[list[str], int, Optional[bytes]]) -> ChunkResult:
+def _encode_chunk(task: tuple[list[str], int, bytes | None]) -> ChunkResult:
     docs, n_count, flags = task
     res = _STATE["encoder"].encode(docs, n_count, flags)
     res.counted = n_count
@@ -60,9 +61,14 @@ class DocStats:
         self.split = 0  # documents encoded in several pieces
 
 
-def chunked_tasks(docs: Iterable[Document], stats: DocStats, max_docs: int, max_chars: int,
-                  count_limit: Optional[int] = None, split_chars: Optional[int] = None
-                  ) -> Iterator[tuple[list[str], int, Optional[bytes]]]:
+def chunked_tasks(
+    docs: Iterable[Document],
+    stats: DocStats,
+    max_docs: int,
+    max_chars: int,
+    count_limit: int | None = None,
+    split_chars: int | None = None,
+) -> Iterator[tuple[list[str], int, bytes | None]]:
     """``(chunk, n, flags)``: the non-empty documents in tasks of at most ``max_docs`` entries and
     ``max_chars`` characters (a longer entry alone). A document longer than ``split_chars``
     characters (or streamed) comes as its pieces (megahash/data/preprocess/long_documents.py), which
@@ -125,10 +131,18 @@ class Progress:
             self.bar.close()
 
 
-def encode_all(args, cfg, source, start, end, stats, writers, specs, words_mode, progress, lsh_pass, tokenizer=None) -> dict:
+def encode_all(
+    args, cfg, source, start, end, stats, writers, specs, words_mode, progress, lsh_pass, tokenizer=None
+) -> dict:
     count_limit = args.lsh_sample_docs or None
-    tasks = chunked_tasks(select_documents(source, start, end, stream=True), stats, args.chunk_docs, args.chunk_chars,
-                          count_limit, args.split_chars)
+    tasks = chunked_tasks(
+        select_documents(source, start, end, stream=True),
+        stats,
+        args.chunk_docs,
+        args.chunk_chars,
+        count_limit,
+        args.split_chars,
+    )
     _STATE["encoder"] = ChunkEncoder(cfg, tokenizer=tokenizer)  # inherited by forked workers (see _init_encoder)
     try:
         return _encode_pool(args, cfg, tasks, writers, specs, words_mode, progress, lsh_pass)
@@ -156,7 +170,9 @@ def _encode_pool(args, cfg, tasks, writers, specs, words_mode, progress, lsh_pas
                         word_list.append(w)
                     gids[i] = g
                 if len(word_list) > len(word_counts):
-                    word_counts = np.concatenate([word_counts, np.zeros(max(len(word_list), 2 * len(word_counts)) - len(word_counts), np.int64)])
+                    word_counts = np.concatenate(
+                        [word_counts, np.zeros(max(len(word_list), 2 * len(word_counts)) - len(word_counts), np.int64)]
+                    )
                 np.add.at(word_counts, gids, np.bincount(tokens, minlength=len(gids)))
                 tokens = gids.astype(np.int32)[tokens]
             lengths, continues = res.documents()  # pieces of a long document: one document

@@ -10,13 +10,15 @@ the worker's new strings, and the worker counts the words the LSH vocabulary nee
 Outputs depend only on the documents, never on chunking or worker count: codes are pure
 functions of strings, and word-table ids are assigned by the main process in document order.
 """
+
 from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -37,23 +39,29 @@ class TokenizerInfo:
     """What the meta records about the tokenizer."""
 
     kind: str  # "sentencepiece" | "hf" | "words"
-    path: Optional[str]
-    sha256: Optional[str]
-    vocab_size: Optional[int]  # None for words: known only at the end
-    special_ids: Optional[dict] = None  # role -> id (None: the word ids 0-4)
-    special_tokens: Optional[dict] = None
-    file: Optional[str] = None
+    path: str | None
+    sha256: str | None
+    vocab_size: int | None  # None for words: known only at the end
+    special_ids: dict | None = None  # role -> id (None: the word ids 0-4)
+    special_tokens: dict | None = None
+    file: str | None = None
     loaded: Any = field(default=None, repr=False, compare=False)  # the tokenizer object (reused by the encoder)
 
     @property
-    def eos_id(self) -> Optional[int]:
+    def eos_id(self) -> int | None:
         return (self.special_ids or {}).get("eos", EOS_ID) if self.special_ids is not None else EOS_ID
 
     def to_meta(self) -> dict:
         ids = self.special_ids if self.special_ids is not None else {name: i for i, name in enumerate(ROLES)}
         toks = self.special_tokens if self.special_tokens is not None else dict(zip(ROLES, SPECIAL_TOKENS))
-        out = {"kind": self.kind, "path": self.path, "sha256": self.sha256, "vocab_size": self.vocab_size,
-               "special_ids": ids, "special_tokens": toks}
+        out = {
+            "kind": self.kind,
+            "path": self.path,
+            "sha256": self.sha256,
+            "vocab_size": self.vocab_size,
+            "special_ids": ids,
+            "special_tokens": toks,
+        }
         if self.file and self.file != self.path:
             out["file"] = self.file
         return out
@@ -65,8 +73,9 @@ def resolve_tokenizer(spec: str) -> TokenizerInfo:
     if spec == WORDS:
         return TokenizerInfo(WORDS, None, None, None)
     tok = load_tokenizer(spec)
-    return TokenizerInfo(tok.kind, spec, tok.sha256, tok.vocab_size, dict(tok.special_ids), dict(tok.special_tokens),
-                         tok.path, tok)
+    return TokenizerInfo(
+        tok.kind, spec, tok.sha256, tok.vocab_size, dict(tok.special_ids), dict(tok.special_tokens), tok.path, tok
+    )
 
 
 @dataclass
@@ -77,7 +86,7 @@ class EncoderConfig:
     specs: list[HashSpec]
     hash_unit: str = "word"
     append_eos: bool = True
-    key: Optional[bytes] = b"en"
+    key: bytes | None = b"en"
     token_dtype: str = "uint16"
     cache_entries: int = 1 << 21  # CodeTable strings (and half as many SegmentEncoder tokens) per worker
     cache_chars: int = 1 << 24  # and at most this many characters of them (each cache cleared past it)
@@ -94,21 +103,21 @@ class ChunkResult:
     lengths: np.ndarray  # tokens per kept document (incl. EOS)
     tokens: np.ndarray  # token ids (sentencepiece) or local word ids (words)
     codes: dict[str, np.ndarray] = field(default_factory=dict)  # spec name -> [tokens, width]
-    words: Optional[list[str]] = None
+    words: list[str] | None = None
     empty: int = 0  # documents with no tokens (skipped)
     # deferred specs, subword streams: per-token CodeTable row ids (0 = special) of this worker, and
     # the strings of the rows the worker added since its previous result (rows len(seen)+1, ...)
-    rows: Optional[np.ndarray] = None
-    new_strings: Optional[list[str]] = None
+    rows: np.ndarray | None = None
+    new_strings: list[str] | None = None
     worker: int = 0  # id of the worker process (its pid)
     generation: int = 0  # CodeTable generation of ``rows`` (a new one restarts the row numbering)
     counted: int = 0  # leading documents of the task whose words are counted (set by the caller)
-    kept: Optional[Sequence[int]] = None  # (while encoding pieces) the entries of ``lengths``
+    kept: Sequence[int] | None = None  # (while encoding pieces) the entries of ``lengths``
     # pieces of long documents (megahash/data/preprocess/long_documents.py): None when every entry of
     # ``lengths`` is a whole document; else per entry whether it continues the previous entry's
     # document (the first one: the previous result's last), and whether the last entry's document
     # goes on in the next result
-    joins: Optional[np.ndarray] = None
+    joins: np.ndarray | None = None
     open_end: bool = False
 
     def documents(self) -> tuple[np.ndarray, bool]:
@@ -130,7 +139,7 @@ class ChunkResult:
 
 
 # -- sentencepiece: encode each distinct whitespace token once ---------------------------------
-def _darts_ascii_keys(blob: bytes) -> Optional[list[bytes]]:
+def _darts_ascii_keys(blob: bytes) -> list[bytes] | None:
     """Keys made only of ASCII bytes in a sentencepiece precompiled character map (a darts-clone
     double array after a little-endian uint32 size; unit: bit 8 has-leaf, label in bits 0-7 (and
     31), offset ``(u >> 10) << ((u & 512) >> 6)``), or None if the blob cannot be read."""
@@ -190,7 +199,7 @@ class SentencePieceSegments:
     sums float32 scores along the whole document, so a segment's best path can depend on what
     precedes it."""
 
-    def __init__(self, tok, pieces: Optional[list[str]] = None):
+    def __init__(self, tok, pieces: list[str] | None = None):
         self.available = False
         self.raw = None
         self._plain = None
@@ -200,11 +209,15 @@ class SentencePieceSegments:
             if not hasattr(sp, "normalize") or proto.trainer_spec.model_type != proto.trainer_spec.BPE:
                 return
             space = sp.piece_to_id(SP_SPACE)
-            if sp.id_to_piece(space) != SP_SPACE or any(f(space) for f in (sp.is_unknown, sp.is_control, sp.is_byte, sp.is_unused)):
+            if sp.id_to_piece(space) != SP_SPACE or any(
+                f(space) for f in (sp.is_unknown, sp.is_control, sp.is_byte, sp.is_unused)
+            ):
                 return
             pieces = pieces if pieces is not None else [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
             for i, piece in enumerate(pieces):  # pieces that BPE can produce: "▁" first only, no whitespace
-                if (SP_SPACE in piece[1:] or piece.split() != [piece]) and not (sp.is_control(i) or sp.is_unknown(i) or sp.is_byte(i)):
+                if (SP_SPACE in piece[1:] or piece.split() != [piece]) and not (
+                    sp.is_control(i) or sp.is_unknown(i) or sp.is_byte(i)
+                ):
                     return
             if sp.normalize("a") != SP_SPACE + "a" or sp.normalize("  a \t b \n") != SP_SPACE + "a" + SP_SPACE + "b":
                 return
@@ -218,7 +231,7 @@ class SentencePieceSegments:
             self.available = False
 
     @staticmethod
-    def _plain_pattern(sp, charsmap: bytes) -> Optional[bytes]:
+    def _plain_pattern(sp, charsmap: bytes) -> bytes | None:
         """The ASCII characters that need no ``normalize`` check (each maps to itself, or is
         whitespace for both ``str.split`` and the model), if the model's character map has no rule
         for a sequence of several ASCII characters; else None."""
@@ -276,8 +289,14 @@ class SegmentEncoder:
     (by ``SentencePieceSegments.raw``) and hashed once per worker; entry 0 is EOS. Also counts the
     tokens of the documents it is told to count (``word_counts``)."""
 
-    def __init__(self, info: SentencePieceSegments, coder: Optional[SubwordCoder], token_dtype: np.dtype,
-                 encode_threads: int, eos: int = EOS_ID):
+    def __init__(
+        self,
+        info: SentencePieceSegments,
+        coder: SubwordCoder | None,
+        token_dtype: np.dtype,
+        encode_threads: int,
+        eos: int = EOS_ID,
+    ):
         self.info, self.coder, self.threads = info, coder, encode_threads
         self.eos = eos
         self.token_dtype = token_dtype
@@ -324,8 +343,9 @@ class SegmentEncoder:
         self.counts.extend(np.zeros(len(strings), np.int64))
         self.simple.extend(simple)
 
-    def _rows(self, strings: list[str], flat: np.ndarray, lens: np.ndarray, offs: np.ndarray,
-              simple: np.ndarray) -> np.ndarray:
+    def _rows(
+        self, strings: list[str], flat: np.ndarray, lens: np.ndarray, offs: np.ndarray, simple: np.ndarray
+    ) -> np.ndarray:
         """CodeTable row ids of the pieces ``flat`` of new entries (``SubwordCoder.row_ids`` with every
         entry a document: its first piece starts with "▁", so it starts a group in any document).
 
@@ -381,7 +401,7 @@ class SegmentEncoder:
         n = self.counts.size
         self.counts.data[:n] += np.bincount(ids, minlength=n)
 
-    def gather(self, sel: np.ndarray) -> tuple[np.ndarray, Optional[np.ndarray], np.ndarray]:
+    def gather(self, sel: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
         """Token ids, row ids (None without a coder) and piece counts of the entries ``sel``."""
         lens = self.len.data[sel]
         ends = np.cumsum(lens)
@@ -449,13 +469,15 @@ def words_of_tokens(tokens: Sequence[str], counts: Sequence[int]) -> Counter:
 class ChunkEncoder:
     """Tokenise a chunk of documents and hash its tokens (see module docstring)."""
 
-    def __init__(self, cfg: EncoderConfig, lsh: Optional[LSHModel] = None, tokenizer=None):
+    def __init__(self, cfg: EncoderConfig, lsh: LSHModel | None = None, tokenizer=None):
         """``tokenizer``: the one ``cfg.tokenizer`` names, already loaded (else it is loaded here)."""
         self.cfg = cfg
         deferred = set(cfg.deferred)
         self.specs = [s for s in cfg.specs if s.name not in deferred]  # hashed here
         self.deferred = [s for s in cfg.specs if s.name in deferred]  # row ids + strings to the main process
-        self.table = CodeTable(self.specs, key=cfg.key, lsh=lsh, max_entries=cfg.cache_entries, max_chars=cfg.cache_chars)
+        self.table = CodeTable(
+            self.specs, key=cfg.key, lsh=lsh, max_entries=cfg.cache_entries, max_chars=cfg.cache_chars
+        )
         self.sp = None
         self.segments = None
         self.worker = os.getpid()
@@ -473,17 +495,23 @@ class ChunkEncoder:
             if cfg.segment_cache and self.sp.kind == "sentencepiece":
                 info = SentencePieceSegments(self.sp, self.coder.pieces)
                 if info.available:
-                    self.segments = SegmentEncoder(info, self.coder if cfg.specs else None, self.token_dtype,
-                                                   cfg.encode_threads, self.eos if self.eos is not None else EOS_ID)
+                    self.segments = SegmentEncoder(
+                        info,
+                        self.coder if cfg.specs else None,
+                        self.token_dtype,
+                        cfg.encode_threads,
+                        self.eos if self.eos is not None else EOS_ID,
+                    )
 
-    def encode(self, docs: Sequence[str], n_count: int = 0, flags: Optional[bytes] = None) -> ChunkResult:
+    def encode(self, docs: Sequence[str], n_count: int = 0, flags: bytes | None = None) -> ChunkResult:
         """Encode ``docs``; with ``cfg.count_words``, count the words of the first ``n_count``.
         ``flags`` (one per entry, megahash/data/preprocess/long_documents.py): the entries are pieces
         of documents (None: each a whole document); a piece continuing a document is encoded as its
         continuation, the EOS follows the ``LAST`` piece, and a piece without tokens is kept (empty)."""
         seg = self.segments
-        if seg is not None and (self.table.full() or len(seg) > self.cfg.cache_entries // 2
-                                or seg.chars > self.cfg.cache_chars):
+        if seg is not None and (
+            self.table.full() or len(seg) > self.cfg.cache_entries // 2 or seg.chars > self.cfg.cache_chars
+        ):
             seg.clear()  # before the table: its counts are read through the table's strings
         self.table.maybe_reset()
         pieces = None if flags is None else _Pieces(flags)
@@ -525,7 +553,7 @@ class ChunkEncoder:
             res.rows = rows.astype(np.int32, copy=False)
         return res
 
-    def _encode_subwords(self, docs: Sequence[str], pieces: Optional["_Pieces"] = None) -> ChunkResult:
+    def _encode_subwords(self, docs: Sequence[str], pieces: _Pieces | None = None) -> ChunkResult:
         if pieces is None:
             id_lists = self.sp.encode_batch(list(docs), num_threads=self.cfg.encode_threads)
         else:
@@ -546,7 +574,7 @@ class ChunkEncoder:
         res.kept = kept
         return res
 
-    def _encode_segments(self, docs: Sequence[str], n_count: int, pieces: Optional["_Pieces"] = None) -> ChunkResult:
+    def _encode_segments(self, docs: Sequence[str], n_count: int, pieces: _Pieces | None = None) -> ChunkResult:
         """Like ``_encode_subwords``, from the per-token cache (documents it cannot reproduce
         exactly, and pieces after a hard cut, are encoded whole)."""
         seg = self.segments
@@ -613,7 +641,7 @@ class ChunkEncoder:
         res.kept = kept
         return res
 
-    def _encode_words(self, docs: Sequence[str], pieces: Optional["_Pieces"] = None) -> ChunkResult:
+    def _encode_words(self, docs: Sequence[str], pieces: _Pieces | None = None) -> ChunkResult:
         local: dict[str, int] = {SPECIAL_TOKENS[EOS_ID]: 0}  # split_words never yields "</s>"
         ids: list[int] = []
         lengths: list[int] = []

@@ -7,6 +7,7 @@ int64 document indices ``0..n``. Not importing megatron-core keeps torch out of 
 workers; tests check the bytes against ``IndexedDatasetBuilder`` and read shards with
 ``IndexedDataset``. The .bin sha256 is computed while writing.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -109,13 +110,21 @@ class IndexedShardWriter:
         self._lengths_file.close()
         n = self.documents
         sha = hashlib.sha256()
-        with open(self.idx_path, "wb") as f, open(self.lengths_path, "rb") as lengths:  # read, not mapped: RSS stays flat
+        with (
+            open(self.idx_path, "wb") as f,
+            open(self.lengths_path, "rb") as lengths,
+        ):  # read, not mapped: RSS stays flat
 
             def put(b: bytes) -> None:
                 f.write(b)
                 sha.update(b)
 
-            put(INDEX_HEADER + struct.pack("<Q", 1) + struct.pack("<B", DTYPE_CODES[self.dtype]) + struct.pack("<QQ", n, n + 1))
+            put(
+                INDEX_HEADER
+                + struct.pack("<Q", 1)
+                + struct.pack("<B", DTYPE_CODES[self.dtype])
+                + struct.pack("<QQ", n, n + 1)
+            )
             for _ in range(0, n, self.BLOCK):
                 put(lengths.read(4 * self.BLOCK))
             lengths.seek(0)

@@ -9,17 +9,18 @@ tokens of ``--verify-docs`` documents from their decoded words; it runs before t
 damaged set prints only the one line training prints for it (``megahash/data/verify.py``). Exit 0 =
 OK, 2 = a mismatch, bad usage or missing shards (one ``error:`` line).
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from megahash.data.preprocess.common import cli, one_line
 from megahash.arguments import ArgumentParser
+from megahash.data.preprocess.common import cli, one_line
 from megahash.errors import DataError
 
 
@@ -32,7 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--sample-doc", type=int, default=0, help="document to decode")
     p.add_argument("--sample-chars", type=int, default=400)
-    p.add_argument("--tokenizer", default=None, help="the shards' tokenizer (.model, tokenizer.json, HF folder or name), if moved since preprocessing")
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="the shards' tokenizer (.model, tokenizer.json, HF folder or name), if moved since preprocessing",
+    )
     return p
 
 
@@ -52,7 +57,7 @@ def length_histogram(lengths: np.ndarray) -> list[dict]:
     return out
 
 
-def summarize(shards, sample_doc: int, sample_chars: int, tokenizer: Optional[str]) -> dict:
+def summarize(shards, sample_doc: int, sample_chars: int, tokenizer: str | None) -> dict:
     meta = shards.meta
     lengths = np.asarray(shards.tokens.sequence_lengths, dtype=np.int64)
     info = {
@@ -61,13 +66,23 @@ def summarize(shards, sample_doc: int, sample_chars: int, tokenizer: Optional[st
         "tokenizer": {k: meta["tokenizer"].get(k) for k in ("kind", "path", "vocab_size")},
         "documents": shards.num_documents,
         "tokens": shards.num_tokens,
-        "length": {"mean": float(lengths.mean()), "min": int(lengths.min()), "max": int(lengths.max()),
-                   "median": float(np.median(lengths))},
+        "length": {
+            "mean": float(lengths.mean()),
+            "min": int(lengths.min()),
+            "max": int(lengths.max()),
+            "median": float(np.median(lengths)),
+        },
         "histogram": length_histogram(lengths),
         "counts": meta["counts"],
         "side_shards": [
-            {"name": name, "kind": spec.kind, "dtype": spec.dtype.name, "width": spec.width,
-             "elements": int(np.asarray(ds.sequence_lengths, np.int64).sum()), "params": spec.params}
+            {
+                "name": name,
+                "kind": spec.kind,
+                "dtype": spec.dtype.name,
+                "width": spec.width,
+                "elements": int(np.asarray(ds.sequence_lengths, np.int64).sum()),
+                "params": spec.params,
+            }
             for name, (ds, spec) in shards.side.items()
         ],
     }
@@ -85,11 +100,15 @@ def print_text(info: dict, out) -> None:
     tok = info["tokenizer"]
     w = out.write
     w(f"shards     {info['prefix']}\n")
-    w(f"stream     {s['kind']} ({tok['kind']}{' ' + tok['path'] if tok.get('path') else ''}, vocab {tok['vocab_size']:,}), "
-      f"dtype {s['dtype']}, EOS {'appended' if s['append_eos'] else 'not appended'}, hash unit {s['hash_unit']}\n")
+    w(
+        f"stream     {s['kind']} ({tok['kind']}{' ' + tok['path'] if tok.get('path') else ''}, vocab {tok['vocab_size']:,}), "
+        f"dtype {s['dtype']}, EOS {'appended' if s['append_eos'] else 'not appended'}, hash unit {s['hash_unit']}\n"
+    )
     c = info["counts"]
-    w(f"documents  {info['documents']:,}   tokens {info['tokens']:,}   skipped empty {c.get('skipped_empty_documents', 0):,}   "
-      f"replaced invalid UTF-8 chars {c.get('replaced_invalid_utf8_chars', 0):,}\n")
+    w(
+        f"documents  {info['documents']:,}   tokens {info['tokens']:,}   skipped empty {c.get('skipped_empty_documents', 0):,}   "
+        f"replaced invalid UTF-8 chars {c.get('replaced_invalid_utf8_chars', 0):,}\n"
+    )
     ln = info["length"]
     w(f"length     mean {ln['mean']:.1f}  median {ln['median']:.0f}  min {ln['min']}  max {ln['max']}\n")
     w("histogram  (tokens per document)\n")
@@ -101,14 +120,16 @@ def print_text(info: dict, out) -> None:
     if not info["side_shards"]:
         w("  (none)\n")
     for sd in info["side_shards"]:
-        w(f"  {sd['name']:<16} {sd['kind']:<10} {sd['dtype']:<6} x{sd['width']:<4} per token  {sd['elements']:,} elements\n")
+        w(
+            f"  {sd['name']:<16} {sd['kind']:<10} {sd['dtype']:<6} x{sd['width']:<4} per token  {sd['elements']:,} elements\n"
+        )
     if "sample" in info:
         w(f"sample     document {info['sample']['document']}:\n")
         for line in info["sample"]["text"].splitlines() or [""]:
             w(f"  | {line}\n")
 
 
-def run(argv: Optional[Sequence[str]] = None) -> int:
+def run(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from megahash.data.shards import ShardSet
 
@@ -124,12 +145,14 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
         print_text(info, sys.stdout)
         v = info.get("verify")
         if v and v["ok"]:
-            print(f"verify     OK: {v['checked_files']} checksums, {len(v['side_shards'])} side shards aligned, "
-                  f"codes of {v['checked_tokens']:,} tokens in {v['checked_documents']} documents recomputed")
+            print(
+                f"verify     OK: {v['checked_files']} checksums, {len(v['side_shards'])} side shards aligned, "
+                f"codes of {v['checked_tokens']:,} tokens in {v['checked_documents']} documents recomputed"
+            )
     return 0
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point: 0 OK, 2 verification mismatch, bad usage or missing shards."""
     return cli(run, argv)
 

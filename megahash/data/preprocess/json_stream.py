@@ -11,11 +11,12 @@ appearing twice (``json.loads`` keeps the last value; the first one was already 
 deeper than ``MAX_DEPTH``; a number longer than ``MAX_NUMBER`` characters (``json.loads`` refuses
 integers past 4,300 digits too).
 """
+
 from __future__ import annotations
 
 import json
 import re
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 MAX_DEPTH = 10_000
 MAX_NUMBER = 1 << 16
@@ -205,7 +206,7 @@ class _Parser:
                         self.key()
                     break
                 if c != stack[-1]:
-                    self.fail(f"Expecting ',' delimiter" if c else "Unexpected end of line")
+                    self.fail("Expecting ',' delimiter" if c else "Unexpected end of line")
                 self.pos += 1
                 stack.pop()
             if not stack:
@@ -264,4 +265,3 @@ def object_text(fragments: Iterable[str], key: str) -> Iterator[str]:
         raise MissingKey(keys)
     if wrong is not None:
         raise KeyTypeError(wrong)
-

@@ -24,11 +24,12 @@ A document's leading whitespace run is kept up to its last ``max_chars`` charact
 that is all the document would hold so far, and its start is dropped); a document of whitespace alone
 yields no piece (an empty document, skipped and counted like a blank one).
 """
+
 from __future__ import annotations
 
 import re
 import unicodedata
-from typing import Iterable, Iterator, Union
+from collections.abc import Iterable, Iterator
 
 START, AFTER_SPACE, AFTER_CUT = 0, 1, 2
 LAST = 4  # flag: the piece ends its document
@@ -61,7 +62,7 @@ class TextStream:
         return "".join(self._fragments)
 
 
-Document = Union[str, TextStream]
+Document = str | TextStream
 
 
 def whole(doc: Document) -> str:
@@ -92,8 +93,8 @@ def find_cut(text: str, start: int, max_chars: int) -> tuple[int, int]:
         for w in (*_WINDOWS, max_chars):
             lo = max(start + 1, end - w)
             last = None
-            for last in pattern.finditer(text, lo, end + 1):
-                pass
+            for match in pattern.finditer(text, lo, end + 1):
+                last = match
             if last is not None:
                 return last.start(), AFTER_SPACE
             if lo == start + 1:

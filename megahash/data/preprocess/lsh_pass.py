@@ -1,9 +1,9 @@
 """LSH side shards of ``preprocess_data`` without a second pass over the corpus (:class:`LSHPass`),
 hashing every distinct string once on a few threads (:class:`Threads`)."""
+
 from __future__ import annotations
 
 from collections import Counter
-from typing import Optional
 
 import numpy as np
 
@@ -37,7 +37,7 @@ class Threads:
     def submit(self, fn, *args):
         return self.pool.submit(fn, *args) if self.pool is not None else self._Done(fn(*args))
 
-    def __enter__(self) -> "Threads":
+    def __enter__(self) -> Threads:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -81,7 +81,7 @@ class LSHPass:
         self.words_mode = words_mode
         self.ids_path = ids_path
         self.ids_file = None  # opened when the string ids outgrow MEMORY_TOKENS
-        self.buffered: Optional[list[np.ndarray]] = []  # string ids kept in memory (None once spilled)
+        self.buffered: list[np.ndarray] | None = []  # string ids kept in memory (None once spilled)
         self.buffered_size = 0
         self.index: dict[str, int] = {}  # string -> id (1, 2, ...)
         self.maps: dict[int, list] = {}  # worker -> [generation, GrowArray: worker row -> string id]
@@ -107,7 +107,9 @@ class LSHPass:
             state[1].extend(np.zeros(1, np.int32))
         index = self.index
         setdefault = index.setdefault
-        new = np.fromiter((setdefault(s, len(index) + 1) for s in res.new_strings), np.int32, count=len(res.new_strings))
+        new = np.fromiter(
+            (setdefault(s, len(index) + 1) for s in res.new_strings), np.int32, count=len(res.new_strings)
+        )
         state[1].extend(new)
         ids = state[1].data[res.rows]
         if self.buffered is not None and self.buffered_size + len(ids) <= self.MEMORY_TOKENS:
@@ -149,12 +151,13 @@ class LSHPass:
             "counted_words": sum(counts.values()),
             "distinct_words": len(counts),
             "sample_docs": args.lsh_sample_docs,
-            "counting": "streaming first pass over the selected documents" if not args.lsh_sample_docs
+            "counting": "streaming first pass over the selected documents"
+            if not args.lsh_sample_docs
             else f"first {args.lsh_sample_docs} selected documents",
         }
         return model, info
 
-    def write_shards(self, lsh: LSHModel, specs, writers: dict, key: bytes, word_table, threads: "Threads") -> None:
+    def write_shards(self, lsh: LSHModel, specs, writers: dict, key: bytes, word_table, threads: Threads) -> None:
         if self.words_mode:
             strings = word_table[0]
             ids = _Int32s(writers["tokens"].bin_path)  # global word ids

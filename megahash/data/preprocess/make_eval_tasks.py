@@ -39,6 +39,7 @@ ranges: shakespeare ``1100:`` (its last 103 of 1,203 documents: the quickstart t
 shakespeare, so hold them out there with ``preprocess_data.py --doc-range 0:1100`` when scoring
 these), bible-kjv and files: all documents.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,11 +47,11 @@ import json
 import random
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
-from megahash.atomic_write import write_text_atomic
 from megahash.arguments import ArgumentParser
+from megahash.atomic_write import write_text_atomic
 from megahash.data.preprocess.common import InputError, cli
 from megahash.data.preprocess.sources import open_source, parse_doc_range, select_documents
 
@@ -86,7 +87,7 @@ def build_items(docs: list[list[str]], pages: list[str], n: int, ppl_docs: int, 
     for d, _, s in pool:
         by_len.setdefault(n_words(s), []).append((d, s))
 
-    def distractors(doc: int, gold: str, k: int) -> Optional[list[str]]:
+    def distractors(doc: int, gold: str, k: int) -> list[str] | None:
         """k distinct sentences of other documents as long as ``gold``: the word count widens from
         exact until 3k candidates exist, then k are drawn among the 3k closest in characters (so
         neither acc, which sums log-probabilities, nor acc_norm favours the gold by length)."""
@@ -104,14 +105,18 @@ def build_items(docs: list[list[str]], pages: list[str], n: int, ppl_docs: int, 
 
     # next sentence (HellaSwag-like)
     nxt, order, lastword = [], [], []
-    positions = [(d, i) for d, sents in enumerate(docs) for i in range(2, len(sents))
-                 if 4 <= n_words(sents[i]) <= 40 and n_words(" ".join(sents[i - 2:i])) >= 6]
+    positions = [
+        (d, i)
+        for d, sents in enumerate(docs)
+        for i in range(2, len(sents))
+        if 4 <= n_words(sents[i]) <= 40 and n_words(" ".join(sents[i - 2 : i])) >= 6
+    ]
     rng.shuffle(positions)
     for d, i in positions:
         if len(nxt) >= n:
             break
-        k = 3 if i >= 3 and n_words(" ".join(docs[d][i - 3:i])) <= 60 else 2
-        ctx = " ".join(docs[d][i - k:i])
+        k = 3 if i >= 3 and n_words(" ".join(docs[d][i - 3 : i])) <= 60 else 2
+        ctx = " ".join(docs[d][i - k : i])
         gold = docs[d][i]
         dis = distractors(d, gold, 3)
         if dis is None:
@@ -146,7 +151,7 @@ def build_items(docs: list[list[str]], pages: list[str], n: int, ppl_docs: int, 
             if not m:
                 continue
             start = end
-            while start > 0 and n_words(" ".join(sents[start:end + 1])) < 30:
+            while start > 0 and n_words(" ".join(sents[start : end + 1])) < 30:
                 start -= 1
             passage = " ".join(sents[start:end]) + " " + last if start < end else last
             if not 30 <= n_words(passage) <= 120:
@@ -173,38 +178,97 @@ def build_items(docs: list[list[str]], pages: list[str], n: int, ppl_docs: int, 
     return {"next": nxt, "order": order, "ppl": ppl, "lastword": lastword, "lastword_gen": lastword}
 
 
-MC_METRICS = [{"metric": "acc", "aggregation": "mean", "higher_is_better": True},
-              {"metric": "acc_norm", "aggregation": "mean", "higher_is_better": True}]
+MC_METRICS = [
+    {"metric": "acc", "aggregation": "mean", "higher_is_better": True},
+    {"metric": "acc_norm", "aggregation": "mean", "higher_is_better": True},
+]
 
 
 def task_yaml(task: str, kind: str, data_file: str, tag: str) -> dict:
-    base = {"tag": [tag], "task": task, "dataset_path": "json", "dataset_name": None,
-            "dataset_kwargs": {"data_files": {"test": data_file}}, "test_split": "test"}
+    base = {
+        "tag": [tag],
+        "task": task,
+        "dataset_path": "json",
+        "dataset_name": None,
+        "dataset_kwargs": {"data_files": {"test": data_file}},
+        "test_split": "test",
+    }
     if kind == "next":
-        base.update({"output_type": "multiple_choice", "doc_to_text": "{{ctx}}", "doc_to_choice": "{{endings}}",
-                     "doc_to_target": "{{label}}", "metric_list": MC_METRICS})
+        base.update(
+            {
+                "output_type": "multiple_choice",
+                "doc_to_text": "{{ctx}}",
+                "doc_to_choice": "{{endings}}",
+                "doc_to_target": "{{label}}",
+                "metric_list": MC_METRICS,
+            }
+        )
     elif kind == "order":
-        base.update({"output_type": "multiple_choice", "doc_to_text": "{{ctx}}", "doc_to_choice": "{{choices}}",
-                     "doc_to_target": "{{label}}", "metric_list": MC_METRICS})
+        base.update(
+            {
+                "output_type": "multiple_choice",
+                "doc_to_text": "{{ctx}}",
+                "doc_to_choice": "{{choices}}",
+                "doc_to_target": "{{label}}",
+                "metric_list": MC_METRICS,
+            }
+        )
     elif kind == "ppl":
-        base.update({"output_type": "loglikelihood_rolling", "doc_to_text": "", "doc_to_target": "{{page}}",
-                     "metric_list": [{"metric": "word_perplexity"}, {"metric": "byte_perplexity"},
-                                     {"metric": "bits_per_byte"}]})
+        base.update(
+            {
+                "output_type": "loglikelihood_rolling",
+                "doc_to_text": "",
+                "doc_to_target": "{{page}}",
+                "metric_list": [
+                    {"metric": "word_perplexity"},
+                    {"metric": "byte_perplexity"},
+                    {"metric": "bits_per_byte"},
+                ],
+            }
+        )
     elif kind == "lastword":
-        base.update({"output_type": "loglikelihood", "doc_to_text": "{{text.split(' ')[:-1]|join(' ')}}",
-                     "doc_to_target": "{{' '+text.split(' ')[-1]}}",
-                     "metric_list": [{"metric": "perplexity", "aggregation": "perplexity", "higher_is_better": False},
-                                     {"metric": "acc", "aggregation": "mean", "higher_is_better": True}]})
+        base.update(
+            {
+                "output_type": "loglikelihood",
+                "doc_to_text": "{{text.split(' ')[:-1]|join(' ')}}",
+                "doc_to_target": "{{' '+text.split(' ')[-1]}}",
+                "metric_list": [
+                    {"metric": "perplexity", "aggregation": "perplexity", "higher_is_better": False},
+                    {"metric": "acc", "aggregation": "mean", "higher_is_better": True},
+                ],
+            }
+        )
     elif kind == "lastword_gen":
-        base.update({"output_type": "generate_until", "doc_to_text": "{{text.split(' ')[:-1]|join(' ')}}",
-                     "doc_to_target": "{{text.split(' ')[-1]}}",
-                     "generation_kwargs": {"until": ["\n", ".", ",", ";", ":", "!", "?"], "max_gen_toks": 8,
-                                           "do_sample": False},
-                     "filter_list": [{"name": "first_word", "filter": [
-                         {"function": "regex", "regex_pattern": "(\\w+)", "group_select": 0},
-                         {"function": "take_first"}]}],
-                     "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True,
-                                      "ignore_case": True, "ignore_punctuation": True}]})
+        base.update(
+            {
+                "output_type": "generate_until",
+                "doc_to_text": "{{text.split(' ')[:-1]|join(' ')}}",
+                "doc_to_target": "{{text.split(' ')[-1]}}",
+                "generation_kwargs": {
+                    "until": ["\n", ".", ",", ";", ":", "!", "?"],
+                    "max_gen_toks": 8,
+                    "do_sample": False,
+                },
+                "filter_list": [
+                    {
+                        "name": "first_word",
+                        "filter": [
+                            {"function": "regex", "regex_pattern": "(\\w+)", "group_select": 0},
+                            {"function": "take_first"},
+                        ],
+                    }
+                ],
+                "metric_list": [
+                    {
+                        "metric": "exact_match",
+                        "aggregation": "mean",
+                        "higher_is_better": True,
+                        "ignore_case": True,
+                        "ignore_punctuation": True,
+                    }
+                ],
+            }
+        )
     base["metadata"] = {"version": 1.0}
     return base
 
@@ -225,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run(argv: Optional[Sequence[str]] = None) -> int:
+def run(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.n < 1 or args.ppl_docs < 1:
         raise InputError("--n and --ppl-docs must be >= 1")
@@ -236,8 +300,10 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     out = Path(args.out).resolve()
     existing = sorted(p.name for p in out.glob(f"{name}_*") if p.is_file()) if out.is_dir() else []
     if existing and not args.overwrite:
-        raise InputError(f"output {str(out)!r} already holds the {name} tasks ({existing[0]}); pass --overwrite to "
-                         f"replace them (or --name for another suite beside them)")
+        raise InputError(
+            f"output {str(out)!r} already holds the {name} tasks ({existing[0]}); pass --overwrite to "
+            f"replace them (or --name for another suite beside them)"
+        )
     docs, pages = [], []
     for doc in select_documents(source, start, end):
         sents = sentences(doc)
@@ -252,7 +318,9 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
             size += len(s) + 1
         pages.append(" ".join(page))
     if len(docs) < 2:
-        raise InputError(f"--held-out-docs {rng_spec} of {args.source!r} selects {len(docs)} non-empty documents; need >= 2")
+        raise InputError(
+            f"--held-out-docs {rng_spec} of {args.source!r} selects {len(docs)} non-empty documents; need >= 2"
+        )
     items = build_items(docs, pages, args.n, args.ppl_docs, args.seed)
     out.mkdir(parents=True, exist_ok=True)
     import yaml
@@ -265,22 +333,36 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
         task = f"{name}_{kind}"
         data = out / f"{task}.jsonl"
         write_text_atomic(data, "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows))
-        write_text_atomic(out / f"{task}.yaml", yaml.safe_dump(task_yaml(task, kind, str(data), tag), sort_keys=False,
-                                                               allow_unicode=True))
+        write_text_atomic(
+            out / f"{task}.yaml",
+            yaml.safe_dump(task_yaml(task, kind, str(data), tag), sort_keys=False, allow_unicode=True),
+        )
         counts[task] = len(rows)
     # the held-out text itself, for `megahash indicators --text` (first pages of the held-out documents)
     held = out / f"{name}_held_out.txt"
     write_text_atomic(held, "\n\n".join(pages) + "\n")
-    manifest = {"source": args.source, "held_out_docs": [start, end], "documents": len(docs), "seed": args.seed,
-                "held_out_text": held.name, "n": args.n, "ppl_docs": args.ppl_docs, "max_doc_chars": args.max_doc_chars, "tag": tag,
-                "tasks": counts}
+    manifest = {
+        "source": args.source,
+        "held_out_docs": [start, end],
+        "documents": len(docs),
+        "seed": args.seed,
+        "held_out_text": held.name,
+        "n": args.n,
+        "ppl_docs": args.ppl_docs,
+        "max_doc_chars": args.max_doc_chars,
+        "tag": tag,
+        "tasks": counts,
+    }
     write_text_atomic(out / f"{name}_manifest.json", json.dumps(manifest, indent=1) + "\n")
-    print(f"wrote {len(counts)} tasks (tag {tag}) to {out}: " + ", ".join(f"{k} {v}" for k, v in counts.items())
-          + f"; held-out text {held}")
+    print(
+        f"wrote {len(counts)} tasks (tag {tag}) to {out}: "
+        + ", ".join(f"{k} {v}" for k, v in counts.items())
+        + f"; held-out text {held}"
+    )
     return 0
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     return cli(run, argv)
 
 

@@ -9,13 +9,15 @@ trip. There are no locks shared between processes, so ``terminate`` (on errors, 
 can kill the workers at any moment without hanging. ``n <= 1`` runs everything in-process.
 ``broadcast(fn)`` runs ``fn`` once in every worker (e.g. to collect per-worker totals at the end).
 """
+
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
 import signal
 from collections import deque
-from typing import Any, Callable, Iterable, Iterator, Optional
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from megahash.errors import DataError
 
@@ -26,7 +28,7 @@ def _noop() -> None:
     pass
 
 
-def _worker(tasks, results, initializer: Callable, initargs: tuple, parent_pid: Optional[int] = None) -> None:
+def _worker(tasks, results, initializer: Callable, initargs: tuple, parent_pid: int | None = None) -> None:
     if parent_pid is not None:  # killed with the main process, even by SIGKILL (megahash/data/preprocess/publish.py)
         from megahash.data.preprocess.publish import die_with_parent
 
@@ -36,7 +38,7 @@ def _worker(tasks, results, initializer: Callable, initargs: tuple, parent_pid: 
     try:
         initializer(*initargs)
     except BaseException as e:  # report at the first result
-        err: Optional[BaseException] = e
+        err: BaseException | None = e
     else:
         err = None
     while True:
@@ -64,7 +66,7 @@ class OrderedPool:
     """See module docstring. Use as a context manager: normal exit stops the workers, an exception
     kills them."""
 
-    def __init__(self, workers: int, initializer: Optional[Callable] = None, initargs: tuple = ()):
+    def __init__(self, workers: int, initializer: Callable | None = None, initargs: tuple = ()):
         self.workers = max(1, workers)
         initializer = initializer or _noop
         self.procs: list = []
@@ -160,7 +162,7 @@ class OrderedPool:
             conn.close()
         self.procs, self.tasks, self.results = [], [], []
 
-    def __enter__(self) -> "OrderedPool":
+    def __enter__(self) -> OrderedPool:
         return self
 
     def __exit__(self, exc_type, *exc) -> None:

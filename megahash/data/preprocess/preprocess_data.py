@@ -28,6 +28,7 @@ each distinct string is hashed once, and the LSH side shards are written by a ga
 (``--doc-range``, ``--skip-docs``, ``--max-docs``) counts every source document, empty ones included.
 Outputs are byte-identical for any ``--workers`` (no timestamps; ordered results).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,8 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -61,6 +62,7 @@ from megahash.hashing.words import EOS_ID, NUM_SPECIAL, WORD_PATTERN
 
 FORMAT_VERSION = 1
 
+
 # -- output names -----------------------------------------------------------------------------
 def shard_names(prefix: str, spec_names: Sequence[str]) -> dict[str, str]:
     """Shard prefixes: ``tokens`` -> PREFIX_text_document, spec name -> PREFIX_hash_{spec}."""
@@ -72,57 +74,109 @@ def shard_names(prefix: str, spec_names: Sequence[str]) -> dict[str, str]:
 # -- CLI --------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--input", required=True, help="SRC: file/dir/glob of .txt/.jsonl/.parquet, hf:NAME[:CONFIG]:SPLIT, shakespeare, bible-kjv")
+    p.add_argument(
+        "--input",
+        required=True,
+        help="SRC: file/dir/glob of .txt/.jsonl/.parquet, hf:NAME[:CONFIG]:SPLIT, shakespeare, bible-kjv",
+    )
     p.add_argument("--output-prefix", required=True)
-    p.add_argument("--tokenizer", default=None, help="sentencepiece PREFIX.model, tokenizer.json, HF tokenizer folder or name, "
-                   "or 'words' (vocabulary-free)")
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="sentencepiece PREFIX.model, tokenizer.json, HF tokenizer folder or name, or 'words' (vocabulary-free)",
+    )
     # Megatron-LM's tools/preprocess_data.py spellings (same meaning)
-    p.add_argument("--tokenizer-type", default=None, help="Megatron alias: HuggingFaceTokenizer or SentencePieceTokenizer")
+    p.add_argument(
+        "--tokenizer-type", default=None, help="Megatron alias: HuggingFaceTokenizer or SentencePieceTokenizer"
+    )
     p.add_argument("--tokenizer-model", default=None, help="Megatron alias of --tokenizer (with --tokenizer-type)")
     p.add_argument("--json-keys", nargs="+", default=None, help="Megatron alias of --json-key (one key)")
-    p.add_argument("--append-eod", dest="append_eos", action="store_true", default=True, help="Megatron alias of --append-eos")
-    p.add_argument("--word-hashes", default="", help="comma-separated hash specs: md5, md5-bucketN, lshT, lsh-bucketN, rollingN[-lenL]")
-    p.add_argument("--hash-unit", choices=HASH_UNITS, default="word", help="subword streams: hash the whole word (default) or the piece")
+    p.add_argument(
+        "--append-eod", dest="append_eos", action="store_true", default=True, help="Megatron alias of --append-eos"
+    )
+    p.add_argument(
+        "--word-hashes",
+        default="",
+        help="comma-separated hash specs: md5, md5-bucketN, lshT, lsh-bucketN, rollingN[-lenL]",
+    )
+    p.add_argument(
+        "--hash-unit",
+        choices=HASH_UNITS,
+        default="word",
+        help="subword streams: hash the whole word (default) or the piece",
+    )
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--json-key", default="text", help="text key of .jsonl/.parquet/hf rows")
     p.add_argument("--txt-mode", choices=["blocks", "lines"], default="blocks")
-    p.add_argument("--append-eos", dest="append_eos", action="store_true", default=True, help="append </s> (id 2) to every document (default)")
+    p.add_argument(
+        "--append-eos",
+        dest="append_eos",
+        action="store_true",
+        default=True,
+        help="append </s> (id 2) to every document (default)",
+    )
     p.add_argument("--no-append-eos", dest="append_eos", action="store_false")
     p.add_argument("--doc-range", default=None, help="START:END source document indices (half-open)")
     p.add_argument("--skip-docs", type=int, default=0)
     p.add_argument("--max-docs", type=int, default=None)
     p.add_argument("--seed", type=int, default=1234, help="seed of the LSH hyperplanes")
     p.add_argument("--md5-key", default=DEFAULT_KEY.decode(), help="HMAC key of md5 specs (default 'en')")
-    p.add_argument("--lsh-vocab-size", type=int, default=DEFAULT_NGRAM_VOCAB, help="top-K character n-grams (default 50,000)")
-    p.add_argument("--lsh-sample-docs", type=int, default=0, help="count n-grams over the first M selected documents only (0 = all)")
+    p.add_argument(
+        "--lsh-vocab-size", type=int, default=DEFAULT_NGRAM_VOCAB, help="top-K character n-grams (default 50,000)"
+    )
+    p.add_argument(
+        "--lsh-sample-docs",
+        type=int,
+        default=0,
+        help="count n-grams over the first M selected documents only (0 = all)",
+    )
     p.add_argument("--shakespeare-chunk-chars", type=int, default=4000)
     p.add_argument("--chunk-docs", type=int, default=64, help="documents per worker task")
     p.add_argument("--chunk-chars", type=int, default=1 << 19, help="characters per worker task (at most)")
-    p.add_argument("--split-chars", type=int, default=1 << 19, help="documents longer than this are encoded in pieces "
-                   "of at most this many characters, cut at whitespace, written as one document (docs/data.md)")
+    p.add_argument(
+        "--split-chars",
+        type=int,
+        default=1 << 19,
+        help="documents longer than this are encoded in pieces "
+        "of at most this many characters, cut at whitespace, written as one document (docs/data.md)",
+    )
     p.add_argument("--encode-threads", type=int, default=1, help="sentencepiece threads per worker (batch encode)")
-    p.add_argument("--cache-words", type=int, default=1 << 20, help="word/token cache entries per worker (each cache "
-                   "also holds at most 8x as many characters); bounds the caches' memory (docs/data.md)")
+    p.add_argument(
+        "--cache-words",
+        type=int,
+        default=1 << 20,
+        help="word/token cache entries per worker (each cache "
+        "also holds at most 8x as many characters); bounds the caches' memory (docs/data.md)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing output prefix")
     p.add_argument("--quiet", action="store_true")
     return p
 
 
-MEGATRON_TOKENIZER_TYPES = ("HuggingFaceTokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer")
+MEGATRON_TOKENIZER_TYPES = (
+    "HuggingFaceTokenizer",
+    "SentencePieceTokenizer",
+    "GPTSentencePieceTokenizer",
+    "Llama2Tokenizer",
+)
 
 
 def _megatron_aliases(args) -> None:
     """Map Megatron-LM's spellings onto ours (``--tokenizer-model``, ``--json-keys``)."""
     if args.tokenizer_type is not None and args.tokenizer_type not in MEGATRON_TOKENIZER_TYPES:
-        raise InputError(f"--tokenizer-type {args.tokenizer_type} is not supported; use HuggingFaceTokenizer or "
-                         f"SentencePieceTokenizer with --tokenizer-model, or --tokenizer PATH")
+        raise InputError(
+            f"--tokenizer-type {args.tokenizer_type} is not supported; use HuggingFaceTokenizer or "
+            f"SentencePieceTokenizer with --tokenizer-model, or --tokenizer PATH"
+        )
     if args.tokenizer_model is not None:
         if args.tokenizer is not None and args.tokenizer != args.tokenizer_model:
             raise InputError("give either --tokenizer or --tokenizer-model, not both")
         args.tokenizer = args.tokenizer_model
     if args.tokenizer is None:
-        raise InputError("no tokenizer: pass --tokenizer PATH|NAME|words (or --tokenizer-type HuggingFaceTokenizer "
-                         "--tokenizer-model NAME)")
+        raise InputError(
+            "no tokenizer: pass --tokenizer PATH|NAME|words (or --tokenizer-type HuggingFaceTokenizer "
+            "--tokenizer-model NAME)"
+        )
     if args.json_keys is not None:
         if len(args.json_keys) != 1:
             raise InputError(f"--json-keys takes one key here (documents are one text each), got {args.json_keys}")
@@ -146,18 +200,18 @@ def _check_args(args) -> None:
     check_output_prefix(args.output_prefix, "--output-prefix")
 
 
-
 def _existing_outputs(prefix: str, finals: Iterable[str]) -> list[str]:
     meta = f"{prefix}_meta.json"
     return [f for f in [meta, *finals] if os.path.exists(f)]
 
 
-def run(argv: Optional[Sequence[str]] = None) -> int:
+def run(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _check_args(args)
     specs = parse_hash_specs(args.word_hashes)
-    source = open_source(args.input, txt_mode=args.txt_mode, json_key=args.json_key,
-                         shakespeare_chunk_chars=args.shakespeare_chunk_chars)
+    source = open_source(
+        args.input, txt_mode=args.txt_mode, json_key=args.json_key, shakespeare_chunk_chars=args.shakespeare_chunk_chars
+    )
     start, end = parse_doc_range(args.doc_range, args.skip_docs, args.max_docs)
     tok = resolve_tokenizer(args.tokenizer)
     words_mode = tok.kind == WORDS
@@ -191,23 +245,35 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
         lsh_info = None
         for name, shard in shards.items():
             dtype = token_dtype if name == "tokens" else next(s.dtype for s in specs if s.name == name)
-            writers[name] = IndexedShardWriter(outputs.tmp(shard + ".bin"), outputs.tmp(shard + ".idx"), dtype,
-                                               outputs.scratch(shard + "_lengths"))
+            writers[name] = IndexedShardWriter(
+                outputs.tmp(shard + ".bin"), outputs.tmp(shard + ".idx"), dtype, outputs.scratch(shard + "_lengths")
+            )
 
         cfg = EncoderConfig(
-            tokenizer=tok.path or WORDS, specs=specs, hash_unit=args.hash_unit, append_eos=args.append_eos,
-            key=key, token_dtype=token_dtype.name, encode_threads=args.encode_threads,
-            deferred=tuple(s.name for s in lsh_specs), count_words=bool(lsh_specs) and not words_mode,
-            cache_entries=args.cache_words, cache_chars=8 * args.cache_words,
+            tokenizer=tok.path or WORDS,
+            specs=specs,
+            hash_unit=args.hash_unit,
+            append_eos=args.append_eos,
+            key=key,
+            token_dtype=token_dtype.name,
+            encode_threads=args.encode_threads,
+            deferred=tuple(s.name for s in lsh_specs),
+            count_words=bool(lsh_specs) and not words_mode,
+            cache_entries=args.cache_words,
+            cache_chars=8 * args.cache_words,
         )
         stats = DocStats()
         progress = Progress("encoding", args.quiet)
         lsh_pass = LSHPass(outputs.scratch(f"{prefix}_lsh_rows"), words_mode) if lsh_specs else None
-        counts = encode_all(args, cfg, source, start, end, stats, writers, specs, words_mode, progress, lsh_pass, tok.loaded)
+        counts = encode_all(
+            args, cfg, source, start, end, stats, writers, specs, words_mode, progress, lsh_pass, tok.loaded
+        )
         progress.close()
         progress = None
         if counts["documents"] == 0:
-            raise InputError(f"no non-empty documents in {args.input!r} (document range {start}:{'' if end is None else end})")
+            raise InputError(
+                f"no non-empty documents in {args.input!r} (document range {start}:{'' if end is None else end})"
+            )
         for name, w in writers.items():
             if name not in cfg.deferred:
                 w.finalize()
@@ -250,7 +316,9 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
         counts["source_documents_read"] = stats.read
         counts["split_documents"] = stats.split
         counts["replaced_invalid_utf8_chars"] = source.replaced_chars
-        meta = _meta(args, source, start, end, tok, token_dtype, specs, key, shards, lsh_info, words_path, counts, files)
+        meta = _meta(
+            args, source, start, end, tok, token_dtype, specs, key, shards, lsh_info, words_path, counts, files
+        )
         with open(outputs.tmp(meta_path), "w", encoding="utf-8") as f:
             json.dump(meta, f, indent=2)
             f.write("\n")
@@ -270,8 +338,11 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
             signal.signal(sig, handler)
         reaper.__exit__(None, None, None)
     if not args.quiet:
-        print(f"wrote {counts['documents']:,} documents, {counts['tokens']:,} tokens -> {prefix}_* "
-              f"(hashes: {', '.join(s.name for s in specs) or 'none'})", file=sys.stderr)
+        print(
+            f"wrote {counts['documents']:,} documents, {counts['tokens']:,} tokens -> {prefix}_* "
+            f"(hashes: {', '.join(s.name for s in specs) or 'none'})",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -279,7 +350,7 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def read_json(path: str) -> Optional[dict]:
+def read_json(path: str) -> dict | None:
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
@@ -329,7 +400,7 @@ def _meta(args, source, start, end, tok, token_dtype, specs, key, shards, lsh_in
     }
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point: 0 on success, 2 with ``error: ...`` on bad input, 130 on interrupt."""
     return cli(run, argv)
 

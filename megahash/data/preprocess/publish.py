@@ -12,13 +12,14 @@ are leftovers (:func:`leftovers`), replaced like temp files; so are temp files o
 :func:`die_with_parent` (Linux ``prctl(PR_SET_PDEATHSIG)``) makes a worker process get SIGKILL when
 the process that started it dies, even by SIGKILL, so killing preprocess never leaves workers.
 """
+
 from __future__ import annotations
 
 import glob
 import os
 import re
 import signal
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 _TMP = re.compile(r"\.tmp-(\d+)$")
 
@@ -119,13 +120,18 @@ class TempReaper:
         self.pattern = pattern
         self.proc = None
 
-    def __enter__(self) -> "TempReaper":
+    def __enter__(self) -> TempReaper:
         import subprocess
         import sys
 
         try:
-            self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _REAPER, self.pattern], stdin=subprocess.PIPE,
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _REAPER, self.pattern],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         except OSError:  # pragma: no cover - cannot start a process: the next run removes leftovers instead
             self.proc = None
         return self
@@ -186,7 +192,7 @@ class AtomicOutputs:
         self.pending.clear()
 
 
-def remove_stale(old_meta: Optional[dict], prefix: str, keep: set) -> None:
+def remove_stale(old_meta: dict | None, prefix: str, keep: set) -> None:
     """After --overwrite: delete files of the previous run that this run did not write."""
     if not old_meta:
         return

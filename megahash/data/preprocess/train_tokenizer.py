@@ -23,6 +23,7 @@ input; sentencepiece holds its sample, at most ``--input-sentence-size`` x ``--m
 bytes, and its own training state. The temporary model files are removed however the run ends
 (:class:`megahash.data.preprocess.publish.TempReaper`: also on SIGKILL).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,8 @@ import glob
 import os
 import re
 import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
 
 from megahash.arguments import ArgumentParser
 from megahash.data.preprocess.common import InputError, check_output_prefix, cli, one_line
@@ -40,27 +41,44 @@ from megahash.data.preprocess.publish import TempReaper
 from megahash.data.preprocess.sources import open_source, parse_doc_range, select_documents
 from megahash.hashing.words import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, UNK_ID
 
-
 # sentencepiece trainer options of the default (lossless) tokenizer
 _SPACE = re.compile(r"\s")
-LOSSLESS = {"normalization_rule_name": "identity", "remove_extra_whitespaces": False,
-            "allow_whitespace_only_pieces": True, "split_digits": False}
+LOSSLESS = {
+    "normalization_rule_name": "identity",
+    "remove_extra_whitespaces": False,
+    "allow_whitespace_only_pieces": True,
+    "split_digits": False,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--input", required=True, help="SRC: file/dir/glob of .txt/.jsonl/.parquet, hf:NAME[:CONFIG]:SPLIT, shakespeare, bible-kjv")
+    p.add_argument(
+        "--input",
+        required=True,
+        help="SRC: file/dir/glob of .txt/.jsonl/.parquet, hf:NAME[:CONFIG]:SPLIT, shakespeare, bible-kjv",
+    )
     p.add_argument("--output", required=True, help="output prefix: writes PREFIX.model and PREFIX.vocab")
     p.add_argument("--vocab-size", type=int, required=True)
     p.add_argument("--type", dest="model_type", choices=["bpe", "unigram"], default="bpe")
     p.add_argument("--character-coverage", type=float, default=0.9995)
     p.add_argument("--input-sentence-size", type=int, default=2_000_000, help="sentences sampled for training")
     p.add_argument("--max-sentence-length", type=int, default=4192, help="bytes; longer lines are cut at spaces")
-    p.add_argument("--split-chars", type=int, default=1 << 19, help="long documents are read in pieces of at most this "
-                   "many characters (memory, docs/data.md)")
-    p.add_argument("--byte-fallback", action="store_true", help="with --lossy: encode unknown characters as byte pieces")
-    p.add_argument("--lossy", action="store_true", help="sentencepiece's default normaliser (NFKC, whitespace folded); "
-                   "default: lossless (identity normaliser, whitespace kept, byte fallback)")
+    p.add_argument(
+        "--split-chars",
+        type=int,
+        default=1 << 19,
+        help="long documents are read in pieces of at most this many characters (memory, docs/data.md)",
+    )
+    p.add_argument(
+        "--byte-fallback", action="store_true", help="with --lossy: encode unknown characters as byte pieces"
+    )
+    p.add_argument(
+        "--lossy",
+        action="store_true",
+        help="sentencepiece's default normaliser (NFKC, whitespace folded); "
+        "default: lossless (identity normaliser, whitespace kept, byte fallback)",
+    )
     p.add_argument("--txt-mode", choices=["blocks", "lines"], default="blocks")
     p.add_argument("--json-key", default="text")
     p.add_argument("--doc-range", default=None, help="START:END source document indices")
@@ -174,7 +192,7 @@ def sentences(documents, max_len: int, keep_whitespace: bool = False, split_char
             yield from _stream_lines(doc, max_len, keep_whitespace, split_chars)
 
 
-def run(argv: Optional[Sequence[str]] = None) -> int:
+def run(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.split_chars < 64 or args.max_sentence_length < 1:
         raise InputError("--split-chars must be >= 64 and --max-sentence-length >= 1")
@@ -182,8 +200,10 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
         raise InputError(f"--vocab-size must be > {len(SPECIAL_TOKENS)}, got {args.vocab_size}")
     byte_fallback = args.byte_fallback or not args.lossy
     if byte_fallback and args.vocab_size <= len(SPECIAL_TOKENS) + 256:
-        raise InputError(f"--vocab-size must be > {len(SPECIAL_TOKENS) + 256} with byte fallback (256 byte pieces), "
-                         f"got {args.vocab_size}; raise it or pass --lossy")
+        raise InputError(
+            f"--vocab-size must be > {len(SPECIAL_TOKENS) + 256} with byte fallback (256 byte pieces), "
+            f"got {args.vocab_size}; raise it or pass --lossy"
+        )
     check_output_prefix(args.output, "--output")
     final = {ext: args.output + ext for ext in (".model", ".vocab")}
     if not args.overwrite:
@@ -200,7 +220,9 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
 
     def feed() -> Iterator[str]:
         docs = select_documents(source, start, end, stream=True)
-        for s in sentences(docs, args.max_sentence_length, keep_whitespace=not args.lossy, split_chars=args.split_chars):
+        for s in sentences(
+            docs, args.max_sentence_length, keep_whitespace=not args.lossy, split_chars=args.split_chars
+        ):
             counted["sentences"] += 1
             yield s
 
@@ -247,11 +269,14 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
                 os.remove(tmp_prefix + ext)
         reaper.__exit__(None, None, None)
     if not args.quiet:
-        print(f"wrote {final['.model']} ({sp.get_piece_size()} pieces, {counted['sentences']} sentences read)", file=sys.stderr)
+        print(
+            f"wrote {final['.model']} ({sp.get_piece_size()} pieces, {counted['sentences']} sentences read)",
+            file=sys.stderr,
+        )
     return 0
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point: 0 on success, 2 with ``error: ...`` on bad input."""
     return cli(run, argv)
 
