@@ -556,6 +556,19 @@ def train_losses(run_dir, split: str = "train") -> dict[int, float]:
     return out
 
 
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory) -> str:
+    """A 1,000-piece sentencepiece BPE of 150 Shakespeare documents, trained in process: ``--lossy``, the NFKC
+    model whose BPE qualifies for the data stage's per-token segment cache (the lossless default is encoded
+    whole; tests/data/test_tokenizers.py covers it). Its ``.model`` path."""
+    from megahash.data.preprocess import train_tokenizer
+
+    d = tmp_path_factory.mktemp("tok")
+    argv = ["--input", "shakespeare", "--output", str(d / "spm"), "--vocab-size", "1000", "--max-docs", "150"]
+    assert train_tokenizer.main([*argv, "--quiet", "--lossy"]) == 0
+    return str(d / "spm.model")
+
+
 @pytest.fixture(scope="session")
 def shakespeare_shards(tmp_path_factory) -> dict:
     """A sentencepiece BPE model and token shards (md5 + lsh128 side shards) of real Shakespeare

@@ -29,29 +29,6 @@ def env() -> dict:
     return e
 
 
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory) -> str:
-    d = tmp_path_factory.mktemp("tok")
-    assert (
-        train_tokenizer.main(
-            [
-                "--input",
-                "shakespeare",
-                "--output",
-                str(d / "spm"),
-                "--vocab-size",
-                "1000",
-                "--max-docs",
-                "150",
-                "--quiet",
-                "--lossy",
-            ]
-        )
-        == 0
-    )
-    return str(d / "spm.model")
-
-
 def preprocess(*args) -> list[str]:
     return [sys.executable, "data_tools/preprocess_data.py", *map(str, args)]
 

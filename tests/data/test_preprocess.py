@@ -75,31 +75,6 @@ def read_dataset(prefix: str):
 
 
 @pytest.fixture(scope="module")
-def tok(tmp_path_factory) -> str:
-    d = tmp_path_factory.mktemp("tok")
-    # --lossy: the NFKC model whose BPE qualifies for the per-token segment cache tested here (the
-    # lossless default is encoded whole; tests/data/test_tokenizers.py covers it)
-    assert (
-        train_tokenizer.main(
-            [
-                "--input",
-                "shakespeare",
-                "--output",
-                str(d / "spm"),
-                "--vocab-size",
-                "1000",
-                "--max-docs",
-                "150",
-                "--quiet",
-                "--lossy",
-            ]
-        )
-        == 0
-    )
-    return str(d / "spm.model")
-
-
-@pytest.fixture(scope="module")
 def shards(tmp_path_factory, tok) -> str:
     prefix = str(tmp_path_factory.mktemp("w1") / "shk")
     assert (
