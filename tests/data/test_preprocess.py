@@ -74,29 +74,18 @@ def read_dataset(prefix: str):
     return IndexedDataset(prefix)
 
 
+def shakespeare(prefix: str, tok: str, *extra) -> int:
+    """``preprocess_data.py --input shakespeare`` into ``prefix`` with tokenizer ``tok``, in process (its status)."""
+    return preprocess_data.main(
+        ["--input", "shakespeare", "--output-prefix", prefix, "--tokenizer", tok, "--quiet", *map(str, extra)]
+    )
+
+
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory, tok) -> str:
     prefix = str(tmp_path_factory.mktemp("w1") / "shk")
     assert (
-        preprocess_data.main(
-            [
-                "--input",
-                "shakespeare",
-                "--output-prefix",
-                prefix,
-                "--tokenizer",
-                tok,
-                "--word-hashes",
-                SPECS,
-                "--max-docs",
-                str(N_DOCS),
-                "--lsh-vocab-size",
-                "5000",
-                "--workers",
-                "1",
-                "--quiet",
-            ]
-        )
+        shakespeare(prefix, tok, "--word-hashes", SPECS, "--max-docs", N_DOCS, "--lsh-vocab-size", 5000, "--workers", 1)
         == 0
     )
     return prefix
@@ -175,26 +164,7 @@ def test_side_shards_align_and_are_megatron_readable(shards, tok):
 
 def test_subword_hash_unit(tmp_path, tok):
     prefix = str(tmp_path / "sub")
-    assert (
-        preprocess_data.main(
-            [
-                "--input",
-                "shakespeare",
-                "--output-prefix",
-                prefix,
-                "--tokenizer",
-                tok,
-                "--word-hashes",
-                "md5",
-                "--hash-unit",
-                "subword",
-                "--max-docs",
-                "5",
-                "--quiet",
-            ]
-        )
-        == 0
-    )
+    assert shakespeare(prefix, tok, "--word-hashes", "md5", "--hash-unit", "subword", "--max-docs", 5) == 0
     import sentencepiece as spm
 
     from megahash.data.shards import ShardSet
@@ -211,24 +181,7 @@ def test_subword_hash_unit(tmp_path, tok):
 
 def test_words_stream(tmp_path):
     prefix = str(tmp_path / "words")
-    assert (
-        preprocess_data.main(
-            [
-                "--input",
-                "shakespeare",
-                "--output-prefix",
-                prefix,
-                "--tokenizer",
-                "words",
-                "--word-hashes",
-                "md5,rolling3",
-                "--max-docs",
-                "20",
-                "--quiet",
-            ]
-        )
-        == 0
-    )
+    assert shakespeare(prefix, "words", "--word-hashes", "md5,rolling3", "--max-docs", 20) == 0
     from megahash.data.shards import ShardSet
     from megahash.hashing import rolling_codes
 
@@ -303,12 +256,7 @@ def test_workers_1_and_2_byte_identical(tmp_path, shards, tok):
 def test_doc_ranges_partition_the_source(tmp_path, tok):
     def run(name, *extra):
         p = str(tmp_path / name)
-        assert (
-            preprocess_data.main(
-                ["--input", "shakespeare", "--output-prefix", p, "--tokenizer", tok, "--quiet", *extra]
-            )
-            == 0
-        )
+        assert shakespeare(p, tok, *extra) == 0
         ds = read_dataset(p + "_text_document")
         return [ds[i].tolist() for i in range(len(ds))]
 
