@@ -260,8 +260,8 @@ def check_split_sizes(
         for (name, want), bounds in zip(samples.items(), matrix):
             if not want or bounds is None:
                 continue
-            docs = int(round(bounds[1] * n)) - int(round(bounds[0] * n))
-            if docs <= 0:
+            lo, hi = int(round(bounds[0] * n)), int(round(bounds[1] * n))
+            if hi <= lo:
                 share = max(1, -(-100 // n))
                 if name == "validation" and share < 50:
                     fix = f"give the {name} split at least {share}% (e.g. data.split={100 - share},{share},0)"
@@ -275,7 +275,7 @@ def check_split_sizes(
                 )
             if seq_length is not None:
                 share = None if weights is None else weights[i] / sum(weights)
-                _check_index_size(name, want, share, seq_length, path, bounds, shard.sequence_lengths)
+                _check_index_size(name, want, share, seq_length, path, lo, hi, shard.sequence_lengths)
 
 
 _INDEX_KEYS = {"train": "train.steps (or train.global_batch_size)", "validation": "data.valid_samples"}
@@ -288,11 +288,10 @@ def _index_bytes(epochs: int, docs: int, samples: int) -> int:
     return 20 * epochs * docs + 24 * samples
 
 
-def _check_index_size(name: str, want: int, share, seq_length: int, path: str, bounds, sizes) -> None:
+def _check_index_size(name: str, want: int, share, seq_length: int, path: str, lo: int, hi: int, sizes) -> None:
+    """The index check of :func:`check_split_sizes` for the split of documents ``lo:hi`` of ``path``."""
     import math
 
-    n = len(sizes)
-    lo, hi = int(round(bounds[0] * n)), int(round(bounds[1] * n))
     tokens = int(sizes[lo:hi].sum(dtype=np.int64))
     if share is not None:  # BlendedMegatronDatasetBuilder's share of a blend, with its 0.5% surplus
         want = math.ceil(math.ceil(want * share) * 1.005)
