@@ -54,15 +54,17 @@ def read_artifact(path: Path, like: dict | None = None) -> tuple[dict, dict]:
     from megahash.models.quantized import ChecksumMismatch, check, decode, decompress
 
     limit = MAX_BYTES if like is None else 4 * sum(v.numel() for v in like.values()) + (64 << 20)
-    size = Path(path).stat().st_size
-    if size > limit + limit // 128 + (1 << 20):  # more than any compression of ``limit`` bytes: never read
-        raise CheckpointError(
-            f"{path} is not a megahash quantized artifact: its {size} bytes are more than the model's weights "
-            f"compress to (at most {limit} bytes decompressed); pass the artifact file (megahash export --quantize)"
-        )
     try:
+        size = Path(path).stat().st_size
+        if size > limit + limit // 128 + (1 << 20):  # more than any compression of ``limit`` bytes: never read
+            raise CheckpointError(
+                f"{path} is not a megahash quantized artifact: its {size} bytes are more than the model's weights "
+                f"compress to (at most {limit} bytes decompressed); pass the artifact file (megahash export --quantize)"
+            )
         blob = Path(path).read_bytes()
         rec = torch.load(io.BytesIO(decompress(blob, limit)), map_location="cpu", weights_only=True)
+    except CheckpointError:
+        raise
     except ChecksumMismatch:
         raise CheckpointError(f"artifact {path} is corrupt (checksum mismatch): export it again") from None
     except Exception as e:  # zlib/zstd/torch errors: one line

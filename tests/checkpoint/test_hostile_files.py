@@ -393,6 +393,9 @@ def test_forged_artifact_records_and_oversized_files_are_one_line(tmp_path):
         f.truncate(200 << 20)  # sparse: nothing to write, 200 MiB to read
     with pytest.raises(CheckpointError, match=r"its 209715200 bytes are more than the model's weights compress to"):
         read_artifact(shard, like)
+    # the size is read inside the one-line guard: a missing file is not a FileNotFoundError traceback
+    with pytest.raises(CheckpointError, match=r"is not a megahash quantized artifact \(FileNotFoundError"):
+        read_artifact(tmp_path / "missing.artifact", like)
 
 
 def _hf_export(trained, tmp_path, capsys) -> Path:
