@@ -366,23 +366,7 @@ def test_writer_is_byte_identical_to_megatron_builder(tmp_path):
 def test_injected_failure_leaves_nothing(tmp_path, tok, monkeypatch, capsys):
     monkeypatch.setenv("MEGAHASH_PREPROCESS_FAIL_AFTER_DOCS", "10")
     out = tmp_path / "out"
-    rc = preprocess_data.main(
-        [
-            "--input",
-            "shakespeare",
-            "--output-prefix",
-            str(out / "shk"),
-            "--tokenizer",
-            tok,
-            "--word-hashes",
-            "md5,lsh128",
-            "--max-docs",
-            "40",
-            "--chunk-docs",
-            "4",
-            "--quiet",
-        ]
-    )
+    rc = shakespeare(str(out / "shk"), tok, "--word-hashes", "md5,lsh128", "--max-docs", 40, "--chunk-docs", 4)
     assert rc == 2
     assert "injected failure" in one_line_error(capsys.readouterr().err)
     assert list(out.iterdir()) == []
