@@ -9,6 +9,8 @@ DeepSpeed take 20-30 s to import on a cold machine; a wrong path should not wait
 - ``data.tokenizer``: loads (:func:`megahash.tokenization.load_tokenizer`, the loader preprocess and
   eval use, so a text file or a missing path is refused as they refuse it) and is the tokenizer the
   shards were made with (vocabulary size and sha256 of the shard meta); the export copies it;
+- ``data.split``: each split of the blend has documents and tokens for the samples ``train.steps`` and
+  ``data.valid_samples`` ask, in an index that fits in memory (:mod:`megahash.data.split_sizes`);
 - ``train.resume=PATH``: a complete checkpoint; ``eval.tasks_dir`` (with ``eval.at_end``): a folder.
 
 Each problem is one :class:`~megahash.errors.MegahashError` line naming the key and the fix.
@@ -30,6 +32,9 @@ def check_training_inputs(cfg) -> None:
     from megahash.data.valid_sets import check_valid_shards
 
     check_valid_shards(cfg)  # data.valid: every named set's shards
+    from megahash.data.split_sizes import check_run
+
+    check_run(cfg)  # each split has documents, tokens and an index that fits in memory (train.steps=1e30)
     t = cfg.train
     if t.resume not in ("auto", "none", ""):
         from megahash.checkpoint.layout import STATE_FILE

@@ -209,7 +209,9 @@ def build_datasets(cfg, train_samples: int, valid_samples: int, cache_dir: str |
     HashGPTDataset.hash_width = width
     HashGPTDataset.hash_range = code_range(spec) if spec else None
     HashGPTDataset.documents = (cfg.data, eod) if documents.enabled(cfg.data) else None
-    check_split_sizes(
+    from megahash.data.split_sizes import check_split_sizes
+
+    check_split_sizes(  # again with the exact samples (inputs.py checked a ramp's lower bound)
         cfg.data.split, paths, {"train": train_samples, "validation": valid_samples}, cfg.data.seq_length, weights
     )
     from megahash.data import index_cache
@@ -231,85 +233,6 @@ def build_datasets(cfg, train_samples: int, valid_samples: int, cache_dir: str |
     with index_cache.writing(cache_dir):
         valid_sets = build_valid_sets(cfg, ds_cfg, HashGPTDataset, sides)
     return Datasets(train, valid, vocab, meta, valid_sets, token_bytes_for(cfg, meta))
-
-
-def check_split_sizes(
-    split: str, paths: list[str], samples: dict, seq_length: int | None = None, weights: list[float] | None = None
-) -> None:
-    """One-line DataError when ``data.split`` gives a split that must yield samples no document of
-    a shard (megatron-core would then loop for ever looking for tokens). Documents are divided as
-    ``BlendedMegatronDatasetBuilder`` does: split i of N documents is ``round(b_i N) : round(e_i N)``.
-    With ``seq_length``, also when a split's documents hold no token, or when the samples asked of them
-    (a blend's share by ``weights``) need an index larger than the machine's memory (:func:`_index_bytes`):
-    megatron-core counts the epochs one at a time (``train.steps=1e30`` hung there, deaf to SIGTERM) and
-    then allocates epochs x documents entries (``1e12`` ended in MemoryError or the OOM killer)."""
-    from megatron.core.datasets.blended_megatron_dataset_config import (
-        convert_split_vector_to_split_matrix,
-        parse_and_normalize_split,
-    )
-
-    from megahash.errors import DataError
-
-    try:
-        matrix = convert_split_vector_to_split_matrix(parse_and_normalize_split(split))
-    except (AssertionError, ValueError) as e:
-        raise DataError(f"data.split={split!r} is not a valid split (three weights, e.g. 98,2,0): {e}") from None
-    for i, path in enumerate(paths):
-        shard = IndexedDataset(path)  # held while its sizes are read: its mmap closes with it (a segfault)
-        n = len(shard.sequence_lengths)
-        for (name, want), bounds in zip(samples.items(), matrix):
-            if not want or bounds is None:
-                continue
-            lo, hi = int(round(bounds[0] * n)), int(round(bounds[1] * n))
-            if hi <= lo:
-                share = max(1, -(-100 // n))
-                if name == "validation" and share < 50:
-                    fix = f"give the {name} split at least {share}% (e.g. data.split={100 - share},{share},0)"
-                else:
-                    fix = (
-                        "use a larger corpus" if name == "validation" else "use a larger corpus or a larger train share"
-                    )
-                raise DataError(
-                    f"data.split={split} leaves the {name} split no documents of the {n} in {path}: "
-                    f"{fix}, or data.split=100,0,0 to train without validation"
-                )
-            if seq_length is not None:
-                share = None if weights is None else weights[i] / sum(weights)
-                _check_index_size(name, want, share, seq_length, path, lo, hi, shard.sequence_lengths)
-
-
-_INDEX_KEYS = {"train": "train.steps (or train.global_batch_size)", "validation": "data.valid_samples"}
-
-
-def _index_bytes(epochs: int, docs: int, samples: int) -> int:
-    """Bytes megatron-core's GPTDataset indices of a split take while they are built: the document index
-    (``numpy.mgrid`` of two int64 arrays of ``epochs x docs``, then int32) and the sample and shuffle
-    indices (up to two int64 and one int64 per sample)."""
-    return 20 * epochs * docs + 24 * samples
-
-
-def _check_index_size(name: str, want: int, share, seq_length: int, path: str, lo: int, hi: int, sizes) -> None:
-    """The index check of :func:`check_split_sizes` for the split of documents ``lo:hi`` of ``path``."""
-    import math
-
-    tokens = int(sizes[lo:hi].sum(dtype=np.int64))
-    if share is not None:  # BlendedMegatronDatasetBuilder's share of a blend, with its 0.5% surplus
-        want = math.ceil(math.ceil(want * share) * 1.005)
-    if tokens == 0:
-        raise DataError(f"the {name} split of {path} (documents {lo}:{hi}) holds no tokens; use a larger corpus")
-    epochs = -(-(want * seq_length + 1) // tokens)
-    need = _index_bytes(epochs, hi - lo, want)
-    try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # no sysconf: the bound of a large node
-        memory = 2 << 40
-    if need > memory:
-        raise DataError(
-            f"{want:,} {name} samples of {seq_length} tokens need {epochs:,} epochs of the {hi - lo:,} documents "
-            f"({tokens:,} tokens) of the {name} split of {path}: megatron-core's index of them would take "
-            f"{need / 2**30:,.0f} GiB, more than this machine's {memory / 2**30:,.0f} GiB of memory; "
-            f"lower {_INDEX_KEYS.get(name, name)} or train on a larger corpus"
-        )
 
 
 def record_special_ids(cfg, meta: dict) -> dict:

@@ -477,7 +477,7 @@ def test_default_tokenizer_is_lossless(corpus, tmp_path):
 def test_small_corpus_split_is_a_one_line_error(tmp_path, shakespeare_shards):
     """10 documents with the default 98,2,0 split: megatron-core would search for validation tokens
     for ever; megahash says what to change instead. 90,10,0 gives both splits documents."""
-    from megahash.data.dataset import check_split_sizes
+    from megahash.data.split_sizes import check_split_sizes
     from megahash.errors import DataError
 
     r = run(
@@ -509,13 +509,30 @@ def test_small_corpus_split_is_a_one_line_error(tmp_path, shakespeare_shards):
         check_split_sizes("1,99,0", [path], {"train": 8, "validation": 4})
 
 
+@pytest.mark.parametrize(
+    "split", ["98,2,0", "90,10,0", "1,99,0", "100,0,0", "969,30,1", "0.5,0.5", "3", "1, 2 ,3", "7/2/1"]
+)
+def test_split_bounds_are_megatron_cores(split):
+    """The torch-free split of megahash/data/split_sizes.py (run before torch by `--check inputs`) gives the
+    bounds megatron-core's builder divides documents by, float for float (so ``round(b N)`` agrees)."""
+    from megatron.core.datasets.blended_megatron_dataset_config import (
+        convert_split_vector_to_split_matrix,
+        parse_and_normalize_split,
+    )
+
+    from megahash.data.split_sizes import split_bounds
+
+    assert split_bounds(split) == convert_split_vector_to_split_matrix(parse_and_normalize_split(split))
+
+
 def test_samples_past_the_memory_of_their_index_are_a_one_line_error(shakespeare_shards, tmp_path, monkeypatch):
     """train.steps=1e12 (8e12 samples) made megatron-core count the epochs one at a time (3e8 of the quickstart's
     shards) and then allocate epochs x documents entries (MemoryError, or the OOM killer); 1e30 counted for ever,
     deaf to SIGTERM. build_datasets refuses both before megatron-core's builder, naming the epochs and the key
     to lower; a blend's share is what each of its sets must give; a run of ordinary size builds."""
     from megahash.config import load_config
-    from megahash.data.dataset import build_datasets, check_split_sizes
+    from megahash.data.dataset import build_datasets
+    from megahash.data.split_sizes import check_split_sizes
     from megahash.errors import DataError
 
     prefix = shakespeare_shards["prefix"]
