@@ -433,6 +433,62 @@ def test_one_tokenizer_everywhere(kind, corpus, shakespeare_shards, tmp_path):
     assert not (all_ids & special)  # special strings in text are text, never the special ids
 
 
+@pytest.mark.parametrize("kind", ["lossy", "lossless", "lossless-angle"])
+def test_unigram_export_keeps_control_and_byte_pieces_out_of_text(kind, corpus, tmp_path):
+    """A sentencepiece Unigram model's exported tokenizer.json gives sentencepiece's ids on texts full of
+    special-token and byte-piece strings (Hugging Face's Unigram matched the control pieces, which score 0: a
+    literal `</s>` was the eos id, `<0x41>` a byte): lossy (NFKC, no byte fallback), lossless on Shakespeare
+    (byte fallback, `<` no piece of its own: the byte pieces of `<` and the space swap names) and lossless on
+    text with `<` (a piece of its own). A text whose ids differ must be another segmentation of equal score
+    (Viterbi ties before unknown characters, which the two lattices break apart); lossless decodes exactly."""
+    import sentencepiece as spm
+    from transformers import AutoTokenizer
+    from transformers.convert_slow_tokenizer import import_protobuf
+
+    from megahash.config import Config
+    from megahash.convert.tokenizer import PROBES, unigram_escape, write_tokenizer
+    from megahash.data.preprocess import train_tokenizer
+    from megahash.eval.text import load_codec
+
+    src = (
+        ["--input", str(corpus["jsonl"])]
+        if kind == "lossless-angle"
+        else ["--input", "shakespeare", "--max-docs", "150"]
+    )
+    lossy = ["--lossy"] if kind == "lossy" else []
+    model = tmp_path / "uni"
+    args = [*src, "--output", str(model), "--vocab-size", "600", "--type", "unigram", "--threads", "1", "--quiet"]
+    assert train_tokenizer.main(args + lossy) == 0
+    cfg = Config()
+    cfg.data.tokenizer = f"{model}.model"
+    codec = load_codec(cfg)
+    proto = import_protobuf().ModelProto()
+    proto.ParseFromString(codec.sp.model_bytes)
+    escape = unigram_escape(proto)
+    assert escape and escape["char"] == "<"
+    assert bool(escape["decode"]) == (kind == "lossless")  # the byte pieces swap only where `<` is no piece
+    out = tmp_path / "hf"
+    out.mkdir()
+    assert write_tokenizer(out, codec, 1024)["mismatches"] == 0
+    hf = AutoTokenizer.from_pretrained(str(out))
+    sp = spm.SentencePieceProcessor(model_proto=codec.sp.model_bytes)
+    texts = (
+        PROBES + gen_texts(200, seed=7) + ["<s>", "</s><pad><unk>", "<0x41><0x00>", "a<s>b", "<<s>>", "if a<b:", "<"]
+    )
+    ties = 0
+    for t in texts:
+        want, got = codec.encode(t).ids, hf(t, add_special_tokens=False).input_ids
+        if got != want:  # another Viterbi path of the same score, never a special id from the text
+            assert sum(sp.get_score(i) for i in got) == pytest.approx(sum(sp.get_score(i) for i in want), abs=1e-3), t
+            assert hf.decode(got) == hf.decode(want), t
+            ties += 1
+        if kind != "lossy":
+            assert hf.decode(want) == codec.decode(want) == t, t
+    assert ties <= len(texts) // 20, ties
+    special = {i for r, i in codec.special_ids.items() if i is not None and r != "unk"}
+    assert not special & {i for t in texts for i in hf(t, add_special_tokens=False).input_ids}
+
+
 def test_default_tokenizer_is_lossless(corpus, tmp_path):
     """train_tokenizer.py's default model round-trips arbitrary text (newlines, tabs, space runs, any
     script, control characters, special-token strings), through sentencepiece and through the
