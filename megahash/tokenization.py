@@ -308,6 +308,12 @@ class HFTokenizer(MegahashTokenizer):
             if 0 <= i < self.vocab_size:
                 inv[i] = t
         added_ids = {int(a["id"]) for a in added}
+        from megahash.piece_escape import escaped_char, unescaped
+
+        escape = escaped_char(self.json)  # a Unigram export's pieces under their sentencepiece names
+        if escape:
+            inv = unescaped(inv, escape, added_ids)
+        self.piece_names = inv
         flags = np.zeros(self.vocab_size, dtype=bool)
         flags[list(special_added.values())] = True
         for i in self.special_ids.values():

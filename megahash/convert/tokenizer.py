@@ -4,7 +4,7 @@ sentencepiece streams: ``tokenizer.model`` (the run's sentencepiece model, copie
 ``tokenizer.json`` built from it (BPE with the model's merges, or Unigram with its scores; the
 sentencepiece normaliser's precompiled character map, whitespace stripping and collapsing,
 "\u2581" prefix; a Unigram model's control and byte pieces kept out of reach of the text:
-:func:`unigram_escape`), checked on probe text to give exactly ``SentencePieceProcessor.encode``'s ids.
+:func:`megahash.piece_escape.unigram_escape`), checked on probe text to give exactly ``SentencePieceProcessor.encode``'s ids.
 Word streams (``data.tokenizer=words``): a WordLevel ``tokenizer.json`` over the word table
 (lowercase, split with ``\\w+|[^\\w\\s]+``, unknown words -> ``<unk>``). Special tokens keep the
 megahash ids ``<s>``=0 ``<pad>``=1 ``</s>``=2 ``<unk>``=3 ``<mask>``=4; nothing is added around a
@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+
+from megahash.piece_escape import unigram_escape
 
 SPECIALS = {"bos_token": "<s>", "pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>", "mask_token": "<mask>"}
 PROBES = [
@@ -89,41 +91,6 @@ def sentencepiece_tokenizer(sp_model):
     tok.add_tokens([AddedToken(p.piece, normalized=True, special=False) for p in proto.pieces if p.type == 4])
     tok.add_special_tokens([AddedToken(p.piece, normalized=False, special=True) for p in proto.pieces if p.type == 3])
     return tok
-
-
-def unigram_escape(proto) -> dict | None:
-    """How a Unigram ``tokenizer.json`` keeps the pieces sentencepiece never matches in text (control, unknown,
-    unused and byte pieces: ``<s>``, ``<unk>``, ``<0x41>``) from matching it: Hugging Face's ``Unigram`` matches
-    every piece of its vocabulary, and control pieces score 0, above any ordinary piece, so a literal ``</s>``
-    in a text became the eos id. When all those pieces start with one ASCII character c (``<`` for
-    sentencepiece's own), the normaliser replaces c with a space after its spaces became "\u2581", so no space
-    of the text is left and c never reaches the model; the ordinary pieces are named with the space for c (ids
-    unchanged; the decoder turns it back). With byte fallback and c no piece of its own, an unknown c is the
-    space's byte: the byte pieces of c and of the space swap names (the space's, which no sentencepiece encoding
-    gives, decodes as a space through "\u2581"). None (the vocabulary as it is) when the pieces start with
-    several characters, a piece holds a space, or a renamed piece would meet another's name.
-    Returns ``{"char": c, "names": {id: name}, "decode": [(token, replacement), ...]}``."""
-    pieces = proto.pieces
-    unmatched = [p.piece for p in pieces if p.type in (2, 3, 5, 6)]
-    firsts = {p[0] for p in unmatched if p}
-    if len(firsts) != 1 or any(" " in p.piece for p in pieces):
-        return None
-    (c,) = firsts
-    if not c.isascii() or c == " ":
-        return None
-    names = {i: p.piece.replace(c, " ") for i, p in enumerate(pieces) if p.type == 1 and c in p.piece}
-    decode = []
-    if proto.trainer_spec.byte_fallback and not any(p.type == 1 and p.piece == c for p in pieces):
-        byte = {p.piece: i for i, p in enumerate(pieces) if p.type == 6}
-        mine, space = f"<0x{ord(c):02X}>", "<0x20>"
-        if mine not in byte or space not in byte:
-            return None
-        names[byte[mine]], names[byte[space]] = space, mine
-        decode = [(mine, "\u2581")]
-    taken = [names.get(i, p.piece) for i, p in enumerate(pieces)]
-    if len(set(taken)) != len(taken):
-        return None
-    return {"char": c, "names": names, "decode": decode}
 
 
 def word_tokenizer(words: list[str]):

@@ -62,8 +62,8 @@ def _hf_table(tok) -> tuple[np.ndarray, np.ndarray]:
     byte_level = "ByteLevel" in _types(tok.json.get("pre_tokenizer")) | _types(tok.json.get("decoder"))
     wordpiece = (tok.json.get("model") or {}).get("type") == "WordPiece"
     bd = _byte_decoder()
-    for t, i in tok.tok.get_vocab(with_added_tokens=True).items():
-        if not 0 <= i < n or tok.special_flags[i] and not (t.startswith("<0x") and len(t) == 6):
+    for i, t in enumerate(tok.piece_names):
+        if not t or tok.special_flags[i] and not (t.startswith("<0x") and len(t) == 6):
             continue
         if i in added:
             raw = added[i]["content"].encode("utf-8")

@@ -440,15 +440,19 @@ def test_unigram_export_keeps_control_and_byte_pieces_out_of_text(kind, corpus, 
     literal `</s>` was the eos id, `<0x41>` a byte): lossy (NFKC, no byte fallback), lossless on Shakespeare
     (byte fallback, `<` no piece of its own: the byte pieces of `<` and the space swap names) and lossless on
     text with `<` (a piece of its own). A text whose ids differ must be another segmentation of equal score
-    (Viterbi ties before unknown characters, which the two lattices break apart); lossless decodes exactly."""
+    (Viterbi ties before unknown characters, which the two lattices break apart); lossless decodes exactly; megahash
+    loading the folder back sees the model's own piece names."""
     import sentencepiece as spm
     from transformers import AutoTokenizer
     from transformers.convert_slow_tokenizer import import_protobuf
 
     from megahash.config import Config
-    from megahash.convert.tokenizer import PROBES, unigram_escape, write_tokenizer
+    from megahash.convert.tokenizer import PROBES, write_tokenizer
     from megahash.data.preprocess import train_tokenizer
+    from megahash.data.text_bytes import TokenBytes
     from megahash.eval.text import load_codec
+    from megahash.piece_escape import unigram_escape
+    from megahash.tokenization import load_tokenizer
 
     src = (
         ["--input", str(corpus["jsonl"])]
@@ -487,6 +491,13 @@ def test_unigram_export_keeps_control_and_byte_pieces_out_of_text(kind, corpus, 
     assert ties <= len(texts) // 20, ties
     special = {i for r, i in codec.special_ids.items() if i is not None and r != "unk"}
     assert not special & {i for t in texts for i in hf(t, add_special_tokens=False).input_ids}
+    # megahash reading the export back (data.tokenizer=FOLDER, import-hf): the pieces under their sentencepiece
+    # names, so word hashes and bytes per token are the model's own
+    mine, back = load_tokenizer(f"{model}.model"), load_tokenizer(str(out))
+    assert back.kind == "hf" and back.hash_pieces == mine.hash_pieces
+    assert back.encode(texts[-2]) == mine.encode(texts[-2])
+    np.testing.assert_array_equal(TokenBytes(back).size, TokenBytes(mine).size)  # bit-exact: integer counts
+    np.testing.assert_array_equal(TokenBytes(back).space, TokenBytes(mine).space)  # bit-exact: flags
 
 
 def test_default_tokenizer_is_lossless(corpus, tmp_path):
