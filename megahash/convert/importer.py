@@ -47,8 +47,12 @@ def read_hf(folder) -> dict:
         data = read_json(cfg_path)
     except ValueError as e:
         raise CheckpointError(f"{folder} is not a Hugging Face model folder: {e}") from None
+    from megahash.convert.qwen2 import number, size
+
     tree = data.get("megahash_config")
     fmt = data.get("model_type")
+    if tree is not None and not (isinstance(tree, dict) and all(isinstance(v, dict) for v in tree.values())):
+        raise CheckpointError(f"{cfg_path}: megahash_config is not a config tree (an object of sections)")
     if not tree and fmt == "qwen2":  # a standard Qwen2ForCausalLM folder (not a megahash export)
         from megahash.config import config_from_dict
         from megahash.convert import qwen2
@@ -58,7 +62,9 @@ def read_hf(folder) -> dict:
         vocab, mult = cfg.model.vocab_size, cfg.model.make_vocab_size_divisible_by
         padded = -(-vocab // mult) * mult
         kv = cfg.model.num_query_groups or cfg.model.num_heads
-        state = qwen2.from_qwen2(qwen2.load_hf_tensors(folder), {}, cfg, kv, padded)
+        tensors = qwen2.load_hf_tensors(folder)
+        qwen2.check_tensors(tensors, {}, cfg, kv, padded, vocab)
+        state = qwen2.from_qwen2(tensors, {}, cfg, kv, padded)
         state = {k: (v.float() if v.is_floating_point() else v) for k, v in state.items()}
         return {"tree": tree, "format": "qwen2-hf", "state": state, "padded": padded, "step": 0}
     if not tree:
@@ -71,23 +77,30 @@ def read_hf(folder) -> dict:
     from megahash.convert.qwen2 import load_hf_tensors, read_safetensors
 
     tensors = load_hf_tensors(folder)
+    step = number(data, "megahash_step", int, 0)
+    if step < 0:
+        raise CheckpointError(f"{cfg_path}: megahash_step must be >= 0, got {step}")
     if fmt == "megahash":
-        state, padded = from_hf_names(tensors), int(data["padded_vocab_size"])
+        state, padded = from_hf_names(tensors), size(data, "padded_vocab_size")
     elif fmt == "qwen2":
         from megahash.config import config_from_dict
         from megahash.convert import qwen2
 
         extra = read_safetensors(folder / EXTRA_FILE) if (folder / EXTRA_FILE).is_file() else {}
-        padded = int(data.get("megahash_padded_vocab_size") or data["vocab_size"])
-        state = qwen2.from_qwen2(tensors, extra, config_from_dict(_tp1(tree)), int(data["megahash_kv_groups"]), padded)
+        vocab = size(data, "vocab_size")
+        padded = size(data, "megahash_padded_vocab_size", vocab)
+        cfg = config_from_dict(_tp1(tree))
+        kv = size(data, "megahash_kv_groups")
+        qwen2.check_tensors(tensors, extra, cfg, kv, padded, vocab)
+        state = qwen2.from_qwen2(tensors, extra, cfg, kv, padded)
     else:
-        raise CheckpointError(f"{cfg_path}: model_type {fmt!r} is neither megahash nor qwen2")
+        raise CheckpointError(f"{cfg_path}: model_type {str(fmt)[:80]!r} is neither megahash nor qwen2")
     state = {k: (v.float() if v.is_floating_point() else v) for k, v in state.items()}
     if not (tree.get("model") or {}).get("vocab_size") and data.get("vocab_size"):
         # the real vocabulary, which the run's tokenizer gave (an export names no local tokenizer path)
         tree = json.loads(json.dumps(tree))
-        tree.setdefault("model", {})["vocab_size"] = int(data["vocab_size"])
-    return {"tree": tree, "format": fmt, "state": state, "padded": padded, "step": int(data.get("megahash_step", 0))}
+        tree.setdefault("model", {})["vocab_size"] = size(data, "vocab_size")
+    return {"tree": tree, "format": fmt, "state": state, "padded": padded, "step": step}
 
 
 def _tp1(tree: dict) -> dict:
@@ -116,6 +129,14 @@ def build_model(tree: dict, padded: int, save_dir=None, state: dict | None = Non
     process_groups.init_distributed(1)
     rng.seed_all(cfg.train.seed)
     if state is not None:
+        # every layer has tensors of its own (a skipped one too): more layers than the weights have is
+        # refused before the meta model, whose build takes minutes at 10**5 layers
+        layers = {k.split(".")[2] for k in state if k.startswith("decoder.layers.")}
+        if cfg.model.num_layers > len(layers):
+            raise CheckpointError(
+                f"the weights do not fit the model of megahash_config: model.num_layers={cfg.model.num_layers}, "
+                f"the weights have {len(layers)} layers"
+            )
         with torch.device("meta"):
             want = MegahashLM(cfg, padded, torch.float32, init=False).state_dict()
         lacking = [k for k in want if k not in state and not k.endswith("_extra_state")]
