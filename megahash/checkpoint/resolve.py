@@ -163,10 +163,19 @@ def checkpoint_config(ckpt: Path, overrides: list[str] | None = None):
     """The resolved config saved with a checkpoint, at TP=1 without sequence parallelism."""
     from megahash import safe_yaml
     from megahash.config import apply_overrides, config_from_dict, migrate, without_retired
+    from megahash.config_checks import check_fields
+    from megahash.errors import ConfigError
 
     path = ckpt / "resolved_config.yaml"  # read within safe_yaml's bounds (a hostile file: one line)
+    saved = safe_yaml.load(path.read_text(), str(path))
+    if not isinstance(saved, dict):  # an empty file, a list, a scalar: a TypeError traceback below
+        raise CheckpointError(f"{path} holds a {type(saved).__name__}, not a config; the checkpoint is damaged")
+    try:  # the saved values in their ranges (hidden_size: -32 was a negative-dimension traceback in megatron)
+        check_fields(config_from_dict(saved))
+    except ConfigError as e:
+        raise CheckpointError(f"{path}: {e}") from None
     # an earlier release's keys under their current names before the overrides (which use the current ones)
-    tree = migrate(without_retired(safe_yaml.load(path.read_text(), str(path))))
+    tree = migrate(without_retired(saved))
     tree = apply_overrides(tree, list(overrides or []))
     tree["parallel"] = {"tensor": 1, "sequence": False}
     cfg = config_from_dict(tree)

@@ -177,6 +177,30 @@ def load_chosen(model: torch.nn.Module, ckpt: Path, weights: str = "live") -> No
     load_artifact_into(model, Path(weights))
 
 
+def check_fits(cfg, vocab: int, ckpt: Path) -> None:
+    """Refuse, before anything is allocated, a model (of the checkpoint's config and vocabulary) with more
+    parameters than the files of ``ckpt/model/`` have bytes (at least 2 a parameter are saved): it cannot be
+    the model those files hold (a resolved_config.yaml or megahash_state.json of sizes edited upward asked for terabytes, or for
+    a meta model of 10**5 layers that takes minutes to build). A layer holds at least ``hidden_size``
+    parameters (its MLP's output), so that bound is checked before the meta model is built."""
+    from megahash.models.megatron_model import MegahashLM
+
+    held = sum(f.stat().st_size for f in (ckpt / WEIGHTS_DIR).rglob("*") if f.is_file())
+
+    def refuse(n: int):
+        raise CheckpointError(
+            f"checkpoint {ckpt}: the model of its resolved_config.yaml and megahash_state.json has at least {n:,} "
+            f"parameters, more than the {held:,} bytes of {WEIGHTS_DIR}/; its config is not the weights' (damaged or edited)"
+        )
+
+    if cfg.model.num_layers * cfg.model.hidden_size > held:
+        refuse(cfg.model.num_layers * cfg.model.hidden_size)
+    with torch.device("meta"):
+        n = sum(p.numel() for p in MegahashLM(cfg, vocab, torch.float32, init=False).parameters())
+    if n > held:
+        refuse(n)
+
+
 def load_for_inference(
     path: str | Path, overrides: list[str] | None = None, dtype=torch.float32, weights: str = "live"
 ):
@@ -192,9 +216,12 @@ def load_for_inference(
     state = read_state(ckpt)
     process_groups.init_distributed(1)
     rng.seed_all(cfg.train.seed)
-    vocab = int(state.get("padded_vocab_size") or 0)
+    vocab = state.get("padded_vocab_size")
     if not vocab:
         raise CheckpointError(f"checkpoint {ckpt} does not record its vocabulary size")
+    if not (isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0):
+        raise CheckpointError(f"checkpoint {ckpt}: padded_vocab_size is {str(vocab)[:40]!r}, not a size; it is damaged")
+    check_fits(cfg, vocab, ckpt)
     model = MegahashLM(cfg, vocab, dtype, init=False)
     load_chosen(model, ckpt, weights)
     model.eval()

@@ -484,3 +484,52 @@ def test_json_files_of_a_checkpoint_are_one_line(trained, tmp_path, capsys):
         with pytest.raises(CheckpointError) as e:
             load_rng(ckpt)
         assert "\n" not in str(e.value)
+
+
+def test_a_config_or_state_that_is_not_the_weights_is_one_line(trained, tmp_path, capsys):
+    """A checkpoint's resolved_config.yaml that is no mapping (empty, a list), holds a value out of its range
+    (hidden_size -32: megatron's negative-dimension traceback) or sizes the weights cannot be (hidden_size 10**8,
+    10**5 layers: terabytes allocated, minutes of meta build), or a megahash_state.json whose padded vocabulary is
+    a string or 10**12: eval refuses in one line before allocating, and writes nothing."""
+    import yaml
+
+    def config(fn):
+        def edit(ckpt):
+            path = ckpt / "resolved_config.yaml"
+            path.write_text(fn(path.read_text()))
+
+        return edit
+
+    def sized(key, value):
+        def fn(text):
+            tree = yaml.safe_load(text)
+            tree["model"][key] = value
+            return yaml.safe_dump(tree)
+
+        return config(fn)
+
+    def state(value):
+        def edit(ckpt):
+            path = ckpt / "megahash_state.json"
+            path.write_text(json.dumps({**json.loads(path.read_text()), "padded_vocab_size": value}))
+
+        return edit
+
+    cases = {
+        "empty config": config(lambda text: ""),
+        "a list": config(lambda text: "[1, 2]\n"),
+        "hidden_size -32": sized("hidden_size", -32),
+        "hidden_size 10**8": sized("hidden_size", 10**8),
+        "10**5 layers": sized("num_layers", 10**5),
+        "vocabulary 'abc'": state("abc"),
+        "vocabulary 10**12": state(10**12),
+    }
+    for name, edit in cases.items():
+        ckpt = copy_of(trained, tmp_path / name.replace(" ", "_").replace("*", ""))
+        edit(ckpt)
+        forge_manifest(ckpt)
+        out = tmp_path / f"e_{len(name)}.json"
+        argv = ["eval", "--checkpoint", str(ckpt), "--text", str(trained["text"]), "--out", str(out)]
+        status, err = _cli(argv, capsys)
+        assert status == 2 and len(err) == 1 and len(err[0]) < 520, (name, err)
+        assert not out.exists(), name
