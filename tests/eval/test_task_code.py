@@ -3,7 +3,8 @@ megahash/eval/task_code.py). A copy of the generated Shakespeare suite (data_too
 which needs no flag) gets one hostile change per case: ``!function`` with a ``utils.py`` beside the YAML,
 ``!function os.system``, a ``class``, an ``include`` of a file elsewhere that has one, a metric lm-eval
 would hand to Hugging Face ``evaluate`` (a local script), a template reaching ``__globals__``, one
-building that name at render time (only Jinja's sandbox sees it). ``megahash eval`` exits 2 with one line
+building that name at render time (only Jinja's sandbox sees it), a ``!function`` in a UTF-16 file, a file
+that is not YAML. ``megahash eval`` exits 2 with one line
 naming the file (where it can be known before running) and the flag; the marker file every payload would
 create stays absent; with the flag the task's code runs, as the flag says."""
 
@@ -82,6 +83,11 @@ def _hostile(suite, tmp_path, name: str, marker) -> tuple:
     elif name == "template":
         cfg["doc_to_text"] = "{{ lipsum.__globals__['os'].system('touch " + str(marker) + "') }}{{ctx}}"
         body = yaml.safe_dump(cfg, sort_keys=False)
+    elif name == "utf16":  # lm-eval's libyaml reads UTF-16 with a BOM; read as UTF-8 it was passed over and ran
+        task.write_bytes((body + "process_docs: !function utils.process_docs\n").encode("utf-16"))
+        return d, named
+    elif name == "unreadable":  # YAML this check cannot parse is not known to be free of code: refused too
+        body += "process_docs: !function utils.process_docs\nbad: [unclosed\n"
     elif name == "template_at_render":
         cfg["doc_to_text"] = "{{ lipsum['__glo' ~ 'bals__']['os'].system('touch " + str(marker) + "') }}{{ctx}}"
         body = yaml.safe_dump(cfg, sort_keys=False)
@@ -99,7 +105,18 @@ def test_the_generated_suite_needs_no_flag(suite, capsys):
 
 
 @pytest.mark.parametrize(
-    "case", ["function", "os_system", "class", "include", "evaluate_metric", "template", "template_at_render"]
+    "case",
+    [
+        "function",
+        "os_system",
+        "class",
+        "include",
+        "evaluate_metric",
+        "template",
+        "template_at_render",
+        "utf16",
+        "unreadable",
+    ],
 )
 def test_task_code_is_refused_in_one_line(suite, tmp_path, capsys, case):
     marker = tmp_path / "RAN"
