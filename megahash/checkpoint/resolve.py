@@ -159,6 +159,23 @@ def resolve_for_inference(path: str | Path, overrides: list[str] | None = None) 
     return ckpt
 
 
+def _intact_here(ckpt: Path, written_here) -> bool:
+    """This install signed the checkpoint's manifest and resolved_config.yaml is the file the manifest lists
+    (its sha256, whatever train.verify_checkpoint is)."""
+    import hashlib
+
+    from megahash.checkpoint.manifest import read_manifest
+
+    try:
+        if not written_here(ckpt):
+            return False
+        entry = (read_manifest(ckpt) or {}).get("resolved_config.yaml") or {}
+        digest = hashlib.sha256((ckpt / "resolved_config.yaml").read_bytes()).hexdigest()
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+    return isinstance(entry, dict) and entry.get("sha256") == digest
+
+
 def checkpoint_config(ckpt: Path, overrides: list[str] | None = None):
     """The resolved config saved with a checkpoint, at TP=1 without sequence parallelism."""
     from megahash import safe_yaml
@@ -174,6 +191,12 @@ def checkpoint_config(ckpt: Path, overrides: list[str] | None = None):
         check_fields(config_from_dict(saved))
     except ConfigError as e:
         raise CheckpointError(f"{path}: {e}") from None
+    plugins = (saved.get("model") or {}).get("plugins")
+    if plugins:  # modules the file names are imported: only those this process knows, or this install's run's
+        from megahash import catalog
+        from megahash.checkpoint.origin import written_here
+
+        catalog.check_foreign_plugins(plugins, str(path), trusted=_intact_here(ckpt, written_here))
     # an earlier release's keys under their current names before the overrides (which use the current ones)
     tree = migrate(without_retired(saved))
     tree = apply_overrides(tree, list(overrides or []))

@@ -53,6 +53,10 @@ def read_hf(folder) -> dict:
     fmt = data.get("model_type")
     if tree is not None and not (isinstance(tree, dict) and all(isinstance(v, dict) for v in tree.values())):
         raise CheckpointError(f"{cfg_path}: megahash_config is not a config tree (an object of sections)")
+    if tree:  # the modules it names as plugins are imported: only those this process was told about
+        from megahash import catalog
+
+        catalog.check_foreign_plugins((tree.get("model") or {}).get("plugins"), str(cfg_path))
     if not tree and fmt == "qwen2":  # a standard Qwen2ForCausalLM folder (not a megahash export)
         from megahash.config import config_from_dict
         from megahash.convert import qwen2

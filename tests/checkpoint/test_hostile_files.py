@@ -533,3 +533,62 @@ def test_a_config_or_state_that_is_not_the_weights_is_one_line(trained, tmp_path
         status, err = _cli(argv, capsys)
         assert status == 2 and len(err) == 1 and len(err[0]) < 520, (name, err)
         assert not out.exists(), name
+
+
+def test_plugins_named_by_a_file_are_not_imported(trained, tmp_path, capsys, monkeypatch):
+    """model.plugins in an export's config.json or a forged checkpoint's resolved_config.yaml named modules that
+    import-hf and eval imported (``this`` printed the Zen of Python; ``python -m megahash`` in the folder ran a
+    NAME.py beside it): refused in one line naming MEGAHASH_PLUGINS, the module never imported; named in
+    MEGAHASH_PLUGINS it loads (a missing one is one line, not a ModuleNotFoundError traceback). A checkpoint this
+    install wrote with the plugin in its config evaluates as before (its signature vouches for the config)."""
+    import yaml
+
+    from megahash import catalog
+
+    marker = tmp_path / "RAN"
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "megahash_hostile_plugin.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    monkeypatch.syspath_prepend(str(mods))
+    monkeypatch.setattr(catalog, "_config_plugins", [])
+    hf = _hf_export(trained, tmp_path, capsys)
+    data = json.loads((hf / "config.json").read_text())
+    data["megahash_config"]["model"]["plugins"] = ["megahash_hostile_plugin"]
+    (hf / "config.json").write_text(json.dumps(data))
+    status, err = _cli(["import-hf", "--hf", str(hf), "--output", str(tmp_path / "imported")], capsys)
+    assert status == 2 and len(err) == 1 and "MEGAHASH_PLUGINS=megahash_hostile_plugin" in err[0], err
+    ckpt = copy_of(trained, tmp_path)
+    tree = yaml.safe_load((ckpt / "resolved_config.yaml").read_text())
+    tree["model"]["plugins"] = ["megahash_hostile_plugin"]
+    (ckpt / "resolved_config.yaml").write_text(yaml.safe_dump(tree))
+    forge_manifest(ckpt)
+    argv = ["eval", "--checkpoint", str(ckpt), "--text", str(trained["text"]), "--out", str(tmp_path / "e.json")]
+    status, err = _cli(argv, capsys)
+    assert status == 2 and len(err) == 1 and "MEGAHASH_PLUGINS=megahash_hostile_plugin" in err[0], err
+    assert not marker.exists() and "megahash_hostile_plugin" not in sys.modules
+    data["megahash_config"]["model"]["plugins"] = ["megahash_no_such_plugin"]
+    (hf / "config.json").write_text(json.dumps(data))
+    monkeypatch.setenv(catalog.PLUGINS_ENV, "megahash_no_such_plugin")
+    status, err = _cli(["import-hf", "--hf", str(hf), "--output", str(tmp_path / "imported2")], capsys)
+    assert status == 2 and len(err) == 1 and "plugin 'megahash_no_such_plugin' cannot be found" in err[0], err
+    monkeypatch.delenv(catalog.PLUGINS_ENV)
+    monkeypatch.setattr(catalog, "_config_plugins", [])
+    # this install's checkpoint, its config naming a plugin: the signature vouches for it (no variable needed)
+    from megahash.checkpoint.origin import written_here
+    from megahash.checkpoint.resolve import checkpoint_config
+
+    own = copy_of(trained, tmp_path / "own")
+    assert written_here(own)
+    monkeypatch.setattr(catalog, "check_foreign_plugins", lambda names, where, trusted=False: seen.append(trusted))
+    seen: list = []
+    tree = yaml.safe_load((own / "resolved_config.yaml").read_text())
+    tree["model"]["plugins"] = ["megahash_hostile_plugin"]  # as a run trained with it would have saved it
+    (own / "resolved_config.yaml").write_text(yaml.safe_dump(tree))
+    checkpoint_config(own)
+    assert seen == [False]  # changed after the save: not vouched for
+    from megahash.checkpoint.origin import sign
+
+    forge_manifest(own)
+    sign(own)  # what the save of such a run writes
+    checkpoint_config(own)
+    assert seen == [False, True]
