@@ -177,10 +177,18 @@ def write_weights_checkpoint(model, cfg, save_dir, step: int, extra: dict | None
     root = Path(save_dir)
     if complete_checkpoints(root):
         raise CheckpointError(f"{root} already holds megahash checkpoints; import into a new directory")
-    root.mkdir(parents=True, exist_ok=True)
     tag = tag_for(step)
+    if (root / tag).exists() or (root / tag).is_symlink():  # os.replace onto it: ENOTEMPTY after the work
+        raise CheckpointError(f"{root} already holds {tag} (unfinished); import into a new directory")
+    for name in ("latest", "resolved_config.yaml"):  # written last: a folder there left a checkpoint without them
+        if (root / name).exists() and not (root / name).is_file():
+            raise CheckpointError(f"{root / name} is not a file; import into a new directory")
+    root.mkdir(parents=True, exist_ok=True)
     tmp = root / (tag + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    if tmp.is_dir() and not tmp.is_symlink():  # an earlier import's leftover, whatever it is
+        shutil.rmtree(tmp)
+    else:
+        tmp.unlink(missing_ok=True)
     save_weights(model, tmp / WEIGHTS_DIR)
     save_config(cfg, tmp / "resolved_config.yaml")
     from megahash.data.samples import consumed_samples
@@ -227,8 +235,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     def run():
+        from megahash.atomic_write import check_output
+
         if args.step is not None and args.step < 0:
             raise ConfigError(f"--step must be >= 0, got {args.step}")
+        check_output(args.output, "--output", folder=True)  # a file there was a FileExistsError after the work
         import torch.distributed as dist
 
         owned = not dist.is_initialized()

@@ -377,3 +377,37 @@ def test_megahash_export_cached_generate_on_transformers_4_and_5(shakespeare_sha
         assert len(res["cached"]) == 10 and res["cached"] == res["uncached"], res
         assert res["cache_warnings"] == [], res
     assert results[0]["cached"] == results[1]["cached"]
+
+
+def test_import_output_of_another_kind_is_one_line(tmp_path, dist, capsys):
+    """--output a file, under a file, holding a folder named ``latest`` or an unfinished ``step_N``: one line
+    before anything is written (FileExistsError/NotADirectoryError tracebacks before; a folder named ``latest``
+    failed after the checkpoint was published, leaving it without ``latest`` or its config). A leftover
+    ``step_N.tmp`` of any kind is replaced."""
+    from megahash.cli import main
+
+    hf = tmp_path / "hf"
+    random_qwen2(hf, tie=True)
+    capsys.readouterr()
+    afile = tmp_path / "afile"
+    afile.write_text("x\n")
+    latest = tmp_path / "with_latest"
+    (latest / "latest").mkdir(parents=True)
+    unfinished = tmp_path / "unfinished"
+    (unfinished / "step_00000000" / "model").mkdir(parents=True)
+    for out, expect in (
+        (afile, "is a file; name a folder"),
+        (afile / "x", "is a file, not a folder"),
+        (latest, "latest is not a file"),
+        (unfinished, "already holds step_00000000"),
+    ):
+        before = sorted(p.name for p in out.parent.rglob("*"))
+        assert main(["import-hf", "--hf", str(hf), "--output", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and expect in err[0], err
+        assert sorted(p.name for p in out.parent.rglob("*")) == before
+    leftover = tmp_path / "leftover"
+    leftover.mkdir()
+    (leftover / "step_00000000.tmp").write_text("a file where the import's temp folder goes\n")
+    assert main(["import-hf", "--hf", str(hf), "--output", str(leftover)]) == 0
+    assert sorted(p.name for p in leftover.iterdir()) == ["latest", "resolved_config.yaml", "step_00000000"]
