@@ -177,12 +177,13 @@ def load_chosen(model: torch.nn.Module, ckpt: Path, weights: str = "live") -> No
     load_artifact_into(model, Path(weights))
 
 
-def check_fits(cfg, vocab: int, ckpt: Path) -> None:
+def check_fits(cfg, vocab: int, ckpt: Path, meta: bool = True) -> None:
     """Refuse, before anything is allocated, a model (of the checkpoint's config and vocabulary) with more
     parameters than the files of ``ckpt/model/`` have bytes (at least 2 a parameter are saved): it cannot be
     the model those files hold (a resolved_config.yaml or megahash_state.json of sizes edited upward asked for terabytes, or for
     a meta model of 10**5 layers that takes minutes to build). A layer holds at least ``hidden_size``
-    parameters (its MLP's output), so that bound is checked before the meta model is built."""
+    parameters (its MLP's output), so that bound is checked before the meta model is built; ``meta=False``: that
+    bound only (``megahash report``, which has no process group for a model)."""
     from megahash.models.megatron_model import MegahashLM
 
     held = sum(f.stat().st_size for f in (ckpt / WEIGHTS_DIR).rglob("*") if f.is_file())
@@ -195,8 +196,20 @@ def check_fits(cfg, vocab: int, ckpt: Path) -> None:
 
     if cfg.model.num_layers * cfg.model.hidden_size > held:
         refuse(cfg.model.num_layers * cfg.model.hidden_size)
-    with torch.device("meta"):
-        n = sum(p.numel() for p in MegahashLM(cfg, vocab, torch.float32, init=False).parameters())
+    if not meta:
+        return
+    try:
+        with torch.device("meta"):
+            n = sum(p.numel() for p in MegahashLM(cfg, vocab, torch.float32, init=False).parameters())
+    except (
+        RuntimeError,
+        OverflowError,
+        ValueError,
+        TypeError,
+    ) as e:  # sizes past int64 (torch: TypeError) (ffn_hidden_size: 1e30)
+        raise CheckpointError(
+            f"checkpoint {ckpt}: the model of its config cannot be built: {str(e).splitlines()[0][:200]}"
+        ) from None
     if n > held:
         refuse(n)
 
@@ -207,7 +220,7 @@ def load_for_inference(
     """(cfg, model at TP=1 in eval mode, checkpoint dir) of a megahash checkpoint, in this process;
     ``weights``: which weights (:func:`load_chosen`)."""
     from megahash.accelerator import process_groups, rng
-    from megahash.checkpoint.layout import read_state
+    from megahash.checkpoint.layout import padded_vocab, read_state
     from megahash.checkpoint.resolve import checkpoint_config, resolve_for_inference
     from megahash.models.megatron_model import MegahashLM
 
@@ -216,11 +229,7 @@ def load_for_inference(
     state = read_state(ckpt)
     process_groups.init_distributed(1)
     rng.seed_all(cfg.train.seed)
-    vocab = state.get("padded_vocab_size")
-    if not vocab:
-        raise CheckpointError(f"checkpoint {ckpt} does not record its vocabulary size")
-    if not (isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0):
-        raise CheckpointError(f"checkpoint {ckpt}: padded_vocab_size is {str(vocab)[:40]!r}, not a size; it is damaged")
+    vocab = padded_vocab(state, ckpt)
     check_fits(cfg, vocab, ckpt)
     model = MegahashLM(cfg, vocab, dtype, init=False)
     load_chosen(model, ckpt, weights)

@@ -141,8 +141,18 @@ def build_model(tree: dict, padded: int, save_dir=None, state: dict | None = Non
                 f"the weights do not fit the model of megahash_config: model.num_layers={cfg.model.num_layers}, "
                 f"the weights have {len(layers)} layers"
             )
-        with torch.device("meta"):
-            want = MegahashLM(cfg, padded, torch.float32, init=False).state_dict()
+        try:
+            with torch.device("meta"):
+                want = MegahashLM(cfg, padded, torch.float32, init=False).state_dict()
+        except (
+            RuntimeError,
+            OverflowError,
+            ValueError,
+            TypeError,
+        ) as e:  # sizes past int64 (torch: TypeError) (hidden_size: 1e30)
+            raise CheckpointError(
+                f"the model of megahash_config cannot be built: {str(e).splitlines()[0][:200]}"
+            ) from None
         lacking = [k for k in want if k not in state and not k.endswith("_extra_state")]
         if lacking:
             raise CheckpointError(f"the weights do not fit the model of megahash_config: missing {lacking[:3]}")

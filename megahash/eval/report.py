@@ -101,14 +101,16 @@ def _record_problem(rec: dict) -> str:
 
 def describe_run(path: str) -> dict:
     """Parameters, costs and eval scores of one run (see the module docstring)."""
-    from megahash.checkpoint.layout import read_state
+    from megahash.checkpoint.layout import padded_vocab, read_state
     from megahash.checkpoint.resolve import checkpoint_config, resolve_checkpoint
+    from megahash.checkpoint.weights import check_fits
     from megahash.models.accounting import count_parameters
 
     ckpt = resolve_checkpoint(path)
     cfg = checkpoint_config(ckpt)
     state = read_state(ckpt)
-    vocab = int(state.get("padded_vocab_size") or cfg.model.vocab_size or 0)
+    vocab = padded_vocab(state, ckpt) if state.get("padded_vocab_size") else cfg.model.vocab_size
+    check_fits(cfg, vocab, ckpt, meta=False)  # a config the weights cannot be (10**9 layers) counted for hours
     report = count_parameters(cfg, vocab)
     attention = sum(L["attention"]["qkv"] + L["attention"]["out"] for L in report["layers"])
     run_dir = ckpt.parent

@@ -523,6 +523,8 @@ def test_a_config_or_state_that_is_not_the_weights_is_one_line(trained, tmp_path
         "10**5 layers": sized("num_layers", 10**5),
         "vocabulary 'abc'": state("abc"),
         "vocabulary 10**12": state(10**12),
+        "vocabulary 10**30": state(10**30),  # past int64: a torch TypeError traceback
+        "ffn_hidden_size 10**30": sized("ffn_hidden_size", 10**30),
     }
     for name, edit in cases.items():
         ckpt = copy_of(trained, tmp_path / name.replace(" ", "_").replace("*", ""))
@@ -533,6 +535,9 @@ def test_a_config_or_state_that_is_not_the_weights_is_one_line(trained, tmp_path
         status, err = _cli(argv, capsys)
         assert status == 2 and len(err) == 1 and len(err[0]) < 520, (name, err)
         assert not out.exists(), name
+        if name not in ("hidden_size 10**8", "ffn_hidden_size 10**30"):  # report counts these (no weights read)
+            status, err = _cli(["report", "--runs", str(ckpt), "--out", str(tmp_path / "r.md")], capsys)
+            assert status == 2 and len(err) == 1, (name, err)  # ValueError/TypeError tracebacks, 10**9 layers: hours
 
 
 def test_plugins_named_by_a_file_are_not_imported(trained, tmp_path, capsys, monkeypatch):

@@ -155,6 +155,7 @@ def test_hostile_config_and_tensors_are_one_line(tmp_path, dist, capsys):
         (ours, "padded 10**11"): config(megahash_padded_vocab_size=10**11),
         (ours, "padded 10"): config(megahash_padded_vocab_size=10),
         (ours, "10**5 layers"): tree(lambda d: d["megahash_config"]["model"].update(num_layers=10**5)),
+        (ours, "hidden_size 10**30"): tree(lambda d: d["megahash_config"]["model"].update(hidden_size=10**30)),
         (ours, "model_type megahash without its fields"): config(model_type="megahash"),
     }
     import shutil
