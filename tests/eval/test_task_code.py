@@ -171,3 +171,25 @@ def test_nested_anchors_are_walked_once(tmp_path):
     with pytest.raises(ConfigError) as e:
         task_code(tmp_path)
     assert "laughs.yaml" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "case, expect",
+    [
+        ("not_json", "a data file cannot be read"),  # datasets' DatasetGenerationError traceback before
+        ("empty", "a task has no documents"),  # lm-eval's StopIteration traceback before
+        ("other_fields", "a document lacks what a template reads"),  # Jinja's UndefinedError traceback before
+    ],
+)
+def test_task_data_of_another_shape_is_one_line(suite, tmp_path, capsys, case, expect):
+    """A task's data file that is not JSON lines, is empty, or whose records lack a field the templates read:
+    one line naming the tasks and the folder, exit 2, no result written."""
+    d = tmp_path / case
+    shutil.copytree(suite["tasks"], d)
+    task = d / "shk_order.yaml"
+    task.write_text(task.read_text().replace(str(suite["tasks"]), str(d)))
+    data = d / "shk_order.jsonl"
+    data.write_text({"not_json": '{"ctx": "a", "choices": [\n', "empty": "", "other_fields": '{"foo": 1}\n'}[case])
+    status, err = _eval(suite, d, capsys, "--out", str(tmp_path / "out.json"))
+    assert status == 2 and len(err) == 1 and expect in err[0] and str(d) in err[0], err
+    assert not (tmp_path / "out.json").exists()
