@@ -435,6 +435,14 @@ def test_bad_inputs_are_one_line_errors(tmp_path, tok, shards, capsys):
     bad_json = tmp_path / "bad.jsonl"
     bad_json.write_text('{"text": "ok"}\n{"text": \n')
     assert "invalid JSON" in _bad(tmp_path, tok, capsys, "--input", str(bad_json), "--tokenizer", tok)
+    # damaged compressed data (a valid gzip header, then garbage; not a zstd frame): zlib.error / ZstdError tracebacks
+    damaged_gz = tmp_path / "damaged.jsonl.gz"
+    damaged_gz.write_bytes(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03garbage")
+    damaged_zst = tmp_path / "damaged.jsonl.zst"
+    damaged_zst.write_bytes(b"not zstd\n")
+    for damaged in (damaged_gz, damaged_zst):
+        msg = _bad(tmp_path, tok, capsys, "--input", str(damaged), "--tokenizer", tok)
+        assert f"cannot read {str(damaged)!r}" in msg, msg
     # an output prefix without a name wrote out/_meta.json; one under a file was a FileExistsError traceback
     msg = _bad(
         tmp_path, tok, capsys, "--input", str(bad_json), "--tokenizer", tok, "--output-prefix", f"{tmp_path}/out/"
