@@ -122,6 +122,29 @@ def add_plugins(names) -> None:
         _option_specs.cache_clear()
 
 
+def check_foreign_plugins(names, where: str, trusted: bool = False) -> None:
+    """``model.plugins`` of a config megahash reads from a file it did not get as a config (a checkpoint's
+    ``resolved_config.yaml``, an export's ``megahash_config``): every name must be one this process already
+    discovers (entry points, ``MEGAHASH_PLUGINS``, the user's own config), unless ``trusted`` (this install wrote
+    the checkpoint). A plugin is imported, so a name the file chose runs that module (``this`` printed the Zen
+    of Python from ``import-hf``; ``python -m megahash`` imports a ``NAME.py`` from the working directory).
+    One-line ConfigError naming the plugin and the way to allow it."""
+    if names is None:
+        return
+    if not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+        raise ConfigError(f"{where}: model.plugins is {str(names)[:60]!r}, not a list of module names")
+    if trusted:
+        return
+    known = set(plugin_modules())
+    unknown = [n for n in names if n and n not in known]
+    if unknown:
+        raise ConfigError(
+            f"{where} names plugin {unknown[0][:80]!r} (model.plugins), a module megahash would import and run; "
+            f"a plugin named by a file is imported only when you name it too: if you trust it, set "
+            f"{PLUGINS_ENV}={unknown[0][:80]}"
+        )
+
+
 @functools.cache
 def _entry_point_plugins() -> tuple:
     """Module names of the ``megahash.kinds`` entry points (installed distributions; read once a process)."""
@@ -159,7 +182,12 @@ def plugin_import_names() -> list[str]:
     """Every module to import for the plugins' ``register_*`` lines (packages: all submodules)."""
     out = []
     for name in plugin_modules():
-        spec = importlib.util.find_spec(name)
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None:  # a ModuleNotFoundError traceback from the import below
+            raise ConfigError(f"plugin {name!r} cannot be found; check {PLUGINS_ENV}/model.plugins and PYTHONPATH")
         out.append(name)
         if spec is not None and spec.submodule_search_locations:
             import pkgutil

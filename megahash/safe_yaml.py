@@ -125,8 +125,9 @@ class UniqueKeyLoader(Loader):
         return super().construct_mapping(node, deep)
 
 
-def load(text: str, where: str, loader: type[Loader] = Loader):
-    """The value of the YAML ``text`` (safe: no Python tags), read with ``loader``; a document past the
+def load(text: str | bytes, where: str, loader: type[Loader] = Loader):
+    """The value of the YAML ``text`` (safe: no Python tags; bytes are decoded as PyYAML and libyaml do: UTF-8,
+    or UTF-16 after a byte-order mark), read with ``loader``; a document past the
     bounds is ConfigError ``<where>: <why>`` (other YAML errors are raised as PyYAML raises them)."""
     try:
         return yaml.load(text, Loader=loader)

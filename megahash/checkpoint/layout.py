@@ -58,6 +58,22 @@ def read_state(ckpt: Path) -> dict:
         raise CheckpointError(f"checkpoint {ckpt} has no readable {STATE_FILE} ({e}); it is incomplete") from None
 
 
+MAX_VOCAB = 1 << 31  # token ids are int32 in the shards and the models
+
+
+def padded_vocab(state: dict, ckpt: Path) -> int:
+    """The ``padded_vocab_size`` a checkpoint's state records: a positive integer, else one-line CheckpointError
+    (a string or a list was a ValueError/TypeError traceback of eval and report)."""
+    vocab = state.get("padded_vocab_size")
+    if not vocab:
+        raise CheckpointError(f"checkpoint {ckpt} does not record its vocabulary size")
+    if not (
+        isinstance(vocab, int) and not isinstance(vocab, bool) and 0 < vocab <= MAX_VOCAB
+    ):  # 10**30: torch overflow
+        raise CheckpointError(f"checkpoint {ckpt}: padded_vocab_size is {str(vocab)[:40]!r}, not a size; it is damaged")
+    return vocab
+
+
 def pin_path(root: Path, tag: str) -> Path:
     """``ROOT/eval/TAG.pin``: present while checkpoint ``TAG`` is evaluated (eval.interval,
     megahash/training/eval_during.py); ``train.keep_last`` pruning leaves a pinned checkpoint."""

@@ -159,14 +159,46 @@ def resolve_for_inference(path: str | Path, overrides: list[str] | None = None) 
     return ckpt
 
 
+def _intact_here(ckpt: Path, written_here) -> bool:
+    """This install signed the checkpoint's manifest and resolved_config.yaml is the file the manifest lists
+    (its sha256, whatever train.verify_checkpoint is)."""
+    import hashlib
+
+    from megahash.checkpoint.manifest import read_manifest
+
+    try:
+        if not written_here(ckpt):
+            return False
+        entry = (read_manifest(ckpt) or {}).get("resolved_config.yaml") or {}
+        digest = hashlib.sha256((ckpt / "resolved_config.yaml").read_bytes()).hexdigest()
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+    return isinstance(entry, dict) and entry.get("sha256") == digest
+
+
 def checkpoint_config(ckpt: Path, overrides: list[str] | None = None):
     """The resolved config saved with a checkpoint, at TP=1 without sequence parallelism."""
     from megahash import safe_yaml
     from megahash.config import apply_overrides, config_from_dict, migrate, without_retired
+    from megahash.config_checks import check_fields
+    from megahash.errors import ConfigError
 
     path = ckpt / "resolved_config.yaml"  # read within safe_yaml's bounds (a hostile file: one line)
+    saved = safe_yaml.load(path.read_text(), str(path))
+    if not isinstance(saved, dict):  # an empty file, a list, a scalar: a TypeError traceback below
+        raise CheckpointError(f"{path} holds a {type(saved).__name__}, not a config; the checkpoint is damaged")
+    try:  # the saved values in their ranges (hidden_size: -32 was a negative-dimension traceback in megatron)
+        check_fields(config_from_dict(saved))
+    except ConfigError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    plugins = (saved.get("model") or {}).get("plugins")
+    if plugins:  # modules the file names are imported: only those this process knows, or this install's run's
+        from megahash import catalog
+        from megahash.checkpoint.origin import written_here
+
+        catalog.check_foreign_plugins(plugins, str(path), trusted=_intact_here(ckpt, written_here))
     # an earlier release's keys under their current names before the overrides (which use the current ones)
-    tree = migrate(without_retired(safe_yaml.load(path.read_text(), str(path))))
+    tree = migrate(without_retired(saved))
     tree = apply_overrides(tree, list(overrides or []))
     tree["parallel"] = {"tensor": 1, "sequence": False}
     cfg = config_from_dict(tree)

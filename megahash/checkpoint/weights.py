@@ -177,13 +177,50 @@ def load_chosen(model: torch.nn.Module, ckpt: Path, weights: str = "live") -> No
     load_artifact_into(model, Path(weights))
 
 
+def check_fits(cfg, vocab: int, ckpt: Path, meta: bool = True) -> None:
+    """Refuse, before anything is allocated, a model (of the checkpoint's config and vocabulary) with more
+    parameters than the files of ``ckpt/model/`` have bytes (at least 2 a parameter are saved): it cannot be
+    the model those files hold (a resolved_config.yaml or megahash_state.json of sizes edited upward asked for terabytes, or for
+    a meta model of 10**5 layers that takes minutes to build). A layer holds at least ``hidden_size``
+    parameters (its MLP's output), so that bound is checked before the meta model is built; ``meta=False``: that
+    bound only (``megahash report``, which has no process group for a model)."""
+    from megahash.models.megatron_model import MegahashLM
+
+    held = sum(f.stat().st_size for f in (ckpt / WEIGHTS_DIR).rglob("*") if f.is_file())
+
+    def refuse(n: int):
+        raise CheckpointError(
+            f"checkpoint {ckpt}: the model of its resolved_config.yaml and megahash_state.json has at least {n:,} "
+            f"parameters, more than the {held:,} bytes of {WEIGHTS_DIR}/; its config is not the weights' (damaged or edited)"
+        )
+
+    if cfg.model.num_layers * cfg.model.hidden_size > held:
+        refuse(cfg.model.num_layers * cfg.model.hidden_size)
+    if not meta:
+        return
+    try:
+        with torch.device("meta"):
+            n = sum(p.numel() for p in MegahashLM(cfg, vocab, torch.float32, init=False).parameters())
+    except (
+        RuntimeError,
+        OverflowError,
+        ValueError,
+        TypeError,
+    ) as e:  # sizes past int64 (torch: TypeError) (ffn_hidden_size: 1e30)
+        raise CheckpointError(
+            f"checkpoint {ckpt}: the model of its config cannot be built: {str(e).splitlines()[0][:200]}"
+        ) from None
+    if n > held:
+        refuse(n)
+
+
 def load_for_inference(
     path: str | Path, overrides: list[str] | None = None, dtype=torch.float32, weights: str = "live"
 ):
     """(cfg, model at TP=1 in eval mode, checkpoint dir) of a megahash checkpoint, in this process;
     ``weights``: which weights (:func:`load_chosen`)."""
     from megahash.accelerator import process_groups, rng
-    from megahash.checkpoint.layout import read_state
+    from megahash.checkpoint.layout import padded_vocab, read_state
     from megahash.checkpoint.resolve import checkpoint_config, resolve_for_inference
     from megahash.models.megatron_model import MegahashLM
 
@@ -192,9 +229,8 @@ def load_for_inference(
     state = read_state(ckpt)
     process_groups.init_distributed(1)
     rng.seed_all(cfg.train.seed)
-    vocab = int(state.get("padded_vocab_size") or 0)
-    if not vocab:
-        raise CheckpointError(f"checkpoint {ckpt} does not record its vocabulary size")
+    vocab = padded_vocab(state, ckpt)
+    check_fits(cfg, vocab, ckpt)
     model = MegahashLM(cfg, vocab, dtype, init=False)
     load_chosen(model, ckpt, weights)
     model.eval()

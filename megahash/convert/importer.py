@@ -47,8 +47,16 @@ def read_hf(folder) -> dict:
         data = read_json(cfg_path)
     except ValueError as e:
         raise CheckpointError(f"{folder} is not a Hugging Face model folder: {e}") from None
+    from megahash.convert.qwen2 import number, size
+
     tree = data.get("megahash_config")
     fmt = data.get("model_type")
+    if tree is not None and not (isinstance(tree, dict) and all(isinstance(v, dict) for v in tree.values())):
+        raise CheckpointError(f"{cfg_path}: megahash_config is not a config tree (an object of sections)")
+    if tree:  # the modules it names as plugins are imported: only those this process was told about
+        from megahash import catalog
+
+        catalog.check_foreign_plugins((tree.get("model") or {}).get("plugins"), str(cfg_path))
     if not tree and fmt == "qwen2":  # a standard Qwen2ForCausalLM folder (not a megahash export)
         from megahash.config import config_from_dict
         from megahash.convert import qwen2
@@ -58,7 +66,9 @@ def read_hf(folder) -> dict:
         vocab, mult = cfg.model.vocab_size, cfg.model.make_vocab_size_divisible_by
         padded = -(-vocab // mult) * mult
         kv = cfg.model.num_query_groups or cfg.model.num_heads
-        state = qwen2.from_qwen2(qwen2.load_hf_tensors(folder), {}, cfg, kv, padded)
+        tensors = qwen2.load_hf_tensors(folder)
+        qwen2.check_tensors(tensors, {}, cfg, kv, padded, vocab)
+        state = qwen2.from_qwen2(tensors, {}, cfg, kv, padded)
         state = {k: (v.float() if v.is_floating_point() else v) for k, v in state.items()}
         return {"tree": tree, "format": "qwen2-hf", "state": state, "padded": padded, "step": 0}
     if not tree:
@@ -71,23 +81,30 @@ def read_hf(folder) -> dict:
     from megahash.convert.qwen2 import load_hf_tensors, read_safetensors
 
     tensors = load_hf_tensors(folder)
+    step = number(data, "megahash_step", int, 0)
+    if step < 0:
+        raise CheckpointError(f"{cfg_path}: megahash_step must be >= 0, got {step}")
     if fmt == "megahash":
-        state, padded = from_hf_names(tensors), int(data["padded_vocab_size"])
+        state, padded = from_hf_names(tensors), size(data, "padded_vocab_size")
     elif fmt == "qwen2":
         from megahash.config import config_from_dict
         from megahash.convert import qwen2
 
         extra = read_safetensors(folder / EXTRA_FILE) if (folder / EXTRA_FILE).is_file() else {}
-        padded = int(data.get("megahash_padded_vocab_size") or data["vocab_size"])
-        state = qwen2.from_qwen2(tensors, extra, config_from_dict(_tp1(tree)), int(data["megahash_kv_groups"]), padded)
+        vocab = size(data, "vocab_size")
+        padded = size(data, "megahash_padded_vocab_size", vocab)
+        cfg = config_from_dict(_tp1(tree))
+        kv = size(data, "megahash_kv_groups")
+        qwen2.check_tensors(tensors, extra, cfg, kv, padded, vocab)
+        state = qwen2.from_qwen2(tensors, extra, cfg, kv, padded)
     else:
-        raise CheckpointError(f"{cfg_path}: model_type {fmt!r} is neither megahash nor qwen2")
+        raise CheckpointError(f"{cfg_path}: model_type {str(fmt)[:80]!r} is neither megahash nor qwen2")
     state = {k: (v.float() if v.is_floating_point() else v) for k, v in state.items()}
     if not (tree.get("model") or {}).get("vocab_size") and data.get("vocab_size"):
         # the real vocabulary, which the run's tokenizer gave (an export names no local tokenizer path)
         tree = json.loads(json.dumps(tree))
-        tree.setdefault("model", {})["vocab_size"] = int(data["vocab_size"])
-    return {"tree": tree, "format": fmt, "state": state, "padded": padded, "step": int(data.get("megahash_step", 0))}
+        tree.setdefault("model", {})["vocab_size"] = size(data, "vocab_size")
+    return {"tree": tree, "format": fmt, "state": state, "padded": padded, "step": step}
 
 
 def _tp1(tree: dict) -> dict:
@@ -116,8 +133,26 @@ def build_model(tree: dict, padded: int, save_dir=None, state: dict | None = Non
     process_groups.init_distributed(1)
     rng.seed_all(cfg.train.seed)
     if state is not None:
-        with torch.device("meta"):
-            want = MegahashLM(cfg, padded, torch.float32, init=False).state_dict()
+        # every layer has tensors of its own (a skipped one too): more layers than the weights have is
+        # refused before the meta model, whose build takes minutes at 10**5 layers
+        layers = {k.split(".")[2] for k in state if k.startswith("decoder.layers.")}
+        if cfg.model.num_layers > len(layers):
+            raise CheckpointError(
+                f"the weights do not fit the model of megahash_config: model.num_layers={cfg.model.num_layers}, "
+                f"the weights have {len(layers)} layers"
+            )
+        try:
+            with torch.device("meta"):
+                want = MegahashLM(cfg, padded, torch.float32, init=False).state_dict()
+        except (
+            RuntimeError,
+            OverflowError,
+            ValueError,
+            TypeError,
+        ) as e:  # sizes past int64 (torch: TypeError) (hidden_size: 1e30)
+            raise CheckpointError(
+                f"the model of megahash_config cannot be built: {str(e).splitlines()[0][:200]}"
+            ) from None
         lacking = [k for k in want if k not in state and not k.endswith("_extra_state")]
         if lacking:
             raise CheckpointError(f"the weights do not fit the model of megahash_config: missing {lacking[:3]}")
@@ -152,10 +187,18 @@ def write_weights_checkpoint(model, cfg, save_dir, step: int, extra: dict | None
     root = Path(save_dir)
     if complete_checkpoints(root):
         raise CheckpointError(f"{root} already holds megahash checkpoints; import into a new directory")
-    root.mkdir(parents=True, exist_ok=True)
     tag = tag_for(step)
+    if (root / tag).exists() or (root / tag).is_symlink():  # os.replace onto it: ENOTEMPTY after the work
+        raise CheckpointError(f"{root} already holds {tag} (unfinished); import into a new directory")
+    for name in ("latest", "resolved_config.yaml"):  # written last: a folder there left a checkpoint without them
+        if (root / name).exists() and not (root / name).is_file():
+            raise CheckpointError(f"{root / name} is not a file; import into a new directory")
+    root.mkdir(parents=True, exist_ok=True)
     tmp = root / (tag + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    if tmp.is_dir() and not tmp.is_symlink():  # an earlier import's leftover, whatever it is
+        shutil.rmtree(tmp)
+    else:
+        tmp.unlink(missing_ok=True)
     save_weights(model, tmp / WEIGHTS_DIR)
     save_config(cfg, tmp / "resolved_config.yaml")
     from megahash.data.samples import consumed_samples
@@ -202,8 +245,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     def run():
+        from megahash.atomic_write import check_output
+
         if args.step is not None and args.step < 0:
             raise ConfigError(f"--step must be >= 0, got {args.step}")
+        check_output(args.output, "--output", folder=True)  # a file there was a FileExistsError after the work
         import torch.distributed as dist
 
         owned = not dist.is_initialized()

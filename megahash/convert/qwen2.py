@@ -32,6 +32,7 @@ vocabulary's size. The table above is documentation; the code's one map (both di
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -164,6 +165,64 @@ def to_qwen2(state: dict, cfg, groups: int, vocab: int) -> tuple[dict, dict]:
     return out, extra
 
 
+def expected_shapes(cfg, groups: int, vocab: int):
+    """(Qwen2 tensor name, shape) pairs that :func:`from_qwen2` reads for ``cfg``, layer by layer (the
+    biases only with ``model.qkv_bias``; ``lm_head.weight`` only untied)."""
+    m = cfg.model
+    h, n, f = m.hidden_size, m.num_heads, m.ffn_hidden_size
+    d = h // n
+    yield "model.embed_tokens.weight", (vocab, h)
+    yield "model.norm.weight", (h,)
+    if not m.tie_embeddings:
+        yield "lm_head.weight", (vocab, h)
+    layer = {
+        "input_layernorm.weight": (h,),
+        "post_attention_layernorm.weight": (h,),
+        "self_attn.q_proj.weight": (n * d, h),
+        "self_attn.o_proj.weight": (h, n * d),
+        "mlp.down_proj.weight": (h, f),
+        "self_attn.k_proj.weight": (groups * d, h),
+        "self_attn.v_proj.weight": (groups * d, h),
+        "mlp.gate_proj.weight": (f, h),
+        "mlp.up_proj.weight": (f, h),
+    }
+    if m.qkv_bias:
+        layer.update({"self_attn.q_proj.bias": (n * d,), "self_attn.k_proj.bias": (groups * d,)})
+        layer["self_attn.v_proj.bias"] = (groups * d,)
+    for i in range(m.num_layers):
+        for k, v in layer.items():
+            yield f"model.layers.{i}.{k}", v
+
+
+def check_tensors(tensors: dict, extra: dict, cfg, groups: int, padded: int, vocab: int) -> None:
+    """One-line CheckpointError unless the folder's tensors are the ones ``cfg`` (``groups`` key/value
+    groups, ``vocab`` rows padded to ``padded``) needs, at their shapes: checked before :func:`from_qwen2`
+    splits, joins or pads anything (a missing tensor was a KeyError, one of another shape a reshape
+    RuntimeError, a ``padded`` of 10**12 a zeros() of 128 TB)."""
+    from megahash.errors import CheckpointError
+
+    m = cfg.model
+    if not (0 < groups <= m.num_heads and m.num_heads % groups == 0):
+        raise CheckpointError(f"config.json: {groups} key/value groups do not divide {m.num_heads} heads")
+    if not vocab <= padded <= vocab + max(vocab, 1 << 16):
+        raise CheckpointError(f"config.json: a padded vocabulary of {padded} rows is not a padding of {vocab}")
+    for name, shape in expected_shapes(cfg, groups, vocab):
+        if name not in tensors:
+            raise CheckpointError(f"the weights lack {name}, which the model of config.json has")
+        if tuple(tensors[name].shape) != shape:
+            raise CheckpointError(
+                f"the weights do not fit the model of config.json: {name} has shape "
+                f"{list(tensors[name].shape)}, the config's model {list(shape)}"
+            )
+    for table in VOCAB_TABLES:
+        pad = extra.get(table + ".padding")
+        if pad is not None and tuple(pad.shape) != (padded - vocab, m.hidden_size):
+            raise CheckpointError(
+                f"{table}.padding has shape {list(pad.shape)}, the config's padding rows "
+                f"{[padded - vocab, m.hidden_size]}"
+            )
+
+
 def from_qwen2(tensors: dict, extra: dict, cfg, groups: int, padded: int) -> dict:
     """megahash TP=1 tensors from Qwen2 tensors (+ the padding rows; zeros if absent)."""
     m = cfg.model
@@ -285,6 +344,37 @@ def read_safetensors(path: Path) -> dict:
         raise CheckpointError(f"{path} is not a readable safetensors file ({type(e).__name__}: {e})") from None
 
 
+def number(data: dict, key: str, kind=int, default=...):
+    """``data[key]`` as a finite ``kind`` (int: a whole JSON number, not a bool); ``default`` when absent or
+    null (no default: required). One-line CheckpointError naming the key for anything else (a string, a list,
+    1e400), so a config.json of another shape never reaches ``int()`` or a tensor size."""
+    from megahash.errors import CheckpointError
+
+    value = data.get(key)
+    if value is None:
+        if default is ...:
+            raise CheckpointError(f"config.json has no {key}")
+        return default
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and kind is int:
+        ok = float(value).is_integer()
+    if not ok:
+        raise CheckpointError(
+            f"config.json: {key} must be a {'whole' if kind is int else 'finite'} number, got {str(value)[:80]!r}"
+        )
+    return kind(value)
+
+
+def size(data: dict, key: str, default=...) -> int:
+    """``data[key]`` as a size (a whole number >= 1), :func:`number`'s rules otherwise."""
+    from megahash.errors import CheckpointError
+
+    value = number(data, key, int, default)
+    if value < 1:
+        raise CheckpointError(f"config.json: {key} must be >= 1, got {value}")
+    return value
+
+
 def megahash_tree(data: dict, folder) -> dict:
     """A megahash config tree for a standard ``Qwen2ForCausalLM`` config.json (any Qwen2/Qwen2.5
     decoder without sliding windows or RoPE scaling): megahash's decoder block with ``mha`` in every
@@ -297,17 +387,20 @@ def megahash_tree(data: dict, folder) -> dict:
         if not ok:
             raise ConfigError(f"cannot import this Qwen2 model into megahash's decoder: {what}")
 
-    need(data.get("hidden_act", "silu") == "silu", f"hidden_act={data.get('hidden_act')!r} (SwiGLU needs silu)")
+    need(
+        data.get("hidden_act", "silu") == "silu", f"hidden_act={str(data.get('hidden_act'))[:80]!r} (SwiGLU needs silu)"
+    )
     need(not data.get("use_sliding_window"), "use_sliding_window=true")
     rope = data.get("rope_parameters") or data.get("rope_scaling") or {}
-    need(rope.get("rope_type", rope.get("type", "default")) in ("default", None), f"RoPE scaling {rope}")
-    theta = float(data.get("rope_theta") or rope.get("rope_theta") or 10000.0)
-    need(theta.is_integer(), f"rope_theta={theta} (megahash's model.rotary_base is an integer)")
-    h, n = int(data["hidden_size"]), int(data["num_attention_heads"])
-    kv = int(data.get("num_key_value_heads") or n)
+    need(isinstance(rope, dict), f"rope_parameters is a {type(rope).__name__}, not an object")
+    need(rope.get("rope_type", rope.get("type", "default")) in ("default", None), f"RoPE scaling {str(rope)[:200]}")
+    theta = number(data, "rope_theta", float, None) or number(rope, "rope_theta", float, None) or 10000.0
+    need(theta > 0 and theta.is_integer(), f"rope_theta={theta} (megahash's model.rotary_base is a positive integer)")
+    h, n = size(data, "hidden_size"), size(data, "num_attention_heads")
+    kv = size(data, "num_key_value_heads", n)
     need(h % n == 0 and (data.get("head_dim") in (None, h // n)), f"head_dim={data.get('head_dim')} != hidden/heads")
     need(n % kv == 0, f"{n} heads not divisible into {kv} key/value groups")
-    max_pos = int(data.get("max_position_embeddings") or 2048)
+    max_pos = size(data, "max_position_embeddings", 2048)
     from megahash import catalog
     from megahash.objective_spec import standard as standard_objective
 
@@ -315,17 +408,17 @@ def megahash_tree(data: dict, folder) -> dict:
         "model": {
             "arch": "decoder",
             "hidden_size": h,
-            "num_layers": int(data["num_hidden_layers"]),
+            "num_layers": size(data, "num_hidden_layers"),
             "num_heads": n,
             "num_query_groups": 0 if kv == n else kv,
-            "ffn_hidden_size": int(data["intermediate_size"]),
-            "vocab_size": int(data["vocab_size"]),
+            "ffn_hidden_size": size(data, "intermediate_size"),
+            "vocab_size": size(data, "vocab_size"),
             "max_position_embeddings": max_pos,
             "rotary_base": int(theta),
             "tie_embeddings": bool(data.get("tie_word_embeddings", False)),
             "qkv_bias": True,
-            "norm_eps": float(data.get("rms_norm_eps", 1e-6)),
-            "init_std": float(data.get("initializer_range", 0.02)),
+            "norm_eps": number(data, "rms_norm_eps", float, 1e-6),
+            "init_std": number(data, "initializer_range", float, 0.02),
             "embedding": catalog.standard("embedding"),
             "head": catalog.standard("head"),
             "schedule": f"uniform:{catalog.standard('attention')}",

@@ -36,17 +36,25 @@ from megahash.eval import efficiency
 
 
 def read_evals(run_dir: Path) -> dict:
-    """task -> {"metric", "value", "higher_is_better", "step", "file"} from RUN_DIR/eval/*.json."""
+    """task -> {"metric", "value", "higher_is_better", "step", "file"} from RUN_DIR/eval/*.json. A file that
+    is not a megahash eval record is passed over; one that says it is but whose fields are of another shape
+    (a string step, results that are not an object of objects, a score that is not a number) is passed over
+    with one warning line naming it (they were TypeError/AttributeError/RecursionError tracebacks)."""
     found: dict = {}
     files = sorted((run_dir / "eval").glob("*.json")) if (run_dir / "eval").is_dir() else []
+    from megahash.checkpoint.layout import read_json
     from megahash.eval.run import main_metric
 
     for f in files:
         try:
-            rec = json.loads(f.read_text())
+            rec = read_json(f)  # at most 64 MiB, nesting within the recursion limit, an object
         except (OSError, ValueError):
             continue
-        if not isinstance(rec, dict) or not rec.get("megahash_eval"):
+        if not rec.get("megahash_eval"):
+            continue
+        problem = _record_problem(rec)
+        if problem:
+            print(f"warning: {f} is passed over: {problem}", file=sys.stderr)
             continue
         step = rec.get("step") or 0
         for task, metrics in (rec.get("results") or {}).items():
@@ -55,7 +63,7 @@ def read_evals(run_dir: Path) -> dict:
                 continue
             if task in found and found[task]["step"] > step:
                 continue
-            hib = (rec.get("higher_is_better") or {}).get(task, {}).get(m)
+            hib = ((rec.get("higher_is_better") or {}).get(task) or {}).get(m)
             if hib is None:
                 hib = not ("perplexity" in m or m == "bits_per_byte")
             found[task] = {
@@ -68,16 +76,41 @@ def read_evals(run_dir: Path) -> dict:
     return found
 
 
+def _record_problem(rec: dict) -> str:
+    """ "" for an eval record of the shape ``megahash eval`` writes (as far as the report reads it), else what is not."""
+    from megahash.eval.run import main_metric
+
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    step = rec.get("step")
+    if step is not None and not (number(step) and step >= 0):
+        return f"its step is {str(step)[:40]!r}, not a step number"
+    for key in ("results", "higher_is_better"):
+        table = rec.get(key)
+        if table is not None and not (
+            isinstance(table, dict) and all(isinstance(v, dict) or v is None for v in table.values())
+        ):
+            return f"its {key} is not an object of task objects"
+    for task, metrics in (rec.get("results") or {}).items():
+        m = main_metric(metrics or {})
+        if m is not None and not number(metrics[m]):
+            return f"the {m} of task {str(task)[:40]!r} is {str(metrics[m])[:40]!r}, not a number"
+    return ""
+
+
 def describe_run(path: str) -> dict:
     """Parameters, costs and eval scores of one run (see the module docstring)."""
-    from megahash.checkpoint.layout import read_state
+    from megahash.checkpoint.layout import padded_vocab, read_state
     from megahash.checkpoint.resolve import checkpoint_config, resolve_checkpoint
+    from megahash.checkpoint.weights import check_fits
     from megahash.models.accounting import count_parameters
 
     ckpt = resolve_checkpoint(path)
     cfg = checkpoint_config(ckpt)
     state = read_state(ckpt)
-    vocab = int(state.get("padded_vocab_size") or cfg.model.vocab_size or 0)
+    vocab = padded_vocab(state, ckpt) if state.get("padded_vocab_size") else cfg.model.vocab_size
+    check_fits(cfg, vocab, ckpt, meta=False)  # a config the weights cannot be (10**9 layers) counted for hours
     report = count_parameters(cfg, vocab)
     attention = sum(L["attention"]["qkv"] + L["attention"]["out"] for L in report["layers"])
     run_dir = ckpt.parent

@@ -225,6 +225,36 @@ def evaluate(
             f"cannot load the data of {', '.join(tasks)}: {first[:300]}; offline, evaluate local tasks "
             f"(data_tools/make_eval_tasks.py, --tasks-dir)"
         ) from None
+    except Exception as e:  # a task's data or templates that lm-eval cannot use (each a traceback before)
+        why = _task_data_problem(e)
+        if why is None:
+            raise
+        raise DataError(
+            f"the tasks {', '.join(tasks)} cannot be evaluated: {why[:300]}; check their data files and templates"
+            + (f" under {tasks_dir}" if tasks_dir else "")
+        ) from None
+
+
+def _task_data_problem(e: BaseException) -> str | None:
+    """What is wrong with a task's data, for the errors lm-eval and datasets raise on data of another shape: a
+    data file that is not JSON lines (datasets' DatasetGenerationError, its cause the parse error), no documents
+    (lm-eval's ``next()`` on them: StopIteration), a record without a field a template reads (Jinja's
+    UndefinedError). None for anything else (raised as it is)."""
+    from jinja2.exceptions import UndefinedError
+
+    if isinstance(e, StopIteration):
+        return "a task has no documents (an empty data file or split)"
+    if isinstance(e, UndefinedError):
+        return f"a document lacks what a template reads ({e})"
+    try:
+        from datasets.exceptions import DatasetGenerationError
+    except ImportError:  # pragma: no cover
+        return None
+    if isinstance(e, DatasetGenerationError):
+        cause = e.__cause__ or e.__context__ or e
+        first = next((line.strip() for line in str(cause).splitlines() if line.strip()), type(cause).__name__)
+        return f"a data file cannot be read ({type(cause).__name__}: {first})"
+    return None
 
 
 @contextlib.contextmanager

@@ -107,10 +107,14 @@ def _scan(path: Path, found: list[str], seen: set) -> None:
         return
     seen.add(path)
     tags: list[str] = []
-    try:
-        data = safe_yaml.load(path.read_text(encoding="utf-8"), f"task file {path}", _loader(tags))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return  # lm-eval cannot read it either (a file past safe_yaml's bounds is its one-line ConfigError)
+    try:  # the bytes, as lm-eval hands them to libyaml: UTF-16 with a byte-order mark is read too (read as
+        # UTF-8 text here, such a file was passed over and its !function ran without the flag)
+        data = safe_yaml.load(path.read_bytes(), f"task file {path}", _loader(tags))
+    except OSError:
+        return  # lm-eval cannot open it either (a file past safe_yaml's bounds is its one-line ConfigError)
+    except yaml.YAMLError as e:  # what this reader cannot see into is not known to be free of code
+        found.append(f"{path}: not readable as YAML here ({type(e).__name__}), so not checked for Python")
+        return
     found += [f"{path}: {t[:100]}" for t in tags]
     for d in _walk(data):
         if "class" in d:

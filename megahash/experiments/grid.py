@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,6 +128,13 @@ class Grid:
         )
 
 
+MAX_CELLS = 10_000  # the shipped grids have at most 35
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def override_text(key: str, value) -> str:
     """``key=value`` that :func:`megahash.config.parse_override` reads back as ``value``."""
     if isinstance(value, str):
@@ -208,6 +216,12 @@ def load_grid(path: str, extra: Sequence[str] = (), out: str | None = None) -> G
         raise ConfigError(f"{path}: variants must be a list of {{name: ..., overrides: {{...}}}}")
     if not axes and not variants:
         raise ConfigError(f"{path}: a grid needs axes (dotted key -> list) or variants")
+    n_cells = max(1, len(variants)) * math.prod(len(v) for v in axes.values())
+    if n_cells > MAX_CELLS:  # counted before the product is built: 100 x 100 x 100 values checked cells for hours
+        raise ConfigError(
+            f"{path}: the grid has {n_cells:,} cells (variants x axis values), more than {MAX_CELLS:,}; "
+            f"split it into several grids or shorten its axes"
+        )
     seed_keys = [k for k in axes if k.split(".")[-1].endswith("seed")]
     out_dir = Path(out or data.get("out") or f"runs/grids/{name}").resolve()
     cells: list[Cell] = []
@@ -245,6 +259,28 @@ def load_grid(path: str, extra: Sequence[str] = (), out: str | None = None) -> G
     if not isinstance(ev.get("trust_task_code", False), bool):
         raise ConfigError(f"{path}: eval.trust_task_code must be true or false (task files that run Python)")
     tasks = ev.get("tasks") or []
+    if not (isinstance(tasks, str) or (isinstance(tasks, list) and all(isinstance(t, str) for t in tasks))):
+        raise ConfigError(f"{path}: eval.tasks must be a task name or a list of task names")
+    if not isinstance(ev.get("tasks_dir") or "", str):
+        raise ConfigError(f"{path}: eval.tasks_dir must be a folder path")
+    limit = ev.get("limit")
+    if limit is not None and not (_number(limit) and limit > 0):
+        raise ConfigError(
+            f"{path}: eval.limit must be a positive number of documents (or a fraction), got {str(limit)[:40]!r}"
+        )
+    launch = data.get("launch") or {}
+    slurm = data.get("slurm") or {}
+    for key, section, fields in (("eval", ev, "batch_size"), ("launch", launch, "ranks")):
+        if not isinstance(section, dict):
+            raise ConfigError(f"{path}: {key} must be a mapping ({key}.{fields})")
+        value = section.get(fields, 8 if key == "eval" else 1)
+        if not (_number(value) and value == int(value) and value >= 1):
+            raise ConfigError(f"{path}: {key}.{fields} must be a whole number >= 1, got {str(value)[:40]!r}")
+    if not isinstance(slurm, dict):
+        raise ConfigError(f"{path}: slurm must be a mapping (slurm.sbatch: a list of sbatch options)")
+    sbatch = slurm.get("sbatch", [])
+    if not (isinstance(sbatch, list) and all(isinstance(x, str) for x in sbatch)):
+        raise ConfigError(f"{path}: slurm.sbatch must be a list of sbatch options (strings)")
     ev = {
         "tasks": [tasks] if isinstance(tasks, str) else list(tasks),
         "tasks_dir": ev.get("tasks_dir"),
@@ -254,8 +290,6 @@ def load_grid(path: str, extra: Sequence[str] = (), out: str | None = None) -> G
     }
     if ev["tasks_dir"] and not Path(ev["tasks_dir"]).is_absolute():
         ev["tasks_dir"] = str((Path.cwd() / ev["tasks_dir"]).resolve())
-    launch = data.get("launch") or {}
-    slurm = data.get("slurm") or {}
     grid = Grid(
         name,
         p.resolve(),

@@ -26,9 +26,11 @@ PERCENT = ("acc", "acc_norm", "exact_match")
 
 
 def _metrics(run_dir: Path) -> list[dict]:
+    from megahash.training.logging import read_metrics
+
     try:
-        return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    except (OSError, ValueError):
+        return read_metrics(run_dir)
+    except OSError:
         return []
 
 
@@ -50,10 +52,12 @@ def collect(grid) -> list[dict]:
         recs = _metrics(cell.dir)
         train = {}
         valid = {}
-        for m in recs:  # train and valid records (metrics.jsonl also holds checkpoint records: no loss)
-            curve = {"train": train, "valid": valid}.get(m.get("split"))
-            if curve is not None and "loss" in m:
-                curve[m["step"]] = m["loss"]
+        from megahash.training.logging import loss_points
+
+        for split, step, loss in filter(None, map(loss_points, recs)):  # checkpoint records have no loss
+            curve = {"train": train, "valid": valid}.get(split)
+            if curve is not None:
+                curve[step] = loss
         rec.update(
             {
                 "cell": cell.name,

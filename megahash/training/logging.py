@@ -161,7 +161,14 @@ def _drop_past(path: Path, data, start: int) -> int:
         try:
             rec = json.loads(line)
             step = _record_step(rec)
-        except (ValueError, KeyError, TypeError, AttributeError):
+            int(rec["step"])  # read again below for a dropped record
+        except (
+            ValueError,
+            KeyError,
+            TypeError,
+            AttributeError,
+            RecursionError,
+        ):  # RecursionError: nested past the limit
             rec, step = None, None
         if rec is not None and rec.get("split") == "train" and step <= start:
             break
@@ -197,10 +204,30 @@ def wandb_run_id(run_dir: str | Path) -> str:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
+    """The records of ``RUN_DIR/metrics.jsonl`` (JSON objects; any other line, e.g. one damaged before the
+    step a run resumed at, which :func:`keep_history` does not read, is passed over: it was a traceback at
+    the end of a finished run, from the loss plot, and made the grid report drop every curve of the run)."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    out = []
+    with open(path, "rb") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(rec, dict):
+                out.append(rec)
+    return out
+
+
+def loss_points(rec: dict):
+    """(split, step, loss) of a train or validation record with a whole step and a numeric loss, else None."""
+    step, loss = rec.get("step"), rec.get("loss")
+    if isinstance(step, int) and isinstance(loss, (int, float)) and not isinstance(loss, bool):
+        return str(rec.get("split")), step, loss
+    return None
 
 
 def plot_loss(run_dir: str | Path, out: str | Path | None = None) -> Path:
@@ -213,10 +240,10 @@ def plot_loss(run_dir: str | Path, out: str | Path | None = None) -> Path:
 
     recs = read_metrics(run_dir)
     series: dict[str, dict[int, float]] = {"train": {}, "valid": {}}
-    for r in recs:  # every validation set by name (valid/NAME: data.valid) too
-        split = r.get("split")
-        if (split in series or str(split).startswith("valid/")) and "loss" in r:
-            series.setdefault(split, {})[r["step"]] = r["loss"]
+    for point in filter(None, map(loss_points, recs)):  # every validation set by name (valid/NAME: data.valid) too
+        split, step, loss = point
+        if split in series or split.startswith("valid/"):
+            series.setdefault(split, {})[step] = loss
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     for name, pts in series.items():
         if pts:

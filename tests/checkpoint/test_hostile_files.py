@@ -484,3 +484,116 @@ def test_json_files_of_a_checkpoint_are_one_line(trained, tmp_path, capsys):
         with pytest.raises(CheckpointError) as e:
             load_rng(ckpt)
         assert "\n" not in str(e.value)
+
+
+def test_a_config_or_state_that_is_not_the_weights_is_one_line(trained, tmp_path, capsys):
+    """A checkpoint's resolved_config.yaml that is no mapping (empty, a list), holds a value out of its range
+    (hidden_size -32: megatron's negative-dimension traceback) or sizes the weights cannot be (hidden_size 10**8,
+    10**5 layers: terabytes allocated, minutes of meta build), or a megahash_state.json whose padded vocabulary is
+    a string or 10**12: eval refuses in one line before allocating, and writes nothing."""
+    import yaml
+
+    def config(fn):
+        def edit(ckpt):
+            path = ckpt / "resolved_config.yaml"
+            path.write_text(fn(path.read_text()))
+
+        return edit
+
+    def sized(key, value):
+        def fn(text):
+            tree = yaml.safe_load(text)
+            tree["model"][key] = value
+            return yaml.safe_dump(tree)
+
+        return config(fn)
+
+    def state(value):
+        def edit(ckpt):
+            path = ckpt / "megahash_state.json"
+            path.write_text(json.dumps({**json.loads(path.read_text()), "padded_vocab_size": value}))
+
+        return edit
+
+    cases = {
+        "empty config": config(lambda text: ""),
+        "a list": config(lambda text: "[1, 2]\n"),
+        "hidden_size -32": sized("hidden_size", -32),
+        "hidden_size 10**8": sized("hidden_size", 10**8),
+        "10**5 layers": sized("num_layers", 10**5),
+        "vocabulary 'abc'": state("abc"),
+        "vocabulary 10**12": state(10**12),
+        "vocabulary 10**30": state(10**30),  # past int64: a torch TypeError traceback
+        "ffn_hidden_size 10**30": sized("ffn_hidden_size", 10**30),
+    }
+    for name, edit in cases.items():
+        ckpt = copy_of(trained, tmp_path / name.replace(" ", "_").replace("*", ""))
+        edit(ckpt)
+        forge_manifest(ckpt)
+        out = tmp_path / f"e_{len(name)}.json"
+        argv = ["eval", "--checkpoint", str(ckpt), "--text", str(trained["text"]), "--out", str(out)]
+        status, err = _cli(argv, capsys)
+        assert status == 2 and len(err) == 1 and len(err[0]) < 520, (name, err)
+        assert not out.exists(), name
+        if name not in ("hidden_size 10**8", "ffn_hidden_size 10**30"):  # report counts these (no weights read)
+            status, err = _cli(["report", "--runs", str(ckpt), "--out", str(tmp_path / "r.md")], capsys)
+            assert status == 2 and len(err) == 1, (name, err)  # ValueError/TypeError tracebacks, 10**9 layers: hours
+
+
+def test_plugins_named_by_a_file_are_not_imported(trained, tmp_path, capsys, monkeypatch):
+    """model.plugins in an export's config.json or a forged checkpoint's resolved_config.yaml named modules that
+    import-hf and eval imported (``this`` printed the Zen of Python; ``python -m megahash`` in the folder ran a
+    NAME.py beside it): refused in one line naming MEGAHASH_PLUGINS, the module never imported; named in
+    MEGAHASH_PLUGINS it loads (a missing one is one line, not a ModuleNotFoundError traceback). A checkpoint this
+    install wrote with the plugin in its config evaluates as before (its signature vouches for the config)."""
+    import yaml
+
+    from megahash import catalog
+
+    marker = tmp_path / "RAN"
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "megahash_hostile_plugin.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    monkeypatch.syspath_prepend(str(mods))
+    monkeypatch.setattr(catalog, "_config_plugins", [])
+    hf = _hf_export(trained, tmp_path, capsys)
+    data = json.loads((hf / "config.json").read_text())
+    data["megahash_config"]["model"]["plugins"] = ["megahash_hostile_plugin"]
+    (hf / "config.json").write_text(json.dumps(data))
+    status, err = _cli(["import-hf", "--hf", str(hf), "--output", str(tmp_path / "imported")], capsys)
+    assert status == 2 and len(err) == 1 and "MEGAHASH_PLUGINS=megahash_hostile_plugin" in err[0], err
+    ckpt = copy_of(trained, tmp_path)
+    tree = yaml.safe_load((ckpt / "resolved_config.yaml").read_text())
+    tree["model"]["plugins"] = ["megahash_hostile_plugin"]
+    (ckpt / "resolved_config.yaml").write_text(yaml.safe_dump(tree))
+    forge_manifest(ckpt)
+    argv = ["eval", "--checkpoint", str(ckpt), "--text", str(trained["text"]), "--out", str(tmp_path / "e.json")]
+    status, err = _cli(argv, capsys)
+    assert status == 2 and len(err) == 1 and "MEGAHASH_PLUGINS=megahash_hostile_plugin" in err[0], err
+    assert not marker.exists() and "megahash_hostile_plugin" not in sys.modules
+    data["megahash_config"]["model"]["plugins"] = ["megahash_no_such_plugin"]
+    (hf / "config.json").write_text(json.dumps(data))
+    monkeypatch.setenv(catalog.PLUGINS_ENV, "megahash_no_such_plugin")
+    status, err = _cli(["import-hf", "--hf", str(hf), "--output", str(tmp_path / "imported2")], capsys)
+    assert status == 2 and len(err) == 1 and "plugin 'megahash_no_such_plugin' cannot be found" in err[0], err
+    monkeypatch.delenv(catalog.PLUGINS_ENV)
+    monkeypatch.setattr(catalog, "_config_plugins", [])
+    # this install's checkpoint, its config naming a plugin: the signature vouches for it (no variable needed)
+    from megahash.checkpoint.origin import written_here
+    from megahash.checkpoint.resolve import checkpoint_config
+
+    own = copy_of(trained, tmp_path / "own")
+    assert written_here(own)
+    monkeypatch.setattr(catalog, "check_foreign_plugins", lambda names, where, trusted=False: seen.append(trusted))
+    seen: list = []
+    tree = yaml.safe_load((own / "resolved_config.yaml").read_text())
+    tree["model"]["plugins"] = ["megahash_hostile_plugin"]  # as a run trained with it would have saved it
+    (own / "resolved_config.yaml").write_text(yaml.safe_dump(tree))
+    checkpoint_config(own)
+    assert seen == [False]  # changed after the save: not vouched for
+    from megahash.checkpoint.origin import sign
+
+    forge_manifest(own)
+    sign(own)  # what the save of such a run writes
+    checkpoint_config(own)
+    assert seen == [False, True]

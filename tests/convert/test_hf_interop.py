@@ -69,6 +69,111 @@ def test_import_standard_qwen2_folder(tie, tmp_path, dist):
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
+def _megahash_qwen2(src, dst):
+    """``src`` (a plain Qwen2 folder) as a megahash Qwen2 export: its config tree, groups, padding and step."""
+    import shutil
+
+    from megahash.convert.qwen2 import megahash_tree
+
+    shutil.copytree(src, dst)
+    data = json.loads((dst / "config.json").read_text())
+    data.update(
+        megahash_config=megahash_tree(data, dst),
+        megahash_kv_groups=2,
+        megahash_padded_vocab_size=384,
+        megahash_step=3,
+    )
+    (dst / "config.json").write_text(json.dumps(data))
+    return dst
+
+
+def test_hostile_config_and_tensors_are_one_line(tmp_path, dist, capsys):
+    """A Qwen2 folder (plain, or a megahash export) whose config.json fields are missing, of another type, zero,
+    non-finite or absurd, or whose tensors are missing or of another shape: one ``error:`` line, exit 2, no
+    output folder. Before: KeyError/ValueError/TypeError/ZeroDivisionError/AttributeError tracebacks from
+    config.json, reshape RuntimeErrors from the tensors, a 128 TB ``torch.zeros`` for a padded vocabulary of
+    10**12 rows (a MemoryError traceback here; the OOM killer where it is smaller), ``step_-0000005`` written
+    for megahash_step=-5, and three minutes of CPU building a meta model of 10**5 layers."""
+    from safetensors.torch import load_file, save_file
+
+    from megahash.cli import main
+
+    plain = tmp_path / "plain"
+    random_qwen2(plain, tie=True)
+    ours = _megahash_qwen2(plain, tmp_path / "ours")
+    capsys.readouterr()  # transformers' progress bars
+
+    def config(**kw):
+        def edit(d):
+            data = json.loads((d / "config.json").read_text())
+            for k, v in kw.items():
+                if v is None:
+                    data.pop(k, None)
+                elif callable(v):
+                    v(data)
+                else:
+                    data[k] = v
+            (d / "config.json").write_text(json.dumps(data))
+
+        return edit
+
+    def tensors(fn):
+        def edit(d):
+            t = load_file(str(d / "model.safetensors"))
+            fn(t)
+            save_file(t, str(d / "model.safetensors"), metadata={"format": "pt"})
+
+        return edit
+
+    def tree(fn):
+        return config(megahash_config=fn)
+
+    cases = {
+        (plain, "no hidden_size"): config(hidden_size=None),
+        (plain, "hidden_size 'abc'"): config(hidden_size="abc"),
+        (plain, "hidden_size [1]"): config(hidden_size=[1]),
+        (plain, "zero heads"): config(num_attention_heads=0),
+        (plain, "rope_parameters a string"): config(rope_parameters="x"),
+        (plain, "rope_theta NaN"): config(rope_theta=float("nan"), rope_parameters={"rope_theta": float("nan")}),
+        (plain, "vocab 10**12"): config(vocab_size=10**12),
+        (plain, "a missing tensor"): tensors(lambda t: t.pop("model.layers.0.self_attn.q_proj.weight")),
+        (plain, "k_proj of another shape"): tensors(
+            lambda t: t.update({"model.layers.0.self_attn.k_proj.weight": torch.zeros(7, 3)})
+        ),
+        (plain, "a 1-D embedding"): tensors(lambda t: t.update({"model.embed_tokens.weight": torch.zeros(7)})),
+        (plain, "more embedding rows"): tensors(
+            lambda t: t.update({"model.embed_tokens.weight": torch.zeros(500, 64)})
+        ),
+        (ours, "megahash_config a list"): config(megahash_config=[1, 2]),
+        (ours, "a section null"): tree(lambda d: d["megahash_config"].update(model=None)),
+        (ours, "no kv groups"): config(megahash_kv_groups=None),
+        (ours, "kv groups 0"): config(megahash_kv_groups=0),
+        (ours, "kv groups 3"): config(megahash_kv_groups=3),
+        (ours, "kv groups 'a'"): config(megahash_kv_groups="a"),
+        (ours, "step 'a'"): config(megahash_step="a"),
+        (ours, "step -5"): config(megahash_step=-5),
+        (ours, "padded 10**11"): config(megahash_padded_vocab_size=10**11),
+        (ours, "padded 10"): config(megahash_padded_vocab_size=10),
+        (ours, "10**5 layers"): tree(lambda d: d["megahash_config"]["model"].update(num_layers=10**5)),
+        (ours, "hidden_size 10**30"): tree(lambda d: d["megahash_config"]["model"].update(hidden_size=10**30)),
+        (ours, "model_type megahash without its fields"): config(model_type="megahash"),
+    }
+    import shutil
+
+    for (src, name), edit in cases.items():
+        d = tmp_path / "case"
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(src, d)
+        edit(d)
+        out = tmp_path / "out"
+        status = main(["import-hf", "--hf", str(d), "--output", str(out)])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert status == 2 and len(err) == 1 and err[0].startswith("error: ") and len(err[0]) < 520, (name, err)
+        assert not out.exists(), name
+    for src in (plain, ours):  # the folders themselves import
+        assert main(["import-hf", "--hf", str(src), "--output", str(tmp_path / f"ok_{src.name}")]) == 0
+
+
 @pytest.fixture(scope="session")
 def tf4_path():
     """transformers 4.46.3 (+ the tokenizers / huggingface_hub it needs) installed once with pip into
@@ -273,3 +378,37 @@ def test_megahash_export_cached_generate_on_transformers_4_and_5(shakespeare_sha
         assert len(res["cached"]) == 10 and res["cached"] == res["uncached"], res
         assert res["cache_warnings"] == [], res
     assert results[0]["cached"] == results[1]["cached"]
+
+
+def test_import_output_of_another_kind_is_one_line(tmp_path, dist, capsys):
+    """--output a file, under a file, holding a folder named ``latest`` or an unfinished ``step_N``: one line
+    before anything is written (FileExistsError/NotADirectoryError tracebacks before; a folder named ``latest``
+    failed after the checkpoint was published, leaving it without ``latest`` or its config). A leftover
+    ``step_N.tmp`` of any kind is replaced."""
+    from megahash.cli import main
+
+    hf = tmp_path / "hf"
+    random_qwen2(hf, tie=True)
+    capsys.readouterr()
+    afile = tmp_path / "afile"
+    afile.write_text("x\n")
+    latest = tmp_path / "with_latest"
+    (latest / "latest").mkdir(parents=True)
+    unfinished = tmp_path / "unfinished"
+    (unfinished / "step_00000000" / "model").mkdir(parents=True)
+    for out, expect in (
+        (afile, "is a file; name a folder"),
+        (afile / "x", "is a file, not a folder"),
+        (latest, "latest is not a file"),
+        (unfinished, "already holds step_00000000"),
+    ):
+        before = sorted(p.name for p in out.parent.rglob("*"))
+        assert main(["import-hf", "--hf", str(hf), "--output", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and expect in err[0], err
+        assert sorted(p.name for p in out.parent.rglob("*")) == before
+    leftover = tmp_path / "leftover"
+    leftover.mkdir()
+    (leftover / "step_00000000.tmp").write_text("a file where the import's temp folder goes\n")
+    assert main(["import-hf", "--hf", str(hf), "--output", str(leftover)]) == 0
+    assert sorted(p.name for p in leftover.iterdir()) == ["latest", "resolved_config.yaml", "step_00000000"]

@@ -435,6 +435,14 @@ def test_bad_inputs_are_one_line_errors(tmp_path, tok, shards, capsys):
     bad_json = tmp_path / "bad.jsonl"
     bad_json.write_text('{"text": "ok"}\n{"text": \n')
     assert "invalid JSON" in _bad(tmp_path, tok, capsys, "--input", str(bad_json), "--tokenizer", tok)
+    # damaged compressed data (a valid gzip header, then garbage; not a zstd frame): zlib.error / ZstdError tracebacks
+    damaged_gz = tmp_path / "damaged.jsonl.gz"
+    damaged_gz.write_bytes(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03garbage")
+    damaged_zst = tmp_path / "damaged.jsonl.zst"
+    damaged_zst.write_bytes(b"not zstd\n")
+    for damaged in (damaged_gz, damaged_zst):
+        msg = _bad(tmp_path, tok, capsys, "--input", str(damaged), "--tokenizer", tok)
+        assert f"cannot read {str(damaged)!r}" in msg, msg
     # an output prefix without a name wrote out/_meta.json; one under a file was a FileExistsError traceback
     msg = _bad(
         tmp_path, tok, capsys, "--input", str(bad_json), "--tokenizer", tok, "--output-prefix", f"{tmp_path}/out/"
@@ -442,6 +450,20 @@ def test_bad_inputs_are_one_line_errors(tmp_path, tok, shards, capsys):
     assert "names no file prefix" in msg and not (tmp_path / "out").exists()
     msg = _bad(tmp_path, tok, capsys, "--input", str(bad_json), "--tokenizer", tok, "--output-prefix", f"{empty}/x")
     assert f"{str(empty)!r} is a file, not a folder" in msg and empty.read_text() == "\n\n   \n"
+    # a folder or fifo where an output or the meta goes: os.remove / reading the meta raised IsADirectoryError
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"text": "hello there"}\n')
+    for i, name in enumerate(("x_text_document.bin", "x_meta.json", "x_text_document.idx")):
+        d = tmp_path / f"occupied{i}"
+        d.mkdir()
+        if name.endswith(".idx"):
+            os.mkfifo(d / name)
+        else:
+            (d / name).mkdir()
+        for over in ([], ["--overwrite"]):
+            args = ["--input", str(good), "--tokenizer", tok, "--output-prefix", str(d / "x"), *over]
+            msg = _bad(tmp_path, tok, capsys, *args)
+            assert "exists and is not a file" in msg and sorted(os.listdir(d)) == [name], (name, msg)
 
 
 def test_bad_input_exit_codes_as_script(tmp_path, tok):

@@ -128,3 +128,35 @@ def test_report_says_why_a_cell_is_empty():
     assert "Empty PRR of other: no task scored with the same metric by the baseline base." in notes
     assert "Empty PEoP of base: it is the lower bound." in notes
     assert "Empty PEoP of other: same attention parameter count as the lower bound base" in notes
+
+
+def test_eval_records_of_another_shape_are_passed_over(tmp_path, capsys):
+    """RUN_DIR/eval/*.json that claim to be megahash eval records but hold a string step, results or
+    higher_is_better that are not objects of task objects, or a score that is not a number, are passed over
+    with one warning each (TypeError/AttributeError tracebacks of ``megahash report`` before); a file nested
+    past the recursion limit is passed over like any file that is not JSON (a RecursionError before). The
+    well-formed record beside them is read."""
+    import json
+
+    from megahash.eval.report import read_evals
+
+    d = tmp_path / "eval"
+    d.mkdir()
+    good = {"megahash_eval": 1, "step": 3, "results": {"t": {"acc": 0.5}}}
+    bad = {
+        "step": {**good, "step": "x"},
+        "results": {**good, "results": [1]},
+        "metrics": {**good, "results": {"t": [1]}},
+        "score": {**good, "results": {"t": {"acc": "high"}}},
+        "hib": {**good, "higher_is_better": [1]},
+    }
+    for name, rec in bad.items():
+        (d / f"{name}.json").write_text(json.dumps(rec))
+    (d / "nested.json").write_text("[" * 100000 + "]" * 100000)
+    (d / "good.json").write_text(json.dumps(good))
+    found = read_evals(tmp_path)
+    assert found == {
+        "t": {"metric": "acc", "value": 0.5, "higher_is_better": True, "step": 3, "file": str(d / "good.json")}
+    }
+    warnings = capsys.readouterr().err.strip().splitlines()
+    assert len(warnings) == len(bad) and all(w.startswith("warning: ") for w in warnings), warnings

@@ -3,7 +3,8 @@ megahash/eval/task_code.py). A copy of the generated Shakespeare suite (data_too
 which needs no flag) gets one hostile change per case: ``!function`` with a ``utils.py`` beside the YAML,
 ``!function os.system``, a ``class``, an ``include`` of a file elsewhere that has one, a metric lm-eval
 would hand to Hugging Face ``evaluate`` (a local script), a template reaching ``__globals__``, one
-building that name at render time (only Jinja's sandbox sees it). ``megahash eval`` exits 2 with one line
+building that name at render time (only Jinja's sandbox sees it), a ``!function`` in a UTF-16 file, a file
+that is not YAML. ``megahash eval`` exits 2 with one line
 naming the file (where it can be known before running) and the flag; the marker file every payload would
 create stays absent; with the flag the task's code runs, as the flag says."""
 
@@ -82,6 +83,11 @@ def _hostile(suite, tmp_path, name: str, marker) -> tuple:
     elif name == "template":
         cfg["doc_to_text"] = "{{ lipsum.__globals__['os'].system('touch " + str(marker) + "') }}{{ctx}}"
         body = yaml.safe_dump(cfg, sort_keys=False)
+    elif name == "utf16":  # lm-eval's libyaml reads UTF-16 with a BOM; read as UTF-8 it was passed over and ran
+        task.write_bytes((body + "process_docs: !function utils.process_docs\n").encode("utf-16"))
+        return d, named
+    elif name == "unreadable":  # YAML this check cannot parse is not known to be free of code: refused too
+        body += "process_docs: !function utils.process_docs\nbad: [unclosed\n"
     elif name == "template_at_render":
         cfg["doc_to_text"] = "{{ lipsum['__glo' ~ 'bals__']['os'].system('touch " + str(marker) + "') }}{{ctx}}"
         body = yaml.safe_dump(cfg, sort_keys=False)
@@ -99,7 +105,18 @@ def test_the_generated_suite_needs_no_flag(suite, capsys):
 
 
 @pytest.mark.parametrize(
-    "case", ["function", "os_system", "class", "include", "evaluate_metric", "template", "template_at_render"]
+    "case",
+    [
+        "function",
+        "os_system",
+        "class",
+        "include",
+        "evaluate_metric",
+        "template",
+        "template_at_render",
+        "utf16",
+        "unreadable",
+    ],
 )
 def test_task_code_is_refused_in_one_line(suite, tmp_path, capsys, case):
     marker = tmp_path / "RAN"
@@ -154,3 +171,25 @@ def test_nested_anchors_are_walked_once(tmp_path):
     with pytest.raises(ConfigError) as e:
         task_code(tmp_path)
     assert "laughs.yaml" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "case, expect",
+    [
+        ("not_json", "a data file cannot be read"),  # datasets' DatasetGenerationError traceback before
+        ("empty", "a task has no documents"),  # lm-eval's StopIteration traceback before
+        ("other_fields", "a document lacks what a template reads"),  # Jinja's UndefinedError traceback before
+    ],
+)
+def test_task_data_of_another_shape_is_one_line(suite, tmp_path, capsys, case, expect):
+    """A task's data file that is not JSON lines, is empty, or whose records lack a field the templates read:
+    one line naming the tasks and the folder, exit 2, no result written."""
+    d = tmp_path / case
+    shutil.copytree(suite["tasks"], d)
+    task = d / "shk_order.yaml"
+    task.write_text(task.read_text().replace(str(suite["tasks"]), str(d)))
+    data = d / "shk_order.jsonl"
+    data.write_text({"not_json": '{"ctx": "a", "choices": [\n', "empty": "", "other_fields": '{"foo": 1}\n'}[case])
+    status, err = _eval(suite, d, capsys, "--out", str(tmp_path / "out.json"))
+    assert status == 2 and len(err) == 1 and expect in err[0] and str(d) in err[0], err
+    assert not (tmp_path / "out.json").exists()

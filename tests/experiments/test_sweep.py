@@ -210,6 +210,18 @@ def test_dry_run_prints_cells_and_commands(grid, capsys):
             "changes train.steps (12 -> 7) without an axis",
         ),
         ({"standard": {"train.lr": 1.0}}, "standard names 'train.lr', which is not an axis"),
+        # sections of another shape: ValueError/AttributeError/TypeError tracebacks before
+        ({"eval": {"batch_size": "abc"}}, "eval.batch_size must be a whole number >= 1"),
+        ({"eval": {"tasks": 5}}, "eval.tasks must be a task name or a list of task names"),
+        ({"eval": {"limit": "all"}}, "eval.limit must be a positive number"),
+        ({"launch": [1]}, "launch must be a mapping"),
+        ({"launch": {"ranks": -3}}, "launch.ranks must be a whole number >= 1"),
+        ({"slurm": {"sbatch": 5}}, "slurm.sbatch must be a list of sbatch options"),
+        # a million cells: counted before the product is built (the dry run ran for hours before)
+        (
+            {"axes": {"train.seed": list(range(100)), "data.seed": list(range(100)), "train.lr": [1e-3] * 100}},
+            "the grid has 1,000,000 cells",
+        ),
     ],
 )
 def test_bad_grid_is_one_line_error(grid, tmp_path, capsys, edit, message):

@@ -557,6 +557,28 @@ def test_keep_history_drops_what_was_logged_past_the_start(tmp_path):
     assert purge_step(tokens, 4) == 4 * 8 * 16 + 1
 
 
+def test_damaged_lines_of_the_history_are_passed_over(tmp_path):
+    """metrics.jsonl lines that are not records: nested past the recursion limit in the tail keep_history reads
+    (a RecursionError traceback at the start of a resume), a record whose step is a list after an asynchronous
+    save's (a TypeError there), and a line cut short before the step a run resumes at, which keep_history does not
+    read (the loss plot at the end of the finished run raised JSONDecodeError, exit 1; the grid report dropped
+    every curve of the run): the resume drops the tail's, the plot and the grid report pass over the rest."""
+    from megahash.experiments.grid_report import _metrics
+    from megahash.training.logging import keep_history, plot_loss, read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    recs = [{"step": s, "split": "train", "loss": 1.0 / s} for s in range(1, 5)]
+    lines = [json.dumps(r) for r in recs]
+    lines.insert(1, '{"step": 1, "split": "train", "loss": [1')  # before the resume's step: never rewritten
+    lines += ["[" * 100000, json.dumps({"saved_step": 9, "step": [1]}), json.dumps({"step": 5, "loss": "x"})]
+    path.write_text("\n".join(lines) + "\n")
+    assert keep_history(path, 4) == 5  # the three tail lines go (step 5 the last record past the start)
+    assert path.read_text().count("\n") == 5 and "[[[" not in path.read_text()
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4]
+    assert plot_loss(tmp_path).stat().st_size > 0
+    assert len(_metrics(tmp_path)) == 4
+
+
 def test_ranks_share_the_hashing_of_a_verification():
     """digest.share: every file hashed by exactly one rank, the same split on every rank, the largest
     files spread first (LPT: no rank more than the largest file above the mean)."""

@@ -225,6 +225,9 @@ def run(argv: Sequence[str] | None = None) -> int:
     words_path = f"{prefix}_words.tsv" if words_mode else None
     meta_path = f"{prefix}_meta.json"
     finals = [p + ext for p in shards.values() for ext in (".bin", ".idx")] + [p for p in (lsh_path, words_path) if p]
+    for path in (meta_path, *finals):  # a folder (or fifo, device) of an output's name: removing or reading it
+        if os.path.lexists(path) and not os.path.isfile(path):  # was an IsADirectoryError traceback
+            raise InputError(f"output {path!r} exists and is not a file; remove it or choose another --output-prefix")
     stale = leftovers(prefix, finals)  # an unpublished set (no meta) or temp files of dead runs: replaced
     remove(stale)
     existing = _existing_outputs(prefix, finals)

@@ -32,6 +32,7 @@ import re
 import shutil
 import struct
 import subprocess
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -96,6 +97,17 @@ class LongLine(TextStream):
     """A line longer than ``READ_BLOCK`` bytes: its decoded fragments, read from the file on demand."""
 
 
+def read_errors() -> tuple:
+    """What reading a damaged input raises: OSError and EOFError (a bad gzip header, a file cut short), and the
+    decompressors' own errors for damaged data (``zlib.error``, ``zstandard.ZstdError``: tracebacks before)."""
+    errors: tuple = (OSError, EOFError, zlib.error)
+    try:
+        import zstandard
+    except ImportError:
+        return errors
+    return (*errors, zstandard.ZstdError)
+
+
 def _opener(path: str):
     lower = path.lower()
     return gzip.open if lower.endswith(".gz") else _zstd_open if lower.endswith(".zst") else open
@@ -109,7 +121,7 @@ def read_lines(path: str, decode, block_size: int | None = None) -> Iterator[str
     try:
         with _opener(path)(path, "rb") as f:
             yield from _lines(f, decode, block_size or READ_BLOCK, path)
-    except (OSError, EOFError) as e:
+    except read_errors() as e:
         raise InputError(f"cannot read {path!r}: {one_line(e)}") from None
 
 
@@ -178,7 +190,7 @@ def _long_line(f, data: bytes, decode, block_size: int, state: dict, first: bool
                     yield decode(data).rstrip("\r")
                 return
             data += more
-    except (OSError, EOFError) as e:
+    except read_errors() as e:
         raise InputError(f"cannot read {path!r}: {one_line(e)}") from None
 
 
