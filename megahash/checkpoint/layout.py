@@ -67,9 +67,7 @@ def padded_vocab(state: dict, ckpt: Path) -> int:
     vocab = state.get("padded_vocab_size")
     if not vocab:
         raise CheckpointError(f"checkpoint {ckpt} does not record its vocabulary size")
-    if not (
-        isinstance(vocab, int) and not isinstance(vocab, bool) and 0 < vocab <= MAX_VOCAB
-    ):  # 10**30: torch overflow
+    if not (isinstance(vocab, int) and not isinstance(vocab, bool) and 0 < vocab <= MAX_VOCAB):  # 10**30: overflow
         raise CheckpointError(f"checkpoint {ckpt}: padded_vocab_size is {str(vocab)[:40]!r}, not a size; it is damaged")
     return vocab
 

@@ -201,12 +201,7 @@ def check_fits(cfg, vocab: int, ckpt: Path, meta: bool = True) -> None:
     try:
         with torch.device("meta"):
             n = sum(p.numel() for p in MegahashLM(cfg, vocab, torch.float32, init=False).parameters())
-    except (
-        RuntimeError,
-        OverflowError,
-        ValueError,
-        TypeError,
-    ) as e:  # sizes past int64 (torch: TypeError) (ffn_hidden_size: 1e30)
+    except (RuntimeError, OverflowError, ValueError, TypeError) as e:  # past int64 (torch: TypeError; ffn 1e30)
         raise CheckpointError(
             f"checkpoint {ckpt}: the model of its config cannot be built: {str(e).splitlines()[0][:200]}"
         ) from None

@@ -144,12 +144,7 @@ def build_model(tree: dict, padded: int, save_dir=None, state: dict | None = Non
         try:
             with torch.device("meta"):
                 want = MegahashLM(cfg, padded, torch.float32, init=False).state_dict()
-        except (
-            RuntimeError,
-            OverflowError,
-            ValueError,
-            TypeError,
-        ) as e:  # sizes past int64 (torch: TypeError) (hidden_size: 1e30)
+        except (RuntimeError, OverflowError, ValueError, TypeError) as e:  # past int64 (torch: TypeError)
             raise CheckpointError(
                 f"the model of megahash_config cannot be built: {str(e).splitlines()[0][:200]}"
             ) from None

@@ -162,13 +162,7 @@ def _drop_past(path: Path, data, start: int) -> int:
             rec = json.loads(line)
             step = _record_step(rec)
             int(rec["step"])  # read again below for a dropped record
-        except (
-            ValueError,
-            KeyError,
-            TypeError,
-            AttributeError,
-            RecursionError,
-        ):  # RecursionError: nested past the limit
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):  # RecursionError: nested too deep
             rec, step = None, None
         if rec is not None and rec.get("split") == "train" and step <= start:
             break
