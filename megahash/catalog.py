@@ -164,7 +164,10 @@ def plugin_modules() -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _plugin_files(name: str) -> list[Path]:
+def _plugin_spec(name: str):
+    """The import spec of plugin module ``name``; one-line ConfigError when it cannot be found (a
+    ModuleNotFoundError traceback at its import) or is no Python source megahash can read for its
+    ``register_*`` lines (a built-in or frozen module such as ``abc``: "No such file or directory: frozen")."""
     try:
         spec = importlib.util.find_spec(name)
     except (ImportError, ValueError) as e:
@@ -173,6 +176,16 @@ def _plugin_files(name: str) -> list[Path]:
         ) from None
     if spec is None or not spec.origin:
         raise ConfigError(f"plugin {name!r} cannot be found; check {PLUGINS_ENV}/model.plugins and PYTHONPATH")
+    if not spec.submodule_search_locations and not (spec.has_location and str(spec.origin).endswith(".py")):
+        raise ConfigError(
+            f"plugin {name!r} is {spec.origin!r}, not a Python source file or package; a plugin is a module of yours "
+            f"with register_* lines (docs/architecture.md, the kind spec): check {PLUGINS_ENV}/model.plugins"
+        )
+    return spec
+
+
+def _plugin_files(name: str) -> list[Path]:
+    spec = _plugin_spec(name)
     if spec.submodule_search_locations:
         return sorted(p for loc in spec.submodule_search_locations for p in Path(loc).rglob("*.py"))
     return [Path(spec.origin)]
@@ -182,14 +195,9 @@ def plugin_import_names() -> list[str]:
     """Every module to import for the plugins' ``register_*`` lines (packages: all submodules)."""
     out = []
     for name in plugin_modules():
-        try:
-            spec = importlib.util.find_spec(name)
-        except (ImportError, ValueError):
-            spec = None
-        if spec is None:  # a ModuleNotFoundError traceback from the import below
-            raise ConfigError(f"plugin {name!r} cannot be found; check {PLUGINS_ENV}/model.plugins and PYTHONPATH")
+        spec = _plugin_spec(name)
         out.append(name)
-        if spec is not None and spec.submodule_search_locations:
+        if spec.submodule_search_locations:
             import pkgutil
 
             out += [info.name for info in pkgutil.walk_packages(spec.submodule_search_locations, prefix=name + ".")]

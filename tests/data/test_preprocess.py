@@ -415,6 +415,9 @@ def test_bad_inputs_are_one_line_errors(tmp_path, tok, shards, capsys):
     assert "input not found" in _bad(
         tmp_path, tok, capsys, "--input", str(tmp_path / "missing.txt"), "--tokenizer", tok
     )
+    fifo = tmp_path / "in.jsonl"
+    os.mkfifo(fifo)  # it said "input not found"
+    assert "is not a regular file or folder" in _bad(tmp_path, tok, capsys, "--input", str(fifo), "--tokenizer", tok)
     msg = _bad(tmp_path, tok, capsys, "--input", str(jl), "--tokenizer", tok)
     assert "'text'" in msg and "body, id" in msg
     msg = _bad(

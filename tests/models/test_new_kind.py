@@ -193,7 +193,7 @@ def plugin(tmp_path_factory):
 
 def test_config_names_plugins_too(plugin, monkeypatch):
     """``model.plugins`` finds the same package without the environment variable (config checks,
-    torch-free); an unknown plugin is a one-line ConfigError. (First in this file: once a process
+    torch-free); an unknown plugin, or a built-in or frozen module, is a one-line ConfigError. (First in this file: once a process
     has imported a plugin its kinds stay registered there.)"""
     from megahash import catalog
     from megahash.config import load_config
@@ -218,6 +218,11 @@ def test_config_names_plugins_too(plugin, monkeypatch):
         assert check_kinds(cfg) == [ATTENTION, ATTENTION]
         with pytest.raises(ConfigError, match="plugin 'no_such_plugin_pkg' cannot be found"):
             check_kinds(load_config(None, ["model.plugins=[no_such_plugin_pkg]"]))
+        for name, origin in (("abc", "frozen"), ("sys", "built-in")):  # "No such file or directory: frozen" before
+            catalog._config_plugins.clear()
+            catalog._scan.cache_clear()
+            with pytest.raises(ConfigError, match=f"plugin '{name}' is '{origin}', not a Python source file"):
+                check_kinds(load_config(None, [f"model.plugins=[{name}]"]))
     finally:
         catalog._config_plugins.clear()
         catalog._scan.cache_clear()

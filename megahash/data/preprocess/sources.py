@@ -85,6 +85,8 @@ def resolve_files(spec: str) -> list[str]:
         if not files:
             raise InputError(f"no input files match {spec!r}")
         return files
+    if os.path.exists(spec):  # a fifo, socket or device: read once and unsized, so not an input here
+        raise InputError(f"input {spec!r} is not a regular file or folder; give a file, a folder or a glob of files")
     raise InputError(f"input not found: {spec!r}")
 
 
