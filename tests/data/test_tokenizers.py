@@ -500,6 +500,34 @@ def test_unigram_export_keeps_control_and_byte_pieces_out_of_text(kind, corpus, 
     np.testing.assert_array_equal(TokenBytes(back).space, TokenBytes(mine).space)  # bit-exact: flags
 
 
+@pytest.mark.parametrize(
+    "normalizer, decoder",
+    [
+        (None, None),
+        ([], 5),
+        ({"normalizers": "x"}, {"decoders": [7]}),
+        ({"normalizers": [{"type": "Replace", "pattern": "x"}, 1]}, {}),
+        ({"normalizers": [{"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}, {"type": "Replace"}]}, {}),
+        ({"normalizers": [{"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"},
+                          {"type": "Replace", "pattern": {"String": ["<"]}, "content": " "}]}, {}),
+        ({"normalizers": [{"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"},
+                          {"type": "Replace", "pattern": {"String": "<<"}, "content": " "}]}, {}),
+    ],
+)  # fmt: skip
+def test_an_escape_is_read_only_from_the_exports_own_steps(normalizer, decoder):
+    """megahash reads a tokenizer.json of anyone's (data.tokenizer): the Unigram export's escape is recognised only
+    from its two normaliser steps (the space made "\u2581", then one character made a space), anything else of any
+    shape is no escape, and nothing raises."""
+    from megahash.piece_escape import escaped_char
+
+    assert escaped_char({"normalizer": normalizer, "decoder": decoder}) is None
+    steps = [{"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]
+    steps.append({"type": "Replace", "pattern": {"String": "<"}, "content": " "})
+    swap = {"decoders": [{"type": "Replace", "pattern": {"String": "<0x3C>"}, "content": "\u2581"}]}
+    assert escaped_char({"normalizer": {"normalizers": steps}, "decoder": decoder}) == ("<", False)
+    assert escaped_char({"normalizer": {"normalizers": steps}, "decoder": swap}) == ("<", True)
+
+
 def test_default_tokenizer_is_lossless(corpus, tmp_path):
     """train_tokenizer.py's default model round-trips arbitrary text (newlines, tabs, space runs, any
     script, control characters, special-token strings), through sentencepiece and through the
