@@ -79,11 +79,12 @@ def sentencepiece_tokenizer(sp_model):
     if not escape:
         tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="never", split=False)
     # as transformers' Llama converter: "\u2581" -> " ", bytes -> text, drop the dummy prefix's space
-    dec = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
     if escape:  # bytes first: the escaped character's byte piece gives a space, which is the character
         dec = [decoders.Replace(k, v) for k, v in escape["decode"]]
         dec += [decoders.ByteFallback(), decoders.Replace(" ", escape["char"]), decoders.Replace("\u2581", " ")]
-        dec.append(decoders.Fuse())
+    else:
+        dec = [decoders.Replace("\u2581", " "), decoders.ByteFallback()]
+    dec.append(decoders.Fuse())
     if scheme == "always":
         dec.append(decoders.Strip(content=" ", left=1, right=0))
     tok.decoder = decoders.Sequence(dec)
