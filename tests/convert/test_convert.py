@@ -324,8 +324,8 @@ def _assert_bitwise_equal(a: dict, b: dict):
         assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
         # bit-exact: export -> import -> export copies the tensors, computes nothing
         assert torch.equal(
-            a[k].view(torch.uint8) if a[k].dtype == torch.bfloat16 else a[k],
-            b[k].view(torch.uint8) if b[k].dtype == torch.bfloat16 else b[k],
+            a[k].view(torch.uint8) if a[k].dtype in (torch.bfloat16, torch.float16) else a[k],
+            b[k].view(torch.uint8) if b[k].dtype in (torch.bfloat16, torch.float16) else b[k],
         ), k
 
 
@@ -514,23 +514,30 @@ def test_export_matches_megahash(name, shakespeare_shards, dist, tmp_path):
         _assert_bitwise_equal(_tensors(tmp_path / "hf"), _tensors(tmp_path / "hf2"))
 
 
-def test_bf16_export_round_trip(shakespeare_shards, dist, tmp_path):
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_export_round_trip(shakespeare_shards, dist, tmp_path, dtype):
+    """`export-hf --dtype bfloat16|float16`: the tensors stored in that dtype, the loaded model's logits within
+    8 epsilons of the dtype of the fp32 checkpoint's (per unit of the largest logit), and export -> import ->
+    export gives the same bytes."""
     from megahash.convert.export import export_hf
     from megahash.convert.importer import import_hf, write_weights_checkpoint
     from megahash.convert.verify import hf_logits, load_hf, megahash_logits
 
+    half = getattr(torch, dtype)
     cfg = _cfg(shakespeare_shards, "rndembqk-hybrid")
     model = _build(cfg)
     write_weights_checkpoint(model, cfg, tmp_path / "ckpt", 0)
-    export_hf(tmp_path / "ckpt", tmp_path / "hf", dtype="bfloat16")
+    export_hf(tmp_path / "ckpt", tmp_path / "hf", dtype=dtype)
     t = _tensors(tmp_path / "hf")
-    assert t["model.safetensors:model.fixed_qk.epsilon"].dtype == torch.bfloat16
-    hf = load_hf(tmp_path / "hf", dtype=torch.bfloat16)
+    assert t["model.safetensors:model.fixed_qk.epsilon"].dtype == half
+    assert {v.dtype for v in t.values() if v.is_floating_point()} == {half}
+    hf = load_hf(tmp_path / "hf", dtype=half)
     tok = torch.randint(5, 1000, (1, 12), generator=torch.Generator().manual_seed(0))
     ref, got = megahash_logits(model, tok, vocab=1000), hf_logits(hf, tok).float()
-    assert (ref - got).abs().max() < 0.1 * ref.abs().max()
+    scale = max(1.0, float(ref.abs().max()))
+    assert (ref - got).abs().max() < 8 * torch.finfo(half).eps * scale
     import_hf(tmp_path / "hf", tmp_path / "imported")
-    export_hf(tmp_path / "imported", tmp_path / "hf2", dtype="bfloat16")
+    export_hf(tmp_path / "imported", tmp_path / "hf2", dtype=dtype)
     _assert_bitwise_equal(t, _tensors(tmp_path / "hf2"))
 
 
