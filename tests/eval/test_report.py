@@ -113,6 +113,11 @@ def test_report_compares_runs_against_baseline_and_lower_bound():
     assert "wiki word_perplexity ↓" in lines[0]
     assert lines[2].startswith("| mha (baseline) |") and lines[3].startswith("| sha (lower bound) |")
     assert "| 99.7 |" in lines[4]  # PCR_Emb of the hashed-embedding run
+    # --peop-params total|embedding: eq. 2.7's parameter ratio of that count, the header naming it
+    for count, (p_run, p_lower) in {"total": (105_130_000, 105_100_000), "embedding": (99_100, 38_600_000)}.items():
+        compare(runs, mha, sha, count)
+        assert mhe["peop"]["wiki"] == pytest.approx(-(53.8 / 62.0 - 1) / (p_run / p_lower - 1))
+        assert f"PEoP ({count})" in markdown(runs, mha, sha, count).splitlines()[0]
 
 
 def test_report_says_why_a_cell_is_empty():
