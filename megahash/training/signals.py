@@ -163,13 +163,18 @@ def immune_children(sigs=(signal.SIGUSR1, signal.SIGTERM)):
 
 def any_rank(flag: bool) -> bool:
     """True on every rank if the flag is set on any rank."""
+    return any_ranks(flag)[0]
+
+
+def any_ranks(*flags: bool) -> tuple[bool, ...]:
+    """Each flag True on every rank if it is set on any rank (one all-reduce for all of them)."""
     import torch
     import torch.distributed as dist
 
     if not dist.is_initialized() or dist.get_world_size() == 1:
-        return flag
+        return tuple(bool(f) for f in flags)
     from megahash.accelerator import policy
 
-    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=policy.device())  # nccl: on the GPU
+    t = torch.tensor([1 if f else 0 for f in flags], dtype=torch.int32, device=policy.device())  # nccl: on the GPU
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+    return tuple(bool(v) for v in t.tolist())

@@ -247,6 +247,51 @@ def test_disk_full_during_save_is_one_line_and_keeps_the_previous(shakespeare_sh
         subprocess.run(["umount", str(mnt)], capture_output=True)
 
 
+@pytest.mark.multiprocess
+def test_disk_full_while_logging_stops_every_rank_in_one_line(shakespeare_shards, tmp_path):
+    """The disk fills between two saves (another job writes the rest of it): rank 0's next record of
+    metrics.jsonl finds no room. Before, rank 0 died of an OSError traceback and rank 1 of gloo's "Connection
+    closed by peer" in the next collective (exit 1, a record cut in half). Now every rank stops at that step's
+    end, the save there fails for want of room too: one line naming the full disk, exit 2, the previous
+    checkpoint intact, every record of the history whole; with room again the run resumes from it."""
+    import subprocess
+
+    from conftest import pretrain_group, pretrain_here
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs failed")
+    try:
+        run_dir, cache = mnt / "run", f"data.cache_dir={tmp_path / 'cache'}"
+        r = pretrain_here(base(shakespeare_shards, run_dir, 2, "train.eval_interval=0", cache))  # step_00000002
+        assert r.returncode == 0, r.stderr[-3000:]
+        filler = mnt / "other_job"
+        with open(filler, "wb") as f:  # all but 24 KiB: room for the run's start, then its history fills it
+            f.write(b"\0" * (shutil.disk_usage(mnt).free - (24 << 10)))
+        args = base(shakespeare_shards, run_dir, 400, "train.eval_interval=0", "train.save_interval=0", cache)
+        (r,) = pretrain_group([args])
+        assert r.returncode == 2, r.stderr[-3000:]
+        err = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+        assert len(err) == 1 and "disk full" in err[0] and "the previous checkpoint step_00000002 is intact" in err[0]
+        assert "Traceback" not in r.stderr and "Connection closed" not in r.stderr, r.stderr[-3000:]
+        lines = (run_dir / "metrics.jsonl").read_bytes().split(b"\n")
+        assert lines[-1] == b"" and all(json.loads(l) for l in lines[:-1])  # whole records only
+        logged = max(json.loads(l)["step"] for l in lines[:-1])
+        assert 2 < logged < 400
+        assert sorted(p.name for p in run_dir.iterdir() if p.name.startswith("step_")) == ["step_00000002"]
+        from megahash.checkpoint.manifest import damage
+
+        assert damage(run_dir / "step_00000002") is None
+        filler.unlink()  # room again: the run goes on from its newest checkpoint
+        r = pretrain_here(base(shakespeare_shards, run_dir, 4, "train.eval_interval=0", cache))
+        assert r.returncode == 0 and f"resumed from {run_dir}/step_00000002" in r.stdout, r.stderr[-3000:]
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
 def _payload_metadata(model_dir: Path, marker: Path) -> None:
     """Rewrite a real dist-checkpoint ``.metadata`` so that unpickling it runs a shell command."""
     import pickle
