@@ -353,6 +353,21 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def _rank_pid(root: int, rank: int) -> int:
+    """The process under ``root`` whose environment says RANK=``rank`` (a rank the launcher started)."""
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            env = []
+        if f"RANK={rank}".encode() in env and pid != root:
+            return pid
+        todo += _children(pid)
+    raise AssertionError(f"no process of rank {rank} under {root}")
+
+
 def _launch_and_signal(
     launcher: str, args: list[str], run_dir: Path, kill_at: int, target: str, sig, after_save: int = 0
 ):
@@ -407,6 +422,8 @@ def _launch_and_signal(
             raise AssertionError(f"{launcher} run ended before step {kill_at} (exit {p.returncode})\n{out[-4000:]}")
         if target == "group":
             os.killpg(p.pid, sig)
+        elif target == "rank1":  # the rank process alone (the out-of-memory killer's choice)
+            os.kill(_rank_pid(p.pid, 1), sig)
         else:  # python -m launch exec'd the supervisor; its one child is the launcher
             (child,) = _children(p.pid)
             os.kill(child, sig)
@@ -475,6 +492,42 @@ def test_stop_signals_under_deepspeed_and_torchrun_resume_bit_exactly(shakespear
 
 
 # -- interrupted preprocess -----------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_killed_rank_leaves_one_line_on_the_others_and_the_newest_checkpoint(shakespeare_shards, tmp_path):
+    """SIGKILL to rank 1 alone (the out-of-memory killer's way) in the middle of a 2-rank run under deepspeed:
+    rank 0's next collective fails. Before, gloo's RuntimeError ("Connection reset/closed by peer ... GLHF")
+    traceback and exit 1; now one line on rank 0 saying another rank is gone and how to resume, exit 2 through
+    the supervisor, and the newest complete checkpoint is the one a rerun resumes from."""
+    import signal
+    import sys
+
+    run_dir = tmp_path / "run"
+    args = base(shakespeare_shards, run_dir, 400, "train.eval_interval=0", "train.save_interval=2")
+    status, out = _launch_and_signal("deepspeed", args, run_dir, 3, "rank1", signal.SIGKILL, after_save=2)
+    err = [l for l in out.splitlines() if l.startswith("error:")]
+    assert status == 2 and len(err) == 1, f"exit {status}\n{out[-4000:]}"
+    assert "rank 0 stopped: another rank's process is gone" in err[0] and "train.resume=auto" in err[0]
+    assert "Traceback" not in out and "GLHF" not in out.replace(err[0], ""), out[-4000:]
+    from megahash.checkpoint.resolve import choose_resume
+
+    newest = choose_resume(run_dir, warn=False, level="full")
+    assert newest is not None and newest.name >= "step_00000002"
+    assert sys.platform != "linux" or not _rank_pids_left(run_dir)
+
+
+def _rank_pids_left(run_dir: Path) -> list[int]:
+    """Processes still running with ``run_dir`` on their command line (orphaned ranks)."""
+    left = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(run_dir).encode() in cmdline.read_bytes():
+                left.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return left
+
+
 def _preprocess_cmd(shards, prefix, *extra):
     import sys
 
