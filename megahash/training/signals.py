@@ -1,4 +1,4 @@
-"""SIGUSR1 / SIGTERM: checkpoint at the next step boundary, then exit so SLURM can requeue.
+"""SIGUSR1 / SIGTERM / SIGINT: checkpoint at the next step boundary, then exit so SLURM can requeue.
 
 The handler only raises a flag; the trainer all-reduces it across ranks at each step boundary
 (every rank stops at the same step). A second signal during the save only sets the flag again,
@@ -28,7 +28,9 @@ import signal
 from megahash.atomic_write import write_text_atomic
 
 EXIT_REQUEUE = 3  # exit status after a signal-triggered checkpoint (slurm scripts requeue on it)
-STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+# SIGINT: Ctrl-C, which torchrun's agent also forwards to the ranks as it is (deepspeed's launcher sends SIGTERM);
+# a KeyboardInterrupt traceback on every rank and the steps since the last checkpoint lost before
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
 STATUS_DIR_ENV = "MEGAHASH_RANK_STATUS_DIR"  # set by megahash/launching/supervise.py: ranks register and report there
 
 _pending: int | None = None  # a stop signal received before the trainer's StopFlag exists
@@ -135,7 +137,7 @@ class StopFlag:
 
 
 @contextlib.contextmanager
-def immune_children(sigs=(signal.SIGUSR1, signal.SIGTERM)):
+def immune_children(sigs=STOP_SIGNALS):
     """Block ``sigs`` in this thread while the body runs: processes it starts (megatron's
     multiprocessing manager, DataLoader workers) inherit the block and survive a signal sent to the
     whole process group or tree; this process still receives it when the block ends.

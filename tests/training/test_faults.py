@@ -494,6 +494,25 @@ def test_stop_signals_under_deepspeed_and_torchrun_resume_bit_exactly(shakespear
 # -- interrupted preprocess -----------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.multiprocess
+def test_ctrl_c_to_a_torchrun_group_checkpoints_like_sigterm(shakespeare_shards, tmp_path):
+    """SIGINT (Ctrl-C in the terminal) to the whole process group of a torchrun launch: torchrun's agent forwards
+    it to the ranks as SIGINT. Before, a KeyboardInterrupt traceback on every rank, exit 1, and the steps since the
+    last periodic checkpoint lost (deepspeed's launcher sends SIGTERM, so there it checkpointed). Now it is a stop
+    signal like SIGTERM: the ranks checkpoint the step they are at, and the launch exits 3 (requeue)."""
+    import re
+    import signal
+
+    run_dir = tmp_path / "run"
+    args = base(shakespeare_shards, run_dir, 400, "train.eval_interval=0", "train.save_interval=5")
+    status, out = _launch_and_signal("torchrun", args, run_dir, 6, "group", signal.SIGINT, after_save=5)
+    m = re.search(r"stopped at step (\d+) \(signal 2\); checkpoint saved", out)
+    assert m and status == 3, f"exit {status}\n{out[-4000:]}"
+    assert (run_dir / "latest").read_text() == f"step_{int(m.group(1)):08d}" and int(m.group(1)) >= 6
+    assert "KeyboardInterrupt" not in out and not list(run_dir.glob("*.tmp")), out[-4000:]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_a_killed_rank_leaves_one_line_on_the_others_and_the_newest_checkpoint(shakespeare_shards, tmp_path):
     """SIGKILL to rank 1 alone (the out-of-memory killer's way) in the middle of a 2-rank run under deepspeed:
     rank 0's next collective fails. Before, gloo's RuntimeError ("Connection reset/closed by peer ... GLHF")
