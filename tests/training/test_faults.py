@@ -247,6 +247,34 @@ def test_disk_full_during_save_is_one_line_and_keeps_the_previous(shakespeare_sh
         subprocess.run(["umount", str(mnt)], capture_output=True)
 
 
+def test_an_immutable_latest_says_the_checkpoint_was_saved(shakespeare_shards, tmp_path):
+    """``latest`` made immutable (``chattr +i``: root's permission bits bypass read-only) fails the save after its
+    checkpoint was renamed into place. Before, the line read "saving checkpoint step_00000004 ... failed ...
+    nothing partial was kept, the previous checkpoint step_00000004 is intact" about the checkpoint it had just
+    published; now it says that checkpoint is saved and complete, and names latest; the rerun resumes from it."""
+    import subprocess
+
+    from conftest import pretrain_here
+
+    run_dir, cache = tmp_path / "run", f"data.cache_dir={tmp_path / 'cache'}"
+    r = pretrain_here(base(shakespeare_shards, run_dir, 2, "train.eval_interval=0", cache))
+    assert r.returncode == 0, r.stderr[-3000:]
+    if os.geteuid() != 0 or subprocess.run(["chattr", "+i", str(run_dir / "latest")], capture_output=True).returncode:
+        pytest.skip("chattr +i needs root and a file system that has the attribute")
+    try:
+        args = base(shakespeare_shards, run_dir, 6, "train.eval_interval=0", "train.save_interval=2", cache)
+        r = pretrain_here(args)
+    finally:
+        subprocess.run(["chattr", "-i", str(run_dir / "latest")], capture_output=True)
+    err = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    assert r.returncode == 2 and len(err) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert "checkpoint step_00000004" in err[0] and "is saved and complete" in err[0] and "latest" in err[0], err
+    assert "failed" not in err[0] and "nothing partial" not in err[0]
+    r = pretrain_here(args)
+    assert r.returncode == 0 and f"resumed from {run_dir}/step_00000004" in r.stdout, r.stderr[-3000:]
+    assert (run_dir / "latest").read_text() == "step_00000006"
+
+
 @pytest.mark.multiprocess
 def test_disk_full_while_logging_stops_every_rank_in_one_line(shakespeare_shards, tmp_path):
     """The disk fills between two saves (another job writes the rest of it): rank 0's next record of
