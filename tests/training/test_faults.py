@@ -247,6 +247,38 @@ def test_disk_full_during_save_is_one_line_and_keeps_the_previous(shakespeare_sh
         subprocess.run(["umount", str(mnt)], capture_output=True)
 
 
+def test_a_full_disk_at_the_start_is_one_line_and_leaves_no_lock(shakespeare_shards, tmp_path):
+    """A train.save_dir on a file system with no room left: the run lock was an OSError traceback (exit 1) and left an
+    empty megahash.lock behind, which refused the rerun as "in use by another run (an unknown holder ...)" even after
+    space was freed. Now one line naming the full disk, exit 2, nothing left; with room again the run starts."""
+    import subprocess
+
+    from conftest import pretrain_here
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs failed")
+    try:
+        run_dir = mnt / "run"
+        run_dir.mkdir()
+        (mnt / "other_job").write_bytes(b"\0" * shutil.disk_usage(mnt).free)  # every block taken
+        args = base(shakespeare_shards, run_dir, 1, "train.eval_interval=0", f"data.cache_dir={tmp_path / 'cache'}")
+        r = pretrain_here(args)
+        err = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+        assert r.returncode == 2 and len(err) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+        assert f"cannot write train.save_dir {run_dir}" in err[0] and "disk full" in err[0], err
+        assert list(run_dir.iterdir()) == []
+        (mnt / "other_job").unlink()
+        r = pretrain_here([*args, "train.save_interval=0", "train.steps=1"])
+        assert "in use by another run" not in r.stderr, r.stderr[-3000:]
+        assert "step 1/1" in r.stdout, r.stdout[-3000:]
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
 def test_an_immutable_latest_says_the_checkpoint_was_saved(shakespeare_shards, tmp_path):
     """``latest`` made immutable (``chattr +i``: root's permission bits bypass read-only) fails the save after its
     checkpoint was renamed into place. Before, the line read "saving checkpoint step_00000004 ... failed ...
