@@ -373,9 +373,15 @@ def _prepare_model_inputs(model, cfg: Config, data) -> None:
 def _open_log(run: Run, resume_from: Path | None, n_params: int, n_emb: int) -> None:
     """The resolved config and the metric logs; rank 0 announces the run."""
     cfg, t = run.cfg, run.cfg.train
-    if run.rank == 0:
-        save_config(cfg, run.save_dir / "resolved_config.yaml")
-    run.log = RunLogger(cfg, run.rank, run.step)  # drops what a killed run logged past this step
+    error = None
+    try:
+        if run.rank == 0:
+            save_config(cfg, run.save_dir / "resolved_config.yaml")
+        run.log = RunLogger(cfg, run.rank, run.step)  # drops what a killed run logged past this step
+    except OSError as e:  # rank 0's files: a full disk, a read-only folder
+        error = e
+    if any_rank(error is not None):
+        raise _unwritable_logs(run, error)
     if run.rank == 0:
         where = f"resumed from {resume_from}" if resume_from else "from scratch"
         dtype = policy.train_dtype(t.precision)  # the compute dtype (bf16: under autocast)
@@ -384,6 +390,20 @@ def _open_log(run: Run, resume_from: Path | None, n_params: int, n_emb: int) -> 
             f"(tp {cfg.parallel.tensor}, dp {run.dp_size}), {dtype}, ZeRO-{t.zero_stage}, {where}",
             flush=True,
         )
+
+
+def _unwritable_logs(run: Run, error: OSError | None) -> MegahashError:
+    """The one line of a run whose resolved config or metric log cannot be written at the start (rank 0's)."""
+    from megahash.training.checkpoint_faults import disk_note, remedy
+
+    if error is None:  # the other ranks print nothing (command_errors.run_guarded)
+        return MegahashError(f"rank 0 cannot write the run's files in {run.save_dir}")
+    note = disk_note(run.save_dir, error)
+    what = note if note.startswith("disk full") else f"{error.strerror}: {error.filename}"
+    return MegahashError(
+        f"cannot write the run's config and logs in {run.save_dir} ({what}); nothing was trained or changed: "
+        f"{remedy(what if what.startswith('disk full') else error)}"
+    )
 
 
 def _open_batches(run: Run) -> None:

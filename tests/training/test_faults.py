@@ -250,7 +250,8 @@ def test_disk_full_during_save_is_one_line_and_keeps_the_previous(shakespeare_sh
 def test_a_full_disk_at_the_start_is_one_line_and_leaves_no_lock(shakespeare_shards, tmp_path):
     """A train.save_dir on a file system with no room left: the run lock was an OSError traceback (exit 1) and left an
     empty megahash.lock behind, which refused the rerun as "in use by another run (an unknown holder ...)" even after
-    space was freed. Now one line naming the full disk, exit 2, nothing left; with room again the run starts."""
+    space was freed; with room for the lock alone, the resolved config was the traceback. Now one line naming the
+    full disk each, exit 2, nothing left; with room again the run starts."""
     import subprocess
 
     from conftest import pretrain_here
@@ -271,6 +272,14 @@ def test_a_full_disk_at_the_start_is_one_line_and_leaves_no_lock(shakespeare_sha
         assert r.returncode == 2 and len(err) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
         assert f"cannot write train.save_dir {run_dir}" in err[0] and "disk full" in err[0], err
         assert list(run_dir.iterdir()) == []
+        # room for the lock, not for the resolved config: that was an OSError traceback from save_config
+        (mnt / "other_job").unlink()
+        (mnt / "other_job").write_bytes(b"\0" * (shutil.disk_usage(mnt).free - 4096))
+        r = pretrain_here(args)
+        err = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+        assert r.returncode == 2 and len(err) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+        assert f"cannot write the run's config and logs in {run_dir}" in err[0] and "disk full" in err[0], err
+        assert not (run_dir / "megahash.lock").exists() and not list(run_dir.glob("step_*"))
         (mnt / "other_job").unlink()
         r = pretrain_here([*args, "train.save_interval=0", "train.steps=1"])
         assert "in use by another run" not in r.stderr, r.stderr[-3000:]
