@@ -112,6 +112,17 @@ class DeepSpeedMPU:
         raise AttributeError(name)
 
 
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer")  # gloo's words for a peer's dead process
+
+
+def collective_failed(e: BaseException) -> bool:
+    """A torch.distributed collective that failed because a peer is gone (gloo: it closed or reset its
+    connection; torch's DistError)."""
+    return isinstance(e, getattr(dist, "DistError", ())) or (
+        isinstance(e, RuntimeError) and any(words in str(e) for words in PEER_GONE)
+    )
+
+
 def rank() -> int:
     """This process's rank in the default process group (0 without one)."""
     return dist.get_rank() if dist.is_initialized() else 0

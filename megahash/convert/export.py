@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -224,6 +225,31 @@ def load_checkpoint(checkpoint, tokenizer: str | None = None, weights: str = "li
     return cfg, model, ckpt, codec, step
 
 
+STAGE_DIR = ".megahash-export.tmp"  # inside --output: the export's files until every one is written
+
+
+def written_nowhere(e: BaseException) -> bool:
+    """An export write the file system refused (OSError; safetensors' Rust writer reports its own error type)."""
+    return isinstance(e, OSError) or (type(e).__name__ == "SafetensorError" and "os error" in str(e))
+
+
+def unwritable_export(out: Path, e: BaseException) -> ConfigError:
+    """The one line of an export that could not be written (its staged files removed, ``out`` as it was)."""
+    import errno
+
+    full = getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(e)
+    if full:
+        try:
+            what = f"disk full: {shutil.disk_usage(out).free} bytes free"
+        except OSError:
+            what = "disk full"
+        todo = "free space on that file system or choose another --output"
+    else:
+        what = f"{e.strerror}: {e.filename}" if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0][:200]
+        todo = "fix the folder (permissions, mount, space) or choose another --output"
+    return ConfigError(f"cannot write the export in {out} ({what}); nothing in it was changed: {todo}")
+
+
 def export_model(
     cfg,
     model,
@@ -262,6 +288,55 @@ def export_model(
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:  # a file of that name (FileExistsError), a file above it, no permission
         raise ConfigError(f"cannot make the export folder {out}: {e.strerror}; name a folder for --output") from None
+    stage = out / STAGE_DIR  # the files are written here, then moved into the folder: a failed export changes nothing
+    shutil.rmtree(stage, ignore_errors=True)
+    try:
+        stage.mkdir()
+        torch_dtype = DTYPES[dtype]
+        state = megahash_state(model)
+        fields = hf_config_dict(cfg, model, vocab, step)
+        files = []
+        if fmt == "qwen2":
+            files += qwen2.write(stage, cfg, model, state, fields, torch_dtype, max_shard_size)
+        else:
+            from megahash.models.hf_config import MegahashConfig
+
+            files += save_weights(stage, cast(to_hf_names(state, model.kind_input_attrs), torch_dtype), max_shard_size)
+            remote = remote_code.write(stage, remote_code.needed_kinds(cfg, model))
+            arch = arch_of(cfg.model.arch)
+            head_cls = arch.hf_class
+            modeling = remote_code.MODELING_MODULE
+            auto_map = {
+                "AutoConfig": f"{remote_code.CONFIG_MODULE}.MegahashConfig",
+                "AutoModel": f"{modeling}.MegahashModel",
+                arch.hf_auto: f"{modeling}.{head_cls}",
+            }
+            config = MegahashConfig(**fields, auto_map=auto_map, architectures=[head_cls], dtype=dtype)
+            config.save_pretrained(str(stage))
+            files += ["config.json", *remote]
+        generation_config(stage, cfg.model.max_position_embeddings, cfg)
+        files.append("generation_config.json")
+        from megahash.convert.model_card import write_model_card
+
+        files.append(write_model_card(stage, cfg, model, fmt, step, run_dir))
+        tok_info = {"mismatches": None}
+        if codec is not None:
+            from megahash.convert.tokenizer import write_tokenizer
+
+            tok_info = write_tokenizer(stage, codec, cfg.model.max_position_embeddings)
+            files += tok_info["files"]
+            files += write_hashing_files(stage, codec, cfg)
+            if tok_info["mismatches"]:
+                print(
+                    f"megahash export-hf: warning: tokenizer.json differs from the run's tokenizer on "
+                    f"{tok_info['mismatches']} probe texts; use model.encode_text for exact ids",
+                    file=sys.stderr,
+                )
+    except BaseException as e:
+        shutil.rmtree(stage, ignore_errors=True)
+        if isinstance(e, (KeyboardInterrupt, SystemExit)) or not written_nowhere(e):
+            raise
+        raise unwritable_export(out, e) from None
     for stale in (
         WEIGHTS_FILE,
         EXTRA_FILE,
@@ -276,46 +351,9 @@ def export_model(
         (out / stale).unlink(missing_ok=True)
     for stale in [*out.glob("model-*-of-*.safetensors"), *remote_code.stale_files(out)]:
         stale.unlink()
-    torch_dtype = DTYPES[dtype]
-    state = megahash_state(model)
-    fields = hf_config_dict(cfg, model, vocab, step)
-    files = []
-    if fmt == "qwen2":
-        files += qwen2.write(out, cfg, model, state, fields, torch_dtype, max_shard_size)
-    else:
-        from megahash.models.hf_config import MegahashConfig
-
-        files += save_weights(out, cast(to_hf_names(state, model.kind_input_attrs), torch_dtype), max_shard_size)
-        remote = remote_code.write(out, remote_code.needed_kinds(cfg, model))
-        arch = arch_of(cfg.model.arch)
-        head_cls = arch.hf_class
-        modeling = remote_code.MODELING_MODULE
-        auto_map = {
-            "AutoConfig": f"{remote_code.CONFIG_MODULE}.MegahashConfig",
-            "AutoModel": f"{modeling}.MegahashModel",
-            arch.hf_auto: f"{modeling}.{head_cls}",
-        }
-        config = MegahashConfig(**fields, auto_map=auto_map, architectures=[head_cls], dtype=dtype)
-        config.save_pretrained(str(out))
-        files += ["config.json", *remote]
-    generation_config(out, cfg.model.max_position_embeddings, cfg)
-    files.append("generation_config.json")
-    from megahash.convert.model_card import write_model_card
-
-    files.append(write_model_card(out, cfg, model, fmt, step, run_dir))
-    tok_info = {"mismatches": None}
-    if codec is not None:
-        from megahash.convert.tokenizer import write_tokenizer
-
-        tok_info = write_tokenizer(out, codec, cfg.model.max_position_embeddings)
-        files += tok_info["files"]
-        files += write_hashing_files(out, codec, cfg)
-        if tok_info["mismatches"]:
-            print(
-                f"megahash export-hf: warning: tokenizer.json differs from the run's tokenizer on "
-                f"{tok_info['mismatches']} probe texts; use model.encode_text for exact ids",
-                file=sys.stderr,
-            )
+    for f in sorted(stage.iterdir()):
+        os.replace(f, out / f.name)  # whole files, each renamed in place (no room needed)
+    stage.rmdir()
     return {
         "output": str(out),
         "format": fmt,

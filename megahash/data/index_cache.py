@@ -85,8 +85,6 @@ def _free(cache_dir: str | None) -> str:
 
 def _is_collective_failure(e: BaseException) -> bool:
     """A torch.distributed collective that failed (gloo: a peer closed its connection)."""
-    import torch.distributed as dist
+    from megahash.accelerator.process_groups import collective_failed
 
-    return isinstance(e, getattr(dist, "DistError", ())) or (
-        isinstance(e, RuntimeError) and "Connection closed by peer" in str(e)  # gloo
-    )
+    return collective_failed(e)

@@ -44,17 +44,19 @@ def hook(run) -> BatchRamp | None:
 
 
 def check_resume(ckpt, state: dict, cfg) -> None:
-    """A checkpoint's recorded consumed samples must be this config's at its step when a ramp is on (now
-    or when it was saved): otherwise the data and the LR schedule would continue elsewhere. One line."""
+    """A checkpoint's recorded consumed samples must be this config's at its step (another
+    ``train.global_batch_size``, another ramp, a ramp on or off): otherwise the data would continue
+    elsewhere (``step x G`` skips or repeats samples) and so would a schedule in samples. One line."""
     if state.get("weights_only") or "consumed_samples" not in state:
         return
     step, saved = int(state.get("step", 0)), int(state["consumed_samples"])
     now = consumed_samples(cfg.train, step)
-    if saved == now or not (ramp_on(cfg.train) or _saved_ramp(ckpt)):
+    if saved == now:
         return
+    ramp = f" and train.batch_ramp={list(cfg.train.batch_ramp)}" if ramp_on(cfg.train) or _saved_ramp(ckpt) else ""
     raise CheckpointError(
         f"checkpoint {ckpt} consumed {saved} samples in {step} steps, but train.global_batch_size="
-        f"{cfg.train.global_batch_size} and train.batch_ramp={list(cfg.train.batch_ramp)} give {now}: resume with "
+        f"{cfg.train.global_batch_size}{ramp} give {now}: resume with "
         f"the batch settings it was saved with (its resolved_config.yaml), or train.resume=none"
     )
 

@@ -202,8 +202,9 @@ def begin(root: Path, tmp: Path) -> BaseException | None:
     return error
 
 
-def fail_if_any(root: Path, tag: str, tmp: Path, error: BaseException | None) -> None:
-    """Collective: if any rank failed, remove ``tmp`` and raise one CheckpointError on every rank."""
+def fail_if_any(root: Path, tag: str, tmp: Path, error: BaseException | None, saved: bool = False) -> None:
+    """Collective: if any rank failed, remove ``tmp`` and raise one CheckpointError on every rank. ``saved``
+    (rank 0): ``tag`` was already published when the error came (updating ``latest``, pruning): it says so."""
     from megahash.training import checkpoint_faults
     from megahash.training.signals import any_rank
 
@@ -211,6 +212,8 @@ def fail_if_any(root: Path, tag: str, tmp: Path, error: BaseException | None) ->
         error = error or RuntimeError("another rank failed to write its part; its log names the cause")
         note = checkpoint_faults.disk_note(root, error)
         _abandon(tmp)
+        if saved:
+            raise checkpoint_faults.saved_but(root, tag, note, error) from None
         raise checkpoint_faults.save_failed(root, tag, note, error) from None
 
 
@@ -220,7 +223,7 @@ def publish(
     """Collective, after every rank has written its part of ``tmp`` (and its sidecar of digests): rank 0
     writes the config, the manifest (``hashes=False``: sizes only) and the state file, renames ``tmp``
     to ``step_N``, points ``latest`` at it and prunes."""
-    root, tag, error = tmp.parent, tag_for(step), None
+    root, tag, error, saved = tmp.parent, tag_for(step), None, False
     try:
         if process_groups.rank() == 0:
             from megahash.checkpoint.manifest import write_manifest
@@ -249,6 +252,7 @@ def publish(
                 shutil.rmtree(old, ignore_errors=True)
             else:
                 os.replace(tmp, final)
+            saved = True  # complete and resumable from here on (what follows only points at it and prunes)
             write_text_atomic(root / "latest", tag)
             prune(root, cfg.train.keep_last)
     except Exception as e:
@@ -257,7 +261,7 @@ def publish(
 
     if any_rank(error is not None):
         error = error or RuntimeError("rank 0 could not finish the save; its log names the cause")
-        fail_if_any(root, tag, tmp, error)
+        fail_if_any(root, tag, tmp, error, saved)
 
 
 def _abandon(tmp: Path) -> None:

@@ -79,3 +79,16 @@ def save_failed(root: Path, tag: str, e: BaseException | str, cause: BaseExcepti
         f"saving checkpoint {tag} in {root} failed ({what}); nothing partial was kept, "
         f"{kept}; {todo}: it resumes with train.resume=auto"
     )
+
+
+def saved_but(root: Path, tag: str, e: BaseException | str, cause: BaseException | None = None) -> CheckpointError:
+    """The one line of a save that failed after ``tag`` was published: pointing ``latest`` at it or pruning
+    older ones (an immutable or read-only ``latest``, a folder that refuses the change). Before, it read as
+    "saving ... failed, nothing partial was kept, the previous checkpoint TAG is intact" about TAG itself."""
+    what = e if isinstance(e, str) else first_line(e)
+    todo = remedy(what if what.startswith("disk full") or cause is None else cause)
+    return CheckpointError(
+        f"checkpoint {tag} in {root} is saved and complete, but the run could not go on after it ({what}; "
+        f"updating {Path(root) / 'latest'} or removing older checkpoints); {todo}: it resumes from {tag} with "
+        f"train.resume=auto"
+    )

@@ -33,11 +33,12 @@ class RunLogger:
         self.tb = None
         self.wandb = None
         self.sent = 0  # W&B holds the steps up to here from a killed run: not sent again
+        self.failed: OSError | None = None  # metrics.jsonl could not be written (disk full): the run stops
         if not self.active:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
         self.sent = keep_history(self.dir / "metrics.jsonl", start)
-        self.jsonl = open(self.dir / "metrics.jsonl", "a")
+        self.jsonl = open(self.dir / "metrics.jsonl", "ab", buffering=0)  # one write per record (_append)
         lg = cfg.logging
         if lg.tensorboard:
             try:
@@ -71,8 +72,7 @@ class RunLogger:
         if not self.active:
             return
         rec = {"step": step, "split": prefix, "time": time.time(), **metrics}
-        self.jsonl.write(json.dumps(rec) + "\n")
-        self.jsonl.flush()
+        self._append((json.dumps(rec) + "\n").encode())
         if self.tb:
             x = int(metrics.get(X_AXIS_KEYS.get(getattr(self.cfg.logging, "x_axis", "step")) or "", step))
             for k, v in metrics.items():
@@ -89,6 +89,25 @@ class RunLogger:
             return
         parts = " ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items())
         print(f"[{prefix}] step {step} {parts}", flush=True)
+
+    def _append(self, line: bytes) -> None:
+        """One record onto ``metrics.jsonl``, whole or not at all: a write the file system refuses (disk full,
+        quota, I/O error) is cut off again and remembered in ``failed`` (the trainer stops every rank at the
+        step's end, megahash/training/trainer.py); nothing more is written after it."""
+        if self.failed is not None:
+            return
+        fd = self.jsonl.fileno()
+        size = os.fstat(fd).st_size
+        try:
+            view = memoryview(line)
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError as e:
+            self.failed = e if e.filename else OSError(e.errno, e.strerror, str(self.dir / "metrics.jsonl"))
+            try:
+                os.ftruncate(fd, size)  # no half record: the history stays whole lines
+            except OSError:
+                pass
 
     def close(self) -> None:
         if not self.active:

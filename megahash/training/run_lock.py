@@ -140,10 +140,6 @@ def acquire(save_dir: str | Path) -> Path:
     for _ in range(5):
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
-        except PermissionError as e:
-            raise ConfigError(
-                f"cannot write train.save_dir {save_dir} ({e.strerror}); choose a writable folder"
-            ) from None
         except FileExistsError:
             seen = _read(str(path))
             if seen is None:  # released meanwhile
@@ -167,14 +163,41 @@ def acquire(save_dir: str | Path) -> Path:
             if _take_aside(path, seen):
                 print(f"megahash: reclaimed the stale lock of {save_dir} ({why})", file=sys.stderr, flush=True)
             continue
+        except OSError as e:  # permission, a read-only file system, no room for one more file
+            raise _unwritable(save_dir, e, made) from None
         try:
             os.write(fd, text.encode())
             os.fsync(fd)
-        finally:
+        except OSError as e:  # a full disk: no empty lock may stay behind (it would hold the folder)
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                path.unlink()
+            raise _unwritable(save_dir, e, made) from None
+        else:
             os.close(fd)
         _held, _mine, _made = path, text, made
         return path
     raise ConfigError(f"could not take the lock {path}: other runs keep taking it; start one run per train.save_dir")
+
+
+def _unwritable(save_dir: Path, e: OSError, made: Path | None) -> ConfigError:
+    """The one line of a ``train.save_dir`` that takes no lock file (the folder removed again if this made it)."""
+    import errno
+    import shutil
+
+    try:
+        free = f"{shutil.disk_usage(save_dir).free} bytes free"
+    except OSError:
+        free = "no room"
+    if made is not None:
+        with contextlib.suppress(OSError):
+            made.rmdir()
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return ConfigError(
+            f"cannot write train.save_dir {save_dir} ({e.strerror}: disk full, {free}); free space on that file "
+            f"system or choose another train.save_dir"
+        )
+    return ConfigError(f"cannot write train.save_dir {save_dir} ({e.strerror}); choose a writable folder")
 
 
 def _take_aside(path: Path, seen: str) -> bool:

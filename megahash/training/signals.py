@@ -1,4 +1,4 @@
-"""SIGUSR1 / SIGTERM: checkpoint at the next step boundary, then exit so SLURM can requeue.
+"""SIGUSR1 / SIGTERM / SIGINT: checkpoint at the next step boundary, then exit so SLURM can requeue.
 
 The handler only raises a flag; the trainer all-reduces it across ranks at each step boundary
 (every rank stops at the same step). A second signal during the save only sets the flag again,
@@ -28,7 +28,9 @@ import signal
 from megahash.atomic_write import write_text_atomic
 
 EXIT_REQUEUE = 3  # exit status after a signal-triggered checkpoint (slurm scripts requeue on it)
-STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+# SIGINT: Ctrl-C, which torchrun's agent also forwards to the ranks as it is (deepspeed's launcher sends SIGTERM);
+# a KeyboardInterrupt traceback on every rank and the steps since the last checkpoint lost before
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
 STATUS_DIR_ENV = "MEGAHASH_RANK_STATUS_DIR"  # set by megahash/launching/supervise.py: ranks register and report there
 
 _pending: int | None = None  # a stop signal received before the trainer's StopFlag exists
@@ -135,7 +137,7 @@ class StopFlag:
 
 
 @contextlib.contextmanager
-def immune_children(sigs=(signal.SIGUSR1, signal.SIGTERM)):
+def immune_children(sigs=STOP_SIGNALS):
     """Block ``sigs`` in this thread while the body runs: processes it starts (megatron's
     multiprocessing manager, DataLoader workers) inherit the block and survive a signal sent to the
     whole process group or tree; this process still receives it when the block ends.
@@ -163,13 +165,18 @@ def immune_children(sigs=(signal.SIGUSR1, signal.SIGTERM)):
 
 def any_rank(flag: bool) -> bool:
     """True on every rank if the flag is set on any rank."""
+    return any_ranks(flag)[0]
+
+
+def any_ranks(*flags: bool) -> tuple[bool, ...]:
+    """Each flag True on every rank if it is set on any rank (one all-reduce for all of them)."""
     import torch
     import torch.distributed as dist
 
     if not dist.is_initialized() or dist.get_world_size() == 1:
-        return flag
+        return tuple(bool(f) for f in flags)
     from megahash.accelerator import policy
 
-    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=policy.device())  # nccl: on the GPU
+    t = torch.tensor([1 if f else 0 for f in flags], dtype=torch.int32, device=policy.device())  # nccl: on the GPU
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+    return tuple(bool(v) for v in t.tolist())

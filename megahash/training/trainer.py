@@ -30,7 +30,7 @@ from megahash.config import Config, save_config
 from megahash.data import documents
 from megahash.data.samples import consumed_samples, step_batch
 from megahash.data.text_source import RunTexts
-from megahash.errors import CheckpointError
+from megahash.errors import CheckpointError, MegahashError
 from megahash.known_warnings import quiet_deepspeed_logger
 from megahash.training import checkpoint, engine_patches, hooks, run_lock
 from megahash.training.batch_ramp import check_resume
@@ -40,7 +40,7 @@ from megahash.training.lr_schedule import Schedule
 from megahash.training.muon import build_optimizer
 from megahash.training.param_groups import param_groups
 from megahash.training.profile_steps import phase
-from megahash.training.signals import EXIT_REQUEUE, StopFlag, any_rank, release_early
+from megahash.training.signals import EXIT_REQUEUE, StopFlag, any_rank, any_ranks, release_early
 
 if TYPE_CHECKING:
     from deepspeed import DeepSpeedEngine
@@ -201,9 +201,25 @@ def train(cfg: Config, at_end=None) -> int:
             _finish(run, exit_status, at_end)
             completed = True
             return exit_status
+    except Exception as e:
+        if not process_groups.collective_failed(e):
+            raise
+        raise _peer_gone(cfg, rank, e) from None
     finally:
         _close(run)  # after an error too: log files, TensorBoard's writer thread, wandb, loader workers
         process_groups.teardown(barrier=completed)
+
+
+def _peer_gone(cfg: Config, rank: int, e: BaseException) -> MegahashError:
+    """The one line of a rank whose collective failed because another rank's process is gone (killed: SIGKILL,
+    the out-of-memory killer, a crash). Before, gloo's RuntimeError traceback on every surviving rank."""
+    from megahash.training.checkpoint_faults import first_line
+
+    return MegahashError(
+        f"rank {rank} stopped: another rank's process is gone ({first_line(e)[:160]}); the launcher's output names "
+        f"which rank and how it ended (killed, out of memory); a save it interrupted was not published: rerun to "
+        f"resume from the newest complete checkpoint in {cfg.train.save_dir} (train.resume=auto)"
+    )
 
 
 class _LoadFailed(Exception):
@@ -357,9 +373,15 @@ def _prepare_model_inputs(model, cfg: Config, data) -> None:
 def _open_log(run: Run, resume_from: Path | None, n_params: int, n_emb: int) -> None:
     """The resolved config and the metric logs; rank 0 announces the run."""
     cfg, t = run.cfg, run.cfg.train
-    if run.rank == 0:
-        save_config(cfg, run.save_dir / "resolved_config.yaml")
-    run.log = RunLogger(cfg, run.rank, run.step)  # drops what a killed run logged past this step
+    error = None
+    try:
+        if run.rank == 0:
+            save_config(cfg, run.save_dir / "resolved_config.yaml")
+        run.log = RunLogger(cfg, run.rank, run.step)  # drops what a killed run logged past this step
+    except OSError as e:  # rank 0's files: a full disk, a read-only folder
+        error = e
+    if any_rank(error is not None):
+        raise _unwritable_logs(run, error)
     if run.rank == 0:
         where = f"resumed from {resume_from}" if resume_from else "from scratch"
         dtype = policy.train_dtype(t.precision)  # the compute dtype (bf16: under autocast)
@@ -368,6 +390,20 @@ def _open_log(run: Run, resume_from: Path | None, n_params: int, n_emb: int) -> 
             f"(tp {cfg.parallel.tensor}, dp {run.dp_size}), {dtype}, ZeRO-{t.zero_stage}, {where}",
             flush=True,
         )
+
+
+def _unwritable_logs(run: Run, error: OSError | None) -> MegahashError:
+    """The one line of a run whose resolved config or metric log cannot be written at the start (rank 0's)."""
+    from megahash.training.checkpoint_faults import disk_note, remedy
+
+    if error is None:  # the other ranks print nothing (command_errors.run_guarded)
+        return MegahashError(f"rank 0 cannot write the run's files in {run.save_dir}")
+    note = disk_note(run.save_dir, error)
+    what = note if note.startswith("disk full") else f"{error.strerror}: {error.filename}"
+    return MegahashError(
+        f"cannot write the run's config and logs in {run.save_dir} ({what}); nothing was trained or changed: "
+        f"{remedy(what if what.startswith('disk full') else error)}"
+    )
 
 
 def _open_batches(run: Run) -> None:
@@ -472,8 +508,9 @@ def _save_or_stop(run: Run) -> int | None:
     """Checkpoint when due (``save_interval``, the last step, a stop, a hook's request); on a stop (a signal
     to any rank, ``train.stop_after``) the exit status (``EXIT_REQUEUE`` after a signal), else None."""
     t, step, stop = run.cfg.train, run.step, run.stop
-    signalled = any_rank(stop.set)  # a signal to any rank stops every rank at this step
-    stopping = signalled or (t.stop_after and step == t.stop_after)
+    # a signal to any rank stops every rank at this step; so does a history rank 0 could not write (disk full)
+    signalled, unlogged = any_ranks(stop.set, run.log is not None and run.log.failed is not None)
+    stopping = signalled or unlogged or (t.stop_after and step == t.stop_after)
     run.saver.poll(run)  # publishes a background save whose writers are done (train.async_save)
     due = t.save_interval and step % t.save_interval == 0 or run.save_requested
     if step == t.steps or stopping or due:
@@ -481,6 +518,8 @@ def _save_or_stop(run: Run) -> int | None:
             run.saver.checkpoint(run, step, wait=step == t.steps or bool(stopping))  # synchronous unless async_save
     if not stopping:
         return None
+    if unlogged:
+        raise _log_failed(run, step)
     if run.rank == 0:
         why = (
             (f"signal {stop.received}" if stop.set else "a signal to another rank")
@@ -491,6 +530,23 @@ def _save_or_stop(run: Run) -> int | None:
     if signalled:
         stop.stop_listening()  # later copies of the signal must not kill the exit
     return EXIT_REQUEUE if signalled else 0
+
+
+def _log_failed(run: Run, step: int) -> MegahashError:
+    """The one line of a run stopped because rank 0 could not write ``metrics.jsonl`` (after the checkpoint of
+    ``step`` was saved: a save that failed too raised its own line before)."""
+    from megahash.checkpoint.layout import tag_for
+    from megahash.training.checkpoint_faults import disk_note, remedy
+
+    error = run.log.failed if run.rank == 0 else None
+    if error is None:  # the other ranks print nothing (command_errors.run_guarded): rank 0 names the file
+        return MegahashError("rank 0 could not write the run's metrics.jsonl; its line names the cause")
+    note = disk_note(run.save_dir, error)
+    return MegahashError(
+        f"cannot write {error.filename} ({note if note.startswith('disk full') else error.strerror}); the run "
+        f"stopped at step {step} with checkpoint {tag_for(step)} saved: {remedy(note if note.startswith('disk full') else error)}: "
+        f"it resumes with train.resume=auto"
+    )
 
 
 # -------------------------------------------------------------------------------------------- stop

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -428,6 +429,48 @@ def test_weight_files_get_the_mode_of_an_ordinary_file(tmp_path):
         save_tensors(out / "extra.safetensors", {"e": torch.zeros(2)})
         assert len(files) == (1 if sub == "one" else 5), files
         assert _modes(out) == {_plain_mode(tmp_path)}
+
+
+def test_a_full_disk_keeps_the_previous_export_whole(shakespeare_shards, dist, tmp_path):
+    """export-hf again (float32 over an earlier bfloat16 export) into its folder on a disk with too little room: it
+    removed the earlier model.safetensors and the other files it rewrites first, then died of safetensors' "No space
+    left on device" (a SafetensorError traceback, exit 1): the earlier export was lost and the folder half-written.
+    Now the files are written beside it first; a write that fails is one line, and the folder keeps every byte."""
+    import hashlib
+    import subprocess
+
+    from megahash.convert.export import export_model
+    from megahash.errors import ConfigError
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs failed")
+    try:
+        cfg = _cfg(shakespeare_shards, "qwen2-gqa-tied")
+        model = _build(cfg)
+        out = mnt / "hf"
+        export_model(cfg, model, out, step=3, dtype="bfloat16")
+
+        def digests():
+            return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in out.iterdir()}
+
+        before = digests()
+        assert "model.safetensors" in before
+        (mnt / "other_job").write_bytes(b"\0" * (shutil.disk_usage(mnt).free - 8192))
+        with pytest.raises(ConfigError) as e:
+            export_model(cfg, model, out, step=4, dtype="float32")  # twice the bytes of the weights
+        assert f"cannot write the export in {out} (disk full" in str(e.value) and "nothing in it was changed" in str(
+            e.value
+        )
+        assert digests() == before and sorted(p.name for p in out.iterdir()) == sorted(before)  # no staging left
+        (mnt / "other_job").unlink()
+        export_model(cfg, model, out, step=4)  # with room again
+        assert digests().keys() == before.keys()
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))

@@ -199,6 +199,30 @@ def test_resume_inside_the_ramp_equals_the_uninterrupted_run(shakespeare_shards,
     assert len(line) == 1 and "consumed 12 samples in 5 steps" in line[0] and "give 24" in line[0], out[-3000:]
 
 
+def test_another_global_batch_without_a_ramp_is_refused_not_resumed_past_unread_samples(
+    shakespeare_shards, tmp_path, capsys
+):
+    """No ramp: a resume at another train.global_batch_size would start reading at step x G of the new G (16
+    samples saved after 2 steps of 8; 2 x 16 = 32 read next: samples 16..31 never trained on, the logged
+    consumed_samples 16 too high). It is one line, exit 2, naming both numbers; the run folder is left as it was."""
+    data = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}"]
+    common = [*data, *TINIER, "train.micro_batch_size=2", "train.global_batch_size=8", "train.steps=4"]
+    run = tmp_path / "run"
+    status, out = _main([*common, f"train.save_dir={run}", "train.stop_after=2"], capsys)
+    assert status == 0 and "stopped at step 2" in out, out[-3000:]
+    before = (run / "metrics.jsonl").read_bytes()
+    status, out = _main([*common, f"train.save_dir={run}", "train.global_batch_size=16"], capsys)
+    assert status == 2, out[-3000:]
+    line = [l for l in out.splitlines() if l.startswith("error:")]
+    assert len(line) == 1 and "consumed 16 samples in 2 steps" in line[0] and "give 32" in line[0], out[-3000:]
+    assert "batch_ramp" not in line[0] and "Traceback" not in out
+    assert (run / "metrics.jsonl").read_bytes() == before
+    assert sorted(p.name for p in run.glob("step_*")) == ["step_00000002"]
+    # another micro-batch (gradient accumulation) at the same global batch is no other data order: it resumes
+    status, out = _main([*common, f"train.save_dir={run}", "train.micro_batch_size=4"], capsys)
+    assert status == 0 and f"resumed from {run}/step_00000002" in out, out[-3000:]
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_two_data_parallel_ranks_ramp_like_one(shakespeare_shards, tmp_path, capsys):

@@ -247,6 +247,120 @@ def test_disk_full_during_save_is_one_line_and_keeps_the_previous(shakespeare_sh
         subprocess.run(["umount", str(mnt)], capture_output=True)
 
 
+def test_a_full_disk_at_the_start_is_one_line_and_leaves_no_lock(shakespeare_shards, tmp_path):
+    """A train.save_dir on a file system with no room left: the run lock was an OSError traceback (exit 1) and left an
+    empty megahash.lock behind, which refused the rerun as "in use by another run (an unknown holder ...)" even after
+    space was freed; with room for the lock alone, the resolved config was the traceback. Now one line naming the
+    full disk each, exit 2, nothing left; with room again the run starts."""
+    import subprocess
+
+    from conftest import pretrain_here
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs failed")
+    try:
+        run_dir = mnt / "run"
+        run_dir.mkdir()
+        (mnt / "other_job").write_bytes(b"\0" * shutil.disk_usage(mnt).free)  # every block taken
+        args = base(shakespeare_shards, run_dir, 1, "train.eval_interval=0", f"data.cache_dir={tmp_path / 'cache'}")
+        r = pretrain_here(args)
+        err = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+        assert r.returncode == 2 and len(err) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+        assert f"cannot write train.save_dir {run_dir}" in err[0] and "disk full" in err[0], err
+        assert list(run_dir.iterdir()) == []
+        # room for the lock, not for the resolved config: that was an OSError traceback from save_config
+        (mnt / "other_job").unlink()
+        (mnt / "other_job").write_bytes(b"\0" * (shutil.disk_usage(mnt).free - 4096))
+        r = pretrain_here(args)
+        err = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+        assert r.returncode == 2 and len(err) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+        assert f"cannot write the run's config and logs in {run_dir}" in err[0] and "disk full" in err[0], err
+        assert not (run_dir / "megahash.lock").exists() and not list(run_dir.glob("step_*"))
+        (mnt / "other_job").unlink()
+        r = pretrain_here([*args, "train.save_interval=0", "train.steps=1"])
+        assert "in use by another run" not in r.stderr, r.stderr[-3000:]
+        assert "step 1/1" in r.stdout, r.stdout[-3000:]
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+def test_an_immutable_latest_says_the_checkpoint_was_saved(shakespeare_shards, tmp_path):
+    """``latest`` made immutable (``chattr +i``: root's permission bits bypass read-only) fails the save after its
+    checkpoint was renamed into place. Before, the line read "saving checkpoint step_00000004 ... failed ...
+    nothing partial was kept, the previous checkpoint step_00000004 is intact" about the checkpoint it had just
+    published; now it says that checkpoint is saved and complete, and names latest; the rerun resumes from it."""
+    import subprocess
+
+    from conftest import pretrain_here
+
+    run_dir, cache = tmp_path / "run", f"data.cache_dir={tmp_path / 'cache'}"
+    r = pretrain_here(base(shakespeare_shards, run_dir, 2, "train.eval_interval=0", cache))
+    assert r.returncode == 0, r.stderr[-3000:]
+    if os.geteuid() != 0 or subprocess.run(["chattr", "+i", str(run_dir / "latest")], capture_output=True).returncode:
+        pytest.skip("chattr +i needs root and a file system that has the attribute")
+    try:
+        args = base(shakespeare_shards, run_dir, 6, "train.eval_interval=0", "train.save_interval=2", cache)
+        r = pretrain_here(args)
+    finally:
+        subprocess.run(["chattr", "-i", str(run_dir / "latest")], capture_output=True)
+    err = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+    assert r.returncode == 2 and len(err) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert "checkpoint step_00000004" in err[0] and "is saved and complete" in err[0] and "latest" in err[0], err
+    assert "failed" not in err[0] and "nothing partial" not in err[0]
+    r = pretrain_here(args)
+    assert r.returncode == 0 and f"resumed from {run_dir}/step_00000004" in r.stdout, r.stderr[-3000:]
+    assert (run_dir / "latest").read_text() == "step_00000006"
+
+
+@pytest.mark.multiprocess
+def test_disk_full_while_logging_stops_every_rank_in_one_line(shakespeare_shards, tmp_path):
+    """The disk fills between two saves (another job writes the rest of it): rank 0's next record of
+    metrics.jsonl finds no room. Before, rank 0 died of an OSError traceback and rank 1 of gloo's "Connection
+    closed by peer" in the next collective (exit 1, a record cut in half). Now every rank stops at that step's
+    end, the save there fails for want of room too: one line naming the full disk, exit 2, the previous
+    checkpoint intact, every record of the history whole; with room again the run resumes from it."""
+    import subprocess
+
+    from conftest import pretrain_group, pretrain_here
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs failed")
+    try:
+        run_dir, cache = mnt / "run", f"data.cache_dir={tmp_path / 'cache'}"
+        r = pretrain_here(base(shakespeare_shards, run_dir, 2, "train.eval_interval=0", cache))  # step_00000002
+        assert r.returncode == 0, r.stderr[-3000:]
+        filler = mnt / "other_job"
+        with open(filler, "wb") as f:  # all but 24 KiB: room for the run's start, then its history fills it
+            f.write(b"\0" * (shutil.disk_usage(mnt).free - (24 << 10)))
+        args = base(shakespeare_shards, run_dir, 400, "train.eval_interval=0", "train.save_interval=0", cache)
+        (r,) = pretrain_group([args])
+        assert r.returncode == 2, r.stderr[-3000:]
+        err = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+        assert len(err) == 1 and "disk full" in err[0] and "the previous checkpoint step_00000002 is intact" in err[0]
+        assert "Traceback" not in r.stderr and "Connection closed" not in r.stderr, r.stderr[-3000:]
+        lines = (run_dir / "metrics.jsonl").read_bytes().split(b"\n")
+        assert lines[-1] == b"" and all(json.loads(l) for l in lines[:-1])  # whole records only
+        logged = max(json.loads(l)["step"] for l in lines[:-1])
+        assert 2 < logged < 400
+        assert sorted(p.name for p in run_dir.iterdir() if p.name.startswith("step_")) == ["step_00000002"]
+        from megahash.checkpoint.manifest import damage
+
+        assert damage(run_dir / "step_00000002") is None
+        filler.unlink()  # room again: the run goes on from its newest checkpoint
+        r = pretrain_here(base(shakespeare_shards, run_dir, 4, "train.eval_interval=0", cache))
+        assert r.returncode == 0 and f"resumed from {run_dir}/step_00000002" in r.stdout, r.stderr[-3000:]
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
 def _payload_metadata(model_dir: Path, marker: Path) -> None:
     """Rewrite a real dist-checkpoint ``.metadata`` so that unpickling it runs a shell command."""
     import pickle
@@ -308,6 +422,21 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def _rank_pid(root: int, rank: int) -> int:
+    """The process under ``root`` whose environment says RANK=``rank`` (a rank the launcher started)."""
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            env = []
+        if f"RANK={rank}".encode() in env and pid != root:
+            return pid
+        todo += _children(pid)
+    raise AssertionError(f"no process of rank {rank} under {root}")
+
+
 def _launch_and_signal(
     launcher: str, args: list[str], run_dir: Path, kill_at: int, target: str, sig, after_save: int = 0
 ):
@@ -362,6 +491,8 @@ def _launch_and_signal(
             raise AssertionError(f"{launcher} run ended before step {kill_at} (exit {p.returncode})\n{out[-4000:]}")
         if target == "group":
             os.killpg(p.pid, sig)
+        elif target == "rank1":  # the rank process alone (the out-of-memory killer's choice)
+            os.kill(_rank_pid(p.pid, 1), sig)
         else:  # python -m launch exec'd the supervisor; its one child is the launcher
             (child,) = _children(p.pid)
             os.kill(child, sig)
@@ -430,6 +561,61 @@ def test_stop_signals_under_deepspeed_and_torchrun_resume_bit_exactly(shakespear
 
 
 # -- interrupted preprocess -----------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_ctrl_c_to_a_torchrun_group_checkpoints_like_sigterm(shakespeare_shards, tmp_path):
+    """SIGINT (Ctrl-C in the terminal) to the whole process group of a torchrun launch: torchrun's agent forwards
+    it to the ranks as SIGINT. Before, a KeyboardInterrupt traceback on every rank, exit 1, and the steps since the
+    last periodic checkpoint lost (deepspeed's launcher sends SIGTERM, so there it checkpointed). Now it is a stop
+    signal like SIGTERM: the ranks checkpoint the step they are at, and the launch exits 3 (requeue)."""
+    import re
+    import signal
+
+    run_dir = tmp_path / "run"
+    args = base(shakespeare_shards, run_dir, 400, "train.eval_interval=0", "train.save_interval=5")
+    status, out = _launch_and_signal("torchrun", args, run_dir, 6, "group", signal.SIGINT, after_save=5)
+    m = re.search(r"stopped at step (\d+) \(signal 2\); checkpoint saved", out)
+    assert m and status == 3, f"exit {status}\n{out[-4000:]}"
+    assert (run_dir / "latest").read_text() == f"step_{int(m.group(1)):08d}" and int(m.group(1)) >= 6
+    assert "KeyboardInterrupt" not in out and not list(run_dir.glob("*.tmp")), out[-4000:]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_killed_rank_leaves_one_line_on_the_others_and_the_newest_checkpoint(shakespeare_shards, tmp_path):
+    """SIGKILL to rank 1 alone (the out-of-memory killer's way) in the middle of a 2-rank run under deepspeed:
+    rank 0's next collective fails. Before, gloo's RuntimeError ("Connection reset/closed by peer ... GLHF")
+    traceback and exit 1; now one line on rank 0 saying another rank is gone and how to resume, exit 2 through
+    the supervisor, and the newest complete checkpoint is the one a rerun resumes from."""
+    import signal
+    import sys
+
+    run_dir = tmp_path / "run"
+    args = base(shakespeare_shards, run_dir, 400, "train.eval_interval=0", "train.save_interval=2")
+    status, out = _launch_and_signal("deepspeed", args, run_dir, 3, "rank1", signal.SIGKILL, after_save=2)
+    err = [l for l in out.splitlines() if l.startswith("error:")]
+    assert status == 2 and len(err) == 1, f"exit {status}\n{out[-4000:]}"
+    assert "rank 0 stopped: another rank's process is gone" in err[0] and "train.resume=auto" in err[0]
+    assert "Traceback" not in out and "GLHF" not in out.replace(err[0], ""), out[-4000:]
+    from megahash.checkpoint.resolve import choose_resume
+
+    newest = choose_resume(run_dir, warn=False, level="full")
+    assert newest is not None and newest.name >= "step_00000002"
+    assert sys.platform != "linux" or not _rank_pids_left(run_dir)
+
+
+def _rank_pids_left(run_dir: Path) -> list[int]:
+    """Processes still running with ``run_dir`` on their command line (orphaned ranks)."""
+    left = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(run_dir).encode() in cmdline.read_bytes():
+                left.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return left
+
+
 def _preprocess_cmd(shards, prefix, *extra):
     import sys
 
