@@ -343,10 +343,26 @@ class HFTokenizer(MegahashTokenizer):
         return cls(Path(path).read_text(encoding="utf-8"), spec, path, _folder_config(folder))
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tok.encode(text, add_special_tokens=False).ids)
+        return self.encode_batch([text])[0]
 
     def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
-        return [list(e.ids) for e in self.tok.encode_batch(list(texts), add_special_tokens=False)]
+        return self._encode_with(self.tok, texts)
+
+    def _encode_with(self, tok, texts: Sequence[str]) -> list[list[int]]:
+        """Ids of ``texts`` by ``tok``; a text the tokenizer cannot encode is a one-line TokenizerError
+        (``tokenizers`` raises a plain Exception, e.g. for an unknown word when the model's unk token is
+        not in the model's own vocabulary)."""
+        try:
+            return [list(e.ids) for e in tok.encode_batch(list(texts), add_special_tokens=False)]
+        except Exception as e:  # tokenizers raises plain Exception
+            msg = _one_line(e)
+            fix = "fix or retrain the tokenizer"
+            if "unk" in msg.lower():
+                fix = (
+                    "its model's unk token must be in the model's own vocabulary (a token added with "
+                    "add_special_tokens is not): retrain it with the unk token among the trainer's special_tokens"
+                )
+            raise TokenizerError(f"tokenizer {self.path!r} cannot encode the text: {msg}; {fix}") from None
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tok.decode([int(i) for i in ids if 0 <= i < self.vocab_size], skip_special_tokens=True)
@@ -363,9 +379,7 @@ class HFTokenizer(MegahashTokenizer):
             tok = Tokenizer.from_str(json.dumps(d))
             tok.encode_special_tokens = True
             self._no_prefix = tok
-        return lambda texts, num_threads=1: [
-            list(e.ids) for e in self._no_prefix.encode_batch(list(texts), add_special_tokens=False)
-        ]
+        return lambda texts, num_threads=1: self._encode_with(self._no_prefix, texts)
 
     def export_json(self) -> str:
         """tokenizer.json for the HF export: the same model, nothing added around a text."""
