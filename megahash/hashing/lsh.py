@@ -343,7 +343,12 @@ class LSHModel:
             ngrams = [str(g) for g in z["ngrams"]]
             if "ngram_lengths" in z.files:  # n-grams that end in NUL ("\0"), which numpy stored without it
                 ngrams = [g.ljust(int(n), "\0") for g, n in zip(ngrams, z["ngram_lengths"])]
-            model = cls(ngrams, int(z["seed"]), [int(n) for n in z["orders"]])
+            try:
+                model = cls(ngrams, int(z["seed"]), [int(n) for n in z["orders"]])
+            except ValueError as e:  # duplicates: n-grams ending in NUL written before they were kept
+                raise ValueError(
+                    f"{path}: {e}; rewrite the shards with data_tools/preprocess_data.py --overwrite"
+                ) from None
             for name in z.files:
                 if name.startswith("hyperplanes_"):
                     r = z[name].astype(np.float32)

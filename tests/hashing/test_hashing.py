@@ -233,6 +233,11 @@ def test_lsh_save_load_keeps_ngrams_ending_in_nul(tmp_path):
     probe = [*words, ":", "\0", "x\0"]
     assert np.array_equal(loaded.bits(probe, 64), lsh.bits(probe, 64))  # bit-exact: packed bits (integers)
     assert np.array_equal(loaded.buckets(probe, 50), lsh.buckets(probe, 50))  # bit-exact: bucket ids (integers)
+    with np.load(path) as z:  # as megahash wrote it before: without the lengths, ":\0" read back as ":"
+        old = {k: z[k] for k in z.files if k != "ngram_lengths"}
+    np.savez(tmp_path / "old.npz", **old)
+    with pytest.raises(ValueError, match=r"old\.npz: duplicate n-grams .*preprocess_data\.py --overwrite"):
+        LSHModel.load(tmp_path / "old.npz")
     plain = tmp_path / "plain.npz"  # a vocabulary without such n-grams: the archive as before
     LSHModel.from_word_counts(Counter(["play", "plays"]), vocab_size=50).save(plain, bits=[64])
     with np.load(plain) as z:
