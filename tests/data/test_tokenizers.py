@@ -751,3 +751,41 @@ def test_missing_tokenizer_fails_at_once_without_hub_retries(shakespeare_shards,
         assert took < 20, (spec, took)  # 1-2 s on the 2-core machine (the hub's retries took 64 s)
         hub_name = spec == "no-such-org/no-such-tok"
         assert ("`hf download no-such-org/no-such-tok`" in lines[0]) == hub_name, lines[0]
+
+
+def test_export_of_a_tokenizer_that_cannot_encode_a_probe(tmp_path):
+    """A Metaspace BPE tokenizer.json with its specials at the end of the vocabulary (added with
+    add_special_tokens, so ``<unk>`` is not in its model's vocabulary): ``tokenizers`` raises on a character it never saw,
+    and the export's own probe texts (a snowman, Chinese) made ``export-hf`` a traceback. The exported
+    tokenizer gives the ids ``tokenizers`` gives, and raises where it raises."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import AutoTokenizer
+
+    from megahash.convert.tokenizer import write_tokenizer
+    from megahash.eval.text import TextCodec
+    from megahash.tokenization import TokenizerError, load_tokenizer
+
+    docs = ["KING. My lord, the queen is dead.", "How now? tab\there", "e ü ñ Æ 1234 <mask> </s>"]
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(docs, trainers.BpeTrainer(vocab_size=80, special_tokens=[], show_progress=False))
+    tok.add_special_tokens(["</s>", "<pad>", "<unk>"])
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    with pytest.raises(Exception, match="unk"):
+        tok.encode("\u2603")  # the library's own answer
+    mh = load_tokenizer(str(path))
+    assert mh.special_ids["eos"] == tok.token_to_id("</s>") and mh.special_ids["eos"] > 4
+    with pytest.raises(TokenizerError, match="cannot encode"):
+        mh.encode("\u2603")
+    out = tmp_path / "hf"
+    out.mkdir()
+    info = write_tokenizer(out, TextCodec("hf", mh.vocab_size, sp=mh), 128)
+    assert info["mismatches"] == 0
+    hf = AutoTokenizer.from_pretrained(str(out))
+    tok.encode_special_tokens = True
+    for text in docs:
+        assert hf(text)["input_ids"] == tok.encode(text, add_special_tokens=False).ids == mh.encode(text)
+    with pytest.raises(Exception, match="unk"):
+        hf("\u2603")
