@@ -28,6 +28,7 @@ def check_training_inputs(cfg) -> None:
     meta = check_shards(cfg)
     tok = check_tokenizer(cfg, meta)
     check_objective_roles(cfg, tok, meta)
+    check_document_flags(cfg, meta)
     check_vocab_size(cfg, tok, meta)
     from megahash.data.valid_sets import check_valid_shards
 
@@ -76,6 +77,34 @@ def check_objective_roles(cfg, tok, meta: dict) -> None:
             f"train.objective={cfg.train.objective} needs a {missing[0]} token and the tokenizer "
             f"{cfg.data.tokenizer or made.get('path')!r} has none; use a tokenizer with one "
             f"(data_tools/train_tokenizer.py makes <mask>) or another train.objective"
+        )
+
+
+def check_document_flags(cfg, meta: dict) -> None:
+    """The packed-document flags (``data.reset_position_ids``, ``reset_attention_mask``, ``eod_mask_loss``) find
+    documents by their end-of-document token: the tokenizer's eos (``data.special_ids.eos``, else the shard
+    meta's), written after every document. Without one the dataset's fallback id 2 is an ordinary token of such a
+    tokenizer, and documents would end at each of its occurrences; without the written eos none would end."""
+    from megahash.data.documents import FLAGS
+    from megahash.tokenization import special_ids_of
+
+    flags = [f"data.{f}" for f in FLAGS if getattr(cfg.data, f, False)]
+    if not flags:
+        return
+    made = meta.get("tokenizer") or {}
+    given = {r: i for r, i in (cfg.data.special_ids or {}).items() if i is not None}
+    ids = special_ids_of({**special_ids_of(made.get("special_ids")), **given}) if made.get("special_ids") else {}
+    name = cfg.data.tokenizer or made.get("path")
+    if ids and ids.get("eos") is None:
+        raise DataError(
+            f"{', '.join(flags)}: documents are found by their end-of-document token and the tokenizer {name!r} has "
+            f"none; "
+            f"turn the flags off, or use a tokenizer with an eos token"
+        )
+    if (meta.get("stream") or {}).get("append_eos") is False:
+        raise DataError(
+            f"{', '.join(flags)}: documents are found by the eos token written after each, and the shards of "
+            f"data.prefix were made with --no-append-eos; turn the flags off, or preprocess again without it"
         )
 
 

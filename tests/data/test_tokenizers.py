@@ -789,3 +789,42 @@ def test_export_of_a_tokenizer_that_cannot_encode_a_probe(tmp_path):
         assert hf(text)["input_ids"] == tok.encode(text, add_special_tokens=False).ids == mh.encode(text)
     with pytest.raises(Exception, match="unk"):
         hf("\u2603")
+
+
+def test_packed_document_flags_need_an_end_of_document_token(corpus, tmp_path):
+    """A byte-level BPE without special tokens (--no-append-eos) has no eos: the dataset's fallback EOD id 2 is an
+    ordinary piece of it, so data.eod_mask_loss dropped the loss of every such piece and data.reset_attention_mask
+    cut documents there, silently. Now one line, exit 2, before a step; without the flags the run is as before."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    tok.train_from_iterator(
+        corpus["docs"], trainers.BpeTrainer(vocab_size=400, initial_alphabet=alphabet, show_progress=False)
+    )
+    path = tmp_path / "nospecial.json"
+    tok.save(str(path))
+    two = tok.id_to_token(2)
+    assert two is not None and two not in tok.get_added_tokens_decoder().values()  # id 2 is an ordinary piece
+    prefix = tmp_path / "shards"
+    args = ["--input", str(corpus["jsonl"]), "--output-prefix", str(prefix), "--tokenizer", str(path), "--quiet"]
+    r = run([sys.executable, "data_tools/preprocess_data.py", *args, "--no-append-eos"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    base = [f"data.prefix=[{prefix}]", f"data.tokenizer={path}", *TINY, "train.steps=2"]
+    for flag in ("data.eod_mask_loss=true", "data.reset_attention_mask=true", "data.reset_position_ids=true"):
+        save = tmp_path / flag
+        r = conftest.pretrain_here([*base, flag, f"train.save_dir={save}"])
+        line = r.stderr.strip()
+        assert r.returncode == 2 and "\n" not in line and "end-of-document token" in line, r.stderr[-2000:]
+        assert flag.split("=")[0] in line and not save.exists()
+    r = conftest.pretrain_here([*base, f"train.save_dir={tmp_path / 'plain'}"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    # a tokenizer with an eos, shards without it: no document would end
+    args = [*args[:3], str(tmp_path / "no_eos"), "--tokenizer", corpus["lossless"], "--quiet", "--no-append-eos"]
+    assert run([sys.executable, "data_tools/preprocess_data.py", *args]).returncode == 0
+    base = [f"data.prefix=[{tmp_path / 'no_eos'}]", f"data.tokenizer={corpus['lossless']}", *TINY, "train.steps=2"]
+    r = conftest.pretrain_here([*base, "data.eod_mask_loss=true", f"train.save_dir={tmp_path / 'no_eos_run'}"])
+    line = r.stderr.strip()
+    assert r.returncode == 2 and "\n" not in line and "--no-append-eos" in line, r.stderr[-2000:]
