@@ -340,7 +340,7 @@ class HFTokenizer(MegahashTokenizer):
     @classmethod
     def from_folder(cls, folder: str, spec: str) -> HFTokenizer:
         path = str(Path(folder) / "tokenizer.json")
-        return cls(Path(path).read_text(encoding="utf-8"), spec, path, _folder_config(folder))
+        return cls(_read_tokenizer_file(path), spec, path, _folder_config(folder))
 
     def encode(self, text: str) -> list[int]:
         return self.encode_batch([text])[0]
@@ -414,6 +414,16 @@ def _prefix_off(node) -> None:
 
 
 # ---------------------------------------------------------------------------------- resolution
+def _read_tokenizer_file(path: str) -> str:
+    """The text of a tokenizer.json (a file or a folder's); unreadable or not UTF-8: one-line TokenizerError."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TokenizerError(
+            f"cannot read tokenizer {path!r}: {_one_line(e)}; a tokenizer.json is UTF-8 JSON"
+        ) from None
+
+
 def _folder_config(folder: str) -> dict:
     """``*_token`` entries of a folder's special_tokens_map.json / tokenizer_config.json."""
     config = {}
@@ -517,11 +527,7 @@ def load_tokenizer(spec: str, base_dirs: Sequence = ()) -> MegahashTokenizer:
             return SentencePieceTokenizer(path, spec)
         if kind == "hf-folder":
             return HFTokenizer.from_folder(path, spec)
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise TokenizerError(f"cannot read tokenizer {path!r}: {_one_line(e)}") from None
-        return HFTokenizer(text, spec, path, _folder_config(os.path.dirname(path) or "."))
+        return HFTokenizer(_read_tokenizer_file(path), spec, path, _folder_config(os.path.dirname(path) or "."))
     if _HF_NAME.match(spec) and not _path_like(spec):
         return _hf_from_name(spec)
     raise TokenizerError(

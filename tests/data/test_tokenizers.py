@@ -828,3 +828,26 @@ def test_packed_document_flags_need_an_end_of_document_token(corpus, tmp_path):
     r = conftest.pretrain_here([*base, "data.eod_mask_loss=true", f"train.save_dir={tmp_path / 'no_eos_run'}"])
     line = r.stderr.strip()
     assert r.returncode == 2 and "\n" not in line and "--no-append-eos" in line, r.stderr[-2000:]
+
+
+def test_a_tokenizer_folder_whose_tokenizer_json_is_not_utf8_is_one_line(tmp_path, capsys):
+    """A folder's tokenizer.json was read unguarded: a UnicodeDecodeError traceback in pretrain.py --check and
+    megahash eval, and a line naming neither the file nor the fix in preprocess_data.py."""
+    from megahash.data.preprocess import preprocess_data
+    from megahash.tokenization import TokenizerError, load_tokenizer
+
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_bytes(b'{"version": "1.0", "model": \xff\xfe}')
+    with pytest.raises(UnicodeDecodeError):
+        (folder / "tokenizer.json").read_text(encoding="utf-8")
+    for spec in (folder, folder / "tokenizer.json"):
+        with pytest.raises(TokenizerError, match=r"cannot read tokenizer .*tokenizer\.json.*UTF-8"):
+            load_tokenizer(str(spec))
+    src = tmp_path / "d.jsonl"
+    src.write_text('{"text": "hello"}\n')
+    rc = preprocess_data.main(
+        ["--input", str(src), "--output-prefix", str(tmp_path / "o" / "x"), "--tokenizer", str(folder)]
+    )
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err and "tokenizer.json" in err and "Traceback" not in err, err
