@@ -116,8 +116,9 @@ def export_specials(tok) -> dict:
     megahash never puts a BOS before a document (a document starts after the previous one's eos), so
     lm-eval's ``hf`` model, which prefixes scored text with the BOS when there is one and with the eos
     otherwise, conditions on the eos exactly as ``megahash eval`` does (docs/eval.md, window policy)."""
-    out = {f"{r}_token": t for r, t in tok.special_tokens.items() if t is not None and r != "bos"}
-    return out
+    ids = tok.special_ids
+    keep_bos = ids.get("bos") is not None and ids.get("bos") == ids.get("eos")  # GPT-2's: the folder reads back alike
+    return {f"{r}_token": t for r, t in tok.special_tokens.items() if t is not None and (r != "bos" or keep_bos)}
 
 
 def write_tokenizer(out: Path, codec, max_length: int) -> dict:

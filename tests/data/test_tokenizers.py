@@ -283,6 +283,31 @@ def test_eval_export_and_transformers(pipeline, corpus):
     torch.testing.assert_close(hf_logits, mh_logits.float(), atol=1e-4, rtol=1e-4)
 
 
+def test_the_exported_tokenizer_reads_back_with_the_runs_special_ids(pipeline, corpus, tmp_path):
+    """The export's tokenizer folder is the run's tokenizer again: same special ids by role (the BPE's bos is its
+    eos, GPT-2's <|endoftext|>; the export dropped that bos_token, so ``megahash eval --tokenizer HFDIR`` refused
+    the folder as "not the run's tokenizer"), and transformers reads the same bos/eos from it."""
+    from transformers import AutoTokenizer
+
+    from megahash.tokenization import load_tokenizer
+
+    run_tok = load_tokenizer(pipeline["tokenizer"])
+    assert load_tokenizer(str(pipeline["hf"])).special_ids == run_tok.special_ids
+    ids = run_tok.special_ids
+    hf = AutoTokenizer.from_pretrained(str(pipeline["hf"]))
+    assert hf.eos_token_id == ids["eos"]
+    if pipeline["kind"] == "bpe":
+        assert ids["bos"] == ids["eos"] and hf.bos_token_id == ids["bos"]
+    else:  # a separate <s>: never declared (megahash trains no BOS; lm-eval's hf model then prefixes the eos)
+        assert ids["bos"] != ids["eos"] and hf.bos_token_id is None
+    text = corpus["docs"][1][:300]
+    assert hf(text).input_ids == run_tok.encode(text)  # nothing added around a text, bos declared or not
+    out = tmp_path / "score.json"
+    args = ["eval", "--checkpoint", str(pipeline["run"]), "--tokenizer", str(pipeline["hf"]), "--out", str(out)]
+    r = conftest.megahash_here([*args, "--text", str(corpus["jsonl"])])
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
 def test_same_score_on_every_path(pipeline, corpus):
     """Rolling log-likelihoods of documents ~15x longer than the 64-token context, containing
     special-token strings: ``megahash eval`` (CLI, in this process), the lm-eval ``megahash`` model and lm-eval's
