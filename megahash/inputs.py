@@ -33,6 +33,7 @@ def check_training_inputs(cfg) -> None:
     from megahash.data.valid_sets import check_valid_shards
 
     check_valid_shards(cfg)  # data.valid: every named set's shards
+    check_one_tokenizer(cfg, meta)
     from megahash.data.split_sizes import check_run
 
     check_run(cfg)  # each split has documents, tokens and an index that fits in memory (train.steps=1e30)
@@ -62,6 +63,35 @@ def check_shards(cfg) -> dict:
     for p in paths:
         verify_set(p, cfg.data.verify)
     return read_meta(paths[0], required=False)
+
+
+def check_one_tokenizer(cfg, meta: dict) -> None:
+    """Every set of the ``data.prefix`` blend and of ``data.valid`` was made with the tokenizer of the first set
+    (its meta's sha256 for a tokenizer of the same kind, else its vocabulary size and special ids): ids of another tokenizer are other words, and
+    were trained on or scored silently (or, past the vocabulary, called a damaged shard). Word streams are left
+    alone: each set has its own word table, and hash embeddings read its word codes."""
+    from megahash.config_checks import parse_valid
+    from megahash.data.verify import base_prefix, blend_paths, read_meta
+
+    ref = meta.get("tokenizer") or {}
+    if not ref or (meta.get("stream") or {}).get("kind") == "words":
+        return
+    paths, _ = blend_paths(list(cfg.data.prefix))
+    paths = [base_prefix(p) for p in paths]
+    sets = [(f"data.prefix {p}", p) for p in paths[1:]]
+    sets += [(f"data.valid set {name!r} ({prefix})", prefix) for name, prefix in parse_valid(cfg.data.valid)]
+    for what, prefix in sets:
+        other = read_meta(prefix, required=False).get("tokenizer") or {}
+        if not other:
+            continue
+        same_kind = ref.get("sha256") and other.get("sha256") and ref.get("kind") == other.get("kind")
+        keys = ("sha256",) if same_kind else ("vocab_size", "special_ids")
+        if any(other.get(k) != ref.get(k) for k in keys):
+            raise DataError(
+                f"{what} was made with the tokenizer {other.get('path')!r} ({other.get('vocab_size')} ids), "
+                f"{paths[0]} with {ref.get('path')!r} ({ref.get('vocab_size')} ids); preprocess every set with the "
+                f"run's tokenizer"
+            )
 
 
 def check_objective_roles(cfg, tok, meta: dict) -> None:

@@ -876,3 +876,31 @@ def test_a_tokenizer_folder_whose_tokenizer_json_is_not_utf8_is_one_line(tmp_pat
     )
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "\n" not in err and "tokenizer.json" in err and "Traceback" not in err, err
+
+
+def test_sets_of_another_tokenizer_in_a_blend_or_valid_are_one_line(corpus, tmp_path):
+    """data.prefix blends and data.valid sets were not compared with the run's tokenizer: a set made with a
+    smaller vocabulary trained (or was scored) silently on ids that mean other pieces."""
+    sets = {}
+    for name, tok, docs in (
+        ("bpe", corpus["bpe"], "0:30"),
+        ("bpe2", corpus["bpe"], "30:"),
+        ("sp", corpus["lossless"], "0:"),
+    ):
+        prefix = tmp_path / name
+        args = ["--input", str(corpus["jsonl"]), "--output-prefix", str(prefix), "--tokenizer", str(tok), "--quiet"]
+        r = run([sys.executable, "data_tools/preprocess_data.py", *args, "--doc-range", docs])
+        assert r.returncode == 0, r.stderr[-2000:]
+        sets[name] = str(prefix)
+    from megahash.tokenization import load_tokenizer
+
+    assert load_tokenizer(corpus["lossless"]).vocab_size < load_tokenizer(str(corpus["bpe"])).vocab_size
+    base = ["--check", "inputs", f"data.tokenizer={corpus['bpe']}", *TINY, "train.steps=2"]
+    for extra in (f"data.prefix=[{sets['bpe']},{sets['sp']}]", f"data.valid=[held={sets['sp']}]"):
+        r = conftest.pretrain_here([*base, f"data.prefix=[{sets['bpe']}]", extra, f"train.save_dir={tmp_path / 'r'}"])
+        line = r.stderr.strip()
+        assert r.returncode == 2 and "\n" not in line, r.stderr[-2000:]
+        assert f"{sets['sp']!s}" in line and "preprocess every set with the run's tokenizer" in line, line
+    same = [f"data.prefix=[{sets['bpe']},{sets['bpe2']}]", f"data.valid=[held={sets['bpe2']}]"]
+    r = conftest.pretrain_here([*base, *same, f"train.save_dir={tmp_path / 'ok'}"])
+    assert r.returncode == 0, r.stderr[-2000:]
