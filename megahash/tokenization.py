@@ -24,7 +24,8 @@ load their tokenizer here.
 
 Every path encodes text the same way (:meth:`MegahashTokenizer.encode`):
 
-* nothing is added around a text (no BOS/EOS/post-processor);
+* nothing is added around a text (no BOS/EOS/post-processor), and a tokenizer.json's truncation and padding
+  are not applied;
 * **special-token strings in a text are ordinary text**: ``"<s>"``, ``"</s>"``, ``"<mask>"``,
   ``"<|endoftext|>"`` written in a document are split into ordinary pieces, never mapped to the
   special ids (sentencepiece: the special pieces of user-defined type, e.g. ``<mask>`` of
@@ -283,7 +284,7 @@ class HFTokenizer(MegahashTokenizer):
             self.tok = Tokenizer.from_str(json_text)
         except Exception as e:  # tokenizers raises plain Exception
             raise TokenizerError(f"cannot load tokenizer {path!r}: {_one_line(e)}") from None
-        self.tok.encode_special_tokens = True
+        _whole_text(self.tok)
         self.sha256 = hashlib.sha256(json_text.encode("utf-8")).hexdigest()
         self.vocab_size = int(self.tok.get_vocab_size(with_added_tokens=True))
         added = self.json.get("added_tokens") or []
@@ -377,7 +378,7 @@ class HFTokenizer(MegahashTokenizer):
             d["normalizer"] = _without_prepend(d.get("normalizer"))
             _prefix_off(d.get("pre_tokenizer"))
             tok = Tokenizer.from_str(json.dumps(d))
-            tok.encode_special_tokens = True
+            _whole_text(tok)
             self._no_prefix = tok
         return lambda texts, num_threads=1: self._encode_with(self._no_prefix, texts)
 
@@ -388,6 +389,14 @@ class HFTokenizer(MegahashTokenizer):
         d["truncation"] = None
         d["padding"] = None
         return json.dumps(d, ensure_ascii=False)
+
+
+def _whole_text(tok) -> None:
+    """Encode as megahash does: special-token strings are text, and no ``truncation``/``padding`` a tokenizer.json
+    may carry (saved after ``enable_truncation``: every document was cut to its max_length and padded, silently)."""
+    tok.encode_special_tokens = True
+    tok.no_truncation()
+    tok.no_padding()
 
 
 def _without_prepend(node):

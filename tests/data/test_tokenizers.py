@@ -904,3 +904,35 @@ def test_sets_of_another_tokenizer_in_a_blend_or_valid_are_one_line(corpus, tmp_
     same = [f"data.prefix=[{sets['bpe']},{sets['bpe2']}]", f"data.valid=[held={sets['bpe2']}]"]
     r = conftest.pretrain_here([*base, *same, f"train.save_dir={tmp_path / 'ok'}"])
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_truncation_and_padding_saved_in_a_tokenizer_json_are_not_applied(corpus, tmp_path):
+    """A tokenizer.json saved after enable_truncation/enable_padding (as transformers can save one) cut every
+    document to its max_length and padded it, silently; every path encodes the whole text, as the same tokenizer
+    without those settings does."""
+    from tokenizers import Tokenizer
+
+    from megahash.data.shards import ShardSet
+    from megahash.tokenization import load_tokenizer
+
+    plain = Tokenizer.from_file(str(corpus["bpe"]))
+    plain.encode_special_tokens = True
+    cut = Tokenizer.from_file(str(corpus["bpe"]))
+    cut.enable_truncation(16)
+    cut.enable_padding(pad_id=plain.token_to_id("<|padding|>"), pad_token="<|padding|>", length=20)
+    path = tmp_path / "tokenizer.json"
+    cut.save(str(path))
+    docs = corpus["docs"][:6]
+    assert len(Tokenizer.from_file(str(path)).encode(docs[0]).ids) == 20  # the file's own settings
+    tok = load_tokenizer(str(path))
+    want = [plain.encode(d, add_special_tokens=False).ids for d in docs]
+    assert [tok.encode(d) for d in docs] == want and len(want[0]) > 100
+    src = tmp_path / "d.jsonl"
+    src.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    prefix = tmp_path / "shards"
+    args = ["--input", str(src), "--output-prefix", str(prefix), "--tokenizer", str(path), "--quiet"]
+    r = run([sys.executable, "data_tools/preprocess_data.py", *args, "--split-chars", "700"])  # continuations too
+    assert r.returncode == 0, r.stderr[-2000:]
+    shards = ShardSet.open(str(prefix))
+    eos = plain.token_to_id("<|endoftext|>")
+    assert [shards.tokens[i].tolist() for i in range(len(docs))] == [w + [eos] for w in want]
