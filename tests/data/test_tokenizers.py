@@ -936,3 +936,39 @@ def test_truncation_and_padding_saved_in_a_tokenizer_json_are_not_applied(corpus
     shards = ShardSet.open(str(prefix))
     eos = plain.token_to_id("<|endoftext|>")
     assert [shards.tokens[i].tolist() for i in range(len(docs))] == [w + [eos] for w in want]
+
+
+def test_resuming_on_another_tokenizers_shards_is_one_line(corpus, tmp_path):
+    """Two byte-level BPEs of the same pieces whose specials come in another order (eos 700 and 701): the
+    embedding rows pad alike, so a resume on the other one's shards trained on silently, every special
+    meaning another token. Now one line, exit 2; the run's own shards resume."""
+    from tokenizers import AddedToken, Tokenizer
+
+    from megahash.tokenization import load_tokenizer
+
+    swapped = Tokenizer.from_file(str(corpus["bpe"]))
+    d = json.loads(swapped.to_str())
+    d["added_tokens"] = []
+    other = Tokenizer.from_str(json.dumps(d))
+    other.add_special_tokens([AddedToken("<|padding|>", special=True), AddedToken("<|endoftext|>", special=True)])
+    other_path = tmp_path / "other.json"
+    other.save(str(other_path))
+    a, b = load_tokenizer(str(corpus["bpe"])), load_tokenizer(str(other_path))
+    assert a.vocab_size == b.vocab_size and a.special_ids["eos"] != b.special_ids["eos"]
+    prefixes = {}
+    for name, tok in (("a", corpus["bpe"]), ("b", other_path)):
+        prefixes[name] = tmp_path / name
+        args = ["--input", str(corpus["jsonl"]), "--output-prefix", str(prefixes[name]), "--tokenizer", str(tok)]
+        r = run([sys.executable, "data_tools/preprocess_data.py", *args, "--quiet"])
+        assert r.returncode == 0, r.stderr[-2000:]
+    save = tmp_path / "run"
+    first = [f"data.prefix=[{prefixes['a']}]", f"data.tokenizer={corpus['bpe']}", *TINY, f"train.save_dir={save}"]
+    r = conftest.pretrain_here([*first, "train.steps=2"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    other_run = [f"data.prefix=[{prefixes['b']}]", f"data.tokenizer={other_path}", *TINY, f"train.save_dir={save}"]
+    r = conftest.pretrain_here([*other_run, "train.steps=3"])
+    line = r.stderr.strip()
+    assert r.returncode == 2 and "\n" not in line and "another tokenizer's pieces" in line, r.stderr[-2000:]
+    assert sorted(p.name for p in save.glob("step_*")) == ["step_00000002"]
+    r = conftest.pretrain_here([*first, "train.steps=3"])
+    assert r.returncode == 0 and "resumed from" in r.stdout + r.stderr, r.stderr[-3000:]
