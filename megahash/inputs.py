@@ -115,10 +115,10 @@ def check_document_flags(cfg, meta: dict) -> None:
     documents by their end-of-document token: the tokenizer's eos (``data.special_ids.eos``, else the shard
     meta's), written after every document. Without one the dataset's fallback id 2 is an ordinary token of such a
     tokenizer, and documents would end at each of its occurrences; without the written eos none would end."""
-    from megahash.data.documents import FLAGS
     from megahash.tokenization import special_ids_of
 
-    flags = [f"data.{f}" for f in FLAGS if getattr(cfg.data, f, False)]
+    names = ("reset_position_ids", "reset_attention_mask", "eod_mask_loss")  # megahash.data.documents.FLAGS (torch)
+    flags = [f"data.{f}" for f in names if getattr(cfg.data, f, False)]
     if not flags:
         return
     made = meta.get("tokenizer") or {}
