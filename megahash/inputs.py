@@ -28,10 +28,12 @@ def check_training_inputs(cfg) -> None:
     meta = check_shards(cfg)
     tok = check_tokenizer(cfg, meta)
     check_objective_roles(cfg, tok, meta)
+    check_document_flags(cfg, meta)
     check_vocab_size(cfg, tok, meta)
     from megahash.data.valid_sets import check_valid_shards
 
     check_valid_shards(cfg)  # data.valid: every named set's shards
+    check_one_tokenizer(cfg, meta)
     from megahash.data.split_sizes import check_run
 
     check_run(cfg)  # each split has documents, tokens and an index that fits in memory (train.steps=1e30)
@@ -63,6 +65,35 @@ def check_shards(cfg) -> dict:
     return read_meta(paths[0], required=False)
 
 
+def check_one_tokenizer(cfg, meta: dict) -> None:
+    """Every set of the ``data.prefix`` blend and of ``data.valid`` was made with the tokenizer of the first set
+    (its meta's sha256 for a tokenizer of the same kind, else its vocabulary size and special ids): ids of another tokenizer are other words, and
+    were trained on or scored silently (or, past the vocabulary, called a damaged shard). Word streams are left
+    alone: each set has its own word table, and hash embeddings read its word codes."""
+    from megahash.config_checks import parse_valid
+    from megahash.data.verify import base_prefix, blend_paths, read_meta
+
+    ref = meta.get("tokenizer") or {}
+    if not ref or (meta.get("stream") or {}).get("kind") == "words":
+        return
+    paths, _ = blend_paths(list(cfg.data.prefix))
+    paths = [base_prefix(p) for p in paths]
+    sets = [(f"data.prefix {p}", p) for p in paths[1:]]
+    sets += [(f"data.valid set {name!r} ({prefix})", prefix) for name, prefix in parse_valid(cfg.data.valid)]
+    for what, prefix in sets:
+        other = read_meta(prefix, required=False).get("tokenizer") or {}
+        if not other:
+            continue
+        same_kind = ref.get("sha256") and other.get("sha256") and ref.get("kind") == other.get("kind")
+        keys = ("sha256",) if same_kind else ("vocab_size", "special_ids")
+        if any(other.get(k) != ref.get(k) for k in keys):
+            raise DataError(
+                f"{what} was made with the tokenizer {other.get('path')!r} ({other.get('vocab_size')} ids), "
+                f"{paths[0]} with {ref.get('path')!r} ({ref.get('vocab_size')} ids); preprocess every set with the "
+                f"run's tokenizer"
+            )
+
+
 def check_objective_roles(cfg, tok, meta: dict) -> None:
     """The special tokens ``train.objective`` writes (``ObjectiveSpec.roles``: MLM's ``<mask>``) are in the
     tokenizer (``tok``, else the shard meta's special ids; none recorded: the word ids 0-4, which have them)."""
@@ -76,6 +107,34 @@ def check_objective_roles(cfg, tok, meta: dict) -> None:
             f"train.objective={cfg.train.objective} needs a {missing[0]} token and the tokenizer "
             f"{cfg.data.tokenizer or made.get('path')!r} has none; use a tokenizer with one "
             f"(data_tools/train_tokenizer.py makes <mask>) or another train.objective"
+        )
+
+
+def check_document_flags(cfg, meta: dict) -> None:
+    """The packed-document flags (``data.reset_position_ids``, ``reset_attention_mask``, ``eod_mask_loss``) find
+    documents by their end-of-document token: the tokenizer's eos (``data.special_ids.eos``, else the shard
+    meta's), written after every document. Without one the dataset's fallback id 2 is an ordinary token of such a
+    tokenizer, and documents would end at each of its occurrences; without the written eos none would end."""
+    from megahash.tokenization import special_ids_of
+
+    names = ("reset_position_ids", "reset_attention_mask", "eod_mask_loss")  # megahash.data.documents.FLAGS (torch)
+    flags = [f"data.{f}" for f in names if getattr(cfg.data, f, False)]
+    if not flags:
+        return
+    made = meta.get("tokenizer") or {}
+    given = {r: i for r, i in (cfg.data.special_ids or {}).items() if i is not None}
+    ids = special_ids_of({**special_ids_of(made.get("special_ids")), **given}) if made.get("special_ids") else {}
+    name = cfg.data.tokenizer or made.get("path")
+    if ids and ids.get("eos") is None:
+        raise DataError(
+            f"{', '.join(flags)}: documents are found by their end-of-document token and the tokenizer {name!r} has "
+            f"none; "
+            f"turn the flags off, or use a tokenizer with an eos token"
+        )
+    if (meta.get("stream") or {}).get("append_eos") is False:
+        raise DataError(
+            f"{', '.join(flags)}: documents are found by the eos token written after each, and the shards of "
+            f"data.prefix were made with --no-append-eos; turn the flags off, or preprocess again without it"
         )
 
 

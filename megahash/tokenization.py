@@ -24,7 +24,8 @@ load their tokenizer here.
 
 Every path encodes text the same way (:meth:`MegahashTokenizer.encode`):
 
-* nothing is added around a text (no BOS/EOS/post-processor);
+* nothing is added around a text (no BOS/EOS/post-processor), and a tokenizer.json's truncation and padding
+  are not applied;
 * **special-token strings in a text are ordinary text**: ``"<s>"``, ``"</s>"``, ``"<mask>"``,
   ``"<|endoftext|>"`` written in a document are split into ordinary pieces, never mapped to the
   special ids (sentencepiece: the special pieces of user-defined type, e.g. ``<mask>`` of
@@ -283,7 +284,7 @@ class HFTokenizer(MegahashTokenizer):
             self.tok = Tokenizer.from_str(json_text)
         except Exception as e:  # tokenizers raises plain Exception
             raise TokenizerError(f"cannot load tokenizer {path!r}: {_one_line(e)}") from None
-        self.tok.encode_special_tokens = True
+        _whole_text(self.tok)
         self.sha256 = hashlib.sha256(json_text.encode("utf-8")).hexdigest()
         self.vocab_size = int(self.tok.get_vocab_size(with_added_tokens=True))
         added = self.json.get("added_tokens") or []
@@ -340,13 +341,29 @@ class HFTokenizer(MegahashTokenizer):
     @classmethod
     def from_folder(cls, folder: str, spec: str) -> HFTokenizer:
         path = str(Path(folder) / "tokenizer.json")
-        return cls(Path(path).read_text(encoding="utf-8"), spec, path, _folder_config(folder))
+        return cls(_read_tokenizer_file(path), spec, path, _folder_config(folder))
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tok.encode(text, add_special_tokens=False).ids)
+        return self.encode_batch([text])[0]
 
     def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
-        return [list(e.ids) for e in self.tok.encode_batch(list(texts), add_special_tokens=False)]
+        return self._encode_with(self.tok, texts)
+
+    def _encode_with(self, tok, texts: Sequence[str]) -> list[list[int]]:
+        """Ids of ``texts`` by ``tok``; a text the tokenizer cannot encode is a one-line TokenizerError
+        (``tokenizers`` raises a plain Exception, e.g. for an unknown word when the model's unk token is
+        not in the model's own vocabulary)."""
+        try:
+            return [list(e.ids) for e in tok.encode_batch(list(texts), add_special_tokens=False)]
+        except Exception as e:  # tokenizers raises plain Exception
+            msg = _one_line(e)
+            fix = "fix or retrain the tokenizer"
+            if "unk" in msg.lower():
+                fix = (
+                    "its model's unk token must be in the model's own vocabulary (a token added with "
+                    "add_special_tokens is not): retrain it with the unk token among the trainer's special_tokens"
+                )
+            raise TokenizerError(f"tokenizer {self.path!r} cannot encode the text: {msg}; {fix}") from None
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tok.decode([int(i) for i in ids if 0 <= i < self.vocab_size], skip_special_tokens=True)
@@ -361,11 +378,9 @@ class HFTokenizer(MegahashTokenizer):
             d["normalizer"] = _without_prepend(d.get("normalizer"))
             _prefix_off(d.get("pre_tokenizer"))
             tok = Tokenizer.from_str(json.dumps(d))
-            tok.encode_special_tokens = True
+            _whole_text(tok)
             self._no_prefix = tok
-        return lambda texts, num_threads=1: [
-            list(e.ids) for e in self._no_prefix.encode_batch(list(texts), add_special_tokens=False)
-        ]
+        return lambda texts, num_threads=1: self._encode_with(self._no_prefix, texts)
 
     def export_json(self) -> str:
         """tokenizer.json for the HF export: the same model, nothing added around a text."""
@@ -374,6 +389,14 @@ class HFTokenizer(MegahashTokenizer):
         d["truncation"] = None
         d["padding"] = None
         return json.dumps(d, ensure_ascii=False)
+
+
+def _whole_text(tok) -> None:
+    """Encode as megahash does: special-token strings are text, and no ``truncation``/``padding`` a tokenizer.json
+    may carry (saved after ``enable_truncation``: every document was cut to its max_length and padded, silently)."""
+    tok.encode_special_tokens = True
+    tok.no_truncation()
+    tok.no_padding()
 
 
 def _without_prepend(node):
@@ -400,6 +423,16 @@ def _prefix_off(node) -> None:
 
 
 # ---------------------------------------------------------------------------------- resolution
+def _read_tokenizer_file(path: str) -> str:
+    """The text of a tokenizer.json (a file or a folder's); unreadable or not UTF-8: one-line TokenizerError."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TokenizerError(
+            f"cannot read tokenizer {path!r}: {_one_line(e)}; a tokenizer.json is UTF-8 JSON"
+        ) from None
+
+
 def _folder_config(folder: str) -> dict:
     """``*_token`` entries of a folder's special_tokens_map.json / tokenizer_config.json."""
     config = {}
@@ -503,11 +536,7 @@ def load_tokenizer(spec: str, base_dirs: Sequence = ()) -> MegahashTokenizer:
             return SentencePieceTokenizer(path, spec)
         if kind == "hf-folder":
             return HFTokenizer.from_folder(path, spec)
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise TokenizerError(f"cannot read tokenizer {path!r}: {_one_line(e)}") from None
-        return HFTokenizer(text, spec, path, _folder_config(os.path.dirname(path) or "."))
+        return HFTokenizer(_read_tokenizer_file(path), spec, path, _folder_config(os.path.dirname(path) or "."))
     if _HF_NAME.match(spec) and not _path_like(spec):
         return _hf_from_name(spec)
     raise TokenizerError(

@@ -116,8 +116,9 @@ def export_specials(tok) -> dict:
     megahash never puts a BOS before a document (a document starts after the previous one's eos), so
     lm-eval's ``hf`` model, which prefixes scored text with the BOS when there is one and with the eos
     otherwise, conditions on the eos exactly as ``megahash eval`` does (docs/eval.md, window policy)."""
-    out = {f"{r}_token": t for r, t in tok.special_tokens.items() if t is not None and r != "bos"}
-    return out
+    ids = tok.special_ids
+    keep_bos = ids.get("bos") is not None and ids.get("bos") == ids.get("eos")  # GPT-2's: the folder reads back alike
+    return {f"{r}_token": t for r, t in tok.special_tokens.items() if t is not None and (r != "bos" or keep_bos)}
 
 
 def write_tokenizer(out: Path, codec, max_length: int) -> dict:
@@ -170,5 +171,19 @@ def write_tokenizer(out: Path, codec, max_length: int) -> dict:
     for extra in ("special_tokens_map.json",):
         if (out / extra).is_file():
             files.append(extra)
-    mismatches = sum(fast.encode(t, add_special_tokens=False) != codec.encode(t).ids for t in PROBES)
+    mismatches = sum(
+        _probe_ids(lambda t: fast.encode(t, add_special_tokens=False), t)
+        != _probe_ids(lambda t: codec.encode(t).ids, t)
+        for t in PROBES
+    )
     return {"files": files, "mismatches": mismatches}
+
+
+def _probe_ids(encode, text: str) -> list[int] | None:
+    """``encode(text)``, or None when the tokenizer cannot encode the probe (a tokenizer.json whose unk token
+    is not in its model's vocabulary raises on a character it never saw; ``tokenizers`` raises a plain
+    Exception, megahash a TokenizerError): both sides failing alike is agreement."""
+    try:
+        return list(encode(text))
+    except Exception:  # tokenizers raises plain Exception
+        return None

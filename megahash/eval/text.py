@@ -240,7 +240,10 @@ def load_codec(
             lsh_path = os.path.join(os.path.dirname(base_prefix(prefix)), info["file"])
             if not os.path.isfile(lsh_path):
                 raise DataError(f"LSH planes {lsh_path} not found")
-            lsh = LSHModel.load(lsh_path)
+            try:
+                lsh = LSHModel.load(lsh_path)
+            except ValueError as e:
+                raise DataError(str(e)) from None
             desc["lsh"] = lsh_path
         table = CodeTable([spec], key=key, lsh=lsh)
         if kind != "words":

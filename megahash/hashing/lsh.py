@@ -317,13 +317,16 @@ class LSHModel:
         return self._planes[num_bits]
 
     def save(self, path, bits: Sequence[int] = (), buckets: Sequence[int] = ()) -> None:
-        """Write vocabulary, seed and the planes for ``bits``/``buckets`` to a deterministic .npz."""
+        """Write vocabulary, seed and the planes for ``bits``/``buckets`` to a deterministic .npz (with the
+        n-grams' lengths when one ends in NUL: numpy's string arrays drop trailing NULs)."""
         arrays = {
             "format_version": np.array(LSH_FORMAT_VERSION, np.int64),
             "seed": np.array(self.seed, np.int64),
             "orders": np.array(self.orders, np.int64),
             "ngrams": np.array(self.ngrams, dtype=f"<U{max(self.orders)}"),
         }
+        if any(g.endswith("\0") for g in self.ngrams):  # numpy's str arrays drop trailing NULs: keep them
+            arrays["ngram_lengths"] = np.array([len(g) for g in self.ngrams], np.int64)
         for t in sorted(set(bits)):
             arrays[f"hyperplanes_{t}"] = self.hyperplanes(t)
         for n in sorted(set(buckets)):
@@ -337,7 +340,15 @@ class LSHModel:
             version = int(z["format_version"])
             if version != LSH_FORMAT_VERSION:
                 raise ValueError(f"{path}: LSH format version {version}, expected {LSH_FORMAT_VERSION}")
-            model = cls([str(g) for g in z["ngrams"]], int(z["seed"]), [int(n) for n in z["orders"]])
+            ngrams = [str(g) for g in z["ngrams"]]
+            if "ngram_lengths" in z.files:  # n-grams that end in NUL ("\0"), which numpy stored without it
+                ngrams = [g.ljust(int(n), "\0") for g, n in zip(ngrams, z["ngram_lengths"])]
+            try:
+                model = cls(ngrams, int(z["seed"]), [int(n) for n in z["orders"]])
+            except ValueError as e:  # duplicates: n-grams ending in NUL written before they were kept
+                raise ValueError(
+                    f"{path}: {e}; rewrite the shards with data_tools/preprocess_data.py --overwrite"
+                ) from None
             for name in z.files:
                 if name.startswith("hyperplanes_"):
                     r = z[name].astype(np.float32)

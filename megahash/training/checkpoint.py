@@ -89,7 +89,36 @@ def check_compatible(ckpt: Path, cfg: Config) -> dict:
             f"checkpoint {ckpt} is from another model ({diffs[0]}); use the same model config, "
             f"train.resume=none or another train.save_dir"
         )
+    if (ids := _special_ids_diff(ckpt, cfg)) is not None:
+        raise CheckpointError(
+            f"checkpoint {ckpt} was trained with a tokenizer of special ids {ids[0]}, data.prefix's is of {ids[1]} "
+            f"({cfg.data.tokenizer or 'the shard meta'}): its rows are another tokenizer's pieces; use the run's "
+            f"tokenizer and shards, train.resume=none or another train.save_dir"
+        )
     return state
+
+
+def _special_ids_diff(ckpt: Path, cfg: Config) -> tuple[dict, dict] | None:
+    """(checkpoint's, run's) special ids by role where they differ, else None. Equal padded rows do not make the
+    same tokenizer (a GPT-2-style BPE of 1,201 pieces and a Llama-style one of 1,200 both pad to 1,280): a resume
+    on another tokenizer's shards trained on silently. The checkpoint's ids are its resolved config's
+    ``data.special_ids``, the run's those of the first shard set's meta with the config's roles over them
+    (:func:`megahash.data.dataset.record_special_ids`); a side that records none is not compared."""
+    from megahash import safe_yaml
+    from megahash.data.verify import blend_paths, read_meta
+    from megahash.tokenization import special_ids_of
+
+    path = ckpt / "resolved_config.yaml"
+    saved = safe_yaml.load(path.read_text(), str(path)) if path.is_file() else None
+    mine = ((saved or {}).get("data") or {}).get("special_ids") if isinstance(saved, dict) else None
+    paths = blend_paths(list(cfg.data.prefix))[0] if cfg.data.prefix else []
+    made = (read_meta(paths[0], required=False).get("tokenizer") or {}).get("special_ids") if paths else None
+    if not mine or not made:
+        return None
+    given = {r: i for r, i in (cfg.data.special_ids or {}).items() if i is not None}
+    theirs = special_ids_of({**special_ids_of(made), **given})
+    mine = special_ids_of(mine)
+    return None if mine == theirs else (mine, theirs)
 
 
 def _vocab_rows_diff(state: dict, cfg: Config) -> str | None:

@@ -469,6 +469,30 @@ def test_bad_inputs_are_one_line_errors(tmp_path, tok, shards, capsys):
             assert "exists and is not a file" in msg and sorted(os.listdir(d)) == [name], (name, msg)
 
 
+def test_a_tokenizer_that_cannot_encode_the_text_is_one_line(tmp_path, capsys):
+    """A WordLevel tokenizer.json whose unk token was added with add_special_tokens (not in the model's own
+    vocabulary): ``tokenizers`` raises a plain Exception on an unknown word, which was a traceback, exit 1."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(["the king is dead", "long live the king"], trainers.WordLevelTrainer(show_progress=False))
+    tok.add_special_tokens(["<unk>", "</s>"])
+    path = tmp_path / "wordlevel.json"
+    tok.save(str(path))
+    with pytest.raises(Exception, match="UNK"):
+        tok.encode("the queen")  # the library's own answer: it cannot encode an unknown word
+    src = tmp_path / "d.jsonl"
+    src.write_text('{"text": "the king"}\n{"text": "the queen"}\n')
+    out = tmp_path / "o"
+    msg = _bad(tmp_path, None, capsys, "--input", str(src), "--tokenizer", str(path), "--output-prefix", str(out / "x"))
+    assert "cannot encode the text" in msg and "unk" in msg, msg
+    assert not list(tmp_path.glob("o/x_*"))
+    r = script("preprocess_data", "--input", src, "--output-prefix", out / "y", "--tokenizer", path, "--workers", 2)
+    assert r.returncode == 2 and "cannot encode the text" in one_line_error(r.stderr)
+    assert not list(tmp_path.glob("o/y_*"))
+
+
 def test_bad_input_exit_codes_as_script(tmp_path, tok):
     r = script(
         "preprocess_data", "--input", tmp_path / "missing.jsonl", "--output-prefix", tmp_path / "x", "--tokenizer", tok

@@ -283,6 +283,31 @@ def test_eval_export_and_transformers(pipeline, corpus):
     torch.testing.assert_close(hf_logits, mh_logits.float(), atol=1e-4, rtol=1e-4)
 
 
+def test_the_exported_tokenizer_reads_back_with_the_runs_special_ids(pipeline, corpus, tmp_path):
+    """The export's tokenizer folder is the run's tokenizer again: same special ids by role (the BPE's bos is its
+    eos, GPT-2's <|endoftext|>; the export dropped that bos_token, so ``megahash eval --tokenizer HFDIR`` refused
+    the folder as "not the run's tokenizer"), and transformers reads the same bos/eos from it."""
+    from transformers import AutoTokenizer
+
+    from megahash.tokenization import load_tokenizer
+
+    run_tok = load_tokenizer(pipeline["tokenizer"])
+    assert load_tokenizer(str(pipeline["hf"])).special_ids == run_tok.special_ids
+    ids = run_tok.special_ids
+    hf = AutoTokenizer.from_pretrained(str(pipeline["hf"]))
+    assert hf.eos_token_id == ids["eos"]
+    if pipeline["kind"] == "bpe":
+        assert ids["bos"] == ids["eos"] and hf.bos_token_id == ids["bos"]
+    else:  # a separate <s>: never declared (megahash trains no BOS; lm-eval's hf model then prefixes the eos)
+        assert ids["bos"] != ids["eos"] and hf.bos_token_id is None
+    text = corpus["docs"][1][:300]
+    assert hf(text).input_ids == run_tok.encode(text)  # nothing added around a text, bos declared or not
+    out = tmp_path / "score.json"
+    args = ["eval", "--checkpoint", str(pipeline["run"]), "--tokenizer", str(pipeline["hf"]), "--out", str(out)]
+    r = conftest.megahash_here([*args, "--text", str(corpus["jsonl"])])
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
 def test_same_score_on_every_path(pipeline, corpus):
     """Rolling log-likelihoods of documents ~15x longer than the 64-token context, containing
     special-token strings: ``megahash eval`` (CLI, in this process), the lm-eval ``megahash`` model and lm-eval's
@@ -751,3 +776,199 @@ def test_missing_tokenizer_fails_at_once_without_hub_retries(shakespeare_shards,
         assert took < 20, (spec, took)  # 1-2 s on the 2-core machine (the hub's retries took 64 s)
         hub_name = spec == "no-such-org/no-such-tok"
         assert ("`hf download no-such-org/no-such-tok`" in lines[0]) == hub_name, lines[0]
+
+
+def test_export_of_a_tokenizer_that_cannot_encode_a_probe(tmp_path):
+    """A Metaspace BPE tokenizer.json with its specials at the end of the vocabulary (added with
+    add_special_tokens, so ``<unk>`` is not in its model's vocabulary): ``tokenizers`` raises on a character it never saw,
+    and the export's own probe texts (a snowman, Chinese) made ``export-hf`` a traceback. The exported
+    tokenizer gives the ids ``tokenizers`` gives, and raises where it raises."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import AutoTokenizer
+
+    from megahash.convert.tokenizer import write_tokenizer
+    from megahash.eval.text import TextCodec
+    from megahash.tokenization import TokenizerError, load_tokenizer
+
+    docs = ["KING. My lord, the queen is dead.", "How now? tab\there", "e ü ñ Æ 1234 <mask> </s>"]
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(docs, trainers.BpeTrainer(vocab_size=80, special_tokens=[], show_progress=False))
+    tok.add_special_tokens(["</s>", "<pad>", "<unk>"])
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    with pytest.raises(Exception, match="unk"):
+        tok.encode("\u2603")  # the library's own answer
+    mh = load_tokenizer(str(path))
+    assert mh.special_ids["eos"] == tok.token_to_id("</s>") and mh.special_ids["eos"] > 4
+    with pytest.raises(TokenizerError, match="cannot encode"):
+        mh.encode("\u2603")
+    out = tmp_path / "hf"
+    out.mkdir()
+    info = write_tokenizer(out, TextCodec("hf", mh.vocab_size, sp=mh), 128)
+    assert info["mismatches"] == 0
+    hf = AutoTokenizer.from_pretrained(str(out))
+    tok.encode_special_tokens = True
+    for text in docs:
+        assert hf(text)["input_ids"] == tok.encode(text, add_special_tokens=False).ids == mh.encode(text)
+    with pytest.raises(Exception, match="unk"):
+        hf("\u2603")
+
+
+def test_packed_document_flags_need_an_end_of_document_token(corpus, tmp_path):
+    """A byte-level BPE without special tokens (--no-append-eos) has no eos: the dataset's fallback EOD id 2 is an
+    ordinary piece of it, so data.eod_mask_loss dropped the loss of every such piece and data.reset_attention_mask
+    cut documents there, silently. Now one line, exit 2, before a step; without the flags the run is as before."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    tok.train_from_iterator(
+        corpus["docs"], trainers.BpeTrainer(vocab_size=400, initial_alphabet=alphabet, show_progress=False)
+    )
+    path = tmp_path / "nospecial.json"
+    tok.save(str(path))
+    two = tok.id_to_token(2)
+    assert two is not None and two not in tok.get_added_tokens_decoder().values()  # id 2 is an ordinary piece
+    prefix = tmp_path / "shards"
+    args = ["--input", str(corpus["jsonl"]), "--output-prefix", str(prefix), "--tokenizer", str(path), "--quiet"]
+    r = run([sys.executable, "data_tools/preprocess_data.py", *args, "--no-append-eos"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    base = [f"data.prefix=[{prefix}]", f"data.tokenizer={path}", *TINY, "train.steps=2"]
+    for flag in ("data.eod_mask_loss=true", "data.reset_attention_mask=true", "data.reset_position_ids=true"):
+        save = tmp_path / flag
+        r = conftest.pretrain_here([*base, flag, f"train.save_dir={save}"])
+        line = r.stderr.strip()
+        assert r.returncode == 2 and "\n" not in line and "end-of-document token" in line, r.stderr[-2000:]
+        assert flag.split("=")[0] in line and not save.exists()
+    r = conftest.pretrain_here([*base, f"train.save_dir={tmp_path / 'plain'}"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    # a tokenizer with an eos, shards without it: no document would end
+    args = [*args[:3], str(tmp_path / "no_eos"), "--tokenizer", corpus["lossless"], "--quiet", "--no-append-eos"]
+    assert run([sys.executable, "data_tools/preprocess_data.py", *args]).returncode == 0
+    base = [f"data.prefix=[{tmp_path / 'no_eos'}]", f"data.tokenizer={corpus['lossless']}", *TINY, "train.steps=2"]
+    r = conftest.pretrain_here([*base, "data.eod_mask_loss=true", f"train.save_dir={tmp_path / 'no_eos_run'}"])
+    line = r.stderr.strip()
+    assert r.returncode == 2 and "\n" not in line and "--no-append-eos" in line, r.stderr[-2000:]
+
+
+def test_a_tokenizer_folder_whose_tokenizer_json_is_not_utf8_is_one_line(tmp_path, capsys):
+    """A folder's tokenizer.json was read unguarded: a UnicodeDecodeError traceback in pretrain.py --check and
+    megahash eval, and a line naming neither the file nor the fix in preprocess_data.py."""
+    from megahash.data.preprocess import preprocess_data
+    from megahash.tokenization import TokenizerError, load_tokenizer
+
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_bytes(b'{"version": "1.0", "model": \xff\xfe}')
+    with pytest.raises(UnicodeDecodeError):
+        (folder / "tokenizer.json").read_text(encoding="utf-8")
+    for spec in (folder, folder / "tokenizer.json"):
+        with pytest.raises(TokenizerError, match=r"cannot read tokenizer .*tokenizer\.json.*UTF-8"):
+            load_tokenizer(str(spec))
+    src = tmp_path / "d.jsonl"
+    src.write_text('{"text": "hello"}\n')
+    rc = preprocess_data.main(
+        ["--input", str(src), "--output-prefix", str(tmp_path / "o" / "x"), "--tokenizer", str(folder)]
+    )
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err and "tokenizer.json" in err and "Traceback" not in err, err
+
+
+def test_sets_of_another_tokenizer_in_a_blend_or_valid_are_one_line(corpus, tmp_path):
+    """data.prefix blends and data.valid sets were not compared with the run's tokenizer: a set made with a
+    smaller vocabulary trained (or was scored) silently on ids that mean other pieces."""
+    sets = {}
+    for name, tok, docs in (
+        ("bpe", corpus["bpe"], "0:30"),
+        ("bpe2", corpus["bpe"], "30:"),
+        ("sp", corpus["lossless"], "0:"),
+    ):
+        prefix = tmp_path / name
+        args = ["--input", str(corpus["jsonl"]), "--output-prefix", str(prefix), "--tokenizer", str(tok), "--quiet"]
+        r = run([sys.executable, "data_tools/preprocess_data.py", *args, "--doc-range", docs])
+        assert r.returncode == 0, r.stderr[-2000:]
+        sets[name] = str(prefix)
+    from megahash.tokenization import load_tokenizer
+
+    assert load_tokenizer(corpus["lossless"]).vocab_size < load_tokenizer(str(corpus["bpe"])).vocab_size
+    base = ["--check", "inputs", f"data.tokenizer={corpus['bpe']}", *TINY, "train.steps=2"]
+    for extra in (f"data.prefix=[{sets['bpe']},{sets['sp']}]", f"data.valid=[held={sets['sp']}]"):
+        r = conftest.pretrain_here([*base, f"data.prefix=[{sets['bpe']}]", extra, f"train.save_dir={tmp_path / 'r'}"])
+        line = r.stderr.strip()
+        assert r.returncode == 2 and "\n" not in line, r.stderr[-2000:]
+        assert f"{sets['sp']!s}" in line and "preprocess every set with the run's tokenizer" in line, line
+    same = [f"data.prefix=[{sets['bpe']},{sets['bpe2']}]", f"data.valid=[held={sets['bpe2']}]"]
+    r = conftest.pretrain_here([*base, *same, f"train.save_dir={tmp_path / 'ok'}"])
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_truncation_and_padding_saved_in_a_tokenizer_json_are_not_applied(corpus, tmp_path):
+    """A tokenizer.json saved after enable_truncation/enable_padding (as transformers can save one) cut every
+    document to its max_length and padded it, silently; every path encodes the whole text, as the same tokenizer
+    without those settings does."""
+    from tokenizers import Tokenizer
+
+    from megahash.data.shards import ShardSet
+    from megahash.tokenization import load_tokenizer
+
+    plain = Tokenizer.from_file(str(corpus["bpe"]))
+    plain.encode_special_tokens = True
+    cut = Tokenizer.from_file(str(corpus["bpe"]))
+    cut.enable_truncation(16)
+    cut.enable_padding(pad_id=plain.token_to_id("<|padding|>"), pad_token="<|padding|>", length=20)
+    path = tmp_path / "tokenizer.json"
+    cut.save(str(path))
+    docs = corpus["docs"][:6]
+    assert len(Tokenizer.from_file(str(path)).encode(docs[0]).ids) == 20  # the file's own settings
+    tok = load_tokenizer(str(path))
+    want = [plain.encode(d, add_special_tokens=False).ids for d in docs]
+    assert [tok.encode(d) for d in docs] == want and len(want[0]) > 100
+    src = tmp_path / "d.jsonl"
+    src.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    prefix = tmp_path / "shards"
+    args = ["--input", str(src), "--output-prefix", str(prefix), "--tokenizer", str(path), "--quiet"]
+    r = run([sys.executable, "data_tools/preprocess_data.py", *args, "--split-chars", "700"])  # continuations too
+    assert r.returncode == 0, r.stderr[-2000:]
+    shards = ShardSet.open(str(prefix))
+    eos = plain.token_to_id("<|endoftext|>")
+    assert [shards.tokens[i].tolist() for i in range(len(docs))] == [w + [eos] for w in want]
+
+
+def test_resuming_on_another_tokenizers_shards_is_one_line(corpus, tmp_path):
+    """Two byte-level BPEs of the same pieces whose specials come in another order (eos 700 and 701): the
+    embedding rows pad alike, so a resume on the other one's shards trained on silently, every special
+    meaning another token. Now one line, exit 2; the run's own shards resume."""
+    from tokenizers import AddedToken, Tokenizer
+
+    from megahash.tokenization import load_tokenizer
+
+    swapped = Tokenizer.from_file(str(corpus["bpe"]))
+    d = json.loads(swapped.to_str())
+    d["added_tokens"] = []
+    other = Tokenizer.from_str(json.dumps(d))
+    other.add_special_tokens([AddedToken("<|padding|>", special=True), AddedToken("<|endoftext|>", special=True)])
+    other_path = tmp_path / "other.json"
+    other.save(str(other_path))
+    a, b = load_tokenizer(str(corpus["bpe"])), load_tokenizer(str(other_path))
+    assert a.vocab_size == b.vocab_size and a.special_ids["eos"] != b.special_ids["eos"]
+    prefixes = {}
+    for name, tok in (("a", corpus["bpe"]), ("b", other_path)):
+        prefixes[name] = tmp_path / name
+        args = ["--input", str(corpus["jsonl"]), "--output-prefix", str(prefixes[name]), "--tokenizer", str(tok)]
+        r = run([sys.executable, "data_tools/preprocess_data.py", *args, "--quiet"])
+        assert r.returncode == 0, r.stderr[-2000:]
+    save = tmp_path / "run"
+    first = [f"data.prefix=[{prefixes['a']}]", f"data.tokenizer={corpus['bpe']}", *TINY, f"train.save_dir={save}"]
+    r = conftest.pretrain_here([*first, "train.steps=2"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    other_run = [f"data.prefix=[{prefixes['b']}]", f"data.tokenizer={other_path}", *TINY, f"train.save_dir={save}"]
+    r = conftest.pretrain_here([*other_run, "train.steps=3"])
+    line = r.stderr.strip()
+    assert r.returncode == 2 and "\n" not in line and "another tokenizer's pieces" in line, r.stderr[-2000:]
+    assert sorted(p.name for p in save.glob("step_*")) == ["step_00000002"]
+    r = conftest.pretrain_here([*first, "train.steps=3"])
+    assert r.returncode == 0 and "resumed from" in r.stdout + r.stderr, r.stderr[-3000:]

@@ -219,6 +219,31 @@ def test_lsh_save_load_regenerate(tmp_path, lsh):
     assert np.array_equal(loaded.buckets(words, 500), lsh.buckets(words, 500))  # bit-exact: bucket ids (integers)
 
 
+def test_lsh_save_load_keeps_ngrams_ending_in_nul(tmp_path):
+    # split_words keeps a NUL inside a punctuation word (":\0"); numpy's str arrays drop trailing NULs,
+    # which made ":\0" the n-gram ":" again: a duplicate vocabulary entry (a ValueError at eval and export)
+    words = split_words("note:\0 here\0\0 and x\0y and NUL\0")
+    assert ":\0" in words
+    lsh = LSHModel.from_word_counts(Counter(words), vocab_size=200)
+    assert any(g.endswith("\0") for g in lsh.ngrams)
+    path = tmp_path / "lsh.npz"
+    lsh.save(path, bits=[64], buckets=[50])
+    loaded = LSHModel.load(path)
+    assert loaded.ngrams == lsh.ngrams
+    probe = [*words, ":", "\0", "x\0"]
+    assert np.array_equal(loaded.bits(probe, 64), lsh.bits(probe, 64))  # bit-exact: packed bits (integers)
+    assert np.array_equal(loaded.buckets(probe, 50), lsh.buckets(probe, 50))  # bit-exact: bucket ids (integers)
+    with np.load(path) as z:  # as megahash wrote it before: without the lengths, ":\0" read back as ":"
+        old = {k: z[k] for k in z.files if k != "ngram_lengths"}
+    np.savez(tmp_path / "old.npz", **old)
+    with pytest.raises(ValueError, match=r"old\.npz: duplicate n-grams .*preprocess_data\.py --overwrite"):
+        LSHModel.load(tmp_path / "old.npz")
+    plain = tmp_path / "plain.npz"  # a vocabulary without such n-grams: the archive as before
+    LSHModel.from_word_counts(Counter(["play", "plays"]), vocab_size=50).save(plain, bits=[64])
+    with np.load(plain) as z:
+        assert "ngram_lengths" not in z.files
+
+
 # -- rolling hash -----------------------------------------------------------------------------
 def test_rolling_hash_hand_computed():
     assert rolling_hash("a") == 97

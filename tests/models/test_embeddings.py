@@ -393,3 +393,33 @@ def test_every_embedding_learns(arch):
             opt.step()
             losses.append(float(loss))
         assert sum(losses[-4:]) / 4 < losses[0] - 1.0, (arch, kind, losses[0], losses[-4:])
+
+
+@pytest.mark.parametrize("k", [10, 7, 16])
+def test_pool_codewords_are_exact_under_bf16_autocast(k):
+    """Pool's chunk integers came from a GEMM that bf16 autocast rounds to 8 significant bits: 46% of the 10-bit
+    codewords were other codebook rows, and 1023 became 1024 (an index error in backward) in every bf16 run.
+    They equal the integers read from the bit string, under autocast as without, in training's embedding and
+    in the export's reference."""
+    from types import SimpleNamespace
+
+    from megahash.models.embeddings.base import bit_shifts
+    from megahash.models.embeddings.pool import PoolEmbedding, PoolReference, chunk_weights
+    from megahash.models.reference_ops import chunk_integers, unpack_code_bits
+
+    g = torch.Generator().manual_seed(k)
+    codes = torch.randint(0, 256, (2048, 16), generator=g, dtype=torch.uint8)
+    codes[0] = 255  # every chunk at its largest value (1023 for k = 10)
+    bits = "".join(f"{b:08b}" for b in codes.reshape(-1).tolist())
+    want = torch.tensor(
+        [[int(bits[r * 128 + s : r * 128 + min(s + k, 128)], 2) for s in range(0, 128, k)] for r in range(2048)]
+    )
+    train = SimpleNamespace(shifts=bit_shifts(), chunk_w=chunk_weights(128, k))
+    ref = SimpleNamespace(num_bits=128, k=k, num_chunks=-(-128 // k))
+    for autocast in (False, True):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            got = PoolEmbedding.codewords(train, codes)
+            ref_w = PoolReference.chunk_weights(ref, "cpu")
+            got_ref = chunk_integers(unpack_code_bits(codes), ref_w)
+        assert torch.equal(got, want) and torch.equal(got_ref, want), autocast  # bit-exact: integer codeword ids
+        assert int(got.max()) == 2**k - 1

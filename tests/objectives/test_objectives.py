@@ -63,6 +63,21 @@ def test_clm_shift():
     assert torch.equal(out["loss_mask"], (tok[:, 1:] != 1).float())  # bit-exact: ids, codes, 0/1 masks
 
 
+def test_clm_masks_the_tokenizers_pad_not_id_1():
+    """With the special ids of a tokenizer whose specials are not 0-4, id 1 is an ordinary piece (it lost its loss)
+    and the pad is the tokenizer's; a tokenizer without a pad (GPT-2's) masks nothing."""
+    from megahash.objectives import clm
+
+    tok = torch.tensor([[5, 1, 1, 7, 900, 901, 1]])
+    bpe = {"bos": None, "pad": 901, "eos": 900, "unk": None, "mask": None}
+    labels = tok[:, 1:]
+    want = [0.0 if int(t) == 901 else 1.0 for t in labels[0]]
+    assert clm.corrupt(tok, special_ids=bpe)["loss_mask"][0].tolist() == want
+    gpt2 = {"bos": 900, "pad": None, "eos": 900, "unk": 900, "mask": None}
+    assert clm.corrupt(tok, special_ids=gpt2)["loss_mask"][0].tolist() == [1.0] * labels.shape[1]
+    assert clm.corrupt(tok)["loss_mask"][0].tolist() == [0.0 if int(t) == 1 else 1.0 for t in labels[0]]  # word ids
+
+
 # ------------------------------------------------------------------------------ MLM
 
 

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from megahash.models.embeddings.base import HashEmbeddingBase, bit_shifts, bit_spec, check_codes, unpack_bits
 from megahash.models.reference_layers import TorchHashEmbedding
-from megahash.models.reference_ops import unpack_code_bits
+from megahash.models.reference_ops import chunk_integers, unpack_code_bits
 from megahash.models.registry import EmbeddingCaps, register_embedding, register_reference
 
 
@@ -54,7 +54,7 @@ class PoolReference(TorchHashEmbedding):
     def embed_words(self, tok, codes, word):
         self.check(codes, self.num_bits // 8)
         w_hat = torch.softmax(self.chunk_logits.float(), dim=0).to(self.codebook.dtype)
-        c = torch.matmul(unpack_code_bits(codes).float(), self.chunk_weights(codes.device)).round_().long()
+        c = chunk_integers(unpack_code_bits(codes), self.chunk_weights(codes.device))
         out = self.codebook[c[..., 0]] * w_hat[0]
         for i in range(1, self.num_chunks):
             out = out + self.codebook[c[..., i]] * w_hat[i]
@@ -111,8 +111,7 @@ class PoolEmbedding(HashEmbeddingBase):
 
     def codewords(self, codes: torch.Tensor) -> torch.Tensor:
         """Packed codes [..., T/8] -> chunk integers c_i [..., ceil(T/k)] (int64)."""
-        bits = unpack_bits(codes, self.shifts).float()
-        return torch.matmul(bits, self.chunk_w.float()).round_().long()  # exact: values < 2^20
+        return chunk_integers(unpack_bits(codes, self.shifts), self.chunk_w)
 
     def embed_words(self, tok, codes, word):
         check_codes(codes, self.num_bits // 8, "pool")
