@@ -117,7 +117,7 @@ def compute(model, codec, text: str, max_tokens: int, windows: int = 1) -> tuple
     (layer records, info) with the pre-softmax logit statistics in each layer record."""
     from megahash.errors import DataError
 
-    enc = codec.special(codec.eos_id) + codec.encode(text)
+    enc = codec.prefix() + codec.encode(text)
     if len(enc) < 4:
         raise DataError("the text gives fewer than 3 tokens; give a longer --text")
     per_window, logits = [], {}

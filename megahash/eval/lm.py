@@ -249,14 +249,26 @@ class MegahashEvalLM(LM):
             continuation = context[-n_spaces:] + continuation
             context = context[:-n_spaces]
         if not context:
-            cont = self.codec.encode(continuation)
-            return self.codec.special(self.codec.eos_id) + cont, len(cont)
+            return self._after_prefix(self.codec.encode(continuation))
         whole = self.codec.encode(context + continuation)
         ctx_len = len(self.codec.encode(context))
         ctx_len = min(ctx_len, len(whole) - 1) if len(whole) > 1 else 0
         if ctx_len == 0:
-            return self.codec.special(self.codec.eos_id) + whole, len(whole)
+            return self._after_prefix(whole)
         return whole, len(whole) - ctx_len
+
+    def _after_prefix(self, enc: Encoded) -> tuple[Encoded, int]:
+        """A continuation with no context: the codec's prefix + it, every token scored; with no prefix (a
+        tokenizer without eos and bos) its first token is the context."""
+        prefix = self.codec.prefix()
+        if len(prefix) or len(enc) > 1:
+            return prefix + enc, len(enc) - (0 if len(prefix) else 1)
+        from megahash.errors import DataError
+
+        raise DataError(
+            "a request with no context and a one-token continuation cannot be scored: the tokenizer has no eos or bos "
+            "token to condition on; use a tokenizer with an end-of-document token, or tasks whose requests have a context"
+        )
 
     def loglikelihood(self, requests, disable_tqdm: bool = False):
         items = [self._encode_pair(*req.args) for req in requests]
@@ -267,7 +279,7 @@ class MegahashEvalLM(LM):
         text cut per window (codes of the word hash unit depend on neighbouring pieces)."""
         from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-        full = self.codec.special(self.codec.eos_id) + enc  # index 0 = the prefix
+        full = self.codec.prefix() + enc  # index 0 = the prefix (or the text's first token: no eos/bos)
         codes = self.codec.codes(full)
         windows = []
         for ctx, pred in map(
@@ -289,7 +301,7 @@ class MegahashEvalLM(LM):
         ends ``stride`` tokens later and scores those ``stride``, with the ``max_length + 1 - stride``
         tokens before them as context. Every token is scored once; ``stride = max_length`` gives
         lm-eval's disjoint windows (one token of context), ``stride = 1`` every token with a full window."""
-        full = self.codec.special(self.codec.eos_id) + enc  # index 0 = the prefix
+        full = self.codec.prefix() + enc  # index 0 = the prefix (or the text's first token: no eos/bos)
         codes = self.codec.codes(full)
         windows, scored, n = [], 1, len(full)
         while scored < n:
@@ -464,7 +476,14 @@ class MegahashEvalLM(LM):
             max_gen = int(kwargs.get("max_gen_toks", 256))
             keep = max(self.max_length - max_gen, self.max_length // 2, 1)
             enc = self.codec.encode(context) if context else Encoded([])
-            enc = self.codec.special(self.codec.eos_id) + enc if len(enc) == 0 else enc
+            enc = self.codec.prefix() + enc if len(enc) == 0 else enc
+            if len(enc) == 0:
+                from megahash.errors import DataError
+
+                raise DataError(
+                    "generation from an empty context needs a token to start from: the tokenizer has no eos or bos "
+                    "token; use a tokenizer with an end-of-document token, or tasks whose requests have a context"
+                )
             enc = enc[max(0, len(enc) - keep) :]
             prepared.append((k, enc, tuple(until), max_gen))
         groups: dict = {}

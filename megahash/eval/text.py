@@ -98,7 +98,7 @@ class TextCodec:
             self.word_index = self.word_table.index  # word -> id (specials excluded)
         if self.sp is not None:
             self.special_ids = dict(self.sp.special_ids)
-            self.eos_id = self.sp.eos_id if self.sp.eos_id is not None else EOS_ID
+            self.eos_id = self.sp.eos_id  # None: a tokenizer without one (generation then stops at no id)
             self.pad_id = self.sp.pad_id
             self.special_flags = np.asarray(self.sp.special_flags, dtype=bool)
         else:
@@ -122,6 +122,16 @@ class TextCodec:
         if self.special_flags is None:
             return token_id < NUM_SPECIAL
         return 0 <= token_id < len(self.special_flags) and bool(self.special_flags[token_id])
+
+    def prefix(self) -> Encoded:
+        """What a text is conditioned on before its first token: the document separator the shards put between
+        documents (eos), else the tokenizer's bos, else nothing, so that the first token of a text is context
+        only and scored tokens start at the second (a tokenizer without specials; lm-eval's ``hf`` model takes
+        bos, then eos, and fails without either). Before, id 2 was taken, an ordinary piece of such a tokenizer."""
+        for role in ("eos", "bos"):
+            if self.special_ids.get(role) is not None:
+                return self.special(self.special_ids[role])
+        return Encoded([], None if self.kind != "words" else [])
 
     def special(self, token_id: int, n: int = 1) -> Encoded:
         """``n`` copies of a special token (zero codes)."""

@@ -108,13 +108,20 @@ def _special_ids_diff(ckpt: Path, cfg: Config) -> tuple[dict, dict] | None:
     from megahash.data.verify import blend_paths, read_meta
     from megahash.tokenization import special_ids_of
 
+    def entry(tree, *keys):  # tree[k0][k1]..., None where a level is missing or not a mapping (a crafted file)
+        for k in keys:
+            tree = tree.get(k) if isinstance(tree, dict) else None
+        return tree
+
     path = ckpt / "resolved_config.yaml"
     saved = safe_yaml.load(path.read_text(), str(path)) if path.is_file() else None
-    mine = ((saved or {}).get("data") or {}).get("special_ids") if isinstance(saved, dict) else None
+    mine = entry(saved, "data", "special_ids")
     paths = blend_paths(list(cfg.data.prefix))[0] if cfg.data.prefix else []
-    made = (read_meta(paths[0], required=False).get("tokenizer") or {}).get("special_ids") if paths else None
-    if not mine or not made:
+    made = entry(read_meta(paths[0], required=False), "tokenizer", "special_ids") if paths else None
+    if not isinstance(mine, dict) or not isinstance(made, dict) or not mine or not made:
         return None
+    if not all(i is None or type(i) is int for i in [*mine.values(), *made.values()]):
+        return None  # ids that are not integers: the checkpoint's and the shards' own checks name them
     given = {r: i for r, i in (cfg.data.special_ids or {}).items() if i is not None}
     theirs = special_ids_of({**special_ids_of(made), **given})
     mine = special_ids_of(mine)

@@ -168,6 +168,40 @@ def test_lm_eval_runs_every_output_type(runs, lms):
     assert (lm2.batch_size, lm2.max_length, lm2.incremental, lm.max_length) == (2, 64, False, 128)
 
 
+def test_a_tokenizer_without_eos_conditions_on_bos_or_on_the_texts_first_token(lms):
+    """The token a text is conditioned on is the eos the shards separate documents with, else bos, else none:
+    the first token is then context only and scoring starts at the second (id 2 was taken before: an ordinary
+    piece of a tokenizer without specials). Checked against the model's own log-probabilities."""
+    import copy
+
+    import torch
+
+    lm = lms["trained"]
+    text = "Now is the winter of our discontent made glorious summer by this sun of York."
+    ids = lm.codec.encode(text).ids
+    saved = lm.codec
+    try:
+        for eos, bos, prefix in ((2, 0, [2]), (None, 0, [0]), (None, None, [])):
+            lm.codec = copy.copy(saved)
+            lm.codec.special_ids = {**saved.special_ids, "eos": eos, "bos": bos}
+            lm.codec.eos_id = eos
+            assert lm.codec.prefix().ids == prefix
+            full = prefix + ids
+            with torch.no_grad():
+                logp = lm.model(torch.tensor([full[:-1]]))[0, :, : lm.codec.vocab_size].log_softmax(-1)
+            ref = sum(float(logp[t - 1, full[t]]) for t in range(1, len(full)))
+            (rolling,) = lm.loglikelihood_rolling([_req("loglikelihood_rolling", text)])
+            ((ll, _),) = lm.loglikelihood([_req("loglikelihood", "", text)])
+            assert rolling == pytest.approx(ref, abs=1e-4) and ll == pytest.approx(ref, abs=1e-4), (eos, bos)
+        from megahash.errors import DataError
+
+        one = next(w for w in ("K", "I", "a", "t") if len(lm.codec.encode(w)) == 1)
+        with pytest.raises(DataError, match="no eos or bos"):  # nothing to condition one token on
+            lm.loglikelihood([_req("loglikelihood", "", one)])
+    finally:
+        lm.codec = saved
+
+
 def test_scores_match_a_direct_forward_and_do_not_depend_on_batching(lms):
     import torch
 
