@@ -3,6 +3,7 @@ for megahash entry points in fresh processes (deepspeed launcher for 2 gloo rank
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -652,3 +653,20 @@ def hashed_shards(shakespeare_shards, tmp_path_factory):
     )
     assert r.returncode == 0, r.stderr[-2000:]
     return {"prefix": str(prefix), "tokenizer": shakespeare_shards["tokenizer"], "specs": specs}
+
+
+@contextlib.contextmanager
+def small_tmpfs(path: Path, size: str):
+    """A tmpfs of ``size`` (``mount -o size=``: "8m", "900k") mounted at the new folder ``path`` for the body, for
+    tests of a full disk; unmounted after it. Skips the test where it cannot mount (not root, no mount)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    path.mkdir()
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+    ).returncode:
+        pytest.skip("mounting a small tmpfs failed")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], capture_output=True)

@@ -437,18 +437,12 @@ def test_a_full_disk_keeps_the_previous_export_whole(shakespeare_shards, dist, t
     left on device" (a SafetensorError traceback, exit 1): the earlier export was lost and the folder half-written.
     Now the files are written beside it first; a write that fails is one line, and the folder keeps every byte."""
     import hashlib
-    import subprocess
 
+    from conftest import small_tmpfs
     from megahash.convert.export import export_model
     from megahash.errors import ConfigError
 
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True).returncode:
-        pytest.skip("mounting a small tmpfs failed")
-    try:
+    with small_tmpfs(tmp_path / "small", "4m") as mnt:
         cfg = _cfg(shakespeare_shards, "qwen2-gqa-tied")
         model = _build(cfg)
         out = mnt / "hf"
@@ -469,8 +463,6 @@ def test_a_full_disk_keeps_the_previous_export_whole(shakespeare_shards, dist, t
         (mnt / "other_job").unlink()
         export_model(cfg, model, out, step=4)  # with room again
         assert digests().keys() == before.keys()
-    finally:
-        subprocess.run(["umount", str(mnt)], capture_output=True)
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))

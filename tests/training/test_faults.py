@@ -202,9 +202,8 @@ def test_only_damaged_checkpoints_is_one_line_not_a_fresh_start(tmp_path):
 def test_disk_full_during_save_is_one_line_and_keeps_the_previous(shakespeare_shards, tmp_path):
     """A real full disk: the save folder is a tmpfs that holds one checkpoint but not two (sized from a
     checkpoint of the same run written elsewhere first)."""
-    import subprocess
 
-    from conftest import pretrain_here
+    from conftest import pretrain_here, small_tmpfs
 
     if os.geteuid() != 0:
         pytest.skip("mounting a small tmpfs needs root")
@@ -214,13 +213,7 @@ def test_disk_full_during_save_is_one_line_and_keeps_the_previous(shakespeare_sh
     )
     assert r.returncode == 0, r.stderr[-3000:]
     one = sum(f.stat().st_size for f in probe.rglob("*") if f.is_file())  # one checkpoint + the run's logs
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    if subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={int(one * 1.6) // 1024 + 64}k", "tmpfs", str(mnt)], capture_output=True
-    ).returncode:
-        pytest.skip("mounting a small tmpfs failed")
-    try:
+    with small_tmpfs(tmp_path / "small", f"{int(one * 1.6) // 1024 + 64}k") as mnt:
         run_dir = mnt / "run"
         r = pretrain_here(
             base(
@@ -243,8 +236,6 @@ def test_disk_full_during_save_is_one_line_and_keeps_the_previous(shakespeare_sh
         from megahash.checkpoint.manifest import damage
 
         assert damage(run_dir / "step_00000002") is None
-    finally:
-        subprocess.run(["umount", str(mnt)], capture_output=True)
 
 
 def test_a_full_disk_at_the_start_is_one_line_and_leaves_no_lock(shakespeare_shards, tmp_path):
@@ -252,17 +243,10 @@ def test_a_full_disk_at_the_start_is_one_line_and_leaves_no_lock(shakespeare_sha
     empty megahash.lock behind, which refused the rerun as "in use by another run (an unknown holder ...)" even after
     space was freed; with room for the lock alone, the resolved config was the traceback. Now one line naming the
     full disk each, exit 2, nothing left; with room again the run starts."""
-    import subprocess
 
-    from conftest import pretrain_here
+    from conftest import pretrain_here, small_tmpfs
 
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    mnt = tmp_path / "full"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True).returncode:
-        pytest.skip("mounting a small tmpfs failed")
-    try:
+    with small_tmpfs(tmp_path / "full", "8m") as mnt:
         run_dir = mnt / "run"
         run_dir.mkdir()
         (mnt / "other_job").write_bytes(b"\0" * shutil.disk_usage(mnt).free)  # every block taken
@@ -284,8 +268,6 @@ def test_a_full_disk_at_the_start_is_one_line_and_leaves_no_lock(shakespeare_sha
         r = pretrain_here([*args, "train.save_interval=0", "train.steps=1"])
         assert "in use by another run" not in r.stderr, r.stderr[-3000:]
         assert "step 1/1" in r.stdout, r.stdout[-3000:]
-    finally:
-        subprocess.run(["umount", str(mnt)], capture_output=True)
 
 
 def test_an_immutable_latest_says_the_checkpoint_was_saved(shakespeare_shards, tmp_path):
@@ -323,17 +305,10 @@ def test_disk_full_while_logging_stops_every_rank_in_one_line(shakespeare_shards
     closed by peer" in the next collective (exit 1, a record cut in half). Now every rank stops at that step's
     end, the save there fails for want of room too: one line naming the full disk, exit 2, the previous
     checkpoint intact, every record of the history whole; with room again the run resumes from it."""
-    import subprocess
 
-    from conftest import pretrain_group, pretrain_here
+    from conftest import pretrain_group, pretrain_here, small_tmpfs
 
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", str(mnt)], capture_output=True).returncode:
-        pytest.skip("mounting a small tmpfs failed")
-    try:
+    with small_tmpfs(tmp_path / "small", "32m") as mnt:
         run_dir, cache = mnt / "run", f"data.cache_dir={tmp_path / 'cache'}"
         r = pretrain_here(base(shakespeare_shards, run_dir, 2, "train.eval_interval=0", cache))  # step_00000002
         assert r.returncode == 0, r.stderr[-3000:]
@@ -357,8 +332,6 @@ def test_disk_full_while_logging_stops_every_rank_in_one_line(shakespeare_shards
         filler.unlink()  # room again: the run goes on from its newest checkpoint
         r = pretrain_here(base(shakespeare_shards, run_dir, 4, "train.eval_interval=0", cache))
         assert r.returncode == 0 and f"resumed from {run_dir}/step_00000002" in r.stdout, r.stderr[-3000:]
-    finally:
-        subprocess.run(["umount", str(mnt)], capture_output=True)
 
 
 def _payload_metadata(model_dir: Path, marker: Path) -> None:
