@@ -34,6 +34,7 @@ def check_training_inputs(cfg) -> None:
 
     check_valid_shards(cfg)  # data.valid: every named set's shards
     check_one_tokenizer(cfg, meta)
+    check_one_hashing(cfg, meta)
     from megahash.data.split_sizes import check_run
 
     check_run(cfg)  # each split has documents, tokens and an index that fits in memory (train.steps=1e30)
@@ -70,17 +71,13 @@ def check_one_tokenizer(cfg, meta: dict) -> None:
     (its meta's sha256 for a tokenizer of the same kind, else its vocabulary size and special ids): ids of another tokenizer are other words, and
     were trained on or scored silently (or, past the vocabulary, called a damaged shard). Word streams are left
     alone: each set has its own word table, and hash embeddings read its word codes."""
-    from megahash.config_checks import parse_valid
     from megahash.data.verify import base_prefix, blend_paths, read_meta
 
     ref = meta.get("tokenizer") or {}
     if not ref or (meta.get("stream") or {}).get("kind") == "words":
         return
-    paths, _ = blend_paths(list(cfg.data.prefix))
-    paths = [base_prefix(p) for p in paths]
-    sets = [(f"data.prefix {p}", p) for p in paths[1:]]
-    sets += [(f"data.valid set {name!r} ({prefix})", prefix) for name, prefix in parse_valid(cfg.data.valid)]
-    for what, prefix in sets:
+    paths = [base_prefix(p) for p in blend_paths(list(cfg.data.prefix))[0]]
+    for what, prefix in _other_sets(cfg):
         other = read_meta(prefix, required=False).get("tokenizer") or {}
         if not other:
             continue
@@ -91,6 +88,92 @@ def check_one_tokenizer(cfg, meta: dict) -> None:
                 f"{what} was made with the tokenizer {other.get('path')!r} ({other.get('vocab_size')} ids), "
                 f"{paths[0]} with {ref.get('path')!r} ({ref.get('vocab_size')} ids); preprocess every set with the "
                 f"run's tokenizer"
+            )
+
+
+def _other_sets(cfg) -> list[tuple[str, str]]:
+    """(what, prefix) of every shard set the run reads besides the blend's first: the rest of ``data.prefix`` and
+    the ``data.valid`` sets."""
+    from megahash.config_checks import parse_valid
+    from megahash.data.verify import base_prefix, blend_paths
+
+    paths = [base_prefix(p) for p in blend_paths(list(cfg.data.prefix))[0]]
+    sets = [(f"data.prefix {p}", p) for p in paths[1:]]
+    return sets + [(f"data.valid set {name!r} ({prefix})", prefix) for name, prefix in parse_valid(cfg.data.valid)]
+
+
+def hashing_of(prefix: str, meta: dict, spec: str) -> dict | None:
+    """What the codes of hash spec ``spec`` in the shard set ``prefix`` mean: its ``hash_specs`` entry (kind, width,
+    bits, buckets, seed, MD5 key), the stream's hash unit and word pattern, and for LSH specs the arrays of the
+    set's ``_lsh.npz`` that this spec reads (the n-gram vocabulary counted on that set's corpus, the seed, the
+    spec's planes); None where the meta records no such spec (the shard checks name it)."""
+    entry = next((d for d in meta.get("hash_specs") or [] if isinstance(d, dict) and d.get("name") == spec), None)
+    if entry is None:
+        return None
+    stream = meta.get("stream") or {}
+    out = {k: v for k, v in entry.items() if k != "file"}
+    out.update(hash_unit=stream.get("hash_unit"), word_pattern=stream.get("word_pattern"))
+    lsh = meta.get("lsh") or {}
+    if str(entry.get("kind", "")).startswith("lsh") and isinstance(lsh, dict) and isinstance(lsh.get("file"), str):
+        import numpy as np
+
+        path = os.path.join(os.path.dirname(prefix) or ".", os.path.basename(lsh["file"]))
+        try:
+            params = entry.get("params") if isinstance(entry.get("params"), dict) else {}
+            own = {f"hyperplanes_{params.get('bits')}", f"eta_{params.get('buckets')}"}  # this spec's planes
+            with np.load(path, allow_pickle=False) as z:
+                wanted = {"seed", "orders", "ngrams", "ngram_lengths", *own}
+                out["lsh"] = {k: z[k] for k in sorted(z.files) if k in wanted}
+        except (OSError, ValueError) as e:
+            raise DataError(
+                f"{path} (the LSH model of {prefix}) cannot be read ({e}); preprocess the set again"
+            ) from None
+    return out
+
+
+def _same_hashing(a: dict, b: dict) -> str | None:
+    """The first field where two :func:`hashing_of` records differ, else None."""
+    import numpy as np
+
+    for k in sorted(set(a) | set(b)):
+        x, y = a.get(k), b.get(k)
+        if k == "lsh" and isinstance(x, dict) and isinstance(y, dict):
+            same = x.keys() == y.keys() and all(
+                x[n].shape == y[n].shape and x[n].dtype == y[n].dtype and np.array_equal(x[n], y[n]) for n in x
+            )
+            if not same:
+                return "the LSH model: each preprocess counts the n-grams of its own corpus"
+        elif x != y:
+            return f"{k} {y!r} against {x!r}"
+    return None
+
+
+def check_one_hashing(cfg, meta: dict) -> None:
+    """A model that reads word-hash codes reads the same hash spec from every set of the blend and of
+    ``data.valid``: the codes must mean the same words in each (the same spec, MD5 key, seed, hash unit and, for
+    LSH, the same n-gram vocabulary and hyperplanes). Codes of another hashing trained on or were scored silently."""
+    from megahash import catalog
+    from megahash.data.verify import base_prefix, blend_paths, read_meta
+
+    if not catalog.reads_hash_codes(cfg) or not cfg.model.embed.hash_spec:
+        return
+    spec = cfg.model.embed.hash_spec
+    first = base_prefix(blend_paths(list(cfg.data.prefix))[0][0])
+    ref = hashing_of(first, meta, spec)
+    if ref is None:
+        return
+    for what, prefix in _other_sets(cfg):
+        other = hashing_of(prefix, read_meta(prefix, required=False), spec)
+        why = None if other is None else _same_hashing(ref, other)
+        if why:
+            fix = (
+                f"preprocess it with --lsh-from {first} (the first set's LSH model)"
+                if why.startswith("the LSH model")
+                else "preprocess every set with the same --word-hashes, --md5-key, --seed and --hash-unit"
+            )
+            raise DataError(
+                f"{what} holds hash spec {spec!r} of another hashing than {first} ({why}): its codes mean other "
+                f"words; {fix}"
             )
 
 

@@ -182,3 +182,51 @@ def test_perplexity_is_exact_and_null_past_a_floats_range():
         )
     assert metrics(720.0)["ppl"] is None and metrics(float("nan"))["ppl"] is None
     assert json.loads(json.dumps(metrics(720.0)))["ppl"] is None
+
+
+def test_a_set_hashed_otherwise_is_one_line_and_lsh_from_shares_the_first_sets_model(
+    shakespeare_shards, held, tmp_path, capsys
+):
+    """LSH codes project the n-grams counted on a set's own corpus, MD5 codes depend on the HMAC key: a data.valid
+    set (or blend part) hashed otherwise than the blend's first set gave codes of other words, scored silently. Now
+    one line before torch, naming the difference and the fix; ``preprocess_data.py --lsh-from PREFIX`` writes the
+    set with that set's LSH model (the same .npz, byte for byte: the save is deterministic)."""
+    import hashlib
+
+    def preprocess(name, *extra):
+        args = ["--input", held["jsonl"], "--output-prefix", str(tmp_path / name)]
+        args += ["--tokenizer", shakespeare_shards["tokenizer"], "--quiet", *extra]
+        r = run([sys.executable, "data_tools/preprocess_data.py", *args])
+        assert r.returncode == 0, r.stderr[-2000:]
+        return str(tmp_path / name)
+
+    own = preprocess("own", "--word-hashes", "lsh128")
+    shared = preprocess("shared", "--word-hashes", "lsh128", "--lsh-from", shakespeare_shards["prefix"])
+    keyed = preprocess("keyed", "--word-hashes", "md5", "--md5-key", "other")
+
+    def digest(prefix):
+        return hashlib.sha256(open(f"{prefix}_lsh.npz", "rb").read()).hexdigest()
+
+    assert digest(shared) == digest(shakespeare_shards["prefix"]) != digest(own)
+    base = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}"]
+    lsh = ["model.embedding=proj", "model.embed.hash_spec=lsh128", "model.embed.num_bits=128"]
+    md5 = ["model.embedding=proj", "model.embed.hash_spec=md5", "model.embed.num_bits=128"]
+    cases = [
+        (lsh, own, "the LSH model"),
+        (lsh, shared, None),
+        (md5, keyed, "key 'other' against 'en'"),
+        (md5, held["prefix"], None),
+        ([], keyed, None),  # a vocabulary embedding reads no codes
+    ]
+    for model, prefix, expect in cases:
+        status, out, err = _main(["--check", "inputs", *base, *model, f"data.valid=[held={prefix}]"], capsys)
+        if expect is None:
+            assert status == 0, (model, prefix, err)
+            continue
+        lines = [l for l in err.splitlines() if l.strip()]
+        assert status == 2 and len(lines) == 1 and expect in lines[0], (model, prefix, err)
+        assert "another hashing" in lines[0] and ("--lsh-from" in lines[0]) == (expect == "the LSH model"), lines[0]
+    r = run([sys.executable, "data_tools/preprocess_data.py", "--input", held["jsonl"], "--output-prefix",
+             str(tmp_path / "x"), "--tokenizer", shakespeare_shards["tokenizer"], "--word-hashes", "md5",
+             "--lsh-from", shakespeare_shards["prefix"], "--quiet"])  # fmt: skip
+    assert r.returncode == 2 and "--lsh-from needs an lsh spec" in r.stderr and not list(tmp_path.glob("x_*"))

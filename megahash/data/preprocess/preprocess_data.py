@@ -130,6 +130,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="count n-grams over the first M selected documents only (0 = all)",
     )
+    p.add_argument(
+        "--lsh-from",
+        default=None,
+        help="the LSH model (n-gram vocabulary, seed, planes) of another shard set, its PREFIX or PREFIX_lsh.npz, "
+        "instead of counting this corpus: for a validation set or blend part whose LSH codes must mean what "
+        "that set's mean (--seed and --lsh-vocab-size are then its)",
+    )
     p.add_argument("--shakespeare-chunk-chars", type=int, default=4000)
     p.add_argument("--chunk-docs", type=int, default=64, help="documents per worker task")
     p.add_argument("--chunk-chars", type=int, default=1 << 19, help="characters per worker task (at most)")
@@ -200,6 +207,30 @@ def _check_args(args) -> None:
     check_output_prefix(args.output_prefix, "--output-prefix")
 
 
+def _lsh_from(source: str, has_lsh: bool):
+    """(LSHModel, the meta's ``lsh`` entry) of ``--lsh-from`` (a shard set's PREFIX or its ``_lsh.npz``), read
+    before the encoding pass so that a wrong path is one line at once."""
+    from megahash.hashing.lsh import LSHModel
+
+    if not has_lsh:
+        raise InputError("--lsh-from needs an lsh spec in --word-hashes (lshT or lsh-bucketN)")
+    path = source if source.endswith(".npz") else f"{source}_lsh.npz"
+    if not os.path.isfile(path):
+        raise InputError(f"--lsh-from {source}: {path} does not exist; name a shard set written with an lsh spec")
+    try:
+        model = LSHModel.load(path)
+    except (OSError, ValueError, KeyError) as e:
+        raise InputError(f"--lsh-from {source}: {path} is not an LSH model ({e}); preprocess that set again") from None
+    info = {
+        "ngram_orders": list(model.orders),
+        "ngram_vocab_size": model.vocab_size,
+        "seed": model.seed,
+        "counting": f"none: the model of {path} (--lsh-from)",
+        "from": {"path": path, "sha256": sha256_file(path)},
+    }
+    return model, info
+
+
 def _existing_outputs(prefix: str, finals: Iterable[str]) -> list[str]:
     meta = f"{prefix}_meta.json"
     return [f for f in [meta, *finals] if os.path.exists(f)]
@@ -218,6 +249,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     token_dtype = np.dtype(np.int32) if words_mode else optimal_token_dtype(tok.vocab_size)
     key = args.md5_key.encode("utf-8")
     lsh_specs = [s for s in specs if s.kind in ("lsh", "lsh-bucket")]
+    reused = _lsh_from(args.lsh_from, bool(lsh_specs)) if args.lsh_from else None
 
     prefix = args.output_prefix
     shards = shard_names(prefix, [s.name for s in specs])
@@ -282,7 +314,7 @@ def run(argv: Sequence[str] | None = None) -> int:
                 w.finalize()
         npz_sha = None
         if lsh_pass is not None:
-            lsh, lsh_info = lsh_pass.model(args)
+            lsh, lsh_info = reused or lsh_pass.model(args)
             bits = [s.params["bits"] for s in specs if s.kind == "lsh"]
             buckets = [s.params["buckets"] for s in specs if s.kind == "lsh-bucket"]
             for t in bits:  # the random planes, generated once before any thread uses them
@@ -377,7 +409,7 @@ def _meta(args, source, start, end, tok, token_dtype, specs, key, shards, lsh_in
         if s.kind in ("md5", "md5-bucket"):
             d["key"] = key.decode("utf-8", "replace")
         if s.kind in ("lsh", "lsh-bucket"):
-            d["seed"] = args.seed
+            d["seed"] = lsh_info["seed"] if lsh_info else args.seed  # --lsh-from: the reused model's
         hash_specs.append(d)
     return {
         "format_version": FORMAT_VERSION,
