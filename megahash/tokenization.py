@@ -440,9 +440,14 @@ def _folder_config(folder: str) -> dict:
         p = Path(folder) / name
         if p.is_file():
             try:
-                config.update({k: v for k, v in json.loads(p.read_text()).items() if k.endswith("_token")})
-            except (OSError, ValueError):
-                pass
+                d = json.loads(p.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as e:  # was passed over: the roles it names silently lost
+                raise TokenizerError(
+                    f"cannot read {p}: {_one_line(e)}; it names the tokenizer's special tokens: fix it or remove it"
+                ) from None
+            if not isinstance(d, dict):  # was an AttributeError traceback
+                raise TokenizerError(f"{p} is not a JSON object; it names the tokenizer's special tokens: fix it")
+            config.update({k: v for k, v in d.items() if k.endswith("_token")})
     return config
 
 

@@ -972,3 +972,25 @@ def test_resuming_on_another_tokenizers_shards_is_one_line(corpus, tmp_path):
     assert sorted(p.name for p in save.glob("step_*")) == ["step_00000002"]
     r = conftest.pretrain_here([*first, "train.steps=3"])
     assert r.returncode == 0 and "resumed from" in r.stdout + r.stderr, r.stderr[-3000:]
+
+
+def test_a_broken_tokenizer_config_beside_the_tokenizer_is_one_line(corpus, tmp_path):
+    """The folder's tokenizer_config.json / special_tokens_map.json name the special tokens' roles: one that was not
+    JSON was passed over (the roles it names silently lost: other special ids), one that is JSON but no object was an
+    AttributeError traceback. Now each is one line naming the file; a well-formed one is read."""
+    import shutil
+
+    from megahash.tokenization import TokenizerError, load_tokenizer
+
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        for body, expect in ((b"{not json", "cannot read"), (b"[1, 2]", "not a JSON object"), (b"\xff\xfe", "cannot")):
+            folder = tmp_path / f"{name}-{len(body)}-{expect[:3]}"
+            folder.mkdir()
+            shutil.copy(corpus["bpe"], folder / "tokenizer.json")
+            (folder / name).write_bytes(body)
+            for spec in (folder, folder / "tokenizer.json"):
+                with pytest.raises(TokenizerError, match=expect) as e:
+                    load_tokenizer(str(spec))
+                assert name in str(e.value) and "\n" not in str(e.value)
+            (folder / name).write_text(json.dumps({"eos_token": "<|padding|>"}))
+            assert load_tokenizer(str(folder)).special_ids["eos"] == load_tokenizer(str(folder)).special_ids["pad"]
