@@ -226,7 +226,10 @@ def test_megatron_groups_made_again_in_a_standing_world_are_destroyed(dist):
         process_groups.init_distributed(1)
     gc.collect()
     assert len(torch_dist.distributed_c10d._world.pg_map) == groups
-    assert group_threads() == threads  # the new groups' threads in place of the old ones'
+    # the new groups' threads in place of the old ones' (never more of a kind; fewer where a group an earlier test
+    # left outside torch's map, e.g. DeepSpeed's, was freed meanwhile: CI 2026-11-29, 2 fewer pt_gloo_runloop)
+    after = group_threads()
+    assert all(after.count(n) <= threads.count(n) for n in set(after)), (after, threads)
     t = torch.ones(3)
     torch_dist.all_reduce(t, group=parallel_state.get_data_parallel_group())
     torch_dist.all_reduce(t)

@@ -193,33 +193,35 @@ def train(cfg: Config, at_end=None) -> int:
     tp, sp = cfg.parallel.tensor, cfg.parallel.sequence
     rank, world = process_groups.init_distributed(tp, sp, timeout_s=cfg.train.distributed_timeout_s)
     run, completed = None, False
-    try:
-        with run_lock.held(cfg.train.save_dir, rank):  # one run per save_dir, before anything is written there
+    try:  # one run per save_dir, before anything is written there
+        with _peer_gone_is_one_line(cfg, rank), run_lock.held(cfg.train.save_dir, rank):
             run = _set_up(cfg, rank, world)
             with run.hooks.around_loop(run):  # the watchdog's: a collective broken by a peer's hang: requeue
                 exit_status = _loop(run)
             _finish(run, exit_status, at_end)
             completed = True
             return exit_status
-    except Exception as e:
-        if not process_groups.collective_failed(e):
-            raise
-        raise _peer_gone(cfg, rank, e) from None
     finally:
         _close(run)  # after an error too: log files, TensorBoard's writer thread, wandb, loader workers
         process_groups.teardown(barrier=completed)
 
 
-def _peer_gone(cfg: Config, rank: int, e: BaseException) -> MegahashError:
+@contextlib.contextmanager
+def _peer_gone_is_one_line(cfg: Config, rank: int):
     """The one line of a rank whose collective failed because another rank's process is gone (killed: SIGKILL,
     the out-of-memory killer, a crash). Before, gloo's RuntimeError traceback on every surviving rank."""
     from megahash.training.checkpoint_faults import first_line
 
-    return MegahashError(
-        f"rank {rank} stopped: another rank's process is gone ({first_line(e)[:160]}); the launcher's output names "
-        f"which rank and how it ended (killed, out of memory); a save it interrupted was not published: rerun to "
-        f"resume from the newest complete checkpoint in {cfg.train.save_dir} (train.resume=auto)"
-    )
+    try:
+        yield
+    except Exception as e:
+        if not process_groups.collective_failed(e):
+            raise
+        raise MegahashError(
+            f"rank {rank} stopped: another rank's process is gone ({first_line(e)[:160]}); the launcher's output names "
+            f"which rank and how it ended (killed, out of memory); a save it interrupted was not published: rerun to "
+            f"resume from the newest complete checkpoint in {cfg.train.save_dir} (train.resume=auto)"
+        ) from None
 
 
 class _LoadFailed(Exception):
