@@ -115,6 +115,8 @@ def hashing_of(prefix: str, meta: dict, spec: str) -> dict | None:
     out.update(hash_unit=stream.get("hash_unit"), word_pattern=stream.get("word_pattern"))
     lsh = meta.get("lsh") or {}
     if str(entry.get("kind", "")).startswith("lsh") and isinstance(lsh, dict) and isinstance(lsh.get("file"), str):
+        import zipfile
+
         import numpy as np
 
         path = os.path.join(os.path.dirname(prefix) or ".", os.path.basename(lsh["file"]))
@@ -124,9 +126,9 @@ def hashing_of(prefix: str, meta: dict, spec: str) -> dict | None:
             with np.load(path, allow_pickle=False) as z:
                 wanted = {"seed", "orders", "ngrams", "ngram_lengths", *own}
                 out["lsh"] = {k: z[k] for k in sorted(z.files) if k in wanted}
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as e:
             raise DataError(
-                f"{path} (the LSH model of {prefix}) cannot be read ({e}); preprocess the set again"
+                f"{path} (the LSH model of {prefix}) cannot be read ({type(e).__name__}: {e}); preprocess the set again"
             ) from None
     return out
 

@@ -335,7 +335,17 @@ class LSHModel:
 
     @classmethod
     def load(cls, path) -> LSHModel:
-        """Read a model written by ``save``; stored planes are used as they are."""
+        """Read a model written by ``save``; stored planes are used as they are. A damaged file (not a zip, a bad
+        CRC, cut short, an array missing) is a ValueError naming it, as a wrong version is."""
+        import zipfile
+
+        try:
+            return cls._load(path)
+        except (zipfile.BadZipFile, EOFError, KeyError) as e:
+            raise ValueError(f"{path}: not a readable LSH model ({type(e).__name__}: {e})") from None
+
+    @classmethod
+    def _load(cls, path) -> LSHModel:
         with np.load(path, allow_pickle=False) as z:
             version = int(z["format_version"])
             if version != LSH_FORMAT_VERSION:

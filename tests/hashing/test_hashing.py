@@ -219,6 +219,23 @@ def test_lsh_save_load_regenerate(tmp_path, lsh):
     assert np.array_equal(loaded.buckets(words, 500), lsh.buckets(words, 500))  # bit-exact: bucket ids (integers)
 
 
+def test_a_damaged_lsh_file_is_a_value_error_naming_it(tmp_path, lsh):
+    """A damaged ``_lsh.npz`` (cut short, one byte flipped: a bad CRC, empty, an array missing) was zipfile's
+    BadZipFile, an EOFError or a KeyError, which the callers (eval, export, the shard tools) did not catch: now
+    the ValueError they turn into one line, naming the file."""
+    good = tmp_path / "good.npz"
+    lsh.save(good, bits=[64])
+    data = good.read_bytes()
+    with np.load(good) as z:
+        np.savez(tmp_path / "no_seed.npz", **{k: z[k] for k in z.files if k != "seed"})
+    damaged = {"cut": data[: len(data) // 2], "flip": data[:100] + bytes([data[100] ^ 255]) + data[101:], "empty": b""}
+    for name, body in damaged.items():
+        (tmp_path / f"{name}.npz").write_bytes(body)
+    for name in [*damaged, "no_seed"]:
+        with pytest.raises(ValueError, match=rf"{name}\.npz"):
+            LSHModel.load(tmp_path / f"{name}.npz")
+
+
 def test_lsh_save_load_keeps_ngrams_ending_in_nul(tmp_path):
     # split_words keeps a NUL inside a punctuation word (":\0"); numpy's str arrays drop trailing NULs,
     # which made ":\0" the n-gram ":" again: a duplicate vocabulary entry (a ValueError at eval and export)
