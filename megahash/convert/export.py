@@ -250,6 +250,54 @@ def unwritable_export(out: Path, e: BaseException) -> ConfigError:
     return ConfigError(f"cannot write the export in {out} ({what}); nothing in it was changed: {todo}")
 
 
+def _write_files(stage: Path, cfg, model, codec, fmt: str, dtype: str, vocab: int, step: int, max_shard_size, run_dir):
+    """Every file of the export into ``stage``: weights, config and remote code (megahash format) or the Qwen2
+    files, generation config, model card, tokenizer and hashing files; returns (file names, tokenizer summary)."""
+    from megahash.convert import qwen2, remote_code
+
+    torch_dtype = DTYPES[dtype]
+    state = megahash_state(model)
+    fields = hf_config_dict(cfg, model, vocab, step)
+    files = []
+    if fmt == "qwen2":
+        files += qwen2.write(stage, cfg, model, state, fields, torch_dtype, max_shard_size)
+    else:
+        from megahash.models.hf_config import MegahashConfig
+
+        files += save_weights(stage, cast(to_hf_names(state, model.kind_input_attrs), torch_dtype), max_shard_size)
+        remote = remote_code.write(stage, remote_code.needed_kinds(cfg, model))
+        arch = arch_of(cfg.model.arch)
+        head_cls = arch.hf_class
+        modeling = remote_code.MODELING_MODULE
+        auto_map = {
+            "AutoConfig": f"{remote_code.CONFIG_MODULE}.MegahashConfig",
+            "AutoModel": f"{modeling}.MegahashModel",
+            arch.hf_auto: f"{modeling}.{head_cls}",
+        }
+        config = MegahashConfig(**fields, auto_map=auto_map, architectures=[head_cls], dtype=dtype)
+        config.save_pretrained(str(stage))
+        files += ["config.json", *remote]
+    generation_config(stage, cfg.model.max_position_embeddings, cfg)
+    files.append("generation_config.json")
+    from megahash.convert.model_card import write_model_card
+
+    files.append(write_model_card(stage, cfg, model, fmt, step, run_dir))
+    tok_info = {"mismatches": None}
+    if codec is not None:
+        from megahash.convert.tokenizer import write_tokenizer
+
+        tok_info = write_tokenizer(stage, codec, cfg.model.max_position_embeddings)
+        files += tok_info["files"]
+        files += write_hashing_files(stage, codec, cfg)
+        if tok_info["mismatches"]:
+            print(
+                f"megahash export-hf: warning: tokenizer.json differs from the run's tokenizer on "
+                f"{tok_info['mismatches']} probe texts; use model.encode_text for exact ids",
+                file=sys.stderr,
+            )
+    return files, tok_info
+
+
 def export_model(
     cfg,
     model,
@@ -292,46 +340,7 @@ def export_model(
     shutil.rmtree(stage, ignore_errors=True)
     try:
         stage.mkdir()
-        torch_dtype = DTYPES[dtype]
-        state = megahash_state(model)
-        fields = hf_config_dict(cfg, model, vocab, step)
-        files = []
-        if fmt == "qwen2":
-            files += qwen2.write(stage, cfg, model, state, fields, torch_dtype, max_shard_size)
-        else:
-            from megahash.models.hf_config import MegahashConfig
-
-            files += save_weights(stage, cast(to_hf_names(state, model.kind_input_attrs), torch_dtype), max_shard_size)
-            remote = remote_code.write(stage, remote_code.needed_kinds(cfg, model))
-            arch = arch_of(cfg.model.arch)
-            head_cls = arch.hf_class
-            modeling = remote_code.MODELING_MODULE
-            auto_map = {
-                "AutoConfig": f"{remote_code.CONFIG_MODULE}.MegahashConfig",
-                "AutoModel": f"{modeling}.MegahashModel",
-                arch.hf_auto: f"{modeling}.{head_cls}",
-            }
-            config = MegahashConfig(**fields, auto_map=auto_map, architectures=[head_cls], dtype=dtype)
-            config.save_pretrained(str(stage))
-            files += ["config.json", *remote]
-        generation_config(stage, cfg.model.max_position_embeddings, cfg)
-        files.append("generation_config.json")
-        from megahash.convert.model_card import write_model_card
-
-        files.append(write_model_card(stage, cfg, model, fmt, step, run_dir))
-        tok_info = {"mismatches": None}
-        if codec is not None:
-            from megahash.convert.tokenizer import write_tokenizer
-
-            tok_info = write_tokenizer(stage, codec, cfg.model.max_position_embeddings)
-            files += tok_info["files"]
-            files += write_hashing_files(stage, codec, cfg)
-            if tok_info["mismatches"]:
-                print(
-                    f"megahash export-hf: warning: tokenizer.json differs from the run's tokenizer on "
-                    f"{tok_info['mismatches']} probe texts; use model.encode_text for exact ids",
-                    file=sys.stderr,
-                )
+        files, tok_info = _write_files(stage, cfg, model, codec, fmt, dtype, vocab, step, max_shard_size, run_dir)
     except BaseException as e:
         shutil.rmtree(stage, ignore_errors=True)
         if isinstance(e, (KeyboardInterrupt, SystemExit)) or not written_nowhere(e):
