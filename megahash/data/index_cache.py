@@ -56,8 +56,10 @@ def writing(cache_dir: str | None):
     except DataError:
         raise
     except Exception as e:
+        from megahash.accelerator.process_groups import collective_failed
+
         rank, cause = _rank(), _os_error(e)
-        if rank != 0 and cause is None and _is_collective_failure(e):
+        if rank != 0 and cause is None and collective_failed(e):
             raise DataError(f"rank 0 stopped while writing the dataset index cache in {cache_dir}") from None
         if rank != 0 or cause is None:
             raise
@@ -81,10 +83,3 @@ def _free(cache_dir: str | None) -> str:
         return f", {shutil.disk_usage(cache_dir).free / 2**20:.1f} MB free" if cache_dir else ""
     except OSError:
         return ""
-
-
-def _is_collective_failure(e: BaseException) -> bool:
-    """A torch.distributed collective that failed (gloo: a peer closed its connection)."""
-    from megahash.accelerator.process_groups import collective_failed
-
-    return collective_failed(e)

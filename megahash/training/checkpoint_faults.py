@@ -41,15 +41,17 @@ def first_line(e: BaseException) -> str:
 
 
 def disk_note(root: Path, e: BaseException) -> str:
-    """What the failure was, with "disk full" when the file system has (almost) no room left: torch's
-    zip writer reports a full disk as "unexpected pos ...". Call before the partial save is removed."""
+    """What the failure was, with "disk full" when the file system has (almost) no room left (or a quota is
+    spent): torch's zip writer reports a full disk as "unexpected pos ...". Call before the partial save is
+    removed. Saves, the run's logs and lock, and ``export-hf`` word a full disk with it."""
     import errno
 
     try:
         free = shutil.disk_usage(root).free
     except OSError:
         free = None
-    if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or (free is not None and free < (4 << 20)):
+    full = (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) or "No space left" in str(e)
+    if full or (free is not None and free < (4 << 20)):  # safetensors' writer: "No space left" without errno
         return f"disk full: {free if free is not None else '?'} bytes free on the file system of {root}"
     return first_line(e)
 

@@ -182,20 +182,16 @@ def acquire(save_dir: str | Path) -> Path:
 
 def _unwritable(save_dir: Path, e: OSError, made: Path | None) -> ConfigError:
     """The one line of a ``train.save_dir`` that takes no lock file (the folder removed again if this made it)."""
-    import errno
-    import shutil
+    from megahash.training.checkpoint_faults import disk_note
 
-    try:
-        free = f"{shutil.disk_usage(save_dir).free} bytes free"
-    except OSError:
-        free = "no room"
     if made is not None:
         with contextlib.suppress(OSError):
             made.rmdir()
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+    note = disk_note(made.parent if made is not None else save_dir, e)
+    if note.startswith("disk full"):
         return ConfigError(
-            f"cannot write train.save_dir {save_dir} ({e.strerror}: disk full, {free}); free space on that file "
-            f"system or choose another train.save_dir"
+            f"cannot write train.save_dir {save_dir} ({e.strerror}: {note}); free space on that file system or "
+            f"choose another train.save_dir"
         )
     return ConfigError(f"cannot write train.save_dir {save_dir} ({e.strerror}); choose a writable folder")
 
