@@ -235,10 +235,14 @@ def written_nowhere(e: BaseException) -> bool:
 
 def unwritable_export(out: Path, e: BaseException) -> ConfigError:
     """The one line of an export that could not be written (its staged files removed, ``out`` as it was)."""
-    from megahash.training.checkpoint_faults import disk_note
+    import errno
 
-    what = disk_note(out, e)
-    if what.startswith("disk full"):
+    full = getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(e)
+    if full:
+        try:
+            what = f"disk full: {shutil.disk_usage(out).free} bytes free"
+        except OSError:
+            what = "disk full"
         todo = "free space on that file system or choose another --output"
     else:
         what = f"{e.strerror}: {e.filename}" if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0][:200]
