@@ -24,6 +24,7 @@ from pathlib import Path
 from megahash.errors import CheckpointError
 
 STATE_FILE = "megahash_state.json"
+STATE_FORMAT = 1  # the state file's layout, its "format" key; absent in checkpoints written before it was recorded
 WEIGHTS_DIR = "model"
 EMA_DIR = "ema"  # the weight average of train.ema.decay (megahash/training/ema.py)
 TAG_RE = re.compile(r"^step_(\d{8})$")
@@ -52,10 +53,23 @@ def read_json(path: Path) -> dict:
 
 
 def read_state(ckpt: Path) -> dict:
+    """A checkpoint's state file; one-line CheckpointError for an unreadable one, a damaged ``format`` or a format
+    newer than :data:`STATE_FORMAT` (a later megahash's checkpoint: read as this one's it would be misread)."""
     try:
-        return read_json(ckpt / STATE_FILE)
+        state = read_json(ckpt / STATE_FILE)
     except (OSError, ValueError) as e:
         raise CheckpointError(f"checkpoint {ckpt} has no readable {STATE_FILE} ({e}); it is incomplete") from None
+    fmt = state.get("format", 1)
+    if not (isinstance(fmt, int) and not isinstance(fmt, bool) and fmt >= 1):
+        raise CheckpointError(
+            f"checkpoint {ckpt}: {STATE_FILE} format is {str(fmt)[:40]!r}, not a version; it is damaged"
+        )
+    if fmt > STATE_FORMAT:
+        raise CheckpointError(
+            f"checkpoint {ckpt} was written by a newer megahash ({STATE_FILE} format {fmt}; this one reads up to "
+            f"{STATE_FORMAT}); upgrade megahash to read it"
+        )
+    return state
 
 
 MAX_VOCAB = 1 << 31  # token ids are int32 in the shards and the models

@@ -173,7 +173,7 @@ def load_state(model, state: dict) -> None:
 def write_weights_checkpoint(model, cfg, save_dir, step: int, extra: dict | None = None) -> Path:
     """A complete, weights-only megahash checkpoint ``save_dir/step_N`` (+ ``latest``) of a TP=1 model."""
     from megahash.atomic_write import write_json_atomic, write_text_atomic
-    from megahash.checkpoint.layout import STATE_FILE, WEIGHTS_DIR, tag_for
+    from megahash.checkpoint.layout import STATE_FILE, STATE_FORMAT, WEIGHTS_DIR, tag_for
     from megahash.checkpoint.resolve import complete_checkpoints
     from megahash.checkpoint.signature import model_signature
     from megahash.checkpoint.weights import save_weights
@@ -199,6 +199,7 @@ def write_weights_checkpoint(model, cfg, save_dir, step: int, extra: dict | None
     from megahash.data.samples import consumed_samples
 
     state = {
+        "format": STATE_FORMAT,
         "step": int(step),
         "consumed_samples": consumed_samples(cfg.train, int(step)),
         "signature": model_signature(cfg),

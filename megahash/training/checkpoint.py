@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from megahash.accelerator import process_groups
 from megahash.atomic_write import write_text_atomic
-from megahash.checkpoint.layout import STATE_FILE, WEIGHTS_DIR, pin_path, read_state, tag_for
+from megahash.checkpoint.layout import STATE_FILE, STATE_FORMAT, WEIGHTS_DIR, pin_path, read_state, tag_for
 from megahash.checkpoint.manifest import damage
 from megahash.checkpoint.resolve import candidates, choose_resume, complete_checkpoints, warn_unverified
 from megahash.checkpoint.signature import model_diffs, model_signature
@@ -269,6 +269,7 @@ def publish(
             write_manifest(tmp, hashes)
             sign(tmp)  # this install wrote it (megahash/checkpoint/origin.py)
             state = {
+                "format": STATE_FORMAT,
                 "step": step,
                 "consumed_samples": consumed,
                 "signature": model_signature(cfg),

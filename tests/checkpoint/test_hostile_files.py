@@ -490,7 +490,8 @@ def test_a_config_or_state_that_is_not_the_weights_is_one_line(trained, tmp_path
     """A checkpoint's resolved_config.yaml that is no mapping (empty, a list), holds a value out of its range
     (hidden_size -32: megatron's negative-dimension traceback) or sizes the weights cannot be (hidden_size 10**8,
     10**5 layers: terabytes allocated, minutes of meta build), or a megahash_state.json whose padded vocabulary is
-    a string or 10**12: eval refuses in one line before allocating, and writes nothing."""
+    a string or 10**12, or whose format is damaged or a later megahash's: eval refuses in one line before
+    allocating, and writes nothing."""
     import yaml
 
     def config(fn):
@@ -508,10 +509,10 @@ def test_a_config_or_state_that_is_not_the_weights_is_one_line(trained, tmp_path
 
         return config(fn)
 
-    def state(value):
+    def state(value, key="padded_vocab_size"):
         def edit(ckpt):
             path = ckpt / "megahash_state.json"
-            path.write_text(json.dumps({**json.loads(path.read_text()), "padded_vocab_size": value}))
+            path.write_text(json.dumps({**json.loads(path.read_text()), key: value}))
 
         return edit
 
@@ -525,7 +526,11 @@ def test_a_config_or_state_that_is_not_the_weights_is_one_line(trained, tmp_path
         "vocabulary 10**12": state(10**12),
         "vocabulary 10**30": state(10**30),  # past int64: a torch TypeError traceback
         "ffn_hidden_size 10**30": sized("ffn_hidden_size", 10**30),
+        "state format 2": state(2, "format"),  # a later megahash's layout: misread as this one's
+        "state format '1'": state("1", "format"),
+        "state format true": state(True, "format"),
     }
+    assert json.loads((trained["ckpt"] / "megahash_state.json").read_text())["format"] == 1  # what a save records
     for name, edit in cases.items():
         ckpt = copy_of(trained, tmp_path / name.replace(" ", "_").replace("*", ""))
         edit(ckpt)
@@ -534,6 +539,7 @@ def test_a_config_or_state_that_is_not_the_weights_is_one_line(trained, tmp_path
         argv = ["eval", "--checkpoint", str(ckpt), "--text", str(trained["text"]), "--out", str(out)]
         status, err = _cli(argv, capsys)
         assert status == 2 and len(err) == 1 and len(err[0]) < 520, (name, err)
+        assert ("newer megahash" in err[0]) == (name == "state format 2"), (name, err)
         assert not out.exists(), name
         if name not in ("hidden_size 10**8", "ffn_hidden_size 10**30"):  # report counts these (no weights read)
             status, err = _cli(["report", "--runs", str(ckpt), "--out", str(tmp_path / "r.md")], capsys)
