@@ -10,6 +10,23 @@ import os
 from pathlib import Path
 
 
+def disk_full(root: str | os.PathLike, e: BaseException) -> str | None:
+    """``"disk full: N bytes free on the file system of ROOT"`` when writing under ``root`` failed for want of room
+    (ENOSPC, a spent quota: EDQUOT, safetensors' "No space left" without an errno, or under 4 MiB left: torch's zip
+    writer says "unexpected pos ..."), else None. The one full-disk test of saves, run logs and lock, and exports."""
+    import errno
+    import shutil
+
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError:
+        free = None
+    full = (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) or "No space left" in str(e)
+    if full or (free is not None and free < (4 << 20)):
+        return f"disk full: {free if free is not None else '?'} bytes free on the file system of {root}"
+    return None
+
+
 def file_above(path: str | os.PathLike) -> Path | None:
     """The nearest existing ancestor of ``path`` when it is a file, not a folder (the output cannot be made
     there: mkdir's FileExistsError); None otherwise. For one-line checks of an output path before any work."""

@@ -235,14 +235,10 @@ def written_nowhere(e: BaseException) -> bool:
 
 def unwritable_export(out: Path, e: BaseException) -> ConfigError:
     """The one line of an export that could not be written (its staged files removed, ``out`` as it was)."""
-    import errno
+    from megahash.atomic_write import disk_full
 
-    full = getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(e)
-    if full:
-        try:
-            what = f"disk full: {shutil.disk_usage(out).free} bytes free"
-        except OSError:
-            what = "disk full"
+    if full := disk_full(out, e):
+        what = full
         todo = "free space on that file system or choose another --output"
     else:
         what = f"{e.strerror}: {e.filename}" if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0][:200]

@@ -41,19 +41,11 @@ def first_line(e: BaseException) -> str:
 
 
 def disk_note(root: Path, e: BaseException) -> str:
-    """What the failure was, with "disk full" when the file system has (almost) no room left (or a quota is
-    spent): torch's zip writer reports a full disk as "unexpected pos ...". Call before the partial save is
-    removed. Saves, the run's logs and lock, and ``export-hf`` word a full disk with it."""
-    import errno
+    """What the failure was: :func:`megahash.atomic_write.disk_full`'s line when the file system has (almost) no
+    room left, else the error's first line. Call before the partial save is removed."""
+    from megahash.atomic_write import disk_full
 
-    try:
-        free = shutil.disk_usage(root).free
-    except OSError:
-        free = None
-    full = (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) or "No space left" in str(e)
-    if full or (free is not None and free < (4 << 20)):  # safetensors' writer: "No space left" without errno
-        return f"disk full: {free if free is not None else '?'} bytes free on the file system of {root}"
-    return first_line(e)
+    return disk_full(root, e) or first_line(e)
 
 
 def remedy(e: BaseException | str) -> str:
