@@ -227,14 +227,14 @@ def train_sets(recipe: str, seed: int, steps: int, run_dir: Path) -> list[str]:
     return [
         f"train.seed={seed}",
         f"data.seed={seed}",
-        *([f"train.steps={steps}"] if steps else []),
         f"train.save_dir={run_dir}",
         "train.save_interval=0",
         "logging.plot=false",
         "logging.tensorboard=false",
         "train.keep_last=1",
-        *RECIPES[recipe][1],
-    ]  # a recipe may change the steps with the batch (the same tokens)
+        *RECIPES[recipe][1],  # a recipe may change the steps with the batch (the same tokens) ...
+        *([f"train.steps={steps}"] if steps else []),  # ... --steps sets every recipe's, its own overrides' too
+    ]
 
 
 def one(recipe: str, seed: int, steps: int, work: Path, artifact_too: bool = True) -> dict | None:

@@ -35,6 +35,7 @@ import argparse
 import datetime
 import hashlib
 import importlib
+import importlib.util
 import json
 import os
 import re
@@ -1304,6 +1305,14 @@ def write_fla_configs(folder: Path) -> list[str]:
 
 
 def cmd_fla_configs(args) -> int:
+    missing = [m for m in ("triton", "fla") if importlib.util.find_spec(m) is None]
+    if missing:  # a CPU machine: one line, not the import's traceback
+        print(
+            f"error: fla-configs reads fla's kernels: this environment has no {' or '.join(missing)}; "
+            "run it where megahash's [gpu] extra is installed (bash launch/install_gpu.sh, docs/gpu.md)",
+            file=sys.stderr,
+        )
+        return 2
     names = write_fla_configs(Path(args.folder))
     print(
         f"gpu_check: {len(names)} fla kernels, one untuned config each, in {args.folder}; use them with "

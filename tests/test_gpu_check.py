@@ -421,3 +421,16 @@ def test_gpu_install_resolves_without_replacing_torch(tmp_path):
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     got = {gc.norm(i["metadata"]["name"]): i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}
     assert "torch" not in got and got.get("fla-core") == "0.6.0", got
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("triton") is not None and importlib.util.find_spec("fla") is not None,
+    reason="fla and triton installed: fla-configs writes configs here",
+)
+def test_fla_configs_without_fla_is_one_line(tmp_path, capsys):
+    """docs/gpu.md's ``python3 benchmarks/gpu_check.py fla-configs DIR`` where fla or triton is not installed (a CPU
+    machine): one line and exit 2, nothing written (before: ModuleNotFoundError's traceback, exit 1)."""
+    assert gc.main(["fla-configs", str(tmp_path / "cfg")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: fla-configs reads fla's kernels") and err.count("\n") == 1
+    assert not (tmp_path / "cfg").exists()

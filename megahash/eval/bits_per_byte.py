@@ -16,13 +16,14 @@ disjoint windows give a window's early tokens almost no context, so the strided 
 lower (not for a model that makes little use of context: the compact ladder's 0.14-1.6M models score
 within -0.15% to +0.23% of their disjoint number at S = 64 of 128), and the two agree at ``S = --max-length``. The bytes are counted per token as in training's validation (megahash/data/text_bytes.py; equal to
 ``len(text.encode())`` for a lossless tokenizer, tested against lm-eval's own count and metric); a
-word stream counts ``len(text.encode())``. Written to ``--out`` (default ``RUN_DIR/eval/STEP_text.json``).
+word stream counts ``len(text.encode())``. Written to ``--out`` (default ``RUN_DIR/eval/STEP_text_SRCNAME.json``, SRC's name: :func:`source_tag`).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -116,6 +117,17 @@ def weights_tag(weights: str) -> str:
     return "_" + ("ema" if weights == "ema" else Path(weights).name.replace(".", "_"))
 
 
+def source_tag(src: str) -> str:
+    """The part of a default results file name that says which text was scored: ``_`` and SRC's name (a file's
+    stem, a folder's or glob's last part, ``hf:NAME:SPLIT`` as ``hf_NAME_SPLIT``), so results of different texts
+    of one checkpoint do not collide."""
+    name = src.rstrip("/\\").rsplit("/", 1)[-1]
+    if "." in name and not name.startswith("hf:"):
+        name = name.rsplit(".", 1)[0]
+    name = re.sub(r"[^A-Za-z0-9_-]+", "_", name).strip("_") or re.sub(r"[^A-Za-z0-9_-]+", "_", src).strip("_")
+    return f"_{name}" if name else ""
+
+
 def evaluate_text(
     ckpt_dir,
     src: str,
@@ -142,7 +154,7 @@ def evaluate_text(
     from megahash.eval.dynamic import check_settings
 
     ckpt = resolve_for_inference(ckpt_dir, overrides)
-    out = Path(out) if out else ckpt.parent / "eval" / f"{ckpt.name}_text{weights_tag(weights)}.json"
+    out = Path(out) if out else ckpt.parent / "eval" / f"{ckpt.name}_text{source_tag(src)}{weights_tag(weights)}.json"
     if out.exists() and not overwrite:  # as megahash eval's task results (eval/run.py refuse_existing)
         raise ConfigError(f"{out} already exists; pass --overwrite to replace it (or --out for another file)")
     docs, replaced = documents(src, limit)

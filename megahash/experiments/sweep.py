@@ -179,6 +179,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 + (f"; not done: {', '.join(left)}" if left else ""),
                 flush=True,
             )
+        else:  # --report-only before any cell finished said nothing at all
+            print(
+                f"sweep: no report: none of the {len(grid.cells)} cells of {grid.name} in {grid.out} is finished yet",
+                flush=True,
+            )
         return status
 
     return run_guarded(go)

@@ -396,6 +396,31 @@ def test_eval_text_limit_fraction_and_invalid_utf8(runs, capsys):
     assert "2 invalid UTF-8 byte(s) read as U+FFFD" in capsys.readouterr().err
 
 
+def test_eval_text_default_results_of_two_texts_do_not_collide(runs, capsys):
+    """docs/eval.md's ``--text`` examples one after another on one checkpoint, no ``--out``: each text's record
+    is its own file, named after the text (before, every text wrote ``STEP_text.json`` and the second command
+    stopped with "already exists; pass --overwrite")."""
+    from megahash.checkpoint.resolve import resolve_for_inference
+    from megahash.cli import main
+
+    ckpt = resolve_for_inference(str(runs["trained"]))
+    first, second = runs["dir"] / "first_play.txt", runs["dir"] / "second_play.jsonl"
+    first.write_text("To be, or not to be.\n\nThat is the question.\n")
+    second.write_text(json.dumps({"text": "Whether tis nobler in the mind to suffer."}) + "\n")
+    outs = [ckpt.parent / "eval" / f"{ckpt.name}_text_{name}.json" for name in ("first_play", "second_play")]
+    try:
+        for src in (first, second):
+            assert main(["eval", "--checkpoint", str(runs["trained"]), "--text", str(src), "--stride", "0"]) == 0
+        assert [json.loads(o.read_text())["text"] for o in outs] == [str(first), str(second)]
+        assert [json.loads(o.read_text())["documents"] for o in outs] == [2, 1]
+        # the same text again is still refused without --overwrite (one line, exit 2)
+        assert main(["eval", "--checkpoint", str(runs["trained"]), "--text", str(first)]) == 2
+        assert "already exists; pass --overwrite" in capsys.readouterr().err
+    finally:
+        for o in outs:
+            o.unlink(missing_ok=True)
+
+
 def test_indicators_cli_on_checkpoint(runs, capsys):
     from megahash.cli import main
     from megahash.data.preprocess.sources import open_source, select_documents

@@ -199,6 +199,17 @@ def test_dry_run_prints_cells_and_commands(grid, capsys):
     assert "--array=0-3" in capsys.readouterr().out
 
 
+def test_report_only_before_any_cell_finished_says_so(grid, capsys):
+    """docs/experiments.md's ``--report-only`` on a grid none of whose cells has finished: one line saying there is
+    no report yet, exit 0, nothing written but the plan (before: no output at all)."""
+    from megahash.experiments import sweep as sw
+
+    out = grid["dir"] / "nothing_done"
+    assert sw.main(["--grid", str(grid["path"]), "--out", str(out), "--report-only"]) == 0
+    assert capsys.readouterr().out == f"sweep: no report: none of the 4 cells of t2x2 in {out} is finished yet\n"
+    assert not (out / "report.md").exists()
+
+
 @pytest.mark.parametrize(
     "edit, message",
     [

@@ -68,3 +68,18 @@ def test_compact_recipe_trains_and_exports_no_larger_than_the_quickstart(shakesp
     assert cli(["eval", "--checkpoint", str(run), "--text", str(held), "--out", str(tmp_path / "t.json")]) == 0
     rec = json.loads((tmp_path / "t.json").read_text())
     assert rec["dynamic"]["lr"] == load_config("configs/compact.yaml").eval.dynamic_lr and rec["dynamic"]["bpb"] > 0
+
+
+def test_compact_recipes_batch_fits_their_documented_rank_counts():
+    """docs/compact_models.md runs configs/compact.yaml and configs/compact_artifact.yaml with
+    ``deepspeed --num_gpus 2``; their global batch of 8 at the quickstart's micro-batch of 8 was refused on 2 ranks
+    ("not a multiple of micro_batch_size x data-parallel size = 8 x 2"). Both layouts now build the engine's JSON."""
+    from megahash.config import load_config
+    from megahash.training.ds_config import deepspeed_config
+
+    for name in ("compact", "compact_artifact"):
+        cfg = load_config(f"configs/{name}.yaml")
+        assert cfg.train.global_batch_size == 8  # the recipe's batch: the quickstart's tokens at twice the steps
+        for ranks in (1, 2):
+            ds = deepspeed_config(cfg, dp_size=ranks, bf16=False)
+            assert ds["train_micro_batch_size_per_gpu"] * ranks * ds["gradient_accumulation_steps"] == 8, (name, ranks)

@@ -124,7 +124,7 @@ def test_named_sets_are_reported_by_name(shakespeare_shards, held, tmp_path, cap
     from megahash.eval.run import main as eval_main
 
     assert eval_main(["--checkpoint", str(out_dir), "--text", held["jsonl"], "--limit", "3"]) == 0
-    rec = json.loads((out_dir / "eval" / "step_00000002_text.json").read_text())
+    rec = json.loads((out_dir / "eval" / "step_00000002_text_held.json").read_text())  # named after held.jsonl
     assert rec["documents"] == 3 and rec["bytes"] == sum(len(t.encode("utf-8")) for t in DOCS[:3])
     assert rec["bpb"] == pytest.approx(rec["nll"] / (math.log(2) * rec["bytes"]), rel=1e-12)
     printed = capsys.readouterr().out
