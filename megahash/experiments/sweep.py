@@ -91,6 +91,23 @@ def dry_run(grid: Grid, launcher: str, extra_sbatch: Sequence[str], cells: list 
         )
 
 
+def check_eval(grid: Grid) -> None:
+    """The grid's tasks exist (names, ``tasks_dir``, task code without ``trust_task_code``) before any cell
+    trains: one line, exit 2 (they were found only when each trained cell was evaluated, every cell then
+    failing with the same error after its whole training). Instant when every name is a YAML of tasks_dir,
+    else lm-eval's task index is read (seconds)."""
+    if not grid.eval["tasks"]:
+        return
+    from megahash.eval.run import check_tasks
+
+    try:
+        check_tasks(grid.eval["tasks"], grid.eval.get("tasks_dir"), bool(grid.eval.get("trust_task_code")))
+    except ConfigError as e:
+        raise ConfigError(
+            f"grid {grid.name}, eval: {e} (fix the grid's eval section, or pass --tasks/--tasks-dir; nothing was run)"
+        ) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     from megahash.arguments import ArgumentParser
 
@@ -134,6 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.dry_run:
             dry_run(grid, args.launcher, args.sbatch, chosen)
             return 0
+        if not args.report_only:
+            check_eval(grid)
         write_plan(grid)
         status = 0
         if not args.report_only:

@@ -261,6 +261,26 @@ def test_grid_trust_task_code_reaches_the_eval_command(grid, tmp_path, capsys):
             assert status == 0 and cap.out.count(" --trust-task-code") == flagged, cap.out
 
 
+def test_grid_tasks_are_checked_before_any_cell_trains(grid, tmp_path, capsys):
+    """A task folder that is not there, or task files that run Python without trust_task_code, is one line before
+    the first cell trains (before: every cell trained in full, then each failed its evaluation with that line)."""
+    from megahash.experiments import sweep as sw
+
+    code_dir = tmp_path / "code_tasks"
+    code_dir.mkdir()
+    (code_dir / "shk_next.yaml").write_text("task: shk_next\nprocess_docs: !function utils.process\n")
+    for args, message in (
+        (["--tasks-dir", str(tmp_path / "nowhere")], "is not a directory"),
+        (["--tasks-dir", str(code_dir)], "--trust-task-code"),
+    ):
+        out = tmp_path / "out"
+        assert sw.main(["--grid", str(grid["path"]), "--out", str(out), *args]) == 2
+        cap = capsys.readouterr()
+        lines = cap.err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: grid t2x2, eval: ") and message in lines[0], cap.err
+        assert "nothing was run" in lines[0] and "training" not in cap.out and not out.exists()
+
+
 def test_array_script_outside_slurm_is_one_line_error():
     r = subprocess.run(
         ["bash", "slurm/sweep_array.sh"], cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=60
