@@ -186,6 +186,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from megahash.eval.text import load_codec, load_model
 
         cfg, model, ckpt = load_model(args.checkpoint, args.override)
+        out = Path(args.out) if args.out else ckpt.parent / "indicators"
+        from megahash.atomic_write import check_writable
+
+        check_writable(out, "pass --out DIR elsewhere", folder=True)  # a read-only run folder: before the forward
         from megahash.accelerator import policy
 
         if policy.has_gpu():
@@ -193,7 +197,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         codec = load_codec(cfg, ckpt, args.tokenizer, model_vocab=model.vocab_size)
         max_tokens = args.max_tokens or cfg.data.seq_length
         records, info = compute(model, codec, text, max_tokens, args.windows)
-        out = Path(args.out) if args.out else ckpt.parent / "indicators"
         out.mkdir(parents=True, exist_ok=True)
         record = {
             "checkpoint": str(ckpt),

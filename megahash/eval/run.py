@@ -344,6 +344,9 @@ def evaluate_checkpoint(
     ckpt = resolve_for_inference(ckpt_dir, overrides)  # the newest intact one of a run directory
     out = Path(out) if out else _weights_out(default_out(ckpt), weights)
     refuse_existing(out, overwrite)
+    from megahash.atomic_write import check_writable
+
+    check_writable(out, "pass --out FILE elsewhere")  # a read-only run folder: before the evaluation, not after
     from megahash.eval.lm import MegahashEvalLM
 
     task_manager(tasks, tasks_dir, trust_task_code)  # unknown names, task code: before the model is loaded

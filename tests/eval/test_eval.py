@@ -643,3 +643,67 @@ def test_cli_errors_are_one_line(runs, capsys, argv, expect):
     errors = [l for l in err if l.startswith("error: ")]
     assert len(errors) == 1 and expect in errors[0], err
     assert not any("Traceback" in l for l in err)
+
+
+@pytest.fixture
+def read_only_run(runs, tmp_path):
+    """A copy of the untrained run in a folder nothing can be written into: ``chattr +i`` as root (whose permission
+    bits are bypassed), mode 0o555 otherwise; skipped where neither holds (a write is tried to be sure)."""
+    import shutil
+    import subprocess
+
+    run = tmp_path / "ro run ü"
+    shutil.copytree(runs["untrained"], run, ignore=shutil.ignore_patterns("eval", "indicators"))
+    if os.geteuid() == 0:
+        locked = subprocess.run(["chattr", "+i", str(run)], capture_output=True).returncode == 0
+        unlock = ["chattr", "-i", str(run)]
+    else:
+        run.chmod(0o555)
+        locked, unlock = True, None
+    try:
+        (run / "probe").touch()
+        (run / "probe").unlink()
+        locked = False
+    except OSError:
+        pass
+    if not locked:
+        pytest.skip("no read-only folder here (chattr +i needs root and a file system with the attribute)")
+    yield run
+    if unlock:
+        subprocess.run(unlock, capture_output=True)
+    else:
+        run.chmod(0o755)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["eval", "--checkpoint", "RUN", "--tasks", "shk_order", "--tasks-dir", "SUITE", "--limit", "2"],
+        ["eval", "--checkpoint", "RUN", "--text", "TASKS/shk_held_out.txt", "--limit", "1"],
+        ["indicators", "--checkpoint", "RUN", "--text", "TASKS/shk_held_out.txt", "--max-tokens", "16"],
+        ["report", "--runs", "RUN", "--out", "RUN/report.md"],
+    ],
+    ids=["eval", "eval-text", "indicators", "report"],
+)
+def test_a_read_only_run_folder_is_one_line_before_the_work(runs, read_only_run, capsys, argv):
+    """Results written beside a run that cannot take them (a read-only mount, another user's folder): one line
+    naming the folder and --out, exit 2, before the model is run (was an OSError traceback after the work)."""
+    from megahash.cli import main
+
+    (read_only_run.parent / "shk_held_out.txt").write_text("To be, or not to be, that is the question.\n" * 40)
+    argv = [
+        a.replace("RUN", str(read_only_run))
+        .replace("TASKS", str(read_only_run.parent))
+        .replace("SUITE", str(runs["tasks"]))
+        for a in argv
+    ]
+    assert main(argv) == 2
+    cap = capsys.readouterr()
+    err = [l for l in cap.err.strip().splitlines() if l.startswith("error: ")]
+    assert len(err) == 1 and "Traceback" not in cap.err, cap.err
+    assert f"{read_only_run} is " in err[0] and (
+        "--out FILE elsewhere" in err[0] or "--out DIR elsewhere" in err[0] or "name another --out" in err[0]
+    ), err
+    assert sorted(p.name for p in read_only_run.iterdir()) == sorted(
+        p.name for p in runs["untrained"].iterdir() if p.name not in ("eval", "indicators")
+    )
