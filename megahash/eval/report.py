@@ -312,7 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         warnings.filterwarnings("ignore")
         from megahash.eval.run import check_out
 
-        check_out(args.out)
+        check_out(args.out, beside=".json")
         runs = [describe_run(p) for p in args.runs]
         by_path = {}
         for p, r in zip(args.runs, runs):

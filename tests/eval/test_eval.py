@@ -707,3 +707,27 @@ def test_a_read_only_run_folder_is_one_line_before_the_work(runs, read_only_run,
     assert sorted(p.name for p in read_only_run.iterdir()) == sorted(
         p.name for p in runs["untrained"].iterdir() if p.name not in ("eval", "indicators")
     )
+
+
+def test_out_and_the_file_written_beside_it_are_two_files(runs, tmp_path, capsys):
+    """``megahash eval`` writes ``--out`` (JSON) and the table beside it (.md); ``megahash report`` the table
+    (``--out``) and the numbers beside it (.json). ``--out`` with the other's suffix was one file overwritten by
+    the other (eval: the JSON results gone, so the report found none); a folder of that name was a traceback
+    after the work with the first file already replaced. Now one line each, before the checkpoint is read."""
+    from megahash.cli import main
+
+    (tmp_path / "taken.json").mkdir()
+    cases = [
+        (["report", "--runs", str(runs["trained"]), "--out", str(tmp_path / "r.json")], "name the .md file"),
+        (["report", "--runs", str(runs["trained"]), "--out", str(tmp_path / "taken.md")], "is a folder"),
+        (
+            ["eval", "--checkpoint", str(runs["trained"]), "--tasks", "shk_order", "--tasks-dir", str(runs["tasks"])]
+            + ["--limit", "2", "--out", str(tmp_path / "e.md")],
+            "name the .json file",
+        ),
+    ]
+    for argv, expect in cases:
+        assert main(argv) == 2
+        err = [l for l in capsys.readouterr().err.strip().splitlines() if l.strip()]
+        assert len(err) == 1 and err[0].startswith("error: --out ") and expect in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken.json"]  # nothing written
