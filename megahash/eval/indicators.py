@@ -187,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         cfg, model, ckpt = load_model(args.checkpoint, args.override)
         out = Path(args.out) if args.out else ckpt.parent / "indicators"
-        from megahash.atomic_write import check_writable
+        from megahash.atomic_write import check_writable, write_text_atomic
 
         check_writable(out, "pass --out DIR elsewhere", folder=True)  # a read-only run folder: before the forward
         from megahash.accelerator import policy
@@ -206,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "definitions": "thesis sec. 4.4.4; see megahash/eval/indicator_formulas.py",
             "layers": records,
         }
-        (out / "indicators.json").write_text(json.dumps(record, indent=1) + "\n")
+        write_text_atomic(out / "indicators.json", json.dumps(record, indent=1) + "\n")
         written = [] if args.no_plots else plot(records, out, f"({cfg.model.schedule})")
         print(format_table(records))
         print(f"\nwrote {out / 'indicators.json'}" + "".join(f", {w}" for w in written))

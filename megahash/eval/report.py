@@ -338,14 +338,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         table = markdown(runs, baseline, lower, args.peop_params)
         print(table)
         if args.out:
-            out = Path(args.out)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(table + "\n")
-            out.with_suffix(".json").write_text(
+            from megahash.atomic_write import write_text_atomic
+
+            out = Path(args.out)  # each file under a temp name, then renamed: never half a table
+            write_text_atomic(out, table + "\n")
+            write_text_atomic(
+                out.with_suffix(".json"),
                 json.dumps(
                     {"runs": runs, "baseline": baseline["run"], "lower_bound": lower["run"]}, indent=1, default=str
                 )
-                + "\n"
+                + "\n",
             )
             print(f"\nwrote {out} and {out.with_suffix('.json')}")
         return 0

@@ -731,3 +731,60 @@ def test_out_and_the_file_written_beside_it_are_two_files(runs, tmp_path, capsys
         err = [l for l in capsys.readouterr().err.strip().splitlines() if l.strip()]
         assert len(err) == 1 and err[0].startswith("error: --out ") and expect in err[0], err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken.json"]  # nothing written
+
+
+def _fail_half_way(monkeypatch, what: str):
+    """Every text write (``what`` text) or figure save (figure) writes half its bytes, then fails as a full disk
+    does (fault injection)."""
+    import errno
+    import io
+    import pathlib
+
+    import matplotlib.figure
+
+    def write_text(self, data, *a, **k):
+        with open(self, "w") as f:
+            f.write(data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    real_savefig = matplotlib.figure.Figure.savefig
+
+    def savefig(self, fname, *a, **k):
+        buf = io.BytesIO()
+        real_savefig(self, buf, *a, **{**k, "format": "png"})
+        pathlib.Path(fname).write_bytes(buf.getvalue()[: len(buf.getvalue()) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    if what == "text":
+        monkeypatch.setattr(pathlib.Path, "write_text", write_text)
+    else:
+        monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+
+
+def test_a_failed_write_leaves_the_previous_report_and_indicators_whole(runs, tmp_path, monkeypatch, capsys):
+    """report --out (table and numbers) and indicators (JSON and PNGs) write each file under a temp name and rename
+    it: a write that fails half way (a full disk, a killed job) leaves the previous file as it was and no temp file.
+    Before, the table, indicators.json and the PNGs were written in place: half a file."""
+    from megahash.cli import main
+
+    text = tmp_path / "held_out.txt"
+    text.write_text("To be, or not to be, that is the question.\n" * 40)
+    ind = tmp_path / "ind"
+    report = [["report", "--runs", str(runs["trained"]), "--out", str(tmp_path / "r.md")]]
+    indicators = [["indicators", "--checkpoint", str(runs["trained"]), "--text", str(text), "--out", str(ind)]]
+    for argv in report + [indicators[0] + ["--max-tokens", "16"]]:
+        assert main(argv) == 0
+    capsys.readouterr()
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and p != text}
+    assert {p.name for p in before} >= {"r.md", "r.json", "indicators.json", "indicators_heads.png", "logits.png"}
+    for what, argvs in (("text", report + indicators), ("figure", indicators)):
+        with monkeypatch.context() as m:
+            _fail_half_way(m, what)
+            for argv in argvs:
+                with pytest.raises(OSError, match="No space left"):
+                    main([*argv, "--max-tokens", "8"] if argv[0] == "indicators" else argv)
+        after = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and p != text}
+        if what == "figure":  # indicators.json was written whole (the 8-token windows) before the plot failed
+            assert json.loads(after[ind / "indicators.json"])["window_tokens"] == 8
+            after[ind / "indicators.json"] = before[ind / "indicators.json"]
+        assert after == before, what  # the same files, byte for byte: nothing half-written, no temp file left
