@@ -210,6 +210,22 @@ def test_dry_run_prints_cells_and_commands(grid, capsys):
             "changes train.steps (12 -> 7) without an axis",
         ),
         ({"standard": {"train.lr": 1.0}}, "standard names 'train.lr', which is not an axis"),
+        # a cell that would run twice, rows merged, a report without a standard row: they ran silently before
+        ({"axes": {"model.schedule": ["uniform:mha", "uniform:mlp", "uniform:mha"]}}, "lists 'uniform:mha' twice"),
+        (
+            {"variants": [{"name": "a", "overrides": {}}, {"name": "a", "overrides": {"train.lr": 1e-3}}]},
+            "two variants are named 'a'",
+        ),
+        (
+            {
+                "variants": [
+                    {"name": "a", "overrides": {}},
+                    {"name": "b", "overrides": {"model.schedule": "uniform:mha"}},
+                ]
+            },
+            "cells 000_a and 001_b resolve to the same config",
+        ),
+        ({"standard": {"model.schedule": "uniform:gqa"}}, "standard model.schedule='uniform:gqa' is no cell's value"),
         # sections of another shape: ValueError/AttributeError/TypeError tracebacks before
         ({"eval": {"batch_size": "abc"}}, "eval.batch_size must be a whole number >= 1"),
         ({"eval": {"tasks": 5}}, "eval.tasks must be a task name or a list of task names"),
