@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 from pathlib import Path
 
@@ -89,6 +90,18 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)
+
+
+def finite_json(obj):
+    """``obj`` with every NaN and infinity (a diverged run's loss) as None, so ``json.dumps`` writes standard JSON
+    (Python writes them as the bare words NaN / Infinity, which jq, JavaScript and strict parsers refuse)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_json(v) for v in obj]
+    return obj
 
 
 def write_json_atomic(path: str | os.PathLike, obj, indent: int | None = 1) -> None:

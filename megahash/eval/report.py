@@ -338,14 +338,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         table = markdown(runs, baseline, lower, args.peop_params)
         print(table)
         if args.out:
-            from megahash.atomic_write import write_text_atomic
+            from megahash.atomic_write import finite_json, write_text_atomic
 
             out = Path(args.out)  # each file under a temp name, then renamed: never half a table
             write_text_atomic(out, table + "\n")
             write_text_atomic(
                 out.with_suffix(".json"),
-                json.dumps(
-                    {"runs": runs, "baseline": baseline["run"], "lower_bound": lower["run"]}, indent=1, default=str
+                json.dumps(  # standard JSON: NaN / inf (an eval file of a diverged run) as null
+                    finite_json({"runs": runs, "baseline": baseline["run"], "lower_bound": lower["run"]}),
+                    indent=1,
+                    default=str,
+                    allow_nan=False,
                 )
                 + "\n",
             )

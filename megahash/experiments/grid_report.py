@@ -100,6 +100,10 @@ def collect(grid) -> list[dict]:
 def _fmt(v, delta=None, digits=1) -> str:
     if v is None:
         return "–"
+    if not math.isfinite(v):  # a diverged run: nan / inf, without a delta
+        return str(v)
+    if delta is not None and not math.isfinite(delta):
+        delta = None
     big = abs(v) >= 1e4
     text = f"{v:.1E}" if big else f"{v:.{digits}f}"
     if delta is not None:
@@ -312,6 +316,7 @@ def write_report(grid) -> list[Path]:
     import warnings
 
     warnings.filterwarnings("ignore")
+    from megahash.atomic_write import finite_json
     from megahash.atomic_write import write_text_atomic as _atomic
 
     rows = collect(grid)
@@ -320,16 +325,19 @@ def write_report(grid) -> list[Path]:
     missing = [c.name for c in grid.cells if c.name not in {r["cell"] for r in rows}]
     _atomic(
         grid.out / "report.json",
-        json.dumps(
-            {
-                "megahash_sweep_report": 1,
-                "grid": grid.to_json(),
-                "rows": rows,
-                "missing": missing,
-                "not_done": not_done(grid),
-            },
+        json.dumps(  # standard JSON: a diverged cell's NaN / inf losses as null (the table shows them)
+            finite_json(
+                {
+                    "megahash_sweep_report": 1,
+                    "grid": grid.to_json(),
+                    "rows": rows,
+                    "missing": missing,
+                    "not_done": not_done(grid),
+                }
+            ),
             indent=1,
             default=str,
+            allow_nan=False,
         )
         + "\n",
     )

@@ -341,3 +341,45 @@ def test_shipped_grids_resolve(name, cells, tmp_path):
         assert skip and all(c.model.attention.skip_nonstandard and c.model.schedule.startswith("hybrid:") for c in skip)
     if name == "table3_2":
         assert {c.model.hidden_size for c in cfgs.values()} == {768} and len(cfgs) == 7
+
+
+def test_a_diverged_cell_is_nan_in_the_table_and_null_in_standard_json(grid, tmp_path):
+    """A cell whose losses went NaN / inf (metrics.jsonl holds the bare words NaN and Infinity): report.md shows
+    nan without a delta, report.json is standard JSON (null; it held NaN / Infinity, which strict parsers refuse),
+    and the finite numbers agree with metrics.jsonl."""
+    import shutil
+
+    from conftest import pretrain_here
+    from megahash.experiments.grid import DONE_FILE, cell_config, load_grid, write_plan
+    from megahash.experiments.grid_report import write_report
+
+    g = load_grid(str(grid["path"]), ["train.steps=2", "train.eval_interval=2"], str(tmp_path / "out"))
+    write_plan(g)
+    std, cell = g.cells[0], g.cells[2]  # uniform:mha and uniform:mlp of seed 1
+    r = pretrain_here(["--config", str(std.dir / "cell_config.yaml")])
+    assert r.returncode == 0, r.stderr[-2000:]
+    shutil.copytree(std.dir, cell.dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns("cell_config.yaml"))
+    path = cell.dir / "metrics.jsonl"
+    recs = [json.loads(line) for line in path.read_text().splitlines()]
+    lines = []
+    for rec in recs:
+        line = json.dumps(rec)
+        if rec.get("split") in ("train", "valid") and rec["step"] == 2:
+            line = line.replace(json.dumps(rec["loss"]), "NaN" if rec["split"] == "valid" else "Infinity")
+        lines.append(line)
+    path.write_text("\n".join(lines) + "\n")
+    for c in (std, cell):
+        (c.dir / DONE_FILE).write_text(json.dumps({"cell": c.name, "step": 2}))
+    assert cell_config(g, cell).model.schedule == "uniform:mlp"
+    write_report(g)
+
+    def strict(c):
+        raise ValueError(f"not JSON: {c}")
+
+    rep = json.loads((g.out / "report.json").read_text(), parse_constant=strict)
+    rows = {r["cell"]: r for r in rep["rows"]}
+    valid = [rec["loss"] for rec in recs if rec.get("split") == "valid" and rec["step"] == 2]
+    assert rows[std.name]["valid_loss"] == valid[-1] and rows[cell.name]["valid_loss"] is None
+    assert rows[cell.name]["train_curve"][1] == [2, None] and rows[cell.name]["delta_valid_loss"] is None
+    table = [l for l in (g.out / "report.md").read_text().splitlines() if l.startswith(f"| {cell.index} |")]
+    assert table and table[0].endswith("| nan |"), table
