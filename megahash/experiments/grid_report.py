@@ -40,15 +40,23 @@ def _display(metric: str, value):
     return 100.0 * value if metric in PERCENT else value
 
 
-def collect(grid) -> list[dict]:
-    """One record per finished cell: describe_run + loss curves + displayed task scores."""
+def collect(grid, unreadable: dict | None = None) -> list[dict]:
+    """One record per finished cell: describe_run + loss curves + displayed task scores. A finished cell whose
+    checkpoint cannot be read any more (removed to free the disk, damaged) has no row: its one-line reason goes
+    to ``unreadable`` (cell name -> reason), which the report lists with the cells not done."""
+    from megahash.errors import MegahashError, one_line
     from megahash.eval.report import describe_run
 
     rows = []
     for cell in grid.cells:
         if not cell.done:
             continue
-        rec = describe_run(str(cell.dir))
+        try:
+            rec = describe_run(str(cell.dir))
+        except MegahashError as e:  # was the whole report refused for one cell: no report of the others
+            if unreadable is not None:
+                unreadable[cell.name] = f"finished, but its checkpoint cannot be read: {one_line(e)}"
+            continue
         recs = _metrics(cell.dir)
         train = {}
         valid = {}
@@ -131,7 +139,7 @@ def task_columns(rows: list[dict]) -> list[tuple[str, str, bool]]:
     return sorted(cols, key=lambda c: (not c[2], c[0]))
 
 
-def markdown(grid, rows: list[dict]) -> str:
+def markdown(grid, rows: list[dict], unreadable: dict | None = None) -> str:
     cols = task_columns(rows)
     seeds = any(r["seed"] for r in rows)
     head = (
@@ -177,12 +185,16 @@ def markdown(grid, rows: list[dict]) -> str:
     ]
     if seeds and len({r["seed"] for r in rows}) > 1:
         notes += ["", "#### Mean ± std over seeds", "", *seed_table(rows, cols)]
-    left = not_done(grid)
+    left = not_done(grid, unreadable)
     if left:
         notes += ["", f"#### Cells not done ({len(left)} of {len(grid.cells)})", ""]
         notes += [
             f"- {c['index']} {c['cell']}: "
-            + (f"failed (exit {c['exit']}): {c['error']}" if c.get("error") else "not run yet or still running")
+            + (
+                (f"failed (exit {c['exit']}): {c['error']}" if c.get("exit") is not None else c["error"])
+                if c.get("error")
+                else "not run yet or still running"
+            )
             for c in left
         ]
     if grid.expected:
@@ -190,16 +202,18 @@ def markdown(grid, rows: list[dict]) -> str:
     return "\n".join(lines + notes)
 
 
-def not_done(grid) -> list[dict]:
+def not_done(grid, unreadable: dict | None = None) -> list[dict]:
     """Every cell without a result: its index, name and, when it failed, its exit status and one-line
-    error (``sweep_failed.json``, megahash.experiments.cell_failures.record_failure)."""
+    error (``sweep_failed.json``, megahash.experiments.cell_failures.record_failure); a finished cell in
+    ``unreadable`` (:func:`collect`) with that reason as its error."""
     from megahash.experiments.cell_failures import failure
 
+    unreadable = unreadable or {}
     out = []
     for cell in grid.cells:
-        if cell.done:
+        if cell.done and cell.name not in unreadable:
             continue
-        why = failure(cell) or {}
+        why = failure(cell) or ({"error": unreadable[cell.name]} if cell.name in unreadable else {})
         out.append(
             {
                 "index": cell.index,
@@ -312,15 +326,18 @@ def _savefig(fig, path: Path) -> Path:
     return path
 
 
-def write_report(grid) -> list[Path]:
+def write_report(grid, unreadable: dict | None = None) -> list[Path]:
+    """report.md, report.json and the two plots of the finished cells; ``unreadable`` (filled in): the
+    finished cells without a row, each with its reason (:func:`collect`)."""
     import warnings
 
     warnings.filterwarnings("ignore")
     from megahash.atomic_write import finite_json
     from megahash.atomic_write import write_text_atomic as _atomic
 
-    rows = collect(grid)
-    md = markdown(grid, rows)
+    unreadable = {} if unreadable is None else unreadable
+    rows = collect(grid, unreadable)
+    md = markdown(grid, rows, unreadable)
     _atomic(grid.out / "report.md", md + "\n")
     missing = [c.name for c in grid.cells if c.name not in {r["cell"] for r in rows}]
     _atomic(
@@ -332,7 +349,7 @@ def write_report(grid) -> list[Path]:
                     "grid": grid.to_json(),
                     "rows": rows,
                     "missing": missing,
-                    "not_done": not_done(grid),
+                    "not_done": not_done(grid, unreadable),
                 }
             ),
             indent=1,

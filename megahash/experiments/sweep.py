@@ -191,13 +191,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         done = [c for c in grid.cells if is_done(c)]
         if done:
-            paths = write_report(grid)
-            left = [c.name for c in grid.cells if not is_done(c)]
+            unreadable: dict = {}
+            paths = write_report(grid, unreadable)
+            left = [c.name for c in grid.cells if not is_done(c) or c.name in unreadable]
             print(
-                f"sweep: report of {len(done)}/{len(grid.cells)} cells: {', '.join(str(p) for p in paths)}"
-                + (f"; not done: {', '.join(left)}" if left else ""),
+                f"sweep: report of {len(done) - len(unreadable)}/{len(grid.cells)} cells: "
+                f"{', '.join(str(p) for p in paths)}" + (f"; not done: {', '.join(left)}" if left else ""),
                 flush=True,
             )
+            for name, why in unreadable.items():  # finished cells without a row: said, and exit status 1
+                print(f"sweep: cell {name}: {why}", file=sys.stderr, flush=True)
+                status = 1
         return status
 
     return run_guarded(go)

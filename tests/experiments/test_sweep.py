@@ -343,22 +343,46 @@ def test_shipped_grids_resolve(name, cells, tmp_path):
         assert {c.model.hidden_size for c in cfgs.values()} == {768} and len(cfgs) == 7
 
 
-def test_a_diverged_cell_is_nan_in_the_table_and_null_in_standard_json(grid, tmp_path):
+SHORT = ["train.steps=2", "train.eval_interval=2"]
+
+
+@pytest.fixture(scope="module")
+def trained_cell(grid, tmp_path_factory):
+    """Cell 0 of the 2x2 grid (uniform:mha, seed 1) trained for 2 steps: a template that the report tests copy
+    into the cells they mark done."""
+    from conftest import pretrain_here
+    from megahash.experiments.grid import load_grid, write_plan
+
+    g = load_grid(str(grid["path"]), SHORT, str(tmp_path_factory.mktemp("template")))
+    write_plan(g)
+    r = pretrain_here(["--config", str(g.cells[0].dir / "cell_config.yaml")])
+    assert r.returncode == 0, r.stderr[-2000:]
+    return g.cells[0].dir
+
+
+def _two_done_cells(grid, trained_cell, out):
+    """The grid planned into ``out`` with cells 0 (uniform:mha, the standard) and 2 (uniform:mlp) of seed 1 done:
+    the template's checkpoint, metrics and a done record in each (the row's label and values are the cell's)."""
+    import shutil
+
+    from megahash.experiments.grid import DONE_FILE, load_grid, write_plan
+
+    g = load_grid(str(grid["path"]), SHORT, str(out))
+    write_plan(g)
+    for c in (g.cells[0], g.cells[2]):
+        shutil.copytree(trained_cell, c.dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns("cell_config.yaml"))
+        (c.dir / DONE_FILE).write_text(json.dumps({"cell": c.name, "step": 2}))
+    return g, g.cells[0], g.cells[2]
+
+
+def test_a_diverged_cell_is_nan_in_the_table_and_null_in_standard_json(grid, trained_cell, tmp_path):
     """A cell whose losses went NaN / inf (metrics.jsonl holds the bare words NaN and Infinity): report.md shows
     nan without a delta, report.json is standard JSON (null; it held NaN / Infinity, which strict parsers refuse),
     and the finite numbers agree with metrics.jsonl."""
-    import shutil
-
-    from conftest import pretrain_here
-    from megahash.experiments.grid import DONE_FILE, cell_config, load_grid, write_plan
+    from megahash.experiments.grid import cell_config
     from megahash.experiments.grid_report import write_report
 
-    g = load_grid(str(grid["path"]), ["train.steps=2", "train.eval_interval=2"], str(tmp_path / "out"))
-    write_plan(g)
-    std, cell = g.cells[0], g.cells[2]  # uniform:mha and uniform:mlp of seed 1
-    r = pretrain_here(["--config", str(std.dir / "cell_config.yaml")])
-    assert r.returncode == 0, r.stderr[-2000:]
-    shutil.copytree(std.dir, cell.dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns("cell_config.yaml"))
+    g, std, cell = _two_done_cells(grid, trained_cell, tmp_path / "out")
     path = cell.dir / "metrics.jsonl"
     recs = [json.loads(line) for line in path.read_text().splitlines()]
     lines = []
@@ -368,8 +392,6 @@ def test_a_diverged_cell_is_nan_in_the_table_and_null_in_standard_json(grid, tmp
             line = line.replace(json.dumps(rec["loss"]), "NaN" if rec["split"] == "valid" else "Infinity")
         lines.append(line)
     path.write_text("\n".join(lines) + "\n")
-    for c in (std, cell):
-        (c.dir / DONE_FILE).write_text(json.dumps({"cell": c.name, "step": 2}))
     assert cell_config(g, cell).model.schedule == "uniform:mlp"
     write_report(g)
 
@@ -383,3 +405,24 @@ def test_a_diverged_cell_is_nan_in_the_table_and_null_in_standard_json(grid, tmp
     assert rows[cell.name]["train_curve"][1] == [2, None] and rows[cell.name]["delta_valid_loss"] is None
     table = [l for l in (g.out / "report.md").read_text().splitlines() if l.startswith(f"| {cell.index} |")]
     assert table and table[0].endswith("| nan |"), table
+
+
+def test_a_finished_cell_whose_checkpoint_is_gone_is_listed_and_the_rest_reported(grid, trained_cell, tmp_path, capsys):
+    """A finished cell whose checkpoints were removed (to free the disk) or damaged: the report of the other cells is
+    written, the cell is listed under "Cells not done" with the one-line reason, the sweep names it and ends 1.
+    Before: `--report-only` was that one line and exit 2, no report of any cell."""
+    import shutil
+
+    from megahash.experiments import sweep as sw
+
+    out = tmp_path / "out"
+    g, std, cell = _two_done_cells(grid, trained_cell, out)
+    shutil.rmtree(cell.dir / "step_00000002")
+    assert sw.main(["--grid", str(grid["path"]), "--out", str(out), "--report-only", *SHORT]) == 1
+    cap = capsys.readouterr()
+    rep = json.loads((out / "report.json").read_text())
+    assert [r["cell"] for r in rep["rows"]] == [std.name]
+    gone = next(c for c in rep["not_done"] if c["cell"] == cell.name)
+    assert "finished, but its checkpoint cannot be read" in gone["error"] and "holds no complete" in gone["error"]
+    assert f"- {cell.index} {cell.name}: {gone['error']}" in (out / "report.md").read_text()
+    assert "report of 1/4 cells" in cap.out and f"sweep: cell {cell.name}: {gone['error']}" in cap.err
