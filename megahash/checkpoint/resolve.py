@@ -115,6 +115,13 @@ def resolve_checkpoint(path: str | Path, level: str = "cheap", scope=None) -> Pa
     the step directory named is damaged)."""
     p = Path(path)
     judge = lambda c: damage(c, level, scope=scope)  # noqa: E731
+    if p.suffix == ".tmp" and TAG_RE.match(p.stem):  # was read (a half-published save) or "holds no checkpoint"
+        newest = complete_checkpoints(p.parent)
+        raise CheckpointError(
+            f"{p} is an unfinished save (its run stopped while writing it, or is writing it now); name the run "
+            f"directory {p.parent}"
+            + (f" (its newest complete checkpoint is {newest[-1].name})" if newest else " once a save completes")
+        )
     if (p / STATE_FILE).is_file():
         ckpt = p
         why = judge(ckpt)

@@ -788,3 +788,29 @@ def test_a_failed_write_leaves_the_previous_report_and_indicators_whole(runs, tm
             assert json.loads(after[ind / "indicators.json"])["window_tokens"] == 8
             after[ind / "indicators.json"] = before[ind / "indicators.json"]
         assert after == before, what  # the same files, byte for byte: nothing half-written, no temp file left
+
+
+def test_an_unfinished_save_is_named_not_read(runs, tmp_path, capsys):
+    """``step_N.tmp`` (a save its run was killed in, or is writing now): eval and report refuse it in one line that
+    names the run directory and its newest complete checkpoint. Before, eval read a .tmp that had its state file
+    (results as eval/step_N.tmp.json) and said "holds no complete checkpoint" of one that had not."""
+    import shutil
+
+    from megahash.cli import main
+
+    run = tmp_path / "killed run"
+    shutil.copytree(runs["untrained"], run, ignore=shutil.ignore_patterns("eval", "indicators"))
+    shutil.copytree(run / "step_00000001", run / "step_00000002.tmp")
+    (tmp_path / "half").mkdir()
+    for tmp in (run / "step_00000002.tmp", tmp_path / "half" / "step_00000009.tmp"):
+        tmp.mkdir(exist_ok=True)
+        for argv in (
+            ["eval", "--checkpoint", str(tmp), "--tasks", "shk_order", "--tasks-dir", str(runs["tasks"])],
+            ["report", "--runs", str(tmp)],
+        ):
+            assert main(argv) == 2
+            err = [l for l in capsys.readouterr().err.strip().splitlines() if l.strip()]
+            assert len(err) == 1 and f"error: {tmp} is an unfinished save" in err[0], err
+            assert f"name the run directory {tmp.parent}" in err[0]
+            assert ("newest complete checkpoint is step_00000001" in err[0]) == (tmp.parent == run), err
+    assert not (run / "eval").exists()
