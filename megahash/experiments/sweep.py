@@ -146,6 +146,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.grid:
             raise ConfigError("--grid GRID.yaml is required (grids ship under configs/grids/)")
         grid = load_grid(args.grid, args.overrides, args.out)
+        from megahash.atomic_write import check_output
+
+        # a file there, a file above it, a read-only place: one line before anything (was a traceback at mkdir)
+        check_output(grid.out, "--out" if args.out else f"out of {args.grid}", folder=True)
         override_eval(grid, args.tasks, args.tasks_dir, args.limit)
         chosen = select_cells(grid, args.cells)
         if args.dry_run:

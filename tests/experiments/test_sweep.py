@@ -297,6 +297,23 @@ def test_grid_tasks_are_checked_before_any_cell_trains(grid, tmp_path, capsys):
         assert "nothing was run" in lines[0] and "training" not in cap.out and not out.exists()
 
 
+def test_an_out_that_is_a_file_is_one_line(grid, tmp_path, capsys):
+    """--out naming a file, or a folder under a file: one line before anything, in a dry run too (was a
+    FileExistsError / NotADirectoryError traceback when the plan was written; the dry run did not notice)."""
+    from megahash.experiments import sweep as sw
+
+    (tmp_path / "afile").write_text("x")
+    for out, dry, expect in (
+        (tmp_path / "afile", [], "is a file; name a folder"),
+        (tmp_path / "afile" / "sub", ["--dry-run"], "afile is a file, not a folder"),
+    ):
+        assert sw.main(["--grid", str(grid["path"]), "--out", str(out), *dry]) == 2
+        cap = capsys.readouterr()
+        lines = cap.err.strip().splitlines()
+        assert cap.out == "" and len(lines) == 1 and lines[0].startswith("error: --out ") and expect in lines[0], cap
+    assert (tmp_path / "afile").read_text() == "x"
+
+
 def test_array_script_outside_slurm_is_one_line_error():
     r = subprocess.run(
         ["bash", "slurm/sweep_array.sh"], cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=60
