@@ -129,6 +129,25 @@ def describe_run(path: str) -> dict:
     return out
 
 
+def name_apart(runs: list[dict]) -> None:
+    """Runs of one folder name in different places (``a/quickstart``, ``b/quickstart``; cells of two sweeps) are
+    named by as many trailing path parts as tell them apart (in place; they were rows of the same name)."""
+    groups: dict[str, list[dict]] = {}
+    for r in runs:
+        groups.setdefault(r["run"], []).append(r)
+    for same in groups.values():
+        dirs = {r["run_dir"] for r in same}
+        if len(dirs) < 2:
+            continue  # one run (or the same run given twice): its name says which
+        parts = {d: Path(d).parts for d in dirs}
+        for k in range(2, max(map(len, parts.values())) + 1):
+            names = {d: "/".join(p[-k:]) for d, p in parts.items()}
+            if len(set(names.values())) == len(dirs):
+                break
+        for r in same:
+            r["run"] = names[r["run_dir"]]
+
+
 def _costs(cfg, layers) -> dict | None:
     try:
         from megahash.models import costs, registry
@@ -314,6 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         check_out(args.out, beside=".json")
         runs = [describe_run(p) for p in args.runs]
+        name_apart(runs)
         by_path = {}
         for p, r in zip(args.runs, runs):
             by_path[str(Path(p).resolve())] = r
