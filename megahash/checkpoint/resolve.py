@@ -197,7 +197,13 @@ def checkpoint_config(ckpt: Path, overrides: list[str] | None = None):
     try:  # the saved values in their ranges (hidden_size: -32 was a negative-dimension traceback in megatron)
         check_fields(config_from_dict(saved))
     except ConfigError as e:
-        raise CheckpointError(f"{path}: {e}") from None
+        newer = (
+            "; a key this megahash does not know: the checkpoint was saved by a newer megahash (read it with that "
+            "release, or upgrade) or the file was edited"
+            if str(e).startswith("unknown config key")
+            else ""
+        )
+        raise CheckpointError(f"{path}: {e}{newer}") from None
     plugins = (saved.get("model") or {}).get("plugins")
     if plugins:  # modules the file names are imported: only those this process knows, or this install's run's
         from megahash import catalog

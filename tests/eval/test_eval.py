@@ -814,3 +814,29 @@ def test_an_unfinished_save_is_named_not_read(runs, tmp_path, capsys):
             assert f"name the run directory {tmp.parent}" in err[0]
             assert ("newest complete checkpoint is step_00000001" in err[0]) == (tmp.parent == run), err
     assert not (run / "eval").exists()
+
+
+def test_a_checkpoint_config_key_of_a_newer_release_says_so(runs, tmp_path, capsys):
+    """A checkpoint whose resolved_config.yaml has a key this megahash does not know (saved by a newer release; its
+    manifest agrees, so it is not damaged): the one line now says where such a key comes from and what to do (it
+    named the key and listed the valid ones, no more)."""
+    import shutil
+
+    import yaml
+
+    from megahash.checkpoint.manifest import write_manifest
+    from megahash.checkpoint.origin import sign
+    from megahash.cli import main
+
+    run = tmp_path / "newer"
+    shutil.copytree(runs["untrained"], run, ignore=shutil.ignore_patterns("eval", "indicators"))
+    step = run / "step_00000001"
+    tree = yaml.safe_load((step / "resolved_config.yaml").read_text())
+    tree["model"]["frobnicate"] = 3
+    (step / "resolved_config.yaml").write_text(yaml.safe_dump(tree))
+    write_manifest(step, True)  # as the newer release wrote it: the manifest vouches for the file
+    sign(step)
+    assert main(["report", "--runs", str(run)]) == 2
+    err = [l for l in capsys.readouterr().err.strip().splitlines() if l.strip()]
+    assert len(err) == 1 and "unknown config key 'model.frobnicate'" in err[0], err
+    assert "saved by a newer megahash" in err[0] and "upgrade" in err[0]
