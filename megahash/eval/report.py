@@ -266,7 +266,26 @@ def markdown(runs: list[dict], baseline: dict, lower: dict, peop_params: str) ->
             "context = each run's data.seq_length, summed over layers."
         )
     notes += empty_reasons(runs, baseline, lower, tasks, peop_params)
+    notes += stale_scores(runs)
     return "\n".join(lines + [""] + notes)
+
+
+def stale_scores(runs: list[dict]) -> list[str]:
+    """One note per run whose scores are not of the checkpoint its row describes (an evaluation during training at
+    step 3 of a run that went on to step 6, a killed run's older results): which tasks, of which steps."""
+    notes = []
+    for r in runs:
+        other = {}
+        for task, s in sorted(r["scores"].items()):
+            if r.get("step") is not None and s.get("step") != r["step"]:
+                other.setdefault(s.get("step"), []).append(task)
+        if other:
+            of = "; ".join(f"{', '.join(tasks)} of step {step}" for step, tasks in sorted(other.items(), key=str))
+            notes.append(
+                f"Scores of {r['run']} not of its newest checkpoint (step {r['step']}): {of} "
+                f"(`megahash eval --checkpoint {r['run_dir']}` scores step {r['step']})."
+            )
+    return notes
 
 
 def empty_reasons(runs: list[dict], baseline: dict, lower: dict, tasks: list[str], peop_params: str) -> list[str]:

@@ -184,3 +184,21 @@ def test_runs_of_one_folder_name_are_told_apart():
         "| x/cells/000_mha",
         "| y/cells/000_mha",
     ]
+
+
+def test_scores_of_an_older_step_than_the_row_are_said():
+    """A run evaluated during training at step 3 that went on to step 6 (or a killed run's older results): its row
+    describes step 6, its scores are step 3's. Said in a note naming the tasks and steps (it was silent)."""
+    from megahash.eval.report import compare, markdown
+
+    run = {**_run("late", 1_000_000, 100_000, 50_000, {"glue": ("acc", 0.8, True), "wiki": ("ppl", 9.0, False)})}
+    run["step"], run["run_dir"] = 6, "/r/late"
+    run["scores"]["wiki"]["step"] = 6
+    fresh = {**_run("fresh", 1_000_000, 100_000, 50_000, {"glue": ("acc", 0.7, True)}), "step": 1}
+    compare([run, fresh], run, run, "attention")
+    notes = markdown([run, fresh], run, run, "attention").split("\n\n", 1)[1].splitlines()
+    stale = [n for n in notes if n.startswith("Scores of ")]
+    assert stale == [
+        "Scores of late not of its newest checkpoint (step 6): glue of step 1 "
+        "(`megahash eval --checkpoint /r/late` scores step 6)."
+    ]
