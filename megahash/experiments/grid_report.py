@@ -256,6 +256,20 @@ def seed_table(rows: list[dict], cols) -> list[str]:
     return out
 
 
+def ema(values, keep: float = 0.9) -> list[float]:
+    """Exponential moving average of the training losses; a NaN / inf or missing loss (a step the step guard
+    skipped, a null) is a gap in the curve and leaves the average as it was (it made every later point NaN: the
+    curve of a run that recovered from one bad step ended there)."""
+    out, acc = [], None
+    for v in values:
+        if v is None or not math.isfinite(v):
+            out.append(math.nan)
+            continue
+        acc = v if acc is None else keep * acc + (1 - keep) * v
+        out.append(acc)
+    return out
+
+
 def plots(grid, rows: list[dict]) -> list[Path]:
     import matplotlib
 
@@ -269,11 +283,7 @@ def plots(grid, rows: list[dict]) -> list[Path]:
         if r["train_curve"]:
             steps, losses = zip(*r["train_curve"])
             # exponential moving average for readability (raw values are in metrics.jsonl)
-            sm, acc = [], None
-            for v in losses:
-                acc = v if acc is None else 0.9 * acc + 0.1 * v
-                sm.append(acc)
-            (line,) = ax.plot(steps, sm, label=name, lw=1.2)
+            (line,) = ax.plot(steps, ema(losses), label=name, lw=1.2)
             if r["valid_curve"]:
                 vs, vl = zip(*r["valid_curve"])
                 ax.plot(vs, vl, "o", color=line.get_color(), ms=4)

@@ -443,3 +443,19 @@ def test_a_finished_cell_whose_checkpoint_is_gone_is_listed_and_the_rest_reporte
     assert "finished, but its checkpoint cannot be read" in gone["error"] and "holds no complete" in gone["error"]
     assert f"- {cell.index} {cell.name}: {gone['error']}" in (out / "report.md").read_text()
     assert "report of 1/4 cells" in cap.out and f"sweep: cell {cell.name}: {gone['error']}" in cap.err
+
+
+def test_the_loss_curve_average_passes_over_a_bad_step():
+    """loss_curves.png's moving average of a run with one NaN / inf step (skipped by the step guard, the run went
+    on): a gap at that step, and after it the average of the finite losses alone (every later point was NaN)."""
+    import math
+
+    from megahash.experiments.grid_report import ema
+
+    losses = [4.0, 3.0, math.nan, 2.0, math.inf, 1.0]
+    finite = [4.0, 0.9 * 4.0 + 0.1 * 3.0]
+    finite += [0.9 * finite[-1] + 0.1 * 2.0]
+    finite += [0.9 * finite[-1] + 0.1 * 1.0]
+    got = ema(losses)
+    assert math.isnan(got[2]) and math.isnan(got[4])
+    assert [got[i] for i in (0, 1, 3, 5)] == pytest.approx(finite)
