@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 from pathlib import Path
 
@@ -52,6 +53,37 @@ def check_output(out, flag: str = "--out", folder: bool = False, example: str = 
         raise ConfigError(f"{flag} {out} is a file; name a folder for the outputs")
     if (parent := file_above(p)) is not None:
         raise ConfigError(f"{flag} {out}: {parent} is a file, not a folder; name another {flag}")
+    check_writable(p, f"name another {flag}", folder)
+
+
+def unwritable(path: str | os.PathLike, folder: bool = False) -> str | None:
+    """Why the output ``path`` (a file, written through a temp file beside it; ``folder``: a folder written into)
+    cannot be made: its nearest existing folder is on a read-only file system or not writable by this user
+    (``os.access``: a ``chattr +i`` folder refuses root too); None when it can be."""
+    start = Path(path) if folder else Path(path).parent
+    for here in (start, *start.parents):
+        if here.exists():
+            break
+    else:
+        return None
+    if not here.is_dir() or os.access(here, os.W_OK | os.X_OK):
+        return None  # a file in the way is file_above's line
+    try:
+        read_only = bool(os.statvfs(here).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    return f"{here} is on a read-only file system" if read_only else f"{here} is not writable by this user"
+
+
+def check_writable(path: str | os.PathLike, fix: str, folder: bool = False) -> None:
+    """One line (ConfigError) before any work when the output ``path`` cannot be written (:func:`unwritable`;
+    it was an OSError traceback after the work, e.g. ``megahash eval`` of a read-only run folder). ``fix``:
+    what to do instead, e.g. "pass --out FILE elsewhere"."""
+    from megahash.errors import ConfigError
+
+    why = unwritable(path, folder)
+    if why:
+        raise ConfigError(f"cannot write {path}: {why}; {fix}")
 
 
 @contextlib.contextmanager
@@ -75,6 +107,18 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)
+
+
+def finite_json(obj):
+    """``obj`` with every NaN and infinity (a diverged run's loss) as None, so ``json.dumps`` writes standard JSON
+    (Python writes them as the bare words NaN / Infinity, which jq, JavaScript and strict parsers refuse)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_json(v) for v in obj]
+    return obj
 
 
 def write_json_atomic(path: str | os.PathLike, obj, indent: int | None = 1) -> None:

@@ -376,7 +376,9 @@ def read_yaml_mapping(path, what: str) -> dict:
     except UnicodeDecodeError as e:
         raise ConfigError(f"{what} file {path} is not UTF-8 text (byte {e.start}); give a YAML file") from None
     except OSError as e:  # a directory, no permission
-        raise ConfigError(f"{what} file {path} cannot be read: {e.strerror}") from None
+        saved = Path(path) / "resolved_config.yaml"  # a run or step folder: its config is the file inside
+        hint = f"; a run's config is {saved}" if Path(path).is_dir() and saved.is_file() else ""
+        raise ConfigError(f"{what} file {path} cannot be read: {e.strerror}{hint}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{what} file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(data, dict):

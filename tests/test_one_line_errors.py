@@ -100,6 +100,23 @@ def test_a_binary_file_or_a_directory_as_config_is_one_line(tmp_path):
         assert line.startswith(f"error: config file {path} {why}"), line
 
 
+def test_a_run_folder_as_config_names_its_config_file(tmp_path):
+    """``megahash params --config RUN`` (or a step_N folder): the line names the run's resolved_config.yaml, the
+    file meant (it said "Is a directory", no more)."""
+    from megahash.config import read_yaml_mapping
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "resolved_config.yaml").write_text("model: {hidden_size: 64}\n")
+    with pytest.raises(ConfigError) as e:
+        read_yaml_mapping(run, "config")
+    assert str(e.value) == (
+        f"config file {run} cannot be read: Is a directory; a run's config is {run / 'resolved_config.yaml'}"
+    )
+    with pytest.raises(ConfigError, match=r"Is a directory$"):  # a folder that is no run: no hint
+        read_yaml_mapping(tmp_path / "run" / ".." / "run" / "..", "config")
+
+
 def test_a_deeply_nested_deepspeed_json_is_one_line(tmp_path):
     """train.deepspeed_config naming 100,000 nested arrays: Python's JSON decoder's RecursionError was a traceback."""
     path = tmp_path / "ds.json"

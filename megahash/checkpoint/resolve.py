@@ -115,6 +115,13 @@ def resolve_checkpoint(path: str | Path, level: str = "cheap", scope=None) -> Pa
     the step directory named is damaged)."""
     p = Path(path)
     judge = lambda c: damage(c, level, scope=scope)  # noqa: E731
+    if p.suffix == ".tmp" and TAG_RE.match(p.stem):  # was read (a half-published save) or "holds no checkpoint"
+        newest = complete_checkpoints(p.parent)
+        raise CheckpointError(
+            f"{p} is an unfinished save (its run stopped while writing it, or is writing it now); name the run "
+            f"directory {p.parent}"
+            + (f" (its newest complete checkpoint is {newest[-1].name})" if newest else " once a save completes")
+        )
     if (p / STATE_FILE).is_file():
         ckpt = p
         why = judge(ckpt)
@@ -190,7 +197,13 @@ def checkpoint_config(ckpt: Path, overrides: list[str] | None = None):
     try:  # the saved values in their ranges (hidden_size: -32 was a negative-dimension traceback in megatron)
         check_fields(config_from_dict(saved))
     except ConfigError as e:
-        raise CheckpointError(f"{path}: {e}") from None
+        newer = (
+            "; a key this megahash does not know: the checkpoint was saved by a newer megahash (read it with that "
+            "release, or upgrade) or the file was edited"
+            if str(e).startswith("unknown config key")
+            else ""
+        )
+        raise CheckpointError(f"{path}: {e}{newer}") from None
     plugins = (saved.get("model") or {}).get("plugins")
     if plugins:  # modules the file names are imported: only those this process knows, or this install's run's
         from megahash import catalog

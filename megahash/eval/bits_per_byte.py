@@ -157,6 +157,9 @@ def evaluate_text(
     out = Path(out) if out else ckpt.parent / "eval" / f"{ckpt.name}_text{source_tag(src)}{weights_tag(weights)}.json"
     if out.exists() and not overwrite:  # as megahash eval's task results (eval/run.py refuse_existing)
         raise ConfigError(f"{out} already exists; pass --overwrite to replace it (or --out for another file)")
+    from megahash.atomic_write import check_writable
+
+    check_writable(out, "pass --out FILE elsewhere")  # a read-only run folder: before the scoring, not after
     docs, replaced = documents(src, limit)
     if replaced and not quiet:
         print(

@@ -14,8 +14,11 @@ def _save(fig, path: Path) -> str:
     """Lay out, write (110 dpi) and close a matplotlib figure; its path."""
     import matplotlib.pyplot as plt
 
+    from megahash.atomic_write import atomic_path
+
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:  # a temp name, then renamed: never half a PNG
+        fig.savefig(tmp, dpi=110, format=Path(path).suffix[1:])
     plt.close(fig)
     return str(path)
 

@@ -186,6 +186,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from megahash.eval.text import load_codec, load_model
 
         cfg, model, ckpt = load_model(args.checkpoint, args.override)
+        out = Path(args.out) if args.out else ckpt.parent / "indicators"
+        from megahash.atomic_write import check_writable, write_text_atomic
+
+        check_writable(out, "pass --out DIR elsewhere", folder=True)  # a read-only run folder: before the forward
         from megahash.accelerator import policy
 
         if policy.has_gpu():
@@ -193,7 +197,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         codec = load_codec(cfg, ckpt, args.tokenizer, model_vocab=model.vocab_size)
         max_tokens = args.max_tokens or cfg.data.seq_length
         records, info = compute(model, codec, text, max_tokens, args.windows)
-        out = Path(args.out) if args.out else ckpt.parent / "indicators"
         out.mkdir(parents=True, exist_ok=True)
         record = {
             "checkpoint": str(ckpt),
@@ -203,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "definitions": "thesis sec. 4.4.4; see megahash/eval/indicator_formulas.py",
             "layers": records,
         }
-        (out / "indicators.json").write_text(json.dumps(record, indent=1) + "\n")
+        write_text_atomic(out / "indicators.json", json.dumps(record, indent=1) + "\n")
         written = [] if args.no_plots else plot(records, out, f"({cfg.model.schedule})")
         print(format_table(records))
         print(f"\nwrote {out / 'indicators.json'}" + "".join(f", {w}" for w in written))

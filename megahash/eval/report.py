@@ -129,6 +129,25 @@ def describe_run(path: str) -> dict:
     return out
 
 
+def name_apart(runs: list[dict]) -> None:
+    """Runs of one folder name in different places (``a/quickstart``, ``b/quickstart``; cells of two sweeps) are
+    named by as many trailing path parts as tell them apart (in place; they were rows of the same name)."""
+    groups: dict[str, list[dict]] = {}
+    for r in runs:
+        groups.setdefault(r["run"], []).append(r)
+    for same in groups.values():
+        dirs = {r["run_dir"] for r in same}
+        if len(dirs) < 2:
+            continue  # one run (or the same run given twice): its name says which
+        parts = {d: Path(d).parts for d in dirs}
+        for k in range(2, max(map(len, parts.values())) + 1):
+            names = {d: "/".join(p[-k:]) for d, p in parts.items()}
+            if len(set(names.values())) == len(dirs):
+                break
+        for r in same:
+            r["run"] = names[r["run_dir"]]
+
+
 def _costs(cfg, layers) -> dict | None:
     try:
         from megahash.models import costs, registry
@@ -247,7 +266,26 @@ def markdown(runs: list[dict], baseline: dict, lower: dict, peop_params: str) ->
             "context = each run's data.seq_length, summed over layers."
         )
     notes += empty_reasons(runs, baseline, lower, tasks, peop_params)
+    notes += stale_scores(runs)
     return "\n".join(lines + [""] + notes)
+
+
+def stale_scores(runs: list[dict]) -> list[str]:
+    """One note per run whose scores are not of the checkpoint its row describes (an evaluation during training at
+    step 3 of a run that went on to step 6, a killed run's older results): which tasks, of which steps."""
+    notes = []
+    for r in runs:
+        other = {}
+        for task, s in sorted(r["scores"].items()):
+            if r.get("step") is not None and s.get("step") != r["step"]:
+                other.setdefault(s.get("step"), []).append(task)
+        if other:
+            of = "; ".join(f"{', '.join(tasks)} of step {step}" for step, tasks in sorted(other.items(), key=str))
+            notes.append(
+                f"Scores of {r['run']} not of its newest checkpoint (step {r['step']}): {of} "
+                f"(`megahash eval --checkpoint {r['run_dir']}` scores step {r['step']})."
+            )
+    return notes
 
 
 def empty_reasons(runs: list[dict], baseline: dict, lower: dict, tasks: list[str], peop_params: str) -> list[str]:
@@ -312,8 +350,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         warnings.filterwarnings("ignore")
         from megahash.eval.run import check_out
 
-        check_out(args.out)
+        check_out(args.out, beside=".json")
         runs = [describe_run(p) for p in args.runs]
+        name_apart(runs)
         by_path = {}
         for p, r in zip(args.runs, runs):
             by_path[str(Path(p).resolve())] = r
@@ -338,14 +377,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         table = markdown(runs, baseline, lower, args.peop_params)
         print(table)
         if args.out:
-            out = Path(args.out)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(table + "\n")
-            out.with_suffix(".json").write_text(
-                json.dumps(
-                    {"runs": runs, "baseline": baseline["run"], "lower_bound": lower["run"]}, indent=1, default=str
+            from megahash.atomic_write import finite_json, write_text_atomic
+
+            out = Path(args.out)  # each file under a temp name, then renamed: never half a table
+            write_text_atomic(out, table + "\n")
+            write_text_atomic(
+                out.with_suffix(".json"),
+                json.dumps(  # standard JSON: NaN / inf (an eval file of a diverged run) as null
+                    finite_json({"runs": runs, "baseline": baseline["run"], "lower_bound": lower["run"]}),
+                    indent=1,
+                    default=str,
+                    allow_nan=False,
                 )
-                + "\n"
+                + "\n",
             )
             print(f"\nwrote {out} and {out.with_suffix('.json')}")
         return 0

@@ -344,6 +344,9 @@ def evaluate_checkpoint(
     ckpt = resolve_for_inference(ckpt_dir, overrides)  # the newest intact one of a run directory
     out = Path(out) if out else _weights_out(default_out(ckpt), weights)
     refuse_existing(out, overwrite)
+    from megahash.atomic_write import check_writable
+
+    check_writable(out, "pass --out FILE elsewhere")  # a read-only run folder: before the evaluation, not after
     from megahash.eval.lm import MegahashEvalLM
 
     task_manager(tasks, tasks_dir, trust_task_code)  # unknown names, task code: before the model is loaded
@@ -414,12 +417,27 @@ def _weights_out(out: Path, weights: str) -> Path:
     return out.with_name(f"{out.stem}{weights_tag(weights)}{out.suffix}")
 
 
-def check_out(out, folder: bool = False) -> None:
+def check_out(out, folder: bool = False, beside: str = "") -> None:
     """``--out`` names a results file (``folder``: an output folder) that can be made
-    (:func:`megahash.atomic_write.check_output`): one line before the checkpoint is read."""
+    (:func:`megahash.atomic_write.check_output`): one line before the checkpoint is read. ``beside``: the suffix
+    of the second file written next to it (``megahash eval``'s ``.md`` table, ``megahash report``'s ``.json``
+    numbers), which must be another file that can be made too (``--out X.md`` was the JSON results overwritten
+    by the table; a folder named like it, a traceback after the work with the first file already replaced)."""
     from megahash.atomic_write import check_output
 
     check_output(out, "--out", folder)
+    if out and beside:
+        p = Path(out)
+        if p.suffix == beside:
+            own = ".md" if beside == ".json" else ".json"
+            raise ConfigError(
+                f"--out {out}: {'the table' if own == '.md' else 'the results'} would be overwritten by the "
+                f"{beside} written beside it; name the {own} file, e.g. --out {p.with_suffix(own)}"
+            )
+        if p.with_suffix(beside).is_dir():
+            raise ConfigError(
+                f"--out {out}: {p.with_suffix(beside)}, written beside it, is a folder; name another --out"
+            )
 
 
 def refuse_existing(out: Path, overwrite: bool) -> None:
@@ -581,7 +599,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError("--text is empty: pass a data-stage SRC (.txt, .jsonl, folder, hf:NAME:SPLIT, ...)")
         if args.text and args.tasks:
             raise ConfigError("--text scores raw text instead of tasks: pass --text or --tasks, not both")
-        check_out(args.out)
+        check_out(args.out, beside="" if args.text is not None else ".md")
         limit = int(args.limit) if args.limit is not None and args.limit >= 1 else args.limit
         _quiet_logs()
         if args.stride is not None and args.text is None:

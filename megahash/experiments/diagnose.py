@@ -361,6 +361,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         warnings.filterwarnings("ignore")
         if args.steps < 1 or args.batch_size < 1 or args.eval_samples < 1:
             raise ConfigError("--steps, --batch-size and --eval-samples must be >= 1")
+        from megahash.eval.run import check_out
+
+        check_out(args.out, beside=".md")  # a folder, a file above it, a read-only place: before the kinds train
         result = run(args)
         print(result["markdown"])
         if args.out:

@@ -222,6 +222,17 @@ def load_grid(path: str, extra: Sequence[str] = (), out: str | None = None) -> G
             f"{path}: the grid has {n_cells:,} cells (variants x axis values), more than {MAX_CELLS:,}; "
             f"split it into several grids or shorten its axes"
         )
+    for key, values in axes.items():  # a value listed twice is a cell run twice (and two rows of one variant)
+        seen = [json.dumps(v, sort_keys=True, default=str) for v in values]
+        twice = [i for i in range(len(seen)) if seen[i] in seen[:i]]
+        if twice:
+            raise ConfigError(
+                f"{path}: axis {key} lists {values[twice[0]]!r} twice (a cell would run twice); list it once"
+            )
+    names = [str(v["name"]) for v in variants]
+    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if twice is not None:
+        raise ConfigError(f"{path}: two variants are named {twice!r} (their rows would be one); rename one")
     seed_keys = [k for k in axes if k.split(".")[-1].endswith("seed")]
     out_dir = Path(out or data.get("out") or f"runs/grids/{name}").resolve()
     cells: list[Cell] = []
@@ -253,6 +264,14 @@ def load_grid(path: str, extra: Sequence[str] = (), out: str | None = None) -> G
     bad = [k for k in standard if k not in axes and k != "variant"]
     if bad:
         raise ConfigError(f"{path}: standard names {bad[0]!r}, which is not an axis ({', '.join(axes)})")
+    if cells and not any(all(c.values.get(k) == v for k, v in standard.items()) for c in cells):
+        values = {"variant": [v["name"] for v in variants], **axes}
+        k = next((k for k in standard if standard[k] not in values[k]), next(iter(standard)))
+        choices = values[k]
+        raise ConfigError(
+            f"{path}: standard {k}={standard[k]!r} is no cell's value (the report would have no standard row and "
+            f"no deltas); pick one of {', '.join(map(repr, choices))}"
+        )
     ev = data.get("eval") or {}
     if not isinstance(ev, dict):
         raise ConfigError(f"{path}: eval must be a mapping (tasks, tasks_dir, limit, batch_size, trust_task_code)")
@@ -328,6 +347,7 @@ def check_cells(grid: Grid, axis_keys: set) -> None:
     from megahash.models.registry import schedule_kinds
 
     ref = None
+    configs: dict[str, str] = {}  # the resolved config without its save_dir -> the first cell of it
     for cell in grid.cells:
         cfg = cell_config(grid, cell)
         try:
@@ -335,6 +355,13 @@ def check_cells(grid: Grid, axis_keys: set) -> None:
         except ConfigError as e:
             raise ConfigError(f"grid {grid.name}, cell {cell.name}: {e}") from None
         tree = cfg.to_dict()
+        key = json.dumps({**tree, "train": {**tree["train"], "save_dir": None}}, sort_keys=True, default=str)
+        if key in configs:
+            raise ConfigError(
+                f"grid {grid.name}: cells {configs[key]} and {cell.name} resolve to the same config (the same run "
+                f"twice); drop one, or make their overrides differ"
+            )
+        configs[key] = cell.name
         same = {k: get(tree, k) for k in SAME_BUDGET if k not in axis_keys}
         if ref is None:
             ref = same

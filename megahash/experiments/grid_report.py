@@ -40,15 +40,23 @@ def _display(metric: str, value):
     return 100.0 * value if metric in PERCENT else value
 
 
-def collect(grid) -> list[dict]:
-    """One record per finished cell: describe_run + loss curves + displayed task scores."""
+def collect(grid, unreadable: dict | None = None) -> list[dict]:
+    """One record per finished cell: describe_run + loss curves + displayed task scores. A finished cell whose
+    checkpoint cannot be read any more (removed to free the disk, damaged) has no row: its one-line reason goes
+    to ``unreadable`` (cell name -> reason), which the report lists with the cells not done."""
+    from megahash.errors import MegahashError, one_line
     from megahash.eval.report import describe_run
 
     rows = []
     for cell in grid.cells:
         if not cell.done:
             continue
-        rec = describe_run(str(cell.dir))
+        try:
+            rec = describe_run(str(cell.dir))
+        except MegahashError as e:  # was the whole report refused for one cell: no report of the others
+            if unreadable is not None:
+                unreadable[cell.name] = f"finished, but its checkpoint cannot be read: {one_line(e)}"
+            continue
         recs = _metrics(cell.dir)
         train = {}
         valid = {}
@@ -100,6 +108,10 @@ def collect(grid) -> list[dict]:
 def _fmt(v, delta=None, digits=1) -> str:
     if v is None:
         return "–"
+    if not math.isfinite(v):  # a diverged run: nan / inf, without a delta
+        return str(v)
+    if delta is not None and not math.isfinite(delta):
+        delta = None
     big = abs(v) >= 1e4
     text = f"{v:.1E}" if big else f"{v:.{digits}f}"
     if delta is not None:
@@ -127,7 +139,7 @@ def task_columns(rows: list[dict]) -> list[tuple[str, str, bool]]:
     return sorted(cols, key=lambda c: (not c[2], c[0]))
 
 
-def markdown(grid, rows: list[dict]) -> str:
+def markdown(grid, rows: list[dict], unreadable: dict | None = None) -> str:
     cols = task_columns(rows)
     seeds = any(r["seed"] for r in rows)
     head = (
@@ -173,12 +185,16 @@ def markdown(grid, rows: list[dict]) -> str:
     ]
     if seeds and len({r["seed"] for r in rows}) > 1:
         notes += ["", "#### Mean ± std over seeds", "", *seed_table(rows, cols)]
-    left = not_done(grid)
+    left = not_done(grid, unreadable)
     if left:
         notes += ["", f"#### Cells not done ({len(left)} of {len(grid.cells)})", ""]
         notes += [
             f"- {c['index']} {c['cell']}: "
-            + (f"failed (exit {c['exit']}): {c['error']}" if c.get("error") else "not run yet or still running")
+            + (
+                (f"failed (exit {c['exit']}): {c['error']}" if c.get("exit") is not None else c["error"])
+                if c.get("error")
+                else "not run yet or still running"
+            )
             for c in left
         ]
     if grid.expected:
@@ -186,16 +202,18 @@ def markdown(grid, rows: list[dict]) -> str:
     return "\n".join(lines + notes)
 
 
-def not_done(grid) -> list[dict]:
+def not_done(grid, unreadable: dict | None = None) -> list[dict]:
     """Every cell without a result: its index, name and, when it failed, its exit status and one-line
-    error (``sweep_failed.json``, megahash.experiments.cell_failures.record_failure)."""
+    error (``sweep_failed.json``, megahash.experiments.cell_failures.record_failure); a finished cell in
+    ``unreadable`` (:func:`collect`) with that reason as its error."""
     from megahash.experiments.cell_failures import failure
 
+    unreadable = unreadable or {}
     out = []
     for cell in grid.cells:
-        if cell.done:
+        if cell.done and cell.name not in unreadable:
             continue
-        why = failure(cell) or {}
+        why = failure(cell) or ({"error": unreadable[cell.name]} if cell.name in unreadable else {})
         out.append(
             {
                 "index": cell.index,
@@ -238,6 +256,20 @@ def seed_table(rows: list[dict], cols) -> list[str]:
     return out
 
 
+def ema(values, keep: float = 0.9) -> list[float]:
+    """Exponential moving average of the training losses; a NaN / inf or missing loss (a step the step guard
+    skipped, a null) is a gap in the curve and leaves the average as it was (it made every later point NaN: the
+    curve of a run that recovered from one bad step ended there)."""
+    out, acc = [], None
+    for v in values:
+        if v is None or not math.isfinite(v):
+            out.append(math.nan)
+            continue
+        acc = v if acc is None else keep * acc + (1 - keep) * v
+        out.append(acc)
+    return out
+
+
 def plots(grid, rows: list[dict]) -> list[Path]:
     import matplotlib
 
@@ -251,11 +283,7 @@ def plots(grid, rows: list[dict]) -> list[Path]:
         if r["train_curve"]:
             steps, losses = zip(*r["train_curve"])
             # exponential moving average for readability (raw values are in metrics.jsonl)
-            sm, acc = [], None
-            for v in losses:
-                acc = v if acc is None else 0.9 * acc + 0.1 * v
-                sm.append(acc)
-            (line,) = ax.plot(steps, sm, label=name, lw=1.2)
+            (line,) = ax.plot(steps, ema(losses), label=name, lw=1.2)
             if r["valid_curve"]:
                 vs, vl = zip(*r["valid_curve"])
                 ax.plot(vs, vl, "o", color=line.get_color(), ms=4)
@@ -308,28 +336,35 @@ def _savefig(fig, path: Path) -> Path:
     return path
 
 
-def write_report(grid) -> list[Path]:
+def write_report(grid, unreadable: dict | None = None) -> list[Path]:
+    """report.md, report.json and the two plots of the finished cells; ``unreadable`` (filled in): the
+    finished cells without a row, each with its reason (:func:`collect`)."""
     import warnings
 
     warnings.filterwarnings("ignore")
+    from megahash.atomic_write import finite_json
     from megahash.atomic_write import write_text_atomic as _atomic
 
-    rows = collect(grid)
-    md = markdown(grid, rows)
+    unreadable = {} if unreadable is None else unreadable
+    rows = collect(grid, unreadable)
+    md = markdown(grid, rows, unreadable)
     _atomic(grid.out / "report.md", md + "\n")
     missing = [c.name for c in grid.cells if c.name not in {r["cell"] for r in rows}]
     _atomic(
         grid.out / "report.json",
-        json.dumps(
-            {
-                "megahash_sweep_report": 1,
-                "grid": grid.to_json(),
-                "rows": rows,
-                "missing": missing,
-                "not_done": not_done(grid),
-            },
+        json.dumps(  # standard JSON: a diverged cell's NaN / inf losses as null (the table shows them)
+            finite_json(
+                {
+                    "megahash_sweep_report": 1,
+                    "grid": grid.to_json(),
+                    "rows": rows,
+                    "missing": missing,
+                    "not_done": not_done(grid, unreadable),
+                }
+            ),
             indent=1,
             default=str,
+            allow_nan=False,
         )
         + "\n",
     )

@@ -91,6 +91,23 @@ def dry_run(grid: Grid, launcher: str, extra_sbatch: Sequence[str], cells: list 
         )
 
 
+def check_eval(grid: Grid) -> None:
+    """The grid's tasks exist (names, ``tasks_dir``, task code without ``trust_task_code``) before any cell
+    trains: one line, exit 2 (they were found only when each trained cell was evaluated, every cell then
+    failing with the same error after its whole training). Instant when every name is a YAML of tasks_dir,
+    else lm-eval's task index is read (seconds)."""
+    if not grid.eval["tasks"]:
+        return
+    from megahash.eval.run import check_tasks
+
+    try:
+        check_tasks(grid.eval["tasks"], grid.eval.get("tasks_dir"), bool(grid.eval.get("trust_task_code")))
+    except ConfigError as e:
+        raise ConfigError(
+            f"grid {grid.name}, eval: {e} (fix the grid's eval section, or pass --tasks/--tasks-dir; nothing was run)"
+        ) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     from megahash.arguments import ArgumentParser
 
@@ -129,11 +146,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.grid:
             raise ConfigError("--grid GRID.yaml is required (grids ship under configs/grids/)")
         grid = load_grid(args.grid, args.overrides, args.out)
+        from megahash.atomic_write import check_output
+
+        # a file there, a file above it, a read-only place: one line before anything (was a traceback at mkdir)
+        check_output(grid.out, "--out" if args.out else f"out of {args.grid}", folder=True)
         override_eval(grid, args.tasks, args.tasks_dir, args.limit)
         chosen = select_cells(grid, args.cells)
         if args.dry_run:
             dry_run(grid, args.launcher, args.sbatch, chosen)
             return 0
+        if not args.report_only:
+            check_eval(grid)
         write_plan(grid)
         status = 0
         if not args.report_only:
@@ -172,13 +195,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         done = [c for c in grid.cells if is_done(c)]
         if done:
-            paths = write_report(grid)
-            left = [c.name for c in grid.cells if not is_done(c)]
+            unreadable: dict = {}
+            paths = write_report(grid, unreadable)
+            left = [c.name for c in grid.cells if not is_done(c) or c.name in unreadable]
             print(
-                f"sweep: report of {len(done)}/{len(grid.cells)} cells: {', '.join(str(p) for p in paths)}"
-                + (f"; not done: {', '.join(left)}" if left else ""),
+                f"sweep: report of {len(done) - len(unreadable)}/{len(grid.cells)} cells: "
+                f"{', '.join(str(p) for p in paths)}" + (f"; not done: {', '.join(left)}" if left else ""),
                 flush=True,
             )
+            for name, why in unreadable.items():  # finished cells without a row: said, and exit status 1
+                print(f"sweep: cell {name}: {why}", file=sys.stderr, flush=True)
+                status = 1
         else:  # --report-only before any cell finished said nothing at all
             print(
                 f"sweep: no report: none of the {len(grid.cells)} cells of {grid.name} in {grid.out} is finished yet",

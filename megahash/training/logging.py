@@ -268,7 +268,10 @@ def plot_loss(run_dir: str | Path, out: str | Path | None = None) -> Path:
     ax.grid(alpha=0.3)
     ax.legend()
     out = Path(out) if out else Path(run_dir) / "loss_curve.png"
+    from megahash.atomic_write import atomic_path
+
     fig.tight_layout()
-    fig.savefig(out)
+    with atomic_path(out) as tmp:  # a temp name, then renamed: a job killed while plotting leaves the old PNG
+        fig.savefig(tmp, format=out.suffix[1:] or "png")
     plt.close(fig)
     return out

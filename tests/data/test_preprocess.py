@@ -304,6 +304,30 @@ def test_verify_of_truncated_shard_is_the_training_line(shards, tmp_path):
     assert "truncated" in r.stderr
 
 
+def test_inspect_without_verify_checks_sizes_and_the_sample_document(shards, tmp_path, capsys):
+    """Without --verify: a truncated .bin is training's one line too (it was statistics of the index, then numpy's
+    "offset must be non-negative ..." when the sample document lay past the cut), and a --sample-doc outside the set
+    is one line naming the range (it printed no sample and no word about it)."""
+    from megahash.data.verify import verify_set
+
+    assert inspect_shards.main([shards, "--sample-doc", str(N_DOCS - 1)]) == 0
+    assert f"sample     document {N_DOCS - 1}:" in capsys.readouterr().out
+    for doc in (N_DOCS, -1):
+        assert inspect_shards.main([shards, "--sample-doc", str(doc)]) == 2
+        assert f"--sample-doc {doc}: the set has {N_DOCS:,} documents, 0 to {N_DOCS - 1}" in one_line_error(
+            capsys.readouterr().err
+        )
+    for p in Path(shards).parent.iterdir():
+        shutil.copy(p, tmp_path / p.name)
+    bad = tmp_path / "shk_text_document.bin"
+    bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
+    with pytest.raises(DataError) as training:
+        verify_set(str(tmp_path / "shk"), "cheap")
+    assert inspect_shards.main([str(tmp_path / "shk"), "--sample-doc", str(N_DOCS - 1)]) == 2
+    cap = capsys.readouterr()
+    assert cap.out == "" and one_line_error(cap.err) == f"error: {training.value}"
+
+
 # a record of the meta replaced by a value of another JSON shape (a hand-edited or foreign meta)
 MISSHAPEN = {
     "stream_array": ("stream", ["subword"], "'stream' record is an array, not an object"),

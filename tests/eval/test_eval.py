@@ -668,3 +668,200 @@ def test_cli_errors_are_one_line(runs, capsys, argv, expect):
     errors = [l for l in err if l.startswith("error: ")]
     assert len(errors) == 1 and expect in errors[0], err
     assert not any("Traceback" in l for l in err)
+
+
+@pytest.fixture
+def read_only_run(runs, tmp_path):
+    """A copy of the untrained run in a folder nothing can be written into: ``chattr +i`` as root (whose permission
+    bits are bypassed), mode 0o555 otherwise; skipped where neither holds (a write is tried to be sure)."""
+    import shutil
+    import subprocess
+
+    run = tmp_path / "ro run ü"
+    shutil.copytree(runs["untrained"], run, ignore=shutil.ignore_patterns("eval", "indicators"))
+    if os.geteuid() == 0:
+        locked = subprocess.run(["chattr", "+i", str(run)], capture_output=True).returncode == 0
+        unlock = ["chattr", "-i", str(run)]
+    else:
+        run.chmod(0o555)
+        locked, unlock = True, None
+    try:
+        (run / "probe").touch()
+        (run / "probe").unlink()
+        locked = False
+    except OSError:
+        pass
+    if not locked:
+        pytest.skip("no read-only folder here (chattr +i needs root and a file system with the attribute)")
+    yield run
+    if unlock:
+        subprocess.run(unlock, capture_output=True)
+    else:
+        run.chmod(0o755)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["eval", "--checkpoint", "RUN", "--tasks", "shk_order", "--tasks-dir", "SUITE", "--limit", "2"],
+        ["eval", "--checkpoint", "RUN", "--text", "TASKS/shk_held_out.txt", "--limit", "1"],
+        ["indicators", "--checkpoint", "RUN", "--text", "TASKS/shk_held_out.txt", "--max-tokens", "16"],
+        ["report", "--runs", "RUN", "--out", "RUN/report.md"],
+    ],
+    ids=["eval", "eval-text", "indicators", "report"],
+)
+def test_a_read_only_run_folder_is_one_line_before_the_work(runs, read_only_run, capsys, argv):
+    """Results written beside a run that cannot take them (a read-only mount, another user's folder): one line
+    naming the folder and --out, exit 2, before the model is run (was an OSError traceback after the work)."""
+    from megahash.cli import main
+
+    (read_only_run.parent / "shk_held_out.txt").write_text("To be, or not to be, that is the question.\n" * 40)
+    argv = [
+        a.replace("RUN", str(read_only_run))
+        .replace("TASKS", str(read_only_run.parent))
+        .replace("SUITE", str(runs["tasks"]))
+        for a in argv
+    ]
+    assert main(argv) == 2
+    cap = capsys.readouterr()
+    err = [l for l in cap.err.strip().splitlines() if l.startswith("error: ")]
+    assert len(err) == 1 and "Traceback" not in cap.err, cap.err
+    assert f"{read_only_run} is " in err[0] and (
+        "--out FILE elsewhere" in err[0] or "--out DIR elsewhere" in err[0] or "name another --out" in err[0]
+    ), err
+    assert sorted(p.name for p in read_only_run.iterdir()) == sorted(
+        p.name for p in runs["untrained"].iterdir() if p.name not in ("eval", "indicators")
+    )
+
+
+def test_out_and_the_file_written_beside_it_are_two_files(runs, tmp_path, capsys):
+    """``megahash eval`` writes ``--out`` (JSON) and the table beside it (.md); ``megahash report`` the table
+    (``--out``) and the numbers beside it (.json). ``--out`` with the other's suffix was one file overwritten by
+    the other (eval: the JSON results gone, so the report found none); a folder of that name was a traceback
+    after the work with the first file already replaced. Now one line each, before the checkpoint is read."""
+    from megahash.cli import main
+
+    (tmp_path / "taken.json").mkdir()
+    cases = [
+        (["report", "--runs", str(runs["trained"]), "--out", str(tmp_path / "r.json")], "name the .md file"),
+        (["report", "--runs", str(runs["trained"]), "--out", str(tmp_path / "taken.md")], "is a folder"),
+        (
+            ["eval", "--checkpoint", str(runs["trained"]), "--tasks", "shk_order", "--tasks-dir", str(runs["tasks"])]
+            + ["--limit", "2", "--out", str(tmp_path / "e.md")],
+            "name the .json file",
+        ),
+    ]
+    for argv, expect in cases:
+        assert main(argv) == 2
+        err = [l for l in capsys.readouterr().err.strip().splitlines() if l.strip()]
+        assert len(err) == 1 and err[0].startswith("error: --out ") and expect in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken.json"]  # nothing written
+
+
+def _fail_half_way(monkeypatch, what: str):
+    """Every text write (``what`` text) or figure save (figure) writes half its bytes, then fails as a full disk
+    does (fault injection)."""
+    import errno
+    import io
+    import pathlib
+
+    import matplotlib.figure
+
+    def write_text(self, data, *a, **k):
+        with open(self, "w") as f:
+            f.write(data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    real_savefig = matplotlib.figure.Figure.savefig
+
+    def savefig(self, fname, *a, **k):
+        buf = io.BytesIO()
+        real_savefig(self, buf, *a, **{**k, "format": "png"})
+        pathlib.Path(fname).write_bytes(buf.getvalue()[: len(buf.getvalue()) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    if what == "text":
+        monkeypatch.setattr(pathlib.Path, "write_text", write_text)
+    else:
+        monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+
+
+def test_a_failed_write_leaves_the_previous_report_and_indicators_whole(runs, tmp_path, monkeypatch, capsys):
+    """report --out (table and numbers) and indicators (JSON and PNGs) write each file under a temp name and rename
+    it: a write that fails half way (a full disk, a killed job) leaves the previous file as it was and no temp file.
+    Before, the table, indicators.json and the PNGs were written in place: half a file."""
+    from megahash.cli import main
+
+    text = tmp_path / "held_out.txt"
+    text.write_text("To be, or not to be, that is the question.\n" * 40)
+    ind = tmp_path / "ind"
+    report = [["report", "--runs", str(runs["trained"]), "--out", str(tmp_path / "r.md")]]
+    indicators = [["indicators", "--checkpoint", str(runs["trained"]), "--text", str(text), "--out", str(ind)]]
+    for argv in report + [indicators[0] + ["--max-tokens", "16"]]:
+        assert main(argv) == 0
+    capsys.readouterr()
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and p != text}
+    assert {p.name for p in before} >= {"r.md", "r.json", "indicators.json", "indicators_heads.png", "logits.png"}
+    for what, argvs in (("text", report + indicators), ("figure", indicators)):
+        with monkeypatch.context() as m:
+            _fail_half_way(m, what)
+            for argv in argvs:
+                with pytest.raises(OSError, match="No space left"):
+                    main([*argv, "--max-tokens", "8"] if argv[0] == "indicators" else argv)
+        after = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and p != text}
+        if what == "figure":  # indicators.json was written whole (the 8-token windows) before the plot failed
+            assert json.loads(after[ind / "indicators.json"])["window_tokens"] == 8
+            after[ind / "indicators.json"] = before[ind / "indicators.json"]
+        assert after == before, what  # the same files, byte for byte: nothing half-written, no temp file left
+
+
+def test_an_unfinished_save_is_named_not_read(runs, tmp_path, capsys):
+    """``step_N.tmp`` (a save its run was killed in, or is writing now): eval and report refuse it in one line that
+    names the run directory and its newest complete checkpoint. Before, eval read a .tmp that had its state file
+    (results as eval/step_N.tmp.json) and said "holds no complete checkpoint" of one that had not."""
+    import shutil
+
+    from megahash.cli import main
+
+    run = tmp_path / "killed run"
+    shutil.copytree(runs["untrained"], run, ignore=shutil.ignore_patterns("eval", "indicators"))
+    shutil.copytree(run / "step_00000001", run / "step_00000002.tmp")
+    (tmp_path / "half").mkdir()
+    for tmp in (run / "step_00000002.tmp", tmp_path / "half" / "step_00000009.tmp"):
+        tmp.mkdir(exist_ok=True)
+        for argv in (
+            ["eval", "--checkpoint", str(tmp), "--tasks", "shk_order", "--tasks-dir", str(runs["tasks"])],
+            ["report", "--runs", str(tmp)],
+        ):
+            assert main(argv) == 2
+            err = [l for l in capsys.readouterr().err.strip().splitlines() if l.strip()]
+            assert len(err) == 1 and f"error: {tmp} is an unfinished save" in err[0], err
+            assert f"name the run directory {tmp.parent}" in err[0]
+            assert ("newest complete checkpoint is step_00000001" in err[0]) == (tmp.parent == run), err
+    assert not (run / "eval").exists()
+
+
+def test_a_checkpoint_config_key_of_a_newer_release_says_so(runs, tmp_path, capsys):
+    """A checkpoint whose resolved_config.yaml has a key this megahash does not know (saved by a newer release; its
+    manifest agrees, so it is not damaged): the one line now says where such a key comes from and what to do (it
+    named the key and listed the valid ones, no more)."""
+    import shutil
+
+    import yaml
+
+    from megahash.checkpoint.manifest import write_manifest
+    from megahash.checkpoint.origin import sign
+    from megahash.cli import main
+
+    run = tmp_path / "newer"
+    shutil.copytree(runs["untrained"], run, ignore=shutil.ignore_patterns("eval", "indicators"))
+    step = run / "step_00000001"
+    tree = yaml.safe_load((step / "resolved_config.yaml").read_text())
+    tree["model"]["frobnicate"] = 3
+    (step / "resolved_config.yaml").write_text(yaml.safe_dump(tree))
+    write_manifest(step, True)  # as the newer release wrote it: the manifest vouches for the file
+    sign(step)
+    assert main(["report", "--runs", str(run)]) == 2
+    err = [l for l in capsys.readouterr().err.strip().splitlines() if l.strip()]
+    assert len(err) == 1 and "unknown config key 'model.frobnicate'" in err[0], err
+    assert "saved by a newer megahash" in err[0] and "upgrade" in err[0]

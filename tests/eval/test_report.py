@@ -165,3 +165,40 @@ def test_eval_records_of_another_shape_are_passed_over(tmp_path, capsys):
     }
     warnings = capsys.readouterr().err.strip().splitlines()
     assert len(warnings) == len(bad) and all(w.startswith("warning: ") for w in warnings), warnings
+
+
+def test_runs_of_one_folder_name_are_told_apart():
+    """Two runs named ``quick`` in different places (and cells of two sweeps) were two rows called ``quick``: each
+    is named by as many trailing path parts as tell them apart; a unique name, or one run given twice, stays."""
+    from megahash.eval.report import compare, markdown, name_apart
+
+    dirs = ["/r/a/quick", "/r/b/quick", "/s/x/cells/000_mha", "/s/y/cells/000_mha", "/r/base", "/r/base"]
+    runs = [{**_run(d.rsplit("/", 1)[1], 1_000_000, 100_000, 50_000, {}), "run_dir": d} for d in dirs]
+    name_apart(runs)
+    assert [r["run"] for r in runs] == ["a/quick", "b/quick", "x/cells/000_mha", "y/cells/000_mha", "base", "base"]
+    compare(runs, runs[0], runs[0], "attention")
+    rows = markdown(runs, runs[0], runs[0], "attention").splitlines()[2:6]
+    assert [row.split(" | ")[0] for row in rows] == [
+        "| a/quick (baseline)",
+        "| b/quick",
+        "| x/cells/000_mha",
+        "| y/cells/000_mha",
+    ]
+
+
+def test_scores_of_an_older_step_than_the_row_are_said():
+    """A run evaluated during training at step 3 that went on to step 6 (or a killed run's older results): its row
+    describes step 6, its scores are step 3's. Said in a note naming the tasks and steps (it was silent)."""
+    from megahash.eval.report import compare, markdown
+
+    run = {**_run("late", 1_000_000, 100_000, 50_000, {"glue": ("acc", 0.8, True), "wiki": ("ppl", 9.0, False)})}
+    run["step"], run["run_dir"] = 6, "/r/late"
+    run["scores"]["wiki"]["step"] = 6
+    fresh = {**_run("fresh", 1_000_000, 100_000, 50_000, {"glue": ("acc", 0.7, True)}), "step": 1}
+    compare([run, fresh], run, run, "attention")
+    notes = markdown([run, fresh], run, run, "attention").split("\n\n", 1)[1].splitlines()
+    stale = [n for n in notes if n.startswith("Scores of ")]
+    assert stale == [
+        "Scores of late not of its newest checkpoint (step 6): glue of step 1 "
+        "(`megahash eval --checkpoint /r/late` scores step 6)."
+    ]

@@ -63,6 +63,23 @@ def test_unknown_kind_is_one_line_error(capsys):
     assert lines[0].startswith("error: unknown attention kind 'softmaxx' (known: approx, ") and "mlp" in lines[0]
 
 
+def test_an_out_that_cannot_be_written_is_one_line_before_training(tmp_path, capsys):
+    """--out a folder, under a file, or with the .md suffix of the table written beside it: one line before the
+    first kind trains (they were a traceback, or the JSON overwritten by the table, after every kind had trained)."""
+    from megahash.experiments import diagnose
+
+    (tmp_path / "afile").write_text("x")
+    for out, expect in (
+        (tmp_path, "is a folder"),
+        (tmp_path / "afile" / "r.json", "is a file, not a folder"),
+        (tmp_path / "r.md", "name the .json file"),
+    ):
+        assert diagnose.main(["--kinds", "mha", "--steps", "1", "--out", str(out)]) == 2
+        cap = capsys.readouterr()
+        lines = cap.err.strip().splitlines()
+        assert cap.out == "" and len(lines) == 1 and lines[0].startswith("error: --out ") and expect in lines[0], cap
+
+
 def test_one_progress_line_per_kind_before_it_trains(capsys):
     """Each kind says it is training before its minutes of training (issue 29: silent until done)."""
     from megahash.experiments import diagnose

@@ -221,6 +221,22 @@ def test_report_only_before_any_cell_finished_says_so(grid, capsys):
             "changes train.steps (12 -> 7) without an axis",
         ),
         ({"standard": {"train.lr": 1.0}}, "standard names 'train.lr', which is not an axis"),
+        # a cell that would run twice, rows merged, a report without a standard row: they ran silently before
+        ({"axes": {"model.schedule": ["uniform:mha", "uniform:mlp", "uniform:mha"]}}, "lists 'uniform:mha' twice"),
+        (
+            {"variants": [{"name": "a", "overrides": {}}, {"name": "a", "overrides": {"train.lr": 1e-3}}]},
+            "two variants are named 'a'",
+        ),
+        (
+            {
+                "variants": [
+                    {"name": "a", "overrides": {}},
+                    {"name": "b", "overrides": {"model.schedule": "uniform:mha"}},
+                ]
+            },
+            "cells 000_a and 001_b resolve to the same config",
+        ),
+        ({"standard": {"model.schedule": "uniform:gqa"}}, "standard model.schedule='uniform:gqa' is no cell's value"),
         # sections of another shape: ValueError/AttributeError/TypeError tracebacks before
         ({"eval": {"batch_size": "abc"}}, "eval.batch_size must be a whole number >= 1"),
         ({"eval": {"tasks": 5}}, "eval.tasks must be a task name or a list of task names"),
@@ -272,6 +288,43 @@ def test_grid_trust_task_code_reaches_the_eval_command(grid, tmp_path, capsys):
             assert status == 0 and cap.out.count(" --trust-task-code") == flagged, cap.out
 
 
+def test_grid_tasks_are_checked_before_any_cell_trains(grid, tmp_path, capsys):
+    """A task folder that is not there, or task files that run Python without trust_task_code, is one line before
+    the first cell trains (before: every cell trained in full, then each failed its evaluation with that line)."""
+    from megahash.experiments import sweep as sw
+
+    code_dir = tmp_path / "code_tasks"
+    code_dir.mkdir()
+    (code_dir / "shk_next.yaml").write_text("task: shk_next\nprocess_docs: !function utils.process\n")
+    for args, message in (
+        (["--tasks-dir", str(tmp_path / "nowhere")], "is not a directory"),
+        (["--tasks-dir", str(code_dir)], "--trust-task-code"),
+    ):
+        out = tmp_path / "out"
+        assert sw.main(["--grid", str(grid["path"]), "--out", str(out), *args]) == 2
+        cap = capsys.readouterr()
+        lines = cap.err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: grid t2x2, eval: ") and message in lines[0], cap.err
+        assert "nothing was run" in lines[0] and "training" not in cap.out and not out.exists()
+
+
+def test_an_out_that_is_a_file_is_one_line(grid, tmp_path, capsys):
+    """--out naming a file, or a folder under a file: one line before anything, in a dry run too (was a
+    FileExistsError / NotADirectoryError traceback when the plan was written; the dry run did not notice)."""
+    from megahash.experiments import sweep as sw
+
+    (tmp_path / "afile").write_text("x")
+    for out, dry, expect in (
+        (tmp_path / "afile", [], "is a file; name a folder"),
+        (tmp_path / "afile" / "sub", ["--dry-run"], "afile is a file, not a folder"),
+    ):
+        assert sw.main(["--grid", str(grid["path"]), "--out", str(out), *dry]) == 2
+        cap = capsys.readouterr()
+        lines = cap.err.strip().splitlines()
+        assert cap.out == "" and len(lines) == 1 and lines[0].startswith("error: --out ") and expect in lines[0], cap
+    assert (tmp_path / "afile").read_text() == "x"
+
+
 def test_array_script_outside_slurm_is_one_line_error():
     r = subprocess.run(
         ["bash", "slurm/sweep_array.sh"], cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=60
@@ -316,3 +369,104 @@ def test_shipped_grids_resolve(name, cells, tmp_path):
         assert skip and all(c.model.attention.skip_nonstandard and c.model.schedule.startswith("hybrid:") for c in skip)
     if name == "table3_2":
         assert {c.model.hidden_size for c in cfgs.values()} == {768} and len(cfgs) == 7
+
+
+SHORT = ["train.steps=2", "train.eval_interval=2"]
+
+
+@pytest.fixture(scope="module")
+def trained_cell(grid, tmp_path_factory):
+    """Cell 0 of the 2x2 grid (uniform:mha, seed 1) trained for 2 steps: a template that the report tests copy
+    into the cells they mark done."""
+    from conftest import pretrain_here
+    from megahash.experiments.grid import load_grid, write_plan
+
+    g = load_grid(str(grid["path"]), SHORT, str(tmp_path_factory.mktemp("template")))
+    write_plan(g)
+    r = pretrain_here(["--config", str(g.cells[0].dir / "cell_config.yaml")])
+    assert r.returncode == 0, r.stderr[-2000:]
+    return g.cells[0].dir
+
+
+def _two_done_cells(grid, trained_cell, out):
+    """The grid planned into ``out`` with cells 0 (uniform:mha, the standard) and 2 (uniform:mlp) of seed 1 done:
+    the template's checkpoint, metrics and a done record in each (the row's label and values are the cell's)."""
+    import shutil
+
+    from megahash.experiments.grid import DONE_FILE, load_grid, write_plan
+
+    g = load_grid(str(grid["path"]), SHORT, str(out))
+    write_plan(g)
+    for c in (g.cells[0], g.cells[2]):
+        shutil.copytree(trained_cell, c.dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns("cell_config.yaml"))
+        (c.dir / DONE_FILE).write_text(json.dumps({"cell": c.name, "step": 2}))
+    return g, g.cells[0], g.cells[2]
+
+
+def test_a_diverged_cell_is_nan_in_the_table_and_null_in_standard_json(grid, trained_cell, tmp_path):
+    """A cell whose losses went NaN / inf (metrics.jsonl holds the bare words NaN and Infinity): report.md shows
+    nan without a delta, report.json is standard JSON (null; it held NaN / Infinity, which strict parsers refuse),
+    and the finite numbers agree with metrics.jsonl."""
+    from megahash.experiments.grid import cell_config
+    from megahash.experiments.grid_report import write_report
+
+    g, std, cell = _two_done_cells(grid, trained_cell, tmp_path / "out")
+    path = cell.dir / "metrics.jsonl"
+    recs = [json.loads(line) for line in path.read_text().splitlines()]
+    lines = []
+    for rec in recs:
+        line = json.dumps(rec)
+        if rec.get("split") in ("train", "valid") and rec["step"] == 2:
+            line = line.replace(json.dumps(rec["loss"]), "NaN" if rec["split"] == "valid" else "Infinity")
+        lines.append(line)
+    path.write_text("\n".join(lines) + "\n")
+    assert cell_config(g, cell).model.schedule == "uniform:mlp"
+    write_report(g)
+
+    def strict(c):
+        raise ValueError(f"not JSON: {c}")
+
+    rep = json.loads((g.out / "report.json").read_text(), parse_constant=strict)
+    rows = {r["cell"]: r for r in rep["rows"]}
+    valid = [rec["loss"] for rec in recs if rec.get("split") == "valid" and rec["step"] == 2]
+    assert rows[std.name]["valid_loss"] == valid[-1] and rows[cell.name]["valid_loss"] is None
+    assert rows[cell.name]["train_curve"][1] == [2, None] and rows[cell.name]["delta_valid_loss"] is None
+    table = [l for l in (g.out / "report.md").read_text().splitlines() if l.startswith(f"| {cell.index} |")]
+    assert table and table[0].endswith("| nan |"), table
+
+
+def test_a_finished_cell_whose_checkpoint_is_gone_is_listed_and_the_rest_reported(grid, trained_cell, tmp_path, capsys):
+    """A finished cell whose checkpoints were removed (to free the disk) or damaged: the report of the other cells is
+    written, the cell is listed under "Cells not done" with the one-line reason, the sweep names it and ends 1.
+    Before: `--report-only` was that one line and exit 2, no report of any cell."""
+    import shutil
+
+    from megahash.experiments import sweep as sw
+
+    out = tmp_path / "out"
+    g, std, cell = _two_done_cells(grid, trained_cell, out)
+    shutil.rmtree(cell.dir / "step_00000002")
+    assert sw.main(["--grid", str(grid["path"]), "--out", str(out), "--report-only", *SHORT]) == 1
+    cap = capsys.readouterr()
+    rep = json.loads((out / "report.json").read_text())
+    assert [r["cell"] for r in rep["rows"]] == [std.name]
+    gone = next(c for c in rep["not_done"] if c["cell"] == cell.name)
+    assert "finished, but its checkpoint cannot be read" in gone["error"] and "holds no complete" in gone["error"]
+    assert f"- {cell.index} {cell.name}: {gone['error']}" in (out / "report.md").read_text()
+    assert "report of 1/4 cells" in cap.out and f"sweep: cell {cell.name}: {gone['error']}" in cap.err
+
+
+def test_the_loss_curve_average_passes_over_a_bad_step():
+    """loss_curves.png's moving average of a run with one NaN / inf step (skipped by the step guard, the run went
+    on): a gap at that step, and after it the average of the finite losses alone (every later point was NaN)."""
+    import math
+
+    from megahash.experiments.grid_report import ema
+
+    losses = [4.0, 3.0, math.nan, 2.0, math.inf, 1.0]
+    finite = [4.0, 0.9 * 4.0 + 0.1 * 3.0]
+    finite += [0.9 * finite[-1] + 0.1 * 2.0]
+    finite += [0.9 * finite[-1] + 0.1 * 1.0]
+    got = ema(losses)
+    assert math.isnan(got[2]) and math.isnan(got[4])
+    assert [got[i] for i in (0, 1, 3, 5)] == pytest.approx(finite)

@@ -649,3 +649,32 @@ def test_wandb_gets_the_steps_after_the_kill_once(tmp_path):
     runs = sorted((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
     assert [_wandb_history_steps(p) for p in runs] == [[1, 2, 3, 4], [5, 6]]
     assert [json.loads(l)["step"] for l in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_loss_plot_that_fails_half_way_leaves_the_previous_one(tmp_path, monkeypatch):
+    """The run's loss_curve.png is written under a temp name and renamed: a save that fails half way (a full disk,
+    the job killed while plotting) leaves the previous PNG whole and no temp file (it was written in place)."""
+    import errno
+    import io
+
+    import matplotlib.figure
+
+    from megahash.training.logging import plot_loss
+
+    recs = [{"step": s, "split": "train", "loss": 1.0 / s} for s in range(1, 5)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    png = plot_loss(tmp_path)
+    before = png.read_bytes()
+    real = matplotlib.figure.Figure.savefig
+
+    def half(self, fname, *a, **k):
+        buf = io.BytesIO()
+        real(self, buf, *a, **{**k, "format": "png"})
+        open(fname, "wb").write(buf.getvalue()[: len(buf.getvalue()) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", half)
+    with pytest.raises(OSError, match="No space left"):
+        plot_loss(tmp_path)
+    assert png.read_bytes() == before and before[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["loss_curve.png", "metrics.jsonl"]

@@ -6,8 +6,10 @@ Prints counts, a document-length histogram, a decoded sample document and the si
 ``--verify`` checks the sha256 of every file against the meta, that every side shard has the same
 documents as the token shard with lengths = width x token lengths, and recomputes the codes of the
 tokens of ``--verify-docs`` documents from their decoded words; it runs before the statistics, so a
-damaged set prints only the one line training prints for it (``megahash/data/verify.py``). Exit 0 =
-OK, 2 = a mismatch, bad usage or missing shards (one ``error:`` line).
+damaged set prints only the one line training prints for it (``megahash/data/verify.py``). Without it the
+sizes and headers are checked as training's ``data.verify=cheap`` does (a truncated file is that line too), and
+``--sample-doc`` must name a document of the set. Exit 0 = OK, 2 = a mismatch, bad usage or missing shards (one
+``error:`` line).
 """
 
 from __future__ import annotations
@@ -134,8 +136,18 @@ def run(argv: Sequence[str] | None = None) -> int:
     from megahash.data.shards import ShardSet
 
     shards = ShardSet.open(args.prefix)
+    n = shards.num_documents
+    if not 0 <= args.sample_doc < max(n, 1):  # was no sample and no word about it
+        raise DataError(f"--sample-doc {args.sample_doc}: the set has {n:,} documents, 0 to {n - 1:,}")
     # first: a damaged set is the one line (exit 2) training gives, not statistics of damaged files
-    verified = shards.verify(args.verify_docs, not args.no_checksums, args.tokenizer) if args.verify else None
+    if args.verify:
+        verified = shards.verify(args.verify_docs, not args.no_checksums, args.tokenizer)
+    else:  # the sizes and headers training checks (data.verify=cheap): a truncated .bin was statistics of the
+        # index, then numpy's "offset must be non-negative ..." from the sample decode
+        from megahash.data.verify import verify_set
+
+        verified = None
+        verify_set(shards.prefix, "cheap", specs=list(shards.side), meta=shards.meta)
     info = summarize(shards, args.sample_doc, args.sample_chars, args.tokenizer)
     if verified is not None:
         info["verify"] = {"ok": True, **verified}
