@@ -42,6 +42,11 @@ try:
 except ImportError:  # pragma: no cover - very old transformers
     GenerationMixin = object
 try:
+    from transformers import StoppingCriteria as _StoppingBase
+    from transformers import StoppingCriteriaList as _StoppingList
+except ImportError:  # pragma: no cover - very old transformers
+    _StoppingBase, _StoppingList = object, list
+try:
     from transformers.cache_utils import Cache as _CacheBase
 except ImportError:  # pragma: no cover
     _CacheBase = object
@@ -482,12 +487,45 @@ class MegahashForCausalLM(MegahashPreTrainedModel, GenerationMixin):
         return inputs
 
 
+def _row_criteria(criteria, lead: int, pad: int, batch: int):
+    """Stopping criteria built for the whole padded batch (lm-eval's ``MultiTokenEOSCriteria`` keep one flag per
+    row and read the new tokens after the batch's prompt width), for one row generated alone: a copy of each
+    (its per-row state copied too) that sees the row left-padded back to the batch's prompt width, as every row
+    of a batch of that size, and answers for the row."""
+    import copy
+
+    def fresh(c):
+        c = copy.copy(c)
+        for k, v in vars(c).items():
+            if isinstance(v, (list, dict, set)) or torch.is_tensor(v):
+                setattr(c, k, copy.copy(v) if not torch.is_tensor(v) else v.clone())
+        return c
+
+    class RowView(_StoppingBase):
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __call__(self, input_ids, scores, **kw):
+            lead_ids = torch.full((1, lead), pad, dtype=input_ids.dtype, device=input_ids.device)
+            view = torch.cat([lead_ids, input_ids], dim=1).expand(batch, -1)
+            if torch.is_tensor(scores):
+                scores = scores.expand(batch, *scores.shape[1:])
+            done = self.inner(view, scores, **kw)
+            if torch.is_tensor(done):
+                return done.reshape(-1)[:1].bool()
+            return torch.full((1,), bool(done), dtype=torch.bool, device=input_ids.device)
+
+    return _StoppingList([RowView(fresh(c)) for c in criteria])
+
+
 def generate_left_padded(model, generate, input_ids, mask, kwargs):
     """Batched ``generate()`` of padded prompts (left padding, as transformers pads for generation; or
     right): each prompt is generated without its padding (exactly the unbatched result, for every
     attention kind, including the recurrent and fixed-input ones whose states padding would
     disturb), and the rows are put back in the batch layout transformers returns: the prompts as
-    given, then the new tokens, rows that stopped early filled with ``pad_token_id``."""
+    given, then the new tokens, rows that stopped early filled with ``pad_token_id``. As in a batch,
+    ``max_length`` counts the padded prompt width (each row gets ``max_length`` - width new tokens), and
+    ``stopping_criteria`` made for the batch (lm-eval's stop sequences) see each row in the batch's layout."""
     if kwargs.get("return_dict_in_generate"):
         raise ValueError("padded batches: generate() returns token ids here (return_dict_in_generate=False)")
     gen_cfg = kwargs.get("generation_config") or model.generation_config
@@ -495,7 +533,15 @@ def generate_left_padded(model, generate, input_ids, mask, kwargs):
     if pad is None:
         pad = getattr(gen_cfg, "eos_token_id", None)
         pad = pad[0] if isinstance(pad, (list, tuple)) else (pad if pad is not None else 0)
+    width = input_ids.shape[1]
+    if kwargs.get("max_new_tokens") is None:
+        max_length = kwargs.pop("max_length", None)
+        if max_length is None and getattr(gen_cfg, "max_new_tokens", None) is None:
+            max_length = getattr(gen_cfg, "max_length", None)
+        if max_length is not None:  # a batch's max_length counts its padded prompts
+            kwargs["max_new_tokens"] = max(int(max_length) - width, 1)
     codes = kwargs.pop("hash_codes", None)
+    criteria = kwargs.pop("stopping_criteria", None)
     rows = []
     for i in range(input_ids.shape[0]):
         keep = mask[i].bool()
@@ -503,10 +549,12 @@ def generate_left_padded(model, generate, input_ids, mask, kwargs):
         if codes is not None:
             row_kwargs["hash_codes"] = codes[i : i + 1, keep]
         row = input_ids[i : i + 1, keep]
+        if criteria:
+            row_kwargs["stopping_criteria"] = _row_criteria(criteria, width - row.shape[1], int(pad), len(mask))
         out = generate(row, attention_mask=torch.ones_like(row), **row_kwargs)
         rows.append(out[0, row.shape[1] :])
-    width = max(r.shape[0] for r in rows)
-    new = torch.full((len(rows), width), int(pad), dtype=input_ids.dtype, device=input_ids.device)
+    new_width = max(r.shape[0] for r in rows)
+    new = torch.full((len(rows), new_width), int(pad), dtype=input_ids.dtype, device=input_ids.device)
     for i, r in enumerate(rows):
         new[i, : r.shape[0]] = r
     return torch.cat([input_ids, new], dim=1)

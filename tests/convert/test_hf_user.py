@@ -1,0 +1,78 @@
+"""A transformers / lm-eval user's view of megahash exports (the remote-code format): what the world calls on a
+loaded export (lm-eval's ``hf`` model generating with stop sequences in batches, ``save_pretrained`` and
+reloading, ``resize_token_embeddings``) against transformers' own results."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def exports(shakespeare_shards, dist, tmp_path_factory):
+    """{variant: exported folder} of two in-memory models: a hash embedding with a recurrent kind
+    (list:mha,approx) and a vocabulary embedding with an untied head (the mha family)."""
+    from test_convert import _build, _cfg
+
+    from megahash.convert.export import export_model
+    from megahash.eval.text import load_codec
+
+    out = {}
+    root = tmp_path_factory.mktemp("hf_user")
+    for name in ("hash-emb-bucket", "mha-family"):
+        cfg = _cfg(shakespeare_shards, name)
+        model = _build(cfg)
+        export_model(cfg, model, root / name, load_codec(cfg), fmt="megahash")
+        out[name] = root / name
+    return out
+
+
+def _load(folder):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(folder), trust_remote_code=True).eval()
+    return model, AutoTokenizer.from_pretrained(str(folder), trust_remote_code=True)
+
+
+@pytest.mark.numerics  # in process: greedy tokens of a float model
+def test_lm_eval_generate_until_batched_equals_one_at_a_time(exports):
+    """lm-eval's ``hf`` model generating with stop sequences (``generate_until``) in batches of 4 gives the
+    texts it gives one request at a time. Before: IndexError in lm-eval's MultiTokenEOSCriteria (the
+    criteria made for the batch of 4 were handed to the one-row generations of a padded batch), so every
+    generative task failed on a megahash export at batch_size > 1; and a row got ``max_length`` minus its own
+    prompt length new tokens instead of minus the batch's padded width."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    model, tok = _load(exports["hash-emb-bucket"])
+    prompts = ["KING. My lord,", "To be, or not to be: that is the question, whether", "O", "Now is the winter of"]
+    # a stop string the model reaches mid-way: the third new token of the first prompt alone
+    ids = tok(prompts[0], return_tensors="pt").input_ids
+    alone = model.generate(ids, max_new_tokens=6, do_sample=False)[0, ids.shape[1] :]
+    stop = tok.decode(alone[2:3])
+    assert stop.strip(), alone
+
+    def texts(batch_size):
+        lm = HFLM(pretrained=model, tokenizer=tok, batch_size=batch_size, device="cpu", max_length=64)
+        reqs = [
+            Instance("generate_until", {}, (p, {"until": [stop], "max_gen_toks": 8, "do_sample": False}), i)
+            for i, p in enumerate(prompts)
+        ]
+        return lm.generate_until(reqs)
+
+    tok.padding_side = "left"
+    enc = tok(prompts, return_tensors="pt", padding=True)
+    width = enc.input_ids.shape[1]
+    out = model.generate(**enc, max_length=width + 3, do_sample=False)  # as in a batch: 3 new tokens a row
+    assert out.shape == (4, width + 3)
+    for i, p in enumerate(prompts):
+        row = tok(p, return_tensors="pt").input_ids
+        want = model.generate(row, max_new_tokens=3, do_sample=False)[0, row.shape[1] :]
+        assert out[i, width:].tolist() == want.tolist()
+    one, four = texts(1), texts(4)
+    assert four == one, (stop, one, four)
+    assert one[0] == tok.decode(alone).split(stop)[0]  # cut at the stop string, as transformers generated it alone
