@@ -213,6 +213,20 @@ class MegahashPreTrainedModel(PreTrainedModel):
             coder = self._text_coder = TextCoder.from_pretrained(folder)
         return coder
 
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """transformers' ``save_pretrained``, plus the text side of the folder the model was loaded from
+        (``megahash_hashing.json`` and the pieces/word table/LSH/tokenizer files it names), without which the
+        saved copy could not hash ids (a hash embedding's forward) nor ``encode_text``."""
+        out = super().save_pretrained(save_directory, *args, **kwargs)
+        if kwargs.get("is_main_process", True):
+            try:
+                coder = self.text_coder
+            except ValueError:  # built in memory, or loaded from a folder without them: nothing to carry
+                coder = None
+            if coder is not None and coder.files[0] is not None:
+                coder.save_pretrained(str(save_directory))
+        return out
+
     def needs_codes(self) -> bool:
         base = self.model if isinstance(getattr(self, "model", None), MegahashPreTrainedModel) else self
         head = getattr(self, "head", None)

@@ -10,6 +10,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import pytest
+import torch
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +77,27 @@ def test_lm_eval_generate_until_batched_equals_one_at_a_time(exports):
     one, four = texts(1), texts(4)
     assert four == one, (stop, one, four)
     assert one[0] == tok.decode(alone).split(stop)[0]  # cut at the stop string, as transformers generated it alone
+
+
+@pytest.mark.numerics  # in process: logits of a float model
+def test_save_pretrained_of_a_loaded_export_reloads_whole(exports, tmp_path):
+    """``save_pretrained`` (model and tokenizer) of a loaded hash-embedding export, then ``from_pretrained`` of
+    the copy: the same logits from ids alone and the same ``encode_text``. Before: the copy lacked
+    megahash_hashing.json and the files it names, so its forward raised ValueError ("no megahash_hashing.json")
+    and encode_text could not run."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model, tok = _load(exports["hash-emb-bucket"])
+    model.save_pretrained(str(tmp_path / "copy"))
+    tok.save_pretrained(str(tmp_path / "copy"))
+    again = AutoModelForCausalLM.from_pretrained(str(tmp_path / "copy"), trust_remote_code=True).eval()
+    text = "KING. My lord, the queen is dead."
+    ids = AutoTokenizer.from_pretrained(str(tmp_path / "copy"), trust_remote_code=True)(text, return_tensors="pt")
+    assert ids.input_ids.tolist() == tok(text, return_tensors="pt").input_ids.tolist()
+    with torch.no_grad():
+        want, got = model(ids.input_ids).logits, again(ids.input_ids).logits
+    # bit-exact: the same weights (safetensors copies) and the same code on the same input
+    assert torch.equal(want, got)
+    (a_ids, a_codes), (b_ids, b_codes) = model.encode_text(text), again.encode_text(text)
+    # bit-exact: integer ids and hash codes
+    assert torch.equal(a_ids, b_ids) and torch.equal(a_codes, b_codes)
