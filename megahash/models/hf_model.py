@@ -227,6 +227,29 @@ class MegahashPreTrainedModel(PreTrainedModel):
                 coder.save_pretrained(str(save_directory))
         return out
 
+    def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
+        """transformers' resize of the vocabulary table (and of the untied output layer), plus the tables indexed
+        by token that transformers does not know of (``model.value_embeds``); ``config.padded_vocab_size`` (the
+        rows the model is built with on reload) follows the new table. Refused (ValueError) for models that read
+        word-hash codes: a new id has no piece for the hash to read."""
+        base = self.model if isinstance(getattr(self, "model", None), MegahashPreTrainedModel) else self
+        if base.get_input_embeddings() is None or self.needs_codes():
+            raise ValueError(
+                f"resize_token_embeddings: the {self.config.embedding!r} embedding"
+                + (f" with the {self.config.head!r} head" if getattr(self, "head", None) is not None else "")
+                + " reads word-hash codes of the tokenizer's pieces (no vocabulary table a new token could get a "
+                "row of); only vocabulary-embedding models are resized"
+            )
+        out = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        rows = out.weight.shape[0]
+        if base.value_embeds is not None:
+            tables = base.value_embeds.tables
+            for i, table in enumerate(tables):
+                if table.weight.shape[0] != rows:
+                    tables[i] = self._get_resized_embeddings(table, rows, mean_resizing=mean_resizing)
+        self.config.padded_vocab_size = rows
+        return out
+
     def needs_codes(self) -> bool:
         base = self.model if isinstance(getattr(self, "model", None), MegahashPreTrainedModel) else self
         head = getattr(self, "head", None)
@@ -290,6 +313,11 @@ class MegahashModel(MegahashPreTrainedModel):
 
     def get_input_embeddings(self):
         return getattr(self.embedding, "word_embeddings", None)
+
+    def set_input_embeddings(self, value):
+        if getattr(self.embedding, "word_embeddings", None) is None:
+            raise ValueError(f"the {self.config.embedding!r} embedding has no vocabulary table")
+        self.embedding.word_embeddings = value
 
     def forward(
         self,
@@ -397,8 +425,14 @@ class MegahashForCausalLM(MegahashPreTrainedModel, GenerationMixin):
     def get_input_embeddings(self):
         return self.model.get_input_embeddings()
 
+    def set_input_embeddings(self, value):
+        self.model.set_input_embeddings(value)
+
     def get_output_embeddings(self):
         return self.output_layer
+
+    def set_output_embeddings(self, new_embeddings):
+        self.output_layer = new_embeddings
 
     def head_logits(self, hidden):
         if self.head is not None:

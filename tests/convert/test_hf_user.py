@@ -16,7 +16,8 @@ import torch
 @pytest.fixture(scope="module")
 def exports(shakespeare_shards, dist, tmp_path_factory):
     """{variant: exported folder} of two in-memory models: a hash embedding with a recurrent kind
-    (list:mha,approx) and a vocabulary embedding with an untied head (the mha family)."""
+    (list:mha,approx) and a vocabulary embedding with an untied head and the compact-model levers (value
+    embeddings, logit soft-cap, x0 mixing, ...)."""
     from test_convert import _build, _cfg
 
     from megahash.convert.export import export_model
@@ -24,8 +25,9 @@ def exports(shakespeare_shards, dist, tmp_path_factory):
 
     out = {}
     root = tmp_path_factory.mktemp("hf_user")
-    for name in ("hash-emb-bucket", "mha-family"):
+    for name in ("hash-emb-bucket", "levers-vocab"):
         cfg = _cfg(shakespeare_shards, name)
+        cfg.model.tie_embeddings = False
         model = _build(cfg)
         export_model(cfg, model, root / name, load_codec(cfg), fmt="megahash")
         out[name] = root / name
@@ -101,3 +103,36 @@ def test_save_pretrained_of_a_loaded_export_reloads_whole(exports, tmp_path):
     (a_ids, a_codes), (b_ids, b_codes) = model.encode_text(text), again.encode_text(text)
     # bit-exact: integer ids and hash codes
     assert torch.equal(a_ids, b_ids) and torch.equal(a_codes, b_codes)
+
+
+@pytest.mark.numerics  # in process: logits of a float model
+def test_resize_token_embeddings(exports, tmp_path):
+    """``resize_token_embeddings`` of a vocabulary-embedding export (untied head, value embeddings): the logits
+    of the old vocabulary are unchanged, a new id runs, and ``save_pretrained`` -> ``from_pretrained`` gives the
+    resized model back. A hash embedding is refused with a ValueError naming why. Before: NotImplementedError
+    (``set_input_embeddings`` not handled for MegahashModel) for every export, an AttributeError on NoneType for
+    hash embeddings."""
+    from transformers import AutoModelForCausalLM
+
+    model, tok = _load(exports["levers-vocab"])
+    ids = tok("KING. My lord, the queen is dead.", return_tensors="pt").input_ids
+    with torch.no_grad():
+        before = model(ids).logits
+    assert before.shape[-1] == 1000 and model.config.padded_vocab_size == 1024
+    model.resize_token_embeddings(1030)
+    assert model.config.vocab_size == 1030 and model.config.padded_vocab_size == 1030
+    assert model.model.value_embeds.tables[0].weight.shape[0] == 1030
+    new = torch.cat([ids, torch.tensor([[1027, 1029]])], dim=1)
+    with torch.no_grad():
+        after = model(ids).logits
+        longer = model(new).logits
+    assert after.shape[-1] == 1030 and longer.shape == (1, new.shape[1], 1030)
+    torch.testing.assert_close(after[..., :1000], before)  # fp32 defaults: the same rows, a wider matmul
+    model.save_pretrained(str(tmp_path / "resized"))
+    again = AutoModelForCausalLM.from_pretrained(str(tmp_path / "resized"), trust_remote_code=True).eval()
+    with torch.no_grad():
+        # bit-exact: the same weights (safetensors copies) and the same code on the same input
+        assert torch.equal(again(new).logits, longer)
+    hashed, _ = _load(exports["hash-emb-bucket"])
+    with pytest.raises(ValueError, match="reads word-hash codes"):
+        hashed.resize_token_embeddings(1030)
