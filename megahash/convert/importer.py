@@ -99,12 +99,54 @@ def read_hf(folder) -> dict:
         state = qwen2.from_qwen2(tensors, extra, cfg, kv, padded)
     else:
         raise CheckpointError(f"{cfg_path}: model_type {str(fmt)[:80]!r} is neither megahash nor qwen2")
+    _check_agrees(data, tree, fmt, padded, cfg_path)
     state = {k: (v.float() if v.is_floating_point() else v) for k, v in state.items()}
     if not (tree.get("model") or {}).get("vocab_size") and data.get("vocab_size"):
         # the real vocabulary, which the run's tokenizer gave (an export names no local tokenizer path)
         tree = json.loads(json.dumps(tree))
         tree.setdefault("model", {})["vocab_size"] = size(data, "vocab_size")
     return {"tree": tree, "format": fmt, "state": state, "padded": padded, "step": step}
+
+
+def _check_agrees(data: dict, tree: dict, fmt: str, padded: int, cfg_path) -> None:
+    """config.json's own fields (what transformers builds the model from) must be those of its
+    ``megahash_config`` (what the import builds): a folder whose two disagree is refused in one line (before,
+    the import took megahash_config's silently: another model than the one transformers loads from the same
+    folder, or a vocabulary larger than the tables)."""
+    from megahash.config import config_from_dict
+    from megahash.convert.qwen2 import number
+
+    m = config_from_dict(_tp1(tree)).model
+    fields = {
+        "hidden_size": (m.hidden_size, "model.hidden_size"),
+        "num_hidden_layers": (m.num_layers, "model.num_layers"),
+        "num_attention_heads": (m.num_heads, "model.num_heads"),
+        "intermediate_size": (m.ffn_hidden_size, "model.ffn_hidden_size"),
+    }
+    if m.vocab_size:
+        fields["vocab_size"] = (m.vocab_size, "model.vocab_size")
+    if fmt == "megahash":
+        fields["num_key_value_heads"] = (m.num_query_groups or m.num_heads, "model.num_query_groups")
+    for key, (want, name) in fields.items():
+        got = number(data, key, int, None)
+        if got != want:
+            raise CheckpointError(
+                f"{cfg_path}: {key}={got} disagrees with its megahash_config ({name}={want}): "
+                "the folder names two models (edited by hand?)"
+            )
+    vocab = number(data, "vocab_size", int, None)
+    tp = number(tree.get("parallel") or {}, "tensor", int, 1)
+    # the tables are the vocabulary padded to a multiple of make_vocab_size_divisible_by x TP (or resized to it)
+    if vocab is None or not 0 <= padded - vocab < max(1, m.make_vocab_size_divisible_by) * max(1, tp):
+        raise CheckpointError(
+            f"{cfg_path}: vocab_size={vocab} does not fit the {padded}-row vocabulary tables of its weights"
+        )
+    specs = data.get("layer_specs")
+    if fmt == "megahash" and (not isinstance(specs, list) or len(specs) != m.num_layers):
+        n = len(specs) if isinstance(specs, list) else None
+        raise CheckpointError(
+            f"{cfg_path}: layer_specs has {n} entries, its megahash_config {m.num_layers} layers (model.num_layers)"
+        )
 
 
 def _tp1(tree: dict) -> dict:
@@ -156,6 +198,12 @@ def build_model(tree: dict, padded: int, save_dir=None, state: dict | None = Non
             raise CheckpointError(
                 f"the weights do not fit the model of megahash_config: {bad[0]} has shape "
                 f"{list(state[bad[0]].shape)}, the config's model {list(want[bad[0]].shape)}"
+            )
+        kind = [k for k, v in want.items() if k in state and state[k].is_floating_point() != v.is_floating_point()]
+        if kind:  # an integer tensor where a float weight goes (or a float for an integer buffer)
+            raise CheckpointError(
+                f"the weights do not fit the model of megahash_config: {kind[0]} is "
+                f"{str(state[kind[0]].dtype)[6:]}, the config's model {str(want[kind[0]].dtype)[6:]}"
             )
     return cfg, MegahashLM(cfg, padded, torch.float32, init=False)
 

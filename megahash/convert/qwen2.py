@@ -206,7 +206,9 @@ def check_tensors(tensors: dict, extra: dict, cfg, groups: int, padded: int, voc
         raise CheckpointError(f"config.json: {groups} key/value groups do not divide {m.num_heads} heads")
     if not vocab <= padded <= vocab + max(vocab, 1 << 16):
         raise CheckpointError(f"config.json: a padded vocabulary of {padded} rows is not a padding of {vocab}")
+    expected = set()
     for name, shape in expected_shapes(cfg, groups, vocab):
+        expected.add(name)
         if name not in tensors:
             raise CheckpointError(f"the weights lack {name}, which the model of config.json has")
         if tuple(tensors[name].shape) != shape:
@@ -214,6 +216,21 @@ def check_tensors(tensors: dict, extra: dict, cfg, groups: int, padded: int, voc
                 f"the weights do not fit the model of config.json: {name} has shape "
                 f"{list(tensors[name].shape)}, the config's model {list(shape)}"
             )
+        if not tensors[name].is_floating_point():
+            raise CheckpointError(
+                f"the weights do not fit the model of config.json: {name} is {str(tensors[name].dtype)[6:]}, "
+                "not floating point"
+            )
+    # what transformers ignores too: a tied model's saved lm_head, the RoPE buffers of older checkpoints
+    ignored = {"lm_head.weight"} if m.tie_embeddings else set()
+    unexpected = sorted(k for k in tensors if k not in expected | ignored and not k.endswith("rotary_emb.inv_freq"))
+    if not m.qkv_bias:  # Qwen2 always has q/k/v biases: an export of model.qkv_bias=false writes zeros
+        unexpected = [k for k in unexpected if not (k.endswith("_proj.bias") and not bool(tensors[k].any()))]
+    if unexpected:  # e.g. the layers of a config.json that names fewer than the weights have: dropped before
+        raise CheckpointError(
+            f"the weights do not fit the model of config.json: tensors it has no place for: {unexpected[:3]}"
+            + (f" (+{len(unexpected) - 3} more)" if len(unexpected) > 3 else "")
+        )
     for table in VOCAB_TABLES:
         pad = extra.get(table + ".padding")
         if pad is not None and tuple(pad.shape) != (padded - vocab, m.hidden_size):

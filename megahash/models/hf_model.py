@@ -248,6 +248,9 @@ class MegahashPreTrainedModel(PreTrainedModel):
                 if table.weight.shape[0] != rows:
                     tables[i] = self._get_resized_embeddings(table, rows, mean_resizing=mean_resizing)
         self.config.padded_vocab_size = rows
+        tree = (self.config.megahash_config or {}).get("model")
+        if isinstance(tree, dict) and tree.get("vocab_size"):  # the folder's two configs keep naming one model
+            tree["vocab_size"] = int(self.config.vocab_size)
         return out
 
     def needs_codes(self) -> bool:

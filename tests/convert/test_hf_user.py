@@ -136,3 +136,53 @@ def test_resize_token_embeddings(exports, tmp_path):
     hashed, _ = _load(exports["hash-emb-bucket"])
     with pytest.raises(ValueError, match="reads word-hash codes"):
         hashed.resize_token_embeddings(1030)
+
+
+def test_import_refuses_a_folder_whose_two_configs_disagree(exports, tmp_path, capsys):
+    """import-hf of a megahash export whose config.json fields (what transformers builds the model from) were
+    edited away from its megahash_config, whose vocabulary does not fit its tables, or whose weights hold an
+    integer tensor where a float goes: one ``error:`` line, exit 2, no output. Before: each was imported
+    (exit 0) from megahash_config alone: a checkpoint of another model than the one transformers loads from the
+    folder, a vocabulary of 5000 over 1024-row tables, int32 weights cast silently."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from megahash.cli import main
+
+    src = exports["levers-vocab"]
+
+    def config(edit):
+        def apply(d):
+            data = json.loads((d / "config.json").read_text())
+            edit(data)
+            (d / "config.json").write_text(json.dumps(data))
+
+        return apply
+
+    def int_weight(d):
+        t = load_file(str(d / "model.safetensors"))
+        t["output_layer.weight"] = t["output_layer.weight"].to(torch.int32)
+        save_file(t, str(d / "model.safetensors"), metadata={"format": "pt"})
+
+    cases = {
+        "hidden_size=96": config(lambda c: c.update(hidden_size=96)),
+        "num_hidden_layers=3": config(lambda c: c.update(num_hidden_layers=3)),
+        "vocab_size=10": config(lambda c: c.update(vocab_size=10)),
+        "vocab_size=5000": config(lambda c: c.update(vocab_size=5000)),
+        "megahash_config vocab 5000": config(lambda c: c["megahash_config"]["model"].update(vocab_size=5000)),
+        "layer_specs cut": config(lambda c: c.update(layer_specs=c["layer_specs"][:1])),
+        "int32 output layer": int_weight,
+    }
+    for name, edit in cases.items():
+        d = tmp_path / "case"
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(src, d)
+        edit(d)
+        out = tmp_path / "out"
+        status = main(["import-hf", "--hf", str(d), "--output", str(out)])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert status == 2 and len(err) == 1 and err[0].startswith("error: "), (name, err)
+        assert not out.exists(), name
+    assert main(["import-hf", "--hf", str(src), "--output", str(tmp_path / "ok")]) == 0  # the folder itself
