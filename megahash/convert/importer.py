@@ -1,5 +1,6 @@
 """``megahash import-hf``: a Hugging Face folder written by ``export-hf``, or a standard
-``Qwen2ForCausalLM`` folder (:func:`megahash.convert.qwen2.megahash_tree`) -> a megahash checkpoint.
+``Qwen2ForCausalLM`` / ``LlamaForCausalLM`` / ``MistralForCausalLM`` folder (:func:`megahash.convert.qwen2.megahash_tree`)
+-> a megahash checkpoint.
 
     megahash import-hf --hf HFDIR --output RUN_DIR [--step N]
 
@@ -57,7 +58,9 @@ def read_hf(folder) -> dict:
         from megahash import catalog
 
         catalog.check_foreign_plugins((tree.get("model") or {}).get("plugins"), str(cfg_path))
-    if not tree and fmt == "qwen2":  # a standard Qwen2ForCausalLM folder (not a megahash export)
+    from megahash.convert.qwen2 import IMPORTABLE
+
+    if not tree and fmt in IMPORTABLE:  # a standard Qwen2/Llama/Mistral ForCausalLM folder (not a megahash export)
         from megahash.config import config_from_dict
         from megahash.convert import qwen2
 
@@ -70,11 +73,11 @@ def read_hf(folder) -> dict:
         qwen2.check_tensors(tensors, {}, cfg, kv, padded, vocab)
         state = qwen2.from_qwen2(tensors, {}, cfg, kv, padded)
         state = {k: (v.float() if v.is_floating_point() else v) for k, v in state.items()}
-        return {"tree": tree, "format": "qwen2-hf", "state": state, "padded": padded, "step": 0}
+        return {"tree": tree, "format": f"{fmt}-hf", "state": state, "padded": padded, "step": 0}
     if not tree:
         raise CheckpointError(
             f"{cfg_path} has no megahash_config and model_type {fmt!r}: import-hf reads megahash "
-            f"exports and standard Qwen2ForCausalLM folders"
+            f"exports and standard Qwen2ForCausalLM, LlamaForCausalLM and MistralForCausalLM folders"
         )
     if not (folder / WEIGHTS_FILE).is_file() and not (folder / "model.safetensors.index.json").is_file():
         raise CheckpointError(f"{folder} has no {WEIGHTS_FILE}")
@@ -282,7 +285,9 @@ def main(argv=None) -> int:
     p = ArgumentParser(
         prog="megahash import-hf", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--hf", required=True, help="folder written by megahash export-hf, or a Qwen2ForCausalLM folder")
+    p.add_argument(
+        "--hf", required=True, help="folder written by megahash export-hf, or a Qwen2/Llama/Mistral ForCausalLM folder"
+    )
     p.add_argument("--output", required=True, help="new run directory for the checkpoint")
     p.add_argument("--step", type=int, default=None, help="step number of the checkpoint (default: the export's)")
     args = p.parse_args(argv)

@@ -392,22 +392,40 @@ def size(data: dict, key: str, default=...) -> int:
     return value
 
 
+# model_type -> (name in messages, q/k/v biases): families whose decoder is Qwen2's block (RMSNorm, SwiGLU,
+# RoPE rotate_half, GQA) with the same tensor names; Llama and Mistral have no q/k/v biases unless attention_bias
+IMPORTABLE = {"qwen2": "Qwen2", "llama": "Llama", "mistral": "Mistral"}
+
+
 def megahash_tree(data: dict, folder) -> dict:
-    """A megahash config tree for a standard ``Qwen2ForCausalLM`` config.json (any Qwen2/Qwen2.5
-    decoder without sliding windows or RoPE scaling): megahash's decoder block with ``mha`` in every
-    layer, ``model.num_query_groups`` = its key/value heads, QKV biases, ``rotary_base = rope_theta``
-    (transformers 4.x ``rope_theta`` or 5.x ``rope_parameters``). The folder's tokenizer, if any,
-    becomes ``data.tokenizer`` with its special ids."""
+    """A megahash config tree for a standard ``Qwen2ForCausalLM``, ``LlamaForCausalLM`` or ``MistralForCausalLM``
+    config.json (without sliding windows shorter than the context, RoPE scaling, or Llama's o_proj/MLP biases):
+    megahash's decoder block with ``mha`` in every layer, ``model.num_query_groups`` = its key/value heads, QKV
+    biases (Qwen2; Llama's ``attention_bias``), ``rotary_base = rope_theta`` (transformers 4.x ``rope_theta`` or
+    5.x ``rope_parameters``). The folder's tokenizer, if any, becomes ``data.tokenizer`` with its special ids."""
     from megahash.errors import ConfigError
+
+    family = IMPORTABLE.get(data.get("model_type"), "Qwen2")
 
     def need(ok, what):
         if not ok:
-            raise ConfigError(f"cannot import this Qwen2 model into megahash's decoder: {what}")
+            raise ConfigError(f"cannot import this {family} model into megahash's decoder: {what}")
 
     need(
         data.get("hidden_act", "silu") == "silu", f"hidden_act={str(data.get('hidden_act'))[:80]!r} (SwiGLU needs silu)"
     )
     need(not data.get("use_sliding_window"), "use_sliding_window=true")
+    if family == "Qwen2":
+        qkv_bias = True
+    else:
+        need(not data.get("mlp_bias"), "mlp_bias=true (megahash's MLP has no biases)")
+        qkv_bias = bool(data.get("attention_bias", False))
+        need(not qkv_bias, "attention_bias=true (an o_proj bias: megahash's output projection has none)")
+        window = number(data, "sliding_window", int, None) if family == "Mistral" else None
+        need(
+            window is None or window >= size(data, "max_position_embeddings", 2048),
+            f"sliding_window={window} shorter than max_position_embeddings",
+        )
     rope = data.get("rope_parameters") or data.get("rope_scaling") or {}
     need(isinstance(rope, dict), f"rope_parameters is a {type(rope).__name__}, not an object")
     need(rope.get("rope_type", rope.get("type", "default")) in ("default", None), f"RoPE scaling {str(rope)[:200]}")
@@ -433,7 +451,7 @@ def megahash_tree(data: dict, folder) -> dict:
             "max_position_embeddings": max_pos,
             "rotary_base": int(theta),
             "tie_embeddings": bool(data.get("tie_word_embeddings", False)),
-            "qkv_bias": True,
+            "qkv_bias": qkv_bias,
             "norm_eps": number(data, "rms_norm_eps", float, 1e-6),
             "init_std": number(data, "initializer_range", float, 0.02),
             "embedding": catalog.standard("embedding"),

@@ -186,3 +186,74 @@ def test_import_refuses_a_folder_whose_two_configs_disagree(exports, tmp_path, c
         assert status == 2 and len(err) == 1 and err[0].startswith("error: "), (name, err)
         assert not out.exists(), name
     assert main(["import-hf", "--hf", str(src), "--output", str(tmp_path / "ok")]) == 0  # the folder itself
+
+
+def _random_family(kind: str, path, **kw):
+    """A randomly initialised transformers Llama / Mistral / GPT-2 (GQA, a vocabulary not a multiple of 128) saved
+    to ``path``."""
+    import transformers
+
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        cfg = transformers.GPT2Config(vocab_size=300, n_embd=64, n_layer=2, n_head=4, n_positions=128, **kw)
+        model = transformers.GPT2LMHeadModel(cfg)
+    else:
+        cls = {"llama": "Llama", "mistral": "Mistral"}[kind]
+        cfg = getattr(transformers, f"{cls}Config")(
+            vocab_size=300,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            rope_parameters={"rope_type": "default", "rope_theta": 50000.0},
+            **kw,
+        )
+        model = getattr(transformers, f"{cls}ForCausalLM")(cfg)
+    model.eval().save_pretrained(str(path))
+    return model
+
+
+@pytest.mark.numerics  # in process: floating-point logits of two implementations
+@pytest.mark.parametrize(
+    "kind, kw",
+    [("llama", {"tie_word_embeddings": True}), ("llama", {}), ("mistral", {})],  # Mistral: its default 4096 window
+)
+def test_import_llama_and_mistral_folders(kind, kw, tmp_path, dist):
+    """import-hf of a transformers Llama (tied, untied) or Mistral folder: the imported checkpoint's logits equal
+    transformers'. Before: refused ("import-hf reads megahash exports and standard Qwen2ForCausalLM folders"),
+    though both are Qwen2's block without q/k/v biases and with the same tensor names."""
+    from megahash.checkpoint.weights import load_for_inference
+    from megahash.convert.importer import import_hf
+
+    hf = _random_family(kind, tmp_path / "hf", **kw)
+    res = import_hf(tmp_path / "hf", tmp_path / "run")
+    assert res["format"] == f"{kind}-hf" and res["step"] == 0
+    cfg, model, _ = load_for_inference(str(tmp_path / "run"))
+    assert not cfg.model.qkv_bias and cfg.model.rotary_base == 50000 and cfg.model.num_query_groups == 2
+    assert cfg.model.tie_embeddings == bool(kw.get("tie_word_embeddings"))
+    ids = torch.randint(0, 300, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want, got = hf(ids).logits, model(ids)[..., :300].float()
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)  # as the Qwen2 import's test: fp32, two code paths
+
+
+def test_import_of_what_megahash_cannot_run_is_one_line(tmp_path, capsys):
+    """Llama/Mistral/GPT-2 folders megahash's decoder cannot hold: one ``error:`` line naming why, exit 2."""
+    from megahash.cli import main
+
+    cases = {
+        ("mistral", "sliding_window=64"): {"sliding_window": 64},
+        ("llama", "attention_bias=true"): {"attention_bias": True},
+        ("llama", "mlp_bias=true"): {"mlp_bias": True},
+        ("gpt2", "model_type 'gpt2'"): {},
+    }
+    for (kind, expect), kw in cases.items():
+        src = tmp_path / f"{kind}_{len(kw)}_{expect[:5]}"
+        _random_family(kind, src, **kw)
+        capsys.readouterr()
+        assert main(["import-hf", "--hf", str(src), "--output", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and expect in err[0], err
+        assert not (tmp_path / "out").exists()
