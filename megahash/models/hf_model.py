@@ -557,14 +557,16 @@ def _row_criteria(criteria, lead: int, pad: int, batch: int):
             self.inner = inner
 
         def __call__(self, input_ids, scores, **kw):
-            lead_ids = torch.full((1, lead), pad, dtype=input_ids.dtype, device=input_ids.device)
-            view = torch.cat([lead_ids, input_ids], dim=1).expand(batch, -1)
+            n = input_ids.shape[0]  # this row's sequences (num_return_sequences)
+            lead_ids = torch.full((n, lead), pad, dtype=input_ids.dtype, device=input_ids.device)
+            reps = -(-batch // n)
+            view = torch.cat([lead_ids, input_ids], dim=1).repeat(reps, 1)[:batch]
             if torch.is_tensor(scores):
-                scores = scores.expand(batch, *scores.shape[1:])
+                scores = scores.repeat(reps, *([1] * (scores.dim() - 1)))[:batch]
             done = self.inner(view, scores, **kw)
             if torch.is_tensor(done):
-                return done.reshape(-1)[:1].bool()
-            return torch.full((1,), bool(done), dtype=torch.bool, device=input_ids.device)
+                return done.reshape(-1)[:n].bool()
+            return torch.full((n,), bool(done), dtype=torch.bool, device=input_ids.device)
 
     return _StoppingList([RowView(fresh(c)) for c in criteria])
 
@@ -593,6 +595,7 @@ def generate_left_padded(model, generate, input_ids, mask, kwargs):
             kwargs["max_new_tokens"] = max(int(max_length) - width, 1)
     codes = kwargs.pop("hash_codes", None)
     criteria = kwargs.pop("stopping_criteria", None)
+    k = int(kwargs.get("num_return_sequences") or getattr(gen_cfg, "num_return_sequences", 1) or 1)
     rows = []
     for i in range(input_ids.shape[0]):
         keep = mask[i].bool()
@@ -601,14 +604,14 @@ def generate_left_padded(model, generate, input_ids, mask, kwargs):
             row_kwargs["hash_codes"] = codes[i : i + 1, keep]
         row = input_ids[i : i + 1, keep]
         if criteria:
-            row_kwargs["stopping_criteria"] = _row_criteria(criteria, width - row.shape[1], int(pad), len(mask))
+            row_kwargs["stopping_criteria"] = _row_criteria(criteria, width - row.shape[1], int(pad), len(mask) * k)
         out = generate(row, attention_mask=torch.ones_like(row), **row_kwargs)
-        rows.append(out[0, row.shape[1] :])
+        rows.extend(out[:, row.shape[1] :])  # num_return_sequences rows per prompt, as transformers orders them
     new_width = max(r.shape[0] for r in rows)
     new = torch.full((len(rows), new_width), int(pad), dtype=input_ids.dtype, device=input_ids.device)
     for i, r in enumerate(rows):
         new[i, : r.shape[0]] = r
-    return torch.cat([input_ids, new], dim=1)
+    return torch.cat([input_ids.repeat_interleave(len(rows) // input_ids.shape[0], dim=0), new], dim=1)
 
 
 class MegahashForMaskedLM(MegahashForCausalLM):

@@ -257,3 +257,25 @@ def test_import_of_what_megahash_cannot_run_is_one_line(tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and expect in err[0], err
         assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.numerics  # in process: beam-search tokens of a float model
+def test_padded_batch_with_num_return_sequences(exports):
+    """``generate(num_beams=2, num_return_sequences=2)`` on a left-padded batch: 2 rows per prompt, in
+    transformers' order, each pair the one the prompt alone gets. Before: one row per prompt (the first
+    sequence of each; the batch of 2 prompts came back as 2 rows, not 4)."""
+    model, tok = _load(exports["hash-emb-bucket"])
+    tok.padding_side = "left"
+    prompts = ["KING. My lord,", "O"]
+    enc = tok(prompts, return_tensors="pt", padding=True)
+    width = enc.input_ids.shape[1]
+    kw = dict(max_new_tokens=4, do_sample=False, num_beams=2, num_return_sequences=2)
+    out = model.generate(**enc, **kw)
+    assert out.shape[0] == 4
+    for i, p in enumerate(prompts):
+        row = tok(p, return_tensors="pt").input_ids
+        alone = model.generate(row, **kw)[:, row.shape[1] :]
+        for j in range(2):
+            got = out[2 * i + j, width:]
+            assert got[: alone.shape[1]].tolist() == alone[j].tolist()
+            assert out[2 * i + j, :width].tolist() == enc.input_ids[i].tolist()
