@@ -162,7 +162,7 @@ class MegahashPreTrainedModel(PreTrainedModel):
     config_class = MegahashConfig
     base_model_prefix = "model"
     main_input_name = "input_ids"
-    supports_gradient_checkpointing = False
+    supports_gradient_checkpointing = True  # MegahashModel recomputes each layer (gradient_checkpointing_enable)
     _no_split_modules = ["Layer"]
     _supports_sdpa = True
 
@@ -309,6 +309,7 @@ class MegahashModel(MegahashPreTrainedModel):
         self.kind_input_attrs = list(config.kind_inputs)  # e.g. a fixed input (its buffers under model.<attr>)
         for attr, meta in config.kind_inputs.items():
             setattr(self, attr, build_kind_input(config, meta, references()))
+        self.gradient_checkpointing = False  # set by transformers' gradient_checkpointing_enable()
         self.post_init()
 
     def kind_inputs(self) -> list:
@@ -333,6 +334,8 @@ class MegahashModel(MegahashPreTrainedModel):
         return_dict=True,
         **kwargs,
     ):
+        if input_ids is None:  # e.g. inputs_embeds: every megahash model reads the ids (hash codes, value embeddings)
+            raise ValueError("megahash models take input_ids (inputs_embeds is not supported)")
         b, s = input_ids.shape
         decoder = arch_of(self.config.arch).causal
         given = _given_cache(past_key_values, kwargs)
@@ -387,6 +390,9 @@ class MegahashModel(MegahashPreTrainedModel):
         def layer(i, x):
             if hidden is not None:
                 hidden.append(x.transpose(0, 1))
+            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+                # the layer's activations recomputed in the backward pass (transformers' checkpoint function)
+                return self._gradient_checkpointing_func(self.decoder.layers[i].__call__, x, mask, rotary, state)
             return self.decoder.layers[i](x, mask, rotary, state)
 
         x = self.decoder.run(x, layer)

@@ -279,3 +279,31 @@ def test_padded_batch_with_num_return_sequences(exports):
             got = out[2 * i + j, width:]
             assert got[: alone.shape[1]].tolist() == alone[j].tolist()
             assert out[2 * i + j, :width].tolist() == enc.input_ids[i].tolist()
+
+
+@pytest.mark.numerics  # in process: gradients of a float model
+@pytest.mark.parametrize("name", ["hash-emb-bucket", "levers-vocab"])
+def test_gradient_checkpointing_gives_the_same_gradients(exports, name):
+    """``gradient_checkpointing_enable()`` (what ``Trainer(gradient_checkpointing=True)`` calls) on an export: the
+    loss and every gradient of a ``labels=`` step equal those without it (a recurrent kind with a hash embedding;
+    value embeddings, x0 mixing and U-Net skips). Before: ValueError "MegahashForCausalLM does not support
+    activation checkpointing"."""
+    model, tok = _load(exports[name])
+    batch = tok(["KING. My lord, the queen is dead.", "O my"], return_tensors="pt", padding=True)
+    labels = batch.input_ids.masked_fill(batch.attention_mask == 0, -100)
+
+    def grads():
+        model.zero_grad()
+        model.train()
+        loss = model(**batch, labels=labels).loss
+        loss.backward()
+        return loss.detach(), {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+
+    loss, want = grads()
+    model.gradient_checkpointing_enable()  # transformers defaults (reentrant)
+    assert model.model.gradient_checkpointing
+    loss_ckpt, got = grads()
+    torch.testing.assert_close(loss_ckpt, loss)  # fp32 defaults: the same ops, recomputed
+    assert sorted(got) == sorted(want) and len(got) > 5
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], msg=k)
