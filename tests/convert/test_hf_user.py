@@ -17,7 +17,7 @@ import torch
 def exports(shakespeare_shards, dist, tmp_path_factory):
     """{variant: exported folder} of two in-memory models: a hash embedding with a recurrent kind
     (list:mha,approx) and a vocabulary embedding with an untied head and the compact-model levers (value
-    embeddings, logit soft-cap, x0 mixing, ...)."""
+    embeddings, logit soft-cap, x0 mixing, ...), and an MLM encoder."""
     from test_convert import _build, _cfg
 
     from megahash.convert.export import export_model
@@ -25,7 +25,7 @@ def exports(shakespeare_shards, dist, tmp_path_factory):
 
     out = {}
     root = tmp_path_factory.mktemp("hf_user")
-    for name in ("hash-emb-bucket", "levers-vocab"):
+    for name in ("hash-emb-bucket", "levers-vocab", "encoder-mlm"):
         cfg = _cfg(shakespeare_shards, name)
         cfg.model.tie_embeddings = False
         model = _build(cfg)
@@ -307,3 +307,24 @@ def test_gradient_checkpointing_gives_the_same_gradients(exports, name):
     assert sorted(got) == sorted(want) and len(got) > 5
     for k in want:
         torch.testing.assert_close(got[k], want[k], msg=k)
+
+
+@pytest.mark.numerics  # in process: logits of a float model
+def test_fill_mask_pipeline_on_an_encoder_export(exports):
+    """docs/convert.md's recipe: ``pipeline("fill-mask")`` on an MLM encoder export with
+    ``tokenizer_kwargs={"split_special_tokens": False}`` scores the mask position: its top token is the argmax of
+    the model's logits there. (Without it the tokenizer reads "<mask>" as text, as every megahash path does.)"""
+    from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline
+
+    folder = str(exports["encoder-mlm"])
+    model = AutoModelForMaskedLM.from_pretrained(folder, trust_remote_code=True).eval()
+    tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    text = f"KING. My lord, the {tok.mask_token} is dead."
+    assert tok.mask_token_id not in tok(text).input_ids  # special strings are text by default
+    ids = tok(text, split_special_tokens=False, return_tensors="pt").input_ids
+    assert tok.mask_token_id in ids[0].tolist()
+    fill = pipeline("fill-mask", model=model, tokenizer=tok)
+    top = fill(text, tokenizer_kwargs={"split_special_tokens": False})[0]
+    with torch.no_grad():
+        logits = model(ids).logits[0, ids[0].tolist().index(tok.mask_token_id)]
+    assert top["token"] == int(logits.argmax())
