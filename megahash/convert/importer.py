@@ -126,8 +126,6 @@ def _check_agrees(data: dict, tree: dict, fmt: str, padded: int, cfg_path) -> No
         "num_attention_heads": (m.num_heads, "model.num_heads"),
         "intermediate_size": (m.ffn_hidden_size, "model.ffn_hidden_size"),
     }
-    if m.vocab_size:
-        fields["vocab_size"] = (m.vocab_size, "model.vocab_size")
     if fmt == "megahash":
         fields["num_key_value_heads"] = (m.num_query_groups or m.num_heads, "model.num_query_groups")
     for key, (want, name) in fields.items():
@@ -137,12 +135,20 @@ def _check_agrees(data: dict, tree: dict, fmt: str, padded: int, cfg_path) -> No
                 f"{cfg_path}: {key}={got} disagrees with its megahash_config ({name}={want}): "
                 "the folder names two models (edited by hand?)"
             )
-    vocab = number(data, "vocab_size", int, None)
-    tp = number(tree.get("parallel") or {}, "tensor", int, 1)
-    # the tables are the vocabulary padded to a multiple of make_vocab_size_divisible_by x TP (or resized to it)
-    if vocab is None or not 0 <= padded - vocab < max(1, m.make_vocab_size_divisible_by) * max(1, tp):
+    vocab = number(data, "vocab_size", int, None)  # the tokenizer's ids, which the logits cover
+    if vocab is None or vocab < 1 or (m.vocab_size and vocab > m.vocab_size):
         raise CheckpointError(
-            f"{cfg_path}: vocab_size={vocab} does not fit the {padded}-row vocabulary tables of its weights"
+            f"{cfg_path}: vocab_size={vocab} disagrees with its megahash_config (model.vocab_size={m.vocab_size}, "
+            "0 = the tokenizer's): the folder names two models (edited by hand?)"
+        )
+    tp = number(tree.get("parallel") or {}, "tensor", int, 1)
+    # the tables: the model's vocabulary (an explicit model.vocab_size may exceed the tokenizer's) padded to a
+    # multiple of make_vocab_size_divisible_by x TP (or resized to it)
+    rows = m.vocab_size or vocab
+    if not 0 <= padded - rows < max(1, m.make_vocab_size_divisible_by) * max(1, tp):
+        raise CheckpointError(
+            f"{cfg_path}: a vocabulary of {rows} (vocab_size {vocab}, megahash_config's model.vocab_size "
+            f"{m.vocab_size}) does not fit the {padded}-row vocabulary tables of its weights"
         )
     specs = data.get("layer_specs")
     if fmt == "megahash" and (not isinstance(specs, list) or len(specs) != m.num_layers):

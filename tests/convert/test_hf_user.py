@@ -186,6 +186,11 @@ def test_import_refuses_a_folder_whose_two_configs_disagree(exports, tmp_path, c
         assert status == 2 and len(err) == 1 and err[0].startswith("error: "), (name, err)
         assert not out.exists(), name
     assert main(["import-hf", "--hf", str(src), "--output", str(tmp_path / "ok")]) == 0  # the folder itself
+    # an explicit model.vocab_size above the tokenizer's 1000 ids (1020: the same 1024 rows) is a real run's export
+    shutil.rmtree(d)
+    shutil.copytree(src, d)
+    config(lambda c: c["megahash_config"]["model"].update(vocab_size=1020))(d)
+    assert main(["import-hf", "--hf", str(d), "--output", str(tmp_path / "ok_1020")]) == 0
 
 
 def _random_family(kind: str, path, **kw):
