@@ -156,6 +156,17 @@ def _check_agrees(data: dict, tree: dict, fmt: str, padded: int, cfg_path) -> No
         raise CheckpointError(
             f"{cfg_path}: layer_specs has {n} entries, its megahash_config {m.num_layers} layers (model.num_layers)"
         )
+    if fmt == "megahash":  # the attention kind transformers builds each layer with: the schedule's
+        from megahash.models import registry
+
+        kinds = registry.schedule_kinds(config_from_dict(_tp1(tree)))
+        for i, (spec, kind) in enumerate(zip(specs, kinds)):
+            got = spec.get("kind") if isinstance(spec, dict) else None
+            if got != kind:
+                raise CheckpointError(
+                    f"{cfg_path}: layer_specs[{i}] is {str(got)[:40]!r}, its megahash_config's schedule "
+                    f"{m.schedule!r} has {kind!r} there: the folder names two models (edited by hand?)"
+                )
 
 
 def _tp1(tree: dict) -> dict:

@@ -173,6 +173,7 @@ def test_import_refuses_a_folder_whose_two_configs_disagree(exports, tmp_path, c
         "vocab_size=5000": config(lambda c: c.update(vocab_size=5000)),
         "megahash_config vocab 5000": config(lambda c: c["megahash_config"]["model"].update(vocab_size=5000)),
         "layer_specs cut": config(lambda c: c.update(layer_specs=c["layer_specs"][:1])),
+        "a layer's kind edited": config(lambda c: c["layer_specs"][-1].update(kind="approx")),
         "int32 output layer": int_weight,
     }
     for name, edit in cases.items():
