@@ -70,6 +70,10 @@ from megahash.models.value_embeds import build as build_value_embeds
 CACHE_FIELD = "cache" if "cache" in getattr(CausalLMOutputWithPast, "__dataclass_fields__", {}) else "past_key_values"
 
 
+# the Auto class each model class is loaded with (the export's auto_map)
+AUTO_CLASS = {"MegahashForCausalLM": "AutoModelForCausalLM", "MegahashForMaskedLM": "AutoModelForMaskedLM"}
+
+
 def _given_cache(past_key_values, kwargs):
     """The cache passed under either name (``cache`` or the older ``past_key_values``)."""
     given = kwargs.pop("cache", None)
@@ -216,7 +220,12 @@ class MegahashPreTrainedModel(PreTrainedModel):
     def save_pretrained(self, save_directory, *args, **kwargs):
         """transformers' ``save_pretrained``, plus the text side of the folder the model was loaded from
         (``megahash_hashing.json`` and the pieces/word table/LSH/tokenizer files it names), without which the
-        saved copy could not hash ids (a hash embedding's forward) nor ``encode_text``."""
+        saved copy could not hash ids (a hash embedding's forward) nor ``encode_text``; and, on transformers 4.x,
+        the modeling code (which 5.x copies by itself)."""
+        if getattr(self, "_auto_class", None) is None and type(self).__module__.startswith("transformers_modules"):
+            # loaded as remote code by a transformers that does not mark it (4.x): without the mark its
+            # save_pretrained writes the config's code but not modeling_megahash.py, and the copy cannot load
+            self._auto_class = AUTO_CLASS.get(type(self).__name__, "AutoModel")
         out = super().save_pretrained(save_directory, *args, **kwargs)
         if kwargs.get("is_main_process", True):
             try:

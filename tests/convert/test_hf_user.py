@@ -10,7 +10,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import pytest
+import test_hf_interop
 import torch
+
+tf4_path = test_hf_interop.tf4_path  # the session fixture of the transformers 4.46 side install
 
 
 @pytest.fixture(scope="module")
@@ -334,3 +337,52 @@ def test_fill_mask_pipeline_on_an_encoder_export(exports):
     with torch.no_grad():
         logits = model(ids).logits[0, ids[0].tolist().index(tok.mask_token_id)]
     assert top["token"] == int(logits.argmax())
+
+
+TF4_USER = r"""
+import json, os, sys, torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer
+src, copy, text = sys.argv[1], sys.argv[2], sys.argv[3]
+tok = AutoTokenizer.from_pretrained(src, trust_remote_code=True)
+model = AutoModelForCausalLM.from_pretrained(src, trust_remote_code=True).eval()
+enc = tok(text, return_tensors="pt")
+out = model.generate(**enc, max_new_tokens=5, do_sample=False)  # the idiom: everything the tokenizer returns
+model.save_pretrained(copy)
+again = AutoModelForCausalLM.from_pretrained(copy, trust_remote_code=True).eval()
+with torch.no_grad():
+    same = bool(torch.equal(again(enc.input_ids).logits, model(enc.input_ids).logits))
+print(json.dumps({"version": transformers.__version__, "keys": sorted(enc.keys()), "new": out[0].tolist(),
+                  "copy_same": same}))
+"""
+
+
+@pytest.mark.numerics  # greedy tokens of a float model under two transformers versions
+def test_transformers_4_user_idioms(exports, tmp_path, tf4_path):
+    """On transformers 4.46 (side install): ``model.generate(**tok(text, return_tensors="pt"))`` runs and gives
+    5.x's tokens, and ``save_pretrained`` of the loaded export reloads (same logits). Before: the tokenizer returned
+    token_type_ids, which 4.x's generate() refuses ("model_kwargs are not used by the model"); and the saved copy
+    had no modeling_megahash.py (4.x does not mark remote-code models for their Auto class), so it did not load."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import child_env
+
+    folder = exports["levers-vocab"]
+    text = "KING. My lord, the queen"
+    r = subprocess.run(
+        [sys.executable, "-c", TF4_USER, str(folder), str(tmp_path / "copy"), text],
+        cwd=str(tmp_path),
+        env=child_env(PYTHONPATH=str(tf4_path)),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["version"] == "4.46.3" and got["keys"] == ["attention_mask", "input_ids"] and got["copy_same"]
+    model, tok = _load(folder)
+    enc = tok(text, return_tensors="pt")
+    # greedy token ids of one model under two transformers versions (the same code): no near-tie at these seeds
+    assert model.generate(**enc, max_new_tokens=5, do_sample=False)[0].tolist() == got["new"]
