@@ -130,8 +130,6 @@ class TextCoder:
     def save_pretrained(self, folder: str) -> list:
         """Copy the files this coder was read from (``megahash_hashing.json`` and the files it names) into
         ``folder``, so that ``TextCoder.from_pretrained(folder)`` reads the same coder; the names copied."""
-        import shutil
-
         source, names = self.files
         if source is None:
             raise ValueError("this TextCoder was not read from a folder (TextCoder.from_pretrained): nothing to copy")
@@ -139,7 +137,8 @@ class TextCoder:
         for name in names:
             src, dst = os.path.join(source, name), os.path.join(folder, name)
             if os.path.abspath(src) != os.path.abspath(dst):
-                shutil.copyfile(src, dst)
+                with open(src, "rb") as f_in, open(dst, "wb") as f_out:
+                    f_out.write(f_in.read())
         return list(names)
 
     @property

@@ -558,14 +558,16 @@ def _row_criteria(criteria, lead: int, pad: int, batch: int):
     row and read the new tokens after the batch's prompt width), for one row generated alone: a copy of each
     (its per-row state copied too) that sees the row left-padded back to the batch's prompt width, as every row
     of a batch of that size, and answers for the row."""
-    import copy
 
-    def fresh(c):
-        c = copy.copy(c)
+    def fresh(c):  # a shallow copy with its containers (per-row state) copied
+        new = object.__new__(type(c))
         for k, v in vars(c).items():
-            if isinstance(v, (list, dict, set)) or torch.is_tensor(v):
-                setattr(c, k, copy.copy(v) if not torch.is_tensor(v) else v.clone())
-        return c
+            if isinstance(v, (list, dict, set)):
+                v = v.copy()
+            elif torch.is_tensor(v):
+                v = v.clone()
+            setattr(new, k, v)
+        return new
 
     class RowView(_StoppingBase):
         def __init__(self, inner):
