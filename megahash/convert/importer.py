@@ -1,5 +1,6 @@
 """``megahash import-hf``: a Hugging Face folder written by ``export-hf``, or a standard
-``Qwen2ForCausalLM`` folder (:func:`megahash.convert.qwen2.megahash_tree`) -> a megahash checkpoint.
+``Qwen2ForCausalLM`` / ``LlamaForCausalLM`` / ``MistralForCausalLM`` folder (:func:`megahash.convert.qwen2.megahash_tree`)
+-> a megahash checkpoint.
 
     megahash import-hf --hf HFDIR --output RUN_DIR [--step N]
 
@@ -57,7 +58,9 @@ def read_hf(folder) -> dict:
         from megahash import catalog
 
         catalog.check_foreign_plugins((tree.get("model") or {}).get("plugins"), str(cfg_path))
-    if not tree and fmt == "qwen2":  # a standard Qwen2ForCausalLM folder (not a megahash export)
+    from megahash.convert.qwen2 import IMPORTABLE
+
+    if not tree and fmt in IMPORTABLE:  # a standard Qwen2/Llama/Mistral ForCausalLM folder (not a megahash export)
         from megahash.config import config_from_dict
         from megahash.convert import qwen2
 
@@ -70,11 +73,11 @@ def read_hf(folder) -> dict:
         qwen2.check_tensors(tensors, {}, cfg, kv, padded, vocab)
         state = qwen2.from_qwen2(tensors, {}, cfg, kv, padded)
         state = {k: (v.float() if v.is_floating_point() else v) for k, v in state.items()}
-        return {"tree": tree, "format": "qwen2-hf", "state": state, "padded": padded, "step": 0}
+        return {"tree": tree, "format": f"{fmt}-hf", "state": state, "padded": padded, "step": 0}
     if not tree:
         raise CheckpointError(
             f"{cfg_path} has no megahash_config and model_type {fmt!r}: import-hf reads megahash "
-            f"exports and standard Qwen2ForCausalLM folders"
+            f"exports and standard Qwen2ForCausalLM, LlamaForCausalLM and MistralForCausalLM folders"
         )
     if not (folder / WEIGHTS_FILE).is_file() and not (folder / "model.safetensors.index.json").is_file():
         raise CheckpointError(f"{folder} has no {WEIGHTS_FILE}")
@@ -99,12 +102,71 @@ def read_hf(folder) -> dict:
         state = qwen2.from_qwen2(tensors, extra, cfg, kv, padded)
     else:
         raise CheckpointError(f"{cfg_path}: model_type {str(fmt)[:80]!r} is neither megahash nor qwen2")
+    _check_agrees(data, tree, fmt, padded, cfg_path)
     state = {k: (v.float() if v.is_floating_point() else v) for k, v in state.items()}
     if not (tree.get("model") or {}).get("vocab_size") and data.get("vocab_size"):
         # the real vocabulary, which the run's tokenizer gave (an export names no local tokenizer path)
         tree = json.loads(json.dumps(tree))
         tree.setdefault("model", {})["vocab_size"] = size(data, "vocab_size")
     return {"tree": tree, "format": fmt, "state": state, "padded": padded, "step": step}
+
+
+def _check_agrees(data: dict, tree: dict, fmt: str, padded: int, cfg_path) -> None:
+    """config.json's own fields (what transformers builds the model from) must be those of its
+    ``megahash_config`` (what the import builds): a folder whose two disagree is refused in one line (before,
+    the import took megahash_config's silently: another model than the one transformers loads from the same
+    folder, or a vocabulary larger than the tables)."""
+    from megahash.config import config_from_dict
+    from megahash.convert.qwen2 import number
+
+    m = config_from_dict(_tp1(tree)).model
+    fields = {
+        "hidden_size": (m.hidden_size, "model.hidden_size"),
+        "num_hidden_layers": (m.num_layers, "model.num_layers"),
+        "num_attention_heads": (m.num_heads, "model.num_heads"),
+        "intermediate_size": (m.ffn_hidden_size, "model.ffn_hidden_size"),
+    }
+    if fmt == "megahash":
+        fields["num_key_value_heads"] = (m.num_query_groups or m.num_heads, "model.num_query_groups")
+    for key, (want, name) in fields.items():
+        got = number(data, key, int, None)
+        if got != want:
+            raise CheckpointError(
+                f"{cfg_path}: {key}={got} disagrees with its megahash_config ({name}={want}): "
+                "the folder names two models (edited by hand?)"
+            )
+    vocab = number(data, "vocab_size", int, None)  # the tokenizer's ids, which the logits cover
+    if vocab is None or vocab < 1 or (m.vocab_size and vocab > m.vocab_size):
+        raise CheckpointError(
+            f"{cfg_path}: vocab_size={vocab} disagrees with its megahash_config (model.vocab_size={m.vocab_size}, "
+            "0 = the tokenizer's): the folder names two models (edited by hand?)"
+        )
+    tp = number(tree.get("parallel") or {}, "tensor", int, 1)
+    # the tables: the model's vocabulary (an explicit model.vocab_size may exceed the tokenizer's) padded to a
+    # multiple of make_vocab_size_divisible_by x TP (or resized to it)
+    rows = m.vocab_size or vocab
+    if not 0 <= padded - rows < max(1, m.make_vocab_size_divisible_by) * max(1, tp):
+        raise CheckpointError(
+            f"{cfg_path}: a vocabulary of {rows} (vocab_size {vocab}, megahash_config's model.vocab_size "
+            f"{m.vocab_size}) does not fit the {padded}-row vocabulary tables of its weights"
+        )
+    specs = data.get("layer_specs")
+    if fmt == "megahash" and (not isinstance(specs, list) or len(specs) != m.num_layers):
+        n = len(specs) if isinstance(specs, list) else None
+        raise CheckpointError(
+            f"{cfg_path}: layer_specs has {n} entries, its megahash_config {m.num_layers} layers (model.num_layers)"
+        )
+    if fmt == "megahash":  # the attention kind transformers builds each layer with: the schedule's
+        from megahash.models import registry
+
+        kinds = registry.schedule_kinds(config_from_dict(_tp1(tree)))
+        for i, (spec, kind) in enumerate(zip(specs, kinds)):
+            got = spec.get("kind") if isinstance(spec, dict) else None
+            if got != kind:
+                raise CheckpointError(
+                    f"{cfg_path}: layer_specs[{i}] is {str(got)[:40]!r}, its megahash_config's schedule "
+                    f"{m.schedule!r} has {kind!r} there: the folder names two models (edited by hand?)"
+                )
 
 
 def _tp1(tree: dict) -> dict:
@@ -156,6 +218,12 @@ def build_model(tree: dict, padded: int, save_dir=None, state: dict | None = Non
             raise CheckpointError(
                 f"the weights do not fit the model of megahash_config: {bad[0]} has shape "
                 f"{list(state[bad[0]].shape)}, the config's model {list(want[bad[0]].shape)}"
+            )
+        kind = [k for k, v in want.items() if k in state and state[k].is_floating_point() != v.is_floating_point()]
+        if kind:  # an integer tensor where a float weight goes (or a float for an integer buffer)
+            raise CheckpointError(
+                f"the weights do not fit the model of megahash_config: {kind[0]} is "
+                f"{str(state[kind[0]].dtype)[6:]}, the config's model {str(want[kind[0]].dtype)[6:]}"
             )
     return cfg, MegahashLM(cfg, padded, torch.float32, init=False)
 
@@ -235,7 +303,9 @@ def main(argv=None) -> int:
     p = ArgumentParser(
         prog="megahash import-hf", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--hf", required=True, help="folder written by megahash export-hf, or a Qwen2ForCausalLM folder")
+    p.add_argument(
+        "--hf", required=True, help="folder written by megahash export-hf, or a Qwen2/Llama/Mistral ForCausalLM folder"
+    )
     p.add_argument("--output", required=True, help="new run directory for the checkpoint")
     p.add_argument("--step", type=int, default=None, help="step number of the checkpoint (default: the export's)")
     args = p.parse_args(argv)

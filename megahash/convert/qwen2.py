@@ -206,7 +206,9 @@ def check_tensors(tensors: dict, extra: dict, cfg, groups: int, padded: int, voc
         raise CheckpointError(f"config.json: {groups} key/value groups do not divide {m.num_heads} heads")
     if not vocab <= padded <= vocab + max(vocab, 1 << 16):
         raise CheckpointError(f"config.json: a padded vocabulary of {padded} rows is not a padding of {vocab}")
+    expected = set()
     for name, shape in expected_shapes(cfg, groups, vocab):
+        expected.add(name)
         if name not in tensors:
             raise CheckpointError(f"the weights lack {name}, which the model of config.json has")
         if tuple(tensors[name].shape) != shape:
@@ -214,6 +216,21 @@ def check_tensors(tensors: dict, extra: dict, cfg, groups: int, padded: int, voc
                 f"the weights do not fit the model of config.json: {name} has shape "
                 f"{list(tensors[name].shape)}, the config's model {list(shape)}"
             )
+        if not tensors[name].is_floating_point():
+            raise CheckpointError(
+                f"the weights do not fit the model of config.json: {name} is {str(tensors[name].dtype)[6:]}, "
+                "not floating point"
+            )
+    # what transformers ignores too: a tied model's saved lm_head, the RoPE buffers of older checkpoints
+    ignored = {"lm_head.weight"} if m.tie_embeddings else set()
+    unexpected = sorted(k for k in tensors if k not in expected | ignored and not k.endswith("rotary_emb.inv_freq"))
+    if not m.qkv_bias:  # Qwen2 always has q/k/v biases: an export of model.qkv_bias=false writes zeros
+        unexpected = [k for k in unexpected if not (k.endswith("_proj.bias") and not bool(tensors[k].any()))]
+    if unexpected:  # e.g. the layers of a config.json that names fewer than the weights have: dropped before
+        raise CheckpointError(
+            f"the weights do not fit the model of config.json: tensors it has no place for: {unexpected[:3]}"
+            + (f" (+{len(unexpected) - 3} more)" if len(unexpected) > 3 else "")
+        )
     for table in VOCAB_TABLES:
         pad = extra.get(table + ".padding")
         if pad is not None and tuple(pad.shape) != (padded - vocab, m.hidden_size):
@@ -375,22 +392,40 @@ def size(data: dict, key: str, default=...) -> int:
     return value
 
 
+# model_type -> (name in messages, q/k/v biases): families whose decoder is Qwen2's block (RMSNorm, SwiGLU,
+# RoPE rotate_half, GQA) with the same tensor names; Llama and Mistral have no q/k/v biases unless attention_bias
+IMPORTABLE = {"qwen2": "Qwen2", "llama": "Llama", "mistral": "Mistral"}
+
+
 def megahash_tree(data: dict, folder) -> dict:
-    """A megahash config tree for a standard ``Qwen2ForCausalLM`` config.json (any Qwen2/Qwen2.5
-    decoder without sliding windows or RoPE scaling): megahash's decoder block with ``mha`` in every
-    layer, ``model.num_query_groups`` = its key/value heads, QKV biases, ``rotary_base = rope_theta``
-    (transformers 4.x ``rope_theta`` or 5.x ``rope_parameters``). The folder's tokenizer, if any,
-    becomes ``data.tokenizer`` with its special ids."""
+    """A megahash config tree for a standard ``Qwen2ForCausalLM``, ``LlamaForCausalLM`` or ``MistralForCausalLM``
+    config.json (without sliding windows shorter than the context, RoPE scaling, or Llama's o_proj/MLP biases):
+    megahash's decoder block with ``mha`` in every layer, ``model.num_query_groups`` = its key/value heads, QKV
+    biases (Qwen2; Llama's ``attention_bias``), ``rotary_base = rope_theta`` (transformers 4.x ``rope_theta`` or
+    5.x ``rope_parameters``). The folder's tokenizer, if any, becomes ``data.tokenizer`` with its special ids."""
     from megahash.errors import ConfigError
+
+    family = IMPORTABLE.get(data.get("model_type"), "Qwen2")
 
     def need(ok, what):
         if not ok:
-            raise ConfigError(f"cannot import this Qwen2 model into megahash's decoder: {what}")
+            raise ConfigError(f"cannot import this {family} model into megahash's decoder: {what}")
 
     need(
         data.get("hidden_act", "silu") == "silu", f"hidden_act={str(data.get('hidden_act'))[:80]!r} (SwiGLU needs silu)"
     )
     need(not data.get("use_sliding_window"), "use_sliding_window=true")
+    if family == "Qwen2":
+        qkv_bias = True
+    else:
+        need(not data.get("mlp_bias"), "mlp_bias=true (megahash's MLP has no biases)")
+        qkv_bias = bool(data.get("attention_bias", False))
+        need(not qkv_bias, "attention_bias=true (an o_proj bias: megahash's output projection has none)")
+        window = number(data, "sliding_window", int, None) if family == "Mistral" else None
+        need(
+            window is None or window >= size(data, "max_position_embeddings", 2048),
+            f"sliding_window={window} shorter than max_position_embeddings",
+        )
     rope = data.get("rope_parameters") or data.get("rope_scaling") or {}
     need(isinstance(rope, dict), f"rope_parameters is a {type(rope).__name__}, not an object")
     need(rope.get("rope_type", rope.get("type", "default")) in ("default", None), f"RoPE scaling {str(rope)[:200]}")
@@ -416,7 +451,7 @@ def megahash_tree(data: dict, folder) -> dict:
             "max_position_embeddings": max_pos,
             "rotary_base": int(theta),
             "tie_embeddings": bool(data.get("tie_word_embeddings", False)),
-            "qkv_bias": True,
+            "qkv_bias": qkv_bias,
             "norm_eps": number(data, "rms_norm_eps", float, 1e-6),
             "init_std": number(data, "initializer_range", float, 0.02),
             "embedding": catalog.standard("embedding"),

@@ -163,6 +163,8 @@ def write_tokenizer(out: Path, codec, max_length: int) -> dict:
         split_special_tokens=True,
         clean_up_tokenization_spaces=False,
         model_max_length=int(max_length),
+        # no token_type_ids (4.x's fast tokenizers return them by default; generate(**tok(text)) then refuses them)
+        model_input_names=["input_ids", "attention_mask"],
     )
     tc["auto_map"] = {"AutoTokenizer": [None, "tokenization_megahash.MegahashTokenizerFast"]}
     tc.pop("backend", None)

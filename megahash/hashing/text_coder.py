@@ -92,6 +92,7 @@ class TextCoder:
         self.tokenizer_json = tokenizer_json  # kind "hf": the tokenizers file (special strings are text)
         self._sp = None
         self._cache: dict = {}
+        self.files: tuple = (None, [])  # (folder, file names) of from_pretrained: what save_pretrained copies
 
     @classmethod
     def from_pretrained(cls, folder: str) -> TextCoder:
@@ -110,7 +111,7 @@ class TextCoder:
                 words = json.load(f)
         sp_model = os.path.join(folder, meta["sp_model"]) if meta.get("sp_model") else None
         tok_json = os.path.join(folder, meta["tokenizer_json"]) if meta.get("tokenizer_json") else None
-        return cls(
+        coder = cls(
             meta["kind"],
             spec,
             None if key is None else key.encode("utf-8"),
@@ -122,6 +123,23 @@ class TextCoder:
             sp_model,
             tok_json,
         )
+        names = ("lsh_file", "pieces_file", "words_file", "sp_model", "tokenizer_json")
+        coder.files = (str(folder), [HASHING_FILE, *(meta[k] for k in names if meta.get(k))])
+        return coder
+
+    def save_pretrained(self, folder: str) -> list:
+        """Copy the files this coder was read from (``megahash_hashing.json`` and the files it names) into
+        ``folder``, so that ``TextCoder.from_pretrained(folder)`` reads the same coder; the names copied."""
+        source, names = self.files
+        if source is None:
+            raise ValueError("this TextCoder was not read from a folder (TextCoder.from_pretrained): nothing to copy")
+        os.makedirs(folder, exist_ok=True)
+        for name in names:
+            src, dst = os.path.join(source, name), os.path.join(folder, name)
+            if os.path.abspath(src) != os.path.abspath(dst):
+                with open(src, "rb") as f_in, open(dst, "wb") as f_out:
+                    f_out.write(f_in.read())
+        return list(names)
 
     @property
     def width(self) -> int:

@@ -42,6 +42,11 @@ try:
 except ImportError:  # pragma: no cover - very old transformers
     GenerationMixin = object
 try:
+    from transformers import StoppingCriteria as _StoppingBase
+    from transformers import StoppingCriteriaList as _StoppingList
+except ImportError:  # pragma: no cover - very old transformers
+    _StoppingBase, _StoppingList = object, list
+try:
     from transformers.cache_utils import Cache as _CacheBase
 except ImportError:  # pragma: no cover
     _CacheBase = object
@@ -63,6 +68,10 @@ from megahash.models.value_embeds import build as build_value_embeds
 # transformers renamed the cache argument and output field ``past_key_values`` -> ``cache`` (5.2x, the old
 # name deprecated): the model takes either name and answers under the name this transformers reads.
 CACHE_FIELD = "cache" if "cache" in getattr(CausalLMOutputWithPast, "__dataclass_fields__", {}) else "past_key_values"
+
+
+# the Auto class each model class is loaded with (the export's auto_map)
+AUTO_CLASS = {"MegahashForCausalLM": "AutoModelForCausalLM", "MegahashForMaskedLM": "AutoModelForMaskedLM"}
 
 
 def _given_cache(past_key_values, kwargs):
@@ -157,7 +166,7 @@ class MegahashPreTrainedModel(PreTrainedModel):
     config_class = MegahashConfig
     base_model_prefix = "model"
     main_input_name = "input_ids"
-    supports_gradient_checkpointing = False
+    supports_gradient_checkpointing = True  # MegahashModel recomputes each layer (gradient_checkpointing_enable)
     _no_split_modules = ["Layer"]
     _supports_sdpa = True
 
@@ -207,6 +216,51 @@ class MegahashPreTrainedModel(PreTrainedModel):
                 )
             coder = self._text_coder = TextCoder.from_pretrained(folder)
         return coder
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """transformers' ``save_pretrained``, plus the text side of the folder the model was loaded from
+        (``megahash_hashing.json`` and the pieces/word table/LSH/tokenizer files it names), without which the
+        saved copy could not hash ids (a hash embedding's forward) nor ``encode_text``; and, on transformers 4.x,
+        the modeling code (which 5.x copies by itself)."""
+        if getattr(self, "_auto_class", None) is None and type(self).__module__.startswith("transformers_modules"):
+            # loaded as remote code by a transformers that does not mark it (4.x): without the mark its
+            # save_pretrained writes the config's code but not modeling_megahash.py, and the copy cannot load
+            self._auto_class = AUTO_CLASS.get(type(self).__name__, "AutoModel")
+        out = super().save_pretrained(save_directory, *args, **kwargs)
+        if kwargs.get("is_main_process", True):
+            try:
+                coder = self.text_coder
+            except ValueError:  # built in memory, or loaded from a folder without them: nothing to carry
+                coder = None
+            if coder is not None and coder.files[0] is not None:
+                coder.save_pretrained(str(save_directory))
+        return out
+
+    def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
+        """transformers' resize of the vocabulary table (and of the untied output layer), plus the tables indexed
+        by token that transformers does not know of (``model.value_embeds``); ``config.padded_vocab_size`` (the
+        rows the model is built with on reload) follows the new table. Refused (ValueError) for models that read
+        word-hash codes: a new id has no piece for the hash to read."""
+        base = self.model if isinstance(getattr(self, "model", None), MegahashPreTrainedModel) else self
+        if base.get_input_embeddings() is None or self.needs_codes():
+            raise ValueError(
+                f"resize_token_embeddings: the {self.config.embedding!r} embedding"
+                + (f" with the {self.config.head!r} head" if getattr(self, "head", None) is not None else "")
+                + " reads word-hash codes of the tokenizer's pieces (no vocabulary table a new token could get a "
+                "row of); only vocabulary-embedding models are resized"
+            )
+        out = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        rows = out.weight.shape[0]
+        if base.value_embeds is not None:
+            tables = base.value_embeds.tables
+            for i, table in enumerate(tables):
+                if table.weight.shape[0] != rows:
+                    tables[i] = self._get_resized_embeddings(table, rows, mean_resizing=mean_resizing)
+        self.config.padded_vocab_size = rows
+        tree = (self.config.megahash_config or {}).get("model")
+        if isinstance(tree, dict) and tree.get("vocab_size"):  # the folder's two configs keep naming one model
+            tree["vocab_size"] = int(self.config.vocab_size)
+        return out
 
     def needs_codes(self) -> bool:
         base = self.model if isinstance(getattr(self, "model", None), MegahashPreTrainedModel) else self
@@ -264,6 +318,7 @@ class MegahashModel(MegahashPreTrainedModel):
         self.kind_input_attrs = list(config.kind_inputs)  # e.g. a fixed input (its buffers under model.<attr>)
         for attr, meta in config.kind_inputs.items():
             setattr(self, attr, build_kind_input(config, meta, references()))
+        self.gradient_checkpointing = False  # set by transformers' gradient_checkpointing_enable()
         self.post_init()
 
     def kind_inputs(self) -> list:
@@ -271,6 +326,11 @@ class MegahashModel(MegahashPreTrainedModel):
 
     def get_input_embeddings(self):
         return getattr(self.embedding, "word_embeddings", None)
+
+    def set_input_embeddings(self, value):
+        if getattr(self.embedding, "word_embeddings", None) is None:
+            raise ValueError(f"the {self.config.embedding!r} embedding has no vocabulary table")
+        self.embedding.word_embeddings = value
 
     def forward(
         self,
@@ -283,6 +343,8 @@ class MegahashModel(MegahashPreTrainedModel):
         return_dict=True,
         **kwargs,
     ):
+        if input_ids is None:  # e.g. inputs_embeds: every megahash model reads the ids (hash codes, value embeddings)
+            raise ValueError("megahash models take input_ids (inputs_embeds is not supported)")
         b, s = input_ids.shape
         decoder = arch_of(self.config.arch).causal
         given = _given_cache(past_key_values, kwargs)
@@ -337,6 +399,9 @@ class MegahashModel(MegahashPreTrainedModel):
         def layer(i, x):
             if hidden is not None:
                 hidden.append(x.transpose(0, 1))
+            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+                # the layer's activations recomputed in the backward pass (transformers' checkpoint function)
+                return self._gradient_checkpointing_func(self.decoder.layers[i].__call__, x, mask, rotary, state)
             return self.decoder.layers[i](x, mask, rotary, state)
 
         x = self.decoder.run(x, layer)
@@ -378,8 +443,14 @@ class MegahashForCausalLM(MegahashPreTrainedModel, GenerationMixin):
     def get_input_embeddings(self):
         return self.model.get_input_embeddings()
 
+    def set_input_embeddings(self, value):
+        self.model.set_input_embeddings(value)
+
     def get_output_embeddings(self):
         return self.output_layer
+
+    def set_output_embeddings(self, new_embeddings):
+        self.output_layer = new_embeddings
 
     def head_logits(self, hidden):
         if self.head is not None:
@@ -482,12 +553,49 @@ class MegahashForCausalLM(MegahashPreTrainedModel, GenerationMixin):
         return inputs
 
 
+def _row_criteria(criteria, lead: int, pad: int, batch: int):
+    """Stopping criteria built for the whole padded batch (lm-eval's ``MultiTokenEOSCriteria`` keep one flag per
+    row and read the new tokens after the batch's prompt width), for one row generated alone: a copy of each
+    (its per-row state copied too) that sees the row left-padded back to the batch's prompt width, as every row
+    of a batch of that size, and answers for the row."""
+
+    def fresh(c):  # a shallow copy with its containers (per-row state) copied
+        new = object.__new__(type(c))
+        for k, v in vars(c).items():
+            if isinstance(v, (list, dict, set)):
+                v = v.copy()
+            elif torch.is_tensor(v):
+                v = v.clone()
+            setattr(new, k, v)
+        return new
+
+    class RowView(_StoppingBase):
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __call__(self, input_ids, scores, **kw):
+            n = input_ids.shape[0]  # this row's sequences (num_return_sequences)
+            lead_ids = torch.full((n, lead), pad, dtype=input_ids.dtype, device=input_ids.device)
+            reps = -(-batch // n)
+            view = torch.cat([lead_ids, input_ids], dim=1).repeat(reps, 1)[:batch]
+            if torch.is_tensor(scores):
+                scores = scores.repeat(reps, *([1] * (scores.dim() - 1)))[:batch]
+            done = self.inner(view, scores, **kw)
+            if torch.is_tensor(done):
+                return done.reshape(-1)[:n].bool()
+            return torch.full((n,), bool(done), dtype=torch.bool, device=input_ids.device)
+
+    return _StoppingList([RowView(fresh(c)) for c in criteria])
+
+
 def generate_left_padded(model, generate, input_ids, mask, kwargs):
     """Batched ``generate()`` of padded prompts (left padding, as transformers pads for generation; or
     right): each prompt is generated without its padding (exactly the unbatched result, for every
     attention kind, including the recurrent and fixed-input ones whose states padding would
     disturb), and the rows are put back in the batch layout transformers returns: the prompts as
-    given, then the new tokens, rows that stopped early filled with ``pad_token_id``."""
+    given, then the new tokens, rows that stopped early filled with ``pad_token_id``. As in a batch,
+    ``max_length`` counts the padded prompt width (each row gets ``max_length`` - width new tokens), and
+    ``stopping_criteria`` made for the batch (lm-eval's stop sequences) see each row in the batch's layout."""
     if kwargs.get("return_dict_in_generate"):
         raise ValueError("padded batches: generate() returns token ids here (return_dict_in_generate=False)")
     gen_cfg = kwargs.get("generation_config") or model.generation_config
@@ -495,7 +603,16 @@ def generate_left_padded(model, generate, input_ids, mask, kwargs):
     if pad is None:
         pad = getattr(gen_cfg, "eos_token_id", None)
         pad = pad[0] if isinstance(pad, (list, tuple)) else (pad if pad is not None else 0)
+    width = input_ids.shape[1]
+    if kwargs.get("max_new_tokens") is None:
+        max_length = kwargs.pop("max_length", None)
+        if max_length is None and getattr(gen_cfg, "max_new_tokens", None) is None:
+            max_length = getattr(gen_cfg, "max_length", None)
+        if max_length is not None:  # a batch's max_length counts its padded prompts
+            kwargs["max_new_tokens"] = max(int(max_length) - width, 1)
     codes = kwargs.pop("hash_codes", None)
+    criteria = kwargs.pop("stopping_criteria", None)
+    k = int(kwargs.get("num_return_sequences") or getattr(gen_cfg, "num_return_sequences", 1) or 1)
     rows = []
     for i in range(input_ids.shape[0]):
         keep = mask[i].bool()
@@ -503,13 +620,15 @@ def generate_left_padded(model, generate, input_ids, mask, kwargs):
         if codes is not None:
             row_kwargs["hash_codes"] = codes[i : i + 1, keep]
         row = input_ids[i : i + 1, keep]
+        if criteria:
+            row_kwargs["stopping_criteria"] = _row_criteria(criteria, width - row.shape[1], int(pad), len(mask) * k)
         out = generate(row, attention_mask=torch.ones_like(row), **row_kwargs)
-        rows.append(out[0, row.shape[1] :])
-    width = max(r.shape[0] for r in rows)
-    new = torch.full((len(rows), width), int(pad), dtype=input_ids.dtype, device=input_ids.device)
+        rows.extend(out[:, row.shape[1] :])  # num_return_sequences rows per prompt, as transformers orders them
+    new_width = max(r.shape[0] for r in rows)
+    new = torch.full((len(rows), new_width), int(pad), dtype=input_ids.dtype, device=input_ids.device)
     for i, r in enumerate(rows):
         new[i, : r.shape[0]] = r
-    return torch.cat([input_ids, new], dim=1)
+    return torch.cat([input_ids.repeat_interleave(len(rows) // input_ids.shape[0], dim=0), new], dim=1)
 
 
 class MegahashForMaskedLM(MegahashForCausalLM):

@@ -21,6 +21,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from megahash.errors import ConfigError
+
 GAIN_INIT = 0.5  # modded-nanogpt's lambdas[1]
 
 
@@ -70,7 +72,7 @@ class ValueEmbeds(nn.Module):
 def build(num_tables: int, attentions: list, vocab_size: int, std: float, dtype=None):
     """The model's :class:`ValueEmbeds` (``model.value_embeds`` = ``num_tables``), or None when 0. ``attentions``:
     each layer's attention module, whose ``value_heads`` (G) and ``d_h`` size the tables; the layers that get a
-    table must agree on them (ValueError otherwise)."""
+    table must agree on them (a ConfigError, a ValueError, otherwise)."""
     if not num_tables:
         return None
     L = len(attentions)
@@ -80,7 +82,7 @@ def build(num_tables: int, attentions: list, vocab_size: int, std: float, dtype=
         if slot is not None
     }
     if len(shapes) != 1 or None in next(iter(shapes)):
-        raise ValueError(
+        raise ConfigError(  # bad user input: one line, exit 2 (a ValueError traceback on every rank before)
             f"model.value_embeds={num_tables}: the layers it feeds need one value width (value heads x head dim), "
             f"got {sorted(shapes, key=str)}"
         )

@@ -144,6 +144,12 @@ def test_hostile_config_and_tensors_are_one_line(tmp_path, dist, capsys):
         (plain, "more embedding rows"): tensors(
             lambda t: t.update({"model.embed_tokens.weight": torch.zeros(500, 64)})
         ),
+        # imported before (exit 0): a layer the config does not name dropped silently, int weights cast
+        (plain, "one layer fewer in config.json"): config(num_hidden_layers=1),
+        (plain, "an int32 norm"): tensors(
+            lambda t: t.update({"model.norm.weight": t["model.norm.weight"].to(torch.int32)})
+        ),
+        (ours, "hidden_size against megahash_config"): config(hidden_size=32),
         (ours, "megahash_config a list"): config(megahash_config=[1, 2]),
         (ours, "a section null"): tree(lambda d: d["megahash_config"].update(model=None)),
         (ours, "no kv groups"): config(megahash_kv_groups=None),

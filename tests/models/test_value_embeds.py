@@ -190,3 +190,15 @@ def test_pretrain_refuses_a_kind_without_a_value_stream_with_exit_2(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "model.value_embeds=1" in lines[0] and "'approx'" in lines[0], r.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_layers_of_two_value_widths_are_a_config_error():
+    """value embeddings over layers whose value widths differ (MHE-mul beside GQA with 2 value heads): a ConfigError
+    (one line, exit 2 from pretrain.py). Before: a ValueError, a traceback on every rank."""
+    with pytest.raises(ConfigError, match="need one value width"):
+        build(
+            "model.value_embeds=1",
+            "model.num_layers=4",
+            "model.schedule=list:mhe-mul,mha,mha,gqa",
+            "model.num_query_groups=2",
+        )

@@ -13,3 +13,4 @@ except ImportError:  # pragma: no cover
 
 class MegahashTokenizerFast(_FastTokenizer):
     slow_tokenizer_class = None
+    model_input_names = ["input_ids", "attention_mask"]  # no token_type_ids (transformers 4.x's default has them)
