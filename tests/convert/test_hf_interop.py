@@ -18,6 +18,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 TF4 = "transformers==4.46.3 tokenizers==0.20.3 huggingface_hub==0.26.5"
 
 
+# the shape of the random transformers decoders these tests import (Qwen2, Llama, Mistral)
+TINY_DECODER = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    rope_parameters={"rope_type": "default", "rope_theta": 50000.0},
+)
+
+
 def random_qwen2(path, tie: bool, shard: str | None = None, vocab: int = 300):
     """A randomly initialised transformers Qwen2 (GQA, rope_theta 50000, a vocabulary that is not a
     multiple of 128) saved to ``path``."""
@@ -26,13 +38,7 @@ def random_qwen2(path, tie: bool, shard: str | None = None, vocab: int = 300):
     torch.manual_seed(0)
     cfg = Qwen2Config(
         vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        rope_parameters={"rope_type": "default", "rope_theta": 50000.0},
+        **TINY_DECODER,
         rms_norm_eps=1e-6,
         tie_word_embeddings=tie,
         use_sliding_window=False,
@@ -164,18 +170,7 @@ def test_hostile_config_and_tensors_are_one_line(tmp_path, dist, capsys):
         (ours, "hidden_size 10**30"): tree(lambda d: d["megahash_config"]["model"].update(hidden_size=10**30)),
         (ours, "model_type megahash without its fields"): config(model_type="megahash"),
     }
-    import shutil
-
-    for (src, name), edit in cases.items():
-        d = tmp_path / "case"
-        shutil.rmtree(d, ignore_errors=True)
-        shutil.copytree(src, d)
-        edit(d)
-        out = tmp_path / "out"
-        status = main(["import-hf", "--hf", str(d), "--output", str(out)])
-        err = capsys.readouterr().err.strip().splitlines()
-        assert status == 2 and len(err) == 1 and err[0].startswith("error: ") and len(err[0]) < 520, (name, err)
-        assert not out.exists(), name
+    assert_imports_refused({name: (src, edit) for (src, name), edit in cases.items()}, tmp_path, capsys)
     for src in (plain, ours):  # the folders themselves import
         assert main(["import-hf", "--hf", str(src), "--output", str(tmp_path / f"ok_{src.name}")]) == 0
 
@@ -418,3 +413,22 @@ def test_import_output_of_another_kind_is_one_line(tmp_path, dist, capsys):
     (leftover / "step_00000000.tmp").write_text("a file where the import's temp folder goes\n")
     assert main(["import-hf", "--hf", str(hf), "--output", str(leftover)]) == 0
     assert sorted(p.name for p in leftover.iterdir()) == ["latest", "resolved_config.yaml", "step_00000000"]
+
+
+def assert_imports_refused(cases: dict, tmp_path, capsys) -> None:
+    """Each case ``name: (folder, edit)``: a copy of the folder, edited, is refused by ``import-hf`` in one line
+    ``error: ...`` with exit 2, and nothing is written."""
+    import shutil
+
+    from megahash.cli import main
+
+    for name, (src, edit) in cases.items():
+        d = tmp_path / "case"
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(src, d)
+        edit(d)
+        out = tmp_path / "out"
+        status = main(["import-hf", "--hf", str(d), "--output", str(out)])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert status == 2 and len(err) == 1 and err[0].startswith("error: ") and len(err[0]) < 520, (name, err)
+        assert not out.exists(), name

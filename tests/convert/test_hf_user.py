@@ -179,16 +179,8 @@ def test_import_refuses_a_folder_whose_two_configs_disagree(exports, tmp_path, c
         "a layer's kind edited": config(lambda c: c["layer_specs"][-1].update(kind="approx")),
         "int32 output layer": int_weight,
     }
-    for name, edit in cases.items():
-        d = tmp_path / "case"
-        shutil.rmtree(d, ignore_errors=True)
-        shutil.copytree(src, d)
-        edit(d)
-        out = tmp_path / "out"
-        status = main(["import-hf", "--hf", str(d), "--output", str(out)])
-        err = capsys.readouterr().err.strip().splitlines()
-        assert status == 2 and len(err) == 1 and err[0].startswith("error: "), (name, err)
-        assert not out.exists(), name
+    test_hf_interop.assert_imports_refused({name: (src, edit) for name, edit in cases.items()}, tmp_path, capsys)
+    d = tmp_path / "case"
     assert main(["import-hf", "--hf", str(src), "--output", str(tmp_path / "ok")]) == 0  # the folder itself
     # an explicit model.vocab_size above the tokenizer's 1000 ids (1020: the same 1024 rows) is a real run's export
     shutil.rmtree(d)
@@ -208,17 +200,7 @@ def _random_family(kind: str, path, **kw):
         model = transformers.GPT2LMHeadModel(cfg)
     else:
         cls = {"llama": "Llama", "mistral": "Mistral"}[kind]
-        cfg = getattr(transformers, f"{cls}Config")(
-            vocab_size=300,
-            hidden_size=64,
-            intermediate_size=96,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=128,
-            rope_parameters={"rope_type": "default", "rope_theta": 50000.0},
-            **kw,
-        )
+        cfg = getattr(transformers, f"{cls}Config")(vocab_size=300, **test_hf_interop.TINY_DECODER, **kw)
         model = getattr(transformers, f"{cls}ForCausalLM")(cfg)
     model.eval().save_pretrained(str(path))
     return model
