@@ -60,6 +60,7 @@ from megahash.models.reference_layers import (
     build_embedding,
     build_head,
     build_kind_input,
+    rebuild_buffers,
 )
 from megahash.models.reference_ops import is_roberta, megahash_option, packed_documents, rope_freqs
 from megahash.models.reference_table import references
@@ -171,6 +172,7 @@ class MegahashPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
 
     def _init_weights(self, module):
+        rebuild_buffers(module)  # a kind's non-persistent buffers, which loading leaves empty (reference_layers)
         std = float((self.config.megahash_config.get("model") or {}).get("init_std", 0.02))
         if isinstance(module, nn.Linear):
             module.weight.data.normal_(0.0, std)

@@ -94,6 +94,31 @@ class TorchLayer(nn.Module):
         return self.linear_proj(self.mix(x, attention_mask, rotary_pos_emb, state))
 
 
+def rebuildable(module: nn.Module, ctor, *args) -> nn.Module:
+    """Mark a kind's module (and each of its submodules, with its path) as made by ``ctor(*args)``: transformers
+    builds a model on the meta device and leaves non-persistent buffers empty (``torch.empty_like``) after loading,
+    so :meth:`megahash.models.hf_model.MegahashPreTrainedModel._init_weights` rebuilds the kind's module on the
+    CPU and copies them (a kind computes e.g. its ALiBi slopes in ``build``, as in training; nothing to declare)."""
+    for path, sub in module.named_modules():
+        sub.__dict__["_megahash_rebuild"] = (ctor, args, path)  # not an attribute nn.Module tracks
+    return module
+
+
+def rebuild_buffers(module: nn.Module) -> None:
+    """Fill the non-persistent buffers of ``module`` itself from a CPU rebuild of the kind's module it belongs
+    to (:func:`rebuildable`); nothing for a module without such buffers or not part of a kind."""
+    names = [n for n in getattr(module, "_non_persistent_buffers_set", ()) if module._buffers.get(n) is not None]
+    made = module.__dict__.get("_megahash_rebuild")
+    if not names or made is None:
+        return
+    ctor, args, path = made
+    with torch.device("cpu"):
+        twin = ctor(*args).get_submodule(path)
+    for n in names:
+        old = module._buffers[n]
+        module._buffers[n] = twin._buffers[n].to(device=old.device, dtype=old.dtype)
+
+
 _LAYERS: dict = {}
 
 
@@ -110,7 +135,8 @@ def build_attention(config, spec, table: dict, layer_number: int = 1):
     kind = spec["kind"]
     if kind not in table:
         raise ValueError(f"attention kind {kind!r} has no plain-torch form (a Mixing class registered with its name)")
-    return torch_layer(table[kind])(config, spec, layer_number)
+    cls = torch_layer(table[kind])
+    return rebuildable(cls(config, spec, layer_number), cls, config, spec, layer_number)
 
 
 # =============================================================================== layers
@@ -206,14 +232,15 @@ class RobertaEmbeddingExtras(nn.Module):
 def build_embedding(config, table: dict):
     if config.embedding not in table:
         raise ValueError(f"embedding kind {config.embedding!r} has no plain-torch reference (@register_reference)")
-    return table[config.embedding](config)
+    cls = table[config.embedding]
+    return rebuildable(cls(config), cls, config)
 
 
 def build_head(config, table: dict):
     """The output head's reference (``head:NAME``: the export writes the head the objective trains), or None:
     the vocabulary logits of the model's ``output_layer`` (or tied table)."""
     cls = table.get(f"head:{config.head}")
-    return None if cls is None else cls(config)
+    return None if cls is None else rebuildable(cls(config), cls, config)
 
 
 # =============================================================================== embeddings
@@ -278,4 +305,4 @@ def build_kind_input(config, meta: dict, table: dict):
         raise ValueError(
             f"attention kind {meta['kind']!r} adds an input but has no reference for it (@register_reference)"
         )
-    return cls(config, meta)
+    return rebuildable(cls(config, meta), cls, config, meta)
