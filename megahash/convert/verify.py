@@ -43,11 +43,10 @@ def code_tensor(codes) -> torch.Tensor | None:
 
 @torch.no_grad()
 def megahash_logits(model, tokens, codes=None, padding_mask=None, vocab: int | None = None):
-    """Head logits [b, s, ...] of a MegahashLM (vocab heads cut to the real vocabulary)."""
+    """Head logits [b, s, ...] of a MegahashLM (a head over the vocabulary's ``output_layer`` cut to the real
+    vocabulary, as the export's head is, whatever its loss: a label-smoothed head's too)."""
     out = model(tokens, hash_codes=codes, padding_mask=padding_mask)
-    from megahash.objective_spec import scores_tokens
-
-    if scores_tokens(model.cfg) and vocab:
+    if vocab and getattr(getattr(model, "head", None), "uses_output_layer", False):
         out = out[..., :vocab]
     return out
 

@@ -153,6 +153,17 @@ def _registry_variants() -> dict:
             if e not in embs
         }
     )
+    heads = {x.split("=", 1)[1] for v in VARIANTS.values() for x in v[3] if x.startswith("model.head=")}
+    heads.add(catalog.standard("head"))
+    coded = next(e for e in sorted(catalog.names("embedding")) if catalog.caps("embedding", e).reads_hash_codes)
+    for h in sorted(set(_kinds.heads(selectable=True)) - heads):  # a new head: exported, reloaded, verified too
+        e = coded if catalog.caps("head", h).reads_hash_codes else catalog.standard("embedding")
+        out[f"registry-head-{h}"] = (
+            f"uniform:{std}",
+            e,
+            catalog.caps("embedding", e).example_hash_spec,
+            [f"model.head={h}"],
+        )
     return out
 
 
@@ -519,7 +530,7 @@ def test_export_matches_megahash(name, shakespeare_shards, dist, tmp_path):
 
     tk = AutoTokenizer.from_pretrained(str(tmp_path / "hf"), trust_remote_code=not name.startswith("qwen2"))
     assert tk(PROMPT)["input_ids"] == enc.ids
-    if not encoder and cfg.model.head == "vocab":
+    if not encoder and model.head.uses_output_layer:  # the vocabulary logits: generate() decodes
         n_prompt = 9
         codes_fn = None if codec.spec is None else (lambda ids: codec.codes(Encoded(list(ids))))
         # the prompt's own codes (with the word hash unit, a prompt cut inside a word hashes differently

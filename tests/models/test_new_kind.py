@@ -155,8 +155,8 @@ register_attention("anchorqk", AnchorQK, options=AnchorOptions, model_input=lamb
 """,
 )
 
-# a kind that computes a non-persistent buffer in ``build`` (ALiBi slopes, RoPE tables are such): it must export
-# like any other kind
+# a kind that computes a non-persistent buffer in ``build`` (ALiBi slopes, RoPE tables are such) and a head over
+# the vocabulary whose loss is not nats per token (label smoothing): both must export like any other kind
 BUFFER, BUFFER_FILE = (
     "gainqk",
     """
@@ -185,6 +185,34 @@ register_attention("gainqk", GainQK, caps=AttentionCaps(decodes=True, encoder=Tr
 """,
 )
 
+SMOOTHED, SMOOTHED_FILE = (
+    "vocab-ls",
+    """
+\"\"\"Label-smoothed vocabulary head ``vocab-ls`` (a test kind): the output layer's logits, cross-entropy
+with label smoothing 0.1 (not nats per token: ``token_loss=False``).\"\"\"
+import torch
+from megatron.core import tensor_parallel
+
+from megahash.models.registry import HeadCaps, register_head
+
+
+@register_head("vocab-ls", caps=HeadCaps(token_loss=False))
+class SmoothedVocabHead(torch.nn.Module):
+    uses_output_layer = True
+
+    def __init__(self, config=None, cfg=None, vocab_size=None):
+        super().__init__()
+
+    def forward(self, model, hidden, labels=None, label_codes=None, hash_codes=None):
+        logits = model.logits(hidden)
+        if labels is None:
+            return logits.transpose(0, 1).contiguous()
+        lab = labels.transpose(0, 1).contiguous()
+        loss = tensor_parallel.vocab_parallel_cross_entropy(logits.float(), lab.clamp(min=0), 0.1)
+        return loss.masked_fill(lab < 0, 0.0).transpose(0, 1).contiguous()
+""",
+)
+
 
 @pytest.fixture(scope="module")
 def plugin(tmp_path_factory):
@@ -201,6 +229,7 @@ def plugin(tmp_path_factory):
     (pkg / "scaled_vocab.py").write_text(textwrap.dedent(EMBEDDING_FILE))
     (pkg / "anchorqk.py").write_text(textwrap.dedent(ANCHOR_FILE))
     (pkg / "gainqk.py").write_text(textwrap.dedent(BUFFER_FILE))
+    (pkg / "vocab_ls.py").write_text(textwrap.dedent(SMOOTHED_FILE))
     old_env = os.environ.get(catalog.PLUGINS_ENV)
     os.environ[catalog.PLUGINS_ENV] = PACKAGE
     sys.path.insert(0, str(root))
@@ -218,6 +247,7 @@ def plugin(tmp_path_factory):
         ("attention", ANCHOR),
         ("attention", BUFFER),
         ("embedding", EMBEDDING),
+        ("head", SMOOTHED),
     ):
         registry.unregister(group, name)
     for m in [m for m in sys.modules if m.split(".")[0] == PACKAGE]:
@@ -447,9 +477,11 @@ def test_export_and_transformers_reload_of_the_new_kinds(plugin, dist, tmp_path)
     torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-4)
 
 
-def test_export_rebuilds_computed_buffers(plugin, dist, tmp_path):
+def test_export_rebuilds_computed_buffers_and_cuts_any_vocabulary_head(plugin, dist, tmp_path):
     """A kind's non-persistent buffer (computed in ``build``) is rebuilt when transformers loads the export
-    (before: left ``torch.empty``, the logits 0.16 off on a 4-step ALiBi run)."""
+    (before: left ``torch.empty``, the logits 0.16 off on a 4-step ALiBi run), and the export check cuts the
+    logits of any head over the output layer to the vocabulary (before: only a head whose loss is nats per
+    token, so a label-smoothed head's export crashed, 'size of tensor a (128) must match ... (120)')."""
     from megahash.accelerator import rng
     from megahash.config import load_config
     from megahash.convert.export import export_model
@@ -464,6 +496,7 @@ def test_export_rebuilds_computed_buffers(plugin, dist, tmp_path):
             "model.num_heads=4",
             "model.ffn_hidden_size=64",
             f"model.schedule=list:{BUFFER},mha",
+            f"model.head={SMOOTHED}",
             "data.seq_length=16",
         ],
     )
