@@ -28,44 +28,8 @@ ATTENTION, EMBEDDING = "tiedqk", "scaled-vocab"
 # the worked example of docs/architecture.md, as a reader copies it
 ATTENTION_FILE = doc_block("docs/architecture.md", "## Worked example: add an attention kind")
 
-EMBEDDING_FILE = '''
-"""Scaled vocabulary embedding ``scaled-vocab`` (a test kind): e = (1 + a) E[token], a learned gain a."""
-import torch
-import torch.nn as nn
-from megatron.core import tensor_parallel
-
-from megahash.models.embeddings.vocab import EmbeddingOutput
-from megahash.models.registry import EmbeddingCaps, register_embedding, register_reference
-
-
-@register_reference("scaled-vocab")
-class ScaledVocabReference(nn.Module):
-    tieable = False
-
-    def __init__(self, config):
-        super().__init__()
-        self.word_embeddings = nn.Embedding(config.padded_vocab_size, config.hidden_size)
-        self.gain = nn.Parameter(torch.zeros(1))
-
-    def forward(self, tokens, codes=None):
-        return self.word_embeddings(tokens) * (1 + self.gain)
-
-
-@register_embedding("scaled-vocab", caps=EmbeddingCaps(reads_hash_codes=False, sr_random="token"))
-class ScaledVocabEmbedding(EmbeddingOutput):
-    tieable = False
-
-    def __init__(self, config, cfg, vocab_size: int):
-        super().__init__(config=config)
-        self.word_embeddings = tensor_parallel.VocabParallelEmbedding(
-            num_embeddings=vocab_size, embedding_dim=config.hidden_size, init_method=config.init_method,
-            config=config)
-        self.gain = torch.nn.Parameter(torch.zeros(1, dtype=config.params_dtype))
-        self.dropout = torch.nn.Dropout(config.hidden_dropout)
-
-    def forward(self, tokens, hash_codes=None):
-        return self.finish(self.word_embeddings(tokens) * (1 + self.gain))
-'''
+# the worked example of docs/embeddings.md, as a reader copies it
+EMBEDDING_FILE = doc_block("docs/embeddings.md", "## Adding an embedding kind or a head")
 
 ANCHOR, ANCHOR_FILE = (
     "anchorqk",
