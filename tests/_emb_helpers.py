@@ -123,6 +123,24 @@ PARITY_CASES = [(kind, []) for kind in KINDS] + [
 ]
 
 
+def _head_cases() -> list:
+    """A case for every selectable head the cases above leave out (a newly registered head gets TP=1 = TP=2 =
+    TP=2+SP too): on the standard embedding, or the first that reads word-hash codes for a head that does."""
+    from megahash import catalog
+
+    covered = {x.split("=", 1)[1] for _, extra in PARITY_CASES for x in extra if x.startswith("model.head=")}
+    covered.add(catalog.standard("head"))
+    coded = next(k for k in KINDS if catalog.caps("embedding", k).reads_hash_codes)
+    heads = sorted(n for n in catalog.names("head") if catalog.caps("head", n).selectable and n not in covered)
+    return [
+        (coded if catalog.caps("head", h).reads_hash_codes else catalog.standard("embedding"), [f"model.head={h}"])
+        for h in heads
+    ]
+
+
+PARITY_CASES += _head_cases()
+
+
 def _global_grad(p, tp_group):
     import torch.distributed as dist
 
