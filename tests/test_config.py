@@ -1,6 +1,9 @@
 """Config tree: YAML + dotted overrides, typed, one-line errors naming the key and the closest one."""
 
+import math
+
 import pytest
+import yaml
 
 from megahash.config import load_config
 from megahash.errors import ConfigError
@@ -181,3 +184,21 @@ def test_a_choice_is_its_literal_one_line_with_the_closest():
             load_config("configs/quickstart.yaml", [override])
         assert expect in str(e.value), str(e.value)
     assert load_config("configs/quickstart.yaml", ["train.compile=true"]).train.compile == "true"  # YAML's bool
+
+
+@pytest.mark.parametrize("text", ["1.5", "'1.5'", "2.5e0", "1e400", "-1e400"])
+def test_an_integer_key_never_truncates_a_fraction(text):
+    """An int key given a number that is not a whole one is one line naming it, whatever form PyYAML leaves it
+    in (PyYAML reads 2.5e0 as text: its floats need a dot). Before: '1.5' and 2.5e0 trained 1 and 2 steps,
+    1e400 was an OverflowError traceback."""
+    as_number = float(yaml.safe_load(text))
+    assert not (math.isfinite(as_number) and as_number.is_integer())  # the independent fact: not a whole number
+    with pytest.raises(ConfigError, match=r"^config key 'train.steps' must be an integer, got "):
+        load_config("configs/quickstart.yaml", [f"train.steps={text}"])
+
+
+@pytest.mark.parametrize("text", ["1e3", "128.0", "'64'", "1_000", "+8"])
+def test_an_integer_key_takes_any_whole_number_spelling(text):
+    want = float(str(yaml.safe_load(text)).replace("_", ""))
+    assert want.is_integer()
+    assert load_config("configs/quickstart.yaml", [f"train.steps={text}"]).train.steps == int(want)
