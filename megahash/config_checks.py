@@ -78,6 +78,8 @@ def coerce(value, typ, dotted: str):
         return coerce(value, type(allowed[0]), dotted)
     if origin is list:
         (inner,) = typing.get_args(typ)
+        if value is None:  # `prefix: null`, `eval.tasks=~`, a key with no value: no entries (was [''])
+            return []
         if isinstance(value, str):
             value = [v for v in value.split(",") if v] if "," in value or value else []
         if not isinstance(value, list):

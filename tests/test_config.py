@@ -202,3 +202,16 @@ def test_an_integer_key_takes_any_whole_number_spelling(text):
     want = float(str(yaml.safe_load(text)).replace("_", ""))
     assert want.is_integer()
     assert load_config("configs/quickstart.yaml", [f"train.steps={text}"]).train.steps == int(want)
+
+
+@pytest.mark.parametrize("key", ["data.prefix", "eval.tasks", "model.plugins", "train.profile_steps"])
+@pytest.mark.parametrize("text", ["null", "~", ""])
+def test_a_null_list_is_an_empty_one(tmp_path, key, text):
+    """YAML's null (``prefix:`` with no value, ``eval.tasks=~``) for a list key is no entries, as ``[]`` is.
+    Before: [''] (a shard prefix '' -> 'data shard _text_document.bin does not exist'; an eval task named '')."""
+    assert yaml.safe_load(text) is None  # the independent fact: PyYAML reads each as null
+    section, name = key.split(".")
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{section}:\n  {name}: {text}\n")
+    for cfg in (load_config(path), load_config(None, [f"{key}={text or 'null'}"])):
+        assert getattr(getattr(cfg, section), name) == []
