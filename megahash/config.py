@@ -403,13 +403,29 @@ def _load_yaml_tree(path: Path, seen: tuple[Path, ...] = (), notes: list | None 
     return merged
 
 
-def _deep_merge(dst: dict, src: dict) -> dict:
+def _deep_merge(dst: dict, src: dict, path: tuple = ()) -> dict:
+    """``src`` into ``dst`` (in place), mappings key by key, later values winning. A section left empty in
+    ``src`` (``model:`` with its keys commented out: YAML's null) merges nothing, as ``model: {}`` does;
+    it used to replace the section of ``dst`` with the defaults."""
     for k, v in src.items():
         if isinstance(v, dict) and isinstance(dst.get(k), dict):
-            _deep_merge(dst[k], v)
+            _deep_merge(dst[k], v, (*path, k))
+        elif v is None and isinstance(dst.get(k), dict) and is_section([*path, k]):
+            continue
         else:
             dst[k] = v
     return dst
+
+
+def is_section(keys) -> bool:
+    """Whether the dotted key path ``keys`` names a section of the tree (a dataclass, or a kind's options),
+    not a value (``data.special_ids`` is a value that happens to be a mapping)."""
+    typ = Config
+    for key in keys:
+        if not dataclasses.is_dataclass(typ):
+            return False
+        typ = typing.get_type_hints(typ).get(key)
+    return typ is KindOptions or dataclasses.is_dataclass(typ)
 
 
 _suggest = did_you_mean
@@ -483,6 +499,17 @@ def apply_overrides(tree: dict, overrides: list[str], notes: list | None = None)
             node = node.setdefault(k, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {ov!r}: {k!r} is not a section")
+        if is_section(keys) and (value is None or isinstance(value, dict)):
+            # a section given whole merges key by key, as a later --config file does (and Hydra's
+            # `model={...}`); it used to replace the section, its YAML values silently back at their defaults
+            if value is None:
+                raise ConfigError(
+                    f"override {ov!r}: {'.'.join(keys)!r} is a section, not a value; set its keys "
+                    f"({'.'.join(keys)}.KEY=VALUE) or merge a mapping into it ({'.'.join(keys)}={{KEY: VALUE}})"
+                )
+            if isinstance(node.get(keys[-1]), dict):
+                _deep_merge(node[keys[-1]], value, tuple(keys))
+                continue
         node[keys[-1]] = value
     return tree
 

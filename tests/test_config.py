@@ -215,3 +215,30 @@ def test_a_null_list_is_an_empty_one(tmp_path, key, text):
     path.write_text(f"{section}:\n  {name}: {text}\n")
     for cfg in (load_config(path), load_config(None, [f"{key}={text or 'null'}"])):
         assert getattr(getattr(cfg, section), name) == []
+
+
+def test_an_empty_section_in_a_later_file_merges_nothing(tmp_path):
+    """A section whose keys are all commented out is YAML's null; merged over an earlier file (``--config A
+    --config B``, or ``include:``) it is ``model: {}``: nothing. Before: it replaced the section, so the
+    quickstart's 128-wide model trained at the 64-wide default without a word."""
+    empty, braces = tmp_path / "empty.yaml", tmp_path / "braces.yaml"
+    empty.write_text("include: quickstart.yaml\nmodel:\n  # hidden_size: 256\ntrain:\n")
+    braces.write_text("include: quickstart.yaml\nmodel: {}\ntrain: {}\n")
+    assert yaml.safe_load(empty.read_text())["model"] is None  # PyYAML's reading: null
+    want = load_config("configs/quickstart.yaml").to_dict()
+    assert want["model"]["hidden_size"] == 128
+    assert load_config(empty).to_dict() == load_config(braces).to_dict() == want
+    assert load_config(["configs/quickstart.yaml", empty]).to_dict() == want
+
+
+def test_a_section_given_whole_on_the_command_line_merges_key_by_key():
+    """``model={num_layers: 3}`` is ``model.num_layers=3`` (as a later --config file, and Hydra's override of
+    a mapping); ``model=null`` is one line. Before: both replaced the section, the YAML's model keys silently
+    back at their defaults."""
+    base = ["model.hidden_size=256", "model.attention.options.window=8"]
+    whole = load_config("configs/quickstart.yaml", [*base, "model={num_layers: 3, attention: {options: {}}}"])
+    dotted = load_config("configs/quickstart.yaml", [*base, "model.num_layers=3"])
+    assert whole.to_dict() == dotted.to_dict()
+    assert (whole.model.hidden_size, whole.model.attention.options.window) == (256, 8)
+    with pytest.raises(ConfigError, match=r"^override 'train=null': 'train' is a section, not a value; set its"):
+        load_config("configs/quickstart.yaml", ["train=null"])
