@@ -380,10 +380,22 @@ def read_yaml_mapping(path, what: str) -> dict:
         hint = f"; a run's config is {saved}" if Path(path).is_dir() and saved.is_file() else ""
         raise ConfigError(f"{what} file {path} cannot be read: {e.strerror}{hint}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{what} file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+        raise ConfigError(f"{what} file {path} is not valid YAML: {yaml_problem(e)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{what} file {path} must hold a mapping at top level")
     return data
+
+
+def yaml_problem(e: yaml.YAMLError) -> str:
+    """What PyYAML found wrong and where (``found character '\\t' that cannot start any token (line 2,
+    column 1)``; a tab indents YAML): its problem and mark, not its first line, which is only the context
+    (``while scanning for the next token``)."""
+    problem, mark = getattr(e, "problem", None), getattr(e, "problem_mark", None)
+    if not problem:
+        return str(e).splitlines()[0]
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    tab = "; indent with spaces, not tabs" if "'\\t'" in problem else ""
+    return f"{problem}{where}{tab}"
 
 
 def _load_yaml_tree(path: Path, seen: tuple[Path, ...] = (), notes: list | None = None) -> dict:

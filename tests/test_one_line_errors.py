@@ -234,3 +234,23 @@ def test_argument_errors_are_one_line(cmd):
     usage block before them."""
     line = _one_error_line(run([sys.executable, *cmd], timeout=300))
     assert "(see " in line and "--help)" in line, line
+
+
+@pytest.mark.parametrize(
+    "text", ["model:\n\thidden_size: 64\n", "train:\n  steps: [1, 2\n  lr: 3\n", "train:\n  steps: 1\n   lr: 3\n"]
+)
+def test_a_yaml_syntax_error_names_the_problem_and_its_line(tmp_path, text):
+    """Before: only PyYAML's first line, its context ('while scanning for the next token'): neither what was
+    wrong nor where. Now: PyYAML's problem and the line and column it gives."""
+    from megahash.config import load_config
+
+    with pytest.raises(yaml.YAMLError) as theirs:
+        yaml.safe_load(text)
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as ours:
+        load_config(path)
+    msg = str(ours.value)
+    mark = theirs.value.problem_mark
+    assert theirs.value.problem in msg and f"(line {mark.line + 1}, column {mark.column + 1})" in msg, msg
+    assert "\n" not in msg and (("not tabs" in msg) == ("\t" in text))
