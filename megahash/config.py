@@ -10,6 +10,7 @@ tree (``resolved_config.yaml``) beside its checkpoints.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import typing
 from dataclasses import dataclass, field
@@ -442,6 +443,84 @@ def is_section(keys) -> bool:
 
 _suggest = did_you_mean
 
+# names other trainers give megahash's keys (Megatron-LM / GPT-NeoX arguments, torchtitan's TOML) that differ
+# from megahash's own leaf names; a key spelled so is unknown, with megahash's key as the suggestion
+FOREIGN_NAMES = {
+    "num_attention_heads": "model.num_heads",
+    "n_heads": "model.num_heads",
+    "n_layers": "model.num_layers",
+    "dim": "model.hidden_size",
+    "norm_epsilon": "model.norm_eps",
+    "layernorm_epsilon": "model.norm_eps",
+    "init_method_std": "model.init_std",
+    "rotary_emb_base": "model.rotary_base",
+    "rope_theta": "model.rotary_base",
+    "padded_vocab_size": "model.vocab_size",
+    "data_path": "data.prefix",
+    "tokenizer_model": "data.tokenizer",
+    "tokenizer_type": "data.tokenizer",
+    "train_iters": "train.steps",
+    "training_steps": "train.steps",
+    "lr_warmup_iters": "train.warmup_steps",
+    "lr_warmup_fraction": "train.warmup_fraction",
+    "lr_decay_iters": "train.decay_steps",
+    "lr_decay_style": "train.decay",
+    "adam_beta1": "train.beta1",
+    "adam_beta2": "train.beta2",
+    "adam_eps": "train.eps",
+    "gradient_clipping": "train.clip_grad",
+    "max_norm": "train.clip_grad",
+    "train_micro_batch_size_per_gpu": "train.micro_batch_size",
+    "train_batch_size": "train.global_batch_size",
+    "save": "train.save_dir",
+    "load": "train.resume",
+    "bf16": "train.precision",
+    "fp16": "train.precision",
+    "mixed_precision_param": "train.precision",
+    "tensor_model_parallel_size": "parallel.tensor",
+    "model_parallel_size": "parallel.tensor",
+    "sequence_parallel": "parallel.sequence",
+}
+
+
+def _leaf_keys() -> dict[str, list[str]]:
+    """{leaf name: [dotted keys]} over the whole tree, the kinds' options included."""
+    from megahash import catalog
+
+    out: dict[str, list[str]] = {}
+
+    def walk(cls, prefix):
+        for f in dataclasses.fields(cls):
+            typ = typing.get_type_hints(cls)[f.name]
+            if dataclasses.is_dataclass(typ):
+                walk(typ, f"{prefix}{f.name}.")
+            elif typ is KindOptions:
+                for name in catalog.option_specs(cls.OPTION_GROUP):
+                    out.setdefault(name, []).append(f"{prefix}{f.name}.{name}")
+            out.setdefault(f.name, []).append(prefix + f.name)
+
+    walk(Config, "")
+    return out
+
+
+def suggest_key(dotted: str, options) -> str:
+    """The tail of an unknown-key error for ``dotted`` (its section's keys are ``options``): a key of that
+    name elsewhere in the tree (``train.seq_length`` -> ``data.seq_length``), megahash's name for another
+    trainer's (:data:`FOREIGN_NAMES`), else the closest key of the section (or them all)."""
+    key = dotted.rsplit(".", 1)[-1]
+    elsewhere = [k for k in _leaf_keys().get(key, []) if k != dotted]
+    if not elsewhere and key in FOREIGN_NAMES:
+        elsewhere = [FOREIGN_NAMES[key]]
+        return f" (did you mean {elsewhere[0]!r}? megahash's name for {key!r})"
+    if elsewhere:  # the section's close keys first (train.warmup: train.warmup_steps ... or train.ema.warmup)
+        near = difflib.get_close_matches(key, list(options), n=1, cutoff=0.8)
+        close = [
+            dotted[: -len(key)] + k for k in dict.fromkeys(near + sorted(o for o in options if o.startswith(f"{key}_")))
+        ]
+        keys = close + sorted(elsewhere, key=lambda k: (k.count("."), k))
+        return f" (did you mean {' or '.join(repr(k) for k in keys)}?)"
+    return _suggest(key, options)
+
 
 def _build(cls, data: dict, prefix: str):
     if not isinstance(data, dict):
@@ -452,7 +531,7 @@ def _build(cls, data: dict, prefix: str):
     for key, value in data.items():
         dotted = prefix + key
         if key not in names:
-            raise ConfigError(f"unknown config key {dotted!r}{_suggest(key, names)}")
+            raise ConfigError(f"unknown config key {dotted!r}{suggest_key(dotted, names)}")
         typ = hints[key]
         if dataclasses.is_dataclass(typ):
             kwargs[key] = _build(typ, value or {}, dotted + ".")
@@ -475,7 +554,7 @@ def _build_options(group: str, data: dict, prefix: str) -> KindOptions:
     for key in data:
         if key not in specs:
             raise ConfigError(
-                f"unknown config key {prefix + key!r}{_suggest(key, specs)} (no {group} kind declares it)"
+                f"unknown config key {prefix + key!r}{suggest_key(prefix + key, specs)} (no {group} kind declares it)"
             )
     out = KindOptions()
     for name, spec in sorted(specs.items()):

@@ -242,3 +242,38 @@ def test_a_section_given_whole_on_the_command_line_merges_key_by_key():
     assert (whole.model.hidden_size, whole.model.attention.options.window) == (256, 8)
     with pytest.raises(ConfigError, match=r"^override 'train=null': 'train' is a section, not a value; set its"):
         load_config("configs/quickstart.yaml", ["train=null"])
+
+
+def _leaves(tree: dict, prefix: str = "") -> dict[str, list[str]]:
+    """{leaf name: [dotted keys]} of a resolved tree (the independent fact: where a key lives)."""
+    out: dict[str, list[str]] = {}
+    for k, v in tree.items():
+        if isinstance(v, dict) and not k.endswith("special_ids"):
+            for name, keys in _leaves(v, f"{prefix}{k}.").items():
+                out.setdefault(name, []).extend(keys)
+        out.setdefault(k, []).append(prefix + k)
+    return out
+
+
+@pytest.mark.parametrize("override", ["train.hidden_size=3", "train.seq_length=64", "num_layers=3", "model.seed=1"])
+def test_a_key_of_another_section_names_where_it_lives(override):
+    """Before: 'unknown config key 'train.hidden_size' (valid: async_save, batch_ramp, ...)' (every train key, not
+    the one meant); a Megatron-style YAML with top-level num_layers listed the seven sections."""
+    where = _leaves(load_config("configs/quickstart.yaml").to_dict())[override.split("=")[0].split(".")[-1]]
+    with pytest.raises(ConfigError) as e:
+        load_config("configs/quickstart.yaml", [override])
+    assert all(repr(k) in str(e.value) for k in where) and "valid:" not in str(e.value), str(e.value)
+
+
+def test_other_trainers_names_point_at_megahash_keys(tmp_path):
+    """A Megatron-LM/GPT-NeoX/torchtitan name (``num_attention_heads``, ``train_iters``) suggests megahash's key;
+    every suggestion is a key of the resolved tree, and no foreign name is one of megahash's own."""
+    from megahash.config import FOREIGN_NAMES
+
+    leaves = _leaves(load_config("configs/quickstart.yaml").to_dict())
+    dotted = {k for keys in leaves.values() for k in keys}
+    assert set(FOREIGN_NAMES.values()) <= dotted and not set(FOREIGN_NAMES) & set(leaves)
+    megatron = tmp_path / "megatron.yaml"
+    megatron.write_text("num_attention_heads: 16\nnum_layers: 24\n")
+    with pytest.raises(ConfigError, match=r"unknown config key 'num_attention_heads' \(did you mean 'model.num_heads'"):
+        load_config(megatron)
