@@ -399,13 +399,43 @@ def yaml_problem(e: yaml.YAMLError) -> str:
     return f"{problem}{where}{tab}"
 
 
+# top-level keys of a DeepSpeed config (its JSON is YAML too): such a file given as --config is named as one
+DEEPSPEED_KEYS = (
+    "zero_optimization",
+    "train_batch_size",
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "zero_allow_untested_optimizer",
+    "steps_per_print",
+    "wall_clock_breakdown",
+    "gradient_clipping",
+    "fp16",
+    "bf16",
+)
+
+
+def _refuse_deepspeed_json(data: dict, path: Path) -> None:
+    """A DeepSpeed config passed as ``--config`` (no megahash section, a DeepSpeed key): one line saying where it
+    goes (it was 'unknown config key 'zero_optimization'', or a suggestion of a megahash key for its name)."""
+    if any(k in data for k in (f.name for f in dataclasses.fields(Config))):
+        return
+    found = [k for k in DEEPSPEED_KEYS if k in data]
+    if found:
+        raise ConfigError(
+            f"config file {path} is a DeepSpeed config ({found[0]}), not a megahash one; give it as "
+            f"--deepspeed_config {path} (= train.deepspeed_config) beside a megahash --config YAML"
+        )
+
+
 def _load_yaml_tree(path: Path, seen: tuple[Path, ...] = (), notes: list | None = None) -> dict:
     """Read a YAML file, merging its ``include:`` list first (depth-first, later wins); old key names
     (:data:`RENAMED_KEYS`) moved to their new ones, each noted in ``notes``."""
     path = path.resolve()
     if path in seen:
         raise ConfigError(f"config include cycle at {path}")
-    data = migrate(read_yaml_mapping(path, "config"), f"config file {path}", notes)
+    data = read_yaml_mapping(path, "config")
+    _refuse_deepspeed_json(data, path)
+    data = migrate(data, f"config file {path}", notes)
     includes = data.pop("include", []) or []
     if isinstance(includes, str):
         includes = [includes]

@@ -277,3 +277,17 @@ def test_other_trainers_names_point_at_megahash_keys(tmp_path):
     megatron.write_text("num_attention_heads: 16\nnum_layers: 24\n")
     with pytest.raises(ConfigError, match=r"unknown config key 'num_attention_heads' \(did you mean 'model.num_heads'"):
         load_config(megatron)
+
+
+def test_a_deepspeed_json_given_as_config_says_where_it_goes():
+    """Before: 'unknown config key 'zero_optimization' (valid: data, eval, ...)'. Now the line names the file a
+    DeepSpeed config and the flag that takes it; the same file as --deepspeed_config still loads."""
+    import json
+
+    from megahash.pretrain import main
+
+    ds = "configs/deepspeed/zero1.json"  # the quickstart's stage
+    assert "zero_optimization" in json.loads(open(ds).read())  # the independent fact: a DeepSpeed config
+    with pytest.raises(ConfigError, match=r"is a DeepSpeed config \(zero_optimization\).*--deepspeed_config "):
+        load_config(["configs/quickstart.yaml", ds])
+    assert main(["--check", "config", "--config", "configs/quickstart.yaml", "--deepspeed_config", ds]) == 0
