@@ -203,7 +203,7 @@ class TrainCore:
     save_dir: str = "runs/default"
     save_interval: int = ranged(0, "[0, inf)", "steps between checkpoints; 0 = only at the end")
     keep_last: int = ranged(2, "[0, inf)", "checkpoints kept; 0 = all")
-    resume: str = "auto"  # auto | none | PATH
+    resume: str = "auto"  # auto | none (or false) | PATH
     resume_weights_only: bool = False  # on a layout change: weights only, fresh optimizer (docs/resume.md)
     # checks of a checkpoint before it is resumed, evaluated or exported (megahash/checkpoint/manifest.py,
     # docs/security.md): cheap (sizes, zip structure) | full (+ sha256 of every file it reads)

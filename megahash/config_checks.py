@@ -127,6 +127,8 @@ def coerce(value, typ, dotted: str):
     if typ is str:
         if isinstance(value, (dict, list)):
             raise ConfigError(f"config key {dotted!r} must be a string, got {value!r}")
+        if isinstance(value, bool):  # YAML's true/yes/on: as YAML writes it back, not Python's 'True'
+            return "true" if value else "false"
         return "" if value is None else str(value)
     return value
 

@@ -291,3 +291,19 @@ def test_a_deepspeed_json_given_as_config_says_where_it_goes():
     with pytest.raises(ConfigError, match=r"is a DeepSpeed config \(zero_optimization\).*--deepspeed_config "):
         load_config(["configs/quickstart.yaml", ds])
     assert main(["--check", "config", "--config", "configs/quickstart.yaml", "--deepspeed_config", ds]) == 0
+
+
+@pytest.mark.parametrize("text", ["off", "no", "false", "True", "on"])
+def test_a_yaml_boolean_in_a_text_key_reads_as_yaml_writes_it(text):
+    """PyYAML reads off/no/on as booleans; a text key keeps them as YAML writes a boolean back ('false', 'true'),
+    and train.resume=off/no/false means no resume. Before: 'False'/'True' (Python's spelling), and
+    train.resume=off was 'train.resume=False is not a complete megahash checkpoint'."""
+    from megahash.inputs import check_training_inputs
+
+    parsed = yaml.safe_load(text)
+    assert isinstance(parsed, bool)  # the independent fact: a YAML boolean
+    want = yaml.safe_dump(parsed).split("\n")[0]  # how YAML writes it: true / false
+    cfg = load_config("configs/quickstart.yaml", [f"logging.run_name={text}", f"train.resume={text}"])
+    assert cfg.logging.run_name == cfg.train.resume == want
+    if text == "off":
+        check_training_inputs(cfg)  # no checkpoint is looked for

@@ -298,7 +298,7 @@ def _resume_point(cfg: Config, rank: int, failed: dict) -> Path | None:
         clean_stale(save_dir)
     if t.resume == "auto":
         resume_from = checkpoint.find_resume(save_dir, t.verify_checkpoint, failed)
-    elif t.resume not in ("none", ""):
+    elif t.resume not in ("none", "false", ""):  # false: YAML's off/no too
         resume_from = Path(t.resume)
         if not (resume_from / checkpoint.STATE_FILE).is_file():
             from megahash.checkpoint.resolve import not_a_checkpoint
