@@ -5,6 +5,7 @@
     torchrun --nproc_per_node N megahash/pretrain.py --config ... [key=value ...]
     python megahash/pretrain.py --config ... [key=value ...]          (one rank)
     python megahash/pretrain.py --check inputs --config ... [key=value ...]   (check only: prints train.save_dir)
+    python megahash/pretrain.py --print-config --config ... [key=value ...]   (the resolved tree, every default)
 
 Exit status: 0 done, 2 bad input (one-line ``error:`` message), 3 stopped by SIGUSR1/SIGTERM
 after checkpointing (SLURM scripts requeue on it).
@@ -60,6 +61,12 @@ def parse_args(argv=None):
         help="check without training (no torch import) and print train.save_dir: `config` the config, "
         "schedule, embeddings and DeepSpeed JSON; `inputs` also the shards, tokenizer and resume path "
         "(launch/quickstart.sh runs it before its launcher, whose output would bury the error line)",
+    )
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved config as YAML (every key, defaults included: what resolved_config.yaml "
+        "starts from) after the checks of --check (config when not given) and exit; no torch import",
     )
     p.add_argument(
         "--verbose",
@@ -141,7 +148,10 @@ def _main(argv=None, built: list | None = None) -> int:
     args = parse_args(argv)
 
     def run():
-        cfg = check(args, inputs=args.check != "config")
+        cfg = check(args, inputs=args.check == "inputs" or not (args.check or args.print_config))
+        if args.print_config:  # Hydra's --cfg job: the tree a run would start from
+            print(cfg.to_yaml(), end="")
+            return 0
         if args.check:
             print(cfg.train.save_dir)
             return 0

@@ -307,3 +307,17 @@ def test_a_yaml_boolean_in_a_text_key_reads_as_yaml_writes_it(text):
     assert cfg.logging.run_name == cfg.train.resume == want
     if text == "off":
         check_training_inputs(cfg)  # no checkpoint is looked for
+
+
+def test_print_config_is_the_resolved_tree_and_reads_back_as_it(tmp_path, capsys):
+    """``--print-config`` (there was no way to see every key's value short of training a run): the YAML printed
+    is the tree load_config resolves, every default in it, and fed back as --config it resolves the same."""
+    from megahash.pretrain import main
+
+    args = ["--config", "configs/quickstart.yaml", "train.steps=4", "model={num_layers: 3}"]
+    assert main(["--print-config", *args]) == 0
+    printed = capsys.readouterr().out
+    want = load_config("configs/quickstart.yaml", ["train.steps=4", "model.num_layers=3"]).to_dict()
+    assert yaml.safe_load(printed) == want and printed == yaml.safe_dump(want, sort_keys=False)
+    (tmp_path / "printed.yaml").write_text(printed)
+    assert load_config(tmp_path / "printed.yaml").to_dict() == want
