@@ -600,9 +600,11 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise ConfigError(f"override {text!r} must look like key.sub=value")
     key, raw = text.split("=", 1)
     try:
-        value = safe_yaml.load(raw, f"override {key}") if raw != "" else ""
-    except yaml.YAMLError:
-        value = raw
+        value = safe_yaml.load(raw, f"override {key}", safe_yaml.UniqueKeyLoader) if raw != "" else ""
+    except yaml.YAMLError as e:
+        if raw.lstrip()[:1] in ("[", "{"):  # a list or mapping left open: was the text '[a' and 'b', two entries
+            raise ConfigError(f"override {text!r} is not valid YAML: {yaml_problem(e)}; quote a text value") from None
+        value = raw  # text YAML cannot read as a scalar (a: b): the text itself
     return key.strip().split("."), value
 
 

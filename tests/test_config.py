@@ -1,6 +1,7 @@
 """Config tree: YAML + dotted overrides, typed, one-line errors naming the key and the closest one."""
 
 import math
+import re
 
 import pytest
 import yaml
@@ -321,3 +322,18 @@ def test_print_config_is_the_resolved_tree_and_reads_back_as_it(tmp_path, capsys
     assert yaml.safe_load(printed) == want and printed == yaml.safe_dump(want, sort_keys=False)
     (tmp_path / "printed.yaml").write_text(printed)
     assert load_config(tmp_path / "printed.yaml").to_dict() == want
+
+
+@pytest.mark.parametrize(
+    "override", ["data.prefix=[a,b", "eval.tasks=[arc_easy, hellaswag", "train={steps: 3, steps: 5}"]
+)
+def test_an_override_value_is_read_as_strictly_as_a_config_file(tmp_path, override):
+    """Before: a list left open fell back to its text, split at commas into '[a' and 'b' (two shard prefixes);
+    a key twice in a mapping override kept the last. Now each is one line, as the same value in a file is."""
+    key, value = override.split("=", 1)
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{key}: {value}\n")
+    with pytest.raises((yaml.YAMLError, ConfigError)):  # the independent fact: PyYAML / the file reader refuses it
+        load_config(path) if "steps" in value else yaml.safe_load(value)
+    with pytest.raises(ConfigError, match=rf"^override {re.escape(repr(override))} is not valid YAML|written twice"):
+        load_config("configs/quickstart.yaml", [override])
