@@ -618,8 +618,11 @@ def apply_overrides(tree: dict, overrides: list[str], notes: list | None = None)
             notes.append(f"{'.'.join(keys)} -> {'.'.join(new)}")
         keys = new
         node = tree
-        for k in keys[:-1]:
+        for i, k in enumerate(keys[:-1]):
             node = node.setdefault(k, {})
+            if isinstance(node, list):  # data.prefix.0=x: a list is given whole
+                whole = ".".join(keys[: i + 1])
+                raise ConfigError(f"override {ov!r}: {whole!r} is a list, set as a whole: {whole}=[A, B]")
             if not isinstance(node, dict):
                 raise ConfigError(f"override {ov!r}: {k!r} is not a section")
         if is_section(keys) and (value is None or isinstance(value, dict)):

@@ -337,3 +337,10 @@ def test_an_override_value_is_read_as_strictly_as_a_config_file(tmp_path, overri
         load_config(path) if "steps" in value else yaml.safe_load(value)
     with pytest.raises(ConfigError, match=rf"^override {re.escape(repr(override))} is not valid YAML|written twice"):
         load_config("configs/quickstart.yaml", [override])
+
+
+def test_a_list_element_override_says_the_list_is_set_whole():
+    """Before: 'override 'data.prefix.0=foo': 'prefix' is not a section' (what is it, then?)."""
+    assert isinstance(load_config("configs/quickstart.yaml").data.prefix, list)
+    with pytest.raises(ConfigError, match=r"'data.prefix' is a list, set as a whole: data.prefix=\[A, B\]$"):
+        load_config("configs/quickstart.yaml", ["data.prefix.0=foo"])
