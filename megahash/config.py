@@ -685,6 +685,12 @@ def _check_special_ids(ids) -> None:
             raise ConfigError(f"config key 'data.special_ids.{role}' must be a token id >= 0 or null, got {i!r}")
 
 
+def _closest(value: str, options) -> str:
+    """`` (did you mean 'x'?)`` for a close option, else nothing (the line lists them already)."""
+    close = difflib.get_close_matches(str(value).lower(), list(options), n=1, cutoff=0.5)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def validate(cfg: Config) -> None:
     """Cross-field checks that do not need the model or the data (one-line errors)."""
     from megahash.config_checks import check_ranges
@@ -694,7 +700,7 @@ def validate(cfg: Config) -> None:
     check_ranges(cfg)  # every field inside its range and choices first (megahash/config_checks.py)
     m, p = cfg.model, cfg.parallel
     if m.arch not in ARCHS:
-        raise ConfigError(f"model.arch must be {' or '.join(ARCHS)}, got {m.arch!r}")
+        raise ConfigError(f"model.arch must be {' or '.join(ARCHS)}, got {m.arch!r}{_closest(m.arch, ARCHS)}")
     if m.layout == "roberta" and arch_of(m.arch).causal:
         raise ConfigError("model.layout=roberta is an encoder layout; set model.arch=encoder or model.layout=prenorm")
     if m.hidden_size % m.num_heads:

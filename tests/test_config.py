@@ -46,6 +46,9 @@ def test_model_size_table_4_10():
         ("data.special_ids.mask=-3", "'data.special_ids.mask' must be a token id >= 0 or null, got -3"),
         ("parallel.sequence=true", "needs parallel.tensor >= 2"),
         ("train.verify_checkpoint=none", "'train.verify_checkpoint' must be cheap or full"),
+        # the registries' choices name the closest too (they did not: 'got 'clmm'', 'got 'Decoder'')
+        ("train.objective=clmm", "train.objective must be clm, mlm or sr, got 'clmm' (did you mean 'clm'?)"),
+        ("model.arch=Decoder", "model.arch must be decoder or encoder, got 'Decoder' (did you mean 'decoder'?)"),
     ],
 )
 def test_config_errors_name_the_key(override, expect):
