@@ -75,7 +75,9 @@ def parse_args(argv=None):
     )
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=100 parallel.tensor=2")
-    args = p.parse_args(argv)
+    args, extra = p.parse_known_args(argv)
+    if extra:
+        p.error(f"unrecognized arguments: {' '.join(extra)}{_flag_hint(extra[0])}")
     if isinstance(args.deepspeed, str):
         if "=" in args.deepspeed and not args.deepspeed.endswith(".json"):
             args.overrides.insert(0, args.deepspeed)  # `--deepspeed key=value`: the flag, then an override
@@ -88,6 +90,21 @@ def parse_args(argv=None):
     if args.verbose:
         args.overrides.append("logging.verbose=true")
     return args
+
+
+def _flag_hint(token: str) -> str:
+    """For a flag argparse does not know, the override it stands for: torchtitan's ``--training.steps=5`` and
+    Megatron's ``--train-iters 100`` are megahash's ``train.steps=...`` (no dashes)."""
+    if not token.startswith("--"):
+        return ""
+    name = token[2:].split("=", 1)[0]
+    if "." in name:
+        return f"; config overrides take no dashes: {name}=VALUE"
+    from megahash.config import FOREIGN_NAMES, _leaf_keys
+
+    leaf = name.replace("-", "_")
+    keys = [FOREIGN_NAMES[leaf]] if leaf in FOREIGN_NAMES else sorted(_leaf_keys().get(leaf, []))
+    return f"; as a config override: {' or '.join(f'{k}=VALUE' for k in keys)}" if keys else ""
 
 
 def main(argv=None, exiting: bool = False) -> int:

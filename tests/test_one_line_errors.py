@@ -254,3 +254,24 @@ def test_a_yaml_syntax_error_names_the_problem_and_its_line(tmp_path, text):
     mark = theirs.value.problem_mark
     assert theirs.value.problem in msg and f"(line {mark.line + 1}, column {mark.column + 1})" in msg, msg
     assert "\n" not in msg and (("not tabs" in msg) == ("\t" in text))
+
+
+@pytest.mark.parametrize(
+    "flag, hint",
+    [
+        ("--training.steps=5", "config overrides take no dashes: training.steps=VALUE"),  # torchtitan's spelling
+        ("--train-iters", "as a config override: train.steps=VALUE"),  # Megatron-LM's
+        ("--seq-length", "as a config override: data.seq_length=VALUE"),
+    ],
+)
+def test_another_trainers_flag_names_the_override(capsys, flag, hint):
+    """Before: 'unrecognized arguments: --train-iters', nothing on what megahash calls it."""
+    from megahash.config import load_config
+    from megahash.pretrain import main
+
+    if "training" not in flag:  # the key named is one of megahash's: the override it stands for loads
+        load_config("configs/quickstart.yaml", [hint.split(": ")[-1].replace("VALUE", "5")])
+    with pytest.raises(SystemExit) as e:
+        main(["--check", "config", "--config", "configs/quickstart.yaml", flag, "5"])
+    line = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "\n" not in line and f"unrecognized arguments: {flag}; {hint} (see " in line, line
