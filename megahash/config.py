@@ -646,29 +646,46 @@ def load_config(path: str | os.PathLike | list | tuple | None = None, overrides:
     Several files merge left to right (later files win, mappings merged key by key), as
     ``--config A --config B`` does.
 
-    ``model.size=NAME`` (override or YAML) merges ``configs/model/NAME.yaml`` under the model keys
-    given explicitly.
+    ``model.size: NAME`` in a YAML merges ``configs/model/NAME.yaml`` under the model keys the YAML files
+    give; the override ``model.size=NAME`` merges it over them (the command line is the later word: it was
+    silently beaten by the YAML's model keys, ``--config configs/quickstart.yaml model.size=500m`` the tiny
+    model), under the other overrides.
     """
     tree: dict = {}
     notes: list = []  # old key names used (RENAMED_KEYS): one warning line
     for p in [p for p in ([path] if isinstance(path, (str, os.PathLike)) else list(path or [])) if p]:
         _deep_merge(tree, _load_yaml_tree(find_config(p), notes=notes))
-    tree = apply_overrides(tree, list(overrides or []), notes)
-    model = tree.get("model") or {}
-    if not isinstance(model, dict):  # before its size key is read (_build would say the same, later)
-        raise ConfigError(f"config key 'model' must be a mapping, got {model!r}")
-    size = model.pop("size", None)
-    if size:
-        size_file = CONFIG_ROOT / "model" / f"{size}.yaml"
-        if not size_file.is_file():
-            names = [p.stem for p in (CONFIG_ROOT / "model").glob("*.yaml")]
-            raise ConfigError(f"unknown model size {size!r}{_suggest(str(size), names)}")
-        base = _load_yaml_tree(size_file)
-        tree = _deep_merge(base, tree)
+    overrides = list(overrides or [])
+    tree = _with_size(tree, under=True)  # the YAML's own model.size
+    given = apply_overrides({}, overrides).get("model")
+    size_override = given.get("size") if isinstance(given, dict) else None
+    if size_override:
+        _deep_merge(tree, _size_tree(size_override))
+    tree = apply_overrides(tree, overrides, notes)
+    tree = _with_size(tree, under=size_override is None)
     cfg = _build(Config, tree, "")
     validate(cfg)
     _warn_renamed(notes)
     return cfg
+
+
+def _size_tree(size) -> dict:
+    """The tree of ``configs/model/SIZE.yaml`` (``model.size``); an unknown size is one line naming the closest."""
+    size_file = CONFIG_ROOT / "model" / f"{size}.yaml"
+    if not size_file.is_file():
+        names = [p.stem for p in (CONFIG_ROOT / "model").glob("*.yaml")]
+        raise ConfigError(f"unknown model size {size!r}{_suggest(str(size), names)}")
+    return _load_yaml_tree(size_file)
+
+
+def _with_size(tree: dict, under: bool) -> dict:
+    """``tree`` without its ``model.size`` key; that size's keys merged under the tree's model keys (``under``),
+    or dropped (an override's size, merged over the YAML already)."""
+    model = tree.get("model") or {}
+    if not isinstance(model, dict):  # before its size key is read (_build would say the same, later)
+        raise ConfigError(f"config key 'model' must be a mapping, got {model!r}")
+    size = model.pop("size", None)
+    return _deep_merge(_size_tree(size), tree) if size and under else tree
 
 
 def _check_special_ids(ids) -> None:

@@ -347,3 +347,19 @@ def test_a_list_element_override_says_the_list_is_set_whole():
     assert isinstance(load_config("configs/quickstart.yaml").data.prefix, list)
     with pytest.raises(ConfigError, match=r"'data.prefix' is a list, set as a whole: data.prefix=\[A, B\]$"):
         load_config("configs/quickstart.yaml", ["data.prefix.0=foo"])
+
+
+def test_a_size_override_beats_the_yamls_model_keys(tmp_path):
+    """Before: ``--config configs/quickstart.yaml model.size=500m`` resolved to the quickstart's tiny model (its
+    YAML model keys beat the size the command line named; `megahash params` counted 7.5M parameters). Now the
+    override merges the size over the YAML's model keys, under the other overrides; a YAML's own size: stays
+    under the keys it gives."""
+    size = yaml.safe_load(open("configs/model/160m.yaml"))["model"]  # the independent fact: the size file
+    m = load_config("configs/quickstart.yaml", ["model.size=160m", "model.num_layers=3"]).model
+    assert [getattr(m, k) for k in ("hidden_size", "ffn_hidden_size", "num_heads", "max_position_embeddings")] == [
+        size[k] for k in ("hidden_size", "ffn_hidden_size", "num_heads", "max_position_embeddings")
+    ]
+    assert m.num_layers == 3 and load_config(None, ["model={size: 160m}"]).model.num_layers == size["num_layers"]
+    (tmp_path / "c.yaml").write_text("model:\n  size: 160m\n  num_layers: 3\n")
+    m = load_config(tmp_path / "c.yaml").model
+    assert (m.hidden_size, m.num_layers) == (size["hidden_size"], 3)
