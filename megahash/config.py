@@ -538,16 +538,16 @@ def suggest_key(dotted: str, options) -> str:
     name elsewhere in the tree (``train.seq_length`` -> ``data.seq_length``), megahash's name for another
     trainer's (:data:`FOREIGN_NAMES`), else the closest key of the section (or them all)."""
     key = dotted.rsplit(".", 1)[-1]
-    elsewhere = [k for k in _leaf_keys().get(key, []) if k != dotted]
-    if not elsewhere and key in FOREIGN_NAMES:
-        elsewhere = [FOREIGN_NAMES[key]]
-        return f" (did you mean {elsewhere[0]!r}? megahash's name for {key!r})"
+    leaf = key.replace("-", "_")  # GPT-NeoX's YAML spells its keys with dashes (num-layers)
+    elsewhere = [k for k in _leaf_keys().get(leaf, []) if k != dotted]
+    if not elsewhere and leaf in FOREIGN_NAMES:
+        return f" (did you mean {FOREIGN_NAMES[leaf]!r}? megahash's name for {key!r})"
     if elsewhere:  # the section's close keys first (train.warmup: train.warmup_steps ... or train.ema.warmup)
         near = difflib.get_close_matches(key, list(options), n=1, cutoff=0.8)
         close = [
             dotted[: -len(key)] + k for k in dict.fromkeys(near + sorted(o for o in options if o.startswith(f"{key}_")))
         ]
-        keys = close + sorted(elsewhere, key=lambda k: (k.count("."), k))
+        keys = list(dict.fromkeys(close + sorted(elsewhere, key=lambda k: (k.count("."), k))))
         return f" (did you mean {' or '.join(repr(k) for k in keys)}?)"
     return _suggest(key, options)
 

@@ -277,6 +277,10 @@ def test_other_trainers_names_point_at_megahash_keys(tmp_path):
     leaves = _leaves(load_config("configs/quickstart.yaml").to_dict())
     dotted = {k for keys in leaves.values() for k in keys}
     assert set(FOREIGN_NAMES.values()) <= dotted and not set(FOREIGN_NAMES) & set(leaves)
+    with pytest.raises(
+        ConfigError, match=r"^unknown config key 'model.num-layers' \(did you mean 'model.num_layers'\?\)$"
+    ):
+        load_config(None, ["model.num-layers=3"])  # GPT-NeoX's spelling, with dashes
     megatron = tmp_path / "megatron.yaml"
     megatron.write_text("num_attention_heads: 16\nnum_layers: 24\n")
     with pytest.raises(ConfigError, match=r"unknown config key 'num_attention_heads' \(did you mean 'model.num_heads'"):
