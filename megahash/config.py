@@ -439,6 +439,9 @@ def _load_yaml_tree(path: Path, seen: tuple[Path, ...] = (), notes: list | None 
     includes = data.pop("include", []) or []
     if isinstance(includes, str):
         includes = [includes]
+    if not isinstance(includes, list) or not all(isinstance(i, str) and i for i in includes):
+        # include: 3, include: [a.yaml, null] were TypeError tracebacks; include: {a: 1} looked for a file 'a'
+        raise ConfigError(f"config file {path}: include must be a file name or a list of them, got {includes!r}")
     merged: dict = {}
     for inc in includes:
         _deep_merge(merged, _load_yaml_tree(_resolve_include(inc, path.parent), seen + (path,), notes))

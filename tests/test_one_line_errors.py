@@ -275,3 +275,17 @@ def test_another_trainers_flag_names_the_override(capsys, flag, hint):
         main(["--check", "config", "--config", "configs/quickstart.yaml", flag, "5"])
     line = capsys.readouterr().err.strip()
     assert e.value.code == 2 and "\n" not in line and f"unrecognized arguments: {flag}; {hint} (see " in line, line
+
+
+@pytest.mark.parametrize("value", ["3", "[quickstart.yaml, null]", "{quickstart.yaml: 1}"])
+def test_an_include_that_names_no_file_is_one_line(tmp_path, value):
+    """Before: include: 3 and include: [quickstart.yaml, null] were TypeError tracebacks; include: {a: 1} looked
+    for a file 'a'. Now one line naming the file and what include takes."""
+    from megahash.config import load_config
+
+    parsed = yaml.safe_load(f"include: {value}")["include"]  # what PyYAML reads: not a name or a list of names
+    assert not (isinstance(parsed, list) and all(isinstance(i, str) for i in parsed))
+    path = tmp_path / "c.yaml"
+    path.write_text(f"include: {value}\n")
+    with pytest.raises(ConfigError, match=r"include must be a file name or a list of them, got "):
+        load_config(path)
