@@ -396,7 +396,9 @@ def yaml_problem(e: yaml.YAMLError) -> str:
         return str(e).splitlines()[0]
     where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
     tab = "; indent with spaces, not tabs" if "'\\t'" in problem else ""
-    return f"{problem}{where}{tab}"
+    context = getattr(e, "context", None)  # "expected a single document in the stream" (a second ---)
+    context = f"{context}, " if context and not context.startswith("while ") else ""
+    return f"{context}{problem}{where}{tab}"
 
 
 # top-level keys of a DeepSpeed config (its JSON is YAML too): such a file given as --config is named as one

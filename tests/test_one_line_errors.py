@@ -237,7 +237,13 @@ def test_argument_errors_are_one_line(cmd):
 
 
 @pytest.mark.parametrize(
-    "text", ["model:\n\thidden_size: 64\n", "train:\n  steps: [1, 2\n  lr: 3\n", "train:\n  steps: 1\n   lr: 3\n"]
+    "text",
+    [
+        "model:\n\thidden_size: 64\n",
+        "train:\n  steps: [1, 2\n  lr: 3\n",
+        "train:\n  steps: 1\n   lr: 3\n",
+        "train:\n  steps: 1\n---\nmodel: {}\n",  # a second document: PyYAML's context says so
+    ],
 )
 def test_a_yaml_syntax_error_names_the_problem_and_its_line(tmp_path, text):
     """Before: only PyYAML's first line, its context ('while scanning for the next token'): neither what was
@@ -254,6 +260,7 @@ def test_a_yaml_syntax_error_names_the_problem_and_its_line(tmp_path, text):
     mark = theirs.value.problem_mark
     assert theirs.value.problem in msg and f"(line {mark.line + 1}, column {mark.column + 1})" in msg, msg
     assert "\n" not in msg and (("not tabs" in msg) == ("\t" in text))
+    assert ("expected a single document" in msg) == ("---" in text), msg
 
 
 @pytest.mark.parametrize(
