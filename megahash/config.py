@@ -525,8 +525,9 @@ def _leaf_keys() -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
 
     def walk(cls, prefix):
+        hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            typ = typing.get_type_hints(cls)[f.name]
+            typ = hints[f.name]
             if dataclasses.is_dataclass(typ):
                 walk(typ, f"{prefix}{f.name}.")
             elif typ is KindOptions:

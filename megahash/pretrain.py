@@ -75,9 +75,11 @@ def parse_args(argv=None):
     )
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=100 parallel.tensor=2")
-    args, extra = p.parse_known_args(argv)
-    if extra:
-        p.error(f"unrecognized arguments: {' '.join(extra)}{_flag_hint(extra[0])}")
+    refuse = p.error  # an unknown flag: the override it stands for, if any
+    p.error = lambda message: refuse(
+        message + _flag_hint(message.partition("unrecognized arguments: ")[2].split(" ")[0])
+    )
+    args = p.parse_args(argv)
     if isinstance(args.deepspeed, str):
         if "=" in args.deepspeed and not args.deepspeed.endswith(".json"):
             args.overrides.insert(0, args.deepspeed)  # `--deepspeed key=value`: the flag, then an override
