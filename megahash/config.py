@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -465,14 +466,27 @@ def _deep_merge(dst: dict, src: dict, path: tuple = ()) -> dict:
     return dst
 
 
+def field_type(keys):
+    """The declared type of the dotted key path ``keys`` (a section's dataclass, ``KindOptions``, a kind option's
+    type); None for a path the tree does not declare."""
+    from megahash import catalog
+
+    typ, owner = Config, None
+    for key in keys:
+        if typ is KindOptions:
+            spec = catalog.option_specs(owner.OPTION_GROUP).get(key)
+            typ, owner = (spec.type if spec is not None else None), None
+        elif dataclasses.is_dataclass(typ):
+            typ, owner = typing.get_type_hints(typ).get(key), typ
+        else:
+            return None
+    return typ
+
+
 def is_section(keys) -> bool:
     """Whether the dotted key path ``keys`` names a section of the tree (a dataclass, or a kind's options),
     not a value (``data.special_ids`` is a value that happens to be a mapping)."""
-    typ = Config
-    for key in keys:
-        if not dataclasses.is_dataclass(typ):
-            return False
-        typ = typing.get_type_hints(typ).get(key)
+    typ = field_type(keys)
     return typ is KindOptions or dataclasses.is_dataclass(typ)
 
 
@@ -631,6 +645,13 @@ def apply_overrides(tree: dict, overrides: list[str], notes: list | None = None)
                 raise ConfigError(f"override {ov!r}: {whole!r} is a list, set as a whole: {whole}=[A, B]")
             if not isinstance(node, dict):
                 raise ConfigError(f"override {ov!r}: {k!r} is not a section")
+        raw = ov.split("=", 1)[1].strip()
+        if isinstance(value, (int, float)) and not isinstance(value, bool):  # the text typed, as the key reads it
+            typ = field_type(keys)
+            if typ is str:  # YAML 1.1 reads 0123 as octal 83, 12:30 as 750, 0.10 as 0.1: logging.run_name=12:30
+                value = raw  # was '750', train.save_dir=0123 wrote to '83'
+            elif typ is int and re.fullmatch(r"[-+]?0[0-9_]+", raw):  # train.steps=010: 10 (YAML 1.2, argparse),
+                value = int(raw, 10)  # not YAML 1.1's octal 8
         if is_section(keys) and (value is None or isinstance(value, dict)):
             # a section given whole merges key by key, as a later --config file does (and Hydra's
             # `model={...}`); it used to replace the section, its YAML values silently back at their defaults

@@ -367,3 +367,21 @@ def test_a_size_override_beats_the_yamls_model_keys(tmp_path):
     (tmp_path / "c.yaml").write_text("model:\n  size: 160m\n  num_layers: 3\n")
     m = load_config(tmp_path / "c.yaml").model
     assert (m.hidden_size, m.num_layers) == (size["hidden_size"], 3)
+
+
+@pytest.mark.parametrize("text", ["12:30", "0123", "0.10", "1_000"])
+def test_a_text_key_keeps_the_override_as_typed(text):
+    """PyYAML (YAML 1.1) reads each as a number (12:30 sexagesimal = 750, 0123 octal = 83, 0.10 = 0.1); a text
+    key given it on the command line keeps what was typed. Before: logging.run_name=12:30 was '750',
+    train.save_dir=0123 wrote the run to '83'."""
+    assert not isinstance(yaml.safe_load(text), str) and str(yaml.safe_load(text)) != text  # the independent fact
+    cfg = load_config("configs/quickstart.yaml", [f"logging.run_name={text}", f"train.save_dir={text}"])
+    assert cfg.logging.run_name == cfg.train.save_dir == text
+
+
+def test_a_leading_zero_integer_override_is_decimal():
+    """train.steps=010 was YAML 1.1's octal 8; now 10, as YAML 1.2 and Megatron's argparse (int('010', 10))."""
+    assert yaml.safe_load("010") == 8  # PyYAML's reading, refused here
+    cfg = load_config("configs/quickstart.yaml", ["train.steps=010", "data.seed=0042", "train.steps=0x10"])
+    assert (cfg.train.steps, cfg.data.seed) == (16, int("0042", 10))  # the later 0x10 (hexadecimal) wins
+    assert load_config("configs/quickstart.yaml", ["train.steps=010"]).train.steps == int("010", 10)
