@@ -646,7 +646,9 @@ def apply_overrides(tree: dict, overrides: list[str], notes: list | None = None)
             if not isinstance(node, dict):
                 raise ConfigError(f"override {ov!r}: {k!r} is not a section")
         raw = ov.split("=", 1)[1].strip()
-        if isinstance(value, (int, float)) and not isinstance(value, bool):  # the text typed, as the key reads it
+        if isinstance(value, str) and " #" in raw and raw[:1] not in "'\"" and field_type(keys) is str:
+            value = raw  # train.save_dir=runs/exp #2: a shell word has no YAML comment (it was 'runs/exp')
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):  # the text typed, as the key reads it
             typ = field_type(keys)
             if typ is str:  # YAML 1.1 reads 0123 as octal 83, 12:30 as 750, 0.10 as 0.1: logging.run_name=12:30
                 value = raw  # was '750', train.save_dir=0123 wrote to '83'

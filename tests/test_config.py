@@ -385,3 +385,9 @@ def test_a_leading_zero_integer_override_is_decimal():
     cfg = load_config("configs/quickstart.yaml", ["train.steps=010", "data.seed=0042", "train.steps=0x10"])
     assert (cfg.train.steps, cfg.data.seed) == (16, int("0042", 10))  # the later 0x10 (hexadecimal) wins
     assert load_config("configs/quickstart.yaml", ["train.steps=010"]).train.steps == int("010", 10)
+
+
+def test_a_text_override_keeps_a_hash_sign():
+    """A shell word has no YAML comment: train.save_dir='runs/exp #2' was 'runs/exp' (PyYAML drops ' #...')."""
+    assert yaml.safe_load("runs/exp #2") == "runs/exp"  # PyYAML's reading of the same text
+    assert load_config("configs/quickstart.yaml", ["train.save_dir=runs/exp #2"]).train.save_dir == "runs/exp #2"
