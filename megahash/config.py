@@ -324,7 +324,8 @@ class LoggingConfig:
     tensorboard: bool = True
     wandb: bool = False
     wandb_project: str = "megahash"
-    wandb_mode: str = "offline"  # offline | online | disabled
+    # wandb.init's mode (wandb's Settings.mode); a misspelt one failed at the first logged step, after the build
+    wandb_mode: Literal["offline", "online", "shared", "disabled", "dryrun", "run"] = "offline"
     run_name: str = ""
     plot: bool = True  # write loss_curve.png at the end
     # TensorBoard/wandb x-axis (consumed, logged every step)

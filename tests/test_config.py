@@ -391,3 +391,17 @@ def test_a_text_override_keeps_a_hash_sign():
     """A shell word has no YAML comment: train.save_dir='runs/exp #2' was 'runs/exp' (PyYAML drops ' #...')."""
     assert yaml.safe_load("runs/exp #2") == "runs/exp"  # PyYAML's reading of the same text
     assert load_config("configs/quickstart.yaml", ["train.save_dir=runs/exp #2"]).train.save_dir == "runs/exp #2"
+
+
+def test_wandb_mode_is_one_of_wandbs_own_modes():
+    """Before: logging.wandb_mode was free text (logging.wandb_mode=offlne, or =off: 'False') and failed in
+    wandb.init, after the model was built. Now its choices are wandb's Settings.mode, checked at load."""
+    import typing
+
+    from megahash.config import LoggingConfig
+
+    wandb_settings = pytest.importorskip("wandb.sdk.wandb_settings")
+    theirs = typing.get_args(wandb_settings.Settings.model_fields["mode"].annotation)
+    assert set(typing.get_args(typing.get_type_hints(LoggingConfig)["wandb_mode"])) == set(theirs)
+    with pytest.raises(ConfigError, match=r"'logging.wandb_mode' must be .* got 'offlne' \(did you mean 'offline'\?\)"):
+        load_config(None, ["logging.wandb_mode=offlne"])
