@@ -200,7 +200,8 @@ class TrainCore:
     seed: int = ranged(1234, "[0, 4294967295]", "seed")
     zero_stage: int = ranged(1, "[0, 3]", "DeepSpeed ZeRO stage")
     deepspeed_config: str = ""  # path of a DeepSpeed JSON; "" = configs/deepspeed/zero{stage}.json
-    precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
+    # auto: bf16 on GPU, fp32 on CPU (a run's resolved_config.yaml records which)
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
     save_dir: str = "runs/default"
     save_interval: int = ranged(0, "[0, inf)", "steps between checkpoints; 0 = only at the end")
     keep_last: int = ranged(2, "[0, inf)", "checkpoints kept; 0 = all")
