@@ -10,7 +10,9 @@ tree (``resolved_config.yaml``) beside its checkpoints.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -198,11 +200,12 @@ class TrainCore:
     seed: int = ranged(1234, "[0, 4294967295]", "seed")
     zero_stage: int = ranged(1, "[0, 3]", "DeepSpeed ZeRO stage")
     deepspeed_config: str = ""  # path of a DeepSpeed JSON; "" = configs/deepspeed/zero{stage}.json
-    precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 on GPU, fp32 on CPU
+    # auto: bf16 on GPU, fp32 on CPU (a run's resolved_config.yaml records which)
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
     save_dir: str = "runs/default"
     save_interval: int = ranged(0, "[0, inf)", "steps between checkpoints; 0 = only at the end")
     keep_last: int = ranged(2, "[0, inf)", "checkpoints kept; 0 = all")
-    resume: str = "auto"  # auto | none | PATH
+    resume: str = "auto"  # auto | none (or false) | PATH
     resume_weights_only: bool = False  # on a layout change: weights only, fresh optimizer (docs/resume.md)
     # checks of a checkpoint before it is resumed, evaluated or exported (megahash/checkpoint/manifest.py,
     # docs/security.md): cheap (sizes, zip structure) | full (+ sha256 of every file it reads)
@@ -322,7 +325,8 @@ class LoggingConfig:
     tensorboard: bool = True
     wandb: bool = False
     wandb_project: str = "megahash"
-    wandb_mode: str = "offline"  # offline | online | disabled
+    # wandb.init's mode (wandb's Settings.mode); a misspelt one failed at the first logged step, after the build
+    wandb_mode: Literal["offline", "online", "shared", "disabled", "dryrun", "run"] = "offline"
     run_name: str = ""
     plot: bool = True  # write loss_curve.png at the end
     # TensorBoard/wandb x-axis (consumed, logged every step)
@@ -380,10 +384,52 @@ def read_yaml_mapping(path, what: str) -> dict:
         hint = f"; a run's config is {saved}" if Path(path).is_dir() and saved.is_file() else ""
         raise ConfigError(f"{what} file {path} cannot be read: {e.strerror}{hint}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{what} file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+        raise ConfigError(f"{what} file {path} is not valid YAML: {yaml_problem(e)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{what} file {path} must hold a mapping at top level")
     return data
+
+
+def yaml_problem(e: yaml.YAMLError) -> str:
+    """What PyYAML found wrong and where (``found character '\\t' that cannot start any token (line 2,
+    column 1)``; a tab indents YAML): its problem and mark, not its first line, which is only the context
+    (``while scanning for the next token``)."""
+    problem, mark = getattr(e, "problem", None), getattr(e, "problem_mark", None)
+    if not problem:
+        return str(e).splitlines()[0]
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    tab = "; indent with spaces, not tabs" if "'\\t'" in problem else ""
+    context = getattr(e, "context", None)  # "expected a single document in the stream" (a second ---)
+    context = f"{context}, " if context and not context.startswith("while ") else ""
+    return f"{context}{problem}{where}{tab}"
+
+
+# top-level keys of a DeepSpeed config (its JSON is YAML too): such a file given as --config is named as one
+DEEPSPEED_KEYS = (
+    "zero_optimization",
+    "train_batch_size",
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "zero_allow_untested_optimizer",
+    "steps_per_print",
+    "wall_clock_breakdown",
+    "gradient_clipping",
+    "fp16",
+    "bf16",
+)
+
+
+def _refuse_deepspeed_json(data: dict, path: Path) -> None:
+    """A DeepSpeed config passed as ``--config`` (no megahash section, a DeepSpeed key): one line saying where it
+    goes (it was 'unknown config key 'zero_optimization'', or a suggestion of a megahash key for its name)."""
+    if any(k in data for k in (f.name for f in dataclasses.fields(Config))):
+        return
+    found = [k for k in DEEPSPEED_KEYS if k in data]
+    if found:
+        raise ConfigError(
+            f"config file {path} is a DeepSpeed config ({found[0]}), not a megahash one; give it as "
+            f"--deepspeed_config {path} (= train.deepspeed_config) beside a megahash --config YAML"
+        )
 
 
 def _load_yaml_tree(path: Path, seen: tuple[Path, ...] = (), notes: list | None = None) -> dict:
@@ -392,10 +438,15 @@ def _load_yaml_tree(path: Path, seen: tuple[Path, ...] = (), notes: list | None 
     path = path.resolve()
     if path in seen:
         raise ConfigError(f"config include cycle at {path}")
-    data = migrate(read_yaml_mapping(path, "config"), f"config file {path}", notes)
+    data = read_yaml_mapping(path, "config")
+    _refuse_deepspeed_json(data, path)
+    data = migrate(data, f"config file {path}", notes)
     includes = data.pop("include", []) or []
     if isinstance(includes, str):
         includes = [includes]
+    if not isinstance(includes, list) or not all(isinstance(i, str) and i for i in includes):
+        # include: 3, include: [a.yaml, null] were TypeError tracebacks; include: {a: 1} looked for a file 'a'
+        raise ConfigError(f"config file {path}: include must be a file name or a list of them, got {includes!r}")
     merged: dict = {}
     for inc in includes:
         _deep_merge(merged, _load_yaml_tree(_resolve_include(inc, path.parent), seen + (path,), notes))
@@ -403,16 +454,124 @@ def _load_yaml_tree(path: Path, seen: tuple[Path, ...] = (), notes: list | None 
     return merged
 
 
-def _deep_merge(dst: dict, src: dict) -> dict:
+def _deep_merge(dst: dict, src: dict, path: tuple = ()) -> dict:
+    """``src`` into ``dst`` (in place), mappings key by key, later values winning. A section left empty in
+    ``src`` (``model:`` with its keys commented out: YAML's null) merges nothing, as ``model: {}`` does;
+    it used to replace the section of ``dst`` with the defaults."""
     for k, v in src.items():
         if isinstance(v, dict) and isinstance(dst.get(k), dict):
-            _deep_merge(dst[k], v)
+            _deep_merge(dst[k], v, (*path, k))
+        elif v is None and isinstance(dst.get(k), dict) and is_section([*path, k]):
+            continue
         else:
             dst[k] = v
     return dst
 
 
+def field_type(keys):
+    """The declared type of the dotted key path ``keys`` (a section's dataclass, ``KindOptions``, a kind option's
+    type); None for a path the tree does not declare."""
+    from megahash import catalog
+
+    typ, owner = Config, None
+    for key in keys:
+        if typ is KindOptions:
+            spec = catalog.option_specs(owner.OPTION_GROUP).get(key)
+            typ, owner = (spec.type if spec is not None else None), None
+        elif dataclasses.is_dataclass(typ):
+            typ, owner = typing.get_type_hints(typ).get(key), typ
+        else:
+            return None
+    return typ
+
+
+def is_section(keys) -> bool:
+    """Whether the dotted key path ``keys`` names a section of the tree (a dataclass, or a kind's options),
+    not a value (``data.special_ids`` is a value that happens to be a mapping)."""
+    typ = field_type(keys)
+    return typ is KindOptions or dataclasses.is_dataclass(typ)
+
+
 _suggest = did_you_mean
+
+# names other trainers give megahash's keys (Megatron-LM / GPT-NeoX arguments, torchtitan's TOML) that differ
+# from megahash's own leaf names; a key spelled so is unknown, with megahash's key as the suggestion
+FOREIGN_NAMES = {
+    "num_attention_heads": "model.num_heads",
+    "n_heads": "model.num_heads",
+    "n_layers": "model.num_layers",
+    "dim": "model.hidden_size",
+    "norm_epsilon": "model.norm_eps",
+    "layernorm_epsilon": "model.norm_eps",
+    "init_method_std": "model.init_std",
+    "rotary_emb_base": "model.rotary_base",
+    "rope_theta": "model.rotary_base",
+    "padded_vocab_size": "model.vocab_size",
+    "data_path": "data.prefix",
+    "tokenizer_model": "data.tokenizer",
+    "tokenizer_type": "data.tokenizer",
+    "train_iters": "train.steps",
+    "training_steps": "train.steps",
+    "lr_warmup_iters": "train.warmup_steps",
+    "lr_warmup_fraction": "train.warmup_fraction",
+    "lr_decay_iters": "train.decay_steps",
+    "lr_decay_style": "train.decay",
+    "adam_beta1": "train.beta1",
+    "adam_beta2": "train.beta2",
+    "adam_eps": "train.eps",
+    "gradient_clipping": "train.clip_grad",
+    "max_norm": "train.clip_grad",
+    "train_micro_batch_size_per_gpu": "train.micro_batch_size",
+    "train_batch_size": "train.global_batch_size",
+    "save": "train.save_dir",
+    "load": "train.resume",
+    "bf16": "train.precision",
+    "fp16": "train.precision",
+    "mixed_precision_param": "train.precision",
+    "tensor_model_parallel_size": "parallel.tensor",
+    "model_parallel_size": "parallel.tensor",
+    "sequence_parallel": "parallel.sequence",
+}
+
+
+def _leaf_keys() -> dict[str, list[str]]:
+    """{leaf name: [dotted keys]} over the whole tree, the kinds' options included."""
+    from megahash import catalog
+
+    out: dict[str, list[str]] = {}
+
+    def walk(cls, prefix):
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            typ = hints[f.name]
+            if dataclasses.is_dataclass(typ):
+                walk(typ, f"{prefix}{f.name}.")
+            elif typ is KindOptions:
+                for name in catalog.option_specs(cls.OPTION_GROUP):
+                    out.setdefault(name, []).append(f"{prefix}{f.name}.{name}")
+            out.setdefault(f.name, []).append(prefix + f.name)
+
+    walk(Config, "")
+    return out
+
+
+def suggest_key(dotted: str, options) -> str:
+    """The tail of an unknown-key error for ``dotted`` (its section's keys are ``options``): a key of that
+    name elsewhere in the tree (``train.seq_length`` -> ``data.seq_length``), megahash's name for another
+    trainer's (:data:`FOREIGN_NAMES`), else the closest key of the section (or them all)."""
+    key = dotted.rsplit(".", 1)[-1]
+    leaf = key.replace("-", "_")  # GPT-NeoX's YAML spells its keys with dashes (num-layers)
+    elsewhere = [k for k in _leaf_keys().get(leaf, []) if k != dotted]
+    if not elsewhere and leaf in FOREIGN_NAMES:
+        return f" (did you mean {FOREIGN_NAMES[leaf]!r}? megahash's name for {key!r})"
+    if elsewhere:  # the section's close keys first (train.warmup: train.warmup_steps ... or train.ema.warmup)
+        near = difflib.get_close_matches(key, list(options), n=1, cutoff=0.8)
+        close = [
+            dotted[: -len(key)] + k for k in dict.fromkeys(near + sorted(o for o in options if o.startswith(f"{key}_")))
+        ]
+        keys = list(dict.fromkeys(close + sorted(elsewhere, key=lambda k: (k.count("."), k))))
+        return f" (did you mean {' or '.join(repr(k) for k in keys)}?)"
+    return _suggest(key, options)
 
 
 def _build(cls, data: dict, prefix: str):
@@ -424,7 +583,7 @@ def _build(cls, data: dict, prefix: str):
     for key, value in data.items():
         dotted = prefix + key
         if key not in names:
-            raise ConfigError(f"unknown config key {dotted!r}{_suggest(key, names)}")
+            raise ConfigError(f"unknown config key {dotted!r}{suggest_key(dotted, names)}")
         typ = hints[key]
         if dataclasses.is_dataclass(typ):
             kwargs[key] = _build(typ, value or {}, dotted + ".")
@@ -447,7 +606,7 @@ def _build_options(group: str, data: dict, prefix: str) -> KindOptions:
     for key in data:
         if key not in specs:
             raise ConfigError(
-                f"unknown config key {prefix + key!r}{_suggest(key, specs)} (no {group} kind declares it)"
+                f"unknown config key {prefix + key!r}{suggest_key(prefix + key, specs)} (no {group} kind declares it)"
             )
     out = KindOptions()
     for name, spec in sorted(specs.items()):
@@ -463,9 +622,11 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise ConfigError(f"override {text!r} must look like key.sub=value")
     key, raw = text.split("=", 1)
     try:
-        value = safe_yaml.load(raw, f"override {key}") if raw != "" else ""
-    except yaml.YAMLError:
-        value = raw
+        value = safe_yaml.load(raw, f"override {key}", safe_yaml.UniqueKeyLoader) if raw != "" else ""
+    except yaml.YAMLError as e:
+        if raw.lstrip()[:1] in ("[", "{"):  # a list or mapping left open: was the text '[a' and 'b', two entries
+            raise ConfigError(f"override {text!r} is not valid YAML: {yaml_problem(e)}; quote a text value") from None
+        value = raw  # text YAML cannot read as a scalar (a: b): the text itself
     return key.strip().split("."), value
 
 
@@ -479,10 +640,33 @@ def apply_overrides(tree: dict, overrides: list[str], notes: list | None = None)
             notes.append(f"{'.'.join(keys)} -> {'.'.join(new)}")
         keys = new
         node = tree
-        for k in keys[:-1]:
+        for i, k in enumerate(keys[:-1]):
             node = node.setdefault(k, {})
+            if isinstance(node, list):  # data.prefix.0=x: a list is given whole
+                whole = ".".join(keys[: i + 1])
+                raise ConfigError(f"override {ov!r}: {whole!r} is a list, set as a whole: {whole}=[A, B]")
             if not isinstance(node, dict):
                 raise ConfigError(f"override {ov!r}: {k!r} is not a section")
+        raw = ov.split("=", 1)[1].strip()
+        if isinstance(value, str) and " #" in raw and raw[:1] not in "'\"" and field_type(keys) is str:
+            value = raw  # train.save_dir=runs/exp #2: a shell word has no YAML comment (it was 'runs/exp')
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):  # the text typed, as the key reads it
+            typ = field_type(keys)
+            if typ is str:  # YAML 1.1 reads 0123 as octal 83, 12:30 as 750, 0.10 as 0.1: logging.run_name=12:30
+                value = raw  # was '750', train.save_dir=0123 wrote to '83'
+            elif typ is int and re.fullmatch(r"[-+]?0[0-9_]+", raw):  # train.steps=010: 10 (YAML 1.2, argparse),
+                value = int(raw, 10)  # not YAML 1.1's octal 8
+        if is_section(keys) and (value is None or isinstance(value, dict)):
+            # a section given whole merges key by key, as a later --config file does (and Hydra's
+            # `model={...}`); it used to replace the section, its YAML values silently back at their defaults
+            if value is None:
+                raise ConfigError(
+                    f"override {ov!r}: {'.'.join(keys)!r} is a section, not a value; set its keys "
+                    f"({'.'.join(keys)}.KEY=VALUE) or merge a mapping into it ({'.'.join(keys)}={{KEY: VALUE}})"
+                )
+            if isinstance(node.get(keys[-1]), dict):
+                _deep_merge(node[keys[-1]], value, tuple(keys))
+                continue
         node[keys[-1]] = value
     return tree
 
@@ -493,29 +677,46 @@ def load_config(path: str | os.PathLike | list | tuple | None = None, overrides:
     Several files merge left to right (later files win, mappings merged key by key), as
     ``--config A --config B`` does.
 
-    ``model.size=NAME`` (override or YAML) merges ``configs/model/NAME.yaml`` under the model keys
-    given explicitly.
+    ``model.size: NAME`` in a YAML merges ``configs/model/NAME.yaml`` under the model keys the YAML files
+    give; the override ``model.size=NAME`` merges it over them (the command line is the later word: it was
+    silently beaten by the YAML's model keys, ``--config configs/quickstart.yaml model.size=500m`` the tiny
+    model), under the other overrides.
     """
     tree: dict = {}
     notes: list = []  # old key names used (RENAMED_KEYS): one warning line
     for p in [p for p in ([path] if isinstance(path, (str, os.PathLike)) else list(path or [])) if p]:
         _deep_merge(tree, _load_yaml_tree(find_config(p), notes=notes))
-    tree = apply_overrides(tree, list(overrides or []), notes)
-    model = tree.get("model") or {}
-    if not isinstance(model, dict):  # before its size key is read (_build would say the same, later)
-        raise ConfigError(f"config key 'model' must be a mapping, got {model!r}")
-    size = model.pop("size", None)
-    if size:
-        size_file = CONFIG_ROOT / "model" / f"{size}.yaml"
-        if not size_file.is_file():
-            names = [p.stem for p in (CONFIG_ROOT / "model").glob("*.yaml")]
-            raise ConfigError(f"unknown model size {size!r}{_suggest(str(size), names)}")
-        base = _load_yaml_tree(size_file)
-        tree = _deep_merge(base, tree)
+    overrides = list(overrides or [])
+    tree = _with_size(tree, under=True)  # the YAML's own model.size
+    given = apply_overrides({}, overrides).get("model")
+    size_override = given.get("size") if isinstance(given, dict) else None
+    if size_override:
+        _deep_merge(tree, _size_tree(size_override))
+    tree = apply_overrides(tree, overrides, notes)
+    tree = _with_size(tree, under=size_override is None)
     cfg = _build(Config, tree, "")
     validate(cfg)
     _warn_renamed(notes)
     return cfg
+
+
+def _size_tree(size) -> dict:
+    """The tree of ``configs/model/SIZE.yaml`` (``model.size``); an unknown size is one line naming the closest."""
+    size_file = CONFIG_ROOT / "model" / f"{size}.yaml"
+    if not size_file.is_file():
+        names = [p.stem for p in (CONFIG_ROOT / "model").glob("*.yaml")]
+        raise ConfigError(f"unknown model size {size!r}{_suggest(str(size), names)}")
+    return _load_yaml_tree(size_file)
+
+
+def _with_size(tree: dict, under: bool) -> dict:
+    """``tree`` without its ``model.size`` key; that size's keys merged under the tree's model keys (``under``),
+    or dropped (an override's size, merged over the YAML already)."""
+    model = tree.get("model") or {}
+    if not isinstance(model, dict):  # before its size key is read (_build would say the same, later)
+        raise ConfigError(f"config key 'model' must be a mapping, got {model!r}")
+    size = model.pop("size", None)
+    return _deep_merge(_size_tree(size), tree) if size and under else tree
 
 
 def _check_special_ids(ids) -> None:
@@ -532,6 +733,12 @@ def _check_special_ids(ids) -> None:
             raise ConfigError(f"config key 'data.special_ids.{role}' must be a token id >= 0 or null, got {i!r}")
 
 
+def _closest(value: str, options) -> str:
+    """`` (did you mean 'x'?)`` for a close option, else nothing (the line lists them already)."""
+    close = difflib.get_close_matches(str(value).lower(), list(options), n=1, cutoff=0.5)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def validate(cfg: Config) -> None:
     """Cross-field checks that do not need the model or the data (one-line errors)."""
     from megahash.config_checks import check_ranges
@@ -541,7 +748,7 @@ def validate(cfg: Config) -> None:
     check_ranges(cfg)  # every field inside its range and choices first (megahash/config_checks.py)
     m, p = cfg.model, cfg.parallel
     if m.arch not in ARCHS:
-        raise ConfigError(f"model.arch must be {' or '.join(ARCHS)}, got {m.arch!r}")
+        raise ConfigError(f"model.arch must be {' or '.join(ARCHS)}, got {m.arch!r}{_closest(m.arch, ARCHS)}")
     if m.layout == "roberta" and arch_of(m.arch).causal:
         raise ConfigError("model.layout=roberta is an encoder layout; set model.arch=encoder or model.layout=prenorm")
     if m.hidden_size % m.num_heads:

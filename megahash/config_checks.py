@@ -78,6 +78,8 @@ def coerce(value, typ, dotted: str):
         return coerce(value, type(allowed[0]), dotted)
     if origin is list:
         (inner,) = typing.get_args(typ)
+        if value is None:  # `prefix: null`, `eval.tasks=~`, a key with no value: no entries (was [''])
+            return []
         if isinstance(value, str):
             value = [v for v in value.split(",") if v] if "," in value or value else []
         if not isinstance(value, list):
@@ -99,14 +101,20 @@ def coerce(value, typ, dotted: str):
             raise ConfigError(f"config key {dotted!r} must be an integer, got {value!r}")
         if isinstance(value, int):
             return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
+        raw = value
+        if isinstance(value, str):  # '5', '1e3' (PyYAML reads 1e3 as text: its floats need a dot), ' 7 '
             try:
-                return int(float(value)) if value.replace(".", "", 1).replace("e", "", 1).isdigit() else int(value)
+                value = int(value)
             except ValueError:
-                pass
-        raise ConfigError(f"config key {dotted!r} must be an integer, got {value!r}")
+                try:
+                    value = float(value)
+                except ValueError:
+                    pass
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():  # 1e3, 128.0; never 1.5 or 2.5e0 (were 1 and 2)
+            return int(value)
+        raise ConfigError(f"config key {dotted!r} must be an integer, got {raw!r}")
     if typ is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
@@ -119,6 +127,8 @@ def coerce(value, typ, dotted: str):
     if typ is str:
         if isinstance(value, (dict, list)):
             raise ConfigError(f"config key {dotted!r} must be a string, got {value!r}")
+        if isinstance(value, bool):  # YAML's true/yes/on: as YAML writes it back, not Python's 'True'
+            return "true" if value else "false"
         return "" if value is None else str(value)
     return value
 

@@ -39,7 +39,7 @@ def check_training_inputs(cfg) -> None:
 
     check_run(cfg)  # each split has documents, tokens and an index that fits in memory (train.steps=1e30)
     t = cfg.train
-    if t.resume not in ("auto", "none", ""):
+    if t.resume not in ("auto", "none", "false", ""):  # false: YAML's off/no too
         from megahash.checkpoint.layout import STATE_FILE
         from megahash.checkpoint.resolve import not_a_checkpoint
 

@@ -10,6 +10,7 @@ the objectives read the model layer's kind capabilities.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import pkgutil
 from collections.abc import Callable
@@ -77,7 +78,9 @@ def objective_spec(name: str) -> ObjectiveSpec:
     """The spec of ``train.objective`` (config checks reject unknown names first)."""
     _load()
     if name not in _SPECS:
-        raise ConfigError(f"train.objective must be {', '.join(names()[:-1])} or {names()[-1]}, got {name!r}")
+        close = difflib.get_close_matches(str(name).lower(), names(), n=1, cutoff=0.5)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"train.objective must be {', '.join(names()[:-1])} or {names()[-1]}, got {name!r}{hint}")
     return _SPECS[name]
 
 

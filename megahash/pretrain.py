@@ -5,6 +5,7 @@
     torchrun --nproc_per_node N megahash/pretrain.py --config ... [key=value ...]
     python megahash/pretrain.py --config ... [key=value ...]          (one rank)
     python megahash/pretrain.py --check inputs --config ... [key=value ...]   (check only: prints train.save_dir)
+    python megahash/pretrain.py --print-config --config ... [key=value ...]   (the resolved tree, every default)
 
 Exit status: 0 done, 2 bad input (one-line ``error:`` message), 3 stopped by SIGUSR1/SIGTERM
 after checkpointing (SLURM scripts requeue on it).
@@ -62,12 +63,22 @@ def parse_args(argv=None):
         "(launch/quickstart.sh runs it before its launcher, whose output would bury the error line)",
     )
     p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved config as YAML (every key, defaults included: what resolved_config.yaml "
+        "starts from) after the checks of --check (config when not given) and exit; no torch import",
+    )
+    p.add_argument(
         "--verbose",
         action="store_true",
         help="= logging.verbose=true: also the libraries' known-harmless warnings, logs and progress bars",
     )
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=100 parallel.tensor=2")
+    refuse = p.error  # an unknown flag: the override it stands for, if any
+    p.error = lambda message: refuse(
+        message + _flag_hint(message.partition("unrecognized arguments: ")[2].split(" ")[0])
+    )
     args = p.parse_args(argv)
     if isinstance(args.deepspeed, str):
         if "=" in args.deepspeed and not args.deepspeed.endswith(".json"):
@@ -81,6 +92,21 @@ def parse_args(argv=None):
     if args.verbose:
         args.overrides.append("logging.verbose=true")
     return args
+
+
+def _flag_hint(token: str) -> str:
+    """For a flag argparse does not know, the override it stands for: torchtitan's ``--training.steps=5`` and
+    Megatron's ``--train-iters 100`` are megahash's ``train.steps=...`` (no dashes)."""
+    if not token.startswith("--"):
+        return ""
+    name = token[2:].split("=", 1)[0]
+    if "." in name:
+        return f"; config overrides take no dashes: {name}=VALUE"
+    from megahash.config import FOREIGN_NAMES, _leaf_keys
+
+    leaf = name.replace("-", "_")
+    keys = [FOREIGN_NAMES[leaf]] if leaf in FOREIGN_NAMES else sorted(_leaf_keys().get(leaf, []))
+    return f"; as a config override: {' or '.join(f'{k}=VALUE' for k in keys)}" if keys else ""
 
 
 def main(argv=None, exiting: bool = False) -> int:
@@ -141,7 +167,10 @@ def _main(argv=None, built: list | None = None) -> int:
     args = parse_args(argv)
 
     def run():
-        cfg = check(args, inputs=args.check != "config")
+        cfg = check(args, inputs=args.check == "inputs" or not (args.check or args.print_config))
+        if args.print_config:  # Hydra's --cfg job: the tree a run would start from
+            print(cfg.to_yaml(), end="")
+            return 0
         if args.check:
             print(cfg.train.save_dir)
             return 0

@@ -1,6 +1,10 @@
 """Config tree: YAML + dotted overrides, typed, one-line errors naming the key and the closest one."""
 
+import math
+import re
+
 import pytest
+import yaml
 
 from megahash.config import load_config
 from megahash.errors import ConfigError
@@ -42,6 +46,9 @@ def test_model_size_table_4_10():
         ("data.special_ids.mask=-3", "'data.special_ids.mask' must be a token id >= 0 or null, got -3"),
         ("parallel.sequence=true", "needs parallel.tensor >= 2"),
         ("train.verify_checkpoint=none", "'train.verify_checkpoint' must be cheap or full"),
+        # the registries' choices name the closest too (they did not: 'got 'clmm'', 'got 'Decoder'')
+        ("train.objective=clmm", "train.objective must be clm, mlm or sr, got 'clmm' (did you mean 'clm'?)"),
+        ("model.arch=Decoder", "model.arch must be decoder or encoder, got 'Decoder' (did you mean 'decoder'?)"),
     ],
 )
 def test_config_errors_name_the_key(override, expect):
@@ -181,3 +188,220 @@ def test_a_choice_is_its_literal_one_line_with_the_closest():
             load_config("configs/quickstart.yaml", [override])
         assert expect in str(e.value), str(e.value)
     assert load_config("configs/quickstart.yaml", ["train.compile=true"]).train.compile == "true"  # YAML's bool
+
+
+@pytest.mark.parametrize("text", ["1.5", "'1.5'", "2.5e0", "1e400", "-1e400"])
+def test_an_integer_key_never_truncates_a_fraction(text):
+    """An int key given a number that is not a whole one is one line naming it, whatever form PyYAML leaves it
+    in (PyYAML reads 2.5e0 as text: its floats need a dot). Before: '1.5' and 2.5e0 trained 1 and 2 steps,
+    1e400 was an OverflowError traceback."""
+    as_number = float(yaml.safe_load(text))
+    assert not (math.isfinite(as_number) and as_number.is_integer())  # the independent fact: not a whole number
+    with pytest.raises(ConfigError, match=r"^config key 'train.steps' must be an integer, got "):
+        load_config("configs/quickstart.yaml", [f"train.steps={text}"])
+
+
+@pytest.mark.parametrize("text", ["1e3", "128.0", "'64'", "1_000", "+8"])
+def test_an_integer_key_takes_any_whole_number_spelling(text):
+    want = float(str(yaml.safe_load(text)).replace("_", ""))
+    assert want.is_integer()
+    assert load_config("configs/quickstart.yaml", [f"train.steps={text}"]).train.steps == int(want)
+
+
+@pytest.mark.parametrize("key", ["data.prefix", "eval.tasks", "model.plugins", "train.profile_steps"])
+@pytest.mark.parametrize("text", ["null", "~", ""])
+def test_a_null_list_is_an_empty_one(tmp_path, key, text):
+    """YAML's null (``prefix:`` with no value, ``eval.tasks=~``) for a list key is no entries, as ``[]`` is.
+    Before: [''] (a shard prefix '' -> 'data shard _text_document.bin does not exist'; an eval task named '')."""
+    assert yaml.safe_load(text) is None  # the independent fact: PyYAML reads each as null
+    section, name = key.split(".")
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{section}:\n  {name}: {text}\n")
+    for cfg in (load_config(path), load_config(None, [f"{key}={text or 'null'}"])):
+        assert getattr(getattr(cfg, section), name) == []
+
+
+def test_an_empty_section_in_a_later_file_merges_nothing(tmp_path):
+    """A section whose keys are all commented out is YAML's null; merged over an earlier file (``--config A
+    --config B``, or ``include:``) it is ``model: {}``: nothing. Before: it replaced the section, so the
+    quickstart's 128-wide model trained at the 64-wide default without a word."""
+    empty, braces = tmp_path / "empty.yaml", tmp_path / "braces.yaml"
+    empty.write_text("include: quickstart.yaml\nmodel:\n  # hidden_size: 256\ntrain:\n")
+    braces.write_text("include: quickstart.yaml\nmodel: {}\ntrain: {}\n")
+    assert yaml.safe_load(empty.read_text())["model"] is None  # PyYAML's reading: null
+    want = load_config("configs/quickstart.yaml").to_dict()
+    assert want["model"]["hidden_size"] == 128
+    assert load_config(empty).to_dict() == load_config(braces).to_dict() == want
+    assert load_config(["configs/quickstart.yaml", empty]).to_dict() == want
+
+
+def test_a_section_given_whole_on_the_command_line_merges_key_by_key():
+    """``model={num_layers: 3}`` is ``model.num_layers=3`` (as a later --config file, and Hydra's override of
+    a mapping); ``model=null`` is one line. Before: both replaced the section, the YAML's model keys silently
+    back at their defaults."""
+    base = ["model.hidden_size=256", "model.attention.options.window=8"]
+    whole = load_config("configs/quickstart.yaml", [*base, "model={num_layers: 3, attention: {options: {}}}"])
+    dotted = load_config("configs/quickstart.yaml", [*base, "model.num_layers=3"])
+    assert whole.to_dict() == dotted.to_dict()
+    assert (whole.model.hidden_size, whole.model.attention.options.window) == (256, 8)
+    with pytest.raises(ConfigError, match=r"^override 'train=null': 'train' is a section, not a value; set its"):
+        load_config("configs/quickstart.yaml", ["train=null"])
+
+
+def _leaves(tree: dict, prefix: str = "") -> dict[str, list[str]]:
+    """{leaf name: [dotted keys]} of a resolved tree (the independent fact: where a key lives)."""
+    out: dict[str, list[str]] = {}
+    for k, v in tree.items():
+        if isinstance(v, dict) and not k.endswith("special_ids"):
+            for name, keys in _leaves(v, f"{prefix}{k}.").items():
+                out.setdefault(name, []).extend(keys)
+        out.setdefault(k, []).append(prefix + k)
+    return out
+
+
+@pytest.mark.parametrize("override", ["train.hidden_size=3", "train.seq_length=64", "num_layers=3", "model.seed=1"])
+def test_a_key_of_another_section_names_where_it_lives(override):
+    """Before: 'unknown config key 'train.hidden_size' (valid: async_save, batch_ramp, ...)' (every train key, not
+    the one meant); a Megatron-style YAML with top-level num_layers listed the seven sections."""
+    where = _leaves(load_config("configs/quickstart.yaml").to_dict())[override.split("=")[0].split(".")[-1]]
+    with pytest.raises(ConfigError) as e:
+        load_config("configs/quickstart.yaml", [override])
+    assert all(repr(k) in str(e.value) for k in where) and "valid:" not in str(e.value), str(e.value)
+
+
+def test_other_trainers_names_point_at_megahash_keys(tmp_path):
+    """A Megatron-LM/GPT-NeoX/torchtitan name (``num_attention_heads``, ``train_iters``) suggests megahash's key;
+    every suggestion is a key of the resolved tree, and no foreign name is one of megahash's own."""
+    from megahash.config import FOREIGN_NAMES
+
+    leaves = _leaves(load_config("configs/quickstart.yaml").to_dict())
+    dotted = {k for keys in leaves.values() for k in keys}
+    assert set(FOREIGN_NAMES.values()) <= dotted and not set(FOREIGN_NAMES) & set(leaves)
+    with pytest.raises(
+        ConfigError, match=r"^unknown config key 'model.num-layers' \(did you mean 'model.num_layers'\?\)$"
+    ):
+        load_config(None, ["model.num-layers=3"])  # GPT-NeoX's spelling, with dashes
+    megatron = tmp_path / "megatron.yaml"
+    megatron.write_text("num_attention_heads: 16\nnum_layers: 24\n")
+    with pytest.raises(ConfigError, match=r"unknown config key 'num_attention_heads' \(did you mean 'model.num_heads'"):
+        load_config(megatron)
+
+
+def test_a_deepspeed_json_given_as_config_says_where_it_goes():
+    """Before: 'unknown config key 'zero_optimization' (valid: data, eval, ...)'. Now the line names the file a
+    DeepSpeed config and the flag that takes it; the same file as --deepspeed_config still loads."""
+    import json
+
+    from megahash.pretrain import main
+
+    ds = "configs/deepspeed/zero1.json"  # the quickstart's stage
+    assert "zero_optimization" in json.loads(open(ds).read())  # the independent fact: a DeepSpeed config
+    with pytest.raises(ConfigError, match=r"is a DeepSpeed config \(zero_optimization\).*--deepspeed_config "):
+        load_config(["configs/quickstart.yaml", ds])
+    assert main(["--check", "config", "--config", "configs/quickstart.yaml", "--deepspeed_config", ds]) == 0
+
+
+@pytest.mark.parametrize("text", ["off", "no", "false", "True", "on"])
+def test_a_yaml_boolean_in_a_text_key_reads_as_yaml_writes_it(text):
+    """PyYAML reads off/no/on as booleans; a text key keeps them as YAML writes a boolean back ('false', 'true'),
+    and train.resume=off/no/false means no resume. Before: 'False'/'True' (Python's spelling), and
+    train.resume=off was 'train.resume=False is not a complete megahash checkpoint'."""
+    from megahash.inputs import check_training_inputs
+
+    parsed = yaml.safe_load(text)
+    assert isinstance(parsed, bool)  # the independent fact: a YAML boolean
+    want = yaml.safe_dump(parsed).split("\n")[0]  # how YAML writes it: true / false
+    cfg = load_config("configs/quickstart.yaml", [f"logging.run_name={text}", f"train.resume={text}"])
+    assert cfg.logging.run_name == cfg.train.resume == want
+    if text == "off":
+        check_training_inputs(cfg)  # no checkpoint is looked for
+
+
+def test_print_config_is_the_resolved_tree_and_reads_back_as_it(tmp_path, capsys):
+    """``--print-config`` (there was no way to see every key's value short of training a run): the YAML printed
+    is the tree load_config resolves, every default in it, and fed back as --config it resolves the same."""
+    from megahash.pretrain import main
+
+    args = ["--config", "configs/quickstart.yaml", "train.steps=4", "model={num_layers: 3}"]
+    assert main(["--print-config", *args]) == 0
+    printed = capsys.readouterr().out
+    want = load_config("configs/quickstart.yaml", ["train.steps=4", "model.num_layers=3"]).to_dict()
+    assert yaml.safe_load(printed) == want and printed == yaml.safe_dump(want, sort_keys=False)
+    (tmp_path / "printed.yaml").write_text(printed)
+    assert load_config(tmp_path / "printed.yaml").to_dict() == want
+
+
+@pytest.mark.parametrize(
+    "override", ["data.prefix=[a,b", "eval.tasks=[arc_easy, hellaswag", "train={steps: 3, steps: 5}"]
+)
+def test_an_override_value_is_read_as_strictly_as_a_config_file(tmp_path, override):
+    """Before: a list left open fell back to its text, split at commas into '[a' and 'b' (two shard prefixes);
+    a key twice in a mapping override kept the last. Now each is one line, as the same value in a file is."""
+    key, value = override.split("=", 1)
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{key}: {value}\n")
+    with pytest.raises((yaml.YAMLError, ConfigError)):  # the independent fact: PyYAML / the file reader refuses it
+        load_config(path) if "steps" in value else yaml.safe_load(value)
+    with pytest.raises(ConfigError, match=rf"^override {re.escape(repr(override))} is not valid YAML|written twice"):
+        load_config("configs/quickstart.yaml", [override])
+
+
+def test_a_list_element_override_says_the_list_is_set_whole():
+    """Before: 'override 'data.prefix.0=foo': 'prefix' is not a section' (what is it, then?)."""
+    assert isinstance(load_config("configs/quickstart.yaml").data.prefix, list)
+    with pytest.raises(ConfigError, match=r"'data.prefix' is a list, set as a whole: data.prefix=\[A, B\]$"):
+        load_config("configs/quickstart.yaml", ["data.prefix.0=foo"])
+
+
+def test_a_size_override_beats_the_yamls_model_keys(tmp_path):
+    """Before: ``--config configs/quickstart.yaml model.size=500m`` resolved to the quickstart's tiny model (its
+    YAML model keys beat the size the command line named; `megahash params` counted 7.5M parameters). Now the
+    override merges the size over the YAML's model keys, under the other overrides; a YAML's own size: stays
+    under the keys it gives."""
+    size = yaml.safe_load(open("configs/model/160m.yaml"))["model"]  # the independent fact: the size file
+    m = load_config("configs/quickstart.yaml", ["model.size=160m", "model.num_layers=3"]).model
+    assert [getattr(m, k) for k in ("hidden_size", "ffn_hidden_size", "num_heads", "max_position_embeddings")] == [
+        size[k] for k in ("hidden_size", "ffn_hidden_size", "num_heads", "max_position_embeddings")
+    ]
+    assert m.num_layers == 3 and load_config(None, ["model={size: 160m}"]).model.num_layers == size["num_layers"]
+    (tmp_path / "c.yaml").write_text("model:\n  size: 160m\n  num_layers: 3\n")
+    m = load_config(tmp_path / "c.yaml").model
+    assert (m.hidden_size, m.num_layers) == (size["hidden_size"], 3)
+
+
+@pytest.mark.parametrize("text", ["12:30", "0123", "0.10", "1_000"])
+def test_a_text_key_keeps_the_override_as_typed(text):
+    """PyYAML (YAML 1.1) reads each as a number (12:30 sexagesimal = 750, 0123 octal = 83, 0.10 = 0.1); a text
+    key given it on the command line keeps what was typed. Before: logging.run_name=12:30 was '750',
+    train.save_dir=0123 wrote the run to '83'."""
+    assert not isinstance(yaml.safe_load(text), str) and str(yaml.safe_load(text)) != text  # the independent fact
+    cfg = load_config("configs/quickstart.yaml", [f"logging.run_name={text}", f"train.save_dir={text}"])
+    assert cfg.logging.run_name == cfg.train.save_dir == text
+
+
+def test_a_leading_zero_integer_override_is_decimal():
+    """train.steps=010 was YAML 1.1's octal 8; now 10, as YAML 1.2 and Megatron's argparse (int('010', 10))."""
+    assert yaml.safe_load("010") == 8  # PyYAML's reading, refused here
+    cfg = load_config("configs/quickstart.yaml", ["train.steps=010", "data.seed=0042", "train.steps=0x10"])
+    assert (cfg.train.steps, cfg.data.seed) == (16, int("0042", 10))  # the later 0x10 (hexadecimal) wins
+    assert load_config("configs/quickstart.yaml", ["train.steps=010"]).train.steps == int("010", 10)
+
+
+def test_a_text_override_keeps_a_hash_sign():
+    """A shell word has no YAML comment: train.save_dir='runs/exp #2' was 'runs/exp' (PyYAML drops ' #...')."""
+    assert yaml.safe_load("runs/exp #2") == "runs/exp"  # PyYAML's reading of the same text
+    assert load_config("configs/quickstart.yaml", ["train.save_dir=runs/exp #2"]).train.save_dir == "runs/exp #2"
+
+
+def test_wandb_mode_is_one_of_wandbs_own_modes():
+    """Before: logging.wandb_mode was free text (logging.wandb_mode=offlne, or =off: 'False') and failed in
+    wandb.init, after the model was built. Now its choices are wandb's Settings.mode, checked at load."""
+    import typing
+
+    from megahash.config import LoggingConfig
+
+    wandb_settings = pytest.importorskip("wandb.sdk.wandb_settings")
+    theirs = typing.get_args(wandb_settings.Settings.model_fields["mode"].annotation)
+    assert set(typing.get_args(typing.get_type_hints(LoggingConfig)["wandb_mode"])) == set(theirs)
+    with pytest.raises(ConfigError, match=r"'logging.wandb_mode' must be .* got 'offlne' \(did you mean 'offline'\?\)"):
+        load_config(None, ["logging.wandb_mode=offlne"])

@@ -234,3 +234,65 @@ def test_argument_errors_are_one_line(cmd):
     usage block before them."""
     line = _one_error_line(run([sys.executable, *cmd], timeout=300))
     assert "(see " in line and "--help)" in line, line
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "model:\n\thidden_size: 64\n",
+        "train:\n  steps: [1, 2\n  lr: 3\n",
+        "train:\n  steps: 1\n   lr: 3\n",
+        "train:\n  steps: 1\n---\nmodel: {}\n",  # a second document: PyYAML's context says so
+    ],
+)
+def test_a_yaml_syntax_error_names_the_problem_and_its_line(tmp_path, text):
+    """Before: only PyYAML's first line, its context ('while scanning for the next token'): neither what was
+    wrong nor where. Now: PyYAML's problem and the line and column it gives."""
+    from megahash.config import load_config
+
+    with pytest.raises(yaml.YAMLError) as theirs:
+        yaml.safe_load(text)
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as ours:
+        load_config(path)
+    msg = str(ours.value)
+    mark = theirs.value.problem_mark
+    assert theirs.value.problem in msg and f"(line {mark.line + 1}, column {mark.column + 1})" in msg, msg
+    assert "\n" not in msg and (("not tabs" in msg) == ("\t" in text))
+    assert ("expected a single document" in msg) == ("---" in text), msg
+
+
+@pytest.mark.parametrize(
+    "flag, hint",
+    [
+        ("--training.steps=5", "config overrides take no dashes: training.steps=VALUE"),  # torchtitan's spelling
+        ("--train-iters", "as a config override: train.steps=VALUE"),  # Megatron-LM's
+        ("--seq-length", "as a config override: data.seq_length=VALUE"),
+    ],
+)
+def test_another_trainers_flag_names_the_override(capsys, flag, hint):
+    """Before: 'unrecognized arguments: --train-iters', nothing on what megahash calls it."""
+    from megahash.config import load_config
+    from megahash.pretrain import main
+
+    if "training" not in flag:  # the key named is one of megahash's: the override it stands for loads
+        load_config("configs/quickstart.yaml", [hint.split(": ")[-1].replace("VALUE", "5")])
+    with pytest.raises(SystemExit) as e:
+        main(["--check", "config", "--config", "configs/quickstart.yaml", flag, "5"])
+    line = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "\n" not in line and f"unrecognized arguments: {flag}; {hint} (see " in line, line
+
+
+@pytest.mark.parametrize("value", ["3", "[quickstart.yaml, null]", "{quickstart.yaml: 1}"])
+def test_an_include_that_names_no_file_is_one_line(tmp_path, value):
+    """Before: include: 3 and include: [quickstart.yaml, null] were TypeError tracebacks; include: {a: 1} looked
+    for a file 'a'. Now one line naming the file and what include takes."""
+    from megahash.config import load_config
+
+    parsed = yaml.safe_load(f"include: {value}")["include"]  # what PyYAML reads: not a name or a list of names
+    assert not (isinstance(parsed, list) and all(isinstance(i, str) for i in parsed))
+    path = tmp_path / "c.yaml"
+    path.write_text(f"include: {value}\n")
+    with pytest.raises(ConfigError, match=r"include must be a file name or a list of them, got "):
+        load_config(path)

@@ -200,7 +200,7 @@ def skip_mask(kinds: list[str], standard: str | None = None) -> list[bool]:
 
 def check_kinds(cfg) -> list[str]:
     """Layer kinds of ``model.schedule``, checked with the kinds' source (milliseconds, no torch): an
-    unknown attention kind or embedding is a one-line ConfigError."""
+    unknown attention kind, embedding or head is a one-line ConfigError."""
     from megahash import catalog
     from megahash.errors import did_you_mean
 
@@ -211,6 +211,9 @@ def check_kinds(cfg) -> list[str]:
     embeddings = catalog.names("embedding")
     if m.embedding not in embeddings:
         raise ConfigError(f"unknown model.embedding {m.embedding!r}{did_you_mean(m.embedding, embeddings)}")
+    heads = sorted(n for n in catalog.names("head") if catalog.caps("head", n).selectable)
+    if m.head not in heads:  # was found only when the model was built, after torch and megatron-core
+        raise ConfigError(f"unknown model.head {m.head!r}{did_you_mean(m.head, heads)}")
     from megahash.config_checks import check_documents, check_encoder, check_mup, check_value_embeds
     from megahash.models.arch import arch_of
 

@@ -192,6 +192,7 @@ def train(cfg: Config, at_end=None) -> int:
     host_allocator.tune_host_allocator()
     tp, sp = cfg.parallel.tensor, cfg.parallel.sequence
     rank, world = process_groups.init_distributed(tp, sp, timeout_s=cfg.train.distributed_timeout_s)
+    resolve_precision(cfg)  # on this rank's device, before anything reads or saves it
     run, completed = None, False
     try:  # one run per save_dir, before anything is written there
         with _peer_gone_is_one_line(cfg, rank), run_lock.held(cfg.train.save_dir, rank):
@@ -204,6 +205,14 @@ def train(cfg: Config, at_end=None) -> int:
     finally:
         _close(run)  # after an error too: log files, TensorBoard's writer thread, wandb, loader workers
         process_groups.teardown(barrier=completed)
+
+
+def resolve_precision(cfg: Config, dev=None) -> None:
+    """``train.precision=auto`` as the dtype this device computes in (bf16 on GPU, fp32 on CPU), in place: the
+    resolved_config.yaml a run writes then reproduces it on another device (it said auto: a CPU run's file
+    trained a GPU run in bf16), and its checkpoints are evaluated in the dtype they trained in."""
+    t = cfg.train
+    t.precision = "bf16" if policy.train_dtype(t.precision, dev) == torch.bfloat16 else "fp32"
 
 
 @contextlib.contextmanager
@@ -298,7 +307,7 @@ def _resume_point(cfg: Config, rank: int, failed: dict) -> Path | None:
         clean_stale(save_dir)
     if t.resume == "auto":
         resume_from = checkpoint.find_resume(save_dir, t.verify_checkpoint, failed)
-    elif t.resume not in ("none", ""):
+    elif t.resume not in ("none", "false", ""):  # false: YAML's off/no too
         resume_from = Path(t.resume)
         if not (resume_from / checkpoint.STATE_FILE).is_file():
             from megahash.checkpoint.resolve import not_a_checkpoint

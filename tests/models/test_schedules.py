@@ -281,3 +281,18 @@ def test_per_layer_options_override_the_global_ones_for_their_layers_only():
         ours = model(tok)[..., :128]
         theirs = reference_model(model.cfg, model).eval()(input_ids=tok).logits
     torch.testing.assert_close(theirs, ours, rtol=0, atol=1e-10)
+
+
+def test_a_misspelt_head_is_refused_by_the_torch_free_check():
+    """Before: model.head=vocabb passed --check config (exit 0) and failed only once the model was built, after
+    torch and megatron-core. Now the check refuses it with the closest name, and accepts exactly the heads the
+    registry (the torch side, the independent fact) builds when selected."""
+    from megahash.models import registry
+    from megahash.models.schedules import check_kinds
+
+    built = sorted(n for n, h in registry.kinds("head").items() if h.caps.selectable)
+    for head in built:
+        check_kinds(load_config("configs/quickstart.yaml", [f"model.head={head}"]))
+    for head in ["vocabb", *sorted(set(registry.kinds("head")) - set(built))]:
+        with pytest.raises(ConfigError, match=rf"^unknown model.head '{head}' \((did you mean|valid)"):
+            check_kinds(load_config("configs/quickstart.yaml", [f"model.head={head}"]))

@@ -380,3 +380,22 @@ def test_loss_decreases_on_real_text(two_ranks):
     assert valid[60] < valid[20] - 0.15, valid  # measured drops 0.25-0.39 over seeds
     assert (run_dir / "loss_curve.png").stat().st_size > 1000
     assert json.loads((run_dir / "step_00000060" / "megahash_state.json").read_text())["step"] == 60
+
+
+def test_a_run_saves_the_precision_it_computes_in():
+    """train.precision=auto is resolved on the run's device before resolved_config.yaml is written. Before, the
+    file said auto: a CPU run's file, fed back as --config on a GPU, trained in bf16, not the fp32 it recorded."""
+    from megahash.accelerator import policy
+    from megahash.config import load_config
+    from megahash.training.trainer import resolve_precision
+
+    for dev, want in (("cpu", "fp32"), ("cuda", "bf16")):
+        cfg = load_config("configs/quickstart.yaml")
+        assert cfg.train.precision == "auto"
+        resolve_precision(cfg, dev)
+        assert cfg.train.precision == want
+        for elsewhere in ("cpu", "cuda"):  # the saved value computes in the run's dtype on any device
+            assert policy.train_dtype(want, elsewhere) == policy.train_dtype("auto", dev)
+    cfg = load_config("configs/quickstart.yaml", ["train.precision=bf16"])
+    resolve_precision(cfg, "cpu")
+    assert cfg.train.precision == "bf16"  # an explicit one is kept
