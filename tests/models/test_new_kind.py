@@ -23,6 +23,7 @@ import torch
 from conftest import ROOT, child_env, doc_block, megahash_here, pretrain_here, train_losses
 
 PACKAGE = "megahash_toy_kinds"
+SMALL = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=64"]
 ATTENTION, EMBEDDING = "tiedqk", "scaled-vocab"
 
 # the worked example of docs/architecture.md, as a reader copies it
@@ -312,10 +313,7 @@ def test_decoding_with_the_new_kinds_equals_the_full_forward(plugin, dist):
     cfg = load_config(
         None,
         [
-            "model.hidden_size=32",
-            "model.num_layers=2",
-            "model.num_heads=4",
-            "model.ffn_hidden_size=64",
+            *SMALL,
             f"model.schedule=uniform:{ATTENTION}",
             f"model.embedding={EMBEDDING}",
             "data.seq_length=16",
@@ -414,10 +412,7 @@ def test_export_and_transformers_reload_of_the_new_kinds(plugin, dist, tmp_path)
     cfg = load_config(
         None,
         [
-            "model.hidden_size=32",
-            "model.num_layers=2",
-            "model.num_heads=4",
-            "model.ffn_hidden_size=64",
+            *SMALL,
             f"model.schedule=list:{ATTENTION},mha",
             f"model.embedding={EMBEDDING}",
             "data.seq_length=16",
@@ -455,10 +450,7 @@ def test_export_rebuilds_computed_buffers_and_cuts_any_vocabulary_head(plugin, d
     cfg = load_config(
         None,
         [
-            "model.hidden_size=32",
-            "model.num_layers=2",
-            "model.num_heads=4",
-            "model.ffn_hidden_size=64",
+            *SMALL,
             f"model.schedule=list:{BUFFER},mha",
             f"model.head={SMOOTHED}",
             "data.seq_length=16",
