@@ -302,7 +302,7 @@ def test_a_deepspeed_json_given_as_config_says_where_it_goes():
 
 
 @pytest.mark.parametrize("text", ["off", "no", "false", "True", "on"])
-def test_a_yaml_boolean_in_a_text_key_reads_as_yaml_writes_it(text):
+def test_a_yaml_boolean_in_a_text_key_reads_as_yaml_writes_it(text, shakespeare_shards):
     """PyYAML reads off/no/on as booleans; a text key keeps them as YAML writes a boolean back ('false', 'true'),
     and train.resume=off/no/false means no resume. Before: 'False'/'True' (Python's spelling), and
     train.resume=off was 'train.resume=False is not a complete megahash checkpoint'."""
@@ -313,8 +313,9 @@ def test_a_yaml_boolean_in_a_text_key_reads_as_yaml_writes_it(text):
     want = yaml.safe_dump(parsed).split("\n")[0]  # how YAML writes it: true / false
     cfg = load_config("configs/quickstart.yaml", [f"logging.run_name={text}", f"train.resume={text}"])
     assert cfg.logging.run_name == cfg.train.resume == want
-    if text == "off":
-        check_training_inputs(cfg)  # no checkpoint is looked for
+    if text == "off":  # no checkpoint is looked for (on the session's shards: a fresh clone has no data/)
+        data = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}"]
+        check_training_inputs(load_config("configs/quickstart.yaml", [*data, "eval.at_end=false", "train.resume=off"]))
 
 
 def test_print_config_is_the_resolved_tree_and_reads_back_as_it(tmp_path, capsys):
