@@ -121,5 +121,12 @@ def finite_json(obj):
     return obj
 
 
+def write_finite_json_atomic(path: str | os.PathLike, obj) -> None:
+    """``obj`` as standard JSON (:func:`finite_json`: NaN / inf as null; other objects as their ``str``), written
+    atomically: the report files of runs that may have diverged (``megahash report``, a sweep's report.json)."""
+    text = json.dumps(finite_json(obj), indent=1, default=str, allow_nan=False)
+    write_text_atomic(path, text + "\n")
+
+
 def write_json_atomic(path: str | os.PathLike, obj, indent: int | None = 1) -> None:
     write_text_atomic(path, json.dumps(obj, indent=indent))

@@ -26,7 +26,6 @@ The table goes to stdout and ``--out`` (markdown), the numbers to ``--out`` with
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -377,19 +376,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         table = markdown(runs, baseline, lower, args.peop_params)
         print(table)
         if args.out:
-            from megahash.atomic_write import finite_json, write_text_atomic
+            from megahash.atomic_write import write_finite_json_atomic, write_text_atomic
 
             out = Path(args.out)  # each file under a temp name, then renamed: never half a table
             write_text_atomic(out, table + "\n")
-            write_text_atomic(
-                out.with_suffix(".json"),
-                json.dumps(  # standard JSON: NaN / inf (an eval file of a diverged run) as null
-                    finite_json({"runs": runs, "baseline": baseline["run"], "lower_bound": lower["run"]}),
-                    indent=1,
-                    default=str,
-                    allow_nan=False,
-                )
-                + "\n",
+            # an eval file of a diverged run: NaN / inf as null
+            write_finite_json_atomic(
+                out.with_suffix(".json"), {"runs": runs, "baseline": baseline["run"], "lower_bound": lower["run"]}
             )
             print(f"\nwrote {out} and {out.with_suffix('.json')}")
         return 0

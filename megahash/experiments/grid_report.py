@@ -17,7 +17,6 @@ loss when the grid has no tasks). Everything is written under a temporary name, 
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from pathlib import Path
@@ -342,7 +341,7 @@ def write_report(grid, unreadable: dict | None = None) -> list[Path]:
     import warnings
 
     warnings.filterwarnings("ignore")
-    from megahash.atomic_write import finite_json
+    from megahash.atomic_write import write_finite_json_atomic
     from megahash.atomic_write import write_text_atomic as _atomic
 
     unreadable = {} if unreadable is None else unreadable
@@ -350,23 +349,15 @@ def write_report(grid, unreadable: dict | None = None) -> list[Path]:
     md = markdown(grid, rows, unreadable)
     _atomic(grid.out / "report.md", md + "\n")
     missing = [c.name for c in grid.cells if c.name not in {r["cell"] for r in rows}]
-    _atomic(
+    write_finite_json_atomic(  # a diverged cell's NaN / inf losses as null (the table shows them)
         grid.out / "report.json",
-        json.dumps(  # standard JSON: a diverged cell's NaN / inf losses as null (the table shows them)
-            finite_json(
-                {
-                    "megahash_sweep_report": 1,
-                    "grid": grid.to_json(),
-                    "rows": rows,
-                    "missing": missing,
-                    "not_done": not_done(grid, unreadable),
-                }
-            ),
-            indent=1,
-            default=str,
-            allow_nan=False,
-        )
-        + "\n",
+        {
+            "megahash_sweep_report": 1,
+            "grid": grid.to_json(),
+            "rows": rows,
+            "missing": missing,
+            "not_done": not_done(grid, unreadable),
+        },
     )
     paths = [grid.out / "report.md", grid.out / "report.json"] + plots(grid, rows)
     print(md)
