@@ -190,6 +190,11 @@ def _resolve_base(name: str | None, grid_dir: Path) -> str | None:
     raise ConfigError(f"grid config {name!r} not found (looked beside the grid file and in {CONFIG_ROOT})")
 
 
+def _first_repeat(items: list) -> int | None:
+    """The index of the first item equal to an earlier one, else None."""
+    return next((i for i, x in enumerate(items) if x in items[:i]), None)
+
+
 def load_grid(path: str, extra: Sequence[str] = (), out: str | None = None) -> Grid:
     """Read a grid YAML into its cells (each cell's config is resolved and checked)."""
     from megahash.config import read_yaml_mapping
@@ -223,16 +228,13 @@ def load_grid(path: str, extra: Sequence[str] = (), out: str | None = None) -> G
             f"split it into several grids or shorten its axes"
         )
     for key, values in axes.items():  # a value listed twice is a cell run twice (and two rows of one variant)
-        seen = [json.dumps(v, sort_keys=True, default=str) for v in values]
-        twice = [i for i in range(len(seen)) if seen[i] in seen[:i]]
-        if twice:
-            raise ConfigError(
-                f"{path}: axis {key} lists {values[twice[0]]!r} twice (a cell would run twice); list it once"
-            )
+        i = _first_repeat([json.dumps(v, sort_keys=True, default=str) for v in values])
+        if i is not None:
+            raise ConfigError(f"{path}: axis {key} lists {values[i]!r} twice (a cell would run twice); list it once")
     names = [str(v["name"]) for v in variants]
-    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
-    if twice is not None:
-        raise ConfigError(f"{path}: two variants are named {twice!r} (their rows would be one); rename one")
+    i = _first_repeat(names)
+    if i is not None:
+        raise ConfigError(f"{path}: two variants are named {names[i]!r} (their rows would be one); rename one")
     seed_keys = [k for k in axes if k.split(".")[-1].endswith("seed")]
     out_dir = Path(out or data.get("out") or f"runs/grids/{name}").resolve()
     cells: list[Cell] = []
