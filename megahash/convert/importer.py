@@ -119,7 +119,8 @@ def _check_agrees(data: dict, tree: dict, fmt: str, padded: int, cfg_path) -> No
     from megahash.config import config_from_dict
     from megahash.convert.qwen2 import number
 
-    m = config_from_dict(_tp1(tree)).model
+    cfg = config_from_dict(_tp1(tree))
+    m = cfg.model
     fields = {
         "hidden_size": (m.hidden_size, "model.hidden_size"),
         "num_hidden_layers": (m.num_layers, "model.num_layers"),
@@ -150,23 +151,23 @@ def _check_agrees(data: dict, tree: dict, fmt: str, padded: int, cfg_path) -> No
             f"{cfg_path}: a vocabulary of {rows} (vocab_size {vocab}, megahash_config's model.vocab_size "
             f"{m.vocab_size}) does not fit the {padded}-row vocabulary tables of its weights"
         )
+    if fmt != "megahash":
+        return
     specs = data.get("layer_specs")
-    if fmt == "megahash" and (not isinstance(specs, list) or len(specs) != m.num_layers):
+    if not isinstance(specs, list) or len(specs) != m.num_layers:
         n = len(specs) if isinstance(specs, list) else None
         raise CheckpointError(
             f"{cfg_path}: layer_specs has {n} entries, its megahash_config {m.num_layers} layers (model.num_layers)"
         )
-    if fmt == "megahash":  # the attention kind transformers builds each layer with: the schedule's
-        from megahash.models import registry
+    from megahash.models import registry
 
-        kinds = registry.schedule_kinds(config_from_dict(_tp1(tree)))
-        for i, (spec, kind) in enumerate(zip(specs, kinds)):
-            got = spec.get("kind") if isinstance(spec, dict) else None
-            if got != kind:
-                raise CheckpointError(
-                    f"{cfg_path}: layer_specs[{i}] is {str(got)[:40]!r}, its megahash_config's schedule "
-                    f"{m.schedule!r} has {kind!r} there: the folder names two models (edited by hand?)"
-                )
+    for i, (spec, kind) in enumerate(zip(specs, registry.schedule_kinds(cfg))):  # the kind transformers builds
+        got = spec.get("kind") if isinstance(spec, dict) else None
+        if got != kind:
+            raise CheckpointError(
+                f"{cfg_path}: layer_specs[{i}] is {str(got)[:40]!r}, its megahash_config's schedule "
+                f"{m.schedule!r} has {kind!r} there: the folder names two models (edited by hand?)"
+            )
 
 
 def _tp1(tree: dict) -> dict:
