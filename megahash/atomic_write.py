@@ -121,6 +121,15 @@ def finite_json(obj):
     return obj
 
 
+def write_figure_atomic(fig, path: str | os.PathLike, **savefig) -> Path:
+    """A matplotlib figure written to ``path`` under a temp name, then renamed (a job killed while plotting
+    leaves the previous image, never half a PNG); the format is the suffix's (the temp name has none)."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format=path.suffix[1:] or "png", **savefig)
+    return path
+
+
 def write_finite_json_atomic(path: str | os.PathLike, obj) -> None:
     """``obj`` as standard JSON (:func:`finite_json`: NaN / inf as null; other objects as their ``str``), written
     atomically: the report files of runs that may have diverged (``megahash report``, a sweep's report.json)."""

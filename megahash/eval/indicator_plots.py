@@ -14,11 +14,10 @@ def _save(fig, path: Path) -> str:
     """Lay out, write (110 dpi) and close a matplotlib figure; its path."""
     import matplotlib.pyplot as plt
 
-    from megahash.atomic_write import atomic_path
+    from megahash.atomic_write import write_figure_atomic
 
     fig.tight_layout()
-    with atomic_path(path) as tmp:  # a temp name, then renamed: never half a PNG
-        fig.savefig(tmp, dpi=110, format=Path(path).suffix[1:])
+    write_figure_atomic(fig, path, dpi=110)
     plt.close(fig)
     return str(path)
 

@@ -328,11 +328,9 @@ def plots(grid, rows: list[dict]) -> list[Path]:
 
 
 def _savefig(fig, path: Path) -> Path:
-    from megahash.atomic_write import atomic_path
+    from megahash.atomic_write import write_figure_atomic
 
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, format=path.suffix[1:])
-    return path
+    return write_figure_atomic(fig, path, dpi=110)
 
 
 def write_report(grid, unreadable: dict | None = None) -> list[Path]:

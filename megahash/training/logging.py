@@ -268,10 +268,9 @@ def plot_loss(run_dir: str | Path, out: str | Path | None = None) -> Path:
     ax.grid(alpha=0.3)
     ax.legend()
     out = Path(out) if out else Path(run_dir) / "loss_curve.png"
-    from megahash.atomic_write import atomic_path
+    from megahash.atomic_write import write_figure_atomic
 
     fig.tight_layout()
-    with atomic_path(out) as tmp:  # a temp name, then renamed: a job killed while plotting leaves the old PNG
-        fig.savefig(tmp, format=out.suffix[1:] or "png")
+    write_figure_atomic(fig, out)  # a job killed while plotting leaves the old PNG
     plt.close(fig)
     return out
