@@ -799,7 +799,14 @@ def cmd_run(args) -> int:
         print(f"gpu_check: {folder} is not prepared: run `bash benchmarks/gpu_check.sh --prepare` on a CPU machine")
         return 2
     out = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
+    keys = [p.key for p in parts(folder, work, cuda=True)]
+    chosen = [k for k in args.parts.split(",") if k] if args.parts else keys
+    if bad := [k for k in chosen if k not in keys]:
+        print(f"gpu_check: unknown part {', '.join(bad)}: choose among {', '.join(keys)} (--parts tests,fla)")
+        return 2
     env = run_env(SITE, work, args.matrix)
+    if args.tests:
+        env["GPU_CHECK_TESTS"] = args.tests
     t0 = time.time()
     try:
         install_s, install_error = install(folder, SITE), ""
@@ -837,13 +844,22 @@ def cmd_run(args) -> int:
         "carried module ahead of the parts (the parts import them; a failed run does it at its end if time is "
         "left). fla's gated-delta kernels run one untuned config each (FLA_CACHE_MODE=default), not autotuned.",
     ]
+    rerun = chosen != keys or bool(args.tests)
+    if rerun:
+        header += [
+            "",
+            f"A partial run: the parts {', '.join(chosen)}"
+            + (f"; of the gpu-marked tests those pytest's `-k '{args.tests}'` selects" if args.tests else "")
+            + ". The whole check's results are in the file without `_rerun`.",
+        ]
     if not cuda:
         header += [
             "",
             "No CUDA device: every part ran its CPU form (the gpu-marked tests skipped, pretraining on CPU, fla under"
             " Triton's interpreter, the benchmark at the small shape). Timings are not GPU timings.",
         ]
-    results = Results(ROOT / "benchmarks" / "results" / f"{date}_gpu_check_{label}.md", out, header)
+    name = f"{date}_gpu_check_{label}{'_rerun' if rerun else ''}.md"
+    results = Results(ROOT / "benchmarks" / "results" / name, out, header)
     logs = out or (work / "logs")
     logs.mkdir(parents=True, exist_ok=True)
     failed = False
@@ -870,7 +886,8 @@ def cmd_run(args) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     scale = 1.0 if cuda else args.cpu_scale
-    failed |= run_parts(parts(folder, work, cuda), start, args.budget, results, logs, env, scale)
+    todo = [p for p in parts(folder, work, cuda) if p.key in chosen]
+    failed |= run_parts(todo, start, args.budget, results, logs, env, scale)
     left = args.budget - (time.time() - start) - END_MARGIN_S
     if failed and left > 30:  # what a missing or broken module says, if that is why
         try:
@@ -1227,7 +1244,10 @@ def part_tests(args) -> int:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-p", "no:logging",
             "-p", "gpu_check_pytest", "-rfE", "--tb=short", "--timeout-method=signal"]  # fmt: skip
-    rc = subprocess.run([*base, "--timeout", str(TEST_TIMEOUT_S), "-m", "gpu", *gpu_test_files()], cwd=ROOT, env=env)
+    select = ["-k", os.environ["GPU_CHECK_TESTS"]] if os.environ.get("GPU_CHECK_TESTS") else []
+    rc = subprocess.run(
+        [*base, "--timeout", str(TEST_TIMEOUT_S), "-m", "gpu", *select, *gpu_test_files()], cwd=ROOT, env=env
+    )
     if args.cpu_twins:
         return rc.returncode or subprocess.run([*base, "--timeout", "600", *CPU_TWINS], cwd=ROOT, env=env).returncode
     return rc.returncode
@@ -1492,6 +1512,10 @@ def main(argv=None) -> int:
         choices=("", "all"),
         help="all: the whole bf16 matrix on CUDA (by default its embedding- and head-only configurations are not run)",
     )
+    p.add_argument(
+        "--parts", default="", help="a rerun: only these parts (comma-separated keys: tests,pretrain,fla,bench)"
+    )
+    p.add_argument("--tests", default="", help="a rerun: only the gpu-marked tests that pytest's -k EXPR selects")
     p = sub.add_parser("rehearse")
     p.add_argument("--budget", type=float, default=3600)
     p.add_argument(

@@ -173,8 +173,11 @@ def test_saved_bytes_flat_per_token():
 def test_fla_path_on_cuda_equals_the_recurrence(packed):
     """On CUDA with flash-linear-attention (``benchmarks/gpu_check.sh`` runs it), ``gated_delta_causal`` takes
     fla's ``chunk_gated_delta_rule`` (packed documents through ``cu_seqlens``): outputs, state and the gradients
-    of q, k, v, g, beta within fp32 tolerance of the fp64 recurrence on the CPU (L = 200: several of fla's
-    64-token chunks, the last partial; d_k = d_v = 64, fla's head sizes)."""
+    of q, k, v, g, beta within TF32 tolerance of the fp64 recurrence on the CPU (L = 200: several of fla's
+    64-token chunks, the last partial; d_k = d_v = 64, fla's head sizes). TF32, not fp32: fla multiplies fp32
+    inputs in TF32 on sm_80+ (its ``chunk_fwd.py`` gives the triangular solve ``input_precision='tf32'``, and
+    Triton's ``tl.dot`` defaults to TF32 for fp32); on an H200 (2026-11-30) the output was 2.0e-3 of its largest
+    value off, where the fp32 tolerance this test had allowed 1e-3."""
     from megahash.accelerator import policy
     from megahash.ops.gated_delta.fla_gated import gated_delta_kernel
 
@@ -190,13 +193,14 @@ def test_fla_path_on_cuda_equals_the_recurrence(packed):
         return gated_delta_causal(*t, 64, need_state=state, doc=d, qk_l2norm=True)
 
     (got, got_state), (want, want_state) = run(policy.device(), torch.float32), run("cpu", torch.float64)
-    tol = 1e-3 * want.abs().max().item()  # fp32 kernels against the fp64 recurrence
-    torch.testing.assert_close(got.double().cpu(), want, rtol=0, atol=tol)
-    if state:
-        torch.testing.assert_close(got_state.double().cpu(), want_state, rtol=0, atol=1e-3 * want_state.abs().max())
     dev = policy.device()
     on_gpu = grads(lambda *t: gated_delta_causal(*t, 64, doc=None if doc is None else doc.to(dev), qk_l2norm=True)[0],
                    *[a.to(dev, torch.float32) for a in x])  # fmt: skip
     on_cpu = grads(lambda *t: gated_delta_causal(*t, 64, doc=doc, qk_l2norm=True)[0], *x)
-    for a, b in zip(on_gpu, on_cpu):
-        torch.testing.assert_close(a.double().cpu(), b, rtol=0, atol=1e-3 * b.abs().max().item())
+    pairs = {"out": (got, want), **({"state": (got_state, want_state)} if state else {})}
+    pairs.update({f"d{n}": ab for n, ab in zip(("q", "k", "v", "g", "beta"), zip(on_gpu, on_cpu))})
+    # each error relative to the reference's largest value: TF32 keeps 10 mantissa bits (epsilon 2**-10), and the
+    # chunked form chains a few products per chunk (the WY representation, the triangular solve, the state)
+    rel = {n: ((a.double().cpu() - b).abs().max() / b.abs().max()).item() for n, (a, b) in pairs.items()}
+    print("fla vs the fp64 recurrence, max error / max value:", {n: f"{r:.1e}" for n, r in rel.items()})
+    assert max(rel.values()) <= 4 * 2.0**-10, {n: f"{r:.1e}" for n, r in rel.items()}
