@@ -171,3 +171,45 @@ def _gated_delta_equals_the_chunked_form(packed: bool) -> None:
     inputs = (q, k, v, decay, beta)
     for a, b, name in zip(grads(lambda *t: fla(*t)[0], *inputs), grads(lambda *t: ours(*t)[0], *inputs), "qkvgb"):
         torch.testing.assert_close(a, b, **tol(b), msg=f"d{name}")
+
+
+@needs_fla
+@pytest.mark.parametrize(
+    "flags, refused",
+    [
+        ((True, True, False), True),
+        ((True, True, True), False),
+        ((True, False, False), False),
+        ((False, True, False), False),
+    ],
+    ids=["hopper-triton-3.6", "hopper-triton-3.7.1", "hopper-triton-3.3", "not-hopper"],
+)
+def test_backward_refusal_agrees_with_fla(monkeypatch, flags, refused):
+    """fla 0.6 raises in the gated delta rule's backward (``chunk_bwd_dqkwg`` with a gate) on Hopper under
+    Triton >= 3.4.0 and < 3.7.1 (fla #640; the H200 of 2026-11-30, Triton 3.6.0, met it). megahash's
+    ``backward_refusal`` reads the same flags of fla's module and says so exactly when fla's own function raises,
+    so training takes megahash's chunked form there instead of crashing in its first backward."""
+    import fla.ops.common.chunk_o as chunk_o
+
+    from megahash.ops.gated_delta import fla_gated
+
+    for name, value in zip(("IS_NVIDIA_HOPPER", "TRITON_ABOVE_3_4_0", "TRITON_ABOVE_3_7_1"), flags):
+        monkeypatch.setattr(chunk_o, name, value)
+    fla_gated.backward_refusal.cache_clear()
+    try:
+        said = fla_gated.backward_refusal()
+    finally:
+        fla_gated.backward_refusal.cache_clear()
+    t = torch.zeros(1, 64, 1, 16)
+    try:
+        chunk_o.chunk_bwd_dqkwg(t, t, t, t, torch.zeros(1, 1, 1, 16, 16), torch.zeros(1, 1, 1, 16, 16),
+                                g=torch.zeros(1, 64, 1))  # fmt: skip
+        raised = None
+    except RuntimeError as e:
+        raised = str(e)
+    except Exception:  # past the refusal, into the kernel (these are no real inputs): fla did not refuse
+        raised = None
+    assert (raised is not None and "3.7.1" in raised) == refused
+    assert (said is not None) == refused, said
+    if refused:
+        assert "#640" in said and "chunked form" in said

@@ -173,7 +173,8 @@ def test_saved_bytes_flat_per_token():
 def test_fla_path_on_cuda_equals_the_recurrence(packed):
     """On CUDA with flash-linear-attention (``benchmarks/gpu_check.sh`` runs it), ``gated_delta_causal`` takes
     fla's ``chunk_gated_delta_rule`` (packed documents through ``cu_seqlens``): outputs, state and the gradients
-    of q, k, v, g, beta within TF32 tolerance of the fp64 recurrence on the CPU (L = 200: several of fla's
+    of q, k, v, g, beta (through fla's backward, or the chunked form where fla refuses it:
+    ``fla_gated.backward_refusal``) within TF32 tolerance of the fp64 recurrence on the CPU (L = 200: several of fla's
     64-token chunks, the last partial; d_k = d_v = 64, fla's head sizes). TF32, not fp32: fla multiplies fp32
     inputs in TF32 on sm_80+ (its ``chunk_fwd.py`` gives the triangular solve ``input_precision='tf32'``, and
     Triton's ``tl.dot`` defaults to TF32 for fp32); on an H200 (2026-11-30) the output was 2.0e-3 of its largest

@@ -1,9 +1,14 @@
 """Optional GPU dispatch to flash-linear-attention's gated delta rule (``fla.ops.gated_delta_rule.
 chunk_gated_delta_rule``, [Yang25b]; Triton, chunk 64): used by
 :func:`megahash.ops.gated_delta.chunk.gated_delta_causal` on CUDA tensors when ``fla`` is installed, packed
-documents through its ``cu_seqlens``; megahash's own chunked form otherwise (always on CPU)."""
+documents through its ``cu_seqlens``; megahash's own chunked form otherwise (always on CPU), and for
+training where fla refuses the backward (:func:`backward_refusal`)."""
 
 from __future__ import annotations
+
+import functools
+import importlib.util
+import warnings
 
 import torch
 
@@ -16,12 +21,49 @@ def gated_delta_kernel():
         return None
 
 
+def refusal(hopper: bool, triton_at_least_3_4_0: bool, triton_at_least_3_7_1: bool, tilelang: bool) -> bool:
+    """Whether fla 0.6 raises in the gated delta rule's backward: its ``chunk_bwd_dqkwg`` with a gate refuses
+    Hopper GPUs under Triton >= 3.4.0 and < 3.7.1 (fla issue #640: wrong results), unless tilelang serves it
+    (fla's backend dispatch tries tilelang first)."""
+    return hopper and triton_at_least_3_4_0 and not triton_at_least_3_7_1 and not tilelang
+
+
+@functools.cache  # fla's flags are constants once it is imported
+def backward_refusal() -> str | None:
+    """Why fla would refuse the gated delta rule's backward on this machine, or None. Reads the flags the
+    refusing code reads (``fla.ops.common.chunk_o``'s ``IS_NVIDIA_HOPPER``, ``TRITON_ABOVE_3_4_0``,
+    ``TRITON_ABOVE_3_7_1``; a later fla without them refuses nothing). Seen on an H200 with the GPU image's
+    torch 2.11 / Triton 3.6.0 (benchmarks/results/2026-11-30_gpu_check_NVIDIA-H200_rerun.md)."""
+    try:
+        chunk_o = importlib.import_module("fla.ops.common.chunk_o")
+    except Exception:
+        return None
+    flags = [bool(getattr(chunk_o, n, d)) for n, d in
+             (("IS_NVIDIA_HOPPER", False), ("TRITON_ABOVE_3_4_0", False), ("TRITON_ABOVE_3_7_1", True))]  # fmt: skip
+    if not refusal(*flags, tilelang=importlib.util.find_spec("tilelang") is not None):
+        return None
+    triton = getattr(importlib.import_module("triton"), "__version__", "?")
+    return (
+        f"fla refuses the gated delta rule's backward on Hopper with Triton {triton} (fla issue #640): training "
+        "uses megahash's chunked form instead (fla's kernel still runs without gradients); Triton >= 3.7.1 or "
+        "tilelang brings fla's kernel back"
+    )
+
+
+def _needs_backward(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def fla_gated_delta(q, k, v, g, beta, state=None, need_state: bool = False, doc=None):
-    """On CUDA: (out, state) from fla's kernel, or None where fla cannot run it (see :func:`fla_gated_delta_rule`)."""
+    """On CUDA: (out, state) from fla's kernel, or None where fla cannot run it (see :func:`fla_gated_delta_rule`)
+    or would refuse its backward (:func:`backward_refusal`, said once as a warning)."""
     if not q.is_cuda or (doc is not None and (state is not None or need_state)):
         return None
     kernel = gated_delta_kernel()
     if kernel is None:
+        return None
+    if _needs_backward(q, k, v, g, beta, state) and (why := backward_refusal()) is not None:
+        warnings.warn(why, RuntimeWarning, stacklevel=2)  # Python's default filter: once per call site
         return None
     return fla_gated_delta_rule(kernel, q, k, v, g, beta, state, need_state, doc)
 
