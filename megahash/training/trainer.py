@@ -597,7 +597,9 @@ def _close(run: Run | None, exit_status: int | None = None) -> None:
 def compile_layers(model) -> None:
     """``torch.compile`` every transformer layer in place (regional compilation, as torchtitan does:
     one compiled graph reused by every layer of the same kind, a short compile, and parameter names
-    unchanged so checkpoints do not depend on it). Decoding and evaluation run the same modules."""
+    unchanged so checkpoints do not depend on it). Decoding and evaluation run the same modules; dynamo may
+    keep a graph for every layer in both grad modes (:func:`policy.allow_recompiles`)."""
+    policy.allow_recompiles(len(model.decoder.layers))
     for layer in model.decoder.layers:
         layer.compile(dynamic=False)
 
