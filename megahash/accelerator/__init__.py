@@ -17,7 +17,7 @@ tests/test_house_rules.py). One module per job; the decisions are :mod:`policy`'
 _MOVED = {
     "policy": "has_gpu deepspeed_accelerator backend device train_dtype param_dtype autocast_dtype "
     "autocast_args compute_context compute_tolerance FLEX_MIN_HEAD_DIM FLEX_DTYPES document_attention_kernel "
-    "flex_attention allow_recompiles compile_layers adamw_options split_glu_gemms onednn_linear training_settings",
+    "flex_attention compile_layers adamw_options split_glu_gemms onednn_linear training_settings",
     "process_groups": "dist_env init_distributed DeepSpeedMPU rank barrier teardown releasing_group release_group",
     "patches": "apply_cpu_shims apply_megatron_fixes deepspeed_collectives_by_current_names",
     "deepspeed_ops": "STALE_BUILD_LOCK_S prepare_deepspeed_extensions build_deepspeed_ops release_deepspeed_shm",
