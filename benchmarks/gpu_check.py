@@ -993,6 +993,11 @@ def part_pretrain(args) -> int:
             + f"; valid loss {[round(v['loss'], 3) for v in valid]}, EMA {[round(v['ema_loss'], 3) for v in valid if 'ema_loss' in v]}"
         )
         ok &= all(v.get("ema_loss") is not None for v in valid) and len(valid) >= 2
+        say("by step: " + ", ".join(f"{r['step']}: loss {r['loss']:.3f} |w| {r.get('param_norm', float('nan')):.2f}"
+                                    for r in train))  # fmt: skip
+        why = resume_verdict(valid, stop)
+        ok &= why is None
+        say(f"resume continued the run: {'ok' if why is None else 'FAILED: ' + why}")
     else:
         say("train: FAILED (no metrics)")
         ok = False
@@ -1035,6 +1040,24 @@ def part_pretrain(args) -> int:
         print(text[-4000:], flush=True)
     say(f"pretrain part: {'passed' if ok else 'FAILED'}")
     return 0 if ok else 1
+
+
+def resume_verdict(valid: list[dict], stop: int) -> str | None:
+    """None when the resumed half continued the run (its last validation loss below the one at the stop, as a
+    run of falling learning rate gives), else why not. The H100 (2026-11-28) and H200 (2026-11-30) runs of this
+    part rose from 6.147 at step 20 to 6.667 at step 40, the same figures on both, while on CPU the same
+    configuration resumed (compiled or not) and straight both reach 5.854: the check did not look."""
+    before = [v for v in valid if v.get("step", 0) <= stop]
+    after = [v for v in valid if v.get("step", 0) > stop]
+    if not before or not after:
+        return f"no validation on both sides of step {stop}"
+    a, b = before[-1], after[-1]
+    if b["loss"] < a["loss"]:
+        return None
+    return (
+        f"validation loss {a['loss']:.3f} at step {a['step']} -> {b['loss']:.3f} at step {b['step']}: the resumed "
+        "run did not continue it (on CPU this configuration goes 6.147 -> 5.854)"
+    )
 
 
 EVAL_DOCS = 5  # lm-eval documents a task in the pretrain part (the CPU rehearsal took 99 s at 20)

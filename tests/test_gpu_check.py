@@ -311,6 +311,16 @@ def test_a_rerun_names_its_parts_and_tests(tmp_path, monkeypatch, capsys):
     assert seen[0][k + 1] == "levers or fla_path" and seen[0][k - 1] == "gpu"
 
 
+def test_the_pretrain_part_fails_a_resume_that_does_not_continue_the_run():
+    """The validation losses of the H100 and H200 runs (6.147 at the stop, 6.667 after the resume: what a run
+    restarted from scratch gives) fail the part; the CPU's (6.147 -> 5.854) pass."""
+    gpu = [{"step": 20, "loss": 6.147}, {"step": 40, "loss": 6.667}]
+    cpu = [{"step": 20, "loss": 6.147}, {"step": 40, "loss": 5.854}]
+    assert "6.147 at step 20 -> 6.667 at step 40" in gc.resume_verdict(gpu, 20)
+    assert gc.resume_verdict(cpu, 20) is None
+    assert gc.resume_verdict(cpu[:1], 20) == "no validation on both sides of step 20"
+
+
 def test_gpu_check_collects_every_file_with_gpu_tests():
     """The check's pytest line holds every test file with a ``gpu`` mark (the old one held 2 of 4)."""
     files = gc.gpu_test_files()
