@@ -6,8 +6,9 @@ its tensor writes are handed to megatron-core's asynchronous dist checkpointing:
 ``dist_checkpointing.save(..., async_sharded_save=True)`` returns an ``AsyncRequest`` for
 ``model/`` and one for ``optimizer/``, scheduled on an ``AsyncCallsQueue`` (Megatron-LM's
 ``--async-save``). Its ``TemporalAsyncCaller`` forks a writer process per request: the fork is the
-snapshot (copy-on-write pages, after the device-to-host copy on a GPU), so the next optimizer steps
-may change the parameters at once. Every step polls the queue (one all-reduce while a save is in
+snapshot (copy-on-write pages, after the device-to-host copy on a GPU into pageable memory:
+:func:`private_copies`, not megatron's pinned buffers, which the writer shares), so the next optimizer
+steps may change the parameters at once. Every step polls the queue (one all-reduce while a save is in
 flight, as Megatron-LM's ``maybe_finalize_async_save``); when every rank's writer has finished, the
 queue finalizes the requests on all ranks (each dist checkpoint's ``.metadata`` and
 ``metadata.json``) and only then does rank 0 publish the checkpoint: manifest (the sha256 of every
@@ -94,6 +95,29 @@ def _in_writer(fn, step: int, trainer: int, directory: Path, rank: int, *args, *
     return out
 
 
+def _private(t) -> bool:
+    """Whether the forked writer's copy-on-write snapshot of ``t`` is safe: ordinary private CPU memory (not a
+    GPU's, not pinned, not shared)."""
+    return t.device.type == "cpu" and not t.is_shared() and not t.is_pinned()
+
+
+def private_copies(write_buckets: list) -> list:
+    """megatron-core's ``FileSystemWriterAsync.preload_tensors`` for a forked writer: each tensor of the write
+    buckets that is not in private CPU memory (:func:`_private`) copied into pageable CPU memory, which the fork
+    snapshots copy-on-write; private CPU tensors as they are (the fork is their snapshot). megatron's own preload
+    copies GPU tensors into pinned memory, ``non_blocking``: the driver maps pinned memory shared, so the writer
+    reads those very pages, and once ``multiprocessing`` has started the writer the parent holds no reference
+    to them (``Process.start`` drops its arguments). The next save's preload (the weight average's, the
+    optimizer's: the same tensor sizes) was handed the same pinned blocks by torch's caching host allocator and
+    wrote over them while the first writer read: the suspected cause of the GPU check's resumed runs (H100
+    2026-11-28, H200 2026-11-30) continuing from the wrong weights (docs/gpu.md)."""
+    out = []
+    for file_name, storage_key, (bytes_data, tensor_data) in write_buckets:
+        tensors = [(item, t if _private(t) else t.to("cpu", copy=True)) for item, t in tensor_data]
+        out.append((file_name, storage_key, (bytes_data, tensors)))
+    return out
+
+
 class _Queue:
     """megatron-core's ``AsyncCallsQueue`` (forking caller), each request with its own results queue."""
 
@@ -111,6 +135,8 @@ class _Queue:
 
         filesystem_async._results_queue = self.manager.Queue()
         request = dist_checkpointing.save(sharded_state_dict, str(directory), async_sharded_save=True)
+        if getattr(request.preload_fn, "args", None):  # partial(preload_tensors, write_buckets, non_blocking)
+            request = request._replace(preload_fn=functools.partial(private_copies, request.preload_fn.args[0]))
         if request.async_fn is not None:
             from megahash.accelerator import process_groups
 

@@ -181,3 +181,37 @@ def test_a_partial_save_is_removed_while_a_dying_writer_still_adds_files(tmp_pat
     finally:
         t.join()
     assert not tmp.exists()
+
+
+@pytest.mark.usefixtures("dist")
+def test_the_writer_reads_a_private_copy_of_memory_it_shares(tmp_path, monkeypatch):
+    """A forked writer's snapshot is copy-on-write only for private memory. megatron's preload puts a GPU's
+    tensors in pinned memory, which the driver maps shared with the writer, and the parent's next save reused
+    those pages while the writer read them (async_save.private_copies). Shared CPU memory is the same hazard
+    without a GPU: the parent overwrites its tensor at once, the writer (made to wait 0.5 s) must still write
+    the values of the moment of the save."""
+    import multiprocessing
+    from multiprocessing.managers import SyncManager
+
+    import torch
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing import ShardedTensor
+
+    from megahash.training import async_save
+
+    monkeypatch.setenv(async_save.DELAY_ENV, "0:0.5")
+    manager = SyncManager(ctx=multiprocessing.get_context("spawn"))
+    manager.start()
+    try:
+        queue = async_save._Queue(manager)
+        want = torch.arange(4096, dtype=torch.float32)
+        w = want.clone().share_memory_()
+        (tmp_path / "ckpt").mkdir()
+        queue.save({"w": ShardedTensor.from_rank_offsets("w", w, replica_id=0)}, tmp_path / "ckpt")
+        w.fill_(-1.0)  # the parent goes on (its next preload into the same pages)
+        queue.calls.maybe_finalize_async_calls(blocking=True)
+        template = {"w": ShardedTensor.from_rank_offsets("w", torch.empty(4096), replica_id=0)}
+        got = dist_checkpointing.load(template, str(tmp_path / "ckpt"))["w"]
+    finally:
+        manager.shutdown()
+    assert torch.equal(got, want)  # bit-exact: a checkpoint holds the bytes of the moment it was saved
