@@ -3,7 +3,8 @@ logits (fp32 or otherwise) are never materialised whole (one TP rank).
 
 loss_i = logsumexp_v(h_i W_v) - h_i W_{y_i} (the vocab-parallel cross-entropy at TP=1, megatron-core's
 ``VocabParallelCrossEntropy``, Megatron-LM eq. of [Shoeybi19] sec. 3). Forward computes the
-logits of ``rows`` tokens at a time in fp32 and keeps the log-sum-exp of each token; it saves only the
+logits of ``rows`` tokens at a time (the GEMM in autocast's dtype where autocast is on, in forward and backward
+alike: :func:`gemm_dtype`; the softmax in fp32) and keeps the log-sum-exp of each token; it saves only the
 hidden states (and the weight, a parameter). Backward recomputes each chunk's logits and forms
 d logits = (softmax - onehot(y)) * dloss, then dh = d logits W and dW = d logits^T h, accumulated in
 fp32 over chunks. Peak memory of the head: one chunk of fp32 logits (``CHUNK_ELEMENTS``) instead of
@@ -37,28 +38,41 @@ def _mm_t(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a @ b.t()
 
 
+def gemm_dtype(hidden: torch.Tensor) -> torch.dtype:
+    """The dtype of the head's GEMMs, forward and backward alike: autocast's where it is on for the hidden
+    states' device and would cast them (not fp64), else theirs. Autocast reaches a custom Function's forward
+    but not its backward: the backward's three GEMMs (logits recomputed, dh, dW) ran in fp32 on a GPU under
+    bf16, and the recomputed logits were not the forward's, whose log-sum-exp they were normalised by."""
+    dev = hidden.device.type
+    if hidden.dtype != torch.float64 and torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return hidden.dtype
+
+
 class LinearCrossEntropy(torch.autograd.Function):
     """hidden [N, h], weight [V, h], target [N] (ids in [0, V)), soft-cap, z-loss coefficient -> per-token loss
     [N] (fp32; fp64 for fp64)."""
 
     @staticmethod
     def forward(ctx, hidden, weight, target, rows, cap=0.0, z_coef=0.0):
-        w = weight.to(hidden.dtype)
-        n, acc = hidden.shape[0], torch.promote_types(hidden.dtype, torch.float32)
+        acc = torch.promote_types(hidden.dtype, torch.float32)
+        dt = gemm_dtype(hidden)
+        h, w = hidden.to(dt), weight.to(dt)
+        n = h.shape[0]
         lse = torch.empty(n, dtype=acc, device=hidden.device)
         picked = torch.empty(n, dtype=acc, device=hidden.device)
         for s in range(0, n, rows):
             e = min(n, s + rows)
-            logits = _capped(_mm_t(hidden[s:e], w).to(acc), cap)[0]
+            logits = _capped(_mm_t(h[s:e], w).to(acc), cap)[0]
             torch.logsumexp(logits, dim=-1, out=lse[s:e])
             torch.gather(logits, 1, target[s:e, None], out=picked[s:e, None])
-        ctx.save_for_backward(hidden, weight, target, lse)
-        ctx.rows, ctx.cap, ctx.z_coef = rows, cap, z_coef
+        ctx.save_for_backward(h, weight, target, lse)  # h in the GEMMs' dtype: half the bytes under bf16
+        ctx.rows, ctx.cap, ctx.z_coef, ctx.hidden_dtype = rows, cap, z_coef, hidden.dtype
         return lse - picked + z_coef * lse.square() if z_coef else lse - picked
 
     @staticmethod
     def backward(ctx, grad):
-        hidden, weight, target, lse = ctx.saved_tensors
+        hidden, weight, target, lse = ctx.saved_tensors  # hidden in the forward GEMMs' dtype
         w = weight.to(hidden.dtype)
         n, rows = hidden.shape[0], ctx.rows
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -85,6 +99,8 @@ class LinearCrossEntropy(torch.autograd.Function):
                 dw = part.to(lse.dtype) if dw is None else dw.add_(part)
         if need_w:
             dw = dw.to(weight.dtype)
+        if need_h:
+            dh = dh.to(ctx.hidden_dtype)
         return dh, dw, None, None, None, None
 
 

@@ -64,6 +64,46 @@ def test_chunked_cross_entropy_gradcheck_and_keeps_no_logits():
     assert saved_storages(lambda a, b: F.cross_entropy(F.linear(a, b), tt), big_h, big_w) >= 64 * 500 * 4
 
 
+def test_chunked_cross_entropy_keeps_autocasts_dtype_in_backward():
+    """Under bf16 autocast (CPU's, the dtype decisions CUDA's makes for matmuls) every GEMM of the head, the
+    three of backward too (logits recomputed, dh, dW), runs in bf16: autocast does not reach a custom
+    Function's backward, which ran them in fp32 (on a GPU at a fraction of the bf16 rate) and normalised the
+    recomputed fp32 logits by the bf16 forward's log-sum-exp. The gradients equal autograd through the whole
+    logits of the same policy (bf16 GEMMs, fp32 softmax) within bf16's rounding."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from megahash.models.chunked_ce import linear_cross_entropy
+
+    class GemmDtypes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.__name__.split(".")[0] in ("mm", "addmm", "bmm"):
+                self.seen.append(tuple(a.dtype for a in args if isinstance(a, torch.Tensor)))
+            return func(*args, **(kwargs or {}))
+
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(96, 32, generator=g).requires_grad_(True)
+    w = (0.2 * torch.randn(300, 32, generator=g)).requires_grad_(True)
+    t = torch.randint(0, 300, (96,), generator=g)
+    gemms = GemmDtypes()
+    with gemms, torch.autocast("cpu", torch.bfloat16):
+        loss = linear_cross_entropy(h, w, t, rows=32).mean()
+    with gemms:
+        loss.backward()
+    assert len(gemms.seen) == 3 + 3 * 3 and set(gemms.seen) == {(torch.bfloat16, torch.bfloat16)}, gemms.seen
+    h2, w2 = h.detach().clone().requires_grad_(True), w.detach().clone().requires_grad_(True)
+    with torch.autocast("cpu", torch.bfloat16):
+        ref = F.cross_entropy(F.linear(h2, w2).float(), t)
+    ref.backward()
+    tol = ulp_tol(torch.bfloat16, ops=4)
+    torch.testing.assert_close(loss, ref, **tol)
+    torch.testing.assert_close(h.grad, h2.grad, rtol=tol["rtol"], atol=tol["rtol"] * h2.grad.abs().max().item())
+    torch.testing.assert_close(w.grad, w2.grad, rtol=tol["rtol"], atol=tol["rtol"] * w2.grad.abs().max().item())
+
+
 def test_vocab_head_loss_equals_the_logits_path(dist):
     """The model's TP=1 head (chunked) gives the loss and gradients of its logits + megatron's CE."""
     from megahash.accelerator import rng
