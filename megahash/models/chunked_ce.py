@@ -41,8 +41,9 @@ def _mm_t(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def gemm_dtype(hidden: torch.Tensor) -> torch.dtype:
     """The dtype of the head's GEMMs, forward and backward alike: autocast's where it is on for the hidden
     states' device and would cast them (not fp64), else theirs. Autocast reaches a custom Function's forward
-    but not its backward: the backward's three GEMMs (logits recomputed, dh, dW) ran in fp32 on a GPU under
-    bf16, and the recomputed logits were not the forward's, whose log-sum-exp they were normalised by."""
+    but not its backward: for fp32 hidden states under bf16 autocast (not the model's: its final norm hands
+    bf16) the backward's three GEMMs (logits recomputed, dh, dW) ran in fp32, and the recomputed logits were
+    not the forward's, whose log-sum-exp they were normalised by."""
     dev = hidden.device.type
     if hidden.dtype != torch.float64 and torch.is_autocast_enabled(dev):
         return torch.get_autocast_dtype(dev)

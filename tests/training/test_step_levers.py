@@ -67,8 +67,8 @@ def test_chunked_cross_entropy_gradcheck_and_keeps_no_logits():
 def test_chunked_cross_entropy_keeps_autocasts_dtype_in_backward():
     """Under bf16 autocast (CPU's, the dtype decisions CUDA's makes for matmuls) every GEMM of the head, the
     three of backward too (logits recomputed, dh, dW), runs in bf16: autocast does not reach a custom
-    Function's backward, which ran them in fp32 (on a GPU at a fraction of the bf16 rate) and normalised the
-    recomputed fp32 logits by the bf16 forward's log-sum-exp. The gradients equal autograd through the whole
+    Function's backward, which ran them in fp32 for fp32 hidden states (the model's final norm hands bf16 ones)
+    and normalised the recomputed fp32 logits by the bf16 forward's log-sum-exp. The gradients equal autograd through the whole
     logits of the same policy (bf16 GEMMs, fp32 softmax) within bf16's rounding."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
