@@ -159,14 +159,15 @@ def flex_attention(dev: torch.device | str | None = None, compiled: bool | None 
 _FLEX = None
 
 
-def allow_recompiles(distinct_layers: int) -> None:
-    """Raise dynamo's recompile limit (per code object; torch's default 8) to what regional compilation of
-    ``distinct_layers`` layers needs: the layers share one ``forward`` code object, one graph per distinct layer
-    (kind, heads, window) and grad mode (training, validation), so 2 per layer, and FlexAttention's compiled
-    function one per shape and grad mode. Past the limit dynamo runs the rest eagerly, saying so only in a
-    warning: a 6-kind hybrid's validation did on CPU, and the bf16 matrix's 20-kind decoder on the H200
-    (2026-11-30). Never lowers a limit the user set higher."""
-    need = 2 * distinct_layers + 8
+def allow_recompiles(graphs: int) -> None:
+    """Raise dynamo's recompile limit (per code object; torch's default 8) to ``graphs`` + 8: the graphs regional
+    compilation keeps for the layers' one shared ``forward`` code object (``trainer.compile_layers`` counts them:
+    one per distinct layer (kind, heads, window), input (shape, dtype) and grad mode), and 8 for FlexAttention's
+    compiled function (one per shape and grad mode). Past the limit dynamo runs the rest eagerly, saying so only
+    in a warning: a 6-kind hybrid's validation did on CPU, the bf16 matrix's 20-kind decoder on the H200
+    (2026-11-30), and a bf16 20-kind hybrid with a fixed-input kind under 2 per layer + 8 (its fixed sequence's
+    own pass is one more input shape per layer). Never lowers a limit the user set higher."""
+    need = graphs + 8
     if torch._dynamo.config.recompile_limit < need:
         torch._dynamo.config.recompile_limit = need
 

@@ -275,7 +275,16 @@ class ResumableBatchSampler(torch.utils.data.Sampler):
 
 
 def make_loader(dataset, consumed: int, micro_batch: int, dp_rank: int, dp_size: int, num_workers: int = 0):
+    """The train loader from sample ``consumed`` on. Its iterator draws its workers' base seed from a generator of
+    its own: from torch's global one (the DataLoader's default) it took a draw at every ``iter()``, after a resume
+    restored the checkpoint's RNG state too, so every dropout mask after a resume differed from the
+    uninterrupted run's."""
     sampler = ResumableBatchSampler(len(dataset), consumed, micro_batch, dp_rank, dp_size)
     return torch.utils.data.DataLoader(
-        dataset, batch_sampler=sampler, num_workers=num_workers, pin_memory=policy.has_gpu(), persistent_workers=False
+        dataset,
+        batch_sampler=sampler,
+        num_workers=num_workers,
+        pin_memory=policy.has_gpu(),
+        persistent_workers=False,
+        generator=torch.Generator(),
     )

@@ -35,6 +35,13 @@ def validation_size(dataset, data_cfg) -> int:
     return min(int(data_cfg.valid_samples), len(dataset))
 
 
+def batch_sizes(dataset, data_cfg) -> set[int]:
+    """The batch sizes of a set's chunks: full chunks of ``data.valid_micro_batch`` and the last, shorter one (a
+    compiled model keeps a graph per size: ``trainer.compile_layers``); empty for no set."""
+    n, chunk = validation_size(dataset, data_cfg), max(1, int(data_cfg.valid_micro_batch))
+    return {size for size in (min(chunk, n), n % chunk) if size > 0}
+
+
 def validation_batches(dataset, data_cfg, dp_rank: int, dp_size: int):
     """Yield (chunk index, collated batch) of this rank's share of the validation set."""
     n = validation_size(dataset, data_cfg)

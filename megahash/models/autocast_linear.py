@@ -21,6 +21,22 @@ def cast_for_autocast(t: torch.Tensor | None, device_type: str) -> torch.Tensor 
     return t.to(torch.get_autocast_dtype(device_type))
 
 
+def keep_autocast(fn, device_type: str):
+    """``fn`` run under the autocast state of this call (the forward's), for megatron's ``tensor_parallel.checkpoint``
+    (``train.recompute``): it recomputes in backward, outside the forward's autocast (torch.utils.checkpoint
+    restores autocast, megatron's does not), so a bf16 run's recomputed layer met bf16 activations with fp32
+    weights and raised ``expected m1 and m2 to have the same dtype``. Without autocast: ``fn`` itself."""
+    if not torch.is_autocast_enabled(device_type):
+        return fn
+    dtype = torch.get_autocast_dtype(device_type)
+
+    def run(*args):
+        with torch.autocast(device_type, dtype=dtype):
+            return fn(*args)
+
+    return run
+
+
 def _forward_impl(inner):
     def impl(input, weight, bias, *args, **kwargs):
         dev = input.device.type

@@ -173,7 +173,7 @@ class Block(TransformerBlock):
 
         def run(i, h):
             if checkpointed:
-                fn = partial(one, layer=self.layers[i])
+                fn = autocast_linear.keep_autocast(partial(one, layer=self.layers[i]), h.device.type)
                 return tensor_parallel.checkpoint(
                     fn, self.config.distribute_saved_activations, h, attention_mask, rotary_pos_emb
                 )

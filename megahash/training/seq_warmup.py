@@ -108,6 +108,21 @@ class SeqWarmup(Hook):
     def before_step(self, run) -> None:
         run.seq_length = length_at(run.cfg.train.seq_warmup, run.cfg.data.seq_length, run.step)
 
+    def micro_batch(self, run):
+        """A step shorter than ``data.seq_length`` runs compiled layers (``train.compile``) eagerly: they compile with
+        static shapes (``trainer.compile_layers``), so each warm-up length would be a graph of every layer, compiled
+        at its first step, and past dynamo's recompile limit the layers stayed eager for the rest of the run, the
+        full length included. The warm-up's short steps are its cheap ones; the full length compiles once."""
+        import contextlib
+
+        from megahash.accelerator import policy
+
+        if run.seq_length >= run.cfg.data.seq_length or not policy.compile_layers(run.cfg.train.compile):
+            return contextlib.nullcontext()
+        import torch
+
+        return torch.compiler.set_stance("force_eager")
+
     def step_metrics(self, run, metrics: dict) -> None:
         metrics["seq_length"] = length_at(run.cfg.train.seq_warmup, run.cfg.data.seq_length, run.step - 1)
         metrics["trained_tokens"] = self.trained_tokens(run.cfg, run.step)

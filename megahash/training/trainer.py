@@ -370,8 +370,18 @@ def _build_model(cfg: Config, data) -> tuple[torch.nn.Module, int, int]:
     n_params = _sum_over_tp(sum(p.numel() for p in model.parameters()), model)
     n_emb = _embedding_params(model)
     if policy.compile_layers(cfg.train.compile):
-        compile_layers(model)
+        compile_layers(model, shapes=1 + len(_validation_sizes(cfg, data)))
     return model, n_params, n_emb
+
+
+def _validation_sizes(cfg: Config, data) -> set[int]:
+    """The batch sizes validation runs the model at (every set's chunks), none without validation."""
+    from megahash.data.validation import batch_sizes
+    from megahash.training.valid_sets import sets_of
+
+    if not cfg.train.eval_interval:
+        return set()
+    return set().union(*(batch_sizes(ds, cfg.data) for ds in sets_of(data).values()))
 
 
 def _prepare_model_inputs(model, cfg: Config, data) -> None:
@@ -594,12 +604,21 @@ def _close(run: Run | None, exit_status: int | None = None) -> None:
         run.log = run.batches = run.loader = run.progress = None
 
 
-def compile_layers(model) -> None:
+def compile_layers(model, shapes: int = 2) -> None:
     """``torch.compile`` every transformer layer in place (regional compilation, as torchtitan does:
     one compiled graph reused by every layer of the same kind, a short compile, and parameter names
-    unchanged so checkpoints do not depend on it). Decoding and evaluation run the same modules; dynamo may
-    keep a graph for every layer in both grad modes (:func:`policy.allow_recompiles`)."""
-    policy.allow_recompiles(len(model.decoder.layers))
+    unchanged so checkpoints do not depend on it). Decoding and evaluation run the same modules.
+
+    ``dynamic=False``: a graph per input shape. The layers share one ``forward`` code object, so dynamo's
+    recompile limit (:func:`policy.allow_recompiles`) must cover a graph per layer for each of the ``shapes``
+    (grad mode, batch) pairs the run feeds it (training's micro-batch, each validation chunk size:
+    ``_validation_sizes``), twice over where a kind input runs a pass of its own (fixedseqqk's fixed
+    sequence, a batch of 1; under bf16 autocast in fp32 into the first layer). Counting layers rather than
+    distinct kinds only raises a limit no graph reaches."""
+    from megahash.models.kind_input import KindInput
+
+    own_pass = any(type(extra).enter is not KindInput.enter for extra in model.kind_inputs())
+    policy.allow_recompiles(len(model.decoder.layers) * shapes * (2 if own_pass else 1))
     for layer in model.decoder.layers:
         layer.compile(dynamic=False)
 

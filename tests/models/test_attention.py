@@ -619,6 +619,30 @@ def test_full_recompute_gives_the_same_gradients(schedule):
             torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-12)
 
 
+def test_recompute_under_bf16_autocast_gives_the_same_gradients():
+    """train.precision=bf16 (fp32 weights, compute under autocast) with train.recompute: megatron's checkpoint recomputes
+    in backward, outside the forward's autocast, and the recomputed layer raised (bf16 activations, fp32 weights:
+    "expected m1 and m2 to have the same dtype"). Now it recomputes in the forward's autocast: the gradients of the
+    plain pass within bf16's tolerance (policy.compute_tolerance, of each gradient's scale: the recomputed pass sums
+    the bf16 gradients of the residual stream in another order)."""
+    from megahash.accelerator import policy
+
+    def grads(recompute):
+        model = build(make_cfg("list:mha,rndembqk", f"train.recompute={recompute}"), dtype=torch.float32)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model.hidden_states(tokens()).float().pow(2).mean()
+        loss.backward()
+        return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    a = grads("none")
+    for other in ("full", "selective"):
+        b = grads(other)
+        assert a.keys() == b.keys()
+        for name in a:
+            scale = a[name].abs().max().item()
+            torch.testing.assert_close(a[name], b[name], rtol=0, atol=policy.compute_tolerance("bf16") * scale)
+
+
 def test_selective_recompute_keeps_less_for_backward():
     """train.recompute=selective: the attention sublayers' projections, scores and kernels are not kept
     for backward (bytes saved by autograd, distinct storages, fall)."""

@@ -1,6 +1,6 @@
 """Every configuration megahash offers saves and resumes (issue 28): for every hybrid schedule preset
 (half of them with ``model.attention.skip_nonstandard=true``), every embedding kind, every objective
-on its architecture and every head, read from the registry (tests/_kinds.py, the presets of
+on its architecture, every head and dropout, read from the registry (tests/_kinds.py, the presets of
 megahash/models/schedules.py, the objectives of megahash/objectives): a tiny 4-step run saving at
 step 2, and a second run resumed from that checkpoint, log bit-identical steps 3-4 (loss, gradient
 norm, parameter norm, LR) and the same per-parameter Adam step counts. One rank, in this process,
@@ -92,6 +92,8 @@ def configurations() -> dict[str, list[str]]:
         out[f"objective-{obj}"] = [f"train.objective={obj}", f"model.arch={_arch(obj)}"]
     for head in _kinds.heads(selectable=True, standard=False):
         out[f"head-{head}"] = [f"model.head={head}"]  # its hash spec: the first one it accepts (_head_spec)
+    # dropout draws from torch's RNG, which the checkpoint restores: the resumed batch iterator must not draw from it
+    out["dropout"] = ["model.hidden_dropout=0.1", "model.attention_dropout=0.1"]
     return out
 
 

@@ -92,6 +92,57 @@ def test_truncated_packed_batch_is_the_batch_of_the_truncated_tokens():
     assert truncated(batch, 32) is batch and truncated(batch, None) is batch
 
 
+def test_compiled_layers_run_the_warmup_eagerly_and_compile_the_full_length_once(dist, monkeypatch):
+    """train.compile with a warm-up: the layers compile with static shapes, so every warm-up length was a graph of its
+    own, and past dynamo's recompile limit (12 here: 2 layers, 2 shapes) the layers ran eagerly for the rest of
+    the run, the full length too. Now the steps shorter than data.seq_length run eagerly and the full length is the
+    one graph (dynamo's own accounting, with its eager backend for speed; over the limit it raises here)."""
+    import functools
+    from types import SimpleNamespace
+
+    import torch
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from megahash.accelerator import rng
+    from megahash.models.megatron_model import build_model
+    from megahash.training.seq_warmup import SeqWarmup
+    from megahash.training.trainer import compile_layers
+
+    seq = 128
+    cfg = load_config(
+        None,
+        [
+            *TINIER,
+            "model.num_layers=2",
+            f"data.seq_length={seq}",
+            f"model.max_position_embeddings={seq}",
+            "train.compile=true",
+            "train.seq_warmup.steps=16",
+            "train.seq_warmup.start=8",
+            "train.seq_warmup.multiple=8",
+        ],
+    )
+    monkeypatch.setattr(torch.nn.Module, "compile", functools.partialmethod(torch.nn.Module.compile, backend="eager"))
+    torch._dynamo.reset()
+    counters.clear()
+    rng.seed_all(0)
+    model = build_model(cfg, 128, dtype=torch.float32)
+    tokens = torch.randint(5, 128, (2, seq), generator=torch.Generator().manual_seed(0))
+    hook, run, lengths = SeqWarmup(), SimpleNamespace(cfg=cfg, step=0, seq_length=None), []
+    with torch._dynamo.config.patch(recompile_limit=1, fail_on_recompile_limit_hit=True):
+        compile_layers(model, shapes=2)
+        for step in range(18):
+            run.step = step
+            hook.before_step(run)
+            lengths.append(run.seq_length)
+            with hook.micro_batch(run):
+                cut = tokens[:, : run.seq_length]
+                model(cut, labels=cut).mean().backward()
+    assert sorted(set(lengths)) == list(range(8, seq + 1, 8)) and lengths[-2:] == [seq, seq]  # 15 warm-up lengths
+    assert counters["stats"]["unique_graphs"] == 1
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_resume_inside_the_warmup_equals_the_uninterrupted_run(shakespeare_shards, tmp_path, capsys, precision):
     """10 steps with the warm-up 8 -> 32 over 6 steps, the batch ramp 2 -> 8 (1 to 4 accumulation steps) and

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from conftest import TINY, pretrain_group, pretrain_here, train_losses
-from megahash.data.validation import chunks_for_rank
+from megahash.data.validation import batch_sizes, chunks_for_rank
 
 COMMON = [
     *TINY,
@@ -34,6 +34,18 @@ def test_chunks_partition_the_same_set():
     for dp in (1, 2, 3, 4):
         ids = sorted(i for r in range(dp) for _, c in chunks_for_rank(37, 8, r, dp) for i in c)
         assert ids == list(range(37))
+
+
+def test_batch_sizes_are_the_chunks_validation_runs():
+    """The batch sizes a compiled model meets in validation (trainer.compile_layers counts a graph per size): the
+    sizes of the chunks every rank evaluates, the last shorter chunk included; a set of fewer samples than a chunk."""
+    from types import SimpleNamespace
+
+    for n, chunk in ((40, 8), (37, 8), (5, 8), (8, 8), (1, 1)):
+        cfg = SimpleNamespace(valid_samples=n, valid_micro_batch=chunk)
+        walked = {len(c) for dp in (1, 3) for r in range(dp) for _, c in chunks_for_rank(n, chunk, r, dp)}
+        assert batch_sizes(range(100), cfg) == walked, (n, chunk)
+    assert batch_sizes(None, SimpleNamespace(valid_samples=8, valid_micro_batch=8)) == set()
 
 
 @pytest.mark.slow

@@ -29,6 +29,7 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
 
+from megahash.models import autocast_linear
 from megahash.models.attention.sdpa import SDPACoreAttention
 from megahash.models.forward_state import ForwardState
 from megahash.models.mixing import Setup
@@ -251,6 +252,7 @@ class MegatronLayer(MegatronModule):
         def run(x, attention_mask, rotary_pos_emb, *values):
             return self.mix(x, attention_mask, rotary_pos_emb, state.replace(**dict(zip(keys, values))))
 
+        run = autocast_linear.keep_autocast(run, x.device.type)  # the recomputation in the forward's autocast
         return tensor_parallel.checkpoint(run, False, x, attention_mask, rotary_pos_emb, *tensors.values())
 
 
