@@ -267,22 +267,31 @@ def check_pair(
 def check_files(prefix: str, meta: dict, checksums: bool, fix: str | None = None) -> int:
     """Every file the meta lists: present, with its size, and (``checksums``) its sha256. Returns the
     number of files checked."""
+    files = meta.get("files", {}) or {}
+    for name in files:
+        check_listed_file(prefix, meta, name, checksums, fix)
+    return len(files)
+
+
+def check_listed_file(prefix: str, meta: dict, name: str, checksums: bool, fix: str | None = None) -> str:
+    """One file ``name`` of the set that the meta lists (``files``): present, with its size, and (``checksums``)
+    its sha256. Returns its path; a file the meta does not list is only located."""
     prefix = base_prefix(prefix)
     fix = fix or _fix(prefix)
-    base = os.path.dirname(prefix)
-    files = meta.get("files", {}) or {}
-    for name, info in files.items():
-        path = os.path.join(base, name)
-        if not os.path.exists(path):
-            raise DataError(f"file {path} listed in the meta is missing; {fix}")
-        size = os.path.getsize(path)
-        if size != info["bytes"]:
-            raise DataError(
-                f"{path} has {size} bytes, the meta says {info['bytes']}: it is truncated or from another build; {fix}"
-            )
-        if checksums and sha256_file(path, remember=True) != info["sha256"]:
-            raise DataError(f"sha256 of {path} does not match the meta: it is damaged or from another build; {fix}")
-    return len(files)
+    path = os.path.join(os.path.dirname(prefix), name)
+    info = (meta.get("files", {}) or {}).get(name)
+    if info is None:
+        return path
+    if not os.path.exists(path):
+        raise DataError(f"file {path} listed in the meta is missing; {fix}")
+    size = os.path.getsize(path)
+    if size != info["bytes"]:
+        raise DataError(
+            f"{path} has {size} bytes, the meta says {info['bytes']}: it is truncated or from another build; {fix}"
+        )
+    if checksums and sha256_file(path, remember=True) != info["sha256"]:
+        raise DataError(f"sha256 of {path} does not match the meta: it is damaged or from another build; {fix}")
+    return path
 
 
 def verify_set(prefix: str, level: str = "cheap", specs=None, meta: dict | None = None) -> dict:
