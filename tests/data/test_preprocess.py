@@ -128,6 +128,28 @@ def test_megatron_reads_token_shard_and_counts_match_independent_tokenisation(sh
     assert meta["tokenizer"]["sha256"] == hashlib.sha256(Path(tok).read_bytes()).hexdigest()
 
 
+def test_arrays_of_a_shard_set_outlive_it(shards):
+    """megatron-core's readers close their memory maps when collected, under the arrays they returned: an array
+    read through a ShardSet that was not kept (``ShardSet.open(p).tokens.get(3)``) was a segmentation fault when
+    used. Run in a child (a crash would take pytest down); its values against megatron-core's own kept reader."""
+    code = (
+        "import gc, sys, numpy as np\n"
+        "from megahash.data.shards import ShardSet\n"
+        "from megatron.core.datasets.indexed_dataset import IndexedDataset\n"
+        "p = sys.argv[1]\n"
+        "ref, side = IndexedDataset(p + '_text_document'), IndexedDataset(p + '_hash_md5')  # kept, mapped first\n"
+        "ids, lengths = ShardSet.open(p).tokens.get(3), ShardSet.open(p).tokens.sequence_lengths\n"
+        "codes = ShardSet.open(p).hash_codes('md5', 3)\n"
+        "gc.collect()\n"
+        "assert np.array_equal(ids, ref.get(3)) and np.array_equal(lengths, ref.sequence_lengths)  # bit-exact: ids\n"
+        "assert np.array_equal(codes.reshape(-1), side.get(3))  # bit-exact: integer codes\n"
+        "print(int(lengths.sum()))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code, shards], cwd=ROOT, env=env(), capture_output=True, text=True)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert int(r.stdout) == json.loads(Path(shards + "_meta.json").read_text())["counts"]["tokens"]
+
+
 def test_side_shards_align_and_are_megatron_readable(shards, tok):
     from megahash.data.shards import ShardSet
 
