@@ -130,7 +130,11 @@ def read_meta(prefix: str | None, required: bool = True) -> dict:
         raise DataError(f"corrupt shard meta {path} ({e}); {_fix(prefix)}") from None
     if not isinstance(meta, dict) or meta.get("format_version") != SUPPORTED_FORMAT:
         got = meta.get("format_version") if isinstance(meta, dict) else None
-        raise DataError(f"{path}: shard format {got!r}, this reader reads {SUPPORTED_FORMAT}")
+        raise DataError(
+            f"{path}: shard format {got!r}, this reader reads {SUPPORTED_FORMAT} (not a megahash shard meta, or one "
+            f"of another version); rebuild the set with this megahash: "
+            f"`python data_tools/preprocess_data.py --output-prefix {prefix} ...`"
+        )
     bad = _misshapen_record(meta)
     if bad:
         raise DataError(f"damaged shard meta {path} ({bad}); {_fix(prefix)}")
