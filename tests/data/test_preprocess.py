@@ -109,6 +109,36 @@ def test_tokenizer_special_ids(tok, capsys):
     assert "names no file prefix" in one_line_error(capsys.readouterr().err)
 
 
+def test_tokenizer_training_input_errors_are_the_inputs_own(tmp_path, capsys):
+    """Reading the input happens inside sentencepiece's training, which reported what it raised as its own failure
+    ('sentencepiece training failed: INTERNAL: InputError: JSON key ...'), and refused an input without text
+    ('INTERNAL: ... [!sentences_.empty()]') before train_tokenizer's own check said so. Now the input's error is the
+    line preprocess_data.py gives for the same file, and an input without text says so; nothing is written."""
+    bad = {
+        "key.jsonl": '{"text": "fine words"}\n{"body": "no text key"}\n',
+        "value.jsonl": '{"text": "fine words"}\n{"text": 42}\n',
+        "empty.jsonl": '{"text": ""}\n{"text": "  \\n "}\n',
+    }
+    for name, body in bad.items():
+        (tmp_path / name).write_text(body)
+        out = tmp_path / name.split(".")[0] / "spm"
+        assert train_tokenizer.main(["--input", str(tmp_path / name), "--output", str(out), "--vocab-size", "300"]) == 2
+        line = one_line_error(capsys.readouterr().err)
+        assert "sentencepiece" not in line and "INTERNAL" not in line, line
+        if name == "empty.jsonl":
+            assert line.startswith(f"error: no text in {str(tmp_path / name)!r}"), line
+        else:
+            prefix = str(tmp_path / "shards" / name.split(".")[0])
+            assert (
+                preprocess_data.main(
+                    ["--input", str(tmp_path / name), "--output-prefix", prefix, "--tokenizer", "words"]
+                )
+                == 2
+            )
+            assert line == one_line_error(capsys.readouterr().err)
+        assert not out.parent.exists() or not any(out.parent.iterdir())
+
+
 # -- token shards -----------------------------------------------------------------------------
 def test_megatron_reads_token_shard_and_counts_match_independent_tokenisation(shards, tok):
     import sentencepiece as spm
