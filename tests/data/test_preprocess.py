@@ -139,6 +139,21 @@ def test_tokenizer_training_input_errors_are_the_inputs_own(tmp_path, capsys):
         assert not out.parent.exists() or not any(out.parent.iterdir())
 
 
+def test_ctrl_c_while_tokenizer_training_reads_is_an_interruption(tmp_path, capsys, monkeypatch):
+    """A Ctrl-C while sentencepiece pulled sentences was 'sentencepiece training failed: INTERNAL: KeyboardInterrupt:
+    <EMPTY MESSAGE>', exit 2; now it is the data tools' interruption (exit 130), with nothing written."""
+
+    def interrupted(*args, **kwargs):
+        yield "some words to read"
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_tokenizer, "sentences", interrupted)
+    out = tmp_path / "spm"
+    assert train_tokenizer.main(["--input", "shakespeare", "--output", str(out), "--vocab-size", "300"]) == 130
+    assert capsys.readouterr().err.strip() == "error: interrupted"
+    assert not any(tmp_path.iterdir())
+
+
 # -- token shards -----------------------------------------------------------------------------
 def test_megatron_reads_token_shard_and_counts_match_independent_tokenisation(shards, tok):
     import sentencepiece as spm

@@ -234,7 +234,7 @@ def run(argv: Sequence[str] | None = None) -> int:
             ):
                 counted["sentences"] += 1
                 yield s
-        except Exception as e:  # sentencepiece reports it as its own "INTERNAL" failure: kept, raised as it is
+        except BaseException as e:  # sentencepiece reports it (Ctrl-C too) as its own "INTERNAL" failure: kept
             raised.append(e)
             raise
 
@@ -266,7 +266,7 @@ def run(argv: Sequence[str] | None = None) -> int:
                 minloglevel=0 if args.verbose else 2,  # 2: errors only (its INFO log is ~330 lines)
             )
         except RuntimeError as e:
-            if raised:  # the input's own error (a missing JSON key, a value that is no string, ...)
+            if raised:  # the input's own error (a missing JSON key, a value that is no string, ...) or a Ctrl-C
                 raise raised[0] from None
             if counted["sentences"] == 0:  # sentencepiece refuses an empty sample before the check below
                 raise InputError(_no_text(args.input, start, end)) from None
