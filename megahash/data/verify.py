@@ -66,6 +66,22 @@ def blend_paths(prefixes: list[str]) -> tuple[list[str], list[float] | None]:
     return [token_path(p) for p in prefixes], None
 
 
+def check_side_shards(paths: list[str], spec: str | None, embedding: str, meta: dict) -> None:
+    """The side shard of hash spec ``spec`` (the one the model reads; None: none) exists for every set of the
+    ``data.prefix`` blend; ``meta``: the first set's, whose specs the message offers."""
+    if not spec:
+        return
+    for p in paths:
+        side = f"{base_prefix(p)}_hash_{spec}"
+        if not (os.path.isfile(side + ".bin") and os.path.isfile(side + ".idx")):
+            have = sorted(s["name"] for s in meta.get("hash_specs", []) if isinstance(s, dict) and "name" in s)
+            other = f"set model.embed.hash_spec to one of {have}" if have else "use a model without hash codes"
+            raise DataError(
+                f"model.embedding={embedding} reads hash spec {spec!r} but {side}.bin/.idx does not exist; "
+                f"re-run preprocess_data.py with --word-hashes {spec} or {other}"
+            )
+
+
 def check_prefix(prefix: str) -> None:
     """The token shard's ``.bin``/``.idx`` exist (one line naming the command that builds them)."""
     path = token_path(prefix)
