@@ -500,6 +500,47 @@ def _bad(tmp_path, tok, capsys, *args) -> str:
     return one_line_error(capsys.readouterr().err)
 
 
+def test_a_cut_short_zst_input_is_refused_as_a_cut_short_gz_is(tmp_path, capsys):
+    """zstandard's stream reader ends where the file does, inside a frame too: a .zst corpus cut short (an
+    interrupted copy or download) was read as its first part, exit 0, where the same cut of a .gz is gzip's
+    'Compressed file ended before the end-of-stream marker'. Now it is refused in one line, nothing written."""
+    import gzip
+
+    zstandard = pytest.importorskip("zstandard")
+    text = "\n\n".join(shakespeare_docs(200)).encode("utf-8")  # zstd blocks of 128 KiB: some whole in the cut
+    whole = {"gz": gzip.compress(text), "zst": zstandard.ZstdCompressor().compress(text)}
+    counts = {}
+    for ext, data in whole.items():
+        (tmp_path / f"whole.txt.{ext}").write_bytes(data)
+        (tmp_path / f"cut.txt.{ext}").write_bytes(data[: len(data) // 2])
+        out = tmp_path / ext / "whole"
+        assert (
+            preprocess_data.main(
+                [
+                    "--input",
+                    str(tmp_path / f"whole.txt.{ext}"),
+                    "--output-prefix",
+                    str(out),
+                    "--tokenizer",
+                    "words",
+                    "--quiet",
+                ]
+            )
+            == 0
+        )
+        counts[ext] = json.loads(Path(f"{out}_meta.json").read_text())["counts"]
+        cut = str(tmp_path / ext / "cut")
+        rc = preprocess_data.main(
+            ["--input", str(tmp_path / f"cut.txt.{ext}"), "--output-prefix", cut, "--tokenizer", "words", "--quiet"]
+        )
+        assert rc == 2
+        assert one_line_error(capsys.readouterr().err).startswith(
+            f"error: cannot read {str(tmp_path / f'cut.txt.{ext}')!r}"
+        )
+        assert sorted(p.name for p in (tmp_path / ext).iterdir() if p.name.startswith("cut")) == []
+    assert counts["gz"] == counts["zst"]  # the whole files: the same corpus either way
+
+
 def test_bad_inputs_are_one_line_errors(tmp_path, tok, shards, capsys):
     jl = tmp_path / "d.jsonl"
     jl.write_text('{"body": "hello", "id": 1}\n')
