@@ -53,8 +53,10 @@ def check_training_inputs(cfg) -> None:
 
 
 def check_shards(cfg) -> dict:
-    """Every ``data.prefix`` set exists and passes ``data.verify``; returns the first set's meta."""
-    from megahash.data.verify import blend_paths, check_prefix, read_meta, verify_set
+    """Every ``data.prefix`` set exists and passes ``data.verify``, with the side shard the model reads; returns the
+    first set's meta."""
+    from megahash import catalog
+    from megahash.data.verify import blend_paths, check_prefix, check_side_shards, read_meta, verify_set
 
     if not cfg.data.prefix:
         raise DataError("data.prefix is empty; point it at shards made by data_tools/preprocess_data.py")
@@ -63,7 +65,10 @@ def check_shards(cfg) -> dict:
         check_prefix(p)
     for p in paths:
         verify_set(p, cfg.data.verify)
-    return read_meta(paths[0], required=False)
+    meta = read_meta(paths[0], required=False)
+    spec = cfg.model.embed.hash_spec if catalog.reads_hash_codes(cfg) else None
+    check_side_shards(paths, spec, cfg.model.embedding, meta)
+    return meta
 
 
 def check_one_tokenizer(cfg, meta: dict) -> None:

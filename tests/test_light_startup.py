@@ -89,7 +89,8 @@ cases = [[f"data.tokenizer={text}"], ["data.tokenizer=/nonexistent/spm.model"], 
          [f"data.tokenizer={tok}", "train.resume=/nonexistent/step_00000004"],
          [f"data.tokenizer={tok}", "eval.at_end=true", "eval.tasks_dir=/nonexistent/tasks"],
          [f"data.tokenizer={small}"], [f"data.tokenizer={other}"], [f"data.tokenizer={tok}", f"train.resume={rundir}"],
-         [f"data.tokenizer={tok}", "train.steps=1e30"]]
+         [f"data.tokenizer={tok}", "train.steps=1e30"],
+         [f"data.tokenizer={tok}", "model.embedding=hash-emb", "model.embed.hash_spec=md5-bucket1038"]]
 out, err = io.StringIO(), io.StringIO()
 with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
     codes = [pretrain(base + c) for c in cases]
@@ -102,7 +103,8 @@ print(json.dumps({"codes": codes, "heavy": heavy, "out": out.getvalue(), "err": 
 def test_missing_or_wrong_inputs_fail_before_heavy_imports(shakespeare_shards, tmp_path):
     """data.tokenizer that is a text file or no file, a missing shard prefix, a resume path that is no
     checkpoint, a missing eval.tasks_dir, train.steps past any index the machine can hold (megatron-core's
-    builder counted the epochs of 1e30 for ever): one line each, exit 2, before torch is imported (issue 29);
+    builder counted the epochs of 1e30 for ever), a model reading a hash spec the shards lack: one line each,
+    exit 2, before torch is imported (issue 29);
     `--check inputs` on good inputs prints train.save_dir."""
     from megahash.data.preprocess import train_tokenizer
 
@@ -150,9 +152,12 @@ def test_missing_or_wrong_inputs_fail_before_heavy_imports(shakespeare_shards, t
     )
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(r.stdout)
-    assert res["heavy"] == [] and res["codes"] == [2, 2, 2, 2, 2, 2, 2, 2, 2, 0], res
+    assert res["heavy"] == [] and res["codes"] == [2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0], res
     errs = res["err"].strip().splitlines()
-    assert len(errs) == 9 and all(e.startswith("error: ") for e in errs), errs
+    assert len(errs) == 10 and all(e.startswith("error: ") for e in errs), errs
+    # a hash spec the shards lack: found by the dataset builder alone, after torch (and a queue's wait) before
+    side = f"{shakespeare_shards['prefix']}_hash_md5-bucket1038.bin/.idx does not exist"
+    assert side in errs[9] and "--word-hashes md5-bucket1038" in errs[9] and "['lsh128', 'md5']" in errs[9], errs[9]
     assert "train samples of 128 tokens need" in errs[8] and "lower train.steps" in errs[8], errs[8]
     assert "small.model' has 500 entries, the shards' tokenizer 1000" in errs[5]
     assert "other.model' is not the tokenizer the shards were made with (sha256 differs)" in errs[6]

@@ -12,7 +12,6 @@ batches the uninterrupted run read (Megatron's ``MegatronPretrainingSampler`` sc
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,7 +23,14 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megahash.accelerator import policy
 from megahash.data import documents
 from megahash.data.token_check import check_range, code_range
-from megahash.data.verify import base_prefix, blend_paths, check_prefix, read_meta, token_path  # noqa: F401 (one owner; re-exported)
+from megahash.data.verify import (  # noqa: F401 (one owner; re-exported)
+    base_prefix,
+    blend_paths,
+    check_prefix,
+    check_side_shards,
+    read_meta,
+    token_path,
+)
 from megahash.errors import DataError
 
 
@@ -178,15 +184,9 @@ def build_datasets(cfg, train_samples: int, valid_samples: int, cache_dir: str |
     reads_codes = catalog.reads_hash_codes(cfg)
     spec = cfg.model.embed.hash_spec if reads_codes else None
     width = 0
+    check_side_shards(paths, spec, cfg.model.embedding, meta)  # as pretrain.py --check inputs did
     if spec:
         specs = {s["name"]: s for s in meta.get("hash_specs", [])}
-        for p in paths:
-            sp = side_path(p, spec)
-            if not (os.path.isfile(sp + ".bin") and os.path.isfile(sp + ".idx")):
-                raise DataError(
-                    f"model.embedding={cfg.model.embedding} reads hash spec {spec!r} but {sp}.bin/.idx does not exist; "
-                    f"re-run preprocess_data.py with --word-hashes {spec} or set model.embed.hash_spec to one of {sorted(specs) or 'none'}"
-                )
         width = int(specs[spec]["width"]) if spec in specs else _width_from_shards(paths[0], spec)
     vocab = _vocab_size(cfg, meta)
     special = record_special_ids(cfg, meta)

@@ -10,6 +10,7 @@ megatron-core's ``IndexedDataset`` is imported when a ShardSet is opened, not at
 
 from __future__ import annotations
 
+import io
 import os
 import warnings
 from collections.abc import Sequence
@@ -25,6 +26,30 @@ from megahash.hashing.lsh import LSHModel
 from megahash.hashing.specs import HashSpec, parse_hash_spec
 from megahash.hashing.tokens import SubwordCoder, word_stream_row_ids
 from megahash.hashing.words import NUM_SPECIAL
+
+_KEPT: dict[type, type] = {}  # a megatron-core reader class -> its subclass that leaves its memory map open
+
+
+def _close_files_only(reader) -> None:
+    """``__del__`` of a kept reader: its open files (``_MMapBinReader``'s), not its maps."""
+    for value in vars(reader).values():
+        if isinstance(value, io.IOBase):
+            value.close()
+
+
+def _keep_maps_open(dataset):
+    """``dataset`` (megatron-core's ``IndexedDataset``) with readers that do not close their memory maps when
+    collected. megatron-core's ``_IndexReader`` and ``_MMapBinReader`` close them in ``__del__``, under the arrays
+    they returned (``get``, ``[i]``, ``sequence_lengths`` are views of the maps), so an array that outlived its
+    dataset read unmapped memory: ``ShardSet.open(p).tokens.get(0)`` was a segmentation fault. Left open, a map
+    goes when the last array of it does (numpy holds the map; the reader's file is closed). The dataset pickles as before (its state is its
+    path; the readers are built again)."""
+    for reader in list(vars(dataset).values()):
+        cls = type(reader)
+        if cls.__module__.startswith("megatron.") and "__del__" in vars(cls):
+            kept = _KEPT.setdefault(cls, type(cls.__name__, (cls,), {"__del__": _close_files_only}))
+            reader.__class__ = kept
+    return dataset
 
 
 def read_word_table(path: str) -> list[str]:
@@ -63,7 +88,7 @@ class ShardSet:
             for ext in (".bin", ".idx"):
                 if not os.path.exists(path_prefix + ext):
                     raise DataError(f"missing shard file {path_prefix + ext}")
-            return IndexedDataset(path_prefix)
+            return _keep_maps_open(IndexedDataset(path_prefix))
 
         tokens = load(prefix + TOKENS_SUFFIX)
         known = {d["name"]: d for d in meta.get("hash_specs", [])}

@@ -66,6 +66,22 @@ def blend_paths(prefixes: list[str]) -> tuple[list[str], list[float] | None]:
     return [token_path(p) for p in prefixes], None
 
 
+def check_side_shards(paths: list[str], spec: str | None, embedding: str, meta: dict) -> None:
+    """The side shard of hash spec ``spec`` (the one the model reads; None: none) exists for every set of the
+    ``data.prefix`` blend; ``meta``: the first set's, whose specs the message offers."""
+    if not spec:
+        return
+    for p in paths:
+        side = f"{base_prefix(p)}_hash_{spec}"
+        if not (os.path.isfile(side + ".bin") and os.path.isfile(side + ".idx")):
+            have = sorted(s["name"] for s in meta.get("hash_specs", []) if isinstance(s, dict) and "name" in s)
+            other = f"set model.embed.hash_spec to one of {have}" if have else "use a model without hash codes"
+            raise DataError(
+                f"model.embedding={embedding} reads hash spec {spec!r} but {side}.bin/.idx does not exist; "
+                f"re-run preprocess_data.py with --word-hashes {spec} or {other}"
+            )
+
+
 def check_prefix(prefix: str) -> None:
     """The token shard's ``.bin``/``.idx`` exist (one line naming the command that builds them)."""
     path = token_path(prefix)
@@ -130,7 +146,11 @@ def read_meta(prefix: str | None, required: bool = True) -> dict:
         raise DataError(f"corrupt shard meta {path} ({e}); {_fix(prefix)}") from None
     if not isinstance(meta, dict) or meta.get("format_version") != SUPPORTED_FORMAT:
         got = meta.get("format_version") if isinstance(meta, dict) else None
-        raise DataError(f"{path}: shard format {got!r}, this reader reads {SUPPORTED_FORMAT}")
+        raise DataError(
+            f"{path}: shard format {got!r}, this reader reads {SUPPORTED_FORMAT} (not a megahash shard meta, or one "
+            f"of another version); rebuild the set with this megahash: "
+            f"`python data_tools/preprocess_data.py --output-prefix {prefix} ...`"
+        )
     bad = _misshapen_record(meta)
     if bad:
         raise DataError(f"damaged shard meta {path} ({bad}); {_fix(prefix)}")
@@ -267,22 +287,31 @@ def check_pair(
 def check_files(prefix: str, meta: dict, checksums: bool, fix: str | None = None) -> int:
     """Every file the meta lists: present, with its size, and (``checksums``) its sha256. Returns the
     number of files checked."""
+    files = meta.get("files", {}) or {}
+    for name in files:
+        check_listed_file(prefix, meta, name, checksums, fix)
+    return len(files)
+
+
+def check_listed_file(prefix: str, meta: dict, name: str, checksums: bool, fix: str | None = None) -> str:
+    """One file ``name`` of the set that the meta lists (``files``): present, with its size, and (``checksums``)
+    its sha256. Returns its path; a file the meta does not list is only located."""
     prefix = base_prefix(prefix)
     fix = fix or _fix(prefix)
-    base = os.path.dirname(prefix)
-    files = meta.get("files", {}) or {}
-    for name, info in files.items():
-        path = os.path.join(base, name)
-        if not os.path.exists(path):
-            raise DataError(f"file {path} listed in the meta is missing; {fix}")
-        size = os.path.getsize(path)
-        if size != info["bytes"]:
-            raise DataError(
-                f"{path} has {size} bytes, the meta says {info['bytes']}: it is truncated or from another build; {fix}"
-            )
-        if checksums and sha256_file(path, remember=True) != info["sha256"]:
-            raise DataError(f"sha256 of {path} does not match the meta: it is damaged or from another build; {fix}")
-    return len(files)
+    path = os.path.join(os.path.dirname(prefix), name)
+    info = (meta.get("files", {}) or {}).get(name)
+    if info is None:
+        return path
+    if not os.path.exists(path):
+        raise DataError(f"file {path} listed in the meta is missing; {fix}")
+    size = os.path.getsize(path)
+    if size != info["bytes"]:
+        raise DataError(
+            f"{path} has {size} bytes, the meta says {info['bytes']}: it is truncated or from another build; {fix}"
+        )
+    if checksums and sha256_file(path, remember=True) != info["sha256"]:
+        raise DataError(f"sha256 of {path} does not match the meta: it is damaged or from another build; {fix}")
+    return path
 
 
 def verify_set(prefix: str, level: str = "cheap", specs=None, meta: dict | None = None) -> dict:

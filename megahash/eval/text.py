@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from megahash.data.verify import base_prefix, read_meta
+from megahash.data.verify import base_prefix, check_listed_file, read_meta
 from megahash.errors import CheckpointError, ConfigError, DataError
 
 BOS_ID, PAD_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
@@ -250,10 +250,13 @@ def load_codec(
             lsh_path = os.path.join(os.path.dirname(base_prefix(prefix)), info["file"])
             if not os.path.isfile(lsh_path):
                 raise DataError(f"LSH planes {lsh_path} not found")
+            # the planes the side shards were hashed with: another build's (same name, other corpus) or a damaged
+            # file would give every word other codes than the model trained on, with no error
+            check_listed_file(prefix, meta, info["file"], checksums=True)
             try:
                 lsh = LSHModel.load(lsh_path)
             except ValueError as e:
-                raise DataError(str(e)) from None
+                raise DataError(f"{e}; rebuild the set with data_tools/preprocess_data.py --overwrite") from None
             desc["lsh"] = lsh_path
         table = CodeTable([spec], key=key, lsh=lsh)
         if kind != "words":

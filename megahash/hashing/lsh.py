@@ -336,35 +336,51 @@ class LSHModel:
     @classmethod
     def load(cls, path) -> LSHModel:
         """Read a model written by ``save``; stored planes are used as they are. A damaged file (not a zip, a bad
-        CRC, cut short, an array missing) is a ValueError naming it, as a wrong version is."""
+        CRC, cut short, an array missing or misnamed, another NumPy file: a ``.npy`` array, bytes numpy takes for a
+        pickle) is a ValueError naming it, as a wrong version is."""
         import zipfile
 
+        def unreadable(why: str) -> ValueError:
+            return ValueError(f"{path}: not a readable LSH model ({why})")
+
         try:
-            return cls._load(path)
-        except (zipfile.BadZipFile, EOFError, KeyError) as e:
-            raise ValueError(f"{path}: not a readable LSH model ({type(e).__name__}: {e})") from None
+            z = np.load(path, allow_pickle=False)
+        except ValueError as e:  # neither a zip nor a .npy: np.load took it for a pickle (and advises allow_pickle)
+            raise unreadable("not a NumPy .npz archive" if "pickled" in str(e) else f"ValueError: {e}") from None
+        except (zipfile.BadZipFile, EOFError) as e:
+            raise unreadable(f"{type(e).__name__}: {e}") from None
+        if not isinstance(z, np.lib.npyio.NpzFile):  # a .npy array (np.save) under the archive's name
+            raise unreadable("a single NumPy array, not an .npz archive")
+        with z:
+            try:
+                return cls._load(path, z)
+            except (zipfile.BadZipFile, EOFError, KeyError, IndexError) as e:
+                raise unreadable(f"{type(e).__name__}: {e}") from None
+            except ValueError as e:
+                if str(e).startswith(f"{path}: "):  # a wrong version, duplicate n-grams: they name the file
+                    raise
+                raise unreadable(f"ValueError: {e}") from None
 
     @classmethod
-    def _load(cls, path) -> LSHModel:
-        with np.load(path, allow_pickle=False) as z:
-            version = int(z["format_version"])
-            if version != LSH_FORMAT_VERSION:
-                raise ValueError(f"{path}: LSH format version {version}, expected {LSH_FORMAT_VERSION}")
-            ngrams = [str(g) for g in z["ngrams"]]
-            if "ngram_lengths" in z.files:  # n-grams that end in NUL ("\0"), which numpy stored without it
-                ngrams = [g.ljust(int(n), "\0") for g, n in zip(ngrams, z["ngram_lengths"])]
-            try:
-                model = cls(ngrams, int(z["seed"]), [int(n) for n in z["orders"]])
-            except ValueError as e:  # duplicates: n-grams ending in NUL written before they were kept
-                raise ValueError(
-                    f"{path}: {e}; rewrite the shards with data_tools/preprocess_data.py --overwrite"
-                ) from None
-            for name in z.files:
-                if name.startswith("hyperplanes_"):
-                    r = z[name].astype(np.float32)
-                    model._planes[int(name.split("_")[1])] = np.vstack([r, np.zeros((1, r.shape[1]), np.float32)])
-                elif name.startswith("eta_"):
-                    model._etas[int(name.split("_")[1])] = z[name].astype(np.float32)
+    def _load(cls, path, z) -> LSHModel:
+        version = int(z["format_version"])
+        if version != LSH_FORMAT_VERSION:
+            raise ValueError(f"{path}: LSH format version {version}, expected {LSH_FORMAT_VERSION}")
+        ngrams = [str(g) for g in z["ngrams"]]
+        if "ngram_lengths" in z.files:  # n-grams that end in NUL ("\0"), which numpy stored without it
+            ngrams = [g.ljust(int(n), "\0") for g, n in zip(ngrams, z["ngram_lengths"])]
+        try:
+            model = cls(ngrams, int(z["seed"]), [int(n) for n in z["orders"]])
+        except ValueError as e:  # duplicates: n-grams ending in NUL written before they were kept
+            raise ValueError(
+                f"{path}: {e}; rewrite the shards with data_tools/preprocess_data.py --overwrite"
+            ) from None
+        for name in z.files:
+            if name.startswith("hyperplanes_"):
+                r = z[name].astype(np.float32)
+                model._planes[int(name.split("_")[1])] = np.vstack([r, np.zeros((1, r.shape[1]), np.float32)])
+            elif name.startswith("eta_"):
+                model._etas[int(name.split("_")[1])] = z[name].astype(np.float32)
         return model
 
     # hashing --------------------------------------------------------------------------------

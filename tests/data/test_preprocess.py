@@ -109,6 +109,51 @@ def test_tokenizer_special_ids(tok, capsys):
     assert "names no file prefix" in one_line_error(capsys.readouterr().err)
 
 
+def test_tokenizer_training_input_errors_are_the_inputs_own(tmp_path, capsys):
+    """Reading the input happens inside sentencepiece's training, which reported what it raised as its own failure
+    ('sentencepiece training failed: INTERNAL: InputError: JSON key ...'), and refused an input without text
+    ('INTERNAL: ... [!sentences_.empty()]') before train_tokenizer's own check said so. Now the input's error is the
+    line preprocess_data.py gives for the same file, and an input without text says so; nothing is written."""
+    bad = {
+        "key.jsonl": '{"text": "fine words"}\n{"body": "no text key"}\n',
+        "value.jsonl": '{"text": "fine words"}\n{"text": 42}\n',
+        "empty.jsonl": '{"text": ""}\n{"text": "  \\n "}\n',
+    }
+    for name, body in bad.items():
+        (tmp_path / name).write_text(body)
+        out = tmp_path / name.split(".")[0] / "spm"
+        assert train_tokenizer.main(["--input", str(tmp_path / name), "--output", str(out), "--vocab-size", "300"]) == 2
+        line = one_line_error(capsys.readouterr().err)
+        assert "sentencepiece" not in line and "INTERNAL" not in line, line
+        if name == "empty.jsonl":
+            assert line.startswith(f"error: no text in {str(tmp_path / name)!r}"), line
+        else:
+            prefix = str(tmp_path / "shards" / name.split(".")[0])
+            assert (
+                preprocess_data.main(
+                    ["--input", str(tmp_path / name), "--output-prefix", prefix, "--tokenizer", "words"]
+                )
+                == 2
+            )
+            assert line == one_line_error(capsys.readouterr().err)
+        assert not out.parent.exists() or not any(out.parent.iterdir())
+
+
+def test_ctrl_c_while_tokenizer_training_reads_is_an_interruption(tmp_path, capsys, monkeypatch):
+    """A Ctrl-C while sentencepiece pulled sentences was 'sentencepiece training failed: INTERNAL: KeyboardInterrupt:
+    <EMPTY MESSAGE>', exit 2; now it is the data tools' interruption (exit 130), with nothing written."""
+
+    def interrupted(*args, **kwargs):
+        yield "some words to read"
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_tokenizer, "sentences", interrupted)
+    out = tmp_path / "spm"
+    assert train_tokenizer.main(["--input", "shakespeare", "--output", str(out), "--vocab-size", "300"]) == 130
+    assert capsys.readouterr().err.strip() == "error: interrupted"
+    assert not any(tmp_path.iterdir())
+
+
 # -- token shards -----------------------------------------------------------------------------
 def test_megatron_reads_token_shard_and_counts_match_independent_tokenisation(shards, tok):
     import sentencepiece as spm
@@ -126,6 +171,28 @@ def test_megatron_reads_token_shard_and_counts_match_independent_tokenisation(sh
     assert meta["counts"]["documents"] == N_DOCS and meta["counts"]["tokens"] == sum(map(len, expect))
     assert meta["tokenizer"]["vocab_size"] == 1000 and meta["tokenizer"]["special_ids"]["mask"] == 4
     assert meta["tokenizer"]["sha256"] == hashlib.sha256(Path(tok).read_bytes()).hexdigest()
+
+
+def test_arrays_of_a_shard_set_outlive_it(shards):
+    """megatron-core's readers close their memory maps when collected, under the arrays they returned: an array
+    read through a ShardSet that was not kept (``ShardSet.open(p).tokens.get(3)``) was a segmentation fault when
+    used. Run in a child (a crash would take pytest down); its values against megatron-core's own kept reader."""
+    code = (
+        "import gc, sys, numpy as np\n"
+        "from megahash.data.shards import ShardSet\n"
+        "from megatron.core.datasets.indexed_dataset import IndexedDataset\n"
+        "p = sys.argv[1]\n"
+        "ref, side = IndexedDataset(p + '_text_document'), IndexedDataset(p + '_hash_md5')  # kept, mapped first\n"
+        "ids, lengths = ShardSet.open(p).tokens.get(3), ShardSet.open(p).tokens.sequence_lengths\n"
+        "codes = ShardSet.open(p).hash_codes('md5', 3)\n"
+        "gc.collect()\n"
+        "assert np.array_equal(ids, ref.get(3)) and np.array_equal(lengths, ref.sequence_lengths)  # bit-exact: ids\n"
+        "assert np.array_equal(codes.reshape(-1), side.get(3))  # bit-exact: integer codes\n"
+        "print(int(lengths.sum()))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code, shards], cwd=ROOT, env=env(), capture_output=True, text=True)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert int(r.stdout) == json.loads(Path(shards + "_meta.json").read_text())["counts"]["tokens"]
 
 
 def test_side_shards_align_and_are_megatron_readable(shards, tok):
@@ -431,6 +498,47 @@ def _bad(tmp_path, tok, capsys, *args) -> str:
     rc = preprocess_data.main(["--output-prefix", str(tmp_path / "o" / "x"), "--quiet", *args])
     assert rc == 2
     return one_line_error(capsys.readouterr().err)
+
+
+def test_a_cut_short_zst_input_is_refused_as_a_cut_short_gz_is(tmp_path, capsys):
+    """zstandard's stream reader ends where the file does, inside a frame too: a .zst corpus cut short (an
+    interrupted copy or download) was read as its first part, exit 0, where the same cut of a .gz is gzip's
+    'Compressed file ended before the end-of-stream marker'. Now it is refused in one line, nothing written."""
+    import gzip
+
+    zstandard = pytest.importorskip("zstandard")
+    text = "\n\n".join(shakespeare_docs(200)).encode("utf-8")  # zstd blocks of 128 KiB: some whole in the cut
+    whole = {"gz": gzip.compress(text), "zst": zstandard.ZstdCompressor().compress(text)}
+    counts = {}
+    for ext, data in whole.items():
+        (tmp_path / f"whole.txt.{ext}").write_bytes(data)
+        (tmp_path / f"cut.txt.{ext}").write_bytes(data[: len(data) // 2])
+        out = tmp_path / ext / "whole"
+        assert (
+            preprocess_data.main(
+                [
+                    "--input",
+                    str(tmp_path / f"whole.txt.{ext}"),
+                    "--output-prefix",
+                    str(out),
+                    "--tokenizer",
+                    "words",
+                    "--quiet",
+                ]
+            )
+            == 0
+        )
+        counts[ext] = json.loads(Path(f"{out}_meta.json").read_text())["counts"]
+        cut = str(tmp_path / ext / "cut")
+        rc = preprocess_data.main(
+            ["--input", str(tmp_path / f"cut.txt.{ext}"), "--output-prefix", cut, "--tokenizer", "words", "--quiet"]
+        )
+        assert rc == 2
+        assert one_line_error(capsys.readouterr().err).startswith(
+            f"error: cannot read {str(tmp_path / f'cut.txt.{ext}')!r}"
+        )
+        assert sorted(p.name for p in (tmp_path / ext).iterdir() if p.name.startswith("cut")) == []
+    assert counts["gz"] == counts["zst"]  # the whole files: the same corpus either way
 
 
 def test_bad_inputs_are_one_line_errors(tmp_path, tok, shards, capsys):

@@ -62,6 +62,34 @@ def test_subword_codes_equal_the_side_shards(shakespeare_shards, spec):
     assert codec.description["hash_unit"] == "word"
 
 
+def test_lsh_planes_of_another_build_are_refused(shakespeare_shards, tmp_path):
+    """Evaluation (and the export, through the same codec) hashes text with the set's ``_lsh.npz``; one of another
+    build under that name (the prefix preprocessed again from another corpus, a file copied over) was loaded as it
+    was, every word getting other codes than the side shards the model trained on, with no error. Now the file is
+    checked against the size and sha256 the meta records for it: one line naming it and the fix."""
+    import shutil
+    from collections import Counter
+
+    from megahash.data.shards import ShardSet
+    from megahash.errors import DataError
+    from megahash.eval.text import Encoded, load_codec
+    from megahash.hashing.lsh import LSHModel
+
+    src = shakespeare_shards["prefix"]
+    for f in os.listdir(os.path.dirname(src)):
+        if f.startswith(os.path.basename(src) + "_"):
+            shutil.copy(os.path.join(os.path.dirname(src), f), tmp_path / f)
+    prefix = str(tmp_path / os.path.basename(src))
+    cfg = _cfg(prefix, shakespeare_shards["tokenizer"], "model.embedding=add", "model.embed.hash_spec=lsh128")
+    shards = ShardSet.open(prefix)
+    ids, codes = np.asarray(shards.tokens.get(0), dtype=np.int64), shards.hash_codes("lsh128", 0)
+    assert np.array_equal(load_codec(cfg).codes(Encoded(ids.tolist())), codes)  # bit-exact: integer codes
+    other = LSHModel.from_word_counts(Counter("another corpus with other words and other n-grams".split()), 64)
+    other.save(tmp_path / f"{os.path.basename(src)}_lsh.npz", bits=[128])
+    with pytest.raises(DataError, match=r"_lsh\.npz has \d+ bytes, the meta says \d+.*preprocess_data\.py"):
+        load_codec(cfg)
+
+
 @pytest.fixture(scope="module")
 def word_shards(tmp_path_factory):
     d = tmp_path_factory.mktemp("words")

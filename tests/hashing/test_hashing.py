@@ -236,6 +236,29 @@ def test_a_damaged_lsh_file_is_a_value_error_naming_it(tmp_path, lsh):
             LSHModel.load(tmp_path / f"{name}.npz")
 
 
+def test_another_numpy_file_as_lsh_model_is_a_value_error_naming_it(tmp_path, lsh):
+    """Other files under an ``_lsh.npz`` name: a ``.npy`` array was a TypeError traceback ('numpy.ndarray' object
+    does not support the context manager protocol); bytes that are neither a zip nor a ``.npy`` were numpy's
+    pickle refusal, which named no file and advised loading it with ``allow_pickle``; a misnamed plane array was
+    ``int()``'s message alone. Each is now the ValueError naming the file that the callers turn into one line."""
+    np.save(tmp_path / "array.npy", np.arange(5))
+    (tmp_path / "array.npy").rename(tmp_path / "array.npz")
+    (tmp_path / "text.npz").write_bytes(b"not numpy at all\n" * 40)
+    good = tmp_path / "good.npz"
+    lsh.save(good, bits=[64])
+    with np.load(good) as z:
+        np.savez(tmp_path / "misnamed.npz", **{k.replace("_64", "_x"): z[k] for k in z.files})
+    for name, why in [
+        ("array", "a single NumPy array"),
+        ("text", "not a NumPy .npz archive"),
+        ("misnamed", "ValueError"),
+    ]:
+        with pytest.raises(ValueError, match=rf"{name}\.npz: not a readable LSH model \({why}") as e:
+            LSHModel.load(tmp_path / f"{name}.npz")
+        assert "allow_pickle" not in str(e.value)
+    assert LSHModel.load(good).ngrams == lsh.ngrams
+
+
 def test_lsh_save_load_keeps_ngrams_ending_in_nul(tmp_path):
     # split_words keeps a NUL inside a punctuation word (":\0"); numpy's str arrays drop trailing NULs,
     # which made ":\0" the n-gram ":" again: a duplicate vocabulary entry (a ValueError at eval and export)

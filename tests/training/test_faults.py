@@ -103,6 +103,14 @@ DAMAGE = {
         [],
         "shakespeare_meta.json",
     ),
+    "meta_of_another_format": (  # named no fix before
+        lambda d: (d / "shakespeare_meta.json").write_text(
+            json.dumps({**json.loads((d / "shakespeare_meta.json").read_text()), "format_version": 9})
+        ),
+        [],
+        "shakespeare_meta.json",
+    ),
+    "meta_not_an_object": (lambda d: (d / "shakespeare_meta.json").write_text("[]"), [], "shakespeare_meta.json"),
     "misshapen_meta_record": (  # valid JSON, a record of another shape (tests/data: every record)
         lambda d: (d / "shakespeare_meta.json").write_text(
             json.dumps({**json.loads((d / "shakespeare_meta.json").read_text()), "stream": ["subword"]})

@@ -203,11 +203,50 @@ def _zstd_open(path: str, mode: str = "rb"):
     except ImportError:
         zstandard = None
     if zstandard is not None:
-        return zstandard.open(path, "rb")
+        return _ZstdFrames(zstandard, path)
     exe = shutil.which("zstd")
     if exe is None:
         raise InputError(f"reading {path!r} needs zstandard: pip install zstandard (or install the zstd command)")
     return _ZstdPipe(exe, path)
+
+
+ZSTD_FEED = 1 << 10  # compressed bytes per decompression call: at most 32 MiB out (RLE blocks: 128 KiB per 4 B)
+
+
+class _ZstdFrames:
+    """A binary reader of a .zst file through the ``zstandard`` package, frame after frame, that knows where its
+    frames end: the package's stream reader (``zstandard.open``) stops where the file does, inside a frame too,
+    so a file cut short (an interrupted copy or download) was read as a shorter corpus with no error. Here that is
+    an EOFError, as gzip's reader and the ``zstd`` command give."""
+
+    def __init__(self, zstandard, path: str):
+        self._new = zstandard.ZstdDecompressor().decompressobj
+        self._file = open(path, "rb")
+        self._frame = None  # the decompressor of the frame being read
+        self._out = bytearray()
+
+    def read(self, n: int) -> bytes:
+        while len(self._out) < n:
+            data = self._file.read(ZSTD_FEED)
+            if not data:
+                if self._frame is not None and not self._frame.eof:
+                    raise EOFError("the file ends inside a zstd frame: it is cut short (an interrupted copy?)")
+                break
+            while data:
+                if self._frame is None or self._frame.eof:
+                    self._frame = self._new()
+                self._out += self._frame.decompress(data)
+                data = self._frame.unused_data if self._frame.eof else b""
+        out = bytes(self._out[:n])
+        del self._out[:n]
+        return out
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._file.close()
+        return False
 
 
 class _ZstdPipe:

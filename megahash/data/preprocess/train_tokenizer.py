@@ -192,6 +192,13 @@ def sentences(documents, max_len: int, keep_whitespace: bool = False, split_char
             yield from _stream_lines(doc, max_len, keep_whitespace, split_chars)
 
 
+def _no_text(source: str, start: int, end: int | None) -> str:
+    return (
+        f"no text in {source!r} (document range {start}:{'' if end is None else end}): no document, or each empty or "
+        f"whitespace; check --input, --json-key and --doc-range"
+    )
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.split_chars < 64 or args.max_sentence_length < 1:
@@ -217,14 +224,19 @@ def run(argv: Sequence[str] | None = None) -> int:
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     tmp_prefix = f"{args.output}.tmp-{os.getpid()}"
     counted = {"sentences": 0}
+    raised: list[BaseException] = []  # what reading the input raised inside sentencepiece's training
 
     def feed() -> Iterator[str]:
         docs = select_documents(source, start, end, stream=True)
-        for s in sentences(
-            docs, args.max_sentence_length, keep_whitespace=not args.lossy, split_chars=args.split_chars
-        ):
-            counted["sentences"] += 1
-            yield s
+        try:
+            for s in sentences(
+                docs, args.max_sentence_length, keep_whitespace=not args.lossy, split_chars=args.split_chars
+            ):
+                counted["sentences"] += 1
+                yield s
+        except BaseException as e:  # sentencepiece reports it (Ctrl-C too) as its own "INTERNAL" failure: kept
+            raised.append(e)
+            raise
 
     reaper = TempReaper(glob.escape(tmp_prefix) + ".*").__enter__()  # the temp model goes even on SIGKILL
     try:
@@ -254,9 +266,13 @@ def run(argv: Sequence[str] | None = None) -> int:
                 minloglevel=0 if args.verbose else 2,  # 2: errors only (its INFO log is ~330 lines)
             )
         except RuntimeError as e:
+            if raised:  # the input's own error (a missing JSON key, a value that is no string, ...) or a Ctrl-C
+                raise raised[0] from None
+            if counted["sentences"] == 0:  # sentencepiece refuses an empty sample before the check below
+                raise InputError(_no_text(args.input, start, end)) from None
             raise InputError(f"sentencepiece training failed: {one_line(e)}") from None
         if counted["sentences"] == 0:
-            raise InputError(f"no text in {args.input!r} (document range {start}:{'' if end is None else end})")
+            raise InputError(_no_text(args.input, start, end))
         sp = spm.SentencePieceProcessor(model_file=tmp_prefix + ".model")
         got = [sp.id_to_piece(i) for i in range(len(SPECIAL_TOKENS))]
         if got != SPECIAL_TOKENS:  # pragma: no cover - guards against sentencepiece changes
