@@ -386,6 +386,8 @@ def test_hashing_helper_equals_megahash_hashing(shakespeare_shards, runs):
         "functools",
         "difflib",  # megahash/errors.py (the kinds' ConfigError)
         "sys",  # megahash/errors.py (print_error's stderr)
+        "importlib",  # ops/gated_delta/fla_gated.py (fla and its flags, by name: fla stays optional)
+        "warnings",  # ops/gated_delta/fla_gated.py (fla's refused backward, said once)
     }
     from megahash.convert import remote_code
 
