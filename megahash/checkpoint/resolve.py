@@ -166,6 +166,47 @@ def resolve_for_inference(path: str | Path, overrides: list[str] | None = None) 
     return ckpt
 
 
+READ_ATTEMPTS = 3  # reads of a run directory's newest checkpoint while its run publishes and prunes
+
+
+def read_while_kept(path: str | Path, read, overrides: list[str] | None = None):
+    """``read(ckpt)`` of the checkpoint :func:`resolve_for_inference` picks from ``path``, again from the newest
+    when a running training pruned it meanwhile (``train.keep_last``: evaluating or exporting ``latest`` while the
+    run saves). A failure while the run directory's ``step_N`` folders changed is taken for that and retried
+    (:data:`READ_ATTEMPTS` in all); a named ``step_N`` that is gone after a failed read is one line saying so.
+    Before, such a read failed with whatever the vanished files looked like: "it is incomplete", "its config is
+    not the weights' (damaged or edited)", "no intact checkpoint ...; start over with train.resume=none"."""
+    p = Path(path)
+    named = (p / STATE_FILE).is_file()
+    run_dir = p.parent if named else p
+    for attempt in range(READ_ATTEMPTS):
+        before = [c.name for c in candidates(run_dir)]
+        ckpt = None
+        try:
+            ckpt = resolve_for_inference(p, overrides)
+            return read(ckpt)
+        except (CheckpointError, OSError):
+            gone = ckpt is not None and not (ckpt / STATE_FILE).is_file()
+            if named:
+                if gone or not (p / STATE_FILE).is_file():
+                    newest = complete_checkpoints(run_dir)
+                    raise CheckpointError(
+                        f"checkpoint {p} was removed while it was read (a run saving into {run_dir} prunes older "
+                        f"checkpoints: train.keep_last); name the run directory {run_dir}"
+                        + (f" (its newest is now {newest[-1].name})" if newest else "")
+                        + " or copy the checkpoint elsewhere first"
+                    ) from None
+                raise
+            if [c.name for c in candidates(run_dir)] == before and not gone:
+                raise  # nothing moved: the checkpoint itself is at fault
+            if attempt + 1 == READ_ATTEMPTS:
+                raise CheckpointError(
+                    f"{run_dir}: its newest checkpoint was removed while it was read {READ_ATTEMPTS} times (a run "
+                    f"saving into it prunes older checkpoints: train.keep_last); copy a checkpoint elsewhere first and name "
+                    f"the copy, or give the run a larger train.keep_last"
+                ) from None
+
+
 def _intact_here(ckpt: Path, written_here) -> bool:
     """This install signed the checkpoint's manifest and resolved_config.yaml is the file the manifest lists
     (its sha256, whatever train.verify_checkpoint is)."""

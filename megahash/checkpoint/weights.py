@@ -216,17 +216,19 @@ def load_for_inference(
     ``weights``: which weights (:func:`load_chosen`)."""
     from megahash.accelerator import process_groups, rng
     from megahash.checkpoint.layout import padded_vocab, read_state
-    from megahash.checkpoint.resolve import checkpoint_config, resolve_for_inference
+    from megahash.checkpoint.resolve import checkpoint_config, read_while_kept
     from megahash.models.megatron_model import MegahashLM
 
-    ckpt = resolve_for_inference(path, overrides)  # what it reads verified (train.verify_checkpoint)
-    cfg = checkpoint_config(ckpt, overrides)
-    state = read_state(ckpt)
-    process_groups.init_distributed(1)
-    rng.seed_all(cfg.train.seed)
-    vocab = padded_vocab(state, ckpt)
-    check_fits(cfg, vocab, ckpt)
-    model = MegahashLM(cfg, vocab, dtype, init=False)
-    load_chosen(model, ckpt, weights)
-    model.eval()
-    return cfg, model, ckpt
+    def read(ckpt: Path):  # ckpt: what it reads verified (train.verify_checkpoint)
+        cfg = checkpoint_config(ckpt, overrides)
+        state = read_state(ckpt)
+        process_groups.init_distributed(1)
+        rng.seed_all(cfg.train.seed)
+        vocab = padded_vocab(state, ckpt)
+        check_fits(cfg, vocab, ckpt)
+        model = MegahashLM(cfg, vocab, dtype, init=False)
+        load_chosen(model, ckpt, weights)
+        model.eval()
+        return cfg, model, ckpt
+
+    return read_while_kept(path, read, overrides)  # again from the newest if a running training pruned it

@@ -339,28 +339,25 @@ def evaluate_checkpoint(
             weights,
             trust_task_code,
         )
-    from megahash.checkpoint.resolve import resolve_for_inference
-
-    ckpt = resolve_for_inference(ckpt_dir, overrides)  # the newest intact one of a run directory
-    out = Path(out) if out else _weights_out(default_out(ckpt), weights)
-    refuse_existing(out, overwrite)
     from megahash.atomic_write import check_writable
-
-    check_writable(out, "pass --out FILE elsewhere")  # a read-only run folder: before the evaluation, not after
+    from megahash.checkpoint.resolve import read_while_kept
     from megahash.eval.lm import MegahashEvalLM
 
-    task_manager(tasks, tasks_dir, trust_task_code)  # unknown names, task code: before the model is loaded
+    given_out = out
     t0 = time.time()
-    if not quiet:
-        print(
-            f"megahash eval: {ckpt} on {', '.join(tasks) if tasks else 'default tasks'}"
-            f"{' from ' + str(tasks_dir) if tasks_dir else ''} (lm-eval; loading the model)",
-            file=sys.stderr,
-            flush=True,
-        )
-    from megahash.accelerator import process_groups
 
-    with process_groups.releasing_group():  # the model's 1-rank group goes with it (unless a caller's group was up)
+    def load(ckpt: Path):  # the newest intact one of a run directory (again if a running training pruned it)
+        out = Path(given_out) if given_out else _weights_out(default_out(ckpt), weights)
+        refuse_existing(out, overwrite)
+        check_writable(out, "pass --out FILE elsewhere")  # a read-only run folder: before the evaluation, not after
+        task_manager(tasks, tasks_dir, trust_task_code)  # unknown names, task code: before the model is loaded
+        if not quiet:
+            print(
+                f"megahash eval: {ckpt} on {', '.join(tasks) if tasks else 'default tasks'}"
+                f"{' from ' + str(tasks_dir) if tasks_dir else ''} (lm-eval; loading the model)",
+                file=sys.stderr,
+                flush=True,
+            )
         lm = MegahashEvalLM(
             checkpoint=str(ckpt),
             batch_size=batch_size,
@@ -370,6 +367,18 @@ def evaluate_checkpoint(
             incremental=incremental,
             weights=weights,
         )
+        from megahash.checkpoint.layout import STATE_FILE, read_json
+
+        try:  # now: a running training may prune the checkpoint while lm-eval runs
+            step = read_json(ckpt / STATE_FILE).get("step")
+        except (OSError, ValueError):
+            step = None
+        return ckpt, out, lm, step
+
+    from megahash.accelerator import process_groups
+
+    with process_groups.releasing_group():  # the model's 1-rank group goes with it (unless a caller's group was up)
+        ckpt, out, lm, step = read_while_kept(ckpt_dir, load, overrides)
         raw = evaluate(lm, tasks, tasks_dir, limit, trust_task_code=trust_task_code)
         model_args = {
             "batch_size": lm.batch_size,
@@ -380,13 +389,6 @@ def evaluate_checkpoint(
         }
         del lm  # before the group goes: nothing of the model outlives it
     summary = summarise(raw)
-    step = None
-    from megahash.checkpoint.layout import STATE_FILE, read_json
-
-    try:
-        step = read_json(ckpt / STATE_FILE).get("step")
-    except (OSError, ValueError):
-        pass
     record = {
         "megahash_eval": 1,
         "checkpoint": str(ckpt),

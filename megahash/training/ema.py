@@ -16,7 +16,10 @@ Where it lives: over what each rank holds of every trainable parameter. Under Ze
 module parameter (its tensor-parallel shard, complete on every data-parallel rank): the average costs
 one fp32 copy of the rank's model, 4 bytes per parameter / TP size. Under ZeRO-3 it is the rank's
 partition ``p.ds_tensor``: 4 bytes per parameter / (TP x DP size); saving, loading and validating gather
-the partitions like the live weights' save does (``weights.gathered``).
+the partitions like the live weights' save does (``weights.gathered``). DeepSpeed keeps the parameters it
+gathered for a forward pass (up to ``stage3_max_reuse_distance``) and reuses them at the next one, so the
+swap releases them (``engine.empty_partition_cache``) on both sides: before, the averages' validation at 2
+ranks reused the live weights gathered by the first pass (``ema_loss`` = ``loss``).
 
 Checkpoint: ``step_N/ema/``, a megatron dist checkpoint written from the model's own
 ``sharded_state_dict`` with the averages in place of the weights (so it loads at any TP size like
@@ -50,8 +53,9 @@ class Config:
 class WeightEMA(Hook):
     """The fp32 averages of ``module``'s trainable parameters (this rank's shards); the run's hook."""
 
-    def __init__(self, module: torch.nn.Module, decay: float, warmup: bool = False):
+    def __init__(self, module: torch.nn.Module, decay: float, warmup: bool = False, release=None):
         self.decay, self.warmup = float(decay), bool(warmup)
+        self.release = release or (lambda: None)  # ZeRO-3: drops DeepSpeed's gathered copies (module docstring)
         # this rank's part: the parameter, or its ZeRO-3 partition
         self.params = [getattr(p, "ds_tensor", p) for p in module.parameters() if p.requires_grad]
         self.avg = [p.detach().float().clone() for p in self.params]
@@ -76,6 +80,7 @@ class WeightEMA(Hook):
     def swapped_in(self):
         """The averages in the module's parameters for the block; the live weights restored exactly after."""
         live = [p.detach().clone() for p in self.params]
+        self.release()  # forward passes in the block gather the averages, not the live weights gathered before
         with torch.no_grad():
             for p, a in zip(self.params, self.avg):
                 p.copy_(a)
@@ -85,6 +90,7 @@ class WeightEMA(Hook):
             with torch.no_grad():
                 for p, w in zip(self.params, live):
                     p.copy_(w)
+            self.release()  # and the next step's forward gathers the live weights, not the averages
 
     @torch.no_grad()
     def take_from_module(self) -> None:
@@ -131,4 +137,7 @@ class WeightEMA(Hook):
 def hook(run) -> WeightEMA | None:
     """The run's average when ``train.ema.decay`` > 0."""
     e = run.cfg.train.ema
-    return WeightEMA(run.engine.module, e.decay, e.warmup) if e.decay > 0 else None
+    if e.decay <= 0:
+        return None
+    zero3 = run.engine.zero_optimization_stage() == 3
+    return WeightEMA(run.engine.module, e.decay, e.warmup, run.engine.empty_partition_cache if zero3 else None)

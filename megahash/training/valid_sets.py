@@ -35,16 +35,18 @@ def sets_of(data) -> dict:
 
 
 def evaluate(engine, batches, objective, token_bytes=None) -> dict:
-    """Sums over this rank's (chunk index, batch) of a fixed set, all-reduced over data-parallel ranks:
+    """Sums over this rank's (chunk index, batch, counted) of a fixed set, all-reduced over data-parallel ranks:
     {"nll": nats, "tokens": loss tokens, "sequences", "bytes": text bytes of the loss tokens (with
-    ``token_bytes``)}. Corruption (mlm, sr) is seeded by the chunk, never by rank or step."""
+    ``token_bytes``)}. Corruption (mlm, sr) is seeded by the chunk, never by rank or step. A batch not counted
+    (a stand-in: megahash/data/validation.py) runs its forward pass, the ranks' collective under ZeRO-3, and
+    adds nothing."""
     from megatron.core import parallel_state
 
     engine.eval()
     dev = engine.device
     sums = torch.zeros(4, dtype=torch.float64, device=dev)
     with torch.no_grad():
-        for chunk, batch in batches:
+        for chunk, batch, counted in batches:
             objective.set_step(-1 - chunk, 0)
             batch = objective.prepare({k: v.to(dev) for k, v in batch.items()})
             per_token = engine(
@@ -55,6 +57,8 @@ def evaluate(engine, batches, objective, token_bytes=None) -> dict:
                 label_codes=batch.get("label_codes"),
                 **documents.forward_kwargs(batch),
             )  # data.reset_* (megahash/data/documents.py)
+            if not counted:
+                continue
             mask = batch["loss_mask"].double()
             nbytes = (token_bytes.label_bytes(batch["tokens"], batch["labels"]) * mask).sum() if token_bytes else 0.0
             sums += torch.stack(

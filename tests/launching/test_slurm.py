@@ -344,6 +344,30 @@ def test_script_outside_slurm_is_one_line_error(script):
     assert len(lines) == 1 and lines[0].startswith(f"error: {script} must run inside a SLURM job"), r.stderr
 
 
+def test_eval_script_passes_options_megahash_eval_knows(tmp_path):
+    """slurm/eval.sh turns CHECKPOINT, TASKS and OUTPUT into options of ``python -m megahash eval``: every one
+    must be an option its parser takes (OUTPUT was passed as ``--output``, which megahash eval does not
+    know: the job failed with ``unrecognized arguments: --output``). A stub interpreter records the command."""
+    from megahash.eval.run import build_parser
+
+    argv_file, stub = tmp_path / "argv", tmp_path / "python"
+    stub.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {argv_file}\n")
+    stub.chmod(0o755)
+    env = {**clean_env(), "SLURM_JOB_ID": "7", "PYTHON": str(stub), "CHECKPOINT": "runs/x/step_00000004"}
+    env.update(TASKS="shk_ppl", OUTPUT=str(tmp_path / "res.json"), MEGAHASH_ROOT=str(ROOT))
+    r = subprocess.run(["bash", "slurm/eval.sh", "--limit", "4"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    argv = argv_file.read_text().splitlines()
+    assert argv[:3] == ["-m", "megahash", "eval"], argv
+    args = build_parser().parse_args(argv[3:])  # exits 2 on an option it does not know
+    assert (args.checkpoint, args.tasks, args.out, args.limit) == (
+        "runs/x/step_00000004",
+        "shk_ppl",
+        str(tmp_path / "res.json"),
+        4,
+    ), args
+
+
 @pytest.mark.slurm
 def test_wrong_node_count_is_one_line_error(cluster, tmp_path):
     out = tmp_path / "job.out"

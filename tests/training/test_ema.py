@@ -11,7 +11,7 @@ import pytest
 import torch
 from test_batch_ramp import _main
 
-from conftest import TINIER
+from conftest import TINIER, TINY, pretrain_group
 
 DECAY, STEPS = 0.6, 4
 
@@ -158,6 +158,38 @@ def test_ema_on_zero3_partitions(shakespeare_shards, tmp_path, capsys):
         x, y = _params(a / "step_00000002", weights), _params(b / "step_00000002", weights)
         # bit-exact: resume is the promise
         assert all(torch.equal(x[n], y[n]) for n in x), weights
+
+
+def _valid_and_train(run_dir) -> tuple[dict, dict]:
+    """{step: valid record}, {step: train loss} of a run's metrics.jsonl."""
+    valid, train = {}, {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec["split"] == "valid":
+            valid[rec["step"]] = rec
+        elif rec["split"] == "train":
+            train[rec["step"]] = rec["loss"]
+    return valid, train
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_ema_validation_at_two_zero3_ranks_is_the_averages(shakespeare_shards, tmp_path):
+    """At 2 data-parallel ranks DeepSpeed's ZeRO-3 keeps the parameters the first validation pass gathered and
+    reused them for the averages' pass, so ``ema_loss`` was the live ``loss`` (and once swapped in, the next
+    training step would have run on the averages). ZeRO-1 at the same 2 ranks holds whole parameters: its
+    ``ema_loss`` and its training losses are the independent reference."""
+    data = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}"]
+    common = [*data, *TINY, "train.steps=4", "train.eval_interval=2", "data.valid_samples=16", "train.ema.decay=0.5"]
+    dirs = {z: tmp_path / f"zero{z}" for z in (1, 3)}
+    runs = [[*common, f"train.zero_stage={z}", f"train.save_dir={d}"] for z, d in dirs.items()]
+    for r in pretrain_group(runs, timeout=300):
+        assert r.returncode == 0, r.stderr[-3000:]
+    (v1, t1), (v3, t3) = (_valid_and_train(d) for d in dirs.values())
+    for step in (2, 4):
+        assert abs(v3[step]["ema_loss"] - v3[step]["loss"]) > 1e-3, v3[step]  # the averages lag the weights
+        assert abs(v3[step]["ema_loss"] - v1[step]["ema_loss"]) < 1e-5, (v1[step], v3[step])
+    assert sorted(t3) == [1, 2, 3, 4] and all(abs(t3[s] - t1[s]) < 1e-5 for s in t1), (t1, t3)
 
 
 def test_ema_warmup_correction_against_its_closed_form():

@@ -3,11 +3,12 @@ same loss for the same weights whatever the DP size, train.steps or micro-batch 
 logged LR is the LR the step used (closed form of the schedule)."""
 
 import json
+import math
 
 import pytest
 
 from conftest import TINY, pretrain_group, pretrain_here, train_losses
-from megahash.data.validation import batch_sizes, chunks_for_rank
+from megahash.data.validation import batch_sizes, chunks_for_rank, rounds_for_rank
 
 COMMON = [
     *TINY,
@@ -46,6 +47,36 @@ def test_batch_sizes_are_the_chunks_validation_runs():
         walked = {len(c) for dp in (1, 3) for r in range(dp) for _, c in chunks_for_rank(n, chunk, r, dp)}
         assert batch_sizes(range(100), cfg) == walked, (n, chunk)
     assert batch_sizes(None, SimpleNamespace(valid_samples=8, valid_micro_batch=8)) == set()
+
+
+def test_every_rank_runs_as_many_forward_passes():
+    """Under ZeRO-3 a forward pass is a collective: every data-parallel rank runs the same number, the
+    counted ones still partition the set, and a rank without a chunk of its own (fewer chunks than ranks)
+    runs stand-ins that count for nothing."""
+    for n, chunk, dp in ((37, 8, 3), (8, 8, 2), (24, 8, 2), (64, 8, 16), (5, 8, 4)):
+        rounds = [rounds_for_rank(n, chunk, r, dp) for r in range(dp)]
+        chunks = math.ceil(n / chunk)
+        assert [len(r) for r in rounds] == [math.ceil(chunks / dp)] * dp, (n, chunk, dp, rounds)
+        counted = sorted(i for r in rounds for _, ids, c in r if c for i in ids)
+        assert counted == list(range(n))
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_zero3_validates_with_a_rank_that_has_no_chunk(shakespeare_shards, tmp_path):
+    """8 validation sequences are one chunk: at 2 ranks rank 1 has none. Under ZeRO-3 it sat in the
+    all-reduce of the sums while rank 0's forward waited for it in the parameter all-gather, forever
+    (first validation of the run). Now it runs the chunk as an uncounted stand-in: the run ends, and its
+    validation loss is ZeRO-1's (the same weights) over the same 8 sequences."""
+    data = [f"data.prefix=[{shakespeare_shards['prefix']}]", f"data.tokenizer={shakespeare_shards['tokenizer']}"]
+    common = [*data, *TINY, "train.steps=2", "data.valid_samples=8", "data.valid_micro_batch=8"]
+    dirs = {z: tmp_path / f"zero{z}" for z in (1, 3)}
+    runs = [[*common, f"train.zero_stage={z}", f"train.save_dir={d}"] for z, d in dirs.items()]
+    for r in pretrain_group(runs, timeout=300):
+        assert r.returncode == 0, r.stderr[-3000:]
+    v1, v3 = (_records(d, "valid")[2] for d in dirs.values())
+    assert v1["sequences"] == v3["sequences"] == 8 and v1["tokens"] == v3["tokens"] == 8 * 64
+    assert abs(v1["loss"] - v3["loss"]) < 1e-5, (v1, v3)
 
 
 @pytest.mark.slow
