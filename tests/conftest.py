@@ -547,6 +547,24 @@ def _free_port() -> int:
     return free_port()
 
 
+def eager_backend_model(monkeypatch, cfg, vocab: int = 128):
+    """A model of ``cfg`` built from seed 0 after dynamo's caches and counters are cleared, ``Module.compile``
+    patched to dynamo's eager backend: dynamo's own graph and recompile accounting without inductor's compile
+    time (the compile tests count graphs with it)."""
+    import torch
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from megahash.accelerator import rng
+    from megahash.models.megatron_model import build_model
+
+    monkeypatch.setattr(torch.nn.Module, "compile", functools.partialmethod(torch.nn.Module.compile, backend="eager"))
+    torch._dynamo.reset()
+    counters.clear()
+    rng.seed_all(0)
+    return build_model(cfg, vocab, dtype=torch.float32)
+
+
 def train_losses(run_dir, split: str = "train") -> dict[int, float]:
     """step -> loss of a run's metrics.jsonl (last record of a step wins)."""
     out = {}

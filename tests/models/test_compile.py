@@ -10,6 +10,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 
+from conftest import eager_backend_model
 from megahash.accelerator import rng
 from megahash.config import load_config
 
@@ -67,13 +68,11 @@ def test_recompile_limit_covers_every_shape_of_a_fixed_input_hybrid(monkeypatch)
     fixed sequence's own pass (a batch of 1, fp32 into the first layer) and each validation chunk size: 20 graphs
     here, over the 2 per layer + 8 = 16 compile_layers allowed before (a 20-kind bf16 hybrid with fixedseqqk hit
     48 on CPU and ran the rest eagerly). Dynamo's own recompile accounting, with its eager backend for speed."""
-    import functools
 
     import torch._dynamo
     from torch._dynamo.utils import counters
 
     from megahash.models.attention import fixed_qk
-    from megahash.models.megatron_model import build_model
     from megahash.training.trainer import compile_layers
 
     kinds = ["mha", "gqa", "swa+window=4", "fixedseqqk"]
@@ -90,11 +89,7 @@ def test_recompile_limit_covers_every_shape_of_a_fixed_input_hybrid(monkeypatch)
             "model.attention.options.fixed_seq_length=16",
         ],
     )
-    monkeypatch.setattr(torch.nn.Module, "compile", functools.partialmethod(torch.nn.Module.compile, backend="eager"))
-    torch._dynamo.reset()
-    counters.clear()
-    rng.seed_all(0)
-    model = build_model(cfg, 128, dtype=torch.float32)
+    model = eager_backend_model(monkeypatch, cfg)
     fixed_qk.set_fixed_tokens(model, [(7 * i + 5) % 128 for i in range(16)])
     tokens = torch.randint(5, 128, (4, 16), generator=torch.Generator().manual_seed(0))
     with torch._dynamo.config.patch(recompile_limit=1, fail_on_recompile_limit_hit=True):

@@ -11,7 +11,7 @@ import math
 import pytest
 from test_batch_ramp import _main, _records
 
-from conftest import TINIER
+from conftest import TINIER, eager_backend_model
 from megahash.config import load_config
 from megahash.errors import ConfigError
 
@@ -97,15 +97,12 @@ def test_compiled_layers_run_the_warmup_eagerly_and_compile_the_full_length_once
     own, and past dynamo's recompile limit (12 here: 2 layers, 2 shapes) the layers ran eagerly for the rest of
     the run, the full length too. Now the steps shorter than data.seq_length run eagerly and the full length is the
     one graph (dynamo's own accounting, with its eager backend for speed; over the limit it raises here)."""
-    import functools
     from types import SimpleNamespace
 
     import torch
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    from megahash.accelerator import rng
-    from megahash.models.megatron_model import build_model
     from megahash.training.seq_warmup import SeqWarmup
     from megahash.training.trainer import compile_layers
 
@@ -123,11 +120,7 @@ def test_compiled_layers_run_the_warmup_eagerly_and_compile_the_full_length_once
             "train.seq_warmup.multiple=8",
         ],
     )
-    monkeypatch.setattr(torch.nn.Module, "compile", functools.partialmethod(torch.nn.Module.compile, backend="eager"))
-    torch._dynamo.reset()
-    counters.clear()
-    rng.seed_all(0)
-    model = build_model(cfg, 128, dtype=torch.float32)
+    model = eager_backend_model(monkeypatch, cfg)
     tokens = torch.randint(5, 128, (2, seq), generator=torch.Generator().manual_seed(0))
     hook, run, lengths = SeqWarmup(), SimpleNamespace(cfg=cfg, step=0, seq_length=None), []
     with torch._dynamo.config.patch(recompile_limit=1, fail_on_recompile_limit_hit=True):
