@@ -106,8 +106,8 @@ def private_copies(write_buckets: list) -> list:
     buckets that is not in private CPU memory (:func:`_private`) copied into pageable CPU memory, which the fork
     snapshots copy-on-write; private CPU tensors as they are (the fork is their snapshot). megatron's own preload
     copies GPU tensors into pinned memory, ``non_blocking``: where the driver maps pinned memory shared (the
-    copy-on-write snapshot then does not hold), the writer reads those very pages, and once ``multiprocessing`` has started the writer the parent holds no reference
-    to them (``Process.start`` drops its arguments). The next save's preload (the weight average's, the
+    copy-on-write snapshot then does not hold), the writer reads those very pages, and once ``multiprocessing``
+    has started the writer the parent holds no reference to them (``Process.start`` drops its arguments). The next save's preload (the weight average's, the
     optimizer's: the same tensor sizes) was handed the same pinned blocks by torch's caching host allocator and
     wrote over them while the first writer read: the suspected cause of the GPU check's resumed runs (H100
     2026-11-28, H200 2026-11-30) continuing from the wrong weights (docs/gpu.md)."""

@@ -21,16 +21,11 @@ def gated_delta_kernel():
         return None
 
 
-def refusal(hopper: bool, triton_at_least_3_4_0: bool, triton_at_least_3_7_1: bool, tilelang: bool) -> bool:
-    """Whether fla 0.6 raises in the gated delta rule's backward: its ``chunk_bwd_dqkwg`` with a gate refuses
-    Hopper GPUs under Triton >= 3.4.0 and < 3.7.1 (fla issue #640: wrong results), unless tilelang serves it
-    (fla's backend dispatch tries tilelang first)."""
-    return hopper and triton_at_least_3_4_0 and not triton_at_least_3_7_1 and not tilelang
-
-
 @functools.cache  # fla's flags are constants once it is imported
 def backward_refusal() -> str | None:
-    """Why fla would refuse the gated delta rule's backward on this machine, or None. Reads the flags the
+    """Why fla would refuse the gated delta rule's backward on this machine, or None. fla 0.6's
+    ``chunk_bwd_dqkwg`` with a gate raises on Hopper GPUs under Triton >= 3.4.0 and < 3.7.1 (fla issue #640:
+    wrong results) unless tilelang serves it (fla's backend dispatch tries tilelang first). Reads the flags the
     refusing code reads (``fla.ops.common.chunk_o``'s ``IS_NVIDIA_HOPPER``, ``TRITON_ABOVE_3_4_0``,
     ``TRITON_ABOVE_3_7_1``; a later fla without them refuses nothing). Seen on an H200 with the GPU image's
     torch 2.11 / Triton 3.6.0 (benchmarks/results/2026-11-30_gpu_check_NVIDIA-H200_rerun.md)."""
@@ -38,9 +33,8 @@ def backward_refusal() -> str | None:
         chunk_o = importlib.import_module("fla.ops.common.chunk_o")
     except Exception:
         return None
-    flags = [bool(getattr(chunk_o, n, d)) for n, d in
-             (("IS_NVIDIA_HOPPER", False), ("TRITON_ABOVE_3_4_0", False), ("TRITON_ABOVE_3_7_1", True))]  # fmt: skip
-    if not refusal(*flags, tilelang=importlib.util.find_spec("tilelang") is not None):
+    hopper = getattr(chunk_o, "IS_NVIDIA_HOPPER", False) and getattr(chunk_o, "TRITON_ABOVE_3_4_0", False)
+    if not hopper or getattr(chunk_o, "TRITON_ABOVE_3_7_1", True) or importlib.util.find_spec("tilelang"):
         return None
     triton = getattr(importlib.import_module("triton"), "__version__", "?")
     return (
